@@ -1,0 +1,31 @@
+#include "absl/strings/string_view.h"
+#include "server/base/status.h"
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+
+namespace kplan {
+
+absl::Status WithField(absl::Status status, absl::string_view field) {
+  status.SetPayload(kFieldPayloadKey, absl::Cord(field));
+  return status;
+}
+
+std::optional<std::string> FieldOf(const absl::Status& status) {
+  absl::optional<absl::Cord> payload = status.GetPayload(kFieldPayloadKey);
+  if (!payload) return std::nullopt;
+  return std::string(*payload);
+}
+
+absl::Status InvalidField(absl::string_view field, absl::string_view message) {
+  return WithField(absl::InvalidArgumentError(message), field);
+}
+
+absl::Status NestField(absl::Status status, absl::string_view prefix) {
+  std::optional<std::string> field = FieldOf(status);
+  if (!field) return status;
+  return WithField(std::move(status), field->empty() ? std::string(prefix)
+                                                      : absl::StrCat(prefix, ".", *field));
+}
+
+}  // namespace kplan
