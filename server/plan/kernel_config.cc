@@ -127,7 +127,7 @@ absl::Status ValidateFlashinferMoeEpModel(absl::string_view moe_backend,
   }
   const auto& archs = FlashinferMoeEpArchitectures();
   return InvalidField(
-      "moe_backend",
+      "kernel_config.moe_backend",
       absl::StrCat("moe_backend=", PyRepr(moe_backend),
                    " is only supported for DeepSeek-V4 models (",
                    PyReprSorted(std::vector<std::string>(archs.begin(), archs.end())),

@@ -89,6 +89,8 @@ IrOpPriorityConfig DefaultIrOpPriority(const Platform& platform, const EnvVars& 
 
 // KernelConfig.set_platform_defaults(): model check, passthrough binding, and
 // the idempotent append of the platform's IR priorities to the user's lists.
+// Field paths in its errors are relative to the request (kernel_config.*,
+// parallel.*), since the checks span both configs.
 absl::Status SetPlatformDefaults(KernelConfig& config, const ModelInfo* model,
                                  ParallelConfig& parallel, const Platform& platform,
                                  const EnvVars& env, std::vector<std::string>* warnings);

@@ -120,7 +120,7 @@ TEST(ValidateFlashinferMoeEpModelTest, OnlyDeepSeekV4) {
             "moe_backend='flashinfer_moe_ep_mega_deep_gemm' is only supported for DeepSeek-V4 "
             "models (['DeepSeekV4MTPModel', 'DeepseekV41ForCausalLM', 'DeepseekV4ForCausalLM']), "
             "but the model is ['LlamaForCausalLM'].");
-  EXPECT_EQ(FieldOf(s).value(), "moe_backend");
+  EXPECT_EQ(FieldOf(s).value(), "kernel_config.moe_backend");
 }
 
 TEST(BindPassthroughTest, DefaultBecomesPassthroughIdempotently) {

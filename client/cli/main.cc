@@ -1,0 +1,167 @@
+// kplan: the command-line client. `kplan resolve` asks a server (or, with
+// --offline, the same library in-process) for the plan vLLM would build;
+// `kplan info` and `kplan health` inspect a running server.
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/cli/args.h"
+#include "client/cli/format.h"
+#include "client/cli/resolve_flags.h"
+#include "client/cpp/client.h"
+#include "server/base/status.h"
+#include "server/platform/local.h"
+#include "server/rpc/resolve.h"
+
+namespace kplan::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: kplan <command> [options]\n"
+    "\n"
+    "Commands:\n"
+    "  resolve   resolve a KernelConfig and MoE plan as vLLM would (add --offline to plan\n"
+    "            in-process without a server)\n"
+    "  info      show the server's version, build, devices and platform\n"
+    "  health    check the server's health; exit 0 when SERVING\n"
+    "\n"
+    "Run `kplan <command> --help` for the command's options.\n"
+    "Example: kplan resolve --offline --platform cuda:9.0 --moe-backend triton\n";
+
+struct CommonFlags {
+  std::string server;
+  std::string timeout = "10";
+  bool json = false;
+  bool help = false;
+
+  void Register(ArgParser& p) {
+    const char* env = std::getenv("KPLAN_SERVER");
+    server = env != nullptr ? env : "localhost:50051";
+    p.AddString("server", "ADDR", "server address (default $KPLAN_SERVER or localhost:50051)",
+                &server);
+    p.AddString("timeout", "SECONDS", "deadline per call, retries included (default 10)",
+                &timeout);
+    p.AddSwitch("json", "print the response as JSON", &json);
+    p.AddSwitch("help", "show this help", &help);
+  }
+  absl::StatusOr<std::unique_ptr<Client>> Connect() const {
+    double seconds = 0;
+    if (!absl::SimpleAtod(timeout, &seconds) || seconds <= 0) {
+      return InvalidField("timeout", absl::StrCat("--timeout needs a positive number of seconds, got '",
+                                                  timeout, "'"));
+    }
+    ClientOptions options;
+    options.deadline = absl::Seconds(seconds);
+    return Client::Connect(server, options);
+  }
+};
+
+int Fail(const absl::Status& status) {
+  std::cerr << "error: " << absl::StatusCodeToString(status.code()) << ": " << status.message();
+  if (std::optional<std::string> field = FieldOf(status)) std::cerr << " [field: " << *field << "]";
+  std::cerr << "\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// Parses `args` into `parser`; returns an exit code when the command must stop.
+std::optional<int> ParseOrExit(ArgParser& parser, const std::vector<std::string>& args,
+                               const CommonFlags& common, const std::string& synopsis) {
+  std::vector<std::string> positional;
+  absl::Status s = parser.Parse(args, &positional);
+  if (!s.ok()) return Fail(s);
+  if (common.help) {
+    std::cout << synopsis << "\n\nOptions:\n" << parser.Help();
+    return 0;
+  }
+  if (!positional.empty()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("unexpected argument '", positional[0], "'")));
+  }
+  return std::nullopt;
+}
+
+int Resolve(const std::vector<std::string>& args) {
+  ArgParser parser;
+  CommonFlags common;
+  ResolveFlags flags;
+  bool offline = false;
+  common.Register(parser);
+  parser.AddSwitch("offline", "plan in-process for this machine's platform, no server", &offline);
+  flags.Register(parser);
+  if (auto exit = ParseOrExit(parser, args, common,
+                              "usage: kplan resolve [options]\n\nResolve a KernelConfig as vLLM's "
+                              "set_platform_defaults() would, with the MoE plan and config hash.")) {
+    return *exit;
+  }
+  absl::StatusOr<v1::ResolveKernelConfigRequest> request = flags.BuildRequest();
+  if (!request.ok()) return Fail(request.status());
+
+  absl::StatusOr<v1::ResolveKernelConfigResponse> response;
+  if (offline) {
+    absl::StatusOr<LocalRuntime> runtime = MakeDefaultDeviceProber()->Probe();
+    if (!runtime.ok()) return Fail(runtime.status());
+    response = rpc::ResolveKernelConfig(
+        *request, LocalPlatform(runtime->devices, KPLAN_HAVE_CUDA_KERNELS));
+  } else {
+    absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
+    if (!client.ok()) return Fail(client.status());
+    response = (*client)->ResolveKernelConfig(*request);
+  }
+  if (!response.ok()) return Fail(response.status());
+  std::cout << (common.json ? ToJson(*response) : FormatResolve(*response));
+  return 0;
+}
+
+int Info(const std::vector<std::string>& args) {
+  ArgParser parser;
+  CommonFlags common;
+  common.Register(parser);
+  if (auto exit = ParseOrExit(parser, args, common, "usage: kplan info [options]")) return *exit;
+  absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<v1::GetServerInfoResponse> info = (*client)->GetServerInfo();
+  if (!info.ok()) return Fail(info.status());
+  std::cout << (common.json ? ToJson(*info) : FormatServerInfo(*info));
+  return 0;
+}
+
+int Health(const std::vector<std::string>& args) {
+  ArgParser parser;
+  CommonFlags common;
+  std::string service;
+  common.Register(parser);
+  parser.AddString("service", "NAME",
+                   "health service name (default: the whole server; readiness: "
+                   "kplan.v1.KernelPlanService)",
+                   &service);
+  if (auto exit = ParseOrExit(parser, args, common, "usage: kplan health [options]")) return *exit;
+  absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<bool> serving = (*client)->Health(service);
+  if (!serving.ok()) return Fail(serving.status());
+  std::cout << (*serving ? "SERVING" : "NOT_SERVING") << "\n";
+  return *serving ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace kplan::cli
+
+int main(int argc, char** argv) {
+  using namespace kplan::cli;
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+      std::string(argv[1]) == "help") {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "resolve") return Resolve(args);
+  if (command == "info") return Info(args);
+  if (command == "health") return Health(args);
+  std::cerr << "kplan: unknown command '" << command << "'\n\n" << kUsage;
+  return 2;
+}

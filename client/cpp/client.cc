@@ -1,0 +1,93 @@
+#include "client/cpp/client.h"
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <thread>
+
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
+#include "server/base/status.h"
+
+namespace kplan {
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  absl::Status out(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  google::rpc::Status details;
+  if (!status.error_details().empty() && details.ParseFromString(status.error_details())) {
+    for (const google::protobuf::Any& any : details.details()) {
+      google::rpc::BadRequest bad;
+      if (any.UnpackTo(&bad) && bad.field_violations_size() > 0) {
+        return WithField(std::move(out), bad.field_violations(0).field());
+      }
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<Client> Client::Connect(const std::string& target, ClientOptions options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  return std::make_unique<Client>(
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args), options);
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : channel_(std::move(channel)),
+      stub_(v1::KernelPlanService::NewStub(channel_)),
+      health_stub_(grpc::health::v1::Health::NewStub(channel_)),
+      options_(options) {}
+
+template <typename Call>
+absl::Status Client::WithRetries(Call&& call) {
+  const absl::Time deadline = absl::Now() + options_.deadline;
+  absl::Duration backoff = options_.initial_backoff;
+  absl::Status status;
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    context.set_wait_for_ready(false);
+    status = FromGrpcStatus(call(&context));
+    if (!absl::IsUnavailable(status) || attempt >= options_.max_attempts ||
+        absl::Now() + backoff >= deadline) {
+      return status;
+    }
+    std::this_thread::sleep_for(absl::ToChronoNanoseconds(backoff));
+    backoff *= 2;
+  }
+}
+
+absl::StatusOr<v1::ResolveKernelConfigResponse> Client::ResolveKernelConfig(
+    const v1::ResolveKernelConfigRequest& request) {
+  v1::ResolveKernelConfigResponse response;
+  absl::Status s = WithRetries([&](grpc::ClientContext* ctx) {
+    return stub_->ResolveKernelConfig(ctx, request, &response);
+  });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
+  v1::GetServerInfoResponse response;
+  absl::Status s = WithRetries([&](grpc::ClientContext* ctx) {
+    return stub_->GetServerInfo(ctx, v1::GetServerInfoRequest(), &response);
+  });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<bool> Client::Health(const std::string& service) {
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  absl::Status s = WithRetries([&](grpc::ClientContext* ctx) {
+    return health_stub_->Check(ctx, request, &response);
+  });
+  if (!s.ok()) return s;
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+}  // namespace kplan

@@ -1,0 +1,55 @@
+// kplan::Client: a thin C++ client of kplan.v1.KernelPlanService. Every call
+// carries a deadline; UNAVAILABLE (server starting, draining, restarting) is
+// retried with exponential backoff inside that deadline. Errors come back as
+// absl::Status with the server's message and, where the server named a
+// request field, that field attached (kplan::FieldOf).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/channel.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "kplan/v1/service.grpc.pb.h"
+
+namespace kplan {
+
+struct ClientOptions {
+  absl::Duration deadline = absl::Seconds(10);  // per call, retries included
+  int max_attempts = 4;                         // for UNAVAILABLE
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  int64_t max_message_bytes = 64 << 20;
+};
+
+class Client {
+ public:
+  // Connects lazily to `target` ("localhost:50051", "unix:/run/kplan.sock").
+  static std::unique_ptr<Client> Connect(const std::string& target,
+                                         ClientOptions options = ClientOptions());
+  Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+
+  absl::StatusOr<v1::ResolveKernelConfigResponse> ResolveKernelConfig(
+      const v1::ResolveKernelConfigRequest& request);
+  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
+  // grpc.health.v1 Check for `service` ("" = the whole server): true when SERVING.
+  absl::StatusOr<bool> Health(const std::string& service = "");
+
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
+  template <typename Call>
+  absl::Status WithRetries(Call&& call);
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KernelPlanService::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
+  ClientOptions options_;
+};
+
+// Converts a gRPC status to absl::Status, keeping the BadRequest field name.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace kplan

@@ -1,0 +1,71 @@
+// kplan-server: serves kplan.v1.KernelPlanService until SIGTERM or SIGINT,
+// then reports NOT_SERVING, drains in-flight calls for up to --exit_timeout
+// and exits 0.
+#include <signal.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "spdlog/spdlog.h"
+#include "server/rpc/server.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+          "Address to serve gRPC on: HOST:PORT (port 0 picks a free one) or unix:/path/to.sock");
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
+          "Largest request or response message in bytes (tensors travel inside messages)");
+ABSL_FLAG(absl::Duration, exit_timeout, absl::Seconds(30),
+          "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled");
+ABSL_FLAG(std::string, log_level, "info", "Log verbosity: trace, debug, info, warn, error, off");
+ABSL_FLAG(std::string, devices, "all",
+          "GPUs this server owns: all, none (CPU reference path) or a list such as 0,1");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "kplan-server resolves vLLM kernel plans and runs MoE layers over gRPC.\n"
+      "Usage: kplan-server [--listen=0.0.0.0:50051] [--devices=all] [--exit_timeout=30s]");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.version_string = [] {
+    return absl::StrCat("kplan-server ", KPLAN_VERSION, " (", KPLAN_GIT_REVISION, ")\n");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::ParseCommandLine(argc, argv);
+
+  spdlog::level::level_enum level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
+  if (level == spdlog::level::off && absl::GetFlag(FLAGS_log_level) != "off") {
+    std::cerr << "--log_level: unknown level '" << absl::GetFlag(FLAGS_log_level)
+              << "'; expected trace, debug, info, warn, error or off\n";
+    return 2;
+  }
+  spdlog::set_level(level);
+
+  // Block the stop signals in every thread (gRPC's threads inherit this mask)
+  // and take them synchronously below.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  kplan::rpc::ServerOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.devices = absl::GetFlag(FLAGS_devices);
+  absl::StatusOr<std::unique_ptr<kplan::rpc::KplanServer>> server =
+      kplan::rpc::KplanServer::Start(options);
+  if (!server.ok()) {
+    spdlog::critical("cannot start: {}", server.status().ToString());
+    return 1;
+  }
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  spdlog::info("received {}; shutting down", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*server)->Shutdown(absl::GetFlag(FLAGS_exit_timeout));
+  return 0;
+}

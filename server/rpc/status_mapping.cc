@@ -1,0 +1,59 @@
+#include "server/rpc/status_mapping.h"
+
+#include <array>
+#include <utility>
+
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
+#include "server/base/status.h"
+
+namespace kplan::rpc {
+namespace {
+
+constexpr std::array<std::pair<absl::StatusCode, grpc::StatusCode>, 17> kCodes = {{
+    {absl::StatusCode::kOk, grpc::StatusCode::OK},
+    {absl::StatusCode::kCancelled, grpc::StatusCode::CANCELLED},
+    {absl::StatusCode::kUnknown, grpc::StatusCode::UNKNOWN},
+    {absl::StatusCode::kInvalidArgument, grpc::StatusCode::INVALID_ARGUMENT},
+    {absl::StatusCode::kDeadlineExceeded, grpc::StatusCode::DEADLINE_EXCEEDED},
+    {absl::StatusCode::kNotFound, grpc::StatusCode::NOT_FOUND},
+    {absl::StatusCode::kAlreadyExists, grpc::StatusCode::ALREADY_EXISTS},
+    {absl::StatusCode::kPermissionDenied, grpc::StatusCode::PERMISSION_DENIED},
+    {absl::StatusCode::kResourceExhausted, grpc::StatusCode::RESOURCE_EXHAUSTED},
+    {absl::StatusCode::kFailedPrecondition, grpc::StatusCode::FAILED_PRECONDITION},
+    {absl::StatusCode::kAborted, grpc::StatusCode::ABORTED},
+    {absl::StatusCode::kOutOfRange, grpc::StatusCode::OUT_OF_RANGE},
+    {absl::StatusCode::kUnimplemented, grpc::StatusCode::UNIMPLEMENTED},
+    {absl::StatusCode::kInternal, grpc::StatusCode::INTERNAL},
+    {absl::StatusCode::kUnavailable, grpc::StatusCode::UNAVAILABLE},
+    {absl::StatusCode::kDataLoss, grpc::StatusCode::DATA_LOSS},
+    {absl::StatusCode::kUnauthenticated, grpc::StatusCode::UNAUTHENTICATED},
+}};
+
+}  // namespace
+
+grpc::StatusCode ToGrpcCode(absl::StatusCode code) {
+  for (const auto& [a, g] : kCodes) {
+    if (a == code) return g;
+  }
+  return grpc::StatusCode::UNKNOWN;
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  const grpc::StatusCode code = ToGrpcCode(status.code());
+  std::string message(status.message());
+  std::optional<std::string> field = FieldOf(status);
+  if (!field) return grpc::Status(code, message);
+  google::rpc::BadRequest bad_request;
+  google::rpc::BadRequest::FieldViolation* v = bad_request.add_field_violations();
+  v->set_field(*field);
+  v->set_description(message);
+  google::rpc::Status details;
+  details.set_code(static_cast<int>(code));
+  details.set_message(message);
+  details.add_details()->PackFrom(bad_request);
+  return grpc::Status(code, message, details.SerializeAsString());
+}
+
+}  // namespace kplan::rpc

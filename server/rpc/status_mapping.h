@@ -1,0 +1,16 @@
+// The one mapping from internal absl::Status to gRPC status (as Triton
+// server keeps one table). A status that names a request field gains a
+// google.rpc.BadRequest detail with that field, in grpc-status-details-bin.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+
+namespace kplan::rpc {
+
+grpc::StatusCode ToGrpcCode(absl::StatusCode code);
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace kplan::rpc

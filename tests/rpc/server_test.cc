@@ -1,0 +1,340 @@
+// Integration tests: the real server in-process on 127.0.0.1:0, talked to
+// through the generated stubs and kplan::Client, with deadlines.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
+
+#include <thread>
+
+#include "client/cpp/client.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/dynamic_message.h"
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "server/base/status.h"
+#include "server/plan/kernel_config.h"
+#include "server/rpc/resolve.h"
+#include "server/rpc/server.h"
+
+namespace kplan::rpc {
+namespace {
+
+using ::testing::HasSubstr;
+
+class FakeProber final : public DeviceProber {
+ public:
+  explicit FakeProber(std::vector<LocalDevice> devices) : devices_(std::move(devices)) {}
+  absl::StatusOr<LocalRuntime> Probe() const override {
+    LocalRuntime rt;
+    rt.devices = devices_;
+    rt.cuda_driver_version = devices_.empty() ? "" : "13.0";
+    return rt;
+  }
+
+ private:
+  std::vector<LocalDevice> devices_;
+};
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartWith({}); }
+
+  void StartWith(std::vector<LocalDevice> devices) {
+    server_.reset();
+    prober_ = std::make_unique<FakeProber>(std::move(devices));
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.prober = prober_.get();
+    absl::StatusOr<std::unique_ptr<KplanServer>> server = KplanServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    ASSERT_GT(server_->port(), 0);
+    target_ = absl::StrCat("127.0.0.1:", server_->port());
+    channel_ = grpc::CreateChannel(target_, grpc::InsecureChannelCredentials());
+    stub_ = v1::KernelPlanService::NewStub(channel_);
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context() {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return ctx;
+  }
+
+  static google::rpc::BadRequest BadRequestOf(const grpc::Status& status) {
+    google::rpc::Status details;
+    EXPECT_TRUE(details.ParseFromString(status.error_details()));
+    EXPECT_EQ(details.code(), status.error_code());
+    google::rpc::BadRequest bad;
+    EXPECT_EQ(details.details_size(), 1);
+    if (details.details_size() == 1) EXPECT_TRUE(details.details(0).UnpackTo(&bad));
+    return bad;
+  }
+
+  std::unique_ptr<FakeProber> prober_;
+  std::unique_ptr<KplanServer> server_;
+  std::string target_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KernelPlanService::Stub> stub_;
+};
+
+TEST_F(ServerTest, ResolvesForTheRequestedPlatform) {
+  v1::ResolveKernelConfigRequest req;
+  req.mutable_kernel_config()->set_moe_backend("Flashinfer-MoE-EP-CuteDSL");
+  req.mutable_platform()->set_kind(v1::PLATFORM_KIND_CUDA);
+  req.mutable_platform()->mutable_device_capability()->set_major(10);
+  req.mutable_kernel_config()->mutable_ir_op_priority()->add_rms_norm("native, vllm_c");
+  v1::ResolveKernelConfigResponse resp;
+  grpc::Status s = stub_->ResolveKernelConfig(Context().get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.kernel_config().moe_backend(), "flashinfer_moe_ep_cutedsl");
+  EXPECT_EQ(resp.parallel().all2all_backend(), "passthrough");
+  EXPECT_THAT(resp.kernel_config().ir_op_priority().rms_norm(),
+              ::testing::ElementsAre("native", "vllm_c"));
+  EXPECT_THAT(resp.kernel_config().ir_op_priority().fused_add_rms_norm(),
+              ::testing::ElementsAre("vllm_c", "native"));
+  ASSERT_EQ(resp.config_hash().size(), 64u);
+  ASSERT_EQ(resp.warnings_size(), 1);
+  EXPECT_THAT(resp.warnings(0), HasSubstr("using all2all_backend='passthrough'"));
+
+  // The hash is the core's hash of the resolved config.
+  KernelConfig core;
+  core.moe_backend = "flashinfer_moe_ep_cutedsl";
+  core.ir_op_priority.of("rms_norm") = {"native", "vllm_c"};
+  core.ir_op_priority.of("fused_add_rms_norm") = {"vllm_c", "native"};
+  core.ir_op_priority.of("gelu_and_mul_sparse") = {"triton", "native"};
+  EXPECT_EQ(resp.config_hash(), ComputeHash(core));
+}
+
+TEST_F(ServerTest, AbsentPlatformMeansTheServersOwn) {
+  v1::ResolveKernelConfigResponse on_cpu;
+  ASSERT_TRUE(stub_->ResolveKernelConfig(Context().get(), {}, &on_cpu).ok());
+  EXPECT_EQ(on_cpu.platform().kind(), v1::PLATFORM_KIND_CPU);
+  EXPECT_THAT(on_cpu.kernel_config().ir_op_priority().rms_norm(), ::testing::ElementsAre("native"));
+
+  StartWith({LocalDevice{0, "NVIDIA H200", {9, 0}, 141LL << 30, 132}});
+  v1::ResolveKernelConfigResponse on_gpu;
+  ASSERT_TRUE(stub_->ResolveKernelConfig(Context().get(), {}, &on_gpu).ok());
+  EXPECT_EQ(on_gpu.platform().kind(), v1::PLATFORM_KIND_CUDA);
+  EXPECT_EQ(on_gpu.platform().device_name(), "NVIDIA H200");
+  EXPECT_THAT(on_gpu.kernel_config().ir_op_priority().rms_norm(),
+              ::testing::ElementsAre("vllm_c", "native"));
+  EXPECT_NE(on_gpu.config_hash(), on_cpu.config_hash());
+}
+
+TEST_F(ServerTest, ServerAndOfflineResolutionAgree) {
+  v1::ResolveKernelConfigRequest req;
+  req.mutable_kernel_config()->set_moe_backend("triton");
+  req.mutable_kernel_config()->set_linear_backend("marlin");
+  (*req.mutable_env())["VLLM_USE_OINK_OPS"] = "1";
+  req.mutable_parallel()->set_all2all_backend("naive");
+  req.mutable_platform()->set_kind(v1::PLATFORM_KIND_CUDA);
+  req.mutable_platform()->mutable_device_capability()->set_major(9);
+  v1::ResolveKernelConfigResponse remote;
+  ASSERT_TRUE(stub_->ResolveKernelConfig(Context().get(), req, &remote).ok());
+  absl::StatusOr<v1::ResolveKernelConfigResponse> local =
+      ResolveKernelConfig(req, server_->environment().platform);
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(remote.SerializeAsString(), local->SerializeAsString());
+  EXPECT_EQ(remote.parallel().all2all_backend(), "allgather_reducescatter");
+  EXPECT_THAT(remote.kernel_config().ir_op_priority().rms_norm(),
+              ::testing::ElementsAre("oink", "vllm_c", "native"));
+}
+
+struct ErrorCase {
+  std::string name;
+  std::function<void(v1::ResolveKernelConfigRequest&)> mutate;
+  grpc::StatusCode code;
+  std::string field;
+  std::string message_part;
+};
+
+TEST_F(ServerTest, EachErrorHasItsCodeAndNamesTheField) {
+  const std::vector<ErrorCase> cases = {
+      {"unknown moe backend", [](auto& r) { r.mutable_kernel_config()->set_moe_backend("tritonn"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "kernel_config.moe_backend", "Input should be 'auto'"},
+      {"unknown linear backend",
+       [](auto& r) { r.mutable_kernel_config()->set_linear_backend("x"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "kernel_config.linear_backend", "input_value='x'"},
+      {"unknown ir provider",
+       [](auto& r) { r.mutable_kernel_config()->mutable_ir_op_priority()->add_rms_norm("nope"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "kernel_config.ir_op_priority.rms_norm",
+       "All providers in priority must be registered implementations."},
+      {"bad per-quant backend",
+       [](auto& r) {
+         (*r.mutable_kernel_config()->mutable_linear_backend_per_quant())["fp8"] = "warp";
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "kernel_config.linear_backend_per_quant.fp8",
+       "input_value='warp'"},
+      {"passthrough without self-dispatch",
+       [](auto& r) { r.mutable_parallel()->set_all2all_backend("passthrough"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "parallel.all2all_backend",
+       "all2all_backend='passthrough' is only valid with a moe_backend that dispatches and "
+       "combines itself (['flashinfer_moe_ep_cutedsl', 'flashinfer_moe_ep_mega_deep_gemm']), got "
+       "moe_backend='auto'."},
+      {"mega deep gemm on llama",
+       [](auto& r) {
+         r.mutable_kernel_config()->set_moe_backend("flashinfer_moe_ep_mega_deep_gemm");
+         r.mutable_model()->add_architectures("LlamaForCausalLM");
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "kernel_config.moe_backend",
+       "is only supported for DeepSeek-V4 models"},
+      {"unknown all2all", [](auto& r) { r.mutable_parallel()->set_all2all_backend("x"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "parallel.all2all_backend", "'deepep_v2'"},
+      {"negative tp", [](auto& r) { r.mutable_parallel()->set_tp_size(-2); },
+       grpc::StatusCode::INVALID_ARGUMENT, "parallel.tp_size", "tp_size must be at least 1"},
+      {"platform without kind",
+       [](auto& r) { r.mutable_platform()->set_device_name("mystery"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "platform.kind", "platform.kind must be one of"},
+      {"cuda without capability",
+       [](auto& r) { r.mutable_platform()->set_kind(v1::PLATFORM_KIND_CUDA); },
+       grpc::StatusCode::INVALID_ARGUMENT, "platform.device_capability", "device_capability"},
+  };
+  for (const ErrorCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::ResolveKernelConfigRequest req;
+    c.mutate(req);
+    v1::ResolveKernelConfigResponse resp;
+    grpc::Status s = stub_->ResolveKernelConfig(Context().get(), req, &resp);
+    EXPECT_EQ(s.error_code(), c.code);
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message_part));
+    google::rpc::BadRequest bad = BadRequestOf(s);
+    ASSERT_EQ(bad.field_violations_size(), 1);
+    EXPECT_EQ(bad.field_violations(0).field(), c.field);
+    EXPECT_EQ(bad.field_violations(0).description(), s.error_message());
+  }
+  // The server keeps serving after errors.
+  v1::ResolveKernelConfigResponse ok;
+  EXPECT_TRUE(stub_->ResolveKernelConfig(Context().get(), {}, &ok).ok());
+}
+
+TEST_F(ServerTest, ClientLibraryCarriesTheFieldAndInfo) {
+  auto client = Client::Connect(target_);
+  v1::ResolveKernelConfigRequest req;
+  req.mutable_kernel_config()->set_sparse_indexer_topk_backend("fastest");
+  absl::StatusOr<v1::ResolveKernelConfigResponse> r = client->ResolveKernelConfig(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FieldOf(r.status()).value(), "kernel_config.sparse_indexer_topk_backend");
+
+  absl::StatusOr<v1::GetServerInfoResponse> info = client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->version().empty());
+  EXPECT_EQ(info->platform().kind(), v1::PLATFORM_KIND_CPU);
+  EXPECT_EQ(info->devices_size(), 0);
+  EXPECT_EQ(info->limits().max_message_bytes(), 64 << 20);
+}
+
+TEST_F(ServerTest, ServerInfoListsTheGivenDevices) {
+  StartWith({LocalDevice{0, "NVIDIA H200", {9, 0}, 141LL << 30, 132},
+             LocalDevice{1, "NVIDIA H200", {9, 0}, 141LL << 30, 132}});
+  absl::StatusOr<v1::GetServerInfoResponse> info = Client::Connect(target_)->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->devices_size(), 2);
+  EXPECT_EQ(info->devices(1).index(), 1);
+  EXPECT_EQ(info->devices(1).capability().major(), 9);
+  EXPECT_EQ(info->platform().device_capability().major(), 9);
+  EXPECT_EQ(info->cuda_driver_version(), "13.0");
+}
+
+TEST_F(ServerTest, RejectsADeviceSelectionThatDoesNotExist) {
+  FakeProber one({LocalDevice{0, "NVIDIA H200", {9, 0}, 1, 1}});
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.prober = &one;
+  options.devices = "0,3";
+  absl::StatusOr<std::unique_ptr<KplanServer>> s = KplanServer::Start(options);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(FieldOf(s.status()).value(), "devices");
+}
+
+TEST_F(ServerTest, HealthServesOverallAndReadiness) {
+  auto client = Client::Connect(target_);
+  EXPECT_TRUE(client->Health("").value());
+  EXPECT_TRUE(client->Health(KplanServer::kReadinessService).value());
+  absl::StatusOr<bool> unknown = client->Health("no.such.Service");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServerTest, ReflectionListsTheService) {
+  const google::protobuf::DescriptorPool* pool = google::protobuf::DescriptorPool::generated_pool();
+  const google::protobuf::Descriptor* resp_desc =
+      pool->FindMessageTypeByName("grpc.reflection.v1alpha.ServerReflectionResponse");
+  ASSERT_NE(resp_desc, nullptr) << "gRPC's reflection messages are linked into the server";
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue cq;
+  auto ctx = Context();
+  void* tag = nullptr;
+  bool ok = false;
+  auto call = generic.PrepareCall(
+      ctx.get(), "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  // ServerReflectionRequest{list_services: "*"} (field 7, length-delimited).
+  const std::string request("\x3a\x01*", 3);
+  grpc::Slice slice(request);
+  grpc::ByteBuffer out(&slice, 1);
+  call->Write(out, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  grpc::ByteBuffer in;
+  call->Read(&in, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(in.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  google::protobuf::DynamicMessageFactory factory(pool);
+  std::unique_ptr<google::protobuf::Message> resp(factory.GetPrototype(resp_desc)->New());
+  ASSERT_TRUE(resp->ParseFromString(bytes));
+  std::vector<std::string> names;
+  const auto* list_field = resp_desc->FindFieldByName("list_services_response");
+  const google::protobuf::Message& list = resp->GetReflection()->GetMessage(*resp, list_field);
+  const auto* service_field = list.GetDescriptor()->FindFieldByName("service");
+  for (int i = 0; i < list.GetReflection()->FieldSize(list, service_field); ++i) {
+    const auto& svc = list.GetReflection()->GetRepeatedMessage(list, service_field, i);
+    names.push_back(svc.GetReflection()->GetString(svc, svc.GetDescriptor()->FindFieldByName("name")));
+  }
+  EXPECT_THAT(names, ::testing::Contains("kplan.v1.KernelPlanService"));
+  EXPECT_THAT(names, ::testing::Contains("grpc.health.v1.Health"));
+  call->WritesDone(reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  grpc::Status finish;
+  call->Finish(&finish, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+// Shutdown flips health to NOT_SERVING for a watcher that is already
+// connected, drains it up to the timeout, then refuses new calls.
+TEST_F(ServerTest, GracefulShutdownDrainsThenRefuses) {
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(KplanServer::kReadinessService);
+  auto reader = health->Watch(&watch_ctx, req);
+  grpc::health::v1::HealthCheckResponse update;
+  ASSERT_TRUE(reader->Read(&update));
+  EXPECT_EQ(update.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  const absl::Time start = absl::Now();
+  std::thread stopper([&] { server_->Shutdown(absl::Seconds(1)); });
+  ASSERT_TRUE(reader->Read(&update));
+  EXPECT_EQ(update.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  while (reader->Read(&update)) {
+  }
+  stopper.join();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(900));  // the watcher was drained, not cut
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+
+  v1::ResolveKernelConfigResponse resp;
+  grpc::Status after = stub_->ResolveKernelConfig(Context().get(), {}, &resp);
+  EXPECT_EQ(after.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+}  // namespace
+}  // namespace kplan::rpc
