@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# End to end: the kplan-server binary and the kplan CLI. Starts a server on a
+# free loopback port, checks health, compares server and --offline answers,
+# checks an error's exit code and text, then SIGTERM must drain and exit 0.
+set -euo pipefail
+bin=$1
+work=$(mktemp -d)
+server_pid=""
+cleanup() { [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+"$bin/kplan-server" --listen=127.0.0.1:0 --exit_timeout=5s >"$work/server.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 100); do
+  port=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$work/server.log")
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+[ -n "$port" ] || { cat "$work/server.log"; echo "server did not start"; exit 1; }
+addr="127.0.0.1:$port"
+
+[ "$("$bin/kplan" health --server "$addr")" = "SERVING" ]
+[ "$("$bin/kplan" health --server "$addr" --service kplan.v1.KernelPlanService)" = "SERVING" ]
+
+args=(--platform cuda:10.0 --moe-backend FlashInfer-MoE-EP-CuteDSL --ir-op-priority "rms_norm=native, vllm_c"
+      --env VLLM_USE_OINK_OPS=1 --architectures DeepseekV4ForCausalLM -tp 2)
+"$bin/kplan" resolve --server "$addr" --json "${args[@]}" >"$work/online.json"
+"$bin/kplan" resolve --offline --json "${args[@]}" >"$work/offline.json"
+diff -u "$work/online.json" "$work/offline.json"
+grep -q '"all2all_backend": "passthrough"' "$work/online.json"
+grep -q '"config_hash": "[0-9a-f]\{64\}"' "$work/online.json"
+
+# A bad request: exit code 2, vLLM's text, the field named; the server keeps serving.
+set +e
+"$bin/kplan" resolve --server "$addr" --moe-backend triton --all2all-backend passthrough 2>"$work/err.txt"
+rc=$?
+set -e
+[ "$rc" = 2 ] || { echo "expected exit 2, got $rc"; exit 1; }
+grep -q "INVALID_ARGUMENT: all2all_backend='passthrough' is only valid with a moe_backend" "$work/err.txt"
+grep -q "\[field: parallel.all2all_backend\]" "$work/err.txt"
+"$bin/kplan" info --server "$addr" | grep -q "version:"
+
+kill -TERM "$server_pid"
+wait "$server_pid"
+rc=$?
+server_pid=""
+[ "$rc" = 0 ] || { echo "server exited $rc"; cat "$work/server.log"; exit 1; }
+grep -q "received SIGTERM" "$work/server.log"
+grep -q "server stopped" "$work/server.log"
+echo "cli_server_test: ok"
