@@ -11,7 +11,7 @@ namespace kplan::cli {
 namespace {
 
 void Row(std::string& out, absl::string_view key, absl::string_view value) {
-  absl::StrAppend(&out, absl::StrFormat("%-28s %s\n", absl::StrCat(key, ":"), value));
+  absl::StrAppend(&out, absl::StrFormat("%-36s %s\n", absl::StrCat(key, ":"), value));
 }
 
 std::string Describe(const v1::Platform& p) {

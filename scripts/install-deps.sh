@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the distribution packages kplan builds and tests with (Debian 12,
+# Ubuntu 24.04). Nothing is downloaded outside the package manager. The CUDA
+# toolkit (with NCCL) is optional: when /usr/local/cuda exists the GPU code
+# is built too.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config git ccache
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libspdlog-dev libssl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-grpcio python3-protobuf python3-numpy
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all packages present"
+  exit 0
+fi
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
