@@ -1,0 +1,39 @@
+// CPU reference kernels of the IR ops: the `native` provider's semantics of
+// vLLM's vllm/ir/ops (fp32 math, rounding to the output dtype where PyTorch
+// rounds). Plain functions over raw pointers; the caller validates shapes.
+// Outputs are dense [rows, cols] (or [rows, d]) in the input's element type.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/ir_types.h"
+
+namespace kplan::kernels::cpu {
+
+// rms_norm(x, weight, epsilon, variance_size):
+//   var = mean(x[..., :variance_size]^2) (fp32); y = x * rsqrt(var + eps);
+//   with a weight: y = y.to(weight.dtype) * weight; out = y.to(x.dtype).
+// variance_size in [1, cols] (cols for None).
+void RmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols, const IrWeightIn& weight,
+             float epsilon, int64_t variance_size, void* out);
+
+// fused_add_rms_norm: s = x + residual in fp32; residual_out = s.to(x.dtype);
+// out = rms_norm of s (the fp32 sum, not the rounded residual).
+void FusedAddRmsNorm(const IrRowsIn& x, const IrRowsIn& residual, int64_t rows, int64_t cols,
+                     const IrWeightIn& weight, float epsilon, int64_t variance_size, void* out,
+                     void* residual_out);
+
+// gelu_and_mul_sparse over rows of 2*d: gate = x[:d], up = x[d:];
+// cutoff = mean(gate) + std(gate, unbiased=False) * std_multiplier;
+// out = gelu(relu(gate - cutoff), approximate) * up.
+void GeluAndMulSparse(const IrRowsIn& x, int64_t rows, int64_t d, float std_multiplier,
+                      bool tanh_approximate, void* out);
+
+// The standard normal quantile function Phi^-1(p) for p in (0, 1)
+// (torch.distributions.Normal(0, 1).icdf), to double precision.
+double NormalIcdf(double p);
+
+// GELU as PyTorch computes it in fp32 (approximate "none" or "tanh").
+float Gelu(float x, bool tanh_approximate);
+
+}  // namespace kplan::kernels::cpu

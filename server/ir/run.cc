@@ -1,0 +1,334 @@
+#include "server/ir/run.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/base/status.h"
+#include "server/ir/builtin_ops.h"
+#include "spdlog/spdlog.h"
+
+#if KPLAN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/ir_cuda_status.h"
+#endif
+
+namespace kplan {
+namespace {
+
+// Python's TypeError texts for a call with missing or unknown arguments.
+absl::Status MissingArgument(const IrOp& op, const std::string& param) {
+  return InvalidField(param, absl::StrCat(op.name(), "() missing 1 required positional argument: '",
+                                          param, "'"));
+}
+
+absl::Status UnexpectedArgument(const IrOp& op, const std::string& name) {
+  return InvalidField(name, absl::StrCat(op.name(), "() got an unexpected keyword argument '",
+                                         name, "'"));
+}
+
+const IrParam* FindParam(const IrOp& op, absl::string_view name) {
+  for (const IrParam& p : op.signature().params) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+bool IsTensorParam(const IrParam& p) {
+  return p.type == IrParamType::kTensor || p.type == IrParamType::kOptionalTensor;
+}
+
+// The request's scalars by parameter name.
+std::map<std::string, IrValue> Scalars(const IrOpRequest& r) {
+  std::map<std::string, IrValue> out;
+  if (r.epsilon) out["epsilon"] = *r.epsilon;
+  if (r.variance_size) out["variance_size"] = *r.variance_size;
+  if (r.activation_sparsity) out["activation_sparsity"] = *r.activation_sparsity;
+  if (r.approximate) out["approximate"] = *r.approximate;
+  return out;
+}
+
+// A default value as the IrValue the op expects.
+IrValue DefaultValue(const IrParam& p) {
+  if (*p.default_value == "None") return IrNone{};
+  switch (p.type) {
+    case IrParamType::kStr:
+      return *p.default_value;
+    case IrParamType::kFloat:
+      return std::strtod(p.default_value->c_str(), nullptr);
+    case IrParamType::kInt:
+    case IrParamType::kOptionalInt:
+      return static_cast<int64_t>(std::strtoll(p.default_value->c_str(), nullptr, 10));
+    case IrParamType::kBool:
+      return *p.default_value == "True";
+    default:
+      return IrNone{};
+  }
+}
+
+absl::Status CheckHostTensor(const IrNamedTensor& t) {
+  int64_t numel = 1;
+  for (int64_t s : t.tensor.shape) {
+    if (s < 0) return InvalidField(t.name, absl::StrCat(t.name, " has a negative size"));
+    numel *= s;
+  }
+  const int64_t expected = numel * IrDTypeSize(t.tensor.dtype);
+  if (static_cast<int64_t>(t.tensor.data.size()) != expected) {
+    return InvalidField(t.name, absl::StrCat(t.name, " has ", t.tensor.data.size(),
+                                             " bytes of data, expected ", expected, " for ",
+                                             IrDTypeName(t.tensor.dtype), "[",
+                                             absl::StrJoin(t.tensor.shape, ", "), "]"));
+  }
+  return absl::OkStatus();
+}
+
+// The arguments in signature order; tensors on `device` at `data[name]`.
+absl::StatusOr<IrArgs> BuildArgs(const IrOp& op, const IrOpRequest& request, IrDevice device,
+                                 const std::map<std::string, void*>& data) {
+  const std::map<std::string, IrValue> scalars = Scalars(request);
+  for (const auto& [name, value] : scalars) {
+    const IrParam* p = FindParam(op, name);
+    if (p == nullptr || IsTensorParam(*p)) return UnexpectedArgument(op, name);
+  }
+  IrArgs args;
+  for (const IrParam& p : op.signature().params) {
+    if (IsTensorParam(p)) {
+      const IrNamedTensor* t = nullptr;
+      for (const IrNamedTensor& n : request.tensors) {
+        if (n.name == p.name) t = &n;
+      }
+      if (t == nullptr) {
+        // The API cannot tell an absent tensor from None: absent is None.
+        if (p.type == IrParamType::kOptionalTensor) {
+          args.values.push_back(IrNone{});
+          continue;
+        }
+        return MissingArgument(op, p.name);
+      }
+      args.values.push_back(TensorView::Contiguous(data.at(p.name), t->tensor.dtype,
+                                                   t->tensor.shape, device));
+      continue;
+    }
+    auto it = scalars.find(p.name);
+    if (it == scalars.end()) {
+      if (!p.default_value) return MissingArgument(op, p.name);
+      args.values.push_back(DefaultValue(p));
+      continue;
+    }
+    args.values.push_back(it->second);
+  }
+  return args;
+}
+
+struct Prepared {
+  const IrOp* op = nullptr;
+  IrArgs args;
+  std::vector<IrOutputSpec> outputs;
+  const IrOpImpl* impl = nullptr;
+  IrOpResult result;
+};
+
+// Everything up to the choice of implementation, on views of host memory.
+absl::StatusOr<Prepared> Prepare(const IrRegistry& registry, const IrOpRequest& request) {
+  Prepared p;
+  p.op = registry.Find(request.op);
+  if (p.op == nullptr) {
+    return WithField(absl::NotFoundError(absl::StrCat("Unknown IR op '", request.op,
+                                                      "'; this server has ",
+                                                      absl::StrJoin(registry.OpNames(), ", "))),
+                     "op");
+  }
+  std::map<std::string, void*> host;
+  for (const IrNamedTensor& t : request.tensors) {
+    const IrParam* param = FindParam(*p.op, t.name);
+    if (param == nullptr || !IsTensorParam(*param)) return UnexpectedArgument(*p.op, t.name);
+    if (host.count(t.name) > 0) {
+      return InvalidField(t.name, absl::StrCat(p.op->name(), "() got multiple values for argument '",
+                                               t.name, "'"));
+    }
+    KPLAN_RETURN_IF_ERROR(CheckHostTensor(t));
+    host[t.name] = const_cast<char*>(t.tensor.data.data());
+  }
+  KPLAN_ASSIGN_OR_RETURN(p.args, BuildArgs(*p.op, request, request.device.device, host));
+  KPLAN_ASSIGN_OR_RETURN(p.outputs, p.op->OutputSpecs(p.args));
+
+  IrDispatchOptions options;
+  if (request.priority) options.priority = &*request.priority;
+  options.resolved_priority = &p.result.priority;
+  options.warnings = &p.result.warnings;
+  absl::StatusOr<const IrOpImpl*> impl = p.op->Dispatch(p.args, options);
+  if (!impl.ok()) {
+    return impl.status().code() == absl::StatusCode::kInvalidArgument
+               ? WithField(impl.status(), "priority")
+               : impl.status();
+  }
+  p.impl = *impl;
+  p.result.op = p.op->name();
+  p.result.provider = p.impl->provider();
+  p.result.provider_uuid = p.impl->uuid();
+  for (const IrOutputSpec& o : p.outputs) {
+    int64_t numel = 1;
+    for (int64_t s : o.shape) numel *= s;
+    IrNamedTensor t{o.name, {o.dtype, o.shape, std::string()}};
+    t.tensor.data.resize(static_cast<size_t>(numel * IrDTypeSize(o.dtype)));
+    p.result.outputs.push_back(std::move(t));
+  }
+  return p;
+}
+
+absl::StatusOr<IrOpResult> RunOnCpu(Prepared p) {
+  std::vector<TensorView> outs;
+  for (IrNamedTensor& o : p.result.outputs) {
+    outs.push_back(TensorView::Contiguous(o.tensor.data.data(), o.tensor.dtype, o.tensor.shape));
+  }
+  KPLAN_RETURN_IF_ERROR(p.impl->Run(p.args, outs, IrExecContext{}));
+  return std::move(p.result);
+}
+
+#if KPLAN_HAVE_CUDA
+// One stream-ordered allocation for all of a request's device buffers,
+// released (and the stream drained) on every exit path.
+class DeviceArena {
+ public:
+  explicit DeviceArena(cudaStream_t stream) : stream_(stream) {}
+  DeviceArena(const DeviceArena&) = delete;
+  ~DeviceArena() {
+    if (base_ != nullptr) {
+      cudaFreeAsync(base_, stream_);
+      cudaStreamSynchronize(stream_);
+    }
+  }
+  absl::Status Allocate(size_t bytes) {
+    if (bytes == 0) return absl::OkStatus();
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&base_, bytes, stream_));
+    return absl::OkStatus();
+  }
+  char* base() const { return static_cast<char*>(base_); }
+
+ private:
+  cudaStream_t stream_;
+  void* base_ = nullptr;
+};
+
+size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
+
+absl::StatusOr<IrOpResult> RunOnCuda(Prepared p, const IrOpRequest& request) {
+  const int index = request.device.device.index;
+  auto stream = static_cast<cudaStream_t>(request.device.stream);
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaSetDevice(index));
+
+  size_t total = 0;
+  std::map<std::string, size_t> offsets;
+  for (const IrNamedTensor& t : request.tensors) {
+    offsets[t.name] = total;
+    total += Align256(t.tensor.data.size());
+  }
+  std::vector<size_t> out_offsets;
+  for (const IrNamedTensor& o : p.result.outputs) {
+    out_offsets.push_back(total);
+    total += Align256(o.tensor.data.size());
+  }
+  DeviceArena arena(stream);
+  KPLAN_RETURN_IF_ERROR(arena.Allocate(total));
+
+  std::map<std::string, void*> device_data;
+  for (const IrNamedTensor& t : request.tensors) {
+    char* dst = arena.base() + offsets[t.name];
+    device_data[t.name] = dst;
+    if (!t.tensor.data.empty()) {
+      KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, t.tensor.data.data(), t.tensor.data.size(),
+                                                    cudaMemcpyHostToDevice, stream));
+    }
+  }
+  KPLAN_ASSIGN_OR_RETURN(IrArgs args,
+                         BuildArgs(*p.op, request, request.device.device, device_data));
+  std::vector<TensorView> outs;
+  for (size_t i = 0; i < p.result.outputs.size(); ++i) {
+    IrHostTensor& o = p.result.outputs[i].tensor;
+    char* dst = arena.base() + out_offsets[i];
+    // Poison: an element the kernel fails to write reads back as NaN.
+    if (!o.data.empty()) {
+      KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, 0xff, o.data.size(), stream));
+    }
+    outs.push_back(TensorView::Contiguous(dst, o.dtype, o.shape, request.device.device));
+  }
+  KPLAN_RETURN_IF_ERROR(p.impl->Run(args, outs, IrExecContext{stream}));
+  for (size_t i = 0; i < p.result.outputs.size(); ++i) {
+    std::string& host = p.result.outputs[i].tensor.data;
+    if (host.empty()) continue;
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), outs[i].data, host.size(),
+                                                  cudaMemcpyDeviceToHost, stream));
+  }
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return std::move(p.result);
+}
+#endif
+
+absl::Status CheckDevice(const IrDevice& device) {
+  if (device.is_cpu()) return absl::OkStatus();
+#if KPLAN_HAVE_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;
+  }
+  if (device.index < 0 || device.index >= count) {
+    return WithField(absl::FailedPreconditionError(absl::StrCat(
+                         "CUDA device ", device.index, " is not present (this server sees ",
+                         count, " CUDA device", count == 1 ? "" : "s", ")")),
+                     "device");
+  }
+  return absl::OkStatus();
+#else
+  return WithField(absl::FailedPreconditionError(absl::StrCat(
+                       "CUDA device ", device.index,
+                       " requested, but this server was built without CUDA kernels")),
+                   "device");
+#endif
+}
+
+}  // namespace
+
+absl::StatusOr<IrOpResult> RunIrOp(const IrRegistry& registry, const IrOpRequest& request) {
+  KPLAN_RETURN_IF_ERROR(CheckDevice(request.device.device));
+  KPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(registry, request));
+  if (request.device.device.is_cpu()) return RunOnCpu(std::move(p));
+#if KPLAN_HAVE_CUDA
+  return RunOnCuda(std::move(p), request);
+#else
+  return absl::FailedPreconditionError("no CUDA kernels in this build");
+#endif
+}
+
+IrRegistry& GlobalIrRegistry() {
+  static IrRegistry* registry = [] {
+    absl::StatusOr<std::unique_ptr<IrRegistry>> r =
+        MakeBuiltinIrRegistry(IrBuiltinOptions{CudaKernelsAvailable()});
+    if (!r.ok()) {
+      // Only a programming error in the builtin table gets here.
+      spdlog::critical("IR registry: {}", r.status().ToString());
+      std::abort();
+    }
+    return r->release();
+  }();
+  return *registry;
+}
+
+absl::StatusOr<IrOpResult> RunIrOp(const IrOpRequest& request) {
+  return RunIrOp(GlobalIrRegistry(), request);
+}
+
+std::vector<std::string> DefaultPriorityFor(const IrRegistry& registry, absl::string_view op) {
+  const IrOp* o = registry.Find(op);
+  return o == nullptr ? std::vector<std::string>{} : o->GetDefault();
+}
+
+std::vector<std::string> DefaultPriorityFor(absl::string_view op) {
+  return DefaultPriorityFor(GlobalIrRegistry(), op);
+}
+
+}  // namespace kplan
