@@ -4,7 +4,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
+#include "server/oracle/moe_plan.h"
 #include "server/platform/platform.h"
+#include "server/rpc/moe_convert.h"
 #include "server/rpc/convert.h"
 
 namespace kplan::cli {
@@ -61,6 +63,47 @@ std::string FormatResolve(const v1::ResolveKernelConfigResponse& r) {
   if (r.has_moe_plan()) FormatMoePlan(out, r.moe_plan());
   for (const v1::MoEPlan& p : r.moe_layer_plans()) FormatMoePlan(out, p);
   for (const std::string& w : r.warnings()) absl::StrAppend(&out, "warning: ", w, "\n");
+  return out;
+}
+
+std::vector<MoePlan> MoePlansOf(const v1::ResolveKernelConfigResponse& r) {
+  std::vector<MoePlan> plans;
+  if (r.has_moe_plan()) plans.push_back(rpc::MoePlanFromProto(r.moe_plan()));
+  for (const v1::MoEPlan& p : r.moe_layer_plans()) plans.push_back(rpc::MoePlanFromProto(p));
+  return plans;
+}
+
+std::string FormatComparison(const v1::ResolveKernelConfigResponse& a,
+                             const v1::ResolveKernelConfigResponse& b) {
+  const std::string la = Describe(a.platform());
+  const std::string lb = Describe(b.platform());
+  std::string out = absl::StrCat("comparing ", la, "  vs  ", lb, "\n\n");
+  struct Field {
+    std::string name, va, vb;
+  };
+  const v1::KernelConfig& ka = a.kernel_config();
+  const v1::KernelConfig& kb = b.kernel_config();
+  const std::vector<Field> fields = {
+      {"ir_op_priority.rms_norm", List(ka.ir_op_priority().rms_norm()),
+       List(kb.ir_op_priority().rms_norm())},
+      {"ir_op_priority.fused_add_rms_norm", List(ka.ir_op_priority().fused_add_rms_norm()),
+       List(kb.ir_op_priority().fused_add_rms_norm())},
+      {"ir_op_priority.gelu_and_mul_sparse", List(ka.ir_op_priority().gelu_and_mul_sparse()),
+       List(kb.ir_op_priority().gelu_and_mul_sparse())},
+      {"all2all_backend", a.parallel().all2all_backend(), b.parallel().all2all_backend()},
+      {"config_hash", a.config_hash(), b.config_hash()},
+  };
+  for (const Field& f : fields) {
+    if (f.va == f.vb) {
+      Row(out, f.name, absl::StrCat(f.va, "  (same)"));
+    } else {
+      Row(out, f.name, absl::StrCat(f.va, "  ->  ", f.vb));
+    }
+  }
+  std::vector<MoePlan> pa = MoePlansOf(a), pb = MoePlansOf(b);
+  for (size_t i = 0; i < pa.size() && i < pb.size(); ++i) {
+    absl::StrAppend(&out, "\n", ComparePlans(pa[i], la, pb[i], lb));
+  }
   return out;
 }
 

@@ -16,6 +16,8 @@
 #include "client/cpp/client.h"
 #include "server/base/status.h"
 #include "server/platform/local.h"
+#include "server/oracle/moe_plan.h"
+#include "server/rpc/moe_convert.h"
 #include "server/rpc/resolve.h"
 
 namespace kplan::cli {
@@ -26,7 +28,8 @@ constexpr char kUsage[] =
     "\n"
     "Commands:\n"
     "  resolve   resolve a KernelConfig and MoE plan as vLLM would (add --offline to plan\n"
-    "            in-process without a server)\n"
+    "            in-process without a server, --compare-platform SPEC to see what changes)\n"
+    "  explain   every MoE backend candidate with its verdict and vLLM's reason\n"
     "  info      show the server's version, build, devices and platform\n"
     "  health    check the server's health; exit 0 when SERVING\n"
     "\n"
@@ -84,35 +87,74 @@ std::optional<int> ParseOrExit(ArgParser& parser, const std::vector<std::string>
   return std::nullopt;
 }
 
-int Resolve(const std::vector<std::string>& args) {
+// Resolves `request` through the server or, offline, in-process.
+absl::StatusOr<v1::ResolveKernelConfigResponse> ResolveVia(
+    const v1::ResolveKernelConfigRequest& request, bool offline, const CommonFlags& common) {
+  if (offline) {
+    KPLAN_ASSIGN_OR_RETURN(LocalRuntime runtime, MakeDefaultDeviceProber()->Probe());
+    return rpc::ResolveKernelConfig(request,
+                                    LocalPlatform(runtime.devices, KPLAN_HAVE_CUDA_KERNELS));
+  }
+  KPLAN_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, common.Connect());
+  return client->ResolveKernelConfig(request);
+}
+
+// `kplan resolve` (explain = false) and `kplan explain` (explain = true).
+int Resolve(const std::vector<std::string>& args, bool explain) {
   ArgParser parser;
   CommonFlags common;
   ResolveFlags flags;
   bool offline = false;
+  std::string compare_platform;
   common.Register(parser);
   parser.AddSwitch("offline", "plan in-process for this machine's platform, no server", &offline);
-  flags.Register(parser);
-  if (auto exit = ParseOrExit(parser, args, common,
-                              "usage: kplan resolve [options]\n\nResolve a KernelConfig as vLLM's "
-                              "set_platform_defaults() would, with the MoE plan and config hash.")) {
-    return *exit;
+  if (!explain) {
+    parser.AddString("compare-platform", "SPEC",
+                     "resolve again for this platform and show what changes and why",
+                     &compare_platform);
   }
+  flags.Register(parser);
+  const std::string synopsis =
+      explain ? "usage: kplan explain [options]\n\nShow every MoE backend candidate vLLM would try "
+                "for the request's MoE layer(s), with its verdict and reason."
+              : "usage: kplan resolve [options]\n\nResolve a KernelConfig as vLLM's "
+                "set_platform_defaults() would, with the MoE plan and config hash.";
+  if (auto exit = ParseOrExit(parser, args, common, synopsis)) return *exit;
   absl::StatusOr<v1::ResolveKernelConfigRequest> request = flags.BuildRequest();
   if (!request.ok()) return Fail(request.status());
-
-  absl::StatusOr<v1::ResolveKernelConfigResponse> response;
-  if (offline) {
-    absl::StatusOr<LocalRuntime> runtime = MakeDefaultDeviceProber()->Probe();
-    if (!runtime.ok()) return Fail(runtime.status());
-    response = rpc::ResolveKernelConfig(
-        *request, LocalPlatform(runtime->devices, KPLAN_HAVE_CUDA_KERNELS));
-  } else {
-    absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
-    if (!client.ok()) return Fail(client.status());
-    response = (*client)->ResolveKernelConfig(*request);
-  }
+  absl::StatusOr<v1::ResolveKernelConfigResponse> response = ResolveVia(*request, offline, common);
   if (!response.ok()) return Fail(response.status());
-  std::cout << (common.json ? ToJson(*response) : FormatResolve(*response));
+
+  if (explain) {
+    if (common.json) {
+      std::cout << ToJson(*response);
+      return 0;
+    }
+    std::vector<MoePlan> plans = MoePlansOf(*response);
+    if (plans.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "the request has no MoE layer to explain; give --num-experts, --experts-per-token, "
+          "--hidden-size and --intermediate-size (or model.moe in --request)"));
+    }
+    for (const MoePlan& plan : plans) std::cout << ExplainPlan(plan) << "\n";
+    for (const std::string& w : response->warnings()) std::cout << "warning: " << w << "\n";
+    return 0;
+  }
+  if (compare_platform.empty()) {
+    std::cout << (common.json ? ToJson(*response) : FormatResolve(*response));
+    return 0;
+  }
+  v1::ResolveKernelConfigRequest other_request = *request;
+  absl::StatusOr<v1::Platform> other_platform = PlatformProtoFromSpec(compare_platform);
+  if (!other_platform.ok()) return Fail(NestField(other_platform.status(), "compare-platform"));
+  *other_request.mutable_platform() = *other_platform;
+  absl::StatusOr<v1::ResolveKernelConfigResponse> other = ResolveVia(other_request, offline, common);
+  if (!other.ok()) return Fail(other.status());
+  if (common.json) {
+    std::cout << ToJson(*response) << ToJson(*other);
+    return 0;
+  }
+  std::cout << FormatComparison(*response, *other);
   return 0;
 }
 
@@ -159,7 +201,8 @@ int main(int argc, char** argv) {
   }
   std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
-  if (command == "resolve") return Resolve(args);
+  if (command == "resolve") return Resolve(args, /*explain=*/false);
+  if (command == "explain") return Resolve(args, /*explain=*/true);
   if (command == "info") return Info(args);
   if (command == "health") return Health(args);
   std::cerr << "kplan: unknown command '" << command << "'\n\n" << kUsage;

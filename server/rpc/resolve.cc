@@ -1,9 +1,11 @@
 #include "server/rpc/resolve.h"
 
+#include "absl/strings/str_cat.h"
 #include "server/base/env.h"
 #include "server/base/status.h"
 #include "server/plan/kernel_config.h"
 #include "server/rpc/convert.h"
+#include "server/rpc/moe_convert.h"
 
 namespace kplan::rpc {
 
@@ -32,7 +34,30 @@ absl::StatusOr<v1::ResolveKernelConfigResponse> ResolveKernelConfig(
   KPLAN_RETURN_IF_ERROR(
       SetPlatformDefaults(*kernel_config, model_ptr, *parallel, platform, env, &warnings));
 
+  // One plan per MoE layer: model.moe, then model.moe_layers in order. A
+  // layer with no experts is absent.
   v1::ResolveKernelConfigResponse response;
+  auto plan_layer = [&](const v1::MoELayerConfig& layer, const std::string& path,
+                        v1::MoEPlan* out) -> absl::Status {
+    absl::StatusOr<MoePlan> plan = PlanMoeLayer(MoeLayerFromProto(layer), kernel_config->moe_backend,
+                                                *parallel, platform, env);
+    if (!plan.ok()) {
+      // Backend complaints name the KernelConfig field; the rest name the layer's.
+      return FieldOf(plan.status()) == "moe_backend"
+                 ? NestField(plan.status(), "kernel_config")
+                 : NestField(plan.status(), path);
+    }
+    MoePlanToProto(*plan, out);
+    return absl::OkStatus();
+  };
+  if (request.model().has_moe() && request.model().moe().num_experts() != 0) {
+    KPLAN_RETURN_IF_ERROR(plan_layer(request.model().moe(), "model.moe", response.mutable_moe_plan()));
+  }
+  for (int i = 0; i < request.model().moe_layers_size(); ++i) {
+    KPLAN_RETURN_IF_ERROR(plan_layer(request.model().moe_layers(i),
+                                     absl::StrCat("model.moe_layers[", i, "]"),
+                                     response.add_moe_layer_plans()));
+  }
   KernelConfigToProto(*kernel_config, response.mutable_kernel_config());
   ParallelConfigToProto(*parallel, response.mutable_parallel());
   PlatformToProto(platform, response.mutable_platform());
