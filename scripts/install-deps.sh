@@ -9,7 +9,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-grpcio python3-protobuf python3-numpy
+  python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
+  prometheus-cpp-dev patchelf
 )
 missing=()
 for p in "${packages[@]}"; do
