@@ -187,10 +187,12 @@ kernels::IrWeightIn WeightIn(const TensorView* w) {
   return in;
 }
 
+#if !KPLAN_HAVE_CUDA
 absl::Status NoCuda() {
   return absl::FailedPreconditionError(
       "CUDA tensors need a build with CUDA kernels (this one has none)");
 }
+#endif
 
 absl::Status NativeRmsNorm(const IrArgs& a, absl::Span<const TensorView> outputs,
                            const IrExecContext& ctx) {
