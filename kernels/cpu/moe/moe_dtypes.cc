@@ -1,2 +1,147 @@
-// Placeholder; filled below.
-namespace kplan::moe {}
+// Exact dtype conversions for the MoE reference.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/cpu/moe/moe_reference.h"
+
+namespace kplan::moe {
+namespace {
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+float FromBits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+}  // namespace
+
+absl::string_view MoeDTypeName(MoeDType dtype) {
+  switch (dtype) {
+    case MoeDType::kFloat32: return "float32";
+    case MoeDType::kFloat16: return "float16";
+    case MoeDType::kBFloat16: return "bfloat16";
+    case MoeDType::kFp8E4m3: return "float8_e4m3fn";
+    case MoeDType::kInt8: return "int8";
+    case MoeDType::kInt4Packed: return "int4";
+  }
+  return "unknown";
+}
+
+bool IsFloatDType(MoeDType dtype) {
+  return dtype == MoeDType::kFloat32 || dtype == MoeDType::kFloat16 ||
+         dtype == MoeDType::kBFloat16;
+}
+
+float Bf16ToFloat(uint16_t bits) { return FromBits(static_cast<uint32_t>(bits) << 16); }
+
+uint16_t FloatToBf16(float f) {
+  const uint32_t bits = Bits(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN, sign kept
+  }
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
+    const float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  }
+  if (exp == 0x1f) return FromBits(sign | 0x7f800000u | (mant << 13));
+  return FromBits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
+}
+
+uint16_t FloatToHalf(float f) {
+  const uint32_t bits = Bits(f);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
+  if (abs < 0x38800000u) {                         // below 2^-14: subnormal half
+    // value / 2^-24 rounded to nearest even; the scaling is exact.
+    const float q = std::nearbyint(FromBits(abs) * 16777216.0f);
+    return sign | static_cast<uint16_t>(q);  // q == 1024 is the smallest normal, bits agree
+  }
+  const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+  return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
+}
+
+float Fp8E4m3ToFloat(uint8_t b) {
+  const bool neg = b & 0x80;
+  const int exp = (b >> 3) & 0xf;
+  const int mant = b & 0x7;
+  float v;
+  if (exp == 0xf && mant == 0x7) {
+    v = std::numeric_limits<float>::quiet_NaN();
+  } else if (exp == 0) {
+    v = std::ldexp(static_cast<float>(mant), -9);
+  } else {
+    v = std::ldexp(static_cast<float>(8 + mant), exp - 10);  // (1 + m/8) · 2^(e-7)
+  }
+  return neg ? -v : v;
+}
+
+uint8_t FloatToFp8E4m3(float f, bool saturate) {
+  const uint32_t bits = Bits(f);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7f;  // NaN
+  if (saturate) {
+    if (abs >= 0x43e00000u) return sign | 0x7e;  // >= 448 (inf included): max
+  } else if (abs >= 0x43f00000u) {
+    return sign | 0x7f;  // >= 480 (inf included): NaN, as torch's cast
+  }
+  if (abs < 0x3c800000u) {  // below 2^-6: subnormal, step 2^-9
+    const float q = std::nearbyint(FromBits(abs) * 512.0f);
+    return sign | static_cast<uint8_t>(q);  // q == 8 is the smallest normal, bits agree
+  }
+  const uint32_t rounded = abs + 0x7ffffu + ((abs >> 20) & 1u);
+  const uint32_t exp = (rounded >> 23) - 127 + 7;
+  const uint32_t mant = (rounded >> 20) & 0x7u;
+  return sign | static_cast<uint8_t>((exp << 3) | mant);  // 464..480 rounds to 0x7f: NaN
+}
+
+float RoundToDType(float f, MoeDType dtype) {
+  switch (dtype) {
+    case MoeDType::kFloat16: return HalfToFloat(FloatToHalf(f));
+    case MoeDType::kBFloat16: return Bf16ToFloat(FloatToBf16(f));
+    default: return f;
+  }
+}
+
+float LoadFloat(const void* data, MoeDType dtype, int64_t i) {
+  switch (dtype) {
+    case MoeDType::kFloat16: return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case MoeDType::kBFloat16: return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    default: return static_cast<const float*>(data)[i];
+  }
+}
+
+void StoreFloat(void* data, MoeDType dtype, int64_t i, float value) {
+  switch (dtype) {
+    case MoeDType::kFloat16: static_cast<uint16_t*>(data)[i] = FloatToHalf(value); break;
+    case MoeDType::kBFloat16: static_cast<uint16_t*>(data)[i] = FloatToBf16(value); break;
+    default: static_cast<float*>(data)[i] = value; break;
+  }
+}
+
+std::vector<uint8_t> PackInt4(const std::vector<uint8_t>& nibbles) {
+  std::vector<uint8_t> out((nibbles.size() + 1) / 2, 0);
+  for (size_t i = 0; i < nibbles.size(); ++i) {
+    const uint8_t v = nibbles[i] & 0x0f;
+    out[i / 2] |= (i & 1) ? static_cast<uint8_t>(v << 4) : v;
+  }
+  return out;
+}
+
+}  // namespace kplan::moe
