@@ -1,10 +1,12 @@
 // The `kplan` provider's GPU kernels. Memory-bound, so the design is about
-// bytes and bytes in flight: one block per row; each thread issues all of its
-// 16-byte loads (x, residual, weight: up to kVecsPerThread vectors each)
-// before using any, keeps them in registers across the block reduction, and
-// writes each output once. A row therefore crosses device memory exactly once
-// (read) plus once (write). Rows longer than blockDim * kVecsPerThread vectors
-// re-read their tail after the reduction (mostly from L2).
+// bytes and bytes in flight: a block reduces a row; each thread issues all of
+// its 16-byte loads (up to kVecsPerThread vectors per operand) before using
+// any, keeps them in registers across the block reduction, and writes each
+// output once, so a row crosses device memory once each way. The norm kernels
+// are persistent (one wave of resident blocks looping over rows) and load the
+// next row before reducing the current one. Rows longer than
+// blockDim * kVecsPerThread vectors re-read their tail after the reduction
+// (mostly from L2).
 #include <algorithm>
 
 #include "kernels/cuda/ir_cuda_status.h"
@@ -58,87 +60,116 @@ __device__ __forceinline__ Pack<T, kVec> GeluPack(const Pack<T, kVec>& g, const 
 }
 
 // fused_add_rms_norm when kFused, rms_norm otherwise. `w` may be null.
+// Persistent: block b handles rows b, b + gridDim.x, ...; a thread always owns
+// the same columns, so its weight vectors are loaded once and stay in
+// registers, and the next row's vectors are loaded before the current row is
+// reduced, so every block keeps a row's worth of loads in flight.
 template <typename T, int kVec, bool kFused>
 __global__ void __launch_bounds__(kMaxThreads)
     KplanNormKernel(const T* __restrict__ x, int64_t x_stride, const T* __restrict__ res,
-                    int64_t res_stride, const T* __restrict__ w, int nvec, int cols, float eps,
-                    T* __restrict__ out, int64_t out_stride, T* __restrict__ res_out,
+                    int64_t res_stride, const T* __restrict__ w, int rows, int nvec, int cols,
+                    float eps, T* __restrict__ out, int64_t out_stride, T* __restrict__ res_out,
                     int64_t res_out_stride) {
   using P = Pack<T, kVec>;
   __shared__ float scratch[32];
-  const int64_t row = blockIdx.x;
   const int tid = threadIdx.x;
   const int nt = blockDim.x;
   const bool has_w = w != nullptr;
-  const P* xr = reinterpret_cast<const P*>(x + row * x_stride);
-  const P* rr = kFused ? reinterpret_cast<const P*>(res + row * res_stride) : nullptr;
   const P* wr = reinterpret_cast<const P*>(w);
-  P* orow = reinterpret_cast<P*>(out + row * out_stride);
-  P* rorow = kFused ? reinterpret_cast<P*>(res_out + row * res_out_stride) : nullptr;
+  const int cached = kVecsPerThread * nt;  // vectors of a row held in registers
 
-  // Phase 1: every load in flight before the first use.
-  P xa[kVecsPerThread];
-  P ra[kVecsPerThread];
   P wa[kVecsPerThread];
+  if (has_w) {
 #pragma unroll
-  for (int i = 0; i < kVecsPerThread; ++i) {
-    const int idx = tid + i * nt;
-    if (idx < nvec) {
-      xa[i] = xr[idx];
-      if constexpr (kFused) ra[i] = rr[idx];
-      if (has_w) wa[i] = wr[idx];
+    for (int i = 0; i < kVecsPerThread; ++i) {
+      const int idx = tid + i * nt;
+      if (idx < nvec) wa[i] = wr[idx];
     }
   }
 
-  // Phase 2: sum of squares of s = x (+ residual) in fp32; write the new residual.
-  float ss = 0.f;
+  P xa[kVecsPerThread], ra[kVecsPerThread];
+  auto load = [&](int64_t row, P* xv, P* rv) {
+    const P* xr = reinterpret_cast<const P*>(x + row * x_stride);
+    const P* rr = kFused ? reinterpret_cast<const P*>(res + row * res_stride) : nullptr;
 #pragma unroll
-  for (int i = 0; i < kVecsPerThread; ++i) {
-    const int idx = tid + i * nt;
-    if (idx < nvec) {
+    for (int i = 0; i < kVecsPerThread; ++i) {
+      const int idx = tid + i * nt;
+      if (idx < nvec) {
+        xv[i] = xr[idx];
+        if constexpr (kFused) rv[i] = rr[idx];
+      }
+    }
+  };
+
+  int64_t row = blockIdx.x;
+  if (row < rows) load(row, xa, ra);
+  for (; row < rows; row += gridDim.x) {
+    const P* xr = reinterpret_cast<const P*>(x + row * x_stride);
+    const P* rr = kFused ? reinterpret_cast<const P*>(res + row * res_stride) : nullptr;
+    P* orow = reinterpret_cast<P*>(out + row * out_stride);
+    P* rorow = kFused ? reinterpret_cast<P*>(res_out + row * res_out_stride) : nullptr;
+
+    // Prefetch the next row while this one is reduced and written.
+    P xn[kVecsPerThread], rn[kVecsPerThread];
+    const int64_t next = row + gridDim.x;
+    if (next < rows) load(next, xn, rn);
+
+    // Sum of squares of s = x (+ residual) in fp32; write the new residual.
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVecsPerThread; ++i) {
+      const int idx = tid + i * nt;
+      if (idx < nvec) {
+        P r;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          float s = ToFloat(xa[i].v[j]);
+          if constexpr (kFused) {
+            s += ToFloat(ra[i].v[j]);
+            r.v[j] = FromFloat<T>(s);
+          }
+          ss += s * s;
+        }
+        if constexpr (kFused) rorow[idx] = r;
+      }
+    }
+    // Rows longer than the register cache: their tail is read here and again below.
+    for (int idx = tid + cached; idx < nvec; idx += nt) {
+      const P a = xr[idx];
+      P b;
+      if constexpr (kFused) b = rr[idx];
       P r;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        float s = ToFloat(xa[i].v[j]);
+        float s = ToFloat(a.v[j]);
         if constexpr (kFused) {
-          s += ToFloat(ra[i].v[j]);
+          s += ToFloat(b.v[j]);
           r.v[j] = FromFloat<T>(s);
         }
         ss += s * s;
       }
       if constexpr (kFused) rorow[idx] = r;
     }
-  }
-  for (int idx = tid + kVecsPerThread * nt; idx < nvec; idx += nt) {
-    const P a = xr[idx];
-    P b;
-    if constexpr (kFused) b = rr[idx];
-    P r;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      float s = ToFloat(a.v[j]);
-      if constexpr (kFused) {
-        s += ToFloat(b.v[j]);
-        r.v[j] = FromFloat<T>(s);
-      }
-      ss += s * s;
-    }
-    if constexpr (kFused) rorow[idx] = r;
-  }
-  ss = BlockSum(ss, scratch);
-  const float inv = rsqrtf(ss / static_cast<float>(cols) + eps);
+    ss = BlockSum(ss, scratch);
+    const float inv = rsqrtf(ss / static_cast<float>(cols) + eps);
 
-  // Phase 3: normalise from registers, y.to(T) * w rounded to T as native does.
+    // Normalise from registers, y.to(T) * w rounded to T as native does.
 #pragma unroll
-  for (int i = 0; i < kVecsPerThread; ++i) {
-    const int idx = tid + i * nt;
-    if (idx < nvec) orow[idx] = NormalizePack<T, kVec, kFused>(xa[i], ra[i], wa[i], has_w, inv);
-  }
-  for (int idx = tid + kVecsPerThread * nt; idx < nvec; idx += nt) {
-    P b, wv;
-    if constexpr (kFused) b = rr[idx];
-    if (has_w) wv = wr[idx];
-    orow[idx] = NormalizePack<T, kVec, kFused>(xr[idx], b, wv, has_w, inv);
+    for (int i = 0; i < kVecsPerThread; ++i) {
+      const int idx = tid + i * nt;
+      if (idx < nvec) orow[idx] = NormalizePack<T, kVec, kFused>(xa[i], ra[i], wa[i], has_w, inv);
+    }
+    for (int idx = tid + cached; idx < nvec; idx += nt) {
+      P b, wv;
+      if constexpr (kFused) b = rr[idx];
+      if (has_w) wv = wr[idx];
+      orow[idx] = NormalizePack<T, kVec, kFused>(xr[idx], b, wv, has_w, inv);
+    }
+#pragma unroll
+    for (int i = 0; i < kVecsPerThread; ++i) {
+      xa[i] = xn[i];
+      if constexpr (kFused) ra[i] = rn[i];
+    }
   }
 }
 
@@ -231,26 +262,34 @@ absl::Status CheckSizes(int64_t rows, int64_t cols) {
   return absl::OkStatus();
 }
 
-template <typename T, int kVec>
-absl::Status LaunchNorm(bool fused, KplanRows x, KplanRows residual, int64_t rows, int64_t cols,
+// Blocks of `kernel` that fit on the device at once (at least 1).
+template <typename Kernel>
+absl::Status ResidentBlocks(Kernel kernel, int threads, int* blocks) {
+  int device = 0, sms = 0, per_sm = 0;
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  *blocks = std::max(1, sms * per_sm);
+  return absl::OkStatus();
+}
+
+template <typename T, int kVec, bool kFused>
+absl::Status LaunchNorm(KplanRows x, KplanRows residual, int64_t rows, int64_t cols,
                         const void* weight, float eps, KplanRowsOut out, KplanRowsOut residual_out,
                         cudaStream_t stream) {
   const int nvec = static_cast<int>(cols / kVec);
   const int threads = ThreadsFor(nvec);
-  const auto* xp = static_cast<const T*>(x.data);
-  const auto* rp = static_cast<const T*>(residual.data);
-  const auto* wp = static_cast<const T*>(weight);
-  auto* op = static_cast<T*>(out.data);
-  auto* rop = static_cast<T*>(residual_out.data);
-  if (fused) {
-    KplanNormKernel<T, kVec, true><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
-        xp, x.row_stride, rp, residual.row_stride, wp, nvec, static_cast<int>(cols), eps, op,
-        out.row_stride, rop, residual_out.row_stride);
-  } else {
-    KplanNormKernel<T, kVec, false><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
-        xp, x.row_stride, nullptr, 0, wp, nvec, static_cast<int>(cols), eps, op, out.row_stride,
-        nullptr, 0);
-  }
+  auto kernel = KplanNormKernel<T, kVec, kFused>;
+  int resident = 0;
+  if (absl::Status s = ResidentBlocks(kernel, threads, &resident); !s.ok()) return s;
+  const int grid = static_cast<int>(std::min<int64_t>(rows, resident));
+  kernel<<<grid, threads, 0, stream>>>(
+      static_cast<const T*>(x.data), x.row_stride, static_cast<const T*>(residual.data),
+      residual.row_stride, static_cast<const T*>(weight), static_cast<int>(rows), nvec,
+      static_cast<int>(cols), eps, static_cast<T*>(out.data), out.row_stride,
+      static_cast<T*>(residual_out.data), residual_out.row_stride);
   KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("KplanNormKernel");
   return absl::OkStatus();
 }
@@ -266,8 +305,12 @@ absl::Status DispatchNorm(bool fused, KplanRows x, KplanRows residual, int64_t r
                    (!fused || (Aligned16(residual.data) && residual.row_stride % kVec == 0 &&
                                Aligned16(residual_out.data) &&
                                residual_out.row_stride % kVec == 0));
-  if (vec) return LaunchNorm<T, kVec>(fused, x, residual, rows, cols, weight, eps, out, residual_out, stream);
-  return LaunchNorm<T, 1>(fused, x, residual, rows, cols, weight, eps, out, residual_out, stream);
+  if (fused) {
+    if (vec) return LaunchNorm<T, kVec, true>(x, residual, rows, cols, weight, eps, out, residual_out, stream);
+    return LaunchNorm<T, 1, true>(x, residual, rows, cols, weight, eps, out, residual_out, stream);
+  }
+  if (vec) return LaunchNorm<T, kVec, false>(x, residual, rows, cols, weight, eps, out, residual_out, stream);
+  return LaunchNorm<T, 1, false>(x, residual, rows, cols, weight, eps, out, residual_out, stream);
 }
 
 absl::Status Norm(IrScalarType type, bool fused, KplanRows x, KplanRows residual, int64_t rows,

@@ -38,6 +38,8 @@ TEST(IrDefaultsTest, ServerDefaults) {
   }
   EXPECT_THAT(DefaultPriorityFor(*cpu, "nope"), IsEmpty());
   EXPECT_THAT(ServerDefaultIrPriority(true), ElementsAre("kplan", "native"));
+  // The global registry follows the build and the host.
+  EXPECT_EQ(DefaultPriorityFor("rms_norm"), ServerDefaultIrPriority(CudaKernelsAvailable()));
 #if !KPLAN_HAVE_CUDA
   EXPECT_FALSE(CudaKernelsAvailable());
   EXPECT_THAT(DefaultPriorityFor("rms_norm"), ElementsAre("native"));
