@@ -10,7 +10,7 @@ packages=(
   libabsl-dev libspdlog-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
-  prometheus-cpp-dev patchelf
+  prometheus-cpp-dev patchelf openssl
 )
 missing=()
 for p in "${packages[@]}"; do

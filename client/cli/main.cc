@@ -2,12 +2,15 @@
 // --offline, the same library in-process) for the plan vLLM would build;
 // `kplan info` and `kplan health` inspect a running server.
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/cli/args.h"
@@ -39,6 +42,7 @@ constexpr char kUsage[] =
 struct CommonFlags {
   std::string server;
   std::string timeout = "10";
+  std::string tls_ca, tls_cert, tls_key, token_file;
   bool json = false;
   bool help = false;
 
@@ -49,6 +53,12 @@ struct CommonFlags {
                 &server);
     p.AddString("timeout", "SECONDS", "deadline per call, retries included (default 10)",
                 &timeout);
+    p.AddString("tls-ca", "FILE", "PEM CA bundle: connect over TLS and verify the server",
+                &tls_ca);
+    p.AddString("tls-cert", "FILE", "PEM client certificate (mutual TLS)", &tls_cert);
+    p.AddString("tls-key", "FILE", "PEM key of --tls-cert", &tls_key);
+    p.AddString("token-file", "FILE",
+                "file with the server's bearer token (default: $KPLAN_TOKEN if set)", &token_file);
     p.AddSwitch("json", "print the response as JSON", &json);
     p.AddSwitch("help", "show this help", &help);
   }
@@ -60,6 +70,29 @@ struct CommonFlags {
     }
     ClientOptions options;
     options.deadline = absl::Seconds(seconds);
+    struct FileFlag {
+      const std::string& path;
+      const char* flag;
+      std::string* out;
+    };
+    for (const FileFlag& f : {FileFlag{tls_ca, "tls-ca", &options.tls_root_certs},
+                              FileFlag{tls_cert, "tls-cert", &options.tls_client_cert},
+                              FileFlag{tls_key, "tls-key", &options.tls_client_key},
+                              FileFlag{token_file, "token-file", &options.bearer_token}}) {
+      if (f.path.empty()) continue;
+      std::ifstream in(f.path);
+      if (!in) return InvalidField(f.flag, absl::StrCat("cannot read --", f.flag, " file ", f.path));
+      std::stringstream text;
+      text << in.rdbuf();
+      *f.out = text.str();
+    }
+    options.bearer_token = std::string(absl::StripAsciiWhitespace(options.bearer_token));
+    if (options.bearer_token.empty()) {
+      if (const char* t = std::getenv("KPLAN_TOKEN")) options.bearer_token = t;
+    }
+    if ((!tls_cert.empty() || !tls_key.empty()) && tls_ca.empty()) {
+      return InvalidField("tls-ca", "--tls-cert/--tls-key need --tls-ca");
+    }
     return Client::Connect(server, options);
   }
 };

@@ -31,8 +31,15 @@ std::unique_ptr<Client> Client::Connect(const std::string& target, ClientOptions
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
-  return std::make_unique<Client>(
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args), options);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls_root_certs.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs;
+    ssl.pem_cert_chain = options.tls_client_cert;
+    ssl.pem_private_key = options.tls_client_key;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  return std::make_unique<Client>(grpc::CreateCustomChannel(target, credentials, args), options);
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
@@ -50,6 +57,9 @@ absl::Status Client::WithRetries(Call&& call) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
     context.set_wait_for_ready(false);
+    if (!options_.bearer_token.empty()) {
+      context.AddMetadata("authorization", "Bearer " + options_.bearer_token);
+    }
     status = FromGrpcStatus(call(&context));
     if (!absl::IsUnavailable(status) || attempt >= options_.max_attempts ||
         absl::Now() + backoff >= deadline) {

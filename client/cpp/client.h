@@ -22,6 +22,13 @@ struct ClientOptions {
   int max_attempts = 4;                         // for UNAVAILABLE
   absl::Duration initial_backoff = absl::Milliseconds(50);
   int64_t max_message_bytes = 64 << 20;
+  // TLS: when tls_root_certs (PEM) is set the channel uses TLS; a client
+  // certificate and key add mutual TLS.
+  std::string tls_root_certs;
+  std::string tls_client_cert;
+  std::string tls_client_key;
+  // Sent as "authorization: Bearer <token>" when set.
+  std::string bearer_token;
 };
 
 class Client {

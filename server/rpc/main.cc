@@ -22,6 +22,15 @@ ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
 ABSL_FLAG(absl::Duration, exit_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled");
 ABSL_FLAG(std::string, log_level, "info", "Log verbosity: trace, debug, info, warn, error, off");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Serve Prometheus metrics at HOST:PORT/metrics (e.g. 0.0.0.0:9464); empty: off");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates it signed (mutual TLS)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File with a bearer token every KernelPlanService call must send as "
+          "'authorization: Bearer <token>' (health and reflection stay open)");
 ABSL_FLAG(std::string, devices, "all",
           "GPUs this server owns: all, none (CPU reference path) or a list such as 0,1");
 
@@ -56,6 +65,11 @@ int main(int argc, char** argv) {
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.devices = absl::GetFlag(FLAGS_devices);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   absl::StatusOr<std::unique_ptr<kplan::rpc::KplanServer>> server =
       kplan::rpc::KplanServer::Start(options);
   if (!server.ok()) {

@@ -5,11 +5,71 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
 #include "server/base/status.h"
 
 namespace kplan::rpc {
+namespace {
+
+absl::StatusOr<std::string> ReadFileForFlag(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidField(flag, absl::StrCat("cannot read ", flag, " file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return InvalidField(options.tls_cert_file.empty() ? "tls_cert" : "tls_key",
+                        "TLS needs both --tls_cert and --tls_key");
+  }
+  if (options.tls_cert_file.empty()) {
+    if (!options.tls_client_ca_file.empty()) {
+      return InvalidField("tls_client_ca", "--tls_client_ca needs --tls_cert and --tls_key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  KPLAN_ASSIGN_OR_RETURN(pair.cert_chain, ReadFileForFlag(options.tls_cert_file, "tls_cert"));
+  KPLAN_ASSIGN_OR_RETURN(pair.private_key, ReadFileForFlag(options.tls_key_file, "tls_key"));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_client_ca_file.empty()) {
+    KPLAN_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                           ReadFileForFlag(options.tls_client_ca_file, "tls_client_ca"));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+// A socket file left by a server that did not exit cleanly would make the
+// bind fail; remove it, but never a file that is not a socket.
+absl::Status RemoveStaleUnixSocket(const std::string& address) {
+  absl::string_view path = address;
+  if (!absl::ConsumePrefix(&path, "unix:")) return absl::OkStatus();
+  absl::ConsumePrefix(&path, "//");
+  struct stat st;
+  std::string p(path);
+  if (lstat(p.c_str(), &st) != 0) return absl::OkStatus();
+  if (!S_ISSOCK(st.st_mode)) {
+    return InvalidField("listen", absl::StrCat(p, " exists and is not a socket"));
+  }
+  unlink(p.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOptions& options) {
   if (options.max_message_bytes <= 0 || options.max_message_bytes > INT32_MAX) {
@@ -30,13 +90,30 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   server->environment_.platform =
       LocalPlatform(server->environment_.devices, /*have_cuda_kernels=*/KPLAN_HAVE_CUDA_KERNELS);
   server->environment_.max_message_bytes = options.max_message_bytes;
+  if (!options.auth_token_file.empty()) {
+    KPLAN_ASSIGN_OR_RETURN(std::string token,
+                           ReadFileForFlag(options.auth_token_file, "auth_token_file"));
+    server->environment_.auth_token = std::string(absl::StripAsciiWhitespace(token));
+    if (server->environment_.auth_token.empty()) {
+      return InvalidField("auth_token_file", "the bearer token file is empty");
+    }
+  }
+  if (!options.metrics_listen.empty()) {
+    server->metrics_ = std::make_unique<Metrics>(BuildLabels{
+        KPLAN_VERSION, KPLAN_GIT_REVISION, KPLAN_BUILD_CUDA_VERSION, KPLAN_BUILD_NCCL_VERSION});
+    KPLAN_RETURN_IF_ERROR(server->metrics_->Serve(options.metrics_listen));
+    server->metrics_->SetExperts("cpu", 0, 0);
+    server->environment_.metrics = server->metrics_.get();
+  }
+  KPLAN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                         MakeCredentials(options));
+  KPLAN_RETURN_IF_ERROR(RemoveStaleUnixSocket(options.listen_address));
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
-                           &server->port_);
+  builder.AddListeningPort(options.listen_address, credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(server->service_.get());
@@ -49,10 +126,15 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
   health->SetServingStatus("", true);
   health->SetServingStatus(kReadinessService, true);
-  spdlog::info("kplan-server {} listening on {} (port {}); platform: {}; {} device(s)",
+  spdlog::info("kplan-server {} listening on {} (port {}{}{}); platform: {}; {} device(s)",
                KPLAN_VERSION, options.listen_address, server->port_,
+               options.tls_cert_file.empty() ? "" : ", TLS",
+               options.tls_client_ca_file.empty() ? "" : " with client certificates",
                DescribePlatform(server->environment_.platform),
                server->environment_.devices.size());
+  if (server->metrics_) {
+    spdlog::info("metrics on {} (port {})", options.metrics_listen, server->metrics_->port());
+  }
   return server;
 }
 

@@ -20,6 +20,16 @@ struct ServerOptions {
   std::string listen_address = "0.0.0.0:50051";
   int64_t max_message_bytes = 64 << 20;
   std::string devices = "all";  // "all", "none" or "0,1"
+  // Prometheus /metrics on its own address ("0.0.0.0:9464"); "" turns it off.
+  std::string metrics_listen;
+  // TLS: PEM certificate chain and key; both or neither. With a client CA,
+  // clients must present a certificate it signed (mutual TLS).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // A file holding the bearer token every KernelPlanService call must carry
+  // (health and reflection stay open for probes).
+  std::string auth_token_file;
   // Injected device query; null means the build's default prober.
   const DeviceProber* prober = nullptr;
 };
@@ -35,6 +45,9 @@ class KplanServer {
 
   // The bound TCP port (useful with port 0); 0 for a Unix socket.
   int port() const { return port_; }
+  // The metrics port, 0 when metrics are off.
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  Metrics* metrics() { return metrics_.get(); }
   const ServerEnvironment& environment() const { return environment_; }
 
   // Marks health NOT_SERVING, lets in-flight calls finish for up to `timeout`,
@@ -46,6 +59,7 @@ class KplanServer {
  private:
   KplanServer() = default;
   ServerEnvironment environment_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<KernelPlanServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kplan/v1/service.grpc.pb.h"
+#include "server/rpc/metrics.h"
 #include "server/platform/local.h"
 #include "server/platform/platform.h"
 
@@ -19,6 +20,9 @@ struct ServerEnvironment {
   LocalRuntime runtime;             // runtime versions and all devices found
   std::vector<LocalDevice> devices;  // the devices this server was given (--devices)
   int64_t max_message_bytes = 0;
+  // When set, every KernelPlanService call must carry "authorization: Bearer <token>".
+  std::string auth_token;
+  Metrics* metrics = nullptr;  // may be null (metrics off)
 };
 
 class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackService {

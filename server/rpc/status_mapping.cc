@@ -39,6 +39,11 @@ grpc::StatusCode ToGrpcCode(absl::StatusCode code) {
   return grpc::StatusCode::UNKNOWN;
 }
 
+std::string GrpcCodeName(grpc::StatusCode code) {
+  // absl's names are the canonical gRPC code names, and the codes coincide.
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   const grpc::StatusCode code = ToGrpcCode(status.code());

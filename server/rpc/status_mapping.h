@@ -13,4 +13,7 @@ grpc::StatusCode ToGrpcCode(absl::StatusCode code);
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// "OK", "INVALID_ARGUMENT", ...: the code's canonical name (metric label).
+std::string GrpcCodeName(grpc::StatusCode code);
+
 }  // namespace kplan::rpc

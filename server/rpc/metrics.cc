@@ -1,0 +1,120 @@
+#include "server/rpc/metrics.h"
+
+#include <prometheus/text_serializer.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/base/status.h"
+
+namespace kplan::rpc {
+namespace {
+
+// Seconds, from 50 µs (a plan resolution) to 30 s (a large expert load).
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries{
+      50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
+      50e-3, 100e-3, 250e-3, 500e-3, 1.0,  2.5,    5.0,  10.0,  30.0};
+  return *b;
+}
+
+}  // namespace
+
+Metrics::Metrics(const BuildLabels& build)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      requests_(prometheus::BuildCounter()
+                    .Name("kplan_requests_total")
+                    .Help("Finished RPCs by method and gRPC status code")
+                    .Register(*registry_)),
+      latency_(prometheus::BuildHistogram()
+                   .Name("kplan_request_duration_seconds")
+                   .Help("RPC latency from arrival to response, by method")
+                   .Register(*registry_)),
+      queue_(prometheus::BuildHistogram()
+                 .Name("kplan_request_queue_seconds")
+                 .Help("Time a request waited for its device worker, by method")
+                 .Register(*registry_)),
+      device_(prometheus::BuildHistogram()
+                  .Name("kplan_request_device_seconds")
+                  .Help("Device (or CPU reference) compute time of a request, by method")
+                  .Register(*registry_)),
+      inflight_(prometheus::BuildGauge()
+                    .Name("kplan_inflight_requests")
+                    .Help("RPCs being served now")
+                    .Register(*registry_)
+                    .Add({})),
+      experts_(prometheus::BuildGauge()
+                   .Name("kplan_experts_loaded")
+                   .Help("Expert sets resident, by device")
+                   .Register(*registry_)),
+      expert_bytes_(prometheus::BuildGauge()
+                        .Name("kplan_experts_bytes")
+                        .Help("Bytes of expert weights resident, by device")
+                        .Register(*registry_)),
+      device_memory_(prometheus::BuildGauge()
+                         .Name("kplan_device_memory_used_bytes")
+                         .Help("Device memory in use, by device")
+                         .Register(*registry_)) {
+  prometheus::BuildGauge()
+      .Name("kplan_build_info")
+      .Help("Build facts of this server; the value is always 1")
+      .Register(*registry_)
+      .Add({{"version", build.version},
+            {"git_revision", build.git_revision},
+            {"cuda_version", build.cuda_version.empty() ? "none" : build.cuda_version},
+            {"nccl_version", build.nccl_version.empty() ? "none" : build.nccl_version}})
+      .Set(1);
+}
+
+absl::Status Metrics::Serve(const std::string& address) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return WithField(absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ",
+                                                         e.what())),
+                     "metrics_listen");
+  }
+  exposer_->RegisterCollectable(registry_);
+  return absl::OkStatus();
+}
+
+int Metrics::port() const {
+  if (!exposer_) return 0;
+  std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+prometheus::Histogram& Metrics::HistogramFor(prometheus::Family<prometheus::Histogram>& family,
+                                             const std::string& method) {
+  return family.Add({{"method", method}}, LatencyBuckets());
+}
+
+void Metrics::RequestStarted() { inflight_.Increment(); }
+
+void Metrics::RequestFinished(const std::string& method, const std::string& code,
+                              absl::Duration total) {
+  inflight_.Decrement();
+  requests_.Add({{"method", method}, {"code", code}}).Increment();
+  HistogramFor(latency_, method).Observe(absl::ToDoubleSeconds(total));
+}
+
+void Metrics::ObserveQueue(const std::string& method, absl::Duration d) {
+  HistogramFor(queue_, method).Observe(absl::ToDoubleSeconds(d));
+}
+
+void Metrics::ObserveDevice(const std::string& method, absl::Duration d) {
+  HistogramFor(device_, method).Observe(absl::ToDoubleSeconds(d));
+}
+
+void Metrics::SetExperts(const std::string& device, double count, double bytes) {
+  experts_.Add({{"device", device}}).Set(count);
+  expert_bytes_.Add({{"device", device}}).Set(bytes);
+}
+
+void Metrics::SetDeviceMemoryUsed(const std::string& device, double bytes) {
+  device_memory_.Add({{"device", device}}).Set(bytes);
+}
+
+std::string Metrics::Render() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+}  // namespace kplan::rpc

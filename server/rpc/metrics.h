@@ -1,0 +1,68 @@
+// Prometheus metrics of the server, exposed on their own port (prometheus-cpp
+// pull exposer): requests by RPC and status code, latency histograms (total,
+// queue and device time apart), in-flight requests, experts held per device,
+// device memory in use, build info. Names follow Prometheus conventions
+// (base units, _total for counters).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace kplan::rpc {
+
+// Labels of kplan_build_info.
+struct BuildLabels {
+  std::string version, git_revision, cuda_version, nccl_version;
+};
+
+class Metrics {
+ public:
+  explicit Metrics(const BuildLabels& build);
+
+  // Serves /metrics on `address` ("0.0.0.0:9464"; port 0 picks one).
+  absl::Status Serve(const std::string& address);
+  // The bound port, 0 when not serving.
+  int port() const;
+
+  void RequestStarted();
+  // One finished call: counts it under its gRPC code name and observes its latency.
+  void RequestFinished(const std::string& method, const std::string& code, absl::Duration total);
+  void ObserveQueue(const std::string& method, absl::Duration d);
+  void ObserveDevice(const std::string& method, absl::Duration d);
+  // Experts held on `device` ("cpu", "cuda:0"): count and bytes.
+  void SetExperts(const std::string& device, double count, double bytes);
+  void SetDeviceMemoryUsed(const std::string& device, double bytes);
+
+  // The text exposition of every metric, as a scrape would return it.
+  std::string Render() const;
+
+ private:
+  prometheus::Histogram& HistogramFor(prometheus::Family<prometheus::Histogram>& family,
+                                      const std::string& method);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Family<prometheus::Histogram>& queue_;
+  prometheus::Family<prometheus::Histogram>& device_;
+  prometheus::Gauge& inflight_;
+  prometheus::Family<prometheus::Gauge>& experts_;
+  prometheus::Family<prometheus::Gauge>& expert_bytes_;
+  prometheus::Family<prometheus::Gauge>& device_memory_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+}  // namespace kplan::rpc

@@ -1,0 +1,224 @@
+// Integration tests of what operators rely on: TLS and mutual TLS, the
+// bearer token, the Unix socket, and the Prometheus endpoint (scraped over
+// HTTP). Certificates come from make_test_certs.sh (a ctest fixture).
+#include <arpa/inet.h>
+#include <sys/un.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "client/cpp/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/rpc/server.h"
+
+namespace kplan::rpc {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string CertDir() {
+  const char* dir = std::getenv("KPLAN_TEST_CERTS");
+  return dir ? dir : "";
+}
+
+std::string Read(const std::string& name) {
+  std::ifstream in(CertDir() + "/" + name);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::unique_ptr<KplanServer> StartServer(ServerOptions options) {
+  static NoDeviceProber prober;
+  if (options.listen_address == "0.0.0.0:50051") options.listen_address = "127.0.0.1:0";
+  options.prober = &prober;
+  absl::StatusOr<std::unique_ptr<KplanServer>> s = KplanServer::Start(options);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+ClientOptions Quick() {
+  ClientOptions o;
+  o.deadline = absl::Seconds(5);
+  o.max_attempts = 1;
+  return o;
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CertDir().empty()) GTEST_SKIP() << "KPLAN_TEST_CERTS not set";
+  }
+  std::string Target(const KplanServer& s) { return absl::StrCat("localhost:", s.port()); }
+};
+
+TEST_F(TlsTest, TlsServesVerifiedClientsOnly) {
+  ServerOptions options;
+  options.tls_cert_file = CertDir() + "/server.pem";
+  options.tls_key_file = CertDir() + "/server.key";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+
+  ClientOptions tls = Quick();
+  tls.tls_root_certs = Read("ca.pem");
+  EXPECT_TRUE(Client::Connect(Target(*server), tls)->ResolveKernelConfig({}).ok());
+
+  ClientOptions wrong_ca = Quick();
+  wrong_ca.tls_root_certs = Read("rogue_ca.pem");
+  EXPECT_EQ(Client::Connect(Target(*server), wrong_ca)->ResolveKernelConfig({}).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Client::Connect(Target(*server), Quick())->ResolveKernelConfig({}).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST_F(TlsTest, MutualTlsNeedsACertificateFromTheClientCa) {
+  ServerOptions options;
+  options.tls_cert_file = CertDir() + "/server.pem";
+  options.tls_key_file = CertDir() + "/server.key";
+  options.tls_client_ca_file = CertDir() + "/ca.pem";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+
+  ClientOptions good = Quick();
+  good.tls_root_certs = Read("ca.pem");
+  good.tls_client_cert = Read("client.pem");
+  good.tls_client_key = Read("client.key");
+  EXPECT_TRUE(Client::Connect(Target(*server), good)->ResolveKernelConfig({}).ok());
+
+  ClientOptions no_cert = Quick();
+  no_cert.tls_root_certs = Read("ca.pem");
+  EXPECT_FALSE(Client::Connect(Target(*server), no_cert)->ResolveKernelConfig({}).ok());
+
+  ClientOptions rogue = good;
+  rogue.tls_client_cert = Read("rogue_client.pem");
+  rogue.tls_client_key = Read("rogue_client.key");
+  EXPECT_FALSE(Client::Connect(Target(*server), rogue)->ResolveKernelConfig({}).ok());
+}
+
+TEST_F(TlsTest, BadTlsFlagsAreRejectedWithTheFlagNamed) {
+  ServerOptions only_cert;
+  only_cert.listen_address = "127.0.0.1:0";
+  only_cert.tls_cert_file = CertDir() + "/server.pem";
+  absl::StatusOr<std::unique_ptr<KplanServer>> s = KplanServer::Start(only_cert);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  ServerOptions missing;
+  missing.listen_address = "127.0.0.1:0";
+  missing.tls_cert_file = "/nonexistent.pem";
+  missing.tls_key_file = "/nonexistent.key";
+  EXPECT_THAT(std::string(KplanServer::Start(missing).status().message()),
+              HasSubstr("cannot read tls_cert file"));
+}
+
+TEST_F(TlsTest, BearerTokenGuardsTheServiceNotTheProbes) {
+  ServerOptions options;
+  options.auth_token_file = CertDir() + "/token";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string target = absl::StrCat("127.0.0.1:", server->port());
+  const std::string token(absl::StripAsciiWhitespace(Read("token")));
+
+  auto anonymous = Client::Connect(target, Quick());
+  absl::StatusOr<v1::GetServerInfoResponse> denied = anonymous->GetServerInfo();
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(anonymous->Health().value());  // probes need no token
+
+  ClientOptions wrong = Quick();
+  wrong.bearer_token = token + "x";
+  EXPECT_EQ(Client::Connect(target, wrong)->ResolveKernelConfig({}).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  ClientOptions right = Quick();
+  right.bearer_token = token;
+  EXPECT_TRUE(Client::Connect(target, right)->ResolveKernelConfig({}).ok());
+}
+
+TEST(UnixSocketTest, ServesOnAUnixSocketAndReplacesAStaleOne) {
+  const std::string path = absl::StrCat("/tmp/kplan-test-", getpid(), ".sock");
+  ServerOptions options;
+  options.listen_address = "unix:" + path;
+  {
+    auto server = StartServer(options);
+    ASSERT_NE(server, nullptr);
+    EXPECT_TRUE(Client::Connect("unix:" + path, Quick())->ResolveKernelConfig({}).ok());
+  }
+  // A socket file left behind must not stop the next server.
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  unlink(path.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  close(fd);
+  auto again = StartServer(options);
+  ASSERT_NE(again, nullptr);
+  EXPECT_TRUE(Client::Connect("unix:" + path, Quick())->Health().value());
+  again.reset();
+  unlink(path.c_str());
+
+  // A regular file in the way is an error, not something to delete.
+  const std::string file = path + ".txt";
+  std::ofstream(file) << "keep me";
+  ServerOptions blocked;
+  blocked.listen_address = "unix:" + file;
+  blocked.prober = options.prober;
+  absl::StatusOr<std::unique_ptr<KplanServer>> s = KplanServer::Start(blocked);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  std::ifstream kept(file);
+  std::string content;
+  std::getline(kept, content);
+  EXPECT_EQ(content, "keep me");
+  unlink(file.c_str());
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: localhost\r\n\r\n");
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+TEST(MetricsTest, ScrapeShowsRequestsByCodeLatencyAndBuild) {
+  ServerOptions options;
+  options.metrics_listen = "127.0.0.1:0";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(server->metrics_port(), 0);
+  auto client = Client::Connect(absl::StrCat("127.0.0.1:", server->port()), Quick());
+  ASSERT_TRUE(client->ResolveKernelConfig({}).ok());
+  ASSERT_TRUE(client->ResolveKernelConfig({}).ok());
+  v1::ResolveKernelConfigRequest bad;
+  bad.mutable_kernel_config()->set_moe_backend("nope");
+  ASSERT_FALSE(client->ResolveKernelConfig(bad).ok());
+
+  std::string page = HttpGet(server->metrics_port(), "/metrics");
+  EXPECT_THAT(page, HasSubstr("200 OK"));
+  EXPECT_THAT(page,
+              HasSubstr("kplan_requests_total{code=\"OK\",method=\"ResolveKernelConfig\"} 2"));
+  EXPECT_THAT(page, HasSubstr("kplan_requests_total{code=\"INVALID_ARGUMENT\",method="
+                              "\"ResolveKernelConfig\"} 1"));
+  EXPECT_THAT(page, HasSubstr("kplan_request_duration_seconds_count{method=\"ResolveKernelConfig\"} 3"));
+  EXPECT_THAT(page, HasSubstr("kplan_inflight_requests 0"));
+  EXPECT_THAT(page, HasSubstr("kplan_build_info{"));
+  EXPECT_THAT(page, HasSubstr("kplan_experts_loaded{device=\"cpu\"} 0"));
+}
+
+}  // namespace
+}  // namespace kplan::rpc
