@@ -40,6 +40,17 @@ grep -q "INVALID_ARGUMENT: all2all_backend='passthrough' is only valid with a mo
 grep -q "\[field: parallel.all2all_backend\]" "$work/err.txt"
 "$bin/kplan" info --server "$addr" | grep -q "version:"
 
+# explain: the candidate table of a DeepSeek-V3 fp8 layer on an SM100 platform.
+"$bin/kplan" explain --server "$addr" --platform cuda:10.0 --num-experts 256 --experts-per-token 8 \
+  --hidden-size 7168 --intermediate-size 2048 --weight-quant kFp8Static128BlockSym \
+  --activation-quant kFp8Dynamic128Sym --scoring-func sigmoid --renormalize --num-expert-group 8 \
+  --topk-group 4 --e-score-correction-bias >"$work/explain.txt"
+grep -q "chosen: FLASHINFER_TRTLLM" "$work/explain.txt" || { cat "$work/explain.txt"; exit 1; }
+grep -q "accepted" "$work/explain.txt"
+"$bin/kplan" resolve --offline --platform cuda:9.0 --compare-platform cuda:10.0 --num-experts 8 \
+  --experts-per-token 2 --hidden-size 4096 --intermediate-size 14336 --renormalize >"$work/compare.txt"
+grep -q "FLASHINFER_TRTLLM" "$work/compare.txt" && grep -q "TRITON" "$work/compare.txt"
+
 kill -TERM "$server_pid"
 wait "$server_pid"
 rc=$?

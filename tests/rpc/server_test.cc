@@ -210,6 +210,84 @@ TEST_F(ServerTest, EachErrorHasItsCodeAndNamesTheField) {
   EXPECT_TRUE(stub_->ResolveKernelConfig(Context().get(), {}, &ok).ok());
 }
 
+v1::MoELayerConfig Mixtral() {
+  v1::MoELayerConfig moe;
+  moe.set_name("layers.0.mlp");
+  moe.set_num_experts(8);
+  moe.set_experts_per_token(2);
+  moe.set_hidden_dim(4096);
+  moe.set_intermediate_size(14336);
+  moe.set_scoring_func("softmax");
+  moe.set_renormalize(true);
+  return moe;
+}
+
+TEST_F(ServerTest, PlansEveryMoeLayerOfTheModel) {
+  v1::ResolveKernelConfigRequest req;
+  req.mutable_platform()->set_kind(v1::PLATFORM_KIND_CUDA);
+  req.mutable_platform()->mutable_device_capability()->set_major(9);
+  *req.mutable_model()->mutable_moe() = Mixtral();
+  v1::MoELayerConfig fp8 = Mixtral();
+  fp8.set_name("layers.1.mlp");
+  fp8.set_weight_quant("kFp8Static128BlockSym");
+  fp8.set_activation_quant("kFp8Dynamic128Sym");
+  *req.mutable_model()->add_moe_layers() = fp8;
+  v1::ResolveKernelConfigResponse resp;
+  grpc::Status s = stub_->ResolveKernelConfig(Context().get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.moe_plan().layer(), "layers.0.mlp");
+  EXPECT_EQ(resp.moe_plan().scheme(), "unquantized");
+  EXPECT_EQ(resp.moe_plan().backend(), "TRITON");  // SM90 moves FlashInfer to the back
+  EXPECT_EQ(resp.moe_plan().experts_kernel(), "TritonExperts");
+  ASSERT_EQ(resp.moe_layer_plans_size(), 1);
+  EXPECT_EQ(resp.moe_layer_plans(0).scheme(), "fp8");
+  EXPECT_EQ(resp.moe_layer_plans(0).backend(), "TRITON");
+  EXPECT_GT(resp.moe_plan().candidates_size(), 0);
+
+  // On SM100 without FlashInfer installed: still Triton; with it: FlashInfer TRT-LLM.
+  req.mutable_platform()->mutable_device_capability()->set_major(10);
+  ASSERT_TRUE(stub_->ResolveKernelConfig(Context().get(), req, &resp).ok());
+  EXPECT_EQ(resp.moe_plan().backend(), "TRITON");
+  req.mutable_platform()->add_libraries("flashinfer");
+  ASSERT_TRUE(stub_->ResolveKernelConfig(Context().get(), req, &resp).ok());
+  EXPECT_EQ(resp.moe_plan().backend(), "FLASHINFER_TRTLLM");
+}
+
+TEST_F(ServerTest, OracleErrorsKeepVllmsCodesAndFields) {
+  v1::ResolveKernelConfigRequest req;
+  req.mutable_platform()->set_kind(v1::PLATFORM_KIND_CUDA);
+  req.mutable_platform()->mutable_device_capability()->set_major(9);
+  *req.mutable_model()->mutable_moe() = Mixtral();
+  v1::ResolveKernelConfigResponse resp;
+
+  // A backend that unquantized MoE does not have: vLLM's ValueError.
+  req.mutable_kernel_config()->set_moe_backend("deep_gemm");
+  grpc::Status s = stub_->ResolveKernelConfig(Context().get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("moe_backend='deep_gemm' is not supported for "
+                                           "unquantized MoE. Expected one of"));
+  EXPECT_EQ(BadRequestOf(s).field_violations(0).field(), "kernel_config.moe_backend");
+
+  // Nothing supports int8 W8A8 on ROCm: vLLM's NotImplementedError.
+  req.mutable_kernel_config()->clear_moe_backend();
+  req.mutable_platform()->set_kind(v1::PLATFORM_KIND_ROCM);
+  req.mutable_platform()->set_gcn_arch_name("gfx942");
+  req.mutable_model()->mutable_moe()->set_weight_quant("kInt8StaticChannelSym");
+  req.mutable_model()->mutable_moe()->set_activation_quant("kInt8DynamicTokenSym");
+  s = stub_->ResolveKernelConfig(Context().get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(s.error_message(), "No Int8 MoE backend supports the deployment configuration.");
+
+  // A bad layer field is named under model.moe / model.moe_layers[i].
+  v1::ResolveKernelConfigRequest layered;
+  *layered.mutable_model()->add_moe_layers() = Mixtral();
+  *layered.mutable_model()->add_moe_layers() = Mixtral();
+  layered.mutable_model()->mutable_moe_layers(1)->set_activation("swish");
+  s = stub_->ResolveKernelConfig(Context().get(), layered, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(BadRequestOf(s).field_violations(0).field(), "model.moe_layers[1].activation");
+}
+
 TEST_F(ServerTest, ClientLibraryCarriesTheFieldAndInfo) {
   auto client = Client::Connect(target_);
   v1::ResolveKernelConfigRequest req;
