@@ -594,6 +594,37 @@ TEST(MoeExpertsTest, BiasesAndBf16Output) {
   EXPECT_NEAR(Bf16ToFloat(ob[1]), 0.25 * y01 + 0.75 * y11, 2e-2);
 }
 
+TEST(MoeExpertsTest, Bf16RoundsTheIntermediateAsTorch) {
+  // H=1, I=2: gates [1, 2], ups [1, 1], w2 [1, -0.5]. torch_experts rounds
+  // act() to bf16 before the second GEMM: bf(silu(1)) - 0.5·bf(silu(2))
+  // = 0.73046875 - 0.8828125, where the unrounded value would give -0.1494.
+  const std::vector<uint16_t> x = {FloatToBf16(1)};
+  const std::vector<uint16_t> w13 = {FloatToBf16(1), FloatToBf16(2), FloatToBf16(1),
+                                     FloatToBf16(1)};
+  const std::vector<uint16_t> w2 = {FloatToBf16(1), FloatToBf16(-0.5f)};
+  const int32_t ids[1] = {0};
+  const float wts[1] = {1.0f};
+  MoeProblem p;
+  p.num_tokens = 1;
+  p.hidden = 1;
+  p.intermediate = 2;
+  p.num_experts = 1;
+  p.top_k = 1;
+  p.act_dtype = MoeDType::kBFloat16;
+  p.hidden_states = x.data();
+  p.topk_ids = ids;
+  p.topk_weights = wts;
+  p.weights.dtype = MoeDType::kBFloat16;
+  p.weights.num_local_experts = 1;
+  p.weights.w13 = w13.data();
+  p.weights.w2 = w2.data();
+  uint16_t out = 0;
+  ASSERT_TRUE(MoeReference(p, &out).ok());
+  auto bf = [](double v) { return RoundToDType(static_cast<float>(v), MoeDType::kBFloat16); };
+  EXPECT_EQ(Bf16ToFloat(out), bf(bf(SiluD(1)) - 0.5f * bf(SiluD(2))));
+  EXPECT_EQ(Bf16ToFloat(out), -0.15234375f);
+}
+
 TEST(MoeExpertsTest, ExpertMapZerosNonLocalExperts) {
   Tiny t;
   MoeProblem p = t.Problem();
@@ -887,6 +918,36 @@ TEST(MoeQuantTest, Fp8DynamicPerTokenMatchesNaive) {
   EXPECT_NE(got, exact);  // 4 · 448/9 is not an fp8 value: dynamic scales do round
 }
 
+TEST(MoeQuantTest, Fp8DynamicPerTensorUsesOneScaleForAllRows) {
+  // Dynamic per-tensor scales are max|x|/448 over all tokens for the input and
+  // over every routed row of the intermediate: the same as static scales set
+  // to those values.
+  ExactFp8 t;
+  float amax1 = 0, amax2 = 0;
+  for (float v : t.x) amax1 = std::max(amax1, std::fabs(v));
+  for (int slot = 0; slot < 4; ++slot) {
+    const int64_t m = slot / 2, e = t.ids[slot];
+    for (int i = 0; i < 2; ++i) {
+      float acc = 0;
+      for (int h = 0; h < 4; ++h) acc += t.x[m * 4 + h] * t.w13[(e * 2 + i) * 4 + h];
+      amax2 = std::max(amax2, acc > 0 ? acc * acc : 0.0f);
+    }
+  }
+  ASSERT_GT(amax2, 1.0f);
+  const std::vector<uint8_t> q13 = ToFp8(t.w13, 0.5f), q2 = ToFp8(t.w2, 0.5f);
+  const float s13[2] = {0.5f, 0.5f}, s2[2] = {0.5f, 0.5f};
+  MoeProblem p = t.Problem(q13.data(), q2.data(), MoeDType::kFp8E4m3);
+  p.weights.quant.scheme = MoeQuantScheme::kFp8W8A8;
+  p.weights.quant.w13_scale = s13;
+  p.weights.quant.w2_scale = s2;
+  const std::vector<float> dynamic = RunF32(p);
+  p.weights.quant.a1_scale = amax1 / 448.0f;
+  p.weights.quant.a2_scale = amax2 / 448.0f;
+  EXPECT_EQ(RunF32(p), dynamic);
+  p.weights.quant.a2_scale = amax2 / 300.0f;
+  EXPECT_NE(RunF32(p), dynamic);
+}
+
 TEST(MoeQuantTest, Fp8BlockScalesAreAppliedPerTile) {
   ExactFp8 t;
   // 2x2 blocks with a different power-of-two scale per block.
@@ -1096,6 +1157,29 @@ TEST(MoePropertyTest, MatchesNaiveLoopsForFp32) {
     std::vector<float> again(M * H);
     ASSERT_TRUE(MoeReference(p, again.data()).ok());
     ASSERT_EQ(std::memcmp(again.data(), out.data(), out.size() * sizeof(float)), 0) << threads;
+  }
+
+  // bf16 activations and weights: per-slot expert outputs are bf16 values,
+  // the result stays within bf16 error of the exact one.
+  {
+    std::vector<uint16_t> xb, w13b, w2b, b13b, b2b, ob(M * H);
+    for (float v : x) xb.push_back(FloatToBf16(v));
+    for (float v : w13) w13b.push_back(FloatToBf16(v));
+    for (float v : w2) w2b.push_back(FloatToBf16(v));
+    MoeProblem pb = p;
+    pb.num_threads = 0;
+    pb.act_dtype = MoeDType::kBFloat16;
+    pb.hidden_states = xb.data();
+    pb.weights.dtype = MoeDType::kBFloat16;
+    pb.weights.w13 = w13b.data();
+    pb.weights.w2 = w2b.data();
+    ASSERT_TRUE(MoeReference(pb, ob.data()).ok());
+    std::vector<float> per_slot(M * k * H);
+    ASSERT_TRUE(RunExperts(pb, ids.data(), wts.data(), per_slot.data()).ok());
+    for (float v : per_slot) ASSERT_EQ(v, RoundToDType(v, MoeDType::kBFloat16));
+    for (int64_t i = 0; i < M * H; ++i) {
+      ASSERT_NEAR(Bf16ToFloat(ob[i]), want[i], 0.02 * std::fabs(want[i]) + 0.01 * max_abs) << i;
+    }
   }
 
   // Expert parallel: two ranks, each with half the experts, sum to the whole.
