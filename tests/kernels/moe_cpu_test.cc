@@ -597,7 +597,7 @@ TEST(MoeExpertsTest, BiasesAndBf16Output) {
 TEST(MoeExpertsTest, Bf16RoundsTheIntermediateAsTorch) {
   // H=1, I=2: gates [1, 2], ups [1, 1], w2 [1, -0.5]. torch_experts rounds
   // act() to bf16 before the second GEMM: bf(silu(1)) - 0.5·bf(silu(2))
-  // = 0.73046875 - 0.8828125, where the unrounded value would give -0.1494.
+  // = 0.73046875 - 0.87890625, where the unrounded value would give -0.1494.
   const std::vector<uint16_t> x = {FloatToBf16(1)};
   const std::vector<uint16_t> w13 = {FloatToBf16(1), FloatToBf16(2), FloatToBf16(1),
                                      FloatToBf16(1)};
@@ -622,7 +622,7 @@ TEST(MoeExpertsTest, Bf16RoundsTheIntermediateAsTorch) {
   ASSERT_TRUE(MoeReference(p, &out).ok());
   auto bf = [](double v) { return RoundToDType(static_cast<float>(v), MoeDType::kBFloat16); };
   EXPECT_EQ(Bf16ToFloat(out), bf(bf(SiluD(1)) - 0.5f * bf(SiluD(2))));
-  EXPECT_EQ(Bf16ToFloat(out), -0.15234375f);
+  EXPECT_EQ(Bf16ToFloat(out), -0.1484375f);
 }
 
 TEST(MoeExpertsTest, ExpertMapZerosNonLocalExperts) {
