@@ -20,14 +20,6 @@ std::vector<std::string> PriorityFromProto(const google::protobuf::RepeatedPtrFi
   return std::vector<std::string>(r.begin(), r.end());
 }
 
-google::protobuf::RepeatedPtrField<std::string>* PriorityField(v1::IrOpPriorityConfig* p,
-                                                               absl::string_view op) {
-  if (op == "rms_norm") return p->mutable_rms_norm();
-  if (op == "fused_add_rms_norm") return p->mutable_fused_add_rms_norm();
-  if (op == "gelu_and_mul_sparse") return p->mutable_gelu_and_mul_sparse();
-  return nullptr;
-}
-
 constexpr std::pair<v1::PlatformKind, PlatformKind> kKinds[] = {
     {v1::PLATFORM_KIND_CUDA, PlatformKind::kCuda}, {v1::PLATFORM_KIND_ROCM, PlatformKind::kRocm},
     {v1::PLATFORM_KIND_CPU, PlatformKind::kCpu},   {v1::PLATFORM_KIND_XPU, PlatformKind::kXpu},
@@ -35,6 +27,14 @@ constexpr std::pair<v1::PlatformKind, PlatformKind> kKinds[] = {
 };
 
 }  // namespace
+
+google::protobuf::RepeatedPtrField<std::string>* MutablePriority(v1::IrOpPriorityConfig* p,
+                                                                 absl::string_view op) {
+  if (op == "rms_norm") return p->mutable_rms_norm();
+  if (op == "fused_add_rms_norm") return p->mutable_fused_add_rms_norm();
+  if (op == "gelu_and_mul_sparse") return p->mutable_gelu_and_mul_sparse();
+  return nullptr;
+}
 
 KernelConfig KernelConfigFromProto(const v1::KernelConfig& p) {
   KernelConfig c;
@@ -67,7 +67,7 @@ void KernelConfigToProto(const KernelConfig& c, v1::KernelConfig* p) {
   p->set_linear_backend(c.linear_backend);
   p->set_sparse_indexer_topk_backend(c.sparse_indexer_topk_backend);
   for (absl::string_view op : IrOpNames()) {
-    auto* field = PriorityField(p->mutable_ir_op_priority(), op);
+    auto* field = MutablePriority(p->mutable_ir_op_priority(), op);
     for (const std::string& provider : c.ir_op_priority.of(op)) field->Add(std::string(provider));
   }
   if (c.enable_flashinfer_autotune) p->set_enable_flashinfer_autotune(*c.enable_flashinfer_autotune);

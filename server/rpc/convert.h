@@ -13,6 +13,10 @@
 
 namespace kplan::rpc {
 
+// The priority list of IR op `op` inside `p`; null for an unknown op.
+google::protobuf::RepeatedPtrField<std::string>* MutablePriority(v1::IrOpPriorityConfig* p,
+                                                                 absl::string_view op);
+
 KernelConfig KernelConfigFromProto(const v1::KernelConfig& p);
 void KernelConfigToProto(const KernelConfig& c, v1::KernelConfig* p);
 

@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
 #include "server/base/status.h"
+#include "server/ir/builtin_ops.h"
 
 namespace kplan::rpc {
 namespace {
@@ -77,6 +78,10 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
                         absl::StrCat("max_message_bytes must be in [1, ", INT32_MAX, "], got ",
                                      options.max_message_bytes));
   }
+  if (options.max_queue_depth < 1) {
+    return InvalidField("max_queue_depth", absl::StrCat("max_queue_depth must be at least 1, got ",
+                                                        options.max_queue_depth));
+  }
   std::unique_ptr<DeviceProber> default_prober;
   const DeviceProber* prober = options.prober;
   if (prober == nullptr) {
@@ -108,6 +113,14 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   KPLAN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                          MakeCredentials(options));
   KPLAN_RETURN_IF_ERROR(RemoveStaleUnixSocket(options.listen_address));
+  KPLAN_ASSIGN_OR_RETURN(server->executor_,
+                         DeviceExecutor::Create(server->environment_.devices,
+                                                static_cast<size_t>(options.max_queue_depth)));
+  server->environment_.executor = server->executor_.get();
+  IrBuiltinOptions ir_options;
+  ir_options.kplan_supported = KPLAN_HAVE_CUDA_KERNELS && !server->environment_.devices.empty();
+  KPLAN_ASSIGN_OR_RETURN(server->ir_registry_, MakeBuiltinIrRegistry(ir_options));
+  server->environment_.ir_registry = server->ir_registry_.get();
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -4,7 +4,10 @@
 
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
+#include "server/base/status.h"
+#include "server/plan/vocabulary.h"
 #include "server/rpc/convert.h"
+#include "server/rpc/ir_convert.h"
 #include "server/rpc/resolve.h"
 #include "server/rpc/status_mapping.h"
 
@@ -16,7 +19,11 @@ namespace {
 class Call {
  public:
   Call(const ServerEnvironment& env, grpc::CallbackServerContext* context, const char* method)
-      : env_(env), context_(context), method_(method), start_(absl::Now()) {
+      : env_(env),
+        context_(context),
+        reactor_(context->DefaultReactor()),
+        method_(method),
+        start_(absl::Now()) {
     if (env_.metrics) env_.metrics->RequestStarted();
   }
 
@@ -42,17 +49,30 @@ class Call {
     if (env_.metrics) {
       env_.metrics->RequestFinished(method_, GrpcCodeName(out.error_code()), absl::Now() - start_);
     }
-    grpc::ServerUnaryReactor* reactor = context_->DefaultReactor();
-    reactor->Finish(out);
-    return reactor;
+    reactor_->Finish(out);
+    return reactor_;
   }
+
+  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+  const std::string& method() const { return method_; }
 
  private:
   const ServerEnvironment& env_;
   grpc::CallbackServerContext* context_;
+  grpc::ServerUnaryReactor* reactor_;
   const std::string method_;
   const absl::Time start_;
 };
+
+// IR errors name vLLM parameters; tensors travel as `inputs` in the request
+// ("x" -> "inputs.x") while scalars, `priority` and `op` keep their names.
+absl::Status IrErrorWithRequestPath(absl::Status status) {
+  std::optional<std::string> field = FieldOf(status);
+  if (field == "x" || field == "x_residual" || field == "weight") {
+    return NestField(std::move(status), "inputs");
+  }
+  return status;
+}
 
 }  // namespace
 
@@ -86,7 +106,42 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::GetServerInfo(
   PlatformToProto(env_.platform, response->mutable_platform());
   response->mutable_limits()->set_max_message_bytes(env_.max_message_bytes);
   response->set_cuda_driver_version(env_.runtime.cuda_driver_version);
+  for (absl::string_view op : IrOpNames()) {
+    std::vector<std::string> priority = DefaultPriorityFor(*env_.ir_registry, op);
+    auto* list = MutablePriority(response->mutable_ir_op_priority(), op);
+    for (std::string& p : priority) list->Add(std::move(p));
+  }
   return call.Finish(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunIrOp(grpc::CallbackServerContext* context,
+                                                         const v1::RunIrOpRequest* request,
+                                                         v1::RunIrOpResponse* response) {
+  auto call = std::make_shared<Call>(env_, context, "RunIrOp");
+  if (absl::Status auth = call->Authorize(); !auth.ok()) return call->Finish(auth);
+  // The request is ours until Finish; its tensor bytes move, not copy.
+  absl::StatusOr<IrOpRequest> ir = IrOpRequestFromProto(*const_cast<v1::RunIrOpRequest*>(request));
+  if (!ir.ok()) return call->Finish(ir.status());
+  absl::StatusOr<size_t> slot = env_.executor->Resolve(request->device(), "device");
+  if (!slot.ok()) return call->Finish(slot.status());
+  absl::Status queued = env_.executor->Submit(
+      *slot, [this, call, response, ir = std::move(*ir)](const DeviceSlot& where,
+                                                        absl::Duration waited) mutable {
+        if (env_.metrics) env_.metrics->ObserveQueue(call->method(), waited);
+        if (where.cuda_device >= 0) {
+          ir.device = IrDeviceSelection{IrDevice::Cuda(where.cuda_device), where.stream};
+        }
+        const absl::Time start = absl::Now();
+        absl::StatusOr<IrOpResult> result = kplan::RunIrOp(*env_.ir_registry, ir);
+        if (env_.metrics) env_.metrics->ObserveDevice(call->method(), absl::Now() - start);
+        if (result.ok()) {
+          IrOpResultToProto(*result, response);
+          response->set_device(where.name);
+        }
+        call->Finish(IrErrorWithRequestPath(result.status()));
+      });
+  if (!queued.ok()) return call->Finish(queued);
+  return call->reactor();
 }
 
 v1::BuildInfo MakeBuildInfo() {

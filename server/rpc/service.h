@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "kplan/v1/service.grpc.pb.h"
+#include "server/exec/device_executor.h"
+#include "server/ir/registry.h"
 #include "server/rpc/metrics.h"
 #include "server/platform/local.h"
 #include "server/platform/platform.h"
@@ -23,11 +25,14 @@ struct ServerEnvironment {
   // When set, every KernelPlanService call must carry "authorization: Bearer <token>".
   std::string auth_token;
   Metrics* metrics = nullptr;  // may be null (metrics off)
+  DeviceExecutor* executor = nullptr;     // device workers (CPU + each GPU)
+  const IrRegistry* ir_registry = nullptr;
 };
 
 class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackService {
  public:
   explicit KernelPlanServiceImpl(ServerEnvironment env) : env_(std::move(env)) {}
+  const ServerEnvironment& environment() const { return env_; }
 
   grpc::ServerUnaryReactor* ResolveKernelConfig(
       grpc::CallbackServerContext* context, const v1::ResolveKernelConfigRequest* request,
@@ -36,6 +41,10 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::GetServerInfoResponse* response) override;
+
+  grpc::ServerUnaryReactor* RunIrOp(grpc::CallbackServerContext* context,
+                                    const v1::RunIrOpRequest* request,
+                                    v1::RunIrOpResponse* response) override;
 
  private:
   const ServerEnvironment env_;

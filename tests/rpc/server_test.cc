@@ -16,8 +16,10 @@
 #include "gtest/gtest.h"
 #include "server/base/status.h"
 #include "server/plan/kernel_config.h"
+#include "server/plan/vocabulary.h"
 #include "server/rpc/resolve.h"
 #include "server/rpc/server.h"
+#include "tests/rpc/ir_rpc_util.h"
 
 namespace kplan::rpc {
 namespace {
@@ -286,6 +288,77 @@ TEST_F(ServerTest, OracleErrorsKeepVllmsCodesAndFields) {
   s = stub_->ResolveKernelConfig(Context().get(), layered, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(BadRequestOf(s).field_violations(0).field(), "model.moe_layers[1].activation");
+}
+
+TEST_F(ServerTest, RunIrOpOnTheCpuMatchesTheFormula) {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t rows = 3, hidden = 37;
+  std::vector<float> x = testing::RandomValues(rows * hidden, rng);
+  std::vector<float> w = testing::RandomValues(hidden, rng, 0.5f, 1.5f);
+  v1::RunIrOpRequest req;
+  req.set_op("rms_norm");
+  *req.add_inputs() = testing::MakeTensor("x", {rows, hidden}, x, v1::DTYPE_FLOAT32);
+  *req.add_inputs() = testing::MakeTensor("weight", {hidden}, w, v1::DTYPE_FLOAT32);
+  req.set_epsilon(1e-6);
+  v1::RunIrOpResponse resp;
+  grpc::Status s = stub_->RunIrOp(Context().get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.provider(), "native");
+  EXPECT_EQ(resp.device(), "cpu");
+  EXPECT_EQ(resp.provider_uuid(), IrProviderUuid("rms_norm", "native"));
+  ASSERT_EQ(resp.outputs_size(), 1);
+  EXPECT_EQ(resp.outputs(0).name(), "out");
+  std::vector<float> out = testing::Decode(resp.outputs(0).tensor());
+  std::vector<double> ref = testing::RmsNormReference(x, w, rows, hidden, 1e-6);
+  ASSERT_EQ(out.size(), ref.size());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], 1e-5 + 1.3e-6 * std::abs(ref[i]));
+
+  // The server's IR defaults without a GPU: native only.
+  absl::StatusOr<v1::GetServerInfoResponse> info = Client::Connect(target_)->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_THAT(info->ir_op_priority().rms_norm(), ::testing::ElementsAre("native"));
+}
+
+TEST_F(ServerTest, RunIrOpErrorsNameTheField) {
+  std::mt19937 rng(7);
+  std::vector<float> x = testing::RandomValues(8, rng);
+  auto base = [&] {
+    v1::RunIrOpRequest r;
+    r.set_op("rms_norm");
+    *r.add_inputs() = testing::MakeTensor("x", {2, 4}, x, v1::DTYPE_FLOAT32);
+    r.set_epsilon(1e-5);
+    return r;
+  };
+  struct Case {
+    std::string name;
+    std::function<void(v1::RunIrOpRequest&)> mutate;
+    grpc::StatusCode code;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {"unknown op", [](auto& r) { r.set_op("layer_norm"); }, grpc::StatusCode::NOT_FOUND, "op"},
+      {"missing epsilon", [](auto& r) { r.clear_epsilon(); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "epsilon"},
+      {"int8 input", [](auto& r) { r.mutable_inputs(0)->mutable_tensor()->set_dtype(v1::DTYPE_INT8); },
+       grpc::StatusCode::INVALID_ARGUMENT, "inputs[0].tensor.dtype"},
+      {"short data", [](auto& r) { r.mutable_inputs(0)->mutable_tensor()->mutable_data()->resize(4); },
+       grpc::StatusCode::INVALID_ARGUMENT, "inputs.x"},
+      {"unknown provider", [](auto& r) { r.add_priority("cuda_magic"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "priority"},
+      {"absent gpu", [](auto& r) { r.set_device("cuda:3"); }, grpc::StatusCode::FAILED_PRECONDITION,
+       "device"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::RunIrOpRequest req = base();
+    c.mutate(req);
+    v1::RunIrOpResponse resp;
+    grpc::Status s = stub_->RunIrOp(Context().get(), req, &resp);
+    EXPECT_EQ(s.error_code(), c.code) << s.error_message();
+    google::rpc::BadRequest bad = BadRequestOf(s);
+    ASSERT_EQ(bad.field_violations_size(), 1);
+    EXPECT_EQ(bad.field_violations(0).field(), c.field);
+  }
 }
 
 TEST_F(ServerTest, ClientLibraryCarriesTheFieldAndInfo) {
