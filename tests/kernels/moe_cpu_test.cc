@@ -1,8 +1,6 @@
 // Tests for the CPU reference MoE kernels (kernels/cpu/moe/moe_reference.h):
 // hand-computed routing, alignment, activation and expert cases, exact dtype
 // conversions, and a property test against a naive loop implementation.
-#include "kernels/cpu/moe/moe_reference.h"
-
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -12,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/moe/moe_reference.h"
 #include "server/base/status.h"
 
 namespace kplan::moe {
@@ -56,9 +55,9 @@ TEST(MoeDTypeTest, HalfRoundsToNearestEvenAndOverflowsToInf) {
   EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);
   EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);
   EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);           // tie -> even (0)
-  EXPECT_EQ(FloatToHalf(3 * std::ldexp(1.0f, -25)), 0x0002);       // tie -> even (2)
-  EXPECT_EQ(FloatToHalf(std::ldexp(1023.5f, -24)), 0x0400);        // rounds up to 2^-14
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);      // tie -> even (0)
+  EXPECT_EQ(FloatToHalf(3 * std::ldexp(1.0f, -25)), 0x0002);  // tie -> even (2)
+  EXPECT_EQ(FloatToHalf(std::ldexp(1023.5f, -24)), 0x0400);   // rounds up to 2^-14
   EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));
   EXPECT_EQ(HalfToFloat(0xc000), -2.0f);
   for (uint32_t b = 0; b < 0x10000; ++b) {
@@ -93,8 +92,8 @@ TEST(MoeDTypeTest, Fp8E4m3DecodeEncode) {
   EXPECT_EQ(FloatToFp8E4m3(-1e9f), 0xfe);
   EXPECT_EQ(FloatToFp8E4m3(std::numeric_limits<float>::infinity()), 0x7e);
   EXPECT_EQ(FloatToFp8E4m3(500.0f, false), 0x7f);
-  EXPECT_EQ(FloatToFp8E4m3(470.0f, false), 0x7f);   // rounds past 448
-  EXPECT_EQ(FloatToFp8E4m3(464.0f, false), 0x7e);   // tie -> even (448)
+  EXPECT_EQ(FloatToFp8E4m3(470.0f, false), 0x7f);  // rounds past 448
+  EXPECT_EQ(FloatToFp8E4m3(464.0f, false), 0x7e);  // tie -> even (448)
   EXPECT_EQ(FloatToFp8E4m3(-460.0f, false), 0xfe);
   EXPECT_EQ(FloatToFp8E4m3(std::nanf("")) & 0x7f, 0x7f);
 }
@@ -310,8 +309,8 @@ TEST(MoeRoutingTest, InvalidSpecsNameTheField) {
                    .num_expert_group = 4,
                    .topk_group = 1}),
             "routing.top_k");
-  absl::Status missing = ValidateRoutingSpec(
-      {.num_experts = 8, .top_k = 2, .method = RoutingMethod::kGroupedTopK});
+  absl::Status missing =
+      ValidateRoutingSpec({.num_experts = 8, .top_k = 2, .method = RoutingMethod::kGroupedTopK});
   EXPECT_EQ(missing.message(),
             "num_expert_group and topk_group must be provided when use_grouped_topk is True");
 }
@@ -330,8 +329,8 @@ TEST(MoeAlignTest, WorkedExampleFromTheSpec) {
 
 TEST(MoeAlignTest, PadSortedIdsAndSmallNumel) {
   const std::vector<int32_t> ids = {1, 2, 3, 0, 1, 3, 0, 2, 3, 0, 1, 2};
-  MoeAlignResult r = MoeAlignBlockSize(ids.data(), 12, 5, 4, nullptr, /*pad_sorted_ids=*/true)
-                         .value();
+  MoeAlignResult r =
+      MoeAlignBlockSize(ids.data(), 12, 5, 4, nullptr, /*pad_sorted_ids=*/true).value();
   EXPECT_EQ(r.sorted_token_ids.size(), 30u);  // 12 + 4·4 = 28 rounded up to 30
   EXPECT_EQ(r.expert_ids.size(), 6u);
   EXPECT_EQ(r.num_tokens_post_padded, 20);
@@ -438,7 +437,7 @@ TEST(MoeActivationTest, SwigluOaiIsInterleavedAndClamped) {
   EXPECT_NEAR(out[1], ref(10, -10), 1e-5);
   EXPECT_NEAR(out[2], ref(-2, 0.5), 1e-6);
   EXPECT_NEAR(out[3], ref(3, 8), 1e-5);
-  EXPECT_NEAR(out[0], 0.8457954f, 2e-6);           // σ(1.702)
+  EXPECT_NEAR(out[0], 0.8457954f, 2e-6);             // σ(1.702)
   EXPECT_NEAR(out[1], -6 * 7 * SigD(11.914), 1e-5);  // clamped to g = 7, u = -7
   ActivationParams p;
   p.alpha = 1.0f;
@@ -450,8 +449,8 @@ TEST(MoeActivationTest, SwigluOaiIsInterleavedAndClamped) {
 TEST(MoeActivationTest, SwigluOaiUninterleaveNeedsClampLimit) {
   const std::vector<float> in = {1, 10, -2, /*up*/ 0, -10, 0.5f};
   std::vector<float> out(3);
-  absl::Status s = ApplyActivation(MoeActivation::kSwigluOaiUninterleave, {}, in.data(), 1, 6,
-                                   out.data(), 3);
+  absl::Status s =
+      ApplyActivation(MoeActivation::kSwigluOaiUninterleave, {}, in.data(), 1, 6, out.data(), 3);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "SWIGLUOAI_UNINTERLEAVE requires clamp_limit");
   ActivationParams p;
@@ -500,8 +499,8 @@ TEST(MoeActivationTest, ShapeErrorsAndNames) {
             "Unknown MoE activation: 'nope'. Valid activations: ['silu', 'gelu', 'gelu_tanh', "
             "'relu2', 'swigluoai', 'swigluoai_uninterleave', 'swiglustep', 'silu_no_mul', "
             "'gelu_no_mul', 'gelu_tanh_no_mul', 'relu2_no_mul']");
-  for (MoeActivation a : {MoeActivation::kSilu, MoeActivation::kSwigluOaiUninterleave,
-                          MoeActivation::kRelu2NoMul}) {
+  for (MoeActivation a :
+       {MoeActivation::kSilu, MoeActivation::kSwigluOaiUninterleave, MoeActivation::kRelu2NoMul}) {
     EXPECT_EQ(ParseMoeActivation(MoeActivationName(a)).value(), a);
   }
 }
@@ -798,8 +797,8 @@ struct NaiveFp8 {
         const int e = ids[m * k + j];
         std::vector<float> qv, sc;
         Quant(std::vector<float>(x.begin() + m * H, x.begin() + (m + 1) * H), qv, sc);
-        const std::vector<float> t1 = Mm(qv, sc, q13.data() + e * n13 * H,
-                                         s13.data() + e * per_expert(n13, H), n13, H);
+        const std::vector<float> t1 =
+            Mm(qv, sc, q13.data() + e * n13 * H, s13.data() + e * per_expert(n13, H), n13, H);
         Quant(act(t1), qv, sc);
         const std::vector<float> y =
             Mm(qv, sc, q2.data() + e * H * I, s2.data() + e * per_expert(H, I), H, I);
@@ -1253,10 +1252,10 @@ TEST(MoePropertyTest, Fp8BlockMatchesNaiveBlockMatmul) {
   ASSERT_TRUE(MoeReference(p, out.data()).ok());
 
   NaiveFp8 n{M, H, I, E, k, B, B, [I](const std::vector<float>& t1) {
-                std::vector<float> h(I);
-                for (int64_t i = 0; i < I; ++i) h[i] = static_cast<float>(SiluD(t1[i]) * t1[I + i]);
-                return h;
-              }};
+               std::vector<float> h(I);
+               for (int64_t i = 0; i < I; ++i) h[i] = static_cast<float>(SiluD(t1[i]) * t1[I + i]);
+               return h;
+             }};
   const std::vector<float> want = n.Run(x, q13, s13, 2 * I, q2, s2, ids, wts);
   double max_abs = 0;
   for (float v : want) max_abs = std::max(max_abs, std::fabs(static_cast<double>(v)));

@@ -74,9 +74,9 @@ absl::StatusOr<MoeActivation> ParseMoeActivation(absl::string_view name) {
     if (a.name == name) return a.act;
     valid.push_back(absl::StrCat("'", a.name, "'"));
   }
-  return InvalidField("activation", absl::StrCat("Unknown MoE activation: '", name,
-                                                 "'. Valid activations: [",
-                                                 absl::StrJoin(valid, ", "), "]"));
+  return InvalidField("activation",
+                      absl::StrCat("Unknown MoE activation: '", name, "'. Valid activations: [",
+                                   absl::StrJoin(valid, ", "), "]"));
 }
 
 bool IsGated(MoeActivation act) {
@@ -154,10 +154,18 @@ absl::Status ApplyActivation(MoeActivation act, const ActivationParams& p, const
         return std::min(Silu(a), limit) * Clamp(b, -limit, limit);
       });
       break;
-    case MoeActivation::kSiluNoMul: PlainRows(in, rows * d, out, Silu); break;
-    case MoeActivation::kGeluNoMul: PlainRows(in, rows * d, out, GeluErf); break;
-    case MoeActivation::kGeluTanhNoMul: PlainRows(in, rows * d, out, GeluTanh); break;
-    case MoeActivation::kRelu2NoMul: PlainRows(in, rows * d, out, Relu2); break;
+    case MoeActivation::kSiluNoMul:
+      PlainRows(in, rows * d, out, Silu);
+      break;
+    case MoeActivation::kGeluNoMul:
+      PlainRows(in, rows * d, out, GeluErf);
+      break;
+    case MoeActivation::kGeluTanhNoMul:
+      PlainRows(in, rows * d, out, GeluTanh);
+      break;
+    case MoeActivation::kRelu2NoMul:
+      PlainRows(in, rows * d, out, Relu2);
+      break;
   }
   return absl::OkStatus();
 }

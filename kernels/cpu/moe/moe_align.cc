@@ -13,7 +13,8 @@ absl::StatusOr<MoeAlignResult> MoeAlignBlockSize(const int32_t* topk_ids, int64_
                                                  const int32_t* expert_map, bool pad_sorted_ids,
                                                  bool ignore_invalid_experts) {
   if (block_size <= 0) {
-    return InvalidField("block_size", absl::StrCat("block_size must be positive, got ", block_size));
+    return InvalidField("block_size",
+                        absl::StrCat("block_size must be positive, got ", block_size));
   }
   if (num_experts <= 0) {
     return InvalidField("num_experts",

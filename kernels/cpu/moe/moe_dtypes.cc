@@ -23,19 +23,24 @@ float FromBits(uint32_t b) {
 
 absl::string_view MoeDTypeName(MoeDType dtype) {
   switch (dtype) {
-    case MoeDType::kFloat32: return "float32";
-    case MoeDType::kFloat16: return "float16";
-    case MoeDType::kBFloat16: return "bfloat16";
-    case MoeDType::kFp8E4m3: return "float8_e4m3fn";
-    case MoeDType::kInt8: return "int8";
-    case MoeDType::kInt4Packed: return "int4";
+    case MoeDType::kFloat32:
+      return "float32";
+    case MoeDType::kFloat16:
+      return "float16";
+    case MoeDType::kBFloat16:
+      return "bfloat16";
+    case MoeDType::kFp8E4m3:
+      return "float8_e4m3fn";
+    case MoeDType::kInt8:
+      return "int8";
+    case MoeDType::kInt4Packed:
+      return "int4";
   }
   return "unknown";
 }
 
 bool IsFloatDType(MoeDType dtype) {
-  return dtype == MoeDType::kFloat32 || dtype == MoeDType::kFloat16 ||
-         dtype == MoeDType::kBFloat16;
+  return dtype == MoeDType::kFloat32 || dtype == MoeDType::kFloat16 || dtype == MoeDType::kBFloat16;
 }
 
 float Bf16ToFloat(uint16_t bits) { return FromBits(static_cast<uint32_t>(bits) << 16); }
@@ -67,7 +72,7 @@ uint16_t FloatToHalf(float f) {
   const uint32_t abs = bits & 0x7fffffffu;
   if (abs >= 0x7f800000u) return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {                         // below 2^-14: subnormal half
+  if (abs < 0x38800000u) {                        // below 2^-14: subnormal half
     // value / 2^-24 rounded to nearest even; the scaling is exact.
     const float q = std::nearbyint(FromBits(abs) * 16777216.0f);
     return sign | static_cast<uint16_t>(q);  // q == 1024 is the smallest normal, bits agree
@@ -113,25 +118,37 @@ uint8_t FloatToFp8E4m3(float f, bool saturate) {
 
 float RoundToDType(float f, MoeDType dtype) {
   switch (dtype) {
-    case MoeDType::kFloat16: return HalfToFloat(FloatToHalf(f));
-    case MoeDType::kBFloat16: return Bf16ToFloat(FloatToBf16(f));
-    default: return f;
+    case MoeDType::kFloat16:
+      return HalfToFloat(FloatToHalf(f));
+    case MoeDType::kBFloat16:
+      return Bf16ToFloat(FloatToBf16(f));
+    default:
+      return f;
   }
 }
 
 float LoadFloat(const void* data, MoeDType dtype, int64_t i) {
   switch (dtype) {
-    case MoeDType::kFloat16: return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
-    case MoeDType::kBFloat16: return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
-    default: return static_cast<const float*>(data)[i];
+    case MoeDType::kFloat16:
+      return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case MoeDType::kBFloat16:
+      return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    default:
+      return static_cast<const float*>(data)[i];
   }
 }
 
 void StoreFloat(void* data, MoeDType dtype, int64_t i, float value) {
   switch (dtype) {
-    case MoeDType::kFloat16: static_cast<uint16_t*>(data)[i] = FloatToHalf(value); break;
-    case MoeDType::kBFloat16: static_cast<uint16_t*>(data)[i] = FloatToBf16(value); break;
-    default: static_cast<float*>(data)[i] = value; break;
+    case MoeDType::kFloat16:
+      static_cast<uint16_t*>(data)[i] = FloatToHalf(value);
+      break;
+    case MoeDType::kBFloat16:
+      static_cast<uint16_t*>(data)[i] = FloatToBf16(value);
+      break;
+    default:
+      static_cast<float*>(data)[i] = value;
+      break;
   }
 }
 

@@ -16,8 +16,8 @@
 namespace kplan::moe {
 namespace {
 
-constexpr int64_t kRowsPerUnit = 32;   // rows of one expert per work unit
-constexpr int64_t kPanelRows = 8;      // weight rows decoded to fp32 at a time
+constexpr int64_t kRowsPerUnit = 32;  // rows of one expert per work unit
+constexpr int64_t kPanelRows = 8;     // weight rows decoded to fp32 at a time
 constexpr float kFp8MinScale = 1.0f / (kFp8E4m3Max * 512.0f);  // per-token dynamic quant
 constexpr float kGroupQuantEps = 1e-10f;                       // per_token_group_quant_fp8
 
@@ -229,7 +229,9 @@ int AutoThreads(const MoeProblem& p, int64_t units) {
   return static_cast<int>(std::min<int64_t>(hw, units));
 }
 
-int64_t N13(const MoeProblem& p) { return IsGated(p.activation) ? 2 * p.intermediate : p.intermediate; }
+int64_t N13(const MoeProblem& p) {
+  return IsGated(p.activation) ? 2 * p.intermediate : p.intermediate;
+}
 
 }  // namespace
 
@@ -244,7 +246,8 @@ absl::Status ValidateMoeProblem(const MoeProblem& p, bool needs_routing) {
   }
   if (!IsFloatDType(p.act_dtype)) {
     return InvalidField("act_dtype", absl::StrCat("activations must be float32, float16 or "
-                                                  "bfloat16, got ", MoeDTypeName(p.act_dtype)));
+                                                  "bfloat16, got ",
+                                                  MoeDTypeName(p.act_dtype)));
   }
   if (p.num_tokens > 0 && p.hidden_states == nullptr) {
     return InvalidField("hidden_states", "hidden_states must not be null");
@@ -263,7 +266,8 @@ absl::Status ValidateMoeProblem(const MoeProblem& p, bool needs_routing) {
   }
   const MoeWeights& w = p.weights;
   const int64_t el = w.num_local_experts;
-  if (el <= 0) return InvalidField("weights.num_local_experts", "num_local_experts must be positive");
+  if (el <= 0)
+    return InvalidField("weights.num_local_experts", "num_local_experts must be positive");
   if (p.expert_map == nullptr && el != p.num_experts) {
     return InvalidField("weights.num_local_experts",
                         absl::StrCat("without expert_map num_local_experts (", el,
@@ -272,9 +276,9 @@ absl::Status ValidateMoeProblem(const MoeProblem& p, bool needs_routing) {
   if (p.expert_map != nullptr) {
     for (int e = 0; e < p.num_experts; ++e) {
       if (p.expert_map[e] < -1 || p.expert_map[e] >= el) {
-        return InvalidField("expert_map", absl::StrCat("expert_map[", e, "] = ", p.expert_map[e],
-                                                       " is not -1 or a local expert in [0, ",
-                                                       el, ")"));
+        return InvalidField("expert_map",
+                            absl::StrCat("expert_map[", e, "] = ", p.expert_map[e],
+                                         " is not -1 or a local expert in [0, ", el, ")"));
       }
     }
   }
@@ -293,8 +297,10 @@ absl::Status ValidateMoeProblem(const MoeProblem& p, bool needs_routing) {
     return absl::OkStatus();
   };
   auto need_scales = [&]() -> absl::Status {
-    if (q.w13_scale == nullptr) return InvalidField("weights.quant.w13_scale", "w13_scale is required");
-    if (q.w2_scale == nullptr) return InvalidField("weights.quant.w2_scale", "w2_scale is required");
+    if (q.w13_scale == nullptr)
+      return InvalidField("weights.quant.w13_scale", "w13_scale is required");
+    if (q.w2_scale == nullptr)
+      return InvalidField("weights.quant.w2_scale", "w2_scale is required");
     return absl::OkStatus();
   };
   switch (q.scheme) {
@@ -336,8 +342,7 @@ absl::Status ValidateMoeProblem(const MoeProblem& p, bool needs_routing) {
       const bool int4 = q.scheme == MoeQuantScheme::kInt4WeightOnly;
       KPLAN_RETURN_IF_ERROR(want_dtype(int4 ? MoeDType::kInt4Packed : MoeDType::kInt8));
       KPLAN_RETURN_IF_ERROR(need_scales());
-      if (q.group_size <= 0 || p.hidden % q.group_size != 0 ||
-          p.intermediate % q.group_size != 0) {
+      if (q.group_size <= 0 || p.hidden % q.group_size != 0 || p.intermediate % q.group_size != 0) {
         return InvalidField("weights.quant.group_size",
                             absl::StrCat("group_size ", q.group_size, " must divide hidden ",
                                          p.hidden, " and intermediate ", p.intermediate));
@@ -346,9 +351,9 @@ absl::Status ValidateMoeProblem(const MoeProblem& p, bool needs_routing) {
         return InvalidField("weights.dtype", "int4 packing needs even hidden and intermediate");
       }
       if ((q.w13_zero == nullptr) != (q.w2_zero == nullptr)) {
-        return InvalidField(q.w13_zero == nullptr ? "weights.quant.w13_zero"
-                                                  : "weights.quant.w2_zero",
-                            "zero points must be given for both w13 and w2 or neither");
+        return InvalidField(
+            q.w13_zero == nullptr ? "weights.quant.w13_zero" : "weights.quant.w2_zero",
+            "zero points must be given for both w13 and w2 or neither");
       }
       break;
     }
@@ -532,9 +537,9 @@ absl::Status MoeReference(const MoeProblem& p, void* output, float* topk_weights
     if (spec.num_experts == 0) spec.num_experts = p.num_experts;
     if (spec.top_k == 0) spec.top_k = k;
     if (spec.num_experts != p.num_experts || spec.top_k != k) {
-      return InvalidField(spec.num_experts != p.num_experts ? "routing.num_experts"
-                                                            : "routing.top_k",
-                          "routing spec disagrees with the problem's num_experts / top_k");
+      return InvalidField(
+          spec.num_experts != p.num_experts ? "routing.num_experts" : "routing.top_k",
+          "routing spec disagrees with the problem's num_experts / top_k");
     }
     KPLAN_RETURN_IF_ERROR(RouteTokens(spec, p.router_logits, M, weights.data(), ids.data()));
   } else {

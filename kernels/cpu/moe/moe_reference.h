@@ -197,7 +197,8 @@ enum class MoeQuantScheme {
 enum class Fp8WeightScale {
   kPerTensor,   // w13_scale [E_local], w2_scale [E_local]
   kPerChannel,  // w13_scale [E_local, N13], w2_scale [E_local, H]
-  kBlock,       // w13_scale [E_local, ceil(N13/bn), ceil(H/bk)], w2_scale [E_local, ceil(H/bn), ceil(I/bk)]
+  kBlock,       // w13_scale [E_local, ceil(N13/bn), ceil(H/bk)], w2_scale [E_local, ceil(H/bn),
+                // ceil(I/bk)]
 };
 
 enum class Fp8ActScale {

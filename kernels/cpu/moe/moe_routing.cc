@@ -38,7 +38,9 @@ float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 void Score(ScoringFunc f, const float* g, int n, float* out) {
   switch (f) {
-    case ScoringFunc::kSoftmax: Softmax(g, n, out); return;
+    case ScoringFunc::kSoftmax:
+      Softmax(g, n, out);
+      return;
     case ScoringFunc::kSigmoid:
       for (int i = 0; i < n; ++i) out[i] = Sigmoid(g[i]);
       return;
@@ -65,9 +67,8 @@ void Finish(const RoutingSpec& s, float* w) {
 void TopKIndices(const float* values, int n, int k, int32_t* out_ids) {
   std::vector<int32_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [values](int32_t a, int32_t b) {
-    return Before(values[a], a, values[b], b);
-  });
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [values](int32_t a, int32_t b) { return Before(values[a], a, values[b], b); });
   std::copy(idx.begin(), idx.begin() + k, out_ids);
 }
 
@@ -77,8 +78,9 @@ absl::Status ValidateRoutingSpec(const RoutingSpec& s) {
                         absl::StrCat("num_experts must be positive, got ", s.num_experts));
   }
   if (s.top_k <= 0 || s.top_k > s.num_experts) {
-    return InvalidField("routing.top_k", absl::StrCat("top_k must be in [1, num_experts=",
-                                                      s.num_experts, "], got ", s.top_k));
+    return InvalidField(
+        "routing.top_k",
+        absl::StrCat("top_k must be in [1, num_experts=", s.num_experts, "], got ", s.top_k));
   }
   if (!std::isfinite(s.routed_scaling_factor)) {
     return InvalidField("routing.routed_scaling_factor", "routed_scaling_factor must be finite");
@@ -91,14 +93,13 @@ absl::Status ValidateRoutingSpec(const RoutingSpec& s) {
                           "use_grouped_topk is True");
     }
     if (s.num_experts % g != 0) {
-      return InvalidField("routing.num_expert_group",
-                          absl::StrCat("num_expert_group ", g, " does not divide num_experts ",
-                                       s.num_experts));
+      return InvalidField(
+          "routing.num_expert_group",
+          absl::StrCat("num_expert_group ", g, " does not divide num_experts ", s.num_experts));
     }
     if (s.topk_group > g) {
-      return InvalidField("routing.topk_group",
-                          absl::StrCat("topk_group ", s.topk_group,
-                                       " exceeds num_expert_group ", g));
+      return InvalidField("routing.topk_group", absl::StrCat("topk_group ", s.topk_group,
+                                                             " exceeds num_expert_group ", g));
     }
     const int per_group = s.num_experts / g;
     if (s.e_score_correction_bias != nullptr && per_group < 2) {
