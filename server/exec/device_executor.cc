@@ -1,7 +1,5 @@
 #include "server/exec/device_executor.h"
 
-#include <future>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -15,11 +13,6 @@ namespace kplan {
 
 absl::StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::Create(
     const std::vector<LocalDevice>& devices, size_t max_queue_depth) {
-#if !KPLAN_HAVE_CUDA
-  if (!devices.empty()) {
-    return absl::FailedPreconditionError("this build has no CUDA kernels; run with --devices=none");
-  }
-#endif
   std::unique_ptr<DeviceExecutor> ex(new DeviceExecutor());
   ex->max_queue_depth_ = max_queue_depth;
   auto cpu = std::make_unique<Worker>();
@@ -31,32 +24,9 @@ absl::StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::Create(
     w->slot.cuda_device = d.index;
     ex->workers_.push_back(std::move(w));
   }
-  // Start each worker; a GPU worker binds its device and creates its stream
-  // on its own thread before taking work.
   for (auto& w : ex->workers_) {
-    std::promise<absl::Status> ready;
-    std::future<absl::Status> started = ready.get_future();
     Worker* raw = w.get();
-    raw->thread = std::thread([raw, &ready] {
-#if KPLAN_HAVE_CUDA
-      if (raw->slot.cuda_device >= 0) {
-        absl::StatusOr<void*> stream = kernels::CreateDeviceStream(raw->slot.cuda_device);
-        if (!stream.ok()) {
-          ready.set_value(stream.status());
-          return;
-        }
-        raw->slot.stream = *stream;
-      }
-#endif
-      ready.set_value(absl::OkStatus());
-      Loop(raw);
-    });
-    absl::Status s = started.get();
-    if (!s.ok()) {
-      raw->thread.join();
-      raw->thread = std::thread();
-      return s;  // the destructor stops the workers already running
-    }
+    raw->thread = std::thread([raw] { Loop(raw); });
   }
   return ex;
 }
@@ -75,6 +45,7 @@ DeviceExecutor::~DeviceExecutor() {
 }
 
 void DeviceExecutor::Loop(Worker* w) {
+  bool bound = w->slot.cuda_device < 0;
   for (;;) {
     std::pair<absl::Time, Work> item;
     {
@@ -83,6 +54,19 @@ void DeviceExecutor::Loop(Worker* w) {
       if (w->queue.empty()) break;  // stopping, and everything queued is done
       item = std::move(w->queue.front());
       w->queue.pop_front();
+    }
+    if (!bound) {  // first GPU work: bind the device and make the stream here
+      bound = true;
+#if KPLAN_HAVE_CUDA
+      absl::StatusOr<void*> stream = kernels::CreateDeviceStream(w->slot.cuda_device);
+      if (stream.ok()) {
+        w->slot.stream = *stream;
+      } else {
+        w->slot.status = stream.status();
+      }
+#else
+      w->slot.status = absl::FailedPreconditionError("this server was built without CUDA kernels");
+#endif
     }
     item.second(w->slot, absl::Now() - item.first);
   }

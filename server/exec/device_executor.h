@@ -21,10 +21,13 @@
 namespace kplan {
 
 // Where a work item runs: the CPU, or CUDA device `cuda_device` on `stream`.
+// A GPU worker binds its device and creates its stream before its first work
+// item; if that failed, `status` says why and work must not touch the device.
 struct DeviceSlot {
   std::string name;      // "cpu", "cuda:0"
   int cuda_device = -1;  // -1: the CPU
   void* stream = nullptr;
+  absl::Status status;
 };
 
 class DeviceExecutor {
@@ -32,8 +35,7 @@ class DeviceExecutor {
   // Work receives its slot and how long it waited in the queue.
   using Work = std::function<void(const DeviceSlot&, absl::Duration queued)>;
 
-  // Workers for the CPU and each device (streams are created on the worker
-  // threads). A build without CUDA accepts only an empty device list.
+  // Workers for the CPU and each device.
   static absl::StatusOr<std::unique_ptr<DeviceExecutor>> Create(
       const std::vector<LocalDevice>& devices, size_t max_queue_depth);
   ~DeviceExecutor();  // finishes queued work, then joins

@@ -131,6 +131,10 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunIrOp(grpc::CallbackServerCon
         if (where.cuda_device >= 0) {
           ir.device = IrDeviceSelection{IrDevice::Cuda(where.cuda_device), where.stream};
         }
+        if (!where.status.ok()) {
+          call->Finish(WithField(where.status, "device"));
+          return;
+        }
         const absl::Time start = absl::Now();
         absl::StatusOr<IrOpResult> result = kplan::RunIrOp(*env_.ir_registry, ir);
         if (env_.metrics) env_.metrics->ObserveDevice(call->method(), absl::Now() - start);
