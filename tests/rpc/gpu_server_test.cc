@@ -21,8 +21,10 @@ class GpuServerTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
     if (server_->environment().devices.empty()) GTEST_SKIP() << "no GPU visible";
-    stub_ = v1::KernelPlanService::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials()));
+    grpc::ChannelArguments args;  // responses carry whole tensors
+    args.SetMaxReceiveMessageSize(64 << 20);
+    stub_ = v1::KernelPlanService::NewStub(grpc::CreateCustomChannel(
+        absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials(), args));
   }
   std::unique_ptr<grpc::ClientContext> Context() {
     auto ctx = std::make_unique<grpc::ClientContext>();
