@@ -6,8 +6,9 @@
 //    x/residual/weight/outputs of one element type, weight contiguous.
 //    16-byte vector loads when the row length and every row start are 16-byte
 //    aligned (a scalar path otherwise), each row read once and kept in
-//    registers (up to 4 vectors per thread; longer rows re-read their tail),
-//    warp-shuffle reductions.
+//    registers (a launch shape picked by element type and row length; rows
+//    longer than the registers hold re-read their tail), warp-shuffle
+//    reductions.
 // Plain functions: raw pointers, sizes, an explicit stream, work on the
 // current device; errors come back as absl::Status with file:line.
 #pragma once
@@ -52,7 +53,7 @@ absl::Status KplanRmsNorm(IrScalarType type, KplanRows x, int64_t rows, int64_t 
                           cudaStream_t stream);
 
 // (out, residual_out) = fused_add_rms_norm(x, residual, weight|nullptr, epsilon).
-// Outputs must not overlap the inputs (rows longer than 4 vectors per thread
+// Outputs must not overlap the inputs (rows longer than the registers hold
 // re-read their inputs after writing).
 absl::Status KplanFusedAddRmsNorm(IrScalarType type, KplanRows x, KplanRows residual,
                                   int64_t rows, int64_t cols, const void* weight, float epsilon,
@@ -63,6 +64,21 @@ absl::Status KplanFusedAddRmsNorm(IrScalarType type, KplanRows x, KplanRows resi
 absl::Status KplanGeluAndMulSparse(IrScalarType type, KplanRows x, int64_t rows, int64_t d,
                                    float std_multiplier, bool tanh_approximate, KplanRowsOut out,
                                    cudaStream_t stream);
+
+// Launch variants of the kplan norm kernels (launch shape, grid, cache
+// hints), for bench/ir_bench --sweep. KplanRmsNorm / KplanFusedAddRmsNorm run
+// KplanNormDefaultVariant (the production table in ir_kplan.cu). Variants other
+// than the legacy one apply to bf16 rows on the vector path; everything else
+// runs the legacy shape whatever the variant.
+int KplanNormVariantCount();
+const char* KplanNormVariantName(int variant);
+int KplanNormDefaultVariant(IrScalarType type, int64_t rows, int64_t cols);
+// rms_norm (fused false; residual and residual_out ignored) or
+// fused_add_rms_norm with variant `variant` in [0, KplanNormVariantCount()).
+absl::Status KplanNormWithVariant(int variant, bool fused, IrScalarType type, KplanRows x,
+                                  KplanRows residual, int64_t rows, int64_t cols,
+                                  const void* weight, float epsilon, KplanRowsOut out,
+                                  KplanRowsOut residual_out, cudaStream_t stream);
 
 // Whether the kplan kernels take their 16-byte vector path for these rows
 // (row length and all row starts 16-byte aligned); for tests and benchmarks.
