@@ -89,6 +89,61 @@ absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
   return response;
 }
 
+absl::StatusOr<v1::LoadExpertsResponse> Client::LoadExperts(
+    const v1::ExpertsHeader& header, const std::vector<v1::TensorChunk>& chunks) {
+  v1::LoadExpertsResponse response;
+  absl::Status s = WithRetries([&](grpc::ClientContext* ctx) {
+    std::unique_ptr<grpc::ClientWriter<v1::LoadExpertsRequest>> writer =
+        stub_->LoadExperts(ctx, &response);
+    v1::LoadExpertsRequest msg;
+    *msg.mutable_header() = header;
+    bool ok = writer->Write(msg);
+    for (size_t i = 0; ok && i < chunks.size(); ++i) {
+      *msg.mutable_chunk() = chunks[i];
+      ok = writer->Write(msg);
+    }
+    writer->WritesDone();
+    return writer->Finish();  // carries the server's error if a write failed
+  });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::UnloadExpertsResponse> Client::UnloadExperts(const std::string& experts_id) {
+  v1::UnloadExpertsRequest request;
+  request.set_experts_id(experts_id);
+  v1::UnloadExpertsResponse response;
+  absl::Status s = WithRetries(
+      [&](grpc::ClientContext* ctx) { return stub_->UnloadExperts(ctx, request, &response); });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::ListExpertsResponse> Client::ListExperts() {
+  v1::ListExpertsResponse response;
+  absl::Status s = WithRetries([&](grpc::ClientContext* ctx) {
+    return stub_->ListExperts(ctx, v1::ListExpertsRequest(), &response);
+  });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::RunMoEResponse> Client::RunMoE(const v1::RunMoERequest& request) {
+  v1::RunMoEResponse response;
+  absl::Status s = WithRetries(
+      [&](grpc::ClientContext* ctx) { return stub_->RunMoE(ctx, request, &response); });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::RunIrOpResponse> Client::RunIrOp(const v1::RunIrOpRequest& request) {
+  v1::RunIrOpResponse response;
+  absl::Status s = WithRetries(
+      [&](grpc::ClientContext* ctx) { return stub_->RunIrOp(ctx, request, &response); });
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<bool> Client::Health(const std::string& service) {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);

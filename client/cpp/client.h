@@ -41,6 +41,14 @@ class Client {
   absl::StatusOr<v1::ResolveKernelConfigResponse> ResolveKernelConfig(
       const v1::ResolveKernelConfigRequest& request);
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
+  // Streams `header` then `chunks` (none for a safetensors header); all or nothing.
+  absl::StatusOr<v1::LoadExpertsResponse> LoadExperts(const v1::ExpertsHeader& header,
+                                                     const std::vector<v1::TensorChunk>& chunks);
+  absl::StatusOr<v1::UnloadExpertsResponse> UnloadExperts(const std::string& experts_id);
+  absl::StatusOr<v1::ListExpertsResponse> ListExperts();
+  absl::StatusOr<v1::RunMoEResponse> RunMoE(const v1::RunMoERequest& request);
+  absl::StatusOr<v1::RunIrOpResponse> RunIrOp(const v1::RunIrOpRequest& request);
+
   // grpc.health.v1 Check for `service` ("" = the whole server): true when SERVING.
   absl::StatusOr<bool> Health(const std::string& service = "");
 

@@ -24,6 +24,9 @@ ABSL_FLAG(absl::Duration, exit_timeout, absl::Seconds(30),
 ABSL_FLAG(std::string, log_level, "info", "Log verbosity: trace, debug, info, warn, error, off");
 ABSL_FLAG(int64_t, max_queue_depth, 256,
           "Requests queued per device before new ones get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_expert_bytes, int64_t{64} << 30,
+          "Bytes of expert weights the server may hold in all; loads beyond get "
+          "RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Serve Prometheus metrics at HOST:PORT/metrics (e.g. 0.0.0.0:9464); empty: off");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS (with --tls_key)");
@@ -69,6 +72,7 @@ int main(int argc, char** argv) {
   options.devices = absl::GetFlag(FLAGS_devices);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.max_queue_depth = absl::GetFlag(FLAGS_max_queue_depth);
+  options.max_expert_bytes = absl::GetFlag(FLAGS_max_expert_bytes);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

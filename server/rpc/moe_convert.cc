@@ -1,6 +1,170 @@
 #include "server/rpc/moe_convert.h"
 
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/base/status.h"
+
 namespace kplan::rpc {
+namespace {
+
+struct DTypeRow {
+  v1::DType proto;
+  const char* wire;
+};
+constexpr DTypeRow kDTypes[] = {
+    {v1::DTYPE_FLOAT32, "float32"}, {v1::DTYPE_FLOAT16, "float16"},
+    {v1::DTYPE_BFLOAT16, "bfloat16"}, {v1::DTYPE_FLOAT8_E4M3, "float8_e4m3"},
+    {v1::DTYPE_INT8, "int8"}, {v1::DTYPE_UINT8, "uint8"},
+    {v1::DTYPE_INT32, "int32"}, {v1::DTYPE_INT64, "int64"},
+};
+
+// The element type of activations (hidden states, outputs).
+absl::StatusOr<moe::MoeDType> ActDType(v1::DType d, absl::string_view field) {
+  switch (d) {
+    case v1::DTYPE_FLOAT32:
+      return moe::MoeDType::kFloat32;
+    case v1::DTYPE_FLOAT16:
+      return moe::MoeDType::kFloat16;
+    case v1::DTYPE_BFLOAT16:
+      return moe::MoeDType::kBFloat16;
+    default:
+      return InvalidField(field, absl::StrCat("activations are float32, float16 or bfloat16, got ",
+                                              v1::DType_Name(d)));
+  }
+}
+
+absl::Status ExpectDType(const v1::Tensor& t, v1::DType want, absl::string_view field) {
+  if (t.dtype() != want) {
+    return InvalidField(field, absl::StrCat(field, " must be ", v1::DType_Name(want), ", got ",
+                                            v1::DType_Name(t.dtype())));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string WireFromProtoDType(v1::DType dtype) {
+  for (const DTypeRow& r : kDTypes) {
+    if (r.proto == dtype) return r.wire;
+  }
+  return "";
+}
+
+v1::DType ProtoDTypeFromWire(const std::string& wire) {
+  for (const DTypeRow& r : kDTypes) {
+    if (wire == r.wire) return r.proto;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<ExpertsSpec> ExpertsSpecFromProto(const v1::ExpertsHeader& h) {
+  ExpertsSpec s;
+  s.experts_id = h.experts_id();
+  s.num_experts = h.num_experts();
+  s.hidden = h.hidden_size();
+  s.intermediate = h.intermediate_size();
+  if (!h.activation().empty()) s.activation = h.activation();
+  s.has_bias = h.has_bias();
+  const v1::ExpertsQuantization& q = h.quantization();
+  s.quant.scheme = q.scheme();
+  if (q.block_n()) s.quant.block_n = q.block_n();
+  if (q.block_k()) s.quant.block_k = q.block_k();
+  if (q.group_size()) s.quant.group_size = q.group_size();
+  s.quant.has_zero_points = q.has_zero_points();
+  if (!q.activation_scale().empty()) s.quant.activation_scale = q.activation_scale();
+  if (q.has_a1_scale()) s.quant.a1_scale = q.a1_scale();
+  if (q.has_a2_scale()) s.quant.a2_scale = q.a2_scale();
+  switch (h.dtype()) {
+    case v1::DTYPE_FLOAT32:
+      s.dtype = moe::MoeDType::kFloat32;
+      break;
+    case v1::DTYPE_FLOAT16:
+      s.dtype = moe::MoeDType::kFloat16;
+      break;
+    case v1::DTYPE_BFLOAT16:
+      s.dtype = moe::MoeDType::kBFloat16;
+      break;
+    case v1::DTYPE_FLOAT8_E4M3:
+      s.dtype = moe::MoeDType::kFp8E4m3;
+      break;
+    case v1::DTYPE_INT8:
+      s.dtype = moe::MoeDType::kInt8;
+      break;
+    case v1::DTYPE_UINT8:  // int4, two per byte
+      s.dtype = moe::MoeDType::kInt4Packed;
+      break;
+    default:
+      return InvalidField("dtype", absl::StrCat("unsupported weight dtype ",
+                                                v1::DType_Name(h.dtype())));
+  }
+  return s;
+}
+
+absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p) {
+  MoeRunInput in;
+  KPLAN_ASSIGN_OR_RETURN(in.act_dtype, ActDType(p.hidden_states().dtype(), "hidden_states.dtype"));
+  in.hidden_shape.assign(p.hidden_states().shape().begin(), p.hidden_states().shape().end());
+  in.hidden_states = std::move(*p.mutable_hidden_states()->mutable_data());
+  if (p.has_router_logits()) {
+    KPLAN_RETURN_IF_ERROR(
+        ExpectDType(p.router_logits(), v1::DTYPE_FLOAT32, "router_logits.dtype"));
+    in.logits_shape.assign(p.router_logits().shape().begin(), p.router_logits().shape().end());
+    in.router_logits = std::move(*p.mutable_router_logits()->mutable_data());
+    const v1::RoutingConfig& r = p.routing();
+    in.routing.top_k = r.top_k();
+    in.routing.routing_method = r.routing_method();
+    in.routing.num_expert_group = r.num_expert_group();
+    in.routing.topk_group = r.topk_group();
+    if (r.has_routed_scaling_factor()) in.routing.routed_scaling_factor = r.routed_scaling_factor();
+    if (r.has_e_score_correction_bias()) {
+      KPLAN_RETURN_IF_ERROR(ExpectDType(r.e_score_correction_bias(), v1::DTYPE_FLOAT32,
+                                        "routing.e_score_correction_bias.dtype"));
+      const std::string& b = r.e_score_correction_bias().data();
+      in.routing.e_score_correction_bias.resize(b.size() / 4);
+      std::memcpy(in.routing.e_score_correction_bias.data(), b.data(),
+                  in.routing.e_score_correction_bias.size() * 4);
+    }
+  }
+  if (p.has_topk_ids() || p.has_topk_weights()) {
+    KPLAN_RETURN_IF_ERROR(ExpectDType(p.topk_ids(), v1::DTYPE_INT32, "topk_ids.dtype"));
+    KPLAN_RETURN_IF_ERROR(ExpectDType(p.topk_weights(), v1::DTYPE_FLOAT32, "topk_weights.dtype"));
+    if (!std::equal(p.topk_ids().shape().begin(), p.topk_ids().shape().end(),
+                    p.topk_weights().shape().begin(), p.topk_weights().shape().end())) {
+      return InvalidField("topk_weights.shape", "topk_weights must have the shape of topk_ids");
+    }
+    in.topk_shape.assign(p.topk_ids().shape().begin(), p.topk_ids().shape().end());
+    in.topk_ids = std::move(*p.mutable_topk_ids()->mutable_data());
+    in.topk_weights = std::move(*p.mutable_topk_weights()->mutable_data());
+  }
+  in.apply_router_weight_on_input = p.apply_router_weight_on_input();
+  return in;
+}
+
+void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, bool return_routing,
+                         v1::RunMoEResponse* p) {
+  v1::Tensor* o = p->mutable_output();
+  o->set_dtype(act_dtype == moe::MoeDType::kFloat32   ? v1::DTYPE_FLOAT32
+               : act_dtype == moe::MoeDType::kFloat16 ? v1::DTYPE_FLOAT16
+                                                      : v1::DTYPE_BFLOAT16);
+  const int64_t hidden = out.num_tokens == 0
+                             ? 0
+                             : static_cast<int64_t>(out.output.size()) / out.num_tokens /
+                                   (act_dtype == moe::MoeDType::kFloat32 ? 4 : 2);
+  o->add_shape(out.num_tokens);
+  o->add_shape(hidden);
+  *o->mutable_data() = std::move(out.output);
+  if (return_routing) {
+    for (v1::Tensor* t : {p->mutable_topk_ids(), p->mutable_topk_weights()}) {
+      t->add_shape(out.num_tokens);
+      t->add_shape(out.top_k);
+    }
+    p->mutable_topk_ids()->set_dtype(v1::DTYPE_INT32);
+    p->mutable_topk_ids()->set_data(out.topk_ids.data(), out.topk_ids.size() * 4);
+    p->mutable_topk_weights()->set_dtype(v1::DTYPE_FLOAT32);
+    p->mutable_topk_weights()->set_data(out.topk_weights.data(), out.topk_weights.size() * 4);
+  }
+}
 
 MoeLayerSpec MoeLayerFromProto(const v1::MoELayerConfig& p) {
   MoeLayerSpec c;

@@ -2,8 +2,12 @@
 // MoeLayerSpec / MoePlan (field-for-field mirrors).
 #pragma once
 
+#include "absl/status/statusor.h"
 #include "kplan/v1/config.pb.h"
 #include "kplan/v1/plan.pb.h"
+#include "kplan/v1/service.pb.h"
+#include "server/moe/expert_set.h"
+#include "server/moe/moe_runner.h"
 #include "server/oracle/moe_plan.h"
 
 namespace kplan::rpc {
@@ -11,5 +15,17 @@ namespace kplan::rpc {
 MoeLayerSpec MoeLayerFromProto(const v1::MoELayerConfig& p);
 void MoePlanToProto(const MoePlan& c, v1::MoEPlan* p);
 MoePlan MoePlanFromProto(const v1::MoEPlan& p);
+
+// DType <-> the wire names of server/moe ("bfloat16", "float8_e4m3", ...);
+// unknown values map to "" / DTYPE_UNSPECIFIED.
+std::string WireFromProtoDType(v1::DType dtype);
+v1::DType ProtoDTypeFromWire(const std::string& wire);
+
+// The LoadExperts header as an ExpertsSpec (not yet validated).
+absl::StatusOr<ExpertsSpec> ExpertsSpecFromProto(const v1::ExpertsHeader& h);
+// RunMoE's tensors, moved out of `p`. Field paths are request paths.
+absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p);
+void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, bool return_routing,
+                         v1::RunMoEResponse* p);
 
 }  // namespace kplan::rpc

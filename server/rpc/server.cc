@@ -121,6 +121,11 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   ir_options.kplan_supported = KPLAN_HAVE_CUDA_KERNELS && !server->environment_.devices.empty();
   KPLAN_ASSIGN_OR_RETURN(server->ir_registry_, MakeBuiltinIrRegistry(ir_options));
   server->environment_.ir_registry = server->ir_registry_.get();
+  if (options.max_expert_bytes < 0) {
+    return InvalidField("max_expert_bytes", "max_expert_bytes must not be negative");
+  }
+  server->experts_ = std::make_unique<ExpertStore>(options.max_expert_bytes);
+  server->environment_.experts = server->experts_.get();
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);
 
   grpc::EnableDefaultHealthCheckService(true);

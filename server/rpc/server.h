@@ -21,6 +21,7 @@ struct ServerOptions {
   int64_t max_message_bytes = 64 << 20;
   std::string devices = "all";  // "all", "none" or "0,1"
   int64_t max_queue_depth = 256;  // per device worker; beyond it RESOURCE_EXHAUSTED
+  int64_t max_expert_bytes = int64_t{64} << 30;  // resident expert weights, all sets
   // Prometheus /metrics on its own address ("0.0.0.0:9464"); "" turns it off.
   std::string metrics_listen;
   // TLS: PEM certificate chain and key; both or neither. With a client CA,
@@ -64,6 +65,7 @@ class KplanServer {
   // Destroyed after the server has drained (members die in reverse order):
   // first the workers, then the registry their work used.
   std::unique_ptr<IrRegistry> ir_registry_;
+  std::unique_ptr<ExpertStore> experts_;
   std::unique_ptr<DeviceExecutor> executor_;
   std::unique_ptr<KernelPlanServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;

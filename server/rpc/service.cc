@@ -1,68 +1,16 @@
 #include "server/rpc/service.h"
 
-#include <openssl/crypto.h>
-
 #include "absl/time/clock.h"
-#include "spdlog/spdlog.h"
 #include "server/base/status.h"
 #include "server/plan/vocabulary.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/ir_convert.h"
+#include "server/rpc/call.h"
 #include "server/rpc/resolve.h"
 #include "server/rpc/status_mapping.h"
 
 namespace kplan::rpc {
 namespace {
-
-// Per-call bookkeeping every handler shares: the bearer-token check, the
-// in-flight gauge, and the code and latency metrics when the call finishes.
-class Call {
- public:
-  Call(const ServerEnvironment& env, grpc::CallbackServerContext* context, const char* method)
-      : env_(env),
-        context_(context),
-        reactor_(context->DefaultReactor()),
-        method_(method),
-        start_(absl::Now()) {
-    if (env_.metrics) env_.metrics->RequestStarted();
-  }
-
-  // UNAUTHENTICATED unless the call carries the configured bearer token.
-  absl::Status Authorize() const {
-    if (env_.auth_token.empty()) return absl::OkStatus();
-    const std::string expected = "Bearer " + env_.auth_token;
-    const auto& md = context_->client_metadata();
-    auto it = md.find("authorization");
-    if (it != md.end() && it->second.size() == expected.size() &&
-        CRYPTO_memcmp(it->second.data(), expected.data(), expected.size()) == 0) {
-      return absl::OkStatus();
-    }
-    return absl::UnauthenticatedError(
-        "missing or invalid bearer token (send metadata 'authorization: Bearer <token>')");
-  }
-
-  grpc::ServerUnaryReactor* Finish(const absl::Status& status) {
-    grpc::Status out = ToGrpcStatus(status);
-    if (!status.ok()) {
-      spdlog::debug("{} from {} failed: {}", method_, context_->peer(), status.ToString());
-    }
-    if (env_.metrics) {
-      env_.metrics->RequestFinished(method_, GrpcCodeName(out.error_code()), absl::Now() - start_);
-    }
-    reactor_->Finish(out);
-    return reactor_;
-  }
-
-  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
-  const std::string& method() const { return method_; }
-
- private:
-  const ServerEnvironment& env_;
-  grpc::CallbackServerContext* context_;
-  grpc::ServerUnaryReactor* reactor_;
-  const std::string method_;
-  const absl::Time start_;
-};
 
 // IR errors name vLLM parameters; tensors travel as `inputs` in the request
 // ("x" -> "inputs.x") while scalars, `priority` and `op` keep their names.
@@ -80,18 +28,18 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::ResolveKernelConfig(
     grpc::CallbackServerContext* context, const v1::ResolveKernelConfigRequest* request,
     v1::ResolveKernelConfigResponse* response) {
   Call call(env_, context, "ResolveKernelConfig");
-  if (absl::Status auth = call.Authorize(); !auth.ok()) return call.Finish(auth);
+  if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
   absl::StatusOr<v1::ResolveKernelConfigResponse> resolved =
       rpc::ResolveKernelConfig(*request, env_.platform);
   if (resolved.ok()) *response = std::move(*resolved);
-  return call.Finish(resolved.status());
+  return call.FinishUnary(resolved.status());
 }
 
 grpc::ServerUnaryReactor* KernelPlanServiceImpl::GetServerInfo(
     grpc::CallbackServerContext* context, const v1::GetServerInfoRequest* /*request*/,
     v1::GetServerInfoResponse* response) {
   Call call(env_, context, "GetServerInfo");
-  if (absl::Status auth = call.Authorize(); !auth.ok()) return call.Finish(auth);
+  if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
   response->set_version(KPLAN_VERSION);
   *response->mutable_build() = MakeBuildInfo();
   for (const LocalDevice& d : env_.devices) {
@@ -105,25 +53,27 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::GetServerInfo(
   }
   PlatformToProto(env_.platform, response->mutable_platform());
   response->mutable_limits()->set_max_message_bytes(env_.max_message_bytes);
+  // What RunMoE runs today: the emulation backend on the CPU reference path.
+  response->add_executable_backends("emulation");
   response->set_cuda_driver_version(env_.runtime.cuda_driver_version);
   for (absl::string_view op : IrOpNames()) {
     std::vector<std::string> priority = DefaultPriorityFor(*env_.ir_registry, op);
     auto* list = MutablePriority(response->mutable_ir_op_priority(), op);
     for (std::string& p : priority) list->Add(std::move(p));
   }
-  return call.Finish(absl::OkStatus());
+  return call.FinishUnary(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunIrOp(grpc::CallbackServerContext* context,
                                                          const v1::RunIrOpRequest* request,
                                                          v1::RunIrOpResponse* response) {
   auto call = std::make_shared<Call>(env_, context, "RunIrOp");
-  if (absl::Status auth = call->Authorize(); !auth.ok()) return call->Finish(auth);
+  if (absl::Status auth = call->Authorize(); !auth.ok()) return call->FinishUnary(auth);
   // The request is ours until Finish; its tensor bytes move, not copy.
   absl::StatusOr<IrOpRequest> ir = IrOpRequestFromProto(*const_cast<v1::RunIrOpRequest*>(request));
-  if (!ir.ok()) return call->Finish(ir.status());
+  if (!ir.ok()) return call->FinishUnary(ir.status());
   absl::StatusOr<size_t> slot = env_.executor->Resolve(request->device(), "device");
-  if (!slot.ok()) return call->Finish(slot.status());
+  if (!slot.ok()) return call->FinishUnary(slot.status());
   absl::Status queued = env_.executor->Submit(
       *slot, [this, call, response, ir = std::move(*ir)](const DeviceSlot& where,
                                                         absl::Duration waited) mutable {
@@ -132,7 +82,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunIrOp(grpc::CallbackServerCon
           ir.device = IrDeviceSelection{IrDevice::Cuda(where.cuda_device), where.stream};
         }
         if (!where.status.ok()) {
-          call->Finish(WithField(where.status, "device"));
+          call->FinishUnary(WithField(where.status, "device"));
           return;
         }
         const absl::Time start = absl::Now();
@@ -142,9 +92,9 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunIrOp(grpc::CallbackServerCon
           IrOpResultToProto(*result, response);
           response->set_device(where.name);
         }
-        call->Finish(IrErrorWithRequestPath(result.status()));
+        call->FinishUnary(IrErrorWithRequestPath(result.status()));
       });
-  if (!queued.ok()) return call->Finish(queued);
+  if (!queued.ok()) return call->FinishUnary(queued);
   return call->reactor();
 }
 

@@ -10,6 +10,7 @@
 #include "kplan/v1/service.grpc.pb.h"
 #include "server/exec/device_executor.h"
 #include "server/ir/registry.h"
+#include "server/moe/expert_store.h"
 #include "server/rpc/metrics.h"
 #include "server/platform/local.h"
 #include "server/platform/platform.h"
@@ -27,6 +28,7 @@ struct ServerEnvironment {
   Metrics* metrics = nullptr;  // may be null (metrics off)
   DeviceExecutor* executor = nullptr;     // device workers (CPU + each GPU)
   const IrRegistry* ir_registry = nullptr;
+  ExpertStore* experts = nullptr;
 };
 
 class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackService {
@@ -45,6 +47,19 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
   grpc::ServerUnaryReactor* RunIrOp(grpc::CallbackServerContext* context,
                                     const v1::RunIrOpRequest* request,
                                     v1::RunIrOpResponse* response) override;
+
+  // MoE execution (moe_handlers.cc).
+  grpc::ServerReadReactor<v1::LoadExpertsRequest>* LoadExperts(
+      grpc::CallbackServerContext* context, v1::LoadExpertsResponse* response) override;
+  grpc::ServerUnaryReactor* UnloadExperts(grpc::CallbackServerContext* context,
+                                          const v1::UnloadExpertsRequest* request,
+                                          v1::UnloadExpertsResponse* response) override;
+  grpc::ServerUnaryReactor* ListExperts(grpc::CallbackServerContext* context,
+                                        const v1::ListExpertsRequest* request,
+                                        v1::ListExpertsResponse* response) override;
+  grpc::ServerUnaryReactor* RunMoE(grpc::CallbackServerContext* context,
+                                   const v1::RunMoERequest* request,
+                                   v1::RunMoEResponse* response) override;
 
  private:
   const ServerEnvironment env_;

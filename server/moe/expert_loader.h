@@ -1,0 +1,54 @@
+// Builds an ExpertSet from LoadExperts input: inline chunks (ExpertsLoader)
+// or a safetensors file on the server host (LoadSafetensors). Everything is
+// checked before anything is kept: unknown or missing tensors, wrong dtypes or
+// shapes, chunks out of order or past the end, truncated files.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/moe/expert_set.h"
+
+namespace kplan {
+
+class ExpertsLoader {
+ public:
+  // `spec` must have passed ValidateExpertsSpec.
+  explicit ExpertsLoader(ExpertsSpec spec);
+
+  // One chunk of tensor `name`: the first chunk of a tensor carries its dtype
+  // (wire name) and shape; later chunks leave them empty. Chunks of a tensor
+  // arrive in order (`offset` = bytes received so far).
+  absl::Status AddChunk(const std::string& name, const std::string& wire_dtype,
+                        const std::vector<int64_t>& shape, int64_t offset, std::string data);
+  int64_t bytes_received() const { return bytes_received_; }
+  int64_t bytes_expected() const { return bytes_expected_; }
+  // All tensors complete: the set. Otherwise INVALID_ARGUMENT naming the first
+  // missing or short tensor.
+  absl::StatusOr<std::unique_ptr<ExpertSet>> Finish();
+
+ private:
+  ExpertsSpec spec_;
+  std::vector<TensorSpec> expected_;
+  std::map<std::string, std::string> tensors_;
+  int64_t bytes_received_ = 0;
+  int64_t bytes_expected_ = 0;
+};
+
+// Where the tensors are in a safetensors file: stacked names, or per-expert
+// names with "{e}" for the expert index.
+struct SafetensorsNames {
+  std::string w13, w2;                         // stacked
+  std::string gate_proj, up_proj, down_proj;   // per expert
+};
+
+// Reads the weights of `spec` (plain float32/float16/bfloat16 weights) from
+// the safetensors file at `path`.
+absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(const ExpertsSpec& spec,
+                                                          const std::string& path,
+                                                          const SafetensorsNames& names);
+
+}  // namespace kplan

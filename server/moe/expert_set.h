@@ -1,0 +1,87 @@
+// A resident set of expert weights: what LoadExperts built and RunMoE reads.
+// ExpertsSpec says what the tensors must be (ExpectedTensors lists name,
+// dtype and shape of each); ExpertSet owns the bytes and hands the CPU
+// reference a MoeWeights view of them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/moe/moe_reference.h"
+
+namespace kplan {
+
+struct ExpertsQuantSpec {
+  // "" | fp8_per_tensor | fp8_per_channel | fp8_block | int8_group | int4_group
+  std::string scheme;
+  int block_n = 128, block_k = 128;
+  int group_size = 128;
+  bool has_zero_points = false;
+  std::string activation_scale = "per_token";  // fp8: per_token | per_tensor
+  std::optional<float> a1_scale, a2_scale;
+};
+
+struct ExpertsSpec {
+  std::string experts_id;
+  int num_experts = 0;
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+  std::string activation = "silu";
+  moe::MoeDType dtype = moe::MoeDType::kBFloat16;
+  ExpertsQuantSpec quant;
+  bool has_bias = false;
+};
+
+// Checks the spec itself (sizes, names, dtype/scheme agreement); errors are
+// INVALID_ARGUMENT naming the header field.
+absl::Status ValidateExpertsSpec(const ExpertsSpec& spec);
+
+// Wire names of element types, as the API's DType spells them in lower case:
+// float32, float16, bfloat16, float8_e4m3, int8, uint8 (int4 travels packed
+// as uint8, zero points as uint8).
+struct TensorSpec {
+  std::string name;  // w13, w2, w13_scale, w2_scale, w13_bias, w2_bias, w13_zero, w2_zero
+  moe::MoeDType dtype;
+  std::vector<int64_t> shape;  // int4: bytes along the packed last dim
+  std::string wire_dtype;
+  int64_t bytes() const;
+};
+
+// The wire name of a weight dtype ("bfloat16", "float8_e4m3", "uint8" for int4).
+std::string WireDTypeName(moe::MoeDType dtype);
+
+// The tensors a spec needs, in a fixed order.
+std::vector<TensorSpec> ExpectedTensors(const ExpertsSpec& spec);
+
+struct ExpertsPlacement {
+  std::string device;  // "cpu", "cuda:0"
+  int first_expert = 0;
+  int num_experts = 0;
+  int64_t bytes = 0;
+};
+
+class ExpertSet {
+ public:
+  ExpertSet(ExpertsSpec spec, std::map<std::string, std::string> tensors);
+
+  const ExpertsSpec& spec() const { return spec_; }
+  int64_t bytes() const { return bytes_; }
+  const std::vector<ExpertsPlacement>& placement() const { return placement_; }
+  // The view the CPU reference reads (pointers into this set).
+  moe::MoeWeights Weights() const;
+  moe::MoeActivation activation() const { return activation_; }
+
+ private:
+  ExpertsSpec spec_;
+  std::map<std::string, std::string> tensors_;  // name -> raw bytes
+  int64_t bytes_ = 0;
+  moe::MoeActivation activation_;
+  std::vector<ExpertsPlacement> placement_;
+};
+
+}  // namespace kplan

@@ -1,0 +1,140 @@
+#include "server/moe/moe_runner.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/base/status.h"
+
+namespace kplan {
+namespace {
+
+int64_t ActBytes(moe::MoeDType d) { return d == moe::MoeDType::kFloat32 ? 4 : 2; }
+
+absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& shape,
+                        const std::vector<int64_t>& want, const std::string& data,
+                        int64_t element_bytes) {
+  if (shape != want) {
+    return InvalidField(absl::StrCat(field, ".shape"),
+                        absl::StrCat(field, " must have shape [", absl::StrJoin(want, ", "),
+                                     "], got [", absl::StrJoin(shape, ", "), "]"));
+  }
+  int64_t n = element_bytes;
+  for (int64_t d : want) n *= d;
+  if (static_cast<int64_t>(data.size()) != n) {
+    return InvalidField(absl::StrCat(field, ".data"),
+                        absl::StrCat(field, " holds ", data.size(), " bytes; its shape needs ", n));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<moe::RoutingSpec> RoutingSpecFor(const MoeRouting& r, int num_experts) {
+  moe::RoutingSpec s;
+  s.num_experts = num_experts;
+  s.top_k = r.top_k;
+  if (r.routed_scaling_factor) s.routed_scaling_factor = *r.routed_scaling_factor;
+  if (!r.e_score_correction_bias.empty()) {
+    if (static_cast<int>(r.e_score_correction_bias.size()) != num_experts) {
+      return InvalidField("routing.e_score_correction_bias",
+                          absl::StrCat("e_score_correction_bias needs ", num_experts,
+                                       " values, got ", r.e_score_correction_bias.size()));
+    }
+    s.e_score_correction_bias = r.e_score_correction_bias.data();
+  }
+  const std::string& m = r.routing_method.empty() ? std::string("Default") : r.routing_method;
+  if (m == "Default") {
+    s.method = moe::RoutingMethod::kTopK;
+  } else if (m == "RenormalizeNaive") {
+    s.method = moe::RoutingMethod::kTopK;
+    s.renormalize = true;
+  } else if (m == "Renormalize") {
+    s.method = moe::RoutingMethod::kTopKThenSoftmax;
+  } else if (m == "Sigmoid" || m == "SigmoidRenorm") {
+    s.method = moe::RoutingMethod::kTopK;
+    s.scoring = moe::ScoringFunc::kSigmoid;
+    s.renormalize = m == "SigmoidRenorm";
+  } else if (m == "DeepSeekV3") {
+    s.method = moe::RoutingMethod::kGroupedTopK;
+    s.scoring = moe::ScoringFunc::kSigmoid;
+    s.renormalize = true;
+    s.num_expert_group = r.num_expert_group;
+    s.topk_group = r.topk_group;
+  } else if (m == "Llama4") {
+    s.method = moe::RoutingMethod::kLlama4;
+  } else if (m == "DeepseekV4") {
+    s.method = moe::RoutingMethod::kTopK;
+    s.scoring = moe::ScoringFunc::kSqrtSoftplus;
+    s.renormalize = true;
+  } else {
+    return InvalidField("routing.routing_method",
+                        absl::StrCat("routing_method '", m,
+                                     "' is not routed here; expected Default, Renormalize, "
+                                     "RenormalizeNaive, Sigmoid, SigmoidRenorm, DeepSeekV3, "
+                                     "Llama4 or DeepseekV4"));
+  }
+  KPLAN_RETURN_IF_ERROR(moe::ValidateRoutingSpec(s));  // fields are routing.*
+  return s;
+}
+
+absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& in) {
+  const ExpertsSpec& spec = experts.spec();
+  if (in.hidden_shape.size() != 2 || in.hidden_shape[1] != spec.hidden) {
+    return InvalidField("hidden_states.shape",
+                        absl::StrCat("hidden_states must be [M, ", spec.hidden, "], got [",
+                                     absl::StrJoin(in.hidden_shape, ", "), "]"));
+  }
+  const int64_t m = in.hidden_shape[0];
+  KPLAN_RETURN_IF_ERROR(CheckShape("hidden_states", in.hidden_shape, {m, spec.hidden},
+                                   in.hidden_states, ActBytes(in.act_dtype)));
+  moe::MoeProblem p;
+  p.num_tokens = m;
+  p.hidden = spec.hidden;
+  p.intermediate = spec.intermediate;
+  p.num_experts = spec.num_experts;
+  p.act_dtype = in.act_dtype;
+  p.hidden_states = in.hidden_states.data();
+  p.activation = experts.activation();
+  p.weights = experts.Weights();
+  p.apply_router_weight_on_input = in.apply_router_weight_on_input;
+
+  const bool by_logits = !in.router_logits.empty() || !in.logits_shape.empty();
+  const bool by_ids = !in.topk_ids.empty() || !in.topk_shape.empty();
+  if (by_logits == by_ids) {
+    return InvalidField("router_logits",
+                        "give either router_logits with routing, or topk_ids with topk_weights");
+  }
+  moe::RoutingSpec routing;
+  if (by_logits) {
+    KPLAN_RETURN_IF_ERROR(CheckShape("router_logits", in.logits_shape, {m, spec.num_experts},
+                                     in.router_logits, 4));
+    KPLAN_ASSIGN_OR_RETURN(routing, RoutingSpecFor(in.routing, spec.num_experts));
+    p.top_k = routing.top_k;
+    p.router_logits = reinterpret_cast<const float*>(in.router_logits.data());
+    p.routing = routing;
+  } else {
+    if (in.topk_shape.size() != 2 || in.topk_shape[0] != m || in.topk_shape[1] < 1 ||
+        in.topk_shape[1] > spec.num_experts) {
+      return InvalidField("topk_ids.shape", absl::StrCat("topk_ids must be [", m, ", k] with 1 <= k <= ",
+                                                         spec.num_experts));
+    }
+    p.top_k = static_cast<int>(in.topk_shape[1]);
+    KPLAN_RETURN_IF_ERROR(CheckShape("topk_ids", in.topk_shape, {m, p.top_k}, in.topk_ids, 4));
+    KPLAN_RETURN_IF_ERROR(
+        CheckShape("topk_weights", in.topk_shape, {m, p.top_k}, in.topk_weights, 4));
+    p.topk_ids = reinterpret_cast<const int32_t*>(in.topk_ids.data());
+    p.topk_weights = reinterpret_cast<const float*>(in.topk_weights.data());
+  }
+  MoeRunOutput out;
+  out.num_tokens = m;
+  out.top_k = p.top_k;
+  out.output.resize(m * spec.hidden * ActBytes(in.act_dtype));
+  out.topk_ids.resize(m * p.top_k);
+  out.topk_weights.resize(m * p.top_k);
+  KPLAN_RETURN_IF_ERROR(
+      moe::MoeReference(p, out.output.data(), out.topk_weights.data(), out.topk_ids.data()));
+  return out;
+}
+
+}  // namespace kplan

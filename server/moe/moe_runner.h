@@ -1,0 +1,58 @@
+// Runs one fused MoE layer over a resident ExpertSet: routing from router
+// logits (vLLM's RoutingMethodType vocabulary) or given top-k ids/weights,
+// the experts, the weighted combine. This is the `emulation` backend of the
+// CPU reference path (kernels/cpu/moe); GPU backends plug in beside it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/moe/moe_reference.h"
+#include "server/moe/expert_set.h"
+
+namespace kplan {
+
+struct MoeRouting {
+  std::string routing_method;  // RoutingMethodType name; "" = Default
+  int top_k = 0;
+  int num_expert_group = 0;
+  int topk_group = 0;
+  std::optional<float> routed_scaling_factor;
+  std::vector<float> e_score_correction_bias;  // [E] or empty
+};
+
+struct MoeRunInput {
+  moe::MoeDType act_dtype = moe::MoeDType::kBFloat16;  // float32 | float16 | bfloat16
+  std::vector<int64_t> hidden_shape;                   // [M, H]
+  std::string hidden_states;                           // raw bytes
+  // Either router logits (fp32 [M, E]) with routing ...
+  std::vector<int64_t> logits_shape;
+  std::string router_logits;
+  MoeRouting routing;
+  // ... or given top-k ids (int32 [M, k]) and weights (fp32 [M, k]).
+  std::vector<int64_t> topk_shape;
+  std::string topk_ids, topk_weights;
+  bool apply_router_weight_on_input = false;
+};
+
+struct MoeRunOutput {
+  std::string output;  // [M, H] in act_dtype
+  int64_t num_tokens = 0;
+  int top_k = 0;
+  std::vector<int32_t> topk_ids;
+  std::vector<float> topk_weights;
+};
+
+// vLLM's RoutingMethodType names this server routes: Default, Renormalize,
+// RenormalizeNaive, Sigmoid, SigmoidRenorm, DeepSeekV3, Llama4, DeepseekV4.
+absl::StatusOr<moe::RoutingSpec> RoutingSpecFor(const MoeRouting& routing, int num_experts);
+
+// Checks the input against the set (INVALID_ARGUMENT naming the request field:
+// hidden_states.shape, router_logits, routing.top_k, topk_ids, ...) and runs
+// the layer on the CPU.
+absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& input);
+
+}  // namespace kplan

@@ -1,0 +1,238 @@
+// KernelPlanService's MoE execution RPCs: LoadExperts (a client stream),
+// UnloadExperts, ListExperts and RunMoE. Loading and running happen on the
+// device workers; handlers only convert and queue.
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+#include "server/base/status.h"
+#include "server/moe/expert_loader.h"
+#include "server/moe/moe_runner.h"
+#include "server/rpc/call.h"
+#include "server/rpc/moe_convert.h"
+#include "server/rpc/service.h"
+
+namespace kplan::rpc {
+namespace {
+
+constexpr int64_t kProgressEvery = int64_t{1} << 30;
+
+// Publishes expert usage per device to the metrics.
+void UpdateExpertMetrics(const ServerEnvironment& env) {
+  if (env.metrics == nullptr) return;
+  env.metrics->SetExperts("cpu", 0, 0);
+  for (const auto& [device, usage] : env.experts->UsageByDevice()) {
+    env.metrics->SetExperts(device, usage.first, static_cast<double>(usage.second));
+  }
+}
+
+void FillInfo(const ExpertSet& set, v1::ExpertsInfo* out) {
+  const ExpertsSpec& s = set.spec();
+  out->set_experts_id(s.experts_id);
+  out->set_num_experts(s.num_experts);
+  out->set_hidden_size(static_cast<int32_t>(s.hidden));
+  out->set_intermediate_size(static_cast<int32_t>(s.intermediate));
+  out->set_activation(s.activation);
+  out->set_dtype(ProtoDTypeFromWire(WireDTypeName(s.dtype)));
+  out->set_quantization(s.quant.scheme);
+  out->set_bytes(set.bytes());
+  for (const ExpertsPlacement& p : set.placement()) {
+    v1::ExpertsPlacement* o = out->add_placement();
+    o->set_device(p.device);
+    o->set_first_expert(p.first_expert);
+    o->set_num_experts(p.num_experts);
+    o->set_bytes(p.bytes);
+  }
+}
+
+// LoadExperts: the header, then chunks (or nothing, for a safetensors file).
+// Nothing reaches the store until the whole set is complete and checked.
+class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsRequest> {
+ public:
+  LoadExpertsReactor(const ServerEnvironment& env, grpc::CallbackServerContext* context,
+                     v1::LoadExpertsResponse* response)
+      : call_(env, context, "LoadExperts", /*unary=*/false), response_(response) {
+    if (absl::Status auth = call_.Authorize(); !auth.ok()) {
+      Fail(auth);
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client closed its side: commit
+      Commit();
+      return;
+    }
+    absl::Status s = Handle();
+    if (!s.ok()) {
+      Fail(s);
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Handle() {
+    if (request_.has_header()) {
+      if (spec_) return InvalidField("header", "the header must come once, first");
+      KPLAN_ASSIGN_OR_RETURN(ExpertsSpec spec, ExpertsSpecFromProto(request_.header()));
+      KPLAN_RETURN_IF_ERROR(ValidateExpertsSpec(spec));
+      int64_t bytes = 0;
+      for (const TensorSpec& t : ExpectedTensors(spec)) bytes += t.bytes();
+      KPLAN_RETURN_IF_ERROR(call_.env().experts->CheckCanAdd(spec.experts_id, bytes));
+      if (request_.header().has_safetensors()) {
+        const v1::SafetensorsSource& st = request_.header().safetensors();
+        safetensors_path_ = st.path();
+        names_ = SafetensorsNames{st.w13(), st.w2(), st.gate_proj(), st.up_proj(), st.down_proj()};
+        if (safetensors_path_.empty()) {
+          return InvalidField("header.safetensors.path", "the safetensors path is empty");
+        }
+      } else {
+        loader_ = std::make_unique<ExpertsLoader>(spec);
+      }
+      spdlog::info("LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}", spec.experts_id,
+                   spec.num_experts, spec.hidden, spec.intermediate, bytes,
+                   safetensors_path_.empty() ? std::string("the stream") : safetensors_path_);
+      spec_ = std::move(spec);
+      return absl::OkStatus();
+    }
+    if (!spec_) return InvalidField("header", "the first message must be the header");
+    if (!loader_) {
+      return InvalidField("chunk", "experts loaded from a safetensors file take no chunks");
+    }
+    v1::TensorChunk& c = *request_.mutable_chunk();
+    std::string wire = c.dtype() == v1::DTYPE_UNSPECIFIED ? "" : WireFromProtoDType(c.dtype());
+    const int64_t before = loader_->bytes_received();
+    KPLAN_RETURN_IF_ERROR(loader_->AddChunk(c.name(), wire,
+                                            std::vector<int64_t>(c.shape().begin(), c.shape().end()),
+                                            c.offset(), std::move(*c.mutable_data())));
+    if (loader_->bytes_received() / kProgressEvery != before / kProgressEvery) {
+      spdlog::info("LoadExperts '{}': {} of {} MiB received", spec_->experts_id,
+                   loader_->bytes_received() >> 20, loader_->bytes_expected() >> 20);
+    }
+    return absl::OkStatus();
+  }
+
+  void Commit() {
+    if (!spec_) {
+      Fail(InvalidField("header", "the stream ended before the header"));
+      return;
+    }
+    // Reading a file or copying a large set is device-side work: do it on the CPU worker.
+    absl::Status queued = call_.env().executor->Submit(0, [this](const DeviceSlot&, absl::Duration) {
+      absl::StatusOr<std::unique_ptr<ExpertSet>> set =
+          loader_ ? loader_->Finish() : LoadSafetensors(*spec_, safetensors_path_, names_);
+      if (!set.ok()) {
+        Fail(set.status());
+        return;
+      }
+      std::shared_ptr<const ExpertSet> shared(std::move(*set));
+      if (absl::Status added = call_.env().experts->Add(shared); !added.ok()) {
+        Fail(added);
+        return;
+      }
+      UpdateExpertMetrics(call_.env());
+      spdlog::info("LoadExperts '{}': loaded, {} bytes", spec_->experts_id, shared->bytes());
+      FillInfo(*shared, response_->mutable_experts());
+      Finish(call_.Done(absl::OkStatus()));
+    });
+    if (!queued.ok()) Fail(queued);
+  }
+
+  void Fail(const absl::Status& status) {
+    absl::Status s = status;
+    if (FieldOf(s) && !absl::StartsWith(*FieldOf(s), "header") &&
+        !absl::StartsWith(*FieldOf(s), "chunk")) {
+      s = NestField(s, "header");  // spec fields: header.num_experts, ...
+    }
+    Finish(call_.Done(s));
+  }
+
+  Call call_;
+  v1::LoadExpertsResponse* response_;
+  v1::LoadExpertsRequest request_;
+  std::optional<ExpertsSpec> spec_;
+  std::unique_ptr<ExpertsLoader> loader_;
+  std::string safetensors_path_;
+  SafetensorsNames names_;
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<v1::LoadExpertsRequest>* KernelPlanServiceImpl::LoadExperts(
+    grpc::CallbackServerContext* context, v1::LoadExpertsResponse* response) {
+  return new LoadExpertsReactor(env_, context, response);
+}
+
+grpc::ServerUnaryReactor* KernelPlanServiceImpl::UnloadExperts(
+    grpc::CallbackServerContext* context, const v1::UnloadExpertsRequest* request,
+    v1::UnloadExpertsResponse* response) {
+  Call call(env_, context, "UnloadExperts");
+  if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
+  absl::StatusOr<int64_t> freed = env_.experts->Remove(request->experts_id());
+  if (freed.ok()) {
+    response->set_bytes_freed(*freed);
+    UpdateExpertMetrics(env_);
+    spdlog::info("UnloadExperts '{}': {} bytes freed", request->experts_id(), *freed);
+  }
+  return call.FinishUnary(freed.status());
+}
+
+grpc::ServerUnaryReactor* KernelPlanServiceImpl::ListExperts(
+    grpc::CallbackServerContext* context, const v1::ListExpertsRequest* /*request*/,
+    v1::ListExpertsResponse* response) {
+  Call call(env_, context, "ListExperts");
+  if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
+  for (const auto& set : env_.experts->List()) FillInfo(*set, response->add_experts());
+  return call.FinishUnary(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerContext* context,
+                                                        const v1::RunMoERequest* request,
+                                                        v1::RunMoEResponse* response) {
+  auto call = std::make_shared<Call>(env_, context, "RunMoE");
+  if (absl::Status auth = call->Authorize(); !auth.ok()) return call->FinishUnary(auth);
+  absl::StatusOr<std::shared_ptr<const ExpertSet>> experts = env_.experts->Get(request->experts_id());
+  if (!experts.ok()) return call->FinishUnary(experts.status());
+  // The backend: "auto" takes the best this server can run; anything else must be runnable here.
+  const std::string backend =
+      request->kernel_config().moe_backend().empty() ? "auto" : request->kernel_config().moe_backend();
+  if (backend != "auto" && backend != "emulation") {
+    return call->FinishUnary(WithField(
+        absl::FailedPreconditionError(absl::StrCat(
+            "moe_backend '", backend, "' cannot run on this server; it runs: auto, emulation")),
+        "kernel_config.moe_backend"));
+  }
+  absl::StatusOr<MoeRunInput> input = MoeRunInputFromProto(*const_cast<v1::RunMoERequest*>(request));
+  if (!input.ok()) return call->FinishUnary(input.status());
+  const bool return_routing = request->return_routing();
+  absl::Status queued = env_.executor->Submit(
+      0, [this, call, response, experts = *experts, input = std::move(*input), return_routing](
+             const DeviceSlot& where, absl::Duration waited) {
+        if (env_.metrics) env_.metrics->ObserveQueue(call->method(), waited);
+        const absl::Time start = absl::Now();
+        absl::StatusOr<MoeRunOutput> out = RunMoeOnCpu(*experts, input);
+        const absl::Duration device = absl::Now() - start;
+        if (env_.metrics) env_.metrics->ObserveDevice(call->method(), device);
+        if (out.ok()) {
+          MoeRunOutputToProto(*out, input.act_dtype, return_routing, response);
+          v1::MoEExecution* plan = response->mutable_plan();
+          plan->set_backend("emulation");
+          plan->set_experts_kernel("KplanCpuReferenceExperts");
+          plan->set_dispatch("MoEPrepareAndFinalizeNoDPEPModular");
+          plan->add_devices(where.name);
+          response->mutable_timing()->set_queue_us(absl::ToDoubleMicroseconds(waited));
+          response->mutable_timing()->set_device_us(absl::ToDoubleMicroseconds(device));
+          response->mutable_timing()->set_total_us(
+              absl::ToDoubleMicroseconds(absl::Now() - call->start()));
+        }
+        call->FinishUnary(out.status());
+      });
+  if (!queued.ok()) return call->FinishUnary(queued);
+  return call->reactor();
+}
+
+}  // namespace kplan::rpc

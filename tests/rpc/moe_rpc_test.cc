@@ -1,0 +1,323 @@
+// LoadExperts / ListExperts / RunMoE / UnloadExperts through the server on
+// the CPU path, checked against a straightforward double-precision MoE written
+// here (softmax, top-k, renormalise, SiLU-and-mul experts, weighted sum).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include "client/cpp/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/base/status.h"
+#include "server/rpc/server.h"
+
+namespace kplan::rpc {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kE = 4, kK = 2, kH = 16, kI = 8;
+
+std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+std::vector<float> Random(size_t n, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+v1::Tensor MakeTensor(v1::DType dtype, std::vector<int64_t> shape, std::string data) {
+  v1::Tensor t;
+  t.set_dtype(dtype);
+  for (int64_t d : shape) t.add_shape(d);
+  t.set_data(std::move(data));
+  return t;
+}
+
+v1::TensorChunk Chunk(const std::string& name, std::vector<int64_t> shape, const std::string& data,
+                      size_t begin, size_t end) {
+  v1::TensorChunk c;
+  c.set_name(name);
+  if (begin == 0) {
+    c.set_dtype(v1::DTYPE_FLOAT32);
+    for (int64_t d : shape) c.add_shape(d);
+  }
+  c.set_offset(static_cast<int64_t>(begin));
+  c.set_data(data.substr(begin, end - begin));
+  return c;
+}
+
+class MoeRpcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static NoDeviceProber prober;
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.prober = &prober;
+    options.max_expert_bytes = 64 << 10;
+    server_ = std::move(KplanServer::Start(options).value());
+    client_ = Client::Connect(absl::StrCat("127.0.0.1:", server_->port()));
+    std::mt19937 rng(std::random_device{}());
+    w13_ = Random(kE * 2 * kI * kH, rng, 0.3f);
+    w2_ = Random(kE * kH * kI, rng, 0.3f);
+  }
+
+  v1::ExpertsHeader Header(const std::string& id) const {
+    v1::ExpertsHeader h;
+    h.set_experts_id(id);
+    h.set_num_experts(kE);
+    h.set_hidden_size(kH);
+    h.set_intermediate_size(kI);
+    h.set_activation("silu");
+    h.set_dtype(v1::DTYPE_FLOAT32);
+    return h;
+  }
+
+  // w13 in three chunks, w2 in one.
+  std::vector<v1::TensorChunk> Chunks() const {
+    const std::string a = Bytes(w13_), b = Bytes(w2_);
+    return {Chunk("w13", {kE, 2 * kI, kH}, a, 0, 100), Chunk("w13", {}, a, 100, 1000),
+            Chunk("w13", {}, a, 1000, a.size()), Chunk("w2", {kE, kH, kI}, b, 0, b.size())};
+  }
+
+  // The layer in double precision, independent of the server's code.
+  std::vector<double> Reference(const std::vector<float>& x, const std::vector<float>& logits,
+                                int m) const {
+    std::vector<double> out(m * kH, 0.0);
+    for (int t = 0; t < m; ++t) {
+      std::vector<double> p(kE);
+      double mx = *std::max_element(&logits[t * kE], &logits[t * kE] + kE), sum = 0;
+      for (int e = 0; e < kE; ++e) sum += p[e] = std::exp(logits[t * kE + e] - mx);
+      for (double& v : p) v /= sum;
+      std::vector<int> order(kE);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+      double wsum = p[order[0]] + p[order[1]];
+      for (int j = 0; j < kK; ++j) {
+        const int e = order[j];
+        std::vector<double> act(kI);
+        for (int i = 0; i < kI; ++i) {
+          double g = 0, u = 0;
+          for (int h = 0; h < kH; ++h) {
+            g += double(w13_[(e * 2 * kI + i) * kH + h]) * x[t * kH + h];
+            u += double(w13_[(e * 2 * kI + kI + i) * kH + h]) * x[t * kH + h];
+          }
+          act[i] = g / (1 + std::exp(-g)) * u;
+        }
+        for (int h = 0; h < kH; ++h) {
+          double y = 0;
+          for (int i = 0; i < kI; ++i) y += double(w2_[(e * kH + h) * kI + i]) * act[i];
+          out[t * kH + h] += p[e] / wsum * y;
+        }
+      }
+    }
+    return out;
+  }
+
+  std::unique_ptr<KplanServer> server_;
+  std::unique_ptr<Client> client_;
+  std::vector<float> w13_, w2_;
+};
+
+TEST_F(MoeRpcTest, LoadRunListUnload) {
+  absl::StatusOr<v1::LoadExpertsResponse> loaded = client_->LoadExperts(Header("layer0"), Chunks());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->experts().bytes(), static_cast<int64_t>((w13_.size() + w2_.size()) * 4));
+  ASSERT_EQ(loaded->experts().placement_size(), 1);
+  EXPECT_EQ(loaded->experts().placement(0).device(), "cpu");
+
+  std::mt19937 rng(std::random_device{}());
+  const int m = 5;
+  std::vector<float> x = Random(m * kH, rng, 1.f), logits = Random(m * kE, rng, 1.f);
+  v1::RunMoERequest req;
+  req.set_experts_id("layer0");
+  *req.mutable_hidden_states() = MakeTensor(v1::DTYPE_FLOAT32, {m, kH}, Bytes(x));
+  *req.mutable_router_logits() = MakeTensor(v1::DTYPE_FLOAT32, {m, kE}, Bytes(logits));
+  req.mutable_routing()->set_top_k(kK);
+  req.mutable_routing()->set_routing_method("RenormalizeNaive");
+  req.set_return_routing(true);
+  absl::StatusOr<v1::RunMoEResponse> run = client_->RunMoE(req);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->plan().backend(), "emulation");
+  EXPECT_THAT(run->plan().devices(), ::testing::ElementsAre("cpu"));
+  EXPECT_GT(run->timing().device_us(), 0);
+  EXPECT_GE(run->timing().total_us(), run->timing().device_us());
+  ASSERT_EQ(run->output().data().size(), static_cast<size_t>(m * kH * 4));
+  std::vector<float> out(m * kH);
+  std::memcpy(out.data(), run->output().data().data(), out.size() * 4);
+  std::vector<double> ref = Reference(x, logits, m);
+  for (int i = 0; i < m * kH; ++i) EXPECT_NEAR(out[i], ref[i], 1e-4 + 1e-4 * std::abs(ref[i])) << i;
+  EXPECT_EQ(run->topk_ids().shape(1), kK);
+
+  // Given ids and weights give the same output as routing them.
+  v1::RunMoERequest by_ids;
+  by_ids.set_experts_id("layer0");
+  *by_ids.mutable_hidden_states() = req.hidden_states();
+  *by_ids.mutable_topk_ids() = run->topk_ids();
+  *by_ids.mutable_topk_weights() = run->topk_weights();
+  absl::StatusOr<v1::RunMoEResponse> again = client_->RunMoE(by_ids);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->output().data(), run->output().data());
+
+  EXPECT_EQ(client_->ListExperts()->experts_size(), 1);
+  EXPECT_EQ(client_->UnloadExperts("layer0")->bytes_freed(), loaded->experts().bytes());
+  EXPECT_EQ(client_->ListExperts()->experts_size(), 0);
+  EXPECT_EQ(client_->RunMoE(req).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->UnloadExperts("layer0").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(MoeRpcTest, FailedLoadsLeaveNothingBehind) {
+  struct Case {
+    std::string name;
+    std::function<void(v1::ExpertsHeader&, std::vector<v1::TensorChunk>&)> mutate;
+    absl::StatusCode code;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {"missing chunk", [](auto&, auto& c) { c.pop_back(); }, absl::StatusCode::kInvalidArgument,
+       "chunk[w2]"},
+      {"truncated tensor", [](auto&, auto& c) { c[2].mutable_data()->resize(8); },
+       absl::StatusCode::kInvalidArgument, "chunk[w13]"},
+      {"wrong shape", [](auto&, auto& c) { c[0].set_shape(1, 99); },
+       absl::StatusCode::kInvalidArgument, "chunk[w13].shape"},
+      {"wrong dtype", [](auto&, auto& c) { c[3].set_dtype(v1::DTYPE_BFLOAT16); },
+       absl::StatusCode::kInvalidArgument, "chunk[w2].dtype"},
+      {"out of order", [](auto&, auto& c) { std::swap(c[1], c[2]); },
+       absl::StatusCode::kInvalidArgument, "chunk[w13].offset"},
+      {"unknown tensor", [](auto&, auto& c) { c[3].set_name("w4"); },
+       absl::StatusCode::kInvalidArgument, "chunk[w4]"},
+      {"bad activation", [](auto& h, auto&) { h.set_activation("swish"); },
+       absl::StatusCode::kInvalidArgument, "header.activation"},
+      {"over budget", [](auto& h, auto&) { h.set_num_experts(400); },
+       absl::StatusCode::kResourceExhausted, ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::ExpertsHeader h = Header("bad");
+    std::vector<v1::TensorChunk> chunks = Chunks();
+    c.mutate(h, chunks);
+    absl::StatusOr<v1::LoadExpertsResponse> r = client_->LoadExperts(h, chunks);
+    EXPECT_EQ(r.status().code(), c.code) << r.status();
+    if (!c.field.empty()) EXPECT_EQ(FieldOf(r.status()).value_or(""), c.field) << r.status();
+    EXPECT_EQ(client_->ListExperts()->experts_size(), 0);
+  }
+  ASSERT_TRUE(client_->LoadExperts(Header("dup"), Chunks()).ok());
+  absl::StatusOr<v1::LoadExpertsResponse> dup = client_->LoadExperts(Header("dup"), Chunks());
+  EXPECT_EQ(dup.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(client_->ListExperts()->experts_size(), 1);
+}
+
+TEST_F(MoeRpcTest, RunMoeErrorsNameTheField) {
+  ASSERT_TRUE(client_->LoadExperts(Header("l"), Chunks()).ok());
+  std::mt19937 rng(3);
+  std::vector<float> x = Random(2 * kH, rng, 1.f), logits = Random(2 * kE, rng, 1.f);
+  auto base = [&] {
+    v1::RunMoERequest r;
+    r.set_experts_id("l");
+    *r.mutable_hidden_states() = MakeTensor(v1::DTYPE_FLOAT32, {2, kH}, Bytes(x));
+    *r.mutable_router_logits() = MakeTensor(v1::DTYPE_FLOAT32, {2, kE}, Bytes(logits));
+    r.mutable_routing()->set_top_k(2);
+    return r;
+  };
+  struct Case {
+    std::string name;
+    std::function<void(v1::RunMoERequest&)> mutate;
+    absl::StatusCode code;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {"hidden width", [](auto& r) { r.mutable_hidden_states()->set_shape(1, 15); },
+       absl::StatusCode::kInvalidArgument, "hidden_states.shape"},
+      {"short data", [](auto& r) { r.mutable_hidden_states()->mutable_data()->resize(4); },
+       absl::StatusCode::kInvalidArgument, "hidden_states.data"},
+      {"int8 hidden", [](auto& r) { r.mutable_hidden_states()->set_dtype(v1::DTYPE_INT8); },
+       absl::StatusCode::kInvalidArgument, "hidden_states.dtype"},
+      {"top_k too big", [](auto& r) { r.mutable_routing()->set_top_k(9); },
+       absl::StatusCode::kInvalidArgument, "routing.top_k"},
+      {"unknown routing", [](auto& r) { r.mutable_routing()->set_routing_method("Magic"); },
+       absl::StatusCode::kInvalidArgument, "routing.routing_method"},
+      {"no routing input", [](auto& r) { r.clear_router_logits(); },
+       absl::StatusCode::kInvalidArgument, "router_logits"},
+      {"backend not here", [](auto& r) { r.mutable_kernel_config()->set_moe_backend("kplan"); },
+       absl::StatusCode::kFailedPrecondition, "kernel_config.moe_backend"},
+      {"unknown experts", [](auto& r) { r.set_experts_id("nope"); }, absl::StatusCode::kNotFound,
+       "experts_id"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::RunMoERequest req = base();
+    c.mutate(req);
+    absl::StatusOr<v1::RunMoEResponse> r = client_->RunMoE(req);
+    EXPECT_EQ(r.status().code(), c.code) << r.status();
+    EXPECT_EQ(FieldOf(r.status()).value_or(""), c.field) << r.status();
+  }
+  EXPECT_TRUE(client_->RunMoE(base()).ok());
+}
+
+// A Hugging Face style per-expert safetensors file, and a truncated copy.
+TEST_F(MoeRpcTest, LoadsPerExpertSafetensors) {
+  std::string header = "{";
+  std::string data;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, const float* v, size_t n) {
+    if (header.size() > 1) header += ",";
+    header += absl::StrCat("\"", name, "\":{\"dtype\":\"F32\",\"shape\":[", shape[0], ",", shape[1],
+                           "],\"data_offsets\":[", data.size(), ",", data.size() + n * 4, "]}");
+    data.append(reinterpret_cast<const char*>(v), n * 4);
+  };
+  for (int e = 0; e < kE; ++e) {
+    const std::string p = absl::StrCat("model.layers.0.mlp.experts.", e, ".");
+    add(p + "gate_proj.weight", {kI, kH}, &w13_[e * 2 * kI * kH], kI * kH);
+    add(p + "up_proj.weight", {kI, kH}, &w13_[(e * 2 * kI + kI) * kH], kI * kH);
+    add(p + "down_proj.weight", {kH, kI}, &w2_[e * kH * kI], kH * kI);
+  }
+  header += "}";
+  const std::string path = absl::StrCat(::testing::TempDir(), "/experts-", getpid(), ".safetensors");
+  uint64_t n = header.size();
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << data;
+  }
+  v1::ExpertsHeader h = Header("st");
+  h.mutable_safetensors()->set_path(path);
+  h.mutable_safetensors()->set_gate_proj("model.layers.0.mlp.experts.{e}.gate_proj.weight");
+  h.mutable_safetensors()->set_up_proj("model.layers.0.mlp.experts.{e}.up_proj.weight");
+  h.mutable_safetensors()->set_down_proj("model.layers.0.mlp.experts.{e}.down_proj.weight");
+  absl::StatusOr<v1::LoadExpertsResponse> st = client_->LoadExperts(h, {});
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_TRUE(client_->LoadExperts(Header("inline"), Chunks()).ok());
+
+  // Same weights, same outputs.
+  std::mt19937 rng(11);
+  std::vector<float> x = Random(3 * kH, rng, 1.f), logits = Random(3 * kE, rng, 1.f);
+  std::string outputs[2];
+  for (int i = 0; i < 2; ++i) {
+    v1::RunMoERequest r;
+    r.set_experts_id(i == 0 ? "st" : "inline");
+    *r.mutable_hidden_states() = MakeTensor(v1::DTYPE_FLOAT32, {3, kH}, Bytes(x));
+    *r.mutable_router_logits() = MakeTensor(v1::DTYPE_FLOAT32, {3, kE}, Bytes(logits));
+    r.mutable_routing()->set_top_k(kK);
+    outputs[i] = client_->RunMoE(r)->output().data();
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+
+  // A truncated file is rejected and leaves nothing.
+  truncate(path.c_str(), static_cast<off_t>(8 + header.size() + data.size() / 2));
+  h.set_experts_id("st2");
+  absl::StatusOr<v1::LoadExpertsResponse> bad = client_->LoadExperts(h, {});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("truncated"));
+  EXPECT_EQ(client_->ListExperts()->experts_size(), 2);
+  unlink(path.c_str());
+}
+
+}  // namespace
+}  // namespace kplan::rpc
