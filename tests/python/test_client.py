@@ -52,6 +52,42 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(ctx.exception.field, "kernel_config.moe_backend")
         self.assertIn("Input should be 'auto'", ctx.exception.message)
 
+    def test_load_run_unload(self):
+        import numpy as np
+
+        rng = np.random.default_rng()
+        e, k, h, i, m = 4, 2, 32, 16, 6
+        w13 = rng.normal(0, 0.2, (e, 2 * i, h)).astype(np.float32)
+        w2 = rng.normal(0, 0.2, (e, h, i)).astype(np.float32)
+        info = self.client.load_experts("py-layer", w13, w2, chunk_bytes=1000)
+        self.assertEqual(info.bytes, w13.nbytes + w2.nbytes)
+        self.assertIn("py-layer", [x.experts_id for x in self.client.list_experts()])
+        x = rng.normal(0, 1, (m, h)).astype(np.float32)
+        logits = rng.normal(0, 1, (m, e)).astype(np.float32)
+        out, resp = self.client.run_moe("py-layer", x, logits, top_k=k, return_plan=True)
+        self.assertEqual(resp.plan.backend, "emulation")
+
+        # numpy reference: softmax, top-k, renormalise, SiLU-and-mul, weighted sum.
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        ref = np.zeros((m, h), np.float64)
+        for t in range(m):
+            top = np.argsort(-p[t], kind="stable")[:k]
+            for ex in top:
+                g = w13[ex, :i] @ x[t]
+                u = w13[ex, i:] @ x[t]
+                y = w2[ex] @ (g / (1 + np.exp(-g)) * u)
+                ref[t] += p[t, ex] / p[t, top].sum() * y
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+        bf16 = self.client.run_moe("py-layer", x, logits, top_k=k, dtype="bfloat16")
+        self.assertEqual(bf16.dtype, np.float32)
+        self.assertLess(np.abs(bf16 - ref).max(), 0.05 * np.abs(ref).max() + 1e-2)
+        self.assertEqual(self.client.unload_experts("py-layer"), info.bytes)
+        with self.assertRaises(KplanError) as ctx:
+            self.client.run_moe("py-layer", x, logits, top_k=k)
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.NOT_FOUND)
+
     def test_info(self):
         info = self.client.info()
         self.assertTrue(info.version)
