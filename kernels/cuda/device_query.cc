@@ -47,6 +47,17 @@ class CudaDeviceProber final : public DeviceProber {
     }
     return rt;
   }
+
+  absl::StatusOr<int64_t> MemoryUsed(int device) const override {
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      return absl::UnavailableError(absl::StrCat("cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
+    }
+    size_t free_bytes = 0, total = 0;
+    if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total); e != cudaSuccess) {
+      return absl::UnavailableError(absl::StrCat("cudaMemGetInfo: ", cudaGetErrorString(e)));
+    }
+    return static_cast<int64_t>(total - free_bytes);
+  }
 };
 
 }  // namespace

@@ -36,15 +36,4 @@ absl::Status SynchronizeStream(void* stream) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> DeviceMemoryUsed(int device) {
-  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-    return CudaError(e, "cudaSetDevice", __LINE__);
-  }
-  size_t free_bytes = 0, total = 0;
-  if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total); e != cudaSuccess) {
-    return CudaError(e, "cudaMemGetInfo", __LINE__);
-  }
-  return static_cast<int64_t>(total - free_bytes);
-}
-
 }  // namespace kplan::kernels

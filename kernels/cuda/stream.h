@@ -11,7 +11,5 @@ namespace kplan::kernels {
 absl::StatusOr<void*> CreateDeviceStream(int device);
 void DestroyDeviceStream(void* stream);
 absl::Status SynchronizeStream(void* stream);
-// Bytes in use on `device` (total - free), for metrics.
-absl::StatusOr<int64_t> DeviceMemoryUsed(int device);
 
 }  // namespace kplan::kernels

@@ -36,6 +36,10 @@ class DeviceProber {
   // Lists the devices this process can use, with runtime versions. An error
   // means the query itself failed (a broken driver), not "no devices".
   virtual absl::StatusOr<LocalRuntime> Probe() const = 0;
+  // Device memory in use on `device` (for metrics); UNIMPLEMENTED without a driver.
+  virtual absl::StatusOr<int64_t> MemoryUsed(int device) const {
+    return absl::UnimplementedError("no device memory query in this build");
+  }
 };
 
 // Reports no devices: the CPU reference path.

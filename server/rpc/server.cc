@@ -82,13 +82,13 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
     return InvalidField("max_queue_depth", absl::StrCat("max_queue_depth must be at least 1, got ",
                                                         options.max_queue_depth));
   }
-  std::unique_ptr<DeviceProber> default_prober;
-  const DeviceProber* prober = options.prober;
-  if (prober == nullptr) {
-    default_prober = MakeDefaultDeviceProber();
-    prober = default_prober.get();
-  }
   std::unique_ptr<KplanServer> server(new KplanServer());
+  server->prober_ = options.prober;
+  if (server->prober_ == nullptr) {
+    server->owned_prober_ = MakeDefaultDeviceProber();
+    server->prober_ = server->owned_prober_.get();
+  }
+  const DeviceProber* prober = server->prober_;
   KPLAN_ASSIGN_OR_RETURN(server->environment_.runtime, prober->Probe());
   KPLAN_ASSIGN_OR_RETURN(server->environment_.devices,
                          SelectDevices(server->environment_.runtime.devices, options.devices));
@@ -152,11 +152,35 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
                server->environment_.devices.size());
   if (server->metrics_) {
     spdlog::info("metrics on {} (port {})", options.metrics_listen, server->metrics_->port());
+    if (!server->environment_.devices.empty()) {
+      server->refresher_ = std::thread([s = server.get()] { s->RefreshDeviceMetrics(); });
+    }
   }
   return server;
 }
 
-KplanServer::~KplanServer() { Shutdown(absl::ZeroDuration()); }
+KplanServer::~KplanServer() {
+  Shutdown(absl::ZeroDuration());
+  {
+    std::lock_guard<std::mutex> lock(refresh_mu_);
+    refresh_stop_ = true;
+  }
+  refresh_cv_.notify_all();
+  if (refresher_.joinable()) refresher_.join();
+}
+
+void KplanServer::RefreshDeviceMetrics() {
+  std::unique_lock<std::mutex> lock(refresh_mu_);
+  while (!refresh_stop_) {
+    for (const LocalDevice& d : environment_.devices) {
+      absl::StatusOr<int64_t> used = prober_->MemoryUsed(d.index);
+      if (used.ok()) {
+        metrics_->SetDeviceMemoryUsed(absl::StrCat("cuda:", d.index), static_cast<double>(*used));
+      }
+    }
+    refresh_cv_.wait_for(lock, std::chrono::seconds(5), [this] { return refresh_stop_; });
+  }
+}
 
 void KplanServer::Shutdown(absl::Duration timeout) {
   if (shut_down_ || server_ == nullptr) return;

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include <grpcpp/server.h>
 
@@ -60,6 +63,8 @@ class KplanServer {
 
  private:
   KplanServer() = default;
+  // Publishes device memory in use every few seconds while metrics are on.
+  void RefreshDeviceMetrics();
   ServerEnvironment environment_;
   std::unique_ptr<Metrics> metrics_;
   // Destroyed after the server has drained (members die in reverse order):
@@ -71,6 +76,12 @@ class KplanServer {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;
+  std::unique_ptr<DeviceProber> owned_prober_;
+  const DeviceProber* prober_ = nullptr;
+  std::mutex refresh_mu_;
+  std::condition_variable refresh_cv_;
+  bool refresh_stop_ = false;
+  std::thread refresher_;
 };
 
 }  // namespace kplan::rpc

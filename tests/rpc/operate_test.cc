@@ -220,5 +220,29 @@ TEST(MetricsTest, ScrapeShowsRequestsByCodeLatencyAndBuild) {
   EXPECT_THAT(page, HasSubstr("kplan_experts_loaded{device=\"cpu\"} 0"));
 }
 
+// A device the prober reports, with memory in use, shows up in the scrape.
+TEST(MetricsTest, ReportsDeviceMemoryInUse) {
+  class OneGpu final : public DeviceProber {
+   public:
+    absl::StatusOr<LocalRuntime> Probe() const override {
+      LocalRuntime rt;
+      rt.devices.push_back(LocalDevice{0, "NVIDIA H200", {9, 0}, 141LL << 30, 132});
+      return rt;
+    }
+    absl::StatusOr<int64_t> MemoryUsed(int device) const override { return 123456789 + device; }
+  } prober;
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_listen = "127.0.0.1:0";
+  options.prober = &prober;
+  auto server = KplanServer::Start(options).value();
+  std::string page;
+  for (int i = 0; i < 50 && page.find("kplan_device_memory_used_bytes") == std::string::npos; ++i) {
+    page = HttpGet(server->metrics_port(), "/metrics");
+    usleep(20000);
+  }
+  EXPECT_THAT(page, HasSubstr("kplan_device_memory_used_bytes{device=\"cuda:0\"} 123456789"));
+}
+
 }  // namespace
 }  // namespace kplan::rpc
