@@ -5,6 +5,8 @@
 """
 import sys
 
+import numpy as np
+
 from kplan_client import Client, KplanError
 
 target = sys.argv[1] if len(sys.argv) > 1 else "localhost:50051"
@@ -18,3 +20,14 @@ with Client(target) as client:
         client.resolve(moe_backend="no_such_backend")
     except KplanError as e:
         print("rejected:", e.code.name, "field", e.field)
+
+    # A small MoE layer: 8 experts, top-2, H=64, I=32.
+    rng = np.random.default_rng(0)
+    w13 = rng.normal(0, 0.1, (8, 64, 64)).astype(np.float32)
+    w2 = rng.normal(0, 0.1, (8, 64, 32)).astype(np.float32)
+    print("loaded bytes:", client.load_experts("example", w13, w2).bytes)
+    x = rng.normal(0, 1, (4, 64)).astype(np.float32)
+    logits = rng.normal(0, 1, (4, 8)).astype(np.float32)
+    y, resp = client.run_moe("example", x, logits, top_k=2, return_plan=True)
+    print("output:", y.shape, "backend:", resp.plan.backend, "device us:", round(resp.timing.device_us, 1))
+    client.unload_experts("example")

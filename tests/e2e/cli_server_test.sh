@@ -51,6 +51,14 @@ grep -q "accepted" "$work/explain.txt"
   --experts-per-token 2 --hidden-size 4096 --intermediate-size 14336 --renormalize >"$work/compare.txt"
 grep -q "FLASHINFER_TRTLLM" "$work/compare.txt" && grep -q "TRITON" "$work/compare.txt"
 
+# The README's Python example against this server.
+if [ -d "$bin/../python" ] && /usr/bin/python3 -c "import grpc, numpy" 2>/dev/null; then
+  PYTHONPATH="$bin/../python:$(dirname "$0")/../../client/python" \
+    /usr/bin/python3 "$(dirname "$0")/../../client/python/example.py" "$addr" >"$work/example.txt"
+  grep -q "all2all_backend: passthrough" "$work/example.txt"
+  grep -q "output: (4, 64) backend: emulation" "$work/example.txt"
+fi
+
 kill -TERM "$server_pid"
 wait "$server_pid"
 rc=$?
