@@ -1,0 +1,62 @@
+#include "kernels/comm/communicator.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kplan::comm {
+
+int64_t CommDTypeSize(CommDType dtype) {
+  switch (dtype) {
+    case CommDType::kUint8:
+      return 1;
+    case CommDType::kFloat16:
+    case CommDType::kBFloat16:
+      return 2;
+    case CommDType::kInt32:
+    case CommDType::kFloat32:
+      return 4;
+    case CommDType::kInt64:
+      return 8;
+  }
+  return 1;
+}
+
+absl::string_view CommDTypeName(CommDType dtype) {
+  switch (dtype) {
+    case CommDType::kUint8:
+      return "uint8";
+    case CommDType::kInt32:
+      return "int32";
+    case CommDType::kInt64:
+      return "int64";
+    case CommDType::kFloat32:
+      return "float32";
+    case CommDType::kFloat16:
+      return "float16";
+    case CommDType::kBFloat16:
+      return "bfloat16";
+  }
+  return "unknown";
+}
+
+absl::Status ValidateAllToAllVSide(int size, const void* buffer, absl::Span<const int64_t> counts,
+                                   absl::Span<const int64_t> displs, absl::string_view what) {
+  if (static_cast<int>(counts.size()) != size || static_cast<int>(displs.size()) != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllToAllV: ", what, "_counts and ", what, "_displs need ", size,
+                     " entries (one per rank), got ", counts.size(), " and ", displs.size()));
+  }
+  for (int p = 0; p < size; ++p) {
+    if (counts[p] < 0 || displs[p] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("AllToAllV: ", what, "_counts[", p, "] = ",
+                                                     counts[p], ", ", what, "_displs[", p,
+                                                     "] = ", displs[p], " must not be negative"));
+    }
+    if (counts[p] > 0 && buffer == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("AllToAllV: ", what, " buffer is null but ",
+                                                     what, "_counts[", p, "] = ", counts[p]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kplan::comm

@@ -1,0 +1,275 @@
+#include "kernels/comm/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/base/status.h"
+
+namespace kplan::comm {
+namespace {
+
+// NCCL result -> canonical code: the one mapping table of this module.
+absl::StatusCode NcclCode(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess:
+      return absl::StatusCode::kOk;
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      return absl::StatusCode::kInvalidArgument;
+    case ncclRemoteError:
+      return absl::StatusCode::kUnavailable;
+    case ncclInProgress:
+      return absl::StatusCode::kUnavailable;
+    case ncclUnhandledCudaError:
+    case ncclSystemError:
+    case ncclInternalError:
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+absl::Status NcclError(ncclResult_t r, const char* expr, const char* file, int line) {
+  const char* last = ncclGetLastError(nullptr);
+  return absl::Status(NcclCode(r),
+                      absl::StrCat(file, ":", line, ": ", expr, " failed: ", ncclGetErrorString(r),
+                                   last != nullptr && *last != '\0' ? absl::StrCat(" (", last, ")")
+                                                                    : std::string()));
+}
+
+absl::Status CudaError(cudaError_t e, const char* expr, const char* file, int line) {
+  return absl::InternalError(absl::StrCat(file, ":", line, ": ", expr, " failed: ",
+                                          cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+}
+
+#define KPLAN_NCCL_RETURN_IF_ERROR(expr)                                   \
+  do {                                                                     \
+    if (ncclResult_t _r = (expr); _r != ncclSuccess) {                     \
+      return ::kplan::comm::NcclError(_r, #expr, __FILE__, __LINE__);      \
+    }                                                                      \
+  } while (0)
+
+#define KPLAN_CUDA_RETURN_IF_ERROR(expr)                                   \
+  do {                                                                     \
+    if (cudaError_t _e = (expr); _e != cudaSuccess) {                      \
+      return ::kplan::comm::CudaError(_e, #expr, __FILE__, __LINE__);      \
+    }                                                                      \
+  } while (0)
+
+ncclDataType_t NcclType(CommDType dtype) {
+  switch (dtype) {
+    case CommDType::kUint8:
+      return ncclUint8;
+    case CommDType::kInt32:
+      return ncclInt32;
+    case CommDType::kInt64:
+      return ncclInt64;
+    case CommDType::kFloat32:
+      return ncclFloat32;
+    case CommDType::kFloat16:
+      return ncclFloat16;
+    case CommDType::kBFloat16:
+      return ncclBfloat16;
+  }
+  return ncclUint8;
+}
+
+// Makes `device` current for this thread for the lifetime of the guard.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) (void)cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> NcclCommunicator::CreateUniqueId() {
+  ncclUniqueId id;
+  KPLAN_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    int rank, int size, absl::string_view unique_id, int device, void* stream,
+    NcclOptions options) {
+  if (size <= 0 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NCCL rank ", rank, " is not in a group of size ", size));
+  }
+  ncclUniqueId id;
+  if (unique_id.size() != sizeof(id.internal)) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL unique id must be ", sizeof(id.internal),
+                                                   " bytes, got ", unique_id.size()));
+  }
+  std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
+  DeviceGuard guard(device);
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  bool owns_stream = false;
+  if (stream == nullptr) {
+    cudaStream_t s;
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    stream = s;
+    owns_stream = true;
+  }
+  ncclComm_t comm = nullptr;
+  if (ncclResult_t r = ncclCommInitRank(&comm, size, id, rank); r != ncclSuccess) {
+    if (owns_stream) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+    return NcclError(r, "ncclCommInitRank(&comm, size, id, rank)", __FILE__, __LINE__);
+  }
+  std::unique_ptr<NcclCommunicator> result(
+      new NcclCommunicator(rank, size, device, comm, stream, owns_stream, options));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaMalloc(&result->barrier_buffer_, sizeof(float)));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaMemset(result->barrier_buffer_, 0, sizeof(float)));
+  return result;
+}
+
+NcclCommunicator::NcclCommunicator(int rank, int size, int device, ncclComm* comm, void* stream,
+                                   bool owns_stream, NcclOptions options)
+    : rank_(rank),
+      size_(size),
+      device_(device),
+      comm_(comm),
+      stream_(stream),
+      owns_stream_(owns_stream),
+      options_(options) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  DeviceGuard guard(device_);
+  if (!aborted_.load()) {
+    (void)cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    (void)ncclCommDestroy(comm_);
+  }
+  if (barrier_buffer_ != nullptr) (void)cudaFree(barrier_buffer_);
+  if (owns_stream_) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+absl::Status NcclCommunicator::CheckUsable(absl::string_view what) const {
+  if (!aborted_.load()) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat("NcclCommunicator rank ", rank_, ": ", what,
+                                         ": communicator aborted",
+                                         reason_set_.load() ? absl::StrCat(": ", abort_reason_)
+                                                            : std::string()));
+}
+
+void NcclCommunicator::AbortComm(absl::Status why) {
+  bool expected = false;
+  if (!reason_set_.exchange(true)) abort_reason_ = std::string(why.message());
+  if (aborted_.compare_exchange_strong(expected, true)) {
+    DeviceGuard guard(device_);
+    (void)ncclCommAbort(comm_);
+  }
+}
+
+void NcclCommunicator::Abort(absl::string_view reason) {
+  AbortComm(absl::AbortedError(reason));
+}
+
+absl::Status NcclCommunicator::Wait(absl::string_view what) {
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  auto stream = static_cast<cudaStream_t>(stream_);
+  for (int spin = 0;; ++spin) {
+    if (aborted_.load()) return CheckUsable(what);
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) {
+      absl::Status st = CudaError(e, "cudaStreamQuery(stream)", __FILE__, __LINE__);
+      AbortComm(st);
+      return st;
+    }
+    ncclResult_t async = ncclSuccess;
+    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) async = r;
+    if (async != ncclSuccess && async != ncclInProgress) {
+      absl::Status st = NcclError(async, "ncclCommGetAsyncError(comm)", __FILE__, __LINE__);
+      AbortComm(st);
+      return absl::Status(st.code(), absl::StrCat("NcclCommunicator rank ", rank_, ": ", what,
+                                                  ": ", st.message()));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      absl::Status st = absl::DeadlineExceededError(
+          absl::StrCat("NcclCommunicator rank ", rank_, ": ", what, " did not complete within ",
+                       options_.timeout.count(), " ms (a peer never joined or died); aborted"));
+      AbortComm(st);
+      return st;
+    }
+    if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+absl::Status NcclCommunicator::AllGather(const void* send, void* recv, int64_t count,
+                                         CommDType dtype) {
+  KPLAN_RETURN_IF_ERROR(CheckUsable("AllGather"));
+  if (count < 0) return absl::InvalidArgumentError("AllGather: negative count");
+  DeviceGuard guard(device_);
+  KPLAN_NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, static_cast<size_t>(count),
+                                           NcclType(dtype), comm_,
+                                           static_cast<cudaStream_t>(stream_)));
+  return Wait("AllGather");
+}
+
+absl::Status NcclCommunicator::ReduceScatter(const void* send, void* recv, int64_t recv_count,
+                                             CommDType dtype, ReduceOp op) {
+  KPLAN_RETURN_IF_ERROR(CheckUsable("ReduceScatter"));
+  if (recv_count < 0) return absl::InvalidArgumentError("ReduceScatter: negative count");
+  if (op != ReduceOp::kSum) return absl::UnimplementedError("ReduceScatter: only sum");
+  DeviceGuard guard(device_);
+  KPLAN_NCCL_RETURN_IF_ERROR(ncclReduceScatter(send, recv, static_cast<size_t>(recv_count),
+                                               NcclType(dtype), ncclSum, comm_,
+                                               static_cast<cudaStream_t>(stream_)));
+  return Wait("ReduceScatter");
+}
+
+absl::Status NcclCommunicator::AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
+                                         absl::Span<const int64_t> send_displs, void* recv,
+                                         absl::Span<const int64_t> recv_counts,
+                                         absl::Span<const int64_t> recv_displs, CommDType dtype) {
+  KPLAN_RETURN_IF_ERROR(CheckUsable("AllToAllV"));
+  KPLAN_RETURN_IF_ERROR(ValidateAllToAllVSide(size_, send, send_counts, send_displs, "send"));
+  KPLAN_RETURN_IF_ERROR(ValidateAllToAllVSide(size_, recv, recv_counts, recv_displs, "recv"));
+  const int64_t elem = CommDTypeSize(dtype);
+  const ncclDataType_t type = NcclType(dtype);
+  auto stream = static_cast<cudaStream_t>(stream_);
+  DeviceGuard guard(device_);
+  KPLAN_NCCL_RETURN_IF_ERROR(ncclGroupStart());
+  for (int p = 0; p < size_; ++p) {
+    if (send_counts[p] > 0) {
+      if (ncclResult_t r = ncclSend(static_cast<const char*>(send) + send_displs[p] * elem,
+                                    static_cast<size_t>(send_counts[p]), type, p, comm_, stream);
+          r != ncclSuccess) {
+        (void)ncclGroupEnd();
+        return NcclError(r, "ncclSend", __FILE__, __LINE__);
+      }
+    }
+    if (recv_counts[p] > 0) {
+      if (ncclResult_t r = ncclRecv(static_cast<char*>(recv) + recv_displs[p] * elem,
+                                    static_cast<size_t>(recv_counts[p]), type, p, comm_, stream);
+          r != ncclSuccess) {
+        (void)ncclGroupEnd();
+        return NcclError(r, "ncclRecv", __FILE__, __LINE__);
+      }
+    }
+  }
+  KPLAN_NCCL_RETURN_IF_ERROR(ncclGroupEnd());
+  return Wait("AllToAllV");
+}
+
+absl::Status NcclCommunicator::Barrier() {
+  KPLAN_RETURN_IF_ERROR(CheckUsable("Barrier"));
+  DeviceGuard guard(device_);
+  KPLAN_NCCL_RETURN_IF_ERROR(ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32,
+                                           ncclSum, comm_, static_cast<cudaStream_t>(stream_)));
+  return Wait("Barrier");
+}
+
+}  // namespace kplan::comm

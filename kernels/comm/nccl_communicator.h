@@ -1,0 +1,87 @@
+// Communicator over NCCL: the GPU transport of expert parallelism. Buffers
+// are device pointers; every collective is enqueued on the communicator's
+// CUDA stream and then waited for, polling the stream and NCCL's async error
+// state, so a dead peer becomes DEADLINE_EXCEEDED after `timeout` (the
+// communicator is then aborted) instead of a hang. Built only when CMake
+// finds NCCL (KPLAN_HAVE_NCCL); the header itself names no CUDA or NCCL type.
+//
+// Group formation: one rank calls CreateUniqueId() and hands the bytes to the
+// others out of band (an RPC between servers, or memory within one process);
+// every rank then calls Create() with them. ncclCommInitRank blocks until all
+// ranks have joined. NVLink multicast (NVLS) must stay off: the server sets
+// NCCL_NVLS_ENABLE=0 before the first communicator is created.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/comm/communicator.h"
+
+struct ncclComm;  // NCCL's opaque communicator (ncclComm_t is ncclComm*)
+
+namespace kplan::comm {
+
+struct NcclOptions {
+  // How long one collective may take before the communicator is aborted.
+  std::chrono::milliseconds timeout{300000};
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // The bytes of a fresh ncclUniqueId (NCCL_UNIQUE_ID_BYTES long).
+  static absl::StatusOr<std::string> CreateUniqueId();
+
+  // Joins the group as `rank` of `size` on CUDA device `device`. `stream` is
+  // a cudaStream_t passed as void*; null creates a non-blocking stream that
+  // the communicator owns.
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(int rank, int size,
+                                                                  absl::string_view unique_id,
+                                                                  int device, void* stream,
+                                                                  NcclOptions options = {});
+  ~NcclCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::string_view backend() const override { return "nccl"; }
+  void* stream() const { return stream_; }
+
+  absl::Status AllGather(const void* send, void* recv, int64_t count, CommDType dtype) override;
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, CommDType dtype,
+                             ReduceOp op = ReduceOp::kSum) override;
+  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
+                         absl::Span<const int64_t> send_displs, void* recv,
+                         absl::Span<const int64_t> recv_counts,
+                         absl::Span<const int64_t> recv_displs, CommDType dtype) override;
+  absl::Status Barrier() override;
+  // Aborts this rank's NCCL communicator (ncclCommAbort). Peers are not
+  // told; their pending collectives fail at their own timeout or abort.
+  void Abort(absl::string_view reason) override;
+
+ private:
+  NcclCommunicator(int rank, int size, int device, ncclComm* comm, void* stream, bool owns_stream,
+                   NcclOptions options);
+  // ABORTED once Abort() ran or an earlier call failed.
+  absl::Status CheckUsable(absl::string_view what) const;
+  // Waits for the work enqueued on the stream; on an NCCL async error or a
+  // timeout aborts the communicator and returns the error.
+  absl::Status Wait(absl::string_view what);
+  void AbortComm(absl::Status why);
+
+  const int rank_, size_, device_;
+  ncclComm* comm_;
+  void* stream_;
+  const bool owns_stream_;
+  const NcclOptions options_;
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;  // written once, before aborted_ is set
+  std::atomic<bool> reason_set_{false};
+  // Device scratch for Barrier (one float).
+  void* barrier_buffer_ = nullptr;
+};
+
+}  // namespace kplan::comm
