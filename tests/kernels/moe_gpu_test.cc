@@ -1,0 +1,748 @@
+// GPU MoE routing and moe_align_block_size (kernels/cuda/moe_ops.h) against
+// the CPU reference (kernels/cpu/moe/moe_reference.h), on fresh random
+// inputs every run (the seed is printed; MOE_GPU_TEST_SEED=<n> repeats one).
+//  * Routing: every method (softmax / sigmoid / sqrtsoftplus top-k, with and
+//    without renormalize, with e_score_correction_bias and
+//    routed_scaling_factor, DeepSeek grouped top-k with and without bias,
+//    top-k-then-softmax, Llama4) x E in {8, 128, 256} x k in {1, 2, 8} x
+//    M in {1, 7, 4096}, plus edge shapes (E = 512 / k = 32, E not a multiple
+//    of 32, E = 1) and inputs full of exact ties. Ids must be identical,
+//    except where the two experts' selection scores are a near-tie (within
+//    1e-6 relative, from fp32 rounding of exp/sigmoid/log1p) and their inputs
+//    differ; such rows are counted and their weights not compared. Weights
+//    within 1e-5 relative. Outputs are poisoned before every launch.
+//  * Align: random ids, all tokens on one expert, empty experts, skewed,
+//    out-of-range ids, expert_map with half the experts local (default and
+//    ignore_invalid_experts), pad_sorted_ids, numel < E, numel = 0, E = 1024
+//    x block_size in {16, 64, 128}: bit-exact with moe::MoeAlignBlockSize
+//    over the whole buffers (tails included), and a poisoned guard region
+//    past each buffer must stay untouched.
+//  * The §6.5 worked example verbatim.
+// One line per case: method, E, k, M, max weight error, id mismatches,
+// OK/FAIL. GPU tests skip themselves without a CUDA device. Run: ./moe_gpu_test
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/moe/moe_reference.h"
+#include "kernels/cuda/moe_ops.h"
+
+namespace kplan {
+namespace {
+
+namespace kc = kernels::cuda;
+
+bool HaveCuda() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!HaveCuda()) GTEST_SKIP() << "no CUDA device"
+
+#define CUDA_OK(expr)                                                                    \
+  do {                                                                                   \
+    cudaError_t _e = (expr);                                                             \
+    ASSERT_EQ(_e, cudaSuccess) << #expr << ": " << cudaGetErrorString(_e);               \
+  } while (0)
+
+std::mt19937& Rng() {
+  static std::mt19937 rng = [] {
+    unsigned seed = std::random_device{}();
+    if (const char* s = std::getenv("MOE_GPU_TEST_SEED")) seed = std::strtoul(s, nullptr, 10);
+    std::printf("moe_gpu_test: random seed %u (MOE_GPU_TEST_SEED=%u repeats it)\n", seed, seed);
+    return std::mt19937(seed);
+  }();
+  return rng;
+}
+
+// A device buffer of n elements plus `guard` poisoned elements after it.
+template <typename T>
+class DevBuf {
+ public:
+  explicit DevBuf(size_t n, size_t guard = 0) : n_(n), guard_(guard) {
+    err_ = cudaMalloc(reinterpret_cast<void**>(&p_), std::max<size_t>(n + guard, 1) * sizeof(T));
+  }
+  ~DevBuf() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  cudaError_t status() const { return err_; }
+  T* get() const { return n_ == 0 ? nullptr : p_; }
+  T* raw() const { return p_; }
+  cudaError_t Upload(const std::vector<T>& v) {
+    return cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  // Fills data and guard with the byte pattern.
+  cudaError_t Poison(int byte) { return cudaMemset(p_, byte, (n_ + guard_) * sizeof(T)); }
+  cudaError_t Download(std::vector<T>* v) const {
+    v->resize(n_ + guard_);
+    if (v->empty()) return cudaSuccess;
+    return cudaMemcpy(v->data(), p_, v->size() * sizeof(T), cudaMemcpyDeviceToHost);
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_, guard_;
+  cudaError_t err_ = cudaSuccess;
+};
+
+constexpr int kPoisonByte = 0x7a;  // 0x7a7a7a7a: a large int / a large finite float
+int32_t PoisonInt() {
+  int32_t v;
+  std::memset(&v, kPoisonByte, sizeof(v));
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// Routing.
+
+struct Method {
+  const char* name;
+  moe::RoutingMethod method;
+  moe::ScoringFunc scoring;
+  bool renormalize;
+  bool bias;
+  float scale;
+  bool grouped;
+};
+
+const std::vector<Method>& Methods() {
+  using RM = moe::RoutingMethod;
+  using SF = moe::ScoringFunc;
+  static const std::vector<Method> m = {
+      {"softmax", RM::kTopK, SF::kSoftmax, false, false, 1.0f, false},
+      {"softmax_renorm", RM::kTopK, SF::kSoftmax, true, false, 1.0f, false},
+      {"sigmoid", RM::kTopK, SF::kSigmoid, false, false, 1.0f, false},
+      {"sigmoid_renorm", RM::kTopK, SF::kSigmoid, true, false, 1.0f, false},
+      {"softmax_bias_scale", RM::kTopK, SF::kSoftmax, false, true, 2.5f, false},
+      {"sigmoid_bias_renorm", RM::kTopK, SF::kSigmoid, true, true, 1.0f, false},
+      {"sigmoid_bias_renorm_scale", RM::kTopK, SF::kSigmoid, true, true, 2.5f, false},
+      {"sqrtsoftplus", RM::kTopK, SF::kSqrtSoftplus, false, false, 1.0f, false},
+      {"sqrtsoftplus_bias_renorm", RM::kTopK, SF::kSqrtSoftplus, true, true, 1.5f, false},
+      {"grouped_v3_sigmoid_bias", RM::kGroupedTopK, SF::kSigmoid, true, true, 2.5f, true},
+      {"grouped_v2_softmax", RM::kGroupedTopK, SF::kSoftmax, false, false, 1.0f, true},
+      {"grouped_softmax_renorm", RM::kGroupedTopK, SF::kSoftmax, true, false, 16.0f, true},
+      {"topk_then_softmax", RM::kTopKThenSoftmax, SF::kSoftmax, false, false, 1.0f, false},
+      {"llama4", RM::kLlama4, SF::kSoftmax, false, false, 1.0f, false},
+  };
+  return m;
+}
+
+// Groups for grouped methods: 8 groups (DeepSeek-V3: 256 = 8 x 32) when E
+// allows, topk_group half of them.
+void GroupsFor(int E, int* G, int* topk_group) {
+  *G = 1;
+  for (int g : {8, 4, 2}) {
+    if (E % g == 0 && E / g >= 2) {
+      *G = g;
+      break;
+    }
+  }
+  *topk_group = std::max(1, *G / 2);
+}
+
+float Score(moe::ScoringFunc f, const float* g, int E, int e) {
+  switch (f) {
+    case moe::ScoringFunc::kSoftmax: {
+      double mx = -INFINITY, sum = 0;
+      for (int i = 0; i < E; ++i) mx = std::max<double>(mx, g[i]);
+      for (int i = 0; i < E; ++i) sum += std::exp(g[i] - mx);
+      return static_cast<float>(std::exp(g[e] - mx) / sum);
+    }
+    case moe::ScoringFunc::kSigmoid:
+      return static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(g[e]))));
+    case moe::ScoringFunc::kSqrtSoftplus:
+      return static_cast<float>(
+          std::sqrt(g[e] > 20.0f ? g[e] : std::log1p(std::exp(static_cast<double>(g[e])))));
+  }
+  return 0.0f;
+}
+
+bool Near(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return false;
+  return std::fabs(a - b) <= 1e-6f * std::max(std::fabs(a), std::fabs(b)) + 1e-12f;
+}
+
+struct RouteOutcome {
+  double max_rel_err = 0;
+  int64_t id_mismatch_rows = 0;  // unexplained: failures
+  int64_t near_tie_rows = 0;     // explained by a near-tie
+  int64_t weight_fail = 0;
+  bool launched_ok = true;
+  std::string error;
+};
+
+// Runs one routing case; logits/bias on the host.
+RouteOutcome RunRouting(const Method& m, int E, int k, int64_t M, const std::vector<float>& logits,
+                        const std::vector<float>& bias, cudaStream_t stream) {
+  RouteOutcome out;
+  moe::RoutingSpec spec;
+  spec.num_experts = E;
+  spec.top_k = k;
+  spec.method = m.method;
+  spec.scoring = m.scoring;
+  spec.renormalize = m.renormalize;
+  spec.e_score_correction_bias = m.bias ? bias.data() : nullptr;
+  spec.routed_scaling_factor = m.scale;
+  if (m.grouped) GroupsFor(E, &spec.num_expert_group, &spec.topk_group);
+  std::vector<float> cw(M * k);
+  std::vector<int32_t> cid(M * k);
+  if (absl::Status s = moe::RouteTokens(spec, logits.data(), M, cw.data(), cid.data()); !s.ok()) {
+    out.launched_ok = false;
+    out.error = "cpu: " + std::string(s.message());
+    return out;
+  }
+
+  DevBuf<float> d_logits(M * E), d_bias(E), d_w(M * k, 32);
+  DevBuf<int32_t> d_ids(M * k, 32);
+  auto fail = [&](const char* what, cudaError_t e) {
+    out.launched_ok = false;
+    out.error = std::string(what) + ": " + cudaGetErrorString(e);
+    return out;
+  };
+  for (cudaError_t e : {d_logits.status(), d_bias.status(), d_w.status(), d_ids.status()}) {
+    if (e != cudaSuccess) return fail("cudaMalloc", e);
+  }
+  if (cudaError_t e = d_logits.Upload(logits); e != cudaSuccess) return fail("upload", e);
+  if (cudaError_t e = d_bias.Upload(bias); e != cudaSuccess) return fail("upload", e);
+  if (cudaError_t e = d_w.Poison(kPoisonByte); e != cudaSuccess) return fail("poison", e);
+  if (cudaError_t e = d_ids.Poison(kPoisonByte); e != cudaSuccess) return fail("poison", e);
+
+  // The uploads and memsets above ran on the legacy default stream, which a
+  // non-blocking stream does not wait for.
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return fail("sync", e);
+  kc::MoeRoutingParams p;
+  p.num_experts = E;
+  p.top_k = k;
+  p.method = static_cast<kc::MoeRoutingMethod>(static_cast<int>(m.method));
+  p.scoring = static_cast<kc::MoeScoringFunc>(static_cast<int>(m.scoring));
+  p.renormalize = m.renormalize;
+  p.e_score_correction_bias = m.bias ? d_bias.get() : nullptr;
+  p.routed_scaling_factor = m.scale;
+  p.num_expert_group = spec.num_expert_group;
+  p.topk_group = spec.topk_group;
+  if (absl::Status s = kc::LaunchMoeRouting(p, d_logits.get(), M, d_w.get(), d_ids.get(), stream);
+      !s.ok()) {
+    out.launched_ok = false;
+    out.error = std::string(s.message());
+    return out;
+  }
+  if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return fail("sync", e);
+  std::vector<float> gw;
+  std::vector<int32_t> gid;
+  if (cudaError_t e = d_w.Download(&gw); e != cudaSuccess) return fail("download", e);
+  if (cudaError_t e = d_ids.Download(&gid); e != cudaSuccess) return fail("download", e);
+
+  // Guards past the outputs must be untouched.
+  const int32_t poison_i = PoisonInt();
+  float poison_f;
+  std::memcpy(&poison_f, &poison_i, sizeof(poison_f));
+  for (size_t i = M * k; i < gid.size(); ++i) {
+    if (gid[i] != poison_i) ++out.id_mismatch_rows;
+    int32_t wb;
+    std::memcpy(&wb, &gw[i], sizeof(wb));
+    if (wb != poison_i) ++out.weight_fail;
+  }
+
+  const bool scored = m.method == moe::RoutingMethod::kTopK || m.grouped;
+  std::vector<float> key(E);
+  for (int64_t r = 0; r < M; ++r) {
+    const float* g = logits.data() + r * E;
+    bool same = true;
+    for (int j = 0; j < k; ++j) same = same && gid[r * k + j] == cid[r * k + j];
+    if (!same) {
+      // Explained only by a near-tie of selection keys of experts with
+      // different inputs (never for raw-logit methods, whose keys are exact).
+      bool explained = scored;
+      if (scored) {
+        for (int e = 0; e < E; ++e) key[e] = Score(m.scoring, g, E, e) + (m.bias ? bias[e] : 0.f);
+        bool tie_found = false;
+        for (int j = 0; j < k; ++j) {
+          const int a = gid[r * k + j], b = cid[r * k + j];
+          if (a == b) continue;
+          if (a < 0 || a >= E) {
+            explained = false;
+            break;
+          }
+          const bool same_inputs = g[a] == g[b] && (!m.bias || bias[a] == bias[b]);
+          if (Near(key[a], key[b]) && !same_inputs) tie_found = true;
+        }
+        if (m.grouped && !tie_found) {
+          // A near-tie between group scores changes the selected groups.
+          const int G = spec.num_expert_group, per = E / G;
+          std::vector<float> gs(G);
+          for (int gi = 0; gi < G; ++gi) {
+            std::vector<float> c(key.begin() + gi * per, key.begin() + (gi + 1) * per);
+            std::sort(c.begin(), c.end(), std::greater<float>());
+            gs[gi] = m.bias ? c[0] + c[1] : c[0];
+          }
+          for (int a = 0; a < G; ++a) {
+            for (int b = a + 1; b < G; ++b) {
+              if (Near(gs[a], gs[b]) && gs[a] != gs[b]) tie_found = true;
+            }
+          }
+        }
+        explained = explained && tie_found;
+      }
+      if (explained) {
+        ++out.near_tie_rows;
+      } else {
+        ++out.id_mismatch_rows;
+      }
+      continue;
+    }
+    for (int j = 0; j < k; ++j) {
+      const float c = cw[r * k + j], gv = gw[r * k + j];
+      const double err = std::fabs(static_cast<double>(gv) - c) /
+                         std::max(std::fabs(static_cast<double>(c)), 1e-30);
+      if (std::isnan(gv) || std::isnan(c)) {
+        if (std::isnan(gv) != std::isnan(c)) ++out.weight_fail;
+        continue;
+      }
+      out.max_rel_err = std::max(out.max_rel_err, err);
+      if (err > 1e-5) ++out.weight_fail;
+    }
+  }
+  return out;
+}
+
+class MoeGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveCuda()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+// Logits N(0, sigma), never exactly zero; bias N(0, 0.05) (DeepSeek-V3's
+// correction bias is of that order relative to sigmoid scores).
+std::vector<float> RandomNonZero(size_t n, float sigma) {
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) {
+    do {
+      x = d(Rng());
+    } while (x == 0.0f);
+  }
+  return v;
+}
+
+// Runs and prints one case; returns whether it passed.
+bool RouteCase(const Method& m, int E, int k, int64_t M, bool ties, cudaStream_t stream) {
+  std::vector<float> logits, bias;
+  if (ties) {
+    // Few distinct values: many exact ties, which must go to the lowest index.
+    static const float kVals[] = {-2.0f, -1.0f, 0.5f, 1.0f, 2.0f};
+    std::uniform_int_distribution<int> pick(0, 4);
+    logits.resize(M * E);
+    for (float& x : logits) x = kVals[pick(Rng())];
+    bias.resize(E);
+    for (float& x : bias) x = pick(Rng()) < 3 ? 0.125f : 0.25f;
+  } else {
+    logits = RandomNonZero(M * E, 2.0f);
+    bias = RandomNonZero(E, 0.05f);
+  }
+  const RouteOutcome o = RunRouting(m, E, k, M, logits, bias, stream);
+  const bool ok = o.launched_ok && o.id_mismatch_rows == 0 && o.weight_fail == 0;
+  std::printf("route %-26s %-4s E=%3d k=%2d M=%4lld  max_w_rel_err=%.2e  id_mismatch_rows=%lld  "
+              "near_tie_rows=%lld  bad_w=%lld  %s%s%s\n",
+              m.name, ties ? "ties" : "rand", E, k, static_cast<long long>(M), o.max_rel_err,
+              static_cast<long long>(o.id_mismatch_rows), static_cast<long long>(o.near_tie_rows),
+              static_cast<long long>(o.weight_fail), ok ? "OK" : "FAIL",
+              o.error.empty() ? "" : "  ", o.error.c_str());
+  return ok;
+}
+
+bool ValidCombo(const Method& m, int E, int k) {
+  if (k > E || k > kc::kMoeRoutingMaxTopK) return false;
+  if (m.grouped) {
+    int G, tg;
+    GroupsFor(E, &G, &tg);
+    if (k > tg * (E / G)) return false;
+    if (m.bias && E / G < 2) return false;
+  }
+  return true;
+}
+
+TEST_F(MoeGpuTest, RoutingMatchesCpuReference) {
+  int cases = 0, failed = 0;
+  for (const Method& m : Methods()) {
+    for (int E : {8, 128, 256}) {
+      for (int k : {1, 2, 8}) {
+        if (!ValidCombo(m, E, k)) continue;
+        for (int64_t M : {1, 7, 4096}) {
+          ++cases;
+          if (!RouteCase(m, E, k, M, false, stream_)) ++failed;
+        }
+      }
+    }
+  }
+  std::printf("routing: %d cases, %d failed\n", cases, failed);
+  EXPECT_EQ(failed, 0);
+}
+
+TEST_F(MoeGpuTest, RoutingEdgeShapes) {
+  // E = 512 (the kernel's maximum) with k = 32, E not a multiple of 32, E = 1,
+  // odd M.
+  struct Shape {
+    int E, k;
+    int64_t M;
+  };
+  const Shape shapes[] = {{512, 32, 333}, {512, 8, 1000}, {72, 6, 513}, {60, 4, 129},
+                          {33, 3, 65},    {1, 1, 17},     {2, 2, 5},    {256, 32, 100}};
+  int cases = 0, failed = 0;
+  for (const Method& m : Methods()) {
+    for (const Shape& s : shapes) {
+      if (!ValidCombo(m, s.E, s.k)) continue;
+      ++cases;
+      if (!RouteCase(m, s.E, s.k, s.M, false, stream_)) ++failed;
+    }
+  }
+  std::printf("routing edge shapes: %d cases, %d failed\n", cases, failed);
+  EXPECT_EQ(failed, 0);
+}
+
+TEST_F(MoeGpuTest, RoutingExactTiesGoToLowestIndex) {
+  int cases = 0, failed = 0;
+  for (const Method& m : Methods()) {
+    for (int E : {8, 128, 256}) {
+      for (int k : {1, 2, 8}) {
+        if (!ValidCombo(m, E, k)) continue;
+        ++cases;
+        if (!RouteCase(m, E, k, 512, true, stream_)) ++failed;
+      }
+    }
+  }
+  std::printf("routing ties: %d cases, %d failed\n", cases, failed);
+  EXPECT_EQ(failed, 0);
+}
+
+TEST(MoeGpuValidationTest, RejectsUnsupportedParams) {
+  // Checked before anything is launched: runs without a device too.
+  kc::MoeRoutingParams p;
+  p.num_experts = 513;
+  p.top_k = 2;
+  EXPECT_EQ(kc::LaunchMoeRouting(p, nullptr, 4, nullptr, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  p.num_experts = 256;
+  p.top_k = 33;
+  EXPECT_EQ(kc::ValidateMoeRoutingParams(p).code(), absl::StatusCode::kInvalidArgument);
+  p.top_k = 8;
+  p.method = kc::MoeRoutingMethod::kGroupedTopK;
+  p.num_expert_group = 64;
+  p.topk_group = 4;
+  EXPECT_EQ(kc::ValidateMoeRoutingParams(p).code(), absl::StatusCode::kInvalidArgument);
+  p.num_expert_group = 8;
+  EXPECT_TRUE(kc::ValidateMoeRoutingParams(p).ok());
+  p.topk_group = 0;
+  EXPECT_EQ(kc::ValidateMoeRoutingParams(p).code(), absl::StatusCode::kInvalidArgument);
+  int32_t dummy = 0;
+  EXPECT_EQ(kc::LaunchMoeAlignBlockSize(&dummy, 1, 0, 8, nullptr, false, false, &dummy, &dummy,
+                                        &dummy, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kc::LaunchMoeAlignBlockSize(&dummy, 1, 16, 1025, nullptr, false, false, &dummy,
+                                        &dummy, &dummy, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // Sizes agree with the CPU reference's buffers.
+  for (int64_t numel : {0, 1, 7, 28, 100, 32768}) {
+    for (int E : {4, 8, 128, 256}) {
+      for (int bs : {1, 4, 16, 64, 128}) {
+        for (bool pad : {false, true}) {
+          std::vector<int32_t> ids(numel, 0);
+          auto r = moe::MoeAlignBlockSize(ids.data(), numel, bs, E, nullptr, pad);
+          ASSERT_TRUE(r.ok());
+          EXPECT_EQ(kc::MoeAlignMaxPadded(numel, E, bs, pad),
+                    static_cast<int64_t>(r->sorted_token_ids.size()));
+          EXPECT_EQ(kc::MoeAlignMaxBlocks(numel, E, bs, pad),
+                    static_cast<int64_t>(r->expert_ids.size()));
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// moe_align_block_size.
+
+enum class MapMode { kNone, kHalf, kHalfIgnore };
+
+const char* MapName(MapMode m) {
+  return m == MapMode::kNone ? "none" : m == MapMode::kHalf ? "half" : "half_ignore";
+}
+
+struct AlignOutcome {
+  bool ok = false;
+  int64_t sorted_bad = 0, expert_bad = 0, guard_bad = 0;
+  int32_t post_gpu = -1, post_cpu = -1;
+  std::string error;
+};
+
+constexpr size_t kGuard = 64;
+
+AlignOutcome RunAlign(const std::vector<int32_t>& ids, int E, int bs, MapMode map, bool pad,
+                      cudaStream_t stream) {
+  AlignOutcome o;
+  const int64_t numel = static_cast<int64_t>(ids.size());
+  std::vector<int32_t> emap;
+  if (map != MapMode::kNone) {
+    // Half the experts local (a random half), numbered in order.
+    std::vector<int> perm(E);
+    for (int e = 0; e < E; ++e) perm[e] = e;
+    std::shuffle(perm.begin(), perm.end(), Rng());
+    std::vector<bool> local(E, false);
+    for (int i = 0; i < (E + 1) / 2; ++i) local[perm[i]] = true;
+    emap.assign(E, -1);
+    int next = 0;
+    for (int e = 0; e < E; ++e) {
+      if (local[e]) emap[e] = next++;
+    }
+  }
+  const bool ignore = map == MapMode::kHalfIgnore;
+  auto cpu = moe::MoeAlignBlockSize(ids.data(), numel, bs, E, emap.empty() ? nullptr : emap.data(),
+                                    pad, ignore);
+  if (!cpu.ok()) {
+    o.error = "cpu: " + std::string(cpu.status().message());
+    return o;
+  }
+  const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bs, pad);
+  const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bs, pad);
+  if (max_padded != static_cast<int64_t>(cpu->sorted_token_ids.size()) ||
+      max_blocks != static_cast<int64_t>(cpu->expert_ids.size())) {
+    o.error = "buffer sizes differ from the CPU reference";
+    return o;
+  }
+  DevBuf<int32_t> d_ids(numel), d_map(E), d_sorted(max_padded, kGuard), d_experts(max_blocks, kGuard),
+      d_post(1, kGuard);
+  auto fail = [&](const char* what, cudaError_t e) {
+    o.error = std::string(what) + ": " + cudaGetErrorString(e);
+    return o;
+  };
+  for (cudaError_t e :
+       {d_ids.status(), d_map.status(), d_sorted.status(), d_experts.status(), d_post.status()}) {
+    if (e != cudaSuccess) return fail("cudaMalloc", e);
+  }
+  if (numel > 0) {
+    if (cudaError_t e = d_ids.Upload(ids); e != cudaSuccess) return fail("upload", e);
+  }
+  if (!emap.empty()) {
+    if (cudaError_t e = d_map.Upload(emap); e != cudaSuccess) return fail("upload", e);
+  }
+  for (DevBuf<int32_t>* b : {&d_sorted, &d_experts, &d_post}) {
+    if (cudaError_t e = b->Poison(kPoisonByte); e != cudaSuccess) return fail("poison", e);
+  }
+  // The stream is non-blocking: wait for the legacy-stream uploads and memsets.
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return fail("sync", e);
+  absl::Status s = kc::LaunchMoeAlignBlockSize(
+      d_ids.get(), numel, bs, E, emap.empty() ? nullptr : d_map.get(), pad, ignore,
+      max_padded > 0 ? d_sorted.get() : d_sorted.raw(),
+      max_blocks > 0 ? d_experts.get() : d_experts.raw(), d_post.get(), stream);
+  if (!s.ok()) {
+    o.error = std::string(s.message());
+    return o;
+  }
+  if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return fail("sync", e);
+  std::vector<int32_t> sorted, experts, post;
+  if (cudaError_t e = d_sorted.Download(&sorted); e != cudaSuccess) return fail("download", e);
+  if (cudaError_t e = d_experts.Download(&experts); e != cudaSuccess) return fail("download", e);
+  if (cudaError_t e = d_post.Download(&post); e != cudaSuccess) return fail("download", e);
+  const int32_t poison = PoisonInt();
+  for (int64_t i = 0; i < max_padded; ++i) o.sorted_bad += sorted[i] != cpu->sorted_token_ids[i];
+  for (int64_t i = 0; i < max_blocks; ++i) o.expert_bad += experts[i] != cpu->expert_ids[i];
+  for (size_t i = max_padded; i < sorted.size(); ++i) o.guard_bad += sorted[i] != poison;
+  for (size_t i = max_blocks; i < experts.size(); ++i) o.guard_bad += experts[i] != poison;
+  for (size_t i = 1; i < post.size(); ++i) o.guard_bad += post[i] != poison;
+  o.post_gpu = post[0];
+  o.post_cpu = cpu->num_tokens_post_padded;
+  o.ok = o.sorted_bad == 0 && o.expert_bad == 0 && o.guard_bad == 0 && o.post_gpu == o.post_cpu;
+  return o;
+}
+
+enum class Dist { kRandom, kOneExpert, kSparse, kSkewed, kInvalid };
+
+const char* DistName(Dist d) {
+  switch (d) {
+    case Dist::kRandom:
+      return "random";
+    case Dist::kOneExpert:
+      return "one_expert";
+    case Dist::kSparse:
+      return "empty_experts";
+    case Dist::kSkewed:
+      return "skewed";
+    case Dist::kInvalid:
+      return "out_of_range";
+  }
+  return "?";
+}
+
+// Token-major ids [M, k]; rows hold distinct experts where E allows (as
+// top-k does), except for the one-expert and skewed distributions.
+std::vector<int32_t> MakeIds(Dist d, int E, int64_t M, int k) {
+  std::vector<int32_t> ids(M * k);
+  std::uniform_int_distribution<int> any(0, E - 1);
+  const int one = any(Rng());
+  const int stride = std::max(1, E >= 8 ? 4 : 2);  // kSparse: every stride-th expert only
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (int64_t r = 0; r < M; ++r) {
+    for (int j = 0; j < k; ++j) {
+      int32_t e = 0;
+      switch (d) {
+        case Dist::kRandom:
+          e = any(Rng());
+          break;
+        case Dist::kOneExpert:
+          e = one;
+          break;
+        case Dist::kSparse:
+          e = (any(Rng()) / stride) * stride;
+          break;
+        case Dist::kSkewed:
+          e = u(Rng()) < 0.6f ? one : any(Rng());
+          break;
+        case Dist::kInvalid: {
+          const float x = u(Rng());
+          e = x < 0.05f ? -1 : x < 0.1f ? E : x < 0.12f ? E + 100 : any(Rng());
+          break;
+        }
+      }
+      ids[r * k + j] = e;
+    }
+  }
+  return ids;
+}
+
+bool AlignCase(Dist d, int E, int64_t M, int k, int bs, MapMode map, bool pad,
+               cudaStream_t stream) {
+  const std::vector<int32_t> ids = MakeIds(d, E, M, k);
+  const AlignOutcome o = RunAlign(ids, E, bs, map, pad, stream);
+  std::printf("align %-13s map=%-11s E=%4d M=%5lld k=%d numel=%7lld bs=%3d pad=%d  post=%d/%d  "
+              "sorted_mismatch=%lld expert_ids_mismatch=%lld guard_bad=%lld  %s%s%s\n",
+              DistName(d), MapName(map), E, static_cast<long long>(M), k,
+              static_cast<long long>(ids.size()), bs, pad ? 1 : 0, o.post_gpu, o.post_cpu,
+              static_cast<long long>(o.sorted_bad), static_cast<long long>(o.expert_bad),
+              static_cast<long long>(o.guard_bad), o.ok ? "OK" : "FAIL",
+              o.error.empty() ? "" : "  ", o.error.c_str());
+  return o.ok;
+}
+
+TEST_F(MoeGpuTest, AlignMatchesCpuReferenceBitExact) {
+  struct Mk {
+    int64_t M;
+    int k;
+  };
+  const Mk mks[] = {{1, 2}, {7, 4}, {4096, 8}};
+  int cases = 0, failed = 0;
+  for (int E : {8, 128, 256}) {
+    for (const Mk& mk : mks) {
+      for (int bs : {16, 64, 128}) {
+        for (MapMode map : {MapMode::kNone, MapMode::kHalf, MapMode::kHalfIgnore}) {
+          for (bool pad : {false, true}) {
+            ++cases;
+            failed += !AlignCase(Dist::kRandom, E, mk.M, mk.k, bs, map, pad, stream_);
+          }
+          ++cases;
+          failed += !AlignCase(Dist::kSparse, E, mk.M, mk.k, bs, map, false, stream_);
+        }
+        for (Dist d : {Dist::kOneExpert, Dist::kSkewed, Dist::kInvalid}) {
+          ++cases;
+          failed += !AlignCase(d, E, mk.M, mk.k, bs, MapMode::kNone, false, stream_);
+        }
+        ++cases;
+        failed += !AlignCase(Dist::kInvalid, E, mk.M, mk.k, bs, MapMode::kHalfIgnore, true,
+                             stream_);
+      }
+    }
+  }
+  std::printf("align: %d cases, %d failed\n", cases, failed);
+  EXPECT_EQ(failed, 0);
+}
+
+TEST_F(MoeGpuTest, AlignLargeAndEdgeCases) {
+  int cases = 0, failed = 0;
+  auto run = [&](Dist d, int E, int64_t M, int k, int bs, MapMode map, bool pad) {
+    ++cases;
+    failed += !AlignCase(d, E, M, k, bs, map, pad, stream_);
+  };
+  for (int bs : {16, 64, 128}) {
+    run(Dist::kRandom, 256, 65536, 8, bs, MapMode::kNone, false);   // 524288 ids
+    run(Dist::kSkewed, 256, 65536, 8, bs, MapMode::kHalf, false);
+    run(Dist::kOneExpert, 256, 65536, 8, bs, MapMode::kNone, true);
+    run(Dist::kRandom, 1024, 4096, 8, bs, MapMode::kNone, false);  // 68 KiB shared memory
+    run(Dist::kRandom, 1024, 4096, 8, bs, MapMode::kHalfIgnore, true);
+    run(Dist::kRandom, 512, 3, 8, bs, MapMode::kHalf, false);      // numel < E
+    run(Dist::kRandom, 8, 0, 2, bs, MapMode::kNone, false);        // numel = 0
+    run(Dist::kRandom, 1, 100, 1, bs, MapMode::kNone, false);      // E = 1
+    run(Dist::kRandom, 60, 33, 3, bs, MapMode::kHalf, true);       // E not a power of 2
+  }
+  run(Dist::kRandom, 4, 5, 3, 1, MapMode::kNone, false);  // block_size 1
+  std::printf("align large/edge: %d cases, %d failed\n", cases, failed);
+  EXPECT_EQ(failed, 0);
+}
+
+TEST_F(MoeGpuTest, AlignWorkedExampleFromPlan) {
+  // vllm-kernel-plan.md §6.5, verbatim.
+  const std::vector<int32_t> ids = {1, 2, 3, 0, 1, 3, 0, 2, 3, 0, 1, 2};
+  const int bs = 4, E = 4;
+  const std::vector<int32_t> want_sorted = {3, 6, 9, 12, 0, 4, 10, 12, 1, 7, 11, 12, 2, 5, 8, 12};
+  const std::vector<int32_t> want_experts = {0, 1, 2, 3};
+  const int64_t max_padded = kc::MoeAlignMaxPadded(12, E, bs, false);
+  const int64_t max_blocks = kc::MoeAlignMaxBlocks(12, E, bs, false);
+  ASSERT_EQ(max_padded, 24);
+  ASSERT_EQ(max_blocks, 6);
+  DevBuf<int32_t> d_ids(12), d_sorted(max_padded), d_experts(max_blocks), d_post(1);
+  CUDA_OK(d_ids.Upload(ids));
+  CUDA_OK(d_sorted.Poison(kPoisonByte));
+  CUDA_OK(d_experts.Poison(kPoisonByte));
+  CUDA_OK(d_post.Poison(kPoisonByte));
+  CUDA_OK(cudaDeviceSynchronize());  // the stream is non-blocking
+  ASSERT_TRUE(kc::LaunchMoeAlignBlockSize(d_ids.get(), 12, bs, E, nullptr, false, false,
+                                          d_sorted.get(), d_experts.get(), d_post.get(), stream_)
+                  .ok());
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  std::vector<int32_t> sorted, experts, post;
+  CUDA_OK(d_sorted.Download(&sorted));
+  CUDA_OK(d_experts.Download(&experts));
+  CUDA_OK(d_post.Download(&post));
+  EXPECT_EQ(post[0], 16);
+  EXPECT_EQ(std::vector<int32_t>(sorted.begin(), sorted.begin() + 16), want_sorted);
+  for (int64_t i = 16; i < max_padded; ++i) EXPECT_EQ(sorted[i], 12) << i;  // sentinel numel
+  EXPECT_EQ(std::vector<int32_t>(experts.begin(), experts.begin() + 4), want_experts);
+  EXPECT_EQ(experts[4], -1);
+  EXPECT_EQ(experts[5], -1);
+  auto cpu = moe::MoeAlignBlockSize(ids.data(), 12, bs, E);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(sorted, cpu->sorted_token_ids);
+  EXPECT_EQ(experts, cpu->expert_ids);
+  std::printf("align worked example (§6.5): post=%d sorted[0:16]=", post[0]);
+  for (int i = 0; i < 16; ++i) std::printf("%d%s", sorted[i], i < 15 ? "," : "");
+  std::printf(" expert_ids=%d,%d,%d,%d,%d,%d  %s\n", experts[0], experts[1], experts[2],
+              experts[3], experts[4], experts[5],
+              (post[0] == 16 && sorted == cpu->sorted_token_ids &&
+               experts == cpu->expert_ids)
+                  ? "OK"
+                  : "FAIL");
+}
+
+}  // namespace
+}  // namespace kplan
