@@ -40,9 +40,9 @@ std::vector<absl::Status> RunRanks(
   return results;
 }
 
-class CollectiveTest : public ::testing::TestWithParam<int> {};
+class CommCollectiveTest : public ::testing::TestWithParam<int> {};
 
-TEST_P(CollectiveTest, AllGatherConcatenatesInRankOrder) {
+TEST_P(CommCollectiveTest, AllGatherConcatenatesInRankOrder) {
   const int n = GetParam();
   auto comms = MakeGroup(n);
   std::vector<std::vector<int32_t>> out(n);
@@ -59,7 +59,7 @@ TEST_P(CollectiveTest, AllGatherConcatenatesInRankOrder) {
   }
 }
 
-TEST_P(CollectiveTest, AllGatherInPlace) {
+TEST_P(CommCollectiveTest, AllGatherInPlace) {
   const int n = GetParam();
   auto comms = MakeGroup(n);
   std::vector<std::vector<float>> buf(n);
@@ -78,7 +78,7 @@ TEST_P(CollectiveTest, AllGatherInPlace) {
   }
 }
 
-TEST_P(CollectiveTest, ReduceScatterSumsBlocks) {
+TEST_P(CommCollectiveTest, ReduceScatterSumsBlocks) {
   const int n = GetParam();
   auto comms = MakeGroup(n);
   const int count = 3;
@@ -101,7 +101,7 @@ TEST_P(CollectiveTest, ReduceScatterSumsBlocks) {
   }
 }
 
-TEST_P(CollectiveTest, ReduceScatterAddsRanksInOrder) {
+TEST_P(CommCollectiveTest, ReduceScatterAddsRanksInOrder) {
   // 1e8 + 1 - 1e8 ... in float: the order of the additions shows in the result.
   const int n = GetParam();
   auto comms = MakeGroup(n);
@@ -119,7 +119,7 @@ TEST_P(CollectiveTest, ReduceScatterAddsRanksInOrder) {
   }
 }
 
-TEST_P(CollectiveTest, AllToAllVUnevenWithEmptySegments) {
+TEST_P(CommCollectiveTest, AllToAllVUnevenWithEmptySegments) {
   // Rank s sends (s + d) % 3 elements to rank d (0 included), each valued
   // 1000*s + 10*d + i; segments are laid out in reverse peer order to check
   // that displacements, not order, place them.
@@ -159,7 +159,7 @@ TEST_P(CollectiveTest, AllToAllVUnevenWithEmptySegments) {
   }
 }
 
-TEST_P(CollectiveTest, ManyCollectivesInSequence) {
+TEST_P(CommCollectiveTest, ManyCollectivesInSequence) {
   const int n = GetParam();
   auto comms = MakeGroup(n);
   auto st = RunRanks(comms, [&](int r, Communicator& c) -> absl::Status {
@@ -177,7 +177,7 @@ TEST_P(CollectiveTest, ManyCollectivesInSequence) {
   for (int r = 0; r < n; ++r) EXPECT_TRUE(st[r].ok()) << st[r];
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, CollectiveTest, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Ranks, CommCollectiveTest, ::testing::Values(1, 2, 3, 4));
 
 TEST(InProcessCommunicator, CreateRejectsBadSize) {
   EXPECT_EQ(InProcessGroup::Create(0).status().code(), absl::StatusCode::kInvalidArgument);
