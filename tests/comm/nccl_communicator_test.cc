@@ -48,13 +48,17 @@ std::vector<float> Random(size_t n, uint32_t seed) {
 float* ToDevice(const std::vector<float>& v) {
   float* p = nullptr;
   EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(v.size(), 1) * 4), cudaSuccess);
-  if (!v.empty()) EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  if (!v.empty()) {
+    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  }
   return p;
 }
 
 std::vector<float> ToHost(const float* p, size_t n) {
   std::vector<float> v(n);
-  if (n) EXPECT_EQ(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  if (n) {
+    EXPECT_EQ(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
   return v;
 }
 
