@@ -206,7 +206,9 @@ TEST_F(MoeRpcTest, FailedLoadsLeaveNothingBehind) {
     c.mutate(h, chunks);
     absl::StatusOr<v1::LoadExpertsResponse> r = client_->LoadExperts(h, chunks);
     EXPECT_EQ(r.status().code(), c.code) << r.status();
-    if (!c.field.empty()) EXPECT_EQ(FieldOf(r.status()).value_or(""), c.field) << r.status();
+    if (!c.field.empty()) {
+      EXPECT_EQ(FieldOf(r.status()).value_or(""), c.field) << r.status();
+    }
     EXPECT_EQ(client_->ListExperts()->experts_size(), 0);
   }
   ASSERT_TRUE(client_->LoadExperts(Header("dup"), Chunks()).ok());

@@ -71,7 +71,9 @@ class ServerTest : public ::testing::Test {
     EXPECT_EQ(details.code(), status.error_code());
     google::rpc::BadRequest bad;
     EXPECT_EQ(details.details_size(), 1);
-    if (details.details_size() == 1) EXPECT_TRUE(details.details(0).UnpackTo(&bad));
+    if (details.details_size() == 1) {
+      EXPECT_TRUE(details.details(0).UnpackTo(&bad));
+    }
     return bad;
   }
 
