@@ -1,0 +1,113 @@
+// CUDA launchers of the expert half of a fused MoE layer (vllm-kernel-plan.md
+// §6.2, §6.3), vLLM fused_moe's structure with our own kernels:
+//
+//   routing + moe_align_block_size (moe_ops.h, block size kMoeGemmBlockM)
+//   -> grouped GEMM 1  C1[slot] = A[slot / top_k] · w13[e]ᵀ (+ b13[e])   [numel, N13]
+//   -> activation      C2 = act(C1)                                     [numel, I]
+//   -> grouped GEMM 2  Y[slot]  = C2[slot] · w2[e]ᵀ (+ b2[e])           [numel, H]
+//   -> combine         out[m]   = Σ_j w[m, j] · Y[m*k + j]               [M, H]
+//
+// Plain functions in the style of moe_ops.h: raw device pointers, sizes, an
+// explicit stream, the current device; INVALID_ARGUMENT for bad arguments
+// (checked before anything is launched), CUDA errors with file:line.
+// Operands are bf16 or fp16 (activations and weights in the same dtype;
+// fp32 is served by the CPU path). Results are rounded to the activation
+// dtype at the points moe::RunExperts / moe::CombineTopK round (after each
+// GEMM, bias and activation; the combine sums in fp32, j ascending, with
+// separately rounded multiply and add, bit-exact with moe::CombineTopK for
+// the same Y), so the layer differs from the CPU reference only by the fp32
+// summation order inside the GEMMs (and the rare bf16/fp16 rounding flips
+// that order causes).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace kplan::kernels::cuda {
+
+// Element type of activations and weights.
+enum class MoeElemType : int { kBFloat16 = 0, kFloat16 = 1 };
+
+// Mirrors moe::MoeActivation value for value (moe_reference.h).
+enum class MoeActKind : int {
+  kSilu = 0,
+  kGelu,
+  kGeluTanh,
+  kRelu2,
+  kSwigluOai,
+  kSwigluOaiUninterleave,
+  kSwigluStep,
+  kSiluNoMul,
+  kGeluNoMul,
+  kGeluTanhNoMul,
+  kRelu2NoMul,
+};
+
+// Mirrors moe::ActivationParams.
+struct MoeActParams {
+  bool has_clamp_limit = false;  // silu: clamp; swigluoai_uninterleave: required
+  float clamp_limit = 7.0f;      // swigluoai / swiglustep use 7.0 when absent
+  float alpha = 1.702f;
+  float beta = 1.0f;
+};
+
+// The GEMM tile: BLOCK_M rows of sorted_token_ids (one expert per tile) x
+// BLOCK_N output columns, K stepped by BLOCK_K through a 3-stage cp.async
+// pipeline; 8 warps, each 32x32 of WMMA 16x16x16 fragments, fp32 accumulate.
+// moe_align_block_size must be run with block_size = kMoeGemmBlockM.
+inline constexpr int kMoeGemmBlockM = 64;
+inline constexpr int kMoeGemmBlockN = 128;
+inline constexpr int kMoeGemmBlockK = 32;
+
+// One grouped GEMM over the moe_align_block_size output. Tile t covers
+// sorted_token_ids[t*BM, (t+1)*BM) and uses expert expert_ids[t]. For every
+// slot s in it with s < numel (sentinels are skipped):
+//   C[s, n] = round(Σ_k A[s / a_row_div, k] · W[e, n, k])        (+ bias: see below)
+// where with bias v = round(round(acc) + round(bias[e, n])). Tiles whose
+// expert is -1 (not local under EP) write zeros to their slots; tiles at or
+// past *num_tokens_post_padded do nothing. Slots that no tile lists are not
+// written.
+struct MoeGroupedGemmArgs {
+  MoeElemType dtype = MoeElemType::kBFloat16;
+  const void* a = nullptr;  // [a_rows, K]; GEMM 1: hidden states [M, K]; GEMM 2: [numel, K]
+  int a_row_div = 1;        // GEMM 1: top_k (token = slot / top_k); GEMM 2: 1
+  const void* w = nullptr;  // [num_local_experts, N, K]
+  const float* bias = nullptr;  // [num_local_experts, N] fp32, or null
+  void* c = nullptr;            // [numel, N]
+  const int32_t* sorted_token_ids = nullptr;        // [num_blocks * BM]
+  const int32_t* expert_ids = nullptr;              // [num_blocks]
+  const int32_t* num_tokens_post_padded = nullptr;  // [1]
+  int64_t numel = 0;       // M * top_k, the sentinel value
+  int64_t num_blocks = 0;  // MoeAlignMaxBlocks(numel, E, kMoeGemmBlockM, false)
+  int64_t N = 0;
+  int64_t K = 0;  // a multiple of 8 (16-byte rows for cp.async)
+  int num_local_experts = 0;
+};
+
+absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& args, cudaStream_t stream);
+
+// in: [rows, in_width], out: [rows, out_width], both in dtype. Gated
+// activations need in_width == 2 * out_width (x1 = first half, x2 = second;
+// swigluoai interleaved), _no_mul ones in_width == out_width. Computed in
+// fp32 from the stored values and rounded once, as moe::ApplyActivation
+// followed by the reference's rounding.
+absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, MoeElemType dtype,
+                                 const void* in, int64_t rows, int64_t in_width, void* out,
+                                 int64_t out_width, cudaStream_t stream);
+
+// out[m, h] = round(Σ_j w[m, j] · y[m*k + j, h]) with fp32 accumulation, j
+// ascending (topk_weights == nullptr: plain sum, for weights applied on the
+// input). y: [num_tokens * top_k, hidden], out: [num_tokens, hidden].
+absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* topk_weights,
+                              int64_t num_tokens, int top_k, int64_t hidden, void* out,
+                              cudaStream_t stream);
+
+// apply_router_weight_on_input (top_k == 1): out[m, h] = round(a[m, h] ·
+// round(w[m])), as moe::RunExperts scales the input rows.
+absl::Status LaunchMoeScaleRows(MoeElemType dtype, const void* a, const float* row_weights,
+                                int64_t rows, int64_t width, void* out, cudaStream_t stream);
+
+}  // namespace kplan::kernels::cuda

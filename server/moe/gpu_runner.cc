@@ -1,0 +1,399 @@
+#include "server/moe/gpu_runner.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/cuda/ir_cuda_status.h"
+#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_ops.h"
+#include "server/base/status.h"
+
+namespace kplan {
+namespace {
+
+namespace kc = kernels::cuda;
+
+#define KPLAN_GPU_RETURN_IF_ERROR(expr) KPLAN_IR_CUDA_RETURN_IF_ERROR(expr)
+
+// The kernels' mirrors of the reference enums must agree value for value.
+static_assert(static_cast<int>(kc::MoeActKind::kRelu2NoMul) ==
+              static_cast<int>(moe::MoeActivation::kRelu2NoMul));
+static_assert(static_cast<int>(kc::MoeActKind::kSwigluOai) ==
+              static_cast<int>(moe::MoeActivation::kSwigluOai));
+static_assert(static_cast<int>(kc::MoeRoutingMethod::kLlama4) ==
+              static_cast<int>(moe::RoutingMethod::kLlama4));
+static_assert(static_cast<int>(kc::MoeScoringFunc::kSqrtSoftplus) ==
+              static_cast<int>(moe::ScoringFunc::kSqrtSoftplus));
+
+// Makes `device` current for a scope and restores the previous one.
+class DeviceScope {
+ public:
+  absl::Status Enter(int device) {
+    KPLAN_GPU_RETURN_IF_ERROR(cudaGetDevice(&prev_));
+    if (prev_ != device) KPLAN_GPU_RETURN_IF_ERROR(cudaSetDevice(device));
+    device_ = device;
+    return absl::OkStatus();
+  }
+  ~DeviceScope() {
+    if (prev_ >= 0 && prev_ != device_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = -1, device_ = -1;
+};
+
+absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& shape,
+                        const std::vector<int64_t>& want, const std::string& data,
+                        int64_t element_bytes) {
+  if (shape != want) {
+    return InvalidField(absl::StrCat(field, ".shape"),
+                        absl::StrCat(field, " must have shape [", absl::StrJoin(want, ", "),
+                                     "], got [", absl::StrJoin(shape, ", "), "]"));
+  }
+  int64_t n = element_bytes;
+  for (int64_t d : want) n *= d;
+  if (static_cast<int64_t>(data.size()) != n) {
+    return InvalidField(absl::StrCat(field, ".data"),
+                        absl::StrCat(field, " holds ", data.size(), " bytes; its shape needs ", n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CopyToDevice(void** dst, const void* src, int64_t bytes) {
+  KPLAN_GPU_RETURN_IF_ERROR(cudaMalloc(dst, static_cast<size_t>(bytes)));
+  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpy(*dst, src, static_cast<size_t>(bytes),
+                                       cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
+// One stream-ordered device allocation carved into 256-byte aligned pieces.
+class Workspace {
+ public:
+  explicit Workspace(cudaStream_t stream) : stream_(stream) {}
+  ~Workspace() {
+    if (base_ != nullptr) cudaFreeAsync(base_, stream_);
+  }
+  // Reserves `bytes`; returns its offset (valid after Allocate).
+  int64_t Reserve(int64_t bytes) {
+    const int64_t at = size_;
+    size_ += (bytes + 255) / 256 * 256;
+    return at;
+  }
+  absl::Status Allocate() {
+    if (size_ == 0) return absl::OkStatus();
+    const cudaError_t err = cudaMallocAsync(&base_, static_cast<size_t>(size_), stream_);
+    if (err != cudaSuccess) {
+      base_ = nullptr;
+      cudaGetLastError();
+      return kc::CudaStatus(err, __FILE__, __LINE__, "cudaMallocAsync(workspace)");
+    }
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* At(int64_t offset) const {
+    return reinterpret_cast<T*>(static_cast<char*>(base_) + offset);
+  }
+  void* base() const { return base_; }
+  int64_t size() const { return size_; }
+
+ private:
+  cudaStream_t stream_;
+  void* base_ = nullptr;
+  int64_t size_ = 0;
+};
+
+class Events {
+ public:
+  ~Events() {
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// GpuExperts.
+
+int64_t GpuExperts::n13() const {
+  return moe::IsGated(activation_) ? 2 * spec_.intermediate : spec_.intermediate;
+}
+
+GpuExperts::~GpuExperts() {
+  if (w13_ == nullptr && w2_ == nullptr && b13_ == nullptr && b2_ == nullptr) return;
+  int prev = -1;
+  const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
+                        cudaSetDevice(device_) == cudaSuccess;
+  for (void* p : {w13_, w2_, static_cast<void*>(b13_), static_cast<void*>(b2_)}) {
+    if (p != nullptr) cudaFree(p);
+  }
+  if (switched) cudaSetDevice(prev);
+}
+
+absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& set, int device) {
+  const ExpertsSpec& spec = set.spec();
+  if (!spec.quant.scheme.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the GPU MoE path runs unquantised weights only; experts '",
+                     spec.experts_id, "' use ", spec.quant.scheme));
+  }
+  if (spec.dtype != moe::MoeDType::kBFloat16 && spec.dtype != moe::MoeDType::kFloat16) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the GPU MoE path runs bfloat16 / float16 weights; experts '",
+                     spec.experts_id, "' are ", moe::MoeDTypeName(spec.dtype)));
+  }
+  if (spec.hidden % 8 != 0 || spec.intermediate % 8 != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the GPU MoE path needs hidden and intermediate multiples of 8, got ",
+                     spec.hidden, " and ", spec.intermediate));
+  }
+  const moe::MoeWeights w = set.Weights();
+  if (w.w13 == nullptr || w.w2 == nullptr) {
+    return InvalidField(w.w13 == nullptr ? "w13" : "w2", "the expert set lacks a weight tensor");
+  }
+  if (spec.has_bias && (w.b13 == nullptr || w.b2 == nullptr)) {
+    return InvalidField(w.b13 == nullptr ? "w13_bias" : "w2_bias",
+                        "the expert set lacks a bias tensor");
+  }
+  std::unique_ptr<GpuExperts> g(new GpuExperts());
+  g->spec_ = spec;
+  g->activation_ = set.activation();
+  g->device_ = device;
+  const int64_t E = spec.num_experts, H = spec.hidden, I = spec.intermediate, N13 = g->n13();
+  DeviceScope scope;
+  KPLAN_RETURN_IF_ERROR(scope.Enter(device));
+  // On failure `g` is destroyed on return, freeing what was allocated.
+  KPLAN_RETURN_IF_ERROR(CopyToDevice(&g->w13_, w.w13, E * N13 * H * 2));
+  KPLAN_RETURN_IF_ERROR(CopyToDevice(&g->w2_, w.w2, E * H * I * 2));
+  g->bytes_ = E * N13 * H * 2 + E * H * I * 2;
+  if (w.b13 != nullptr && w.b2 != nullptr) {
+    void* b13 = nullptr;
+    void* b2 = nullptr;
+    absl::Status st = CopyToDevice(&b13, w.b13, E * N13 * 4);
+    g->b13_ = static_cast<float*>(b13);
+    KPLAN_RETURN_IF_ERROR(st);
+    st = CopyToDevice(&b2, w.b2, E * H * 4);
+    g->b2_ = static_cast<float*>(b2);
+    KPLAN_RETURN_IF_ERROR(st);
+    g->bytes_ += E * N13 * 4 + E * H * 4;
+  }
+  return g;
+}
+
+// ---------------------------------------------------------------------------
+// RunMoeOnGpu.
+
+absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRunInput& in,
+                                         void* stream_ptr, const GpuRunOptions& options,
+                                         GpuRunStats* stats) {
+  const ExpertsSpec& spec = experts.spec();
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  // --- Input checks (the CPU path's, then the GPU path's scope).
+  if (in.hidden_shape.size() != 2 || in.hidden_shape[1] != spec.hidden) {
+    return InvalidField("hidden_states.shape",
+                        absl::StrCat("hidden_states must be [M, ", spec.hidden, "], got [",
+                                     absl::StrJoin(in.hidden_shape, ", "), "]"));
+  }
+  const int64_t M = in.hidden_shape[0];
+  if (in.act_dtype != spec.dtype) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the GPU MoE path runs activations in the weights' dtype (",
+                     moe::MoeDTypeName(spec.dtype), "), got ", moe::MoeDTypeName(in.act_dtype)));
+  }
+  KPLAN_RETURN_IF_ERROR(CheckShape("hidden_states", in.hidden_shape, {M, spec.hidden},
+                                   in.hidden_states, 2));
+  const bool by_logits = !in.router_logits.empty() || !in.logits_shape.empty();
+  const bool by_ids = !in.topk_ids.empty() || !in.topk_shape.empty();
+  if (by_logits == by_ids) {
+    return InvalidField("router_logits",
+                        "give either router_logits with routing, or topk_ids with topk_weights");
+  }
+  const int E = spec.num_experts;
+  int k = 0;
+  moe::RoutingSpec routing;
+  if (by_logits) {
+    KPLAN_RETURN_IF_ERROR(CheckShape("router_logits", in.logits_shape, {M, E}, in.router_logits, 4));
+    KPLAN_ASSIGN_OR_RETURN(routing, RoutingSpecFor(in.routing, E));
+    k = routing.top_k;
+  } else {
+    if (in.topk_shape.size() != 2 || in.topk_shape[0] != M || in.topk_shape[1] < 1 ||
+        in.topk_shape[1] > E) {
+      return InvalidField("topk_ids.shape",
+                          absl::StrCat("topk_ids must be [", M, ", k] with 1 <= k <= ", E));
+    }
+    k = static_cast<int>(in.topk_shape[1]);
+    KPLAN_RETURN_IF_ERROR(CheckShape("topk_ids", in.topk_shape, {M, k}, in.topk_ids, 4));
+    KPLAN_RETURN_IF_ERROR(CheckShape("topk_weights", in.topk_shape, {M, k}, in.topk_weights, 4));
+    const int32_t* ids = reinterpret_cast<const int32_t*>(in.topk_ids.data());
+    for (int64_t t = 0; t < M * k; ++t) {
+      if (ids[t] < 0 || ids[t] >= E) {
+        return InvalidField("topk_ids", absl::StrCat("topk_ids[", t / k, "][", t % k, "] = ",
+                                                     ids[t], " is not in [0, ", E, ")"));
+      }
+    }
+  }
+  if (in.apply_router_weight_on_input && k != 1) {
+    return InvalidField("apply_router_weight_on_input",
+                        "apply_router_weight_on_input is only implemented for topk=1");
+  }
+  const kc::MoeElemType dtype = spec.dtype == moe::MoeDType::kBFloat16
+                                    ? kc::MoeElemType::kBFloat16
+                                    : kc::MoeElemType::kFloat16;
+  kc::MoeRoutingParams rp;
+  if (by_logits) {
+    rp.num_experts = routing.num_experts;
+    rp.top_k = routing.top_k;
+    rp.method = static_cast<kc::MoeRoutingMethod>(routing.method);
+    rp.scoring = static_cast<kc::MoeScoringFunc>(routing.scoring);
+    rp.renormalize = routing.renormalize;
+    rp.routed_scaling_factor = routing.routed_scaling_factor;
+    rp.num_expert_group = routing.num_expert_group;
+    rp.topk_group = routing.topk_group;
+    KPLAN_RETURN_IF_ERROR(kc::ValidateMoeRoutingParams(rp));
+  }
+
+  MoeRunOutput out;
+  out.num_tokens = M;
+  out.top_k = k;
+  out.output.resize(M * spec.hidden * 2);
+  out.topk_ids.resize(M * k);
+  out.topk_weights.resize(M * k);
+  if (M == 0) return out;
+
+  // --- Workspace.
+  const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
+  const int64_t numel = M * k;
+  const int bm = kc::kMoeGemmBlockM;
+  const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
+  const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);
+  const bool has_bias = by_logits && routing.e_score_correction_bias != nullptr;
+  DeviceScope scope;  // outlives the workspace, which is freed on this device
+  KPLAN_RETURN_IF_ERROR(scope.Enter(experts.device()));
+  Workspace ws(stream);
+  const int64_t o_hidden = ws.Reserve(M * H * 2);
+  const int64_t o_scaled = in.apply_router_weight_on_input ? ws.Reserve(M * H * 2) : -1;
+  const int64_t o_logits = by_logits ? ws.Reserve(M * E * 4) : -1;
+  const int64_t o_bias = has_bias ? ws.Reserve(E * 4) : -1;
+  const int64_t o_w = ws.Reserve(numel * 4);
+  const int64_t o_ids = ws.Reserve(numel * 4);
+  const int64_t o_sorted = ws.Reserve(max_padded * 4);
+  const int64_t o_eids = ws.Reserve(max_blocks * 4);
+  const int64_t o_post = ws.Reserve(4);
+  const int64_t o_c1 = ws.Reserve(numel * N13 * 2);
+  const int64_t o_c2 = ws.Reserve(numel * I * 2);
+  const int64_t o_y = ws.Reserve(numel * H * 2);
+  const int64_t o_out = ws.Reserve(M * H * 2);
+
+  KPLAN_RETURN_IF_ERROR(ws.Allocate());
+  if (stats != nullptr) stats->workspace_bytes = ws.size();
+  if (options.poison_workspace) {
+    KPLAN_GPU_RETURN_IF_ERROR(
+        cudaMemsetAsync(ws.base(), 0xff, static_cast<size_t>(ws.size()), stream));
+  }
+  Events ev;
+  if (stats != nullptr) {
+    KPLAN_GPU_RETURN_IF_ERROR(cudaEventCreate(&ev.start));
+    KPLAN_GPU_RETURN_IF_ERROR(cudaEventCreate(&ev.stop));
+  }
+
+  // --- Uploads.
+  void* d_hidden = ws.At<void>(o_hidden);
+  float* d_w = ws.At<float>(o_w);
+  int32_t* d_ids = ws.At<int32_t>(o_ids);
+  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_hidden, in.hidden_states.data(), M * H * 2,
+                                            cudaMemcpyHostToDevice, stream));
+  if (by_logits) {
+    KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(o_logits), in.router_logits.data(),
+                                              M * E * 4, cudaMemcpyHostToDevice, stream));
+    if (has_bias) {
+      KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(o_bias),
+                                                routing.e_score_correction_bias, E * 4,
+                                                cudaMemcpyHostToDevice, stream));
+      rp.e_score_correction_bias = ws.At<float>(o_bias);
+    }
+  } else {
+    KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_ids, in.topk_ids.data(), numel * 4,
+                                              cudaMemcpyHostToDevice, stream));
+    KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_w, in.topk_weights.data(), numel * 4,
+                                              cudaMemcpyHostToDevice, stream));
+  }
+  if (stats != nullptr) KPLAN_GPU_RETURN_IF_ERROR(cudaEventRecord(ev.start, stream));
+
+  // --- Routing and align.
+  if (by_logits) {
+    KPLAN_RETURN_IF_ERROR(
+        kc::LaunchMoeRouting(rp, ws.At<float>(o_logits), M, d_w, d_ids, stream));
+  }
+  int32_t* d_sorted = ws.At<int32_t>(o_sorted);
+  int32_t* d_eids = ws.At<int32_t>(o_eids);
+  int32_t* d_post = ws.At<int32_t>(o_post);
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeAlignBlockSize(d_ids, numel, bm, E, /*expert_map=*/nullptr,
+                                                    /*pad_sorted_ids=*/false,
+                                                    /*ignore_invalid_experts=*/false, d_sorted,
+                                                    d_eids, d_post, stream));
+
+  // --- Experts.
+  const void* a1 = d_hidden;
+  if (in.apply_router_weight_on_input) {
+    KPLAN_RETURN_IF_ERROR(
+        kc::LaunchMoeScaleRows(dtype, d_hidden, d_w, M, H, ws.At<void>(o_scaled), stream));
+    a1 = ws.At<void>(o_scaled);
+  }
+  kc::MoeGroupedGemmArgs g1;
+  g1.dtype = dtype;
+  g1.a = a1;
+  g1.a_row_div = k;
+  g1.w = experts.w13();
+  g1.bias = experts.b13();
+  g1.c = ws.At<void>(o_c1);
+  g1.sorted_token_ids = d_sorted;
+  g1.expert_ids = d_eids;
+  g1.num_tokens_post_padded = d_post;
+  g1.numel = numel;
+  g1.num_blocks = max_blocks;
+  g1.N = N13;
+  g1.K = H;
+  g1.num_local_experts = E;
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g1, stream));
+
+  kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeActivation(static_cast<kc::MoeActKind>(experts.activation()),
+                                                ap, dtype, ws.At<void>(o_c1), numel, N13,
+                                                ws.At<void>(o_c2), I, stream));
+
+  kc::MoeGroupedGemmArgs g2 = g1;
+  g2.a = ws.At<void>(o_c2);
+  g2.a_row_div = 1;
+  g2.w = experts.w2();
+  g2.bias = experts.b2();
+  g2.c = ws.At<void>(o_y);
+  g2.N = H;
+  g2.K = I;
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g2, stream));
+
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeCombine(
+      dtype, ws.At<void>(o_y), in.apply_router_weight_on_input ? nullptr : d_w, M, k, H,
+      ws.At<void>(o_out), stream));
+  if (stats != nullptr) KPLAN_GPU_RETURN_IF_ERROR(cudaEventRecord(ev.stop, stream));
+
+  // --- Downloads, one synchronisation.
+  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(out.output.data(), ws.At<void>(o_out), M * H * 2,
+                                            cudaMemcpyDeviceToHost, stream));
+  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(out.topk_ids.data(), d_ids, numel * 4,
+                                            cudaMemcpyDeviceToHost, stream));
+  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(out.topk_weights.data(), d_w, numel * 4,
+                                            cudaMemcpyDeviceToHost, stream));
+  KPLAN_GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (stats != nullptr) {
+    KPLAN_GPU_RETURN_IF_ERROR(cudaEventElapsedTime(&stats->device_ms, ev.start, ev.stop));
+  }
+  return out;
+}
+
+}  // namespace kplan

@@ -1,0 +1,89 @@
+// The GPU path of a fused MoE layer: a device-resident copy of an ExpertSet
+// (GpuExperts) and RunMoeOnGpu, which runs the same layer as RunMoeOnCpu
+// (moe_runner.h) with the launchers of kernels/cuda/moe_ops.h (routing,
+// moe_align_block_size) and kernels/cuda/moe_experts.h (grouped GEMMs,
+// activation, combine). Built only with CUDA (KPLAN_HAVE_CUDA); this header
+// itself needs no CUDA headers (streams travel as void*).
+//
+// Scope of this slice: unquantised bf16 / fp16 weights, activations in the
+// weights' dtype (fp32 activations and quantised sets are FAILED_PRECONDITION:
+// the CPU path serves them), optional biases, every activation of the CPU
+// reference with default ActivationParams, routing from logits (every method
+// of RoutingSpecFor) or given top-k ids / weights, apply_router_weight_on_input
+// (top_k = 1), no expert map (all experts local).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/moe/moe_reference.h"
+#include "server/moe/expert_set.h"
+#include "server/moe/moe_runner.h"
+
+namespace kplan {
+
+// Device copy of an ExpertSet's w13 / w2 (and biases) on one device. Owns
+// the memory; freed on destruction.
+class GpuExperts {
+ public:
+  // Copies the set's tensors to `device` (synchronously). FAILED_PRECONDITION
+  // for what the GPU path does not run (quantised or fp32 weights, hidden or
+  // intermediate not a multiple of 8); INVALID_ARGUMENT for a set missing a
+  // tensor; RESOURCE_EXHAUSTED when the device is out of memory (everything
+  // allocated so far is freed).
+  static absl::StatusOr<std::unique_ptr<GpuExperts>> Create(const ExpertSet& set, int device);
+  ~GpuExperts();
+  GpuExperts(const GpuExperts&) = delete;
+  GpuExperts& operator=(const GpuExperts&) = delete;
+
+  const ExpertsSpec& spec() const { return spec_; }
+  moe::MoeActivation activation() const { return activation_; }
+  int device() const { return device_; }
+  int64_t n13() const;  // rows of w13 per expert: 2I gated, I for _no_mul
+  int64_t bytes() const { return bytes_; }
+  // Device pointers.
+  const void* w13() const { return w13_; }
+  const void* w2() const { return w2_; }
+  const float* b13() const { return b13_; }  // null without bias
+  const float* b2() const { return b2_; }
+
+ private:
+  GpuExperts() = default;
+  ExpertsSpec spec_;
+  moe::MoeActivation activation_ = moe::MoeActivation::kSilu;
+  int device_ = 0;
+  int64_t bytes_ = 0;
+  void* w13_ = nullptr;
+  void* w2_ = nullptr;
+  float* b13_ = nullptr;
+  float* b2_ = nullptr;
+};
+
+struct GpuRunOptions {
+  // Fill the whole per-call workspace (intermediates and output) with 0xff
+  // (NaN in bf16 / fp16) before running: any element the kernels fail to
+  // write, or that reads an unwritten one, comes back as NaN. For tests.
+  bool poison_workspace = false;
+};
+
+struct GpuRunStats {
+  // Device time from after the uploads to before the downloads (routing,
+  // align, GEMMs, activation, combine), by CUDA events.
+  float device_ms = 0.0f;
+  int64_t workspace_bytes = 0;
+};
+
+// Runs the layer on experts.device() on `stream` (a cudaStream_t; null = the
+// legacy default stream): upload of hidden states and logits (or ids and
+// weights), routing, moe_align_block_size (block kMoeGemmBlockM), GEMM 1,
+// activation, GEMM 2, combine, download of the output and the routing; one
+// synchronisation at the end. Input errors are those of RunMoeOnCpu
+// (INVALID_ARGUMENT naming the request field); act_dtype other than the
+// weights' dtype is FAILED_PRECONDITION. The workspace is allocated per call
+// (stream-ordered, cudaMallocAsync) and freed before returning.
+absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRunInput& input,
+                                         void* stream, const GpuRunOptions& options = {},
+                                         GpuRunStats* stats = nullptr);
+
+}  // namespace kplan

@@ -1,0 +1,451 @@
+// The GPU MoE layer (server/moe/gpu_runner.h: GpuExperts + RunMoeOnGpu over
+// kernels/cuda/moe_ops.h and moe_experts.h) against the CPU reference
+// (moe::MoeReference) on fresh random data every run (the seed is printed;
+// MOE_LAYER_GPU_TEST_SEED=<n> repeats one). Every value is non-zero: random
+// sign, mantissa and a 4-octave exponent range scaled to the fan-in.
+//  * Model shapes: Mixtral-8x7B (E=8, k=2, H=4096, I=14336), DeepSeek-V3
+//    (E=256, k=8, H=7168, I=2048, DeepSeekV3 grouped routing with bias and
+//    scale 2.5, plus RenormalizeNaive at M=64), Qwen3-30B-A3B (E=128, k=8,
+//    H=2048, I=768) at M in {1, 7, 64, 512} (+4096 for Qwen3), bf16, silu,
+//    RenormalizeNaive unless said.
+//  * Small shapes with tails (H, N not multiples of the tiles): every
+//    activation family, biases, fp16, given top-k ids, weights on the input.
+//  * What the GPU path refuses: fp32 / quantised experts, fp32 activations.
+// The GPU workspace is poisoned with NaN before the checked run, so an
+// element left unwritten anywhere on the way shows as NaN in the output.
+// Checks: no NaN / inf; ‖gpu − ref‖/‖ref‖ ≤ 1e-2; every element within
+// 2^-7·|ref| + 2^-6·rms(ref) (one bf16 ulp of itself plus a few ulps of the
+// typical magnitude: intermediate roundings that flip with the GEMM order).
+// Routing ids must match the reference's; where a near-tie makes them differ
+// the reference is rerun with the GPU's routing (reported as id_rows).
+// One line per case: shape, M, rel error, max abs error, GPU time (device
+// part, events, best of 3 after a warm-up), OK/FAIL. Skips without a device.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/moe/moe_reference.h"
+#include "server/moe/expert_set.h"
+#include "server/moe/gpu_runner.h"
+#include "server/moe/moe_runner.h"
+
+namespace kplan {
+namespace {
+
+bool HaveCuda() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!HaveCuda()) GTEST_SKIP() << "no CUDA device"
+
+uint64_t Seed() {
+  static const uint64_t seed = [] {
+    uint64_t s = std::random_device{}();
+    if (const char* e = std::getenv("MOE_LAYER_GPU_TEST_SEED")) s = std::strtoull(e, nullptr, 10);
+    std::printf("moe_layer_gpu_test: random seed %llu (MOE_LAYER_GPU_TEST_SEED=%llu repeats it)\n",
+                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// 16 random bits -> a non-zero value ±(1 + m/128)·2^(base - 0..3).
+float ValueOf(uint32_t r, int base) {
+  const float mag = std::ldexp(1.0f + static_cast<float>((r >> 2) & 127) / 128.0f, base - (r & 3));
+  return (r & 0x8000) ? -mag : mag;
+}
+
+// n elements of `dtype` (bf16 / fp16 / fp32) into bytes, stream `stream_id`
+// of the run's seed, in parallel (deterministic per index).
+std::string RandomTensor(moe::MoeDType dtype, int64_t n, int base, uint64_t stream_id) {
+  const int64_t es = dtype == moe::MoeDType::kFloat32 ? 4 : 2;
+  std::string out(static_cast<size_t>(n * es), '\0');
+  char* dst = out.data();
+  const uint64_t key = SplitMix(Seed() ^ (stream_id * 0x100000001b3ull));
+  const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  const int64_t chunk = ((n + threads - 1) / threads + 3) / 4 * 4;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([=] {
+      const int64_t b = std::min<int64_t>(n, t * chunk), e = std::min<int64_t>(n, b + chunk);
+      for (int64_t i = b; i < e; i += 4) {
+        const uint64_t r = SplitMix(key + static_cast<uint64_t>(i));
+        for (int64_t j = i; j < std::min<int64_t>(e, i + 4); ++j) {
+          const uint32_t bits = static_cast<uint32_t>(r >> (16 * (j - i))) & 0xffff;
+          if (dtype == moe::MoeDType::kBFloat16) {
+            const uint16_t v = static_cast<uint16_t>((bits & 0x8000) |
+                                                     ((127 + base - (bits & 3)) << 7) |
+                                                     ((bits >> 2) & 127));
+            std::memcpy(dst + j * 2, &v, 2);
+          } else if (dtype == moe::MoeDType::kFloat16) {
+            const uint16_t v = moe::FloatToHalf(ValueOf(bits, base));
+            std::memcpy(dst + j * 2, &v, 2);
+          } else {
+            const float v = ValueOf(bits, base);
+            std::memcpy(dst + j * 4, &v, 4);
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  return out;
+}
+
+std::vector<float> RandomFloats(int64_t n, float lo, float hi, uint64_t stream_id) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t r = SplitMix(SplitMix(Seed() ^ (stream_id << 40)) + i);
+    v[i] = lo + (hi - lo) * static_cast<float>(r >> 40) / static_cast<float>(1ull << 24);
+  }
+  return v;
+}
+
+int Log2Ceil(double x) { return static_cast<int>(std::ceil(std::log2(x))); }
+
+struct Shape {
+  const char* name;
+  int E, k;
+  int64_t H, I;
+};
+
+std::unique_ptr<ExpertSet> MakeExperts(const Shape& s, moe::MoeDType dtype,
+                                       const std::string& activation, bool bias,
+                                       uint64_t stream_id) {
+  ExpertsSpec spec;
+  spec.experts_id = s.name;
+  spec.num_experts = s.E;
+  spec.hidden = s.H;
+  spec.intermediate = s.I;
+  spec.activation = activation;
+  spec.dtype = dtype;
+  spec.has_bias = bias;
+  const bool gated = moe::IsGated(*moe::ParseMoeActivation(activation));
+  const int64_t n13 = gated ? 2 * s.I : s.I;
+  std::map<std::string, std::string> t;
+  // Entries ~ 2^base·[0.125, 2): rms about 2^base / 1.3; base = -log2 sqrt(fan-in).
+  t["w13"] = RandomTensor(dtype, s.E * n13 * s.H, -Log2Ceil(std::sqrt(double(s.H))), stream_id + 1);
+  t["w2"] = RandomTensor(dtype, s.E * s.H * s.I, -Log2Ceil(std::sqrt(double(s.I))), stream_id + 2);
+  if (bias) {
+    t["w13_bias"] = RandomTensor(moe::MoeDType::kFloat32, s.E * n13, -3, stream_id + 3);
+    t["w2_bias"] = RandomTensor(moe::MoeDType::kFloat32, s.E * s.H, -3, stream_id + 4);
+  }
+  return std::make_unique<ExpertSet>(std::move(spec), std::move(t));
+}
+
+MoeRouting RenormalizeNaive(int k) {
+  MoeRouting r;
+  r.routing_method = "RenormalizeNaive";
+  r.top_k = k;
+  return r;
+}
+
+MoeRouting DeepSeekV3Routing(int E, int k, uint64_t stream_id) {
+  MoeRouting r;
+  r.routing_method = "DeepSeekV3";
+  r.top_k = k;
+  r.num_expert_group = 8;
+  r.topk_group = 4;
+  r.routed_scaling_factor = 2.5f;
+  r.e_score_correction_bias = RandomFloats(E, -0.1f, 0.1f, stream_id);
+  return r;
+}
+
+struct CaseOptions {
+  bool given_ids = false;           // route on the host and pass topk ids / weights
+  bool weights_on_input = false;    // apply_router_weight_on_input (k = 1)
+  int timed_runs = 3;
+};
+
+// Runs one case and prints its line; returns false (with gtest failures) on mismatch.
+void RunCase(const std::string& label, const ExpertSet& set, const GpuExperts& gpu, int64_t M,
+             const MoeRouting& routing, uint64_t stream_id, const CaseOptions& opt = {}) {
+  const ExpertsSpec& spec = set.spec();
+  const int64_t H = spec.hidden;
+  const int E = spec.num_experts;
+  const int k = routing.top_k;
+  const moe::MoeDType dt = spec.dtype;
+  MoeRunInput in;
+  in.act_dtype = dt;
+  in.hidden_shape = {M, H};
+  in.hidden_states = RandomTensor(dt, M * H, -1, stream_id + 10);
+  const std::vector<float> logits = RandomFloats(M * E, -3.0f, 3.0f, stream_id + 11);
+  in.apply_router_weight_on_input = opt.weights_on_input;
+
+  auto spec_or = RoutingSpecFor(routing, E);
+  ASSERT_TRUE(spec_or.ok()) << spec_or.status();
+  moe::MoeProblem p;
+  p.num_tokens = M;
+  p.hidden = H;
+  p.intermediate = spec.intermediate;
+  p.num_experts = E;
+  p.top_k = k;
+  p.act_dtype = dt;
+  p.hidden_states = in.hidden_states.data();
+  p.activation = set.activation();
+  p.weights = set.Weights();
+  p.apply_router_weight_on_input = opt.weights_on_input;
+  p.num_threads = 16;
+  std::vector<float> ref_w(M * k);
+  std::vector<int32_t> ref_ids(M * k);
+  if (opt.given_ids) {
+    ASSERT_TRUE(moe::RouteTokens(*spec_or, logits.data(), M, ref_w.data(), ref_ids.data()).ok());
+    in.topk_shape = {M, k};
+    in.topk_ids.assign(reinterpret_cast<const char*>(ref_ids.data()), M * k * 4);
+    in.topk_weights.assign(reinterpret_cast<const char*>(ref_w.data()), M * k * 4);
+  } else {
+    in.logits_shape = {M, E};
+    in.router_logits.assign(reinterpret_cast<const char*>(logits.data()), M * E * 4);
+    in.routing = routing;
+  }
+
+  // GPU: the checked run (poisoned workspace) doubles as the warm-up.
+  GpuRunOptions poison;
+  poison.poison_workspace = true;
+  auto got = RunMoeOnGpu(gpu, in, nullptr, poison);
+  ASSERT_TRUE(got.ok()) << got.status();
+  float best_ms = 0.0f;
+  GpuRunStats st;
+  for (int r = 0; r < opt.timed_runs; ++r) {
+    auto again = RunMoeOnGpu(gpu, in, nullptr, {}, &st);
+    ASSERT_TRUE(again.ok()) << again.status();
+    if (r == 0 || st.device_ms < best_ms) best_ms = st.device_ms;
+    ASSERT_EQ(again->output, got->output) << label << ": the GPU result is not deterministic";
+  }
+
+  // CPU reference.
+  std::string ref(M * H * 2, '\0');
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.given_ids) {
+    p.topk_ids = ref_ids.data();
+    p.topk_weights = ref_w.data();
+    ASSERT_TRUE(moe::MoeReference(p, ref.data()).ok());
+  } else {
+    p.router_logits = logits.data();
+    p.routing = *spec_or;
+    ASSERT_TRUE(moe::MoeReference(p, ref.data(), ref_w.data(), ref_ids.data()).ok());
+  }
+  int id_rows = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    if (!std::equal(&ref_ids[m * k], &ref_ids[m * k] + k, &got->topk_ids[m * k])) ++id_rows;
+  }
+  if (id_rows > 0) {  // near-ties: compare the experts on the GPU's routing
+    ASSERT_LE(id_rows, std::max<int64_t>(1, M / 100)) << label << ": routing ids differ";
+    moe::MoeProblem q = p;
+    q.router_logits = nullptr;
+    q.topk_ids = got->topk_ids.data();
+    q.topk_weights = got->topk_weights.data();
+    ASSERT_TRUE(moe::MoeReference(q, ref.data()).ok());
+  } else {
+    for (int64_t i = 0; i < M * k; ++i) {
+      ASSERT_NEAR(got->topk_weights[i], ref_w[i], 1e-5f * std::fabs(ref_w[i]) + 1e-7f)
+          << label << ": routing weight " << i;
+    }
+  }
+  const double cpu_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Compare.
+  const int64_t n = M * H;
+  std::vector<float> g(n), r(n);
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = moe::LoadFloat(got->output.data(), dt, i);
+    r[i] = moe::LoadFloat(ref.data(), dt, i);
+  }
+  double d2 = 0, r2 = 0, max_abs = 0;
+  int64_t bad_nan = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(g[i])) ++bad_nan;
+    const double d = static_cast<double>(g[i]) - r[i];
+    d2 += d * d;
+    r2 += static_cast<double>(r[i]) * r[i];
+    max_abs = std::max(max_abs, std::fabs(d));
+  }
+  const double rms = std::sqrt(r2 / std::max<int64_t>(n, 1));
+  const double rel = std::sqrt(d2 / std::max(r2, 1e-30));
+  int64_t bad_elem = 0, first_bad = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    const double tol = std::ldexp(std::fabs(r[i]), -7) + std::ldexp(rms, -6);
+    if (!(std::fabs(static_cast<double>(g[i]) - r[i]) <= tol)) {
+      if (first_bad < 0) first_bad = i;
+      ++bad_elem;
+    }
+  }
+  const bool ok = bad_nan == 0 && rel <= 1e-2 && bad_elem == 0 && r2 > 0;
+  // Useful work: 2·slots·(N13·H + I·H) flops; weights of the experts used.
+  std::set<int32_t> used(got->topk_ids.begin(), got->topk_ids.end());
+  const int64_t n13 = moe::IsGated(set.activation()) ? 2 * spec.intermediate : spec.intermediate;
+  const double flops = 2.0 * M * k * (n13 + spec.intermediate) * H;
+  const double wbytes = static_cast<double>(used.size()) * (n13 + spec.intermediate) * H * 2;
+  std::printf(
+      "%-34s M=%-5lld rel=%.2e max_abs=%.2e rms=%.2e gpu=%8.3f ms (%6.1f TFLOP/s, %6.0f GB/s "
+      "weights) cpu_ref=%.1f s id_rows=%d %s\n",
+      label.c_str(), static_cast<long long>(M), rel, max_abs, rms, best_ms,
+      flops / (best_ms * 1e-3) / 1e12, wbytes / (best_ms * 1e-3) / 1e9, cpu_s, id_rows,
+      ok ? "OK" : "FAIL");
+  std::fflush(stdout);
+  EXPECT_EQ(bad_nan, 0) << label << ": non-finite outputs (unwritten or NaN)";
+  EXPECT_LE(rel, 1e-2) << label;
+  EXPECT_GT(r2, 0.0) << label << ": reference is all zeros";
+  EXPECT_EQ(bad_elem, 0) << label << ": first bad element " << first_bad << " gpu "
+                         << (first_bad >= 0 ? g[first_bad] : 0) << " ref "
+                         << (first_bad >= 0 ? r[first_bad] : 0);
+}
+
+std::unique_ptr<GpuExperts> Upload(const ExpertSet& set) {
+  auto g = GpuExperts::Create(set, 0);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? std::move(*g) : nullptr;
+}
+
+void RunModel(const Shape& s, const std::vector<int64_t>& tokens, bool deepseek_routing) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto set = MakeExperts(s, moe::MoeDType::kBFloat16, "silu", false, 1000);
+  auto gpu = Upload(*set);
+  ASSERT_NE(gpu, nullptr);
+  std::printf("%s: experts %.2f GB, generated and uploaded in %.1f s\n", s.name,
+              gpu->bytes() / 1e9,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  for (int64_t M : tokens) {
+    const MoeRouting r = deepseek_routing ? DeepSeekV3Routing(s.E, s.k, 77 + M)
+                                          : RenormalizeNaive(s.k);
+    RunCase(std::string(s.name) + (deepseek_routing ? " DeepSeekV3" : " RenormalizeNaive"),
+            *set, *gpu, M, r, 100 * M + 1);
+  }
+  if (deepseek_routing) {
+    RunCase(std::string(s.name) + " RenormalizeNaive", *set, *gpu, 64, RenormalizeNaive(s.k),
+            999);
+  }
+}
+
+TEST(MoeLayerGpu, Mixtral8x7B) {
+  SKIP_WITHOUT_CUDA();
+  RunModel({"Mixtral-8x7B", 8, 2, 4096, 14336}, {1, 7, 64, 512}, false);
+}
+
+TEST(MoeLayerGpu, DeepSeekV3) {
+  SKIP_WITHOUT_CUDA();
+  RunModel({"DeepSeek-V3", 256, 8, 7168, 2048}, {1, 7, 64, 512}, true);
+}
+
+TEST(MoeLayerGpu, Qwen3_30B_A3B) {
+  SKIP_WITHOUT_CUDA();
+  RunModel({"Qwen3-30B-A3B", 128, 8, 2048, 768}, {1, 7, 64, 512, 4096}, false);
+}
+
+// Tails (H = 200: K not a multiple of 32; N13 = 144 / H = 200: partial N
+// tiles), every activation family, biases, fp16, given ids, weights on input.
+TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
+  SKIP_WITHOUT_CUDA();
+  const Shape s{"small", 6, 2, 200, 72};
+  struct Variant {
+    const char* act;
+    moe::MoeDType dtype;
+    bool bias;
+  };
+  const Variant variants[] = {
+      {"silu", moe::MoeDType::kBFloat16, false},     {"gelu", moe::MoeDType::kBFloat16, true},
+      {"gelu_tanh", moe::MoeDType::kFloat16, false}, {"swigluoai", moe::MoeDType::kBFloat16, false},
+      {"swiglustep", moe::MoeDType::kFloat16, true}, {"relu2", moe::MoeDType::kBFloat16, false},
+      {"silu_no_mul", moe::MoeDType::kBFloat16, false}, {"silu", moe::MoeDType::kFloat16, true},
+  };
+  uint64_t id = 5000;
+  for (const Variant& v : variants) {
+    auto set = MakeExperts(s, v.dtype, v.act, v.bias, id += 10);
+    auto gpu = Upload(*set);
+    ASSERT_NE(gpu, nullptr);
+    const std::string label = absl::StrCat("small ", v.act, " ", moe::MoeDTypeName(v.dtype),
+                                           v.bias ? " bias" : "");
+    for (int64_t M : {1, 33, 300}) RunCase(label, *set, *gpu, M, RenormalizeNaive(2), id + M);
+  }
+  auto set = MakeExperts(s, moe::MoeDType::kBFloat16, "silu", false, 6000);
+  auto gpu = Upload(*set);
+  ASSERT_NE(gpu, nullptr);
+  CaseOptions given;
+  given.given_ids = true;
+  RunCase("small silu given-ids", *set, *gpu, 129, RenormalizeNaive(2), 6001, given);
+  CaseOptions on_input;
+  on_input.weights_on_input = true;
+  MoeRouting top1;
+  top1.routing_method = "Default";
+  top1.top_k = 1;
+  RunCase("small silu weights-on-input k=1", *set, *gpu, 65, top1, 6002, on_input);
+  RunCase("small silu Renormalize", *set, *gpu, 40,
+          [] {
+            MoeRouting r;
+            r.routing_method = "Renormalize";
+            r.top_k = 2;
+            return r;
+          }(),
+          6003);
+}
+
+TEST(MoeLayerGpu, RefusesWhatItDoesNotRun) {
+  SKIP_WITHOUT_CUDA();
+  const Shape s{"refuse", 4, 2, 64, 32};
+  auto f32 = MakeExperts(s, moe::MoeDType::kFloat32, "silu", false, 7000);
+  auto g32 = GpuExperts::Create(*f32, 0);
+  EXPECT_EQ(g32.status().code(), absl::StatusCode::kFailedPrecondition) << g32.status();
+
+  auto set = MakeExperts(s, moe::MoeDType::kBFloat16, "silu", false, 7010);
+  auto gpu = Upload(*set);
+  ASSERT_NE(gpu, nullptr);
+  MoeRunInput in;
+  in.act_dtype = moe::MoeDType::kFloat32;
+  in.hidden_shape = {3, 64};
+  in.hidden_states = RandomTensor(moe::MoeDType::kFloat32, 3 * 64, -1, 7020);
+  in.logits_shape = {3, 4};
+  in.router_logits = std::string(3 * 4 * 4, '\0');
+  in.routing = RenormalizeNaive(2);
+  auto r = RunMoeOnGpu(*gpu, in, nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+
+  in.act_dtype = moe::MoeDType::kBFloat16;
+  in.hidden_states = RandomTensor(moe::MoeDType::kBFloat16, 3 * 64, -1, 7021);
+  in.routing.top_k = 9;
+  r = RunMoeOnGpu(*gpu, in, nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+
+  in.routing.top_k = 2;
+  in.hidden_shape = {3, 65};
+  r = RunMoeOnGpu(*gpu, in, nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+
+  in.hidden_shape = {0, 64};
+  in.hidden_states.clear();
+  in.logits_shape = {0, 4};
+  in.router_logits.clear();
+  r = RunMoeOnGpu(*gpu, in, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->output.empty());
+}
+
+}  // namespace
+}  // namespace kplan
