@@ -184,7 +184,7 @@ struct CaseOptions {
   int timed_runs = 3;
 };
 
-// Runs one case and prints its line; returns false (with gtest failures) on mismatch.
+// Runs one case and prints its line; mismatches are gtest failures.
 void RunCase(const std::string& label, const ExpertSet& set, const GpuExperts& gpu, int64_t M,
              const MoeRouting& routing, uint64_t stream_id, const CaseOptions& opt = {}) {
   const ExpertsSpec& spec = set.spec();
