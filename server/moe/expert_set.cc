@@ -148,6 +148,12 @@ ExpertSet::ExpertSet(ExpertsSpec spec, std::map<std::string, std::string> tensor
   placement_.push_back(ExpertsPlacement{"cpu", 0, spec_.num_experts, bytes_});
 }
 
+void ExpertSet::AttachDeviceCopy(std::unique_ptr<DeviceExperts> copy) {
+  placement_.push_back(
+      ExpertsPlacement{copy->device_name(), 0, spec_.num_experts, copy->device_bytes()});
+  device_copy_ = std::move(copy);
+}
+
 moe::MoeWeights ExpertSet::Weights() const {
   auto ptr = [this](const char* name) -> const void* {
     auto it = tensors_.find(name);

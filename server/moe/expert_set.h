@@ -65,6 +65,15 @@ struct ExpertsPlacement {
   int64_t bytes = 0;
 };
 
+// A copy of a set's weights on a device, made by a device backend
+// (GpuExperts); the set owns it for as long as the set is resident.
+class DeviceExperts {
+ public:
+  virtual ~DeviceExperts() = default;
+  virtual std::string device_name() const = 0;  // "cuda:0"
+  virtual int64_t device_bytes() const = 0;
+};
+
 class ExpertSet {
  public:
   ExpertSet(ExpertsSpec spec, std::map<std::string, std::string> tensors);
@@ -76,12 +85,18 @@ class ExpertSet {
   moe::MoeWeights Weights() const;
   moe::MoeActivation activation() const { return activation_; }
 
+  // Adds the device copy (before the set is shared); placement then lists it
+  // after the host copy, which stays for the CPU reference path.
+  void AttachDeviceCopy(std::unique_ptr<DeviceExperts> copy);
+  const DeviceExperts* device_copy() const { return device_copy_.get(); }
+
  private:
   ExpertsSpec spec_;
   std::map<std::string, std::string> tensors_;  // name -> raw bytes
   int64_t bytes_ = 0;
   moe::MoeActivation activation_;
   std::vector<ExpertsPlacement> placement_;
+  std::unique_ptr<DeviceExperts> device_copy_;
 };
 
 }  // namespace kplan

@@ -125,6 +125,8 @@ int64_t GpuExperts::n13() const {
   return moe::IsGated(activation_) ? 2 * spec_.intermediate : spec_.intermediate;
 }
 
+std::string GpuExperts::device_name() const { return absl::StrCat("cuda:", device_); }
+
 GpuExperts::~GpuExperts() {
   if (w13_ == nullptr && w2_ == nullptr && b13_ == nullptr && b2_ == nullptr) return;
   int prev = -1;

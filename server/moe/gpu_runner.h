@@ -25,7 +25,7 @@ namespace kplan {
 
 // Device copy of an ExpertSet's w13 / w2 (and biases) on one device. Owns
 // the memory; freed on destruction.
-class GpuExperts {
+class GpuExperts final : public DeviceExperts {
  public:
   // Copies the set's tensors to `device` (synchronously). FAILED_PRECONDITION
   // for what the GPU path does not run (quantised or fp32 weights, hidden or
@@ -42,6 +42,8 @@ class GpuExperts {
   int device() const { return device_; }
   int64_t n13() const;  // rows of w13 per expert: 2I gated, I for _no_mul
   int64_t bytes() const { return bytes_; }
+  std::string device_name() const override;
+  int64_t device_bytes() const override { return bytes_; }
   // Device pointers.
   const void* w13() const { return w13_; }
   const void* w2() const { return w2_; }

@@ -3,11 +3,15 @@
 // device workers; handlers only convert and queue.
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 #include "server/base/status.h"
 #include "server/moe/expert_loader.h"
 #include "server/moe/moe_runner.h"
+#if KPLAN_HAVE_CUDA
+#include "server/moe/gpu_runner.h"
+#endif
 #include "server/rpc/call.h"
 #include "server/rpc/moe_convert.h"
 #include "server/rpc/service.h"
@@ -43,6 +47,22 @@ void FillInfo(const ExpertSet& set, v1::ExpertsInfo* out) {
     o->set_num_experts(p.num_experts);
     o->set_bytes(p.bytes);
   }
+}
+
+// Makes the set resident on `device` too, when the GPU path can run it; a
+// set it cannot run (quantised or fp32 weights today) stays on the CPU.
+absl::Status AttachGpuCopy(ExpertSet& set, int device) {
+#if KPLAN_HAVE_CUDA
+  absl::StatusOr<std::unique_ptr<GpuExperts>> gpu = GpuExperts::Create(set, device);
+  if (absl::IsFailedPrecondition(gpu.status())) {
+    spdlog::info("LoadExperts '{}': stays on the CPU path: {}", set.spec().experts_id,
+                 gpu.status().message());
+    return absl::OkStatus();
+  }
+  if (!gpu.ok()) return gpu.status();
+  set.AttachDeviceCopy(std::move(*gpu));
+#endif
+  return absl::OkStatus();
 }
 
 // LoadExperts: the header, then chunks (or nothing, for a safetensors file).
@@ -121,25 +141,47 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
       Fail(InvalidField("header", "the stream ended before the header"));
       return;
     }
-    // Reading a file or copying a large set is device-side work: do it on the CPU worker.
-    absl::Status queued = call_.env().executor->Submit(0, [this](const DeviceSlot&, absl::Duration) {
+    // Reading a file or copying a large set is device-side work: build the
+    // host set on the CPU worker, then copy it on the first GPU's worker.
+    DeviceExecutor* executor = call_.env().executor;
+    absl::Status queued = executor->Submit(0, [this, executor](const DeviceSlot&, absl::Duration) {
       absl::StatusOr<std::unique_ptr<ExpertSet>> set =
           loader_ ? loader_->Finish() : LoadSafetensors(*spec_, safetensors_path_, names_);
       if (!set.ok()) {
         Fail(set.status());
         return;
       }
-      std::shared_ptr<const ExpertSet> shared(std::move(*set));
-      if (absl::Status added = call_.env().experts->Add(shared); !added.ok()) {
-        Fail(added);
+      std::shared_ptr<ExpertSet> shared(std::move(*set));
+      if (executor->size() < 2) {
+        Store(shared);
         return;
       }
-      UpdateExpertMetrics(call_.env());
-      spdlog::info("LoadExperts '{}': loaded, {} bytes", spec_->experts_id, shared->bytes());
-      FillInfo(*shared, response_->mutable_experts());
-      Finish(call_.Done(absl::OkStatus()));
+      absl::Status on_gpu = executor->Submit(1, [this, shared](const DeviceSlot& where,
+                                                              absl::Duration) {
+        absl::Status s = where.status.ok() ? AttachGpuCopy(*shared, where.cuda_device)
+                                           : where.status;
+        if (!s.ok()) {
+          Fail(s);
+          return;
+        }
+        Store(shared);
+      });
+      if (!on_gpu.ok()) Fail(on_gpu);
     });
     if (!queued.ok()) Fail(queued);
+  }
+
+  // Commits the complete set to the store and answers.
+  void Store(std::shared_ptr<const ExpertSet> set) {
+    if (absl::Status added = call_.env().experts->Add(set); !added.ok()) {
+      Fail(added);
+      return;
+    }
+    UpdateExpertMetrics(call_.env());
+    spdlog::info("LoadExperts '{}': loaded, {} bytes, on {}", spec_->experts_id, set->bytes(),
+                 set->device_copy() ? set->device_copy()->device_name() : std::string("cpu"));
+    FillInfo(*set, response_->mutable_experts());
+    Finish(call_.Done(absl::OkStatus()));
   }
 
   void Fail(const absl::Status& status) {
@@ -161,6 +203,13 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
 };
 
 }  // namespace
+
+std::vector<std::string> ExecutableMoeBackends(const ServerEnvironment& env) {
+  std::vector<std::string> out;
+  if (KPLAN_HAVE_CUDA_KERNELS && !env.devices.empty()) out.push_back("kplan");
+  out.push_back("emulation");
+  return out;
+}
 
 grpc::ServerReadReactor<v1::LoadExpertsRequest>* KernelPlanServiceImpl::LoadExperts(
     grpc::CallbackServerContext* context, v1::LoadExpertsResponse* response) {
@@ -197,35 +246,64 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   if (absl::Status auth = call->Authorize(); !auth.ok()) return call->FinishUnary(auth);
   absl::StatusOr<std::shared_ptr<const ExpertSet>> experts = env_.experts->Get(request->experts_id());
   if (!experts.ok()) return call->FinishUnary(experts.status());
-  // The backend: "auto" takes the best this server can run; anything else must be runnable here.
-  const std::string backend =
-      request->kernel_config().moe_backend().empty() ? "auto" : request->kernel_config().moe_backend();
-  if (backend != "auto" && backend != "emulation") {
-    return call->FinishUnary(WithField(
-        absl::FailedPreconditionError(absl::StrCat(
-            "moe_backend '", backend, "' cannot run on this server; it runs: auto, emulation")),
-        "kernel_config.moe_backend"));
-  }
   absl::StatusOr<MoeRunInput> input = MoeRunInputFromProto(*const_cast<v1::RunMoERequest*>(request));
   if (!input.ok()) return call->FinishUnary(input.status());
+  // The backend: "auto" takes the GPU (kplan) when the experts are resident
+  // there and the activations match the weights, else the CPU (emulation).
+  const std::string backend =
+      request->kernel_config().moe_backend().empty() ? "auto" : request->kernel_config().moe_backend();
+  const DeviceExperts* device = (*experts)->device_copy();
+  const bool gpu_fits = device != nullptr && input->act_dtype == (*experts)->spec().dtype;
+  if (backend != "auto" && backend != "emulation" && backend != "kplan") {
+    return call->FinishUnary(WithField(
+        absl::FailedPreconditionError(absl::StrCat("moe_backend '", backend,
+                                                   "' cannot run on this server; it runs: ",
+                                                   absl::StrJoin(ExecutableMoeBackends(env_), ", "))),
+        "kernel_config.moe_backend"));
+  }
+  if (backend == "kplan" && !gpu_fits) {
+    return call->FinishUnary(WithField(
+        absl::FailedPreconditionError(absl::StrCat(
+            "moe_backend 'kplan' runs experts resident on a GPU (bfloat16 or float16 weights) "
+            "with activations of the weights' dtype; experts '", request->experts_id(), "' are ",
+            device ? "on " + device->device_name() : std::string("on the CPU only"))),
+        "kernel_config.moe_backend"));
+  }
+  const bool use_gpu = gpu_fits && backend != "emulation";
+  size_t slot = 0;
+  if (use_gpu) {
+    absl::StatusOr<size_t> s = env_.executor->Resolve(device->device_name(), "experts_id");
+    if (!s.ok()) return call->FinishUnary(s.status());
+    slot = *s;
+  }
   const bool return_routing = request->return_routing();
   absl::Status queued = env_.executor->Submit(
-      0, [this, call, response, experts = *experts, input = std::move(*input), return_routing](
-             const DeviceSlot& where, absl::Duration waited) {
+      slot, [this, call, response, experts = *experts, input = std::move(*input), return_routing,
+             use_gpu](const DeviceSlot& where, absl::Duration waited) {
         if (env_.metrics) env_.metrics->ObserveQueue(call->method(), waited);
         const absl::Time start = absl::Now();
-        absl::StatusOr<MoeRunOutput> out = RunMoeOnCpu(*experts, input);
-        const absl::Duration device = absl::Now() - start;
-        if (env_.metrics) env_.metrics->ObserveDevice(call->method(), device);
+        absl::StatusOr<MoeRunOutput> out = absl::InternalError("no path ran");
+        if (!use_gpu) {
+          out = RunMoeOnCpu(*experts, input);
+        } else if (!where.status.ok()) {
+          out = where.status;
+        } else {
+#if KPLAN_HAVE_CUDA
+          out = RunMoeOnGpu(static_cast<const GpuExperts&>(*experts->device_copy()), input,
+                            where.stream);
+#endif
+        }
+        const absl::Duration device_time = absl::Now() - start;
+        if (env_.metrics) env_.metrics->ObserveDevice(call->method(), device_time);
         if (out.ok()) {
           MoeRunOutputToProto(*out, input.act_dtype, return_routing, response);
           v1::MoEExecution* plan = response->mutable_plan();
-          plan->set_backend("emulation");
-          plan->set_experts_kernel("KplanCpuReferenceExperts");
+          plan->set_backend(use_gpu ? "kplan" : "emulation");
+          plan->set_experts_kernel(use_gpu ? "KplanFusedMoeExperts" : "KplanCpuReferenceExperts");
           plan->set_dispatch("MoEPrepareAndFinalizeNoDPEPModular");
           plan->add_devices(where.name);
           response->mutable_timing()->set_queue_us(absl::ToDoubleMicroseconds(waited));
-          response->mutable_timing()->set_device_us(absl::ToDoubleMicroseconds(device));
+          response->mutable_timing()->set_device_us(absl::ToDoubleMicroseconds(device_time));
           response->mutable_timing()->set_total_us(
               absl::ToDoubleMicroseconds(absl::Now() - call->start()));
         }

@@ -53,8 +53,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::GetServerInfo(
   }
   PlatformToProto(env_.platform, response->mutable_platform());
   response->mutable_limits()->set_max_message_bytes(env_.max_message_bytes);
-  // What RunMoE runs today: the emulation backend on the CPU reference path.
-  response->add_executable_backends("emulation");
+  for (const std::string& b : ExecutableMoeBackends(env_)) response->add_executable_backends(b);
   response->set_cuda_driver_version(env_.runtime.cuda_driver_version);
   for (absl::string_view op : IrOpNames()) {
     std::vector<std::string> priority = DefaultPriorityFor(*env_.ir_registry, op);

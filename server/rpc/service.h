@@ -65,6 +65,9 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
   const ServerEnvironment env_;
 };
 
+// The MoE backends RunMoE can run here ("kplan" with GPUs, "emulation").
+std::vector<std::string> ExecutableMoeBackends(const ServerEnvironment& env);
+
 // The build facts reported by GetServerInfo.
 v1::BuildInfo MakeBuildInfo();
 
