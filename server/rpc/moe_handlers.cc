@@ -56,7 +56,7 @@ absl::Status AttachGpuCopy(ExpertSet& set, int device) {
   absl::StatusOr<std::unique_ptr<GpuExperts>> gpu = GpuExperts::Create(set, device);
   if (absl::IsFailedPrecondition(gpu.status())) {
     spdlog::info("LoadExperts '{}': stays on the CPU path: {}", set.spec().experts_id,
-                 gpu.status().message());
+                 std::string(gpu.status().message()));
     return absl::OkStatus();
   }
   if (!gpu.ok()) return gpu.status();
