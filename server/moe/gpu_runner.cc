@@ -47,22 +47,6 @@ class DeviceScope {
   int prev_ = -1, device_ = -1;
 };
 
-absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& shape,
-                        const std::vector<int64_t>& want, const std::string& data,
-                        int64_t element_bytes) {
-  if (shape != want) {
-    return InvalidField(absl::StrCat(field, ".shape"),
-                        absl::StrCat(field, " must have shape [", absl::StrJoin(want, ", "),
-                                     "], got [", absl::StrJoin(shape, ", "), "]"));
-  }
-  int64_t n = element_bytes;
-  for (int64_t d : want) n *= d;
-  if (static_cast<int64_t>(data.size()) != n) {
-    return InvalidField(absl::StrCat(field, ".data"),
-                        absl::StrCat(field, " holds ", data.size(), " bytes; its shape needs ", n));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status CopyToDevice(void** dst, const void* src, int64_t bytes) {
   KPLAN_GPU_RETURN_IF_ERROR(cudaMalloc(dst, static_cast<size_t>(bytes)));
@@ -196,54 +180,18 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
                                          GpuRunStats* stats) {
   const ExpertsSpec& spec = experts.spec();
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  // --- Input checks (the CPU path's, then the GPU path's scope).
-  if (in.hidden_shape.size() != 2 || in.hidden_shape[1] != spec.hidden) {
-    return InvalidField("hidden_states.shape",
-                        absl::StrCat("hidden_states must be [M, ", spec.hidden, "], got [",
-                                     absl::StrJoin(in.hidden_shape, ", "), "]"));
-  }
-  const int64_t M = in.hidden_shape[0];
+  // --- Input checks: the CPU path's, then what the GPU path runs.
+  KPLAN_ASSIGN_OR_RETURN(const MoeRunShape shape, CheckMoeRunInput(spec, in));
   if (in.act_dtype != spec.dtype) {
     return absl::FailedPreconditionError(
         absl::StrCat("the GPU MoE path runs activations in the weights' dtype (",
                      moe::MoeDTypeName(spec.dtype), "), got ", moe::MoeDTypeName(in.act_dtype)));
   }
-  KPLAN_RETURN_IF_ERROR(CheckShape("hidden_states", in.hidden_shape, {M, spec.hidden},
-                                   in.hidden_states, 2));
-  const bool by_logits = !in.router_logits.empty() || !in.logits_shape.empty();
-  const bool by_ids = !in.topk_ids.empty() || !in.topk_shape.empty();
-  if (by_logits == by_ids) {
-    return InvalidField("router_logits",
-                        "give either router_logits with routing, or topk_ids with topk_weights");
-  }
+  const int64_t M = shape.num_tokens;
   const int E = spec.num_experts;
-  int k = 0;
-  moe::RoutingSpec routing;
-  if (by_logits) {
-    KPLAN_RETURN_IF_ERROR(CheckShape("router_logits", in.logits_shape, {M, E}, in.router_logits, 4));
-    KPLAN_ASSIGN_OR_RETURN(routing, RoutingSpecFor(in.routing, E));
-    k = routing.top_k;
-  } else {
-    if (in.topk_shape.size() != 2 || in.topk_shape[0] != M || in.topk_shape[1] < 1 ||
-        in.topk_shape[1] > E) {
-      return InvalidField("topk_ids.shape",
-                          absl::StrCat("topk_ids must be [", M, ", k] with 1 <= k <= ", E));
-    }
-    k = static_cast<int>(in.topk_shape[1]);
-    KPLAN_RETURN_IF_ERROR(CheckShape("topk_ids", in.topk_shape, {M, k}, in.topk_ids, 4));
-    KPLAN_RETURN_IF_ERROR(CheckShape("topk_weights", in.topk_shape, {M, k}, in.topk_weights, 4));
-    const int32_t* ids = reinterpret_cast<const int32_t*>(in.topk_ids.data());
-    for (int64_t t = 0; t < M * k; ++t) {
-      if (ids[t] < 0 || ids[t] >= E) {
-        return InvalidField("topk_ids", absl::StrCat("topk_ids[", t / k, "][", t % k, "] = ",
-                                                     ids[t], " is not in [0, ", E, ")"));
-      }
-    }
-  }
-  if (in.apply_router_weight_on_input && k != 1) {
-    return InvalidField("apply_router_weight_on_input",
-                        "apply_router_weight_on_input is only implemented for topk=1");
-  }
+  const int k = shape.top_k;
+  const bool by_logits = shape.by_logits;
+  const moe::RoutingSpec& routing = shape.routing;
   const kc::MoeElemType dtype = spec.dtype == moe::MoeDType::kBFloat16
                                     ? kc::MoeElemType::kBFloat16
                                     : kc::MoeElemType::kFloat16;

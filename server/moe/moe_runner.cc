@@ -78,16 +78,56 @@ absl::StatusOr<moe::RoutingSpec> RoutingSpecFor(const MoeRouting& r, int num_exp
   return s;
 }
 
-absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& in) {
-  const ExpertsSpec& spec = experts.spec();
+absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeRunInput& in) {
   if (in.hidden_shape.size() != 2 || in.hidden_shape[1] != spec.hidden) {
     return InvalidField("hidden_states.shape",
                         absl::StrCat("hidden_states must be [M, ", spec.hidden, "], got [",
                                      absl::StrJoin(in.hidden_shape, ", "), "]"));
   }
-  const int64_t m = in.hidden_shape[0];
+  MoeRunShape shape;
+  const int64_t m = shape.num_tokens = in.hidden_shape[0];
   KPLAN_RETURN_IF_ERROR(CheckShape("hidden_states", in.hidden_shape, {m, spec.hidden},
                                    in.hidden_states, ActBytes(in.act_dtype)));
+  shape.by_logits = !in.router_logits.empty() || !in.logits_shape.empty();
+  const bool by_ids = !in.topk_ids.empty() || !in.topk_shape.empty();
+  if (shape.by_logits == by_ids) {
+    return InvalidField("router_logits",
+                        "give either router_logits with routing, or topk_ids with topk_weights");
+  }
+  const int e = spec.num_experts;
+  if (shape.by_logits) {
+    KPLAN_RETURN_IF_ERROR(
+        CheckShape("router_logits", in.logits_shape, {m, e}, in.router_logits, 4));
+    KPLAN_ASSIGN_OR_RETURN(shape.routing, RoutingSpecFor(in.routing, e));
+    shape.top_k = shape.routing.top_k;
+  } else {
+    if (in.topk_shape.size() != 2 || in.topk_shape[0] != m || in.topk_shape[1] < 1 ||
+        in.topk_shape[1] > e) {
+      return InvalidField("topk_ids.shape",
+                          absl::StrCat("topk_ids must be [", m, ", k] with 1 <= k <= ", e));
+    }
+    const int k = shape.top_k = static_cast<int>(in.topk_shape[1]);
+    KPLAN_RETURN_IF_ERROR(CheckShape("topk_ids", in.topk_shape, {m, k}, in.topk_ids, 4));
+    KPLAN_RETURN_IF_ERROR(CheckShape("topk_weights", in.topk_shape, {m, k}, in.topk_weights, 4));
+    const int32_t* ids = reinterpret_cast<const int32_t*>(in.topk_ids.data());
+    for (int64_t t = 0; t < m * k; ++t) {
+      if (ids[t] < 0 || ids[t] >= e) {
+        return InvalidField("topk_ids", absl::StrCat("topk_ids[", t / k, "][", t % k, "] = ",
+                                                     ids[t], " is not in [0, ", e, ")"));
+      }
+    }
+  }
+  if (in.apply_router_weight_on_input && shape.top_k != 1) {
+    return InvalidField("apply_router_weight_on_input",
+                        "apply_router_weight_on_input is only implemented for topk=1");
+  }
+  return shape;
+}
+
+absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& in) {
+  const ExpertsSpec& spec = experts.spec();
+  KPLAN_ASSIGN_OR_RETURN(MoeRunShape shape, CheckMoeRunInput(spec, in));
+  const int64_t m = shape.num_tokens;
   moe::MoeProblem p;
   p.num_tokens = m;
   p.hidden = spec.hidden;
@@ -98,31 +138,11 @@ absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunI
   p.activation = experts.activation();
   p.weights = experts.Weights();
   p.apply_router_weight_on_input = in.apply_router_weight_on_input;
-
-  const bool by_logits = !in.router_logits.empty() || !in.logits_shape.empty();
-  const bool by_ids = !in.topk_ids.empty() || !in.topk_shape.empty();
-  if (by_logits == by_ids) {
-    return InvalidField("router_logits",
-                        "give either router_logits with routing, or topk_ids with topk_weights");
-  }
-  moe::RoutingSpec routing;
-  if (by_logits) {
-    KPLAN_RETURN_IF_ERROR(CheckShape("router_logits", in.logits_shape, {m, spec.num_experts},
-                                     in.router_logits, 4));
-    KPLAN_ASSIGN_OR_RETURN(routing, RoutingSpecFor(in.routing, spec.num_experts));
-    p.top_k = routing.top_k;
+  p.top_k = shape.top_k;
+  if (shape.by_logits) {
     p.router_logits = reinterpret_cast<const float*>(in.router_logits.data());
-    p.routing = routing;
+    p.routing = shape.routing;
   } else {
-    if (in.topk_shape.size() != 2 || in.topk_shape[0] != m || in.topk_shape[1] < 1 ||
-        in.topk_shape[1] > spec.num_experts) {
-      return InvalidField("topk_ids.shape", absl::StrCat("topk_ids must be [", m, ", k] with 1 <= k <= ",
-                                                         spec.num_experts));
-    }
-    p.top_k = static_cast<int>(in.topk_shape[1]);
-    KPLAN_RETURN_IF_ERROR(CheckShape("topk_ids", in.topk_shape, {m, p.top_k}, in.topk_ids, 4));
-    KPLAN_RETURN_IF_ERROR(
-        CheckShape("topk_weights", in.topk_shape, {m, p.top_k}, in.topk_weights, 4));
     p.topk_ids = reinterpret_cast<const int32_t*>(in.topk_ids.data());
     p.topk_weights = reinterpret_cast<const float*>(in.topk_weights.data());
   }

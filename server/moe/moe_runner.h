@@ -50,9 +50,21 @@ struct MoeRunOutput {
 // RenormalizeNaive, Sigmoid, SigmoidRenorm, DeepSeekV3, Llama4, DeepseekV4.
 absl::StatusOr<moe::RoutingSpec> RoutingSpecFor(const MoeRouting& routing, int num_experts);
 
-// Checks the input against the set (INVALID_ARGUMENT naming the request field:
-// hidden_states.shape, router_logits, routing.top_k, topk_ids, ...) and runs
-// the layer on the CPU.
+// What the input checks establish, for the CPU and the GPU path alike.
+struct MoeRunShape {
+  int64_t num_tokens = 0;
+  int top_k = 0;
+  bool by_logits = false;     // route router_logits, else use the given top-k
+  moe::RoutingSpec routing;  // when by_logits; its bias points into the input
+};
+
+// Checks `input` against `spec`: shapes, byte sizes, dtypes of the routing
+// inputs, top-k ids in range, apply_router_weight_on_input only with k == 1.
+// INVALID_ARGUMENT names the request field (hidden_states.shape,
+// router_logits, routing.top_k, topk_ids, ...).
+absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeRunInput& input);
+
+// Checks the input (CheckMoeRunInput) and runs the layer on the CPU.
 absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& input);
 
 }  // namespace kplan
