@@ -1,0 +1,783 @@
+// The GPU MoE layer (kernels/cuda/moe_ops.h routing + align, moe_experts.h
+// grouped GEMMs, activation, combine) timed as vLLM's benchmark_moe.py times
+// fused_moe: routing through combine captured in a CUDA graph, replayed, with
+// fresh random routing per layer, next to an SM copy and a cuBLAS bf16 matmul
+// measured in the same run. bench/moe_baseline.py prints the same table for a
+// PyTorch layer built on torch._grouped_mm.
+//
+// Method, per shape (weights allocated once: random non-zero bf16 scaled to
+// the fan-in, uploaded through GpuExperts::Create) and token count M:
+//  * a pool of R (--sets, 8) random router-logit sets [M, E] fp32 and hidden
+//    sets [M, H] bf16 on the device; one CUDA graph holds R layers, layer s
+//    reading set s (routing -> align -> GEMM 1 -> silu-and-mul -> GEMM 2 ->
+//    combine, into its own output), so every layer in a replay routes afresh
+//    and consecutive layers hit different experts;
+//  * check before timing: the workspace is poisoned (NaN), the graph is
+//    replayed once, and set 0's output and routing are compared with
+//    RunMoeOnGpu on the same inputs (same kernels: expected bit-exact; a
+//    NaN, a routing difference or rel L2 error > 1e-2 aborts the config);
+//  * ~3 s of heavy work (cuBLAS GEMMs) before anything is timed (an idle H200
+//    sits at a low clock), 1 s again after each shape's setup, 0.2 s of
+//    replays before each config; then CUDA events around batches of graph
+//    replays (a batch lasts >= ~2 ms), median over batches (at most
+//    --replays batches, about --budget_s seconds), divided by R per layer.
+//  * experts hit: the distinct expert ids in each set's routing (read back
+//    from the device), averaged over the R sets; weight bytes = hit x
+//    (2I*H + H*I) x 2. FLOPs = 2*M*k*2I*H (GEMM 1) + 2*M*k*H*I (GEMM 2).
+//  * rooflines: the best of several 16-byte SM copy kernels over 1 GiB
+//    (bytes read + written) and cublasGemmEx bf16 8192^3 (fp32 accumulate).
+//    floor = max(weight bytes / copy, FLOPs / matmul); the bound column
+//    names the larger term; %floor = floor / measured time.
+//
+// Routing: softmax over E, top-k, renormalise (vLLM fused_topk with
+// renormalize=True; RoutingMethodType RenormalizeNaive). bf16, silu.
+//
+// Usage: moe_bench [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096]
+//                  [--replays 200] [--sets 8] [--budget_s 1.5] [--warmup_s 3]
+//                  [--copy_mib 1024]
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_ops.h"
+#include "server/moe/expert_set.h"
+#include "server/moe/gpu_runner.h"
+#include "server/moe/moe_runner.h"
+
+namespace {
+
+namespace kc = kplan::kernels::cuda;
+using Clock = std::chrono::steady_clock;
+
+#define CHECK_CUDA(expr)                                                                  \
+  do {                                                                                    \
+    cudaError_t _e = (expr);                                                              \
+    if (_e != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                 \
+                   cudaGetErrorString(_e));                                               \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+#define CHECK_OK(expr)                                                                    \
+  do {                                                                                    \
+    absl::Status _s = (expr);                                                             \
+    if (!_s.ok()) {                                                                       \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str());     \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+#define CHECK_CUBLAS(expr)                                                                \
+  do {                                                                                    \
+    cublasStatus_t _s = (expr);                                                           \
+    if (_s != CUBLAS_STATUS_SUCCESS) {                                                    \
+      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #expr,   \
+                   static_cast<int>(_s));                                                 \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// ---------------------------------------------------------------------------
+// Copy roofline: grid-stride copies with kUnroll independent 16-byte loads per
+// thread (kHints: no-L1 loads, streaming stores), and a one-shot grid.
+template <bool kHints>
+__device__ __forceinline__ uint4 CopyLoad(const uint4* p) {
+  if constexpr (kHints) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+  } else {
+    return *p;
+  }
+}
+template <bool kHints>
+__device__ __forceinline__ void CopyStore(uint4* p, uint4 v) {
+  if constexpr (kHints) {
+    __stcs(p, v);
+  } else {
+    *p = v;
+  }
+}
+template <int kUnroll, bool kHints>
+__global__ void __launch_bounds__(256) CopyKernel(const uint4* __restrict__ src,
+                                                  uint4* __restrict__ dst, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = CopyLoad<kHints>(src + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) CopyStore<kHints>(dst + i + u * stride, v[u]);
+  }
+  for (; i < n; i += stride) CopyStore<kHints>(dst + i, CopyLoad<kHints>(src + i));
+}
+template <int kUnroll, bool kHints>
+__global__ void __launch_bounds__(256) CopyOneShotKernel(const uint4* __restrict__ src,
+                                                         uint4* __restrict__ dst, size_t n) {
+  const size_t base = blockIdx.x * static_cast<size_t>(256 * kUnroll) + threadIdx.x;
+  uint4 v[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (base + u * 256 < n) v[u] = CopyLoad<kHints>(src + base + u * 256);
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (base + u * 256 < n) CopyStore<kHints>(dst + base + u * 256, v[u]);
+  }
+}
+
+struct CopyVariant {
+  const char* name;
+  void (*kernel)(const uint4*, uint4*, size_t);
+  bool one_shot;
+  int unroll;
+  int waves;  // grid-stride: grid = SMs * 8 * waves
+};
+const CopyVariant kCopyVariants[] = {
+    {"gs_u1_w1", CopyKernel<1, false>, false, 1, 1},
+    {"gs_u4_w1_h", CopyKernel<4, true>, false, 4, 1},
+    {"gs_u2_w4", CopyKernel<2, false>, false, 2, 4},
+    {"os_u2", CopyOneShotKernel<2, false>, true, 2, 0},
+    {"os_u4_h", CopyOneShotKernel<4, true>, true, 4, 0},
+};
+
+// ---------------------------------------------------------------------------
+// Random device data (never zero).
+
+__device__ __forceinline__ uint32_t Hash(uint64_t i, uint32_t seed) {
+  uint64_t x = i * 0x9e3779b97f4a7c15ull + seed * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<uint32_t>(x ^ (x >> 31));
+}
+// bf16 uniform in +-[0.05, 2).
+__global__ void FillBf16Kernel(__nv_bfloat16* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint32_t h = Hash(i, seed);
+    float v = 0.05f + (h >> 8) / 16777216.0f * 1.95f;
+    p[i] = __float2bfloat16((h & 1) ? -v : v);
+  }
+}
+// fp32 uniform in [lo, hi).
+__global__ void FillF32Kernel(float* p, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    p[i] = lo + (hi - lo) * (Hash(i, seed) >> 8) / 16777216.0f;
+  }
+}
+void FillBf16(void* p, size_t n, uint32_t seed) {
+  FillBf16Kernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  CHECK_CUDA(cudaGetLastError());
+}
+void FillF32(float* p, size_t n, uint32_t seed, float lo, float hi) {
+  FillF32Kernel<<<1024, 256>>>(p, n, seed, lo, hi);
+  CHECK_CUDA(cudaGetLastError());
+}
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// n random non-zero bf16 values ±(1 + m/128)·2^(base - 0..3) (rms about
+// 2^base / 1.3), generated on the host in parallel.
+std::string RandomBf16Host(int64_t n, int base, uint64_t key) {
+  std::string out(static_cast<size_t>(n) * 2, '\0');
+  char* dst = out.data();
+  const int threads = static_cast<int>(std::max(1u, std::min(32u, std::thread::hardware_concurrency())));
+  const int64_t chunk = ((n + threads - 1) / threads + 3) / 4 * 4;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([=] {
+      const int64_t b = std::min<int64_t>(n, t * chunk), e = std::min<int64_t>(n, b + chunk);
+      for (int64_t i = b; i < e; i += 4) {
+        const uint64_t r = SplitMix(key + static_cast<uint64_t>(i));
+        for (int64_t j = i; j < std::min<int64_t>(e, i + 4); ++j) {
+          const uint32_t bits = static_cast<uint32_t>(r >> (16 * (j - i))) & 0xffff;
+          const uint16_t v = static_cast<uint16_t>(
+              (bits & 0x8000) | ((127 + base - (bits & 3)) << 7) | ((bits >> 2) & 127));
+          std::memcpy(dst + j * 2, &v, 2);
+        }
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  return out;
+}
+
+float Bf16ToFloat(uint16_t v) {
+  const uint32_t u = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// ---------------------------------------------------------------------------
+// Options.
+
+struct ShapeDef {
+  const char* key;
+  const char* name;
+  int E, k;
+  int64_t H, I;
+};
+const ShapeDef kShapes[] = {
+    {"mixtral", "Mixtral-8x7B", 8, 2, 4096, 14336},
+    {"qwen3", "Qwen3-30B-A3B", 128, 8, 2048, 768},
+    {"deepseek", "DeepSeek-V3", 256, 8, 7168, 2048},
+};
+
+struct Args {
+  std::vector<std::string> shapes = {"mixtral", "qwen3", "deepseek"};
+  std::vector<int64_t> tokens = {1, 16, 64, 256, 1024, 4096};
+  int replays = 200;  // most timed batches per config
+  int sets = 8;
+  double budget_s = 1.5;
+  double warmup_s = 3.0;
+  size_t copy_mib = 1024;
+};
+
+std::vector<std::string> SplitComma(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+[[noreturn]] void Usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
+               "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M]\n",
+               argv0);
+  std::exit(2);
+}
+
+Args ParseArgs(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 >= argc) Usage(argv[0]);
+    const std::string f = argv[i], v = argv[i + 1];
+    if (f == "--shapes") {
+      a.shapes = SplitComma(v);
+      for (const std::string& s : a.shapes) {
+        bool known = false;
+        for (const ShapeDef& d : kShapes) known |= s == d.key;
+        if (!known) {
+          std::fprintf(stderr, "unknown shape '%s' (mixtral, qwen3, deepseek)\n", s.c_str());
+          std::exit(2);
+        }
+      }
+    } else if (f == "--tokens") {
+      a.tokens.clear();
+      for (const std::string& t : SplitComma(v)) {
+        const long long m = std::atoll(t.c_str());
+        if (m < 1) Usage(argv[0]);
+        a.tokens.push_back(m);
+      }
+    } else if (f == "--replays") {
+      a.replays = std::max(3, std::atoi(v.c_str()));
+    } else if (f == "--sets") {
+      a.sets = std::max(1, std::atoi(v.c_str()));
+    } else if (f == "--budget_s") {
+      a.budget_s = std::atof(v.c_str());
+    } else if (f == "--warmup_s") {
+      a.warmup_s = std::atof(v.c_str());
+    } else if (f == "--copy_mib") {
+      a.copy_mib = std::strtoull(v.c_str(), nullptr, 10);
+    } else {
+      Usage(argv[0]);
+    }
+  }
+  return a;
+}
+
+// Median milliseconds per call of `launch` over `samples` event-timed
+// batches of `batch` calls on `stream`.
+template <typename F>
+double MedianMs(F&& launch, int samples, int batch, cudaStream_t stream) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<double> ms;
+  for (int s = 0; s < samples; ++s) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < batch; ++i) launch();
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    CHECK_CUDA(cudaGetLastError());
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(static_cast<double>(t) / batch);
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// ---------------------------------------------------------------------------
+// The matmul roofline: C = A^T B through cublasGemmEx, bf16 in/out, fp32
+// accumulate, n^3.
+struct Matmul {
+  cublasHandle_t handle = nullptr;
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  int n = 8192;
+  cudaStream_t stream;
+  explicit Matmul(cudaStream_t s) : stream(s) {
+    CHECK_CUBLAS(cublasCreate(&handle));
+    CHECK_CUBLAS(cublasSetStream(handle, stream));
+    const size_t elems = static_cast<size_t>(n) * n;
+    CHECK_CUDA(cudaMalloc(&a, elems * 2));
+    CHECK_CUDA(cudaMalloc(&b, elems * 2));
+    CHECK_CUDA(cudaMalloc(&c, elems * 2));
+    FillBf16(a, elems, 11);
+    FillBf16(b, elems, 12);
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
+  ~Matmul() {
+    cublasDestroy(handle);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+  }
+  void Run() {
+    const float alpha = 1.0f, beta = 0.0f;
+    CHECK_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF,
+                              n, b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+  }
+  double Flops() const { return 2.0 * n * static_cast<double>(n) * n; }
+  // Keeps the GPU busy for `seconds` (clocks up).
+  int Warm(double seconds) {
+    const auto t0 = Clock::now();
+    int count = 0;
+    while (Seconds(t0) < seconds) {
+      for (int i = 0; i < 10; ++i) Run();
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      count += 10;
+    }
+    return count;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// One config: device buffers, the graph, the check, the timing.
+
+struct Row {
+  std::string shape;
+  int64_t tokens = 0;
+  bool ok = false;
+  std::string note;
+  double us = 0, hit = 0, gbps = 0, tflops = 0, pct_copy = 0, pct_mm = 0, floor_us = 0;
+  bool compute_bound = false;
+};
+
+struct DevBuf {
+  void* p = nullptr;
+  DevBuf() = default;
+  explicit DevBuf(size_t bytes) { CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
+  ~DevBuf() {
+    if (p != nullptr) cudaFree(p);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const Args& args,
+              double copy_gbps, double mm_tflops, cudaStream_t stream) {
+  Row row;
+  row.shape = sh.name;
+  row.tokens = M;
+  const int E = sh.E, k = sh.k, R = args.sets;
+  const int64_t H = sh.H, I = sh.I, N13 = 2 * I;
+  const int64_t numel = M * k;
+  const int bm = kc::kMoeGemmBlockM;
+  const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
+  const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);
+
+  // Pool of R input sets; per-set routing and output; shared intermediates.
+  std::vector<std::unique_ptr<DevBuf>> hidden, logits, tw, tid, out;
+  for (int s = 0; s < R; ++s) {
+    hidden.push_back(std::make_unique<DevBuf>(M * H * 2));
+    logits.push_back(std::make_unique<DevBuf>(M * E * 4));
+    tw.push_back(std::make_unique<DevBuf>(numel * 4));
+    tid.push_back(std::make_unique<DevBuf>(numel * 4));
+    out.push_back(std::make_unique<DevBuf>(M * H * 2));
+    const uint32_t seed = static_cast<uint32_t>(1000003u * (M + 7) + 7919u * E + 31u * s);
+    FillBf16(hidden[s]->p, M * H, seed);
+    FillF32(logits[s]->as<float>(), M * E, seed ^ 0x5bd1e995u, -3.0f, 3.0f);
+  }
+  DevBuf sorted(max_padded * 4), eids(max_blocks * 4), post(4);
+  DevBuf c1(numel * N13 * 2), c2(numel * I * 2), y(numel * H * 2);
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  kc::MoeRoutingParams rp;
+  rp.num_experts = E;
+  rp.top_k = k;
+  rp.method = kc::MoeRoutingMethod::kTopK;
+  rp.scoring = kc::MoeScoringFunc::kSoftmax;
+  rp.renormalize = true;
+  CHECK_OK(kc::ValidateMoeRoutingParams(rp));
+
+  auto enqueue_layer = [&](int s) -> absl::Status {
+#define MOE_BENCH_RETURN_IF_ERROR(expr)      \
+  do {                                       \
+    if (absl::Status _st = (expr); !_st.ok()) \
+      return _st;                            \
+  } while (0)
+    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeRouting(rp, logits[s]->as<float>(), M,
+                                                   tw[s]->as<float>(), tid[s]->as<int32_t>(),
+                                                   stream));
+    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeAlignBlockSize(
+        tid[s]->as<int32_t>(), numel, bm, E, nullptr, /*pad_sorted_ids=*/false,
+        /*ignore_invalid_experts=*/false, sorted.as<int32_t>(), eids.as<int32_t>(),
+        post.as<int32_t>(), stream));
+    kc::MoeGroupedGemmArgs g1;
+    g1.dtype = kc::MoeElemType::kBFloat16;
+    g1.a = hidden[s]->p;
+    g1.a_row_div = k;
+    g1.w = gpu.w13();
+    g1.bias = nullptr;
+    g1.c = c1.p;
+    g1.sorted_token_ids = sorted.as<int32_t>();
+    g1.expert_ids = eids.as<int32_t>();
+    g1.num_tokens_post_padded = post.as<int32_t>();
+    g1.numel = numel;
+    g1.num_blocks = max_blocks;
+    g1.N = N13;
+    g1.K = H;
+    g1.num_local_experts = E;
+    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g1, stream));
+    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeActivation(kc::MoeActKind::kSilu, kc::MoeActParams{},
+                                                      kc::MoeElemType::kBFloat16, c1.p, numel,
+                                                      N13, c2.p, I, stream));
+    kc::MoeGroupedGemmArgs g2 = g1;
+    g2.a = c2.p;
+    g2.a_row_div = 1;
+    g2.w = gpu.w2();
+    g2.c = y.p;
+    g2.N = H;
+    g2.K = I;
+    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g2, stream));
+    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeCombine(kc::MoeElemType::kBFloat16, y.p,
+                                                   tw[s]->as<float>(), M, k, H, out[s]->p,
+                                                   stream));
+#undef MOE_BENCH_RETURN_IF_ERROR
+    return absl::OkStatus();
+  };
+
+  // Eager once (module load, attributes), then capture all R layers.
+  for (int s = 0; s < R; ++s) CHECK_OK(enqueue_layer(s));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int s = 0; s < R; ++s) {
+    const absl::Status st = enqueue_layer(s);
+    if (!st.ok()) {
+      std::fprintf(stderr, "capture failed: %s\n", st.ToString().c_str());
+      std::exit(1);
+    }
+  }
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  // --- Check: poison, one replay, set 0 against RunMoeOnGpu.
+  CHECK_CUDA(cudaMemsetAsync(sorted.p, 0xff, max_padded * 4, stream));
+  CHECK_CUDA(cudaMemsetAsync(eids.p, 0xff, max_blocks * 4, stream));
+  CHECK_CUDA(cudaMemsetAsync(c1.p, 0xff, numel * N13 * 2, stream));
+  CHECK_CUDA(cudaMemsetAsync(c2.p, 0xff, numel * I * 2, stream));
+  CHECK_CUDA(cudaMemsetAsync(y.p, 0xff, numel * H * 2, stream));
+  for (int s = 0; s < R; ++s) {
+    CHECK_CUDA(cudaMemsetAsync(out[s]->p, 0xff, M * H * 2, stream));
+    CHECK_CUDA(cudaMemsetAsync(tid[s]->p, 0xff, numel * 4, stream));
+    CHECK_CUDA(cudaMemsetAsync(tw[s]->p, 0xff, numel * 4, stream));
+  }
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaGetLastError());
+
+  kplan::MoeRunInput in;
+  in.act_dtype = kplan::moe::MoeDType::kBFloat16;
+  in.hidden_shape = {M, H};
+  in.hidden_states.resize(M * H * 2);
+  CHECK_CUDA(cudaMemcpy(in.hidden_states.data(), hidden[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
+  in.logits_shape = {M, E};
+  in.router_logits.resize(M * E * 4);
+  CHECK_CUDA(cudaMemcpy(in.router_logits.data(), logits[0]->p, M * E * 4, cudaMemcpyDeviceToHost));
+  in.routing.routing_method = "RenormalizeNaive";
+  in.routing.top_k = k;
+  kplan::GpuRunOptions opt;
+  opt.poison_workspace = true;
+  auto ref = kplan::RunMoeOnGpu(gpu, in, stream, opt);
+  if (!ref.ok()) {
+    row.note = "RunMoeOnGpu failed: " + ref.status().ToString();
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    return row;
+  }
+  std::vector<uint16_t> got(M * H);
+  std::vector<int32_t> got_ids(numel);
+  CHECK_CUDA(cudaMemcpy(got.data(), out[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(got_ids.data(), tid[0]->p, numel * 4, cudaMemcpyDeviceToHost));
+  const uint16_t* want = reinterpret_cast<const uint16_t*>(ref->output.data());
+  int64_t nan = 0, differ = 0;
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < M * H; ++i) {
+    const float g = Bf16ToFloat(got[i]), w = Bf16ToFloat(want[i]);
+    if (!std::isfinite(g) || !std::isfinite(w)) ++nan;
+    if (got[i] != want[i]) ++differ;
+    num += (static_cast<double>(g) - w) * (static_cast<double>(g) - w);
+    den += static_cast<double>(w) * w;
+  }
+  const int64_t id_diff = static_cast<int64_t>(
+      numel - std::inner_product(got_ids.begin(), got_ids.end(), ref->topk_ids.begin(),
+                                 int64_t{0}, std::plus<int64_t>(),
+                                 [](int32_t a, int32_t b) { return int64_t{a == b}; }));
+  const double rel = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1.0 : 0.0);
+  char check[160];
+  std::snprintf(check, sizeof(check), "%s (rel %.1e, %lld/%lld bf16 differ, %lld nan, %lld ids differ)",
+                differ == 0 && id_diff == 0 && nan == 0 ? "bit-exact" : "tolerance", rel,
+                static_cast<long long>(differ), static_cast<long long>(M * H),
+                static_cast<long long>(nan), static_cast<long long>(id_diff));
+  std::printf("  check %-14s M=%-5lld graph vs RunMoeOnGpu: %s\n", sh.name,
+              static_cast<long long>(M), check);
+  if (nan != 0 || id_diff != 0 || !(rel <= 1e-2) || den == 0) {
+    row.note = std::string("CHECK FAILED: ") + check;
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    return row;
+  }
+
+  // --- Experts hit, per set.
+  double hit_sum = 0;
+  for (int s = 0; s < R; ++s) {
+    std::vector<int32_t> ids(numel);
+    CHECK_CUDA(cudaMemcpy(ids.data(), tid[s]->p, numel * 4, cudaMemcpyDeviceToHost));
+    std::set<int32_t> distinct(ids.begin(), ids.end());
+    hit_sum += static_cast<double>(distinct.size());
+  }
+  row.hit = hit_sum / R;
+
+  // --- Timing. Warm replays (>= 0.2 s), batch sized to >= ~2 ms.
+  auto replay = [&] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); };
+  double replay_ms;
+  {
+    cudaEvent_t a, b;
+    CHECK_CUDA(cudaEventCreate(&a));
+    CHECK_CUDA(cudaEventCreate(&b));
+    const auto t0 = Clock::now();
+    int n = 0;
+    float ms = 0;
+    do {
+      CHECK_CUDA(cudaEventRecord(a, stream));
+      for (int i = 0; i < 3; ++i) replay();
+      CHECK_CUDA(cudaEventRecord(b, stream));
+      CHECK_CUDA(cudaEventSynchronize(b));
+      CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+      n += 3;
+    } while (Seconds(t0) < 0.2 || n < 6);
+    replay_ms = std::max(1e-3, ms / 3.0);
+    CHECK_CUDA(cudaEventDestroy(a));
+    CHECK_CUDA(cudaEventDestroy(b));
+  }
+  const int batch = std::max(1, static_cast<int>(std::ceil(2.0 / replay_ms)));
+  const int samples = std::clamp(
+      static_cast<int>(args.budget_s * 1e3 / (batch * replay_ms)), 5, args.replays);
+  const double ms = MedianMs(replay, samples, batch, stream);
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+
+  row.us = ms * 1e3 / R;
+  const double weight_bytes = row.hit * 3.0 * I * H * 2.0;
+  const double flops = 6.0 * static_cast<double>(M) * k * H * I;
+  row.gbps = weight_bytes / (row.us * 1e-6) / 1e9;
+  row.tflops = flops / (row.us * 1e-6) / 1e12;
+  row.pct_copy = 100.0 * row.gbps / copy_gbps;
+  row.pct_mm = 100.0 * row.tflops / mm_tflops;
+  const double t_bytes = weight_bytes / (copy_gbps * 1e9) * 1e6;
+  const double t_flops = flops / (mm_tflops * 1e12) * 1e6;
+  row.floor_us = std::max(t_bytes, t_flops);
+  row.compute_bound = t_flops > t_bytes;
+  row.ok = true;
+  char note[96];
+  std::snprintf(note, sizeof(note), "%d x %d replays x %d layers", samples, batch, R);
+  row.note = note;
+  return row;
+}
+
+// Weights of one shape, random non-zero bf16 scaled to the fan-in, on device 0.
+std::unique_ptr<kplan::GpuExperts> MakeExperts(const ShapeDef& sh) {
+  kplan::ExpertsSpec spec;
+  spec.experts_id = sh.key;
+  spec.num_experts = sh.E;
+  spec.hidden = sh.H;
+  spec.intermediate = sh.I;
+  spec.activation = "silu";
+  spec.dtype = kplan::moe::MoeDType::kBFloat16;
+  auto log2ceil = [](double x) { return static_cast<int>(std::ceil(std::log2(x))); };
+  std::map<std::string, std::string> t;
+  t["w13"] = RandomBf16Host(sh.E * 2 * sh.I * sh.H, -log2ceil(std::sqrt(double(sh.H))),
+                            SplitMix(0x1234 + sh.E));
+  t["w2"] = RandomBf16Host(sh.E * sh.H * sh.I, -log2ceil(std::sqrt(double(sh.I))),
+                           SplitMix(0x5678 + sh.E));
+  kplan::ExpertSet set(std::move(spec), std::move(t));
+  auto gpu = kplan::GpuExperts::Create(set, 0);
+  if (!gpu.ok()) {
+    std::fprintf(stderr, "GpuExperts::Create(%s): %s\n", sh.name, gpu.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(*gpu);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = ParseArgs(argc, argv);
+  const auto t_start = Clock::now();
+  CHECK_CUDA(cudaSetDevice(0));
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %.0f MB, %.1f GB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize / 1e6, prop.totalGlobalMem / 1e9);
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // --- Rooflines, after ~warmup_s of cuBLAS GEMMs.
+  Matmul mm(stream);
+  std::printf("warm-up: %d bf16 8192^3 GEMMs in %.1f s\n", mm.Warm(args.warmup_s), args.warmup_s);
+  const double mm_ms = MedianMs([&] { mm.Run(); }, 30, 5, stream);
+  const double mm_tflops = mm.Flops() / (mm_ms * 1e-3) / 1e12;
+  std::printf("matmul  cublasGemmEx bf16 8192^3 (fp32 acc): %8.1f us  %6.1f TFLOP/s\n",
+              mm_ms * 1e3, mm_tflops);
+
+  const size_t copy_bytes = args.copy_mib << 20;
+  double copy_gbps = 0;
+  {
+    DevBuf src(copy_bytes), dst(copy_bytes);
+    FillBf16(src.p, copy_bytes / 2, 1);
+    const size_t vecs = copy_bytes / 16;
+    std::vector<uint16_t> a(4096), b(4096);
+    for (const CopyVariant& c : kCopyVariants) {
+      const size_t grid = c.one_shot ? (vecs + 256 * c.unroll - 1) / (256 * c.unroll)
+                                     : static_cast<size_t>(prop.multiProcessorCount) * 8 * c.waves;
+      auto launch = [&] {
+        c.kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(src.as<const uint4>(),
+                                                                   dst.as<uint4>(), vecs);
+      };
+      CHECK_CUDA(cudaMemsetAsync(dst.p, 0, copy_bytes, stream));
+      launch();
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      CHECK_CUDA(cudaGetLastError());
+      // Spot-check the head and the tail of the copy.
+      bool ok = true;
+      for (size_t off : {size_t{0}, copy_bytes - sizeof(uint16_t) * a.size()}) {
+        CHECK_CUDA(cudaMemcpy(a.data(), static_cast<char*>(src.p) + off, a.size() * 2,
+                              cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaMemcpy(b.data(), static_cast<char*>(dst.p) + off, b.size() * 2,
+                              cudaMemcpyDeviceToHost));
+        ok = ok && a == b;
+      }
+      const double ms = MedianMs(launch, 30, 10, stream);
+      const double gbps = 2.0 * copy_bytes / (ms * 1e-3) / 1e9;
+      std::printf("copy    %-10s %zu MiB (read + write): %8.1f us  %6.0f GB/s%s\n", c.name,
+                  args.copy_mib, ms * 1e3, gbps, ok ? "" : "  <-- WRONG OUTPUT");
+      if (ok) copy_gbps = std::max(copy_gbps, gbps);
+    }
+  }
+  if (copy_gbps <= 0) {
+    std::fprintf(stderr, "no copy kernel produced the right output\n");
+    return 1;
+  }
+  std::printf("rooflines: copy %.0f GB/s, matmul %.1f TFLOP/s (ridge %.0f FLOP/byte)\n\n",
+              copy_gbps, mm_tflops, mm_tflops * 1e12 / (copy_gbps * 1e9));
+
+  // --- The layer.
+  std::vector<Row> rows;
+  for (const std::string& key : args.shapes) {
+    const ShapeDef* sh = nullptr;
+    for (const ShapeDef& d : kShapes) {
+      if (key == d.key) sh = &d;
+    }
+    const auto t0 = Clock::now();
+    std::unique_ptr<kplan::GpuExperts> gpu = MakeExperts(*sh);
+    std::printf("%s: E=%d k=%d H=%lld I=%lld, weights %.2f GB on the device (setup %.1f s)\n",
+                sh->name, sh->E, sh->k, static_cast<long long>(sh->H),
+                static_cast<long long>(sh->I), gpu->bytes() / 1e9, Seconds(t0));
+    mm.Warm(1.0);  // clocks back up after the host-side setup
+    for (int64_t M : args.tokens) {
+      const auto tc = Clock::now();
+      Row r = RunConfig(*sh, *gpu, M, args, copy_gbps, mm_tflops, stream);
+      if (r.ok) {
+        std::printf("  %-14s M=%-5lld %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f TFLOP/s  (%s, %.1f s)\n",
+                    r.shape.c_str(), static_cast<long long>(M), r.us, r.hit, r.gbps, r.tflops,
+                    r.note.c_str(), Seconds(tc));
+      } else {
+        std::printf("  %-14s M=%-5lld SKIPPED: %s\n", r.shape.c_str(), static_cast<long long>(M),
+                    r.note.c_str());
+      }
+      std::fflush(stdout);
+      rows.push_back(r);
+    }
+  }
+
+  // --- The table.
+  std::printf("\nkplan GPU MoE layer (routing -> combine, CUDA graph, %d routing sets rotating, "
+              "median), bf16 silu, softmax top-k renormalize\n",
+              args.sets);
+  std::printf("rooflines measured in this run: copy %.0f GB/s (SM copy kernel, read + write), "
+              "matmul %.1f TFLOP/s (cuBLAS bf16 8192^3)\n",
+              copy_gbps, mm_tflops);
+  std::printf("%-14s %6s %11s %7s %8s %7s %8s %7s %5s %10s %7s\n", "shape", "tokens", "us",
+              "hit", "GB/s", "%copy", "TFLOP/s", "%mm", "bound", "floor_us", "%floor");
+  for (const Row& r : rows) {
+    if (!r.ok) {
+      std::printf("%-14s %6lld  FAILED: %s\n", r.shape.c_str(), static_cast<long long>(r.tokens),
+                  r.note.c_str());
+      continue;
+    }
+    std::printf("%-14s %6lld %11.1f %7.1f %8.0f %6.1f%% %8.1f %6.1f%% %5s %10.1f %6.1f%%\n",
+                r.shape.c_str(), static_cast<long long>(r.tokens), r.us, r.hit, r.gbps,
+                r.pct_copy, r.tflops, r.pct_mm, r.compute_bound ? "mm" : "copy", r.floor_us,
+                100.0 * r.floor_us / r.us);
+  }
+  std::printf("total %.1f s\n", Seconds(t_start));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  bool all_ok = true;
+  for (const Row& r : rows) all_ok = all_ok && r.ok;
+  return all_ok ? 0 : 1;
+}
