@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kernels/cuda/ir_ops.h"
+#include "bench/bench_check.h"
 #include "bench/copy_roofline.cuh"
 
 namespace {
@@ -41,25 +42,6 @@ using kplan::kernels::IrRowsIn;
 using kplan::kernels::IrScalarType;
 using kplan::kernels::IrWeightIn;
 namespace kc = kplan::kernels::cuda;
-
-#define CHECK_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    cudaError_t _e = (expr);                                                              \
-    if (_e != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                 \
-                   cudaGetErrorString(_e));                                               \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
-
-#define CHECK_OK(expr)                                                                    \
-  do {                                                                                    \
-    absl::Status _s = (expr);                                                             \
-    if (!_s.ok()) {                                                                       \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str());     \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 // The copy kernels timed for the roofline (bench/copy_roofline.cuh); the best wins.
 const CopyVariant kCopyVariants[] = {

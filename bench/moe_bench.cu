@@ -59,31 +59,13 @@
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"
+#include "bench/bench_check.h"
 #include "bench/copy_roofline.cuh"
 
 namespace {
 
 namespace kc = kplan::kernels::cuda;
 using Clock = std::chrono::steady_clock;
-
-#define CHECK_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    cudaError_t _e = (expr);                                                              \
-    if (_e != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                 \
-                   cudaGetErrorString(_e));                                               \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
-
-#define CHECK_OK(expr)                                                                    \
-  do {                                                                                    \
-    absl::Status _s = (expr);                                                             \
-    if (!_s.ok()) {                                                                       \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str());     \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 #define CHECK_CUBLAS(expr)                                                                \
   do {                                                                                    \
