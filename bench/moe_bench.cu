@@ -57,6 +57,7 @@
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_ops.h"
 #include "server/moe/expert_set.h"
+#include "server/moe/gpu_layer.h"
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"
 #include "bench/bench_check.h"
@@ -348,13 +349,10 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   row.shape = sh.name;
   row.tokens = M;
   const int E = sh.E, k = sh.k, R = args.sets;
-  const int64_t H = sh.H, I = sh.I, N13 = 2 * I;
+  const int64_t H = sh.H, I = sh.I;
   const int64_t numel = M * k;
-  const int bm = kc::kMoeGemmBlockM;
-  const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
-  const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);
 
-  // Pool of R input sets; per-set routing and output; shared intermediates.
+  // Pool of R input sets; per-set routing and output; one shared workspace.
   std::vector<std::unique_ptr<DevBuf>> hidden, logits, tw, tid, out;
   for (int s = 0; s < R; ++s) {
     hidden.push_back(std::make_unique<DevBuf>(M * H * 2));
@@ -366,8 +364,8 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     FillBf16(hidden[s]->p, M * H, seed);
     FillF32(logits[s]->as<float>(), M * E, seed ^ 0x5bd1e995u, -3.0f, 3.0f);
   }
-  DevBuf sorted(max_padded * 4), eids(max_blocks * 4), post(4);
-  DevBuf c1(numel * N13 * 2), c2(numel * I * 2), y(numel * H * 2);
+  const int64_t ws_bytes = kplan::MoeLayerWorkspaceBytes(gpu, M, k, E);
+  DevBuf ws(ws_bytes);
   CHECK_CUDA(cudaDeviceSynchronize());
 
   kc::MoeRoutingParams rp;
@@ -379,50 +377,17 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   CHECK_OK(kc::ValidateMoeRoutingParams(rp));
 
   auto enqueue_layer = [&](int s) -> absl::Status {
-#define MOE_BENCH_RETURN_IF_ERROR(expr)      \
-  do {                                       \
-    if (absl::Status _st = (expr); !_st.ok()) \
-      return _st;                            \
-  } while (0)
-    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeRouting(rp, logits[s]->as<float>(), M,
-                                                   tw[s]->as<float>(), tid[s]->as<int32_t>(),
-                                                   stream));
-    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeAlignBlockSize(
-        tid[s]->as<int32_t>(), numel, bm, E, nullptr, /*pad_sorted_ids=*/false,
-        /*ignore_invalid_experts=*/false, sorted.as<int32_t>(), eids.as<int32_t>(),
-        post.as<int32_t>(), stream));
-    kc::MoeGroupedGemmArgs g1;
-    g1.dtype = kc::MoeElemType::kBFloat16;
-    g1.a = hidden[s]->p;
-    g1.a_row_div = k;
-    g1.w = gpu.w13();
-    g1.bias = nullptr;
-    g1.c = c1.p;
-    g1.sorted_token_ids = sorted.as<int32_t>();
-    g1.expert_ids = eids.as<int32_t>();
-    g1.num_tokens_post_padded = post.as<int32_t>();
-    g1.numel = numel;
-    g1.num_blocks = max_blocks;
-    g1.N = N13;
-    g1.K = H;
-    g1.num_local_experts = E;
-    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g1, stream));
-    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeActivation(kc::MoeActKind::kSilu, kc::MoeActParams{},
-                                                      kc::MoeElemType::kBFloat16, c1.p, numel,
-                                                      N13, c2.p, I, stream));
-    kc::MoeGroupedGemmArgs g2 = g1;
-    g2.a = c2.p;
-    g2.a_row_div = 1;
-    g2.w = gpu.w2();
-    g2.c = y.p;
-    g2.N = H;
-    g2.K = I;
-    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g2, stream));
-    MOE_BENCH_RETURN_IF_ERROR(kc::LaunchMoeCombine(kc::MoeElemType::kBFloat16, y.p,
-                                                   tw[s]->as<float>(), M, k, H, out[s]->p,
-                                                   stream));
-#undef MOE_BENCH_RETURN_IF_ERROR
-    return absl::OkStatus();
+    kplan::MoeLayerArgs la;
+    la.num_tokens = M;
+    la.top_k = k;
+    la.num_experts = E;
+    la.hidden = hidden[s]->p;
+    la.router_logits = logits[s]->as<float>();
+    la.routing = rp;
+    la.topk_ids = tid[s]->as<int32_t>();
+    la.topk_weights = tw[s]->as<float>();
+    la.output = out[s]->p;
+    return kplan::EnqueueMoeLayer(gpu, la, ws.p, ws_bytes, stream);
   };
 
   // Eager once (module load, attributes), then capture all R layers.
@@ -442,11 +407,7 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
 
   // --- Check: poison, one replay, set 0 against RunMoeOnGpu.
-  CHECK_CUDA(cudaMemsetAsync(sorted.p, 0xff, max_padded * 4, stream));
-  CHECK_CUDA(cudaMemsetAsync(eids.p, 0xff, max_blocks * 4, stream));
-  CHECK_CUDA(cudaMemsetAsync(c1.p, 0xff, numel * N13 * 2, stream));
-  CHECK_CUDA(cudaMemsetAsync(c2.p, 0xff, numel * I * 2, stream));
-  CHECK_CUDA(cudaMemsetAsync(y.p, 0xff, numel * H * 2, stream));
+  CHECK_CUDA(cudaMemsetAsync(ws.p, 0xff, ws_bytes, stream));
   for (int s = 0; s < R; ++s) {
     CHECK_CUDA(cudaMemsetAsync(out[s]->p, 0xff, M * H * 2, stream));
     CHECK_CUDA(cudaMemsetAsync(tid[s]->p, 0xff, numel * 4, stream));

@@ -1,7 +1,7 @@
 // CUDA launchers of the expert half of a fused MoE layer (vllm-kernel-plan.md
 // §6.2, §6.3), vLLM fused_moe's structure with our own kernels:
 //
-//   routing + moe_align_block_size (moe_ops.h, block size kMoeGemmBlockM)
+//   routing + moe_align_block_size (moe_ops.h, block size MoeGemmBlockMFor)
 //   -> grouped GEMM 1  C1[slot] = A[slot / top_k] · w13[e]ᵀ (+ b13[e])   [numel, N13]
 //   -> activation      C2 = act(C1)                                     [numel, I]
 //   -> grouped GEMM 2  Y[slot]  = C2[slot] · w2[e]ᵀ (+ b2[e])           [numel, H]
@@ -54,22 +54,27 @@ struct MoeActParams {
   float beta = 1.0f;
 };
 
-// The GEMM tile: BLOCK_M rows of sorted_token_ids (one expert per tile) x
-// BLOCK_N output columns, K stepped by BLOCK_K through a 3-stage cp.async
-// pipeline; 8 warps, each 32x32 of WMMA 16x16x16 fragments, fp32 accumulate.
-// moe_align_block_size must be run with block_size = kMoeGemmBlockM.
-inline constexpr int kMoeGemmBlockM = 64;
-inline constexpr int kMoeGemmBlockN = 128;
-inline constexpr int kMoeGemmBlockK = 32;
+// The grouped GEMM (moe_gemm_sm90.cu, wgmma on sm_90a): a CTA computes 128
+// weight rows x block_m slots of one moe_align_block_size block (one expert),
+// K stepped by 64 through a cp.async pipeline; block_m is 16, 64 or 128 and
+// must be the block size moe_align_block_size ran with. MoeGemmBlockMFor
+// picks it from the expected slots per expert (16 at decode sizes).
+int MoeGemmBlockMFor(int64_t numel, int num_experts);
+// Split-K factor that gives the GEMM about two weight-streaming CTAs per SM
+// (1 = no split); MoeGemmPartialsBytes is the fp32 workspace it needs.
+int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, int num_sms);
+int64_t MoeGemmPartialsBytes(int splits, int64_t numel, int64_t N);
 
-// One grouped GEMM over the moe_align_block_size output. Tile t covers
-// sorted_token_ids[t*BM, (t+1)*BM) and uses expert expert_ids[t]. For every
-// slot s in it with s < numel (sentinels are skipped):
+// One grouped GEMM over the moe_align_block_size output. Block t covers
+// sorted_token_ids[t*block_m, (t+1)*block_m) and uses expert expert_ids[t].
+// For every slot s in it with s < numel (sentinels are skipped):
 //   C[s, n] = round(Σ_k A[s / a_row_div, k] · W[e, n, k])        (+ bias: see below)
-// where with bias v = round(round(acc) + round(bias[e, n])). Tiles whose
-// expert is -1 (not local under EP) write zeros to their slots; tiles at or
-// past *num_tokens_post_padded do nothing. Slots that no tile lists are not
-// written.
+// where with bias v = round(round(acc) + round(bias[e, n])). Blocks whose
+// expert is -1 (not local under EP) write zeros to their slots; blocks at or
+// past *num_tokens_post_padded do nothing. Slots that no block lists are not
+// written. With splits > 1 the K range is split over that many CTAs whose
+// fp32 partials (`partials`, MoeGemmPartialsBytes) are summed in split order
+// before the same rounding.
 struct MoeGroupedGemmArgs {
   MoeElemType dtype = MoeElemType::kBFloat16;
   const void* a = nullptr;  // [a_rows, K]; GEMM 1: hidden states [M, K]; GEMM 2: [numel, K]
@@ -77,14 +82,17 @@ struct MoeGroupedGemmArgs {
   const void* w = nullptr;  // [num_local_experts, N, K]
   const float* bias = nullptr;  // [num_local_experts, N] fp32, or null
   void* c = nullptr;            // [numel, N]
-  const int32_t* sorted_token_ids = nullptr;        // [num_blocks * BM]
+  const int32_t* sorted_token_ids = nullptr;        // [num_blocks * block_m]
   const int32_t* expert_ids = nullptr;              // [num_blocks]
   const int32_t* num_tokens_post_padded = nullptr;  // [1]
   int64_t numel = 0;       // M * top_k, the sentinel value
-  int64_t num_blocks = 0;  // MoeAlignMaxBlocks(numel, E, kMoeGemmBlockM, false)
-  int64_t N = 0;
-  int64_t K = 0;  // a multiple of 8 (16-byte rows for cp.async)
+  int64_t num_blocks = 0;  // MoeAlignMaxBlocks(numel, E, block_m, false)
+  int64_t N = 0;           // a multiple of 8
+  int64_t K = 0;           // a multiple of 8 (16-byte rows for cp.async)
   int num_local_experts = 0;
+  int block_m = 64;
+  int splits = 1;
+  float* partials = nullptr;  // with splits > 1
 };
 
 absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& args, cudaStream_t stream);

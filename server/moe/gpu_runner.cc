@@ -11,6 +11,7 @@
 #include "kernels/cuda/ir_cuda_status.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_ops.h"
+#include "server/moe/gpu_layer.h"
 #include "server/base/status.h"
 
 namespace kplan {
@@ -123,7 +124,19 @@ GpuExperts::~GpuExperts() {
 }
 
 absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& set, int device) {
+  return Create(set, device, 0, set.spec().num_experts);
+}
+
+absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& set, int device,
+                                                               int first_expert,
+                                                               int num_experts) {
   const ExpertsSpec& spec = set.spec();
+  if (first_expert < 0 || num_experts <= 0 || first_expert + num_experts > spec.num_experts) {
+    return InvalidField("num_experts", absl::StrCat("experts [", first_expert, ", ",
+                                                    first_expert + num_experts,
+                                                    ") are not a slice of the set's ",
+                                                    spec.num_experts));
+  }
   if (!spec.quant.scheme.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("the GPU MoE path runs unquantised weights only; experts '",
@@ -149,22 +162,27 @@ absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& 
   }
   std::unique_ptr<GpuExperts> g(new GpuExperts());
   g->spec_ = spec;
+  g->spec_.num_experts = num_experts;
   g->activation_ = set.activation();
   g->device_ = device;
-  const int64_t E = spec.num_experts, H = spec.hidden, I = spec.intermediate, N13 = g->n13();
+  g->first_expert_ = first_expert;
+  const int64_t E = num_experts, H = spec.hidden, I = spec.intermediate, N13 = g->n13();
+  const int64_t f = first_expert;  // offsets of the slice in the set's tensors
   DeviceScope scope;
   KPLAN_RETURN_IF_ERROR(scope.Enter(device));
   // On failure `g` is destroyed on return, freeing what was allocated.
-  KPLAN_RETURN_IF_ERROR(CopyToDevice(&g->w13_, w.w13, E * N13 * H * 2));
-  KPLAN_RETURN_IF_ERROR(CopyToDevice(&g->w2_, w.w2, E * H * I * 2));
+  KPLAN_RETURN_IF_ERROR(
+      CopyToDevice(&g->w13_, static_cast<const char*>(w.w13) + f * N13 * H * 2, E * N13 * H * 2));
+  KPLAN_RETURN_IF_ERROR(
+      CopyToDevice(&g->w2_, static_cast<const char*>(w.w2) + f * H * I * 2, E * H * I * 2));
   g->bytes_ = E * N13 * H * 2 + E * H * I * 2;
   if (w.b13 != nullptr && w.b2 != nullptr) {
     void* b13 = nullptr;
     void* b2 = nullptr;
-    absl::Status st = CopyToDevice(&b13, w.b13, E * N13 * 4);
+    absl::Status st = CopyToDevice(&b13, w.b13 + f * N13, E * N13 * 4);
     g->b13_ = static_cast<float*>(b13);
     KPLAN_RETURN_IF_ERROR(st);
-    st = CopyToDevice(&b2, w.b2, E * H * 4);
+    st = CopyToDevice(&b2, w.b2 + f * H, E * H * 4);
     g->b2_ = static_cast<float*>(b2);
     KPLAN_RETURN_IF_ERROR(st);
     g->bytes_ += E * N13 * 4 + E * H * 4;
@@ -192,9 +210,6 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   const int k = shape.top_k;
   const bool by_logits = shape.by_logits;
   const moe::RoutingSpec& routing = shape.routing;
-  const kc::MoeElemType dtype = spec.dtype == moe::MoeDType::kBFloat16
-                                    ? kc::MoeElemType::kBFloat16
-                                    : kc::MoeElemType::kFloat16;
   kc::MoeRoutingParams rp;
   if (by_logits) {
     rp.num_experts = routing.num_experts;
@@ -216,29 +231,21 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   out.topk_weights.resize(M * k);
   if (M == 0) return out;
 
-  // --- Workspace.
-  const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
+  // --- Workspace: the inputs, routing and output of this call, then the layer's.
+  const int64_t H = spec.hidden;
   const int64_t numel = M * k;
-  const int bm = kc::kMoeGemmBlockM;
-  const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
-  const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);
   const bool has_bias = by_logits && routing.e_score_correction_bias != nullptr;
   DeviceScope scope;  // outlives the workspace, which is freed on this device
   KPLAN_RETURN_IF_ERROR(scope.Enter(experts.device()));
   Workspace ws(stream);
   const int64_t o_hidden = ws.Reserve(M * H * 2);
-  const int64_t o_scaled = in.apply_router_weight_on_input ? ws.Reserve(M * H * 2) : -1;
   const int64_t o_logits = by_logits ? ws.Reserve(M * E * 4) : -1;
   const int64_t o_bias = has_bias ? ws.Reserve(E * 4) : -1;
   const int64_t o_w = ws.Reserve(numel * 4);
   const int64_t o_ids = ws.Reserve(numel * 4);
-  const int64_t o_sorted = ws.Reserve(max_padded * 4);
-  const int64_t o_eids = ws.Reserve(max_blocks * 4);
-  const int64_t o_post = ws.Reserve(4);
-  const int64_t o_c1 = ws.Reserve(numel * N13 * 2);
-  const int64_t o_c2 = ws.Reserve(numel * I * 2);
-  const int64_t o_y = ws.Reserve(numel * H * 2);
   const int64_t o_out = ws.Reserve(M * H * 2);
+  const int64_t layer_bytes = MoeLayerWorkspaceBytes(experts, M, k, E);
+  const int64_t o_layer = ws.Reserve(layer_bytes);
 
   KPLAN_RETURN_IF_ERROR(ws.Allocate());
   if (stats != nullptr) stats->workspace_bytes = ws.size();
@@ -275,61 +282,20 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   }
   if (stats != nullptr) KPLAN_GPU_RETURN_IF_ERROR(cudaEventRecord(ev.start, stream));
 
-  // --- Routing and align.
-  if (by_logits) {
-    KPLAN_RETURN_IF_ERROR(
-        kc::LaunchMoeRouting(rp, ws.At<float>(o_logits), M, d_w, d_ids, stream));
-  }
-  int32_t* d_sorted = ws.At<int32_t>(o_sorted);
-  int32_t* d_eids = ws.At<int32_t>(o_eids);
-  int32_t* d_post = ws.At<int32_t>(o_post);
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeAlignBlockSize(d_ids, numel, bm, E, /*expert_map=*/nullptr,
-                                                    /*pad_sorted_ids=*/false,
-                                                    /*ignore_invalid_experts=*/false, d_sorted,
-                                                    d_eids, d_post, stream));
-
-  // --- Experts.
-  const void* a1 = d_hidden;
-  if (in.apply_router_weight_on_input) {
-    KPLAN_RETURN_IF_ERROR(
-        kc::LaunchMoeScaleRows(dtype, d_hidden, d_w, M, H, ws.At<void>(o_scaled), stream));
-    a1 = ws.At<void>(o_scaled);
-  }
-  kc::MoeGroupedGemmArgs g1;
-  g1.dtype = dtype;
-  g1.a = a1;
-  g1.a_row_div = k;
-  g1.w = experts.w13();
-  g1.bias = experts.b13();
-  g1.c = ws.At<void>(o_c1);
-  g1.sorted_token_ids = d_sorted;
-  g1.expert_ids = d_eids;
-  g1.num_tokens_post_padded = d_post;
-  g1.numel = numel;
-  g1.num_blocks = max_blocks;
-  g1.N = N13;
-  g1.K = H;
-  g1.num_local_experts = E;
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g1, stream));
-
-  kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeActivation(static_cast<kc::MoeActKind>(experts.activation()),
-                                                ap, dtype, ws.At<void>(o_c1), numel, N13,
-                                                ws.At<void>(o_c2), I, stream));
-
-  kc::MoeGroupedGemmArgs g2 = g1;
-  g2.a = ws.At<void>(o_c2);
-  g2.a_row_div = 1;
-  g2.w = experts.w2();
-  g2.bias = experts.b2();
-  g2.c = ws.At<void>(o_y);
-  g2.N = H;
-  g2.K = I;
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g2, stream));
-
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeCombine(
-      dtype, ws.At<void>(o_y), in.apply_router_weight_on_input ? nullptr : d_w, M, k, H,
-      ws.At<void>(o_out), stream));
+  // --- The layer.
+  MoeLayerArgs la;
+  la.num_tokens = M;
+  la.top_k = k;
+  la.num_experts = E;
+  la.hidden = d_hidden;
+  la.router_logits = by_logits ? ws.At<float>(o_logits) : nullptr;
+  la.routing = rp;
+  la.topk_ids = d_ids;
+  la.topk_weights = d_w;
+  la.apply_router_weight_on_input = in.apply_router_weight_on_input;
+  la.output = ws.At<void>(o_out);
+  KPLAN_RETURN_IF_ERROR(
+      EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
   if (stats != nullptr) KPLAN_GPU_RETURN_IF_ERROR(cudaEventRecord(ev.stop, stream));
 
   // --- Downloads, one synchronisation.

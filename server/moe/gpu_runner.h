@@ -33,6 +33,12 @@ class GpuExperts final : public DeviceExperts {
   // tensor; RESOURCE_EXHAUSTED when the device is out of memory (everything
   // allocated so far is freed).
   static absl::StatusOr<std::unique_ptr<GpuExperts>> Create(const ExpertSet& set, int device);
+  // Copies only experts [first_expert, first_expert + num_experts) of the set:
+  // one expert-parallel rank's slice (server/moe/ep/gpu_ep.h). spec().num_experts
+  // is then num_experts and local expert i is the set's first_expert + i.
+  // INVALID_ARGUMENT for a range outside the set.
+  static absl::StatusOr<std::unique_ptr<GpuExperts>> Create(const ExpertSet& set, int device,
+                                                            int first_expert, int num_experts);
   ~GpuExperts();
   GpuExperts(const GpuExperts&) = delete;
   GpuExperts& operator=(const GpuExperts&) = delete;
@@ -40,6 +46,7 @@ class GpuExperts final : public DeviceExperts {
   const ExpertsSpec& spec() const { return spec_; }
   moe::MoeActivation activation() const { return activation_; }
   int device() const { return device_; }
+  int first_expert() const { return first_expert_; }  // in the ExpertSet; 0 unless a slice
   int64_t n13() const;  // rows of w13 per expert: 2I gated, I for _no_mul
   int64_t bytes() const { return bytes_; }
   std::string device_name() const override;
@@ -55,6 +62,7 @@ class GpuExperts final : public DeviceExperts {
   ExpertsSpec spec_;
   moe::MoeActivation activation_ = moe::MoeActivation::kSilu;
   int device_ = 0;
+  int first_expert_ = 0;
   int64_t bytes_ = 0;
   void* w13_ = nullptr;
   void* w2_ = nullptr;
@@ -78,7 +86,7 @@ struct GpuRunStats {
 
 // Runs the layer on experts.device() on `stream` (a cudaStream_t; null = the
 // legacy default stream): upload of hidden states and logits (or ids and
-// weights), routing, moe_align_block_size (block kMoeGemmBlockM), GEMM 1,
+// weights), routing, moe_align_block_size (block MoeGemmBlockMFor), GEMM 1,
 // activation, GEMM 2, combine, download of the output and the routing; one
 // synchronisation at the end. Input errors are those of RunMoeOnCpu
 // (INVALID_ARGUMENT naming the request field); act_dtype other than the

@@ -1,0 +1,419 @@
+// The grouped GEMM of the fused MoE layer on Hopper tensor cores (wgmma,
+// sm_90a): LaunchMoeGroupedGemm of moe_experts.h.
+//
+// Shape. The GEMM is "swapped": the weights are wgmma's A operand and the
+// gathered token rows its B operand, so the 64-row minimum of wgmma falls on
+// the weight rows (always plentiful) and the token tile can be as narrow as
+// the batch (16 slots for decode, 64 or 128 for prefill). A CTA computes
+// 128 weight rows (two warpgroups of 64) x block_m slots of one
+// moe_align_block_size block (one expert), stepping K by 64 through a
+// multi-stage cp.async pipeline. Both tiles are K-major rows of 128 bytes in
+// the 128-byte swizzled layout wgmma reads through matrix descriptors (16-byte
+// chunk c of row r at chunk c ^ (r % 8)); token rows are gathered from
+// A[slot / a_row_div] while copying, so there is no gather pass.
+//
+// Why swapped and why split-K: at decode sizes the layer is a weight stream
+// (every weight of a hit expert is read once for a handful of tokens), and
+// the weight rows are what must be spread over the 132 SMs. When the grid has
+// too few CTAs to keep every SM streaming (e.g. GEMM 2 of Mixtral for one
+// token: 32 row tiles x 2 experts), K is split over `splits` CTAs that write
+// fp32 partials, and a second small kernel sums them in split order (so the
+// result is deterministic) and applies the rounding of the unsplit epilogue.
+//
+// Pipeline (per CTA, all 256 threads copy, each warpgroup multiplies):
+//   iteration kt: wait for stage kt's copies; fence.proxy.async (cp.async
+//   writes through the generic proxy, wgmma reads through the async proxy);
+//   barrier; prefetch k-tile kt+S-2 into the stage that k-tile kt-2 used
+//   (its wgmmas completed: every warpgroup waited for all but its latest
+//   wgmma group before the barrier); issue 4 wgmma k16 steps; commit; wait
+//   until at most one group is in flight.
+// Epilogue: accumulators -> shared tile [slots][128] (rounded to T with the
+// bias, or fp32 partials), then coalesced 16-byte row stores to C[slot].
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/ir_cuda_status.h"
+#include "kernels/cuda/ir_device_math.cuh"
+#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_wgmma.cuh"
+
+namespace kplan::kernels::cuda {
+namespace {
+
+using detail::FromFloat;
+using detail::ToFloat;
+using detail::Wgmma;
+
+constexpr int kRowsW = 128;  // weight rows per CTA (two warpgroups x 64)
+constexpr int kBK = 64;      // K per stage: one 128-byte swizzle atom of bf16 / fp16
+constexpr int kThreads = 256;
+
+template <int BT>
+struct Cfg {
+  static constexpr int kStages = BT == 16 ? 6 : 4;
+  static constexpr int kWBytes = kRowsW * kBK * 2;  // 16 KiB
+  static constexpr int kTBytes = BT * kBK * 2;
+  static constexpr int kStageBytes = kWBytes + kTBytes;
+  static constexpr int kPipeBytes = kStages * kStageBytes;
+  static constexpr int kLdc = kRowsW + 8;        // epilogue T tile pitch (elements)
+  static constexpr int kLdp = kRowsW + 4;        // epilogue fp32 tile pitch
+  static constexpr int kSmemBytes = kPipeBytes + 1024;  // + room to align to 1024
+  static constexpr int kMinBlocks = BT <= 64 ? 2 : 1;
+  static_assert(BT * kLdp * 4 <= kPipeBytes, "epilogue tile must fit the pipeline buffers");
+};
+
+__device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool valid) {
+  const int src_size = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(src_size)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Byte offset of 16-byte chunk `c` of row `r` in a 128-byte-swizzled tile.
+__device__ __forceinline__ uint32_t Swz(int r, int c) {
+  return static_cast<uint32_t>(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+// 1024 bytes apart (SBO), LBO unused for this layout (1 by convention).
+__device__ __forceinline__ uint64_t Desc(uint32_t smem_addr) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+struct GemmParams {
+  const void* a;
+  const void* w;
+  const float* bias;
+  void* c;
+  float* partials;  // [splits][numel][N] when splits > 1
+  const int32_t* sorted;
+  const int32_t* expert_ids;
+  const int32_t* post;
+  int64_t numel, N, K;
+  int a_row_div;
+  int num_local_experts;
+  int splits;
+};
+
+template <int BT, typename T>
+__global__ void __launch_bounds__(kThreads, Cfg<BT>::kMinBlocks) WgmmaGroupedGemmKernel(GemmParams p) {
+  using C = Cfg<BT>;
+  extern __shared__ uint8_t smem_dyn[];
+  __shared__ int64_t s_arow[BT];  // A row of each slot of the block, -1 for sentinels
+  __shared__ int64_t s_slot[BT];  // output row, -1 for sentinels
+
+  const int block = blockIdx.y;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsW;
+  const int split = blockIdx.z;
+  if (static_cast<int64_t>(block) * BT >= *p.post) return;
+  const int e = p.expert_ids[block];
+  const bool local = e >= 0 && e < p.num_local_experts;
+  if (!local && p.splits > 1) return;  // the reduction writes the zeros
+  const int tid = threadIdx.x;
+  if (tid < BT) {
+    const int64_t slot = p.sorted[static_cast<int64_t>(block) * BT + tid];
+    const bool valid = slot >= 0 && slot < p.numel;
+    s_slot[tid] = valid ? slot : -1;
+    s_arow[tid] = valid ? slot / p.a_row_div : -1;
+  }
+  __syncthreads();
+  const int64_t N = p.N, K = p.K;
+  T* Cg = static_cast<T*>(p.c);
+
+  if (!local) {  // an expert of another rank: its slots get zero rows
+    for (int i = tid; i < BT * (kRowsW / 8); i += kThreads) {
+      const int r = i / (kRowsW / 8), n = static_cast<int>(n0) + (i % (kRowsW / 8)) * 8;
+      if (s_slot[r] >= 0 && n < N) *reinterpret_cast<uint4*>(Cg + s_slot[r] * N + n) = uint4{};
+    }
+    return;
+  }
+
+  // 1024-aligned pipeline base (the swizzle pattern repeats every 1024 bytes).
+  const uint32_t smem_base =
+      (static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) + 1023u) & ~1023u;
+  uint8_t* smem_gen = smem_dyn + (smem_base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
+
+  const T* A = static_cast<const T*>(p.a);
+  const T* W = static_cast<const T*>(p.w) + static_cast<int64_t>(e) * N * K;
+
+  // K range of this split, in 64-wide k-tiles.
+  const int64_t ktiles_all = (K + kBK - 1) / kBK;
+  const int64_t kt_begin = ktiles_all * split / p.splits;
+  const int64_t kt_end = ktiles_all * (split + 1) / p.splits;
+  const int nk = static_cast<int>(kt_end - kt_begin);
+
+  // Copy assignment: W 128 rows x 8 chunks (4 per thread), tokens BT x 8.
+  auto load_stage = [&](int stage, int64_t kt) {
+    const uint32_t w_base = smem_base + stage * C::kStageBytes;
+    const uint32_t t_base = w_base + C::kWBytes;
+    const int64_t k0 = kt * kBK;
+#pragma unroll
+    for (int i = 0; i < (kRowsW * 8) / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      const int r = idx >> 3, c = idx & 7;
+      const int64_t n = n0 + r, k = k0 + c * 8;
+      const bool ok = n < N && k < K;
+      CpAsync16(w_base + Swz(r, c), ok ? W + n * K + k : W, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < (BT * 8 + kThreads - 1) / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      if (idx < BT * 8) {
+        const int r = idx >> 3, c = idx & 7;
+        const int64_t row = s_arow[r], k = k0 + c * 8;
+        const bool ok = row >= 0 && k < K;
+        CpAsync16(t_base + Swz(r, c), ok ? A + row * K + k : A, ok);
+      }
+    }
+  };
+
+  constexpr int S = C::kStages, P = S - 2;  // prefetch distance
+  float acc[BT / 2];
+#pragma unroll
+  for (int i = 0; i < BT / 2; ++i) acc[i] = 0.0f;
+  const int wg = tid >> 7;  // warpgroup: weight rows [wg*64, wg*64+64) of the tile
+
+#pragma unroll
+  for (int s = 0; s < P; ++s) {
+    if (s < nk) load_stage(s, kt_begin + s);
+    CpAsyncCommit();
+  }
+  for (int kt = 0; kt < nk; ++kt) {
+    CpAsyncWait<P - 1>();
+    FenceProxyAsync();
+    __syncthreads();
+    if (kt + P < nk) load_stage((kt + P) % S, kt_begin + kt + P);
+    CpAsyncCommit();
+
+    const uint32_t w_base = smem_base + (kt % S) * C::kStageBytes;
+    const uint32_t a_desc_base = w_base + wg * 64 * 128;
+    const uint32_t b_desc_base = w_base + C::kWBytes;
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      Wgmma<BT, T>::Run(acc, Desc(a_desc_base + kk * 32), Desc(b_desc_base + kk * 32), 1);
+    }
+    WgmmaCommit();
+    WgmmaWait<1>();
+  }
+  WgmmaWait<0>();
+  CpAsyncWait<0>();
+  __syncthreads();  // every warpgroup is done with the pipeline buffers
+
+  // Accumulator fragment of m64nBT: register i of thread (warp w, lane l)
+  // holds row 16*(w%4) + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
+  const int warp = (tid >> 5) & 3, lane = tid & 31;
+  const int row_base = wg * 64 + warp * 16 + (lane >> 2);
+  const int col_base = 2 * (lane & 3);
+  if (p.splits == 1) {
+    T* Cs = reinterpret_cast<T*>(smem_gen);  // [BT][kLdc]
+    const float* bias = p.bias != nullptr ? p.bias + static_cast<int64_t>(e) * N : nullptr;
+#pragma unroll
+    for (int i = 0; i < BT / 2; ++i) {
+      const int r = row_base + 8 * ((i >> 1) & 1);
+      const int t = 8 * (i >> 2) + col_base + (i & 1);
+      T v = FromFloat<T>(acc[i]);
+      if (bias != nullptr && n0 + r < N) {
+        v = FromFloat<T>(ToFloat(v) + ToFloat(FromFloat<T>(bias[n0 + r])));
+      }
+      Cs[t * C::kLdc + r] = v;
+    }
+    __syncthreads();
+    for (int i = tid; i < BT * (kRowsW / 8); i += kThreads) {
+      const int t = i / (kRowsW / 8), c8 = (i % (kRowsW / 8)) * 8;
+      const int64_t slot = s_slot[t];
+      if (slot < 0 || n0 + c8 >= N) continue;
+      *reinterpret_cast<uint4*>(Cg + slot * N + n0 + c8) =
+          *reinterpret_cast<const uint4*>(Cs + t * C::kLdc + c8);
+    }
+  } else {
+    float* Ps = reinterpret_cast<float*>(smem_gen);  // [BT][kLdp]
+#pragma unroll
+    for (int i = 0; i < BT / 2; ++i) {
+      const int r = row_base + 8 * ((i >> 1) & 1);
+      const int t = 8 * (i >> 2) + col_base + (i & 1);
+      Ps[t * C::kLdp + r] = acc[i];
+    }
+    __syncthreads();
+    float* Pg = p.partials + static_cast<int64_t>(split) * p.numel * N;
+    for (int i = tid; i < BT * (kRowsW / 4); i += kThreads) {
+      const int t = i / (kRowsW / 4), c4 = (i % (kRowsW / 4)) * 4;
+      const int64_t slot = s_slot[t];
+      if (slot < 0 || n0 + c4 >= N) continue;
+      *reinterpret_cast<float4*>(Pg + slot * N + n0 + c4) =
+          *reinterpret_cast<const float4*>(Ps + t * C::kLdp + c4);
+    }
+  }
+}
+
+// Sums the split-K partials of every listed slot in split order and applies
+// the unsplit epilogue's rounding and bias; zero rows for non-local experts.
+// One CTA per (block, 128 columns); thread = 8 columns of one slot.
+template <typename T>
+__global__ void SplitKReduceKernel(GemmParams p, int bt) {
+  const int block = blockIdx.y;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsW;
+  if (static_cast<int64_t>(block) * bt >= *p.post) return;
+  const int e = p.expert_ids[block];
+  const bool local = e >= 0 && e < p.num_local_experts;
+  const int64_t N = p.N;
+  T* Cg = static_cast<T*>(p.c);
+  const float* bias = local && p.bias != nullptr ? p.bias + static_cast<int64_t>(e) * N : nullptr;
+  for (int i = threadIdx.x; i < bt * (kRowsW / 8); i += blockDim.x) {
+    const int t = i / (kRowsW / 8);
+    const int64_t n = n0 + (i % (kRowsW / 8)) * 8;
+    const int64_t slot = p.sorted[static_cast<int64_t>(block) * bt + t];
+    if (slot < 0 || slot >= p.numel || n >= N) continue;
+    alignas(16) T out[8];
+    if (!local) {
+      *reinterpret_cast<uint4*>(Cg + slot * N + n) = uint4{};
+      continue;
+    }
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int z = 0; z < p.splits; ++z) {
+      const float* src = p.partials + (static_cast<int64_t>(z) * p.numel + slot) * N + n;
+      const float4 lo = *reinterpret_cast<const float4*>(src);
+      const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+      s[0] += lo.x, s[1] += lo.y, s[2] += lo.z, s[3] += lo.w;
+      s[4] += hi.x, s[5] += hi.y, s[6] += hi.z, s[7] += hi.w;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      T v = FromFloat<T>(s[j]);
+      if (bias != nullptr) v = FromFloat<T>(ToFloat(v) + ToFloat(FromFloat<T>(bias[n + j])));
+      out[j] = v;
+    }
+    *reinterpret_cast<uint4*>(Cg + slot * N + n) = *reinterpret_cast<const uint4*>(out);
+  }
+}
+
+template <int BT, typename T>
+absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream) {
+  using C = Cfg<BT>;
+  static bool attr_set = false;  // per process; attributes are per device but idempotent
+  if (!attr_set) {
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        WgmmaGroupedGemmKernel<BT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        C::kSmemBytes));
+    attr_set = true;
+  }
+  const dim3 grid(static_cast<unsigned>((p.N + kRowsW - 1) / kRowsW),
+                  static_cast<unsigned>(num_blocks), static_cast<unsigned>(p.splits));
+  WgmmaGroupedGemmKernel<BT, T><<<grid, kThreads, C::kSmemBytes, stream>>>(p);
+  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("WgmmaGroupedGemmKernel");
+  if (p.splits > 1) {
+    const dim3 rgrid(grid.x, grid.y);
+    SplitKReduceKernel<T><<<rgrid, 256, 0, stream>>>(p, BT);
+    KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("SplitKReduceKernel");
+  }
+  return absl::OkStatus();
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace
+
+int MoeGemmBlockMFor(int64_t numel, int num_experts) {
+  // Slots per expert if the routing were uniform over min(E, numel) experts.
+  const int64_t hit = std::max<int64_t>(1, std::min<int64_t>(num_experts, numel));
+  const int64_t per_expert = (numel + hit - 1) / hit;
+  if (per_expert <= 16) return 16;
+  if (per_expert <= 64) return 64;
+  return 128;
+}
+
+int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, int num_sms) {
+  // Non-empty blocks are at most one per slot; the CTAs that stream weights
+  // are (row tiles) x (blocks). Split K until about two CTAs per SM, keeping
+  // at least 4 k-tiles per split and at most 8 splits.
+  const int64_t blocks = std::max<int64_t>(1, std::min(num_blocks, numel));
+  const int64_t ctas = (N + kRowsW - 1) / kRowsW * blocks;
+  const int64_t target = 2 * static_cast<int64_t>(std::max(num_sms, 1));
+  if (ctas >= target) return 1;
+  const int64_t ktiles = (K + kBK - 1) / kBK;
+  const int64_t by_k = std::max<int64_t>(1, ktiles / 4);
+  return static_cast<int>(std::clamp<int64_t>((target + ctas - 1) / ctas, 1, std::min<int64_t>(8, by_k)));
+}
+
+int64_t MoeGemmPartialsBytes(int splits, int64_t numel, int64_t N) {
+  return splits > 1 ? static_cast<int64_t>(splits) * numel * N * 4 : 0;
+}
+
+absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
+  if (g.N <= 0 || g.N % 8 != 0) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: N must be a positive multiple of 8");
+  }
+  if (g.K <= 0 || g.K % 8 != 0) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: K must be a positive multiple of 8");
+  }
+  if (g.a_row_div <= 0) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: a_row_div must be positive");
+  }
+  if (g.num_local_experts <= 0) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: num_local_experts must be positive");
+  }
+  if (g.block_m != 16 && g.block_m != 64 && g.block_m != 128) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: block_m must be 16, 64 or 128");
+  }
+  if (g.splits < 1 || g.splits > 64) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: splits must be in [1, 64]");
+  }
+  if (g.numel < 0 || g.num_blocks < 0 || g.numel > INT32_MAX) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: numel / num_blocks out of range");
+  }
+  if (g.num_blocks == 0 || g.numel == 0) return absl::OkStatus();
+  if (g.a == nullptr || g.w == nullptr || g.c == nullptr || g.sorted_token_ids == nullptr ||
+      g.expert_ids == nullptr || g.num_tokens_post_padded == nullptr) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: null pointer");
+  }
+  if (g.splits > 1 && g.partials == nullptr) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: splits > 1 needs a partials workspace");
+  }
+  if (!Aligned16(g.a) || !Aligned16(g.w) || !Aligned16(g.c) ||
+      (g.partials != nullptr && !Aligned16(g.partials))) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: buffers must be 16-byte aligned");
+  }
+  if (g.num_blocks > 65535 || (g.N + kRowsW - 1) / kRowsW > INT32_MAX) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: grid too large");
+  }
+  const GemmParams p{g.a,        g.w,    g.bias, g.c,    g.partials,  g.sorted_token_ids,
+                     g.expert_ids, g.num_tokens_post_padded, g.numel, g.N, g.K,
+                     g.a_row_div, g.num_local_experts, g.splits};
+  const bool bf16 = g.dtype == MoeElemType::kBFloat16;
+  switch (g.block_m) {
+    case 16:
+      return bf16 ? Launch<16, __nv_bfloat16>(p, g.num_blocks, stream)
+                  : Launch<16, __half>(p, g.num_blocks, stream);
+    case 64:
+      return bf16 ? Launch<64, __nv_bfloat16>(p, g.num_blocks, stream)
+                  : Launch<64, __half>(p, g.num_blocks, stream);
+    default:
+      return bf16 ? Launch<128, __nv_bfloat16>(p, g.num_blocks, stream)
+                  : Launch<128, __half>(p, g.num_blocks, stream);
+  }
+}
+
+}  // namespace kplan::kernels::cuda

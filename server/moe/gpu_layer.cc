@@ -1,0 +1,190 @@
+#include "server/moe/gpu_layer.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/ir_cuda_status.h"
+#include "kernels/cuda/moe_experts.h"
+#include "server/base/status.h"
+
+namespace kplan {
+namespace {
+
+namespace kc = kernels::cuda;
+
+// Where each intermediate lives in the workspace, for M tokens. Sizing and
+// enqueueing both use it, so they cannot disagree. With `bound` the sizes
+// are the largest over every block size and split choice of calls with up to
+// M tokens (the choice depends on M, not monotonically).
+struct Layout {
+  int block_m = 0;
+  int splits1 = 1, splits2 = 1;  // split-K of GEMM 1 / GEMM 2
+  int64_t max_padded = 0, max_blocks = 0;
+  int64_t sorted = 0, eids = 0, post = 0, scaled = -1, c1 = 0, c2 = 0, y = -1, partials = -1;
+  int64_t bytes = 0;
+};
+
+// Bytes of split-K partials a layer may use; beyond it GEMMs do not split.
+constexpr int64_t kMaxPartialsBytes = int64_t{32} << 20;
+
+int NumSms(int device) {
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 132;
+  }
+  return n;
+}
+
+Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_rows,
+                 bool separate_y, bool bound) {
+  Layout l;
+  const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
+  const int64_t N13 = experts.n13(), numel = M * k;
+  l.block_m = kc::MoeGemmBlockMFor(numel, E);
+  l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);
+  l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
+  int64_t partials = 0;
+  if (bound) {
+    for (int bm : {16, 64, 128}) {
+      l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));
+      l.max_blocks = std::max(l.max_blocks, kc::MoeAlignMaxBlocks(numel, E, bm, false));
+    }
+    partials = std::min(kMaxPartialsBytes,
+                        kc::MoeGemmPartialsBytes(8, numel, std::max(N13, H)));
+  } else {
+    const int sms = NumSms(experts.device());
+    auto splits = [&](int64_t N, int64_t K) {
+      int s = kc::MoeGemmSplitsFor(numel, l.max_blocks, N, K, sms);
+      while (s > 1 && kc::MoeGemmPartialsBytes(s, numel, N) > kMaxPartialsBytes) --s;
+      return s;
+    };
+    l.splits1 = splits(N13, H);
+    l.splits2 = splits(H, I);
+    partials = std::max(kc::MoeGemmPartialsBytes(l.splits1, numel, N13),
+                        kc::MoeGemmPartialsBytes(l.splits2, numel, H));
+  }
+  auto reserve = [&l](int64_t bytes) {
+    const int64_t at = l.bytes;
+    l.bytes += (bytes + 255) / 256 * 256;
+    return at;
+  };
+  l.sorted = reserve(l.max_padded * 4);
+  l.eids = reserve(l.max_blocks * 4);
+  l.post = reserve(4);
+  if (scale_rows) l.scaled = reserve(M * H * 2);
+  l.c1 = reserve(numel * N13 * 2);
+  l.c2 = reserve(numel * I * 2);
+  if (separate_y) l.y = reserve(numel * H * 2);
+  if (partials > 0) l.partials = reserve(partials);
+  return l;
+}
+
+template <typename T>
+T* At(void* base, int64_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+}  // namespace
+
+int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
+                               int num_experts) {
+  return LayoutFor(experts, max_tokens, top_k, num_experts, /*scale_rows=*/true,
+                   /*separate_y=*/true, /*bound=*/true)
+      .bytes;
+}
+
+absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, void* workspace,
+                             int64_t workspace_bytes, void* stream_ptr) {
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const ExpertsSpec& spec = experts.spec();
+  const int64_t M = a.num_tokens;
+  const int k = a.top_k, E = a.num_experts;
+  if (M < 0) return InvalidField("num_tokens", "must be >= 0");
+  if (k <= 0) return InvalidField("top_k", "must be positive");
+  if (E <= 0) return InvalidField("num_experts", "must be positive");
+  if (a.expert_map == nullptr && E != spec.num_experts) {
+    return InvalidField("num_experts", absl::StrCat("without an expert map it must equal the "
+                                                    "experts' count ",
+                                                    spec.num_experts, ", got ", E));
+  }
+  if (a.apply_router_weight_on_input && k != 1) {
+    return InvalidField("apply_router_weight_on_input", "needs top_k == 1");
+  }
+  if (M == 0) return absl::OkStatus();
+  if (a.hidden == nullptr || a.topk_ids == nullptr || a.topk_weights == nullptr ||
+      a.output == nullptr) {
+    return absl::InvalidArgumentError("EnqueueMoeLayer: a device buffer is null");
+  }
+  const Layout l =
+      LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine, /*bound=*/false);
+  if (workspace == nullptr || workspace_bytes < l.bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("EnqueueMoeLayer: workspace of ",
+                                                   workspace_bytes, " bytes, need ", l.bytes));
+  }
+  const kc::MoeElemType dtype = spec.dtype == moe::MoeDType::kBFloat16
+                                    ? kc::MoeElemType::kBFloat16
+                                    : kc::MoeElemType::kFloat16;
+  const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
+  const int64_t numel = M * k;
+
+  if (a.router_logits != nullptr) {
+    KPLAN_RETURN_IF_ERROR(
+        kc::LaunchMoeRouting(a.routing, a.router_logits, M, a.topk_weights, a.topk_ids, stream));
+  }
+  int32_t* sorted = At<int32_t>(workspace, l.sorted);
+  int32_t* eids = At<int32_t>(workspace, l.eids);
+  int32_t* post = At<int32_t>(workspace, l.post);
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeAlignBlockSize(a.topk_ids, numel, l.block_m, E, a.expert_map,
+                                                    /*pad_sorted_ids=*/false,
+                                                    /*ignore_invalid_experts=*/false, sorted,
+                                                    eids, post, stream));
+  const void* a1 = a.hidden;
+  if (a.apply_router_weight_on_input) {
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeScaleRows(dtype, a.hidden, a.topk_weights, M, H,
+                                                 At<void>(workspace, l.scaled), stream));
+    a1 = At<void>(workspace, l.scaled);
+  }
+  kc::MoeGroupedGemmArgs g1;
+  g1.dtype = dtype;
+  g1.a = a1;
+  g1.a_row_div = k;
+  g1.w = experts.w13();
+  g1.bias = experts.b13();
+  g1.c = At<void>(workspace, l.c1);
+  g1.sorted_token_ids = sorted;
+  g1.expert_ids = eids;
+  g1.num_tokens_post_padded = post;
+  g1.numel = numel;
+  g1.num_blocks = l.max_blocks;
+  g1.N = N13;
+  g1.K = H;
+  g1.num_local_experts = spec.num_experts;
+  g1.block_m = l.block_m;
+  g1.splits = l.splits1;
+  g1.partials = l.partials >= 0 ? At<float>(workspace, l.partials) : nullptr;
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g1, stream));
+
+  kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeActivation(static_cast<kc::MoeActKind>(experts.activation()),
+                                                ap, dtype, At<void>(workspace, l.c1), numel, N13,
+                                                At<void>(workspace, l.c2), I, stream));
+  void* y = a.combine ? At<void>(workspace, l.y) : a.output;
+  kc::MoeGroupedGemmArgs g2 = g1;
+  g2.a = At<void>(workspace, l.c2);
+  g2.a_row_div = 1;
+  g2.w = experts.w2();
+  g2.bias = experts.b2();
+  g2.c = y;
+  g2.N = H;
+  g2.K = I;
+  g2.splits = l.splits2;
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g2, stream));
+  if (!a.combine) return absl::OkStatus();
+  return kc::LaunchMoeCombine(dtype, y, a.apply_router_weight_on_input ? nullptr : a.topk_weights,
+                              M, k, H, a.output, stream);
+}
+
+}  // namespace kplan

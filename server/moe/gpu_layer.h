@@ -1,0 +1,59 @@
+// The device half of the GPU MoE layer: one function that enqueues routing
+// -> moe_align_block_size -> GEMM 1 -> activation -> GEMM 2 -> combine on a
+// stream, over device pointers only. No allocation, no host synchronisation
+// and no host-side reads of device data, so it can be captured in a CUDA
+// graph and called by every user of the layer: RunMoeOnGpu (gpu_runner.h,
+// which adds the uploads and downloads of one request), the expert-parallel
+// ranks (which feed it dispatched rows and an expert map) and the benchmark.
+//
+// The workspace is one caller-owned device buffer sized by
+// MoeLayerWorkspaceBytes for an upper bound of tokens; the same buffer serves
+// every smaller call, so a server or a graph can keep it.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/moe_ops.h"
+#include "server/moe/gpu_runner.h"
+
+namespace kplan {
+
+struct MoeLayerArgs {
+  int64_t num_tokens = 0;  // M (0 enqueues nothing)
+  int top_k = 0;
+  // Range of the expert ids: the global E. Without an expert map it must
+  // equal the experts' num_experts.
+  int num_experts = 0;
+  const void* hidden = nullptr;  // [M, H] in the experts' dtype
+  // Routing from logits: router_logits fp32 [M, E] with `routing` (its bias
+  // pointer is a device pointer), writing topk_ids / topk_weights. Without
+  // logits, topk_ids / topk_weights are inputs.
+  const float* router_logits = nullptr;
+  kernels::cuda::MoeRoutingParams routing;
+  int32_t* topk_ids = nullptr;    // [M, k]
+  float* topk_weights = nullptr;  // [M, k]
+  // Device [num_experts]: global id -> index into the experts, or -1 where
+  // the experts are elsewhere (their slots give zero rows). Null: identity.
+  const int32_t* expert_map = nullptr;
+  bool apply_router_weight_on_input = false;  // top_k must be 1
+  // true: output [M, H] = Σ_j w[m, j] · Y[m*k + j] (moe::CombineTopK).
+  // false: output [M*k, H] = the unweighted expert rows Y (zero rows for
+  // slots whose expert is not local), for a caller that combines elsewhere.
+  bool combine = true;
+  void* output = nullptr;
+};
+
+// Bytes of workspace for calls with up to max_tokens tokens of top_k slots
+// over `num_experts` global ids on these experts.
+int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
+                               int num_experts);
+
+// Enqueues the layer on `stream` (cudaStream_t) on the current device, which
+// must be experts.device(). INVALID_ARGUMENT for inconsistent arguments or a
+// workspace smaller than MoeLayerWorkspaceBytes(experts, M, k, E) (checked
+// before anything is enqueued); CUDA launch errors with file:line.
+absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& args, void* workspace,
+                             int64_t workspace_bytes, void* stream);
+
+}  // namespace kplan
