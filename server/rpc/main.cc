@@ -38,6 +38,12 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "'authorization: Bearer <token>' (health and reflection stay open)");
 ABSL_FLAG(std::string, devices, "all",
           "GPUs this server owns: all, none (CPU reference path) or a list such as 0,1");
+ABSL_FLAG(int, cpu_ep_ranks, 0,
+          "CPU path only (no GPUs): serve RunMoE from an expert-parallel group of this many CPU "
+          "thread-ranks (experts placed linearly); 0: off. With several GPUs the GPUs form the "
+          "group");
+ABSL_FLAG(absl::Duration, ep_timeout, absl::Seconds(30),
+          "Expert-parallel group: how long a rank may take to join a step, and each collective");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -77,6 +83,8 @@ int main(int argc, char** argv) {
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.cpu_ep_ranks = absl::GetFlag(FLAGS_cpu_ep_ranks);
+  options.ep_timeout = absl::GetFlag(FLAGS_ep_timeout);
   absl::StatusOr<std::unique_ptr<kplan::rpc::KplanServer>> server =
       kplan::rpc::KplanServer::Start(options);
   if (!server.ok()) {

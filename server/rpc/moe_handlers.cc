@@ -5,13 +5,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "spdlog/spdlog.h"
 #include "server/base/status.h"
+#include "server/moe/ep/ep_group.h"
 #include "server/moe/expert_loader.h"
 #include "server/moe/moe_runner.h"
+#include "spdlog/spdlog.h"
 #if KPLAN_HAVE_CUDA
 #include "server/moe/gpu_runner.h"
 #endif
+#include "server/plan/kernel_config.h"
+#include "server/plan/vocabulary.h"
 #include "server/rpc/call.h"
 #include "server/rpc/moe_convert.h"
 #include "server/rpc/service.h"
@@ -47,6 +50,70 @@ void FillInfo(const ExpertSet& set, v1::ExpertsInfo* out) {
     o->set_num_experts(p.num_experts);
     o->set_bytes(p.bytes);
   }
+  if (const moe::ep::EpExperts* ep = moe::ep::EpExperts::Of(set)) {
+    for (const moe::ep::EpShard& shard : ep->shards()) {
+      v1::ExpertShard* o = out->add_shards();
+      o->set_rank(shard.rank);
+      o->set_device(shard.device);
+      o->set_first_expert(shard.first_expert);
+      o->set_num_experts(shard.num_experts);
+      o->set_bytes(shard.bytes);
+    }
+  }
+}
+
+// The prepare/finalize class each expert-parallel dispatch stands for, as
+// RunMoE's plan reports it (vLLM's name for vLLM's strategy, ours for ours).
+absl::string_view EpDispatchClass(moe::ep::EpStrategy strategy) {
+  switch (strategy) {
+    case moe::ep::EpStrategy::kAllGatherReduceScatter:
+      return "MoEPrepareAndFinalizeNaiveDPEPModular";
+    case moe::ep::EpStrategy::kAll2AllV:
+      return "KplanAll2AllVPrepareAndFinalize";
+  }
+  return "";
+}
+
+// The dispatch of an expert-parallel RunMoE: parallel.all2all_backend as
+// vLLM resolves it (Literal check, the removed values' fallback, the
+// passthrough binding of self-dispatching backends), then what the group
+// runs. kplan_all2allv is accepted before the vLLM vocabulary check, since it
+// is ours.
+absl::StatusOr<moe::ep::EpStrategy> ResolveEpStrategy(const v1::ParallelConfig& proto,
+                                                      absl::string_view moe_backend) {
+  const std::string runs =
+      absl::StrCat(moe::ep::EpStrategyName(moe::ep::EpStrategy::kAllGatherReduceScatter), ", ",
+                   moe::ep::EpStrategyName(moe::ep::EpStrategy::kAll2AllV));
+  ParallelConfig parallel;
+  if (!proto.all2all_backend().empty()) parallel.all2all_backend = proto.all2all_backend();
+  if (!DispatchesItself(moe_backend)) {
+    if (absl::StatusOr<moe::ep::EpStrategy> s = moe::ep::ParseEpStrategy(parallel.all2all_backend);
+        s.ok()) {
+      return s;
+    }
+  }
+  absl::StatusOr<ParallelConfig> normalized = NormalizeParallelConfig(parallel, nullptr);
+  if (!normalized.ok()) return NestField(normalized.status(), "parallel");
+  parallel = *std::move(normalized);
+  KPLAN_RETURN_IF_ERROR(BindPassthroughAll2AllBackend(moe_backend, parallel, nullptr));
+  const std::string& a2a = parallel.all2all_backend;
+  if (a2a == kPassthroughAll2AllBackend) {
+    return WithField(
+        absl::FailedPreconditionError(absl::StrCat(
+            "all2all_backend 'passthrough' (moe_backend '", moe_backend,
+            "' dispatches and combines itself) has no expert-parallel step on this server yet; "
+            "its group runs all2all_backend ",
+            runs, " with moe_backend auto")),
+        "parallel.all2all_backend");
+  }
+  absl::StatusOr<moe::ep::EpStrategy> strategy = moe::ep::ParseEpStrategy(a2a);
+  if (!strategy.ok()) {
+    return WithField(absl::FailedPreconditionError(absl::StrCat(
+                         "all2all_backend '", a2a,
+                         "' cannot run on this server's expert-parallel group; it runs: ", runs)),
+                     "parallel.all2all_backend");
+  }
+  return strategy;
 }
 
 // Makes the set resident on `device` too, when the GPU path can run it; a
@@ -152,6 +219,10 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
         return;
       }
       std::shared_ptr<ExpertSet> shared(std::move(*set));
+      if (call_.env().ep_group != nullptr) {
+        PlaceOnGroup(*call_.env().ep_group, shared);
+        return;
+      }
       if (executor->size() < 2) {
         Store(shared);
         return;
@@ -168,6 +239,26 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
       });
       if (!on_gpu.ok()) Fail(on_gpu);
     });
+    if (!queued.ok()) Fail(queued);
+  }
+
+  // Places the set linearly over the expert-parallel group (each rank takes
+  // its slice on its own thread), then stores it. A set the group's ranks
+  // cannot run (e.g. fp32 weights on GPU ranks) stays on the CPU path.
+  void PlaceOnGroup(moe::ep::EpGroup& group, std::shared_ptr<ExpertSet> set) {
+    absl::Status queued = group.PlaceExperts(
+        set, [this, set](absl::StatusOr<std::unique_ptr<moe::ep::EpExperts>> placed) {
+          if (absl::IsFailedPrecondition(placed.status())) {
+            spdlog::info("LoadExperts '{}': stays on the CPU path: {}", set->spec().experts_id,
+                         std::string(placed.status().message()));
+          } else if (!placed.ok()) {
+            Fail(placed.status());
+            return;
+          } else {
+            set->AttachDeviceCopy(std::move(*placed));
+          }
+          Store(set);
+        });
     if (!queued.ok()) Fail(queued);
   }
 
@@ -211,6 +302,45 @@ std::vector<std::string> ExecutableMoeBackends(const ServerEnvironment& env) {
   return out;
 }
 
+grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoeOnGroup(
+    std::shared_ptr<Call> call, const v1::RunMoERequest& request,
+    std::shared_ptr<const ExpertSet> experts, MoeRunInput input, const std::string& moe_backend,
+    v1::RunMoEResponse* response) {
+  absl::StatusOr<moe::ep::EpStrategy> strategy = ResolveEpStrategy(request.parallel(), moe_backend);
+  if (!strategy.ok()) return call->FinishUnary(strategy.status());
+  const moe::MoeDType act_dtype = input.act_dtype;
+  const bool return_routing = request.return_routing();
+  moe::ep::EpGroup* group = env_.ep_group;
+  absl::Status queued = group->RunMoe(
+      std::move(experts), std::move(input), *strategy, return_routing,
+      [this, call, response, group, act_dtype, return_routing, strategy = *strategy](
+          absl::StatusOr<MoeRunOutput> out, absl::Duration waited, absl::Duration ran) {
+        if (env_.metrics) {
+          env_.metrics->ObserveQueue(call->method(), waited);
+          env_.metrics->ObserveDevice(call->method(), ran);
+        }
+        if (out.ok()) {
+          MoeRunOutputToProto(*out, act_dtype, return_routing, response);
+          v1::MoEExecution* plan = response->mutable_plan();
+          plan->set_backend(std::string(group->kind().moe_backend()));
+          plan->set_experts_kernel(std::string(group->kind().experts_kernel()));
+          plan->set_dispatch(std::string(EpDispatchClass(strategy)));
+          for (std::string& d : group->Devices()) plan->add_devices(std::move(d));
+          plan->set_all2all_backend(std::string(moe::ep::EpStrategyName(strategy)));
+          plan->set_ep_size(group->size());
+          response->mutable_timing()->set_queue_us(absl::ToDoubleMicroseconds(waited));
+          response->mutable_timing()->set_device_us(absl::ToDoubleMicroseconds(ran));
+          response->mutable_timing()->set_total_us(
+              absl::ToDoubleMicroseconds(absl::Now() - call->start()));
+        } else {
+          spdlog::warn("RunMoE on the expert-parallel group: {}", out.status().ToString());
+        }
+        call->FinishUnary(out.status());
+      });
+  if (!queued.ok()) return call->FinishUnary(queued);
+  return call->reactor();
+}
+
 grpc::ServerReadReactor<v1::LoadExpertsRequest>* KernelPlanServiceImpl::LoadExperts(
     grpc::CallbackServerContext* context, v1::LoadExpertsResponse* response) {
   return new LoadExpertsReactor(env_, context, response);
@@ -252,7 +382,27 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   // there and the activations match the weights, else the CPU (emulation).
   const std::string backend =
       request->kernel_config().moe_backend().empty() ? "auto" : request->kernel_config().moe_backend();
-  const DeviceExperts* device = (*experts)->device_copy();
+  // Experts placed on the expert-parallel group run there (RunMoeOnGroup).
+  const moe::ep::EpExperts* ep = moe::ep::EpExperts::Of(**experts);
+  if (ep != nullptr && ep->group() == env_.ep_group) {
+    const moe::ep::EpRankKind& kind = env_.ep_group->kind();
+    const bool fits =
+        kind.moe_backend() == "emulation" || input->act_dtype == (*experts)->spec().dtype;
+    if (backend == "kplan_ep" || ((backend == "auto" || backend == kind.moe_backend()) && fits)) {
+      return RunMoeOnGroup(call, *request, std::move(*experts), std::move(*input), backend,
+                           response);
+    }
+    if (backend == kind.moe_backend()) {
+      return call->FinishUnary(WithField(
+          absl::FailedPreconditionError(absl::StrCat(
+              "moe_backend '", backend, "' runs experts '", request->experts_id(),
+              "' with activations of the weights' dtype (", WireDTypeName((*experts)->spec().dtype),
+              "); got ", WireDTypeName(input->act_dtype))),
+          "kernel_config.moe_backend"));
+    }
+  }
+  // The single-GPU copy, when there is one (never the group's).
+  const DeviceExperts* device = ep != nullptr ? nullptr : (*experts)->device_copy();
   const bool gpu_fits = device != nullptr && input->act_dtype == (*experts)->spec().dtype;
   if (backend != "auto" && backend != "emulation" && backend != "kplan") {
     return call->FinishUnary(WithField(

@@ -4,19 +4,20 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "spdlog/spdlog.h"
 #include "server/base/status.h"
 #include "server/ir/builtin_ops.h"
+#include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
 namespace {
@@ -70,6 +71,54 @@ absl::Status RemoveStaleUnixSocket(const std::string& address) {
   return absl::OkStatus();
 }
 
+// The expert-parallel group of this server, or null: the GPUs when there are
+// several, else --cpu_ep_ranks CPU ranks.
+absl::StatusOr<std::unique_ptr<moe::ep::EpGroup>> MakeEpGroup(
+    const ServerOptions& options, const std::vector<LocalDevice>& devices) {
+  if (options.cpu_ep_ranks < 0) {
+    return InvalidField("cpu_ep_ranks", absl::StrCat("cpu_ep_ranks must not be negative, got ",
+                                                     options.cpu_ep_ranks));
+  }
+  if (options.ep_timeout <= absl::ZeroDuration()) {
+    return InvalidField("ep_timeout", "ep_timeout must be positive");
+  }
+  moe::ep::EpGroupOptions group_options;
+  group_options.join_timeout = options.ep_timeout;
+  group_options.comm_timeout = options.ep_timeout;
+  group_options.step_timeout = std::max(absl::Minutes(5), 4 * options.ep_timeout);
+  group_options.max_queue_depth = static_cast<size_t>(options.max_queue_depth);
+  std::unique_ptr<moe::ep::EpRankKind> kind;
+  if (options.cpu_ep_ranks > 0) {
+    if (!devices.empty()) {
+      return InvalidField(
+          "cpu_ep_ranks",
+          absl::StrCat("--cpu_ep_ranks makes a CPU expert-parallel group for the CPU path, but "
+                       "this server owns ",
+                       devices.size(),
+                       " GPU(s); run with --devices=none (several GPUs form a group themselves)"));
+    }
+    kind = moe::ep::MakeCpuEpRanks(options.cpu_ep_ranks);
+  } else if (devices.size() > 1) {
+    if (!moe::ep::HaveGpuEpRanks()) {
+      spdlog::warn(
+          "{} GPUs but this build has no GPU expert-parallel step: RunMoE runs on "
+          "cuda:{} alone",
+          devices.size(), devices.front().index);
+      return nullptr;
+    }
+    std::vector<int> indices;
+    for (const LocalDevice& d : devices) indices.push_back(d.index);
+    KPLAN_ASSIGN_OR_RETURN(kind, moe::ep::MakeGpuEpRanks(indices));
+  } else {
+    return nullptr;
+  }
+  KPLAN_ASSIGN_OR_RETURN(std::unique_ptr<moe::ep::EpGroup> group,
+                         moe::ep::EpGroup::Create(std::move(kind), group_options));
+  spdlog::info("expert-parallel group: {} ranks on {} over {}", group->size(),
+               absl::StrJoin(group->Devices(), ","), std::string(group->kind().communicator()));
+  return group;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOptions& options) {
@@ -113,6 +162,8 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   KPLAN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                          MakeCredentials(options));
   KPLAN_RETURN_IF_ERROR(RemoveStaleUnixSocket(options.listen_address));
+  KPLAN_ASSIGN_OR_RETURN(server->ep_group_, MakeEpGroup(options, server->environment_.devices));
+  server->environment_.ep_group = server->ep_group_.get();
   KPLAN_ASSIGN_OR_RETURN(server->executor_,
                          DeviceExecutor::Create(server->environment_.devices,
                                                 static_cast<size_t>(options.max_queue_depth)));

@@ -35,6 +35,12 @@ struct ServerOptions {
   // A file holding the bearer token every KernelPlanService call must carry
   // (health and reflection stay open for probes).
   std::string auth_token_file;
+  // Expert parallelism. With more than one GPU the GPUs form the group;
+  // without GPUs, cpu_ep_ranks > 0 makes a group of that many CPU
+  // thread-ranks (CI and demos). ep_timeout bounds joining a step and each
+  // collective; a rank past it fails the request with DEADLINE_EXCEEDED.
+  int cpu_ep_ranks = 0;
+  absl::Duration ep_timeout = absl::Seconds(30);
   // Injected device query; null means the build's default prober.
   const DeviceProber* prober = nullptr;
 };
@@ -71,6 +77,8 @@ class KplanServer {
   // first the workers, then the registry their work used.
   std::unique_ptr<IrRegistry> ir_registry_;
   std::unique_ptr<ExpertStore> experts_;
+  // After the executor (whose work submits steps to it), before the experts.
+  std::unique_ptr<moe::ep::EpGroup> ep_group_;
   std::unique_ptr<DeviceExecutor> executor_;
   std::unique_ptr<KernelPlanServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;

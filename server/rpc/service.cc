@@ -60,6 +60,16 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::GetServerInfo(
     auto* list = MutablePriority(response->mutable_ir_op_priority(), op);
     for (std::string& p : priority) list->Add(std::move(p));
   }
+  if (env_.ep_group != nullptr) {
+    v1::EpGroupInfo* ep = response->mutable_ep_group();
+    ep->set_size(env_.ep_group->size());
+    for (std::string& d : env_.ep_group->Devices()) ep->add_devices(std::move(d));
+    ep->set_communicator(std::string(env_.ep_group->kind().communicator()));
+    for (absl::string_view s : {EpStrategyName(moe::ep::EpStrategy::kAllGatherReduceScatter),
+                                EpStrategyName(moe::ep::EpStrategy::kAll2AllV)}) {
+      ep->add_all2all_backends(std::string(s));
+    }
+  }
   return call.FinishUnary(absl::OkStatus());
 }
 

@@ -4,18 +4,23 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kplan/v1/service.grpc.pb.h"
 #include "server/exec/device_executor.h"
 #include "server/ir/registry.h"
+#include "server/moe/ep/ep_group.h"
 #include "server/moe/expert_store.h"
-#include "server/rpc/metrics.h"
+#include "server/moe/moe_runner.h"
 #include "server/platform/local.h"
 #include "server/platform/platform.h"
+#include "server/rpc/metrics.h"
 
 namespace kplan::rpc {
+
+class Call;  // call.h
 
 // What the service knows about the process it runs in.
 struct ServerEnvironment {
@@ -29,6 +34,9 @@ struct ServerEnvironment {
   DeviceExecutor* executor = nullptr;     // device workers (CPU + each GPU)
   const IrRegistry* ir_registry = nullptr;
   ExpertStore* experts = nullptr;
+  // The expert-parallel group serving RunMoE: the GPUs when there are more
+  // than one, or --cpu_ep_ranks CPU ranks; null otherwise.
+  moe::ep::EpGroup* ep_group = nullptr;
 };
 
 class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackService {
@@ -62,6 +70,13 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
                                    v1::RunMoEResponse* response) override;
 
  private:
+  // RunMoE on the expert-parallel group (moe_handlers.cc).
+  grpc::ServerUnaryReactor* RunMoeOnGroup(std::shared_ptr<Call> call,
+                                          const v1::RunMoERequest& request,
+                                          std::shared_ptr<const ExpertSet> experts,
+                                          MoeRunInput input, const std::string& moe_backend,
+                                          v1::RunMoEResponse* response);
+
   const ServerEnvironment env_;
 };
 

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "server/base/status.h"
 #include "server/rpc/server.h"
+#include "tests/rpc/moe_rpc_util.h"
 
 namespace kplan::rpc {
 namespace {
@@ -23,24 +24,9 @@ using ::testing::HasSubstr;
 
 constexpr int kE = 4, kK = 2, kH = 16, kI = 8;
 
-std::string Bytes(const std::vector<float>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
-}
-
-std::vector<float> Random(size_t n, std::mt19937& rng, float scale) {
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-v1::Tensor MakeTensor(v1::DType dtype, std::vector<int64_t> shape, std::string data) {
-  v1::Tensor t;
-  t.set_dtype(dtype);
-  for (int64_t d : shape) t.add_shape(d);
-  t.set_data(std::move(data));
-  return t;
-}
+using testing::Bytes;
+using testing::MakeTensor;
+using testing::Random;
 
 v1::TensorChunk Chunk(const std::string& name, std::vector<int64_t> shape, const std::string& data,
                       size_t begin, size_t end) {

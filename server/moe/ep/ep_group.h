@@ -1,0 +1,266 @@
+// The server's expert-parallel group: N ranks that serve RunMoE together, each
+// holding a linear slice of every layer's experts (ExpertPlacement::Linear)
+// and running RunMoeExpertParallel-shaped steps over its own Communicator.
+//
+// Why a group object and not N device workers: collectives match by order,
+// so every rank must run the same steps in the same order and never start a
+// step's collectives before the previous step is over on every rank. EpGroup
+// therefore has ONE step queue. A coordinator thread publishes one step at a
+// time; each rank's own thread (one per rank: a CPU thread, or the thread
+// bound to its GPU) runs the step's per-rank work; the step completes when
+// every rank has finished, and only then is the next one published.
+//
+// What the ranks are is behind EpRankKind: CPU ranks (threads with an
+// InProcessCommunicator, experts = views into the host ExpertSet, step =
+// RunMoeExpertParallel), and GPU ranks (NcclCommunicator on one device each,
+// experts = a GpuExperts slice, step = RunMoeExpertParallelOnGpu), built with
+// CUDA and NCCL only.
+//
+// Failures. A rank whose work fails aborts its communicator, so peers blocked
+// in a collective fail fast instead of waiting out their timeout; the step
+// fails with the root cause (the first rank error that is not the ABORTED
+// echo of another rank's abort) naming the rank and its device, and the group
+// builds fresh communicators (a new InProcessGroup, a new NCCL unique id)
+// before the next step that communicates. A rank that does not pick up a step
+// (still busy, or stuck) within join_timeout fails the step with
+// DEADLINE_EXCEEDED naming it; a step that runs past step_timeout likewise.
+// The group itself keeps serving: the next step starts on fresh
+// communicators as soon as the ranks are free.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "kernels/comm/communicator.h"
+#include "server/moe/ep/ep_dispatch.h"
+#include "server/moe/ep/ep_placement.h"
+#include "server/moe/expert_set.h"
+#include "server/moe/moe_runner.h"
+
+namespace kplan::moe::ep {
+
+struct EpGroupOptions {
+  // How long a rank may take to pick up a published step and join the
+  // group's communicator; past it the step fails with DEADLINE_EXCEEDED
+  // naming the ranks that did not.
+  absl::Duration join_timeout = absl::Seconds(30);
+  // How long one step may run once every rank joined; past it the
+  // communicators are aborted and the step fails with DEADLINE_EXCEEDED
+  // naming the ranks still running.
+  absl::Duration step_timeout = absl::Minutes(5);
+  // Per-collective timeout of the communicators the group builds.
+  absl::Duration comm_timeout = absl::Seconds(30);
+  // Steps waiting beyond the one running; more are RESOURCE_EXHAUSTED.
+  size_t max_queue_depth = 256;
+};
+
+// One rank's experts of one ExpertSet, as its rank kind holds them.
+class EpRankExperts {
+ public:
+  virtual ~EpRankExperts() = default;
+  // Bytes of this rank's expert weights.
+  virtual int64_t bytes() const = 0;
+  // Bytes this slice added to its device (0 for a view into the host set).
+  virtual int64_t resident_bytes() const = 0;
+};
+
+// The layer options every rank of one MoE step shares.
+struct EpMoeOptions {
+  int top_k = 0;
+  MoeDType act_dtype = MoeDType::kBFloat16;
+  bool apply_router_weight_on_input = false;
+  EpStrategy strategy = EpStrategy::kAllGatherReduceScatter;
+};
+
+// What ranks of one kind are. NewCommunicators runs on the group's
+// coordinator thread; everything taking a rank runs on that rank's thread.
+class EpRankKind {
+ public:
+  virtual ~EpRankKind() = default;
+  virtual int size() const = 0;
+  // "cpu" or "cuda:N": where rank `rank` computes.
+  virtual std::string Device(int rank) const = 0;
+  // The communicator backend: "in_process", "nccl".
+  virtual absl::string_view communicator() const = 0;
+  // What the MoE backend of a step is called in RunMoE's plan ("emulation"
+  // on CPU ranks, "kplan" on GPU ranks) and its experts kernel.
+  virtual absl::string_view moe_backend() const = 0;
+  virtual absl::string_view experts_kernel() const = 0;
+  // Starts a fresh set of communicators (an InProcessGroup, an NCCL unique
+  // id); the ranks then JoinCommunicator() from their threads.
+  virtual absl::Status NewCommunicators(absl::Duration comm_timeout) = 0;
+  // Rank `rank`'s communicator of the newest set (NCCL: blocks until every
+  // rank has joined).
+  virtual absl::StatusOr<std::unique_ptr<comm::Communicator>> JoinCommunicator(int rank) = 0;
+  // Makes rank `rank`'s slice of `set` resident. FAILED_PRECONDITION when
+  // ranks of this kind cannot run the set at all (it then stays on the
+  // single-device path).
+  virtual absl::StatusOr<std::unique_ptr<EpRankExperts>> PlaceExperts(
+      int rank, const ExpertSet& set, const ExpertPlacement& placement) = 0;
+  // One MoE layer step of rank `rank` (see RunMoeExpertParallel).
+  virtual absl::Status RunMoe(int rank, const ExpertSet& set, const EpRankExperts& experts,
+                              const ExpertPlacement& placement, const EpMoeOptions& options,
+                              const MoeInputsForThisRank& inputs, comm::Communicator& comm) = 0;
+  // Tests: makes the `after_calls`-th next collective of `rank` on the
+  // newest communicators fail with `status`. False when unsupported.
+  virtual bool InjectFault(int rank, absl::Status status, int after_calls) { return false; }
+};
+
+// The fields every rank kind's layer (EpLayer, GpuEpLayer) takes from the
+// set and the step, for EpRankKind::RunMoe implementations.
+template <typename Layer>
+void FillEpLayer(const ExpertSet& set, const ExpertPlacement& placement,
+                 const EpMoeOptions& options, Layer& layer) {
+  layer.hidden = set.spec().hidden;
+  layer.intermediate = set.spec().intermediate;
+  layer.num_experts = set.spec().num_experts;
+  layer.top_k = options.top_k;
+  layer.act_dtype = options.act_dtype;
+  layer.activation = set.activation();
+  layer.apply_router_weight_on_input = options.apply_router_weight_on_input;
+  layer.placement = placement;
+}
+
+// `size` CPU thread-ranks over an InProcessCommunicator.
+std::unique_ptr<EpRankKind> MakeCpuEpRanks(int size);
+
+// One rank per CUDA device, over NCCL: available when the build has the GPU
+// expert-parallel step (KPLAN_HAVE_GPU_EP); otherwise UNIMPLEMENTED.
+absl::StatusOr<std::unique_ptr<EpRankKind>> MakeGpuEpRanks(const std::vector<int>& cuda_devices);
+// Whether MakeGpuEpRanks can succeed in this build.
+bool HaveGpuEpRanks();
+
+struct EpShard {
+  int rank = 0;
+  std::string device;  // "cpu", "cuda:1"
+  int first_expert = 0;
+  int num_experts = 0;
+  int64_t bytes = 0;  // of this rank's expert weights
+};
+
+class EpGroup;
+
+// A set's experts as placed on an EpGroup: one slice per rank. Attached to
+// the ExpertSet as its device copy, so it lives exactly as long as the set.
+class EpExperts final : public DeviceExperts {
+ public:
+  EpExperts(const EpGroup* group, ExpertPlacement placement, std::vector<EpShard> shards,
+            std::vector<std::unique_ptr<EpRankExperts>> ranks);
+  // The experts of `set` placed on an EpGroup, or null.
+  static const EpExperts* Of(const ExpertSet& set);
+
+  // "ep:" and the ranks' devices, e.g. "ep:cuda:0,cuda:1".
+  std::string device_name() const override;
+  // What the slices added to their devices (0 for CPU ranks: views).
+  int64_t device_bytes() const override;
+
+  const EpGroup* group() const { return group_; }
+  const ExpertPlacement& placement() const { return placement_; }
+  const std::vector<EpShard>& shards() const { return shards_; }
+  const EpRankExperts& rank(int r) const { return *ranks_[r]; }
+
+ private:
+  const EpGroup* group_;
+  ExpertPlacement placement_;
+  std::vector<EpShard> shards_;
+  std::vector<std::unique_ptr<EpRankExperts>> ranks_;
+};
+
+class EpGroup {
+ public:
+  // Per-rank work of one step: `comm` is the rank's communicator for a
+  // communicating step (fresh after a failure) and null for a local one.
+  using RankWork = std::function<absl::Status(int rank, comm::Communicator* comm)>;
+  // Called once per step, on the group's coordinator thread, with the
+  // combined status, the time the step waited in the queue and the time it
+  // ran (publish to completion).
+  using StepDone = std::function<void(absl::Status, absl::Duration queued, absl::Duration ran)>;
+
+  // Starts the ranks' threads and builds the first communicators.
+  static absl::StatusOr<std::unique_ptr<EpGroup>> Create(std::unique_ptr<EpRankKind> kind,
+                                                         EpGroupOptions options = {});
+  // Finishes the queued steps, then joins the threads.
+  ~EpGroup();
+  EpGroup(const EpGroup&) = delete;
+  EpGroup& operator=(const EpGroup&) = delete;
+
+  int size() const { return size_; }
+  std::string Device(int rank) const { return kind_->Device(rank); }
+  std::vector<std::string> Devices() const;
+  const EpRankKind& kind() const { return *kind_; }
+  const EpGroupOptions& options() const { return options_; }
+  // How many communicator sets have been built (1 after Create; one more
+  // after each failed communicating step).
+  int64_t generation() const;
+
+  // Queues a step. Steps run one at a time, in submission order, on every
+  // rank. `communicates`: whether the work uses the communicator (a failure
+  // then aborts it and the group is rebuilt before the next such step).
+  // RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE once stopping;
+  // `done` is then never called.
+  absl::Status Submit(RankWork work, StepDone done, bool communicates = true);
+  // Submit and wait.
+  absl::Status Run(RankWork work, bool communicates = true);
+
+  // Places `set` linearly over the ranks (each rank uploads its own slice on
+  // its thread). FAILED_PRECONDITION when this group's ranks cannot run the
+  // set (it then stays on the single-device path).
+  using PlaceDone = std::function<void(absl::StatusOr<std::unique_ptr<EpExperts>>)>;
+  absl::Status PlaceExperts(std::shared_ptr<const ExpertSet> set, PlaceDone done);
+
+  // Runs one MoE layer over `set` (placed on this group: EpExperts::Of(set))
+  // with `strategy`: the tokens are split over the ranks (SplitTokens), each
+  // rank runs its slice, the output is gathered in token order. Input errors
+  // (CheckMoeRunInput) and a full queue return here; otherwise `done` gets
+  // the output (with the routing when `return_routing`).
+  using MoeDone =
+      std::function<void(absl::StatusOr<MoeRunOutput>, absl::Duration queued, absl::Duration ran)>;
+  absl::Status RunMoe(std::shared_ptr<const ExpertSet> set, MoeRunInput input, EpStrategy strategy,
+                      bool return_routing, MoeDone done);
+
+  // Tests: fault injection into the current communicators (EpRankKind::InjectFault).
+  bool InjectFault(int rank, absl::Status status, int after_calls = 0);
+
+ private:
+  struct Step;
+  EpGroup(std::unique_ptr<EpRankKind> kind, EpGroupOptions options);
+  void CoordinatorLoop();
+  void RankLoop(int rank);
+  // Runs `step` to completion (or timeout); returns its combined status.
+  absl::Status RunStepLocked(std::unique_lock<std::mutex>& lock, const std::shared_ptr<Step>& step);
+  absl::Status Combine(const Step& step) const;
+  void AbortAllLocked(absl::string_view reason);
+
+  const std::unique_ptr<EpRankKind> kind_;
+  const EpGroupOptions options_;
+  const int size_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Step>> queue_;
+  std::shared_ptr<Step> current_;  // the published step
+  int64_t next_seq_ = 0;
+  bool stopping_ = false;
+  bool coordinator_done_ = false;  // stopping and every step done: ranks exit
+  bool needs_rebuild_ = true;
+  int64_t generation_ = 0;
+  // Per rank: its communicator (swapped by its own thread under mu_) and
+  // the generation it belongs to.
+  std::vector<std::unique_ptr<comm::Communicator>> comms_;
+  std::vector<int64_t> comm_generation_;
+  std::vector<std::thread> rank_threads_;
+  std::thread coordinator_;
+};
+
+}  // namespace kplan::moe::ep

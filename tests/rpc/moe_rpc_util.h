@@ -1,0 +1,33 @@
+// Helpers for the MoE RPC tests (moe_rpc_test, ep_server_test): fresh random
+// float32 data, its raw bytes, and API tensors.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kplan/v1/service.pb.h"
+
+namespace kplan::rpc::testing {
+
+inline std::string Bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+inline std::vector<float> Random(size_t n, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+inline v1::Tensor MakeTensor(v1::DType dtype, std::vector<int64_t> shape, std::string data) {
+  v1::Tensor t;
+  t.set_dtype(dtype);
+  for (int64_t d : shape) t.add_shape(d);
+  t.set_data(std::move(data));
+  return t;
+}
+
+}  // namespace kplan::rpc::testing
