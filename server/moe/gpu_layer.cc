@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/ir_cuda_status.h"
 #include "kernels/cuda/moe_experts.h"
+#include "server/moe/gpu_layer_emulation.h"
 #include "server/base/status.h"
 
 namespace kplan {
@@ -90,7 +91,11 @@ T* At(void* base, int64_t offset) {
 }  // namespace
 
 int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
-                               int num_experts) {
+                               int num_experts, std::optional<moe::MoeDType> act_dtype) {
+  const moe::MoeDType act = act_dtype.value_or(experts.spec().dtype);
+  if (!experts.FastPathFor(act)) {
+    return EmulationLayerWorkspaceBytes(experts, max_tokens, top_k, num_experts, act);
+  }
   return LayoutFor(experts, max_tokens, top_k, num_experts, /*scale_rows=*/true,
                    /*separate_y=*/true, /*bound=*/true)
       .bytes;
@@ -117,6 +122,10 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   if (a.hidden == nullptr || a.topk_ids == nullptr || a.topk_weights == nullptr ||
       a.output == nullptr) {
     return absl::InvalidArgumentError("EnqueueMoeLayer: a device buffer is null");
+  }
+  const moe::MoeDType act = a.act_dtype.value_or(spec.dtype);
+  if (!experts.FastPathFor(act)) {
+    return EnqueueEmulationLayer(experts, a, act, workspace, workspace_bytes, stream);
   }
   const Layout l =
       LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine, /*bound=*/false);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "kernels/cuda/moe_ops.h"
@@ -25,7 +26,12 @@ struct MoeLayerArgs {
   // Range of the expert ids: the global E. Without an expert map it must
   // equal the experts' num_experts.
   int num_experts = 0;
-  const void* hidden = nullptr;  // [M, H] in the experts' dtype
+  const void* hidden = nullptr;  // [M, H] in act_dtype
+  // fp32, fp16 or bf16; empty: the experts' dtype (bf16 / fp16 sets). With
+  // experts.FastPathFor(act_dtype) the layer runs the kplan kernels, else the
+  // emulation route (gpu_layer_emulation.h). Output and intermediates are
+  // in act_dtype too.
+  std::optional<moe::MoeDType> act_dtype;
   // Routing from logits: router_logits fp32 [M, E] with `routing` (its bias
   // pointer is a device pointer), writing topk_ids / topk_weights. Without
   // logits, topk_ids / topk_weights are inputs.
@@ -45,9 +51,11 @@ struct MoeLayerArgs {
 };
 
 // Bytes of workspace for calls with up to max_tokens tokens of top_k slots
-// over `num_experts` global ids on these experts.
+// over `num_experts` global ids on these experts, activations in act_dtype
+// (empty: the experts' dtype).
 int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
-                               int num_experts);
+                               int num_experts,
+                               std::optional<moe::MoeDType> act_dtype = std::nullopt);
 
 // Enqueues the layer on `stream` (cudaStream_t) on the current device, which
 // must be experts.device(). INVALID_ARGUMENT for inconsistent arguments or a

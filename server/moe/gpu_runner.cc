@@ -2,8 +2,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -112,12 +116,25 @@ int64_t GpuExperts::n13() const {
 
 std::string GpuExperts::device_name() const { return absl::StrCat("cuda:", device_); }
 
+bool GpuExperts::FastPathFor(moe::MoeDType act_dtype) const {
+  return spec_.quant.scheme.empty() && act_dtype == spec_.dtype &&
+         (spec_.dtype == moe::MoeDType::kBFloat16 || spec_.dtype == moe::MoeDType::kFloat16);
+}
+
 GpuExperts::~GpuExperts() {
-  if (w13_ == nullptr && w2_ == nullptr && b13_ == nullptr && b2_ == nullptr) return;
+  void* const all[] = {w13_,
+                       w2_,
+                       static_cast<void*>(b13_),
+                       static_cast<void*>(b2_),
+                       static_cast<void*>(w13_scale_),
+                       static_cast<void*>(w2_scale_),
+                       static_cast<void*>(w13_zero_),
+                       static_cast<void*>(w2_zero_)};
+  if (std::all_of(std::begin(all), std::end(all), [](void* p) { return p == nullptr; })) return;
   int prev = -1;
   const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
                         cudaSetDevice(device_) == cudaSuccess;
-  for (void* p : {w13_, w2_, static_cast<void*>(b13_), static_cast<void*>(b2_)}) {
+  for (void* p : all) {
     if (p != nullptr) cudaFree(p);
   }
   if (switched) cudaSetDevice(prev);
@@ -137,16 +154,6 @@ absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& 
                                                     ") are not a slice of the set's ",
                                                     spec.num_experts));
   }
-  if (!spec.quant.scheme.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the GPU MoE path runs unquantised weights only; experts '",
-                     spec.experts_id, "' use ", spec.quant.scheme));
-  }
-  if (spec.dtype != moe::MoeDType::kBFloat16 && spec.dtype != moe::MoeDType::kFloat16) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the GPU MoE path runs bfloat16 / float16 weights; experts '",
-                     spec.experts_id, "' are ", moe::MoeDTypeName(spec.dtype)));
-  }
   if (spec.hidden % 8 != 0 || spec.intermediate % 8 != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("the GPU MoE path needs hidden and intermediate multiples of 8, got ",
@@ -155,6 +162,23 @@ absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& 
   const moe::MoeWeights w = set.Weights();
   if (w.w13 == nullptr || w.w2 == nullptr) {
     return InvalidField(w.w13 == nullptr ? "w13" : "w2", "the expert set lacks a weight tensor");
+  }
+  {
+    // The option combinations the CPU reference accepts (e.g. fp8 block
+    // scales need per-group activation scales): what it rejects per request
+    // stays on the CPU path, which reports it.
+    moe::MoeProblem probe;
+    probe.hidden = spec.hidden;
+    probe.intermediate = spec.intermediate;
+    probe.num_experts = spec.num_experts;
+    probe.top_k = 1;
+    probe.activation = set.activation();
+    probe.weights = w;
+    if (absl::Status st = moe::ValidateMoeProblem(probe, /*needs_routing=*/false); !st.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the GPU MoE path cannot run experts '", spec.experts_id,
+                       "': ", st.message()));
+    }
   }
   if (spec.has_bias && (w.b13 == nullptr || w.b2 == nullptr)) {
     return InvalidField(w.b13 == nullptr ? "w13_bias" : "w2_bias",
@@ -166,26 +190,32 @@ absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& 
   g->activation_ = set.activation();
   g->device_ = device;
   g->first_expert_ = first_expert;
-  const int64_t E = num_experts, H = spec.hidden, I = spec.intermediate, N13 = g->n13();
-  const int64_t f = first_expert;  // offsets of the slice in the set's tensors
   DeviceScope scope;
   KPLAN_RETURN_IF_ERROR(scope.Enter(device));
-  // On failure `g` is destroyed on return, freeing what was allocated.
-  KPLAN_RETURN_IF_ERROR(
-      CopyToDevice(&g->w13_, static_cast<const char*>(w.w13) + f * N13 * H * 2, E * N13 * H * 2));
-  KPLAN_RETURN_IF_ERROR(
-      CopyToDevice(&g->w2_, static_cast<const char*>(w.w2) + f * H * I * 2, E * H * I * 2));
-  g->bytes_ = E * N13 * H * 2 + E * H * I * 2;
-  if (w.b13 != nullptr && w.b2 != nullptr) {
-    void* b13 = nullptr;
-    void* b2 = nullptr;
-    absl::Status st = CopyToDevice(&b13, w.b13 + f * N13, E * N13 * 4);
-    g->b13_ = static_cast<float*>(b13);
-    KPLAN_RETURN_IF_ERROR(st);
-    st = CopyToDevice(&b2, w.b2 + f * H, E * H * 4);
-    g->b2_ = static_cast<float*>(b2);
-    KPLAN_RETURN_IF_ERROR(st);
-    g->bytes_ += E * N13 * 4 + E * H * 4;
+  // Every tensor of the set (ExpectedTensors: first dimension = expert) as
+  // stored, sliced to the experts copied. On failure `g` is destroyed on
+  // return, freeing what was allocated.
+  const std::map<std::string, std::pair<const void*, void**>> where = {
+      {"w13", {w.w13, &g->w13_}},
+      {"w2", {w.w2, &g->w2_}},
+      {"w13_bias", {w.b13, reinterpret_cast<void**>(&g->b13_)}},
+      {"w2_bias", {w.b2, reinterpret_cast<void**>(&g->b2_)}},
+      {"w13_scale", {w.quant.w13_scale, reinterpret_cast<void**>(&g->w13_scale_)}},
+      {"w2_scale", {w.quant.w2_scale, reinterpret_cast<void**>(&g->w2_scale_)}},
+      {"w13_zero", {w.quant.w13_zero, reinterpret_cast<void**>(&g->w13_zero_)}},
+      {"w2_zero", {w.quant.w2_zero, reinterpret_cast<void**>(&g->w2_zero_)}},
+  };
+  for (const TensorSpec& t : ExpectedTensors(spec)) {
+    auto it = where.find(t.name);
+    if (it == where.end()) continue;
+    if (it->second.first == nullptr) {
+      return InvalidField(t.name, "the expert set lacks this tensor");
+    }
+    const int64_t per_expert = t.bytes() / spec.num_experts;
+    KPLAN_RETURN_IF_ERROR(CopyToDevice(
+        it->second.second, static_cast<const char*>(it->second.first) + first_expert * per_expert,
+        num_experts * per_expert));
+    g->bytes_ += num_experts * per_expert;
   }
   return g;
 }
@@ -200,11 +230,12 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   // --- Input checks: the CPU path's, then what the GPU path runs.
   KPLAN_ASSIGN_OR_RETURN(const MoeRunShape shape, CheckMoeRunInput(spec, in));
-  if (in.act_dtype != spec.dtype) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the GPU MoE path runs activations in the weights' dtype (",
-                     moe::MoeDTypeName(spec.dtype), "), got ", moe::MoeDTypeName(in.act_dtype)));
+  if (!moe::IsFloatDType(in.act_dtype)) {
+    return InvalidField("hidden_states.dtype",
+                        absl::StrCat("activations must be float32, float16 or bfloat16, got ",
+                                     moe::MoeDTypeName(in.act_dtype)));
   }
+  const int64_t act_bytes = in.act_dtype == moe::MoeDType::kFloat32 ? 4 : 2;
   const int64_t M = shape.num_tokens;
   const int E = spec.num_experts;
   const int k = shape.top_k;
@@ -226,7 +257,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   MoeRunOutput out;
   out.num_tokens = M;
   out.top_k = k;
-  out.output.resize(M * spec.hidden * 2);
+  out.output.resize(M * spec.hidden * act_bytes);
   out.topk_ids.resize(M * k);
   out.topk_weights.resize(M * k);
   if (M == 0) return out;
@@ -238,13 +269,13 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   DeviceScope scope;  // outlives the workspace, which is freed on this device
   KPLAN_RETURN_IF_ERROR(scope.Enter(experts.device()));
   Workspace ws(stream);
-  const int64_t o_hidden = ws.Reserve(M * H * 2);
+  const int64_t o_hidden = ws.Reserve(M * H * act_bytes);
   const int64_t o_logits = by_logits ? ws.Reserve(M * E * 4) : -1;
   const int64_t o_bias = has_bias ? ws.Reserve(E * 4) : -1;
   const int64_t o_w = ws.Reserve(numel * 4);
   const int64_t o_ids = ws.Reserve(numel * 4);
-  const int64_t o_out = ws.Reserve(M * H * 2);
-  const int64_t layer_bytes = MoeLayerWorkspaceBytes(experts, M, k, E);
+  const int64_t o_out = ws.Reserve(M * H * act_bytes);
+  const int64_t layer_bytes = MoeLayerWorkspaceBytes(experts, M, k, E, in.act_dtype);
   const int64_t o_layer = ws.Reserve(layer_bytes);
 
   KPLAN_RETURN_IF_ERROR(ws.Allocate());
@@ -263,7 +294,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   void* d_hidden = ws.At<void>(o_hidden);
   float* d_w = ws.At<float>(o_w);
   int32_t* d_ids = ws.At<int32_t>(o_ids);
-  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_hidden, in.hidden_states.data(), M * H * 2,
+  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_hidden, in.hidden_states.data(), M * H * act_bytes,
                                             cudaMemcpyHostToDevice, stream));
   if (by_logits) {
     KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(o_logits), in.router_logits.data(),
@@ -293,14 +324,15 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   la.topk_ids = d_ids;
   la.topk_weights = d_w;
   la.apply_router_weight_on_input = in.apply_router_weight_on_input;
+  la.act_dtype = in.act_dtype;
   la.output = ws.At<void>(o_out);
   KPLAN_RETURN_IF_ERROR(
       EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
   if (stats != nullptr) KPLAN_GPU_RETURN_IF_ERROR(cudaEventRecord(ev.stop, stream));
 
   // --- Downloads, one synchronisation.
-  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(out.output.data(), ws.At<void>(o_out), M * H * 2,
-                                            cudaMemcpyDeviceToHost, stream));
+  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(out.output.data(), ws.At<void>(o_out),
+                                            M * H * act_bytes, cudaMemcpyDeviceToHost, stream));
   KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(out.topk_ids.data(), d_ids, numel * 4,
                                             cudaMemcpyDeviceToHost, stream));
   KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(out.topk_weights.data(), d_w, numel * 4,

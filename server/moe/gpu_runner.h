@@ -5,12 +5,17 @@
 // activation, combine). Built only with CUDA (KPLAN_HAVE_CUDA); this header
 // itself needs no CUDA headers (streams travel as void*).
 //
-// Scope of this slice: unquantised bf16 / fp16 weights, activations in the
-// weights' dtype (fp32 activations and quantised sets are FAILED_PRECONDITION:
-// the CPU path serves them), optional biases, every activation of the CPU
-// reference with default ActivationParams, routing from logits (every method
-// of RoutingSpecFor) or given top-k ids / weights, apply_router_weight_on_input
-// (top_k = 1), no expert map (all experts local).
+// Scope: every weight / activation combination of the CPU reference:
+// unquantised fp32 / fp16 / bf16 weights, fp8 e4m3 with per-tensor,
+// per-channel or block scales (activations quantised per token, per tensor
+// or per 1 x block_k group), int8 / int4 with group scales (with or without
+// zero points); fp32, fp16 or bf16 activations. bf16 / fp16 weights with
+// activations of their dtype run the fast kplan kernels (moe_experts.h);
+// everything else the emulation route (moe_quant_gemm.h: weights resident
+// in their stored form, dequantised in the GEMM). Optional biases, every
+// activation of the CPU reference with default ActivationParams, routing
+// from logits (every method of RoutingSpecFor) or given top-k ids / weights,
+// apply_router_weight_on_input (top_k = 1), no expert map (all experts local).
 #pragma once
 
 #include <cstdint>
@@ -27,9 +32,11 @@ namespace kplan {
 // the memory; freed on destruction.
 class GpuExperts final : public DeviceExperts {
  public:
-  // Copies the set's tensors to `device` (synchronously). FAILED_PRECONDITION
-  // for what the GPU path does not run (quantised or fp32 weights, hidden or
-  // intermediate not a multiple of 8); INVALID_ARGUMENT for a set missing a
+  // Copies the set's tensors to `device` (synchronously), quantised ones as
+  // stored. FAILED_PRECONDITION for what the GPU path does not run (hidden or
+  // intermediate not a multiple of 8, or a quantisation the CPU reference
+  // rejects, such as fp8 block scales with per-token activation scales: the
+  // CPU path then reports it per request); INVALID_ARGUMENT for a set missing a
   // tensor; RESOURCE_EXHAUSTED when the device is out of memory (everything
   // allocated so far is freed).
   static absl::StatusOr<std::unique_ptr<GpuExperts>> Create(const ExpertSet& set, int device);
@@ -56,6 +63,18 @@ class GpuExperts final : public DeviceExperts {
   const void* w2() const { return w2_; }
   const float* b13() const { return b13_; }  // null without bias
   const float* b2() const { return b2_; }
+  // Quantised sets: w13 / w2 stay in their stored form (fp8 / int8 / packed
+  // int4 bytes) beside their fp32 scales and, for int8 / int4 with zero
+  // points, uint8 zero points, shaped as ExpectedTensors says. Null otherwise.
+  const float* w13_scale() const { return w13_scale_; }
+  const float* w2_scale() const { return w2_scale_; }
+  const uint8_t* w13_zero() const { return w13_zero_; }
+  const uint8_t* w2_zero() const { return w2_zero_; }
+  // True when activations of `act_dtype` run on the fast kplan kernels
+  // (moe_experts.h: unquantised bf16 / fp16 weights, activations in their
+  // dtype); every other combination runs the emulation route
+  // (kernels/cuda/moe_quant_gemm.h: dequantise in the GEMM).
+  bool FastPathFor(moe::MoeDType act_dtype) const;
 
  private:
   GpuExperts() = default;
@@ -68,6 +87,10 @@ class GpuExperts final : public DeviceExperts {
   void* w2_ = nullptr;
   float* b13_ = nullptr;
   float* b2_ = nullptr;
+  float* w13_scale_ = nullptr;
+  float* w2_scale_ = nullptr;
+  uint8_t* w13_zero_ = nullptr;
+  uint8_t* w2_zero_ = nullptr;
 };
 
 struct GpuRunOptions {
@@ -89,8 +112,8 @@ struct GpuRunStats {
 // weights), routing, moe_align_block_size (block MoeGemmBlockMFor), GEMM 1,
 // activation, GEMM 2, combine, download of the output and the routing; one
 // synchronisation at the end. Input errors are those of RunMoeOnCpu
-// (INVALID_ARGUMENT naming the request field); act_dtype other than the
-// weights' dtype is FAILED_PRECONDITION. The workspace is allocated per call
+// (INVALID_ARGUMENT naming the request field); act_dtype is fp32, fp16 or
+// bf16 whatever the weights' dtype. The workspace is allocated per call
 // (stream-ordered, cudaMallocAsync) and freed before returning.
 absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRunInput& input,
                                          void* stream, const GpuRunOptions& options = {},

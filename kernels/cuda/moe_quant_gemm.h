@@ -1,0 +1,127 @@
+// The `emulation` half of the GPU MoE layer: a grouped GEMM that reads the
+// expert weights in their stored form (fp32 / fp16 / bf16, fp8 e4m3 with
+// per-tensor, per-channel or block scales, int8 / int4 with group scales and
+// optional zero points), dequantises each weight tile on its way into shared
+// memory and multiplies with fp32 accumulation; plus the fp8 activation
+// quantisers and the fp32 elementwise steps (activation, combine, input
+// scaling) that the bf16 / fp16 launchers of moe_experts.h do not cover.
+//
+// Why a second GEMM: the fast kernels (moe_experts.h) take operands that
+// tensor cores consume as stored. Quantised sets stay resident in their
+// compact form (no bf16 copy of the whole set), so every tile is decoded in
+// the kernel, at the points and with the roundings of the CPU reference
+// (kernels/cpu/moe/moe_experts.cc), which keeps the GPU within summation-order
+// error of it:
+//   * int8 / int4: w = (q - zp) · scale, rounded to the activation dtype;
+//   * fp8: activations quantised beforehand (LaunchMoeFp8Quantize, the
+//     reference's QuantizeRows); the GEMM multiplies the fp8 values and
+//     applies activation x weight scales (per k-block for block scales);
+//   * float weights in another dtype than the activations: plain values.
+// Two compute modes, chosen by the launcher: tensor cores (mma.sync
+// m16n8k16, bf16 or fp16 inputs, fp32 accumulate) where every decoded operand
+// is exactly representable in the 16-bit input type (fp8 values always are in
+// fp16; int8/int4 weights rounded to bf16/fp16 activations are), else an
+// exact fp32 SIMT path (fp32 activations with int / float weights; fp8 block
+// scales whose block_k is not a multiple of the k step). Never TF32.
+//
+// Same tile contract as MoeGroupedGemmArgs (moe_experts.h) over the
+// moe_align_block_size output, for any align block size: tile t covers
+// sorted_token_ids[t*block_m, (t+1)*block_m) of expert expert_ids[t];
+// sentinel slots are skipped, expert -1 writes zero rows, tiles at or past
+// *num_tokens_post_padded do nothing.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/moe_experts.h"
+
+namespace kplan::kernels::cuda {
+
+// Float element types of activations, intermediates and outputs.
+enum class MoeFloatType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// Storage of the weights (row-major [E_local, N, K]; int4 packs two values
+// per byte along K, low nibble first).
+enum class MoeWeightKind : int { kFloat32, kFloat16, kBFloat16, kFp8E4m3, kInt8, kInt4 };
+
+enum class MoeWeightScale : int {
+  kNone,        // float weights
+  kPerTensor,   // fp8: scale[E_local]
+  kPerChannel,  // fp8: scale[E_local, N]
+  kBlock,       // fp8: scale[E_local, ceil(N/block_n), ceil(K/block_k)]
+  kGroup,       // int8 / int4: scale[E_local, N, K/group_size], zero the same shape or null
+};
+
+struct MoeQuantWeights {
+  MoeWeightKind kind = MoeWeightKind::kBFloat16;
+  MoeWeightScale scale_kind = MoeWeightScale::kNone;
+  const void* data = nullptr;     // device
+  const float* scale = nullptr;   // device, or null for kNone
+  // kGroup only: uint8 zero points (int8 weights are then read as uint8 and
+  // int4 nibbles as 0..15). Null: int8 signed, int4 with implied zp 8.
+  const uint8_t* zero = nullptr;
+  int block_n = 128, block_k = 128;  // kBlock
+  int group_size = 128;              // kGroup
+};
+
+// One grouped GEMM: for each slot s of a tile (s < numel) and column n < N
+//   C[s, n] = round_c(Σ_k A[s / a_row_div, k] · W[e, n, k]  (with scales))
+// and with bias round_c(round_c(acc) + round_c(bias[e, n])).
+// A is either float (a_type) or fp8 e4m3 bytes with fp32 scales a_scale:
+// [a_rows] per row (a_group == 0) or [a_rows, ceil(K / a_group)] per 1 x a_group
+// group (fp8 block weights need a_group == block_k). fp8 weights need fp8 A
+// and the other weights float A.
+struct MoeQuantGemmArgs {
+  MoeFloatType a_type = MoeFloatType::kBFloat16;  // when !a_fp8
+  bool a_fp8 = false;
+  const void* a = nullptr;
+  const float* a_scale = nullptr;
+  int a_group = 0;
+  int a_row_div = 1;
+  MoeQuantWeights w;
+  const float* bias = nullptr;  // [E_local, N] fp32 or null
+  MoeFloatType c_type = MoeFloatType::kBFloat16;
+  void* c = nullptr;  // [numel, N]
+  const int32_t* sorted_token_ids = nullptr;
+  const int32_t* expert_ids = nullptr;
+  const int32_t* num_tokens_post_padded = nullptr;
+  int block_m = 64;  // the moe_align_block_size block size (any positive value)
+  int64_t numel = 0;
+  int64_t num_blocks = 0;  // entries of expert_ids
+  int64_t N = 0;
+  int64_t K = 0;  // a multiple of 8
+  int num_local_experts = 0;
+};
+
+absl::Status LaunchMoeQuantGemm(const MoeQuantGemmArgs& args, cudaStream_t stream);
+
+// fp8 activation quantisation, as the CPU reference's QuantizeRows /
+// TensorScale (moe_kernel_quantize_input), bit for bit:
+//   kPerToken:  s[r] = max(max|x_r| / 448, 1 / (448·512))
+//   kPerTensor: s = static_scale when > 0, else max|x| / 448 over all rows
+//               (1 when every element is 0); written to every s[r]
+//   kPerGroup:  s[r, g] = max(max|x_{r,g}|, 1e-10) / 448 over 1 x group
+// q = fp8_e4m3(x / s) saturated to ±448, round to nearest even.
+// in: [rows, K] of in_type; q: uint8 [rows, K]; scale: [rows] or
+// [rows, ceil(K/group)]. kPerTensor without a static scale needs `scratch`
+// (one device float, zeroed by the launcher on the stream).
+enum class MoeFp8ActQuant : int { kPerToken, kPerTensor, kPerGroup };
+absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, MoeFloatType in_type, const void* in,
+                                  int64_t rows, int64_t K, int group, float static_scale,
+                                  float* scratch, uint8_t* q, float* scale,
+                                  cudaStream_t stream);
+
+// fp32 versions of the moe_experts.h elementwise steps (same formulas and
+// rounding points; fp32 rounding is the identity).
+absl::Status LaunchMoeActivationF32(MoeActKind act, const MoeActParams& params, const float* in,
+                                    int64_t rows, int64_t in_width, float* out,
+                                    int64_t out_width, cudaStream_t stream);
+absl::Status LaunchMoeCombineF32(const float* y, const float* topk_weights, int64_t num_tokens,
+                                 int top_k, int64_t hidden, float* out, cudaStream_t stream);
+absl::Status LaunchMoeScaleRowsF32(const float* a, const float* row_weights, int64_t rows,
+                                   int64_t width, float* out, cudaStream_t stream);
+
+}  // namespace kplan::kernels::cuda

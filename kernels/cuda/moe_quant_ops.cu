@@ -1,0 +1,252 @@
+// fp8 activation quantisers and the fp32 elementwise steps of the emulation
+// route (moe_quant_gemm.h). The fp8 conversion is the reference's
+// FloatToFp8E4m3 (kernels/cpu/moe/moe_dtypes.cc) bit for bit rather than the
+// hardware cvt, and scales are computed with the reference's operations in
+// its order (IEEE division, no contraction), so a quantised activation is the
+// same byte on both paths. The activation formulas are
+// moe_activation_math.cuh's.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/ir_cuda_status.h"
+#include "kernels/cuda/moe_activation_math.cuh"
+#include "kernels/cuda/moe_quant_gemm.h"
+
+namespace kplan::kernels::cuda {
+namespace {
+
+using moe_math::Gated;
+using moe_math::Plain;
+
+constexpr float kFp8Max = 448.0f;
+constexpr float kPerTokenMinScale = 1.0f / (448.0f * 512.0f);
+constexpr float kGroupEps = 1e-10f;
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float LoadF(const void* p, int64_t i, MoeFloatType t) {
+  switch (t) {
+    case MoeFloatType::kFloat16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case MoeFloatType::kBFloat16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+// moe::FloatToFp8E4m3(f, /*saturate=*/true).
+__device__ __forceinline__ uint8_t FloatToFp8Sat(float f) {
+  const uint32_t bits = __float_as_uint(f);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7f;
+  if (abs >= 0x43e00000u) return sign | 0x7e;
+  if (abs < 0x3c800000u) {
+    const float q = rintf(__fmul_rn(__uint_as_float(abs), 512.0f));
+    return sign | static_cast<uint8_t>(q);
+  }
+  const uint32_t rounded = abs + 0x7ffffu + ((abs >> 20) & 1u);
+  const uint32_t exp = (rounded >> 23) - 127 + 7;
+  const uint32_t mant = (rounded >> 20) & 0x7u;
+  return sign | static_cast<uint8_t>((exp << 3) | mant);
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// max|x| over the block (NaN ignored, as std::max in the reference).
+__device__ float BlockMax(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpMax(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : 0.0f;
+  v = WarpMax(v);
+  __syncthreads();
+  return v;
+}
+
+// scratch: max|x| over every element, as float bits (non-negative floats
+// order like their bits).
+__global__ void AbsMaxKernel(MoeFloatType t, const void* in, int64_t n, float* scratch) {
+  __shared__ float red[32];
+  float m = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    m = fmaxf(m, fabsf(LoadF(in, i, t)));
+  }
+  m = BlockMax(m, red);
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(scratch), __float_as_uint(m));
+}
+
+// One block per row.
+__global__ void QuantRowKernel(MoeFp8ActQuant mode, MoeFloatType t, const void* in, int64_t K,
+                               int group, float static_scale, const float* tensor_max,
+                               uint8_t* q, float* scale) {
+  __shared__ float red[32];
+  const int64_t r = blockIdx.x;
+  const int64_t base = r * K;
+  if (mode == MoeFp8ActQuant::kPerGroup) {
+    const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    const int64_t groups = (K + group - 1) / group;
+    for (int64_t gi = threadIdx.x >> 5; gi < groups; gi += warps) {
+      const int64_t k0 = gi * group, k1 = std::min<int64_t>(K, k0 + group);
+      float m = 0.0f;
+      for (int64_t k = k0 + lane; k < k1; k += 32) m = fmaxf(m, fabsf(LoadF(in, base + k, t)));
+      const float s = __fdiv_rn(fmaxf(WarpMax(m), kGroupEps), kFp8Max);
+      for (int64_t k = k0 + lane; k < k1; k += 32) {
+        q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadF(in, base + k, t), s));
+      }
+      if (lane == 0) scale[r * groups + gi] = s;
+    }
+    return;
+  }
+  float s;
+  if (mode == MoeFp8ActQuant::kPerToken) {
+    float m = 0.0f;
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, fabsf(LoadF(in, base + k, t)));
+    s = fmaxf(__fdiv_rn(BlockMax(m, red), kFp8Max), kPerTokenMinScale);
+  } else if (static_scale > 0.0f) {
+    s = static_scale;
+  } else {
+    const float m = *tensor_max;
+    s = m > 0.0f ? __fdiv_rn(m, kFp8Max) : 1.0f;
+  }
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+    q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadF(in, base + k, t), s));
+  }
+  if (threadIdx.x == 0) scale[r] = s;
+}
+
+// --- fp32 elementwise steps.
+
+__global__ void ActivationF32Kernel(MoeActKind act, MoeActParams p, const float* in, int64_t rows,
+                                    int64_t d, bool gated, float* out) {
+  const int64_t total = rows * d;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / d, c = i % d;
+    const float* x = in + r * (gated ? 2 * d : d);
+    if (!gated) {
+      out[i] = Plain(act, x[c]);
+    } else if (act == MoeActKind::kSwigluOai) {
+      out[i] = Gated(act, p, x[2 * c], x[2 * c + 1]);
+    } else {
+      out[i] = Gated(act, p, x[c], x[d + c]);
+    }
+  }
+}
+
+__global__ void CombineF32Kernel(const float* y, const float* w, int64_t M, int k, int64_t H,
+                                 float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < M * H;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / H, h = i % H;
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const float v = y[(m * k + j) * H + h];
+      acc = __fadd_rn(acc, w != nullptr ? __fmul_rn(v, w[m * k + j]) : v);
+    }
+    out[i] = acc;
+  }
+}
+
+__global__ void ScaleRowsF32Kernel(const float* a, const float* w, int64_t rows, int64_t width,
+                                   float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * width;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __fmul_rn(a[i], w[i / width]);
+  }
+}
+
+int Blocks(int64_t n) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads,
+                                                                  132 * 16)));
+}
+
+}  // namespace
+
+absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, MoeFloatType in_type, const void* in,
+                                  int64_t rows, int64_t K, int group, float static_scale,
+                                  float* scratch, uint8_t* q, float* scale,
+                                  cudaStream_t stream) {
+  if (rows < 0 || K <= 0) return absl::InvalidArgumentError("moe_fp8_quantize: bad sizes");
+  if (mode == MoeFp8ActQuant::kPerGroup && group <= 0) {
+    return absl::InvalidArgumentError("moe_fp8_quantize: group must be positive");
+  }
+  if (rows == 0) return absl::OkStatus();
+  if (rows > INT32_MAX) return absl::InvalidArgumentError("moe_fp8_quantize: too many rows");
+  const bool dynamic_tensor = mode == MoeFp8ActQuant::kPerTensor && !(static_scale > 0.0f);
+  if (in == nullptr || q == nullptr || scale == nullptr || (dynamic_tensor && scratch == nullptr)) {
+    return absl::InvalidArgumentError("moe_fp8_quantize: null pointer");
+  }
+  if (dynamic_tensor) {
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(scratch, 0, sizeof(float), stream));
+    AbsMaxKernel<<<Blocks(rows * K), kThreads, 0, stream>>>(in_type, in, rows * K, scratch);
+    KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("AbsMaxKernel");
+  }
+  QuantRowKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      mode, in_type, in, K, group, static_scale, scratch, q, scale);
+  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("QuantRowKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMoeActivationF32(MoeActKind act, const MoeActParams& params, const float* in,
+                                    int64_t rows, int64_t in_width, float* out,
+                                    int64_t out_width, cudaStream_t stream) {
+  const int a = static_cast<int>(act);
+  if (a < 0 || a > static_cast<int>(MoeActKind::kRelu2NoMul)) {
+    return absl::InvalidArgumentError("moe_activation: unknown activation");
+  }
+  const bool gated = act < MoeActKind::kSiluNoMul;
+  if (rows < 0 || out_width < 0 || in_width != (gated ? 2 * out_width : out_width)) {
+    return absl::InvalidArgumentError("moe_activation: widths do not fit the activation");
+  }
+  if (act == MoeActKind::kSwigluOaiUninterleave && !params.has_clamp_limit) {
+    return absl::InvalidArgumentError("SWIGLUOAI_UNINTERLEAVE requires clamp_limit");
+  }
+  if (rows * out_width == 0) return absl::OkStatus();
+  if (in == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("moe_activation: null pointer");
+  }
+  MoeActParams p = params;
+  if (!p.has_clamp_limit) p.clamp_limit = 7.0f;
+  ActivationF32Kernel<<<Blocks(rows * out_width), kThreads, 0, stream>>>(act, p, in, rows,
+                                                                         out_width, gated, out);
+  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("ActivationF32Kernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMoeCombineF32(const float* y, const float* topk_weights, int64_t num_tokens,
+                                 int top_k, int64_t hidden, float* out, cudaStream_t stream) {
+  if (num_tokens < 0 || top_k <= 0 || hidden < 0) {
+    return absl::InvalidArgumentError("moe_combine: bad sizes");
+  }
+  if (num_tokens * hidden == 0) return absl::OkStatus();
+  if (y == nullptr || out == nullptr) return absl::InvalidArgumentError("moe_combine: null pointer");
+  CombineF32Kernel<<<Blocks(num_tokens * hidden), kThreads, 0, stream>>>(y, topk_weights,
+                                                                         num_tokens, top_k, hidden,
+                                                                         out);
+  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("CombineF32Kernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMoeScaleRowsF32(const float* a, const float* row_weights, int64_t rows,
+                                   int64_t width, float* out, cudaStream_t stream) {
+  if (rows < 0 || width < 0) return absl::InvalidArgumentError("moe_scale_rows: bad sizes");
+  if (rows * width == 0) return absl::OkStatus();
+  if (a == nullptr || row_weights == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("moe_scale_rows: null pointer");
+  }
+  ScaleRowsF32Kernel<<<Blocks(rows * width), kThreads, 0, stream>>>(a, row_weights, rows, width,
+                                                                    out);
+  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("ScaleRowsF32Kernel");
+  return absl::OkStatus();
+}
+
+}  // namespace kplan::kernels::cuda

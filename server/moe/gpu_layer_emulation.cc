@@ -1,0 +1,251 @@
+#include "server/moe/gpu_layer_emulation.h"
+
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/moe_quant_gemm.h"
+#include "server/base/status.h"
+
+namespace kplan {
+namespace {
+
+namespace kc = kernels::cuda;
+
+// The align block of this route: the dequantising GEMM takes any size; 64
+// rows is its CTA tile.
+constexpr int kBlockM = 64;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// What the experts' spec asks of the route.
+struct Scheme {
+  bool fp8 = false, block = false, per_token = false;
+  int block_k = 128;
+  float a1_static = 0.0f, a2_static = 0.0f;  // 0: dynamic per-tensor
+  kc::MoeQuantWeights w13, w2;
+};
+
+Scheme SchemeOf(const GpuExperts& experts) {
+  const ExpertsSpec& spec = experts.spec();
+  const ExpertsQuantSpec& q = spec.quant;
+  Scheme s;
+  kc::MoeQuantWeights w;
+  w.block_n = q.block_n;
+  w.block_k = q.block_k;
+  w.group_size = q.group_size;
+  if (q.scheme.empty()) {
+    w.kind = spec.dtype == moe::MoeDType::kFloat32   ? kc::MoeWeightKind::kFloat32
+             : spec.dtype == moe::MoeDType::kFloat16 ? kc::MoeWeightKind::kFloat16
+                                                     : kc::MoeWeightKind::kBFloat16;
+    w.scale_kind = kc::MoeWeightScale::kNone;
+  } else if (q.scheme.rfind("fp8", 0) == 0) {
+    s.fp8 = true;
+    s.block = q.scheme == "fp8_block";
+    s.per_token = !s.block && q.activation_scale == "per_token";
+    s.block_k = q.block_k;
+    if (!s.block && !s.per_token) {
+      s.a1_static = q.a1_scale.value_or(0.0f);
+      s.a2_static = q.a2_scale.value_or(0.0f);
+    }
+    w.kind = kc::MoeWeightKind::kFp8E4m3;
+    w.scale_kind = s.block                         ? kc::MoeWeightScale::kBlock
+                   : q.scheme == "fp8_per_channel" ? kc::MoeWeightScale::kPerChannel
+                                                   : kc::MoeWeightScale::kPerTensor;
+  } else {
+    w.kind = q.scheme == "int4_group" ? kc::MoeWeightKind::kInt4 : kc::MoeWeightKind::kInt8;
+    w.scale_kind = kc::MoeWeightScale::kGroup;
+  }
+  s.w13 = s.w2 = w;
+  s.w13.data = experts.w13();
+  s.w13.scale = experts.w13_scale();
+  s.w13.zero = experts.w13_zero();
+  s.w2.data = experts.w2();
+  s.w2.scale = experts.w2_scale();
+  s.w2.zero = experts.w2_zero();
+  return s;
+}
+
+struct Layout {
+  int64_t max_padded = 0, max_blocks = 0;
+  int64_t sorted = 0, eids = 0, post = 0, scaled = -1, c1 = 0, c2 = 0, y = -1;
+  int64_t q1 = -1, s1 = -1, q2 = -1, s2 = -1, scratch = -1;
+  int64_t bytes = 0;
+};
+
+Layout LayoutFor(const GpuExperts& experts, const Scheme& s, int64_t M, int k, int E,
+                 int64_t act_bytes, bool scale_rows, bool separate_y) {
+  Layout l;
+  const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
+  const int64_t N13 = experts.n13(), numel = M * k;
+  l.max_padded = kc::MoeAlignMaxPadded(numel, E, kBlockM, false);
+  l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, kBlockM, false);
+  auto reserve = [&l](int64_t bytes) {
+    const int64_t at = l.bytes;
+    l.bytes += (bytes + 255) / 256 * 256;
+    return at;
+  };
+  l.sorted = reserve(l.max_padded * 4);
+  l.eids = reserve(l.max_blocks * 4);
+  l.post = reserve(4);
+  if (scale_rows) l.scaled = reserve(M * H * act_bytes);
+  if (s.fp8) {
+    l.q1 = reserve(M * H);
+    l.s1 = reserve(M * (s.block ? CeilDiv(H, s.block_k) : 1) * 4);
+    l.q2 = reserve(numel * I);
+    l.s2 = reserve(numel * (s.block ? CeilDiv(I, s.block_k) : 1) * 4);
+    l.scratch = reserve(4);
+  }
+  l.c1 = reserve(numel * N13 * act_bytes);
+  l.c2 = reserve(numel * I * act_bytes);
+  if (separate_y) l.y = reserve(numel * H * act_bytes);
+  return l;
+}
+
+template <typename T>
+T* At(void* base, int64_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+kc::MoeFloatType FloatTypeOf(moe::MoeDType d) {
+  return d == moe::MoeDType::kFloat32   ? kc::MoeFloatType::kFloat32
+         : d == moe::MoeDType::kFloat16 ? kc::MoeFloatType::kFloat16
+                                        : kc::MoeFloatType::kBFloat16;
+}
+
+}  // namespace
+
+int64_t EmulationLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
+                                     int num_experts, moe::MoeDType act_dtype) {
+  const int64_t act_bytes = act_dtype == moe::MoeDType::kFloat32 ? 4 : 2;
+  return LayoutFor(experts, SchemeOf(experts), max_tokens, top_k, num_experts, act_bytes,
+                   /*scale_rows=*/true, /*separate_y=*/true)
+      .bytes;
+}
+
+absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs& a,
+                                   moe::MoeDType act_dtype, void* workspace,
+                                   int64_t workspace_bytes, void* stream_ptr) {
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  if (!moe::IsFloatDType(act_dtype)) {
+    return InvalidField("act_dtype", absl::StrCat("activations must be float32, float16 or "
+                                                  "bfloat16, got ",
+                                                  moe::MoeDTypeName(act_dtype)));
+  }
+  const ExpertsSpec& spec = experts.spec();
+  const Scheme s = SchemeOf(experts);
+  const int64_t M = a.num_tokens;
+  const int k = a.top_k, E = a.num_experts;
+  const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
+  const int64_t numel = M * k;
+  const bool f32 = act_dtype == moe::MoeDType::kFloat32;
+  const int64_t act_bytes = f32 ? 4 : 2;
+  const Layout l =
+      LayoutFor(experts, s, M, k, E, act_bytes, a.apply_router_weight_on_input, a.combine);
+  if (workspace == nullptr || workspace_bytes < l.bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("EnqueueMoeLayer: workspace of ",
+                                                   workspace_bytes, " bytes, need ", l.bytes));
+  }
+  const kc::MoeFloatType ft = FloatTypeOf(act_dtype);
+  // The bf16 / fp16 elementwise launchers of moe_experts.h; fp32 has its own.
+  const kc::MoeElemType et =
+      ft == kc::MoeFloatType::kFloat16 ? kc::MoeElemType::kFloat16 : kc::MoeElemType::kBFloat16;
+
+  if (a.router_logits != nullptr) {
+    KPLAN_RETURN_IF_ERROR(
+        kc::LaunchMoeRouting(a.routing, a.router_logits, M, a.topk_weights, a.topk_ids, stream));
+  }
+  int32_t* sorted = At<int32_t>(workspace, l.sorted);
+  int32_t* eids = At<int32_t>(workspace, l.eids);
+  int32_t* post = At<int32_t>(workspace, l.post);
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeAlignBlockSize(a.topk_ids, numel, kBlockM, E, a.expert_map,
+                                                    /*pad_sorted_ids=*/false,
+                                                    /*ignore_invalid_experts=*/false, sorted,
+                                                    eids, post, stream));
+  const void* a1 = a.hidden;
+  if (a.apply_router_weight_on_input) {
+    void* scaled = At<void>(workspace, l.scaled);
+    KPLAN_RETURN_IF_ERROR(
+        f32 ? kc::LaunchMoeScaleRowsF32(static_cast<const float*>(a.hidden), a.topk_weights, M,
+                                        H, static_cast<float*>(scaled), stream)
+            : kc::LaunchMoeScaleRows(et, a.hidden, a.topk_weights, M, H, scaled, stream));
+    a1 = scaled;
+  }
+
+  // fp8: quantise the GEMM's A operand as the reference's QuantizeRows does.
+  const kc::MoeFp8ActQuant qmode = s.block       ? kc::MoeFp8ActQuant::kPerGroup
+                                   : s.per_token ? kc::MoeFp8ActQuant::kPerToken
+                                                 : kc::MoeFp8ActQuant::kPerTensor;
+  float* scratch = s.fp8 ? At<float>(workspace, l.scratch) : nullptr;
+
+  kc::MoeQuantGemmArgs g1;
+  g1.a_type = ft;
+  g1.a = a1;
+  g1.a_row_div = k;
+  if (s.fp8) {
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeFp8Quantize(
+        qmode, ft, a1, M, H, s.block_k, s.a1_static, scratch, At<uint8_t>(workspace, l.q1),
+        At<float>(workspace, l.s1), stream));
+    g1.a_fp8 = true;
+    g1.a = At<void>(workspace, l.q1);
+    g1.a_scale = At<float>(workspace, l.s1);
+    g1.a_group = s.block ? s.block_k : 0;
+  }
+  g1.w = s.w13;
+  g1.bias = experts.b13();
+  g1.c_type = ft;
+  g1.c = At<void>(workspace, l.c1);
+  g1.sorted_token_ids = sorted;
+  g1.expert_ids = eids;
+  g1.num_tokens_post_padded = post;
+  g1.block_m = kBlockM;
+  g1.numel = numel;
+  g1.num_blocks = l.max_blocks;
+  g1.N = N13;
+  g1.K = H;
+  g1.num_local_experts = spec.num_experts;
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeQuantGemm(g1, stream));
+
+  kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
+  const auto act = static_cast<kc::MoeActKind>(experts.activation());
+  void* c2 = At<void>(workspace, l.c2);
+  KPLAN_RETURN_IF_ERROR(
+      f32 ? kc::LaunchMoeActivationF32(act, ap, At<float>(workspace, l.c1), numel, N13,
+                                       static_cast<float*>(c2), I, stream)
+          : kc::LaunchMoeActivation(act, ap, et, At<void>(workspace, l.c1), numel, N13, c2, I,
+                                    stream));
+
+  void* y = a.combine ? At<void>(workspace, l.y) : a.output;
+  kc::MoeQuantGemmArgs g2 = g1;
+  g2.a = c2;
+  g2.a_fp8 = false;
+  g2.a_scale = nullptr;
+  g2.a_group = 0;
+  g2.a_row_div = 1;
+  if (s.fp8) {
+    // A dynamic per-tensor scale spans every row: slots of experts that are
+    // not local hold zeros, which do not move the maximum (the reference
+    // takes it over the local rows).
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeFp8Quantize(
+        qmode, ft, c2, numel, I, s.block_k, s.a2_static, scratch, At<uint8_t>(workspace, l.q2),
+        At<float>(workspace, l.s2), stream));
+    g2.a_fp8 = true;
+    g2.a = At<void>(workspace, l.q2);
+    g2.a_scale = At<float>(workspace, l.s2);
+    g2.a_group = s.block ? s.block_k : 0;
+  }
+  g2.w = s.w2;
+  g2.bias = experts.b2();
+  g2.c = y;
+  g2.N = H;
+  g2.K = I;
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeQuantGemm(g2, stream));
+  if (!a.combine) return absl::OkStatus();
+  const float* w = a.apply_router_weight_on_input ? nullptr : a.topk_weights;
+  return f32 ? kc::LaunchMoeCombineF32(static_cast<const float*>(y), w, M, k, H,
+                                       static_cast<float*>(a.output), stream)
+             : kc::LaunchMoeCombine(et, y, w, M, k, H, a.output, stream);
+}
+
+}  // namespace kplan

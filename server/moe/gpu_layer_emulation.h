@@ -1,0 +1,35 @@
+// The emulation route of the device MoE layer (EnqueueMoeLayer, gpu_layer.h):
+// every expert set / activation dtype combination that the fast kplan
+// kernels do not take (quantised weights, fp32 weights, activations in
+// another dtype than the weights). The same stages as the fast route, with
+// kernels/cuda/moe_quant_gemm.h's dequantising GEMM and, for fp8 sets, the
+// activation quantiser before each GEMM:
+//   routing -> moe_align_block_size -> [scale rows] -> [fp8 quantise A]
+//   -> GEMM 1 (dequantise W) -> activation -> [fp8 quantise C2]
+//   -> GEMM 2 (dequantise W) -> combine
+// Intermediates are in the activation dtype, rounded where the CPU
+// reference rounds. Internal to server/moe: gpu_layer.cc calls it when
+// !experts.FastPathFor(act_dtype).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/moe/moe_reference.h"
+#include "server/moe/gpu_layer.h"
+#include "server/moe/gpu_runner.h"
+
+namespace kplan {
+
+// Workspace bytes for up to max_tokens tokens (scaled rows and a separate
+// expert-output buffer included).
+int64_t EmulationLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
+                                     int num_experts, moe::MoeDType act_dtype);
+
+// EnqueueMoeLayer's contract for the emulation route; `a` was checked by
+// EnqueueMoeLayer (sizes, null buffers, M > 0).
+absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs& a,
+                                   moe::MoeDType act_dtype, void* workspace,
+                                   int64_t workspace_bytes, void* stream);
+
+}  // namespace kplan

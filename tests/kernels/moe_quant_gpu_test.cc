@@ -1,0 +1,520 @@
+// The GPU MoE layer's emulation route (server/moe/gpu_layer_emulation.h over
+// kernels/cuda/moe_quant_gemm.h) against the CPU reference (moe::MoeReference)
+// for every weight / activation combination the reference supports: fp8 e4m3
+// weights with per-tensor (activations quantised per token, or per tensor
+// dynamically / statically), per-channel and 128x128 block scales (1x128
+// activation groups); int8 and int4 weight-only with group scales, with and
+// without zero points; unquantised weights in another dtype than the
+// activations; fp32, fp16 and bf16 activations. Fresh random data every run
+// (seed printed; MOE_QUANT_GPU_TEST_SEED=<n> repeats one): fp8 bytes with
+// random sign, mantissa and exponent (never 0 or NaN), int values over their
+// whole range, scales around 1/(rms(q)·sqrt(fan-in)), activations
+// ±(1 + m/128)·2^(-1 - 0..3).
+//  * Shapes: Qwen3-30B-A3B (E=128, k=8, H=2048, I=768) for every scheme at M
+//    in {1, 64, 512} and 4096 for fp8 per-tensor and int4; Mixtral-8x7B
+//    (E=8, k=2, H=4096, I=14336) int4 / fp8 at M in {1, 64, 512};
+//    DeepSeek-V3 (E=256, k=8, H=7168, I=2048, DeepSeekV3 routing) fp8 block at
+//    M in {1, 64, 256}. The CPU reference runs on every core (results do not
+//    depend on the thread count); M stays <= 512 on the two large shapes to
+//    keep it to seconds.
+//  * Small shapes with tails (H = 200, I = 72: partial k-blocks and tiles),
+//    odd block / group sizes (SIMT fold and per-element scale paths), biases,
+//    given ids, weights on the input; the run under compute-sanitizer.
+// The workspace is poisoned with NaN first: an unwritten element shows.
+// Tolerances by activation dtype: bf16 / fp16 ‖d‖/‖ref‖ <= 1e-2 and each
+// element within 2^-7·|ref| + 2^-6·rms(ref); fp32 1e-4 and 2^-13·|ref| +
+// 2^-12·rms. fp8 schemes (activations re-quantised after GEMM 1, where one
+// summation-order flip of a rounding moves a value by an fp8 step) get
+// 2^-6·|ref| + 2^-5·rms per element, and up to max(2, n/10^5) outputs within
+// 2^-3·rms (the flips, counted per line). Skips without a device.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/moe/moe_reference.h"
+#include "server/moe/expert_set.h"
+#include "server/moe/gpu_runner.h"
+#include "server/moe/moe_runner.h"
+
+namespace kplan {
+namespace {
+
+using moe::MoeDType;
+
+bool HaveCuda() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!HaveCuda()) GTEST_SKIP() << "no CUDA device"
+
+uint64_t Seed() {
+  static const uint64_t seed = [] {
+    uint64_t s = std::random_device{}();
+    if (const char* e = std::getenv("MOE_QUANT_GPU_TEST_SEED")) s = std::strtoull(e, nullptr, 10);
+    std::printf("moe_quant_gpu_test: random seed %llu\n", static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+int Threads() { return std::max(1u, std::min(32u, std::thread::hardware_concurrency())); }
+
+// fn(i, r) for i in [0, n) with r = 64 random bits of (stream, i), in parallel.
+template <typename Fn>
+void Fill(int64_t n, uint64_t stream, Fn fn) {
+  const uint64_t key = Mix(Seed() ^ (stream * 0x100000001b3ull));
+  const int threads = Threads();
+  const int64_t chunk = (n + threads - 1) / threads;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([=] {
+      for (int64_t i = t * chunk; i < std::min(n, (t + 1) * chunk); ++i) fn(i, Mix(key + i));
+    });
+  }
+  for (std::thread& th : pool) th.join();
+}
+
+// Non-zero float-dtype values ±(1 + m/128)·2^(base - 0..3).
+std::string RandomFloats(MoeDType dtype, int64_t n, int base, uint64_t stream) {
+  const int64_t es = dtype == MoeDType::kFloat32 ? 4 : 2;
+  std::string out(static_cast<size_t>(n * es), '\0');
+  char* dst = out.data();
+  Fill(n, stream, [&](int64_t i, uint64_t r) {
+    float v = std::ldexp(1.0f + static_cast<float>((r >> 2) & 127) / 128.0f,
+                         base - static_cast<int>(r & 3));
+    if (r & 0x8000) v = -v;
+    moe::StoreFloat(dst, dtype, i, v);
+  });
+  return out;
+}
+
+// Positive fp32 values base·[0.5, 1.5).
+std::string RandomScales(int64_t n, double base, uint64_t stream) {
+  std::string out(static_cast<size_t>(n * 4), '\0');
+  float* dst = reinterpret_cast<float*>(out.data());
+  Fill(n, stream, [&](int64_t i, uint64_t r) {
+    dst[i] = static_cast<float>(base * (0.5 + static_cast<double>(r >> 40) / (1ull << 24)));
+  });
+  return out;
+}
+
+std::string RandomBytes(int64_t n, uint64_t stream, uint8_t (*pick)(uint64_t)) {
+  std::string out(static_cast<size_t>(n), '\0');
+  char* dst = out.data();
+  Fill(n, stream, [&](int64_t i, uint64_t r) { dst[i] = static_cast<char>(pick(r)); });
+  return out;
+}
+
+struct Shape {
+  const char* name;
+  int E, k;
+  int64_t H, I;
+};
+
+// A weight / activation combination.
+struct Combo {
+  std::string quant;               // "" or an ExpertsQuantSpec scheme
+  MoeDType wdtype = MoeDType::kBFloat16;  // unquantised weights
+  MoeDType act = MoeDType::kBFloat16;
+  std::string act_scale = "per_token";  // fp8 non-block: per_token | per_tensor
+  std::string block_act_scale = "per_tensor";  // fp8_block: per_token is illegal
+  bool static_scales = false;           // fp8 per_tensor: a1 / a2 given
+  bool zero_points = false;             // int8 / int4
+  int block_n = 128, block_k = 128, group = 128;
+  std::string activation = "silu";
+  bool bias = false;
+
+  std::string Label() const {
+    std::string s = quant.empty() ? absl::StrCat(moe::MoeDTypeName(wdtype), " weights") : quant;
+    if (quant.rfind("fp8", 0) == 0) {
+      s += quant == "fp8_block" ? absl::StrCat(" ", block_n, "x", block_k)
+                                : absl::StrCat(" act ", act_scale, static_scales ? " static" : "");
+    }
+    if (quant == "int8_group" || quant == "int4_group") {
+      s += absl::StrCat(" g", group, zero_points ? " zp" : "");
+    }
+    s += absl::StrCat(" / ", moe::MoeDTypeName(act));
+    if (activation != "silu") s += " " + activation;
+    if (bias) s += " bias";
+    return s;
+  }
+  bool fp8() const { return quant.rfind("fp8", 0) == 0; }
+};
+
+std::unique_ptr<ExpertSet> MakeSet(const Shape& sh, const Combo& c, uint64_t stream) {
+  ExpertsSpec spec;
+  spec.experts_id = sh.name;
+  spec.num_experts = sh.E;
+  spec.hidden = sh.H;
+  spec.intermediate = sh.I;
+  spec.activation = c.activation;
+  spec.has_bias = c.bias;
+  spec.quant.scheme = c.quant;
+  spec.quant.block_n = c.block_n;
+  spec.quant.block_k = c.block_k;
+  spec.quant.group_size = c.group;
+  spec.quant.has_zero_points = c.zero_points;
+  spec.quant.activation_scale = c.quant == "fp8_block" ? c.block_act_scale : c.act_scale;
+  if (c.static_scales) {
+    spec.quant.a1_scale = 1.0f / 448.0f;  // hidden states stay below 1
+    spec.quant.a2_scale = 1.0f / 64.0f;
+  }
+  spec.dtype = c.quant.empty()                    ? c.wdtype
+               : c.fp8()                          ? MoeDType::kFp8E4m3
+               : c.quant == "int8_group"          ? MoeDType::kInt8
+                                                  : MoeDType::kInt4Packed;
+  std::map<std::string, std::string> t;
+  for (const TensorSpec& ts : ExpectedTensors(spec)) {
+    int64_t n = 1;
+    for (int64_t d : ts.shape) n *= d;
+    const double fan_in = ts.name.rfind("w13", 0) == 0 ? sh.H : sh.I;
+    const double inv = 1.0 / std::sqrt(fan_in);
+    const uint64_t id = stream * 16 + t.size();
+    const bool weight = ts.name == "w13" || ts.name == "w2";
+    if (ts.name.find("bias") != std::string::npos) {
+      t[ts.name] = RandomFloats(MoeDType::kFloat32, n, -3, id);
+    } else if (weight && c.quant.empty()) {
+      t[ts.name] = RandomFloats(c.wdtype, n, -static_cast<int>(std::ceil(std::log2(fan_in) / 2)),
+                                id);
+    } else if (weight && c.fp8()) {  // exponent field 4..9: 0.125 .. 7.5, never 0 / NaN
+      t[ts.name] = RandomBytes(n, id, [](uint64_t r) {
+        return static_cast<uint8_t>((r & 0x80) | ((4 + (r >> 8) % 6) << 3) | ((r >> 16) & 7));
+      });
+    } else if (weight && c.quant == "int8_group") {
+      t[ts.name] = c.zero_points ? RandomBytes(n, id, [](uint64_t r) {
+        return static_cast<uint8_t>(r);
+      })
+                                 : RandomBytes(n, id, [](uint64_t r) {
+                                     const int v = static_cast<int>(r % 254) - 127;
+                                     return static_cast<uint8_t>(static_cast<int8_t>(v ? v : 1));
+                                   });
+    } else if (weight) {  // int4: every nibble
+      t[ts.name] = RandomBytes(n, id, [](uint64_t r) { return static_cast<uint8_t>(r); });
+    } else if (ts.name.find("zero") != std::string::npos) {
+      t[ts.name] = c.quant == "int8_group"
+                       ? RandomBytes(n, id, [](uint64_t r) { return uint8_t(112 + r % 33); })
+                       : RandomBytes(n, id, [](uint64_t r) { return uint8_t(6 + r % 4); });
+    } else {  // scales: dequantised weights of rms about 1/sqrt(fan-in)
+      const double rms_q = c.fp8() ? 2.5 : c.quant == "int8_group" ? 73.0 : 4.6;
+      t[ts.name] = RandomScales(n, inv / rms_q, id);
+    }
+  }
+  return std::make_unique<ExpertSet>(std::move(spec), std::move(t));
+}
+
+MoeRouting Routing(const Shape& sh, bool deepseek, uint64_t stream) {
+  MoeRouting r;
+  r.top_k = sh.k;
+  if (!deepseek) {
+    r.routing_method = "RenormalizeNaive";
+    return r;
+  }
+  r.routing_method = "DeepSeekV3";
+  r.num_expert_group = 8;
+  r.topk_group = 4;
+  r.routed_scaling_factor = 2.5f;
+  r.e_score_correction_bias.resize(sh.E);
+  for (int e = 0; e < sh.E; ++e) {
+    r.e_score_correction_bias[e] = 0.1f * (static_cast<float>(Mix(Seed() + stream + e) >> 40) /
+                                               (1 << 23) -
+                                           1.0f);
+  }
+  return r;
+}
+
+std::vector<float> Logits(int64_t n, uint64_t stream) {
+  std::vector<float> v(n);
+  Fill(n, stream, [&](int64_t i, uint64_t r) {
+    v[i] = -3.0f + 6.0f * static_cast<float>(r >> 40) / (1 << 24);
+  });
+  return v;
+}
+
+struct RunOptions {
+  bool deepseek_routing = false;
+  bool given_ids = false;
+  bool weights_on_input = false;  // k must be 1
+  int k_override = 0;
+};
+
+void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExperts& gpu,
+             int64_t M, uint64_t stream, const RunOptions& opt = {}) {
+  const std::string label = absl::StrCat(sh.name, " ", c.Label());
+  const int64_t H = sh.H;
+  const int E = sh.E;
+  MoeRouting routing = Routing(sh, opt.deepseek_routing, stream);
+  if (opt.k_override > 0) routing.top_k = opt.k_override;
+  const int k = routing.top_k;
+  MoeRunInput in;
+  in.act_dtype = c.act;
+  in.hidden_shape = {M, H};
+  in.hidden_states = RandomFloats(c.act, M * H, -1, stream + 1);
+  in.apply_router_weight_on_input = opt.weights_on_input;
+  const std::vector<float> logits = Logits(M * E, stream + 2);
+  auto rspec = RoutingSpecFor(routing, E);
+  ASSERT_TRUE(rspec.ok()) << rspec.status();
+  std::vector<float> ref_w(M * k);
+  std::vector<int32_t> ref_ids(M * k);
+  if (opt.given_ids) {
+    ASSERT_TRUE(moe::RouteTokens(*rspec, logits.data(), M, ref_w.data(), ref_ids.data()).ok());
+    in.topk_shape = {M, k};
+    in.topk_ids.assign(reinterpret_cast<const char*>(ref_ids.data()), M * k * 4);
+    in.topk_weights.assign(reinterpret_cast<const char*>(ref_w.data()), M * k * 4);
+  } else {
+    in.logits_shape = {M, E};
+    in.router_logits.assign(reinterpret_cast<const char*>(logits.data()), M * E * 4);
+    in.routing = routing;
+  }
+
+  GpuRunOptions poison;
+  poison.poison_workspace = true;
+  auto got = RunMoeOnGpu(gpu, in, nullptr, poison);
+  ASSERT_TRUE(got.ok()) << label << ": " << got.status();
+  GpuRunStats st;
+  auto again = RunMoeOnGpu(gpu, in, nullptr, {}, &st);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->output, got->output) << label << ": not deterministic";
+
+  // CPU reference on the GPU's routing (routing itself is moe_gpu_test's).
+  moe::MoeProblem p;
+  p.num_tokens = M;
+  p.hidden = H;
+  p.intermediate = sh.I;
+  p.num_experts = E;
+  p.top_k = k;
+  p.act_dtype = c.act;
+  p.hidden_states = in.hidden_states.data();
+  p.activation = set.activation();
+  p.weights = set.Weights();
+  p.apply_router_weight_on_input = opt.weights_on_input;
+  p.topk_ids = got->topk_ids.data();
+  p.topk_weights = got->topk_weights.data();
+  p.num_threads = Threads();
+  const int64_t es = c.act == MoeDType::kFloat32 ? 4 : 2;
+  std::string ref(M * H * es, '\0');
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status rs = moe::MoeReference(p, ref.data());
+  ASSERT_TRUE(rs.ok()) << rs;
+  const double cpu_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  const int64_t n = M * H;
+  double d2 = 0, r2 = 0, max_abs = 0;
+  int64_t nonfinite = 0;
+  std::vector<float> g(n), r(n);
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = moe::LoadFloat(got->output.data(), c.act, i);
+    r[i] = moe::LoadFloat(ref.data(), c.act, i);
+    if (!std::isfinite(g[i])) ++nonfinite;
+    const double d = static_cast<double>(g[i]) - r[i];
+    d2 += d * d;
+    r2 += static_cast<double>(r[i]) * r[i];
+    max_abs = std::max(max_abs, std::fabs(d));
+  }
+  const bool f32 = c.act == MoeDType::kFloat32;
+  const int rel_e = c.fp8() ? -6 : f32 ? -13 : -7;
+  const int rms_e = c.fp8() ? -5 : f32 ? -12 : -6;
+  const double rel_max = f32 && !c.fp8() ? 1e-4 : 1e-2;
+  const double rms = std::sqrt(r2 / std::max<int64_t>(n, 1));
+  const double rel = std::sqrt(d2 / std::max(r2, 1e-30));
+  // fp8: a summation-order flip of a bf16 / fp16 rounding before the
+  // intermediate is re-quantised can move it by one fp8 step (and, through
+  // the row's or group's scale, its neighbours too): a few such outputs may
+  // pass the element bound, within 2^-3·rms + 2^-5·|ref|, at most
+  // max(2, n / 10^5) of them.
+  int64_t bad = 0, flips = 0, first_bad = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = std::fabs(static_cast<double>(g[i]) - r[i]);
+    const double tol = std::ldexp(std::fabs(r[i]), rel_e) + std::ldexp(rms, rms_e);
+    if (d <= tol) continue;
+    if (c.fp8() && d <= std::ldexp(rms, -3) + std::ldexp(std::fabs(r[i]), -5)) {
+      ++flips;
+      continue;
+    }
+    if (first_bad < 0) first_bad = i;
+    ++bad;
+  }
+  const int64_t max_flips = c.fp8() ? std::max<int64_t>(2, n / 100000) : 0;
+  const bool ok = nonfinite == 0 && rel <= rel_max && bad == 0 && flips <= max_flips && r2 > 0;
+  std::printf(
+      "%-58s M=%-5lld rel=%.2e max_abs=%.2e rms=%.2e flips=%lld gpu=%8.3f ms cpu_ref=%5.1f s "
+      "%s\n",
+      label.c_str(), static_cast<long long>(M), rel, max_abs, rms, static_cast<long long>(flips),
+      st.device_ms, cpu_s, ok ? "OK" : "FAIL");
+  std::fflush(stdout);
+  EXPECT_EQ(nonfinite, 0) << label << ": non-finite outputs (unwritten or NaN)";
+  EXPECT_LE(rel, rel_max) << label;
+  EXPECT_GT(r2, 0.0) << label << ": reference is all zeros";
+  EXPECT_LE(flips, max_flips) << label << " M=" << M << ": fp8 re-quantisation outliers";
+  EXPECT_EQ(bad, 0) << label << " M=" << M << ": " << bad << " elements off, first " << first_bad
+                    << " gpu " << (first_bad >= 0 ? g[first_bad] : 0) << " ref "
+                    << (first_bad >= 0 ? r[first_bad] : 0);
+}
+
+std::unique_ptr<GpuExperts> Upload(const ExpertSet& set) {
+  auto g = GpuExperts::Create(set, 0);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? std::move(*g) : nullptr;
+}
+
+void RunCombo(const Shape& sh, const Combo& c, const std::vector<int64_t>& tokens,
+              uint64_t stream, const RunOptions& opt = {}) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto set = MakeSet(sh, c, stream);
+  auto gpu = Upload(*set);
+  ASSERT_NE(gpu, nullptr);
+  std::printf("%s %s: experts %.2f GB on the GPU (host set %.2f GB), made in %.1f s\n", sh.name,
+              c.Label().c_str(), gpu->bytes() / 1e9, set->bytes() / 1e9,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  for (int64_t M : tokens) RunCase(sh, c, *set, *gpu, M, stream * 100 + M, opt);
+}
+
+const Shape kQwen3{"Qwen3-30B-A3B", 128, 8, 2048, 768};
+const Shape kMixtral{"Mixtral-8x7B", 8, 2, 4096, 14336};
+const Shape kDeepSeek{"DeepSeek-V3", 256, 8, 7168, 2048};
+
+Combo Fp8(const std::string& scheme, MoeDType act, const std::string& act_scale = "per_token") {
+  Combo c;
+  c.quant = scheme;
+  c.act = act;
+  c.act_scale = act_scale;
+  return c;
+}
+Combo IntW(const std::string& scheme, MoeDType act, bool zp, int group = 128) {
+  Combo c;
+  c.quant = scheme;
+  c.act = act;
+  c.zero_points = zp;
+  c.group = group;
+  return c;
+}
+Combo Plain(MoeDType w, MoeDType act) {
+  Combo c;
+  c.wdtype = w;
+  c.act = act;
+  return c;
+}
+
+TEST(MoeQuantGpu, Qwen3Fp8) {
+  SKIP_WITHOUT_CUDA();
+  RunCombo(kQwen3, Fp8("fp8_per_tensor", MoeDType::kBFloat16), {1, 64, 512, 4096}, 1);
+  RunCombo(kQwen3, Fp8("fp8_block", MoeDType::kBFloat16), {1, 64, 512}, 2);
+  RunCombo(kQwen3, Fp8("fp8_per_tensor", MoeDType::kFloat16, "per_tensor"), {64}, 3);
+  Combo st = Fp8("fp8_per_tensor", MoeDType::kBFloat16, "per_tensor");
+  st.static_scales = true;
+  RunCombo(kQwen3, st, {64}, 4);
+  RunCombo(kQwen3, Fp8("fp8_per_channel", MoeDType::kFloat32), {64}, 5);
+  RunCombo(kQwen3, Fp8("fp8_block", MoeDType::kFloat32), {64}, 6);
+  RunCombo(kQwen3, Fp8("fp8_per_tensor", MoeDType::kFloat32, "per_tensor"), {64}, 7);
+}
+
+TEST(MoeQuantGpu, Qwen3IntWeightOnly) {
+  SKIP_WITHOUT_CUDA();
+  RunCombo(kQwen3, IntW("int4_group", MoeDType::kBFloat16, false), {1, 64, 512, 4096}, 11);
+  RunCombo(kQwen3, IntW("int8_group", MoeDType::kBFloat16, false), {1, 64, 512}, 12);
+  RunCombo(kQwen3, IntW("int8_group", MoeDType::kFloat16, true), {64}, 13);
+  RunCombo(kQwen3, IntW("int4_group", MoeDType::kFloat16, true), {64}, 14);
+  RunCombo(kQwen3, IntW("int8_group", MoeDType::kFloat32, false), {64}, 15);
+  RunCombo(kQwen3, IntW("int4_group", MoeDType::kFloat32, true), {1, 64}, 16);
+}
+
+TEST(MoeQuantGpu, Qwen3UnquantisedMixedDtypes) {
+  SKIP_WITHOUT_CUDA();
+  RunCombo(kQwen3, Plain(MoeDType::kBFloat16, MoeDType::kFloat32), {1, 64}, 21);
+  RunCombo(kQwen3, Plain(MoeDType::kFloat32, MoeDType::kFloat32), {64}, 22);
+  RunCombo(kQwen3, Plain(MoeDType::kFloat32, MoeDType::kBFloat16), {64}, 23);
+  RunCombo(kQwen3, Plain(MoeDType::kFloat16, MoeDType::kBFloat16), {64}, 24);
+}
+
+TEST(MoeQuantGpu, Mixtral8x7B) {
+  SKIP_WITHOUT_CUDA();
+  RunCombo(kMixtral, IntW("int4_group", MoeDType::kBFloat16, false), {1, 64, 512}, 31);
+  RunCombo(kMixtral, Fp8("fp8_per_tensor", MoeDType::kFloat16), {64}, 32);
+}
+
+TEST(MoeQuantGpu, DeepSeekV3) {
+  SKIP_WITHOUT_CUDA();
+  RunOptions ds;
+  ds.deepseek_routing = true;
+  RunCombo(kDeepSeek, Fp8("fp8_block", MoeDType::kBFloat16), {1, 64, 256}, 41, ds);
+}
+
+// Tails and odd sizes: H = 200 (k-blocks of 128 and k steps of 32 end
+// mid-way), I = 72, N13 = 144 (partial column tiles); block 64x48 (k-block
+// not a multiple of the k step: SIMT fold with bf16 activations); group 4
+// (per-element group scales) and 8; biases, other activations, given ids,
+// weights applied on the input. Small enough for compute-sanitizer.
+TEST(MoeQuantGpu, SmallShapesTails) {
+  SKIP_WITHOUT_CUDA();
+  const Shape s{"small", 6, 2, 200, 72};
+  Combo block = Fp8("fp8_block", MoeDType::kBFloat16);
+  block.activation = "gelu";
+  block.bias = true;
+  RunCombo(s, block, {1, 37, 300}, 51);
+  Combo odd = Fp8("fp8_block", MoeDType::kFloat16);
+  odd.block_n = 64;
+  odd.block_k = 48;
+  odd.activation = "swigluoai";
+  RunCombo(s, odd, {33}, 52);
+  Combo pt = Fp8("fp8_per_tensor", MoeDType::kFloat32, "per_tensor");
+  pt.activation = "silu_no_mul";
+  RunCombo(s, pt, {65}, 53);
+  Combo i4 = IntW("int4_group", MoeDType::kBFloat16, true, 4);
+  i4.bias = true;
+  RunCombo(s, i4, {1, 70}, 54);
+  Combo i8 = IntW("int8_group", MoeDType::kFloat32, false, 8);
+  i8.activation = "gelu_tanh";
+  RunCombo(s, i8, {70}, 55);
+  RunOptions given;
+  given.given_ids = true;
+  RunCombo(s, IntW("int8_group", MoeDType::kFloat16, true, 8), {129}, 56, given);
+  RunOptions on_input;
+  on_input.weights_on_input = true;
+  on_input.k_override = 1;
+  RunCombo(s, Fp8("fp8_per_channel", MoeDType::kBFloat16), {65}, 57, on_input);
+  RunCombo(s, Plain(MoeDType::kBFloat16, MoeDType::kFloat32), {65}, 58, on_input);
+}
+
+TEST(MoeQuantGpu, RefusesWhatTheReferenceRejects) {
+  SKIP_WITHOUT_CUDA();
+  const Shape s{"refuse", 4, 2, 64, 32};
+  Combo bad = Fp8("fp8_block", MoeDType::kBFloat16);
+  bad.block_act_scale = "per_token";  // "illegal quantization" in the reference
+  auto set = MakeSet(s, bad, 61);
+  auto g = GpuExperts::Create(*set, 0);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
+  Combo odd = IntW("int8_group", MoeDType::kBFloat16, false, 4);
+  const Shape not8{"not8", 4, 2, 68, 32};  // hidden not a multiple of 8
+  auto set2 = MakeSet(not8, odd, 62);
+  auto g2 = GpuExperts::Create(*set2, 0);
+  EXPECT_EQ(g2.status().code(), absl::StatusCode::kFailedPrecondition) << g2.status();
+}
+
+}  // namespace
+}  // namespace kplan
