@@ -164,11 +164,14 @@ class Client:
 
     def run_moe(self, experts_id: str, hidden_states, router_logits=None, top_k: int = 2,
                 routing_method: str = "RenormalizeNaive", topk_ids=None, topk_weights=None,
-                dtype: Optional[str] = None, moe_backend: str = "auto", return_plan: bool = False):
+                dtype: Optional[str] = None, moe_backend: str = "auto", return_plan: bool = False,
+                all2all_backend: str = ""):
         """RunMoE: hidden_states [M, H] (float32/float16; ``dtype="bfloat16"`` sends
         float32 rounded to bfloat16) with router_logits [M, E] and routing, or
-        topk_ids/topk_weights [M, k]. Returns the output as a numpy array (float32
-        for bfloat16), or (output, response) with ``return_plan``."""
+        topk_ids/topk_weights [M, k]. ``all2all_backend`` picks the dispatch on a
+        server with an expert-parallel group (allgather_reducescatter,
+        kplan_all2allv). Returns the output as a numpy array (float32 for
+        bfloat16), or (output, response) with ``return_plan``."""
         import numpy as np
 
         config_pb2, service_pb2, _ = _stubs()
@@ -177,6 +180,8 @@ class Client:
         req = service_pb2.RunMoERequest(experts_id=experts_id)
         req.hidden_states.CopyFrom(config_pb2.Tensor(dtype=proto_dtype, shape=x.shape, data=data))
         req.kernel_config.moe_backend = moe_backend
+        if all2all_backend:
+            req.parallel.all2all_backend = all2all_backend
         if router_logits is not None:
             logits = np.ascontiguousarray(router_logits, dtype=np.float32)
             req.router_logits.CopyFrom(config_pb2.Tensor(
