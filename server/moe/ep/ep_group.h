@@ -184,7 +184,8 @@ class EpGroup {
   using RankWork = std::function<absl::Status(int rank, comm::Communicator* comm)>;
   // Called once per step, on the group's coordinator thread, with the
   // combined status, the time the step waited in the queue and the time it
-  // ran (publish to completion).
+  // ran (publish to completion). It may Submit() but must not wait for
+  // another step (Run() from it would deadlock the group).
   using StepDone = std::function<void(absl::Status, absl::Duration queued, absl::Duration ran)>;
 
   // Starts the ranks' threads and builds the first communicators.
