@@ -76,8 +76,24 @@ __device__ __forceinline__ float Plain(MoeActKind act, float x) {
   }
 }
 
+// Element i of a GEMM output: the stored value, or with split-K partials
+// their sum in split order rounded to T (what the GEMM's own reduction
+// would have stored).
 template <typename T>
-__global__ void ActivationKernel(MoeActKind act, MoeActParams p, const T* in, int64_t rows,
+struct GemmOut {
+  const T* v;
+  MoeSplitInput split;
+  int64_t total;  // elements of one split's partials
+  __device__ __forceinline__ float operator[](int64_t i) const {
+    if (split.partials == nullptr) return ToFloat(v[i]);
+    float s = 0.0f;
+    for (int z = 0; z < split.splits; ++z) s += split.partials[z * total + i];
+    return ToFloat(FromFloat<T>(s));
+  }
+};
+
+template <typename T>
+__global__ void ActivationKernel(MoeActKind act, MoeActParams p, GemmOut<T> in, int64_t rows,
                                  int64_t d, bool gated, T* out) {
   const int64_t total = rows * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -85,13 +101,13 @@ __global__ void ActivationKernel(MoeActKind act, MoeActParams p, const T* in, in
     const int64_t r = i / d, c = i % d;
     float v;
     if (!gated) {
-      v = Plain(act, ToFloat(in[i]));
+      v = Plain(act, in[i]);
     } else if (act == MoeActKind::kSwigluOai) {
-      const T* x = in + r * 2 * d;
-      v = Gated(act, p, ToFloat(x[2 * c]), ToFloat(x[2 * c + 1]));
+      const int64_t x = r * 2 * d;
+      v = Gated(act, p, in[x + 2 * c], in[x + 2 * c + 1]);
     } else {
-      const T* x = in + r * 2 * d;
-      v = Gated(act, p, ToFloat(x[c]), ToFloat(x[d + c]));
+      const int64_t x = r * 2 * d;
+      v = Gated(act, p, in[x + c], in[x + d + c]);
     }
     out[i] = FromFloat<T>(v);
   }
@@ -102,14 +118,14 @@ __global__ void ActivationKernel(MoeActKind act, MoeActParams p, const T* in, in
 // (__fmul_rn / __fadd_rn: no FMA contraction), as the CPU reference does.
 
 template <typename T>
-__global__ void CombineKernel(const T* y, const float* w, int64_t M, int k, int64_t H, T* out) {
+__global__ void CombineKernel(GemmOut<T> y, const float* w, int64_t M, int k, int64_t H, T* out) {
   const int64_t total = M * H;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t m = i / H, h = i % H;
     float acc = 0.0f;
     for (int j = 0; j < k; ++j) {
-      const float v = ToFloat(y[(m * k + j) * H + h]);
+      const float v = y[(m * k + j) * H + h];
       acc = __fadd_rn(acc, w != nullptr ? __fmul_rn(v, w[m * k + j]) : v);
     }
     out[i] = FromFloat<T>(acc);
@@ -135,7 +151,8 @@ int ElementwiseBlocks(int64_t n, int threads) {
 
 absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, MoeElemType dtype,
                                  const void* in, int64_t rows, int64_t in_width, void* out,
-                                 int64_t out_width, cudaStream_t stream) {
+                                 int64_t out_width, cudaStream_t stream,
+                                 const MoeSplitInput& split) {
   const int a = static_cast<int>(act);
   if (a < 0 || a > static_cast<int>(MoeActKind::kRelu2NoMul)) {
     return absl::InvalidArgumentError("moe_activation: unknown activation");
@@ -151,19 +168,23 @@ absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, Moe
   }
   const int64_t total = rows * out_width;
   if (total == 0) return absl::OkStatus();
-  if (in == nullptr || out == nullptr) {
+  if ((in == nullptr && split.partials == nullptr) || out == nullptr) {
     return absl::InvalidArgumentError("moe_activation: null pointer");
+  }
+  if (split.partials != nullptr && split.splits < 1) {
+    return absl::InvalidArgumentError("moe_activation: splits must be positive");
   }
   MoeActParams p = params;
   if (!p.has_clamp_limit) p.clamp_limit = 7.0f;  // swigluoai / swiglustep default
   const int threads = 256, blocks = ElementwiseBlocks(total, threads);
   if (dtype == MoeElemType::kBFloat16) {
-    ActivationKernel<<<blocks, threads, 0, stream>>>(
-        act, p, static_cast<const __nv_bfloat16*>(in), rows, out_width, gated,
-        static_cast<__nv_bfloat16*>(out));
+    const GemmOut<__nv_bfloat16> x{static_cast<const __nv_bfloat16*>(in), split,
+                                   rows * in_width};
+    ActivationKernel<<<blocks, threads, 0, stream>>>(act, p, x, rows, out_width, gated,
+                                                     static_cast<__nv_bfloat16*>(out));
   } else {
-    ActivationKernel<<<blocks, threads, 0, stream>>>(act, p, static_cast<const __half*>(in),
-                                                     rows, out_width, gated,
+    const GemmOut<__half> x{static_cast<const __half*>(in), split, rows * in_width};
+    ActivationKernel<<<blocks, threads, 0, stream>>>(act, p, x, rows, out_width, gated,
                                                      static_cast<__half*>(out));
   }
   KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("ActivationKernel");
@@ -172,21 +193,27 @@ absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, Moe
 
 absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* topk_weights,
                               int64_t num_tokens, int top_k, int64_t hidden, void* out,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const MoeSplitInput& split) {
   if (num_tokens < 0 || top_k <= 0 || hidden < 0) {
     return absl::InvalidArgumentError("moe_combine: bad sizes");
   }
   const int64_t total = num_tokens * hidden;
   if (total == 0) return absl::OkStatus();
-  if (y == nullptr || out == nullptr) return absl::InvalidArgumentError("moe_combine: null pointer");
+  if ((y == nullptr && split.partials == nullptr) || out == nullptr) {
+    return absl::InvalidArgumentError("moe_combine: null pointer");
+  }
+  if (split.partials != nullptr && split.splits < 1) {
+    return absl::InvalidArgumentError("moe_combine: splits must be positive");
+  }
   const int threads = 256, blocks = ElementwiseBlocks(total, threads);
   if (dtype == MoeElemType::kBFloat16) {
-    CombineKernel<<<blocks, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(y),
-                                                  topk_weights, num_tokens, top_k, hidden,
+    const GemmOut<__nv_bfloat16> v{static_cast<const __nv_bfloat16*>(y), split,
+                                   num_tokens * top_k * hidden};
+    CombineKernel<<<blocks, threads, 0, stream>>>(v, topk_weights, num_tokens, top_k, hidden,
                                                   static_cast<__nv_bfloat16*>(out));
   } else {
-    CombineKernel<<<blocks, threads, 0, stream>>>(static_cast<const __half*>(y), topk_weights,
-                                                  num_tokens, top_k, hidden,
+    const GemmOut<__half> v{static_cast<const __half*>(y), split, num_tokens * top_k * hidden};
+    CombineKernel<<<blocks, threads, 0, stream>>>(v, topk_weights, num_tokens, top_k, hidden,
                                                   static_cast<__half*>(out));
   }
   KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("CombineKernel");

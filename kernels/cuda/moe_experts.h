@@ -93,6 +93,19 @@ struct MoeGroupedGemmArgs {
   int block_m = 64;
   int splits = 1;
   float* partials = nullptr;  // with splits > 1
+  // splits > 1 only: leave the partials unreduced for the next step to sum
+  // (LaunchMoeActivation / LaunchMoeCombine with MoeSplitInput), one kernel
+  // less per GEMM at decode sizes. Needs bias == nullptr; C is not written,
+  // non-local blocks write zero partials.
+  bool reduce_in_consumer = false;
+};
+
+// GEMM output given as unreduced split-K partials ([splits][numel][N] fp32):
+// a consumer reads element i as round(Σ_z partials[z][i]), z ascending,
+// exactly what the GEMM's own reduction stores (without bias).
+struct MoeSplitInput {
+  const float* partials = nullptr;  // null: read the stored GEMM output
+  int splits = 1;
 };
 
 absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& args, cudaStream_t stream);
@@ -104,14 +117,15 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& args, cudaStream_t s
 // followed by the reference's rounding.
 absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, MoeElemType dtype,
                                  const void* in, int64_t rows, int64_t in_width, void* out,
-                                 int64_t out_width, cudaStream_t stream);
+                                 int64_t out_width, cudaStream_t stream,
+                                 const MoeSplitInput& split = {});
 
 // out[m, h] = round(Σ_j w[m, j] · y[m*k + j, h]) with fp32 accumulation, j
 // ascending (topk_weights == nullptr: plain sum, for weights applied on the
 // input). y: [num_tokens * top_k, hidden], out: [num_tokens, hidden].
 absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* topk_weights,
                               int64_t num_tokens, int top_k, int64_t hidden, void* out,
-                              cudaStream_t stream);
+                              cudaStream_t stream, const MoeSplitInput& split = {});
 
 // apply_router_weight_on_input (top_k == 1): out[m, h] = round(a[m, h] ·
 // round(w[m])), as moe::RunExperts scales the input rows.

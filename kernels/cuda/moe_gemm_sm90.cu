@@ -4,7 +4,7 @@
 // Shape. The GEMM is "swapped": the weights are wgmma's A operand and the
 // gathered token rows its B operand, so the 64-row minimum of wgmma falls on
 // the weight rows (always plentiful) and the token tile can be as narrow as
-// the batch (16 slots for decode, 64 or 128 for prefill). A CTA computes
+// the batch (16 slots for decode, 64, 128 or 256 for prefill). A CTA computes
 // 128 weight rows (two warpgroups of 64) x block_m slots of one
 // moe_align_block_size block (one expert), stepping K by 64 through a
 // multi-stage cp.async pipeline. Both tiles are K-major rows of 128 bytes in
@@ -33,6 +33,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/cuda/ir_cuda_status.h"
 #include "kernels/cuda/ir_device_math.cuh"
@@ -52,7 +53,7 @@ constexpr int kThreads = 256;
 
 template <int BT>
 struct Cfg {
-  static constexpr int kStages = BT == 16 ? 6 : 4;
+  static constexpr int kStages = BT == 16 ? 6 : 4;  // 108 / 96 / 128 / 192 KiB
   static constexpr int kWBytes = kRowsW * kBK * 2;  // 16 KiB
   static constexpr int kTBytes = BT * kBK * 2;
   static constexpr int kStageBytes = kWBytes + kTBytes;
@@ -116,6 +117,7 @@ struct GemmParams {
   int a_row_div;
   int num_local_experts;
   int splits;
+  bool reduce_in_consumer;
 };
 
 template <int BT, typename T>
@@ -125,14 +127,17 @@ __global__ void __launch_bounds__(kThreads, Cfg<BT>::kMinBlocks) WgmmaGroupedGem
   __shared__ int64_t s_arow[BT];  // A row of each slot of the block, -1 for sentinels
   __shared__ int64_t s_slot[BT];  // output row, -1 for sentinels
 
-  const int block = blockIdx.y;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsW;
+  // x walks the blocks so that CTAs running together are mostly the same
+  // expert and weight rows: each weight tile comes from HBM once and from L2
+  // for the expert's other blocks.
+  const int block = blockIdx.x;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kRowsW;
   const int split = blockIdx.z;
   if (static_cast<int64_t>(block) * BT >= *p.post) return;
   const int e = p.expert_ids[block];
   const bool local = e >= 0 && e < p.num_local_experts;
-  if (!local && p.splits > 1) return;  // the reduction writes the zeros
   const int tid = threadIdx.x;
+  if (!local && p.splits > 1 && !p.reduce_in_consumer) return;  // the reduction writes zeros
   if (tid < BT) {
     const int64_t slot = p.sorted[static_cast<int64_t>(block) * BT + tid];
     const bool valid = slot >= 0 && slot < p.numel;
@@ -143,10 +148,19 @@ __global__ void __launch_bounds__(kThreads, Cfg<BT>::kMinBlocks) WgmmaGroupedGem
   const int64_t N = p.N, K = p.K;
   T* Cg = static_cast<T*>(p.c);
 
-  if (!local) {  // an expert of another rank: its slots get zero rows
+  if (!local) {  // an expert of another rank: its slots get zero rows (or partials)
     for (int i = tid; i < BT * (kRowsW / 8); i += kThreads) {
-      const int r = i / (kRowsW / 8), n = static_cast<int>(n0) + (i % (kRowsW / 8)) * 8;
-      if (s_slot[r] >= 0 && n < N) *reinterpret_cast<uint4*>(Cg + s_slot[r] * N + n) = uint4{};
+      const int r = i / (kRowsW / 8);
+      const int64_t n = n0 + (i % (kRowsW / 8)) * 8;
+      if (s_slot[r] < 0 || n >= N) continue;
+      if (p.splits == 1) {
+        *reinterpret_cast<uint4*>(Cg + s_slot[r] * N + n) = uint4{};
+      } else {
+        float4* dst = reinterpret_cast<float4*>(
+            p.partials + (static_cast<int64_t>(split) * p.numel + s_slot[r]) * N + n);
+        dst[0] = float4{};
+        dst[1] = float4{};
+      }
     }
     return;
   }
@@ -274,8 +288,8 @@ __global__ void __launch_bounds__(kThreads, Cfg<BT>::kMinBlocks) WgmmaGroupedGem
 // One CTA per (block, 128 columns); thread = 8 columns of one slot.
 template <typename T>
 __global__ void SplitKReduceKernel(GemmParams p, int bt) {
-  const int block = blockIdx.y;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsW;
+  const int block = blockIdx.x;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kRowsW;
   if (static_cast<int64_t>(block) * bt >= *p.post) return;
   const int e = p.expert_ids[block];
   const bool local = e >= 0 && e < p.num_local_experts;
@@ -313,18 +327,23 @@ __global__ void SplitKReduceKernel(GemmParams p, int bt) {
 template <int BT, typename T>
 absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream) {
   using C = Cfg<BT>;
-  static bool attr_set = false;  // per process; attributes are per device but idempotent
-  if (!attr_set) {
+  // The shared-memory limit is a per-device attribute of the kernel: raise it
+  // once per device (idempotent, so a race only repeats it).
+  static std::atomic<uint64_t> attr_set{0};
+  int device = 0;
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
     KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         WgmmaGroupedGemmKernel<BT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
         C::kSmemBytes));
-    attr_set = true;
+    attr_set.fetch_or(bit, std::memory_order_release);
   }
-  const dim3 grid(static_cast<unsigned>((p.N + kRowsW - 1) / kRowsW),
-                  static_cast<unsigned>(num_blocks), static_cast<unsigned>(p.splits));
+  const dim3 grid(static_cast<unsigned>(num_blocks),
+                  static_cast<unsigned>((p.N + kRowsW - 1) / kRowsW), static_cast<unsigned>(p.splits));
   WgmmaGroupedGemmKernel<BT, T><<<grid, kThreads, C::kSmemBytes, stream>>>(p);
   KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("WgmmaGroupedGemmKernel");
-  if (p.splits > 1) {
+  if (p.splits > 1 && !p.reduce_in_consumer) {
     const dim3 rgrid(grid.x, grid.y);
     SplitKReduceKernel<T><<<rgrid, 256, 0, stream>>>(p, BT);
     KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("SplitKReduceKernel");
@@ -342,7 +361,8 @@ int MoeGemmBlockMFor(int64_t numel, int num_experts) {
   const int64_t per_expert = (numel + hit - 1) / hit;
   if (per_expert <= 16) return 16;
   if (per_expert <= 64) return 64;
-  return 128;
+  if (per_expert < 512) return 128;
+  return 256;
 }
 
 int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, int num_sms) {
@@ -375,8 +395,8 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
   if (g.num_local_experts <= 0) {
     return absl::InvalidArgumentError("moe_grouped_gemm: num_local_experts must be positive");
   }
-  if (g.block_m != 16 && g.block_m != 64 && g.block_m != 128) {
-    return absl::InvalidArgumentError("moe_grouped_gemm: block_m must be 16, 64 or 128");
+  if (g.block_m != 16 && g.block_m != 64 && g.block_m != 128 && g.block_m != 256) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: block_m must be 16, 64, 128 or 256");
   }
   if (g.splits < 1 || g.splits > 64) {
     return absl::InvalidArgumentError("moe_grouped_gemm: splits must be in [1, 64]");
@@ -392,16 +412,20 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
   if (g.splits > 1 && g.partials == nullptr) {
     return absl::InvalidArgumentError("moe_grouped_gemm: splits > 1 needs a partials workspace");
   }
+  if (g.reduce_in_consumer && g.bias != nullptr) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: reduce_in_consumer takes no bias");
+  }
   if (!Aligned16(g.a) || !Aligned16(g.w) || !Aligned16(g.c) ||
       (g.partials != nullptr && !Aligned16(g.partials))) {
     return absl::InvalidArgumentError("moe_grouped_gemm: buffers must be 16-byte aligned");
   }
-  if (g.num_blocks > 65535 || (g.N + kRowsW - 1) / kRowsW > INT32_MAX) {
+  if (g.num_blocks > INT32_MAX || (g.N + kRowsW - 1) / kRowsW > 65535) {
     return absl::InvalidArgumentError("moe_grouped_gemm: grid too large");
   }
   const GemmParams p{g.a,        g.w,    g.bias, g.c,    g.partials,  g.sorted_token_ids,
                      g.expert_ids, g.num_tokens_post_padded, g.numel, g.N, g.K,
-                     g.a_row_div, g.num_local_experts, g.splits};
+                     g.a_row_div, g.num_local_experts, g.splits,
+                     g.splits > 1 && g.reduce_in_consumer};
   const bool bf16 = g.dtype == MoeElemType::kBFloat16;
   switch (g.block_m) {
     case 16:
@@ -410,9 +434,12 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
     case 64:
       return bf16 ? Launch<64, __nv_bfloat16>(p, g.num_blocks, stream)
                   : Launch<64, __half>(p, g.num_blocks, stream);
-    default:
+    case 128:
       return bf16 ? Launch<128, __nv_bfloat16>(p, g.num_blocks, stream)
                   : Launch<128, __half>(p, g.num_blocks, stream);
+    default:
+      return bf16 ? Launch<256, __nv_bfloat16>(p, g.num_blocks, stream)
+                  : Launch<256, __half>(p, g.num_blocks, stream);
   }
 }
 

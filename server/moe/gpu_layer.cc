@@ -174,12 +174,16 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   g1.block_m = l.block_m;
   g1.splits = l.splits1;
   g1.partials = l.partials >= 0 ? At<float>(workspace, l.partials) : nullptr;
+  // Split-K partials without a bias are summed by the next step itself.
+  g1.reduce_in_consumer = g1.splits > 1 && g1.bias == nullptr;
   KPLAN_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g1, stream));
 
   kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
+  kc::MoeSplitInput split1;
+  if (g1.reduce_in_consumer) split1 = {g1.partials, g1.splits};
   KPLAN_RETURN_IF_ERROR(kc::LaunchMoeActivation(static_cast<kc::MoeActKind>(experts.activation()),
                                                 ap, dtype, At<void>(workspace, l.c1), numel, N13,
-                                                At<void>(workspace, l.c2), I, stream));
+                                                At<void>(workspace, l.c2), I, stream, split1));
   void* y = a.combine ? At<void>(workspace, l.y) : a.output;
   kc::MoeGroupedGemmArgs g2 = g1;
   g2.a = At<void>(workspace, l.c2);
@@ -190,10 +194,14 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   g2.N = H;
   g2.K = I;
   g2.splits = l.splits2;
+  // Only the combine can sum GEMM 2's partials; without it Y must be stored.
+  g2.reduce_in_consumer = a.combine && g2.splits > 1 && g2.bias == nullptr;
   KPLAN_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g2, stream));
   if (!a.combine) return absl::OkStatus();
+  kc::MoeSplitInput split2;
+  if (g2.reduce_in_consumer) split2 = {g2.partials, g2.splits};
   return kc::LaunchMoeCombine(dtype, y, a.apply_router_weight_on_input ? nullptr : a.topk_weights,
-                              M, k, H, a.output, stream);
+                              M, k, H, a.output, stream, split2);
 }
 
 }  // namespace kplan

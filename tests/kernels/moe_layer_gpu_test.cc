@@ -361,7 +361,8 @@ TEST(MoeLayerGpu, Qwen3_30B_A3B) {
 }
 
 // Tails (H = 200: K not a multiple of 32; N13 = 144 / H = 200: partial N
-// tiles), every activation family, biases, fp16, given ids, weights on input.
+// tiles), every activation family, biases, fp16, split-K with and without
+// bias, given ids, weights on input.
 TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
   SKIP_WITHOUT_CUDA();
   const Shape s{"small", 6, 2, 200, 72};
@@ -384,6 +385,18 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
     const std::string label = absl::StrCat("small ", v.act, " ", moe::MoeDTypeName(v.dtype),
                                            v.bias ? " bias" : "");
     for (int64_t M : {1, 33, 300}) RunCase(label, *set, *gpu, M, RenormalizeNaive(2), id + M);
+  }
+  // Few CTAs over a long K: the GEMMs split K, with a bias (the GEMM sums
+  // its partials) and without (activation and combine sum them).
+  const Shape deep{"deep-K", 4, 2, 2048, 1024};
+  for (bool bias : {true, false}) {
+    auto set = MakeExperts(deep, moe::MoeDType::kBFloat16, "silu", bias, 5900 + bias);
+    auto gpu = Upload(*set);
+    ASSERT_NE(gpu, nullptr);
+    for (int64_t M : {1, 3}) {
+      RunCase(absl::StrCat("split-K silu bfloat16", bias ? " bias" : ""), *set, *gpu, M,
+              RenormalizeNaive(2), 5910 + M);
+    }
   }
   auto set = MakeExperts(s, moe::MoeDType::kBFloat16, "silu", false, 6000);
   auto gpu = Upload(*set);
