@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/ir_cuda_status.h"
 #include "kernels/cuda/ir_device_math.cuh"
+#include "kernels/cuda/moe_activation_math.cuh"
 #include "kernels/cuda/moe_experts.h"
 
 namespace kplan::kernels::cuda {
@@ -16,65 +17,10 @@ using detail::FromFloat;
 using detail::ToFloat;
 
 // ---------------------------------------------------------------------------
-// Activations: the formulas of kernels/cpu/moe/moe_activation.cc.
+// Activations: the formulas of moe_activation_math.cuh.
 
-__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float Silu(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float GeluErf(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-}
-__device__ __forceinline__ float GeluTanh(float x) {
-  const float kBeta = 0.79788456080286536f;
-  return 0.5f * x * (1.0f + tanhf(kBeta * (x + 0.044715f * x * x * x)));
-}
-__device__ __forceinline__ float Relu2(float x) {
-  const float r = x > 0.0f ? x : 0.0f;
-  return r * r;
-}
-__device__ __forceinline__ float Clamp(float x, float lo, float hi) {
-  return fminf(fmaxf(x, lo), hi);
-}
-
-__device__ __forceinline__ float Gated(MoeActKind act, const MoeActParams& p, float a, float b) {
-  const float L = p.clamp_limit;
-  switch (act) {
-    case MoeActKind::kSilu:
-      return p.has_clamp_limit ? Silu(fminf(a, L)) * Clamp(b, -L, L) : Silu(a) * b;
-    case MoeActKind::kGelu:
-      return GeluErf(a) * b;
-    case MoeActKind::kGeluTanh:
-      return GeluTanh(a) * b;
-    case MoeActKind::kRelu2:
-      return Relu2(a) * b;
-    case MoeActKind::kSwigluOai: {  // a = gate x[2i], b = up x[2i+1]
-      const float g = fminf(a, L);
-      const float u = Clamp(b, -L, L);
-      return (u + 1.0f) * (g * Sigmoid(p.alpha * g));
-    }
-    case MoeActKind::kSwigluOaiUninterleave: {
-      const float g = fminf(a, L);
-      const float u = Clamp(b, -L, L);
-      return g * Sigmoid(p.alpha * g) * (u + p.beta);
-    }
-    case MoeActKind::kSwigluStep:
-      return fminf(Silu(a), L) * Clamp(b, -L, L);
-    default:
-      return 0.0f;
-  }
-}
-
-__device__ __forceinline__ float Plain(MoeActKind act, float x) {
-  switch (act) {
-    case MoeActKind::kSiluNoMul:
-      return Silu(x);
-    case MoeActKind::kGeluNoMul:
-      return GeluErf(x);
-    case MoeActKind::kGeluTanhNoMul:
-      return GeluTanh(x);
-    default:
-      return Relu2(x);
-  }
-}
+using moe_math::Gated;
+using moe_math::Plain;
 
 // Element i of a GEMM output: the stored value, or with split-K partials
 // their sum in split order rounded to T (what the GEMM's own reduction

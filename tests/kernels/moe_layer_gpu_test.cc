@@ -420,12 +420,19 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
           6003);
 }
 
-TEST(MoeLayerGpu, RefusesWhatItDoesNotRun) {
+TEST(MoeLayerGpu, RoutesAndRefuses) {
   SKIP_WITHOUT_CUDA();
   const Shape s{"refuse", 4, 2, 64, 32};
+  // fp32 weights run (through the emulation route, not the fast kernels);
+  // a hidden size that is not a multiple of 8 does not.
   auto f32 = MakeExperts(s, moe::MoeDType::kFloat32, "silu", false, 7000);
   auto g32 = GpuExperts::Create(*f32, 0);
-  EXPECT_EQ(g32.status().code(), absl::StatusCode::kFailedPrecondition) << g32.status();
+  ASSERT_TRUE(g32.ok()) << g32.status();
+  EXPECT_FALSE((*g32)->FastPathFor(moe::MoeDType::kFloat32));
+  auto odd = MakeExperts({"refuse-odd", 4, 2, 60, 32}, moe::MoeDType::kBFloat16, "silu", false,
+                         7001);
+  auto godd = GpuExperts::Create(*odd, 0);
+  EXPECT_EQ(godd.status().code(), absl::StatusCode::kFailedPrecondition) << godd.status();
 
   auto set = MakeExperts(s, moe::MoeDType::kBFloat16, "silu", false, 7010);
   auto gpu = Upload(*set);
@@ -437,8 +444,10 @@ TEST(MoeLayerGpu, RefusesWhatItDoesNotRun) {
   in.logits_shape = {3, 4};
   in.router_logits = std::string(3 * 4 * 4, '\0');
   in.routing = RenormalizeNaive(2);
-  auto r = RunMoeOnGpu(*gpu, in, nullptr);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  auto r = RunMoeOnGpu(*gpu, in, nullptr);  // fp32 activations on bf16 weights: emulation
+  EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(gpu->FastPathFor(moe::MoeDType::kFloat32));
+  EXPECT_TRUE(gpu->FastPathFor(moe::MoeDType::kBFloat16));
 
   in.act_dtype = moe::MoeDType::kBFloat16;
   in.hidden_states = RandomTensor(moe::MoeDType::kBFloat16, 3 * 64, -1, 7021);
