@@ -84,6 +84,9 @@ class ExpertSet {
   // The view the CPU reference reads (pointers into this set).
   moe::MoeWeights Weights() const;
   moe::MoeActivation activation() const { return activation_; }
+  // The host copy's tensors by name (w13, w2, ...): what a multi-process
+  // expert-parallel group forwards to its peer servers.
+  const std::map<std::string, std::string>& tensors() const { return tensors_; }
 
   // Adds the device copy (before the set is shared); placement then lists it
   // after the host copy, which stays for the CPU reference path.

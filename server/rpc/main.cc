@@ -45,6 +45,19 @@ ABSL_FLAG(int, cpu_ep_ranks, 0,
 ABSL_FLAG(absl::Duration, ep_timeout, absl::Seconds(30),
           "Expert-parallel group: how long a rank may take to join a step, and each collective");
 
+ABSL_FLAG(int, ep_size, 0,
+          "Expert-parallel group across servers (one GPU each): the number of ranks; 0 or 1: "
+          "off. Rank 0 coordinates; start every other rank with --ep_rank and --ep_coordinator");
+ABSL_FLAG(int, ep_rank, 0, "This server's rank in the --ep_size group (0: the coordinator)");
+ABSL_FLAG(std::string, ep_coordinator, "",
+          "Ranks >= 1: rank 0's HOST:PORT, where this server joins the group (JoinEpGroup)");
+ABSL_FLAG(std::string, ep_advertise, "",
+          "Ranks >= 1: HOST:PORT where rank 0 reaches this server; empty: this server's port on "
+          "the address rank 0 sees the join come from");
+ABSL_FLAG(absl::Duration, ep_join_timeout, absl::Seconds(60),
+          "Group across servers: how long rank 0 waits at start for every rank to join, and how "
+          "long a rank keeps trying to join rank 0");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "kplan-server resolves vLLM kernel plans and runs MoE layers over gRPC.\n"
@@ -85,6 +98,11 @@ int main(int argc, char** argv) {
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   options.cpu_ep_ranks = absl::GetFlag(FLAGS_cpu_ep_ranks);
   options.ep_timeout = absl::GetFlag(FLAGS_ep_timeout);
+  options.ep_size = absl::GetFlag(FLAGS_ep_size);
+  options.ep_rank = absl::GetFlag(FLAGS_ep_rank);
+  options.ep_coordinator = absl::GetFlag(FLAGS_ep_coordinator);
+  options.ep_advertise = absl::GetFlag(FLAGS_ep_advertise);
+  options.ep_join_timeout = absl::GetFlag(FLAGS_ep_join_timeout);
   absl::StatusOr<std::unique_ptr<kplan::rpc::KplanServer>> server =
       kplan::rpc::KplanServer::Start(options);
   if (!server.ok()) {

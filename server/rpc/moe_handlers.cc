@@ -16,6 +16,7 @@
 #include "server/plan/kernel_config.h"
 #include "server/plan/vocabulary.h"
 #include "server/rpc/call.h"
+#include "server/rpc/ep_multihost.h"
 #include "server/rpc/moe_convert.h"
 #include "server/rpc/service.h"
 
@@ -59,6 +60,14 @@ void FillInfo(const ExpertSet& set, v1::ExpertsInfo* out) {
       o->set_num_experts(shard.num_experts);
       o->set_bytes(shard.bytes);
     }
+  }
+  if (const moe::ep::EpPeerExperts* peer = moe::ep::EpPeerExperts::Of(set)) {
+    v1::ExpertShard* o = out->add_shards();
+    o->set_rank(peer->rank());
+    o->set_device(peer->device());
+    o->set_first_expert(peer->placement().FirstExpert(peer->rank()));
+    o->set_num_experts(peer->placement().NumLocalExperts(peer->rank()));
+    o->set_bytes(peer->experts().bytes());
   }
 }
 
@@ -224,6 +233,10 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
         PlaceOnGroup(*call_.env().ep_group, shared);
         return;
       }
+      if (call_.env().ep_peer != nullptr) {
+        PlaceOnPeer(*call_.env().ep_peer, shared);
+        return;
+      }
       if (executor->size() < 2) {
         Store(shared);
         return;
@@ -249,18 +262,36 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
   void PlaceOnGroup(moe::ep::EpGroup& group, std::shared_ptr<ExpertSet> set) {
     absl::Status queued = group.PlaceExperts(
         set, [this, set](absl::StatusOr<std::unique_ptr<moe::ep::EpExperts>> placed) {
-          if (absl::IsFailedPrecondition(placed.status())) {
-            spdlog::info("LoadExperts '{}': stays on the CPU path: {}", set->spec().experts_id,
-                         std::string(placed.status().message()));
-          } else if (!placed.ok()) {
-            Fail(placed.status());
-            return;
-          } else {
-            set->AttachDeviceCopy(std::move(*placed));
-          }
-          Store(set);
+          AttachAndStore(set, std::move(placed));
         });
     if (!queued.ok()) Fail(queued);
+  }
+
+  // A peer rank of a group across servers keeps its own slice resident
+  // (rank 0 streamed it the whole set); the host copy stays too.
+  void PlaceOnPeer(moe::ep::EpPeerRank& peer, std::shared_ptr<ExpertSet> set) {
+    peer.PlaceExperts(
+        set, [this, set](absl::StatusOr<std::unique_ptr<moe::ep::EpPeerExperts>> placed) {
+          AttachAndStore(set, std::move(placed));
+        });
+  }
+
+  // Attaches a placement as the set's device copy and stores the set; a
+  // placement the ranks cannot run (FAILED_PRECONDITION) leaves the set on
+  // the CPU path.
+  template <typename Placed>
+  void AttachAndStore(const std::shared_ptr<ExpertSet>& set,
+                      absl::StatusOr<std::unique_ptr<Placed>> placed) {
+    if (absl::IsFailedPrecondition(placed.status())) {
+      spdlog::info("LoadExperts '{}': stays on the CPU path: {}", set->spec().experts_id,
+                   std::string(placed.status().message()));
+    } else if (!placed.ok()) {
+      Fail(placed.status());
+      return;
+    } else {
+      set->AttachDeviceCopy(std::move(*placed));
+    }
+    Store(set);
   }
 
   // Commits the complete set to the store and answers.
@@ -353,6 +384,10 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::UnloadExperts(
   Call call(env_, context, "UnloadExperts");
   if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
   absl::StatusOr<int64_t> freed = env_.experts->Remove(request->experts_id());
+  // Rank 0 of a group across servers unloads the peers' copies too.
+  if (freed.ok() && env_.ep_coordinator != nullptr) {
+    env_.ep_coordinator->UnloadOnPeers(request->experts_id());
+  }
   if (freed.ok()) {
     response->set_bytes_freed(*freed);
     UpdateExpertMetrics(env_);
@@ -385,6 +420,13 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   // (`emulation`) otherwise. An explicit `emulation` stays off the fast path.
   const std::string backend =
       request->kernel_config().moe_backend().empty() ? "auto" : request->kernel_config().moe_backend();
+  if (const moe::ep::EpPeerExperts* peer = moe::ep::EpPeerExperts::Of(**experts)) {
+    return call->FinishUnary(WithField(
+        absl::FailedPreconditionError(absl::StrCat(
+            "experts '", request->experts_id(), "' are rank ", peer->rank(),
+            "'s slice of an expert-parallel group across servers; send RunMoE to its rank 0")),
+        "experts_id"));
+  }
   // Experts placed on the expert-parallel group run there (RunMoeOnGroup).
   const moe::ep::EpExperts* ep = moe::ep::EpExperts::Of(**experts);
   if (ep != nullptr && ep->group() == env_.ep_group) {

@@ -73,8 +73,52 @@ absl::Status RemoveStaleUnixSocket(const std::string& address) {
 
 // The expert-parallel group of this server, or null: the GPUs when there are
 // several, else --cpu_ep_ranks CPU ranks.
-absl::StatusOr<std::unique_ptr<moe::ep::EpGroup>> MakeEpGroup(
+// What computes this server's one rank of a group across servers: its GPU
+// (a GPU kind whose every rank is that device), or the CPU when the test
+// injected a communicator. Also checks the --ep_* flags.
+absl::StatusOr<std::unique_ptr<moe::ep::EpRankKind>> MakeLocalRankKind(
     const ServerOptions& options, const std::vector<LocalDevice>& devices) {
+  if (options.ep_rank < 0 || options.ep_rank >= options.ep_size) {
+    return InvalidField("ep_rank", absl::StrCat("ep_rank must be in [0, ", options.ep_size,
+                                                "), got ", options.ep_rank));
+  }
+  if (options.ep_rank == 0 && !options.ep_coordinator.empty()) {
+    return InvalidField("ep_coordinator",
+                        "rank 0 is the coordinator; --ep_coordinator is for ranks >= 1");
+  }
+  if (options.ep_rank > 0 && options.ep_coordinator.empty()) {
+    return InvalidField("ep_coordinator",
+                        absl::StrCat("rank ", options.ep_rank,
+                                     " needs --ep_coordinator=HOST:PORT (rank 0's address)"));
+  }
+  if (options.cpu_ep_ranks > 0) {
+    return InvalidField("ep_size", "--ep_size (a group across servers) and --cpu_ep_ranks exclude "
+                                   "each other");
+  }
+  if (options.ep_join_timeout <= absl::ZeroDuration()) {
+    return InvalidField("ep_join_timeout", "ep_join_timeout must be positive");
+  }
+  if (devices.size() > 1) {
+    return InvalidField("devices", absl::StrCat("a server of a group across servers owns one GPU "
+                                                "(its rank); got ",
+                                                devices.size(), " (use --devices=N)"));
+  }
+  if (devices.empty()) {
+    if (!options.ep_comm_factory || !options.ep_id_source) {
+      return InvalidField("ep_size",
+                          "a group across servers needs one GPU per server (--devices=N) and NCCL");
+    }
+    return moe::ep::MakeCpuEpRanks(options.ep_size);
+  }
+  if (!moe::ep::HaveGpuEpRanks()) {
+    return InvalidField("ep_size", "this build has no GPU expert-parallel step (CUDA and NCCL)");
+  }
+  return moe::ep::MakeGpuEpRanks(std::vector<int>(options.ep_size, devices.front().index));
+}
+
+absl::StatusOr<std::unique_ptr<moe::ep::EpGroup>> MakeEpGroup(
+    const ServerOptions& options, const std::vector<LocalDevice>& devices,
+    std::shared_ptr<EpCoordinator> coordinator) {
   if (options.cpu_ep_ranks < 0) {
     return InvalidField("cpu_ep_ranks", absl::StrCat("cpu_ep_ranks must not be negative, got ",
                                                      options.cpu_ep_ranks));
@@ -88,7 +132,16 @@ absl::StatusOr<std::unique_ptr<moe::ep::EpGroup>> MakeEpGroup(
   group_options.step_timeout = std::max(absl::Minutes(5), 4 * options.ep_timeout);
   group_options.max_queue_depth = static_cast<size_t>(options.max_queue_depth);
   std::unique_ptr<moe::ep::EpRankKind> kind;
-  if (options.cpu_ep_ranks > 0) {
+  if (options.ep_size > 1) {
+    if (options.ep_rank != 0) return nullptr;  // a peer: MakeEpPeer
+    KPLAN_ASSIGN_OR_RETURN(std::unique_ptr<moe::ep::EpRankKind> local,
+                           MakeLocalRankKind(options, devices));
+    kind = moe::ep::MakeProcessEpRanks(
+        std::move(local), options.ep_size, coordinator,
+        options.ep_comm_factory ? options.ep_comm_factory
+                                : moe::ep::MakeNcclCommFactory(devices.front().index),
+        options.ep_id_source ? options.ep_id_source : moe::ep::MakeNcclIdSource());
+  } else if (options.cpu_ep_ranks > 0) {
     if (!devices.empty()) {
       return InvalidField(
           "cpu_ep_ranks",
@@ -162,8 +215,29 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   KPLAN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                          MakeCredentials(options));
   KPLAN_RETURN_IF_ERROR(RemoveStaleUnixSocket(options.listen_address));
-  KPLAN_ASSIGN_OR_RETURN(server->ep_group_, MakeEpGroup(options, server->environment_.devices));
+  if (options.ep_size > 1) {
+    KPLAN_RETURN_IF_ERROR(MakeLocalRankKind(options, server->environment_.devices).status());
+    if (options.ep_rank == 0) {
+      server->ep_coordinator_ = std::make_shared<EpCoordinator>(
+          options.ep_size, server->environment_.auth_token,
+          std::max(absl::Minutes(5), 4 * options.ep_timeout));
+      server->environment_.ep_coordinator = server->ep_coordinator_.get();
+    } else {
+      KPLAN_ASSIGN_OR_RETURN(std::unique_ptr<moe::ep::EpRankKind> local,
+                             MakeLocalRankKind(options, server->environment_.devices));
+      server->ep_peer_ = std::make_unique<moe::ep::EpPeerRank>(
+          std::move(local), options.ep_rank, options.ep_size,
+          options.ep_comm_factory
+              ? options.ep_comm_factory
+              : moe::ep::MakeNcclCommFactory(server->environment_.devices.front().index),
+          options.ep_timeout);
+      server->environment_.ep_peer = server->ep_peer_.get();
+    }
+  }
+  KPLAN_ASSIGN_OR_RETURN(server->ep_group_, MakeEpGroup(options, server->environment_.devices,
+                                                        server->ep_coordinator_));
   server->environment_.ep_group = server->ep_group_.get();
+  if (server->ep_coordinator_) server->ep_coordinator_->SetGroup(server->ep_group_.get());
   KPLAN_ASSIGN_OR_RETURN(server->executor_,
                          DeviceExecutor::Create(server->environment_.devices,
                                                 static_cast<size_t>(options.max_queue_depth)));
@@ -201,6 +275,27 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
                options.tls_client_ca_file.empty() ? "" : " with client certificates",
                DescribePlatform(server->environment_.platform),
                server->environment_.devices.size());
+  if (server->ep_coordinator_) {
+    spdlog::info("expert-parallel group across servers: rank 0 of {}; waiting up to {} for the "
+                 "other ranks to join",
+                 options.ep_size, absl::FormatDuration(options.ep_join_timeout));
+    KPLAN_RETURN_IF_ERROR(server->ep_coordinator_->WaitForPeers(options.ep_join_timeout));
+    spdlog::info("expert-parallel group formed: {}",
+                 absl::StrJoin(server->ep_group_->Devices(), ", "));
+  } else if (server->ep_peer_) {
+    EpPeerJoin join;
+    join.coordinator = options.ep_coordinator;
+    join.address =
+        options.ep_advertise.empty() ? absl::StrCat(":", server->port_) : options.ep_advertise;
+    join.device = server->ep_peer_->Device();
+    join.rank = options.ep_rank;
+    join.size = options.ep_size;
+    join.auth_token = server->environment_.auth_token;
+    join.timeout = options.ep_join_timeout;
+    KPLAN_ASSIGN_OR_RETURN(v1::JoinEpGroupResponse joined, JoinEpGroupAtStart(join));
+    spdlog::info("joined the expert-parallel group at {} as rank {} of {} (generation {})",
+                 options.ep_coordinator, options.ep_rank, options.ep_size, joined.generation());
+  }
   if (server->metrics_) {
     spdlog::info("metrics on {} (port {})", options.metrics_listen, server->metrics_->port());
     if (!server->environment_.devices.empty()) {

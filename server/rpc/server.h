@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/platform/local.h"
+#include "server/rpc/ep_multihost.h"
 #include "server/rpc/service.h"
 
 namespace kplan::rpc {
@@ -41,6 +42,19 @@ struct ServerOptions {
   // collective; a rank past it fails the request with DEADLINE_EXCEEDED.
   int cpu_ep_ranks = 0;
   absl::Duration ep_timeout = absl::Seconds(30);
+  // A group across servers, one rank (one GPU) each: ep_size > 1. Rank 0
+  // (no ep_coordinator) coordinates and waits up to ep_join_timeout for the
+  // others at start; rank r >= 1 joins ep_coordinator (HOST:PORT) within
+  // ep_join_timeout, telling it ep_advertise (HOST:PORT; "" = this server's
+  // port on the address the coordinator sees).
+  int ep_size = 0;
+  int ep_rank = 0;
+  std::string ep_coordinator;
+  std::string ep_advertise;
+  absl::Duration ep_join_timeout = absl::Seconds(60);
+  // Tests: the communicator and its ids across servers (default: NCCL).
+  moe::ep::EpCommFactory ep_comm_factory;
+  moe::ep::EpGroupIdSource ep_id_source;
   // Injected device query; null means the build's default prober.
   const DeviceProber* prober = nullptr;
 };
@@ -78,7 +92,9 @@ class KplanServer {
   std::unique_ptr<IrRegistry> ir_registry_;
   std::unique_ptr<ExpertStore> experts_;
   // After the executor (whose work submits steps to it), before the experts.
+  std::shared_ptr<EpCoordinator> ep_coordinator_;  // outlives the group (its kind calls it)
   std::unique_ptr<moe::ep::EpGroup> ep_group_;
+  std::unique_ptr<moe::ep::EpPeerRank> ep_peer_;
   std::unique_ptr<DeviceExecutor> executor_;
   std::unique_ptr<KernelPlanServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;

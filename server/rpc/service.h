@@ -12,6 +12,7 @@
 #include "server/exec/device_executor.h"
 #include "server/ir/registry.h"
 #include "server/moe/ep/ep_group.h"
+#include "server/moe/ep/ep_process.h"
 #include "server/moe/expert_store.h"
 #include "server/moe/moe_runner.h"
 #include "server/platform/local.h"
@@ -20,7 +21,8 @@
 
 namespace kplan::rpc {
 
-class Call;  // call.h
+class Call;           // call.h
+class EpCoordinator;  // ep_multihost.h
 
 // What the service knows about the process it runs in.
 struct ServerEnvironment {
@@ -37,6 +39,10 @@ struct ServerEnvironment {
   // The expert-parallel group serving RunMoE: the GPUs when there are more
   // than one, or --cpu_ep_ranks CPU ranks; null otherwise.
   moe::ep::EpGroup* ep_group = nullptr;
+  // A group across servers (--ep_size): on rank 0 its registry of peers, on
+  // a peer its rank; both null otherwise.
+  EpCoordinator* ep_coordinator = nullptr;
+  moe::ep::EpPeerRank* ep_peer = nullptr;
 };
 
 class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackService {
@@ -68,6 +74,15 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
   grpc::ServerUnaryReactor* RunMoE(grpc::CallbackServerContext* context,
                                    const v1::RunMoERequest* request,
                                    v1::RunMoEResponse* response) override;
+
+  // Between the servers of a multi-process expert-parallel group
+  // (ep_multihost.cc).
+  grpc::ServerUnaryReactor* JoinEpGroup(grpc::CallbackServerContext* context,
+                                        const v1::JoinEpGroupRequest* request,
+                                        v1::JoinEpGroupResponse* response) override;
+  grpc::ServerUnaryReactor* RunEpStep(grpc::CallbackServerContext* context,
+                                      const v1::RunEpStepRequest* request,
+                                      v1::RunEpStepResponse* response) override;
 
  private:
   // RunMoE on the expert-parallel group (moe_handlers.cc).

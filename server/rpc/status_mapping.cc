@@ -61,4 +61,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(code, message, details.SerializeAsString());
 }
 
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  // gRPC's and absl's canonical codes have the same numbers.
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
 }  // namespace kplan::rpc

@@ -13,6 +13,10 @@ grpc::StatusCode ToGrpcCode(absl::StatusCode code);
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// The other way, for calls this server makes to other servers (the peers of
+// a multi-process expert-parallel group): same code, the peer's message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
 // "OK", "INVALID_ARGUMENT", ...: the code's canonical name (metric label).
 std::string GrpcCodeName(grpc::StatusCode code);
 

@@ -219,6 +219,11 @@ int64_t EpGroup::generation() const {
   return generation_;
 }
 
+void EpGroup::Invalidate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  needs_rebuild_ = true;
+}
+
 bool EpGroup::InjectFault(int rank, absl::Status status, int after_calls) {
   return kind_->InjectFault(rank, std::move(status), after_calls);
 }

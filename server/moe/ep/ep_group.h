@@ -204,6 +204,9 @@ class EpGroup {
   // How many communicator sets have been built (1 after Create; one more
   // after each failed communicating step).
   int64_t generation() const;
+  // Makes the next communicating step build fresh communicators (a new
+  // generation), e.g. when a peer server of a multi-process group came back.
+  void Invalidate();
 
   // Queues a step. Steps run one at a time, in submission order, on every
   // rank. `communicates`: whether the work uses the communicator (a failure

@@ -12,6 +12,7 @@
 #include "kernels/comm/nccl_communicator.h"
 #include "server/base/status.h"
 #include "server/moe/ep/ep_group.h"
+#include "server/moe/ep/ep_process.h"
 #include "server/moe/ep/gpu_ep.h"
 #include "server/moe/gpu_runner.h"
 
@@ -119,5 +120,23 @@ absl::StatusOr<std::unique_ptr<EpRankKind>> MakeGpuEpRanks(const std::vector<int
 }
 
 bool HaveGpuEpRanks() { return true; }
+
+EpCommFactory MakeNcclCommFactory(int device) {
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);  // DESIGN.md: never NVLS
+  return [device](absl::string_view id, int rank, int size, absl::Duration timeout)
+             -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
+    KPLAN_RETURN_IF_ERROR(BindDevice(device));
+    comm::NcclOptions options;
+    options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
+    KPLAN_ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> comm,
+                           comm::NcclCommunicator::Create(rank, size, id, device,
+                                                          /*stream=*/nullptr, options));
+    return std::unique_ptr<comm::Communicator>(std::move(comm));
+  };
+}
+
+EpGroupIdSource MakeNcclIdSource() {
+  return [] { return comm::NcclCommunicator::CreateUniqueId(); };
+}
 
 }  // namespace kplan::moe::ep

@@ -1,0 +1,418 @@
+#include "server/moe/ep/ep_process.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/base/status.h"
+
+namespace kplan::moe::ep {
+namespace {
+
+int64_t ActBytes(MoeDType d) { return d == MoeDType::kFloat32 ? 4 : 2; }
+
+// Rank 0's communicator, shared with ProcessEpRanks so that a remote rank's
+// failure can abort it: rank 0 would otherwise sit in a collective waiting
+// for a peer that is gone until the collective's own timeout.
+class SharedCommunicator final : public comm::Communicator {
+ public:
+  explicit SharedCommunicator(std::shared_ptr<comm::Communicator> inner)
+      : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  absl::string_view backend() const override { return inner_->backend(); }
+  absl::Status AllGather(const void* send, void* recv, int64_t count,
+                         comm::CommDType dtype) override {
+    return inner_->AllGather(send, recv, count, dtype);
+  }
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
+                             comm::CommDType dtype, comm::ReduceOp op) override {
+    return inner_->ReduceScatter(send, recv, recv_count, dtype, op);
+  }
+  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
+                         absl::Span<const int64_t> send_displs, void* recv,
+                         absl::Span<const int64_t> recv_counts,
+                         absl::Span<const int64_t> recv_displs, comm::CommDType dtype) override {
+    return inner_->AllToAllV(send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                             dtype);
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+  void Abort(absl::string_view reason) override { inner_->Abort(reason); }
+
+ private:
+  std::shared_ptr<comm::Communicator> inner_;
+};
+
+// What a remote rank's thread on rank 0 holds as its "communicator": the
+// real one lives in the peer's process. No collectives run here; Abort
+// cancels the rank's step in flight.
+class RemoteRankCommunicator final : public comm::Communicator {
+ public:
+  RemoteRankCommunicator(int rank, int size, std::shared_ptr<EpRemoteRanks> remote)
+      : rank_(rank), size_(size), remote_(std::move(remote)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::string_view backend() const override { return "remote"; }
+  absl::Status AllGather(const void*, void*, int64_t, comm::CommDType) override {
+    return Unsupported();
+  }
+  absl::Status ReduceScatter(const void*, void*, int64_t, comm::CommDType,
+                             comm::ReduceOp) override {
+    return Unsupported();
+  }
+  absl::Status AllToAllV(const void*, absl::Span<const int64_t>, absl::Span<const int64_t>,
+                         void*, absl::Span<const int64_t>, absl::Span<const int64_t>,
+                         comm::CommDType) override {
+    return Unsupported();
+  }
+  absl::Status Barrier() override { return Unsupported(); }
+  void Abort(absl::string_view reason) override { remote_->Cancel(rank_, reason); }
+
+ private:
+  absl::Status Unsupported() const {
+    return absl::InternalError(absl::StrCat("rank ", rank_,
+                                            " runs in another process; its collectives run there"));
+  }
+  const int rank_, size_;
+  std::shared_ptr<EpRemoteRanks> remote_;
+};
+
+class RemoteRankExperts final : public EpRankExperts {
+ public:
+  explicit RemoteRankExperts(int64_t bytes) : bytes_(bytes) {}
+  int64_t bytes() const override { return bytes_; }
+  int64_t resident_bytes() const override { return 0; }  // on another server
+
+ private:
+  int64_t bytes_;
+};
+
+class ProcessEpRanks final : public EpRankKind {
+ public:
+  ProcessEpRanks(std::unique_ptr<EpRankKind> local, int size, std::shared_ptr<EpRemoteRanks> remote,
+                 EpCommFactory comm_factory, EpGroupIdSource id_source)
+      : local_(std::move(local)),
+        size_(size),
+        remote_(std::move(remote)),
+        comm_factory_(std::move(comm_factory)),
+        id_source_(std::move(id_source)) {}
+
+  int size() const override { return size_; }
+  std::string Device(int rank) const override {
+    return rank == 0 ? local_->Device(0) : remote_->Device(rank);
+  }
+  absl::string_view communicator() const override { return local_->communicator(); }
+  absl::string_view moe_backend() const override { return local_->moe_backend(); }
+  absl::string_view experts_kernel() const override { return local_->experts_kernel(); }
+
+  absl::Status NewCommunicators(absl::Duration comm_timeout) override {
+    KPLAN_ASSIGN_OR_RETURN(std::string id, id_source_());
+    std::lock_guard<std::mutex> lock(mu_);
+    group_id_ = std::move(id);
+    ++generation_;
+    timeout_ = comm_timeout;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> JoinCommunicator(int rank) override {
+    if (rank != 0) {
+      return std::unique_ptr<comm::Communicator>(
+          new RemoteRankCommunicator(rank, size_, remote_));
+    }
+    std::string id;
+    absl::Duration timeout;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      id = group_id_;
+      timeout = timeout_;
+    }
+    KPLAN_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
+                           comm_factory_(id, 0, size_, timeout));
+    std::shared_ptr<comm::Communicator> shared(std::move(comm));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      local_comm_ = shared;
+    }
+    return std::unique_ptr<comm::Communicator>(new SharedCommunicator(std::move(shared)));
+  }
+
+  absl::StatusOr<std::unique_ptr<EpRankExperts>> PlaceExperts(
+      int rank, const ExpertSet& set, const ExpertPlacement& placement) override {
+    if (rank == 0) return local_->PlaceExperts(0, set, placement);
+    KPLAN_ASSIGN_OR_RETURN(int64_t bytes, remote_->PlaceExperts(rank, set));
+    return std::unique_ptr<EpRankExperts>(new RemoteRankExperts(bytes));
+  }
+
+  absl::Status RunMoe(int rank, const ExpertSet& set, const EpRankExperts& experts,
+                      const ExpertPlacement& placement, const EpMoeOptions& options,
+                      const MoeInputsForThisRank& inputs, comm::Communicator& comm) override {
+    if (rank == 0) return local_->RunMoe(0, set, experts, placement, options, inputs, comm);
+    EpForwardedStep step;
+    step.experts_id = set.spec().experts_id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      step.generation = generation_;
+      step.group_id = group_id_;
+    }
+    step.rank = rank;
+    step.size = size_;
+    step.options = options;
+    step.num_tokens = inputs.num_tokens;
+    const int64_t row = set.spec().hidden * ActBytes(options.act_dtype);
+    const int64_t k = options.top_k;
+    step.hidden_states.assign(static_cast<const char*>(inputs.hidden_states),
+                              inputs.num_tokens * row);
+    step.topk_ids.resize(inputs.num_tokens * k);
+    step.topk_weights.resize(inputs.num_tokens * k);
+    if (inputs.num_tokens > 0) {
+      if (inputs.router_logits != nullptr) {
+        KPLAN_RETURN_IF_ERROR(RouteTokens(inputs.routing, inputs.router_logits, inputs.num_tokens,
+                                          step.topk_weights.data(), step.topk_ids.data()));
+      } else {
+        std::memcpy(step.topk_ids.data(), inputs.topk_ids, step.topk_ids.size() * 4);
+        std::memcpy(step.topk_weights.data(), inputs.topk_weights, step.topk_weights.size() * 4);
+      }
+    }
+    absl::StatusOr<std::string> out = remote_->RunStep(step);
+    if (out.ok() && static_cast<int64_t>(out->size()) != inputs.num_tokens * row) {
+      out = absl::InternalError(absl::StrCat("rank ", rank, " returned ", out->size(),
+                                             " output bytes, expected ", inputs.num_tokens * row));
+    }
+    if (!out.ok()) {
+      // Rank 0 may be waiting in a collective for this rank: stop it now.
+      std::shared_ptr<comm::Communicator> local;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        local = local_comm_;
+      }
+      if (local != nullptr) {
+        local->Abort(absl::StrCat("rank ", rank, " failed: ", out.status().message()));
+      }
+      return out.status();
+    }
+    if (!out->empty()) std::memcpy(inputs.output, out->data(), out->size());
+    return absl::OkStatus();
+  }
+
+  void CurrentId(std::string* id, int64_t* generation) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    *id = group_id_;
+    *generation = generation_;
+  }
+
+ private:
+  const std::unique_ptr<EpRankKind> local_;
+  const int size_;
+  const std::shared_ptr<EpRemoteRanks> remote_;
+  const EpCommFactory comm_factory_;
+  const EpGroupIdSource id_source_;
+  mutable std::mutex mu_;
+  std::string group_id_;
+  int64_t generation_ = 0;
+  absl::Duration timeout_ = absl::Seconds(30);
+  std::shared_ptr<comm::Communicator> local_comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<EpRankKind> MakeProcessEpRanks(std::unique_ptr<EpRankKind> local, int size,
+                                               std::shared_ptr<EpRemoteRanks> remote,
+                                               EpCommFactory comm_factory,
+                                               EpGroupIdSource id_source) {
+  return std::make_unique<ProcessEpRanks>(std::move(local), size, std::move(remote),
+                                          std::move(comm_factory), std::move(id_source));
+}
+
+bool CurrentProcessGroupId(const EpRankKind& kind, std::string* group_id, int64_t* generation) {
+  const auto* p = dynamic_cast<const ProcessEpRanks*>(&kind);
+  if (p == nullptr) return false;
+  p->CurrentId(group_id, generation);
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// EpPeerExperts.
+
+EpPeerExperts::EpPeerExperts(int rank, int size, std::string device, ExpertPlacement placement,
+                             std::unique_ptr<EpRankExperts> experts)
+    : rank_(rank),
+      size_(size),
+      device_(std::move(device)),
+      placement_(std::move(placement)),
+      experts_(std::move(experts)) {}
+
+const EpPeerExperts* EpPeerExperts::Of(const ExpertSet& set) {
+  return dynamic_cast<const EpPeerExperts*>(set.device_copy());
+}
+
+std::string EpPeerExperts::device_name() const {
+  return absl::StrCat("ep-rank", rank_, "/", size_, ":", device_);
+}
+
+// ---------------------------------------------------------------------------
+// EpPeerRank.
+
+EpPeerRank::EpPeerRank(std::unique_ptr<EpRankKind> local, int rank, int size,
+                       EpCommFactory comm_factory, absl::Duration comm_timeout)
+    : local_(std::move(local)),
+      rank_(rank),
+      size_(size),
+      comm_factory_(std::move(comm_factory)),
+      comm_timeout_(comm_timeout) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+EpPeerRank::~EpPeerRank() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+int64_t EpPeerRank::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
+void EpPeerRank::Post(std::function<void()> work) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(work));
+  }
+  cv_.notify_all();
+}
+
+void EpPeerRank::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    std::function<void()> work = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    work();
+    lock.lock();
+  }
+}
+
+void EpPeerRank::PlaceExperts(
+    std::shared_ptr<const ExpertSet> set,
+    std::function<void(absl::StatusOr<std::unique_ptr<EpPeerExperts>>)> done) {
+  Post([this, set = std::move(set), done = std::move(done)] {
+    absl::StatusOr<ExpertPlacement> placement =
+        ExpertPlacement::Linear(set->spec().num_experts, size_);
+    if (!placement.ok()) {
+      done(placement.status());
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<EpRankExperts>> mine =
+        local_->PlaceExperts(rank_, *set, *placement);
+    if (!mine.ok()) {
+      done(mine.status());
+      return;
+    }
+    done(std::make_unique<EpPeerExperts>(rank_, size_, local_->Device(rank_), *placement,
+                                         std::move(*mine)));
+  });
+}
+
+void EpPeerRank::RunStep(std::shared_ptr<const ExpertSet> set, EpForwardedStep step,
+                         std::function<void(absl::StatusOr<std::string>)> done) {
+  Post([this, set = std::move(set), step = std::move(step), done = std::move(done)] {
+    done(RunStepNow(*set, step));
+  });
+}
+
+absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
+                                                   const EpForwardedStep& step) {
+  if (step.size != size_) {
+    return WithField(absl::FailedPreconditionError(absl::StrCat(
+                         "this server is rank ", rank_, " of a group of ", size_,
+                         "; the step is for a group of ", step.size)),
+                     "size");
+  }
+  if (step.rank != rank_) {
+    return WithField(absl::FailedPreconditionError(absl::StrCat(
+                         "this server is rank ", rank_, "; the step is for rank ", step.rank)),
+                     "rank");
+  }
+  const EpPeerExperts* experts = EpPeerExperts::Of(set);
+  if (experts == nullptr) {
+    return WithField(absl::FailedPreconditionError(absl::StrCat(
+                         "experts '", step.experts_id, "' are not placed on this rank")),
+                     "experts_id");
+  }
+  const int64_t row = set.spec().hidden * ActBytes(step.options.act_dtype);
+  const int64_t k = step.options.top_k;
+  if (step.num_tokens < 0 || static_cast<int64_t>(step.hidden_states.size()) != step.num_tokens * row ||
+      static_cast<int64_t>(step.topk_ids.size()) != step.num_tokens * k ||
+      static_cast<int64_t>(step.topk_weights.size()) != step.num_tokens * k) {
+    return WithField(absl::InvalidArgumentError(absl::StrCat(
+                         "the step's tensors do not match ", step.num_tokens, " tokens of hidden ",
+                         set.spec().hidden, " and top_k ", k)),
+                     "hidden_states");
+  }
+  int64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation = generation_;
+  }
+  if (step.generation < generation || (step.generation == generation && comm_ == nullptr)) {
+    return WithField(
+        absl::FailedPreconditionError(absl::StrCat(
+            "rank ", rank_, " is at communicator generation ", generation,
+            comm_ == nullptr ? " (failed; waiting for a newer one)" : "",
+            "; the step is for generation ", step.generation)),
+        "generation");
+  }
+  if (step.generation > generation) {
+    comm_.reset();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      generation_ = step.generation;
+    }
+    absl::StatusOr<std::unique_ptr<comm::Communicator>> comm =
+        comm_factory_(step.group_id, rank_, size_, comm_timeout_);
+    if (!comm.ok()) {
+      return absl::Status(comm.status().code(),
+                          absl::StrCat("rank ", rank_, " could not join generation ",
+                                       step.generation, ": ", comm.status().message()));
+    }
+    comm_ = std::move(*comm);
+  }
+  std::string output(step.num_tokens * row, '\0');
+  MoeInputsForThisRank inputs;
+  inputs.num_tokens = step.num_tokens;
+  inputs.hidden_states = step.hidden_states.data();
+  inputs.topk_ids = step.topk_ids.data();
+  inputs.topk_weights = step.topk_weights.data();
+  inputs.output = output.data();
+  absl::Status st = local_->RunMoe(rank_, set, experts->experts(), experts->placement(),
+                                   step.options, inputs, *comm_);
+  if (!st.ok()) {
+    comm_->Abort(absl::StrCat("rank ", rank_, " failed: ", st.message()));
+    comm_.reset();
+    return st;
+  }
+  return output;
+}
+
+#if !KPLAN_HAVE_GPU_EP
+EpCommFactory MakeNcclCommFactory(int) {
+  return [](absl::string_view, int, int,
+            absl::Duration) -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
+    return absl::UnimplementedError(
+        "this build has no NCCL expert-parallel step; groups across servers need CUDA and NCCL");
+  };
+}
+EpGroupIdSource MakeNcclIdSource() {
+  return []() -> absl::StatusOr<std::string> {
+    return absl::UnimplementedError(
+        "this build has no NCCL expert-parallel step; groups across servers need CUDA and NCCL");
+  };
+}
+#endif
+
+}  // namespace kplan::moe::ep
