@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Expert parallelism across servers on one 2-GPU host: a single-device
+# kplan-server (--devices=0), and a group of two servers, rank 0 on GPU 0
+# (--ep_size=2, the coordinator) and rank 1 on GPU 1 (--ep_rank=1, joining
+# rank 0 through JoinEpGroup; NCCL between the processes). Loads the same
+# random bfloat16 layer on the single server and on rank 0 (which streams it
+# to rank 1) and compares RunMoE per dispatch with the C++ check
+# (ep_multihost_check: no Python gRPC needed). Exits non-zero on a mismatch.
+# Logs go to $OUT (or /tmp/kplan-ep-multihost).
+#
+#   scripts/ep-multihost-check.sh              # GPUs 0 and 1
+#   GPUS=2,3 scripts/ep-multihost-check.sh     # other GPUs (rank 0 on the first)
+#
+# BIN (default build/bin) holds kplan-server and ep_multihost_check (a
+# scripts/bundle.sh folder works: BIN=bundle/bin).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=${BIN:-build/bin}
+out=${OUT:-/tmp/kplan-ep-multihost}
+gpus=${GPUS:-0,1}
+gpu0=${gpus%%,*}
+gpu1=${gpus##*,}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; }
+trap cleanup EXIT
+wait_port() {  # name pid; prints the port once the server listens
+  for _ in $(seq 600); do
+    port=$(sed -n 's/.*listening on .*(port \([0-9]*\)).*/\1/p' "$out/$1.log")
+    [ -n "$port" ] && { echo "$port"; return 0; }
+    kill -0 "$2" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "kplan-server $1 did not start:" >&2
+  tail -5 "$out/$1.log" >&2
+  return 1
+}
+formed() {  # rank 0 logs this once every rank joined
+  for _ in $(seq 900); do
+    grep -q "expert-parallel group formed" "$out/rank0.log" && return 0
+    kill -0 "${pids[1]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "the group did not form:" >&2
+  tail -5 "$out/rank0.log" "$out/rank1.log" >&2
+  return 1
+}
+
+"$bin/kplan-server" --listen=127.0.0.1:0 "--devices=$gpu0" >"$out/single.log" 2>&1 &
+pids+=($!)
+single_port=$(wait_port single "${pids[-1]}") || exit 1
+# Rank 0 needs a known port for rank 1; pick a free one.
+rank0_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$bin/kplan-server" "--listen=127.0.0.1:$rank0_port" "--devices=$gpu0" --ep_size=2 \
+  --ep_join_timeout=120s >"$out/rank0.log" 2>&1 &
+pids+=($!)
+"$bin/kplan-server" --listen=127.0.0.1:0 "--devices=$gpu1" --ep_size=2 --ep_rank=1 \
+  "--ep_coordinator=127.0.0.1:$rank0_port" --ep_join_timeout=120s >"$out/rank1.log" 2>&1 &
+pids+=($!)
+formed || exit 1
+echo "single: --devices=$gpu0 on :$single_port; group: rank 0 cuda:$gpu0 on :$rank0_port, rank 1 cuda:$gpu1"
+"$bin/ep_multihost_check" "127.0.0.1:$single_port" "127.0.0.1:$rank0_port" 2
+status=$?
+grep -h "expert-parallel\|stays on the CPU\|joined" "$out/rank0.log" "$out/rank1.log" | head -8
+exit $status
