@@ -62,8 +62,13 @@ struct MoeActParams {
 int MoeGemmBlockMFor(int64_t numel, int num_experts);
 // Split-K factor that gives the GEMM about two weight-streaming CTAs per SM
 // (1 = no split); MoeGemmPartialsBytes is the fp32 workspace it needs.
-int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, int num_sms);
+int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, int num_sms,
+                     int elem_bytes = 2);
 int64_t MoeGemmPartialsBytes(int splits, int64_t numel, int64_t N);
+
+// Weight scales of fp8 e4m3 operands: per expert [E], per expert row [E, N],
+// or per 128 x 128 block [E, ceil(N/128), ceil(K/128)].
+enum class MoeFp8WeightScale : int { kPerTensor, kPerChannel, kBlock };
 
 // One grouped GEMM over the moe_align_block_size output. Block t covers
 // sorted_token_ids[t*block_m, (t+1)*block_m) and uses expert expert_ids[t].
@@ -98,6 +103,17 @@ struct MoeGroupedGemmArgs {
   // less per GEMM at decode sizes. Needs bias == nullptr; C is not written,
   // non-local blocks write zero partials.
   bool reduce_in_consumer = false;
+  // fp8 e4m3 operands (wgmma e4m3): a and w hold e4m3 bytes, c is `dtype`;
+  // block_m 16, 64 or 128 and K a multiple of 16. The fp32 sum is scaled by
+  // w_scale and a_scale (per A row; with block weight scales per A row and
+  // 128-wide k-block, [a_rows, ceil(K/128)], applied k-block by k-block as
+  // the CPU reference does):
+  //   C[s, n] = round(Σ_kb (Σ_{k in kb} qa·qw) · a_scale[r, kb] · w_scale[e, n/128, kb])
+  //   C[s, n] = round((Σ_k qa·qw) · (a_scale[r] · w_scale[e] or w_scale[e, n]))
+  bool fp8 = false;
+  MoeFp8WeightScale w_scale_kind = MoeFp8WeightScale::kPerTensor;
+  const float* w_scale = nullptr;
+  const float* a_scale = nullptr;
 };
 
 // GEMM output given as unreduced split-K partials ([splits][numel][N] fp32):

@@ -31,6 +31,7 @@
 // bias, or fp32 partials), then coalesced 16-byte row stores to C[slot].
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <atomic>
@@ -48,15 +49,21 @@ using detail::ToFloat;
 using detail::Wgmma;
 
 constexpr int kRowsW = 128;  // weight rows per CTA (two warpgroups x 64)
-constexpr int kBK = 64;      // K per stage: one 128-byte swizzle atom of bf16 / fp16
+constexpr int kFp8Block = 128;  // fp8 block scales: 128 x 128 (block_n = kRowsW)
 constexpr int kThreads = 256;
 
-template <int BT>
+template <int BT, typename TIn>
 struct Cfg {
+  static constexpr bool kFp8 = sizeof(TIn) == 1;
+  static constexpr int kElems16 = 16 / sizeof(TIn);  // elements per 16-byte chunk
+  static constexpr int kBKe = 8 * kElems16;          // K elements per stage (128 bytes)
   static constexpr int kStages = BT == 16 ? 6 : 4;  // 108 / 96 / 128 / 192 KiB
-  static constexpr int kWBytes = kRowsW * kBK * 2;  // 16 KiB
-  static constexpr int kTBytes = BT * kBK * 2;
-  static constexpr int kStageBytes = kWBytes + kTBytes;
+  static constexpr int kWBytes = kRowsW * 128;  // 16 KiB
+  static constexpr int kTBytes = BT * 128;
+  // fp8 block scales: the k-tile's activation scale of each slot, padded so
+  // that every stage stays 1024-byte aligned.
+  static constexpr int kSBytes = kFp8 ? 1024 : 0;
+  static constexpr int kStageBytes = kWBytes + kTBytes + kSBytes;
   static constexpr int kPipeBytes = kStages * kStageBytes;
   static constexpr int kLdc = kRowsW + 8;        // epilogue T tile pitch (elements)
   static constexpr int kLdp = kRowsW + 4;        // epilogue fp32 tile pitch
@@ -68,6 +75,12 @@ struct Cfg {
 __device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool valid) {
   const int src_size = valid ? 16 : 0;  // 0: zero-fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(src_size)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem, bool valid) {
+  const int src_size = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(src_size)
                : "memory");
 }
@@ -118,14 +131,21 @@ struct GemmParams {
   int num_local_experts;
   int splits;
   bool reduce_in_consumer;
+  // fp8 operands only (see MoeGroupedGemmArgs).
+  MoeFp8WeightScale w_scale_kind;
+  const float* w_scale;
+  const float* a_scale;
+  bool a_scale_per_block;  // [a_rows, ceil(K/128)], else [a_rows]
 };
 
-template <int BT, typename T>
-__global__ void __launch_bounds__(kThreads, Cfg<BT>::kMinBlocks) WgmmaGroupedGemmKernel(GemmParams p) {
-  using C = Cfg<BT>;
+template <int BT, typename TIn, typename T>
+__global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
+    WgmmaGroupedGemmKernel(GemmParams p) {
+  using C = Cfg<BT, TIn>;
   extern __shared__ uint8_t smem_dyn[];
   __shared__ int64_t s_arow[BT];  // A row of each slot of the block, -1 for sentinels
   __shared__ int64_t s_slot[BT];  // output row, -1 for sentinels
+  __shared__ float s_ascale[C::kFp8 ? BT : 1];  // fp8 per-row activation scale
 
   // x walks the blocks so that CTAs running together are mostly the same
   // expert and weight rows: each weight tile comes from HBM once and from L2
@@ -143,6 +163,9 @@ __global__ void __launch_bounds__(kThreads, Cfg<BT>::kMinBlocks) WgmmaGroupedGem
     const bool valid = slot >= 0 && slot < p.numel;
     s_slot[tid] = valid ? slot : -1;
     s_arow[tid] = valid ? slot / p.a_row_div : -1;
+    if constexpr (C::kFp8) {
+      s_ascale[tid] = valid && !p.a_scale_per_block ? p.a_scale[slot / p.a_row_div] : 0.0f;
+    }
   }
   __syncthreads();
   const int64_t N = p.N, K = p.K;
@@ -170,25 +193,27 @@ __global__ void __launch_bounds__(kThreads, Cfg<BT>::kMinBlocks) WgmmaGroupedGem
       (static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) + 1023u) & ~1023u;
   uint8_t* smem_gen = smem_dyn + (smem_base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
 
-  const T* A = static_cast<const T*>(p.a);
-  const T* W = static_cast<const T*>(p.w) + static_cast<int64_t>(e) * N * K;
+  const TIn* A = static_cast<const TIn*>(p.a);
+  const TIn* W = static_cast<const TIn*>(p.w) + static_cast<int64_t>(e) * N * K;
 
-  // K range of this split, in 64-wide k-tiles.
-  const int64_t ktiles_all = (K + kBK - 1) / kBK;
+  // K range of this split, in k-tiles of 128 bytes (64 bf16 / 128 fp8).
+  const int64_t ktiles_all = (K + C::kBKe - 1) / C::kBKe;
   const int64_t kt_begin = ktiles_all * split / p.splits;
   const int64_t kt_end = ktiles_all * (split + 1) / p.splits;
   const int nk = static_cast<int>(kt_end - kt_begin);
 
-  // Copy assignment: W 128 rows x 8 chunks (4 per thread), tokens BT x 8.
+  const bool block_scaled = C::kFp8 && p.w_scale_kind == MoeFp8WeightScale::kBlock;
+  // Copy assignment: W 128 rows x 8 chunks (4 per thread), tokens BT x 8,
+  // with fp8 block scales the slots' activation scales of the k-tile.
   auto load_stage = [&](int stage, int64_t kt) {
     const uint32_t w_base = smem_base + stage * C::kStageBytes;
     const uint32_t t_base = w_base + C::kWBytes;
-    const int64_t k0 = kt * kBK;
+    const int64_t k0 = kt * C::kBKe;
 #pragma unroll
     for (int i = 0; i < (kRowsW * 8) / kThreads; ++i) {
       const int idx = tid + i * kThreads;
       const int r = idx >> 3, c = idx & 7;
-      const int64_t n = n0 + r, k = k0 + c * 8;
+      const int64_t n = n0 + r, k = k0 + c * C::kElems16;
       const bool ok = n < N && k < K;
       CpAsync16(w_base + Swz(r, c), ok ? W + n * K + k : W, ok);
     }
@@ -197,10 +222,16 @@ __global__ void __launch_bounds__(kThreads, Cfg<BT>::kMinBlocks) WgmmaGroupedGem
       const int idx = tid + i * kThreads;
       if (idx < BT * 8) {
         const int r = idx >> 3, c = idx & 7;
-        const int64_t row = s_arow[r], k = k0 + c * 8;
+        const int64_t row = s_arow[r], k = k0 + c * C::kElems16;
         const bool ok = row >= 0 && k < K;
         CpAsync16(t_base + Swz(r, c), ok ? A + row * K + k : A, ok);
       }
+    }
+    if (C::kFp8 && block_scaled && tid < BT) {
+      const int64_t row = s_arow[tid];
+      const int64_t kblocks = (K + kFp8Block - 1) / kFp8Block;
+      CpAsync4(t_base + C::kTBytes + tid * 4,
+               row >= 0 ? p.a_scale + row * kblocks + kt : p.a_scale, row >= 0);
     }
   };
 
@@ -208,6 +239,11 @@ __global__ void __launch_bounds__(kThreads, Cfg<BT>::kMinBlocks) WgmmaGroupedGem
   float acc[BT / 2];
 #pragma unroll
   for (int i = 0; i < BT / 2; ++i) acc[i] = 0.0f;
+  // Accumulator fragment of m64nBT: register i of thread (warp w, lane l)
+  // holds row 16*(w%4) + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
+  const int warp = (tid >> 5) & 3, lane = tid & 31;
+  const int wg_row0 = (tid >> 7) * 64 + warp * 16 + (lane >> 2);
+  const int col_base = 2 * (lane & 3);
   const int wg = tid >> 7;  // warpgroup: weight rows [wg*64, wg*64+64) of the tile
 
 #pragma unroll
@@ -225,10 +261,44 @@ __global__ void __launch_bounds__(kThreads, Cfg<BT>::kMinBlocks) WgmmaGroupedGem
     const uint32_t w_base = smem_base + (kt % S) * C::kStageBytes;
     const uint32_t a_desc_base = w_base + wg * 64 * 128;
     const uint32_t b_desc_base = w_base + C::kWBytes;
+    if constexpr (C::kFp8) {
+      // DeepGEMM-style promotion: fp8 tensor cores accumulate with reduced
+      // precision, so each k-tile (128 of K: one 128 x 128 scale block) goes
+      // into its own accumulators and is added to the fp32 sum here, times
+      // a_scale · w_scale with block scales (else the scales apply once, in
+      // the epilogue).
+      float tile[BT / 2];
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        Wgmma<BT, TIn>::Run(tile, Desc(a_desc_base + kk * 32), Desc(b_desc_base + kk * 32),
+                            kk > 0);
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();
+      if (block_scaled) {
+        const int64_t kblocks = (K + kFp8Block - 1) / kFp8Block;
+        const int64_t nblocks = (N + kFp8Block - 1) / kFp8Block;
+        const float ws =
+            p.w_scale[(static_cast<int64_t>(e) * nblocks + n0 / kFp8Block) * kblocks +
+                      kt_begin + kt];
+        const float* sa = reinterpret_cast<const float*>(smem_gen + (kt % S) * C::kStageBytes +
+                                                         C::kWBytes + C::kTBytes);
+#pragma unroll
+        for (int i = 0; i < BT / 2; ++i) {
+          const int t = 8 * (i >> 2) + col_base + (i & 1);
+          acc[i] += tile[i] * (sa[t] * ws);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < BT / 2; ++i) acc[i] += tile[i];
+      }
+      continue;
+    }
     WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      Wgmma<BT, T>::Run(acc, Desc(a_desc_base + kk * 32), Desc(b_desc_base + kk * 32), 1);
+    for (int kk = 0; kk < 4; ++kk) {
+      Wgmma<BT, TIn>::Run(acc, Desc(a_desc_base + kk * 32), Desc(b_desc_base + kk * 32), 1);
     }
     WgmmaCommit();
     WgmmaWait<1>();
@@ -237,11 +307,22 @@ __global__ void __launch_bounds__(kThreads, Cfg<BT>::kMinBlocks) WgmmaGroupedGem
   CpAsyncWait<0>();
   __syncthreads();  // every warpgroup is done with the pipeline buffers
 
-  // Accumulator fragment of m64nBT: register i of thread (warp w, lane l)
-  // holds row 16*(w%4) + l/4 + 8*((i/2)%2), column 8*(i/4) + 2*(l%4) + i%2.
-  const int warp = (tid >> 5) & 3, lane = tid & 31;
-  const int row_base = wg * 64 + warp * 16 + (lane >> 2);
-  const int col_base = 2 * (lane & 3);
+  const int row_base = wg_row0;
+  if constexpr (C::kFp8) {
+    // Per-tensor / per-channel weight scales and per-row activation scales
+    // apply once, to the whole sum (block scales were applied per k-tile).
+    if (!block_scaled) {
+#pragma unroll
+      for (int i = 0; i < BT / 2; ++i) {
+        const int r = row_base + 8 * ((i >> 1) & 1);
+        const int t = 8 * (i >> 2) + col_base + (i & 1);
+        const float ws = p.w_scale_kind == MoeFp8WeightScale::kPerTensor ? p.w_scale[e]
+                         : n0 + r < N ? p.w_scale[static_cast<int64_t>(e) * N + n0 + r]
+                                      : 0.0f;
+        acc[i] = acc[i] * (s_ascale[t] * ws);
+      }
+    }
+  }
   if (p.splits == 1) {
     T* Cs = reinterpret_cast<T*>(smem_gen);  // [BT][kLdc]
     const float* bias = p.bias != nullptr ? p.bias + static_cast<int64_t>(e) * N : nullptr;
@@ -324,9 +405,9 @@ __global__ void SplitKReduceKernel(GemmParams p, int bt) {
   }
 }
 
-template <int BT, typename T>
+template <int BT, typename TIn, typename T>
 absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream) {
-  using C = Cfg<BT>;
+  using C = Cfg<BT, TIn>;
   // The shared-memory limit is a per-device attribute of the kernel: raise it
   // once per device (idempotent, so a race only repeats it).
   static std::atomic<uint64_t> attr_set{0};
@@ -335,13 +416,13 @@ absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
     KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        WgmmaGroupedGemmKernel<BT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        WgmmaGroupedGemmKernel<BT, TIn, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
         C::kSmemBytes));
     attr_set.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(static_cast<unsigned>(num_blocks),
                   static_cast<unsigned>((p.N + kRowsW - 1) / kRowsW), static_cast<unsigned>(p.splits));
-  WgmmaGroupedGemmKernel<BT, T><<<grid, kThreads, C::kSmemBytes, stream>>>(p);
+  WgmmaGroupedGemmKernel<BT, TIn, T><<<grid, kThreads, C::kSmemBytes, stream>>>(p);
   KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("WgmmaGroupedGemmKernel");
   if (p.splits > 1 && !p.reduce_in_consumer) {
     const dim3 rgrid(grid.x, grid.y);
@@ -365,7 +446,8 @@ int MoeGemmBlockMFor(int64_t numel, int num_experts) {
   return 256;
 }
 
-int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, int num_sms) {
+int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, int num_sms,
+                     int elem_bytes) {
   // Non-empty blocks are at most one per slot; the CTAs that stream weights
   // are (row tiles) x (blocks). Split K until about two CTAs per SM, keeping
   // at least 4 k-tiles per split and at most 8 splits.
@@ -373,7 +455,7 @@ int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, in
   const int64_t ctas = (N + kRowsW - 1) / kRowsW * blocks;
   const int64_t target = 2 * static_cast<int64_t>(std::max(num_sms, 1));
   if (ctas >= target) return 1;
-  const int64_t ktiles = (K + kBK - 1) / kBK;
+  const int64_t ktiles = (K * elem_bytes + 127) / 128;  // 128-byte k-tiles
   const int64_t by_k = std::max<int64_t>(1, ktiles / 4);
   return static_cast<int>(std::clamp<int64_t>((target + ctas - 1) / ctas, 1, std::min<int64_t>(8, by_k)));
 }
@@ -422,24 +504,64 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
   if (g.num_blocks > INT32_MAX || (g.N + kRowsW - 1) / kRowsW > 65535) {
     return absl::InvalidArgumentError("moe_grouped_gemm: grid too large");
   }
-  const GemmParams p{g.a,        g.w,    g.bias, g.c,    g.partials,  g.sorted_token_ids,
-                     g.expert_ids, g.num_tokens_post_padded, g.numel, g.N, g.K,
-                     g.a_row_div, g.num_local_experts, g.splits,
-                     g.splits > 1 && g.reduce_in_consumer};
+  if (g.fp8) {
+    if (g.K % 16 != 0) {
+      return absl::InvalidArgumentError("moe_grouped_gemm: fp8 needs K a multiple of 16");
+    }
+    if (g.block_m == 256) {
+      return absl::InvalidArgumentError("moe_grouped_gemm: fp8 takes block_m 16, 64 or 128");
+    }
+    if (g.w_scale == nullptr || g.a_scale == nullptr) {
+      return absl::InvalidArgumentError("moe_grouped_gemm: fp8 needs w_scale and a_scale");
+    }
+  }
+  const GemmParams p{g.a,
+                     g.w,
+                     g.bias,
+                     g.c,
+                     g.partials,
+                     g.sorted_token_ids,
+                     g.expert_ids,
+                     g.num_tokens_post_padded,
+                     g.numel,
+                     g.N,
+                     g.K,
+                     g.a_row_div,
+                     g.num_local_experts,
+                     g.splits,
+                     g.splits > 1 && g.reduce_in_consumer,
+                     g.w_scale_kind,
+                     g.w_scale,
+                     g.a_scale,
+                     g.fp8 && g.w_scale_kind == MoeFp8WeightScale::kBlock};
   const bool bf16 = g.dtype == MoeElemType::kBFloat16;
+  if (g.fp8) {
+    using F8 = __nv_fp8_e4m3;
+    switch (g.block_m) {
+      case 16:
+        return bf16 ? Launch<16, F8, __nv_bfloat16>(p, g.num_blocks, stream)
+                    : Launch<16, F8, __half>(p, g.num_blocks, stream);
+      case 64:
+        return bf16 ? Launch<64, F8, __nv_bfloat16>(p, g.num_blocks, stream)
+                    : Launch<64, F8, __half>(p, g.num_blocks, stream);
+      default:  // 128 (256 is refused above: two accumulator sets would not fit)
+        return bf16 ? Launch<128, F8, __nv_bfloat16>(p, g.num_blocks, stream)
+                    : Launch<128, F8, __half>(p, g.num_blocks, stream);
+    }
+  }
   switch (g.block_m) {
     case 16:
-      return bf16 ? Launch<16, __nv_bfloat16>(p, g.num_blocks, stream)
-                  : Launch<16, __half>(p, g.num_blocks, stream);
+      return bf16 ? Launch<16, __nv_bfloat16, __nv_bfloat16>(p, g.num_blocks, stream)
+                  : Launch<16, __half, __half>(p, g.num_blocks, stream);
     case 64:
-      return bf16 ? Launch<64, __nv_bfloat16>(p, g.num_blocks, stream)
-                  : Launch<64, __half>(p, g.num_blocks, stream);
+      return bf16 ? Launch<64, __nv_bfloat16, __nv_bfloat16>(p, g.num_blocks, stream)
+                  : Launch<64, __half, __half>(p, g.num_blocks, stream);
     case 128:
-      return bf16 ? Launch<128, __nv_bfloat16>(p, g.num_blocks, stream)
-                  : Launch<128, __half>(p, g.num_blocks, stream);
+      return bf16 ? Launch<128, __nv_bfloat16, __nv_bfloat16>(p, g.num_blocks, stream)
+                  : Launch<128, __half, __half>(p, g.num_blocks, stream);
     default:
-      return bf16 ? Launch<256, __nv_bfloat16>(p, g.num_blocks, stream)
-                  : Launch<256, __half>(p, g.num_blocks, stream);
+      return bf16 ? Launch<256, __nv_bfloat16, __nv_bfloat16>(p, g.num_blocks, stream)
+                  : Launch<256, __half, __half>(p, g.num_blocks, stream);
   }
 }
 

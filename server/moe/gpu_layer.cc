@@ -93,7 +93,7 @@ T* At(void* base, int64_t offset) {
 int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
                                int num_experts, std::optional<moe::MoeDType> act_dtype) {
   const moe::MoeDType act = act_dtype.value_or(experts.spec().dtype);
-  if (!experts.FastPathFor(act)) {
+  if (!experts.FastPathFor(act) || !experts.spec().quant.scheme.empty()) {
     return EmulationLayerWorkspaceBytes(experts, max_tokens, top_k, num_experts, act);
   }
   return LayoutFor(experts, max_tokens, top_k, num_experts, /*scale_rows=*/true,
@@ -124,7 +124,9 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
     return absl::InvalidArgumentError("EnqueueMoeLayer: a device buffer is null");
   }
   const moe::MoeDType act = a.act_dtype.value_or(spec.dtype);
-  if (!experts.FastPathFor(act)) {
+  // Quantised sets take the route with the activation quantisers (whose
+  // GEMMs are the fp8 tensor-core ones where Fp8OnTensorCores()).
+  if (!experts.FastPathFor(act) || !spec.quant.scheme.empty()) {
     return EnqueueEmulationLayer(experts, a, act, workspace, workspace_bytes, stream);
   }
   const Layout l =

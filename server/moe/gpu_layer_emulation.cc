@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_ops.h"
@@ -22,6 +24,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // What the experts' spec asks of the route.
 struct Scheme {
   bool fp8 = false, block = false, per_token = false;
+  bool fp8_tc = false;  // GEMMs on the fp8 tensor cores (LaunchMoeGroupedGemm)
   int block_k = 128;
   float a1_static = 0.0f, a2_static = 0.0f;  // 0: dynamic per-tensor
   kc::MoeQuantWeights w13, w2;
@@ -42,6 +45,7 @@ Scheme SchemeOf(const GpuExperts& experts) {
     w.scale_kind = kc::MoeWeightScale::kNone;
   } else if (q.scheme.rfind("fp8", 0) == 0) {
     s.fp8 = true;
+    s.fp8_tc = experts.Fp8OnTensorCores();
     s.block = q.scheme == "fp8_block";
     s.per_token = !s.block && q.activation_scale == "per_token";
     s.block_k = q.block_k;
@@ -68,6 +72,7 @@ Scheme SchemeOf(const GpuExperts& experts) {
 }
 
 struct Layout {
+  int block_m = kBlockM;
   int64_t max_padded = 0, max_blocks = 0;
   int64_t sorted = 0, eids = 0, post = 0, scaled = -1, c1 = 0, c2 = 0, y = -1;
   int64_t q1 = -1, s1 = -1, q2 = -1, s2 = -1, scratch = -1;
@@ -79,8 +84,14 @@ Layout LayoutFor(const GpuExperts& experts, const Scheme& s, int64_t M, int k, i
   Layout l;
   const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
   const int64_t N13 = experts.n13(), numel = M * k;
-  l.max_padded = kc::MoeAlignMaxPadded(numel, E, kBlockM, false);
-  l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, kBlockM, false);
+  // fp8 on tensor cores aligns with the wgmma GEMM's block (16 / 64 / 128
+  // by batch); sized for the largest of them, as the choice depends on M.
+  l.block_m = s.fp8_tc ? std::min(kc::MoeGemmBlockMFor(numel, E), 128) : kBlockM;
+  for (int bm : {16, 64, 128}) {
+    if (!s.fp8_tc && bm != kBlockM) continue;
+    l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));
+    l.max_blocks = std::max(l.max_blocks, kc::MoeAlignMaxBlocks(numel, E, bm, false));
+  }
   auto reserve = [&l](int64_t bytes) {
     const int64_t at = l.bytes;
     l.bytes += (bytes + 255) / 256 * 256;
@@ -106,6 +117,33 @@ Layout LayoutFor(const GpuExperts& experts, const Scheme& s, int64_t M, int k, i
 template <typename T>
 T* At(void* base, int64_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+// The fp8 tensor-core form (moe_experts.h) of an fp8 GEMM of this route.
+kc::MoeGroupedGemmArgs Fp8TensorCoreGemm(const kc::MoeQuantGemmArgs& q, kc::MoeElemType out) {
+  kc::MoeGroupedGemmArgs g;
+  g.dtype = out;
+  g.fp8 = true;
+  g.a = q.a;
+  g.a_row_div = q.a_row_div;
+  g.a_scale = q.a_scale;
+  g.w = q.w.data;
+  g.w_scale = q.w.scale;
+  g.w_scale_kind = q.w.scale_kind == kc::MoeWeightScale::kBlock        ? kc::MoeFp8WeightScale::kBlock
+                   : q.w.scale_kind == kc::MoeWeightScale::kPerChannel ? kc::MoeFp8WeightScale::kPerChannel
+                                                                      : kc::MoeFp8WeightScale::kPerTensor;
+  g.bias = q.bias;
+  g.c = q.c;
+  g.sorted_token_ids = q.sorted_token_ids;
+  g.expert_ids = q.expert_ids;
+  g.num_tokens_post_padded = q.num_tokens_post_padded;
+  g.numel = q.numel;
+  g.num_blocks = q.num_blocks;
+  g.N = q.N;
+  g.K = q.K;
+  g.num_local_experts = q.num_local_experts;
+  g.block_m = q.block_m;
+  return g;
 }
 
 kc::MoeFloatType FloatTypeOf(moe::MoeDType d) {
@@ -159,7 +197,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   int32_t* sorted = At<int32_t>(workspace, l.sorted);
   int32_t* eids = At<int32_t>(workspace, l.eids);
   int32_t* post = At<int32_t>(workspace, l.post);
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeAlignBlockSize(a.topk_ids, numel, kBlockM, E, a.expert_map,
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeAlignBlockSize(a.topk_ids, numel, l.block_m, E, a.expert_map,
                                                     /*pad_sorted_ids=*/false,
                                                     /*ignore_invalid_experts=*/false, sorted,
                                                     eids, post, stream));
@@ -199,13 +237,15 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g1.sorted_token_ids = sorted;
   g1.expert_ids = eids;
   g1.num_tokens_post_padded = post;
-  g1.block_m = kBlockM;
+  g1.block_m = l.block_m;
   g1.numel = numel;
   g1.num_blocks = l.max_blocks;
   g1.N = N13;
   g1.K = H;
   g1.num_local_experts = spec.num_experts;
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeQuantGemm(g1, stream));
+  const bool tc = s.fp8_tc && !f32;
+  KPLAN_RETURN_IF_ERROR(tc ? kc::LaunchMoeGroupedGemm(Fp8TensorCoreGemm(g1, et), stream)
+                           : kc::LaunchMoeQuantGemm(g1, stream));
 
   kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
   const auto act = static_cast<kc::MoeActKind>(experts.activation());
@@ -240,7 +280,8 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g2.c = y;
   g2.N = H;
   g2.K = I;
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeQuantGemm(g2, stream));
+  KPLAN_RETURN_IF_ERROR(tc ? kc::LaunchMoeGroupedGemm(Fp8TensorCoreGemm(g2, et), stream)
+                           : kc::LaunchMoeQuantGemm(g2, stream));
   if (!a.combine) return absl::OkStatus();
   const float* w = a.apply_router_weight_on_input ? nullptr : a.topk_weights;
   return f32 ? kc::LaunchMoeCombineF32(static_cast<const float*>(y), w, M, k, H,

@@ -117,8 +117,16 @@ int64_t GpuExperts::n13() const {
 std::string GpuExperts::device_name() const { return absl::StrCat("cuda:", device_); }
 
 bool GpuExperts::FastPathFor(moe::MoeDType act_dtype) const {
-  return spec_.quant.scheme.empty() && act_dtype == spec_.dtype &&
-         (spec_.dtype == moe::MoeDType::kBFloat16 || spec_.dtype == moe::MoeDType::kFloat16);
+  const bool act16 = act_dtype == moe::MoeDType::kBFloat16 || act_dtype == moe::MoeDType::kFloat16;
+  if (spec_.quant.scheme.empty()) return act16 && act_dtype == spec_.dtype;
+  return act16 && Fp8OnTensorCores();
+}
+
+bool GpuExperts::Fp8OnTensorCores() const {
+  const ExpertsQuantSpec& q = spec_.quant;
+  const bool scheme = q.scheme == "fp8_per_tensor" || q.scheme == "fp8_per_channel" ||
+                      (q.scheme == "fp8_block" && q.block_n == 128 && q.block_k == 128);
+  return scheme && spec_.hidden % 16 == 0 && spec_.intermediate % 16 == 0;
 }
 
 GpuExperts::~GpuExperts() {

@@ -71,10 +71,14 @@ class GpuExperts final : public DeviceExperts {
   const uint8_t* w13_zero() const { return w13_zero_; }
   const uint8_t* w2_zero() const { return w2_zero_; }
   // True when activations of `act_dtype` run on the fast kplan kernels
-  // (moe_experts.h: unquantised bf16 / fp16 weights, activations in their
-  // dtype); every other combination runs the emulation route
+  // (moe_experts.h, wgmma): unquantised bf16 / fp16 weights with activations
+  // in their dtype, and fp8 sets with bf16 / fp16 activations where
+  // Fp8OnTensorCores(); every other combination runs the emulation route
   // (kernels/cuda/moe_quant_gemm.h: dequantise in the GEMM).
   bool FastPathFor(moe::MoeDType act_dtype) const;
+  // fp8 per-tensor / per-channel, or 128 x 128 block scales, with hidden and
+  // intermediate multiples of 16: the GEMMs multiply e4m3 on tensor cores.
+  bool Fp8OnTensorCores() const;
 
  private:
   GpuExperts() = default;
