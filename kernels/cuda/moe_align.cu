@@ -23,6 +23,7 @@
 
 #include "kernels/cuda/ir_cuda_status.h"
 #include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -55,6 +56,7 @@ __global__ void __launch_bounds__(kThreads) MoeAlignKernel(AlignArgs a) {
   __shared__ int s_total;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int E = a.E;
+  detail::PdlWaitThenRelease();
 
   for (int i = tid; i < kWarps * E; i += kThreads) cnt[i] = 0;
   for (int i = tid; i < a.max_padded; i += kThreads) a.sorted[i] = a.numel;
@@ -221,8 +223,8 @@ absl::Status LaunchMoeAlignBlockSize(const int32_t* topk_ids, int64_t numel, int
     KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         MoeAlignKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  MoeAlignKernel<<<1, kThreads, smem, stream>>>(a);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("MoeAlignKernel");
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(
+      detail::LaunchPdl(MoeAlignKernel, dim3(1), dim3(kThreads), smem, stream, a));
   return absl::OkStatus();
 }
 

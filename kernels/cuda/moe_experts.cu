@@ -9,6 +9,7 @@
 #include "kernels/cuda/ir_device_math.cuh"
 #include "kernels/cuda/moe_activation_math.cuh"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -41,6 +42,7 @@ struct GemmOut {
 template <typename T>
 __global__ void ActivationKernel(MoeActKind act, MoeActParams p, GemmOut<T> in, int64_t rows,
                                  int64_t d, bool gated, T* out) {
+  detail::PdlWaitThenRelease();
   const int64_t total = rows * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -65,6 +67,7 @@ __global__ void ActivationKernel(MoeActKind act, MoeActParams p, GemmOut<T> in, 
 
 template <typename T>
 __global__ void CombineKernel(GemmOut<T> y, const float* w, int64_t M, int k, int64_t H, T* out) {
+  detail::PdlWaitThenRelease();
   const int64_t total = M * H;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -80,6 +83,7 @@ __global__ void CombineKernel(GemmOut<T> y, const float* w, int64_t M, int k, in
 
 template <typename T>
 __global__ void ScaleRowsKernel(const T* a, const float* w, int64_t rows, int64_t width, T* out) {
+  detail::PdlWaitThenRelease();
   const int64_t total = rows * width;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -89,8 +93,8 @@ __global__ void ScaleRowsKernel(const T* a, const float* w, int64_t rows, int64_
 }
 
 int ElementwiseBlocks(int64_t n, int threads) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads,
-                                                                  132 * 16)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, 132 * 16)));
 }
 
 }  // namespace
@@ -124,16 +128,16 @@ absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, Moe
   if (!p.has_clamp_limit) p.clamp_limit = 7.0f;  // swigluoai / swiglustep default
   const int threads = 256, blocks = ElementwiseBlocks(total, threads);
   if (dtype == MoeElemType::kBFloat16) {
-    const GemmOut<__nv_bfloat16> x{static_cast<const __nv_bfloat16*>(in), split,
-                                   rows * in_width};
-    ActivationKernel<<<blocks, threads, 0, stream>>>(act, p, x, rows, out_width, gated,
-                                                     static_cast<__nv_bfloat16*>(out));
+    const GemmOut<__nv_bfloat16> x{static_cast<const __nv_bfloat16*>(in), split, rows * in_width};
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(
+        detail::LaunchPdl(ActivationKernel<__nv_bfloat16>, dim3(blocks), dim3(threads), 0, stream,
+                          act, p, x, rows, out_width, gated, static_cast<__nv_bfloat16*>(out)));
   } else {
     const GemmOut<__half> x{static_cast<const __half*>(in), split, rows * in_width};
-    ActivationKernel<<<blocks, threads, 0, stream>>>(act, p, x, rows, out_width, gated,
-                                                     static_cast<__half*>(out));
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(ActivationKernel<__half>, dim3(blocks),
+                                                    dim3(threads), 0, stream, act, p, x, rows,
+                                                    out_width, gated, static_cast<__half*>(out)));
   }
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("ActivationKernel");
   return absl::OkStatus();
 }
 
@@ -155,14 +159,15 @@ absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* top
   if (dtype == MoeElemType::kBFloat16) {
     const GemmOut<__nv_bfloat16> v{static_cast<const __nv_bfloat16*>(y), split,
                                    num_tokens * top_k * hidden};
-    CombineKernel<<<blocks, threads, 0, stream>>>(v, topk_weights, num_tokens, top_k, hidden,
-                                                  static_cast<__nv_bfloat16*>(out));
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
+        CombineKernel<__nv_bfloat16>, dim3(blocks), dim3(threads), 0, stream, v, topk_weights,
+        num_tokens, top_k, hidden, static_cast<__nv_bfloat16*>(out)));
   } else {
     const GemmOut<__half> v{static_cast<const __half*>(y), split, num_tokens * top_k * hidden};
-    CombineKernel<<<blocks, threads, 0, stream>>>(v, topk_weights, num_tokens, top_k, hidden,
-                                                  static_cast<__half*>(out));
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(
+        detail::LaunchPdl(CombineKernel<__half>, dim3(blocks), dim3(threads), 0, stream, v,
+                          topk_weights, num_tokens, top_k, hidden, static_cast<__half*>(out)));
   }
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("CombineKernel");
   return absl::OkStatus();
 }
 
@@ -176,14 +181,15 @@ absl::Status LaunchMoeScaleRows(MoeElemType dtype, const void* a, const float* r
   }
   const int threads = 256, blocks = ElementwiseBlocks(total, threads);
   if (dtype == MoeElemType::kBFloat16) {
-    ScaleRowsKernel<<<blocks, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(a),
-                                                    row_weights, rows, width,
-                                                    static_cast<__nv_bfloat16*>(out));
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(
+        detail::LaunchPdl(ScaleRowsKernel<__nv_bfloat16>, dim3(blocks), dim3(threads), 0, stream,
+                          static_cast<const __nv_bfloat16*>(a), row_weights, rows, width,
+                          static_cast<__nv_bfloat16*>(out)));
   } else {
-    ScaleRowsKernel<<<blocks, threads, 0, stream>>>(static_cast<const __half*>(a), row_weights,
-                                                    rows, width, static_cast<__half*>(out));
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
+        ScaleRowsKernel<__half>, dim3(blocks), dim3(threads), 0, stream,
+        static_cast<const __half*>(a), row_weights, rows, width, static_cast<__half*>(out)));
   }
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("ScaleRowsKernel");
   return absl::OkStatus();
 }
 

@@ -40,6 +40,7 @@
 #include "kernels/cuda/ir_device_math.cuh"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_wgmma.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -48,7 +49,7 @@ using detail::FromFloat;
 using detail::ToFloat;
 using detail::Wgmma;
 
-constexpr int kRowsW = 128;  // weight rows per CTA (two warpgroups x 64)
+constexpr int kRowsW = 128;     // weight rows per CTA (two warpgroups x 64)
 constexpr int kFp8Block = 128;  // fp8 block scales: 128 x 128 (block_n = kRowsW)
 constexpr int kThreads = 256;
 
@@ -57,16 +58,16 @@ struct Cfg {
   static constexpr bool kFp8 = sizeof(TIn) == 1;
   static constexpr int kElems16 = 16 / sizeof(TIn);  // elements per 16-byte chunk
   static constexpr int kBKe = 8 * kElems16;          // K elements per stage (128 bytes)
-  static constexpr int kStages = BT == 16 ? 6 : 4;  // 108 / 96 / 128 / 192 KiB
-  static constexpr int kWBytes = kRowsW * 128;  // 16 KiB
+  static constexpr int kStages = BT == 16 ? 6 : 4;   // 108 / 96 / 128 / 192 KiB
+  static constexpr int kWBytes = kRowsW * 128;       // 16 KiB
   static constexpr int kTBytes = BT * 128;
   // fp8 block scales: the k-tile's activation scale of each slot, padded so
   // that every stage stays 1024-byte aligned.
   static constexpr int kSBytes = kFp8 ? 1024 : 0;
   static constexpr int kStageBytes = kWBytes + kTBytes + kSBytes;
   static constexpr int kPipeBytes = kStages * kStageBytes;
-  static constexpr int kLdc = kRowsW + 8;        // epilogue T tile pitch (elements)
-  static constexpr int kLdp = kRowsW + 4;        // epilogue fp32 tile pitch
+  static constexpr int kLdc = kRowsW + 8;               // epilogue T tile pitch (elements)
+  static constexpr int kLdp = kRowsW + 4;               // epilogue fp32 tile pitch
   static constexpr int kSmemBytes = kPipeBytes + 1024;  // + room to align to 1024
   static constexpr int kMinBlocks = BT <= 64 ? 2 : 1;
   static_assert(BT * kLdp * 4 <= kPipeBytes, "epilogue tile must fit the pipeline buffers");
@@ -143,8 +144,8 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
     WgmmaGroupedGemmKernel(GemmParams p) {
   using C = Cfg<BT, TIn>;
   extern __shared__ uint8_t smem_dyn[];
-  __shared__ int64_t s_arow[BT];  // A row of each slot of the block, -1 for sentinels
-  __shared__ int64_t s_slot[BT];  // output row, -1 for sentinels
+  __shared__ int64_t s_arow[BT];                // A row of each slot of the block, -1 for sentinels
+  __shared__ int64_t s_slot[BT];                // output row, -1 for sentinels
   __shared__ float s_ascale[C::kFp8 ? BT : 1];  // fp8 per-row activation scale
 
   // x walks the blocks so that CTAs running together are mostly the same
@@ -153,6 +154,7 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
   const int block = blockIdx.x;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kRowsW;
   const int split = blockIdx.z;
+  detail::PdlWaitThenRelease();
   if (static_cast<int64_t>(block) * BT >= *p.post) return;
   const int e = p.expert_ids[block];
   const bool local = e >= 0 && e < p.num_local_experts;
@@ -191,7 +193,8 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
   // 1024-aligned pipeline base (the swizzle pattern repeats every 1024 bytes).
   const uint32_t smem_base =
       (static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) + 1023u) & ~1023u;
-  uint8_t* smem_gen = smem_dyn + (smem_base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
+  uint8_t* smem_gen =
+      smem_dyn + (smem_base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
 
   const TIn* A = static_cast<const TIn*>(p.a);
   const TIn* W = static_cast<const TIn*>(p.w) + static_cast<int64_t>(e) * N * K;
@@ -230,8 +233,8 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
     if (C::kFp8 && block_scaled && tid < BT) {
       const int64_t row = s_arow[tid];
       const int64_t kblocks = (K + kFp8Block - 1) / kFp8Block;
-      CpAsync4(t_base + C::kTBytes + tid * 4,
-               row >= 0 ? p.a_scale + row * kblocks + kt : p.a_scale, row >= 0);
+      CpAsync4(t_base + C::kTBytes + tid * 4, row >= 0 ? p.a_scale + row * kblocks + kt : p.a_scale,
+               row >= 0);
     }
   };
 
@@ -271,17 +274,15 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
       WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        Wgmma<BT, TIn>::Run(tile, Desc(a_desc_base + kk * 32), Desc(b_desc_base + kk * 32),
-                            kk > 0);
+        Wgmma<BT, TIn>::Run(tile, Desc(a_desc_base + kk * 32), Desc(b_desc_base + kk * 32), kk > 0);
       }
       WgmmaCommit();
       WgmmaWait<0>();
       if (block_scaled) {
         const int64_t kblocks = (K + kFp8Block - 1) / kFp8Block;
         const int64_t nblocks = (N + kFp8Block - 1) / kFp8Block;
-        const float ws =
-            p.w_scale[(static_cast<int64_t>(e) * nblocks + n0 / kFp8Block) * kblocks +
-                      kt_begin + kt];
+        const float ws = p.w_scale[(static_cast<int64_t>(e) * nblocks + n0 / kFp8Block) * kblocks +
+                                   kt_begin + kt];
         const float* sa = reinterpret_cast<const float*>(smem_gen + (kt % S) * C::kStageBytes +
                                                          C::kWBytes + C::kTBytes);
 #pragma unroll
@@ -371,6 +372,7 @@ template <typename T>
 __global__ void SplitKReduceKernel(GemmParams p, int bt) {
   const int block = blockIdx.x;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kRowsW;
+  detail::PdlWaitThenRelease();
   if (static_cast<int64_t>(block) * bt >= *p.post) return;
   const int e = p.expert_ids[block];
   const bool local = e >= 0 && e < p.num_local_experts;
@@ -415,19 +417,20 @@ absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream
   KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        WgmmaGroupedGemmKernel<BT, TIn, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        C::kSmemBytes));
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(WgmmaGroupedGemmKernel<BT, TIn, T>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       C::kSmemBytes));
     attr_set.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(static_cast<unsigned>(num_blocks),
-                  static_cast<unsigned>((p.N + kRowsW - 1) / kRowsW), static_cast<unsigned>(p.splits));
-  WgmmaGroupedGemmKernel<BT, TIn, T><<<grid, kThreads, C::kSmemBytes, stream>>>(p);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("WgmmaGroupedGemmKernel");
+                  static_cast<unsigned>((p.N + kRowsW - 1) / kRowsW),
+                  static_cast<unsigned>(p.splits));
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WgmmaGroupedGemmKernel<BT, TIn, T>, grid,
+                                                  dim3(kThreads), C::kSmemBytes, stream, p));
   if (p.splits > 1 && !p.reduce_in_consumer) {
     const dim3 rgrid(grid.x, grid.y);
-    SplitKReduceKernel<T><<<rgrid, 256, 0, stream>>>(p, BT);
-    KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("SplitKReduceKernel");
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(
+        detail::LaunchPdl(SplitKReduceKernel<T>, rgrid, dim3(256), 0, stream, p, BT));
   }
   return absl::OkStatus();
 }
@@ -457,7 +460,8 @@ int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, in
   if (ctas >= target) return 1;
   const int64_t ktiles = (K * elem_bytes + 127) / 128;  // 128-byte k-tiles
   const int64_t by_k = std::max<int64_t>(1, ktiles / 4);
-  return static_cast<int>(std::clamp<int64_t>((target + ctas - 1) / ctas, 1, std::min<int64_t>(8, by_k)));
+  return static_cast<int>(
+      std::clamp<int64_t>((target + ctas - 1) / ctas, 1, std::min<int64_t>(8, by_k)));
 }
 
 int64_t MoeGemmPartialsBytes(int splits, int64_t numel, int64_t N) {

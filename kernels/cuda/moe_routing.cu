@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/ir_cuda_status.h"
 #include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -124,6 +125,7 @@ __device__ __forceinline__ void WarpTopK(const float (&key)[kPerLane],
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingArgs a) {
   __shared__ float s_choice[kWarpsPerBlock][kMoeRoutingMaxExperts];
+  detail::PdlWaitThenRelease();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (token >= a.num_tokens) return;  // whole warp: no block barrier below
@@ -329,8 +331,9 @@ absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits,
   a.G = p.num_expert_group;
   a.topk_group = p.topk_group;
   a.renormalize = p.renormalize;
-  MoeRoutingKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(a);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("MoeRoutingKernel");
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
+      MoeRoutingKernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32), 0,
+      stream, a));
   return absl::OkStatus();
 }
 

@@ -353,14 +353,14 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   // fp8: a summation-order flip of a bf16 / fp16 rounding before the
   // intermediate is re-quantised can move it by one fp8 step (and, through
   // the row's or group's scale, its neighbours too): a few such outputs may
-  // pass the element bound, within 2^-3·rms + 2^-5·|ref|, at most
-  // max(2, n / 10^5) of them.
+  // pass the element bound, within 2^-3·rms + 2^-5·|ref| (2^-2·rms on tensor
+  // cores, whose bound is already looser), at most max(2, n / 10^5) of them.
   int64_t bad = 0, flips = 0, first_bad = -1;
   for (int64_t i = 0; i < n; ++i) {
     const double d = std::fabs(static_cast<double>(g[i]) - r[i]);
     const double tol = std::ldexp(std::fabs(r[i]), rel_e) + std::ldexp(rms, rms_e);
     if (d <= tol) continue;
-    if (c.fp8() && d <= std::ldexp(rms, -3) + std::ldexp(std::fabs(r[i]), -5)) {
+    if (c.fp8() && d <= std::ldexp(rms, tc8 ? -2 : -3) + std::ldexp(std::fabs(r[i]), -5)) {
       ++flips;
       continue;
     }

@@ -1,0 +1,41 @@
+// Programmatic dependent launch (sm_90) for the kernels of the fused MoE
+// layer. A layer is a chain of short kernels (routing, align, GEMM, ...);
+// at decode sizes each runs for a few microseconds, so the gap between one
+// kernel's end and the next one's start is a large share of the layer.
+// Launched with LaunchPdl, a kernel may be scheduled while its predecessor
+// is still running; it must call PdlWaitThenRelease() before it reads
+// anything a previous kernel wrote (griddepcontrol.wait returns once the
+// predecessor grid has completed and its writes are visible), which then
+// lets its own successor be scheduled. Launched plainly, both instructions
+// are no-ops, so the kernels stay correct in any stream order. Internal to
+// kernels/cuda.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace kplan::kernels::cuda::detail {
+
+__device__ __forceinline__ void PdlWaitThenRelease() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+template <typename... KernelArgs, typename... Args>
+cudaError_t LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace kplan::kernels::cuda::detail
