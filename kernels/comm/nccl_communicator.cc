@@ -95,6 +95,12 @@ class DeviceGuard {
 
 }  // namespace
 
+absl::Status NcclResultStatus(int result, const char* expr, const char* file, int line) {
+  const auto r = static_cast<ncclResult_t>(result);
+  if (r == ncclSuccess) return absl::OkStatus();
+  return NcclError(r, expr, file, line);
+}
+
 absl::StatusOr<std::string> NcclCommunicator::CreateUniqueId() {
   ncclUniqueId id;
   KPLAN_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));

@@ -49,6 +49,10 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   absl::string_view backend() const override { return "nccl"; }
   void* stream() const { return stream_; }
+  int device() const { return device_; }
+  // The NCCL communicator itself, for transports that build on it (the
+  // kplan_ep device-API transport); owned by this object.
+  ncclComm* nccl_comm() const { return comm_; }
 
   absl::Status AllGather(const void* send, void* recv, int64_t count, CommDType dtype) override;
   absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, CommDType dtype,
@@ -83,5 +87,10 @@ class NcclCommunicator final : public Communicator {
   // Device scratch for Barrier (one float).
   void* barrier_buffer_ = nullptr;
 };
+
+// An NCCL result (ncclResult_t as int) as absl::Status: OK for ncclSuccess,
+// otherwise this module's code mapping and "<file>:<line>: <expr> failed:
+// <ncclGetErrorString> (<ncclGetLastError>)". Shared with kplan_ep_transport.
+absl::Status NcclResultStatus(int result, const char* expr, const char* file, int line);
 
 }  // namespace kplan::comm
