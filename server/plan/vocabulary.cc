@@ -40,7 +40,9 @@ const std::vector<absl::string_view>& All2AllBackendValues() {
   static const auto* v = new std::vector<absl::string_view>{
       "deepep_high_throughput", "deepep_low_latency", "deepep_v2", "mori_high_throughput",
       "mori_low_latency", "nixl_ep", "allgather_reducescatter", "flashinfer_all2allv",
-      "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided", "passthrough"};
+      "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided", "passthrough",
+      // kplan's own dispatch (server/moe/ep): all-to-all-v of only the needed rows.
+      "kplan_all2allv"};
   return *v;
 }
 

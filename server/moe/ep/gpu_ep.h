@@ -1,0 +1,131 @@
+// Expert-parallel MoE on GPUs: the device twin of RunMoeExpertParallel
+// (ep_dispatch.h). Each rank is one GPU with its slice of the experts
+// resident (GpuExperts::Create(set, device, first, count)), an
+// NcclCommunicator on that device and a persistent device workspace; every
+// rank calls RunMoeExpertParallelOnGpu from its own thread with its slice of
+// the request's tokens (host buffers). The step uploads the slice, routes it
+// on the GPU (or takes the given top-k), moves rows between the GPUs with
+// NCCL collectives on the communicator's stream, runs the local experts with
+// EnqueueMoeLayer (server/moe/gpu_layer.h) and downloads this rank's output.
+// Everything between upload and download stays on the device.
+//
+// Strategies and numerics are the CPU strategies' (ep_dispatch.h):
+//  allgather_reducescatter  all-gather of every rank's hidden rows, top-k ids
+//      and weights (padded to the largest rank's token count; padding rows
+//      carry id -1 and are never computed), the local experts on all tokens
+//      (EnqueueMoeLayer with the rank's expert map, combine=false), this
+//      rank's slots summed per token in fp32 (LaunchMoeEpCombineFp32),
+//      reduce-scatter of the fp32 partials, one rounding to the activation
+//      dtype. The combine is then exact for k <= 2 (two-term fp32 sums
+//      commute, non-local slots add nothing); with more slots per token the
+//      fp32 sum is re-associated (NCCL adds the ranks in its own order).
+//  kplan_all2allv  the (token, slot) rows grouped by owning rank on the GPU
+//      (LaunchMoeEpPartitionByRank), an all-gather of the per-peer row counts,
+//      all-to-all-v of the rows and of their (expert id, weight) pairs, the
+//      received rows run as top_k=1 rows (combine=false), all-to-all-v of the
+//      unweighted rows back, put back in slot order and combined by
+//      LaunchMoeCombine, the single-GPU layer's own combine in slot order.
+// Both strategies equal RunMoeOnGpu bit for bit (AG-RS: for k <= 2) when the
+// rank's EnqueueMoeLayer call picks the same GEMM configuration as the
+// single-GPU call: the GEMMs choose their block size and split-K from the
+// call's slot count (gpu_layer.cc), and split-K changes the fp32 order of a
+// row's dot products, so small calls (decode) may differ by the rounding
+// flips another order gives (within moe_layer_gpu_test's bound).
+//
+// Failures, as on the CPU: every rank first all-gathers (token count,
+// verdict on its inputs), so bad input on one rank fails every rank with the
+// communicator still usable. After that any CUDA or NCCL error aborts the
+// communicator (peers fail at their next collective or its timeout) and the
+// caller must build a new group. Built only with CUDA and NCCL.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "kernels/comm/communicator.h"
+#include "server/moe/ep/ep_dispatch.h"
+#include "server/moe/ep/ep_placement.h"
+#include "server/moe/gpu_runner.h"
+
+namespace kplan::moe::ep {
+
+// The device buffers of one rank's steps: inputs, gathered / exchanged rows,
+// the layer's workspace, output, events. Each buffer grows (cudaMalloc, after
+// the device is idle) when a step needs more than it holds and is kept, so a
+// steady stream of steps no larger than the largest seen allocates nothing.
+// Reserve() sizes everything up front for a token bound. One per rank and
+// device; not thread-safe (a rank's steps are sequential).
+class GpuEpWorkspace {
+ public:
+  explicit GpuEpWorkspace(int device);
+  ~GpuEpWorkspace();
+  GpuEpWorkspace(const GpuEpWorkspace&) = delete;
+  GpuEpWorkspace& operator=(const GpuEpWorkspace&) = delete;
+
+  int device() const { return device_; }
+  int64_t bytes() const;    // allocated now
+  int allocations() const;  // cudaMalloc calls so far
+
+  struct Impl;  // gpu_ep.cc
+
+ private:
+  friend Impl& WorkspaceImpl(GpuEpWorkspace& ws);
+  int device_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The layer as one GPU rank sees it: EpLayer's fields, this rank's experts on
+// its device and its workspace. The activation and act_dtype must be the
+// experts' (the GPU layer runs the ExpertSet's activation with default
+// ActivationParams and activations in the weights' dtype).
+struct GpuEpLayer {
+  int64_t hidden = 0;        // H
+  int64_t intermediate = 0;  // I
+  int num_experts = 0;       // E, global
+  int top_k = 0;
+  MoeDType act_dtype = MoeDType::kBFloat16;
+  MoeActivation activation = MoeActivation::kSilu;
+  bool apply_router_weight_on_input = false;  // k must be 1
+  ExpertPlacement placement;
+  // Experts [placement.FirstExpert(rank), +NumLocalExperts(rank)) resident on
+  // this rank's device; null on a rank that owns none.
+  const GpuExperts* local_experts = nullptr;
+  GpuEpWorkspace* workspace = nullptr;  // required; its device is the rank's
+};
+
+// Sizes `layer.workspace` for steps of up to max_tokens_per_rank tokens on
+// every rank with `strategy` (worst case: every slot of every rank routed to
+// this rank), so such steps allocate nothing. Optional.
+absl::Status ReserveGpuEpWorkspace(const GpuEpLayer& layer, int num_ranks,
+                                   int64_t max_tokens_per_rank, EpStrategy strategy);
+
+// What one step did on this rank. Times are CUDA events on the
+// communicator's stream in ms; the NCCL calls synchronise the host, so the
+// host's work between them is inside the stage times.
+struct GpuEpStats {
+  float prologue_ms = 0;  // header exchange, uploads, routing
+  float dispatch_ms = 0;  // rows to the experts' ranks (and the counts / layout work)
+  float experts_ms = 0;   // EnqueueMoeLayer on the local rows
+  float combine_ms = 0;   // results back to the tokens' owners, combine, cast
+  float download_ms = 0;  // output to the host
+  float total_ms = 0;
+  // Payload bytes this rank sent to other ranks (not to itself) in the
+  // dispatch and the combine collectives; received likewise.
+  int64_t dispatch_bytes_sent = 0, dispatch_bytes_received = 0;
+  int64_t combine_bytes_sent = 0, combine_bytes_received = 0;
+  int64_t rows_computed = 0;  // rows (token slots) given to EnqueueMoeLayer
+  int64_t workspace_bytes = 0;
+  int workspace_allocations = 0;  // cumulative, for the steady-state check
+};
+
+// Runs one MoE layer step on this rank. `comm` must be an NcclCommunicator on
+// layer.workspace->device() (INVALID_ARGUMENT otherwise, after aborting it so
+// peers do not wait); `inputs` holds host pointers (this rank's tokens;
+// routing.e_score_correction_bias is a host pointer too). Writes
+// inputs.output. Every rank passes the same layer options and strategy.
+absl::Status RunMoeExpertParallelOnGpu(const GpuEpLayer& layer_on_this_rank,
+                                       const MoeInputsForThisRank& inputs, comm::Communicator& comm,
+                                       EpStrategy strategy, GpuEpStats* stats = nullptr);
+
+}  // namespace kplan::moe::ep
