@@ -96,6 +96,47 @@ class Workspace {
   int64_t size_ = 0;
 };
 
+// RunMoeOnGpu's per-call workspace is stream-ordered (cudaMallocAsync). The
+// device's default pool returns freed memory to the driver at every
+// synchronisation unless told to keep it; keeping it makes the next call's
+// allocation a pool hit instead of a fresh mapping.
+absl::Status KeepWorkspacesPooled(int device) {
+  cudaMemPool_t pool;
+  KPLAN_GPU_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t keep = UINT64_MAX;
+  KPLAN_GPU_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  return absl::OkStatus();
+}
+
+// Pinned host memory of the calling thread, grown on demand and kept: each
+// device's worker thread stages its requests there, so the DMA engines read
+// and write it directly (no hidden staging copy of pageable memory) and no
+// call pays for cudaHostAlloc after the first large one.
+absl::StatusOr<char*> ThisThreadsPinnedBuffer(int64_t bytes) {
+  struct Pinned {
+    char* p = nullptr;
+    int64_t size = 0;
+    ~Pinned() {
+      if (p != nullptr) cudaFreeHost(p);
+    }
+  };
+  thread_local Pinned pinned;
+  if (pinned.size >= bytes) return pinned.p;
+  if (pinned.p != nullptr) cudaFreeHost(pinned.p);
+  pinned.p = nullptr;
+  pinned.size = 0;
+  const int64_t want = std::max<int64_t>(bytes, int64_t{1} << 20);
+  void* p = nullptr;
+  if (cudaError_t err = cudaHostAlloc(&p, static_cast<size_t>(want), cudaHostAllocPortable);
+      err != cudaSuccess) {
+    cudaGetLastError();
+    return kc::CudaStatus(err, __FILE__, __LINE__, "cudaHostAlloc(request staging)");
+  }
+  pinned.p = static_cast<char*>(p);
+  pinned.size = want;
+  return pinned.p;
+}
+
 class Events {
  public:
   ~Events() {
@@ -200,6 +241,7 @@ absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& 
   g->first_expert_ = first_expert;
   DeviceScope scope;
   KPLAN_RETURN_IF_ERROR(scope.Enter(device));
+  KPLAN_RETURN_IF_ERROR(KeepWorkspacesPooled(device));
   // Every tensor of the set (ExpectedTensors: first dimension = expert) as
   // stored, sliced to the experts copied. On failure `g` is destroyed on
   // return, freeing what was allocated.
@@ -277,12 +319,16 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   DeviceScope scope;  // outlives the workspace, which is freed on this device
   KPLAN_RETURN_IF_ERROR(scope.Enter(experts.device()));
   Workspace ws(stream);
+  // The request's buffers first, in the order of a pinned host mirror with
+  // the same offsets: inputs [hidden, logits, bias, ids, weights] go up in
+  // one copy, results [ids, weights, output] come down in one.
   const int64_t o_hidden = ws.Reserve(M * H * act_bytes);
   const int64_t o_logits = by_logits ? ws.Reserve(M * E * 4) : -1;
   const int64_t o_bias = has_bias ? ws.Reserve(E * 4) : -1;
-  const int64_t o_w = ws.Reserve(numel * 4);
   const int64_t o_ids = ws.Reserve(numel * 4);
+  const int64_t o_w = ws.Reserve(numel * 4);
   const int64_t o_out = ws.Reserve(M * H * act_bytes);
+  const int64_t io_bytes = ws.size();
   const int64_t layer_bytes = MoeLayerWorkspaceBytes(experts, M, k, E, in.act_dtype);
   const int64_t o_layer = ws.Reserve(layer_bytes);
 
@@ -298,27 +344,22 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     KPLAN_GPU_RETURN_IF_ERROR(cudaEventCreate(&ev.stop));
   }
 
-  // --- Uploads.
+  // --- Uploads: one copy of each input into pinned memory, one DMA.
+  KPLAN_ASSIGN_OR_RETURN(char* host, ThisThreadsPinnedBuffer(io_bytes));
+  std::memcpy(host + o_hidden, in.hidden_states.data(), M * H * act_bytes);
+  if (by_logits) {
+    std::memcpy(host + o_logits, in.router_logits.data(), M * E * 4);
+    if (has_bias) std::memcpy(host + o_bias, routing.e_score_correction_bias, E * 4);
+  } else {
+    std::memcpy(host + o_ids, in.topk_ids.data(), numel * 4);
+    std::memcpy(host + o_w, in.topk_weights.data(), numel * 4);
+  }
+  KPLAN_GPU_RETURN_IF_ERROR(
+      cudaMemcpyAsync(ws.base(), host, o_out, cudaMemcpyHostToDevice, stream));
   void* d_hidden = ws.At<void>(o_hidden);
   float* d_w = ws.At<float>(o_w);
   int32_t* d_ids = ws.At<int32_t>(o_ids);
-  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_hidden, in.hidden_states.data(), M * H * act_bytes,
-                                            cudaMemcpyHostToDevice, stream));
-  if (by_logits) {
-    KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(o_logits), in.router_logits.data(),
-                                              M * E * 4, cudaMemcpyHostToDevice, stream));
-    if (has_bias) {
-      KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(o_bias),
-                                                routing.e_score_correction_bias, E * 4,
-                                                cudaMemcpyHostToDevice, stream));
-      rp.e_score_correction_bias = ws.At<float>(o_bias);
-    }
-  } else {
-    KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_ids, in.topk_ids.data(), numel * 4,
-                                              cudaMemcpyHostToDevice, stream));
-    KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(d_w, in.topk_weights.data(), numel * 4,
-                                              cudaMemcpyHostToDevice, stream));
-  }
+  if (has_bias) rp.e_score_correction_bias = ws.At<float>(o_bias);
   if (stats != nullptr) KPLAN_GPU_RETURN_IF_ERROR(cudaEventRecord(ev.start, stream));
 
   // --- The layer.
@@ -338,17 +379,16 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
       EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
   if (stats != nullptr) KPLAN_GPU_RETURN_IF_ERROR(cudaEventRecord(ev.stop, stream));
 
-  // --- Downloads, one synchronisation.
-  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(out.output.data(), ws.At<void>(o_out),
-                                            M * H * act_bytes, cudaMemcpyDeviceToHost, stream));
-  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(out.topk_ids.data(), d_ids, numel * 4,
-                                            cudaMemcpyDeviceToHost, stream));
-  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(out.topk_weights.data(), d_w, numel * 4,
+  // --- Downloads: one DMA into the pinned mirror, one synchronisation.
+  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(host + o_ids, ws.At<void>(o_ids), io_bytes - o_ids,
                                             cudaMemcpyDeviceToHost, stream));
   KPLAN_GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   if (stats != nullptr) {
     KPLAN_GPU_RETURN_IF_ERROR(cudaEventElapsedTime(&stats->device_ms, ev.start, ev.stop));
   }
+  std::memcpy(out.output.data(), host + o_out, M * H * act_bytes);
+  std::memcpy(out.topk_ids.data(), host + o_ids, numel * 4);
+  std::memcpy(out.topk_weights.data(), host + o_w, numel * 4);
   return out;
 }
 
