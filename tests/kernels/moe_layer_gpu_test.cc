@@ -6,7 +6,7 @@
 //  * Model shapes: Mixtral-8x7B (E=8, k=2, H=4096, I=14336), DeepSeek-V3
 //    (E=256, k=8, H=7168, I=2048, DeepSeekV3 grouped routing with bias and
 //    scale 2.5, plus RenormalizeNaive at M=64), Qwen3-30B-A3B (E=128, k=8,
-//    H=2048, I=768) at M in {1, 7, 64, 512} (+4096 for Qwen3), bf16, silu,
+//    H=2048, I=768) at M in {1, 7, 64, 512, 4096}, bf16, silu,
 //    RenormalizeNaive unless said.
 //  * Small shapes with tails (H, N not multiples of the tiles): every
 //    activation family, biases, fp16, given top-k ids, weights on the input.
@@ -347,12 +347,12 @@ void RunModel(const Shape& s, const std::vector<int64_t>& tokens, bool deepseek_
 
 TEST(MoeLayerGpu, Mixtral8x7B) {
   SKIP_WITHOUT_CUDA();
-  RunModel({"Mixtral-8x7B", 8, 2, 4096, 14336}, {1, 7, 64, 512}, false);
+  RunModel({"Mixtral-8x7B", 8, 2, 4096, 14336}, {1, 7, 64, 512, 4096}, false);
 }
 
 TEST(MoeLayerGpu, DeepSeekV3) {
   SKIP_WITHOUT_CUDA();
-  RunModel({"DeepSeek-V3", 256, 8, 7168, 2048}, {1, 7, 64, 512}, true);
+  RunModel({"DeepSeek-V3", 256, 8, 7168, 2048}, {1, 7, 64, 512, 4096}, true);
 }
 
 TEST(MoeLayerGpu, Qwen3_30B_A3B) {
