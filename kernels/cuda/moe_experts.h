@@ -60,10 +60,11 @@ struct MoeActParams {
 // must be the block size moe_align_block_size ran with. MoeGemmBlockMFor
 // picks it from the expected slots per expert (16 at decode sizes).
 int MoeGemmBlockMFor(int64_t numel, int num_experts);
-// Split-K factor that gives the GEMM about two weight-streaming CTAs per SM
-// (1 = no split); MoeGemmPartialsBytes is the fp32 workspace it needs.
+// Split-K factor that fills one wave of resident CTAs with weight streams
+// when the blocks alone fill less than half of it (1 = no split);
+// MoeGemmPartialsBytes is the fp32 workspace it needs.
 int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, int num_sms,
-                     int elem_bytes = 2);
+                     int block_m, int elem_bytes = 2);
 int64_t MoeGemmPartialsBytes(int splits, int64_t numel, int64_t N);
 
 // Weight scales of fp8 e4m3 operands: per expert [E], per expert row [E, N],

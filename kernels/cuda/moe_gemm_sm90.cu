@@ -450,18 +450,20 @@ int MoeGemmBlockMFor(int64_t numel, int num_experts) {
 }
 
 int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, int num_sms,
-                     int elem_bytes) {
+                     int block_m, int elem_bytes) {
   // Non-empty blocks are at most one per slot; the CTAs that stream weights
-  // are (row tiles) x (blocks). Split K until about two CTAs per SM, keeping
-  // at least 4 k-tiles per split and at most 8 splits.
+  // are (row tiles) x (blocks). When they do not fill one wave of resident
+  // CTAs, split K as far as the wave allows: a split that spills into a
+  // second, mostly idle wave would double the time of a weight stream. At
+  // least 4 k-tiles per split, at most 8 splits.
   const int64_t blocks = std::max<int64_t>(1, std::min(num_blocks, numel));
   const int64_t ctas = (N + kRowsW - 1) / kRowsW * blocks;
-  const int64_t target = 2 * static_cast<int64_t>(std::max(num_sms, 1));
-  if (ctas >= target) return 1;
+  const int per_sm = block_m <= 64 ? 2 : 1;  // Cfg<>::kMinBlocks
+  const int64_t wave = static_cast<int64_t>(per_sm) * std::max(num_sms, 1);
+  if (2 * ctas > wave) return 1;
   const int64_t ktiles = (K * elem_bytes + 127) / 128;  // 128-byte k-tiles
   const int64_t by_k = std::max<int64_t>(1, ktiles / 4);
-  return static_cast<int>(
-      std::clamp<int64_t>((target + ctas - 1) / ctas, 1, std::min<int64_t>(8, by_k)));
+  return static_cast<int>(std::clamp<int64_t>(wave / ctas, 1, std::min<int64_t>(8, by_k)));
 }
 
 int64_t MoeGemmPartialsBytes(int splits, int64_t numel, int64_t N) {

@@ -58,7 +58,7 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   } else {
     const int sms = NumSms(experts.device());
     auto splits = [&](int64_t N, int64_t K) {
-      int s = kc::MoeGemmSplitsFor(numel, l.max_blocks, N, K, sms);
+      int s = kc::MoeGemmSplitsFor(numel, l.max_blocks, N, K, sms, l.block_m);
       while (s > 1 && kc::MoeGemmPartialsBytes(s, numel, N) > kMaxPartialsBytes) --s;
       return s;
     };
