@@ -18,6 +18,7 @@
 #include "server/ir/builtin_ops.h"
 #include "server/ir/run.h"
 #include "tests/ir/test_util.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace kplan {
 namespace {
@@ -28,17 +29,7 @@ using testing_ir::RandomValues;
 using testing_ir::ToleranceFor;
 using testing_ir::Values;
 
-bool HaveCuda() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!HaveCuda()) GTEST_SKIP() << "no CUDA device"
+using test_util::HaveCuda;
 
 std::mt19937& Rng() {
   static std::mt19937 rng = [] {

@@ -35,23 +35,14 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/moe/moe_reference.h"
 #include "kernels/cuda/moe_ops.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace kplan {
 namespace {
 
 namespace kc = kernels::cuda;
 
-bool HaveCuda() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!HaveCuda()) GTEST_SKIP() << "no CUDA device"
+using test_util::HaveCuda;
 
 #define CUDA_OK(expr)                                                                    \
   do {                                                                                   \

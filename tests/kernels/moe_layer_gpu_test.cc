@@ -42,39 +42,15 @@
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace kplan {
 namespace {
 
-bool HaveCuda() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
+using test_util::HaveCuda;
+using test_util::SplitMix;
 
-#define SKIP_WITHOUT_CUDA() \
-  if (!HaveCuda()) GTEST_SKIP() << "no CUDA device"
-
-uint64_t Seed() {
-  static const uint64_t seed = [] {
-    uint64_t s = std::random_device{}();
-    if (const char* e = std::getenv("MOE_LAYER_GPU_TEST_SEED")) s = std::strtoull(e, nullptr, 10);
-    std::printf("moe_layer_gpu_test: random seed %llu (MOE_LAYER_GPU_TEST_SEED=%llu repeats it)\n",
-                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
-uint64_t SplitMix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+uint64_t Seed() { return test_util::TestSeed("moe_layer_gpu_test", "MOE_LAYER_GPU_TEST_SEED"); }
 
 // 16 random bits -> a non-zero value ±(1 + m/128)·2^(base - 0..3).
 float ValueOf(uint32_t r, int base) {
@@ -100,9 +76,8 @@ std::string RandomTensor(moe::MoeDType dtype, int64_t n, int base, uint64_t stre
         for (int64_t j = i; j < std::min<int64_t>(e, i + 4); ++j) {
           const uint32_t bits = static_cast<uint32_t>(r >> (16 * (j - i))) & 0xffff;
           if (dtype == moe::MoeDType::kBFloat16) {
-            const uint16_t v = static_cast<uint16_t>((bits & 0x8000) |
-                                                     ((127 + base - (bits & 3)) << 7) |
-                                                     ((bits >> 2) & 127));
+            const uint16_t v = static_cast<uint16_t>(
+                (bits & 0x8000) | ((127 + base - (bits & 3)) << 7) | ((bits >> 2) & 127));
             std::memcpy(dst + j * 2, &v, 2);
           } else if (dtype == moe::MoeDType::kFloat16) {
             const uint16_t v = moe::FloatToHalf(ValueOf(bits, base));
@@ -179,8 +154,8 @@ MoeRouting DeepSeekV3Routing(int E, int k, uint64_t stream_id) {
 }
 
 struct CaseOptions {
-  bool given_ids = false;           // route on the host and pass topk ids / weights
-  bool weights_on_input = false;    // apply_router_weight_on_input (k = 1)
+  bool given_ids = false;         // route on the host and pass topk ids / weights
+  bool weights_on_input = false;  // apply_router_weight_on_input (k = 1)
   int timed_runs = 3;
 };
 
@@ -269,8 +244,7 @@ void RunCase(const std::string& label, const ExpertSet& set, const GpuExperts& g
           << label << ": routing weight " << i;
     }
   }
-  const double cpu_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Compare.
   const int64_t n = M * H;
@@ -330,18 +304,16 @@ void RunModel(const Shape& s, const std::vector<int64_t>& tokens, bool deepseek_
   auto set = MakeExperts(s, moe::MoeDType::kBFloat16, "silu", false, 1000);
   auto gpu = Upload(*set);
   ASSERT_NE(gpu, nullptr);
-  std::printf("%s: experts %.2f GB, generated and uploaded in %.1f s\n", s.name,
-              gpu->bytes() / 1e9,
+  std::printf("%s: experts %.2f GB, generated and uploaded in %.1f s\n", s.name, gpu->bytes() / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   for (int64_t M : tokens) {
-    const MoeRouting r = deepseek_routing ? DeepSeekV3Routing(s.E, s.k, 77 + M)
-                                          : RenormalizeNaive(s.k);
-    RunCase(std::string(s.name) + (deepseek_routing ? " DeepSeekV3" : " RenormalizeNaive"),
-            *set, *gpu, M, r, 100 * M + 1);
+    const MoeRouting r =
+        deepseek_routing ? DeepSeekV3Routing(s.E, s.k, 77 + M) : RenormalizeNaive(s.k);
+    RunCase(std::string(s.name) + (deepseek_routing ? " DeepSeekV3" : " RenormalizeNaive"), *set,
+            *gpu, M, r, 100 * M + 1);
   }
   if (deepseek_routing) {
-    RunCase(std::string(s.name) + " RenormalizeNaive", *set, *gpu, 64, RenormalizeNaive(s.k),
-            999);
+    RunCase(std::string(s.name) + " RenormalizeNaive", *set, *gpu, 64, RenormalizeNaive(s.k), 999);
   }
 }
 
@@ -372,18 +344,22 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
     bool bias;
   };
   const Variant variants[] = {
-      {"silu", moe::MoeDType::kBFloat16, false},     {"gelu", moe::MoeDType::kBFloat16, true},
-      {"gelu_tanh", moe::MoeDType::kFloat16, false}, {"swigluoai", moe::MoeDType::kBFloat16, false},
-      {"swiglustep", moe::MoeDType::kFloat16, true}, {"relu2", moe::MoeDType::kBFloat16, false},
-      {"silu_no_mul", moe::MoeDType::kBFloat16, false}, {"silu", moe::MoeDType::kFloat16, true},
+      {"silu", moe::MoeDType::kBFloat16, false},
+      {"gelu", moe::MoeDType::kBFloat16, true},
+      {"gelu_tanh", moe::MoeDType::kFloat16, false},
+      {"swigluoai", moe::MoeDType::kBFloat16, false},
+      {"swiglustep", moe::MoeDType::kFloat16, true},
+      {"relu2", moe::MoeDType::kBFloat16, false},
+      {"silu_no_mul", moe::MoeDType::kBFloat16, false},
+      {"silu", moe::MoeDType::kFloat16, true},
   };
   uint64_t id = 5000;
   for (const Variant& v : variants) {
     auto set = MakeExperts(s, v.dtype, v.act, v.bias, id += 10);
     auto gpu = Upload(*set);
     ASSERT_NE(gpu, nullptr);
-    const std::string label = absl::StrCat("small ", v.act, " ", moe::MoeDTypeName(v.dtype),
-                                           v.bias ? " bias" : "");
+    const std::string label =
+        absl::StrCat("small ", v.act, " ", moe::MoeDTypeName(v.dtype), v.bias ? " bias" : "");
     for (int64_t M : {1, 33, 300}) RunCase(label, *set, *gpu, M, RenormalizeNaive(2), id + M);
   }
   // Few CTAs over a long K: the GEMMs split K, with a bias (the GEMM sums
@@ -410,14 +386,15 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
   top1.routing_method = "Default";
   top1.top_k = 1;
   RunCase("small silu weights-on-input k=1", *set, *gpu, 65, top1, 6002, on_input);
-  RunCase("small silu Renormalize", *set, *gpu, 40,
-          [] {
-            MoeRouting r;
-            r.routing_method = "Renormalize";
-            r.top_k = 2;
-            return r;
-          }(),
-          6003);
+  RunCase(
+      "small silu Renormalize", *set, *gpu, 40,
+      [] {
+        MoeRouting r;
+        r.routing_method = "Renormalize";
+        r.top_k = 2;
+        return r;
+      }(),
+      6003);
 }
 
 TEST(MoeLayerGpu, RoutesAndRefuses) {
@@ -429,8 +406,8 @@ TEST(MoeLayerGpu, RoutesAndRefuses) {
   auto g32 = GpuExperts::Create(*f32, 0);
   ASSERT_TRUE(g32.ok()) << g32.status();
   EXPECT_FALSE((*g32)->FastPathFor(moe::MoeDType::kFloat32));
-  auto odd = MakeExperts({"refuse-odd", 4, 2, 60, 32}, moe::MoeDType::kBFloat16, "silu", false,
-                         7001);
+  auto odd =
+      MakeExperts({"refuse-odd", 4, 2, 60, 32}, moe::MoeDType::kBFloat16, "silu", false, 7001);
   auto godd = GpuExperts::Create(*odd, 0);
   EXPECT_EQ(godd.status().code(), absl::StatusCode::kFailedPrecondition) << godd.status();
 

@@ -48,40 +48,18 @@
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace kplan {
 namespace {
 
 using moe::MoeDType;
 
-bool HaveCuda() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
+using test_util::HaveCuda;
 
-#define SKIP_WITHOUT_CUDA() \
-  if (!HaveCuda()) GTEST_SKIP() << "no CUDA device"
+uint64_t Seed() { return test_util::TestSeed("moe_quant_gpu_test", "MOE_QUANT_GPU_TEST_SEED"); }
 
-uint64_t Seed() {
-  static const uint64_t seed = [] {
-    uint64_t s = std::random_device{}();
-    if (const char* e = std::getenv("MOE_QUANT_GPU_TEST_SEED")) s = std::strtoull(e, nullptr, 10);
-    std::printf("moe_quant_gpu_test: random seed %llu\n", static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+uint64_t Mix(uint64_t x) { return test_util::SplitMix(x); }
 
 int Threads() { return std::max(1u, std::min(32u, std::thread::hardware_concurrency())); }
 
@@ -139,13 +117,13 @@ struct Shape {
 
 // A weight / activation combination.
 struct Combo {
-  std::string quant;               // "" or an ExpertsQuantSpec scheme
+  std::string quant;                      // "" or an ExpertsQuantSpec scheme
   MoeDType wdtype = MoeDType::kBFloat16;  // unquantised weights
   MoeDType act = MoeDType::kBFloat16;
-  std::string act_scale = "per_token";  // fp8 non-block: per_token | per_tensor
+  std::string act_scale = "per_token";         // fp8 non-block: per_token | per_tensor
   std::string block_act_scale = "per_tensor";  // fp8_block: per_token is illegal
-  bool static_scales = false;           // fp8 per_tensor: a1 / a2 given
-  bool zero_points = false;             // int8 / int4
+  bool static_scales = false;                  // fp8 per_tensor: a1 / a2 given
+  bool zero_points = false;                    // int8 / int4
   int block_n = 128, block_k = 128, group = 128;
   std::string activation = "silu";
   bool bias = false;
@@ -185,10 +163,10 @@ std::unique_ptr<ExpertSet> MakeSet(const Shape& sh, const Combo& c, uint64_t str
     spec.quant.a1_scale = 1.0f / 448.0f;  // hidden states stay below 1
     spec.quant.a2_scale = 1.0f / 64.0f;
   }
-  spec.dtype = c.quant.empty()                    ? c.wdtype
-               : c.fp8()                          ? MoeDType::kFp8E4m3
-               : c.quant == "int8_group"          ? MoeDType::kInt8
-                                                  : MoeDType::kInt4Packed;
+  spec.dtype = c.quant.empty()           ? c.wdtype
+               : c.fp8()                 ? MoeDType::kFp8E4m3
+               : c.quant == "int8_group" ? MoeDType::kInt8
+                                         : MoeDType::kInt4Packed;
   std::map<std::string, std::string> t;
   for (const TensorSpec& ts : ExpectedTensors(spec)) {
     int64_t n = 1;
@@ -200,20 +178,19 @@ std::unique_ptr<ExpertSet> MakeSet(const Shape& sh, const Combo& c, uint64_t str
     if (ts.name.find("bias") != std::string::npos) {
       t[ts.name] = RandomFloats(MoeDType::kFloat32, n, -3, id);
     } else if (weight && c.quant.empty()) {
-      t[ts.name] = RandomFloats(c.wdtype, n, -static_cast<int>(std::ceil(std::log2(fan_in) / 2)),
-                                id);
+      t[ts.name] =
+          RandomFloats(c.wdtype, n, -static_cast<int>(std::ceil(std::log2(fan_in) / 2)), id);
     } else if (weight && c.fp8()) {  // exponent field 4..9: 0.125 .. 7.5, never 0 / NaN
       t[ts.name] = RandomBytes(n, id, [](uint64_t r) {
         return static_cast<uint8_t>((r & 0x80) | ((4 + (r >> 8) % 6) << 3) | ((r >> 16) & 7));
       });
     } else if (weight && c.quant == "int8_group") {
-      t[ts.name] = c.zero_points ? RandomBytes(n, id, [](uint64_t r) {
-        return static_cast<uint8_t>(r);
-      })
-                                 : RandomBytes(n, id, [](uint64_t r) {
-                                     const int v = static_cast<int>(r % 254) - 127;
-                                     return static_cast<uint8_t>(static_cast<int8_t>(v ? v : 1));
-                                   });
+      t[ts.name] = c.zero_points
+                       ? RandomBytes(n, id, [](uint64_t r) { return static_cast<uint8_t>(r); })
+                       : RandomBytes(n, id, [](uint64_t r) {
+                           const int v = static_cast<int>(r % 254) - 127;
+                           return static_cast<uint8_t>(static_cast<int8_t>(v ? v : 1));
+                         });
     } else if (weight) {  // int4: every nibble
       t[ts.name] = RandomBytes(n, id, [](uint64_t r) { return static_cast<uint8_t>(r); });
     } else if (ts.name.find("zero") != std::string::npos) {
@@ -241,9 +218,8 @@ MoeRouting Routing(const Shape& sh, bool deepseek, uint64_t stream) {
   r.routed_scaling_factor = 2.5f;
   r.e_score_correction_bias.resize(sh.E);
   for (int e = 0; e < sh.E; ++e) {
-    r.e_score_correction_bias[e] = 0.1f * (static_cast<float>(Mix(Seed() + stream + e) >> 40) /
-                                               (1 << 23) -
-                                           1.0f);
+    r.e_score_correction_bias[e] =
+        0.1f * (static_cast<float>(Mix(Seed() + stream + e) >> 40) / (1 << 23) - 1.0f);
   }
   return r;
 }
@@ -321,8 +297,7 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   const auto t0 = std::chrono::steady_clock::now();
   const absl::Status rs = moe::MoeReference(p, ref.data());
   ASSERT_TRUE(rs.ok()) << rs;
-  const double cpu_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const int64_t n = M * H;
   double d2 = 0, r2 = 0, max_abs = 0;
@@ -390,8 +365,8 @@ std::unique_ptr<GpuExperts> Upload(const ExpertSet& set) {
   return g.ok() ? std::move(*g) : nullptr;
 }
 
-void RunCombo(const Shape& sh, const Combo& c, const std::vector<int64_t>& tokens,
-              uint64_t stream, const RunOptions& opt = {}) {
+void RunCombo(const Shape& sh, const Combo& c, const std::vector<int64_t>& tokens, uint64_t stream,
+              const RunOptions& opt = {}) {
   const auto t0 = std::chrono::steady_clock::now();
   auto set = MakeSet(sh, c, stream);
   auto gpu = Upload(*set);

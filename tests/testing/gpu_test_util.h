@@ -1,0 +1,52 @@
+// What every GPU test shares: skipping without a device, and one random seed
+// per test binary (fresh each run, printed, repeatable through an
+// environment variable) with a mixing function to derive independent streams
+// from it. Header-only; tests that include it link CUDA's runtime.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace kplan::test_util {
+
+inline bool HaveCuda() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!::kplan::test_util::HaveCuda()) GTEST_SKIP() << "no CUDA device"
+
+// The seed of this test binary: random, or the value of `env_var`; printed
+// once with the variable that repeats it.
+inline uint64_t TestSeed(const char* test_name, const char* env_var) {
+  static const uint64_t seed = [&] {
+    uint64_t s = std::random_device{}();
+    s = (s << 32) ^ std::random_device{}();
+    if (const char* e = std::getenv(env_var)) s = std::strtoull(e, nullptr, 10);
+    std::printf("%s: random seed %llu (%s=%llu repeats it)\n", test_name,
+                static_cast<unsigned long long>(s), env_var, static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+// SplitMix64 finaliser: a well-mixed 64-bit value of x.
+inline uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace kplan::test_util
