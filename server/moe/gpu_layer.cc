@@ -90,6 +90,20 @@ T* At(void* base, int64_t offset) {
 
 }  // namespace
 
+absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t* sorted,
+                                    int32_t* expert_ids, int32_t* num_tokens_post_padded,
+                                    void* stream_ptr) {
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  if (a.router_logits != nullptr) {
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeRouting(a.routing, a.router_logits, a.num_tokens,
+                                               a.topk_weights, a.topk_ids, stream));
+  }
+  return kc::LaunchMoeAlignBlockSize(a.topk_ids, a.num_tokens * a.top_k, block_m, a.num_experts,
+                                     a.expert_map, /*pad_sorted_ids=*/false,
+                                     /*ignore_invalid_experts=*/false, sorted, expert_ids,
+                                     num_tokens_post_padded, stream);
+}
+
 int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
                                int num_experts, std::optional<moe::MoeDType> act_dtype) {
   const moe::MoeDType act = act_dtype.value_or(experts.spec().dtype);
@@ -141,17 +155,10 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
   const int64_t numel = M * k;
 
-  if (a.router_logits != nullptr) {
-    KPLAN_RETURN_IF_ERROR(
-        kc::LaunchMoeRouting(a.routing, a.router_logits, M, a.topk_weights, a.topk_ids, stream));
-  }
   int32_t* sorted = At<int32_t>(workspace, l.sorted);
   int32_t* eids = At<int32_t>(workspace, l.eids);
   int32_t* post = At<int32_t>(workspace, l.post);
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeAlignBlockSize(a.topk_ids, numel, l.block_m, E, a.expert_map,
-                                                    /*pad_sorted_ids=*/false,
-                                                    /*ignore_invalid_experts=*/false, sorted,
-                                                    eids, post, stream));
+  KPLAN_RETURN_IF_ERROR(EnqueueRoutingAndAlign(a, l.block_m, sorted, eids, post, stream));
   const void* a1 = a.hidden;
   if (a.apply_router_weight_on_input) {
     KPLAN_RETURN_IF_ERROR(kc::LaunchMoeScaleRows(dtype, a.hidden, a.topk_weights, M, H,

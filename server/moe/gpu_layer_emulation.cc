@@ -190,17 +190,10 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   const kc::MoeElemType et =
       ft == kc::MoeFloatType::kFloat16 ? kc::MoeElemType::kFloat16 : kc::MoeElemType::kBFloat16;
 
-  if (a.router_logits != nullptr) {
-    KPLAN_RETURN_IF_ERROR(
-        kc::LaunchMoeRouting(a.routing, a.router_logits, M, a.topk_weights, a.topk_ids, stream));
-  }
   int32_t* sorted = At<int32_t>(workspace, l.sorted);
   int32_t* eids = At<int32_t>(workspace, l.eids);
   int32_t* post = At<int32_t>(workspace, l.post);
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeAlignBlockSize(a.topk_ids, numel, l.block_m, E, a.expert_map,
-                                                    /*pad_sorted_ids=*/false,
-                                                    /*ignore_invalid_experts=*/false, sorted,
-                                                    eids, post, stream));
+  KPLAN_RETURN_IF_ERROR(EnqueueRoutingAndAlign(a, l.block_m, sorted, eids, post, stream));
   const void* a1 = a.hidden;
   if (a.apply_router_weight_on_input) {
     void* scaled = At<void>(workspace, l.scaled);

@@ -32,4 +32,11 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
                                    moe::MoeDType act_dtype, void* workspace,
                                    int64_t workspace_bytes, void* stream);
 
+// The first two stages every route shares (gpu_layer.cc): routing from
+// logits when `a` has them, then moe_align_block_size with `block_m` (and
+// a's expert map) into the given device arrays.
+absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t* sorted,
+                                    int32_t* expert_ids, int32_t* num_tokens_post_padded,
+                                    void* stream);
+
 }  // namespace kplan
