@@ -200,9 +200,14 @@ bool W4A8Int8Quant(const Ctx&, Q w, Q a) {
   return IsW4A8Weight(w) && (a == Q::kInt8DynamicTokenSym || a == Q::kNone);
 }
 bool HpcQuant(const Ctx&, Q w, Q a) { return TensorStatic(w, a) || Block128(w, a); }
+// kplan's e4m3 tensor-core GEMMs (GpuExperts::Fp8OnTensorCores): per-tensor
+// and per-channel weights with activations quantised per token or per tensor
+// (static or dynamic), 128 x 128 blocks with 1 x 128 activation groups.
 bool KplanQuant(const Ctx&, Q w, Q a) {
-  return Unquantized(w, a) || Block128(w, a) || TensorStatic(w, a) || TensorDynamic(w, a) ||
-         ChanToken(w, a);
+  const bool tensor_or_channel = w == Q::kFp8StaticTensorSym || w == Q::kFp8StaticChannelSym;
+  const bool token_or_tensor =
+      a == Q::kFp8DynamicTokenSym || a == Q::kFp8StaticTensorSym || a == Q::kFp8DynamicTensorSym;
+  return Unquantized(w, a) || Block128(w, a) || (tensor_or_channel && token_or_tensor);
 }
 bool AnyQuant(const Ctx&, Q, Q) { return true; }
 
@@ -273,6 +278,13 @@ bool Hidden128(int h) { return h % 128 == 0; }
 
 std::string W4A8Precheck(const Ctx& c) {
   if (c.moe.in_dtype != "bfloat16") {
+    return absl::StrCat("kernel does not support torch.", c.moe.in_dtype, " input/output dtype");
+  }
+  return "";
+}
+// kplan's CUDA kernels: 16-bit activations only (fp32 runs the emulation).
+std::string KplanPrecheck(const Ctx& c) {
+  if (c.moe.in_dtype != "bfloat16" && c.moe.in_dtype != "float16") {
     return absl::StrCat("kernel does not support torch.", c.moe.in_dtype, " input/output dtype");
   }
   return "";
@@ -463,12 +475,12 @@ const ExpertsClass kExperts[] = {
     // platforms never list library `kplan`, so these rows never change a
     // vLLM resolution.
     {"KplanExperts", KplanCudaDevice, true, kTritonActs, KplanQuant, NoPassthrough, nullptr,
-     nullptr, nullptr, S, false, false, true, nullptr, nullptr, true},
+     nullptr, nullptr, S, false, false, true, KplanPrecheck, nullptr, true},
     {"KplanBatchedExperts", KplanCudaDevice, true, kTritonActs, KplanQuant, NoPassthrough, nullptr,
-     nullptr, nullptr, B, false, false, true, nullptr, nullptr, true},
+     nullptr, nullptr, B, false, false, true, KplanPrecheck, nullptr, true},
     // dispatches and combines itself: only behind the passthrough all2all binding.
     {"KplanEpExperts", KplanCudaDevice, true, kTritonActs, KplanQuant, Passthrough, nullptr,
-     nullptr, nullptr, S, false, false, true, nullptr, nullptr, true},
+     nullptr, nullptr, S, false, false, true, KplanPrecheck, nullptr, true},
     // dequantise + plain GEMMs, CPU reference or GPU: any scheme, any activation.
     {"KplanEmulationExperts", KplanAnywhere, true, kAllActs, AnyQuant, NoPassthrough, nullptr,
      nullptr, nullptr, S, false, false, true, nullptr, nullptr, true},

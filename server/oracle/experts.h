@@ -26,6 +26,9 @@ struct SelectionContext {
   const FusedMoEConfig& moe;
   // fp8 select_backend(allow_vllm_cutlass=...): compressed-tensors W8A8 / online fp8.
   bool allow_vllm_cutlass = false;
+  // Execution on this server (MoEKernelOracle::SelectExecutable): only the
+  // experts classes kplan runs itself (kplan_executable) are tried.
+  bool executable_only = false;
   const FusedMoEParallelConfig& pc() const { return moe.moe_parallel_config; }
 };
 

@@ -50,15 +50,29 @@ struct MoePlan {
   std::string weight_layout;  // the convert_to_kernel_format transform, in words
 };
 
+// What PlanMoeLayer plans for.
+struct PlanOptions {
+  // Empty: planning, vLLM's full tables (any platform). Otherwise execution
+  // on this server (DESIGN.md "Vocabulary for what runs here"): the moe_backend
+  // names it runs (GetServerInfo's executable_backends); the oracle selects
+  // among their backends and kplan's own experts classes only
+  // (MoEKernelOracle::SelectExecutable), so "auto" never picks a backend the
+  // server cannot run.
+  std::vector<std::string> executable_backends;
+};
+
 // Plans one MoE layer. `moe_backend` is KernelConfig.moe_backend already
 // normalised; `parallel` is the normalised ParallelConfig (after the
 // passthrough binding). Errors:
 //  - a bad layer field: InvalidField("<MoELayerConfig field>", ...);
 //  - a bad explicit request (vLLM ValueError): INVALID_ARGUMENT, field "moe_backend";
-//  - nothing supports the deployment (vLLM NotImplementedError): FAILED_PRECONDITION.
+//  - nothing supports the deployment (vLLM NotImplementedError): FAILED_PRECONDITION;
+//  - execution (options.executable_backends set): an explicit backend this
+//    server cannot run, or that the layer rules out, is FAILED_PRECONDITION
+//    with field "moe_backend".
 absl::StatusOr<MoePlan> PlanMoeLayer(const MoeLayerSpec& layer, absl::string_view moe_backend,
                                      const ParallelConfig& parallel, const Platform& platform,
-                                     const EnvVars& env);
+                                     const EnvVars& env, const PlanOptions& options = {});
 
 // A table of every candidate (backend, experts kernel, verdict, reason) and a
 // summary of the chosen plan.

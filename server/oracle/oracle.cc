@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/base/pyrepr.h"
 #include "server/base/status.h"
 
@@ -70,6 +71,7 @@ const ExpertsClass* MoEKernelOracle::TryBackend(int b, const SelectionContext& c
                                                 std::string* last_reason) const {
   const ActivationFormat fmt = Format(c);
   for (const ExpertsClass* e : BackendToKernelCls(b, c)) {
+    if (c.executable_only && !e->kplan_executable) continue;
     SupportVerdict v = IsSupportedConfig(*e, c, w, a, fmt);
     s.candidates.push_back({std::string(t_.backends[b].name), std::string(e->name), v.ok, v.reason});
     if (v.ok) return e;
@@ -140,6 +142,73 @@ std::vector<int> MoEKernelOracle::Build(const std::vector<absl::string_view>& na
 void MoEKernelOracle::Remove(std::vector<int>& list, absl::string_view member) const {
   int b = Find(member);
   list.erase(std::remove(list.begin(), list.end(), b), list.end());
+}
+
+int MoEKernelOracle::MemberOf(absl::string_view moe_backend) const {
+  for (const auto* map : {&t_.user_map, &t_.kplan_map}) {
+    for (const auto& [user, member] : *map) {
+      if (user == moe_backend) return Find(member);
+    }
+  }
+  return -1;
+}
+
+bool MoEKernelOracle::HasExecutableClass(int b, const SelectionContext& c) const {
+  if (b < 0) return false;
+  for (const ExpertsClass* e : BackendToKernelCls(b, c)) {
+    if (e->kplan_executable) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// An explicit backend the resident experts cannot serve: vLLM's words and
+// field, FAILED_PRECONDITION (a valid request this deployment cannot serve).
+absl::Status CannotServe(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kInvalidArgument) return status;
+  absl::Status out = absl::FailedPreconditionError(status.message());
+  std::optional<std::string> field = FieldOf(status);
+  return WithField(out, field ? *field : "moe_backend");
+}
+
+}  // namespace
+
+absl::StatusOr<Selection> MoEKernelOracle::SelectExecutable(
+    const SelectionContext& c, QuantKey w, QuantKey a, const std::vector<std::string>& runs) const {
+  Selection s;
+  if (c.moe.moe_backend != "auto") {
+    if (std::find(runs.begin(), runs.end(), c.moe.moe_backend) == runs.end()) {
+      return WithField(absl::FailedPreconditionError(absl::StrCat(
+                           "moe_backend '", c.moe.moe_backend,
+                           "' cannot run on this server; it runs: ", absl::StrJoin(runs, ", "))),
+                       "moe_backend");
+    }
+    absl::StatusOr<int> b = MapBackend(c.moe.moe_backend);
+    if (!b.ok()) return CannotServe(b.status());
+    absl::StatusOr<Selection> sel =
+        ReturnOrRaise(MaybeBatched(*b, c), c, w, a, std::move(s), false);
+    if (!sel.ok()) return CannotServe(sel.status());
+    return sel;
+  }
+  auto has = [](const std::vector<int>& v, int b) {
+    return std::find(v.begin(), v.end(), b) != v.end();
+  };
+  std::vector<int> allowed;  // the members behind `runs` that have a class of ours
+  for (const std::string& name : runs) {
+    const int b = MemberOf(name);
+    if (HasExecutableClass(b, c) && !has(allowed, b)) allowed.push_back(b);
+  }
+  std::vector<int> list;  // the platform's priority order, then the order of `runs`
+  for (int b : GetPriorityBackends(c, w, a)) {
+    if (has(allowed, b) && !has(list, b)) list.push_back(b);
+  }
+  for (int b : allowed) {
+    if (!has(list, b)) list.push_back(b);
+  }
+  s = Loop(list, c, w, a, std::move(s));
+  if (s.backend < 0) return Exhausted();
+  return s;
 }
 
 void MoEKernelOracle::AppendKplan(std::vector<int>& list, const SelectionContext& c) const {

@@ -88,6 +88,21 @@ class MoEKernelOracle {
   // select_backend(moe_config, weight_key, activation_key)
   virtual absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
                                                   QuantKey a) const = 0;
+  // The selection RunMoE executes (DESIGN.md "Vocabulary for what runs
+  // here"): the same generic loop, over the backends behind the moe_backend
+  // names in `runs` (the server's executable backends) and, inside them,
+  // over kplan's own experts classes only (c.executable_only must be set).
+  // The scheme's hand-coded steps (platform bypasses, env overrides, LoRA)
+  // are skipped: each of them picks one of vLLM's backends, which this
+  // server cannot run. "auto" keeps the platform priority order, then the
+  // order of `runs`; exhausted is vLLM's NotImplementedError text
+  // (FAILED_PRECONDITION). An explicit name outside `runs` is
+  // FAILED_PRECONDITION "moe_backend 'x' cannot run on this server; it runs:
+  // ..."; one this scheme does not map, or whose experts reject the layer,
+  // keeps vLLM's text and field (moe_backend) as FAILED_PRECONDITION: the
+  // request is valid, the resident experts are what it cannot serve.
+  absl::StatusOr<Selection> SelectExecutable(const SelectionContext& c, QuantKey w, QuantKey a,
+                                             const std::vector<std::string>& runs) const;
   // convert_to_kernel_format(): the weight transform, in words.
   virtual std::string ConvertToKernelFormat(int b, const SelectionContext& c) const;
   // make_quant_config(): a description of the FusedMoEQuantConfig it builds.
@@ -122,6 +137,10 @@ class MoEKernelOracle {
                          const std::vector<MoveRule>& rules, const SelectionContext& c, QuantKey w,
                          QuantKey a) const;
   void Remove(std::vector<int>& list, absl::string_view member) const;
+  // The member a moe_backend string maps to (vLLM's map, then kplan's); -1 if none.
+  int MemberOf(absl::string_view moe_backend) const;
+  // Whether `b` has an experts class this server runs itself.
+  bool HasExecutableClass(int b, const SelectionContext& c) const;
   // Appends kplan's family where the platform lists library `kplan`.
   void AppendKplan(std::vector<int>& list, const SelectionContext& c) const;
   // "Using 'V' X MoE backend out of potential backends: [...]."

@@ -172,7 +172,7 @@ const std::vector<absl::string_view>& KplanMoeBackends() {
 
 absl::StatusOr<MoePlan> PlanMoeLayer(const MoeLayerSpec& layer, absl::string_view moe_backend,
                                      const ParallelConfig& parallel, const Platform& platform,
-                                     const EnvVars& env) {
+                                     const EnvVars& env, const PlanOptions& options) {
   KPLAN_RETURN_IF_ERROR(ValidateLayer(layer));
   absl::StatusOr<MoEActivation> parsed =
       MoEActivationFromStr(layer.activation.empty() ? "silu" : layer.activation);
@@ -205,8 +205,12 @@ absl::StatusOr<MoePlan> PlanMoeLayer(const MoeLayerSpec& layer, absl::string_vie
   moe.hidden_dim = hidden;
 
   const MoEKernelOracle* oracle = OracleFor(keys.scheme);
-  SelectionContext ctx{platform, env, moe, layer.allow_vllm_cutlass};
-  KPLAN_ASSIGN_OR_RETURN(Selection sel, oracle->SelectBackend(ctx, keys.w, keys.a));
+  const bool execution = !options.executable_backends.empty();
+  SelectionContext ctx{platform, env, moe, layer.allow_vllm_cutlass, execution};
+  KPLAN_ASSIGN_OR_RETURN(Selection sel,
+                         execution ? oracle->SelectExecutable(ctx, keys.w, keys.a,
+                                                              options.executable_backends)
+                                   : oracle->SelectBackend(ctx, keys.w, keys.a));
 
   MoePlan plan;
   plan.layer = layer.name;

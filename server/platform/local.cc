@@ -35,6 +35,9 @@ Platform LocalPlatform(const std::vector<LocalDevice>& devices, bool have_cuda_k
   if (devices.empty()) {
     p.kind = PlatformKind::kCpu;
     p.device_name = "cpu";
+    // kplan's emulation (the CPU reference) runs here: KplanEmulationExperts
+    // must pass on the server's own CPU platform, as RunMoE executes it.
+    p.libraries.insert("kplan");
     return p;
   }
   p.kind = PlatformKind::kCuda;

@@ -58,7 +58,11 @@ absl::StatusOr<std::vector<LocalDevice>> SelectDevices(const std::vector<LocalDe
 
 // The platform the oracles see for this server: CUDA at the first selected
 // device's capability with this server's own kernels ("kplan") present, or
-// the CPU platform when no device is selected.
+// the CPU platform when no device is selected. The CPU platform lists "kplan"
+// too: library "kplan" means kplan's family runs there, and its emulation
+// (the CPU reference) runs on every server; the CUDA kernels' own rows also
+// need a CUDA SM90+ platform, so listing it on the CPU adds emulation only.
+// A CUDA platform from a build without the kernels does not list it.
 Platform LocalPlatform(const std::vector<LocalDevice>& devices, bool have_cuda_kernels);
 
 }  // namespace kplan

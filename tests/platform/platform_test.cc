@@ -48,6 +48,8 @@ TEST(PlatformTest, RejectsBadSpecsNamingTheField) {
 
 TEST(LocalPlatformTest, CpuWithoutDevicesCudaWithThem) {
   EXPECT_TRUE(LocalPlatform({}, true).is_cpu());
+  // The CPU reference is kplan's emulation: the server's CPU platform lists it.
+  EXPECT_TRUE(LocalPlatform({}, false).HasLibrary("kplan"));
   LocalDevice d{0, "NVIDIA H200", {9, 0}, 141LL << 30, 132};
   Platform p = LocalPlatform({d}, true);
   EXPECT_TRUE(p.is_cuda());

@@ -1,0 +1,182 @@
+#include "server/rpc/moe_route.h"
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "server/base/env.h"
+#include "server/base/status.h"
+#include "server/plan/kernel_config.h"
+
+namespace kplan::rpc {
+namespace {
+
+using Q = QuantKey;
+
+// The fp8 activation key of an fp8 per-tensor / per-channel set.
+Q Fp8ActivationKey(const ExpertsQuantSpec& q) {
+  if (q.activation_scale == "per_token") return Q::kFp8DynamicTokenSym;
+  return q.a1_scale ? Q::kFp8StaticTensorSym : Q::kFp8DynamicTensorSym;
+}
+
+// (weight, activation) QuantKeys of a set's quantization; none x none unquantised.
+std::pair<Q, Q> QuantKeysOf(const ExpertsQuantSpec& q) {
+  if (q.scheme == "fp8_per_tensor") return {Q::kFp8StaticTensorSym, Fp8ActivationKey(q)};
+  if (q.scheme == "fp8_per_channel") return {Q::kFp8StaticChannelSym, Fp8ActivationKey(q)};
+  if (q.scheme == "fp8_block") return {Q::kFp8Static128BlockSym, Q::kFp8Dynamic128Sym};
+  if (q.scheme == "int8_group") return {Q::kInt8Static, Q::kNone};
+  if (q.scheme == "int4_group") {
+    const bool g32 = q.group_size == 32;
+    if (q.has_zero_points) return {g32 ? Q::kInt4Static32Asym : Q::kInt4StaticAsym, Q::kNone};
+    return {g32 ? Q::kInt4Static32 : Q::kInt4Static, Q::kNone};
+  }
+  return {Q::kNone, Q::kNone};
+}
+
+// Scoring and renormalisation each RoutingMethodType the runner routes
+// implies (RoutingSpecFor), as get_routing_method_type would derive them back.
+void SetScoring(absl::string_view method, MoeLayerSpec& l) {
+  if (method == "Renormalize" || method == "RenormalizeNaive") {
+    l.scoring_func = "softmax";
+    l.renormalize = true;
+  } else if (method == "Sigmoid" || method == "Llama4") {
+    l.scoring_func = "sigmoid";
+  } else if (method == "SigmoidRenorm" || method == "DeepSeekV3") {
+    l.scoring_func = "sigmoid";
+    l.renormalize = true;
+  } else if (method == "DeepseekV4") {
+    l.scoring_func = "sqrtsoftplus";
+    l.renormalize = true;
+  } else {
+    l.scoring_func = "softmax";
+  }
+}
+
+// The user string of the plan's backend member (KPLAN -> kplan).
+std::string UserBackend(absl::string_view member) { return absl::AsciiStrToLower(member); }
+
+// "bfloat16 weights", "fp8_block 64x128 weights (H 4096, I 1024)".
+std::string WeightsOf(const ExpertsSpec& spec) {
+  const ExpertsQuantSpec& q = spec.quant;
+  std::string what = q.scheme.empty() ? WireDTypeName(spec.dtype) : q.scheme;
+  if (q.scheme == "fp8_block") absl::StrAppend(&what, " ", q.block_n, "x", q.block_k);
+  return absl::StrCat(what, " weights (H ", spec.hidden, ", I ", spec.intermediate, ")");
+}
+
+constexpr absl::string_view kEmulationKernel = "KplanEmulationExperts";
+
+// The route deviates from an accepted KPLAN: the candidate says why, and the
+// emulation that runs instead is the accepted one.
+void RunAsEmulation(MoeRoute& r, absl::string_view why) {
+  for (MoeCandidate& c : r.plan.candidates) {
+    if (c.accepted && c.backend == r.plan.backend) {
+      c.accepted = false;
+      c.reason = absl::StrCat("the oracle accepted it, but ", why);
+    }
+  }
+  r.plan.candidates.push_back({"EMULATION", std::string(kEmulationKernel), true, ""});
+  r.backend = "emulation";
+  r.experts_kernel = std::string(kEmulationKernel);
+}
+
+}  // namespace
+
+MoeLayerSpec LayerSpecOf(const ExpertsSpec& spec, const MoeRunInput& input,
+                         const MoeRunShape& shape) {
+  MoeLayerSpec l;
+  l.name = spec.experts_id;
+  l.num_experts = spec.num_experts;
+  l.experts_per_token = shape.top_k;
+  l.hidden_dim = static_cast<int32_t>(spec.hidden);
+  l.intermediate_size = static_cast<int32_t>(spec.intermediate);
+  l.activation = spec.activation;
+  l.in_dtype = std::string(moe::MoeDTypeName(input.act_dtype));
+  l.has_bias = spec.has_bias;
+  if (shape.by_logits) {
+    const MoeRouting& r = input.routing;
+    l.routing_method = r.routing_method.empty() ? "Default" : r.routing_method;
+    SetScoring(l.routing_method, l);
+    l.num_expert_group = r.num_expert_group;
+    l.topk_group = r.topk_group;
+    l.has_e_score_correction_bias = !r.e_score_correction_bias.empty();
+    l.routed_scaling_factor = r.routed_scaling_factor;
+    l.router_logits_dtype = "float32";
+  } else {
+    l.routing_method = "Custom";  // the caller routed: top-k ids and weights given
+  }
+  auto [w, a] = QuantKeysOf(spec.quant);
+  l.weight_quant = w == Q::kNone ? "" : std::string(QuantKeyName(w));
+  l.activation_quant = a == Q::kNone ? "" : std::string(QuantKeyName(a));
+  if (spec.quant.scheme == "int8_group") l.weight_bits = 8;
+  if (spec.quant.scheme == "int4_group") l.weight_bits = 4;
+  return l;
+}
+
+absl::string_view MoeRouteKindName(MoeRouteKind kind) {
+  switch (kind) {
+    case MoeRouteKind::kGpuFast:
+      return "gpu_fast";
+    case MoeRouteKind::kGpuEmulation:
+      return "gpu_emulation";
+    case MoeRouteKind::kCpuReference:
+      return "cpu_reference";
+    case MoeRouteKind::kExpertParallel:
+      return "expert_parallel";
+  }
+  return "";
+}
+
+absl::StatusOr<std::string> NormalizeMoeBackend(absl::string_view moe_backend) {
+  KernelConfig config;
+  if (!moe_backend.empty()) config.moe_backend = std::string(moe_backend);
+  KPLAN_ASSIGN_OR_RETURN(KernelConfig normalized, NormalizeKernelConfig(std::move(config)));
+  return normalized.moe_backend;
+}
+
+absl::StatusOr<MoeRoute> ChooseMoeRoute(const ExpertsSpec& spec, const MoeRunInput& input,
+                                        absl::string_view moe_backend,
+                                        const MoeResidency& residency, const Platform& platform,
+                                        const std::vector<std::string>& executable_backends) {
+  KPLAN_ASSIGN_OR_RETURN(MoeRunShape shape, CheckMoeRunInput(spec, input));
+  PlanOptions options;
+  options.executable_backends = executable_backends;
+  // No VLLM_* environment: the env-driven steps pick vLLM's backends only.
+  KPLAN_ASSIGN_OR_RETURN(
+      MoePlan plan, PlanMoeLayer(LayerSpecOf(spec, input, shape), moe_backend, ParallelConfig{},
+                                 platform, EnvVars{}, options));
+  MoeRoute r;
+  r.plan = std::move(plan);
+  r.backend = UserBackend(r.plan.backend);
+  r.experts_kernel = r.plan.experts_kernel;
+  const std::string& b = r.plan.backend;
+  if (b == "KPLAN") {
+    if (residency.on_gpu && residency.fast_path) {
+      r.kind = MoeRouteKind::kGpuFast;
+    } else if (residency.on_gpu) {
+      r.kind = MoeRouteKind::kGpuEmulation;
+      RunAsEmulation(r, absl::StrCat("the fast kernels do not take ", WeightsOf(spec), " with ",
+                                     moe::MoeDTypeName(input.act_dtype),
+                                     " activations; the GPU emulation route ran"));
+    } else {
+      r.kind = MoeRouteKind::kCpuReference;
+      RunAsEmulation(r, "the set is not resident on a GPU; the CPU reference ran");
+    }
+  } else if (b == "EMULATION") {
+    r.kind = residency.on_gpu && !residency.fast_path ? MoeRouteKind::kGpuEmulation
+                                                      : MoeRouteKind::kCpuReference;
+  } else if (b == "KPLAN_EP") {
+    r.kind = MoeRouteKind::kExpertParallel;
+  } else {
+    // KPLAN_BATCHED, or anything a future executable list admits unmapped.
+    return WithField(
+        absl::FailedPreconditionError(absl::StrCat(
+            "moe_backend '", r.backend, "' (", r.plan.experts_kernel, ", ",
+            r.plan.activation_format,
+            " activation format) has no kernels on this server: RunMoE runs the standard "
+            "format (kplan, emulation)")),
+        "moe_backend");
+  }
+  return r;
+}
+
+}  // namespace kplan::rpc

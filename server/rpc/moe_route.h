@@ -1,0 +1,105 @@
+// RunMoE's backend choice through the MoE kernel oracle (DESIGN.md
+// "Vocabulary for what runs here"): the resident expert set and the request
+// become the oracle's layer (LayerSpecOf), PlanMoeLayer runs the same
+// selection loop as ResolveKernelConfig on the server's own platform,
+// restricted to the backends this server executes (PlanOptions), and the
+// chosen backend maps to the code path that runs it (ChooseMoeRoute).
+//
+// Why here: the mapping reads server/moe types (ExpertsSpec, MoeRunInput)
+// and feeds server/oracle, and oracle must not depend on moe (DESIGN.md
+// "Layout": moe -> oracle). It needs no gRPC, proto or CUDA: the handler
+// passes what the GPU copy can do as plain facts (MoeResidency), so the whole
+// choice is tested on a CPU.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/moe/expert_set.h"
+#include "server/moe/moe_runner.h"
+#include "server/oracle/moe_config.h"
+#include "server/oracle/moe_plan.h"
+#include "server/platform/platform.h"
+
+namespace kplan::rpc {
+
+// The oracle's MoE layer for running `input` on the resident set `spec`:
+// E, top_k, H, I, activation, the routing (method, scoring, renormalize,
+// groups, correction bias, scaling; "Custom" when the request brings its own
+// top-k ids), in_dtype = the activations' dtype, router logits float32, bias,
+// and the weight / activation QuantKeys of the set's quantization:
+//   fp8_per_tensor   kFp8StaticTensorSym   x  activation rule below
+//   fp8_per_channel  kFp8StaticChannelSym  x  activation rule below
+//   fp8_block        kFp8Static128BlockSym x  kFp8Dynamic128Sym (every block
+//                    size: vLLM names 128 x 128 only; the route checks the
+//                    size the fast kernels take)
+//   int8_group       kInt8Static (weight_bits 8; vLLM has no asymmetric int8
+//                    WNA16 key, so zero points keep it)
+//   int4_group       kInt4Static32[Asym] for group 32, else kInt4Static[Asym]
+//                    (vLLM's per-group key for 128); Asym with zero points
+//   unquantised      none x none
+// Activation rule (fp8 per-tensor / per-channel): per_token ->
+// kFp8DynamicTokenSym; per_tensor with a static a1 scale ->
+// kFp8StaticTensorSym; per_tensor without one -> kFp8DynamicTensorSym.
+// `shape` is CheckMoeRunInput's verdict on the request (by logits or by ids,
+// top_k).
+MoeLayerSpec LayerSpecOf(const ExpertsSpec& spec, const MoeRunInput& input,
+                         const MoeRunShape& shape);
+
+// What the handler knows about the set's single-GPU copy (never an
+// expert-parallel group's), as plain facts.
+struct MoeResidency {
+  bool on_gpu = false;     // a single-GPU copy is resident
+  bool fast_path = false;  // GpuExperts::FastPathFor(the activations' dtype)
+};
+
+// The code path that runs a plan.
+enum class MoeRouteKind {
+  kGpuFast,        // RunMoeOnGpu, fast kplan kernels (wgmma)
+  kGpuEmulation,   // RunMoeOnGpu, emulation route (dequantise in the GEMM)
+  kCpuReference,   // RunMoeOnCpu
+  kExpertParallel  // the expert-parallel group (kplan_ep, passthrough)
+};
+absl::string_view MoeRouteKindName(MoeRouteKind kind);
+
+struct MoeRoute {
+  MoePlan plan;  // the oracle's plan; candidates amended where the route deviates
+  MoeRouteKind kind = MoeRouteKind::kCpuReference;
+  std::string backend;         // the moe_backend that runs: kplan | emulation | kplan_ep
+  std::string experts_kernel;  // the plan's experts class that runs
+};
+
+// The moe_backend string of a request as KernelConfig normalises it ("" ->
+// auto; lower(), "-" -> "_"; pydantic's literal_error for unknown values,
+// INVALID_ARGUMENT naming "moe_backend").
+absl::StatusOr<std::string> NormalizeMoeBackend(absl::string_view moe_backend);
+
+// Chooses how RunMoE runs `input` on `spec` for `moe_backend` (normalised):
+// PlanMoeLayer on `platform` (the server's own) over `executable_backends`
+// (GetServerInfo's list), then:
+//   KPLAN          -> kGpuFast when resident on a GPU with the fast path;
+//                     otherwise the emulation route (on the GPU when resident,
+//                     else the CPU reference), reported as EMULATION with the
+//                     reason on the KPLAN candidate;
+//   EMULATION      -> kGpuEmulation when resident on a GPU and the fast path
+//                     does not apply (RunMoeOnGpu takes the emulation route
+//                     for exactly those); otherwise kCpuReference;
+//   KPLAN_EP       -> kExpertParallel (only an expert-parallel group runs it);
+//   KPLAN_BATCHED  -> FAILED_PRECONDITION: RunMoE takes standard-format
+//                     tokens and kplan's kernels are standard format
+//                     (moe_align_block_size + grouped GEMM); the batched
+//                     format belongs to batched dispatchers (DeepEP LL, NIXL)
+//                     this server does not have, so no kernel maps to it.
+// The request is checked first (CheckMoeRunInput: INVALID_ARGUMENT naming the
+// request field). Plan errors are PlanMoeLayer's (FAILED_PRECONDITION "cannot run on this server;
+// it runs: ..." for a backend outside `executable_backends`, vLLM's texts
+// otherwise); the field is "moe_backend", or the MoELayerConfig field, for
+// the caller to nest.
+absl::StatusOr<MoeRoute> ChooseMoeRoute(const ExpertsSpec& spec, const MoeRunInput& input,
+                                        absl::string_view moe_backend,
+                                        const MoeResidency& residency, const Platform& platform,
+                                        const std::vector<std::string>& executable_backends);
+
+}  // namespace kplan::rpc

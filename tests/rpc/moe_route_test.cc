@@ -1,0 +1,347 @@
+// RunMoE's backend choice (server/rpc/moe_route.h): the resident set and the
+// request as the oracle's layer, the oracle loop over the backends this
+// server runs, and the code path each plan maps to. CPU only: residency is
+// given as facts.
+#include "server/rpc/moe_route.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/base/status.h"
+#include "server/platform/local.h"
+
+namespace kplan::rpc {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kExperts = 8;
+constexpr int64_t kHidden = 256;
+constexpr int64_t kInter = 128;
+constexpr int64_t kTokens = 2;
+
+ExpertsSpec Spec(moe::MoeDType dtype = moe::MoeDType::kBFloat16, const std::string& scheme = "") {
+  ExpertsSpec s;
+  s.experts_id = "mix";
+  s.num_experts = kExperts;
+  s.hidden = kHidden;
+  s.intermediate = kInter;
+  s.dtype = dtype;
+  s.quant.scheme = scheme;
+  return s;
+}
+
+ExpertsSpec Fp8(const std::string& scheme, const std::string& act_scale = "per_token") {
+  ExpertsSpec s = Spec(moe::MoeDType::kFp8E4m3, scheme);
+  s.quant.activation_scale = act_scale;
+  return s;
+}
+
+ExpertsSpec IntGroup(const std::string& scheme, int group, bool zero_points) {
+  ExpertsSpec s =
+      Spec(scheme == "int8_group" ? moe::MoeDType::kInt8 : moe::MoeDType::kInt4Packed, scheme);
+  s.quant.group_size = group;
+  s.quant.has_zero_points = zero_points;
+  return s;
+}
+
+int ActBytes(moe::MoeDType d) { return d == moe::MoeDType::kFloat32 ? 4 : 2; }
+
+// Routed by logits (Renormalize, top-2) unless `by_ids`.
+MoeRunInput Input(moe::MoeDType act = moe::MoeDType::kBFloat16, bool by_ids = false) {
+  MoeRunInput in;
+  in.act_dtype = act;
+  in.hidden_shape = {kTokens, kHidden};
+  in.hidden_states.assign(kTokens * kHidden * ActBytes(act), '\1');
+  if (by_ids) {
+    in.topk_shape = {kTokens, 2};
+    std::vector<int32_t> ids = {0, 1, 2, 3};
+    in.topk_ids.assign(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
+    in.topk_weights.assign(kTokens * 2 * 4, '\0');
+  } else {
+    in.logits_shape = {kTokens, kExperts};
+    in.router_logits.assign(kTokens * kExperts * 4, '\0');
+    in.routing.routing_method = "Renormalize";
+    in.routing.top_k = 2;
+  }
+  return in;
+}
+
+MoeLayerSpec LayerOf(const ExpertsSpec& spec, const MoeRunInput& in = Input()) {
+  absl::StatusOr<MoeRunShape> shape = CheckMoeRunInput(spec, in);
+  EXPECT_TRUE(shape.ok()) << shape.status();
+  return LayerSpecOf(spec, in, *shape);
+}
+
+Platform Sm90() {
+  LocalDevice d{0, "NVIDIA H200", {9, 0}, 141LL << 30, 132};
+  return LocalPlatform({d}, /*have_cuda_kernels=*/true);
+}
+Platform Cpu() { return LocalPlatform({}, /*have_cuda_kernels=*/false); }
+
+const std::vector<std::string> kGpuRuns = {"kplan", "emulation"};
+const std::vector<std::string> kCpuRuns = {"emulation"};
+constexpr MoeResidency kFastGpu{true, true};
+constexpr MoeResidency kSlowGpu{true, false};
+constexpr MoeResidency kHost{false, false};
+
+std::string Explain(const absl::StatusOr<MoeRoute>& r) {
+  return r.ok() ? ExplainPlan(r->plan) : r.status().ToString();
+}
+
+// --- LayerSpecOf --------------------------------------------------------------------------
+
+TEST(LayerSpecOfTest, ShapesRoutingAndDtypes) {
+  ExpertsSpec spec = Spec();
+  spec.activation = "gelu";
+  spec.has_bias = true;
+  MoeLayerSpec l = LayerOf(spec, Input(moe::MoeDType::kFloat16));
+  EXPECT_EQ(l.name, "mix");
+  EXPECT_EQ(l.num_experts, kExperts);
+  EXPECT_EQ(l.experts_per_token, 2);
+  EXPECT_EQ(l.hidden_dim, kHidden);
+  EXPECT_EQ(l.intermediate_size, kInter);
+  EXPECT_EQ(l.activation, "gelu");
+  EXPECT_EQ(l.in_dtype, "float16");
+  EXPECT_EQ(l.router_logits_dtype, "float32");
+  EXPECT_EQ(l.routing_method, "Renormalize");
+  EXPECT_EQ(l.scoring_func, "softmax");
+  EXPECT_TRUE(l.renormalize);
+  EXPECT_TRUE(l.has_bias);
+  EXPECT_EQ(l.weight_quant, "");
+  EXPECT_EQ(l.activation_quant, "");
+}
+
+TEST(LayerSpecOfTest, GroupedRoutingAndGivenIds) {
+  MoeRunInput in = Input();
+  in.routing.routing_method = "DeepSeekV3";
+  in.routing.num_expert_group = 4;
+  in.routing.topk_group = 2;
+  in.routing.routed_scaling_factor = 2.5f;
+  in.routing.e_score_correction_bias.assign(kExperts, 0.0f);
+  MoeLayerSpec l = LayerOf(Spec(), in);
+  EXPECT_EQ(l.routing_method, "DeepSeekV3");
+  EXPECT_EQ(l.scoring_func, "sigmoid");
+  EXPECT_TRUE(l.renormalize);
+  EXPECT_EQ(l.num_expert_group, 4);
+  EXPECT_EQ(l.topk_group, 2);
+  EXPECT_TRUE(l.has_e_score_correction_bias);
+  EXPECT_EQ(l.routed_scaling_factor, 2.5f);
+
+  MoeLayerSpec ids = LayerOf(Spec(), Input(moe::MoeDType::kBFloat16, /*by_ids=*/true));
+  EXPECT_EQ(ids.routing_method, "Custom");
+  EXPECT_EQ(ids.experts_per_token, 2);
+}
+
+TEST(LayerSpecOfTest, QuantKeysOfEveryScheme) {
+  ExpertsSpec static_a1 = Fp8("fp8_per_tensor", "per_tensor");
+  static_a1.quant.a1_scale = 0.5f;
+  ExpertsSpec chan_static = Fp8("fp8_per_channel", "per_tensor");
+  chan_static.quant.a1_scale = 0.5f;
+  struct Case {
+    const char* what;
+    ExpertsSpec spec;
+    const char* w;
+    const char* a;
+  } cases[] = {
+      {"bf16", Spec(), "", ""},
+      {"fp32", Spec(moe::MoeDType::kFloat32), "", ""},
+      {"fp8 tensor, token", Fp8("fp8_per_tensor"), "kFp8StaticTensorSym", "kFp8DynamicTokenSym"},
+      {"fp8 tensor, static a1", static_a1, "kFp8StaticTensorSym", "kFp8StaticTensorSym"},
+      {"fp8 tensor, dynamic tensor", Fp8("fp8_per_tensor", "per_tensor"), "kFp8StaticTensorSym",
+       "kFp8DynamicTensorSym"},
+      {"fp8 channel, token", Fp8("fp8_per_channel"), "kFp8StaticChannelSym", "kFp8DynamicTokenSym"},
+      {"fp8 channel, static a1", chan_static, "kFp8StaticChannelSym", "kFp8StaticTensorSym"},
+      {"fp8 channel, dynamic tensor", Fp8("fp8_per_channel", "per_tensor"), "kFp8StaticChannelSym",
+       "kFp8DynamicTensorSym"},
+      {"fp8 block", Fp8("fp8_block"), "kFp8Static128BlockSym", "kFp8Dynamic128Sym"},
+      {"int8 group", IntGroup("int8_group", 128, false), "kInt8Static", ""},
+      {"int8 group, zero points", IntGroup("int8_group", 32, true), "kInt8Static", ""},
+      {"int4 g128", IntGroup("int4_group", 128, false), "kInt4Static", ""},
+      {"int4 g128 asym", IntGroup("int4_group", 128, true), "kInt4StaticAsym", ""},
+      {"int4 g32", IntGroup("int4_group", 32, false), "kInt4Static32", ""},
+      {"int4 g32 asym", IntGroup("int4_group", 32, true), "kInt4Static32Asym", ""},
+  };
+  for (const Case& c : cases) {
+    ASSERT_TRUE(ValidateExpertsSpec(c.spec).ok()) << c.what;
+    MoeLayerSpec l = LayerOf(c.spec);
+    EXPECT_EQ(l.weight_quant, c.w) << c.what;
+    EXPECT_EQ(l.activation_quant, c.a) << c.what;
+  }
+  EXPECT_EQ(LayerOf(IntGroup("int8_group", 128, false)).weight_bits, 8);
+  EXPECT_EQ(LayerOf(IntGroup("int4_group", 128, false)).weight_bits, 4);
+}
+
+// Every mapped layer plans on the CPU server (emulation runs anything).
+TEST(LayerSpecOfTest, EveryMappingPlansOnTheCpuServer) {
+  for (ExpertsSpec spec :
+       {Spec(), Fp8("fp8_per_tensor"), Fp8("fp8_per_channel", "per_tensor"), Fp8("fp8_block"),
+        IntGroup("int8_group", 128, true), IntGroup("int4_group", 32, true)}) {
+    absl::StatusOr<MoeRoute> r = ChooseMoeRoute(spec, Input(), "auto", kHost, Cpu(), kCpuRuns);
+    ASSERT_TRUE(r.ok()) << spec.quant.scheme << ": " << r.status();
+    EXPECT_EQ(r->plan.backend, "EMULATION") << spec.quant.scheme;
+    EXPECT_EQ(r->kind, MoeRouteKind::kCpuReference);
+  }
+}
+
+// --- the oracle loop over what this server runs -------------------------------------------
+
+TEST(ChooseMoeRouteTest, AutoPicksKplanOnSm90ForBf16AndFp8) {
+  for (ExpertsSpec spec :
+       {Spec(), Fp8("fp8_block"), Fp8("fp8_per_tensor"), Fp8("fp8_per_channel")}) {
+    absl::StatusOr<MoeRoute> r = ChooseMoeRoute(spec, Input(), "auto", kFastGpu, Sm90(), kGpuRuns);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->plan.backend, "KPLAN") << spec.quant.scheme << "\n" << Explain(r);
+    EXPECT_EQ(r->plan.experts_kernel, "KplanExperts");
+    EXPECT_TRUE(r->plan.executable);
+    EXPECT_EQ(r->kind, MoeRouteKind::kGpuFast);
+    EXPECT_EQ(r->backend, "kplan");
+    EXPECT_EQ(r->experts_kernel, "KplanExperts");
+    EXPECT_EQ(r->plan.prepare_finalize, "MoEPrepareAndFinalizeNoDPEPModular");
+    // No vLLM backend was ever tried.
+    for (const MoeCandidate& c : r->plan.candidates) EXPECT_THAT(c.backend, HasSubstr("KPLAN"));
+  }
+}
+
+TEST(ChooseMoeRouteTest, AutoPicksEmulationForInt4AndFp32WithReasons) {
+  absl::StatusOr<MoeRoute> int4 = ChooseMoeRoute(IntGroup("int4_group", 128, false), Input(),
+                                                 "auto", kSlowGpu, Sm90(), kGpuRuns);
+  ASSERT_TRUE(int4.ok()) << int4.status();
+  EXPECT_EQ(int4->plan.scheme, "wna16");
+  EXPECT_EQ(int4->plan.backend, "EMULATION") << Explain(int4);
+  EXPECT_EQ(int4->plan.experts_kernel, "KplanEmulationExperts");
+  EXPECT_EQ(int4->kind, MoeRouteKind::kGpuEmulation);
+  // vLLM's WNA16EmulationExperts shares the EMULATION member but never runs here.
+  ASSERT_EQ(int4->plan.candidates.size(), 1u) << Explain(int4);
+  EXPECT_TRUE(int4->plan.candidates[0].accepted);
+
+  absl::StatusOr<MoeRoute> fp32 =
+      ChooseMoeRoute(Spec(), Input(moe::MoeDType::kFloat32), "auto", kSlowGpu, Sm90(), kGpuRuns);
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  EXPECT_EQ(fp32->plan.backend, "EMULATION") << Explain(fp32);
+  EXPECT_EQ(fp32->kind, MoeRouteKind::kGpuEmulation);
+  ASSERT_EQ(fp32->plan.candidates.size(), 2u) << Explain(fp32);
+  const MoeCandidate& kplan = fp32->plan.candidates[0];
+  EXPECT_EQ(kplan.backend, "KPLAN");
+  EXPECT_EQ(kplan.experts_kernel, "KplanExperts");
+  EXPECT_FALSE(kplan.accepted);
+  EXPECT_EQ(kplan.reason, "kernel does not support torch.float32 input/output dtype");
+  EXPECT_TRUE(fp32->plan.candidates[1].accepted);
+}
+
+TEST(ChooseMoeRouteTest, CpuServerRunsEmulation) {
+  absl::StatusOr<MoeRoute> r = ChooseMoeRoute(Spec(), Input(), "auto", kHost, Cpu(), kCpuRuns);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->plan.backend, "EMULATION");
+  EXPECT_EQ(r->plan.experts_kernel, "KplanEmulationExperts");
+  EXPECT_EQ(r->kind, MoeRouteKind::kCpuReference);
+  EXPECT_EQ(r->backend, "emulation");
+  // The same oracle on the same CPU platform, planning (vLLM's tables): the CPU
+  // platform bypass, unchanged by the library kplan now lists.
+  absl::StatusOr<MoePlan> planned = PlanMoeLayer(LayerOf(Spec()), "auto", {}, Cpu(), {});
+  ASSERT_TRUE(planned.ok());
+  EXPECT_EQ(planned->backend, "CPU");
+  // Explicit kplan on the CPU server: not among the backends it runs.
+  absl::StatusOr<MoeRoute> kplan = ChooseMoeRoute(Spec(), Input(), "kplan", kHost, Cpu(), kCpuRuns);
+  EXPECT_EQ(kplan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(kplan.status().message(),
+            "moe_backend 'kplan' cannot run on this server; it runs: emulation");
+}
+
+TEST(ChooseMoeRouteTest, ExplicitVllmBackendFailsNamingTheField) {
+  absl::StatusOr<MoeRoute> r =
+      ChooseMoeRoute(Spec(), Input(), "triton", kFastGpu, Sm90(), kGpuRuns);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(),
+            "moe_backend 'triton' cannot run on this server; it runs: kplan, emulation");
+  EXPECT_EQ(FieldOf(r.status()).value_or(""), "moe_backend");
+}
+
+TEST(ChooseMoeRouteTest, ExplicitBackendTheSetRulesOutKeepsVllmsText) {
+  // WNA16 has no kplan member: vLLM's map error, as FAILED_PRECONDITION.
+  absl::StatusOr<MoeRoute> int4 = ChooseMoeRoute(IntGroup("int4_group", 128, false), Input(),
+                                                 "kplan", kSlowGpu, Sm90(), kGpuRuns);
+  EXPECT_EQ(int4.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(int4.status().message(),
+              HasSubstr("moe_backend='kplan' is not supported for WNA16 MoE. Expected one of"));
+  EXPECT_EQ(FieldOf(int4.status()).value_or(""), "moe_backend");
+  // KplanExperts rejects fp32 activations: _return_or_raise's text.
+  absl::StatusOr<MoeRoute> fp32 =
+      ChooseMoeRoute(Spec(), Input(moe::MoeDType::kFloat32), "kplan", kSlowGpu, Sm90(), kGpuRuns);
+  EXPECT_EQ(fp32.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fp32.status().message(),
+            "Unquantized MoE backend kplan does not support the deployment configuration since "
+            "kernel does not support torch.float32 input/output dtype.");
+  EXPECT_EQ(FieldOf(fp32.status()).value_or(""), "moe_backend");
+}
+
+TEST(ChooseMoeRouteTest, KplanTheFastKernelsDoNotTakeRunsEmulationAndSaysSo) {
+  ExpertsSpec blocks = Fp8("fp8_block");
+  blocks.quant.block_n = 64;
+  absl::StatusOr<MoeRoute> r = ChooseMoeRoute(blocks, Input(), "auto", kSlowGpu, Sm90(), kGpuRuns);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->plan.backend, "KPLAN");  // what the oracle chose
+  EXPECT_EQ(r->kind, MoeRouteKind::kGpuEmulation);
+  EXPECT_EQ(r->backend, "emulation");
+  EXPECT_EQ(r->experts_kernel, "KplanEmulationExperts");
+  ASSERT_GE(r->plan.candidates.size(), 2u);
+  const MoeCandidate& kplan = r->plan.candidates.front();
+  EXPECT_FALSE(kplan.accepted);
+  EXPECT_THAT(kplan.reason, HasSubstr("fp8_block 64x128"));
+  EXPECT_THAT(kplan.reason, HasSubstr("GPU emulation route"));
+  EXPECT_TRUE(r->plan.candidates.back().accepted);
+  EXPECT_EQ(r->plan.candidates.back().experts_kernel, "KplanEmulationExperts");
+  // Not resident on a GPU at all: the CPU reference.
+  absl::StatusOr<MoeRoute> host = ChooseMoeRoute(Spec(), Input(), "auto", kHost, Sm90(), kGpuRuns);
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host->kind, MoeRouteKind::kCpuReference);
+  EXPECT_EQ(host->backend, "emulation");
+}
+
+TEST(ChooseMoeRouteTest, ExplicitEmulationStaysOffTheFastPath) {
+  absl::StatusOr<MoeRoute> fast =
+      ChooseMoeRoute(Spec(), Input(), "emulation", kFastGpu, Sm90(), kGpuRuns);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_EQ(fast->plan.experts_kernel, "KplanEmulationExperts");
+  EXPECT_EQ(fast->kind, MoeRouteKind::kCpuReference);
+  absl::StatusOr<MoeRoute> slow = ChooseMoeRoute(IntGroup("int8_group", 128, false), Input(),
+                                                 "emulation", kSlowGpu, Sm90(), kGpuRuns);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_EQ(slow->kind, MoeRouteKind::kGpuEmulation);
+}
+
+TEST(ChooseMoeRouteTest, KplanBatchedHasNoKernelsHere) {
+  absl::StatusOr<MoeRoute> r =
+      ChooseMoeRoute(Spec(), Input(), "kplan_batched", kFastGpu, Sm90(), kGpuRuns);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  // Even where a caller lists it, the route refuses the batched format.
+  std::vector<std::string> with_batched = {"kplan", "kplan_batched", "emulation"};
+  r = ChooseMoeRoute(Spec(), Input(), "kplan_batched", kFastGpu, Sm90(), with_batched);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("batched_experts activation format"));
+  EXPECT_EQ(FieldOf(r.status()).value_or(""), "moe_backend");
+}
+
+TEST(ChooseMoeRouteTest, RequestErrorsComeFirst) {
+  MoeRunInput in = Input();
+  in.hidden_shape = {kTokens, kHidden + 1};
+  absl::StatusOr<MoeRoute> r = ChooseMoeRoute(Spec(), in, "triton", kFastGpu, Sm90(), kGpuRuns);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FieldOf(r.status()).value_or(""), "hidden_states.shape");
+}
+
+TEST(NormalizeMoeBackendTest, AsKernelConfigNormalisesIt) {
+  EXPECT_EQ(NormalizeMoeBackend("").value(), "auto");
+  EXPECT_EQ(NormalizeMoeBackend("Kplan").value(), "kplan");
+  EXPECT_EQ(NormalizeMoeBackend("flashinfer-cutlass").value(), "flashinfer_cutlass");
+  absl::StatusOr<std::string> bad = NormalizeMoeBackend("warp_drive");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("literal_error"));
+  EXPECT_EQ(FieldOf(bad.status()).value_or(""), "moe_backend");
+}
+
+}  // namespace
+}  // namespace kplan::rpc
