@@ -35,7 +35,11 @@ cudaError_t LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  // Returned here; cleared from the thread's last-error state so that it is
+  // not reported again by the next launcher that checks cudaGetLastError().
+  if (err != cudaSuccess) cudaGetLastError();
+  return err;
 }
 
 }  // namespace kplan::kernels::cuda::detail

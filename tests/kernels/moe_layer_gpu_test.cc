@@ -334,7 +334,8 @@ TEST(MoeLayerGpu, Qwen3_30B_A3B) {
 
 // Tails (H = 200: K not a multiple of 32; N13 = 144 / H = 200: partial N
 // tiles), every activation family, biases, fp16, split-K with and without
-// bias, given ids, weights on input.
+// bias, given ids, weights on input; 1600 tokens take the 256-slot GEMM
+// blocks.
 TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
   SKIP_WITHOUT_CUDA();
   const Shape s{"small", 6, 2, 200, 72};
@@ -360,7 +361,7 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
     ASSERT_NE(gpu, nullptr);
     const std::string label =
         absl::StrCat("small ", v.act, " ", moe::MoeDTypeName(v.dtype), v.bias ? " bias" : "");
-    for (int64_t M : {1, 33, 300}) RunCase(label, *set, *gpu, M, RenormalizeNaive(2), id + M);
+    for (int64_t M : {1, 33, 300, 1600}) RunCase(label, *set, *gpu, M, RenormalizeNaive(2), id + M);
   }
   // Few CTAs over a long K: the GEMMs split K, with a bias (the GEMM sums
   // its partials) and without (activation and combine sum them).
