@@ -473,13 +473,14 @@ const ExpertsClass kExperts[] = {
 
     // ---- kplan's own executable family (DESIGN.md "Vocabulary"); vLLM
     // platforms never list library `kplan`, so these rows never change a
-    // vLLM resolution.
-    {"KplanExperts", KplanCudaDevice, true, kTritonActs, KplanQuant, NoPassthrough, nullptr,
+    // vLLM resolution. The CUDA kernels apply every activation of the CPU
+    // reference (kernels/cpu/moe), so every row takes them all.
+    {"KplanExperts", KplanCudaDevice, true, kAllActs, KplanQuant, NoPassthrough, nullptr,
      nullptr, nullptr, S, false, false, true, KplanPrecheck, nullptr, true},
-    {"KplanBatchedExperts", KplanCudaDevice, true, kTritonActs, KplanQuant, NoPassthrough, nullptr,
+    {"KplanBatchedExperts", KplanCudaDevice, true, kAllActs, KplanQuant, NoPassthrough, nullptr,
      nullptr, nullptr, B, false, false, true, KplanPrecheck, nullptr, true},
     // dispatches and combines itself: only behind the passthrough all2all binding.
-    {"KplanEpExperts", KplanCudaDevice, true, kTritonActs, KplanQuant, Passthrough, nullptr,
+    {"KplanEpExperts", KplanCudaDevice, true, kAllActs, KplanQuant, Passthrough, nullptr,
      nullptr, nullptr, S, false, false, true, KplanPrecheck, nullptr, true},
     // dequantise + plain GEMMs, CPU reference or GPU: any scheme, any activation.
     {"KplanEmulationExperts", KplanAnywhere, true, kAllActs, AnyQuant, NoPassthrough, nullptr,

@@ -205,6 +205,19 @@ TEST(ChooseMoeRouteTest, AutoPicksKplanOnSm90ForBf16AndFp8) {
   }
 }
 
+// The fast kernels apply every activation of the CPU reference: none falls
+// back to the CPU on a GPU server.
+TEST(ChooseMoeRouteTest, EveryActivationTakesTheFastKernels) {
+  for (const char* act : {"silu", "gelu", "gelu_tanh", "relu2", "swigluoai", "swiglustep",
+                          "silu_no_mul", "relu2_no_mul"}) {
+    ExpertsSpec spec = Spec();
+    spec.activation = act;
+    absl::StatusOr<MoeRoute> r = ChooseMoeRoute(spec, Input(), "auto", kFastGpu, Sm90(), kGpuRuns);
+    ASSERT_TRUE(r.ok()) << act << ": " << r.status();
+    EXPECT_EQ(r->kind, MoeRouteKind::kGpuFast) << act << "\n" << Explain(r);
+  }
+}
+
 TEST(ChooseMoeRouteTest, AutoPicksEmulationForInt4AndFp32WithReasons) {
   absl::StatusOr<MoeRoute> int4 = ChooseMoeRoute(IntGroup("int4_group", 128, false), Input(),
                                                  "auto", kSlowGpu, Sm90(), kGpuRuns);
