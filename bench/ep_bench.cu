@@ -21,7 +21,14 @@
 //    events around each call, median of N; GB/s = chunk / time.
 //  * 1 GPU: EnqueueMoeLayer with all 256 experts on GPU 0 over the 2M tokens
 //    of both ranks (routing -> combine), events, median of N.
-// Before anything is timed, ~2 s of single-GPU layers warm the clocks.
+//  * passthrough (moe_backend kplan_ep): the kplan_ep transport sized for
+//    exactly M tokens per rank (ReserveGpuEpWorkspace before the M's steps;
+//    the transport is created in the first warm-up step). No host collective
+//    in the step; its bytes: rank 0's dispatched rows (one per token and
+//    remote destination, plus the ids) and the expert rows it gets back.
+// Before anything is timed, ~2 s of single-GPU layers warm the clocks. The
+// last lines compare the EP layer times (the issue's goal: passthrough below
+// both NCCL strategies at <= 128 tokens per rank).
 //
 // Usage: ep_bench [--tokens 1,128,4096] [--iters 40] [--warmup 5]
 #include <cuda_runtime.h>
@@ -198,7 +205,7 @@ int main(int argc, char** argv) {
   // NCCL pair for ncclAlltoAll.
   auto id = kplan::comm::NcclCommunicator::CreateUniqueId();
   CHECK_OK(id.status());
-  std::vector<std::unique_ptr<kplan::comm::NcclCommunicator>> comms(kRanks);
+  std::vector<std::unique_ptr<kplan::moe::ep::GpuEpCommunicator>> comms(kRanks);
   {
     std::vector<std::thread> th;
     for (int r = 0; r < kRanks; ++r) {
@@ -206,7 +213,7 @@ int main(int argc, char** argv) {
         CHECK_CUDA(cudaSetDevice(r));
         auto c = kplan::comm::NcclCommunicator::Create(r, kRanks, *id, r, nullptr);
         CHECK_OK(c.status());
-        comms[r] = std::move(*c);
+        comms[r] = std::make_unique<kplan::moe::ep::GpuEpCommunicator>(std::move(*c));
       });
     }
     for (auto& t : th) t.join();
@@ -293,6 +300,7 @@ int main(int argc, char** argv) {
       "1-GPU/EP | vs 1 GPU |\n");
   std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
 
+  std::map<std::pair<int64_t, EpStrategy>, double> layer_ms;
   for (const int64_t M : tokens) {
     const int64_t total = kRanks * M;
     // Inputs of both ranks, pinned.
@@ -325,7 +333,12 @@ int main(int argc, char** argv) {
 
     // The EP strategies.
     int64_t a2av_dispatch_bytes = 0;
-    for (EpStrategy strategy : {EpStrategy::kAll2AllV, EpStrategy::kAllGatherReduceScatter}) {
+    for (int r = 0; r < kRanks; ++r) {  // passthrough capacity: M tokens per rank
+      CHECK_OK(kplan::moe::ep::ReserveGpuEpWorkspace(layers[r], kRanks, M,
+                                                     EpStrategy::kPassthrough));
+    }
+    for (EpStrategy strategy :
+         {EpStrategy::kAll2AllV, EpStrategy::kAllGatherReduceScatter, EpStrategy::kPassthrough}) {
       std::vector<std::vector<GpuEpStats>> stats(kRanks);
       std::vector<std::vector<double>> wall(kRanks);
       std::vector<std::thread> th;
@@ -372,7 +385,10 @@ int main(int argc, char** argv) {
       m.layer = Median(layer);
       m.total = std::max(Median(wall[0]), Median(wall[1]));
       m.dispatch_bytes = stats[0].back().dispatch_bytes_sent;
-      m.combine_bytes = stats[0].back().combine_bytes_sent;
+      m.combine_bytes = strategy == EpStrategy::kPassthrough
+                            ? stats[0].back().combine_bytes_received  // rows rank 0 got back
+                            : stats[0].back().combine_bytes_sent;
+      layer_ms[{M, strategy}] = m.layer;
       m.allocations_during_timing =
           stats[0].back().workspace_allocations - stats[0].front().workspace_allocations;
       if (strategy == EpStrategy::kAll2AllV) a2av_dispatch_bytes = m.dispatch_bytes;
@@ -465,6 +481,23 @@ int main(int argc, char** argv) {
     cudaEventDestroy(e1);
   }
   for (int r = 0; r < kRanks; ++r) ncclCommDestroy(raw[r]);
+  std::printf("\nGoal (issue #6): passthrough EP layer below both NCCL strategies at <= 128 "
+              "tokens/rank\n");
+  for (const int64_t M : tokens) {
+    const double pt = layer_ms[{M, EpStrategy::kPassthrough}];
+    const double a2av = layer_ms[{M, EpStrategy::kAll2AllV}];
+    const double agrs = layer_ms[{M, EpStrategy::kAllGatherReduceScatter}];
+    std::printf("  %lld tokens/rank: passthrough %.3f ms, kplan_all2allv %.3f ms, "
+                "allgather_reducescatter %.3f ms -> %s%s\n",
+                static_cast<long long>(M), pt, a2av, agrs,
+                pt < std::min(a2av, agrs) ? "passthrough fastest" : "passthrough NOT fastest",
+                M <= 128 ? " (goal applies)" : "");
+  }
+  {  // the transports' teardown is collective: one thread per rank
+    std::vector<std::thread> th;
+    for (auto& c : comms) th.emplace_back([&c] { c.reset(); });
+    for (auto& t : th) t.join();
+  }
   std::printf(
       "\ncomm = dispatch + combine stage times (events on the communicator stream, "
       "rank 0; include the small layout kernels and the host waits of each "

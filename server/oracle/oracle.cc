@@ -333,6 +333,29 @@ const PfRow kPfRows[] = {
     {"flashinfer_nvlink_one_sided", "FlashInferNVLinkOneSidedPrepareAndFinalize", kS, "int32", true},
     {"allgather_reducescatter", "MoEPrepareAndFinalizeNaiveDPEP", kS, "", false},
     {"nixl_ep", "NixlEPPrepareAndFinalize", kB, "int64", true},
+    // kplan's own (server/moe/ep): vLLM's modular prepare/finalize shape with
+    // an NCCL all-to-all-v that sends only the rows each rank's experts need
+    // (the role of DeepEPHTPrepareAndFinalize); standard format, int32 ids,
+    // the finalize combines at the source, so the output is reduced.
+    {"kplan_all2allv", "KplanAll2AllVPrepareAndFinalize", kS, "int32", true},
+};
+
+// The passthrough binding (all2all_utils.py: backends that dispatch and
+// combine themselves get a prepare/finalize whose prepare returns its input,
+// as FlashInferMoeEpPrepareAndFinalize for the flashinfer_moe_ep_* backends).
+// One row per self-dispatching family: its class, the top-k id dtype its
+// kernels read, and whether its output is already reduced.
+struct PassthroughPfRow {
+  bool kplan;  // the experts are kplan's (moe_backend kplan_ep)
+  absl::string_view cls;
+  absl::string_view topk_dtype;
+  bool reduced;
+};
+const PassthroughPfRow kPassthroughPfRows[] = {
+    {false, "FlashInferMoeEpPrepareAndFinalize", "int32", true},  // vLLM flashinfer_moe_ep_*
+    // kplan_ep: the kplan_ep transport writes rows into the peers and the
+    // expert outputs back; int32 ids; combined at the source (reduced).
+    {true, "KplanEpPrepareAndFinalize", "int32", true},
 };
 
 // DeepEP low-latency / NIXL-EP dispatch buffer hidden sizes.
@@ -349,11 +372,13 @@ absl::StatusOr<PrepareFinalizeChoice> ChoosePrepareFinalize(const FusedMoEParall
   const absl::string_view suffix = experts.monolithic ? "Monolithic" : "Modular";
   if (pc.use_passthrough_kernels()) {
     // The backend dispatches and combines itself: prepare returns its input.
-    pf.cls = experts.kplan_executable ? "KplanEpPrepareAndFinalize"
-                                      : "FlashInferMoeEpPrepareAndFinalize";
-    pf.topk_indices_dtype = "int32";
-    pf.output_is_reduced = true;
-    return pf;
+    for (const PassthroughPfRow& row : kPassthroughPfRows) {
+      if (row.kplan != experts.kplan_executable) continue;
+      pf.cls = std::string(row.cls);
+      pf.topk_indices_dtype = std::string(row.topk_dtype);
+      pf.output_is_reduced = row.reduced;
+      return pf;
+    }
   }
   if (!pc.use_all2all_kernels()) {
     if (experts.format == ActivationFormat::kBatchedExperts) {

@@ -79,6 +79,8 @@ absl::string_view EpDispatchClass(moe::ep::EpStrategy strategy) {
       return "MoEPrepareAndFinalizeNaiveDPEPModular";
     case moe::ep::EpStrategy::kAll2AllV:
       return "KplanAll2AllVPrepareAndFinalize";
+    case moe::ep::EpStrategy::kPassthrough:
+      return "KplanEpPrepareAndFinalize";  // the oracle's class for kplan_ep
   }
   return "";
 }
@@ -87,17 +89,23 @@ absl::string_view EpDispatchClass(moe::ep::EpStrategy strategy) {
 // vLLM resolves it (Literal check, the removed values' fallback, the
 // passthrough binding of self-dispatching backends), then what the group
 // runs. kplan_all2allv is accepted before the vLLM vocabulary check, since it
-// is ours.
+// is ours. passthrough runs only as the binding of moe_backend kplan_ep, on a
+// group whose ranks have the device transport (GPU ranks of one process).
 absl::StatusOr<moe::ep::EpStrategy> ResolveEpStrategy(const v1::ParallelConfig& proto,
-                                                      absl::string_view moe_backend) {
-  const std::string runs =
+                                                      absl::string_view moe_backend,
+                                                      const moe::ep::EpRankKind& kind) {
+  std::string runs =
       absl::StrCat(moe::ep::EpStrategyName(moe::ep::EpStrategy::kAllGatherReduceScatter), ", ",
                    moe::ep::EpStrategyName(moe::ep::EpStrategy::kAll2AllV));
+  if (kind.runs_passthrough()) {
+    absl::StrAppend(&runs, ", ", moe::ep::EpStrategyName(moe::ep::EpStrategy::kPassthrough),
+                    " (with moe_backend kplan_ep)");
+  }
   ParallelConfig parallel;
   if (!proto.all2all_backend().empty()) parallel.all2all_backend = proto.all2all_backend();
   if (!DispatchesItself(moe_backend)) {
     if (absl::StatusOr<moe::ep::EpStrategy> s = moe::ep::ParseEpStrategy(parallel.all2all_backend);
-        s.ok()) {
+        s.ok() && *s != moe::ep::EpStrategy::kPassthrough) {
       return s;
     }
   }
@@ -107,12 +115,19 @@ absl::StatusOr<moe::ep::EpStrategy> ResolveEpStrategy(const v1::ParallelConfig& 
   KPLAN_RETURN_IF_ERROR(BindPassthroughAll2AllBackend(moe_backend, parallel, nullptr));
   const std::string& a2a = parallel.all2all_backend;
   if (a2a == kPassthroughAll2AllBackend) {
+    if (moe_backend == "kplan_ep" && kind.runs_passthrough()) {
+      return moe::ep::EpStrategy::kPassthrough;
+    }
     return WithField(
         absl::FailedPreconditionError(absl::StrCat(
-            "all2all_backend 'passthrough' (moe_backend '", moe_backend,
-            "' dispatches and combines itself) has no expert-parallel step on this server yet; "
-            "its group runs all2all_backend ",
-            runs, " with moe_backend auto")),
+            "all2all_backend 'passthrough' (moe_backend '", moe_backend, "') ",
+            moe_backend == "kplan_ep"
+                ? absl::StrCat("needs the kplan_ep device transport, which this server's "
+                               "expert-parallel group (",
+                               kind.communicator(), " ranks) does not have")
+                : std::string("is the binding of a backend that dispatches itself; the "
+                              "self-dispatching backend this server runs is kplan_ep"),
+            "; its group runs all2all_backend ", runs)),
         "parallel.all2all_backend");
   }
   absl::StatusOr<moe::ep::EpStrategy> strategy = moe::ep::ParseEpStrategy(a2a);
@@ -338,7 +353,8 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoeOnGroup(
     std::shared_ptr<Call> call, const v1::RunMoERequest& request,
     std::shared_ptr<const ExpertSet> experts, MoeRunInput input, const std::string& moe_backend,
     v1::RunMoEResponse* response) {
-  absl::StatusOr<moe::ep::EpStrategy> strategy = ResolveEpStrategy(request.parallel(), moe_backend);
+  absl::StatusOr<moe::ep::EpStrategy> strategy =
+      ResolveEpStrategy(request.parallel(), moe_backend, env_.ep_group->kind());
   if (!strategy.ok()) return call->FinishUnary(strategy.status());
   const moe::MoeDType act_dtype = input.act_dtype;
   const bool return_routing = request.return_routing();
@@ -354,8 +370,10 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoeOnGroup(
         if (out.ok()) {
           MoeRunOutputToProto(*out, act_dtype, return_routing, response);
           v1::MoEExecution* plan = response->mutable_plan();
-          plan->set_backend(std::string(group->kind().moe_backend()));
-          plan->set_experts_kernel(std::string(group->kind().experts_kernel()));
+          const bool passthrough = strategy == moe::ep::EpStrategy::kPassthrough;
+          plan->set_backend(passthrough ? "kplan_ep" : std::string(group->kind().moe_backend()));
+          plan->set_experts_kernel(passthrough ? "KplanEpExperts"
+                                               : std::string(group->kind().experts_kernel()));
           plan->set_dispatch(std::string(EpDispatchClass(strategy)));
           for (std::string& d : group->Devices()) plan->add_devices(std::move(d));
           plan->set_all2all_backend(std::string(moe::ep::EpStrategyName(strategy)));

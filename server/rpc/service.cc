@@ -69,6 +69,9 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::GetServerInfo(
                                 EpStrategyName(moe::ep::EpStrategy::kAll2AllV)}) {
       ep->add_all2all_backends(std::string(s));
     }
+    if (env_.ep_group->kind().runs_passthrough()) {  // moe_backend kplan_ep binds it
+      ep->add_all2all_backends(std::string(EpStrategyName(moe::ep::EpStrategy::kPassthrough)));
+    }
   }
   return call.FinishUnary(absl::OkStatus());
 }

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/comm/in_process_communicator.h"
+#include "server/base/status.h"
 
 namespace kplan::moe::ep {
 namespace {
@@ -338,6 +339,25 @@ INSTANTIATE_TEST_SUITE_P(Strategies, EpFailure,
                                            EpStrategy::kAll2AllV),
                          [](const auto& info) { return std::string(EpStrategyName(info.param)); });
 
+// CPU ranks have no device transport: passthrough fails every rank with
+// FAILED_PRECONDITION naming the field, and the group stays usable.
+TEST(EpPassthrough, CpuRanksRefuseItCleanly) {
+  const Case c{.name = "pt", .ranks = 2, .num_tokens = 5};
+  const World w(c, 11);
+  std::vector<char> out(w.Reference().size());
+  auto comms = Group(c.ranks, 10000);
+  auto st = RunEp(w, EpStrategy::kPassthrough, out, comms);
+  for (int r = 0; r < c.ranks; ++r) {
+    EXPECT_EQ(st[r].code(), absl::StatusCode::kFailedPrecondition) << st[r];
+    EXPECT_EQ(FieldOf(st[r]).value_or(""), "parallel.all2all_backend") << st[r];
+    EXPECT_THAT(Msg(st[r]), HasSubstr("passthrough"));
+  }
+  const std::vector<char> want = w.Reference();
+  st = RunEp(w, EpStrategy::kAll2AllV, out, comms);
+  for (int r = 0; r < c.ranks; ++r) ASSERT_TRUE(st[r].ok()) << st[r];
+  ExpectMatches(w, out, want, /*exact=*/true);
+}
+
 TEST(EpStrategy, NamesRoundTrip) {
   for (EpStrategy s : {EpStrategy::kAllGatherReduceScatter, EpStrategy::kAll2AllV}) {
     auto parsed = ParseEpStrategy(EpStrategyName(s));
@@ -345,6 +365,8 @@ TEST(EpStrategy, NamesRoundTrip) {
     EXPECT_EQ(*parsed, s);
   }
   EXPECT_EQ(EpStrategyName(EpStrategy::kAll2AllV), "kplan_all2allv");
+  EXPECT_EQ(ParseEpStrategy("passthrough").value(), EpStrategy::kPassthrough);
+  EXPECT_EQ(MakeEpDispatch(EpStrategy::kPassthrough), nullptr);
   EXPECT_EQ(ParseEpStrategy("deepep_low_latency").status().code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -18,8 +18,15 @@
 //    case and the check is the GEMM-order bound of moe_layer_gpu_test.
 //  * Each case runs twice: the second run allocates nothing (steady-state
 //    workspace) and gives the same bits.
+//  * passthrough (the kplan_ep transport, no host collective in the step)
+//    runs every case too, with the transport capacity reserved for the
+//    case's largest rank; its expert rows come from one EnqueueMoeLayer call
+//    over the whole receive buffer (n*T tokens of k slots, local ids), so
+//    its GEMM configuration follows the capacity, not the routed rows.
 //  * Failures: bad input on one rank fails both with the group still usable;
 //    an aborted rank makes its peer fail (timeout) and a new group works.
+//    passthrough: the failing rank joins the round with no tokens, so its
+//    peer returns OK and the next step on the same communicators works.
 // One line per case: shape, strategy, tokens per rank, bit-exact, rel L2,
 // max abs error, mismatching elements, EP step time (rank 0, events).
 #include "server/moe/ep/gpu_ep.h"
@@ -136,18 +143,30 @@ std::unique_ptr<ExpertSet> MakeExperts(const Shape& s, uint64_t stream_id) {
   return std::make_unique<ExpertSet>(std::move(spec), std::move(t));
 }
 
+// Destroys the ranks' communicators concurrently: a GpuEpCommunicator
+// releases its passthrough transports first, which is collective.
+void DestroyComms(std::vector<std::unique_ptr<GpuEpCommunicator>>& comms) {
+  std::vector<std::thread> threads;
+  for (auto& c : comms) {
+    threads.emplace_back([&c] { c.reset(); });
+  }
+  for (auto& t : threads) t.join();
+  comms.clear();
+}
+
 // Two ranks: communicators, expert slices and workspaces on GPUs 0 and 1.
 struct Group {
-  std::vector<std::unique_ptr<NcclCommunicator>> comms;
+  std::vector<std::unique_ptr<GpuEpCommunicator>> comms;
   std::vector<std::unique_ptr<GpuExperts>> experts;
   std::vector<std::unique_ptr<GpuEpWorkspace>> workspaces;
   std::vector<GpuEpLayer> layers;
+  ~Group() { DestroyComms(comms); }
 };
 
 absl::Status Connect(Group& g, std::chrono::milliseconds timeout) {
   absl::StatusOr<std::string> id = NcclCommunicator::CreateUniqueId();
   if (!id.ok()) return id.status();
-  g.comms.clear();
+  DestroyComms(g.comms);
   g.comms.resize(kRanks);
   std::vector<absl::Status> st(kRanks);
   std::vector<std::thread> threads;
@@ -158,7 +177,7 @@ absl::Status Connect(Group& g, std::chrono::milliseconds timeout) {
       o.timeout = timeout;
       auto c = NcclCommunicator::Create(r, kRanks, *id, r, nullptr, o);
       if (c.ok()) {
-        g.comms[r] = std::move(*c);
+        g.comms[r] = std::make_unique<GpuEpCommunicator>(std::move(*c));
       } else {
         st[r] = c.status();
       }
@@ -359,7 +378,18 @@ void CheckCase(Group& g, const GpuExperts& full, const Shape& s, const Batch& b,
                const std::string& what) {
   const MoeRunOutput ref = SingleGpu(full, s, b);
   ASSERT_EQ(ref.output.size(), static_cast<size_t>(b.M * s.H * 2));
-  for (EpStrategy strategy : {EpStrategy::kAll2AllV, EpStrategy::kAllGatherReduceScatter}) {
+  for (EpStrategy strategy :
+       {EpStrategy::kAll2AllV, EpStrategy::kAllGatherReduceScatter, EpStrategy::kPassthrough}) {
+    if (strategy == EpStrategy::kPassthrough) {
+      // The capacity every rank's transport is sized for (the same on both).
+      const int64_t T = std::max(b.tokens[0], b.tokens[1]);
+      for (int r = 0; r < kRanks; ++r) {
+        GpuEpLayer L = g.layers[r];
+        L.top_k = s.k;
+        const absl::Status st = ReserveGpuEpWorkspace(L, kRanks, T, strategy);
+        ASSERT_TRUE(st.ok()) << st;
+      }
+    }
     const std::string label = absl::StrCat(s.name, " ", EpStrategyName(strategy), " ", what,
                                            " tokens=(", b.tokens[0], ",", b.tokens[1], ")");
     EpResult first = RunEp(g, s, b, strategy);
@@ -474,6 +504,39 @@ TEST_F(GpuEpTest, FailuresReachEveryRankAndANewGroupWorks) {
   ASSERT_TRUE(ok1.status[0].ok() && ok1.status[1].ok()) << ok1.status[0] << " " << ok1.status[1];
   ExpectMatches(Compare(ok1.output, ref.output), "after bad input");
 
+  // 1b. passthrough: rank 1's bad ids (and, next, more tokens than the
+  // capacity) fail rank 1 only; it joins the round with no tokens, so rank 0
+  // finishes its step (rows of rank 1's experts still computed) and the
+  // next step on the same communicators works.
+  for (int r = 0; r < kRanks; ++r) {
+    GpuEpLayer L = g.layers[r];
+    L.top_k = s.k;
+    ASSERT_TRUE(ReserveGpuEpWorkspace(L, kRanks, 40, EpStrategy::kPassthrough).ok());
+  }
+  EpResult p1 = RunEp(g, s, given, EpStrategy::kPassthrough, [&](int r, MoeInputsForThisRank& in) {
+    if (r == 1) in.topk_ids = bad.data();
+  });
+  EXPECT_EQ(p1.status[1].code(), absl::StatusCode::kInvalidArgument) << p1.status[1];
+  EXPECT_TRUE(p1.status[0].ok()) << p1.status[0];
+  std::printf("passthrough, bad ids on rank 1: rank 0: %s | rank 1: %s\n",
+              p1.status[0].ToString().c_str(), p1.status[1].ToString().c_str());
+  {
+    const MoeRunOutput gref = SingleGpu(**full, s, given);
+    const int64_t n0 = given.tokens[0] * s.H * 2;
+    const Diff d0 = Compare(p1.output.substr(0, n0), gref.output.substr(0, n0));
+    ExpectMatches(d0, "passthrough rank 0 beside a failing rank 1");
+  }
+  const Batch big = MakeBatch(s, {10, 41}, false, -1, 9300);
+  EpResult p2 = RunEp(g, s, big, EpStrategy::kPassthrough);
+  EXPECT_EQ(p2.status[1].code(), absl::StatusCode::kInvalidArgument) << p2.status[1];
+  EXPECT_NE(std::string(p2.status[1].message()).find("capacity"), std::string::npos)
+      << p2.status[1];
+  EXPECT_TRUE(p2.status[0].ok()) << p2.status[0];
+  EpResult p3 = RunEp(g, s, b, EpStrategy::kPassthrough);
+  ASSERT_TRUE(p3.status[0].ok() && p3.status[1].ok()) << p3.status[0] << " " << p3.status[1];
+  ExpectMatches(Compare(p3.output, ref.output), "passthrough after bad input");
+  EXPECT_EQ(g.comms[0]->transports_created(), 1);
+
   // 2. Rank 0's communicator is aborted while rank 1 is inside a step: rank 1
   // fails at its timeout (5 s) instead of hanging, rank 0's own step fails.
   EpResult r2;
@@ -519,7 +582,8 @@ TEST_F(GpuEpTest, FailuresReachEveryRankAndANewGroupWorks) {
   // 3. A new group on the same GPUs, experts and workspaces works.
   absl::Status st = Connect(g, std::chrono::seconds(60));
   ASSERT_TRUE(st.ok()) << st;
-  for (EpStrategy strategy : {EpStrategy::kAllGatherReduceScatter, EpStrategy::kAll2AllV}) {
+  for (EpStrategy strategy :
+       {EpStrategy::kAllGatherReduceScatter, EpStrategy::kAll2AllV, EpStrategy::kPassthrough}) {
     EpResult ok2 = RunEp(g, s, b, strategy);
     ASSERT_TRUE(ok2.status[0].ok() && ok2.status[1].ok()) << ok2.status[0] << " " << ok2.status[1];
     const Diff d = Compare(ok2.output, ref.output);

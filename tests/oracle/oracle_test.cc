@@ -474,6 +474,7 @@ TEST(PlanTest, PrepareFinalizeTable) {
       {"flashinfer_all2allv", "FlashInferNVLinkTwoSidedPrepareAndFinalize", "", true},
       {"flashinfer_nvlink_one_sided", "FlashInferNVLinkOneSidedPrepareAndFinalize", "int32", true},
       {"nixl_ep", "NixlEPPrepareAndFinalize", "int64", true},
+      {"kplan_all2allv", "KplanAll2AllVPrepareAndFinalize", "int32", true},
   };
   for (const Case& c : cases) {
     MoePlan p = Plan(Layer(), "cuda:9.0", "auto", DpEp(c.a2a)).value();
@@ -760,6 +761,7 @@ TEST(KplanTest, EmulationAndEp) {
   MoePlan ep = Plan(Layer(), "cuda:9.0+kplan", "kplan_ep", pt).value();
   EXPECT_EQ(ep.experts_kernel, "KplanEpExperts");
   EXPECT_EQ(ep.prepare_finalize, "KplanEpPrepareAndFinalize");
+  EXPECT_EQ(ep.topk_indices_dtype, "int32");
   EXPECT_TRUE(ep.output_is_reduced);
   EXPECT_FALSE(Plan(Layer(), "cuda:9.0+kplan", "kplan_ep").ok());
   EXPECT_THAT(KplanMoeBackends(), ::testing::ElementsAre("kplan", "kplan_batched", "kplan_ep",

@@ -22,6 +22,9 @@ struct StrategyRow {
 constexpr StrategyRow kStrategies[] = {
     {EpStrategy::kAllGatherReduceScatter, "allgather_reducescatter"},  // vLLM naive DP/EP P/F
     {EpStrategy::kAll2AllV, "kplan_all2allv"},  // ours: rows only to their expert's rank
+    // vLLM's binding for self-dispatching backends (all2all_utils.py
+    // bind_passthrough_all2all_backend); here moe_backend kplan_ep on GPUs.
+    {EpStrategy::kPassthrough, "passthrough"},
 };
 
 // Checks this rank's inputs and routes them; the error is what this rank
@@ -111,7 +114,8 @@ absl::StatusOr<EpStrategy> ParseEpStrategy(absl::string_view name) {
   }
   return InvalidField("all2all_backend",
                       absl::StrCat("unknown expert-parallel dispatch '", name,
-                                   "'; valid: allgather_reducescatter, kplan_all2allv"));
+                                   "'; valid: allgather_reducescatter, kplan_all2allv, "
+                                   "passthrough"));
 }
 
 std::unique_ptr<EpDispatch> MakeEpDispatch(EpStrategy strategy) {
@@ -120,6 +124,8 @@ std::unique_ptr<EpDispatch> MakeEpDispatch(EpStrategy strategy) {
       return MakeAllGatherReduceScatterDispatch();
     case EpStrategy::kAll2AllV:
       return MakeAll2AllVDispatch();
+    case EpStrategy::kPassthrough:
+      return nullptr;  // device transport only (gpu_ep.h)
   }
   return nullptr;
 }
@@ -156,6 +162,16 @@ MoeProblem LocalExpertProblem(const EpLayer& layer, int rank, int64_t num_tokens
 
 absl::Status RunMoeExpertParallel(const EpLayer& layer, const MoeInputsForThisRank& inputs,
                                   comm::Communicator& comm, EpStrategy strategy) {
+  if (strategy == EpStrategy::kPassthrough) {
+    // Every rank of the step gets the same strategy, so every rank returns
+    // here before any collective: the communicator stays usable.
+    return WithField(
+        absl::FailedPreconditionError(
+            "all2all_backend 'passthrough' needs a device transport (moe_backend kplan_ep on "
+            "GPU ranks); CPU expert-parallel ranks run allgather_reducescatter or "
+            "kplan_all2allv"),
+        "parallel.all2all_backend");
+  }
   std::vector<int32_t> ids;
   std::vector<float> weights;
   const absl::Status local = PrepareLocal(layer, inputs, comm, ids, weights);

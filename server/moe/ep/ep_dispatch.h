@@ -5,7 +5,8 @@
 // shape (vllm-kernel-plan.md §3): prepare (dispatch tokens to the ranks that
 // own their experts) -> run the local experts (moe::RunExperts with the rank's
 // expert_map) -> finalize (weighted combine, results back to the token's
-// owner). Two dispatch strategies sit behind EpDispatch:
+// owner). Two dispatch strategies sit behind EpDispatch (a third,
+// passthrough, runs on GPU ranks only; see below):
 //
 //  allgather_reducescatter  vLLM's naive DP/EP prepare/finalize: all-gather
 //      every rank's tokens, top-k ids and weights (padded to the largest
@@ -32,6 +33,13 @@
 //      without a static scale), whose scale depends on which rows a rank
 //      holds; vLLM's EP kernels differ from the single-GPU path there too.
 //
+//  passthrough  vLLM's binding for backends that dispatch and combine
+//      themselves (moe_backend kplan_ep): kernels write the rows straight into
+//      the peers' memory through NCCL's device API (gpu_ep.h). The CPU path
+//      has no device transport, so on CPU ranks RunMoeExpertParallel returns
+//      FAILED_PRECONDITION (field parallel.all2all_backend) on every rank,
+//      before any collective, leaving the communicator usable.
+//
 // Failures: every rank first all-gathers (token count, validity) so that bad
 // inputs on one rank fail every rank cleanly (the communicator stays usable).
 // Any later error (a collective failing or timing out, a local compute error)
@@ -55,6 +63,7 @@ namespace kplan::moe::ep {
 enum class EpStrategy {
   kAllGatherReduceScatter,  // "allgather_reducescatter" (vLLM's name)
   kAll2AllV,                // "kplan_all2allv"
+  kPassthrough,             // "passthrough" (vLLM's name; GPU ranks with kplan_ep only)
 };
 
 absl::string_view EpStrategyName(EpStrategy strategy);
@@ -122,6 +131,7 @@ class EpDispatch {
   virtual absl::Status Finalize(const EpStep& step, comm::Communicator& comm) = 0;
 };
 
+// Null for kPassthrough (no CPU strategy object).
 std::unique_ptr<EpDispatch> MakeEpDispatch(EpStrategy strategy);
 
 // Runs one MoE layer step on this rank; every rank of `comm` calls it with

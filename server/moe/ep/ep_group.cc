@@ -575,6 +575,9 @@ absl::Status EpGroup::RunMoe(std::shared_ptr<const ExpertSet> set, MoeRunInput i
   options.act_dtype = state->input.act_dtype;
   options.apply_router_weight_on_input = state->input.apply_router_weight_on_input;
   options.strategy = strategy;
+  for (const TokenRange& tr : state->split) {
+    options.max_tokens_per_rank = std::max(options.max_tokens_per_rank, tr.count);
+  }
 
   RankWork work = [this, state, experts, options](int rank,
                                                   comm::Communicator* comm) -> absl::Status {

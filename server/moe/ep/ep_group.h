@@ -81,6 +81,10 @@ struct EpMoeOptions {
   MoeDType act_dtype = MoeDType::kBFloat16;
   bool apply_router_weight_on_input = false;
   EpStrategy strategy = EpStrategy::kAllGatherReduceScatter;
+  // The largest rank's token count in this step (the same on every rank):
+  // lets passthrough size its fixed-capacity transport without a token count
+  // exchange between the ranks.
+  int64_t max_tokens_per_rank = 0;
 };
 
 // What ranks of one kind are. NewCommunicators runs on the group's
@@ -97,6 +101,9 @@ class EpRankKind {
   // on CPU ranks, "kplan" on GPU ranks) and its experts kernel.
   virtual absl::string_view moe_backend() const = 0;
   virtual absl::string_view experts_kernel() const = 0;
+  // Whether RunMoe runs EpStrategy::kPassthrough (the kplan_ep device
+  // transport: GPU ranks of one process); other kinds refuse it.
+  virtual bool runs_passthrough() const { return false; }
   // Starts a fresh set of communicators (an InProcessGroup, an NCCL unique
   // id); the ranks then JoinCommunicator() from their threads.
   virtual absl::Status NewCommunicators(absl::Duration comm_timeout) = 0;

@@ -2,7 +2,9 @@
 // CUDA device, an NcclCommunicator per rank (a fresh unique id per
 // communicator generation), the rank's experts as a GpuExperts slice on its
 // device and RunMoeExpertParallelOnGpu as the step, with one persistent
-// GpuEpWorkspace per rank so steady traffic allocates nothing.
+// GpuEpWorkspace per rank so steady traffic allocates nothing. Each rank's
+// communicator is a GpuEpCommunicator, so the passthrough transports of a
+// generation live and die with that generation's NCCL communicator.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -48,6 +50,7 @@ class GpuEpRanks final : public EpRankKind {
   absl::string_view communicator() const override { return "nccl"; }
   absl::string_view moe_backend() const override { return "kplan"; }
   absl::string_view experts_kernel() const override { return "KplanFusedMoeExperts"; }
+  bool runs_passthrough() const override { return true; }
 
   absl::Status NewCommunicators(absl::Duration comm_timeout) override {
     KPLAN_ASSIGN_OR_RETURN(std::string id, comm::NcclCommunicator::CreateUniqueId());
@@ -69,7 +72,7 @@ class GpuEpRanks final : public EpRankKind {
     KPLAN_ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> comm,
                            comm::NcclCommunicator::Create(rank, size(), id, devices_[rank],
                                                           /*stream=*/nullptr, options));
-    return std::unique_ptr<comm::Communicator>(std::move(comm));
+    return std::unique_ptr<comm::Communicator>(new GpuEpCommunicator(std::move(comm)));
   }
 
   absl::StatusOr<std::unique_ptr<EpRankExperts>> PlaceExperts(
@@ -96,6 +99,14 @@ class GpuEpRanks final : public EpRankKind {
     FillEpLayer(set, placement, options, layer);
     layer.local_experts = static_cast<const GpuRankExperts&>(experts).experts();
     layer.workspace = workspaces_[rank].get();
+    if (options.strategy == EpStrategy::kPassthrough) {
+      // The transport capacity follows the largest step so far, rounded up
+      // to a power of two so growth is rare; every rank sees the same
+      // options, so every rank takes the same (collective) decision.
+      int64_t capacity = kDefaultPassthroughTokens;
+      while (capacity < options.max_tokens_per_rank) capacity *= 2;
+      KPLAN_RETURN_IF_ERROR(ReserveGpuEpWorkspace(layer, size(), capacity, options.strategy));
+    }
     return RunMoeExpertParallelOnGpu(layer, inputs, comm, options.strategy);
   }
 

@@ -50,6 +50,8 @@ enum Buf : int {
   kRecvW,      // a2av: fp32 [R]
   kResults,    // a2av: act [R, H]
   kBack,       // a2av: act [M*k, H]
+  kPtY,        // passthrough: act [n*T*k, H], expert rows in the transport's recv order
+  kPtWeights,  // passthrough: fp32 [n*T*k], never read (combine=false), zeros
   kNumBufs,
 };
 
@@ -62,6 +64,8 @@ struct GpuEpWorkspace::Impl {
   int allocations = 0;
   // What kMap holds.
   int map_experts = -1, map_ranks = -1, map_rank = -1;
+  // Passthrough capacity T (tokens per rank per step); 0: not reserved.
+  int64_t passthrough_tokens = 0;
 };
 
 GpuEpWorkspace::Impl& WorkspaceImpl(GpuEpWorkspace& ws) { return *ws.impl_; }
@@ -265,6 +269,8 @@ class Step {
     KPLAN_RETURN_IF_ERROR(Record(kEvRouted));
     if (strategy == EpStrategy::kAllGatherReduceScatter) {
       KPLAN_RETURN_IF_ERROR(AllGatherReduceScatter());
+    } else if (strategy == EpStrategy::kPassthrough) {
+      KPLAN_RETURN_IF_ERROR(Passthrough());
     } else {
       KPLAN_RETURN_IF_ERROR(All2AllV());
     }
@@ -295,6 +301,37 @@ class Step {
   }
 
   std::vector<int64_t> tokens_per_rank;  // set by the caller after the header
+  // Passthrough: the rank's transport, and whether its experts can run (a
+  // rank whose own experts failed the checks returns zero rows).
+  comm::KplanEpTransport* transport = nullptr;
+  bool experts_usable = true;
+
+  // Passthrough traffic of this step, counted from this rank's top-k ids on
+  // the host after the step (stats only; outside the timed events).
+  absl::Status CountPassthroughBytes() {
+    if (stats_ == nullptr || M_ == 0 || transport == nullptr) return absl::OkStatus();
+    std::vector<int32_t> ids(M_ * k_);
+    KPLAN_EP_CUDA(cudaMemcpy(ids.data(), ids_, ids.size() * 4, cudaMemcpyDeviceToHost));
+    const comm::KplanEpConfig& c = transport->config();
+    const int64_t row = H_ * es_;
+    auto owner = [&](int32_t e) {
+      for (int r = 0; r < n_; ++r) {
+        if (e >= c.rank_first_expert[r] && e < c.rank_first_expert[r + 1]) return r;
+      }
+      return -1;
+    };
+    for (int64_t m = 0; m < M_; ++m) {
+      uint32_t dest = 0;
+      for (int j = 0; j < k_; ++j) {
+        const int r = owner(ids[m * k_ + j]);
+        if (r < 0 || r == rank_) continue;
+        dest |= 1u << r;
+        stats_->combine_bytes_received += row;
+      }
+      stats_->dispatch_bytes_sent += __builtin_popcount(dest) * (row + k_ * 4);
+    }
+    return absl::OkStatus();
+  }
 
   absl::Status Record(Ev e) {
     if (stats_ == nullptr) return absl::OkStatus();
@@ -417,6 +454,51 @@ class Step {
       stats_->combine_bytes_received = (n_ - 1) * maxT * H_ * 4;
     }
     return kc::LaunchMoeEpCastFromFp32(ElemType(L_.act_dtype), mine, M_ * H_, out_, stream_);
+  }
+
+  // passthrough: Dispatch -> local experts over the whole receive buffer ->
+  // Return -> combine at the source, all stream-ordered on the
+  // communicator's stream (the transport's ordering contract).
+  absl::Status Passthrough() {
+    comm::KplanEpTransport& t = *transport;
+    const kc::MoeElemType et = ElemType(L_.act_dtype);
+    const int64_t recv_tokens = t.recv_tokens(), pairs = t.recv_pairs();
+    KPLAN_RETURN_IF_ERROR(t.Dispatch(stream_, x_, ids_, M_));
+    KPLAN_RETURN_IF_ERROR(Record(kEvDispatched));
+
+    const int local = t.num_local_experts();
+    KPLAN_ASSIGN_OR_RETURN(void* y, Ensure(ws_, kPtY, (local > 0 ? pairs : 1) * H_ * es_));
+    if (local > 0 && experts_usable) {
+      const GpuExperts& g = *L_.local_experts;
+      const int64_t bytes = MoeLayerWorkspaceBytes(g, recv_tokens, k_, local);
+      KPLAN_ASSIGN_OR_RETURN(void* lw, Ensure(ws_, kLayer, bytes));
+      const int64_t had = ws_.cap[kPtWeights];
+      KPLAN_ASSIGN_OR_RETURN(float* w, EnsureAs<float>(ws_, kPtWeights, pairs));
+      if (ws_.cap[kPtWeights] != had) {
+        KPLAN_EP_CUDA(cudaMemsetAsync(w, 0, ws_.cap[kPtWeights], stream_));
+      }
+      MoeLayerArgs a;
+      a.num_tokens = recv_tokens;
+      a.top_k = k_;
+      a.num_experts = local;  // ids are local; -1 (no pair here) is skipped
+      a.hidden = t.recv_rows();
+      // Read only (no routing): the transport owns the ids.
+      a.topk_ids = const_cast<int32_t*>(t.recv_expert_ids());
+      a.topk_weights = w;
+      a.combine = false;
+      a.output = y;
+      if (stats_ != nullptr) stats_->rows_computed = pairs;
+      KPLAN_RETURN_IF_ERROR(EnqueueMoeLayer(g, a, lw, ws_.cap[kLayer], stream_));
+    } else if (local > 0) {
+      // This rank's experts failed the checks: its peers get zero rows (and
+      // fail the step through this rank's error) instead of stale ones.
+      KPLAN_EP_CUDA(cudaMemsetAsync(y, 0, pairs * H_ * es_, stream_));
+    }
+    KPLAN_RETURN_IF_ERROR(Record(kEvComputed));
+
+    KPLAN_RETURN_IF_ERROR(t.Return(stream_, y));
+    if (M_ == 0) return absl::OkStatus();
+    return kc::LaunchMoeCombine(et, t.result_rows(), w_, M_, k_, H_, out_, stream_);
   }
 
   // All-to-all-v of whole rows of `width` elements, packed in peer order.
@@ -578,6 +660,22 @@ absl::Status ReserveGpuEpWorkspace(const GpuEpLayer& L, int num_ranks, int64_t m
                                                      {kWAll, P * k * 4},    {kY, P * k * H * es},
                                                      {kPartial, P * H * 4}, {kMine, T * H * 4}};
     for (const auto& [b, bytes] : ag) KPLAN_RETURN_IF_ERROR(Ensure(ws, b, bytes).status());
+  } else if (strategy == EpStrategy::kPassthrough) {
+    // The transport's receive buffer holds n*T tokens of k slots; the layer
+    // runs all of them over the local experts.
+    ws.passthrough_tokens = std::max(ws.passthrough_tokens, std::max<int64_t>(T, 1));
+    const int64_t pairs = n * ws.passthrough_tokens * k;
+    KPLAN_RETURN_IF_ERROR(Ensure(ws, kPtY, pairs * H * es).status());
+    KPLAN_ASSIGN_OR_RETURN(void* w, Ensure(ws, kPtWeights, pairs * 4));
+    KPLAN_EP_CUDA(cudaMemset(w, 0, ws.cap[kPtWeights]));  // never read; defined anyway
+    if (L.local_experts != nullptr) {
+      KPLAN_RETURN_IF_ERROR(Ensure(ws, kLayer,
+                                   MoeLayerWorkspaceBytes(*L.local_experts, n * ws.passthrough_tokens,
+                                                          static_cast<int>(k),
+                                                          L.local_experts->spec().num_experts))
+                                .status());
+    }
+    return absl::OkStatus();
   } else {
     const int64_t S = T * k, R = n * T * k;  // worst case: every slot of every rank lands here
     layer_rows = R;
@@ -596,11 +694,193 @@ absl::Status ReserveGpuEpWorkspace(const GpuEpLayer& L, int num_ranks, int64_t m
   return absl::OkStatus();
 }
 
+GpuEpCommunicator::GpuEpCommunicator(std::unique_ptr<comm::NcclCommunicator> nccl)
+    : nccl_(std::move(nccl)) {}
+
+GpuEpCommunicator::~GpuEpCommunicator() {
+  if (aborted_) {
+    // Their window and device communicator died with the aborted NCCL
+    // communicator; destroying them would call into a freed one.
+    for (auto& t : transports_) (void)t.release();
+  }
+  transports_.clear();  // before nccl_, which they use
+}
+
+absl::Status GpuEpCommunicator::Track(absl::Status st) {
+  if (!st.ok()) aborted_ = true;  // NcclCommunicator aborts itself on a failed call
+  return st;
+}
+
+absl::Status GpuEpCommunicator::AllGather(const void* send, void* recv, int64_t count,
+                                          comm::CommDType dtype) {
+  return Track(nccl_->AllGather(send, recv, count, dtype));
+}
+
+absl::Status GpuEpCommunicator::ReduceScatter(const void* send, void* recv, int64_t recv_count,
+                                              comm::CommDType dtype, comm::ReduceOp op) {
+  return Track(nccl_->ReduceScatter(send, recv, recv_count, dtype, op));
+}
+
+absl::Status GpuEpCommunicator::AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
+                                          absl::Span<const int64_t> send_displs, void* recv,
+                                          absl::Span<const int64_t> recv_counts,
+                                          absl::Span<const int64_t> recv_displs,
+                                          comm::CommDType dtype) {
+  return Track(nccl_->AllToAllV(send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                                dtype));
+}
+
+absl::Status GpuEpCommunicator::Barrier() { return Track(nccl_->Barrier()); }
+
+void GpuEpCommunicator::Abort(absl::string_view reason) {
+  aborted_ = true;
+  nccl_->Abort(reason);
+}
+
+absl::StatusOr<comm::KplanEpTransport*> GpuEpCommunicator::Transport(
+    const comm::KplanEpConfig& c) {
+  if (aborted_) return absl::AbortedError("the communicator was aborted");
+  for (auto& t : transports_) {
+    const comm::KplanEpConfig& h = t->config();
+    if (h.top_k != c.top_k || h.hidden != c.hidden || h.elem_size != c.elem_size ||
+        h.num_experts != c.num_experts || h.rank_first_expert != c.rank_first_expert ||
+        h.num_ctas != c.num_ctas) {
+      continue;
+    }
+    if (h.max_tokens_per_rank >= c.max_tokens_per_rank) return t.get();
+    t.reset();  // collective: every rank replaces the same transport in the same step
+    absl::StatusOr<std::unique_ptr<comm::KplanEpTransport>> fresh =
+        comm::KplanEpTransport::Create(*nccl_, c);
+    if (!fresh.ok()) return Track(fresh.status());
+    ++transports_created_;
+    t = *std::move(fresh);
+    return t.get();
+  }
+  absl::StatusOr<std::unique_ptr<comm::KplanEpTransport>> fresh =
+      comm::KplanEpTransport::Create(*nccl_, c);
+  if (!fresh.ok()) return Track(fresh.status());
+  ++transports_created_;
+  transports_.push_back(*std::move(fresh));
+  return transports_.back().get();
+}
+
+namespace {
+
+// Checks of passthrough that depend only on the layer options and the group
+// (identical on every rank), so every rank fails them alike before anything
+// collective starts.
+absl::Status CheckPassthroughLayer(const GpuEpLayer& L, const comm::Communicator& comm) {
+  if (L.placement.num_ranks() != comm.size() || L.placement.num_experts() != L.num_experts) {
+    return InvalidField("placement", absl::StrCat("placement is for ", L.placement.num_ranks(),
+                                                  " ranks and ", L.placement.num_experts(),
+                                                  " experts; the group has ", comm.size(),
+                                                  " ranks, the layer ", L.num_experts, " experts"));
+  }
+  if (comm.size() > comm::kKplanEpMaxRanks) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "all2all_backend passthrough runs groups of up to ", comm::kKplanEpMaxRanks, " ranks"));
+  }
+  if (L.act_dtype != MoeDType::kBFloat16 && L.act_dtype != MoeDType::kFloat16) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "all2all_backend passthrough runs bfloat16 / float16 activations, got ",
+        MoeDTypeName(L.act_dtype)));
+  }
+  if (L.hidden <= 0 || L.hidden % 8 != 0 || L.intermediate <= 0) {
+    return InvalidField("hidden", absl::StrCat("hidden must be a positive multiple of 8 and "
+                                               "intermediate positive, got ",
+                                               L.hidden, " and ", L.intermediate));
+  }
+  if (L.top_k <= 0 || L.top_k > L.num_experts || L.top_k > comm::kKplanEpMaxTopK) {
+    return InvalidField("top_k", absl::StrCat("passthrough takes top_k in [1, ",
+                                              std::min(L.num_experts, comm::kKplanEpMaxTopK),
+                                              "], got ", L.top_k));
+  }
+  if (L.apply_router_weight_on_input) {
+    return WithField(absl::FailedPreconditionError(
+                         "all2all_backend passthrough sends no router weights to the experts' "
+                         "rank, so apply_router_weight_on_input needs allgather_reducescatter "
+                         "or kplan_all2allv"),
+                     "apply_router_weight_on_input");
+  }
+  return absl::OkStatus();
+}
+
+// One passthrough step (see the header): the transport's round, the only
+// host wait the final download.
+absl::Status RunPassthroughOnGpu(const GpuEpLayer& layer, const MoeInputsForThisRank& inputs,
+                                 GpuEpCommunicator& comm, GpuEpStats* stats) {
+  const int rank = comm.rank();
+  auto fail = [&](const absl::Status& st) {
+    comm.Abort(absl::StrCat("passthrough step failed on rank ", rank, ": ", st.message()));
+    return absl::Status(st.code(),
+                        absl::StrCat("passthrough on GPU rank ", rank, ": ", st.message()));
+  };
+  if (stats != nullptr) *stats = GpuEpStats{};
+  if (absl::Status st = CheckPassthroughLayer(layer, comm); !st.ok()) return st;
+  if (comm.nccl().device() != layer.workspace->device()) {
+    return fail(InvalidField("comm", absl::StrCat("communicator on device ", comm.nccl().device(),
+                                                  ", workspace on ",
+                                                  layer.workspace->device())));
+  }
+  DeviceScope scope;
+  if (absl::Status st = scope.Enter(layer.workspace->device()); !st.ok()) return fail(st);
+  GpuEpWorkspace::Impl& ws = WorkspaceImpl(*layer.workspace);
+  const int n = comm.size();
+  comm::KplanEpConfig config;
+  config.max_tokens_per_rank =
+      ws.passthrough_tokens > 0 ? ws.passthrough_tokens : kDefaultPassthroughTokens;
+  config.top_k = layer.top_k;
+  config.hidden = layer.hidden;
+  config.elem_size = static_cast<int>(ElemSize(layer.act_dtype));
+  config.num_experts = layer.num_experts;
+  for (int r = 0; r < n; ++r) config.rank_first_expert.push_back(layer.placement.FirstExpert(r));
+  config.rank_first_expert.push_back(layer.num_experts);
+  absl::StatusOr<comm::KplanEpTransport*> transport = comm.Transport(config);
+  if (!transport.ok()) return fail(transport.status());
+
+  // This rank's own checks. A failing rank still joins the round with no
+  // tokens of its own, so its peers are not left in the device barrier.
+  kc::MoeRoutingParams rp;
+  absl::Status local = CheckLocal(layer, inputs, comm, &rp);
+  if (local.ok() && inputs.num_tokens > config.max_tokens_per_rank) {
+    local = InvalidField(
+        "num_tokens",
+        absl::StrCat(inputs.num_tokens, " tokens on rank ", rank, " exceed the passthrough "
+                     "capacity of ", config.max_tokens_per_rank, " tokens per rank (reserve "
+                     "more with ReserveGpuEpWorkspace on every rank)"));
+  }
+  MoeInputsForThisRank none;
+  bool experts_usable = true;
+  if (!local.ok()) {
+    const int32_t id = 0;
+    const float w = 0;
+    none.topk_ids = &id;  // checks the layer and the experts only
+    none.topk_weights = &w;
+    kc::MoeRoutingParams unused;
+    experts_usable = CheckLocal(layer, none, comm, &unused).ok();
+    none.topk_ids = nullptr;
+    none.topk_weights = nullptr;
+  }
+  const auto stream = static_cast<cudaStream_t>(comm.nccl().stream());
+  Step step(layer, local.ok() ? inputs : none, comm, stream, stats);
+  step.transport = *transport;
+  step.experts_usable = experts_usable;
+  if (absl::Status st = step.Record(kEvStart); !st.ok()) return fail(st);
+  if (absl::Status st = step.Run(EpStrategy::kPassthrough, rp); !st.ok()) return fail(st);
+  if (!local.ok()) return local;
+  if (absl::Status st = step.CountPassthroughBytes(); !st.ok()) return fail(st);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RunMoeExpertParallelOnGpu(const GpuEpLayer& layer, const MoeInputsForThisRank& inputs,
                                        comm::Communicator& comm, EpStrategy strategy,
                                        GpuEpStats* stats) {
   const int rank = comm.rank();
-  auto* nccl = dynamic_cast<comm::NcclCommunicator*>(&comm);
+  auto* wrapped = dynamic_cast<GpuEpCommunicator*>(&comm);
+  auto* nccl = wrapped != nullptr ? &wrapped->nccl()
+                                  : dynamic_cast<comm::NcclCommunicator*>(&comm);
   if (nccl == nullptr || layer.workspace == nullptr) {
     const absl::Status st = InvalidField(
         nccl == nullptr ? "comm" : "workspace",
@@ -610,6 +890,15 @@ absl::Status RunMoeExpertParallelOnGpu(const GpuEpLayer& layer, const MoeInputsF
                         : std::string("a GPU expert-parallel layer needs a workspace"));
     comm.Abort(st.message());  // peers would wait for this rank's collectives
     return st;
+  }
+  if (strategy == EpStrategy::kPassthrough) {
+    if (wrapped == nullptr) {
+      // Every rank passes the same kind of communicator: all fail alike.
+      return InvalidField("comm",
+                          "all2all_backend passthrough needs a GpuEpCommunicator (the "
+                          "NcclCommunicator that holds the rank's kplan_ep transport)");
+    }
+    return RunPassthroughOnGpu(layer, inputs, *wrapped, stats);
   }
   if (strategy != EpStrategy::kAllGatherReduceScatter && strategy != EpStrategy::kAll2AllV) {
     const absl::Status st = absl::UnimplementedError(
