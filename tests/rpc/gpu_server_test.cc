@@ -22,6 +22,15 @@ class GpuServerTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
     if (server_->environment().devices.empty()) GTEST_SKIP() << "no GPU visible";
+    if (server_->environment().devices.size() > 1) {
+      // These tests are about one GPU; several would form an expert-parallel
+      // group (tests/ep, scripts/ep-check.sh cover that).
+      server_.reset();
+      options.devices = "0";
+      s = KplanServer::Start(options);
+      ASSERT_TRUE(s.ok()) << s.status();
+      server_ = std::move(*s);
+    }
     grpc::ChannelArguments args;  // responses carry whole tensors
     args.SetMaxReceiveMessageSize(64 << 20);
     stub_ = v1::KernelPlanService::NewStub(grpc::CreateCustomChannel(
