@@ -3,7 +3,6 @@
 // device workers; handlers only convert and queue.
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "server/base/status.h"
 #include "server/moe/ep/ep_group.h"
@@ -18,6 +17,7 @@
 #include "server/rpc/call.h"
 #include "server/rpc/ep_multihost.h"
 #include "server/rpc/moe_convert.h"
+#include "server/rpc/moe_route.h"
 #include "server/rpc/service.h"
 
 namespace kplan::rpc {
@@ -432,12 +432,12 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   if (!experts.ok()) return call->FinishUnary(experts.status());
   absl::StatusOr<MoeRunInput> input = MoeRunInputFromProto(*const_cast<v1::RunMoERequest*>(request));
   if (!input.ok()) return call->FinishUnary(input.status());
-  // The backend: "auto" takes the GPU when the experts are resident there:
-  // `kplan` where the fast kernels run this weight / activation combination,
-  // else `emulation` on the GPU (dequantise, plain GEMM); the CPU reference
-  // (`emulation`) otherwise. An explicit `emulation` stays off the fast path.
-  const std::string backend =
-      request->kernel_config().moe_backend().empty() ? "auto" : request->kernel_config().moe_backend();
+  // kernel_config.moe_backend as KernelConfig normalises it; the backend
+  // itself is the oracle's choice (ChooseMoeRoute) unless the group runs it.
+  absl::StatusOr<std::string> normalized =
+      NormalizeMoeBackend(request->kernel_config().moe_backend());
+  if (!normalized.ok()) return call->FinishUnary(NestField(normalized.status(), "kernel_config"));
+  const std::string& backend = *normalized;
   if (const moe::ep::EpPeerExperts* peer = moe::ep::EpPeerExperts::Of(**experts)) {
     return call->FinishUnary(WithField(
         absl::FailedPreconditionError(absl::StrCat(
@@ -466,30 +466,31 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   }
   // The single-GPU copy, when there is one (never the group's).
   const DeviceExperts* device = ep != nullptr ? nullptr : (*experts)->device_copy();
-  bool fast = false;
+  // The oracle loop on this server's platform over the backends it runs
+  // (moe_route.h): KPLAN takes the fast kernels, EMULATION the GPU emulation
+  // route or the CPU reference.
+  MoeResidency residency;
+  residency.on_gpu = device != nullptr;
 #if KPLAN_HAVE_CUDA
-  fast = device != nullptr && static_cast<const GpuExperts&>(*device).FastPathFor(input->act_dtype);
+  residency.fast_path =
+      device != nullptr && static_cast<const GpuExperts&>(*device).FastPathFor(input->act_dtype);
 #endif
-  if (backend != "auto" && backend != "emulation" && backend != "kplan") {
-    return call->FinishUnary(WithField(
-        absl::FailedPreconditionError(absl::StrCat("moe_backend '", backend,
-                                                   "' cannot run on this server; it runs: ",
-                                                   absl::StrJoin(ExecutableMoeBackends(env_), ", "))),
-        "kernel_config.moe_backend"));
+  absl::StatusOr<MoeRoute> route = ChooseMoeRoute((*experts)->spec(), *input, backend, residency,
+                                                  env_.platform, ExecutableMoeBackends(env_));
+  if (!route.ok()) {
+    absl::Status s = route.status();
+    if (FieldOf(s) == "moe_backend") s = NestField(s, "kernel_config");
+    return call->FinishUnary(s);
   }
-  if (backend == "kplan" && !fast) {
+  if (route->kind == MoeRouteKind::kExpertParallel) {
     return call->FinishUnary(WithField(
         absl::FailedPreconditionError(absl::StrCat(
-            "moe_backend 'kplan' runs experts resident on a GPU with bfloat16 or float16 weights "
-            "and activations of the weights' dtype; experts '", request->experts_id(), "' are ",
-            WireDTypeName((*experts)->spec().dtype),
-            (*experts)->spec().quant.scheme.empty() ? "" : " " + (*experts)->spec().quant.scheme,
-            " with ", WireDTypeName(input->act_dtype), " activations ",
-            device ? "on " + device->device_name() : std::string("on the CPU only"),
-            " (moe_backend 'emulation' or 'auto' runs them)")),
+            "moe_backend '", route->backend, "' runs on an expert-parallel group; experts '",
+            request->experts_id(), "' are not placed on one")),
         "kernel_config.moe_backend"));
   }
-  const bool use_gpu = device != nullptr && (backend == "emulation" ? !fast : true);
+  const bool use_gpu =
+      route->kind == MoeRouteKind::kGpuFast || route->kind == MoeRouteKind::kGpuEmulation;
   size_t slot = 0;
   if (use_gpu) {
     absl::StatusOr<size_t> s = env_.executor->Resolve(device->device_name(), "experts_id");
@@ -499,7 +500,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   const bool return_routing = request->return_routing();
   absl::Status queued = env_.executor->Submit(
       slot, [this, call, response, experts = *experts, input = std::move(*input), return_routing,
-             use_gpu, fast](const DeviceSlot& where, absl::Duration waited) {
+             use_gpu, chosen = std::move(*route)](const DeviceSlot& where, absl::Duration waited) {
         if (env_.metrics) env_.metrics->ObserveQueue(call->method(), waited);
         const absl::Time start = absl::Now();
         absl::StatusOr<MoeRunOutput> out = absl::InternalError("no path ran");
@@ -518,11 +519,16 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
         if (out.ok()) {
           MoeRunOutputToProto(*out, input.act_dtype, return_routing, response);
           v1::MoEExecution* plan = response->mutable_plan();
-          plan->set_backend(use_gpu && fast ? "kplan" : "emulation");
-          plan->set_experts_kernel(!use_gpu ? "KplanCpuReferenceExperts"
-                                   : fast   ? "KplanFusedMoeExperts"
-                                            : "KplanGpuEmulationExperts");
-          plan->set_dispatch("MoEPrepareAndFinalizeNoDPEPModular");
+          plan->set_backend(chosen.backend);
+          plan->set_experts_kernel(chosen.experts_kernel);
+          plan->set_dispatch(chosen.plan.prepare_finalize);
+          for (const MoeCandidate& c : chosen.plan.candidates) {
+            v1::MoECandidate* out_c = plan->add_candidates();
+            out_c->set_backend(c.backend);
+            out_c->set_experts_kernel(c.experts_kernel);
+            out_c->set_accepted(c.accepted);
+            out_c->set_reason(c.reason);
+          }
           plan->add_devices(where.name);
           response->mutable_timing()->set_queue_us(absl::ToDoubleMicroseconds(waited));
           response->mutable_timing()->set_device_us(absl::ToDoubleMicroseconds(device_time));

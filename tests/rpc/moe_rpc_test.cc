@@ -133,7 +133,13 @@ TEST_F(MoeRpcTest, LoadRunListUnload) {
   absl::StatusOr<v1::RunMoEResponse> run = client_->RunMoE(req);
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->plan().backend(), "emulation");
+  EXPECT_EQ(run->plan().experts_kernel(), "KplanEmulationExperts");
+  EXPECT_EQ(run->plan().dispatch(), "MoEPrepareAndFinalizeNoDPEPModular");
   EXPECT_THAT(run->plan().devices(), ::testing::ElementsAre("cpu"));
+  // The oracle's loop over what this CPU server runs: emulation, accepted.
+  ASSERT_EQ(run->plan().candidates_size(), 1);
+  EXPECT_EQ(run->plan().candidates(0).backend(), "EMULATION");
+  EXPECT_TRUE(run->plan().candidates(0).accepted());
   EXPECT_GT(run->timing().device_us(), 0);
   EXPECT_GE(run->timing().total_us(), run->timing().device_us());
   ASSERT_EQ(run->output().data().size(), static_cast<size_t>(m * kH * 4));
@@ -236,6 +242,10 @@ TEST_F(MoeRpcTest, RunMoeErrorsNameTheField) {
        absl::StatusCode::kInvalidArgument, "router_logits"},
       {"backend not here", [](auto& r) { r.mutable_kernel_config()->set_moe_backend("kplan"); },
        absl::StatusCode::kFailedPrecondition, "kernel_config.moe_backend"},
+      {"vLLM backend", [](auto& r) { r.mutable_kernel_config()->set_moe_backend("Triton"); },
+       absl::StatusCode::kFailedPrecondition, "kernel_config.moe_backend"},
+      {"no such backend", [](auto& r) { r.mutable_kernel_config()->set_moe_backend("warp"); },
+       absl::StatusCode::kInvalidArgument, "kernel_config.moe_backend"},
       {"unknown experts", [](auto& r) { r.set_experts_id("nope"); }, absl::StatusCode::kNotFound,
        "experts_id"},
   };
