@@ -64,6 +64,13 @@ class Communicator {
 
   virtual absl::Status Barrier() = 0;
 
+  // The communicator that runs the collectives: this one, or for a wrapper
+  // that forwards every call to another (e.g. to share it for aborts), that
+  // other one's. Paths that need the concrete transport (the GPU
+  // expert-parallel path needs NCCL's stream and device API) look through
+  // wrappers with it; everything else talks to the wrapper.
+  virtual Communicator& Underlying() { return *this; }
+
   // Makes every pending and future call fail with ABORTED. The in-process
   // backend propagates this to every rank of the group; NCCL aborts this
   // rank's communicator (peers fail when their own calls time out or abort).

@@ -440,7 +440,16 @@ void EpGroup::RankLoop(int rank) {
     cv_.wait(lock, [&] {
       return (current_ != nullptr && current_->seq > last_seq) || coordinator_done_;
     });
-    if (current_ == nullptr || current_->seq <= last_seq) return;  // stopping
+    if (current_ == nullptr || current_->seq <= last_seq) {  // stopping
+      // Every rank tears its own communicator down, all at once: NCCL's
+      // teardown (the passthrough transport's window deregistration) is
+      // collective, so one thread destroying them in turn would wait forever.
+      std::unique_ptr<comm::Communicator> mine = std::move(comms_[rank]);
+      lock.unlock();
+      mine.reset();
+      lock.lock();
+      return;
+    }
     std::shared_ptr<Step> step = current_;
     last_seq = step->seq;
     if (step->cancelled) continue;

@@ -38,6 +38,7 @@ class SharedCommunicator final : public comm::Communicator {
   }
   absl::Status Barrier() override { return inner_->Barrier(); }
   void Abort(absl::string_view reason) override { inner_->Abort(reason); }
+  comm::Communicator& Underlying() override { return inner_->Underlying(); }
 
  private:
   std::shared_ptr<comm::Communicator> inner_;

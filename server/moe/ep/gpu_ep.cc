@@ -878,9 +878,12 @@ absl::Status RunMoeExpertParallelOnGpu(const GpuEpLayer& layer, const MoeInputsF
                                        comm::Communicator& comm, EpStrategy strategy,
                                        GpuEpStats* stats) {
   const int rank = comm.rank();
-  auto* wrapped = dynamic_cast<GpuEpCommunicator*>(&comm);
+  // Through forwarding wrappers (a group across servers shares rank 0's
+  // communicator so that a peer's failure can abort it).
+  comm::Communicator& underlying = comm.Underlying();
+  auto* wrapped = dynamic_cast<GpuEpCommunicator*>(&underlying);
   auto* nccl = wrapped != nullptr ? &wrapped->nccl()
-                                  : dynamic_cast<comm::NcclCommunicator*>(&comm);
+                                  : dynamic_cast<comm::NcclCommunicator*>(&underlying);
   if (nccl == nullptr || layer.workspace == nullptr) {
     const absl::Status st = InvalidField(
         nccl == nullptr ? "comm" : "workspace",
