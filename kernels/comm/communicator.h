@@ -41,8 +41,7 @@ class Communicator {
   // Every rank contributes `count` elements; `recv` receives size() * count
   // elements, rank r's contribution at element r * count. In place when
   // send == recv + rank() * count * elem_size.
-  virtual absl::Status AllGather(const void* send, void* recv, int64_t count,
-                                 CommDType dtype) = 0;
+  virtual absl::Status AllGather(const void* send, void* recv, int64_t count, CommDType dtype) = 0;
 
   // `send` holds size() * recv_count elements; `recv` receives block rank()
   // (elements [rank() * recv_count, (rank() + 1) * recv_count)) reduced over
@@ -76,6 +75,14 @@ class Communicator {
   // rank's communicator (peers fail when their own calls time out or abort).
   virtual void Abort(absl::string_view reason) = 0;
 };
+
+// All-to-all-v of whole rows of `width` elements, packed contiguously in
+// peer order on both sides: send_rows[p] rows go to rank p, recv_rows[p]
+// rows arrive from rank p (each has size() entries). A side with no rows may
+// pass a null buffer.
+absl::Status ExchangeRows(Communicator& comm, const void* send, absl::Span<const int64_t> send_rows,
+                          void* recv, absl::Span<const int64_t> recv_rows, int64_t width,
+                          CommDType dtype);
 
 // INVALID_ARGUMENT unless `counts` and `displs` have `size` entries, counts
 // and displacements are non-negative and a non-empty segment has a buffer.

@@ -36,4 +36,21 @@ absl::Status SynchronizeStream(void* stream) {
   return absl::OkStatus();
 }
 
+absl::Status DeviceScope::Enter(int device) {
+  if (cudaError_t e = cudaGetDevice(&prev_); e != cudaSuccess) {
+    return CudaError(e, "cudaGetDevice", __LINE__);
+  }
+  if (prev_ != device) {
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      return CudaError(e, "cudaSetDevice", __LINE__);
+    }
+  }
+  device_ = device;
+  return absl::OkStatus();
+}
+
+DeviceScope::~DeviceScope() {
+  if (prev_ >= 0 && prev_ != device_) cudaSetDevice(prev_);
+}
+
 }  // namespace kplan::kernels

@@ -15,6 +15,7 @@
 #include "kernels/cuda/ir_cuda_status.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/stream.h"
 #include "server/moe/gpu_layer.h"
 #include "server/base/status.h"
 
@@ -35,22 +36,7 @@ static_assert(static_cast<int>(kc::MoeRoutingMethod::kLlama4) ==
 static_assert(static_cast<int>(kc::MoeScoringFunc::kSqrtSoftplus) ==
               static_cast<int>(moe::ScoringFunc::kSqrtSoftplus));
 
-// Makes `device` current for a scope and restores the previous one.
-class DeviceScope {
- public:
-  absl::Status Enter(int device) {
-    KPLAN_GPU_RETURN_IF_ERROR(cudaGetDevice(&prev_));
-    if (prev_ != device) KPLAN_GPU_RETURN_IF_ERROR(cudaSetDevice(device));
-    device_ = device;
-    return absl::OkStatus();
-  }
-  ~DeviceScope() {
-    if (prev_ >= 0 && prev_ != device_) cudaSetDevice(prev_);
-  }
-
- private:
-  int prev_ = -1, device_ = -1;
-};
+using kernels::DeviceScope;
 
 
 absl::Status CopyToDevice(void** dst, const void* src, int64_t bytes) {

@@ -112,24 +112,11 @@ class All2AllV final : public EpDispatch {
   }
 
  private:
-  // All-to-all-v of whole rows of `width` elements, packed contiguously in
-  // peer order on both sides.
   static absl::Status Exchange(comm::Communicator& comm, const void* send,
                                const std::vector<int64_t>& send_rows, void* recv,
                                const std::vector<int64_t>& recv_rows, int64_t width,
                                comm::CommDType dtype) {
-    const int n = comm.size();
-    std::vector<int64_t> sc(n), sd(n), rc(n), rd(n);
-    int64_t so = 0, ro = 0;
-    for (int p = 0; p < n; ++p) {
-      sc[p] = send_rows[p] * width;
-      sd[p] = so;
-      so += sc[p];
-      rc[p] = recv_rows[p] * width;
-      rd[p] = ro;
-      ro += rc[p];
-    }
-    return comm.AllToAllV(send, sc, sd, recv, rc, rd, dtype);
+    return comm::ExchangeRows(comm, send, send_rows, recv, recv_rows, width, dtype);
   }
 
   std::vector<int64_t> send_order_;  // slot index (token * k + j) per sent row

@@ -12,6 +12,7 @@
 #include "kernels/cuda/moe_ep_ops.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/stream.h"
 #include "server/base/status.h"
 #include "server/moe/gpu_layer.h"
 
@@ -72,22 +73,7 @@ GpuEpWorkspace::Impl& WorkspaceImpl(GpuEpWorkspace& ws) { return *ws.impl_; }
 
 namespace {
 
-// Makes `device` current for a scope and restores the previous one.
-class DeviceScope {
- public:
-  absl::Status Enter(int device) {
-    KPLAN_EP_CUDA(cudaGetDevice(&prev_));
-    if (prev_ != device) KPLAN_EP_CUDA(cudaSetDevice(device));
-    device_ = device;
-    return absl::OkStatus();
-  }
-  ~DeviceScope() {
-    if (prev_ >= 0 && prev_ != device_) cudaSetDevice(prev_);
-  }
-
- private:
-  int prev_ = -1, device_ = -1;
-};
+using kernels::DeviceScope;
 
 int64_t ElemSize(MoeDType dtype) { return dtype == MoeDType::kFloat32 ? 4 : 2; }
 
@@ -501,21 +487,10 @@ class Step {
     return kc::LaunchMoeCombine(et, t.result_rows(), w_, M_, k_, H_, out_, stream_);
   }
 
-  // All-to-all-v of whole rows of `width` elements, packed in peer order.
   absl::Status Exchange(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                         const std::vector<int64_t>& recv_rows, int64_t width,
                         comm::CommDType dtype) {
-    std::vector<int64_t> sc(n_), sd(n_), rc(n_), rd(n_);
-    int64_t so = 0, ro = 0;
-    for (int p = 0; p < n_; ++p) {
-      sc[p] = send_rows[p] * width;
-      sd[p] = so;
-      so += sc[p];
-      rc[p] = recv_rows[p] * width;
-      rd[p] = ro;
-      ro += rc[p];
-    }
-    return comm_.AllToAllV(so > 0 ? send : nullptr, sc, sd, ro > 0 ? recv : nullptr, rc, rd, dtype);
+    return comm::ExchangeRows(comm_, send, send_rows, recv, recv_rows, width, dtype);
   }
 
   absl::Status All2AllV() {
