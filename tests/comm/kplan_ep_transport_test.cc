@@ -34,6 +34,7 @@
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_ops.h"
 #include "server/moe/ep/ep_placement.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace kplan::comm {
 namespace {
@@ -42,10 +43,7 @@ namespace kc = kplan::kernels::cuda;
 
 constexpr int kBlockM = 64;  // moe_align block size = the GEMM's block_m
 
-int DeviceCount() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
+int DeviceCount() { return test_util::CudaDeviceCount(); }
 
 // Output survives a watchdog exit.
 const bool kLineBuffered = std::setvbuf(stdout, nullptr, _IOLBF, 0) == 0;

@@ -11,14 +11,12 @@
 
 #include "gtest/gtest.h"
 #include "kernels/comm/nccl_communicator.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace kplan::comm {
 namespace {
 
-int DeviceCount() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
+int DeviceCount() { return test_util::CudaDeviceCount(); }
 
 // Runs `body(rank, comm)` on one thread per rank, each on its own GPU.
 template <typename Body>

@@ -54,6 +54,7 @@
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace kplan::moe::ep {
 namespace {
@@ -62,32 +63,9 @@ using comm::NcclCommunicator;
 
 constexpr int kRanks = 2;
 
-int DeviceCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-uint64_t Seed() {
-  static const uint64_t seed = [] {
-    uint64_t s = std::random_device{}();
-    if (const char* e = std::getenv("GPU_EP_TEST_SEED")) s = std::strtoull(e, nullptr, 10);
-    std::printf("gpu_ep_test: seed %llu (GPU_EP_TEST_SEED repeats it)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+int DeviceCount() { return test_util::CudaDeviceCount(); }
+uint64_t Seed() { return test_util::TestSeed("gpu_ep_test", "GPU_EP_TEST_SEED"); }
+uint64_t Mix(uint64_t x) { return test_util::SplitMix(x); }
 
 // n non-zero bf16 values ±(1 + m/128)·2^(base - 0..3), filled by threads.
 std::string RandomBf16(int64_t n, int base, uint64_t stream_id) {

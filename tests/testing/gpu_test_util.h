@@ -15,14 +15,17 @@
 
 namespace kplan::test_util {
 
-inline bool HaveCuda() {
+// Devices this process sees (0 when the runtime finds none or no driver).
+inline int CudaDeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
-  return n > 0;
+  return n;
 }
+
+inline bool HaveCuda() { return CudaDeviceCount() > 0; }
 
 #define SKIP_WITHOUT_CUDA() \
   if (!::kplan::test_util::HaveCuda()) GTEST_SKIP() << "no CUDA device"
