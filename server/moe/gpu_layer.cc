@@ -67,11 +67,7 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
     partials = std::max(kc::MoeGemmPartialsBytes(l.splits1, numel, N13),
                         kc::MoeGemmPartialsBytes(l.splits2, numel, H));
   }
-  auto reserve = [&l](int64_t bytes) {
-    const int64_t at = l.bytes;
-    l.bytes += (bytes + 255) / 256 * 256;
-    return at;
-  };
+  auto reserve = [&l](int64_t bytes) { return ReserveAligned(&l.bytes, bytes); };
   l.sorted = reserve(l.max_padded * 4);
   l.eids = reserve(l.max_blocks * 4);
   l.post = reserve(4);

@@ -92,11 +92,7 @@ Layout LayoutFor(const GpuExperts& experts, const Scheme& s, int64_t M, int k, i
     l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));
     l.max_blocks = std::max(l.max_blocks, kc::MoeAlignMaxBlocks(numel, E, bm, false));
   }
-  auto reserve = [&l](int64_t bytes) {
-    const int64_t at = l.bytes;
-    l.bytes += (bytes + 255) / 256 * 256;
-    return at;
-  };
+  auto reserve = [&l](int64_t bytes) { return ReserveAligned(&l.bytes, bytes); };
   l.sorted = reserve(l.max_padded * 4);
   l.eids = reserve(l.max_blocks * 4);
   l.post = reserve(4);

@@ -32,6 +32,14 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
                                    moe::MoeDType act_dtype, void* workspace,
                                    int64_t workspace_bytes, void* stream);
 
+// Workspace layouts: reserves `bytes` at the end of a layout of `*total`
+// bytes, 256-byte aligned; returns its offset.
+inline int64_t ReserveAligned(int64_t* total, int64_t bytes) {
+  const int64_t at = *total;
+  *total += (bytes + 255) / 256 * 256;
+  return at;
+}
+
 // The first two stages every route shares (gpu_layer.cc): routing from
 // logits when `a` has them, then moe_align_block_size with `block_m` (and
 // a's expert map) into the given device arrays.

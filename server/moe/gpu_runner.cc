@@ -17,6 +17,7 @@
 #include "kernels/cuda/moe_ops.h"
 #include "kernels/cuda/stream.h"
 #include "server/moe/gpu_layer.h"
+#include "server/moe/gpu_layer_emulation.h"
 #include "server/base/status.h"
 
 namespace kplan {
@@ -54,11 +55,7 @@ class Workspace {
     if (base_ != nullptr) cudaFreeAsync(base_, stream_);
   }
   // Reserves `bytes`; returns its offset (valid after Allocate).
-  int64_t Reserve(int64_t bytes) {
-    const int64_t at = size_;
-    size_ += (bytes + 255) / 256 * 256;
-    return at;
-  }
+  int64_t Reserve(int64_t bytes) { return ReserveAligned(&size_, bytes); }
   absl::Status Allocate() {
     if (size_ == 0) return absl::OkStatus();
     const cudaError_t err = cudaMallocAsync(&base_, static_cast<size_t>(size_), stream_);
