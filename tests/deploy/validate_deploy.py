@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Renders every kustomize overlay in deploy/ and checks what operators rely
-on: gRPC (or socket) health probes, a GPU limit, a memory-backed /dev/shm,
+on: gRPC (or socket) health probes, a GPU limit (eight for the expert-parallel
+overlay, whose GPUs form one group), a memory-backed /dev/shm,
 a grace period above the server's --exit_timeout, resource requests, a
 non-root user; the standalone Service is headless; the sidecar is a native
 sidecar sharing its socket with the engine. Also lints the Dockerfile for the
@@ -45,7 +46,7 @@ def seconds(arg):
 
 
 class OverlayTest(unittest.TestCase):
-    def check_server(self, docs):
+    def check_server(self, docs, gpus=1):
         found = list(kplan_containers(docs))
         self.assertEqual(len(found), 1, "exactly one kplan-server container")
         deployment, pod, c = found[0]
@@ -55,7 +56,8 @@ class OverlayTest(unittest.TestCase):
         for probe in ("livenessProbe", "readinessProbe"):
             self.assertIn(probe, c)
             self.assertTrue("grpc" in c[probe] or "exec" in c[probe], probe)
-        self.assertEqual(c["resources"]["limits"]["nvidia.com/gpu"], 1)
+        self.assertEqual(c["resources"]["limits"]["nvidia.com/gpu"], gpus)
+        self.assertEqual(c["resources"]["requests"]["nvidia.com/gpu"], gpus)
         self.assertIn("cpu", c["resources"]["requests"])
         self.assertIn("memory", c["resources"]["requests"])
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
@@ -80,6 +82,14 @@ class OverlayTest(unittest.TestCase):
         self.assertEqual(services[0]["spec"]["clusterIP"], "None")
         ports = {p["name"]: p["port"] for p in services[0]["spec"]["ports"]}
         self.assertEqual(ports, {"grpc": 50051, "metrics": 9464})
+
+    def test_expert_parallel(self):
+        docs = render("expert-parallel")
+        if docs is None:
+            self.skipTest("kubectl not installed: overlay not rendered")
+        deployment, _, c = self.check_server(docs, gpus=8)
+        self.assertIn("--devices=all", c["args"])  # the pod's GPUs form the group
+        self.assertEqual(deployment["spec"]["replicas"], 1)
 
     def test_sidecar(self):
         docs = render("sidecar")
