@@ -1,6 +1,10 @@
 #include "client/cli/format.h"
 
+#include <algorithm>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
@@ -127,6 +131,123 @@ std::string FormatServerInfo(const v1::GetServerInfoResponse& r) {
       r.executable_backends().empty() ? "-" : List(r.executable_backends()));
   Row(out, "max message bytes", absl::StrCat(r.limits().max_message_bytes()));
   return out;
+}
+
+namespace {
+
+std::string Bytes(int64_t b) {
+  if (b < 1024) return absl::StrCat(b, " B");
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = -1;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  return absl::StrFormat("%.1f %s", v, units[u]);
+}
+
+// Rows of cells, left-aligned in columns two spaces apart.
+std::string Table(const std::vector<std::vector<std::string>>& rows, absl::string_view indent) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()));
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line(indent);
+    for (size_t c = 0; c < row.size(); ++c) {
+      absl::StrAppend(&line, c + 1 < row.size()
+                                 ? absl::StrFormat("%-*s  ", static_cast<int>(width[c]), row[c])
+                                 : row[c]);
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+std::string Placement(const v1::ExpertsInfo& e) {
+  std::vector<std::string> parts;
+  for (const v1::ExpertsPlacement& p : e.placement()) {
+    parts.push_back(p.num_experts() == e.num_experts() || p.num_experts() == 0
+                        ? p.device()
+                        : absl::StrFormat("%s[%d..%d)", p.device(), p.first_expert(),
+                                          p.first_expert() + p.num_experts()));
+  }
+  return parts.empty() ? "-" : absl::StrJoin(parts, ", ");
+}
+
+}  // namespace
+
+std::string FormatExperts(const google::protobuf::RepeatedPtrField<v1::ExpertsInfo>& sets) {
+  if (sets.empty()) return "no expert sets loaded\n";
+  std::string out;
+  for (const v1::ExpertsInfo& e : sets) {
+    std::string dtype = rpc::WireFromProtoDType(e.dtype());
+    if (!e.quantization().empty()) absl::StrAppend(&dtype, "/", e.quantization());
+    absl::StrAppend(&out, Table({{"ID", "EXPERTS", "HIDDEN", "INTERMEDIATE", "DTYPE/QUANT",
+                                  "ACTIVATION", "BYTES", "PLACEMENT"},
+                                 {e.experts_id(), absl::StrCat(e.num_experts()),
+                                  absl::StrCat(e.hidden_size()), absl::StrCat(e.intermediate_size()),
+                                  dtype, e.activation(), Bytes(e.bytes()), Placement(e)}},
+                                ""));
+    if (!e.shards().empty()) {
+      std::vector<std::vector<std::string>> rows = {
+          {"RANK", "DEVICE", "FIRST EXPERT", "EXPERTS", "BYTES"}};
+      for (const v1::ExpertShard& s : e.shards()) {
+        rows.push_back({absl::StrCat(s.rank()), s.device(), absl::StrCat(s.first_expert()),
+                        absl::StrCat(s.num_experts()), Bytes(s.bytes())});
+      }
+      absl::StrAppend(&out, "  shards (expert parallel, ", e.shards_size(), " ranks):\n",
+                      Table(rows, "    "));
+    }
+    if (&e != &sets[sets.size() - 1]) absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
+std::string FormatMoeRun(const MoeRunSummary& s) {
+  std::string out;
+  const v1::MoEExecution& p = s.plan;
+  Row(out, "experts", absl::StrCat(s.experts_id, " (", s.tokens, " tokens)"));
+  Row(out, "backend", p.backend());
+  Row(out, "experts kernel", p.experts_kernel().empty() ? "-" : p.experts_kernel());
+  Row(out, "dispatch", p.dispatch().empty() ? "-" : p.dispatch());
+  Row(out, "devices", List(p.devices()));
+  Row(out, "all2all backend", p.all2all_backend().empty() ? "-" : p.all2all_backend());
+  Row(out, "ep size", p.ep_size() == 0 ? "-" : absl::StrCat(p.ep_size()));
+  if (!p.candidates().empty()) {
+    absl::StrAppend(&out, "candidates (in the order tried):\n");
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::MoECandidate& c : p.candidates()) {
+      rows.push_back({c.backend(), c.experts_kernel().empty() ? "-" : c.experts_kernel(),
+                      c.accepted() ? "accepted" : absl::StrCat("rejected: ", c.reason())});
+    }
+    absl::StrAppend(&out, Table(rows, "  "));
+  }
+  const std::string which = s.runs > 1 ? absl::StrCat("timing (median of ", s.runs, " runs)")
+                                       : std::string("timing");
+  absl::StrAppend(&out, which, ":\n");
+  Row(out, "  queue", absl::StrFormat("%.1f us", s.timing.queue_us()));
+  Row(out, "  device", absl::StrFormat("%.1f us", s.timing.device_us()));
+  Row(out, "  total (server)", absl::StrFormat("%.1f us", s.timing.total_us()));
+  Row(out, "  round trip (client)", absl::StrFormat("%.1f us", s.round_trip_us));
+  return out;
+}
+
+std::string MoeRunToJson(const MoeRunSummary& s) {
+  std::string plan = ToJson(s.plan), timing = ToJson(s.timing);
+  // protobuf's JSON indents by one space: nest the two objects one level deeper.
+  auto indent = [](std::string json) {
+    while (!json.empty() && json.back() == '\n') json.pop_back();
+    return absl::StrReplaceAll(json, {{"\n", "\n "}});
+  };
+  return absl::StrFormat(
+      "{\n \"experts_id\": \"%s\",\n \"tokens\": %d,\n \"runs\": %d,\n"
+      " \"plan\": %s,\n \"timing\": %s,\n \"round_trip_us\": %.1f\n}\n",
+      absl::CEscape(s.experts_id), s.tokens, s.runs, indent(plan), indent(timing),
+      s.round_trip_us);
 }
 
 std::string ToJson(const google::protobuf::Message& m) {

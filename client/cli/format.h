@@ -2,7 +2,9 @@
 // messages as protobuf JSON instead.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "google/protobuf/message.h"
 #include "kplan/v1/service.pb.h"
@@ -18,6 +20,22 @@ std::vector<MoePlan> MoePlansOf(const v1::ResolveKernelConfigResponse& r);
 std::string FormatComparison(const v1::ResolveKernelConfigResponse& a,
                              const v1::ResolveKernelConfigResponse& b);
 std::string FormatServerInfo(const v1::GetServerInfoResponse& r);
+// Expert sets as a table: one row per set, then its expert-parallel shards.
+std::string FormatExperts(const google::protobuf::RepeatedPtrField<v1::ExpertsInfo>& sets);
+
+// What `kplan run-moe` reports: the plan of the last run and the timings
+// (medians over the runs when there were several).
+struct MoeRunSummary {
+  std::string experts_id;
+  int64_t tokens = 0;
+  int runs = 0;
+  v1::MoEExecution plan;
+  v1::MoETiming timing;
+  double round_trip_us = 0;  // measured by the client
+};
+std::string FormatMoeRun(const MoeRunSummary& s);
+std::string MoeRunToJson(const MoeRunSummary& s);
+
 // protobuf JSON with the proto field names, pretty-printed.
 std::string ToJson(const google::protobuf::Message& m);
 

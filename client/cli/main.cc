@@ -1,20 +1,17 @@
 // kplan: the command-line client. `kplan resolve` asks a server (or, with
 // --offline, the same library in-process) for the plan vLLM would build;
-// `kplan info` and `kplan health` inspect a running server.
-#include <cstdlib>
-#include <fstream>
+// `kplan info` and `kplan health` inspect a running server; `kplan experts`,
+// `load`, `unload` and `run-moe` drive its resident experts (moe_commands.h).
 #include <iostream>
-#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
 #include "client/cli/args.h"
+#include "client/cli/common.h"
 #include "client/cli/format.h"
+#include "client/cli/moe_commands.h"
 #include "client/cli/resolve_flags.h"
 #include "client/cpp/client.h"
 #include "server/base/status.h"
@@ -35,90 +32,13 @@ constexpr char kUsage[] =
     "  explain   every MoE backend candidate with its verdict and vLLM's reason\n"
     "  info      show the server's version, build, devices and platform\n"
     "  health    check the server's health; exit 0 when SERVING\n"
+    "  experts   list the expert sets resident on the server (with expert-parallel shards)\n"
+    "  load      load an expert set: from a safetensors file on the server host, or --random\n"
+    "  unload    unload an expert set: kplan unload ID\n"
+    "  run-moe   run a fused MoE layer on random inputs; show the plan and timing\n"
     "\n"
     "Run `kplan <command> --help` for the command's options.\n"
     "Example: kplan resolve --offline --platform cuda:9.0 --moe-backend triton\n";
-
-struct CommonFlags {
-  std::string server;
-  std::string timeout = "10";
-  std::string tls_ca, tls_cert, tls_key, token_file;
-  bool json = false;
-  bool help = false;
-
-  void Register(ArgParser& p) {
-    const char* env = std::getenv("KPLAN_SERVER");
-    server = env != nullptr ? env : "localhost:50051";
-    p.AddString("server", "ADDR", "server address (default $KPLAN_SERVER or localhost:50051)",
-                &server);
-    p.AddString("timeout", "SECONDS", "deadline per call, retries included (default 10)",
-                &timeout);
-    p.AddString("tls-ca", "FILE", "PEM CA bundle: connect over TLS and verify the server",
-                &tls_ca);
-    p.AddString("tls-cert", "FILE", "PEM client certificate (mutual TLS)", &tls_cert);
-    p.AddString("tls-key", "FILE", "PEM key of --tls-cert", &tls_key);
-    p.AddString("token-file", "FILE",
-                "file with the server's bearer token (default: $KPLAN_TOKEN if set)", &token_file);
-    p.AddSwitch("json", "print the response as JSON", &json);
-    p.AddSwitch("help", "show this help", &help);
-  }
-  absl::StatusOr<std::unique_ptr<Client>> Connect() const {
-    double seconds = 0;
-    if (!absl::SimpleAtod(timeout, &seconds) || seconds <= 0) {
-      return InvalidField("timeout", absl::StrCat("--timeout needs a positive number of seconds, got '",
-                                                  timeout, "'"));
-    }
-    ClientOptions options;
-    options.deadline = absl::Seconds(seconds);
-    struct FileFlag {
-      const std::string& path;
-      const char* flag;
-      std::string* out;
-    };
-    for (const FileFlag& f : {FileFlag{tls_ca, "tls-ca", &options.tls_root_certs},
-                              FileFlag{tls_cert, "tls-cert", &options.tls_client_cert},
-                              FileFlag{tls_key, "tls-key", &options.tls_client_key},
-                              FileFlag{token_file, "token-file", &options.bearer_token}}) {
-      if (f.path.empty()) continue;
-      std::ifstream in(f.path);
-      if (!in) return InvalidField(f.flag, absl::StrCat("cannot read --", f.flag, " file ", f.path));
-      std::stringstream text;
-      text << in.rdbuf();
-      *f.out = text.str();
-    }
-    options.bearer_token = std::string(absl::StripAsciiWhitespace(options.bearer_token));
-    if (options.bearer_token.empty()) {
-      if (const char* t = std::getenv("KPLAN_TOKEN")) options.bearer_token = t;
-    }
-    if ((!tls_cert.empty() || !tls_key.empty()) && tls_ca.empty()) {
-      return InvalidField("tls-ca", "--tls-cert/--tls-key need --tls-ca");
-    }
-    return Client::Connect(server, options);
-  }
-};
-
-int Fail(const absl::Status& status) {
-  std::cerr << "error: " << absl::StatusCodeToString(status.code()) << ": " << status.message();
-  if (std::optional<std::string> field = FieldOf(status)) std::cerr << " [field: " << *field << "]";
-  std::cerr << "\n";
-  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
-// Parses `args` into `parser`; returns an exit code when the command must stop.
-std::optional<int> ParseOrExit(ArgParser& parser, const std::vector<std::string>& args,
-                               const CommonFlags& common, const std::string& synopsis) {
-  std::vector<std::string> positional;
-  absl::Status s = parser.Parse(args, &positional);
-  if (!s.ok()) return Fail(s);
-  if (common.help) {
-    std::cout << synopsis << "\n\nOptions:\n" << parser.Help();
-    return 0;
-  }
-  if (!positional.empty()) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("unexpected argument '", positional[0], "'")));
-  }
-  return std::nullopt;
-}
 
 // Resolves `request` through the server or, offline, in-process.
 absl::StatusOr<v1::ResolveKernelConfigResponse> ResolveVia(
@@ -238,6 +158,10 @@ int main(int argc, char** argv) {
   if (command == "explain") return Resolve(args, /*explain=*/true);
   if (command == "info") return Info(args);
   if (command == "health") return Health(args);
+  if (command == "experts") return ExpertsCommand(args);
+  if (command == "load") return LoadCommand(args);
+  if (command == "unload") return UnloadCommand(args);
+  if (command == "run-moe") return RunMoeCommand(args);
   std::cerr << "kplan: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

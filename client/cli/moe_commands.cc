@@ -1,0 +1,403 @@
+#include "client/cli/moe_commands.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <random>
+#include <tuple>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/cli/args.h"
+#include "client/cli/common.h"
+#include "client/cli/format.h"
+#include "client/cpp/client.h"
+#include "kernels/cpu/ir_float.h"
+#include "kernels/cpu/moe/moe_reference.h"
+#include "server/base/status.h"
+#include "server/rpc/moe_convert.h"
+
+namespace kplan::cli {
+namespace {
+
+using kernels::IrScalarType;
+
+constexpr int64_t kChunkBytes = 4 << 20;
+
+// --flag VALUE as an integer >= `min`; an empty value keeps `*out`.
+absl::Status ParseInt(absl::string_view flag, const std::string& value, int64_t min,
+                      int64_t* out) {
+  if (value.empty()) return absl::OkStatus();
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < min) {
+    return InvalidField(flag, absl::StrCat("--", flag, " needs an integer >= ", min, ", got '",
+                                           value, "'"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status Required(absl::string_view flag, const std::string& value) {
+  if (value.empty()) return InvalidField(flag, absl::StrCat("--", flag, " is required"));
+  return absl::OkStatus();
+}
+
+// A plain floating-point dtype name: its proto value and element type.
+struct PlainDType {
+  v1::DType proto;
+  IrScalarType type;
+  int64_t size;
+};
+absl::StatusOr<PlainDType> ParsePlainDType(absl::string_view flag, const std::string& name) {
+  if (name == "float32") return PlainDType{v1::DTYPE_FLOAT32, IrScalarType::kFloat32, 4};
+  if (name == "float16") return PlainDType{v1::DTYPE_FLOAT16, IrScalarType::kFloat16, 2};
+  if (name == "bfloat16") return PlainDType{v1::DTYPE_BFLOAT16, IrScalarType::kBFloat16, 2};
+  return InvalidField(flag, absl::StrCat("--", flag, " takes float32, float16 or bfloat16, got '",
+                                         name, "'"));
+}
+
+// `count` random values of `dtype`, uniform in +-[0.1, 1) * scale (never zero).
+std::string RandomValues(int64_t count, const PlainDType& dtype, float scale, std::mt19937& rng) {
+  std::uniform_real_distribution<float> magnitude(0.1f, 1.0f);
+  std::bernoulli_distribution negative(0.5);
+  std::string data(count * dtype.size, '\0');
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = magnitude(rng) * scale;
+    kernels::cpu::StoreFromFloat(data.data(), i, dtype.type, negative(rng) ? -v : v);
+  }
+  return data;
+}
+
+v1::Tensor RandomTensor(std::vector<int64_t> shape, const PlainDType& dtype, float scale,
+                        std::mt19937& rng) {
+  v1::Tensor t;
+  t.set_dtype(dtype.proto);
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    t.add_shape(d);
+    count *= d;
+  }
+  t.set_data(RandomValues(count, dtype, scale, rng));
+  return t;
+}
+
+// `tensor` as LoadExperts chunks named `name`; the first carries dtype and shape.
+void AppendChunks(const std::string& name, const v1::Tensor& tensor,
+                  std::vector<v1::TensorChunk>* chunks) {
+  for (int64_t offset = 0; offset < static_cast<int64_t>(tensor.data().size());
+       offset += kChunkBytes) {
+    v1::TensorChunk& c = chunks->emplace_back();
+    c.set_name(name);
+    c.set_offset(offset);
+    c.set_data(tensor.data().substr(offset, kChunkBytes));
+    if (offset == 0) {
+      c.set_dtype(tensor.dtype());
+      *c.mutable_shape() = tensor.shape();
+    }
+  }
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+int ExpertsCommand(const std::vector<std::string>& args) {
+  ArgParser parser;
+  CommonFlags common;
+  common.Register(parser);
+  const std::string synopsis =
+      "usage: kplan experts [options]\n\nList the expert sets resident on the server: shapes, "
+      "dtype, activation, bytes, placement and, on an expert-parallel group, each rank's shard.";
+  if (auto exit = ParseOrExit(parser, args, common, synopsis)) return *exit;
+  absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<v1::ListExpertsResponse> list = (*client)->ListExperts();
+  if (!list.ok()) return Fail(list.status());
+  std::cout << (common.json ? ToJson(*list) : FormatExperts(list->experts()));
+  return 0;
+}
+
+namespace {
+
+struct LoadFlags {
+  std::string id, safetensors, name_template, gate_proj, up_proj, down_proj, w13, w2;
+  std::string num_experts, hidden, intermediate, dtype = "bfloat16", activation = "silu",
+                                                 quantization, seed = "0";
+  bool random = false;
+
+  void Register(ArgParser& p) {
+    p.AddString("id", "ID", "experts_id of the new set (required)", &id);
+    p.AddString("num-experts", "E", "number of experts (required)", &num_experts);
+    p.AddString("hidden", "H", "hidden size (required)", &hidden);
+    p.AddString("intermediate", "I", "intermediate size per expert (required)", &intermediate);
+    p.AddString("dtype", "DTYPE", "weight dtype: bfloat16 (default), float16, float32", &dtype);
+    p.AddString("activation", "NAME",
+                "MoEActivation value: silu (default), gelu, swigluoai, silu_no_mul, ...",
+                &activation);
+    p.AddString("quantization", "SCHEME",
+                "quantisation scheme of the weights (fp8_per_tensor, fp8_block, int8_group, ...); "
+                "the server loads quantised sets only inline, so neither source here takes one",
+                &quantization);
+    p.AddString("safetensors", "PATH", "safetensors file on the server host", &safetensors);
+    p.AddString("template", "NAME",
+                "per-expert tensor names with {e} for the expert and {proj} for gate_proj, "
+                "up_proj and down_proj, e.g. 'model.layers.0.mlp.experts.{e}.{proj}.weight'",
+                &name_template);
+    p.AddString("gate-proj", "NAME", "per-expert [I, H] name with {e} (overrides --template)",
+                &gate_proj);
+    p.AddString("up-proj", "NAME", "per-expert [I, H] name with {e} (overrides --template)",
+                &up_proj);
+    p.AddString("down-proj", "NAME", "per-expert [H, I] name with {e} (overrides --template)",
+                &down_proj);
+    p.AddString("w13", "NAME", "stacked [E, 2I, H] tensor name (with --w2)", &w13);
+    p.AddString("w2", "NAME", "stacked [E, H, I] tensor name (with --w13)", &w2);
+    p.AddSwitch("random", "generate and stream random weights of the given shape instead",
+                &random);
+    p.AddString("seed", "N", "seed of --random (default 0)", &seed);
+  }
+
+  // The header and, for --random, the chunks that follow it.
+  absl::Status Build(v1::ExpertsHeader* header, std::vector<v1::TensorChunk>* chunks) const {
+    KPLAN_RETURN_IF_ERROR(Required("id", id));
+    int64_t e = 0, h = 0, i = 0, seed_value = 0;
+    for (auto [flag, value, out] : {std::tuple("num-experts", &num_experts, &e),
+                                    std::tuple("hidden", &hidden, &h),
+                                    std::tuple("intermediate", &intermediate, &i)}) {
+      KPLAN_RETURN_IF_ERROR(Required(flag, *value));
+      KPLAN_RETURN_IF_ERROR(ParseInt(flag, *value, 1, out));
+    }
+    KPLAN_RETURN_IF_ERROR(ParseInt("seed", seed, 0, &seed_value));
+    KPLAN_ASSIGN_OR_RETURN(PlainDType plain, ParsePlainDType("dtype", dtype));
+    absl::StatusOr<moe::MoeActivation> act = moe::ParseMoeActivation(activation);
+    if (!act.ok()) return InvalidField("activation", act.status().message());
+    header->set_experts_id(id);
+    header->set_num_experts(e);
+    header->set_hidden_size(h);
+    header->set_intermediate_size(i);
+    header->set_activation(activation);
+    header->set_dtype(plain.proto);
+    header->mutable_quantization()->set_scheme(quantization);
+    if (random == !safetensors.empty()) {
+      return InvalidField("safetensors", "give either --safetensors PATH or --random");
+    }
+    if (random) {
+      if (!quantization.empty()) {
+        return InvalidField("quantization", "--random generates plain weights; drop --quantization");
+      }
+      std::mt19937 rng(static_cast<uint32_t>(seed_value));
+      const int64_t rows = moe::IsGated(*act) ? 2 * i : i;
+      AppendChunks("w13", RandomTensor({e, rows, h}, plain, 1.0f / std::sqrt(float(h)), rng),
+                   chunks);
+      AppendChunks("w2", RandomTensor({e, h, i}, plain, 1.0f / std::sqrt(float(i)), rng), chunks);
+      return absl::OkStatus();
+    }
+    v1::SafetensorsSource* st = header->mutable_safetensors();
+    st->set_path(safetensors);
+    st->set_w13(w13);
+    st->set_w2(w2);
+    if (!name_template.empty() && !absl::StrContains(name_template, "{proj}")) {
+      return InvalidField("template", "--template needs {proj} (and {e}); stacked tensors take "
+                                      "--w13 and --w2");
+    }
+    auto name = [&](const std::string& given, absl::string_view proj) {
+      if (!given.empty() || name_template.empty()) return given;
+      return absl::StrReplaceAll(name_template, {{"{proj}", proj}});
+    };
+    st->set_gate_proj(name(gate_proj, "gate_proj"));
+    st->set_up_proj(name(up_proj, "up_proj"));
+    st->set_down_proj(name(down_proj, "down_proj"));
+    if (st->w13().empty() && st->w2().empty() && st->up_proj().empty()) {
+      return InvalidField("template", "name the tensors: --template, --gate-proj/--up-proj/"
+                                      "--down-proj or --w13/--w2");
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+int LoadCommand(const std::vector<std::string>& args) {
+  ArgParser parser;
+  CommonFlags common;
+  LoadFlags flags;
+  common.Register(parser);
+  flags.Register(parser);
+  const std::string synopsis =
+      "usage: kplan load --id ID --num-experts E --hidden H --intermediate I\n"
+      "           (--safetensors PATH (--template NAME | --w13 NAME --w2 NAME) | --random)\n"
+      "\nLoad an expert set onto the server: from a safetensors file on the server host\n"
+      "(per-expert tensors named with {e}, or tensors stacked over experts), or random weights\n"
+      "streamed from here (--random: values scaled by 1/sqrt(fan-in)). Prints the set.\n"
+      "Example: kplan load --id layer0 --random --num-experts 8 --hidden 256 --intermediate 512";
+  if (auto exit = ParseOrExit(parser, args, common, synopsis)) return *exit;
+  v1::ExpertsHeader header;
+  std::vector<v1::TensorChunk> chunks;
+  if (absl::Status s = flags.Build(&header, &chunks); !s.ok()) return Fail(s);
+  absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<v1::LoadExpertsResponse> loaded = (*client)->LoadExperts(header, chunks);
+  if (!loaded.ok()) return Fail(loaded.status());
+  if (common.json) {
+    std::cout << ToJson(*loaded);
+    return 0;
+  }
+  v1::ListExpertsResponse one;
+  *one.add_experts() = loaded->experts();
+  std::cout << FormatExperts(one.experts());
+  return 0;
+}
+
+int UnloadCommand(const std::vector<std::string>& args) {
+  ArgParser parser;
+  CommonFlags common;
+  common.Register(parser);
+  std::vector<std::string> ids;
+  if (auto exit = ParseOrExit(parser, args, common,
+                              "usage: kplan unload ID [options]\n\nUnload the expert set ID.",
+                              &ids)) {
+    return *exit;
+  }
+  if (ids.size() != 1) {
+    return Fail(InvalidField("experts_id", "kplan unload takes exactly one experts id"));
+  }
+  absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<v1::UnloadExpertsResponse> freed = (*client)->UnloadExperts(ids[0]);
+  if (!freed.ok()) return Fail(freed.status());
+  if (common.json) {
+    std::cout << ToJson(*freed);
+  } else {
+    std::cout << "unloaded " << ids[0] << " (" << freed->bytes_freed() << " bytes freed)\n";
+  }
+  return 0;
+}
+
+namespace {
+
+struct RunMoeFlags {
+  std::string id, tokens, top_k = "2", routing = "RenormalizeNaive", moe_backend = "auto",
+                          all2all_backend, repeat = "1", dtype, seed = "0";
+
+  void Register(ArgParser& p) {
+    p.AddString("id", "ID", "experts_id of a resident set (required)", &id);
+    p.AddString("tokens", "N", "tokens in the batch (required)", &tokens);
+    p.AddString("top-k", "K", "experts per token (default 2)", &top_k);
+    p.AddString("routing", "METHOD",
+                "RoutingMethodType: RenormalizeNaive (default), Default, Renormalize, Llama4, "
+                "Sigmoid, SigmoidRenorm",
+                &routing);
+    p.AddString("moe-backend", "NAME",
+                "kernel_config.moe_backend: auto (default), kplan, emulation, kplan_ep, ...",
+                &moe_backend);
+    p.AddString("all2all-backend", "NAME",
+                "expert-parallel dispatch: allgather_reducescatter, kplan_all2allv, passthrough",
+                &all2all_backend);
+    p.AddString("repeat", "R", "run R times with fresh inputs; timings are medians (default 1)",
+                &repeat);
+    p.AddString("dtype", "DTYPE",
+                "hidden states: float32, float16, bfloat16 (default: the weights' dtype, else "
+                "bfloat16)",
+                &dtype);
+    p.AddString("seed", "N", "seed of the random inputs (default 0)", &seed);
+  }
+};
+
+// The resident set `id`, for its shapes and dtype.
+absl::StatusOr<v1::ExpertsInfo> FindExperts(Client& client, const std::string& id,
+                                            const std::string& server) {
+  KPLAN_ASSIGN_OR_RETURN(v1::ListExpertsResponse list, client.ListExperts());
+  for (const v1::ExpertsInfo& e : list.experts()) {
+    if (e.experts_id() == id) return e;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no expert set '", id, "' on ", server, " (kplan experts lists them)"));
+}
+
+absl::StatusOr<MoeRunSummary> RunMoe(const RunMoeFlags& flags, const CommonFlags& common) {
+  KPLAN_RETURN_IF_ERROR(Required("id", flags.id));
+  KPLAN_RETURN_IF_ERROR(Required("tokens", flags.tokens));
+  int64_t tokens = 0, top_k = 0, repeat = 0, seed = 0;
+  KPLAN_RETURN_IF_ERROR(ParseInt("tokens", flags.tokens, 1, &tokens));
+  KPLAN_RETURN_IF_ERROR(ParseInt("top-k", flags.top_k, 1, &top_k));
+  KPLAN_RETURN_IF_ERROR(ParseInt("repeat", flags.repeat, 1, &repeat));
+  KPLAN_RETURN_IF_ERROR(ParseInt("seed", flags.seed, 0, &seed));
+  std::optional<PlainDType> act;
+  if (!flags.dtype.empty()) {
+    KPLAN_ASSIGN_OR_RETURN(act, ParsePlainDType("dtype", flags.dtype));
+  }
+  KPLAN_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, common.Connect());
+  KPLAN_ASSIGN_OR_RETURN(v1::ExpertsInfo experts, FindExperts(*client, flags.id, common.server));
+  if (!act) {
+    absl::StatusOr<PlainDType> weights =
+        ParsePlainDType("dtype", rpc::WireFromProtoDType(experts.dtype()));
+    act = weights.ok() ? *weights : *ParsePlainDType("dtype", "bfloat16");
+  }
+  const PlainDType logits_dtype = *ParsePlainDType("dtype", "float32");
+
+  v1::RunMoERequest request;
+  request.set_experts_id(flags.id);
+  request.mutable_routing()->set_top_k(top_k);
+  request.mutable_routing()->set_routing_method(flags.routing);
+  request.mutable_kernel_config()->set_moe_backend(flags.moe_backend);
+  if (!flags.all2all_backend.empty()) {
+    request.mutable_parallel()->set_all2all_backend(flags.all2all_backend);
+  }
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  MoeRunSummary summary;
+  summary.experts_id = flags.id;
+  summary.tokens = tokens;
+  summary.runs = repeat;
+  std::vector<double> queue, device, total, round_trip;
+  for (int64_t r = 0; r < repeat; ++r) {
+    *request.mutable_hidden_states() = RandomTensor({tokens, experts.hidden_size()}, *act, 1, rng);
+    *request.mutable_router_logits() =
+        RandomTensor({tokens, experts.num_experts()}, logits_dtype, 2, rng);
+    const absl::Time start = absl::Now();
+    KPLAN_ASSIGN_OR_RETURN(v1::RunMoEResponse response, client->RunMoE(request));
+    round_trip.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    queue.push_back(response.timing().queue_us());
+    device.push_back(response.timing().device_us());
+    total.push_back(response.timing().total_us());
+    summary.plan = response.plan();
+  }
+  summary.timing.set_queue_us(Median(queue));
+  summary.timing.set_device_us(Median(device));
+  summary.timing.set_total_us(Median(total));
+  summary.round_trip_us = Median(round_trip);
+  return summary;
+}
+
+}  // namespace
+
+int RunMoeCommand(const std::vector<std::string>& args) {
+  ArgParser parser;
+  CommonFlags common;
+  RunMoeFlags flags;
+  common.Register(parser);
+  flags.Register(parser);
+  const std::string synopsis =
+      "usage: kplan run-moe --id ID --tokens N [options]\n"
+      "\nRun one fused MoE layer over the resident set ID on random hidden states [N, H] and\n"
+      "router logits [N, E] (fresh per repeat). Prints the plan (backend, experts kernel,\n"
+      "dispatch, devices, the candidates with the reasons they were rejected) and the timing.\n"
+      "Example: kplan run-moe --id layer0 --tokens 64 --top-k 2 --repeat 10";
+  if (auto exit = ParseOrExit(parser, args, common, synopsis)) return *exit;
+  absl::StatusOr<MoeRunSummary> summary = RunMoe(flags, common);
+  if (!summary.ok()) return Fail(summary.status());
+  std::cout << (common.json ? MoeRunToJson(*summary) : FormatMoeRun(*summary));
+  return 0;
+}
+
+}  // namespace kplan::cli
