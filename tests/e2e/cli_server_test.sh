@@ -1,23 +1,36 @@
 #!/usr/bin/env bash
 # End to end: the kplan-server binary and the kplan CLI. Starts a server on a
 # free loopback port, checks health, compares server and --offline answers,
-# checks an error's exit code and text, then SIGTERM must drain and exit 0.
+# checks an error's exit code and text, drives the MoE commands (also on a
+# second server with a CPU expert-parallel group), then SIGTERM must drain and
+# exit 0.
 set -euo pipefail
 bin=$1
 work=$(mktemp -d)
 server_pid=""
-cleanup() { [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null; rm -rf "$work"; }
+ep_pid=""
+cleanup() {
+  [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
+  [ -n "$ep_pid" ] && kill -9 "$ep_pid" 2>/dev/null
+  rm -rf "$work"
+}
 trap cleanup EXIT
+
+# Waits for the server logging to $1 to listen; prints its address.
+server_addr() {
+  local port=""
+  for _ in $(seq 100); do
+    port=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$1")
+    [ -n "$port" ] && break
+    sleep 0.1
+  done
+  [ -n "$port" ] || { cat "$1" >&2; echo "server did not start" >&2; return 1; }
+  echo "127.0.0.1:$port"
+}
 
 "$bin/kplan-server" --listen=127.0.0.1:0 --exit_timeout=5s >"$work/server.log" 2>&1 &
 server_pid=$!
-for _ in $(seq 100); do
-  port=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$work/server.log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$work/server.log"; echo "server did not start"; exit 1; }
-addr="127.0.0.1:$port"
+addr=$(server_addr "$work/server.log")
 
 [ "$("$bin/kplan" health --server "$addr")" = "SERVING" ]
 [ "$("$bin/kplan" health --server "$addr" --service kplan.v1.KernelPlanService)" = "SERVING" ]
@@ -58,6 +71,45 @@ if [ -d "$bin/../python" ] && /usr/bin/python3 -c "import grpc, numpy" 2>/dev/nu
   grep -q "all2all_backend: passthrough" "$work/example.txt"
   grep -q "output: (4, 64) backend: emulation" "$work/example.txt"
 fi
+
+# The MoE commands on the CPU path: load random experts, list them, run a layer, unload.
+"$bin/kplan" load --server "$addr" --id cli-layer --random --num-experts 8 --hidden 64 \
+  --intermediate 128 >"$work/load.txt"
+grep -q "^cli-layer .* bfloat16 .* silu" "$work/load.txt" || { cat "$work/load.txt"; exit 1; }
+"$bin/kplan" experts --server "$addr" >"$work/experts.txt"
+grep -q "^cli-layer  *8  *64  *128 " "$work/experts.txt" || { cat "$work/experts.txt"; exit 1; }
+"$bin/kplan" experts --server "$addr" --json | grep -q '"experts_id": "cli-layer"'
+"$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 16 --top-k 2 --repeat 3 \
+  >"$work/run.txt"
+grep -q "^backend: *emulation" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
+grep -q "median of 3 runs" "$work/run.txt"
+"$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 4 --json | grep -q '"backend": "emulation"'
+set +e
+"$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens many 2>"$work/err.txt"
+rc=$?
+set -e
+[ "$rc" = 2 ] || { echo "run-moe --tokens many: expected exit 2, got $rc"; exit 1; }
+grep -q -- "--tokens needs an integer" "$work/err.txt"
+"$bin/kplan" unload --server "$addr" cli-layer | grep -q "unloaded cli-layer"
+"$bin/kplan" experts --server "$addr" >"$work/experts.txt"
+if grep -q cli-layer "$work/experts.txt"; then echo "cli-layer still listed"; exit 1; fi
+
+# An expert-parallel group of two CPU ranks: the set is sharded, kplan_all2allv runs.
+"$bin/kplan-server" --listen=127.0.0.1:0 --cpu_ep_ranks=2 --exit_timeout=5s >"$work/ep.log" 2>&1 &
+ep_pid=$!
+ep_addr=$(server_addr "$work/ep.log")
+"$bin/kplan" load --server "$ep_addr" --id ep-layer --random --num-experts 6 --hidden 32 \
+  --intermediate 64 >/dev/null
+"$bin/kplan" experts --server "$ep_addr" >"$work/ep_experts.txt"
+grep -q "shards (expert parallel, 2 ranks)" "$work/ep_experts.txt" || { cat "$work/ep_experts.txt"; exit 1; }
+grep -q "^    1  *cpu  *3  *3 " "$work/ep_experts.txt"
+"$bin/kplan" run-moe --server "$ep_addr" --id ep-layer --tokens 5 --all2all-backend kplan_all2allv \
+  >"$work/ep_run.txt"
+grep -q "^all2all backend: *kplan_all2allv" "$work/ep_run.txt" || { cat "$work/ep_run.txt"; exit 1; }
+grep -q "^ep size: *2" "$work/ep_run.txt"
+kill -TERM "$ep_pid"
+wait "$ep_pid"
+ep_pid=""
 
 kill -TERM "$server_pid"
 wait "$server_pid"
