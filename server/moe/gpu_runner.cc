@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cuda/ir_cuda_status.h"
@@ -339,6 +340,12 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   }
   KPLAN_GPU_RETURN_IF_ERROR(
       cudaMemcpyAsync(ws.base(), host, o_out, cudaMemcpyHostToDevice, stream));
+  // From here an error return must not leave DMA in flight on the pinned
+  // buffer, which the next (larger) request on this thread may free.
+  bool drained = false;
+  absl::Cleanup drain_on_error = [&] {
+    if (!drained) cudaStreamSynchronize(stream);
+  };
   void* d_hidden = ws.At<void>(o_hidden);
   float* d_w = ws.At<float>(o_w);
   int32_t* d_ids = ws.At<int32_t>(o_ids);
@@ -366,6 +373,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(host + o_ids, ws.At<void>(o_ids), io_bytes - o_ids,
                                             cudaMemcpyDeviceToHost, stream));
   KPLAN_GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  drained = true;
   if (stats != nullptr) {
     KPLAN_GPU_RETURN_IF_ERROR(cudaEventElapsedTime(&stats->device_ms, ev.start, ev.stop));
   }

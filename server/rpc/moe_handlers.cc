@@ -451,11 +451,14 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
     const moe::ep::EpRankKind& kind = env_.ep_group->kind();
     const bool fits =
         kind.moe_backend() == "emulation" || input->act_dtype == (*experts)->spec().dtype;
-    if (backend == "kplan_ep" || ((backend == "auto" || backend == kind.moe_backend()) && fits)) {
+    // kplan_ep needs the same fit: refusing here is cheaper than every rank
+    // failing its own check inside the step (which also rebuilds the group).
+    const bool group_backend = backend == "kplan_ep" || backend == kind.moe_backend();
+    if ((backend == "auto" || group_backend) && fits) {
       return RunMoeOnGroup(call, *request, std::move(*experts), std::move(*input), backend,
                            response);
     }
-    if (backend == kind.moe_backend()) {
+    if (group_backend) {
       return call->FinishUnary(WithField(
           absl::FailedPreconditionError(absl::StrCat(
               "moe_backend '", backend, "' runs experts '", request->experts_id(),

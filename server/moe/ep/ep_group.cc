@@ -390,7 +390,14 @@ absl::Status EpGroup::RunStepLocked(std::unique_lock<std::mutex>& lock,
         absl::StrCat(what, ": rank", late.size() == 1 ? " " : "s ", names(late), " still running"));
   }
   absl::Status st = Combine(step);
-  if (!st.ok() && step.communicates) needs_rebuild_ = true;
+  if (!st.ok() && step.communicates) {
+    // Abort every rank's communicator, not only the failed ones: a healthy
+    // rank's next rebuild would otherwise tear its old one down collectively
+    // (the passthrough transport's windows) and wait for a peer whose own
+    // communicator was aborted and never takes part.
+    AbortAllLocked(st.message());
+    needs_rebuild_ = true;
+  }
   return st;
 }
 

@@ -369,19 +369,24 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
         "generation");
   }
   if (step.generation > generation) {
-    comm_.reset();
     {
       std::lock_guard<std::mutex> lock(mu_);
       generation_ = step.generation;
     }
+    // Join the new generation first and tear the old communicator down
+    // after, in the order rank 0 does: a teardown that waits for the peers
+    // would otherwise wait for rank 0 while rank 0 waits in the join.
     absl::StatusOr<std::unique_ptr<comm::Communicator>> comm =
         comm_factory_(step.group_id, rank_, size_, comm_timeout_);
+    std::unique_ptr<comm::Communicator> old = std::move(comm_);
     if (!comm.ok()) {
+      old.reset();
       return absl::Status(comm.status().code(),
                           absl::StrCat("rank ", rank_, " could not join generation ",
                                        step.generation, ": ", comm.status().message()));
     }
     comm_ = std::move(*comm);
+    old.reset();
   }
   std::string output(step.num_tokens * row, '\0');
   MoeInputsForThisRank inputs;
