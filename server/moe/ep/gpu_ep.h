@@ -71,6 +71,7 @@
 // collective. Built only with CUDA and NCCL.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -134,7 +135,7 @@ class GpuEpCommunicator final : public comm::Communicator {
   std::unique_ptr<comm::NcclCommunicator> nccl_;
   std::vector<std::unique_ptr<comm::KplanEpTransport>> transports_;
   int64_t transports_created_ = 0;
-  bool aborted_ = false;
+  std::atomic<bool> aborted_{false};  // set by the rank thread or by an abort from another
 };
 
 // The device buffers of one rank's steps: inputs, gathered / exchanged rows,
