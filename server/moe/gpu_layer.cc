@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/ir_cuda_status.h"
 #include "kernels/cuda/moe_experts.h"
-#include "server/moe/gpu_layer_emulation.h"
 #include "server/base/status.h"
+#include "server/moe/gpu_layer_emulation.h"
 
 namespace kplan {
 namespace {
@@ -53,8 +53,7 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
       l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));
       l.max_blocks = std::max(l.max_blocks, kc::MoeAlignMaxBlocks(numel, E, bm, false));
     }
-    partials = std::min(kMaxPartialsBytes,
-                        kc::MoeGemmPartialsBytes(8, numel, std::max(N13, H)));
+    partials = std::min(kMaxPartialsBytes, kc::MoeGemmPartialsBytes(8, numel, std::max(N13, H)));
   } else {
     const int sms = NumSms(experts.device());
     auto splits = [&](int64_t N, int64_t K) {
@@ -85,6 +84,19 @@ T* At(void* base, int64_t offset) {
 }
 
 }  // namespace
+
+kc::MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& r) {
+  kc::MoeRoutingParams rp;
+  rp.num_experts = r.num_experts;
+  rp.top_k = r.top_k;
+  rp.method = static_cast<kc::MoeRoutingMethod>(r.method);
+  rp.scoring = static_cast<kc::MoeScoringFunc>(r.scoring);
+  rp.renormalize = r.renormalize;
+  rp.routed_scaling_factor = r.routed_scaling_factor;
+  rp.num_expert_group = r.num_expert_group;
+  rp.topk_group = r.topk_group;
+  return rp;
+}
 
 absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t* sorted,
                                     int32_t* expert_ids, int32_t* num_tokens_post_padded,
@@ -142,12 +154,11 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   const Layout l =
       LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine, /*bound=*/false);
   if (workspace == nullptr || workspace_bytes < l.bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("EnqueueMoeLayer: workspace of ",
-                                                   workspace_bytes, " bytes, need ", l.bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));
   }
-  const kc::MoeElemType dtype = spec.dtype == moe::MoeDType::kBFloat16
-                                    ? kc::MoeElemType::kBFloat16
-                                    : kc::MoeElemType::kFloat16;
+  const kc::MoeElemType dtype = spec.dtype == moe::MoeDType::kBFloat16 ? kc::MoeElemType::kBFloat16
+                                                                       : kc::MoeElemType::kFloat16;
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
   const int64_t numel = M * k;
 

@@ -277,14 +277,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   const moe::RoutingSpec& routing = shape.routing;
   kc::MoeRoutingParams rp;
   if (by_logits) {
-    rp.num_experts = routing.num_experts;
-    rp.top_k = routing.top_k;
-    rp.method = static_cast<kc::MoeRoutingMethod>(routing.method);
-    rp.scoring = static_cast<kc::MoeScoringFunc>(routing.scoring);
-    rp.renormalize = routing.renormalize;
-    rp.routed_scaling_factor = routing.routed_scaling_factor;
-    rp.num_expert_group = routing.num_expert_group;
-    rp.topk_group = routing.topk_group;
+    rp = MoeRoutingParamsOf(routing);
     KPLAN_RETURN_IF_ERROR(kc::ValidateMoeRoutingParams(rp));
   }
 

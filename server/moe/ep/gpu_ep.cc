@@ -112,21 +112,6 @@ absl::StatusOr<T*> EnsureAs(GpuEpWorkspace::Impl& ws, Buf b, int64_t count) {
   return static_cast<T*>(p);
 }
 
-// The routing parameters of the kernel for a host RoutingSpec (bias pointer
-// filled in later, once it is on the device).
-kc::MoeRoutingParams RoutingParamsOf(const RoutingSpec& r) {
-  kc::MoeRoutingParams rp;
-  rp.num_experts = r.num_experts;
-  rp.top_k = r.top_k;
-  rp.method = static_cast<kc::MoeRoutingMethod>(r.method);
-  rp.scoring = static_cast<kc::MoeScoringFunc>(r.scoring);
-  rp.renormalize = r.renormalize;
-  rp.routed_scaling_factor = r.routed_scaling_factor;
-  rp.num_expert_group = r.num_expert_group;
-  rp.topk_group = r.topk_group;
-  return rp;
-}
-
 // Host-side checks of this rank's layer and inputs: the verdict it reports
 // to its peers in the header exchange.
 absl::Status CheckLocal(const GpuEpLayer& L, const MoeInputsForThisRank& in,
@@ -213,7 +198,7 @@ absl::Status CheckLocal(const GpuEpLayer& L, const MoeInputsForThisRank& in,
       return InvalidField("router_logits", "give router_logits or topk_ids / topk_weights");
     }
     KPLAN_RETURN_IF_ERROR(ValidateRoutingSpec(spec));
-    *rp = RoutingParamsOf(spec);
+    *rp = MoeRoutingParamsOf(spec);
     KPLAN_RETURN_IF_ERROR(kc::ValidateMoeRoutingParams(*rp));
   } else {
     if (M > 0 && in.topk_weights == nullptr) {
