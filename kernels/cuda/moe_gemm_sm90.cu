@@ -435,6 +435,27 @@ absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream
   return absl::OkStatus();
 }
 
+// The kernel instantiation for a block size (validated by the caller; fp8
+// has no 256-slot blocks: two accumulator sets would not fit).
+template <typename TIn, typename T>
+absl::Status LaunchForBlockM(int block_m, const GemmParams& p, int64_t num_blocks,
+                             cudaStream_t stream) {
+  switch (block_m) {
+    case 16:
+      return Launch<16, TIn, T>(p, num_blocks, stream);
+    case 64:
+      return Launch<64, TIn, T>(p, num_blocks, stream);
+    case 128:
+      return Launch<128, TIn, T>(p, num_blocks, stream);
+    default:
+      if constexpr (sizeof(TIn) == 1) {
+        return absl::InvalidArgumentError("moe_grouped_gemm: fp8 takes block_m 16, 64 or 128");
+      } else {
+        return Launch<256, TIn, T>(p, num_blocks, stream);
+      }
+  }
+}
+
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
@@ -540,35 +561,14 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
                      g.w_scale,
                      g.a_scale,
                      g.fp8 && g.w_scale_kind == MoeFp8WeightScale::kBlock};
-  const bool bf16 = g.dtype == MoeElemType::kBFloat16;
-  if (g.fp8) {
-    using F8 = __nv_fp8_e4m3;
-    switch (g.block_m) {
-      case 16:
-        return bf16 ? Launch<16, F8, __nv_bfloat16>(p, g.num_blocks, stream)
-                    : Launch<16, F8, __half>(p, g.num_blocks, stream);
-      case 64:
-        return bf16 ? Launch<64, F8, __nv_bfloat16>(p, g.num_blocks, stream)
-                    : Launch<64, F8, __half>(p, g.num_blocks, stream);
-      default:  // 128 (256 is refused above: two accumulator sets would not fit)
-        return bf16 ? Launch<128, F8, __nv_bfloat16>(p, g.num_blocks, stream)
-                    : Launch<128, F8, __half>(p, g.num_blocks, stream);
-    }
+  using F8 = __nv_fp8_e4m3;
+  if (g.dtype == MoeElemType::kBFloat16) {
+    return g.fp8
+               ? LaunchForBlockM<F8, __nv_bfloat16>(g.block_m, p, g.num_blocks, stream)
+               : LaunchForBlockM<__nv_bfloat16, __nv_bfloat16>(g.block_m, p, g.num_blocks, stream);
   }
-  switch (g.block_m) {
-    case 16:
-      return bf16 ? Launch<16, __nv_bfloat16, __nv_bfloat16>(p, g.num_blocks, stream)
-                  : Launch<16, __half, __half>(p, g.num_blocks, stream);
-    case 64:
-      return bf16 ? Launch<64, __nv_bfloat16, __nv_bfloat16>(p, g.num_blocks, stream)
-                  : Launch<64, __half, __half>(p, g.num_blocks, stream);
-    case 128:
-      return bf16 ? Launch<128, __nv_bfloat16, __nv_bfloat16>(p, g.num_blocks, stream)
-                  : Launch<128, __half, __half>(p, g.num_blocks, stream);
-    default:
-      return bf16 ? Launch<256, __nv_bfloat16, __nv_bfloat16>(p, g.num_blocks, stream)
-                  : Launch<256, __half, __half>(p, g.num_blocks, stream);
-  }
+  return g.fp8 ? LaunchForBlockM<F8, __half>(g.block_m, p, g.num_blocks, stream)
+               : LaunchForBlockM<__half, __half>(g.block_m, p, g.num_blocks, stream);
 }
 
 }  // namespace kplan::kernels::cuda
