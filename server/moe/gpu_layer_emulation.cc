@@ -125,9 +125,10 @@ kc::MoeGroupedGemmArgs Fp8TensorCoreGemm(const kc::MoeQuantGemmArgs& q, kc::MoeE
   g.a_scale = q.a_scale;
   g.w = q.w.data;
   g.w_scale = q.w.scale;
-  g.w_scale_kind = q.w.scale_kind == kc::MoeWeightScale::kBlock        ? kc::MoeFp8WeightScale::kBlock
-                   : q.w.scale_kind == kc::MoeWeightScale::kPerChannel ? kc::MoeFp8WeightScale::kPerChannel
-                                                                      : kc::MoeFp8WeightScale::kPerTensor;
+  g.w_scale_kind = q.w.scale_kind == kc::MoeWeightScale::kBlock ? kc::MoeFp8WeightScale::kBlock
+                   : q.w.scale_kind == kc::MoeWeightScale::kPerChannel
+                       ? kc::MoeFp8WeightScale::kPerChannel
+                       : kc::MoeFp8WeightScale::kPerTensor;
   g.bias = q.bias;
   g.c = q.c;
   g.sorted_token_ids = q.sorted_token_ids;
@@ -178,8 +179,8 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   const Layout l =
       LayoutFor(experts, s, M, k, E, act_bytes, a.apply_router_weight_on_input, a.combine);
   if (workspace == nullptr || workspace_bytes < l.bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("EnqueueMoeLayer: workspace of ",
-                                                   workspace_bytes, " bytes, need ", l.bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));
   }
   const kc::MoeFloatType ft = FloatTypeOf(act_dtype);
   // The bf16 / fp16 elementwise launchers of moe_experts.h; fp32 has its own.
@@ -194,8 +195,8 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   if (a.apply_router_weight_on_input) {
     void* scaled = At<void>(workspace, l.scaled);
     KPLAN_RETURN_IF_ERROR(
-        f32 ? kc::LaunchMoeScaleRowsF32(static_cast<const float*>(a.hidden), a.topk_weights, M,
-                                        H, static_cast<float*>(scaled), stream)
+        f32 ? kc::LaunchMoeScaleRowsF32(static_cast<const float*>(a.hidden), a.topk_weights, M, H,
+                                        static_cast<float*>(scaled), stream)
             : kc::LaunchMoeScaleRows(et, a.hidden, a.topk_weights, M, H, scaled, stream));
     a1 = scaled;
   }
@@ -205,20 +206,25 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
                                    : s.per_token ? kc::MoeFp8ActQuant::kPerToken
                                                  : kc::MoeFp8ActQuant::kPerTensor;
   float* scratch = s.fp8 ? At<float>(workspace, l.scratch) : nullptr;
+  // Makes `g`'s A operand the fp8 quantisation of `in` ([rows, K]) into the
+  // workspace's q / scale buffers at the given offsets.
+  auto quantise_a = [&](kc::MoeQuantGemmArgs& g, const void* in, int64_t rows, int64_t K,
+                        float static_scale, int64_t q_at, int64_t s_at) -> absl::Status {
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeFp8Quantize(qmode, ft, in, rows, K, s.block_k, static_scale,
+                                                   scratch, At<uint8_t>(workspace, q_at),
+                                                   At<float>(workspace, s_at), stream));
+    g.a_fp8 = true;
+    g.a = At<void>(workspace, q_at);
+    g.a_scale = At<float>(workspace, s_at);
+    g.a_group = s.block ? s.block_k : 0;
+    return absl::OkStatus();
+  };
 
   kc::MoeQuantGemmArgs g1;
   g1.a_type = ft;
   g1.a = a1;
   g1.a_row_div = k;
-  if (s.fp8) {
-    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeFp8Quantize(
-        qmode, ft, a1, M, H, s.block_k, s.a1_static, scratch, At<uint8_t>(workspace, l.q1),
-        At<float>(workspace, l.s1), stream));
-    g1.a_fp8 = true;
-    g1.a = At<void>(workspace, l.q1);
-    g1.a_scale = At<float>(workspace, l.s1);
-    g1.a_group = s.block ? s.block_k : 0;
-  }
+  if (s.fp8) KPLAN_RETURN_IF_ERROR(quantise_a(g1, a1, M, H, s.a1_static, l.q1, l.s1));
   g1.w = s.w13;
   g1.bias = experts.b13();
   g1.c_type = ft;
@@ -239,11 +245,10 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
   const auto act = static_cast<kc::MoeActKind>(experts.activation());
   void* c2 = At<void>(workspace, l.c2);
-  KPLAN_RETURN_IF_ERROR(
-      f32 ? kc::LaunchMoeActivationF32(act, ap, At<float>(workspace, l.c1), numel, N13,
-                                       static_cast<float*>(c2), I, stream)
-          : kc::LaunchMoeActivation(act, ap, et, At<void>(workspace, l.c1), numel, N13, c2, I,
-                                    stream));
+  KPLAN_RETURN_IF_ERROR(f32 ? kc::LaunchMoeActivationF32(act, ap, At<float>(workspace, l.c1), numel,
+                                                         N13, static_cast<float*>(c2), I, stream)
+                            : kc::LaunchMoeActivation(act, ap, et, At<void>(workspace, l.c1), numel,
+                                                      N13, c2, I, stream));
 
   void* y = a.combine ? At<void>(workspace, l.y) : a.output;
   kc::MoeQuantGemmArgs g2 = g1;
@@ -256,13 +261,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
     // A dynamic per-tensor scale spans every row: slots of experts that are
     // not local hold zeros, which do not move the maximum (the reference
     // takes it over the local rows).
-    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeFp8Quantize(
-        qmode, ft, c2, numel, I, s.block_k, s.a2_static, scratch, At<uint8_t>(workspace, l.q2),
-        At<float>(workspace, l.s2), stream));
-    g2.a_fp8 = true;
-    g2.a = At<void>(workspace, l.q2);
-    g2.a_scale = At<float>(workspace, l.s2);
-    g2.a_group = s.block ? s.block_k : 0;
+    KPLAN_RETURN_IF_ERROR(quantise_a(g2, c2, numel, I, s.a2_static, l.q2, l.s2));
   }
   g2.w = s.w2;
   g2.bias = experts.b2();
