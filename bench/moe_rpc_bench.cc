@@ -74,19 +74,8 @@ int main(int argc, char** argv) {
   for (auto [name, n, shape] : {std::tuple<const char*, size_t, std::vector<int64_t>>{
                                     "w13", size_t(e) * 2 * inter * h, {e, 2 * inter, h}},
                                 {"w2", size_t(e) * h * inter, {e, h, inter}}}) {
-    std::string bytes = Bf16Bytes(n, rng, 0.02f);
-    const size_t chunk = 32 << 20;
-    for (size_t off = 0; off < bytes.size(); off += chunk) {
-      kplan::v1::TensorChunk c;
-      c.set_name(name);
-      if (off == 0) {
-        c.set_dtype(kplan::v1::DTYPE_BFLOAT16);
-        for (int64_t d : shape) c.add_shape(d);
-      }
-      c.set_offset(static_cast<int64_t>(off));
-      c.set_data(bytes.substr(off, chunk));
-      chunks.push_back(std::move(c));
-    }
+    kplan::AppendTensorChunks(name, kplan::v1::DTYPE_BFLOAT16, shape, Bf16Bytes(n, rng, 0.02f),
+                              32 << 20, &chunks);
   }
   auto t0 = std::chrono::steady_clock::now();
   auto loaded = client->LoadExperts(header, chunks);
@@ -94,10 +83,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "load: %s\n", loaded.status().ToString().c_str());
     return 1;
   }
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("loaded %.2f GB of experts in %.2f s (%s)\n", loaded->experts().bytes() / 1e9, load_s,
-              loaded->experts().placement_size() > 1 ? loaded->experts().placement(1).device().c_str()
-                                                      : "cpu");
+              loaded->experts().placement_size() > 1
+                  ? loaded->experts().placement(1).device().c_str()
+                  : "cpu");
   std::printf("\n%6s %10s %14s %12s %12s %14s %10s\n", "tokens", "backend", "round_trip_us",
               "server_us", "device_us", "overhead_us", "overhead%");
   for (int m : tokens) {
@@ -122,7 +113,8 @@ int main(int argc, char** argv) {
       req.mutable_router_logits()->set_data(logits.data(), logits.size() * 4);
       auto s = std::chrono::steady_clock::now();
       auto r = client->RunMoE(req);
-      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s).count();
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - s).count();
       if (!r.ok()) {
         std::fprintf(stderr, "run: %s\n", r.status().ToString().c_str());
         return 1;

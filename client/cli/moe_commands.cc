@@ -32,13 +32,12 @@ using kernels::IrScalarType;
 constexpr int64_t kChunkBytes = 4 << 20;
 
 // --flag VALUE as an integer >= `min`; an empty value keeps `*out`.
-absl::Status ParseInt(absl::string_view flag, const std::string& value, int64_t min,
-                      int64_t* out) {
+absl::Status ParseInt(absl::string_view flag, const std::string& value, int64_t min, int64_t* out) {
   if (value.empty()) return absl::OkStatus();
   int64_t v = 0;
   if (!absl::SimpleAtoi(value, &v) || v < min) {
-    return InvalidField(flag, absl::StrCat("--", flag, " needs an integer >= ", min, ", got '",
-                                           value, "'"));
+    return InvalidField(
+        flag, absl::StrCat("--", flag, " needs an integer >= ", min, ", got '", value, "'"));
   }
   *out = v;
   return absl::OkStatus();
@@ -59,8 +58,8 @@ absl::StatusOr<PlainDType> ParsePlainDType(absl::string_view flag, const std::st
   if (name == "float32") return PlainDType{v1::DTYPE_FLOAT32, IrScalarType::kFloat32, 4};
   if (name == "float16") return PlainDType{v1::DTYPE_FLOAT16, IrScalarType::kFloat16, 2};
   if (name == "bfloat16") return PlainDType{v1::DTYPE_BFLOAT16, IrScalarType::kBFloat16, 2};
-  return InvalidField(flag, absl::StrCat("--", flag, " takes float32, float16 or bfloat16, got '",
-                                         name, "'"));
+  return InvalidField(
+      flag, absl::StrCat("--", flag, " takes float32, float16 or bfloat16, got '", name, "'"));
 }
 
 // `count` random values of `dtype`, uniform in +-[0.1, 1) * scale (never zero).
@@ -88,20 +87,11 @@ v1::Tensor RandomTensor(std::vector<int64_t> shape, const PlainDType& dtype, flo
   return t;
 }
 
-// `tensor` as LoadExperts chunks named `name`; the first carries dtype and shape.
+// `tensor` as LoadExperts chunks named `name`.
 void AppendChunks(const std::string& name, const v1::Tensor& tensor,
                   std::vector<v1::TensorChunk>* chunks) {
-  for (int64_t offset = 0; offset < static_cast<int64_t>(tensor.data().size());
-       offset += kChunkBytes) {
-    v1::TensorChunk& c = chunks->emplace_back();
-    c.set_name(name);
-    c.set_offset(offset);
-    c.set_data(tensor.data().substr(offset, kChunkBytes));
-    if (offset == 0) {
-      c.set_dtype(tensor.dtype());
-      *c.mutable_shape() = tensor.shape();
-    }
-  }
+  AppendTensorChunks(name, tensor.dtype(), {tensor.shape().begin(), tensor.shape().end()},
+                     tensor.data(), kChunkBytes, chunks);
 }
 
 double Median(std::vector<double> v) {
@@ -163,8 +153,7 @@ struct LoadFlags {
                 &down_proj);
     p.AddString("w13", "NAME", "stacked [E, 2I, H] tensor name (with --w2)", &w13);
     p.AddString("w2", "NAME", "stacked [E, H, I] tensor name (with --w13)", &w2);
-    p.AddSwitch("random", "generate and stream random weights of the given shape instead",
-                &random);
+    p.AddSwitch("random", "generate and stream random weights of the given shape instead", &random);
     p.AddString("seed", "N", "seed of --random (default 0)", &seed);
   }
 
@@ -172,9 +161,9 @@ struct LoadFlags {
   absl::Status Build(v1::ExpertsHeader* header, std::vector<v1::TensorChunk>* chunks) const {
     KPLAN_RETURN_IF_ERROR(Required("id", id));
     int64_t e = 0, h = 0, i = 0, seed_value = 0;
-    for (auto [flag, value, out] : {std::tuple("num-experts", &num_experts, &e),
-                                    std::tuple("hidden", &hidden, &h),
-                                    std::tuple("intermediate", &intermediate, &i)}) {
+    for (auto [flag, value, out] :
+         {std::tuple("num-experts", &num_experts, &e), std::tuple("hidden", &hidden, &h),
+          std::tuple("intermediate", &intermediate, &i)}) {
       KPLAN_RETURN_IF_ERROR(Required(flag, *value));
       KPLAN_RETURN_IF_ERROR(ParseInt(flag, *value, 1, out));
     }
@@ -194,7 +183,8 @@ struct LoadFlags {
     }
     if (random) {
       if (!quantization.empty()) {
-        return InvalidField("quantization", "--random generates plain weights; drop --quantization");
+        return InvalidField("quantization",
+                            "--random generates plain weights; drop --quantization");
       }
       std::mt19937 rng(static_cast<uint32_t>(seed_value));
       const int64_t rows = moe::IsGated(*act) ? 2 * i : i;
@@ -208,8 +198,9 @@ struct LoadFlags {
     st->set_w13(w13);
     st->set_w2(w2);
     if (!name_template.empty() && !absl::StrContains(name_template, "{proj}")) {
-      return InvalidField("template", "--template needs {proj} (and {e}); stacked tensors take "
-                                      "--w13 and --w2");
+      return InvalidField("template",
+                          "--template needs {proj} (and {e}); stacked tensors take "
+                          "--w13 and --w2");
     }
     auto name = [&](const std::string& given, absl::string_view proj) {
       if (!given.empty() || name_template.empty()) return given;
@@ -219,8 +210,9 @@ struct LoadFlags {
     st->set_up_proj(name(up_proj, "up_proj"));
     st->set_down_proj(name(down_proj, "down_proj"));
     if (st->w13().empty() && st->w2().empty() && st->up_proj().empty()) {
-      return InvalidField("template", "name the tensors: --template, --gate-proj/--up-proj/"
-                                      "--down-proj or --w13/--w2");
+      return InvalidField("template",
+                          "name the tensors: --template, --gate-proj/--up-proj/"
+                          "--down-proj or --w13/--w2");
     }
     return absl::OkStatus();
   }
@@ -264,9 +256,9 @@ int UnloadCommand(const std::vector<std::string>& args) {
   CommonFlags common;
   common.Register(parser);
   std::vector<std::string> ids;
-  if (auto exit = ParseOrExit(parser, args, common,
-                              "usage: kplan unload ID [options]\n\nUnload the expert set ID.",
-                              &ids)) {
+  if (auto exit =
+          ParseOrExit(parser, args, common,
+                      "usage: kplan unload ID [options]\n\nUnload the expert set ID.", &ids)) {
     return *exit;
   }
   if (ids.size() != 1) {

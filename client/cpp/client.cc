@@ -130,8 +130,8 @@ absl::StatusOr<v1::ListExpertsResponse> Client::ListExperts() {
 
 absl::StatusOr<v1::RunMoEResponse> Client::RunMoE(const v1::RunMoERequest& request) {
   v1::RunMoEResponse response;
-  absl::Status s = WithRetries(
-      [&](grpc::ClientContext* ctx) { return stub_->RunMoE(ctx, request, &response); });
+  absl::Status s =
+      WithRetries([&](grpc::ClientContext* ctx) { return stub_->RunMoE(ctx, request, &response); });
   if (!s.ok()) return s;
   return response;
 }
@@ -148,11 +148,26 @@ absl::StatusOr<bool> Client::Health(const std::string& service) {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
-  absl::Status s = WithRetries([&](grpc::ClientContext* ctx) {
-    return health_stub_->Check(ctx, request, &response);
-  });
+  absl::Status s = WithRetries(
+      [&](grpc::ClientContext* ctx) { return health_stub_->Check(ctx, request, &response); });
   if (!s.ok()) return s;
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+void AppendTensorChunks(const std::string& name, v1::DType dtype, const std::vector<int64_t>& shape,
+                        const std::string& data, int64_t chunk_bytes,
+                        std::vector<v1::TensorChunk>* chunks) {
+  const int64_t size = static_cast<int64_t>(data.size());
+  for (int64_t offset = 0; offset < size; offset += chunk_bytes) {
+    v1::TensorChunk& c = chunks->emplace_back();
+    c.set_name(name);
+    c.set_offset(offset);
+    c.set_data(data.substr(offset, chunk_bytes));
+    if (offset == 0) {
+      c.set_dtype(dtype);
+      for (int64_t d : shape) c.add_shape(d);
+    }
+  }
 }
 
 }  // namespace kplan

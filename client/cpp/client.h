@@ -5,10 +5,11 @@
 // request field, that field attached (kplan::FieldOf).
 #pragma once
 
+#include <grpcpp/channel.h>
+
 #include <memory>
 #include <string>
-
-#include <grpcpp/channel.h>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -43,7 +44,7 @@ class Client {
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
   // Streams `header` then `chunks` (none for a safetensors header); all or nothing.
   absl::StatusOr<v1::LoadExpertsResponse> LoadExperts(const v1::ExpertsHeader& header,
-                                                     const std::vector<v1::TensorChunk>& chunks);
+                                                      const std::vector<v1::TensorChunk>& chunks);
   absl::StatusOr<v1::UnloadExpertsResponse> UnloadExperts(const std::string& experts_id);
   absl::StatusOr<v1::ListExpertsResponse> ListExperts();
   absl::StatusOr<v1::RunMoEResponse> RunMoE(const v1::RunMoERequest& request);
@@ -66,5 +67,12 @@ class Client {
 
 // Converts a gRPC status to absl::Status, keeping the BadRequest field name.
 absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// A whole tensor (`data`, row-major `shape`) as LoadExperts chunks named
+// `name` of at most `chunk_bytes` each, appended to `chunks`; the first
+// chunk carries the dtype and shape.
+void AppendTensorChunks(const std::string& name, v1::DType dtype, const std::vector<int64_t>& shape,
+                        const std::string& data, int64_t chunk_bytes,
+                        std::vector<v1::TensorChunk>* chunks);
 
 }  // namespace kplan

@@ -15,25 +15,18 @@
 
 #include "absl/strings/numbers.h"
 #include "client/cpp/client.h"
+#include "kernels/cpu/ir_float.h"
 
 namespace {
 
-uint16_t ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-float FromBf16(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using kplan::kernels::cpu::Bf16ToFloat;
+using kplan::kernels::cpu::FloatToBf16;
+
 std::string Bf16(size_t n, std::mt19937& rng, float scale) {
   std::normal_distribution<float> d(0.f, scale);
   std::string out(n * 2, '\0');
   for (size_t i = 0; i < n; ++i) {
-    uint16_t h = ToBf16(d(rng));
+    uint16_t h = FloatToBf16(d(rng));
     std::memcpy(&out[i * 2], &h, 2);
   }
   return out;
@@ -91,19 +84,8 @@ int main(int argc, char** argv) {
        {std::tuple<const char*, size_t, std::vector<int64_t>, float>{
             "w13", size_t(e) * 2 * inter * h, {e, 2 * inter, h}, 1.f / std::sqrt(float(h))},
         {"w2", size_t(e) * h * inter, {e, h, inter}, 1.f / std::sqrt(float(inter))}}) {
-    std::string bytes = Bf16(n, rng, scale);
-    const size_t chunk = 16 << 20;
-    for (size_t off = 0; off < bytes.size(); off += chunk) {
-      kplan::v1::TensorChunk c;
-      c.set_name(name);
-      if (off == 0) {
-        c.set_dtype(kplan::v1::DTYPE_BFLOAT16);
-        for (int64_t d : shape) c.add_shape(d);
-      }
-      c.set_offset(static_cast<int64_t>(off));
-      c.set_data(bytes.substr(off, chunk));
-      chunks.push_back(std::move(c));
-    }
+    kplan::AppendTensorChunks(name, kplan::v1::DTYPE_BFLOAT16, shape, Bf16(n, rng, scale), 16 << 20,
+                              &chunks);
   }
   for (auto* c : {single.get(), group.get()}) {
     (void)c->UnloadExperts(header.experts_id());
@@ -157,7 +139,7 @@ int main(int argc, char** argv) {
             std::memcpy(&ub, &b[i * 2], 2);
             if (ua == ub) continue;
             ++diff;
-            const float fa = FromBf16(ua), fb = FromBf16(ub);
+            const float fa = Bf16ToFloat(ua), fb = Bf16ToFloat(ub);
             if (exact || std::abs(fa - fb) > std::ldexp(1.f, std::ilogb(fb) - 7) + 1e-6f) ++bad;
           }
           if (a.size() != b.size()) bad = 1;
