@@ -30,6 +30,7 @@ else
   small=
 fi
 
+source scripts/server-port.sh
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; }
 trap cleanup EXIT
@@ -38,15 +39,7 @@ start() {  # name flags... ; prints the port
   shift
   "$bin/kplan-server" --listen=127.0.0.1:0 "$@" >"$out/$name.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 300); do
-    port=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$out/$name.log")
-    [ -n "$port" ] && { echo "$port"; return 0; }
-    kill -0 "${pids[-1]}" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "kplan-server $* did not start:" >&2
-  tail -5 "$out/$name.log" >&2
-  return 1
+  kplan_server_port "$out/$name.log" "${pids[-1]}" 30
 }
 single_port=$(start single "${single_flags[@]}") || exit 1
 ep_port=$(start ep "${ep_flags[@]}") || exit 1

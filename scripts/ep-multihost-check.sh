@@ -23,20 +23,10 @@ gpu1=${gpus##*,}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0
 
+source scripts/server-port.sh
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; }
 trap cleanup EXIT
-wait_port() {  # name pid; prints the port once the server listens
-  for _ in $(seq 600); do
-    port=$(sed -n 's/.*listening on .*(port \([0-9]*\)).*/\1/p' "$out/$1.log")
-    [ -n "$port" ] && { echo "$port"; return 0; }
-    kill -0 "$2" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "kplan-server $1 did not start:" >&2
-  tail -5 "$out/$1.log" >&2
-  return 1
-}
 formed() {  # rank 0 logs this once every rank joined
   for _ in $(seq 900); do
     grep -q "expert-parallel group formed" "$out/rank0.log" && return 0
@@ -50,7 +40,7 @@ formed() {  # rank 0 logs this once every rank joined
 
 "$bin/kplan-server" --listen=127.0.0.1:0 "--devices=$gpu0" >"$out/single.log" 2>&1 &
 pids+=($!)
-single_port=$(wait_port single "${pids[-1]}") || exit 1
+single_port=$(kplan_server_port "$out/single.log" "${pids[-1]}") || exit 1
 # Rank 0 needs a known port for rank 1; pick a free one.
 rank0_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$bin/kplan-server" "--listen=127.0.0.1:$rank0_port" "--devices=$gpu0" --ep_size=2 \

@@ -10,6 +10,7 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/$dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 bin=$dist/bin
+source scripts/server-port.sh
 status=0
 step() {  # name command...
   local name=$1
@@ -26,9 +27,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | 
 if [ -x "$bin/kplan-server" ]; then
   "$bin/kplan-server" --listen=127.0.0.1:0 >"$out/server.log" 2>&1 &
   pid=$!
-  for _ in $(seq 100); do
-    port=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$out/server.log"); [ -n "$port" ] && break; sleep 0.1
-  done
+  port=$(kplan_server_port "$out/server.log" "$pid" 10)
   step kplan_info "$bin/kplan" info --server "127.0.0.1:$port"
   step kplan_resolve "$bin/kplan" resolve --server "127.0.0.1:$port"
   kill -TERM $pid; wait $pid; echo "server exit: $?"; tail -3 "$out/server.log"
