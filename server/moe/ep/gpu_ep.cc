@@ -429,26 +429,28 @@ class Step {
 
   // passthrough: Dispatch -> local experts over the whole receive buffer ->
   // Return -> combine at the source, all stream-ordered on the
-  // communicator's stream (the transport's ordering contract).
+  // communicator's stream (the transport's ordering contract). Once this
+  // rank has dispatched, its peers wait in Return's device barrier for it, so
+  // everything that can fail on the host is done before Dispatch, and a
+  // failure between the two still enqueues Return (with zero rows) before the
+  // error is returned.
   absl::Status Passthrough() {
     comm::KplanEpTransport& t = *transport;
     const kc::MoeElemType et = ElemType(L_.act_dtype);
     const int64_t recv_tokens = t.recv_tokens(), pairs = t.recv_pairs();
-    KPLAN_RETURN_IF_ERROR(t.Dispatch(stream_, x_, ids_, M_));
-    KPLAN_RETURN_IF_ERROR(Record(kEvDispatched));
-
     const int local = t.num_local_experts();
+    const bool run_experts = local > 0 && experts_usable;
     KPLAN_ASSIGN_OR_RETURN(void* y, Ensure(ws_, kPtY, (local > 0 ? pairs : 1) * H_ * es_));
-    if (local > 0 && experts_usable) {
-      const GpuExperts& g = *L_.local_experts;
-      const int64_t bytes = MoeLayerWorkspaceBytes(g, recv_tokens, k_, local);
-      KPLAN_ASSIGN_OR_RETURN(void* lw, Ensure(ws_, kLayer, bytes));
+    MoeLayerArgs a;
+    void* lw = nullptr;
+    if (run_experts) {
+      const int64_t bytes = MoeLayerWorkspaceBytes(*L_.local_experts, recv_tokens, k_, local);
+      KPLAN_ASSIGN_OR_RETURN(lw, Ensure(ws_, kLayer, bytes));
       const int64_t had = ws_.cap[kPtWeights];
       KPLAN_ASSIGN_OR_RETURN(float* w, EnsureAs<float>(ws_, kPtWeights, pairs));
       if (ws_.cap[kPtWeights] != had) {
         KPLAN_EP_CUDA(cudaMemsetAsync(w, 0, ws_.cap[kPtWeights], stream_));
       }
-      MoeLayerArgs a;
       a.num_tokens = recv_tokens;
       a.top_k = k_;
       a.num_experts = local;  // ids are local; -1 (no pair here) is skipped
@@ -459,15 +461,21 @@ class Step {
       a.combine = false;
       a.output = y;
       if (stats_ != nullptr) stats_->rows_computed = pairs;
-      KPLAN_RETURN_IF_ERROR(EnqueueMoeLayer(g, a, lw, ws_.cap[kLayer], stream_));
-    } else if (local > 0) {
-      // This rank's experts failed the checks: its peers get zero rows (and
-      // fail the step through this rank's error) instead of stale ones.
-      KPLAN_EP_CUDA(cudaMemsetAsync(y, 0, pairs * H_ * es_, stream_));
     }
-    KPLAN_RETURN_IF_ERROR(Record(kEvComputed));
+    KPLAN_RETURN_IF_ERROR(t.Dispatch(stream_, x_, ids_, M_));
 
+    absl::Status experts = Record(kEvDispatched);
+    if (experts.ok() && run_experts) {
+      experts = EnqueueMoeLayer(*L_.local_experts, a, lw, ws_.cap[kLayer], stream_);
+    }
+    if (local > 0 && (!experts.ok() || !experts_usable)) {
+      // This rank's experts did not run: its peers get zero rows (and fail
+      // the step through this rank's error) instead of stale ones.
+      (void)cudaMemsetAsync(y, 0, pairs * H_ * es_, stream_);
+    }
+    if (experts.ok()) experts = Record(kEvComputed);
     KPLAN_RETURN_IF_ERROR(t.Return(stream_, y));
+    KPLAN_RETURN_IF_ERROR(experts);
     if (M_ == 0) return absl::OkStatus();
     return kc::LaunchMoeCombine(et, t.result_rows(), w_, M_, k_, H_, out_, stream_);
   }
