@@ -19,6 +19,7 @@ namespace kplan::moe::ep {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
 std::unique_ptr<EpGroup> MakeGroup(int n, EpGroupOptions options = {}) {
@@ -64,7 +65,7 @@ TEST(EpGroupTest, StepsRunOneAtATimeInSubmissionOrderOnEveryRank) {
                         [&, s](absl::Status st, absl::Duration, absl::Duration) {
                           results[s].set_value(st);
                         },
-                        /*communicates=*/s % 5 != 4)
+                        s % 5 != 4 ? EpStepComm::kCollectives : EpStepComm::kNone)
                     .ok());
   }
   for (int s = 0; s < kSteps; ++s) {
@@ -117,11 +118,116 @@ TEST(EpGroupTest, RankErrorFailsTheStepAndTheGroupIsRebuilt) {
       [](int rank, comm::Communicator*) {
         return rank == 0 ? absl::ResourceExhaustedError("out of memory") : absl::OkStatus();
       },
-      /*communicates=*/false);
+      EpStepComm::kNone);
   EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
   EXPECT_THAT(Msg(st), HasSubstr("rank 0 (cpu): out of memory"));
   ASSERT_TRUE(group->Run(GatherRanks).ok());
   EXPECT_EQ(group->generation(), 3);
+}
+
+// A communicator whose Abort is local when a rank aborts itself, as NCCL's
+// is (ncclCommAbort does not reach the peers): only an abort from another
+// thread (the group's coordinator) releases a rank waiting in a collective.
+class LocalAbortCommunicator final : public comm::Communicator {
+ public:
+  explicit LocalAbortCommunicator(std::unique_ptr<comm::Communicator> inner)
+      : inner_(std::move(inner)), owner_(std::this_thread::get_id()) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  absl::string_view backend() const override { return "local_abort"; }
+  absl::Status AllGather(const void* send, void* recv, int64_t count,
+                         comm::CommDType dtype) override {
+    return inner_->AllGather(send, recv, count, dtype);
+  }
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t count, comm::CommDType dtype,
+                             comm::ReduceOp op) override {
+    return inner_->ReduceScatter(send, recv, count, dtype, op);
+  }
+  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> sc,
+                         absl::Span<const int64_t> sd, void* recv, absl::Span<const int64_t> rc,
+                         absl::Span<const int64_t> rd, comm::CommDType dtype) override {
+    return inner_->AllToAllV(send, sc, sd, recv, rc, rd, dtype);
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+  void Abort(absl::string_view reason) override {
+    if (std::this_thread::get_id() == owner_) return;
+    aborted_by_group_ = true;
+    inner_->Abort(reason);
+  }
+  bool aborted_by_group() const { return aborted_by_group_; }
+
+ private:
+  std::unique_ptr<comm::Communicator> inner_;
+  std::atomic<bool> aborted_by_group_{false};
+  const std::thread::id owner_;  // the rank's thread (JoinCommunicator runs there)
+};
+
+class LocalAbortRanks final : public EpRankKind {
+ public:
+  explicit LocalAbortRanks(int n) : cpu_(MakeCpuEpRanks(n)) {}
+  int size() const override { return cpu_->size(); }
+  std::string Device(int rank) const override { return cpu_->Device(rank); }
+  absl::string_view communicator() const override { return "local_abort"; }
+  absl::string_view moe_backend() const override { return cpu_->moe_backend(); }
+  absl::string_view experts_kernel() const override { return cpu_->experts_kernel(); }
+  absl::Status NewCommunicators(absl::Duration timeout) override {
+    return cpu_->NewCommunicators(timeout);
+  }
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> JoinCommunicator(int rank) override {
+    absl::StatusOr<std::unique_ptr<comm::Communicator>> c = cpu_->JoinCommunicator(rank);
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<comm::Communicator>(new LocalAbortCommunicator(*std::move(c)));
+  }
+  absl::StatusOr<std::unique_ptr<EpRankExperts>> PlaceExperts(int rank, const ExpertSet& set,
+                                                              const ExpertPlacement& p) override {
+    return cpu_->PlaceExperts(rank, set, p);
+  }
+  absl::Status RunMoe(int rank, const ExpertSet& set, const EpRankExperts& experts,
+                      const ExpertPlacement& p, const EpMoeOptions& options,
+                      const MoeInputsForThisRank& inputs, comm::Communicator& comm) override {
+    return cpu_->RunMoe(rank, set, experts, p, options, inputs, comm);
+  }
+
+ private:
+  std::unique_ptr<EpRankKind> cpu_;
+};
+
+TEST(EpGroupTest, AFailedRankReleasesPeersWaitingInACollectiveAtOnce) {
+  EpGroupOptions options;
+  options.comm_timeout = absl::Seconds(20);  // what the peers would wait without the group
+  options.step_timeout = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<EpGroup>> group =
+      EpGroup::Create(std::make_unique<LocalAbortRanks>(3), options);
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_TRUE((*group)->Run(GatherRanks).ok());
+
+  const absl::Time start = absl::Now();
+  absl::Status st = (*group)->Run([](int rank, comm::Communicator* comm) -> absl::Status {
+    if (rank == 0) return absl::InternalError("expert kernel exploded");
+    return GatherRanks(rank, comm);  // waits for rank 0
+  });
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(absl::IsInternal(st)) << st;
+  EXPECT_THAT(Msg(st), HasSubstr("rank 0 (cpu) of 3: expert kernel exploded"));
+  EXPECT_LT(took, absl::Seconds(10)) << "peers waited out their communicator's timeout";
+  ASSERT_TRUE((*group)->Run(GatherRanks).ok());
+
+  // A device round (passthrough): a rank that fails has completed the round,
+  // and its peers may still be in it, so nothing is aborted until every rank
+  // has finished.
+  st = (*group)->Run(
+      [](int rank, comm::Communicator* comm) -> absl::Status {
+        if (rank == 2) return absl::InvalidArgumentError("bad ids");
+        absl::SleepFor(absl::Milliseconds(200));
+        if (static_cast<LocalAbortCommunicator*>(comm)->aborted_by_group()) {
+          return absl::AbortedError("aborted during the round");
+        }
+        return absl::OkStatus();
+      },
+      EpStepComm::kDeviceRound);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(Msg(st), Not(HasSubstr("failed after it")));
+  ASSERT_TRUE((*group)->Run(GatherRanks).ok());
 }
 
 TEST(EpGroupTest, RankThatNeverJoinsIsDeadlineExceededNamingIt) {
@@ -176,7 +282,7 @@ TEST(EpGroupTest, FullQueueIsResourceExhausted) {
                         released.wait();
                         return absl::OkStatus();
                       },
-                      count, /*communicates=*/false)
+                      count, EpStepComm::kNone)
                   .ok());
   started.get_future().wait();  // the first step is running, off the queue
   EXPECT_TRUE(group->Submit(wait, count).ok());

@@ -156,7 +156,8 @@ int64_t EpExperts::device_bytes() const {
 struct EpGroup::Step {
   RankWork work;
   StepDone done;
-  bool communicates = true;
+  EpStepComm comm = EpStepComm::kCollectives;
+  bool communicates() const { return comm != EpStepComm::kNone; }
   absl::Time submitted;
   absl::Time published;
   int64_t seq = 0;
@@ -228,11 +229,11 @@ bool EpGroup::InjectFault(int rank, absl::Status status, int after_calls) {
   return kind_->InjectFault(rank, std::move(status), after_calls);
 }
 
-absl::Status EpGroup::Submit(RankWork work, StepDone done, bool communicates) {
+absl::Status EpGroup::Submit(RankWork work, StepDone done, EpStepComm comm) {
   auto step = std::make_shared<Step>();
   step->work = std::move(work);
   step->done = std::move(done);
-  step->communicates = communicates;
+  step->comm = comm;
   step->submitted = absl::Now();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -248,7 +249,7 @@ absl::Status EpGroup::Submit(RankWork work, StepDone done, bool communicates) {
   return absl::OkStatus();
 }
 
-absl::Status EpGroup::Run(RankWork work, bool communicates) {
+absl::Status EpGroup::Run(RankWork work, EpStepComm comm) {
   std::mutex mu;
   std::condition_variable cv;
   bool finished = false;
@@ -261,7 +262,7 @@ absl::Status EpGroup::Run(RankWork work, bool communicates) {
         finished = true;
         cv.notify_all();
       },
-      communicates));
+      comm));
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return finished; });
   return result;
@@ -300,7 +301,7 @@ absl::Status EpGroup::RunStepLocked(std::unique_lock<std::mutex>& lock,
                                     const std::shared_ptr<Step>& step_ptr) {
   Step& step = *step_ptr;
   step.published = absl::InfinitePast();
-  if (step.communicates && needs_rebuild_) {
+  if (step.communicates() && needs_rebuild_) {
     lock.unlock();
     absl::Status built = kind_->NewCommunicators(options_.comm_timeout);
     lock.lock();
@@ -352,14 +353,26 @@ absl::Status EpGroup::RunStepLocked(std::unique_lock<std::mutex>& lock,
     absl::Status st = absl::DeadlineExceededError(absl::StrCat(
         "expert-parallel step #", step.seq, " timed out after ",
         absl::FormatDuration(options_.join_timeout), " waiting for its ranks to join: ", why));
-    if (step.communicates) {
+    if (step.communicates()) {
       AbortAllLocked(st.message());
       needs_rebuild_ = true;
     }
     return st;
   }
   const absl::Time step_deadline = absl::Now() + options_.step_timeout;
+  bool aborted = false;
   while (step.num_finished < size_ && absl::Now() < step_deadline) {
+    if (!aborted && step.comm == EpStepComm::kCollectives) {
+      // A rank that failed by itself (not the ABORTED echo of an abort from
+      // elsewhere) aborted only its own communicator; its peers may be
+      // waiting for it in a collective.
+      for (int r : step.failed_order) {
+        if (absl::IsAborted(step.status[r])) continue;
+        AbortAllLocked(absl::StrCat("rank ", r, " failed: ", step.status[r].message()));
+        aborted = true;
+        break;
+      }
+    }
     cv_.wait_until(lock, absl::ToChronoTime(step_deadline));
   }
   if (step.num_finished < size_) {
@@ -371,7 +384,7 @@ absl::Status EpGroup::RunStepLocked(std::unique_lock<std::mutex>& lock,
     const std::string what =
         absl::StrCat("expert-parallel step #", step.seq, " did not finish within ",
                      absl::FormatDuration(options_.step_timeout));
-    if (step.communicates) {
+    if (step.communicates()) {
       // Ranks blocked in a collective on a peer return once aborted; the
       // ranks still running a moment later are the stuck ones.
       AbortAllLocked(what);
@@ -390,7 +403,7 @@ absl::Status EpGroup::RunStepLocked(std::unique_lock<std::mutex>& lock,
         absl::StrCat(what, ": rank", late.size() == 1 ? " " : "s ", names(late), " still running"));
   }
   absl::Status st = Combine(step);
-  if (!st.ok() && step.communicates) {
+  if (!st.ok() && step.communicates()) {
     // Abort every rank's communicator, not only the failed ones: a healthy
     // rank's next rebuild would otherwise tear its old one down collectively
     // (the passthrough transport's windows) and wait for a peer whose own
@@ -412,7 +425,7 @@ absl::Status EpGroup::Combine(const Step& step) const {
     }
   }
   const absl::Status& cause = step.status[root];
-  if (!step.communicates) {
+  if (!step.communicates()) {
     // A local step (placing experts): the rank's own error, with its rank.
     absl::Status st(cause.code(), absl::StrCat("expert-parallel rank ", root, " (",
                                                kind_->Device(root), "): ", cause.message()));
@@ -465,7 +478,7 @@ void EpGroup::RankLoop(int rank) {
 
     absl::Status st;
     comm::Communicator* comm = nullptr;
-    if (step->communicates) {
+    if (step->communicates()) {
       if (comm_generation_[rank] != step->generation) {
         lock.unlock();
         absl::StatusOr<std::unique_ptr<comm::Communicator>> fresh = kind_->JoinCommunicator(rank);
@@ -541,7 +554,7 @@ absl::Status EpGroup::PlaceExperts(std::shared_ptr<const ExpertSet> set, PlaceDo
     done(std::make_unique<EpExperts>(this, state->placement, std::move(shards),
                                      std::move(state->ranks)));
   };
-  return Submit(std::move(work), std::move(finish), /*communicates=*/false);
+  return Submit(std::move(work), std::move(finish), EpStepComm::kNone);
 }
 
 absl::Status EpGroup::RunMoe(std::shared_ptr<const ExpertSet> set, MoeRunInput input,
@@ -623,7 +636,9 @@ absl::Status EpGroup::RunMoe(std::shared_ptr<const ExpertSet> set, MoeRunInput i
     }
     done(std::move(state->out), queued, ran);
   };
-  return Submit(std::move(work), std::move(finish), /*communicates=*/true);
+  return Submit(std::move(work), std::move(finish),
+                strategy == EpStrategy::kPassthrough ? EpStepComm::kDeviceRound
+                                                     : EpStepComm::kCollectives);
 }
 
 // ---------------------------------------------------------------------------

@@ -16,8 +16,10 @@
 // experts = a GpuExperts slice, step = RunMoeExpertParallelOnGpu), built with
 // CUDA and NCCL only.
 //
-// Failures. A rank whose work fails aborts its communicator, so peers blocked
-// in a collective fail fast instead of waiting out their timeout; the step
+// Failures. A rank whose work fails aborts its communicator, and in a step of
+// collectives the coordinator then aborts every rank's communicator at once
+// (an NCCL abort is local: a peer blocked in a collective for the failed rank
+// would otherwise wait out its timeout), so the peers fail fast; the step
 // fails with the root cause (the first rank error that is not the ABORTED
 // echo of another rank's abort) naming the rank and its device, and the group
 // builds fresh communicators (a new InProcessGroup, a new NCCL unique id)
@@ -49,6 +51,22 @@
 #include "server/moe/moe_runner.h"
 
 namespace kplan::moe::ep {
+
+// What a step's work does with the ranks' communicators; decides how a
+// failure is handled. Any failure of a step that communicates aborts every
+// rank's communicator once the step is over, and the group is rebuilt before
+// the next such step.
+enum class EpStepComm {
+  kNone,  // local work (placing experts): a failure touches no communicator
+  // Host-driven collectives (NCCL, in-process): the first failure aborts every
+  // rank's communicator at once, so ranks waiting in a collective for the
+  // failed one return instead of waiting out their timeout.
+  kCollectives,
+  // Device-side rounds (passthrough): the ranks meet in device barriers that
+  // no host abort can break, and a rank that fails still completes the round,
+  // so nothing is aborted while a rank may still be in it.
+  kDeviceRound,
+};
 
 struct EpGroupOptions {
   // How long a rank may take to pick up a published step and join the
@@ -216,13 +234,12 @@ class EpGroup {
   void Invalidate();
 
   // Queues a step. Steps run one at a time, in submission order, on every
-  // rank. `communicates`: whether the work uses the communicator (a failure
-  // then aborts it and the group is rebuilt before the next such step).
+  // rank. `comm`: what the work does with the communicator (EpStepComm).
   // RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE once stopping;
   // `done` is then never called.
-  absl::Status Submit(RankWork work, StepDone done, bool communicates = true);
+  absl::Status Submit(RankWork work, StepDone done, EpStepComm comm = EpStepComm::kCollectives);
   // Submit and wait.
-  absl::Status Run(RankWork work, bool communicates = true);
+  absl::Status Run(RankWork work, EpStepComm comm = EpStepComm::kCollectives);
 
   // Places `set` linearly over the ranks (each rank uploads its own slice on
   // its thread). FAILED_PRECONDITION when this group's ranks cannot run the
