@@ -88,6 +88,14 @@ class RemoteRankExperts final : public EpRankExperts {
   int64_t bytes_;
 };
 
+// A multi-process group never tears a communicator down collectively (NCCL's
+// destroy, the passthrough windows): the other processes may be gone or busy
+// (a peer that stopped first, a rank still in a failed step), and the
+// teardown would wait for them. A communicator that is replaced or outlived
+// by its server is aborted instead, which waits for no one.
+constexpr absl::string_view kReplaced = "replaced by a newer communicator generation";
+constexpr absl::string_view kStopping = "the server is stopping";
+
 class ProcessEpRanks final : public EpRankKind {
  public:
   ProcessEpRanks(std::unique_ptr<EpRankKind> local, int size, std::shared_ptr<EpRemoteRanks> remote,
@@ -97,6 +105,9 @@ class ProcessEpRanks final : public EpRankKind {
         remote_(std::move(remote)),
         comm_factory_(std::move(comm_factory)),
         id_source_(std::move(id_source)) {}
+  ~ProcessEpRanks() override {
+    if (local_comm_ != nullptr) local_comm_->Abort(kStopping);
+  }
 
   int size() const override { return size_; }
   std::string Device(int rank) const override {
@@ -130,10 +141,12 @@ class ProcessEpRanks final : public EpRankKind {
     KPLAN_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> comm,
                            comm_factory_(id, 0, size_, timeout));
     std::shared_ptr<comm::Communicator> shared(std::move(comm));
+    std::shared_ptr<comm::Communicator> old;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      local_comm_ = shared;
+      old = std::exchange(local_comm_, shared);
     }
+    if (old != nullptr) old->Abort(kReplaced);
     return std::unique_ptr<comm::Communicator>(new SharedCommunicator(std::move(shared)));
   }
 
@@ -270,6 +283,7 @@ EpPeerRank::~EpPeerRank() {
   }
   cv_.notify_all();
   thread_.join();
+  if (comm_ != nullptr) comm_->Abort(kStopping);
 }
 
 int64_t EpPeerRank::generation() const {
@@ -373,19 +387,20 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
       std::lock_guard<std::mutex> lock(mu_);
       generation_ = step.generation;
     }
-    // Join the new generation first and tear the old communicator down
-    // after, in the order rank 0 does: a teardown that waits for the peers
-    // would otherwise wait for rank 0 while rank 0 waits in the join.
+    // Join the new generation first and abort the old communicator after,
+    // in the order rank 0 does (see kReplaced).
     absl::StatusOr<std::unique_ptr<comm::Communicator>> comm =
         comm_factory_(step.group_id, rank_, size_, comm_timeout_);
     std::unique_ptr<comm::Communicator> old = std::move(comm_);
     if (!comm.ok()) {
+      if (old != nullptr) old->Abort(kReplaced);
       old.reset();
       return absl::Status(comm.status().code(),
                           absl::StrCat("rank ", rank_, " could not join generation ",
                                        step.generation, ": ", comm.status().message()));
     }
     comm_ = std::move(*comm);
+    if (old != nullptr) old->Abort(kReplaced);
     old.reset();
   }
   std::string output(step.num_tokens * row, '\0');

@@ -18,7 +18,10 @@
 // forwarding, timeouts and rebuilds are tested without a GPU. A generation
 // counts the communicator sets: every forwarded step carries the generation
 // and the id, and a peer builds a fresh communicator when the generation
-// moves on (after a failure, or when a peer came back).
+// moves on (after a failure, or when a peer came back). Communicators of such
+// a group are aborted, never destroyed collectively, when they are replaced
+// or their server stops: the other processes may be gone, and NCCL's
+// teardown would wait for them.
 #pragma once
 
 #include <condition_variable>
