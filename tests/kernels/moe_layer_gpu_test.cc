@@ -43,6 +43,7 @@
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"
 #include "tests/testing/gpu_test_util.h"
+#include "tests/testing/tolerance.h"
 
 namespace kplan {
 namespace {
@@ -266,7 +267,7 @@ void RunCase(const std::string& label, const ExpertSet& set, const GpuExperts& g
   const double rel = std::sqrt(d2 / std::max(r2, 1e-30));
   int64_t bad_elem = 0, first_bad = -1;
   for (int64_t i = 0; i < n; ++i) {
-    const double tol = std::ldexp(std::fabs(r[i]), -7) + std::ldexp(rms, -6);
+    const double tol = test_util::MoeLayerElementTolerance(r[i], rms);
     if (!(std::fabs(static_cast<double>(g[i]) - r[i]) <= tol)) {
       if (first_bad < 0) first_bad = i;
       ++bad_elem;

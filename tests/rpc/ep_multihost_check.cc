@@ -2,10 +2,12 @@
 // group across servers (GROUP_ADDR is its rank 0) against a single-device
 // server, through the C++ client (the GPU hosts have no Python gRPC). Loads
 // the same random bfloat16 layer (E=16, H=2048, I=768) on both, then per
-// dispatch, top-k and token count compares the outputs: kplan_all2allv and
-// allgather_reducescatter with k <= 2 bit for bit, allgather_reducescatter
-// with k > 2 within one bfloat16 ulp (its fp32 sums are re-associated).
+// dispatch, top-k and token count compares the outputs within the GPU layer's
+// element tolerance (tests/testing/tolerance.h): the group's GEMMs run fewer
+// rows per call than the single device's and may pick another block size or
+// split-K, so bit equality holds only where both pick the same.
 // Exits 1 on any mismatch or error. scripts/ep-multihost-check.sh runs it.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "client/cpp/client.h"
 #include "kernels/cpu/ir_float.h"
+#include "tests/testing/tolerance.h"
 
 namespace {
 
@@ -131,22 +134,32 @@ int main(int argc, char** argv) {
         } else {
           const std::string& a = got->output().data();
           const std::string& b = want->output().data();
-          const bool exact = std::string(strategy) == "kplan_all2allv" || k <= 2;
-          int bad = 0, diff = 0;
-          for (size_t i = 0; a.size() == b.size() && i < a.size() / 2; ++i) {
+          const size_t n = b.size() / 2;
+          std::vector<float> fa(n), fb(n);
+          double r2 = 0;
+          for (size_t i = 0; a.size() == b.size() && i < n; ++i) {
             uint16_t ua, ub;
             std::memcpy(&ua, &a[i * 2], 2);
             std::memcpy(&ub, &b[i * 2], 2);
-            if (ua == ub) continue;
-            ++diff;
-            const float fa = Bf16ToFloat(ua), fb = Bf16ToFloat(ub);
-            if (exact || std::abs(fa - fb) > std::ldexp(1.f, std::ilogb(fb) - 7) + 1e-6f) ++bad;
+            fa[i] = Bf16ToFloat(ua);
+            fb[i] = Bf16ToFloat(ub);
+            r2 += double(fb[i]) * fb[i];
           }
-          if (a.size() != b.size()) bad = 1;
-          result = bad ? "MISMATCH " + std::to_string(bad) + " elements"
-                       : "within 1 ulp (" + std::to_string(diff) + " differ)";
+          const double rms = std::sqrt(r2 / std::max<size_t>(n, 1));
+          int bad = a.size() == b.size() ? 0 : 1, diff = 0;
+          double worst = 0;
+          for (size_t i = 0; !bad && i < n; ++i) {
+            if (fa[i] == fb[i]) continue;
+            ++diff;
+            const double d = std::fabs(double(fa[i]) - fb[i]);
+            worst = std::max(worst, d / rms);
+            if (!(d <= kplan::test_util::MoeLayerElementTolerance(fb[i], rms))) ++bad;
+          }
+          char buf[96];
+          std::snprintf(buf, sizeof(buf), "%d differ, max %.1e rms", diff, worst);
+          result = bad ? "MISMATCH " + std::to_string(bad) + " elements" : std::string(buf);
         }
-        const bool ok = result.rfind("bit", 0) == 0 || result.rfind("within", 0) == 0;
+        const bool ok = result.rfind("MISMATCH", 0) != 0 && result.rfind("ERROR", 0) != 0;
         failures += ok ? 0 : 1;
         std::printf("%-24s %5d %2d %-28s %9.0f %9.0f\n", strategy, m, k, result.c_str(),
                     want.ok() ? want->timing().total_us() : 0.0,
