@@ -3,7 +3,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -93,6 +96,51 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
+// ncclCommInitRank blocks until every rank of the group has joined, with no
+// timeout of its own: a peer that died after receiving the unique id would
+// hold this rank forever (and with it the rank's thread: a group's steps
+// would wait behind it). So the join runs on a thread of its own, and the
+// caller stops waiting after `timeout`; an abandoned join that completes later
+// aborts its communicator, one that never does stays parked on its thread
+// until the process exits.
+absl::StatusOr<ncclComm_t> JoinWithin(int rank, int size, const ncclUniqueId& id, int device,
+                                      std::chrono::milliseconds timeout) {
+  struct Pending {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false, abandoned = false;
+    ncclComm_t comm = nullptr;
+    ncclResult_t result = ncclSuccess;
+  };
+  auto pending = std::make_shared<Pending>();
+  std::thread([pending, rank, size, id, device] {
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = ncclUnhandledCudaError;
+    if (cudaSetDevice(device) == cudaSuccess) r = ncclCommInitRank(&comm, size, id, rank);
+    std::lock_guard<std::mutex> lock(pending->mu);
+    if (pending->abandoned) {
+      if (r == ncclSuccess) (void)ncclCommAbort(comm);
+      return;
+    }
+    pending->comm = comm;
+    pending->result = r;
+    pending->done = true;
+    pending->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(pending->mu);
+  if (!pending->cv.wait_for(lock, timeout, [&] { return pending->done; })) {
+    pending->abandoned = true;
+    return absl::DeadlineExceededError(absl::StrCat(
+        "NCCL rank ", rank, " of ", size, " on cuda:", device, ": the group did not form within ",
+        timeout.count(), " ms (a peer never joined); gave up waiting"));
+  }
+  if (pending->result != ncclSuccess) {
+    return NcclError(pending->result, "ncclCommInitRank(&comm, size, id, rank)", __FILE__,
+                     __LINE__);
+  }
+  return pending->comm;
+}
+
 }  // namespace
 
 absl::Status NcclResultStatus(int result, const char* expr, const char* file, int line) {
@@ -129,11 +177,12 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     stream = s;
     owns_stream = true;
   }
-  ncclComm_t comm = nullptr;
-  if (ncclResult_t r = ncclCommInitRank(&comm, size, id, rank); r != ncclSuccess) {
+  absl::StatusOr<ncclComm_t> joined = JoinWithin(rank, size, id, device, options.timeout);
+  if (!joined.ok()) {
     if (owns_stream) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
-    return NcclError(r, "ncclCommInitRank(&comm, size, id, rank)", __FILE__, __LINE__);
+    return joined.status();
   }
+  ncclComm_t comm = *joined;
   std::unique_ptr<NcclCommunicator> result(
       new NcclCommunicator(rank, size, device, comm, stream, owns_stream, options));
   KPLAN_CUDA_RETURN_IF_ERROR(cudaMalloc(&result->barrier_buffer_, sizeof(float)));
@@ -173,6 +222,9 @@ void NcclCommunicator::AbortComm(absl::Status why) {
   bool expected = false;
   if (!reason_set_.exchange(true)) abort_reason_ = std::string(why.message());
   if (aborted_.compare_exchange_strong(expected, true)) {
+    // Not while Wait() is inside an NCCL query on the rank's thread: it would
+    // read a freed communicator. Wait sees aborted_ at its next poll.
+    std::lock_guard<std::mutex> lock(poll_mu_);
     DeviceGuard guard(device_);
     (void)ncclCommAbort(comm_);
   }
@@ -186,28 +238,31 @@ absl::Status NcclCommunicator::Wait(absl::string_view what) {
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
   auto stream = static_cast<cudaStream_t>(stream_);
   for (int spin = 0;; ++spin) {
-    if (aborted_.load()) return CheckUsable(what);
-    const cudaError_t e = cudaStreamQuery(stream);
-    if (e == cudaSuccess) return absl::OkStatus();
-    if (e != cudaErrorNotReady) {
-      absl::Status st = CudaError(e, "cudaStreamQuery(stream)", __FILE__, __LINE__);
-      AbortComm(st);
-      return st;
+    absl::Status failure;
+    {
+      // One poll, never overlapping an abort from another thread.
+      std::lock_guard<std::mutex> lock(poll_mu_);
+      if (aborted_.load()) return CheckUsable(what);
+      const cudaError_t e = cudaStreamQuery(stream);
+      if (e == cudaSuccess) return absl::OkStatus();
+      ncclResult_t async = ncclSuccess;
+      if (e != cudaErrorNotReady) {
+        failure = CudaError(e, "cudaStreamQuery(stream)", __FILE__, __LINE__);
+      } else if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+                 r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+        const absl::Status st = NcclError(r != ncclSuccess ? r : async,
+                                          "ncclCommGetAsyncError(comm)", __FILE__, __LINE__);
+        failure = absl::Status(st.code(), absl::StrCat("NcclCommunicator rank ", rank_, ": ",
+                                                       what, ": ", st.message()));
+      } else if (std::chrono::steady_clock::now() > deadline) {
+        failure = absl::DeadlineExceededError(
+            absl::StrCat("NcclCommunicator rank ", rank_, ": ", what, " did not complete within ",
+                         options_.timeout.count(), " ms (a peer never joined or died); aborted"));
+      }
     }
-    ncclResult_t async = ncclSuccess;
-    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async); r != ncclSuccess) async = r;
-    if (async != ncclSuccess && async != ncclInProgress) {
-      absl::Status st = NcclError(async, "ncclCommGetAsyncError(comm)", __FILE__, __LINE__);
-      AbortComm(st);
-      return absl::Status(st.code(), absl::StrCat("NcclCommunicator rank ", rank_, ": ", what,
-                                                  ": ", st.message()));
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      absl::Status st = absl::DeadlineExceededError(
-          absl::StrCat("NcclCommunicator rank ", rank_, ": ", what, " did not complete within ",
-                       options_.timeout.count(), " ms (a peer never joined or died); aborted"));
-      AbortComm(st);
-      return st;
+    if (!failure.ok()) {
+      AbortComm(failure);
+      return failure;
     }
     if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

@@ -7,14 +7,15 @@
 //
 // Group formation: one rank calls CreateUniqueId() and hands the bytes to the
 // others out of band (an RPC between servers, or memory within one process);
-// every rank then calls Create() with them. ncclCommInitRank blocks until all
-// ranks have joined. NVLink multicast (NVLS) must stay off: the server sets
+// every rank then calls Create() with them, which waits until all ranks have
+// joined, at most `timeout` (DEADLINE_EXCEEDED naming the rank after it). NVLink multicast (NVLS) must stay off: the server sets
 // NCCL_NVLS_ENABLE=0 before the first communicator is created.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -27,7 +28,8 @@ struct ncclComm;  // NCCL's opaque communicator (ncclComm_t is ncclComm*)
 namespace kplan::comm {
 
 struct NcclOptions {
-  // How long one collective may take before the communicator is aborted.
+  // How long one collective may take before the communicator is aborted,
+  // and how long Create() waits for the other ranks to join.
   std::chrono::milliseconds timeout{300000};
 };
 
@@ -84,6 +86,9 @@ class NcclCommunicator final : public Communicator {
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;  // written once, before aborted_ is set
   std::atomic<bool> reason_set_{false};
+  // Held by each poll of Wait() and by the abort: Abort may come from
+  // another thread (the group's coordinator) while the rank's thread polls.
+  std::mutex poll_mu_;
   // Device scratch for Barrier (one float).
   void* barrier_buffer_ = nullptr;
 };

@@ -1,8 +1,10 @@
 // NcclCommunicator on real GPUs (label gpu): one thread per GPU as a rank,
 // every collective on fresh random data against the result computed on the
-// host. Skips itself with fewer than two GPUs.
+// host (two GPUs, else skipped), and a group that never forms (one GPU).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -128,6 +130,39 @@ TEST_F(NcclTest, AllToAllVWithUnevenAndEmptySegments) {
       EXPECT_EQ(0, std::memcmp(&theirs[their_displ], &got[rd[p]], rc[p] * 4)) << "from " << p;
     }
     cudaFree(send), cudaFree(recv);
+  });
+}
+
+// A rank whose peers never join gives up after the timeout instead of
+// blocking its thread forever, and the process still forms groups after.
+TEST(NcclJoinTest, AGroupThatNeverFormsTimesOutNamingTheRank) {
+  if (DeviceCount() < 1) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<std::string> id = NcclCommunicator::CreateUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  NcclOptions options;
+  options.timeout = std::chrono::milliseconds(2000);
+  const auto start = std::chrono::steady_clock::now();
+  auto lonely = NcclCommunicator::Create(0, 2, *id, 0, nullptr, options);  // rank 1 never comes
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(lonely.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(lonely.status())) << lonely.status();
+  EXPECT_NE(lonely.status().message().find("rank 0 of 2"), absl::string_view::npos)
+      << lonely.status();
+  EXPECT_GE(waited, 1.9);
+  EXPECT_LT(waited, 10.0);
+
+  const int size = std::min(DeviceCount(), 2);
+  OnEveryRank(size, [&](int r, Communicator& comm) {
+    const int32_t mine = 7 + r;
+    int32_t* d = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 4 * (size + 1)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d, &mine, 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_TRUE(comm.AllGather(d, d + 1, 1, CommDType::kInt32).ok());
+    std::vector<int32_t> all(size);
+    ASSERT_EQ(cudaMemcpy(all.data(), d + 1, 4 * size, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int p = 0; p < size; ++p) EXPECT_EQ(all[p], 7 + p);
+    cudaFree(d);
   });
 }
 
