@@ -40,7 +40,7 @@ absl::StatusOr<std::vector<std::unique_ptr<InProcessCommunicator>>> InProcessGro
 }
 
 InProcessGroup::InProcessGroup(int size, InProcessOptions options)
-    : size_(size), options_(options), next_call_(size, 0), faults_(size) {}
+    : size_(size), options_(options), next_call_(size, 0), rank_aborted_(size), faults_(size) {}
 
 void InProcessGroup::InjectFault(int rank, absl::Status status, int after_calls) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -50,8 +50,25 @@ void InProcessGroup::InjectFault(int rank, absl::Status status, int after_calls)
 
 void InProcessGroup::Abort(int by_rank, absl::string_view reason) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (options_.abort_is_local && by_rank >= 0 && by_rank < size_) {
+    if (rank_aborted_[by_rank].empty()) rank_aborted_[by_rank] = std::string(reason);
+    if (rank_aborted_[by_rank].empty()) rank_aborted_[by_rank] = "aborted";
+    cv_.notify_all();
+    return;
+  }
   FailLocked(absl::AbortedError(
       absl::StrCat("InProcessCommunicator group aborted by rank ", by_rank, ": ", reason)));
+}
+
+void InProcessGroup::Fail(absl::Status status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FailLocked(std::move(status));
+}
+
+absl::Status InProcessGroup::RankAbortedLocked(int rank, const std::string& signature,
+                                               int64_t call) const {
+  return absl::AbortedError(absl::StrCat(RankPrefix(rank), signature, " (call #", call,
+                                         "): communicator aborted: ", rank_aborted_[rank]));
 }
 
 absl::Status InProcessGroup::failure() const {
@@ -80,6 +97,7 @@ absl::Status InProcessGroup::Run(int rank, const std::string& signature, const v
                                                       call, "): injected fault: ",
                                                       injected.message()));
   }
+  if (!rank_aborted_[rank].empty()) return RankAbortedLocked(rank, signature, call);
   if (!failure_.ok()) {
     if (failure_.code() == absl::StatusCode::kAborted) return failure_;
     return absl::AbortedError(absl::StrCat(RankPrefix(rank), signature, " (call #", call,
@@ -104,9 +122,9 @@ absl::Status InProcessGroup::Run(int rank, const std::string& signature, const v
   cv_.notify_all();
 
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-  while (op.arrived < size_ && failure_.ok()) {
+  while (op.arrived < size_ && failure_.ok() && rank_aborted_[rank].empty()) {
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && op.arrived < size_ &&
-        failure_.ok()) {
+        failure_.ok() && rank_aborted_[rank].empty()) {
       std::vector<int> missing;
       for (int r = 0; r < size_; ++r) {
         if (!op.present[r]) missing.push_back(r);
@@ -119,8 +137,10 @@ absl::Status InProcessGroup::Run(int rank, const std::string& signature, const v
     }
   }
   if (op.arrived < size_) {
-    // The group failed before everyone joined: nobody reads this op's buffers.
-    absl::Status result = failure_;
+    // The group failed (or this rank was aborted) before everyone joined:
+    // nobody reads this op's buffers.
+    absl::Status result =
+        failure_.ok() ? RankAbortedLocked(rank, signature, call) : failure_;
     op.present[rank] = 0;
     if (--op.arrived == 0) ops_.erase(call);
     return result;
@@ -141,7 +161,8 @@ absl::Status InProcessGroup::Run(int rank, const std::string& signature, const v
 }
 
 absl::Status InProcessCommunicator::FailGroup(absl::Status status) {
-  group_->Abort(rank_, status.message());
+  group_->Fail(absl::AbortedError(absl::StrCat("InProcessCommunicator group aborted by rank ",
+                                               rank_, ": ", status.message())));
   return status;
 }
 

@@ -10,7 +10,8 @@
 // Failures never hang: a rank waiting longer than `timeout` for its peers
 // fails the collective with DEADLINE_EXCEEDED naming the collective and the
 // ranks that never joined; Abort() on any rank fails every pending and future
-// call of every rank with ABORTED; mismatched calls (different collectives or
+// call of every rank with ABORTED (or, as NCCL does, only the aborting rank's:
+// InProcessOptions.abort_is_local); mismatched calls (different collectives or
 // sizes at the same position) fail every rank. Any of these leaves the group
 // unusable, as a failed NCCL communicator is; create a new group.
 #pragma once
@@ -35,6 +36,11 @@ namespace kplan::comm {
 struct InProcessOptions {
   // How long a rank waits in one collective for the others to join.
   std::chrono::milliseconds timeout{30000};
+  // NCCL's semantics: Abort() fails only the aborting rank's own pending and
+  // future calls (ncclCommAbort tells no peer); a peer waiting for it fails at
+  // its timeout or its own Abort(). For tests of code that must cope with a
+  // transport like that (the expert-parallel group across servers).
+  bool abort_is_local = false;
 };
 
 class InProcessCommunicator;
@@ -55,7 +61,8 @@ class InProcessGroup {
   // fail with DEADLINE_EXCEEDED unless someone calls Abort().
   void InjectFault(int rank, absl::Status status, int after_calls = 0);
 
-  // Fails every pending and future call of every rank with ABORTED.
+  // Fails every pending and future call of every rank with ABORTED (with
+  // abort_is_local: those of `by_rank` only).
   void Abort(int by_rank, absl::string_view reason);
 
   // OK while the group is usable, else the first failure.
@@ -84,6 +91,9 @@ class InProcessGroup {
   absl::Status Run(int rank, const std::string& signature, const void* args, const Work& work);
   // Marks the group failed with `status` (first failure wins) and wakes all.
   void FailLocked(absl::Status status);
+  void Fail(absl::Status status);
+  // The status of `rank`'s calls once its own Abort (abort_is_local) ran.
+  absl::Status RankAbortedLocked(int rank, const std::string& signature, int64_t call) const;
 
   const int size_;
   const InProcessOptions options_;
@@ -91,6 +101,7 @@ class InProcessGroup {
   std::condition_variable cv_;
   absl::Status failure_;
   std::vector<int64_t> next_call_;                        // per rank
+  std::vector<std::string> rank_aborted_;                 // per rank: abort reason, if any
   std::vector<std::map<int64_t, absl::Status>> faults_;   // per rank: call -> status
   std::map<int64_t, Op> ops_;                             // by call number
 };
