@@ -308,7 +308,11 @@ absl::StatusOr<std::string> EpCoordinator::RunStep(const moe::ep::EpForwardedSte
   AddAuth(context);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    in_flight_[step.rank] = &context;
+    if (auto it = cancelled_.find(step.rank); it != cancelled_.end() && step.generation <= it->second) {
+      return absl::CancelledError(absl::StrCat("rank ", step.rank, "'s step of generation ",
+                                               step.generation, " was given up before it was sent"));
+    }
+    in_flight_[step.rank] = InFlight{&context, step.generation};
   }
   v1::RunEpStepResponse response;
   grpc::Status st = peer.stub->RunEpStep(&context, request, &response);
@@ -320,10 +324,12 @@ absl::StatusOr<std::string> EpCoordinator::RunStep(const moe::ep::EpForwardedSte
   return std::move(*response.mutable_output()->mutable_data());
 }
 
-void EpCoordinator::Cancel(int rank, absl::string_view) {
+void EpCoordinator::Cancel(int rank, int64_t generation, absl::string_view) {
   std::lock_guard<std::mutex> lock(mu_);
+  int64_t& cancelled = cancelled_[rank];
+  cancelled = std::max(cancelled, generation);
   auto it = in_flight_.find(rank);
-  if (it != in_flight_.end()) it->second->TryCancel();
+  if (it != in_flight_.end() && it->second.generation <= generation) it->second.context->TryCancel();
 }
 
 // ---------------------------------------------------------------------------
@@ -375,17 +381,44 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::JoinEpGroup(
   return call.FinishUnary(joined.status());
 }
 
+namespace {
+
+// RunEpStep's reactor: when rank 0 cancels the call (it gave up on the step:
+// it failed, or the step's deadline passed), the peer's communicator of that
+// generation is aborted, so a step waiting in a collective for rank 0 fails
+// now instead of at its own timeout and the peer is free for the next one.
+class RunEpStepReactor final : public grpc::ServerUnaryReactor {
+ public:
+  RunEpStepReactor(moe::ep::EpPeerRank* peer, int64_t generation)
+      : peer_(peer), generation_(generation) {}
+  void OnCancel() override {
+    if (peer_ != nullptr) peer_->AbortStep(generation_, "rank 0 cancelled the step");
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  moe::ep::EpPeerRank* const peer_;
+  const int64_t generation_;
+};
+
+}  // namespace
+
 grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerContext* context,
                                                            const v1::RunEpStepRequest* request,
                                                            v1::RunEpStepResponse* response) {
-  auto call = std::make_shared<Call>(env_, context, "RunEpStep");
-  if (absl::Status auth = call->Authorize(); !auth.ok()) return call->FinishUnary(auth);
+  auto call = std::make_shared<Call>(env_, context, "RunEpStep", /*unary=*/false);
+  auto* reactor = new RunEpStepReactor(env_.ep_peer, request->generation());
+  auto finish = [call, reactor](const absl::Status& status) {
+    reactor->Finish(call->Done(status));
+    return reactor;
+  };
+  if (absl::Status auth = call->Authorize(); !auth.ok()) return finish(auth);
   if (env_.ep_peer == nullptr) {
-    return call->FinishUnary(absl::FailedPreconditionError(
+    return finish(absl::FailedPreconditionError(
         "this server is not a peer rank of an expert-parallel group (--ep_rank >= 1)"));
   }
   absl::StatusOr<std::shared_ptr<const ExpertSet>> set = env_.experts->Get(request->experts_id());
-  if (!set.ok()) return call->FinishUnary(set.status());
+  if (!set.ok()) return finish(set.status());
   moe::ep::EpForwardedStep step;
   step.experts_id = request->experts_id();
   step.generation = request->generation();
@@ -396,7 +429,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerC
   step.options.apply_router_weight_on_input = request->apply_router_weight_on_input();
   absl::StatusOr<moe::ep::EpStrategy> strategy =
       moe::ep::ParseEpStrategy(request->all2all_backend());
-  if (!strategy.ok()) return call->FinishUnary(WithField(strategy.status(), "all2all_backend"));
+  if (!strategy.ok()) return finish(WithField(strategy.status(), "all2all_backend"));
   step.options.strategy = *strategy;
   switch (request->hidden_states().dtype()) {
     case v1::DTYPE_FLOAT32:
@@ -409,7 +442,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerC
       step.options.act_dtype = moe::MoeDType::kBFloat16;
       break;
     default:
-      return call->FinishUnary(InvalidField("hidden_states.dtype",
+      return finish(InvalidField("hidden_states.dtype",
                                             "hidden_states must be float32, float16 or bfloat16"));
   }
   step.num_tokens = request->hidden_states().shape_size() > 0 ? request->hidden_states().shape(0) : 0;
@@ -427,7 +460,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerC
   const int64_t h = request->hidden_states().shape_size() > 1 ? request->hidden_states().shape(1)
                                                               : 0;
   env_.ep_peer->RunStep(*set, std::move(step),
-                        [call, response, dtype, m, h](absl::StatusOr<std::string> out) {
+                        [finish, response, dtype, m, h](absl::StatusOr<std::string> out) {
                           if (out.ok()) {
                             v1::Tensor* t = response->mutable_output();
                             t->set_dtype(dtype);
@@ -435,9 +468,9 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerC
                             t->add_shape(h);
                             t->set_data(std::move(*out));
                           }
-                          call->FinishUnary(out.status());
+                          finish(out.status());
                         });
-  return call->reactor();
+  return reactor;
 }
 
 }  // namespace kplan::rpc

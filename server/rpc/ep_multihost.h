@@ -54,7 +54,7 @@ class EpCoordinator final : public moe::ep::EpRemoteRanks {
   std::string Device(int rank) const override;
   absl::StatusOr<int64_t> PlaceExperts(int rank, const ExpertSet& set) override;
   absl::StatusOr<std::string> RunStep(const moe::ep::EpForwardedStep& step) override;
-  void Cancel(int rank, absl::string_view reason) override;
+  void Cancel(int rank, int64_t generation, absl::string_view reason) override;
 
  private:
   struct Peer {
@@ -72,7 +72,12 @@ class EpCoordinator final : public moe::ep::EpRemoteRanks {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<int, Peer> peers_;
-  std::map<int, grpc::ClientContext*> in_flight_;
+  struct InFlight {
+    grpc::ClientContext* context;
+    int64_t generation;
+  };
+  std::map<int, InFlight> in_flight_;      // by rank
+  std::map<int, int64_t> cancelled_;       // by rank: the newest generation given up on
 };
 
 struct EpPeerJoin {

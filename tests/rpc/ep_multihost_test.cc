@@ -6,8 +6,9 @@
 // that never joins), JoinEpGroup's field errors, LoadExperts reaching the
 // peer (each rank keeps its slice), RunMoE forwarded to the peer equal to a
 // single-rank server per dispatch, a killed peer failing the request with
-// UNAVAILABLE naming it, and the group re-forming with a new generation when
-// the peer is back.
+// UNAVAILABLE naming it, the group re-forming with a new generation when
+// the peer is back, and a failure on rank 0 releasing the peer at once
+// (aborts are local here, as NCCL's are).
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -37,10 +38,14 @@ constexpr int kE = 5, kH = 16, kI = 8;
 
 // The "NCCL" of the test: one InProcessGroup per id, created by the first
 // rank that asks for it.
+// Aborts are local, as NCCL's are: a rank waiting in a collective for a
+// failed peer is released only by its own abort or its timeout.
 struct CommTable {
   std::mutex mu;
   int next_id = 0;
   std::map<std::string, std::vector<std::unique_ptr<comm::InProcessCommunicator>>> groups;
+  std::map<std::string, comm::InProcessGroup*> hubs;  // alive while its communicators are
+  std::string newest;
 };
 
 void Inject(ServerOptions& options, std::shared_ptr<CommTable> table) {
@@ -55,10 +60,13 @@ void Inject(ServerOptions& options, std::shared_ptr<CommTable> table) {
     if (group.empty()) {
       comm::InProcessOptions o;
       o.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
+      o.abort_is_local = true;
       absl::StatusOr<std::vector<std::unique_ptr<comm::InProcessCommunicator>>> made =
           comm::InProcessGroup::Create(size, o);
       if (!made.ok()) return made.status();
       group = std::move(*made);
+      table->hubs[std::string(id)] = &group[0]->group();
+      table->newest = std::string(id);
     }
     if (rank >= static_cast<int>(group.size()) || group[rank] == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " already took id ", id));
@@ -266,6 +274,31 @@ TEST_F(EpMultihostTest, AKilledPeerFailsTheRequestAndTheGroupReformsWhenItIsBack
   ExpectSameAsSingle(Request(5, 2, "kplan_all2allv"));
   ExpectSameAsSingle(Request(6, 2, "allgather_reducescatter"));
   EXPECT_GT(rank0_->environment().ep_group->generation(), before);
+}
+
+TEST_F(EpMultihostTest, RankZerosFailureReleasesThePeerAtOnce) {
+  ASSERT_TRUE(Load(*single_client_).ok());
+  ASSERT_TRUE(Load(*client_).ok());
+  ExpectSameAsSingle(Request(6, 2, "kplan_all2allv"));
+  // Rank 0's second collective of the next step fails without joining: the
+  // peer, past the first (so its step is in flight), then waits in it for
+  // rank 0, and NCCL-like aborts reach no peer: only rank 0 cancelling the
+  // peer's step (the peer aborts its own communicator) frees it before its
+  // 10 s timeout.
+  {
+    std::lock_guard<std::mutex> lock(table_->mu);
+    table_->hubs[table_->newest]->InjectFault(0, absl::UnavailableError("link down"),
+                                              /*after_calls=*/1);
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::RunMoEResponse> failed = client_->RunMoE(Request(6, 2, "kplan_all2allv"));
+  EXPECT_TRUE(absl::IsUnavailable(failed.status())) << failed.status();
+  EXPECT_THAT(failed.status().message(), HasSubstr("link down"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("failed on rank 0"));
+  // The next step runs on a new generation, which the peer joins only once
+  // its failed step is over.
+  ExpectSameAsSingle(Request(6, 2, "allgather_reducescatter"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the peer waited out its timeout";
 }
 
 TEST(EpMultihostFormationTest, APeerThatNeverJoinsFailsRankZerosStart) {

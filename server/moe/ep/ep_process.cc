@@ -1,5 +1,6 @@
 #include "server/moe/ep/ep_process.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -49,8 +50,9 @@ class SharedCommunicator final : public comm::Communicator {
 // cancels the rank's step in flight.
 class RemoteRankCommunicator final : public comm::Communicator {
  public:
-  RemoteRankCommunicator(int rank, int size, std::shared_ptr<EpRemoteRanks> remote)
-      : rank_(rank), size_(size), remote_(std::move(remote)) {}
+  RemoteRankCommunicator(int rank, int size, int64_t generation,
+                         std::shared_ptr<EpRemoteRanks> remote)
+      : rank_(rank), size_(size), generation_(generation), remote_(std::move(remote)) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   absl::string_view backend() const override { return "remote"; }
@@ -67,7 +69,7 @@ class RemoteRankCommunicator final : public comm::Communicator {
     return Unsupported();
   }
   absl::Status Barrier() override { return Unsupported(); }
-  void Abort(absl::string_view reason) override { remote_->Cancel(rank_, reason); }
+  void Abort(absl::string_view reason) override { remote_->Cancel(rank_, generation_, reason); }
 
  private:
   absl::Status Unsupported() const {
@@ -75,6 +77,7 @@ class RemoteRankCommunicator final : public comm::Communicator {
                                             " runs in another process; its collectives run there"));
   }
   const int rank_, size_;
+  const int64_t generation_;
   std::shared_ptr<EpRemoteRanks> remote_;
 };
 
@@ -128,8 +131,9 @@ class ProcessEpRanks final : public EpRankKind {
 
   absl::StatusOr<std::unique_ptr<comm::Communicator>> JoinCommunicator(int rank) override {
     if (rank != 0) {
+      std::lock_guard<std::mutex> lock(mu_);
       return std::unique_ptr<comm::Communicator>(
-          new RemoteRankCommunicator(rank, size_, remote_));
+          new RemoteRankCommunicator(rank, size_, generation_, remote_));
     }
     std::string id;
     absl::Duration timeout;
@@ -373,6 +377,11 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
   {
     std::lock_guard<std::mutex> lock(mu_);
     generation = generation_;
+    if (step.generation <= abandoned_generation_) {
+      // Rank 0 gave up on this generation before the step started here.
+      return absl::CancelledError(absl::StrCat("rank 0 cancelled the steps of generation ",
+                                               step.generation, " before this one started"));
+    }
   }
   if (step.generation < generation || (step.generation == generation && comm_ == nullptr)) {
     return WithField(
@@ -391,7 +400,15 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
     // in the order rank 0 does (see kReplaced).
     absl::StatusOr<std::unique_ptr<comm::Communicator>> comm =
         comm_factory_(step.group_id, rank_, size_, comm_timeout_);
-    std::unique_ptr<comm::Communicator> old = std::move(comm_);
+    std::unique_ptr<comm::Communicator> old;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      old = std::move(comm_);
+      if (comm.ok()) {
+        comm_ = std::move(*comm);
+        comm_generation_ = step.generation;
+      }
+    }
     if (!comm.ok()) {
       if (old != nullptr) old->Abort(kReplaced);
       old.reset();
@@ -399,7 +416,6 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
                           absl::StrCat("rank ", rank_, " could not join generation ",
                                        step.generation, ": ", comm.status().message()));
     }
-    comm_ = std::move(*comm);
     if (old != nullptr) old->Abort(kReplaced);
     old.reset();
   }
@@ -414,10 +430,20 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
                                    step.options, inputs, *comm_);
   if (!st.ok()) {
     comm_->Abort(absl::StrCat("rank ", rank_, " failed: ", st.message()));
-    comm_.reset();
+    std::unique_ptr<comm::Communicator> failed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      failed = std::move(comm_);
+    }
     return st;
   }
   return output;
+}
+
+void EpPeerRank::AbortStep(int64_t generation, absl::string_view reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  abandoned_generation_ = std::max(abandoned_generation_, generation);
+  if (comm_ != nullptr && comm_generation_ == generation) comm_->Abort(reason);
 }
 
 #if !KPLAN_HAVE_GPU_EP

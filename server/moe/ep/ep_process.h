@@ -83,8 +83,11 @@ class EpRemoteRanks {
   virtual absl::StatusOr<int64_t> PlaceExperts(int rank, const ExpertSet& set) = 0;
   // Runs `step` on its rank's server; the output rows [num_tokens, H].
   virtual absl::StatusOr<std::string> RunStep(const EpForwardedStep& step) = 0;
-  // Cancels rank `rank`'s step in flight, if any (its RunStep then fails).
-  virtual void Cancel(int rank, absl::string_view reason) = 0;
+  // Rank 0 gives up on rank `rank`'s steps of communicator generation
+  // `generation`: the one in flight fails (its RunStep returns, the peer is
+  // told and aborts that generation's communicator), and one not sent yet is
+  // never sent. Later generations are unaffected.
+  virtual void Cancel(int rank, int64_t generation, absl::string_view reason) = 0;
 };
 
 // Rank 0 of a multi-process group: `local` computes rank 0 (a kind of
@@ -145,6 +148,11 @@ class EpPeerRank {
   // (field "generation"); a newer one builds a communicator from its id.
   void RunStep(std::shared_ptr<const ExpertSet> set, EpForwardedStep step,
                std::function<void(absl::StatusOr<std::string>)> done);
+  // Rank 0 gave up on a step of `generation` (it failed, or its deadline
+  // passed): aborts this peer's communicator of that generation, so a step
+  // waiting in a collective for rank 0 fails now instead of at its timeout,
+  // and fails steps of that generation not started yet. Any thread.
+  void AbortStep(int64_t generation, absl::string_view reason);
 
  private:
   void Loop();
@@ -159,10 +167,12 @@ class EpPeerRank {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
-  // Only the peer's thread uses the communicator; generation_ is read
-  // elsewhere under mu_.
+  // Only the peer's thread uses and replaces the communicator, replacing it
+  // under mu_; AbortStep aborts it under mu_ from other threads.
   std::unique_ptr<comm::Communicator> comm_;
-  int64_t generation_ = 0;
+  int64_t comm_generation_ = 0;  // comm_'s
+  int64_t abandoned_generation_ = 0;  // the newest one AbortStep named
+  int64_t generation_ = 0;       // the newest seen; read elsewhere under mu_
   std::thread thread_;
 };
 
