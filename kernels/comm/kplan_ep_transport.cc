@@ -174,7 +174,18 @@ absl::Status KplanEpTransport::Init() {
   return comm_.Barrier();
 }
 
+void KplanEpTransport::Abandon() {
+  dev_comm_created_ = false;
+  window_registered_ = false;
+  if (base_ != nullptr) {
+    CurrentDevice guard(device_);
+    (void)ncclMemFree(base_);
+    base_ = nullptr;
+  }
+}
+
 KplanEpTransport::~KplanEpTransport() {
+  if (!dev_comm_created_ && !window_registered_ && base_ == nullptr) return;  // abandoned
   CurrentDevice guard(device_);
   (void)cudaDeviceSynchronize();
   ncclComm_t comm = comm_.nccl_comm();

@@ -157,6 +157,12 @@ class KplanEpTransport {
                                                                   const KplanEpConfig& config);
   // Collective too (window deregistration): every rank destroys its transport.
   ~KplanEpTransport();
+  // After the communicator was aborted (its NCCL state, the window
+  // registration and the device communicator died with it): frees this
+  // rank's window memory without calling into the communicator, so the
+  // destructor then does nothing. Not collective. No kernel of the transport
+  // may still run on this rank.
+  void Abandon();
   KplanEpTransport(const KplanEpTransport&) = delete;
   KplanEpTransport& operator=(const KplanEpTransport&) = delete;
 

@@ -667,9 +667,10 @@ GpuEpCommunicator::GpuEpCommunicator(std::unique_ptr<comm::NcclCommunicator> ncc
 
 GpuEpCommunicator::~GpuEpCommunicator() {
   if (aborted_) {
-    // Their window and device communicator died with the aborted NCCL
-    // communicator; destroying them would call into a freed one.
-    for (auto& t : transports_) (void)t.release();
+    // Their window registration and device communicator died with the
+    // aborted NCCL communicator; deregistering would call into a freed one.
+    // Only the window memory is left to free.
+    for (auto& t : transports_) t->Abandon();
   }
   transports_.clear();  // before nccl_, which they use
 }

@@ -97,8 +97,8 @@ inline constexpr int64_t kDefaultPassthroughTokens = 128;
 // released before that communicator, and never through an aborted one; the
 // wrapper sees every Abort and every failed call, so it destroys its
 // transports first while the communicator is healthy and abandons them (their
-// NCCL state died with the communicator; the window memory is leaked) once it
-// was aborted. One transport per layer configuration (capacity, k, H, E,
+// NCCL state died with the communicator; only their window memory is freed)
+// once it was aborted. One transport per layer configuration (capacity, k, H, E,
 // placement), created on the first passthrough step that needs it; creation
 // and destruction are collective, and every rank takes the same decisions
 // because they depend only on the step's shared layer options and
