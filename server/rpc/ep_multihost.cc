@@ -25,12 +25,13 @@ namespace {
 
 constexpr int64_t kChunkBytes = int64_t{16} << 20;
 
-std::shared_ptr<v1::KernelPlanService::Stub> StubFor(const std::string& address) {
+std::shared_ptr<v1::KernelPlanService::Stub> StubFor(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  return v1::KernelPlanService::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  return v1::KernelPlanService::NewStub(grpc::CreateCustomChannel(address, credentials, args));
 }
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
@@ -81,8 +82,12 @@ std::string HostOfPeerUri(const std::string& uri) {
 // ---------------------------------------------------------------------------
 // EpCoordinator.
 
-EpCoordinator::EpCoordinator(int size, std::string auth_token, absl::Duration step_timeout)
-    : size_(size), auth_token_(std::move(auth_token)), step_timeout_(step_timeout) {}
+EpCoordinator::EpCoordinator(int size, std::string auth_token, absl::Duration step_timeout,
+                             std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : size_(size),
+      auth_token_(std::move(auth_token)),
+      step_timeout_(step_timeout),
+      credentials_(std::move(credentials)) {}
 
 void EpCoordinator::AddAuth(grpc::ClientContext& context) const {
   if (!auth_token_.empty()) context.AddMetadata("authorization", "Bearer " + auth_token_);
@@ -136,7 +141,7 @@ absl::StatusOr<v1::JoinEpGroupResponse> EpCoordinator::Join(const v1::JoinEpGrou
                        "rank");
     }
   }
-  peer.stub = StubFor(address);
+  peer.stub = StubFor(address, credentials_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = peers_.find(request.rank());
@@ -336,7 +341,7 @@ void EpCoordinator::Cancel(int rank, int64_t generation, absl::string_view) {
 // A peer's join.
 
 absl::StatusOr<v1::JoinEpGroupResponse> JoinEpGroupAtStart(const EpPeerJoin& join) {
-  std::shared_ptr<v1::KernelPlanService::Stub> stub = StubFor(join.coordinator);
+  std::shared_ptr<v1::KernelPlanService::Stub> stub = StubFor(join.coordinator, join.credentials);
   v1::JoinEpGroupRequest request;
   request.set_rank(join.rank);
   request.set_size(join.size);

@@ -16,6 +16,8 @@
 // talk to rank 0 only and peers need no access to rank 0's files.
 #pragma once
 
+#include <grpcpp/security/credentials.h>
+
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -33,8 +35,10 @@ namespace kplan::rpc {
 class EpCoordinator final : public moe::ep::EpRemoteRanks {
  public:
   // `step_timeout` bounds each forwarded step; `auth_token` ("" = none) is
-  // sent to peers as a bearer token.
-  EpCoordinator(int size, std::string auth_token, absl::Duration step_timeout);
+  // sent to peers as a bearer token; `credentials` reach the peers' servers
+  // (null: plaintext).
+  EpCoordinator(int size, std::string auth_token, absl::Duration step_timeout,
+                std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   int size() const { return size_; }
   // The group whose generation a restarted peer invalidates (set once,
@@ -68,6 +72,7 @@ class EpCoordinator final : public moe::ep::EpRemoteRanks {
   const int size_;
   const std::string auth_token_;
   const absl::Duration step_timeout_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   moe::ep::EpGroup* group_ = nullptr;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -86,6 +91,7 @@ struct EpPeerJoin {
   std::string device;       // "cuda:0", "cpu"
   int rank = 0, size = 0;
   std::string auth_token;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // to rank 0; null: plaintext
   absl::Duration timeout = absl::Seconds(30);
 };
 

@@ -54,6 +54,10 @@ ABSL_FLAG(std::string, ep_coordinator, "",
 ABSL_FLAG(std::string, ep_advertise, "",
           "Ranks >= 1: HOST:PORT where rank 0 reaches this server; empty: this server's port on "
           "the address rank 0 sees the join come from");
+ABSL_FLAG(std::string, ep_peer_ca, "",
+          "Group across servers with TLS (--tls_cert): PEM CA bundle that verifies the other "
+          "ranks' certificates (default: the system roots); this server presents --tls_cert as "
+          "its client certificate to them");
 ABSL_FLAG(absl::Duration, ep_join_timeout, absl::Seconds(60),
           "Group across servers: how long rank 0 waits at start for every rank to join, and how "
           "long a rank keeps trying to join rank 0");
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
   options.ep_rank = absl::GetFlag(FLAGS_ep_rank);
   options.ep_coordinator = absl::GetFlag(FLAGS_ep_coordinator);
   options.ep_advertise = absl::GetFlag(FLAGS_ep_advertise);
+  options.ep_peer_ca_file = absl::GetFlag(FLAGS_ep_peer_ca);
   options.ep_join_timeout = absl::GetFlag(FLAGS_ep_join_timeout);
   absl::StatusOr<std::unique_ptr<kplan::rpc::KplanServer>> server =
       kplan::rpc::KplanServer::Start(options);

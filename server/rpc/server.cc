@@ -55,6 +55,28 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// How this server reaches the other servers of its expert-parallel group:
+// TLS when it serves TLS itself (see ServerOptions.ep_peer_ca_file).
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakePeerCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert_file.empty()) {
+    if (!options.ep_peer_ca_file.empty()) {
+      return InvalidField("ep_peer_ca",
+                          "--ep_peer_ca needs --tls_cert and --tls_key: the servers of a group "
+                          "reach each other over TLS only when they serve TLS");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!options.ep_peer_ca_file.empty()) {
+    KPLAN_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                           ReadFileForFlag(options.ep_peer_ca_file, "ep_peer_ca"));
+  }
+  KPLAN_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadFileForFlag(options.tls_cert_file, "tls_cert"));
+  KPLAN_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadFileForFlag(options.tls_key_file, "tls_key"));
+  return grpc::SslCredentials(ssl);
+}
+
 // A socket file left by a server that did not exit cleanly would make the
 // bind fail; remove it, but never a file that is not a socket.
 absl::Status RemoveStaleUnixSocket(const std::string& address) {
@@ -215,12 +237,14 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   KPLAN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                          MakeCredentials(options));
   KPLAN_RETURN_IF_ERROR(RemoveStaleUnixSocket(options.listen_address));
+  KPLAN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> peer_credentials,
+                         MakePeerCredentials(options));
   if (options.ep_size > 1) {
     KPLAN_RETURN_IF_ERROR(MakeLocalRankKind(options, server->environment_.devices).status());
     if (options.ep_rank == 0) {
       server->ep_coordinator_ = std::make_shared<EpCoordinator>(
           options.ep_size, server->environment_.auth_token,
-          std::max(absl::Minutes(5), 4 * options.ep_timeout));
+          std::max(absl::Minutes(5), 4 * options.ep_timeout), peer_credentials);
       server->environment_.ep_coordinator = server->ep_coordinator_.get();
     } else {
       KPLAN_ASSIGN_OR_RETURN(std::unique_ptr<moe::ep::EpRankKind> local,
@@ -291,6 +315,7 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
     join.rank = options.ep_rank;
     join.size = options.ep_size;
     join.auth_token = server->environment_.auth_token;
+    join.credentials = peer_credentials;
     join.timeout = options.ep_join_timeout;
     KPLAN_ASSIGN_OR_RETURN(v1::JoinEpGroupResponse joined, JoinEpGroupAtStart(join));
     spdlog::info("joined the expert-parallel group at {} as rank {} of {} (generation {})",

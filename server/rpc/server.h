@@ -52,6 +52,12 @@ struct ServerOptions {
   std::string ep_coordinator;
   std::string ep_advertise;
   absl::Duration ep_join_timeout = absl::Seconds(60);
+  // The servers of such a group reach each other over TLS when this server
+  // serves TLS: it verifies the others' certificates with ep_peer_ca_file
+  // (PEM; empty: the system roots) and presents its own tls_cert / tls_key as
+  // its client certificate (it needs clientAuth besides serverAuth when the
+  // others require client certificates).
+  std::string ep_peer_ca_file;
   // Tests: the communicator and its ids across servers (default: NCCL).
   moe::ep::EpCommFactory ep_comm_factory;
   moe::ep::EpGroupIdSource ep_id_source;

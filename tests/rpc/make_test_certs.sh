@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Generates a throwaway test PKI in $1: a CA, a server certificate for
-# localhost/127.0.0.1, a client certificate, and a second ("rogue") CA with a
-# client certificate of its own. Keys are EC P-256, valid for one day.
+# localhost/127.0.0.1, a client certificate, a peer certificate (server and
+# client use, for servers that call each other), and a second ("rogue") CA
+# with a client certificate of its own. Keys are EC P-256, valid for one day.
 set -euo pipefail
 out=$1
 mkdir -p "$out"
@@ -21,6 +22,9 @@ done
 cert server ca "/CN=localhost" "subjectAltName=DNS:localhost,IP:127.0.0.1
 extendedKeyUsage=serverAuth"
 cert client ca "/CN=kplan test client" "extendedKeyUsage=clientAuth"
+# A server that also calls other servers (the ranks of an expert-parallel group).
+cert peer ca "/CN=localhost" "subjectAltName=DNS:localhost,IP:127.0.0.1
+extendedKeyUsage=serverAuth,clientAuth"
 cert rogue_client rogue_ca "/CN=rogue client" "extendedKeyUsage=clientAuth"
 echo "test-token-$(date +%s%N)" >token
 echo "certificates in $out"

@@ -9,6 +9,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <future>
+#include <random>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -16,6 +18,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/rpc/server.h"
+#include "tests/rpc/ep_comm_table.h"
+#include "tests/rpc/moe_rpc_util.h"
 
 namespace kplan::rpc {
 namespace {
@@ -114,6 +118,92 @@ TEST_F(TlsTest, BadTlsFlagsAreRejectedWithTheFlagNamed) {
   missing.tls_key_file = "/nonexistent.key";
   EXPECT_THAT(std::string(KplanServer::Start(missing).status().message()),
               HasSubstr("cannot read tls_cert file"));
+  ServerOptions peer_ca_alone;
+  peer_ca_alone.listen_address = "127.0.0.1:0";
+  peer_ca_alone.ep_peer_ca_file = CertDir() + "/ca.pem";
+  s = KplanServer::Start(peer_ca_alone);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("--ep_peer_ca needs --tls_cert"));
+}
+
+// The servers of an expert-parallel group reach each other over mutual TLS
+// when they serve TLS: a peer joins rank 0, rank 0 streams experts to it and
+// forwards steps; a peer that does not trust rank 0's CA cannot join.
+TEST_F(TlsTest, AGroupAcrossServersTalksMutualTls) {
+  auto table = std::make_shared<CommTable>();
+  auto tls = [&](ServerOptions& o) {
+    o.tls_cert_file = CertDir() + "/peer.pem";
+    o.tls_key_file = CertDir() + "/peer.key";
+    o.tls_client_ca_file = CertDir() + "/ca.pem";
+    o.ep_peer_ca_file = CertDir() + "/ca.pem";
+    o.ep_size = 2;
+    o.ep_timeout = absl::Seconds(10);
+    o.ep_join_timeout = absl::Seconds(20);
+    Inject(o, table);
+  };
+  const int port = FreePort();
+  ServerOptions rank0;
+  rank0.listen_address = absl::StrCat("127.0.0.1:", port);
+  tls(rank0);
+  auto started = std::async(std::launch::async, [rank0] { return StartServer(rank0); });
+  ServerOptions peer;
+  tls(peer);
+  peer.ep_rank = 1;
+  peer.ep_coordinator = absl::StrCat("localhost:", port);
+  std::unique_ptr<KplanServer> peer_server = StartServer(peer);
+  std::unique_ptr<KplanServer> rank0_server = started.get();
+  ASSERT_NE(peer_server, nullptr);
+  ASSERT_NE(rank0_server, nullptr);
+
+  ClientOptions good = Quick();
+  good.tls_root_certs = Read("ca.pem");
+  good.tls_client_cert = Read("client.pem");
+  good.tls_client_key = Read("client.key");
+  std::unique_ptr<Client> client = Client::Connect(absl::StrCat("localhost:", port), good);
+  constexpr int kE = 4, kH = 8, kI = 4;
+  std::mt19937 rng(11);
+  v1::ExpertsHeader h;
+  h.set_experts_id("tls-layer");
+  h.set_num_experts(kE);
+  h.set_hidden_size(kH);
+  h.set_intermediate_size(kI);
+  h.set_dtype(v1::DTYPE_FLOAT32);
+  auto chunk = [&](const char* name, std::vector<int64_t> shape, size_t n) {
+    v1::TensorChunk c;
+    c.set_name(name);
+    c.set_dtype(v1::DTYPE_FLOAT32);
+    for (int64_t d : shape) c.add_shape(d);
+    c.set_data(testing::Bytes(testing::Random(n, rng, 0.3f)));
+    return c;
+  };
+  absl::StatusOr<v1::LoadExpertsResponse> loaded = client->LoadExperts(
+      h, {chunk("w13", {kE, 2 * kI, kH}, kE * 2 * kI * kH), chunk("w2", {kE, kH, kI}, kE * kH * kI)});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->experts().shards_size(), 2);  // rank 1's slice went over TLS
+  v1::RunMoERequest req;
+  req.set_experts_id("tls-layer");
+  *req.mutable_hidden_states() =
+      testing::MakeTensor(v1::DTYPE_FLOAT32, {3, kH}, testing::Bytes(testing::Random(3 * kH, rng, 1.f)));
+  *req.mutable_router_logits() =
+      testing::MakeTensor(v1::DTYPE_FLOAT32, {3, kE}, testing::Bytes(testing::Random(3 * kE, rng, 1.f)));
+  req.mutable_routing()->set_top_k(2);
+  absl::StatusOr<v1::RunMoEResponse> ran = client->RunMoE(req);
+  ASSERT_TRUE(ran.ok()) << ran.status();
+  EXPECT_EQ(ran->plan().ep_size(), 2);
+
+  // A third server that trusts another CA cannot verify rank 0.
+  ServerOptions stranger;
+  tls(stranger);
+  stranger.ep_rank = 1;
+  stranger.ep_coordinator = absl::StrCat("localhost:", port);
+  stranger.ep_peer_ca_file = CertDir() + "/rogue_ca.pem";
+  stranger.ep_join_timeout = absl::Seconds(1);
+  stranger.listen_address = "127.0.0.1:0";
+  static NoDeviceProber prober;
+  stranger.prober = &prober;
+  absl::StatusOr<std::unique_ptr<KplanServer>> s = KplanServer::Start(stranger);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("joining the expert-parallel group"));
 }
 
 TEST_F(TlsTest, BearerTokenGuardsTheServiceNotTheProbes) {
