@@ -34,7 +34,9 @@
 //
 // Usage: moe_bench [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096]
 //                  [--replays 200] [--sets 8] [--budget_s 1.5] [--warmup_s 3]
-//                  [--copy_mib 1024]
+//                  [--copy_mib 1024] [--decode on|off]
+// --decode off keeps decode-sized layers on the grouped GEMM path (the
+// baseline of the decode kernels, moe_decode.cu).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -188,6 +190,7 @@ struct Args {
   double budget_s = 1.5;
   double warmup_s = 3.0;
   size_t copy_mib = 1024;
+  bool decode = true;  // --decode off: the grouped path at decode sizes too
 };
 
 std::vector<std::string> SplitComma(const std::string& s) {
@@ -203,7 +206,8 @@ std::vector<std::string> SplitComma(const std::string& s) {
 [[noreturn]] void Usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
-               "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M]\n",
+               "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
+               "[--decode on|off]\n",
                argv0);
   std::exit(2);
 }
@@ -240,6 +244,9 @@ Args ParseArgs(int argc, char** argv) {
       a.warmup_s = std::atof(v.c_str());
     } else if (f == "--copy_mib") {
       a.copy_mib = std::strtoull(v.c_str(), nullptr, 10);
+    } else if (f == "--decode") {
+      if (v != "on" && v != "off") Usage(argv[0]);
+      a.decode = v == "on";
     } else {
       Usage(argv[0]);
     }
@@ -387,6 +394,7 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     la.topk_ids = tid[s]->as<int32_t>();
     la.topk_weights = tw[s]->as<float>();
     la.output = out[s]->p;
+    la.allow_decode = args.decode;
     return kplan::EnqueueMoeLayer(gpu, la, ws.p, ws_bytes, stream);
   };
 

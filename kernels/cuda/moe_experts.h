@@ -144,6 +144,43 @@ absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* top
                               int64_t num_tokens, int top_k, int64_t hidden, void* out,
                               cudaStream_t stream, const MoeSplitInput& split = {});
 
+// Decode-sized layers (moe_decode.cu): the whole expert half (GEMM 1,
+// activation, GEMM 2 and combine) as two matrix-vector kernels over the
+// routed top-k ids, without moe_align_block_size, for up to
+// kMoeDecodeMaxSlots token slots. Same rounding points as the grouped path
+// (GEMM outputs, activation, combine), only the fp32 order inside each dot
+// product differs. Slots whose expert is out of range or not local (expert
+// map -1) contribute zero rows. No apply_router_weight_on_input.
+inline constexpr int64_t kMoeDecodeMaxSlots = 16;
+struct MoeDecodeArgs {
+  MoeElemType dtype = MoeElemType::kBFloat16;
+  const void* hidden = nullptr;           // [num_tokens, hidden_size]
+  const int32_t* topk_ids = nullptr;      // [num_tokens, top_k], global ids
+  const float* topk_weights = nullptr;    // [num_tokens, top_k]
+  const int32_t* expert_map = nullptr;    // [num_experts] global -> local or -1; null: identity
+  int num_experts = 0;                    // range of the ids
+  int num_local_experts = 0;              // experts in w13 / w2
+  int64_t num_tokens = 0;
+  int top_k = 0;
+  int64_t hidden_size = 0, intermediate_size = 0;  // multiples of 8
+  const void* w13 = nullptr;  // [E_local, N13, H], N13 = 2I for gated activations, else I
+  const float* b13 = nullptr;  // [E_local, N13] or null
+  const void* w2 = nullptr;   // [E_local, H, I]
+  const float* b2 = nullptr;   // [E_local, H] or null
+  MoeActKind act = MoeActKind::kSilu;
+  MoeActParams act_params;
+  void* h = nullptr;  // workspace [num_tokens * top_k, I]
+  // true: out [num_tokens, H] = Σ_j w · y_j; false: out [num_tokens * top_k, H] = y.
+  bool combine = true;
+  void* out = nullptr;
+};
+// Whether a layer of these sizes runs faster on the decode kernels: at most
+// kMoeDecodeMaxSlots slots that (nearly always) hit distinct experts, since
+// each slot streams its expert's weights.
+bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,
+                      int64_t intermediate);
+absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& args, cudaStream_t stream);
+
 // apply_router_weight_on_input (top_k == 1): out[m, h] = round(a[m, h] ·
 // round(w[m])), as moe::RunExperts scales the input rows.
 absl::Status LaunchMoeScaleRows(MoeElemType dtype, const void* a, const float* row_weights,

@@ -162,6 +162,36 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
   const int64_t numel = M * k;
 
+  if (a.allow_decode && !a.apply_router_weight_on_input &&
+      kc::MoeDecodeApplies(M, k, E, H, I)) {
+    // A few slots: routing, then the two matrix-vector kernels.
+    if (a.router_logits != nullptr) {
+      KPLAN_RETURN_IF_ERROR(kc::LaunchMoeRouting(a.routing, a.router_logits, M, a.topk_weights,
+                                                 a.topk_ids, stream));
+    }
+    kc::MoeDecodeArgs d;
+    d.dtype = dtype;
+    d.hidden = a.hidden;
+    d.topk_ids = a.topk_ids;
+    d.topk_weights = a.topk_weights;
+    d.expert_map = a.expert_map;
+    d.num_experts = E;
+    d.num_local_experts = spec.num_experts;
+    d.num_tokens = M;
+    d.top_k = k;
+    d.hidden_size = H;
+    d.intermediate_size = I;
+    d.w13 = experts.w13();
+    d.b13 = experts.b13();
+    d.w2 = experts.w2();
+    d.b2 = experts.b2();
+    d.act = static_cast<kc::MoeActKind>(experts.activation());
+    d.h = At<void>(workspace, l.c2);
+    d.combine = a.combine;
+    d.out = a.output;
+    return kc::LaunchMoeDecodeExperts(d, stream);
+  }
+
   int32_t* sorted = At<int32_t>(workspace, l.sorted);
   int32_t* eids = At<int32_t>(workspace, l.eids);
   int32_t* post = At<int32_t>(workspace, l.post);

@@ -48,6 +48,10 @@ struct MoeLayerArgs {
   // slots whose expert is not local), for a caller that combines elsewhere.
   bool combine = true;
   void* output = nullptr;
+  // Up to kernels::cuda::kMoeDecodeMaxSlots slots the two decode kernels
+  // replace align + grouped GEMMs (moe_experts.h, LaunchMoeDecodeExperts);
+  // false keeps the grouped path (benchmarks compare the two).
+  bool allow_decode = true;
 };
 
 // The routing kernel's parameters for a host RoutingSpec; the correction

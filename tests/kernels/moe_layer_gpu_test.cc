@@ -39,6 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/moe/moe_reference.h"
+#include "kernels/cuda/moe_experts.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"
@@ -364,17 +365,30 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
         absl::StrCat("small ", v.act, " ", moe::MoeDTypeName(v.dtype), v.bias ? " bias" : "");
     for (int64_t M : {1, 33, 300, 1600}) RunCase(label, *set, *gpu, M, RenormalizeNaive(2), id + M);
   }
-  // Few CTAs over a long K: the GEMMs split K, with a bias (the GEMM sums
-  // its partials) and without (activation and combine sum them).
+  // A long K: up to kMoeDecodeMaxSlots slots the decode kernels, beyond
+  // them few CTAs, so the GEMMs split K, with a bias (the GEMM sums its
+  // partials) and without (activation and combine sum them).
   const Shape deep{"deep-K", 4, 2, 2048, 1024};
   for (bool bias : {true, false}) {
     auto set = MakeExperts(deep, moe::MoeDType::kBFloat16, "silu", bias, 5900 + bias);
     auto gpu = Upload(*set);
     ASSERT_NE(gpu, nullptr);
-    for (int64_t M : {1, 3}) {
-      RunCase(absl::StrCat("split-K silu bfloat16", bias ? " bias" : ""), *set, *gpu, M,
-              RenormalizeNaive(2), 5910 + M);
+    for (int64_t M : {1, 9, 12}) {
+      const bool decode = kernels::cuda::MoeDecodeApplies(M, deep.k, deep.E, deep.H, deep.I);
+      RunCase(absl::StrCat(decode ? "decode" : "split-K", " silu bfloat16", bias ? " bias" : ""),
+              *set, *gpu, M, RenormalizeNaive(2), 5910 + M);
     }
+  }
+  // Several tokens on the decode kernels: few slots among many experts.
+  const Shape wide{"decode-wide", 64, 2, 256, 128};
+  for (bool bias : {false, true}) {
+    const moe::MoeDType dt = bias ? moe::MoeDType::kFloat16 : moe::MoeDType::kBFloat16;
+    auto set = MakeExperts(wide, dt, "silu", bias, 5950 + bias);
+    auto gpu = Upload(*set);
+    ASSERT_NE(gpu, nullptr);
+    ASSERT_TRUE(kernels::cuda::MoeDecodeApplies(4, wide.k, wide.E, wide.H, wide.I));
+    RunCase(absl::StrCat("decode 4 tokens silu ", moe::MoeDTypeName(dt), bias ? " bias" : ""),
+            *set, *gpu, 4, RenormalizeNaive(2), 5960 + bias);
   }
   auto set = MakeExperts(s, moe::MoeDType::kBFloat16, "silu", false, 6000);
   auto gpu = Upload(*set);

@@ -1,0 +1,303 @@
+// Decode-sized MoE layers (moe_experts.h, LaunchMoeDecodeExperts): the expert
+// half as two matrix-vector kernels. At a few token slots the grouped path is
+// a chain of align, GEMM 1, activation, GEMM 2 and combine kernels, each a few
+// microseconds of launch, ramp and tail around a weight stream that is itself
+// short (Qwen3-30B-A3B at one token: 75 MB, 18 us at copy speed); here it is
+//   up    one warp per (slot, intermediate column): the gate and up rows of
+//         the slot's expert against the token's hidden row, the activation,
+//         one element of the slot's intermediate row h;
+//   down  one warp per (slot, output column): the down row of the slot's
+//         expert against h; the CTA then sums each output element's k slot
+//         values in slot order (without combine, the per-slot rows).
+// A warp reads a weight row with 16-byte loads, lane i taking vectors i,
+// i + 32, ..., and sums its fp32 products in a fixed order, then over the warp
+// in a fixed butterfly, so results are deterministic. The rounding points are
+// the grouped path's: GEMM outputs rounded to T (with bias round(round(acc) +
+// round(b))), the activation computed from them and rounded once, the combine
+// Σ_j fadd(fmul(y_j, w_j)) in slot order rounded once; only the fp32 order
+// inside a dot product differs. Slots whose expert is not local (expert map
+// -1) or out of range contribute zero rows.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/ir_cuda_status.h"
+#include "kernels/cuda/ir_device_math.cuh"
+#include "kernels/cuda/moe_activation_math.cuh"
+#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/pdl.cuh"
+
+namespace kplan::kernels::cuda {
+namespace {
+
+using detail::FromFloat;
+using detail::ToFloat;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+// The local index of slot s's expert, or -1.
+__device__ __forceinline__ int LocalExpert(const int32_t* ids, const int32_t* map, int num_experts,
+                                           int num_local, int64_t s) {
+  const int e = ids[s];
+  if (e < 0 || e >= num_experts) return -1;
+  const int l = map != nullptr ? map[e] : e;
+  return l >= 0 && l < num_local ? l : -1;
+}
+
+// R dot products of length K (a multiple of 8, 16-byte aligned rows):
+// out[r] = Σ_i w[r][i] · x[r][i], valid in lane 0.
+template <typename T, int R>
+__device__ __forceinline__ void Dots(const T* const (&w)[R], const T* const (&x)[R], int64_t K,
+                                     int lane, float (&out)[R]) {
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  const int64_t vecs = K / 8;
+#pragma unroll 4
+  for (int64_t i = lane; i < vecs; i += 32) {
+    int4 a[R], b[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      a[r] = __ldg(reinterpret_cast<const int4*>(w[r]) + i);
+      b[r] = __ldg(reinterpret_cast<const int4*>(x[r]) + i);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const T* ta = reinterpret_cast<const T*>(&a[r]);
+      const T* tb = reinterpret_cast<const T*>(&b[r]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r] = fmaf(ToFloat(ta[e]), ToFloat(tb[e]), acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    out[r] = acc[r];
+  }
+}
+
+// A GEMM output element as the grouped GEMM stores it, as float.
+template <typename T>
+__device__ __forceinline__ float Rounded(float acc, const float* bias) {
+  float v = ToFloat(FromFloat<T>(acc));
+  if (bias != nullptr) v = ToFloat(FromFloat<T>(v + ToFloat(FromFloat<T>(*bias))));
+  return v;
+}
+
+template <typename T>
+struct UpArgs {
+  const T* x;  // [M, H]
+  const int32_t* ids;
+  const int32_t* map;
+  int num_experts, num_local, top_k;
+  const T* w13;      // [E_local, N13, H]
+  const float* b13;  // [E_local, N13] or null
+  int64_t numel, H, I, N13;
+  MoeActKind act;
+  MoeActParams params;
+  T* h;  // [numel, I]
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) DecodeUpKernel(const __grid_constant__ UpArgs<T> a) {
+  detail::PdlWaitThenRelease();
+  const int lane = threadIdx.x & 31;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (item >= a.numel * a.I) return;
+  const int64_t s = item / a.I, n = item % a.I;
+  const int e = LocalExpert(a.ids, a.map, a.num_experts, a.num_local, s);
+  if (e < 0) {
+    if (lane == 0) a.h[item] = FromFloat<T>(0.0f);  // act(0, 0) == 0 for every activation
+    return;
+  }
+  const T* xr = a.x + (s / a.top_k) * a.H;
+  const T* we = a.w13 + static_cast<int64_t>(e) * a.N13 * a.H;
+  const float* be = a.b13 != nullptr ? a.b13 + static_cast<int64_t>(e) * a.N13 : nullptr;
+  const bool gated = a.act < MoeActKind::kSiluNoMul;
+  float v;
+  if (gated) {
+    // swigluoai interleaves gate and up rows; the others stack them.
+    const int64_t rg = a.act == MoeActKind::kSwigluOai ? 2 * n : n;
+    const int64_t ru = a.act == MoeActKind::kSwigluOai ? 2 * n + 1 : a.I + n;
+    const T* const w[2] = {we + rg * a.H, we + ru * a.H};
+    const T* const x[2] = {xr, xr};
+    float d[2];
+    Dots<T, 2>(w, x, a.H, lane, d);
+    if (lane != 0) return;
+    const float g = Rounded<T>(d[0], be != nullptr ? be + rg : nullptr);
+    const float u = Rounded<T>(d[1], be != nullptr ? be + ru : nullptr);
+    v = moe_math::Gated(a.act, a.params, g, u);
+  } else {
+    const T* const w[1] = {we + n * a.H};
+    const T* const x[1] = {xr};
+    float d[1];
+    Dots<T, 1>(w, x, a.H, lane, d);
+    if (lane != 0) return;
+    v = moe_math::Plain(a.act, Rounded<T>(d[0], be != nullptr ? be + n : nullptr));
+  }
+  a.h[item] = FromFloat<T>(v);
+}
+
+template <typename T>
+struct DownArgs {
+  const T* h;  // [numel, I]
+  const int32_t* ids;
+  const float* weights;  // [numel]
+  const int32_t* map;
+  int num_experts, num_local, top_k;
+  const T* w2;      // [E_local, H, I]
+  const float* b2;  // [E_local, H] or null
+  int64_t M, H, I;
+  bool combine;
+  T* out;  // combine: [M, H]; else [numel, H]
+};
+
+// Slot s's GEMM 2 output element n as the grouped GEMM stores it (0 for a
+// slot whose expert is not local); valid in lane 0.
+template <typename T>
+__device__ __forceinline__ float SlotDown(const DownArgs<T>& a, int64_t s, int64_t n, int lane) {
+  const int e = LocalExpert(a.ids, a.map, a.num_experts, a.num_local, s);
+  if (e < 0) return 0.0f;
+  const T* const w[1] = {a.w2 + (static_cast<int64_t>(e) * a.H + n) * a.I};
+  const T* const x[1] = {a.h + s * a.I};
+  float d[1];
+  Dots<T, 1>(w, x, a.I, lane, d);
+  return Rounded<T>(d[0], a.b2 != nullptr ? a.b2 + static_cast<int64_t>(e) * a.H + n : nullptr);
+}
+
+// Without combine: one warp per element of a slot's row y.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) DecodeDownKernel(const __grid_constant__ DownArgs<T> a) {
+  detail::PdlWaitThenRelease();
+  const int lane = threadIdx.x & 31;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (item >= a.M * a.top_k * a.H) return;
+  const float v = SlotDown(a, item / a.H, item % a.H, lane);
+  if (lane == 0) a.out[item] = FromFloat<T>(v);
+}
+
+// With combine: a CTA of k * G warps computes G output elements, warp
+// (g, j) slot j's element of output g; the first G threads then combine
+// each element's k values in slot order.
+template <typename T>
+__global__ void __launch_bounds__(1024)
+    DecodeDownCombineKernel(const __grid_constant__ DownArgs<T> a, int group) {
+  detail::PdlWaitThenRelease();
+  __shared__ float y[32 * 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, k = a.top_k;
+  const int g = warp / k, j = warp % k;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * group + g;  // output element
+  const int64_t m = item / a.H, n = item % a.H, s = m * k + j;
+  if (item < a.M * a.H) {
+    const float v = SlotDown(a, s, n, lane);
+    if (lane == 0) y[warp] = v;
+  }
+  __syncthreads();
+  const int64_t out = static_cast<int64_t>(blockIdx.x) * group + threadIdx.x;
+  if (threadIdx.x < group && out < a.M * a.H) {
+    const int64_t base = (out / a.H) * k;
+    float acc = 0.0f;
+    for (int jj = 0; jj < k; ++jj) {
+      acc = __fadd_rn(acc, __fmul_rn(y[threadIdx.x * k + jj], a.weights[base + jj]));
+    }
+    a.out[out] = FromFloat<T>(acc);
+  }
+}
+
+template <typename T>
+absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
+  MoeActParams p = d.act_params;
+  if (!p.has_clamp_limit) p.clamp_limit = 7.0f;  // swigluoai / swiglustep default
+  const bool gated = d.act < MoeActKind::kSiluNoMul;
+  const int64_t numel = d.num_tokens * d.top_k;
+  UpArgs<T> up{static_cast<const T*>(d.hidden),
+               d.topk_ids,
+               d.expert_map,
+               d.num_experts,
+               d.num_local_experts,
+               d.top_k,
+               static_cast<const T*>(d.w13),
+               d.b13,
+               numel,
+               d.hidden_size,
+               d.intermediate_size,
+               gated ? 2 * d.intermediate_size : d.intermediate_size,
+               d.act,
+               p,
+               static_cast<T*>(d.h)};
+  const int64_t up_items = numel * d.intermediate_size;
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(DecodeUpKernel<T>,
+                                                  dim3((up_items + kWarps - 1) / kWarps),
+                                                  dim3(kThreads), 0, stream, up));
+  DownArgs<T> down{static_cast<const T*>(d.h),
+                   d.topk_ids,
+                   d.topk_weights,
+                   d.expert_map,
+                   d.num_experts,
+                   d.num_local_experts,
+                   d.top_k,
+                   static_cast<const T*>(d.w2),
+                   d.b2,
+                   d.num_tokens,
+                   d.hidden_size,
+                   d.intermediate_size,
+                   d.combine,
+                   static_cast<T*>(d.out)};
+  if (!d.combine) {
+    const int64_t items = numel * d.hidden_size;
+    KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(DecodeDownKernel<T>,
+                                                    dim3((items + kWarps - 1) / kWarps),
+                                                    dim3(kThreads), 0, stream, down));
+    return absl::OkStatus();
+  }
+  // k <= 32 warps per output element, G elements per CTA of <= 8 warps when k <= 8.
+  const int group = std::max(1, kWarps / d.top_k);
+  const int64_t items = d.num_tokens * d.hidden_size;
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
+      DecodeDownCombineKernel<T>, dim3((items + group - 1) / group),
+      dim3(32 * d.top_k * group), 0, stream, down, group));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,
+                      int64_t intermediate) {
+  const int64_t numel = num_tokens * top_k;
+  // Every slot streams its expert's weights, so slots that share an expert
+  // read them twice: one token (distinct experts), or few slots among many
+  // experts (numel^2 <= E: on average at most half a shared pair).
+  const bool distinct = num_tokens == 1 || numel * numel <= num_experts;
+  return numel > 0 && numel <= kMoeDecodeMaxSlots && top_k <= 32 && distinct &&
+         hidden % 8 == 0 && intermediate % 8 == 0;
+}
+
+absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream) {
+  const int64_t numel = d.num_tokens * d.top_k;
+  if (d.num_tokens < 0 || d.top_k <= 0 || d.num_experts <= 0 || d.num_local_experts <= 0) {
+    return absl::InvalidArgumentError("moe_decode: bad sizes");
+  }
+  if (numel == 0) return absl::OkStatus();
+  if (numel > kMoeDecodeMaxSlots || d.top_k > 32 || d.hidden_size % 8 != 0 ||
+      d.intermediate_size % 8 != 0) {
+    return absl::InvalidArgumentError(
+        "moe_decode: needs at most kMoeDecodeMaxSlots slots, top_k <= 32 and hidden / "
+        "intermediate sizes that are multiples of 8");
+  }
+  if (d.hidden == nullptr || d.topk_ids == nullptr || d.topk_weights == nullptr ||
+      d.w13 == nullptr || d.w2 == nullptr || d.h == nullptr || d.out == nullptr) {
+    return absl::InvalidArgumentError("moe_decode: null pointer");
+  }
+  const int a = static_cast<int>(d.act);
+  if (a < 0 || a > static_cast<int>(MoeActKind::kRelu2NoMul)) {
+    return absl::InvalidArgumentError("moe_decode: unknown activation");
+  }
+  if (d.act == MoeActKind::kSwigluOaiUninterleave && !d.act_params.has_clamp_limit) {
+    return absl::InvalidArgumentError("SWIGLUOAI_UNINTERLEAVE requires clamp_limit");
+  }
+  return d.dtype == MoeElemType::kBFloat16 ? Launch<__nv_bfloat16>(d, stream)
+                                           : Launch<__half>(d, stream);
+}
+
+}  // namespace kplan::kernels::cuda
