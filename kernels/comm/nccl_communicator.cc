@@ -212,15 +212,22 @@ NcclCommunicator::~NcclCommunicator() {
 
 absl::Status NcclCommunicator::CheckUsable(absl::string_view what) const {
   if (!aborted_.load()) return absl::OkStatus();
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(reason_mu_);
+    reason = abort_reason_;
+  }
   return absl::AbortedError(absl::StrCat("NcclCommunicator rank ", rank_, ": ", what,
                                          ": communicator aborted",
-                                         reason_set_.load() ? absl::StrCat(": ", abort_reason_)
-                                                            : std::string()));
+                                         reason.empty() ? std::string() : ": " + reason));
 }
 
 void NcclCommunicator::AbortComm(absl::Status why) {
+  {
+    std::lock_guard<std::mutex> lock(reason_mu_);
+    if (abort_reason_.empty()) abort_reason_ = std::string(why.message());
+  }
   bool expected = false;
-  if (!reason_set_.exchange(true)) abort_reason_ = std::string(why.message());
   if (aborted_.compare_exchange_strong(expected, true)) {
     // Not while Wait() is inside an NCCL query on the rank's thread: it would
     // read a freed communicator. Wait sees aborted_ at its next poll.

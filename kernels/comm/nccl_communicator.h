@@ -84,10 +84,14 @@ class NcclCommunicator final : public Communicator {
   const bool owns_stream_;
   const NcclOptions options_;
   std::atomic<bool> aborted_{false};
-  std::string abort_reason_;  // written once, before aborted_ is set
-  std::atomic<bool> reason_set_{false};
+  mutable std::mutex reason_mu_;
+  std::string abort_reason_;  // the first abort's, guarded by reason_mu_
   // Held by each poll of Wait() and by the abort: Abort may come from
   // another thread (the group's coordinator) while the rank's thread polls.
+  // Enqueueing a collective is not under it: a first collective may block in
+  // NCCL's connection setup on a dead peer, and ncclCommAbort from another
+  // thread is NCCL's way to break that (it sets the abort flag those host
+  // loops poll), so it must not wait for the enqueue to return.
   std::mutex poll_mu_;
   // Device scratch for Barrier (one float).
   void* barrier_buffer_ = nullptr;
