@@ -161,7 +161,8 @@ __global__ void __launch_bounds__(kThreads)
 // over the chunk, one warp each; a unit whose slot this rank does not own
 // (id -1) does nothing, the others copy their segment of Y row
 // (s*T + m)*k + j to result row m*k + j on rank s. After a __syncthreads
-// (every unit has read its id) the CTA resets its chunk's ids to -1.
+// (every unit has read its id) the CTA resets its chunk's ids to -1. A null
+// y returns zero rows.
 __global__ void __launch_bounds__(kThreads)
     EpReturnKernel(const __grid_constant__ KernelArgs a, const int4* __restrict__ y) {
   __shared__ char* s_base[kKplanEpMaxRanks];
@@ -197,7 +198,12 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t m = t - s_begin[s], recv_row = s * a.max_tokens + m;
     if (ids[recv_row * k + j] < 0) continue;  // warp-uniform
     int4 v[kVecPerLane];
-    LoadSegment(y + (recv_row * k + j) * a.row_vecs, a.row_vecs, seg, lane, v);
+    if (y != nullptr) {
+      LoadSegment(y + (recv_row * k + j) * a.row_vecs, a.row_vecs, seg, lane, v);
+    } else {  // an empty round: zero rows
+#pragma unroll
+      for (int i = 0; i < kVecPerLane; ++i) v[i] = make_int4(0, 0, 0, 0);
+    }
     StoreSegment(reinterpret_cast<int4*>(s_base[s] + a.result_offset + (m * k + j) * row_bytes),
                  a.row_vecs, seg, lane, v);
   }

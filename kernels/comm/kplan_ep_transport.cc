@@ -214,7 +214,7 @@ absl::Status KplanEpTransport::Dispatch(void* stream, const void* hidden,
 }
 
 absl::Status KplanEpTransport::Return(void* stream, const void* expert_out) {
-  if (expert_out == nullptr || !Aligned16(expert_out)) {
+  if (!Aligned16(expert_out)) {
     return absl::InvalidArgumentError(
         "KplanEpTransport::Return: expert_out must be a 16-byte aligned device pointer");
   }

@@ -178,6 +178,8 @@ class KplanEpTransport {
   // the output of pair (token m of source s, slot j) wherever recv_expert_ids
   // is not -1 (other rows are not read). Afterwards result_rows() holds this
   // rank's pairs, ready for LaunchMoeCombine(result_rows(), topk_weights, M, k, H).
+  // A null expert_out returns zero rows: the round of a rank whose experts
+  // could not run still completes for its peers.
   absl::Status Return(void* stream, const void* expert_out);
 
   // Device pointers into this rank's window (valid for the transport's life).

@@ -361,6 +361,20 @@ void CheckReturned(const Shape& s, const KplanEpTransport& t, const RankInput& i
       << "rank " << r << ": recv ids not reset to -1 after Return";
 }
 
+// One whole round of this rank on `mine` (every rank runs one), checked.
+void RunCheckedRound(const Shape& s, KplanEpTransport& tr, cudaStream_t stream,
+                     LocalExperts& experts, RankBuffers& buf, const RankInput& mine) {
+  buf.Load(mine);
+  EXPECT_TRUE(tr.Dispatch(stream, buf.hidden, buf.ids, mine.num_tokens).ok());
+  EXPECT_TRUE(experts.Run(stream).ok());
+  EXPECT_TRUE(tr.Return(stream, experts.y()).ok());
+  EXPECT_TRUE(kc::LaunchMoeCombine(kc::MoeElemType::kBFloat16, tr.result_rows(), buf.weights,
+                                   mine.num_tokens, s.top_k, s.hidden, buf.out, stream)
+                  .ok());
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  CheckReturned(s, tr, mine, buf);
+}
+
 class KplanEpTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -495,6 +509,64 @@ TEST_F(KplanEpTest, GraphCapturedRoundReplaysWithNewData) {
   });
 }
 
+// A rank that cannot run its step still completes the round: Dispatch with
+// no tokens, Return with no expert output (zero rows). Its peers get zero
+// rows for the pairs it owns and correct ones elsewhere, and the next round
+// is a normal one.
+TEST_F(KplanEpTest, AnEmptyRoundFromOneRankReturnsZeroRows) {
+  Shape s{.name = "empty_round", .tokens = {{9, 16}, {12, 5}}};
+  auto place = moe::ep::ExpertPlacement::Linear(s.num_experts, size_);
+  ASSERT_TRUE(place.ok()) << place.status();
+  OnEveryRank(size_, [&](int r, NcclCommunicator& comm, const SyncRanks& sync) {
+    auto t = KplanEpTransport::Create(comm, ConfigOf(s));
+    ASSERT_TRUE(t.ok()) << t.status();
+    KplanEpTransport& tr = **t;
+    auto stream = static_cast<cudaStream_t>(comm.stream());
+    LocalExperts experts(s, tr);
+    RankBuffers buf(s);
+    std::vector<RankInput> inputs;
+    for (int p = 0; p < size_; ++p) inputs.push_back(MakeInput(s, seed_, 0, p));
+    const RankInput& mine = inputs[r];
+    buf.Load(mine);
+    const bool failing = r == 0;
+    EXPECT_TRUE(tr.Dispatch(stream, buf.hidden, buf.ids, failing ? 0 : mine.num_tokens).ok());
+    if (failing) {
+      EXPECT_TRUE(tr.Return(stream, nullptr).ok());
+    } else {
+      EXPECT_TRUE(experts.Run(stream).ok());
+      EXPECT_TRUE(tr.Return(stream, experts.y()).ok());
+    }
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    if (!failing) {
+      const int k = s.top_k;
+      const int64_t H = s.hidden, M = mine.num_tokens;
+      const auto got = Download<uint16_t>(tr.result_rows(), M * k * H);
+      std::vector<uint16_t> want(H);
+      int64_t bad = 0, zeros = 0;
+      for (int64_t p = 0; p < M * k; ++p) {
+        const int e = mine.ids[p];
+        const bool on_failing = e >= place->FirstExpert(0) &&
+                                e < place->FirstExpert(0) + place->NumLocalExperts(0);
+        if (on_failing) {
+          std::fill(want.begin(), want.end(), uint16_t{0});
+          ++zeros;
+        } else {
+          ExpectedY(s, &mine.hidden[(p / k) * H], e, want.data());
+        }
+        if (std::memcmp(&got[p * H], want.data(), H * 2) != 0) ++bad;
+      }
+      EXPECT_EQ(bad, 0) << "rank " << r;
+      EXPECT_GT(zeros, 0) << "rank " << r << ": no pair on the failing rank (seed)";
+    }
+    const auto ids = Download<int32_t>(tr.recv_expert_ids(), tr.recv_pairs());
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), -1), static_cast<int64_t>(ids.size()))
+        << "rank " << r << ": recv ids not reset after the empty round";
+    sync();
+    // The next round is normal on every rank.
+    RunCheckedRound(s, tr, stream, experts, buf, MakeInput(s, seed_, 1, r));
+  });
+}
+
 TEST_F(KplanEpTest, RejectsBadArgumentsBeforeLaunching) {
   Shape s{.name = "bad_args", .tokens = {{16, 16}}};
   KplanEpConfig bad = ConfigOf(s);
@@ -518,20 +590,11 @@ TEST_F(KplanEpTest, RejectsBadArgumentsBeforeLaunching) {
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(tr.Dispatch(stream, reinterpret_cast<char*>(buf.hidden) + 2, buf.ids, 1).code(),
               absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(tr.Return(stream, nullptr).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(tr.Return(stream, reinterpret_cast<char*>(buf.hidden) + 2).code(),
+              absl::StatusCode::kInvalidArgument);
     // Nothing was launched: a valid round still completes on every rank.
-    std::vector<RankInput> inputs;
-    for (int p = 0; p < size_; ++p) inputs.push_back(MakeInput(s, seed_, 0, p));
-    buf.Load(inputs[r]);
     LocalExperts experts(s, tr);
-    EXPECT_TRUE(tr.Dispatch(stream, buf.hidden, buf.ids, inputs[r].num_tokens).ok());
-    EXPECT_TRUE(experts.Run(stream).ok());
-    EXPECT_TRUE(tr.Return(stream, experts.y()).ok());
-    EXPECT_TRUE(kc::LaunchMoeCombine(kc::MoeElemType::kBFloat16, tr.result_rows(), buf.weights,
-                                     inputs[r].num_tokens, s.top_k, s.hidden, buf.out, stream)
-                    .ok());
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    CheckReturned(s, tr, inputs[r], buf);
+    RunCheckedRound(s, tr, stream, experts, buf, MakeInput(s, seed_, 0, r));
   });
 }
 

@@ -236,14 +236,14 @@ class Step {
 
   // After the header: upload, route, the strategy, download.
   absl::Status Run(EpStrategy strategy, const kc::MoeRoutingParams& rp) {
-    KPLAN_RETURN_IF_ERROR(UploadAndRoute(strategy, rp));
-    KPLAN_RETURN_IF_ERROR(Record(kEvRouted));
-    if (strategy == EpStrategy::kAllGatherReduceScatter) {
-      KPLAN_RETURN_IF_ERROR(AllGatherReduceScatter());
-    } else if (strategy == EpStrategy::kPassthrough) {
-      KPLAN_RETURN_IF_ERROR(Passthrough());
+    absl::Status prepared = UploadAndRoute(strategy, rp);
+    if (prepared.ok()) prepared = Record(kEvRouted);
+    if (strategy == EpStrategy::kPassthrough) {
+      KPLAN_RETURN_IF_ERROR(Passthrough(prepared));
     } else {
-      KPLAN_RETURN_IF_ERROR(All2AllV());
+      KPLAN_RETURN_IF_ERROR(prepared);
+      KPLAN_RETURN_IF_ERROR(strategy == EpStrategy::kAllGatherReduceScatter ? AllGatherReduceScatter()
+                                                                           : All2AllV());
     }
     KPLAN_RETURN_IF_ERROR(Record(kEvCombined));
     if (M_ > 0) {
@@ -429,21 +429,27 @@ class Step {
 
   // passthrough: Dispatch -> local experts over the whole receive buffer ->
   // Return -> combine at the source, all stream-ordered on the
-  // communicator's stream (the transport's ordering contract). Once this
-  // rank has dispatched, its peers wait in Return's device barrier for it, so
-  // everything that can fail on the host is done before Dispatch, and a
-  // failure between the two still enqueues Return (with zero rows) before the
-  // error is returned.
-  absl::Status Passthrough() {
+  // communicator's stream (the transport's ordering contract). Until this
+  // rank has dispatched its peers wait for it in Dispatch's device barrier,
+  // after that in Return's; no host abort reaches them there. So a failure
+  // before Dispatch (`prepared`, or here) still runs an empty round (no
+  // tokens, zero rows back), a failure after it still enqueues Return with
+  // zero rows, and either waits for the round to end before returning the
+  // error (the transport's memory must outlive its kernels, and the caller
+  // aborts the communicator).
+  absl::Status Passthrough(absl::Status prepared) {
     comm::KplanEpTransport& t = *transport;
     const kc::MoeElemType et = ElemType(L_.act_dtype);
     const int64_t recv_tokens = t.recv_tokens(), pairs = t.recv_pairs();
     const int local = t.num_local_experts();
     const bool run_experts = local > 0 && experts_usable;
-    KPLAN_ASSIGN_OR_RETURN(void* y, Ensure(ws_, kPtY, (local > 0 ? pairs : 1) * H_ * es_));
+    void* y = nullptr;
     MoeLayerArgs a;
     void* lw = nullptr;
-    if (run_experts) {
+    absl::Status st = std::move(prepared);
+    auto prepare = [&]() -> absl::Status {
+      KPLAN_ASSIGN_OR_RETURN(y, Ensure(ws_, kPtY, (local > 0 ? pairs : 1) * H_ * es_));
+      if (!run_experts) return absl::OkStatus();
       const int64_t bytes = MoeLayerWorkspaceBytes(*L_.local_experts, recv_tokens, k_, local);
       KPLAN_ASSIGN_OR_RETURN(lw, Ensure(ws_, kLayer, bytes));
       const int64_t had = ws_.cap[kPtWeights];
@@ -461,6 +467,14 @@ class Step {
       a.combine = false;
       a.output = y;
       if (stats_ != nullptr) stats_->rows_computed = pairs;
+      return absl::OkStatus();
+    };
+    if (st.ok()) st = prepare();
+    if (!st.ok()) {
+      absl::Status round = t.Dispatch(stream_, nullptr, nullptr, 0);
+      if (round.ok()) round = t.Return(stream_, nullptr);
+      if (round.ok()) (void)cudaStreamSynchronize(stream_);
+      return st;
     }
     KPLAN_RETURN_IF_ERROR(t.Dispatch(stream_, x_, ids_, M_));
 
@@ -475,7 +489,10 @@ class Step {
     }
     if (experts.ok()) experts = Record(kEvComputed);
     KPLAN_RETURN_IF_ERROR(t.Return(stream_, y));
-    KPLAN_RETURN_IF_ERROR(experts);
+    if (!experts.ok()) {
+      (void)cudaStreamSynchronize(stream_);
+      return experts;
+    }
     if (M_ == 0) return absl::OkStatus();
     return kc::LaunchMoeCombine(et, t.result_rows(), w_, M_, k_, H_, out_, stream_);
   }
@@ -667,9 +684,11 @@ GpuEpCommunicator::GpuEpCommunicator(std::unique_ptr<comm::NcclCommunicator> ncc
 
 GpuEpCommunicator::~GpuEpCommunicator() {
   if (aborted_) {
-    // Their window registration and device communicator died with the
-    // aborted NCCL communicator; deregistering would call into a freed one.
-    // Only the window memory is left to free.
+    // A failed call marks the wrapper aborted without necessarily aborting
+    // NCCL (an enqueue error, a failed transport Create): make it so, then
+    // the transports' registrations died with it and only their window
+    // memory is left to free.
+    nccl_->Abort("a call on the communicator failed");
     for (auto& t : transports_) t->Abandon();
   }
   transports_.clear();  // before nccl_, which they use

@@ -65,9 +65,10 @@
 // rows when its experts themselves are unusable), and it returns its error
 // with the communicator usable. Its peers then return OK with their tokens'
 // results; callers must treat the step as failed when any rank failed (an
-// EpGroup does: one rank's error fails the step). A host-side failure after
-// this rank's Dispatch (a refused expert launch) still enqueues Return, with
-// zero rows, before the error is returned. A CUDA error or a rank that
+// EpGroup does: one rank's error fails the step). A host-side failure of a
+// rank during its step (an allocation, a refused launch) still completes the
+// round, with zero rows from this rank, before the error is returned. A CUDA
+// error or a rank that
 // never reaches the round leaves the peers spinning in the transport's device
 // barrier (no device-side timeout): the group is lost, as with a hung NCCL
 // collective. Built only with CUDA and NCCL.
