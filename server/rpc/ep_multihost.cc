@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -392,18 +393,26 @@ namespace {
 // it failed, or the step's deadline passed), the peer's communicator of that
 // generation is aborted, so a step waiting in a collective for rank 0 fails
 // now instead of at its own timeout and the peer is free for the next one.
+// Armed only once the call is authorised and valid, just before its step is
+// posted: a cancel before that aborts nothing (an unauthorised call must not
+// stop the peer's generation), a cancel after it marks the generation
+// abandoned even if the step has not started.
 class RunEpStepReactor final : public grpc::ServerUnaryReactor {
  public:
-  RunEpStepReactor(moe::ep::EpPeerRank* peer, int64_t generation)
-      : peer_(peer), generation_(generation) {}
+  void Arm(moe::ep::EpPeerRank* peer, int64_t generation) {
+    generation_.store(generation);
+    peer_.store(peer);
+  }
   void OnCancel() override {
-    if (peer_ != nullptr) peer_->AbortStep(generation_, "rank 0 cancelled the step");
+    if (moe::ep::EpPeerRank* peer = peer_.load()) {
+      peer->AbortStep(generation_.load(), "rank 0 cancelled the step");
+    }
   }
   void OnDone() override { delete this; }
 
  private:
-  moe::ep::EpPeerRank* const peer_;
-  const int64_t generation_;
+  std::atomic<moe::ep::EpPeerRank*> peer_{nullptr};
+  std::atomic<int64_t> generation_{0};
 };
 
 }  // namespace
@@ -412,7 +421,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerC
                                                            const v1::RunEpStepRequest* request,
                                                            v1::RunEpStepResponse* response) {
   auto call = std::make_shared<Call>(env_, context, "RunEpStep", /*unary=*/false);
-  auto* reactor = new RunEpStepReactor(env_.ep_peer, request->generation());
+  auto* reactor = new RunEpStepReactor;
   auto finish = [call, reactor](const absl::Status& status) {
     reactor->Finish(call->Done(status));
     return reactor;
@@ -464,6 +473,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerC
   const int64_t m = step.num_tokens;
   const int64_t h = request->hidden_states().shape_size() > 1 ? request->hidden_states().shape(1)
                                                               : 0;
+  reactor->Arm(env_.ep_peer, step.generation);  // before posting: the step may finish at once
   env_.ep_peer->RunStep(*set, std::move(step),
                         [finish, response, dtype, m, h](absl::StatusOr<std::string> out) {
                           if (out.ok()) {

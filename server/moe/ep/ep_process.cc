@@ -401,13 +401,22 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
     absl::StatusOr<std::unique_ptr<comm::Communicator>> comm =
         comm_factory_(step.group_id, rank_, size_, comm_timeout_);
     std::unique_ptr<comm::Communicator> old;
+    bool abandoned = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       old = std::move(comm_);
       if (comm.ok()) {
         comm_ = std::move(*comm);
         comm_generation_ = step.generation;
+        // Rank 0 may have given up while this rank was joining.
+        abandoned = step.generation <= abandoned_generation_;
+        if (abandoned) comm_->Abort("rank 0 cancelled the step while this rank joined");
       }
+    }
+    if (abandoned) {
+      if (old != nullptr) old->Abort(kReplaced);
+      return absl::CancelledError(absl::StrCat("rank 0 cancelled the steps of generation ",
+                                               step.generation, " while this rank joined"));
     }
     if (!comm.ok()) {
       if (old != nullptr) old->Abort(kReplaced);
