@@ -6,9 +6,10 @@
 //   up    one warp per (slot, intermediate column): the gate and up rows of
 //         the slot's expert against the token's hidden row, the activation,
 //         one element of the slot's intermediate row h;
-//   down  one warp per (slot, output column): the down row of the slot's
-//         expert against h; the CTA then sums each output element's k slot
-//         values in slot order (without combine, the per-slot rows).
+//   down  per CTA 16 output columns of one token, each slot's warp the down
+//         rows of its expert against h, four rows at a time; the CTA then sums
+//         each output element's k slot values in slot order (without
+//         combine, one warp per per-slot element).
 // A warp reads a weight row with 16-byte loads, lane i taking vectors i,
 // i + 32, ..., and sums its fp32 products in a fixed order, then over the warp
 // in a fixed butterfly, so results are deterministic. The rounding points are
@@ -177,31 +178,58 @@ __global__ void __launch_bounds__(kThreads) DecodeDownKernel(const __grid_consta
   if (lane == 0) a.out[item] = FromFloat<T>(v);
 }
 
-// With combine: a CTA of k * G warps computes G output elements, warp
-// (g, j) slot j's element of output g; the first G threads then combine
-// each element's k values in slot order.
+// With combine: a CTA computes kCols consecutive output columns of one
+// token with k * G warps (G = max(1, 8 / k)); warp (g, j) computes slot j's
+// values of its kCols / G columns, four rows at a time so that each lane has
+// four weight loads in flight; the first kCols threads then combine each
+// column's k values in slot order.
+constexpr int kCols = 16;
+
 template <typename T>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(kThreads)
     DecodeDownCombineKernel(const __grid_constant__ DownArgs<T> a, int group) {
   detail::PdlWaitThenRelease();
-  __shared__ float y[32 * 32];
+  __shared__ float y[kCols * 8];  // [column][slot], k <= 8
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, k = a.top_k;
-  const int g = warp / k, j = warp % k;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * group + g;  // output element
-  const int64_t m = item / a.H, n = item % a.H, s = m * k + j;
-  if (item < a.M * a.H) {
-    const float v = SlotDown(a, s, n, lane);
-    if (lane == 0) y[warp] = v;
+  const int g = warp / k, j = warp % k, per = kCols / group;
+  const int64_t tiles = (a.H + kCols - 1) / kCols;
+  const int64_t m = blockIdx.x / tiles, n0 = (blockIdx.x % tiles) * kCols;
+  const int64_t s = m * k + j;
+  const int e = LocalExpert(a.ids, a.map, a.num_experts, a.num_local, s);
+  for (int c = g * per; c < (g + 1) * per; c += 4) {
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (e >= 0) {
+      const T* w[4];
+      const T* x[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        // Rows past the warp's columns or H read a valid row and are dropped.
+        const int64_t n = c + r < (g + 1) * per && n0 + c + r < a.H ? n0 + c + r : n0;
+        w[r] = a.w2 + (static_cast<int64_t>(e) * a.H + n) * a.I;
+        x[r] = a.h + s * a.I;
+      }
+      Dots<T, 4>(w, x, a.I, lane, d);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int64_t n = n0 + c + r;
+        if (c + r >= (g + 1) * per || n >= a.H) continue;
+        y[(c + r) * k + j] =
+            e < 0 ? 0.0f
+                  : Rounded<T>(d[r], a.b2 != nullptr ? a.b2 + static_cast<int64_t>(e) * a.H + n
+                                                     : nullptr);
+      }
+    }
   }
   __syncthreads();
-  const int64_t out = static_cast<int64_t>(blockIdx.x) * group + threadIdx.x;
-  if (threadIdx.x < group && out < a.M * a.H) {
-    const int64_t base = (out / a.H) * k;
+  const int64_t n = n0 + threadIdx.x;
+  if (threadIdx.x < kCols && n < a.H) {
     float acc = 0.0f;
     for (int jj = 0; jj < k; ++jj) {
-      acc = __fadd_rn(acc, __fmul_rn(y[threadIdx.x * k + jj], a.weights[base + jj]));
+      acc = __fadd_rn(acc, __fmul_rn(y[threadIdx.x * k + jj], a.weights[m * k + jj]));
     }
-    a.out[out] = FromFloat<T>(acc);
+    a.out[m * a.H + n] = FromFloat<T>(acc);
   }
 }
 
@@ -251,12 +279,13 @@ absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
                                                     dim3(kThreads), 0, stream, down));
     return absl::OkStatus();
   }
-  // k <= 32 warps per output element, G elements per CTA of <= 8 warps when k <= 8.
-  const int group = std::max(1, kWarps / d.top_k);
-  const int64_t items = d.num_tokens * d.hidden_size;
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
-      DecodeDownCombineKernel<T>, dim3((items + group - 1) / group),
-      dim3(32 * d.top_k * group), 0, stream, down, group));
+  // k * G <= 8 warps per CTA; G divides kCols.
+  int group = std::max(1, kWarps / d.top_k);
+  while (kCols % group != 0) --group;
+  const int64_t tiles = (d.hidden_size + kCols - 1) / kCols;
+  KPLAN_IR_CUDA_RETURN_IF_ERROR(
+      detail::LaunchPdl(DecodeDownCombineKernel<T>, dim3(d.num_tokens * tiles),
+                        dim3(32 * d.top_k * group), 0, stream, down, group));
   return absl::OkStatus();
 }
 
@@ -269,7 +298,7 @@ bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hi
   // read them twice: one token (distinct experts), or few slots among many
   // experts (numel^2 <= E: on average at most half a shared pair).
   const bool distinct = num_tokens == 1 || numel * numel <= num_experts;
-  return numel > 0 && numel <= kMoeDecodeMaxSlots && top_k <= 32 && distinct &&
+  return numel > 0 && numel <= kMoeDecodeMaxSlots && top_k <= 8 && distinct &&
          hidden % 8 == 0 && intermediate % 8 == 0;
 }
 
@@ -279,10 +308,10 @@ absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream)
     return absl::InvalidArgumentError("moe_decode: bad sizes");
   }
   if (numel == 0) return absl::OkStatus();
-  if (numel > kMoeDecodeMaxSlots || d.top_k > 32 || d.hidden_size % 8 != 0 ||
+  if (numel > kMoeDecodeMaxSlots || d.top_k > 8 || d.hidden_size % 8 != 0 ||
       d.intermediate_size % 8 != 0) {
     return absl::InvalidArgumentError(
-        "moe_decode: needs at most kMoeDecodeMaxSlots slots, top_k <= 32 and hidden / "
+        "moe_decode: needs at most kMoeDecodeMaxSlots slots, top_k <= 8 and hidden / "
         "intermediate sizes that are multiples of 8");
   }
   if (d.hidden == nullptr || d.topk_ids == nullptr || d.topk_weights == nullptr ||

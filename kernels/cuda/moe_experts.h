@@ -150,7 +150,7 @@ absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* top
 // kMoeDecodeMaxSlots token slots. Same rounding points as the grouped path
 // (GEMM outputs, activation, combine), only the fp32 order inside each dot
 // product differs. Slots whose expert is out of range or not local (expert
-// map -1) contribute zero rows. No apply_router_weight_on_input.
+// map -1) contribute zero rows. top_k <= 8; no apply_router_weight_on_input.
 inline constexpr int64_t kMoeDecodeMaxSlots = 16;
 struct MoeDecodeArgs {
   MoeElemType dtype = MoeElemType::kBFloat16;
