@@ -29,6 +29,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::Bytes;
+using testing::Chunk;
 using testing::MakeTensor;
 using testing::Random;
 
@@ -44,15 +45,6 @@ ServerOptions BaseOptions() {
   options.ep_timeout = absl::Seconds(10);
   options.ep_join_timeout = absl::Seconds(20);
   return options;
-}
-
-v1::TensorChunk Chunk(const std::string& name, std::vector<int64_t> shape, std::string data) {
-  v1::TensorChunk c;
-  c.set_name(name);
-  c.set_dtype(v1::DTYPE_FLOAT32);
-  for (int64_t d : shape) c.add_shape(d);
-  c.set_data(std::move(data));
-  return c;
 }
 
 class EpMultihostTest : public ::testing::Test {

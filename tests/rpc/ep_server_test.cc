@@ -27,6 +27,7 @@ using ::testing::HasSubstr;
 constexpr int kE = 5, kH = 16, kI = 8;
 
 using testing::Bytes;
+using testing::Chunk;
 using testing::MakeTensor;
 using testing::Random;
 
@@ -34,15 +35,6 @@ std::vector<float> Floats(const std::string& bytes) {
   std::vector<float> v(bytes.size() / 4);
   std::memcpy(v.data(), bytes.data(), v.size() * 4);
   return v;
-}
-
-v1::TensorChunk Chunk(const std::string& name, std::vector<int64_t> shape, std::string data) {
-  v1::TensorChunk c;
-  c.set_name(name);
-  c.set_dtype(v1::DTYPE_FLOAT32);
-  for (int64_t d : shape) c.add_shape(d);
-  c.set_data(std::move(data));
-  return c;
 }
 
 std::unique_ptr<KplanServer> StartServer(int cpu_ep_ranks) {

@@ -1,5 +1,6 @@
-// Helpers for the MoE RPC tests (moe_rpc_test, ep_server_test): fresh random
-// float32 data, its raw bytes, and API tensors.
+// Helpers for the MoE RPC tests (moe_rpc_test, ep_server_test,
+// ep_multihost_test, operate_test): fresh random float32 data, its raw bytes,
+// API tensors and whole-tensor LoadExperts chunks.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,17 @@ inline v1::Tensor MakeTensor(v1::DType dtype, std::vector<int64_t> shape, std::s
   for (int64_t d : shape) t.add_shape(d);
   t.set_data(std::move(data));
   return t;
+}
+
+// A LoadExperts chunk holding all of float32 tensor `name`.
+inline v1::TensorChunk Chunk(const std::string& name, std::vector<int64_t> shape,
+                             std::string data) {
+  v1::TensorChunk c;
+  c.set_name(name);
+  c.set_dtype(v1::DTYPE_FLOAT32);
+  for (int64_t d : shape) c.add_shape(d);
+  c.set_data(std::move(data));
+  return c;
 }
 
 }  // namespace kplan::rpc::testing

@@ -168,16 +168,12 @@ TEST_F(TlsTest, AGroupAcrossServersTalksMutualTls) {
   h.set_hidden_size(kH);
   h.set_intermediate_size(kI);
   h.set_dtype(v1::DTYPE_FLOAT32);
-  auto chunk = [&](const char* name, std::vector<int64_t> shape, size_t n) {
-    v1::TensorChunk c;
-    c.set_name(name);
-    c.set_dtype(v1::DTYPE_FLOAT32);
-    for (int64_t d : shape) c.add_shape(d);
-    c.set_data(testing::Bytes(testing::Random(n, rng, 0.3f)));
-    return c;
-  };
+  using testing::Bytes;
+  using testing::Chunk;
+  using testing::Random;
   absl::StatusOr<v1::LoadExpertsResponse> loaded = client->LoadExperts(
-      h, {chunk("w13", {kE, 2 * kI, kH}, kE * 2 * kI * kH), chunk("w2", {kE, kH, kI}, kE * kH * kI)});
+      h, {Chunk("w13", {kE, 2 * kI, kH}, Bytes(Random(kE * 2 * kI * kH, rng, 0.3f))),
+          Chunk("w2", {kE, kH, kI}, Bytes(Random(kE * kH * kI, rng, 0.3f)))});
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ASSERT_EQ(loaded->experts().shards_size(), 2);  // rank 1's slice went over TLS
   v1::RunMoERequest req;
