@@ -291,6 +291,15 @@ absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
 
 }  // namespace
 
+namespace {
+
+// What the kernels can run (16-byte rows, the combine CTA's k <= 8 warps).
+bool Supported(int64_t numel, int top_k, int64_t hidden, int64_t intermediate) {
+  return numel <= kMoeDecodeMaxSlots && top_k <= 8 && hidden % 8 == 0 && intermediate % 8 == 0;
+}
+
+}  // namespace
+
 bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,
                       int64_t intermediate) {
   const int64_t numel = num_tokens * top_k;
@@ -298,8 +307,7 @@ bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hi
   // read them twice: one token (distinct experts), or few slots among many
   // experts (numel^2 <= E: on average at most half a shared pair).
   const bool distinct = num_tokens == 1 || numel * numel <= num_experts;
-  return numel > 0 && numel <= kMoeDecodeMaxSlots && top_k <= 8 && distinct &&
-         hidden % 8 == 0 && intermediate % 8 == 0;
+  return numel > 0 && distinct && Supported(numel, top_k, hidden, intermediate);
 }
 
 absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream) {
@@ -308,8 +316,7 @@ absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream)
     return absl::InvalidArgumentError("moe_decode: bad sizes");
   }
   if (numel == 0) return absl::OkStatus();
-  if (numel > kMoeDecodeMaxSlots || d.top_k > 8 || d.hidden_size % 8 != 0 ||
-      d.intermediate_size % 8 != 0) {
+  if (!Supported(numel, d.top_k, d.hidden_size, d.intermediate_size)) {
     return absl::InvalidArgumentError(
         "moe_decode: needs at most kMoeDecodeMaxSlots slots, top_k <= 8 and hidden / "
         "intermediate sizes that are multiples of 8");
