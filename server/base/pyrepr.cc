@@ -56,4 +56,20 @@ std::string PydanticLiteralError(const std::vector<absl::string_view>& allowed) 
   return out;
 }
 
+namespace {
+
+bool IsUtf8Boundary(unsigned char b) { return (b & 0xc0) != 0x80; }
+
+}  // namespace
+
+std::string PydanticInputValue(absl::string_view value) {
+  const std::string repr = PyRepr(value);
+  if (repr.size() <= 50) return repr;
+  size_t head = 25;  // floor_char_boundary(repr, 25)
+  while (head > 0 && !IsUtf8Boundary(static_cast<unsigned char>(repr[head]))) --head;
+  size_t tail = repr.size() - 24;  // ceil_char_boundary(repr, len - 24)
+  while (tail < repr.size() && !IsUtf8Boundary(static_cast<unsigned char>(repr[tail]))) ++tail;
+  return absl::StrCat(repr.substr(0, head), "...", repr.substr(tail));
+}
+
 }  // namespace kplan

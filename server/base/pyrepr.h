@@ -20,4 +20,9 @@ std::string PyReprSorted(std::vector<std::string> items);
 // pydantic v2's literal_error text: "Input should be 'a', 'b' or 'c'".
 std::string PydanticLiteralError(const std::vector<absl::string_view>& allowed);
 
+// pydantic-core's "input_value=..." of an error line: repr(value), and when
+// that repr is over 50 bytes its first 25 and last 24 bytes (on UTF-8
+// character boundaries) joined by "...". A client can never make the text long.
+std::string PydanticInputValue(absl::string_view value);
+
 }  // namespace kplan

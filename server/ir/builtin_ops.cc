@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cpu/ir_ops.h"
+#include "server/base/client_text.h"
 #include "server/base/status.h"
 #include "server/plan/vocabulary.h"
 
@@ -52,10 +53,11 @@ std::string ShapeStr(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-absl::Status SameDevice(const TensorView& a, const TensorView& b) {
+// `b_name`: the argument blamed when `b` is not on `a`'s device.
+absl::Status SameDevice(const TensorView& a, const TensorView& b, absl::string_view b_name) {
   if (a.device == b.device) return absl::OkStatus();
   // torch's text.
-  return absl::InvalidArgumentError(
+  return InvalidField(b_name,
       absl::StrCat("Expected all tensors to be on the same device, but found at least two "
                    "devices, ",
                    a.device.ToString(), " and ", b.device.ToString(), "!"));
@@ -63,21 +65,21 @@ absl::Status SameDevice(const TensorView& a, const TensorView& b) {
 
 absl::Status CheckTensor(const TensorView& t, absl::string_view name) {
   if (t.shape.size() != t.strides.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": shape and strides differ in length"));
+    return InvalidField(name, absl::StrCat(name, ": shape and strides differ in length"));
   }
   if (t.dim() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " must have at least one dimension"));
+    return InvalidField(name, absl::StrCat(name, " must have at least one dimension"));
   }
   if (t.dim() - 1 > kernels::kIrMaxLeadDims) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " has ", t.dim(),
+    return InvalidField(name, absl::StrCat(name, " has ", t.dim(),
                                                    " dimensions; at most ",
                                                    kernels::kIrMaxLeadDims + 1, " are supported"));
   }
   for (int64_t s : t.shape) {
-    if (s < 0) return absl::InvalidArgumentError(absl::StrCat(name, " has a negative size"));
+    if (s < 0) return InvalidField(name, absl::StrCat(name, " has a negative size"));
   }
   if (t.numel() > 0 && t.data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " has no data"));
+    return InvalidField(name, absl::StrCat(name, " has no data"));
   }
   return absl::OkStatus();
 }
@@ -86,17 +88,17 @@ absl::Status CheckWeight(const TensorView& x, const TensorView* weight) {
   if (weight == nullptr) return absl::OkStatus();
   if (absl::Status s = CheckTensor(*weight, "weight"); !s.ok()) return s;
   if (weight->dim() != 1 || weight->size(0) != x.size(-1)) {
-    return absl::InvalidArgumentError(absl::StrCat("weight must have shape [", x.size(-1),
+    return InvalidField("weight", absl::StrCat("weight must have shape [", x.size(-1),
                                                    "] (the last dim of x), got ",
                                                    ShapeStr(weight->shape)));
   }
-  return SameDevice(x, *weight);
+  return SameDevice(x, *weight, "weight");
 }
 
 absl::Status CheckVarianceSize(const TensorView& x, std::optional<int64_t> variance_size) {
   if (!variance_size) return absl::OkStatus();
   if (*variance_size < 1 || *variance_size > x.size(-1)) {
-    return absl::InvalidArgumentError(absl::StrCat("variance_size must be in [1, ", x.size(-1),
+    return InvalidField("variance_size", absl::StrCat("variance_size must be in [1, ", x.size(-1),
                                                    "] (the last dim of x), got ",
                                                    *variance_size));
   }
@@ -117,11 +119,11 @@ absl::StatusOr<std::vector<IrOutputSpec>> FusedAddRmsNormOutputs(const IrArgs& a
   if (absl::Status s = CheckTensor(x, "x"); !s.ok()) return s;
   if (absl::Status s = CheckTensor(r, "x_residual"); !s.ok()) return s;
   if (r.shape != x.shape) {
-    return absl::InvalidArgumentError(absl::StrCat("x_residual must have the shape of x ",
+    return InvalidField("x_residual", absl::StrCat("x_residual must have the shape of x ",
                                                    ShapeStr(x.shape), ", got ",
                                                    ShapeStr(r.shape)));
   }
-  if (absl::Status s = SameDevice(x, r); !s.ok()) return s;
+  if (absl::Status s = SameDevice(x, r, "x_residual"); !s.ok()) return s;
   if (absl::Status s = CheckWeight(x, a.optional_tensor(kFusedWeight)); !s.ok()) return s;
   if (absl::Status s = CheckVarianceSize(x, a.optional_int(kFusedVar)); !s.ok()) return s;
   return std::vector<IrOutputSpec>{{"out", x.dtype, x.shape}, {"residual", x.dtype, x.shape}};
@@ -130,15 +132,16 @@ absl::StatusOr<std::vector<IrOutputSpec>> FusedAddRmsNormOutputs(const IrArgs& a
 // GeluAndMulSparse.__init__'s checks, in its order, then the shape.
 absl::Status CheckGeluScalars(double sparsity, const std::string& approximate) {
   if (approximate != "none" && approximate != "tanh") {
-    return absl::InvalidArgumentError(absl::StrCat("Unknown approximate mode: ", approximate));
+    return InvalidField("approximate",
+                        absl::StrCat("Unknown approximate mode: ", ClientText(approximate)));
   }
   if (sparsity == 0.0) {
-    return absl::InvalidArgumentError("activation_sparsity is 0.0. Please use GeluAndMul.");
+    return InvalidField("activation_sparsity", "activation_sparsity is 0.0. Please use GeluAndMul.");
   }
   // Normal(0, 1).icdf outside (0, 1) is +-inf or NaN: reject instead.
   if (!(sparsity > 0.0 && sparsity < 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("activation_sparsity must be in (0, 1), got ", sparsity));
+    return InvalidField("activation_sparsity",
+                        absl::StrCat("activation_sparsity must be in (0, 1), got ", sparsity));
   }
   return absl::OkStatus();
 }
@@ -150,7 +153,7 @@ absl::StatusOr<std::vector<IrOutputSpec>> GeluAndMulSparseOutputs(const IrArgs& 
   const TensorView& x = a.tensor(kGeluX);
   if (absl::Status s = CheckTensor(x, "x"); !s.ok()) return s;
   if (x.size(-1) % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    return InvalidField("x", absl::StrCat(
         "gelu_and_mul_sparse needs an even last dim of x (gate and up halves), got ",
         x.size(-1)));
   }
@@ -162,9 +165,10 @@ absl::StatusOr<std::vector<IrOutputSpec>> GeluAndMulSparseOutputs(const IrArgs& 
 // --------------------------------------------------------------- native
 
 absl::Status CheckOutputs(absl::Span<const TensorView> outputs, size_t n) {
-  if (outputs.size() != n) return absl::InvalidArgumentError("wrong number of outputs");
+  // The outputs are the server's own buffers: a mismatch is a bug here.
+  if (outputs.size() != n) return absl::InternalError("wrong number of outputs");
   for (const TensorView& o : outputs) {
-    if (!o.is_contiguous()) return absl::InvalidArgumentError("outputs must be contiguous");
+    if (!o.is_contiguous()) return absl::InternalError("outputs must be contiguous");
   }
   return absl::OkStatus();
 }
@@ -189,8 +193,9 @@ kernels::IrWeightIn WeightIn(const TensorView* w) {
 
 #if !KPLAN_HAVE_CUDA
 absl::Status NoCuda() {
-  return absl::FailedPreconditionError(
-      "CUDA tensors need a build with CUDA kernels (this one has none)");
+  return WithField(absl::FailedPreconditionError(
+                       "CUDA tensors need a build with CUDA kernels (this one has none)"),
+                   "device");
 }
 #endif
 

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/base/checked_size.h"
+#include "server/base/client_text.h"
 #include "server/base/status.h"
 #include "server/ir/builtin_ops.h"
 #include "spdlog/spdlog.h"
@@ -27,8 +29,9 @@ absl::Status MissingArgument(const IrOp& op, const std::string& param) {
 }
 
 absl::Status UnexpectedArgument(const IrOp& op, const std::string& name) {
-  return InvalidField(name, absl::StrCat(op.name(), "() got an unexpected keyword argument '",
-                                         name, "'"));
+  return InvalidField(ClientText(name),
+                      absl::StrCat(op.name(), "() got an unexpected keyword argument '",
+                                   ClientText(name), "'"));
 }
 
 const IrParam* FindParam(const IrOp& op, absl::string_view name) {
@@ -70,20 +73,12 @@ IrValue DefaultValue(const IrParam& p) {
   }
 }
 
+// The bytes a client sent for a tensor against its shape, with checked
+// products (a wrapped product once let [2^62, 4] with no data through).
 absl::Status CheckHostTensor(const IrNamedTensor& t) {
-  int64_t numel = 1;
-  for (int64_t s : t.tensor.shape) {
-    if (s < 0) return InvalidField(t.name, absl::StrCat(t.name, " has a negative size"));
-    numel *= s;
-  }
-  const int64_t expected = numel * IrDTypeSize(t.tensor.dtype);
-  if (static_cast<int64_t>(t.tensor.data.size()) != expected) {
-    return InvalidField(t.name, absl::StrCat(t.name, " has ", t.tensor.data.size(),
-                                             " bytes of data, expected ", expected, " for ",
-                                             IrDTypeName(t.tensor.dtype), "[",
-                                             absl::StrJoin(t.tensor.shape, ", "), "]"));
-  }
-  return absl::OkStatus();
+  return CheckTensorBytes(t.tensor.shape, IrDTypeSize(t.tensor.dtype),
+                          static_cast<int64_t>(t.tensor.data.size()), t.name)
+      .status();
 }
 
 // The arguments in signature order; tensors on `device` at `data[name]`.
@@ -130,6 +125,9 @@ struct Prepared {
   std::vector<IrOutputSpec> outputs;
   const IrOpImpl* impl = nullptr;
   IrOpResult result;
+  // Every output is empty: the op is done once validated (no kernel walks
+  // the rows of a [N, 0] tensor).
+  bool nothing_to_compute = true;
 };
 
 // Everything up to the choice of implementation, on views of host memory.
@@ -137,7 +135,7 @@ absl::StatusOr<Prepared> Prepare(const IrRegistry& registry, const IrOpRequest& 
   Prepared p;
   p.op = registry.Find(request.op);
   if (p.op == nullptr) {
-    return WithField(absl::NotFoundError(absl::StrCat("Unknown IR op '", request.op,
+    return WithField(absl::NotFoundError(absl::StrCat("Unknown IR op '", ClientText(request.op),
                                                       "'; this server has ",
                                                       absl::StrJoin(registry.OpNames(), ", "))),
                      "op");
@@ -171,10 +169,10 @@ absl::StatusOr<Prepared> Prepare(const IrRegistry& registry, const IrOpRequest& 
   p.result.provider = p.impl->provider();
   p.result.provider_uuid = p.impl->uuid();
   for (const IrOutputSpec& o : p.outputs) {
-    int64_t numel = 1;
-    for (int64_t s : o.shape) numel *= s;
+    KPLAN_ASSIGN_OR_RETURN(int64_t bytes, ShapeBytes(o.shape, IrDTypeSize(o.dtype), o.name));
     IrNamedTensor t{o.name, {o.dtype, o.shape, std::string()}};
-    t.tensor.data.resize(static_cast<size_t>(numel * IrDTypeSize(o.dtype)));
+    t.tensor.data.resize(static_cast<size_t>(bytes));
+    if (bytes > 0) p.nothing_to_compute = false;
     p.result.outputs.push_back(std::move(t));
   }
   return p;
@@ -296,6 +294,7 @@ absl::Status CheckDevice(const IrDevice& device) {
 absl::StatusOr<IrOpResult> RunIrOp(const IrRegistry& registry, const IrOpRequest& request) {
   KPLAN_RETURN_IF_ERROR(CheckDevice(request.device.device));
   KPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(registry, request));
+  if (p.nothing_to_compute) return std::move(p.result);
   if (request.device.device.is_cpu()) return RunOnCpu(std::move(p));
 #if KPLAN_HAVE_CUDA
   return RunOnCuda(std::move(p), request);

@@ -1,6 +1,10 @@
 #include "server/moe/expert_set.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "server/base/checked_size.h"
+#include "server/base/client_text.h"
 #include "server/base/status.h"
 
 namespace kplan {
@@ -53,6 +57,15 @@ int64_t TensorSpec::bytes() const {
 
 absl::Status ValidateExpertsSpec(const ExpertsSpec& s) {
   if (s.experts_id.empty()) return InvalidField("experts_id", "experts_id must not be empty");
+  // Ids appear in logs, metrics and error texts: short and printable only.
+  if (s.experts_id.size() > kMaxExpertsIdBytes ||
+      !std::all_of(s.experts_id.begin(), s.experts_id.end(),
+                   [](char c) { return c > 0x20 && c < 0x7f; })) {
+    return InvalidField("experts_id",
+                        absl::StrCat("experts_id must be 1 to ", kMaxExpertsIdBytes,
+                                     " printable ASCII characters without spaces, got '",
+                                     ClientText(s.experts_id), "'"));
+  }
   if (s.num_experts < 1) {
     return InvalidField("num_experts", absl::StrCat("num_experts must be at least 1, got ",
                                                     s.num_experts));
@@ -98,6 +111,22 @@ absl::Status ValidateExpertsSpec(const ExpertsSpec& s) {
   if (fp8 && s.quant.activation_scale != "per_token" && s.quant.activation_scale != "per_tensor") {
     return InvalidField("quantization.activation_scale",
                         "activation_scale must be per_token or per_tensor");
+  }
+  // Every tensor's bytes and their sum without wrapping: E = H = I = 2^21
+  // made w13 2^65 bytes, 0 after the wrap, and an "OK" load of nothing.
+  ShapeLimits limits;
+  limits.max_elements = limits.max_bytes = kMaxExpertSetBytes;
+  int64_t total = 0;
+  for (const TensorSpec& t : ExpectedTensors(s)) {
+    absl::StatusOr<int64_t> bytes = ShapeBytes(t.shape, ElementBytes(t.dtype), t.name, limits);
+    std::optional<int64_t> sum = bytes.ok() ? CheckedAdd(total, *bytes) : std::nullopt;
+    if (!sum || *sum > kMaxExpertSetBytes) {
+      return InvalidField("num_experts",
+                          absl::StrCat(s.num_experts, " experts of hidden_size ", s.hidden,
+                                       " and intermediate_size ", s.intermediate,
+                                       " need more than ", kMaxExpertSetBytes, " bytes"));
+    }
+    total = *sum;
   }
   return absl::OkStatus();
 }

@@ -37,8 +37,14 @@ struct ExpertsSpec {
   bool has_bias = false;
 };
 
-// Checks the spec itself (sizes, names, dtype/scheme agreement); errors are
-// INVALID_ARGUMENT naming the header field.
+// No set is larger than this (1 PiB): a bound for checked size arithmetic,
+// far above any budget; the store's byte budget refuses real sets first.
+inline constexpr int64_t kMaxExpertSetBytes = int64_t{1} << 50;
+inline constexpr size_t kMaxExpertsIdBytes = 128;
+
+// Checks the spec itself (sizes, names, dtype/scheme agreement, tensor sizes
+// that fit kMaxExpertSetBytes); errors are INVALID_ARGUMENT naming the header
+// field.
 absl::Status ValidateExpertsSpec(const ExpertsSpec& spec);
 
 // Wire names of element types, as the API's DType spells them in lower case:

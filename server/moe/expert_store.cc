@@ -1,6 +1,7 @@
 #include "server/moe/expert_store.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/base/client_text.h"
 #include "server/base/status.h"
 
 namespace kplan {
@@ -36,7 +37,7 @@ absl::StatusOr<std::shared_ptr<const ExpertSet>> ExpertStore::Get(const std::str
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sets_.find(id);
   if (it == sets_.end()) {
-    return WithField(absl::NotFoundError(absl::StrCat("no experts loaded as '", id, "'")),
+    return WithField(absl::NotFoundError(absl::StrCat("no experts loaded as '", ClientText(id), "'")),
                      "experts_id");
   }
   return it->second;
@@ -46,7 +47,7 @@ absl::StatusOr<int64_t> ExpertStore::Remove(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sets_.find(id);
   if (it == sets_.end()) {
-    return WithField(absl::NotFoundError(absl::StrCat("no experts loaded as '", id, "'")),
+    return WithField(absl::NotFoundError(absl::StrCat("no experts loaded as '", ClientText(id), "'")),
                      "experts_id");
   }
   const int64_t freed = it->second->bytes();

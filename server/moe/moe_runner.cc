@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/base/checked_size.h"
 #include "server/base/status.h"
 
 namespace kplan {
@@ -19,13 +20,8 @@ absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& sha
                         absl::StrCat(field, " must have shape [", absl::StrJoin(want, ", "),
                                      "], got [", absl::StrJoin(shape, ", "), "]"));
   }
-  int64_t n = element_bytes;
-  for (int64_t d : want) n *= d;
-  if (static_cast<int64_t>(data.size()) != n) {
-    return InvalidField(absl::StrCat(field, ".data"),
-                        absl::StrCat(field, " holds ", data.size(), " bytes; its shape needs ", n));
-  }
-  return absl::OkStatus();
+  return CheckTensorBytes(shape, element_bytes, static_cast<int64_t>(data.size()), field)
+      .status();
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "server/plan/kernel_config.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -19,7 +20,7 @@ namespace {
 absl::Status LiteralError(absl::string_view field, const std::vector<absl::string_view>& allowed,
                           absl::string_view input) {
   return InvalidField(field, absl::StrCat(PydanticLiteralError(allowed),
-                                          " [type=literal_error, input_value=", PyRepr(input),
+                                          " [type=literal_error, input_value=", PydanticInputValue(input),
                                           ", input_type=str]"));
 }
 
@@ -104,6 +105,19 @@ absl::StatusOr<ParallelConfig> NormalizeParallelConfig(ParallelConfig config,
       return InvalidField(s.rank_name, absl::StrCat(s.rank_name, " must be in [0, ", s.size,
                                                     "), got ", s.rank));
     }
+  }
+  // FusedMoEParallelConfig flattens dp x pcp x tp into one rank space (and
+  // multiplies by sp for the world); Python ints never wrap, ours would.
+  int64_t world = 1;
+  for (int size : {config.dp_size, config.pcp_size, config.tp_size, config.sp_size}) {
+    world *= size;  // each in [1, 2^31): no int64 overflow while world <= INT32_MAX
+    if (world > INT32_MAX) break;
+  }
+  if (world > INT32_MAX) {
+    return InvalidField("tp_size",
+                        absl::StrCat("dp_size * pcp_size * tp_size * sp_size must be at most ",
+                                     INT32_MAX, ", got ", config.dp_size, " * ", config.pcp_size,
+                                     " * ", config.tp_size, " * ", config.sp_size));
   }
   if (Contains(RemovedAll2AllBackends(), config.all2all_backend)) {
     if (warnings) {

@@ -4,9 +4,26 @@
 
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
+#include "server/base/client_text.h"
+#include "server/base/status.h"
 #include "server/rpc/status_mapping.h"
 
 namespace kplan::rpc {
+namespace {
+
+thread_local ResponseSink* pending_sink = nullptr;
+
+}  // namespace
+
+ScopedResponseSink::ScopedResponseSink(std::unique_ptr<ResponseSink> sink) {
+  delete pending_sink;
+  pending_sink = sink.release();
+}
+
+ScopedResponseSink::~ScopedResponseSink() {
+  delete pending_sink;
+  pending_sink = nullptr;
+}
 
 Call::Call(const ServerEnvironment& env, grpc::CallbackServerContext* context, const char* method,
            bool unary)
@@ -14,7 +31,9 @@ Call::Call(const ServerEnvironment& env, grpc::CallbackServerContext* context, c
       context_(context),
       reactor_(unary ? context->DefaultReactor() : nullptr),
       method_(method),
-      start_(absl::Now()) {
+      start_(absl::Now()),
+      sink_(pending_sink) {
+  pending_sink = nullptr;
   if (env_.metrics) env_.metrics->RequestStarted();
 }
 
@@ -31,10 +50,17 @@ absl::Status Call::Authorize() const {
       "missing or invalid bearer token (send metadata 'authorization: Bearer <token>')");
 }
 
-grpc::Status Call::Done(const absl::Status& status) {
+grpc::Status Call::Done(const absl::Status& outcome) {
+  absl::Status status = outcome;
+  if (status.ok() && sink_ != nullptr) status = sink_->Serialize();
   grpc::Status out = ToGrpcStatus(status);
   if (!status.ok()) {
-    spdlog::debug("{} from {} failed: {}", method_, context_->peer(), status.ToString());
+    // Messages and fields quote client strings: escaped, so a client cannot
+    // forge log lines.
+    spdlog::debug("{} from {} failed: {} {} (field {})", method_, context_->peer(),
+                  absl::StatusCodeToString(status.code()),
+                  ClientText(status.message(), kMaxErrorMessageBytes),
+                  ClientText(FieldOf(status).value_or("-")));
   }
   if (env_.metrics) {
     env_.metrics->RequestFinished(method_, GrpcCodeName(out.error_code()), absl::Now() - start_);

@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -11,6 +12,28 @@
 #include "server/rpc/service.h"
 
 namespace kplan::rpc {
+
+// Where a method registered on raw bytes (raw_service.h) keeps the typed
+// request and response of one call, and how the response becomes the bytes
+// gRPC sends. The Call of that call owns it, so the messages live exactly as
+// long as the handler's work does.
+class ResponseSink {
+ public:
+  virtual ~ResponseSink() = default;
+  // Serializes the typed response into gRPC's response buffer.
+  virtual absl::Status Serialize() = 0;
+};
+
+// Hands `sink` to the next Call constructed on this thread: the raw method
+// sets it around its synchronous call into the typed handler, whose first
+// act is to construct its Call.
+class ScopedResponseSink {
+ public:
+  explicit ScopedResponseSink(std::unique_ptr<ResponseSink> sink);
+  ~ScopedResponseSink();  // drops the sink if no Call took it
+  ScopedResponseSink(const ScopedResponseSink&) = delete;
+  ScopedResponseSink& operator=(const ScopedResponseSink&) = delete;
+};
 
 class Call {
  public:
@@ -21,7 +44,8 @@ class Call {
 
   // UNAUTHENTICATED unless the call carries the configured bearer token.
   absl::Status Authorize() const;
-  // Records the outcome (log, metrics) once and maps it to a gRPC status.
+  // Records the outcome (log, metrics) once and maps it to a gRPC status;
+  // an OK outcome of a raw-registered call first serializes its response.
   grpc::Status Done(const absl::Status& status);
   // Done() and finish the call's default unary reactor.
   grpc::ServerUnaryReactor* FinishUnary(const absl::Status& status);
@@ -37,6 +61,7 @@ class Call {
   grpc::ServerUnaryReactor* reactor_;  // null for streaming calls
   const std::string method_;
   const absl::Time start_;
+  std::unique_ptr<ResponseSink> sink_;  // raw-registered calls only
 };
 
 }  // namespace kplan::rpc

@@ -276,6 +276,7 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   server->experts_ = std::make_unique<ExpertStore>(options.max_expert_bytes);
   server->environment_.experts = server->experts_.get();
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);
+  server->raw_service_ = std::make_unique<RawKernelPlanService>(*server->service_);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -283,7 +284,7 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   builder.AddListeningPort(options.listen_address, credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
-  builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->raw_service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {
     return WithField(absl::UnavailableError(absl::StrCat("could not listen on ",

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "server/platform/local.h"
 #include "server/rpc/ep_multihost.h"
+#include "server/rpc/raw_service.h"
 #include "server/rpc/service.h"
 
 namespace kplan::rpc {
@@ -103,6 +104,7 @@ class KplanServer {
   std::unique_ptr<moe::ep::EpPeerRank> ep_peer_;
   std::unique_ptr<DeviceExecutor> executor_;
   std::unique_ptr<KernelPlanServiceImpl> service_;
+  std::unique_ptr<RawKernelPlanService> raw_service_;  // what gRPC calls; parses, then service_
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;

@@ -13,10 +13,13 @@ namespace kplan::rpc {
 namespace {
 
 // IR errors name vLLM parameters; tensors travel as `inputs` in the request
-// ("x" -> "inputs.x") while scalars, `priority` and `op` keep their names.
+// ("x" -> "inputs.x", "x.data" -> "inputs.x.data") while scalars, `priority`,
+// `device` and `op` keep their names.
 absl::Status IrErrorWithRequestPath(absl::Status status) {
   std::optional<std::string> field = FieldOf(status);
-  if (field == "x" || field == "x_residual" || field == "weight") {
+  if (!field) return status;
+  const absl::string_view param = absl::string_view(*field).substr(0, field->find('.'));
+  if (param == "x" || param == "x_residual" || param == "weight") {
     return NestField(std::move(status), "inputs");
   }
   return status;

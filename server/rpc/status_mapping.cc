@@ -5,6 +5,7 @@
 
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
+#include "absl/strings/str_cat.h"
 #include "server/base/status.h"
 
 namespace kplan::rpc {
@@ -30,6 +31,17 @@ constexpr std::array<std::pair<absl::StatusCode, grpc::StatusCode>, 17> kCodes =
     {absl::StatusCode::kUnauthenticated, grpc::StatusCode::UNAUTHENTICATED},
 }};
 
+// The message travels in trailers (twice, with the BadRequest detail), which
+// gRPC caps at a few KiB: a longer one would reach the client as
+// RESOURCE_EXHAUSTED on metadata instead of the real error. Texts that quote
+// client strings shorten them at the source; this bounds the rest.
+std::string BoundedMessage(absl::string_view message, size_t max_bytes = kMaxErrorMessageBytes) {
+  if (message.size() <= max_bytes) return std::string(message);
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xc0) == 0x80) --cut;
+  return absl::StrCat(message.substr(0, cut), "...(+", message.size() - cut, " bytes)");
+}
+
 }  // namespace
 
 grpc::StatusCode ToGrpcCode(absl::StatusCode code) {
@@ -47,12 +59,12 @@ std::string GrpcCodeName(grpc::StatusCode code) {
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   const grpc::StatusCode code = ToGrpcCode(status.code());
-  std::string message(status.message());
+  std::string message = BoundedMessage(status.message());
   std::optional<std::string> field = FieldOf(status);
   if (!field) return grpc::Status(code, message);
   google::rpc::BadRequest bad_request;
   google::rpc::BadRequest::FieldViolation* v = bad_request.add_field_violations();
-  v->set_field(*field);
+  v->set_field(BoundedMessage(*field, kMaxErrorMessageBytes / 4));
   v->set_description(message);
   google::rpc::Status details;
   details.set_code(static_cast<int>(code));

@@ -11,6 +11,10 @@ namespace kplan::rpc {
 
 grpc::StatusCode ToGrpcCode(absl::StatusCode code);
 
+// Messages longer than this are cut (at a UTF-8 boundary) so that the
+// trailers stay under gRPC's metadata limit.
+inline constexpr size_t kMaxErrorMessageBytes = 1024;
+
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // The other way, for calls this server makes to other servers (the peers of

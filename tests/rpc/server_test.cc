@@ -344,7 +344,7 @@ TEST_F(ServerTest, RunIrOpErrorsNameTheField) {
       {"int8 input", [](auto& r) { r.mutable_inputs(0)->mutable_tensor()->set_dtype(v1::DTYPE_INT8); },
        grpc::StatusCode::INVALID_ARGUMENT, "inputs[0].tensor.dtype"},
       {"short data", [](auto& r) { r.mutable_inputs(0)->mutable_tensor()->mutable_data()->resize(4); },
-       grpc::StatusCode::INVALID_ARGUMENT, "inputs.x"},
+       grpc::StatusCode::INVALID_ARGUMENT, "inputs.x.data"},
       {"unknown provider", [](auto& r) { r.add_priority("cuda_magic"); },
        grpc::StatusCode::INVALID_ARGUMENT, "priority"},
       {"absent gpu", [](auto& r) { r.set_device("cuda:3"); }, grpc::StatusCode::FAILED_PRECONDITION,

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/base/checked_size.h"
 #include "server/base/status.h"
 
 namespace kplan::moe::ep {
@@ -365,13 +366,29 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
   }
   const int64_t row = set.spec().hidden * ActBytes(step.options.act_dtype);
   const int64_t k = step.options.top_k;
-  if (step.num_tokens < 0 || static_cast<int64_t>(step.hidden_states.size()) != step.num_tokens * row ||
-      static_cast<int64_t>(step.topk_ids.size()) != step.num_tokens * k ||
+  const int num_experts = set.spec().num_experts;
+  if (k < 1 || k > num_experts) {
+    return InvalidField("top_k", absl::StrCat("top_k must be in [1, ", num_experts, "], got ", k));
+  }
+  // Sizes from the wire: checked products before anything is sized by them.
+  KPLAN_RETURN_IF_ERROR(CheckTensorBytes({step.num_tokens, set.spec().hidden},
+                                         ActBytes(step.options.act_dtype),
+                                         static_cast<int64_t>(step.hidden_states.size()),
+                                         "hidden_states")
+                            .status());
+  if (static_cast<int64_t>(step.topk_ids.size()) != step.num_tokens * k ||
       static_cast<int64_t>(step.topk_weights.size()) != step.num_tokens * k) {
     return WithField(absl::InvalidArgumentError(absl::StrCat(
                          "the step's tensors do not match ", step.num_tokens, " tokens of hidden ",
                          set.spec().hidden, " and top_k ", k)),
-                     "hidden_states");
+                     "topk_ids");
+  }
+  for (size_t t = 0; t < step.topk_ids.size(); ++t) {
+    if (step.topk_ids[t] < 0 || step.topk_ids[t] >= num_experts) {
+      return InvalidField("topk_ids", absl::StrCat("topk_ids[", t / k, "][", t % k, "] = ",
+                                                   step.topk_ids[t], " is not in [0, ",
+                                                   num_experts, ")"));
+    }
   }
   int64_t generation;
   {

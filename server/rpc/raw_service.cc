@@ -1,0 +1,84 @@
+#include "server/rpc/raw_service.h"
+
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/proto_buffer_writer.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "server/base/status.h"
+#include "server/rpc/call.h"
+
+namespace kplan::rpc {
+namespace {
+
+// One call's typed messages; the response is serialized into gRPC's buffer
+// when the call succeeds.
+template <typename Request, typename Response>
+class TypedMessages final : public ResponseSink {
+ public:
+  explicit TypedMessages(grpc::ByteBuffer* out) : out_(out) {}
+  absl::Status Serialize() override {
+    bool own = false;
+    grpc::Status s = grpc::SerializationTraits<Response>::Serialize(response, out_, &own);
+    if (!s.ok()) {
+      return absl::InternalError(
+          absl::StrCat("could not serialize the response: ", s.error_message()));
+    }
+    return absl::OkStatus();
+  }
+  Request request;
+  Response response;
+
+ private:
+  grpc::ByteBuffer* out_;
+};
+
+// Parses `bytes` and calls `handler` with the typed messages, or answers
+// INVALID_ARGUMENT (after the token check: garbage from a caller without the
+// token is UNAUTHENTICATED like anything else from it).
+template <typename Request, typename Response, typename Handler>
+grpc::ServerUnaryReactor* Dispatch(const ServerEnvironment& env,
+                                   grpc::CallbackServerContext* context, const char* method,
+                                   const grpc::ByteBuffer* bytes, grpc::ByteBuffer* out,
+                                   Handler handler) {
+  auto messages = std::make_unique<TypedMessages<Request, Response>>(out);
+  grpc::ByteBuffer copy(*bytes);  // the reader consumes its buffer; slices are shared
+  grpc::Status parsed = grpc::SerializationTraits<Request>::Deserialize(&copy, &messages->request);
+  if (!parsed.ok()) {
+    Call call(env, context, method);
+    if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
+    return call.FinishUnary(absl::InvalidArgumentError(
+        absl::StrCat("the request is not a valid ", Request::descriptor()->full_name(), " (",
+                     bytes->Length(), " bytes)")));
+  }
+  Request* request = &messages->request;
+  Response* response = &messages->response;
+  ScopedResponseSink scope(std::move(messages));
+  return handler(context, request, response);
+}
+
+}  // namespace
+
+#define KPLAN_RAW_UNARY(Method)                                                              \
+  grpc::ServerUnaryReactor* RawKernelPlanService::Method(                                   \
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,                \
+      grpc::ByteBuffer* response) {                                                         \
+    return Dispatch<v1::Method##Request, v1::Method##Response>(                             \
+        typed_.environment(), context, #Method, request, response,                          \
+        [this](grpc::CallbackServerContext* c, const v1::Method##Request* req,              \
+               v1::Method##Response* resp) { return typed_.Method(c, req, resp); });        \
+  }
+
+KPLAN_RAW_UNARY(ResolveKernelConfig)
+KPLAN_RAW_UNARY(GetServerInfo)
+KPLAN_RAW_UNARY(RunIrOp)
+KPLAN_RAW_UNARY(UnloadExperts)
+KPLAN_RAW_UNARY(ListExperts)
+KPLAN_RAW_UNARY(RunMoE)
+KPLAN_RAW_UNARY(JoinEpGroup)
+KPLAN_RAW_UNARY(RunEpStep)
+
+#undef KPLAN_RAW_UNARY
+
+}  // namespace kplan::rpc

@@ -1,0 +1,62 @@
+// The KernelPlanService that the server registers: every unary method takes
+// the request as raw bytes and parses it itself, so bytes that are not a
+// valid message answer INVALID_ARGUMENT naming the message type (gRPC's own
+// parse answers UNIMPLEMENTED with no text, and no handler ever sees the
+// call to count it). Parsed requests go to KernelPlanServiceImpl's typed
+// handlers; their Call serializes the typed response (ResponseSink).
+#pragma once
+
+#include "kplan/v1/service.grpc.pb.h"
+#include "server/rpc/service.h"
+
+namespace kplan::rpc {
+
+using RawKernelPlanServiceBase = v1::KernelPlanService::WithRawCallbackMethod_ResolveKernelConfig<
+    v1::KernelPlanService::WithRawCallbackMethod_GetServerInfo<
+        v1::KernelPlanService::WithRawCallbackMethod_RunIrOp<
+            v1::KernelPlanService::WithRawCallbackMethod_UnloadExperts<
+                v1::KernelPlanService::WithRawCallbackMethod_ListExperts<
+                    v1::KernelPlanService::WithRawCallbackMethod_RunMoE<
+                        v1::KernelPlanService::WithRawCallbackMethod_JoinEpGroup<
+                            v1::KernelPlanService::WithRawCallbackMethod_RunEpStep<
+                                v1::KernelPlanService::WithCallbackMethod_LoadExperts<
+                                    v1::KernelPlanService::Service>>>>>>>>>;
+
+class RawKernelPlanService final : public RawKernelPlanServiceBase {
+ public:
+  explicit RawKernelPlanService(KernelPlanServiceImpl& typed) : typed_(typed) {}
+
+  grpc::ServerUnaryReactor* ResolveKernelConfig(grpc::CallbackServerContext* context,
+                                                const grpc::ByteBuffer* request,
+                                                grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RunIrOp(grpc::CallbackServerContext* context,
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* UnloadExperts(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListExperts(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RunMoE(grpc::CallbackServerContext* context,
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* JoinEpGroup(grpc::CallbackServerContext* context,
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RunEpStep(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerReadReactor<v1::LoadExpertsRequest>* LoadExperts(
+      grpc::CallbackServerContext* context, v1::LoadExpertsResponse* response) override {
+    return typed_.LoadExperts(context, response);
+  }
+
+ private:
+  KernelPlanServiceImpl& typed_;
+};
+
+}  // namespace kplan::rpc
