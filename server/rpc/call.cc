@@ -11,13 +11,13 @@
 namespace kplan::rpc {
 namespace {
 
-thread_local ResponseSink* pending_sink = nullptr;
+thread_local std::shared_ptr<ResponseSink>* pending_sink = nullptr;
 
 }  // namespace
 
-ScopedResponseSink::ScopedResponseSink(std::unique_ptr<ResponseSink> sink) {
+ScopedResponseSink::ScopedResponseSink(std::shared_ptr<ResponseSink> sink) {
   delete pending_sink;
-  pending_sink = sink.release();
+  pending_sink = new std::shared_ptr<ResponseSink>(std::move(sink));
 }
 
 ScopedResponseSink::~ScopedResponseSink() {
@@ -25,15 +25,30 @@ ScopedResponseSink::~ScopedResponseSink() {
   pending_sink = nullptr;
 }
 
+namespace {
+
+std::shared_ptr<ResponseSink> TakePendingSink() {
+  if (pending_sink == nullptr) return nullptr;
+  std::shared_ptr<ResponseSink> sink = std::move(*pending_sink);
+  delete pending_sink;
+  pending_sink = nullptr;
+  return sink;
+}
+
+}  // namespace
+
 Call::Call(const ServerEnvironment& env, grpc::CallbackServerContext* context, const char* method,
            bool unary)
     : env_(env),
       context_(context),
-      reactor_(unary ? context->DefaultReactor() : nullptr),
+      reactor_(nullptr),
       method_(method),
       start_(absl::Now()),
-      sink_(pending_sink) {
-  pending_sink = nullptr;
+      sink_(TakePendingSink()) {
+  if (unary) {
+    reactor_ = sink_ != nullptr && sink_->reactor != nullptr ? sink_->reactor
+                                                             : context->DefaultReactor();
+  }
   if (env_.metrics) env_.metrics->RequestStarted();
 }
 
@@ -69,6 +84,7 @@ grpc::Status Call::Done(const absl::Status& outcome) {
 }
 
 grpc::ServerUnaryReactor* Call::FinishUnary(const absl::Status& status) {
+  if (sink_ != nullptr && sink_->finished.exchange(true)) return reactor_;
   reactor_->Finish(Done(status));
   return reactor_;
 }

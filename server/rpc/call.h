@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -22,6 +23,12 @@ class ResponseSink {
   virtual ~ResponseSink() = default;
   // Serializes the typed response into gRPC's response buffer.
   virtual absl::Status Serialize() = 0;
+  // The context's default reactor when the raw method took it for the
+  // handler (null: the handler brings its own reactor).
+  grpc::ServerUnaryReactor* reactor = nullptr;
+  // Set by the first FinishUnary: a handler that throws after answering is
+  // not answered twice.
+  std::atomic<bool> finished{false};
 };
 
 // Hands `sink` to the next Call constructed on this thread: the raw method
@@ -29,7 +36,7 @@ class ResponseSink {
 // act is to construct its Call.
 class ScopedResponseSink {
  public:
-  explicit ScopedResponseSink(std::unique_ptr<ResponseSink> sink);
+  explicit ScopedResponseSink(std::shared_ptr<ResponseSink> sink);
   ~ScopedResponseSink();  // drops the sink if no Call took it
   ScopedResponseSink(const ScopedResponseSink&) = delete;
   ScopedResponseSink& operator=(const ScopedResponseSink&) = delete;
@@ -61,7 +68,7 @@ class Call {
   grpc::ServerUnaryReactor* reactor_;  // null for streaming calls
   const std::string method_;
   const absl::Time start_;
-  std::unique_ptr<ResponseSink> sink_;  // raw-registered calls only
+  std::shared_ptr<ResponseSink> sink_;  // raw-registered calls only
 };
 
 }  // namespace kplan::rpc

@@ -3,11 +3,15 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
 
+#include <exception>
 #include <memory>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "server/base/status.h"
 #include "server/rpc/call.h"
+#include "server/rpc/status_mapping.h"
+#include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
 namespace {
@@ -34,29 +38,57 @@ class TypedMessages final : public ResponseSink {
   grpc::ByteBuffer* out_;
 };
 
+// Answers a call whose handler threw (an allocation, most likely) unless it
+// had answered already; the reactor returned is the one gRPC must see.
+grpc::ServerUnaryReactor* AnswerAfterThrow(grpc::CallbackServerContext* context,
+                                           ResponseSink& sink, const char* method,
+                                           absl::Status status) {
+  spdlog::error("{}: the handler threw: {}", method, std::string(status.message()));
+  grpc::ServerUnaryReactor* reactor =
+      sink.reactor != nullptr ? sink.reactor : context->DefaultReactor();
+  if (!sink.finished.exchange(true)) reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
 // Parses `bytes` and calls `handler` with the typed messages, or answers
 // INVALID_ARGUMENT (after the token check: garbage from a caller without the
-// token is UNAUTHENTICATED like anything else from it).
+// token is UNAUTHENTICATED like anything else from it). No exception leaves:
+// one thrown by the handler's synchronous part answers the call.
 template <typename Request, typename Response, typename Handler>
 grpc::ServerUnaryReactor* Dispatch(const ServerEnvironment& env,
                                    grpc::CallbackServerContext* context, const char* method,
-                                   const grpc::ByteBuffer* bytes, grpc::ByteBuffer* out,
-                                   Handler handler) {
-  auto messages = std::make_unique<TypedMessages<Request, Response>>(out);
-  grpc::ByteBuffer copy(*bytes);  // the reader consumes its buffer; slices are shared
-  grpc::Status parsed = grpc::SerializationTraits<Request>::Deserialize(&copy, &messages->request);
-  if (!parsed.ok()) {
-    Call call(env, context, method);
-    if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
-    return call.FinishUnary(absl::InvalidArgumentError(
-        absl::StrCat("the request is not a valid ", Request::descriptor()->full_name(), " (",
-                     bytes->Length(), " bytes)")));
+                                   bool default_reactor, const grpc::ByteBuffer* bytes,
+                                   grpc::ByteBuffer* out, Handler handler) {
+  auto messages = std::make_shared<TypedMessages<Request, Response>>(out);
+  if (default_reactor) messages->reactor = context->DefaultReactor();
+  try {
+    grpc::ByteBuffer copy(*bytes);  // the reader consumes its buffer; slices are shared
+    grpc::Status parsed =
+        grpc::SerializationTraits<Request>::Deserialize(&copy, &messages->request);
+    if (!parsed.ok()) {
+      ScopedResponseSink scope(messages);
+      Call call(env, context, method, /*unary=*/true);
+      if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
+      return call.FinishUnary(absl::InvalidArgumentError(
+          absl::StrCat("the request is not a valid ", Request::descriptor()->full_name(), " (",
+                       bytes->Length(), " bytes)")));
+    }
+    Request* request = &messages->request;
+    Response* response = &messages->response;
+    ScopedResponseSink scope(messages);
+    return handler(context, request, response);
+  } catch (const std::bad_alloc&) {
+    return AnswerAfterThrow(context, *messages, method,
+                            absl::ResourceExhaustedError("out of memory while handling the call"));
+  } catch (const std::exception& e) {
+    return AnswerAfterThrow(context, *messages, method,
+                            absl::InternalError(absl::StrCat("internal error: ", e.what())));
   }
-  Request* request = &messages->request;
-  Response* response = &messages->response;
-  ScopedResponseSink scope(std::move(messages));
-  return handler(context, request, response);
 }
+
+// Every unary handler answers on the context's default reactor except
+// RunEpStep, which brings a reactor that notices rank 0's cancellation.
+bool DefaultReactorFor(absl::string_view method) { return method != "RunEpStep"; }
 
 }  // namespace
 
@@ -65,7 +97,8 @@ grpc::ServerUnaryReactor* Dispatch(const ServerEnvironment& env,
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,                \
       grpc::ByteBuffer* response) {                                                         \
     return Dispatch<v1::Method##Request, v1::Method##Response>(                             \
-        typed_.environment(), context, #Method, request, response,                          \
+        typed_.environment(), context, #Method, DefaultReactorFor(#Method), request,          \
+        response,                                                                           \
         [this](grpc::CallbackServerContext* c, const v1::Method##Request* req,              \
                v1::Method##Response* resp) { return typed_.Method(c, req, resp); });        \
   }
