@@ -289,9 +289,11 @@ class HeaderSax {
                                "' is not a byte-sized safetensors dtype"));
     }
     entry_.element_bytes = *element;
+    // Only overflow bounds the shape here: the span checks below bound it by
+    // the data section, with a text that says "truncated" when it is.
     ShapeLimits limits;
-    limits.max_elements = INT64_MAX;  // the bytes bound it: they must fit the data section
-    limits.max_bytes = data_bytes_;
+    limits.max_elements = INT64_MAX;
+    limits.max_bytes = INT64_MAX;
     absl::StatusOr<int64_t> bytes =
         ShapeBytes(entry_.shape, *element, absl::StrCat("tensor '", ClientText(tensor_), "'"),
                    limits);
