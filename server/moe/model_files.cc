@@ -106,8 +106,8 @@ absl::StatusOr<ModelFile> OpenModelFile(absl::string_view path, absl::Span<const
   if (path.empty()) return refuse("the path is empty");
   if (path.find('\0') != absl::string_view::npos) return refuse("the path holds a NUL byte");
   if (path.size() >= PATH_MAX) return refuse("the path is longer than PATH_MAX");
-  const std::string given = path.front() == '/' ? std::string(path)
-                                                : absl::StrCat(canonical_roots.front(), "/", path);
+  const std::string given =
+      path.front() == '/' ? std::string(path) : absl::StrCat(canonical_roots.front(), "/", path);
 
   // Resolve first (realpath opens nothing), so nothing outside the roots and
   // nothing but a regular file is ever opened: opening some devices has side
@@ -116,8 +116,8 @@ absl::StatusOr<ModelFile> OpenModelFile(absl::string_view path, absl::Span<const
   if (!canonical) return refuse(std::strerror(errno));
   if (std::none_of(canonical_roots.begin(), canonical_roots.end(),
                    [&](const std::string& root) { return IsUnder(*canonical, root); })) {
-    return refuse(absl::StrCat("it resolves to '", ClientText(*canonical),
-                               "', outside the model roots"));
+    return refuse(
+        absl::StrCat("it resolves to '", ClientText(*canonical), "', outside the model roots"));
   }
   struct stat before;
   if (stat(canonical->c_str(), &before) != 0) return refuse(std::strerror(errno));

@@ -48,7 +48,10 @@ class ModelFile {
   const std::string& path() const { return path_; }
   // Reads exactly `n` bytes at `offset` into `out` (looping over short reads
   // and EINTR; pread returns at most ~2 GiB per call). DATA_LOSS if the file
-  // ends first, e.g. because it was truncated since it was opened.
+  // ends first, e.g. because it was truncated since it was opened. pread,
+  // not mmap: the bytes are copied into the ExpertSet either way (one copy
+  // each), and touching a mapping of a file truncated meanwhile raises
+  // SIGBUS, which would take the server down instead of failing the load.
   absl::Status ReadAt(int64_t offset, int64_t n, char* out) const;
 
  private:

@@ -39,8 +39,8 @@ absl::StatusOr<int64_t> SafetensorsHeaderLength(absl::string_view prefix, int64_
                                                    kMaxSafetensorsHeaderBytes));
   }
   if (static_cast<int64_t>(n) > file_size - 8) {
-    return absl::InvalidArgumentError(absl::StrCat("truncated: its header of ", n,
-                                                   " bytes ends past the file's ", file_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("truncated: its header of ", n, " bytes ends past the file's ", file_size));
   }
   return static_cast<int64_t>(n);
 }
@@ -224,12 +224,12 @@ class HeaderSax {
       case State::kStart:
         return Fail(absl::StrCat("header is ", what, ", not a JSON object"));
       case State::kTopValue:
-        if (key_ == "__metadata__") return Fail(absl::StrCat("__metadata__ is ", what,
-                                                              ", not an object of strings"));
+        if (key_ == "__metadata__")
+          return Fail(absl::StrCat("__metadata__ is ", what, ", not an object of strings"));
         return Fail(absl::StrCat(Where(), "its entry is ", what, ", not an object"));
       case State::kMetadataValue:
-        return Fail(absl::StrCat("__metadata__ '", ClientText(key_), "' is ", what,
-                                 ", not a string"));
+        return Fail(
+            absl::StrCat("__metadata__ '", ClientText(key_), "' is ", what, ", not a string"));
       case State::kEntryValue:
         switch (field_) {
           case Field::kDType:
@@ -237,8 +237,8 @@ class HeaderSax {
           case Field::kShape:
             return Fail(absl::StrCat(Where(), "shape is ", what, ", not an array of integers"));
           case Field::kOffsets:
-            return Fail(absl::StrCat(Where(), "data_offsets is ", what,
-                                     ", not an array of two integers"));
+            return Fail(
+                absl::StrCat(Where(), "data_offsets is ", what, ", not an array of two integers"));
         }
         break;
       case State::kShape:
@@ -294,9 +294,8 @@ class HeaderSax {
     ShapeLimits limits;
     limits.max_elements = INT64_MAX;
     limits.max_bytes = INT64_MAX;
-    absl::StatusOr<int64_t> bytes =
-        ShapeBytes(entry_.shape, *element, absl::StrCat("tensor '", ClientText(tensor_), "'"),
-                   limits);
+    absl::StatusOr<int64_t> bytes = ShapeBytes(
+        entry_.shape, *element, absl::StrCat("tensor '", ClientText(tensor_), "'"), limits);
     if (!bytes.ok()) return Fail(std::string(bytes.status().message()));
     const std::string offsets = absl::StrCat("data_offsets [", entry_.begin, ", ", entry_.end, "]");
     if (entry_.begin > entry_.end) {

@@ -214,8 +214,9 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
       }
       spdlog::info("LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}", spec.experts_id,
                    spec.num_experts, spec.hidden, spec.intermediate, bytes,
-                   safetensors_path_.empty() ? std::string("the stream")
-                                             : absl::StrCat("'", ClientText(safetensors_path_), "'"));
+                   safetensors_path_.empty()
+                       ? std::string("the stream")
+                       : absl::StrCat("'", ClientText(safetensors_path_), "'"));
       spec_ = std::move(spec);
       return absl::OkStatus();
     }

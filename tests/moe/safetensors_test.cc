@@ -48,11 +48,10 @@ absl::Status Parse(const std::string& header, int64_t data_bytes) {
 }
 
 TEST(SafetensorsHeaderTest, ParsesAValidHeader) {
-  const std::string header =
-      absl::StrCat("{\"__metadata__\":{\"format\":\"pt\"},\"b\":",
-                   Entry("\"F32\"", "[2,3]", "[24,48]"), ",\"a\":",
-                   Entry("\"BF16\"", "[3]", "[0,6]"), ",\"z\":", Entry("\"I8\"", "[0,4]", "[6,6]"),
-                   "}   ");  // trailing spaces: the format pads headers with them
+  const std::string header = absl::StrCat(
+      "{\"__metadata__\":{\"format\":\"pt\"},\"b\":", Entry("\"F32\"", "[2,3]", "[24,48]"),
+      ",\"a\":", Entry("\"BF16\"", "[3]", "[0,6]"), ",\"z\":", Entry("\"I8\"", "[0,4]", "[6,6]"),
+      "}   ");  // trailing spaces: the format pads headers with them
   absl::StatusOr<SafetensorsHeader> h = ParseSafetensorsHeader(header, 48);
   ASSERT_TRUE(h.ok()) << h.status();
   ASSERT_EQ(h->tensors.size(), 3u);
@@ -67,13 +66,22 @@ TEST(SafetensorsHeaderTest, ParsesAValidHeader) {
 }
 
 TEST(SafetensorsHeaderTest, KnowsTheFormatsDTypes) {
-  for (const auto& [name, bytes] : std::vector<std::pair<std::string, int64_t>>{
-           {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2},
-           {"F16", 2}, {"BF16", 2}, {"I32", 4}, {"F32", 4}, {"I64", 8}, {"F64", 8}}) {
+  for (const auto& [name, bytes] : std::vector<std::pair<std::string, int64_t>>{{"BOOL", 1},
+                                                                                {"U8", 1},
+                                                                                {"I8", 1},
+                                                                                {"F8_E4M3", 1},
+                                                                                {"F8_E5M2", 1},
+                                                                                {"I16", 2},
+                                                                                {"F16", 2},
+                                                                                {"BF16", 2},
+                                                                                {"I32", 4},
+                                                                                {"F32", 4},
+                                                                                {"I64", 8},
+                                                                                {"F64", 8}}) {
     EXPECT_EQ(SafetensorsElementBytes(name).value_or(-1), bytes) << name;
     absl::StatusOr<SafetensorsHeader> h = ParseSafetensorsHeader(
-        absl::StrCat("{\"t\":", Entry("\"" + name + "\"", "[5]", absl::StrCat("[0,", 5 * bytes, "]")),
-                     "}"),
+        absl::StrCat(
+            "{\"t\":", Entry("\"" + name + "\"", "[5]", absl::StrCat("[0,", 5 * bytes, "]")), "}"),
         5 * bytes);
     EXPECT_TRUE(h.ok()) << name << ": " << h.status();
   }
@@ -82,8 +90,8 @@ TEST(SafetensorsHeaderTest, KnowsTheFormatsDTypes) {
 }
 
 TEST(SafetensorsHeaderTest, OutOfOrderAndOverlappingTensorsAreAllowed) {
-  const std::string header = absl::StrCat("{\"a\":", Entry("\"F32\"", "[2]", "[8,16]"), ",\"b\":",
-                                          Entry("\"F32\"", "[4]", "[0,16]"), "}");
+  const std::string header = absl::StrCat("{\"a\":", Entry("\"F32\"", "[2]", "[8,16]"),
+                                          ",\"b\":", Entry("\"F32\"", "[4]", "[0,16]"), "}");
   EXPECT_TRUE(Parse(header, 16).ok());
 }
 
@@ -116,7 +124,8 @@ std::vector<HostileCase> HostileHeaders() {
       {"huge dims", one(Entry(f32, "[4294967296,4294967296,4294967296]", "[0,8]")), "shape"},
       {"dims overflow int64", one(Entry(f32, "[9223372036854775807,3]", "[0,8]")), "shape"},
       {"too many dims", one(Entry(f32, "[1,1,1,1,1,1,1,1,1]", "[0,4]")), "more than 8 dims"},
-      {"span shorter than the shape", one(Entry(f32, "[2,2]", "[0,4]")), "span 4 bytes; F32 [2, 2] needs 16"},
+      {"span shorter than the shape", one(Entry(f32, "[2,2]", "[0,4]")),
+       "span 4 bytes; F32 [2, 2] needs 16"},
       {"span longer than the shape", one(Entry(f32, "[1]", "[0,8]")), "needs 4"},
       {"begin after end", one(Entry(f32, "[1]", "[8,4]")), "end before they begin"},
       {"past the data section", one(Entry(f32, "[4]", "[16,32]")), "past the data section"},
@@ -164,10 +173,10 @@ TEST(SafetensorsHeaderTest, RejectsHostileHeadersWithoutThrowing) {
 }
 
 TEST(SafetensorsHeaderTest, ErrorsEscapeAndShortenNames) {
-  absl::StatusOr<SafetensorsHeader> h = ParseSafetensorsHeader(
-      absl::StrCat("{\"", "evil\\n\\u001b[31m", std::string(1000, 'x'), "\":",
-                   Entry("\"F32\"", "[1]", "[0,8]"), "}"),
-      16);
+  absl::StatusOr<SafetensorsHeader> h =
+      ParseSafetensorsHeader(absl::StrCat("{\"", "evil\\n\\u001b[31m", std::string(1000, 'x'),
+                                          "\":", Entry("\"F32\"", "[1]", "[0,8]"), "}"),
+                             16);
   ASSERT_FALSE(h.ok());
   const std::string message(h.status().message());
   EXPECT_THAT(message, HasSubstr("evil\\x0a\\x1b[31m"));
@@ -239,11 +248,9 @@ class SafetensorsFileTest : public ::testing::Test {
       const float v = 0.25f * static_cast<float>(i) - 3.f;
       data_.append(reinterpret_cast<const char*>(&v), 4);
     }
-    header_ = absl::StrCat("{\"w13\":", Entry("\"F32\"", "[2,8,8]", absl::StrCat("[0,", n13 * 4, "]")),
-                           ",\"w2\":",
-                           Entry("\"F32\"", "[2,8,4]",
-                                 absl::StrCat("[", n13 * 4, ",", (n13 + n2) * 4, "]")),
-                           "}");
+    header_ = absl::StrCat(
+        "{\"w13\":", Entry("\"F32\"", "[2,8,8]", absl::StrCat("[0,", n13 * 4, "]")), ",\"w2\":",
+        Entry("\"F32\"", "[2,8,4]", absl::StrCat("[", n13 * 4, ",", (n13 + n2) * 4, "]")), "}");
     WriteFile(root_ + "/good.safetensors", FileOf(header_, data_));
     WriteFile(outside_ + "/good.safetensors", FileOf(header_, data_));
   }
@@ -290,10 +297,9 @@ TEST_F(SafetensorsFileTest, LoadsAValidFileUnderARoot) {
 TEST_F(SafetensorsFileTest, TensorsInAnyOrderLoad) {
   const int64_t n13 = kE * 2 * kI * kH * 4, n2 = kE * kH * kI * 4;
   // w2 first in the data section, w13 after it.
-  const std::string header =
-      absl::StrCat("{\"w2\":", Entry("\"F32\"", "[2,8,4]", absl::StrCat("[0,", n2, "]")),
-                   ",\"w13\":", Entry("\"F32\"", "[2,8,8]", absl::StrCat("[", n2, ",", n2 + n13, "]")),
-                   "}");
+  const std::string header = absl::StrCat(
+      "{\"w2\":", Entry("\"F32\"", "[2,8,4]", absl::StrCat("[0,", n2, "]")),
+      ",\"w13\":", Entry("\"F32\"", "[2,8,8]", absl::StrCat("[", n2, ",", n2 + n13, "]")), "}");
   WriteFile(root_ + "/swapped.safetensors",
             FileOf(header, data_.substr(n13) + data_.substr(0, n13)));
   absl::StatusOr<std::unique_ptr<ExpertSet>> set = Load(root_ + "/swapped.safetensors");
@@ -316,18 +322,25 @@ TEST_F(SafetensorsFileTest, RefusesEverythingOutsideTheRootsWithOneText) {
   ASSERT_EQ(symlink("/proc/self/mem", (root_ + "/mem").c_str()), 0);
   ASSERT_EQ(mkdir((root_ + "/dir.safetensors").c_str(), 0755), 0);
   const std::vector<std::string> refused = {
-      outside_ + "/good.safetensors",             // outside, sharing the root's prefix
-      "../models2/good.safetensors",              // relative ".." out of the first root
-      root_ + "/../models2/good.safetensors",     // absolute ".." out
-      root_ + "/out",                             // a symlink out
-      root_ + "/outdir/good.safetensors",         // through a symlinked directory out
-      root_ + "/missing.safetensors",             // missing, under the root
-      outside_ + "/missing.safetensors",          // missing, outside
-      "/etc/shadow", "/etc/passwd", "/proc/self/mem", root_ + "/mem", "/dev/zero",
-      root_ + "/zero", root_ + "/dir.safetensors", root_, "/",
-      root_ + "/good.safetensors/",               // a file is not a directory
+      outside_ + "/good.safetensors",          // outside, sharing the root's prefix
+      "../models2/good.safetensors",           // relative ".." out of the first root
+      root_ + "/../models2/good.safetensors",  // absolute ".." out
+      root_ + "/out",                          // a symlink out
+      root_ + "/outdir/good.safetensors",      // through a symlinked directory out
+      root_ + "/missing.safetensors",          // missing, under the root
+      outside_ + "/missing.safetensors",       // missing, outside
+      "/etc/shadow",
+      "/etc/passwd",
+      "/proc/self/mem",
+      root_ + "/mem",
+      "/dev/zero",
+      root_ + "/zero",
+      root_ + "/dir.safetensors",
+      root_,
+      "/",
+      root_ + "/good.safetensors/",                     // a file is not a directory
       root_ + std::string("/good.safetensors\0x", 19),  // NUL inside
-      std::string(5000, 'a'),                     // past PATH_MAX
+      std::string(5000, 'a'),                           // past PATH_MAX
   };
   for (const std::string& path : refused) {
     SCOPED_TRACE(path);
@@ -367,8 +380,7 @@ TEST_F(SafetensorsFileTest, FifoIsRefusedPromptly) {
 
 TEST_F(SafetensorsFileTest, HostileFilesAreRejected) {
   const int64_t n13 = kE * 2 * kI * kH * 4, n2 = kE * kH * kI * 4;
-  const std::string w2 =
-      Entry("\"F32\"", "[2,8,4]", absl::StrCat("[", n13, ",", n13 + n2, "]"));
+  const std::string w2 = Entry("\"F32\"", "[2,8,4]", absl::StrCat("[", n13, ",", n13 + n2, "]"));
   auto with_w13 = [&](const std::string& w13) {
     return absl::StrCat("{\"w13\":", w13, ",\"w2\":", w2, "}");
   };
@@ -400,10 +412,9 @@ TEST_F(SafetensorsFileTest, HostileFilesAreRejected) {
       {"header length 0", FileOf("", data_), "not valid JSON"},
       {"smaller than 8 bytes", std::string("\x02\0\0", 3), "not a safetensors file"},
       {"empty file", "", "not a safetensors file"},
-      {"data section truncated",
-       FileOf(header_, data_.substr(0, data_.size() / 2)), "truncated"},
-      {"wrong shape for the spec",
-       FileOf(with_w13(Entry("\"F32\"", "[2,4,16]", "[0,512]")), data_), "expected F32 [2, 8, 8]"},
+      {"data section truncated", FileOf(header_, data_.substr(0, data_.size() / 2)), "truncated"},
+      {"wrong shape for the spec", FileOf(with_w13(Entry("\"F32\"", "[2,4,16]", "[0,512]")), data_),
+       "expected F32 [2, 8, 8]"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
