@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -356,11 +357,33 @@ TEST_F(SafetensorsFileTest, RefusesDevicesEvenUnderARoot) {
 }
 
 TEST_F(SafetensorsFileTest, UnreadableFileIsRefusedLikeAMissingOne) {
-  if (geteuid() == 0) GTEST_SKIP() << "root reads mode-000 files";
   const std::string path = root_ + "/secret.safetensors";
   WriteFile(path, FileOf(header_, data_));
   ASSERT_EQ(chmod(path.c_str(), 0), 0);
-  ExpectRefused(Load(path).status());
+  if (geteuid() != 0) {
+    ExpectRefused(Load(path).status());
+    return;
+  }
+  // Root reads mode-000 files: check as "nobody" in a child, which must
+  // still read the readable file next to it.
+  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);  // mkdtemp made it 0700
+  ASSERT_EQ(chmod((root_ + "/good.safetensors").c_str(), 0644), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+    if (!Load(root_ + "/good.safetensors").ok()) _exit(3);
+    const absl::Status s = Load(path).status();
+    _exit(s.code() == absl::StatusCode::kPermissionDenied && s.message() == kNotUnderModelRoots
+              ? 0
+              : 4);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 2) GTEST_SKIP() << "cannot become nobody (65534) here";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: the readable file failed, 4: the unreadable one was "
+                                       "not refused with the one text";
 }
 
 TEST_F(SafetensorsFileTest, FifoIsRefusedPromptly) {
