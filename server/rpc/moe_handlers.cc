@@ -212,11 +212,11 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
       } else {
         loader_ = std::make_unique<ExpertsLoader>(spec);
       }
-      spdlog::info("LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}", spec.experts_id,
-                   spec.num_experts, spec.hidden, spec.intermediate, bytes,
-                   safetensors_path_.empty()
-                       ? std::string("the stream")
-                       : absl::StrCat("'", ClientText(safetensors_path_), "'"));
+      spdlog::info("LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}",
+                   ClientText(spec.experts_id), spec.num_experts, spec.hidden, spec.intermediate,
+                   bytes,
+                   safetensors_path_.empty() ? std::string("the stream")
+                                             : ClientText(safetensors_path_));
       spec_ = std::move(spec);
       return absl::OkStatus();
     }
