@@ -140,7 +140,8 @@ struct LoadFlags {
                 "quantisation scheme of the weights (fp8_per_tensor, fp8_block, int8_group, ...); "
                 "the server loads quantised sets only inline, so neither source here takes one",
                 &quantization);
-    p.AddString("safetensors", "PATH", "safetensors file on the server host", &safetensors);
+    p.AddString("safetensors", "PATH",
+                "safetensors file on the server host, under its --model_root", &safetensors);
     p.AddString("template", "NAME",
                 "per-expert tensor names with {e} for the expert and {proj} for gate_proj, "
                 "up_proj and down_proj, e.g. 'model.layers.0.mlp.experts.{e}.{proj}.weight'",
@@ -229,8 +230,9 @@ int LoadCommand(const std::vector<std::string>& args) {
   const std::string synopsis =
       "usage: kplan load --id ID --num-experts E --hidden H --intermediate I\n"
       "           (--safetensors PATH (--template NAME | --w13 NAME --w2 NAME) | --random)\n"
-      "\nLoad an expert set onto the server: from a safetensors file on the server host\n"
-      "(per-expert tensors named with {e}, or tensors stacked over experts), or random weights\n"
+      "\nLoad an expert set onto the server: from a safetensors file on the server host,\n"
+      "under its --model_root (relative paths: under the first root; per-expert tensors named\n"
+      "with {e}, or tensors stacked over experts), or random weights\n"
       "streamed from here (--random: values scaled by 1/sqrt(fan-in)). Prints the set.\n"
       "Example: kplan load --id layer0 --random --num-experts 8 --hidden 256 --intermediate 512";
   if (auto exit = ParseOrExit(parser, args, common, synopsis)) return *exit;

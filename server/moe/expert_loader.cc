@@ -1,16 +1,12 @@
 #include "server/moe/expert_loader.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "nlohmann/json.hpp"
+#include "server/base/client_text.h"
 #include "server/base/status.h"
+#include "server/moe/model_files.h"
+#include "server/moe/safetensors.h"
 
 namespace kplan {
 namespace {
@@ -92,13 +88,6 @@ absl::StatusOr<std::unique_ptr<ExpertSet>> ExpertsLoader::Finish() {
 
 namespace {
 
-// One tensor's entry in a safetensors header.
-struct StEntry {
-  std::string dtype;
-  std::vector<int64_t> shape;
-  int64_t begin = 0, end = 0;
-};
-
 const char* SafetensorsDType(moe::MoeDType d) {
   switch (d) {
     case moe::MoeDType::kFloat32:
@@ -112,100 +101,84 @@ const char* SafetensorsDType(moe::MoeDType d) {
   }
 }
 
+// A safetensors file under a model root with its header parsed and checked
+// (safetensors.h): every entry read below lies inside the file and spans
+// exactly its dtype and shape.
 class SafetensorsFile {
  public:
-  ~SafetensorsFile() {
-    if (fd_ >= 0) close(fd_);
-  }
-
-  absl::Status Open(const std::string& path) {
-    const std::string field = "safetensors.path";
-    fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
-      return InvalidField(field, absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-    }
-    struct stat st;
-    fstat(fd_, &st);
-    size_ = st.st_size;
-    uint64_t header_len = 0;
-    if (size_ < 8 || pread(fd_, &header_len, 8, 0) != 8 ||
-        header_len > static_cast<uint64_t>(size_ - 8)) {
-      return InvalidField(field, absl::StrCat(path, " is not a safetensors file or is truncated"));
-    }
-    std::string header(header_len, '\0');
-    if (pread(fd_, header.data(), header_len, 8) != static_cast<ssize_t>(header_len)) {
-      return InvalidField(field, absl::StrCat("cannot read the header of ", path));
-    }
-    data_start_ = 8 + static_cast<int64_t>(header_len);
-    nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) return InvalidField(field, absl::StrCat(path, ": header is not JSON"));
-    for (auto& [name, v] : j.items()) {
-      if (name == "__metadata__") continue;
-      StEntry e;
-      if (!v.is_object() || !v["dtype"].is_string() || !v["shape"].is_array() ||
-          !v["data_offsets"].is_array() || v["data_offsets"].size() != 2) {
-        return InvalidField(field, absl::StrCat(path, ": bad header entry for ", name));
-      }
-      e.dtype = v["dtype"].get<std::string>();
-      for (auto& d : v["shape"]) e.shape.push_back(d.get<int64_t>());
-      e.begin = v["data_offsets"][0].get<int64_t>();
-      e.end = v["data_offsets"][1].get<int64_t>();
-      entries_[name] = e;
-    }
-    path_ = path;
+  absl::Status Open(const std::string& path, absl::Span<const std::string> model_roots) {
+    KPLAN_ASSIGN_OR_RETURN(file_, OpenModelFile(path, model_roots, "safetensors.path"));
+    name_ = ClientText(path);
+    char prefix[8] = {};
+    const size_t have = file_.size() >= 8 ? 8 : 0;
+    if (have > 0) KPLAN_RETURN_IF_ERROR(Content(file_.ReadAt(0, 8, prefix)));
+    // The length is capped and checked against the file before the header
+    // is allocated.
+    absl::StatusOr<int64_t> header_bytes =
+        SafetensorsHeaderLength(absl::string_view(prefix, have), file_.size());
+    if (!header_bytes.ok()) return Content(header_bytes.status());
+    std::string header(static_cast<size_t>(*header_bytes), '\0');
+    KPLAN_RETURN_IF_ERROR(Content(file_.ReadAt(8, *header_bytes, header.data())));
+    data_start_ = 8 + *header_bytes;
+    absl::StatusOr<SafetensorsHeader> parsed =
+        ParseSafetensorsHeader(header, file_.size() - data_start_);
+    if (!parsed.ok()) return Content(parsed.status());
+    header_ = *std::move(parsed);
     return absl::OkStatus();
   }
 
-  // Reads tensor `name`, which must have `dtype` and `shape`, appending to `out`.
+  // Appends tensor `name`, which must have `dtype` and `shape`, to `out`.
   absl::Status Read(const std::string& name, const char* dtype, const std::vector<int64_t>& shape,
                     std::string& out) {
-    const std::string field = "safetensors";
-    auto it = entries_.find(name);
-    if (it == entries_.end()) {
-      return InvalidField(field, absl::StrCat(path_, " has no tensor '", name, "'"));
+    auto it = header_.tensors.find(name);
+    if (it == header_.tensors.end()) {
+      return InvalidField("safetensors",
+                          absl::StrCat(name_, " has no tensor '", ClientText(name), "'"));
     }
-    const StEntry& e = it->second;
+    const SafetensorsEntry& e = it->second;
     if (e.dtype != dtype || e.shape != shape) {
-      return InvalidField(field, absl::StrCat("tensor '", name, "' is ", e.dtype, " ",
-                                              ShapeString(e.shape), ", expected ", dtype, " ",
-                                              ShapeString(shape)));
+      return InvalidField("safetensors", absl::StrCat("tensor '", ClientText(name), "' is ",
+                                                      e.dtype, " ", ShapeString(e.shape),
+                                                      ", expected ", dtype, " ",
+                                                      ShapeString(shape)));
     }
-    const int64_t n = e.end - e.begin;
-    if (e.begin < 0 || n < 0 || data_start_ + e.end > size_) {
-      return InvalidField("safetensors.path",
-                          absl::StrCat(path_, " is truncated: tensor '", name, "' ends at byte ",
-                                       data_start_ + e.end, " of ", size_));
-    }
+    const int64_t n = e.end - e.begin;  // the bytes of dtype x shape, checked by the parser
     const size_t at = out.size();
-    out.resize(at + n);
-    if (pread(fd_, out.data() + at, n, data_start_ + e.begin) != n) {
-      return absl::DataLossError(absl::StrCat("short read of '", name, "' from ", path_));
-    }
-    return absl::OkStatus();
+    out.resize(at + static_cast<size_t>(n));
+    return Content(file_.ReadAt(data_start_ + e.begin, n, out.data() + at));
   }
 
  private:
-  int fd_ = -1;
-  int64_t size_ = 0, data_start_ = 0;
-  std::string path_;
-  std::map<std::string, StEntry> entries_;
+  // An error about the file's content: it names the request's path field
+  // and the path as the client gave it.
+  absl::Status Content(const absl::Status& status) const {
+    if (status.ok()) return status;
+    return WithField(absl::Status(status.code(), absl::StrCat(name_, ": ", status.message())),
+                     "safetensors.path");
+  }
+
+  ModelFile file_;
+  std::string name_;  // the client's path, escaped and shortened
+  int64_t data_start_ = 0;
+  SafetensorsHeader header_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(const ExpertsSpec& spec,
-                                                          const std::string& path,
-                                                          const SafetensorsNames& names) {
+absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(
+    const ExpertsSpec& spec, const std::string& path, const SafetensorsNames& names,
+    absl::Span<const std::string> model_roots) {
   if (!spec.quant.scheme.empty() || spec.has_bias) {
     return InvalidField("safetensors", "safetensors loading takes plain float32/float16/bfloat16 "
                                        "weights without biases; send quantised experts inline");
   }
   const char* dtype = SafetensorsDType(spec.dtype);
   SafetensorsFile file;
-  KPLAN_RETURN_IF_ERROR(file.Open(path));
+  KPLAN_RETURN_IF_ERROR(file.Open(path, model_roots));
   const int64_t e = spec.num_experts, h = spec.hidden, i = spec.intermediate;
   const bool gated = moe::IsGated(*moe::ParseMoeActivation(spec.activation));
   std::map<std::string, std::string> tensors;
+  for (const TensorSpec& t : ExpectedTensors(spec)) tensors[t.name].reserve(t.bytes());
   if (!names.w13.empty() || !names.w2.empty()) {
     if (names.w13.empty() || names.w2.empty()) {
       return InvalidField("safetensors.w13", "stacked weights need both w13 and w2 names");

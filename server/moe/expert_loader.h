@@ -1,7 +1,8 @@
 // Builds an ExpertSet from LoadExperts input: inline chunks (ExpertsLoader)
 // or a safetensors file on the server host (LoadSafetensors). Everything is
 // checked before anything is kept: unknown or missing tensors, wrong dtypes or
-// shapes, chunks out of order or past the end, truncated files.
+// shapes, chunks out of order or past the end, truncated or hostile files,
+// files outside the server's model roots.
 #pragma once
 
 #include <map>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "server/moe/expert_set.h"
 
 namespace kplan {
@@ -46,9 +48,13 @@ struct SafetensorsNames {
 };
 
 // Reads the weights of `spec` (plain float32/float16/bfloat16 weights) from
-// the safetensors file at `path`.
-absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(const ExpertsSpec& spec,
-                                                          const std::string& path,
-                                                          const SafetensorsNames& names);
+// the safetensors file at `path`, which must be a regular file under one of
+// `model_roots` (model_files.h: relative paths are relative to the first
+// root; no roots: PERMISSION_DENIED, server-side loads are off). Errors name
+// "safetensors.path" (or the tensor-name fields); the file's header is
+// checked as a whole before any tensor is read (safetensors.h).
+absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(
+    const ExpertsSpec& spec, const std::string& path, const SafetensorsNames& names,
+    absl::Span<const std::string> model_roots);
 
 }  // namespace kplan

@@ -5,12 +5,17 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 #include "server/rpc/server.h"
@@ -36,6 +41,33 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(std::string, auth_token_file, "",
           "File with a bearer token every KernelPlanService call must send as "
           "'authorization: Bearer <token>' (health and reflection stay open)");
+namespace {
+
+// --model_root takes a comma-separated list and may be repeated. absl keeps
+// only a flag's last value, so every occurrence also adds its roots here.
+struct ModelRootFlag {
+  std::vector<std::string> roots;
+};
+
+std::vector<std::string>& AllModelRoots() {
+  static std::vector<std::string> roots;
+  return roots;
+}
+
+bool AbslParseFlag(absl::string_view text, ModelRootFlag* flag, std::string*) {
+  flag->roots = absl::StrSplit(text, ',', absl::SkipEmpty());
+  for (const std::string& root : flag->roots) AllModelRoots().push_back(root);
+  return true;
+}
+
+std::string AbslUnparseFlag(const ModelRootFlag& flag) { return absl::StrJoin(flag.roots, ","); }
+
+}  // namespace
+
+ABSL_FLAG(ModelRootFlag, model_root, {},
+          "Directory LoadExperts may read safetensors files from (comma-separated and/or "
+          "repeated); absolute paths must resolve under one, relative ones resolve under the "
+          "first. None: server-side loads are refused");
 ABSL_FLAG(std::string, devices, "all",
           "GPUs this server owns: all, none (CPU reference path) or a list such as 0,1");
 ABSL_FLAG(int, cpu_ep_ranks, 0,
@@ -100,6 +132,7 @@ int main(int argc, char** argv) {
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.model_roots = AllModelRoots();
   options.cpu_ep_ranks = absl::GetFlag(FLAGS_cpu_ep_ranks);
   options.ep_timeout = absl::GetFlag(FLAGS_ep_timeout);
   options.ep_size = absl::GetFlag(FLAGS_ep_size);

@@ -4,9 +4,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/base/client_text.h"
 #include "server/base/status.h"
 #include "server/moe/ep/ep_group.h"
 #include "server/moe/expert_loader.h"
+#include "server/moe/model_files.h"
 #include "server/moe/moe_runner.h"
 #include "spdlog/spdlog.h"
 #if KPLAN_HAVE_CUDA
@@ -202,12 +204,19 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
         if (safetensors_path_.empty()) {
           return InvalidField("header.safetensors.path", "the safetensors path is empty");
         }
+        // Refused at once rather than on the worker: nothing is opened.
+        if (call_.env().model_roots.empty()) {
+          return WithField(absl::PermissionDeniedError(kServerSideLoadsOff),
+                           "header.safetensors.path");
+        }
       } else {
         loader_ = std::make_unique<ExpertsLoader>(spec);
       }
-      spdlog::info("LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}", spec.experts_id,
-                   spec.num_experts, spec.hidden, spec.intermediate, bytes,
-                   safetensors_path_.empty() ? std::string("the stream") : safetensors_path_);
+      spdlog::info("LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}",
+                   ClientText(spec.experts_id), spec.num_experts, spec.hidden, spec.intermediate,
+                   bytes,
+                   safetensors_path_.empty() ? std::string("the stream")
+                                             : ClientText(safetensors_path_));
       spec_ = std::move(spec);
       return absl::OkStatus();
     }
@@ -238,7 +247,8 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
     DeviceExecutor* executor = call_.env().executor;
     absl::Status queued = executor->Submit(0, [this, executor](const DeviceSlot&, absl::Duration) {
       absl::StatusOr<std::unique_ptr<ExpertSet>> set =
-          loader_ ? loader_->Finish() : LoadSafetensors(*spec_, safetensors_path_, names_);
+          loader_ ? loader_->Finish() : LoadSafetensors(*spec_, safetensors_path_, names_,
+                                                     call_.env().model_roots);
       if (!set.ok()) {
         Fail(set.status());
         return;

@@ -17,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "server/base/status.h"
 #include "server/ir/builtin_ops.h"
+#include "server/moe/model_files.h"
 #include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
@@ -219,6 +220,8 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   server->environment_.platform =
       LocalPlatform(server->environment_.devices, /*have_cuda_kernels=*/KPLAN_HAVE_CUDA_KERNELS);
   server->environment_.max_message_bytes = options.max_message_bytes;
+  KPLAN_ASSIGN_OR_RETURN(server->environment_.model_roots,
+                         CanonicalModelRoots(options.model_roots));
   if (!options.auth_token_file.empty()) {
     KPLAN_ASSIGN_OR_RETURN(std::string token,
                            ReadFileForFlag(options.auth_token_file, "auth_token_file"));
@@ -300,6 +303,10 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
                options.tls_client_ca_file.empty() ? "" : " with client certificates",
                DescribePlatform(server->environment_.platform),
                server->environment_.devices.size());
+  spdlog::info("server-side loads: {}",
+               server->environment_.model_roots.empty()
+                   ? std::string("off (no --model_root)")
+                   : absl::StrCat("under ", absl::StrJoin(server->environment_.model_roots, ", ")));
   if (server->ep_coordinator_) {
     spdlog::info("expert-parallel group across servers: rank 0 of {}; waiting up to {} for the "
                  "other ranks to join",

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/server.h>
 
@@ -37,6 +38,9 @@ struct ServerOptions {
   // A file holding the bearer token every KernelPlanService call must carry
   // (health and reflection stay open for probes).
   std::string auth_token_file;
+  // Directories a request may load server-side files from (LoadExperts with
+  // a safetensors path); each must exist. Empty: server-side loads are off.
+  std::vector<std::string> model_roots;
   // Expert parallelism. With more than one GPU the GPUs form the group;
   // without GPUs, cpu_ep_ranks > 0 makes a group of that many CPU
   // thread-ranks (CI and demos). ep_timeout bounds joining a step and each

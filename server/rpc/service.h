@@ -32,6 +32,9 @@ struct ServerEnvironment {
   int64_t max_message_bytes = 0;
   // When set, every KernelPlanService call must carry "authorization: Bearer <token>".
   std::string auth_token;
+  // --model_root, canonical: the only directories server-side files are read
+  // from (server/moe/model_files.h); empty: server-side loads are refused.
+  std::vector<std::string> model_roots;
   Metrics* metrics = nullptr;  // may be null (metrics off)
   DeviceExecutor* executor = nullptr;     // device workers (CPU + each GPU)
   const IrRegistry* ir_registry = nullptr;

@@ -28,7 +28,9 @@ server_addr() {
   echo "127.0.0.1:$port"
 }
 
-"$bin/kplan-server" --listen=127.0.0.1:0 --exit_timeout=5s >"$work/server.log" 2>&1 &
+mkdir "$work/models"
+"$bin/kplan-server" --listen=127.0.0.1:0 --exit_timeout=5s --model_root="$work/models" \
+  >"$work/server.log" 2>&1 &
 server_pid=$!
 addr=$(server_addr "$work/server.log")
 
@@ -94,6 +96,34 @@ grep -q -- "--tokens needs an integer" "$work/err.txt"
 "$bin/kplan" experts --server "$addr" >"$work/experts.txt"
 if grep -q cli-layer "$work/experts.txt"; then echo "cli-layer still listed"; exit 1; fi
 
+# A stacked float32 safetensors file under --model_root loads by its relative path; a path
+# outside the root is refused with the one text that does not say whether it exists.
+/usr/bin/python3 - "$work/models/stacked.safetensors" <<'PY'
+import json, struct, sys
+e, h, i = 2, 16, 16
+w13, w2 = e * 2 * i * h * 4, e * h * i * 4
+header = json.dumps({"w13": {"dtype": "F32", "shape": [e, 2 * i, h], "data_offsets": [0, w13]},
+                     "w2": {"dtype": "F32", "shape": [e, h, i], "data_offsets": [w13, w13 + w2]}})
+data = b"".join(struct.pack("<f", ((k % 13) - 6) / 64.0) for k in range((w13 + w2) // 4))
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(header)) + header.encode() + data)
+PY
+st_args=(--num-experts 2 --hidden 16 --intermediate 16 --dtype float32 --w13 w13 --w2 w2)
+"$bin/kplan" load --server "$addr" --id cli-st --safetensors stacked.safetensors "${st_args[@]}" \
+  >"$work/load_st.txt" || { cat "$work/load_st.txt"; exit 1; }
+grep -q "^cli-st .* float32" "$work/load_st.txt" || { cat "$work/load_st.txt"; exit 1; }
+"$bin/kplan" unload --server "$addr" cli-st | grep -q "unloaded cli-st"
+for p in /etc/passwd "$work/models/missing.safetensors" ../server.log; do
+  set +e
+  "$bin/kplan" load --server "$addr" --id cli-st --safetensors "$p" "${st_args[@]}" 2>"$work/err.txt"
+  rc=$?
+  set -e
+  [ "$rc" != 0 ] || { echo "load --safetensors $p: expected a failure"; exit 1; }
+  grep -q "PERMISSION_DENIED: not a readable regular file under the model roots" "$work/err.txt" ||
+    { cat "$work/err.txt"; exit 1; }
+  grep -q "\[field: header.safetensors.path\]" "$work/err.txt" || { cat "$work/err.txt"; exit 1; }
+done
+
 # An expert-parallel group of two CPU ranks: the set is sharded, kplan_all2allv runs.
 "$bin/kplan-server" --listen=127.0.0.1:0 --cpu_ep_ranks=2 --exit_timeout=5s >"$work/ep.log" 2>&1 &
 ep_pid=$!
@@ -107,6 +137,15 @@ grep -q "^    1  *cpu  *3  *3 " "$work/ep_experts.txt"
   >"$work/ep_run.txt"
 grep -q "^all2all backend: *kplan_all2allv" "$work/ep_run.txt" || { cat "$work/ep_run.txt"; exit 1; }
 grep -q "^ep size: *2" "$work/ep_run.txt"
+# No --model_root here: server-side loads are off.
+set +e
+"$bin/kplan" load --server "$ep_addr" --id ep-st --safetensors "$work/models/stacked.safetensors" \
+  "${st_args[@]}" 2>"$work/err.txt"
+rc=$?
+set -e
+[ "$rc" != 0 ] || { echo "load without --model_root: expected a failure"; exit 1; }
+grep -q "server-side loads are off: start the server with --model_root" "$work/err.txt" ||
+  { cat "$work/err.txt"; exit 1; }
 kill -TERM "$ep_pid"
 wait "$ep_pid"
 ep_pid=""

@@ -21,6 +21,7 @@ namespace kplan::rpc {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kE = 4, kK = 2, kH = 16, kI = 8;
 
@@ -49,6 +50,7 @@ class MoeRpcTest : public ::testing::Test {
     options.listen_address = "127.0.0.1:0";
     options.prober = &prober;
     options.max_expert_bytes = 64 << 10;
+    options.model_roots = {::testing::TempDir()};  // server-side loads from the test's files
     server_ = std::move(KplanServer::Start(options).value());
     client_ = Client::Connect(absl::StrCat("127.0.0.1:", server_->port()));
     std::mt19937 rng(std::random_device{}());
@@ -313,6 +315,68 @@ TEST_F(MoeRpcTest, LoadsPerExpertSafetensors) {
   absl::StatusOr<v1::LoadExpertsResponse> bad = client_->LoadExperts(h, {});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("truncated"));
+  EXPECT_EQ(client_->ListExperts()->experts_size(), 2);
+  unlink(path.c_str());
+}
+
+// Server-side loads need --model_root; under it they load (relative paths
+// from the first root), and every path refused outside it, missing or not,
+// gets the same answer.
+TEST_F(MoeRpcTest, SafetensorsLoadsOnlyUnderModelRoots) {
+  const std::string a = Bytes(w13_), b = Bytes(w2_);
+  const std::string header = absl::StrCat(
+      "{\"w13\":{\"dtype\":\"F32\",\"shape\":[", kE, ",", 2 * kI, ",", kH,
+      "],\"data_offsets\":[0,", a.size(), "]},\"w2\":{\"dtype\":\"F32\",\"shape\":[", kE, ",",
+      kH, ",", kI, "],\"data_offsets\":[", a.size(), ",", a.size() + b.size(), "]}}");
+  const std::string name = absl::StrCat("stacked-", getpid(), ".safetensors");
+  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+  {
+    uint64_t n = header.size();  // little-endian hosts only, as the file format
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << a << b;
+  }
+  v1::ExpertsHeader h = Header("st-root");
+  h.mutable_safetensors()->set_path(path);
+  h.mutable_safetensors()->set_w13("w13");
+  h.mutable_safetensors()->set_w2("w2");
+
+  // A server without --model_root refuses before it touches the path.
+  static NoDeviceProber prober;
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.prober = &prober;
+  std::unique_ptr<KplanServer> no_roots = std::move(KplanServer::Start(options).value());
+  std::unique_ptr<Client> client = Client::Connect(absl::StrCat("127.0.0.1:", no_roots->port()));
+  absl::StatusOr<v1::LoadExpertsResponse> off = client->LoadExperts(h, {});
+  EXPECT_EQ(off.status().code(), absl::StatusCode::kPermissionDenied) << off.status();
+  EXPECT_EQ(FieldOf(off.status()).value_or(""), "header.safetensors.path") << off.status();
+  EXPECT_THAT(std::string(off.status().message()), HasSubstr("--model_root"));
+  EXPECT_EQ(client->ListExperts()->experts_size(), 0);
+
+  // This fixture's server has the temporary directory as its root.
+  absl::StatusOr<v1::LoadExpertsResponse> loaded = client_->LoadExperts(h, {});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->experts().bytes(), static_cast<int64_t>(a.size() + b.size()));
+  h.set_experts_id("st-relative");
+  h.mutable_safetensors()->set_path(name);
+  EXPECT_TRUE(client_->LoadExperts(h, {}).ok());
+
+  // Outside the root, missing, through "..", a device: one answer.
+  std::vector<absl::Status> refused;
+  for (const std::string& p : {std::string("/etc/passwd"), path + ".missing",
+                               std::string("../../../../../../../../etc/passwd"),
+                               std::string("/dev/zero"), std::string("/proc/self/mem")}) {
+    h.set_experts_id("st-refused");
+    h.mutable_safetensors()->set_path(p);
+    refused.push_back(client_->LoadExperts(h, {}).status());
+  }
+  for (const absl::Status& s : refused) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_EQ(s.message(), refused.front().message()) << s;
+    EXPECT_EQ(FieldOf(s).value_or(""), "header.safetensors.path") << s;
+    EXPECT_THAT(std::string(s.message()), Not(HasSubstr("passwd")));
+  }
   EXPECT_EQ(client_->ListExperts()->experts_size(), 2);
   unlink(path.c_str());
 }
