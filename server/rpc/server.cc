@@ -4,10 +4,13 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -79,7 +82,9 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakePeerCredentials(
 }
 
 // A socket file left by a server that did not exit cleanly would make the
-// bind fail; remove it, but never a file that is not a socket.
+// bind fail; remove it, but never a file that is not a socket, and never the
+// socket of a server that still answers there (it would silently lose its
+// clients to this one).
 absl::Status RemoveStaleUnixSocket(const std::string& address) {
   absl::string_view path = address;
   if (!absl::ConsumePrefix(&path, "unix:")) return absl::OkStatus();
@@ -89,6 +94,22 @@ absl::Status RemoveStaleUnixSocket(const std::string& address) {
   if (lstat(p.c_str(), &st) != 0) return absl::OkStatus();
   if (!S_ISSOCK(st.st_mode)) {
     return InvalidField("listen", absl::StrCat(p, " exists and is not a socket"));
+  }
+  sockaddr_un addr{};
+  if (p.size() >= sizeof(addr.sun_path)) {
+    return InvalidField("listen", absl::StrCat("the socket path ", p, " is too long"));
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, p.data(), p.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool live =
+      fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  if (fd >= 0) close(fd);
+  if (live) {
+    return WithField(absl::FailedPreconditionError(absl::StrCat(
+                         "another server is listening on ", address,
+                         "; stop it or choose another --listen")),
+                     "listen");
   }
   unlink(p.c_str());
   return absl::OkStatus();
@@ -284,14 +305,18 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // Without this a second server on the same TCP port shares it with the
+  // first (SO_REUSEPORT) and takes half its clients; with it the bind fails.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen_address, credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(server->raw_service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {
-    return WithField(absl::UnavailableError(absl::StrCat("could not listen on ",
-                                                         options.listen_address)),
+    return WithField(absl::UnavailableError(absl::StrCat(
+                         "could not listen on ", options.listen_address,
+                         " (is another server using it, or is the address not this host's?)")),
                      "listen");
   }
   grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();

@@ -17,6 +17,7 @@
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/base/status.h"
 #include "server/rpc/server.h"
 #include "tests/rpc/ep_comm_table.h"
 #include "tests/rpc/moe_rpc_util.h"
@@ -260,6 +261,39 @@ TEST(UnixSocketTest, ServesOnAUnixSocketAndReplacesAStaleOne) {
   std::getline(kept, content);
   EXPECT_EQ(content, "keep me");
   unlink(file.c_str());
+}
+
+TEST(UnixSocketTest, ALiveServersSocketIsNotTakenOver) {
+  const std::string path = absl::StrCat("/tmp/kplan-test-live-", getpid(), ".sock");
+  ServerOptions options;
+  options.listen_address = "unix:" + path;
+  static NoDeviceProber prober;
+  options.prober = &prober;
+  auto first = StartServer(options);
+  ASSERT_NE(first, nullptr);
+  absl::StatusOr<std::unique_ptr<KplanServer>> second = KplanServer::Start(options);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_EQ(FieldOf(second.status()), "listen");
+  // The first server still has its socket and its clients.
+  EXPECT_TRUE(Client::Connect("unix:" + path, Quick())->ResolveKernelConfig({}).ok());
+  first.reset();
+  unlink(path.c_str());
+}
+
+TEST(TcpPortTest, ASecondServerOnAPortInUseIsRefused) {
+  static NoDeviceProber prober;
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.prober = &prober;
+  auto first = StartServer(options);
+  ASSERT_NE(first, nullptr);
+  ServerOptions same = options;
+  same.listen_address = absl::StrCat("127.0.0.1:", first->port());
+  absl::StatusOr<std::unique_ptr<KplanServer>> second = KplanServer::Start(same);
+  ASSERT_FALSE(second.ok()) << "two servers share port " << first->port() << " (SO_REUSEPORT)";
+  EXPECT_EQ(FieldOf(second.status()), "listen");
+  EXPECT_TRUE(Client::Connect(same.listen_address, Quick())->ResolveKernelConfig({}).ok());
 }
 
 std::string HttpGet(int port, const std::string& path) {
