@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 #include "server/rpc/server.h"
@@ -94,6 +96,10 @@ ABSL_FLAG(absl::Duration, ep_join_timeout, absl::Seconds(60),
           "Group across servers: how long rank 0 waits at start for every rank to join, and how "
           "long a rank keeps trying to join rank 0");
 
+// After --exit_timeout, cancelled calls and the workers' teardown may take
+// this much longer before the process exits regardless.
+constexpr absl::Duration kExitGrace = absl::Seconds(5);
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "kplan-server resolves vLLM kernel plans and runs MoE layers over gRPC.\n"
@@ -151,6 +157,18 @@ int main(int argc, char** argv) {
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   spdlog::info("received {}; shutting down", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
-  (*server)->Shutdown(absl::GetFlag(FLAGS_exit_timeout));
+  const absl::Duration exit_timeout = absl::GetFlag(FLAGS_exit_timeout);
+  // The backstop of --exit_timeout: drain, cancel and teardown normally end
+  // well within it, but nothing a client sent (a call whose work never
+  // returns, a peer that never answers) may keep the process alive past it.
+  std::thread([exit_timeout] {
+    absl::SleepFor(exit_timeout + kExitGrace);
+    spdlog::error("shutdown did not finish within --exit_timeout ({}) + {}; exiting now",
+                  absl::FormatDuration(exit_timeout), absl::FormatDuration(kExitGrace));
+    spdlog::shutdown();
+    std::_Exit(0);
+  }).detach();
+  (*server)->Shutdown(exit_timeout);
+  server->reset();  // joins the device workers
   return 0;
 }
