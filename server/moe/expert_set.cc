@@ -1,6 +1,7 @@
 #include "server/moe/expert_set.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/base/checked_size.h"
 #include "server/base/status.h"
 
 namespace kplan {
@@ -49,6 +50,29 @@ int64_t TensorSpec::bytes() const {
   int64_t n = ElementBytes(dtype);
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+absl::StatusOr<int64_t> ExpectedBytes(const ExpertsSpec& spec) {
+  int64_t total = 0;
+  bool fits = true;
+  for (const TensorSpec& t : ExpectedTensors(spec)) {
+    int64_t n = ElementBytes(t.dtype);
+    for (int64_t d : t.shape) {
+      const std::optional<int64_t> next = CheckedMul(n, d);
+      fits = fits && next.has_value();
+      n = next.value_or(0);
+    }
+    const std::optional<int64_t> sum = CheckedAdd(total, n);
+    fits = fits && sum.has_value();
+    total = sum.value_or(0);
+  }
+  if (!fits) {
+    return InvalidField("num_experts",
+                        absl::StrCat(spec.num_experts, " experts of hidden_size ", spec.hidden,
+                                     " and intermediate_size ", spec.intermediate,
+                                     " need more bytes than a 64-bit size can count"));
+  }
+  return total;
 }
 
 absl::Status ValidateExpertsSpec(const ExpertsSpec& s) {

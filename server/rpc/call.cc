@@ -2,6 +2,8 @@
 
 #include <openssl/crypto.h>
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 #include "server/rpc/status_mapping.h"
@@ -16,6 +18,28 @@ Call::Call(const ServerEnvironment& env, grpc::CallbackServerContext* context, c
       method_(method),
       start_(absl::Now()) {
   if (env_.metrics) env_.metrics->RequestStarted();
+  // Streams (LoadExperts) may take long to send a large set; the idle
+  // timeout bounds them instead of --max_request_time.
+  deadline_ = unary && env_.max_request_time > absl::ZeroDuration()
+                  ? start_ + env_.max_request_time
+                  : absl::InfiniteFuture();
+  const auto client = context_->deadline();
+  if (client != std::chrono::system_clock::time_point::max()) {
+    deadline_ = std::min(deadline_, absl::FromChrono(client));
+  }
+}
+
+bool Call::IsCancelled() const { return context_->IsCancelled(); }
+
+DeviceExecutor::Job Call::UnaryJob(const std::shared_ptr<Call>& call, int64_t bytes,
+                                   DeviceExecutor::Work work) {
+  DeviceExecutor::Job job;
+  job.work = std::move(work);
+  job.bytes = bytes;
+  job.deadline = call->deadline();
+  job.cancelled = [call] { return call->IsCancelled(); };
+  job.fail = [call](const absl::Status& status) { call->FinishUnary(status); };
+  return job;
 }
 
 absl::Status Call::Authorize() const {
@@ -43,6 +67,7 @@ grpc::Status Call::Done(const absl::Status& status) {
 }
 
 grpc::ServerUnaryReactor* Call::FinishUnary(const absl::Status& status) {
+  if (!Claim()) return reactor_;
   reactor_->Finish(Done(status));
   return reactor_;
 }
