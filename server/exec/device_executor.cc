@@ -81,12 +81,14 @@ DeviceExecutor::Queued DeviceExecutor::PopLocked(Worker* w) {
 void DeviceExecutor::RunJob(const DeviceSlot& slot, Queued item) {
   Job& job = item.job;
   absl::Status dropped;
-  if (job.cancelled && job.cancelled()) {
-    dropped = absl::CancelledError("the call was cancelled while it was queued");
-  } else if (absl::Now() >= job.deadline) {
+  // The deadline first: gRPC also marks a call past its deadline cancelled,
+  // and the code should say which.
+  if (absl::Now() >= job.deadline) {
     dropped = absl::DeadlineExceededError(
         absl::StrCat("the deadline passed while the request was queued on ", slot.name, " (for ",
                      absl::FormatDuration(absl::Now() - item.enqueued), ")"));
+  } else if (job.cancelled && job.cancelled()) {
+    dropped = absl::CancelledError("the call was cancelled while it was queued");
   }
   if (dropped.ok()) {
     try {
