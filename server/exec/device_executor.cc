@@ -120,6 +120,12 @@ void DeviceExecutor::Release(int64_t bytes) {
   queued_bytes_ -= bytes;
 }
 
+size_t DeviceExecutor::queue_size(size_t index) const {
+  Worker* w = workers_.at(index).get();
+  std::lock_guard<std::mutex> lock(w->mu);
+  return w->small.size() + w->large.size();
+}
+
 int64_t DeviceExecutor::queued_bytes() const {
   std::lock_guard<std::mutex> lock(budget_mu_);
   return queued_bytes_;

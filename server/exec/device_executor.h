@@ -107,6 +107,8 @@ class DeviceExecutor {
   // A job of no bytes, no deadline and no error callback.
   absl::Status Submit(size_t index, Work work);
 
+  // Jobs queued (not running) on slot `index` now.
+  size_t queue_size(size_t index) const;
   // Bytes charged by queued and running jobs now.
   int64_t queued_bytes() const;
   int64_t max_queued_bytes() const { return max_queued_bytes_; }
@@ -118,7 +120,7 @@ class DeviceExecutor {
   };
   struct Worker {
     DeviceSlot slot;
-    std::mutex mu;
+    mutable std::mutex mu;
     std::condition_variable cv;
     std::deque<Queued> small ABSL_GUARDED_BY(mu);
     std::deque<Queued> large ABSL_GUARDED_BY(mu);
