@@ -102,6 +102,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunIrOp(grpc::CallbackServerCon
           call->FinishUnary(WithField(where.status, "device"));
           return;
         }
+        ir.deadline = call->deadline();
         const absl::Time start = absl::Now();
         absl::StatusOr<IrOpResult> result = kplan::RunIrOp(*env_.ir_registry, ir);
         if (env_.metrics) env_.metrics->ObserveDevice(call->method(), absl::Now() - start);
