@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -197,11 +198,31 @@ absl::StatusOr<std::unique_ptr<moe::ep::EpGroup>> MakeEpGroup(
 
 }  // namespace
 
+namespace {
+
+// The memory limit of this process's cgroup (v2 memory.max, v1
+// memory.limit_in_bytes), or 0 when there is none: in a container the host's
+// physical memory overstates what the server may use.
+int64_t CgroupMemoryLimit() {
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    std::string text;
+    if (!(in >> text)) continue;
+    int64_t limit = 0;
+    if (absl::SimpleAtoi(text, &limit) && limit > 0) return limit;  // "max": no limit
+  }
+  return 0;
+}
+
+}  // namespace
+
 int64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page_size <= 0) return 0;
-  return CheckedMul(pages, page_size).value_or(INT64_MAX);
+  int64_t bytes = CheckedMul(pages, page_size).value_or(INT64_MAX);
+  if (const int64_t limit = CgroupMemoryLimit(); limit > 0) bytes = std::min(bytes, limit);
+  return bytes;
 }
 
 int64_t DerivedMaxQueuedBytes(int64_t host_memory_bytes) {

@@ -80,7 +80,8 @@ struct ServerOptions {
   const DeviceProber* prober = nullptr;
 };
 
-// Physical memory of this host (sysconf pages x page size); 0 if unknown.
+// Memory of this host (sysconf pages x page size), or this process's cgroup
+// memory limit when that is lower (containers); 0 if unknown.
 int64_t PhysicalMemoryBytes();
 // The default --max_queued_bytes: min(2 GiB, a quarter of host memory).
 int64_t DerivedMaxQueuedBytes(int64_t host_memory_bytes);
