@@ -39,8 +39,8 @@ bool Stopped(const IrStop& stop, int64_t row) {
 
 }  // namespace
 
-bool RmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols, const IrWeightIn& weight,
-             float epsilon, int64_t variance_size, void* out, const IrStop& stop) {
+bool RmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols, const IrWeightIn& weight, float epsilon,
+             int64_t variance_size, void* out, const IrStop& stop) {
   variance_size = std::clamp<int64_t>(variance_size, 1, cols);
   std::vector<float> s(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {

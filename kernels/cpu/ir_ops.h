@@ -22,8 +22,8 @@ using IrStop = std::function<bool()>;
 //   var = mean(x[..., :variance_size]^2) (fp32); y = x * rsqrt(var + eps);
 //   with a weight: y = y.to(weight.dtype) * weight; out = y.to(x.dtype).
 // variance_size in [1, cols] (cols for None).
-bool RmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols, const IrWeightIn& weight,
-             float epsilon, int64_t variance_size, void* out, const IrStop& stop = {});
+bool RmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols, const IrWeightIn& weight, float epsilon,
+             int64_t variance_size, void* out, const IrStop& stop = {});
 
 // fused_add_rms_norm: s = x + residual in fp32; residual_out = s.to(x.dtype);
 // out = rms_norm of s (the fp32 sum, not the rounded residual).

@@ -98,8 +98,8 @@ void DeviceExecutor::RunJob(const DeviceSlot& slot, Queued item) {
       dropped = absl::ResourceExhaustedError(
           absl::StrCat("out of memory running the request on ", slot.name));
     } catch (const std::exception& e) {
-      dropped = absl::InternalError(
-          absl::StrCat("the request failed on ", slot.name, ": ", e.what()));
+      dropped =
+          absl::InternalError(absl::StrCat("the request failed on ", slot.name, ": ", e.what()));
     } catch (...) {
       dropped = absl::InternalError(absl::StrCat("the request failed on ", slot.name));
     }
@@ -204,8 +204,9 @@ absl::Status DeviceExecutor::Submit(size_t index, Job job) {
     if (w->stopping) {
       refused = absl::UnavailableError("the server is shutting down");
     } else if (w->small.size() + w->large.size() >= max_queue_depth_) {
-      refused = absl::ResourceExhaustedError(absl::StrCat(
-          "the queue of ", w->slot.name, " is full (", max_queue_depth_, " requests); retry later"));
+      refused =
+          absl::ResourceExhaustedError(absl::StrCat("the queue of ", w->slot.name, " is full (",
+                                                    max_queue_depth_, " requests); retry later"));
     }
     if (!refused.ok()) {
       Release(bytes);

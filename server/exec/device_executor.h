@@ -83,7 +83,7 @@ class DeviceExecutor {
   };
 
   struct Options {
-    size_t max_queue_depth = 256;  // per worker, both lanes together
+    size_t max_queue_depth = 256;                 // per worker, both lanes together
     int64_t max_queued_bytes = int64_t{2} << 30;  // all workers together
   };
 

@@ -215,10 +215,10 @@ absl::Status NativeRmsNorm(const IrArgs& a, absl::Span<const TensorView> outputs
   const int64_t vs = a.optional_int(kRmsVar).value_or(cols);
   const float eps = static_cast<float>(a.f64(kRmsEps));
   if (x.device.is_cpu()) {
-    return Finished(kernels::cpu::RmsNorm(RowsIn(x), x.rows(), cols,
-                                          WeightIn(a.optional_tensor(kRmsWeight)), eps, vs,
-                                          outputs[0].data, StopAt(ctx.deadline)),
-                    "rms_norm", x.rows());
+    return Finished(
+        kernels::cpu::RmsNorm(RowsIn(x), x.rows(), cols, WeightIn(a.optional_tensor(kRmsWeight)),
+                              eps, vs, outputs[0].data, StopAt(ctx.deadline)),
+        "rms_norm", x.rows());
   }
 #if KPLAN_HAVE_CUDA
   return kernels::cuda::NativeRmsNorm(RowsIn(x), x.rows(), cols,
@@ -238,11 +238,11 @@ absl::Status NativeFusedAddRmsNorm(const IrArgs& a, absl::Span<const TensorView>
   const int64_t vs = a.optional_int(kFusedVar).value_or(cols);
   const float eps = static_cast<float>(a.f64(kFusedEps));
   if (x.device.is_cpu()) {
-    return Finished(kernels::cpu::FusedAddRmsNorm(RowsIn(x), RowsIn(r), x.rows(), cols,
-                                                  WeightIn(a.optional_tensor(kFusedWeight)), eps,
-                                                  vs, outputs[0].data, outputs[1].data,
-                                                  StopAt(ctx.deadline)),
-                    "fused_add_rms_norm", x.rows());
+    return Finished(
+        kernels::cpu::FusedAddRmsNorm(RowsIn(x), RowsIn(r), x.rows(), cols,
+                                      WeightIn(a.optional_tensor(kFusedWeight)), eps, vs,
+                                      outputs[0].data, outputs[1].data, StopAt(ctx.deadline)),
+        "fused_add_rms_norm", x.rows());
   }
 #if KPLAN_HAVE_CUDA
   return kernels::cuda::NativeFusedAddRmsNorm(

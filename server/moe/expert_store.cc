@@ -26,14 +26,15 @@ void ExpertStore::Reservation::Release() {
 
 absl::Status ExpertStore::CheckIdLocked(const std::string& id) const {
   if (sets_.count(id)) {
-    return WithField(absl::AlreadyExistsError(absl::StrCat("experts '", ClientText(id),
-                                                           "' are already loaded; unload them first")),
+    return WithField(absl::AlreadyExistsError(absl::StrCat(
+                         "experts '", ClientText(id), "' are already loaded; unload them first")),
                      "experts_id");
   }
   if (reserved_ids_.count(id)) {
-    return WithField(absl::AlreadyExistsError(absl::StrCat(
-                         "experts '", ClientText(id), "' are being loaded by another LoadExperts call")),
-                     "experts_id");
+    return WithField(
+        absl::AlreadyExistsError(absl::StrCat("experts '", ClientText(id),
+                                              "' are being loaded by another LoadExperts call")),
+        "experts_id");
   }
   return absl::OkStatus();
 }
@@ -42,14 +43,15 @@ absl::Status ExpertStore::CheckBytesLocked(int64_t bytes) const {
   // bytes_ + reserved_ <= max_bytes_ always holds, so this cannot overflow.
   if (bytes < 0 || bytes > max_bytes_ - bytes_ - reserved_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "loading ", bytes, " bytes of experts would exceed the server's budget (--max_expert_bytes: ",
-        bytes_, " bytes held and ", reserved_, " reserved by loads under way, of ", max_bytes_,
-        ")"));
+        "loading ", bytes,
+        " bytes of experts would exceed the server's budget (--max_expert_bytes: ", bytes_,
+        " bytes held and ", reserved_, " reserved by loads under way, of ", max_bytes_, ")"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<ExpertStore::Reservation> ExpertStore::Reserve(const std::string& id, int64_t bytes) {
+absl::StatusOr<ExpertStore::Reservation> ExpertStore::Reserve(const std::string& id,
+                                                              int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   KPLAN_RETURN_IF_ERROR(CheckIdLocked(id));
   KPLAN_RETURN_IF_ERROR(CheckBytesLocked(bytes));

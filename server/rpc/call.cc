@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "absl/time/clock.h"
-#include "spdlog/spdlog.h"
 #include "server/rpc/status_mapping.h"
+#include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
 
@@ -20,9 +20,8 @@ Call::Call(const ServerEnvironment& env, grpc::CallbackServerContext* context, c
   if (env_.metrics) env_.metrics->RequestStarted();
   // Streams (LoadExperts) may take long to send a large set; the idle
   // timeout bounds them instead of --max_request_time.
-  deadline_ = unary && env_.max_request_time > absl::ZeroDuration()
-                  ? start_ + env_.max_request_time
-                  : absl::InfiniteFuture();
+  deadline_ = unary && env_.max_request_time > absl::ZeroDuration() ? start_ + env_.max_request_time
+                                                                    : absl::InfiniteFuture();
   const auto client = context_->deadline();
   if (client != std::chrono::system_clock::time_point::max()) {
     deadline_ = std::min(deadline_, absl::FromChrono(client));

@@ -51,9 +51,8 @@ void IdleWatchdog::Loop() {
         ++it;
       }
     }
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(tick_), [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_;
-    });
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(tick_),
+                 [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; });
   }
 }
 

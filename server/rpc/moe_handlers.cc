@@ -1,13 +1,13 @@
 // KernelPlanService's MoE execution RPCs: LoadExperts (a client stream),
 // UnloadExperts, ListExperts and RunMoE. Loading and running happen on the
 // device workers; handlers only convert and queue.
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include <exception>
 #include <mutex>
 #include <new>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/base/client_text.h"
 #include "server/base/status.h"
@@ -39,7 +39,8 @@ constexpr int64_t kProgressEvery = int64_t{1} << 30;
 // can overflow.
 int64_t RunMoeHeldBytes(const MoeRunInput& in) {
   const auto n = [](const std::string& s) { return static_cast<int64_t>(s.size()); };
-  return 2 * n(in.hidden_states) + 3 * n(in.router_logits) + 2 * (n(in.topk_ids) + n(in.topk_weights));
+  return 2 * n(in.hidden_states) + 3 * n(in.router_logits) +
+         2 * (n(in.topk_ids) + n(in.topk_weights));
 }
 
 // Publishes expert usage per device to the metrics.
@@ -262,9 +263,9 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
   // The watchdog: nothing arrived for --load_idle_timeout.
   void Expire() {
     std::lock_guard<std::mutex> lock(mu_);
-    FinishLocked(absl::DeadlineExceededError(absl::StrCat(
-        "LoadExperts sent nothing for ", absl::FormatDuration(watchdog_->timeout()),
-        " (--load_idle_timeout); the load was dropped")));
+    FinishLocked(absl::DeadlineExceededError(
+        absl::StrCat("LoadExperts sent nothing for ", absl::FormatDuration(watchdog_->timeout()),
+                     " (--load_idle_timeout); the load was dropped")));
   }
 
   void StopWatching() {
@@ -292,11 +293,10 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
       } else {
         loader_ = std::make_unique<ExpertsLoader>(spec);
       }
-      spdlog::info("LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}",
-                   ClientText(spec.experts_id), spec.num_experts, spec.hidden, spec.intermediate,
-                   bytes,
-                   safetensors_path_.empty() ? std::string("the stream")
-                                             : ClientText(safetensors_path_));
+      spdlog::info(
+          "LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}", ClientText(spec.experts_id),
+          spec.num_experts, spec.hidden, spec.intermediate, bytes,
+          safetensors_path_.empty() ? std::string("the stream") : ClientText(safetensors_path_));
       spec_ = std::move(spec);
       return absl::OkStatus();
     }
@@ -405,7 +405,7 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
       StoreLocked(shared);
       return;
     }
-    SubmitLocked(1, JobLocked([this, shared](const DeviceSlot& where) {
+    auto copy = [this, shared](const DeviceSlot& where) {
       absl::Status s = where.status.ok() ? AttachGpuCopy(*shared, where.cuda_device) : where.status;
       std::lock_guard<std::mutex> lock(mu_);
       if (!s.ok()) {
@@ -413,7 +413,8 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
         return;
       }
       StoreLocked(shared);
-    }));
+    };
+    SubmitLocked(1, JobLocked(std::move(copy)));
   }
 
   // Places the set linearly over the expert-parallel group (each rank takes
@@ -685,11 +686,9 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   }
   const bool return_routing = request->return_routing();
   const int64_t bytes = RunMoeHeldBytes(*input);
-  absl::Status queued = env_.executor->Submit(
-      slot, Call::UnaryJob(call, bytes, [this, call, response, experts = *experts,
-                                         input = std::move(*input), return_routing, use_gpu,
-                                         chosen = std::move(*route)](const DeviceSlot& where,
-                                                                     absl::Duration waited) {
+  DeviceExecutor::Work work =
+      [this, call, response, experts = *experts, input = std::move(*input), return_routing, use_gpu,
+       chosen = std::move(*route)](const DeviceSlot& where, absl::Duration waited) {
         if (env_.metrics) env_.metrics->ObserveQueue(call->method(), waited);
         const absl::Time start = absl::Now();
         absl::StatusOr<MoeRunOutput> out = absl::InternalError("no path ran");
@@ -725,7 +724,8 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
               absl::ToDoubleMicroseconds(absl::Now() - call->start()));
         }
         call->FinishUnary(out.status());
-      }));
+      };
+  absl::Status queued = env_.executor->Submit(slot, Call::UnaryJob(call, bytes, std::move(work)));
   if (!queued.ok()) return call->FinishUnary(queued);
   return call->reactor();
 }

@@ -204,7 +204,8 @@ namespace {
 // memory.limit_in_bytes), or 0 when there is none: in a container the host's
 // physical memory overstates what the server may use.
 int64_t CgroupMemoryLimit() {
-  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
     std::ifstream in(path);
     std::string text;
     if (!(in >> text)) continue;
@@ -238,8 +239,8 @@ int64_t DerivedMaxExpertBytes(int64_t host_memory_bytes, const std::vector<Local
     for (const LocalDevice& d : devices) smallest = std::min(smallest, d.total_memory_bytes);
     if (smallest > 0) {
       const int64_t per_device = static_cast<int64_t>(static_cast<double>(smallest) * 0.9);
-      budget = std::min(budget, CheckedMul(per_device, static_cast<int64_t>(devices.size()))
-                                    .value_or(INT64_MAX));
+      budget = std::min(
+          budget, CheckedMul(per_device, static_cast<int64_t>(devices.size())).value_or(INT64_MAX));
     }
   }
   return std::max<int64_t>(budget, 1);
@@ -324,9 +325,8 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
       options.host_memory_bytes ? options.host_memory_bytes() : PhysicalMemoryBytes();
   DeviceExecutor::Options executor_options;
   executor_options.max_queue_depth = static_cast<size_t>(options.max_queue_depth);
-  executor_options.max_queued_bytes = options.max_queued_bytes > 0
-                                          ? options.max_queued_bytes
-                                          : DerivedMaxQueuedBytes(host_memory);
+  executor_options.max_queued_bytes =
+      options.max_queued_bytes > 0 ? options.max_queued_bytes : DerivedMaxQueuedBytes(host_memory);
   KPLAN_ASSIGN_OR_RETURN(server->executor_,
                          DeviceExecutor::Create(server->environment_.devices, executor_options));
   server->environment_.executor = server->executor_.get();
@@ -334,8 +334,8 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   if (options.load_idle_timeout > absl::ZeroDuration()) {
     // Checked a few times per timeout (at least every second), so a stream
     // ends at most a quarter timeout late.
-    const absl::Duration tick = std::clamp(options.load_idle_timeout / 4, absl::Milliseconds(10),
-                                           absl::Seconds(1));
+    const absl::Duration tick =
+        std::clamp(options.load_idle_timeout / 4, absl::Milliseconds(10), absl::Seconds(1));
     server->load_watchdog_ = std::make_unique<IdleWatchdog>(options.load_idle_timeout, tick);
     server->environment_.load_idle_timeout = options.load_idle_timeout;
     server->environment_.load_watchdog = server->load_watchdog_.get();
@@ -351,11 +351,12 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
       options.max_expert_bytes > 0
           ? options.max_expert_bytes
           : DerivedMaxExpertBytes(host_memory, server->environment_.devices);
-  spdlog::info("limits: {} bytes of experts, {} bytes of queued requests, {} per request, {} idle "
-               "per LoadExperts stream",
-               max_expert_bytes, executor_options.max_queued_bytes,
-               absl::FormatDuration(options.max_request_time),
-               absl::FormatDuration(options.load_idle_timeout));
+  spdlog::info(
+      "limits: {} bytes of experts, {} bytes of queued requests, {} per request, {} idle "
+      "per LoadExperts stream",
+      max_expert_bytes, executor_options.max_queued_bytes,
+      absl::FormatDuration(options.max_request_time),
+      absl::FormatDuration(options.load_idle_timeout));
   server->experts_ = std::make_unique<ExpertStore>(max_expert_bytes);
   server->environment_.experts = server->experts_.get();
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);

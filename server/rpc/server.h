@@ -3,15 +3,15 @@
 // the integration tests both use it (tests on 127.0.0.1:0).
 #pragma once
 
-#include <cstdint>
+#include <grpcpp/server.h>
+
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-
-#include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"

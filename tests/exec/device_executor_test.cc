@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 #include "server/base/status.h"
 
 namespace kplan {

@@ -54,8 +54,8 @@ TEST(IrRunTest, CpuOpsStopPastTheirDeadline) {
   constexpr int64_t kRows = 4096, kCols = 8;
   IrOpRequest r;
   r.op = "rms_norm";
-  r.tensors = {{"x", Host(IrDType::kFloat32, {kRows, kCols},
-                          std::vector<float>(kRows * kCols, 1.0f))}};
+  r.tensors = {
+      {"x", Host(IrDType::kFloat32, {kRows, kCols}, std::vector<float>(kRows * kCols, 1.0f))}};
   r.epsilon = 1e-6;
   r.deadline = absl::Now() - absl::Seconds(1);
   absl::StatusOr<IrOpResult> late = RunIrOp(*reg, r);

@@ -22,8 +22,8 @@
 namespace kplan::rpc {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Bytes;
+using ::testing::HasSubstr;
 using testing::MakeTensor;
 using testing::Random;
 
@@ -105,10 +105,11 @@ class WorkerGate {
     std::promise<void> started;
     std::future<void> running = started.get_future();
     EXPECT_TRUE(executor_
-                    ->Submit(0, [&started, open = open_](const DeviceSlot&, absl::Duration) {
-                      started.set_value();
-                      open.wait();
-                    })
+                    ->Submit(0,
+                             [&started, open = open_](const DeviceSlot&, absl::Duration) {
+                               started.set_value();
+                               open.wait();
+                             })
                     .ok());
     running.wait();
   }
@@ -145,8 +146,8 @@ class LimitsTest : public ::testing::Test {
     server_ = std::move(*server);
     target_ = absl::StrCat("127.0.0.1:", server_->port());
     client_ = Client::Connect(target_);
-    stub_ = v1::KernelPlanService::NewStub(grpc::CreateChannel(
-        target_, grpc::InsecureChannelCredentials()));
+    stub_ = v1::KernelPlanService::NewStub(
+        grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
   }
   DeviceExecutor* executor() { return server_->environment().executor; }
   ExpertStore* store() { return server_->environment().experts; }
@@ -199,8 +200,10 @@ TEST_F(LimitsTest, ExpiredRunMoeIsDroppedAndCountedAsDeadlineExceeded) {
   gate.Release();
   gate.Drain();
   const std::string page = Metrics();
-  EXPECT_THAT(page, HasSubstr("kplan_requests_total{code=\"DEADLINE_EXCEEDED\",method=\"RunMoE\"} 1"));
-  EXPECT_THAT(page, ::testing::Not(HasSubstr("kplan_requests_total{code=\"OK\",method=\"RunMoE\"}")));
+  EXPECT_THAT(page,
+              HasSubstr("kplan_requests_total{code=\"DEADLINE_EXCEEDED\",method=\"RunMoE\"} 1"));
+  EXPECT_THAT(page,
+              ::testing::Not(HasSubstr("kplan_requests_total{code=\"OK\",method=\"RunMoE\"}")));
 }
 
 // 4096 tokens over 48 MiB of experts is seconds of CPU work; the server's
@@ -381,8 +384,9 @@ TEST_F(LimitsTest, StalledLoadIsEndedAfterTheIdleTimeout) {
   absl::StatusOr<v1::LoadExpertsResponse> again =
       client_->LoadExperts(Header("stall", 4, 16, 8), small.Chunks());
   EXPECT_TRUE(again.ok()) << again.status();
-  EXPECT_THAT(Metrics(),
-              HasSubstr("kplan_requests_total{code=\"DEADLINE_EXCEEDED\",method=\"LoadExperts\"} 1"));
+  EXPECT_THAT(
+      Metrics(),
+      HasSubstr("kplan_requests_total{code=\"DEADLINE_EXCEEDED\",method=\"LoadExperts\"} 1"));
 }
 
 // The client cancels after its last chunk, while the set's commit job is

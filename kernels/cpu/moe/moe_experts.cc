@@ -438,8 +438,8 @@ absl::Status RunExperts(const MoeProblem& p, const int32_t* topk_ids, const floa
   };
   auto deadline_error = [&] {
     return absl::DeadlineExceededError(absl::StrCat(
-        "the deadline passed while the experts ran (", M, " tokens, top_k ", k, ", ",
-        units.size(), " blocks of up to ", kRowsPerUnit, " rows); nothing was returned"));
+        "the deadline passed while the experts ran (", M, " tokens, top_k ", k, ", ", units.size(),
+        " blocks of up to ", kRowsPerUnit, " rows); nothing was returned"));
   };
   const GemmWeight g13{&w, true, n13, H, p.act_dtype};
   const GemmWeight g2{&w, false, H, I, p.act_dtype};
