@@ -33,25 +33,32 @@ void NormalizeRow(const float* s, int64_t cols, const IrWeightIn& weight, float 
   }
 }
 
+bool Stopped(const IrStop& stop, int64_t row) {
+  return stop && row % kIrRowsPerStopCheck == 0 && row > 0 && stop();
+}
+
 }  // namespace
 
-void RmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols, const IrWeightIn& weight,
-             float epsilon, int64_t variance_size, void* out) {
+bool RmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols, const IrWeightIn& weight, float epsilon,
+             int64_t variance_size, void* out, const IrStop& stop) {
   variance_size = std::clamp<int64_t>(variance_size, 1, cols);
   std::vector<float> s(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
+    if (Stopped(stop, r)) return false;
     const int64_t off = x.layout.RowOffset(r);
     for (int64_t c = 0; c < cols; ++c) s[c] = At(x, off, c);
     NormalizeRow(s.data(), cols, weight, epsilon, variance_size, x.type, out, r * cols);
   }
+  return true;
 }
 
-void FusedAddRmsNorm(const IrRowsIn& x, const IrRowsIn& residual, int64_t rows, int64_t cols,
+bool FusedAddRmsNorm(const IrRowsIn& x, const IrRowsIn& residual, int64_t rows, int64_t cols,
                      const IrWeightIn& weight, float epsilon, int64_t variance_size, void* out,
-                     void* residual_out) {
+                     void* residual_out, const IrStop& stop) {
   variance_size = std::clamp<int64_t>(variance_size, 1, cols);
   std::vector<float> s(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
+    if (Stopped(stop, r)) return false;
     const int64_t xo = x.layout.RowOffset(r);
     const int64_t ro = residual.layout.RowOffset(r);
     for (int64_t c = 0; c < cols; ++c) {
@@ -60,6 +67,7 @@ void FusedAddRmsNorm(const IrRowsIn& x, const IrRowsIn& residual, int64_t rows, 
     }
     NormalizeRow(s.data(), cols, weight, epsilon, variance_size, x.type, out, r * cols);
   }
+  return true;
 }
 
 float Gelu(float x, bool tanh_approximate) {
@@ -73,9 +81,10 @@ float Gelu(float x, bool tanh_approximate) {
   return 0.5f * x * (1.f + std::erf(x * kAlpha));
 }
 
-void GeluAndMulSparse(const IrRowsIn& x, int64_t rows, int64_t d, float std_multiplier,
-                      bool tanh_approximate, void* out) {
+bool GeluAndMulSparse(const IrRowsIn& x, int64_t rows, int64_t d, float std_multiplier,
+                      bool tanh_approximate, void* out, const IrStop& stop) {
   for (int64_t r = 0; r < rows; ++r) {
+    if (Stopped(stop, r)) return false;
     const int64_t off = x.layout.RowOffset(r);
     double sum = 0;
     for (int64_t c = 0; c < d; ++c) sum += At(x, off, c);
@@ -93,6 +102,7 @@ void GeluAndMulSparse(const IrRowsIn& x, int64_t rows, int64_t d, float std_mult
       StoreFromFloat(out, r * d + c, x.type, Gelu(gate, tanh_approximate) * up);
     }
   }
+  return true;
 }
 
 double NormalIcdf(double p) {

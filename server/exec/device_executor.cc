@@ -1,9 +1,14 @@
 #include "server/exec/device_executor.h"
 
+#include <algorithm>
+#include <exception>
+#include <new>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "server/base/status.h"
+#include "spdlog/spdlog.h"
 
 #if KPLAN_HAVE_CUDA
 #include "kernels/cuda/stream.h"
@@ -13,8 +18,22 @@ namespace kplan {
 
 absl::StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::Create(
     const std::vector<LocalDevice>& devices, size_t max_queue_depth) {
+  Options options;
+  options.max_queue_depth = max_queue_depth;
+  return Create(devices, options);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::Create(
+    const std::vector<LocalDevice>& devices, const Options& options) {
+  if (options.max_queue_depth < 1) {
+    return InvalidField("max_queue_depth", "max_queue_depth must be at least 1");
+  }
+  if (options.max_queued_bytes < 1) {
+    return InvalidField("max_queued_bytes", "max_queued_bytes must be positive");
+  }
   std::unique_ptr<DeviceExecutor> ex(new DeviceExecutor());
-  ex->max_queue_depth_ = max_queue_depth;
+  ex->max_queue_depth_ = options.max_queue_depth;
+  ex->max_queued_bytes_ = options.max_queued_bytes;
   auto cpu = std::make_unique<Worker>();
   cpu->slot.name = "cpu";
   ex->workers_.push_back(std::move(cpu));
@@ -26,7 +45,7 @@ absl::StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::Create(
   }
   for (auto& w : ex->workers_) {
     Worker* raw = w.get();
-    raw->thread = std::thread([raw] { Loop(raw); });
+    raw->thread = std::thread([e = ex.get(), raw] { e->Loop(raw); });
   }
   return ex;
 }
@@ -44,16 +63,85 @@ DeviceExecutor::~DeviceExecutor() {
   }
 }
 
+DeviceExecutor::Queued DeviceExecutor::PopLocked(Worker* w) {
+  // Small first, unless the large head has been overtaken often enough.
+  const bool take_large =
+      w->small.empty() || (!w->large.empty() && w->overtakes >= kMaxSmallOvertakes);
+  std::deque<Queued>& lane = take_large ? w->large : w->small;
+  Queued item = std::move(lane.front());
+  lane.pop_front();
+  if (take_large) {
+    w->overtakes = 0;  // the next large head starts its own count
+  } else if (!w->large.empty()) {
+    ++w->overtakes;
+  }
+  return item;
+}
+
+void DeviceExecutor::RunJob(const DeviceSlot& slot, Queued item) {
+  Job& job = item.job;
+  absl::Status dropped;
+  // The deadline first: gRPC also marks a call past its deadline cancelled,
+  // and the code should say which.
+  if (absl::Now() >= job.deadline) {
+    dropped = absl::DeadlineExceededError(
+        absl::StrCat("the deadline passed while the request was queued on ", slot.name, " (for ",
+                     absl::FormatDuration(absl::Now() - item.enqueued), ")"));
+  } else if (job.cancelled && job.cancelled()) {
+    dropped = absl::CancelledError("the call was cancelled while it was queued");
+  }
+  if (dropped.ok()) {
+    try {
+      job.work(slot, absl::Now() - item.enqueued);
+      return;
+    } catch (const std::bad_alloc&) {
+      dropped = absl::ResourceExhaustedError(
+          absl::StrCat("out of memory running the request on ", slot.name));
+    } catch (const std::exception& e) {
+      dropped =
+          absl::InternalError(absl::StrCat("the request failed on ", slot.name, ": ", e.what()));
+    } catch (...) {
+      dropped = absl::InternalError(absl::StrCat("the request failed on ", slot.name));
+    }
+  }
+  if (!job.fail) {
+    spdlog::warn("work on {} without an error callback: {}", slot.name, dropped.ToString());
+    return;
+  }
+  try {
+    job.fail(dropped);
+  } catch (...) {  // nothing leaves a worker; the call layer does not throw
+    spdlog::error("work on {}: reporting '{}' threw", slot.name, dropped.ToString());
+  }
+}
+
+void DeviceExecutor::Release(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  queued_bytes_ -= bytes;
+}
+
+size_t DeviceExecutor::queue_size(size_t index) const {
+  Worker* w = workers_.at(index).get();
+  std::lock_guard<std::mutex> lock(w->mu);
+  return w->small.size() + w->large.size();
+}
+
+int64_t DeviceExecutor::queued_bytes() const {
+  std::lock_guard<std::mutex> lock(budget_mu_);
+  return queued_bytes_;
+}
+
 void DeviceExecutor::Loop(Worker* w) {
   bool bound = w->slot.cuda_device < 0;
   for (;;) {
-    std::pair<absl::Time, Work> item;
+    Queued item;
     {
       std::unique_lock<std::mutex> lock(w->mu);
-      w->cv.wait(lock, [w] { return w->stopping || !w->queue.empty(); });
-      if (w->queue.empty()) break;  // stopping, and everything queued is done
-      item = std::move(w->queue.front());
-      w->queue.pop_front();
+      w->cv.wait(lock, [w]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
+        return w->stopping || !w->small.empty() || !w->large.empty();
+      });
+      if (w->small.empty() && w->large.empty()) break;  // stopping, and everything queued is done
+      item = PopLocked(w);
     }
     if (!bound) {  // first GPU work: bind the device and make the stream here
       bound = true;
@@ -68,7 +156,9 @@ void DeviceExecutor::Loop(Worker* w) {
       w->slot.status = absl::FailedPreconditionError("this server was built without CUDA kernels");
 #endif
     }
-    item.second(w->slot, absl::Now() - item.first);
+    const int64_t bytes = item.job.bytes;
+    RunJob(w->slot, std::move(item));
+    Release(bytes);
   }
 #if KPLAN_HAVE_CUDA
   kernels::DestroyDeviceStream(w->slot.stream);
@@ -89,15 +179,40 @@ absl::StatusOr<size_t> DeviceExecutor::Resolve(absl::string_view device,
 }
 
 absl::Status DeviceExecutor::Submit(size_t index, Work work) {
+  Job job;
+  job.work = std::move(work);
+  return Submit(index, std::move(job));
+}
+
+absl::Status DeviceExecutor::Submit(size_t index, Job job) {
   Worker* w = workers_.at(index).get();
+  const int64_t bytes = std::max<int64_t>(job.bytes, 0);
+  job.bytes = bytes;
+  {
+    std::lock_guard<std::mutex> budget(budget_mu_);
+    if (bytes > max_queued_bytes_ - queued_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the request's ", bytes, " bytes would exceed the server's budget for queued requests ",
+          "(--max_queued_bytes: ", queued_bytes_, " of ", max_queued_bytes_,
+          " bytes queued or running); retry later"));
+    }
+    queued_bytes_ += bytes;
+  }
   {
     std::lock_guard<std::mutex> lock(w->mu);
-    if (w->stopping) return absl::UnavailableError("the server is shutting down");
-    if (w->queue.size() >= max_queue_depth_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the queue of ", w->slot.name, " is full (", max_queue_depth_, " requests); retry later"));
+    absl::Status refused;
+    if (w->stopping) {
+      refused = absl::UnavailableError("the server is shutting down");
+    } else if (w->small.size() + w->large.size() >= max_queue_depth_) {
+      refused =
+          absl::ResourceExhaustedError(absl::StrCat("the queue of ", w->slot.name, " is full (",
+                                                    max_queue_depth_, " requests); retry later"));
     }
-    w->queue.emplace_back(absl::Now(), std::move(work));
+    if (!refused.ok()) {
+      Release(bytes);
+      return refused;
+    }
+    (bytes >= kLargeJobBytes ? w->large : w->small).push_back(Queued{absl::Now(), std::move(job)});
   }
   w->cv.notify_one();
   return absl::OkStatus();

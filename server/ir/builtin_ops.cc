@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "kernels/cpu/ir_ops.h"
 #include "server/base/client_text.h"
 #include "server/base/status.h"
@@ -199,6 +200,18 @@ absl::Status NoCuda() {
 }
 #endif
 
+// The CPU kernels' stop check for a request's deadline (none without one).
+kernels::cpu::IrStop StopAt(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return {};
+  return [deadline] { return absl::Now() >= deadline; };
+}
+
+absl::Status Finished(bool finished, absl::string_view op, int64_t rows) {
+  if (finished) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat("the deadline passed while ", op, " ran over ",
+                                                  rows, " rows; nothing was returned"));
+}
+
 absl::Status NativeRmsNorm(const IrArgs& a, absl::Span<const TensorView> outputs,
                            const IrExecContext& ctx) {
   KPLAN_RETURN_IF_ERROR(CheckOutputs(outputs, 1));
@@ -207,9 +220,10 @@ absl::Status NativeRmsNorm(const IrArgs& a, absl::Span<const TensorView> outputs
   const int64_t vs = a.optional_int(kRmsVar).value_or(cols);
   const float eps = static_cast<float>(a.f64(kRmsEps));
   if (x.device.is_cpu()) {
-    kernels::cpu::RmsNorm(RowsIn(x), x.rows(), cols, WeightIn(a.optional_tensor(kRmsWeight)), eps,
-                          vs, outputs[0].data);
-    return absl::OkStatus();
+    return Finished(
+        kernels::cpu::RmsNorm(RowsIn(x), x.rows(), cols, WeightIn(a.optional_tensor(kRmsWeight)),
+                              eps, vs, outputs[0].data, StopAt(ctx.deadline)),
+        "rms_norm", x.rows());
   }
 #if KPLAN_HAVE_CUDA
   return kernels::cuda::NativeRmsNorm(RowsIn(x), x.rows(), cols,
@@ -229,10 +243,11 @@ absl::Status NativeFusedAddRmsNorm(const IrArgs& a, absl::Span<const TensorView>
   const int64_t vs = a.optional_int(kFusedVar).value_or(cols);
   const float eps = static_cast<float>(a.f64(kFusedEps));
   if (x.device.is_cpu()) {
-    kernels::cpu::FusedAddRmsNorm(RowsIn(x), RowsIn(r), x.rows(), cols,
-                                  WeightIn(a.optional_tensor(kFusedWeight)), eps, vs,
-                                  outputs[0].data, outputs[1].data);
-    return absl::OkStatus();
+    return Finished(
+        kernels::cpu::FusedAddRmsNorm(RowsIn(x), RowsIn(r), x.rows(), cols,
+                                      WeightIn(a.optional_tensor(kFusedWeight)), eps, vs,
+                                      outputs[0].data, outputs[1].data, StopAt(ctx.deadline)),
+        "fused_add_rms_norm", x.rows());
   }
 #if KPLAN_HAVE_CUDA
   return kernels::cuda::NativeFusedAddRmsNorm(
@@ -252,8 +267,9 @@ absl::Status NativeGeluAndMulSparse(const IrArgs& a, absl::Span<const TensorView
   const float mult = static_cast<float>(kernels::cpu::NormalIcdf(a.f64(kGeluSparsity)));
   const bool tanh = a.str(kGeluApprox) == "tanh";
   if (x.device.is_cpu()) {
-    kernels::cpu::GeluAndMulSparse(RowsIn(x), x.rows(), d, mult, tanh, outputs[0].data);
-    return absl::OkStatus();
+    return Finished(kernels::cpu::GeluAndMulSparse(RowsIn(x), x.rows(), d, mult, tanh,
+                                                   outputs[0].data, StopAt(ctx.deadline)),
+                    "gelu_and_mul_sparse", x.rows());
   }
 #if KPLAN_HAVE_CUDA
   return kernels::cuda::NativeGeluAndMulSparse(RowsIn(x), x.rows(), d, mult, tanh,

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "server/ir/tensor.h"
 
@@ -96,6 +97,8 @@ struct IrArgs {
 // default stream) for device tensors. The current CUDA device is the tensors'.
 struct IrExecContext {
   void* stream = nullptr;
+  // CPU implementations stop between row blocks past it (DEADLINE_EXCEEDED).
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 // Computes the op into `outputs` (preallocated, contiguous, on the inputs'

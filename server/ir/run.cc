@@ -178,12 +178,14 @@ absl::StatusOr<Prepared> Prepare(const IrRegistry& registry, const IrOpRequest& 
   return p;
 }
 
-absl::StatusOr<IrOpResult> RunOnCpu(Prepared p) {
+absl::StatusOr<IrOpResult> RunOnCpu(Prepared p, absl::Time deadline) {
   std::vector<TensorView> outs;
   for (IrNamedTensor& o : p.result.outputs) {
     outs.push_back(TensorView::Contiguous(o.tensor.data.data(), o.tensor.dtype, o.tensor.shape));
   }
-  KPLAN_RETURN_IF_ERROR(p.impl->Run(p.args, outs, IrExecContext{}));
+  IrExecContext ctx;
+  ctx.deadline = deadline;
+  KPLAN_RETURN_IF_ERROR(p.impl->Run(p.args, outs, ctx));
   return std::move(p.result);
 }
 
@@ -295,7 +297,7 @@ absl::StatusOr<IrOpResult> RunIrOp(const IrRegistry& registry, const IrOpRequest
   KPLAN_RETURN_IF_ERROR(CheckDevice(request.device.device));
   KPLAN_ASSIGN_OR_RETURN(Prepared p, Prepare(registry, request));
   if (p.nothing_to_compute) return std::move(p.result);
-  if (request.device.device.is_cpu()) return RunOnCpu(std::move(p));
+  if (request.device.device.is_cpu()) return RunOnCpu(std::move(p), request.deadline);
 #if KPLAN_HAVE_CUDA
   return RunOnCuda(std::move(p), request);
 #else

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "server/ir/registry.h"
 #include "server/ir/tensor.h"
 
@@ -47,6 +48,8 @@ struct IrOpRequest {
   // absent: the server's default for the op.
   std::optional<std::vector<std::string>> priority;
   IrDeviceSelection device;
+  // The CPU path stops between row blocks once it has passed.
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 struct IrOpResult {

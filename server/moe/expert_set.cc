@@ -55,6 +55,26 @@ int64_t TensorSpec::bytes() const {
   return n;
 }
 
+absl::StatusOr<int64_t> ExpectedBytes(const ExpertsSpec& spec) {
+  // Every tensor's bytes and their sum without wrapping: E = H = I = 2^21
+  // made w13 2^65 bytes, 0 after the wrap, and an "OK" load of nothing.
+  ShapeLimits limits;
+  limits.max_elements = limits.max_bytes = kMaxExpertSetBytes;
+  int64_t total = 0;
+  for (const TensorSpec& t : ExpectedTensors(spec)) {
+    absl::StatusOr<int64_t> bytes = ShapeBytes(t.shape, ElementBytes(t.dtype), t.name, limits);
+    std::optional<int64_t> sum = bytes.ok() ? CheckedAdd(total, *bytes) : std::nullopt;
+    if (!sum || *sum > kMaxExpertSetBytes) {
+      return InvalidField("num_experts",
+                          absl::StrCat(spec.num_experts, " experts of hidden_size ", spec.hidden,
+                                       " and intermediate_size ", spec.intermediate,
+                                       " need more than ", kMaxExpertSetBytes, " bytes"));
+    }
+    total = *sum;
+  }
+  return total;
+}
+
 absl::Status ValidateExpertsSpec(const ExpertsSpec& s) {
   if (s.experts_id.empty()) return InvalidField("experts_id", "experts_id must not be empty");
   // Ids appear in logs, metrics and error texts: short and printable only.
@@ -112,23 +132,7 @@ absl::Status ValidateExpertsSpec(const ExpertsSpec& s) {
     return InvalidField("quantization.activation_scale",
                         "activation_scale must be per_token or per_tensor");
   }
-  // Every tensor's bytes and their sum without wrapping: E = H = I = 2^21
-  // made w13 2^65 bytes, 0 after the wrap, and an "OK" load of nothing.
-  ShapeLimits limits;
-  limits.max_elements = limits.max_bytes = kMaxExpertSetBytes;
-  int64_t total = 0;
-  for (const TensorSpec& t : ExpectedTensors(s)) {
-    absl::StatusOr<int64_t> bytes = ShapeBytes(t.shape, ElementBytes(t.dtype), t.name, limits);
-    std::optional<int64_t> sum = bytes.ok() ? CheckedAdd(total, *bytes) : std::nullopt;
-    if (!sum || *sum > kMaxExpertSetBytes) {
-      return InvalidField("num_experts",
-                          absl::StrCat(s.num_experts, " experts of hidden_size ", s.hidden,
-                                       " and intermediate_size ", s.intermediate,
-                                       " need more than ", kMaxExpertSetBytes, " bytes"));
-    }
-    total = *sum;
-  }
-  return absl::OkStatus();
+  return ExpectedBytes(s).status();  // every tensor and their sum within kMaxExpertSetBytes
 }
 
 std::vector<TensorSpec> ExpectedTensors(const ExpertsSpec& s) {

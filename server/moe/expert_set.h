@@ -63,6 +63,10 @@ std::string WireDTypeName(moe::MoeDType dtype);
 
 // The tensors a spec needs, in a fixed order.
 std::vector<TensorSpec> ExpectedTensors(const ExpertsSpec& spec);
+// The bytes of all ExpectedTensors(spec), overflow-checked (the header sizes
+// them, so a client chooses them): INVALID_ARGUMENT naming num_experts when
+// a tensor or their sum exceeds kMaxExpertSetBytes.
+absl::StatusOr<int64_t> ExpectedBytes(const ExpertsSpec& spec);
 
 struct ExpertsPlacement {
   std::string device;  // "cpu", "cuda:0"

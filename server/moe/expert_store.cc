@@ -1,36 +1,107 @@
 #include "server/moe/expert_store.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "server/base/client_text.h"
 #include "server/base/status.h"
 
 namespace kplan {
 
-absl::Status ExpertStore::CheckLocked(const std::string& id, int64_t bytes) const {
+ExpertStore::Reservation& ExpertStore::Reservation::operator=(Reservation&& other) noexcept {
+  if (this != &other) {
+    Release();
+    store_ = std::exchange(other.store_, nullptr);
+    id_ = std::move(other.id_);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void ExpertStore::Reservation::Release() {
+  if (store_ == nullptr) return;
+  std::exchange(store_, nullptr)->ReleaseReservation(id_, bytes_);
+  bytes_ = 0;
+}
+
+absl::Status ExpertStore::CheckIdLocked(const std::string& id) const {
   if (sets_.count(id)) {
-    return WithField(absl::AlreadyExistsError(absl::StrCat("experts '", id,
-                                                           "' are already loaded; unload them first")),
+    return WithField(absl::AlreadyExistsError(absl::StrCat(
+                         "experts '", ClientText(id), "' are already loaded; unload them first")),
                      "experts_id");
   }
-  if (bytes_ + bytes > max_bytes_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("loading ", bytes, " bytes of experts would exceed the server's budget (",
-                     bytes_, " of ", max_bytes_, " bytes in use)"));
+  if (reserved_ids_.count(id)) {
+    return WithField(
+        absl::AlreadyExistsError(absl::StrCat("experts '", ClientText(id),
+                                              "' are being loaded by another LoadExperts call")),
+        "experts_id");
   }
   return absl::OkStatus();
 }
 
-absl::Status ExpertStore::CheckCanAdd(const std::string& id, int64_t bytes) const {
+absl::Status ExpertStore::CheckBytesLocked(int64_t bytes) const {
+  // bytes_ + reserved_ <= max_bytes_ always holds, so this cannot overflow.
+  if (bytes < 0 || bytes > max_bytes_ - bytes_ - reserved_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "loading ", bytes,
+        " bytes of experts would exceed the server's budget (--max_expert_bytes: ", bytes_,
+        " bytes held and ", reserved_, " reserved by loads under way, of ", max_bytes_, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ExpertStore::Reservation> ExpertStore::Reserve(const std::string& id,
+                                                              int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  return CheckLocked(id, bytes);
+  KPLAN_RETURN_IF_ERROR(CheckIdLocked(id));
+  KPLAN_RETURN_IF_ERROR(CheckBytesLocked(bytes));
+  reserved_ += bytes;
+  reserved_ids_.insert(id);
+  Reservation r;
+  r.store_ = this;
+  r.id_ = id;
+  r.bytes_ = bytes;
+  return r;
+}
+
+void ExpertStore::ReleaseReservation(const std::string& id, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_ -= bytes;
+  reserved_ids_.erase(id);
+}
+
+absl::Status ExpertStore::Commit(Reservation& reservation, std::shared_ptr<const ExpertSet> set) {
+  const std::string& id = set->spec().experts_id;
+  if (reservation.store_ != this || reservation.id_ != id) {
+    return absl::InternalError(absl::StrCat("no reservation for experts '", ClientText(id), "'"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  // The set replaces its reservation: check it against the budget without it.
+  reserved_ -= reservation.bytes_;
+  if (absl::Status fits = CheckBytesLocked(set->bytes()); !fits.ok()) {
+    reserved_ += reservation.bytes_;
+    return fits;
+  }
+  reserved_ids_.erase(id);
+  bytes_ += set->bytes();
+  sets_[id] = std::move(set);
+  reservation.store_ = nullptr;  // consumed
+  reservation.bytes_ = 0;
+  return absl::OkStatus();
 }
 
 absl::Status ExpertStore::Add(std::shared_ptr<const ExpertSet> set) {
   std::lock_guard<std::mutex> lock(mu_);
-  KPLAN_RETURN_IF_ERROR(CheckLocked(set->spec().experts_id, set->bytes()));
+  KPLAN_RETURN_IF_ERROR(CheckIdLocked(set->spec().experts_id));
+  KPLAN_RETURN_IF_ERROR(CheckBytesLocked(set->bytes()));
   bytes_ += set->bytes();
   sets_[set->spec().experts_id] = std::move(set);
   return absl::OkStatus();
+}
+
+int64_t ExpertStore::bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_ + reserved_;
 }
 
 absl::StatusOr<std::shared_ptr<const ExpertSet>> ExpertStore::Get(const std::string& id) const {

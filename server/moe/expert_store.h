@@ -1,14 +1,21 @@
-// The experts this server holds, by experts_id. A run keeps its set alive
-// (shared_ptr) even if it is unloaded meanwhile; the byte budget is checked
-// when a load starts and again when it is committed.
+// The experts this server holds, by experts_id, under one byte budget
+// (--max_expert_bytes). A run keeps its set alive (shared_ptr) even if it is
+// unloaded meanwhile. A load reserves its bytes and its id when its header
+// arrives (Reserve), before any chunk is buffered: concurrent loads together
+// can never hold more than the budget, and two loads of one id cannot both
+// proceed. The reservation is released when the load fails or is cancelled
+// and becomes the resident set on Commit.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "server/moe/expert_set.h"
 
@@ -16,11 +23,43 @@ namespace kplan {
 
 class ExpertStore {
  public:
+  // Budget and id held for one load under way. Move-only; its destructor
+  // releases what it still holds. The store must outlive it.
+  class Reservation {
+   public:
+    Reservation() = default;
+    Reservation(Reservation&& other) noexcept { *this = std::move(other); }
+    Reservation& operator=(Reservation&& other) noexcept;
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+    ~Reservation() { Release(); }
+
+    // Gives the bytes and the id back (idempotent).
+    void Release();
+    bool held() const { return store_ != nullptr; }
+    const std::string& id() const { return id_; }
+    int64_t bytes() const { return bytes_; }
+
+   private:
+    friend class ExpertStore;
+    ExpertStore* store_ = nullptr;
+    std::string id_;
+    int64_t bytes_ = 0;
+  };
+
   explicit ExpertStore(int64_t max_bytes) : max_bytes_(max_bytes) {}
 
-  // Whether a set of `bytes` could be added as `id` now: ALREADY_EXISTS or
-  // RESOURCE_EXHAUSTED otherwise (checked again by Add).
-  absl::Status CheckCanAdd(const std::string& id, int64_t bytes) const;
+  int64_t max_bytes() const { return max_bytes_; }
+
+  // Holds `bytes` of the budget and the id `id`: ALREADY_EXISTS naming
+  // experts_id when the id is loaded or being loaded, RESOURCE_EXHAUSTED when
+  // the bytes do not fit next to what is held and reserved.
+  absl::StatusOr<Reservation> Reserve(const std::string& id, int64_t bytes);
+  // Turns `reservation` (for set's id) into the resident set; the set's
+  // bytes may differ from the reservation's (checked against the budget
+  // again). The reservation is consumed on success and kept on error.
+  absl::Status Commit(Reservation& reservation, std::shared_ptr<const ExpertSet> set);
+  // Adds a set without a reservation (checks id and budget).
   absl::Status Add(std::shared_ptr<const ExpertSet> set);
   absl::StatusOr<std::shared_ptr<const ExpertSet>> Get(const std::string& id) const;
   // The bytes freed; NOT_FOUND for an unknown id.
@@ -28,13 +67,20 @@ class ExpertStore {
   std::vector<std::shared_ptr<const ExpertSet>> List() const;
   // Sets and bytes held per device ("cpu", "cuda:0").
   std::map<std::string, std::pair<int, int64_t>> UsageByDevice() const;
+  // Resident plus reserved bytes.
+  int64_t bytes_in_use() const;
 
  private:
-  absl::Status CheckLocked(const std::string& id, int64_t bytes) const;
+  absl::Status CheckIdLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckBytesLocked(int64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseReservation(const std::string& id, int64_t bytes);
+
   const int64_t max_bytes_;
   mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<const ExpertSet>> sets_;
-  int64_t bytes_ = 0;
+  std::map<std::string, std::shared_ptr<const ExpertSet>> sets_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> reserved_ids_ ABSL_GUARDED_BY(mu_);
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;     // resident sets
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // loads under way
 };
 
 }  // namespace kplan

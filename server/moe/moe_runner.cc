@@ -120,7 +120,8 @@ absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeR
   return shape;
 }
 
-absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& in) {
+absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& in,
+                                         absl::Time deadline) {
   const ExpertsSpec& spec = experts.spec();
   KPLAN_ASSIGN_OR_RETURN(MoeRunShape shape, CheckMoeRunInput(spec, in));
   const int64_t m = shape.num_tokens;
@@ -135,6 +136,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunI
   p.weights = experts.Weights();
   p.apply_router_weight_on_input = in.apply_router_weight_on_input;
   p.top_k = shape.top_k;
+  p.deadline = deadline;
   if (shape.by_logits) {
     p.router_logits = reinterpret_cast<const float*>(in.router_logits.data());
     p.routing = shape.routing;

@@ -64,7 +64,10 @@ struct MoeRunShape {
 // router_logits, routing.top_k, topk_ids, ...).
 absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeRunInput& input);
 
-// Checks the input (CheckMoeRunInput) and runs the layer on the CPU.
-absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& input);
+// Checks the input (CheckMoeRunInput) and runs the layer on the CPU; past
+// `deadline` the experts stop between row blocks and the answer is
+// DEADLINE_EXCEEDED (the server passes the call's deadline).
+absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& input,
+                                         absl::Time deadline = absl::InfiniteFuture());
 
 }  // namespace kplan

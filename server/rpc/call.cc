@@ -2,11 +2,13 @@
 
 #include <openssl/crypto.h>
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
-#include "spdlog/spdlog.h"
 #include "server/base/client_text.h"
 #include "server/base/status.h"
 #include "server/rpc/status_mapping.h"
+#include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
 namespace {
@@ -50,6 +52,34 @@ Call::Call(const ServerEnvironment& env, grpc::CallbackServerContext* context, c
                                                              : context->DefaultReactor();
   }
   if (env_.metrics) env_.metrics->RequestStarted();
+  // Streams (LoadExperts) may take long to send a large set; the idle
+  // timeout bounds them instead of --max_request_time.
+  deadline_ = unary && env_.max_request_time > absl::ZeroDuration() ? start_ + env_.max_request_time
+                                                                    : absl::InfiniteFuture();
+  const auto client = context_->deadline();
+  if (client != std::chrono::system_clock::time_point::max()) {
+    deadline_ = std::min(deadline_, absl::FromChrono(client));
+  }
+}
+
+bool Call::Claim() {
+  // A raw-registered call's flag lives in its sink, which outlives this Call
+  // when the handler throws (raw_service.cc answers then, unless claimed).
+  std::atomic<bool>& claimed = sink_ != nullptr ? sink_->finished : claimed_;
+  return !claimed.exchange(true);
+}
+
+bool Call::IsCancelled() const { return context_->IsCancelled(); }
+
+DeviceExecutor::Job Call::UnaryJob(const std::shared_ptr<Call>& call, int64_t bytes,
+                                   DeviceExecutor::Work work) {
+  DeviceExecutor::Job job;
+  job.work = std::move(work);
+  job.bytes = bytes;
+  job.deadline = call->deadline();
+  job.cancelled = [call] { return call->IsCancelled(); };
+  job.fail = [call](const absl::Status& status) { call->FinishUnary(status); };
+  return job;
 }
 
 absl::Status Call::Authorize() const {
@@ -84,7 +114,7 @@ grpc::Status Call::Done(const absl::Status& outcome) {
 }
 
 grpc::ServerUnaryReactor* Call::FinishUnary(const absl::Status& status) {
-  if (sink_ != nullptr && sink_->finished.exchange(true)) return reactor_;
+  if (!Claim()) return reactor_;
   reactor_->Finish(Done(status));
   return reactor_;
 }

@@ -1,5 +1,9 @@
 // Per-call bookkeeping every handler shares: the bearer-token check, the
-// in-flight gauge, and the code and latency metrics when the call finishes.
+// in-flight gauge, the code and latency metrics when the call finishes, and
+// the call's deadline (the client's, capped by --max_request_time) and
+// cancellation as the device workers see them. A call is finished once: the
+// first FinishUnary wins, so a worker that drops a job and a job that already
+// answered can never both finish it.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -54,8 +58,20 @@ class Call {
   // Records the outcome (log, metrics) once and maps it to a gRPC status;
   // an OK outcome of a raw-registered call first serializes its response.
   grpc::Status Done(const absl::Status& status);
-  // Done() and finish the call's default unary reactor.
+  // Done() and finish the call's default unary reactor, unless the call was
+  // already finished (then nothing happens).
   grpc::ServerUnaryReactor* FinishUnary(const absl::Status& status);
+  // True the first time only: whoever gets it finishes the call.
+  bool Claim();
+
+  // The client's deadline, or start + --max_request_time when that is sooner.
+  absl::Time deadline() const { return deadline_; }
+  // Whether the client cancelled (or its deadline expired in gRPC).
+  bool IsCancelled() const;
+  // A device job for this unary call: its deadline and cancellation, and a
+  // `fail` that finishes the call when the job is dropped or throws.
+  static DeviceExecutor::Job UnaryJob(const std::shared_ptr<Call>& call, int64_t bytes,
+                                      DeviceExecutor::Work work);
 
   grpc::ServerUnaryReactor* reactor() const { return reactor_; }
   const std::string& method() const { return method_; }
@@ -69,6 +85,8 @@ class Call {
   const std::string method_;
   const absl::Time start_;
   std::shared_ptr<ResponseSink> sink_;  // raw-registered calls only
+  absl::Time deadline_;
+  std::atomic<bool> claimed_{false};  // when there is no sink
 };
 
 }  // namespace kplan::rpc

@@ -31,9 +31,20 @@ ABSL_FLAG(absl::Duration, exit_timeout, absl::Seconds(30),
 ABSL_FLAG(std::string, log_level, "info", "Log verbosity: trace, debug, info, warn, error, off");
 ABSL_FLAG(int64_t, max_queue_depth, 256,
           "Requests queued per device before new ones get RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, max_expert_bytes, int64_t{64} << 30,
-          "Bytes of expert weights the server may hold in all; loads beyond get "
-          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_queued_bytes, 0,
+          "Bytes that queued and running RunMoE/RunIrOp requests may hold (inputs and outputs), "
+          "all devices together; beyond it RESOURCE_EXHAUSTED. 0: min(2 GiB, a quarter of host "
+          "memory)");
+ABSL_FLAG(int64_t, max_expert_bytes, 0,
+          "Bytes of expert weights the server may hold in all, reserved when a load's header "
+          "arrives; loads beyond get RESOURCE_EXHAUSTED. 0: derive (half the host memory; with "
+          "GPUs also at most 90% of the smallest GPU's memory per GPU)");
+ABSL_FLAG(absl::Duration, max_request_time, absl::Seconds(60),
+          "Deadline of RunMoE/RunIrOp requests whose client set none (or a later one): queued "
+          "work past it is dropped and the CPU path stops, with DEADLINE_EXCEEDED. 0: no cap");
+ABSL_FLAG(absl::Duration, load_idle_timeout, absl::Seconds(60),
+          "A LoadExperts stream that sends nothing this long is ended with DEADLINE_EXCEEDED and "
+          "its reservation released. 0: never");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Serve Prometheus metrics at HOST:PORT/metrics (e.g. 0.0.0.0:9464); empty: off");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS (with --tls_key)");
@@ -133,7 +144,10 @@ int main(int argc, char** argv) {
   options.devices = absl::GetFlag(FLAGS_devices);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.max_queue_depth = absl::GetFlag(FLAGS_max_queue_depth);
+  options.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   options.max_expert_bytes = absl::GetFlag(FLAGS_max_expert_bytes);
+  options.max_request_time = absl::GetFlag(FLAGS_max_request_time);
+  options.load_idle_timeout = absl::GetFlag(FLAGS_load_idle_timeout);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

@@ -1,6 +1,11 @@
 // KernelPlanService's MoE execution RPCs: LoadExperts (a client stream),
 // UnloadExperts, ListExperts and RunMoE. Loading and running happen on the
 // device workers; handlers only convert and queue.
+#include <exception>
+#include <mutex>
+#include <new>
+
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -18,6 +23,7 @@
 #include "server/plan/vocabulary.h"
 #include "server/rpc/call.h"
 #include "server/rpc/ep_multihost.h"
+#include "server/rpc/idle_watchdog.h"
 #include "server/rpc/moe_convert.h"
 #include "server/rpc/moe_route.h"
 #include "server/rpc/service.h"
@@ -26,6 +32,17 @@ namespace kplan::rpc {
 namespace {
 
 constexpr int64_t kProgressEvery = int64_t{1} << 30;
+
+// What a queued RunMoE holds, for the executor's queued-bytes budget: its
+// inputs, and the output it will make: [M, H] like hidden_states, plus top-k
+// ids and weights of [M, k] with k <= E, at most twice the fp32 [M, E] logits
+// (or as large as the given ones). Sums of received byte counts, so no term
+// can overflow.
+int64_t RunMoeHeldBytes(const MoeRunInput& in) {
+  const auto n = [](const std::string& s) { return static_cast<int64_t>(s.size()); };
+  return 2 * n(in.hidden_states) + 3 * n(in.router_logits) +
+         2 * (n(in.topk_ids) + n(in.topk_weights));
+}
 
 // Publishes expert usage per device to the metrics.
 void UpdateExpertMetrics(const ServerEnvironment& env) {
@@ -161,42 +178,112 @@ absl::Status AttachGpuCopy(ExpertSet& set, int device) {
 
 // LoadExperts: the header, then chunks (or nothing, for a safetensors file).
 // Nothing reaches the store until the whole set is complete and checked.
+//
+// What a client can hold is bounded: the header reserves the set's bytes and
+// its id in the store (ExpertStore::Reserve) before any chunk is buffered; a
+// stream that sends nothing for --load_idle_timeout is ended by the server's
+// IdleWatchdog; a client that cancels, or whose deadline passes, even after
+// its last chunk while the set is being built, leaves nothing behind (the
+// commit checks before it stores). Whatever ends the call first finishes it
+// (finished_), and releases the reservation before the client hears back.
+//
+// Threads: gRPC's reactions (OnReadDone, OnCancel), the watchdog (Expire)
+// and the device workers (the commit jobs) all reach this object; mu_
+// serialises them. Jobs and placement callbacks keep it alive (pending_)
+// past OnDone, so a commit still queued when the call ended finds it.
+// Lock order: the watchdog's lock, then mu_; nothing calls the watchdog
+// while holding mu_.
 class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsRequest> {
  public:
   LoadExpertsReactor(const ServerEnvironment& env, grpc::CallbackServerContext* context,
                      v1::LoadExpertsResponse* response)
-      : call_(env, context, "LoadExperts", /*unary=*/false), response_(response) {
+      : call_(env, context, "LoadExperts", /*unary=*/false),
+        context_(context),
+        response_(response),
+        watchdog_(env.load_watchdog) {
     if (absl::Status auth = call_.Authorize(); !auth.ok()) {
-      Fail(auth);
+      watchdog_ = nullptr;
+      std::lock_guard<std::mutex> lock(mu_);
+      FinishLocked(auth);
       return;
     }
+    if (watchdog_ != nullptr) watch_ = watchdog_->Watch([this] { Expire(); });
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the client closed its side: commit
-      Commit();
+    if (!ok) {  // the client closed its side (commit), or the call ended
+      StopWatching();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return;
+      if (context_->IsCancelled()) {
+        FinishLocked(absl::CancelledError("the client cancelled LoadExperts; nothing was loaded"));
+        return;
+      }
+      CommitLocked();
       return;
     }
-    absl::Status s = Handle();
+    if (watchdog_ != nullptr) watchdog_->Touch(watch_);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;  // expired meanwhile
+    absl::Status s;
+    // Chunks size buffers the client chose (bounded by the reservation); no
+    // exception may leave a gRPC thread.
+    try {
+      s = HandleLocked();
+    } catch (const std::bad_alloc&) {
+      s = absl::ResourceExhaustedError(absl::StrCat(
+          "out of memory buffering experts '", ClientText(spec_ ? spec_->experts_id : ""), "'"));
+    } catch (const std::exception& e) {
+      s = absl::InternalError(absl::StrCat("LoadExperts failed: ", e.what()));
+    }
     if (!s.ok()) {
-      Fail(s);
+      FinishLocked(s);
       return;
     }
     StartRead(&request_);
   }
 
-  void OnDone() override { delete this; }
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    FinishLocked(absl::CancelledError("the client cancelled LoadExperts; nothing was loaded"));
+  }
+
+  void OnDone() override {
+    StopWatching();
+    bool last;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      last = pending_ == 0;
+    }
+    if (last) delete this;
+  }
 
  private:
-  absl::Status Handle() {
+  // The watchdog: nothing arrived for --load_idle_timeout.
+  void Expire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    FinishLocked(absl::DeadlineExceededError(
+        absl::StrCat("LoadExperts sent nothing for ", absl::FormatDuration(watchdog_->timeout()),
+                     " (--load_idle_timeout); the load was dropped")));
+  }
+
+  void StopWatching() {
+    if (watchdog_ != nullptr) {
+      watchdog_->Unwatch(watch_);
+      watchdog_ = nullptr;
+    }
+  }
+
+  absl::Status HandleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (request_.has_header()) {
       if (spec_) return InvalidField("header", "the header must come once, first");
       KPLAN_ASSIGN_OR_RETURN(ExpertsSpec spec, ExpertsSpecFromProto(request_.header()));
       KPLAN_RETURN_IF_ERROR(ValidateExpertsSpec(spec));
-      int64_t bytes = 0;
-      for (const TensorSpec& t : ExpectedTensors(spec)) bytes += t.bytes();
-      KPLAN_RETURN_IF_ERROR(call_.env().experts->CheckCanAdd(spec.experts_id, bytes));
+      KPLAN_ASSIGN_OR_RETURN(const int64_t bytes, ExpectedBytes(spec));
+      // Before any buffer exists: the budget and the id are held from here.
+      KPLAN_ASSIGN_OR_RETURN(reservation_, call_.env().experts->Reserve(spec.experts_id, bytes));
       if (request_.header().has_safetensors()) {
         const v1::SafetensorsSource& st = request_.header().safetensors();
         safetensors_path_ = st.path();
@@ -212,11 +299,10 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
       } else {
         loader_ = std::make_unique<ExpertsLoader>(spec);
       }
-      spdlog::info("LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}",
-                   ClientText(spec.experts_id), spec.num_experts, spec.hidden, spec.intermediate,
-                   bytes,
-                   safetensors_path_.empty() ? std::string("the stream")
-                                             : ClientText(safetensors_path_));
+      spdlog::info(
+          "LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}", ClientText(spec.experts_id),
+          spec.num_experts, spec.hidden, spec.intermediate, bytes,
+          safetensors_path_.empty() ? std::string("the stream") : ClientText(safetensors_path_));
       spec_ = std::move(spec);
       return absl::OkStatus();
     }
@@ -231,73 +317,140 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
                                             std::vector<int64_t>(c.shape().begin(), c.shape().end()),
                                             c.offset(), std::move(*c.mutable_data())));
     if (loader_->bytes_received() / kProgressEvery != before / kProgressEvery) {
-      spdlog::info("LoadExperts '{}': {} of {} MiB received", spec_->experts_id,
+      spdlog::info("LoadExperts '{}': {} of {} MiB received", ClientText(spec_->experts_id),
                    loader_->bytes_received() >> 20, loader_->bytes_expected() >> 20);
     }
     return absl::OkStatus();
   }
 
-  void Commit() {
+  // A device job of this load: the call's deadline and cancellation, and
+  // keeping this object alive until it ran or was dropped. Its bytes are
+  // the reservation's, already counted, so it charges the queue nothing.
+  DeviceExecutor::Job JobLocked(std::function<void(const DeviceSlot&)> work)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    DeviceExecutor::Job job;
+    job.deadline = call_.deadline();
+    job.cancelled = [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return finished_ || context_->IsCancelled();
+    };
+    job.fail = [this](const absl::Status& status) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        FinishLocked(status);
+      }
+      Unhold();
+    };
+    job.work = [this, work = std::move(work)](const DeviceSlot& where, absl::Duration) {
+      work(where);
+      Unhold();  // last: it may delete this
+    };
+    return job;
+  }
+
+  // Queues `job` with this object held for it; on refusal finishes the call.
+  void SubmitLocked(size_t slot, DeviceExecutor::Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++pending_;
+    absl::Status queued = call_.env().executor->Submit(slot, std::move(job));
+    if (!queued.ok()) {
+      --pending_;  // never last: gRPC has not called OnDone before Finish
+      FinishLocked(queued);
+    }
+  }
+
+  void Hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++pending_;
+  }
+
+  // One job or callback less; deletes this when it was the last and the
+  // call is done.
+  void Unhold() {
+    bool last;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last = --pending_ == 0 && done_;
+    }
+    if (last) delete this;
+  }
+
+  void CommitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!spec_) {
-      Fail(InvalidField("header", "the stream ended before the header"));
+      FinishLocked(InvalidField("header", "the stream ended before the header"));
       return;
     }
     // Reading a file or copying a large set is device-side work: build the
     // host set on the CPU worker, then copy it on the first GPU's worker.
-    DeviceExecutor* executor = call_.env().executor;
-    absl::Status queued = executor->Submit(0, [this, executor](const DeviceSlot&, absl::Duration) {
-      absl::StatusOr<std::unique_ptr<ExpertSet>> set =
-          loader_ ? loader_->Finish() : LoadSafetensors(*spec_, safetensors_path_, names_,
-                                                     call_.env().model_roots);
+    SubmitLocked(0, JobLocked([this](const DeviceSlot&) { Build(); }));
+  }
+
+  // On the CPU worker. The loader and the spec are this job's alone now.
+  void Build() {
+    absl::StatusOr<std::unique_ptr<ExpertSet>> set =
+        loader_ ? loader_->Finish() : LoadSafetensors(*spec_, safetensors_path_, names_,
+                                                   call_.env().model_roots);
+    loader_.reset();  // its buffers moved into the set (or are not needed)
+    {
+      std::lock_guard<std::mutex> lock(mu_);
       if (!set.ok()) {
-        Fail(set.status());
+        FinishLocked(set.status());
         return;
       }
-      std::shared_ptr<ExpertSet> shared(std::move(*set));
-      if (call_.env().ep_group != nullptr) {
-        PlaceOnGroup(*call_.env().ep_group, shared);
+      if (finished_) return;  // cancelled or expired while building: drop it
+    }
+    std::shared_ptr<ExpertSet> shared(std::move(*set));
+    if (call_.env().ep_group != nullptr) {
+      PlaceOnGroup(*call_.env().ep_group, shared);
+      return;
+    }
+    if (call_.env().ep_peer != nullptr) {
+      PlaceOnPeer(*call_.env().ep_peer, shared);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (call_.env().executor->size() < 2) {
+      StoreLocked(shared);
+      return;
+    }
+    auto copy = [this, shared](const DeviceSlot& where) {
+      absl::Status s = where.status.ok() ? AttachGpuCopy(*shared, where.cuda_device) : where.status;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!s.ok()) {
+        FinishLocked(s);
         return;
       }
-      if (call_.env().ep_peer != nullptr) {
-        PlaceOnPeer(*call_.env().ep_peer, shared);
-        return;
-      }
-      if (executor->size() < 2) {
-        Store(shared);
-        return;
-      }
-      absl::Status on_gpu = executor->Submit(1, [this, shared](const DeviceSlot& where,
-                                                              absl::Duration) {
-        absl::Status s = where.status.ok() ? AttachGpuCopy(*shared, where.cuda_device)
-                                           : where.status;
-        if (!s.ok()) {
-          Fail(s);
-          return;
-        }
-        Store(shared);
-      });
-      if (!on_gpu.ok()) Fail(on_gpu);
-    });
-    if (!queued.ok()) Fail(queued);
+      StoreLocked(shared);
+    };
+    SubmitLocked(1, JobLocked(std::move(copy)));
   }
 
   // Places the set linearly over the expert-parallel group (each rank takes
   // its slice on its own thread), then stores it. A set the group's ranks
   // cannot run (e.g. fp32 weights on GPU ranks) stays on the CPU path.
   void PlaceOnGroup(moe::ep::EpGroup& group, std::shared_ptr<ExpertSet> set) {
+    Hold();
     absl::Status queued = group.PlaceExperts(
         set, [this, set](absl::StatusOr<std::unique_ptr<moe::ep::EpExperts>> placed) {
           AttachAndStore(set, std::move(placed));
+          Unhold();
         });
-    if (!queued.ok()) Fail(queued);
+    if (!queued.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        FinishLocked(queued);
+      }
+      Unhold();
+    }
   }
 
   // A peer rank of a group across servers keeps its own slice resident
   // (rank 0 streamed it the whole set); the host copy stays too.
   void PlaceOnPeer(moe::ep::EpPeerRank& peer, std::shared_ptr<ExpertSet> set) {
+    Hold();
     peer.PlaceExperts(
         set, [this, set](absl::StatusOr<std::unique_ptr<moe::ep::EpPeerExperts>> placed) {
           AttachAndStore(set, std::move(placed));
+          Unhold();
         });
   }
 
@@ -307,32 +460,52 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
   template <typename Placed>
   void AttachAndStore(const std::shared_ptr<ExpertSet>& set,
                       absl::StatusOr<std::unique_ptr<Placed>> placed) {
+    std::lock_guard<std::mutex> lock(mu_);
     if (absl::IsFailedPrecondition(placed.status())) {
-      spdlog::info("LoadExperts '{}': stays on the CPU path: {}", set->spec().experts_id,
-                   std::string(placed.status().message()));
+      spdlog::info("LoadExperts '{}': stays on the CPU path: {}",
+                   ClientText(set->spec().experts_id), std::string(placed.status().message()));
     } else if (!placed.ok()) {
-      Fail(placed.status());
+      FinishLocked(placed.status());
       return;
     } else {
       set->AttachDeviceCopy(std::move(*placed));
     }
-    Store(set);
+    StoreLocked(set);
   }
 
-  // Commits the complete set to the store and answers.
-  void Store(std::shared_ptr<const ExpertSet> set) {
-    if (absl::Status added = call_.env().experts->Add(set); !added.ok()) {
-      Fail(added);
+  // Commits the complete set to the store and answers, unless the call
+  // ended meanwhile: then the set is dropped and the reservation was released.
+  void StoreLocked(std::shared_ptr<const ExpertSet> set) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    if (context_->IsCancelled()) {
+      FinishLocked(absl::CancelledError("the client cancelled LoadExperts; nothing was loaded"));
+      return;
+    }
+    if (absl::Now() >= call_.deadline()) {
+      FinishLocked(absl::DeadlineExceededError(
+          "the deadline of LoadExperts passed before the experts were stored; nothing was loaded"));
+      return;
+    }
+    if (absl::Status added = call_.env().experts->Commit(reservation_, set); !added.ok()) {
+      FinishLocked(added);
       return;
     }
     UpdateExpertMetrics(call_.env());
-    spdlog::info("LoadExperts '{}': loaded, {} bytes, on {}", spec_->experts_id, set->bytes(),
+    spdlog::info("LoadExperts '{}': loaded, {} bytes, on {}", ClientText(spec_->experts_id),
+                 set->bytes(),
                  set->device_copy() ? set->device_copy()->device_name() : std::string("cpu"));
     FillInfo(*set, response_->mutable_experts());
+    finished_ = true;
     Finish(call_.Done(absl::OkStatus()));
   }
 
-  void Fail(const absl::Status& status) {
+  // Finishes the call with `status` unless it is finished already; releases
+  // the reservation first, so a retry after the answer never finds the id
+  // still held.
+  void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    reservation_.Release();
     absl::Status s = status;
     if (FieldOf(s) && !absl::StartsWith(*FieldOf(s), "header") &&
         !absl::StartsWith(*FieldOf(s), "chunk")) {
@@ -342,7 +515,15 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
   }
 
   Call call_;
+  grpc::CallbackServerContext* const context_;  // not touched once finished_
   v1::LoadExpertsResponse* response_;
+  IdleWatchdog* watchdog_;  // null when not watched (or no longer)
+  IdleWatchdog::Id watch_ = 0;
+  std::mutex mu_;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone ran
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;    // jobs and callbacks that hold this
+  ExpertStore::Reservation reservation_ ABSL_GUARDED_BY(mu_);
   v1::LoadExpertsRequest request_;
   std::optional<ExpertsSpec> spec_;
   std::unique_ptr<ExpertsLoader> loader_;
@@ -511,14 +692,15 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
     slot = *s;
   }
   const bool return_routing = request->return_routing();
-  absl::Status queued = env_.executor->Submit(
-      slot, [this, call, response, experts = *experts, input = std::move(*input), return_routing,
-             use_gpu, chosen = std::move(*route)](const DeviceSlot& where, absl::Duration waited) {
+  const int64_t bytes = RunMoeHeldBytes(*input);
+  DeviceExecutor::Work work =
+      [this, call, response, experts = *experts, input = std::move(*input), return_routing, use_gpu,
+       chosen = std::move(*route)](const DeviceSlot& where, absl::Duration waited) {
         if (env_.metrics) env_.metrics->ObserveQueue(call->method(), waited);
         const absl::Time start = absl::Now();
         absl::StatusOr<MoeRunOutput> out = absl::InternalError("no path ran");
         if (!use_gpu) {
-          out = RunMoeOnCpu(*experts, input);
+          out = RunMoeOnCpu(*experts, input, call->deadline());
         } else if (!where.status.ok()) {
           out = where.status;
         } else {
@@ -549,7 +731,8 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
               absl::ToDoubleMicroseconds(absl::Now() - call->start()));
         }
         call->FinishUnary(out.status());
-      });
+      };
+  absl::Status queued = env_.executor->Submit(slot, Call::UnaryJob(call, bytes, std::move(work)));
   if (!queued.ok()) return call->FinishUnary(queued);
   return call->reactor();
 }

@@ -15,9 +15,11 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "server/base/checked_size.h"
 #include "server/base/status.h"
 #include "server/ir/builtin_ops.h"
 #include "server/moe/model_files.h"
@@ -218,6 +220,54 @@ absl::StatusOr<std::unique_ptr<moe::ep::EpGroup>> MakeEpGroup(
 
 }  // namespace
 
+namespace {
+
+// The memory limit of this process's cgroup (v2 memory.max, v1
+// memory.limit_in_bytes), or 0 when there is none: in a container the host's
+// physical memory overstates what the server may use.
+int64_t CgroupMemoryLimit() {
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    std::string text;
+    if (!(in >> text)) continue;
+    int64_t limit = 0;
+    if (absl::SimpleAtoi(text, &limit) && limit > 0) return limit;  // "max": no limit
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  int64_t bytes = CheckedMul(pages, page_size).value_or(INT64_MAX);
+  if (const int64_t limit = CgroupMemoryLimit(); limit > 0) bytes = std::min(bytes, limit);
+  return bytes;
+}
+
+int64_t DerivedMaxQueuedBytes(int64_t host_memory_bytes) {
+  constexpr int64_t kCap = int64_t{2} << 30;
+  if (host_memory_bytes <= 0) return kCap;
+  return std::max<int64_t>(1, std::min(kCap, host_memory_bytes / 4));
+}
+
+int64_t DerivedMaxExpertBytes(int64_t host_memory_bytes, const std::vector<LocalDevice>& devices) {
+  int64_t budget = host_memory_bytes > 0 ? host_memory_bytes / 2 : int64_t{64} << 30;
+  if (!devices.empty()) {
+    int64_t smallest = INT64_MAX;
+    for (const LocalDevice& d : devices) smallest = std::min(smallest, d.total_memory_bytes);
+    if (smallest > 0) {
+      const int64_t per_device = static_cast<int64_t>(static_cast<double>(smallest) * 0.9);
+      budget = std::min(
+          budget, CheckedMul(per_device, static_cast<int64_t>(devices.size())).value_or(INT64_MAX));
+    }
+  }
+  return std::max<int64_t>(budget, 1);
+}
+
 absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOptions& options) {
   if (options.max_message_bytes <= 0 || options.max_message_bytes > INT32_MAX) {
     return InvalidField("max_message_bytes",
@@ -286,18 +336,52 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
                                                         server->ep_coordinator_));
   server->environment_.ep_group = server->ep_group_.get();
   if (server->ep_coordinator_) server->ep_coordinator_->SetGroup(server->ep_group_.get());
+  if (options.max_queued_bytes < 0) {
+    return InvalidField("max_queued_bytes", "max_queued_bytes must not be negative (0: derive)");
+  }
+  if (options.max_request_time < absl::ZeroDuration()) {
+    return InvalidField("max_request_time", "max_request_time must not be negative (0: no cap)");
+  }
+  if (options.load_idle_timeout < absl::ZeroDuration()) {
+    return InvalidField("load_idle_timeout", "load_idle_timeout must not be negative (0: never)");
+  }
+  const int64_t host_memory =
+      options.host_memory_bytes ? options.host_memory_bytes() : PhysicalMemoryBytes();
+  DeviceExecutor::Options executor_options;
+  executor_options.max_queue_depth = static_cast<size_t>(options.max_queue_depth);
+  executor_options.max_queued_bytes =
+      options.max_queued_bytes > 0 ? options.max_queued_bytes : DerivedMaxQueuedBytes(host_memory);
   KPLAN_ASSIGN_OR_RETURN(server->executor_,
-                         DeviceExecutor::Create(server->environment_.devices,
-                                                static_cast<size_t>(options.max_queue_depth)));
+                         DeviceExecutor::Create(server->environment_.devices, executor_options));
   server->environment_.executor = server->executor_.get();
+  server->environment_.max_request_time = options.max_request_time;
+  if (options.load_idle_timeout > absl::ZeroDuration()) {
+    // Checked a few times per timeout (at least every second), so a stream
+    // ends at most a quarter timeout late.
+    const absl::Duration tick =
+        std::clamp(options.load_idle_timeout / 4, absl::Milliseconds(10), absl::Seconds(1));
+    server->load_watchdog_ = std::make_unique<IdleWatchdog>(options.load_idle_timeout, tick);
+    server->environment_.load_idle_timeout = options.load_idle_timeout;
+    server->environment_.load_watchdog = server->load_watchdog_.get();
+  }
   IrBuiltinOptions ir_options;
   ir_options.kplan_supported = KPLAN_HAVE_CUDA_KERNELS && !server->environment_.devices.empty();
   KPLAN_ASSIGN_OR_RETURN(server->ir_registry_, MakeBuiltinIrRegistry(ir_options));
   server->environment_.ir_registry = server->ir_registry_.get();
   if (options.max_expert_bytes < 0) {
-    return InvalidField("max_expert_bytes", "max_expert_bytes must not be negative");
+    return InvalidField("max_expert_bytes", "max_expert_bytes must not be negative (0: derive)");
   }
-  server->experts_ = std::make_unique<ExpertStore>(options.max_expert_bytes);
+  const int64_t max_expert_bytes =
+      options.max_expert_bytes > 0
+          ? options.max_expert_bytes
+          : DerivedMaxExpertBytes(host_memory, server->environment_.devices);
+  spdlog::info(
+      "limits: {} bytes of experts, {} bytes of queued requests, {} per request, {} idle "
+      "per LoadExperts stream",
+      max_expert_bytes, executor_options.max_queued_bytes,
+      absl::FormatDuration(options.max_request_time),
+      absl::FormatDuration(options.load_idle_timeout));
+  server->experts_ = std::make_unique<ExpertStore>(max_expert_bytes);
   server->environment_.experts = server->experts_.get();
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);
   server->raw_service_ = std::make_unique<RawKernelPlanService>(*server->service_);

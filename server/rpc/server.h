@@ -3,20 +3,22 @@
 // the integration tests both use it (tests on 127.0.0.1:0).
 #pragma once
 
-#include <cstdint>
+#include <grpcpp/server.h>
+
 #include <condition_variable>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <grpcpp/server.h>
-
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/platform/local.h"
 #include "server/rpc/ep_multihost.h"
+#include "server/rpc/idle_watchdog.h"
 #include "server/rpc/raw_service.h"
 #include "server/rpc/service.h"
 
@@ -27,7 +29,20 @@ struct ServerOptions {
   int64_t max_message_bytes = 64 << 20;
   std::string devices = "all";  // "all", "none" or "0,1"
   int64_t max_queue_depth = 256;  // per device worker; beyond it RESOURCE_EXHAUSTED
-  int64_t max_expert_bytes = int64_t{64} << 30;  // resident expert weights, all sets
+  // Bytes that queued and running requests may hold, all devices together
+  // (DeviceExecutor); beyond it RESOURCE_EXHAUSTED. 0: DerivedMaxQueuedBytes.
+  int64_t max_queued_bytes = 0;
+  // Resident expert weights, all sets, reserved when a load's header
+  // arrives. 0: DerivedMaxExpertBytes.
+  int64_t max_expert_bytes = 0;
+  // The longest a unary request may run when its client set no sooner
+  // deadline; queued work past it is dropped, the CPU path stops.
+  absl::Duration max_request_time = absl::Seconds(60);
+  // A LoadExperts stream that sends nothing this long is ended with
+  // DEADLINE_EXCEEDED and its reservation released; zero: never.
+  absl::Duration load_idle_timeout = absl::Seconds(60);
+  // Tests: the host's memory in bytes (default: PhysicalMemoryBytes).
+  std::function<int64_t()> host_memory_bytes;
   // Prometheus /metrics on its own address ("0.0.0.0:9464"); "" turns it off.
   std::string metrics_listen;
   // TLS: PEM certificate chain and key; both or neither. With a client CA,
@@ -70,6 +85,18 @@ struct ServerOptions {
   const DeviceProber* prober = nullptr;
 };
 
+// Memory of this host (sysconf pages x page size), or this process's cgroup
+// memory limit when that is lower (containers); 0 if unknown.
+int64_t PhysicalMemoryBytes();
+// The default --max_queued_bytes: min(2 GiB, a quarter of host memory).
+int64_t DerivedMaxQueuedBytes(int64_t host_memory_bytes);
+// The default --max_expert_bytes. Every set keeps its host copy (the CPU
+// path reads it), so at most half the host memory; with GPUs also at most
+// 90% of the smallest device's memory per device (a set is spread over the
+// group's GPUs, or copied to the first one). Without a known host memory,
+// 64 GiB (the former fixed default).
+int64_t DerivedMaxExpertBytes(int64_t host_memory_bytes, const std::vector<LocalDevice>& devices);
+
 class KplanServer {
  public:
   // The health service name that turns NOT_SERVING while draining; "" (the
@@ -98,6 +125,11 @@ class KplanServer {
   void RefreshDeviceMetrics();
   ServerEnvironment environment_;
   std::unique_ptr<Metrics> metrics_;
+  // Destroyed last of the call machinery: jobs still queued when the server
+  // stops may hold references to the service's environment.
+  std::unique_ptr<KernelPlanServiceImpl> service_;
+  std::unique_ptr<RawKernelPlanService> raw_service_;  // what gRPC calls; parses, then service_
+  std::unique_ptr<IdleWatchdog> load_watchdog_;
   // Destroyed after the server has drained (members die in reverse order):
   // first the workers, then the registry their work used.
   std::unique_ptr<IrRegistry> ir_registry_;
@@ -107,8 +139,6 @@ class KplanServer {
   std::unique_ptr<moe::ep::EpGroup> ep_group_;
   std::unique_ptr<moe::ep::EpPeerRank> ep_peer_;
   std::unique_ptr<DeviceExecutor> executor_;
-  std::unique_ptr<KernelPlanServiceImpl> service_;
-  std::unique_ptr<RawKernelPlanService> raw_service_;  // what gRPC calls; parses, then service_
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;

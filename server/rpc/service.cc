@@ -89,26 +89,33 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunIrOp(grpc::CallbackServerCon
   if (!ir.ok()) return call->FinishUnary(ir.status());
   absl::StatusOr<size_t> slot = env_.executor->Resolve(request->device(), "device");
   if (!slot.ok()) return call->FinishUnary(slot.status());
-  absl::Status queued = env_.executor->Submit(
-      *slot, [this, call, response, ir = std::move(*ir)](const DeviceSlot& where,
-                                                        absl::Duration waited) mutable {
-        if (env_.metrics) env_.metrics->ObserveQueue(call->method(), waited);
-        if (where.cuda_device >= 0) {
-          ir.device = IrDeviceSelection{IrDevice::Cuda(where.cuda_device), where.stream};
-        }
-        if (!where.status.ok()) {
-          call->FinishUnary(WithField(where.status, "device"));
-          return;
-        }
-        const absl::Time start = absl::Now();
-        absl::StatusOr<IrOpResult> result = kplan::RunIrOp(*env_.ir_registry, ir);
-        if (env_.metrics) env_.metrics->ObserveDevice(call->method(), absl::Now() - start);
-        if (result.ok()) {
-          IrOpResultToProto(*result, response);
-          response->set_device(where.name);
-        }
-        call->FinishUnary(IrErrorWithRequestPath(result.status()));
-      });
+  // What the queued request holds: its inputs and outputs of their size
+  // (out, and residual for fused_add_rms_norm).
+  int64_t bytes = 0;
+  for (const IrNamedTensor& t : ir->tensors) {
+    bytes += 2 * static_cast<int64_t>(t.tensor.data.size());
+  }
+  DeviceExecutor::Work work = [this, call, response, ir = std::move(*ir)](
+                                  const DeviceSlot& where, absl::Duration waited) mutable {
+    if (env_.metrics) env_.metrics->ObserveQueue(call->method(), waited);
+    if (where.cuda_device >= 0) {
+      ir.device = IrDeviceSelection{IrDevice::Cuda(where.cuda_device), where.stream};
+    }
+    if (!where.status.ok()) {
+      call->FinishUnary(WithField(where.status, "device"));
+      return;
+    }
+    ir.deadline = call->deadline();
+    const absl::Time start = absl::Now();
+    absl::StatusOr<IrOpResult> result = kplan::RunIrOp(*env_.ir_registry, ir);
+    if (env_.metrics) env_.metrics->ObserveDevice(call->method(), absl::Now() - start);
+    if (result.ok()) {
+      IrOpResultToProto(*result, response);
+      response->set_device(where.name);
+    }
+    call->FinishUnary(IrErrorWithRequestPath(result.status()));
+  };
+  absl::Status queued = env_.executor->Submit(*slot, Call::UnaryJob(call, bytes, std::move(work)));
   if (!queued.ok()) return call->FinishUnary(queued);
   return call->reactor();
 }

@@ -22,6 +22,7 @@
 namespace kplan::rpc {
 
 class Call;           // call.h
+class IdleWatchdog;   // idle_watchdog.h
 class EpCoordinator;  // ep_multihost.h
 
 // What the service knows about the process it runs in.
@@ -30,6 +31,12 @@ struct ServerEnvironment {
   LocalRuntime runtime;             // runtime versions and all devices found
   std::vector<LocalDevice> devices;  // the devices this server was given (--devices)
   int64_t max_message_bytes = 0;
+  // The longest a request may run when its client set no (sooner) deadline
+  // (--max_request_time); zero: no cap.
+  absl::Duration max_request_time = absl::ZeroDuration();
+  // --load_idle_timeout: LoadExperts streams that send nothing this long end.
+  absl::Duration load_idle_timeout = absl::ZeroDuration();
+  IdleWatchdog* load_watchdog = nullptr;  // null: streams are not watched
   // When set, every KernelPlanService call must carry "authorization: Bearer <token>".
   std::string auth_token;
   // --model_root, canonical: the only directories server-side files are read

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/base/status.h"
@@ -44,6 +45,24 @@ TEST(IrDefaultsTest, ServerDefaults) {
   EXPECT_FALSE(CudaKernelsAvailable());
   EXPECT_THAT(DefaultPriorityFor("rms_norm"), ElementsAre("native"));
 #endif
+}
+
+// Past its deadline the CPU path stops between row blocks and answers
+// DEADLINE_EXCEEDED instead of an incomplete output; before it, it runs.
+TEST(IrRunTest, CpuOpsStopPastTheirDeadline) {
+  std::unique_ptr<IrRegistry> reg = *MakeBuiltinIrRegistry({});
+  constexpr int64_t kRows = 4096, kCols = 8;
+  IrOpRequest r;
+  r.op = "rms_norm";
+  r.tensors = {
+      {"x", Host(IrDType::kFloat32, {kRows, kCols}, std::vector<float>(kRows * kCols, 1.0f))}};
+  r.epsilon = 1e-6;
+  r.deadline = absl::Now() - absl::Seconds(1);
+  absl::StatusOr<IrOpResult> late = RunIrOp(*reg, r);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  EXPECT_THAT(std::string(late.status().message()), HasSubstr("rms_norm"));
+  r.deadline = absl::Now() + absl::Hours(1);
+  EXPECT_TRUE(RunIrOp(*reg, r).ok());
 }
 
 TEST(IrRunTest, RunsWithTheDefaultPriority) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "kernels/cpu/moe/moe_reference.h"
 #include "server/base/status.h"
 
@@ -424,6 +425,22 @@ absl::Status RunExperts(const MoeProblem& p, const int32_t* topk_ids, const floa
     }
   }
   const int threads = AutoThreads(p, static_cast<int64_t>(units.size()));
+  // One clock read per unit (32 rows of one expert's GEMM) is cheap next to
+  // the unit; once the deadline passed, the remaining units are skipped.
+  std::atomic<bool> expired{false};
+  const bool bounded = p.deadline != absl::InfiniteFuture();
+  auto past_deadline = [&] {
+    if (!bounded) return false;
+    if (expired.load(std::memory_order_relaxed)) return true;
+    if (absl::Now() < p.deadline) return false;
+    expired.store(true, std::memory_order_relaxed);
+    return true;
+  };
+  auto deadline_error = [&] {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the deadline passed while the experts ran (", M, " tokens, top_k ", k, ", ", units.size(),
+        " blocks of up to ", kRowsPerUnit, " rows); nothing was returned"));
+  };
   const GemmWeight g13{&w, true, n13, H, p.act_dtype};
   const GemmWeight g2{&w, false, H, I, p.act_dtype};
 
@@ -431,6 +448,7 @@ absl::Status RunExperts(const MoeProblem& p, const int32_t* topk_ids, const floa
   // torch_experts computes in the activation dtype.
   std::vector<float> inter(slots * I, 0.0f);
   ParallelFor(static_cast<int64_t>(units.size()), threads, [&](int64_t ui) {
+    if (past_deadline()) return;
     const Unit& u = units[ui];
     const int64_t R = u.end - u.begin;
     std::vector<float> x(R * H), xs(R * kt1), t1(R * n13);
@@ -456,6 +474,7 @@ absl::Status RunExperts(const MoeProblem& p, const int32_t* topk_ids, const floa
       for (int64_t i = 0; i < I; ++i) dst[i] = RoundToDType(t2[r * I + i], p.act_dtype);
     }
   });
+  if (expired.load()) return deadline_error();
 
   // Re-quantise the intermediate for the second GEMM. A dynamic per-tensor
   // scale covers every locally computed row (the fused kernels quantise the
@@ -471,6 +490,7 @@ absl::Status RunExperts(const MoeProblem& p, const int32_t* topk_ids, const floa
   }
 
   ParallelFor(static_cast<int64_t>(units.size()), threads, [&](int64_t ui) {
+    if (past_deadline()) return;
     const Unit& u = units[ui];
     const int64_t R = u.end - u.begin;
     std::vector<float> x(R * I), xs(R * kt2), y(R * H);
@@ -491,6 +511,7 @@ absl::Status RunExperts(const MoeProblem& p, const int32_t* topk_ids, const floa
       }
     }
   });
+  if (expired.load()) return deadline_error();
   // Slots of non-local experts contribute zeros.
   for (int64_t t = 0; t < slots; ++t) {
     const int32_t local = p.expert_map != nullptr ? p.expert_map[topk_ids[t]] : topk_ids[t];

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/optional.h"
 
 namespace kplan::moe {
@@ -268,6 +269,10 @@ struct MoeProblem {
   const int32_t* expert_map = nullptr;  // [E]: global -> local id, -1 = not local (EP)
   bool apply_router_weight_on_input = false;
   int num_threads = 0;  // 0: automatic (1 for small problems); results never depend on it
+  // The experts stop between row blocks once it has passed (RunExperts and
+  // MoeReference return DEADLINE_EXCEEDED), so one request cannot hold the
+  // thread that runs it past its deadline.
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 // Checks sizes, pointers and option combinations; INVALID_ARGUMENT naming
