@@ -193,7 +193,10 @@ absl::Status AttachGpuCopy(ExpertSet& set, int device) {
 // past OnDone, so a commit still queued when the call ended finds it.
 // Lock order: the watchdog's lock, then mu_; nothing calls the watchdog
 // while holding mu_.
-class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsRequest> {
+//
+// Messages arrive as raw bytes (raw_service.h) and are parsed here: a message
+// that does not parse ends the load with INVALID_ARGUMENT naming its index.
+class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   LoadExpertsReactor(const ServerEnvironment& env, grpc::CallbackServerContext* context,
                      v1::LoadExpertsResponse* response)
@@ -208,7 +211,7 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
       return;
     }
     if (watchdog_ != nullptr) watch_ = watchdog_->Watch([this] { Expire(); });
-    StartRead(&request_);
+    StartRead(&raw_request_);
   }
 
   void OnReadDone(bool ok) override {
@@ -230,7 +233,14 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
     // Chunks size buffers the client chose (bounded by the reservation); no
     // exception may leave a gRPC thread.
     try {
-      s = HandleLocked();
+      if (grpc::SerializationTraits<v1::LoadExpertsRequest>::Deserialize(&raw_request_, &request_)
+              .ok()) {
+        s = HandleLocked();
+      } else {
+        s = absl::InvalidArgumentError(absl::StrCat(
+            "message ", messages_, " of the stream is not a valid kplan.v1.LoadExpertsRequest"));
+      }
+      ++messages_;
     } catch (const std::bad_alloc&) {
       s = absl::ResourceExhaustedError(absl::StrCat(
           "out of memory buffering experts '", ClientText(spec_ ? spec_->experts_id : ""), "'"));
@@ -241,7 +251,7 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
       FinishLocked(s);
       return;
     }
-    StartRead(&request_);
+    StartRead(&raw_request_);
   }
 
   void OnCancel() override {
@@ -524,7 +534,9 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<v1::LoadExpertsR
   bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone ran
   int pending_ ABSL_GUARDED_BY(mu_) = 0;    // jobs and callbacks that hold this
   ExpertStore::Reservation reservation_ ABSL_GUARDED_BY(mu_);
-  v1::LoadExpertsRequest request_;
+  grpc::ByteBuffer raw_request_;
+  v1::LoadExpertsRequest request_;  // raw_request_ parsed
+  int64_t messages_ = 0;            // parsed so far
   std::optional<ExpertsSpec> spec_;
   std::unique_ptr<ExpertsLoader> loader_;
   std::string safetensors_path_;
@@ -582,7 +594,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoeOnGroup(
   return call->reactor();
 }
 
-grpc::ServerReadReactor<v1::LoadExpertsRequest>* KernelPlanServiceImpl::LoadExperts(
+grpc::ServerReadReactor<grpc::ByteBuffer>* KernelPlanServiceImpl::LoadExpertsStream(
     grpc::CallbackServerContext* context, v1::LoadExpertsResponse* response) {
   return new LoadExpertsReactor(env_, context, response);
 }

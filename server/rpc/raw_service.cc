@@ -114,4 +114,15 @@ KPLAN_RAW_UNARY(RunEpStep)
 
 #undef KPLAN_RAW_UNARY
 
+// The stream's reactor parses each message itself; its Call serializes the
+// typed response, as for the unary methods.
+grpc::ServerReadReactor<grpc::ByteBuffer>* RawKernelPlanService::LoadExperts(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  auto messages = std::make_shared<TypedMessages<v1::LoadExpertsRequest, v1::LoadExpertsResponse>>(
+      response);
+  v1::LoadExpertsResponse* typed = &messages->response;
+  ScopedResponseSink scope(std::move(messages));
+  return typed_.LoadExpertsStream(context, typed);
+}
+
 }  // namespace kplan::rpc

@@ -19,7 +19,7 @@ using RawKernelPlanServiceBase = v1::KernelPlanService::WithRawCallbackMethod_Re
                     v1::KernelPlanService::WithRawCallbackMethod_RunMoE<
                         v1::KernelPlanService::WithRawCallbackMethod_JoinEpGroup<
                             v1::KernelPlanService::WithRawCallbackMethod_RunEpStep<
-                                v1::KernelPlanService::WithCallbackMethod_LoadExperts<
+                                v1::KernelPlanService::WithRawCallbackMethod_LoadExperts<
                                     v1::KernelPlanService::Service>>>>>>>>>;
 
 class RawKernelPlanService final : public RawKernelPlanServiceBase {
@@ -50,10 +50,8 @@ class RawKernelPlanService final : public RawKernelPlanServiceBase {
   grpc::ServerUnaryReactor* RunEpStep(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
-  grpc::ServerReadReactor<v1::LoadExpertsRequest>* LoadExperts(
-      grpc::CallbackServerContext* context, v1::LoadExpertsResponse* response) override {
-    return typed_.LoadExperts(context, response);
-  }
+  grpc::ServerReadReactor<grpc::ByteBuffer>* LoadExperts(grpc::CallbackServerContext* context,
+                                                          grpc::ByteBuffer* response) override;
 
  private:
   KernelPlanServiceImpl& typed_;

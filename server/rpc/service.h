@@ -73,8 +73,10 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
                                     v1::RunIrOpResponse* response) override;
 
   // MoE execution (moe_handlers.cc).
-  grpc::ServerReadReactor<v1::LoadExpertsRequest>* LoadExperts(
-      grpc::CallbackServerContext* context, v1::LoadExpertsResponse* response) override;
+  // LoadExperts reads raw messages (raw_service.h parses none of a stream);
+  // its Call serializes `response`.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* LoadExpertsStream(
+      grpc::CallbackServerContext* context, v1::LoadExpertsResponse* response);
   grpc::ServerUnaryReactor* UnloadExperts(grpc::CallbackServerContext* context,
                                           const v1::UnloadExpertsRequest* request,
                                           v1::UnloadExpertsResponse* response) override;

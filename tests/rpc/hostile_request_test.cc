@@ -5,6 +5,7 @@
 // naming the field, and the server must keep serving after it.
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include <chrono>
 #include <random>
@@ -113,6 +114,25 @@ TEST_F(HostileRequestTest, BytesThatAreNoMessageAreInvalidArgument) {
     EXPECT_THAT(status.error_message(),
                 HasSubstr(absl::StrCat("not a valid kplan.v1.", method, "Request")));
   }
+  ExpectServing();
+}
+
+TEST_F(HostileRequestTest, AStreamMessageThatIsNoMessageIsInvalidArgument) {
+  // LoadExperts through the generated stubs' own machinery, on raw bytes.
+  grpc::internal::RpcMethod method("/kplan.v1.KernelPlanService/LoadExperts",
+                                   grpc::internal::RpcMethod::CLIENT_STREAMING, channel_);
+  auto ctx = Context();
+  grpc::ByteBuffer response;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), method,
+                                                                    ctx.get(), &response));
+  grpc::Slice slice(std::string("\x0a\xff\xff\xff\x0f", 5));
+  grpc::ByteBuffer garbage(&slice, 1);
+  writer->Write(garbage);
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("message 0 of the stream is not a valid"));
   ExpectServing();
 }
 
