@@ -66,7 +66,7 @@ for bin in "${targets[@]}"; do
     else
       replay_failed=$((replay_failed + 1))
       echo "-- $name: still fails: $(basename "$f")"
-      grep -E 'ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error:|^ *#[0-3] ' \
+      grep -aE 'ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error:|^ *#[0-3] ' \
         "$work/replay.log" | head -6 | sed 's/^/     /'
       cat "$work/replay.log" >> "$work/replay-failures.log"
       rm -f "$f"
@@ -80,10 +80,10 @@ for bin in "${targets[@]}"; do
   rc=$?
   end=$(date +%s.%N)
   wall=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/log" | awk '{ s += $2 } END { print s + 0 }')
+  execs=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "$work/log" | awk '{ s += $2 } END { print s + 0 }')
   if [ "$execs" -eq 0 ]; then
     # Fork mode or a crash before the final stats: the last status line.
-    execs=$(grep -oE '^#[0-9]+' "$work/log" | tail -1 | tr -d '#')
+    execs=$(grep -aoE '^#[0-9]+' "$work/log" | tail -1 | tr -d '#')
     execs=${execs:-0}
   fi
   rate=$(awk -v n="$execs" -v t="$wall" 'BEGIN { printf "%.0f", (t > 0 ? n / t : 0) }')
@@ -99,7 +99,7 @@ for bin in "${targets[@]}"; do
     echo "-- $name: $result; inputs in $work/artifacts, log $work/log"
     ls "$work/artifacts" | sed 's/^/   /'
     # The reports: kind and the first frames of each.
-    grep -E 'ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error:|SUMMARY:|^ *#[0-5] ' \
+    grep -aE 'ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error:|SUMMARY:|^ *#[0-5] ' \
       "$work/log" | head -60
   fi
   [ "$result" = "$replay_failed recorded crashers still fail; " ] && result="${result}no new crash"
