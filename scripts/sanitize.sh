@@ -3,6 +3,9 @@
 #   scripts/sanitize.sh asan   ASan + UBSan (UB fatal) into build-asan, with the
 #                              libFuzzer targets (fuzz/, run by scripts/fuzz.sh);
 #                              runs ctest -L 'unit|integration' there.
+#   scripts/sanitize.sh pending  the tests labelled pending_fix (failing until
+#                              a server fix lands) in build-asan, as asan runs
+#                              the others; .ci/run runs it as advisory.
 #   scripts/sanitize.sh tsan   ThreadSanitizer into build-tsan, only the
 #                              concurrency tests (executor, in-process
 #                              communicator, EP group, IR registry overrides),
@@ -14,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-mode=${1:?usage: scripts/sanitize.sh asan|tsan}
+mode=${1:?usage: scripts/sanitize.sh asan|tsan|pending}
 jobs=${JOBS:-2}
 export CC=${CC:-clang} CXX=${CXX:-clang++}
 common=(-G Ninja -DKPLAN_CUDA=OFF -DKPLAN_BUILD_BENCHMARKS=OFF -DKPLAN_BUILD_TESTS=ON
@@ -22,21 +25,27 @@ common=(-G Ninja -DKPLAN_CUDA=OFF -DKPLAN_BUILD_BENCHMARKS=OFF -DKPLAN_BUILD_TES
         "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only"
         "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only")
 case "$mode" in
-  asan)
+  asan|pending)
     build=${BUILD_DIR:-build-asan}
-    cmake -S . -B "$build" "${common[@]}" -DKPLAN_SANITIZE=asan -DKPLAN_FUZZ=ON
+    if [ "$mode" = asan ] || [ ! -f "$build/build.ninja" ]; then
+      cmake -S . -B "$build" "${common[@]}" -DKPLAN_SANITIZE=asan -DKPLAN_FUZZ=ON
+    fi
     # Test discovery runs the binaries at build time; leaks at --gtest_list_tests
     # are not worth a failed build.
     ASAN_OPTIONS=detect_leaks=0 ninja -C "$build" -j"$jobs"
     export ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1:abort_on_error=0"
     export LSAN_OPTIONS="suppressions=$root/.ci/lsan.supp:print_suppressions=0"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+    if [ "$mode" = pending ]; then
+      ctest --test-dir "$build" -L pending_fix --output-on-failure -j"$jobs" --timeout 600
+      exit
+    fi
     # Tests that cannot run under ASan, each with its reason (none so far).
     skip=()
     exclude=()
     [ ${#skip[@]} -eq 0 ] || exclude=(-E "$(IFS='|'; echo "${skip[*]}")")
-    ctest --test-dir "$build" -L 'unit|integration' "${exclude[@]}" --output-on-failure \
-      -j"$jobs" --timeout 600
+    ctest --test-dir "$build" -L 'unit|integration' -LE pending_fix "${exclude[@]}" \
+      --output-on-failure -j"$jobs" --timeout 600
     ;;
   tsan)
     build=${BUILD_DIR:-build-tsan}
@@ -58,7 +67,7 @@ case "$mode" in
     echo "tsan: all ${#targets[@]} targets clean"
     ;;
   *)
-    echo "usage: scripts/sanitize.sh asan|tsan" >&2
+    echo "usage: scripts/sanitize.sh asan|tsan|pending" >&2
     exit 2
     ;;
 esac

@@ -282,23 +282,36 @@ const SetShape kSlow{"slow", 4, 256, 512};
 constexpr auto kExitSlack = std::chrono::seconds(5);
 constexpr auto kExitTimeout = std::chrono::seconds(2);
 
-TEST(LoadFaultTest, ConcurrentClientsWithCancelsAndDeadlinesThenShutdownWithBacklog) {
-  NoDeviceProber prober;
-  ServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.devices = "none";
-  options.prober = &prober;
-  options.max_queue_depth = 64;
-  options.max_expert_bytes = int64_t{64} << 20;
-  absl::StatusOr<std::unique_ptr<KplanServer>> started = KplanServer::Start(options);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<KplanServer> server = std::move(*started);
-  const std::string target = absl::StrCat("127.0.0.1:", server->port());
-  const auto channels = Channels(target);
-  auto stub = v1::KernelPlanService::NewStub(channels[0]);
+// The server in-process with both sets loaded.
+class LoadFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.devices = "none";
+    options.prober = &prober_;
+    options.max_queue_depth = 64;
+    options.max_expert_bytes = int64_t{64} << 20;
+    absl::StatusOr<std::unique_ptr<KplanServer>> started = KplanServer::Start(options);
+    ASSERT_TRUE(started.ok()) << started.status();
+    server_ = std::move(*started);
+    channels_ = Channels(absl::StrCat("127.0.0.1:", server_->port()));
+    stub_ = v1::KernelPlanService::NewStub(channels_[0]);
+    std::mt19937 rng(42);
+    ASSERT_TRUE(Load(*stub_, kSmall, rng).ok());
+    ASSERT_TRUE(Load(*stub_, kSlow, rng).ok());
+  }
+
+  NoDeviceProber prober_;
+  std::unique_ptr<KplanServer> server_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::unique_ptr<v1::KernelPlanService::Stub> stub_;
+};
+
+TEST_F(LoadFaultTest, ConcurrentClientsWithCancelsAndDeadlines) {
+  auto& stub = stub_;
+  const auto& channels = channels_;
   std::mt19937 rng(42);
-  ASSERT_TRUE(Load(*stub, kSmall, rng).ok());
-  ASSERT_TRUE(Load(*stub, kSlow, rng).ok());
 
   {  // Each request is fine by itself.
     Tally ok({grpc::StatusCode::OK});
@@ -330,8 +343,14 @@ TEST(LoadFaultTest, ConcurrentClientsWithCancelsAndDeadlinesThenShutdownWithBack
     ASSERT_TRUE(stub->ListExperts(&ctx, v1::ListExpertsRequest(), &list).ok());
     EXPECT_EQ(list.experts_size(), 2);
   }
+}
 
-  // Shutdown with a backlog: the queue holds far more work than the timeout.
+// Shutdown(2 s) with a backlog far longer than that on the CPU worker: the
+// server must be gone (Shutdown returned, then destroyed as main() does)
+// within the timeout plus the slack.
+TEST_F(LoadFaultTest, ShutdownWithBacklogWithinExitTimeout) {
+  const auto& channels = channels_;
+  auto& server = server_;
   Tally backlog_tally({grpc::StatusCode::OK, grpc::StatusCode::CANCELLED, grpc::StatusCode::UNAVAILABLE,
                        grpc::StatusCode::RESOURCE_EXHAUSTED});
   {
@@ -355,7 +374,7 @@ TEST(LoadFaultTest, ConcurrentClientsWithCancelsAndDeadlinesThenShutdownWithBack
 }
 
 // kplan-server itself: SIGTERM with a backlog, gone within --exit_timeout.
-TEST(LoadFaultTest, ServerBinaryExitsWithinExitTimeoutOnSigtermWithBacklog) {
+TEST(LoadFaultBinaryTest, ServerBinaryExitsWithinExitTimeoutOnSigtermWithBacklog) {
   const char* bin = std::getenv("KPLAN_SERVER_BIN");
   if (bin == nullptr || access(bin, X_OK) != 0) GTEST_SKIP() << "KPLAN_SERVER_BIN not set";
   char log_template[] = "/tmp/kplan-load-fault-XXXXXX";
