@@ -88,21 +88,25 @@ for bin in "${targets[@]}"; do
   fi
   rate=$(awk -v n="$execs" -v t="$wall" 'BEGIN { printf "%.0f", (t > 0 ? n / t : 0) }')
   crashes=$(ls "$work/artifacts" 2>/dev/null | wc -l)
-  result=ok
+  notes=()
   if [ "$replay_failed" -ne 0 ]; then
     failed=1
-    result="$replay_failed recorded crashers still fail; "
+    notes+=("$replay_failed recorded crashers still fail")
   fi
   if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
     failed=1
-    result="${result/ok/}FAILED (rc=$rc, $crashes new artifacts)"
-    echo "-- $name: $result; inputs in $work/artifacts, log $work/log"
+    notes+=("NEW CRASH (rc=$rc, $crashes artifacts)")
+    echo "-- $name: new crash; inputs in $work/artifacts, log $work/log"
     ls "$work/artifacts" | sed 's/^/   /'
     # The reports: kind and the first frames of each.
     grep -aE 'ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error:|SUMMARY:|^ *#[0-5] ' \
       "$work/log" | head -60
   fi
-  [ "$result" = "$replay_failed recorded crashers still fail; " ] && result="${result}no new crash"
+  if [ ${#notes[@]} -eq 0 ]; then
+    result=ok
+  else
+    result="FAILED: $(IFS=';'; echo "${notes[*]}")"
+  fi
   echo "-- $name: $execs execs in ${wall}s ($rate exec/s): $result"
   summary+=("$(printf '%-22s %10s execs %7ss %8s exec/s  %s' "$name" "$execs" "$wall" "$rate" "$result")")
 done
