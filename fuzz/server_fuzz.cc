@@ -5,12 +5,14 @@
 // request bytes as they are. Each call has a 2 s deadline; afterwards the
 // server must still answer GetServerInfo, else the target aborts. An expert
 // set "fuzz" (E=4, H=16, I=32, float32) is loaded at start, so RunMoE
-// requests naming it reach the layer.
+// requests naming it reach the layer. A method answering UNIMPLEMENTED or
+// UNKNOWN aborts too (the codes seen per method are printed at exit).
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/byte_buffer.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -52,6 +54,37 @@ struct Harness {
 };
 Harness* h = nullptr;
 
+// Codes seen per method (printed at exit). A request the server cannot
+// parse or does not like must come back with a code that says so (DESIGN.md:
+// INVALID_ARGUMENT for a wrong request); UNIMPLEMENTED for a method the
+// service has, or UNKNOWN (an unmapped failure), aborts.
+std::atomic<int64_t> codes[kNumUnary + 1][17];
+
+void Record(int method, const grpc::Status& status, const std::string& bytes) {
+  const int code = static_cast<int>(status.error_code());
+  codes[method][code < 17 ? code : 2].fetch_add(1);
+  if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
+      status.error_code() == grpc::StatusCode::UNKNOWN) {
+    std::fprintf(stderr, "server_fuzz: %s answered %d (%s) to %zu request bytes\n",
+                 method == kNumUnary ? kLoadExperts : kUnary[method], code,
+                 status.error_message().c_str(), bytes.size());
+    std::abort();
+  }
+}
+
+void PrintCodes() {
+  for (int m = 0; m <= kNumUnary; ++m) {
+    std::string line;
+    for (int c = 0; c < 17; ++c) {
+      if (codes[m][c].load()) line += " " + std::to_string(c) + ":" + std::to_string(codes[m][c].load());
+    }
+    if (!line.empty()) {
+      std::fprintf(stderr, "server_fuzz codes %s:%s\n", m == kNumUnary ? kLoadExperts : kUnary[m],
+                   line.c_str());
+    }
+  }
+}
+
 std::chrono::system_clock::time_point Deadline() {
   return std::chrono::system_clock::now() + std::chrono::seconds(2);
 }
@@ -73,7 +106,8 @@ bool Await(void* tag) {
   return ok;
 }
 
-void Unary(const char* method, const std::string& bytes) {
+void Unary(int pick, const std::string& bytes) {
+  const char* method = kUnary[pick];
   grpc::ClientContext ctx;
   ctx.set_deadline(Deadline());
   grpc::ByteBuffer request = Buffer(bytes), response;
@@ -82,6 +116,7 @@ void Unary(const char* method, const std::string& bytes) {
   call->StartCall();
   call->Finish(&response, &status, reinterpret_cast<void*>(1));
   Await(reinterpret_cast<void*>(1));
+  Record(pick, status, bytes);
 }
 
 void Stream(const std::string& bytes) {
@@ -107,6 +142,7 @@ void Stream(const std::string& bytes) {
   grpc::Status status;
   call->Finish(&status, reinterpret_cast<void*>(5));
   Await(reinterpret_cast<void*>(5));
+  Record(kNumUnary, status, bytes);
 }
 
 void CheckAlive(const char* after) {
@@ -191,6 +227,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   h->stub = v1::KernelPlanService::NewStub(h->channel);
   LoadFuzzExperts(true);
   CheckAlive("start");
+  std::atexit(PrintCodes);
   return 0;
 }
 
@@ -202,7 +239,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Stream(bytes);
     CheckAlive(kLoadExperts);
   } else {
-    Unary(kUnary[pick], bytes);
+    Unary(pick, bytes);
     CheckAlive(kUnary[pick]);
     if (pick == 3) LoadFuzzExperts(false);  // UnloadExperts may have removed "fuzz"
   }
