@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,21 @@ namespace {
 using kplan::fuzz::kHidden;
 using kplan::fuzz::kNumExperts;
 
+// KPLAN_FUZZ_SMALL_DIMS=1 keeps every dim in [-2, 64], to look past the
+// overflow of huge dims (found at once) while its fix is pending.
+bool SmallDims() {
+  static const bool small = [] {
+    const char* v = std::getenv("KPLAN_FUZZ_SMALL_DIMS");
+    return v != nullptr && v[0] == '1';
+  }();
+  return small;
+}
+
 int64_t Dim(FuzzedDataProvider& in, int64_t usual) {
   switch (in.ConsumeIntegralInRange<int>(0, 7)) {
-    case 0: return in.ConsumeIntegral<int64_t>();             // anything
+    case 0:
+      if (SmallDims()) return in.ConsumeIntegralInRange<int64_t>(-2, 64);
+      return in.ConsumeIntegral<int64_t>();  // anything
     case 1: return in.ConsumeIntegralInRange<int64_t>(-2, 2);
     case 2: return in.ConsumeIntegralInRange<int64_t>(0, 64);
     default: return usual;
@@ -67,7 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t m = in.ConsumeIntegralInRange<int64_t>(0, 16);
   const bool by_logits = in.ConsumeBool();
   input.apply_router_weight_on_input = in.ConsumeIntegralInRange<int>(0, 7) == 0;
-  const int k = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<int>()
+  const int k = in.ConsumeIntegralInRange<int>(0, 7) == 0 && !SmallDims() ? in.ConsumeIntegral<int>()
                                                           : in.ConsumeIntegralInRange<int>(0, 5);
   input.hidden_shape = Shape(in, m, kHidden);
   const int64_t esize = input.act_dtype == moe::MoeDType::kFloat32 ? 4 : 2;

@@ -22,7 +22,10 @@ for f in "$dir"/*; do
   if [ $? -eq 0 ]; then
     sig="passes now"
   else
-    sig=$(grep -aoE '[^ ]+:[0-9]+:[0-9]+: runtime error: [a-z -]+' <<<"$log" | head -1 | sed -E 's/: [0-9]+ \*.*//')
+    # The target's own message first (server_fuzz: "<method> answered 12"),
+    # then the sanitizer's.
+    sig=$(grep -aE "^$name: " <<<"$log" | head -1 | sed -E 's/ to [0-9]+ request bytes//; s/after .*: /after: /')
+    [ -n "$sig" ] || sig=$(grep -aoE '[^ ]+:[0-9]+:[0-9]+: runtime error: [a-z -]+' <<<"$log" | head -1 | sed -E 's/: [0-9]+ \*.*//')
     [ -n "$sig" ] || sig=$(grep -aE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)' <<<"$log" | head -1 |
                            sed -E 's/==[0-9]+==//; s/ on address.*//; s/0x[0-9a-f]+//g')
     loc=$(grep -aE '^ *#[0-9]+ .* in kplan::' <<<"$log" | head -1 | sed -E 's/.* in //; s/\(.*\)//; s/ \/.*\/(server|kernels|fuzz)\//  \1\//')
