@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -273,9 +274,28 @@ class Backlog {
 };
 
 const SetShape kSmall{"small", 4, 16, 32};
-// Slow enough per call (64 tokens) that a few dozen make a backlog of
-// seconds on the CPU reference path.
+// Large enough that a call of a few dozen tokens takes a good part of a
+// second on the CPU reference path (BacklogTokens picks the count).
 const SetShape kSlow{"slow", 4, 256, 512};
+
+// Tokens per backlog call such that one call takes about 0.3 s on this
+// build and machine (timed with one 64-token call), so that a full queue
+// holds far more work than the exit timeout in optimised and sanitizer
+// builds alike, yet the tests stay short when shutdown runs the backlog.
+int BacklogTokens(v1::KernelPlanService::Stub& stub, const SetShape& set) {
+  std::mt19937 rng(11);
+  const v1::RunMoERequest request = MoeRequest(set, 64, rng);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(std::chrono::seconds(60)));
+  v1::RunMoEResponse response;
+  const auto start = Clock::now();
+  const grpc::Status status = stub.RunMoE(&ctx, request, &response);
+  const double s = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  const int tokens = static_cast<int>(std::clamp(64 * 0.3 / std::max(s, 1e-4), 16.0, 1024.0));
+  std::printf("one 64-token call: %.3f s; backlog calls of %d tokens\n", s, tokens);
+  return tokens;
+}
 
 // How far past the exit timeout the server may take to be gone (thread
 // joins, sanitizer builds on a loaded 2-core machine).
@@ -354,7 +374,7 @@ TEST_F(LoadFaultTest, ShutdownWithBacklogWithinExitTimeout) {
   Tally backlog_tally({grpc::StatusCode::OK, grpc::StatusCode::CANCELLED, grpc::StatusCode::UNAVAILABLE,
                        grpc::StatusCode::RESOURCE_EXHAUSTED});
   {
-    Backlog backlog(channels, kSlow, 96, 64, backlog_tally);
+    Backlog backlog(channels, kSlow, 96, BacklogTokens(*stub_, kSlow), backlog_tally);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it queue up
     const auto stop_start = Clock::now();
     std::future<void> stopped = std::async(std::launch::async, [&] {
@@ -425,7 +445,7 @@ TEST(LoadFaultBinaryTest, ServerBinaryExitsWithinExitTimeoutOnSigtermWithBacklog
   Tally tally({grpc::StatusCode::OK, grpc::StatusCode::CANCELLED, grpc::StatusCode::UNAVAILABLE,
                grpc::StatusCode::RESOURCE_EXHAUSTED});
   {
-    Backlog backlog(channels, kSlow, 96, 64, tally);
+    Backlog backlog(channels, kSlow, 96, BacklogTokens(*stub, kSlow), tally);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     const auto stop_start = Clock::now();
     ASSERT_EQ(kill(pid, SIGTERM), 0);
