@@ -33,3 +33,9 @@ sudo=""
 echo "install-deps: installing ${missing[*]}"
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# clang was just installed: its runtime too.
+if [ -z "$clang_major" ] && command -v clang > /dev/null; then
+  clang_major=$(clang -dumpversion | cut -d. -f1)
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "libclang-rt-$clang_major-dev"
+fi
