@@ -175,8 +175,7 @@ class UnquantizedMoEKernelOracle final : public MoEKernelOracle {
 
   // TrtLlmBf16LoRAExperts: chosen by the LoRA rule, not by is_supported_config.
   static constexpr ExpertsClass kTrtLlmLora = {
-      "TrtLlmBf16LoRAExperts", nullptr, true, 0, nullptr, nullptr, nullptr, nullptr, nullptr,
-      ActivationFormat::kStandard, false, true, false, nullptr, nullptr, false};
+      .name = "TrtLlmBf16LoRAExperts", .no_act_and_mul = true, .lora = true};
 };
 
 }  // namespace
