@@ -6,6 +6,7 @@
 #include "server/base/status.h"
 #include "server/oracle/moe_plan.h"
 #include "server/oracle/oracle.h"
+#include "server/oracle/routing_methods.h"
 
 namespace kplan {
 namespace {
@@ -876,6 +877,34 @@ TEST(LayerErrorsTest, FieldPaths) {
   derived.num_expert_group = 8;
   derived.topk_group = 4;
   EXPECT_EQ(Plan(derived, "cuda:9.0")->routing_method, "DeepSeekV3");
+}
+
+// --- the routing-method table -------------------------------------------------------------
+
+TEST(RoutingMethodsTest, OneRowPerMemberAndHowItRoutes) {
+  ASSERT_EQ(RoutingMethods().size(), 13u);
+  for (const RoutingMethodInfo& m : RoutingMethods()) {
+    EXPECT_EQ(RoutingMethodOf(m.type).name, m.name);
+    EXPECT_EQ(FindRoutingMethod(m.name), &m);
+    EXPECT_EQ(RoutingMethodName(m.type), m.name);
+  }
+  EXPECT_EQ(FindRoutingMethod("renormalize"), nullptr);  // member names are case-sensitive
+  // Each routed row derives back to itself through get_routing_method_type()
+  // (DeepSeekV3 needs the bias and groups; Llama4 and Renormalize have their own routers).
+  for (const char* name :
+       {"Default", "RenormalizeNaive", "Sigmoid", "SigmoidRenorm", "DeepseekV4"}) {
+    const RoutingMethodInfo& m = *FindRoutingMethod(name);
+    EXPECT_EQ(GetRoutingMethodType(m.scoring, 8, m.renormalize, 0, false), m.type) << name;
+  }
+  const RoutingMethodInfo& ds = *FindRoutingMethod("DeepSeekV3");
+  EXPECT_EQ(GetRoutingMethodType(ds.scoring, 8, ds.renormalize, 8, true), ds.type);
+  EXPECT_TRUE(ds.grouped);
+  EXPECT_EQ(ds.router, RouterKind::kGroupedTopK);
+  EXPECT_EQ(FindRoutingMethod("Renormalize")->router, RouterKind::kTopKThenSoftmax);
+  EXPECT_EQ(FindRoutingMethod("Llama4")->router, RouterKind::kLlama4);
+  for (const char* name : {"TopK", "MiniMax2", "Unspecified", "Custom", "Simulated"}) {
+    EXPECT_EQ(FindRoutingMethod(name)->router, RouterKind::kNone) << name;
+  }
 }
 
 // --- renderings ------------------------------------------------------------------------------
