@@ -153,8 +153,8 @@ class Fp8MoEKernelOracle final : public MoEKernelOracle {
     return -1;
   }
 
-  // Exhausted: NotImplementedError on CUDA/ROCm; elsewhere (NONE, None), so
-  // that out-of-tree plugins take over.
+  // select_fp8_moe_backend() exhausted: NotImplementedError on CUDA/ROCm;
+  // elsewhere (NONE, None), so that out-of-tree plugins take over.
   absl::StatusOr<Selection> OnExhausted(const SelectionContext& c, QuantKey, QuantKey,
                                         Selection s, const std::string&) const override {
     if (c.platform.is_cuda_alike()) return Exhausted();

@@ -151,7 +151,8 @@ class W4a8Int8MoEKernelOracle final : public MoEKernelOracle {
     if (c.platform.is_cpu()) return std::nullopt;
     return absl::FailedPreconditionError("W4A8 Int8 MoE is only supported on CPU platforms");
   }
-  // Its one backend goes through _return_or_raise() in auto mode too.
+  // select_w4a8_int8_moe_backend(): its one backend goes through
+  // _return_or_raise() in auto mode too.
   absl::StatusOr<Selection> OnExhausted(const SelectionContext&, QuantKey, QuantKey, Selection,
                                         const std::string& last_reason) const override {
     return ExplicitError(Find("CPU_INT4"), last_reason);

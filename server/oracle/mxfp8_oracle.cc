@@ -33,8 +33,9 @@ const SchemeTables& Tables() {
     t->kplan_map = {};
     t->batched = {};
     // _SUPPORTED_BACKENDS, every platform.
-    t->priority = {
-        {nullptr, {"FLASHINFER_TRTLLM", "DEEPGEMM", "MARLIN", "XPU", "AITER_MXFP8", "HUMMING"}, {}}};
+    t->priority = {{nullptr,
+                    {"FLASHINFER_TRTLLM", "DEEPGEMM", "MARLIN", "XPU", "AITER_MXFP8", "HUMMING"},
+                    {}}};
     t->kplan_auto = {};
     return t;
   }();

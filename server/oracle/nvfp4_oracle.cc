@@ -78,7 +78,7 @@ class Nvfp4MoEKernelOracle final : public MoEKernelOracle {
     }
     list = kept;
   }
-  // The same rule for an explicit request is a ValueError.
+  // select_nvfp4_moe_backend(): the same rule for an explicit request is a ValueError.
   absl::Status CheckExplicit(const SelectionContext& c, std::vector<int>& candidates,
                              QuantKey) const override {
     if (!c.moe.swiglu_limit.has_value() || AppliesClamp(def(candidates.front()).name)) {
@@ -91,7 +91,7 @@ class Nvfp4MoEKernelOracle final : public MoEKernelOracle {
                      " does not apply the SwiGLU clamp. Use 'flashinfer_trtllm' or "
                      "'flashinfer_cutlass' instead."));
   }
-  // VLLM_TEST_FORCE_FP8_MARLIN forces Marlin.
+  // select_nvfp4_moe_backend(): VLLM_TEST_FORCE_FP8_MARLIN forces Marlin.
   int EnvOverrides(const SelectionContext& c, std::vector<int>&) const override {
     return c.env.Flag("VLLM_TEST_FORCE_FP8_MARLIN", false) ? Find("MARLIN") : -1;
   }

@@ -141,7 +141,7 @@ absl::StatusOr<Selection> MoEKernelOracle::TryExplicit(const std::vector<int>& c
                                                        const SelectionContext& c, QuantKey w,
                                                        QuantKey a, Selection s) const {
   if (t_.log_candidates) s.potential = candidates;
-  absl::Status error;
+  absl::Status error = absl::InternalError("moe_backend maps to no candidate");
   for (int candidate : candidates) {
     const int b = MaybeBatched(candidate, c);
     const QuantKey key = KeyFor(b, a);

@@ -130,7 +130,8 @@ class MoEKernelOracle {
   // map_backend(runner_backend): the first mapped member. INVALID_ARGUMENT
   // (field moe_backend) with vLLM's "moe_backend='x' is not supported for X
   // MoE. Expected one of [...]" for a string outside vLLM's map, and for
-  // kplan's family unless `kplan_listed` (the platform lists library `kplan`).
+  // kplan's family unless `kplan_listed` (the platform lists library `kplan`;
+  // the default asks for the scheme's whole vocabulary, as on this server).
   absl::StatusOr<int> MapBackend(absl::string_view moe_backend, bool kplan_listed = true) const;
   // The same, every candidate in order.
   absl::StatusOr<std::vector<int>> MapCandidates(absl::string_view moe_backend,
@@ -211,9 +212,9 @@ class MoEKernelOracle {
   // Tries each class of `b`; records candidates; returns the first that passes.
   const ExpertsClass* TryBackend(int b, const SelectionContext& c, QuantKey w, QuantKey a,
                                  Selection& s, std::string* last_reason) const;
-  // _return_or_raise() for a forced backend (env override): INVALID_ARGUMENT
-  // without a field, or "<X> MoE backend <value> does not support ..." with
-  // field moe_backend when !forced.
+  // _return_or_raise(): "<X> MoE backend <value> does not support the
+  // deployment configuration since <reason>." as INVALID_ARGUMENT, without a
+  // field for a backend an env override forced, with field moe_backend else.
   absl::StatusOr<Selection> ReturnOrRaise(int b, const SelectionContext& c, QuantKey w, QuantKey a,
                                           Selection s, bool forced) const;
   // An explicit request: each candidate in order (its batched variant, its
