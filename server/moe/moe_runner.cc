@@ -6,11 +6,19 @@
 #include "absl/strings/str_join.h"
 #include "server/base/checked_size.h"
 #include "server/base/status.h"
+#include "server/oracle/routing_methods.h"
 
 namespace kplan {
 namespace {
 
 int64_t ActBytes(moe::MoeDType d) { return d == moe::MoeDType::kFloat32 ? 4 : 2; }
+
+// vLLM's scoring_func name -> the router's scoring function.
+moe::ScoringFunc ScoringOf(absl::string_view scoring) {
+  if (scoring == "sigmoid") return moe::ScoringFunc::kSigmoid;
+  if (scoring == "sqrtsoftplus") return moe::ScoringFunc::kSqrtSoftplus;
+  return moe::ScoringFunc::kSoftmax;
+}
 
 absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& shape,
                         const std::vector<int64_t>& want, const std::string& data,
@@ -40,35 +48,39 @@ absl::StatusOr<moe::RoutingSpec> RoutingSpecFor(const MoeRouting& r, int num_exp
     s.e_score_correction_bias = r.e_score_correction_bias.data();
   }
   const std::string& m = r.routing_method.empty() ? std::string("Default") : r.routing_method;
-  if (m == "Default") {
-    s.method = moe::RoutingMethod::kTopK;
-  } else if (m == "RenormalizeNaive") {
-    s.method = moe::RoutingMethod::kTopK;
-    s.renormalize = true;
-  } else if (m == "Renormalize") {
-    s.method = moe::RoutingMethod::kTopKThenSoftmax;
-  } else if (m == "Sigmoid" || m == "SigmoidRenorm") {
-    s.method = moe::RoutingMethod::kTopK;
-    s.scoring = moe::ScoringFunc::kSigmoid;
-    s.renormalize = m == "SigmoidRenorm";
-  } else if (m == "DeepSeekV3") {
-    s.method = moe::RoutingMethod::kGroupedTopK;
-    s.scoring = moe::ScoringFunc::kSigmoid;
-    s.renormalize = true;
+  // How the method routes is the routing-method table's row; this maps its
+  // router kind onto the CPU reference's / the kernels' RoutingMethod.
+  const RoutingMethodInfo* info = FindRoutingMethod(m);
+  const RouterKind router = info == nullptr ? RouterKind::kNone : info->router;
+  switch (router) {
+    case RouterKind::kTopK:
+      s.method = moe::RoutingMethod::kTopK;
+      break;
+    case RouterKind::kTopKThenSoftmax:
+      s.method = moe::RoutingMethod::kTopKThenSoftmax;
+      break;
+    case RouterKind::kGroupedTopK:
+      s.method = moe::RoutingMethod::kGroupedTopK;
+      break;
+    case RouterKind::kLlama4:
+      s.method = moe::RoutingMethod::kLlama4;
+      break;
+    case RouterKind::kNone:
+      return InvalidField("routing.routing_method",
+                          absl::StrCat("routing_method '", m,
+                                       "' is not routed here; expected Default, Renormalize, "
+                                       "RenormalizeNaive, Sigmoid, SigmoidRenorm, DeepSeekV3, "
+                                       "Llama4 or DeepseekV4"));
+  }
+  // kTopK and kGroupedTopK score and renormalise as the method says;
+  // kTopKThenSoftmax and kLlama4 fix their own weighting.
+  if (router == RouterKind::kTopK || router == RouterKind::kGroupedTopK) {
+    s.scoring = ScoringOf(info->scoring);
+    s.renormalize = info->renormalize;
+  }
+  if (info->grouped) {
     s.num_expert_group = r.num_expert_group;
     s.topk_group = r.topk_group;
-  } else if (m == "Llama4") {
-    s.method = moe::RoutingMethod::kLlama4;
-  } else if (m == "DeepseekV4") {
-    s.method = moe::RoutingMethod::kTopK;
-    s.scoring = moe::ScoringFunc::kSqrtSoftplus;
-    s.renormalize = true;
-  } else {
-    return InvalidField("routing.routing_method",
-                        absl::StrCat("routing_method '", m,
-                                     "' is not routed here; expected Default, Renormalize, "
-                                     "RenormalizeNaive, Sigmoid, SigmoidRenorm, DeepSeekV3, "
-                                     "Llama4 or DeepseekV4"));
   }
   KPLAN_RETURN_IF_ERROR(moe::ValidateRoutingSpec(s));  // fields are routing.*
   return s;

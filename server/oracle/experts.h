@@ -35,35 +35,38 @@ struct SelectionContext {
 using ActivationSet = uint32_t;
 constexpr ActivationSet Act(MoEActivation a) { return 1u << static_cast<int>(a); }
 
+// One row of the capability matrix. The defaults are the base class
+// FusedMoEExperts' answers, so a row states only where its class differs.
 struct ExpertsClass {
   absl::string_view name;
   // _supports_current_device()
-  bool (*device)(const SelectionContext&);
+  bool (*device)(const SelectionContext&) = nullptr;
   // _supports_no_act_and_mul()
-  bool no_act_and_mul;
+  bool no_act_and_mul = false;
   // _supports_activation()
-  ActivationSet activations;
+  ActivationSet activations = 0;
   // _supports_quant_scheme(weight_key, activation_key)
-  bool (*quant)(const SelectionContext&, QuantKey w, QuantKey a);
+  bool (*quant)(const SelectionContext&, QuantKey w, QuantKey a) = nullptr;
   // _supports_parallel_config(); nullptr = any
-  bool (*parallel)(const FusedMoEParallelConfig&);
+  bool (*parallel)(const FusedMoEParallelConfig&) = nullptr;
   // _supports_routing_method(); nullptr = any (monolithic classes override)
-  bool (*routing)(RoutingMethodType r, QuantKey w, QuantKey a);
+  bool (*routing)(RoutingMethodType r, QuantKey w, QuantKey a) = nullptr;
   // _supports_router_logits_dtype(); nullptr = any
-  bool (*logits)(absl::string_view dtype, RoutingMethodType r);
+  bool (*logits)(absl::string_view dtype, RoutingMethodType r) = nullptr;
   // _supports_shape(hidden_dim); nullptr = any
-  bool (*shape)(int hidden_dim);
-  ActivationFormat format;
-  bool monolithic;
-  bool lora;             // supports_lora()
-  bool batch_invariant;  // _supports_batch_invariance()
+  bool (*shape)(int hidden_dim) = nullptr;
+  // activation_format()
+  ActivationFormat format = ActivationFormat::kStandard;
+  bool monolithic = false;
+  bool lora = false;             // supports_lora()
+  bool batch_invariant = false;  // _supports_batch_invariance()
   // Class-specific first check (CutlassExpertsW4A8Fp8: bf16 in/out only);
   // returns a non-empty reason on failure. nullptr = none.
-  std::string (*precheck)(const SelectionContext&);
+  std::string (*precheck)(const SelectionContext&) = nullptr;
   // A suffix the class appends to every reason (AiterExperts when AITER MoE is off).
-  std::string (*reason_suffix)(const SelectionContext&);
+  std::string (*reason_suffix)(const SelectionContext&) = nullptr;
   // kplan's own classes (DESIGN.md "Vocabulary"): this server runs them.
-  bool kplan_executable;
+  bool kplan_executable = false;
 };
 
 // The row of an experts class; nullptr when unknown.

@@ -8,23 +8,31 @@ namespace kplan {
 namespace {
 
 bool IsCpu(const SelectionContext& c, QuantKey, QuantKey) { return c.platform.is_cpu(); }
+bool Cpu(const SelectionContext& c) { return c.platform.is_cpu(); }
+bool Xpu(const SelectionContext& c) { return c.platform.is_xpu(); }
 
 // --- Int8 -------------------------------------------------------------------
 const SchemeTables& Int8Tables() {
   static const auto* t = new SchemeTables{
-      "int8", "Int8", "Int8", "Int8",
-      {
-          {"TRITON", "TRITON", {"TritonExperts"}},
-          {"HUMMING", "HUMMING",
-           {"BatchedHummingGroupedExperts", "HummingGroupedExperts", "HummingIndexedExperts"}},
-          {"CPU", "CPU", {"CPUExpertsInt8"}},
-          // kplan's emulation joins the int8 family.
-          {"EMULATION", "EMULATION", {"KplanEmulationExperts"}},
-      },
-      {{"triton", "TRITON"}, {"humming", "HUMMING"}},
-      {{"emulation", "EMULATION"}},
-      {},
-      {"EMULATION"},
+      .scheme = "int8",
+      .map_name = "Int8",
+      .display_name = "Int8",
+      .log_name = "Int8",
+      .backends =
+          {
+              {"TRITON", "TRITON", {"TritonExperts"}},
+              {"HUMMING", "HUMMING",
+               {"BatchedHummingGroupedExperts", "HummingGroupedExperts",
+                "HummingIndexedExperts"}},
+              {"CPU", "CPU", {"CPUExpertsInt8"}},
+              // kplan's emulation joins the int8 family.
+              {"EMULATION", "EMULATION", {"KplanEmulationExperts"}},
+          },
+      .user_map = {{"triton", {"TRITON"}}, {"humming", {"HUMMING"}}},
+      .kplan_map = {{"emulation", {"EMULATION"}}},
+      // CPU moved to the front on CPU.
+      .priority = {{nullptr, {"TRITON", "HUMMING", "CPU"}, {{IsCpu, "CPU", true}}}},
+      .kplan_auto = {"EMULATION"},
   };
   return *t;
 }
@@ -32,25 +40,6 @@ const SchemeTables& Int8Tables() {
 class Int8MoEKernelOracle final : public MoEKernelOracle {
  public:
   Int8MoEKernelOracle() : MoEKernelOracle(Int8Tables()) {}
-
-  std::vector<int> GetPriorityBackends(const SelectionContext& c, QuantKey w,
-                                       QuantKey a) const override {
-    std::vector<int> list = Build({"TRITON", "HUMMING", "CPU"}, {{IsCpu, "CPU", true}}, c, w, a);
-    AppendKplan(list, c);
-    return list;
-  }
-
-  absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
-                                          QuantKey a) const override {
-    Selection s;
-    if (c.moe.moe_backend != "auto") {
-      KPLAN_ASSIGN_OR_RETURN(int b, MapBackend(c.moe.moe_backend));
-      return ReturnOrRaise(MaybeBatched(b, c), c, w, a, s, false);
-    }
-    s = Loop(GetPriorityBackends(c, w, a), c, w, a, std::move(s));
-    if (s.backend < 0) return Exhausted();
-    return s;
-  }
 
   absl::StatusOr<std::string> MakeQuantConfig(int, QuantKey, QuantKey) const override {
     return std::string("int8_w8a8 per-channel weights, per-token activations");
@@ -60,25 +49,35 @@ class Int8MoEKernelOracle final : public MoEKernelOracle {
 // --- WNA16 ------------------------------------------------------------------
 const SchemeTables& Wna16Tables() {
   static const auto* t = new SchemeTables{
-      "wna16", "WNA16", "WNA16", "WNA16",
-      {
-          {"MARLIN", "MARLIN", {"MarlinExperts"}},
-          {"BATCHED_MARLIN", "BATCHED_MARLIN", {"BatchedMarlinExperts"}},
-          {"HUMMING", "HUMMING",
-           {"BatchedHummingGroupedExperts", "HummingGroupedExperts", "HummingIndexedExperts"}},
-          {"CPU", "CPU", {"CPUExpertsWNA16"}},
-          {"FLASHINFER_TRTLLM", "FLASHINFER_TRTLLM", {"TrtLlmMxint4ExpertsMonolithic"}},
-          {"XPU", "XPU", {"XPUExpertsWNA16"}},
-          // vLLM's emulation first; kplan's emulation where vLLM's cannot run.
-          {"EMULATION", "EMULATION", {"WNA16EmulationExperts", "KplanEmulationExperts"}},
-      },
-      {{"marlin", "MARLIN"},
-       {"humming", "HUMMING"},
-       {"flashinfer_trtllm", "FLASHINFER_TRTLLM"},
-       {"emulation", "EMULATION"}},
-      {},
-      {{"MARLIN", "BATCHED_MARLIN"}},
-      {},
+      .scheme = "wna16",
+      .map_name = "WNA16",
+      .display_name = "WNA16",
+      .log_name = "WNA16",
+      .backends =
+          {
+              {"MARLIN", "MARLIN", {"MarlinExperts"}},
+              {"BATCHED_MARLIN", "BATCHED_MARLIN", {"BatchedMarlinExperts"}},
+              {"HUMMING", "HUMMING",
+               {"BatchedHummingGroupedExperts", "HummingGroupedExperts",
+                "HummingIndexedExperts"}},
+              {"CPU", "CPU", {"CPUExpertsWNA16"}},
+              {"FLASHINFER_TRTLLM", "FLASHINFER_TRTLLM", {"TrtLlmMxint4ExpertsMonolithic"}},
+              {"XPU", "XPU", {"XPUExpertsWNA16"}},
+              // vLLM's emulation first; kplan's emulation where vLLM's cannot run.
+              {"EMULATION", "EMULATION", {"WNA16EmulationExperts", "KplanEmulationExperts"}},
+          },
+      .user_map = {{"marlin", {"MARLIN"}},
+                   {"humming", {"HUMMING"}},
+                   {"flashinfer_trtllm", {"FLASHINFER_TRTLLM"}},
+                   {"emulation", {"EMULATION"}}},
+      .batched = {{"MARLIN", "BATCHED_MARLIN"}},
+      .priority = {{Cpu, {"CPU"}, {}},
+                   {Xpu, {"XPU"}, {}},
+                   {nullptr,
+                    {"FLASHINFER_TRTLLM", "MARLIN", "BATCHED_MARLIN", "HUMMING", "EMULATION"},
+                    {}}},
+      // Weight-only: the activation key is always None.
+      .activation_key = ActivationKeyRule::kNone,
   };
   return *t;
 }
@@ -86,28 +85,6 @@ const SchemeTables& Wna16Tables() {
 class Wna16MoEKernelOracle final : public MoEKernelOracle {
  public:
   Wna16MoEKernelOracle() : MoEKernelOracle(Wna16Tables()) {}
-
-  std::vector<int> GetPriorityBackends(const SelectionContext& c, QuantKey w,
-                                       QuantKey a) const override {
-    if (c.platform.is_cpu()) return {Find("CPU")};
-    if (c.platform.is_xpu()) return {Find("XPU")};
-    return Build({"FLASHINFER_TRTLLM", "MARLIN", "BATCHED_MARLIN", "HUMMING", "EMULATION"}, {}, c,
-                 w, a);
-  }
-
-  absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
-                                          QuantKey) const override {
-    // Weight-only: the activation key is always None.
-    const QuantKey a = QuantKey::kNone;
-    Selection s;
-    if (c.moe.moe_backend != "auto") {
-      KPLAN_ASSIGN_OR_RETURN(int b, MapBackend(c.moe.moe_backend));
-      return ReturnOrRaise(MaybeBatched(b, c), c, w, a, s, false);
-    }
-    s = Loop(GetPriorityBackends(c, w, a), c, w, a, std::move(s));
-    if (s.backend < 0) return Exhausted();
-    return s;
-  }
 
   absl::StatusOr<std::string> MakeQuantConfig(int, QuantKey w, QuantKey) const override {
     if (w == QuantKey::kInt8Static) return std::string("int8_w8a16");
@@ -119,12 +96,13 @@ class Wna16MoEKernelOracle final : public MoEKernelOracle {
 // --- W4A8 (int4 x fp8) -------------------------------------------------------
 const SchemeTables& W4a8Tables() {
   static const auto* t = new SchemeTables{
-      "w4a8", "W4A8", "W4A8", "W4A8",
-      {{"CUTLASS", "CUTLASS", {"CutlassExpertsW4A8Fp8"}}},
-      {{"cutlass", "CUTLASS"}},
-      {},
-      {},
-      {},
+      .scheme = "w4a8",
+      .map_name = "W4A8",
+      .display_name = "W4A8",
+      .log_name = "W4A8",
+      .backends = {{"CUTLASS", "CUTLASS", {"CutlassExpertsW4A8Fp8"}}},
+      .user_map = {{"cutlass", {"CUTLASS"}}},
+      .priority = {{nullptr, {"CUTLASS"}, {}}},
   };
   return *t;
 }
@@ -133,39 +111,31 @@ class W4a8MoEKernelOracle final : public MoEKernelOracle {
  public:
   W4a8MoEKernelOracle() : MoEKernelOracle(W4a8Tables()) {}
 
-  std::vector<int> GetPriorityBackends(const SelectionContext&, QuantKey, QuantKey) const override {
-    return {Find("CUTLASS")};
+ protected:
+  // select_w4a8_moe_backend(): its single backend failing, explicit or not,
+  // is NotImplementedError("W4A8 MoE backend CUTLASS does not support the
+  // deployment configuration: <reason>.").
+  absl::Status ExplicitError(int b, const std::string& reason) const override {
+    return absl::FailedPreconditionError(
+        absl::StrCat("W4A8 MoE backend ", def(b).value,
+                     " does not support the deployment configuration: ", reason, "."));
   }
-
-  absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
-                                          QuantKey a) const override {
-    Selection s;
-    int b = Find("CUTLASS");
-    if (c.moe.moe_backend != "auto") {
-      KPLAN_ASSIGN_OR_RETURN(b, MapBackend(c.moe.moe_backend));
-    }
-    s.potential = {b};
-    std::string reason;
-    if (const ExpertsClass* e = TryBackend(b, c, w, a, s, &reason)) {
-      s.backend = b;
-      s.experts = e;
-      s.activation_key = a;
-      return s;
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "W4A8 MoE backend CUTLASS does not support the deployment configuration: ", reason, "."));
+  absl::StatusOr<Selection> OnExhausted(const SelectionContext&, QuantKey, QuantKey, Selection,
+                                        const std::string& last_reason) const override {
+    return ExplicitError(Find("CUTLASS"), last_reason);
   }
 };
 
 // --- W4A8-INT8 (CPU) ----------------------------------------------------------
 const SchemeTables& W4a8Int8Tables() {
   static const auto* t = new SchemeTables{
-      "w4a8_int8", "W4A8 Int8", "W4A8 Int8", "W4A8 Int8",
-      {{"CPU_INT4", "CPU_INT4", {"CPUExpertsW4A8Int8"}}},
-      {{"cpu", "CPU_INT4"}},
-      {},
-      {},
-      {},
+      .scheme = "w4a8_int8",
+      .map_name = "W4A8 Int8",
+      .display_name = "W4A8 Int8",
+      .log_name = "W4A8 Int8",
+      .backends = {{"CPU_INT4", "CPU_INT4", {"CPUExpertsW4A8Int8"}}},
+      .user_map = {{"cpu", {"CPU_INT4"}}},
+      .priority = {{nullptr, {"CPU_INT4"}, {}}},
   };
   return *t;
 }
@@ -174,22 +144,18 @@ class W4a8Int8MoEKernelOracle final : public MoEKernelOracle {
  public:
   W4a8Int8MoEKernelOracle() : MoEKernelOracle(W4a8Int8Tables()) {}
 
-  std::vector<int> GetPriorityBackends(const SelectionContext&, QuantKey, QuantKey) const override {
-    return {Find("CPU_INT4")};
+ protected:
+  // select_w4a8_int8_moe_backend(): CPU platforms only.
+  std::optional<absl::StatusOr<Selection>> Bypass(const SelectionContext& c, QuantKey,
+                                                  QuantKey) const override {
+    if (c.platform.is_cpu()) return std::nullopt;
+    return absl::FailedPreconditionError("W4A8 Int8 MoE is only supported on CPU platforms");
   }
-
-  absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
-                                          QuantKey a) const override {
-    if (!c.platform.is_cpu()) {
-      return absl::FailedPreconditionError("W4A8 Int8 MoE is only supported on CPU platforms");
-    }
-    Selection s;
-    int b = Find("CPU_INT4");
-    if (c.moe.moe_backend != "auto") {
-      KPLAN_ASSIGN_OR_RETURN(b, MapBackend(c.moe.moe_backend));
-    }
-    s.potential = {b};
-    return ReturnOrRaise(b, c, w, a, s, false);
+  // select_w4a8_int8_moe_backend(): its one backend goes through
+  // _return_or_raise() in auto mode too.
+  absl::StatusOr<Selection> OnExhausted(const SelectionContext&, QuantKey, QuantKey, Selection,
+                                        const std::string& last_reason) const override {
+    return ExplicitError(Find("CPU_INT4"), last_reason);
   }
 };
 

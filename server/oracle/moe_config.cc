@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "server/base/pyrepr.h"
 #include "server/base/status.h"
+#include "server/oracle/routing_methods.h"
 
 namespace kplan {
 namespace {
@@ -28,23 +29,6 @@ constexpr std::array<std::pair<absl::string_view, absl::string_view>, kNumMoEAct
         {"gelu_tanh_no_mul", "GELU_TANH_NO_MUL"},
         {"relu2_no_mul", "RELU2_NO_MUL"},
     }};
-
-// RoutingMethodType members.
-constexpr std::array<std::pair<RoutingMethodType, absl::string_view>, 13> kRoutings = {{
-    {RoutingMethodType::kDefault, "Default"},
-    {RoutingMethodType::kRenormalize, "Renormalize"},
-    {RoutingMethodType::kDeepSeekV3, "DeepSeekV3"},
-    {RoutingMethodType::kLlama4, "Llama4"},
-    {RoutingMethodType::kRenormalizeNaive, "RenormalizeNaive"},
-    {RoutingMethodType::kTopK, "TopK"},
-    {RoutingMethodType::kSigmoidRenorm, "SigmoidRenorm"},
-    {RoutingMethodType::kMiniMax2, "MiniMax2"},
-    {RoutingMethodType::kSigmoid, "Sigmoid"},
-    {RoutingMethodType::kUnspecified, "Unspecified"},
-    {RoutingMethodType::kDeepseekV4, "DeepseekV4"},
-    {RoutingMethodType::kCustom, "Custom"},
-    {RoutingMethodType::kSimulated, "Simulated"},
-}};
 
 // One row per QuantKey constant of quant_utils.py: its name and its str()
 // (torch.fx dtype abbreviations; ScaleDesc "dtype,static|dynamic,shape").
@@ -143,18 +127,12 @@ absl::StatusOr<MoEActivation> MoEActivationFromStr(absl::string_view s) {
                                                  ". Valid activations: ", PyRepr(valid)));
 }
 
-absl::string_view RoutingMethodName(RoutingMethodType r) {
-  for (const auto& [k, name] : kRoutings) {
-    if (k == r) return name;
-  }
-  return "Unspecified";
-}
+absl::string_view RoutingMethodName(RoutingMethodType r) { return RoutingMethodOf(r).name; }
 
 std::optional<RoutingMethodType> RoutingMethodFromName(absl::string_view name) {
-  for (const auto& [k, n] : kRoutings) {
-    if (n == name) return k;
-  }
-  return std::nullopt;
+  const RoutingMethodInfo* m = FindRoutingMethod(name);
+  if (m == nullptr) return std::nullopt;
+  return m->type;
 }
 
 RoutingMethodType GetRoutingMethodType(absl::string_view scoring_func, int top_k,

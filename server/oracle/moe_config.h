@@ -94,7 +94,7 @@ enum class RoutingMethodType : int {
   kCustom = 101,
   kSimulated = 102,
 };
-// Member name: "Renormalize", "DeepSeekV3", ...
+// Member name: "Renormalize", "DeepSeekV3", ... (the routing_methods.h table).
 absl::string_view RoutingMethodName(RoutingMethodType r);
 std::optional<RoutingMethodType> RoutingMethodFromName(absl::string_view name);
 // get_routing_method_type(scoring_func, top_k, renormalize, num_expert_group,

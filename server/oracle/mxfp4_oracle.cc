@@ -15,136 +15,104 @@ namespace {
 
 using Q = QuantKey;
 
+bool Rocm(const SelectionContext& c) { return c.platform.is_rocm(); }
+bool RocmDeepseekV4(const SelectionContext& c) {
+  return c.platform.is_rocm() && c.moe.routing_method == RoutingMethodType::kDeepseekV4;
+}
+bool Xpu(const SelectionContext& c) { return c.platform.is_xpu(); }
+bool Cuda(const SelectionContext& c) { return c.platform.is_cuda(); }
+
+// The gpt-oss path (select_mxfp4_moe_backend).
 const SchemeTables& Tables() {
   static const auto* t = new SchemeTables{
-      "mxfp4", "MXFP4", "MXFP4", "Mxfp4",
-      {
-          // member, value, experts, _backend_activation_key()
-          {"NONE", "None", {}},
-          {"DEEPGEMM_MXFP4", "DEEPGEMM_MXFP4", {"DeepGemmFP4Experts"}, Q::kFp8Dynamic128Sym},
-          {"FLASHINFER_TRTLLM_MXFP4_MXFP8", "FLASHINFER_TRTLLM_MXFP4_MXFP8",
-           {"TrtLlmMxfp4ExpertsMonolithic", "TrtLlmMxfp4ExpertsModular"}, Q::kMxfp8Dynamic},
-          {"FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_BF16",
-           {"TrtLlmMxfp4ExpertsMonolithic", "TrtLlmMxfp4ExpertsModular"}},
-          {"FLASHINFER_CUTLASS_MXFP4_MXFP8", "FLASHINFER_CUTLASS_MXFP4_MXFP8",
-           {"FlashInferExperts"}, Q::kMxfp8Dynamic},
-          {"FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_BF16",
-           {"FlashInferExperts"}},
-          {"BATCHED_MARLIN", "BATCHED_MARLIN", {"BatchedMarlinExperts"}},
-          {"MARLIN", "MARLIN", {"MarlinExperts"}},
-          {"AITER_MXFP4_BF16", "AITER_MXFP4_BF16", {"AiterExperts"}},  // alias AITER
-          {"AITER_MXFP4_FP8", "AITER_MXFP4_FP8", {"AiterExperts"}, Q::kFp8StaticTensorSym},
-          {"AITER_MXFP4_MXFP4", "AITER_MXFP4_MXFP4", {"AiterExperts"}, Q::kMxfp4Dynamic},
-          {"TRITON", "TRITON", {"OAITritonMxfp4ExpertsMonolithic", "OAITritonExperts"}},
-          {"TRITON_UNFUSED", "TRITON_UNFUSED", {"UnfusedOAITritonExperts"}},
-          {"XPU", "XPU", {"XPUExpertsMxFp4"}},
-          {"CPU", "CPU", {"CPUExpertsMxfp4"}},
-          {"EMULATION", "EMULATION", {"Mxfp4EmulationExperts"}},
-          {"HUMMING", "HUMMING",
-           {"BatchedHummingGroupedExperts", "HummingGroupedExperts", "HummingIndexedExperts"}},
-      },
-      {},  // map_mxfp4_backend returns lists: see kUserMap
-      {},
-      {{"MARLIN", "BATCHED_MARLIN"}},
-      {},
+      .scheme = "mxfp4",
+      .map_name = "MXFP4",
+      .display_name = "MXFP4",
+      .log_name = "Mxfp4",
+      .backends =
+          {
+              // member, value, experts, _backend_activation_key()
+              {"NONE", "None", {}},
+              {"DEEPGEMM_MXFP4", "DEEPGEMM_MXFP4", {"DeepGemmFP4Experts"}, Q::kFp8Dynamic128Sym},
+              {"FLASHINFER_TRTLLM_MXFP4_MXFP8", "FLASHINFER_TRTLLM_MXFP4_MXFP8",
+               {"TrtLlmMxfp4ExpertsMonolithic", "TrtLlmMxfp4ExpertsModular"}, Q::kMxfp8Dynamic},
+              {"FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_BF16",
+               {"TrtLlmMxfp4ExpertsMonolithic", "TrtLlmMxfp4ExpertsModular"}},
+              {"FLASHINFER_CUTLASS_MXFP4_MXFP8", "FLASHINFER_CUTLASS_MXFP4_MXFP8",
+               {"FlashInferExperts"}, Q::kMxfp8Dynamic},
+              {"FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_BF16",
+               {"FlashInferExperts"}},
+              {"BATCHED_MARLIN", "BATCHED_MARLIN", {"BatchedMarlinExperts"}},
+              {"MARLIN", "MARLIN", {"MarlinExperts"}},
+              {"AITER_MXFP4_BF16", "AITER_MXFP4_BF16", {"AiterExperts"}},  // alias AITER
+              {"AITER_MXFP4_FP8", "AITER_MXFP4_FP8", {"AiterExperts"}, Q::kFp8StaticTensorSym},
+              {"AITER_MXFP4_MXFP4", "AITER_MXFP4_MXFP4", {"AiterExperts"}, Q::kMxfp4Dynamic},
+              {"TRITON", "TRITON", {"OAITritonMxfp4ExpertsMonolithic", "OAITritonExperts"}},
+              {"TRITON_UNFUSED", "TRITON_UNFUSED", {"UnfusedOAITritonExperts"}},
+              {"XPU", "XPU", {"XPUExpertsMxFp4"}},
+              {"CPU", "CPU", {"CPUExpertsMxfp4"}},
+              {"EMULATION", "EMULATION", {"Mxfp4EmulationExperts"}},
+              {"HUMMING", "HUMMING",
+               {"BatchedHummingGroupedExperts", "HummingGroupedExperts",
+                "HummingIndexedExperts"}},
+          },
+      // map_mxfp4_backend, dict order: user string -> candidate list. Several
+      // keys are not MoEBackend values (programmatic only).
+      .user_map =
+          {
+              {"deep_gemm", {"DEEPGEMM_MXFP4"}},
+              {"flashinfer_trtllm",
+               {"FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8"}},
+              {"flashinfer_trtllm_afp8", {"FLASHINFER_TRTLLM_MXFP4_MXFP8"}},
+              {"flashinfer_cutlass",
+               {"FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_MXFP8"}},
+              {"flashinfer_cutlass_afp8", {"FLASHINFER_CUTLASS_MXFP4_MXFP8"}},
+              {"triton", {"TRITON"}},
+              {"triton_unfused", {"TRITON_UNFUSED"}},
+              {"humming", {"HUMMING"}},
+              {"marlin", {"MARLIN"}},
+              {"aiter", {"AITER_MXFP4_BF16", "AITER_MXFP4_FP8", "AITER_MXFP4_MXFP4"}},
+              {"aiter_mxfp4_fp8", {"AITER_MXFP4_FP8"}},
+              {"aiter_mxfp4_mxfp4", {"AITER_MXFP4_MXFP4"}},
+              {"xpu", {"XPU"}},
+              {"cpu", {"CPU"}},
+              {"emulation", {"EMULATION"}},
+          },
+      .batched = {{"MARLIN", "BATCHED_MARLIN"}},
+      // gpt-oss auto list (TRITON_UNFUSED disabled upstream: "bug with MTP support").
+      .priority = {{nullptr,
+                    {"FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8",
+                     "AITER_MXFP4_BF16", "AITER_MXFP4_FP8", "AITER_MXFP4_MXFP4", "TRITON",
+                     "FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_MXFP8", "MARLIN",
+                     "BATCHED_MARLIN", "XPU", "EMULATION"},
+                    {}}},
+      .activation_key = ActivationKeyRule::kImplied,
+      .log_candidates = true,
   };
   return *t;
 }
 
-// map_mxfp4_backend, dict order: user string -> candidate list. Several keys
-// are not MoEBackend values (programmatic only).
-struct UserRow {
-  absl::string_view user;
-  std::vector<absl::string_view> members;
-};
-const std::vector<UserRow> kUserMap = {
-    {"deep_gemm", {"DEEPGEMM_MXFP4"}},
-    {"flashinfer_trtllm", {"FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8"}},
-    {"flashinfer_trtllm_afp8", {"FLASHINFER_TRTLLM_MXFP4_MXFP8"}},
-    {"flashinfer_cutlass", {"FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_MXFP8"}},
-    {"flashinfer_cutlass_afp8", {"FLASHINFER_CUTLASS_MXFP4_MXFP8"}},
-    {"triton", {"TRITON"}},
-    {"triton_unfused", {"TRITON_UNFUSED"}},
-    {"humming", {"HUMMING"}},
-    {"marlin", {"MARLIN"}},
-    {"aiter", {"AITER_MXFP4_BF16", "AITER_MXFP4_FP8", "AITER_MXFP4_MXFP4"}},
-    {"aiter_mxfp4_fp8", {"AITER_MXFP4_FP8"}},
-    {"aiter_mxfp4_mxfp4", {"AITER_MXFP4_MXFP4"}},
-    {"xpu", {"XPU"}},
-    {"cpu", {"CPU"}},
-    {"emulation", {"EMULATION"}},
-};
-
-// gpt-oss auto list (TRITON_UNFUSED disabled upstream: "bug with MTP support").
-const std::vector<absl::string_view> kGptOssList = {
-    "FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_MXFP8", "AITER_MXFP4_BF16",
-    "AITER_MXFP4_FP8",              "AITER_MXFP4_MXFP4",             "TRITON",
-    "FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_MXFP8", "MARLIN",
-    "BATCHED_MARLIN",               "XPU",                           "EMULATION"};
+// The DeepSeek-V4 path (select_deepseek_v4_mxfp4_moe_backend): the same enum
+// and map, its own priority lists.
+const SchemeTables& DeepseekV4Tables() {
+  static const auto* t = [] {
+    auto* t = new SchemeTables(Tables());
+    t->priority = {
+        {RocmDeepseekV4, {"AITER_MXFP4_BF16", "TRITON_UNFUSED"}, {}},
+        {Rocm, {"AITER_MXFP4_BF16"}, {}},
+        {Xpu, {"XPU"}, {}},
+        {Cuda, {"FLASHINFER_TRTLLM_MXFP4_MXFP8", "DEEPGEMM_MXFP4", "MARLIN", "BATCHED_MARLIN"}, {}},
+    };
+    return t;
+  }();
+  return *t;
+}
 
 int RoundUp(int x, int m) { return (x + m - 1) / m * m; }
 
 class Mxfp4Base : public MoEKernelOracle {
  public:
-  Mxfp4Base() : MoEKernelOracle(Tables()) {}
-
-  absl::StatusOr<std::vector<int>> MapCandidates(absl::string_view user) const {
-    for (const UserRow& row : kUserMap) {
-      if (row.user != user) continue;
-      std::vector<int> out;
-      for (absl::string_view m : row.members) out.push_back(Find(m));
-      return out;
-    }
-    std::vector<std::string> keys;
-    for (const UserRow& row : kUserMap) keys.emplace_back(row.user);
-    return InvalidField("moe_backend",
-                        absl::StrCat("moe_backend=", PyRepr(user),
-                                     " is not supported for MXFP4 MoE. Expected one of ",
-                                     PyRepr(keys), "."));
-  }
-
-  absl::StatusOr<int> MapBackend(absl::string_view user) const override {
-    KPLAN_ASSIGN_OR_RETURN(std::vector<int> c, MapCandidates(user));
-    return c.front();
-  }
-
-  // Tries explicit candidates in order, each with its implied activation key;
-  // re-raises the last ValueError.
-  absl::StatusOr<Selection> TryExplicit(const std::vector<int>& cands, const SelectionContext& c,
-                                        QuantKey w, Selection s) const {
-    std::string message;
-    s.potential = cands;
-    for (int cand : cands) {
-      const int b = MaybeBatched(cand, c);
-      const QuantKey a = def(b).implied_activation;
-      std::string reason;
-      if (const ExpertsClass* e = TryBackend(b, c, w, a, s, &reason)) {
-        s.backend = b;
-        s.experts = e;
-        s.activation_key = a;
-        return s;
-      }
-      message = absl::StrCat("MXFP4 MoE backend ", def(b).value,
-                             " does not support the deployment configuration since ", reason, ".");
-    }
-    return InvalidField("moe_backend", message);
-  }
-
-  Selection LoopImplied(const std::vector<int>& list, const SelectionContext& c, QuantKey w,
-                        Selection s) const {
-    s.potential = list;
-    for (int b : list) {
-      QuantKey a = def(b).implied_activation;
-      if (const ExpertsClass* e = TryBackend(b, c, w, a, s, nullptr)) {
-        s.backend = b;
-        s.experts = e;
-        s.activation_key = a;
-        return s;
-      }
-    }
-    s.backend = -1;
-    return s;
-  }
+  explicit Mxfp4Base(const SchemeTables& tables) : MoEKernelOracle(tables) {}
 
   // mxfp4_round_up_hidden_size_and_intermediate_size(backend, H, I).
   std::pair<int, int> RoundUpSizes(int b, const SelectionContext& c, int h,
@@ -184,11 +152,58 @@ class Mxfp4Base : public MoEKernelOracle {
 
 class Mxfp4MoEKernelOracle final : public Mxfp4Base {
  public:
-  std::vector<int> GetPriorityBackends(const SelectionContext& c, QuantKey w,
-                                       QuantKey a) const override {
-    return Build(kGptOssList, {}, c, w, a);
+  Mxfp4MoEKernelOracle() : Mxfp4Base(Tables()) {}
+
+ protected:
+  // _filter_by_activation() on an explicit request's candidates; none left
+  // is vLLM's ValueError naming the variants it maps to.
+  absl::Status CheckExplicit(const SelectionContext& c, std::vector<int>& candidates,
+                             QuantKey a) const override {
+    std::vector<int> kept = FilterByActivation(candidates, a);
+    if (kept.empty()) {
+      std::vector<std::string> names;
+      for (int b : candidates) names.emplace_back(def(b).name);
+      return InvalidField("moe_backend",
+                          absl::StrCat("moe_backend=", PyRepr(c.moe.moe_backend),
+                                       " does not support activation=", QuantKeyName(a),
+                                       "; supported variants: ", PyRepr(names)));
+    }
+    candidates = std::move(kept);
+    return absl::OkStatus();
+  }
+  // _filter_by_activation() on the auto list.
+  void FilterPriority(const SelectionContext&, QuantKey a, std::vector<int>& list) const override {
+    list = FilterByActivation(list, a);
+  }
+  // select_mxfp4_moe_backend()'s platform fallbacks when nothing native
+  // passes: XPU, CPU, ROCm (TRITON_UNFUSED); CUDA raises; others (NONE, None).
+  absl::StatusOr<Selection> OnExhausted(const SelectionContext& c, QuantKey w, QuantKey a,
+                                        Selection s, const std::string&) const override {
+    absl::string_view forced;
+    if (c.platform.is_xpu()) {
+      forced = "XPU";
+    } else if (c.platform.is_cpu()) {
+      forced = "CPU";
+    } else if (c.platform.is_rocm()) {
+      forced = "TRITON_UNFUSED";
+    }
+    if (!forced.empty()) {
+      const ExpertsClass* e = FindExpertsClass(def(Find(forced)).experts.front());
+      return Fallback(forced, e, "platform fallback", QuantKey::kNone, std::move(s));
+    }
+    if (c.platform.is_cuda()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "No MXFP4 MoE backend supports the deployment configuration. weight_key=",
+          QuantKeyName(w), ", activation_key=", QuantKeyName(a),
+          ". Native backends require specific hardware. Set `VLLM_LOGGING_LEVEL=DEBUG` to see "
+          "detailed unsupported reasons. "));
+    }
+    s.backend = -1;
+    s.experts = nullptr;
+    return s;
   }
 
+ private:
   // _filter_by_activation(): with a requested key keep the candidates that
   // imply it (EMULATION always); without one prefer the BF16 candidates.
   std::vector<int> FilterByActivation(const std::vector<int>& list, QuantKey requested) const {
@@ -204,88 +219,13 @@ class Mxfp4MoEKernelOracle final : public Mxfp4Base {
     if (requested == QuantKey::kNone && out.empty()) return list;
     return out;
   }
-
-  absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
-                                          QuantKey a) const override {
-    Selection s;
-    if (c.moe.moe_backend != "auto") {
-      KPLAN_ASSIGN_OR_RETURN(std::vector<int> cands, MapCandidates(c.moe.moe_backend));
-      std::vector<int> kept = FilterByActivation(cands, a);
-      if (kept.empty()) {
-        std::vector<std::string> names;
-        for (int b : cands) names.emplace_back(def(b).name);
-        return InvalidField("moe_backend",
-                            absl::StrCat("moe_backend=", PyRepr(c.moe.moe_backend),
-                                         " does not support activation=", QuantKeyName(a),
-                                         "; supported variants: ", PyRepr(names)));
-      }
-      return TryExplicit(kept, c, w, s);
-    }
-    std::vector<int> list = FilterByActivation(GetPriorityBackends(c, w, a), a);
-    s = LoopImplied(list, c, w, std::move(s));
-    if (s.backend >= 0) return s;
-    // Platform fallbacks when nothing native passes.
-    absl::string_view forced;
-    if (c.platform.is_xpu()) forced = "XPU";
-    else if (c.platform.is_cpu()) forced = "CPU";
-    else if (c.platform.is_rocm()) forced = "TRITON_UNFUSED";
-    if (!forced.empty()) {
-      int b = Find(forced);
-      const ExpertsClass* e = FindExpertsClass(def(b).experts.front());
-      s.candidates.push_back({std::string(forced), std::string(e->name), true,
-                              "platform fallback"});
-      s.backend = b;
-      s.experts = e;
-      s.activation_key = QuantKey::kNone;
-      s.forced = true;
-      return s;
-    }
-    if (c.platform.is_cuda()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "No MXFP4 MoE backend supports the deployment configuration. weight_key=",
-          QuantKeyName(w), ", activation_key=", QuantKeyName(a),
-          ". Native backends require specific hardware. Set `VLLM_LOGGING_LEVEL=DEBUG` to see "
-          "detailed unsupported reasons. "));
-    }
-    s.backend = -1;
-    s.experts = nullptr;
-    return s;
-  }
 };
 
-// DeepSeek-V4 MXFP4 checkpoints.
+// DeepSeek-V4 MXFP4 checkpoints: explicit candidates unfiltered; exhausted is
+// the plain NotImplementedError.
 class DeepseekV4Mxfp4MoEKernelOracle final : public Mxfp4Base {
  public:
-  std::vector<int> GetPriorityBackends(const SelectionContext& c, QuantKey w,
-                                       QuantKey a) const override {
-    if (c.platform.is_rocm()) {
-      if (c.moe.routing_method == RoutingMethodType::kDeepseekV4) {
-        return Build({"AITER_MXFP4_BF16", "TRITON_UNFUSED"}, {}, c, w, a);
-      }
-      return Build({"AITER_MXFP4_BF16"}, {}, c, w, a);
-    }
-    if (c.platform.is_xpu()) return Build({"XPU"}, {}, c, w, a);
-    if (c.platform.is_cuda()) {
-      return Build({"FLASHINFER_TRTLLM_MXFP4_MXFP8", "DEEPGEMM_MXFP4", "MARLIN", "BATCHED_MARLIN"},
-                   {}, c, w, a);
-    }
-    return {};
-  }
-
-  absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
-                                          QuantKey a) const override {
-    Selection s;
-    if (c.moe.moe_backend != "auto") {
-      KPLAN_ASSIGN_OR_RETURN(std::vector<int> cands, MapCandidates(c.moe.moe_backend));
-      return TryExplicit(cands, c, w, s);
-    }
-    s = LoopImplied(GetPriorityBackends(c, w, a), c, w, std::move(s));
-    if (s.backend < 0) {
-      return absl::FailedPreconditionError(
-          "No MXFP4 MoE backend supports the deployment configuration.");
-    }
-    return s;
-  }
+  DeepseekV4Mxfp4MoEKernelOracle() : Mxfp4Base(DeepseekV4Tables()) {}
 };
 
 }  // namespace

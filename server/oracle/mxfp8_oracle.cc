@@ -23,21 +23,24 @@ const SchemeTables& Tables() {
       if (b.name == "EMULATION") b.experts = {"Mxfp8EmulationExperts"};
     }
     // _BACKEND_NAME_MAP, dict order ("xpu" is not a MoEBackend value: programmatic only).
-    t->user_map = {{"flashinfer_trtllm", "FLASHINFER_TRTLLM"}, {"deep_gemm", "DEEPGEMM"},
-                   {"marlin", "MARLIN"},   {"xpu", "XPU"},
-                   {"aiter", "AITER_MXFP8"}, {"triton", "TRITON_MXFP8"},
-                   {"humming", "HUMMING"}};
+    t->user_map = {{"flashinfer_trtllm", {"FLASHINFER_TRTLLM"}},
+                   {"deep_gemm", {"DEEPGEMM"}},
+                   {"marlin", {"MARLIN"}},
+                   {"xpu", {"XPU"}},
+                   {"aiter", {"AITER_MXFP8"}},
+                   {"triton", {"TRITON_MXFP8"}},
+                   {"humming", {"HUMMING"}}};
     t->kplan_map = {};
     t->batched = {};
+    // _SUPPORTED_BACKENDS, every platform.
+    t->priority = {{nullptr,
+                    {"FLASHINFER_TRTLLM", "DEEPGEMM", "MARLIN", "XPU", "AITER_MXFP8", "HUMMING"},
+                    {}}};
     t->kplan_auto = {};
     return t;
   }();
   return *t;
 }
-
-// _SUPPORTED_BACKENDS
-const std::vector<absl::string_view> kList = {"FLASHINFER_TRTLLM", "DEEPGEMM", "MARLIN",
-                                              "XPU", "AITER_MXFP8", "HUMMING"};
 
 class Mxfp8MoEKernelOracle final : public MoEKernelOracle {
  public:
@@ -53,46 +56,28 @@ class Mxfp8MoEKernelOracle final : public MoEKernelOracle {
     return MoEKernelOracle::BackendToKernelCls(b, c);
   }
 
-  std::vector<int> GetPriorityBackends(const SelectionContext& c, QuantKey w,
-                                       QuantKey a) const override {
-    return Build(kList, {}, c, w, a);
-  }
-
-  absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
-                                          QuantKey a) const override {
-    Selection s;
-    if (c.moe.moe_backend != "auto") {
-      KPLAN_ASSIGN_OR_RETURN(int b, MapBackend(c.moe.moe_backend));
-      s.potential = {b};
-      std::string reason;
-      if (const ExpertsClass* e = TryBackend(b, c, w, a, s, &reason)) {
-        s.backend = b;
-        s.experts = e;
-        s.activation_key = a;
-        return s;
-      }
-      return InvalidField("moe_backend", absl::StrCat("No supported MXFP8 expert class for ",
-                                                      def(b).value, ": ", reason));
-    }
-    s = Loop(GetPriorityBackends(c, w, a), c, w, a, std::move(s));
-    if (s.backend >= 0) return s;
-    if (c.platform.is_rocm()) {
-      // ROCm fallback: native MXFP8 Triton on gfx950, else emulation.
-      int b = RocmSupportsMx(c.platform) ? Find("TRITON_MXFP8") : Find("EMULATION");
-      const ExpertsClass* e = BackendToKernelCls(b, c).front();
-      s.candidates.push_back({std::string(def(b).name), std::string(e->name), true,
-                              "ROCm fallback"});
-      s.backend = b;
-      s.experts = e;
-      s.activation_key = a;
-      s.forced = true;
-      return s;
-    }
-    return absl::FailedPreconditionError("No MXFP8 MoE backends available.");
-  }
-
   absl::StatusOr<std::string> MakeQuantConfig(int, QuantKey, QuantKey) const override {
     return std::string("mxfp8 block_shape=[1, 32], is_scale_swizzled=False");
+  }
+
+ protected:
+  // select_mxfp8_moe_backend(): an explicit backend without a supported class
+  // raises ValueError("No supported MXFP8 expert class for <value>: <reason>").
+  absl::Status ExplicitError(int b, const std::string& reason) const override {
+    return InvalidField("moe_backend", absl::StrCat("No supported MXFP8 expert class for ",
+                                                    def(b).value, ": ", reason));
+  }
+  // Exhausted: ROCm falls back to native MXFP8 Triton on gfx950, else to
+  // emulation (BF16 dequantisation at load); elsewhere ValueError("No MXFP8
+  // MoE backends available.").
+  absl::StatusOr<Selection> OnExhausted(const SelectionContext& c, QuantKey, QuantKey a,
+                                        Selection s, const std::string&) const override {
+    if (!c.platform.is_rocm()) {
+      return absl::FailedPreconditionError("No MXFP8 MoE backends available.");
+    }
+    const absl::string_view member = RocmSupportsMx(c.platform) ? "TRITON_MXFP8" : "EMULATION";
+    const ExpertsClass* e = BackendToKernelCls(Find(member), c).front();
+    return Fallback(member, e, "ROCm fallback", a, std::move(s));
   }
 };
 

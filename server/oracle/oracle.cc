@@ -35,18 +35,34 @@ std::vector<const ExpertsClass*> MoEKernelOracle::BackendToKernelCls(
   return out;
 }
 
-absl::StatusOr<int> MoEKernelOracle::MapBackend(absl::string_view moe_backend) const {
-  for (const auto& [user, member] : t_.user_map) {
-    if (user == moe_backend) return Find(member);
+absl::StatusOr<std::vector<int>> MoEKernelOracle::MapCandidates(absl::string_view moe_backend,
+                                                                bool kplan_listed) const {
+  auto members = [this](const UserMapRow& row) {
+    std::vector<int> out;
+    for (absl::string_view m : row.members) out.push_back(Find(m));
+    return out;
+  };
+  for (const UserMapRow& row : t_.user_map) {
+    if (row.user == moe_backend) return members(row);
   }
-  for (const auto& [user, member] : t_.kplan_map) {
-    if (user == moe_backend) return Find(member);
+  // kplan's family joins the map only where the platform lists `kplan`;
+  // elsewhere its names are as foreign to the scheme as to vLLM.
+  if (kplan_listed) {
+    for (const UserMapRow& row : t_.kplan_map) {
+      if (row.user == moe_backend) return members(row);
+    }
   }
   std::vector<std::string> keys;
-  for (const auto& [user, member] : t_.user_map) keys.emplace_back(user);
+  for (const UserMapRow& row : t_.user_map) keys.emplace_back(row.user);
   return InvalidField("moe_backend",
                       absl::StrCat("moe_backend=", PyRepr(moe_backend), " is not supported for ",
                                    t_.map_name, " MoE. Expected one of ", PyRepr(keys), "."));
+}
+
+absl::StatusOr<int> MoEKernelOracle::MapBackend(absl::string_view moe_backend,
+                                                bool kplan_listed) const {
+  KPLAN_ASSIGN_OR_RETURN(std::vector<int> candidates, MapCandidates(moe_backend, kplan_listed));
+  return candidates.front();
 }
 
 ActivationFormat MoEKernelOracle::Format(const SelectionContext& c) const {
@@ -66,6 +82,18 @@ int MoEKernelOracle::MaybeBatched(int b, const SelectionContext& c) const {
   return b;
 }
 
+QuantKey MoEKernelOracle::KeyFor(int b, QuantKey a) const {
+  switch (t_.activation_key) {
+    case ActivationKeyRule::kNone:
+      return QuantKey::kNone;
+    case ActivationKeyRule::kImplied:
+      return t_.backends[b].implied_activation;
+    case ActivationKeyRule::kAsGiven:
+      break;
+  }
+  return a;
+}
+
 const ExpertsClass* MoEKernelOracle::TryBackend(int b, const SelectionContext& c, QuantKey w,
                                                 QuantKey a, Selection& s,
                                                 std::string* last_reason) const {
@@ -80,6 +108,20 @@ const ExpertsClass* MoEKernelOracle::TryBackend(int b, const SelectionContext& c
   return nullptr;
 }
 
+namespace {
+
+// "<X> MoE backend <value> does not support the deployment configuration since <reason>."
+std::string ReturnOrRaiseText(const SchemeTables& t, int b, absl::string_view reason) {
+  return absl::StrCat(t.display_name, " MoE backend ", t.backends[b].value,
+                      " does not support the deployment configuration since ", reason, ".");
+}
+
+}  // namespace
+
+absl::Status MoEKernelOracle::ExplicitError(int b, const std::string& reason) const {
+  return InvalidField("moe_backend", ReturnOrRaiseText(t_, b, reason));
+}
+
 absl::StatusOr<Selection> MoEKernelOracle::ReturnOrRaise(int b, const SelectionContext& c,
                                                          QuantKey w, QuantKey a, Selection s,
                                                          bool forced) const {
@@ -91,21 +133,40 @@ absl::StatusOr<Selection> MoEKernelOracle::ReturnOrRaise(int b, const SelectionC
     s.forced = forced;
     return s;
   }
-  std::string msg = absl::StrCat(t_.display_name, " MoE backend ", t_.backends[b].value,
-                                 " does not support the deployment configuration since ", reason,
-                                 ".");
-  if (forced) return absl::InvalidArgumentError(msg);
-  return InvalidField("moe_backend", msg);
+  if (forced) return absl::InvalidArgumentError(ReturnOrRaiseText(t_, b, reason));
+  return InvalidField("moe_backend", ReturnOrRaiseText(t_, b, reason));
+}
+
+absl::StatusOr<Selection> MoEKernelOracle::TryExplicit(const std::vector<int>& candidates,
+                                                       const SelectionContext& c, QuantKey w,
+                                                       QuantKey a, Selection s) const {
+  if (t_.log_candidates) s.potential = candidates;
+  absl::Status error = absl::InternalError("moe_backend maps to no candidate");
+  for (int candidate : candidates) {
+    const int b = MaybeBatched(candidate, c);
+    const QuantKey key = KeyFor(b, a);
+    std::string reason;
+    if (const ExpertsClass* e = TryBackend(b, c, w, key, s, &reason)) {
+      s.backend = b;
+      s.experts = e;
+      s.activation_key = key;
+      return s;
+    }
+    error = ExplicitError(b, reason);  // vLLM re-raises the last ValueError
+  }
+  return error;
 }
 
 Selection MoEKernelOracle::Loop(const std::vector<int>& list, const SelectionContext& c,
-                                QuantKey w, QuantKey a, Selection s) const {
+                                QuantKey w, QuantKey a, Selection s,
+                                std::string* last_reason) const {
   s.potential = list;
   for (int b : list) {
-    if (const ExpertsClass* e = TryBackend(b, c, w, a, s, nullptr)) {
+    const QuantKey key = KeyFor(b, a);
+    if (const ExpertsClass* e = TryBackend(b, c, w, key, s, last_reason)) {
       s.backend = b;
       s.experts = e;
-      s.activation_key = a;
+      s.activation_key = key;
       return s;
     }
   }
@@ -116,6 +177,64 @@ Selection MoEKernelOracle::Loop(const std::vector<int>& list, const SelectionCon
 absl::Status MoEKernelOracle::Exhausted() const {
   return absl::FailedPreconditionError(absl::StrCat(
       "No ", t_.display_name, " MoE backend supports the deployment configuration."));
+}
+
+absl::StatusOr<Selection> MoEKernelOracle::OnExhausted(const SelectionContext&, QuantKey,
+                                                       QuantKey, Selection,
+                                                       const std::string&) const {
+  return Exhausted();
+}
+
+Selection MoEKernelOracle::Fallback(absl::string_view member, const ExpertsClass* e,
+                                    absl::string_view why, QuantKey a, Selection s) const {
+  s.candidates.push_back({std::string(member), std::string(e->name), true, std::string(why)});
+  s.backend = Find(member);
+  s.experts = e;
+  s.activation_key = a;
+  s.forced = true;
+  return s;
+}
+
+absl::StatusOr<Selection> MoEKernelOracle::SelectBackend(const SelectionContext& c, QuantKey w,
+                                                         QuantKey a) const {
+  if (t_.activation_key == ActivationKeyRule::kNone) a = QuantKey::kNone;
+  if (std::optional<absl::StatusOr<Selection>> decided = Bypass(c, w, a)) {
+    return *std::move(decided);
+  }
+  Selection s;
+  const std::string& requested = c.moe.moe_backend;
+  const bool is_auto =
+      requested == "auto" || std::find(t_.auto_aliases.begin(), t_.auto_aliases.end(),
+                                       requested) != t_.auto_aliases.end();
+  if (!is_auto) {
+    // Explicit requests map the user string and never fall back.
+    KPLAN_ASSIGN_OR_RETURN(std::vector<int> candidates,
+                           MapCandidates(requested, c.platform.HasLibrary("kplan")));
+    KPLAN_RETURN_IF_ERROR(CheckExplicit(c, candidates, a));
+    return TryExplicit(candidates, c, w, a, std::move(s));
+  }
+  std::vector<int> list = GetPriorityBackends(c, w, a);
+  s.potential = list;  // a forced backend's log line names the list before any removal
+  if (const int forced = EnvOverrides(c, list); forced >= 0) {
+    return ReturnOrRaise(forced, c, w, a, std::move(s), true);
+  }
+  std::string last_reason;
+  s = Loop(list, c, w, a, std::move(s), &last_reason);
+  if (s.backend >= 0) return s;
+  return OnExhausted(c, w, a, std::move(s), last_reason);
+}
+
+std::vector<int> MoEKernelOracle::GetPriorityBackends(const SelectionContext& c, QuantKey w,
+                                                      QuantKey a) const {
+  std::vector<int> list;
+  for (const PriorityRow& row : t_.priority) {
+    if (row.when != nullptr && !row.when(c)) continue;
+    list = Build(row.backends, row.rules, c, w, a);
+    break;
+  }
+  FilterPriority(c, a, list);
+  AppendKplan(list, c);
+  return list;
 }
 
 std::vector<int> MoEKernelOracle::Build(const std::vector<absl::string_view>& names,
@@ -144,13 +263,9 @@ void MoEKernelOracle::Remove(std::vector<int>& list, absl::string_view member) c
   list.erase(std::remove(list.begin(), list.end(), b), list.end());
 }
 
-int MoEKernelOracle::MemberOf(absl::string_view moe_backend) const {
-  for (const auto* map : {&t_.user_map, &t_.kplan_map}) {
-    for (const auto& [user, member] : *map) {
-      if (user == moe_backend) return Find(member);
-    }
-  }
-  return -1;
+int MoEKernelOracle::MemberOf(absl::string_view moe_backend, bool kplan_listed) const {
+  absl::StatusOr<int> b = MapBackend(moe_backend, kplan_listed);
+  return b.ok() ? *b : -1;
 }
 
 bool MoEKernelOracle::HasExecutableClass(int b, const SelectionContext& c) const {
@@ -184,7 +299,7 @@ absl::StatusOr<Selection> MoEKernelOracle::SelectExecutable(
                            "' cannot run on this server; it runs: ", absl::StrJoin(runs, ", "))),
                        "moe_backend");
     }
-    absl::StatusOr<int> b = MapBackend(c.moe.moe_backend);
+    absl::StatusOr<int> b = MapBackend(c.moe.moe_backend, c.platform.HasLibrary("kplan"));
     if (!b.ok()) return CannotServe(b.status());
     absl::StatusOr<Selection> sel =
         ReturnOrRaise(MaybeBatched(*b, c), c, w, a, std::move(s), false);
@@ -196,7 +311,7 @@ absl::StatusOr<Selection> MoEKernelOracle::SelectExecutable(
   };
   std::vector<int> allowed;  // the members behind `runs` that have a class of ours
   for (const std::string& name : runs) {
-    const int b = MemberOf(name);
+    const int b = MemberOf(name, c.platform.HasLibrary("kplan"));
     if (HasExecutableClass(b, c) && !has(allowed, b)) allowed.push_back(b);
   }
   std::vector<int> list;  // the platform's priority order, then the order of `runs`

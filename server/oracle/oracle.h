@@ -3,12 +3,15 @@
 // explicit requests map the user string and never fall back; "auto" walks the
 // platform priority list and takes the first experts class whose
 // is_supported_config() passes. The per-scheme facts (enum members and values,
-// user-string maps in dict order, priority lists, move rules, batched
-// substitutions) are data in SchemeTables; subclasses add only the decision
-// steps vLLM codes by hand (env overrides, LoRA, fallbacks).
+// user-string maps in dict order, priority lists per platform, move rules,
+// batched substitutions) are data in SchemeTables; subclasses override only
+// the hooks for the decision steps vLLM codes by hand (env overrides, LoRA,
+// platform fallbacks).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,21 +41,56 @@ struct MoveRule {
   bool to_front;  // else: pop and append
 };
 
+// One entry of map_<scheme>_backend(): a user string and the member(s) it
+// maps to. One member everywhere except mxfp4, whose map returns candidate
+// lists (map_mxfp4_backend).
+struct UserMapRow {
+  absl::string_view user;
+  std::vector<absl::string_view> members;
+};
+
+// One platform branch of get_priority_backends(): the base list and its move
+// rules. The first row whose `when` holds is the list; none: an empty list.
+struct PriorityRow {
+  bool (*when)(const SelectionContext& c) = nullptr;  // nullptr: every platform
+  std::vector<absl::string_view> backends;
+  std::vector<MoveRule> rules;
+};
+
+// The activation key each backend's experts are checked with.
+enum class ActivationKeyRule : uint8_t {
+  kAsGiven,  // the layer's key
+  kNone,     // weight-only schemes (int_wna16.py): always None
+  kImplied,  // mxfp4: the key the backend implies (_backend_activation_key)
+};
+
+// Everything vLLM states as data about one scheme's oracle. Adding a vLLM
+// backend is one BackendDef (plus its UserMapRow and its place in a
+// PriorityRow where vLLM lists it there).
 struct SchemeTables {
-  absl::string_view scheme;        // plan.scheme: "fp8"
-  absl::string_view map_name;      // "... is not supported for <map_name> MoE."
-  absl::string_view display_name;  // "No <display_name> MoE backend supports ..."
-  absl::string_view log_name;      // "Using 'X' <log_name> MoE backend out of ..."
-  std::vector<BackendDef> backends;  // the enum, declaration order
-  // map_<scheme>_backend(): user string -> member name, vLLM dict order.
-  std::vector<std::pair<absl::string_view, absl::string_view>> user_map;
-  // kplan's own family joining this scheme (DESIGN.md "Vocabulary"); not
-  // listed in vLLM's "Expected one of" text.
-  std::vector<std::pair<absl::string_view, absl::string_view>> kplan_map;
+  absl::string_view scheme = {};        // plan.scheme: "fp8"
+  absl::string_view map_name = {};      // "... is not supported for <map_name> MoE."
+  absl::string_view display_name = {};  // "No <display_name> MoE backend supports ..."
+  absl::string_view log_name = {};      // "Using 'X' <log_name> MoE backend out of ..."
+  std::vector<BackendDef> backends = {};  // the enum, declaration order
+  // map_<scheme>_backend(): vLLM's dict, in dict order (the "Expected one of" list).
+  std::vector<UserMapRow> user_map = {};
+  // kplan's own family joining this scheme (DESIGN.md "Vocabulary"): mapped
+  // only where the platform lists library `kplan`, and never part of vLLM's
+  // "Expected one of" text.
+  std::vector<UserMapRow> kplan_map = {};
   // batched-variant(B) under the BatchedExperts activation format.
-  std::vector<std::pair<absl::string_view, absl::string_view>> batched;
+  std::vector<std::pair<absl::string_view, absl::string_view>> batched = {};
+  // get_priority_backends(), one row per platform branch.
+  std::vector<PriorityRow> priority = {};
   // kplan members appended to every auto list where the platform lists `kplan`.
-  std::vector<absl::string_view> kplan_auto;
+  std::vector<absl::string_view> kplan_auto = {};
+  // User strings this scheme treats as "auto" (unquantized: humming).
+  std::vector<absl::string_view> auto_aliases = {};
+  ActivationKeyRule activation_key = ActivationKeyRule::kAsGiven;
+  // The log line of an explicit request names the mapped candidates
+  // (mxfp4, whose map yields lists) rather than the chosen backend alone.
+  bool log_candidates = false;
 };
 
 // Outcome of select_backend(): (backend, experts class) plus what kplan reports.
@@ -65,6 +103,13 @@ struct Selection {
   bool forced = false;                     // env override or platform fallback
 };
 
+// One scheme's oracle: its SchemeTables plus the hooks below for the steps
+// vLLM codes by hand. SelectBackend() is the one selection loop (§1.2) every
+// scheme runs:
+//   Bypass -> explicit: map, CheckExplicit, try each candidate (batched
+//   variant, never a fallback), ExplicitError -> auto: priority list
+//   (FilterPriority, kplan's family), EnvOverrides (drop or force), the
+//   loop, OnExhausted.
 class MoEKernelOracle {
  public:
   explicit MoEKernelOracle(const SchemeTables& tables) : t_(tables) {}
@@ -76,18 +121,24 @@ class MoEKernelOracle {
   int Find(absl::string_view member) const;  // -1 when absent
   const BackendDef& def(int b) const { return t_.backends[b]; }
 
-  // get_priority_backends(moe_config): base list (platform-specific) after move rules.
-  virtual std::vector<int> GetPriorityBackends(const SelectionContext& c, QuantKey w,
-                                               QuantKey a) const = 0;
+  // get_priority_backends(moe_config): the platform's PriorityRow after its
+  // move rules and FilterPriority, then kplan's family where listed.
+  std::vector<int> GetPriorityBackends(const SelectionContext& c, QuantKey w, QuantKey a) const;
   // backend_to_kernel_cls(backend)
   virtual std::vector<const ExpertsClass*> BackendToKernelCls(int b,
                                                               const SelectionContext& c) const;
-  // map_backend(runner_backend): INVALID_ARGUMENT (field moe_backend) with
-  // vLLM's "moe_backend='x' is not supported for X MoE. Expected one of [...]".
-  virtual absl::StatusOr<int> MapBackend(absl::string_view moe_backend) const;
-  // select_backend(moe_config, weight_key, activation_key)
-  virtual absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
-                                                  QuantKey a) const = 0;
+  // map_backend(runner_backend): the first mapped member. INVALID_ARGUMENT
+  // (field moe_backend) with vLLM's "moe_backend='x' is not supported for X
+  // MoE. Expected one of [...]" for a string outside vLLM's map, and for
+  // kplan's family unless `kplan_listed` (the platform lists library `kplan`;
+  // the default asks for the scheme's whole vocabulary, as on this server).
+  absl::StatusOr<int> MapBackend(absl::string_view moe_backend, bool kplan_listed = true) const;
+  // The same, every candidate in order.
+  absl::StatusOr<std::vector<int>> MapCandidates(absl::string_view moe_backend,
+                                                 bool kplan_listed) const;
+  // select_backend(moe_config, weight_key, activation_key): the one loop.
+  absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
+                                          QuantKey a) const;
   // The selection RunMoE executes (DESIGN.md "Vocabulary for what runs
   // here"): the same generic loop, over the backends behind the moe_backend
   // names in `runs` (the server's executable backends) and, inside them,
@@ -116,37 +167,84 @@ class MoEKernelOracle {
   // make_kernel(): fills the plan for a selection (experts, P/F, format).
   absl::Status MakeKernel(const Selection& s, const SelectionContext& c, MoePlan& plan) const;
 
-  // --- the generic loop's pieces (shared by every scheme) ---
   ActivationFormat Format(const SelectionContext& c) const;
+  // "Using 'V' X MoE backend out of potential backends: [...]."
+  std::string LogLine(const Selection& s) const;
+
+ protected:
+  // --- hooks: the steps vLLM codes by hand; the defaults do nothing ---
+  // Steps before the explicit request that decide by themselves (platform
+  // bypasses, LoRA, preconditions); nullopt continues the loop.
+  virtual std::optional<absl::StatusOr<Selection>> Bypass(const SelectionContext& /*c*/,
+                                                          QuantKey /*w*/, QuantKey /*a*/) const {
+    return std::nullopt;
+  }
+  // Checks (and may narrow) an explicit request's mapped candidates.
+  virtual absl::Status CheckExplicit(const SelectionContext& /*c*/,
+                                     std::vector<int>& /*candidates*/, QuantKey /*a*/) const {
+    return absl::OkStatus();
+  }
+  // Narrows the auto list after the move rules.
+  virtual void FilterPriority(const SelectionContext& /*c*/, QuantKey /*a*/,
+                              std::vector<int>& /*list*/) const {}
+  // Env-var overrides of the auto list: removes members from `list`, or
+  // returns the member it forces (-1: none).
+  virtual int EnvOverrides(const SelectionContext& /*c*/, std::vector<int>& /*list*/) const {
+    return -1;
+  }
+  // The error of an explicit request whose candidates all fail: vLLM's
+  // _return_or_raise() ValueError "<X> MoE backend <value> does not support
+  // the deployment configuration since <reason>." (INVALID_ARGUMENT, field
+  // moe_backend) unless the scheme words it otherwise.
+  virtual absl::Status ExplicitError(int b, const std::string& reason) const;
+  // An exhausted auto list; `last_reason` is the last rejection. Default:
+  // NotImplementedError("No <X> MoE backend supports the deployment
+  // configuration.") as FAILED_PRECONDITION.
+  virtual absl::StatusOr<Selection> OnExhausted(const SelectionContext& c, QuantKey w, QuantKey a,
+                                                Selection s,
+                                                const std::string& last_reason) const;
+
+  // --- the loop's pieces ---
   // batched-variant(B) when the format is BatchedExperts.
   int MaybeBatched(int b, const SelectionContext& c) const;
+  // The activation key backend `b` is checked with (ActivationKeyRule).
+  QuantKey KeyFor(int b, QuantKey a) const;
   // Tries each class of `b`; records candidates; returns the first that passes.
   const ExpertsClass* TryBackend(int b, const SelectionContext& c, QuantKey w, QuantKey a,
                                  Selection& s, std::string* last_reason) const;
-  // _return_or_raise(): explicit or forced backend; INVALID_ARGUMENT
-  // "<X> MoE backend <value> does not support the deployment configuration since <reason>."
+  // _return_or_raise(): "<X> MoE backend <value> does not support the
+  // deployment configuration since <reason>." as INVALID_ARGUMENT, without a
+  // field for a backend an env override forced, with field moe_backend else.
   absl::StatusOr<Selection> ReturnOrRaise(int b, const SelectionContext& c, QuantKey w, QuantKey a,
                                           Selection s, bool forced) const;
-  // The auto loop over `list`; nullopt-like: s.backend == -1 when exhausted.
+  // An explicit request: each candidate in order (its batched variant, its
+  // activation key); the last failure's ExplicitError.
+  absl::StatusOr<Selection> TryExplicit(const std::vector<int>& candidates,
+                                        const SelectionContext& c, QuantKey w, QuantKey a,
+                                        Selection s) const;
+  // The auto loop over `list`: s.backend == -1 when exhausted.
   Selection Loop(const std::vector<int>& list, const SelectionContext& c, QuantKey w, QuantKey a,
-                 Selection s) const;
+                 Selection s, std::string* last_reason = nullptr) const;
   // NotImplementedError("No <X> MoE backend supports the deployment configuration.")
   absl::Status Exhausted() const;
+  // A platform fallback vLLM takes without is_supported_config (first class of `member`).
+  Selection Fallback(absl::string_view member, const ExpertsClass* e, absl::string_view why,
+                     QuantKey a, Selection s) const;
+  void Remove(std::vector<int>& list, absl::string_view member) const;
+
+ private:
   // Applies move rules to a list of member names.
   std::vector<int> Build(const std::vector<absl::string_view>& names,
                          const std::vector<MoveRule>& rules, const SelectionContext& c, QuantKey w,
                          QuantKey a) const;
-  void Remove(std::vector<int>& list, absl::string_view member) const;
-  // The member a moe_backend string maps to (vLLM's map, then kplan's); -1 if none.
-  int MemberOf(absl::string_view moe_backend) const;
+  // The member a moe_backend string maps to (vLLM's map, then kplan's where
+  // listed); -1 if none.
+  int MemberOf(absl::string_view moe_backend, bool kplan_listed) const;
   // Whether `b` has an experts class this server runs itself.
   bool HasExecutableClass(int b, const SelectionContext& c) const;
   // Appends kplan's family where the platform lists library `kplan`.
   void AppendKplan(std::vector<int>& list, const SelectionContext& c) const;
-  // "Using 'V' X MoE backend out of potential backends: [...]."
-  std::string LogLine(const Selection& s) const;
 
- private:
   const SchemeTables& t_;
 };
 

@@ -9,6 +9,7 @@
 #include "server/base/status.h"
 #include "server/oracle/moe_plan.h"
 #include "server/oracle/oracle.h"
+#include "server/oracle/routing_methods.h"
 
 namespace kplan {
 namespace {
@@ -184,8 +185,8 @@ absl::StatusOr<MoePlan> PlanMoeLayer(const MoeLayerSpec& layer, absl::string_vie
                                    layer.experts_per_token, layer.renormalize,
                                    layer.num_expert_group, layer.has_e_score_correction_bias,
                                    layer.routed_scaling_factor);
-  } else if (std::optional<RoutingMethodType> r = RoutingMethodFromName(layer.routing_method)) {
-    routing = *r;
+  } else if (const RoutingMethodInfo* r = FindRoutingMethod(layer.routing_method)) {
+    routing = r->type;
   } else {
     return InvalidField("routing_method",
                         absl::StrCat("unknown RoutingMethodType ", PyRepr(layer.routing_method)));

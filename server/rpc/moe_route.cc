@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/base/env.h"
 #include "server/base/status.h"
+#include "server/oracle/routing_methods.h"
 #include "server/plan/kernel_config.h"
 
 namespace kplan::rpc {
@@ -33,23 +34,18 @@ std::pair<Q, Q> QuantKeysOf(const ExpertsQuantSpec& q) {
   return {Q::kNone, Q::kNone};
 }
 
-// Scoring and renormalisation each RoutingMethodType the runner routes
-// implies (RoutingSpecFor), as get_routing_method_type would derive them back.
+// Scoring and renormalisation a layer routed by `method` declares (the
+// routing-method table), as get_routing_method_type would derive them back.
+// A method the runner does not route never gets here (RoutingSpecFor rejects
+// it first); it keeps softmax.
 void SetScoring(absl::string_view method, MoeLayerSpec& l) {
-  if (method == "Renormalize" || method == "RenormalizeNaive") {
+  const RoutingMethodInfo* m = FindRoutingMethod(method);
+  if (m == nullptr || m->router == RouterKind::kNone) {
     l.scoring_func = "softmax";
-    l.renormalize = true;
-  } else if (method == "Sigmoid" || method == "Llama4") {
-    l.scoring_func = "sigmoid";
-  } else if (method == "SigmoidRenorm" || method == "DeepSeekV3") {
-    l.scoring_func = "sigmoid";
-    l.renormalize = true;
-  } else if (method == "DeepseekV4") {
-    l.scoring_func = "sqrtsoftplus";
-    l.renormalize = true;
-  } else {
-    l.scoring_func = "softmax";
+    return;
   }
+  l.scoring_func = std::string(m->scoring);
+  if (m->renormalize) l.renormalize = true;
 }
 
 // The user string of the plan's backend member (KPLAN -> kplan).

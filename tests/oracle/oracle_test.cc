@@ -6,6 +6,7 @@
 #include "server/base/status.h"
 #include "server/oracle/moe_plan.h"
 #include "server/oracle/oracle.h"
+#include "server/oracle/routing_methods.h"
 
 namespace kplan {
 namespace {
@@ -734,16 +735,86 @@ TEST(KplanTest, EligibleOnlyWithLibrary) {
   EXPECT_TRUE(p.executable);
   EXPECT_EQ(Plan(Layer(), "cuda:9.0+flashinfer,kplan", "kplan_batched")->experts_kernel,
             "KplanBatchedExperts");
+  // Without library `kplan` the name is outside vLLM's map: vLLM's own text.
   absl::Status s = Plan(Layer(), "cuda:9.0", "kplan").status();
   EXPECT_EQ(s.message(),
-            "Unquantized MoE backend kplan does not support the deployment configuration since "
-            "kernel does not support current device cuda.");
+            "moe_backend='kplan' is not supported for unquantized MoE. Expected one of ['triton', "
+            "'batched_triton', 'flashinfer_trtllm', 'flashinfer_cutlass', 'aiter'].");
   // SM80 is below the kplan CUDA family's floor.
   EXPECT_FALSE(Plan(Layer(), "cuda:8.0+kplan", "kplan").ok());
   // fp8 block explicitly.
   MoePlan f = Plan(Layer(kBlockW, kBlockA), "cuda:9.0+kplan", "kplan").value();
   EXPECT_EQ(f.backend, "KPLAN");
   EXPECT_TRUE(f.executable);
+}
+
+// A platform that does not list `kplan` knows only vLLM's map: each of
+// kplan's names (and emulation where vLLM's map lacks it) is vLLM's "not
+// supported ... Expected one of [...]" ValueError, INVALID_ARGUMENT on
+// moe_backend, exactly as for any other name outside the scheme's dict.
+TEST(KplanTest, FamilyOutsideVllmMapWithoutLibrary) {
+  const std::string unq =
+      "is not supported for unquantized MoE. Expected one of ['triton', 'batched_triton', "
+      "'flashinfer_trtllm', 'flashinfer_cutlass', 'aiter'].";
+  const std::string fp8 =
+      "is not supported for FP8 MoE. Expected one of ['triton', 'deep_gemm', 'cutlass', "
+      "'flashinfer_trtllm', 'flashinfer_cutlass', 'marlin', 'humming', 'aiter', 'hpc'].";
+  const std::string int8 = "is not supported for Int8 MoE. Expected one of ['triton', 'humming'].";
+  struct Case {
+    MoeLayerSpec layer;
+    const char* platform;
+    const char* user;
+    std::string tail;
+  } cases[] = {
+      {Layer(), "cuda:9.0", "kplan", unq},
+      {Layer(), "cuda:10.0+flashinfer", "kplan_batched", unq},
+      {Layer(), "cuda:9.0", "kplan_ep", unq},
+      {Layer(), "rocm:gfx942", "emulation", unq},
+      {Layer(kBlockW, kBlockA), "cuda:9.0", "kplan", fp8},
+      {Layer(kBlockW, kBlockA), "cuda:12.0", "kplan_batched", fp8},
+      {Layer(kBlockW, kBlockA), "cuda:9.0", "kplan_ep", fp8},
+      {Layer("kFp8StaticTensorSym", "kFp8StaticTensorSym"), "cpu", "emulation", fp8},
+      {Layer("kInt8StaticChannelSym", "kInt8DynamicTokenSym"), "cuda:9.0", "emulation", int8},
+      {Layer("kInt8StaticChannelSym", "kInt8DynamicTokenSym"), "cuda:9.0", "kplan",
+       "is not supported for Int8 MoE. Expected one of ['triton', 'humming']."},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = Plan(c.layer, c.platform, c.user).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.user << " " << c.platform;
+    EXPECT_EQ(s.message(), absl::StrCat("moe_backend='", c.user, "' ", c.tail));
+    EXPECT_EQ(FieldOf(s).value_or(""), "moe_backend") << c.user;
+  }
+  // emulation where vLLM's own map has it keeps vLLM's meaning, library or not.
+  MoePlan nv = Plan(Layer("kNvfp4Static", "kNvfp4Dynamic"), "cuda:9.0", "emulation").value();
+  EXPECT_EQ(nv.backend, "EMULATION");
+  EXPECT_EQ(nv.experts_kernel, "Nvfp4EmulationExperts");
+  EXPECT_EQ(Plan(Layer("kInt4Static32"), "cuda:9.0", "emulation")->experts_kernel,
+            "WNA16EmulationExperts");
+}
+
+// Where the platform lists `kplan` the family is accepted as before.
+TEST(KplanTest, FamilyAcceptedWithLibrary) {
+  EXPECT_EQ(Plan(Layer(), "cuda:9.0+kplan", "kplan")->experts_kernel, "KplanExperts");
+  EXPECT_EQ(Plan(Layer(), "cuda:9.0+kplan", "kplan_batched")->experts_kernel,
+            "KplanBatchedExperts");
+  EXPECT_EQ(Plan(Layer(), "cuda:9.0+kplan", "kplan_ep", DpEp("passthrough"))->experts_kernel,
+            "KplanEpExperts");
+  EXPECT_EQ(Plan(Layer(), "rocm:gfx942+kplan", "emulation")->experts_kernel,
+            "KplanEmulationExperts");
+  MoeLayerSpec tensor = Layer("kFp8StaticTensorSym", "kFp8StaticTensorSym");
+  EXPECT_EQ(Plan(tensor, "cpu+kplan", "emulation")->experts_kernel, "KplanEmulationExperts");
+  EXPECT_EQ(Plan(Layer(kBlockW, kBlockA), "cuda:9.0+kplan", "kplan_batched")->experts_kernel,
+            "KplanBatchedExperts");
+  EXPECT_EQ(Plan(Layer("kInt8StaticChannelSym", "kInt8DynamicTokenSym"), "cuda:9.0+kplan",
+                 "emulation")
+                ->experts_kernel,
+            "KplanEmulationExperts");
+  // Accepted by the map, a kplan class can still reject the layer: that is
+  // the "does not support the deployment configuration" text, not the map's.
+  absl::Status s = Plan(Layer(), "cuda:8.0+kplan", "kplan").status();
+  EXPECT_EQ(s.message(),
+            "Unquantized MoE backend kplan does not support the deployment configuration since "
+            "kernel does not support current device cuda.");
 }
 
 TEST(KplanTest, EmulationAndEp) {
@@ -806,6 +877,34 @@ TEST(LayerErrorsTest, FieldPaths) {
   derived.num_expert_group = 8;
   derived.topk_group = 4;
   EXPECT_EQ(Plan(derived, "cuda:9.0")->routing_method, "DeepSeekV3");
+}
+
+// --- the routing-method table -------------------------------------------------------------
+
+TEST(RoutingMethodsTest, OneRowPerMemberAndHowItRoutes) {
+  ASSERT_EQ(RoutingMethods().size(), 13u);
+  for (const RoutingMethodInfo& m : RoutingMethods()) {
+    EXPECT_EQ(RoutingMethodOf(m.type).name, m.name);
+    EXPECT_EQ(FindRoutingMethod(m.name), &m);
+    EXPECT_EQ(RoutingMethodName(m.type), m.name);
+  }
+  EXPECT_EQ(FindRoutingMethod("renormalize"), nullptr);  // member names are case-sensitive
+  // Each routed row derives back to itself through get_routing_method_type()
+  // (DeepSeekV3 needs the bias and groups; Llama4 and Renormalize have their own routers).
+  for (const char* name :
+       {"Default", "RenormalizeNaive", "Sigmoid", "SigmoidRenorm", "DeepseekV4"}) {
+    const RoutingMethodInfo& m = *FindRoutingMethod(name);
+    EXPECT_EQ(GetRoutingMethodType(m.scoring, 8, m.renormalize, 0, false), m.type) << name;
+  }
+  const RoutingMethodInfo& ds = *FindRoutingMethod("DeepSeekV3");
+  EXPECT_EQ(GetRoutingMethodType(ds.scoring, 8, ds.renormalize, 8, true), ds.type);
+  EXPECT_TRUE(ds.grouped);
+  EXPECT_EQ(ds.router, RouterKind::kGroupedTopK);
+  EXPECT_EQ(FindRoutingMethod("Renormalize")->router, RouterKind::kTopKThenSoftmax);
+  EXPECT_EQ(FindRoutingMethod("Llama4")->router, RouterKind::kLlama4);
+  for (const char* name : {"TopK", "MiniMax2", "Unspecified", "Custom", "Simulated"}) {
+    EXPECT_EQ(FindRoutingMethod(name)->router, RouterKind::kNone) << name;
+  }
 }
 
 // --- renderings ------------------------------------------------------------------------------
