@@ -6,7 +6,7 @@
 #include "server/base/status.h"
 
 #if KPLAN_HAVE_CUDA
-#include "kernels/cuda/stream.h"
+#include "kernels/cuda/runtime/stream.h"
 #endif
 
 namespace kplan {
@@ -58,7 +58,7 @@ void DeviceExecutor::Loop(Worker* w) {
     if (!bound) {  // first GPU work: bind the device and make the stream here
       bound = true;
 #if KPLAN_HAVE_CUDA
-      absl::StatusOr<void*> stream = kernels::CreateDeviceStream(w->slot.cuda_device);
+      absl::StatusOr<void*> stream = kernels::cuda::CreateDeviceStream(w->slot.cuda_device);
       if (stream.ok()) {
         w->slot.stream = *stream;
       } else {
@@ -71,7 +71,7 @@ void DeviceExecutor::Loop(Worker* w) {
     item.second(w->slot, absl::Now() - item.first);
   }
 #if KPLAN_HAVE_CUDA
-  kernels::DestroyDeviceStream(w->slot.stream);
+  kernels::cuda::DestroyDeviceStream(w->slot.stream);
 #endif
 }
 
