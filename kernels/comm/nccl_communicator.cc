@@ -100,7 +100,6 @@ absl::StatusOr<ncclComm_t> JoinWithin(int rank, int size, const ncclUniqueId& id
 
 }  // namespace
 
-
 absl::StatusOr<std::string> NcclCommunicator::CreateUniqueId() {
   ncclUniqueId id;
   KPLAN_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
