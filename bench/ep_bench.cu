@@ -49,7 +49,7 @@
 
 #include "bench/bench_check.h"
 #include "kernels/comm/nccl_communicator.h"
-#include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/moe/moe_ops.h"
 #include "server/moe/ep/gpu_ep.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_layer.h"

@@ -28,8 +28,8 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <chrono>
 #include <barrier>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +43,7 @@
 #include "bench/bench_check.h"
 #include "kernels/comm/kplan_ep_transport.h"
 #include "kernels/comm/nccl_communicator.h"
+#include "kernels/cuda/runtime/status.h"
 
 namespace {
 
@@ -53,9 +54,9 @@ using kplan::comm::NcclCommunicator;
 constexpr int kHidden = 7168, kTopK = 8, kExperts = 256;
 constexpr int64_t kRowBytes = kHidden * 2;
 
-// NCCL errors through the transport's Status mapping, then CHECK_OK.
+// NCCL errors through the build's Status mapping, then CHECK_OK.
 #define CHECK_NCCL(expr) \
-  CHECK_OK(kplan::comm::NcclResultStatus(static_cast<int>(expr), #expr, __FILE__, __LINE__))
+  CHECK_OK(kplan::kernels::cuda::NcclStatus(static_cast<int>(expr), __FILE__, __LINE__, #expr))
 
 std::vector<int> ParseList(const char* s) {
   std::vector<int> v;

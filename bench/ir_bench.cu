@@ -31,9 +31,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/ir_ops.h"
 #include "bench/bench_check.h"
 #include "bench/copy_roofline.cuh"
+#include "kernels/cuda/ir/ir_ops.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The GPU MoE layer (kernels/cuda/moe_ops.h routing + align, moe_experts.h
+// The GPU MoE layer (kernels/cuda/moe/moe_ops.h routing + align, moe_experts.h
 // grouped GEMMs, activation, combine) timed as vLLM's benchmark_moe.py times
 // fused_moe: routing through combine captured in a CUDA graph, replayed, with
 // fresh random routing per layer, next to an SM copy and a cuBLAS bf16 matmul
@@ -56,14 +56,14 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cuda/moe_experts.h"
-#include "kernels/cuda/moe_ops.h"
+#include "bench/bench_check.h"
+#include "bench/copy_roofline.cuh"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_ops.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_layer.h"
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"
-#include "bench/bench_check.h"
-#include "bench/copy_roofline.cuh"
 
 namespace {
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Writes kernels/cuda/moe_wgmma.cuh: the wgmma.mma_async wrappers the grouped
+"""Writes kernels/cuda/moe/moe_wgmma.cuh: the wgmma.mma_async wrappers the grouped
 GEMM uses (m64nNk16, fp32 accumulate, both operands K-major from shared memory
 descriptors), one per token-tile width N and operand type. PTX needs every
 accumulator register named in the asm statement, hence generated code.
-usage: python3 scripts/gen_wgmma.py > kernels/cuda/moe_wgmma.cuh"""
+usage: python3 scripts/gen_wgmma.py > kernels/cuda/moe/moe_wgmma.cuh"""
 NS = (16, 64, 128, 256)
 # (C++ type, PTX type, K per instruction, transpose immediates): 16-bit
 # operands take K=16 and the two transpose flags; fp8 takes K=32 and is

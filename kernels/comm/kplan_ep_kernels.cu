@@ -16,7 +16,7 @@
 #include <cstdint>
 
 #include "kernels/comm/kplan_ep_transport.h"
-#include "kernels/cuda/ir_cuda_status.h"
+#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::comm::ep_internal {
 namespace {
@@ -224,7 +224,7 @@ absl::Status LaunchEpDispatch(const EpKernelParams& p, const void* hidden,
   const KernelArgs a = MakeArgs(p);
   EpDispatchKernel<<<p.num_ctas, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       a, static_cast<const int4*>(hidden), topk_ids, static_cast<int>(num_tokens));
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("EpDispatchKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("EpDispatchKernel");
   return absl::OkStatus();
 }
 
@@ -232,7 +232,7 @@ absl::Status LaunchEpReturn(const EpKernelParams& p, const void* expert_out, voi
   const KernelArgs a = MakeArgs(p);
   EpReturnKernel<<<p.num_ctas, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       a, static_cast<const int4*>(expert_out));
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("EpReturnKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("EpReturnKernel");
   return absl::OkStatus();
 }
 

@@ -7,18 +7,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/ir_cuda_status.h"
+#include "kernels/cuda/runtime/status.h"
 #include "server/base/status.h"
 
 namespace kplan::comm {
 namespace {
-
-#define KPLAN_EP_NCCL_RETURN_IF_ERROR(expr)                                              \
-  do {                                                                                   \
-    if (ncclResult_t _r = (expr); _r != ncclSuccess) {                                   \
-      return ::kplan::comm::NcclResultStatus(_r, #expr, __FILE__, __LINE__);            \
-    }                                                                                    \
-  } while (0)
 
 constexpr int64_t kRegionAlign = 4096;            // NCCL_WIN_REQUIRED_ALIGNMENT
 constexpr int64_t kWindowGranularity = 2 << 20;  // cuMem allocation granularity
@@ -101,7 +94,7 @@ absl::Status KplanEpTransport::Init() {
   // ncclWindow_vidmem, ncclDevCommRequirements), whose layouts differ even
   // between 2.28 patch releases: only the version compiled against is safe.
   int runtime_version = 0;
-  KPLAN_EP_NCCL_RETURN_IF_ERROR(ncclGetVersion(&runtime_version));
+  KPLAN_NCCL_RETURN_IF_ERROR(ncclGetVersion(&runtime_version));
   if (runtime_version != NCCL_VERSION_CODE) {
     return absl::FailedPreconditionError(absl::StrCat(
         "KplanEpTransport: built against NCCL ", NCCL_VERSION_CODE, " device headers but NCCL ",
@@ -111,8 +104,7 @@ absl::Status KplanEpTransport::Init() {
   }
   CurrentDevice guard(device_);
   int sms = 0;
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
   if (config_.num_ctas > sms) {
     return absl::InvalidArgumentError(absl::StrCat("KplanEpTransport: num_ctas ", config_.num_ctas,
                                                    " exceeds the ", sms, " SMs of device ",
@@ -136,16 +128,16 @@ absl::Status KplanEpTransport::Init() {
   ncclComm_t comm = comm_.nccl_comm();
   // Collective, in the same order on every rank: window, then device comm.
   void* base = nullptr;
-  KPLAN_EP_NCCL_RETURN_IF_ERROR(ncclMemAlloc(&base, static_cast<size_t>(L.total_bytes)));
+  KPLAN_NCCL_RETURN_IF_ERROR(ncclMemAlloc(&base, static_cast<size_t>(L.total_bytes)));
   base_ = static_cast<char*>(base);
-  KPLAN_EP_NCCL_RETURN_IF_ERROR(ncclCommWindowRegister(
-      comm, base_, static_cast<size_t>(L.total_bytes), &window_, NCCL_WIN_COLL_SYMMETRIC));
+  KPLAN_NCCL_RETURN_IF_ERROR(ncclCommWindowRegister(comm, base_, static_cast<size_t>(L.total_bytes),
+                                                    &window_, NCCL_WIN_COLL_SYMMETRIC));
   window_registered_ = true;
 
   ncclDevCommRequirements reqs{};  // zero: no multimem (NVLS), no GIN
   reqs.lsaMultimem = false;
   reqs.lsaBarrierCount = config_.num_ctas;
-  KPLAN_EP_NCCL_RETURN_IF_ERROR(ncclDevCommCreate(comm, &reqs, dev_comm_.get()));
+  KPLAN_NCCL_RETURN_IF_ERROR(ncclDevCommCreate(comm, &reqs, dev_comm_.get()));
   dev_comm_created_ = true;
   if (dev_comm_->lsaSize != size_ || dev_comm_->nRanks != size_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -167,9 +159,9 @@ absl::Status KplanEpTransport::Init() {
   // The -1 invariant of recv ids, zero token counts; then one host barrier so
   // that no peer writes here before the reset landed.
   auto stream = static_cast<cudaStream_t>(comm_.stream());
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(base_ + L.ids_offset, 0xff,
-                                                static_cast<size_t>(size_ * T * k * 4), stream));
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(
+  KPLAN_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(base_ + L.ids_offset, 0xff, static_cast<size_t>(size_ * T * k * 4), stream));
+  KPLAN_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(base_ + L.counts_offset, 0, kKplanEpMaxRanks * 4, stream));
   return comm_.Barrier();
 }

@@ -27,7 +27,7 @@
 //    whose k experts sit on one rank is sent there once (DeepEP's
 //    layout), which cuts the dispatched bytes by up to k. The receive side is
 //    exactly the single-GPU expert input: hidden rows [n*T, H] plus ids
-//    [n*T, k], so the grouped-GEMM pipeline (kernels/cuda/moe_experts.h) runs
+//    [n*T, k], so the grouped-GEMM pipeline (kernels/cuda/moe/moe_experts.h) runs
 //    on it unchanged: moe_align_block_size over the n*T*k recv ids with
 //    num_experts = the local expert count (-1 and other ids outside
 //    [0, E_local) are skipped), GEMM 1 with a_row_div = k reading recv rows,

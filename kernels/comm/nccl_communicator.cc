@@ -11,57 +11,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/runtime/status.h"
 #include "server/base/status.h"
 
 namespace kplan::comm {
 namespace {
 
-// NCCL result -> canonical code: the one mapping table of this module.
-absl::StatusCode NcclCode(ncclResult_t r) {
-  switch (r) {
-    case ncclSuccess:
-      return absl::StatusCode::kOk;
-    case ncclInvalidArgument:
-    case ncclInvalidUsage:
-      return absl::StatusCode::kInvalidArgument;
-    case ncclRemoteError:
-      return absl::StatusCode::kUnavailable;
-    case ncclInProgress:
-      return absl::StatusCode::kUnavailable;
-    case ncclUnhandledCudaError:
-    case ncclSystemError:
-    case ncclInternalError:
-    default:
-      return absl::StatusCode::kInternal;
-  }
-}
-
-absl::Status NcclError(ncclResult_t r, const char* expr, const char* file, int line) {
-  const char* last = ncclGetLastError(nullptr);
-  return absl::Status(NcclCode(r),
-                      absl::StrCat(file, ":", line, ": ", expr, " failed: ", ncclGetErrorString(r),
-                                   last != nullptr && *last != '\0' ? absl::StrCat(" (", last, ")")
-                                                                    : std::string()));
-}
-
-absl::Status CudaError(cudaError_t e, const char* expr, const char* file, int line) {
-  return absl::InternalError(absl::StrCat(file, ":", line, ": ", expr, " failed: ",
-                                          cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
-}
-
-#define KPLAN_NCCL_RETURN_IF_ERROR(expr)                                   \
-  do {                                                                     \
-    if (ncclResult_t _r = (expr); _r != ncclSuccess) {                     \
-      return ::kplan::comm::NcclError(_r, #expr, __FILE__, __LINE__);      \
-    }                                                                      \
-  } while (0)
-
-#define KPLAN_CUDA_RETURN_IF_ERROR(expr)                                   \
-  do {                                                                     \
-    if (cudaError_t _e = (expr); _e != cudaSuccess) {                      \
-      return ::kplan::comm::CudaError(_e, #expr, __FILE__, __LINE__);      \
-    }                                                                      \
-  } while (0)
+using kernels::cuda::CudaStatus;
+using kernels::cuda::NcclStatus;
 
 ncclDataType_t NcclType(CommDType dtype) {
   switch (dtype) {
@@ -135,19 +92,13 @@ absl::StatusOr<ncclComm_t> JoinWithin(int rank, int size, const ncclUniqueId& id
         timeout.count(), " ms (a peer never joined); gave up waiting"));
   }
   if (pending->result != ncclSuccess) {
-    return NcclError(pending->result, "ncclCommInitRank(&comm, size, id, rank)", __FILE__,
-                     __LINE__);
+    return NcclStatus(pending->result, __FILE__, __LINE__,
+                      "ncclCommInitRank(&comm, size, id, rank)");
   }
   return pending->comm;
 }
 
 }  // namespace
-
-absl::Status NcclResultStatus(int result, const char* expr, const char* file, int line) {
-  const auto r = static_cast<ncclResult_t>(result);
-  if (r == ncclSuccess) return absl::OkStatus();
-  return NcclError(r, expr, file, line);
-}
 
 absl::StatusOr<std::string> NcclCommunicator::CreateUniqueId() {
   ncclUniqueId id;
@@ -254,11 +205,11 @@ absl::Status NcclCommunicator::Wait(absl::string_view what) {
       if (e == cudaSuccess) return absl::OkStatus();
       ncclResult_t async = ncclSuccess;
       if (e != cudaErrorNotReady) {
-        failure = CudaError(e, "cudaStreamQuery(stream)", __FILE__, __LINE__);
+        failure = CudaStatus(e, __FILE__, __LINE__, "cudaStreamQuery(stream)");
       } else if (ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
                  r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-        const absl::Status st = NcclError(r != ncclSuccess ? r : async,
-                                          "ncclCommGetAsyncError(comm)", __FILE__, __LINE__);
+        const absl::Status st = NcclStatus(r != ncclSuccess ? r : async, __FILE__, __LINE__,
+                                           "ncclCommGetAsyncError(comm)");
         failure = absl::Status(st.code(), absl::StrCat("NcclCommunicator rank ", rank_, ": ",
                                                        what, ": ", st.message()));
       } else if (std::chrono::steady_clock::now() > deadline) {
@@ -316,7 +267,7 @@ absl::Status NcclCommunicator::AllToAllV(const void* send, absl::Span<const int6
                                     static_cast<size_t>(send_counts[p]), type, p, comm_, stream);
           r != ncclSuccess) {
         (void)ncclGroupEnd();
-        return NcclError(r, "ncclSend", __FILE__, __LINE__);
+        return NcclStatus(r, __FILE__, __LINE__, "ncclSend");
       }
     }
     if (recv_counts[p] > 0) {
@@ -324,7 +275,7 @@ absl::Status NcclCommunicator::AllToAllV(const void* send, absl::Span<const int6
                                     static_cast<size_t>(recv_counts[p]), type, p, comm_, stream);
           r != ncclSuccess) {
         (void)ncclGroupEnd();
-        return NcclError(r, "ncclRecv", __FILE__, __LINE__);
+        return NcclStatus(r, __FILE__, __LINE__, "ncclRecv");
       }
     }
   }

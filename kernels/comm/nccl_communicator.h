@@ -97,9 +97,4 @@ class NcclCommunicator final : public Communicator {
   void* barrier_buffer_ = nullptr;
 };
 
-// An NCCL result (ncclResult_t as int) as absl::Status: OK for ncclSuccess,
-// otherwise this module's code mapping and "<file>:<line>: <expr> failed:
-// <ncclGetErrorString> (<ncclGetLastError>)". Shared with kplan_ep_transport.
-absl::Status NcclResultStatus(int result, const char* expr, const char* file, int line);
-
 }  // namespace kplan::comm

@@ -1,29 +1,11 @@
-// CUDA stream plumbing for the device workers: make the calling thread use a
-// device and give it a non-blocking stream. Errors carry file:line and
-// cudaGetErrorString.
+// Forwarding header: the old home of the stream helpers and DeviceScope,
+// kept only for server/moe/ep/gpu_ep.cc. Delete once it includes
+// kernels/cuda/runtime/device_guard.h and uses cuda::DeviceGuard.
 #pragma once
 
-#include "absl/status/statusor.h"
+#include "kernels/cuda/runtime/device_guard.h"
+#include "kernels/cuda/runtime/stream.h"
 
 namespace kplan::kernels {
-
-// cudaSetDevice + cudaStreamCreateWithFlags(cudaStreamNonBlocking).
-absl::StatusOr<void*> CreateDeviceStream(int device);
-void DestroyDeviceStream(void* stream);
-absl::Status SynchronizeStream(void* stream);
-
-// Makes `device` current for a scope and restores the previous device when
-// it ends (so a caller on another device's worker thread is not disturbed).
-class DeviceScope {
- public:
-  DeviceScope() = default;
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  absl::Status Enter(int device);
-  ~DeviceScope();
-
- private:
-  int prev_ = -1, device_ = -1;
-};
-
+using DeviceScope = cuda::DeviceGuard;
 }  // namespace kplan::kernels

@@ -11,7 +11,7 @@
 #include "spdlog/spdlog.h"
 
 #if KPLAN_HAVE_CUDA
-#include "kernels/cuda/stream.h"
+#include "kernels/cuda/runtime/stream.h"
 #endif
 
 namespace kplan {
@@ -146,7 +146,7 @@ void DeviceExecutor::Loop(Worker* w) {
     if (!bound) {  // first GPU work: bind the device and make the stream here
       bound = true;
 #if KPLAN_HAVE_CUDA
-      absl::StatusOr<void*> stream = kernels::CreateDeviceStream(w->slot.cuda_device);
+      absl::StatusOr<void*> stream = kernels::cuda::CreateDeviceStream(w->slot.cuda_device);
       if (stream.ok()) {
         w->slot.stream = *stream;
       } else {
@@ -161,7 +161,7 @@ void DeviceExecutor::Loop(Worker* w) {
     Release(bytes);
   }
 #if KPLAN_HAVE_CUDA
-  kernels::DestroyDeviceStream(w->slot.stream);
+  kernels::cuda::DestroyDeviceStream(w->slot.stream);
 #endif
 }
 

@@ -15,7 +15,7 @@
 #if KPLAN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/ir_ops.h"
+#include "kernels/cuda/ir/ir_ops.h"
 #endif
 
 namespace kplan {

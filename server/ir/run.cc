@@ -16,7 +16,9 @@
 #if KPLAN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/ir_cuda_status.h"
+#include "absl/cleanup/cleanup.h"
+#include "kernels/cuda/runtime/buffers.h"
+#include "kernels/cuda/runtime/status.h"
 #endif
 
 namespace kplan {
@@ -190,58 +192,36 @@ absl::StatusOr<IrOpResult> RunOnCpu(Prepared p, absl::Time deadline) {
 }
 
 #if KPLAN_HAVE_CUDA
-// One stream-ordered allocation for all of a request's device buffers,
-// released (and the stream drained) on every exit path.
-class DeviceArena {
- public:
-  explicit DeviceArena(cudaStream_t stream) : stream_(stream) {}
-  DeviceArena(const DeviceArena&) = delete;
-  ~DeviceArena() {
-    if (base_ != nullptr) {
-      cudaFreeAsync(base_, stream_);
-      cudaStreamSynchronize(stream_);
-    }
-  }
-  absl::Status Allocate(size_t bytes) {
-    if (bytes == 0) return absl::OkStatus();
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&base_, bytes, stream_));
-    return absl::OkStatus();
-  }
-  char* base() const { return static_cast<char*>(base_); }
-
- private:
-  cudaStream_t stream_;
-  void* base_ = nullptr;
-};
-
-size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
-
 absl::StatusOr<IrOpResult> RunOnCuda(Prepared p, const IrOpRequest& request) {
   const int index = request.device.device.index;
   auto stream = static_cast<cudaStream_t>(request.device.stream);
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaSetDevice(index));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(index));
 
-  size_t total = 0;
-  std::map<std::string, size_t> offsets;
+  // One stream-ordered block for all of the request's device buffers,
+  // released (and the stream drained) on every exit path.
+  kernels::cuda::DeviceArena arena(stream);
+  std::map<std::string, int64_t> offsets;
   for (const IrNamedTensor& t : request.tensors) {
-    offsets[t.name] = total;
-    total += Align256(t.tensor.data.size());
+    offsets[t.name] = arena.Reserve(static_cast<int64_t>(t.tensor.data.size()));
   }
-  std::vector<size_t> out_offsets;
+  std::vector<int64_t> out_offsets;
   for (const IrNamedTensor& o : p.result.outputs) {
-    out_offsets.push_back(total);
-    total += Align256(o.tensor.data.size());
+    out_offsets.push_back(arena.Reserve(static_cast<int64_t>(o.tensor.data.size())));
   }
-  DeviceArena arena(stream);
-  KPLAN_RETURN_IF_ERROR(arena.Allocate(total));
+  absl::Cleanup release = [&arena, stream] {
+    if (arena.base() == nullptr) return;
+    arena.Release();
+    cudaStreamSynchronize(stream);
+  };
+  KPLAN_RETURN_IF_ERROR(arena.Allocate());
 
   std::map<std::string, void*> device_data;
   for (const IrNamedTensor& t : request.tensors) {
-    char* dst = arena.base() + offsets[t.name];
+    char* dst = arena.At<char>(offsets[t.name]);
     device_data[t.name] = dst;
     if (!t.tensor.data.empty()) {
-      KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, t.tensor.data.data(), t.tensor.data.size(),
-                                                    cudaMemcpyHostToDevice, stream));
+      KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, t.tensor.data.data(), t.tensor.data.size(),
+                                                 cudaMemcpyHostToDevice, stream));
     }
   }
   KPLAN_ASSIGN_OR_RETURN(IrArgs args,
@@ -249,10 +229,10 @@ absl::StatusOr<IrOpResult> RunOnCuda(Prepared p, const IrOpRequest& request) {
   std::vector<TensorView> outs;
   for (size_t i = 0; i < p.result.outputs.size(); ++i) {
     IrHostTensor& o = p.result.outputs[i].tensor;
-    char* dst = arena.base() + out_offsets[i];
+    char* dst = arena.At<char>(out_offsets[i]);
     // Poison: an element the kernel fails to write reads back as NaN.
     if (!o.data.empty()) {
-      KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, 0xff, o.data.size(), stream));
+      KPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, 0xff, o.data.size(), stream));
     }
     outs.push_back(TensorView::Contiguous(dst, o.dtype, o.shape, request.device.device));
   }
@@ -260,10 +240,10 @@ absl::StatusOr<IrOpResult> RunOnCuda(Prepared p, const IrOpRequest& request) {
   for (size_t i = 0; i < p.result.outputs.size(); ++i) {
     std::string& host = p.result.outputs[i].tensor.data;
     if (host.empty()) continue;
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), outs[i].data, host.size(),
-                                                  cudaMemcpyDeviceToHost, stream));
+    KPLAN_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(host.data(), outs[i].data, host.size(), cudaMemcpyDeviceToHost, stream));
   }
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return std::move(p.result);
 }
 #endif

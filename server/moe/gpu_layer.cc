@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/runtime/buffers.h"
 #include "server/base/status.h"
 #include "server/moe/gpu_layer_emulation.h"
 
@@ -66,7 +66,7 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
     partials = std::max(kc::MoeGemmPartialsBytes(l.splits1, numel, N13),
                         kc::MoeGemmPartialsBytes(l.splits2, numel, H));
   }
-  auto reserve = [&l](int64_t bytes) { return ReserveAligned(&l.bytes, bytes); };
+  auto reserve = [&l](int64_t bytes) { return kc::ReserveAligned(&l.bytes, bytes); };
   l.sorted = reserve(l.max_padded * 4);
   l.eids = reserve(l.max_blocks * 4);
   l.post = reserve(4);

@@ -15,7 +15,7 @@
 #include <optional>
 
 #include "absl/status/status.h"
-#include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/moe/moe_ops.h"
 #include "server/moe/gpu_runner.h"
 
 namespace kplan {

@@ -5,9 +5,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/moe_experts.h"
-#include "kernels/cuda/moe_ops.h"
-#include "kernels/cuda/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/runtime/buffers.h"
 #include "server/base/status.h"
 
 namespace kplan {
@@ -92,7 +93,7 @@ Layout LayoutFor(const GpuExperts& experts, const Scheme& s, int64_t M, int k, i
     l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));
     l.max_blocks = std::max(l.max_blocks, kc::MoeAlignMaxBlocks(numel, E, bm, false));
   }
-  auto reserve = [&l](int64_t bytes) { return ReserveAligned(&l.bytes, bytes); };
+  auto reserve = [&l](int64_t bytes) { return kc::ReserveAligned(&l.bytes, bytes); };
   l.sorted = reserve(l.max_padded * 4);
   l.eids = reserve(l.max_blocks * 4);
   l.post = reserve(4);

@@ -2,7 +2,7 @@
 // every expert set / activation dtype combination that the fast kplan
 // kernels do not take (quantised weights, fp32 weights, activations in
 // another dtype than the weights). The same stages as the fast route, with
-// kernels/cuda/moe_quant_gemm.h's dequantising GEMM and, for fp8 sets, the
+// kernels/cuda/moe/moe_quant_gemm.h's dequantising GEMM and, for fp8 sets, the
 // activation quantiser before each GEMM:
 //   routing -> moe_align_block_size -> [scale rows] -> [fp8 quantise A]
 //   -> GEMM 1 (dequantise W) -> activation -> [fp8 quantise C2]
@@ -31,14 +31,6 @@ int64_t EmulationLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_toke
 absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs& a,
                                    moe::MoeDType act_dtype, void* workspace,
                                    int64_t workspace_bytes, void* stream);
-
-// Workspace layouts: reserves `bytes` at the end of a layout of `*total`
-// bytes, 256-byte aligned; returns its offset.
-inline int64_t ReserveAligned(int64_t* total, int64_t bytes) {
-  const int64_t at = *total;
-  *total += (bytes + 255) / 256 * 256;
-  return at;
-}
 
 // The first two stages every route shares (gpu_layer.cc): routing from
 // logits when `a` has them, then moe_align_block_size with `block_m` (and

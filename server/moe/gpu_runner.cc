@@ -13,20 +13,19 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/moe_experts.h"
-#include "kernels/cuda/moe_ops.h"
-#include "kernels/cuda/stream.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/runtime/buffers.h"
+#include "kernels/cuda/runtime/device_guard.h"
+#include "kernels/cuda/runtime/status.h"
+#include "server/base/status.h"
 #include "server/moe/gpu_layer.h"
 #include "server/moe/gpu_layer_emulation.h"
-#include "server/base/status.h"
 
 namespace kplan {
 namespace {
 
 namespace kc = kernels::cuda;
-
-#define KPLAN_GPU_RETURN_IF_ERROR(expr) KPLAN_IR_CUDA_RETURN_IF_ERROR(expr)
 
 // The kernels' mirrors of the reference enums must agree value for value.
 static_assert(static_cast<int>(kc::MoeActKind::kRelu2NoMul) ==
@@ -38,47 +37,15 @@ static_assert(static_cast<int>(kc::MoeRoutingMethod::kLlama4) ==
 static_assert(static_cast<int>(kc::MoeScoringFunc::kSqrtSoftplus) ==
               static_cast<int>(moe::ScoringFunc::kSqrtSoftplus));
 
-using kernels::DeviceScope;
-
+using kc::DeviceArena;
+using kc::DeviceGuard;
 
 absl::Status CopyToDevice(void** dst, const void* src, int64_t bytes) {
-  KPLAN_GPU_RETURN_IF_ERROR(cudaMalloc(dst, static_cast<size_t>(bytes)));
-  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpy(*dst, src, static_cast<size_t>(bytes),
-                                       cudaMemcpyHostToDevice));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaMalloc(dst, static_cast<size_t>(bytes)));
+  KPLAN_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(*dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice));
   return absl::OkStatus();
 }
-
-// One stream-ordered device allocation carved into 256-byte aligned pieces.
-class Workspace {
- public:
-  explicit Workspace(cudaStream_t stream) : stream_(stream) {}
-  ~Workspace() {
-    if (base_ != nullptr) cudaFreeAsync(base_, stream_);
-  }
-  // Reserves `bytes`; returns its offset (valid after Allocate).
-  int64_t Reserve(int64_t bytes) { return ReserveAligned(&size_, bytes); }
-  absl::Status Allocate() {
-    if (size_ == 0) return absl::OkStatus();
-    const cudaError_t err = cudaMallocAsync(&base_, static_cast<size_t>(size_), stream_);
-    if (err != cudaSuccess) {
-      base_ = nullptr;
-      cudaGetLastError();
-      return kc::CudaStatus(err, __FILE__, __LINE__, "cudaMallocAsync(workspace)");
-    }
-    return absl::OkStatus();
-  }
-  template <typename T>
-  T* At(int64_t offset) const {
-    return reinterpret_cast<T*>(static_cast<char*>(base_) + offset);
-  }
-  void* base() const { return base_; }
-  int64_t size() const { return size_; }
-
- private:
-  cudaStream_t stream_;
-  void* base_ = nullptr;
-  int64_t size_ = 0;
-};
 
 // RunMoeOnGpu's per-call workspace is stream-ordered (cudaMallocAsync). The
 // device's default pool returns freed memory to the driver at every
@@ -86,9 +53,9 @@ class Workspace {
 // allocation a pool hit instead of a fresh mapping.
 absl::Status KeepWorkspacesPooled(int device) {
   cudaMemPool_t pool;
-  KPLAN_GPU_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device));
   uint64_t keep = UINT64_MAX;
-  KPLAN_GPU_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   return absl::OkStatus();
 }
 
@@ -97,38 +64,12 @@ absl::Status KeepWorkspacesPooled(int device) {
 // and write it directly (no hidden staging copy of pageable memory) and no
 // call pays for cudaHostAlloc after the first large one.
 absl::StatusOr<char*> ThisThreadsPinnedBuffer(int64_t bytes) {
-  struct Pinned {
-    char* p = nullptr;
-    int64_t size = 0;
-    ~Pinned() {
-      if (p != nullptr) cudaFreeHost(p);
-    }
-  };
-  thread_local Pinned pinned;
-  if (pinned.size >= bytes) return pinned.p;
-  if (pinned.p != nullptr) cudaFreeHost(pinned.p);
-  pinned.p = nullptr;
-  pinned.size = 0;
-  const int64_t want = std::max<int64_t>(bytes, int64_t{1} << 20);
-  void* p = nullptr;
-  if (cudaError_t err = cudaHostAlloc(&p, static_cast<size_t>(want), cudaHostAllocPortable);
-      err != cudaSuccess) {
-    cudaGetLastError();
-    return kc::CudaStatus(err, __FILE__, __LINE__, "cudaHostAlloc(request staging)");
-  }
-  pinned.p = static_cast<char*>(p);
-  pinned.size = want;
-  return pinned.p;
+  thread_local kc::PinnedHostBuffer pinned;
+  if (pinned.capacity() >= static_cast<size_t>(bytes)) return pinned.data();
+  KPLAN_RETURN_IF_ERROR(
+      pinned.Reserve(static_cast<size_t>(std::max<int64_t>(bytes, int64_t{1} << 20))));
+  return pinned.data();
 }
-
-class Events {
- public:
-  ~Events() {
-    if (start != nullptr) cudaEventDestroy(start);
-    if (stop != nullptr) cudaEventDestroy(stop);
-  }
-  cudaEvent_t start = nullptr, stop = nullptr;
-};
 
 }  // namespace
 
@@ -164,13 +105,11 @@ GpuExperts::~GpuExperts() {
                        static_cast<void*>(w13_zero_),
                        static_cast<void*>(w2_zero_)};
   if (std::all_of(std::begin(all), std::end(all), [](void* p) { return p == nullptr; })) return;
-  int prev = -1;
-  const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
-                        cudaSetDevice(device_) == cudaSuccess;
+  DeviceGuard guard;  // free on the experts' device
+  (void)guard.Enter(device_);
   for (void* p : all) {
     if (p != nullptr) cudaFree(p);
   }
-  if (switched) cudaSetDevice(prev);
 }
 
 absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& set, int device) {
@@ -223,8 +162,8 @@ absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& 
   g->activation_ = set.activation();
   g->device_ = device;
   g->first_expert_ = first_expert;
-  DeviceScope scope;
-  KPLAN_RETURN_IF_ERROR(scope.Enter(device));
+  DeviceGuard guard;
+  KPLAN_RETURN_IF_ERROR(guard.Enter(device));
   KPLAN_RETURN_IF_ERROR(KeepWorkspacesPooled(device));
   // Every tensor of the set (ExpectedTensors: first dimension = expert) as
   // stored, sliced to the experts copied. On failure `g` is destroyed on
@@ -293,9 +232,10 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   const int64_t H = spec.hidden;
   const int64_t numel = M * k;
   const bool has_bias = by_logits && routing.e_score_correction_bias != nullptr;
-  DeviceScope scope;  // outlives the workspace, which is freed on this device
-  KPLAN_RETURN_IF_ERROR(scope.Enter(experts.device()));
-  Workspace ws(stream);
+  DeviceGuard guard;  // outlives the workspace, which is freed on this device
+  KPLAN_RETURN_IF_ERROR(guard.Enter(experts.device()));
+  // One stream-ordered block for the call, carved into 256-byte aligned pieces.
+  DeviceArena ws(stream);
   // The request's buffers first, in the order of a pinned host mirror with
   // the same offsets: inputs [hidden, logits, bias, ids, weights] go up in
   // one copy, results [ids, weights, output] come down in one.
@@ -312,13 +252,13 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   KPLAN_RETURN_IF_ERROR(ws.Allocate());
   if (stats != nullptr) stats->workspace_bytes = ws.size();
   if (options.poison_workspace) {
-    KPLAN_GPU_RETURN_IF_ERROR(
+    KPLAN_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(ws.base(), 0xff, static_cast<size_t>(ws.size()), stream));
   }
-  Events ev;
+  kc::Event start, stop;
   if (stats != nullptr) {
-    KPLAN_GPU_RETURN_IF_ERROR(cudaEventCreate(&ev.start));
-    KPLAN_GPU_RETURN_IF_ERROR(cudaEventCreate(&ev.stop));
+    KPLAN_RETURN_IF_ERROR(start.Create());
+    KPLAN_RETURN_IF_ERROR(stop.Create());
   }
 
   // --- Uploads: one copy of each input into pinned memory, one DMA.
@@ -331,7 +271,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     std::memcpy(host + o_ids, in.topk_ids.data(), numel * 4);
     std::memcpy(host + o_w, in.topk_weights.data(), numel * 4);
   }
-  KPLAN_GPU_RETURN_IF_ERROR(
+  KPLAN_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(ws.base(), host, o_out, cudaMemcpyHostToDevice, stream));
   // From here an error return must not leave DMA in flight on the pinned
   // buffer, which the next (larger) request on this thread may free.
@@ -343,7 +283,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   float* d_w = ws.At<float>(o_w);
   int32_t* d_ids = ws.At<int32_t>(o_ids);
   if (has_bias) rp.e_score_correction_bias = ws.At<float>(o_bias);
-  if (stats != nullptr) KPLAN_GPU_RETURN_IF_ERROR(cudaEventRecord(ev.start, stream));
+  if (stats != nullptr) KPLAN_RETURN_IF_ERROR(start.Record(stream));
 
   // --- The layer.
   MoeLayerArgs la;
@@ -360,15 +300,15 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   la.output = ws.At<void>(o_out);
   KPLAN_RETURN_IF_ERROR(
       EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
-  if (stats != nullptr) KPLAN_GPU_RETURN_IF_ERROR(cudaEventRecord(ev.stop, stream));
+  if (stats != nullptr) KPLAN_RETURN_IF_ERROR(stop.Record(stream));
 
   // --- Downloads: one DMA into the pinned mirror, one synchronisation.
-  KPLAN_GPU_RETURN_IF_ERROR(cudaMemcpyAsync(host + o_ids, ws.At<void>(o_ids), io_bytes - o_ids,
-                                            cudaMemcpyDeviceToHost, stream));
-  KPLAN_GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host + o_ids, ws.At<void>(o_ids), io_bytes - o_ids,
+                                             cudaMemcpyDeviceToHost, stream));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   drained = true;
   if (stats != nullptr) {
-    KPLAN_GPU_RETURN_IF_ERROR(cudaEventElapsedTime(&stats->device_ms, ev.start, ev.stop));
+    KPLAN_ASSIGN_OR_RETURN(stats->device_ms, kc::ElapsedMs(start, stop));
   }
   std::memcpy(out.output.data(), host + o_out, M * H * act_bytes);
   std::memcpy(out.topk_ids.data(), host + o_ids, numel * 4);

@@ -1,7 +1,7 @@
 // The GPU path of a fused MoE layer: a device-resident copy of an ExpertSet
 // (GpuExperts) and RunMoeOnGpu, which runs the same layer as RunMoeOnCpu
-// (moe_runner.h) with the launchers of kernels/cuda/moe_ops.h (routing,
-// moe_align_block_size) and kernels/cuda/moe_experts.h (grouped GEMMs,
+// (moe_runner.h) with the launchers of kernels/cuda/moe/moe_ops.h (routing,
+// moe_align_block_size) and kernels/cuda/moe/moe_experts.h (grouped GEMMs,
 // activation, combine). Built only with CUDA (KPLAN_HAVE_CUDA); this header
 // itself needs no CUDA headers (streams travel as void*).
 //
@@ -74,7 +74,7 @@ class GpuExperts final : public DeviceExperts {
   // (moe_experts.h, wgmma): unquantised bf16 / fp16 weights with activations
   // in their dtype, and fp8 sets with bf16 / fp16 activations where
   // Fp8OnTensorCores(); every other combination runs the emulation route
-  // (kernels/cuda/moe_quant_gemm.h: dequantise in the GEMM).
+  // (kernels/cuda/moe/moe_quant_gemm.h: dequantise in the GEMM).
   bool FastPathFor(moe::MoeDType act_dtype) const;
   // fp8 per-tensor / per-channel, or 128 x 128 block scales, with hidden and
   // intermediate multiples of 16: the GEMMs multiply e4m3 on tensor cores.

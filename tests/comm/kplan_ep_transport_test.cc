@@ -9,6 +9,8 @@
 // LaunchMoeCombine the result rows and the output must equal the host
 // reference (moe::CombineTopK) bit for bit, and recv ids must be -1 again.
 // Skips itself with fewer than two GPUs.
+#include "kernels/comm/kplan_ep_transport.h"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,11 +30,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/comm/kplan_ep_transport.h"
 #include "kernels/comm/nccl_communicator.h"
 #include "kernels/cpu/moe/moe_reference.h"
-#include "kernels/cuda/moe_experts.h"
-#include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_ops.h"
 #include "server/moe/ep/ep_placement.h"
 #include "tests/testing/gpu_test_util.h"
 

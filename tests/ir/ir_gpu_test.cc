@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/ir_ops.h"
+#include "kernels/cuda/ir/ir_ops.h"
 #include "server/ir/builtin_ops.h"
 #include "server/ir/run.h"
 #include "tests/ir/test_util.h"

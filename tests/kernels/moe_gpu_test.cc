@@ -1,4 +1,4 @@
-// GPU MoE routing and moe_align_block_size (kernels/cuda/moe_ops.h) against
+// GPU MoE routing and moe_align_block_size (kernels/cuda/moe/moe_ops.h) against
 // the CPU reference (kernels/cpu/moe/moe_reference.h), on fresh random
 // inputs every run (the seed is printed; MOE_GPU_TEST_SEED=<n> repeats one).
 //  * Routing: every method (softmax / sigmoid / sqrtsoftplus top-k, with and
@@ -34,7 +34,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/moe/moe_reference.h"
-#include "kernels/cuda/moe_ops.h"
+#include "kernels/cuda/moe/moe_ops.h"
 #include "tests/testing/gpu_test_util.h"
 
 namespace kplan {

@@ -1,5 +1,5 @@
 // The GPU MoE layer (server/moe/gpu_runner.h: GpuExperts + RunMoeOnGpu over
-// kernels/cuda/moe_ops.h and moe_experts.h) against the CPU reference
+// kernels/cuda/moe/moe_ops.h and moe_experts.h) against the CPU reference
 // (moe::MoeReference) on fresh random data every run (the seed is printed;
 // MOE_LAYER_GPU_TEST_SEED=<n> repeats one). Every value is non-zero: random
 // sign, mantissa and a 4-octave exponent range scaled to the fan-in.
@@ -39,7 +39,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/moe/moe_reference.h"
-#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"

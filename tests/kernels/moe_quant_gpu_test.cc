@@ -1,5 +1,5 @@
 // The GPU MoE layer's emulation route (server/moe/gpu_layer_emulation.h over
-// kernels/cuda/moe_quant_gemm.h) against the CPU reference (moe::MoeReference)
+// kernels/cuda/moe/moe_quant_gemm.h) against the CPU reference (moe::MoeReference)
 // for every weight / activation combination the reference supports: fp8 e4m3
 // weights with per-tensor (activations quantised per token, or per tensor
 // dynamically / statically), per-channel and 128x128 block scales (1x128

@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/ir_device_math.cuh"
-#include "kernels/cuda/moe_activation_math.cuh"
-#include "kernels/cuda/moe_experts.h"
-#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/moe/moe_activation_math.cuh"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -129,14 +129,14 @@ absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, Moe
   const int threads = 256, blocks = ElementwiseBlocks(total, threads);
   if (dtype == MoeElemType::kBFloat16) {
     const GemmOut<__nv_bfloat16> x{static_cast<const __nv_bfloat16*>(in), split, rows * in_width};
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(
+    KPLAN_CUDA_RETURN_IF_ERROR(
         detail::LaunchPdl(ActivationKernel<__nv_bfloat16>, dim3(blocks), dim3(threads), 0, stream,
                           act, p, x, rows, out_width, gated, static_cast<__nv_bfloat16*>(out)));
   } else {
     const GemmOut<__half> x{static_cast<const __half*>(in), split, rows * in_width};
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(ActivationKernel<__half>, dim3(blocks),
-                                                    dim3(threads), 0, stream, act, p, x, rows,
-                                                    out_width, gated, static_cast<__half*>(out)));
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(ActivationKernel<__half>, dim3(blocks),
+                                                 dim3(threads), 0, stream, act, p, x, rows,
+                                                 out_width, gated, static_cast<__half*>(out)));
   }
   return absl::OkStatus();
 }
@@ -159,14 +159,14 @@ absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* top
   if (dtype == MoeElemType::kBFloat16) {
     const GemmOut<__nv_bfloat16> v{static_cast<const __nv_bfloat16*>(y), split,
                                    num_tokens * top_k * hidden};
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
         CombineKernel<__nv_bfloat16>, dim3(blocks), dim3(threads), 0, stream, v, topk_weights,
         num_tokens, top_k, hidden, static_cast<__nv_bfloat16*>(out)));
   } else {
     const GemmOut<__half> v{static_cast<const __half*>(y), split, num_tokens * top_k * hidden};
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(
-        detail::LaunchPdl(CombineKernel<__half>, dim3(blocks), dim3(threads), 0, stream, v,
-                          topk_weights, num_tokens, top_k, hidden, static_cast<__half*>(out)));
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(CombineKernel<__half>, dim3(blocks), dim3(threads),
+                                                 0, stream, v, topk_weights, num_tokens, top_k,
+                                                 hidden, static_cast<__half*>(out)));
   }
   return absl::OkStatus();
 }
@@ -181,12 +181,12 @@ absl::Status LaunchMoeScaleRows(MoeElemType dtype, const void* a, const float* r
   }
   const int threads = 256, blocks = ElementwiseBlocks(total, threads);
   if (dtype == MoeElemType::kBFloat16) {
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(
-        detail::LaunchPdl(ScaleRowsKernel<__nv_bfloat16>, dim3(blocks), dim3(threads), 0, stream,
-                          static_cast<const __nv_bfloat16*>(a), row_weights, rows, width,
-                          static_cast<__nv_bfloat16*>(out)));
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(ScaleRowsKernel<__nv_bfloat16>, dim3(blocks),
+                                                 dim3(threads), 0, stream,
+                                                 static_cast<const __nv_bfloat16*>(a), row_weights,
+                                                 rows, width, static_cast<__nv_bfloat16*>(out)));
   } else {
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
         ScaleRowsKernel<__half>, dim3(blocks), dim3(threads), 0, stream,
         static_cast<const __half*>(a), row_weights, rows, width, static_cast<__half*>(out)));
   }

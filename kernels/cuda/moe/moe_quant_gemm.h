@@ -36,7 +36,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts.h"
 
 namespace kplan::kernels::cuda {
 

@@ -22,8 +22,8 @@
 #include <climits>
 #include <type_traits>
 
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -571,7 +571,7 @@ absl::Status LaunchMoeQuantGemm(const MoeQuantGemmArgs& g, cudaStream_t stream) 
     default:
       QuantGemmKernel<kModeSimt><<<grid, kThreads, 0, stream>>>(g, subtiles);
   }
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("QuantGemmKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("QuantGemmKernel");
   return absl::OkStatus();
 }
 

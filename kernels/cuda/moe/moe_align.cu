@@ -21,9 +21,9 @@
 // Shared memory: (16 + 1) * E ints (68 KiB at E = 1024).
 #include <string>
 
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/moe_ops.h"
-#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -220,10 +220,10 @@ absl::Status LaunchMoeAlignBlockSize(const int32_t* topk_ids, int64_t numel, int
   a.ignore_invalid = ignore_invalid_experts;
   const size_t smem = static_cast<size_t>(kWarps + 1) * num_experts * sizeof(int);
   if (smem > 48 * 1024) {
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
         MoeAlignKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(
+  KPLAN_CUDA_RETURN_IF_ERROR(
       detail::LaunchPdl(MoeAlignKernel, dim3(1), dim3(kThreads), smem, stream, a));
   return absl::OkStatus();
 }

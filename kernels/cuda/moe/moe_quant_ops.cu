@@ -10,9 +10,9 @@
 
 #include <algorithm>
 
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/moe_activation_math.cuh"
-#include "kernels/cuda/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_activation_math.cuh"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -186,13 +186,13 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, MoeFloatType in_type, con
     return absl::InvalidArgumentError("moe_fp8_quantize: null pointer");
   }
   if (dynamic_tensor) {
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(scratch, 0, sizeof(float), stream));
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(scratch, 0, sizeof(float), stream));
     AbsMaxKernel<<<Blocks(rows * K), kThreads, 0, stream>>>(in_type, in, rows * K, scratch);
-    KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("AbsMaxKernel");
+    KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("AbsMaxKernel");
   }
   QuantRowKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
       mode, in_type, in, K, group, static_scale, scratch, q, scale);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("QuantRowKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("QuantRowKernel");
   return absl::OkStatus();
 }
 
@@ -218,7 +218,7 @@ absl::Status LaunchMoeActivationF32(MoeActKind act, const MoeActParams& params, 
   if (!p.has_clamp_limit) p.clamp_limit = 7.0f;
   ActivationF32Kernel<<<Blocks(rows * out_width), kThreads, 0, stream>>>(act, p, in, rows,
                                                                          out_width, gated, out);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("ActivationF32Kernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("ActivationF32Kernel");
   return absl::OkStatus();
 }
 
@@ -232,7 +232,7 @@ absl::Status LaunchMoeCombineF32(const float* y, const float* topk_weights, int6
   CombineF32Kernel<<<Blocks(num_tokens * hidden), kThreads, 0, stream>>>(y, topk_weights,
                                                                          num_tokens, top_k, hidden,
                                                                          out);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("CombineF32Kernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("CombineF32Kernel");
   return absl::OkStatus();
 }
 
@@ -245,7 +245,7 @@ absl::Status LaunchMoeScaleRowsF32(const float* a, const float* row_weights, int
   }
   ScaleRowsF32Kernel<<<Blocks(rows * width), kThreads, 0, stream>>>(a, row_weights, rows, width,
                                                                     out);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("ScaleRowsF32Kernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("ScaleRowsF32Kernel");
   return absl::OkStatus();
 }
 

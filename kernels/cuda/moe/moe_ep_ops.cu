@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/ir_device_math.cuh"
-#include "kernels/cuda/moe_ep_ops.h"
+#include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/moe/moe_ep_ops.h"
+#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -182,7 +182,7 @@ absl::Status LaunchMoeEpCombineFp32(MoeElemType dtype, const void* y, const int3
                                                       topk_weights, expert_map, num_experts,
                                                       num_tokens, top_k, hidden, out);
   }
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("CombineFp32Kernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("CombineFp32Kernel");
   return absl::OkStatus();
 }
 
@@ -197,7 +197,7 @@ absl::Status LaunchMoeEpCastFromFp32(MoeElemType dtype, const float* in, int64_t
   } else {
     CastKernel<<<blocks, threads, 0, stream>>>(in, n, static_cast<__half*>(out));
   }
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("CastKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("CastKernel");
   return absl::OkStatus();
 }
 
@@ -214,7 +214,7 @@ absl::Status LaunchMoeEpPartitionByRank(const int32_t* topk_ids, int64_t numel, 
   }
   PartitionKernel<<<1, kPartitionThreads, 0, stream>>>(topk_ids, numel, num_experts, num_ranks,
                                                        send_order, send_counts);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("PartitionKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("PartitionKernel");
   return absl::OkStatus();
 }
 
@@ -245,7 +245,7 @@ absl::Status LaunchMoeEpGatherRows(MoeElemType dtype, const void* hidden, const 
         static_cast<const __half*>(hidden), send_order, rows, top_k, hidden_size, topk_ids,
         topk_weights, static_cast<__half*>(x_out), meta_out);
   }
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("GatherRowsKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("GatherRowsKernel");
   return absl::OkStatus();
 }
 
@@ -258,7 +258,7 @@ absl::Status LaunchMoeEpUnpackMeta(const int32_t* meta, int64_t rows, int32_t* i
   }
   const int threads = 256, blocks = GridFor(rows, threads);
   UnpackMetaKernel<<<blocks, threads, 0, stream>>>(meta, rows, ids, weights);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("UnpackMetaKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("UnpackMetaKernel");
   return absl::OkStatus();
 }
 
@@ -280,7 +280,7 @@ absl::Status LaunchMoeEpScatterRows(const void* rows_in, const int32_t* send_ord
   ScatterRowsKernel<<<blocks, threads, 0, stream>>>(static_cast<const uint4*>(rows_in), send_order,
                                                     rows, hidden_size / kVec,
                                                     static_cast<uint4*>(y));
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("ScatterRowsKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("ScatterRowsKernel");
   return absl::OkStatus();
 }
 

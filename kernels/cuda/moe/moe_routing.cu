@@ -17,9 +17,9 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/moe_ops.h"
-#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -331,9 +331,9 @@ absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits,
   a.G = p.num_expert_group;
   a.topk_group = p.topk_group;
   a.renormalize = p.renormalize;
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
-      MoeRoutingKernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32), 0,
-      stream, a));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(MoeRoutingKernel,
+                                               dim3(static_cast<unsigned>(blocks)),
+                                               dim3(kWarpsPerBlock * 32), 0, stream, a));
   return absl::OkStatus();
 }
 

@@ -1,9 +1,9 @@
 // The `native` provider's GPU kernels: one block per row, run-time element
 // types, any strides, two passes over the row (statistics, then output).
 // Correctness first; the kplan kernels (ir_kplan.cu) are the fast path.
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/ir_device_math.cuh"
-#include "kernels/cuda/ir_ops.h"
+#include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/ir/ir_ops.h"
+#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -85,7 +85,7 @@ absl::Status NativeRmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols,
   if (rows > kMaxGridX) return absl::InvalidArgumentError("too many rows for one launch");
   NativeRmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
       x, IrRowsIn{}, cols, weight, epsilon, variance_size, out, nullptr);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("NativeRmsNormKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("NativeRmsNormKernel");
   return absl::OkStatus();
 }
 
@@ -97,7 +97,7 @@ absl::Status NativeFusedAddRmsNorm(const IrRowsIn& x, const IrRowsIn& residual, 
   if (rows > kMaxGridX) return absl::InvalidArgumentError("too many rows for one launch");
   NativeRmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
       x, residual, cols, weight, epsilon, variance_size, out, residual_out);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("NativeRmsNormKernel(fused)");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("NativeRmsNormKernel(fused)");
   return absl::OkStatus();
 }
 
@@ -108,7 +108,7 @@ absl::Status NativeGeluAndMulSparse(const IrRowsIn& x, int64_t rows, int64_t d,
   if (rows > kMaxGridX) return absl::InvalidArgumentError("too many rows for one launch");
   NativeGeluAndMulSparseKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
       x, d, std_multiplier, tanh_approximate, out);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("NativeGeluAndMulSparseKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("NativeGeluAndMulSparseKernel");
   return absl::OkStatus();
 }
 

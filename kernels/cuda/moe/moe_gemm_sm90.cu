@@ -36,11 +36,11 @@
 #include <algorithm>
 #include <atomic>
 
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/ir_device_math.cuh"
-#include "kernels/cuda/moe_experts.h"
-#include "kernels/cuda/moe_wgmma.cuh"
-#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_wgmma.cuh"
+#include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -414,22 +414,22 @@ absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream
   // once per device (idempotent, so a race only repeats it).
   static std::atomic<uint64_t> attr_set{0};
   int device = 0;
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(WgmmaGroupedGemmKernel<BT, TIn, T>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       C::kSmemBytes));
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(WgmmaGroupedGemmKernel<BT, TIn, T>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    C::kSmemBytes));
     attr_set.fetch_or(bit, std::memory_order_release);
   }
   const dim3 grid(static_cast<unsigned>(num_blocks),
                   static_cast<unsigned>((p.N + kRowsW - 1) / kRowsW),
                   static_cast<unsigned>(p.splits));
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WgmmaGroupedGemmKernel<BT, TIn, T>, grid,
-                                                  dim3(kThreads), C::kSmemBytes, stream, p));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WgmmaGroupedGemmKernel<BT, TIn, T>, grid,
+                                               dim3(kThreads), C::kSmemBytes, stream, p));
   if (p.splits > 1 && !p.reduce_in_consumer) {
     const dim3 rgrid(grid.x, grid.y);
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(
+    KPLAN_CUDA_RETURN_IF_ERROR(
         detail::LaunchPdl(SplitKReduceKernel<T>, rgrid, dim3(256), 0, stream, p, BT));
   }
   return absl::OkStatus();

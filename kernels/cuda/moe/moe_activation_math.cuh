@@ -6,7 +6,7 @@
 // Internal to kernels/cuda.
 #pragma once
 
-#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe/moe_experts.h"
 
 namespace kplan::kernels::cuda::moe_math {
 

@@ -21,11 +21,11 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/ir_device_math.cuh"
-#include "kernels/cuda/moe_activation_math.cuh"
-#include "kernels/cuda/moe_experts.h"
-#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/moe/moe_activation_math.cuh"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -255,9 +255,8 @@ absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
                p,
                static_cast<T*>(d.h)};
   const int64_t up_items = numel * d.intermediate_size;
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(DecodeUpKernel<T>,
-                                                  dim3((up_items + kWarps - 1) / kWarps),
-                                                  dim3(kThreads), 0, stream, up));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
+      DecodeUpKernel<T>, dim3((up_items + kWarps - 1) / kWarps), dim3(kThreads), 0, stream, up));
   DownArgs<T> down{static_cast<const T*>(d.h),
                    d.topk_ids,
                    d.topk_weights,
@@ -274,18 +273,17 @@ absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
                    static_cast<T*>(d.out)};
   if (!d.combine) {
     const int64_t items = numel * d.hidden_size;
-    KPLAN_IR_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(DecodeDownKernel<T>,
-                                                    dim3((items + kWarps - 1) / kWarps),
-                                                    dim3(kThreads), 0, stream, down));
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
+        DecodeDownKernel<T>, dim3((items + kWarps - 1) / kWarps), dim3(kThreads), 0, stream, down));
     return absl::OkStatus();
   }
   // k * G <= 8 warps per CTA; G divides kCols.
   int group = std::max(1, kWarps / d.top_k);
   while (kCols % group != 0) --group;
   const int64_t tiles = (d.hidden_size + kCols - 1) / kCols;
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(
-      detail::LaunchPdl(DecodeDownCombineKernel<T>, dim3(d.num_tokens * tiles),
-                        dim3(32 * d.top_k * group), 0, stream, down, group));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(DecodeDownCombineKernel<T>,
+                                               dim3(d.num_tokens * tiles),
+                                               dim3(32 * d.top_k * group), 0, stream, down, group));
   return absl::OkStatus();
 }
 

@@ -10,9 +10,9 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "kernels/cuda/ir_cuda_status.h"
-#include "kernels/cuda/ir_device_math.cuh"
-#include "kernels/cuda/ir_ops.h"
+#include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/ir/ir_ops.h"
+#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
@@ -356,10 +356,9 @@ absl::Status CheckSizes(int64_t rows, int64_t cols) {
 template <typename Kernel>
 absl::Status ResidentBlocks(Kernel kernel, int threads, int* blocks) {
   int device = 0, sms = 0, per_sm = 0;
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  KPLAN_IR_CUDA_RETURN_IF_ERROR(
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  KPLAN_CUDA_RETURN_IF_ERROR(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
   *blocks = std::max(1, sms * per_sm);
   return absl::OkStatus();
@@ -403,7 +402,7 @@ absl::Status LaunchNorm(const NormArgs& a, bool persistent) {
       a.residual.row_stride, static_cast<const T*>(a.weight), static_cast<int>(a.rows), nvec,
       static_cast<int>(a.cols), a.eps, static_cast<T*>(a.out.data), a.out.row_stride,
       static_cast<T*>(a.residual_out.data), a.residual_out.row_stride);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("KplanNormKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("KplanNormKernel");
   return absl::OkStatus();
 }
 
@@ -519,7 +518,7 @@ absl::Status LaunchGelu(KplanRows x, int64_t rows, int64_t d, float std_multipli
   KplanGeluAndMulSparseKernel<T, kVec><<<static_cast<unsigned>(rows), ThreadsFor(nvec), 0, stream>>>(
       static_cast<const T*>(x.data), x.row_stride, nvec, static_cast<int>(d), std_multiplier,
       tanh_approximate, static_cast<T*>(out.data), out.row_stride);
-  KPLAN_IR_CUDA_RETURN_IF_LAUNCH_ERROR("KplanGeluAndMulSparseKernel");
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("KplanGeluAndMulSparseKernel");
   return absl::OkStatus();
 }
 

@@ -1,0 +1,189 @@
+// CUDA launchers of the expert half of a fused MoE layer (vllm-kernel-plan.md
+// §6.2, §6.3), vLLM fused_moe's structure with our own kernels:
+//
+//   routing + moe_align_block_size (moe_ops.h, block size MoeGemmBlockMFor)
+//   -> grouped GEMM 1  C1[slot] = A[slot / top_k] · w13[e]ᵀ (+ b13[e])   [numel, N13]
+//   -> activation      C2 = act(C1)                                     [numel, I]
+//   -> grouped GEMM 2  Y[slot]  = C2[slot] · w2[e]ᵀ (+ b2[e])           [numel, H]
+//   -> combine         out[m]   = Σ_j w[m, j] · Y[m*k + j]               [M, H]
+//
+// Plain functions in the style of moe_ops.h: raw device pointers, sizes, an
+// explicit stream, the current device; INVALID_ARGUMENT for bad arguments
+// (checked before anything is launched), CUDA errors with file:line.
+// Operands are bf16 or fp16 (activations and weights in the same dtype;
+// fp32 is served by the CPU path). Results are rounded to the activation
+// dtype at the points moe::RunExperts / moe::CombineTopK round (after each
+// GEMM, bias and activation; the combine sums in fp32, j ascending, with
+// separately rounded multiply and add, bit-exact with moe::CombineTopK for
+// the same Y), so the layer differs from the CPU reference only by the fp32
+// summation order inside the GEMMs (and the rare bf16/fp16 rounding flips
+// that order causes).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace kplan::kernels::cuda {
+
+// Element type of activations and weights.
+enum class MoeElemType : int { kBFloat16 = 0, kFloat16 = 1 };
+
+// Mirrors moe::MoeActivation value for value (moe_reference.h).
+enum class MoeActKind : int {
+  kSilu = 0,
+  kGelu,
+  kGeluTanh,
+  kRelu2,
+  kSwigluOai,
+  kSwigluOaiUninterleave,
+  kSwigluStep,
+  kSiluNoMul,
+  kGeluNoMul,
+  kGeluTanhNoMul,
+  kRelu2NoMul,
+};
+
+// Mirrors moe::ActivationParams.
+struct MoeActParams {
+  bool has_clamp_limit = false;  // silu: clamp; swigluoai_uninterleave: required
+  float clamp_limit = 7.0f;      // swigluoai / swiglustep use 7.0 when absent
+  float alpha = 1.702f;
+  float beta = 1.0f;
+};
+
+// The grouped GEMM (moe_gemm_sm90.cu, wgmma on sm_90a): a CTA computes 128
+// weight rows x block_m slots of one moe_align_block_size block (one expert),
+// K stepped by 64 through a cp.async pipeline; block_m is 16, 64 or 128 and
+// must be the block size moe_align_block_size ran with. MoeGemmBlockMFor
+// picks it from the expected slots per expert (16 at decode sizes).
+int MoeGemmBlockMFor(int64_t numel, int num_experts);
+// Split-K factor that fills one wave of resident CTAs with weight streams
+// when the blocks alone fill less than half of it (1 = no split);
+// MoeGemmPartialsBytes is the fp32 workspace it needs.
+int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, int num_sms,
+                     int block_m, int elem_bytes = 2);
+int64_t MoeGemmPartialsBytes(int splits, int64_t numel, int64_t N);
+
+// Weight scales of fp8 e4m3 operands: per expert [E], per expert row [E, N],
+// or per 128 x 128 block [E, ceil(N/128), ceil(K/128)].
+enum class MoeFp8WeightScale : int { kPerTensor, kPerChannel, kBlock };
+
+// One grouped GEMM over the moe_align_block_size output. Block t covers
+// sorted_token_ids[t*block_m, (t+1)*block_m) and uses expert expert_ids[t].
+// For every slot s in it with s < numel (sentinels are skipped):
+//   C[s, n] = round(Σ_k A[s / a_row_div, k] · W[e, n, k])        (+ bias: see below)
+// where with bias v = round(round(acc) + round(bias[e, n])). Blocks whose
+// expert is -1 (not local under EP) write zeros to their slots; blocks at or
+// past *num_tokens_post_padded do nothing. Slots that no block lists are not
+// written. With splits > 1 the K range is split over that many CTAs whose
+// fp32 partials (`partials`, MoeGemmPartialsBytes) are summed in split order
+// before the same rounding.
+struct MoeGroupedGemmArgs {
+  MoeElemType dtype = MoeElemType::kBFloat16;
+  const void* a = nullptr;  // [a_rows, K]; GEMM 1: hidden states [M, K]; GEMM 2: [numel, K]
+  int a_row_div = 1;        // GEMM 1: top_k (token = slot / top_k); GEMM 2: 1
+  const void* w = nullptr;  // [num_local_experts, N, K]
+  const float* bias = nullptr;  // [num_local_experts, N] fp32, or null
+  void* c = nullptr;            // [numel, N]
+  const int32_t* sorted_token_ids = nullptr;        // [num_blocks * block_m]
+  const int32_t* expert_ids = nullptr;              // [num_blocks]
+  const int32_t* num_tokens_post_padded = nullptr;  // [1]
+  int64_t numel = 0;       // M * top_k, the sentinel value
+  int64_t num_blocks = 0;  // MoeAlignMaxBlocks(numel, E, block_m, false)
+  int64_t N = 0;           // a multiple of 8
+  int64_t K = 0;           // a multiple of 8 (16-byte rows for cp.async)
+  int num_local_experts = 0;
+  int block_m = 64;
+  int splits = 1;
+  float* partials = nullptr;  // with splits > 1
+  // splits > 1 only: leave the partials unreduced for the next step to sum
+  // (LaunchMoeActivation / LaunchMoeCombine with MoeSplitInput), one kernel
+  // less per GEMM at decode sizes. Needs bias == nullptr; C is not written,
+  // non-local blocks write zero partials.
+  bool reduce_in_consumer = false;
+  // fp8 e4m3 operands (wgmma e4m3): a and w hold e4m3 bytes, c is `dtype`;
+  // block_m 16, 64 or 128 and K a multiple of 16. The fp32 sum is scaled by
+  // w_scale and a_scale (per A row; with block weight scales per A row and
+  // 128-wide k-block, [a_rows, ceil(K/128)], applied k-block by k-block as
+  // the CPU reference does):
+  //   C[s, n] = round(Σ_kb (Σ_{k in kb} qa·qw) · a_scale[r, kb] · w_scale[e, n/128, kb])
+  //   C[s, n] = round((Σ_k qa·qw) · (a_scale[r] · w_scale[e] or w_scale[e, n]))
+  bool fp8 = false;
+  MoeFp8WeightScale w_scale_kind = MoeFp8WeightScale::kPerTensor;
+  const float* w_scale = nullptr;
+  const float* a_scale = nullptr;
+};
+
+// GEMM output given as unreduced split-K partials ([splits][numel][N] fp32):
+// a consumer reads element i as round(Σ_z partials[z][i]), z ascending,
+// exactly what the GEMM's own reduction stores (without bias).
+struct MoeSplitInput {
+  const float* partials = nullptr;  // null: read the stored GEMM output
+  int splits = 1;
+};
+
+absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& args, cudaStream_t stream);
+
+// in: [rows, in_width], out: [rows, out_width], both in dtype. Gated
+// activations need in_width == 2 * out_width (x1 = first half, x2 = second;
+// swigluoai interleaved), _no_mul ones in_width == out_width. Computed in
+// fp32 from the stored values and rounded once, as moe::ApplyActivation
+// followed by the reference's rounding.
+absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, MoeElemType dtype,
+                                 const void* in, int64_t rows, int64_t in_width, void* out,
+                                 int64_t out_width, cudaStream_t stream,
+                                 const MoeSplitInput& split = {});
+
+// out[m, h] = round(Σ_j w[m, j] · y[m*k + j, h]) with fp32 accumulation, j
+// ascending (topk_weights == nullptr: plain sum, for weights applied on the
+// input). y: [num_tokens * top_k, hidden], out: [num_tokens, hidden].
+absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* topk_weights,
+                              int64_t num_tokens, int top_k, int64_t hidden, void* out,
+                              cudaStream_t stream, const MoeSplitInput& split = {});
+
+// Decode-sized layers (moe_decode.cu): the whole expert half (GEMM 1,
+// activation, GEMM 2 and combine) as two matrix-vector kernels over the
+// routed top-k ids, without moe_align_block_size, for up to
+// kMoeDecodeMaxSlots token slots. Same rounding points as the grouped path
+// (GEMM outputs, activation, combine), only the fp32 order inside each dot
+// product differs. Slots whose expert is out of range or not local (expert
+// map -1) contribute zero rows. top_k <= 8; no apply_router_weight_on_input.
+inline constexpr int64_t kMoeDecodeMaxSlots = 16;
+struct MoeDecodeArgs {
+  MoeElemType dtype = MoeElemType::kBFloat16;
+  const void* hidden = nullptr;           // [num_tokens, hidden_size]
+  const int32_t* topk_ids = nullptr;      // [num_tokens, top_k], global ids
+  const float* topk_weights = nullptr;    // [num_tokens, top_k]
+  const int32_t* expert_map = nullptr;    // [num_experts] global -> local or -1; null: identity
+  int num_experts = 0;                    // range of the ids
+  int num_local_experts = 0;              // experts in w13 / w2
+  int64_t num_tokens = 0;
+  int top_k = 0;
+  int64_t hidden_size = 0, intermediate_size = 0;  // multiples of 8
+  const void* w13 = nullptr;  // [E_local, N13, H], N13 = 2I for gated activations, else I
+  const float* b13 = nullptr;  // [E_local, N13] or null
+  const void* w2 = nullptr;   // [E_local, H, I]
+  const float* b2 = nullptr;   // [E_local, H] or null
+  MoeActKind act = MoeActKind::kSilu;
+  MoeActParams act_params;
+  void* h = nullptr;  // workspace [num_tokens * top_k, I]
+  // true: out [num_tokens, H] = Σ_j w · y_j; false: out [num_tokens * top_k, H] = y.
+  bool combine = true;
+  void* out = nullptr;
+};
+// Whether a layer of these sizes runs faster on the decode kernels: at most
+// kMoeDecodeMaxSlots slots that (nearly always) hit distinct experts, since
+// each slot streams its expert's weights.
+bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,
+                      int64_t intermediate);
+absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& args, cudaStream_t stream);
+
+// apply_router_weight_on_input (top_k == 1): out[m, h] = round(a[m, h] ·
+// round(w[m])), as moe::RunExperts scales the input rows.
+absl::Status LaunchMoeScaleRows(MoeElemType dtype, const void* a, const float* row_weights,
+                                int64_t rows, int64_t width, void* out, cudaStream_t stream);
+
+}  // namespace kplan::kernels::cuda

@@ -1,0 +1,87 @@
+// CUDA launchers of the MoE routing and moe_align_block_size steps
+// (vllm-kernel-plan.md §6.1, §6.5, §2.4). Plain functions in the DeepEP
+// style: raw device pointers, sizes, an explicit stream, the current device;
+// errors come back as absl::Status (INVALID_ARGUMENT for bad arguments,
+// checked before anything is launched; CUDA errors with file:line and
+// cudaGetErrorString). Results equal kernels/cpu/moe/moe_reference.h
+// (moe::RouteTokens, moe::MoeAlignBlockSize):
+//  * routing: ids identical except where two selection scores are within
+//    fp32 rounding of exp/sigmoid/log1p (about 1e-6 relative) of each other;
+//    weights within 1e-5 relative (sums are reduced in a different order).
+//    Exact ties go to the lowest expert index, NaN ranks above every number,
+//    as in the CPU reference.
+//  * align: bit-exact, including the unused tails (sorted_token_ids = numel,
+//    expert_ids = -1) that the reference defines; within an expert, tokens
+//    are in ascending flat index order.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace kplan::kernels::cuda {
+
+// Mirrors moe::RoutingMethod / moe::ScoringFunc value for value.
+enum class MoeRoutingMethod : int {
+  kTopK = 0,             // scores -> (+bias) top-k -> unbiased weights -> renorm -> * scale
+  kTopKThenSoftmax = 1,  // top-k on logits, softmax over the k (RoutingMethodType.Renormalize)
+  kGroupedTopK = 2,      // DeepSeek-V2/V3 grouped top-k
+  kLlama4 = 3,           // top-k on logits, weight = sigmoid(logit)
+};
+enum class MoeScoringFunc : int { kSoftmax = 0, kSigmoid = 1, kSqrtSoftplus = 2 };
+
+// A POD mirror of moe::RoutingSpec; e_score_correction_bias is a DEVICE
+// pointer ([num_experts] fp32) or null.
+struct MoeRoutingParams {
+  int num_experts = 0;  // E, 1..kMoeRoutingMaxExperts
+  int top_k = 0;        // 1..min(E, kMoeRoutingMaxTopK)
+  MoeRoutingMethod method = MoeRoutingMethod::kTopK;
+  MoeScoringFunc scoring = MoeScoringFunc::kSoftmax;  // kTopK and kGroupedTopK
+  bool renormalize = false;
+  const float* e_score_correction_bias = nullptr;
+  float routed_scaling_factor = 1.0f;
+  int num_expert_group = 0;  // kGroupedTopK: 1..32, divides E
+  int topk_group = 0;        // kGroupedTopK: 1..num_expert_group
+};
+
+inline constexpr int kMoeRoutingMaxExperts = 512;
+inline constexpr int kMoeRoutingMaxTopK = 32;
+inline constexpr int kMoeRoutingMaxGroups = 32;
+inline constexpr int kMoeAlignMaxExperts = 1024;
+
+// INVALID_ARGUMENT naming the field ("routing.top_k", ...), the checks of
+// moe::ValidateRoutingSpec plus this kernel's limits.
+absl::Status ValidateMoeRoutingParams(const MoeRoutingParams& p);
+
+// logits: fp32 [num_tokens, E] (device); topk_weights fp32 [num_tokens, k],
+// topk_ids int32 [num_tokens, k] (device). One warp per token.
+absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits,
+                              int64_t num_tokens, float* topk_weights, int32_t* topk_ids,
+                              cudaStream_t stream);
+
+// Size of sorted_token_ids: numel + E * (block_size - 1), rounded up to
+// block_size with pad_sorted_ids, then min(numel * block_size, .) when
+// numel < E (exactly moe::MoeAlignBlockSize's max_padded).
+int64_t MoeAlignMaxPadded(int64_t numel, int num_experts, int block_size, bool pad_sorted_ids);
+// Size of expert_ids: ceil(max_padded / block_size).
+int64_t MoeAlignMaxBlocks(int64_t numel, int num_experts, int block_size, bool pad_sorted_ids);
+
+// topk_ids: int32 [numel] (device, token-major flat ids). expert_map: device
+// [num_experts] global -> local id or -1, or null. Outputs (device):
+// sorted_token_ids [MoeAlignMaxPadded], expert_ids [MoeAlignMaxBlocks],
+// num_tokens_post_padded [1]. Every element of both arrays is written
+// (padding and the tail of sorted_token_ids = numel, unused expert_ids = -1).
+// Ids outside [0, num_experts) are skipped. Without ignore_invalid_experts,
+// blocks of non-local experts stay with expert_ids -1; with it, their tokens
+// are dropped before counting. One block of 512 threads: the ids are split
+// into 16 contiguous ranges, counted per range, prefix-summed, then placed
+// in order (stable), so the output is deterministic.
+absl::Status LaunchMoeAlignBlockSize(const int32_t* topk_ids, int64_t numel, int block_size,
+                                     int num_experts, const int32_t* expert_map,
+                                     bool pad_sorted_ids, bool ignore_invalid_experts,
+                                     int32_t* sorted_token_ids, int32_t* expert_ids,
+                                     int32_t* num_tokens_post_padded, cudaStream_t stream);
+
+}  // namespace kplan::kernels::cuda
