@@ -13,6 +13,18 @@
 
 namespace kplan::moe::ep {
 
+void FillEpLayer(const ExpertSet& set, const ExpertPlacement& placement,
+                 const EpMoeOptions& options, EpLayer& layer) {
+  layer.hidden = set.spec().hidden;
+  layer.intermediate = set.spec().intermediate;
+  layer.num_experts = set.spec().num_experts;
+  layer.top_k = options.top_k;
+  layer.act_dtype = options.act_dtype;
+  layer.activation = set.activation();
+  layer.apply_router_weight_on_input = options.apply_router_weight_on_input;
+  layer.placement = placement;
+}
+
 // ---------------------------------------------------------------------------
 // CPU ranks.
 

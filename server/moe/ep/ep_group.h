@@ -142,20 +142,11 @@ class EpRankKind {
   virtual bool InjectFault(int rank, absl::Status status, int after_calls) { return false; }
 };
 
-// The fields every rank kind's layer (EpLayer, GpuEpLayer) takes from the
-// set and the step, for EpRankKind::RunMoe implementations.
-template <typename Layer>
+// The fields every rank kind's layer takes from the set and the step, for
+// EpRankKind::RunMoe implementations: the shape and options of an EpLayer
+// (a GpuEpLayer is one, gpu_ep.h); the rank's experts are the caller's.
 void FillEpLayer(const ExpertSet& set, const ExpertPlacement& placement,
-                 const EpMoeOptions& options, Layer& layer) {
-  layer.hidden = set.spec().hidden;
-  layer.intermediate = set.spec().intermediate;
-  layer.num_experts = set.spec().num_experts;
-  layer.top_k = options.top_k;
-  layer.act_dtype = options.act_dtype;
-  layer.activation = set.activation();
-  layer.apply_router_weight_on_input = options.apply_router_weight_on_input;
-  layer.placement = placement;
-}
+                 const EpMoeOptions& options, EpLayer& layer);
 
 // `size` CPU thread-ranks over an InProcessCommunicator.
 std::unique_ptr<EpRankKind> MakeCpuEpRanks(int size);
