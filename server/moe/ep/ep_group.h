@@ -30,19 +30,19 @@
 // communicators as soon as the ranks are free.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/comm/communicator.h"
 #include "server/moe/ep/ep_dispatch.h"
@@ -219,10 +219,10 @@ class EpGroup {
   const EpGroupOptions& options() const { return options_; }
   // How many communicator sets have been built (1 after Create; one more
   // after each failed communicating step).
-  int64_t generation() const;
+  int64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
   // Makes the next communicating step build fresh communicators (a new
   // generation), e.g. when a peer server of a multi-process group came back.
-  void Invalidate();
+  void Invalidate() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Queues a step. Steps run one at a time, in submission order, on every
   // rank. `comm`: what the work does with the communicator (EpStepComm).
@@ -254,30 +254,33 @@ class EpGroup {
  private:
   struct Step;
   EpGroup(std::unique_ptr<EpRankKind> kind, EpGroupOptions options);
-  void CoordinatorLoop();
-  void RankLoop(int rank);
+  void CoordinatorLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void RankLoop(int rank) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `step` to completion (or timeout); returns its combined status.
-  absl::Status RunStepLocked(std::unique_lock<std::mutex>& lock, const std::shared_ptr<Step>& step);
-  absl::Status Combine(const Step& step) const;
-  void AbortAllLocked(absl::string_view reason);
+  // Releases mu_ while it builds communicators and while it waits.
+  absl::Status RunStepLocked(const std::shared_ptr<Step>& step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Combine(const Step& step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortAllLocked(absl::string_view reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<EpRankKind> kind_;
   const EpGroupOptions options_;
   const int size_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Step>> queue_;
-  std::shared_ptr<Step> current_;  // the published step
-  int64_t next_seq_ = 0;
-  bool stopping_ = false;
-  bool coordinator_done_ = false;  // stopping and every step done: ranks exit
-  bool needs_rebuild_ = true;
-  int64_t generation_ = 0;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled on every change of the state below
+  std::deque<std::shared_ptr<Step>> queue_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Step> current_ ABSL_GUARDED_BY(mu_);  // the published step
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Stopping and every step done: ranks exit.
+  bool coordinator_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool needs_rebuild_ ABSL_GUARDED_BY(mu_) = true;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   // Per rank: its communicator (swapped by its own thread under mu_) and
   // the generation it belongs to.
-  std::vector<std::unique_ptr<comm::Communicator>> comms_;
-  std::vector<int64_t> comm_generation_;
+  std::vector<std::unique_ptr<comm::Communicator>> comms_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> comm_generation_ ABSL_GUARDED_BY(mu_);
+  // Written by Create before any thread starts, joined by the destructor.
   std::vector<std::thread> rank_threads_;
   std::thread coordinator_;
 };

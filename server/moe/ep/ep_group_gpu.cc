@@ -8,9 +8,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/comm/nccl_communicator.h"
 #include "server/base/status.h"
 #include "server/moe/ep/ep_group.h"
@@ -54,7 +55,7 @@ class GpuEpRanks final : public EpRankKind {
 
   absl::Status NewCommunicators(absl::Duration comm_timeout) override {
     KPLAN_ASSIGN_OR_RETURN(std::string id, comm::NcclCommunicator::CreateUniqueId());
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     unique_id_ = std::move(id);
     timeout_ = comm_timeout;
     return absl::OkStatus();
@@ -64,7 +65,7 @@ class GpuEpRanks final : public EpRankKind {
     std::string id;
     comm::NcclOptions options;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       id = unique_id_;
       options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_));
     }
@@ -113,9 +114,9 @@ class GpuEpRanks final : public EpRankKind {
  private:
   const std::vector<int> devices_;
   std::vector<std::unique_ptr<GpuEpWorkspace>> workspaces_;
-  std::mutex mu_;
-  std::string unique_id_;
-  absl::Duration timeout_ = absl::Seconds(30);
+  absl::Mutex mu_;
+  std::string unique_id_ ABSL_GUARDED_BY(mu_);
+  absl::Duration timeout_ ABSL_GUARDED_BY(mu_) = absl::Seconds(30);
 };
 
 }  // namespace
