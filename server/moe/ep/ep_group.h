@@ -1,33 +1,11 @@
 // The server's expert-parallel group: N ranks that serve RunMoE together, each
-// holding a linear slice of every layer's experts (ExpertPlacement::Linear)
-// and running RunMoeExpertParallel-shaped steps over its own Communicator.
-//
-// Why a group object and not N device workers: collectives match by order,
-// so every rank must run the same steps in the same order and never start a
-// step's collectives before the previous step is over on every rank. EpGroup
-// therefore has ONE step queue. A coordinator thread publishes one step at a
-// time; each rank's own thread (one per rank: a CPU thread, or the thread
-// bound to its GPU) runs the step's per-rank work; the step completes when
-// every rank has finished, and only then is the next one published.
-//
-// What the ranks are is behind EpRankKind: CPU ranks (threads with an
-// InProcessCommunicator, experts = views into the host ExpertSet, step =
-// RunMoeExpertParallel), and GPU ranks (NcclCommunicator on one device each,
-// experts = a GpuExperts slice, step = RunMoeExpertParallelOnGpu), built with
-// CUDA and NCCL only.
-//
-// Failures. A rank whose work fails aborts its communicator, and in a step of
-// collectives the coordinator then aborts every rank's communicator at once
-// (an NCCL abort is local: a peer blocked in a collective for the failed rank
-// would otherwise wait out its timeout), so the peers fail fast; the step
-// fails with the root cause (the first rank error that is not the ABORTED
-// echo of another rank's abort) naming the rank and its device, and the group
-// builds fresh communicators (a new InProcessGroup, a new NCCL unique id)
-// before the next step that communicates. A rank that does not pick up a step
-// (still busy, or stuck) within join_timeout fails the step with
-// DEADLINE_EXCEEDED naming it; a step that runs past step_timeout likewise.
-// The group itself keeps serving: the next step starts on fresh
-// communicators as soon as the ranks are free.
+// holding a linear slice of every layer's experts and running
+// RunMoeExpertParallel-shaped steps over its own Communicator, fed by ONE step
+// queue (a coordinator thread publishes one step at a time; every rank's own
+// thread runs its part) because collectives match by order. What the ranks
+// are (CPU threads, GPUs) is behind EpRankKind. docs/EP.md ("The server's
+// group") explains the design, the failure handling (aborts, rebuilds,
+// timeouts) and the locking.
 #pragma once
 
 #include <cstdint>

@@ -1,27 +1,12 @@
 // Expert-parallel groups larger than one process: several kplan servers, one
-// rank each, join one communicator (DESIGN.md, "Groups larger than one
-// host"). Rank 0, the coordinator, runs the group's EpGroup (one step queue,
-// rebuilds, timeouts) over ProcessEpRanks: its own rank computes locally,
-// every other rank's thread forwards its part of the step to that rank's
-// server (EpRemoteRanks: gRPC in server/rpc/ep_multihost.h) and waits for
-// its output. A peer server holds one EpPeerRank, which runs the forwarded
-// steps one at a time on its own thread over its own communicator.
-//
-// Why forward whole step parts rather than run a second EpGroup on each
-// peer: collectives must run in the same order on every rank, and rank 0's
-// queue already fixes that order; a peer only ever runs what rank 0 sent, in
-// the order it was sent, so it needs no queue policy of its own.
-//
-// The communicator's id (NCCL's unique id) and its creation are injected
-// (EpGroupIdSource, EpCommFactory): the server uses NCCL, the CPU tests a
-// table of InProcessGroups shared by in-process servers, so joining,
-// forwarding, timeouts and rebuilds are tested without a GPU. A generation
-// counts the communicator sets: every forwarded step carries the generation
-// and the id, and a peer builds a fresh communicator when the generation
-// moves on (after a failure, or when a peer came back). Communicators of such
-// a group are aborted, never destroyed collectively, when they are replaced
-// or their server stops: the other processes may be gone, and NCCL's
-// teardown would wait for them.
+// rank each, join one communicator. Rank 0 runs the group's EpGroup over
+// ProcessEpRanks (its own rank local, the others forwarded to their servers
+// through EpRemoteRanks); a peer server holds one EpPeerRank that runs the
+// forwarded steps in arrival order over its own communicator. The
+// communicator's id and creation are injected (EpGroupIdSource,
+// EpCommFactory) so the CPU tests run it without a GPU. docs/EP.md ("Groups
+// across processes") explains generations, forwarding and why communicators
+// of such a group are aborted, never destroyed collectively.
 #pragma once
 
 #include <cstdint>
