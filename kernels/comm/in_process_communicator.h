@@ -102,10 +102,12 @@ class InProcessGroup {
   mutable absl::Mutex mu_;
   absl::CondVar cv_;  // signalled on every arrival, finish and failure
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> next_call_ ABSL_GUARDED_BY(mu_);                       // per rank
-  std::vector<std::string> rank_aborted_ ABSL_GUARDED_BY(mu_);                // per rank: abort reason, if any
-  std::vector<std::map<int64_t, absl::Status>> faults_ ABSL_GUARDED_BY(mu_);  // per rank: call -> status
-  std::map<int64_t, Op> ops_ ABSL_GUARDED_BY(mu_);                            // by call number
+  std::vector<int64_t> next_call_ ABSL_GUARDED_BY(mu_);  // per rank
+  // Per rank: the abort reason, if any.
+  std::vector<std::string> rank_aborted_ ABSL_GUARDED_BY(mu_);
+  // Per rank: call number -> injected status.
+  std::vector<std::map<int64_t, absl::Status>> faults_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Op> ops_ ABSL_GUARDED_BY(mu_);  // by call number
 };
 
 class InProcessCommunicator final : public Communicator {

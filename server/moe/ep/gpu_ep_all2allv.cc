@@ -56,8 +56,8 @@ absl::Status All2AllVOnGpu(GpuEpStep& s) {
   KPLAN_ASSIGN_OR_RETURN(int32_t * meta_send, EnsureAs<int32_t>(s.ws, kMetaSend, S * 2));
   KPLAN_ASSIGN_OR_RETURN(void* x_recv, Ensure(s.ws, kXRecv, R * s.H * s.es));
   KPLAN_ASSIGN_OR_RETURN(int32_t * meta_recv, EnsureAs<int32_t>(s.ws, kMetaRecv, R * 2));
-  KPLAN_RETURN_IF_ERROR(
-      kc::LaunchMoeEpGatherRows(et, s.x, order, S, s.k, s.H, s.ids, s.w, x_send, meta_send, s.stream));
+  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeEpGatherRows(et, s.x, order, S, s.k, s.H, s.ids, s.w, x_send,
+                                                  meta_send, s.stream));
   KPLAN_RETURN_IF_ERROR(Exchange(x_send, send_rows, x_recv, recv_rows, s.H, act));
   KPLAN_RETURN_IF_ERROR(
       Exchange(meta_send, send_rows, meta_recv, recv_rows, 2, comm::CommDType::kInt32));
@@ -84,8 +84,8 @@ absl::Status All2AllVOnGpu(GpuEpStep& s) {
   if (s.M == 0) return absl::OkStatus();
   KPLAN_ASSIGN_OR_RETURN(void* y, Ensure(s.ws, kY, S * s.H * s.es));
   KPLAN_RETURN_IF_ERROR(kc::LaunchMoeEpScatterRows(back, order, S, s.H, y, s.stream));
-  return kc::LaunchMoeCombine(et, y, s.L.apply_router_weight_on_input ? nullptr : s.w, s.M, s.k, s.H,
-                              s.out, s.stream);
+  return kc::LaunchMoeCombine(et, y, s.L.apply_router_weight_on_input ? nullptr : s.w, s.M, s.k,
+                              s.H, s.out, s.stream);
 }
 
 absl::Status ReserveAll2AllV(GpuEpWorkspace::Impl& ws, const GpuEpLayer& L, int64_t n, int64_t T) {
@@ -105,8 +105,7 @@ absl::Status ReserveAll2AllV(GpuEpWorkspace::Impl& ws, const GpuEpLayer& L, int6
                                        {kY, S * H * es}}));
   if (L.local_experts != nullptr && R > 0) {
     KPLAN_RETURN_IF_ERROR(
-        Ensure(ws, kLayer, MoeLayerWorkspaceBytes(*L.local_experts, R, 1, L.num_experts))
-            .status());
+        Ensure(ws, kLayer, MoeLayerWorkspaceBytes(*L.local_experts, R, 1, L.num_experts)).status());
   }
   return absl::OkStatus();
 }

@@ -67,8 +67,8 @@ absl::Status AllGatherReduceScatterOnGpu(GpuEpStep& s) {
   return kc::LaunchMoeEpCastFromFp32(ElemType(s.L.act_dtype), mine, s.M * s.H, s.out, s.stream);
 }
 
-absl::Status ReserveAllGatherReduceScatter(GpuEpWorkspace::Impl& ws, const GpuEpLayer& L,
-                                           int64_t n, int64_t T) {
+absl::Status ReserveAllGatherReduceScatter(GpuEpWorkspace::Impl& ws, const GpuEpLayer& L, int64_t n,
+                                           int64_t T) {
   const int64_t k = L.top_k, H = L.hidden, es = ElemSize(L.act_dtype);
   const int64_t P = n * T;
   KPLAN_RETURN_IF_ERROR(EnsureAll(ws, {{kXAll, P * H * es},

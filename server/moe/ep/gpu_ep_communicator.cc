@@ -39,8 +39,8 @@ absl::Status GpuEpCommunicator::AllToAllV(const void* send, absl::Span<const int
                                           absl::Span<const int64_t> recv_counts,
                                           absl::Span<const int64_t> recv_displs,
                                           comm::CommDType dtype) {
-  return Track(nccl_->AllToAllV(send, send_counts, send_displs, recv, recv_counts, recv_displs,
-                                dtype));
+  return Track(
+      nccl_->AllToAllV(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype));
 }
 
 absl::Status GpuEpCommunicator::Barrier() { return Track(nccl_->Barrier()); }
@@ -50,8 +50,7 @@ void GpuEpCommunicator::Abort(absl::string_view reason) {
   nccl_->Abort(reason);
 }
 
-absl::StatusOr<comm::KplanEpTransport*> GpuEpCommunicator::Transport(
-    const comm::KplanEpConfig& c) {
+absl::StatusOr<comm::KplanEpTransport*> GpuEpCommunicator::Transport(const comm::KplanEpConfig& c) {
   if (aborted_) return absl::AbortedError("the communicator was aborted");
   for (auto& t : transports_) {
     const comm::KplanEpConfig& h = t->config();

@@ -62,19 +62,19 @@ absl::Status CountPassthroughBytes(GpuEpStep& s) {
 // collective starts.
 absl::Status CheckPassthroughLayer(const GpuEpLayer& L, const comm::Communicator& comm) {
   if (L.placement.num_ranks() != comm.size() || L.placement.num_experts() != L.num_experts) {
-    return InvalidField("placement", absl::StrCat("placement is for ", L.placement.num_ranks(),
-                                                  " ranks and ", L.placement.num_experts(),
-                                                  " experts; the group has ", comm.size(),
-                                                  " ranks, the layer ", L.num_experts, " experts"));
+    return InvalidField("placement",
+                        absl::StrCat("placement is for ", L.placement.num_ranks(), " ranks and ",
+                                     L.placement.num_experts(), " experts; the group has ",
+                                     comm.size(), " ranks, the layer ", L.num_experts, " experts"));
   }
   if (comm.size() > comm::kKplanEpMaxRanks) {
     return absl::FailedPreconditionError(absl::StrCat(
         "all2all_backend passthrough runs groups of up to ", comm::kKplanEpMaxRanks, " ranks"));
   }
   if (L.act_dtype != MoeDType::kBFloat16 && L.act_dtype != MoeDType::kFloat16) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "all2all_backend passthrough runs bfloat16 / float16 activations, got ",
-        MoeDTypeName(L.act_dtype)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("all2all_backend passthrough runs bfloat16 / float16 activations, got ",
+                     MoeDTypeName(L.act_dtype)));
   }
   if (L.hidden <= 0 || L.hidden % 8 != 0 || L.intermediate <= 0) {
     return InvalidField("hidden", absl::StrCat("hidden must be a positive multiple of 8 and "
@@ -82,9 +82,9 @@ absl::Status CheckPassthroughLayer(const GpuEpLayer& L, const comm::Communicator
                                                L.hidden, " and ", L.intermediate));
   }
   if (L.top_k <= 0 || L.top_k > L.num_experts || L.top_k > comm::kKplanEpMaxTopK) {
-    return InvalidField("top_k", absl::StrCat("passthrough takes top_k in [1, ",
-                                              std::min(L.num_experts, comm::kKplanEpMaxTopK),
-                                              "], got ", L.top_k));
+    return InvalidField(
+        "top_k", absl::StrCat("passthrough takes top_k in [1, ",
+                              std::min(L.num_experts, comm::kKplanEpMaxTopK), "], got ", L.top_k));
   }
   if (L.apply_router_weight_on_input) {
     return WithField(absl::FailedPreconditionError(
@@ -182,8 +182,7 @@ absl::Status RunPassthroughOnGpu(const GpuEpLayer& layer, const MoeInputsForThis
   if (absl::Status st = CheckPassthroughLayer(layer, comm); !st.ok()) return st;
   if (comm.nccl().device() != layer.workspace->device()) {
     return fail(InvalidField("comm", absl::StrCat("communicator on device ", comm.nccl().device(),
-                                                  ", workspace on ",
-                                                  layer.workspace->device())));
+                                                  ", workspace on ", layer.workspace->device())));
   }
   DeviceScope scope;
   if (absl::Status st = scope.Enter(layer.workspace->device()); !st.ok()) return fail(st);
@@ -206,11 +205,13 @@ absl::Status RunPassthroughOnGpu(const GpuEpLayer& layer, const MoeInputsForThis
   kc::MoeRoutingParams rp;
   absl::Status local = CheckLocal(layer, inputs, comm, &rp);
   if (local.ok() && inputs.num_tokens > config.max_tokens_per_rank) {
-    local = InvalidField(
-        "num_tokens",
-        absl::StrCat(inputs.num_tokens, " tokens on rank ", rank, " exceed the passthrough "
-                     "capacity of ", config.max_tokens_per_rank, " tokens per rank (reserve "
-                     "more with ReserveGpuEpWorkspace on every rank)"));
+    local =
+        InvalidField("num_tokens", absl::StrCat(inputs.num_tokens, " tokens on rank ", rank,
+                                                " exceed the passthrough "
+                                                "capacity of ",
+                                                config.max_tokens_per_rank,
+                                                " tokens per rank (reserve "
+                                                "more with ReserveGpuEpWorkspace on every rank)"));
   }
   MoeInputsForThisRank none;
   bool experts_usable = true;
@@ -246,11 +247,11 @@ absl::Status ReservePassthrough(GpuEpWorkspace::Impl& ws, const GpuEpLayer& L, i
   KPLAN_ASSIGN_OR_RETURN(void* w, Ensure(ws, kPtWeights, pairs * 4));
   KPLAN_EP_CUDA(cudaMemset(w, 0, ws.cap[kPtWeights]));  // never read; defined anyway
   if (L.local_experts != nullptr) {
-    KPLAN_RETURN_IF_ERROR(Ensure(ws, kLayer,
-                                 MoeLayerWorkspaceBytes(*L.local_experts, n * ws.passthrough_tokens,
-                                                        static_cast<int>(k),
-                                                        L.local_experts->spec().num_experts))
-                              .status());
+    KPLAN_RETURN_IF_ERROR(
+        Ensure(ws, kLayer,
+               MoeLayerWorkspaceBytes(*L.local_experts, n * ws.passthrough_tokens,
+                                      static_cast<int>(k), L.local_experts->spec().num_experts))
+            .status());
   }
   return absl::OkStatus();
 }

@@ -165,8 +165,8 @@ absl::Status ExchangeHeader(GpuEpWorkspace::Impl& ws, comm::Communicator& comm, 
 // the download, recording kEvDispatched and kEvComputed on the way.
 // gpu_ep_allgather_reducescatter.cc
 absl::Status AllGatherReduceScatterOnGpu(GpuEpStep& s);
-absl::Status ReserveAllGatherReduceScatter(GpuEpWorkspace::Impl& ws, const GpuEpLayer& L,
-                                           int64_t n, int64_t T);
+absl::Status ReserveAllGatherReduceScatter(GpuEpWorkspace::Impl& ws, const GpuEpLayer& L, int64_t n,
+                                           int64_t T);
 // gpu_ep_all2allv.cc
 absl::Status All2AllVOnGpu(GpuEpStep& s);
 absl::Status ReserveAll2AllV(GpuEpWorkspace::Impl& ws, const GpuEpLayer& L, int64_t n, int64_t T);
