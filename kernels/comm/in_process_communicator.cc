@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace kplan::comm {
 namespace {
@@ -43,17 +45,17 @@ InProcessGroup::InProcessGroup(int size, InProcessOptions options)
     : size_(size), options_(options), next_call_(size, 0), rank_aborted_(size), faults_(size) {}
 
 void InProcessGroup::InjectFault(int rank, absl::Status status, int after_calls) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (rank < 0 || rank >= size_ || status.ok()) return;
   faults_[rank][next_call_[rank] + after_calls] = std::move(status);
 }
 
 void InProcessGroup::Abort(int by_rank, absl::string_view reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (options_.abort_is_local && by_rank >= 0 && by_rank < size_) {
     if (rank_aborted_[by_rank].empty()) rank_aborted_[by_rank] = std::string(reason);
     if (rank_aborted_[by_rank].empty()) rank_aborted_[by_rank] = "aborted";
-    cv_.notify_all();
+    cv_.SignalAll();
     return;
   }
   FailLocked(absl::AbortedError(
@@ -61,7 +63,7 @@ void InProcessGroup::Abort(int by_rank, absl::string_view reason) {
 }
 
 void InProcessGroup::Fail(absl::Status status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   FailLocked(std::move(status));
 }
 
@@ -72,23 +74,23 @@ absl::Status InProcessGroup::RankAbortedLocked(int rank, const std::string& sign
 }
 
 absl::Status InProcessGroup::failure() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return failure_;
 }
 
 int64_t InProcessGroup::calls(int rank) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return rank >= 0 && rank < size_ ? next_call_[rank] : 0;
 }
 
 void InProcessGroup::FailLocked(absl::Status status) {
   if (failure_.ok()) failure_ = std::move(status);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 absl::Status InProcessGroup::Run(int rank, const std::string& signature, const void* args,
                                  const Work& work) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const int64_t call = next_call_[rank]++;
   if (auto it = faults_[rank].find(call); it != faults_[rank].end()) {
     absl::Status injected = std::move(it->second);
@@ -119,12 +121,14 @@ absl::Status InProcessGroup::Run(int rank, const std::string& signature, const v
   op.args[rank] = args;
   op.present[rank] = 1;
   ++op.arrived;
-  cv_.notify_all();
+  cv_.SignalAll();
 
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
   while (op.arrived < size_ && failure_.ok() && rank_aborted_[rank].empty()) {
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && op.arrived < size_ &&
-        failure_.ok() && rank_aborted_[rank].empty()) {
+    // The remaining time to the steady deadline (<= 0: times out at once).
+    const bool timed_out = cv_.WaitWithTimeout(
+        &mu_, absl::FromChrono(deadline - std::chrono::steady_clock::now()));
+    if (timed_out && op.arrived < size_ && failure_.ok() && rank_aborted_[rank].empty()) {
       std::vector<int> missing;
       for (int r = 0; r < size_; ++r) {
         if (!op.present[r]) missing.push_back(r);
@@ -149,13 +153,13 @@ absl::Status InProcessGroup::Run(int rank, const std::string& signature, const v
   // Everyone has arrived: read the peers' buffers without the lock. The op
   // completes even if the group fails meanwhile, since every buffer is known.
   const std::vector<const void*> all_args = op.args;
-  lock.unlock();
+  mu_.Unlock();
   absl::Status result = work(all_args);
-  lock.lock();
+  mu_.Lock();
   ++op.finished;
-  cv_.notify_all();
+  cv_.SignalAll();
   // Bounded: every rank is past its rendezvous and only copying memory.
-  cv_.wait(lock, [&] { return op.finished == size_; });
+  while (op.finished != size_) cv_.Wait(&mu_);
   if (++op.left == size_) ops_.erase(call);
   return result;
 }

@@ -17,18 +17,18 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/comm/communicator.h"
 
 namespace kplan::comm {
@@ -88,22 +88,26 @@ class InProcessGroup {
   // The rendezvous. `args` points to this rank's call description (valid
   // until Run returns); `work` runs once every rank has arrived and reads the
   // peers' descriptions.
-  absl::Status Run(int rank, const std::string& signature, const void* args, const Work& work);
+  absl::Status Run(int rank, const std::string& signature, const void* args, const Work& work)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Marks the group failed with `status` (first failure wins) and wakes all.
-  void FailLocked(absl::Status status);
-  void Fail(absl::Status status);
+  void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
   // The status of `rank`'s calls once its own Abort (abort_is_local) ran.
-  absl::Status RankAbortedLocked(int rank, const std::string& signature, int64_t call) const;
+  absl::Status RankAbortedLocked(int rank, const std::string& signature, int64_t call) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int size_;
   const InProcessOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  absl::Status failure_;
-  std::vector<int64_t> next_call_;                        // per rank
-  std::vector<std::string> rank_aborted_;                 // per rank: abort reason, if any
-  std::vector<std::map<int64_t, absl::Status>> faults_;   // per rank: call -> status
-  std::map<int64_t, Op> ops_;                             // by call number
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled on every arrival, finish and failure
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> next_call_ ABSL_GUARDED_BY(mu_);  // per rank
+  // Per rank: the abort reason, if any.
+  std::vector<std::string> rank_aborted_ ABSL_GUARDED_BY(mu_);
+  // Per rank: call number -> injected status.
+  std::vector<std::map<int64_t, absl::Status>> faults_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Op> ops_ ABSL_GUARDED_BY(mu_);  // by call number
 };
 
 class InProcessCommunicator final : public Communicator {

@@ -1,88 +1,14 @@
 // The `passthrough` / `kplan_ep` expert-parallel transport: kernels write the
 // token rows straight into the peers' memory and the expert outputs straight
-// back, through NCCL's device API (NCCL >= 2.28), with no host collective,
-// no host synchronisation and no allocation per layer, so a whole layer
-// (dispatch -> local experts -> return -> combine) is stream-ordered and can
-// be captured in a CUDA graph.
-//
-// Memory: one symmetric window per rank (ncclMemAlloc +
-// ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC)), same layout on every
-// rank, reached from the kernels through LSA (load/store accessible) peer
-// pointers over NVLink/P2P. With n ranks, T = max_tokens_per_rank, k = top_k
-// and H = hidden it holds
-//   recv rows     [n * T, H]       token rows received, source s at rows [s*T, (s+1)*T)
-//   recv ids      [n * T, k] int32 the LOCAL expert id of each (token, slot) pair, -1 where
-//                                  this rank does not own the slot or no row arrived
-//   recv tokens   [n] int32        the token count M of each source in the last Dispatch
-//   result rows   [T * k, H]       expert outputs of this rank's own pairs, row m*k + j
-// Everything else (NCCL's barrier state) lives in NCCL's resource window. No
-// NVLink multicast (NVLS) is requested or used.
-//
-// Layout choices, and why they differ from "one row per (token, slot)":
-//  * Positional, not compacted: token m of source s always lands in recv row
-//    s*T + m. Nothing is counted or claimed (no atomics, no prefix sums), the
-//    result is deterministic, and the return address of a pair is implicit
-//    (source s, row m*k + j) so no source index travels as metadata.
-//  * One row per (token, destination rank), not per (token, slot): a token
-//    whose k experts sit on one rank is sent there once (DeepEP's
-//    layout), which cuts the dispatched bytes by up to k. The receive side is
-//    exactly the single-GPU expert input: hidden rows [n*T, H] plus ids
-//    [n*T, k], so the grouped-GEMM pipeline (kernels/cuda/moe/moe_experts.h) runs
-//    on it unchanged: moe_align_block_size over the n*T*k recv ids with
-//    num_experts = the local expert count (-1 and other ids outside
-//    [0, E_local) are skipped), GEMM 1 with a_row_div = k reading recv rows,
-//    GEMM 2 writing Y [n*T*k, H]; Return(Y) sends row (s*T + m)*k + j back.
-//  * Returns stay per pair ([T*k, H] at the source) so the source combines
-//    with LaunchMoeCombine in slot order, bit-exact with moe::CombineTopK.
-//
-// Protocol, one round = Dispatch then Return, both collective (every rank
-// calls both, in the same order, including ranks with no tokens):
-//  Dispatch  one kernel: every warp takes (token, 2 KiB segment) units, loads
-//            the segment once (16-byte loads) and stores it to every rank
-//            owning one of the token's experts; the first segment's warp also
-//            writes the token's k ids there. Pairs whose id is outside
-//            [0, num_experts) go nowhere: their result row is zeroed locally,
-//            so they add nothing in the combine. Then each CTA joins an LSA
-//            barrier with the same CTA of every peer (release/acquire), so
-//            when the kernel ends every peer's rows for this rank have arrived.
-//  Return    one kernel: for every received token (tokens m < M_s of each
-//            source s), each pair this rank owns is copied from Y to row
-//            m*k + j of the result region on rank s, and the token's ids are
-//            reset to -1 (re-arming the -1 invariant for the next Dispatch);
-//            then the same LSA barrier. After it, every pair of this rank's
-//            tokens holds its expert output (or zeros for an invalid id):
-//            each pair is returned exactly once.
-// Why no extra barrier at the start of a kernel: a source writes into a
-// destination's recv region in Dispatch i+1 only after passing the barrier
-// of Return i, which the destination joins after its experts (which read the
-// recv region) and its reset; a peer writes into the result region in Return
-// i only after the barrier of Dispatch i, which the source joins after its
-// combine of round i-1 (same stream). So reads and writes of consecutive
-// rounds never overlap, provided each rank keeps Dispatch, its expert
-// kernels, Return and its combine in stream order (one stream, or events).
-//
-// Launch shape: a fixed grid of `num_ctas` CTAs of 512 threads on every rank
-// (CTA j pairs with CTA j of the peers in the barrier, so the grid must be
-// identical everywhere and must fit on the GPU at once; it never depends on
-// M). The LSA barrier state is NCCL's (ncclDevCommRequirements.
-// lsaBarrierCount = num_ctas).
-//
-// Failures: arguments are checked on the host before anything is launched
-// (INVALID_ARGUMENT, e.g. num_tokens > max_tokens_per_rank); CUDA and NCCL
-// errors come back with file:line and the library's message. A rank that
-// skips a round (an error, a crash) leaves its peers spinning in the barrier:
-// like an NCCL collective, the group is then lost (a device-side timeout is
-// not implemented).
-//
-// NCCL version: the device API is header-inline code over NCCL's structs,
-// whose layouts change between patch releases (2.28.3 -> 2.28.9 moved
-// ncclDevCommRequirements.lsaBarrierCount and grew ncclWindow_vidmem), so
-// Create refuses (FAILED_PRECONDITION) unless the NCCL loaded at run time is
-// exactly the one whose headers the kernels were compiled with (CMake
-// KPLAN_NCCL_DEVICE_INCLUDE picks them when they are not the toolkit's).
-//
-// Built only when NCCL is found (KPLAN_HAVE_NCCL), like NcclCommunicator. The
-// header names no CUDA or NCCL type (streams are cudaStream_t as void*).
+// back, through NCCL's device API (NCCL >= 2.28, symmetric windows, LSA
+// pointers and barriers; never NVLS), with no host collective, host
+// synchronisation or allocation per layer, so a whole layer is stream-ordered
+// and can be captured in a CUDA graph. One round is Dispatch then Return, both
+// collective on every rank, in stream order with the expert kernels and the
+// combine. docs/EP.md ("The kplan_ep transport") has the window layout, the
+// protocol and why it needs no extra barrier, the launch shape, the failure
+// semantics and the exact-NCCL-version check. Built only when NCCL is found
+// (KPLAN_HAVE_NCCL); the header names no CUDA or NCCL type.
 #pragma once
 
 #include <cstdint>

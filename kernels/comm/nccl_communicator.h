@@ -15,12 +15,13 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/comm/communicator.h"
 
 struct ncclComm;  // NCCL's opaque communicator (ncclComm_t is ncclComm*)
@@ -72,11 +73,11 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(int rank, int size, int device, ncclComm* comm, void* stream, bool owns_stream,
                    NcclOptions options);
   // ABORTED once Abort() ran or an earlier call failed.
-  absl::Status CheckUsable(absl::string_view what) const;
+  absl::Status CheckUsable(absl::string_view what) const ABSL_LOCKS_EXCLUDED(reason_mu_);
   // Waits for the work enqueued on the stream; on an NCCL async error or a
   // timeout aborts the communicator and returns the error.
-  absl::Status Wait(absl::string_view what);
-  void AbortComm(absl::Status why);
+  absl::Status Wait(absl::string_view what) ABSL_LOCKS_EXCLUDED(poll_mu_, reason_mu_);
+  void AbortComm(absl::Status why) ABSL_LOCKS_EXCLUDED(poll_mu_, reason_mu_);
 
   const int rank_, size_, device_;
   ncclComm* comm_;
@@ -84,15 +85,17 @@ class NcclCommunicator final : public Communicator {
   const bool owns_stream_;
   const NcclOptions options_;
   std::atomic<bool> aborted_{false};
-  mutable std::mutex reason_mu_;
-  std::string abort_reason_;  // the first abort's, guarded by reason_mu_
+  mutable absl::Mutex reason_mu_;
+  std::string abort_reason_ ABSL_GUARDED_BY(reason_mu_);  // the first abort's
   // Held by each poll of Wait() and by the abort: Abort may come from
   // another thread (the group's coordinator) while the rank's thread polls.
   // Enqueueing a collective is not under it: a first collective may block in
   // NCCL's connection setup on a dead peer, and ncclCommAbort from another
   // thread is NCCL's way to break that (it sets the abort flag those host
   // loops poll), so it must not wait for the enqueue to return.
-  std::mutex poll_mu_;
+  // It guards no member: comm_ is also used outside it on purpose (the
+  // enqueues above), so the lock orders the queries and the abort instead.
+  absl::Mutex poll_mu_ ABSL_ACQUIRED_BEFORE(reason_mu_);  // Wait() checks the reason under it
   // Device scratch for Barrier (one float).
   void* barrier_buffer_ = nullptr;
 };

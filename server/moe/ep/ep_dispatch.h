@@ -1,50 +1,11 @@
-// Expert-parallel execution of one fused MoE layer over a Communicator: each
-// rank holds a contiguous slice of the experts (ExpertPlacement) and a
-// contiguous slice of the request's tokens, and calls RunMoeExpertParallel
-// from its own thread (or process / GPU worker). The step has vLLM's modular
-// shape (vllm-kernel-plan.md §3): prepare (dispatch tokens to the ranks that
-// own their experts) -> run the local experts (moe::RunExperts with the rank's
-// expert_map) -> finalize (weighted combine, results back to the token's
-// owner). Two dispatch strategies sit behind EpDispatch (a third,
-// passthrough, runs on GPU ranks only; see below):
-//
-//  allgather_reducescatter  vLLM's naive DP/EP prepare/finalize: all-gather
-//      every rank's tokens, top-k ids and weights (padded to the largest
-//      rank's token count); every rank runs its local experts on all tokens
-//      (non-local slots give zeros), combines its weighted partial outputs
-//      per token in fp32, and a reduce-scatter (sum over ranks in rank order)
-//      returns each token's sum to its owner, rounded once to the activation
-//      dtype. Matches moe::MoeReference bit for bit when every token's slots
-//      live on at most two ranks (k <= 2: fp32 addition is commutative, zeros
-//      are exact); with k > 2 spread over more ranks the fp32 sum is
-//      re-associated, so results differ by rounding (about 1 ulp of fp32
-//      before the final cast).
-//
-//  kplan_all2allv  send each rank only the (token, slot) rows whose expert it
-//      owns (an all-gather of the per-peer row counts, then all-to-all-v of
-//      the rows and of their (expert id, weight) pairs), run them, send the
-//      unweighted expert outputs back (in the activation dtype: RunExperts
-//      rounds them to it, so nothing is lost) and combine at the source with
-//      moe::CombineTopK. Every expert output row is computed exactly as the
-//      reference computes it (each row's GEMMs are independent of the other
-//      rows) and the combine is the reference's own (slots in order, fp32),
-//      so the result equals moe::MoeReference bit for bit. Exception:
-//      quantisation with a dynamic per-tensor activation scale (fp8 per-tensor
-//      without a static scale), whose scale depends on which rows a rank
-//      holds; vLLM's EP kernels differ from the single-GPU path there too.
-//
-//  passthrough  vLLM's binding for backends that dispatch and combine
-//      themselves (moe_backend kplan_ep): kernels write the rows straight into
-//      the peers' memory through NCCL's device API (gpu_ep.h). The CPU path
-//      has no device transport, so on CPU ranks RunMoeExpertParallel returns
-//      FAILED_PRECONDITION (field parallel.all2all_backend) on every rank,
-//      before any collective, leaving the communicator usable.
-//
-// Failures: every rank first all-gathers (token count, validity) so that bad
-// inputs on one rank fail every rank cleanly (the communicator stays usable).
-// Any later error (a collective failing or timing out, a local compute error)
-// aborts the communicator, so peers fail fast instead of waiting; the caller
-// must then build a new group.
+// Expert-parallel execution of one fused MoE layer over a Communicator (the
+// CPU path): each rank holds a contiguous slice of the experts
+// (ExpertPlacement) and of the request's tokens and calls
+// RunMoeExpertParallel from its own thread. The step is vLLM's modular
+// prepare -> local experts -> finalize, with the dispatch strategy behind
+// EpDispatch (allgather_reducescatter and kplan_all2allv, one file each;
+// passthrough runs on GPU ranks only). docs/EP.md ("Strategies") has the
+// numerics of each strategy and the failure semantics.
 #pragma once
 
 #include <cstdint>
@@ -136,7 +97,7 @@ std::unique_ptr<EpDispatch> MakeEpDispatch(EpStrategy strategy);
 
 // Runs one MoE layer step on this rank; every rank of `comm` calls it with
 // the same layer options and strategy, each on its own thread. Writes
-// inputs.output (this rank's tokens). See the header comment for failures.
+// inputs.output (this rank's tokens). Failures: docs/EP.md ("Failures (CPU ranks)").
 absl::Status RunMoeExpertParallel(const EpLayer& layer_on_this_rank,
                                   const MoeInputsForThisRank& inputs, comm::Communicator& comm,
                                   EpStrategy strategy);

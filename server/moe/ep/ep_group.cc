@@ -1,17 +1,32 @@
 #include "server/moe/ep/ep_group.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "kernels/comm/in_process_communicator.h"
 #include "server/base/status.h"
 
 namespace kplan::moe::ep {
+
+void FillEpLayer(const ExpertSet& set, const ExpertPlacement& placement,
+                 const EpMoeOptions& options, EpLayer& layer) {
+  layer.hidden = set.spec().hidden;
+  layer.intermediate = set.spec().intermediate;
+  layer.num_experts = set.spec().num_experts;
+  layer.top_k = options.top_k;
+  layer.act_dtype = options.act_dtype;
+  layer.activation = set.activation();
+  layer.apply_router_weight_on_input = options.apply_router_weight_on_input;
+  layer.placement = placement;
+}
 
 // ---------------------------------------------------------------------------
 // CPU ranks.
@@ -54,14 +69,14 @@ class CpuEpRanks final : public EpRankKind {
     options.timeout =
         std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(comm_timeout)));
     KPLAN_ASSIGN_OR_RETURN(auto comms, comm::InProcessGroup::Create(size_, options));
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     pending_ = std::move(comms);
     group_ = &pending_[0]->group();
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::unique_ptr<comm::Communicator>> JoinCommunicator(int rank) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (rank < 0 || rank >= static_cast<int>(pending_.size()) || pending_[rank] == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("no communicator waiting for rank ", rank));
     }
@@ -104,7 +119,7 @@ class CpuEpRanks final : public EpRankKind {
   }
 
   bool InjectFault(int rank, absl::Status status, int after_calls) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (group_ == nullptr) return false;
     group_->InjectFault(rank, std::move(status), after_calls);
     return true;
@@ -112,12 +127,12 @@ class CpuEpRanks final : public EpRankKind {
 
  private:
   const int size_;
-  std::mutex mu_;
-  std::vector<std::unique_ptr<comm::InProcessCommunicator>> pending_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<comm::InProcessCommunicator>> pending_ ABSL_GUARDED_BY(mu_);
   // The newest group, for fault injection. Its communicators (which own it)
   // stay alive in pending_ or with their ranks until the next
   // NewCommunicators, which replaces this pointer first.
-  comm::InProcessGroup* group_ = nullptr;
+  comm::InProcessGroup* group_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace
@@ -190,8 +205,11 @@ absl::StatusOr<std::unique_ptr<EpGroup>> EpGroup::Create(std::unique_ptr<EpRankK
   std::unique_ptr<EpGroup> group(new EpGroup(std::move(kind), options));
   // The first communicators now, so a broken setup fails at start-up.
   KPLAN_RETURN_IF_ERROR(group->kind_->NewCommunicators(options.comm_timeout));
-  group->generation_ = 1;
-  group->needs_rebuild_ = false;
+  {
+    absl::MutexLock lock(&group->mu_);  // no other thread yet; for the analysis
+    group->generation_ = 1;
+    group->needs_rebuild_ = false;
+  }
   for (int r = 0; r < group->size_; ++r) {
     group->rank_threads_.emplace_back([g = group.get(), r] { g->RankLoop(r); });
   }
@@ -201,10 +219,10 @@ absl::StatusOr<std::unique_ptr<EpGroup>> EpGroup::Create(std::unique_ptr<EpRankK
 
 EpGroup::~EpGroup() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (coordinator_.joinable()) coordinator_.join();
   for (std::thread& t : rank_threads_) t.join();
 }
@@ -216,12 +234,12 @@ std::vector<std::string> EpGroup::Devices() const {
 }
 
 int64_t EpGroup::generation() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return generation_;
 }
 
 void EpGroup::Invalidate() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   needs_rebuild_ = true;
 }
 
@@ -236,7 +254,7 @@ absl::Status EpGroup::Submit(RankWork work, StepDone done, EpStepComm comm) {
   step->comm = comm;
   step->submitted = absl::Now();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the expert-parallel group is stopping");
     if (queue_.size() >= options_.max_queue_depth) {
       return absl::ResourceExhaustedError(
@@ -245,7 +263,7 @@ absl::Status EpGroup::Submit(RankWork work, StepDone done, EpStepComm comm) {
     }
     queue_.push_back(std::move(step));
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return absl::OkStatus();
 }
 
@@ -275,36 +293,35 @@ void EpGroup::AbortAllLocked(absl::string_view reason) {
 }
 
 void EpGroup::CoordinatorLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
     if (queue_.empty()) {  // stopping, nothing left
       coordinator_done_ = true;
-      cv_.notify_all();
+      cv_.SignalAll();
       return;
     }
     std::shared_ptr<Step> step = std::move(queue_.front());
     queue_.pop_front();
-    absl::Status status = RunStepLocked(lock, step);
+    absl::Status status = RunStepLocked(step);
     const absl::Time end = absl::Now();
     const absl::Duration queued =
         (step->published == absl::InfinitePast() ? end : step->published) - step->submitted;
     const absl::Duration ran =
         step->published == absl::InfinitePast() ? absl::ZeroDuration() : end - step->published;
-    lock.unlock();
+    mu_.Unlock();
     if (step->done) step->done(std::move(status), queued, ran);
-    lock.lock();
+    mu_.Lock();
   }
 }
 
-absl::Status EpGroup::RunStepLocked(std::unique_lock<std::mutex>& lock,
-                                    const std::shared_ptr<Step>& step_ptr) {
+absl::Status EpGroup::RunStepLocked(const std::shared_ptr<Step>& step_ptr) {
   Step& step = *step_ptr;
   step.published = absl::InfinitePast();
   if (step.communicates() && needs_rebuild_) {
-    lock.unlock();
+    mu_.Unlock();
     absl::Status built = kind_->NewCommunicators(options_.comm_timeout);
-    lock.lock();
+    mu_.Lock();
     if (!built.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "the expert-parallel group could not build new communicators after a failure: ",
@@ -321,7 +338,7 @@ absl::Status EpGroup::RunStepLocked(std::unique_lock<std::mutex>& lock,
   step.status.assign(size_, absl::OkStatus());
   step.published = absl::Now();
   current_ = step_ptr;
-  cv_.notify_all();
+  cv_.SignalAll();
 
   auto names = [&](const std::vector<int>& ranks) {
     std::vector<std::string> out;
@@ -330,7 +347,7 @@ absl::Status EpGroup::RunStepLocked(std::unique_lock<std::mutex>& lock,
   };
   const absl::Time join_deadline = step.published + options_.join_timeout;
   while (step.num_joined < size_ && absl::Now() < join_deadline) {
-    cv_.wait_until(lock, absl::ToChronoTime(join_deadline));
+    cv_.WaitWithDeadline(&mu_, join_deadline);
   }
   if (step.num_joined < size_) {
     step.cancelled = true;
@@ -373,7 +390,7 @@ absl::Status EpGroup::RunStepLocked(std::unique_lock<std::mutex>& lock,
         break;
       }
     }
-    cv_.wait_until(lock, absl::ToChronoTime(step_deadline));
+    cv_.WaitWithDeadline(&mu_, step_deadline);
   }
   if (step.num_finished < size_) {
     step.cancelled = true;
@@ -391,7 +408,7 @@ absl::Status EpGroup::RunStepLocked(std::unique_lock<std::mutex>& lock,
       needs_rebuild_ = true;
       const absl::Time grace = absl::Now() + std::min(absl::Seconds(1), options_.step_timeout);
       while (step.num_finished < size_ && absl::Now() < grace) {
-        cv_.wait_until(lock, absl::ToChronoTime(grace));
+        cv_.WaitWithDeadline(&mu_, grace);
       }
       std::vector<int> stuck;
       for (int r : late) {
@@ -455,35 +472,35 @@ absl::Status EpGroup::Combine(const Step& step) const {
 
 void EpGroup::RankLoop(int rank) {
   int64_t last_seq = 0;
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [&] {
-      return (current_ != nullptr && current_->seq > last_seq) || coordinator_done_;
-    });
+    while (!((current_ != nullptr && current_->seq > last_seq) || coordinator_done_)) {
+      cv_.Wait(&mu_);
+    }
     if (current_ == nullptr || current_->seq <= last_seq) {  // stopping
       // Every rank tears its own communicator down, all at once: NCCL's
       // teardown (the passthrough transport's window deregistration) is
       // collective, so one thread destroying them in turn would wait forever.
       std::unique_ptr<comm::Communicator> mine = std::move(comms_[rank]);
-      lock.unlock();
+      mu_.Unlock();
       mine.reset();
-      lock.lock();
+      mu_.Lock();
       return;
     }
     std::shared_ptr<Step> step = current_;
     last_seq = step->seq;
     if (step->cancelled) continue;
     step->picked[rank] = 1;
-    cv_.notify_all();
+    cv_.SignalAll();
 
     absl::Status st;
     comm::Communicator* comm = nullptr;
     if (step->communicates()) {
       if (comm_generation_[rank] != step->generation) {
-        lock.unlock();
+        mu_.Unlock();
         absl::StatusOr<std::unique_ptr<comm::Communicator>> fresh = kind_->JoinCommunicator(rank);
         std::unique_ptr<comm::Communicator> old;
-        lock.lock();
+        mu_.Lock();
         if (fresh.ok()) {
           old = std::move(comms_[rank]);
           comms_[rank] = std::move(*fresh);
@@ -493,22 +510,22 @@ void EpGroup::RankLoop(int rank) {
               fresh.status().code(),
               absl::StrCat("could not join the group's communicator: ", fresh.status().message()));
         }
-        lock.unlock();
+        mu_.Unlock();
         old.reset();  // outside the lock: NCCL teardown may take a while
-        lock.lock();
+        mu_.Lock();
       }
       comm = comms_[rank].get();
     }
     step->joined[rank] = 1;
     ++step->num_joined;
-    cv_.notify_all();
+    cv_.SignalAll();
     if (st.ok() && !step->cancelled) {
-      lock.unlock();
+      mu_.Unlock();
       st = step->work(rank, comm);
       if (!st.ok() && comm != nullptr) {
         comm->Abort(absl::StrCat("rank ", rank, " failed: ", st.message()));
       }
-      lock.lock();
+      mu_.Lock();
     } else if (st.ok()) {
       st = absl::CancelledError("the step was abandoned before this rank started it");
     }
@@ -516,7 +533,7 @@ void EpGroup::RankLoop(int rank) {
     if (!st.ok()) step->failed_order.push_back(rank);
     step->finished[rank] = 1;
     ++step->num_finished;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 

@@ -1,48 +1,26 @@
 // The server's expert-parallel group: N ranks that serve RunMoE together, each
-// holding a linear slice of every layer's experts (ExpertPlacement::Linear)
-// and running RunMoeExpertParallel-shaped steps over its own Communicator.
-//
-// Why a group object and not N device workers: collectives match by order,
-// so every rank must run the same steps in the same order and never start a
-// step's collectives before the previous step is over on every rank. EpGroup
-// therefore has ONE step queue. A coordinator thread publishes one step at a
-// time; each rank's own thread (one per rank: a CPU thread, or the thread
-// bound to its GPU) runs the step's per-rank work; the step completes when
-// every rank has finished, and only then is the next one published.
-//
-// What the ranks are is behind EpRankKind: CPU ranks (threads with an
-// InProcessCommunicator, experts = views into the host ExpertSet, step =
-// RunMoeExpertParallel), and GPU ranks (NcclCommunicator on one device each,
-// experts = a GpuExperts slice, step = RunMoeExpertParallelOnGpu), built with
-// CUDA and NCCL only.
-//
-// Failures. A rank whose work fails aborts its communicator, and in a step of
-// collectives the coordinator then aborts every rank's communicator at once
-// (an NCCL abort is local: a peer blocked in a collective for the failed rank
-// would otherwise wait out its timeout), so the peers fail fast; the step
-// fails with the root cause (the first rank error that is not the ABORTED
-// echo of another rank's abort) naming the rank and its device, and the group
-// builds fresh communicators (a new InProcessGroup, a new NCCL unique id)
-// before the next step that communicates. A rank that does not pick up a step
-// (still busy, or stuck) within join_timeout fails the step with
-// DEADLINE_EXCEEDED naming it; a step that runs past step_timeout likewise.
-// The group itself keeps serving: the next step starts on fresh
-// communicators as soon as the ranks are free.
+// holding a linear slice of every layer's experts and running
+// RunMoeExpertParallel-shaped steps over its own Communicator, fed by ONE step
+// queue (a coordinator thread publishes one step at a time; every rank's own
+// thread runs its part) because collectives match by order. What the ranks
+// are (CPU threads, GPUs) is behind EpRankKind. docs/EP.md ("The server's
+// group") explains the design, the failure handling (aborts, rebuilds,
+// timeouts) and the locking.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/comm/communicator.h"
 #include "server/moe/ep/ep_dispatch.h"
@@ -142,20 +120,11 @@ class EpRankKind {
   virtual bool InjectFault(int rank, absl::Status status, int after_calls) { return false; }
 };
 
-// The fields every rank kind's layer (EpLayer, GpuEpLayer) takes from the
-// set and the step, for EpRankKind::RunMoe implementations.
-template <typename Layer>
+// The fields every rank kind's layer takes from the set and the step, for
+// EpRankKind::RunMoe implementations: the shape and options of an EpLayer
+// (a GpuEpLayer is one, gpu_ep.h); the rank's experts are the caller's.
 void FillEpLayer(const ExpertSet& set, const ExpertPlacement& placement,
-                 const EpMoeOptions& options, Layer& layer) {
-  layer.hidden = set.spec().hidden;
-  layer.intermediate = set.spec().intermediate;
-  layer.num_experts = set.spec().num_experts;
-  layer.top_k = options.top_k;
-  layer.act_dtype = options.act_dtype;
-  layer.activation = set.activation();
-  layer.apply_router_weight_on_input = options.apply_router_weight_on_input;
-  layer.placement = placement;
-}
+                 const EpMoeOptions& options, EpLayer& layer);
 
 // `size` CPU thread-ranks over an InProcessCommunicator.
 std::unique_ptr<EpRankKind> MakeCpuEpRanks(int size);
@@ -228,10 +197,10 @@ class EpGroup {
   const EpGroupOptions& options() const { return options_; }
   // How many communicator sets have been built (1 after Create; one more
   // after each failed communicating step).
-  int64_t generation() const;
+  int64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
   // Makes the next communicating step build fresh communicators (a new
   // generation), e.g. when a peer server of a multi-process group came back.
-  void Invalidate();
+  void Invalidate() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Queues a step. Steps run one at a time, in submission order, on every
   // rank. `comm`: what the work does with the communicator (EpStepComm).
@@ -263,30 +232,33 @@ class EpGroup {
  private:
   struct Step;
   EpGroup(std::unique_ptr<EpRankKind> kind, EpGroupOptions options);
-  void CoordinatorLoop();
-  void RankLoop(int rank);
+  void CoordinatorLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void RankLoop(int rank) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `step` to completion (or timeout); returns its combined status.
-  absl::Status RunStepLocked(std::unique_lock<std::mutex>& lock, const std::shared_ptr<Step>& step);
-  absl::Status Combine(const Step& step) const;
-  void AbortAllLocked(absl::string_view reason);
+  // Releases mu_ while it builds communicators and while it waits.
+  absl::Status RunStepLocked(const std::shared_ptr<Step>& step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Combine(const Step& step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortAllLocked(absl::string_view reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<EpRankKind> kind_;
   const EpGroupOptions options_;
   const int size_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Step>> queue_;
-  std::shared_ptr<Step> current_;  // the published step
-  int64_t next_seq_ = 0;
-  bool stopping_ = false;
-  bool coordinator_done_ = false;  // stopping and every step done: ranks exit
-  bool needs_rebuild_ = true;
-  int64_t generation_ = 0;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled on every change of the state below
+  std::deque<std::shared_ptr<Step>> queue_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Step> current_ ABSL_GUARDED_BY(mu_);  // the published step
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Stopping and every step done: ranks exit.
+  bool coordinator_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool needs_rebuild_ ABSL_GUARDED_BY(mu_) = true;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   // Per rank: its communicator (swapped by its own thread under mu_) and
   // the generation it belongs to.
-  std::vector<std::unique_ptr<comm::Communicator>> comms_;
-  std::vector<int64_t> comm_generation_;
+  std::vector<std::unique_ptr<comm::Communicator>> comms_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> comm_generation_ ABSL_GUARDED_BY(mu_);
+  // Written by Create before any thread starts, joined by the destructor.
   std::vector<std::thread> rank_threads_;
   std::thread coordinator_;
 };

@@ -8,10 +8,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/comm/nccl_communicator.h"
+#include "kernels/cuda/runtime/status.h"
 #include "server/base/status.h"
 #include "server/moe/ep/ep_group.h"
 #include "server/moe/ep/ep_process.h"
@@ -22,10 +24,7 @@ namespace kplan::moe::ep {
 namespace {
 
 absl::Status BindDevice(int device) {
-  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrCat("cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
-  }
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   return absl::OkStatus();
 }
 
@@ -54,7 +53,7 @@ class GpuEpRanks final : public EpRankKind {
 
   absl::Status NewCommunicators(absl::Duration comm_timeout) override {
     KPLAN_ASSIGN_OR_RETURN(std::string id, comm::NcclCommunicator::CreateUniqueId());
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     unique_id_ = std::move(id);
     timeout_ = comm_timeout;
     return absl::OkStatus();
@@ -64,7 +63,7 @@ class GpuEpRanks final : public EpRankKind {
     std::string id;
     comm::NcclOptions options;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       id = unique_id_;
       options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_));
     }
@@ -113,9 +112,9 @@ class GpuEpRanks final : public EpRankKind {
  private:
   const std::vector<int> devices_;
   std::vector<std::unique_ptr<GpuEpWorkspace>> workspaces_;
-  std::mutex mu_;
-  std::string unique_id_;
-  absl::Duration timeout_ = absl::Seconds(30);
+  absl::Mutex mu_;
+  std::string unique_id_ ABSL_GUARDED_BY(mu_);
+  absl::Duration timeout_ ABSL_GUARDED_BY(mu_) = absl::Seconds(30);
 };
 
 }  // namespace

@@ -110,6 +110,7 @@ class ProcessEpRanks final : public EpRankKind {
         comm_factory_(std::move(comm_factory)),
         id_source_(std::move(id_source)) {}
   ~ProcessEpRanks() override {
+    absl::MutexLock lock(&mu_);  // no other thread is left; for the analysis
     if (local_comm_ != nullptr) local_comm_->Abort(kStopping);
   }
 
@@ -123,7 +124,7 @@ class ProcessEpRanks final : public EpRankKind {
 
   absl::Status NewCommunicators(absl::Duration comm_timeout) override {
     KPLAN_ASSIGN_OR_RETURN(std::string id, id_source_());
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     group_id_ = std::move(id);
     ++generation_;
     timeout_ = comm_timeout;
@@ -132,14 +133,14 @@ class ProcessEpRanks final : public EpRankKind {
 
   absl::StatusOr<std::unique_ptr<comm::Communicator>> JoinCommunicator(int rank) override {
     if (rank != 0) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       return std::unique_ptr<comm::Communicator>(
           new RemoteRankCommunicator(rank, size_, generation_, remote_));
     }
     std::string id;
     absl::Duration timeout;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       id = group_id_;
       timeout = timeout_;
     }
@@ -148,7 +149,7 @@ class ProcessEpRanks final : public EpRankKind {
     std::shared_ptr<comm::Communicator> shared(std::move(comm));
     std::shared_ptr<comm::Communicator> old;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       old = std::exchange(local_comm_, shared);
     }
     if (old != nullptr) old->Abort(kReplaced);
@@ -169,7 +170,7 @@ class ProcessEpRanks final : public EpRankKind {
     EpForwardedStep step;
     step.experts_id = set.spec().experts_id;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       step.generation = generation_;
       step.group_id = group_id_;
     }
@@ -201,7 +202,7 @@ class ProcessEpRanks final : public EpRankKind {
       // Rank 0 may be waiting in a collective for this rank: stop it now.
       std::shared_ptr<comm::Communicator> local;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         local = local_comm_;
       }
       if (local != nullptr) {
@@ -214,7 +215,7 @@ class ProcessEpRanks final : public EpRankKind {
   }
 
   void CurrentId(std::string* id, int64_t* generation) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     *id = group_id_;
     *generation = generation_;
   }
@@ -225,11 +226,11 @@ class ProcessEpRanks final : public EpRankKind {
   const std::shared_ptr<EpRemoteRanks> remote_;
   const EpCommFactory comm_factory_;
   const EpGroupIdSource id_source_;
-  mutable std::mutex mu_;
-  std::string group_id_;
-  int64_t generation_ = 0;
-  absl::Duration timeout_ = absl::Seconds(30);
-  std::shared_ptr<comm::Communicator> local_comm_;
+  mutable absl::Mutex mu_;
+  std::string group_id_ ABSL_GUARDED_BY(mu_);
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration timeout_ ABSL_GUARDED_BY(mu_) = absl::Seconds(30);
+  std::shared_ptr<comm::Communicator> local_comm_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -283,37 +284,38 @@ EpPeerRank::EpPeerRank(std::unique_ptr<EpRankKind> local, int rank, int size,
 
 EpPeerRank::~EpPeerRank() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
+  absl::MutexLock lock(&mu_);  // the peer's thread is gone; for the analysis
   if (comm_ != nullptr) comm_->Abort(kStopping);
 }
 
 int64_t EpPeerRank::generation() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return generation_;
 }
 
 void EpPeerRank::Post(std::function<void()> work) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     queue_.push_back(std::move(work));
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void EpPeerRank::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
     if (queue_.empty()) return;
     std::function<void()> work = std::move(queue_.front());
     queue_.pop_front();
-    lock.unlock();
+    mu_.Unlock();
     work();
-    lock.lock();
+    mu_.Lock();
   }
 }
 
@@ -391,26 +393,28 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
     }
   }
   int64_t generation;
+  bool have_comm;  // only this thread changes comm_
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     generation = generation_;
+    have_comm = comm_ != nullptr;
     if (step.generation <= abandoned_generation_) {
       // Rank 0 gave up on this generation before the step started here.
       return absl::CancelledError(absl::StrCat("rank 0 cancelled the steps of generation ",
                                                step.generation, " before this one started"));
     }
   }
-  if (step.generation < generation || (step.generation == generation && comm_ == nullptr)) {
+  if (step.generation < generation || (step.generation == generation && !have_comm)) {
     return WithField(
         absl::FailedPreconditionError(absl::StrCat(
             "rank ", rank_, " is at communicator generation ", generation,
-            comm_ == nullptr ? " (failed; waiting for a newer one)" : "",
+            !have_comm ? " (failed; waiting for a newer one)" : "",
             "; the step is for generation ", step.generation)),
         "generation");
   }
   if (step.generation > generation) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       generation_ = step.generation;
     }
     // Join the new generation first and abort the old communicator after,
@@ -420,7 +424,7 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
     std::unique_ptr<comm::Communicator> old;
     bool abandoned = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       old = std::move(comm_);
       if (comm.ok()) {
         comm_ = std::move(*comm);
@@ -452,13 +456,18 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
   inputs.topk_ids = step.topk_ids.data();
   inputs.topk_weights = step.topk_weights.data();
   inputs.output = output.data();
+  comm::Communicator* comm;  // only this thread replaces comm_, so it stays valid unlocked
+  {
+    absl::MutexLock lock(&mu_);
+    comm = comm_.get();
+  }
   absl::Status st = local_->RunMoe(rank_, set, experts->experts(), experts->placement(),
-                                   step.options, inputs, *comm_);
+                                   step.options, inputs, *comm);
   if (!st.ok()) {
-    comm_->Abort(absl::StrCat("rank ", rank_, " failed: ", st.message()));
+    comm->Abort(absl::StrCat("rank ", rank_, " failed: ", st.message()));
     std::unique_ptr<comm::Communicator> failed;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       failed = std::move(comm_);
     }
     return st;
@@ -467,7 +476,7 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
 }
 
 void EpPeerRank::AbortStep(int64_t generation, absl::string_view reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   abandoned_generation_ = std::max(abandoned_generation_, generation);
   if (comm_ != nullptr && comm_generation_ == generation) comm_->Abort(reason);
 }

@@ -1,42 +1,27 @@
 // Expert-parallel groups larger than one process: several kplan servers, one
-// rank each, join one communicator (DESIGN.md, "Groups larger than one
-// host"). Rank 0, the coordinator, runs the group's EpGroup (one step queue,
-// rebuilds, timeouts) over ProcessEpRanks: its own rank computes locally,
-// every other rank's thread forwards its part of the step to that rank's
-// server (EpRemoteRanks: gRPC in server/rpc/ep_multihost.h) and waits for
-// its output. A peer server holds one EpPeerRank, which runs the forwarded
-// steps one at a time on its own thread over its own communicator.
-//
-// Why forward whole step parts rather than run a second EpGroup on each
-// peer: collectives must run in the same order on every rank, and rank 0's
-// queue already fixes that order; a peer only ever runs what rank 0 sent, in
-// the order it was sent, so it needs no queue policy of its own.
-//
-// The communicator's id (NCCL's unique id) and its creation are injected
-// (EpGroupIdSource, EpCommFactory): the server uses NCCL, the CPU tests a
-// table of InProcessGroups shared by in-process servers, so joining,
-// forwarding, timeouts and rebuilds are tested without a GPU. A generation
-// counts the communicator sets: every forwarded step carries the generation
-// and the id, and a peer builds a fresh communicator when the generation
-// moves on (after a failure, or when a peer came back). Communicators of such
-// a group are aborted, never destroyed collectively, when they are replaced
-// or their server stops: the other processes may be gone, and NCCL's
-// teardown would wait for them.
+// rank each, join one communicator. Rank 0 runs the group's EpGroup over
+// ProcessEpRanks (its own rank local, the others forwarded to their servers
+// through EpRemoteRanks); a peer server holds one EpPeerRank that runs the
+// forwarded steps in arrival order over its own communicator. The
+// communicator's id and creation are injected (EpGroupIdSource,
+// EpCommFactory) so the CPU tests run it without a GPU. docs/EP.md ("Groups
+// across processes") explains generations, forwarding and why communicators
+// of such a group are aborted, never destroyed collectively.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/comm/communicator.h"
 #include "server/moe/ep/ep_group.h"
@@ -137,7 +122,7 @@ class EpPeerRank {
   int size() const { return size_; }
   std::string Device() const { return local_->Device(rank_); }
   // The newest generation this peer built a communicator for (0: none yet).
-  int64_t generation() const;
+  int64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Places this rank's slice of `set` (FAILED_PRECONDITION: this rank's kind
   // cannot run it); `done` runs on the peer's thread.
@@ -152,27 +137,30 @@ class EpPeerRank {
   // passed): aborts this peer's communicator of that generation, so a step
   // waiting in a collective for rank 0 fails now instead of at its timeout,
   // and fails steps of that generation not started yet. Any thread.
-  void AbortStep(int64_t generation, absl::string_view reason);
+  void AbortStep(int64_t generation, absl::string_view reason) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Loop();
-  void Post(std::function<void()> work);
-  absl::StatusOr<std::string> RunStepNow(const ExpertSet& set, const EpForwardedStep& step);
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  void Post(std::function<void()> work) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::string> RunStepNow(const ExpertSet& set, const EpForwardedStep& step)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::unique_ptr<EpRankKind> local_;
   const int rank_, size_;
   const EpCommFactory comm_factory_;
   const absl::Duration comm_timeout_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
-  // Only the peer's thread uses and replaces the communicator, replacing it
-  // under mu_; AbortStep aborts it under mu_ from other threads.
-  std::unique_ptr<comm::Communicator> comm_;
-  int64_t comm_generation_ = 0;  // comm_'s
-  int64_t abandoned_generation_ = 0;  // the newest one AbortStep named
-  int64_t generation_ = 0;       // the newest seen; read elsewhere under mu_
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled when work is posted or the peer stops
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Only the peer's thread replaces the communicator, under mu_; AbortStep
+  // aborts it under mu_ from other threads. The peer's thread reads the
+  // pointer under mu_ too, then uses the communicator outside it (the step
+  // runs unlocked; only that thread could replace it meanwhile).
+  std::unique_ptr<comm::Communicator> comm_ ABSL_GUARDED_BY(mu_);
+  int64_t comm_generation_ ABSL_GUARDED_BY(mu_) = 0;       // comm_'s
+  int64_t abandoned_generation_ ABSL_GUARDED_BY(mu_) = 0;  // the newest one AbortStep named
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;            // the newest seen
   std::thread thread_;
 };
 

@@ -1,80 +1,16 @@
 // Expert-parallel MoE on GPUs: the device twin of RunMoeExpertParallel
 // (ep_dispatch.h). Each rank is one GPU with its slice of the experts
-// resident (GpuExperts::Create(set, device, first, count)), an
-// NcclCommunicator on that device and a persistent device workspace; every
-// rank calls RunMoeExpertParallelOnGpu from its own thread with its slice of
-// the request's tokens (host buffers). The step uploads the slice, routes it
-// on the GPU (or takes the given top-k), moves rows between the GPUs with
-// NCCL collectives on the communicator's stream, runs the local experts with
-// EnqueueMoeLayer (server/moe/gpu_layer.h) and downloads this rank's output.
-// Everything between upload and download stays on the device.
-//
-// Strategies and numerics are the CPU strategies' (ep_dispatch.h):
-//  allgather_reducescatter  all-gather of every rank's hidden rows, top-k ids
-//      and weights (padded to the largest rank's token count; padding rows
-//      carry id -1 and are never computed), the local experts on all tokens
-//      (EnqueueMoeLayer with the rank's expert map, combine=false), this
-//      rank's slots summed per token in fp32 (LaunchMoeEpCombineFp32),
-//      reduce-scatter of the fp32 partials, one rounding to the activation
-//      dtype. The combine is then exact for k <= 2 (two-term fp32 sums
-//      commute, non-local slots add nothing); with more slots per token the
-//      fp32 sum is re-associated (NCCL adds the ranks in its own order).
-//  kplan_all2allv  the (token, slot) rows grouped by owning rank on the GPU
-//      (LaunchMoeEpPartitionByRank), an all-gather of the per-peer row counts,
-//      all-to-all-v of the rows and of their (expert id, weight) pairs, the
-//      received rows run as top_k=1 rows (combine=false), all-to-all-v of the
-//      unweighted rows back, put back in slot order and combined by
-//      LaunchMoeCombine, the single-GPU layer's own combine in slot order.
-//  passthrough  (moe_backend kplan_ep) no NCCL collective and no host
-//      synchronisation inside the step: the rank's KplanEpTransport
-//      (kernels/comm/kplan_ep_transport.h, held by its GpuEpCommunicator)
-//      writes each token into the fixed-capacity receive buffer of every rank
-//      owning one of its experts, together with the local expert ids of its
-//      slots (-1 elsewhere); EnqueueMoeLayer runs the whole receive buffer as
-//      n*T tokens of k slots over the local experts (no expert map, ids
-//      outside [0, E_local) are skipped, combine=false), Return writes each
-//      expert output row back into its source's result rows, and the source
-//      combines them with LaunchMoeCombine in slot order. There is no token
-//      count agreement: the capacity T (tokens per rank per step) is fixed per
-//      transport, taken from the workspace reservation (ReserveGpuEpWorkspace
-//      with kPassthrough; kDefaultPassthroughTokens without one), so every
-//      rank must reserve the same T (an EpGroup does: its step options carry
-//      the largest rank's token count). The only host wait is the final
-//      download.
-// Both strategies equal RunMoeOnGpu bit for bit (AG-RS: for k <= 2) when the
-// rank's EnqueueMoeLayer call picks the same GEMM configuration as the
-// single-GPU call: the GEMMs choose their block size and split-K from the
-// call's slot count (gpu_layer.cc), and split-K changes the fp32 order of a
-// row's dot products, so small calls (decode) may differ by the rounding
-// flips another order gives (within moe_layer_gpu_test's bound).
-//
-// Failures (collective strategies), as on the CPU: every rank first all-gathers (token count,
-// verdict on its inputs), so bad input on one rank fails every rank with the
-// communicator still usable. After that any CUDA or NCCL error aborts the
-// communicator (peers fail at their next collective or its timeout) and the
-// caller must build a new group.
-//
-// Failures (passthrough): checks that depend only on the layer options (the
-// same on every rank) fail every rank before anything is launched, the
-// communicator untouched. Checks of this rank's own inputs and experts
-// (tokens beyond the capacity T, null buffers, top-k ids out of range, an
-// expert slice that does not match the placement) cannot reach the peers
-// without a host collective, so a rank that fails them still takes part in
-// the round with 0 tokens of its own: its peers do not hang in the device
-// barrier, it still serves the peers' rows to its experts (or returns zero
-// rows when its experts themselves are unusable), and it returns its error
-// with the communicator usable. Its peers then return OK with their tokens'
-// results; callers must treat the step as failed when any rank failed (an
-// EpGroup does: one rank's error fails the step). A host-side failure of a
-// rank during its step (an allocation, a refused launch) still completes the
-// round, with zero rows from this rank, before the error is returned. A CUDA
-// error or a rank that
-// never reaches the round leaves the peers spinning in the transport's device
-// barrier (no device-side timeout): the group is lost, as with a hung NCCL
-// collective. Built only with CUDA and NCCL.
+// resident (GpuExperts), a GpuEpCommunicator (or NcclCommunicator) on that
+// device and a persistent GpuEpWorkspace; every rank calls
+// RunMoeExpertParallelOnGpu from its own thread with its slice of the
+// request's tokens (host buffers), and everything between upload and
+// download stays on the device. The strategies are the CPU ones
+// (allgather_reducescatter, kplan_all2allv) plus passthrough over the
+// kplan_ep transport, one file each (gpu_ep_<strategy>.cc). docs/EP.md
+// ("GPU strategies", "Failures") has their numerics and failure semantics.
+// Built only with CUDA and NCCL.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -84,6 +20,7 @@
 #include "kernels/comm/nccl_communicator.h"
 #include "server/moe/ep/ep_dispatch.h"
 #include "server/moe/ep/ep_placement.h"
+#include "server/moe/ep/gpu_ep_communicator.h"
 #include "server/moe/gpu_runner.h"
 
 namespace kplan::moe::ep {
@@ -91,55 +28,6 @@ namespace kplan::moe::ep {
 // Passthrough capacity (tokens per rank per step) when the workspace was
 // not reserved for passthrough: a decode-sized batch.
 inline constexpr int64_t kDefaultPassthroughTokens = 128;
-
-// A rank's NcclCommunicator together with the passthrough transports built
-// on it. Why a wrapper: a KplanEpTransport owns NCCL resources of its
-// communicator (a registered window, a device communicator), so it must be
-// released before that communicator, and never through an aborted one; the
-// wrapper sees every Abort and every failed call, so it destroys its
-// transports first while the communicator is healthy and abandons them (their
-// NCCL state died with the communicator; only their window memory is freed)
-// once it was aborted. One transport per layer configuration (capacity, k, H, E,
-// placement), created on the first passthrough step that needs it; creation
-// and destruction are collective, and every rank takes the same decisions
-// because they depend only on the step's shared layer options and
-// reservation. Destroy the ranks' wrappers concurrently (one thread per
-// rank), as the collective strategies' communicators are.
-class GpuEpCommunicator final : public comm::Communicator {
- public:
-  explicit GpuEpCommunicator(std::unique_ptr<comm::NcclCommunicator> nccl);
-  ~GpuEpCommunicator() override;
-
-  int rank() const override { return nccl_->rank(); }
-  int size() const override { return nccl_->size(); }
-  absl::string_view backend() const override { return nccl_->backend(); }
-  absl::Status AllGather(const void* send, void* recv, int64_t count,
-                         comm::CommDType dtype) override;
-  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
-                             comm::CommDType dtype, comm::ReduceOp op) override;
-  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
-                         absl::Span<const int64_t> send_displs, void* recv,
-                         absl::Span<const int64_t> recv_counts,
-                         absl::Span<const int64_t> recv_displs, comm::CommDType dtype) override;
-  absl::Status Barrier() override;
-  void Abort(absl::string_view reason) override;
-
-  comm::NcclCommunicator& nccl() { return *nccl_; }
-  bool aborted() const { return aborted_; }
-  // The transport for `config` (identical on every rank), created (a
-  // collective) when missing or smaller; a transport of the same shape but a
-  // smaller capacity is replaced.
-  absl::StatusOr<comm::KplanEpTransport*> Transport(const comm::KplanEpConfig& config);
-  int64_t transports_created() const { return transports_created_; }
-
- private:
-  absl::Status Track(absl::Status st);
-
-  std::unique_ptr<comm::NcclCommunicator> nccl_;
-  std::vector<std::unique_ptr<comm::KplanEpTransport>> transports_;
-  int64_t transports_created_ = 0;
-  std::atomic<bool> aborted_{false};  // set by the rank thread or by an abort from another
-};
 
 // The device buffers of one rank's steps: inputs, gathered / exchanged rows,
 // the layer's workspace, output, events. Each buffer grows (cudaMalloc, after
@@ -158,7 +46,7 @@ class GpuEpWorkspace {
   int64_t bytes() const;    // allocated now
   int allocations() const;  // cudaMalloc calls so far
 
-  struct Impl;  // gpu_ep.cc
+  struct Impl;  // gpu_ep_step.h
 
  private:
   friend Impl& WorkspaceImpl(GpuEpWorkspace& ws);
@@ -166,19 +54,14 @@ class GpuEpWorkspace {
   std::unique_ptr<Impl> impl_;
 };
 
-// The layer as one GPU rank sees it: EpLayer's fields, this rank's experts on
-// its device and its workspace. The activation and act_dtype must be the
-// experts' (the GPU layer runs the ExpertSet's activation with default
-// ActivationParams and activations in the weights' dtype).
-struct GpuEpLayer {
-  int64_t hidden = 0;        // H
-  int64_t intermediate = 0;  // I
-  int num_experts = 0;       // E, global
-  int top_k = 0;
-  MoeDType act_dtype = MoeDType::kBFloat16;
-  MoeActivation activation = MoeActivation::kSilu;
-  bool apply_router_weight_on_input = false;  // k must be 1
-  ExpertPlacement placement;
+// The layer as one GPU rank sees it: EpLayer's shape and options (hidden,
+// intermediate, num_experts, top_k, act_dtype, activation,
+// apply_router_weight_on_input, placement), this rank's experts on its device
+// and its workspace. The activation and act_dtype must be the experts' (the
+// GPU layer runs the ExpertSet's activation with default ActivationParams and
+// activations in the weights' dtype); EpLayer's CPU fields (act_params,
+// local_weights, num_threads) are not read.
+struct GpuEpLayer : EpLayer {
   // Experts [placement.FirstExpert(rank), +NumLocalExperts(rank)) resident on
   // this rank's device; null on a rank that owns none.
   const GpuExperts* local_experts = nullptr;
