@@ -8,6 +8,7 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <random>
 
 #include "client/cpp/client.h"
@@ -37,7 +38,10 @@ class HostileRequestTest : public ::testing::Test {
     static NoDeviceProber prober;
     ServerOptions options;
     options.listen_address = "127.0.0.1:0";
-    options.prober = &prober;
+    // KPLAN_TEST_REAL_DEVICES=1 (scripts/gpu-check.sh): the server's own
+    // devices, so the sets go to the GPU and RunMoE takes the GPU path.
+    const char* real = std::getenv("KPLAN_TEST_REAL_DEVICES");
+    options.prober = real != nullptr && std::string(real) == "1" ? nullptr : &prober;
     server_ = std::move(KplanServer::Start(options).value());
     target_ = absl::StrCat("127.0.0.1:", server_->port());
     channel_ = grpc::CreateChannel(target_, grpc::InsecureChannelCredentials());
