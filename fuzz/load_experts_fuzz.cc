@@ -1,8 +1,8 @@
 // LoadExperts from the wire, as moe_handlers.cc reads the stream: the input
 // is cut at fuzz::kDelimiter into v1::LoadExpertsRequest messages; the header
 // goes through ExpertsSpecFromProto + ValidateExpertsSpec and the byte total
-// (the handler's CheckCanAdd, here with a 256 MiB --max_expert_bytes), chunks
-// through ExpertsLoader::AddChunk, then Finish. Safetensors sources are not
+// (the handler's ExpectedBytes and Reserve, here with a 256 MiB
+// --max_expert_bytes), chunks through ExpertsLoader::AddChunk, then Finish. Safetensors sources are not
 // opened (safetensors_fuzz covers the parser).
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kplan;
   static ExpertStore* store = new ExpertStore(int64_t{256} << 20);
   std::unique_ptr<ExpertsLoader> loader;
+  std::optional<absl::StatusOr<ExpertStore::Reservation>> reservation;
   bool header_seen = false;
   for (std::string& bytes : fuzz::SplitMessages(data, size)) {
     v1::LoadExpertsRequest request;
@@ -28,9 +29,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       header_seen = true;
       absl::StatusOr<ExpertsSpec> spec = rpc::ExpertsSpecFromProto(request.header());
       if (!spec.ok() || !ValidateExpertsSpec(*spec).ok()) return 0;
-      int64_t total = 0;
-      for (const TensorSpec& t : ExpectedTensors(*spec)) total += t.bytes();
-      if (!store->CheckCanAdd(spec->experts_id, total).ok()) return 0;
+      absl::StatusOr<int64_t> total = ExpectedBytes(*spec);
+      if (!total.ok()) return 0;
+      // Held for this input only: released when it goes out of scope.
+      reservation = store->Reserve(spec->experts_id, *total);
+      if (!reservation->ok()) return 0;
       if (request.header().has_safetensors()) return 0;
       loader = std::make_unique<ExpertsLoader>(*spec);
       continue;

@@ -31,8 +31,12 @@ case "$mode" in
     export ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1:abort_on_error=0"
     export LSAN_OPTIONS="suppressions=$root/.ci/lsan.supp:print_suppressions=0"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-    # Tests that cannot run under ASan, each with its reason (none so far).
-    skip=()
+    # Tests that cannot run under ASan, each with its reason:
+    # - AllocationFailureOnAChunkIsResourceExhausted: ASan's operator new
+    #   reports out-of-memory and aborts instead of throwing std::bad_alloc
+    #   (allocator_may_return_null covers malloc only), so the server's answer
+    #   to bad_alloc exists in the release build alone; the test step runs it.
+    skip=(LimitsTest.AllocationFailureOnAChunkIsResourceExhausted)
     exclude=()
     [ ${#skip[@]} -eq 0 ] || exclude=(-E "$(IFS='|'; echo "${skip[*]}")")
     ctest --test-dir "$build" -L 'unit|integration' "${exclude[@]}" \

@@ -122,8 +122,10 @@ absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p) {
                                         "routing.e_score_correction_bias.dtype"));
       const std::string& b = r.e_score_correction_bias().data();
       in.routing.e_score_correction_bias.resize(b.size() / 4);
-      std::memcpy(in.routing.e_score_correction_bias.data(), b.data(),
-                  in.routing.e_score_correction_bias.size() * 4);
+      if (!b.empty()) {  // memcpy of null pointers is undefined even for 0 bytes
+        std::memcpy(in.routing.e_score_correction_bias.data(), b.data(),
+                    in.routing.e_score_correction_bias.size() * 4);
+      }
     }
   }
   if (p.has_topk_ids() || p.has_topk_weights()) {
