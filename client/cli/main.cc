@@ -14,7 +14,7 @@
 #include "client/cli/moe_commands.h"
 #include "client/cli/resolve_flags.h"
 #include "client/cpp/client.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/platform/local.h"
 #include "server/oracle/moe_plan.h"
 #include "server/rpc/moe_convert.h"

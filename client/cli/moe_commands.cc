@@ -21,7 +21,7 @@
 #include "client/cpp/client.h"
 #include "kernels/cpu/ir_float.h"
 #include "kernels/cpu/moe/moe_reference.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/rpc/moe_convert.h"
 
 namespace kplan::cli {
