@@ -17,7 +17,7 @@
 #include "base/status.h"
 #include "server/platform/local.h"
 #include "server/oracle/moe_plan.h"
-#include "server/rpc/moe_convert.h"
+#include "server/rpc/moe_plan_convert.h"
 #include "server/rpc/resolve.h"
 
 namespace kplan::cli {

@@ -5,7 +5,7 @@
 #include "base/status.h"
 #include "server/plan/kernel_config.h"
 #include "server/rpc/convert.h"
-#include "server/rpc/moe_convert.h"
+#include "server/rpc/moe_plan_convert.h"
 
 namespace kplan::rpc {
 
