@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "absl/strings/string_view.h"
-#include "server/base/checked_size.h"
+#include "base/checked_size.h"
 #include "server/moe/safetensors.h"
 
 namespace {

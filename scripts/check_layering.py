@@ -1,10 +1,19 @@
 #!/usr/bin/env python3
 """Fails when an #include crosses one of the architecture's arrows.
 
-The arrows (docs/ARCHITECTURE.md): rpc -> moe -> kernels -> base; plan, oracle
-and platform build anywhere (no gRPC, CUDA or proto headers); the client
-links proto, base, plan, oracle and platform only. Each rule names the files it
-covers and the include prefixes they may not use. Run from anywhere:
+The arrows (DESIGN's Layout table, README's folder table): rpc -> moe ->
+kernels -> base; base is the bottom layer (absl, OpenSSL and the standard
+library only); plan, oracle and platform build anywhere (no gRPC, CUDA or proto
+headers); kernels include nothing from server or client; the client library
+links proto and base, and the CLI adds plan, oracle, platform and the planning
+half of server/rpc (kplan_resolve), never kernels or the execution stack.
+
+Each rule names the folder it covers, the include prefixes its files may not
+use, and the prefixes allowed although a forbidden one matches (the more
+specific wins). A file may also be exempt from a prefix (EXEMPT) where the
+build confines it: the CUDA device prober is the one file of server/platform
+that sees CUDA headers, in its own library (kplan_device_probe).
+scripts/test.sh runs this first, so CI fails on a violation. Run from anywhere:
     python3 scripts/check_layering.py
 """
 import os
@@ -15,47 +24,74 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ('.h', '.cc', '.cu', '.cuh')
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
 
-# (folder, forbidden include prefixes, why)
+# Headers of the wire and of the accelerators, for the rules below.
+PROTO = ('kplan/v1/', 'google/', 'grpc')
+ACCEL = ('cuda', 'nccl', 'cub/', 'thrust/')
+
+# (folder, forbidden include prefixes, allowed prefixes, why)
 RULES = [
-    ('base', ('server/', 'kernels/', 'client/', 'kplan/v1/', 'grpc', 'cuda', 'nccl'),
-     'base is the bottom layer'),
-    ('kernels', ('server/', 'client/', 'kplan/v1/', 'grpc', 'google/'),
+    ('base', ('server/', 'kernels/', 'client/', 'tests/') + PROTO + ACCEL, (),
+     'base is the bottom layer: absl, OpenSSL and the standard library only'),
+    ('kernels', ('server/', 'client/') + PROTO, (),
      'kernels are plain launchers: raw pointers and sizes, no proto, gRPC or server code'),
-    ('server/platform', ('grpc', 'kplan/v1/', 'google/', 'cuda', 'nccl', 'server/rpc/',
-                         'server/moe/', 'kernels/'),
-     'platform describes platforms; the device probers behind it link no kernels'),
-    ('server/plan', ('grpc', 'kplan/v1/', 'google/', 'cuda', 'nccl', 'server/rpc/',
-                     'server/moe/', 'server/ir/', 'kernels/'),
-     'plan builds and tests anywhere'),
-    ('server/oracle', ('grpc', 'kplan/v1/', 'google/', 'cuda', 'nccl', 'server/rpc/',
-                       'server/moe/', 'server/ir/', 'kernels/'),
-     'oracle builds and tests anywhere'),
-    ('server/moe', ('grpc', 'server/rpc/', 'client/'), 'moe is below rpc'),
-    ('server/ir', ('grpc', 'server/rpc/', 'server/moe/', 'client/'), 'ir is below rpc'),
-    ('server/exec', ('grpc', 'server/rpc/', 'server/moe/', 'client/'), 'exec is below rpc'),
-    ('client', ('server/moe/', 'server/ir/', 'server/exec/', 'kernels/', 'server/rpc/server',
-                'server/rpc/service', 'server/rpc/call', 'server/rpc/moe_handlers'),
-     'the client links proto, base, plan, oracle and platform only'),
+    ('server/platform', PROTO + ACCEL + ('server/', 'kernels/', 'client/'),
+     ('server/platform/',),
+     'platform describes platforms; only base below it, no kernels'),
+    ('server/plan', PROTO + ACCEL + ('server/', 'kernels/', 'client/'),
+     ('server/plan/', 'server/platform/'),
+     'plan builds and tests anywhere (platform and base only)'),
+    ('server/oracle', PROTO + ACCEL + ('server/', 'kernels/', 'client/'),
+     ('server/oracle/', 'server/plan/', 'server/platform/'),
+     'oracle builds and tests anywhere (plan, platform and base only)'),
+    ('server/ir', ('grpc', 'server/rpc/', 'server/moe/', 'client/'), (), 'ir is below rpc'),
+    ('server/exec', ('grpc', 'server/rpc/', 'server/moe/', 'client/'), (), 'exec is below rpc'),
+    ('server/moe', ('grpc', 'server/rpc/', 'client/'), (), 'moe is below rpc'),
+    ('client/cpp', ('server/', 'kernels/'), (),
+     'the client library links proto and base only'),
+    ('client', ('server/', 'kernels/'),
+     ('server/platform/', 'server/plan/', 'server/oracle/', 'server/rpc/convert.h',
+      'server/rpc/moe_plan_convert.h', 'server/rpc/resolve.h'),
+     'the CLI plans offline through proto, base, plan, oracle and platform (kplan_resolve) '
+     'only, never kernels or the execution stack'),
 ]
+
+# (file, prefixes it may include although its folder's rule forbids them)
+EXEMPT = {
+    'server/platform/cuda_device_prober.cc': ('cuda',),
+}
+
+
+def covered(rel, folder):
+    return rel == folder or rel.startswith(folder + '/')
 
 
 def main():
     failures = []
-    for folder, forbidden, why in RULES:
-        top = os.path.join(ROOT, folder)
-        if not os.path.isdir(top):
-            continue
-        for dirpath, _, files in os.walk(top):
-            for name in sorted(files):
-                if not name.endswith(SOURCES):
+    for dirpath, dirnames, files in os.walk(ROOT):
+        dirnames[:] = sorted(d for d in dirnames
+                             if not d.startswith('.') and not d.startswith('build'))
+        for name in sorted(files):
+            if not name.endswith(SOURCES):
+                continue
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, ROOT).replace(os.sep, '/')
+            rules = [r for r in RULES if covered(rel, r[0])]
+            if not rules:
+                continue
+            exempt = EXEMPT.get(rel, ())
+            with open(path, encoding='utf-8', errors='replace') as f:
+                lines = f.readlines()
+            for number, line in enumerate(lines, 1):
+                m = INCLUDE.match(line)
+                if not m:
                     continue
-                path = os.path.join(dirpath, name)
-                rel = os.path.relpath(path, ROOT)
-                with open(path, encoding='utf-8', errors='replace') as f:
-                    for number, line in enumerate(f, 1):
-                        m = INCLUDE.match(line)
-                        if m and m.group(1).startswith(forbidden):
-                            failures.append(f'{rel}:{number}: includes {m.group(1)} ({why})')
+                inc = m.group(1)
+                if inc.startswith(exempt):
+                    continue
+                for _, forbidden, allowed, why in rules:
+                    if inc.startswith(forbidden) and not inc.startswith(allowed):
+                        failures.append(f'{rel}:{number}: includes {inc} ({why})')
+                        break
     for f in failures:
         print(f)
     if failures:

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The test command: installs missing packages, builds, runs every ctest test
-# (labels unit, integration, gpu; gpu tests skip themselves without a GPU).
+# The test command: checks the include layering (fast, before anything is
+# built), installs missing packages, builds, runs every ctest test (labels
+# unit, integration, gpu; gpu tests skip themselves without a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+python3 scripts/check_layering.py
 bash scripts/install-deps.sh
 bash scripts/build.sh -DKPLAN_BUILD_TESTS=ON -DKPLAN_BUILD_BENCHMARKS=ON "$@"
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"${JOBS:-2}" --timeout 300

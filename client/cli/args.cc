@@ -5,7 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::cli {
 

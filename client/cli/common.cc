@@ -9,7 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::cli {
 

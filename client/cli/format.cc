@@ -10,7 +10,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "server/oracle/moe_plan.h"
 #include "server/platform/platform.h"
-#include "server/rpc/moe_convert.h"
+#include "server/rpc/moe_plan_convert.h"
 #include "server/rpc/convert.h"
 
 namespace kplan::cli {

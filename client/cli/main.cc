@@ -14,10 +14,10 @@
 #include "client/cli/moe_commands.h"
 #include "client/cli/resolve_flags.h"
 #include "client/cpp/client.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/platform/local.h"
 #include "server/oracle/moe_plan.h"
-#include "server/rpc/moe_convert.h"
+#include "server/rpc/moe_plan_convert.h"
 #include "server/rpc/resolve.h"
 
 namespace kplan::cli {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -19,15 +20,13 @@
 #include "client/cli/common.h"
 #include "client/cli/format.h"
 #include "client/cpp/client.h"
-#include "kernels/cpu/ir_float.h"
-#include "kernels/cpu/moe/moe_reference.h"
-#include "server/base/status.h"
-#include "server/rpc/moe_convert.h"
+#include "base/float16.h"
+#include "base/status.h"
+#include "server/oracle/moe_config.h"
+#include "server/rpc/moe_plan_convert.h"
 
 namespace kplan::cli {
 namespace {
-
-using kernels::IrScalarType;
 
 constexpr int64_t kChunkBytes = 4 << 20;
 
@@ -51,13 +50,12 @@ absl::Status Required(absl::string_view flag, const std::string& value) {
 // A plain floating-point dtype name: its proto value and element type.
 struct PlainDType {
   v1::DType proto;
-  IrScalarType type;
   int64_t size;
 };
 absl::StatusOr<PlainDType> ParsePlainDType(absl::string_view flag, const std::string& name) {
-  if (name == "float32") return PlainDType{v1::DTYPE_FLOAT32, IrScalarType::kFloat32, 4};
-  if (name == "float16") return PlainDType{v1::DTYPE_FLOAT16, IrScalarType::kFloat16, 2};
-  if (name == "bfloat16") return PlainDType{v1::DTYPE_BFLOAT16, IrScalarType::kBFloat16, 2};
+  if (name == "float32") return PlainDType{v1::DTYPE_FLOAT32, 4};
+  if (name == "float16") return PlainDType{v1::DTYPE_FLOAT16, 2};
+  if (name == "bfloat16") return PlainDType{v1::DTYPE_BFLOAT16, 2};
   return InvalidField(
       flag, absl::StrCat("--", flag, " takes float32, float16 or bfloat16, got '", name, "'"));
 }
@@ -69,7 +67,13 @@ std::string RandomValues(int64_t count, const PlainDType& dtype, float scale, st
   std::string data(count * dtype.size, '\0');
   for (int64_t i = 0; i < count; ++i) {
     const float v = magnitude(rng) * scale;
-    kernels::cpu::StoreFromFloat(data.data(), i, dtype.type, negative(rng) ? -v : v);
+    const float x = negative(rng) ? -v : v;
+    if (dtype.proto == v1::DTYPE_FLOAT32) {
+      std::memcpy(&data[i * 4], &x, 4);
+    } else {
+      const uint16_t h = dtype.proto == v1::DTYPE_FLOAT16 ? FloatToHalf(x) : FloatToBf16(x);
+      std::memcpy(&data[i * 2], &h, 2);
+    }
   }
   return data;
 }
@@ -170,7 +174,7 @@ struct LoadFlags {
     }
     KPLAN_RETURN_IF_ERROR(ParseInt("seed", seed, 0, &seed_value));
     KPLAN_ASSIGN_OR_RETURN(PlainDType plain, ParsePlainDType("dtype", dtype));
-    absl::StatusOr<moe::MoeActivation> act = moe::ParseMoeActivation(activation);
+    absl::StatusOr<MoEActivation> act = MoEActivationFromStr(activation);
     if (!act.ok()) return InvalidField("activation", act.status().message());
     header->set_experts_id(id);
     header->set_num_experts(e);
@@ -188,7 +192,7 @@ struct LoadFlags {
                             "--random generates plain weights; drop --quantization");
       }
       std::mt19937 rng(static_cast<uint32_t>(seed_value));
-      const int64_t rows = moe::IsGated(*act) ? 2 * i : i;
+      const int64_t rows = IsGated(*act) ? 2 * i : i;
       AppendChunks("w13", RandomTensor({e, rows, h}, plain, 1.0f / std::sqrt(float(h)), rng),
                    chunks);
       AppendChunks("w2", RandomTensor({e, h, i}, plain, 1.0f / std::sqrt(float(i)), rng), chunks);

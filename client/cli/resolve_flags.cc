@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/platform/platform.h"
 #include "server/rpc/convert.h"
 

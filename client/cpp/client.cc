@@ -8,7 +8,7 @@
 
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan {
 

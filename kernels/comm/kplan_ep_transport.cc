@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/runtime/status.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::comm {
 namespace {

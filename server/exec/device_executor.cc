@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "spdlog/spdlog.h"
 
 #if KPLAN_HAVE_CUDA

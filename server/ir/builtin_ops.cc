@@ -8,8 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "kernels/cpu/ir_ops.h"
-#include "server/base/client_text.h"
-#include "server/base/status.h"
+#include "base/client_text.h"
+#include "base/status.h"
 #include "server/plan/vocabulary.h"
 
 #if KPLAN_HAVE_CUDA

@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/base/checked_size.h"
-#include "server/base/client_text.h"
-#include "server/base/status.h"
+#include "base/checked_size.h"
+#include "base/client_text.h"
+#include "base/status.h"
 #include "server/ir/builtin_ops.h"
 #include "spdlog/spdlog.h"
 

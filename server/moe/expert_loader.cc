@@ -3,8 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "server/base/client_text.h"
-#include "server/base/status.h"
+#include "base/client_text.h"
+#include "base/status.h"
 #include "server/moe/model_files.h"
 #include "server/moe/safetensors.h"
 

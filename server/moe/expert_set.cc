@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/base/checked_size.h"
-#include "server/base/client_text.h"
-#include "server/base/status.h"
+#include "base/checked_size.h"
+#include "base/client_text.h"
+#include "base/status.h"
 
 namespace kplan {
 namespace {

@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/base/client_text.h"
-#include "server/base/status.h"
+#include "base/client_text.h"
+#include "base/status.h"
 
 namespace kplan {
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/runtime/buffers.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/moe/gpu_layer_emulation.h"
 
 namespace kplan {

@@ -9,7 +9,7 @@
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/runtime/buffers.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan {
 namespace {

@@ -18,7 +18,7 @@
 #include "kernels/cuda/runtime/buffers.h"
 #include "kernels/cuda/runtime/device_guard.h"
 #include "kernels/cuda/runtime/status.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/moe/gpu_layer.h"
 #include "server/moe/gpu_layer_emulation.h"
 

@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/base/checked_size.h"
-#include "server/base/status.h"
+#include "base/checked_size.h"
+#include "base/status.h"
 #include "server/oracle/routing_methods.h"
 
 namespace kplan {

@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
-#include "server/base/checked_size.h"
-#include "server/base/client_text.h"
+#include "base/checked_size.h"
+#include "base/client_text.h"
 
 namespace kplan {
 

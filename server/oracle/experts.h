@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-#include "server/base/env.h"
+#include "base/env.h"
 #include "server/oracle/moe_config.h"
 #include "server/platform/platform.h"
 

@@ -1,7 +1,7 @@
 // oracle/fp8.py: Fp8MoeBackend selection (per-tensor, per-channel and
 // DeepSeek block fp8).
 #include "absl/strings/str_cat.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/oracle/oracle.h"
 
 namespace kplan {

@@ -1,7 +1,7 @@
 // oracle/int8.py (W8A8-int8), oracle/int_wna16.py (weight-only int4/int8),
 // oracle/w4a8.py (int4 x fp8) and oracle/w4a8_int8.py (CPU int4 x int8).
 #include "absl/strings/str_cat.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/oracle/oracle.h"
 
 namespace kplan {

@@ -7,8 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/base/pyrepr.h"
-#include "server/base/status.h"
+#include "base/pyrepr.h"
+#include "base/status.h"
 #include "server/oracle/routing_methods.h"
 
 namespace kplan {

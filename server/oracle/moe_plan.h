@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/base/env.h"
+#include "base/env.h"
 #include "server/oracle/moe_config.h"
 #include "server/plan/kernel_config.h"
 #include "server/platform/platform.h"

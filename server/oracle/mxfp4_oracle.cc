@@ -6,8 +6,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/base/pyrepr.h"
-#include "server/base/status.h"
+#include "base/pyrepr.h"
+#include "base/status.h"
 #include "server/oracle/oracle.h"
 
 namespace kplan {

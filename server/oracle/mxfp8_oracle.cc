@@ -1,6 +1,6 @@
 // oracle/mxfp8.py: MXFP8 selection over the shared Fp8MoeBackend enum.
 #include "absl/strings/str_cat.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/oracle/oracle.h"
 
 namespace kplan {

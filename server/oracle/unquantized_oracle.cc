@@ -1,6 +1,6 @@
 // oracle/unquantized.py: UnquantizedMoeBackend selection.
 #include "absl/strings/str_cat.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/oracle/oracle.h"
 
 namespace kplan {

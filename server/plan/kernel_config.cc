@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "server/base/pyjson.h"
-#include "server/base/pyrepr.h"
-#include "server/base/status.h"
+#include "base/pyjson.h"
+#include "base/pyrepr.h"
+#include "base/status.h"
 #include "server/plan/vocabulary.h"
 
 namespace kplan {

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/base/env.h"
+#include "base/env.h"
 #include "server/platform/platform.h"
 
 namespace kplan {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "server/base/pyjson.h"
+#include "base/pyjson.h"
 
 namespace kplan {
 

@@ -1,7 +1,8 @@
 // Detection of the server's own platform. The device query sits behind the
-// DeviceProber interface: kernels/cuda provides the CUDA implementation, tests
-// inject fakes, and a build without CUDA uses NoDeviceProber. This keeps
-// server/platform free of CUDA headers.
+// DeviceProber interface: cuda_device_prober.cc (library kplan_device_probe)
+// provides the CUDA implementation, tests inject fakes, and a build without
+// CUDA uses NoDeviceProber (no_device_prober.cc). Only the CUDA prober's .cc
+// sees CUDA headers; this header and kplan_platform stay free of them.
 #pragma once
 
 #include "absl/strings/string_view.h"

@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan {
 namespace {

@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "absl/time/clock.h"
-#include "server/base/client_text.h"
-#include "server/base/status.h"
+#include "base/client_text.h"
+#include "base/status.h"
 #include "server/rpc/status_mapping.h"
 #include "spdlog/spdlog.h"
 

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/plan/vocabulary.h"
 
 namespace kplan::rpc {

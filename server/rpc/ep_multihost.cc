@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/moe/ep/ep_dispatch.h"
 #include "server/rpc/call.h"
 #include "server/rpc/moe_convert.h"

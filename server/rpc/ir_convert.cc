@@ -1,7 +1,7 @@
 #include "server/rpc/ir_convert.h"
 
 #include "absl/strings/str_cat.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::rpc {
 namespace {

@@ -3,7 +3,7 @@
 #include <prometheus/text_serializer.h>
 
 #include "absl/strings/str_cat.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::rpc {
 namespace {

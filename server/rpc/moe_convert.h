@@ -1,5 +1,7 @@
-// Conversion between kplan.v1.MoELayerConfig / MoEPlan and the oracle's
-// MoeLayerSpec / MoePlan (field-for-field mirrors).
+// Conversion between kplan.v1's execution messages (LoadExperts header,
+// RunMoE request and response) and server/moe's types. The planning
+// conversions (MoELayerConfig, MoEPlan, DType wire names) are in
+// moe_plan_convert.h, included here for the callers that use both.
 #pragma once
 
 #include "absl/status/statusor.h"
@@ -9,17 +11,9 @@
 #include "server/moe/expert_set.h"
 #include "server/moe/moe_runner.h"
 #include "server/oracle/moe_plan.h"
+#include "server/rpc/moe_plan_convert.h"
 
 namespace kplan::rpc {
-
-MoeLayerSpec MoeLayerFromProto(const v1::MoELayerConfig& p);
-void MoePlanToProto(const MoePlan& c, v1::MoEPlan* p);
-MoePlan MoePlanFromProto(const v1::MoEPlan& p);
-
-// DType <-> the wire names of server/moe ("bfloat16", "float8_e4m3", ...);
-// unknown values map to "" / DTYPE_UNSPECIFIED.
-std::string WireFromProtoDType(v1::DType dtype);
-v1::DType ProtoDTypeFromWire(const std::string& wire);
 
 // The LoadExperts header as an ExpertsSpec (not yet validated).
 absl::StatusOr<ExpertsSpec> ExpertsSpecFromProto(const v1::ExpertsHeader& h);

@@ -4,8 +4,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "server/base/env.h"
-#include "server/base/status.h"
+#include "base/env.h"
+#include "base/status.h"
 #include "server/oracle/routing_methods.h"
 #include "server/plan/kernel_config.h"
 

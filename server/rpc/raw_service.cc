@@ -8,7 +8,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/rpc/call.h"
 #include "server/rpc/status_mapping.h"
 #include "spdlog/spdlog.h"

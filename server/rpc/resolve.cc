@@ -1,11 +1,11 @@
 #include "server/rpc/resolve.h"
 
 #include "absl/strings/str_cat.h"
-#include "server/base/env.h"
-#include "server/base/status.h"
+#include "base/env.h"
+#include "base/status.h"
 #include "server/plan/kernel_config.h"
 #include "server/rpc/convert.h"
-#include "server/rpc/moe_convert.h"
+#include "server/rpc/moe_plan_convert.h"
 
 namespace kplan::rpc {
 

@@ -1,7 +1,7 @@
 #include "server/rpc/service.h"
 
 #include "absl/time/clock.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/plan/vocabulary.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/ir_convert.h"

@@ -6,7 +6,7 @@
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
 #include "absl/strings/str_cat.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::rpc {
 namespace {

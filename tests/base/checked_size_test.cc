@@ -1,9 +1,9 @@
-#include "server/base/checked_size.h"
+#include "base/checked_size.h"
 
 #include <gtest/gtest.h>
 
-#include "server/base/client_text.h"
-#include "server/base/status.h"
+#include "base/client_text.h"
+#include "base/status.h"
 
 namespace kplan {
 namespace {

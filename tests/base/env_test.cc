@@ -1,7 +1,7 @@
-#include "server/base/env.h"
+#include "base/env.h"
 
 #include "gtest/gtest.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/base/pyjson.h"
+#include "base/pyjson.h"
 
 #include <cmath>
 #include <limits>

@@ -1,5 +1,5 @@
 #include "absl/strings/string_view.h"
-#include "server/base/pyrepr.h"
+#include "base/pyrepr.h"
 
 #include "gtest/gtest.h"
 

@@ -19,7 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/comm/in_process_communicator.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::moe::ep {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/ir/builtin_ops.h"
 #include "server/plan/vocabulary.h"
 #include "tests/ir/test_util.h"

@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/moe/moe_reference.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::moe {
 namespace {

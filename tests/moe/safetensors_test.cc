@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/moe/expert_loader.h"
 #include "server/moe/model_files.h"
 

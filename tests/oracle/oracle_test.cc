@@ -3,7 +3,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/oracle/moe_plan.h"
 #include "server/oracle/oracle.h"
 #include "server/oracle/routing_methods.h"

@@ -1,7 +1,7 @@
 // Config hashes against the vectors of reference §4.3 (computed with CPython's
 // json + hashlib) and against CPython for the seed KernelConfig's fields.
 #include "gtest/gtest.h"
-#include "server/base/pyjson.h"
+#include "base/pyjson.h"
 #include "server/plan/kernel_config.h"
 #include "server/plan/vocabulary.h"
 

@@ -1,7 +1,7 @@
 #include "server/platform/platform.h"
 
 #include "gtest/gtest.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/platform/local.h"
 
 namespace kplan {

@@ -16,7 +16,7 @@
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
 #include "gtest/gtest.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/rpc/server.h"
 #include "tests/rpc/moe_rpc_util.h"
 

@@ -9,7 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/platform/local.h"
 
 namespace kplan::rpc {

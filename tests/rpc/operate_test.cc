@@ -17,7 +17,7 @@
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/rpc/server.h"
 #include "tests/rpc/ep_comm_table.h"
 #include "tests/rpc/moe_rpc_util.h"

@@ -14,7 +14,7 @@
 #include "google/rpc/status.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/plan/kernel_config.h"
 #include "server/plan/vocabulary.h"
 #include "server/rpc/resolve.h"

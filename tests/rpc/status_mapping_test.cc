@@ -3,7 +3,7 @@
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
 #include "gtest/gtest.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::rpc {
 namespace {

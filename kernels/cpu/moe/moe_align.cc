@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/moe/moe_reference.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::moe {
 

@@ -43,44 +43,6 @@ bool IsFloatDType(MoeDType dtype) {
   return dtype == MoeDType::kFloat32 || dtype == MoeDType::kFloat16 || dtype == MoeDType::kBFloat16;
 }
 
-float Bf16ToFloat(uint16_t bits) { return FromBits(static_cast<uint32_t>(bits) << 16); }
-
-uint16_t FloatToBf16(float f) {
-  const uint32_t bits = Bits(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // quiet NaN, sign kept
-  }
-  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
-    const float v = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -v : v;
-  }
-  if (exp == 0x1f) return FromBits(sign | 0x7f800000u | (mant << 13));
-  return FromBits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
-}
-
-uint16_t FloatToHalf(float f) {
-  const uint32_t bits = Bits(f);
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t abs = bits & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {                        // below 2^-14: subnormal half
-    // value / 2^-24 rounded to nearest even; the scaling is exact.
-    const float q = std::nearbyint(FromBits(abs) * 16777216.0f);
-    return sign | static_cast<uint16_t>(q);  // q == 1024 is the smallest normal, bits agree
-  }
-  const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
-  return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
-}
-
 float Fp8E4m3ToFloat(uint8_t b) {
   const bool neg = b & 0x80;
   const int exp = (b >> 3) & 0xf;

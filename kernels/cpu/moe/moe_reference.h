@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
+#include "base/float16.h"
 
 namespace kplan::moe {
 
@@ -42,11 +43,11 @@ absl::string_view MoeDTypeName(MoeDType dtype);
 bool IsFloatDType(MoeDType dtype);  // fp32, fp16, bf16
 
 // Round-to-nearest-even conversions as PyTorch's .to(); NaN stays NaN,
-// overflow of fp16 gives ±inf.
-float Bf16ToFloat(uint16_t bits);
-uint16_t FloatToBf16(float f);
-float HalfToFloat(uint16_t bits);
-uint16_t FloatToHalf(float f);
+// overflow of fp16 gives ±inf. One copy for every layer: base/float16.h.
+using ::kplan::Bf16ToFloat;
+using ::kplan::FloatToBf16;
+using ::kplan::FloatToHalf;
+using ::kplan::HalfToFloat;
 
 inline constexpr float kFp8E4m3Max = 448.0f;
 float Fp8E4m3ToFloat(uint8_t bits);

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/moe/ep/ep_dispatch.h"
 
 namespace kplan::moe::ep {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::moe::ep {
 

@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "kernels/comm/in_process_communicator.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::moe::ep {
 

@@ -14,7 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/comm/nccl_communicator.h"
 #include "kernels/cuda/runtime/status.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/moe/ep/ep_group.h"
 #include "server/moe/ep/ep_process.h"
 #include "server/moe/ep/gpu_ep.h"

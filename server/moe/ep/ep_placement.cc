@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan::moe::ep {
 

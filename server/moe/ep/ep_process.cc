@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/base/checked_size.h"
-#include "server/base/status.h"
+#include "base/checked_size.h"
+#include "base/status.h"
 
 namespace kplan::moe::ep {
 namespace {

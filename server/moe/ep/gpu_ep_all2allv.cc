@@ -14,7 +14,7 @@
 #include "kernels/comm/communicator.h"
 #include "kernels/cuda/moe/moe_ep_ops.h"
 #include "kernels/cuda/moe/moe_ops.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/moe/ep/gpu_ep.h"
 #include "server/moe/ep/gpu_ep_step.h"
 #include "server/moe/gpu_layer.h"

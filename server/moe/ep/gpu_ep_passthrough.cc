@@ -19,7 +19,7 @@
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/runtime/device_guard.h"
 #include "kernels/cuda/runtime/stream.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/moe/ep/gpu_ep.h"
 #include "server/moe/ep/gpu_ep_communicator.h"
 #include "server/moe/ep/gpu_ep_step.h"

@@ -20,7 +20,7 @@
 #include "kernels/comm/kplan_ep_transport.h"
 #include "kernels/cuda/runtime/status.h"
 #include "kernels/cuda/moe/moe_ops.h"
-#include "server/base/status.h"
+#include "base/status.h"
 #include "server/moe/ep/gpu_ep.h"
 
 namespace kplan::moe::ep {

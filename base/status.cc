@@ -1,5 +1,5 @@
 #include "absl/strings/string_view.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"

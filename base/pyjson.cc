@@ -1,5 +1,5 @@
 #include "absl/strings/string_view.h"
-#include "server/base/pyjson.h"
+#include "base/pyjson.h"
 
 #include <openssl/evp.h>
 

@@ -1,8 +1,8 @@
-#include "server/base/checked_size.h"
+#include "base/checked_size.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/base/status.h"
+#include "base/status.h"
 
 namespace kplan {
 

@@ -1,5 +1,5 @@
 #include "absl/strings/string_view.h"
-#include "server/base/env.h"
+#include "base/env.h"
 
 #include <cstdlib>
 

@@ -1,4 +1,4 @@
-#include "server/base/client_text.h"
+#include "base/client_text.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
