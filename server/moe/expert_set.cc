@@ -6,6 +6,7 @@
 #include "base/checked_size.h"
 #include "base/client_text.h"
 #include "base/status.h"
+#include "server/moe/moe_runner.h"
 
 namespace kplan {
 namespace {
@@ -221,6 +222,14 @@ moe::MoeWeights ExpertSet::Weights() const {
   w.quant.w13_scale = static_cast<const float*>(ptr("w13_scale"));
   w.quant.w2_scale = static_cast<const float*>(ptr("w2_scale"));
   return w;
+}
+
+bool DeviceExperts::FastPathFor(moe::MoeDType /*act_dtype*/) const { return false; }
+
+absl::StatusOr<MoeRunOutput> DeviceExperts::Run(const MoeRunInput& /*input*/,
+                                                void* /*stream*/) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the copy of the experts on ", device_name(), " runs only through its own group"));
 }
 
 }  // namespace kplan

@@ -75,13 +75,26 @@ struct ExpertsPlacement {
   int64_t bytes = 0;
 };
 
+struct MoeRunInput;   // moe_runner.h
+struct MoeRunOutput;  // moe_runner.h
+
 // A copy of a set's weights on a device, made by a device backend
-// (GpuExperts); the set owns it for as long as the set is resident.
+// (GpuExperts, or an expert-parallel placement); the set owns it for as long
+// as the set is resident. What runs on the copy is asked through this
+// interface, so nothing outside server/moe needs the device types.
 class DeviceExperts {
  public:
   virtual ~DeviceExperts() = default;
   virtual std::string device_name() const = 0;  // "cuda:0"
   virtual int64_t device_bytes() const = 0;
+  // True when activations of `act_dtype` run on this copy's fast kernels
+  // (GpuExperts: the kplan wgmma kernels); false by default.
+  virtual bool FastPathFor(moe::MoeDType act_dtype) const;
+  // Runs one layer on this copy on `stream` (a cudaStream_t for GpuExperts;
+  // null = the default stream), as RunMoeOnCpu runs it on the host copy.
+  // The default (a copy that runs only through its own group, such as an
+  // expert-parallel placement) is FAILED_PRECONDITION.
+  virtual absl::StatusOr<MoeRunOutput> Run(const MoeRunInput& input, void* stream) const;
 };
 
 class ExpertSet {

@@ -82,6 +82,10 @@ int64_t GpuExperts::n13() const {
 
 std::string GpuExperts::device_name() const { return absl::StrCat("cuda:", device_); }
 
+absl::StatusOr<MoeRunOutput> GpuExperts::Run(const MoeRunInput& input, void* stream) const {
+  return RunMoeOnGpu(*this, input, stream);
+}
+
 bool GpuExperts::FastPathFor(moe::MoeDType act_dtype) const {
   const bool act16 = act_dtype == moe::MoeDType::kBFloat16 || act_dtype == moe::MoeDType::kFloat16;
   if (spec_.quant.scheme.empty()) return act16 && act_dtype == spec_.dtype;

@@ -143,4 +143,45 @@ void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, bool return
   }
 }
 
+absl::StatusOr<RunMoeRequest> RunMoeRequestFromProto(const ExpertStore& store,
+                                                     v1::RunMoERequest& p) {
+  RunMoeRequest r;
+  KPLAN_ASSIGN_OR_RETURN(r.experts, store.Get(p.experts_id()));
+  KPLAN_ASSIGN_OR_RETURN(r.input, MoeRunInputFromProto(p));
+  // kernel_config.moe_backend as KernelConfig normalises it; the backend
+  // itself is the oracle's choice (ChooseMoeRoute) unless the group runs it.
+  absl::StatusOr<std::string> backend = NormalizeMoeBackend(p.kernel_config().moe_backend());
+  if (!backend.ok()) return NestField(backend.status(), "kernel_config");
+  r.moe_backend = *std::move(backend);
+  if (!p.parallel().all2all_backend().empty()) {
+    r.parallel.all2all_backend = p.parallel().all2all_backend();
+  }
+  r.return_routing = p.return_routing();
+  return r;
+}
+
+void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing, moe::MoeDType act_dtype,
+                         bool return_routing, absl::Duration total, v1::RunMoEResponse* response) {
+  MoeRunOutputToProto(result.output, act_dtype, return_routing, response);
+  const MoeExecutionPlan& in = result.plan;
+  v1::MoEExecution* plan = response->mutable_plan();
+  plan->set_backend(in.backend);
+  plan->set_experts_kernel(in.experts_kernel);
+  plan->set_dispatch(in.dispatch);
+  for (const MoeCandidate& c : in.candidates) {
+    v1::MoECandidate* out = plan->add_candidates();
+    out->set_backend(c.backend);
+    out->set_experts_kernel(c.experts_kernel);
+    out->set_accepted(c.accepted);
+    out->set_reason(c.reason);
+  }
+  for (const std::string& d : in.devices) plan->add_devices(d);
+  if (!in.all2all_backend.empty()) plan->set_all2all_backend(in.all2all_backend);
+  if (in.ep_size != 0) plan->set_ep_size(in.ep_size);
+  v1::MoETiming* t = response->mutable_timing();
+  t->set_queue_us(absl::ToDoubleMicroseconds(timing.queue));
+  t->set_device_us(absl::ToDoubleMicroseconds(timing.device));
+  t->set_total_us(absl::ToDoubleMicroseconds(total));
+}
+
 }  // namespace kplan::rpc

@@ -9,7 +9,9 @@
 #include "kplan/v1/plan.pb.h"
 #include "kplan/v1/service.pb.h"
 #include "server/moe/expert_set.h"
+#include "server/moe/expert_store.h"
 #include "server/moe/moe_runner.h"
+#include "server/moe/run_moe.h"
 #include "server/oracle/moe_plan.h"
 #include "server/rpc/moe_plan_convert.h"
 
@@ -21,5 +23,17 @@ absl::StatusOr<ExpertsSpec> ExpertsSpecFromProto(const v1::ExpertsHeader& h);
 absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p);
 void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, bool return_routing,
                          v1::RunMoEResponse* p);
+
+// RunMoE's request as the core takes it (run_moe.h): the set from `store`
+// (NOT_FOUND naming experts_id), the input (MoeRunInputFromProto; its bytes
+// are moved out of `p`), kernel_config.moe_backend normalised
+// (NormalizeMoeBackend; errors nested under kernel_config),
+// parallel.all2all_backend when set, return_routing.
+absl::StatusOr<RunMoeRequest> RunMoeRequestFromProto(const ExpertStore& store,
+                                                     v1::RunMoERequest& p);
+// The core's answer into `response`: output (MoeRunOutputToProto; moved out
+// of `result`), plan, and timing, with `total` the call's whole time.
+void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing, moe::MoeDType act_dtype,
+                         bool return_routing, absl::Duration total, v1::RunMoEResponse* response);
 
 }  // namespace kplan::rpc

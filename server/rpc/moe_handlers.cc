@@ -15,34 +15,20 @@
 #include "server/moe/expert_loader.h"
 #include "server/moe/model_files.h"
 #include "server/moe/moe_runner.h"
-#include "spdlog/spdlog.h"
-#if KPLAN_HAVE_CUDA
-#include "server/moe/gpu_runner.h"
-#endif
+#include "server/moe/run_moe.h"
 #include "server/plan/kernel_config.h"
 #include "server/plan/vocabulary.h"
 #include "server/rpc/call.h"
 #include "server/rpc/ep_multihost.h"
 #include "server/rpc/idle_watchdog.h"
 #include "server/rpc/moe_convert.h"
-#include "server/rpc/moe_route.h"
 #include "server/rpc/service.h"
+#include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
 namespace {
 
 constexpr int64_t kProgressEvery = int64_t{1} << 30;
-
-// What a queued RunMoE holds, for the executor's queued-bytes budget: its
-// inputs, and the output it will make: [M, H] like hidden_states, plus top-k
-// ids and weights of [M, k] with k <= E, at most twice the fp32 [M, E] logits
-// (or as large as the given ones). Sums of received byte counts, so no term
-// can overflow.
-int64_t RunMoeHeldBytes(const MoeRunInput& in) {
-  const auto n = [](const std::string& s) { return static_cast<int64_t>(s.size()); };
-  return 2 * n(in.hidden_states) + 3 * n(in.router_logits) +
-         2 * (n(in.topk_ids) + n(in.topk_weights));
-}
 
 // Publishes expert usage per device to the metrics.
 void UpdateExpertMetrics(const ServerEnvironment& env) {
@@ -88,92 +74,6 @@ void FillInfo(const ExpertSet& set, v1::ExpertsInfo* out) {
     o->set_num_experts(peer->placement().NumLocalExperts(peer->rank()));
     o->set_bytes(peer->experts().bytes());
   }
-}
-
-// The prepare/finalize class each expert-parallel dispatch stands for, as
-// RunMoE's plan reports it (vLLM's name for vLLM's strategy, ours for ours).
-absl::string_view EpDispatchClass(moe::ep::EpStrategy strategy) {
-  switch (strategy) {
-    case moe::ep::EpStrategy::kAllGatherReduceScatter:
-      return "MoEPrepareAndFinalizeNaiveDPEPModular";
-    case moe::ep::EpStrategy::kAll2AllV:
-      return "KplanAll2AllVPrepareAndFinalize";
-    case moe::ep::EpStrategy::kPassthrough:
-      return "KplanEpPrepareAndFinalize";  // the oracle's class for kplan_ep
-  }
-  return "";
-}
-
-// The dispatch of an expert-parallel RunMoE: parallel.all2all_backend as
-// vLLM resolves it (Literal check, the removed values' fallback, the
-// passthrough binding of self-dispatching backends), then what the group
-// runs. kplan_all2allv is accepted before the vLLM vocabulary check, since it
-// is ours. passthrough runs only as the binding of moe_backend kplan_ep, on a
-// group whose ranks have the device transport (GPU ranks of one process).
-absl::StatusOr<moe::ep::EpStrategy> ResolveEpStrategy(const v1::ParallelConfig& proto,
-                                                      absl::string_view moe_backend,
-                                                      const moe::ep::EpRankKind& kind) {
-  std::string runs =
-      absl::StrCat(moe::ep::EpStrategyName(moe::ep::EpStrategy::kAllGatherReduceScatter), ", ",
-                   moe::ep::EpStrategyName(moe::ep::EpStrategy::kAll2AllV));
-  if (kind.runs_passthrough()) {
-    absl::StrAppend(&runs, ", ", moe::ep::EpStrategyName(moe::ep::EpStrategy::kPassthrough),
-                    " (with moe_backend kplan_ep)");
-  }
-  ParallelConfig parallel;
-  if (!proto.all2all_backend().empty()) parallel.all2all_backend = proto.all2all_backend();
-  if (!DispatchesItself(moe_backend)) {
-    if (absl::StatusOr<moe::ep::EpStrategy> s = moe::ep::ParseEpStrategy(parallel.all2all_backend);
-        s.ok() && *s != moe::ep::EpStrategy::kPassthrough) {
-      return s;
-    }
-  }
-  absl::StatusOr<ParallelConfig> normalized = NormalizeParallelConfig(parallel, nullptr);
-  if (!normalized.ok()) return NestField(normalized.status(), "parallel");
-  parallel = *std::move(normalized);
-  KPLAN_RETURN_IF_ERROR(BindPassthroughAll2AllBackend(moe_backend, parallel, nullptr));
-  const std::string& a2a = parallel.all2all_backend;
-  if (a2a == kPassthroughAll2AllBackend) {
-    if (moe_backend == "kplan_ep" && kind.runs_passthrough()) {
-      return moe::ep::EpStrategy::kPassthrough;
-    }
-    return WithField(
-        absl::FailedPreconditionError(absl::StrCat(
-            "all2all_backend 'passthrough' (moe_backend '", moe_backend, "') ",
-            moe_backend == "kplan_ep"
-                ? absl::StrCat("needs the kplan_ep device transport, which this server's "
-                               "expert-parallel group (",
-                               kind.communicator(), " ranks) does not have")
-                : std::string("is the binding of a backend that dispatches itself; the "
-                              "self-dispatching backend this server runs is kplan_ep"),
-            "; its group runs all2all_backend ", runs)),
-        "parallel.all2all_backend");
-  }
-  absl::StatusOr<moe::ep::EpStrategy> strategy = moe::ep::ParseEpStrategy(a2a);
-  if (!strategy.ok()) {
-    return WithField(absl::FailedPreconditionError(absl::StrCat(
-                         "all2all_backend '", a2a,
-                         "' cannot run on this server's expert-parallel group; it runs: ", runs)),
-                     "parallel.all2all_backend");
-  }
-  return strategy;
-}
-
-// Makes the set resident on `device` too, when the GPU path can run it (every
-// combination the CPU reference runs, with hidden and intermediate multiples
-// of 8); a set it cannot run stays on the CPU.
-absl::Status AttachGpuCopy(ExpertSet& set, int device) {
-#if KPLAN_HAVE_CUDA
-  absl::StatusOr<std::unique_ptr<GpuExperts>> gpu = GpuExperts::Create(set, device);
-  if (absl::IsFailedPrecondition(gpu.status())) {
-    spdlog::info("LoadExperts '{}': stays on the CPU path: {}", set.spec().experts_id,
-                 std::string(gpu.status().message()));
-    return absl::OkStatus();
-  }
-  if (!gpu.ok()) return gpu.status();
-  set.AttachDeviceCopy(std::move(*gpu));
-#endif
-  return absl::OkStatus();
 }
 
 // LoadExperts: the header, then chunks (or nothing, for a safetensors file).
@@ -546,52 +446,7 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
 }  // namespace
 
 std::vector<std::string> ExecutableMoeBackends(const ServerEnvironment& env) {
-  std::vector<std::string> out;
-  if (KPLAN_HAVE_CUDA_KERNELS && !env.devices.empty()) out.push_back("kplan");
-  out.push_back("emulation");
-  return out;
-}
-
-grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoeOnGroup(
-    std::shared_ptr<Call> call, const v1::RunMoERequest& request,
-    std::shared_ptr<const ExpertSet> experts, MoeRunInput input, const std::string& moe_backend,
-    v1::RunMoEResponse* response) {
-  absl::StatusOr<moe::ep::EpStrategy> strategy =
-      ResolveEpStrategy(request.parallel(), moe_backend, env_.ep_group->kind());
-  if (!strategy.ok()) return call->FinishUnary(strategy.status());
-  const moe::MoeDType act_dtype = input.act_dtype;
-  const bool return_routing = request.return_routing();
-  moe::ep::EpGroup* group = env_.ep_group;
-  absl::Status queued = group->RunMoe(
-      std::move(experts), std::move(input), *strategy, return_routing,
-      [this, call, response, group, act_dtype, return_routing, strategy = *strategy](
-          absl::StatusOr<MoeRunOutput> out, absl::Duration waited, absl::Duration ran) {
-        if (env_.metrics) {
-          env_.metrics->ObserveQueue(call->method(), waited);
-          env_.metrics->ObserveDevice(call->method(), ran);
-        }
-        if (out.ok()) {
-          MoeRunOutputToProto(*out, act_dtype, return_routing, response);
-          v1::MoEExecution* plan = response->mutable_plan();
-          const bool passthrough = strategy == moe::ep::EpStrategy::kPassthrough;
-          plan->set_backend(passthrough ? "kplan_ep" : std::string(group->kind().moe_backend()));
-          plan->set_experts_kernel(passthrough ? "KplanEpExperts"
-                                               : std::string(group->kind().experts_kernel()));
-          plan->set_dispatch(std::string(EpDispatchClass(strategy)));
-          for (std::string& d : group->Devices()) plan->add_devices(std::move(d));
-          plan->set_all2all_backend(std::string(moe::ep::EpStrategyName(strategy)));
-          plan->set_ep_size(group->size());
-          response->mutable_timing()->set_queue_us(absl::ToDoubleMicroseconds(waited));
-          response->mutable_timing()->set_device_us(absl::ToDoubleMicroseconds(ran));
-          response->mutable_timing()->set_total_us(
-              absl::ToDoubleMicroseconds(absl::Now() - call->start()));
-        } else {
-          spdlog::warn("RunMoE on the expert-parallel group: {}", out.status().ToString());
-        }
-        call->FinishUnary(out.status());
-      });
-  if (!queued.ok()) return call->FinishUnary(queued);
-  return call->reactor();
+  return kplan::ExecutableMoeBackends(!env.devices.empty());
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* KernelPlanServiceImpl::LoadExpertsStream(
@@ -631,120 +486,34 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
                                                         v1::RunMoEResponse* response) {
   auto call = std::make_shared<Call>(env_, context, "RunMoE");
   if (absl::Status auth = call->Authorize(); !auth.ok()) return call->FinishUnary(auth);
-  absl::StatusOr<std::shared_ptr<const ExpertSet>> experts = env_.experts->Get(request->experts_id());
-  if (!experts.ok()) return call->FinishUnary(experts.status());
-  absl::StatusOr<MoeRunInput> input = MoeRunInputFromProto(*const_cast<v1::RunMoERequest*>(request));
-  if (!input.ok()) return call->FinishUnary(input.status());
-  // kernel_config.moe_backend as KernelConfig normalises it; the backend
-  // itself is the oracle's choice (ChooseMoeRoute) unless the group runs it.
-  absl::StatusOr<std::string> normalized =
-      NormalizeMoeBackend(request->kernel_config().moe_backend());
-  if (!normalized.ok()) return call->FinishUnary(NestField(normalized.status(), "kernel_config"));
-  const std::string& backend = *normalized;
-  if (const moe::ep::EpPeerExperts* peer = moe::ep::EpPeerExperts::Of(**experts)) {
-    return call->FinishUnary(WithField(
-        absl::FailedPreconditionError(absl::StrCat(
-            "experts '", request->experts_id(), "' are rank ", peer->rank(),
-            "'s slice of an expert-parallel group across servers; send RunMoE to its rank 0")),
-        "experts_id"));
-  }
-  // Experts placed on the expert-parallel group run there (RunMoeOnGroup).
-  const moe::ep::EpExperts* ep = moe::ep::EpExperts::Of(**experts);
-  if (ep != nullptr && ep->group() == env_.ep_group) {
-    const moe::ep::EpRankKind& kind = env_.ep_group->kind();
-    const bool fits =
-        kind.moe_backend() == "emulation" || input->act_dtype == (*experts)->spec().dtype;
-    // kplan_ep needs the same fit: refusing here is cheaper than every rank
-    // failing its own check inside the step (which also rebuilds the group).
-    const bool group_backend = backend == "kplan_ep" || backend == kind.moe_backend();
-    if ((backend == "auto" || group_backend) && fits) {
-      return RunMoeOnGroup(call, *request, std::move(*experts), std::move(*input), backend,
-                           response);
-    }
-    if (group_backend) {
-      return call->FinishUnary(WithField(
-          absl::FailedPreconditionError(absl::StrCat(
-              "moe_backend '", backend, "' runs experts '", request->experts_id(),
-              "' with activations of the weights' dtype (", WireDTypeName((*experts)->spec().dtype),
-              "); got ", WireDTypeName(input->act_dtype))),
-          "kernel_config.moe_backend"));
-    }
-  }
-  // The single-GPU copy, when there is one (never the group's).
-  const DeviceExperts* device = ep != nullptr ? nullptr : (*experts)->device_copy();
-  // The oracle loop on this server's platform over the backends it runs
-  // (moe_route.h): KPLAN takes the fast kernels, EMULATION the GPU emulation
-  // route or the CPU reference.
-  MoeResidency residency;
-  residency.on_gpu = device != nullptr;
-#if KPLAN_HAVE_CUDA
-  residency.fast_path =
-      device != nullptr && static_cast<const GpuExperts&>(*device).FastPathFor(input->act_dtype);
-#endif
-  absl::StatusOr<MoeRoute> route = ChooseMoeRoute((*experts)->spec(), *input, backend, residency,
-                                                  env_.platform, ExecutableMoeBackends(env_));
-  if (!route.ok()) {
-    absl::Status s = route.status();
-    if (FieldOf(s) == "moe_backend") s = NestField(s, "kernel_config");
-    return call->FinishUnary(s);
-  }
-  if (route->kind == MoeRouteKind::kExpertParallel) {
-    return call->FinishUnary(WithField(
-        absl::FailedPreconditionError(absl::StrCat(
-            "moe_backend '", route->backend, "' runs on an expert-parallel group; experts '",
-            request->experts_id(), "' are not placed on one")),
-        "kernel_config.moe_backend"));
-  }
-  const bool use_gpu =
-      route->kind == MoeRouteKind::kGpuFast || route->kind == MoeRouteKind::kGpuEmulation;
-  size_t slot = 0;
-  if (use_gpu) {
-    absl::StatusOr<size_t> s = env_.executor->Resolve(device->device_name(), "experts_id");
-    if (!s.ok()) return call->FinishUnary(s.status());
-    slot = *s;
-  }
-  const bool return_routing = request->return_routing();
-  const int64_t bytes = RunMoeHeldBytes(*input);
-  DeviceExecutor::Work work =
-      [this, call, response, experts = *experts, input = std::move(*input), return_routing, use_gpu,
-       chosen = std::move(*route)](const DeviceSlot& where, absl::Duration waited) {
-        if (env_.metrics) env_.metrics->ObserveQueue(call->method(), waited);
-        const absl::Time start = absl::Now();
-        absl::StatusOr<MoeRunOutput> out = absl::InternalError("no path ran");
-        if (!use_gpu) {
-          out = RunMoeOnCpu(*experts, input, call->deadline());
-        } else if (!where.status.ok()) {
-          out = where.status;
-        } else {
-#if KPLAN_HAVE_CUDA
-          out = RunMoeOnGpu(static_cast<const GpuExperts&>(*experts->device_copy()), input,
-                            where.stream);
-#endif
+  absl::StatusOr<RunMoeRequest> core =
+      RunMoeRequestFromProto(*env_.experts, *const_cast<v1::RunMoERequest*>(request));
+  if (!core.ok()) return call->FinishUnary(core.status());
+  const moe::MoeDType act_dtype = core->input.act_dtype;
+  const bool return_routing = core->return_routing;
+  RunMoeEnv run_env;
+  run_env.executor = env_.executor;
+  run_env.ep_group = env_.ep_group;
+  run_env.platform = &env_.platform;
+  run_env.executable_backends = ExecutableMoeBackends(env_);
+  RunMoeCall hooks;
+  hooks.deadline = call->deadline();
+  hooks.cancelled = [call] { return call->IsCancelled(); };
+  hooks.fail = [call](const absl::Status& status) { call->FinishUnary(status); };
+  absl::Status queued = kplan::RunMoe(
+      run_env, *std::move(core), std::move(hooks),
+      [this, call, response, act_dtype, return_routing](absl::StatusOr<RunMoeResult> result,
+                                                         const MoeRunTiming& timing) {
+        if (env_.metrics) {
+          env_.metrics->ObserveQueue(call->method(), timing.queue);
+          env_.metrics->ObserveDevice(call->method(), timing.device);
         }
-        const absl::Duration device_time = absl::Now() - start;
-        if (env_.metrics) env_.metrics->ObserveDevice(call->method(), device_time);
-        if (out.ok()) {
-          MoeRunOutputToProto(*out, input.act_dtype, return_routing, response);
-          v1::MoEExecution* plan = response->mutable_plan();
-          plan->set_backend(chosen.backend);
-          plan->set_experts_kernel(chosen.experts_kernel);
-          plan->set_dispatch(chosen.plan.prepare_finalize);
-          for (const MoeCandidate& c : chosen.plan.candidates) {
-            v1::MoECandidate* out_c = plan->add_candidates();
-            out_c->set_backend(c.backend);
-            out_c->set_experts_kernel(c.experts_kernel);
-            out_c->set_accepted(c.accepted);
-            out_c->set_reason(c.reason);
-          }
-          plan->add_devices(where.name);
-          response->mutable_timing()->set_queue_us(absl::ToDoubleMicroseconds(waited));
-          response->mutable_timing()->set_device_us(absl::ToDoubleMicroseconds(device_time));
-          response->mutable_timing()->set_total_us(
-              absl::ToDoubleMicroseconds(absl::Now() - call->start()));
+        if (result.ok()) {
+          RunMoeResultToProto(*result, timing, act_dtype, return_routing,
+                              absl::Now() - call->start(), response);
         }
-        call->FinishUnary(out.status());
-      };
-  absl::Status queued = env_.executor->Submit(slot, Call::UnaryJob(call, bytes, std::move(work)));
+        call->FinishUnary(result.status());
+      });
   if (!queued.ok()) return call->FinishUnary(queued);
   return call->reactor();
 }

@@ -23,6 +23,7 @@
 #include "base/status.h"
 #include "server/ir/builtin_ops.h"
 #include "server/moe/model_files.h"
+#include "server/moe/run_moe.h"
 #include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
@@ -288,8 +289,8 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   KPLAN_ASSIGN_OR_RETURN(server->environment_.runtime, prober->Probe());
   KPLAN_ASSIGN_OR_RETURN(server->environment_.devices,
                          SelectDevices(server->environment_.runtime.devices, options.devices));
-  server->environment_.platform =
-      LocalPlatform(server->environment_.devices, /*have_cuda_kernels=*/KPLAN_HAVE_CUDA_KERNELS);
+  server->environment_.platform = LocalPlatform(
+      server->environment_.devices, /*have_cuda_kernels=*/BuildFacts().have_cuda_kernels);
   server->environment_.max_message_bytes = options.max_message_bytes;
   KPLAN_ASSIGN_OR_RETURN(server->environment_.model_roots,
                          CanonicalModelRoots(options.model_roots));
@@ -303,7 +304,7 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   }
   if (!options.metrics_listen.empty()) {
     server->metrics_ = std::make_unique<Metrics>(BuildLabels{
-        KPLAN_VERSION, KPLAN_GIT_REVISION, KPLAN_BUILD_CUDA_VERSION, KPLAN_BUILD_NCCL_VERSION});
+        KPLAN_VERSION, KPLAN_GIT_REVISION, BuildFacts().cuda_version, BuildFacts().nccl_version});
     KPLAN_RETURN_IF_ERROR(server->metrics_->Serve(options.metrics_listen));
     server->metrics_->SetExperts("cpu", 0, 0);
     server->environment_.metrics = server->metrics_.get();
@@ -365,7 +366,8 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
     server->environment_.load_watchdog = server->load_watchdog_.get();
   }
   IrBuiltinOptions ir_options;
-  ir_options.kplan_supported = KPLAN_HAVE_CUDA_KERNELS && !server->environment_.devices.empty();
+  ir_options.kplan_supported =
+      BuildFacts().have_cuda_kernels && !server->environment_.devices.empty();
   KPLAN_ASSIGN_OR_RETURN(server->ir_registry_, MakeBuiltinIrRegistry(ir_options));
   server->environment_.ir_registry = server->ir_registry_.get();
   if (options.max_expert_bytes < 0) {

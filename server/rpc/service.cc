@@ -2,6 +2,7 @@
 
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "server/moe/run_moe.h"
 #include "server/plan/vocabulary.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/ir_convert.h"
@@ -124,9 +125,10 @@ v1::BuildInfo MakeBuildInfo() {
   v1::BuildInfo b;
   b.set_version(KPLAN_VERSION);
   b.set_git_revision(KPLAN_GIT_REVISION);
-  b.set_cuda_version(KPLAN_BUILD_CUDA_VERSION);
-  b.set_nccl_version(KPLAN_BUILD_NCCL_VERSION);
-  b.set_cuda_architectures(KPLAN_BUILD_CUDA_ARCHITECTURES);
+  const MoeBuildFacts& facts = BuildFacts();
+  b.set_cuda_version(facts.cuda_version);
+  b.set_nccl_version(facts.nccl_version);
+  b.set_cuda_architectures(facts.cuda_architectures);
   b.set_compiler(__VERSION__);
   return b;
 }

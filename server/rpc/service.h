@@ -97,17 +97,11 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
                                       v1::RunEpStepResponse* response) override;
 
  private:
-  // RunMoE on the expert-parallel group (moe_handlers.cc).
-  grpc::ServerUnaryReactor* RunMoeOnGroup(std::shared_ptr<Call> call,
-                                          const v1::RunMoERequest& request,
-                                          std::shared_ptr<const ExpertSet> experts,
-                                          MoeRunInput input, const std::string& moe_backend,
-                                          v1::RunMoEResponse* response);
-
   const ServerEnvironment env_;
 };
 
-// The MoE backends RunMoE can run here ("kplan" with GPUs, "emulation").
+// The MoE backends RunMoE can run here (kplan::ExecutableMoeBackends:
+// "kplan" with GPUs, "emulation").
 std::vector<std::string> ExecutableMoeBackends(const ServerEnvironment& env);
 
 // The build facts reported by GetServerInfo.

@@ -1,8 +1,8 @@
-// RunMoE's backend choice (server/rpc/moe_route.h): the resident set and the
+// RunMoE's backend choice (server/moe/moe_route.h): the resident set and the
 // request as the oracle's layer, the oracle loop over the backends this
 // server runs, and the code path each plan maps to. CPU only: residency is
 // given as facts.
-#include "server/rpc/moe_route.h"
+#include "server/moe/moe_route.h"
 
 #include <string>
 #include <vector>
@@ -12,7 +12,7 @@
 #include "base/status.h"
 #include "server/platform/local.h"
 
-namespace kplan::rpc {
+namespace kplan {
 namespace {
 
 using ::testing::HasSubstr;
@@ -357,4 +357,4 @@ TEST(NormalizeMoeBackendTest, AsKernelConfigNormalisesIt) {
 }
 
 }  // namespace
-}  // namespace kplan::rpc
+}  // namespace kplan

@@ -7,9 +7,9 @@
 //
 // Why here: the mapping reads server/moe types (ExpertsSpec, MoeRunInput)
 // and feeds server/oracle, and oracle must not depend on moe (DESIGN.md
-// "Layout": moe -> oracle). It needs no gRPC, proto or CUDA: the handler
-// passes what the GPU copy can do as plain facts (MoeResidency), so the whole
-// choice is tested on a CPU.
+// "Layout": moe -> oracle). It needs no gRPC, proto or CUDA: RunMoe
+// (run_moe.h) passes what the device copy can do as plain facts
+// (MoeResidency), so the whole choice is tested on a CPU.
 #pragma once
 
 #include <string>
@@ -23,7 +23,7 @@
 #include "server/oracle/moe_plan.h"
 #include "server/platform/platform.h"
 
-namespace kplan::rpc {
+namespace kplan {
 
 // The oracle's MoE layer for running `input` on the resident set `spec`:
 // E, top_k, H, I, activation, the routing (method, scoring, renormalize,
@@ -48,11 +48,11 @@ namespace kplan::rpc {
 MoeLayerSpec LayerSpecOf(const ExpertsSpec& spec, const MoeRunInput& input,
                          const MoeRunShape& shape);
 
-// What the handler knows about the set's single-GPU copy (never an
+// What RunMoe knows about the set's single-GPU copy (never an
 // expert-parallel group's), as plain facts.
 struct MoeResidency {
   bool on_gpu = false;     // a single-GPU copy is resident
-  bool fast_path = false;  // GpuExperts::FastPathFor(the activations' dtype)
+  bool fast_path = false;  // DeviceExperts::FastPathFor(the activations' dtype)
 };
 
 // The code path that runs a plan.
@@ -102,4 +102,4 @@ absl::StatusOr<MoeRoute> ChooseMoeRoute(const ExpertsSpec& spec, const MoeRunInp
                                         const MoeResidency& residency, const Platform& platform,
                                         const std::vector<std::string>& executable_backends);
 
-}  // namespace kplan::rpc
+}  // namespace kplan

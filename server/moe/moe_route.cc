@@ -1,4 +1,4 @@
-#include "server/rpc/moe_route.h"
+#include "server/moe/moe_route.h"
 
 #include <utility>
 
@@ -9,7 +9,7 @@
 #include "server/oracle/routing_methods.h"
 #include "server/plan/kernel_config.h"
 
-namespace kplan::rpc {
+namespace kplan {
 namespace {
 
 using Q = QuantKey;
@@ -175,4 +175,4 @@ absl::StatusOr<MoeRoute> ChooseMoeRoute(const ExpertsSpec& spec, const MoeRunInp
   return r;
 }
 
-}  // namespace kplan::rpc
+}  // namespace kplan

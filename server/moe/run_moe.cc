@@ -1,0 +1,263 @@
+#include "server/moe/run_moe.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status.h"
+#include "server/moe/ep/ep_dispatch.h"
+#include "server/moe/ep/ep_process.h"
+#include "server/oracle/moe_config.h"
+#include "server/oracle/oracle.h"
+#include "server/plan/vocabulary.h"
+#include "spdlog/spdlog.h"
+#if KPLAN_HAVE_CUDA
+#include "server/moe/gpu_runner.h"
+#endif
+
+namespace kplan {
+namespace {
+
+// The plan of a run, for both paths: what ran, where, and for the group its
+// strategy and size (ep_size 0 and no all2all_backend on one device).
+MoeExecutionPlan MakePlan(std::string backend, std::string experts_kernel, std::string dispatch,
+                          std::vector<std::string> devices, std::vector<MoeCandidate> candidates,
+                          std::string all2all_backend, int ep_size) {
+  MoeExecutionPlan plan;
+  plan.backend = std::move(backend);
+  plan.experts_kernel = std::move(experts_kernel);
+  plan.dispatch = std::move(dispatch);
+  plan.devices = std::move(devices);
+  plan.candidates = std::move(candidates);
+  plan.all2all_backend = std::move(all2all_backend);
+  plan.ep_size = ep_size;
+  return plan;
+}
+
+// RunMoE on the expert-parallel group.
+absl::Status RunOnGroup(moe::ep::EpGroup& group, RunMoeRequest request, RunMoeDone done) {
+  KPLAN_ASSIGN_OR_RETURN(const moe::ep::EpStrategy strategy,
+                         ResolveEpStrategy(request.parallel, request.moe_backend, group.kind()));
+  return group.RunMoe(
+      std::move(request.experts), std::move(request.input), strategy, request.return_routing,
+      [&group, strategy, done = std::move(done)](absl::StatusOr<MoeRunOutput> out,
+                                                 absl::Duration waited, absl::Duration ran) {
+        const MoeRunTiming timing{waited, ran};
+        if (!out.ok()) {
+          spdlog::warn("RunMoE on the expert-parallel group: {}", out.status().ToString());
+          done(out.status(), timing);
+          return;
+        }
+        const bool passthrough = strategy == moe::ep::EpStrategy::kPassthrough;
+        RunMoeResult result;
+        result.output = *std::move(out);
+        result.plan =
+            MakePlan(passthrough ? "kplan_ep" : std::string(group.kind().moe_backend()),
+                     passthrough ? "KplanEpExperts" : std::string(group.kind().experts_kernel()),
+                     EpDispatchClass(strategy), group.Devices(), {},
+                     std::string(moe::ep::EpStrategyName(strategy)), group.size());
+        done(std::move(result), timing);
+      });
+}
+
+}  // namespace
+
+int64_t RunMoeHeldBytes(const MoeRunInput& in) {
+  // Its inputs, and the output it will make: [M, H] like hidden_states, plus
+  // top-k ids and weights of [M, k] with k <= E, at most twice the fp32
+  // [M, E] logits (or as large as the given ones). Sums of received byte
+  // counts, so no term can overflow.
+  const auto n = [](const std::string& s) { return static_cast<int64_t>(s.size()); };
+  return 2 * n(in.hidden_states) + 3 * n(in.router_logits) +
+         2 * (n(in.topk_ids) + n(in.topk_weights));
+}
+
+std::vector<std::string> ExecutableMoeBackends(bool have_devices) {
+  std::vector<std::string> out;
+  if (BuildFacts().have_cuda_kernels && have_devices) out.push_back("kplan");
+  out.push_back("emulation");
+  return out;
+}
+
+std::string EpDispatchClass(moe::ep::EpStrategy strategy) {
+  // The oracle's prepare/finalize rows (all2all_utils.py): all2all kernels
+  // for the group's strategies (an EP group with DP > 1), modular experts;
+  // passthrough is the kplan_ep binding (kplan's own experts).
+  FusedMoEParallelConfig pc;
+  pc.use_ep = true;
+  pc.dp_size = 2;
+  pc.all2all_backend = std::string(moe::ep::EpStrategyName(strategy));
+  ExpertsClass experts;
+  experts.kplan_executable = strategy == moe::ep::EpStrategy::kPassthrough;
+  absl::StatusOr<PrepareFinalizeChoice> pf = ChoosePrepareFinalize(pc, experts, QuantKey::kNone);
+  return pf.ok() ? pf->cls : std::string();
+}
+
+absl::StatusOr<moe::ep::EpStrategy> ResolveEpStrategy(const ParallelConfig& requested,
+                                                      absl::string_view moe_backend,
+                                                      const moe::ep::EpRankKind& kind) {
+  std::string runs =
+      absl::StrCat(moe::ep::EpStrategyName(moe::ep::EpStrategy::kAllGatherReduceScatter), ", ",
+                   moe::ep::EpStrategyName(moe::ep::EpStrategy::kAll2AllV));
+  if (kind.runs_passthrough()) {
+    absl::StrAppend(&runs, ", ", moe::ep::EpStrategyName(moe::ep::EpStrategy::kPassthrough),
+                    " (with moe_backend kplan_ep)");
+  }
+  ParallelConfig parallel;
+  parallel.all2all_backend = requested.all2all_backend;
+  if (!DispatchesItself(moe_backend)) {
+    if (absl::StatusOr<moe::ep::EpStrategy> s = moe::ep::ParseEpStrategy(parallel.all2all_backend);
+        s.ok() && *s != moe::ep::EpStrategy::kPassthrough) {
+      return s;
+    }
+  }
+  absl::StatusOr<ParallelConfig> normalized = NormalizeParallelConfig(parallel, nullptr);
+  if (!normalized.ok()) return NestField(normalized.status(), "parallel");
+  parallel = *std::move(normalized);
+  KPLAN_RETURN_IF_ERROR(BindPassthroughAll2AllBackend(moe_backend, parallel, nullptr));
+  const std::string& a2a = parallel.all2all_backend;
+  if (a2a == kPassthroughAll2AllBackend) {
+    if (moe_backend == "kplan_ep" && kind.runs_passthrough()) {
+      return moe::ep::EpStrategy::kPassthrough;
+    }
+    return WithField(
+        absl::FailedPreconditionError(absl::StrCat(
+            "all2all_backend 'passthrough' (moe_backend '", moe_backend, "') ",
+            moe_backend == "kplan_ep"
+                ? absl::StrCat("needs the kplan_ep device transport, which this server's "
+                               "expert-parallel group (",
+                               kind.communicator(), " ranks) does not have")
+                : std::string("is the binding of a backend that dispatches itself; the "
+                              "self-dispatching backend this server runs is kplan_ep"),
+            "; its group runs all2all_backend ", runs)),
+        "parallel.all2all_backend");
+  }
+  absl::StatusOr<moe::ep::EpStrategy> strategy = moe::ep::ParseEpStrategy(a2a);
+  if (!strategy.ok()) {
+    return WithField(absl::FailedPreconditionError(absl::StrCat(
+                         "all2all_backend '", a2a,
+                         "' cannot run on this server's expert-parallel group; it runs: ", runs)),
+                     "parallel.all2all_backend");
+  }
+  return strategy;
+}
+
+absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call, RunMoeDone done) {
+  const ExpertSet& set = *request.experts;
+  const std::string& backend = request.moe_backend;
+  if (const moe::ep::EpPeerExperts* peer = moe::ep::EpPeerExperts::Of(set)) {
+    return WithField(
+        absl::FailedPreconditionError(absl::StrCat(
+            "experts '", set.spec().experts_id, "' are rank ", peer->rank(),
+            "'s slice of an expert-parallel group across servers; send RunMoE to its rank 0")),
+        "experts_id");
+  }
+  // Experts placed on the expert-parallel group run there.
+  const moe::ep::EpExperts* ep = moe::ep::EpExperts::Of(set);
+  if (ep != nullptr && ep->group() == env.ep_group) {
+    const moe::ep::EpRankKind& kind = env.ep_group->kind();
+    const bool fits =
+        kind.moe_backend() == "emulation" || request.input.act_dtype == set.spec().dtype;
+    // kplan_ep needs the same fit: refusing here is cheaper than every rank
+    // failing its own check inside the step (which also rebuilds the group).
+    const bool group_backend = backend == "kplan_ep" || backend == kind.moe_backend();
+    if ((backend == "auto" || group_backend) && fits) {
+      return RunOnGroup(*env.ep_group, std::move(request), std::move(done));
+    }
+    if (group_backend) {
+      return WithField(
+          absl::FailedPreconditionError(absl::StrCat(
+              "moe_backend '", backend, "' runs experts '", set.spec().experts_id,
+              "' with activations of the weights' dtype (", WireDTypeName(set.spec().dtype),
+              "); got ", WireDTypeName(request.input.act_dtype))),
+          "kernel_config.moe_backend");
+    }
+  }
+  // The single-GPU copy, when there is one (never the group's).
+  const DeviceExperts* device = ep != nullptr ? nullptr : set.device_copy();
+  // The oracle loop on this server's platform over the backends it runs
+  // (moe_route.h): KPLAN takes the fast kernels, EMULATION the GPU emulation
+  // route or the CPU reference.
+  MoeResidency residency;
+  residency.on_gpu = device != nullptr;
+  residency.fast_path = device != nullptr && device->FastPathFor(request.input.act_dtype);
+  absl::StatusOr<MoeRoute> route = ChooseMoeRoute(set.spec(), request.input, backend, residency,
+                                                  *env.platform, env.executable_backends);
+  if (!route.ok()) {
+    absl::Status s = route.status();
+    if (FieldOf(s) == "moe_backend") s = NestField(s, "kernel_config");
+    return s;
+  }
+  if (route->kind == MoeRouteKind::kExpertParallel) {
+    return WithField(
+        absl::FailedPreconditionError(absl::StrCat(
+            "moe_backend '", route->backend, "' runs on an expert-parallel group; experts '",
+            set.spec().experts_id, "' are not placed on one")),
+        "kernel_config.moe_backend");
+  }
+  const bool use_gpu =
+      route->kind == MoeRouteKind::kGpuFast || route->kind == MoeRouteKind::kGpuEmulation;
+  size_t slot = 0;
+  if (use_gpu) {
+    KPLAN_ASSIGN_OR_RETURN(slot, env.executor->Resolve(device->device_name(), "experts_id"));
+  }
+  DeviceExecutor::Job job;
+  job.bytes = RunMoeHeldBytes(request.input);
+  job.deadline = call.deadline;
+  job.cancelled = std::move(call.cancelled);
+  job.fail = std::move(call.fail);
+  job.work = [experts = std::move(request.experts), input = std::move(request.input),
+              deadline = call.deadline, use_gpu, chosen = *std::move(route),
+              done = std::move(done)](const DeviceSlot& where, absl::Duration waited) mutable {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<MoeRunOutput> out = absl::InternalError("no path ran");
+    if (!use_gpu) {
+      out = RunMoeOnCpu(*experts, input, deadline);
+    } else if (!where.status.ok()) {
+      out = where.status;
+    } else {
+      out = experts->device_copy()->Run(input, where.stream);
+    }
+    const MoeRunTiming timing{waited, absl::Now() - start};
+    if (!out.ok()) {
+      done(out.status(), timing);
+      return;
+    }
+    RunMoeResult result;
+    result.output = *std::move(out);
+    result.plan = MakePlan(std::move(chosen.backend), std::move(chosen.experts_kernel),
+                           std::move(chosen.plan.prepare_finalize), {where.name},
+                           std::move(chosen.plan.candidates), "", 0);
+    done(std::move(result), timing);
+  };
+  return env.executor->Submit(slot, std::move(job));
+}
+
+absl::Status AttachGpuCopy(ExpertSet& set, int device) {
+#if KPLAN_HAVE_CUDA
+  absl::StatusOr<std::unique_ptr<GpuExperts>> gpu = GpuExperts::Create(set, device);
+  if (absl::IsFailedPrecondition(gpu.status())) {
+    spdlog::info("LoadExperts '{}': stays on the CPU path: {}", set.spec().experts_id,
+                 std::string(gpu.status().message()));
+    return absl::OkStatus();
+  }
+  if (!gpu.ok()) return gpu.status();
+  set.AttachDeviceCopy(std::move(*gpu));
+#else
+  (void)set;
+  (void)device;
+#endif
+  return absl::OkStatus();
+}
+
+const MoeBuildFacts& BuildFacts() {
+  static const MoeBuildFacts facts{
+      .have_cuda_kernels = KPLAN_HAVE_CUDA_KERNELS != 0,
+      .cuda_version = KPLAN_BUILD_CUDA_VERSION,
+      .nccl_version = KPLAN_BUILD_NCCL_VERSION,
+      .cuda_architectures = KPLAN_BUILD_CUDA_ARCHITECTURES,
+  };
+  return facts;
+}
+
+}  // namespace kplan

@@ -1,0 +1,143 @@
+// RunMoE's decision and execution, without gRPC (DESIGN.md "server/moe"):
+// which path runs a request on a resident expert set (the expert-parallel
+// group, or the oracle's route: the GPU fast kernels, the GPU emulation
+// route, the CPU reference), the group's dispatch strategy as vLLM resolves
+// parallel.all2all_backend, the queueing on the device workers, and the
+// execution plan and timing of the answer. The RPC handler converts the
+// request into a RunMoeRequest, calls RunMoe, and converts the RunMoeResult
+// back; metrics stay with the handler (RunMoe reports the durations).
+//
+// Device-specific work goes through the set's DeviceExperts interface
+// (FastPathFor, Run), so this file and its callers need no device types.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "server/exec/device_executor.h"
+#include "server/moe/ep/ep_group.h"
+#include "server/moe/expert_set.h"
+#include "server/moe/moe_route.h"
+#include "server/moe/moe_runner.h"
+#include "server/oracle/moe_plan.h"
+#include "server/plan/kernel_config.h"
+#include "server/platform/platform.h"
+
+namespace kplan {
+
+// What this server needs to run a RunMoE (borrowed; outlives every call).
+struct RunMoeEnv {
+  DeviceExecutor* executor = nullptr;
+  // The expert-parallel group serving RunMoE; null when there is none.
+  moe::ep::EpGroup* ep_group = nullptr;
+  const Platform* platform = nullptr;  // the server's own, as the oracle sees it
+  // The moe_backend values this server runs (ExecutableMoeBackends).
+  std::vector<std::string> executable_backends;
+};
+
+// A request, converted and resolved: the set it runs on (from the store),
+// the input, kernel_config.moe_backend as NormalizeMoeBackend made it, the
+// request's parallel config (only all2all_backend is read: left at its
+// default when the request set none), and whether the routing comes back.
+struct RunMoeRequest {
+  std::shared_ptr<const ExpertSet> experts;
+  MoeRunInput input;
+  std::string moe_backend = "auto";
+  ParallelConfig parallel;
+  bool return_routing = false;
+};
+
+// The call's side of a device job (DeviceExecutor::Job): its deadline, a
+// predicate for the caller having given up, and `fail`, which finishes the
+// call when a queued job is dropped or throws (`done` is then not called).
+struct RunMoeCall {
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;
+  std::function<void(const absl::Status&)> fail;
+};
+
+// How the answer ran, as RunMoEResponse.plan reports it.
+struct MoeExecutionPlan {
+  std::string backend;         // kplan | emulation | kplan_ep | the group's
+  std::string experts_kernel;  // the experts class that ran
+  std::string dispatch;        // the prepare/finalize class
+  std::vector<std::string> devices;
+  std::vector<MoeCandidate> candidates;  // the oracle's (single-device path only)
+  std::string all2all_backend;           // the group's strategy; "" on one device
+  int ep_size = 0;                       // the group's size; 0 on one device
+};
+
+// Where the time went: waiting in the queue, then running.
+struct MoeRunTiming {
+  absl::Duration queue = absl::ZeroDuration();
+  absl::Duration device = absl::ZeroDuration();
+};
+
+struct RunMoeResult {
+  MoeRunOutput output;
+  MoeExecutionPlan plan;
+};
+
+// Called once the layer ran (or failed where it ran), from a device worker or
+// a group thread, with the durations of that run either way.
+using RunMoeDone = std::function<void(absl::StatusOr<RunMoeResult>, const MoeRunTiming&)>;
+
+// Runs `request` (see the file comment). Errors found before anything is
+// queued (the request's placement, backend and input checks, a full queue)
+// return here and `done` is never called; otherwise `done` gets the result.
+// Experts placed on env.ep_group run there when moe_backend is auto, kplan_ep
+// or the group's own backend and the activations fit; experts that are a
+// peer rank's slice of a group across servers are FAILED_PRECONDITION; the
+// rest take ChooseMoeRoute on env.platform over env.executable_backends.
+// Field names are the RunMoERequest's (kernel_config.moe_backend, experts_id,
+// parallel.all2all_backend, ...).
+absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call, RunMoeDone done);
+
+// The moe_backend values this server runs: "kplan" when the build has the
+// CUDA kernels and the server was given devices, and "emulation".
+std::vector<std::string> ExecutableMoeBackends(bool have_devices);
+
+// The dispatch of an expert-parallel RunMoE: parallel.all2all_backend as
+// vLLM resolves it (Literal check, the removed values' fallback, the
+// passthrough binding of self-dispatching backends), then what a group of
+// `kind` runs. kplan_all2allv is accepted before the vLLM vocabulary check,
+// since it is ours. passthrough runs only as the binding of moe_backend
+// kplan_ep, on a group whose ranks have the device transport (GPU ranks of
+// one process). FAILED_PRECONDITION naming parallel.all2all_backend
+// otherwise; vLLM's errors nest under "parallel".
+absl::StatusOr<moe::ep::EpStrategy> ResolveEpStrategy(const ParallelConfig& parallel,
+                                                      absl::string_view moe_backend,
+                                                      const moe::ep::EpRankKind& kind);
+
+// The prepare/finalize class each expert-parallel dispatch stands for, as
+// the plan reports it: the oracle's row for the strategy's all2all backend
+// (ChoosePrepareFinalize: vLLM's name for vLLM's strategy, ours for ours).
+std::string EpDispatchClass(moe::ep::EpStrategy strategy);
+
+// What a queued RunMoE holds, for the executor's queued-bytes budget.
+int64_t RunMoeHeldBytes(const MoeRunInput& input);
+
+// Makes the set resident on `device` too (LoadExperts, on that device's
+// worker), when the GPU path can run it (every combination the CPU reference
+// runs, with hidden and intermediate multiples of 8); a set it cannot run
+// stays on the CPU (OK, logged). Without CUDA in the build: OK, nothing done.
+absl::Status AttachGpuCopy(ExpertSet& set, int device);
+
+// Whether this build has the CUDA kernels, and the toolkit facts the server
+// reports (GetServerInfo's BuildInfo); "" without CUDA / NCCL.
+struct MoeBuildFacts {
+  bool have_cuda_kernels = false;
+  std::string cuda_version;
+  std::string nccl_version;
+  std::string cuda_architectures;
+};
+const MoeBuildFacts& BuildFacts();
+
+}  // namespace kplan

@@ -1,0 +1,274 @@
+// RunMoE's core without gRPC (server/moe/run_moe.h), on the CPU: the route
+// for auto / emulation / explicit backends, the expert-parallel strategy and
+// its errors (vLLM's texts), the plan and timing of the CPU path and of a
+// CPU expert-parallel group, and the call's hooks (deadline, fail).
+#include "server/moe/run_moe.h"
+
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "base/status.h"
+#include "server/platform/local.h"
+
+namespace kplan {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int kExperts = 8;
+constexpr int64_t kHidden = 64;
+constexpr int64_t kInter = 32;
+constexpr int64_t kTokens = 3;
+
+ExpertsSpec Spec() {
+  ExpertsSpec s;
+  s.experts_id = "cpu-mix";
+  s.num_experts = kExperts;
+  s.hidden = kHidden;
+  s.intermediate = kInter;
+  s.dtype = moe::MoeDType::kBFloat16;
+  return s;
+}
+
+// Every tensor of the spec, zero bytes (outputs are zero; only the plan matters).
+std::shared_ptr<ExpertSet> MakeSet() {
+  std::map<std::string, std::string> tensors;
+  for (const TensorSpec& t : ExpectedTensors(Spec())) {
+    tensors[t.name] = std::string(static_cast<size_t>(t.bytes()), '\0');
+  }
+  return std::make_shared<ExpertSet>(Spec(), std::move(tensors));
+}
+
+// Routed by logits (Renormalize, top-2).
+MoeRunInput Input() {
+  MoeRunInput in;
+  in.act_dtype = moe::MoeDType::kBFloat16;
+  in.hidden_shape = {kTokens, kHidden};
+  in.hidden_states.assign(kTokens * kHidden * 2, '\0');
+  in.logits_shape = {kTokens, kExperts};
+  in.router_logits.assign(kTokens * kExperts * 4, '\0');
+  in.routing.routing_method = "Renormalize";
+  in.routing.top_k = 2;
+  return in;
+}
+
+struct Outcome {
+  absl::StatusOr<RunMoeResult> result = absl::UnknownError("not run");
+  MoeRunTiming timing;
+};
+
+class RunMoeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<DeviceExecutor>> executor =
+        DeviceExecutor::Create({}, DeviceExecutor::Options{});
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    executor_ = *std::move(executor);
+    platform_ = LocalPlatform({}, /*have_cuda_kernels=*/false);
+    env_.executor = executor_.get();
+    env_.platform = &platform_;
+    env_.executable_backends = ExecutableMoeBackends(/*have_devices=*/false);
+  }
+
+  RunMoeRequest Request(const std::string& backend = "auto",
+                        std::shared_ptr<const ExpertSet> set = nullptr) {
+    RunMoeRequest r;
+    r.experts = set != nullptr ? std::move(set) : MakeSet();
+    r.input = Input();
+    r.moe_backend = backend;
+    r.return_routing = true;
+    return r;
+  }
+
+  // Runs `request` and waits for its answer; a synchronous refusal is the
+  // outcome's status.
+  Outcome Run(RunMoeRequest request, RunMoeCall call = {}) {
+    auto promise = std::make_shared<std::promise<Outcome>>();
+    std::future<Outcome> future = promise->get_future();
+    if (!call.fail) {
+      call.fail = [promise](const absl::Status& s) { promise->set_value(Outcome{s, {}}); };
+    }
+    absl::Status queued =
+        RunMoe(env_, std::move(request), std::move(call),
+               [promise](absl::StatusOr<RunMoeResult> result, const MoeRunTiming& timing) {
+                 promise->set_value(Outcome{std::move(result), timing});
+               });
+    if (!queued.ok()) return Outcome{queued, {}};
+    return future.get();
+  }
+
+  std::unique_ptr<DeviceExecutor> executor_;
+  Platform platform_;
+  RunMoeEnv env_;
+};
+
+TEST(ExecutableMoeBackendsTest, KplanOnlyWithCudaKernelsAndDevices) {
+  EXPECT_THAT(ExecutableMoeBackends(false), ElementsAre("emulation"));
+  if (BuildFacts().have_cuda_kernels) {
+    EXPECT_THAT(ExecutableMoeBackends(true), ElementsAre("kplan", "emulation"));
+  } else {
+    EXPECT_THAT(ExecutableMoeBackends(true), ElementsAre("emulation"));
+  }
+}
+
+TEST_F(RunMoeTest, AutoRunsTheCpuReferenceWithTheOraclePlan) {
+  Outcome o = Run(Request("auto"));
+  ASSERT_TRUE(o.result.ok()) << o.result.status();
+  const MoeExecutionPlan& plan = o.result->plan;
+  EXPECT_EQ(plan.backend, "emulation");
+  EXPECT_EQ(plan.experts_kernel, "KplanEmulationExperts");
+  EXPECT_EQ(plan.dispatch, "MoEPrepareAndFinalizeNoDPEPModular");
+  EXPECT_THAT(plan.devices, ElementsAre("cpu"));
+  ASSERT_EQ(plan.candidates.size(), 1u);
+  EXPECT_EQ(plan.candidates[0].backend, "EMULATION");
+  EXPECT_TRUE(plan.candidates[0].accepted);
+  EXPECT_EQ(plan.all2all_backend, "");
+  EXPECT_EQ(plan.ep_size, 0);
+  EXPECT_EQ(o.result->output.num_tokens, kTokens);
+  EXPECT_EQ(o.result->output.output.size(), static_cast<size_t>(kTokens * kHidden * 2));
+  EXPECT_EQ(o.result->output.topk_ids.size(), static_cast<size_t>(kTokens * 2));
+  EXPECT_GT(o.timing.device, absl::ZeroDuration());
+  EXPECT_GE(o.timing.queue, absl::ZeroDuration());
+}
+
+TEST_F(RunMoeTest, EmulationRunsTheCpuReference) {
+  Outcome o = Run(Request("emulation"));
+  ASSERT_TRUE(o.result.ok()) << o.result.status();
+  EXPECT_EQ(o.result->plan.backend, "emulation");
+  EXPECT_THAT(o.result->plan.devices, ElementsAre("cpu"));
+}
+
+TEST_F(RunMoeTest, ExplicitBackendsThisServerCannotRunAreRefused) {
+  // kplan: not executable here (no devices): the oracle's refusal, nested
+  // under kernel_config.
+  Outcome kplan = Run(Request("kplan"));
+  EXPECT_EQ(kplan.result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(kplan.result.status().message()), HasSubstr("emulation"));
+  EXPECT_EQ(FieldOf(kplan.result.status()).value_or(""), "kernel_config.moe_backend");
+  // kplan_ep runs only on an expert-parallel group.
+  env_.executable_backends = {"emulation", "kplan_ep"};
+  Outcome ep = Run(Request("kplan_ep"));
+  EXPECT_EQ(ep.result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FieldOf(ep.result.status()).value_or(""), "kernel_config.moe_backend");
+}
+
+TEST_F(RunMoeTest, InputErrorsNameTheRequestField) {
+  RunMoeRequest r = Request();
+  r.input.hidden_shape = {kTokens, kHidden + 1};
+  Outcome o = Run(std::move(r));
+  EXPECT_EQ(o.result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(FieldOf(o.result.status()).has_value());
+}
+
+TEST_F(RunMoeTest, APassedDeadlineDropsTheJobThroughFail) {
+  RunMoeCall call;
+  call.deadline = absl::Now() - absl::Seconds(1);
+  call.cancelled = [] { return false; };
+  Outcome o = Run(Request(), std::move(call));
+  EXPECT_EQ(o.result.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(RunMoeTest, ACancelledCallIsDropped) {
+  RunMoeCall call;
+  call.cancelled = [] { return true; };
+  Outcome o = Run(Request(), std::move(call));
+  EXPECT_EQ(o.result.status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST(EpDispatchClassTest, TheOracleRows) {
+  EXPECT_EQ(EpDispatchClass(moe::ep::EpStrategy::kAllGatherReduceScatter),
+            "MoEPrepareAndFinalizeNaiveDPEPModular");
+  EXPECT_EQ(EpDispatchClass(moe::ep::EpStrategy::kAll2AllV), "KplanAll2AllVPrepareAndFinalize");
+  EXPECT_EQ(EpDispatchClass(moe::ep::EpStrategy::kPassthrough), "KplanEpPrepareAndFinalize");
+}
+
+TEST(ResolveEpStrategyTest, VllmResolutionAndItsErrors) {
+  std::unique_ptr<moe::ep::EpRankKind> kind = moe::ep::MakeCpuEpRanks(2);
+  const auto resolve = [&](const std::string& moe_backend, const std::string& a2a) {
+    ParallelConfig p;
+    if (!a2a.empty()) p.all2all_backend = a2a;
+    return ResolveEpStrategy(p, moe_backend, *kind);
+  };
+  struct Ok {
+    std::string a2a;
+    moe::ep::EpStrategy want;
+  };
+  for (const Ok& c : {Ok{"", moe::ep::EpStrategy::kAllGatherReduceScatter},
+                      Ok{"naive", moe::ep::EpStrategy::kAllGatherReduceScatter},
+                      Ok{"allgather_reducescatter", moe::ep::EpStrategy::kAllGatherReduceScatter},
+                      Ok{"kplan_all2allv", moe::ep::EpStrategy::kAll2AllV}}) {
+    absl::StatusOr<moe::ep::EpStrategy> s = resolve("auto", c.a2a);
+    ASSERT_TRUE(s.ok()) << c.a2a << ": " << s.status();
+    EXPECT_EQ(*s, c.want) << c.a2a;
+  }
+  struct Err {
+    std::string moe_backend, a2a;
+    absl::StatusCode code;
+    std::string text;
+  };
+  for (const Err& c : {
+           Err{"auto", "bogus", absl::StatusCode::kInvalidArgument, "literal_error"},
+           Err{"auto", "passthrough", absl::StatusCode::kInvalidArgument,
+               "only valid with a moe_backend that dispatches"},
+           Err{"auto", "deepep_low_latency", absl::StatusCode::kFailedPrecondition,
+               "allgather_reducescatter, kplan_all2allv"},
+           Err{"kplan_ep", "", absl::StatusCode::kFailedPrecondition,
+               "needs the kplan_ep device transport"},
+           Err{"kplan_ep", "kplan_all2allv", absl::StatusCode::kInvalidArgument, ""},
+       }) {
+    SCOPED_TRACE(c.moe_backend + " / " + c.a2a);
+    absl::StatusOr<moe::ep::EpStrategy> s = resolve(c.moe_backend, c.a2a);
+    EXPECT_EQ(s.status().code(), c.code) << s.status();
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(c.text));
+    EXPECT_EQ(FieldOf(s.status()).value_or(""), "parallel.all2all_backend");
+  }
+}
+
+TEST_F(RunMoeTest, AGroupReportsItsStrategyAndSize) {
+  absl::StatusOr<std::unique_ptr<moe::ep::EpGroup>> group =
+      moe::ep::EpGroup::Create(moe::ep::MakeCpuEpRanks(2));
+  ASSERT_TRUE(group.ok()) << group.status();
+  std::shared_ptr<ExpertSet> set = MakeSet();
+  std::promise<absl::StatusOr<std::unique_ptr<moe::ep::EpExperts>>> placed;
+  ASSERT_TRUE((*group)
+                  ->PlaceExperts(set,
+                                 [&](absl::StatusOr<std::unique_ptr<moe::ep::EpExperts>> p) {
+                                   placed.set_value(std::move(p));
+                                 })
+                  .ok());
+  absl::StatusOr<std::unique_ptr<moe::ep::EpExperts>> ep = placed.get_future().get();
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  set->AttachDeviceCopy(*std::move(ep));
+  env_.ep_group = group->get();
+
+  RunMoeRequest r = Request("auto", set);
+  r.parallel.all2all_backend = "kplan_all2allv";
+  Outcome o = Run(std::move(r));
+  ASSERT_TRUE(o.result.ok()) << o.result.status();
+  const MoeExecutionPlan& plan = o.result->plan;
+  EXPECT_EQ(plan.backend, "emulation");
+  EXPECT_EQ(plan.experts_kernel, "KplanCpuReferenceExperts");
+  EXPECT_EQ(plan.dispatch, "KplanAll2AllVPrepareAndFinalize");
+  EXPECT_EQ(plan.all2all_backend, "kplan_all2allv");
+  EXPECT_EQ(plan.ep_size, 2);
+  EXPECT_EQ(plan.devices.size(), 2u);
+  EXPECT_TRUE(plan.candidates.empty());
+  EXPECT_EQ(o.result->output.num_tokens, kTokens);
+
+  // A strategy error returns before anything is queued.
+  RunMoeRequest bad = Request("auto", set);
+  bad.parallel.all2all_backend = "deepep_low_latency";
+  Outcome refused = Run(std::move(bad));
+  EXPECT_EQ(refused.result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FieldOf(refused.result.status()).value_or(""), "parallel.all2all_backend");
+  env_.ep_group = nullptr;
+}
+
+}  // namespace
+}  // namespace kplan
