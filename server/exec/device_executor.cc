@@ -212,7 +212,8 @@ absl::Status DeviceExecutor::Submit(size_t index, Job job) {
       Release(bytes);
       return refused;
     }
-    (bytes >= kLargeJobBytes ? w->large : w->small).push_back(Queued{absl::Now(), std::move(job)});
+    const bool large = job.large || bytes >= kLargeJobBytes;
+    (large ? w->large : w->small).push_back(Queued{absl::Now(), std::move(job)});
   }
   w->cv.notify_one();
   return absl::OkStatus();

@@ -73,6 +73,9 @@ class DeviceExecutor {
     // What the queued request holds: its input plus the output it will
     // produce. Charged against the queued-bytes budget; also picks the lane.
     int64_t bytes = 0;
+    // Large-lane work whose memory is charged elsewhere (a load's set is
+    // the expert budget's): queued as large without charging `bytes`.
+    bool large = false;
     // Past it, queued work is dropped with DEADLINE_EXCEEDED.
     absl::Time deadline = absl::InfiniteFuture();
     // True once the caller gave up: queued work is dropped with CANCELLED.

@@ -25,7 +25,10 @@ ExpertsLoader::ExpertsLoader(ExpertsSpec spec)
 absl::Status ExpertsLoader::AddChunk(const std::string& name, const std::string& wire_dtype,
                                      const std::vector<int64_t>& shape, int64_t offset,
                                      std::string data) {
-  const std::string field = absl::StrCat("chunk[", name, "]");
+  const std::string field = absl::StrCat("chunk[", ClientText(name), "]");
+  // Every message must move the load forward: empty chunks would keep a
+  // reservation alive past the idle timeout without ever completing it.
+  if (data.empty()) return InvalidField(field + ".data", "a chunk must carry data");
   const TensorSpec* spec = nullptr;
   std::vector<std::string> names;
   for (const TensorSpec& t : expected_) {
@@ -33,8 +36,9 @@ absl::Status ExpertsLoader::AddChunk(const std::string& name, const std::string&
     if (t.name == name) spec = &t;
   }
   if (spec == nullptr) {
-    return InvalidField(field, absl::StrCat("tensor '", name, "' is not part of these experts; ",
-                                            "expected ", absl::StrJoin(names, ", ")));
+    return InvalidField(field, absl::StrCat("tensor '", ClientText(name),
+                                            "' is not part of these experts; expected ",
+                                            absl::StrJoin(names, ", ")));
   }
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {  // the first chunk of this tensor

@@ -39,13 +39,23 @@ absl::Status ExpertStore::CheckIdLocked(const std::string& id) const {
   return absl::OkStatus();
 }
 
+int64_t ExpertStore::DrainingBytesLocked() const {
+  int64_t total = 0;
+  std::erase_if(draining_, [](const auto& d) { return d.first.expired(); });
+  for (const auto& [set, bytes] : draining_) total += bytes;
+  return total;
+}
+
 absl::Status ExpertStore::CheckBytesLocked(int64_t bytes) const {
-  // bytes_ + reserved_ <= max_bytes_ always holds, so this cannot overflow.
-  if (bytes < 0 || bytes > max_bytes_ - bytes_ - reserved_) {
+  // bytes_ + reserved_ + draining <= max_bytes_ held when each was added (a
+  // set leaves bytes_ for draining_ on unload), so this cannot overflow.
+  const int64_t draining = DrainingBytesLocked();
+  if (bytes < 0 || bytes > max_bytes_ - bytes_ - reserved_ - draining) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "loading ", bytes,
         " bytes of experts would exceed the server's budget (--max_expert_bytes: ", bytes_,
-        " bytes held and ", reserved_, " reserved by loads under way, of ", max_bytes_, ")"));
+        " bytes held, ", reserved_, " reserved by loads under way and ", draining,
+        " of unloaded sets still in use, of ", max_bytes_, ")"));
   }
   return absl::OkStatus();
 }
@@ -101,7 +111,7 @@ absl::Status ExpertStore::Add(std::shared_ptr<const ExpertSet> set) {
 
 int64_t ExpertStore::bytes_in_use() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return bytes_ + reserved_;
+  return bytes_ + reserved_ + DrainingBytesLocked();
 }
 
 absl::StatusOr<std::shared_ptr<const ExpertSet>> ExpertStore::Get(const std::string& id) const {
@@ -123,6 +133,7 @@ absl::StatusOr<int64_t> ExpertStore::Remove(const std::string& id) {
   }
   const int64_t freed = it->second->bytes();
   bytes_ -= freed;
+  if (it->second.use_count() > 1) draining_.emplace_back(it->second, freed);
   sets_.erase(it);
   return freed;
 }

@@ -80,6 +80,12 @@ class ExpertStore {
   std::map<std::string, std::shared_ptr<const ExpertSet>> sets_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> reserved_ids_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;     // resident sets
+  // Unloaded sets that runs still hold (a run keeps its set alive): their
+  // memory is not free until the last holder lets go.
+  mutable std::vector<std::pair<std::weak_ptr<const ExpertSet>, int64_t>> draining_
+      ABSL_GUARDED_BY(mu_);
+  // Bytes of draining_ sets still alive (expired ones dropped first).
+  int64_t DrainingBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // loads under way
 };
 

@@ -135,6 +135,14 @@ absl::StatusOr<ModelFile> OpenModelFile(absl::string_view path, absl::Span<const
   if (!S_ISREG(st.st_mode) || st.st_dev != before.st_dev || st.st_ino != before.st_ino) {
     return refuse("the file changed while it was opened");
   }
+  // What was opened, as the kernel resolved it: a directory on the path
+  // swapped for a symlink after the check would show here.
+  std::optional<std::string> opened = RealPath(absl::StrCat("/proc/self/fd/", file.fd_));
+  if (opened && std::none_of(canonical_roots.begin(), canonical_roots.end(),
+                             [&](const std::string& root) { return IsUnder(*opened, root); })) {
+    return refuse(absl::StrCat("the opened file is '", ClientText(*opened),
+                               "', outside the model roots"));
+  }
   file.size_ = static_cast<int64_t>(st.st_size);
   file.path_ = *std::move(canonical);
   return file;

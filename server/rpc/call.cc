@@ -52,6 +52,7 @@ Call::Call(const ServerEnvironment& env, grpc::CallbackServerContext* context, c
                                                              : context->DefaultReactor();
   }
   if (env_.metrics) env_.metrics->RequestStarted();
+  if (sink_ != nullptr) sink_->counted = true;
   // Streams (LoadExperts) may take long to send a large set; the idle
   // timeout bounds them instead of --max_request_time.
   deadline_ = unary && env_.max_request_time > absl::ZeroDuration() ? start_ + env_.max_request_time

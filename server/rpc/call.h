@@ -33,6 +33,9 @@ class ResponseSink {
   // Set by the first FinishUnary: a handler that throws after answering is
   // not answered twice.
   std::atomic<bool> finished{false};
+  // Set when the handler's Call counted the call as started (metrics): the
+  // answer to a throw then counts it as finished.
+  bool counted = false;
 };
 
 // Hands `sink` to the next Call constructed on this thread: the raw method

@@ -423,7 +423,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerC
   auto call = std::make_shared<Call>(env_, context, "RunEpStep", /*unary=*/false);
   auto* reactor = new RunEpStepReactor;
   auto finish = [call, reactor](const absl::Status& status) {
-    reactor->Finish(call->Done(status));
+    if (call->Claim()) reactor->Finish(call->Done(status));
     return reactor;
   };
   if (absl::Status auth = call->Authorize(); !auth.ok()) return finish(auth);

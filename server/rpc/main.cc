@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
     spdlog::error("shutdown did not finish within --exit_timeout ({}) + {}; exiting now",
                   absl::FormatDuration(exit_timeout), absl::FormatDuration(kExitGrace));
     spdlog::shutdown();
-    std::_Exit(0);
+    std::_Exit(1);  // not a clean stop: work was abandoned
   }).detach();
   (*server)->Shutdown(exit_timeout);
   server->reset();  // joins the device workers

@@ -192,8 +192,6 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
       KPLAN_ASSIGN_OR_RETURN(ExpertsSpec spec, ExpertsSpecFromProto(request_.header()));
       KPLAN_RETURN_IF_ERROR(ValidateExpertsSpec(spec));
       KPLAN_ASSIGN_OR_RETURN(const int64_t bytes, ExpectedBytes(spec));
-      // Before any buffer exists: the budget and the id are held from here.
-      KPLAN_ASSIGN_OR_RETURN(reservation_, call_.env().experts->Reserve(spec.experts_id, bytes));
       if (request_.header().has_safetensors()) {
         const v1::SafetensorsSource& st = request_.header().safetensors();
         safetensors_path_ = st.path();
@@ -206,9 +204,10 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
           return WithField(absl::PermissionDeniedError(kServerSideLoadsOff),
                            "header.safetensors.path");
         }
-      } else {
-        loader_ = std::make_unique<ExpertsLoader>(spec);
       }
+      // Before any buffer exists: the budget and the id are held from here.
+      KPLAN_ASSIGN_OR_RETURN(reservation_, call_.env().experts->Reserve(spec.experts_id, bytes));
+      if (!request_.header().has_safetensors()) loader_ = std::make_unique<ExpertsLoader>(spec);
       spdlog::info(
           "LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}", ClientText(spec.experts_id),
           spec.num_experts, spec.hidden, spec.intermediate, bytes,
@@ -239,6 +238,7 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   DeviceExecutor::Job JobLocked(std::function<void(const DeviceSlot&)> work)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     DeviceExecutor::Job job;
+    job.large = true;  // reading or copying a whole set: never ahead of small requests
     job.deadline = call_.deadline();
     job.cancelled = [this] {
       std::lock_guard<std::mutex> lock(mu_);

@@ -40,13 +40,22 @@ class TypedMessages final : public ResponseSink {
 
 // Answers a call whose handler threw (an allocation, most likely) unless it
 // had answered already; the reactor returned is the one gRPC must see.
-grpc::ServerUnaryReactor* AnswerAfterThrow(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* AnswerAfterThrow(const ServerEnvironment& env,
+                                           grpc::CallbackServerContext* context,
                                            ResponseSink& sink, const char* method,
                                            absl::Status status) {
   spdlog::error("{}: the handler threw: {}", method, std::string(status.message()));
   grpc::ServerUnaryReactor* reactor =
       sink.reactor != nullptr ? sink.reactor : context->DefaultReactor();
-  if (!sink.finished.exchange(true)) reactor->Finish(ToGrpcStatus(status));
+  if (!sink.finished.exchange(true)) {
+    const grpc::Status answer = ToGrpcStatus(status);
+    // The Call that counted the call as started is gone with the throw.
+    if (sink.counted && env.metrics != nullptr) {
+      env.metrics->RequestFinished(method, GrpcCodeName(answer.error_code()),
+                                   absl::ZeroDuration());
+    }
+    reactor->Finish(answer);
+  }
   return reactor;
 }
 
@@ -78,10 +87,10 @@ grpc::ServerUnaryReactor* Dispatch(const ServerEnvironment& env,
     ScopedResponseSink scope(messages);
     return handler(context, request, response);
   } catch (const std::bad_alloc&) {
-    return AnswerAfterThrow(context, *messages, method,
+    return AnswerAfterThrow(env, context, *messages, method,
                             absl::ResourceExhaustedError("out of memory while handling the call"));
   } catch (const std::exception& e) {
-    return AnswerAfterThrow(context, *messages, method,
+    return AnswerAfterThrow(env, context, *messages, method,
                             absl::InternalError(absl::StrCat("internal error: ", e.what())));
   }
 }
@@ -118,11 +127,24 @@ KPLAN_RAW_UNARY(RunEpStep)
 // typed response, as for the unary methods.
 grpc::ServerReadReactor<grpc::ByteBuffer>* RawKernelPlanService::LoadExperts(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  auto messages = std::make_shared<TypedMessages<v1::LoadExpertsRequest, v1::LoadExpertsResponse>>(
-      response);
-  v1::LoadExpertsResponse* typed = &messages->response;
-  ScopedResponseSink scope(std::move(messages));
-  return typed_.LoadExpertsStream(context, typed);
+  // A reactor that answers at once: what a stream whose reactor could not
+  // be made (out of memory) gets instead of an exception into gRPC.
+  class Refused final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+   public:
+    explicit Refused(const grpc::Status& status) { Finish(status); }
+    void OnDone() override { delete this; }
+  };
+  try {
+    auto messages =
+        std::make_shared<TypedMessages<v1::LoadExpertsRequest, v1::LoadExpertsResponse>>(response);
+    v1::LoadExpertsResponse* typed = &messages->response;
+    ScopedResponseSink scope(std::move(messages));
+    return typed_.LoadExpertsStream(context, typed);
+  } catch (const std::exception& e) {
+    spdlog::error("LoadExperts: could not start the stream: {}", e.what());
+    return new Refused(
+        ToGrpcStatus(absl::ResourceExhaustedError("out of memory starting LoadExperts")));
+  }
 }
 
 }  // namespace kplan::rpc

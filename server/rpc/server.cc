@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -104,9 +105,12 @@ absl::Status RemoveStaleUnixSocket(const std::string& address) {
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, p.data(), p.size());
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const bool live =
-      fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  // Non-blocking: a live server whose backlog is full answers EAGAIN
+  // instead of holding this start forever; that is a live server too.
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const bool live = fd >= 0 && (connect(fd, reinterpret_cast<const sockaddr*>(&addr),
+                                        sizeof(addr)) == 0 ||
+                                errno == EAGAIN || errno == EINPROGRESS);
   if (fd >= 0) close(fd);
   if (live) {
     return WithField(absl::FailedPreconditionError(absl::StrCat(

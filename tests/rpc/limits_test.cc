@@ -187,17 +187,23 @@ TEST_F(LimitsTest, RunMoeBeyondTheQueuedBytesBudgetIsResourceExhausted) {
 }
 
 TEST_F(LimitsTest, ExpiredRunMoeIsDroppedAndCountedAsDeadlineExceeded) {
-  Start(ServerOptions());
+  // The server's own deadline (200 ms from arrival), not the client's: the
+  // client's reaches the server rounded and late, so it could not say when
+  // the server must drop the call.
+  ServerOptions options;
+  options.max_request_time = absl::Milliseconds(200);
+  Start(options);
   Experts small(4, 16, 8);
   ASSERT_TRUE(client_->LoadExperts(Header("l", 4, 16, 8), small.Chunks()).ok());
-  ClientOptions quick;
-  quick.deadline = absl::Milliseconds(300);
-  std::unique_ptr<Client> impatient = Client::Connect(target_, quick);
   WorkerGate gate(executor());
-  // Queued behind the gate until its deadline has passed.
-  absl::StatusOr<v1::RunMoEResponse> late = impatient->RunMoE(RunRequest("l", 4, 4, 16));
-  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  absl::StatusOr<v1::RunMoEResponse> late;
+  std::thread caller([&] { late = client_->RunMoE(RunRequest("l", 4, 4, 16)); });
+  // Queued behind the gate; released once its deadline has surely passed.
+  EXPECT_TRUE(WaitFor([&] { return executor()->queue_size(0) == 1; }));
+  absl::SleepFor(absl::Milliseconds(400));
   gate.Release();
+  caller.join();
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
   gate.Drain();
   const std::string page = Metrics();
   EXPECT_THAT(page,
