@@ -35,7 +35,8 @@ MoeExecutionPlan MakePlan(std::string backend, std::string experts_kernel, std::
 }
 
 // RunMoE on the expert-parallel group.
-absl::Status RunOnGroup(moe::ep::EpGroup& group, RunMoeRequest request, RunMoeDone done) {
+absl::Status RunOnGroup(moe::ep::EpGroup& group, RunMoeRequest request, const RunMoeCall& call,
+                        RunMoeDone done) {
   KPLAN_ASSIGN_OR_RETURN(const moe::ep::EpStrategy strategy,
                          ResolveEpStrategy(request.parallel, request.moe_backend, group.kind()));
   return group.RunMoe(
@@ -57,7 +58,8 @@ absl::Status RunOnGroup(moe::ep::EpGroup& group, RunMoeRequest request, RunMoeDo
                      EpDispatchClass(strategy), group.Devices(), {},
                      std::string(moe::ep::EpStrategyName(strategy)), group.size());
         done(std::move(result), timing);
-      });
+      },
+      moe::ep::EpStepLimits{call.deadline, call.cancelled});
 }
 
 }  // namespace
@@ -162,7 +164,7 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
     // failing its own check inside the step (which also rebuilds the group).
     const bool group_backend = backend == "kplan_ep" || backend == kind.moe_backend();
     if ((backend == "auto" || group_backend) && fits) {
-      return RunOnGroup(*env.ep_group, std::move(request), std::move(done));
+      return RunOnGroup(*env.ep_group, std::move(request), call, std::move(done));
     }
     if (group_backend) {
       return WithField(

@@ -97,7 +97,7 @@ absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p) {
                                         "routing.e_score_correction_bias.dtype"));
       const std::string& b = r.e_score_correction_bias().data();
       in.routing.e_score_correction_bias.resize(b.size() / 4);
-      if (!b.empty()) {  // memcpy of null pointers is undefined even for 0 bytes
+      if (!in.routing.e_score_correction_bias.empty()) {  // memcpy(null, ..., 0) is UB
         std::memcpy(in.routing.e_score_correction_bias.data(), b.data(),
                     in.routing.e_score_correction_bias.size() * 4);
       }

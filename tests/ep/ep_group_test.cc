@@ -362,6 +362,26 @@ TEST(EpGroupTest, MoeStepEqualsTheSingleRankReference) {
                                     ADD_FAILURE() << "must not run";
                                   });
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+
+  // A step whose caller is gone is dropped before any rank runs it (it used
+  // to be computed and answered OK to nobody): past its deadline, or
+  // cancelled. The group then runs the next step as before.
+  auto run_with = [&](EpStepLimits limits) {
+    std::promise<absl::StatusOr<MoeRunOutput>> done;
+    EXPECT_TRUE(group
+                    ->RunMoe(set, input, EpStrategy::kAll2AllV, false,
+                             [&](absl::StatusOr<MoeRunOutput> out, absl::Duration,
+                                 absl::Duration ran) {
+                               if (!out.ok()) EXPECT_EQ(ran, absl::ZeroDuration());
+                               done.set_value(std::move(out));
+                             },
+                             std::move(limits))
+                    .ok());
+    return done.get_future().get().status();
+  };
+  EXPECT_TRUE(absl::IsDeadlineExceeded(run_with({absl::Now() - absl::Seconds(1), nullptr})));
+  EXPECT_TRUE(absl::IsCancelled(run_with({absl::InfiniteFuture(), [] { return true; }})));
+  EXPECT_TRUE(run_with({absl::Now() + absl::Seconds(30), [] { return false; }}).ok());
 }
 
 }  // namespace

@@ -172,6 +172,7 @@ struct EpGroup::Step {
   RankWork work;
   StepDone done;
   EpStepComm comm = EpStepComm::kCollectives;
+  EpStepLimits limits;
   bool communicates() const { return comm != EpStepComm::kNone; }
   absl::Time submitted;
   absl::Time published;
@@ -247,11 +248,13 @@ bool EpGroup::InjectFault(int rank, absl::Status status, int after_calls) {
   return kind_->InjectFault(rank, std::move(status), after_calls);
 }
 
-absl::Status EpGroup::Submit(RankWork work, StepDone done, EpStepComm comm) {
+absl::Status EpGroup::Submit(RankWork work, StepDone done, EpStepComm comm,
+                             EpStepLimits limits) {
   auto step = std::make_shared<Step>();
   step->work = std::move(work);
   step->done = std::move(done);
   step->comm = comm;
+  step->limits = std::move(limits);
   step->submitted = absl::Now();
   {
     absl::MutexLock lock(&mu_);
@@ -303,6 +306,22 @@ void EpGroup::CoordinatorLoop() {
     }
     std::shared_ptr<Step> step = std::move(queue_.front());
     queue_.pop_front();
+    // A step whose caller is gone is dropped before any rank sees it (the
+    // deadline first: gRPC also marks expired calls cancelled).
+    absl::Status dropped;
+    if (absl::Now() > step->limits.deadline) {
+      dropped = absl::DeadlineExceededError(
+          "the deadline passed while the step waited for the expert-parallel group");
+    } else if (step->limits.cancelled && step->limits.cancelled()) {
+      dropped = absl::CancelledError("the caller cancelled while the step waited");
+    }
+    if (!dropped.ok()) {
+      const absl::Duration queued = absl::Now() - step->submitted;
+      mu_.Unlock();
+      if (step->done) step->done(std::move(dropped), queued, absl::ZeroDuration());
+      mu_.Lock();
+      continue;
+    }
     absl::Status status = RunStepLocked(step);
     const absl::Time end = absl::Now();
     const absl::Duration queued =
@@ -575,7 +594,8 @@ absl::Status EpGroup::PlaceExperts(std::shared_ptr<const ExpertSet> set, PlaceDo
 }
 
 absl::Status EpGroup::RunMoe(std::shared_ptr<const ExpertSet> set, MoeRunInput input,
-                             EpStrategy strategy, bool return_routing, MoeDone done) {
+                             EpStrategy strategy, bool return_routing, MoeDone done,
+                             EpStepLimits limits) {
   const EpExperts* experts = EpExperts::Of(*set);
   if (experts == nullptr || experts->group() != this) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -655,7 +675,8 @@ absl::Status EpGroup::RunMoe(std::shared_ptr<const ExpertSet> set, MoeRunInput i
   };
   return Submit(std::move(work), std::move(finish),
                 strategy == EpStrategy::kPassthrough ? EpStepComm::kDeviceRound
-                                                     : EpStepComm::kCollectives);
+                                                     : EpStepComm::kCollectives,
+                std::move(limits));
 }
 
 // ---------------------------------------------------------------------------

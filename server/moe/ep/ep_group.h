@@ -171,6 +171,14 @@ class EpExperts final : public DeviceExperts {
   std::vector<std::unique_ptr<EpRankExperts>> ranks_;
 };
 
+// When a queued step of the group is dropped instead of run: past
+// `deadline`, or once `cancelled` (may be empty) says the caller gave up.
+// Its `done` then gets DEADLINE_EXCEEDED or CANCELLED; no rank ran any of it.
+struct EpStepLimits {
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;
+};
+
 class EpGroup {
  public:
   // Per-rank work of one step: `comm` is the rank's communicator for a
@@ -206,7 +214,8 @@ class EpGroup {
   // rank. `comm`: what the work does with the communicator (EpStepComm).
   // RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE once stopping;
   // `done` is then never called.
-  absl::Status Submit(RankWork work, StepDone done, EpStepComm comm = EpStepComm::kCollectives);
+  absl::Status Submit(RankWork work, StepDone done, EpStepComm comm = EpStepComm::kCollectives,
+                      EpStepLimits limits = {});
   // Submit and wait.
   absl::Status Run(RankWork work, EpStepComm comm = EpStepComm::kCollectives);
 
@@ -224,7 +233,7 @@ class EpGroup {
   using MoeDone =
       std::function<void(absl::StatusOr<MoeRunOutput>, absl::Duration queued, absl::Duration ran)>;
   absl::Status RunMoe(std::shared_ptr<const ExpertSet> set, MoeRunInput input, EpStrategy strategy,
-                      bool return_routing, MoeDone done);
+                      bool return_routing, MoeDone done, EpStepLimits limits = {});
 
   // Tests: fault injection into the current communicators (EpRankKind::InjectFault).
   bool InjectFault(int rank, absl::Status status, int after_calls = 0);
