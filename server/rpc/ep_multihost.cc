@@ -465,8 +465,11 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerC
   const std::string& weights = request->topk_weights().data();
   step.topk_ids.resize(ids.size() / 4);
   step.topk_weights.resize(weights.size() / 4);
-  if (!ids.empty()) std::memcpy(step.topk_ids.data(), ids.data(), step.topk_ids.size() * 4);
-  if (!weights.empty()) {
+  // Guarded on the destinations: 1-3 bytes resize them to 0 (memcpy of null is UB).
+  if (!step.topk_ids.empty()) {
+    std::memcpy(step.topk_ids.data(), ids.data(), step.topk_ids.size() * 4);
+  }
+  if (!step.topk_weights.empty()) {
     std::memcpy(step.topk_weights.data(), weights.data(), step.topk_weights.size() * 4);
   }
   const v1::DType dtype = request->hidden_states().dtype();

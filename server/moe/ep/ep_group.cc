@@ -632,8 +632,10 @@ absl::Status EpGroup::RunMoe(std::shared_ptr<const ExpertSet> set, MoeRunInput i
             m, state->out.topk_weights.data(), state->out.topk_ids.data()));
       }
     } else {
-      std::memcpy(state->out.topk_ids.data(), state->input.topk_ids.data(), m * k * 4);
-      std::memcpy(state->out.topk_weights.data(), state->input.topk_weights.data(), m * k * 4);
+      if (m > 0) {  // no tokens: empty vectors, whose null data() memcpy must not see
+        std::memcpy(state->out.topk_ids.data(), state->input.topk_ids.data(), m * k * 4);
+        std::memcpy(state->out.topk_weights.data(), state->input.topk_weights.data(), m * k * 4);
+      }
     }
   }
   EpMoeOptions options;
