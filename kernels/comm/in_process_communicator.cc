@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "absl/time/time.h"
 
 namespace kplan::comm {
@@ -45,13 +45,13 @@ InProcessGroup::InProcessGroup(int size, InProcessOptions options)
     : size_(size), options_(options), next_call_(size, 0), rank_aborted_(size), faults_(size) {}
 
 void InProcessGroup::InjectFault(int rank, absl::Status status, int after_calls) {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   if (rank < 0 || rank >= size_ || status.ok()) return;
   faults_[rank][next_call_[rank] + after_calls] = std::move(status);
 }
 
 void InProcessGroup::Abort(int by_rank, absl::string_view reason) {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   if (options_.abort_is_local && by_rank >= 0 && by_rank < size_) {
     if (rank_aborted_[by_rank].empty()) rank_aborted_[by_rank] = std::string(reason);
     if (rank_aborted_[by_rank].empty()) rank_aborted_[by_rank] = "aborted";
@@ -63,7 +63,7 @@ void InProcessGroup::Abort(int by_rank, absl::string_view reason) {
 }
 
 void InProcessGroup::Fail(absl::Status status) {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   FailLocked(std::move(status));
 }
 
@@ -74,12 +74,12 @@ absl::Status InProcessGroup::RankAbortedLocked(int rank, const std::string& sign
 }
 
 absl::Status InProcessGroup::failure() const {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   return failure_;
 }
 
 int64_t InProcessGroup::calls(int rank) const {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   return rank >= 0 && rank < size_ ? next_call_[rank] : 0;
 }
 
@@ -90,7 +90,7 @@ void InProcessGroup::FailLocked(absl::Status status) {
 
 absl::Status InProcessGroup::Run(int rank, const std::string& signature, const void* args,
                                  const Work& work) {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   const int64_t call = next_call_[rank]++;
   if (auto it = faults_[rank].find(call); it != faults_[rank].end()) {
     absl::Status injected = std::move(it->second);

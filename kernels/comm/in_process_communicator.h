@@ -28,7 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "kernels/comm/communicator.h"
 
 namespace kplan::comm {
@@ -99,8 +99,8 @@ class InProcessGroup {
 
   const int size_;
   const InProcessOptions options_;
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // signalled on every arrival, finish and failure
+  mutable kplan::Mutex mu_;
+  kplan::CondVar cv_;  // signalled on every arrival, finish and failure
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> next_call_ ABSL_GUARDED_BY(mu_);  // per rank
   // Per rank: the abort reason, if any.

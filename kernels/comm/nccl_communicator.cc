@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "kernels/cuda/runtime/status.h"
 #include "base/status.h"
 
@@ -166,7 +166,7 @@ absl::Status NcclCommunicator::CheckUsable(absl::string_view what) const {
   if (!aborted_.load()) return absl::OkStatus();
   std::string reason;
   {
-    absl::MutexLock lock(&reason_mu_);
+    kplan::MutexLock lock(&reason_mu_);
     reason = abort_reason_;
   }
   return absl::AbortedError(absl::StrCat("NcclCommunicator rank ", rank_, ": ", what,
@@ -176,14 +176,14 @@ absl::Status NcclCommunicator::CheckUsable(absl::string_view what) const {
 
 void NcclCommunicator::AbortComm(absl::Status why) {
   {
-    absl::MutexLock lock(&reason_mu_);
+    kplan::MutexLock lock(&reason_mu_);
     if (abort_reason_.empty()) abort_reason_ = std::string(why.message());
   }
   bool expected = false;
   if (aborted_.compare_exchange_strong(expected, true)) {
     // Not while Wait() is inside an NCCL query on the rank's thread: it would
     // read a freed communicator. Wait sees aborted_ at its next poll.
-    absl::MutexLock lock(&poll_mu_);
+    kplan::MutexLock lock(&poll_mu_);
     DeviceGuard guard(device_);
     (void)ncclCommAbort(comm_);
   }
@@ -200,7 +200,7 @@ absl::Status NcclCommunicator::Wait(absl::string_view what) {
     absl::Status failure;
     {
       // One poll, never overlapping an abort from another thread.
-      absl::MutexLock lock(&poll_mu_);
+      kplan::MutexLock lock(&poll_mu_);
       if (aborted_.load()) return CheckUsable(what);
       const cudaError_t e = cudaStreamQuery(stream);
       if (e == cudaSuccess) return absl::OkStatus();

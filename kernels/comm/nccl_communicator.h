@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "kernels/comm/communicator.h"
 
 struct ncclComm;  // NCCL's opaque communicator (ncclComm_t is ncclComm*)
@@ -85,7 +85,7 @@ class NcclCommunicator final : public Communicator {
   const bool owns_stream_;
   const NcclOptions options_;
   std::atomic<bool> aborted_{false};
-  mutable absl::Mutex reason_mu_;
+  mutable kplan::Mutex reason_mu_;
   std::string abort_reason_ ABSL_GUARDED_BY(reason_mu_);  // the first abort's
   // Held by each poll of Wait() and by the abort: Abort may come from
   // another thread (the group's coordinator) while the rank's thread polls.
@@ -95,7 +95,7 @@ class NcclCommunicator final : public Communicator {
   // loops poll), so it must not wait for the enqueue to return.
   // It guards no member: comm_ is also used outside it on purpose (the
   // enqueues above), so the lock orders the queries and the abort instead.
-  absl::Mutex poll_mu_ ABSL_ACQUIRED_BEFORE(reason_mu_);  // Wait() checks the reason under it
+  kplan::Mutex poll_mu_ ABSL_ACQUIRED_BEFORE(reason_mu_);  // Wait() checks the reason under it
   // Device scratch for Barrier (one float).
   void* barrier_buffer_ = nullptr;
 };

@@ -386,7 +386,7 @@ IrRegistry::IrRegistry()
 
 absl::StatusOr<IrOp*> IrRegistry::RegisterOp(IrOpSpec spec) {
   if (absl::Status s = ValidateIrName(spec.name, "Op"); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   if (ops_.count(spec.name) > 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("Op '", spec.name, "' is already registered."));
@@ -417,32 +417,32 @@ absl::StatusOr<IrOp*> IrRegistry::RegisterOp(IrOpSpec spec) {
 }
 
 IrOp* IrRegistry::Find(absl::string_view name) {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   auto it = ops_.find(name);
   return it == ops_.end() ? nullptr : it->second.get();
 }
 
 const IrOp* IrRegistry::Find(absl::string_view name) const {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   auto it = ops_.find(name);
   return it == ops_.end() ? nullptr : it->second.get();
 }
 
 std::vector<std::string> IrRegistry::OpNames() const {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   return order_;
 }
 
 void IrRegistry::SetWarningSink(WarningSink sink) {
   auto shared = std::make_shared<WarningSink>(std::move(sink));
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   sink_ = std::move(shared);
 }
 
 void IrRegistry::Warn(const std::string& text, std::vector<std::string>* collected) const {
   std::shared_ptr<WarningSink> sink;
   {
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     sink = sink_;
   }
   if (collected != nullptr) collected->push_back(text);
@@ -451,7 +451,7 @@ void IrRegistry::Warn(const std::string& text, std::vector<std::string>* collect
 
 void IrRegistry::WarnOnce(const std::string& text, std::vector<std::string>* collected) const {
   {
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     if (!warned_.emplace(text, true).second) return;
   }
   Warn(text, collected);

@@ -30,7 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "server/ir/tensor.h"
@@ -296,7 +296,7 @@ class IrRegistry {
   void WarnOnce(const std::string& text, std::vector<std::string>* collected) const;
 
  private:
-  mutable absl::Mutex mu_;
+  mutable kplan::Mutex mu_;
   std::map<std::string, std::unique_ptr<IrOp>, std::less<>> ops_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<WarningSink> sink_ ABSL_GUARDED_BY(mu_);

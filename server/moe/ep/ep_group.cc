@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "absl/time/clock.h"
 #include "kernels/comm/in_process_communicator.h"
 #include "base/status.h"
@@ -69,14 +69,14 @@ class CpuEpRanks final : public EpRankKind {
     options.timeout =
         std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(comm_timeout)));
     KPLAN_ASSIGN_OR_RETURN(auto comms, comm::InProcessGroup::Create(size_, options));
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     pending_ = std::move(comms);
     group_ = &pending_[0]->group();
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::unique_ptr<comm::Communicator>> JoinCommunicator(int rank) override {
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     if (rank < 0 || rank >= static_cast<int>(pending_.size()) || pending_[rank] == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("no communicator waiting for rank ", rank));
     }
@@ -119,7 +119,7 @@ class CpuEpRanks final : public EpRankKind {
   }
 
   bool InjectFault(int rank, absl::Status status, int after_calls) override {
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     if (group_ == nullptr) return false;
     group_->InjectFault(rank, std::move(status), after_calls);
     return true;
@@ -127,7 +127,7 @@ class CpuEpRanks final : public EpRankKind {
 
  private:
   const int size_;
-  absl::Mutex mu_;
+  kplan::Mutex mu_;
   std::vector<std::unique_ptr<comm::InProcessCommunicator>> pending_ ABSL_GUARDED_BY(mu_);
   // The newest group, for fault injection. Its communicators (which own it)
   // stay alive in pending_ or with their ranks until the next
@@ -207,7 +207,7 @@ absl::StatusOr<std::unique_ptr<EpGroup>> EpGroup::Create(std::unique_ptr<EpRankK
   // The first communicators now, so a broken setup fails at start-up.
   KPLAN_RETURN_IF_ERROR(group->kind_->NewCommunicators(options.comm_timeout));
   {
-    absl::MutexLock lock(&group->mu_);  // no other thread yet; for the analysis
+    kplan::MutexLock lock(&group->mu_);  // no other thread yet; for the analysis
     group->generation_ = 1;
     group->needs_rebuild_ = false;
   }
@@ -220,7 +220,7 @@ absl::StatusOr<std::unique_ptr<EpGroup>> EpGroup::Create(std::unique_ptr<EpRankK
 
 EpGroup::~EpGroup() {
   {
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     stopping_ = true;
   }
   cv_.SignalAll();
@@ -235,12 +235,12 @@ std::vector<std::string> EpGroup::Devices() const {
 }
 
 int64_t EpGroup::generation() const {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   return generation_;
 }
 
 void EpGroup::Invalidate() {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   needs_rebuild_ = true;
 }
 
@@ -257,7 +257,7 @@ absl::Status EpGroup::Submit(RankWork work, StepDone done, EpStepComm comm,
   step->limits = std::move(limits);
   step->submitted = absl::Now();
   {
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the expert-parallel group is stopping");
     if (queue_.size() >= options_.max_queue_depth) {
       return absl::ResourceExhaustedError(
@@ -296,7 +296,7 @@ void EpGroup::AbortAllLocked(absl::string_view reason) {
 }
 
 void EpGroup::CoordinatorLoop() {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   for (;;) {
     while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
     if (queue_.empty()) {  // stopping, nothing left
@@ -491,7 +491,7 @@ absl::Status EpGroup::Combine(const Step& step) const {
 
 void EpGroup::RankLoop(int rank) {
   int64_t last_seq = 0;
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   for (;;) {
     while (!((current_ != nullptr && current_->seq > last_seq) || coordinator_done_)) {
       cv_.Wait(&mu_);

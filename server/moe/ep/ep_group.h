@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/comm/communicator.h"
 #include "server/moe/ep/ep_dispatch.h"
@@ -253,8 +253,8 @@ class EpGroup {
   const EpGroupOptions options_;
   const int size_;
 
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // signalled on every change of the state below
+  mutable kplan::Mutex mu_;
+  kplan::CondVar cv_;  // signalled on every change of the state below
   std::deque<std::shared_ptr<Step>> queue_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Step> current_ ABSL_GUARDED_BY(mu_);  // the published step
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;

@@ -11,7 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "kernels/comm/nccl_communicator.h"
 #include "kernels/cuda/runtime/status.h"
 #include "base/status.h"
@@ -53,7 +53,7 @@ class GpuEpRanks final : public EpRankKind {
 
   absl::Status NewCommunicators(absl::Duration comm_timeout) override {
     KPLAN_ASSIGN_OR_RETURN(std::string id, comm::NcclCommunicator::CreateUniqueId());
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     unique_id_ = std::move(id);
     timeout_ = comm_timeout;
     return absl::OkStatus();
@@ -63,7 +63,7 @@ class GpuEpRanks final : public EpRankKind {
     std::string id;
     comm::NcclOptions options;
     {
-      absl::MutexLock lock(&mu_);
+      kplan::MutexLock lock(&mu_);
       id = unique_id_;
       options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout_));
     }
@@ -112,7 +112,7 @@ class GpuEpRanks final : public EpRankKind {
  private:
   const std::vector<int> devices_;
   std::vector<std::unique_ptr<GpuEpWorkspace>> workspaces_;
-  absl::Mutex mu_;
+  kplan::Mutex mu_;
   std::string unique_id_ ABSL_GUARDED_BY(mu_);
   absl::Duration timeout_ ABSL_GUARDED_BY(mu_) = absl::Seconds(30);
 };

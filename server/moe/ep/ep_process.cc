@@ -110,7 +110,7 @@ class ProcessEpRanks final : public EpRankKind {
         comm_factory_(std::move(comm_factory)),
         id_source_(std::move(id_source)) {}
   ~ProcessEpRanks() override {
-    absl::MutexLock lock(&mu_);  // no other thread is left; for the analysis
+    kplan::MutexLock lock(&mu_);  // no other thread is left; for the analysis
     if (local_comm_ != nullptr) local_comm_->Abort(kStopping);
   }
 
@@ -124,7 +124,7 @@ class ProcessEpRanks final : public EpRankKind {
 
   absl::Status NewCommunicators(absl::Duration comm_timeout) override {
     KPLAN_ASSIGN_OR_RETURN(std::string id, id_source_());
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     group_id_ = std::move(id);
     ++generation_;
     timeout_ = comm_timeout;
@@ -133,14 +133,14 @@ class ProcessEpRanks final : public EpRankKind {
 
   absl::StatusOr<std::unique_ptr<comm::Communicator>> JoinCommunicator(int rank) override {
     if (rank != 0) {
-      absl::MutexLock lock(&mu_);
+      kplan::MutexLock lock(&mu_);
       return std::unique_ptr<comm::Communicator>(
           new RemoteRankCommunicator(rank, size_, generation_, remote_));
     }
     std::string id;
     absl::Duration timeout;
     {
-      absl::MutexLock lock(&mu_);
+      kplan::MutexLock lock(&mu_);
       id = group_id_;
       timeout = timeout_;
     }
@@ -149,7 +149,7 @@ class ProcessEpRanks final : public EpRankKind {
     std::shared_ptr<comm::Communicator> shared(std::move(comm));
     std::shared_ptr<comm::Communicator> old;
     {
-      absl::MutexLock lock(&mu_);
+      kplan::MutexLock lock(&mu_);
       old = std::exchange(local_comm_, shared);
     }
     if (old != nullptr) old->Abort(kReplaced);
@@ -170,7 +170,7 @@ class ProcessEpRanks final : public EpRankKind {
     EpForwardedStep step;
     step.experts_id = set.spec().experts_id;
     {
-      absl::MutexLock lock(&mu_);
+      kplan::MutexLock lock(&mu_);
       step.generation = generation_;
       step.group_id = group_id_;
     }
@@ -202,7 +202,7 @@ class ProcessEpRanks final : public EpRankKind {
       // Rank 0 may be waiting in a collective for this rank: stop it now.
       std::shared_ptr<comm::Communicator> local;
       {
-        absl::MutexLock lock(&mu_);
+        kplan::MutexLock lock(&mu_);
         local = local_comm_;
       }
       if (local != nullptr) {
@@ -215,7 +215,7 @@ class ProcessEpRanks final : public EpRankKind {
   }
 
   void CurrentId(std::string* id, int64_t* generation) const {
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     *id = group_id_;
     *generation = generation_;
   }
@@ -226,7 +226,7 @@ class ProcessEpRanks final : public EpRankKind {
   const std::shared_ptr<EpRemoteRanks> remote_;
   const EpCommFactory comm_factory_;
   const EpGroupIdSource id_source_;
-  mutable absl::Mutex mu_;
+  mutable kplan::Mutex mu_;
   std::string group_id_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration timeout_ ABSL_GUARDED_BY(mu_) = absl::Seconds(30);
@@ -284,30 +284,30 @@ EpPeerRank::EpPeerRank(std::unique_ptr<EpRankKind> local, int rank, int size,
 
 EpPeerRank::~EpPeerRank() {
   {
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     stopping_ = true;
   }
   cv_.SignalAll();
   thread_.join();
-  absl::MutexLock lock(&mu_);  // the peer's thread is gone; for the analysis
+  kplan::MutexLock lock(&mu_);  // the peer's thread is gone; for the analysis
   if (comm_ != nullptr) comm_->Abort(kStopping);
 }
 
 int64_t EpPeerRank::generation() const {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   return generation_;
 }
 
 void EpPeerRank::Post(std::function<void()> work) {
   {
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     queue_.push_back(std::move(work));
   }
   cv_.SignalAll();
 }
 
 void EpPeerRank::Loop() {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   for (;;) {
     while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
     if (queue_.empty()) return;
@@ -395,7 +395,7 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
   int64_t generation;
   bool have_comm;  // only this thread changes comm_
   {
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     generation = generation_;
     have_comm = comm_ != nullptr;
     if (step.generation <= abandoned_generation_) {
@@ -414,7 +414,7 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
   }
   if (step.generation > generation) {
     {
-      absl::MutexLock lock(&mu_);
+      kplan::MutexLock lock(&mu_);
       generation_ = step.generation;
     }
     // Join the new generation first and abort the old communicator after,
@@ -424,7 +424,7 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
     std::unique_ptr<comm::Communicator> old;
     bool abandoned = false;
     {
-      absl::MutexLock lock(&mu_);
+      kplan::MutexLock lock(&mu_);
       old = std::move(comm_);
       if (comm.ok()) {
         comm_ = std::move(*comm);
@@ -458,7 +458,7 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
   inputs.output = output.data();
   comm::Communicator* comm;  // only this thread replaces comm_, so it stays valid unlocked
   {
-    absl::MutexLock lock(&mu_);
+    kplan::MutexLock lock(&mu_);
     comm = comm_.get();
   }
   absl::Status st = local_->RunMoe(rank_, set, experts->experts(), experts->placement(),
@@ -467,7 +467,7 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
     comm->Abort(absl::StrCat("rank ", rank_, " failed: ", st.message()));
     std::unique_ptr<comm::Communicator> failed;
     {
-      absl::MutexLock lock(&mu_);
+      kplan::MutexLock lock(&mu_);
       failed = std::move(comm_);
     }
     return st;
@@ -476,7 +476,7 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
 }
 
 void EpPeerRank::AbortStep(int64_t generation, absl::string_view reason) {
-  absl::MutexLock lock(&mu_);
+  kplan::MutexLock lock(&mu_);
   abandoned_generation_ = std::max(abandoned_generation_, generation);
   if (comm_ != nullptr && comm_generation_ == generation) comm_->Abort(reason);
 }

@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "base/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/comm/communicator.h"
 #include "server/moe/ep/ep_group.h"
@@ -149,8 +149,8 @@ class EpPeerRank {
   const int rank_, size_;
   const EpCommFactory comm_factory_;
   const absl::Duration comm_timeout_;
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // signalled when work is posted or the peer stops
+  mutable kplan::Mutex mu_;
+  kplan::CondVar cv_;  // signalled when work is posted or the peer stops
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Only the peer's thread replaces the communicator, under mu_; AbortStep
