@@ -18,8 +18,6 @@ std::optional<int64_t> CheckedAdd(int64_t a, int64_t b) {
   return out;
 }
 
-namespace {
-
 std::string ShapeText(absl::Span<const int64_t> shape) {
   if (shape.size() > static_cast<size_t>(kMaxTensorDims)) {
     return absl::StrCat("[", absl::StrJoin(shape.subspan(0, kMaxTensorDims), ", "), ", ... (",
@@ -28,7 +26,6 @@ std::string ShapeText(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-}  // namespace
 
 absl::StatusOr<int64_t> ShapeElements(absl::Span<const int64_t> shape, absl::string_view field,
                                       const ShapeLimits& limits) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -36,6 +37,10 @@ struct ShapeLimits {
 // "<field>.shape" otherwise (RESOURCE_EXHAUSTED is for budgets, not shapes).
 absl::StatusOr<int64_t> ShapeElements(absl::Span<const int64_t> shape, absl::string_view field,
                                       const ShapeLimits& limits = {});
+
+// "[2, 3]"; past kMaxTensorDims dims "[..., ... (N dims)]", so a client's
+// shape never makes a text long.
+std::string ShapeText(absl::Span<const int64_t> shape);
 
 // ShapeElements times `element_bytes`, checked against limits.max_bytes.
 absl::StatusOr<int64_t> ShapeBytes(absl::Span<const int64_t> shape, int64_t element_bytes,

@@ -3,19 +3,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "base/checked_size.h"
 #include "base/client_text.h"
 #include "base/status.h"
 #include "server/moe/model_files.h"
 #include "server/moe/safetensors.h"
 
 namespace kplan {
-namespace {
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-}  // namespace
 
 ExpertsLoader::ExpertsLoader(ExpertsSpec spec)
     : spec_(std::move(spec)), expected_(ExpectedTensors(spec_)) {
@@ -49,7 +43,7 @@ absl::Status ExpertsLoader::AddChunk(const std::string& name, const std::string&
     if (shape != spec->shape) {
       return InvalidField(field + ".shape",
                           absl::StrCat("tensor '", name, "' must have shape ",
-                                       ShapeString(spec->shape), ", got ", ShapeString(shape)));
+                                       ShapeText(spec->shape), ", got ", ShapeText(shape)));
     }
     it = tensors_.emplace(name, std::string()).first;
     it->second.reserve(spec->bytes());
@@ -142,9 +136,9 @@ class SafetensorsFile {
     const SafetensorsEntry& e = it->second;
     if (e.dtype != dtype || e.shape != shape) {
       return InvalidField("safetensors", absl::StrCat("tensor '", ClientText(name), "' is ",
-                                                      e.dtype, " ", ShapeString(e.shape),
+                                                      e.dtype, " ", ShapeText(e.shape),
                                                       ", expected ", dtype, " ",
-                                                      ShapeString(shape)));
+                                                      ShapeText(shape)));
     }
     const int64_t n = e.end - e.begin;  // the bytes of dtype x shape, checked by the parser
     const size_t at = out.size();

@@ -100,15 +100,6 @@ absl::Status ExpertStore::Commit(Reservation& reservation, std::shared_ptr<const
   return absl::OkStatus();
 }
 
-absl::Status ExpertStore::Add(std::shared_ptr<const ExpertSet> set) {
-  std::lock_guard<std::mutex> lock(mu_);
-  KPLAN_RETURN_IF_ERROR(CheckIdLocked(set->spec().experts_id));
-  KPLAN_RETURN_IF_ERROR(CheckBytesLocked(set->bytes()));
-  bytes_ += set->bytes();
-  sets_[set->spec().experts_id] = std::move(set);
-  return absl::OkStatus();
-}
-
 int64_t ExpertStore::bytes_in_use() const {
   std::lock_guard<std::mutex> lock(mu_);
   return bytes_ + reserved_ + DrainingBytesLocked();

@@ -59,8 +59,6 @@ class ExpertStore {
   // bytes may differ from the reservation's (checked against the budget
   // again). The reservation is consumed on success and kept on error.
   absl::Status Commit(Reservation& reservation, std::shared_ptr<const ExpertSet> set);
-  // Adds a set without a reservation (checks id and budget).
-  absl::Status Add(std::shared_ptr<const ExpertSet> set);
   absl::StatusOr<std::shared_ptr<const ExpertSet>> Get(const std::string& id) const;
   // The bytes freed; NOT_FOUND for an unknown id.
   absl::StatusOr<int64_t> Remove(const std::string& id);

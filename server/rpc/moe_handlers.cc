@@ -96,6 +96,10 @@ void FillInfo(const ExpertSet& set, v1::ExpertsInfo* out) {
 //
 // Messages arrive as raw bytes (raw_service.h) and are parsed here: a message
 // that does not parse ends the load with INVALID_ARGUMENT naming its index.
+absl::Status LoadCancelled() {
+  return absl::CancelledError("the client cancelled LoadExperts; nothing was loaded");
+}
+
 class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   LoadExpertsReactor(const ServerEnvironment& env, grpc::CallbackServerContext* context,
@@ -120,7 +124,7 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
       std::lock_guard<std::mutex> lock(mu_);
       if (finished_) return;
       if (context_->IsCancelled()) {
-        FinishLocked(absl::CancelledError("the client cancelled LoadExperts; nothing was loaded"));
+        FinishLocked(LoadCancelled());
         return;
       }
       CommitLocked();
@@ -156,7 +160,7 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
 
   void OnCancel() override {
     std::lock_guard<std::mutex> lock(mu_);
-    FinishLocked(absl::CancelledError("the client cancelled LoadExperts; nothing was loaded"));
+    FinishLocked(LoadCancelled());
   }
 
   void OnDone() override {
@@ -388,7 +392,7 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   void StoreLocked(std::shared_ptr<const ExpertSet> set) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     if (context_->IsCancelled()) {
-      FinishLocked(absl::CancelledError("the client cancelled LoadExperts; nothing was loaded"));
+      FinishLocked(LoadCancelled());
       return;
     }
     if (absl::Now() >= call_.deadline()) {
