@@ -1,5 +1,6 @@
 #include "server/moe/expert_loader.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -104,9 +105,11 @@ const char* SafetensorsDType(moe::MoeDType d) {
 // exactly its dtype and shape.
 class SafetensorsFile {
  public:
-  absl::Status Open(const std::string& path, absl::Span<const std::string> model_roots) {
+  // `name` is how errors call the file (the client's path, escaped).
+  absl::Status Open(const std::string& path, absl::Span<const std::string> model_roots,
+                    std::string name) {
     KPLAN_ASSIGN_OR_RETURN(file_, OpenModelFile(path, model_roots, "safetensors.path"));
-    name_ = ClientText(path);
+    name_ = std::move(name);
     char prefix[8] = {};
     const size_t have = file_.size() >= 8 ? 8 : 0;
     if (have > 0) KPLAN_RETURN_IF_ERROR(Content(file_.ReadAt(0, 8, prefix)));
@@ -161,6 +164,68 @@ class SafetensorsFile {
   SafetensorsHeader header_;
 };
 
+// What `safetensors.path` names: one file, or a sharded checkpoint's index
+// (a path ending in ".index.json", e.g. model.safetensors.index.json) whose
+// shards sit beside it, each opened under the model roots when a tensor of
+// it is first read.
+class SafetensorsCheckpoint {
+ public:
+  absl::Status Open(const std::string& path, absl::Span<const std::string> model_roots) {
+    roots_.assign(model_roots.begin(), model_roots.end());
+    name_ = ClientText(path);
+    if (!absl::EndsWith(path, ".index.json")) return single_.Open(path, roots_, name_);
+    KPLAN_ASSIGN_OR_RETURN(ModelFile file, OpenModelFile(path, roots_, "safetensors.path"));
+    if (file.size() > kMaxSafetensorsIndexBytes) {
+      return InvalidField("safetensors.path",
+                          absl::StrCat(name_, ": an index of ", file.size(),
+                                       " bytes is over the limit of ", kMaxSafetensorsIndexBytes));
+    }
+    std::string text(static_cast<size_t>(file.size()), '\0');
+    absl::StatusOr<SafetensorsIndex> index = [&]() -> absl::StatusOr<SafetensorsIndex> {
+      KPLAN_RETURN_IF_ERROR(file.ReadAt(0, file.size(), text.data()));
+      return ParseSafetensorsIndex(text);
+    }();
+    if (!index.ok()) {
+      return WithField(absl::Status(index.status().code(),
+                                    absl::StrCat(name_, ": ", index.status().message())),
+                       "safetensors.path");
+    }
+    index_ = *std::move(index);
+    // The canonical path's directory: the shards resolve beside the index
+    // file itself, and OpenModelFile checks each against the roots again.
+    directory_ = file.path().substr(0, file.path().rfind('/'));
+    sharded_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status Read(const std::string& name, const char* dtype, const std::vector<int64_t>& shape,
+                    std::string& out) {
+    if (!sharded_) return single_.Read(name, dtype, shape, out);
+    auto it = index_.weight_map.find(name);
+    if (it == index_.weight_map.end()) {
+      return InvalidField("safetensors",
+                          absl::StrCat(name_, " has no tensor '", ClientText(name), "'"));
+    }
+    std::unique_ptr<SafetensorsFile>& shard = shards_[it->second];
+    if (shard == nullptr) {
+      auto opened = std::make_unique<SafetensorsFile>();
+      KPLAN_RETURN_IF_ERROR(opened->Open(absl::StrCat(directory_, "/", it->second), roots_,
+                                         absl::StrCat(name_, " shard ", ClientText(it->second))));
+      shard = std::move(opened);
+    }
+    return shard->Read(name, dtype, shape, out);
+  }
+
+ private:
+  std::vector<std::string> roots_;
+  std::string name_;
+  bool sharded_ = false;
+  SafetensorsFile single_;
+  SafetensorsIndex index_;
+  std::string directory_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> shards_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(
@@ -171,7 +236,7 @@ absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(
                                        "weights without biases; send quantised experts inline");
   }
   const char* dtype = SafetensorsDType(spec.dtype);
-  SafetensorsFile file;
+  SafetensorsCheckpoint file;
   KPLAN_RETURN_IF_ERROR(file.Open(path, model_roots));
   const int64_t e = spec.num_experts, h = spec.hidden, i = spec.intermediate;
   const bool gated = moe::IsGated(*moe::ParseMoeActivation(spec.activation));
