@@ -11,6 +11,7 @@
 #include "nlohmann/json.hpp"
 #include "base/checked_size.h"
 #include "base/client_text.h"
+#include "base/status.h"
 
 namespace kplan {
 
@@ -328,6 +329,28 @@ class HeaderSax {
   SafetensorsHeader header_;
 };
 
+// Runs a schema-checking SAX handler over `text` (`what` names it in
+// errors). strict: nothing but whitespace after the object. The handler
+// reports every error itself; the library only throws std::bad_alloc.
+template <typename Sax>
+absl::Status RunSax(absl::string_view text, Sax& sax, absl::string_view what) {
+  try {
+    if (!nlohmann::json::sax_parse(text.begin(), text.end(), &sax,
+                                   nlohmann::json::input_format_t::json,
+                                   /*strict=*/true, /*ignore_comments=*/false)) {
+      return sax.error();
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory parsing the ", what));
+  } catch (const std::exception&) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON"));
+  }
+  if (!sax.done()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a complete JSON object"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view header_json,
@@ -339,19 +362,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view heade
   }
   if (data_bytes < 0) return absl::InvalidArgumentError("the data section has a negative size");
   HeaderSax sax(data_bytes);
-  try {
-    // strict: nothing but whitespace after the object. The handler reports
-    // every error itself; the library only throws std::bad_alloc.
-    const bool ok = nlohmann::json::sax_parse(header_json.begin(), header_json.end(), &sax,
-                                              nlohmann::json::input_format_t::json,
-                                              /*strict=*/true, /*ignore_comments=*/false);
-    if (!ok) return sax.error();
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("out of memory parsing the header");
-  } catch (const std::exception&) {
-    return absl::InvalidArgumentError("header is not valid JSON");
-  }
-  if (!sax.done()) return absl::InvalidArgumentError("header is not a complete JSON object");
+  KPLAN_RETURN_IF_ERROR(RunSax(header_json, sax, "header"));
   return sax.Take();
 }
 
@@ -507,17 +518,7 @@ absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view index_j
                                                    kMaxSafetensorsIndexBytes));
   }
   IndexSax sax;
-  try {
-    const bool ok = nlohmann::json::sax_parse(index_json.begin(), index_json.end(), &sax,
-                                              nlohmann::json::input_format_t::json,
-                                              /*strict=*/true, /*ignore_comments=*/false);
-    if (!ok) return sax.error();
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("out of memory parsing the index");
-  } catch (const std::exception&) {
-    return absl::InvalidArgumentError("index is not valid JSON");
-  }
-  if (!sax.done()) return absl::InvalidArgumentError("index is not a complete JSON object");
+  KPLAN_RETURN_IF_ERROR(RunSax(index_json, sax, "index"));
   return sax.Take();
 }
 
