@@ -20,6 +20,7 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
 
 Metrics::Metrics(const BuildLabels& build)
     : registry_(std::make_shared<prometheus::Registry>()),
+      process_(std::make_shared<ProcessCollector>()),
       requests_(prometheus::BuildCounter()
                     .Name("kplan_requests_total")
                     .Help("Finished RPCs by method and gRPC status code")
@@ -73,6 +74,7 @@ absl::Status Metrics::Serve(const std::string& address) {
                      "metrics_listen");
   }
   exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(process_);
   return absl::OkStatus();
 }
 
@@ -114,7 +116,9 @@ void Metrics::SetDeviceMemoryUsed(const std::string& device, double bytes) {
 }
 
 std::string Metrics::Render() const {
-  return prometheus::TextSerializer().Serialize(registry_->Collect());
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& f : process_->Collect()) families.push_back(std::move(f));
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace kplan::rpc

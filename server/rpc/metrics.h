@@ -1,7 +1,7 @@
 // Prometheus metrics of the server, exposed on their own port (prometheus-cpp
 // pull exposer): requests by RPC and status code, latency histograms (total,
 // queue and device time apart), in-flight requests, experts held per device,
-// device memory in use, build info. Names follow Prometheus conventions
+// device memory in use, build info, and the standard process_* families. Names follow Prometheus conventions
 // (base units, _total for counters).
 #pragma once
 
@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/rpc/process_metrics.h"
 
 namespace kplan::rpc {
 
@@ -54,6 +55,7 @@ class Metrics {
                                       const std::string& method);
 
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<ProcessCollector> process_;  // process_* families, read at each scrape
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Histogram>& queue_;
