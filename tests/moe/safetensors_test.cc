@@ -21,6 +21,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
 #include "server/moe/expert_loader.h"
@@ -221,6 +223,25 @@ SafetensorsNames Stacked() {
   n.w13 = "w13";
   n.w2 = "w2";
   return n;
+}
+
+// Large loads log every tenth of their bytes; small ones stay quiet.
+TEST(LoadProgressTest, LogsEachTenthOfALargeLoad) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  spdlog::default_logger()->sinks().push_back(sink);
+  {
+    LoadProgress small("small", 1 << 20);
+    small.Add(1 << 20);
+    LoadProgress large("big-set", int64_t{100} << 20);
+    for (int i = 0; i < 40; ++i) large.Add(int64_t{5} << 19);  // 2.5 MiB each, 100 MiB in all
+  }
+  spdlog::default_logger()->sinks().pop_back();
+  const std::vector<std::string> lines = sink->last_formatted();
+  ASSERT_EQ(lines.size(), 10u);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_THAT(lines[i], HasSubstr(absl::StrCat("LoadExperts 'big-set': ", (i + 1) * 10, "% (",
+                                                 (i + 1) * 10, " MiB of 100 MiB)")));
+  }
 }
 
 TEST(SafetensorsIndexTest, ParsesHuggingFacesIndex) {
