@@ -419,6 +419,7 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   health->SetServingStatus("", true);
   // Readiness waits for the preloaded sets (below); liveness does not.
   health->SetServingStatus(kReadinessService, preload.empty());
+  if (server->metrics_) server->metrics_->SetReady(preload.empty());
   spdlog::info("kplan-server {} listening on {} (port {}{}{}); platform: {}; {} device(s)",
                KPLAN_VERSION, options.listen_address, server->port_,
                options.tls_cert_file.empty() ? "" : ", TLS",
@@ -457,6 +458,7 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
                                   preload, server->environment_.auth_token,
                                   options.preload_timeout));
     health->SetServingStatus(kReadinessService, true);
+    if (server->metrics_) server->metrics_->SetReady(true);
   }
   if (server->metrics_) {
     spdlog::info("metrics on {} (port {})", options.metrics_listen, server->metrics_->port());
@@ -495,6 +497,7 @@ void KplanServer::Shutdown(absl::Duration timeout) {
   shut_down_ = true;
   // NOT_SERVING first, so load balancers stop routing here while we drain.
   server_->GetHealthCheckService()->Shutdown();
+  if (metrics_) metrics_->SetReady(false);
   spdlog::info("draining: waiting up to {} for in-flight calls", absl::FormatDuration(timeout));
   server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));
   server_->Wait();

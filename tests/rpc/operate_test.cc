@@ -342,6 +342,24 @@ TEST(MetricsTest, ScrapeShowsRequestsByCodeLatencyAndBuild) {
   EXPECT_THAT(page, HasSubstr("kplan_experts_loaded{device=\"cpu\"} 0"));
 }
 
+// HTTP probes on the metrics port: /healthz while the process serves,
+// /readyz with the readiness health service (503 once draining).
+TEST(MetricsTest, HealthzAndReadyzOnTheMetricsPort) {
+  ServerOptions options;
+  options.metrics_listen = "127.0.0.1:0";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const int port = server->metrics_port();
+  EXPECT_THAT(HttpGet(port, "/healthz"), HasSubstr("200 OK"));
+  EXPECT_THAT(HttpGet(port, "/readyz"), HasSubstr("200 OK"));
+  EXPECT_THAT(HttpGet(port, "/metrics"), HasSubstr("kplan_build_info{"));  // still the exposer's
+  server->Shutdown(absl::ZeroDuration());
+  const std::string ready = HttpGet(port, "/readyz");
+  EXPECT_THAT(ready, HasSubstr("503 Service Unavailable"));
+  EXPECT_THAT(ready, HasSubstr("not ready"));
+  EXPECT_THAT(HttpGet(port, "/healthz"), HasSubstr("200 OK"));
+}
+
 // The standard process_* families, with this process's own values.
 TEST(MetricsTest, ScrapeShowsProcessMetrics) {
   ServerOptions options;
