@@ -76,7 +76,12 @@ struct WsParams {
   const float* bias;
   int64_t numel, N, K;
   int a_row_div, num_local_experts, block_m;
+  int flags;  // kWsFlag*: measurement variants
 };
+
+// Measurement only (KPLAN_MOE_WS_DEBUG=1): skip the epilogue's stores, to
+// time the tile boundary. Never set by the layer.
+constexpr int kWsFlagNoStore = 1;
 
 // --- PTX helpers ------------------------------------------------------------
 
@@ -119,6 +124,25 @@ __device__ __forceinline__ void SetMaxNRegDec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
 }
 
+
+// Two values rounded to T, packed as one 4-byte word (first value low).
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+  T v[2] = {FromFloat<T>(lo), FromFloat<T>(hi)};
+  uint32_t u;
+  memcpy(&u, v, 4);
+  return u;
+}
+// a[i] / a[i] = v for a run-time i in [0, 4), without indexing the array.
+__device__ __forceinline__ uint32_t Pick4(const uint32_t (&a)[4], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
+}
+__device__ __forceinline__ void Put4(uint32_t (&a)[4], int i, uint32_t v) {
+  a[0] = i == 0 ? v : a[0];
+  a[1] = i == 1 ? v : a[1];
+  a[2] = i == 2 ? v : a[2];
+  a[3] = i == 3 ? v : a[3];
+}
 
 struct TileInfo {
   int64_t tt, n0;
@@ -232,54 +256,89 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (ti.empty) continue;
     const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
     const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
+    // A 64-slot half made only of padding (slots come first in a block)
+    // takes its stages without multiplying: the other half runs alone.
+    const int32_t h0 = p.sorted[ti.tt * kWsTileT + cw * 64];
+    const bool live = ti.local && h0 >= 0 && h0 < p.numel;
     if (ti.local) {
       int prev = -1;
       for (int kt = 0; kt < nk; ++kt) {
         MbarWait(full0 + 8 * stage, phase);
-        FenceProxyAsync();  // cp.async wrote through the generic proxy; wgmma reads async
-        const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes;
-        WgmmaFence();
+        if (live) {
+          FenceProxyAsync();  // cp.async wrote through the generic proxy; wgmma reads async
+          const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes;
+          WgmmaFence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          Wgmma<kWsTileN, T>::Run(acc, Desc(t_s + cw * 64 * 128 + kk * 32), Desc(w_s + kk * 32),
-                                  kt > 0 || kk > 0);
+          for (int kk = 0; kk < 4; ++kk) {
+            Wgmma<kWsTileN, T>::Run(acc, Desc(t_s + cw * 64 * 128 + kk * 32), Desc(w_s + kk * 32),
+                                    kt > 0 || kk > 0);
+          }
+          WgmmaCommit();
+          WgmmaWait<1>();
+          if (prev >= 0 && lane == 0) MbarArrive(empty0 + 8 * prev);
+          prev = stage;
+        } else if (lane == 0) {
+          MbarArrive(empty0 + 8 * stage);
         }
-        WgmmaCommit();
-        WgmmaWait<1>();
-        if (prev >= 0 && lane == 0) MbarArrive(empty0 + 8 * prev);
-        prev = stage;
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
         }
       }
-      WgmmaWait<0>();
-      if (lane == 0) MbarArrive(empty0 + 8 * prev);
+      if (live) {
+        WgmmaWait<0>();
+        if (lane == 0) MbarArrive(empty0 + 8 * prev);
+      }
     }
-    // Epilogue: register i holds row r0 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (lane % 4) + i % 2.
+    if (!live && ti.local) continue;  // nothing of this half to store
+    if (p.flags & kWsFlagNoStore) continue;
+    // Epilogue. Register i holds row r0 + 8 ((i / 2) % 2), column 8 (i / 4) +
+    // 2 (lane % 4) + i % 2: a quad holds 8 adjacent columns of a row in four
+    // 4-byte pieces. Per 32 columns (j = 4m .. 4m + 3) a 4 x 4 transpose in
+    // the quad gives lane q the 8 columns of j = 4m + q: one 16-byte store.
     const float* bias =
         ti.local && p.bias != nullptr ? p.bias + static_cast<int64_t>(ti.e) * N : nullptr;
     const bool ok0 = s0 >= 0 && s0 < p.numel, ok1 = s1 >= 0 && s1 < p.numel;
+    const int q = lane & 3;
 #pragma unroll
-    for (int j = 0; j < kWsTileN / 8; ++j) {
-      const int64_t n = ti.n0 + 8 * j + 2 * (lane & 3);
-      if (n >= N) continue;
-      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (ti.local) {
+    for (int m = 0; m < kWsTileN / 32; ++m) {
+      uint32_t pa[4], pb[4];  // rows r0, r0 + 8: the pieces of j = 4m .. 4m + 3
 #pragma unroll
-        for (int q = 0; q < 4; ++q) v[q] = ToFloat(FromFloat<T>(acc[4 * j + q]));
-        if (bias != nullptr) {
-          const float b0 = ToFloat(FromFloat<T>(bias[n])), b1 = ToFloat(FromFloat<T>(bias[n + 1]));
-          v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = 4 * m + jj;
+        const int64_t n = ti.n0 + 8 * j + 2 * q;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (ti.local) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) v[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
+          if (bias != nullptr && n < N) {
+            const float b0 = ToFloat(FromFloat<T>(bias[n])), b1 = ToFloat(FromFloat<T>(bias[n + 1]));
+            v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
+          }
         }
+        pa[jj] = Pack2<T>(v[0], v[1]);
+        pb[jj] = Pack2<T>(v[2], v[3]);
       }
-      T pr0[2] = {FromFloat<T>(v[0]), FromFloat<T>(v[1])};
-      T pr1[2] = {FromFloat<T>(v[2]), FromFloat<T>(v[3])};
-      uint32_t u0, u1;
-      memcpy(&u0, pr0, 4);
-      memcpy(&u1, pr1, 4);
-      if (ok0) *reinterpret_cast<uint32_t*>(Cg + static_cast<int64_t>(s0) * N + n) = u0;
-      if (ok1) *reinterpret_cast<uint32_t*>(Cg + static_cast<int64_t>(s1) * N + n) = u1;
+      uint32_t oa[4], ob[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // Round i: send piece (q - i) & 3, receive lane (q + i) & 3's piece of j = 4m + q.
+        const int send = (q - i) & 3, from = (q + i) & 3;
+        const uint32_t ra = __shfl_sync(0xffffffffu, Pick4(pa, send), (lane & ~3) | from);
+        const uint32_t rb = __shfl_sync(0xffffffffu, Pick4(pb, send), (lane & ~3) | from);
+        Put4(oa, from, ra);
+        Put4(ob, from, rb);
+      }
+      const int64_t n = ti.n0 + 8 * (4 * m + q);
+      if (n >= N) continue;
+      if (ok0) {
+        *reinterpret_cast<uint4*>(Cg + static_cast<int64_t>(s0) * N + n) =
+            make_uint4(oa[0], oa[1], oa[2], oa[3]);
+      }
+      if (ok1) {
+        *reinterpret_cast<uint4*>(Cg + static_cast<int64_t>(s1) * N + n) =
+            make_uint4(ob[0], ob[1], ob[2], ob[3]);
+      }
     }
   }
 }
@@ -312,6 +371,21 @@ absl::Status GetEncodeTiled(EncodeTiledFn* out) {
 }
 
 std::atomic<int> g_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+// Measurement knobs of moe_bench: KPLAN_MOE_WS_DEBUG (kWsFlag* bits) and
+// KPLAN_MOE_WS_GROUP (token tiles per group, default kWsGroup).
+int DebugFlags() {
+  static const int flags = EnvInt("KPLAN_MOE_WS_DEBUG", 0);
+  return flags;
+}
+int GroupSize() {
+  static const int group = EnvInt("KPLAN_MOE_WS_GROUP", ws::kWsGroup);
+  return group;
+}
 
 template <typename T>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
@@ -347,10 +421,10 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
     return absl::InternalError("moe_grouped_gemm_ws: cuTensorMapEncodeTiled failed (" +
                                std::to_string(static_cast<int>(r)) + ")");
   }
-  const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms),
+  const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, GroupSize()),
                    g.sorted_token_ids, g.expert_ids, g.num_tokens_post_padded,
                    g.a, g.c, g.bias, g.numel, g.N, g.K, g.a_row_div, g.num_local_experts,
-                   g.block_m};
+                   g.block_m, DebugFlags()};
   if (p.sched.grid <= 0) return absl::OkStatus();
   KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsGroupedGemmKernel<T>, dim3(p.sched.grid),
                                                dim3(kThreads), kSmemBytes, stream, map, p));
