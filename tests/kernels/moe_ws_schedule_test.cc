@@ -20,8 +20,12 @@ TEST(MoeWsSchedule, CountsAndGrid) {
   WsSchedule s = MakeWsSchedule(40, 256, 28672, 132);
   EXPECT_EQ(s.token_tiles, 80);
   EXPECT_EQ(s.n_tiles, 112);
-  EXPECT_EQ(s.group, kWsGroup);
+  EXPECT_EQ(s.group, kWsGroup);  // 112 weight-row tiles: token tiles grouped
   EXPECT_EQ(s.grid, 132);
+  // Mixtral GEMM 2 (N 4096: 16 row tiles, 16 x 8 <= 132): weight-row tile fast.
+  EXPECT_EQ(MakeWsSchedule(40, 256, 4096, 132).group, 1);
+  EXPECT_EQ(MakeWsSchedule(40, 256, 4352, 132).group, kWsGroup);  // 17 row tiles
+  EXPECT_EQ(MakeWsSchedule(40, 256, 4096, 132, 8).group, 8);      // explicit
   EXPECT_EQ(WsTotalTiles(s), 80 * 112);
   // Block 128: one token tile per block; N not a multiple of the tile.
   s = MakeWsSchedule(3, 128, 144, 132);
@@ -29,7 +33,7 @@ TEST(MoeWsSchedule, CountsAndGrid) {
   EXPECT_EQ(s.n_tiles, 1);
   EXPECT_EQ(s.grid, 3);  // fewer tiles than SMs: one CTA each
   EXPECT_EQ(MakeWsSchedule(0, 128, 4096, 132).grid, 0);
-  EXPECT_EQ(MakeWsSchedule(5, 128, 4096, 132, 0).group, 1);
+  EXPECT_EQ(MakeWsSchedule(5, 128, 4096, 132, -3).group, 1);
 }
 
 TEST(MoeWsSchedule, ClipToPostPadded) {
@@ -82,6 +86,7 @@ TEST(MoeWsSchedule, ConsecutiveCtasShareAWeightTile) {
   // The first `group` linear tiles are one weight-row tile over the group's
   // token tiles: CTAs launched together read that weight tile once from HBM.
   const WsSchedule s = MakeWsSchedule(40, 256, 28672, 132);
+  ASSERT_GT(s.group, 1);
   for (int64_t i = 0; i < s.group; ++i) {
     EXPECT_EQ(WsTileAt(s, i).n_tile, 0);
     EXPECT_EQ(WsTileAt(s, i).token_tile, i);

@@ -29,6 +29,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -79,9 +80,13 @@ struct WsParams {
   int flags;  // kWsFlag*: measurement variants
 };
 
-// Measurement only (KPLAN_MOE_WS_DEBUG=1): skip the epilogue's stores, to
-// time the tile boundary. Never set by the layer.
+// Measurement variants (KPLAN_MOE_WS_DEBUG bits), never set by the layer:
+// skip the epilogue's stores (times the tile boundary; output unwritten),
+// store the fragment's 4-byte pieces without the quad transpose, or leave
+// out the proxy fence (not a valid kernel: measures the fence's cost).
 constexpr int kWsFlagNoStore = 1;
+constexpr int kWsFlagStore4 = 2;
+constexpr int kWsFlagNoFence = 4;  // the consumers' proxy fence left out: timing only
 
 // --- PTX helpers ------------------------------------------------------------
 
@@ -256,41 +261,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (ti.empty) continue;
     const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
     const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
-    // A 64-slot half made only of padding (slots come first in a block)
-    // takes its stages without multiplying: the other half runs alone.
-    const int32_t h0 = p.sorted[ti.tt * kWsTileT + cw * 64];
-    const bool live = ti.local && h0 >= 0 && h0 < p.numel;
     if (ti.local) {
       int prev = -1;
       for (int kt = 0; kt < nk; ++kt) {
         MbarWait(full0 + 8 * stage, phase);
-        if (live) {
-          FenceProxyAsync();  // cp.async wrote through the generic proxy; wgmma reads async
-          const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes;
-          WgmmaFence();
+        // cp.async wrote through the generic proxy; wgmma reads through the async one.
+        if (!(p.flags & kWsFlagNoFence)) FenceProxyAsync();
+        const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes;
+        WgmmaFence();
 #pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {
-            Wgmma<kWsTileN, T>::Run(acc, Desc(t_s + cw * 64 * 128 + kk * 32), Desc(w_s + kk * 32),
-                                    kt > 0 || kk > 0);
-          }
-          WgmmaCommit();
-          WgmmaWait<1>();
-          if (prev >= 0 && lane == 0) MbarArrive(empty0 + 8 * prev);
-          prev = stage;
-        } else if (lane == 0) {
-          MbarArrive(empty0 + 8 * stage);
+        for (int kk = 0; kk < 4; ++kk) {
+          Wgmma<kWsTileN, T>::Run(acc, Desc(t_s + cw * 64 * 128 + kk * 32), Desc(w_s + kk * 32),
+                                  kt > 0 || kk > 0);
         }
+        WgmmaCommit();
+        WgmmaWait<1>();
+        if (prev >= 0 && lane == 0) MbarArrive(empty0 + 8 * prev);
+        prev = stage;
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
         }
       }
-      if (live) {
-        WgmmaWait<0>();
-        if (lane == 0) MbarArrive(empty0 + 8 * prev);
-      }
+      WgmmaWait<0>();
+      if (lane == 0) MbarArrive(empty0 + 8 * prev);
     }
-    if (!live && ti.local) continue;  // nothing of this half to store
     if (p.flags & kWsFlagNoStore) continue;
     // Epilogue. Register i holds row r0 + 8 ((i / 2) % 2), column 8 (i / 4) +
     // 2 (lane % 4) + i % 2: a quad holds 8 adjacent columns of a row in four
@@ -300,6 +295,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         ti.local && p.bias != nullptr ? p.bias + static_cast<int64_t>(ti.e) * N : nullptr;
     const bool ok0 = s0 >= 0 && s0 < p.numel, ok1 = s1 >= 0 && s1 < p.numel;
     const int q = lane & 3;
+    if (p.flags & kWsFlagStore4) {  // 4-byte pieces straight from the fragment
+#pragma unroll
+      for (int j = 0; j < kWsTileN / 8; ++j) {
+        const int64_t n = ti.n0 + 8 * j + 2 * q;
+        if (n >= N) continue;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (ti.local) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) v[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
+          if (bias != nullptr) {
+            const float b0 = ToFloat(FromFloat<T>(bias[n])), b1 = ToFloat(FromFloat<T>(bias[n + 1]));
+            v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
+          }
+        }
+        if (ok0) *reinterpret_cast<uint32_t*>(Cg + static_cast<int64_t>(s0) * N + n) = Pack2<T>(v[0], v[1]);
+        if (ok1) *reinterpret_cast<uint32_t*>(Cg + static_cast<int64_t>(s1) * N + n) = Pack2<T>(v[2], v[3]);
+      }
+      continue;
+    }
 #pragma unroll
     for (int m = 0; m < kWsTileN / 32; ++m) {
       uint32_t pa[4], pb[4];  // rows r0, r0 + 8: the pieces of j = 4m .. 4m + 3
@@ -377,13 +391,13 @@ int EnvInt(const char* name, int fallback) {
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 // Measurement knobs of moe_bench: KPLAN_MOE_WS_DEBUG (kWsFlag* bits) and
-// KPLAN_MOE_WS_GROUP (token tiles per group, default kWsGroup).
+// KPLAN_MOE_WS_GROUP (token tiles per group; default: ws::WsAutoGroup).
 int DebugFlags() {
   static const int flags = EnvInt("KPLAN_MOE_WS_DEBUG", 0);
   return flags;
 }
 int GroupSize() {
-  static const int group = EnvInt("KPLAN_MOE_WS_GROUP", ws::kWsGroup);
+  static const int group = EnvInt("KPLAN_MOE_WS_GROUP", ws::kWsAutoGroup);
   return group;
 }
 
@@ -448,6 +462,9 @@ bool MoeGemmWsEnabled() {
 bool MoeGemmWsApplies(const MoeGroupedGemmArgs& g) {
   if (g.fp8 || g.splits != 1) return false;
   if (g.block_m != 128 && g.block_m != 256) return false;
+  // Large M only: at least 128 slots per expert on average (a full token tile).
+  const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(g.num_local_experts, g.numel));
+  if (g.numel < int64_t{kWsTileT} * experts) return false;
   // TMA: 16-byte aligned base and row stride, rows addressable by int32.
   if ((reinterpret_cast<uintptr_t>(g.w) & 15) != 0 || (g.K * 2) % 16 != 0) return false;
   const int64_t rows = static_cast<int64_t>(g.num_local_experts) * g.N;

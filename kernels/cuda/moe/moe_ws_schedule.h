@@ -10,7 +10,7 @@
 // routing runs on the device), the device clips it to
 // ceil(num_tokens_post_padded / kWsTileT) before walking.
 //
-// Order: groups of `group` consecutive token tiles (mostly one expert: the
+// Order: groups of `group` (WsAutoGroup) consecutive token tiles (mostly one expert: the
 // blocks of an expert are contiguous); within a group the weight-row tile is
 // the slow index and the token tile the fast one. So CTAs running together
 // share a weight-row tile (read from HBM once per group, from L2 by the other
@@ -31,7 +31,8 @@ namespace kplan::kernels::cuda::ws {
 
 inline constexpr int kWsTileT = 128;  // token slots per tile (two consumer warpgroups x 64)
 inline constexpr int kWsTileN = 256;  // weight rows per tile (wgmma N)
-inline constexpr int kWsGroup = 8;    // token tiles per group
+inline constexpr int kWsGroup = 4;    // token tiles per group when the weight rows are many
+inline constexpr int kWsAutoGroup = 0;
 
 struct WsSchedule {
   int64_t token_tiles = 0;  // upper bound (host) / actual (device, after clipping)
@@ -67,15 +68,25 @@ KPLAN_WS_HD WsSchedule WsClip(WsSchedule s, int64_t num_tokens_post_padded) {
   return s;
 }
 
+// Group size with kWsAutoGroup, measured on one H200 (docs/PERF.md, session
+// 5): when one wave of CTAs covers all weight-row tiles of at least 8 token
+// tiles even with the weight-row tile fast (Mixtral GEMM 2: 16 row tiles),
+// group 1 (the weight-row tile fast) was best, 650 against 582 TFLOP/s at
+// group 8; with many weight-row tiles (GEMM 1: 112) group 4 (492, group 1:
+// 461, whose wave re-reads every weight-row tile per token tile).
+inline int64_t WsAutoGroup(int64_t n_tiles, int num_sms) {
+  return n_tiles * 8 <= num_sms ? 1 : kWsGroup;
+}
+
 // Host side: the upper-bound schedule of a launch. block_m is the
 // moe_align_block_size block (a multiple of kWsTileT), num_blocks the size of
-// expert_ids.
+// expert_ids; group kWsAutoGroup picks it with WsAutoGroup.
 inline WsSchedule MakeWsSchedule(int64_t num_blocks, int block_m, int64_t N, int num_sms,
-                                 int group = kWsGroup) {
+                                 int group = kWsAutoGroup) {
   WsSchedule s;
   s.token_tiles = num_blocks * (block_m / kWsTileT);
   s.n_tiles = (N + kWsTileN - 1) / kWsTileN;
-  s.group = group < 1 ? 1 : group;
+  s.group = group == kWsAutoGroup ? WsAutoGroup(s.n_tiles, num_sms) : group < 1 ? 1 : group;
   const int64_t total = WsTotalTiles(s);
   const int64_t sms = num_sms < 1 ? 1 : num_sms;
   s.grid = static_cast<int>(total < sms ? total : sms);
