@@ -1,14 +1,16 @@
 // The warp-specialised, persistent grouped GEMM of the fused MoE layer for
 // sm_90a (moe_gemm_ws_sm90.cu): the large-M path of LaunchMoeGroupedGemm
 // (moe_experts.h), same arguments and results (bf16 / fp16 output with the
-// same rounding points), behind a switch until it is the default.
+// same rounding points; bit-identical to moe_gemm_sm90.cu's output in every
+// GEMM measured), the default since session 5 (docs/PERF.md).
 //
 // Selection: LaunchMoeGroupedGemm calls LaunchMoeGroupedGemmWs when
 // MoeGemmWsEnabled() and MoeGemmWsApplies(args): bf16 / fp16 operands (no
 // fp8), no split-K, blocks of 128 or 256 slots (MoeGemmBlockMFor picks these
 // from 65 slots per expert up) and at least 128 slots per expert on average,
-// and the weights addressable by a TMA tensor map. The switch: SetMoeGemmWsMode(kOn / kOff), or with kFromEnv (the
-// default) the environment variable KPLAN_MOE_GEMM=ws turns it on.
+// and the weights addressable by a TMA tensor map. The switch:
+// SetMoeGemmWsMode(kOn / kOff), or with kFromEnv (the default) on unless the
+// environment variable KPLAN_MOE_GEMM=old selects the cp.async kernel.
 #pragma once
 
 #include <cuda_runtime_api.h>

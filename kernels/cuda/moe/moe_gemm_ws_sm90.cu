@@ -454,7 +454,7 @@ bool MoeGemmWsEnabled() {
   if (mode != MoeGemmWsMode::kFromEnv) return mode == MoeGemmWsMode::kOn;
   static const bool env = [] {
     const char* v = std::getenv("KPLAN_MOE_GEMM");
-    return v != nullptr && std::strcmp(v, "ws") == 0;
+    return v == nullptr || std::strcmp(v, "old") != 0;
   }();
   return env;
 }
