@@ -511,7 +511,10 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
     }
   }
   // The warp-specialised kernel of large M, behind its switch (moe_gemm_ws.h).
-  if (!g.fp8 && MoeGemmWsEnabled() && MoeGemmWsApplies(g)) return LaunchMoeGroupedGemmWs(g, stream);
+  if (!g.fp8 && MoeGemmWsEnabled() && MoeGemmWsApplies(g)) {
+    const absl::Status st = LaunchMoeGroupedGemmWs(g, stream);
+    if (!absl::IsUnavailable(st)) return st;  // else no tensor map: the kernel below
+  }
   const GemmParams p{g.a,
                      g.w,
                      g.bias,

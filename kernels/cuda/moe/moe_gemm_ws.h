@@ -26,6 +26,8 @@ bool MoeGemmWsEnabled();
 
 bool MoeGemmWsApplies(const MoeGroupedGemmArgs& args);
 // Args already validated by LaunchMoeGroupedGemm, MoeGemmWsApplies true.
+// UNAVAILABLE, with nothing launched, when the driver gives no TMA tensor map
+// for the weights (LaunchMoeGroupedGemm then takes the cp.async kernel).
 absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& args, cudaStream_t stream);
 
 }  // namespace kplan::kernels::cuda

@@ -377,7 +377,7 @@ absl::Status GetEncodeTiled(EncodeTiledFn* out) {
   });
   if (fn == nullptr) {
     cudaGetLastError();
-    return absl::InternalError(std::string("moe_grouped_gemm_ws: no cuTensorMapEncodeTiled: ") +
+    return absl::UnavailableError(std::string("moe_grouped_gemm_ws: no cuTensorMapEncodeTiled: ") +
                                cudaGetErrorString(err));
   }
   *out = fn;
@@ -432,7 +432,7 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    return absl::InternalError("moe_grouped_gemm_ws: cuTensorMapEncodeTiled failed (" +
+    return absl::UnavailableError("moe_grouped_gemm_ws: cuTensorMapEncodeTiled failed (" +
                                std::to_string(static_cast<int>(r)) + ")");
   }
   const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, GroupSize()),
