@@ -30,4 +30,23 @@ bool MoeGemmWsApplies(const MoeGroupedGemmArgs& args);
 // for the weights (LaunchMoeGroupedGemm then takes the cp.async kernel).
 absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& args, cudaStream_t stream);
 
+// GEMM 1 with the gated activation in its epilogue: act_out [numel, N / 2] =
+// act(C1) where C1 = GEMM 1 of `args` (W = w13 [E, N, K], gate rows first,
+// up rows from N / 2), bit-identical to LaunchMoeGroupedGemm(args) followed
+// by LaunchMoeActivation(act, params, ...) (same rounding points: gate and
+// up rounded to the dtype as the intermediate stores them, the activation in
+// fp32, rounded once); args.c is not used and C1 is never stored.
+// MoeGemmWsActApplies: silu (other activations take the unfused path), N a
+// multiple of 16, and MoeGemmWsApplies. Switch: SetMoeFusedActMode, or with
+// kFromEnv KPLAN_MOE_FUSED_ACT=0 / 1 (unset: kMoeFusedActDefault). The layer
+// checks MoeGemmWsEnabled() too. UNAVAILABLE as LaunchMoeGroupedGemmWs.
+inline constexpr bool kMoeFusedActDefault = false;
+void SetMoeFusedActMode(MoeGemmWsMode mode);
+bool MoeFusedActEnabled();
+bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& args, MoeActKind act,
+                         const MoeActParams& params);
+absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& args, MoeActKind act,
+                                       const MoeActParams& params, void* act_out,
+                                       cudaStream_t stream);
+
 }  // namespace kplan::kernels::cuda

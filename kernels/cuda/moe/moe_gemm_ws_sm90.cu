@@ -25,12 +25,23 @@
 // Persistent: grid = min(SMs, tiles), tiles walked in the moe_ws_schedule.h
 // order; tiles of experts of other ranks (expert id -1) write zero rows as
 // the other kernel does, tiles made only of padding are skipped.
+//
+// Fused activation (the Fused instantiation, GEMM 1 of a gated layer, W =
+// w13 [E, 2I, K] unchanged): tile n_tile covers output columns [n0, n0 + 128)
+// of act = silu(gate) * up, the B tile is two TMA boxes of 128 x 64 (gate
+// rows n0.. and up rows I + n0.., stacked: the same 256-row swizzled layout),
+// accumulator columns 0..127 are gate, 128..255 up. The epilogue rounds gate
+// and up exactly as the unfused path stores them (round(round(acc) +
+// round(bias))), applies the activation kernel's formula in fp32 and rounds
+// once: bit-identical to GEMM 1 -> LaunchMoeActivation. The tile count is
+// that of the unfused GEMM (ceil(2I / 256) == ceil(I / 128)).
 #include <cuda.h>  // CUtensorMap and its enums (types only: no -lcuda)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -38,6 +49,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/moe_wgmma.cuh"
@@ -78,6 +90,7 @@ struct WsParams {
   int64_t numel, N, K;
   int a_row_div, num_local_experts, block_m;
   int flags;  // kWsFlag*: measurement variants
+  MoeActParams act_params;  // Fused only: clamp_limit already defaulted
 };
 
 // Measurement variants (KPLAN_MOE_WS_DEBUG bits), never set by the layer:
@@ -149,6 +162,27 @@ __device__ __forceinline__ void Put4(uint32_t (&a)[4], int i, uint32_t v) {
   a[3] = i == 3 ? v : a[3];
 }
 
+// Per 32 columns of two rows: lane q of a quad holds pieces pa[jj] / pb[jj]
+// (4 bytes: 2 columns, of j = 4m + jj). A 4 x 4 transpose in the quad gives
+// lane q the 8 columns of j = 4m + q, stored as 16 bytes to dst0 / dst1
+// (null: not stored). All 32 lanes must call it.
+__device__ __forceinline__ void QuadStore16(const uint32_t (&pa)[4], const uint32_t (&pb)[4],
+                                            int lane, void* dst0, void* dst1) {
+  const int q = lane & 3;
+  uint32_t oa[4], ob[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // Round i: send piece (q - i) & 3, receive lane (q + i) & 3's piece of j = 4m + q.
+    const int send = (q - i) & 3, from = (q + i) & 3;
+    const uint32_t ra = __shfl_sync(0xffffffffu, Pick4(pa, send), (lane & ~3) | from);
+    const uint32_t rb = __shfl_sync(0xffffffffu, Pick4(pb, send), (lane & ~3) | from);
+    Put4(oa, from, ra);
+    Put4(ob, from, rb);
+  }
+  if (dst0 != nullptr) *static_cast<uint4*>(dst0) = make_uint4(oa[0], oa[1], oa[2], oa[3]);
+  if (dst1 != nullptr) *static_cast<uint4*>(dst1) = make_uint4(ob[0], ob[1], ob[2], ob[3]);
+}
+
 struct TileInfo {
   int64_t tt, n0;
   int e;
@@ -169,7 +203,7 @@ __device__ __forceinline__ TileInfo Decode(const WsParams& p, const ws::WsSchedu
   return info;
 }
 
-template <typename T>
+template <typename T, bool Fused>
 __global__ void __launch_bounds__(kThreads, 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
   extern __shared__ uint8_t smem_dyn[];
@@ -219,7 +253,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int32_t slot = p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i];
         arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
       }
-      const int wrow = static_cast<int>(static_cast<int64_t>(ti.e) * N + ti.n0);
+      // Fused: gate rows n0 / 2 .., up rows N / 2 + n0 / 2 .. (two 128-row boxes).
+      const int wrow =
+          static_cast<int>(static_cast<int64_t>(ti.e) * N + (Fused ? ti.n0 / 2 : ti.n0));
+
       for (int kt = 0; kt < nk; ++kt) {
         MbarWait(empty0 + 8 * stage, phase ^ 1);
         const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes;
@@ -227,6 +264,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (ptid == 0) {
           MbarArriveExpectTx(fb, kWBytes);
           TmaLoad2d(w_s, &wmap, kt * kBK, wrow, fb);
+          if constexpr (Fused) {
+            TmaLoad2d(w_s + kWBytes / 2, &wmap, kt * kBK, static_cast<int>(wrow + N / 2), fb);
+          }
         }
         const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * 8;
         const bool kok = k < K;
@@ -295,6 +335,48 @@ __global__ void __launch_bounds__(kThreads, 1)
         ti.local && p.bias != nullptr ? p.bias + static_cast<int64_t>(ti.e) * N : nullptr;
     const bool ok0 = s0 >= 0 && s0 < p.numel, ok1 = s1 >= 0 && s1 < p.numel;
     const int q = lane & 3;
+    if constexpr (Fused) {
+      // Output [numel, N / 2]; gate column n is accumulator column n - n0,
+      // up column N / 2 + n accumulator column 128 + n - n0 (register + 64).
+      const int64_t NI = N / 2, n0 = ti.n0 / 2;
+#pragma unroll
+      for (int m = 0; m < kWsTileN / 64; ++m) {
+        uint32_t pa[4], pb[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = 4 * m + jj;  // gate registers 4 j .., up 4 (j + 16) ..
+          const int64_t n = n0 + 8 * j + 2 * q;
+          float g[4] = {0.0f, 0.0f, 0.0f, 0.0f}, u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          if (ti.local) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+              g[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
+              u[x] = ToFloat(FromFloat<T>(acc[4 * (j + kWsTileN / 16) + x]));
+            }
+            if (bias != nullptr && n < NI) {
+              const float g0 = ToFloat(FromFloat<T>(bias[n])), g1 = ToFloat(FromFloat<T>(bias[n + 1]));
+              const float u0 = ToFloat(FromFloat<T>(bias[NI + n]));
+              const float u1 = ToFloat(FromFloat<T>(bias[NI + n + 1]));
+              g[0] += g0, g[1] += g1, g[2] += g0, g[3] += g1;
+              u[0] += u0, u[1] += u1, u[2] += u0, u[3] += u1;
+            }
+          }
+          float v[4];
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            // The intermediate's rounding, then the activation kernel's formula.
+            v[x] = moe_math::Gated(MoeActKind::kSilu, p.act_params, ToFloat(FromFloat<T>(g[x])),
+                                   ToFloat(FromFloat<T>(u[x])));
+          }
+          pa[jj] = Pack2<T>(v[0], v[1]);
+          pb[jj] = Pack2<T>(v[2], v[3]);
+        }
+        const int64_t n = n0 + 8 * (4 * m + q);
+        QuadStore16(pa, pb, lane, ok0 && n < NI ? Cg + static_cast<int64_t>(s0) * NI + n : nullptr,
+                    ok1 && n < NI ? Cg + static_cast<int64_t>(s1) * NI + n : nullptr);
+      }
+      continue;
+    }
     if (p.flags & kWsFlagStore4) {  // 4-byte pieces straight from the fragment
 #pragma unroll
       for (int j = 0; j < kWsTileN / 8; ++j) {
@@ -333,26 +415,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         pa[jj] = Pack2<T>(v[0], v[1]);
         pb[jj] = Pack2<T>(v[2], v[3]);
       }
-      uint32_t oa[4], ob[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        // Round i: send piece (q - i) & 3, receive lane (q + i) & 3's piece of j = 4m + q.
-        const int send = (q - i) & 3, from = (q + i) & 3;
-        const uint32_t ra = __shfl_sync(0xffffffffu, Pick4(pa, send), (lane & ~3) | from);
-        const uint32_t rb = __shfl_sync(0xffffffffu, Pick4(pb, send), (lane & ~3) | from);
-        Put4(oa, from, ra);
-        Put4(ob, from, rb);
-      }
       const int64_t n = ti.n0 + 8 * (4 * m + q);
-      if (n >= N) continue;
-      if (ok0) {
-        *reinterpret_cast<uint4*>(Cg + static_cast<int64_t>(s0) * N + n) =
-            make_uint4(oa[0], oa[1], oa[2], oa[3]);
-      }
-      if (ok1) {
-        *reinterpret_cast<uint4*>(Cg + static_cast<int64_t>(s1) * N + n) =
-            make_uint4(ob[0], ob[1], ob[2], ob[3]);
-      }
+      QuadStore16(pa, pb, lane, ok0 && n < N ? Cg + static_cast<int64_t>(s0) * N + n : nullptr,
+                  ok1 && n < N ? Cg + static_cast<int64_t>(s1) * N + n : nullptr);
     }
   }
 }
@@ -401,8 +466,9 @@ int GroupSize() {
   return group;
 }
 
-template <typename T>
-absl::Status LaunchWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
+template <typename T, bool Fused>
+absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
+                      cudaStream_t stream) {
   int device = 0, sms = 0;
   KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -411,7 +477,7 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
     KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        WsGroupedGemmKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+        WsGroupedGemmKernel<T, Fused>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     attr_set.fetch_or(bit, std::memory_order_release);
   }
   EncodeTiledFn encode = nullptr;
@@ -422,7 +488,7 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
                               static_cast<cuuint64_t>(g.num_local_experts) *
                                   static_cast<cuuint64_t>(g.N)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(g.K) * sizeof(T)};
-  const cuuint32_t box[2] = {kBK, kWsTileN};
+  const cuuint32_t box[2] = {kBK, Fused ? kWsTileN / 2 : kWsTileN};  // Fused: gate, up boxes
   const cuuint32_t estr[2] = {1, 1};
   const CUresult r = encode(&map,
                             std::is_same_v<T, __half>
@@ -438,9 +504,9 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
   const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, GroupSize()),
                    g.sorted_token_ids, g.expert_ids, g.num_tokens_post_padded,
                    g.a, g.c, g.bias, g.numel, g.N, g.K, g.a_row_div, g.num_local_experts,
-                   g.block_m, DebugFlags()};
+                   g.block_m, DebugFlags() & ~(Fused ? kWsFlagStore4 : 0), act_params};
   if (p.sched.grid <= 0) return absl::OkStatus();
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsGroupedGemmKernel<T>, dim3(p.sched.grid),
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsGroupedGemmKernel<T, Fused>, dim3(p.sched.grid),
                                                dim3(kThreads), kSmemBytes, stream, map, p));
   return absl::OkStatus();
 }
@@ -472,8 +538,59 @@ bool MoeGemmWsApplies(const MoeGroupedGemmArgs& g) {
 }
 
 absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
-  if (g.dtype == MoeElemType::kBFloat16) return LaunchWs<__nv_bfloat16>(g, stream);
-  return LaunchWs<__half>(g, stream);
+  if (g.dtype == MoeElemType::kBFloat16) return LaunchWs<__nv_bfloat16, false>(g, {}, stream);
+  return LaunchWs<__half, false>(g, {}, stream);
+}
+
+// --- fused activation -----------------------------------------------------------
+
+namespace {
+std::atomic<int> g_fused_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
+}  // namespace
+
+void SetMoeFusedActMode(MoeGemmWsMode mode) { g_fused_mode.store(static_cast<int>(mode)); }
+
+bool MoeFusedActEnabled() {
+  const auto mode = static_cast<MoeGemmWsMode>(g_fused_mode.load(std::memory_order_relaxed));
+  if (mode != MoeGemmWsMode::kFromEnv) return mode == MoeGemmWsMode::kOn;
+  static const bool env = [] {
+    const char* v = std::getenv("KPLAN_MOE_FUSED_ACT");
+    if (v == nullptr || *v == '\0') return kMoeFusedActDefault;
+    return std::strcmp(v, "0") != 0;
+  }();
+  return env;
+}
+
+bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& g, MoeActKind act, const MoeActParams&) {
+  if (act != MoeActKind::kSilu) return false;  // the others: GEMM 1 + LaunchMoeActivation
+  // Output rows of I = N / 2 elements stored 16 bytes at a time.
+  if (g.N <= 0 || g.N % 16 != 0 || g.K <= 0 || g.K % 8 != 0) return false;
+  if (g.a_row_div <= 0 || g.num_local_experts <= 0 || g.reduce_in_consumer) return false;
+  if (g.numel < 0 || g.numel > INT32_MAX || g.num_blocks < 0) return false;
+  return MoeGemmWsApplies(g);
+}
+
+absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& g, MoeActKind act,
+                                       const MoeActParams& params, void* act_out,
+                                       cudaStream_t stream) {
+  if (!MoeGemmWsActApplies(g, act, params)) {
+    return absl::InvalidArgumentError("moe_grouped_gemm_ws_act: arguments not supported");
+  }
+  if (g.num_blocks == 0 || g.numel == 0) return absl::OkStatus();
+  if (g.a == nullptr || g.w == nullptr || act_out == nullptr || g.sorted_token_ids == nullptr ||
+      g.expert_ids == nullptr || g.num_tokens_post_padded == nullptr) {
+    return absl::InvalidArgumentError("moe_grouped_gemm_ws_act: null pointer");
+  }
+  if ((reinterpret_cast<uintptr_t>(g.a) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(act_out) & 15) != 0) {
+    return absl::InvalidArgumentError("moe_grouped_gemm_ws_act: buffers must be 16-byte aligned");
+  }
+  MoeActParams p = params;
+  if (!p.has_clamp_limit) p.clamp_limit = 7.0f;  // as LaunchMoeActivation
+  MoeGroupedGemmArgs f = g;
+  f.c = act_out;
+  if (g.dtype == MoeElemType::kBFloat16) return LaunchWs<__nv_bfloat16, true>(f, p, stream);
+  return LaunchWs<__half, true>(f, p, stream);
 }
 
 }  // namespace kplan::kernels::cuda
