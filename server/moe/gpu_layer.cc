@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "kernels/cuda/runtime/buffers.h"
 #include "base/status.h"
 #include "server/moe/gpu_layer_emulation.h"
@@ -222,14 +223,26 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   g1.partials = l.partials >= 0 ? At<float>(workspace, l.partials) : nullptr;
   // Split-K partials without a bias are summed by the next step itself.
   g1.reduce_in_consumer = g1.splits > 1 && g1.bias == nullptr;
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g1, stream));
-
   kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
-  kc::MoeSplitInput split1;
-  if (g1.reduce_in_consumer) split1 = {g1.partials, g1.splits};
-  KPLAN_RETURN_IF_ERROR(kc::LaunchMoeActivation(static_cast<kc::MoeActKind>(experts.activation()),
-                                                ap, dtype, At<void>(workspace, l.c1), numel, N13,
-                                                At<void>(workspace, l.c2), I, stream, split1));
+  const auto act_kind = static_cast<kc::MoeActKind>(experts.activation());
+  // GEMM 1 with the activation in its epilogue (moe_gemm_ws.h), straight into
+  // c2, where it applies; else GEMM 1 into c1, then the activation kernel.
+  bool fused = false;
+  if (N13 == 2 * I && kc::MoeFusedActEnabled() && kc::MoeGemmWsEnabled() &&
+      kc::MoeGemmWsActApplies(g1, act_kind, ap)) {
+    const absl::Status st =
+        kc::LaunchMoeGroupedGemmWsAct(g1, act_kind, ap, At<void>(workspace, l.c2), stream);
+    if (!absl::IsUnavailable(st)) KPLAN_RETURN_IF_ERROR(st);
+    fused = st.ok();
+  }
+  if (!fused) {
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeGroupedGemm(g1, stream));
+    kc::MoeSplitInput split1;
+    if (g1.reduce_in_consumer) split1 = {g1.partials, g1.splits};
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeActivation(act_kind, ap, dtype, At<void>(workspace, l.c1),
+                                                  numel, N13, At<void>(workspace, l.c2), I,
+                                                  stream, split1));
+  }
   void* y = a.combine ? At<void>(workspace, l.y) : a.output;
   kc::MoeGroupedGemmArgs g2 = g1;
   g2.a = At<void>(workspace, l.c2);

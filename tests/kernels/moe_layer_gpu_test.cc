@@ -40,6 +40,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/moe/moe_reference.h"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"
@@ -411,6 +412,64 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
         return r;
       }(),
       6003);
+}
+
+// The activation in GEMM 1's epilogue (moe_gemm_ws.h) against GEMM 1 +
+// the activation kernel: the layer's output bit for bit, silu in bf16 and
+// fp16, with and without biases, a partial output tile (I = 72) and several
+// (I = 384); gelu takes the unfused path either way.
+TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
+  SKIP_WITHOUT_CUDA();
+  namespace kc = kernels::cuda;
+  struct Variant {
+    Shape shape;
+    const char* act;
+    moe::MoeDType dtype;
+    bool bias;
+    int64_t M;
+  };
+  const Variant variants[] = {
+      {{"small", 6, 2, 200, 72}, "silu", moe::MoeDType::kBFloat16, false, 1600},
+      {{"small", 6, 2, 200, 72}, "silu", moe::MoeDType::kFloat16, true, 1600},
+      {{"fused", 8, 2, 256, 384}, "silu", moe::MoeDType::kBFloat16, true, 1024},
+      {{"fused", 8, 2, 256, 384}, "silu", moe::MoeDType::kFloat16, false, 700},
+      {{"fused", 8, 2, 256, 384}, "gelu", moe::MoeDType::kBFloat16, false, 1024},
+  };
+  uint64_t id = 7000;
+  for (const Variant& v : variants) {
+    auto set = MakeExperts(v.shape, v.dtype, v.act, v.bias, id += 10);
+    auto gpu = Upload(*set);
+    ASSERT_NE(gpu, nullptr);
+    const int64_t M = v.M, H = v.shape.H;
+    MoeRunInput in;
+    in.act_dtype = v.dtype;
+    in.hidden_shape = {M, H};
+    in.hidden_states = RandomTensor(v.dtype, M * H, -1, id + 1);
+    const std::vector<float> logits = RandomFloats(M * v.shape.E, -3.0f, 3.0f, id + 2);
+    in.logits_shape = {M, v.shape.E};
+    in.router_logits.assign(reinterpret_cast<const char*>(logits.data()), logits.size() * 4);
+    in.routing = RenormalizeNaive(v.shape.k);
+    GpuRunOptions poison;
+    poison.poison_workspace = true;
+    kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOff);
+    auto unfused = RunMoeOnGpu(*gpu, in, nullptr, poison);
+    kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOn);
+    auto fused = RunMoeOnGpu(*gpu, in, nullptr, poison);
+    kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kFromEnv);
+    ASSERT_TRUE(unfused.ok()) << unfused.status();
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    ASSERT_EQ(fused->output.size(), unfused->output.size());
+    int64_t differ = 0;
+    for (size_t i = 0; i + 1 < fused->output.size(); i += 2) {
+      differ += std::memcmp(&fused->output[i], &unfused->output[i], 2) != 0;
+    }
+    std::printf("fused activation %s %s %s%s M=%lld: %lld of %lld values differ %s\n",
+                v.shape.name, v.act, std::string(moe::MoeDTypeName(v.dtype)).c_str(),
+                v.bias ? " bias" : "",
+                static_cast<long long>(M), static_cast<long long>(differ),
+                static_cast<long long>(fused->output.size() / 2), differ == 0 ? "OK" : "FAIL");
+    EXPECT_EQ(differ, 0) << v.shape.name << " " << v.act;
+  }
 }
 
 TEST(MoeLayerGpu, RoutesAndRefuses) {
