@@ -35,10 +35,14 @@
 // Usage: moe_bench [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096]
 //                  [--replays 200] [--sets 8] [--budget_s 1.5] [--warmup_s 3]
 //                  [--copy_mib 1024] [--decode on|off] [--ws off|on|both]
-//                  [--gemm_only on|off] [--layer on|off]
+//                  [--gemm_only on|off] [--layer on|off] [--fused off|on|both]
 // --ws picks the grouped GEMM of large M: off the cp.async kernel
-// (moe_gemm_sm90.cu), on the warp-specialised TMA kernel (moe_gemm_ws.h),
-// both every config twice, one after the other, in the same run.
+// (moe_gemm_sm90.cu), on (the default) the warp-specialised TMA kernel
+// (moe_gemm_ws.h), both every config twice, one after the other, in the same run.
+// --fused: the activation in GEMM 1's epilogue (ws kernel only,
+// SetMoeFusedActMode) off, on or both (the default); with it on, each
+// config's layer output is first compared bit for bit with the unfused
+// layer's (same inputs, eager), then timed.
 // --gemm_only on also times GEMM 1 and GEMM 2 of the layer alone (routing
 // and align done once) for every --ws kernel, after checking the kernels'
 // outputs against each other (poisoned first: every element written, no NaN).
@@ -199,7 +203,8 @@ struct Args {
   double warmup_s = 3.0;
   size_t copy_mib = 1024;
   bool decode = true;  // --decode off: the grouped path at decode sizes too
-  std::vector<bool> ws = {false};  // --ws: the grouped GEMM kernels to run
+  std::vector<bool> ws = {true};  // --ws: the grouped GEMM kernels to run
+  std::vector<bool> fused = {false, true};  // --fused: activation in GEMM 1's epilogue
   bool gemm_only = false;
   bool layer = true;  // --layer off: only the --gemm_only tables
 };
@@ -218,7 +223,8 @@ std::vector<std::string> SplitComma(const std::string& s) {
   std::fprintf(stderr,
                "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
                "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
-               "[--decode on|off] [--ws off|on|both] [--gemm_only on|off] [--layer on|off]\n",
+               "[--decode on|off] [--ws off|on|both] [--gemm_only on|off] [--layer on|off] "
+               "[--fused off|on|both]\n",
                argv0);
   std::exit(2);
 }
@@ -261,6 +267,9 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--ws") {
       if (v != "on" && v != "off" && v != "both") Usage(argv[0]);
       a.ws = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
+    } else if (f == "--fused") {
+      if (v != "on" && v != "off" && v != "both") Usage(argv[0]);
+      a.fused = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
     } else if (f == "--layer") {
       if (v != "on" && v != "off") Usage(argv[0]);
       a.layer = v == "on";
@@ -348,7 +357,7 @@ struct Matmul {
 
 struct Row {
   std::string shape;
-  bool ws = false;
+  bool ws = false, fused = false;
   int64_t tokens = 0;
   bool ok = false;
   std::string note;
@@ -491,8 +500,26 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
                 static_cast<long long>(nan), static_cast<long long>(id_diff));
   std::printf("  check %-14s M=%-5lld graph vs RunMoeOnGpu: %s\n", sh.name,
               static_cast<long long>(M), check);
-  if (nan != 0 || id_diff != 0 || !(rel <= 1e-2) || den == 0) {
-    row.note = std::string("CHECK FAILED: ") + check;
+  bool fused_ok = true;
+  if (kc::MoeFusedActEnabled()) {
+    // The same layer with the unfused activation, eager, against the graph's set 0.
+    kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOff);
+    CHECK_CUDA(cudaMemsetAsync(ws.p, 0xff, ws_bytes, stream));
+    CHECK_CUDA(cudaMemsetAsync(out[0]->p, 0xff, M * H * 2, stream));
+    CHECK_OK(enqueue_layer(0));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOn);
+    std::vector<uint16_t> unfused(M * H);
+    CHECK_CUDA(cudaMemcpy(unfused.data(), out[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
+    int64_t fdiff = 0;
+    for (int64_t i = 0; i < M * H; ++i) fdiff += got[i] != unfused[i];
+    fused_ok = fdiff == 0;
+    std::printf("  check %-14s M=%-5lld fused vs unfused activation: %s (%lld/%lld bf16 differ)\n",
+                sh.name, static_cast<long long>(M), fused_ok ? "bit-identical" : "DIFFER",
+                static_cast<long long>(fdiff), static_cast<long long>(M * H));
+  }
+  if (nan != 0 || id_diff != 0 || !(rel <= 1e-2) || den == 0 || !fused_ok) {
+    row.note = std::string("CHECK FAILED: ") + check + (fused_ok ? "" : " (fused differs)");
     CHECK_CUDA(cudaGraphExecDestroy(exec));
     CHECK_CUDA(cudaGraphDestroy(graph));
     return row;
@@ -569,6 +596,71 @@ struct GemmRow {
   double us = 0, tflops = 0;
 };
 
+// GEMM 1 + silu-and-mul on the ws kernel: unfused (GEMM 1 into [numel, 2I],
+// then LaunchMoeActivation) and fused (LaunchMoeGroupedGemmWsAct), outputs
+// poisoned, compared bit for bit, then both timed.
+void GemmOnlyFusedAct(const ShapeDef& sh, kc::MoeGroupedGemmArgs g, int64_t I, cudaStream_t stream,
+                      std::vector<GemmRow>* out) {
+  kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kOn);
+  const kc::MoeActParams ap;
+  const int64_t numel = g.numel;
+  if (!kc::MoeGemmWsActApplies(g, kc::MoeActKind::kSilu, ap)) {
+    std::printf("  gemm-only %-14s M=%-5lld gemm1+act: the fused epilogue does not apply\n", sh.name,
+                static_cast<long long>(numel / sh.k));
+    return;
+  }
+  DevBuf c1(numel * g.N * 2), act_u(numel * I * 2), act_f(numel * I * 2);
+  g.c = c1.p;
+  auto unfused = [&] {
+    CHECK_OK(kc::LaunchMoeGroupedGemm(g, stream));
+    CHECK_OK(kc::LaunchMoeActivation(kc::MoeActKind::kSilu, ap, g.dtype, c1.p, numel, g.N,
+                                     act_u.p, I, stream));
+  };
+  auto fused = [&] {
+    CHECK_OK(kc::LaunchMoeGroupedGemmWsAct(g, kc::MoeActKind::kSilu, ap, act_f.p, stream));
+  };
+  CHECK_CUDA(cudaMemsetAsync(act_u.p, 0xff, numel * I * 2, stream));
+  CHECK_CUDA(cudaMemsetAsync(act_f.p, 0xff, numel * I * 2, stream));
+  unfused();
+  fused();
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaGetLastError());
+  std::vector<uint16_t> u(numel * I), f(numel * I);
+  CHECK_CUDA(cudaMemcpy(u.data(), act_u.p, u.size() * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(f.data(), act_f.p, f.size() * 2, cudaMemcpyDeviceToHost));
+  int64_t nan = 0, differ = 0;
+  for (size_t i = 0; i < u.size(); ++i) {
+    nan += !std::isfinite(Bf16ToFloat(f[i]));
+    differ += u[i] != f[i];
+  }
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%lld nan/unwritten, fused vs unfused: %lld/%zu bf16 differ",
+                static_cast<long long>(nan), static_cast<long long>(differ), u.size());
+  const bool ok = nan == 0 && differ == 0;
+  for (int fz = 0; fz < 2; ++fz) {
+    GemmRow r;
+    r.shape = sh.name;
+    r.which = fz ? "g1+act fused" : "g1+act";
+    r.tokens = numel / sh.k;
+    r.N = g.N;
+    r.K = g.K;
+    r.ws = true;
+    r.ok = ok;
+    r.check = ok ? buf : std::string("CHECK FAILED: ") + buf;
+    if (ok) {
+      auto launch = [&] { fz ? fused() : unfused(); };
+      for (int i = 0; i < 3; ++i) launch();
+      const double ms = MedianMs(launch, 15, 5, stream);
+      r.us = ms * 1e3;
+      r.tflops = 2.0 * numel * g.N * g.K / (ms * 1e-3) / 1e12;
+    }
+    std::printf("  gemm-only %-14s M=%-5lld %s ws %10.1f us %7.1f TFLOP/s  %s\n", sh.name,
+                static_cast<long long>(r.tokens), r.which.c_str(), r.us, r.tflops, r.check.c_str());
+    std::fflush(stdout);
+    out->push_back(r);
+  }
+}
+
 void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const Args& args,
               double mm_tflops, cudaStream_t stream, std::vector<GemmRow>* out) {
   (void)mm_tflops;
@@ -590,7 +682,7 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   CHECK_OK(kc::LaunchMoeAlignBlockSize(tid.as<int32_t>(), numel, bm, E, nullptr, false, false,
                                        sorted.as<int32_t>(), eids.as<int32_t>(),
                                        post.as<int32_t>(), stream));
-  for (int which = 0; which < 2; ++which) {
+  auto args_for = [&](int which) {
     kc::MoeGroupedGemmArgs g;
     g.dtype = kc::MoeElemType::kBFloat16;
     g.a = which == 0 ? hidden.p : inter.p;
@@ -605,6 +697,10 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     g.num_blocks = max_blocks;
     g.num_local_experts = E;
     g.block_m = bm;
+    return g;
+  };
+  for (int which = 0; which < 2; ++which) {
+    kc::MoeGroupedGemmArgs g = args_for(which);
     DevBuf c(numel * g.N * 2);
     g.c = c.p;
     std::vector<uint16_t> first, got(static_cast<size_t>(numel * g.N));
@@ -670,6 +766,10 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
       std::fflush(stdout);
       out->push_back(r);
     }
+  }
+  if (std::find(args.ws.begin(), args.ws.end(), true) != args.ws.end() &&
+      std::find(args.fused.begin(), args.fused.end(), true) != args.fused.end()) {
+    GemmOnlyFusedAct(sh, args_for(0), I, stream, out);
   }
   kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kFromEnv);
 }
@@ -776,22 +876,28 @@ int main(int argc, char** argv) {
     mm.Warm(1.0);  // clocks back up after the host-side setup
     for (int64_t M : args.layer ? args.tokens : std::vector<int64_t>{}) {
      for (const bool ws : args.ws) {
+      for (const bool fused : args.fused) {
+      if (fused && !ws) continue;  // the fused epilogue is the ws kernel's
       kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+      kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
       const auto tc = Clock::now();
       Row r = RunConfig(*sh, *gpu, M, args, copy_gbps, mm_tflops, stream);
       r.ws = ws;
+      r.fused = fused;
       if (r.ok) {
-        std::printf("  %-14s M=%-5lld %-3s %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f TFLOP/s  (%s, %.1f s)\n",
-                    r.shape.c_str(), static_cast<long long>(M), ws ? "ws" : "old", r.us, r.hit,
-                    r.gbps, r.tflops, r.note.c_str(), Seconds(tc));
+        std::printf("  %-14s M=%-5lld %-6s %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f TFLOP/s  (%s, %.1f s)\n",
+                    r.shape.c_str(), static_cast<long long>(M), !ws ? "old" : fused ? "ws+act" : "ws",
+                    r.us, r.hit, r.gbps, r.tflops, r.note.c_str(), Seconds(tc));
       } else {
         std::printf("  %-14s M=%-5lld SKIPPED: %s\n", r.shape.c_str(), static_cast<long long>(M),
                     r.note.c_str());
       }
       std::fflush(stdout);
       rows.push_back(r);
+      }
      }
     }
+    kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kFromEnv);
     if (args.gemm_only) {
       for (int64_t M : args.tokens) GemmOnly(*sh, *gpu, M, args, mm_tflops, stream, &gemm_rows);
     }
@@ -804,7 +910,7 @@ int main(int argc, char** argv) {
   std::printf("rooflines measured in this run: copy %.0f GB/s (SM copy kernel, read + write), "
               "matmul %.1f TFLOP/s (cuBLAS bf16 8192^3)\n",
               copy_gbps, mm_tflops);
-  std::printf("%-14s %6s %4s %11s %7s %8s %7s %8s %7s %5s %10s %7s\n", "shape", "tokens", "gemm", "us",
+  std::printf("%-14s %6s %6s %11s %7s %8s %7s %8s %7s %5s %10s %7s\n", "shape", "tokens", "gemm", "us",
               "hit", "GB/s", "%copy", "TFLOP/s", "%mm", "bound", "floor_us", "%floor");
   for (const Row& r : rows) {
     if (!r.ok) {
@@ -812,8 +918,9 @@ int main(int argc, char** argv) {
                   r.note.c_str());
       continue;
     }
-    std::printf("%-14s %6lld %4s %11.1f %7.1f %8.0f %6.1f%% %8.1f %6.1f%% %5s %10.1f %6.1f%%\n",
-                r.shape.c_str(), static_cast<long long>(r.tokens), r.ws ? "ws" : "old", r.us, r.hit, r.gbps,
+    std::printf("%-14s %6lld %6s %11.1f %7.1f %8.0f %6.1f%% %8.1f %6.1f%% %5s %10.1f %6.1f%%\n",
+                r.shape.c_str(), static_cast<long long>(r.tokens),
+                !r.ws ? "old" : r.fused ? "ws+act" : "ws", r.us, r.hit, r.gbps,
                 r.pct_copy, r.tflops, r.pct_mm, r.compute_bound ? "mm" : "copy", r.floor_us,
                 100.0 * r.floor_us / r.us);
   }
