@@ -38,9 +38,10 @@ absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& args, cudaStream_t
 // fp32, rounded once); args.c is not used and C1 is never stored.
 // MoeGemmWsActApplies: silu (other activations take the unfused path), N a
 // multiple of 16, and MoeGemmWsApplies. Switch: SetMoeFusedActMode, or with
-// kFromEnv KPLAN_MOE_FUSED_ACT=0 / 1 (unset: kMoeFusedActDefault). The layer
+// kFromEnv KPLAN_MOE_FUSED_ACT=0 / 1 (unset: kMoeFusedActDefault, on since
+// session 5 call 5, docs/PERF.md; =0 gives the unfused path). The layer
 // checks MoeGemmWsEnabled() too. UNAVAILABLE as LaunchMoeGroupedGemmWs.
-inline constexpr bool kMoeFusedActDefault = false;
+inline constexpr bool kMoeFusedActDefault = true;  // since session 5, call 5
 void SetMoeFusedActMode(MoeGemmWsMode mode);
 bool MoeFusedActEnabled();
 bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& args, MoeActKind act,
