@@ -56,6 +56,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -207,6 +208,7 @@ struct Args {
   std::vector<bool> fused = {false, true};  // --fused: activation in GEMM 1's epilogue
   bool gemm_only = false;
   bool layer = true;  // --layer off: only the --gemm_only tables
+  std::string json, csv;  // --json / --csv: the layer rows, for bench/plot_moe.py
 };
 
 std::vector<std::string> SplitComma(const std::string& s) {
@@ -224,7 +226,7 @@ std::vector<std::string> SplitComma(const std::string& s) {
                "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
                "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
                "[--decode on|off] [--ws off|on|both] [--gemm_only on|off] [--layer on|off] "
-               "[--fused off|on|both]\n",
+               "[--fused off|on|both] [--json FILE] [--csv FILE]\n",
                argv0);
   std::exit(2);
 }
@@ -273,6 +275,10 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--layer") {
       if (v != "on" && v != "off") Usage(argv[0]);
       a.layer = v == "on";
+    } else if (f == "--json") {
+      a.json = v;
+    } else if (f == "--csv") {
+      a.csv = v;
     } else if (f == "--gemm_only") {
       if (v != "on" && v != "off") Usage(argv[0]);
       a.gemm_only = v == "on";
@@ -800,6 +806,57 @@ std::unique_ptr<kplan::GpuExperts> MakeExperts(const ShapeDef& sh) {
 
 }  // namespace
 
+std::string JsonText(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof(esc), "\\u%04x", c);
+      out += esc;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+const char* GemmName(const Row& r) { return !r.ws ? "old" : r.fused ? "ws+act" : "ws"; }
+
+// The layer rows as bench/moe_baseline.py writes them (bench/plot_moe.py
+// reads both): {system, device, rooflines, rows}.
+void WriteResults(const Args& args, const char* device, double copy_gbps, double mm_tflops,
+                  const std::vector<Row>& rows) {
+  if (!args.json.empty()) {
+    std::ofstream out(args.json);
+    out << "{\"system\": \"kplan\", \"device\": " << JsonText(device)
+        << ", \"rooflines\": {\"copy_gbps\": " << copy_gbps << ", \"matmul_tflops\": " << mm_tflops
+        << "},\n \"rows\": [";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      out << (i ? ",\n  " : "\n  ") << "{\"shape\": " << JsonText(r.shape)
+          << ", \"tokens\": " << r.tokens << ", \"gemm\": \"" << GemmName(r)
+          << "\", \"ok\": " << (r.ok ? "true" : "false") << ", \"us\": " << r.us
+          << ", \"hit\": " << r.hit << ", \"gbps\": " << r.gbps << ", \"pct_copy\": " << r.pct_copy
+          << ", \"tflops\": " << r.tflops << ", \"pct_mm\": " << r.pct_mm << ", \"bound\": \""
+          << (r.compute_bound ? "mm" : "copy") << "\", \"floor_us\": " << r.floor_us
+          << ", \"note\": " << JsonText(r.note) << "}";
+    }
+    out << "\n ]}\n";
+  }
+  if (!args.csv.empty()) {
+    std::ofstream out(args.csv);
+    out << "shape,tokens,gemm,ok,us,hit,gbps,pct_copy,tflops,pct_mm,bound,floor_us\n";
+    for (const Row& r : rows) {
+      out << r.shape << "," << r.tokens << "," << GemmName(r) << "," << (r.ok ? 1 : 0) << ","
+          << r.us << "," << r.hit << "," << r.gbps << "," << r.pct_copy << "," << r.tflops << ","
+          << r.pct_mm << "," << (r.compute_bound ? "mm" : "copy") << "," << r.floor_us << "\n";
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
   const auto t_start = Clock::now();
@@ -920,7 +977,7 @@ int main(int argc, char** argv) {
     }
     std::printf("%-14s %6lld %6s %11.1f %7.1f %8.0f %6.1f%% %8.1f %6.1f%% %5s %10.1f %6.1f%%\n",
                 r.shape.c_str(), static_cast<long long>(r.tokens),
-                !r.ws ? "old" : r.fused ? "ws+act" : "ws", r.us, r.hit, r.gbps,
+                GemmName(r), r.us, r.hit, r.gbps,
                 r.pct_copy, r.tflops, r.pct_mm, r.compute_bound ? "mm" : "copy", r.floor_us,
                 100.0 * r.floor_us / r.us);
   }
@@ -937,6 +994,7 @@ int main(int argc, char** argv) {
                   100.0 * g.tflops / mm_tflops, g.check.c_str());
     }
   }
+  WriteResults(args, prop.name, copy_gbps, mm_tflops, rows);
   std::printf("total %.1f s\n", Seconds(t_start));
   CHECK_CUDA(cudaStreamDestroy(stream));
   bool all_ok = true;

@@ -29,9 +29,14 @@ def load(path):
     return data
 
 
-def series(data, shape, key):
-    rows = sorted((r for r in data["rows"] if r.get("ok") and r["shape"] == shape),
-                  key=lambda r: r["tokens"])
+def variants(data):
+    """The runs inside one file: moe_bench rows name their GEMM kernel."""
+    return sorted({r.get("gemm", "") for r in data["rows"]})
+
+
+def series(data, shape, key, variant=""):
+    rows = sorted((r for r in data["rows"] if r.get("ok") and r["shape"] == shape and
+                   r.get("gemm", "") == variant), key=lambda r: r["tokens"])
     return [r["tokens"] for r in rows], [r[key] for r in rows]
 
 
@@ -52,11 +57,13 @@ def main():
     for col, shape in enumerate(shapes):
         lat, thr = axes[0][col], axes[1][col]
         for run in runs:
-            x, y = series(run, shape, "us")
-            lat.plot(x, y, marker="o", label=run["system"])
-            x, y = series(run, shape, "tflops")
-            thr.plot(x, y, marker="o", label=run["system"])
-        x, y = series(runs[0], shape, "floor_us")
+            for v in variants(run):
+                label = f"{run['system']} ({v})" if v else run["system"]
+                x, y = series(run, shape, "us", v)
+                lat.plot(x, y, marker="o", label=label)
+                x, y = series(run, shape, "tflops", v)
+                thr.plot(x, y, marker="o", label=label)
+        x, y = series(runs[0], shape, "floor_us", variants(runs[0])[-1])
         lat.plot(x, y, linestyle="--", color="gray", label="roofline floor")
         thr.axhline(runs[0]["rooflines"]["matmul_tflops"], linestyle="--", color="gray",
                     label="dense bf16 matmul")
