@@ -86,6 +86,8 @@ grep -q "^cli-layer  *8  *64  *128 " "$work/experts.txt" || { cat "$work/experts
 grep -q "^backend: *emulation" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
 grep -q "median of 3 runs" "$work/run.txt"
 "$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 4 --json | grep -q '"backend": "emulation"'
+"$bin/kplan" run-moe --server "$addr" --id=cli-layer --tokens=4 --experts-per-token 1 \
+  --moe_backend emulation --routing Default | grep -q "^backend: *emulation"
 set +e
 "$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens many 2>"$work/err.txt"
 rc=$?
@@ -112,7 +114,7 @@ st_args=(--num-experts 2 --hidden 16 --intermediate 16 --dtype float32 --w13 w13
 "$bin/kplan" load --server "$addr" --id cli-st --safetensors stacked.safetensors "${st_args[@]}" \
   >"$work/load_st.txt" || { cat "$work/load_st.txt"; exit 1; }
 grep -q "^cli-st .* float32" "$work/load_st.txt" || { cat "$work/load_st.txt"; exit 1; }
-"$bin/kplan" unload --server "$addr" cli-st | grep -q "unloaded cli-st"
+"$bin/kplan" unload --server "$addr" --id cli-st | grep -q "unloaded cli-st"
 for p in /etc/passwd "$work/models/missing.safetensors" ../server.log; do
   set +e
   "$bin/kplan" load --server "$addr" --id cli-st --safetensors "$p" "${st_args[@]}" 2>"$work/err.txt"
@@ -128,8 +130,8 @@ done
 "$bin/kplan-server" --listen=127.0.0.1:0 --cpu_ep_ranks=2 --exit_timeout=5s >"$work/ep.log" 2>&1 &
 ep_pid=$!
 ep_addr=$(server_addr "$work/ep.log")
-"$bin/kplan" load --server "$ep_addr" --id ep-layer --random --num-experts 6 --hidden 32 \
-  --intermediate 64 >/dev/null
+"$bin/kplan" load --server "$ep_addr" --id ep-layer --random --num-experts 6 --hidden-size 32 \
+  --intermediate_size 64 >/dev/null
 "$bin/kplan" experts --server "$ep_addr" >"$work/ep_experts.txt"
 grep -q "shards (expert parallel, 2 ranks)" "$work/ep_experts.txt" || { cat "$work/ep_experts.txt"; exit 1; }
 grep -q "^    1  *cpu  *3  *3 " "$work/ep_experts.txt"
