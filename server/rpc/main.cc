@@ -13,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -107,6 +108,30 @@ ABSL_FLAG(absl::Duration, ep_join_timeout, absl::Seconds(60),
           "Group across servers: how long rank 0 waits at start for every rank to join, and how "
           "long a rank keeps trying to join rank 0");
 
+namespace {
+
+// A flag's defining file as --help shows it: relative to the source tree
+// (the build directory's "../" and "./" dropped), never a build-machine path.
+std::string FlagFileForHelp(absl::string_view file) {
+  constexpr absl::string_view kSourceDir = KPLAN_SOURCE_DIR "/";
+  if (absl::StartsWith(file, kSourceDir)) file.remove_prefix(kSourceDir.size());
+  while (absl::ConsumePrefix(&file, "../") || absl::ConsumePrefix(&file, "./")) {
+  }
+  if (absl::StartsWith(file, "/")) {  // a library built elsewhere: from its own tree
+    const size_t absl_dir = file.rfind("/absl/");
+    file.remove_prefix(absl_dir != absl::string_view::npos ? absl_dir + 1 : file.rfind('/') + 1);
+  }
+  return std::string(file);
+}
+
+// --help and --helpshort: the server's own flags (this file), not the
+// libraries' (--helpfull lists those too).
+bool IsServerFlagFile(absl::string_view file) {
+  return absl::EndsWith(FlagFileForHelp(file), "server/rpc/main.cc");
+}
+
+}  // namespace
+
 // After --exit_timeout, cancelled calls and the workers' teardown may take
 // this much longer before the process exits regardless.
 constexpr absl::Duration kExitGrace = absl::Seconds(5);
@@ -114,11 +139,15 @@ constexpr absl::Duration kExitGrace = absl::Seconds(5);
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "kplan-server resolves vLLM kernel plans and runs MoE layers over gRPC.\n"
-      "Usage: kplan-server [--listen=0.0.0.0:50051] [--devices=all] [--exit_timeout=30s]");
+      "Usage: kplan-server [--listen=0.0.0.0:50051] [--devices=all] [--exit_timeout=30s]\n"
+      "--help lists the server's flags with their defaults; --helpfull adds the libraries'.");
   absl::FlagsUsageConfig usage_config;
   usage_config.version_string = [] {
     return absl::StrCat("kplan-server ", KPLAN_VERSION, " (", KPLAN_GIT_REVISION, ")\n");
   };
+  usage_config.contains_help_flags = IsServerFlagFile;
+  usage_config.contains_helpshort_flags = IsServerFlagFile;
+  usage_config.normalize_filename = FlagFileForHelp;
   absl::SetFlagsUsageConfig(usage_config);
   absl::ParseCommandLine(argc, argv);
 
