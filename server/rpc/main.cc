@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
+#include "server/rpc/logging.h"
 #include "server/rpc/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
@@ -30,6 +31,9 @@ ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
 ABSL_FLAG(absl::Duration, exit_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled");
 ABSL_FLAG(std::string, log_level, "info", "Log verbosity: trace, debug, info, warn, error, off");
+ABSL_FLAG(std::string, log_format, "text",
+          "Log lines: text, or json (one object per line: time, level, message, thread and the "
+          "event's fields, e.g. a failed call's method, code, error, field and peer)");
 ABSL_FLAG(int64_t, max_queue_depth, 256,
           "Requests queued per device before new ones get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_queued_bytes, 0,
@@ -150,6 +154,14 @@ int main(int argc, char** argv) {
   usage_config.normalize_filename = FlagFileForHelp;
   absl::SetFlagsUsageConfig(usage_config);
   absl::ParseCommandLine(argc, argv);
+
+  absl::StatusOr<kplan::rpc::LogFormat> log_format =
+      kplan::rpc::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!log_format.ok()) {
+    std::cerr << log_format.status().message() << "\n";
+    return 2;
+  }
+  kplan::rpc::SetLogFormat(*log_format);
 
   spdlog::level::level_enum level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
   if (level == spdlog::level::off && absl::GetFlag(FLAGS_log_level) != "off") {
