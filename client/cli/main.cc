@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/struct.pb.h"
 #include "client/cli/args.h"
 #include "client/cli/common.h"
 #include "client/cli/format.h"
@@ -140,7 +141,15 @@ int Health(const std::vector<std::string>& args) {
   if (!client.ok()) return Fail(client.status());
   absl::StatusOr<bool> serving = (*client)->Health(service);
   if (!serving.ok()) return Fail(serving.status());
-  std::cout << (*serving ? "SERVING" : "NOT_SERVING") << "\n";
+  const char* status = *serving ? "SERVING" : "NOT_SERVING";
+  if (common.json) {
+    google::protobuf::Struct out;
+    (*out.mutable_fields())["service"].set_string_value(service);
+    (*out.mutable_fields())["status"].set_string_value(status);
+    std::cout << ToJson(out);
+  } else {
+    std::cout << status << "\n";
+  }
   return *serving ? 0 : 1;
 }
 

@@ -36,6 +36,8 @@ addr=$(server_addr "$work/server.log")
 
 [ "$("$bin/kplan" health --server "$addr")" = "SERVING" ]
 [ "$("$bin/kplan" health --server "$addr" --service kplan.v1.KernelPlanService)" = "SERVING" ]
+"$bin/kplan" health --server "$addr" --json --service kplan.v1.KernelPlanService |
+  /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin); assert d == {"service": "kplan.v1.KernelPlanService", "status": "SERVING"}, d'
 
 args=(--platform cuda:10.0 --moe-backend FlashInfer-MoE-EP-CuteDSL --ir-op-priority "rms_norm=native, vllm_c"
       --env VLLM_USE_OINK_OPS=1 --architectures DeepseekV4ForCausalLM -tp 2)
@@ -80,7 +82,9 @@ fi
 grep -q "^cli-layer .* bfloat16 .* silu" "$work/load.txt" || { cat "$work/load.txt"; exit 1; }
 "$bin/kplan" experts --server "$addr" >"$work/experts.txt"
 grep -q "^cli-layer  *8  *64  *128 " "$work/experts.txt" || { cat "$work/experts.txt"; exit 1; }
-"$bin/kplan" experts --server "$addr" --json | grep -q '"experts_id": "cli-layer"'
+"$bin/kplan" experts --server "$addr" --json >"$work/experts.json"
+grep -q '"experts_id": "cli-layer"' "$work/experts.json"
+grep -q '"dtype": "bfloat16"' "$work/experts.json" || { cat "$work/experts.json"; exit 1; }
 "$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 16 --top-k 2 --repeat 3 \
   >"$work/run.txt"
 grep -q "^backend: *emulation" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
