@@ -10,6 +10,7 @@ packages=(
   libabsl-dev libspdlog-dev libssl-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
+  python3-venv python3-setuptools python3-wheel  # the kplan Python package, installed in a venv
   prometheus-cpp-dev patchelf openssl
   clang  # scripts/sanitize.sh and the fuzz targets (its libFuzzer runtime below)
 )
