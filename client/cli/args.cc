@@ -125,10 +125,11 @@ void ArgParser::AddAlias(std::string alias, std::string name) {
 }
 
 absl::Status ArgParser::Parse(const std::vector<std::string>& args) {
-  std::vector<std::string> reversed = NormalizeArgs(args, aliases_);
-  std::reverse(reversed.begin(), reversed.end());  // CLI11 takes the words last first
+  const std::vector<std::string> words = NormalizeArgs(args, aliases_);
+  std::vector<const char*> argv = {"kplan"};
+  for (const std::string& w : words) argv.push_back(w.c_str());
   try {
-    app_->parse(reversed);
+    app_->parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::CallForHelp&) {
     help_ = true;
   } catch (const CLI::ParseError& e) {

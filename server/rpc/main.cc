@@ -3,6 +3,7 @@
 // and exits 0.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -134,6 +135,21 @@ bool IsServerFlagFile(absl::string_view file) {
   return absl::EndsWith(FlagFileForHelp(file), "server/rpc/main.cc");
 }
 
+// vLLM's rule, as the kplan CLI keeps it: a flag name's dashes are its
+// underscores (--max-message-bytes is --max_message_bytes). Values and the
+// words after "--" are left alone.
+std::vector<std::string> UnderscoreFlagNames(int argc, char** argv) {
+  std::vector<std::string> words(argv, argv + argc);
+  for (size_t i = 1; i < words.size(); ++i) {
+    std::string& w = words[i];
+    if (w == "--") break;
+    if (!absl::StartsWith(w, "--")) continue;
+    const size_t end = std::min(w.find('='), w.size());
+    std::replace(w.begin() + 2, w.begin() + end, '-', '_');
+  }
+  return words;
+}
+
 }  // namespace
 
 // After --exit_timeout, cancelled calls and the workers' teardown may take
@@ -144,7 +160,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "kplan-server resolves vLLM kernel plans and runs MoE layers over gRPC.\n"
       "Usage: kplan-server [--listen=0.0.0.0:50051] [--devices=all] [--exit_timeout=30s]\n"
-      "--help lists the server's flags with their defaults; --helpfull adds the libraries'.");
+      "--help lists the server's flags with their defaults; --helpfull adds the libraries'.\n"
+      "Flags take dashes or underscores alike (--max-message-bytes, --max_message_bytes).");
   absl::FlagsUsageConfig usage_config;
   usage_config.version_string = [] {
     return absl::StrCat("kplan-server ", KPLAN_VERSION, " (", KPLAN_GIT_REVISION, ")\n");
@@ -153,7 +170,10 @@ int main(int argc, char** argv) {
   usage_config.contains_helpshort_flags = IsServerFlagFile;
   usage_config.normalize_filename = FlagFileForHelp;
   absl::SetFlagsUsageConfig(usage_config);
-  absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> words = UnderscoreFlagNames(argc, argv);
+  std::vector<char*> word_ptrs;
+  for (std::string& w : words) word_ptrs.push_back(w.data());
+  absl::ParseCommandLine(static_cast<int>(word_ptrs.size()), word_ptrs.data());
 
   absl::StatusOr<kplan::rpc::LogFormat> log_format =
       kplan::rpc::ParseLogFormat(absl::GetFlag(FLAGS_log_format));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kplan-server --help lists every flag the server defines (read from its
 # source, so a new flag missing from --help fails this) with its default, and
-# neither --help nor --helpfull prints a build-machine path.
+# neither --help nor --helpfull prints a build-machine path; dashes spell the
+# same flags as underscores.
 set -euo pipefail
 bin=$1
 source_dir=$2
@@ -38,4 +39,17 @@ done
 
 "$server" --version 2>&1 | grep -Eq '^kplan-server [0-9]+\.[0-9]+\.[0-9]+ \(' ||
   { "$server" --version; exit 1; }
+# Dashes spell the same flags as underscores (vLLM's rule); values are kept.
+for spelling in --log-format=xml --log_format=xml; do
+  set +e
+  "$server" "$spelling" 2>"$work/err.txt"
+  rc=$?
+  set -e
+  [ "$rc" = 2 ] && grep -q -- "--log_format: unknown format 'xml'" "$work/err.txt" ||
+    { echo "$spelling: rc $rc"; cat "$work/err.txt"; exit 1; }
+done
+set +e
+"$server" --log_format=no-such_format 2>"$work/err.txt"
+set -e
+grep -q "unknown format 'no-such_format'" "$work/err.txt"
 echo "server_help_test: ok"
