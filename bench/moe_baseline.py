@@ -34,6 +34,8 @@ Rooflines: torch.neg over 1 GiB bf16 (bytes read + written) and torch.mm
 bf16 8192^3; floor = max(bytes / copy, FLOPs / matmul).
 """
 import argparse
+import csv
+import json
 import statistics
 import time
 
@@ -245,6 +247,9 @@ def main():
     p.add_argument("--budget_s", type=float, default=1.5)
     p.add_argument("--warmup_s", type=float, default=3.0)
     p.add_argument("--copy_mib", type=int, default=1024)
+    p.add_argument("--json", help="also write the rows and the rooflines to this file "
+                   "(bench/plot_moe.py draws them)")
+    p.add_argument("--csv", help="also write the rows to this CSV file")
     args = p.parse_args()
     shapes = [s for s in args.shapes.split(",") if s]
     for s in shapes:
@@ -342,7 +347,26 @@ def main():
               f"{r['bound']:>5s} {r['floor_us']:10.1f} {100.0 * r['floor_us'] / r['us']:6.1f}% "
               f"{r['mode']}")
     print(f"total {time.time() - t_start:.1f} s")
+    write_results(args, "torch._grouped_mm", props.name, copy_gbps, mm_tflops, rows)
     raise SystemExit(0 if all(r["ok"] for r in rows) else 1)
+
+
+CSV_FIELDS = ["shape", "tokens", "ok", "us", "hit", "gbps", "pct_copy", "tflops", "pct_mm",
+              "bound", "floor_us", "note"]
+
+
+def write_results(args, system, device, copy_gbps, mm_tflops, rows):
+    """The same schema as moe_bench --json: {system, device, rooflines, rows}."""
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"system": system, "device": device,
+                       "rooflines": {"copy_gbps": copy_gbps, "matmul_tflops": mm_tflops},
+                       "rows": rows}, f, indent=1)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,14 @@
 //
 // Usage: moe_bench [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096]
 //                  [--replays 200] [--sets 8] [--budget_s 1.5] [--warmup_s 3]
-//                  [--copy_mib 1024] [--decode on|off]
+//                  [--copy_mib 1024] [--decode on|off] [--ws off|on|both]
+//                  [--gemm_only on|off] [--layer on|off]
+// --ws picks the grouped GEMM of large M: off the cp.async kernel
+// (moe_gemm_sm90.cu), on the warp-specialised TMA kernel (moe_gemm_ws.h),
+// both every config twice, one after the other, in the same run.
+// --gemm_only on also times GEMM 1 and GEMM 2 of the layer alone (routing
+// and align done once) for every --ws kernel, after checking the kernels'
+// outputs against each other (poisoned first: every element written, no NaN).
 // --decode off keeps decode-sized layers on the grouped GEMM path (the
 // baseline of the decode kernels, moe_decode.cu).
 #include <cublas_v2.h>
@@ -59,6 +66,7 @@
 #include "bench/bench_check.h"
 #include "bench/copy_roofline.cuh"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_layer.h"
@@ -191,6 +199,9 @@ struct Args {
   double warmup_s = 3.0;
   size_t copy_mib = 1024;
   bool decode = true;  // --decode off: the grouped path at decode sizes too
+  std::vector<bool> ws = {false};  // --ws: the grouped GEMM kernels to run
+  bool gemm_only = false;
+  bool layer = true;  // --layer off: only the --gemm_only tables
 };
 
 std::vector<std::string> SplitComma(const std::string& s) {
@@ -207,7 +218,7 @@ std::vector<std::string> SplitComma(const std::string& s) {
   std::fprintf(stderr,
                "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
                "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
-               "[--decode on|off]\n",
+               "[--decode on|off] [--ws off|on|both] [--gemm_only on|off] [--layer on|off]\n",
                argv0);
   std::exit(2);
 }
@@ -247,6 +258,15 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--decode") {
       if (v != "on" && v != "off") Usage(argv[0]);
       a.decode = v == "on";
+    } else if (f == "--ws") {
+      if (v != "on" && v != "off" && v != "both") Usage(argv[0]);
+      a.ws = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
+    } else if (f == "--layer") {
+      if (v != "on" && v != "off") Usage(argv[0]);
+      a.layer = v == "on";
+    } else if (f == "--gemm_only") {
+      if (v != "on" && v != "off") Usage(argv[0]);
+      a.gemm_only = v == "on";
     } else {
       Usage(argv[0]);
     }
@@ -328,6 +348,7 @@ struct Matmul {
 
 struct Row {
   std::string shape;
+  bool ws = false;
   int64_t tokens = 0;
   bool ok = false;
   std::string note;
@@ -534,6 +555,125 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   return row;
 }
 
+// ---------------------------------------------------------------------------
+// The grouped GEMMs alone: routing and align once on random logits, then
+// GEMM 1 (hidden -> [numel, N13]) and GEMM 2 (random [numel, I] -> [numel, H])
+// timed for every --ws kernel. Check first: each kernel's output is poisoned
+// (0xff: NaN), computed, and compared with the first kernel's (NaN / unwritten
+// elements fail; rel L2 and the number of differing bf16 values are shown).
+
+struct GemmRow {
+  std::string shape, which, check;
+  int64_t tokens = 0, N = 0, K = 0;
+  bool ws = false, ok = false;
+  double us = 0, tflops = 0;
+};
+
+void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const Args& args,
+              double mm_tflops, cudaStream_t stream, std::vector<GemmRow>* out) {
+  (void)mm_tflops;
+  const int E = sh.E, k = sh.k;
+  const int64_t H = sh.H, I = sh.I, numel = M * k, N13 = gpu.n13();
+  DevBuf hidden(M * H * 2), logits(M * E * 4), tw(numel * 4), tid(numel * 4), inter(numel * I * 2);
+  FillBf16(hidden.p, M * H, 77 + static_cast<uint32_t>(M));
+  FillBf16(inter.p, numel * I, 99 + static_cast<uint32_t>(M));
+  FillF32(logits.as<float>(), M * E, 5 + static_cast<uint32_t>(M), -3.0f, 3.0f);
+  kc::MoeRoutingParams rp;
+  rp.num_experts = E;
+  rp.top_k = k;
+  rp.renormalize = true;
+  CHECK_OK(kc::LaunchMoeRouting(rp, logits.as<float>(), M, tw.as<float>(), tid.as<int32_t>(), stream));
+  const int bm = kc::MoeGemmBlockMFor(numel, E);
+  const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
+  const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);
+  DevBuf sorted(max_padded * 4), eids(max_blocks * 4), post(4);
+  CHECK_OK(kc::LaunchMoeAlignBlockSize(tid.as<int32_t>(), numel, bm, E, nullptr, false, false,
+                                       sorted.as<int32_t>(), eids.as<int32_t>(),
+                                       post.as<int32_t>(), stream));
+  for (int which = 0; which < 2; ++which) {
+    kc::MoeGroupedGemmArgs g;
+    g.dtype = kc::MoeElemType::kBFloat16;
+    g.a = which == 0 ? hidden.p : inter.p;
+    g.a_row_div = which == 0 ? k : 1;
+    g.w = which == 0 ? gpu.w13() : gpu.w2();
+    g.N = which == 0 ? N13 : H;
+    g.K = which == 0 ? H : I;
+    g.sorted_token_ids = sorted.as<int32_t>();
+    g.expert_ids = eids.as<int32_t>();
+    g.num_tokens_post_padded = post.as<int32_t>();
+    g.numel = numel;
+    g.num_blocks = max_blocks;
+    g.num_local_experts = E;
+    g.block_m = bm;
+    DevBuf c(numel * g.N * 2);
+    g.c = c.p;
+    std::vector<uint16_t> first, got(static_cast<size_t>(numel * g.N));
+    for (const bool ws : args.ws) {
+      kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+      GemmRow r;
+      r.shape = sh.name;
+      r.which = which == 0 ? "gemm1" : "gemm2";
+      r.tokens = M;
+      r.N = g.N;
+      r.K = g.K;
+      r.ws = ws;
+      CHECK_CUDA(cudaMemsetAsync(c.p, 0xff, numel * g.N * 2, stream));
+      const absl::Status st = kc::LaunchMoeGroupedGemm(g, stream);
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      if (!st.ok() || cudaGetLastError() != cudaSuccess) {
+        r.check = "LAUNCH FAILED: " + st.ToString();
+        out->push_back(r);
+        continue;
+      }
+      CHECK_CUDA(cudaMemcpy(got.data(), c.p, got.size() * 2, cudaMemcpyDeviceToHost));
+      int64_t nan = 0, differ = 0;
+      double num = 0, den = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float v = Bf16ToFloat(got[i]);
+        if (!std::isfinite(v)) ++nan;
+        if (!first.empty()) {
+          const float w = Bf16ToFloat(first[i]);
+          if (got[i] != first[i]) ++differ;
+          num += (static_cast<double>(v) - w) * (static_cast<double>(v) - w);
+          den += static_cast<double>(w) * w;
+        }
+      }
+      char buf[160];
+      const double rel = den > 0 ? std::sqrt(num / den) : 0.0;
+      std::snprintf(buf, sizeof(buf), "%lld nan/unwritten%s", static_cast<long long>(nan),
+                    first.empty() ? "" : "");
+      r.check = buf;
+      if (!first.empty()) {
+        std::snprintf(buf, sizeof(buf), ", vs old: rel %.1e, %lld/%zu bf16 differ", rel,
+                      static_cast<long long>(differ), got.size());
+        r.check += buf;
+      }
+      r.ok = nan == 0 && (first.empty() || rel <= 1e-2);
+      if (first.empty()) first = got;
+      // KPLAN_MOE_WS_DEBUG variants (moe_gemm_ws_sm90.cu) may leave the output
+      // unwritten: timed without the check.
+      const bool debug = ws && std::getenv("KPLAN_MOE_WS_DEBUG") != nullptr;
+      if (debug) r.check += " (KPLAN_MOE_WS_DEBUG variant: not checked)";
+      if (r.ok || debug) {
+        r.ok = true;
+        auto launch = [&] { CHECK_OK(kc::LaunchMoeGroupedGemm(g, stream)); };
+        for (int i = 0; i < 3; ++i) launch();
+        const double ms = MedianMs(launch, 15, 5, stream);
+        r.us = ms * 1e3;
+        r.tflops = 2.0 * numel * g.N * g.K / (ms * 1e-3) / 1e12;
+      } else {
+        r.check = "CHECK FAILED: " + r.check;
+      }
+      std::printf("  gemm-only %-14s M=%-5lld %s %-3s %10.1f us %7.1f TFLOP/s  %s\n", sh.name,
+                  static_cast<long long>(M), r.which.c_str(), ws ? "ws" : "old", r.us, r.tflops,
+                  r.check.c_str());
+      std::fflush(stdout);
+      out->push_back(r);
+    }
+  }
+  kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kFromEnv);
+}
+
 // Weights of one shape, random non-zero bf16 scaled to the fan-in, on device 0.
 std::unique_ptr<kplan::GpuExperts> MakeExperts(const ShapeDef& sh) {
   kplan::ExpertsSpec spec;
@@ -622,6 +762,7 @@ int main(int argc, char** argv) {
 
   // --- The layer.
   std::vector<Row> rows;
+  std::vector<GemmRow> gemm_rows;
   for (const std::string& key : args.shapes) {
     const ShapeDef* sh = nullptr;
     for (const ShapeDef& d : kShapes) {
@@ -633,19 +774,26 @@ int main(int argc, char** argv) {
                 sh->name, sh->E, sh->k, static_cast<long long>(sh->H),
                 static_cast<long long>(sh->I), gpu->bytes() / 1e9, Seconds(t0));
     mm.Warm(1.0);  // clocks back up after the host-side setup
-    for (int64_t M : args.tokens) {
+    for (int64_t M : args.layer ? args.tokens : std::vector<int64_t>{}) {
+     for (const bool ws : args.ws) {
+      kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
       const auto tc = Clock::now();
       Row r = RunConfig(*sh, *gpu, M, args, copy_gbps, mm_tflops, stream);
+      r.ws = ws;
       if (r.ok) {
-        std::printf("  %-14s M=%-5lld %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f TFLOP/s  (%s, %.1f s)\n",
-                    r.shape.c_str(), static_cast<long long>(M), r.us, r.hit, r.gbps, r.tflops,
-                    r.note.c_str(), Seconds(tc));
+        std::printf("  %-14s M=%-5lld %-3s %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f TFLOP/s  (%s, %.1f s)\n",
+                    r.shape.c_str(), static_cast<long long>(M), ws ? "ws" : "old", r.us, r.hit,
+                    r.gbps, r.tflops, r.note.c_str(), Seconds(tc));
       } else {
         std::printf("  %-14s M=%-5lld SKIPPED: %s\n", r.shape.c_str(), static_cast<long long>(M),
                     r.note.c_str());
       }
       std::fflush(stdout);
       rows.push_back(r);
+     }
+    }
+    if (args.gemm_only) {
+      for (int64_t M : args.tokens) GemmOnly(*sh, *gpu, M, args, mm_tflops, stream, &gemm_rows);
     }
   }
 
@@ -656,7 +804,7 @@ int main(int argc, char** argv) {
   std::printf("rooflines measured in this run: copy %.0f GB/s (SM copy kernel, read + write), "
               "matmul %.1f TFLOP/s (cuBLAS bf16 8192^3)\n",
               copy_gbps, mm_tflops);
-  std::printf("%-14s %6s %11s %7s %8s %7s %8s %7s %5s %10s %7s\n", "shape", "tokens", "us",
+  std::printf("%-14s %6s %4s %11s %7s %8s %7s %8s %7s %5s %10s %7s\n", "shape", "tokens", "gemm", "us",
               "hit", "GB/s", "%copy", "TFLOP/s", "%mm", "bound", "floor_us", "%floor");
   for (const Row& r : rows) {
     if (!r.ok) {
@@ -664,14 +812,28 @@ int main(int argc, char** argv) {
                   r.note.c_str());
       continue;
     }
-    std::printf("%-14s %6lld %11.1f %7.1f %8.0f %6.1f%% %8.1f %6.1f%% %5s %10.1f %6.1f%%\n",
-                r.shape.c_str(), static_cast<long long>(r.tokens), r.us, r.hit, r.gbps,
+    std::printf("%-14s %6lld %4s %11.1f %7.1f %8.0f %6.1f%% %8.1f %6.1f%% %5s %10.1f %6.1f%%\n",
+                r.shape.c_str(), static_cast<long long>(r.tokens), r.ws ? "ws" : "old", r.us, r.hit, r.gbps,
                 r.pct_copy, r.tflops, r.pct_mm, r.compute_bound ? "mm" : "copy", r.floor_us,
                 100.0 * r.floor_us / r.us);
+  }
+  if (!gemm_rows.empty()) {
+    std::printf("\ngrouped GEMMs alone (routing + align once, median of event-timed batches); "
+                "cuBLAS bf16 8192^3 in this run: %.1f TFLOP/s\n",
+                mm_tflops);
+    std::printf("%-14s %6s %-5s %6s %6s %4s %10s %8s %7s  %s\n", "shape", "tokens", "gemm", "N",
+                "K", "kern", "us", "TFLOP/s", "%cublas", "check");
+    for (const GemmRow& g : gemm_rows) {
+      std::printf("%-14s %6lld %-5s %6lld %6lld %4s %10.1f %8.1f %6.1f%%  %s\n", g.shape.c_str(),
+                  static_cast<long long>(g.tokens), g.which.c_str(), static_cast<long long>(g.N),
+                  static_cast<long long>(g.K), g.ws ? "ws" : "old", g.us, g.tflops,
+                  100.0 * g.tflops / mm_tflops, g.check.c_str());
+    }
   }
   std::printf("total %.1f s\n", Seconds(t_start));
   CHECK_CUDA(cudaStreamDestroy(stream));
   bool all_ok = true;
   for (const Row& r : rows) all_ok = all_ok && r.ok;
+  for (const GemmRow& g : gemm_rows) all_ok = all_ok && g.ok;
   return all_ok ? 0 : 1;
 }

@@ -4,11 +4,14 @@
 // against the input's size). The rest after the first 8 bytes is also parsed
 // as a header with the 8 bytes as the data section's size, which puts the
 // offset checks near INT64_MAX. Whatever the parser accepts must describe
-// tensors inside the data section exactly; anything else aborts.
+// tensors inside the data section exactly; anything else aborts. The whole
+// input is also parsed as a sharded checkpoint's index: whatever it accepts
+// must name only plain shard file names.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "absl/strings/string_view.h"
 #include "base/checked_size.h"
@@ -45,6 +48,18 @@ void Parse(absl::string_view header, int64_t data_bytes) {
   if (parsed.ok()) CheckHeader(*parsed, data_bytes);
 }
 
+void ParseIndex(absl::string_view text) {
+  absl::StatusOr<kplan::SafetensorsIndex> index = kplan::ParseSafetensorsIndex(text);
+  if (!index.ok()) return;
+  if (index->weight_map.empty()) std::abort();
+  for (const auto& [tensor, shard] : index->weight_map) {
+    if (shard.empty() || shard.size() > 255 || shard == "." || shard == ".." ||
+        shard.find('/') != std::string::npos || shard.find('\0') != std::string::npos) {
+      std::abort();
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -59,5 +74,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int b = 7; b >= 0; --b) n = (n << 8) | data[b];
     Parse(input.substr(8), static_cast<int64_t>(n & INT64_MAX));
   }
+  ParseIndex(input);
   return 0;
 }

@@ -1,6 +1,10 @@
 #include "server/moe/expert_loader.h"
 
+#include <algorithm>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "base/checked_size.h"
@@ -8,13 +12,44 @@
 #include "base/status.h"
 #include "server/moe/model_files.h"
 #include "server/moe/safetensors.h"
+#include "spdlog/spdlog.h"
 
 namespace kplan {
 
-ExpertsLoader::ExpertsLoader(ExpertsSpec spec)
-    : spec_(std::move(spec)), expected_(ExpectedTensors(spec_)) {
-  for (const TensorSpec& t : expected_) bytes_expected_ += t.bytes();
+namespace {
+
+int64_t TotalBytes(const std::vector<TensorSpec>& tensors) {
+  int64_t total = 0;
+  for (const TensorSpec& t : tensors) total += t.bytes();
+  return total;
 }
+
+std::string Mib(int64_t bytes) {
+  return bytes >= (int64_t{1} << 30) ? absl::StrFormat("%.1f GiB", bytes / double(1 << 30))
+                                     : absl::StrFormat("%.0f MiB", bytes / double(1 << 20));
+}
+
+}  // namespace
+
+LoadProgress::LoadProgress(std::string experts_id, int64_t total_bytes)
+    : id_(std::move(experts_id)), total_(total_bytes), start_(absl::Now()) {}
+
+void LoadProgress::Add(int64_t bytes) {
+  done_ += bytes;
+  if (total_ < (int64_t{64} << 20)) return;
+  const int tenths = static_cast<int>(std::min<int64_t>(10, done_ * 10 / total_));
+  if (tenths <= logged_tenths_) return;
+  logged_tenths_ = tenths;
+  spdlog::info("LoadExperts '{}': {}% ({} of {}) in {}", ClientText(id_), tenths * 10, Mib(done_),
+               Mib(total_), absl::FormatDuration(absl::Trunc(absl::Now() - start_,
+                                                             absl::Milliseconds(100))));
+}
+
+ExpertsLoader::ExpertsLoader(ExpertsSpec spec)
+    : spec_(std::move(spec)),
+      expected_(ExpectedTensors(spec_)),
+      bytes_expected_(TotalBytes(expected_)),
+      progress_(spec_.experts_id, bytes_expected_) {}
 
 absl::Status ExpertsLoader::AddChunk(const std::string& name, const std::string& wire_dtype,
                                      const std::vector<int64_t>& shape, int64_t offset,
@@ -63,6 +98,7 @@ absl::Status ExpertsLoader::AddChunk(const std::string& name, const std::string&
                                             " bytes"));
   }
   bytes_received_ += static_cast<int64_t>(data.size());
+  progress_.Add(static_cast<int64_t>(data.size()));
   if (buffer.empty() && static_cast<int64_t>(data.size()) == spec->bytes()) {
     buffer = std::move(data);
   } else {
@@ -104,9 +140,11 @@ const char* SafetensorsDType(moe::MoeDType d) {
 // exactly its dtype and shape.
 class SafetensorsFile {
  public:
-  absl::Status Open(const std::string& path, absl::Span<const std::string> model_roots) {
+  // `name` is how errors call the file (the client's path, escaped).
+  absl::Status Open(const std::string& path, absl::Span<const std::string> model_roots,
+                    std::string name) {
     KPLAN_ASSIGN_OR_RETURN(file_, OpenModelFile(path, model_roots, "safetensors.path"));
-    name_ = ClientText(path);
+    name_ = std::move(name);
     char prefix[8] = {};
     const size_t have = file_.size() >= 8 ? 8 : 0;
     if (have > 0) KPLAN_RETURN_IF_ERROR(Content(file_.ReadAt(0, 8, prefix)));
@@ -161,6 +199,81 @@ class SafetensorsFile {
   SafetensorsHeader header_;
 };
 
+// What `safetensors.path` names: one file, or a sharded checkpoint's index
+// (a path ending in ".index.json", e.g. model.safetensors.index.json) whose
+// shards sit beside it, each opened under the model roots when a tensor of
+// it is first read.
+class SafetensorsCheckpoint {
+ public:
+  absl::Status Open(const std::string& path, absl::Span<const std::string> model_roots) {
+    roots_.assign(model_roots.begin(), model_roots.end());
+    name_ = ClientText(path);
+    if (!absl::EndsWith(path, ".index.json")) return single_.Open(path, roots_, name_);
+    KPLAN_ASSIGN_OR_RETURN(ModelFile file, OpenModelFile(path, roots_, "safetensors.path"));
+    if (file.size() > kMaxSafetensorsIndexBytes) {
+      return InvalidField("safetensors.path",
+                          absl::StrCat(name_, ": an index of ", file.size(),
+                                       " bytes is over the limit of ", kMaxSafetensorsIndexBytes));
+    }
+    std::string text(static_cast<size_t>(file.size()), '\0');
+    absl::StatusOr<SafetensorsIndex> index = [&]() -> absl::StatusOr<SafetensorsIndex> {
+      KPLAN_RETURN_IF_ERROR(file.ReadAt(0, file.size(), text.data()));
+      return ParseSafetensorsIndex(text);
+    }();
+    if (!index.ok()) {
+      return WithField(absl::Status(index.status().code(),
+                                    absl::StrCat(name_, ": ", index.status().message())),
+                       "safetensors.path");
+    }
+    index_ = *std::move(index);
+    // The canonical path's directory: the shards resolve beside the index
+    // file itself, and OpenModelFile checks each against the roots again.
+    directory_ = file.path().substr(0, file.path().rfind('/'));
+    sharded_ = true;
+    return absl::OkStatus();
+  }
+
+  void set_progress(LoadProgress* progress) { progress_ = progress; }
+
+  absl::Status Read(const std::string& name, const char* dtype, const std::vector<int64_t>& shape,
+                    std::string& out) {
+    const size_t before = out.size();
+    absl::Status status = ReadFromFile(name, dtype, shape, out);
+    if (status.ok() && progress_ != nullptr) {
+      progress_->Add(static_cast<int64_t>(out.size() - before));
+    }
+    return status;
+  }
+
+ private:
+  absl::Status ReadFromFile(const std::string& name, const char* dtype,
+                            const std::vector<int64_t>& shape, std::string& out) {
+    if (!sharded_) return single_.Read(name, dtype, shape, out);
+    auto it = index_.weight_map.find(name);
+    if (it == index_.weight_map.end()) {
+      return InvalidField("safetensors",
+                          absl::StrCat(name_, " has no tensor '", ClientText(name), "'"));
+    }
+    std::unique_ptr<SafetensorsFile>& shard = shards_[it->second];
+    if (shard == nullptr) {
+      auto opened = std::make_unique<SafetensorsFile>();
+      KPLAN_RETURN_IF_ERROR(opened->Open(absl::StrCat(directory_, "/", it->second), roots_,
+                                         absl::StrCat(name_, " shard ", ClientText(it->second))));
+      shard = std::move(opened);
+    }
+    return shard->Read(name, dtype, shape, out);
+  }
+
+  LoadProgress* progress_ = nullptr;
+  std::vector<std::string> roots_;
+  std::string name_;
+  bool sharded_ = false;
+  SafetensorsFile single_;
+  SafetensorsIndex index_;
+  std::string directory_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> shards_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(
@@ -171,12 +284,15 @@ absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(
                                        "weights without biases; send quantised experts inline");
   }
   const char* dtype = SafetensorsDType(spec.dtype);
-  SafetensorsFile file;
+  SafetensorsCheckpoint file;
   KPLAN_RETURN_IF_ERROR(file.Open(path, model_roots));
   const int64_t e = spec.num_experts, h = spec.hidden, i = spec.intermediate;
   const bool gated = moe::IsGated(*moe::ParseMoeActivation(spec.activation));
   std::map<std::string, std::string> tensors;
-  for (const TensorSpec& t : ExpectedTensors(spec)) tensors[t.name].reserve(t.bytes());
+  const std::vector<TensorSpec> expected = ExpectedTensors(spec);
+  for (const TensorSpec& t : expected) tensors[t.name].reserve(t.bytes());
+  LoadProgress progress(spec.experts_id, TotalBytes(expected));
+  file.set_progress(&progress);
   if (!names.w13.empty() || !names.w2.empty()) {
     if (names.w13.empty() || names.w2.empty()) {
       return InvalidField("safetensors.w13", "stacked weights need both w13 and w2 names");

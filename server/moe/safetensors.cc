@@ -3,6 +3,7 @@
 #include <exception>
 #include <new>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@
 #include "nlohmann/json.hpp"
 #include "base/checked_size.h"
 #include "base/client_text.h"
+#include "base/status.h"
 
 namespace kplan {
 
@@ -327,6 +329,28 @@ class HeaderSax {
   SafetensorsHeader header_;
 };
 
+// Runs a schema-checking SAX handler over `text` (`what` names it in
+// errors). strict: nothing but whitespace after the object. The handler
+// reports every error itself; the library only throws std::bad_alloc.
+template <typename Sax>
+absl::Status RunSax(absl::string_view text, Sax& sax, absl::string_view what) {
+  try {
+    if (!nlohmann::json::sax_parse(text.begin(), text.end(), &sax,
+                                   nlohmann::json::input_format_t::json,
+                                   /*strict=*/true, /*ignore_comments=*/false)) {
+      return sax.error();
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory parsing the ", what));
+  } catch (const std::exception&) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON"));
+  }
+  if (!sax.done()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a complete JSON object"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view header_json,
@@ -338,19 +362,163 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view heade
   }
   if (data_bytes < 0) return absl::InvalidArgumentError("the data section has a negative size");
   HeaderSax sax(data_bytes);
-  try {
-    // strict: nothing but whitespace after the object. The handler reports
-    // every error itself; the library only throws std::bad_alloc.
-    const bool ok = nlohmann::json::sax_parse(header_json.begin(), header_json.end(), &sax,
-                                              nlohmann::json::input_format_t::json,
-                                              /*strict=*/true, /*ignore_comments=*/false);
-    if (!ok) return sax.error();
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("out of memory parsing the header");
-  } catch (const std::exception&) {
-    return absl::InvalidArgumentError("header is not valid JSON");
+  KPLAN_RETURN_IF_ERROR(RunSax(header_json, sax, "header"));
+  return sax.Take();
+}
+
+namespace {
+
+// The index's schema, checked while parsing (HeaderSax's reasons apply:
+// no DOM for hostile input, the first wrong value stops the parse).
+class IndexSax {
+ public:
+  using json = nlohmann::json;
+  static constexpr int kMaxSkipDepth = 64;
+
+  absl::Status error() const { return absl::InvalidArgumentError(error_); }
+  bool done() const { return state_ == State::kDone; }
+  SafetensorsIndex Take() { return std::move(index_); }
+
+  bool null() { return Scalar("null"); }
+  bool boolean(bool) { return Scalar("a boolean"); }
+  bool number_integer(json::number_integer_t) { return Scalar("a number"); }
+  bool number_unsigned(json::number_unsigned_t) { return Scalar("a number"); }
+  bool number_float(json::number_float_t, const json::string_t&) { return Scalar("a number"); }
+  bool binary(json::binary_t&) { return Scalar("binary"); }
+  bool string(json::string_t& s) {
+    if (state_ != State::kMapValue) return Scalar("a string");
+    if (s.empty() || s.size() > 255 || s == "." || s == ".." ||
+        s.find_first_of(std::string_view("/\0", 2)) != std::string::npos) {
+      return Fail(absl::StrCat("weight_map: tensor '", ClientText(key_), "' names shard '",
+                               ClientText(s), "', not a plain file name"));
+    }
+    index_.weight_map[key_] = std::move(s);
+    state_ = State::kMapKey;
+    return true;
   }
-  if (!sax.done()) return absl::InvalidArgumentError("header is not a complete JSON object");
+
+  bool start_object(std::size_t) { return Open(); }
+  bool start_array(std::size_t) {
+    if (state_ == State::kStart) return Fail("index is an array, not a JSON object");
+    if (state_ == State::kTopValue && key_ == "weight_map") {
+      return Fail("weight_map is an array, not an object of strings");
+    }
+    return Open();
+  }
+  bool key(json::string_t& k) {
+    switch (state_) {
+      case State::kTopKey:
+        key_ = std::move(k);
+        if (key_ == "weight_map" && seen_map_) return Fail("weight_map appears twice");
+        state_ = State::kTopValue;
+        return true;
+      case State::kMapKey:
+        if (index_.weight_map.count(k) != 0) {
+          return Fail(absl::StrCat("weight_map: tensor '", ClientText(k), "' appears twice"));
+        }
+        key_ = std::move(k);
+        state_ = State::kMapValue;
+        return true;
+      default:
+        return true;  // inside a skipped value
+    }
+  }
+  bool end_object() { return Close(); }
+  bool end_array() { return Close(); }
+
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) {
+    return Fail(absl::StrCat("index is not valid JSON (UTF-8) at byte ", position));
+  }
+
+ private:
+  enum class State { kStart, kTopKey, kTopValue, kMapKey, kMapValue, kSkip, kDone };
+
+  bool Fail(std::string message) {
+    if (error_.empty()) error_ = std::move(message);
+    return false;
+  }
+
+  bool Scalar(absl::string_view what) {
+    switch (state_) {
+      case State::kStart:
+        return Fail(absl::StrCat("index is ", what, ", not a JSON object"));
+      case State::kTopValue:
+        if (key_ == "weight_map") {
+          return Fail(absl::StrCat("weight_map is ", what, ", not an object of strings"));
+        }
+        state_ = State::kTopKey;  // another top-level value, skipped
+        return true;
+      case State::kMapValue:
+        return Fail(absl::StrCat("weight_map: tensor '", ClientText(key_), "' maps to ", what,
+                                 ", not a shard file name"));
+      default:
+        return true;  // inside a skipped value
+    }
+  }
+
+  bool Open() {
+    switch (state_) {
+      case State::kStart:
+        state_ = State::kTopKey;
+        return true;
+      case State::kTopValue:
+        if (key_ == "weight_map") {
+          seen_map_ = true;
+          state_ = State::kMapKey;
+          return true;
+        }
+        state_ = State::kSkip;
+        depth_ = 1;
+        return true;
+      case State::kSkip:
+        if (++depth_ > kMaxSkipDepth) {
+          return Fail(absl::StrCat("'", ClientText(key_), "' nests deeper than ", kMaxSkipDepth));
+        }
+        return true;
+      case State::kMapValue:
+        return Fail(absl::StrCat("weight_map: tensor '", ClientText(key_),
+                                 "' maps to a container, not a shard file name"));
+      default:
+        return Fail("unexpected container");
+    }
+  }
+
+  bool Close() {
+    switch (state_) {
+      case State::kSkip:
+        if (--depth_ == 0) state_ = State::kTopKey;
+        return true;
+      case State::kMapKey:
+        state_ = State::kTopKey;
+        return true;
+      case State::kTopKey:
+        if (!seen_map_) return Fail("index has no weight_map");
+        if (index_.weight_map.empty()) return Fail("weight_map names no tensor");
+        state_ = State::kDone;
+        return true;
+      default:
+        return Fail("unexpected end of a container");
+    }
+  }
+
+  State state_ = State::kStart;
+  std::string key_;
+  bool seen_map_ = false;
+  int depth_ = 0;
+  SafetensorsIndex index_;
+  std::string error_;
+};
+
+}  // namespace
+
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view index_json) {
+  if (static_cast<int64_t>(index_json.size()) > kMaxSafetensorsIndexBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("an index of ", index_json.size(),
+                                                   " bytes is over the limit of ",
+                                                   kMaxSafetensorsIndexBytes));
+  }
+  IndexSax sax;
+  KPLAN_RETURN_IF_ERROR(RunSax(index_json, sax, "index"));
   return sax.Take();
 }
 

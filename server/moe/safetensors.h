@@ -58,4 +58,19 @@ absl::StatusOr<int64_t> SafetensorsHeaderLength(absl::string_view prefix, int64_
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view header_json,
                                                          int64_t data_bytes);
 
+// A sharded checkpoint's index (Hugging Face's model.safetensors.index.json):
+// which shard file holds each tensor. Shards are plain file names in the
+// index's directory.
+inline constexpr int64_t kMaxSafetensorsIndexBytes = 64 << 20;
+struct SafetensorsIndex {
+  std::map<std::string, std::string> weight_map;  // tensor name -> shard file name
+};
+
+// Parses and checks an index, as strictly as the header: a top-level object
+// with "weight_map" (an object of strings, at least one tensor), any other
+// top-level value (e.g. "metadata") skipped unread up to a nesting depth of
+// 64. Every shard must be a plain file name: not empty, no '/', not "." or
+// "..", at most 255 bytes. Nothing throws; errors are INVALID_ARGUMENT.
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view index_json);
+
 }  // namespace kplan

@@ -87,6 +87,11 @@ ABSL_FLAG(ModelRootFlag, model_root, {},
           "Directory LoadExperts may read safetensors files from (comma-separated and/or "
           "repeated); absolute paths must resolve under one, relative ones resolve under the "
           "first. None: server-side loads are refused");
+ABSL_FLAG(std::string, preload, "",
+          "JSON file of expert sets to load at start, {\"experts\": [ExpertsHeader, ...]} with "
+          "safetensors sources under --model_root; readiness waits for them, a failure stops "
+          "the start");
+ABSL_FLAG(absl::Duration, preload_timeout, absl::Minutes(10), "The longest one preloaded set may take");
 ABSL_FLAG(std::string, devices, "all",
           "GPUs this server owns: all, none (CPU reference path) or a list such as 0,1");
 ABSL_FLAG(int, cpu_ep_ranks, 0,
@@ -214,6 +219,8 @@ int main(int argc, char** argv) {
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   options.model_roots = AllModelRoots();
+  options.preload_file = absl::GetFlag(FLAGS_preload);
+  options.preload_timeout = absl::GetFlag(FLAGS_preload_timeout);
   options.cpu_ep_ranks = absl::GetFlag(FLAGS_cpu_ep_ranks);
   options.ep_timeout = absl::GetFlag(FLAGS_ep_timeout);
   options.ep_size = absl::GetFlag(FLAGS_ep_size);

@@ -1,6 +1,11 @@
 #include "server/rpc/metrics.h"
 
+#include <CivetServer.h>
+#include <civetweb.h>
 #include <prometheus/text_serializer.h>
+
+#include <cstring>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -16,10 +21,63 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
   return *b;
 }
 
+// The exposer's HTTP callbacks carry no pointer of ours: the Metrics of each
+// listening port, for /healthz and /readyz.
+std::mutex& ProbeMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+std::map<int, const Metrics*>& ProbePorts() {
+  static auto* ports = new std::map<int, const Metrics*>;
+  return *ports;
+}
+
+void Reply(mg_connection* conn, int code, const char* reason, const char* body) {
+  mg_printf(conn,
+            "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
+            "Cache-Control: no-store\r\nConnection: close\r\n\r\n%s",
+            code, reason, std::strlen(body), body);
+}
+
+// civetweb's begin_request: 1 when answered here, 0 to let the exposer serve.
+int ProbeRequest(mg_connection* conn) {
+  const mg_request_info* info = mg_get_request_info(conn);
+  if (info == nullptr || info->local_uri == nullptr) return 0;
+  const bool health = std::strcmp(info->local_uri, "/healthz") == 0;
+  const bool ready = std::strcmp(info->local_uri, "/readyz") == 0;
+  if (!health && !ready) return 0;
+  std::lock_guard<std::mutex> lock(ProbeMutex());
+  auto it = ProbePorts().find(info->server_port);
+  if (it == ProbePorts().end()) {
+    Reply(conn, 503, "Service Unavailable", "stopping\n");
+  } else if (health || it->second->ready()) {
+    Reply(conn, 200, "OK", "ok\n");
+  } else {
+    Reply(conn, 503, "Service Unavailable", "not ready\n");
+  }
+  return 1;
+}
+
+const CivetCallbacks* ProbeCallbacks() {
+  static const CivetCallbacks* callbacks = [] {
+    auto* c = new CivetCallbacks();  // every other callback null
+    c->begin_request = ProbeRequest;
+    return c;
+  }();
+  return callbacks;
+}
+
 }  // namespace
+
+Metrics::~Metrics() {
+  const int listening = port();
+  std::lock_guard<std::mutex> lock(ProbeMutex());
+  if (listening != 0) ProbePorts().erase(listening);
+}
 
 Metrics::Metrics(const BuildLabels& build)
     : registry_(std::make_shared<prometheus::Registry>()),
+      process_(std::make_shared<ProcessCollector>()),
       requests_(prometheus::BuildCounter()
                     .Name("kplan_requests_total")
                     .Help("Finished RPCs by method and gRPC status code")
@@ -66,13 +124,16 @@ Metrics::Metrics(const BuildLabels& build)
 
 absl::Status Metrics::Serve(const std::string& address) {
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address);
+    exposer_ = std::make_unique<prometheus::Exposer>(address, 2, ProbeCallbacks());
   } catch (const std::exception& e) {
     return WithField(absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ",
                                                          e.what())),
                      "metrics_listen");
   }
   exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(process_);
+  std::lock_guard<std::mutex> lock(ProbeMutex());
+  ProbePorts()[port()] = this;
   return absl::OkStatus();
 }
 
@@ -114,7 +175,9 @@ void Metrics::SetDeviceMemoryUsed(const std::string& device, double bytes) {
 }
 
 std::string Metrics::Render() const {
-  return prometheus::TextSerializer().Serialize(registry_->Collect());
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& f : process_->Collect()) families.push_back(std::move(f));
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace kplan::rpc

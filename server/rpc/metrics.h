@@ -1,10 +1,13 @@
 // Prometheus metrics of the server, exposed on their own port (prometheus-cpp
 // pull exposer): requests by RPC and status code, latency histograms (total,
 // queue and device time apart), in-flight requests, experts held per device,
-// device memory in use, build info. Names follow Prometheus conventions
-// (base units, _total for counters).
+// device memory in use, build info, and the standard process_* families. Names follow Prometheus conventions
+// (base units, _total for counters). The same port answers /healthz (200
+// while the process serves) and /readyz (200 when the readiness health
+// service is SERVING, 503 otherwise) for probes that speak only HTTP.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/rpc/process_metrics.h"
 
 namespace kplan::rpc {
 
@@ -31,6 +35,7 @@ struct BuildLabels {
 class Metrics {
  public:
   explicit Metrics(const BuildLabels& build);
+  ~Metrics();
 
   // Serves /metrics on `address` ("0.0.0.0:9464"; port 0 picks one).
   absl::Status Serve(const std::string& address);
@@ -46,6 +51,10 @@ class Metrics {
   void SetExperts(const std::string& device, double count, double bytes);
   void SetDeviceMemoryUsed(const std::string& device, double bytes);
 
+  // What /readyz answers (false until the server says otherwise).
+  void SetReady(bool ready) { ready_.store(ready); }
+  bool ready() const { return ready_.load(); }
+
   // The text exposition of every metric, as a scrape would return it.
   std::string Render() const;
 
@@ -54,6 +63,7 @@ class Metrics {
                                       const std::string& method);
 
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<ProcessCollector> process_;  // process_* families, read at each scrape
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Histogram>& queue_;
@@ -62,6 +72,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& experts_;
   prometheus::Family<prometheus::Gauge>& expert_bytes_;
   prometheus::Family<prometheus::Gauge>& device_memory_;
+  std::atomic<bool> ready_{false};
   std::unique_ptr<prometheus::Exposer> exposer_;
 };
 

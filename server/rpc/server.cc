@@ -25,6 +25,7 @@
 #include "server/ir/builtin_ops.h"
 #include "server/moe/model_files.h"
 #include "server/moe/run_moe.h"
+#include "server/rpc/preload.h"
 #include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
@@ -387,6 +388,11 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
       max_expert_bytes, executor_options.max_queued_bytes,
       absl::FormatDuration(options.max_request_time),
       absl::FormatDuration(options.load_idle_timeout));
+  // The preload file is checked before anything listens.
+  std::vector<v1::ExpertsHeader> preload;
+  if (!options.preload_file.empty()) {
+    KPLAN_ASSIGN_OR_RETURN(preload, ReadPreloadFile(options.preload_file));
+  }
   server->experts_ = std::make_unique<ExpertStore>(max_expert_bytes);
   server->environment_.experts = server->experts_.get();
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);
@@ -411,7 +417,9 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   }
   grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
   health->SetServingStatus("", true);
-  health->SetServingStatus(kReadinessService, true);
+  // Readiness waits for the preloaded sets (below); liveness does not.
+  health->SetServingStatus(kReadinessService, preload.empty());
+  if (server->metrics_) server->metrics_->SetReady(preload.empty());
   spdlog::info("kplan-server {} listening on {} (port {}{}{}); platform: {}; {} device(s)",
                KPLAN_VERSION, options.listen_address, server->port_,
                options.tls_cert_file.empty() ? "" : ", TLS",
@@ -443,6 +451,14 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
     KPLAN_ASSIGN_OR_RETURN(v1::JoinEpGroupResponse joined, JoinEpGroupAtStart(join));
     spdlog::info("joined the expert-parallel group at {} as rank {} of {} (generation {})",
                  options.ep_coordinator, options.ep_rank, options.ep_size, joined.generation());
+  }
+  if (!preload.empty()) {
+    spdlog::info("preloading {} expert set(s) from {}", preload.size(), options.preload_file);
+    KPLAN_RETURN_IF_ERROR(Preload(*server->server_->InProcessChannel(grpc::ChannelArguments()),
+                                  preload, server->environment_.auth_token,
+                                  options.preload_timeout));
+    health->SetServingStatus(kReadinessService, true);
+    if (server->metrics_) server->metrics_->SetReady(true);
   }
   if (server->metrics_) {
     spdlog::info("metrics on {} (port {})", options.metrics_listen, server->metrics_->port());
@@ -481,6 +497,7 @@ void KplanServer::Shutdown(absl::Duration timeout) {
   shut_down_ = true;
   // NOT_SERVING first, so load balancers stop routing here while we drain.
   server_->GetHealthCheckService()->Shutdown();
+  if (metrics_) metrics_->SetReady(false);
   spdlog::info("draining: waiting up to {} for in-flight calls", absl::FormatDuration(timeout));
   server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));
   server_->Wait();

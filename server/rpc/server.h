@@ -56,6 +56,11 @@ struct ServerOptions {
   // Directories a request may load server-side files from (LoadExperts with
   // a safetensors path); each must exist. Empty: server-side loads are off.
   std::vector<std::string> model_roots;
+  // Expert sets to load at start (preload.h), each within preload_timeout;
+  // readiness turns SERVING once they are resident, and a failure stops the
+  // start. Empty: none.
+  std::string preload_file;
+  absl::Duration preload_timeout = absl::Minutes(10);
   // Expert parallelism. With more than one GPU the GPUs form the group;
   // without GPUs, cpu_ep_ranks > 0 makes a group of that many CPU
   // thread-ranks (CI and demos). ep_timeout bounds joining a step and each

@@ -21,6 +21,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
 #include "server/moe/expert_loader.h"
@@ -223,6 +225,69 @@ SafetensorsNames Stacked() {
   return n;
 }
 
+// Large loads log every tenth of their bytes; small ones stay quiet.
+TEST(LoadProgressTest, LogsEachTenthOfALargeLoad) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  spdlog::default_logger()->sinks().push_back(sink);
+  {
+    LoadProgress small("small", 1 << 20);
+    small.Add(1 << 20);
+    LoadProgress large("big-set", int64_t{100} << 20);
+    for (int i = 0; i < 40; ++i) large.Add(int64_t{5} << 19);  // 2.5 MiB each, 100 MiB in all
+  }
+  spdlog::default_logger()->sinks().pop_back();
+  const std::vector<std::string> lines = sink->last_formatted();
+  ASSERT_EQ(lines.size(), 10u);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_THAT(lines[i], HasSubstr(absl::StrCat("LoadExperts 'big-set': ", (i + 1) * 10, "% (",
+                                                 (i + 1) * 10, " MiB of 100 MiB)")));
+  }
+}
+
+TEST(SafetensorsIndexTest, ParsesHuggingFacesIndex) {
+  absl::StatusOr<SafetensorsIndex> index = ParseSafetensorsIndex(
+      "{\"metadata\": {\"total_size\": 1234, \"nested\": [1, {\"a\": [null, true]}]},"
+      " \"weight_map\": {\"w13\": \"model-00001-of-00002.safetensors\","
+      " \"w2\": \"model-00002-of-00002.safetensors\"}}");
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ(index->weight_map.size(), 2u);
+  EXPECT_EQ(index->weight_map.at("w2"), "model-00002-of-00002.safetensors");
+}
+
+TEST(SafetensorsIndexTest, RejectsHostileIndexes) {
+  const std::string deep = std::string(65, '[') + std::string(65, ']');
+  const std::string ok_deep = std::string(64, '[') + std::string(64, ']');
+  EXPECT_TRUE(ParseSafetensorsIndex(absl::StrCat("{\"m\":", ok_deep,
+                                                 ",\"weight_map\":{\"a\":\"s\"}}"))
+                  .ok());
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[]", "not a JSON object"},
+      {"{}", "no weight_map"},
+      {"{\"weight_map\":{}}", "names no tensor"},
+      {"{\"weight_map\":[]}", "an array"},
+      {"{\"weight_map\":7}", "a number"},
+      {"{\"weight_map\":{\"a\":\"../x.safetensors\"}}", "not a plain file name"},
+      {"{\"weight_map\":{\"a\":\"/etc/passwd\"}}", "not a plain file name"},
+      {"{\"weight_map\":{\"a\":\"..\"}}", "not a plain file name"},
+      {"{\"weight_map\":{\"a\":\"\"}}", "not a plain file name"},
+      {std::string("{\"weight_map\":{\"a\":\"x\\u0000y\"}}"), "not a plain file name"},
+      {"{\"weight_map\":{\"a\":1}}", "maps to a number"},
+      {"{\"weight_map\":{\"a\":{}}}", "maps to a container"},
+      {"{\"weight_map\":{\"a\":\"s\",\"a\":\"t\"}}", "appears twice"},
+      {"{\"weight_map\":{\"a\":\"s\"},\"weight_map\":{\"b\":\"s\"}}", "appears twice"},
+      {absl::StrCat("{\"m\":", deep, ",\"weight_map\":{\"a\":\"s\"}}"), "nests deeper"},
+      {"{\"weight_map\":{\"a\":\"s\"}", "not valid JSON"},
+      {"{\"weight_map\":{\"a\":\"s\"}} x", "not valid JSON"},
+  };
+  for (const auto& [text, message] : cases) {
+    SCOPED_TRACE(text);
+    absl::StatusOr<SafetensorsIndex> index = ParseSafetensorsIndex(text);
+    ASSERT_FALSE(index.ok());
+    EXPECT_EQ(index.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(index.status().message()), HasSubstr(message));
+  }
+}
+
 void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -306,6 +371,59 @@ TEST_F(SafetensorsFileTest, TensorsInAnyOrderLoad) {
   absl::StatusOr<std::unique_ptr<ExpertSet>> set = Load(root_ + "/swapped.safetensors");
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ((*set)->tensors().at("w13"), data_.substr(0, n13));
+}
+
+TEST_F(SafetensorsFileTest, ShardedCheckpointLoadsThroughItsIndex) {
+  const int64_t n13 = kE * 2 * kI * kH * 4, n2 = kE * kH * kI * 4;
+  ASSERT_EQ(mkdir((root_ + "/sharded").c_str(), 0755), 0);
+  WriteFile(root_ + "/sharded/model-00001-of-00002.safetensors",
+            FileOf(absl::StrCat("{\"w13\":", Entry("\"F32\"", "[2,8,8]",
+                                                   absl::StrCat("[0,", n13, "]")), "}"),
+                   data_.substr(0, n13)));
+  WriteFile(root_ + "/sharded/model-00002-of-00002.safetensors",
+            FileOf(absl::StrCat("{\"w2\":", Entry("\"F32\"", "[2,8,4]",
+                                                  absl::StrCat("[0,", n2, "]")), "}"),
+                   data_.substr(n13)));
+  const std::string index = root_ + "/sharded/model.safetensors.index.json";
+  WriteFile(index,
+            "{\"metadata\":{\"total_size\":1},\"weight_map\":{"
+            "\"w13\":\"model-00001-of-00002.safetensors\","
+            "\"w2\":\"model-00002-of-00002.safetensors\"}}");
+  absl::StatusOr<std::unique_ptr<ExpertSet>> set = Load(index);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ((*set)->tensors().at("w13"), data_.substr(0, n13));
+  EXPECT_EQ((*set)->tensors().at("w2"), data_.substr(n13));
+  EXPECT_TRUE(Load("sharded/model.safetensors.index.json").ok());
+
+  // A tensor the index does not list, and a shard that is missing.
+  WriteFile(index, "{\"weight_map\":{\"w13\":\"model-00001-of-00002.safetensors\"}}");
+  set = Load(index);
+  ASSERT_FALSE(set.ok());
+  EXPECT_THAT(std::string(set.status().message()), HasSubstr("has no tensor 'w2'"));
+  WriteFile(index, "{\"weight_map\":{\"w13\":\"model-00001-of-00002.safetensors\","
+                   "\"w2\":\"gone.safetensors\"}}");
+  ExpectRefused(Load(index).status());
+  // A shard that is a symlink out of the roots is refused like any path.
+  ASSERT_EQ(symlink((outside_ + "/good.safetensors").c_str(),
+                    (root_ + "/sharded/out.safetensors").c_str()), 0);
+  WriteFile(index, "{\"weight_map\":{\"w13\":\"model-00001-of-00002.safetensors\","
+                   "\"w2\":\"out.safetensors\"}}");
+  ExpectRefused(Load(index).status());
+  // A shard name with a path in it never reaches the file system.
+  WriteFile(index, "{\"weight_map\":{\"w13\":\"../good.safetensors\","
+                   "\"w2\":\"model-00002-of-00002.safetensors\"}}");
+  set = Load(index);
+  ASSERT_FALSE(set.ok());
+  EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(set.status().message()), HasSubstr("not a plain file name"));
+  EXPECT_EQ(FieldOf(set.status()).value_or(""), "safetensors.path");
+  // A shard whose content is wrong names the shard.
+  WriteFile(root_ + "/sharded/model-00002-of-00002.safetensors", "garbage!garbage!");
+  WriteFile(index, "{\"weight_map\":{\"w13\":\"model-00001-of-00002.safetensors\","
+                   "\"w2\":\"model-00002-of-00002.safetensors\"}}");
+  set = Load(index);
+  ASSERT_FALSE(set.ok());
+  EXPECT_THAT(std::string(set.status().message()), HasSubstr("shard model-00002-of-00002"));
 }
 
 TEST_F(SafetensorsFileTest, NoRootsMeansServerSideLoadsAreOff) {

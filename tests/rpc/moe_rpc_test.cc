@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 
+#include "absl/strings/str_replace.h"
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -108,6 +109,22 @@ class MoeRpcTest : public ::testing::Test {
       }
     }
     return out;
+  }
+
+  // The fixture's weights as a stacked safetensors file in the temporary
+  // directory (the server's model root); its path.
+  std::string WriteStackedFile(const std::string& name) const {
+    const std::string a = Bytes(w13_), b = Bytes(w2_);
+    const std::string header = absl::StrCat(
+        "{\"w13\":{\"dtype\":\"F32\",\"shape\":[", kE, ",", 2 * kI, ",", kH,
+        "],\"data_offsets\":[0,", a.size(), "]},\"w2\":{\"dtype\":\"F32\",\"shape\":[", kE,
+        ",", kH, ",", kI, "],\"data_offsets\":[", a.size(), ",", a.size() + b.size(), "]}}");
+    const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+    uint64_t n = header.size();  // little-endian hosts only, as the file format
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << a << b;
+    return path;
   }
 
   std::unique_ptr<KplanServer> server_;
@@ -324,18 +341,8 @@ TEST_F(MoeRpcTest, LoadsPerExpertSafetensors) {
 // gets the same answer.
 TEST_F(MoeRpcTest, SafetensorsLoadsOnlyUnderModelRoots) {
   const std::string a = Bytes(w13_), b = Bytes(w2_);
-  const std::string header = absl::StrCat(
-      "{\"w13\":{\"dtype\":\"F32\",\"shape\":[", kE, ",", 2 * kI, ",", kH,
-      "],\"data_offsets\":[0,", a.size(), "]},\"w2\":{\"dtype\":\"F32\",\"shape\":[", kE, ",",
-      kH, ",", kI, "],\"data_offsets\":[", a.size(), ",", a.size() + b.size(), "]}}");
   const std::string name = absl::StrCat("stacked-", getpid(), ".safetensors");
-  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
-  {
-    uint64_t n = header.size();  // little-endian hosts only, as the file format
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f << header << a << b;
-  }
+  const std::string path = WriteStackedFile(name);
   v1::ExpertsHeader h = Header("st-root");
   h.mutable_safetensors()->set_path(path);
   h.mutable_safetensors()->set_w13("w13");
@@ -379,6 +386,94 @@ TEST_F(MoeRpcTest, SafetensorsLoadsOnlyUnderModelRoots) {
   }
   EXPECT_EQ(client_->ListExperts()->experts_size(), 2);
   unlink(path.c_str());
+}
+
+// --preload: the sets are resident (and readiness SERVING) when Start
+// returns, loaded through LoadExperts' own checks; a bad file or set stops
+// the start with the entry named.
+TEST_F(MoeRpcTest, PreloadLoadsSetsBeforeReadiness) {
+  const std::string file = absl::StrCat("preload-", getpid(), ".safetensors");
+  WriteStackedFile(file);
+  auto write_preload = [&](const std::string& json) {
+    const std::string path = absl::StrCat(::testing::TempDir(), "/preload-", getpid(), ".json");
+    std::ofstream(path) << json;
+    return path;
+  };
+  const std::string entry = absl::StrCat(
+      "\"num_experts\": ", kE, ", \"hidden_size\": ", kH, ", \"intermediate_size\": ", kI,
+      ", \"activation\": \"silu\", \"dtype\": \"DTYPE_FLOAT32\", \"safetensors\": {\"path\": \"",
+      file, "\", \"w13\": \"w13\", \"w2\": \"w2\"}");
+  static NoDeviceProber prober;
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.prober = &prober;
+  options.model_roots = {::testing::TempDir()};
+  options.auth_token_file = absl::StrCat(::testing::TempDir(), "/preload-token-", getpid());
+  std::ofstream(options.auth_token_file) << "s3cret\n";  // the preload authenticates too
+  // Both spellings of the field names.
+  options.preload_file = write_preload(absl::StrCat(
+      "{\"experts\": [{\"experts_id\": \"pre-a\", ", entry, "}, {\"expertsId\": \"pre-b\", ",
+      absl::StrReplaceAll(entry, {{"num_experts", "numExperts"}}), "}]}"));
+  absl::StatusOr<std::unique_ptr<KplanServer>> started = KplanServer::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ClientOptions client_options;
+  client_options.bearer_token = "s3cret";
+  std::unique_ptr<Client> client =
+      Client::Connect(absl::StrCat("127.0.0.1:", (*started)->port()), client_options);
+  EXPECT_EQ(client->Health(KplanServer::kReadinessService).value_or(false), true);
+  absl::StatusOr<v1::ListExpertsResponse> listed = client->ListExperts();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->experts_size(), 2);
+  // The preloaded weights are the file's: same output as the inline set.
+  ASSERT_TRUE(client->LoadExperts(Header("inline"), Chunks()).ok());
+  std::mt19937 rng(std::random_device{}());
+  std::vector<float> x = Random(3 * kH, rng, 1.f), logits = Random(3 * kE, rng, 1.f);
+  std::string outputs[2];
+  for (int i = 0; i < 2; ++i) {
+    v1::RunMoERequest r;
+    r.set_experts_id(i == 0 ? "pre-b" : "inline");
+    *r.mutable_hidden_states() = MakeTensor(v1::DTYPE_FLOAT32, {3, kH}, Bytes(x));
+    *r.mutable_router_logits() = MakeTensor(v1::DTYPE_FLOAT32, {3, kE}, Bytes(logits));
+    r.mutable_routing()->set_top_k(kK);
+    absl::StatusOr<v1::RunMoEResponse> out = client->RunMoE(r);
+    ASSERT_TRUE(out.ok()) << out.status();
+    outputs[i] = out->output().data();
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+  started->reset();
+
+  struct Bad {
+    std::string json, field, message;
+  };
+  const std::vector<Bad> bad = {
+      {"[1]", "preload", "must be an object"},
+      {"{\"experts\": [{\"experts_id\": \"x\", \"no_such_field\": 1}]}", "preload.experts[0]",
+       "not an ExpertsHeader"},
+      {"{\"experts\": [{\"experts_id\": \"x\", \"num_experts\": 4}]}",
+       "preload.experts[0].safetensors", "safetensors"},
+      {absl::StrCat("{\"experts\": [{\"experts_id\": \"x\", ", entry, "}, {\"experts_id\": \"x\", ",
+                    entry, "}]}"),
+       "preload.experts[1].experts_id", "appears twice"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.json);
+    options.preload_file = write_preload(b.json);
+    absl::StatusOr<std::unique_ptr<KplanServer>> s = KplanServer::Start(options);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+    EXPECT_EQ(FieldOf(s.status()).value_or(""), b.field) << s.status();
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(b.message));
+  }
+  // A set LoadExperts refuses (a file outside the roots) stops the start and names the entry.
+  options.preload_file = write_preload(absl::StrCat(
+      "{\"experts\": [{\"experts_id\": \"far\", ",
+      absl::StrReplaceAll(entry, {{file, "/etc/passwd"}}), "}]}"));
+  absl::StatusOr<std::unique_ptr<KplanServer>> far = KplanServer::Start(options);
+  ASSERT_FALSE(far.ok());
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kPermissionDenied) << far.status();
+  EXPECT_THAT(std::string(far.status().message()), HasSubstr("preload.experts[0] ('far')"));
+  options.preload_file = "/nonexistent/preload.json";
+  EXPECT_EQ(FieldOf(KplanServer::Start(options).status()).value_or(""), "preload");
 }
 
 }  // namespace

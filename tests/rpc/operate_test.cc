@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <sys/un.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -338,6 +340,56 @@ TEST(MetricsTest, ScrapeShowsRequestsByCodeLatencyAndBuild) {
   EXPECT_THAT(page, HasSubstr("kplan_inflight_requests 0"));
   EXPECT_THAT(page, HasSubstr("kplan_build_info{"));
   EXPECT_THAT(page, HasSubstr("kplan_experts_loaded{device=\"cpu\"} 0"));
+}
+
+// HTTP probes on the metrics port: /healthz while the process serves,
+// /readyz with the readiness health service (503 once draining).
+TEST(MetricsTest, HealthzAndReadyzOnTheMetricsPort) {
+  ServerOptions options;
+  options.metrics_listen = "127.0.0.1:0";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const int port = server->metrics_port();
+  EXPECT_THAT(HttpGet(port, "/healthz"), HasSubstr("200 OK"));
+  EXPECT_THAT(HttpGet(port, "/readyz"), HasSubstr("200 OK"));
+  EXPECT_THAT(HttpGet(port, "/metrics"), HasSubstr("kplan_build_info{"));  // still the exposer's
+  server->Shutdown(absl::ZeroDuration());
+  const std::string ready = HttpGet(port, "/readyz");
+  EXPECT_THAT(ready, HasSubstr("503 Service Unavailable"));
+  EXPECT_THAT(ready, HasSubstr("not ready"));
+  EXPECT_THAT(HttpGet(port, "/healthz"), HasSubstr("200 OK"));
+}
+
+// The standard process_* families, with this process's own values.
+TEST(MetricsTest, ScrapeShowsProcessMetrics) {
+  ServerOptions options;
+  options.metrics_listen = "127.0.0.1:0";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const std::string page = HttpGet(server->metrics_port(), "/metrics");
+  auto value = [&](const std::string& name) {
+    const size_t at = page.find("\n" + name + " ");
+    if (at == std::string::npos) return -1.0;
+    double v = -1;
+    const size_t begin = at + name.size() + 2;
+    EXPECT_TRUE(absl::SimpleAtod(page.substr(begin, page.find('\n', begin) - begin), &v)) << name;
+    return v;
+  };
+  // Resident memory within 0.5x..2x of what getrusage says at its peak.
+  rusage usage{};
+  ASSERT_EQ(getrusage(RUSAGE_SELF, &usage), 0);
+  const double rss = value("process_resident_memory_bytes");
+  EXPECT_GT(rss, 0.25 * usage.ru_maxrss * 1024.0) << page;
+  EXPECT_LE(rss, 2.0 * usage.ru_maxrss * 1024.0) << page;
+  EXPECT_GE(value("process_virtual_memory_bytes"), rss);
+  EXPECT_GE(value("process_open_fds"), 3);  // stdio, sockets
+  EXPECT_GE(value("process_max_fds"), value("process_open_fds"));
+  EXPECT_GE(value("process_threads"), 2);  // the test's thread and gRPC's
+  EXPECT_GE(value("process_cpu_seconds_total"), 0);
+  const double start = value("process_start_time_seconds");
+  const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  EXPECT_GT(start, now - 3600);  // this test process started within the hour
+  EXPECT_LE(start, now + 1);
 }
 
 // A device the prober reports, with memory in use, shows up in the scrape.

@@ -59,6 +59,8 @@ struct MoeActParams {
 // K stepped by 64 through a cp.async pipeline; block_m is 16, 64 or 128 and
 // must be the block size moe_align_block_size ran with. MoeGemmBlockMFor
 // picks it from the expected slots per expert (16 at decode sizes).
+// Large M (>= 128 slots per expert) runs the warp-specialised TMA kernel
+// instead, same results (moe_gemm_ws.h).
 int MoeGemmBlockMFor(int64_t numel, int num_experts);
 // Split-K factor that fills one wave of resident CTAs with weight streams
 // when the blocks alone fill less than half of it (1 = no split);

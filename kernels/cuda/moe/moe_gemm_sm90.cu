@@ -38,6 +38,8 @@
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/moe_wgmma.cuh"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
@@ -73,50 +75,16 @@ struct Cfg {
   static_assert(BT * kLdp * 4 <= kPipeBytes, "epilogue tile must fit the pipeline buffers");
 };
 
-__device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool valid) {
-  const int src_size = valid ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
-               "r"(src_size)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem, bool valid) {
-  const int src_size = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
-               "r"(src_size)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void FenceProxyAsync() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// Byte offset of 16-byte chunk `c` of row `r` in a 128-byte-swizzled tile.
-__device__ __forceinline__ uint32_t Swz(int r, int c) {
-  return static_cast<uint32_t>(r * 128 + ((c ^ (r & 7)) << 4));
-}
-
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups
-// 1024 bytes apart (SBO), LBO unused for this layout (1 by convention).
-__device__ __forceinline__ uint64_t Desc(uint32_t smem_addr) {
-  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
+using detail::CpAsync16;
+using detail::CpAsync4;
+using detail::CpAsyncCommit;
+using detail::CpAsyncWait;
+using detail::Desc;
+using detail::FenceProxyAsync;
+using detail::Swz;
+using detail::WgmmaCommit;
+using detail::WgmmaFence;
+using detail::WgmmaWait;
 
 struct GemmParams {
   const void* a;
@@ -541,6 +509,11 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
     if (g.w_scale == nullptr || g.a_scale == nullptr) {
       return absl::InvalidArgumentError("moe_grouped_gemm: fp8 needs w_scale and a_scale");
     }
+  }
+  // The warp-specialised kernel of large M, behind its switch (moe_gemm_ws.h).
+  if (!g.fp8 && MoeGemmWsEnabled() && MoeGemmWsApplies(g)) {
+    const absl::Status st = LaunchMoeGroupedGemmWs(g, stream);
+    if (!absl::IsUnavailable(st)) return st;  // else no tensor map: the kernel below
   }
   const GemmParams p{g.a,
                      g.w,

@@ -1,0 +1,479 @@
+// Warp-specialised persistent grouped GEMM for sm_90a (moe_gemm_ws.h).
+//
+// Shape: C[slot, n] = Σ_k A[slot / a_row_div, k] · W[e, n, k]; a tile is
+// kWsTileT = 128 slots (one moe_align_block_size block or half of a 256-slot
+// block, so one expert) x kWsTileN = 256 weight rows. Not swapped, unlike
+// moe_gemm_sm90.cu: the token rows are wgmma's A operand (M = 64 per consumer
+// warpgroup), the weight rows its B operand (N = 256), so an accumulator
+// pair is two adjacent output columns (4-byte stores) and each wgmma reads
+// 2 KiB of A and 8 KiB of B per 64x256x16 step.
+//
+// CTA: 384 threads, three warpgroups.
+//  * WG 0, the producer (setmaxnreg down to 40): per k-tile of 64, thread 0
+//    issues one TMA load of the 256 x 64 weight box (tensor map over
+//    [E * N, K], 128-byte swizzle) with expect_tx on the stage's full
+//    barrier; all 128 threads gather the 128 token rows with 16-byte
+//    cp.async into the same swizzled layout and signal the full barrier with
+//    cp.async.mbarrier.arrive.noinc (129 arrivals + the TMA bytes per phase).
+//  * WG 1, 2, the consumers (setmaxnreg up to 232): slots [64 c, 64 c + 64)
+//    of the tile, 4 wgmma m64n256k16 per k-tile into 128 fp32 registers; a
+//    k-tile's stage is released (one arrival per consumer warp on the
+//    stage's empty barrier) once wgmma.wait_group 1 shows its group done, so
+//    every stage is in flight and there is no block-wide barrier at all.
+//    Epilogue straight from the registers: round to T, + round(bias), 4-byte
+//    stores; meanwhile the producer already fills the next tile's stages.
+// Persistent: grid = min(SMs, tiles), tiles walked in the moe_ws_schedule.h
+// order; tiles of experts of other ranks (expert id -1) write zero rows as
+// the other kernel does, tiles made only of padding are skipped.
+#include <cuda.h>  // CUtensorMap and its enums (types only: no -lcuda)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "kernels/cuda/moe/moe_sm90_ptx.cuh"
+#include "kernels/cuda/moe/moe_wgmma.cuh"
+#include "kernels/cuda/moe/moe_ws_schedule.h"
+#include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/status.h"
+
+namespace kplan::kernels::cuda {
+namespace {
+
+using detail::CpAsync16;
+using detail::Desc;
+using detail::FenceProxyAsync;
+using detail::FromFloat;
+using detail::ToFloat;
+using detail::Wgmma;
+using detail::WgmmaCommit;
+using detail::WgmmaFence;
+using detail::WgmmaWait;
+using ws::kWsTileN;
+using ws::kWsTileT;
+
+constexpr int kThreads = 384;
+constexpr int kStages = 4;
+constexpr int kBK = 64;                              // K elements per stage (128 bytes)
+constexpr int kTBytes = kWsTileT * 128;              // 16 KiB of token rows
+constexpr int kWBytes = kWsTileN * 128;              // 32 KiB of weight rows
+constexpr int kStageBytes = kTBytes + kWBytes;       // 48 KiB
+constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align to 1024
+constexpr int kConsumerWarps = 8;
+
+struct WsParams {
+  ws::WsSchedule sched;  // the host's upper bound, clipped on the device
+  const int32_t *sorted, *expert_ids, *post;  // moe_align_block_size output
+  const void* a;
+  void* c;
+  const float* bias;
+  int64_t numel, N, K;
+  int a_row_div, num_local_experts, block_m;
+  int flags;  // kWsFlag*: measurement variants
+};
+
+// Measurement variants (KPLAN_MOE_WS_DEBUG bits), never set by the layer:
+// skip the epilogue's stores (times the tile boundary; output unwritten),
+// store the fragment's 4-byte pieces without the quad transpose, or leave
+// out the proxy fence (not a valid kernel: measures the fence's cost).
+constexpr int kWsFlagNoStore = 1;
+constexpr int kWsFlagStore4 = 2;
+constexpr int kWsFlagNoFence = 4;  // the consumers' proxy fence left out: timing only
+
+// --- PTX helpers ------------------------------------------------------------
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWS_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WS_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Arrives on `bar` once every cp.async this thread issued so far completed.
+__device__ __forceinline__ void CpAsyncArriveNoinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+template <int R>
+__device__ __forceinline__ void SetMaxNRegInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void SetMaxNRegDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+
+
+// Two values rounded to T, packed as one 4-byte word (first value low).
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+  T v[2] = {FromFloat<T>(lo), FromFloat<T>(hi)};
+  uint32_t u;
+  memcpy(&u, v, 4);
+  return u;
+}
+// a[i] / a[i] = v for a run-time i in [0, 4), without indexing the array.
+__device__ __forceinline__ uint32_t Pick4(const uint32_t (&a)[4], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
+}
+__device__ __forceinline__ void Put4(uint32_t (&a)[4], int i, uint32_t v) {
+  a[0] = i == 0 ? v : a[0];
+  a[1] = i == 1 ? v : a[1];
+  a[2] = i == 2 ? v : a[2];
+  a[3] = i == 3 ? v : a[3];
+}
+
+struct TileInfo {
+  int64_t tt, n0;
+  int e;
+  bool local, empty;
+};
+
+__device__ __forceinline__ TileInfo Decode(const WsParams& p, const ws::WsSchedule& s,
+                                           int64_t linear) {
+  const ws::WsTile t = ws::WsTileAt(s, linear);
+  TileInfo info;
+  info.tt = t.token_tile;
+  info.n0 = t.n_tile * kWsTileN;
+  info.e = p.expert_ids[(t.token_tile * kWsTileT) / p.block_m];
+  info.local = info.e >= 0 && info.e < p.num_local_experts;
+  const int32_t first = p.sorted[t.token_tile * kWsTileT];
+  // Within an expert's range the slots come first, then the padding.
+  info.empty = first < 0 || first >= p.numel;
+  return info;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
+  extern __shared__ uint8_t smem_dyn[];
+  __shared__ uint64_t full_bar[kStages];
+  __shared__ uint64_t empty_bar[kStages];
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const uint32_t base =
+      (static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) + 1023u) & ~1023u;
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&full_bar[0]));
+  const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&empty_bar[0]));
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full0 + 8 * s, 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
+      MbarInit(empty0 + 8 * s, kConsumerWarps);
+    }
+    FenceProxyAsync();  // the barriers' init visible to the TMA unit
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&wmap))
+                 : "memory");
+  }
+  __syncthreads();
+  detail::PdlWaitThenRelease();
+
+  const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
+  const int64_t total = ws::WsTotalTiles(sched);
+  const int64_t N = p.N, K = p.K;
+  const int nk = static_cast<int>((K + kBK - 1) / kBK);
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    SetMaxNRegDec<40>();
+    const T* A = static_cast<const T*>(p.a);
+    const int ptid = tid;
+    const int chunk = ptid & 7;
+    // Row r = ptid / 8 + 16 i of the tile; its swizzled chunk is the same for all i.
+    const uint32_t dst0 = (ptid >> 3) * 128 + ((chunk ^ ((ptid >> 3) & 7)) << 4);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
+      const TileInfo ti = Decode(p, sched, lin);
+      if (!ti.local || ti.empty) continue;
+      int32_t arow[kWsTileT / 16];
+#pragma unroll
+      for (int i = 0; i < kWsTileT / 16; ++i) {
+        const int32_t slot = p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i];
+        arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
+      }
+      const int wrow = static_cast<int>(static_cast<int64_t>(ti.e) * N + ti.n0);
+      for (int kt = 0; kt < nk; ++kt) {
+        MbarWait(empty0 + 8 * stage, phase ^ 1);
+        const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes;
+        const uint32_t fb = full0 + 8 * stage;
+        if (ptid == 0) {
+          MbarArriveExpectTx(fb, kWBytes);
+          TmaLoad2d(w_s, &wmap, kt * kBK, wrow, fb);
+        }
+        const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * 8;
+        const bool kok = k < K;
+#pragma unroll
+        for (int i = 0; i < kWsTileT / 16; ++i) {
+          const bool ok = kok && arow[i] >= 0;
+          CpAsync16(t_s + dst0 + i * 16 * 128, ok ? A + static_cast<int64_t>(arow[i]) * K + k : A,
+                    ok);
+        }
+        CpAsyncArriveNoinc(fb);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  // -------------------------------------------------------------- consumers
+  SetMaxNRegInc<232>();
+  const int cw = wg - 1;                  // slots [64 cw, 64 cw + 64) of the tile
+  const int warp = (tid >> 5) & 3, lane = tid & 31;
+  const int r0 = cw * 64 + warp * 16 + (lane >> 2);  // and r0 + 8
+  T* Cg = static_cast<T*>(p.c);
+  float acc[kWsTileN / 2];
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
+    const TileInfo ti = Decode(p, sched, lin);
+    if (ti.empty) continue;
+    const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
+    const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
+    if (ti.local) {
+      int prev = -1;
+      for (int kt = 0; kt < nk; ++kt) {
+        MbarWait(full0 + 8 * stage, phase);
+        // cp.async wrote through the generic proxy; wgmma reads through the async one.
+        if (!(p.flags & kWsFlagNoFence)) FenceProxyAsync();
+        const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes;
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          Wgmma<kWsTileN, T>::Run(acc, Desc(t_s + cw * 64 * 128 + kk * 32), Desc(w_s + kk * 32),
+                                  kt > 0 || kk > 0);
+        }
+        WgmmaCommit();
+        WgmmaWait<1>();
+        if (prev >= 0 && lane == 0) MbarArrive(empty0 + 8 * prev);
+        prev = stage;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      WgmmaWait<0>();
+      if (lane == 0) MbarArrive(empty0 + 8 * prev);
+    }
+    if (p.flags & kWsFlagNoStore) continue;
+    // Epilogue. Register i holds row r0 + 8 ((i / 2) % 2), column 8 (i / 4) +
+    // 2 (lane % 4) + i % 2: a quad holds 8 adjacent columns of a row in four
+    // 4-byte pieces. Per 32 columns (j = 4m .. 4m + 3) a 4 x 4 transpose in
+    // the quad gives lane q the 8 columns of j = 4m + q: one 16-byte store.
+    const float* bias =
+        ti.local && p.bias != nullptr ? p.bias + static_cast<int64_t>(ti.e) * N : nullptr;
+    const bool ok0 = s0 >= 0 && s0 < p.numel, ok1 = s1 >= 0 && s1 < p.numel;
+    const int q = lane & 3;
+    if (p.flags & kWsFlagStore4) {  // 4-byte pieces straight from the fragment
+#pragma unroll
+      for (int j = 0; j < kWsTileN / 8; ++j) {
+        const int64_t n = ti.n0 + 8 * j + 2 * q;
+        if (n >= N) continue;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (ti.local) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) v[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
+          if (bias != nullptr) {
+            const float b0 = ToFloat(FromFloat<T>(bias[n])), b1 = ToFloat(FromFloat<T>(bias[n + 1]));
+            v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
+          }
+        }
+        if (ok0) *reinterpret_cast<uint32_t*>(Cg + static_cast<int64_t>(s0) * N + n) = Pack2<T>(v[0], v[1]);
+        if (ok1) *reinterpret_cast<uint32_t*>(Cg + static_cast<int64_t>(s1) * N + n) = Pack2<T>(v[2], v[3]);
+      }
+      continue;
+    }
+#pragma unroll
+    for (int m = 0; m < kWsTileN / 32; ++m) {
+      uint32_t pa[4], pb[4];  // rows r0, r0 + 8: the pieces of j = 4m .. 4m + 3
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = 4 * m + jj;
+        const int64_t n = ti.n0 + 8 * j + 2 * q;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (ti.local) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) v[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
+          if (bias != nullptr && n < N) {
+            const float b0 = ToFloat(FromFloat<T>(bias[n])), b1 = ToFloat(FromFloat<T>(bias[n + 1]));
+            v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
+          }
+        }
+        pa[jj] = Pack2<T>(v[0], v[1]);
+        pb[jj] = Pack2<T>(v[2], v[3]);
+      }
+      uint32_t oa[4], ob[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // Round i: send piece (q - i) & 3, receive lane (q + i) & 3's piece of j = 4m + q.
+        const int send = (q - i) & 3, from = (q + i) & 3;
+        const uint32_t ra = __shfl_sync(0xffffffffu, Pick4(pa, send), (lane & ~3) | from);
+        const uint32_t rb = __shfl_sync(0xffffffffu, Pick4(pb, send), (lane & ~3) | from);
+        Put4(oa, from, ra);
+        Put4(ob, from, rb);
+      }
+      const int64_t n = ti.n0 + 8 * (4 * m + q);
+      if (n >= N) continue;
+      if (ok0) {
+        *reinterpret_cast<uint4*>(Cg + static_cast<int64_t>(s0) * N + n) =
+            make_uint4(oa[0], oa[1], oa[2], oa[3]);
+      }
+      if (ok1) {
+        *reinterpret_cast<uint4*>(Cg + static_cast<int64_t>(s1) * N + n) =
+            make_uint4(ob[0], ob[1], ob[2], ob[3]);
+      }
+    }
+  }
+}
+
+// --- host ---------------------------------------------------------------------
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+absl::Status GetEncodeTiled(EncodeTiledFn* out) {
+  static std::once_flag once;
+  static EncodeTiledFn fn = nullptr;
+  static cudaError_t err = cudaSuccess;
+  std::call_once(once, [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                           &q);
+    if (err == cudaSuccess && q == cudaDriverEntryPointSuccess) fn = reinterpret_cast<EncodeTiledFn>(f);
+  });
+  if (fn == nullptr) {
+    cudaGetLastError();
+    return absl::UnavailableError(std::string("moe_grouped_gemm_ws: no cuTensorMapEncodeTiled: ") +
+                               cudaGetErrorString(err));
+  }
+  *out = fn;
+  return absl::OkStatus();
+}
+
+std::atomic<int> g_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+// Measurement knobs of moe_bench: KPLAN_MOE_WS_DEBUG (kWsFlag* bits) and
+// KPLAN_MOE_WS_GROUP (token tiles per group; default: ws::WsAutoGroup).
+int DebugFlags() {
+  static const int flags = EnvInt("KPLAN_MOE_WS_DEBUG", 0);
+  return flags;
+}
+int GroupSize() {
+  static const int group = EnvInt("KPLAN_MOE_WS_GROUP", ws::kWsAutoGroup);
+  return group;
+}
+
+template <typename T>
+absl::Status LaunchWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
+  int device = 0, sms = 0;
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // The dynamic shared-memory opt-in of this instantiation, once per device.
+  static std::atomic<uint64_t> attr_set{0};
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        WsGroupedGemmKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    attr_set.fetch_or(bit, std::memory_order_release);
+  }
+  EncodeTiledFn encode = nullptr;
+  if (absl::Status st = GetEncodeTiled(&encode); !st.ok()) return st;
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof(map));
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(g.K),
+                              static_cast<cuuint64_t>(g.num_local_experts) *
+                                  static_cast<cuuint64_t>(g.N)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(g.K) * sizeof(T)};
+  const cuuint32_t box[2] = {kBK, kWsTileN};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r = encode(&map,
+                            std::is_same_v<T, __half>
+                                ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                            2, const_cast<void*>(g.w), dims, strides, box, estr,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::UnavailableError("moe_grouped_gemm_ws: cuTensorMapEncodeTiled failed (" +
+                               std::to_string(static_cast<int>(r)) + ")");
+  }
+  const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, GroupSize()),
+                   g.sorted_token_ids, g.expert_ids, g.num_tokens_post_padded,
+                   g.a, g.c, g.bias, g.numel, g.N, g.K, g.a_row_div, g.num_local_experts,
+                   g.block_m, DebugFlags()};
+  if (p.sched.grid <= 0) return absl::OkStatus();
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsGroupedGemmKernel<T>, dim3(p.sched.grid),
+                                               dim3(kThreads), kSmemBytes, stream, map, p));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void SetMoeGemmWsMode(MoeGemmWsMode mode) { g_mode.store(static_cast<int>(mode)); }
+
+bool MoeGemmWsEnabled() {
+  const auto mode = static_cast<MoeGemmWsMode>(g_mode.load(std::memory_order_relaxed));
+  if (mode != MoeGemmWsMode::kFromEnv) return mode == MoeGemmWsMode::kOn;
+  static const bool env = [] {
+    const char* v = std::getenv("KPLAN_MOE_GEMM");
+    return v == nullptr || std::strcmp(v, "old") != 0;
+  }();
+  return env;
+}
+
+bool MoeGemmWsApplies(const MoeGroupedGemmArgs& g) {
+  if (g.fp8 || g.splits != 1) return false;
+  if (g.block_m != 128 && g.block_m != 256) return false;
+  // Large M only: at least 128 slots per expert on average (a full token tile).
+  const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(g.num_local_experts, g.numel));
+  if (g.numel < int64_t{kWsTileT} * experts) return false;
+  // TMA: 16-byte aligned base and row stride, rows addressable by int32.
+  if ((reinterpret_cast<uintptr_t>(g.w) & 15) != 0 || (g.K * 2) % 16 != 0) return false;
+  const int64_t rows = static_cast<int64_t>(g.num_local_experts) * g.N;
+  return rows + kWsTileN < (int64_t{1} << 31) && g.num_blocks * g.block_m < (int64_t{1} << 31);
+}
+
+absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
+  if (g.dtype == MoeElemType::kBFloat16) return LaunchWs<__nv_bfloat16>(g, stream);
+  return LaunchWs<__half>(g, stream);
+}
+
+}  // namespace kplan::kernels::cuda

@@ -1,0 +1,96 @@
+// The tile schedule of the warp-specialised grouped GEMM (moe_gemm_ws_sm90.cu),
+// plain C++ so that the host part is unit-tested on the CPU
+// (tests/kernels/moe_ws_schedule_test.cc) and the device walks the same order.
+//
+// Work: (token tile, weight-row tile) pairs. A token tile is kWsTileT
+// consecutive entries of sorted_token_ids (a moe_align_block_size block of
+// 128 slots, or one half of a 256-slot block), so every tile belongs to one
+// expert; a weight-row tile is kWsTileN rows of that expert's weight matrix.
+// The host knows only an upper bound of the token tiles (num_blocks; the
+// routing runs on the device), the device clips it to
+// ceil(num_tokens_post_padded / kWsTileT) before walking.
+//
+// Order: groups of `group` (WsAutoGroup) consecutive token tiles (mostly one expert: the
+// blocks of an expert are contiguous); within a group the weight-row tile is
+// the slow index and the token tile the fast one. So CTAs running together
+// share a weight-row tile (read from HBM once per group, from L2 by the other
+// token tiles of the group) and a group's token rows stay in L2 while the
+// expert's weight rows stream. A persistent grid of min(SMs, tiles) CTAs
+// takes linear tiles c, c + grid, c + 2 grid, ...
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KPLAN_WS_HD __host__ __device__ __forceinline__
+#else
+#define KPLAN_WS_HD inline
+#endif
+
+namespace kplan::kernels::cuda::ws {
+
+inline constexpr int kWsTileT = 128;  // token slots per tile (two consumer warpgroups x 64)
+inline constexpr int kWsTileN = 256;  // weight rows per tile (wgmma N)
+inline constexpr int kWsGroup = 4;    // token tiles per group when the weight rows are many
+inline constexpr int kWsAutoGroup = 0;
+
+struct WsSchedule {
+  int64_t token_tiles = 0;  // upper bound (host) / actual (device, after clipping)
+  int64_t n_tiles = 0;      // ceil(N / kWsTileN)
+  int64_t group = 1;        // token tiles per group, >= 1
+  int grid = 0;             // CTAs of the persistent grid
+};
+
+struct WsTile {
+  int64_t token_tile = 0;
+  int64_t n_tile = 0;
+};
+
+KPLAN_WS_HD int64_t WsTotalTiles(const WsSchedule& s) { return s.token_tiles * s.n_tiles; }
+
+// Tile `linear` in [0, WsTotalTiles(s)) of the order above (a bijection).
+KPLAN_WS_HD WsTile WsTileAt(const WsSchedule& s, int64_t linear) {
+  const int64_t per_group = s.group * s.n_tiles;
+  const int64_t g = linear / per_group, r = linear - g * per_group;
+  const int64_t first = g * s.group;
+  const int64_t left = s.token_tiles - first;
+  const int64_t size = left < s.group ? left : s.group;  // the last group may be short
+  WsTile t;
+  t.token_tile = first + r % size;
+  t.n_tile = r / size;
+  return t;
+}
+
+// The same schedule with the token tiles clipped to the blocks actually used.
+KPLAN_WS_HD WsSchedule WsClip(WsSchedule s, int64_t num_tokens_post_padded) {
+  const int64_t used = (num_tokens_post_padded + kWsTileT - 1) / kWsTileT;
+  if (used < s.token_tiles) s.token_tiles = used < 0 ? 0 : used;
+  return s;
+}
+
+// Group size with kWsAutoGroup, measured on one H200 (docs/PERF.md, session
+// 5): when one wave of CTAs covers all weight-row tiles of at least 8 token
+// tiles even with the weight-row tile fast (Mixtral GEMM 2: 16 row tiles),
+// group 1 (the weight-row tile fast) was best, 650 against 582 TFLOP/s at
+// group 8; with many weight-row tiles (GEMM 1: 112) group 4 (492, group 1:
+// 461, whose wave re-reads every weight-row tile per token tile).
+inline int64_t WsAutoGroup(int64_t n_tiles, int num_sms) {
+  return n_tiles * 8 <= num_sms ? 1 : kWsGroup;
+}
+
+// Host side: the upper-bound schedule of a launch. block_m is the
+// moe_align_block_size block (a multiple of kWsTileT), num_blocks the size of
+// expert_ids; group kWsAutoGroup picks it with WsAutoGroup.
+inline WsSchedule MakeWsSchedule(int64_t num_blocks, int block_m, int64_t N, int num_sms,
+                                 int group = kWsAutoGroup) {
+  WsSchedule s;
+  s.token_tiles = num_blocks * (block_m / kWsTileT);
+  s.n_tiles = (N + kWsTileN - 1) / kWsTileN;
+  s.group = group == kWsAutoGroup ? WsAutoGroup(s.n_tiles, num_sms) : group < 1 ? 1 : group;
+  const int64_t total = WsTotalTiles(s);
+  const int64_t sms = num_sms < 1 ? 1 : num_sms;
+  s.grid = static_cast<int>(total < sms ? total : sms);
+  return s;
+}
+
+}  // namespace kplan::kernels::cuda::ws

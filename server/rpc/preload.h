@@ -1,0 +1,40 @@
+// Expert sets loaded at start (--preload): a JSON file that lists
+// LoadExperts headers, each loaded from its safetensors source through the
+// server's own LoadExperts (an in-process channel), so a preloaded set passes
+// exactly the checks, limits and placement of a set a client loads. The
+// server reports readiness only once every set is resident and does not
+// start when one fails.
+//
+// The file: {"experts": [HEADER, ...]} where HEADER is an ExpertsHeader in
+// protobuf's JSON mapping (field names as in service.proto or lowerCamelCase)
+// and names a safetensors file under --model_root:
+//   {"experts": [{"experts_id": "layer3", "num_experts": 64, "hidden_size": 2048,
+//                 "intermediate_size": 1408, "dtype": "DTYPE_BFLOAT16",
+//                 "activation": "silu", "safetensors": {"path": "m/model.safetensors.index.json",
+//                 "gate_proj": "model.layers.3.mlp.experts.{e}.gate_proj.weight", ...}}]}
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <grpcpp/channel.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kplan/v1/service.pb.h"
+
+namespace kplan::rpc {
+
+// The headers of a preload file; INVALID_ARGUMENT naming "preload" (and the
+// entry, "preload.experts[i]...") for a file that cannot be read or parsed,
+// an entry that is not an ExpertsHeader, one without a safetensors source or
+// an id given twice.
+absl::StatusOr<std::vector<v1::ExpertsHeader>> ReadPreloadFile(const std::string& path);
+
+// Loads each header over `channel` (with `auth_token` when set), one after
+// another, each within `per_set_timeout`. The first failure stops it: its
+// status, with the entry's index and id in the message.
+absl::Status Preload(grpc::Channel& channel, const std::vector<v1::ExpertsHeader>& headers,
+                     const std::string& auth_token, absl::Duration per_set_timeout);
+
+}  // namespace kplan::rpc

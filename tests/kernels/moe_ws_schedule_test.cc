@@ -1,0 +1,112 @@
+// The host side of the warp-specialised grouped GEMM's tile schedule
+// (kernels/cuda/moe/moe_ws_schedule.h): tile counts, grid size, and that the
+// walk the device takes visits every (token tile, weight-row tile) once, in
+// groups of token tiles with the weight-row tile as the slow index. Plain
+// C++, runs without a GPU.
+#include "kernels/cuda/moe/moe_ws_schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <utility>
+#include <vector>
+
+namespace kplan::kernels::cuda::ws {
+namespace {
+
+TEST(MoeWsSchedule, CountsAndGrid) {
+  // Mixtral-8x7B, 4096 tokens, top-2: 8192 slots, block 256, at most 40 blocks.
+  WsSchedule s = MakeWsSchedule(40, 256, 28672, 132);
+  EXPECT_EQ(s.token_tiles, 80);
+  EXPECT_EQ(s.n_tiles, 112);
+  EXPECT_EQ(s.group, kWsGroup);  // 112 weight-row tiles: token tiles grouped
+  EXPECT_EQ(s.grid, 132);
+  // Mixtral GEMM 2 (N 4096: 16 row tiles, 16 x 8 <= 132): weight-row tile fast.
+  EXPECT_EQ(MakeWsSchedule(40, 256, 4096, 132).group, 1);
+  EXPECT_EQ(MakeWsSchedule(40, 256, 4352, 132).group, kWsGroup);  // 17 row tiles
+  EXPECT_EQ(MakeWsSchedule(40, 256, 4096, 132, 8).group, 8);      // explicit
+  EXPECT_EQ(WsTotalTiles(s), 80 * 112);
+  // Block 128: one token tile per block; N not a multiple of the tile.
+  s = MakeWsSchedule(3, 128, 144, 132);
+  EXPECT_EQ(s.token_tiles, 3);
+  EXPECT_EQ(s.n_tiles, 1);
+  EXPECT_EQ(s.grid, 3);  // fewer tiles than SMs: one CTA each
+  EXPECT_EQ(MakeWsSchedule(0, 128, 4096, 132).grid, 0);
+  EXPECT_EQ(MakeWsSchedule(5, 128, 4096, 132, -3).group, 1);
+}
+
+TEST(MoeWsSchedule, ClipToPostPadded) {
+  const WsSchedule s = MakeWsSchedule(40, 256, 4096, 132);
+  EXPECT_EQ(WsClip(s, 0).token_tiles, 0);
+  EXPECT_EQ(WsClip(s, 1).token_tiles, 1);
+  EXPECT_EQ(WsClip(s, 128).token_tiles, 1);
+  EXPECT_EQ(WsClip(s, 129).token_tiles, 2);
+  EXPECT_EQ(WsClip(s, 256 * 33).token_tiles, 66);
+  EXPECT_EQ(WsClip(s, 1 << 20).token_tiles, 80);  // never above the bound
+  EXPECT_EQ(WsClip(s, 1 << 20).n_tiles, s.n_tiles);
+}
+
+TEST(MoeWsSchedule, WalkIsABijectionInGroupOrder) {
+  for (int64_t tiles : {1, 2, 7, 8, 9, 16, 23, 80}) {
+    for (int64_t n_tiles : {1, 3, 16, 112}) {
+      for (int group : {1, 3, 8}) {
+        WsSchedule s;
+        s.token_tiles = tiles;
+        s.n_tiles = n_tiles;
+        s.group = group;
+        std::set<std::pair<int64_t, int64_t>> seen;
+        int64_t prev_group = 0, prev_n = 0;
+        for (int64_t i = 0; i < WsTotalTiles(s); ++i) {
+          const WsTile t = WsTileAt(s, i);
+          ASSERT_GE(t.token_tile, 0);
+          ASSERT_LT(t.token_tile, tiles);
+          ASSERT_GE(t.n_tile, 0);
+          ASSERT_LT(t.n_tile, n_tiles);
+          ASSERT_TRUE(seen.insert({t.token_tile, t.n_tile}).second)
+              << "tile visited twice: " << t.token_tile << "," << t.n_tile;
+          // Groups in order; inside a group the weight-row tile never goes back.
+          const int64_t g = t.token_tile / group;
+          ASSERT_GE(g, prev_group);
+          if (g == prev_group) {
+            ASSERT_GE(t.n_tile, prev_n);
+          } else {
+            ASSERT_EQ(t.n_tile, 0);
+          }
+          prev_group = g;
+          prev_n = t.n_tile;
+        }
+        EXPECT_EQ(static_cast<int64_t>(seen.size()), tiles * n_tiles);
+      }
+    }
+  }
+}
+
+TEST(MoeWsSchedule, ConsecutiveCtasShareAWeightTile) {
+  // The first `group` linear tiles are one weight-row tile over the group's
+  // token tiles: CTAs launched together read that weight tile once from HBM.
+  const WsSchedule s = MakeWsSchedule(40, 256, 28672, 132);
+  ASSERT_GT(s.group, 1);
+  for (int64_t i = 0; i < s.group; ++i) {
+    EXPECT_EQ(WsTileAt(s, i).n_tile, 0);
+    EXPECT_EQ(WsTileAt(s, i).token_tile, i);
+  }
+  EXPECT_EQ(WsTileAt(s, s.group).n_tile, 1);
+  EXPECT_EQ(WsTileAt(s, s.group).token_tile, 0);
+}
+
+TEST(MoeWsSchedule, PersistentGridCoversEveryTileOnce) {
+  // Every CTA c walks c, c + grid, ...: together each tile exactly once.
+  const WsSchedule s = WsClip(MakeWsSchedule(40, 256, 4096, 132), 256 * 29 + 5);
+  std::vector<int> hits(static_cast<size_t>(WsTotalTiles(s)), 0);
+  for (int c = 0; c < s.grid; ++c) {
+    for (int64_t i = c; i < WsTotalTiles(s); i += s.grid) {
+      const WsTile t = WsTileAt(s, i);
+      ++hits[static_cast<size_t>(t.token_tile * s.n_tiles + t.n_tile)];
+    }
+  }
+  for (int h : hits) EXPECT_EQ(h, 1);
+}
+
+}  // namespace
+}  // namespace kplan::kernels::cuda::ws
