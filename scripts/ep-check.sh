@@ -8,12 +8,11 @@
 #   GPUS=0,1,2,3 scripts/ep-check.sh         # a 4-GPU group
 #   scripts/ep-check.sh --cpu 3              # CPU path: --cpu_ep_ranks=3 (no GPU needed)
 #
-# BIN (default build/bin) holds kplan-server; PYSTUBS (default build/python)
-# the generated stubs; the distribution's python3-grpcio and python3-numpy.
+# BIN (default build/bin) holds kplan-server; the Python client is the kplan
+# package in client/python (the distribution's python3-grpcio and python3-numpy).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${BIN:-build/bin}
-stubs=${PYSTUBS:-$(dirname "$bin")/python}
 out=${OUT:-/tmp/kplan-ep}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -44,7 +43,7 @@ start() {  # name flags... ; prints the port
 single_port=$(start single "${single_flags[@]}") || exit 1
 ep_port=$(start ep "${ep_flags[@]}") || exit 1
 echo "single: ${single_flags[*]} on :$single_port; group: ${ep_flags[*]} on :$ep_port"
-PYTHONPATH="$stubs:client/python" /usr/bin/python3 scripts/ep_check.py \
+PYTHONPATH=client/python /usr/bin/python3 scripts/ep_check.py \
   "127.0.0.1:$single_port" "127.0.0.1:$ep_port" --ranks "$ranks" $small
 status=$?
 grep -h "expert-parallel\|stays on the CPU" "$out/ep.log" | head -5

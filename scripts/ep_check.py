@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from kplan_client import Client, KplanError
+from kplan import Client, KplanError
 
 
 def main() -> int:

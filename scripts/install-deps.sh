@@ -6,10 +6,11 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git ccache
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libcli11-dev
   libabsl-dev libspdlog-dev libssl-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
+  python3-venv python3-setuptools python3-wheel  # the kplan Python package, installed in a venv
   python3-jsonpatch  # tests/deploy renders the kustomize overlays with it
   prometheus-cpp-dev patchelf openssl
   clang  # scripts/sanitize.sh and the fuzz targets (its libFuzzer runtime below)

@@ -1,116 +1,148 @@
 #include "client/cli/args.h"
 
 #include <algorithm>
+#include <cctype>
 
+#include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/status.h"
 
 namespace kplan::cli {
+namespace {
 
-void ArgParser::AddString(std::string name, std::string metavar, std::string help,
-                          std::string* out) {
-  options_.push_back({std::move(name), std::move(metavar), std::move(help), Kind::kString, out});
+// CLI11's help without its usage line (each command prints its own synopsis)
+// and with the default after the description.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  HelpFormatter() { column_width(36); }
+  std::string make_usage(const CLI::App*, std::string) const override { return ""; }
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    if (!opt->nonpositional() || opt->get_type_size() == 0 || opt->get_type_name().empty()) {
+      return "";
+    }
+    return " " + opt->get_type_name();
+  }
+  std::string make_option_desc(const CLI::Option* opt) const override {
+    std::string desc = opt->get_description();
+    if (!opt->get_default_str().empty())
+      absl::StrAppend(&desc, " (default: ", opt->get_default_str(), ")");
+    return desc;
+  }
+};
+
+// "a,b-c" as CLI11 names: "--a,--b-c".
+std::string LongNames(const std::string& names) {
+  std::vector<std::string> out;
+  for (absl::string_view n : absl::StrSplit(names, ',', absl::SkipEmpty())) {
+    out.push_back(absl::StrCat("--", n));
+  }
+  return absl::StrJoin(out, ",");
 }
-void ArgParser::AddRepeated(std::string name, std::string metavar, std::string help,
+
+// The first --option a CLI11 message names, without its dashes.
+std::string OptionNamed(const std::string& message) {
+  size_t at = message.find("--");
+  if (at == std::string::npos) return "";
+  size_t end = at + 2;
+  while (end < message.size() &&
+         (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '-')) {
+    ++end;
+  }
+  return message.substr(at + 2, end - at - 2);
+}
+
+}  // namespace
+
+std::vector<std::string> NormalizeArgs(
+    const std::vector<std::string>& args,
+    const std::vector<std::pair<std::string, std::string>>& aliases) {
+  std::vector<std::string> out;
+  bool options_done = false;
+  for (const std::string& arg : args) {
+    if (options_done || arg == "--") {
+      options_done = true;
+      out.push_back(arg);
+      continue;
+    }
+    std::string word = arg;
+    for (const auto& [alias, name] : aliases) {
+      if (word == alias) word = "--" + name;
+      if (absl::StartsWith(word, alias + "="))
+        word = absl::StrCat("--", name, word.substr(alias.size()));
+    }
+    if (absl::StartsWith(word, "--")) {
+      const size_t eq = std::min(word.find('='), word.size());
+      std::replace(word.begin(), word.begin() + eq, '_', '-');
+    }
+    out.push_back(std::move(word));
+  }
+  return out;
+}
+
+ArgParser::ArgParser() : app_(std::make_unique<CLI::App>()) {
+  app_->formatter(std::make_shared<HelpFormatter>());
+  app_->set_help_flag("-h,--help", "show this help");
+}
+
+ArgParser::~ArgParser() = default;
+
+void ArgParser::AddString(std::string names, std::string metavar, std::string help,
+                          std::string* out, bool positional) {
+  std::string cli_names = LongNames(names);
+  if (positional) cli_names = absl::StrCat(metavar, ",", cli_names);
+  app_->add_option(cli_names, *out, help)
+      ->type_name(metavar)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->capture_default_str();
+}
+
+void ArgParser::AddRepeated(std::string names, std::string metavar, std::string help,
                             std::vector<std::string>* out) {
-  options_.push_back({std::move(name), std::move(metavar), std::move(help), Kind::kRepeated, out});
+  app_->add_option(LongNames(names), *out, help + " (repeatable)")
+      ->type_name(metavar)
+      ->allow_extra_args(false);
 }
-void ArgParser::AddSwitch(std::string name, std::string help, bool* out) {
-  options_.push_back({std::move(name), "", std::move(help), Kind::kSwitch, out});
+
+void ArgParser::AddSwitch(std::string names, std::string help, bool* out) {
+  app_->add_flag(LongNames(names), *out, help);
 }
+
 void ArgParser::AddTriState(std::string name, std::string help, std::optional<bool>* out) {
-  options_.push_back({std::move(name), "", std::move(help), Kind::kTriState, out});
+  app_->add_flag_function(
+      absl::StrCat("--", name, ",!--no-", name), [out](std::int64_t count) { *out = count > 0; },
+      help + " (--no-" + name + ": off)");
 }
+
 void ArgParser::AddAlias(std::string alias, std::string name) {
+  if (CLI::Option* o = app_->get_option_no_throw("--" + name)) {
+    o->description(absl::StrCat(o->get_description(), " (also ", alias, ")"));
+  }
   aliases_.emplace_back(std::move(alias), std::move(name));
 }
 
-const ArgParser::Option* ArgParser::Find(const std::string& name, bool* negated) const {
-  *negated = false;
-  for (const Option& o : options_) {
-    if (o.name == name) return &o;
-  }
-  if (absl::StartsWith(name, "no-")) {
-    std::string positive = name.substr(3);
-    for (const Option& o : options_) {
-      if (o.name == positive && o.kind == Kind::kTriState) {
-        *negated = true;
-        return &o;
-      }
-    }
-  }
-  return nullptr;
-}
-
-absl::Status ArgParser::Parse(const std::vector<std::string>& args,
-                              std::vector<std::string>* positional) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string arg = args[i];
-    for (const auto& [alias, name] : aliases_) {
-      if (arg == alias) arg = "--" + name;
-    }
-    if (!absl::StartsWith(arg, "--") || arg == "--") {
-      positional->push_back(arg);
-      continue;
-    }
-    std::string name = arg.substr(2);
-    std::optional<std::string> value;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    bool negated = false;
-    const Option* o = Find(name, &negated);
-    if (o == nullptr) {
-      return InvalidField(name, absl::StrCat("unknown option --", name, " (see --help)"));
-    }
-    if (o->kind == Kind::kSwitch || o->kind == Kind::kTriState) {
-      if (value) {
-        return InvalidField(name, absl::StrCat("option --", name, " takes no value"));
-      }
-      if (o->kind == Kind::kSwitch) {
-        *static_cast<bool*>(o->out) = true;
-      } else {
-        *static_cast<std::optional<bool>*>(o->out) = !negated;
-      }
-      continue;
-    }
-    if (!value) {
-      if (i + 1 >= args.size()) {
-        return InvalidField(name, absl::StrCat("option --", name, " needs a value (", o->metavar,
-                                               ")"));
-      }
-      value = args[++i];
-    }
-    if (o->kind == Kind::kString) {
-      *static_cast<std::string*>(o->out) = *value;
-    } else {
-      static_cast<std::vector<std::string>*>(o->out)->push_back(*value);
-    }
+absl::Status ArgParser::Parse(const std::vector<std::string>& args) {
+  const std::vector<std::string> words = NormalizeArgs(args, aliases_);
+  std::vector<const char*> argv = {"kplan"};
+  for (const std::string& w : words) argv.push_back(w.c_str());
+  try {
+    app_->parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::CallForHelp&) {
+    help_ = true;
+  } catch (const CLI::ParseError& e) {
+    const std::string message = absl::StrCat(e.what(), " (see --help)");
+    const std::string option = OptionNamed(e.what());
+    if (option.empty()) return absl::InvalidArgumentError(message);
+    return InvalidField(option, message);
   }
   return absl::OkStatus();
 }
 
 std::string ArgParser::Help() const {
-  std::vector<std::pair<std::string, std::string>> rows;
-  size_t width = 0;
-  for (const Option& o : options_) {
-    std::string left = absl::StrCat("  --", o.name);
-    if (o.kind == Kind::kTriState) left = absl::StrCat("  --[no-]", o.name);
-    if (!o.metavar.empty()) absl::StrAppend(&left, " ", o.metavar);
-    for (const auto& [alias, name] : aliases_) {
-      if (name == o.name) absl::StrAppend(&left, ", ", alias);
-    }
-    width = std::max(width, left.size());
-    rows.emplace_back(left, o.help + (o.kind == Kind::kRepeated ? " (repeatable)" : ""));
-  }
-  std::string out;
-  for (const auto& [left, help] : rows) {
-    absl::StrAppend(&out, absl::StrFormat("%-*s  %s\n", static_cast<int>(width), left, help));
-  }
-  return out;
+  return std::string(absl::StripAsciiWhitespace(app_->help())) + "\n";
 }
 
 }  // namespace kplan::cli

@@ -17,10 +17,9 @@ void CommonFlags::Register(ArgParser& p) {
   const char* env = std::getenv("KPLAN_SERVER");
   server = env != nullptr ? env : "localhost:50051";
   p.AddString("server", "ADDR",
-              "server address, HOST:PORT or unix:/path.sock (default $KPLAN_SERVER or "
-              "localhost:50051)",
+              "server address, HOST:PORT or unix:/path.sock ($KPLAN_SERVER sets the default)",
               &server);
-  p.AddString("timeout", "SECONDS", "deadline per call, retries included (default 10)",
+  p.AddString("timeout", "SECONDS", "deadline per call, retries included",
               &timeout);
   p.AddString("tls-ca", "FILE", "PEM CA bundle: connect over TLS and verify the server", &tls_ca);
   p.AddString("tls-cert", "FILE", "PEM client certificate (mutual TLS)", &tls_cert);
@@ -28,7 +27,6 @@ void CommonFlags::Register(ArgParser& p) {
   p.AddString("token-file", "FILE",
               "file with the server's bearer token (default: $KPLAN_TOKEN if set)", &token_file);
   p.AddSwitch("json", "print the response as JSON", &json);
-  p.AddSwitch("help", "show this help", &help);
 }
 
 absl::StatusOr<std::unique_ptr<Client>> CommonFlags::Connect() const {
@@ -73,19 +71,14 @@ int Fail(const absl::Status& status) {
 }
 
 std::optional<int> ParseOrExit(ArgParser& parser, const std::vector<std::string>& args,
-                               const CommonFlags& common, const std::string& synopsis,
-                               std::vector<std::string>* positional) {
-  std::vector<std::string> words;
-  absl::Status s = parser.Parse(args, &words);
+                               const std::string& synopsis) {
+  absl::Status s = parser.Parse(args);
   if (!s.ok()) return Fail(s);
-  if (common.help) {
-    std::cout << synopsis << "\n\nOptions:\n" << parser.Help();
+  if (parser.help()) {
+    std::cout << synopsis << "\n\n" << parser.Help()
+              << "\nEvery --multi-word flag also takes underscores (--moe_backend), as vLLM's "
+                 "CLI does.\n";
     return 0;
-  }
-  if (positional != nullptr) {
-    *positional = std::move(words);
-  } else if (!words.empty()) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("unexpected argument '", words[0], "'")));
   }
   return std::nullopt;
 }

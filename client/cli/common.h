@@ -19,7 +19,6 @@ struct CommonFlags {
   std::string timeout = "10";
   std::string tls_ca, tls_cert, tls_key, token_file;
   bool json = false;
-  bool help = false;
 
   void Register(ArgParser& p);
   // A client for --server with the TLS, token and deadline options.
@@ -30,10 +29,8 @@ struct CommonFlags {
 int Fail(const absl::Status& status);
 
 // Parses `args` into `parser`; returns an exit code when the command must
-// stop (--help, a parse error). Positional words go to `positional`, or are
-// an error when it is null.
+// stop (--help, a parse error).
 std::optional<int> ParseOrExit(ArgParser& parser, const std::vector<std::string>& args,
-                               const CommonFlags& common, const std::string& synopsis,
-                               std::vector<std::string>* positional = nullptr);
+                               const std::string& synopsis);
 
 }  // namespace kplan::cli

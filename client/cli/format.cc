@@ -1,6 +1,7 @@
 #include "client/cli/format.h"
 
 #include <algorithm>
+#include <regex>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -257,7 +258,21 @@ std::string ToJson(const google::protobuf::Message& m) {
   options.preserve_proto_field_names = true;
   options.always_print_primitive_fields = true;
   (void)google::protobuf::util::MessageToJsonString(m, &out, options);
-  return out;
+  // dtype fields in the words the tables and flags use: "bfloat16", not
+  // "DTYPE_BFLOAT16" (a quoted key, so no string value can match).
+  static const std::regex kDType("(\"[a-z_]*dtype\": )\"(DTYPE_[A-Z0-9_]+)\"");
+  std::string words;
+  auto last = out.cbegin();
+  for (std::sregex_iterator it(out.begin(), out.end(), kDType), end; it != end; ++it) {
+    v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+    std::string word;
+    if (v1::DType_Parse((*it)[2].str(), &dtype)) word = rpc::WireFromProtoDType(dtype);
+    words.append(last, (*it)[0].first);
+    words += word.empty() ? it->str() : absl::StrCat((*it)[1].str(), "\"", word, "\"");
+    last = (*it)[0].second;
+  }
+  words.append(last, out.cend());
+  return words;
 }
 
 }  // namespace kplan::cli

@@ -36,7 +36,8 @@ struct MoeRunSummary {
 std::string FormatMoeRun(const MoeRunSummary& s);
 std::string MoeRunToJson(const MoeRunSummary& s);
 
-// protobuf JSON with the proto field names, pretty-printed.
+// protobuf JSON with the proto field names, pretty-printed; dtypes as the
+// tables spell them (bfloat16).
 std::string ToJson(const google::protobuf::Message& m);
 
 }  // namespace kplan::cli

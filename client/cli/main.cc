@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/struct.pb.h"
 #include "client/cli/args.h"
 #include "client/cli/common.h"
 #include "client/cli/format.h"
@@ -35,10 +36,11 @@ constexpr char kUsage[] =
     "  experts   list the expert sets resident on the server (with expert-parallel shards)\n"
     "  load      load an expert set: from a safetensors file on the server host (under its\n"
     "            --model_root), or --random\n"
-    "  unload    unload an expert set: kplan unload ID\n"
+    "  unload    unload an expert set: kplan unload --id ID (or kplan unload ID)\n"
     "  run-moe   run a fused MoE layer on random inputs; show the plan and timing\n"
     "\n"
-    "Run `kplan <command> --help` for the command's options.\n"
+    "Run `kplan <command> --help` for the command's options; `kplan --version` for the\n"
+    "version. Flags take vLLM's names and spellings (--moe-backend or --moe_backend, -tp 2).\n"
     "Example: kplan resolve --offline --platform cuda:9.0 --moe-backend triton\n";
 
 // Resolves `request` through the server or, offline, in-process.
@@ -73,7 +75,7 @@ int Resolve(const std::vector<std::string>& args, bool explain) {
                 "for the request's MoE layer(s), with its verdict and reason."
               : "usage: kplan resolve [options]\n\nResolve a KernelConfig as vLLM's "
                 "set_platform_defaults() would, with the MoE plan and config hash.";
-  if (auto exit = ParseOrExit(parser, args, common, synopsis)) return *exit;
+  if (auto exit = ParseOrExit(parser, args, synopsis)) return *exit;
   absl::StatusOr<v1::ResolveKernelConfigRequest> request = flags.BuildRequest();
   if (!request.ok()) return Fail(request.status());
   absl::StatusOr<v1::ResolveKernelConfigResponse> response = ResolveVia(*request, offline, common);
@@ -87,7 +89,7 @@ int Resolve(const std::vector<std::string>& args, bool explain) {
     std::vector<MoePlan> plans = MoePlansOf(*response);
     if (plans.empty()) {
       return Fail(absl::InvalidArgumentError(
-          "the request has no MoE layer to explain; give --num-experts, --experts-per-token, "
+          "the request has no MoE layer to explain; give --num-experts, --top-k, "
           "--hidden-size and --intermediate-size (or model.moe in --request)"));
     }
     for (const MoePlan& plan : plans) std::cout << ExplainPlan(plan) << "\n";
@@ -116,7 +118,7 @@ int Info(const std::vector<std::string>& args) {
   ArgParser parser;
   CommonFlags common;
   common.Register(parser);
-  if (auto exit = ParseOrExit(parser, args, common, "usage: kplan info [options]")) return *exit;
+  if (auto exit = ParseOrExit(parser, args, "usage: kplan info [options]")) return *exit;
   absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
   if (!client.ok()) return Fail(client.status());
   absl::StatusOr<v1::GetServerInfoResponse> info = (*client)->GetServerInfo();
@@ -134,12 +136,20 @@ int Health(const std::vector<std::string>& args) {
                    "health service name (default: the whole server; readiness: "
                    "kplan.v1.KernelPlanService)",
                    &service);
-  if (auto exit = ParseOrExit(parser, args, common, "usage: kplan health [options]")) return *exit;
+  if (auto exit = ParseOrExit(parser, args, "usage: kplan health [options]")) return *exit;
   absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
   if (!client.ok()) return Fail(client.status());
   absl::StatusOr<bool> serving = (*client)->Health(service);
   if (!serving.ok()) return Fail(serving.status());
-  std::cout << (*serving ? "SERVING" : "NOT_SERVING") << "\n";
+  const char* status = *serving ? "SERVING" : "NOT_SERVING";
+  if (common.json) {
+    google::protobuf::Struct out;
+    (*out.mutable_fields())["service"].set_string_value(service);
+    (*out.mutable_fields())["status"].set_string_value(status);
+    std::cout << ToJson(out);
+  } else {
+    std::cout << status << "\n";
+  }
   return *serving ? 0 : 1;
 }
 
@@ -154,6 +164,10 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   std::string command = argv[1];
+  if (command == "--version" || command == "version") {
+    std::cout << "kplan " << KPLAN_VERSION << " (" << KPLAN_GIT_REVISION << ")\n";
+    return 0;
+  }
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "resolve") return Resolve(args, /*explain=*/false);
   if (command == "explain") return Resolve(args, /*explain=*/true);

@@ -16,12 +16,12 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/float16.h"
+#include "base/status.h"
 #include "client/cli/args.h"
 #include "client/cli/common.h"
 #include "client/cli/format.h"
 #include "client/cpp/client.h"
-#include "base/float16.h"
-#include "base/status.h"
 #include "server/oracle/moe_config.h"
 #include "server/rpc/moe_plan_convert.h"
 
@@ -114,7 +114,7 @@ int ExpertsCommand(const std::vector<std::string>& args) {
   const std::string synopsis =
       "usage: kplan experts [options]\n\nList the expert sets resident on the server: shapes, "
       "dtype, activation, bytes, placement and, on an expert-parallel group, each rank's shard.";
-  if (auto exit = ParseOrExit(parser, args, common, synopsis)) return *exit;
+  if (auto exit = ParseOrExit(parser, args, synopsis)) return *exit;
   absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
   if (!client.ok()) return Fail(client.status());
   absl::StatusOr<v1::ListExpertsResponse> list = (*client)->ListExperts();
@@ -123,107 +123,94 @@ int ExpertsCommand(const std::vector<std::string>& args) {
   return 0;
 }
 
-namespace {
+void LoadFlags::Register(ArgParser& p) {
+  p.AddString("id", "ID", "experts_id of the new set (required)", &id);
+  p.AddString("num-experts", "E", "number of experts (required)", &num_experts);
+  p.AddString("hidden-size,hidden", "H", "hidden size (required)", &hidden_size);
+  p.AddString("intermediate-size,intermediate", "I", "intermediate size per expert (required)",
+              &intermediate_size);
+  p.AddString("dtype", "DTYPE", "weight dtype: bfloat16, float16, float32", &dtype);
+  p.AddString("activation", "NAME", "MoEActivation value: silu, gelu, swigluoai, silu_no_mul, ...",
+              &activation);
+  p.AddString("quantization", "SCHEME",
+              "quantisation scheme of the weights (fp8_per_tensor, fp8_block, int8_group, ...); "
+              "the server loads quantised sets only inline, so neither source here takes one",
+              &quantization);
+  p.AddString("safetensors", "PATH", "safetensors file on the server host, under its --model_root",
+              &safetensors);
+  p.AddString("template", "NAME",
+              "per-expert tensor names with {e} for the expert and {proj} for gate_proj, "
+              "up_proj and down_proj, e.g. 'model.layers.0.mlp.experts.{e}.{proj}.weight'",
+              &name_template);
+  p.AddString("gate-proj", "NAME", "per-expert [I, H] name with {e} (overrides --template)",
+              &gate_proj);
+  p.AddString("up-proj", "NAME", "per-expert [I, H] name with {e} (overrides --template)",
+              &up_proj);
+  p.AddString("down-proj", "NAME", "per-expert [H, I] name with {e} (overrides --template)",
+              &down_proj);
+  p.AddString("w13", "NAME", "stacked [E, 2I, H] tensor name (with --w2)", &w13);
+  p.AddString("w2", "NAME", "stacked [E, H, I] tensor name (with --w13)", &w2);
+  p.AddSwitch("random", "generate and stream random weights of the given shape instead", &random);
+  p.AddString("seed", "N", "seed of --random", &seed);
+}
 
-struct LoadFlags {
-  std::string id, safetensors, name_template, gate_proj, up_proj, down_proj, w13, w2;
-  std::string num_experts, hidden, intermediate, dtype = "bfloat16", activation = "silu",
-                                                 quantization, seed = "0";
-  bool random = false;
-
-  void Register(ArgParser& p) {
-    p.AddString("id", "ID", "experts_id of the new set (required)", &id);
-    p.AddString("num-experts", "E", "number of experts (required)", &num_experts);
-    p.AddString("hidden", "H", "hidden size (required)", &hidden);
-    p.AddString("intermediate", "I", "intermediate size per expert (required)", &intermediate);
-    p.AddString("dtype", "DTYPE", "weight dtype: bfloat16 (default), float16, float32", &dtype);
-    p.AddString("activation", "NAME",
-                "MoEActivation value: silu (default), gelu, swigluoai, silu_no_mul, ...",
-                &activation);
-    p.AddString("quantization", "SCHEME",
-                "quantisation scheme of the weights (fp8_per_tensor, fp8_block, int8_group, ...); "
-                "the server loads quantised sets only inline, so neither source here takes one",
-                &quantization);
-    p.AddString("safetensors", "PATH",
-                "safetensors file on the server host, under its --model_root", &safetensors);
-    p.AddString("template", "NAME",
-                "per-expert tensor names with {e} for the expert and {proj} for gate_proj, "
-                "up_proj and down_proj, e.g. 'model.layers.0.mlp.experts.{e}.{proj}.weight'",
-                &name_template);
-    p.AddString("gate-proj", "NAME", "per-expert [I, H] name with {e} (overrides --template)",
-                &gate_proj);
-    p.AddString("up-proj", "NAME", "per-expert [I, H] name with {e} (overrides --template)",
-                &up_proj);
-    p.AddString("down-proj", "NAME", "per-expert [H, I] name with {e} (overrides --template)",
-                &down_proj);
-    p.AddString("w13", "NAME", "stacked [E, 2I, H] tensor name (with --w2)", &w13);
-    p.AddString("w2", "NAME", "stacked [E, H, I] tensor name (with --w13)", &w2);
-    p.AddSwitch("random", "generate and stream random weights of the given shape instead", &random);
-    p.AddString("seed", "N", "seed of --random (default 0)", &seed);
+absl::Status LoadFlags::Build(v1::ExpertsHeader* header,
+                              std::vector<v1::TensorChunk>* chunks) const {
+  KPLAN_RETURN_IF_ERROR(Required("id", id));
+  int64_t e = 0, h = 0, i = 0, seed_value = 0;
+  for (auto [flag, value, out] :
+       {std::tuple("num-experts", &num_experts, &e), std::tuple("hidden-size", &hidden_size, &h),
+        std::tuple("intermediate-size", &intermediate_size, &i)}) {
+    KPLAN_RETURN_IF_ERROR(Required(flag, *value));
+    KPLAN_RETURN_IF_ERROR(ParseInt(flag, *value, 1, out));
   }
-
-  // The header and, for --random, the chunks that follow it.
-  absl::Status Build(v1::ExpertsHeader* header, std::vector<v1::TensorChunk>* chunks) const {
-    KPLAN_RETURN_IF_ERROR(Required("id", id));
-    int64_t e = 0, h = 0, i = 0, seed_value = 0;
-    for (auto [flag, value, out] :
-         {std::tuple("num-experts", &num_experts, &e), std::tuple("hidden", &hidden, &h),
-          std::tuple("intermediate", &intermediate, &i)}) {
-      KPLAN_RETURN_IF_ERROR(Required(flag, *value));
-      KPLAN_RETURN_IF_ERROR(ParseInt(flag, *value, 1, out));
+  KPLAN_RETURN_IF_ERROR(ParseInt("seed", seed, 0, &seed_value));
+  KPLAN_ASSIGN_OR_RETURN(PlainDType plain, ParsePlainDType("dtype", dtype));
+  absl::StatusOr<MoEActivation> act = MoEActivationFromStr(activation);
+  if (!act.ok()) return InvalidField("activation", act.status().message());
+  header->set_experts_id(id);
+  header->set_num_experts(e);
+  header->set_hidden_size(h);
+  header->set_intermediate_size(i);
+  header->set_activation(activation);
+  header->set_dtype(plain.proto);
+  header->mutable_quantization()->set_scheme(quantization);
+  if (random == !safetensors.empty()) {
+    return InvalidField("safetensors", "give either --safetensors PATH or --random");
+  }
+  if (random) {
+    if (!quantization.empty()) {
+      return InvalidField("quantization", "--random generates plain weights; drop --quantization");
     }
-    KPLAN_RETURN_IF_ERROR(ParseInt("seed", seed, 0, &seed_value));
-    KPLAN_ASSIGN_OR_RETURN(PlainDType plain, ParsePlainDType("dtype", dtype));
-    absl::StatusOr<MoEActivation> act = MoEActivationFromStr(activation);
-    if (!act.ok()) return InvalidField("activation", act.status().message());
-    header->set_experts_id(id);
-    header->set_num_experts(e);
-    header->set_hidden_size(h);
-    header->set_intermediate_size(i);
-    header->set_activation(activation);
-    header->set_dtype(plain.proto);
-    header->mutable_quantization()->set_scheme(quantization);
-    if (random == !safetensors.empty()) {
-      return InvalidField("safetensors", "give either --safetensors PATH or --random");
-    }
-    if (random) {
-      if (!quantization.empty()) {
-        return InvalidField("quantization",
-                            "--random generates plain weights; drop --quantization");
-      }
-      std::mt19937 rng(static_cast<uint32_t>(seed_value));
-      const int64_t rows = IsGated(*act) ? 2 * i : i;
-      AppendChunks("w13", RandomTensor({e, rows, h}, plain, 1.0f / std::sqrt(float(h)), rng),
-                   chunks);
-      AppendChunks("w2", RandomTensor({e, h, i}, plain, 1.0f / std::sqrt(float(i)), rng), chunks);
-      return absl::OkStatus();
-    }
-    v1::SafetensorsSource* st = header->mutable_safetensors();
-    st->set_path(safetensors);
-    st->set_w13(w13);
-    st->set_w2(w2);
-    if (!name_template.empty() && !absl::StrContains(name_template, "{proj}")) {
-      return InvalidField("template",
-                          "--template needs {proj} (and {e}); stacked tensors take "
-                          "--w13 and --w2");
-    }
-    auto name = [&](const std::string& given, absl::string_view proj) {
-      if (!given.empty() || name_template.empty()) return given;
-      return absl::StrReplaceAll(name_template, {{"{proj}", proj}});
-    };
-    st->set_gate_proj(name(gate_proj, "gate_proj"));
-    st->set_up_proj(name(up_proj, "up_proj"));
-    st->set_down_proj(name(down_proj, "down_proj"));
-    if (st->w13().empty() && st->w2().empty() && st->up_proj().empty()) {
-      return InvalidField("template",
-                          "name the tensors: --template, --gate-proj/--up-proj/"
-                          "--down-proj or --w13/--w2");
-    }
+    std::mt19937 rng(static_cast<uint32_t>(seed_value));
+    const int64_t rows = IsGated(*act) ? 2 * i : i;
+    AppendChunks("w13", RandomTensor({e, rows, h}, plain, 1.0f / std::sqrt(float(h)), rng), chunks);
+    AppendChunks("w2", RandomTensor({e, h, i}, plain, 1.0f / std::sqrt(float(i)), rng), chunks);
     return absl::OkStatus();
   }
-};
-
-}  // namespace
+  v1::SafetensorsSource* st = header->mutable_safetensors();
+  st->set_path(safetensors);
+  st->set_w13(w13);
+  st->set_w2(w2);
+  if (!name_template.empty() && !absl::StrContains(name_template, "{proj}")) {
+    return InvalidField("template",
+                        "--template needs {proj} (and {e}); stacked tensors take "
+                        "--w13 and --w2");
+  }
+  auto name = [&](const std::string& given, absl::string_view proj) {
+    if (!given.empty() || name_template.empty()) return given;
+    return absl::StrReplaceAll(name_template, {{"{proj}", proj}});
+  };
+  st->set_gate_proj(name(gate_proj, "gate_proj"));
+  st->set_up_proj(name(up_proj, "up_proj"));
+  st->set_down_proj(name(down_proj, "down_proj"));
+  if (st->w13().empty() && st->w2().empty() && st->up_proj().empty()) {
+    return InvalidField("template",
+                        "name the tensors: --template, --gate-proj/--up-proj/"
+                        "--down-proj or --w13/--w2");
+  }
+  return absl::OkStatus();
+}
 
 int LoadCommand(const std::vector<std::string>& args) {
   ArgParser parser;
@@ -232,14 +219,15 @@ int LoadCommand(const std::vector<std::string>& args) {
   common.Register(parser);
   flags.Register(parser);
   const std::string synopsis =
-      "usage: kplan load --id ID --num-experts E --hidden H --intermediate I\n"
+      "usage: kplan load --id ID --num-experts E --hidden-size H --intermediate-size I\n"
       "           (--safetensors PATH (--template NAME | --w13 NAME --w2 NAME) | --random)\n"
       "\nLoad an expert set onto the server: from a safetensors file on the server host,\n"
       "under its --model_root (relative paths: under the first root; per-expert tensors named\n"
       "with {e}, or tensors stacked over experts), or random weights\n"
       "streamed from here (--random: values scaled by 1/sqrt(fan-in)). Prints the set.\n"
-      "Example: kplan load --id layer0 --random --num-experts 8 --hidden 256 --intermediate 512";
-  if (auto exit = ParseOrExit(parser, args, common, synopsis)) return *exit;
+      "Example: kplan load --id layer0 --random --num-experts 8 --hidden-size 256 "
+      "--intermediate-size 512";
+  if (auto exit = ParseOrExit(parser, args, synopsis)) return *exit;
   v1::ExpertsHeader header;
   std::vector<v1::TensorChunk> chunks;
   if (absl::Status s = flags.Build(&header, &chunks); !s.ok()) return Fail(s);
@@ -261,56 +249,49 @@ int UnloadCommand(const std::vector<std::string>& args) {
   ArgParser parser;
   CommonFlags common;
   common.Register(parser);
-  std::vector<std::string> ids;
-  if (auto exit =
-          ParseOrExit(parser, args, common,
-                      "usage: kplan unload ID [options]\n\nUnload the expert set ID.", &ids)) {
+  std::string id;
+  parser.AddString("id", "ID", "experts_id of the set (or as the one positional word)", &id,
+                   /*positional=*/true);
+  if (auto exit = ParseOrExit(parser, args,
+                              "usage: kplan unload --id ID [options] (or kplan unload ID)\n\n"
+                              "Unload the expert set ID.")) {
     return *exit;
   }
-  if (ids.size() != 1) {
-    return Fail(InvalidField("experts_id", "kplan unload takes exactly one experts id"));
-  }
+  if (absl::Status s = Required("id", id); !s.ok()) return Fail(s);
   absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
   if (!client.ok()) return Fail(client.status());
-  absl::StatusOr<v1::UnloadExpertsResponse> freed = (*client)->UnloadExperts(ids[0]);
+  absl::StatusOr<v1::UnloadExpertsResponse> freed = (*client)->UnloadExperts(id);
   if (!freed.ok()) return Fail(freed.status());
   if (common.json) {
     std::cout << ToJson(*freed);
   } else {
-    std::cout << "unloaded " << ids[0] << " (" << freed->bytes_freed() << " bytes freed)\n";
+    std::cout << "unloaded " << id << " (" << freed->bytes_freed() << " bytes freed)\n";
   }
   return 0;
 }
 
+void RunMoeFlags::Register(ArgParser& p) {
+  p.AddString("id", "ID", "experts_id of a resident set (required)", &id);
+  p.AddString("tokens", "N", "tokens in the batch (required)", &tokens);
+  p.AddString("top-k,experts-per-token", "K", "experts per token", &top_k);
+  p.AddString("routing-method,routing", "METHOD",
+              "RoutingMethodType: RenormalizeNaive, Default, Renormalize, Llama4, Sigmoid, "
+              "SigmoidRenorm",
+              &routing);
+  p.AddString("moe-backend", "NAME",
+              "kernel_config.moe_backend: auto, kplan, emulation, kplan_ep, ...", &moe_backend);
+  p.AddString("all2all-backend", "NAME",
+              "expert-parallel dispatch: allgather_reducescatter, kplan_all2allv, passthrough",
+              &all2all_backend);
+  p.AddString("repeat", "R", "run R times with fresh inputs; timings are medians", &repeat);
+  p.AddString("dtype", "DTYPE",
+              "hidden states: float32, float16, bfloat16 (default: the weights' dtype, else "
+              "bfloat16)",
+              &dtype);
+  p.AddString("seed", "N", "seed of the random inputs", &seed);
+}
+
 namespace {
-
-struct RunMoeFlags {
-  std::string id, tokens, top_k = "2", routing = "RenormalizeNaive", moe_backend = "auto",
-                          all2all_backend, repeat = "1", dtype, seed = "0";
-
-  void Register(ArgParser& p) {
-    p.AddString("id", "ID", "experts_id of a resident set (required)", &id);
-    p.AddString("tokens", "N", "tokens in the batch (required)", &tokens);
-    p.AddString("top-k", "K", "experts per token (default 2)", &top_k);
-    p.AddString("routing", "METHOD",
-                "RoutingMethodType: RenormalizeNaive (default), Default, Renormalize, Llama4, "
-                "Sigmoid, SigmoidRenorm",
-                &routing);
-    p.AddString("moe-backend", "NAME",
-                "kernel_config.moe_backend: auto (default), kplan, emulation, kplan_ep, ...",
-                &moe_backend);
-    p.AddString("all2all-backend", "NAME",
-                "expert-parallel dispatch: allgather_reducescatter, kplan_all2allv, passthrough",
-                &all2all_backend);
-    p.AddString("repeat", "R", "run R times with fresh inputs; timings are medians (default 1)",
-                &repeat);
-    p.AddString("dtype", "DTYPE",
-                "hidden states: float32, float16, bfloat16 (default: the weights' dtype, else "
-                "bfloat16)",
-                &dtype);
-    p.AddString("seed", "N", "seed of the random inputs (default 0)", &seed);
-  }
-};
 
 // The resident set `id`, for its shapes and dtype.
 absl::StatusOr<v1::ExpertsInfo> FindExperts(Client& client, const std::string& id,
@@ -391,7 +372,7 @@ int RunMoeCommand(const std::vector<std::string>& args) {
       "router logits [N, E] (fresh per repeat). Prints the plan (backend, experts kernel,\n"
       "dispatch, devices, the candidates with the reasons they were rejected) and the timing.\n"
       "Example: kplan run-moe --id layer0 --tokens 64 --top-k 2 --repeat 10";
-  if (auto exit = ParseOrExit(parser, args, common, synopsis)) return *exit;
+  if (auto exit = ParseOrExit(parser, args, synopsis)) return *exit;
   absl::StatusOr<MoeRunSummary> summary = RunMoe(flags, common);
   if (!summary.ok()) return Fail(summary.status());
   std::cout << (common.json ? MoeRunToJson(*summary) : FormatMoeRun(*summary));

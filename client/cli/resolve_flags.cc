@@ -80,12 +80,12 @@ void ResolveFlags::Register(ArgParser& p) {
   p.AddString("architectures", "A,B", "model architectures (e.g. DeepseekV4ForCausalLM)",
               &architectures);
   p.AddString("num-experts", "N", "MoE: global number of experts", &num_experts);
-  p.AddString("experts-per-token", "K", "MoE: top-k experts per token", &experts_per_token);
+  p.AddString("top-k,experts-per-token", "K", "MoE: top-k experts per token", &experts_per_token);
   p.AddString("hidden-size", "H", "MoE: hidden size", &hidden_size);
   p.AddString("intermediate-size", "I", "MoE: expert intermediate size (unsharded)",
               &intermediate_size);
   p.AddString("activation", "ACT", "MoE: activation (silu, gelu, swigluoai, ...)", &activation);
-  p.AddString("routing-method", "NAME", "MoE: RoutingMethodType (Renormalize, DeepSeekV3, ...)",
+  p.AddString("routing-method,routing", "NAME", "MoE: RoutingMethodType (Renormalize, DeepSeekV3, ...)",
               &routing_method);
   p.AddString("scoring-func", "FUNC", "MoE: softmax, sigmoid or sqrtsoftplus", &scoring_func);
   p.AddSwitch("renormalize", "MoE: renormalize top-k weights", &renormalize);
@@ -203,7 +203,7 @@ absl::StatusOr<v1::ResolveKernelConfigRequest> ResolveFlags::BuildRequest() cons
     int32_t v = 0;
     KPLAN_RETURN_IF_ERROR(SetInt("num-experts", num_experts, &v));
     if (!num_experts.empty()) moe->set_num_experts(v);
-    KPLAN_RETURN_IF_ERROR(SetInt("experts-per-token", experts_per_token, &v));
+    KPLAN_RETURN_IF_ERROR(SetInt("top-k", experts_per_token, &v));
     if (!experts_per_token.empty()) moe->set_experts_per_token(v);
     KPLAN_RETURN_IF_ERROR(SetInt("hidden-size", hidden_size, &v));
     if (!hidden_size.empty()) moe->set_hidden_dim(v);

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Resolves a KernelConfig through a running kplan-server and prints the plan.
 
-    PYTHONPATH=build/python:client/python python3 client/python/example.py localhost:50051
+    PYTHONPATH=client/python python3 client/python/example.py localhost:50051
+(or with the package installed: pip install --no-index --no-build-isolation ./client/python)
 """
 import sys
 
 import numpy as np
 
-from kplan_client import Client, KplanError
+from kplan import Client, KplanError
 
 target = sys.argv[1] if len(sys.argv) > 1 else "localhost:50051"
 with Client(target) as client:

@@ -7,6 +7,8 @@
 #include "absl/time/clock.h"
 #include "base/client_text.h"
 #include "base/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/rpc/logging.h"
 #include "server/rpc/status_mapping.h"
 #include "spdlog/spdlog.h"
 
@@ -103,10 +105,12 @@ grpc::Status Call::Done(const absl::Status& outcome) {
   if (!status.ok()) {
     // Messages and fields quote client strings: escaped, so a client cannot
     // forge log lines.
-    spdlog::debug("{} from {} failed: {} {} (field {})", method_, context_->peer(),
-                  absl::StatusCodeToString(status.code()),
-                  ClientText(status.message(), kMaxErrorMessageBytes),
-                  ClientText(FieldOf(status).value_or("-")));
+    LogWithFields(spdlog::level::warn, absl::StrCat(method_, " failed"),
+                  {{"method", method_},
+                   {"code", GrpcCodeName(out.error_code())},
+                   {"error", ClientText(status.message(), kMaxErrorMessageBytes)},
+                   {"field", ClientText(FieldOf(status).value_or("-"))},
+                   {"peer", context_->peer()}});
   }
   if (env_.metrics) {
     env_.metrics->RequestFinished(method_, GrpcCodeName(out.error_code()), absl::Now() - start_);

@@ -3,6 +3,7 @@
 // and exits 0.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -20,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
+#include "server/rpc/logging.h"
 #include "server/rpc/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
@@ -29,6 +32,9 @@ ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
 ABSL_FLAG(absl::Duration, exit_timeout, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled");
 ABSL_FLAG(std::string, log_level, "info", "Log verbosity: trace, debug, info, warn, error, off");
+ABSL_FLAG(std::string, log_format, "text",
+          "Log lines: text, or json (one object per line: time, level, message, thread and the "
+          "event's fields, e.g. a failed call's method, code, error, field and peer)");
 ABSL_FLAG(int64_t, max_queue_depth, 256,
           "Requests queued per device before new ones get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_queued_bytes, 0,
@@ -112,6 +118,45 @@ ABSL_FLAG(absl::Duration, ep_join_timeout, absl::Seconds(60),
           "Group across servers: how long rank 0 waits at start for every rank to join, and how "
           "long a rank keeps trying to join rank 0");
 
+namespace {
+
+// A flag's defining file as --help shows it: relative to the source tree
+// (the build directory's "../" and "./" dropped), never a build-machine path.
+std::string FlagFileForHelp(absl::string_view file) {
+  constexpr absl::string_view kSourceDir = KPLAN_SOURCE_DIR "/";
+  if (absl::StartsWith(file, kSourceDir)) file.remove_prefix(kSourceDir.size());
+  while (absl::ConsumePrefix(&file, "../") || absl::ConsumePrefix(&file, "./")) {
+  }
+  if (absl::StartsWith(file, "/")) {  // a library built elsewhere: from its own tree
+    const size_t absl_dir = file.rfind("/absl/");
+    file.remove_prefix(absl_dir != absl::string_view::npos ? absl_dir + 1 : file.rfind('/') + 1);
+  }
+  return std::string(file);
+}
+
+// --help and --helpshort: the server's own flags (this file), not the
+// libraries' (--helpfull lists those too).
+bool IsServerFlagFile(absl::string_view file) {
+  return absl::EndsWith(FlagFileForHelp(file), "server/rpc/main.cc");
+}
+
+// vLLM's rule, as the kplan CLI keeps it: a flag name's dashes are its
+// underscores (--max-message-bytes is --max_message_bytes). Values and the
+// words after "--" are left alone.
+std::vector<std::string> UnderscoreFlagNames(int argc, char** argv) {
+  std::vector<std::string> words(argv, argv + argc);
+  for (size_t i = 1; i < words.size(); ++i) {
+    std::string& w = words[i];
+    if (w == "--") break;
+    if (!absl::StartsWith(w, "--")) continue;
+    const size_t end = std::min(w.find('='), w.size());
+    std::replace(w.begin() + 2, w.begin() + end, '-', '_');
+  }
+  return words;
+}
+
+}  // namespace
+
 // After --exit_timeout, cancelled calls and the workers' teardown may take
 // this much longer before the process exits regardless.
 constexpr absl::Duration kExitGrace = absl::Seconds(5);
@@ -119,13 +164,29 @@ constexpr absl::Duration kExitGrace = absl::Seconds(5);
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "kplan-server resolves vLLM kernel plans and runs MoE layers over gRPC.\n"
-      "Usage: kplan-server [--listen=0.0.0.0:50051] [--devices=all] [--exit_timeout=30s]");
+      "Usage: kplan-server [--listen=0.0.0.0:50051] [--devices=all] [--exit_timeout=30s]\n"
+      "--help lists the server's flags with their defaults; --helpfull adds the libraries'.\n"
+      "Flags take dashes or underscores alike (--max-message-bytes, --max_message_bytes).");
   absl::FlagsUsageConfig usage_config;
   usage_config.version_string = [] {
     return absl::StrCat("kplan-server ", KPLAN_VERSION, " (", KPLAN_GIT_REVISION, ")\n");
   };
+  usage_config.contains_help_flags = IsServerFlagFile;
+  usage_config.contains_helpshort_flags = IsServerFlagFile;
+  usage_config.normalize_filename = FlagFileForHelp;
   absl::SetFlagsUsageConfig(usage_config);
-  absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> words = UnderscoreFlagNames(argc, argv);
+  std::vector<char*> word_ptrs;
+  for (std::string& w : words) word_ptrs.push_back(w.data());
+  absl::ParseCommandLine(static_cast<int>(word_ptrs.size()), word_ptrs.data());
+
+  absl::StatusOr<kplan::rpc::LogFormat> log_format =
+      kplan::rpc::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!log_format.ok()) {
+    std::cerr << log_format.status().message() << "\n";
+    return 2;
+  }
+  kplan::rpc::SetLogFormat(*log_format);
 
   spdlog::level::level_enum level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
   if (level == spdlog::level::off && absl::GetFlag(FLAGS_log_level) != "off") {

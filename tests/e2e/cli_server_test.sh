@@ -36,6 +36,8 @@ addr=$(server_addr "$work/server.log")
 
 [ "$("$bin/kplan" health --server "$addr")" = "SERVING" ]
 [ "$("$bin/kplan" health --server "$addr" --service kplan.v1.KernelPlanService)" = "SERVING" ]
+"$bin/kplan" health --server "$addr" --json --service kplan.v1.KernelPlanService |
+  /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin); assert d == {"service": "kplan.v1.KernelPlanService", "status": "SERVING"}, d'
 
 args=(--platform cuda:10.0 --moe-backend FlashInfer-MoE-EP-CuteDSL --ir-op-priority "rms_norm=native, vllm_c"
       --env VLLM_USE_OINK_OPS=1 --architectures DeepseekV4ForCausalLM -tp 2)
@@ -67,8 +69,8 @@ grep -q "accepted" "$work/explain.txt"
 grep -q "FLASHINFER_TRTLLM" "$work/compare.txt" && grep -q "TRITON" "$work/compare.txt"
 
 # The README's Python example against this server.
-if [ -d "$bin/../python" ] && /usr/bin/python3 -c "import grpc, numpy" 2>/dev/null; then
-  PYTHONPATH="$bin/../python:$(dirname "$0")/../../client/python" \
+if /usr/bin/python3 -c "import grpc, numpy" 2>/dev/null; then
+  PYTHONPATH="$(dirname "$0")/../../client/python" \
     /usr/bin/python3 "$(dirname "$0")/../../client/python/example.py" "$addr" >"$work/example.txt"
   grep -q "all2all_backend: passthrough" "$work/example.txt"
   grep -q "output: (4, 64) backend: emulation" "$work/example.txt"
@@ -80,12 +82,16 @@ fi
 grep -q "^cli-layer .* bfloat16 .* silu" "$work/load.txt" || { cat "$work/load.txt"; exit 1; }
 "$bin/kplan" experts --server "$addr" >"$work/experts.txt"
 grep -q "^cli-layer  *8  *64  *128 " "$work/experts.txt" || { cat "$work/experts.txt"; exit 1; }
-"$bin/kplan" experts --server "$addr" --json | grep -q '"experts_id": "cli-layer"'
+"$bin/kplan" experts --server "$addr" --json >"$work/experts.json"
+grep -q '"experts_id": "cli-layer"' "$work/experts.json"
+grep -q '"dtype": "bfloat16"' "$work/experts.json" || { cat "$work/experts.json"; exit 1; }
 "$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 16 --top-k 2 --repeat 3 \
   >"$work/run.txt"
 grep -q "^backend: *emulation" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
 grep -q "median of 3 runs" "$work/run.txt"
 "$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 4 --json | grep -q '"backend": "emulation"'
+"$bin/kplan" run-moe --server "$addr" --id=cli-layer --tokens=4 --experts-per-token 1 \
+  --moe_backend emulation --routing Default | grep -q "^backend: *emulation"
 set +e
 "$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens many 2>"$work/err.txt"
 rc=$?
@@ -112,7 +118,7 @@ st_args=(--num-experts 2 --hidden 16 --intermediate 16 --dtype float32 --w13 w13
 "$bin/kplan" load --server "$addr" --id cli-st --safetensors stacked.safetensors "${st_args[@]}" \
   >"$work/load_st.txt" || { cat "$work/load_st.txt"; exit 1; }
 grep -q "^cli-st .* float32" "$work/load_st.txt" || { cat "$work/load_st.txt"; exit 1; }
-"$bin/kplan" unload --server "$addr" cli-st | grep -q "unloaded cli-st"
+"$bin/kplan" unload --server "$addr" --id cli-st | grep -q "unloaded cli-st"
 for p in /etc/passwd "$work/models/missing.safetensors" ../server.log; do
   set +e
   "$bin/kplan" load --server "$addr" --id cli-st --safetensors "$p" "${st_args[@]}" 2>"$work/err.txt"
@@ -128,8 +134,8 @@ done
 "$bin/kplan-server" --listen=127.0.0.1:0 --cpu_ep_ranks=2 --exit_timeout=5s >"$work/ep.log" 2>&1 &
 ep_pid=$!
 ep_addr=$(server_addr "$work/ep.log")
-"$bin/kplan" load --server "$ep_addr" --id ep-layer --random --num-experts 6 --hidden 32 \
-  --intermediate 64 >/dev/null
+"$bin/kplan" load --server "$ep_addr" --id ep-layer --random --num-experts 6 --hidden-size 32 \
+  --intermediate_size 64 >/dev/null
 "$bin/kplan" experts --server "$ep_addr" >"$work/ep_experts.txt"
 grep -q "shards (expert parallel, 2 ranks)" "$work/ep_experts.txt" || { cat "$work/ep_experts.txt"; exit 1; }
 grep -q "^    1  *cpu  *3  *3 " "$work/ep_experts.txt"

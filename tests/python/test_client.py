@@ -1,41 +1,106 @@
-"""The Python client against a real kplan-server started on a free port."""
+"""The kplan Python package against real kplan-servers (a plain one on a free
+port, one on a Unix socket, one with mutual TLS and a token), started here.
+KPLAN_SERVER_BIN names the server; KPLAN_TEST_CERTS_SCRIPT the script that
+makes a throwaway PKI (tests/rpc/make_test_certs.sh)."""
+import json
 import os
 import re
+import struct
 import subprocess
+import tempfile
+import threading
 import time
 import unittest
 
-from kplan_client import Client, KplanError
 import grpc
+import numpy as np
+
+import kplan
+from kplan import Client, KplanError
+
+
+def start_server(*flags):
+    """A kplan-server with `flags`; returns (process, port or None)."""
+    proc = subprocess.Popen([os.environ["KPLAN_SERVER_BIN"], "--exit_timeout=5s", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        m = re.search(r"\(port (\d+)", line)
+        if m or "listening on unix:" in line:
+            # Keep reading its log so that the server never blocks on a full pipe.
+            proc.drain = threading.Thread(target=proc.stdout.read, daemon=True)
+            proc.drain.start()
+            return proc, m.group(1) if m else None
+    proc.kill()
+    raise RuntimeError("kplan-server did not start")
+
+
+def stop_server(proc):
+    proc.terminate()
+    proc.wait(timeout=30)
+    proc.drain.join(timeout=5)  # EOF once the server has exited
+    proc.stdout.close()
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file of {name: float32 or float16 array}."""
+    header, blobs, offset = {}, [], 0
+    for name, a in tensors.items():
+        data = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": {np.float32: "F32", np.float16: "F16"}[a.dtype.type],
+                        "shape": list(a.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def moe_reference(x, logits, w13, w2, k):
+    """softmax, top-k, renormalise, SiLU-and-mul, weighted sum (float64)."""
+    i = w2.shape[2]
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    ref = np.zeros((x.shape[0], w2.shape[1]), np.float64)
+    for t in range(x.shape[0]):
+        top = np.argsort(-p[t], kind="stable")[:k]
+        for ex in top:
+            g = w13[ex, :i] @ x[t]
+            u = w13[ex, i:] @ x[t]
+            y = w2[ex] @ (g / (1 + np.exp(-g)) * u)
+            ref[t] += p[t, ex] / p[t, top].sum() * y
+    return ref
 
 
 class PythonClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = subprocess.Popen(
-            [os.environ["KPLAN_SERVER_BIN"], "--listen=127.0.0.1:0"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        port = None
-        deadline = time.time() + 20
-        while port is None and time.time() < deadline:
-            line = cls.server.stdout.readline()
-            m = re.search(r"\(port (\d+)\)", line)
-            if m:
-                port = m.group(1)
-        if port is None:
-            cls.server.kill()
-            raise RuntimeError("kplan-server did not start")
-        cls.client = Client(f"127.0.0.1:{port}", timeout=10)
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.server, port = start_server("--listen=127.0.0.1:0")
+        cls.client = Client(f"127.0.0.1:{port}", timeout=30)
 
     @classmethod
     def tearDownClass(cls):
         cls.client.close()
-        cls.server.terminate()
-        cls.server.wait(timeout=30)
+        stop_server(cls.server)
+        cls.tmp.cleanup()
+
+    def test_the_installed_package(self):
+        self.assertTrue(os.path.exists(os.path.join(os.path.dirname(kplan.__file__), "py.typed")))
+        if os.environ.get("KPLAN_EXPECT_INSTALLED"):
+            self.assertIn("site-packages", kplan.__file__)
 
     def test_health(self):
         self.assertTrue(self.client.health())
         self.assertTrue(self.client.health("kplan.v1.KernelPlanService"))
+        # A name longer than 127 bytes (the old hand-encoded request broke there):
+        # the server parses it and does not know it.
+        with self.assertRaises(KplanError) as ctx:
+            self.client.health("x" * 200)
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.NOT_FOUND)
 
     def test_resolve_binds_passthrough(self):
         r = self.client.resolve(moe_backend="flashinfer-moe-ep-cutedsl", platform="cuda:10.0",
@@ -53,8 +118,6 @@ class PythonClientTest(unittest.TestCase):
         self.assertIn("Input should be 'auto'", ctx.exception.message)
 
     def test_load_run_unload(self):
-        import numpy as np
-
         rng = np.random.default_rng()
         e, k, h, i, m = 4, 2, 32, 16, 6
         w13 = rng.normal(0, 0.2, (e, 2 * i, h)).astype(np.float32)
@@ -66,32 +129,163 @@ class PythonClientTest(unittest.TestCase):
         logits = rng.normal(0, 1, (m, e)).astype(np.float32)
         out, resp = self.client.run_moe("py-layer", x, logits, top_k=k, return_plan=True)
         self.assertEqual(resp.plan.backend, "emulation")
-
-        # numpy reference: softmax, top-k, renormalise, SiLU-and-mul, weighted sum.
-        p = np.exp(logits - logits.max(1, keepdims=True))
-        p /= p.sum(1, keepdims=True)
-        ref = np.zeros((m, h), np.float64)
-        for t in range(m):
-            top = np.argsort(-p[t], kind="stable")[:k]
-            for ex in top:
-                g = w13[ex, :i] @ x[t]
-                u = w13[ex, i:] @ x[t]
-                y = w2[ex] @ (g / (1 + np.exp(-g)) * u)
-                ref[t] += p[t, ex] / p[t, top].sum() * y
+        ref = moe_reference(x, logits, w13, w2, k)
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+        self.assertTrue(out.flags.writeable)
+        out[0, 0] = 1.0  # writable: no copy needed to use it
 
         bf16 = self.client.run_moe("py-layer", x, logits, top_k=k, dtype="bfloat16")
         self.assertEqual(bf16.dtype, np.float32)
+        self.assertTrue(bf16.flags.writeable)
         self.assertLess(np.abs(bf16 - ref).max(), 0.05 * np.abs(ref).max() + 1e-2)
         self.assertEqual(self.client.unload_experts("py-layer"), info.bytes)
         with self.assertRaises(KplanError) as ctx:
             self.client.run_moe("py-layer", x, logits, top_k=k)
         self.assertEqual(ctx.exception.code, grpc.StatusCode.NOT_FOUND)
 
-    def test_info(self):
-        info = self.client.info()
-        self.assertTrue(info.version)
-        self.assertGreater(info.limits.max_message_bytes, 0)
+    def test_replies_over_4_mib(self):
+        # 1024 x 1024 float32 out: 4 MiB + framing, past gRPC's default limit.
+        e, h, i, m = 2, 1024, 8, 1024
+        rng = np.random.default_rng(1)
+        w13 = rng.normal(0, 0.05, (e, 2 * i, h)).astype(np.float32)
+        w2 = rng.normal(0, 0.05, (e, h, i)).astype(np.float32)
+        self.client.load_experts("py-wide", w13, w2)
+        try:
+            x = rng.normal(0, 1, (m, h)).astype(np.float32)
+            logits = rng.normal(0, 1, (m, e)).astype(np.float32)
+            out, resp = self.client.run_moe("py-wide", x, logits, top_k=1, return_plan=True)
+            self.assertEqual(out.shape, (m, h))
+            self.assertGreater(resp.ByteSize(), 4 << 20)
+            self.assertEqual(self.client.max_message_bytes,
+                             self.client.info().limits.max_message_bytes)
+            rows = [0, 511, 1023]
+            np.testing.assert_allclose(out[rows], moe_reference(x[rows], logits[rows], w13, w2, 1),
+                                       rtol=1e-4, atol=1e-4)
+        finally:
+            self.client.unload_experts("py-wide")
+
+    def test_run_ir_op(self):
+        rng = np.random.default_rng(2)
+        x = rng.normal(0, 1, (3, 37)).astype(np.float32)
+        w = rng.uniform(0.5, 1.5, 37).astype(np.float32)
+        out = self.client.run_ir_op("rms_norm", {"x": x, "weight": w}, epsilon=1e-6)
+        self.assertEqual(self.client.last_ir_provider, "native")
+        ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-6) * w
+        np.testing.assert_allclose(out["out"], ref, rtol=1e-5, atol=1e-5)
+        self.assertTrue(out["out"].flags.writeable)
+        with self.assertRaises(KplanError) as ctx:
+            self.client.run_ir_op("rms_norm", {"x": x, "weight": w[:5]}, epsilon=1e-6)
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertTrue(ctx.exception.field)
+
+    def test_load_from_safetensors_stacked_and_per_expert(self):
+        rng = np.random.default_rng(3)
+        e, h, i, m, k = 3, 16, 8, 5, 2
+        w13 = rng.normal(0, 0.2, (e, 2 * i, h)).astype(np.float32)
+        w2 = rng.normal(0, 0.2, (e, h, i)).astype(np.float32)
+        stacked = os.path.join(self.tmp.name, "stacked.safetensors")
+        write_safetensors(stacked, {"l0.w13": w13, "l0.w2": w2})
+        per_expert = os.path.join(self.tmp.name, "experts.safetensors")
+        tensors = {}
+        for ex in range(e):
+            tensors[f"mlp.experts.{ex}.gate_proj.weight"] = w13[ex, :i]
+            tensors[f"mlp.experts.{ex}.up_proj.weight"] = w13[ex, i:]
+            tensors[f"mlp.experts.{ex}.down_proj.weight"] = w2[ex]
+        write_safetensors(per_expert, tensors)
+        x = rng.normal(0, 1, (m, h)).astype(np.float32)
+        logits = rng.normal(0, 1, (m, e)).astype(np.float32)
+        ref = moe_reference(x, logits, w13, w2, k)
+        for experts_id, kwargs, path in (
+                ("py-st", {"w13": "l0.w13", "w2": "l0.w2"}, stacked),
+                ("py-st-e", {"template": "mlp.experts.{e}.{proj}.weight"}, per_expert)):
+            info = self.client.load_experts_safetensors(experts_id, path, chunk_bytes=100,
+                                                        **kwargs)
+            self.assertEqual((info.num_experts, info.hidden_size, info.intermediate_size),
+                             (e, h, i))
+            out = self.client.run_moe(experts_id, x, logits, top_k=k)
+            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, err_msg=experts_id)
+            self.client.unload_experts(experts_id)
+        with self.assertRaises(ValueError):
+            self.client.load_experts_safetensors("py-bad", stacked, w13="nope", w2="l0.w2")
+
+    def test_retries_unavailable_then_fails(self):
+        # Nothing listens here: UNAVAILABLE, retried with backoff, then raised.
+        with socket_port() as port:
+            c = Client(f"127.0.0.1:{port}", timeout=5, retries=2, backoff=0.05)
+            start = time.monotonic()
+            with self.assertRaises(KplanError) as ctx:
+                c.info()
+            self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
+            self.assertGreater(time.monotonic() - start, 0.05 * 0.5 * 3)  # two backoffs
+            c.close()
+
+
+class socket_port:
+    """A free TCP port on 127.0.0.1 that nothing listens on."""
+
+    def __enter__(self):
+        import socket
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        return self.port
+
+    def __exit__(self, *exc):
+        pass
+
+
+class RetryTest(unittest.TestCase):
+    def test_a_server_that_starts_late_is_reached(self):
+        sock = os.path.join(tempfile.mkdtemp(), "late.sock")
+        started = {}
+
+        def start_later():
+            time.sleep(0.5)
+            started["proc"], _ = start_server(f"--listen=unix:{sock}")
+
+        t = threading.Thread(target=start_later)
+        t.start()
+        try:
+            c = Client(f"unix:{sock}", timeout=20, retries=8, backoff=0.2)
+            self.assertTrue(c.info().version)
+            c.close()
+        finally:
+            t.join()
+            stop_server(started["proc"])
+
+
+@unittest.skipUnless(os.environ.get("KPLAN_TEST_CERTS_SCRIPT"), "no cert script")
+class TlsTest(unittest.TestCase):
+    def test_mutual_tls_and_token(self):
+        with tempfile.TemporaryDirectory() as d:
+            subprocess.run(["bash", os.environ["KPLAN_TEST_CERTS_SCRIPT"], d], check=True,
+                           stdout=subprocess.DEVNULL)
+            with open(os.path.join(d, "token")) as f:
+                token = f.read().strip()
+            proc, port = start_server(
+                "--listen=127.0.0.1:0", f"--tls_cert={d}/server.pem", f"--tls_key={d}/server.key",
+                f"--tls_client_ca={d}/ca.pem", f"--auth_token_file={d}/token")
+            try:
+                target = f"localhost:{port}"
+                tls = dict(root_certificates=f"{d}/ca.pem", certificate_chain=f"{d}/client.pem",
+                           private_key=f"{d}/client.key")
+                with Client(target, token=token, **tls) as c:
+                    self.assertTrue(c.health())
+                    self.assertTrue(c.info().version)
+                    w = np.ones((1, 4, 4), np.float32)
+                    c.load_experts("tls-layer", w, np.ones((1, 4, 2), np.float32))
+                    self.assertEqual([x.experts_id for x in c.list_experts()], ["tls-layer"])
+                with Client(target, token="wrong", **tls) as c:
+                    with self.assertRaises(KplanError) as ctx:
+                        c.info()
+                    self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAUTHENTICATED)
+                with Client(target, token=token, root_certificates=f"{d}/ca.pem",
+                            retries=0) as c:  # no client certificate
+                    with self.assertRaises(KplanError):
+                        c.info()
+            finally:
+                stop_server(proc)
 
 
 if __name__ == "__main__":

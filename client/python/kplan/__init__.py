@@ -1,0 +1,10 @@
+"""Python client for the kplan gRPC service (kplan.v1.KernelPlanService):
+vLLM kernel plans (resolve), resident expert sets (load_experts,
+load_experts_safetensors, list_experts, unload_experts) and execution
+(run_moe, run_ir_op), with TLS, a bearer token, the server's message limit
+and retries on UNAVAILABLE. The message classes are kplan.v1.*_pb2."""
+
+from kplan.client import DEFAULT_MAX_MESSAGE_BYTES, Client, KplanError, parse_platform
+
+__all__ = ["Client", "KplanError", "parse_platform", "DEFAULT_MAX_MESSAGE_BYTES"]
+__version__ = "0.1.0"

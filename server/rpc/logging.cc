@@ -1,0 +1,93 @@
+#include "server/rpc/logging.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/pattern_formatter.h"
+
+namespace kplan::rpc {
+namespace {
+
+// The fields of the LogWithFields call on this thread, while it logs.
+thread_local const std::initializer_list<LogField>* current_fields = nullptr;
+
+// `value` as is, or quoted (with \" and \\) when it is empty or holds a space
+// or quote, so that key=value pairs stay apart.
+std::string TextValue(const std::string& value) {
+  if (!value.empty() && value.find_first_of(" \"\\") == std::string::npos) return value;
+  std::string out = "\"";
+  for (char c : value) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// %* in the text pattern: " key=value" per field.
+class TextFieldsFlag : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg&, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    if (current_fields == nullptr) return;
+    for (const LogField& f : *current_fields) {
+      const std::string text = absl::StrCat(" ", f.first, "=", TextValue(f.second));
+      dest.append(text.data(), text.data() + text.size());
+    }
+  }
+  std::unique_ptr<spdlog::custom_flag_formatter> clone() const override {
+    return std::make_unique<TextFieldsFlag>();
+  }
+};
+
+class JsonFormatter : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    nlohmann::ordered_json line;
+    line["time"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromChrono(msg.time),
+                                    absl::UTCTimeZone());
+    const spdlog::string_view_t level = spdlog::level::to_string_view(msg.level);
+    line["level"] = std::string(level.data(), level.size());
+    line["message"] = std::string(msg.payload.data(), msg.payload.size());
+    line["thread"] = msg.thread_id;
+    if (current_fields != nullptr) {
+      for (const LogField& f : *current_fields) line[std::string(f.first)] = f.second;
+    }
+    // Invalid UTF-8 (a client's bytes) becomes U+FFFD rather than an exception.
+    const std::string text =
+        line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+    dest.append(text.data(), text.data() + text.size());
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<JsonFormatter>();
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name) {
+  if (name == "text") return LogFormat::kText;
+  if (name == "json") return LogFormat::kJson;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--log_format: unknown format '", name, "'; expected text or json"));
+}
+
+std::unique_ptr<spdlog::formatter> MakeLogFormatter(LogFormat format) {
+  if (format == LogFormat::kJson) return std::make_unique<JsonFormatter>();
+  auto text = std::make_unique<spdlog::pattern_formatter>();
+  text->add_flag<TextFieldsFlag>('*').set_pattern("%+%*");
+  return text;
+}
+
+void SetLogFormat(LogFormat format) { spdlog::set_formatter(MakeLogFormatter(format)); }
+
+void LogWithFields(spdlog::level::level_enum level, absl::string_view message,
+                   std::initializer_list<LogField> fields) {
+  current_fields = &fields;
+  spdlog::log(level, "{}", std::string(message));
+  current_fields = nullptr;
+}
+
+}  // namespace kplan::rpc

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The server's logs: with --log_format=json every line is one JSON object
+# with time, level and message; a failed call is logged at warning with its
+# method, gRPC code, error text and field; the text format carries the same
+# fields as key=value. An unknown --log_format exits 2.
+set -euo pipefail
+bin=$1
+work=$(mktemp -d)
+server_pid=""
+cleanup() {
+  [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Starts a server with the given log format; sets addr and server_pid.
+start_server() {
+  "$bin/kplan-server" --listen=127.0.0.1:0 --exit_timeout=5s --log_format="$1" \
+    >"$work/$1.log" 2>&1 &
+  server_pid=$!
+  local port=""
+  for _ in $(seq 100); do
+    port=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$work/$1.log" | head -1)
+    [ -n "$port" ] && break
+    sleep 0.1
+  done
+  [ -n "$port" ] || { cat "$work/$1.log" >&2; echo "server did not start" >&2; exit 1; }
+  addr=127.0.0.1:$port
+}
+stop_server() {
+  kill -TERM "$server_pid"
+  wait "$server_pid"
+  server_pid=""
+}
+# Two failed calls: INVALID_ARGUMENT with a field, NOT_FOUND.
+fail_calls() {
+  ! "$bin/kplan" resolve --server "$addr" --moe-backend triton --all2all-backend passthrough \
+    2>/dev/null
+  ! "$bin/kplan" unload --server "$addr" --id no-such-set 2>/dev/null
+}
+
+start_server json
+fail_calls
+stop_server
+python3 - "$work/json.log" <<'PY'
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+objs = [json.loads(l) for l in lines]  # every line must be one JSON object
+for o in objs:
+    assert {"time", "level", "message"} <= o.keys(), o
+warnings = [o for o in objs if o["level"] == "warning" and "method" in o]
+by_code = {o["code"]: o for o in warnings}
+bad = by_code.get("INVALID_ARGUMENT")
+assert bad and bad["method"] == "ResolveKernelConfig", warnings
+assert bad["field"] == "parallel.all2all_backend", bad
+assert "all2all_backend='passthrough'" in bad["error"], bad
+missing = by_code.get("NOT_FOUND")
+assert missing and missing["method"] == "UnloadExperts", warnings
+assert any("server stopped" in o["message"] for o in objs)
+PY
+
+start_server text
+fail_calls
+stop_server
+grep -q "\[warning\] ResolveKernelConfig failed method=ResolveKernelConfig code=INVALID_ARGUMENT error=.*field=parallel.all2all_backend" "$work/text.log" ||
+  { cat "$work/text.log"; exit 1; }
+grep -q "\[warning\] UnloadExperts failed method=UnloadExperts code=NOT_FOUND" "$work/text.log"
+
+set +e
+"$bin/kplan-server" --log_format=xml 2>"$work/err.txt"
+rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q -- "--log_format: unknown format 'xml'" "$work/err.txt"
+echo "server_log_test: ok"

@@ -1,0 +1,85 @@
+// The server's log formats: JSON lines with time, level, message and the
+// event's fields; text lines with the fields as key=value.
+#include "server/rpc/logging.h"
+
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/sinks/ostream_sink.h"
+
+namespace kplan::rpc {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+// Points the default logger at a string for the test, then restores it.
+class LoggingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    saved_ = spdlog::default_logger();
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("", sink));
+  }
+  void TearDown() override { spdlog::set_default_logger(saved_); }
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> saved_;
+};
+
+TEST_F(LoggingTest, JsonLineHasTimeLevelMessageAndFields) {
+  SetLogFormat(LogFormat::kJson);
+  LogWithFields(spdlog::level::warn, "ResolveKernelConfig failed",
+                {{"method", "ResolveKernelConfig"}, {"code", "INVALID_ARGUMENT"},
+                 {"error", "a \"quoted\"\nline"}});
+  spdlog::info("plain {}", 7);
+  std::istringstream lines(out_.str());
+  std::string first, second, extra;
+  ASSERT_TRUE(std::getline(lines, first));
+  ASSERT_TRUE(std::getline(lines, second));
+  EXPECT_FALSE(std::getline(lines, extra)) << "one object per line";
+  nlohmann::json a = nlohmann::json::parse(first);
+  EXPECT_EQ(a["level"], "warning");
+  EXPECT_EQ(a["message"], "ResolveKernelConfig failed");
+  EXPECT_EQ(a["method"], "ResolveKernelConfig");
+  EXPECT_EQ(a["code"], "INVALID_ARGUMENT");
+  EXPECT_EQ(a["error"], "a \"quoted\"\nline");
+  EXPECT_THAT(a["time"].get<std::string>(),
+              MatchesRegex("[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z"));
+  EXPECT_TRUE(a["thread"].is_number());
+  nlohmann::json b = nlohmann::json::parse(second);
+  EXPECT_EQ(b["level"], "info");
+  EXPECT_EQ(b["message"], "plain 7");
+  EXPECT_FALSE(b.contains("method")) << "fields belong to their own line only";
+}
+
+TEST_F(LoggingTest, JsonSurvivesInvalidUtf8) {
+  SetLogFormat(LogFormat::kJson);
+  LogWithFields(spdlog::level::warn, "bad bytes", {{"error", std::string("\xff\xfe", 2)}});
+  nlohmann::json a = nlohmann::json::parse(out_.str());
+  EXPECT_EQ(a["message"], "bad bytes");
+  EXPECT_FALSE(a["error"].get<std::string>().empty());
+}
+
+TEST_F(LoggingTest, TextLineHasFieldsAsKeyValue) {
+  SetLogFormat(LogFormat::kText);
+  LogWithFields(spdlog::level::warn, "RunMoE failed",
+                {{"code", "NOT_FOUND"}, {"error", "no set \"x\""}, {"field", ""}});
+  spdlog::info("plain");
+  const std::string text = out_.str();
+  EXPECT_THAT(text, HasSubstr("[warning] RunMoE failed code=NOT_FOUND error=\"no set \\\"x\\\"\" "
+                              "field=\"\"\n"));
+  EXPECT_THAT(text, HasSubstr("[info] plain\n"));
+}
+
+TEST(LogFormatTest, Parse) {
+  EXPECT_EQ(*ParseLogFormat("json"), LogFormat::kJson);
+  EXPECT_EQ(*ParseLogFormat("text"), LogFormat::kText);
+  EXPECT_EQ(ParseLogFormat("xml").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kplan::rpc
