@@ -349,6 +349,7 @@ absl::StatusOr<MoeRunSummary> RunMoe(const RunMoeFlags& flags, const CommonFlags
   request.mutable_routing()->set_top_k(top_k);
   request.mutable_routing()->set_routing_method(flags.routing);
   request.mutable_kernel_config()->set_moe_backend(flags.moe_backend);
+  request.set_explain(true);  // the candidates and their reasons, for the plan shown
   if (!flags.all2all_backend.empty()) {
     request.mutable_parallel()->set_all2all_backend(flags.all2all_backend);
   }

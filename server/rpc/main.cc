@@ -106,6 +106,9 @@ ABSL_FLAG(std::string, ep_peer_ca, "",
 ABSL_FLAG(absl::Duration, ep_join_timeout, absl::Seconds(60),
           "Group across servers: how long rank 0 waits at start for every rank to join, and how "
           "long a rank keeps trying to join rank 0");
+ABSL_FLAG(bool, allow_skip_device, false,
+          "Debug: RunMoE honours its skip_device flag (the whole request path without the "
+          "layer), for measuring the service's floor; off in production");
 
 // After --exit_timeout, cancelled calls and the workers' teardown may take
 // this much longer before the process exits regardless.
@@ -161,6 +164,7 @@ int main(int argc, char** argv) {
   options.ep_advertise = absl::GetFlag(FLAGS_ep_advertise);
   options.ep_peer_ca_file = absl::GetFlag(FLAGS_ep_peer_ca);
   options.ep_join_timeout = absl::GetFlag(FLAGS_ep_join_timeout);
+  options.allow_skip_device = absl::GetFlag(FLAGS_allow_skip_device);
   absl::StatusOr<std::unique_ptr<kplan::rpc::KplanServer>> server =
       kplan::rpc::KplanServer::Start(options);
   if (!server.ok()) {

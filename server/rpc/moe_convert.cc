@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status.h"
 
 namespace kplan::rpc {
@@ -118,16 +119,12 @@ absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p) {
   return in;
 }
 
-void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, bool return_routing,
-                         v1::RunMoEResponse* p) {
+void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, int64_t hidden,
+                         bool return_routing, v1::RunMoEResponse* p) {
   v1::Tensor* o = p->mutable_output();
   o->set_dtype(act_dtype == moe::MoeDType::kFloat32   ? v1::DTYPE_FLOAT32
                : act_dtype == moe::MoeDType::kFloat16 ? v1::DTYPE_FLOAT16
                                                       : v1::DTYPE_BFLOAT16);
-  const int64_t hidden = out.num_tokens == 0
-                             ? 0
-                             : static_cast<int64_t>(out.output.size()) / out.num_tokens /
-                                   (act_dtype == moe::MoeDType::kFloat32 ? 4 : 2);
   o->add_shape(out.num_tokens);
   o->add_shape(hidden);
   *o->mutable_data() = std::move(out.output);
@@ -157,12 +154,15 @@ absl::StatusOr<RunMoeRequest> RunMoeRequestFromProto(const ExpertStore& store,
     r.parallel.all2all_backend = p.parallel().all2all_backend();
   }
   r.return_routing = p.return_routing();
+  r.explain = p.explain();
+  r.skip_device = p.skip_device();
   return r;
 }
 
-void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing, moe::MoeDType act_dtype,
-                         bool return_routing, absl::Duration total, v1::RunMoEResponse* response) {
-  MoeRunOutputToProto(result.output, act_dtype, return_routing, response);
+void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
+                         const RunMoeAnswer& answer, v1::RunMoEResponse* response) {
+  MoeRunOutputToProto(result.output, answer.act_dtype, answer.hidden, answer.return_routing,
+                      response);
   const MoeExecutionPlan& in = result.plan;
   v1::MoEExecution* plan = response->mutable_plan();
   plan->set_backend(in.backend);
@@ -181,7 +181,16 @@ void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing, moe::
   v1::MoETiming* t = response->mutable_timing();
   t->set_queue_us(absl::ToDoubleMicroseconds(timing.queue));
   t->set_device_us(absl::ToDoubleMicroseconds(timing.device));
-  t->set_total_us(absl::ToDoubleMicroseconds(total));
+  const auto since = [&](absl::Time at) {
+    return at == absl::InfinitePast() ? 0.0 : absl::ToDoubleMicroseconds(at - answer.arrival);
+  };
+  t->set_decoded_at_us(since(answer.decoded));
+  t->set_queued_at_us(since(timing.queued));
+  t->set_device_start_at_us(since(timing.device_start));
+  t->set_device_end_at_us(since(timing.device_end));
+  const double encoded = since(absl::Now());
+  t->set_encoded_at_us(encoded);
+  t->set_total_us(encoded);
 }
 
 }  // namespace kplan::rpc

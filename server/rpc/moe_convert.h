@@ -21,8 +21,10 @@ namespace kplan::rpc {
 absl::StatusOr<ExpertsSpec> ExpertsSpecFromProto(const v1::ExpertsHeader& h);
 // RunMoE's tensors, moved out of `p`. Field paths are request paths.
 absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p);
-void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, bool return_routing,
-                         v1::RunMoEResponse* p);
+// The output is [num_tokens, hidden] (the set's hidden size: [0, H] for an
+// empty batch); its bytes are moved out of `out`.
+void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, int64_t hidden,
+                         bool return_routing, v1::RunMoEResponse* p);
 
 // RunMoE's request as the core takes it (run_moe.h): the set from `store`
 // (NOT_FOUND naming experts_id), the input (MoeRunInputFromProto; its bytes
@@ -31,9 +33,19 @@ void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, bool return
 // parallel.all2all_backend when set, return_routing.
 absl::StatusOr<RunMoeRequest> RunMoeRequestFromProto(const ExpertStore& store,
                                                      v1::RunMoERequest& p);
+// What the answer needs of its request, kept while the layer runs.
+struct RunMoeAnswer {
+  moe::MoeDType act_dtype = moe::MoeDType::kBFloat16;
+  int64_t hidden = 0;  // the set's
+  bool return_routing = false;
+  absl::Time arrival;  // the request's bytes arrived (Call::start)
+  absl::Time decoded;  // the request converted
+};
+
 // The core's answer into `response`: output (MoeRunOutputToProto; moved out
-// of `result`), plan, and timing, with `total` the call's whole time.
-void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing, moe::MoeDType act_dtype,
-                         bool return_routing, absl::Duration total, v1::RunMoEResponse* response);
+// of `result`), plan, and timing (MoETiming: the durations and each hop's
+// time since `answer.arrival`, encoded_at_us and total_us taken last).
+void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
+                         const RunMoeAnswer& answer, v1::RunMoEResponse* response);
 
 }  // namespace kplan::rpc

@@ -389,6 +389,9 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
       absl::FormatDuration(options.load_idle_timeout));
   server->experts_ = std::make_unique<ExpertStore>(max_expert_bytes);
   server->environment_.experts = server->experts_.get();
+  server->routes_ = std::make_unique<MoeRouteCache>();
+  server->environment_.routes = server->routes_.get();
+  server->environment_.allow_skip_device = options.allow_skip_device;
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);
   server->raw_service_ = std::make_unique<RawKernelPlanService>(*server->service_);
 

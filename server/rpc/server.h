@@ -81,6 +81,9 @@ struct ServerOptions {
   // Tests: the communicator and its ids across servers (default: NCCL).
   moe::ep::EpCommFactory ep_comm_factory;
   moe::ep::EpGroupIdSource ep_id_source;
+  // Debug (--allow_skip_device): RunMoE honours skip_device, which takes the
+  // whole request path but not the layer (bench/moe_rpc_bench's floor).
+  bool allow_skip_device = false;
   // Injected device query; null means the build's default prober.
   const DeviceProber* prober = nullptr;
 };
@@ -134,6 +137,7 @@ class KplanServer {
   // first the workers, then the registry their work used.
   std::unique_ptr<IrRegistry> ir_registry_;
   std::unique_ptr<ExpertStore> experts_;
+  std::unique_ptr<MoeRouteCache> routes_;
   // After the executor (whose work submits steps to it), before the experts.
   std::shared_ptr<EpCoordinator> ep_coordinator_;  // outlives the group (its kind calls it)
   std::unique_ptr<moe::ep::EpGroup> ep_group_;

@@ -14,6 +14,7 @@
 #include "server/moe/ep/ep_group.h"
 #include "server/moe/ep/ep_process.h"
 #include "server/moe/expert_store.h"
+#include "server/moe/moe_route.h"
 #include "server/moe/moe_runner.h"
 #include "server/platform/local.h"
 #include "server/platform/platform.h"
@@ -53,6 +54,10 @@ struct ServerEnvironment {
   // a peer its rank; both null otherwise.
   EpCoordinator* ep_coordinator = nullptr;
   moe::ep::EpPeerRank* ep_peer = nullptr;
+  // RunMoE's routes chosen before (dropped at UnloadExperts); null: none kept.
+  MoeRouteCache* routes = nullptr;
+  // --allow_skip_device: RunMoE honours its skip_device debug flag.
+  bool allow_skip_device = false;
 };
 
 class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackService {

@@ -85,6 +85,7 @@ grep -q "^cli-layer  *8  *64  *128 " "$work/experts.txt" || { cat "$work/experts
   >"$work/run.txt"
 grep -q "^backend: *emulation" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
 grep -q "median of 3 runs" "$work/run.txt"
+grep -q "^candidates (in the order tried):" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
 "$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 4 --json | grep -q '"backend": "emulation"'
 set +e
 "$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens many 2>"$work/err.txt"

@@ -59,14 +59,7 @@ class MoeRpcTest : public ::testing::Test {
   }
 
   v1::ExpertsHeader Header(const std::string& id) const {
-    v1::ExpertsHeader h;
-    h.set_experts_id(id);
-    h.set_num_experts(kE);
-    h.set_hidden_size(kH);
-    h.set_intermediate_size(kI);
-    h.set_activation("silu");
-    h.set_dtype(v1::DTYPE_FLOAT32);
-    return h;
+    return testing::Float32Header(id, kE, kH, kI);
   }
 
   // w13 in three chunks, w2 in one.
@@ -132,6 +125,7 @@ TEST_F(MoeRpcTest, LoadRunListUnload) {
   req.mutable_routing()->set_top_k(kK);
   req.mutable_routing()->set_routing_method("RenormalizeNaive");
   req.set_return_routing(true);
+  req.set_explain(true);
   absl::StatusOr<v1::RunMoEResponse> run = client_->RunMoE(req);
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->plan().backend(), "emulation");
@@ -142,8 +136,17 @@ TEST_F(MoeRpcTest, LoadRunListUnload) {
   ASSERT_EQ(run->plan().candidates_size(), 1);
   EXPECT_EQ(run->plan().candidates(0).backend(), "EMULATION");
   EXPECT_TRUE(run->plan().candidates(0).accepted());
-  EXPECT_GT(run->timing().device_us(), 0);
-  EXPECT_GE(run->timing().total_us(), run->timing().device_us());
+  const v1::MoETiming& t = run->timing();
+  EXPECT_GT(t.device_us(), 0);
+  EXPECT_GE(t.total_us(), t.device_us());
+  // Every hop stamped, in order, since the request's bytes arrived.
+  EXPECT_GT(t.decoded_at_us(), 0);
+  EXPECT_LE(t.decoded_at_us(), t.queued_at_us());
+  EXPECT_LE(t.queued_at_us(), t.device_start_at_us());
+  EXPECT_LE(t.device_start_at_us(), t.device_end_at_us());
+  EXPECT_LE(t.device_end_at_us(), t.encoded_at_us());
+  EXPECT_EQ(t.encoded_at_us(), t.total_us());
+  EXPECT_NEAR(t.device_end_at_us() - t.device_start_at_us(), t.device_us(), 1.0);
   ASSERT_EQ(run->output().data().size(), static_cast<size_t>(m * kH * 4));
   std::vector<float> out(m * kH);
   std::memcpy(out.data(), run->output().data().data(), out.size() * 4);
@@ -160,6 +163,9 @@ TEST_F(MoeRpcTest, LoadRunListUnload) {
   absl::StatusOr<v1::RunMoEResponse> again = client_->RunMoE(by_ids);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->output().data(), run->output().data());
+  // Without explain the plan names what ran, and no candidates come.
+  EXPECT_EQ(again->plan().backend(), "emulation");
+  EXPECT_EQ(again->plan().candidates_size(), 0);
 
   EXPECT_EQ(client_->ListExperts()->experts_size(), 1);
   EXPECT_EQ(client_->UnloadExperts("layer0")->bytes_freed(), loaded->experts().bytes());
@@ -379,6 +385,138 @@ TEST_F(MoeRpcTest, SafetensorsLoadsOnlyUnderModelRoots) {
   }
   EXPECT_EQ(client_->ListExperts()->experts_size(), 2);
   unlink(path.c_str());
+}
+
+// A random float32 set of any shape, as one header and whole-tensor chunks.
+std::pair<v1::ExpertsHeader, std::vector<v1::TensorChunk>> RandomSet(const std::string& id, int e,
+                                                                      int h, int i,
+                                                                      std::mt19937& rng) {
+  v1::ExpertsHeader header = testing::Float32Header(id, e, h, i);
+  std::vector<v1::TensorChunk> chunks = {
+      testing::Chunk("w13", {e, 2 * i, h}, Bytes(Random(size_t(e) * 2 * i * h, rng, 0.3f))),
+      testing::Chunk("w2", {e, h, i}, Bytes(Random(size_t(e) * h * i, rng, 0.3f)))};
+  return {header, chunks};
+}
+
+v1::RunMoERequest LogitsRequest(const std::string& id, int m, int h, int e, int k,
+                                std::mt19937& rng) {
+  v1::RunMoERequest r;
+  r.set_experts_id(id);
+  *r.mutable_hidden_states() = MakeTensor(v1::DTYPE_FLOAT32, {m, h}, Bytes(Random(m * h, rng, 1)));
+  *r.mutable_router_logits() =
+      MakeTensor(v1::DTYPE_FLOAT32, {m, e}, Bytes(Random(m * e, rng, 1)));
+  r.mutable_routing()->set_top_k(k);
+  return r;
+}
+
+// M = 0: the output is [0, H] (the set's hidden size), routed or by ids.
+TEST_F(MoeRpcTest, EmptyBatchIsZeroByHidden) {
+  ASSERT_TRUE(client_->LoadExperts(Header("l"), Chunks()).ok());
+  std::mt19937 rng(5);
+  v1::RunMoERequest by_logits = LogitsRequest("l", 0, kH, kE, kK, rng);
+  by_logits.set_return_routing(true);
+  v1::RunMoERequest by_ids;
+  by_ids.set_experts_id("l");
+  *by_ids.mutable_hidden_states() = MakeTensor(v1::DTYPE_FLOAT32, {0, kH}, "");
+  *by_ids.mutable_topk_ids() = MakeTensor(v1::DTYPE_INT32, {0, kK}, "");
+  *by_ids.mutable_topk_weights() = MakeTensor(v1::DTYPE_FLOAT32, {0, kK}, "");
+  for (const v1::RunMoERequest& req : {by_logits, by_ids}) {
+    absl::StatusOr<v1::RunMoEResponse> run = client_->RunMoE(req);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_THAT(run->output().shape(), ::testing::ElementsAre(0, kH));
+    EXPECT_EQ(run->output().dtype(), v1::DTYPE_FLOAT32);
+    EXPECT_TRUE(run->output().data().empty());
+  }
+  absl::StatusOr<v1::RunMoEResponse> routed = client_->RunMoE(by_logits);
+  ASSERT_TRUE(routed.ok()) << routed.status();
+  EXPECT_THAT(routed->topk_ids().shape(), ::testing::ElementsAre(0, kK));
+}
+
+// The route is chosen once per kind of call and set; an unload drops it,
+// and a set loaded again under the id with another shape gets a new one.
+TEST_F(MoeRpcTest, RouteIsCachedAndDroppedAtUnload) {
+  MoeRouteCache* routes = server_->environment().routes;
+  ASSERT_NE(routes, nullptr);
+  std::mt19937 rng(9);
+  auto [header, chunks] = RandomSet("r", 4, 16, 8, rng);
+  ASSERT_TRUE(client_->LoadExperts(header, chunks).ok());
+  const int64_t before = routes->misses();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client_->RunMoE(LogitsRequest("r", 2, 16, 4, 2, rng)).ok());
+  EXPECT_EQ(routes->misses(), before + 1);
+  // Same bucket (2 tokens), then another top_k and another bucket: new routes.
+  ASSERT_TRUE(client_->RunMoE(LogitsRequest("r", 2, 16, 4, 1, rng)).ok());
+  ASSERT_TRUE(client_->RunMoE(LogitsRequest("r", 7, 16, 4, 2, rng)).ok());
+  EXPECT_EQ(routes->misses(), before + 3);
+  EXPECT_EQ(routes->size(), 3u);
+  // An explain request takes the cached route and still gets the candidates.
+  v1::RunMoERequest explain = LogitsRequest("r", 2, 16, 4, 2, rng);
+  explain.set_explain(true);
+  absl::StatusOr<v1::RunMoEResponse> explained = client_->RunMoE(explain);
+  ASSERT_TRUE(explained.ok()) << explained.status();
+  EXPECT_EQ(routes->misses(), before + 3);
+  EXPECT_EQ(explained->plan().candidates_size(), 1);
+
+  ASSERT_TRUE(client_->UnloadExperts("r").ok());
+  EXPECT_EQ(routes->size(), 0u);
+  auto [wide, wide_chunks] = RandomSet("r", 2, 32, 8, rng);
+  ASSERT_TRUE(client_->LoadExperts(wide, wide_chunks).ok());
+  absl::StatusOr<v1::RunMoEResponse> run = client_->RunMoE(LogitsRequest("r", 2, 32, 2, 2, rng));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(run->output().shape(), ::testing::ElementsAre(2, 32));
+  EXPECT_EQ(routes->misses(), before + 4);
+  // The old shape is refused by the new set, not served by an old route.
+  EXPECT_EQ(client_->RunMoE(LogitsRequest("r", 2, 16, 4, 2, rng)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MoeRouteCacheTest, BucketsAndBound) {
+  EXPECT_EQ(MoeRouteCache::TokenBucket(0), 0);
+  EXPECT_EQ(MoeRouteCache::TokenBucket(1), 1);
+  EXPECT_EQ(MoeRouteCache::TokenBucket(5), 8);
+  EXPECT_EQ(MoeRouteCache::TokenBucket(512), 512);
+}
+
+// skip_device: refused unless the server allows it; then the whole path
+// runs without the layer and answers zeros of [M, H], every hop stamped.
+TEST_F(MoeRpcTest, SkipDeviceOnlyWhenTheServerAllowsIt) {
+  ASSERT_TRUE(client_->LoadExperts(Header("l"), Chunks()).ok());
+  std::mt19937 rng(4);
+  v1::RunMoERequest req = LogitsRequest("l", 3, kH, kE, kK, rng);
+  req.set_skip_device(true);
+  absl::StatusOr<v1::RunMoEResponse> refused = client_->RunMoE(req);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_EQ(FieldOf(refused.status()).value_or(""), "skip_device");
+
+  static NoDeviceProber prober;
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.prober = &prober;
+  options.allow_skip_device = true;
+  options.metrics_listen = "127.0.0.1:0";
+  std::unique_ptr<KplanServer> server = std::move(KplanServer::Start(options).value());
+  std::unique_ptr<Client> client = Client::Connect(absl::StrCat("127.0.0.1:", server->port()));
+  ASSERT_TRUE(client->LoadExperts(Header("l"), Chunks()).ok());
+  absl::StatusOr<v1::RunMoEResponse> run = client->RunMoE(req);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(run->output().shape(), ::testing::ElementsAre(3, kH));
+  EXPECT_EQ(run->output().data(), std::string(3 * kH * 4, '\0'));
+  EXPECT_GT(run->timing().device_start_at_us(), 0);
+  EXPECT_LE(run->timing().device_end_at_us(), run->timing().total_us());
+  // Its input is still checked.
+  req.mutable_hidden_states()->set_shape(1, kH + 1);
+  EXPECT_EQ(client->RunMoE(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.set_skip_device(false);
+  req.mutable_hidden_states()->set_shape(1, kH);
+  absl::StatusOr<v1::RunMoEResponse> real = client->RunMoE(req);
+  ASSERT_TRUE(real.ok()) << real.status();
+  EXPECT_NE(real->output().data(), std::string(3 * kH * 4, '\0'));
+  // The hops of the two that ran, in the histograms.
+  const std::string page = server->metrics()->Render();
+  for (const char* hop : {"decode", "route", "queue", "device", "encode", "serialize"}) {
+    EXPECT_THAT(page, HasSubstr(absl::StrCat("kplan_hop_seconds_count{hop=\"", hop,
+                                             "\",method=\"RunMoE\"} 2")))
+        << hop;
+  }
 }
 
 }  // namespace
