@@ -519,5 +519,98 @@ TEST_F(MoeRpcTest, SkipDeviceOnlyWhenTheServerAllowsIt) {
   }
 }
 
+// A tensor streamed from `bytes` by reads of at most `chunk` bytes each,
+// which records the largest read and how many there were.
+struct ReadLog {
+  int64_t reads = 0, largest = 0;
+};
+StreamedTensor FromBytes(const std::string& name, std::vector<int64_t> shape,
+                         const std::string& bytes, std::shared_ptr<ReadLog> log) {
+  StreamedTensor t;
+  t.name = name;
+  t.dtype = v1::DTYPE_FLOAT32;
+  t.shape = std::move(shape);
+  t.bytes = static_cast<int64_t>(bytes.size());
+  t.read = [&bytes, log](int64_t offset, int64_t n, char* out) {
+    ++log->reads;
+    log->largest = std::max(log->largest, n);
+    std::memcpy(out, bytes.data() + offset, n);
+    return absl::OkStatus();
+  };
+  return t;
+}
+
+// The client streams a set from a source chunk by chunk: the same set as
+// the inline chunks; a source that fails mid-stream leaves nothing behind.
+TEST_F(MoeRpcTest, LoadsFromAChunkSource) {
+  const std::string a = Bytes(w13_), b = Bytes(w2_);
+  auto log = std::make_shared<ReadLog>();
+  std::vector<StreamedTensor> tensors;
+  tensors.push_back(FromBytes("w13", {kE, 2 * kI, kH}, a, log));
+  tensors.push_back(FromBytes("w2", {kE, kH, kI}, b, log));
+  TensorChunkSource source(tensors, 96);
+  absl::StatusOr<v1::LoadExpertsResponse> streamed = client_->LoadExperts(Header("src"), source);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_EQ(log->largest, 96);
+  EXPECT_EQ(log->reads, int64_t((a.size() + 95) / 96 + (b.size() + 95) / 96));
+  ASSERT_TRUE(client_->LoadExperts(Header("inline"), Chunks()).ok());
+  std::mt19937 rng(2);
+  v1::RunMoERequest req = LogitsRequest("src", 3, kH, kE, kK, rng);
+  absl::StatusOr<v1::RunMoEResponse> from_source = client_->RunMoE(req);
+  req.set_experts_id("inline");
+  absl::StatusOr<v1::RunMoEResponse> from_inline = client_->RunMoE(req);
+  ASSERT_TRUE(from_source.ok() && from_inline.ok());
+  EXPECT_EQ(from_source->output().data(), from_inline->output().data());
+
+  // A rewound source streams the same again.
+  ASSERT_TRUE(source.Rewind().ok());
+  EXPECT_EQ(client_->LoadExperts(Header("src"), source).status().code(),
+            absl::StatusCode::kAlreadyExists);
+
+  int calls = 0;
+  tensors[1].read = [&calls](int64_t, int64_t, char*) {
+    return ++calls == 2 ? absl::DataLossError("disk gone") : absl::OkStatus();
+  };
+  TensorChunkSource failing(tensors, 96);
+  absl::StatusOr<v1::LoadExpertsResponse> failed = client_->LoadExperts(Header("half"), failing);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDataLoss) << failed.status();
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("disk gone"));
+  TensorChunkSource again(tensors, 96);
+  for (int i = 0; i < 50; ++i) {  // the server's reservation goes with the cancelled call
+    absl::StatusOr<v1::LoadExpertsResponse> r = client_->LoadExperts(Header("half"), again);
+    if (r.ok()) break;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists) << r.status();
+    ASSERT_TRUE(again.Rewind().ok());
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(client_->ListExperts()->experts_size(), 3);
+}
+
+// A raw file of the right size streams; the wrong size is refused naming the field.
+TEST_F(MoeRpcTest, RawFileTensors) {
+  const std::string dir = ::testing::TempDir();
+  const std::string a = Bytes(w13_), b = Bytes(w2_);
+  const std::string pa = absl::StrCat(dir, "/w13-", getpid(), ".raw");
+  const std::string pb = absl::StrCat(dir, "/w2-", getpid(), ".raw");
+  std::ofstream(pa, std::ios::binary) << a;
+  std::ofstream(pb, std::ios::binary) << b;
+  absl::StatusOr<StreamedTensor> w13 = RawFileTensor("w13", v1::DTYPE_FLOAT32, {kE, 2 * kI, kH},
+                                                     4, pa, "w13-file");
+  absl::StatusOr<StreamedTensor> w2 =
+      RawFileTensor("w2", v1::DTYPE_FLOAT32, {kE, kH, kI}, 4, pb, "w2-file");
+  ASSERT_TRUE(w13.ok() && w2.ok()) << w13.status() << w2.status();
+  TensorChunkSource source({*w13, *w2}, 100);
+  ASSERT_TRUE(client_->LoadExperts(Header("raw"), source).ok());
+  absl::StatusOr<StreamedTensor> wrong =
+      RawFileTensor("w13", v1::DTYPE_FLOAT32, {kE, 2 * kI, kH}, 4, pb, "w13-file");
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FieldOf(wrong.status()).value_or(""), "w13-file");
+  absl::StatusOr<StreamedTensor> missing =
+      RawFileTensor("w13", v1::DTYPE_FLOAT32, {1}, 4, pa + ".none", "w13-file");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  unlink(pa.c_str());
+  unlink(pb.c_str());
+}
+
 }  // namespace
 }  // namespace kplan::rpc
