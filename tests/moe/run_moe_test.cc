@@ -118,7 +118,9 @@ TEST(ExecutableMoeBackendsTest, KplanOnlyWithCudaKernelsAndDevices) {
 }
 
 TEST_F(RunMoeTest, AutoRunsTheCpuReferenceWithTheOraclePlan) {
-  Outcome o = Run(Request("auto"));
+  RunMoeRequest explained = Request("auto");
+  explained.explain = true;
+  Outcome o = Run(std::move(explained));
   ASSERT_TRUE(o.result.ok()) << o.result.status();
   const MoeExecutionPlan& plan = o.result->plan;
   EXPECT_EQ(plan.backend, "emulation");
@@ -133,6 +135,14 @@ TEST_F(RunMoeTest, AutoRunsTheCpuReferenceWithTheOraclePlan) {
   EXPECT_EQ(o.result->output.num_tokens, kTokens);
   EXPECT_EQ(o.result->output.output.size(), static_cast<size_t>(kTokens * kHidden * 2));
   EXPECT_EQ(o.result->output.topk_ids.size(), static_cast<size_t>(kTokens * 2));
+  // The hops, in order; without explain the same plan comes without candidates.
+  EXPECT_LE(o.timing.queued, o.timing.device_start);
+  EXPECT_LE(o.timing.device_start, o.timing.device_end);
+  EXPECT_EQ(o.timing.device, o.timing.device_end - o.timing.device_start);
+  Outcome plain = Run(Request("auto"));
+  ASSERT_TRUE(plain.result.ok()) << plain.result.status();
+  EXPECT_EQ(plain.result->plan.backend, "emulation");
+  EXPECT_TRUE(plain.result->plan.candidates.empty());
   EXPECT_GT(o.timing.device, absl::ZeroDuration());
   EXPECT_GE(o.timing.queue, absl::ZeroDuration());
 }
