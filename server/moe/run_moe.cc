@@ -239,6 +239,7 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   job.deadline = call.deadline;
   job.cancelled = std::move(call.cancelled);
   job.fail = std::move(call.fail);
+  job.inline_ok = use_gpu ? env.inline_gpu : env.inline_cpu;
   const absl::Time queued = absl::Now();
   job.work = [experts = std::move(request.experts), input = std::move(request.input),
               deadline = call.deadline, use_gpu, route = *std::move(route), queued,

@@ -42,6 +42,11 @@ struct RunMoeEnv {
   std::vector<std::string> executable_backends;
   // Routes chosen before (moe_route.h); null: every call asks the oracle.
   MoeRouteCache* routes = nullptr;
+  // Small runs on a GPU (on the CPU) may run on the calling thread when the
+  // device's worker is idle (DeviceExecutor::Job::inline_ok): `done` has
+  // then been called when RunMoe returns.
+  bool inline_gpu = false;
+  bool inline_cpu = false;
 };
 
 // A request, converted and resolved: the set it runs on (from the store),

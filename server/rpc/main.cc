@@ -109,6 +109,9 @@ ABSL_FLAG(absl::Duration, ep_join_timeout, absl::Seconds(60),
 ABSL_FLAG(bool, allow_skip_device, false,
           "Debug: RunMoE honours its skip_device flag (the whole request path without the "
           "layer), for measuring the service's floor; off in production");
+ABSL_FLAG(bool, inline_runs, true,
+          "Small RunMoE calls on a GPU whose worker is idle run on the gRPC thread that "
+          "received them (no hand-over to the worker and back)");
 
 // After --exit_timeout, cancelled calls and the workers' teardown may take
 // this much longer before the process exits regardless.
@@ -165,6 +168,7 @@ int main(int argc, char** argv) {
   options.ep_peer_ca_file = absl::GetFlag(FLAGS_ep_peer_ca);
   options.ep_join_timeout = absl::GetFlag(FLAGS_ep_join_timeout);
   options.allow_skip_device = absl::GetFlag(FLAGS_allow_skip_device);
+  options.inline_runs = absl::GetFlag(FLAGS_inline_runs);
   absl::StatusOr<std::unique_ptr<kplan::rpc::KplanServer>> server =
       kplan::rpc::KplanServer::Start(options);
   if (!server.ok()) {

@@ -512,6 +512,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   run_env.platform = &env_.platform;
   run_env.executable_backends = ExecutableMoeBackends(env_);
   run_env.routes = env_.routes;
+  run_env.inline_gpu = env_.inline_runs;
   RunMoeCall hooks;
   hooks.deadline = call->deadline();
   hooks.cancelled = [call] { return call->IsCancelled(); };

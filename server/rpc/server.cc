@@ -392,6 +392,7 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   server->routes_ = std::make_unique<MoeRouteCache>();
   server->environment_.routes = server->routes_.get();
   server->environment_.allow_skip_device = options.allow_skip_device;
+  server->environment_.inline_runs = options.inline_runs;
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);
   server->raw_service_ = std::make_unique<RawKernelPlanService>(*server->service_);
 

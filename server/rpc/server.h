@@ -84,6 +84,10 @@ struct ServerOptions {
   // Debug (--allow_skip_device): RunMoE honours skip_device, which takes the
   // whole request path but not the layer (bench/moe_rpc_bench's floor).
   bool allow_skip_device = false;
+  // Small RunMoE calls (under DeviceExecutor::kLargeJobBytes) on a GPU whose
+  // worker is idle run on the gRPC thread that received them, with no hand-
+  // over to the worker and back (--inline_runs).
+  bool inline_runs = true;
   // Injected device query; null means the build's default prober.
   const DeviceProber* prober = nullptr;
 };

@@ -58,6 +58,8 @@ struct ServerEnvironment {
   MoeRouteCache* routes = nullptr;
   // --allow_skip_device: RunMoE honours its skip_device debug flag.
   bool allow_skip_device = false;
+  // --inline_runs: small RunMoE calls on an idle GPU run on the gRPC thread.
+  bool inline_runs = false;
 };
 
 class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackService {
