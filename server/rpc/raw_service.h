@@ -22,6 +22,15 @@ using RawKernelPlanServiceBase = v1::KernelPlanService::WithRawCallbackMethod_Re
                                 v1::KernelPlanService::WithRawCallbackMethod_LoadExperts<
                                     v1::KernelPlanService::Service>>>>>>>>>;
 
+// RunMoE's answer as gRPC's bytes without copying the output's bytes: the
+// response less output.data is serialized as usual, then output.data
+// follows as a second occurrence of field `output` (protobuf merges it)
+// whose bytes are a slice that owns the moved-out string. Small outputs
+// (under kZeroCopyOutputBytes) are serialized plainly. `response` loses
+// its output data.
+inline constexpr size_t kZeroCopyOutputBytes = 64 << 10;
+absl::Status SerializeRunMoeResponse(v1::RunMoEResponse& response, grpc::ByteBuffer* out);
+
 class RawKernelPlanService final : public RawKernelPlanServiceBase {
  public:
   explicit RawKernelPlanService(KernelPlanServiceImpl& typed) : typed_(typed) {}

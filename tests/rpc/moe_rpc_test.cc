@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
+#include "server/rpc/raw_service.h"
 #include "server/rpc/server.h"
 #include "tests/rpc/moe_rpc_util.h"
 
@@ -610,6 +611,35 @@ TEST_F(MoeRpcTest, RawFileTensors) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   unlink(pa.c_str());
   unlink(pb.c_str());
+}
+
+// An output of at least kZeroCopyOutputBytes travels as its own slice: the
+// client gets the same rows as from two smaller (plainly encoded) calls.
+TEST_F(MoeRpcTest, LargeOutputsArriveWhole) {
+  std::mt19937 rng(13);
+  const int e = 2, h = 256, i = 8, m = 80;  // 48 KiB of weights: under the budget
+  auto [header, chunks] = RandomSet("big", e, h, i, rng);
+  ASSERT_TRUE(client_->LoadExperts(header, chunks).ok());
+  v1::RunMoERequest whole = LogitsRequest("big", m, h, e, 2, rng);
+  ASSERT_GE(size_t(m) * h * 4, kZeroCopyOutputBytes);
+  absl::StatusOr<v1::RunMoEResponse> big = client_->RunMoE(whole);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_THAT(big->output().shape(), ::testing::ElementsAre(m, h));
+  std::string halves;
+  for (int part = 0; part < 2; ++part) {
+    v1::RunMoERequest half = whole;
+    const int rows = m / 2;
+    *half.mutable_hidden_states() = MakeTensor(
+        v1::DTYPE_FLOAT32, {rows, h},
+        whole.hidden_states().data().substr(size_t(part) * rows * h * 4, size_t(rows) * h * 4));
+    *half.mutable_router_logits() = MakeTensor(
+        v1::DTYPE_FLOAT32, {rows, e},
+        whole.router_logits().data().substr(size_t(part) * rows * e * 4, size_t(rows) * e * 4));
+    absl::StatusOr<v1::RunMoEResponse> r = client_->RunMoE(half);
+    ASSERT_TRUE(r.ok()) << r.status();
+    halves += r->output().data();
+  }
+  EXPECT_EQ(big->output().data(), halves);
 }
 
 }  // namespace
