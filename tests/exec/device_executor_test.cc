@@ -318,7 +318,8 @@ TEST(DeviceExecutorTest, InlineAndWorkerJobsNeverOverlapOnASlot) {
   for (std::thread& t : threads) t.join();
   while (done.load() < 200) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(overlaps.load(), 0);
-  EXPECT_GT(ex->inline_runs(), 0);
+  // How many ran inline depends on timing (none at all under TSan at times);
+  // InlineWorkRunsOnTheSubmitterWhenIdle covers that they do.
 }
 
 }  // namespace
