@@ -280,6 +280,33 @@ absl::StatusOr<v1::RunIrOpResponse> Client::RunIrOp(const v1::RunIrOpRequest& re
   return response;
 }
 
+absl::Status Client::RegisterSharedMemory(const v1::SharedMemoryRegion& region) {
+  v1::RegisterSharedMemoryRequest request;
+  *request.mutable_region() = region;
+  v1::RegisterSharedMemoryResponse response;
+  return WithRetries([&](grpc::ClientContext* ctx) {
+    return stub_->RegisterSharedMemory(ctx, request, &response);
+  });
+}
+
+absl::Status Client::UnregisterSharedMemory(const std::string& name) {
+  v1::UnregisterSharedMemoryRequest request;
+  request.set_name(name);
+  v1::UnregisterSharedMemoryResponse response;
+  return WithRetries([&](grpc::ClientContext* ctx) {
+    return stub_->UnregisterSharedMemory(ctx, request, &response);
+  });
+}
+
+absl::StatusOr<v1::ListSharedMemoryResponse> Client::ListSharedMemory() {
+  v1::ListSharedMemoryResponse response;
+  absl::Status s = WithRetries([&](grpc::ClientContext* ctx) {
+    return stub_->ListSharedMemory(ctx, v1::ListSharedMemoryRequest(), &response);
+  });
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<bool> Client::Health(const std::string& service) {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);

@@ -106,6 +106,10 @@ class Client {
   absl::StatusOr<v1::ListExpertsResponse> ListExperts();
   absl::StatusOr<v1::RunMoEResponse> RunMoE(const v1::RunMoERequest& request);
   absl::StatusOr<v1::RunIrOpResponse> RunIrOp(const v1::RunIrOpRequest& request);
+  // Shared-memory regions (servers with --allow_shared_memory).
+  absl::Status RegisterSharedMemory(const v1::SharedMemoryRegion& region);
+  absl::Status UnregisterSharedMemory(const std::string& name);
+  absl::StatusOr<v1::ListSharedMemoryResponse> ListSharedMemory();
 
   // grpc.health.v1 Check for `service` ("" = the whole server): true when SERVING.
   absl::StatusOr<bool> Health(const std::string& service = "");

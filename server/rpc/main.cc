@@ -112,6 +112,9 @@ ABSL_FLAG(bool, allow_skip_device, false,
 ABSL_FLAG(bool, inline_runs, true,
           "Small RunMoE calls on a GPU whose worker is idle run on the gRPC thread that "
           "received them (no hand-over to the worker and back)");
+ABSL_FLAG(bool, allow_shared_memory, false,
+          "Serve RegisterSharedMemory: co-located clients' POSIX shared-memory regions that "
+          "RunMoE tensors may reference instead of carrying their bytes");
 
 // After --exit_timeout, cancelled calls and the workers' teardown may take
 // this much longer before the process exits regardless.
@@ -169,6 +172,7 @@ int main(int argc, char** argv) {
   options.ep_join_timeout = absl::GetFlag(FLAGS_ep_join_timeout);
   options.allow_skip_device = absl::GetFlag(FLAGS_allow_skip_device);
   options.inline_runs = absl::GetFlag(FLAGS_inline_runs);
+  options.allow_shared_memory = absl::GetFlag(FLAGS_allow_shared_memory);
   absl::StatusOr<std::unique_ptr<kplan::rpc::KplanServer>> server =
       kplan::rpc::KplanServer::Start(options);
   if (!server.ok()) {

@@ -4,6 +4,8 @@
 // moe_plan_convert.h, included here for the callers that use both.
 #pragma once
 
+#include <optional>
+
 #include "absl/status/statusor.h"
 #include "kplan/v1/config.pb.h"
 #include "kplan/v1/plan.pb.h"
@@ -12,6 +14,7 @@
 #include "server/moe/expert_store.h"
 #include "server/moe/moe_runner.h"
 #include "server/moe/run_moe.h"
+#include "server/moe/shm_regions.h"
 #include "server/oracle/moe_plan.h"
 #include "server/rpc/moe_plan_convert.h"
 
@@ -33,6 +36,20 @@ void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, int64_t hid
 // parallel.all2all_backend when set, return_routing.
 absl::StatusOr<RunMoeRequest> RunMoeRequestFromProto(const ExpertStore& store,
                                                      v1::RunMoERequest& p);
+// FAILED_PRECONDITION: shared-memory regions are off (no --allow_shared_memory),
+// naming `field` when it is not empty.
+absl::Status SharedMemoryOff(absl::string_view field);
+
+// RunMoE's shared-memory references (Tensor.shm, output_shm) against
+// `regions` (null: shared memory is off, and any reference is
+// SharedMemoryOff naming it): each input tensor that references a region
+// gets the referenced bytes as its data (bounds-checked, errors naming
+// `<tensor>.shm.*`); the output window is returned when the request names
+// one, and must be exactly as large as hidden_states (the output's size),
+// else INVALID_ARGUMENT naming output_shm.byte_size.
+absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regions,
+                                                        v1::RunMoERequest& p);
+
 // What the answer needs of its request, kept while the layer runs.
 struct RunMoeAnswer {
   moe::MoeDType act_dtype = moe::MoeDType::kBFloat16;
@@ -40,6 +57,10 @@ struct RunMoeAnswer {
   bool return_routing = false;
   absl::Time arrival;  // the request's bytes arrived (Call::start)
   absl::Time decoded;  // the request converted
+  // Where the output goes instead of the response (output_shm), and the
+  // reference the response names.
+  std::optional<ShmView> output_shm;
+  v1::SharedMemoryRef output_ref;
 };
 
 // The core's answer into `response`: output (MoeRunOutputToProto; moved out

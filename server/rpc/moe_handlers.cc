@@ -497,10 +497,14 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
                                       "started with --allow_skip_device"),
         "skip_device"));
   }
-  absl::StatusOr<RunMoeRequest> core =
-      RunMoeRequestFromProto(*env_.experts, *const_cast<v1::RunMoERequest*>(request));
+  auto* mutable_request = const_cast<v1::RunMoERequest*>(request);
+  absl::StatusOr<std::optional<ShmView>> output_shm = ResolveRunMoeShm(env_.shm, *mutable_request);
+  if (!output_shm.ok()) return call->FinishUnary(output_shm.status());
+  absl::StatusOr<RunMoeRequest> core = RunMoeRequestFromProto(*env_.experts, *mutable_request);
   if (!core.ok()) return call->FinishUnary(core.status());
   RunMoeAnswer answer;
+  answer.output_shm = *std::move(output_shm);
+  answer.output_ref = request->output_shm();
   answer.act_dtype = core->input.act_dtype;
   answer.hidden = core->experts->spec().hidden;
   answer.return_routing = core->return_routing;

@@ -175,6 +175,9 @@ KPLAN_RAW_UNARY(ListExperts)
 KPLAN_RAW_UNARY(RunMoE)
 KPLAN_RAW_UNARY(JoinEpGroup)
 KPLAN_RAW_UNARY(RunEpStep)
+KPLAN_RAW_UNARY(RegisterSharedMemory)
+KPLAN_RAW_UNARY(UnregisterSharedMemory)
+KPLAN_RAW_UNARY(ListSharedMemory)
 
 #undef KPLAN_RAW_UNARY
 

@@ -88,6 +88,9 @@ struct ServerOptions {
   // worker is idle run on the gRPC thread that received them, with no hand-
   // over to the worker and back (--inline_runs).
   bool inline_runs = true;
+  // RegisterSharedMemory and RunMoE's shared-memory tensor references
+  // (--allow_shared_memory); off: FAILED_PRECONDITION.
+  bool allow_shared_memory = false;
   // Injected device query; null means the build's default prober.
   const DeviceProber* prober = nullptr;
 };
@@ -142,6 +145,7 @@ class KplanServer {
   std::unique_ptr<IrRegistry> ir_registry_;
   std::unique_ptr<ExpertStore> experts_;
   std::unique_ptr<MoeRouteCache> routes_;
+  std::unique_ptr<ShmRegistry> shm_;  // --allow_shared_memory; regions go with it
   // After the executor (whose work submits steps to it), before the experts.
   std::shared_ptr<EpCoordinator> ep_coordinator_;  // outlives the group (its kind calls it)
   std::unique_ptr<moe::ep::EpGroup> ep_group_;

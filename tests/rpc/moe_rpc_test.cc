@@ -1,6 +1,8 @@
 // LoadExperts / ListExperts / RunMoE / UnloadExperts through the server on
 // the CPU path, checked against a straightforward double-precision MoE written
 // here (softmax, top-k, renormalise, SiLU-and-mul experts, weighted sum).
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -218,6 +220,26 @@ TEST_F(MoeRpcTest, FailedLoadsLeaveNothingBehind) {
   EXPECT_EQ(client_->ListExperts()->experts_size(), 1);
 }
 
+// A request mutated one way and the error it must get.
+struct RequestCase {
+  std::string name;
+  std::function<void(v1::RunMoERequest&)> mutate;
+  absl::StatusCode code;
+  std::string field;
+};
+
+void ExpectErrors(Client& client, const v1::RunMoERequest& base,
+                  const std::vector<RequestCase>& cases) {
+  for (const RequestCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::RunMoERequest req = base;
+    c.mutate(req);
+    absl::Status s = client.RunMoE(req).status();
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_EQ(FieldOf(s).value_or(""), c.field) << s;
+  }
+}
+
 TEST_F(MoeRpcTest, RunMoeErrorsNameTheField) {
   ASSERT_TRUE(client_->LoadExperts(Header("l"), Chunks()).ok());
   std::mt19937 rng(3);
@@ -230,13 +252,7 @@ TEST_F(MoeRpcTest, RunMoeErrorsNameTheField) {
     r.mutable_routing()->set_top_k(2);
     return r;
   };
-  struct Case {
-    std::string name;
-    std::function<void(v1::RunMoERequest&)> mutate;
-    absl::StatusCode code;
-    std::string field;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<RequestCase> cases = {
       {"hidden width", [](auto& r) { r.mutable_hidden_states()->set_shape(1, 15); },
        absl::StatusCode::kInvalidArgument, "hidden_states.shape"},
       {"short data", [](auto& r) { r.mutable_hidden_states()->mutable_data()->resize(4); },
@@ -258,14 +274,7 @@ TEST_F(MoeRpcTest, RunMoeErrorsNameTheField) {
       {"unknown experts", [](auto& r) { r.set_experts_id("nope"); }, absl::StatusCode::kNotFound,
        "experts_id"},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    v1::RunMoERequest req = base();
-    c.mutate(req);
-    absl::StatusOr<v1::RunMoEResponse> r = client_->RunMoE(req);
-    EXPECT_EQ(r.status().code(), c.code) << r.status();
-    EXPECT_EQ(FieldOf(r.status()).value_or(""), c.field) << r.status();
-  }
+  ExpectErrors(*client_, base(), cases);
   EXPECT_TRUE(client_->RunMoE(base()).ok());
 }
 
@@ -640,6 +649,114 @@ TEST_F(MoeRpcTest, LargeOutputsArriveWhole) {
     halves += r->output().data();
   }
   EXPECT_EQ(big->output().data(), halves);
+}
+
+v1::SharedMemoryRef Ref(const std::string& region, int64_t offset, int64_t bytes) {
+  v1::SharedMemoryRef r;
+  r.set_region(region);
+  r.set_offset(offset);
+  r.set_byte_size(bytes);
+  return r;
+}
+
+// RunMoE tensors in the client's POSIX shared memory: off by default; with
+// --allow_shared_memory the inputs are read from a region and the output
+// written into one, equal to the inline call; every reference is checked.
+TEST_F(MoeRpcTest, SharedMemoryTensors) {
+  std::mt19937 rng(17);
+  const int m = 3;
+  v1::RunMoERequest inline_req = LogitsRequest("l", m, kH, kE, kK, rng);
+  const std::string& x = inline_req.hidden_states().data();
+  const std::string& logits = inline_req.router_logits().data();
+  v1::SharedMemoryRegion in;
+  in.set_name("in");
+  in.set_key(absl::StrCat("/kplan-moe-rpc-test-", getpid()));
+  in.set_byte_size(8192);
+  // Off: refused, naming the field.
+  ASSERT_TRUE(client_->LoadExperts(Header("l"), Chunks()).ok());
+  EXPECT_EQ(client_->RegisterSharedMemory(in).code(), absl::StatusCode::kFailedPrecondition);
+  v1::RunMoERequest off = inline_req;
+  *off.mutable_hidden_states()->mutable_shm() = Ref("in", 0, int64_t(x.size()));
+  off.mutable_hidden_states()->clear_data();
+  absl::Status refused = client_->RunMoE(off).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(FieldOf(refused).value_or(""), "hidden_states.shm");
+
+  static NoDeviceProber prober;
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.prober = &prober;
+  options.allow_shared_memory = true;
+  std::unique_ptr<KplanServer> server = std::move(KplanServer::Start(options).value());
+  std::unique_ptr<Client> client = Client::Connect(absl::StrCat("127.0.0.1:", server->port()));
+  ASSERT_TRUE(client->LoadExperts(Header("l"), Chunks()).ok());
+
+  // The client's object: [x | logits] at 0, the output window at 4096.
+  const int fd = shm_open(in.key().c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  char* mem = static_cast<char*>(mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  ASSERT_NE(mem, MAP_FAILED);
+  std::memcpy(mem, x.data(), x.size());
+  std::memcpy(mem + x.size(), logits.data(), logits.size());
+  std::memset(mem + 4096, 0, 4096);
+  v1::SharedMemoryRegion out = in;
+  out.set_name("out");
+  out.set_offset(4096);
+  out.set_byte_size(4096);
+  in.set_byte_size(4096);
+  ASSERT_TRUE(client->RegisterSharedMemory(in).ok());
+  ASSERT_TRUE(client->RegisterSharedMemory(out).ok());
+  EXPECT_EQ(client->RegisterSharedMemory(out).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_EQ(client->ListSharedMemory()->regions_size(), 2);
+
+  v1::RunMoERequest req = inline_req;
+  *req.mutable_hidden_states()->mutable_shm() = Ref("in", 0, int64_t(x.size()));
+  req.mutable_hidden_states()->clear_data();
+  *req.mutable_router_logits()->mutable_shm() =
+      Ref("in", int64_t(x.size()), int64_t(logits.size()));
+  req.mutable_router_logits()->clear_data();
+  *req.mutable_output_shm() = Ref("out", 64, int64_t(x.size()));
+  absl::StatusOr<v1::RunMoEResponse> via_shm = client->RunMoE(req);
+  ASSERT_TRUE(via_shm.ok()) << via_shm.status();
+  EXPECT_TRUE(via_shm->output().data().empty());
+  EXPECT_THAT(via_shm->output().shape(), ::testing::ElementsAre(m, kH));
+  EXPECT_EQ(via_shm->output().shm().region(), "out");
+  absl::StatusOr<v1::RunMoEResponse> inline_run = client->RunMoE(inline_req);
+  ASSERT_TRUE(inline_run.ok()) << inline_run.status();
+  EXPECT_EQ(std::string(mem + 4096 + 64, x.size()), inline_run->output().data());
+  EXPECT_EQ(std::string(mem + 4096, 64), std::string(64, '\0'));  // nothing before the window
+
+  const std::vector<RequestCase> cases = {
+      {"past the region", [](auto& r) { r.mutable_hidden_states()->mutable_shm()->set_offset(4000); },
+       absl::StatusCode::kInvalidArgument, "hidden_states.shm.byte_size"},
+      {"negative offset", [](auto& r) { r.mutable_router_logits()->mutable_shm()->set_offset(-8); },
+       absl::StatusCode::kInvalidArgument, "router_logits.shm.offset"},
+      {"unknown region", [](auto& r) { r.mutable_router_logits()->mutable_shm()->set_region("x"); },
+       absl::StatusCode::kNotFound, "router_logits.shm.region"},
+      {"data and shm", [](auto& r) { r.mutable_hidden_states()->set_data("abcd"); },
+       absl::StatusCode::kInvalidArgument, "hidden_states.shm"},
+      {"output size", [](auto& r) { r.mutable_output_shm()->set_byte_size(8); },
+       absl::StatusCode::kInvalidArgument, "output_shm.byte_size"},
+      {"output past the region", [](auto& r) { r.mutable_output_shm()->set_offset(4090); },
+       absl::StatusCode::kInvalidArgument, "output_shm.byte_size"},
+  };
+  ExpectErrors(*client, req, cases);
+  // Registration errors name the region's fields.
+  v1::SharedMemoryRegion wide = in;
+  wide.set_name("wide");
+  wide.set_byte_size(1 << 20);
+  absl::Status too_wide = client->RegisterSharedMemory(wide);
+  EXPECT_EQ(too_wide.code(), absl::StatusCode::kInvalidArgument) << too_wide;
+  EXPECT_EQ(FieldOf(too_wide).value_or(""), "region.byte_size");
+
+  ASSERT_TRUE(client->UnregisterSharedMemory("in").ok());
+  EXPECT_EQ(client->UnregisterSharedMemory("in").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->RunMoE(req).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->ListSharedMemory()->regions_size(), 1);
+  munmap(mem, 8192);
+  shm_unlink(in.key().c_str());
 }
 
 }  // namespace
