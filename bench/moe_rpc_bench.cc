@@ -7,6 +7,8 @@
 //   skip     RunMoE with skip_device (the server runs --allow_skip_device):
 //            decode, route, queue, encode and the wire, without the layer;
 //   run      RunMoE: the same, with the layer;
+//   shm      RunMoE with its inputs and output in a registered POSIX shm
+//            region of this process (the server runs --allow_shared_memory);
 // and, from MoETiming, each hop: decode (arrival to converted), route (to
 // queued), queue, device, encode (output on the host to response filled),
 // and wire = round trip - server total (serialisation, gRPC, the socket,
@@ -15,6 +17,8 @@
 // device worker and back), for the comparison.
 //   moe_rpc_bench [--iters 200] [--tokens 1,8,64,512] [--transport tcp,unix]
 //                 [--shape E,k,H,I] [--inline 1]
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,12 +99,60 @@ struct Hops {
   }
 };
 
+// A POSIX shm object of this process registered with the server as region
+// "bench", regrown (re-registered) when a size needs more.
+struct ShmArea {
+  std::string key = absl::StrCat("/kplan-moe-rpc-bench-", getpid());
+  char* data = nullptr;
+  int64_t bytes = 0;
+
+  bool Ready(int64_t need, kplan::Client& to) {
+    need = std::max<int64_t>(need, 4096);
+    if (data != nullptr && need <= bytes) return true;
+    Release();
+    client = &to;
+    const int fd = shm_open(key.c_str(), O_CREAT | O_RDWR, 0600);
+    if (fd < 0 || ftruncate(fd, need) != 0) return false;
+    void* p = mmap(nullptr, need, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return false;
+    data = static_cast<char*>(p);
+    bytes = need;
+    kplan::v1::SharedMemoryRegion r;
+    r.set_name("bench");
+    r.set_key(key);
+    r.set_byte_size(need);
+    absl::Status s = client->RegisterSharedMemory(r);
+    if (!s.ok()) std::fprintf(stderr, "shm: %s\n", s.ToString().c_str());
+    return s.ok();
+  }
+  kplan::v1::SharedMemoryRef Ref(int64_t offset, int64_t size) const {
+    kplan::v1::SharedMemoryRef r;
+    r.set_region("bench");
+    r.set_offset(offset);
+    r.set_byte_size(size);
+    return r;
+  }
+  // Unregisters, unmaps and unlinks.
+  void Release() {
+    if (data == nullptr) return;
+    (void)client->UnregisterSharedMemory("bench");
+    munmap(data, bytes);
+    shm_unlink(key.c_str());
+    data = nullptr;
+    bytes = 0;
+  }
+  kplan::Client* client = nullptr;  // the one that registered it
+};
+
 // One server on `address`: load, then every token count in every mode.
 int Measure(const char* transport, const std::string& listen, const Shape& s,
             const std::vector<int>& tokens, int iters, bool inline_runs) {
   kplan::rpc::ServerOptions options;
   options.listen_address = listen;
   options.allow_skip_device = true;
+  options.allow_shared_memory = true;
+  ShmArea shm_area;
   options.inline_runs = inline_runs;
   auto server = kplan::rpc::KplanServer::Start(options);
   if (!server.ok()) {
@@ -170,17 +222,32 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
     req.mutable_router_logits()->set_dtype(kplan::v1::DTYPE_FLOAT32);
     req.mutable_router_logits()->add_shape(m);
     req.mutable_router_logits()->add_shape(s.e);
-    for (const bool skip : {true, false}) {
-      req.set_skip_device(skip);
+    // The shared-memory layout of this size: [hidden | logits | output].
+    const int64_t hidden_bytes = int64_t(m) * s.h * 2, logits_bytes = int64_t(m) * s.e * 4;
+    for (const char* mode : {"skip", "run", "shm"}) {
+      const bool shm = std::string(mode) == "shm";
+      if (shm && !shm_area.Ready(2 * hidden_bytes + logits_bytes, *client)) continue;
+      req.set_skip_device(std::string(mode) == "skip");
       Hops hops;
       std::string backend;
       for (int it = 0; it < iters + 20; ++it) {
         // Fresh random routing and activations for every call.
-        req.mutable_hidden_states()->set_data(Bf16Bytes(size_t(m) * s.h, rng, 1.f));
+        std::string x = Bf16Bytes(size_t(m) * s.h, rng, 1.f);
         std::vector<float> logits(size_t(m) * s.e);
         std::normal_distribution<float> d(0.f, 1.f);
-        for (float& x : logits) x = d(rng);
-        req.mutable_router_logits()->set_data(logits.data(), logits.size() * 4);
+        for (float& v : logits) v = d(rng);
+        if (shm) {  // the client writes them in place; the request names them
+          std::memcpy(shm_area.data, x.data(), x.size());
+          std::memcpy(shm_area.data + hidden_bytes, logits.data(), logits_bytes);
+          req.mutable_hidden_states()->clear_data();
+          *req.mutable_hidden_states()->mutable_shm() = shm_area.Ref(0, hidden_bytes);
+          req.mutable_router_logits()->clear_data();
+          *req.mutable_router_logits()->mutable_shm() = shm_area.Ref(hidden_bytes, logits_bytes);
+          *req.mutable_output_shm() = shm_area.Ref(hidden_bytes + logits_bytes, hidden_bytes);
+        } else {
+          req.mutable_hidden_states()->set_data(std::move(x));
+          req.mutable_router_logits()->set_data(logits.data(), logits.size() * 4);
+        }
         auto start = std::chrono::steady_clock::now();
         auto r = client->RunMoE(req);
         const double us = SinceUs(start);
@@ -192,9 +259,13 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
         backend = r->plan().backend();
         hops.Add(us, r->timing());
       }
-      hops.Print(transport, m, skip ? "skip" : "run", backend);
+      hops.Print(transport, m, mode, backend);
+      req.mutable_hidden_states()->clear_shm();
+      req.mutable_router_logits()->clear_shm();
+      req.clear_output_shm();
     }
   }
+  shm_area.Release();
   (*server)->Shutdown(absl::Seconds(5));
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <random>
 
+#include "absl/cleanup/cleanup.h"
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -694,6 +695,7 @@ TEST_F(MoeRpcTest, SharedMemoryTensors) {
   // The client's object: [x | logits] at 0, the output window at 4096.
   const int fd = shm_open(in.key().c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   ASSERT_GE(fd, 0) << std::strerror(errno);
+  absl::Cleanup unlink = [&] { shm_unlink(in.key().c_str()); };  // also when an assertion fails
   ASSERT_EQ(ftruncate(fd, 8192), 0);
   char* mem = static_cast<char*>(mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
   close(fd);
@@ -756,7 +758,6 @@ TEST_F(MoeRpcTest, SharedMemoryTensors) {
   EXPECT_EQ(client->RunMoE(req).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client->ListSharedMemory()->regions_size(), 1);
   munmap(mem, 8192);
-  shm_unlink(in.key().c_str());
 }
 
 }  // namespace
