@@ -33,10 +33,10 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (regions_.count(info.name)) {
-      return WithField(absl::AlreadyExistsError(absl::StrCat(
-                           "a shared-memory region '", ClientText(info.name),
-                           "' is registered already; unregister it first")),
-                       "name");
+      return WithField(
+          absl::AlreadyExistsError(absl::StrCat("a shared-memory region '", ClientText(info.name),
+                                                "' is registered already; unregister it first")),
+          "name");
     }
     if (regions_.size() >= max_regions_) {
       return absl::ResourceExhaustedError(
@@ -45,19 +45,19 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
   }
   const int fd = shm_open(key.c_str(), O_RDWR, 0);
   if (fd < 0) {
-    return WithField(absl::NotFoundError(absl::StrCat("cannot open shared memory '",
-                                                      ClientText(key), "': ",
-                                                      std::strerror(errno))),
-                     "key");
+    return WithField(
+        absl::NotFoundError(absl::StrCat("cannot open shared memory '", ClientText(key),
+                                         "': ", std::strerror(errno))),
+        "key");
   }
   struct stat st;
   const bool sized = fstat(fd, &st) == 0;
   if (!sized || info.byte_size > st.st_size || info.offset > st.st_size - info.byte_size) {
     close(fd);
-    return InvalidField("byte_size",
-                        absl::StrCat("the window [", info.offset, ", ", info.offset,
-                                     " + ", info.byte_size, ") is past the end of '",
-                                     ClientText(key), "' (", sized ? st.st_size : 0, " bytes)"));
+    return InvalidField(
+        "byte_size", absl::StrCat("the window [", info.offset, ", ", info.offset, " + ",
+                                  info.byte_size, ") is past the end of '", ClientText(key), "' (",
+                                  sized ? st.st_size : 0, " bytes)"));
   }
   const int64_t page = sysconf(_SC_PAGESIZE);
   const int64_t start = info.offset / page * page;
@@ -68,18 +68,18 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
   const int mmap_errno = errno;
   close(fd);  // the mapping keeps the object
   if (map == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot map shared memory '", ClientText(key), "': ", std::strerror(mmap_errno)));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map shared memory '", ClientText(key),
+                                                     "': ", std::strerror(mmap_errno)));
   }
   region->map_ = map;
   region->data_ = static_cast<char*>(map) + (info.offset - start);
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = regions_.emplace(info.name, std::move(region));
   if (!inserted) {  // registered meanwhile by another call
-    return WithField(absl::AlreadyExistsError(absl::StrCat(
-                         "a shared-memory region '", ClientText(info.name),
-                         "' is registered already; unregister it first")),
-                     "name");
+    return WithField(
+        absl::AlreadyExistsError(absl::StrCat("a shared-memory region '", ClientText(info.name),
+                                              "' is registered already; unregister it first")),
+        "name");
   }
   return absl::OkStatus();
 }
@@ -87,8 +87,8 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
 absl::Status ShmRegistry::Unregister(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   if (regions_.erase(name) == 0) {
-    return WithField(absl::NotFoundError(absl::StrCat("no shared-memory region '",
-                                                      ClientText(name), "' is registered")),
+    return WithField(absl::NotFoundError(absl::StrCat("no shared-memory region '", ClientText(name),
+                                                      "' is registered")),
                      "name");
   }
   return absl::OkStatus();
@@ -126,10 +126,10 @@ absl::StatusOr<ShmView> ShmRegistry::Resolve(const std::string& name, int64_t of
                                      "' of ", window, " bytes"));
   }
   if (byte_size < 0 || byte_size > window - offset) {
-    return InvalidField(absl::StrCat(field, ".byte_size"),
-                        absl::StrCat("[", offset, ", ", offset, " + ", byte_size,
-                                     ") is past the end of region '", ClientText(name), "' (",
-                                     window, " bytes)"));
+    return InvalidField(
+        absl::StrCat(field, ".byte_size"),
+        absl::StrCat("[", offset, ", ", offset, " + ", byte_size, ") is past the end of region '",
+                     ClientText(name), "' (", window, " bytes)"));
   }
   ShmView view;
   view.data = region->data() + offset;

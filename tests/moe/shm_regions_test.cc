@@ -60,9 +60,9 @@ TEST_F(ShmRegistryTest, ViewsAreBoundsCheckedAgainstTheWindow) {
     int64_t offset, size;
     std::string field;
   };
-  for (const Case& c : {Case{2001, 0, "x.offset"}, Case{-1, 1, "x.offset"},
-                        Case{1000, 1001, "x.byte_size"}, Case{0, -5, "x.byte_size"},
-                        Case{1, INT64_MAX, "x.byte_size"}}) {
+  for (const Case& c :
+       {Case{2001, 0, "x.offset"}, Case{-1, 1, "x.offset"}, Case{1000, 1001, "x.byte_size"},
+        Case{0, -5, "x.byte_size"}, Case{1, INT64_MAX, "x.byte_size"}}) {
     SCOPED_TRACE(absl::StrCat(c.offset, "+", c.size));
     absl::StatusOr<ShmView> bad = shm.Resolve("in", c.offset, c.size, "x");
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
