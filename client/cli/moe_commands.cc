@@ -60,21 +60,27 @@ absl::StatusOr<PlainDType> ParsePlainDType(absl::string_view flag, const std::st
       flag, absl::StrCat("--", flag, " takes float32, float16 or bfloat16, got '", name, "'"));
 }
 
-// `count` random values of `dtype`, uniform in +-[0.1, 1) * scale (never zero).
-std::string RandomValues(int64_t count, const PlainDType& dtype, float scale, std::mt19937& rng) {
+// `count` random values of `dtype` into `out`, uniform in +-[0.1, 1) * scale
+// (never zero); a run of calls draws what one call for the whole would.
+void FillRandom(char* out, int64_t count, const PlainDType& dtype, float scale,
+                std::mt19937& rng) {
   std::uniform_real_distribution<float> magnitude(0.1f, 1.0f);
   std::bernoulli_distribution negative(0.5);
-  std::string data(count * dtype.size, '\0');
   for (int64_t i = 0; i < count; ++i) {
     const float v = magnitude(rng) * scale;
     const float x = negative(rng) ? -v : v;
     if (dtype.proto == v1::DTYPE_FLOAT32) {
-      std::memcpy(&data[i * 4], &x, 4);
+      std::memcpy(out + i * 4, &x, 4);
     } else {
       const uint16_t h = dtype.proto == v1::DTYPE_FLOAT16 ? FloatToHalf(x) : FloatToBf16(x);
-      std::memcpy(&data[i * 2], &h, 2);
+      std::memcpy(out + i * 2, &h, 2);
     }
   }
+}
+
+std::string RandomValues(int64_t count, const PlainDType& dtype, float scale, std::mt19937& rng) {
+  std::string data(count * dtype.size, '\0');
+  FillRandom(data.data(), count, dtype, scale, rng);
   return data;
 }
 
@@ -91,11 +97,32 @@ v1::Tensor RandomTensor(std::vector<int64_t> shape, const PlainDType& dtype, flo
   return t;
 }
 
-// `tensor` as LoadExperts chunks named `name`.
-void AppendChunks(const std::string& name, const v1::Tensor& tensor,
-                  std::vector<v1::TensorChunk>* chunks) {
-  AppendTensorChunks(name, tensor.dtype(), {tensor.shape().begin(), tensor.shape().end()},
-                     tensor.data(), kChunkBytes, chunks);
+// The random weights of --random, generated chunk by chunk as the load
+// streams them (w13, then w2, each scaled by 1/sqrt(fan-in)): the same
+// values for a seed as generating each tensor whole.
+std::unique_ptr<ChunkSource> RandomWeights(int64_t e, int64_t rows, int64_t h, int64_t i,
+                                           const PlainDType& dtype, uint32_t seed) {
+  auto rng = std::make_shared<std::mt19937>(seed);
+  auto tensor = [&](const char* name, std::vector<int64_t> shape, float scale) {
+    StreamedTensor t;
+    t.name = name;
+    t.dtype = dtype.proto;
+    t.bytes = dtype.size;
+    for (int64_t d : shape) t.bytes *= d;
+    t.shape = std::move(shape);
+    t.read = [rng, dtype, scale](int64_t, int64_t n, char* out) {
+      FillRandom(out, n / dtype.size, dtype, scale, *rng);
+      return absl::OkStatus();
+    };
+    return t;
+  };
+  std::vector<StreamedTensor> tensors;
+  tensors.push_back(tensor("w13", {e, rows, h}, 1.0f / std::sqrt(float(h))));
+  tensors.push_back(tensor("w2", {e, h, i}, 1.0f / std::sqrt(float(i))));
+  return std::make_unique<TensorChunkSource>(std::move(tensors), kChunkBytes, [rng, seed] {
+    rng->seed(seed);
+    return absl::OkStatus();
+  });
 }
 
 double Median(std::vector<double> v) {
@@ -136,7 +163,9 @@ void LoadFlags::Register(ArgParser& p) {
               "quantisation scheme of the weights (fp8_per_tensor, fp8_block, int8_group, ...); "
               "the server loads quantised sets only inline, so neither source here takes one",
               &quantization);
-  p.AddString("safetensors", "PATH", "safetensors file on the server host, under its --model_root",
+  p.AddString("safetensors", "PATH",
+              "safetensors file (or sharded checkpoint's model.safetensors.index.json) on the "
+              "server host, under its --model_root",
               &safetensors);
   p.AddString("template", "NAME",
               "per-expert tensor names with {e} for the expert and {proj} for gate_proj, "
@@ -151,11 +180,17 @@ void LoadFlags::Register(ArgParser& p) {
   p.AddString("w13", "NAME", "stacked [E, 2I, H] tensor name (with --w2)", &w13);
   p.AddString("w2", "NAME", "stacked [E, H, I] tensor name (with --w13)", &w2);
   p.AddSwitch("random", "generate and stream random weights of the given shape instead", &random);
+  p.AddString("w13-file", "PATH",
+              "stream [E, 2I, H] (gated; [E, I, H] otherwise) raw row-major --dtype weights "
+              "from this file on the client host (with --w2-file)",
+              &w13_file);
+  p.AddString("w2-file", "PATH", "stream [E, H, I] raw weights from this client-side file",
+              &w2_file);
   p.AddString("seed", "N", "seed of --random", &seed);
 }
 
 absl::Status LoadFlags::Build(v1::ExpertsHeader* header,
-                              std::vector<v1::TensorChunk>* chunks) const {
+                              std::unique_ptr<ChunkSource>* source) const {
   KPLAN_RETURN_IF_ERROR(Required("id", id));
   int64_t e = 0, h = 0, i = 0, seed_value = 0;
   for (auto [flag, value, out] :
@@ -175,17 +210,29 @@ absl::Status LoadFlags::Build(v1::ExpertsHeader* header,
   header->set_activation(activation);
   header->set_dtype(plain.proto);
   header->mutable_quantization()->set_scheme(quantization);
-  if (random == !safetensors.empty()) {
-    return InvalidField("safetensors", "give either --safetensors PATH or --random");
+  const bool files = !w13_file.empty() || !w2_file.empty();
+  if (int(random) + int(files) + int(!safetensors.empty()) != 1) {
+    return InvalidField("safetensors",
+                        "give one of --safetensors PATH, --random or --w13-file/--w2-file");
+  }
+  const int64_t rows = IsGated(*act) ? 2 * i : i;
+  if ((random || files) && !quantization.empty()) {
+    return InvalidField("quantization", absl::StrCat(random ? "--random" : "--w13-file",
+                                                     " streams plain weights; drop --quantization"));
   }
   if (random) {
-    if (!quantization.empty()) {
-      return InvalidField("quantization", "--random generates plain weights; drop --quantization");
-    }
-    std::mt19937 rng(static_cast<uint32_t>(seed_value));
-    const int64_t rows = IsGated(*act) ? 2 * i : i;
-    AppendChunks("w13", RandomTensor({e, rows, h}, plain, 1.0f / std::sqrt(float(h)), rng), chunks);
-    AppendChunks("w2", RandomTensor({e, h, i}, plain, 1.0f / std::sqrt(float(i)), rng), chunks);
+    *source = RandomWeights(e, rows, h, i, plain, static_cast<uint32_t>(seed_value));
+    return absl::OkStatus();
+  }
+  if (files) {
+    KPLAN_RETURN_IF_ERROR(Required("w13-file", w13_file));
+    KPLAN_RETURN_IF_ERROR(Required("w2-file", w2_file));
+    std::vector<StreamedTensor> tensors;
+    KPLAN_ASSIGN_OR_RETURN(tensors.emplace_back(), RawFileTensor("w13", plain.proto, {e, rows, h},
+                                                                 plain.size, w13_file, "w13-file"));
+    KPLAN_ASSIGN_OR_RETURN(tensors.emplace_back(), RawFileTensor("w2", plain.proto, {e, h, i},
+                                                                 plain.size, w2_file, "w2-file"));
+    *source = std::make_unique<TensorChunkSource>(std::move(tensors), kChunkBytes);
     return absl::OkStatus();
   }
   v1::SafetensorsSource* st = header->mutable_safetensors();
@@ -220,20 +267,25 @@ int LoadCommand(const std::vector<std::string>& args) {
   flags.Register(parser);
   const std::string synopsis =
       "usage: kplan load --id ID --num-experts E --hidden-size H --intermediate-size I\n"
-      "           (--safetensors PATH (--template NAME | --w13 NAME --w2 NAME) | --random)\n"
+      "           (--safetensors PATH (--template NAME | --w13 NAME --w2 NAME) | --random |\n"
+      "            --w13-file PATH --w2-file PATH)\n"
       "\nLoad an expert set onto the server: from a safetensors file on the server host,\n"
       "under its --model_root (relative paths: under the first root; per-expert tensors named\n"
-      "with {e}, or tensors stacked over experts), or random weights\n"
-      "streamed from here (--random: values scaled by 1/sqrt(fan-in)). Prints the set.\n"
+      "with {e}, or tensors stacked over experts; a model.safetensors.index.json for a sharded\n"
+      "checkpoint), or weights streamed from here chunk by chunk: random ones (--random:\n"
+      "values scaled by 1/sqrt(fan-in)) or raw row-major files on this host (--w13-file,\n"
+      "--w2-file). Prints the set.\n"
       "Example: kplan load --id layer0 --random --num-experts 8 --hidden-size 256 "
       "--intermediate-size 512";
   if (auto exit = ParseOrExit(parser, args, synopsis)) return *exit;
   v1::ExpertsHeader header;
-  std::vector<v1::TensorChunk> chunks;
-  if (absl::Status s = flags.Build(&header, &chunks); !s.ok()) return Fail(s);
+  std::unique_ptr<ChunkSource> source;
+  if (absl::Status s = flags.Build(&header, &source); !s.ok()) return Fail(s);
   absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
   if (!client.ok()) return Fail(client.status());
-  absl::StatusOr<v1::LoadExpertsResponse> loaded = (*client)->LoadExperts(header, chunks);
+  absl::StatusOr<v1::LoadExpertsResponse> loaded =
+      source != nullptr ? (*client)->LoadExperts(header, *source)
+                        : (*client)->LoadExperts(header, std::vector<v1::TensorChunk>{});
   if (!loaded.ok()) return Fail(loaded.status());
   if (common.json) {
     std::cout << ToJson(*loaded);
@@ -330,6 +382,7 @@ absl::StatusOr<MoeRunSummary> RunMoe(const RunMoeFlags& flags, const CommonFlags
   request.mutable_routing()->set_top_k(top_k);
   request.mutable_routing()->set_routing_method(flags.routing);
   request.mutable_kernel_config()->set_moe_backend(flags.moe_backend);
+  request.set_explain(true);  // the candidates and their reasons, for the plan shown
   if (!flags.all2all_backend.empty()) {
     request.mutable_parallel()->set_all2all_backend(flags.all2all_backend);
   }

@@ -8,6 +8,7 @@
 //   kplan run-moe --id ID --tokens N    RunMoE on random inputs: plan, timing
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,19 +16,25 @@
 #include "client/cli/args.h"
 #include "kplan/v1/service.pb.h"
 
+namespace kplan {
+class ChunkSource;  // client/cpp/client.h
+}  // namespace kplan
+
 namespace kplan::cli {
 
 // `kplan load`'s flags (vLLM's names: --hidden-size, --intermediate-size;
 // the older --hidden and --intermediate stay as aliases).
 struct LoadFlags {
-  std::string id, safetensors, name_template, gate_proj, up_proj, down_proj, w13, w2;
+  std::string id, safetensors, name_template, gate_proj, up_proj, down_proj, w13, w2, w13_file,
+      w2_file;
   std::string num_experts, hidden_size, intermediate_size, dtype = "bfloat16", activation = "silu",
                                                            quantization, seed = "0";
   bool random = false;
 
   void Register(ArgParser& p);
-  // The header and, for --random, the chunks that follow it.
-  absl::Status Build(v1::ExpertsHeader* header, std::vector<v1::TensorChunk>* chunks) const;
+  // The header and, for --random and the files, the source of the chunks
+  // that follow it (null for a server-side file).
+  absl::Status Build(v1::ExpertsHeader* header, std::unique_ptr<ChunkSource>* source) const;
 };
 
 // `kplan run-moe`'s flags (--top-k and --routing-method, with the older

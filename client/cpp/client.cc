@@ -4,7 +4,16 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
 #include <thread>
+
+#include "absl/strings/str_cat.h"
 
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
@@ -89,22 +98,149 @@ absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo() {
   return response;
 }
 
+namespace {
+
+// The chunks of a vector, for the vector overload.
+class VectorChunkSource final : public ChunkSource {
+ public:
+  explicit VectorChunkSource(const std::vector<v1::TensorChunk>& chunks) : chunks_(chunks) {}
+  absl::StatusOr<bool> Next(v1::TensorChunk* chunk) override {
+    if (next_ == chunks_.size()) return false;
+    *chunk = chunks_[next_++];
+    return true;
+  }
+  absl::Status Rewind() override {
+    next_ = 0;
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::vector<v1::TensorChunk>& chunks_;
+  size_t next_ = 0;
+};
+
+}  // namespace
+
+absl::Status ChunkSource::Rewind() {
+  return absl::UnimplementedError("this chunk source cannot start over");
+}
+
+TensorChunkSource::TensorChunkSource(std::vector<StreamedTensor> tensors, int64_t chunk_bytes,
+                                     std::function<absl::Status()> rewind)
+    : tensors_(std::move(tensors)), chunk_bytes_(chunk_bytes), rewind_(std::move(rewind)) {}
+
+absl::StatusOr<bool> TensorChunkSource::Next(v1::TensorChunk* chunk) {
+  while (tensor_ < tensors_.size() && offset_ >= tensors_[tensor_].bytes) {
+    ++tensor_;
+    offset_ = 0;
+  }
+  if (tensor_ == tensors_.size()) return false;
+  const StreamedTensor& t = tensors_[tensor_];
+  const int64_t n = std::min(chunk_bytes_, t.bytes - offset_);
+  chunk->Clear();
+  chunk->set_name(t.name);
+  chunk->set_offset(offset_);
+  if (offset_ == 0) {
+    chunk->set_dtype(t.dtype);
+    for (int64_t d : t.shape) chunk->add_shape(d);
+  }
+  std::string* data = chunk->mutable_data();
+  data->resize(static_cast<size_t>(n));
+  KPLAN_RETURN_IF_ERROR(t.read(offset_, n, data->data()));
+  offset_ += n;
+  return true;
+}
+
+absl::Status TensorChunkSource::Rewind() {
+  tensor_ = 0;
+  offset_ = 0;
+  return rewind_ ? rewind_() : absl::OkStatus();
+}
+
+absl::StatusOr<StreamedTensor> RawFileTensor(const std::string& name, v1::DType dtype,
+                                             std::vector<int64_t> shape, int64_t element_bytes,
+                                             const std::string& path, const std::string& field) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return WithField(absl::NotFoundError(absl::StrCat("cannot open '", path, "': ",
+                                                      std::strerror(errno))),
+                     field);
+  }
+  auto file = std::shared_ptr<int>(new int(fd), [](int* f) {
+    ::close(*f);
+    delete f;
+  });
+  struct stat st;
+  int64_t bytes = element_bytes;
+  for (int64_t d : shape) bytes *= d;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != bytes) {
+    return InvalidField(field, absl::StrCat("'", path, "' must be a regular file of ", bytes,
+                                            " bytes (", name, " as raw row-major data), got ",
+                                            S_ISREG(st.st_mode) ? absl::StrCat(st.st_size, " bytes")
+                                                                : std::string("no regular file")));
+  }
+  StreamedTensor t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.bytes = bytes;
+  t.read = [file, path](int64_t offset, int64_t n, char* out) -> absl::Status {
+    while (n > 0) {
+      const ssize_t got = ::pread(*file, out, static_cast<size_t>(n), offset);
+      if (got <= 0) {
+        return absl::DataLossError(absl::StrCat("reading '", path, "' at byte ", offset, ": ",
+                                                got == 0 ? "unexpected end" : std::strerror(errno)));
+      }
+      out += got;
+      offset += got;
+      n -= got;
+    }
+    return absl::OkStatus();
+  };
+  return t;
+}
+
 absl::StatusOr<v1::LoadExpertsResponse> Client::LoadExperts(
     const v1::ExpertsHeader& header, const std::vector<v1::TensorChunk>& chunks) {
+  VectorChunkSource source(chunks);
+  return LoadExperts(header, source);
+}
+
+absl::StatusOr<v1::LoadExpertsResponse> Client::LoadExperts(const v1::ExpertsHeader& header,
+                                                            ChunkSource& source) {
   v1::LoadExpertsResponse response;
-  absl::Status s = WithRetries([&](grpc::ClientContext* ctx) {
+  bool first = true;
+  absl::Status source_error;
+  absl::Status s = WithRetries([&](grpc::ClientContext* ctx) -> grpc::Status {
+    if (!first) {
+      if (absl::Status rewound = source.Rewind(); !rewound.ok()) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            absl::StrCat("the server was unavailable and the chunk source cannot "
+                                         "start over: ", rewound.message()));
+      }
+    }
+    first = false;
     std::unique_ptr<grpc::ClientWriter<v1::LoadExpertsRequest>> writer =
         stub_->LoadExperts(ctx, &response);
     v1::LoadExpertsRequest msg;
     *msg.mutable_header() = header;
     bool ok = writer->Write(msg);
-    for (size_t i = 0; ok && i < chunks.size(); ++i) {
-      *msg.mutable_chunk() = chunks[i];
+    v1::TensorChunk* chunk = msg.mutable_chunk();  // one chunk held at a time
+    while (ok) {
+      absl::StatusOr<bool> more = source.Next(chunk);
+      if (!more.ok()) {
+        source_error = more.status();
+        ctx->TryCancel();  // the server drops the load
+        writer->Finish();
+        return grpc::Status::OK;  // not retried; answered with source_error below
+      }
+      if (!*more) break;
       ok = writer->Write(msg);
     }
     writer->WritesDone();
     return writer->Finish();  // carries the server's error if a write failed
   });
+  if (!source_error.ok()) return source_error;
   if (!s.ok()) return s;
   return response;
 }
@@ -140,6 +276,33 @@ absl::StatusOr<v1::RunIrOpResponse> Client::RunIrOp(const v1::RunIrOpRequest& re
   v1::RunIrOpResponse response;
   absl::Status s = WithRetries(
       [&](grpc::ClientContext* ctx) { return stub_->RunIrOp(ctx, request, &response); });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::Status Client::RegisterSharedMemory(const v1::SharedMemoryRegion& region) {
+  v1::RegisterSharedMemoryRequest request;
+  *request.mutable_region() = region;
+  v1::RegisterSharedMemoryResponse response;
+  return WithRetries([&](grpc::ClientContext* ctx) {
+    return stub_->RegisterSharedMemory(ctx, request, &response);
+  });
+}
+
+absl::Status Client::UnregisterSharedMemory(const std::string& name) {
+  v1::UnregisterSharedMemoryRequest request;
+  request.set_name(name);
+  v1::UnregisterSharedMemoryResponse response;
+  return WithRetries([&](grpc::ClientContext* ctx) {
+    return stub_->UnregisterSharedMemory(ctx, request, &response);
+  });
+}
+
+absl::StatusOr<v1::ListSharedMemoryResponse> Client::ListSharedMemory() {
+  v1::ListSharedMemoryResponse response;
+  absl::Status s = WithRetries([&](grpc::ClientContext* ctx) {
+    return stub_->ListSharedMemory(ctx, v1::ListSharedMemoryRequest(), &response);
+  });
   if (!s.ok()) return s;
   return response;
 }

@@ -7,6 +7,8 @@
 
 #include <grpcpp/channel.h>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +19,58 @@
 #include "kplan/v1/service.grpc.pb.h"
 
 namespace kplan {
+
+// Where LoadExperts' chunks come from, one at a time, so that a client never
+// holds the whole set: Next fills `chunk` and returns true, or returns false
+// after the last one. An error ends the load: the call is cancelled (the
+// server keeps nothing) and the error is LoadExperts' answer. Rewind starts
+// over, for a retry of UNAVAILABLE; a source that cannot start over answers
+// an error, and the load then answers the UNAVAILABLE it got.
+class ChunkSource {
+ public:
+  virtual ~ChunkSource() = default;
+  virtual absl::StatusOr<bool> Next(v1::TensorChunk* chunk) = 0;
+  virtual absl::Status Rewind();
+};
+
+// One tensor of a TensorChunkSource: its name, dtype and shape as the first
+// chunk carries them, its size, and `read`, which writes `n` bytes of the
+// tensor from `offset` into `out`. Reads come in order of offset, from 0,
+// each offset once per pass (a Rewind starts a new pass).
+struct StreamedTensor {
+  std::string name;
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;
+  int64_t bytes = 0;
+  std::function<absl::Status(int64_t offset, int64_t n, char* out)> read;
+};
+
+// Chunks of at most `chunk_bytes` of each tensor in turn, read when asked
+// for: the memory held is one chunk. `rewind` (may be null: nothing to do)
+// runs at Rewind, e.g. to reseed a generator.
+class TensorChunkSource final : public ChunkSource {
+ public:
+  TensorChunkSource(std::vector<StreamedTensor> tensors, int64_t chunk_bytes,
+                    std::function<absl::Status()> rewind = nullptr);
+  absl::StatusOr<bool> Next(v1::TensorChunk* chunk) override;
+  absl::Status Rewind() override;
+
+ private:
+  std::vector<StreamedTensor> tensors_;
+  int64_t chunk_bytes_;
+  std::function<absl::Status()> rewind_;
+  size_t tensor_ = 0;   // the tensor being sent
+  int64_t offset_ = 0;  // its next byte
+};
+
+// A tensor whose bytes are the whole raw file at `path` (row-major,
+// little-endian, as numpy's tofile writes them): INVALID_ARGUMENT naming
+// `field` when the file is not exactly `element_bytes` * product(shape)
+// bytes long, NOT_FOUND when it cannot be opened. The file is read chunk by
+// chunk (pread) while the load streams.
+absl::StatusOr<StreamedTensor> RawFileTensor(const std::string& name, v1::DType dtype,
+                                             std::vector<int64_t> shape, int64_t element_bytes,
+                                             const std::string& path, const std::string& field);
 
 struct ClientOptions {
   absl::Duration deadline = absl::Seconds(10);  // per call, retries included
@@ -45,10 +99,17 @@ class Client {
   // Streams `header` then `chunks` (none for a safetensors header); all or nothing.
   absl::StatusOr<v1::LoadExpertsResponse> LoadExperts(const v1::ExpertsHeader& header,
                                                       const std::vector<v1::TensorChunk>& chunks);
+  // Streams `header` then the chunks of `source` as it produces them.
+  absl::StatusOr<v1::LoadExpertsResponse> LoadExperts(const v1::ExpertsHeader& header,
+                                                      ChunkSource& source);
   absl::StatusOr<v1::UnloadExpertsResponse> UnloadExperts(const std::string& experts_id);
   absl::StatusOr<v1::ListExpertsResponse> ListExperts();
   absl::StatusOr<v1::RunMoEResponse> RunMoE(const v1::RunMoERequest& request);
   absl::StatusOr<v1::RunIrOpResponse> RunIrOp(const v1::RunIrOpRequest& request);
+  // Shared-memory regions (servers with --allow_shared_memory).
+  absl::Status RegisterSharedMemory(const v1::SharedMemoryRegion& region);
+  absl::Status UnregisterSharedMemory(const std::string& name);
+  absl::StatusOr<v1::ListSharedMemoryResponse> ListSharedMemory();
 
   // grpc.health.v1 Check for `service` ("" = the whole server): true when SERVING.
   absl::StatusOr<bool> Health(const std::string& service = "");

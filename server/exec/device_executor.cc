@@ -36,6 +36,7 @@ absl::StatusOr<std::unique_ptr<DeviceExecutor>> DeviceExecutor::Create(
   ex->max_queued_bytes_ = options.max_queued_bytes;
   auto cpu = std::make_unique<Worker>();
   cpu->slot.name = "cpu";
+  cpu->bound = true;  // nothing to set up
   ex->workers_.push_back(std::move(cpu));
   for (const LocalDevice& d : devices) {
     auto w = std::make_unique<Worker>();
@@ -132,16 +133,21 @@ int64_t DeviceExecutor::queued_bytes() const {
 }
 
 void DeviceExecutor::Loop(Worker* w) {
-  bool bound = w->slot.cuda_device < 0;
+  bool bound;
+  {
+    std::lock_guard<std::mutex> lock(w->mu);
+    bound = w->bound;
+  }
   for (;;) {
     Queued item;
     {
       std::unique_lock<std::mutex> lock(w->mu);
       w->cv.wait(lock, [w]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) {
-        return w->stopping || !w->small.empty() || !w->large.empty();
+        return !w->busy && (w->stopping || !w->small.empty() || !w->large.empty());
       });
       if (w->small.empty() && w->large.empty()) break;  // stopping, and everything queued is done
       item = PopLocked(w);
+      w->busy = true;
     }
     if (!bound) {  // first GPU work: bind the device and make the stream here
       bound = true;
@@ -159,6 +165,9 @@ void DeviceExecutor::Loop(Worker* w) {
     const int64_t bytes = item.job.bytes;
     RunJob(w->slot, std::move(item));
     Release(bytes);
+    std::lock_guard<std::mutex> lock(w->mu);
+    w->busy = false;
+    w->bound = true;  // slot (stream, status) is set before; published under mu
   }
 #if KPLAN_HAVE_CUDA
   kernels::cuda::DestroyDeviceStream(w->slot.stream);
@@ -198,6 +207,7 @@ absl::Status DeviceExecutor::Submit(size_t index, Job job) {
     }
     queued_bytes_ += bytes;
   }
+  bool run_here = false;
   {
     std::lock_guard<std::mutex> lock(w->mu);
     absl::Status refused;
@@ -213,9 +223,28 @@ absl::Status DeviceExecutor::Submit(size_t index, Job job) {
       return refused;
     }
     const bool large = job.large || bytes >= kLargeJobBytes;
-    (large ? w->large : w->small).push_back(Queued{absl::Now(), std::move(job)});
+    run_here =
+        job.inline_ok && !large && !w->busy && w->bound && w->small.empty() && w->large.empty();
+    if (run_here) {
+      w->busy = true;  // the slot is this thread's until the job ran
+    } else {
+      (large ? w->large : w->small).push_back(Queued{absl::Now(), std::move(job)});
+    }
   }
-  w->cv.notify_one();
+  if (!run_here) {
+    w->cv.notify_one();
+    return absl::OkStatus();
+  }
+  inline_runs_.fetch_add(1, std::memory_order_relaxed);
+  RunJob(w->slot, Queued{absl::Now(), std::move(job)});
+  Release(bytes);
+  bool queued;
+  {
+    std::lock_guard<std::mutex> lock(w->mu);
+    w->busy = false;
+    queued = !w->small.empty() || !w->large.empty() || w->stopping;
+  }
+  if (queued) w->cv.notify_one();  // what came meanwhile waits for the worker
   return absl::OkStatus();
 }
 

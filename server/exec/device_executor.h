@@ -28,9 +28,16 @@
 //   through `fail`. A job's `work` and `fail` must finish their call exactly
 //   once between them (the RPC layer's Call guards that).
 //
+// - The fast path. A job marked inline_ok runs on the submitting thread,
+//   inside Submit, when its worker is idle (nothing queued, nothing running,
+//   its device bound): no hand-over to the worker and no wake-up. The slot
+//   is claimed for that time, so the worker and other submitters wait; one
+//   job runs on a slot at a time either way.
+//
 // This library stays free of gRPC: cancellation is a plain callback.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -83,6 +90,9 @@ class DeviceExecutor {
     // Finishes the call with an error when `work` does not run (dropped) or
     // threw. Without it such a job is only logged (tests, internal jobs).
     std::function<void(const absl::Status&)> fail;
+    // May run on the submitting thread when the worker is idle (see the
+    // file comment); `work` or `fail` has then run when Submit returns OK.
+    bool inline_ok = false;
   };
 
   struct Options {
@@ -112,6 +122,8 @@ class DeviceExecutor {
 
   // Jobs queued (not running) on slot `index` now.
   size_t queue_size(size_t index) const;
+  // Jobs that ran on their submitting thread so far (all slots).
+  int64_t inline_runs() const { return inline_runs_.load(std::memory_order_relaxed); }
   // Bytes charged by queued and running jobs now.
   int64_t queued_bytes() const;
   int64_t max_queued_bytes() const { return max_queued_bytes_; }
@@ -129,6 +141,8 @@ class DeviceExecutor {
     std::deque<Queued> large ABSL_GUARDED_BY(mu);
     int overtakes ABSL_GUARDED_BY(mu) = 0;  // small jobs run since the large head queued
     bool stopping ABSL_GUARDED_BY(mu) = false;
+    bool busy ABSL_GUARDED_BY(mu) = false;   // a job runs (on the worker or inline)
+    bool bound ABSL_GUARDED_BY(mu) = false;  // the slot's device and stream are set up
     std::thread thread;
   };
   DeviceExecutor() = default;
@@ -143,6 +157,7 @@ class DeviceExecutor {
   int64_t max_queued_bytes_ = 0;
   mutable std::mutex budget_mu_;
   int64_t queued_bytes_ ABSL_GUARDED_BY(budget_mu_) = 0;
+  std::atomic<int64_t> inline_runs_{0};
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <iterator>
 #include <map>
@@ -47,9 +48,9 @@ absl::Status CopyToDevice(void** dst, const void* src, int64_t bytes) {
   return absl::OkStatus();
 }
 
-// RunMoeOnGpu's per-call workspace is stream-ordered (cudaMallocAsync). The
-// device's default pool returns freed memory to the driver at every
-// synchronisation unless told to keep it; keeping it makes the next call's
+// Stream-ordered allocations on the device (the layer's helpers, other
+// callers): the device's default pool returns freed memory to the driver at
+// every synchronisation unless told to keep it; keeping it makes the next
 // allocation a pool hit instead of a fresh mapping.
 absl::Status KeepWorkspacesPooled(int device) {
   cudaMemPool_t pool;
@@ -69,6 +70,45 @@ absl::StatusOr<char*> ThisThreadsPinnedBuffer(int64_t bytes) {
   KPLAN_RETURN_IF_ERROR(
       pinned.Reserve(static_cast<size_t>(std::max<int64_t>(bytes, int64_t{1} << 20))));
   return pinned.data();
+}
+
+// Bumped when a GpuExperts is destroyed (an unload): each thread's
+// workspace then shrinks to what its next call needs.
+std::atomic<uint64_t> experts_freed{0};
+
+// The calling thread's device workspace on `device`: one plain block per
+// (thread, device), kept across calls and grown (to a power of two) when a
+// layout needs more, so no call allocates on the call path once warm. A
+// device worker is one thread with one stream, so its calls never share the
+// block; another thread gets its own. Every call synchronises its stream
+// before it returns (errors too), so the next call may reuse or free the
+// block. Freed when the thread ends (the workers' at shutdown), and after an
+// unload on the next call if the block is more than it needs.
+DeviceArena& ThisThreadsWorkspace(int device) {
+  struct Workspace {
+    DeviceArena arena;
+    uint64_t freed_seen = 0;
+  };
+  thread_local std::map<int, Workspace> workspaces;
+  Workspace& w = workspaces[device];
+  const uint64_t freed = experts_freed.load(std::memory_order_relaxed);
+  if (w.freed_seen != freed) {
+    w.freed_seen = freed;
+    w.arena.Release();  // regrown to this call's layout below
+  }
+  w.arena.Clear();
+  return w.arena;
+}
+
+// Grows `ws` to hold its layout, rounded up to a power of two so that a
+// slowly growing batch reallocates seldom.
+absl::Status AllocateWorkspace(DeviceArena& ws) {
+  if (ws.capacity() >= ws.size()) return ws.Allocate();
+  const int64_t layout = ws.size();
+  int64_t rounded = int64_t{1} << 20;
+  while (rounded < layout) rounded *= 2;
+  ws.Reserve(rounded - layout);
+  return ws.Allocate();
 }
 
 }  // namespace
@@ -100,6 +140,7 @@ bool GpuExperts::Fp8OnTensorCores() const {
 }
 
 GpuExperts::~GpuExperts() {
+  experts_freed.fetch_add(1, std::memory_order_relaxed);
   void* const all[] = {w13_,
                        w2_,
                        static_cast<void*>(b13_),
@@ -238,8 +279,8 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   const bool has_bias = by_logits && routing.e_score_correction_bias != nullptr;
   DeviceGuard guard;  // outlives the workspace, which is freed on this device
   KPLAN_RETURN_IF_ERROR(guard.Enter(experts.device()));
-  // One stream-ordered block for the call, carved into 256-byte aligned pieces.
-  DeviceArena ws(stream);
+  // This thread's block on the device, carved into 256-byte aligned pieces.
+  DeviceArena& ws = ThisThreadsWorkspace(experts.device());
   // The request's buffers first, in the order of a pinned host mirror with
   // the same offsets: inputs [hidden, logits, bias, ids, weights] go up in
   // one copy, results [ids, weights, output] come down in one.
@@ -253,8 +294,15 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   const int64_t layer_bytes = MoeLayerWorkspaceBytes(experts, M, k, E, in.act_dtype);
   const int64_t o_layer = ws.Reserve(layer_bytes);
 
-  KPLAN_RETURN_IF_ERROR(ws.Allocate());
   if (stats != nullptr) stats->workspace_bytes = ws.size();
+  KPLAN_RETURN_IF_ERROR(AllocateWorkspace(ws));
+  // From here an error return must not leave work in flight on the
+  // workspace or the pinned buffer, which the next (larger) request on this
+  // thread may free.
+  bool drained = false;
+  absl::Cleanup drain_on_error = [&] {
+    if (!drained) cudaStreamSynchronize(stream);
+  };
   if (options.poison_workspace) {
     KPLAN_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(ws.base(), 0xff, static_cast<size_t>(ws.size()), stream));
@@ -277,12 +325,6 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   }
   KPLAN_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(ws.base(), host, o_out, cudaMemcpyHostToDevice, stream));
-  // From here an error return must not leave DMA in flight on the pinned
-  // buffer, which the next (larger) request on this thread may free.
-  bool drained = false;
-  absl::Cleanup drain_on_error = [&] {
-    if (!drained) cudaStreamSynchronize(stream);
-  };
   void* d_hidden = ws.At<void>(o_hidden);
   float* d_w = ws.At<float>(o_w);
   int32_t* d_ids = ws.At<int32_t>(o_ids);

@@ -175,4 +175,79 @@ absl::StatusOr<MoeRoute> ChooseMoeRoute(const ExpertsSpec& spec, const MoeRunInp
   return r;
 }
 
+int64_t MoeRouteCache::TokenBucket(int64_t num_tokens) {
+  int64_t bucket = num_tokens > 0 ? 1 : 0;
+  while (bucket > 0 && bucket < num_tokens) bucket *= 2;
+  return bucket;
+}
+
+absl::StatusOr<std::shared_ptr<const MoeRoute>> MoeRouteCache::Choose(
+    const std::shared_ptr<const ExpertSet>& set, const MoeRunInput& input,
+    absl::string_view moe_backend, const MoeResidency& residency, const Platform& platform,
+    const std::vector<std::string>& executable_backends) {
+  const ExpertsSpec& spec = set->spec();
+  KPLAN_ASSIGN_OR_RETURN(const MoeRunShape shape, CheckMoeRunInput(spec, input));
+  // Everything of the request LayerSpecOf and ChooseMoeRoute read.
+  const MoeRouting& r = input.routing;
+  std::string key = absl::StrCat(
+      moe::MoeDTypeName(input.act_dtype), "|", shape.top_k, "|", moe_backend, "|",
+      residency.on_gpu, residency.fast_path, "|", TokenBucket(shape.num_tokens), "|");
+  if (shape.by_logits) {
+    absl::StrAppend(&key, "logits|", r.routing_method, "|", r.num_expert_group, "|",
+                    r.topk_group, "|", !r.e_score_correction_bias.empty(), "|",
+                    r.routed_scaling_factor ? absl::StrCat(*r.routed_scaling_factor) : "-");
+  } else {
+    absl::StrAppend(&key, "ids");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto id = routes_.find(spec.experts_id);
+    if (id != routes_.end()) {
+      auto it = id->second.find(key);
+      if (it != id->second.end()) {
+        // The same instance: not expired, and no other owner group.
+        const std::weak_ptr<const ExpertSet>& cached = it->second.set;
+        if (!cached.expired() && !cached.owner_before(set) && !set.owner_before(cached)) {
+          return it->second.route;
+        }
+      }
+    }
+    ++misses_;
+  }
+  KPLAN_ASSIGN_OR_RETURN(MoeRoute chosen, ChooseMoeRoute(spec, input, moe_backend, residency,
+                                                         platform, executable_backends));
+  auto route = std::make_shared<const MoeRoute>(std::move(chosen));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (entries_ >= max_entries_) {
+    // Drop the older half (rare: the key space per set is small).
+    const uint64_t cut = next_serial_ - entries_ / 2;
+    for (auto id = routes_.begin(); id != routes_.end();) {
+      entries_ -= std::erase_if(id->second, [cut](const auto& e) { return e.second.serial < cut; });
+      id = id->second.empty() ? routes_.erase(id) : std::next(id);
+    }
+  }
+  auto [it, inserted] = routes_[spec.experts_id].insert_or_assign(
+      std::move(key), Entry{set, route, next_serial_++});
+  if (inserted) ++entries_;
+  return route;
+}
+
+void MoeRouteCache::Invalidate(const std::string& experts_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto id = routes_.find(experts_id);
+  if (id == routes_.end()) return;
+  entries_ -= id->second.size();
+  routes_.erase(id);
+}
+
+size_t MoeRouteCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_;
+}
+
+int64_t MoeRouteCache::misses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return misses_;
+}
+
 }  // namespace kplan

@@ -12,9 +12,14 @@
 // (MoeResidency), so the whole choice is tested on a CPU.
 #pragma once
 
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/moe/expert_set.h"
@@ -101,5 +106,46 @@ absl::StatusOr<MoeRoute> ChooseMoeRoute(const ExpertsSpec& spec, const MoeRunInp
                                         absl::string_view moe_backend,
                                         const MoeResidency& residency, const Platform& platform,
                                         const std::vector<std::string>& executable_backends);
+
+// Routes chosen before, so a RunMoE asks the oracle once per kind of call:
+// per (experts_id, the set's instance, activation dtype, top_k, routing,
+// moe_backend, residency, token bucket). A route is reused only for the very
+// set it was chosen on (a set unloaded and loaded again under its id is a
+// new instance, so it never meets the old one's routes); Invalidate drops
+// an id's routes at unload. Bounded: beyond max_entries the oldest half
+// goes. Thread-safe.
+class MoeRouteCache {
+ public:
+  explicit MoeRouteCache(size_t max_entries = 4096) : max_entries_(max_entries) {}
+
+  // ChooseMoeRoute's answer for `input` on `set`, from the cache when it
+  // was chosen before (errors are not cached: they are chosen again).
+  absl::StatusOr<std::shared_ptr<const MoeRoute>> Choose(
+      const std::shared_ptr<const ExpertSet>& set, const MoeRunInput& input,
+      absl::string_view moe_backend, const MoeResidency& residency, const Platform& platform,
+      const std::vector<std::string>& executable_backends);
+  // Drops every route of `experts_id` (UnloadExperts).
+  void Invalidate(const std::string& experts_id);
+  size_t size() const;
+  // Choices that asked the oracle (misses), for tests and metrics.
+  int64_t misses() const;
+
+  // The power of two at or above `num_tokens` (0 for 0): the token bucket.
+  static int64_t TokenBucket(int64_t num_tokens);
+
+ private:
+  struct Entry {
+    std::weak_ptr<const ExpertSet> set;
+    std::shared_ptr<const MoeRoute> route;
+    uint64_t serial = 0;  // insertion order, for the bound
+  };
+  const size_t max_entries_;
+  mutable std::mutex mu_;
+  // By experts_id, then the rest of the key.
+  std::map<std::string, std::map<std::string, Entry>> routes_ ABSL_GUARDED_BY(mu_);
+  size_t entries_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 }  // namespace kplan

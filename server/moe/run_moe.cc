@@ -34,16 +34,36 @@ MoeExecutionPlan MakePlan(std::string backend, std::string experts_kernel, std::
   return plan;
 }
 
+// A run whose layer is skipped (skip_device): the input checked as the
+// runners check it, then zeros of [M, H] and an empty top-k of [M, k].
+absl::StatusOr<MoeRunOutput> SkippedRun(const ExpertsSpec& spec, const MoeRunInput& input) {
+  KPLAN_ASSIGN_OR_RETURN(const MoeRunShape shape, CheckMoeRunInput(spec, input));
+  const int64_t act_bytes = input.act_dtype == moe::MoeDType::kFloat32 ? 4 : 2;
+  MoeRunOutput out;
+  out.num_tokens = shape.num_tokens;
+  out.top_k = shape.top_k;
+  out.output.assign(shape.num_tokens * spec.hidden * act_bytes, '\0');
+  out.topk_ids.assign(shape.num_tokens * shape.top_k, 0);
+  out.topk_weights.assign(shape.num_tokens * shape.top_k, 0.f);
+  return out;
+}
+
 // RunMoE on the expert-parallel group.
 absl::Status RunOnGroup(moe::ep::EpGroup& group, RunMoeRequest request, const RunMoeCall& call,
                         RunMoeDone done) {
   KPLAN_ASSIGN_OR_RETURN(const moe::ep::EpStrategy strategy,
                          ResolveEpStrategy(request.parallel, request.moe_backend, group.kind()));
+  const absl::Time queued = absl::Now();
   return group.RunMoe(
       std::move(request.experts), std::move(request.input), strategy, request.return_routing,
-      [&group, strategy, done = std::move(done)](absl::StatusOr<MoeRunOutput> out,
-                                                 absl::Duration waited, absl::Duration ran) {
-        const MoeRunTiming timing{waited, ran};
+      [&group, strategy, queued, done = std::move(done)](absl::StatusOr<MoeRunOutput> out,
+                                                         absl::Duration waited, absl::Duration ran) {
+        MoeRunTiming timing;
+        timing.queue = waited;
+        timing.device = ran;
+        timing.queued = queued;
+        timing.device_end = absl::Now();
+        timing.device_start = timing.device_end - ran;
         if (!out.ok()) {
           spdlog::warn("RunMoE on the expert-parallel group: {}", out.status().ToString());
           done(out.status(), timing);
@@ -156,7 +176,7 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   }
   // Experts placed on the expert-parallel group run there.
   const moe::ep::EpExperts* ep = moe::ep::EpExperts::Of(set);
-  if (ep != nullptr && ep->group() == env.ep_group) {
+  if (ep != nullptr && ep->group() == env.ep_group && !request.skip_device) {
     const moe::ep::EpRankKind& kind = env.ep_group->kind();
     const bool fits =
         kind.moe_backend() == "emulation" || request.input.act_dtype == set.spec().dtype;
@@ -183,22 +203,33 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   MoeResidency residency;
   residency.on_gpu = device != nullptr;
   residency.fast_path = device != nullptr && device->FastPathFor(request.input.act_dtype);
-  absl::StatusOr<MoeRoute> route = ChooseMoeRoute(set.spec(), request.input, backend, residency,
-                                                  *env.platform, env.executable_backends);
+  absl::StatusOr<std::shared_ptr<const MoeRoute>> route;
+  if (env.routes != nullptr) {
+    route = env.routes->Choose(request.experts, request.input, backend, residency, *env.platform,
+                               env.executable_backends);
+  } else if (absl::StatusOr<MoeRoute> chosen =
+                 ChooseMoeRoute(set.spec(), request.input, backend, residency, *env.platform,
+                                env.executable_backends);
+             chosen.ok()) {
+    route = std::make_shared<const MoeRoute>(*std::move(chosen));
+  } else {
+    route = chosen.status();
+  }
   if (!route.ok()) {
     absl::Status s = route.status();
     if (FieldOf(s) == "moe_backend") s = NestField(s, "kernel_config");
     return s;
   }
-  if (route->kind == MoeRouteKind::kExpertParallel) {
+  const MoeRoute& chosen = **route;
+  if (chosen.kind == MoeRouteKind::kExpertParallel) {
     return WithField(
         absl::FailedPreconditionError(absl::StrCat(
-            "moe_backend '", route->backend, "' runs on an expert-parallel group; experts '",
+            "moe_backend '", chosen.backend, "' runs on an expert-parallel group; experts '",
             set.spec().experts_id, "' are not placed on one")),
         "kernel_config.moe_backend");
   }
   const bool use_gpu =
-      route->kind == MoeRouteKind::kGpuFast || route->kind == MoeRouteKind::kGpuEmulation;
+      chosen.kind == MoeRouteKind::kGpuFast || chosen.kind == MoeRouteKind::kGpuEmulation;
   size_t slot = 0;
   if (use_gpu) {
     KPLAN_ASSIGN_OR_RETURN(slot, env.executor->Resolve(device->device_name(), "experts_id"));
@@ -208,28 +239,37 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   job.deadline = call.deadline;
   job.cancelled = std::move(call.cancelled);
   job.fail = std::move(call.fail);
+  job.inline_ok = use_gpu ? env.inline_gpu : env.inline_cpu;
+  const absl::Time queued = absl::Now();
   job.work = [experts = std::move(request.experts), input = std::move(request.input),
-              deadline = call.deadline, use_gpu, chosen = *std::move(route),
+              deadline = call.deadline, use_gpu, route = *std::move(route), queued,
+              explain = request.explain, skip = request.skip_device,
               done = std::move(done)](const DeviceSlot& where, absl::Duration waited) mutable {
-    const absl::Time start = absl::Now();
+    MoeRunTiming timing;
+    timing.queue = waited;
+    timing.queued = queued;
+    timing.device_start = absl::Now();
     absl::StatusOr<MoeRunOutput> out = absl::InternalError("no path ran");
-    if (!use_gpu) {
+    if (skip) {
+      out = SkippedRun(experts->spec(), input);
+    } else if (!use_gpu) {
       out = RunMoeOnCpu(*experts, input, deadline);
     } else if (!where.status.ok()) {
       out = where.status;
     } else {
       out = experts->device_copy()->Run(input, where.stream);
     }
-    const MoeRunTiming timing{waited, absl::Now() - start};
+    timing.device_end = absl::Now();
+    timing.device = timing.device_end - timing.device_start;
     if (!out.ok()) {
       done(out.status(), timing);
       return;
     }
     RunMoeResult result;
     result.output = *std::move(out);
-    result.plan = MakePlan(std::move(chosen.backend), std::move(chosen.experts_kernel),
-                           std::move(chosen.plan.prepare_finalize), {where.name},
-                           std::move(chosen.plan.candidates), "", 0);
+    result.plan = MakePlan(route->backend, route->experts_kernel, route->plan.prepare_finalize,
+                           {where.name}, explain ? route->plan.candidates : std::vector<MoeCandidate>{},
+                           "", 0);
     done(std::move(result), timing);
   };
   return env.executor->Submit(slot, std::move(job));

@@ -40,6 +40,13 @@ struct RunMoeEnv {
   const Platform* platform = nullptr;  // the server's own, as the oracle sees it
   // The moe_backend values this server runs (ExecutableMoeBackends).
   std::vector<std::string> executable_backends;
+  // Routes chosen before (moe_route.h); null: every call asks the oracle.
+  MoeRouteCache* routes = nullptr;
+  // Small runs on a GPU (on the CPU) may run on the calling thread when the
+  // device's worker is idle (DeviceExecutor::Job::inline_ok): `done` has
+  // then been called when RunMoe returns.
+  bool inline_gpu = false;
+  bool inline_cpu = false;
 };
 
 // A request, converted and resolved: the set it runs on (from the store),
@@ -52,6 +59,13 @@ struct RunMoeRequest {
   std::string moe_backend = "auto";
   ParallelConfig parallel;
   bool return_routing = false;
+  // The oracle's candidates and their reasons in the plan (the request's
+  // `explain`); left out otherwise.
+  bool explain = false;
+  // Take the whole path but leave the layer out: zeros of [M, H] after the
+  // input checks (the request's skip_device; the caller decides whether it
+  // is honoured). Not on the expert-parallel group.
+  bool skip_device = false;
 };
 
 // The call's side of a device job (DeviceExecutor::Job): its deadline, a
@@ -74,10 +88,15 @@ struct MoeExecutionPlan {
   int ep_size = 0;                       // the group's size; 0 on one device
 };
 
-// Where the time went: waiting in the queue, then running.
+// Where the time went: waiting in the queue, then running; and when each
+// hop happened (InfinitePast for one not taken): routed and queued, taken by
+// a worker, the output on the host.
 struct MoeRunTiming {
   absl::Duration queue = absl::ZeroDuration();
   absl::Duration device = absl::ZeroDuration();
+  absl::Time queued = absl::InfinitePast();
+  absl::Time device_start = absl::InfinitePast();
+  absl::Time device_end = absl::InfinitePast();
 };
 
 struct RunMoeResult {

@@ -47,8 +47,8 @@ Call::Call(const ServerEnvironment& env, grpc::CallbackServerContext* context, c
       context_(context),
       reactor_(nullptr),
       method_(method),
-      start_(absl::Now()),
-      sink_(TakePendingSink()) {
+      sink_(TakePendingSink()),
+      start_(sink_ != nullptr ? sink_->arrival : absl::Now()) {
   if (unary) {
     reactor_ = sink_ != nullptr && sink_->reactor != nullptr ? sink_->reactor
                                                              : context->DefaultReactor();
@@ -100,7 +100,11 @@ absl::Status Call::Authorize() const {
 
 grpc::Status Call::Done(const absl::Status& outcome) {
   absl::Status status = outcome;
-  if (status.ok() && sink_ != nullptr) status = sink_->Serialize();
+  if (status.ok() && sink_ != nullptr) {
+    const absl::Time before = absl::Now();
+    status = sink_->Serialize();
+    if (env_.metrics) env_.metrics->ObserveHop(method_, "serialize", absl::Now() - before);
+  }
   grpc::Status out = ToGrpcStatus(status);
   if (!status.ok()) {
     // Messages and fields quote client strings: escaped, so a client cannot

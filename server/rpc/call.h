@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/rpc/service.h"
 
@@ -36,6 +37,9 @@ class ResponseSink {
   // Set when the handler's Call counted the call as started (metrics): the
   // answer to a throw then counts it as finished.
   bool counted = false;
+  // When the request's bytes were handed over, before they were parsed:
+  // the Call's start.
+  const absl::Time arrival = absl::Now();
 };
 
 // Hands `sink` to the next Call constructed on this thread: the raw method
@@ -78,6 +82,8 @@ class Call {
 
   grpc::ServerUnaryReactor* reactor() const { return reactor_; }
   const std::string& method() const { return method_; }
+  // When the call arrived: for raw-registered calls, before the request
+  // was parsed (ResponseSink::arrival).
   absl::Time start() const { return start_; }
   const ServerEnvironment& env() const { return env_; }
 
@@ -86,8 +92,8 @@ class Call {
   grpc::CallbackServerContext* context_;
   grpc::ServerUnaryReactor* reactor_;  // null for streaming calls
   const std::string method_;
-  const absl::Time start_;
   std::shared_ptr<ResponseSink> sink_;  // raw-registered calls only
+  const absl::Time start_;
   absl::Time deadline_;
   std::atomic<bool> claimed_{false};  // when there is no sink
 };

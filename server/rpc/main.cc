@@ -117,6 +117,15 @@ ABSL_FLAG(std::string, ep_peer_ca, "",
 ABSL_FLAG(absl::Duration, ep_join_timeout, absl::Seconds(60),
           "Group across servers: how long rank 0 waits at start for every rank to join, and how "
           "long a rank keeps trying to join rank 0");
+ABSL_FLAG(bool, allow_skip_device, false,
+          "Debug: RunMoE honours its skip_device flag (the whole request path without the "
+          "layer), for measuring the service's floor; off in production");
+ABSL_FLAG(bool, inline_runs, true,
+          "Small RunMoE calls on a GPU whose worker is idle run on the gRPC thread that "
+          "received them (no hand-over to the worker and back)");
+ABSL_FLAG(bool, allow_shared_memory, false,
+          "Serve RegisterSharedMemory: co-located clients' POSIX shared-memory regions that "
+          "RunMoE tensors may reference instead of carrying their bytes");
 
 namespace {
 
@@ -229,6 +238,9 @@ int main(int argc, char** argv) {
   options.ep_advertise = absl::GetFlag(FLAGS_ep_advertise);
   options.ep_peer_ca_file = absl::GetFlag(FLAGS_ep_peer_ca);
   options.ep_join_timeout = absl::GetFlag(FLAGS_ep_join_timeout);
+  options.allow_skip_device = absl::GetFlag(FLAGS_allow_skip_device);
+  options.inline_runs = absl::GetFlag(FLAGS_inline_runs);
+  options.allow_shared_memory = absl::GetFlag(FLAGS_allow_shared_memory);
   absl::StatusOr<std::unique_ptr<kplan::rpc::KplanServer>> server =
       kplan::rpc::KplanServer::Start(options);
   if (!server.ok()) {

@@ -67,6 +67,14 @@ const CivetCallbacks* ProbeCallbacks() {
   return callbacks;
 }
 
+// Seconds, from 1 µs to 1 s: the hops of one request.
+const prometheus::Histogram::BucketBoundaries& HopBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries{
+      1e-6,   2.5e-6, 5e-6, 10e-6,  25e-6, 50e-6, 100e-6, 250e-6,
+      500e-6, 1e-3,   5e-3, 25e-3, 100e-3, 1.0};
+  return *b;
+}
+
 }  // namespace
 
 Metrics::~Metrics() {
@@ -94,6 +102,12 @@ Metrics::Metrics(const BuildLabels& build)
                   .Name("kplan_request_device_seconds")
                   .Help("Device (or CPU reference) compute time of a request, by method")
                   .Register(*registry_)),
+      hops_(prometheus::BuildHistogram()
+                .Name("kplan_hop_seconds")
+                .Help("Time of each hop of a request, by method and hop: decode (arrival to "
+                      "converted), route (to queued), queue, device, encode (output on the "
+                      "host to response filled), serialize (response to gRPC's bytes)")
+                .Register(*registry_)),
       inflight_(prometheus::BuildGauge()
                     .Name("kplan_inflight_requests")
                     .Help("RPCs being served now")
@@ -163,6 +177,10 @@ void Metrics::ObserveQueue(const std::string& method, absl::Duration d) {
 
 void Metrics::ObserveDevice(const std::string& method, absl::Duration d) {
   HistogramFor(device_, method).Observe(absl::ToDoubleSeconds(d));
+}
+
+void Metrics::ObserveHop(const std::string& method, const std::string& hop, absl::Duration d) {
+  hops_.Add({{"method", method}, {"hop", hop}}, HopBuckets()).Observe(absl::ToDoubleSeconds(d));
 }
 
 void Metrics::SetExperts(const std::string& device, double count, double bytes) {

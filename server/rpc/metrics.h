@@ -47,6 +47,9 @@ class Metrics {
   void RequestFinished(const std::string& method, const std::string& code, absl::Duration total);
   void ObserveQueue(const std::string& method, absl::Duration d);
   void ObserveDevice(const std::string& method, absl::Duration d);
+  // One hop of a request (kplan_hop_seconds{method, hop}): decode, route,
+  // queue, device, encode, serialize.
+  void ObserveHop(const std::string& method, const std::string& hop, absl::Duration d);
   // Experts held on `device` ("cpu", "cuda:0"): count and bytes.
   void SetExperts(const std::string& device, double count, double bytes);
   void SetDeviceMemoryUsed(const std::string& device, double bytes);
@@ -68,6 +71,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Histogram>& queue_;
   prometheus::Family<prometheus::Histogram>& device_;
+  prometheus::Family<prometheus::Histogram>& hops_;
   prometheus::Gauge& inflight_;
   prometheus::Family<prometheus::Gauge>& experts_;
   prometheus::Family<prometheus::Gauge>& expert_bytes_;

@@ -1,8 +1,10 @@
 #include "server/rpc/moe_convert.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status.h"
 
 namespace kplan::rpc {
@@ -118,16 +120,12 @@ absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p) {
   return in;
 }
 
-void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, bool return_routing,
-                         v1::RunMoEResponse* p) {
+void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, int64_t hidden,
+                         bool return_routing, v1::RunMoEResponse* p) {
   v1::Tensor* o = p->mutable_output();
   o->set_dtype(act_dtype == moe::MoeDType::kFloat32   ? v1::DTYPE_FLOAT32
                : act_dtype == moe::MoeDType::kFloat16 ? v1::DTYPE_FLOAT16
                                                       : v1::DTYPE_BFLOAT16);
-  const int64_t hidden = out.num_tokens == 0
-                             ? 0
-                             : static_cast<int64_t>(out.output.size()) / out.num_tokens /
-                                   (act_dtype == moe::MoeDType::kFloat32 ? 4 : 2);
   o->add_shape(out.num_tokens);
   o->add_shape(hidden);
   *o->mutable_data() = std::move(out.output);
@@ -157,12 +155,66 @@ absl::StatusOr<RunMoeRequest> RunMoeRequestFromProto(const ExpertStore& store,
     r.parallel.all2all_backend = p.parallel().all2all_backend();
   }
   r.return_routing = p.return_routing();
+  r.explain = p.explain();
+  r.skip_device = p.skip_device();
   return r;
 }
 
-void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing, moe::MoeDType act_dtype,
-                         bool return_routing, absl::Duration total, v1::RunMoEResponse* response) {
-  MoeRunOutputToProto(result.output, act_dtype, return_routing, response);
+absl::Status SharedMemoryOff(absl::string_view field) {
+  absl::Status off = absl::FailedPreconditionError(
+      "shared-memory regions are off on this server (--allow_shared_memory)");
+  return field.empty() ? off : WithField(off, field);
+}
+
+absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regions,
+                                                        v1::RunMoERequest& p) {
+  // Only the tensors present: a mutable_*() would make an absent one present.
+  const std::pair<const char*, v1::Tensor*> inputs[] = {
+      {"hidden_states", p.has_hidden_states() ? p.mutable_hidden_states() : nullptr},
+      {"router_logits", p.has_router_logits() ? p.mutable_router_logits() : nullptr},
+      {"topk_ids", p.has_topk_ids() ? p.mutable_topk_ids() : nullptr},
+      {"topk_weights", p.has_topk_weights() ? p.mutable_topk_weights() : nullptr}};
+  for (auto [name, t] : inputs) {
+    if (t == nullptr || !t->has_shm()) continue;
+    const std::string field = absl::StrCat(name, ".shm");
+    if (regions == nullptr) return SharedMemoryOff(field);
+    if (!t->data().empty()) {
+      return InvalidField(field, absl::StrCat(name, " has both data and a shared-memory "
+                                                    "reference; give one"));
+    }
+    const v1::SharedMemoryRef& ref = t->shm();
+    KPLAN_ASSIGN_OR_RETURN(ShmView view,
+                           regions->Resolve(ref.region(), ref.offset(), ref.byte_size(), field));
+    t->set_data(view.data, static_cast<size_t>(view.size));
+    t->clear_shm();
+  }
+  if (!p.has_output_shm()) return std::optional<ShmView>();
+  if (regions == nullptr) return SharedMemoryOff("output_shm");
+  const v1::SharedMemoryRef& ref = p.output_shm();
+  KPLAN_ASSIGN_OR_RETURN(ShmView view, regions->Resolve(ref.region(), ref.offset(),
+                                                        ref.byte_size(), "output_shm"));
+  const int64_t want = static_cast<int64_t>(p.hidden_states().data().size());
+  if (view.size != want) {
+    return InvalidField("output_shm.byte_size",
+                        absl::StrCat("the output takes ", want, " bytes (those of hidden_states); "
+                                     "output_shm.byte_size is ", view.size));
+  }
+  return std::optional<ShmView>(std::move(view));
+}
+
+void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
+                         const RunMoeAnswer& answer, v1::RunMoEResponse* response) {
+  if (answer.output_shm) {
+    // Sizes agree: output_shm's was checked against hidden_states', which
+    // the input checks made [M, H] in the output's dtype.
+    const std::string& out = result.output.output;
+    const size_t n = std::min(out.size(), static_cast<size_t>(answer.output_shm->size));
+    if (n > 0) std::memcpy(answer.output_shm->data, out.data(), n);
+    result.output.output.clear();
+  }
+  MoeRunOutputToProto(result.output, answer.act_dtype, answer.hidden, answer.return_routing,
+                      response);
+  if (answer.output_shm) *response->mutable_output()->mutable_shm() = answer.output_ref;
   const MoeExecutionPlan& in = result.plan;
   v1::MoEExecution* plan = response->mutable_plan();
   plan->set_backend(in.backend);
@@ -181,7 +233,16 @@ void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing, moe::
   v1::MoETiming* t = response->mutable_timing();
   t->set_queue_us(absl::ToDoubleMicroseconds(timing.queue));
   t->set_device_us(absl::ToDoubleMicroseconds(timing.device));
-  t->set_total_us(absl::ToDoubleMicroseconds(total));
+  const auto since = [&](absl::Time at) {
+    return at == absl::InfinitePast() ? 0.0 : absl::ToDoubleMicroseconds(at - answer.arrival);
+  };
+  t->set_decoded_at_us(since(answer.decoded));
+  t->set_queued_at_us(since(timing.queued));
+  t->set_device_start_at_us(since(timing.device_start));
+  t->set_device_end_at_us(since(timing.device_end));
+  const double encoded = since(absl::Now());
+  t->set_encoded_at_us(encoded);
+  t->set_total_us(encoded);
 }
 
 }  // namespace kplan::rpc

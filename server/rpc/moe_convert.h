@@ -4,6 +4,8 @@
 // moe_plan_convert.h, included here for the callers that use both.
 #pragma once
 
+#include <optional>
+
 #include "absl/status/statusor.h"
 #include "kplan/v1/config.pb.h"
 #include "kplan/v1/plan.pb.h"
@@ -12,6 +14,7 @@
 #include "server/moe/expert_store.h"
 #include "server/moe/moe_runner.h"
 #include "server/moe/run_moe.h"
+#include "server/moe/shm_regions.h"
 #include "server/oracle/moe_plan.h"
 #include "server/rpc/moe_plan_convert.h"
 
@@ -21,8 +24,10 @@ namespace kplan::rpc {
 absl::StatusOr<ExpertsSpec> ExpertsSpecFromProto(const v1::ExpertsHeader& h);
 // RunMoE's tensors, moved out of `p`. Field paths are request paths.
 absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p);
-void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, bool return_routing,
-                         v1::RunMoEResponse* p);
+// The output is [num_tokens, hidden] (the set's hidden size: [0, H] for an
+// empty batch); its bytes are moved out of `out`.
+void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, int64_t hidden,
+                         bool return_routing, v1::RunMoEResponse* p);
 
 // RunMoE's request as the core takes it (run_moe.h): the set from `store`
 // (NOT_FOUND naming experts_id), the input (MoeRunInputFromProto; its bytes
@@ -31,9 +36,37 @@ void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, bool return
 // parallel.all2all_backend when set, return_routing.
 absl::StatusOr<RunMoeRequest> RunMoeRequestFromProto(const ExpertStore& store,
                                                      v1::RunMoERequest& p);
+// FAILED_PRECONDITION: shared-memory regions are off (no --allow_shared_memory),
+// naming `field` when it is not empty.
+absl::Status SharedMemoryOff(absl::string_view field);
+
+// RunMoE's shared-memory references (Tensor.shm, output_shm) against
+// `regions` (null: shared memory is off, and any reference is
+// SharedMemoryOff naming it): each input tensor that references a region
+// gets the referenced bytes as its data (bounds-checked, errors naming
+// `<tensor>.shm.*`); the output window is returned when the request names
+// one, and must be exactly as large as hidden_states (the output's size),
+// else INVALID_ARGUMENT naming output_shm.byte_size.
+absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regions,
+                                                        v1::RunMoERequest& p);
+
+// What the answer needs of its request, kept while the layer runs.
+struct RunMoeAnswer {
+  moe::MoeDType act_dtype = moe::MoeDType::kBFloat16;
+  int64_t hidden = 0;  // the set's
+  bool return_routing = false;
+  absl::Time arrival;  // the request's bytes arrived (Call::start)
+  absl::Time decoded;  // the request converted
+  // Where the output goes instead of the response (output_shm), and the
+  // reference the response names.
+  std::optional<ShmView> output_shm;
+  v1::SharedMemoryRef output_ref;
+};
+
 // The core's answer into `response`: output (MoeRunOutputToProto; moved out
-// of `result`), plan, and timing, with `total` the call's whole time.
-void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing, moe::MoeDType act_dtype,
-                         bool return_routing, absl::Duration total, v1::RunMoEResponse* response);
+// of `result`), plan, and timing (MoETiming: the durations and each hop's
+// time since `answer.arrival`, encoded_at_us and total_us taken last).
+void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
+                         const RunMoeAnswer& answer, v1::RunMoEResponse* response);
 
 }  // namespace kplan::rpc

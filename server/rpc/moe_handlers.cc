@@ -464,6 +464,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::UnloadExperts(
   Call call(env_, context, "UnloadExperts");
   if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
   absl::StatusOr<int64_t> freed = env_.experts->Remove(request->experts_id());
+  if (freed.ok() && env_.routes != nullptr) env_.routes->Invalidate(request->experts_id());
   // Rank 0 of a group across servers unloads the peers' copies too.
   if (freed.ok() && env_.ep_coordinator != nullptr) {
     env_.ep_coordinator->UnloadOnPeers(request->experts_id());
@@ -490,31 +491,54 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
                                                         v1::RunMoEResponse* response) {
   auto call = std::make_shared<Call>(env_, context, "RunMoE");
   if (absl::Status auth = call->Authorize(); !auth.ok()) return call->FinishUnary(auth);
-  absl::StatusOr<RunMoeRequest> core =
-      RunMoeRequestFromProto(*env_.experts, *const_cast<v1::RunMoERequest*>(request));
+  if (request->skip_device() && !env_.allow_skip_device) {
+    return call->FinishUnary(WithField(
+        absl::FailedPreconditionError("skip_device is a debug flag honoured only by a server "
+                                      "started with --allow_skip_device"),
+        "skip_device"));
+  }
+  auto* mutable_request = const_cast<v1::RunMoERequest*>(request);
+  absl::StatusOr<std::optional<ShmView>> output_shm = ResolveRunMoeShm(env_.shm, *mutable_request);
+  if (!output_shm.ok()) return call->FinishUnary(output_shm.status());
+  absl::StatusOr<RunMoeRequest> core = RunMoeRequestFromProto(*env_.experts, *mutable_request);
   if (!core.ok()) return call->FinishUnary(core.status());
-  const moe::MoeDType act_dtype = core->input.act_dtype;
-  const bool return_routing = core->return_routing;
+  RunMoeAnswer answer;
+  answer.output_shm = *std::move(output_shm);
+  answer.output_ref = request->output_shm();
+  answer.act_dtype = core->input.act_dtype;
+  answer.hidden = core->experts->spec().hidden;
+  answer.return_routing = core->return_routing;
+  answer.arrival = call->start();
+  answer.decoded = absl::Now();
   RunMoeEnv run_env;
   run_env.executor = env_.executor;
   run_env.ep_group = env_.ep_group;
   run_env.platform = &env_.platform;
   run_env.executable_backends = ExecutableMoeBackends(env_);
+  run_env.routes = env_.routes;
+  run_env.inline_gpu = env_.inline_runs;
   RunMoeCall hooks;
   hooks.deadline = call->deadline();
   hooks.cancelled = [call] { return call->IsCancelled(); };
   hooks.fail = [call](const absl::Status& status) { call->FinishUnary(status); };
   absl::Status queued = kplan::RunMoe(
       run_env, *std::move(core), std::move(hooks),
-      [this, call, response, act_dtype, return_routing](absl::StatusOr<RunMoeResult> result,
-                                                         const MoeRunTiming& timing) {
-        if (env_.metrics) {
-          env_.metrics->ObserveQueue(call->method(), timing.queue);
-          env_.metrics->ObserveDevice(call->method(), timing.device);
-        }
-        if (result.ok()) {
-          RunMoeResultToProto(*result, timing, act_dtype, return_routing,
-                              absl::Now() - call->start(), response);
+      [this, call, response, answer](absl::StatusOr<RunMoeResult> result,
+                                     const MoeRunTiming& timing) {
+        if (result.ok()) RunMoeResultToProto(*result, timing, answer, response);
+        if (Metrics* m = env_.metrics) {
+          const std::string& method = call->method();
+          m->ObserveQueue(method, timing.queue);
+          m->ObserveDevice(method, timing.device);
+          m->ObserveHop(method, "decode", answer.decoded - answer.arrival);
+          if (timing.queued != absl::InfinitePast()) {
+            m->ObserveHop(method, "route", timing.queued - answer.decoded);
+          }
+          m->ObserveHop(method, "queue", timing.queue);
+          m->ObserveHop(method, "device", timing.device);
+          if (result.ok() && timing.device_end != absl::InfinitePast()) {
+            m->ObserveHop(method, "encode", absl::Now() - timing.device_end);
+          }
         }
         call->FinishUnary(result.status());
       });

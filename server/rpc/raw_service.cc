@@ -6,6 +6,8 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -16,6 +18,61 @@
 namespace kplan::rpc {
 namespace {
 
+// A protobuf varint.
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+template <typename Message>
+absl::Status PlainSerialize(const Message& m, grpc::ByteBuffer* out) {
+  bool own = false;
+  grpc::Status s = grpc::SerializationTraits<Message>::Serialize(m, out, &own);
+  if (!s.ok()) {
+    return absl::InternalError(
+        absl::StrCat("could not serialize the response: ", s.error_message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SerializeRunMoeResponse(v1::RunMoEResponse& response, grpc::ByteBuffer* out) {
+  std::string* data = response.mutable_output()->mutable_data();
+  if (data->size() < kZeroCopyOutputBytes) return PlainSerialize(response, out);
+  auto* bytes = new std::string(std::move(*data));
+  response.mutable_output()->clear_data();
+  // Field 1 (output, length-delimited) holding field 3 (data) of Tensor.
+  constexpr uint32_t kOutputTag = (1 << 3) | 2, kDataTag = (3 << 3) | 2;
+  const size_t n = bytes->size();
+  const size_t inner = VarintSize(kDataTag) + VarintSize(n) + n;
+  std::string head = response.SerializeAsString();
+  AppendVarint(kOutputTag, &head);
+  AppendVarint(inner, &head);
+  AppendVarint(kDataTag, &head);
+  AppendVarint(n, &head);
+  grpc::Slice slices[2] = {
+      grpc::Slice(head.data(), head.size()),  // the small part: copied
+      grpc::Slice(bytes->data(), n, [](void* s) { delete static_cast<std::string*>(s); }, bytes)};
+  grpc::ByteBuffer buffer(slices, 2);
+  out->Swap(&buffer);
+  return absl::OkStatus();
+}
+
+namespace {
+
 // One call's typed messages; the response is serialized into gRPC's buffer
 // when the call succeeds.
 template <typename Request, typename Response>
@@ -23,13 +80,11 @@ class TypedMessages final : public ResponseSink {
  public:
   explicit TypedMessages(grpc::ByteBuffer* out) : out_(out) {}
   absl::Status Serialize() override {
-    bool own = false;
-    grpc::Status s = grpc::SerializationTraits<Response>::Serialize(response, out_, &own);
-    if (!s.ok()) {
-      return absl::InternalError(
-          absl::StrCat("could not serialize the response: ", s.error_message()));
+    if constexpr (std::is_same_v<Response, v1::RunMoEResponse>) {
+      return SerializeRunMoeResponse(response, out_);
+    } else {
+      return PlainSerialize(response, out_);
     }
-    return absl::OkStatus();
   }
   Request request;
   Response response;
@@ -120,6 +175,9 @@ KPLAN_RAW_UNARY(ListExperts)
 KPLAN_RAW_UNARY(RunMoE)
 KPLAN_RAW_UNARY(JoinEpGroup)
 KPLAN_RAW_UNARY(RunEpStep)
+KPLAN_RAW_UNARY(RegisterSharedMemory)
+KPLAN_RAW_UNARY(UnregisterSharedMemory)
+KPLAN_RAW_UNARY(ListSharedMemory)
 
 #undef KPLAN_RAW_UNARY
 

@@ -11,7 +11,10 @@
 
 namespace kplan::rpc {
 
-using RawKernelPlanServiceBase = v1::KernelPlanService::WithRawCallbackMethod_ResolveKernelConfig<
+using RawKernelPlanServiceBase = v1::KernelPlanService::WithRawCallbackMethod_RegisterSharedMemory<
+    v1::KernelPlanService::WithRawCallbackMethod_UnregisterSharedMemory<
+    v1::KernelPlanService::WithRawCallbackMethod_ListSharedMemory<
+    v1::KernelPlanService::WithRawCallbackMethod_ResolveKernelConfig<
     v1::KernelPlanService::WithRawCallbackMethod_GetServerInfo<
         v1::KernelPlanService::WithRawCallbackMethod_RunIrOp<
             v1::KernelPlanService::WithRawCallbackMethod_UnloadExperts<
@@ -20,7 +23,16 @@ using RawKernelPlanServiceBase = v1::KernelPlanService::WithRawCallbackMethod_Re
                         v1::KernelPlanService::WithRawCallbackMethod_JoinEpGroup<
                             v1::KernelPlanService::WithRawCallbackMethod_RunEpStep<
                                 v1::KernelPlanService::WithRawCallbackMethod_LoadExperts<
-                                    v1::KernelPlanService::Service>>>>>>>>>;
+                                    v1::KernelPlanService::Service>>>>>>>>>>>>;
+
+// RunMoE's answer as gRPC's bytes without copying the output's bytes: the
+// response less output.data is serialized as usual, then output.data
+// follows as a second occurrence of field `output` (protobuf merges it)
+// whose bytes are a slice that owns the moved-out string. Small outputs
+// (under kZeroCopyOutputBytes) are serialized plainly. `response` loses
+// its output data.
+inline constexpr size_t kZeroCopyOutputBytes = 64 << 10;
+absl::Status SerializeRunMoeResponse(v1::RunMoEResponse& response, grpc::ByteBuffer* out);
 
 class RawKernelPlanService final : public RawKernelPlanServiceBase {
  public:
@@ -52,6 +64,15 @@ class RawKernelPlanService final : public RawKernelPlanServiceBase {
                                       grpc::ByteBuffer* response) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* LoadExperts(grpc::CallbackServerContext* context,
                                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RegisterSharedMemory(grpc::CallbackServerContext* context,
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* UnregisterSharedMemory(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListSharedMemory(grpc::CallbackServerContext* context,
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
 
  private:
   KernelPlanServiceImpl& typed_;

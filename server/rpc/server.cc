@@ -395,6 +395,14 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   }
   server->experts_ = std::make_unique<ExpertStore>(max_expert_bytes);
   server->environment_.experts = server->experts_.get();
+  server->routes_ = std::make_unique<MoeRouteCache>();
+  server->environment_.routes = server->routes_.get();
+  server->environment_.allow_skip_device = options.allow_skip_device;
+  server->environment_.inline_runs = options.inline_runs;
+  if (options.allow_shared_memory) {
+    server->shm_ = std::make_unique<ShmRegistry>();
+    server->environment_.shm = server->shm_.get();
+  }
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);
   server->raw_service_ = std::make_unique<RawKernelPlanService>(*server->service_);
 
@@ -501,6 +509,7 @@ void KplanServer::Shutdown(absl::Duration timeout) {
   spdlog::info("draining: waiting up to {} for in-flight calls", absl::FormatDuration(timeout));
   server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));
   server_->Wait();
+  if (shm_ != nullptr) shm_->UnregisterAll();  // calls still running keep their views
   spdlog::info("server stopped");
 }
 

@@ -86,6 +86,16 @@ struct ServerOptions {
   // Tests: the communicator and its ids across servers (default: NCCL).
   moe::ep::EpCommFactory ep_comm_factory;
   moe::ep::EpGroupIdSource ep_id_source;
+  // Debug (--allow_skip_device): RunMoE honours skip_device, which takes the
+  // whole request path but not the layer (bench/moe_rpc_bench's floor).
+  bool allow_skip_device = false;
+  // Small RunMoE calls (under DeviceExecutor::kLargeJobBytes) on a GPU whose
+  // worker is idle run on the gRPC thread that received them, with no hand-
+  // over to the worker and back (--inline_runs).
+  bool inline_runs = true;
+  // RegisterSharedMemory and RunMoE's shared-memory tensor references
+  // (--allow_shared_memory); off: FAILED_PRECONDITION.
+  bool allow_shared_memory = false;
   // Injected device query; null means the build's default prober.
   const DeviceProber* prober = nullptr;
 };
@@ -139,6 +149,8 @@ class KplanServer {
   // first the workers, then the registry their work used.
   std::unique_ptr<IrRegistry> ir_registry_;
   std::unique_ptr<ExpertStore> experts_;
+  std::unique_ptr<MoeRouteCache> routes_;
+  std::unique_ptr<ShmRegistry> shm_;  // --allow_shared_memory; regions go with it
   // After the executor (whose work submits steps to it), before the experts.
   std::shared_ptr<EpCoordinator> ep_coordinator_;  // outlives the group (its kind calls it)
   std::unique_ptr<moe::ep::EpGroup> ep_group_;

@@ -14,6 +14,8 @@
 #include "server/moe/ep/ep_group.h"
 #include "server/moe/ep/ep_process.h"
 #include "server/moe/expert_store.h"
+#include "server/moe/moe_route.h"
+#include "server/moe/shm_regions.h"
 #include "server/moe/moe_runner.h"
 #include "server/platform/local.h"
 #include "server/platform/platform.h"
@@ -53,6 +55,15 @@ struct ServerEnvironment {
   // a peer its rank; both null otherwise.
   EpCoordinator* ep_coordinator = nullptr;
   moe::ep::EpPeerRank* ep_peer = nullptr;
+  // RunMoE's routes chosen before (dropped at UnloadExperts); null: none kept.
+  MoeRouteCache* routes = nullptr;
+  // --allow_skip_device: RunMoE honours its skip_device debug flag.
+  bool allow_skip_device = false;
+  // --inline_runs: small RunMoE calls on an idle GPU run on the gRPC thread.
+  bool inline_runs = false;
+  // --allow_shared_memory: the client regions RunMoE tensors may reference;
+  // null when shared memory is off.
+  ShmRegistry* shm = nullptr;
 };
 
 class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackService {
@@ -95,6 +106,16 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
   grpc::ServerUnaryReactor* RunEpStep(grpc::CallbackServerContext* context,
                                       const v1::RunEpStepRequest* request,
                                       v1::RunEpStepResponse* response) override;
+
+  grpc::ServerUnaryReactor* RegisterSharedMemory(
+      grpc::CallbackServerContext* context, const v1::RegisterSharedMemoryRequest* request,
+      v1::RegisterSharedMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterSharedMemory(
+      grpc::CallbackServerContext* context, const v1::UnregisterSharedMemoryRequest* request,
+      v1::UnregisterSharedMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* ListSharedMemory(grpc::CallbackServerContext* context,
+                                             const v1::ListSharedMemoryRequest* request,
+                                             v1::ListSharedMemoryResponse* response) override;
 
  private:
   const ServerEnvironment env_;

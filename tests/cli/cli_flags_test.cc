@@ -8,6 +8,7 @@
 #include "client/cli/args.h"
 #include "client/cli/common.h"
 #include "client/cli/moe_commands.h"
+#include "client/cpp/client.h"
 #include "client/cli/resolve_flags.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -115,11 +116,11 @@ TEST(CliFlags, LoadTakesResolvesSizeNamesAndTheOldOnes) {
     args.insert(args.end(), sizes.begin(), sizes.end());
     ASSERT_TRUE(parser.Parse(args).ok()) << sizes[0];
     v1::ExpertsHeader header;
-    std::vector<v1::TensorChunk> chunks;
-    ASSERT_TRUE(flags.Build(&header, &chunks).ok()) << sizes[0];
+    std::unique_ptr<ChunkSource> source;
+    ASSERT_TRUE(flags.Build(&header, &source).ok()) << sizes[0];
     EXPECT_EQ(header.hidden_size(), 32);
     EXPECT_EQ(header.intermediate_size(), 48);
-    EXPECT_FALSE(chunks.empty());
+    EXPECT_NE(source, nullptr);
   }
   ArgParser parser;
   LoadFlags flags;
@@ -127,8 +128,8 @@ TEST(CliFlags, LoadTakesResolvesSizeNamesAndTheOldOnes) {
   ASSERT_TRUE(parser.Parse({"--id", "x", "--random", "--num-experts", "2", "--hidden-size", "8"})
                   .ok());
   v1::ExpertsHeader header;
-  std::vector<v1::TensorChunk> chunks;
-  absl::Status s = flags.Build(&header, &chunks);
+  std::unique_ptr<ChunkSource> source;
+  absl::Status s = flags.Build(&header, &source);
   EXPECT_EQ(FieldOf(s), "intermediate-size");
 }
 

@@ -89,6 +89,7 @@ grep -q '"dtype": "bfloat16"' "$work/experts.json" || { cat "$work/experts.json"
   >"$work/run.txt"
 grep -q "^backend: *emulation" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
 grep -q "median of 3 runs" "$work/run.txt"
+grep -q "^candidates (in the order tried):" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
 "$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 4 --json | grep -q '"backend": "emulation"'
 "$bin/kplan" run-moe --server "$addr" --id=cli-layer --tokens=4 --experts-per-token 1 \
   --moe_backend emulation --routing Default | grep -q "^backend: *emulation"
@@ -101,6 +102,29 @@ grep -q -- "--tokens needs an integer" "$work/err.txt"
 "$bin/kplan" unload --server "$addr" cli-layer | grep -q "unloaded cli-layer"
 "$bin/kplan" experts --server "$addr" >"$work/experts.txt"
 if grep -q cli-layer "$work/experts.txt"; then echo "cli-layer still listed"; exit 1; fi
+
+# Raw row-major files on the client host stream chunk by chunk; a file of the wrong size
+# is refused before anything is sent, naming its flag.
+/usr/bin/python3 - "$work/w13.raw" "$work/w2.raw" <<'PY'
+import struct, sys
+e, h, i = 2, 16, 16
+for path, n in ((sys.argv[1], e * 2 * i * h), (sys.argv[2], e * h * i)):
+    with open(path, "wb") as f:
+        f.write(b"".join(struct.pack("<f", ((k % 11) - 5) / 64.0) for k in range(n)))
+PY
+raw_args=(--num-experts 2 --hidden 16 --intermediate 16 --dtype float32)
+"$bin/kplan" load --server "$addr" --id cli-raw "${raw_args[@]}" --w13-file "$work/w13.raw" \
+  --w2-file "$work/w2.raw" >"$work/load_raw.txt" || { cat "$work/load_raw.txt"; exit 1; }
+grep -q "^cli-raw .* float32" "$work/load_raw.txt" || { cat "$work/load_raw.txt"; exit 1; }
+"$bin/kplan" run-moe --server "$addr" --id cli-raw --tokens 3 --top-k 2 >"$work/run_raw.txt"
+"$bin/kplan" unload --server "$addr" cli-raw | grep -q "unloaded cli-raw"
+set +e
+"$bin/kplan" load --server "$addr" --id cli-raw "${raw_args[@]}" --w13-file "$work/w2.raw" \
+  --w2-file "$work/w2.raw" 2>"$work/err.txt"
+rc=$?
+set -e
+[ "$rc" != 0 ] || { echo "load --w13-file of the wrong size: expected a failure"; exit 1; }
+grep -q "\[field: w13-file\]" "$work/err.txt" || { cat "$work/err.txt"; exit 1; }
 
 # A stacked float32 safetensors file under --model_root loads by its relative path; a path
 # outside the root is refused with the one text that does not say whether it exists.

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -118,7 +119,9 @@ TEST(ExecutableMoeBackendsTest, KplanOnlyWithCudaKernelsAndDevices) {
 }
 
 TEST_F(RunMoeTest, AutoRunsTheCpuReferenceWithTheOraclePlan) {
-  Outcome o = Run(Request("auto"));
+  RunMoeRequest explained = Request("auto");
+  explained.explain = true;
+  Outcome o = Run(std::move(explained));
   ASSERT_TRUE(o.result.ok()) << o.result.status();
   const MoeExecutionPlan& plan = o.result->plan;
   EXPECT_EQ(plan.backend, "emulation");
@@ -133,8 +136,44 @@ TEST_F(RunMoeTest, AutoRunsTheCpuReferenceWithTheOraclePlan) {
   EXPECT_EQ(o.result->output.num_tokens, kTokens);
   EXPECT_EQ(o.result->output.output.size(), static_cast<size_t>(kTokens * kHidden * 2));
   EXPECT_EQ(o.result->output.topk_ids.size(), static_cast<size_t>(kTokens * 2));
+  // The hops, in order; without explain the same plan comes without candidates.
+  EXPECT_LE(o.timing.queued, o.timing.device_start);
+  EXPECT_LE(o.timing.device_start, o.timing.device_end);
+  EXPECT_EQ(o.timing.device, o.timing.device_end - o.timing.device_start);
+  Outcome plain = Run(Request("auto"));
+  ASSERT_TRUE(plain.result.ok()) << plain.result.status();
+  EXPECT_EQ(plain.result->plan.backend, "emulation");
+  EXPECT_TRUE(plain.result->plan.candidates.empty());
   EXPECT_GT(o.timing.device, absl::ZeroDuration());
   EXPECT_GE(o.timing.queue, absl::ZeroDuration());
+}
+
+// With inline runs allowed, an idle worker's job runs inside RunMoe on the
+// calling thread, with the same answer as through the worker.
+TEST_F(RunMoeTest, InlineRunsAnswerBeforeRunMoeReturns) {
+  std::shared_ptr<const ExpertSet> set = MakeSet();
+  env_.inline_cpu = true;  // the worker is idle: nothing was submitted yet
+  // Shared with the callback, which outlives this test if it ran on the worker.
+  struct Answer {
+    std::thread::id thread;
+    absl::StatusOr<RunMoeResult> result = absl::UnknownError("not run");
+  };
+  auto answer = std::make_shared<Answer>();
+  ASSERT_TRUE(RunMoe(env_, Request("auto", set), {},
+                     [answer](absl::StatusOr<RunMoeResult> result, const MoeRunTiming&) {
+                       answer->result = std::move(result);
+                       answer->thread = std::this_thread::get_id();
+                     })
+                  .ok());
+  ASSERT_EQ(answer->thread, std::this_thread::get_id());
+  absl::StatusOr<RunMoeResult>& got = answer->result;
+  ASSERT_TRUE(got.ok()) << got.status();
+  env_.inline_cpu = false;
+  Outcome queued = Run(Request("auto", set));
+  ASSERT_TRUE(queued.result.ok()) << queued.result.status();
+  EXPECT_EQ(got->output.output, queued.result->output.output);
+  EXPECT_EQ(got->output.topk_ids, queued.result->output.topk_ids);
+  EXPECT_EQ(executor_->inline_runs(), 1);
 }
 
 TEST_F(RunMoeTest, EmulationRunsTheCpuReference) {

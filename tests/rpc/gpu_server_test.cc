@@ -104,7 +104,7 @@ TEST_F(GpuServerTest, RunIrOpOnTheGpuAgreesWithTheCpu) {
 TEST_F(GpuServerTest, RunMoeOnTheGpuAgreesWithTheCpuPath) {
   auto client = kplan::Client::Connect(absl::StrCat("127.0.0.1:", server_->port()));
   std::mt19937 rng(std::random_device{}());
-  const int e = 16, k = 4, h = 1024, i = 512, m = 33;
+  const int e = 16, k = 4, h = 1024, i = 512;
   std::vector<float> w13 = testing::RandomValues(size_t(e) * 2 * i * h, rng, -0.05f, 0.05f);
   std::vector<float> w2 = testing::RandomValues(size_t(e) * h * i, rng, -0.05f, 0.05f);
   v1::ExpertsHeader header;
@@ -130,36 +130,50 @@ TEST_F(GpuServerTest, RunMoeOnTheGpuAgreesWithTheCpuPath) {
   ASSERT_EQ(loaded->experts().placement_size(), 2);
   EXPECT_EQ(loaded->experts().placement(1).device(), "cuda:0");
 
-  std::vector<float> x = testing::RandomValues(size_t(m) * h, rng);
-  std::vector<float> logits = testing::RandomValues(size_t(m) * e, rng);
-  v1::RunMoERequest req;
-  req.set_experts_id("gpu-layer");
-  *req.mutable_hidden_states() = testing::MakeTensor("x", {m, h}, x, v1::DTYPE_BFLOAT16).tensor();
-  *req.mutable_router_logits() =
-      testing::MakeTensor("logits", {m, e}, logits, v1::DTYPE_FLOAT32).tensor();
-  req.mutable_routing()->set_top_k(k);
-  req.mutable_routing()->set_routing_method("RenormalizeNaive");
-  absl::StatusOr<v1::RunMoEResponse> gpu = client->RunMoE(req);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  EXPECT_EQ(gpu->plan().backend(), "kplan");
-  EXPECT_THAT(gpu->plan().devices(), ::testing::ElementsAre("cuda:0"));
-  req.mutable_kernel_config()->set_moe_backend("emulation");
-  absl::StatusOr<v1::RunMoEResponse> cpu = client->RunMoE(req);
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  EXPECT_EQ(cpu->plan().backend(), "emulation");
-  std::vector<float> g = testing::Decode(gpu->output()), c = testing::Decode(cpu->output());
-  ASSERT_EQ(g.size(), c.size());
-  double num = 0, den = 0;
-  for (size_t j = 0; j < g.size(); ++j) {
-    ASSERT_TRUE(std::isfinite(g[j])) << j;
-    num += (g[j] - c[j]) * double(g[j] - c[j]);
-    den += double(c[j]) * c[j];
-  }
-  const double rel = std::sqrt(num / den);
-  std::printf("RunMoE E=%d k=%d H=%d I=%d M=%d: kplan (GPU) vs emulation (CPU) rel error %.2e; "
-              "device us %.1f vs %.1f\n", e, k, h, i, m, rel, gpu->timing().device_us(),
-              cpu->timing().device_us());
-  EXPECT_LT(rel, 1e-2);
+  // Each size against the CPU path: the worker's workspace grows (33, 200),
+  // is reused by smaller calls (1, 7), and an empty batch is [0, H].
+  auto check = [&](int m) {
+    SCOPED_TRACE(absl::StrCat("M=", m));
+    std::vector<float> x = testing::RandomValues(size_t(m) * h, rng);
+    std::vector<float> logits = testing::RandomValues(size_t(m) * e, rng);
+    v1::RunMoERequest req;
+    req.set_experts_id("gpu-layer");
+    *req.mutable_hidden_states() =
+        testing::MakeTensor("x", {m, h}, x, v1::DTYPE_BFLOAT16).tensor();
+    *req.mutable_router_logits() =
+        testing::MakeTensor("logits", {m, e}, logits, v1::DTYPE_FLOAT32).tensor();
+    req.mutable_routing()->set_top_k(k);
+    req.mutable_routing()->set_routing_method("RenormalizeNaive");
+    absl::StatusOr<v1::RunMoEResponse> gpu = client->RunMoE(req);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    EXPECT_EQ(gpu->plan().backend(), "kplan");
+    EXPECT_THAT(gpu->plan().devices(), ::testing::ElementsAre("cuda:0"));
+    EXPECT_THAT(gpu->output().shape(), ::testing::ElementsAre(m, h));
+    req.mutable_kernel_config()->set_moe_backend("emulation");
+    absl::StatusOr<v1::RunMoEResponse> cpu = client->RunMoE(req);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    EXPECT_EQ(cpu->plan().backend(), "emulation");
+    std::vector<float> g = testing::Decode(gpu->output()), c = testing::Decode(cpu->output());
+    ASSERT_EQ(g.size(), c.size());
+    if (m == 0) return;
+    double num = 0, den = 0;
+    for (size_t j = 0; j < g.size(); ++j) {
+      ASSERT_TRUE(std::isfinite(g[j])) << j;
+      num += (g[j] - c[j]) * double(g[j] - c[j]);
+      den += double(c[j]) * c[j];
+    }
+    const double rel = std::sqrt(num / den);
+    std::printf("RunMoE E=%d k=%d H=%d I=%d M=%d: kplan (GPU) vs emulation (CPU) rel error %.2e; "
+                "device us %.1f vs %.1f\n", e, k, h, i, m, rel, gpu->timing().device_us(),
+                cpu->timing().device_us());
+    EXPECT_LT(rel, 1e-2);
+  };
+  for (int m : {33, 1, 200, 7, 0}) check(m);
+  // After an unload the workspace shrinks to the next call's need; a set
+  // loaded again runs right.
+  ASSERT_TRUE(client->UnloadExperts("gpu-layer").ok());
+  ASSERT_TRUE(client->LoadExperts(header, chunks).ok());
+  for (int m : {5, 64}) check(m);
   EXPECT_TRUE(client->UnloadExperts("gpu-layer").ok());
 }
 

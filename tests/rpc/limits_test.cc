@@ -30,14 +30,7 @@ using testing::Random;
 constexpr int64_t kMiB = int64_t{1} << 20;
 
 v1::ExpertsHeader Header(const std::string& id, int e, int h, int i) {
-  v1::ExpertsHeader header;
-  header.set_experts_id(id);
-  header.set_num_experts(e);
-  header.set_hidden_size(h);
-  header.set_intermediate_size(i);
-  header.set_activation("silu");
-  header.set_dtype(v1::DTYPE_FLOAT32);
-  return header;
+  return testing::Float32Header(id, e, h, i);
 }
 
 // Float32 silu experts and the chunks that carry them (at most 8 MiB each).
@@ -448,6 +441,27 @@ TEST_F(LimitsTest, LoadCancelledMidStreamLeavesNothing) {
   absl::StatusOr<v1::LoadExpertsResponse> again =
       client_->LoadExperts(Header("half", 4, 16, 8), small.Chunks());
   EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// The client's deadline passes mid-stream: the server drops the load and
+// its reservation, and the same id loads again at once.
+TEST_F(LimitsTest, LoadPastItsDeadlineMidStreamLeavesNothing) {
+  Start(ServerOptions());
+  Experts small(4, 16, 8);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  v1::LoadExpertsResponse response;
+  auto w = stub_->LoadExperts(&ctx, &response);
+  ASSERT_TRUE(w->Write(HeaderMessage(Header("late", 4, 16, 8))));
+  ASSERT_TRUE(w->Write(ChunkMessage(small.Chunks()[0])));
+  ASSERT_TRUE(WaitFor([&] { return store()->bytes_in_use() > 0; }));
+  // Nothing more until the deadline has passed.
+  EXPECT_EQ(w->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(WaitFor([&] { return store()->bytes_in_use() == 0; }));
+  absl::StatusOr<v1::LoadExpertsResponse> again =
+      client_->LoadExperts(Header("late", 4, 16, 8), small.Chunks());
+  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(client_->ListExperts()->experts_size(), 1);
 }
 
 TEST_F(LimitsTest, SecondConcurrentLoadOfOneIdIsAlreadyExistsAtItsHeader) {

@@ -1,6 +1,8 @@
 // LoadExperts / ListExperts / RunMoE / UnloadExperts through the server on
 // the CPU path, checked against a straightforward double-precision MoE written
 // here (softmax, top-k, renormalise, SiLU-and-mul experts, weighted sum).
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,11 +12,13 @@
 #include <numeric>
 #include <random>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_replace.h"
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
+#include "server/rpc/raw_service.h"
 #include "server/rpc/server.h"
 #include "tests/rpc/moe_rpc_util.h"
 
@@ -60,14 +64,7 @@ class MoeRpcTest : public ::testing::Test {
   }
 
   v1::ExpertsHeader Header(const std::string& id) const {
-    v1::ExpertsHeader h;
-    h.set_experts_id(id);
-    h.set_num_experts(kE);
-    h.set_hidden_size(kH);
-    h.set_intermediate_size(kI);
-    h.set_activation("silu");
-    h.set_dtype(v1::DTYPE_FLOAT32);
-    return h;
+    return testing::Float32Header(id, kE, kH, kI);
   }
 
   // w13 in three chunks, w2 in one.
@@ -149,6 +146,7 @@ TEST_F(MoeRpcTest, LoadRunListUnload) {
   req.mutable_routing()->set_top_k(kK);
   req.mutable_routing()->set_routing_method("RenormalizeNaive");
   req.set_return_routing(true);
+  req.set_explain(true);
   absl::StatusOr<v1::RunMoEResponse> run = client_->RunMoE(req);
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->plan().backend(), "emulation");
@@ -159,8 +157,17 @@ TEST_F(MoeRpcTest, LoadRunListUnload) {
   ASSERT_EQ(run->plan().candidates_size(), 1);
   EXPECT_EQ(run->plan().candidates(0).backend(), "EMULATION");
   EXPECT_TRUE(run->plan().candidates(0).accepted());
-  EXPECT_GT(run->timing().device_us(), 0);
-  EXPECT_GE(run->timing().total_us(), run->timing().device_us());
+  const v1::MoETiming& t = run->timing();
+  EXPECT_GT(t.device_us(), 0);
+  EXPECT_GE(t.total_us(), t.device_us());
+  // Every hop stamped, in order, since the request's bytes arrived.
+  EXPECT_GT(t.decoded_at_us(), 0);
+  EXPECT_LE(t.decoded_at_us(), t.queued_at_us());
+  EXPECT_LE(t.queued_at_us(), t.device_start_at_us());
+  EXPECT_LE(t.device_start_at_us(), t.device_end_at_us());
+  EXPECT_LE(t.device_end_at_us(), t.encoded_at_us());
+  EXPECT_EQ(t.encoded_at_us(), t.total_us());
+  EXPECT_NEAR(t.device_end_at_us() - t.device_start_at_us(), t.device_us(), 1.0);
   ASSERT_EQ(run->output().data().size(), static_cast<size_t>(m * kH * 4));
   std::vector<float> out(m * kH);
   std::memcpy(out.data(), run->output().data().data(), out.size() * 4);
@@ -177,6 +184,9 @@ TEST_F(MoeRpcTest, LoadRunListUnload) {
   absl::StatusOr<v1::RunMoEResponse> again = client_->RunMoE(by_ids);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->output().data(), run->output().data());
+  // Without explain the plan names what ran, and no candidates come.
+  EXPECT_EQ(again->plan().backend(), "emulation");
+  EXPECT_EQ(again->plan().candidates_size(), 0);
 
   EXPECT_EQ(client_->ListExperts()->experts_size(), 1);
   EXPECT_EQ(client_->UnloadExperts("layer0")->bytes_freed(), loaded->experts().bytes());
@@ -228,6 +238,26 @@ TEST_F(MoeRpcTest, FailedLoadsLeaveNothingBehind) {
   EXPECT_EQ(client_->ListExperts()->experts_size(), 1);
 }
 
+// A request mutated one way and the error it must get.
+struct RequestCase {
+  std::string name;
+  std::function<void(v1::RunMoERequest&)> mutate;
+  absl::StatusCode code;
+  std::string field;
+};
+
+void ExpectErrors(Client& client, const v1::RunMoERequest& base,
+                  const std::vector<RequestCase>& cases) {
+  for (const RequestCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::RunMoERequest req = base;
+    c.mutate(req);
+    absl::Status s = client.RunMoE(req).status();
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_EQ(FieldOf(s).value_or(""), c.field) << s;
+  }
+}
+
 TEST_F(MoeRpcTest, RunMoeErrorsNameTheField) {
   ASSERT_TRUE(client_->LoadExperts(Header("l"), Chunks()).ok());
   std::mt19937 rng(3);
@@ -240,13 +270,7 @@ TEST_F(MoeRpcTest, RunMoeErrorsNameTheField) {
     r.mutable_routing()->set_top_k(2);
     return r;
   };
-  struct Case {
-    std::string name;
-    std::function<void(v1::RunMoERequest&)> mutate;
-    absl::StatusCode code;
-    std::string field;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<RequestCase> cases = {
       {"hidden width", [](auto& r) { r.mutable_hidden_states()->set_shape(1, 15); },
        absl::StatusCode::kInvalidArgument, "hidden_states.shape"},
       {"short data", [](auto& r) { r.mutable_hidden_states()->mutable_data()->resize(4); },
@@ -268,14 +292,7 @@ TEST_F(MoeRpcTest, RunMoeErrorsNameTheField) {
       {"unknown experts", [](auto& r) { r.set_experts_id("nope"); }, absl::StatusCode::kNotFound,
        "experts_id"},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    v1::RunMoERequest req = base();
-    c.mutate(req);
-    absl::StatusOr<v1::RunMoEResponse> r = client_->RunMoE(req);
-    EXPECT_EQ(r.status().code(), c.code) << r.status();
-    EXPECT_EQ(FieldOf(r.status()).value_or(""), c.field) << r.status();
-  }
+  ExpectErrors(*client_, base(), cases);
   EXPECT_TRUE(client_->RunMoE(base()).ok());
 }
 
@@ -386,6 +403,368 @@ TEST_F(MoeRpcTest, SafetensorsLoadsOnlyUnderModelRoots) {
   }
   EXPECT_EQ(client_->ListExperts()->experts_size(), 2);
   unlink(path.c_str());
+}
+
+// A random float32 set of any shape, as one header and whole-tensor chunks.
+std::pair<v1::ExpertsHeader, std::vector<v1::TensorChunk>> RandomSet(const std::string& id, int e,
+                                                                      int h, int i,
+                                                                      std::mt19937& rng) {
+  v1::ExpertsHeader header = testing::Float32Header(id, e, h, i);
+  std::vector<v1::TensorChunk> chunks = {
+      testing::Chunk("w13", {e, 2 * i, h}, Bytes(Random(size_t(e) * 2 * i * h, rng, 0.3f))),
+      testing::Chunk("w2", {e, h, i}, Bytes(Random(size_t(e) * h * i, rng, 0.3f)))};
+  return {header, chunks};
+}
+
+v1::RunMoERequest LogitsRequest(const std::string& id, int m, int h, int e, int k,
+                                std::mt19937& rng) {
+  v1::RunMoERequest r;
+  r.set_experts_id(id);
+  *r.mutable_hidden_states() = MakeTensor(v1::DTYPE_FLOAT32, {m, h}, Bytes(Random(m * h, rng, 1)));
+  *r.mutable_router_logits() =
+      MakeTensor(v1::DTYPE_FLOAT32, {m, e}, Bytes(Random(m * e, rng, 1)));
+  r.mutable_routing()->set_top_k(k);
+  return r;
+}
+
+// M = 0: the output is [0, H] (the set's hidden size), routed or by ids.
+TEST_F(MoeRpcTest, EmptyBatchIsZeroByHidden) {
+  ASSERT_TRUE(client_->LoadExperts(Header("l"), Chunks()).ok());
+  std::mt19937 rng(5);
+  v1::RunMoERequest by_logits = LogitsRequest("l", 0, kH, kE, kK, rng);
+  by_logits.set_return_routing(true);
+  v1::RunMoERequest by_ids;
+  by_ids.set_experts_id("l");
+  *by_ids.mutable_hidden_states() = MakeTensor(v1::DTYPE_FLOAT32, {0, kH}, "");
+  *by_ids.mutable_topk_ids() = MakeTensor(v1::DTYPE_INT32, {0, kK}, "");
+  *by_ids.mutable_topk_weights() = MakeTensor(v1::DTYPE_FLOAT32, {0, kK}, "");
+  for (const v1::RunMoERequest& req : {by_logits, by_ids}) {
+    absl::StatusOr<v1::RunMoEResponse> run = client_->RunMoE(req);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_THAT(run->output().shape(), ::testing::ElementsAre(0, kH));
+    EXPECT_EQ(run->output().dtype(), v1::DTYPE_FLOAT32);
+    EXPECT_TRUE(run->output().data().empty());
+  }
+  absl::StatusOr<v1::RunMoEResponse> routed = client_->RunMoE(by_logits);
+  ASSERT_TRUE(routed.ok()) << routed.status();
+  EXPECT_THAT(routed->topk_ids().shape(), ::testing::ElementsAre(0, kK));
+}
+
+// The route is chosen once per kind of call and set; an unload drops it,
+// and a set loaded again under the id with another shape gets a new one.
+TEST_F(MoeRpcTest, RouteIsCachedAndDroppedAtUnload) {
+  MoeRouteCache* routes = server_->environment().routes;
+  ASSERT_NE(routes, nullptr);
+  std::mt19937 rng(9);
+  auto [header, chunks] = RandomSet("r", 4, 16, 8, rng);
+  ASSERT_TRUE(client_->LoadExperts(header, chunks).ok());
+  const int64_t before = routes->misses();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client_->RunMoE(LogitsRequest("r", 2, 16, 4, 2, rng)).ok());
+  EXPECT_EQ(routes->misses(), before + 1);
+  // Same bucket (2 tokens), then another top_k and another bucket: new routes.
+  ASSERT_TRUE(client_->RunMoE(LogitsRequest("r", 2, 16, 4, 1, rng)).ok());
+  ASSERT_TRUE(client_->RunMoE(LogitsRequest("r", 7, 16, 4, 2, rng)).ok());
+  EXPECT_EQ(routes->misses(), before + 3);
+  EXPECT_EQ(routes->size(), 3u);
+  // An explain request takes the cached route and still gets the candidates.
+  v1::RunMoERequest explain = LogitsRequest("r", 2, 16, 4, 2, rng);
+  explain.set_explain(true);
+  absl::StatusOr<v1::RunMoEResponse> explained = client_->RunMoE(explain);
+  ASSERT_TRUE(explained.ok()) << explained.status();
+  EXPECT_EQ(routes->misses(), before + 3);
+  EXPECT_EQ(explained->plan().candidates_size(), 1);
+
+  ASSERT_TRUE(client_->UnloadExperts("r").ok());
+  EXPECT_EQ(routes->size(), 0u);
+  auto [wide, wide_chunks] = RandomSet("r", 2, 32, 8, rng);
+  ASSERT_TRUE(client_->LoadExperts(wide, wide_chunks).ok());
+  absl::StatusOr<v1::RunMoEResponse> run = client_->RunMoE(LogitsRequest("r", 2, 32, 2, 2, rng));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(run->output().shape(), ::testing::ElementsAre(2, 32));
+  EXPECT_EQ(routes->misses(), before + 4);
+  // The old shape is refused by the new set, not served by an old route.
+  EXPECT_EQ(client_->RunMoE(LogitsRequest("r", 2, 16, 4, 2, rng)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MoeRouteCacheTest, BucketsAndBound) {
+  EXPECT_EQ(MoeRouteCache::TokenBucket(0), 0);
+  EXPECT_EQ(MoeRouteCache::TokenBucket(1), 1);
+  EXPECT_EQ(MoeRouteCache::TokenBucket(5), 8);
+  EXPECT_EQ(MoeRouteCache::TokenBucket(512), 512);
+}
+
+// skip_device: refused unless the server allows it; then the whole path
+// runs without the layer and answers zeros of [M, H], every hop stamped.
+TEST_F(MoeRpcTest, SkipDeviceOnlyWhenTheServerAllowsIt) {
+  ASSERT_TRUE(client_->LoadExperts(Header("l"), Chunks()).ok());
+  std::mt19937 rng(4);
+  v1::RunMoERequest req = LogitsRequest("l", 3, kH, kE, kK, rng);
+  req.set_skip_device(true);
+  absl::StatusOr<v1::RunMoEResponse> refused = client_->RunMoE(req);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_EQ(FieldOf(refused.status()).value_or(""), "skip_device");
+
+  static NoDeviceProber prober;
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.prober = &prober;
+  options.allow_skip_device = true;
+  options.metrics_listen = "127.0.0.1:0";
+  std::unique_ptr<KplanServer> server = std::move(KplanServer::Start(options).value());
+  std::unique_ptr<Client> client = Client::Connect(absl::StrCat("127.0.0.1:", server->port()));
+  ASSERT_TRUE(client->LoadExperts(Header("l"), Chunks()).ok());
+  absl::StatusOr<v1::RunMoEResponse> run = client->RunMoE(req);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_THAT(run->output().shape(), ::testing::ElementsAre(3, kH));
+  EXPECT_EQ(run->output().data(), std::string(3 * kH * 4, '\0'));
+  EXPECT_GT(run->timing().device_start_at_us(), 0);
+  EXPECT_LE(run->timing().device_end_at_us(), run->timing().total_us());
+  // Its input is still checked.
+  req.mutable_hidden_states()->set_shape(1, kH + 1);
+  EXPECT_EQ(client->RunMoE(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.set_skip_device(false);
+  req.mutable_hidden_states()->set_shape(1, kH);
+  absl::StatusOr<v1::RunMoEResponse> real = client->RunMoE(req);
+  ASSERT_TRUE(real.ok()) << real.status();
+  EXPECT_NE(real->output().data(), std::string(3 * kH * 4, '\0'));
+  // The hops of the two that ran, in the histograms.
+  const std::string page = server->metrics()->Render();
+  for (const char* hop : {"decode", "route", "queue", "device", "encode", "serialize"}) {
+    EXPECT_THAT(page, HasSubstr(absl::StrCat("kplan_hop_seconds_count{hop=\"", hop,
+                                             "\",method=\"RunMoE\"} 2")))
+        << hop;
+  }
+}
+
+// A tensor streamed from `bytes` by reads of at most `chunk` bytes each,
+// which records the largest read and how many there were.
+struct ReadLog {
+  int64_t reads = 0, largest = 0;
+};
+StreamedTensor FromBytes(const std::string& name, std::vector<int64_t> shape,
+                         const std::string& bytes, std::shared_ptr<ReadLog> log) {
+  StreamedTensor t;
+  t.name = name;
+  t.dtype = v1::DTYPE_FLOAT32;
+  t.shape = std::move(shape);
+  t.bytes = static_cast<int64_t>(bytes.size());
+  t.read = [&bytes, log](int64_t offset, int64_t n, char* out) {
+    ++log->reads;
+    log->largest = std::max(log->largest, n);
+    std::memcpy(out, bytes.data() + offset, n);
+    return absl::OkStatus();
+  };
+  return t;
+}
+
+// The client streams a set from a source chunk by chunk: the same set as
+// the inline chunks; a source that fails mid-stream leaves nothing behind.
+TEST_F(MoeRpcTest, LoadsFromAChunkSource) {
+  const std::string a = Bytes(w13_), b = Bytes(w2_);
+  auto log = std::make_shared<ReadLog>();
+  std::vector<StreamedTensor> tensors;
+  tensors.push_back(FromBytes("w13", {kE, 2 * kI, kH}, a, log));
+  tensors.push_back(FromBytes("w2", {kE, kH, kI}, b, log));
+  TensorChunkSource source(tensors, 96);
+  absl::StatusOr<v1::LoadExpertsResponse> streamed = client_->LoadExperts(Header("src"), source);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_EQ(log->largest, 96);
+  EXPECT_EQ(log->reads, int64_t((a.size() + 95) / 96 + (b.size() + 95) / 96));
+  ASSERT_TRUE(client_->LoadExperts(Header("inline"), Chunks()).ok());
+  std::mt19937 rng(2);
+  v1::RunMoERequest req = LogitsRequest("src", 3, kH, kE, kK, rng);
+  absl::StatusOr<v1::RunMoEResponse> from_source = client_->RunMoE(req);
+  req.set_experts_id("inline");
+  absl::StatusOr<v1::RunMoEResponse> from_inline = client_->RunMoE(req);
+  ASSERT_TRUE(from_source.ok() && from_inline.ok());
+  EXPECT_EQ(from_source->output().data(), from_inline->output().data());
+
+  // A rewound source streams the same again.
+  ASSERT_TRUE(source.Rewind().ok());
+  EXPECT_EQ(client_->LoadExperts(Header("src"), source).status().code(),
+            absl::StatusCode::kAlreadyExists);
+
+  int calls = 0;
+  tensors[1].read = [&calls](int64_t, int64_t, char*) {
+    return ++calls == 2 ? absl::DataLossError("disk gone") : absl::OkStatus();
+  };
+  TensorChunkSource failing(tensors, 96);
+  absl::StatusOr<v1::LoadExpertsResponse> failed = client_->LoadExperts(Header("half"), failing);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDataLoss) << failed.status();
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("disk gone"));
+  TensorChunkSource again(tensors, 96);
+  for (int i = 0; i < 50; ++i) {  // the server's reservation goes with the cancelled call
+    absl::StatusOr<v1::LoadExpertsResponse> r = client_->LoadExperts(Header("half"), again);
+    if (r.ok()) break;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists) << r.status();
+    ASSERT_TRUE(again.Rewind().ok());
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(client_->ListExperts()->experts_size(), 3);
+}
+
+// A raw file of the right size streams; the wrong size is refused naming the field.
+TEST_F(MoeRpcTest, RawFileTensors) {
+  const std::string dir = ::testing::TempDir();
+  const std::string a = Bytes(w13_), b = Bytes(w2_);
+  const std::string pa = absl::StrCat(dir, "/w13-", getpid(), ".raw");
+  const std::string pb = absl::StrCat(dir, "/w2-", getpid(), ".raw");
+  std::ofstream(pa, std::ios::binary) << a;
+  std::ofstream(pb, std::ios::binary) << b;
+  absl::StatusOr<StreamedTensor> w13 = RawFileTensor("w13", v1::DTYPE_FLOAT32, {kE, 2 * kI, kH},
+                                                     4, pa, "w13-file");
+  absl::StatusOr<StreamedTensor> w2 =
+      RawFileTensor("w2", v1::DTYPE_FLOAT32, {kE, kH, kI}, 4, pb, "w2-file");
+  ASSERT_TRUE(w13.ok() && w2.ok()) << w13.status() << w2.status();
+  TensorChunkSource source({*w13, *w2}, 100);
+  ASSERT_TRUE(client_->LoadExperts(Header("raw"), source).ok());
+  absl::StatusOr<StreamedTensor> wrong =
+      RawFileTensor("w13", v1::DTYPE_FLOAT32, {kE, 2 * kI, kH}, 4, pb, "w13-file");
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FieldOf(wrong.status()).value_or(""), "w13-file");
+  absl::StatusOr<StreamedTensor> missing =
+      RawFileTensor("w13", v1::DTYPE_FLOAT32, {1}, 4, pa + ".none", "w13-file");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  unlink(pa.c_str());
+  unlink(pb.c_str());
+}
+
+// An output of at least kZeroCopyOutputBytes travels as its own slice: the
+// client gets the same rows as from two smaller (plainly encoded) calls.
+TEST_F(MoeRpcTest, LargeOutputsArriveWhole) {
+  std::mt19937 rng(13);
+  const int e = 2, h = 256, i = 8, m = 80;  // 48 KiB of weights: under the budget
+  auto [header, chunks] = RandomSet("big", e, h, i, rng);
+  ASSERT_TRUE(client_->LoadExperts(header, chunks).ok());
+  v1::RunMoERequest whole = LogitsRequest("big", m, h, e, 2, rng);
+  ASSERT_GE(size_t(m) * h * 4, kZeroCopyOutputBytes);
+  absl::StatusOr<v1::RunMoEResponse> big = client_->RunMoE(whole);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_THAT(big->output().shape(), ::testing::ElementsAre(m, h));
+  std::string halves;
+  for (int part = 0; part < 2; ++part) {
+    v1::RunMoERequest half = whole;
+    const int rows = m / 2;
+    *half.mutable_hidden_states() = MakeTensor(
+        v1::DTYPE_FLOAT32, {rows, h},
+        whole.hidden_states().data().substr(size_t(part) * rows * h * 4, size_t(rows) * h * 4));
+    *half.mutable_router_logits() = MakeTensor(
+        v1::DTYPE_FLOAT32, {rows, e},
+        whole.router_logits().data().substr(size_t(part) * rows * e * 4, size_t(rows) * e * 4));
+    absl::StatusOr<v1::RunMoEResponse> r = client_->RunMoE(half);
+    ASSERT_TRUE(r.ok()) << r.status();
+    halves += r->output().data();
+  }
+  EXPECT_EQ(big->output().data(), halves);
+}
+
+v1::SharedMemoryRef Ref(const std::string& region, int64_t offset, int64_t bytes) {
+  v1::SharedMemoryRef r;
+  r.set_region(region);
+  r.set_offset(offset);
+  r.set_byte_size(bytes);
+  return r;
+}
+
+// RunMoE tensors in the client's POSIX shared memory: off by default; with
+// --allow_shared_memory the inputs are read from a region and the output
+// written into one, equal to the inline call; every reference is checked.
+TEST_F(MoeRpcTest, SharedMemoryTensors) {
+  std::mt19937 rng(17);
+  const int m = 3;
+  v1::RunMoERequest inline_req = LogitsRequest("l", m, kH, kE, kK, rng);
+  const std::string& x = inline_req.hidden_states().data();
+  const std::string& logits = inline_req.router_logits().data();
+  v1::SharedMemoryRegion in;
+  in.set_name("in");
+  in.set_key(absl::StrCat("/kplan-moe-rpc-test-", getpid()));
+  in.set_byte_size(8192);
+  // Off: refused, naming the field.
+  ASSERT_TRUE(client_->LoadExperts(Header("l"), Chunks()).ok());
+  EXPECT_EQ(client_->RegisterSharedMemory(in).code(), absl::StatusCode::kFailedPrecondition);
+  v1::RunMoERequest off = inline_req;
+  *off.mutable_hidden_states()->mutable_shm() = Ref("in", 0, int64_t(x.size()));
+  off.mutable_hidden_states()->clear_data();
+  absl::Status refused = client_->RunMoE(off).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(FieldOf(refused).value_or(""), "hidden_states.shm");
+
+  static NoDeviceProber prober;
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.prober = &prober;
+  options.allow_shared_memory = true;
+  std::unique_ptr<KplanServer> server = std::move(KplanServer::Start(options).value());
+  std::unique_ptr<Client> client = Client::Connect(absl::StrCat("127.0.0.1:", server->port()));
+  ASSERT_TRUE(client->LoadExperts(Header("l"), Chunks()).ok());
+
+  // The client's object: [x | logits] at 0, the output window at 4096.
+  const int fd = shm_open(in.key().c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  absl::Cleanup unlink = [&] { shm_unlink(in.key().c_str()); };  // also when an assertion fails
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  char* mem = static_cast<char*>(mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  ASSERT_NE(mem, MAP_FAILED);
+  std::memcpy(mem, x.data(), x.size());
+  std::memcpy(mem + x.size(), logits.data(), logits.size());
+  std::memset(mem + 4096, 0, 4096);
+  v1::SharedMemoryRegion out = in;
+  out.set_name("out");
+  out.set_offset(4096);
+  out.set_byte_size(4096);
+  in.set_byte_size(4096);
+  ASSERT_TRUE(client->RegisterSharedMemory(in).ok());
+  ASSERT_TRUE(client->RegisterSharedMemory(out).ok());
+  EXPECT_EQ(client->RegisterSharedMemory(out).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_EQ(client->ListSharedMemory()->regions_size(), 2);
+
+  v1::RunMoERequest req = inline_req;
+  *req.mutable_hidden_states()->mutable_shm() = Ref("in", 0, int64_t(x.size()));
+  req.mutable_hidden_states()->clear_data();
+  *req.mutable_router_logits()->mutable_shm() =
+      Ref("in", int64_t(x.size()), int64_t(logits.size()));
+  req.mutable_router_logits()->clear_data();
+  *req.mutable_output_shm() = Ref("out", 64, int64_t(x.size()));
+  absl::StatusOr<v1::RunMoEResponse> via_shm = client->RunMoE(req);
+  ASSERT_TRUE(via_shm.ok()) << via_shm.status();
+  EXPECT_TRUE(via_shm->output().data().empty());
+  EXPECT_THAT(via_shm->output().shape(), ::testing::ElementsAre(m, kH));
+  EXPECT_EQ(via_shm->output().shm().region(), "out");
+  absl::StatusOr<v1::RunMoEResponse> inline_run = client->RunMoE(inline_req);
+  ASSERT_TRUE(inline_run.ok()) << inline_run.status();
+  EXPECT_EQ(std::string(mem + 4096 + 64, x.size()), inline_run->output().data());
+  EXPECT_EQ(std::string(mem + 4096, 64), std::string(64, '\0'));  // nothing before the window
+
+  const std::vector<RequestCase> cases = {
+      {"past the region", [](auto& r) { r.mutable_hidden_states()->mutable_shm()->set_offset(4000); },
+       absl::StatusCode::kInvalidArgument, "hidden_states.shm.byte_size"},
+      {"negative offset", [](auto& r) { r.mutable_router_logits()->mutable_shm()->set_offset(-8); },
+       absl::StatusCode::kInvalidArgument, "router_logits.shm.offset"},
+      {"unknown region", [](auto& r) { r.mutable_router_logits()->mutable_shm()->set_region("x"); },
+       absl::StatusCode::kNotFound, "router_logits.shm.region"},
+      {"data and shm", [](auto& r) { r.mutable_hidden_states()->set_data("abcd"); },
+       absl::StatusCode::kInvalidArgument, "hidden_states.shm"},
+      {"output size", [](auto& r) { r.mutable_output_shm()->set_byte_size(8); },
+       absl::StatusCode::kInvalidArgument, "output_shm.byte_size"},
+      {"output past the region", [](auto& r) { r.mutable_output_shm()->set_offset(4090); },
+       absl::StatusCode::kInvalidArgument, "output_shm.byte_size"},
+  };
+  ExpectErrors(*client, req, cases);
+  // Registration errors name the region's fields.
+  v1::SharedMemoryRegion wide = in;
+  wide.set_name("wide");
+  wide.set_byte_size(1 << 20);
+  absl::Status too_wide = client->RegisterSharedMemory(wide);
+  EXPECT_EQ(too_wide.code(), absl::StatusCode::kInvalidArgument) << too_wide;
+  EXPECT_EQ(FieldOf(too_wide).value_or(""), "region.byte_size");
+
+  ASSERT_TRUE(client->UnregisterSharedMemory("in").ok());
+  EXPECT_EQ(client->UnregisterSharedMemory("in").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->RunMoE(req).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->ListSharedMemory()->regions_size(), 1);
+  munmap(mem, 8192);
 }
 
 // --preload: the sets are resident (and readiness SERVING) when Start

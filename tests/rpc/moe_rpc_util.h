@@ -31,6 +31,18 @@ inline v1::Tensor MakeTensor(v1::DType dtype, std::vector<int64_t> shape, std::s
   return t;
 }
 
+// The LoadExperts header of float32 silu experts [E, 2I, H] / [E, H, I].
+inline v1::ExpertsHeader Float32Header(const std::string& id, int e, int h, int i) {
+  v1::ExpertsHeader header;
+  header.set_experts_id(id);
+  header.set_num_experts(e);
+  header.set_hidden_size(h);
+  header.set_intermediate_size(i);
+  header.set_activation("silu");
+  header.set_dtype(v1::DTYPE_FLOAT32);
+  return header;
+}
+
 // A LoadExperts chunk holding all of float32 tensor `name`.
 inline v1::TensorChunk Chunk(const std::string& name, std::vector<int64_t> shape,
                              std::string data) {

@@ -175,15 +175,27 @@ class Platform(_message.Message):
     use_inductor: bool
     def __init__(self, kind: _Optional[_Union[PlatformKind, str]] = ..., device_capability: _Optional[_Union[DeviceCapability, _Mapping]] = ..., device_name: _Optional[str] = ..., libraries: _Optional[_Iterable[str]] = ..., use_inductor: bool = ..., gcn_arch_name: _Optional[str] = ..., enforce_eager: bool = ...) -> None: ...
 
+class SharedMemoryRef(_message.Message):
+    __slots__ = ["byte_size", "offset", "region"]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    byte_size: int
+    offset: int
+    region: str
+    def __init__(self, region: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+
 class Tensor(_message.Message):
-    __slots__ = ["data", "dtype", "shape"]
+    __slots__ = ["data", "dtype", "shape", "shm"]
     DATA_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SHM_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    shm: SharedMemoryRef
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., shm: _Optional[_Union[SharedMemoryRef, _Mapping]] = ...) -> None: ...
 
 class PlatformKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -201,6 +201,16 @@ class ListExpertsResponse(_message.Message):
     experts: _containers.RepeatedCompositeFieldContainer[ExpertsInfo]
     def __init__(self, experts: _Optional[_Iterable[_Union[ExpertsInfo, _Mapping]]] = ...) -> None: ...
 
+class ListSharedMemoryRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class ListSharedMemoryResponse(_message.Message):
+    __slots__ = ["regions"]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.RepeatedCompositeFieldContainer[SharedMemoryRegion]
+    def __init__(self, regions: _Optional[_Iterable[_Union[SharedMemoryRegion, _Mapping]]] = ...) -> None: ...
+
 class LoadExpertsRequest(_message.Message):
     __slots__ = ["chunk", "header"]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
@@ -234,14 +244,24 @@ class MoEExecution(_message.Message):
     def __init__(self, backend: _Optional[str] = ..., experts_kernel: _Optional[str] = ..., dispatch: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., all2all_backend: _Optional[str] = ..., ep_size: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[_plan_pb2.MoECandidate, _Mapping]]] = ...) -> None: ...
 
 class MoETiming(_message.Message):
-    __slots__ = ["device_us", "queue_us", "total_us"]
+    __slots__ = ["decoded_at_us", "device_end_at_us", "device_start_at_us", "device_us", "encoded_at_us", "queue_us", "queued_at_us", "total_us"]
+    DECODED_AT_US_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_END_AT_US_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_START_AT_US_FIELD_NUMBER: _ClassVar[int]
     DEVICE_US_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_AT_US_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_AT_US_FIELD_NUMBER: _ClassVar[int]
     QUEUE_US_FIELD_NUMBER: _ClassVar[int]
     TOTAL_US_FIELD_NUMBER: _ClassVar[int]
+    decoded_at_us: float
+    device_end_at_us: float
+    device_start_at_us: float
     device_us: float
+    encoded_at_us: float
     queue_us: float
+    queued_at_us: float
     total_us: float
-    def __init__(self, queue_us: _Optional[float] = ..., device_us: _Optional[float] = ..., total_us: _Optional[float] = ...) -> None: ...
+    def __init__(self, queue_us: _Optional[float] = ..., device_us: _Optional[float] = ..., total_us: _Optional[float] = ..., decoded_at_us: _Optional[float] = ..., queued_at_us: _Optional[float] = ..., device_start_at_us: _Optional[float] = ..., device_end_at_us: _Optional[float] = ..., encoded_at_us: _Optional[float] = ...) -> None: ...
 
 class NamedTensor(_message.Message):
     __slots__ = ["name", "tensor"]
@@ -250,6 +270,16 @@ class NamedTensor(_message.Message):
     name: str
     tensor: _config_pb2.Tensor
     def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[_config_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class RegisterSharedMemoryRequest(_message.Message):
+    __slots__ = ["region"]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: SharedMemoryRegion
+    def __init__(self, region: _Optional[_Union[SharedMemoryRegion, _Mapping]] = ...) -> None: ...
+
+class RegisterSharedMemoryResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
 
 class ResolveKernelConfigRequest(_message.Message):
     __slots__ = ["env", "kernel_config", "model", "parallel", "platform"]
@@ -375,28 +405,34 @@ class RunIrOpResponse(_message.Message):
     def __init__(self, outputs: _Optional[_Iterable[_Union[NamedTensor, _Mapping]]] = ..., provider: _Optional[str] = ..., provider_uuid: _Optional[str] = ..., priority: _Optional[_Iterable[str]] = ..., warnings: _Optional[_Iterable[str]] = ..., device: _Optional[str] = ...) -> None: ...
 
 class RunMoERequest(_message.Message):
-    __slots__ = ["apply_router_weight_on_input", "experts_id", "hidden_states", "kernel_config", "parallel", "return_routing", "router_logits", "routing", "topk_ids", "topk_weights"]
+    __slots__ = ["apply_router_weight_on_input", "experts_id", "explain", "hidden_states", "kernel_config", "output_shm", "parallel", "return_routing", "router_logits", "routing", "skip_device", "topk_ids", "topk_weights"]
     APPLY_ROUTER_WEIGHT_ON_INPUT_FIELD_NUMBER: _ClassVar[int]
     EXPERTS_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
     KERNEL_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SHM_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_FIELD_NUMBER: _ClassVar[int]
     RETURN_ROUTING_FIELD_NUMBER: _ClassVar[int]
     ROUTER_LOGITS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
+    SKIP_DEVICE_FIELD_NUMBER: _ClassVar[int]
     TOPK_IDS_FIELD_NUMBER: _ClassVar[int]
     TOPK_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     apply_router_weight_on_input: bool
     experts_id: str
+    explain: bool
     hidden_states: _config_pb2.Tensor
     kernel_config: _config_pb2.KernelConfig
+    output_shm: _config_pb2.SharedMemoryRef
     parallel: _config_pb2.ParallelConfig
     return_routing: bool
     router_logits: _config_pb2.Tensor
     routing: RoutingConfig
+    skip_device: bool
     topk_ids: _config_pb2.Tensor
     topk_weights: _config_pb2.Tensor
-    def __init__(self, experts_id: _Optional[str] = ..., hidden_states: _Optional[_Union[_config_pb2.Tensor, _Mapping]] = ..., router_logits: _Optional[_Union[_config_pb2.Tensor, _Mapping]] = ..., routing: _Optional[_Union[RoutingConfig, _Mapping]] = ..., topk_ids: _Optional[_Union[_config_pb2.Tensor, _Mapping]] = ..., topk_weights: _Optional[_Union[_config_pb2.Tensor, _Mapping]] = ..., apply_router_weight_on_input: bool = ..., kernel_config: _Optional[_Union[_config_pb2.KernelConfig, _Mapping]] = ..., return_routing: bool = ..., parallel: _Optional[_Union[_config_pb2.ParallelConfig, _Mapping]] = ...) -> None: ...
+    def __init__(self, experts_id: _Optional[str] = ..., hidden_states: _Optional[_Union[_config_pb2.Tensor, _Mapping]] = ..., router_logits: _Optional[_Union[_config_pb2.Tensor, _Mapping]] = ..., routing: _Optional[_Union[RoutingConfig, _Mapping]] = ..., topk_ids: _Optional[_Union[_config_pb2.Tensor, _Mapping]] = ..., topk_weights: _Optional[_Union[_config_pb2.Tensor, _Mapping]] = ..., apply_router_weight_on_input: bool = ..., kernel_config: _Optional[_Union[_config_pb2.KernelConfig, _Mapping]] = ..., return_routing: bool = ..., parallel: _Optional[_Union[_config_pb2.ParallelConfig, _Mapping]] = ..., explain: bool = ..., skip_device: bool = ..., output_shm: _Optional[_Union[_config_pb2.SharedMemoryRef, _Mapping]] = ...) -> None: ...
 
 class RunMoEResponse(_message.Message):
     __slots__ = ["output", "plan", "timing", "topk_ids", "topk_weights"]
@@ -434,6 +470,18 @@ class ServerLimits(_message.Message):
     max_message_bytes: int
     def __init__(self, max_message_bytes: _Optional[int] = ...) -> None: ...
 
+class SharedMemoryRegion(_message.Message):
+    __slots__ = ["byte_size", "key", "name", "offset"]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    byte_size: int
+    key: str
+    name: str
+    offset: int
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+
 class TensorChunk(_message.Message):
     __slots__ = ["data", "dtype", "name", "offset", "shape"]
     DATA_FIELD_NUMBER: _ClassVar[int]
@@ -459,3 +507,13 @@ class UnloadExpertsResponse(_message.Message):
     BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
     bytes_freed: int
     def __init__(self, bytes_freed: _Optional[int] = ...) -> None: ...
+
+class UnregisterSharedMemoryRequest(_message.Message):
+    __slots__ = ["name"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnregisterSharedMemoryResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...

@@ -59,6 +59,21 @@ class KernelPlanServiceStub(object):
                 request_serializer=kplan_dot_v1_dot_service__pb2.RunEpStepRequest.SerializeToString,
                 response_deserializer=kplan_dot_v1_dot_service__pb2.RunEpStepResponse.FromString,
                 )
+        self.RegisterSharedMemory = channel.unary_unary(
+                '/kplan.v1.KernelPlanService/RegisterSharedMemory',
+                request_serializer=kplan_dot_v1_dot_service__pb2.RegisterSharedMemoryRequest.SerializeToString,
+                response_deserializer=kplan_dot_v1_dot_service__pb2.RegisterSharedMemoryResponse.FromString,
+                )
+        self.UnregisterSharedMemory = channel.unary_unary(
+                '/kplan.v1.KernelPlanService/UnregisterSharedMemory',
+                request_serializer=kplan_dot_v1_dot_service__pb2.UnregisterSharedMemoryRequest.SerializeToString,
+                response_deserializer=kplan_dot_v1_dot_service__pb2.UnregisterSharedMemoryResponse.FromString,
+                )
+        self.ListSharedMemory = channel.unary_unary(
+                '/kplan.v1.KernelPlanService/ListSharedMemory',
+                request_serializer=kplan_dot_v1_dot_service__pb2.ListSharedMemoryRequest.SerializeToString,
+                response_deserializer=kplan_dot_v1_dot_service__pb2.ListSharedMemoryResponse.FromString,
+                )
 
 
 class KernelPlanServiceServicer(object):
@@ -131,6 +146,30 @@ class KernelPlanServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterSharedMemory(self, request, context):
+        """POSIX shared-memory regions of a co-located client (Triton's system
+        shared-memory extension), off unless the server runs with
+        --allow_shared_memory: RunMoE tensors may then name {region, offset,
+        byte_size} instead of carrying their bytes (Tensor.shm), and the output
+        may be written into a region (RunMoERequest.output_shm). The object is
+        opened and mapped once here; regions go at unregister and at shutdown.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterSharedMemory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSharedMemory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KernelPlanServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +217,21 @@ def add_KernelPlanServiceServicer_to_server(servicer, server):
                     servicer.RunEpStep,
                     request_deserializer=kplan_dot_v1_dot_service__pb2.RunEpStepRequest.FromString,
                     response_serializer=kplan_dot_v1_dot_service__pb2.RunEpStepResponse.SerializeToString,
+            ),
+            'RegisterSharedMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterSharedMemory,
+                    request_deserializer=kplan_dot_v1_dot_service__pb2.RegisterSharedMemoryRequest.FromString,
+                    response_serializer=kplan_dot_v1_dot_service__pb2.RegisterSharedMemoryResponse.SerializeToString,
+            ),
+            'UnregisterSharedMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterSharedMemory,
+                    request_deserializer=kplan_dot_v1_dot_service__pb2.UnregisterSharedMemoryRequest.FromString,
+                    response_serializer=kplan_dot_v1_dot_service__pb2.UnregisterSharedMemoryResponse.SerializeToString,
+            ),
+            'ListSharedMemory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSharedMemory,
+                    request_deserializer=kplan_dot_v1_dot_service__pb2.ListSharedMemoryRequest.FromString,
+                    response_serializer=kplan_dot_v1_dot_service__pb2.ListSharedMemoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -339,5 +393,56 @@ class KernelPlanService(object):
         return grpc.experimental.unary_unary(request, target, '/kplan.v1.KernelPlanService/RunEpStep',
             kplan_dot_v1_dot_service__pb2.RunEpStepRequest.SerializeToString,
             kplan_dot_v1_dot_service__pb2.RunEpStepResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RegisterSharedMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kplan.v1.KernelPlanService/RegisterSharedMemory',
+            kplan_dot_v1_dot_service__pb2.RegisterSharedMemoryRequest.SerializeToString,
+            kplan_dot_v1_dot_service__pb2.RegisterSharedMemoryResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def UnregisterSharedMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kplan.v1.KernelPlanService/UnregisterSharedMemory',
+            kplan_dot_v1_dot_service__pb2.UnregisterSharedMemoryRequest.SerializeToString,
+            kplan_dot_v1_dot_service__pb2.UnregisterSharedMemoryResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListSharedMemory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kplan.v1.KernelPlanService/ListSharedMemory',
+            kplan_dot_v1_dot_service__pb2.ListSharedMemoryRequest.SerializeToString,
+            kplan_dot_v1_dot_service__pb2.ListSharedMemoryResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -1,0 +1,141 @@
+#include "server/moe/shm_regions.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/client_text.h"
+#include "base/status.h"
+
+namespace kplan {
+
+ShmRegion::~ShmRegion() {
+  if (map_ != nullptr) munmap(map_, map_bytes_);
+}
+
+absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
+  if (info.name.empty()) return InvalidField("name", "the region needs a name");
+  const std::string& key = info.key;
+  if (key.size() < 2 || key[0] != '/' || key.find('/', 1) != std::string::npos ||
+      key.size() > 255) {
+    return InvalidField("key", absl::StrCat("the shared-memory key must be '/name' (one leading "
+                                            "slash, no other, at most 255 bytes), got '",
+                                            ClientText(key), "'"));
+  }
+  if (info.offset < 0) return InvalidField("offset", "offset must be >= 0");
+  if (info.byte_size <= 0) return InvalidField("byte_size", "byte_size must be > 0");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (regions_.count(info.name)) {
+      return WithField(
+          absl::AlreadyExistsError(absl::StrCat("a shared-memory region '", ClientText(info.name),
+                                                "' is registered already; unregister it first")),
+          "name");
+    }
+    if (regions_.size() >= max_regions_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("this server holds ", max_regions_, " shared-memory regions, its most"));
+    }
+  }
+  const int fd = shm_open(key.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    return WithField(
+        absl::NotFoundError(absl::StrCat("cannot open shared memory '", ClientText(key),
+                                         "': ", std::strerror(errno))),
+        "key");
+  }
+  struct stat st;
+  const bool sized = fstat(fd, &st) == 0;
+  if (!sized || info.byte_size > st.st_size || info.offset > st.st_size - info.byte_size) {
+    close(fd);
+    return InvalidField(
+        "byte_size", absl::StrCat("the window [", info.offset, ", ", info.offset, " + ",
+                                  info.byte_size, ") is past the end of '", ClientText(key), "' (",
+                                  sized ? st.st_size : 0, " bytes)"));
+  }
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  const int64_t start = info.offset / page * page;
+  std::shared_ptr<ShmRegion> region(new ShmRegion());
+  region->info_ = info;
+  region->map_bytes_ = static_cast<size_t>(info.offset - start + info.byte_size);
+  void* map = mmap(nullptr, region->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, start);
+  const int mmap_errno = errno;
+  close(fd);  // the mapping keeps the object
+  if (map == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map shared memory '", ClientText(key),
+                                                     "': ", std::strerror(mmap_errno)));
+  }
+  region->map_ = map;
+  region->data_ = static_cast<char*>(map) + (info.offset - start);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = regions_.emplace(info.name, std::move(region));
+  if (!inserted) {  // registered meanwhile by another call
+    return WithField(
+        absl::AlreadyExistsError(absl::StrCat("a shared-memory region '", ClientText(info.name),
+                                              "' is registered already; unregister it first")),
+        "name");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmRegistry::Unregister(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (regions_.erase(name) == 0) {
+    return WithField(absl::NotFoundError(absl::StrCat("no shared-memory region '", ClientText(name),
+                                                      "' is registered")),
+                     "name");
+  }
+  return absl::OkStatus();
+}
+
+void ShmRegistry::UnregisterAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  regions_.clear();
+}
+
+std::vector<ShmRegionInfo> ShmRegistry::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ShmRegionInfo> out;
+  for (const auto& [name, region] : regions_) out.push_back(region->info());
+  return out;
+}
+
+absl::StatusOr<ShmView> ShmRegistry::Resolve(const std::string& name, int64_t offset,
+                                             int64_t byte_size, absl::string_view field) const {
+  std::shared_ptr<const ShmRegion> region;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(name);
+    if (it == regions_.end()) {
+      return WithField(absl::NotFoundError(absl::StrCat("no shared-memory region '",
+                                                        ClientText(name), "' is registered")),
+                       absl::StrCat(field, ".region"));
+    }
+    region = it->second;
+  }
+  const int64_t window = region->info().byte_size;
+  if (offset < 0 || offset > window) {
+    return InvalidField(absl::StrCat(field, ".offset"),
+                        absl::StrCat("offset ", offset, " is outside region '", ClientText(name),
+                                     "' of ", window, " bytes"));
+  }
+  if (byte_size < 0 || byte_size > window - offset) {
+    return InvalidField(
+        absl::StrCat(field, ".byte_size"),
+        absl::StrCat("[", offset, ", ", offset, " + ", byte_size, ") is past the end of region '",
+                     ClientText(name), "' (", window, " bytes)"));
+  }
+  ShmView view;
+  view.data = region->data() + offset;
+  view.size = byte_size;
+  view.region = std::move(region);
+  return view;
+}
+
+}  // namespace kplan

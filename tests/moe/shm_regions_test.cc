@@ -1,0 +1,135 @@
+// ShmRegistry on real POSIX shared memory: registration checks, bounds-
+// checked views, unregistering while a view is held, shutdown.
+#include "server/moe/shm_regions.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "gtest/gtest.h"
+
+namespace kplan {
+namespace {
+
+// A shm object of `bytes` bytes filled with 0, 1, 2, ... (mod 256), removed
+// (shm_unlink) with the fixture; mappings made meanwhile stay valid.
+class ShmRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    key_ = absl::StrCat("/kplan-shm-test-", getpid(), "-", counter_++);
+    const int fd = shm_open(key_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    ASSERT_EQ(ftruncate(fd, kBytes), 0);
+    void* p = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT_NE(p, MAP_FAILED);
+    for (int64_t i = 0; i < kBytes; ++i) static_cast<unsigned char*>(p)[i] = i % 256;
+    client_ = static_cast<unsigned char*>(p);
+    close(fd);
+  }
+  void TearDown() override {
+    if (client_ != nullptr) munmap(client_, kBytes);
+    shm_unlink(key_.c_str());
+  }
+  ShmRegionInfo Info(const std::string& name, int64_t offset, int64_t size) const {
+    return ShmRegionInfo{name, key_, offset, size};
+  }
+
+  static constexpr int64_t kBytes = 3 * 4096 + 100;
+  static inline int counter_ = 0;
+  std::string key_;
+  unsigned char* client_ = nullptr;
+};
+
+TEST_F(ShmRegistryTest, ViewsAreBoundsCheckedAgainstTheWindow) {
+  ShmRegistry shm;
+  // A window that starts inside a page: the server maps the page around it.
+  ASSERT_TRUE(shm.Register(Info("in", 5000, 2000)).ok());
+  absl::StatusOr<ShmView> v = shm.Resolve("in", 10, 100, "hidden_states");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->size, 100);
+  EXPECT_EQ(static_cast<unsigned char>(v->data[0]), (5000 + 10) % 256);
+  // The whole window, and an empty view at its end.
+  EXPECT_TRUE(shm.Resolve("in", 0, 2000, "x").ok());
+  EXPECT_TRUE(shm.Resolve("in", 2000, 0, "x").ok());
+  struct Case {
+    int64_t offset, size;
+    std::string field;
+  };
+  for (const Case& c :
+       {Case{2001, 0, "x.offset"}, Case{-1, 1, "x.offset"}, Case{1000, 1001, "x.byte_size"},
+        Case{0, -5, "x.byte_size"}, Case{1, INT64_MAX, "x.byte_size"}}) {
+    SCOPED_TRACE(absl::StrCat(c.offset, "+", c.size));
+    absl::StatusOr<ShmView> bad = shm.Resolve("in", c.offset, c.size, "x");
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+    EXPECT_EQ(FieldOf(bad.status()).value_or(""), c.field);
+  }
+  absl::StatusOr<ShmView> unknown = shm.Resolve("out", 0, 1, "output");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(FieldOf(unknown.status()).value_or(""), "output.region");
+  // Writes through a view reach the client's mapping.
+  v->data[0] = 42;
+  EXPECT_EQ(client_[5010], 42);
+}
+
+TEST_F(ShmRegistryTest, RegistrationIsChecked) {
+  ShmRegistry shm(/*max_regions=*/2);
+  struct Case {
+    ShmRegionInfo info;
+    absl::StatusCode code;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {Info("", 0, 10), absl::StatusCode::kInvalidArgument, "name"},
+      {ShmRegionInfo{"a", "no-slash", 0, 10}, absl::StatusCode::kInvalidArgument, "key"},
+      {ShmRegionInfo{"a", "/a/b", 0, 10}, absl::StatusCode::kInvalidArgument, "key"},
+      {ShmRegionInfo{"a", key_ + "-missing", 0, 10}, absl::StatusCode::kNotFound, "key"},
+      {Info("a", -1, 10), absl::StatusCode::kInvalidArgument, "offset"},
+      {Info("a", 0, 0), absl::StatusCode::kInvalidArgument, "byte_size"},
+      {Info("a", 100, kBytes), absl::StatusCode::kInvalidArgument, "byte_size"},
+      {Info("a", INT64_MAX, 1), absl::StatusCode::kInvalidArgument, "byte_size"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.info.key + " " + c.info.name);
+    absl::Status s = shm.Register(c.info);
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_EQ(FieldOf(s).value_or(""), c.field) << s;
+  }
+  EXPECT_TRUE(shm.List().empty());
+  ASSERT_TRUE(shm.Register(Info("a", 0, kBytes)).ok());
+  EXPECT_EQ(shm.Register(Info("a", 0, 10)).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(shm.Register(Info("b", 4096, 10)).ok());
+  EXPECT_EQ(shm.Register(Info("c", 0, 10)).code(), absl::StatusCode::kResourceExhausted);
+  std::vector<ShmRegionInfo> list = shm.List();
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[1].name, "b");
+  EXPECT_EQ(list[1].offset, 4096);
+  EXPECT_EQ(list[1].byte_size, 10);
+}
+
+TEST_F(ShmRegistryTest, UnregisterWhileInUseKeepsTheViewMapped) {
+  ShmRegistry shm;
+  ASSERT_TRUE(shm.Register(Info("r", 0, kBytes)).ok());
+  absl::StatusOr<ShmView> held = shm.Resolve("r", 8192, 16, "x");
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(shm.Unregister("r").ok());
+  EXPECT_EQ(shm.Unregister("r").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(shm.Resolve("r", 0, 1, "x").status().code(), absl::StatusCode::kNotFound);
+  // The call that resolved it still reads and writes its bytes.
+  EXPECT_EQ(static_cast<unsigned char>(held->data[1]), (8192 + 1) % 256);
+  held->data[1] = 7;
+  EXPECT_EQ(client_[8193], 7);
+  // The name registers again; shutdown drops every region.
+  ASSERT_TRUE(shm.Register(Info("r", 0, 64)).ok());
+  ASSERT_TRUE(shm.Register(Info("s", 64, 64)).ok());
+  shm.UnregisterAll();
+  EXPECT_TRUE(shm.List().empty());
+  EXPECT_EQ(static_cast<unsigned char>(held->data[2]), (8192 + 2) % 256);
+}
+
+}  // namespace
+}  // namespace kplan
