@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "fuzz/fuzz_util.h"
 #include "kplan/v1/service.grpc.pb.h"
-#include "server/platform/local.h"
+#include "resolve/platform/local.h"
 #include "server/rpc/server.h"
 #include "spdlog/spdlog.h"
 

@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/env.h"
 #include "base/status.h"
-#include "server/oracle/routing_methods.h"
-#include "server/plan/kernel_config.h"
+#include "resolve/oracle/routing_methods.h"
+#include "resolve/plan/kernel_config.h"
 
 namespace kplan {
 namespace {

@@ -6,7 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "base/checked_size.h"
 #include "base/status.h"
-#include "server/oracle/routing_methods.h"
+#include "resolve/oracle/routing_methods.h"
 
 namespace kplan {
 namespace {

@@ -7,9 +7,9 @@
 #include "base/status.h"
 #include "server/moe/ep/ep_dispatch.h"
 #include "server/moe/ep/ep_process.h"
-#include "server/oracle/moe_config.h"
-#include "server/oracle/oracle.h"
-#include "server/plan/vocabulary.h"
+#include "resolve/oracle/moe_config.h"
+#include "resolve/oracle/oracle.h"
+#include "resolve/plan/vocabulary.h"
 #include "spdlog/spdlog.h"
 #if KPLAN_HAVE_CUDA
 #include "server/moe/gpu_runner.h"

@@ -26,9 +26,9 @@
 #include "server/moe/expert_set.h"
 #include "server/moe/moe_route.h"
 #include "server/moe/moe_runner.h"
-#include "server/oracle/moe_plan.h"
-#include "server/plan/kernel_config.h"
-#include "server/platform/platform.h"
+#include "resolve/oracle/moe_plan.h"
+#include "resolve/plan/kernel_config.h"
+#include "resolve/platform/platform.h"
 
 namespace kplan {
 

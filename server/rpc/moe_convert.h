@@ -12,8 +12,8 @@
 #include "server/moe/expert_store.h"
 #include "server/moe/moe_runner.h"
 #include "server/moe/run_moe.h"
-#include "server/oracle/moe_plan.h"
-#include "server/rpc/moe_plan_convert.h"
+#include "resolve/oracle/moe_plan.h"
+#include "resolve/proto/moe_plan_convert.h"
 
 namespace kplan::rpc {
 

@@ -15,8 +15,8 @@
 #include "server/moe/ep/ep_process.h"
 #include "server/moe/expert_store.h"
 #include "server/moe/moe_runner.h"
-#include "server/platform/local.h"
-#include "server/platform/platform.h"
+#include "resolve/platform/local.h"
+#include "resolve/platform/platform.h"
 #include "server/rpc/metrics.h"
 
 namespace kplan::rpc {

@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/ir/builtin_ops.h"
-#include "server/plan/vocabulary.h"
+#include "resolve/plan/vocabulary.h"
 
 namespace kplan {
 namespace {

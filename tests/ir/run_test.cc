@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 #include "base/status.h"
 #include "server/ir/builtin_ops.h"
-#include "server/plan/vocabulary.h"
+#include "resolve/plan/vocabulary.h"
 #include "tests/ir/test_util.h"
 
 namespace kplan {

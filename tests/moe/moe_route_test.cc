@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
-#include "server/platform/local.h"
+#include "resolve/platform/local.h"
 
 namespace kplan {
 namespace {

@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
-#include "server/platform/local.h"
+#include "resolve/platform/local.h"
 
 namespace kplan {
 namespace {
