@@ -378,8 +378,8 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   kc::MoeRoutingParams rp;
   rp.num_experts = E;
   rp.top_k = k;
-  rp.method = kc::MoeRoutingMethod::kTopK;
-  rp.scoring = kc::MoeScoringFunc::kSoftmax;
+  rp.method = kplan::kernels::RoutingMethod::kTopK;
+  rp.scoring = kplan::kernels::ScoringFunc::kSoftmax;
   rp.renormalize = true;
   CHECK_OK(kc::ValidateMoeRoutingParams(rp));
 
@@ -426,7 +426,7 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   CHECK_CUDA(cudaGetLastError());
 
   kplan::MoeRunInput in;
-  in.act_dtype = kplan::moe::MoeDType::kBFloat16;
+  in.act_dtype = kplan::kernels::DType::kBFloat16;
   in.hidden_shape = {M, H};
   in.hidden_states.resize(M * H * 2);
   CHECK_CUDA(cudaMemcpy(in.hidden_states.data(), hidden[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
@@ -542,7 +542,7 @@ std::unique_ptr<kplan::GpuExperts> MakeExperts(const ShapeDef& sh) {
   spec.hidden = sh.H;
   spec.intermediate = sh.I;
   spec.activation = "silu";
-  spec.dtype = kplan::moe::MoeDType::kBFloat16;
+  spec.dtype = kplan::kernels::DType::kBFloat16;
   auto log2ceil = [](double x) { return static_cast<int>(std::ceil(std::log2(x))); };
   std::map<std::string, std::string> t;
   t["w13"] = RandomBf16Host(sh.E * 2 * sh.I * sh.H, -log2ceil(std::sqrt(double(sh.H))),

@@ -162,7 +162,7 @@ class IrPriorityScope;
 // own argument checks (shape agreement, vLLM's ValueErrors).
 struct IrOutputSpec {
   std::string name;
-  IrDType dtype = IrDType::kFloat32;
+  kernels::DType dtype = kernels::DType::kFloat32;
   std::vector<int64_t> shape;
 };
 using IrOutputFn = std::function<absl::StatusOr<std::vector<IrOutputSpec>>(const IrArgs&)>;

@@ -86,7 +86,7 @@ MoeLayerSpec LayerSpecOf(const ExpertsSpec& spec, const MoeRunInput& input,
   l.hidden_dim = static_cast<int32_t>(spec.hidden);
   l.intermediate_size = static_cast<int32_t>(spec.intermediate);
   l.activation = spec.activation;
-  l.in_dtype = std::string(moe::MoeDTypeName(input.act_dtype));
+  l.in_dtype = std::string(kernels::DTypeName(input.act_dtype));
   l.has_bias = spec.has_bias;
   if (shape.by_logits) {
     const MoeRouting& r = input.routing;
@@ -151,7 +151,7 @@ absl::StatusOr<MoeRoute> ChooseMoeRoute(const ExpertsSpec& spec, const MoeRunInp
     } else if (residency.on_gpu) {
       r.kind = MoeRouteKind::kGpuEmulation;
       RunAsEmulation(r, absl::StrCat("the fast kernels do not take ", WeightsOf(spec), " with ",
-                                     moe::MoeDTypeName(input.act_dtype),
+                                     kernels::DTypeName(input.act_dtype),
                                      " activations; the GPU emulation route ran"));
     } else {
       r.kind = MoeRouteKind::kCpuReference;

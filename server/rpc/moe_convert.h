@@ -21,7 +21,7 @@ namespace kplan::rpc {
 absl::StatusOr<ExpertsSpec> ExpertsSpecFromProto(const v1::ExpertsHeader& h);
 // RunMoE's tensors, moved out of `p`. Field paths are request paths.
 absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p);
-void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, bool return_routing,
+void MoeRunOutputToProto(MoeRunOutput& out, kernels::DType act_dtype, bool return_routing,
                          v1::RunMoEResponse* p);
 
 // RunMoE's request as the core takes it (run_moe.h): the set from `store`
@@ -33,7 +33,7 @@ absl::StatusOr<RunMoeRequest> RunMoeRequestFromProto(const ExpertStore& store,
                                                      v1::RunMoERequest& p);
 // The core's answer into `response`: output (MoeRunOutputToProto; moved out
 // of `result`), plan, and timing, with `total` the call's whole time.
-void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing, moe::MoeDType act_dtype,
+void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing, kernels::DType act_dtype,
                          bool return_routing, absl::Duration total, v1::RunMoEResponse* response);
 
 }  // namespace kplan::rpc

@@ -493,7 +493,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   absl::StatusOr<RunMoeRequest> core =
       RunMoeRequestFromProto(*env_.experts, *const_cast<v1::RunMoERequest*>(request));
   if (!core.ok()) return call->FinishUnary(core.status());
-  const moe::MoeDType act_dtype = core->input.act_dtype;
+  const kernels::DType act_dtype = core->input.act_dtype;
   const bool return_routing = core->return_routing;
   RunMoeEnv run_env;
   run_env.executor = env_.executor;
