@@ -372,7 +372,9 @@ TEST(EpGroupTest, MoeStepEqualsTheSingleRankReference) {
                     ->RunMoe(set, input, EpStrategy::kAll2AllV, false,
                              [&](absl::StatusOr<MoeRunOutput> out, absl::Duration,
                                  absl::Duration ran) {
-                               if (!out.ok()) EXPECT_EQ(ran, absl::ZeroDuration());
+                               if (!out.ok()) {
+                                 EXPECT_EQ(ran, absl::ZeroDuration());
+                               }
                                done.set_value(std::move(out));
                              },
                              std::move(limits))

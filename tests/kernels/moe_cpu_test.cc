@@ -1251,7 +1251,7 @@ TEST(MoePropertyTest, Fp8BlockMatchesNaiveBlockMatmul) {
   std::vector<float> out(M * H);
   ASSERT_TRUE(MoeReference(p, out.data()).ok());
 
-  NaiveFp8 n{M, H, I, E, k, B, B, [I](const std::vector<float>& t1) {
+  NaiveFp8 n{M, H, I, E, k, B, B, [](const std::vector<float>& t1) {
                std::vector<float> h(I);
                for (int64_t i = 0; i < I; ++i) h[i] = static_cast<float>(SiluD(t1[i]) * t1[I + i]);
                return h;
