@@ -624,7 +624,7 @@ const ExpertsClass kExperts[] = {
      .activations = kTritonActs,
      .quant = Wna16Quant},
 
-    // ---- kplan's own executable family (DESIGN.md "Vocabulary"); vLLM
+    // ---- kplan's own executable family (ARCHITECTURE.md "Vocabulary"); vLLM
     // platforms never list library `kplan`, so these rows never change a
     // vLLM resolution. The CUDA kernels apply every activation of the CPU
     // reference (kernels/cpu/moe), so every row takes them all.

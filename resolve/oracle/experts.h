@@ -65,7 +65,7 @@ struct ExpertsClass {
   std::string (*precheck)(const SelectionContext&) = nullptr;
   // A suffix the class appends to every reason (AiterExperts when AITER MoE is off).
   std::string (*reason_suffix)(const SelectionContext&) = nullptr;
-  // kplan's own classes (DESIGN.md "Vocabulary"): this server runs them.
+  // kplan's own classes (ARCHITECTURE.md "Vocabulary"): this server runs them.
   bool kplan_executable = false;
 };
 

@@ -53,7 +53,7 @@ struct MoePlan {
 // What PlanMoeLayer plans for.
 struct PlanOptions {
   // Empty: planning, vLLM's full tables (any platform). Otherwise execution
-  // on this server (DESIGN.md "Vocabulary for what runs here"): the moe_backend
+  // on this server (ARCHITECTURE.md "Vocabulary for what runs here"): the moe_backend
   // names it runs (GetServerInfo's executable_backends); the oracle selects
   // among their backends and kplan's own experts classes only
   // (MoEKernelOracle::SelectExecutable), so "auto" never picks a backend the
@@ -83,7 +83,7 @@ std::string ExplainPlan(const MoePlan& plan);
 std::string ComparePlans(const MoePlan& a, absl::string_view label_a, const MoePlan& b,
                          absl::string_view label_b);
 
-// The moe_backend strings this server can execute (DESIGN.md "Vocabulary").
+// The moe_backend strings this server can execute (ARCHITECTURE.md "Vocabulary").
 const std::vector<absl::string_view>& KplanMoeBackends();
 
 }  // namespace kplan

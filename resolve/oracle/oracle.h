@@ -75,7 +75,7 @@ struct SchemeTables {
   std::vector<BackendDef> backends = {};  // the enum, declaration order
   // map_<scheme>_backend(): vLLM's dict, in dict order (the "Expected one of" list).
   std::vector<UserMapRow> user_map = {};
-  // kplan's own family joining this scheme (DESIGN.md "Vocabulary"): mapped
+  // kplan's own family joining this scheme (ARCHITECTURE.md "Vocabulary"): mapped
   // only where the platform lists library `kplan`, and never part of vLLM's
   // "Expected one of" text.
   std::vector<UserMapRow> kplan_map = {};
@@ -139,7 +139,7 @@ class MoEKernelOracle {
   // select_backend(moe_config, weight_key, activation_key): the one loop.
   absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
                                           QuantKey a) const;
-  // The selection RunMoE executes (DESIGN.md "Vocabulary for what runs
+  // The selection RunMoE executes (ARCHITECTURE.md "Vocabulary for what runs
   // here"): the same generic loop, over the backends behind the moe_backend
   // names in `runs` (the server's executable backends) and, inside them,
   // over kplan's own experts classes only (c.executable_only must be set).

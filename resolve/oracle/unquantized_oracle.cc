@@ -37,7 +37,7 @@ const SchemeTables& Tables() {
               {"XPU", "XPU", {"XPUExperts"}},
               {"TPU", "TPU", {}},
               {"OOT", "OOT", {}},
-              // kplan's own family (DESIGN.md "Vocabulary").
+              // kplan's own family (ARCHITECTURE.md "Vocabulary").
               {"KPLAN", "kplan", {"KplanExperts"}},
               {"KPLAN_BATCHED", "kplan_batched", {"KplanBatchedExperts"}},
               {"KPLAN_EP", "kplan_ep", {"KplanEpExperts"}},

@@ -10,7 +10,7 @@
 namespace kplan {
 
 // KernelConfig.moe_backend (MoEBackend Literal, seed kernel.py), followed by
-// this server's own executable family (DESIGN.md "Vocabulary").
+// this server's own executable family (ARCHITECTURE.md "Vocabulary").
 const std::vector<absl::string_view>& MoeBackendValues();
 // KernelConfig.linear_backend (LinearBackend Literal).
 const std::vector<absl::string_view>& LinearBackendValues();

@@ -1,4 +1,4 @@
-// RunMoE's decision and execution, without gRPC (DESIGN.md "server/moe"):
+// RunMoE's decision and execution, without gRPC (ARCHITECTURE.md "RunMoE"):
 // which path runs a request on a resident expert set (the expert-parallel
 // group, or the oracle's route: the GPU fast kernels, the GPU emulation
 // route, the CPU reference), the group's dispatch strategy as vLLM resolves
