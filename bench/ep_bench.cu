@@ -59,7 +59,7 @@
 namespace {
 
 using kplan::GpuExperts;
-using kplan::moe::MoeDType;
+using kplan::kernels::DType;
 using kplan::moe::ep::EpStrategy;
 using kplan::moe::ep::GpuEpLayer;
 using kplan::moe::ep::GpuEpStats;
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   spec.num_experts = kE;
   spec.hidden = kH;
   spec.intermediate = kI;
-  spec.dtype = MoeDType::kBFloat16;
+  spec.dtype = kplan::kernels::DType::kBFloat16;
   std::map<std::string, std::string> tensors;
   tensors["w13"] = RandomBf16String(kE * 2 * kI * kH, -7, 1);
   tensors["w2"] = RandomBf16String(kE * kH * kI, -6, 2);
@@ -194,7 +194,7 @@ int main(int argc, char** argv) {
     L.intermediate = kI;
     L.num_experts = kE;
     L.top_k = kK;
-    L.act_dtype = MoeDType::kBFloat16;
+    L.act_dtype = kplan::kernels::DType::kBFloat16;
     L.activation = set.activation();
     L.placement = placement;
     L.local_experts = slices.back().get();
@@ -249,8 +249,8 @@ int main(int argc, char** argv) {
   kc::MoeRoutingParams rp;  // RenormalizeNaive: softmax, top-k, renormalise
   rp.num_experts = kE;
   rp.top_k = kK;
-  rp.method = kc::MoeRoutingMethod::kTopK;
-  rp.scoring = kc::MoeScoringFunc::kSoftmax;
+  rp.method = kplan::kernels::RoutingMethod::kTopK;
+  rp.scoring = kplan::kernels::ScoringFunc::kSoftmax;
   rp.renormalize = true;
   kplan::moe::RoutingSpec host_spec;
   host_spec.num_experts = kE;
@@ -396,8 +396,8 @@ int main(int argc, char** argv) {
       double d2 = 0, r2 = 0;
       const bool exact = std::memcmp(out.p, one_out.data(), total * kH * 2) == 0;
       for (int64_t i = 0; i < total * kH && !exact; ++i) {
-        const float g = kplan::moe::LoadFloat(out.p, MoeDType::kBFloat16, i);
-        const float r = kplan::moe::LoadFloat(one_out.data(), MoeDType::kBFloat16, i);
+        const float g = kplan::moe::LoadFloat(out.p, kplan::kernels::DType::kBFloat16, i);
+        const float r = kplan::moe::LoadFloat(one_out.data(), kplan::kernels::DType::kBFloat16, i);
         d2 += (double(g) - r) * (double(g) - r);
         r2 += double(r) * r;
       }

@@ -39,7 +39,7 @@ namespace {
 
 using kplan::kernels::IrRowLayout;
 using kplan::kernels::IrRowsIn;
-using kplan::kernels::IrScalarType;
+using kplan::kernels::DType;
 using kplan::kernels::IrWeightIn;
 namespace kc = kplan::kernels::cuda;
 
@@ -206,7 +206,7 @@ struct ShapeBufs {
 constexpr float kEps = 1e-6f;
 
 absl::Status RunVariant(int variant, bool fused, const ShapeBufs& b, int s) {
-  return kc::KplanNormWithVariant(variant, fused, IrScalarType::kBFloat16, {b.x[s], b.hidden},
+  return kc::KplanNormWithVariant(variant, fused, DType::kBFloat16, {b.x[s], b.hidden},
                                   {b.res[s], b.hidden}, b.tokens, b.hidden, b.w, kEps,
                                   {b.out[s], b.hidden}, {b.res_out[s], b.hidden}, nullptr);
 }
@@ -218,9 +218,9 @@ int CheckVariants(const ShapeBufs& b) {
   void *ref_out, *ref_res;
   CHECK_CUDA(cudaMalloc(&ref_out, b.bytes));
   CHECK_CUDA(cudaMalloc(&ref_res, b.bytes));
-  IrRowsIn xin{b.x[0], IrScalarType::kBFloat16, IrRowLayout::Rows(t, h)};
-  IrRowsIn rin{b.res[0], IrScalarType::kBFloat16, IrRowLayout::Rows(t, h)};
-  IrWeightIn win{b.w, IrScalarType::kBFloat16, 1};
+  IrRowsIn xin{b.x[0], DType::kBFloat16, IrRowLayout::Rows(t, h)};
+  IrRowsIn rin{b.res[0], DType::kBFloat16, IrRowLayout::Rows(t, h)};
+  IrWeightIn win{b.w, DType::kBFloat16, 1};
   int bad = 0;
   for (int fused = 0; fused < 2; ++fused) {
     if (fused) {
@@ -333,22 +333,22 @@ int main(int argc, char** argv) {
       {
         void* ref;
         CHECK_CUDA(cudaMalloc(&ref, b.bytes));
-        IrRowsIn xin{b.x[0], IrScalarType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
-        IrWeightIn win{b.w, IrScalarType::kBFloat16, 1};
+        IrRowsIn xin{b.x[0], DType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
+        IrWeightIn win{b.w, DType::kBFloat16, 1};
         CHECK_OK(kc::NativeRmsNorm(xin, tokens, hidden, win, kEps, hidden, ref, nullptr));
-        CHECK_OK(kc::KplanRmsNorm(IrScalarType::kBFloat16, {b.x[0], hidden}, tokens, hidden, b.w,
+        CHECK_OK(kc::KplanRmsNorm(DType::kBFloat16, {b.x[0], hidden}, tokens, hidden, b.w,
                                   kEps, {b.out[0], hidden}, nullptr));
         const size_t diff = CountMismatches(ref, b.out[0], b.elems, false, "out");
         std::printf("check %s rms_norm kplan (%s) vs native: %zu of %zu outside bf16 tolerance\n",
                     b.shape.c_str(),
                     kc::KplanNormVariantName(
-                        kc::KplanNormDefaultVariant(IrScalarType::kBFloat16, tokens, hidden)),
+                        kc::KplanNormDefaultVariant(DType::kBFloat16, tokens, hidden)),
                     diff, b.elems);
         CHECK_CUDA(cudaFree(ref));
       }
       // Re-warm after the host-side check.
       for (int i = 0; i < 200; ++i) {
-        CHECK_OK(kc::KplanRmsNorm(IrScalarType::kBFloat16, {b.x[0], hidden}, tokens, hidden, b.w,
+        CHECK_OK(kc::KplanRmsNorm(DType::kBFloat16, {b.x[0], hidden}, tokens, hidden, b.w,
                                   kEps, {b.out[0], hidden}, nullptr));
       }
       auto add = [&](const char* op, const char* provider, double bytes_moved, double ms) {
@@ -356,28 +356,28 @@ int main(int argc, char** argv) {
       };
       add("rms_norm", "kplan", b.RmsBytes(), MedianMs([&](int i) {
             const int s = i % sets;
-            CHECK_OK(kc::KplanRmsNorm(IrScalarType::kBFloat16, {b.x[s], hidden}, tokens, hidden,
+            CHECK_OK(kc::KplanRmsNorm(DType::kBFloat16, {b.x[s], hidden}, tokens, hidden,
                                       b.w, kEps, {b.out[s], hidden}, nullptr));
           }, args.samples, batch));
       add("rms_norm", "native", b.RmsBytes(), MedianMs([&](int i) {
             const int s = i % sets;
-            IrRowsIn xin{b.x[s], IrScalarType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
-            CHECK_OK(kc::NativeRmsNorm(xin, tokens, hidden, {b.w, IrScalarType::kBFloat16, 1},
+            IrRowsIn xin{b.x[s], DType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
+            CHECK_OK(kc::NativeRmsNorm(xin, tokens, hidden, {b.w, DType::kBFloat16, 1},
                                        kEps, hidden, b.out[s], nullptr));
           }, args.samples, batch));
       add("fused_add_rms_norm", "kplan", b.FusedBytes(), MedianMs([&](int i) {
             const int s = i % sets;
-            CHECK_OK(kc::KplanFusedAddRmsNorm(IrScalarType::kBFloat16, {b.x[s], hidden},
+            CHECK_OK(kc::KplanFusedAddRmsNorm(DType::kBFloat16, {b.x[s], hidden},
                                               {b.res[s], hidden}, tokens, hidden, b.w, kEps,
                                               {b.out[s], hidden}, {b.res_out[s], hidden},
                                               nullptr));
           }, args.samples, batch));
       add("fused_add_rms_norm", "native", b.FusedBytes(), MedianMs([&](int i) {
             const int s = i % sets;
-            IrRowsIn xin{b.x[s], IrScalarType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
-            IrRowsIn rin{b.res[s], IrScalarType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
+            IrRowsIn xin{b.x[s], DType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
+            IrRowsIn rin{b.res[s], DType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
             CHECK_OK(kc::NativeFusedAddRmsNorm(xin, rin, tokens, hidden,
-                                               {b.w, IrScalarType::kBFloat16, 1}, kEps, hidden,
+                                               {b.w, DType::kBFloat16, 1}, kEps, hidden,
                                                b.out[s], b.res_out[s], nullptr));
           }, args.samples, batch));
       continue;
@@ -396,7 +396,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    const int def = kc::KplanNormDefaultVariant(IrScalarType::kBFloat16, tokens, hidden);
+    const int def = kc::KplanNormDefaultVariant(DType::kBFloat16, tokens, hidden);
     for (int v = 0; v < nv; ++v) {
       for (int fused = 0; fused < 2; ++fused) {
         const double ms = best[2 * v + fused];

@@ -414,8 +414,8 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   kc::MoeRoutingParams rp;
   rp.num_experts = E;
   rp.top_k = k;
-  rp.method = kc::MoeRoutingMethod::kTopK;
-  rp.scoring = kc::MoeScoringFunc::kSoftmax;
+  rp.method = kplan::kernels::RoutingMethod::kTopK;
+  rp.scoring = kplan::kernels::ScoringFunc::kSoftmax;
   rp.renormalize = true;
   CHECK_OK(kc::ValidateMoeRoutingParams(rp));
 
@@ -462,7 +462,7 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   CHECK_CUDA(cudaGetLastError());
 
   kplan::MoeRunInput in;
-  in.act_dtype = kplan::moe::MoeDType::kBFloat16;
+  in.act_dtype = kplan::kernels::DType::kBFloat16;
   in.hidden_shape = {M, H};
   in.hidden_states.resize(M * H * 2);
   CHECK_CUDA(cudaMemcpy(in.hidden_states.data(), hidden[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
@@ -610,7 +610,7 @@ void GemmOnlyFusedAct(const ShapeDef& sh, kc::MoeGroupedGemmArgs g, int64_t I, c
   kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kOn);
   const kc::MoeActParams ap;
   const int64_t numel = g.numel;
-  if (!kc::MoeGemmWsActApplies(g, kc::MoeActKind::kSilu, ap)) {
+  if (!kc::MoeGemmWsActApplies(g, kplan::kernels::MoeActivation::kSilu, ap)) {
     std::printf("  gemm-only %-14s M=%-5lld gemm1+act: the fused epilogue does not apply\n", sh.name,
                 static_cast<long long>(numel / sh.k));
     return;
@@ -619,11 +619,11 @@ void GemmOnlyFusedAct(const ShapeDef& sh, kc::MoeGroupedGemmArgs g, int64_t I, c
   g.c = c1.p;
   auto unfused = [&] {
     CHECK_OK(kc::LaunchMoeGroupedGemm(g, stream));
-    CHECK_OK(kc::LaunchMoeActivation(kc::MoeActKind::kSilu, ap, g.dtype, c1.p, numel, g.N,
+    CHECK_OK(kc::LaunchMoeActivation(kplan::kernels::MoeActivation::kSilu, ap, g.dtype, c1.p, numel, g.N,
                                      act_u.p, I, stream));
   };
   auto fused = [&] {
-    CHECK_OK(kc::LaunchMoeGroupedGemmWsAct(g, kc::MoeActKind::kSilu, ap, act_f.p, stream));
+    CHECK_OK(kc::LaunchMoeGroupedGemmWsAct(g, kplan::kernels::MoeActivation::kSilu, ap, act_f.p, stream));
   };
   CHECK_CUDA(cudaMemsetAsync(act_u.p, 0xff, numel * I * 2, stream));
   CHECK_CUDA(cudaMemsetAsync(act_f.p, 0xff, numel * I * 2, stream));
@@ -690,7 +690,7 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
                                        post.as<int32_t>(), stream));
   auto args_for = [&](int which) {
     kc::MoeGroupedGemmArgs g;
-    g.dtype = kc::MoeElemType::kBFloat16;
+    g.dtype = kplan::kernels::DType::kBFloat16;
     g.a = which == 0 ? hidden.p : inter.p;
     g.a_row_div = which == 0 ? k : 1;
     g.w = which == 0 ? gpu.w13() : gpu.w2();
@@ -788,7 +788,7 @@ std::unique_ptr<kplan::GpuExperts> MakeExperts(const ShapeDef& sh) {
   spec.hidden = sh.H;
   spec.intermediate = sh.I;
   spec.activation = "silu";
-  spec.dtype = kplan::moe::MoeDType::kBFloat16;
+  spec.dtype = kplan::kernels::DType::kBFloat16;
   auto log2ceil = [](double x) { return static_cast<int>(std::ceil(std::log2(x))); };
   std::map<std::string, std::string> t;
   t["w13"] = RandomBf16Host(sh.E * 2 * sh.I * sh.H, -log2ceil(std::sqrt(double(sh.H))),

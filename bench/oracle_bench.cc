@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "server/oracle/moe_plan.h"
+#include "resolve/oracle/moe_plan.h"
 
 namespace kplan {
 namespace {

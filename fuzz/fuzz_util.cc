@@ -16,7 +16,7 @@ ExpertsSpec SmallSpec() {
   spec.hidden = kHidden;
   spec.intermediate = kIntermediate;
   spec.activation = "silu";
-  spec.dtype = moe::MoeDType::kBFloat16;
+  spec.dtype = kernels::DType::kBFloat16;
   return spec;
 }
 

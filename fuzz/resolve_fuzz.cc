@@ -6,8 +6,8 @@
 #include <cstdint>
 
 #include "kplan/v1/service.pb.h"
-#include "server/platform/platform.h"
-#include "server/rpc/resolve.h"
+#include "resolve/platform/platform.h"
+#include "resolve/proto/resolve.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kplan;

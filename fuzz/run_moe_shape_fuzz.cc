@@ -74,8 +74,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kplan;
   FuzzedDataProvider in(data, size);
   MoeRunInput input;
-  const moe::MoeDType dtypes[] = {moe::MoeDType::kFloat32, moe::MoeDType::kFloat16,
-                                  moe::MoeDType::kBFloat16};
+  const kernels::DType dtypes[] = {kernels::DType::kFloat32, kernels::DType::kFloat16,
+                                  kernels::DType::kBFloat16};
   input.act_dtype = in.PickValueInArray(dtypes);
   const int64_t m = in.ConsumeIntegralInRange<int64_t>(0, 16);
   const bool by_logits = in.ConsumeBool();
@@ -83,7 +83,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int k = in.ConsumeIntegralInRange<int>(0, 7) == 0 && !SmallDims() ? in.ConsumeIntegral<int>()
                                                           : in.ConsumeIntegralInRange<int>(0, 5);
   input.hidden_shape = Shape(in, m, kHidden);
-  const int64_t esize = input.act_dtype == moe::MoeDType::kFloat32 ? 4 : 2;
+  const int64_t esize = kernels::DTypeSize(input.act_dtype);
   if (by_logits) {
     input.routing.top_k = k;
     input.routing.routing_method = in.PickValueInArray(kMethods);

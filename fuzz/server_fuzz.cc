@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "fuzz/fuzz_util.h"
 #include "kplan/v1/service.grpc.pb.h"
-#include "server/platform/local.h"
+#include "resolve/platform/local.h"
 #include "server/rpc/server.h"
 #include "spdlog/spdlog.h"
 
@@ -55,7 +55,7 @@ struct Harness {
 Harness* h = nullptr;
 
 // Codes seen per method (printed at exit). A request the server cannot
-// parse or does not like must come back with a code that says so (DESIGN.md:
+// parse or does not like must come back with a code that says so (ARCHITECTURE.md:
 // INVALID_ARGUMENT for a wrong request); UNIMPLEMENTED for a method the
 // service has, or UNKNOWN (an unmapped failure), aborts.
 std::atomic<int64_t> codes[kNumUnary + 1][17];

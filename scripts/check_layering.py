@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """Fails when an #include crosses one of the architecture's arrows.
 
-The arrows (DESIGN's Layout table, README's folder table): rpc -> moe ->
-kernels -> base; base is the bottom layer (absl, OpenSSL and the standard
-library only); plan, oracle and platform build anywhere (no gRPC, CUDA or proto
-headers); kernels include nothing from server or client; the client library
-links proto and base, and the CLI adds plan, oracle, platform and the planning
-half of server/rpc (kplan_resolve), never kernels or the execution stack.
+The arrows (docs/ARCHITECTURE.md, README's folder table): server/rpc ->
+server/moe -> kernels -> base, and server -> resolve -> base; base is the
+bottom layer (absl, OpenSSL and the standard library only). resolve/ is the
+planning half: resolve/plan, resolve/oracle and resolve/platform build
+anywhere (no gRPC, CUDA or proto headers, nothing from kernels, server or
+client); resolve/proto converts between the kplan.v1 messages and them
+(ResolveKernelConfig), proto headers but no gRPC, kernels or server. kernels
+include nothing from resolve, server or client. The client library links
+proto and base; the CLI adds resolve/ (kplan_resolve), never server/ or
+kernels/.
 
 Each rule names the folder it covers, the include prefixes its files may not
 use, and the prefixes allowed although a forbidden one matches (the more
 specific wins). A file may also be exempt from a prefix (EXEMPT) where the
-build confines it: the CUDA device prober is the one file of server/platform
+build confines it: the CUDA device prober is the one file of resolve/platform
 that sees CUDA headers, in its own library (kplan_device_probe).
 scripts/test.sh runs this first, so CI fails on a violation. Run from anywhere:
     python3 scripts/check_layering.py
@@ -30,34 +34,36 @@ ACCEL = ('cuda', 'nccl', 'cub/', 'thrust/')
 
 # (folder, forbidden include prefixes, allowed prefixes, why)
 RULES = [
-    ('base', ('server/', 'kernels/', 'client/', 'tests/') + PROTO + ACCEL, (),
+    ('base', ('resolve/', 'server/', 'kernels/', 'client/', 'tests/') + PROTO + ACCEL, (),
      'base is the bottom layer: absl, OpenSSL and the standard library only'),
-    ('kernels', ('server/', 'client/') + PROTO, (),
-     'kernels are plain launchers: raw pointers and sizes, no proto, gRPC or server code'),
-    ('server/platform', PROTO + ACCEL + ('server/', 'kernels/', 'client/'),
-     ('server/platform/',),
+    ('kernels', ('resolve/', 'server/', 'client/') + PROTO, (),
+     'kernels are plain launchers: raw pointers and sizes, no proto, gRPC, planning or '
+     'server code'),
+    ('resolve/platform', PROTO + ACCEL + ('resolve/', 'server/', 'kernels/', 'client/'),
+     ('resolve/platform/',),
      'platform describes platforms; only base below it, no kernels'),
-    ('server/plan', PROTO + ACCEL + ('server/', 'kernels/', 'client/'),
-     ('server/plan/', 'server/platform/'),
+    ('resolve/plan', PROTO + ACCEL + ('resolve/', 'server/', 'kernels/', 'client/'),
+     ('resolve/plan/', 'resolve/platform/'),
      'plan builds and tests anywhere (platform and base only)'),
-    ('server/oracle', PROTO + ACCEL + ('server/', 'kernels/', 'client/'),
-     ('server/oracle/', 'server/plan/', 'server/platform/'),
+    ('resolve/oracle', PROTO + ACCEL + ('resolve/', 'server/', 'kernels/', 'client/'),
+     ('resolve/oracle/', 'resolve/plan/', 'resolve/platform/'),
      'oracle builds and tests anywhere (plan, platform and base only)'),
+    ('resolve/proto', ('grpc', 'server/', 'kernels/', 'client/') + ACCEL, (),
+     'resolve/proto converts messages for the planning half: proto, resolve and base, '
+     'no gRPC, CUDA, kernels or server'),
     ('server/ir', ('grpc', 'server/rpc/', 'server/moe/', 'client/'), (), 'ir is below rpc'),
     ('server/exec', ('grpc', 'server/rpc/', 'server/moe/', 'client/'), (), 'exec is below rpc'),
     ('server/moe', ('grpc', 'server/rpc/', 'client/'), (), 'moe is below rpc'),
-    ('client/cpp', ('server/', 'kernels/'), (),
+    ('client/cpp', ('resolve/', 'server/', 'kernels/'), (),
      'the client library links proto and base only'),
-    ('client', ('server/', 'kernels/'),
-     ('server/platform/', 'server/plan/', 'server/oracle/', 'server/rpc/convert.h',
-      'server/rpc/moe_plan_convert.h', 'server/rpc/resolve.h'),
-     'the CLI plans offline through proto, base, plan, oracle and platform (kplan_resolve) '
-     'only, never kernels or the execution stack'),
+    ('client', ('server/', 'kernels/'), (),
+     'the CLI plans offline through proto, base and resolve/ (kplan_resolve) only, never '
+     'kernels or the execution stack'),
 ]
 
 # (file, prefixes it may include although its folder's rule forbids them)
 EXEMPT = {
-    'server/platform/cuda_device_prober.cc': ('cuda',),
+    'resolve/platform/cuda_device_prober.cc': ('cuda',),
 }
 
 

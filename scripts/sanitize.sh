@@ -18,7 +18,7 @@ mode=${1:?usage: scripts/sanitize.sh asan|tsan}
 jobs=${JOBS:-2}
 export CC=${CC:-clang} CXX=${CXX:-clang++}
 common=(-G Ninja -DKPLAN_CUDA=OFF -DKPLAN_BUILD_BENCHMARKS=OFF -DKPLAN_BUILD_TESTS=ON
-        -DCMAKE_BUILD_TYPE=RelWithDebInfo
+        -DKPLAN_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
         "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only"
         "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only")
 case "$mode" in

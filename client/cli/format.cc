@@ -9,10 +9,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
-#include "server/oracle/moe_plan.h"
-#include "server/platform/platform.h"
-#include "server/rpc/moe_plan_convert.h"
-#include "server/rpc/convert.h"
+#include "resolve/oracle/moe_plan.h"
+#include "resolve/platform/platform.h"
+#include "resolve/proto/moe_plan_convert.h"
+#include "resolve/proto/convert.h"
 
 namespace kplan::cli {
 namespace {

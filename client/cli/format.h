@@ -8,7 +8,7 @@
 
 #include "google/protobuf/message.h"
 #include "kplan/v1/service.pb.h"
-#include "server/oracle/moe_plan.h"
+#include "resolve/oracle/moe_plan.h"
 
 namespace kplan::cli {
 

@@ -16,10 +16,10 @@
 #include "client/cli/resolve_flags.h"
 #include "client/cpp/client.h"
 #include "base/status.h"
-#include "server/platform/local.h"
-#include "server/oracle/moe_plan.h"
-#include "server/rpc/moe_plan_convert.h"
-#include "server/rpc/resolve.h"
+#include "resolve/platform/local.h"
+#include "resolve/oracle/moe_plan.h"
+#include "resolve/proto/moe_plan_convert.h"
+#include "resolve/proto/resolve.h"
 
 namespace kplan::cli {
 namespace {

@@ -22,8 +22,10 @@
 #include "client/cli/common.h"
 #include "client/cli/format.h"
 #include "client/cpp/client.h"
-#include "server/oracle/moe_config.h"
-#include "server/rpc/moe_plan_convert.h"
+#include "base/float16.h"
+#include "base/status.h"
+#include "resolve/oracle/moe_config.h"
+#include "resolve/proto/moe_plan_convert.h"
 
 namespace kplan::cli {
 namespace {

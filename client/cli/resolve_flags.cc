@@ -8,8 +8,8 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
 #include "base/status.h"
-#include "server/platform/platform.h"
-#include "server/rpc/convert.h"
+#include "resolve/platform/platform.h"
+#include "resolve/proto/convert.h"
 
 namespace kplan::cli {
 namespace {

@@ -6,40 +6,6 @@
 
 namespace kplan::comm {
 
-int64_t CommDTypeSize(CommDType dtype) {
-  switch (dtype) {
-    case CommDType::kUint8:
-      return 1;
-    case CommDType::kFloat16:
-    case CommDType::kBFloat16:
-      return 2;
-    case CommDType::kInt32:
-    case CommDType::kFloat32:
-      return 4;
-    case CommDType::kInt64:
-      return 8;
-  }
-  return 1;
-}
-
-absl::string_view CommDTypeName(CommDType dtype) {
-  switch (dtype) {
-    case CommDType::kUint8:
-      return "uint8";
-    case CommDType::kInt32:
-      return "int32";
-    case CommDType::kInt64:
-      return "int64";
-    case CommDType::kFloat32:
-      return "float32";
-    case CommDType::kFloat16:
-      return "float16";
-    case CommDType::kBFloat16:
-      return "bfloat16";
-  }
-  return "unknown";
-}
-
 absl::Status ValidateAllToAllVSide(int size, const void* buffer, absl::Span<const int64_t> counts,
                                    absl::Span<const int64_t> displs, absl::string_view what) {
   if (static_cast<int>(counts.size()) != size || static_cast<int>(displs.size()) != size) {
@@ -63,7 +29,7 @@ absl::Status ValidateAllToAllVSide(int size, const void* buffer, absl::Span<cons
 
 absl::Status ExchangeRows(Communicator& comm, const void* send, absl::Span<const int64_t> send_rows,
                           void* recv, absl::Span<const int64_t> recv_rows, int64_t width,
-                          CommDType dtype) {
+                          kernels::DType dtype) {
   const int n = comm.size();
   if (static_cast<int>(send_rows.size()) != n || static_cast<int>(recv_rows.size()) != n) {
     return absl::InvalidArgumentError("ExchangeRows: one row count per rank on each side");

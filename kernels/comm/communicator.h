@@ -19,13 +19,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kernels/common/types.h"
 
 namespace kplan::comm {
-
-enum class CommDType { kUint8, kInt32, kInt64, kFloat32, kFloat16, kBFloat16 };
-
-int64_t CommDTypeSize(CommDType dtype);
-absl::string_view CommDTypeName(CommDType dtype);
 
 enum class ReduceOp { kSum };
 
@@ -41,7 +37,7 @@ class Communicator {
   // Every rank contributes `count` elements; `recv` receives size() * count
   // elements, rank r's contribution at element r * count. In place when
   // send == recv + rank() * count * elem_size.
-  virtual absl::Status AllGather(const void* send, void* recv, int64_t count, CommDType dtype) = 0;
+  virtual absl::Status AllGather(const void* send, void* recv, int64_t count, kernels::DType dtype) = 0;
 
   // `send` holds size() * recv_count elements; `recv` receives block rank()
   // (elements [rank() * recv_count, (rank() + 1) * recv_count)) reduced over
@@ -49,7 +45,7 @@ class Communicator {
   // The in-process backend adds the ranks in order 0, 1, ..., size()-1, so
   // results are deterministic; NCCL's order depends on its algorithm.
   virtual absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
-                                     CommDType dtype, ReduceOp op = ReduceOp::kSum) = 0;
+                                     kernels::DType dtype, ReduceOp op = ReduceOp::kSum) = 0;
 
   // All-to-all with per-peer sizes. send_counts[p] elements starting at
   // element send_displs[p] of `send` go to rank p; recv_counts[p] elements
@@ -59,7 +55,7 @@ class Communicator {
   virtual absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
                                  absl::Span<const int64_t> send_displs, void* recv,
                                  absl::Span<const int64_t> recv_counts,
-                                 absl::Span<const int64_t> recv_displs, CommDType dtype) = 0;
+                                 absl::Span<const int64_t> recv_displs, kernels::DType dtype) = 0;
 
   virtual absl::Status Barrier() = 0;
 
@@ -82,7 +78,7 @@ class Communicator {
 // pass a null buffer.
 absl::Status ExchangeRows(Communicator& comm, const void* send, absl::Span<const int64_t> send_rows,
                           void* recv, absl::Span<const int64_t> recv_rows, int64_t width,
-                          CommDType dtype);
+                          kernels::DType dtype);
 
 // INVALID_ARGUMENT unless `counts` and `displs` have `size` entries, counts
 // and displacements are non-negative and a non-empty segment has a buffer.

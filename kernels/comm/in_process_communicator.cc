@@ -171,14 +171,14 @@ absl::Status InProcessCommunicator::FailGroup(absl::Status status) {
 }
 
 absl::Status InProcessCommunicator::AllGather(const void* send, void* recv, int64_t count,
-                                              CommDType dtype) {
+                                              kernels::DType dtype) {
   const std::string sig =
-      absl::StrCat("AllGather(count=", count, ", dtype=", CommDTypeName(dtype), ")");
+      absl::StrCat("AllGather(count=", count, ", dtype=", kernels::DTypeName(dtype), ")");
   if (count < 0 || (count > 0 && (send == nullptr || recv == nullptr))) {
     return FailGroup(absl::InvalidArgumentError(
         absl::StrCat(RankPrefix(rank_), sig, ": negative count or null buffer")));
   }
-  const int64_t bytes = count * CommDTypeSize(dtype);
+  const int64_t bytes = count * kernels::DTypeSize(dtype);
   const GatherArgs mine{send, recv};
   return group_->Run(rank_, sig, &mine, [&](const std::vector<const void*>& args) {
     for (int p = 0; p < size(); ++p) {
@@ -191,11 +191,11 @@ absl::Status InProcessCommunicator::AllGather(const void* send, void* recv, int6
 }
 
 absl::Status InProcessCommunicator::ReduceScatter(const void* send, void* recv,
-                                                  int64_t recv_count, CommDType dtype,
+                                                  int64_t recv_count, kernels::DType dtype,
                                                   ReduceOp op) {
   const std::string sig = absl::StrCat("ReduceScatter(recv_count=", recv_count,
-                                       ", dtype=", CommDTypeName(dtype), ", op=sum)");
-  if (dtype != CommDType::kFloat32 || op != ReduceOp::kSum) {
+                                       ", dtype=", kernels::DTypeName(dtype), ", op=sum)");
+  if (dtype != kernels::DType::kFloat32 || op != ReduceOp::kSum) {
     return FailGroup(absl::UnimplementedError(
         absl::StrCat(RankPrefix(rank_), sig, ": only a float32 sum is supported")));
   }
@@ -225,8 +225,8 @@ absl::Status InProcessCommunicator::AllToAllV(const void* send,
                                               absl::Span<const int64_t> send_displs, void* recv,
                                               absl::Span<const int64_t> recv_counts,
                                               absl::Span<const int64_t> recv_displs,
-                                              CommDType dtype) {
-  const std::string sig = absl::StrCat("AllToAllV(dtype=", CommDTypeName(dtype), ")");
+                                              kernels::DType dtype) {
+  const std::string sig = absl::StrCat("AllToAllV(dtype=", kernels::DTypeName(dtype), ")");
   if (absl::Status st = ValidateAllToAllVSide(size(), send, send_counts, send_displs, "send");
       !st.ok()) {
     return FailGroup(absl::InvalidArgumentError(absl::StrCat(RankPrefix(rank_), st.message())));
@@ -235,7 +235,7 @@ absl::Status InProcessCommunicator::AllToAllV(const void* send,
       !st.ok()) {
     return FailGroup(absl::InvalidArgumentError(absl::StrCat(RankPrefix(rank_), st.message())));
   }
-  const int64_t elem = CommDTypeSize(dtype);
+  const int64_t elem = kernels::DTypeSize(dtype);
   const AllToAllVArgs mine{send, send_counts, send_displs, recv, recv_counts, recv_displs};
   return group_->Run(rank_, sig, &mine, [&](const std::vector<const void*>& args) {
     // Every rank checks the whole count matrix, so all reach the same verdict.

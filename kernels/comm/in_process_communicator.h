@@ -116,13 +116,13 @@ class InProcessCommunicator final : public Communicator {
   int size() const override { return group_->size(); }
   absl::string_view backend() const override { return "in_process"; }
 
-  absl::Status AllGather(const void* send, void* recv, int64_t count, CommDType dtype) override;
-  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, CommDType dtype,
+  absl::Status AllGather(const void* send, void* recv, int64_t count, kernels::DType dtype) override;
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, kernels::DType dtype,
                              ReduceOp op = ReduceOp::kSum) override;
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
                          absl::Span<const int64_t> send_displs, void* recv,
                          absl::Span<const int64_t> recv_counts,
-                         absl::Span<const int64_t> recv_displs, CommDType dtype) override;
+                         absl::Span<const int64_t> recv_displs, kernels::DType dtype) override;
   absl::Status Barrier() override;
   void Abort(absl::string_view reason) override;
 

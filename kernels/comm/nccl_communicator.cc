@@ -21,20 +21,25 @@ namespace {
 using kernels::cuda::CudaStatus;
 using kernels::cuda::NcclStatus;
 
-ncclDataType_t NcclType(CommDType dtype) {
+ncclDataType_t NcclType(kernels::DType dtype) {
   switch (dtype) {
-    case CommDType::kUint8:
+    case kernels::DType::kUint8:
       return ncclUint8;
-    case CommDType::kInt32:
+    case kernels::DType::kInt32:
       return ncclInt32;
-    case CommDType::kInt64:
+    case kernels::DType::kInt64:
       return ncclInt64;
-    case CommDType::kFloat32:
+    case kernels::DType::kFloat32:
       return ncclFloat32;
-    case CommDType::kFloat16:
+    case kernels::DType::kFloat16:
       return ncclFloat16;
-    case CommDType::kBFloat16:
+    case kernels::DType::kBFloat16:
       return ncclBfloat16;
+    case kernels::DType::kInt8:
+      return ncclInt8;
+    case kernels::DType::kFp8E4m3:
+    case kernels::DType::kInt4Packed:
+      return ncclUint8;  // moved as bytes, never reduced
   }
   return ncclUint8;
 }
@@ -228,7 +233,7 @@ absl::Status NcclCommunicator::Wait(absl::string_view what) {
 }
 
 absl::Status NcclCommunicator::AllGather(const void* send, void* recv, int64_t count,
-                                         CommDType dtype) {
+                                         kernels::DType dtype) {
   KPLAN_RETURN_IF_ERROR(CheckUsable("AllGather"));
   if (count < 0) return absl::InvalidArgumentError("AllGather: negative count");
   DeviceGuard guard(device_);
@@ -239,7 +244,7 @@ absl::Status NcclCommunicator::AllGather(const void* send, void* recv, int64_t c
 }
 
 absl::Status NcclCommunicator::ReduceScatter(const void* send, void* recv, int64_t recv_count,
-                                             CommDType dtype, ReduceOp op) {
+                                             kernels::DType dtype, ReduceOp op) {
   KPLAN_RETURN_IF_ERROR(CheckUsable("ReduceScatter"));
   if (recv_count < 0) return absl::InvalidArgumentError("ReduceScatter: negative count");
   if (op != ReduceOp::kSum) return absl::UnimplementedError("ReduceScatter: only sum");
@@ -253,11 +258,11 @@ absl::Status NcclCommunicator::ReduceScatter(const void* send, void* recv, int64
 absl::Status NcclCommunicator::AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
                                          absl::Span<const int64_t> send_displs, void* recv,
                                          absl::Span<const int64_t> recv_counts,
-                                         absl::Span<const int64_t> recv_displs, CommDType dtype) {
+                                         absl::Span<const int64_t> recv_displs, kernels::DType dtype) {
   KPLAN_RETURN_IF_ERROR(CheckUsable("AllToAllV"));
   KPLAN_RETURN_IF_ERROR(ValidateAllToAllVSide(size_, send, send_counts, send_displs, "send"));
   KPLAN_RETURN_IF_ERROR(ValidateAllToAllVSide(size_, recv, recv_counts, recv_displs, "recv"));
-  const int64_t elem = CommDTypeSize(dtype);
+  const int64_t elem = kernels::DTypeSize(dtype);
   const ncclDataType_t type = NcclType(dtype);
   auto stream = static_cast<cudaStream_t>(stream_);
   DeviceGuard guard(device_);

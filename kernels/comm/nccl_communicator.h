@@ -57,13 +57,13 @@ class NcclCommunicator final : public Communicator {
   // kplan_ep device-API transport); owned by this object.
   ncclComm* nccl_comm() const { return comm_; }
 
-  absl::Status AllGather(const void* send, void* recv, int64_t count, CommDType dtype) override;
-  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, CommDType dtype,
+  absl::Status AllGather(const void* send, void* recv, int64_t count, kernels::DType dtype) override;
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, kernels::DType dtype,
                              ReduceOp op = ReduceOp::kSum) override;
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
                          absl::Span<const int64_t> send_displs, void* recv,
                          absl::Span<const int64_t> recv_counts,
-                         absl::Span<const int64_t> recv_displs, CommDType dtype) override;
+                         absl::Span<const int64_t> recv_displs, kernels::DType dtype) override;
   absl::Status Barrier() override;
   // Aborts this rank's NCCL communicator (ncclCommAbort). Peers are not
   // told; their pending collectives fail at their own timeout or abort.

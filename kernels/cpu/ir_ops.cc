@@ -16,7 +16,7 @@ inline float At(const IrRowsIn& in, int64_t row_offset, int64_t c) {
 
 // The normalisation tail shared by both rms ops: `s` holds the fp32 row.
 void NormalizeRow(const float* s, int64_t cols, const IrWeightIn& weight, float epsilon,
-                  int64_t variance_size, IrScalarType out_type, void* out, int64_t out_offset) {
+                  int64_t variance_size, DType out_type, void* out, int64_t out_offset) {
   // Accumulate in double: the reference should carry less rounding than any
   // kernel it checks.
   double sum = 0;

@@ -7,17 +7,9 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define KPLAN_IR_HD __host__ __device__
-#else
-#define KPLAN_IR_HD
-#endif
+#include "kernels/common/types.h"
 
 namespace kplan::kernels {
-
-enum class IrScalarType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-
-KPLAN_IR_HD inline int IrScalarSize(IrScalarType t) { return t == IrScalarType::kFloat32 ? 4 : 2; }
 
 // Leading dimensions a row layout can describe (tensors up to 7-D).
 inline constexpr int kIrMaxLeadDims = 6;
@@ -31,7 +23,7 @@ struct IrRowLayout {
   int64_t lead_strides[kIrMaxLeadDims] = {};
   int64_t col_stride = 1;
 
-  KPLAN_IR_HD int64_t RowOffset(int64_t row) const {
+  KPLAN_HD int64_t RowOffset(int64_t row) const {
     int64_t offset = 0;
     for (int d = lead_dims - 1; d >= 0; --d) {
       const int64_t size = lead_sizes[d];
@@ -55,14 +47,14 @@ struct IrRowLayout {
 // A read-only operand of the reference kernels.
 struct IrRowsIn {
   const void* data = nullptr;
-  IrScalarType type = IrScalarType::kFloat32;
+  DType type = DType::kFloat32;
   IrRowLayout layout;
 };
 
 // An optional 1-D weight of `cols` elements (data == nullptr: no weight).
 struct IrWeightIn {
   const void* data = nullptr;
-  IrScalarType type = IrScalarType::kFloat32;
+  DType type = DType::kFloat32;
   int64_t stride = 1;
 };
 

@@ -51,7 +51,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/platform/local.h"
+#include "resolve/platform/local.h"
 
 namespace kplan {
 

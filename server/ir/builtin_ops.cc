@@ -10,7 +10,7 @@
 #include "kernels/cpu/ir_ops.h"
 #include "base/client_text.h"
 #include "base/status.h"
-#include "server/plan/vocabulary.h"
+#include "resolve/plan/vocabulary.h"
 
 #if KPLAN_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -11,7 +11,7 @@
 //           IrBuiltinOptions); supports_args: CUDA tensors whose rows have a
 //           contiguous last dim and an even stride, one dtype for x, residual
 //           and weight, a contiguous weight, variance_size None.
-//   every other provider vLLM knows for the op (server/plan/vocabulary.h:
+//   every other provider vLLM knows for the op (resolve/plan/vocabulary.h:
 //   vllm_c, aiter, oink, xpu_kernels, triton): registered with
 //   supported=False, so vLLM's priority lists filter down to what runs here.
 #pragma once

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/plan/vocabulary.h"
+#include "resolve/plan/vocabulary.h"
 #include "spdlog/spdlog.h"
 
 namespace kplan {

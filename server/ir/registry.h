@@ -137,7 +137,7 @@ class IrOpImpl {
   // supports_args is None.
   bool supports_all_args() const { return !predicate_; }
   bool SupportsArgs(const IrArgs& args) const { return !predicate_ || predicate_(args); }
-  // The provider's uuid (IrProviderUuid of server/plan/vocabulary.h).
+  // The provider's uuid (IrProviderUuid of resolve/plan/vocabulary.h).
   const std::string& uuid() const { return uuid_; }
   absl::Status Run(const IrArgs& args, absl::Span<const TensorView> outputs,
                    const IrExecContext& ctx) const;
@@ -162,7 +162,7 @@ class IrPriorityScope;
 // own argument checks (shape agreement, vLLM's ValueErrors).
 struct IrOutputSpec {
   std::string name;
-  IrDType dtype = IrDType::kFloat32;
+  kernels::DType dtype = kernels::DType::kFloat32;
   std::vector<int64_t> shape;
 };
 using IrOutputFn = std::function<absl::StatusOr<std::vector<IrOutputSpec>>(const IrArgs&)>;

@@ -78,7 +78,7 @@ IrValue DefaultValue(const IrParam& p) {
 // The bytes a client sent for a tensor against its shape, with checked
 // products (a wrapped product once let [2^62, 4] with no data through).
 absl::Status CheckHostTensor(const IrNamedTensor& t) {
-  return CheckTensorBytes(t.tensor.shape, IrDTypeSize(t.tensor.dtype),
+  return CheckTensorBytes(t.tensor.shape, kernels::DTypeSize(t.tensor.dtype),
                           static_cast<int64_t>(t.tensor.data.size()), t.name)
       .status();
 }
@@ -171,7 +171,7 @@ absl::StatusOr<Prepared> Prepare(const IrRegistry& registry, const IrOpRequest& 
   p.result.provider = p.impl->provider();
   p.result.provider_uuid = p.impl->uuid();
   for (const IrOutputSpec& o : p.outputs) {
-    KPLAN_ASSIGN_OR_RETURN(int64_t bytes, ShapeBytes(o.shape, IrDTypeSize(o.dtype), o.name));
+    KPLAN_ASSIGN_OR_RETURN(int64_t bytes, ShapeBytes(o.shape, kernels::DTypeSize(o.dtype), o.name));
     IrNamedTensor t{o.name, {o.dtype, o.shape, std::string()}};
     t.tensor.data.resize(static_cast<size_t>(bytes));
     if (bytes > 0) p.nothing_to_compute = false;

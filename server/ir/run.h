@@ -20,7 +20,7 @@ namespace kplan {
 
 // A dense row-major tensor in host memory.
 struct IrHostTensor {
-  IrDType dtype = IrDType::kFloat32;
+  kernels::DType dtype = kernels::DType::kFloat32;
   std::vector<int64_t> shape;
   std::string data;  // numel * element size bytes
 };

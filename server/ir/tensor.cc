@@ -7,24 +7,17 @@
 
 namespace kplan {
 
-absl::string_view IrDTypeName(IrDType dtype) {
-  switch (dtype) {
-    case IrDType::kFloat32:
-      return "float32";
-    case IrDType::kFloat16:
-      return "float16";
-    case IrDType::kBFloat16:
-      return "bfloat16";
-  }
-  return "unknown";
+absl::string_view IrDTypeName(kernels::DType dtype) {
+  // The IR ops' subset of DType; anything else is not an IR tensor type.
+  return kernels::IsFloatDType(dtype) ? kernels::DTypeName(dtype) : "unknown";
 }
 
-std::optional<IrDType> IrDTypeFromName(absl::string_view name) {
+std::optional<kernels::DType> IrDTypeFromName(absl::string_view name) {
   std::string n = absl::AsciiStrToLower(name);
   if (absl::StartsWith(n, "torch.")) n = n.substr(6);
-  if (n == "float32" || n == "float" || n == "fp32") return IrDType::kFloat32;
-  if (n == "float16" || n == "half" || n == "fp16") return IrDType::kFloat16;
-  if (n == "bfloat16" || n == "bf16") return IrDType::kBFloat16;
+  if (n == "float32" || n == "float" || n == "fp32") return kernels::DType::kFloat32;
+  if (n == "float16" || n == "half" || n == "fp16") return kernels::DType::kFloat16;
+  if (n == "bfloat16" || n == "bf16") return kernels::DType::kBFloat16;
   return std::nullopt;
 }
 
@@ -32,7 +25,7 @@ std::string IrDevice::ToString() const {
   return is_cpu() ? "cpu" : absl::StrCat("cuda:", index);
 }
 
-TensorView TensorView::Contiguous(void* data, IrDType dtype, std::vector<int64_t> shape,
+TensorView TensorView::Contiguous(void* data, kernels::DType dtype, std::vector<int64_t> shape,
                                   IrDevice device) {
   TensorView t;
   t.dtype = dtype;

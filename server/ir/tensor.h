@@ -15,13 +15,11 @@
 
 namespace kplan {
 
-using IrDType = kernels::IrScalarType;
 
 // "float32", "float16", "bfloat16" (torch's dtype names without "torch.").
-absl::string_view IrDTypeName(IrDType dtype);
+absl::string_view IrDTypeName(kernels::DType dtype);
 // Accepts the names above and torch's aliases "float", "half", "fp32", "fp16", "bf16".
-std::optional<IrDType> IrDTypeFromName(absl::string_view name);
-inline int64_t IrDTypeSize(IrDType dtype) { return kernels::IrScalarSize(dtype); }
+std::optional<kernels::DType> IrDTypeFromName(absl::string_view name);
 
 struct IrDevice {
   enum class Kind { kCpu, kCuda };
@@ -40,14 +38,14 @@ struct IrDevice {
 };
 
 struct TensorView {
-  IrDType dtype = IrDType::kFloat32;
+  kernels::DType dtype = kernels::DType::kFloat32;
   IrDevice device;
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // elements, one per dim
   void* data = nullptr;
 
   // A contiguous (row-major) view.
-  static TensorView Contiguous(void* data, IrDType dtype, std::vector<int64_t> shape,
+  static TensorView Contiguous(void* data, kernels::DType dtype, std::vector<int64_t> shape,
                                IrDevice device = IrDevice::Cpu());
 
   int64_t dim() const { return static_cast<int64_t>(shape.size()); }

@@ -122,13 +122,13 @@ absl::StatusOr<std::unique_ptr<ExpertSet>> ExpertsLoader::Finish() {
 
 namespace {
 
-const char* SafetensorsDType(moe::MoeDType d) {
+const char* SafetensorsDType(kernels::DType d) {
   switch (d) {
-    case moe::MoeDType::kFloat32:
+    case kernels::DType::kFloat32:
       return "F32";
-    case moe::MoeDType::kFloat16:
+    case kernels::DType::kFloat16:
       return "F16";
-    case moe::MoeDType::kBFloat16:
+    case kernels::DType::kBFloat16:
       return "BF16";
     default:
       return "";

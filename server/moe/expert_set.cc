@@ -13,45 +13,35 @@ namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool IsPlainFloat(moe::MoeDType d) {
-  return d == moe::MoeDType::kFloat32 || d == moe::MoeDType::kFloat16 ||
-         d == moe::MoeDType::kBFloat16;
-}
-
-int64_t ElementBytes(moe::MoeDType d) {
-  switch (d) {
-    case moe::MoeDType::kFloat32:
-      return 4;
-    case moe::MoeDType::kFloat16:
-    case moe::MoeDType::kBFloat16:
-      return 2;
-    default:
-      return 1;  // fp8, int8, packed int4 (two per byte: shapes count bytes)
-  }
+bool IsPlainFloat(kernels::DType d) {
+  return d == kernels::DType::kFloat32 || d == kernels::DType::kFloat16 ||
+         d == kernels::DType::kBFloat16;
 }
 
 }  // namespace
 
-std::string WireDTypeName(moe::MoeDType d) {
+std::string WireDTypeName(kernels::DType d) {
   switch (d) {
-    case moe::MoeDType::kFloat32:
+    case kernels::DType::kFloat32:
       return "float32";
-    case moe::MoeDType::kFloat16:
+    case kernels::DType::kFloat16:
       return "float16";
-    case moe::MoeDType::kBFloat16:
+    case kernels::DType::kBFloat16:
       return "bfloat16";
-    case moe::MoeDType::kFp8E4m3:
+    case kernels::DType::kFp8E4m3:
       return "float8_e4m3";
-    case moe::MoeDType::kInt8:
+    case kernels::DType::kInt8:
       return "int8";
-    case moe::MoeDType::kInt4Packed:
+    case kernels::DType::kInt4Packed:
       return "uint8";
+    default:  // not an expert weight type
+      break;
   }
   return "unknown";
 }
 
 int64_t TensorSpec::bytes() const {
-  int64_t n = ElementBytes(dtype);
+  int64_t n = kernels::DTypeSize(dtype);
   for (int64_t d : shape) n *= d;
   return n;
 }
@@ -63,7 +53,7 @@ absl::StatusOr<int64_t> ExpectedBytes(const ExpertsSpec& spec) {
   limits.max_elements = limits.max_bytes = kMaxExpertSetBytes;
   int64_t total = 0;
   for (const TensorSpec& t : ExpectedTensors(spec)) {
-    absl::StatusOr<int64_t> bytes = ShapeBytes(t.shape, ElementBytes(t.dtype), t.name, limits);
+    absl::StatusOr<int64_t> bytes = ShapeBytes(t.shape, kernels::DTypeSize(t.dtype), t.name, limits);
     std::optional<int64_t> sum = bytes.ok() ? CheckedAdd(total, *bytes) : std::nullopt;
     if (!sum || *sum > kMaxExpertSetBytes) {
       return InvalidField("num_experts",
@@ -106,9 +96,9 @@ absl::Status ValidateExpertsSpec(const ExpertsSpec& s) {
                                      "int8_group or int4_group (or empty)"));
   }
   const bool dtype_ok = q.empty()            ? IsPlainFloat(s.dtype)
-                        : fp8                ? s.dtype == moe::MoeDType::kFp8E4m3
-                        : q == "int8_group" ? s.dtype == moe::MoeDType::kInt8
-                                             : s.dtype == moe::MoeDType::kInt4Packed;
+                        : fp8                ? s.dtype == kernels::DType::kFp8E4m3
+                        : q == "int8_group" ? s.dtype == kernels::DType::kInt8
+                                             : s.dtype == kernels::DType::kInt4Packed;
   if (!dtype_ok) {
     return InvalidField("dtype", absl::StrCat("dtype does not fit quantization '", q,
                                               "': unquantized weights are float32, float16 or "
@@ -146,7 +136,7 @@ std::vector<TensorSpec> ExpectedTensors(const ExpertsSpec& s) {
       {"w13", s.dtype, {e, n13, int4 ? h / 2 : h}, w},
       {"w2", s.dtype, {e, h, int4 ? i / 2 : i}, w},
   };
-  const moe::MoeDType f32 = moe::MoeDType::kFloat32;
+  const kernels::DType f32 = kernels::DType::kFloat32;
   const std::string& q = s.quant.scheme;
   if (q == "fp8_per_tensor") {
     out.push_back({"w13_scale", f32, {e}, f});
@@ -163,8 +153,8 @@ std::vector<TensorSpec> ExpectedTensors(const ExpertsSpec& s) {
     out.push_back({"w13_scale", f32, {e, n13, h / g}, f});
     out.push_back({"w2_scale", f32, {e, h, i / g}, f});
     if (s.quant.has_zero_points) {
-      out.push_back({"w13_zero", moe::MoeDType::kInt8, {e, n13, h / g}, "uint8"});
-      out.push_back({"w2_zero", moe::MoeDType::kInt8, {e, h, i / g}, "uint8"});
+      out.push_back({"w13_zero", kernels::DType::kInt8, {e, n13, h / g}, "uint8"});
+      out.push_back({"w2_zero", kernels::DType::kInt8, {e, h, i / g}, "uint8"});
     }
   }
   if (s.has_bias) {
@@ -224,7 +214,7 @@ moe::MoeWeights ExpertSet::Weights() const {
   return w;
 }
 
-bool DeviceExperts::FastPathFor(moe::MoeDType /*act_dtype*/) const { return false; }
+bool DeviceExperts::FastPathFor(kernels::DType /*act_dtype*/) const { return false; }
 
 absl::StatusOr<MoeRunOutput> DeviceExperts::Run(const MoeRunInput& /*input*/,
                                                 void* /*stream*/) const {

@@ -32,7 +32,7 @@ struct ExpertsSpec {
   int64_t hidden = 0;
   int64_t intermediate = 0;
   std::string activation = "silu";
-  moe::MoeDType dtype = moe::MoeDType::kBFloat16;
+  kernels::DType dtype = kernels::DType::kBFloat16;
   ExpertsQuantSpec quant;
   bool has_bias = false;
 };
@@ -52,14 +52,14 @@ absl::Status ValidateExpertsSpec(const ExpertsSpec& spec);
 // as uint8, zero points as uint8).
 struct TensorSpec {
   std::string name;  // w13, w2, w13_scale, w2_scale, w13_bias, w2_bias, w13_zero, w2_zero
-  moe::MoeDType dtype;
+  kernels::DType dtype;
   std::vector<int64_t> shape;  // int4: bytes along the packed last dim
   std::string wire_dtype;
   int64_t bytes() const;
 };
 
 // The wire name of a weight dtype ("bfloat16", "float8_e4m3", "uint8" for int4).
-std::string WireDTypeName(moe::MoeDType dtype);
+std::string WireDTypeName(kernels::DType dtype);
 
 // The tensors a spec needs, in a fixed order.
 std::vector<TensorSpec> ExpectedTensors(const ExpertsSpec& spec);
@@ -89,7 +89,7 @@ class DeviceExperts {
   virtual int64_t device_bytes() const = 0;
   // True when activations of `act_dtype` run on this copy's fast kernels
   // (GpuExperts: the kplan wgmma kernels); false by default.
-  virtual bool FastPathFor(moe::MoeDType act_dtype) const;
+  virtual bool FastPathFor(kernels::DType act_dtype) const;
   // Runs one layer on this copy on `stream` (a cudaStream_t for GpuExperts;
   // null = the default stream), as RunMoeOnCpu runs it on the host copy.
   // The default (a copy that runs only through its own group, such as an

@@ -90,8 +90,8 @@ kc::MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& r) {
   kc::MoeRoutingParams rp;
   rp.num_experts = r.num_experts;
   rp.top_k = r.top_k;
-  rp.method = static_cast<kc::MoeRoutingMethod>(r.method);
-  rp.scoring = static_cast<kc::MoeScoringFunc>(r.scoring);
+  rp.method = r.method;
+  rp.scoring = r.scoring;
   rp.renormalize = r.renormalize;
   rp.routed_scaling_factor = r.routed_scaling_factor;
   rp.num_expert_group = r.num_expert_group;
@@ -114,8 +114,8 @@ absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t*
 }
 
 int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
-                               int num_experts, std::optional<moe::MoeDType> act_dtype) {
-  const moe::MoeDType act = act_dtype.value_or(experts.spec().dtype);
+                               int num_experts, std::optional<kernels::DType> act_dtype) {
+  const kernels::DType act = act_dtype.value_or(experts.spec().dtype);
   if (!experts.FastPathFor(act) || !experts.spec().quant.scheme.empty()) {
     return EmulationLayerWorkspaceBytes(experts, max_tokens, top_k, num_experts, act);
   }
@@ -146,7 +146,7 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
       a.output == nullptr) {
     return absl::InvalidArgumentError("EnqueueMoeLayer: a device buffer is null");
   }
-  const moe::MoeDType act = a.act_dtype.value_or(spec.dtype);
+  const kernels::DType act = a.act_dtype.value_or(spec.dtype);
   // Quantised sets take the route with the activation quantisers (whose
   // GEMMs are the fp8 tensor-core ones where Fp8OnTensorCores()).
   if (!experts.FastPathFor(act) || !spec.quant.scheme.empty()) {
@@ -158,8 +158,8 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));
   }
-  const kc::MoeElemType dtype = spec.dtype == moe::MoeDType::kBFloat16 ? kc::MoeElemType::kBFloat16
-                                                                       : kc::MoeElemType::kFloat16;
+  const kernels::DType dtype = spec.dtype == kernels::DType::kBFloat16 ? kernels::DType::kBFloat16
+                                                                       : kernels::DType::kFloat16;
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
   const int64_t numel = M * k;
 
@@ -186,7 +186,7 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
     d.b13 = experts.b13();
     d.w2 = experts.w2();
     d.b2 = experts.b2();
-    d.act = static_cast<kc::MoeActKind>(experts.activation());
+    d.act = experts.activation();
     d.h = At<void>(workspace, l.c2);
     d.combine = a.combine;
     d.out = a.output;
@@ -224,7 +224,7 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   // Split-K partials without a bias are summed by the next step itself.
   g1.reduce_in_consumer = g1.splits > 1 && g1.bias == nullptr;
   kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
-  const auto act_kind = static_cast<kc::MoeActKind>(experts.activation());
+  const kernels::MoeActivation act_kind = experts.activation();
   // GEMM 1 with the activation in its epilogue (moe_gemm_ws.h), straight into
   // c2, where it applies; else GEMM 1 into c1, then the activation kernel.
   bool fused = false;

@@ -31,7 +31,7 @@ struct MoeLayerArgs {
   // experts.FastPathFor(act_dtype) the layer runs the kplan kernels, else the
   // emulation route (gpu_layer_emulation.h). Output and intermediates are
   // in act_dtype too.
-  std::optional<moe::MoeDType> act_dtype;
+  std::optional<kernels::DType> act_dtype;
   // Routing from logits: router_logits fp32 [M, E] with `routing` (its bias
   // pointer is a device pointer), writing topk_ids / topk_weights. Without
   // logits, topk_ids / topk_weights are inputs.
@@ -64,7 +64,7 @@ kernels::cuda::MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& routi
 // (empty: the experts' dtype).
 int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
                                int num_experts,
-                               std::optional<moe::MoeDType> act_dtype = std::nullopt);
+                               std::optional<kernels::DType> act_dtype = std::nullopt);
 
 // Enqueues the layer on `stream` (cudaStream_t) on the current device, which
 // must be experts.device(). INVALID_ARGUMENT for inconsistent arguments or a

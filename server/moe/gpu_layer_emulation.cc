@@ -40,9 +40,9 @@ Scheme SchemeOf(const GpuExperts& experts) {
   w.block_k = q.block_k;
   w.group_size = q.group_size;
   if (q.scheme.empty()) {
-    w.kind = spec.dtype == moe::MoeDType::kFloat32   ? kc::MoeWeightKind::kFloat32
-             : spec.dtype == moe::MoeDType::kFloat16 ? kc::MoeWeightKind::kFloat16
-                                                     : kc::MoeWeightKind::kBFloat16;
+    w.kind = spec.dtype == kernels::DType::kFloat32   ? kernels::DType::kFloat32
+             : spec.dtype == kernels::DType::kFloat16 ? kernels::DType::kFloat16
+                                                     : kernels::DType::kBFloat16;
     w.scale_kind = kc::MoeWeightScale::kNone;
   } else if (q.scheme.rfind("fp8", 0) == 0) {
     s.fp8 = true;
@@ -54,12 +54,12 @@ Scheme SchemeOf(const GpuExperts& experts) {
       s.a1_static = q.a1_scale.value_or(0.0f);
       s.a2_static = q.a2_scale.value_or(0.0f);
     }
-    w.kind = kc::MoeWeightKind::kFp8E4m3;
+    w.kind = kernels::DType::kFp8E4m3;
     w.scale_kind = s.block                         ? kc::MoeWeightScale::kBlock
                    : q.scheme == "fp8_per_channel" ? kc::MoeWeightScale::kPerChannel
                                                    : kc::MoeWeightScale::kPerTensor;
   } else {
-    w.kind = q.scheme == "int4_group" ? kc::MoeWeightKind::kInt4 : kc::MoeWeightKind::kInt8;
+    w.kind = q.scheme == "int4_group" ? kernels::DType::kInt4Packed : kernels::DType::kInt8;
     w.scale_kind = kc::MoeWeightScale::kGroup;
   }
   s.w13 = s.w2 = w;
@@ -117,7 +117,7 @@ T* At(void* base, int64_t offset) {
 }
 
 // The fp8 tensor-core form (moe_experts.h) of an fp8 GEMM of this route.
-kc::MoeGroupedGemmArgs Fp8TensorCoreGemm(const kc::MoeQuantGemmArgs& q, kc::MoeElemType out) {
+kc::MoeGroupedGemmArgs Fp8TensorCoreGemm(const kc::MoeQuantGemmArgs& q, kernels::DType out) {
   kc::MoeGroupedGemmArgs g;
   g.dtype = out;
   g.fp8 = true;
@@ -144,30 +144,30 @@ kc::MoeGroupedGemmArgs Fp8TensorCoreGemm(const kc::MoeQuantGemmArgs& q, kc::MoeE
   return g;
 }
 
-kc::MoeFloatType FloatTypeOf(moe::MoeDType d) {
-  return d == moe::MoeDType::kFloat32   ? kc::MoeFloatType::kFloat32
-         : d == moe::MoeDType::kFloat16 ? kc::MoeFloatType::kFloat16
-                                        : kc::MoeFloatType::kBFloat16;
+kernels::DType FloatTypeOf(kernels::DType d) {
+  return d == kernels::DType::kFloat32   ? kernels::DType::kFloat32
+         : d == kernels::DType::kFloat16 ? kernels::DType::kFloat16
+                                        : kernels::DType::kBFloat16;
 }
 
 }  // namespace
 
 int64_t EmulationLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
-                                     int num_experts, moe::MoeDType act_dtype) {
-  const int64_t act_bytes = act_dtype == moe::MoeDType::kFloat32 ? 4 : 2;
+                                     int num_experts, kernels::DType act_dtype) {
+  const int64_t act_bytes = kernels::DTypeSize(act_dtype);
   return LayoutFor(experts, SchemeOf(experts), max_tokens, top_k, num_experts, act_bytes,
                    /*scale_rows=*/true, /*separate_y=*/true)
       .bytes;
 }
 
 absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs& a,
-                                   moe::MoeDType act_dtype, void* workspace,
+                                   kernels::DType act_dtype, void* workspace,
                                    int64_t workspace_bytes, void* stream_ptr) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (!moe::IsFloatDType(act_dtype)) {
     return InvalidField("act_dtype", absl::StrCat("activations must be float32, float16 or "
                                                   "bfloat16, got ",
-                                                  moe::MoeDTypeName(act_dtype)));
+                                                  kernels::DTypeName(act_dtype)));
   }
   const ExpertsSpec& spec = experts.spec();
   const Scheme s = SchemeOf(experts);
@@ -175,7 +175,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   const int k = a.top_k, E = a.num_experts;
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
   const int64_t numel = M * k;
-  const bool f32 = act_dtype == moe::MoeDType::kFloat32;
+  const bool f32 = act_dtype == kernels::DType::kFloat32;
   const int64_t act_bytes = f32 ? 4 : 2;
   const Layout l =
       LayoutFor(experts, s, M, k, E, act_bytes, a.apply_router_weight_on_input, a.combine);
@@ -183,10 +183,10 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));
   }
-  const kc::MoeFloatType ft = FloatTypeOf(act_dtype);
+  const kernels::DType ft = FloatTypeOf(act_dtype);
   // The bf16 / fp16 elementwise launchers of moe_experts.h; fp32 has its own.
-  const kc::MoeElemType et =
-      ft == kc::MoeFloatType::kFloat16 ? kc::MoeElemType::kFloat16 : kc::MoeElemType::kBFloat16;
+  const kernels::DType et =
+      ft == kernels::DType::kFloat16 ? kernels::DType::kFloat16 : kernels::DType::kBFloat16;
 
   int32_t* sorted = At<int32_t>(workspace, l.sorted);
   int32_t* eids = At<int32_t>(workspace, l.eids);
@@ -244,7 +244,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
                            : kc::LaunchMoeQuantGemm(g1, stream));
 
   kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
-  const auto act = static_cast<kc::MoeActKind>(experts.activation());
+  const auto act = experts.activation();
   void* c2 = At<void>(workspace, l.c2);
   KPLAN_RETURN_IF_ERROR(f32 ? kc::LaunchMoeActivationF32(act, ap, At<float>(workspace, l.c1), numel,
                                                          N13, static_cast<float*>(c2), I, stream)

@@ -24,12 +24,12 @@ namespace kplan {
 // Workspace bytes for up to max_tokens tokens (scaled rows and a separate
 // expert-output buffer included).
 int64_t EmulationLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
-                                     int num_experts, moe::MoeDType act_dtype);
+                                     int num_experts, kernels::DType act_dtype);
 
 // EnqueueMoeLayer's contract for the emulation route; `a` was checked by
 // EnqueueMoeLayer (sizes, null buffers, M > 0).
 absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs& a,
-                                   moe::MoeDType act_dtype, void* workspace,
+                                   kernels::DType act_dtype, void* workspace,
                                    int64_t workspace_bytes, void* stream);
 
 // The first two stages every route shares (gpu_layer.cc): routing from

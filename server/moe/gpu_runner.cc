@@ -28,16 +28,6 @@ namespace {
 
 namespace kc = kernels::cuda;
 
-// The kernels' mirrors of the reference enums must agree value for value.
-static_assert(static_cast<int>(kc::MoeActKind::kRelu2NoMul) ==
-              static_cast<int>(moe::MoeActivation::kRelu2NoMul));
-static_assert(static_cast<int>(kc::MoeActKind::kSwigluOai) ==
-              static_cast<int>(moe::MoeActivation::kSwigluOai));
-static_assert(static_cast<int>(kc::MoeRoutingMethod::kLlama4) ==
-              static_cast<int>(moe::RoutingMethod::kLlama4));
-static_assert(static_cast<int>(kc::MoeScoringFunc::kSqrtSoftplus) ==
-              static_cast<int>(moe::ScoringFunc::kSqrtSoftplus));
-
 using kc::DeviceArena;
 using kc::DeviceGuard;
 
@@ -126,8 +116,8 @@ absl::StatusOr<MoeRunOutput> GpuExperts::Run(const MoeRunInput& input, void* str
   return RunMoeOnGpu(*this, input, stream);
 }
 
-bool GpuExperts::FastPathFor(moe::MoeDType act_dtype) const {
-  const bool act16 = act_dtype == moe::MoeDType::kBFloat16 || act_dtype == moe::MoeDType::kFloat16;
+bool GpuExperts::FastPathFor(kernels::DType act_dtype) const {
+  const bool act16 = act_dtype == kernels::DType::kBFloat16 || act_dtype == kernels::DType::kFloat16;
   if (spec_.quant.scheme.empty()) return act16 && act_dtype == spec_.dtype;
   return act16 && Fp8OnTensorCores();
 }
@@ -251,9 +241,9 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   if (!moe::IsFloatDType(in.act_dtype)) {
     return InvalidField("hidden_states.dtype",
                         absl::StrCat("activations must be float32, float16 or bfloat16, got ",
-                                     moe::MoeDTypeName(in.act_dtype)));
+                                     kernels::DTypeName(in.act_dtype)));
   }
-  const int64_t act_bytes = in.act_dtype == moe::MoeDType::kFloat32 ? 4 : 2;
+  const int64_t act_bytes = kernels::DTypeSize(in.act_dtype);
   const int64_t M = shape.num_tokens;
   const int E = spec.num_experts;
   const int k = shape.top_k;

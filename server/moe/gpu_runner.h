@@ -75,7 +75,7 @@ class GpuExperts final : public DeviceExperts {
   // in their dtype, and fp8 sets with bf16 / fp16 activations where
   // Fp8OnTensorCores(); every other combination runs the emulation route
   // (kernels/cuda/moe/moe_quant_gemm.h: dequantise in the GEMM).
-  bool FastPathFor(moe::MoeDType act_dtype) const override;
+  bool FastPathFor(kernels::DType act_dtype) const override;
   // RunMoeOnGpu(*this, input, stream).
   absl::StatusOr<MoeRunOutput> Run(const MoeRunInput& input, void* stream) const override;
   // fp8 per-tensor / per-channel, or 128 x 128 block scales, with hidden and

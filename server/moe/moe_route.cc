@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/env.h"
 #include "base/status.h"
-#include "server/oracle/routing_methods.h"
-#include "server/plan/kernel_config.h"
+#include "resolve/oracle/routing_methods.h"
+#include "resolve/plan/kernel_config.h"
 
 namespace kplan {
 namespace {
@@ -86,7 +86,7 @@ MoeLayerSpec LayerSpecOf(const ExpertsSpec& spec, const MoeRunInput& input,
   l.hidden_dim = static_cast<int32_t>(spec.hidden);
   l.intermediate_size = static_cast<int32_t>(spec.intermediate);
   l.activation = spec.activation;
-  l.in_dtype = std::string(moe::MoeDTypeName(input.act_dtype));
+  l.in_dtype = std::string(kernels::DTypeName(input.act_dtype));
   l.has_bias = spec.has_bias;
   if (shape.by_logits) {
     const MoeRouting& r = input.routing;
@@ -151,7 +151,7 @@ absl::StatusOr<MoeRoute> ChooseMoeRoute(const ExpertsSpec& spec, const MoeRunInp
     } else if (residency.on_gpu) {
       r.kind = MoeRouteKind::kGpuEmulation;
       RunAsEmulation(r, absl::StrCat("the fast kernels do not take ", WeightsOf(spec), " with ",
-                                     moe::MoeDTypeName(input.act_dtype),
+                                     kernels::DTypeName(input.act_dtype),
                                      " activations; the GPU emulation route ran"));
     } else {
       r.kind = MoeRouteKind::kCpuReference;
@@ -190,7 +190,7 @@ absl::StatusOr<std::shared_ptr<const MoeRoute>> MoeRouteCache::Choose(
   // Everything of the request LayerSpecOf and ChooseMoeRoute read.
   const MoeRouting& r = input.routing;
   std::string key = absl::StrCat(
-      moe::MoeDTypeName(input.act_dtype), "|", shape.top_k, "|", moe_backend, "|",
+      kernels::DTypeName(input.act_dtype), "|", shape.top_k, "|", moe_backend, "|",
       residency.on_gpu, residency.fast_path, "|", TokenBucket(shape.num_tokens), "|");
   if (shape.by_logits) {
     absl::StrAppend(&key, "logits|", r.routing_method, "|", r.num_expert_group, "|",

@@ -1,4 +1,4 @@
-// RunMoE's backend choice through the MoE kernel oracle (DESIGN.md
+// RunMoE's backend choice through the MoE kernel oracle (ARCHITECTURE.md
 // "Vocabulary for what runs here"): the resident expert set and the request
 // become the oracle's layer (LayerSpecOf), PlanMoeLayer runs the same
 // selection loop as ResolveKernelConfig on the server's own platform,
@@ -6,7 +6,7 @@
 // chosen backend maps to the code path that runs it (ChooseMoeRoute).
 //
 // Why here: the mapping reads server/moe types (ExpertsSpec, MoeRunInput)
-// and feeds server/oracle, and oracle must not depend on moe (DESIGN.md
+// and feeds resolve/oracle, and oracle must not depend on moe (ARCHITECTURE.md
 // "Layout": moe -> oracle). It needs no gRPC, proto or CUDA: RunMoe
 // (run_moe.h) passes what the device copy can do as plain facts
 // (MoeResidency), so the whole choice is tested on a CPU.
@@ -24,9 +24,9 @@
 #include "absl/strings/string_view.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/moe_runner.h"
-#include "server/oracle/moe_config.h"
-#include "server/oracle/moe_plan.h"
-#include "server/platform/platform.h"
+#include "resolve/oracle/moe_config.h"
+#include "resolve/oracle/moe_plan.h"
+#include "resolve/platform/platform.h"
 
 namespace kplan {
 

@@ -6,12 +6,10 @@
 #include "absl/strings/str_join.h"
 #include "base/checked_size.h"
 #include "base/status.h"
-#include "server/oracle/routing_methods.h"
+#include "resolve/oracle/routing_methods.h"
 
 namespace kplan {
 namespace {
-
-int64_t ActBytes(moe::MoeDType d) { return d == moe::MoeDType::kFloat32 ? 4 : 2; }
 
 // vLLM's scoring_func name -> the router's scoring function.
 moe::ScoringFunc ScoringOf(absl::string_view scoring) {
@@ -95,7 +93,7 @@ absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeR
   MoeRunShape shape;
   const int64_t m = shape.num_tokens = in.hidden_shape[0];
   KPLAN_RETURN_IF_ERROR(CheckShape("hidden_states", in.hidden_shape, {m, spec.hidden},
-                                   in.hidden_states, ActBytes(in.act_dtype)));
+                                   in.hidden_states, kernels::DTypeSize(in.act_dtype)));
   shape.by_logits = !in.router_logits.empty() || !in.logits_shape.empty();
   const bool by_ids = !in.topk_ids.empty() || !in.topk_shape.empty();
   if (shape.by_logits == by_ids) {
@@ -159,7 +157,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunI
   MoeRunOutput out;
   out.num_tokens = m;
   out.top_k = p.top_k;
-  out.output.resize(m * spec.hidden * ActBytes(in.act_dtype));
+  out.output.resize(m * spec.hidden * kernels::DTypeSize(in.act_dtype));
   out.topk_ids.resize(m * p.top_k);
   out.topk_weights.resize(m * p.top_k);
   KPLAN_RETURN_IF_ERROR(

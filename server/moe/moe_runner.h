@@ -25,7 +25,7 @@ struct MoeRouting {
 };
 
 struct MoeRunInput {
-  moe::MoeDType act_dtype = moe::MoeDType::kBFloat16;  // float32 | float16 | bfloat16
+  kernels::DType act_dtype = kernels::DType::kBFloat16;  // float32 | float16 | bfloat16
   std::vector<int64_t> hidden_shape;                   // [M, H]
   std::string hidden_states;                           // raw bytes
   // Either router logits (fp32 [M, E]) with routing ...

@@ -7,9 +7,9 @@
 #include "base/status.h"
 #include "server/moe/ep/ep_dispatch.h"
 #include "server/moe/ep/ep_process.h"
-#include "server/oracle/moe_config.h"
-#include "server/oracle/oracle.h"
-#include "server/plan/vocabulary.h"
+#include "resolve/oracle/moe_config.h"
+#include "resolve/oracle/oracle.h"
+#include "resolve/plan/vocabulary.h"
 #include "spdlog/spdlog.h"
 #if KPLAN_HAVE_CUDA
 #include "server/moe/gpu_runner.h"
@@ -38,7 +38,7 @@ MoeExecutionPlan MakePlan(std::string backend, std::string experts_kernel, std::
 // runners check it, then zeros of [M, H] and an empty top-k of [M, k].
 absl::StatusOr<MoeRunOutput> SkippedRun(const ExpertsSpec& spec, const MoeRunInput& input) {
   KPLAN_ASSIGN_OR_RETURN(const MoeRunShape shape, CheckMoeRunInput(spec, input));
-  const int64_t act_bytes = input.act_dtype == moe::MoeDType::kFloat32 ? 4 : 2;
+  const int64_t act_bytes = kernels::DTypeSize(input.act_dtype);
   MoeRunOutput out;
   out.num_tokens = shape.num_tokens;
   out.top_k = shape.top_k;

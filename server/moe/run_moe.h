@@ -1,4 +1,4 @@
-// RunMoE's decision and execution, without gRPC (DESIGN.md "server/moe"):
+// RunMoE's decision and execution, without gRPC (ARCHITECTURE.md "RunMoE"):
 // which path runs a request on a resident expert set (the expert-parallel
 // group, or the oracle's route: the GPU fast kernels, the GPU emulation
 // route, the CPU reference), the group's dispatch strategy as vLLM resolves
@@ -26,9 +26,9 @@
 #include "server/moe/expert_set.h"
 #include "server/moe/moe_route.h"
 #include "server/moe/moe_runner.h"
-#include "server/oracle/moe_plan.h"
-#include "server/plan/kernel_config.h"
-#include "server/platform/platform.h"
+#include "resolve/oracle/moe_plan.h"
+#include "resolve/plan/kernel_config.h"
+#include "resolve/platform/platform.h"
 
 namespace kplan {
 

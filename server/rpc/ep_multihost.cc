@@ -39,7 +39,7 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
-v1::DType ActProtoDType(moe::MoeDType d) { return ProtoDTypeFromWire(WireDTypeName(d)); }
+v1::DType ActProtoDType(kernels::DType d) { return ProtoDTypeFromWire(WireDTypeName(d)); }
 
 v1::ExpertsHeader HeaderOf(const ExpertsSpec& s) {
   v1::ExpertsHeader h;
@@ -291,7 +291,7 @@ absl::StatusOr<std::string> EpCoordinator::RunStep(const moe::ep::EpForwardedSte
   const int64_t h = step.num_tokens == 0
                         ? 0
                         : static_cast<int64_t>(step.hidden_states.size()) / step.num_tokens /
-                              (step.options.act_dtype == moe::MoeDType::kFloat32 ? 4 : 2);
+                              kernels::DTypeSize(step.options.act_dtype);
   v1::Tensor* x = request.mutable_hidden_states();
   x->set_dtype(ActProtoDType(step.options.act_dtype));
   x->add_shape(step.num_tokens);
@@ -447,13 +447,13 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerC
   step.options.strategy = *strategy;
   switch (request->hidden_states().dtype()) {
     case v1::DTYPE_FLOAT32:
-      step.options.act_dtype = moe::MoeDType::kFloat32;
+      step.options.act_dtype = kernels::DType::kFloat32;
       break;
     case v1::DTYPE_FLOAT16:
-      step.options.act_dtype = moe::MoeDType::kFloat16;
+      step.options.act_dtype = kernels::DType::kFloat16;
       break;
     case v1::DTYPE_BFLOAT16:
-      step.options.act_dtype = moe::MoeDType::kBFloat16;
+      step.options.act_dtype = kernels::DType::kBFloat16;
       break;
     default:
       return finish(InvalidField("hidden_states.dtype",

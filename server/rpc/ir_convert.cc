@@ -6,10 +6,10 @@
 namespace kplan::rpc {
 namespace {
 
-constexpr std::pair<v1::DType, IrDType> kIrDTypes[] = {
-    {v1::DTYPE_FLOAT32, IrDType::kFloat32},
-    {v1::DTYPE_FLOAT16, IrDType::kFloat16},
-    {v1::DTYPE_BFLOAT16, IrDType::kBFloat16},
+constexpr std::pair<v1::DType, kernels::DType> kIrDTypes[] = {
+    {v1::DTYPE_FLOAT32, kernels::DType::kFloat32},
+    {v1::DTYPE_FLOAT16, kernels::DType::kFloat16},
+    {v1::DTYPE_BFLOAT16, kernels::DType::kBFloat16},
 };
 
 }  // namespace

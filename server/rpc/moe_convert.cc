@@ -11,14 +11,14 @@ namespace kplan::rpc {
 namespace {
 
 // The element type of activations (hidden states, outputs).
-absl::StatusOr<moe::MoeDType> ActDType(v1::DType d, absl::string_view field) {
+absl::StatusOr<kernels::DType> ActDType(v1::DType d, absl::string_view field) {
   switch (d) {
     case v1::DTYPE_FLOAT32:
-      return moe::MoeDType::kFloat32;
+      return kernels::DType::kFloat32;
     case v1::DTYPE_FLOAT16:
-      return moe::MoeDType::kFloat16;
+      return kernels::DType::kFloat16;
     case v1::DTYPE_BFLOAT16:
-      return moe::MoeDType::kBFloat16;
+      return kernels::DType::kBFloat16;
     default:
       return InvalidField(field, absl::StrCat("activations are float32, float16 or bfloat16, got ",
                                               v1::DType_Name(d)));
@@ -54,22 +54,22 @@ absl::StatusOr<ExpertsSpec> ExpertsSpecFromProto(const v1::ExpertsHeader& h) {
   if (q.has_a2_scale()) s.quant.a2_scale = q.a2_scale();
   switch (h.dtype()) {
     case v1::DTYPE_FLOAT32:
-      s.dtype = moe::MoeDType::kFloat32;
+      s.dtype = kernels::DType::kFloat32;
       break;
     case v1::DTYPE_FLOAT16:
-      s.dtype = moe::MoeDType::kFloat16;
+      s.dtype = kernels::DType::kFloat16;
       break;
     case v1::DTYPE_BFLOAT16:
-      s.dtype = moe::MoeDType::kBFloat16;
+      s.dtype = kernels::DType::kBFloat16;
       break;
     case v1::DTYPE_FLOAT8_E4M3:
-      s.dtype = moe::MoeDType::kFp8E4m3;
+      s.dtype = kernels::DType::kFp8E4m3;
       break;
     case v1::DTYPE_INT8:
-      s.dtype = moe::MoeDType::kInt8;
+      s.dtype = kernels::DType::kInt8;
       break;
     case v1::DTYPE_UINT8:  // int4, two per byte
-      s.dtype = moe::MoeDType::kInt4Packed;
+      s.dtype = kernels::DType::kInt4Packed;
       break;
     default:
       return InvalidField("dtype", absl::StrCat("unsupported weight dtype ",
@@ -120,11 +120,11 @@ absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p) {
   return in;
 }
 
-void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, int64_t hidden,
+void MoeRunOutputToProto(MoeRunOutput& out, kernels::DType act_dtype, int64_t hidden,
                          bool return_routing, v1::RunMoEResponse* p) {
   v1::Tensor* o = p->mutable_output();
-  o->set_dtype(act_dtype == moe::MoeDType::kFloat32   ? v1::DTYPE_FLOAT32
-               : act_dtype == moe::MoeDType::kFloat16 ? v1::DTYPE_FLOAT16
+  o->set_dtype(act_dtype == kernels::DType::kFloat32   ? v1::DTYPE_FLOAT32
+               : act_dtype == kernels::DType::kFloat16 ? v1::DTYPE_FLOAT16
                                                       : v1::DTYPE_BFLOAT16);
   o->add_shape(out.num_tokens);
   o->add_shape(hidden);

@@ -15,8 +15,8 @@
 #include "server/moe/moe_runner.h"
 #include "server/moe/run_moe.h"
 #include "server/moe/shm_regions.h"
-#include "server/oracle/moe_plan.h"
-#include "server/rpc/moe_plan_convert.h"
+#include "resolve/oracle/moe_plan.h"
+#include "resolve/proto/moe_plan_convert.h"
 
 namespace kplan::rpc {
 
@@ -26,7 +26,7 @@ absl::StatusOr<ExpertsSpec> ExpertsSpecFromProto(const v1::ExpertsHeader& h);
 absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p);
 // The output is [num_tokens, hidden] (the set's hidden size: [0, H] for an
 // empty batch); its bytes are moved out of `out`.
-void MoeRunOutputToProto(MoeRunOutput& out, moe::MoeDType act_dtype, int64_t hidden,
+void MoeRunOutputToProto(MoeRunOutput& out, kernels::DType act_dtype, int64_t hidden,
                          bool return_routing, v1::RunMoEResponse* p);
 
 // RunMoE's request as the core takes it (run_moe.h): the set from `store`
@@ -52,7 +52,7 @@ absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regio
 
 // What the answer needs of its request, kept while the layer runs.
 struct RunMoeAnswer {
-  moe::MoeDType act_dtype = moe::MoeDType::kBFloat16;
+  kernels::DType act_dtype = kernels::DType::kBFloat16;
   int64_t hidden = 0;  // the set's
   bool return_routing = false;
   absl::Time arrival;  // the request's bytes arrived (Call::start)

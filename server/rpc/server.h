@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/platform/local.h"
+#include "resolve/platform/local.h"
 #include "server/rpc/ep_multihost.h"
 #include "server/rpc/idle_watchdog.h"
 #include "server/rpc/raw_service.h"

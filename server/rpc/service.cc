@@ -3,11 +3,11 @@
 #include "absl/time/clock.h"
 #include "base/status.h"
 #include "server/moe/run_moe.h"
-#include "server/plan/vocabulary.h"
-#include "server/rpc/convert.h"
+#include "resolve/plan/vocabulary.h"
+#include "resolve/proto/convert.h"
 #include "server/rpc/ir_convert.h"
 #include "server/rpc/call.h"
-#include "server/rpc/resolve.h"
+#include "resolve/proto/resolve.h"
 #include "server/rpc/status_mapping.h"
 
 namespace kplan::rpc {

@@ -17,8 +17,8 @@
 #include "server/moe/moe_route.h"
 #include "server/moe/shm_regions.h"
 #include "server/moe/moe_runner.h"
-#include "server/platform/local.h"
-#include "server/platform/platform.h"
+#include "resolve/platform/local.h"
+#include "resolve/platform/platform.h"
 #include "server/rpc/metrics.h"
 
 namespace kplan::rpc {

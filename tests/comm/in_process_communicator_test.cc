@@ -49,7 +49,7 @@ TEST_P(CommCollectiveTest, AllGatherConcatenatesInRankOrder) {
   auto st = RunRanks(comms, [&](int r, Communicator& c) {
     std::vector<int32_t> send = {r * 10, r * 10 + 1, r * 10 + 2};
     out[r].assign(3 * n, -1);
-    return c.AllGather(send.data(), out[r].data(), 3, CommDType::kInt32);
+    return c.AllGather(send.data(), out[r].data(), 3, kernels::DType::kInt32);
   });
   std::vector<int32_t> want;
   for (int p = 0; p < n; ++p) want.insert(want.end(), {p * 10, p * 10 + 1, p * 10 + 2});
@@ -67,7 +67,7 @@ TEST_P(CommCollectiveTest, AllGatherInPlace) {
     buf[r].assign(2 * n, 0.0f);
     buf[r][2 * r] = r + 0.5f;
     buf[r][2 * r + 1] = -r;
-    return c.AllGather(buf[r].data() + 2 * r, buf[r].data(), 2, CommDType::kFloat32);
+    return c.AllGather(buf[r].data() + 2 * r, buf[r].data(), 2, kernels::DType::kFloat32);
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(st[r].ok()) << st[r];
@@ -91,7 +91,7 @@ TEST_P(CommCollectiveTest, ReduceScatterSumsBlocks) {
       for (int i = 0; i < count; ++i) send[b * count + i] = 100.0f * r + 10.0f * b + i;
     }
     out[r].assign(count, -1.0f);
-    return c.ReduceScatter(send.data(), out[r].data(), count, CommDType::kFloat32);
+    return c.ReduceScatter(send.data(), out[r].data(), count, kernels::DType::kFloat32);
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(st[r].ok()) << st[r];
@@ -109,7 +109,7 @@ TEST_P(CommCollectiveTest, ReduceScatterAddsRanksInOrder) {
   std::vector<float> out(n);
   auto st = RunRanks(comms, [&](int r, Communicator& c) {
     std::vector<float> send(n, vals[r]);
-    return c.ReduceScatter(send.data(), &out[r], 1, CommDType::kFloat32);
+    return c.ReduceScatter(send.data(), &out[r], 1, kernels::DType::kFloat32);
   });
   float want = vals[0];
   for (int p = 1; p < n; ++p) want += vals[p];
@@ -147,7 +147,7 @@ TEST_P(CommCollectiveTest, AllToAllVUnevenWithEmptySegments) {
     }
     out[r].assign(roff, -7);
     return c.AllToAllV(send.empty() ? nullptr : send.data(), sc, sd, out[r].data(), rc, rd,
-                       CommDType::kInt64);
+                       kernels::DType::kInt64);
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(st[r].ok()) << st[r];
@@ -166,7 +166,7 @@ TEST_P(CommCollectiveTest, ManyCollectivesInSequence) {
     for (int it = 0; it < 50; ++it) {
       int64_t mine = r + it;
       std::vector<int64_t> all(n);
-      if (absl::Status s = c.AllGather(&mine, all.data(), 1, CommDType::kInt64); !s.ok()) return s;
+      if (absl::Status s = c.AllGather(&mine, all.data(), 1, kernels::DType::kInt64); !s.ok()) return s;
       for (int p = 0; p < n; ++p) {
         if (all[p] != p + it) return absl::InternalError("wrong value");
       }
@@ -189,7 +189,7 @@ TEST(InProcessCommunicator, TimeoutNamesCollectiveAndMissingRanks) {
   std::vector<absl::Status> st2(3);
   std::thread a([&] {
     float x = 1, y[3];
-    st2[0] = comms2[0]->AllGather(&x, y, 1, CommDType::kFloat32);
+    st2[0] = comms2[0]->AllGather(&x, y, 1, kernels::DType::kFloat32);
   });
   a.join();
   EXPECT_EQ(st2[0].code(), absl::StatusCode::kDeadlineExceeded) << st2[0];
@@ -198,7 +198,7 @@ TEST(InProcessCommunicator, TimeoutNamesCollectiveAndMissingRanks) {
   EXPECT_THAT(Msg(st2[0]), HasSubstr("100 ms"));
   // A rank arriving late finds the group failed instead of waiting.
   float x = 2, y[3];
-  absl::Status late = comms2[1]->AllGather(&x, y, 1, CommDType::kFloat32);
+  absl::Status late = comms2[1]->AllGather(&x, y, 1, kernels::DType::kFloat32);
   EXPECT_EQ(late.code(), absl::StatusCode::kAborted) << late;
   EXPECT_THAT(Msg(late), HasSubstr("timed out"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
@@ -246,7 +246,7 @@ TEST(InProcessCommunicator, MismatchedCollectivesFailEveryRank) {
   auto comms = MakeGroup(2, /*timeout_ms=*/5000);
   auto st = RunRanks(comms, [&](int r, Communicator& c) -> absl::Status {
     float x = 1, y[2];
-    if (r == 0) return c.AllGather(&x, y, 1, CommDType::kFloat32);
+    if (r == 0) return c.AllGather(&x, y, 1, kernels::DType::kFloat32);
     return c.Barrier();
   });
   for (int r = 0; r < 2; ++r) {
@@ -260,7 +260,7 @@ TEST(InProcessCommunicator, AllToAllVCountMismatchFailsEveryRank) {
   auto st = RunRanks(comms, [&](int r, Communicator& c) {
     std::vector<float> send(4, 1.0f), recv(4);
     std::vector<int64_t> sc = {1, 2}, sd = {0, 1}, rc = {1, r == 1 ? 1 : 2}, rd = {0, 1};
-    return c.AllToAllV(send.data(), sc, sd, recv.data(), rc, rd, CommDType::kFloat32);
+    return c.AllToAllV(send.data(), sc, sd, recv.data(), rc, rd, kernels::DType::kFloat32);
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(st[r].code(), absl::StatusCode::kInvalidArgument) << st[r];
@@ -275,8 +275,8 @@ TEST(InProcessCommunicator, BadLocalArgumentsAbortTheGroup) {
     std::vector<float> send(2, 1.0f), recv(2);
     std::vector<int64_t> ok = {1, 1}, displs = {0, 1}, bad = {1};
     if (r == 0) return c.AllToAllV(send.data(), bad, displs, recv.data(), ok, displs,
-                                   CommDType::kFloat32);
-    return c.AllToAllV(send.data(), ok, displs, recv.data(), ok, displs, CommDType::kFloat32);
+                                   kernels::DType::kFloat32);
+    return c.AllToAllV(send.data(), ok, displs, recv.data(), ok, displs, kernels::DType::kFloat32);
   });
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_EQ(st[0].code(), absl::StatusCode::kInvalidArgument) << st[0];
@@ -286,7 +286,7 @@ TEST(InProcessCommunicator, BadLocalArgumentsAbortTheGroup) {
 TEST(InProcessCommunicator, ReduceScatterOnlyFloatSum) {
   auto comms = MakeGroup(1);
   int32_t x = 1, y = 0;
-  EXPECT_EQ(comms[0]->ReduceScatter(&x, &y, 1, CommDType::kInt32).code(),
+  EXPECT_EQ(comms[0]->ReduceScatter(&x, &y, 1, kernels::DType::kInt32).code(),
             absl::StatusCode::kUnimplemented);
 }
 

@@ -233,7 +233,7 @@ class LocalExperts {
                                                   false, sorted_, blocks_, post_, stream);
     if (!st.ok()) return st;
     kc::MoeGroupedGemmArgs g;
-    g.dtype = kc::MoeElemType::kBFloat16;
+    g.dtype = kernels::DType::kBFloat16;
     g.a = t_.recv_rows();
     g.a_row_div = static_cast<int>(k);
     g.w = w_;
@@ -350,7 +350,7 @@ void CheckReturned(const Shape& s, const KplanEpTransport& t, const RankInput& i
   std::vector<uint16_t> want_out(M * H);
   if (M > 0) {
     absl::Status st = moe::CombineTopK(want_y_f.data(), in.weights.data(), M, k, H, false,
-                                       moe::MoeDType::kBFloat16, want_out.data());
+                                       kernels::DType::kBFloat16, want_out.data());
     EXPECT_TRUE(st.ok()) << st;
   }
   const auto got_out = Download<uint16_t>(buf.out, M * H);
@@ -369,7 +369,7 @@ void RunCheckedRound(const Shape& s, KplanEpTransport& tr, cudaStream_t stream,
   EXPECT_TRUE(tr.Dispatch(stream, buf.hidden, buf.ids, mine.num_tokens).ok());
   EXPECT_TRUE(experts.Run(stream).ok());
   EXPECT_TRUE(tr.Return(stream, experts.y()).ok());
-  EXPECT_TRUE(kc::LaunchMoeCombine(kc::MoeElemType::kBFloat16, tr.result_rows(), buf.weights,
+  EXPECT_TRUE(kc::LaunchMoeCombine(kernels::DType::kBFloat16, tr.result_rows(), buf.weights,
                                    mine.num_tokens, s.top_k, s.hidden, buf.out, stream)
                   .ok());
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -427,7 +427,7 @@ class KplanEpTest : public ::testing::Test {
         EXPECT_TRUE(st.ok()) << st;
         st = tr.Return(stream, experts.y());
         EXPECT_TRUE(st.ok()) << st;
-        st = kc::LaunchMoeCombine(kc::MoeElemType::kBFloat16, tr.result_rows(), buf.weights,
+        st = kc::LaunchMoeCombine(kernels::DType::kBFloat16, tr.result_rows(), buf.weights,
                                   mine.num_tokens, s.top_k, s.hidden, buf.out, stream);
         EXPECT_TRUE(st.ok()) << st;
         EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -488,7 +488,7 @@ TEST_F(KplanEpTest, GraphCapturedRoundReplaysWithNewData) {
     if (st.ok()) st = experts.Run(stream);
     if (st.ok()) st = tr.Return(stream, experts.y());
     if (st.ok()) {
-      st = kc::LaunchMoeCombine(kc::MoeElemType::kBFloat16, tr.result_rows(), buf.weights, M,
+      st = kc::LaunchMoeCombine(kernels::DType::kBFloat16, tr.result_rows(), buf.weights, M,
                                 s.top_k, s.hidden, buf.out, stream);
     }
     ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);

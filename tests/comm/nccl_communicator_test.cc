@@ -80,7 +80,7 @@ TEST_F(NcclTest, AllGatherAndReduceScatterMatchTheHost) {
     std::vector<float> mine = Random(count, seed_ + r);
     float* send = ToDevice(mine);
     float* recv = ToDevice(std::vector<float>(count * size_, NAN));
-    ASSERT_TRUE(comm.AllGather(send, recv, count, CommDType::kFloat32).ok());
+    ASSERT_TRUE(comm.AllGather(send, recv, count, kernels::DType::kFloat32).ok());
     std::vector<float> got = ToHost(recv, count * size_);
     for (int p = 0; p < size_; ++p) {
       std::vector<float> theirs = Random(count, seed_ + p);
@@ -90,7 +90,7 @@ TEST_F(NcclTest, AllGatherAndReduceScatterMatchTheHost) {
     std::vector<float> full = Random(count * size_, seed_ + 100 + r);
     float* rs_send = ToDevice(full);
     float* rs_recv = ToDevice(std::vector<float>(count, NAN));
-    ASSERT_TRUE(comm.ReduceScatter(rs_send, rs_recv, count, CommDType::kFloat32).ok());
+    ASSERT_TRUE(comm.ReduceScatter(rs_send, rs_recv, count, kernels::DType::kFloat32).ok());
     std::vector<float> sum(count, 0.f);
     for (int p = 0; p < size_; ++p) {
       std::vector<float> v = Random(count * size_, seed_ + 100 + p);
@@ -116,7 +116,7 @@ TEST_F(NcclTest, AllToAllVWithUnevenAndEmptySegments) {
     std::vector<float> send_h = Random(stotal, seed_ + 200 + r);
     float* send = ToDevice(send_h);
     float* recv = ToDevice(std::vector<float>(rtotal, NAN));
-    absl::Status s = comm.AllToAllV(send, sc, sd, recv, rc, rd, CommDType::kFloat32);
+    absl::Status s = comm.AllToAllV(send, sc, sd, recv, rc, rd, kernels::DType::kFloat32);
     ASSERT_TRUE(s.ok()) << s;
     std::vector<float> got = ToHost(recv, rtotal);
     for (int p = 0; p < size_; ++p) {
@@ -158,7 +158,7 @@ TEST(NcclJoinTest, AGroupThatNeverFormsTimesOutNamingTheRank) {
     int32_t* d = nullptr;
     ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 4 * (size + 1)), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(d, &mine, 4, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_TRUE(comm.AllGather(d, d + 1, 1, CommDType::kInt32).ok());
+    ASSERT_TRUE(comm.AllGather(d, d + 1, 1, kernels::DType::kInt32).ok());
     std::vector<int32_t> all(size);
     ASSERT_EQ(cudaMemcpy(all.data(), d + 1, 4 * size, cudaMemcpyDeviceToHost), cudaSuccess);
     for (int p = 0; p < size; ++p) EXPECT_EQ(all[p], 7 + p);

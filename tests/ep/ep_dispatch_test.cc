@@ -33,15 +33,13 @@ struct Case {
   int num_experts = 8;
   int64_t num_tokens = 13;
   int top_k = 2;
-  MoeDType dtype = MoeDType::kFloat32;
+  kernels::DType dtype = kernels::DType::kFloat32;
   bool apply_on_input = false;
   bool one_expert = false;  // every slot 0 goes to the same expert
   bool route_from_logits = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-int64_t ElemSize(MoeDType d) { return d == MoeDType::kFloat32 ? 4 : 2; }
 
 // Random layer and batch, all experts and all tokens, as the reference sees it.
 struct World {
@@ -55,7 +53,7 @@ struct World {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     const int E = c.num_experts, k = c.top_k;
-    const int64_t M = c.num_tokens, es = ElemSize(c.dtype);
+    const int64_t M = c.num_tokens, es = kernels::DTypeSize(c.dtype);
     auto fill = [&](std::vector<char>& v, int64_t n, float scale) {
       v.resize(n * es);
       for (int64_t i = 0; i < n; ++i) StoreFloat(v.data(), c.dtype, i, u(rng) * scale);
@@ -89,7 +87,7 @@ struct World {
   }
 
   MoeWeights Weights(int first, int count) const {
-    const int64_t es = ElemSize(c.dtype);
+    const int64_t es = kernels::DTypeSize(c.dtype);
     MoeWeights w;
     w.dtype = c.dtype;
     w.num_local_experts = count;
@@ -126,7 +124,7 @@ struct World {
     }
     p.weights = Weights(0, c.num_experts);
     p.apply_router_weight_on_input = c.apply_on_input;
-    std::vector<char> out(c.num_tokens * H * ElemSize(c.dtype));
+    std::vector<char> out(c.num_tokens * H * kernels::DTypeSize(c.dtype));
     absl::Status st = MoeReference(p, out.data());
     EXPECT_TRUE(st.ok()) << st;
     return out;
@@ -147,7 +145,7 @@ struct World {
 
   MoeInputsForThisRank Inputs(const TokenRange& tr, std::vector<char>& out) const {
     const int k = c.top_k;
-    const int64_t es = ElemSize(c.dtype);
+    const int64_t es = kernels::DTypeSize(c.dtype);
     MoeInputsForThisRank in;
     in.num_tokens = tr.count;
     in.hidden_states = hidden.data() + tr.begin * H * es;
@@ -200,10 +198,10 @@ void ExpectMatches(const World& w, const std::vector<char>& got, const std::vect
   if (exact && !got.empty()) {  // memcmp of empty vectors' null data() is UB
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0) << "not bit-identical";
   }
-  const int64_t n = static_cast<int64_t>(got.size()) / ElemSize(w.c.dtype);
+  const int64_t n = static_cast<int64_t>(got.size()) / kernels::DTypeSize(w.c.dtype);
   // fp32: re-associated fp32 sums; bf16: at most one ulp (2^-8 relative) from
   // a rounding boundary crossed by that difference.
-  const float rel = w.c.dtype == MoeDType::kFloat32 ? 1e-5f : 1.0f / 128;
+  const float rel = w.c.dtype == kernels::DType::kFloat32 ? 1e-5f : 1.0f / 128;
   int bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float a = LoadFloat(got.data(), w.c.dtype, i), b = LoadFloat(want.data(), w.c.dtype, i);
@@ -215,7 +213,7 @@ void ExpectMatches(const World& w, const std::vector<char>& got, const std::vect
 }
 
 class EpMatchesReference
-    : public ::testing::TestWithParam<std::tuple<Case, EpStrategy, MoeDType>> {};
+    : public ::testing::TestWithParam<std::tuple<Case, EpStrategy, kernels::DType>> {};
 
 TEST_P(EpMatchesReference, SameOutputAsSingleRank) {
   Case c = std::get<0>(GetParam());
@@ -255,11 +253,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::ValuesIn(kCases),
                        ::testing::Values(EpStrategy::kAllGatherReduceScatter,
                                          EpStrategy::kAll2AllV),
-                       ::testing::Values(MoeDType::kFloat32, MoeDType::kBFloat16)),
+                       ::testing::Values(kernels::DType::kFloat32, kernels::DType::kBFloat16)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param).name) + "_" +
              std::string(EpStrategyName(std::get<1>(info.param))) + "_" +
-             (std::get<2>(info.param) == MoeDType::kFloat32 ? "fp32" : "bf16");
+             (std::get<2>(info.param) == kernels::DType::kFloat32 ? "fp32" : "bf16");
     });
 
 class EpFailure : public ::testing::TestWithParam<EpStrategy> {};

@@ -35,7 +35,7 @@ absl::Status GatherRanks(int rank, comm::Communicator* comm) {
   if (comm->rank() != rank) return absl::InternalError("communicator of another rank");
   const int32_t mine = rank;
   std::vector<int32_t> all(comm->size());
-  absl::Status st = comm->AllGather(&mine, all.data(), 1, comm::CommDType::kInt32);
+  absl::Status st = comm->AllGather(&mine, all.data(), 1, kernels::DType::kInt32);
   if (!st.ok()) return st;
   for (int r = 0; r < comm->size(); ++r) {
     if (all[r] != r) return absl::InternalError("bad gather");
@@ -136,16 +136,16 @@ class LocalAbortCommunicator final : public comm::Communicator {
   int size() const override { return inner_->size(); }
   absl::string_view backend() const override { return "local_abort"; }
   absl::Status AllGather(const void* send, void* recv, int64_t count,
-                         comm::CommDType dtype) override {
+                         kernels::DType dtype) override {
     return inner_->AllGather(send, recv, count, dtype);
   }
-  absl::Status ReduceScatter(const void* send, void* recv, int64_t count, comm::CommDType dtype,
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t count, kernels::DType dtype,
                              comm::ReduceOp op) override {
     return inner_->ReduceScatter(send, recv, count, dtype, op);
   }
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> sc,
                          absl::Span<const int64_t> sd, void* recv, absl::Span<const int64_t> rc,
-                         absl::Span<const int64_t> rd, comm::CommDType dtype) override {
+                         absl::Span<const int64_t> rd, kernels::DType dtype) override {
     return inner_->AllToAllV(send, sc, sd, recv, rc, rd, dtype);
   }
   absl::Status Barrier() override { return inner_->Barrier(); }
@@ -311,12 +311,12 @@ TEST(EpGroupTest, MoeStepEqualsTheSingleRankReference) {
   spec.num_experts = kE;
   spec.hidden = kH;
   spec.intermediate = kI;
-  spec.dtype = MoeDType::kFloat32;
+  spec.dtype = kernels::DType::kFloat32;
   auto set = std::make_shared<ExpertSet>(
       spec, std::map<std::string, std::string>{{"w13", random_bytes(kE * 2 * kI * kH)},
                                                {"w2", random_bytes(kE * kH * kI)}});
   MoeRunInput input;
-  input.act_dtype = MoeDType::kFloat32;
+  input.act_dtype = kernels::DType::kFloat32;
   input.hidden_shape = {kM, kH};
   input.hidden_states = random_bytes(kM * kH);
   input.logits_shape = {kM, kE};
@@ -372,7 +372,9 @@ TEST(EpGroupTest, MoeStepEqualsTheSingleRankReference) {
                     ->RunMoe(set, input, EpStrategy::kAll2AllV, false,
                              [&](absl::StatusOr<MoeRunOutput> out, absl::Duration,
                                  absl::Duration ran) {
-                               if (!out.ok()) EXPECT_EQ(ran, absl::ZeroDuration());
+                               if (!out.ok()) {
+                                 EXPECT_EQ(ran, absl::ZeroDuration());
+                               }
                                done.set_value(std::move(out));
                              },
                              std::move(limits))

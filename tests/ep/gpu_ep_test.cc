@@ -115,7 +115,7 @@ std::unique_ptr<ExpertSet> MakeExperts(const Shape& s, uint64_t stream_id) {
   spec.hidden = s.H;
   spec.intermediate = s.I;
   spec.activation = "silu";
-  spec.dtype = MoeDType::kBFloat16;
+  spec.dtype = kernels::DType::kBFloat16;
   std::map<std::string, std::string> t;
   t["w13"] = RandomBf16(s.E * 2 * s.I * s.H, -Log2Ceil(std::sqrt(double(s.H))), stream_id + 1);
   t["w2"] = RandomBf16(s.E * s.H * s.I, -Log2Ceil(std::sqrt(double(s.I))), stream_id + 2);
@@ -251,7 +251,7 @@ Batch MakeBatch(const Shape& s, std::vector<int64_t> tokens, bool deepseek, int 
 
 MoeRunOutput SingleGpu(const GpuExperts& full, const Shape& s, const Batch& b) {
   MoeRunInput in;
-  in.act_dtype = MoeDType::kBFloat16;
+  in.act_dtype = kernels::DType::kBFloat16;
   in.hidden_shape = {b.M, s.H};
   in.hidden_states = b.hidden;
   if (b.ids.empty()) {
@@ -319,13 +319,13 @@ Diff Compare(const std::string& got, const std::string& ref) {
   const int64_t n = static_cast<int64_t>(ref.size() / 2);
   double d2 = 0, r2 = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const double r = LoadFloat(ref.data(), MoeDType::kBFloat16, i);
+    const double r = LoadFloat(ref.data(), kernels::DType::kBFloat16, i);
     r2 += r * r;
   }
   const double rms = std::sqrt(r2 / std::max<int64_t>(n, 1));
   for (int64_t i = 0; i < n; ++i) {
-    const float g = LoadFloat(got.data(), MoeDType::kBFloat16, i);
-    const float r = LoadFloat(ref.data(), MoeDType::kBFloat16, i);
+    const float g = LoadFloat(got.data(), kernels::DType::kBFloat16, i);
+    const float r = LoadFloat(ref.data(), kernels::DType::kBFloat16, i);
     const double e = std::fabs(static_cast<double>(g) - r);
     if (std::memcmp(got.data() + 2 * i, ref.data() + 2 * i, 2) != 0) ++d.mismatched;
     // One rounding of a re-associated fp32 sum: one bf16 ulp of the value

@@ -71,14 +71,14 @@ class IrCpuOpsTest : public ::testing::Test {
 TEST_F(IrCpuOpsTest, RmsNormFloat32) {
   IrOpRequest r;
   r.op = "rms_norm";
-  r.tensors = {{"x", Host(IrDType::kFloat32, {2, 2}, {3, 4, 0, 5})}};
+  r.tensors = {{"x", Host(kernels::DType::kFloat32, {2, 2}, {3, 4, 0, 5})}};
   r.epsilon = 0.0;
   // var = (9 + 16) / 2 = 12.5 and (0 + 25) / 2 = 12.5: y = x / sqrt(12.5).
   EXPECT_THAT(Values(Run(r).outputs[0].tensor),
               ElementsAre(FloatEq(0.84852814f), FloatEq(1.13137085f), FloatEq(0.f),
                           FloatEq(1.41421356f)));
 
-  r.tensors.push_back({"weight", Host(IrDType::kFloat32, {2}, {2, 0.5f})});
+  r.tensors.push_back({"weight", Host(kernels::DType::kFloat32, {2}, {2, 0.5f})});
   EXPECT_THAT(Values(Run(r).outputs[0].tensor),
               ElementsAre(FloatEq(1.69705627f), FloatEq(0.56568542f), FloatEq(0.f),
                           FloatEq(0.70710678f)));
@@ -98,21 +98,21 @@ TEST_F(IrCpuOpsTest, RmsNormRoundsLikeTorch) {
   r.epsilon = 0.0;
   // var = 7.5, 1/sqrt(7.5) = 0.36514837: y = 0.36514837, 0.73029674, 1.0954451,
   // 1.4605935, which bfloat16 rounds to 187/512, 187/256, 140/128, 187/128.
-  r.tensors = {{"x", Host(IrDType::kBFloat16, {4}, {1, 2, 3, 4})}};
+  r.tensors = {{"x", Host(kernels::DType::kBFloat16, {4}, {1, 2, 3, 4})}};
   EXPECT_THAT(Values(Run(r).outputs[0].tensor),
               ElementsAre(0.365234375f, 0.73046875f, 1.09375f, 1.4609375f));
   // y.to(bfloat16) * weight: the rounded values doubled exactly.
-  r.tensors.push_back({"weight", Host(IrDType::kBFloat16, {4}, {2, 2, 2, 2})});
+  r.tensors.push_back({"weight", Host(kernels::DType::kBFloat16, {4}, {2, 2, 2, 2})});
   EXPECT_THAT(Values(Run(r).outputs[0].tensor),
               ElementsAre(0.73046875f, 1.4609375f, 2.1875f, 2.921875f));
   // A float32 weight: fp32 product, then one rounding to bfloat16.
-  r.tensors[1] = {"weight", Host(IrDType::kFloat32, {4}, {3, 3, 3, 3})};
+  r.tensors[1] = {"weight", Host(kernels::DType::kFloat32, {4}, {3, 3, 3, 3})};
   EXPECT_THAT(Values(Run(r).outputs[0].tensor),
               ElementsAre(1.09375f, 2.1875f, 3.28125f, 4.375f));
   IrOpResult out = Run(r);
-  EXPECT_EQ(out.outputs[0].tensor.dtype, IrDType::kBFloat16);
+  EXPECT_EQ(out.outputs[0].tensor.dtype, kernels::DType::kBFloat16);
   // float16 with its rms tolerance: 0.36514837 * (1, 2, 3, 4).
-  r.tensors = {{"x", Host(IrDType::kFloat16, {4}, {1, 2, 3, 4})}};
+  r.tensors = {{"x", Host(kernels::DType::kFloat16, {4}, {1, 2, 3, 4})}};
   EXPECT_THAT(Values(Run(r).outputs[0].tensor),
               ElementsAre(FloatNear(0.36514837f, 1e-2), FloatNear(0.73029674f, 1e-2),
                           FloatNear(1.0954451f, 1e-2), FloatNear(1.4605935f, 1e-2)));
@@ -122,8 +122,8 @@ TEST_F(IrCpuOpsTest, FusedAddRmsNorm) {
   IrOpRequest r;
   r.op = "fused_add_rms_norm";
   r.epsilon = 0.0;
-  r.tensors = {{"x", Host(IrDType::kFloat32, {1, 2}, {1, 2})},
-               {"x_residual", Host(IrDType::kFloat32, {1, 2}, {2, 2})}};
+  r.tensors = {{"x", Host(kernels::DType::kFloat32, {1, 2}, {1, 2})},
+               {"x_residual", Host(kernels::DType::kFloat32, {1, 2}, {2, 2})}};
   IrOpResult out = Run(r);
   ASSERT_EQ(out.outputs.size(), 2u);
   EXPECT_EQ(out.outputs[0].name, "out");
@@ -132,10 +132,10 @@ TEST_F(IrCpuOpsTest, FusedAddRmsNorm) {
   EXPECT_THAT(Values(out.outputs[1].tensor), ElementsAre(3.f, 4.f));
 
   // The new residual is the fp32 sum rounded to x's dtype: 1 + 2^-9 -> 1 in bf16.
-  r.tensors = {{"x", Host(IrDType::kBFloat16, {2}, {1, 1})},
-               {"x_residual", Host(IrDType::kFloat32, {2}, {std::ldexp(1.f, -9), 0})}};
+  r.tensors = {{"x", Host(kernels::DType::kBFloat16, {2}, {1, 1})},
+               {"x_residual", Host(kernels::DType::kFloat32, {2}, {std::ldexp(1.f, -9), 0})}};
   out = Run(r);
-  EXPECT_EQ(out.outputs[1].tensor.dtype, IrDType::kBFloat16);
+  EXPECT_EQ(out.outputs[1].tensor.dtype, kernels::DType::kBFloat16);
   EXPECT_THAT(Values(out.outputs[1].tensor), ElementsAre(1.f, 1.f));
   EXPECT_THAT(Values(out.outputs[0].tensor), ElementsAre(1.f, 1.f));
 }
@@ -145,7 +145,7 @@ TEST_F(IrCpuOpsTest, GeluAndMulSparse) {
   r.op = "gelu_and_mul_sparse";
   // gate 1,2,3,4: mean 2.5; sparsity 0.5 -> Phi^-1 = 0 -> cutoff 2.5;
   // relu(gate - 2.5) = 0, 0, 0.5, 1.5; gelu(0.5) = 0.34573123, gelu(1.5) = 1.39978920.
-  r.tensors = {{"x", Host(IrDType::kFloat32, {1, 8}, {1, 2, 3, 4, 1, 1, 2, -1})}};
+  r.tensors = {{"x", Host(kernels::DType::kFloat32, {1, 8}, {1, 2, 3, 4, 1, 1, 2, -1})}};
   r.activation_sparsity = 0.5;
   IrOpResult out = Run(r);
   EXPECT_THAT(out.outputs[0].tensor.shape, ElementsAre(1, 4));
@@ -158,7 +158,7 @@ TEST_F(IrCpuOpsTest, GeluAndMulSparse) {
   // only gate 4 survives: gelu(0.5590389) * 3 = 1.1939936.
   r.approximate.reset();
   r.activation_sparsity = 0.8;
-  r.tensors = {{"x", Host(IrDType::kFloat32, {8}, {1, 2, 3, 4, 1, 1, 1, 3})}};
+  r.tensors = {{"x", Host(kernels::DType::kFloat32, {8}, {1, 2, 3, 4, 1, 1, 1, 3})}};
   EXPECT_THAT(Values(Run(r).outputs[0].tensor),
               ElementsAre(0.f, 0.f, 0.f, FloatNear(1.1939936f, 1e-5)));
 }
@@ -168,15 +168,15 @@ TEST(IrCpuKernelTest, StridedInputsMatchContiguous) {
   // the same values as a transposed view.
   const float buf[10] = {9, 1, 2, 3, 9, 9, -4, 5, 0.5f, 9};
   const float dense[6] = {1, 2, 3, -4, 5, 0.5f};
-  kernels::IrRowsIn strided{buf + 1, IrDType::kFloat32, kernels::IrRowLayout::Rows(2, 5)};
-  kernels::IrRowsIn contiguous{dense, IrDType::kFloat32, kernels::IrRowLayout::Rows(2, 3)};
+  kernels::IrRowsIn strided{buf + 1, kernels::DType::kFloat32, kernels::IrRowLayout::Rows(2, 5)};
+  kernels::IrRowsIn contiguous{dense, kernels::DType::kFloat32, kernels::IrRowLayout::Rows(2, 3)};
   float a[6], b[6];
   kernels::cpu::RmsNorm(strided, 2, 3, {}, 1e-6f, 3, a);
   kernels::cpu::RmsNorm(contiguous, 2, 3, {}, 1e-6f, 3, b);
   EXPECT_THAT(a, ::testing::Pointwise(FloatEq(), b));
 
   const float transposed[6] = {1, -4, 2, 5, 3, 0.5f};  // [3, 2] storage of x^T
-  kernels::IrRowsIn t{transposed, IrDType::kFloat32, {}};
+  kernels::IrRowsIn t{transposed, kernels::DType::kFloat32, {}};
   t.layout.lead_dims = 1;
   t.layout.lead_sizes[0] = 2;
   t.layout.lead_strides[0] = 1;

@@ -46,8 +46,8 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-absl::string_view Short(IrDType t) {
-  return t == IrDType::kFloat32 ? "fp32" : t == IrDType::kFloat16 ? "fp16" : "bf16";
+absl::string_view Short(kernels::DType t) {
+  return t == kernels::DType::kFloat32 ? "fp32" : t == kernels::DType::kFloat16 ? "fp16" : "bf16";
 }
 
 class IrGpuTest : public ::testing::Test {
@@ -72,7 +72,7 @@ class IrGpuTest : public ::testing::Test {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->provider, expected_provider);
     ASSERT_EQ(got->outputs.size(), want->outputs.size());
-    const IrDType dtype = r.tensors[0].tensor.dtype;
+    const kernels::DType dtype = r.tensors[0].tensor.dtype;
     for (size_t i = 0; i < got->outputs.size(); ++i) {
       const std::vector<float> g = Values(got->outputs[i].tensor);
       const std::vector<float> w = Values(want->outputs[i].tensor);
@@ -93,7 +93,7 @@ class IrGpuTest : public ::testing::Test {
   std::unique_ptr<IrRegistry> registry_;
 };
 
-const IrDType kDTypes[] = {IrDType::kFloat32, IrDType::kFloat16, IrDType::kBFloat16};
+const kernels::DType kDTypes[] = {kernels::DType::kFloat32, kernels::DType::kFloat16, kernels::DType::kBFloat16};
 
 // Shapes of x: one row, hidden a multiple of 8 or not, many rows, 3-D, rows
 // longer than the register cache (512 threads x 4 vectors).
@@ -101,7 +101,7 @@ const std::vector<std::vector<int64_t>> kShapes = {
     {1, 4096}, {7, 8192}, {300, 1003}, {3, 5, 24}, {1, 3}, {4, 40000}, {2048, 128}, {16}};
 
 TEST_F(IrGpuTest, RmsNormMatchesReference) {
-  for (IrDType dtype : kDTypes) {
+  for (kernels::DType dtype : kDTypes) {
     for (const auto& shape : kShapes) {
       for (bool weight : {false, true}) {
         for (bool variance : {false, true}) {
@@ -126,7 +126,7 @@ TEST_F(IrGpuTest, RmsNormMatchesReference) {
 }
 
 TEST_F(IrGpuTest, FusedAddRmsNormMatchesReference) {
-  for (IrDType dtype : kDTypes) {
+  for (kernels::DType dtype : kDTypes) {
     for (const auto& shape : kShapes) {
       for (bool weight : {false, true}) {
         for (bool variance : {false, true}) {
@@ -153,7 +153,7 @@ TEST_F(IrGpuTest, FusedAddRmsNormMatchesReference) {
 TEST_F(IrGpuTest, GeluAndMulSparseMatchesReference) {
   const std::vector<std::vector<int64_t>> shapes = {
       {1, 2 * 4096}, {9, 2 * 1003}, {3, 4, 64}, {2, 2 * 20000}, {512, 2 * 2048}, {2}};
-  for (IrDType dtype : kDTypes) {
+  for (kernels::DType dtype : kDTypes) {
     for (const auto& shape : shapes) {
       for (const char* approximate : {"none", "tanh"}) {
         for (double sparsity : {0.95, 0.5, 0.1}) {
@@ -177,14 +177,14 @@ TEST_F(IrGpuTest, MixedDtypesFallBackToNative) {
   IrOpRequest r;
   r.op = "rms_norm";
   r.epsilon = 1e-6;
-  r.tensors = {{"x", Host(IrDType::kBFloat16, {33, 256}, RandomValues(33 * 256, Rng(), IrDType::kBFloat16))},
-               {"weight", Host(IrDType::kFloat32, {256}, RandomValues(256, Rng(), IrDType::kFloat32))}};
+  r.tensors = {{"x", Host(kernels::DType::kBFloat16, {33, 256}, RandomValues(33 * 256, Rng(), kernels::DType::kBFloat16))},
+               {"weight", Host(kernels::DType::kFloat32, {256}, RandomValues(256, Rng(), kernels::DType::kFloat32))}};
   Compare(r, {"kplan", "native"}, "native", true);
   IrOpRequest f;
   f.op = "fused_add_rms_norm";
   f.epsilon = 1e-6;
-  f.tensors = {{"x", Host(IrDType::kFloat16, {5, 512}, RandomValues(5 * 512, Rng(), IrDType::kFloat16))},
-               {"x_residual", Host(IrDType::kFloat32, {5, 512}, RandomValues(5 * 512, Rng(), IrDType::kFloat32))}};
+  f.tensors = {{"x", Host(kernels::DType::kFloat16, {5, 512}, RandomValues(5 * 512, Rng(), kernels::DType::kFloat16))},
+               {"x_residual", Host(kernels::DType::kFloat32, {5, 512}, RandomValues(5 * 512, Rng(), kernels::DType::kFloat32))}};
   Compare(f, {"kplan", "native"}, "native", true);
 }
 
@@ -207,7 +207,7 @@ TEST_F(IrGpuTest, StridedAndMisalignedViews) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const IrDType dtype = IrDType::kBFloat16;
+    const kernels::DType dtype = kernels::DType::kBFloat16;
     const int64_t span = c.offset + (c.rows - 1) * c.row_stride + (c.cols - 1) * c.col_stride + 1;
     IrHostTensor buf = Host(dtype, {span}, RandomValues(span, Rng(), dtype));
     std::vector<float> w = RandomValues(c.cols, Rng(), dtype);
@@ -282,8 +282,8 @@ TEST_F(IrGpuTest, ConcurrentRequestsOnStreams) {
         IrOpRequest r;
         r.op = "fused_add_rms_norm";
         r.epsilon = 1e-6;
-        r.tensors = {{"x", Host(IrDType::kBFloat16, {16, 2048}, RandomValues(16 * 2048, rng, IrDType::kBFloat16))},
-                     {"x_residual", Host(IrDType::kBFloat16, {16, 2048}, RandomValues(16 * 2048, rng, IrDType::kBFloat16))}};
+        r.tensors = {{"x", Host(kernels::DType::kBFloat16, {16, 2048}, RandomValues(16 * 2048, rng, kernels::DType::kBFloat16))},
+                     {"x_residual", Host(kernels::DType::kBFloat16, {16, 2048}, RandomValues(16 * 2048, rng, kernels::DType::kBFloat16))}};
         IrOpRequest cpu = r;
         const bool kplan = (t + i) % 2 == 0;
         r.priority = kplan ? std::vector<std::string>{"kplan", "native"}
@@ -297,7 +297,7 @@ TEST_F(IrGpuTest, ConcurrentRequestsOnStreams) {
         }
         for (int k = 0; k < 2; ++k) {
           if (CountMismatches(Values(got->outputs[k].tensor), Values(want->outputs[k].tensor),
-                              ToleranceFor(IrDType::kBFloat16, true), nullptr) != 0) {
+                              ToleranceFor(kernels::DType::kBFloat16, true), nullptr) != 0) {
             wrong++;
           }
         }

@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/ir/builtin_ops.h"
-#include "server/plan/vocabulary.h"
+#include "resolve/plan/vocabulary.h"
 
 namespace kplan {
 namespace {
@@ -52,7 +52,7 @@ IrArgs Args(int64_t dims) {
   static float data[16] = {1};
   std::vector<int64_t> shape(static_cast<size_t>(dims), 2);
   IrArgs a;
-  a.values = {TensorView::Contiguous(data, IrDType::kFloat32, shape), 1.0, std::string("none")};
+  a.values = {TensorView::Contiguous(data, kernels::DType::kFloat32, shape), 1.0, std::string("none")};
   return a;
 }
 

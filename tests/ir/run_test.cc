@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 #include "base/status.h"
 #include "server/ir/builtin_ops.h"
-#include "server/plan/vocabulary.h"
+#include "resolve/plan/vocabulary.h"
 #include "tests/ir/test_util.h"
 
 namespace kplan {
@@ -25,7 +25,7 @@ using testing_ir::Values;
 IrOpRequest RmsRequest() {
   IrOpRequest r;
   r.op = "rms_norm";
-  r.tensors = {{"x", Host(IrDType::kFloat32, {1, 2}, {3, 4})}};
+  r.tensors = {{"x", Host(kernels::DType::kFloat32, {1, 2}, {3, 4})}};
   r.epsilon = 0.0;
   return r;
 }
@@ -55,7 +55,7 @@ TEST(IrRunTest, CpuOpsStopPastTheirDeadline) {
   IrOpRequest r;
   r.op = "rms_norm";
   r.tensors = {
-      {"x", Host(IrDType::kFloat32, {kRows, kCols}, std::vector<float>(kRows * kCols, 1.0f))}};
+      {"x", Host(kernels::DType::kFloat32, {kRows, kCols}, std::vector<float>(kRows * kCols, 1.0f))}};
   r.epsilon = 1e-6;
   r.deadline = absl::Now() - absl::Seconds(1);
   absl::StatusOr<IrOpResult> late = RunIrOp(*reg, r);
@@ -146,7 +146,7 @@ TEST(IrRunTest, ArgumentErrors) {
       {[](IrOpRequest& r) { r.tensors[0].tensor.data.pop_back(); },
        absl::StatusCode::kInvalidArgument,
        "x holds 7 bytes; its shape [1, 2] needs 8", "x.data"},
-      {[](IrOpRequest& r) { r.tensors.push_back({"weight", Host(IrDType::kFloat32, {3}, {1, 1, 1})}); },
+      {[](IrOpRequest& r) { r.tensors.push_back({"weight", Host(kernels::DType::kFloat32, {3}, {1, 1, 1})}); },
        absl::StatusCode::kInvalidArgument,
        "weight must have shape [2] (the last dim of x), got [3]", "weight"},
       {[](IrOpRequest& r) { r.variance_size = 3; }, absl::StatusCode::kInvalidArgument,
@@ -172,7 +172,7 @@ TEST(IrRunTest, GeluAndMulSparseErrors) {
   std::unique_ptr<IrRegistry> reg = *MakeBuiltinIrRegistry({});
   IrOpRequest r;
   r.op = "gelu_and_mul_sparse";
-  r.tensors = {{"x", Host(IrDType::kFloat32, {4}, {1, 2, 3, 4})}};
+  r.tensors = {{"x", Host(kernels::DType::kFloat32, {4}, {1, 2, 3, 4})}};
   r.activation_sparsity = 0.0;
   r.approximate = "erf";
   // GeluAndMulSparse checks the mode first.
@@ -184,7 +184,7 @@ TEST(IrRunTest, GeluAndMulSparseErrors) {
   r.activation_sparsity = 1.0;
   EXPECT_EQ(RunIrOp(*reg, r).status().message(), "activation_sparsity must be in (0, 1), got 1");
   r.activation_sparsity = 0.5;
-  r.tensors = {{"x", Host(IrDType::kFloat32, {3}, {1, 2, 3})}};
+  r.tensors = {{"x", Host(kernels::DType::kFloat32, {3}, {1, 2, 3})}};
   EXPECT_THAT(std::string(RunIrOp(*reg, r).status().message()), HasSubstr("even last dim"));
   r.activation_sparsity.reset();
   EXPECT_EQ(RunIrOp(*reg, r).status().message(),
@@ -197,12 +197,12 @@ TEST(IrRunTest, EmptyRowsAndFusedShapes) {
   IrOpRequest r;
   r.op = "fused_add_rms_norm";
   r.epsilon = 1e-6;
-  r.tensors = {{"x", Host(IrDType::kBFloat16, {0, 8}, {})},
-               {"x_residual", Host(IrDType::kBFloat16, {0, 8}, {})}};
+  r.tensors = {{"x", Host(kernels::DType::kBFloat16, {0, 8}, {})},
+               {"x_residual", Host(kernels::DType::kBFloat16, {0, 8}, {})}};
   absl::StatusOr<IrOpResult> out = RunIrOp(*reg, r);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_THAT(out->outputs[1].tensor.shape, ElementsAre(0, 8));
-  r.tensors[1].tensor = Host(IrDType::kBFloat16, {1, 8}, std::vector<float>(8, 1.f));
+  r.tensors[1].tensor = Host(kernels::DType::kBFloat16, {1, 8}, std::vector<float>(8, 1.f));
   EXPECT_EQ(RunIrOp(*reg, r).status().message(),
             "x_residual must have the shape of x [0, 8], got [1, 8]");
 }

@@ -12,11 +12,11 @@
 
 namespace kplan::testing_ir {
 
-inline IrHostTensor Host(IrDType dtype, std::vector<int64_t> shape, const std::vector<float>& v) {
+inline IrHostTensor Host(kernels::DType dtype, std::vector<int64_t> shape, const std::vector<float>& v) {
   IrHostTensor t;
   t.dtype = dtype;
   t.shape = std::move(shape);
-  t.data.resize(v.size() * static_cast<size_t>(IrDTypeSize(dtype)));
+  t.data.resize(v.size() * static_cast<size_t>(kernels::DTypeSize(dtype)));
   for (size_t i = 0; i < v.size(); ++i) {
     kernels::cpu::StoreFromFloat(t.data.data(), static_cast<int64_t>(i), dtype, v[i]);
   }
@@ -24,7 +24,7 @@ inline IrHostTensor Host(IrDType dtype, std::vector<int64_t> shape, const std::v
 }
 
 inline std::vector<float> Values(const IrHostTensor& t) {
-  const size_t n = t.data.size() / static_cast<size_t>(IrDTypeSize(t.dtype));
+  const size_t n = t.data.size() / static_cast<size_t>(kernels::DTypeSize(t.dtype));
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) {
     v[i] = kernels::cpu::LoadAsFloat(t.data.data(), static_cast<int64_t>(i), t.dtype);
@@ -33,7 +33,7 @@ inline std::vector<float> Values(const IrHostTensor& t) {
 }
 
 // Fresh random values in [-2, 2) away from zero (never all zeros).
-inline std::vector<float> RandomValues(size_t n, std::mt19937& rng, IrDType dtype) {
+inline std::vector<float> RandomValues(size_t n, std::mt19937& rng, kernels::DType dtype) {
   std::uniform_real_distribution<float> dist(-2.f, 2.f);
   std::vector<float> v(n);
   for (float& x : v) {
@@ -50,14 +50,16 @@ struct Tolerance {
 };
 
 // vllm/ir/tolerances.py; the rms ops override float16 to 1e-2 / 2e-3.
-inline Tolerance ToleranceFor(IrDType dtype, bool rms_op) {
+inline Tolerance ToleranceFor(kernels::DType dtype, bool rms_op) {
   switch (dtype) {
-    case IrDType::kFloat32:
+    case kernels::DType::kFloat32:
       return {1e-5, 1.3e-6};
-    case IrDType::kFloat16:
+    case kernels::DType::kFloat16:
       return rms_op ? Tolerance{1e-2, 2e-3} : Tolerance{1e-3, 1e-3};
-    case IrDType::kBFloat16:
+    case kernels::DType::kBFloat16:
       return {1e-3, 1.6e-2};
+    default:  // not an IR op type
+      break;
   }
   return {0, 0};
 }

@@ -99,14 +99,14 @@ TEST(MoeDTypeTest, Fp8E4m3DecodeEncode) {
 }
 
 TEST(MoeDTypeTest, RoundToDTypeAndLoadStore) {
-  EXPECT_EQ(RoundToDType(1.0f + std::ldexp(1.0f, -9), MoeDType::kBFloat16), 1.0f);
-  EXPECT_EQ(RoundToDType(1.0f + std::ldexp(1.0f, -9), MoeDType::kFloat16),
+  EXPECT_EQ(RoundToDType(1.0f + std::ldexp(1.0f, -9), kernels::DType::kBFloat16), 1.0f);
+  EXPECT_EQ(RoundToDType(1.0f + std::ldexp(1.0f, -9), kernels::DType::kFloat16),
             1.0f + std::ldexp(1.0f, -9));
-  EXPECT_EQ(RoundToDType(0.1f, MoeDType::kFloat32), 0.1f);
+  EXPECT_EQ(RoundToDType(0.1f, kernels::DType::kFloat32), 0.1f);
   uint16_t buf[2];
-  StoreFloat(buf, MoeDType::kBFloat16, 1, 3.0f);
+  StoreFloat(buf, kernels::DType::kBFloat16, 1, 3.0f);
   EXPECT_EQ(buf[1], 0x4040);
-  EXPECT_EQ(LoadFloat(buf, MoeDType::kBFloat16, 1), 3.0f);
+  EXPECT_EQ(LoadFloat(buf, kernels::DType::kBFloat16, 1), 3.0f);
 }
 
 TEST(MoeDTypeTest, Int4PacksLowNibbleFirst) {
@@ -523,11 +523,11 @@ struct Tiny {
     p.intermediate = 1;
     p.num_experts = 2;
     p.top_k = 2;
-    p.act_dtype = MoeDType::kFloat32;
+    p.act_dtype = kernels::DType::kFloat32;
     p.hidden_states = x.data();
     p.topk_ids = ids.data();
     p.topk_weights = wts.data();
-    p.weights.dtype = MoeDType::kFloat32;
+    p.weights.dtype = kernels::DType::kFloat32;
     p.weights.num_local_experts = 2;
     p.weights.w13 = w13.data();
     p.weights.w2 = w2.data();
@@ -579,14 +579,14 @@ TEST(MoeExpertsTest, BiasesAndBf16Output) {
   for (float v : t.x) xb.push_back(FloatToBf16(v));
   for (float v : t.w13) w13b.push_back(FloatToBf16(v));
   for (float v : t.w2) w2b.push_back(FloatToBf16(v));
-  p.act_dtype = MoeDType::kBFloat16;
+  p.act_dtype = kernels::DType::kBFloat16;
   p.hidden_states = xb.data();
-  p.weights.dtype = MoeDType::kBFloat16;
+  p.weights.dtype = kernels::DType::kBFloat16;
   p.weights.w13 = w13b.data();
   p.weights.w2 = w2b.data();
   std::vector<uint16_t> ob(2);
   ASSERT_TRUE(MoeReference(p, ob.data()).ok());
-  auto bf = [](double v) { return RoundToDType(static_cast<float>(v), MoeDType::kBFloat16); };
+  auto bf = [](double v) { return RoundToDType(static_cast<float>(v), kernels::DType::kBFloat16); };
   const float h0 = bf(SiluD(1.5)), h1 = bf(bf(SiluD(2) * 3.25));
   const float o0 = bf(0.25f * bf(h0 + 1) + 0.75f * bf(-h1));
   EXPECT_EQ(Bf16ToFloat(ob[0]), o0);
@@ -609,17 +609,17 @@ TEST(MoeExpertsTest, Bf16RoundsTheIntermediateAsTorch) {
   p.intermediate = 2;
   p.num_experts = 1;
   p.top_k = 1;
-  p.act_dtype = MoeDType::kBFloat16;
+  p.act_dtype = kernels::DType::kBFloat16;
   p.hidden_states = x.data();
   p.topk_ids = ids;
   p.topk_weights = wts;
-  p.weights.dtype = MoeDType::kBFloat16;
+  p.weights.dtype = kernels::DType::kBFloat16;
   p.weights.num_local_experts = 1;
   p.weights.w13 = w13.data();
   p.weights.w2 = w2.data();
   uint16_t out = 0;
   ASSERT_TRUE(MoeReference(p, &out).ok());
-  auto bf = [](double v) { return RoundToDType(static_cast<float>(v), MoeDType::kBFloat16); };
+  auto bf = [](double v) { return RoundToDType(static_cast<float>(v), kernels::DType::kBFloat16); };
   EXPECT_EQ(Bf16ToFloat(out), bf(bf(SiluD(1)) - 0.5f * bf(SiluD(2))));
   EXPECT_EQ(Bf16ToFloat(out), -0.1484375f);
 }
@@ -700,7 +700,7 @@ TEST(MoeExpertsTest, NoMulActivationUsesNarrowW13) {
   p.intermediate = 2;
   p.num_experts = 1;
   p.top_k = 1;
-  p.act_dtype = MoeDType::kFloat32;
+  p.act_dtype = kernels::DType::kFloat32;
   p.hidden_states = x.data();
   p.topk_ids = ids;
   p.topk_weights = wts;
@@ -826,14 +826,14 @@ struct ExactFp8 {
   std::vector<int32_t> ids = {0, 1, 1, 0};
   std::vector<float> wts = {0.5f, 0.25f, 1.0f, 2.0f};
 
-  MoeProblem Problem(const void* w13p, const void* w2p, MoeDType wd) {
+  MoeProblem Problem(const void* w13p, const void* w2p, kernels::DType wd) {
     MoeProblem p;
     p.num_tokens = 2;
     p.hidden = 4;
     p.intermediate = 2;
     p.num_experts = 2;
     p.top_k = 2;
-    p.act_dtype = MoeDType::kFloat32;
+    p.act_dtype = kernels::DType::kFloat32;
     p.hidden_states = x.data();
     p.topk_ids = ids.data();
     p.topk_weights = wts.data();
@@ -854,12 +854,12 @@ std::vector<uint8_t> ToFp8(const std::vector<float>& v, float scale) {
 
 TEST(MoeQuantTest, Fp8PerTensorRoundTripIsExact) {
   ExactFp8 t;
-  const std::vector<float> ref = RunF32(t.Problem(t.w13.data(), t.w2.data(), MoeDType::kFloat32));
+  const std::vector<float> ref = RunF32(t.Problem(t.w13.data(), t.w2.data(), kernels::DType::kFloat32));
   ASSERT_NE(ref, std::vector<float>(8, 0.0f));
   const std::vector<uint8_t> q13 = ToFp8(t.w13, 0.5f), q2 = ToFp8(t.w2, 0.5f);
   for (size_t i = 0; i < t.w13.size(); ++i) EXPECT_EQ(Fp8E4m3ToFloat(q13[i]) * 0.5f, t.w13[i]);
   const float s13[2] = {0.5f, 0.5f}, s2[2] = {0.5f, 0.5f};
-  MoeProblem p = t.Problem(q13.data(), q2.data(), MoeDType::kFp8E4m3);
+  MoeProblem p = t.Problem(q13.data(), q2.data(), kernels::DType::kFp8E4m3);
   p.weights.quant.scheme = MoeQuantScheme::kFp8W8A8;
   p.weights.quant.w13_scale = s13;
   p.weights.quant.w2_scale = s2;
@@ -902,7 +902,7 @@ TEST(MoeQuantTest, Fp8DynamicPerTokenMatchesNaive) {
   ExactFp8 t;
   const std::vector<uint8_t> q13 = ToFp8(t.w13, 0.5f), q2 = ToFp8(t.w2, 0.5f);
   const std::vector<float> s13 = {0.5f, 0.5f}, s2 = {0.5f, 0.5f};
-  MoeProblem p = t.Problem(q13.data(), q2.data(), MoeDType::kFp8E4m3);
+  MoeProblem p = t.Problem(q13.data(), q2.data(), kernels::DType::kFp8E4m3);
   p.weights.quant.scheme = MoeQuantScheme::kFp8W8A8;
   p.weights.quant.act_scale = Fp8ActScale::kPerToken;
   p.weights.quant.w13_scale = s13.data();
@@ -910,7 +910,7 @@ TEST(MoeQuantTest, Fp8DynamicPerTokenMatchesNaive) {
   NaiveFp8 n{2, 4, 2, 2, 2, 0, 0, Relu2Rows};
   const std::vector<float> want = n.Run(t.x, q13, s13, 2, q2, s2, t.ids, t.wts);
   const std::vector<float> got = RunF32(p);
-  const std::vector<float> exact = RunF32(t.Problem(t.w13.data(), t.w2.data(), MoeDType::kFloat32));
+  const std::vector<float> exact = RunF32(t.Problem(t.w13.data(), t.w2.data(), kernels::DType::kFloat32));
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i]) + 1e-6) << i;
   }
@@ -935,7 +935,7 @@ TEST(MoeQuantTest, Fp8DynamicPerTensorUsesOneScaleForAllRows) {
   ASSERT_GT(amax2, 1.0f);
   const std::vector<uint8_t> q13 = ToFp8(t.w13, 0.5f), q2 = ToFp8(t.w2, 0.5f);
   const float s13[2] = {0.5f, 0.5f}, s2[2] = {0.5f, 0.5f};
-  MoeProblem p = t.Problem(q13.data(), q2.data(), MoeDType::kFp8E4m3);
+  MoeProblem p = t.Problem(q13.data(), q2.data(), kernels::DType::kFp8E4m3);
   p.weights.quant.scheme = MoeQuantScheme::kFp8W8A8;
   p.weights.quant.w13_scale = s13;
   p.weights.quant.w2_scale = s2;
@@ -973,7 +973,7 @@ TEST(MoeQuantTest, Fp8BlockScalesAreAppliedPerTile) {
   std::vector<float> s13, s2;
   const std::vector<uint8_t> q13 = quant_blocks(t.w13, 2, 2, 4, s13);
   const std::vector<uint8_t> q2 = quant_blocks(t.w2, 2, 4, 2, s2);
-  MoeProblem p = t.Problem(q13.data(), q2.data(), MoeDType::kFp8E4m3);
+  MoeProblem p = t.Problem(q13.data(), q2.data(), kernels::DType::kFp8E4m3);
   p.weights.quant.scheme = MoeQuantScheme::kFp8W8A8;
   p.weights.quant.weight_scale = Fp8WeightScale::kBlock;
   p.weights.quant.block_n = bn;
@@ -1013,12 +1013,12 @@ TEST(MoeQuantTest, Int4AndInt8WeightOnlyByHand) {
   p.intermediate = 2;
   p.num_experts = 1;
   p.top_k = 1;
-  p.act_dtype = MoeDType::kFloat32;
+  p.act_dtype = kernels::DType::kFloat32;
   p.hidden_states = x.data();
   p.topk_ids = ids;
   p.topk_weights = wts;
   p.activation = MoeActivation::kRelu2NoMul;
-  p.weights.dtype = MoeDType::kInt4Packed;
+  p.weights.dtype = kernels::DType::kInt4Packed;
   p.weights.num_local_experts = 1;
   p.weights.w13 = q13.data();
   p.weights.w2 = q2.data();
@@ -1050,7 +1050,7 @@ TEST(MoeQuantTest, Int4AndInt8WeightOnlyByHand) {
   // int8, signed, no zero points.
   const int8_t i13[4] = {1, -1, 4, 0}, i2[4] = {2, 0, 0, -3};
   p.hidden_states = x.data();
-  p.weights.dtype = MoeDType::kInt8;
+  p.weights.dtype = kernels::DType::kInt8;
   p.weights.w13 = i13;
   p.weights.w2 = i2;
   p.weights.quant.scheme = MoeQuantScheme::kInt8WeightOnly;
@@ -1114,7 +1114,7 @@ TEST(MoePropertyTest, MatchesNaiveLoopsForFp32) {
   p.intermediate = I;
   p.num_experts = E;
   p.top_k = k;
-  p.act_dtype = MoeDType::kFloat32;
+  p.act_dtype = kernels::DType::kFloat32;
   p.hidden_states = x.data();
   p.router_logits = logits.data();
   p.routing.renormalize = true;
@@ -1167,15 +1167,15 @@ TEST(MoePropertyTest, MatchesNaiveLoopsForFp32) {
     for (float v : w2) w2b.push_back(FloatToBf16(v));
     MoeProblem pb = p;
     pb.num_threads = 0;
-    pb.act_dtype = MoeDType::kBFloat16;
+    pb.act_dtype = kernels::DType::kBFloat16;
     pb.hidden_states = xb.data();
-    pb.weights.dtype = MoeDType::kBFloat16;
+    pb.weights.dtype = kernels::DType::kBFloat16;
     pb.weights.w13 = w13b.data();
     pb.weights.w2 = w2b.data();
     ASSERT_TRUE(MoeReference(pb, ob.data()).ok());
     std::vector<float> per_slot(M * k * H);
     ASSERT_TRUE(RunExperts(pb, ids.data(), wts.data(), per_slot.data()).ok());
-    for (float v : per_slot) ASSERT_EQ(v, RoundToDType(v, MoeDType::kBFloat16));
+    for (float v : per_slot) ASSERT_EQ(v, RoundToDType(v, kernels::DType::kBFloat16));
     for (int64_t i = 0; i < M * H; ++i) {
       ASSERT_NEAR(Bf16ToFloat(ob[i]), want[i], 0.02 * std::fabs(want[i]) + 0.01 * max_abs) << i;
     }
@@ -1236,11 +1236,11 @@ TEST(MoePropertyTest, Fp8BlockMatchesNaiveBlockMatmul) {
   p.intermediate = I;
   p.num_experts = E;
   p.top_k = k;
-  p.act_dtype = MoeDType::kFloat32;
+  p.act_dtype = kernels::DType::kFloat32;
   p.hidden_states = x.data();
   p.topk_ids = ids.data();
   p.topk_weights = wts.data();
-  p.weights.dtype = MoeDType::kFp8E4m3;
+  p.weights.dtype = kernels::DType::kFp8E4m3;
   p.weights.num_local_experts = E;
   p.weights.w13 = q13.data();
   p.weights.w2 = q2.data();
@@ -1251,7 +1251,7 @@ TEST(MoePropertyTest, Fp8BlockMatchesNaiveBlockMatmul) {
   std::vector<float> out(M * H);
   ASSERT_TRUE(MoeReference(p, out.data()).ok());
 
-  NaiveFp8 n{M, H, I, E, k, B, B, [I](const std::vector<float>& t1) {
+  NaiveFp8 n{M, H, I, E, k, B, B, [](const std::vector<float>& t1) {
                std::vector<float> h(I);
                for (int64_t i = 0; i < I; ++i) h[i] = static_cast<float>(SiluD(t1[i]) * t1[I + i]);
                return h;

@@ -220,8 +220,8 @@ RouteOutcome RunRouting(const Method& m, int E, int k, int64_t M, const std::vec
   kc::MoeRoutingParams p;
   p.num_experts = E;
   p.top_k = k;
-  p.method = static_cast<kc::MoeRoutingMethod>(static_cast<int>(m.method));
-  p.scoring = static_cast<kc::MoeScoringFunc>(static_cast<int>(m.scoring));
+  p.method = m.method;
+  p.scoring = m.scoring;
   p.renormalize = m.renormalize;
   p.e_score_correction_bias = m.bias ? d_bias.get() : nullptr;
   p.routed_scaling_factor = m.scale;
@@ -438,7 +438,7 @@ TEST(MoeGpuValidationTest, RejectsUnsupportedParams) {
   p.top_k = 33;
   EXPECT_EQ(kc::ValidateMoeRoutingParams(p).code(), absl::StatusCode::kInvalidArgument);
   p.top_k = 8;
-  p.method = kc::MoeRoutingMethod::kGroupedTopK;
+  p.method = kernels::RoutingMethod::kGroupedTopK;
   p.num_expert_group = 64;
   p.topk_group = 4;
   EXPECT_EQ(kc::ValidateMoeRoutingParams(p).code(), absl::StatusCode::kInvalidArgument);

@@ -63,8 +63,8 @@ float ValueOf(uint32_t r, int base) {
 
 // n elements of `dtype` (bf16 / fp16 / fp32) into bytes, stream `stream_id`
 // of the run's seed, in parallel (deterministic per index).
-std::string RandomTensor(moe::MoeDType dtype, int64_t n, int base, uint64_t stream_id) {
-  const int64_t es = dtype == moe::MoeDType::kFloat32 ? 4 : 2;
+std::string RandomTensor(kernels::DType dtype, int64_t n, int base, uint64_t stream_id) {
+  const int64_t es = kernels::DTypeSize(dtype);
   std::string out(static_cast<size_t>(n * es), '\0');
   char* dst = out.data();
   const uint64_t key = SplitMix(Seed() ^ (stream_id * 0x100000001b3ull));
@@ -78,11 +78,11 @@ std::string RandomTensor(moe::MoeDType dtype, int64_t n, int base, uint64_t stre
         const uint64_t r = SplitMix(key + static_cast<uint64_t>(i));
         for (int64_t j = i; j < std::min<int64_t>(e, i + 4); ++j) {
           const uint32_t bits = static_cast<uint32_t>(r >> (16 * (j - i))) & 0xffff;
-          if (dtype == moe::MoeDType::kBFloat16) {
+          if (dtype == kernels::DType::kBFloat16) {
             const uint16_t v = static_cast<uint16_t>(
                 (bits & 0x8000) | ((127 + base - (bits & 3)) << 7) | ((bits >> 2) & 127));
             std::memcpy(dst + j * 2, &v, 2);
-          } else if (dtype == moe::MoeDType::kFloat16) {
+          } else if (dtype == kernels::DType::kFloat16) {
             const uint16_t v = moe::FloatToHalf(ValueOf(bits, base));
             std::memcpy(dst + j * 2, &v, 2);
           } else {
@@ -114,7 +114,7 @@ struct Shape {
   int64_t H, I;
 };
 
-std::unique_ptr<ExpertSet> MakeExperts(const Shape& s, moe::MoeDType dtype,
+std::unique_ptr<ExpertSet> MakeExperts(const Shape& s, kernels::DType dtype,
                                        const std::string& activation, bool bias,
                                        uint64_t stream_id) {
   ExpertsSpec spec;
@@ -132,8 +132,8 @@ std::unique_ptr<ExpertSet> MakeExperts(const Shape& s, moe::MoeDType dtype,
   t["w13"] = RandomTensor(dtype, s.E * n13 * s.H, -Log2Ceil(std::sqrt(double(s.H))), stream_id + 1);
   t["w2"] = RandomTensor(dtype, s.E * s.H * s.I, -Log2Ceil(std::sqrt(double(s.I))), stream_id + 2);
   if (bias) {
-    t["w13_bias"] = RandomTensor(moe::MoeDType::kFloat32, s.E * n13, -3, stream_id + 3);
-    t["w2_bias"] = RandomTensor(moe::MoeDType::kFloat32, s.E * s.H, -3, stream_id + 4);
+    t["w13_bias"] = RandomTensor(kernels::DType::kFloat32, s.E * n13, -3, stream_id + 3);
+    t["w2_bias"] = RandomTensor(kernels::DType::kFloat32, s.E * s.H, -3, stream_id + 4);
   }
   return std::make_unique<ExpertSet>(std::move(spec), std::move(t));
 }
@@ -169,7 +169,7 @@ void RunCase(const std::string& label, const ExpertSet& set, const GpuExperts& g
   const int64_t H = spec.hidden;
   const int E = spec.num_experts;
   const int k = routing.top_k;
-  const moe::MoeDType dt = spec.dtype;
+  const kernels::DType dt = spec.dtype;
   MoeRunInput in;
   in.act_dtype = dt;
   in.hidden_shape = {M, H};
@@ -304,7 +304,7 @@ std::unique_ptr<GpuExperts> Upload(const ExpertSet& set) {
 
 void RunModel(const Shape& s, const std::vector<int64_t>& tokens, bool deepseek_routing) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto set = MakeExperts(s, moe::MoeDType::kBFloat16, "silu", false, 1000);
+  auto set = MakeExperts(s, kernels::DType::kBFloat16, "silu", false, 1000);
   auto gpu = Upload(*set);
   ASSERT_NE(gpu, nullptr);
   std::printf("%s: experts %.2f GB, generated and uploaded in %.1f s\n", s.name, gpu->bytes() / 1e9,
@@ -344,18 +344,18 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
   const Shape s{"small", 6, 2, 200, 72};
   struct Variant {
     const char* act;
-    moe::MoeDType dtype;
+    kernels::DType dtype;
     bool bias;
   };
   const Variant variants[] = {
-      {"silu", moe::MoeDType::kBFloat16, false},
-      {"gelu", moe::MoeDType::kBFloat16, true},
-      {"gelu_tanh", moe::MoeDType::kFloat16, false},
-      {"swigluoai", moe::MoeDType::kBFloat16, false},
-      {"swiglustep", moe::MoeDType::kFloat16, true},
-      {"relu2", moe::MoeDType::kBFloat16, false},
-      {"silu_no_mul", moe::MoeDType::kBFloat16, false},
-      {"silu", moe::MoeDType::kFloat16, true},
+      {"silu", kernels::DType::kBFloat16, false},
+      {"gelu", kernels::DType::kBFloat16, true},
+      {"gelu_tanh", kernels::DType::kFloat16, false},
+      {"swigluoai", kernels::DType::kBFloat16, false},
+      {"swiglustep", kernels::DType::kFloat16, true},
+      {"relu2", kernels::DType::kBFloat16, false},
+      {"silu_no_mul", kernels::DType::kBFloat16, false},
+      {"silu", kernels::DType::kFloat16, true},
   };
   uint64_t id = 5000;
   for (const Variant& v : variants) {
@@ -363,7 +363,7 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
     auto gpu = Upload(*set);
     ASSERT_NE(gpu, nullptr);
     const std::string label =
-        absl::StrCat("small ", v.act, " ", moe::MoeDTypeName(v.dtype), v.bias ? " bias" : "");
+        absl::StrCat("small ", v.act, " ", kernels::DTypeName(v.dtype), v.bias ? " bias" : "");
     for (int64_t M : {1, 33, 300, 1600}) RunCase(label, *set, *gpu, M, RenormalizeNaive(2), id + M);
   }
   // A long K: up to kMoeDecodeMaxSlots slots the decode kernels, beyond
@@ -371,7 +371,7 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
   // partials) and without (activation and combine sum them).
   const Shape deep{"deep-K", 4, 2, 2048, 1024};
   for (bool bias : {true, false}) {
-    auto set = MakeExperts(deep, moe::MoeDType::kBFloat16, "silu", bias, 5900 + bias);
+    auto set = MakeExperts(deep, kernels::DType::kBFloat16, "silu", bias, 5900 + bias);
     auto gpu = Upload(*set);
     ASSERT_NE(gpu, nullptr);
     for (int64_t M : {1, 9, 12}) {
@@ -383,15 +383,15 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
   // Several tokens on the decode kernels: few slots among many experts.
   const Shape wide{"decode-wide", 64, 2, 256, 128};
   for (bool bias : {false, true}) {
-    const moe::MoeDType dt = bias ? moe::MoeDType::kFloat16 : moe::MoeDType::kBFloat16;
+    const kernels::DType dt = bias ? kernels::DType::kFloat16 : kernels::DType::kBFloat16;
     auto set = MakeExperts(wide, dt, "silu", bias, 5950 + bias);
     auto gpu = Upload(*set);
     ASSERT_NE(gpu, nullptr);
     ASSERT_TRUE(kernels::cuda::MoeDecodeApplies(4, wide.k, wide.E, wide.H, wide.I));
-    RunCase(absl::StrCat("decode 4 tokens silu ", moe::MoeDTypeName(dt), bias ? " bias" : ""),
+    RunCase(absl::StrCat("decode 4 tokens silu ", kernels::DTypeName(dt), bias ? " bias" : ""),
             *set, *gpu, 4, RenormalizeNaive(2), 5960 + bias);
   }
-  auto set = MakeExperts(s, moe::MoeDType::kBFloat16, "silu", false, 6000);
+  auto set = MakeExperts(s, kernels::DType::kBFloat16, "silu", false, 6000);
   auto gpu = Upload(*set);
   ASSERT_NE(gpu, nullptr);
   CaseOptions given;
@@ -424,16 +424,16 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
   struct Variant {
     Shape shape;
     const char* act;
-    moe::MoeDType dtype;
+    kernels::DType dtype;
     bool bias;
     int64_t M;
   };
   const Variant variants[] = {
-      {{"small", 6, 2, 200, 72}, "silu", moe::MoeDType::kBFloat16, false, 1600},
-      {{"small", 6, 2, 200, 72}, "silu", moe::MoeDType::kFloat16, true, 1600},
-      {{"fused", 8, 2, 256, 384}, "silu", moe::MoeDType::kBFloat16, true, 1024},
-      {{"fused", 8, 2, 256, 384}, "silu", moe::MoeDType::kFloat16, false, 700},
-      {{"fused", 8, 2, 256, 384}, "gelu", moe::MoeDType::kBFloat16, false, 1024},
+      {{"small", 6, 2, 200, 72}, "silu", kernels::DType::kBFloat16, false, 1600},
+      {{"small", 6, 2, 200, 72}, "silu", kernels::DType::kFloat16, true, 1600},
+      {{"fused", 8, 2, 256, 384}, "silu", kernels::DType::kBFloat16, true, 1024},
+      {{"fused", 8, 2, 256, 384}, "silu", kernels::DType::kFloat16, false, 700},
+      {{"fused", 8, 2, 256, 384}, "gelu", kernels::DType::kBFloat16, false, 1024},
   };
   uint64_t id = 7000;
   for (const Variant& v : variants) {
@@ -464,7 +464,7 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
       differ += std::memcmp(&fused->output[i], &unfused->output[i], 2) != 0;
     }
     std::printf("fused activation %s %s %s%s M=%lld: %lld of %lld values differ %s\n",
-                v.shape.name, v.act, std::string(moe::MoeDTypeName(v.dtype)).c_str(),
+                v.shape.name, v.act, std::string(kernels::DTypeName(v.dtype)).c_str(),
                 v.bias ? " bias" : "",
                 static_cast<long long>(M), static_cast<long long>(differ),
                 static_cast<long long>(fused->output.size() / 2), differ == 0 ? "OK" : "FAIL");
@@ -477,32 +477,32 @@ TEST(MoeLayerGpu, RoutesAndRefuses) {
   const Shape s{"refuse", 4, 2, 64, 32};
   // fp32 weights run (through the emulation route, not the fast kernels);
   // a hidden size that is not a multiple of 8 does not.
-  auto f32 = MakeExperts(s, moe::MoeDType::kFloat32, "silu", false, 7000);
+  auto f32 = MakeExperts(s, kernels::DType::kFloat32, "silu", false, 7000);
   auto g32 = GpuExperts::Create(*f32, 0);
   ASSERT_TRUE(g32.ok()) << g32.status();
-  EXPECT_FALSE((*g32)->FastPathFor(moe::MoeDType::kFloat32));
+  EXPECT_FALSE((*g32)->FastPathFor(kernels::DType::kFloat32));
   auto odd =
-      MakeExperts({"refuse-odd", 4, 2, 60, 32}, moe::MoeDType::kBFloat16, "silu", false, 7001);
+      MakeExperts({"refuse-odd", 4, 2, 60, 32}, kernels::DType::kBFloat16, "silu", false, 7001);
   auto godd = GpuExperts::Create(*odd, 0);
   EXPECT_EQ(godd.status().code(), absl::StatusCode::kFailedPrecondition) << godd.status();
 
-  auto set = MakeExperts(s, moe::MoeDType::kBFloat16, "silu", false, 7010);
+  auto set = MakeExperts(s, kernels::DType::kBFloat16, "silu", false, 7010);
   auto gpu = Upload(*set);
   ASSERT_NE(gpu, nullptr);
   MoeRunInput in;
-  in.act_dtype = moe::MoeDType::kFloat32;
+  in.act_dtype = kernels::DType::kFloat32;
   in.hidden_shape = {3, 64};
-  in.hidden_states = RandomTensor(moe::MoeDType::kFloat32, 3 * 64, -1, 7020);
+  in.hidden_states = RandomTensor(kernels::DType::kFloat32, 3 * 64, -1, 7020);
   in.logits_shape = {3, 4};
   in.router_logits = std::string(3 * 4 * 4, '\0');
   in.routing = RenormalizeNaive(2);
   auto r = RunMoeOnGpu(*gpu, in, nullptr);  // fp32 activations on bf16 weights: emulation
   EXPECT_TRUE(r.ok()) << r.status();
-  EXPECT_FALSE(gpu->FastPathFor(moe::MoeDType::kFloat32));
-  EXPECT_TRUE(gpu->FastPathFor(moe::MoeDType::kBFloat16));
+  EXPECT_FALSE(gpu->FastPathFor(kernels::DType::kFloat32));
+  EXPECT_TRUE(gpu->FastPathFor(kernels::DType::kBFloat16));
 
-  in.act_dtype = moe::MoeDType::kBFloat16;
-  in.hidden_states = RandomTensor(moe::MoeDType::kBFloat16, 3 * 64, -1, 7021);
+  in.act_dtype = kernels::DType::kBFloat16;
+  in.hidden_states = RandomTensor(kernels::DType::kBFloat16, 3 * 64, -1, 7021);
   in.routing.top_k = 9;
   r = RunMoeOnGpu(*gpu, in, nullptr);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();

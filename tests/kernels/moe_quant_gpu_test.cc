@@ -53,7 +53,7 @@
 namespace kplan {
 namespace {
 
-using moe::MoeDType;
+using kernels::DType;
 
 using test_util::HaveCuda;
 
@@ -79,8 +79,8 @@ void Fill(int64_t n, uint64_t stream, Fn fn) {
 }
 
 // Non-zero float-dtype values ±(1 + m/128)·2^(base - 0..3).
-std::string RandomFloats(MoeDType dtype, int64_t n, int base, uint64_t stream) {
-  const int64_t es = dtype == MoeDType::kFloat32 ? 4 : 2;
+std::string RandomFloats(kernels::DType dtype, int64_t n, int base, uint64_t stream) {
+  const int64_t es = kernels::DTypeSize(dtype);
   std::string out(static_cast<size_t>(n * es), '\0');
   char* dst = out.data();
   Fill(n, stream, [&](int64_t i, uint64_t r) {
@@ -118,8 +118,8 @@ struct Shape {
 // A weight / activation combination.
 struct Combo {
   std::string quant;                      // "" or an ExpertsQuantSpec scheme
-  MoeDType wdtype = MoeDType::kBFloat16;  // unquantised weights
-  MoeDType act = MoeDType::kBFloat16;
+  kernels::DType wdtype = kernels::DType::kBFloat16;  // unquantised weights
+  kernels::DType act = kernels::DType::kBFloat16;
   std::string act_scale = "per_token";         // fp8 non-block: per_token | per_tensor
   std::string block_act_scale = "per_tensor";  // fp8_block: per_token is illegal
   bool static_scales = false;                  // fp8 per_tensor: a1 / a2 given
@@ -129,7 +129,7 @@ struct Combo {
   bool bias = false;
 
   std::string Label() const {
-    std::string s = quant.empty() ? absl::StrCat(moe::MoeDTypeName(wdtype), " weights") : quant;
+    std::string s = quant.empty() ? absl::StrCat(kernels::DTypeName(wdtype), " weights") : quant;
     if (quant.rfind("fp8", 0) == 0) {
       s += quant == "fp8_block" ? absl::StrCat(" ", block_n, "x", block_k)
                                 : absl::StrCat(" act ", act_scale, static_scales ? " static" : "");
@@ -137,7 +137,7 @@ struct Combo {
     if (quant == "int8_group" || quant == "int4_group") {
       s += absl::StrCat(" g", group, zero_points ? " zp" : "");
     }
-    s += absl::StrCat(" / ", moe::MoeDTypeName(act));
+    s += absl::StrCat(" / ", kernels::DTypeName(act));
     if (activation != "silu") s += " " + activation;
     if (bias) s += " bias";
     return s;
@@ -164,9 +164,9 @@ std::unique_ptr<ExpertSet> MakeSet(const Shape& sh, const Combo& c, uint64_t str
     spec.quant.a2_scale = 1.0f / 64.0f;
   }
   spec.dtype = c.quant.empty()           ? c.wdtype
-               : c.fp8()                 ? MoeDType::kFp8E4m3
-               : c.quant == "int8_group" ? MoeDType::kInt8
-                                         : MoeDType::kInt4Packed;
+               : c.fp8()                 ? kernels::DType::kFp8E4m3
+               : c.quant == "int8_group" ? kernels::DType::kInt8
+                                         : kernels::DType::kInt4Packed;
   std::map<std::string, std::string> t;
   for (const TensorSpec& ts : ExpectedTensors(spec)) {
     int64_t n = 1;
@@ -176,7 +176,7 @@ std::unique_ptr<ExpertSet> MakeSet(const Shape& sh, const Combo& c, uint64_t str
     const uint64_t id = stream * 16 + t.size();
     const bool weight = ts.name == "w13" || ts.name == "w2";
     if (ts.name.find("bias") != std::string::npos) {
-      t[ts.name] = RandomFloats(MoeDType::kFloat32, n, -3, id);
+      t[ts.name] = RandomFloats(kernels::DType::kFloat32, n, -3, id);
     } else if (weight && c.quant.empty()) {
       t[ts.name] =
           RandomFloats(c.wdtype, n, -static_cast<int>(std::ceil(std::log2(fan_in) / 2)), id);
@@ -292,7 +292,7 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   p.topk_ids = got->topk_ids.data();
   p.topk_weights = got->topk_weights.data();
   p.num_threads = Threads();
-  const int64_t es = c.act == MoeDType::kFloat32 ? 4 : 2;
+  const int64_t es = kernels::DTypeSize(c.act);
   std::string ref(M * H * es, '\0');
   const auto t0 = std::chrono::steady_clock::now();
   const absl::Status rs = moe::MoeReference(p, ref.data());
@@ -312,7 +312,7 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
     r2 += static_cast<double>(r[i]) * r[i];
     max_abs = std::max(max_abs, std::fabs(d));
   }
-  const bool f32 = c.act == MoeDType::kFloat32;
+  const bool f32 = c.act == kernels::DType::kFloat32;
   // fp8 on tensor cores (wgmma e4m3): the hardware sums e4m3 products with
   // reduced precision inside each 128-wide k-tile (promoted to fp32 between
   // tiles), and the intermediate's fp8 re-quantisation turns those small
@@ -381,14 +381,14 @@ const Shape kQwen3{"Qwen3-30B-A3B", 128, 8, 2048, 768};
 const Shape kMixtral{"Mixtral-8x7B", 8, 2, 4096, 14336};
 const Shape kDeepSeek{"DeepSeek-V3", 256, 8, 7168, 2048};
 
-Combo Fp8(const std::string& scheme, MoeDType act, const std::string& act_scale = "per_token") {
+Combo Fp8(const std::string& scheme, kernels::DType act, const std::string& act_scale = "per_token") {
   Combo c;
   c.quant = scheme;
   c.act = act;
   c.act_scale = act_scale;
   return c;
 }
-Combo IntW(const std::string& scheme, MoeDType act, bool zp, int group = 128) {
+Combo IntW(const std::string& scheme, kernels::DType act, bool zp, int group = 128) {
   Combo c;
   c.quant = scheme;
   c.act = act;
@@ -396,7 +396,7 @@ Combo IntW(const std::string& scheme, MoeDType act, bool zp, int group = 128) {
   c.group = group;
   return c;
 }
-Combo Plain(MoeDType w, MoeDType act) {
+Combo Plain(kernels::DType w, kernels::DType act) {
   Combo c;
   c.wdtype = w;
   c.act = act;
@@ -405,46 +405,46 @@ Combo Plain(MoeDType w, MoeDType act) {
 
 TEST(MoeQuantGpu, Qwen3Fp8) {
   SKIP_WITHOUT_CUDA();
-  RunCombo(kQwen3, Fp8("fp8_per_tensor", MoeDType::kBFloat16), {1, 64, 512, 4096}, 1);
-  RunCombo(kQwen3, Fp8("fp8_block", MoeDType::kBFloat16), {1, 64, 512}, 2);
-  RunCombo(kQwen3, Fp8("fp8_per_tensor", MoeDType::kFloat16, "per_tensor"), {64}, 3);
-  Combo st = Fp8("fp8_per_tensor", MoeDType::kBFloat16, "per_tensor");
+  RunCombo(kQwen3, Fp8("fp8_per_tensor", kernels::DType::kBFloat16), {1, 64, 512, 4096}, 1);
+  RunCombo(kQwen3, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 64, 512}, 2);
+  RunCombo(kQwen3, Fp8("fp8_per_tensor", kernels::DType::kFloat16, "per_tensor"), {64}, 3);
+  Combo st = Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor");
   st.static_scales = true;
   RunCombo(kQwen3, st, {64}, 4);
-  RunCombo(kQwen3, Fp8("fp8_per_channel", MoeDType::kFloat32), {64}, 5);
-  RunCombo(kQwen3, Fp8("fp8_block", MoeDType::kFloat32), {64}, 6);
-  RunCombo(kQwen3, Fp8("fp8_per_tensor", MoeDType::kFloat32, "per_tensor"), {64}, 7);
+  RunCombo(kQwen3, Fp8("fp8_per_channel", kernels::DType::kFloat32), {64}, 5);
+  RunCombo(kQwen3, Fp8("fp8_block", kernels::DType::kFloat32), {64}, 6);
+  RunCombo(kQwen3, Fp8("fp8_per_tensor", kernels::DType::kFloat32, "per_tensor"), {64}, 7);
 }
 
 TEST(MoeQuantGpu, Qwen3IntWeightOnly) {
   SKIP_WITHOUT_CUDA();
-  RunCombo(kQwen3, IntW("int4_group", MoeDType::kBFloat16, false), {1, 64, 512, 4096}, 11);
-  RunCombo(kQwen3, IntW("int8_group", MoeDType::kBFloat16, false), {1, 64, 512}, 12);
-  RunCombo(kQwen3, IntW("int8_group", MoeDType::kFloat16, true), {64}, 13);
-  RunCombo(kQwen3, IntW("int4_group", MoeDType::kFloat16, true), {64}, 14);
-  RunCombo(kQwen3, IntW("int8_group", MoeDType::kFloat32, false), {64}, 15);
-  RunCombo(kQwen3, IntW("int4_group", MoeDType::kFloat32, true), {1, 64}, 16);
+  RunCombo(kQwen3, IntW("int4_group", kernels::DType::kBFloat16, false), {1, 64, 512, 4096}, 11);
+  RunCombo(kQwen3, IntW("int8_group", kernels::DType::kBFloat16, false), {1, 64, 512}, 12);
+  RunCombo(kQwen3, IntW("int8_group", kernels::DType::kFloat16, true), {64}, 13);
+  RunCombo(kQwen3, IntW("int4_group", kernels::DType::kFloat16, true), {64}, 14);
+  RunCombo(kQwen3, IntW("int8_group", kernels::DType::kFloat32, false), {64}, 15);
+  RunCombo(kQwen3, IntW("int4_group", kernels::DType::kFloat32, true), {1, 64}, 16);
 }
 
 TEST(MoeQuantGpu, Qwen3UnquantisedMixedDtypes) {
   SKIP_WITHOUT_CUDA();
-  RunCombo(kQwen3, Plain(MoeDType::kBFloat16, MoeDType::kFloat32), {1, 64}, 21);
-  RunCombo(kQwen3, Plain(MoeDType::kFloat32, MoeDType::kFloat32), {64}, 22);
-  RunCombo(kQwen3, Plain(MoeDType::kFloat32, MoeDType::kBFloat16), {64}, 23);
-  RunCombo(kQwen3, Plain(MoeDType::kFloat16, MoeDType::kBFloat16), {64}, 24);
+  RunCombo(kQwen3, Plain(kernels::DType::kBFloat16, kernels::DType::kFloat32), {1, 64}, 21);
+  RunCombo(kQwen3, Plain(kernels::DType::kFloat32, kernels::DType::kFloat32), {64}, 22);
+  RunCombo(kQwen3, Plain(kernels::DType::kFloat32, kernels::DType::kBFloat16), {64}, 23);
+  RunCombo(kQwen3, Plain(kernels::DType::kFloat16, kernels::DType::kBFloat16), {64}, 24);
 }
 
 TEST(MoeQuantGpu, Mixtral8x7B) {
   SKIP_WITHOUT_CUDA();
-  RunCombo(kMixtral, IntW("int4_group", MoeDType::kBFloat16, false), {1, 64, 512}, 31);
-  RunCombo(kMixtral, Fp8("fp8_per_tensor", MoeDType::kFloat16), {64}, 32);
+  RunCombo(kMixtral, IntW("int4_group", kernels::DType::kBFloat16, false), {1, 64, 512}, 31);
+  RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kFloat16), {64}, 32);
 }
 
 TEST(MoeQuantGpu, DeepSeekV3) {
   SKIP_WITHOUT_CUDA();
   RunOptions ds;
   ds.deepseek_routing = true;
-  RunCombo(kDeepSeek, Fp8("fp8_block", MoeDType::kBFloat16), {1, 64, 256}, 41, ds);
+  RunCombo(kDeepSeek, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 64, 256}, 41, ds);
 }
 
 // Tails and odd sizes: H = 200 (k-blocks of 128 and k steps of 32 end
@@ -455,43 +455,43 @@ TEST(MoeQuantGpu, DeepSeekV3) {
 TEST(MoeQuantGpu, SmallShapesTails) {
   SKIP_WITHOUT_CUDA();
   const Shape s{"small", 6, 2, 200, 72};
-  Combo block = Fp8("fp8_block", MoeDType::kBFloat16);
+  Combo block = Fp8("fp8_block", kernels::DType::kBFloat16);
   block.activation = "gelu";
   block.bias = true;
   RunCombo(s, block, {1, 37, 300}, 51);
-  Combo odd = Fp8("fp8_block", MoeDType::kFloat16);
+  Combo odd = Fp8("fp8_block", kernels::DType::kFloat16);
   odd.block_n = 64;
   odd.block_k = 48;
   odd.activation = "swigluoai";
   RunCombo(s, odd, {33}, 52);
-  Combo pt = Fp8("fp8_per_tensor", MoeDType::kFloat32, "per_tensor");
+  Combo pt = Fp8("fp8_per_tensor", kernels::DType::kFloat32, "per_tensor");
   pt.activation = "silu_no_mul";
   RunCombo(s, pt, {65}, 53);
-  Combo i4 = IntW("int4_group", MoeDType::kBFloat16, true, 4);
+  Combo i4 = IntW("int4_group", kernels::DType::kBFloat16, true, 4);
   i4.bias = true;
   RunCombo(s, i4, {1, 70}, 54);
-  Combo i8 = IntW("int8_group", MoeDType::kFloat32, false, 8);
+  Combo i8 = IntW("int8_group", kernels::DType::kFloat32, false, 8);
   i8.activation = "gelu_tanh";
   RunCombo(s, i8, {70}, 55);
   RunOptions given;
   given.given_ids = true;
-  RunCombo(s, IntW("int8_group", MoeDType::kFloat16, true, 8), {129}, 56, given);
+  RunCombo(s, IntW("int8_group", kernels::DType::kFloat16, true, 8), {129}, 56, given);
   RunOptions on_input;
   on_input.weights_on_input = true;
   on_input.k_override = 1;
-  RunCombo(s, Fp8("fp8_per_channel", MoeDType::kBFloat16), {65}, 57, on_input);
-  RunCombo(s, Plain(MoeDType::kBFloat16, MoeDType::kFloat32), {65}, 58, on_input);
+  RunCombo(s, Fp8("fp8_per_channel", kernels::DType::kBFloat16), {65}, 57, on_input);
+  RunCombo(s, Plain(kernels::DType::kBFloat16, kernels::DType::kFloat32), {65}, 58, on_input);
 }
 
 TEST(MoeQuantGpu, RefusesWhatTheReferenceRejects) {
   SKIP_WITHOUT_CUDA();
   const Shape s{"refuse", 4, 2, 64, 32};
-  Combo bad = Fp8("fp8_block", MoeDType::kBFloat16);
+  Combo bad = Fp8("fp8_block", kernels::DType::kBFloat16);
   bad.block_act_scale = "per_token";  // "illegal quantization" in the reference
   auto set = MakeSet(s, bad, 61);
   auto g = GpuExperts::Create(*set, 0);
   EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition) << g.status();
-  Combo odd = IntW("int8_group", MoeDType::kBFloat16, false, 4);
+  Combo odd = IntW("int8_group", kernels::DType::kBFloat16, false, 4);
   const Shape not8{"not8", 4, 2, 68, 32};  // hidden not a multiple of 8
   auto set2 = MakeSet(not8, odd, 62);
   auto g2 = GpuExperts::Create(*set2, 0);

@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
-#include "server/platform/local.h"
+#include "resolve/platform/local.h"
 
 namespace kplan {
 namespace {
@@ -22,7 +22,7 @@ constexpr int64_t kHidden = 256;
 constexpr int64_t kInter = 128;
 constexpr int64_t kTokens = 2;
 
-ExpertsSpec Spec(moe::MoeDType dtype = moe::MoeDType::kBFloat16, const std::string& scheme = "") {
+ExpertsSpec Spec(kernels::DType dtype = kernels::DType::kBFloat16, const std::string& scheme = "") {
   ExpertsSpec s;
   s.experts_id = "mix";
   s.num_experts = kExperts;
@@ -34,27 +34,25 @@ ExpertsSpec Spec(moe::MoeDType dtype = moe::MoeDType::kBFloat16, const std::stri
 }
 
 ExpertsSpec Fp8(const std::string& scheme, const std::string& act_scale = "per_token") {
-  ExpertsSpec s = Spec(moe::MoeDType::kFp8E4m3, scheme);
+  ExpertsSpec s = Spec(kernels::DType::kFp8E4m3, scheme);
   s.quant.activation_scale = act_scale;
   return s;
 }
 
 ExpertsSpec IntGroup(const std::string& scheme, int group, bool zero_points) {
   ExpertsSpec s =
-      Spec(scheme == "int8_group" ? moe::MoeDType::kInt8 : moe::MoeDType::kInt4Packed, scheme);
+      Spec(scheme == "int8_group" ? kernels::DType::kInt8 : kernels::DType::kInt4Packed, scheme);
   s.quant.group_size = group;
   s.quant.has_zero_points = zero_points;
   return s;
 }
 
-int ActBytes(moe::MoeDType d) { return d == moe::MoeDType::kFloat32 ? 4 : 2; }
-
 // Routed by logits (Renormalize, top-2) unless `by_ids`.
-MoeRunInput Input(moe::MoeDType act = moe::MoeDType::kBFloat16, bool by_ids = false) {
+MoeRunInput Input(kernels::DType act = kernels::DType::kBFloat16, bool by_ids = false) {
   MoeRunInput in;
   in.act_dtype = act;
   in.hidden_shape = {kTokens, kHidden};
-  in.hidden_states.assign(kTokens * kHidden * ActBytes(act), '\1');
+  in.hidden_states.assign(kTokens * kHidden * kernels::DTypeSize(act), '\1');
   if (by_ids) {
     in.topk_shape = {kTokens, 2};
     std::vector<int32_t> ids = {0, 1, 2, 3};
@@ -97,7 +95,7 @@ TEST(LayerSpecOfTest, ShapesRoutingAndDtypes) {
   ExpertsSpec spec = Spec();
   spec.activation = "gelu";
   spec.has_bias = true;
-  MoeLayerSpec l = LayerOf(spec, Input(moe::MoeDType::kFloat16));
+  MoeLayerSpec l = LayerOf(spec, Input(kernels::DType::kFloat16));
   EXPECT_EQ(l.name, "mix");
   EXPECT_EQ(l.num_experts, kExperts);
   EXPECT_EQ(l.experts_per_token, 2);
@@ -130,7 +128,7 @@ TEST(LayerSpecOfTest, GroupedRoutingAndGivenIds) {
   EXPECT_TRUE(l.has_e_score_correction_bias);
   EXPECT_EQ(l.routed_scaling_factor, 2.5f);
 
-  MoeLayerSpec ids = LayerOf(Spec(), Input(moe::MoeDType::kBFloat16, /*by_ids=*/true));
+  MoeLayerSpec ids = LayerOf(Spec(), Input(kernels::DType::kBFloat16, /*by_ids=*/true));
   EXPECT_EQ(ids.routing_method, "Custom");
   EXPECT_EQ(ids.experts_per_token, 2);
 }
@@ -147,7 +145,7 @@ TEST(LayerSpecOfTest, QuantKeysOfEveryScheme) {
     const char* a;
   } cases[] = {
       {"bf16", Spec(), "", ""},
-      {"fp32", Spec(moe::MoeDType::kFloat32), "", ""},
+      {"fp32", Spec(kernels::DType::kFloat32), "", ""},
       {"fp8 tensor, token", Fp8("fp8_per_tensor"), "kFp8StaticTensorSym", "kFp8DynamicTokenSym"},
       {"fp8 tensor, static a1", static_a1, "kFp8StaticTensorSym", "kFp8StaticTensorSym"},
       {"fp8 tensor, dynamic tensor", Fp8("fp8_per_tensor", "per_tensor"), "kFp8StaticTensorSym",
@@ -231,7 +229,7 @@ TEST(ChooseMoeRouteTest, AutoPicksEmulationForInt4AndFp32WithReasons) {
   EXPECT_TRUE(int4->plan.candidates[0].accepted);
 
   absl::StatusOr<MoeRoute> fp32 =
-      ChooseMoeRoute(Spec(), Input(moe::MoeDType::kFloat32), "auto", kSlowGpu, Sm90(), kGpuRuns);
+      ChooseMoeRoute(Spec(), Input(kernels::DType::kFloat32), "auto", kSlowGpu, Sm90(), kGpuRuns);
   ASSERT_TRUE(fp32.ok()) << fp32.status();
   EXPECT_EQ(fp32->plan.backend, "EMULATION") << Explain(fp32);
   EXPECT_EQ(fp32->kind, MoeRouteKind::kGpuEmulation);
@@ -283,7 +281,7 @@ TEST(ChooseMoeRouteTest, ExplicitBackendTheSetRulesOutKeepsVllmsText) {
   EXPECT_EQ(FieldOf(int4.status()).value_or(""), "moe_backend");
   // KplanExperts rejects fp32 activations: _return_or_raise's text.
   absl::StatusOr<MoeRoute> fp32 =
-      ChooseMoeRoute(Spec(), Input(moe::MoeDType::kFloat32), "kplan", kSlowGpu, Sm90(), kGpuRuns);
+      ChooseMoeRoute(Spec(), Input(kernels::DType::kFloat32), "kplan", kSlowGpu, Sm90(), kGpuRuns);
   EXPECT_EQ(fp32.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(fp32.status().message(),
             "Unquantized MoE backend kplan does not support the deployment configuration since "

@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
-#include "server/platform/local.h"
+#include "resolve/platform/local.h"
 
 namespace kplan {
 namespace {
@@ -33,7 +33,7 @@ ExpertsSpec Spec() {
   s.num_experts = kExperts;
   s.hidden = kHidden;
   s.intermediate = kInter;
-  s.dtype = moe::MoeDType::kBFloat16;
+  s.dtype = kernels::DType::kBFloat16;
   return s;
 }
 
@@ -49,7 +49,7 @@ std::shared_ptr<ExpertSet> MakeSet() {
 // Routed by logits (Renormalize, top-2).
 MoeRunInput Input() {
   MoeRunInput in;
-  in.act_dtype = moe::MoeDType::kBFloat16;
+  in.act_dtype = kernels::DType::kBFloat16;
   in.hidden_shape = {kTokens, kHidden};
   in.hidden_states.assign(kTokens * kHidden * 2, '\0');
   in.logits_shape = {kTokens, kExperts};

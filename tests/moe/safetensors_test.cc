@@ -214,7 +214,7 @@ ExpertsSpec Spec() {
   s.hidden = kH;
   s.intermediate = kI;
   s.activation = "silu";
-  s.dtype = moe::MoeDType::kFloat32;
+  s.dtype = kernels::DType::kFloat32;
   return s;
 }
 

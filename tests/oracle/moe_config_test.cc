@@ -1,9 +1,9 @@
-#include "server/oracle/moe_config.h"
+#include "resolve/oracle/moe_config.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
-#include "server/oracle/experts.h"
+#include "resolve/oracle/experts.h"
 
 namespace kplan {
 namespace {

@@ -4,9 +4,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
-#include "server/oracle/moe_plan.h"
-#include "server/oracle/oracle.h"
-#include "server/oracle/routing_methods.h"
+#include "resolve/oracle/moe_plan.h"
+#include "resolve/oracle/oracle.h"
+#include "resolve/oracle/routing_methods.h"
 
 namespace kplan {
 namespace {

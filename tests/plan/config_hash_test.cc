@@ -2,8 +2,8 @@
 // json + hashlib) and against CPython for the seed KernelConfig's fields.
 #include "gtest/gtest.h"
 #include "base/pyjson.h"
-#include "server/plan/kernel_config.h"
-#include "server/plan/vocabulary.h"
+#include "resolve/plan/kernel_config.h"
+#include "resolve/plan/vocabulary.h"
 
 namespace kplan {
 namespace {

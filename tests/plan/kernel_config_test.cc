@@ -1,10 +1,10 @@
 #include "absl/strings/string_view.h"
-#include "server/plan/kernel_config.h"
+#include "resolve/plan/kernel_config.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
-#include "server/plan/vocabulary.h"
+#include "resolve/plan/vocabulary.h"
 
 namespace kplan {
 namespace {

@@ -1,8 +1,8 @@
-#include "server/platform/platform.h"
+#include "resolve/platform/platform.h"
 
 #include "gtest/gtest.h"
 #include "base/status.h"
-#include "server/platform/local.h"
+#include "resolve/platform/local.h"
 
 namespace kplan {
 namespace {

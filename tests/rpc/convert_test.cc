@@ -1,4 +1,4 @@
-#include "server/rpc/convert.h"
+#include "resolve/proto/convert.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

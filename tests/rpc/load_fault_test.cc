@@ -32,7 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kplan/v1/service.grpc.pb.h"
-#include "server/platform/local.h"
+#include "resolve/platform/local.h"
 #include "server/rpc/server.h"
 #include "tests/rpc/moe_rpc_util.h"
 

@@ -15,9 +15,9 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
-#include "server/plan/kernel_config.h"
-#include "server/plan/vocabulary.h"
-#include "server/rpc/resolve.h"
+#include "resolve/plan/kernel_config.h"
+#include "resolve/plan/vocabulary.h"
+#include "resolve/proto/resolve.h"
 #include "server/rpc/server.h"
 #include "tests/rpc/ir_rpc_util.h"
 

@@ -21,28 +21,6 @@ float FromBits(uint32_t b) {
 
 }  // namespace
 
-absl::string_view MoeDTypeName(MoeDType dtype) {
-  switch (dtype) {
-    case MoeDType::kFloat32:
-      return "float32";
-    case MoeDType::kFloat16:
-      return "float16";
-    case MoeDType::kBFloat16:
-      return "bfloat16";
-    case MoeDType::kFp8E4m3:
-      return "float8_e4m3fn";
-    case MoeDType::kInt8:
-      return "int8";
-    case MoeDType::kInt4Packed:
-      return "int4";
-  }
-  return "unknown";
-}
-
-bool IsFloatDType(MoeDType dtype) {
-  return dtype == MoeDType::kFloat32 || dtype == MoeDType::kFloat16 || dtype == MoeDType::kBFloat16;
-}
-
 float Fp8E4m3ToFloat(uint8_t b) {
   const bool neg = b & 0x80;
   const int exp = (b >> 3) & 0xf;
@@ -78,34 +56,34 @@ uint8_t FloatToFp8E4m3(float f, bool saturate) {
   return sign | static_cast<uint8_t>((exp << 3) | mant);  // 464..480 rounds to 0x7f: NaN
 }
 
-float RoundToDType(float f, MoeDType dtype) {
+float RoundToDType(float f, kernels::DType dtype) {
   switch (dtype) {
-    case MoeDType::kFloat16:
+    case kernels::DType::kFloat16:
       return HalfToFloat(FloatToHalf(f));
-    case MoeDType::kBFloat16:
+    case kernels::DType::kBFloat16:
       return Bf16ToFloat(FloatToBf16(f));
     default:
       return f;
   }
 }
 
-float LoadFloat(const void* data, MoeDType dtype, int64_t i) {
+float LoadFloat(const void* data, kernels::DType dtype, int64_t i) {
   switch (dtype) {
-    case MoeDType::kFloat16:
+    case kernels::DType::kFloat16:
       return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
-    case MoeDType::kBFloat16:
+    case kernels::DType::kBFloat16:
       return Bf16ToFloat(static_cast<const uint16_t*>(data)[i]);
     default:
       return static_cast<const float*>(data)[i];
   }
 }
 
-void StoreFloat(void* data, MoeDType dtype, int64_t i, float value) {
+void StoreFloat(void* data, kernels::DType dtype, int64_t i, float value) {
   switch (dtype) {
-    case MoeDType::kFloat16:
+    case kernels::DType::kFloat16:
       static_cast<uint16_t*>(data)[i] = FloatToHalf(value);
       break;
-    case MoeDType::kBFloat16:
+    case kernels::DType::kBFloat16:
       static_cast<uint16_t*>(data)[i] = FloatToBf16(value);
       break;
     default:

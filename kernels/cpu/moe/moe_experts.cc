@@ -58,7 +58,7 @@ struct GemmWeight {
   const MoeWeights* w;
   bool is_w13;
   int64_t N, K;
-  MoeDType act_dtype;
+  kernels::DType act_dtype;
 
   bool fp8() const { return w->quant.scheme == MoeQuantScheme::kFp8W8A8; }
   bool block() const { return fp8() && w->quant.weight_scale == Fp8WeightScale::kBlock; }
@@ -69,7 +69,7 @@ struct GemmWeight {
 
   // Direct fp32 pointer when no decoding is needed.
   const float* Direct(int64_t e) const {
-    if (w->quant.scheme == MoeQuantScheme::kNone && w->dtype == MoeDType::kFloat32) {
+    if (w->quant.scheme == MoeQuantScheme::kNone && w->dtype == kernels::DType::kFloat32) {
       return static_cast<const float*>(Data()) + e * N * K;
     }
     return nullptr;
@@ -248,7 +248,7 @@ absl::Status ValidateMoeProblem(const MoeProblem& p, bool needs_routing) {
   if (!IsFloatDType(p.act_dtype)) {
     return InvalidField("act_dtype", absl::StrCat("activations must be float32, float16 or "
                                                   "bfloat16, got ",
-                                                  MoeDTypeName(p.act_dtype)));
+                                                  kernels::DTypeName(p.act_dtype)));
   }
   if (p.num_tokens > 0 && p.hidden_states == nullptr) {
     return InvalidField("hidden_states", "hidden_states must not be null");
@@ -289,11 +289,11 @@ absl::Status ValidateMoeProblem(const MoeProblem& p, bool needs_routing) {
     return InvalidField("act_params.clamp_limit", "SWIGLUOAI_UNINTERLEAVE requires clamp_limit");
   }
   const MoeQuant& q = w.quant;
-  auto want_dtype = [&](MoeDType d) -> absl::Status {
+  auto want_dtype = [&](kernels::DType d) -> absl::Status {
     if (w.dtype != d) {
       return InvalidField("weights.dtype",
-                          absl::StrCat("quantisation scheme needs ", MoeDTypeName(d),
-                                       " weights, got ", MoeDTypeName(w.dtype)));
+                          absl::StrCat("quantisation scheme needs ", kernels::DTypeName(d),
+                                       " weights, got ", kernels::DTypeName(w.dtype)));
     }
     return absl::OkStatus();
   };
@@ -309,11 +309,11 @@ absl::Status ValidateMoeProblem(const MoeProblem& p, bool needs_routing) {
       if (!IsFloatDType(w.dtype)) {
         return InvalidField("weights.dtype", absl::StrCat("unquantised weights must be float32, "
                                                           "float16 or bfloat16, got ",
-                                                          MoeDTypeName(w.dtype)));
+                                                          kernels::DTypeName(w.dtype)));
       }
       break;
     case MoeQuantScheme::kFp8W8A8:
-      KPLAN_RETURN_IF_ERROR(want_dtype(MoeDType::kFp8E4m3));
+      KPLAN_RETURN_IF_ERROR(want_dtype(kernels::DType::kFp8E4m3));
       KPLAN_RETURN_IF_ERROR(need_scales());
       if (q.weight_scale == Fp8WeightScale::kBlock) {
         if (q.block_n <= 0 || q.block_k <= 0) {
@@ -341,7 +341,7 @@ absl::Status ValidateMoeProblem(const MoeProblem& p, bool needs_routing) {
     case MoeQuantScheme::kInt8WeightOnly:
     case MoeQuantScheme::kInt4WeightOnly: {
       const bool int4 = q.scheme == MoeQuantScheme::kInt4WeightOnly;
-      KPLAN_RETURN_IF_ERROR(want_dtype(int4 ? MoeDType::kInt4Packed : MoeDType::kInt8));
+      KPLAN_RETURN_IF_ERROR(want_dtype(int4 ? kernels::DType::kInt4Packed : kernels::DType::kInt8));
       KPLAN_RETURN_IF_ERROR(need_scales());
       if (q.group_size <= 0 || p.hidden % q.group_size != 0 || p.intermediate % q.group_size != 0) {
         return InvalidField("weights.quant.group_size",
@@ -522,7 +522,7 @@ absl::Status RunExperts(const MoeProblem& p, const int32_t* topk_ids, const floa
 
 absl::Status CombineTopK(const float* per_slot_out, const float* topk_weights, int64_t num_tokens,
                          int top_k, int64_t hidden, bool weights_applied_on_input,
-                         MoeDType out_dtype, void* out) {
+                         kernels::DType out_dtype, void* out) {
   if (!IsFloatDType(out_dtype)) {
     return InvalidField("act_dtype", "the combined output must be float32, float16 or bfloat16");
   }

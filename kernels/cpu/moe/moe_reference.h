@@ -24,23 +24,14 @@
 #include "absl/time/time.h"
 #include "absl/types/optional.h"
 #include "base/float16.h"
+#include "kernels/common/types.h"
 
 namespace kplan::moe {
 
 // ---------------------------------------------------------------------------
-// Dtypes and exact conversions.
+// Dtypes (kernels/common/types.h) and exact conversions.
 
-enum class MoeDType {
-  kFloat32,
-  kFloat16,
-  kBFloat16,
-  kFp8E4m3,     // float8_e4m3fn: bias 7, no infinities, 0x7f/0xff = NaN, max 448
-  kInt8,        // int8 (or uint8 minus a zero point, see MoeQuant)
-  kInt4Packed,  // two 4-bit values per byte, low nibble first
-};
-
-absl::string_view MoeDTypeName(MoeDType dtype);
-bool IsFloatDType(MoeDType dtype);  // fp32, fp16, bf16
+using ::kplan::kernels::IsFloatDType;
 
 // Round-to-nearest-even conversions as PyTorch's .to(); NaN stays NaN,
 // overflow of fp16 gives ±inf. One copy for every layer: base/float16.h.
@@ -59,11 +50,11 @@ uint8_t FloatToFp8E4m3(float f, bool saturate = true);
 
 // Rounds an fp32 value to the nearest value representable in `dtype`
 // (identity for fp32). Only for float dtypes.
-float RoundToDType(float f, MoeDType dtype);
+float RoundToDType(float f, kernels::DType dtype);
 
 // Reads / writes element i of a float-dtype buffer (fp32, fp16 or bf16).
-float LoadFloat(const void* data, MoeDType dtype, int64_t i);
-void StoreFloat(void* data, MoeDType dtype, int64_t i, float value);
+float LoadFloat(const void* data, kernels::DType dtype, int64_t i);
+void StoreFloat(void* data, kernels::DType dtype, int64_t i, float value);
 
 // int4 packing: element i lives in byte i/2, low nibble for even i.
 inline uint8_t Int4At(const uint8_t* packed, int64_t i) {
@@ -78,28 +69,10 @@ std::vector<uint8_t> PackInt4(const std::vector<uint8_t>& nibbles);
 // Ties: selection is a stable sort by descending score, so among equal scores
 // the lowest expert index wins and is listed first (what torch.topk on CPU
 // returns for equal values). NaN compares greater than any number.
+// RoutingMethod and ScoringFunc: kernels/common/types.h.
 
-enum class ScoringFunc { kSoftmax, kSigmoid, kSqrtSoftplus };
-
-enum class RoutingMethod {
-  // fused_topk / fused_topk_bias: scores = scoring(g); select top-k on
-  // scores (+ e_score_correction_bias when given); weights = unbiased scores
-  // at the selected ids; renormalize: w /= Σw; then w *= routed_scaling_factor.
-  // Covers vLLM Default, RenormalizeNaive, Sigmoid, SigmoidRenorm, MiniMax2,
-  // DeepseekV4 (kSqrtSoftplus) and TopK.
-  kTopK,
-  // RoutingMethodType.Renormalize: top-k on the raw logits, then softmax over
-  // the k selected logits.
-  kTopKThenSoftmax,
-  // grouped_topk (DeepSeek-V2/V3): E experts in num_expert_group contiguous
-  // groups; group score = sum of the top-2 biased scores (with bias) or the max
-  // score (without); keep the topk_group best groups; top-k within them on the
-  // biased scores; weights = unbiased scores (with bias) or the selected
-  // scores; renormalize; * routed_scaling_factor.
-  kGroupedTopK,
-  // Llama4: top-k (top-1 in Llama 4) on the raw logits; weight = sigmoid(logit).
-  kLlama4,
-};
+using ::kplan::kernels::RoutingMethod;
+using ::kplan::kernels::ScoringFunc;
 
 struct RoutingSpec {
   int num_experts = 0;  // E, the global expert count (row width of the logits)
@@ -145,21 +118,9 @@ absl::StatusOr<MoeAlignResult> MoeAlignBlockSize(const int32_t* topk_ids, int64_
                                                  bool ignore_invalid_experts = false);
 
 // ---------------------------------------------------------------------------
-// Activations (§6.3, §2.3).
+// Activations (§6.3, §2.3); MoeActivation: kernels/common/types.h.
 
-enum class MoeActivation {
-  kSilu,
-  kGelu,
-  kGeluTanh,
-  kRelu2,
-  kSwigluOai,
-  kSwigluOaiUninterleave,
-  kSwigluStep,
-  kSiluNoMul,
-  kGeluNoMul,
-  kGeluTanhNoMul,
-  kRelu2NoMul,
-};
+using ::kplan::kernels::MoeActivation;
 
 // vLLM's string ("silu", "swigluoai_uninterleave", ...).
 absl::string_view MoeActivationName(MoeActivation act);
@@ -235,7 +196,7 @@ struct MoeQuant {
 };
 
 struct MoeWeights {
-  MoeDType dtype = MoeDType::kFloat32;  // storage dtype of w13 / w2
+  kernels::DType dtype = kernels::DType::kFloat32;  // storage dtype of w13 / w2
   int num_local_experts = 0;            // first dim of w13 / w2 (E_local)
   // w13: [E_local, 2I, H] (gated: rows [0,I) gate, [I,2I) up; swigluoai
   // interleaves them) or [E_local, I, H] for _no_mul. w2: [E_local, H, I].
@@ -253,7 +214,7 @@ struct MoeProblem {
   int64_t intermediate = 0;  // I (per partition; N13 = 2I gated, I otherwise)
   int num_experts = 0;       // E, global
   int top_k = 0;
-  MoeDType act_dtype = MoeDType::kBFloat16;  // fp32 / fp16 / bf16: input and output
+  kernels::DType act_dtype = kernels::DType::kBFloat16;  // fp32 / fp16 / bf16: input and output
   const void* hidden_states = nullptr;       // [M, H] in act_dtype
 
   // Routing: router_logits (fp32 [M, E]) with `routing`, or given topk_ids
@@ -291,7 +252,7 @@ absl::Status RunExperts(const MoeProblem& p, const int32_t* topk_ids, const floa
 // stored in out_dtype; with weights_applied_on_input the weights are skipped.
 absl::Status CombineTopK(const float* per_slot_out, const float* topk_weights, int64_t num_tokens,
                          int top_k, int64_t hidden, bool weights_applied_on_input,
-                         MoeDType out_dtype, void* out);
+                         kernels::DType out_dtype, void* out);
 
 // The whole layer: routing (unless ids/weights are given) -> experts ->
 // combine. output: [M, H] in act_dtype. The routing result is written to

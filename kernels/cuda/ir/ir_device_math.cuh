@@ -25,23 +25,23 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
 }
 
 // Run-time typed access, for the native kernels.
-__device__ __forceinline__ float LoadAsFloat(const void* base, int64_t i, IrScalarType t) {
+__device__ __forceinline__ float LoadAsFloat(const void* base, int64_t i, DType t) {
   switch (t) {
-    case IrScalarType::kFloat16:
+    case DType::kFloat16:
       return __half2float(static_cast<const __half*>(base)[i]);
-    case IrScalarType::kBFloat16:
+    case DType::kBFloat16:
       return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
     default:
       return static_cast<const float*>(base)[i];
   }
 }
 
-__device__ __forceinline__ void StoreFromFloat(void* base, int64_t i, IrScalarType t, float v) {
+__device__ __forceinline__ void StoreFromFloat(void* base, int64_t i, DType t, float v) {
   switch (t) {
-    case IrScalarType::kFloat16:
+    case DType::kFloat16:
       static_cast<__half*>(base)[i] = __float2half_rn(v);
       return;
-    case IrScalarType::kBFloat16:
+    case DType::kBFloat16:
       static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
       return;
     default:
@@ -50,11 +50,11 @@ __device__ __forceinline__ void StoreFromFloat(void* base, int64_t i, IrScalarTy
 }
 
 // v.to(t).to(float32).
-__device__ __forceinline__ float RoundTo(IrScalarType t, float v) {
+__device__ __forceinline__ float RoundTo(DType t, float v) {
   switch (t) {
-    case IrScalarType::kFloat16:
+    case DType::kFloat16:
       return __half2float(__float2half_rn(v));
-    case IrScalarType::kBFloat16:
+    case DType::kBFloat16:
       return __bfloat162float(__float2bfloat16_rn(v));
     default:
       return v;

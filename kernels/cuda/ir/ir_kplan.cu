@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Elements per 16-byte vector.
-int VecWidth(IrScalarType t) { return 16 / IrScalarSize(t); }
+int VecWidth(DType t) { return 16 / DTypeSize(t); }
 
 int ThreadsFor(int64_t nvec) {
   const int64_t per_thread = (nvec + kVecsPerThread - 1) / kVecsPerThread;
@@ -449,15 +449,15 @@ constexpr const char* kNormVariantNames[] = {
 // min_cols <= cols <= max_cols and rows >= min_rows; none: kP256x4pf.
 // Switch the production kernel by editing the variant on a line.
 struct NormPick {
-  IrScalarType type;
+  DType type;
   int64_t min_cols, max_cols, min_rows;
   NormVariant variant;
 };
 constexpr NormPick kNormPicks[] = {
-    {IrScalarType::kBFloat16, 2048, 8192, 1, kRow256x4h},  // <- production bf16 (sweep: ir_bench --sweep)
+    {DType::kBFloat16, 2048, 8192, 1, kRow256x4h},  // <- production bf16 (sweep: ir_bench --sweep)
 };
 
-NormVariant PickNorm(IrScalarType type, int64_t rows, int64_t cols) {
+NormVariant PickNorm(DType type, int64_t rows, int64_t cols) {
   for (const NormPick& p : kNormPicks) {
     if (p.type == type && cols >= p.min_cols && cols <= p.max_cols && rows >= p.min_rows) {
       return p.variant;
@@ -492,7 +492,7 @@ absl::Status DispatchNorm(NormVariant variant, const NormArgs& a) {
   return LaunchNorm<T, kVec>(DefaultShape{}, a, true);
 }
 
-absl::Status Norm(int variant, IrScalarType type, const NormArgs& a) {
+absl::Status Norm(int variant, DType type, const NormArgs& a) {
   if (a.rows == 0 || a.cols == 0) return absl::OkStatus();
   if (absl::Status s = CheckSizes(a.rows, a.cols); !s.ok()) return s;
   if (variant < 0) variant = PickNorm(type, a.rows, a.cols);
@@ -501,12 +501,14 @@ absl::Status Norm(int variant, IrScalarType type, const NormArgs& a) {
   }
   const NormVariant v = static_cast<NormVariant>(variant);
   switch (type) {
-    case IrScalarType::kFloat32:
+    case DType::kFloat32:
       return DispatchNorm<float>(v, a);
-    case IrScalarType::kFloat16:
+    case DType::kFloat16:
       return DispatchNorm<__half>(v, a);
-    case IrScalarType::kBFloat16:
+    case DType::kBFloat16:
       return DispatchNorm<__nv_bfloat16>(v, a);
+    default:
+      break;
   }
   return absl::InvalidArgumentError("kplan kernels: unknown element type");
 }
@@ -534,7 +536,7 @@ absl::Status DispatchGelu(KplanRows x, int64_t rows, int64_t d, float std_multip
 
 }  // namespace
 
-absl::Status KplanRmsNorm(IrScalarType type, KplanRows x, int64_t rows, int64_t cols,
+absl::Status KplanRmsNorm(DType type, KplanRows x, int64_t rows, int64_t cols,
                           const void* weight, float epsilon, KplanRowsOut out,
                           cudaStream_t stream) {
   return Norm(-1, type,
@@ -542,7 +544,7 @@ absl::Status KplanRmsNorm(IrScalarType type, KplanRows x, int64_t rows, int64_t 
                        stream});
 }
 
-absl::Status KplanFusedAddRmsNorm(IrScalarType type, KplanRows x, KplanRows residual,
+absl::Status KplanFusedAddRmsNorm(DType type, KplanRows x, KplanRows residual,
                                   int64_t rows, int64_t cols, const void* weight, float epsilon,
                                   KplanRowsOut out, KplanRowsOut residual_out,
                                   cudaStream_t stream) {
@@ -556,11 +558,11 @@ const char* KplanNormVariantName(int variant) {
   return variant >= 0 && variant < kNormVariantCount ? kNormVariantNames[variant] : "?";
 }
 
-int KplanNormDefaultVariant(IrScalarType type, int64_t rows, int64_t cols) {
+int KplanNormDefaultVariant(DType type, int64_t rows, int64_t cols) {
   return PickNorm(type, rows, cols);
 }
 
-absl::Status KplanNormWithVariant(int variant, bool fused, IrScalarType type, KplanRows x,
+absl::Status KplanNormWithVariant(int variant, bool fused, DType type, KplanRows x,
                                   KplanRows residual, int64_t rows, int64_t cols,
                                   const void* weight, float epsilon, KplanRowsOut out,
                                   KplanRowsOut residual_out, cudaStream_t stream) {
@@ -569,23 +571,25 @@ absl::Status KplanNormWithVariant(int variant, bool fused, IrScalarType type, Kp
               NormArgs{fused, x, residual, rows, cols, weight, epsilon, out, residual_out, stream});
 }
 
-absl::Status KplanGeluAndMulSparse(IrScalarType type, KplanRows x, int64_t rows, int64_t d,
+absl::Status KplanGeluAndMulSparse(DType type, KplanRows x, int64_t rows, int64_t d,
                                    float std_multiplier, bool tanh_approximate, KplanRowsOut out,
                                    cudaStream_t stream) {
   if (rows == 0 || d == 0) return absl::OkStatus();
   if (absl::Status s = CheckSizes(rows, 2 * d); !s.ok()) return s;
   switch (type) {
-    case IrScalarType::kFloat32:
+    case DType::kFloat32:
       return DispatchGelu<float>(x, rows, d, std_multiplier, tanh_approximate, out, stream);
-    case IrScalarType::kFloat16:
+    case DType::kFloat16:
       return DispatchGelu<__half>(x, rows, d, std_multiplier, tanh_approximate, out, stream);
-    case IrScalarType::kBFloat16:
+    case DType::kBFloat16:
       return DispatchGelu<__nv_bfloat16>(x, rows, d, std_multiplier, tanh_approximate, out, stream);
+    default:
+      break;
   }
   return absl::InvalidArgumentError("kplan kernels: unknown element type");
 }
 
-bool KplanVectorPath(IrScalarType type, int64_t cols, std::initializer_list<KplanRows> operands) {
+bool KplanVectorPath(DType type, int64_t cols, std::initializer_list<KplanRows> operands) {
   const int vec = VecWidth(type);
   if (cols % vec != 0) return false;
   for (const KplanRows& r : operands) {

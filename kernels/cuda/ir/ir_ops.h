@@ -48,20 +48,20 @@ struct KplanRowsOut {
 };
 
 // out = rms_norm(x, weight|nullptr, epsilon) over the full row.
-absl::Status KplanRmsNorm(IrScalarType type, KplanRows x, int64_t rows, int64_t cols,
+absl::Status KplanRmsNorm(DType type, KplanRows x, int64_t rows, int64_t cols,
                           const void* weight, float epsilon, KplanRowsOut out,
                           cudaStream_t stream);
 
 // (out, residual_out) = fused_add_rms_norm(x, residual, weight|nullptr, epsilon).
 // Outputs must not overlap the inputs (rows longer than the registers hold
 // re-read their inputs after writing).
-absl::Status KplanFusedAddRmsNorm(IrScalarType type, KplanRows x, KplanRows residual,
+absl::Status KplanFusedAddRmsNorm(DType type, KplanRows x, KplanRows residual,
                                   int64_t rows, int64_t cols, const void* weight, float epsilon,
                                   KplanRowsOut out, KplanRowsOut residual_out,
                                   cudaStream_t stream);
 
 // out[rows, d] = gelu_and_mul_sparse(x[rows, 2d]).
-absl::Status KplanGeluAndMulSparse(IrScalarType type, KplanRows x, int64_t rows, int64_t d,
+absl::Status KplanGeluAndMulSparse(DType type, KplanRows x, int64_t rows, int64_t d,
                                    float std_multiplier, bool tanh_approximate, KplanRowsOut out,
                                    cudaStream_t stream);
 
@@ -72,16 +72,16 @@ absl::Status KplanGeluAndMulSparse(IrScalarType type, KplanRows x, int64_t rows,
 // runs the legacy shape whatever the variant.
 int KplanNormVariantCount();
 const char* KplanNormVariantName(int variant);
-int KplanNormDefaultVariant(IrScalarType type, int64_t rows, int64_t cols);
+int KplanNormDefaultVariant(DType type, int64_t rows, int64_t cols);
 // rms_norm (fused false; residual and residual_out ignored) or
 // fused_add_rms_norm with variant `variant` in [0, KplanNormVariantCount()).
-absl::Status KplanNormWithVariant(int variant, bool fused, IrScalarType type, KplanRows x,
+absl::Status KplanNormWithVariant(int variant, bool fused, DType type, KplanRows x,
                                   KplanRows residual, int64_t rows, int64_t cols,
                                   const void* weight, float epsilon, KplanRowsOut out,
                                   KplanRowsOut residual_out, cudaStream_t stream);
 
 // Whether the kplan kernels take their 16-byte vector path for these rows
 // (row length and all row starts 16-byte aligned); for tests and benchmarks.
-bool KplanVectorPath(IrScalarType type, int64_t cols, std::initializer_list<KplanRows> operands);
+bool KplanVectorPath(DType type, int64_t cols, std::initializer_list<KplanRows> operands);
 
 }  // namespace kplan::kernels::cuda

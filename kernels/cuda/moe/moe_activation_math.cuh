@@ -26,39 +26,39 @@ __device__ __forceinline__ float Clamp(float x, float lo, float hi) {
   return fminf(fmaxf(x, lo), hi);
 }
 
-__device__ __forceinline__ float Gated(MoeActKind act, const MoeActParams& p, float a, float b) {
+__device__ __forceinline__ float Gated(MoeActivation act, const MoeActParams& p, float a, float b) {
   const float L = p.clamp_limit;
   switch (act) {
-    case MoeActKind::kSilu:
+    case MoeActivation::kSilu:
       return p.has_clamp_limit ? Silu(fminf(a, L)) * Clamp(b, -L, L) : Silu(a) * b;
-    case MoeActKind::kGelu:
+    case MoeActivation::kGelu:
       return GeluErf(a) * b;
-    case MoeActKind::kGeluTanh:
+    case MoeActivation::kGeluTanh:
       return GeluTanh(a) * b;
-    case MoeActKind::kRelu2:
+    case MoeActivation::kRelu2:
       return Relu2(a) * b;
-    case MoeActKind::kSwigluOai: {
+    case MoeActivation::kSwigluOai: {
       const float g = fminf(a, L);
       return (Clamp(b, -L, L) + 1.0f) * (g * Sigmoid(p.alpha * g));
     }
-    case MoeActKind::kSwigluOaiUninterleave: {
+    case MoeActivation::kSwigluOaiUninterleave: {
       const float g = fminf(a, L);
       return g * Sigmoid(p.alpha * g) * (Clamp(b, -L, L) + p.beta);
     }
-    case MoeActKind::kSwigluStep:
+    case MoeActivation::kSwigluStep:
       return fminf(Silu(a), L) * Clamp(b, -L, L);
     default:
       return 0.0f;
   }
 }
 
-__device__ __forceinline__ float Plain(MoeActKind act, float x) {
+__device__ __forceinline__ float Plain(MoeActivation act, float x) {
   switch (act) {
-    case MoeActKind::kSiluNoMul:
+    case MoeActivation::kSiluNoMul:
       return Silu(x);
-    case MoeActKind::kGeluNoMul:
+    case MoeActivation::kGeluNoMul:
       return GeluErf(x);
-    case MoeActKind::kGeluTanhNoMul:
+    case MoeActivation::kGeluTanhNoMul:
       return GeluTanh(x);
     default:
       return Relu2(x);

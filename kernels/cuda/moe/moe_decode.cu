@@ -95,7 +95,7 @@ struct UpArgs {
   const T* w13;      // [E_local, N13, H]
   const float* b13;  // [E_local, N13] or null
   int64_t numel, H, I, N13;
-  MoeActKind act;
+  MoeActivation act;
   MoeActParams params;
   T* h;  // [numel, I]
 };
@@ -115,12 +115,12 @@ __global__ void __launch_bounds__(kThreads) DecodeUpKernel(const __grid_constant
   const T* xr = a.x + (s / a.top_k) * a.H;
   const T* we = a.w13 + static_cast<int64_t>(e) * a.N13 * a.H;
   const float* be = a.b13 != nullptr ? a.b13 + static_cast<int64_t>(e) * a.N13 : nullptr;
-  const bool gated = a.act < MoeActKind::kSiluNoMul;
+  const bool gated = a.act < MoeActivation::kSiluNoMul;
   float v;
   if (gated) {
     // swigluoai interleaves gate and up rows; the others stack them.
-    const int64_t rg = a.act == MoeActKind::kSwigluOai ? 2 * n : n;
-    const int64_t ru = a.act == MoeActKind::kSwigluOai ? 2 * n + 1 : a.I + n;
+    const int64_t rg = a.act == MoeActivation::kSwigluOai ? 2 * n : n;
+    const int64_t ru = a.act == MoeActivation::kSwigluOai ? 2 * n + 1 : a.I + n;
     const T* const w[2] = {we + rg * a.H, we + ru * a.H};
     const T* const x[2] = {xr, xr};
     float d[2];
@@ -237,7 +237,7 @@ template <typename T>
 absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
   MoeActParams p = d.act_params;
   if (!p.has_clamp_limit) p.clamp_limit = 7.0f;  // swigluoai / swiglustep default
-  const bool gated = d.act < MoeActKind::kSiluNoMul;
+  const bool gated = d.act < MoeActivation::kSiluNoMul;
   const int64_t numel = d.num_tokens * d.top_k;
   UpArgs<T> up{static_cast<const T*>(d.hidden),
                d.topk_ids,
@@ -309,6 +309,7 @@ bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hi
 }
 
 absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream) {
+  if (absl::Status s = CheckHalfDType(d.dtype, "moe_decode"); !s.ok()) return s;
   const int64_t numel = d.num_tokens * d.top_k;
   if (d.num_tokens < 0 || d.top_k <= 0 || d.num_experts <= 0 || d.num_local_experts <= 0) {
     return absl::InvalidArgumentError("moe_decode: bad sizes");
@@ -324,13 +325,13 @@ absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream)
     return absl::InvalidArgumentError("moe_decode: null pointer");
   }
   const int a = static_cast<int>(d.act);
-  if (a < 0 || a > static_cast<int>(MoeActKind::kRelu2NoMul)) {
+  if (a < 0 || a > static_cast<int>(MoeActivation::kRelu2NoMul)) {
     return absl::InvalidArgumentError("moe_decode: unknown activation");
   }
-  if (d.act == MoeActKind::kSwigluOaiUninterleave && !d.act_params.has_clamp_limit) {
+  if (d.act == MoeActivation::kSwigluOaiUninterleave && !d.act_params.has_clamp_limit) {
     return absl::InvalidArgumentError("SWIGLUOAI_UNINTERLEAVE requires clamp_limit");
   }
-  return d.dtype == MoeElemType::kBFloat16 ? Launch<__nv_bfloat16>(d, stream)
+  return d.dtype == DType::kBFloat16 ? Launch<__nv_bfloat16>(d, stream)
                                            : Launch<__half>(d, stream);
 }
 

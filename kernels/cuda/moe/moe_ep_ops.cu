@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_ep_ops.h"
+#include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
@@ -156,10 +157,11 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 }  // namespace
 
-absl::Status LaunchMoeEpCombineFp32(MoeElemType dtype, const void* y, const int32_t* topk_ids,
+absl::Status LaunchMoeEpCombineFp32(DType dtype, const void* y, const int32_t* topk_ids,
                                     const float* topk_weights, const int32_t* expert_map,
                                     int num_experts, int64_t num_tokens, int top_k, int64_t hidden,
                                     float* out, cudaStream_t stream) {
+  if (absl::Status s = CheckHalfDType(dtype, "moe_ep_combine_fp32"); !s.ok()) return s;
   if (num_tokens < 0 || top_k <= 0 || hidden < 0 || hidden % kVec != 0 || num_experts <= 0) {
     return absl::InvalidArgumentError(
         "moe_ep_combine_fp32: bad sizes (hidden must be a multiple of 8)");
@@ -173,7 +175,7 @@ absl::Status LaunchMoeEpCombineFp32(MoeElemType dtype, const void* y, const int3
     return absl::InvalidArgumentError("moe_ep_combine_fp32: buffers must be 16-byte aligned");
   }
   const int threads = 256, blocks = GridFor(vecs, threads);
-  if (dtype == MoeElemType::kBFloat16) {
+  if (dtype == DType::kBFloat16) {
     CombineFp32Kernel<<<blocks, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(y),
                                                       topk_ids, topk_weights, expert_map,
                                                       num_experts, num_tokens, top_k, hidden, out);
@@ -186,13 +188,14 @@ absl::Status LaunchMoeEpCombineFp32(MoeElemType dtype, const void* y, const int3
   return absl::OkStatus();
 }
 
-absl::Status LaunchMoeEpCastFromFp32(MoeElemType dtype, const float* in, int64_t n, void* out,
+absl::Status LaunchMoeEpCastFromFp32(DType dtype, const float* in, int64_t n, void* out,
                                      cudaStream_t stream) {
+  if (absl::Status s = CheckHalfDType(dtype, "moe_ep_cast"); !s.ok()) return s;
   if (n < 0) return absl::InvalidArgumentError("moe_ep_cast: negative size");
   if (n == 0) return absl::OkStatus();
   if (in == nullptr || out == nullptr) return absl::InvalidArgumentError("moe_ep_cast: null");
   const int threads = 256, blocks = GridFor(n, threads);
-  if (dtype == MoeElemType::kBFloat16) {
+  if (dtype == DType::kBFloat16) {
     CastKernel<<<blocks, threads, 0, stream>>>(in, n, static_cast<__nv_bfloat16*>(out));
   } else {
     CastKernel<<<blocks, threads, 0, stream>>>(in, n, static_cast<__half*>(out));
@@ -218,10 +221,11 @@ absl::Status LaunchMoeEpPartitionByRank(const int32_t* topk_ids, int64_t numel, 
   return absl::OkStatus();
 }
 
-absl::Status LaunchMoeEpGatherRows(MoeElemType dtype, const void* hidden, const int32_t* send_order,
+absl::Status LaunchMoeEpGatherRows(DType dtype, const void* hidden, const int32_t* send_order,
                                    int64_t rows, int top_k, int64_t hidden_size,
                                    const int32_t* topk_ids, const float* topk_weights, void* x_out,
                                    int32_t* meta_out, cudaStream_t stream) {
+  if (absl::Status s = CheckHalfDType(dtype, "moe_ep_gather_rows"); !s.ok()) return s;
   if (rows < 0 || top_k <= 0 || hidden_size <= 0 || hidden_size % kVec != 0) {
     return absl::InvalidArgumentError(
         "moe_ep_gather_rows: bad sizes (hidden must be a multiple of 8)");
@@ -236,7 +240,7 @@ absl::Status LaunchMoeEpGatherRows(MoeElemType dtype, const void* hidden, const 
   }
   const int threads = 128;
   const int blocks = static_cast<int>(std::min<int64_t>(rows, 132 * 16));
-  if (dtype == MoeElemType::kBFloat16) {
+  if (dtype == DType::kBFloat16) {
     GatherRowsKernel<<<blocks, threads, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(hidden), send_order, rows, top_k, hidden_size, topk_ids,
         topk_weights, static_cast<__nv_bfloat16*>(x_out), meta_out);

@@ -38,13 +38,13 @@ inline constexpr int kMoeEpMaxRanks = 64;
 // slots gets +0. topk_weights == nullptr: plain sum (weights applied on the
 // input). y: [num_tokens * top_k, hidden] in dtype; out fp32 [num_tokens,
 // hidden]. expert_map: device [num_experts] or null (all ids local).
-absl::Status LaunchMoeEpCombineFp32(MoeElemType dtype, const void* y, const int32_t* topk_ids,
+absl::Status LaunchMoeEpCombineFp32(DType dtype, const void* y, const int32_t* topk_ids,
                                     const float* topk_weights, const int32_t* expert_map,
                                     int num_experts, int64_t num_tokens, int top_k, int64_t hidden,
                                     float* out, cudaStream_t stream);
 
 // out[i] = round(in[i]) to dtype (round to nearest even), i < n.
-absl::Status LaunchMoeEpCastFromFp32(MoeElemType dtype, const float* in, int64_t n, void* out,
+absl::Status LaunchMoeEpCastFromFp32(DType dtype, const float* in, int64_t n, void* out,
                                      cudaStream_t stream);
 
 // Orders the numel slots (flat token * k + j) by the rank owning their expert
@@ -62,7 +62,7 @@ absl::Status LaunchMoeEpPartitionByRank(const int32_t* topk_ids, int64_t numel, 
 // elements of dtype; hidden a multiple of 8), meta_out[2i] =
 // topk_ids[send_order[i]], meta_out[2i + 1] = the bits of
 // topk_weights[send_order[i]] (one int32 stream for the all-to-all-v).
-absl::Status LaunchMoeEpGatherRows(MoeElemType dtype, const void* hidden, const int32_t* send_order,
+absl::Status LaunchMoeEpGatherRows(DType dtype, const void* hidden, const int32_t* send_order,
                                    int64_t rows, int top_k, int64_t hidden_size,
                                    const int32_t* topk_ids, const float* topk_weights, void* x_out,
                                    int32_t* meta_out, cudaStream_t stream);

@@ -3,6 +3,7 @@
 //
 // The grouped GEMM itself is in moe_gemm_sm90.cu.
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
@@ -40,7 +41,7 @@ struct GemmOut {
 };
 
 template <typename T>
-__global__ void ActivationKernel(MoeActKind act, MoeActParams p, GemmOut<T> in, int64_t rows,
+__global__ void ActivationKernel(MoeActivation act, MoeActParams p, GemmOut<T> in, int64_t rows,
                                  int64_t d, bool gated, T* out) {
   detail::PdlWaitThenRelease();
   const int64_t total = rows * d;
@@ -50,7 +51,7 @@ __global__ void ActivationKernel(MoeActKind act, MoeActParams p, GemmOut<T> in, 
     float v;
     if (!gated) {
       v = Plain(act, in[i]);
-    } else if (act == MoeActKind::kSwigluOai) {
+    } else if (act == MoeActivation::kSwigluOai) {
       const int64_t x = r * 2 * d;
       v = Gated(act, p, in[x + 2 * c], in[x + 2 * c + 1]);
     } else {
@@ -99,21 +100,35 @@ int ElementwiseBlocks(int64_t n, int threads) {
 
 }  // namespace
 
-absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, MoeElemType dtype,
+absl::Status CheckHalfDType(DType dtype, const char* what) {
+  if (IsHalfDType(dtype)) return absl::OkStatus();
+  return absl::InvalidArgumentError(std::string(what) + ": dtype must be bfloat16 or float16, got " +
+                                    std::string(DTypeName(dtype)));
+}
+
+absl::Status CheckFloatDType(DType dtype, const char* what) {
+  if (IsFloatDType(dtype)) return absl::OkStatus();
+  return absl::InvalidArgumentError(std::string(what) +
+                                    ": dtype must be float32, float16 or bfloat16, got " +
+                                    std::string(DTypeName(dtype)));
+}
+
+absl::Status LaunchMoeActivation(MoeActivation act, const MoeActParams& params, DType dtype,
                                  const void* in, int64_t rows, int64_t in_width, void* out,
                                  int64_t out_width, cudaStream_t stream,
                                  const MoeSplitInput& split) {
+  if (absl::Status s = CheckHalfDType(dtype, "moe_activation"); !s.ok()) return s;
   const int a = static_cast<int>(act);
-  if (a < 0 || a > static_cast<int>(MoeActKind::kRelu2NoMul)) {
+  if (a < 0 || a > static_cast<int>(MoeActivation::kRelu2NoMul)) {
     return absl::InvalidArgumentError("moe_activation: unknown activation");
   }
-  const bool gated = act < MoeActKind::kSiluNoMul;
+  const bool gated = act < MoeActivation::kSiluNoMul;
   if (rows < 0 || out_width < 0 || in_width != (gated ? 2 * out_width : out_width)) {
     return absl::InvalidArgumentError(
         gated ? "moe_activation: gated activations expect in_width == 2 * out_width"
               : "moe_activation: _no_mul activations expect equal widths");
   }
-  if (act == MoeActKind::kSwigluOaiUninterleave && !params.has_clamp_limit) {
+  if (act == MoeActivation::kSwigluOaiUninterleave && !params.has_clamp_limit) {
     return absl::InvalidArgumentError("SWIGLUOAI_UNINTERLEAVE requires clamp_limit");
   }
   const int64_t total = rows * out_width;
@@ -127,7 +142,7 @@ absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, Moe
   MoeActParams p = params;
   if (!p.has_clamp_limit) p.clamp_limit = 7.0f;  // swigluoai / swiglustep default
   const int threads = 256, blocks = ElementwiseBlocks(total, threads);
-  if (dtype == MoeElemType::kBFloat16) {
+  if (dtype == DType::kBFloat16) {
     const GemmOut<__nv_bfloat16> x{static_cast<const __nv_bfloat16*>(in), split, rows * in_width};
     KPLAN_CUDA_RETURN_IF_ERROR(
         detail::LaunchPdl(ActivationKernel<__nv_bfloat16>, dim3(blocks), dim3(threads), 0, stream,
@@ -141,9 +156,10 @@ absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, Moe
   return absl::OkStatus();
 }
 
-absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* topk_weights,
+absl::Status LaunchMoeCombine(DType dtype, const void* y, const float* topk_weights,
                               int64_t num_tokens, int top_k, int64_t hidden, void* out,
                               cudaStream_t stream, const MoeSplitInput& split) {
+  if (absl::Status s = CheckHalfDType(dtype, "moe_combine"); !s.ok()) return s;
   if (num_tokens < 0 || top_k <= 0 || hidden < 0) {
     return absl::InvalidArgumentError("moe_combine: bad sizes");
   }
@@ -156,7 +172,7 @@ absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* top
     return absl::InvalidArgumentError("moe_combine: splits must be positive");
   }
   const int threads = 256, blocks = ElementwiseBlocks(total, threads);
-  if (dtype == MoeElemType::kBFloat16) {
+  if (dtype == DType::kBFloat16) {
     const GemmOut<__nv_bfloat16> v{static_cast<const __nv_bfloat16*>(y), split,
                                    num_tokens * top_k * hidden};
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
@@ -171,8 +187,9 @@ absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* top
   return absl::OkStatus();
 }
 
-absl::Status LaunchMoeScaleRows(MoeElemType dtype, const void* a, const float* row_weights,
+absl::Status LaunchMoeScaleRows(DType dtype, const void* a, const float* row_weights,
                                 int64_t rows, int64_t width, void* out, cudaStream_t stream) {
+  if (absl::Status s = CheckHalfDType(dtype, "moe_scale_rows"); !s.ok()) return s;
   if (rows < 0 || width < 0) return absl::InvalidArgumentError("moe_scale_rows: bad sizes");
   const int64_t total = rows * width;
   if (total == 0) return absl::OkStatus();
@@ -180,7 +197,7 @@ absl::Status LaunchMoeScaleRows(MoeElemType dtype, const void* a, const float* r
     return absl::InvalidArgumentError("moe_scale_rows: null pointer");
   }
   const int threads = 256, blocks = ElementwiseBlocks(total, threads);
-  if (dtype == MoeElemType::kBFloat16) {
+  if (dtype == DType::kBFloat16) {
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(ScaleRowsKernel<__nv_bfloat16>, dim3(blocks),
                                                  dim3(threads), 0, stream,
                                                  static_cast<const __nv_bfloat16*>(a), row_weights,

@@ -26,26 +26,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/common/types.h"
 
 namespace kplan::kernels::cuda {
-
-// Element type of activations and weights.
-enum class MoeElemType : int { kBFloat16 = 0, kFloat16 = 1 };
-
-// Mirrors moe::MoeActivation value for value (moe_reference.h).
-enum class MoeActKind : int {
-  kSilu = 0,
-  kGelu,
-  kGeluTanh,
-  kRelu2,
-  kSwigluOai,
-  kSwigluOaiUninterleave,
-  kSwigluStep,
-  kSiluNoMul,
-  kGeluNoMul,
-  kGeluTanhNoMul,
-  kRelu2NoMul,
-};
 
 // Mirrors moe::ActivationParams.
 struct MoeActParams {
@@ -74,6 +57,13 @@ int64_t MoeGemmPartialsBytes(int splits, int64_t numel, int64_t N);
 // or per 128 x 128 block [E, ceil(N/128), ceil(K/128)].
 enum class MoeFp8WeightScale : int { kPerTensor, kPerChannel, kBlock };
 
+// The element types these launchers take (DType, kernels/common/types.h):
+// CheckHalfDType accepts bf16 / fp16 (the wgmma GEMMs, the decode kernels,
+// the elementwise steps, the EP glue), CheckFloatDType fp32 / fp16 / bf16
+// (the emulation route). INVALID_ARGUMENT naming `what` otherwise.
+absl::Status CheckHalfDType(DType dtype, const char* what);
+absl::Status CheckFloatDType(DType dtype, const char* what);
+
 // One grouped GEMM over the moe_align_block_size output. Block t covers
 // sorted_token_ids[t*block_m, (t+1)*block_m) and uses expert expert_ids[t].
 // For every slot s in it with s < numel (sentinels are skipped):
@@ -85,7 +75,7 @@ enum class MoeFp8WeightScale : int { kPerTensor, kPerChannel, kBlock };
 // fp32 partials (`partials`, MoeGemmPartialsBytes) are summed in split order
 // before the same rounding.
 struct MoeGroupedGemmArgs {
-  MoeElemType dtype = MoeElemType::kBFloat16;
+  DType dtype = DType::kBFloat16;
   const void* a = nullptr;  // [a_rows, K]; GEMM 1: hidden states [M, K]; GEMM 2: [numel, K]
   int a_row_div = 1;        // GEMM 1: top_k (token = slot / top_k); GEMM 2: 1
   const void* w = nullptr;  // [num_local_experts, N, K]
@@ -135,7 +125,7 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& args, cudaStream_t s
 // swigluoai interleaved), _no_mul ones in_width == out_width. Computed in
 // fp32 from the stored values and rounded once, as moe::ApplyActivation
 // followed by the reference's rounding.
-absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, MoeElemType dtype,
+absl::Status LaunchMoeActivation(MoeActivation act, const MoeActParams& params, DType dtype,
                                  const void* in, int64_t rows, int64_t in_width, void* out,
                                  int64_t out_width, cudaStream_t stream,
                                  const MoeSplitInput& split = {});
@@ -143,7 +133,7 @@ absl::Status LaunchMoeActivation(MoeActKind act, const MoeActParams& params, Moe
 // out[m, h] = round(Σ_j w[m, j] · y[m*k + j, h]) with fp32 accumulation, j
 // ascending (topk_weights == nullptr: plain sum, for weights applied on the
 // input). y: [num_tokens * top_k, hidden], out: [num_tokens, hidden].
-absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* topk_weights,
+absl::Status LaunchMoeCombine(DType dtype, const void* y, const float* topk_weights,
                               int64_t num_tokens, int top_k, int64_t hidden, void* out,
                               cudaStream_t stream, const MoeSplitInput& split = {});
 
@@ -156,7 +146,7 @@ absl::Status LaunchMoeCombine(MoeElemType dtype, const void* y, const float* top
 // map -1) contribute zero rows. top_k <= 8; no apply_router_weight_on_input.
 inline constexpr int64_t kMoeDecodeMaxSlots = 16;
 struct MoeDecodeArgs {
-  MoeElemType dtype = MoeElemType::kBFloat16;
+  DType dtype = DType::kBFloat16;
   const void* hidden = nullptr;           // [num_tokens, hidden_size]
   const int32_t* topk_ids = nullptr;      // [num_tokens, top_k], global ids
   const float* topk_weights = nullptr;    // [num_tokens, top_k]
@@ -170,7 +160,7 @@ struct MoeDecodeArgs {
   const float* b13 = nullptr;  // [E_local, N13] or null
   const void* w2 = nullptr;   // [E_local, H, I]
   const float* b2 = nullptr;   // [E_local, H] or null
-  MoeActKind act = MoeActKind::kSilu;
+  MoeActivation act = MoeActivation::kSilu;
   MoeActParams act_params;
   void* h = nullptr;  // workspace [num_tokens * top_k, I]
   // true: out [num_tokens, H] = Σ_j w · y_j; false: out [num_tokens * top_k, H] = y.
@@ -186,7 +176,7 @@ absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& args, cudaStream_t stre
 
 // apply_router_weight_on_input (top_k == 1): out[m, h] = round(a[m, h] ·
 // round(w[m])), as moe::RunExperts scales the input rows.
-absl::Status LaunchMoeScaleRows(MoeElemType dtype, const void* a, const float* row_weights,
+absl::Status LaunchMoeScaleRows(DType dtype, const void* a, const float* row_weights,
                                 int64_t rows, int64_t width, void* out, cudaStream_t stream);
 
 }  // namespace kplan::kernels::cuda

@@ -460,6 +460,7 @@ int64_t MoeGemmPartialsBytes(int splits, int64_t numel, int64_t N) {
 }
 
 absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
+  if (absl::Status s = CheckHalfDType(g.dtype, "moe_grouped_gemm"); !s.ok()) return s;
   if (g.N <= 0 || g.N % 8 != 0) {
     return absl::InvalidArgumentError("moe_grouped_gemm: N must be a positive multiple of 8");
   }
@@ -535,7 +536,7 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
                      g.a_scale,
                      g.fp8 && g.w_scale_kind == MoeFp8WeightScale::kBlock};
   using F8 = __nv_fp8_e4m3;
-  if (g.dtype == MoeElemType::kBFloat16) {
+  if (g.dtype == DType::kBFloat16) {
     return g.fp8
                ? LaunchForBlockM<F8, __nv_bfloat16>(g.block_m, p, g.num_blocks, stream)
                : LaunchForBlockM<__nv_bfloat16, __nv_bfloat16>(g.block_m, p, g.num_blocks, stream);

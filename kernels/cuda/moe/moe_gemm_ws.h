@@ -44,9 +44,9 @@ absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& args, cudaStream_t
 inline constexpr bool kMoeFusedActDefault = true;  // since session 5, call 5
 void SetMoeFusedActMode(MoeGemmWsMode mode);
 bool MoeFusedActEnabled();
-bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& args, MoeActKind act,
+bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& args, MoeActivation act,
                          const MoeActParams& params);
-absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& args, MoeActKind act,
+absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& args, MoeActivation act,
                                        const MoeActParams& params, void* act_out,
                                        cudaStream_t stream);
 

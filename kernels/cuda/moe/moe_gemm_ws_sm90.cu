@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             // The intermediate's rounding, then the activation kernel's formula.
-            v[x] = moe_math::Gated(MoeActKind::kSilu, p.act_params, ToFloat(FromFloat<T>(g[x])),
+            v[x] = moe_math::Gated(MoeActivation::kSilu, p.act_params, ToFloat(FromFloat<T>(g[x])),
                                    ToFloat(FromFloat<T>(u[x])));
           }
           pa[jj] = Pack2<T>(v[0], v[1]);
@@ -538,7 +538,7 @@ bool MoeGemmWsApplies(const MoeGroupedGemmArgs& g) {
 }
 
 absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
-  if (g.dtype == MoeElemType::kBFloat16) return LaunchWs<__nv_bfloat16, false>(g, {}, stream);
+  if (g.dtype == DType::kBFloat16) return LaunchWs<__nv_bfloat16, false>(g, {}, stream);
   return LaunchWs<__half, false>(g, {}, stream);
 }
 
@@ -561,8 +561,8 @@ bool MoeFusedActEnabled() {
   return env;
 }
 
-bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& g, MoeActKind act, const MoeActParams&) {
-  if (act != MoeActKind::kSilu) return false;  // the others: GEMM 1 + LaunchMoeActivation
+bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& g, MoeActivation act, const MoeActParams&) {
+  if (act != MoeActivation::kSilu) return false;  // the others: GEMM 1 + LaunchMoeActivation
   // Output rows of I = N / 2 elements stored 16 bytes at a time.
   if (g.N <= 0 || g.N % 16 != 0 || g.K <= 0 || g.K % 8 != 0) return false;
   if (g.a_row_div <= 0 || g.num_local_experts <= 0 || g.reduce_in_consumer) return false;
@@ -570,7 +570,7 @@ bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& g, MoeActKind act, const MoeA
   return MoeGemmWsApplies(g);
 }
 
-absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& g, MoeActKind act,
+absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& g, MoeActivation act,
                                        const MoeActParams& params, void* act_out,
                                        cudaStream_t stream) {
   if (!MoeGemmWsActApplies(g, act, params)) {
@@ -589,7 +589,7 @@ absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& g, MoeActKind a
   if (!p.has_clamp_limit) p.clamp_limit = 7.0f;  // as LaunchMoeActivation
   MoeGroupedGemmArgs f = g;
   f.c = act_out;
-  if (g.dtype == MoeElemType::kBFloat16) return LaunchWs<__nv_bfloat16, true>(f, p, stream);
+  if (g.dtype == DType::kBFloat16) return LaunchWs<__nv_bfloat16, true>(f, p, stream);
   return LaunchWs<__half, true>(f, p, stream);
 }
 

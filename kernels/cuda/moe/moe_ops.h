@@ -20,25 +20,17 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/common/types.h"
 
 namespace kplan::kernels::cuda {
-
-// Mirrors moe::RoutingMethod / moe::ScoringFunc value for value.
-enum class MoeRoutingMethod : int {
-  kTopK = 0,             // scores -> (+bias) top-k -> unbiased weights -> renorm -> * scale
-  kTopKThenSoftmax = 1,  // top-k on logits, softmax over the k (RoutingMethodType.Renormalize)
-  kGroupedTopK = 2,      // DeepSeek-V2/V3 grouped top-k
-  kLlama4 = 3,           // top-k on logits, weight = sigmoid(logit)
-};
-enum class MoeScoringFunc : int { kSoftmax = 0, kSigmoid = 1, kSqrtSoftplus = 2 };
 
 // A POD mirror of moe::RoutingSpec; e_score_correction_bias is a DEVICE
 // pointer ([num_experts] fp32) or null.
 struct MoeRoutingParams {
   int num_experts = 0;  // E, 1..kMoeRoutingMaxExperts
   int top_k = 0;        // 1..min(E, kMoeRoutingMaxTopK)
-  MoeRoutingMethod method = MoeRoutingMethod::kTopK;
-  MoeScoringFunc scoring = MoeScoringFunc::kSoftmax;  // kTopK and kGroupedTopK
+  RoutingMethod method = RoutingMethod::kTopK;
+  ScoringFunc scoring = ScoringFunc::kSoftmax;  // kTopK and kGroupedTopK
   bool renormalize = false;
   const float* e_score_correction_bias = nullptr;
   float routed_scaling_factor = 1.0f;

@@ -36,23 +36,23 @@ __device__ __forceinline__ float Fp8ToFloat(uint8_t b) {
   return __half2float(__half(h));
 }
 
-__device__ __forceinline__ float RoundC(float v, MoeFloatType t) {
+__device__ __forceinline__ float RoundC(float v, DType t) {
   switch (t) {
-    case MoeFloatType::kFloat16:
+    case DType::kFloat16:
       return __half2float(__float2half_rn(v));
-    case MoeFloatType::kBFloat16:
+    case DType::kBFloat16:
       return __bfloat162float(__float2bfloat16_rn(v));
     default:
       return v;
   }
 }
 
-__device__ __forceinline__ void StoreC(void* p, int64_t i, MoeFloatType t, float v) {
+__device__ __forceinline__ void StoreC(void* p, int64_t i, DType t, float v) {
   switch (t) {
-    case MoeFloatType::kFloat16:
+    case DType::kFloat16:
       static_cast<__half*>(p)[i] = __float2half_rn(v);
       return;
-    case MoeFloatType::kBFloat16:
+    case DType::kBFloat16:
       static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
       return;
     default:
@@ -93,7 +93,7 @@ __device__ __forceinline__ void LoadRaw(Raw& r, const void* base, int64_t elem, 
 }
 
 __device__ __forceinline__ void RawFloats(const Raw& r, int kind, float* out) {
-  // kind: 0 fp32, 1 fp16, 2 bf16 (MoeFloatType / MoeWeightKind order).
+  // kind: 0 fp32, 1 fp16, 2 bf16 (DType's values, kernels/common/types.h).
   if (kind == 0) {
     const float* f = reinterpret_cast<const float*>(&r.v[0]);
 #pragma unroll
@@ -186,14 +186,14 @@ __global__ void __launch_bounds__(kThreads) QuantGemmKernel(MoeQuantGemmArgs p, 
   }
 
   const MoeQuantWeights& w = p.w;
-  const bool fp8w = w.kind == MoeWeightKind::kFp8E4m3;
+  const bool fp8w = w.kind == DType::kFp8E4m3;
   const bool wblock = w.scale_kind == MoeWeightScale::kBlock;
-  const int w_bx2 = w.kind == MoeWeightKind::kFloat32 ? 8
-                    : (w.kind == MoeWeightKind::kFloat16 || w.kind == MoeWeightKind::kBFloat16)
+  const int w_bx2 = w.kind == DType::kFloat32 ? 8
+                    : (w.kind == DType::kFloat16 || w.kind == DType::kBFloat16)
                         ? 4
-                    : w.kind == MoeWeightKind::kInt4 ? 1
+                    : w.kind == DType::kInt4Packed ? 1
                                                      : 2;
-  const int a_bx2 = p.a_fp8 ? 2 : p.a_type == MoeFloatType::kFloat32 ? 8 : 4;
+  const int a_bx2 = p.a_fp8 ? 2 : p.a_type == DType::kFloat32 ? 8 : 4;
   const int64_t kta = p.a_group > 0 ? (K + p.a_group - 1) / p.a_group : 1;
   const int64_t nbn = wblock ? (N + w.block_n - 1) / w.block_n : 1;
   const int64_t nbk = wblock ? (K + w.block_k - 1) / w.block_k : 1;
@@ -288,12 +288,12 @@ __global__ void __launch_bounds__(kThreads) QuantGemmKernel(MoeQuantGemmArgs p, 
       const int64_t k = k0 + w_kc[i] * 8;
       const bool in = n < N && k < K;
       switch (w.kind) {
-        case MoeWeightKind::kFloat32:
-        case MoeWeightKind::kFloat16:
-        case MoeWeightKind::kBFloat16:
+        case DType::kFloat32:
+        case DType::kFloat16:
+        case DType::kBFloat16:
           RawFloats(rw[i], static_cast<int>(w.kind), v);
           break;
-        case MoeWeightKind::kFp8E4m3:
+        case DType::kFp8E4m3:
 #pragma unroll
           for (int j = 0; j < 8; ++j) v[j] = Fp8ToFloat(RawByte(rw[i], j));
           if (!C::kMma && in) {  // fold the weight scale
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kThreads) QuantGemmKernel(MoeQuantGemmArgs p, 
           }
           break;
         default: {  // int8 / int4 with group scales
-          const bool int4 = w.kind == MoeWeightKind::kInt4;
+          const bool int4 = w.kind == DType::kInt4Packed;
           const int64_t g0 = (w_row0 + n) * groups;
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
@@ -493,6 +493,14 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 }  // namespace
 
 absl::Status LaunchMoeQuantGemm(const MoeQuantGemmArgs& g, cudaStream_t stream) {
+  if (!g.a_fp8) {
+    if (absl::Status s = CheckFloatDType(g.a_type, "moe_quant_gemm: a_type"); !s.ok()) return s;
+  }
+  if (absl::Status s = CheckFloatDType(g.c_type, "moe_quant_gemm: c_type"); !s.ok()) return s;
+  if (!IsFloatDType(g.w.kind) && g.w.kind != DType::kFp8E4m3 && g.w.kind != DType::kInt8 &&
+      g.w.kind != DType::kInt4Packed) {
+    return absl::InvalidArgumentError("moe_quant_gemm: unsupported weight dtype");
+  }
   const MoeQuantWeights& w = g.w;
   if (g.N <= 0) return absl::InvalidArgumentError("moe_quant_gemm: N must be positive");
   if (g.K <= 0 || g.K % 8 != 0) {
@@ -505,8 +513,8 @@ absl::Status LaunchMoeQuantGemm(const MoeQuantGemmArgs& g, cudaStream_t stream) 
   if (g.numel < 0 || g.num_blocks < 0 || g.numel > INT32_MAX) {
     return absl::InvalidArgumentError("moe_quant_gemm: numel / num_blocks out of range");
   }
-  const bool fp8w = w.kind == MoeWeightKind::kFp8E4m3;
-  const bool intw = w.kind == MoeWeightKind::kInt8 || w.kind == MoeWeightKind::kInt4;
+  const bool fp8w = w.kind == DType::kFp8E4m3;
+  const bool intw = w.kind == DType::kInt8 || w.kind == DType::kInt4Packed;
   if (fp8w != g.a_fp8) {
     return absl::InvalidArgumentError("moe_quant_gemm: fp8 weights need fp8 activations and "
                                       "other weights float activations");
@@ -555,10 +563,10 @@ absl::Status LaunchMoeQuantGemm(const MoeQuantGemmArgs& g, cudaStream_t stream) 
         (block && g.a_group == w.block_k && w.block_k % Cfg<kModeF16>::BK == 0)) {
       mode = kModeF16;
     }
-  } else if (g.a_type != MoeFloatType::kFloat32 && g.c_type == g.a_type) {
-    const MoeWeightKind same = g.a_type == MoeFloatType::kFloat16 ? MoeWeightKind::kFloat16
-                                                                  : MoeWeightKind::kBFloat16;
-    if (intw || w.kind == same) mode = g.a_type == MoeFloatType::kFloat16 ? kModeF16 : kModeBf16;
+  } else if (g.a_type != DType::kFloat32 && g.c_type == g.a_type) {
+    const DType same = g.a_type == DType::kFloat16 ? DType::kFloat16
+                                                                  : DType::kBFloat16;
+    if (intw || w.kind == same) mode = g.a_type == DType::kFloat16 ? kModeF16 : kModeBf16;
   }
   const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(n_tiles));
   switch (mode) {

@@ -40,13 +40,6 @@
 
 namespace kplan::kernels::cuda {
 
-// Float element types of activations, intermediates and outputs.
-enum class MoeFloatType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-
-// Storage of the weights (row-major [E_local, N, K]; int4 packs two values
-// per byte along K, low nibble first).
-enum class MoeWeightKind : int { kFloat32, kFloat16, kBFloat16, kFp8E4m3, kInt8, kInt4 };
-
 enum class MoeWeightScale : int {
   kNone,        // float weights
   kPerTensor,   // fp8: scale[E_local]
@@ -56,7 +49,7 @@ enum class MoeWeightScale : int {
 };
 
 struct MoeQuantWeights {
-  MoeWeightKind kind = MoeWeightKind::kBFloat16;
+  DType kind = DType::kBFloat16;
   MoeWeightScale scale_kind = MoeWeightScale::kNone;
   const void* data = nullptr;     // device
   const float* scale = nullptr;   // device, or null for kNone
@@ -75,7 +68,7 @@ struct MoeQuantWeights {
 // group (fp8 block weights need a_group == block_k). fp8 weights need fp8 A
 // and the other weights float A.
 struct MoeQuantGemmArgs {
-  MoeFloatType a_type = MoeFloatType::kBFloat16;  // when !a_fp8
+  DType a_type = DType::kBFloat16;  // when !a_fp8
   bool a_fp8 = false;
   const void* a = nullptr;
   const float* a_scale = nullptr;
@@ -83,7 +76,7 @@ struct MoeQuantGemmArgs {
   int a_row_div = 1;
   MoeQuantWeights w;
   const float* bias = nullptr;  // [E_local, N] fp32 or null
-  MoeFloatType c_type = MoeFloatType::kBFloat16;
+  DType c_type = DType::kBFloat16;
   void* c = nullptr;  // [numel, N]
   const int32_t* sorted_token_ids = nullptr;
   const int32_t* expert_ids = nullptr;
@@ -109,14 +102,14 @@ absl::Status LaunchMoeQuantGemm(const MoeQuantGemmArgs& args, cudaStream_t strea
 // [rows, ceil(K/group)]. kPerTensor without a static scale needs `scratch`
 // (one device float, zeroed by the launcher on the stream).
 enum class MoeFp8ActQuant : int { kPerToken, kPerTensor, kPerGroup };
-absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, MoeFloatType in_type, const void* in,
+absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void* in,
                                   int64_t rows, int64_t K, int group, float static_scale,
                                   float* scratch, uint8_t* q, float* scale,
                                   cudaStream_t stream);
 
 // fp32 versions of the moe_experts.h elementwise steps (same formulas and
 // rounding points; fp32 rounding is the identity).
-absl::Status LaunchMoeActivationF32(MoeActKind act, const MoeActParams& params, const float* in,
+absl::Status LaunchMoeActivationF32(MoeActivation act, const MoeActParams& params, const float* in,
                                     int64_t rows, int64_t in_width, float* out,
                                     int64_t out_width, cudaStream_t stream);
 absl::Status LaunchMoeCombineF32(const float* y, const float* topk_weights, int64_t num_tokens,

@@ -25,11 +25,11 @@ constexpr float kPerTokenMinScale = 1.0f / (448.0f * 512.0f);
 constexpr float kGroupEps = 1e-10f;
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float LoadF(const void* p, int64_t i, MoeFloatType t) {
+__device__ __forceinline__ float LoadF(const void* p, int64_t i, DType t) {
   switch (t) {
-    case MoeFloatType::kFloat16:
+    case DType::kFloat16:
       return __half2float(static_cast<const __half*>(p)[i]);
-    case MoeFloatType::kBFloat16:
+    case DType::kBFloat16:
       return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
     default:
       return static_cast<const float*>(p)[i];
@@ -73,7 +73,7 @@ __device__ float BlockMax(float v, float* scratch) {
 
 // scratch: max|x| over every element, as float bits (non-negative floats
 // order like their bits).
-__global__ void AbsMaxKernel(MoeFloatType t, const void* in, int64_t n, float* scratch) {
+__global__ void AbsMaxKernel(DType t, const void* in, int64_t n, float* scratch) {
   __shared__ float red[32];
   float m = 0.0f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -85,7 +85,7 @@ __global__ void AbsMaxKernel(MoeFloatType t, const void* in, int64_t n, float* s
 }
 
 // One block per row.
-__global__ void QuantRowKernel(MoeFp8ActQuant mode, MoeFloatType t, const void* in, int64_t K,
+__global__ void QuantRowKernel(MoeFp8ActQuant mode, DType t, const void* in, int64_t K,
                                int group, float static_scale, const float* tensor_max,
                                uint8_t* q, float* scale) {
   __shared__ float red[32];
@@ -125,7 +125,7 @@ __global__ void QuantRowKernel(MoeFp8ActQuant mode, MoeFloatType t, const void* 
 
 // --- fp32 elementwise steps.
 
-__global__ void ActivationF32Kernel(MoeActKind act, MoeActParams p, const float* in, int64_t rows,
+__global__ void ActivationF32Kernel(MoeActivation act, MoeActParams p, const float* in, int64_t rows,
                                     int64_t d, bool gated, float* out) {
   const int64_t total = rows * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -134,7 +134,7 @@ __global__ void ActivationF32Kernel(MoeActKind act, MoeActParams p, const float*
     const float* x = in + r * (gated ? 2 * d : d);
     if (!gated) {
       out[i] = Plain(act, x[c]);
-    } else if (act == MoeActKind::kSwigluOai) {
+    } else if (act == MoeActivation::kSwigluOai) {
       out[i] = Gated(act, p, x[2 * c], x[2 * c + 1]);
     } else {
       out[i] = Gated(act, p, x[c], x[d + c]);
@@ -171,10 +171,11 @@ int Blocks(int64_t n) {
 
 }  // namespace
 
-absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, MoeFloatType in_type, const void* in,
+absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void* in,
                                   int64_t rows, int64_t K, int group, float static_scale,
                                   float* scratch, uint8_t* q, float* scale,
                                   cudaStream_t stream) {
+  if (absl::Status s = CheckFloatDType(in_type, "moe_fp8_quantize"); !s.ok()) return s;
   if (rows < 0 || K <= 0) return absl::InvalidArgumentError("moe_fp8_quantize: bad sizes");
   if (mode == MoeFp8ActQuant::kPerGroup && group <= 0) {
     return absl::InvalidArgumentError("moe_fp8_quantize: group must be positive");
@@ -196,18 +197,18 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, MoeFloatType in_type, con
   return absl::OkStatus();
 }
 
-absl::Status LaunchMoeActivationF32(MoeActKind act, const MoeActParams& params, const float* in,
+absl::Status LaunchMoeActivationF32(MoeActivation act, const MoeActParams& params, const float* in,
                                     int64_t rows, int64_t in_width, float* out,
                                     int64_t out_width, cudaStream_t stream) {
   const int a = static_cast<int>(act);
-  if (a < 0 || a > static_cast<int>(MoeActKind::kRelu2NoMul)) {
+  if (a < 0 || a > static_cast<int>(MoeActivation::kRelu2NoMul)) {
     return absl::InvalidArgumentError("moe_activation: unknown activation");
   }
-  const bool gated = act < MoeActKind::kSiluNoMul;
+  const bool gated = act < MoeActivation::kSiluNoMul;
   if (rows < 0 || out_width < 0 || in_width != (gated ? 2 * out_width : out_width)) {
     return absl::InvalidArgumentError("moe_activation: widths do not fit the activation");
   }
-  if (act == MoeActKind::kSwigluOaiUninterleave && !params.has_clamp_limit) {
+  if (act == MoeActivation::kSwigluOaiUninterleave && !params.has_clamp_limit) {
     return absl::InvalidArgumentError("SWIGLUOAI_UNINTERLEAVE requires clamp_limit");
   }
   if (rows * out_width == 0) return absl::OkStatus();

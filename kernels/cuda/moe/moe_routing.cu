@@ -139,10 +139,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingA
     key[s] = e < E ? g[e] : 0.0f;
   }
 
-  const bool scored = a.method == static_cast<int>(MoeRoutingMethod::kTopK) ||
-                      a.method == static_cast<int>(MoeRoutingMethod::kGroupedTopK);
+  const bool scored = a.method == static_cast<int>(RoutingMethod::kTopK) ||
+                      a.method == static_cast<int>(RoutingMethod::kGroupedTopK);
   if (scored) {
-    if (a.scoring == static_cast<int>(MoeScoringFunc::kSoftmax)) {
+    if (a.scoring == static_cast<int>(ScoringFunc::kSoftmax)) {
       float mx = -INFINITY;
 #pragma unroll
       for (int s = 0; s < kPerLane; ++s) {
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingA
       sum = WarpSum(sum);
 #pragma unroll
       for (int s = 0; s < kPerLane; ++s) pay[s] = pay[s] / sum;
-    } else if (a.scoring == static_cast<int>(MoeScoringFunc::kSigmoid)) {
+    } else if (a.scoring == static_cast<int>(ScoringFunc::kSigmoid)) {
 #pragma unroll
       for (int s = 0; s < kPerLane; ++s) pay[s] = Sigmoid(key[s]);
     } else {
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingA
     for (int s = 0; s < kPerLane; ++s) pay[s] = key[s];  // raw logits
   }
 
-  if (a.method == static_cast<int>(MoeRoutingMethod::kGroupedTopK)) {
+  if (a.method == static_cast<int>(RoutingMethod::kGroupedTopK)) {
     float* c = s_choice[warp];
 #pragma unroll
     for (int s = 0; s < kPerLane; ++s) {
@@ -227,12 +227,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingA
 
   const bool mine = lane < k;
   float w = 0.0f;
-  if (a.method == static_cast<int>(MoeRoutingMethod::kTopKThenSoftmax)) {
+  if (a.method == static_cast<int>(RoutingMethod::kTopKThenSoftmax)) {
     const float mx = WarpMax(mine ? my_pay : -INFINITY);
     const float ex = mine ? expf(my_pay - mx) : 0.0f;
     const float sum = WarpSum(ex);
     w = ex / sum;
-  } else if (a.method == static_cast<int>(MoeRoutingMethod::kLlama4)) {
+  } else if (a.method == static_cast<int>(RoutingMethod::kLlama4)) {
     w = Sigmoid(my_pay);
   } else {
     w = my_pay;
@@ -272,7 +272,7 @@ absl::Status ValidateMoeRoutingParams(const MoeRoutingParams& p) {
   if (!std::isfinite(p.routed_scaling_factor)) {
     return Invalid("routing.routed_scaling_factor", "routed_scaling_factor must be finite");
   }
-  if (p.method == MoeRoutingMethod::kGroupedTopK) {
+  if (p.method == RoutingMethod::kGroupedTopK) {
     const int G = p.num_expert_group;
     if (G <= 0 || p.topk_group <= 0) {
       return Invalid(G <= 0 ? "routing.num_expert_group" : "routing.topk_group",

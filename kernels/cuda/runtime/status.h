@@ -3,7 +3,7 @@
 // "<file>:<line>: <what>: <the library's error string>" across module
 // boundaries like every other error, and the same failure gets the same code
 // everywhere: out of device memory is RESOURCE_EXHAUSTED (the RPC layer then
-// answers RESOURCE_EXHAUSTED, as DESIGN.md's error table says), a misused
+// answers RESOURCE_EXHAUSTED, as ARCHITECTURE.md "Errors" says), a misused
 // NCCL call INVALID_ARGUMENT, a dead peer UNAVAILABLE, the rest INTERNAL.
 #pragma once
 

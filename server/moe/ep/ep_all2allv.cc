@@ -14,8 +14,6 @@
 namespace kplan::moe::ep {
 namespace {
 
-int64_t ElemSize(MoeDType dtype) { return comm::CommDTypeSize(CommDTypeOf(dtype)); }
-
 class All2AllV final : public EpDispatch {
  public:
   EpStrategy strategy() const override { return EpStrategy::kAll2AllV; }
@@ -23,7 +21,7 @@ class All2AllV final : public EpDispatch {
   absl::Status Prepare(const EpStep& step, comm::Communicator& comm) override {
     const EpLayer& L = *step.layer;
     const int n = step.size, k = L.top_k;
-    const int64_t H = L.hidden, es = ElemSize(L.act_dtype);
+    const int64_t H = L.hidden, es = kernels::DTypeSize(L.act_dtype);
     const int64_t slots = step.num_tokens * k;
 
     // Slots grouped by destination, (token, slot) order within each.
@@ -40,7 +38,7 @@ class All2AllV final : public EpDispatch {
 
     std::vector<int64_t> counts(n * n);  // counts[s * n + d]: rows s sends d
     KPLAN_RETURN_IF_ERROR(
-        comm.AllGather(send_rows_.data(), counts.data(), n, comm::CommDType::kInt64));
+        comm.AllGather(send_rows_.data(), counts.data(), n, kernels::DType::kInt64));
     recv_rows_.assign(n, 0);
     recv_total_ = 0;
     for (int s = 0; s < n; ++s) {
@@ -64,7 +62,7 @@ class All2AllV final : public EpDispatch {
                                    CommDTypeOf(L.act_dtype)));
     KPLAN_RETURN_IF_ERROR(Exchange(comm, meta_send.empty() ? nullptr : meta_send.data(),
                                    send_rows_, meta.empty() ? nullptr : meta.data(), recv_rows_,
-                                   2, comm::CommDType::kInt32));
+                                   2, kernels::DType::kInt32));
     ids_.resize(recv_total_);
     weights_.resize(recv_total_);
     for (int64_t i = 0; i < recv_total_; ++i) {
@@ -76,7 +74,7 @@ class All2AllV final : public EpDispatch {
 
   absl::Status RunLocalExperts(const EpStep& step) override {
     const EpLayer& L = *step.layer;
-    const int64_t H = L.hidden, es = ElemSize(L.act_dtype);
+    const int64_t H = L.hidden, es = kernels::DTypeSize(L.act_dtype);
     results_.resize(recv_total_ * H * es);
     if (recv_total_ == 0) return absl::OkStatus();
     // Every received row is one slot of k = 1; its weight travels along for
@@ -96,7 +94,7 @@ class All2AllV final : public EpDispatch {
   absl::Status Finalize(const EpStep& step, comm::Communicator& comm) override {
     const EpLayer& L = *step.layer;
     const int k = L.top_k;
-    const int64_t H = L.hidden, es = ElemSize(L.act_dtype);
+    const int64_t H = L.hidden, es = kernels::DTypeSize(L.act_dtype);
     std::vector<char> back(send_order_.size() * H * es);
     KPLAN_RETURN_IF_ERROR(Exchange(comm, results_.empty() ? nullptr : results_.data(),
                                    recv_rows_, back.empty() ? nullptr : back.data(), send_rows_,
@@ -115,7 +113,7 @@ class All2AllV final : public EpDispatch {
   static absl::Status Exchange(comm::Communicator& comm, const void* send,
                                const std::vector<int64_t>& send_rows, void* recv,
                                const std::vector<int64_t>& recv_rows, int64_t width,
-                               comm::CommDType dtype) {
+                               kernels::DType dtype) {
     return comm::ExchangeRows(comm, send, send_rows, recv, recv_rows, width, dtype);
   }
 

@@ -13,8 +13,6 @@
 namespace kplan::moe::ep {
 namespace {
 
-int64_t ElemSize(MoeDType dtype) { return comm::CommDTypeSize(CommDTypeOf(dtype)); }
-
 class AllGatherReduceScatter final : public EpDispatch {
  public:
   EpStrategy strategy() const override { return EpStrategy::kAllGatherReduceScatter; }
@@ -22,7 +20,7 @@ class AllGatherReduceScatter final : public EpDispatch {
   absl::Status Prepare(const EpStep& step, comm::Communicator& comm) override {
     const EpLayer& L = *step.layer;
     const int n = step.size, k = L.top_k;
-    const int64_t H = L.hidden, es = ElemSize(L.act_dtype);
+    const int64_t H = L.hidden, es = kernels::DTypeSize(L.act_dtype);
     max_tokens_ = *std::max_element(step.tokens_per_rank.begin(), step.tokens_per_rank.end());
     total_tokens_ = 0;
     for (int64_t c : step.tokens_per_rank) total_tokens_ += c;
@@ -44,9 +42,9 @@ class AllGatherReduceScatter final : public EpDispatch {
     KPLAN_RETURN_IF_ERROR(
         comm.AllGather(x_send.data(), x_all.data(), max_tokens_ * H, CommDTypeOf(L.act_dtype)));
     KPLAN_RETURN_IF_ERROR(
-        comm.AllGather(id_send.data(), id_all.data(), max_tokens_ * k, comm::CommDType::kInt32));
+        comm.AllGather(id_send.data(), id_all.data(), max_tokens_ * k, kernels::DType::kInt32));
     KPLAN_RETURN_IF_ERROR(comm.AllGather(w_send.data(), w_all.data(), max_tokens_ * k,
-                                         comm::CommDType::kFloat32));
+                                         kernels::DType::kFloat32));
     hidden_.resize(total_tokens_ * H * es);
     ids_.resize(total_tokens_ * k);
     weights_.resize(total_tokens_ * k);
@@ -84,7 +82,7 @@ class AllGatherReduceScatter final : public EpDispatch {
         // slots are exact zeros).
         KPLAN_RETURN_IF_ERROR(CombineTopK(per_slot.data() + row * k * H,
                                           weights_.data() + row * k, c, k, H,
-                                          L.apply_router_weight_on_input, MoeDType::kFloat32,
+                                          L.apply_router_weight_on_input, kernels::DType::kFloat32,
                                           partial_.data() + r * max_tokens_ * H));
       }
       row += c;
@@ -98,7 +96,7 @@ class AllGatherReduceScatter final : public EpDispatch {
     const int64_t H = L.hidden;
     std::vector<float> mine(max_tokens_ * H);
     KPLAN_RETURN_IF_ERROR(comm.ReduceScatter(partial_.data(), mine.data(), max_tokens_ * H,
-                                             comm::CommDType::kFloat32));
+                                             kernels::DType::kFloat32));
     for (int64_t i = 0; i < step.num_tokens * H; ++i) {
       StoreFloat(step.output, L.act_dtype, i, mine[i]);
     }

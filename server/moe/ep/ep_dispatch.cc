@@ -55,7 +55,7 @@ absl::Status PrepareLocal(const EpLayer& layer, const MoeInputsForThisRank& in,
                                     map.data());
   MoeWeights none;  // a rank without experts: validate all but the weights
   if (local == 0) {
-    none.dtype = MoeDType::kFloat32;
+    none.dtype = kernels::DType::kFloat32;
     none.num_local_experts = layer.num_experts;
     none.w13 = none.w2 = &none;  // never read
     p.weights = none;
@@ -130,14 +130,14 @@ std::unique_ptr<EpDispatch> MakeEpDispatch(EpStrategy strategy) {
   return nullptr;
 }
 
-comm::CommDType CommDTypeOf(MoeDType act_dtype) {
+kernels::DType CommDTypeOf(kernels::DType act_dtype) {
   switch (act_dtype) {
-    case MoeDType::kFloat16:
-      return comm::CommDType::kFloat16;
-    case MoeDType::kBFloat16:
-      return comm::CommDType::kBFloat16;
+    case kernels::DType::kFloat16:
+      return kernels::DType::kFloat16;
+    case kernels::DType::kBFloat16:
+      return kernels::DType::kBFloat16;
     default:
-      return comm::CommDType::kFloat32;
+      return kernels::DType::kFloat32;
   }
 }
 
@@ -180,7 +180,7 @@ absl::Status RunMoeExpertParallel(const EpLayer& layer, const MoeInputsForThisRa
   const int n = comm.size(), rank = comm.rank();
   const int64_t header[2] = {inputs.num_tokens, static_cast<int64_t>(local.code())};
   std::vector<int64_t> headers(2 * n);
-  if (absl::Status st = comm.AllGather(header, headers.data(), 2, comm::CommDType::kInt64);
+  if (absl::Status st = comm.AllGather(header, headers.data(), 2, kernels::DType::kInt64);
       !st.ok()) {
     comm.Abort(st.message());
     return st;

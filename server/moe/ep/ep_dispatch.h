@@ -38,7 +38,7 @@ struct EpLayer {
   int64_t intermediate = 0;  // I
   int num_experts = 0;       // E, global
   int top_k = 0;
-  MoeDType act_dtype = MoeDType::kBFloat16;
+  kernels::DType act_dtype = kernels::DType::kBFloat16;
   MoeActivation activation = MoeActivation::kSilu;
   ActivationParams act_params;
   bool apply_router_weight_on_input = false;  // k must be 1
@@ -103,7 +103,7 @@ absl::Status RunMoeExpertParallel(const EpLayer& layer_on_this_rank,
                                   EpStrategy strategy);
 
 // Helpers shared by the strategies.
-comm::CommDType CommDTypeOf(MoeDType act_dtype);
+kernels::DType CommDTypeOf(kernels::DType act_dtype);
 // The MoeProblem of `num_tokens` rows on this rank's local experts.
 MoeProblem LocalExpertProblem(const EpLayer& layer, int rank, int64_t num_tokens, int top_k,
                               const void* hidden_states, const int32_t* expert_map);

@@ -33,8 +33,6 @@ void FillEpLayer(const ExpertSet& set, const ExpertPlacement& placement,
 
 namespace {
 
-int64_t ActBytes(MoeDType d) { return d == MoeDType::kFloat32 ? 4 : 2; }
-
 // Bytes of one expert in each tensor of `spec` (every tensor is [E, ...]).
 std::map<std::string, int64_t> BytesPerExpert(const ExpertsSpec& spec) {
   std::map<std::string, int64_t> out;
@@ -615,7 +613,7 @@ absl::Status EpGroup::RunMoe(std::shared_ptr<const ExpertSet> set, MoeRunInput i
   KPLAN_ASSIGN_OR_RETURN(state->shape, CheckMoeRunInput(state->set->spec(), state->input));
   const int64_t m = state->shape.num_tokens, h = state->set->spec().hidden;
   const int k = state->shape.top_k;
-  const int64_t act = ActBytes(state->input.act_dtype);
+  const int64_t act = kernels::DTypeSize(state->input.act_dtype);
   state->split = SplitTokens(m, size_);
   state->out.num_tokens = m;
   state->out.top_k = k;
@@ -651,7 +649,7 @@ absl::Status EpGroup::RunMoe(std::shared_ptr<const ExpertSet> set, MoeRunInput i
                                                   comm::Communicator* comm) -> absl::Status {
     const TokenRange& tr = state->split[rank];
     const MoeRunInput& in = state->input;
-    const int64_t hidden = state->set->spec().hidden, act_bytes = ActBytes(in.act_dtype);
+    const int64_t hidden = state->set->spec().hidden, act_bytes = kernels::DTypeSize(in.act_dtype);
     const int e = state->set->spec().num_experts, top_k = options.top_k;
     MoeInputsForThisRank mine;
     mine.num_tokens = tr.count;

@@ -74,7 +74,7 @@ class EpRankExperts {
 // The layer options every rank of one MoE step shares.
 struct EpMoeOptions {
   int top_k = 0;
-  MoeDType act_dtype = MoeDType::kBFloat16;
+  kernels::DType act_dtype = kernels::DType::kBFloat16;
   bool apply_router_weight_on_input = false;
   EpStrategy strategy = EpStrategy::kAllGatherReduceScatter;
   // The largest rank's token count in this step (the same on every rank):

@@ -123,7 +123,7 @@ absl::StatusOr<std::unique_ptr<EpRankKind>> MakeGpuEpRanks(const std::vector<int
   if (cuda_devices.empty()) {
     return absl::InvalidArgumentError("a GPU expert-parallel group needs at least one device");
   }
-  // DESIGN.md: never NVLink multicast; NCCL reads this when a communicator
+  // ARCHITECTURE.md: never NVLink multicast; NCCL reads this when a communicator
   // is created, so before the first one.
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);
   return std::unique_ptr<EpRankKind>(new GpuEpRanks(cuda_devices));
@@ -132,7 +132,7 @@ absl::StatusOr<std::unique_ptr<EpRankKind>> MakeGpuEpRanks(const std::vector<int
 bool HaveGpuEpRanks() { return true; }
 
 EpCommFactory MakeNcclCommFactory(int device) {
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);  // DESIGN.md: never NVLS
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);  // ARCHITECTURE.md: never NVLS
   return [device](absl::string_view id, int rank, int size, absl::Duration timeout)
              -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
     KPLAN_RETURN_IF_ERROR(BindDevice(device));

@@ -11,8 +11,6 @@
 namespace kplan::moe::ep {
 namespace {
 
-int64_t ActBytes(MoeDType d) { return d == MoeDType::kFloat32 ? 4 : 2; }
-
 // Rank 0's communicator, shared with ProcessEpRanks so that a remote rank's
 // failure can abort it: rank 0 would otherwise sit in a collective waiting
 // for a peer that is gone until the collective's own timeout.
@@ -24,17 +22,17 @@ class SharedCommunicator final : public comm::Communicator {
   int size() const override { return inner_->size(); }
   absl::string_view backend() const override { return inner_->backend(); }
   absl::Status AllGather(const void* send, void* recv, int64_t count,
-                         comm::CommDType dtype) override {
+                         kernels::DType dtype) override {
     return inner_->AllGather(send, recv, count, dtype);
   }
   absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
-                             comm::CommDType dtype, comm::ReduceOp op) override {
+                             kernels::DType dtype, comm::ReduceOp op) override {
     return inner_->ReduceScatter(send, recv, recv_count, dtype, op);
   }
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
                          absl::Span<const int64_t> send_displs, void* recv,
                          absl::Span<const int64_t> recv_counts,
-                         absl::Span<const int64_t> recv_displs, comm::CommDType dtype) override {
+                         absl::Span<const int64_t> recv_displs, kernels::DType dtype) override {
     return inner_->AllToAllV(send, send_counts, send_displs, recv, recv_counts, recv_displs,
                              dtype);
   }
@@ -57,16 +55,16 @@ class RemoteRankCommunicator final : public comm::Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   absl::string_view backend() const override { return "remote"; }
-  absl::Status AllGather(const void*, void*, int64_t, comm::CommDType) override {
+  absl::Status AllGather(const void*, void*, int64_t, kernels::DType) override {
     return Unsupported();
   }
-  absl::Status ReduceScatter(const void*, void*, int64_t, comm::CommDType,
+  absl::Status ReduceScatter(const void*, void*, int64_t, kernels::DType,
                              comm::ReduceOp) override {
     return Unsupported();
   }
   absl::Status AllToAllV(const void*, absl::Span<const int64_t>, absl::Span<const int64_t>,
                          void*, absl::Span<const int64_t>, absl::Span<const int64_t>,
-                         comm::CommDType) override {
+                         kernels::DType) override {
     return Unsupported();
   }
   absl::Status Barrier() override { return Unsupported(); }
@@ -178,7 +176,7 @@ class ProcessEpRanks final : public EpRankKind {
     step.size = size_;
     step.options = options;
     step.num_tokens = inputs.num_tokens;
-    const int64_t row = set.spec().hidden * ActBytes(options.act_dtype);
+    const int64_t row = set.spec().hidden * kernels::DTypeSize(options.act_dtype);
     const int64_t k = options.top_k;
     step.hidden_states.assign(static_cast<const char*>(inputs.hidden_states),
                               inputs.num_tokens * row);
@@ -366,7 +364,7 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
                          "experts '", step.experts_id, "' are not placed on this rank")),
                      "experts_id");
   }
-  const int64_t row = set.spec().hidden * ActBytes(step.options.act_dtype);
+  const int64_t row = set.spec().hidden * kernels::DTypeSize(step.options.act_dtype);
   const int64_t k = step.options.top_k;
   const int num_experts = set.spec().num_experts;
   if (k < 1 || k > num_experts) {
@@ -374,7 +372,7 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
   }
   // Sizes from the wire: checked products before anything is sized by them.
   KPLAN_RETURN_IF_ERROR(CheckTensorBytes({step.num_tokens, set.spec().hidden},
-                                         ActBytes(step.options.act_dtype),
+                                         kernels::DTypeSize(step.options.act_dtype),
                                          static_cast<int64_t>(step.hidden_states.size()),
                                          "hidden_states")
                             .status());

@@ -81,10 +81,10 @@ absl::Status CheckLocal(const GpuEpLayer& L, const MoeInputsForThisRank& in,
     return absl::FailedPreconditionError(absl::StrCat(
         "the GPU expert-parallel path runs groups of up to ", kc::kMoeEpMaxRanks, " ranks"));
   }
-  if (L.act_dtype != MoeDType::kBFloat16 && L.act_dtype != MoeDType::kFloat16) {
+  if (L.act_dtype != kernels::DType::kBFloat16 && L.act_dtype != kernels::DType::kFloat16) {
     return absl::FailedPreconditionError(
         absl::StrCat("the GPU expert-parallel path runs bfloat16 / float16 activations, got ",
-                     MoeDTypeName(L.act_dtype)));
+                     kernels::DTypeName(L.act_dtype)));
   }
   if (L.hidden <= 0 || L.hidden % 8 != 0 || L.intermediate <= 0) {
     return InvalidField("hidden", absl::StrCat("hidden must be a positive multiple of 8 and "
@@ -178,7 +178,7 @@ GpuEpStep::GpuEpStep(const GpuEpLayer& layer, const MoeInputsForThisRank& in,
       rank(comm.rank()),
       k(layer.top_k),
       H(layer.hidden),
-      es(ElemSize(layer.act_dtype)),
+      es(kernels::DTypeSize(layer.act_dtype)),
       M(in.num_tokens) {}
 
 absl::Status GpuEpStep::Run(EpStrategy strategy, const kc::MoeRoutingParams& rp) {
@@ -304,7 +304,7 @@ absl::Status ExchangeHeader(GpuEpWorkspace::Impl& ws, comm::Communicator& comm, 
   KPLAN_ASSIGN_OR_RETURN(int64_t * d_header, EnsureAs<int64_t>(ws, kHeader, 2));
   KPLAN_ASSIGN_OR_RETURN(int64_t * d_all, EnsureAs<int64_t>(ws, kHeaderAll, 2 * n));
   KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_header, header, sizeof(header), cudaMemcpyHostToDevice, stream));
-  KPLAN_RETURN_IF_ERROR(comm.AllGather(d_header, d_all, 2, comm::CommDType::kInt64));
+  KPLAN_RETURN_IF_ERROR(comm.AllGather(d_header, d_all, 2, kernels::DType::kInt64));
   headers.resize(2 * n);
   KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(headers.data(), d_all, 2 * n * 8, cudaMemcpyDeviceToHost, stream));
   KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
@@ -348,7 +348,7 @@ absl::Status ReserveGpuEpWorkspace(const GpuEpLayer& L, int num_ranks, int64_t m
   DeviceGuard scope;
   KPLAN_RETURN_IF_ERROR(scope.Enter(L.workspace->device()));
   const int64_t n = num_ranks, T = max_tokens_per_rank, k = L.top_k, H = L.hidden;
-  const int64_t es = ElemSize(L.act_dtype), E = L.num_experts;
+  const int64_t es = kernels::DTypeSize(L.act_dtype), E = L.num_experts;
   KPLAN_RETURN_IF_ERROR(EnsureAll(ws, {{kHeader, 16},
                                        {kHeaderAll, 16 * n},
                                        {kMap, 4 * E},

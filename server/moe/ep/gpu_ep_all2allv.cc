@@ -24,18 +24,18 @@ namespace kplan::moe::ep::gpu_ep_detail {
 absl::Status All2AllVOnGpu(GpuEpStep& s) {
   auto Exchange = [&s](const void* send, const std::vector<int64_t>& send_rows, void* recv,
                        const std::vector<int64_t>& recv_rows, int64_t width,
-                       comm::CommDType dtype) {
+                       kernels::DType dtype) {
     return comm::ExchangeRows(s.comm, send, send_rows, recv, recv_rows, width, dtype);
   };
-  const comm::CommDType act = CommDTypeOf(s.L.act_dtype);
-  const kc::MoeElemType et = ElemType(s.L.act_dtype);
+  const kernels::DType act = CommDTypeOf(s.L.act_dtype);
+  const kernels::DType et = ElemType(s.L.act_dtype);
   const int64_t S = s.M * s.k;
   KPLAN_ASSIGN_OR_RETURN(int32_t * order, EnsureAs<int32_t>(s.ws, kOrder, S));
   KPLAN_ASSIGN_OR_RETURN(int64_t * counts, EnsureAs<int64_t>(s.ws, kCounts, s.n));
   KPLAN_ASSIGN_OR_RETURN(int64_t * counts_all, EnsureAs<int64_t>(s.ws, kCountsAll, s.n * s.n));
   KPLAN_RETURN_IF_ERROR(
       kc::LaunchMoeEpPartitionByRank(s.ids, S, s.L.num_experts, s.n, order, counts, s.stream));
-  KPLAN_RETURN_IF_ERROR(s.comm.AllGather(counts, counts_all, s.n, comm::CommDType::kInt64));
+  KPLAN_RETURN_IF_ERROR(s.comm.AllGather(counts, counts_all, s.n, kernels::DType::kInt64));
   std::vector<int64_t> all(s.n * s.n);
   KPLAN_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(all.data(), counts_all, s.n * s.n * 8, cudaMemcpyDeviceToHost, s.stream));
@@ -60,7 +60,7 @@ absl::Status All2AllVOnGpu(GpuEpStep& s) {
                                                   meta_send, s.stream));
   KPLAN_RETURN_IF_ERROR(Exchange(x_send, send_rows, x_recv, recv_rows, s.H, act));
   KPLAN_RETURN_IF_ERROR(
-      Exchange(meta_send, send_rows, meta_recv, recv_rows, 2, comm::CommDType::kInt32));
+      Exchange(meta_send, send_rows, meta_recv, recv_rows, 2, kernels::DType::kInt32));
   KPLAN_ASSIGN_OR_RETURN(int32_t * recv_ids, EnsureAs<int32_t>(s.ws, kRecvIds, R));
   KPLAN_ASSIGN_OR_RETURN(float* recv_w, EnsureAs<float>(s.ws, kRecvW, R));
   KPLAN_RETURN_IF_ERROR(kc::LaunchMoeEpUnpackMeta(meta_recv, R, recv_ids, recv_w, s.stream));
@@ -89,7 +89,7 @@ absl::Status All2AllVOnGpu(GpuEpStep& s) {
 }
 
 absl::Status ReserveAll2AllV(GpuEpWorkspace::Impl& ws, const GpuEpLayer& L, int64_t n, int64_t T) {
-  const int64_t k = L.top_k, H = L.hidden, es = ElemSize(L.act_dtype);
+  const int64_t k = L.top_k, H = L.hidden, es = kernels::DTypeSize(L.act_dtype);
   const int64_t S = T * k, R = n * T * k;  // worst case: every slot of every rank lands here
   KPLAN_RETURN_IF_ERROR(EnsureAll(ws, {{kOrder, S * 4},
                                        {kCounts, 8 * n},

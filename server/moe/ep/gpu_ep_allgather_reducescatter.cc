@@ -27,7 +27,7 @@ absl::Status AllGatherReduceScatterOnGpu(GpuEpStep& s) {
     KPLAN_RETURN_IF_ERROR(s.Record(kEvDispatched));
     return s.Record(kEvComputed);
   }
-  const comm::CommDType act = CommDTypeOf(s.L.act_dtype);
+  const kernels::DType act = CommDTypeOf(s.L.act_dtype);
   // Padding rows: id -1 (never computed, never combined), weight 0.
   if (maxT > s.M) {
     KPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(s.ids + s.M * s.k, 0xff, (maxT - s.M) * s.k * 4, s.stream));
@@ -37,8 +37,8 @@ absl::Status AllGatherReduceScatterOnGpu(GpuEpStep& s) {
   KPLAN_ASSIGN_OR_RETURN(int32_t * ids_all, EnsureAs<int32_t>(s.ws, kIdsAll, P * s.k));
   KPLAN_ASSIGN_OR_RETURN(float* w_all, EnsureAs<float>(s.ws, kWAll, P * s.k));
   KPLAN_RETURN_IF_ERROR(s.comm.AllGather(s.x, x_all, maxT * s.H, act));
-  KPLAN_RETURN_IF_ERROR(s.comm.AllGather(s.ids, ids_all, maxT * s.k, comm::CommDType::kInt32));
-  KPLAN_RETURN_IF_ERROR(s.comm.AllGather(s.w, w_all, maxT * s.k, comm::CommDType::kFloat32));
+  KPLAN_RETURN_IF_ERROR(s.comm.AllGather(s.ids, ids_all, maxT * s.k, kernels::DType::kInt32));
+  KPLAN_RETURN_IF_ERROR(s.comm.AllGather(s.w, w_all, maxT * s.k, kernels::DType::kFloat32));
   if (s.stats != nullptr) {
     const int64_t block = maxT * (s.H * s.es + s.k * 8);
     s.stats->dispatch_bytes_sent = (s.n - 1) * block;
@@ -59,7 +59,7 @@ absl::Status AllGatherReduceScatterOnGpu(GpuEpStep& s) {
         s.map, s.L.num_experts, P, s.k, s.H, partial, s.stream));
   }
   KPLAN_ASSIGN_OR_RETURN(float* mine, EnsureAs<float>(s.ws, kMine, maxT * s.H));
-  KPLAN_RETURN_IF_ERROR(s.comm.ReduceScatter(partial, mine, maxT * s.H, comm::CommDType::kFloat32));
+  KPLAN_RETURN_IF_ERROR(s.comm.ReduceScatter(partial, mine, maxT * s.H, kernels::DType::kFloat32));
   if (s.stats != nullptr) {
     s.stats->combine_bytes_sent = (s.n - 1) * maxT * s.H * 4;
     s.stats->combine_bytes_received = (s.n - 1) * maxT * s.H * 4;
@@ -69,7 +69,7 @@ absl::Status AllGatherReduceScatterOnGpu(GpuEpStep& s) {
 
 absl::Status ReserveAllGatherReduceScatter(GpuEpWorkspace::Impl& ws, const GpuEpLayer& L, int64_t n,
                                            int64_t T) {
-  const int64_t k = L.top_k, H = L.hidden, es = ElemSize(L.act_dtype);
+  const int64_t k = L.top_k, H = L.hidden, es = kernels::DTypeSize(L.act_dtype);
   const int64_t P = n * T;
   KPLAN_RETURN_IF_ERROR(EnsureAll(ws, {{kXAll, P * H * es},
                                        {kIdsAll, P * k * 4},

@@ -25,12 +25,12 @@ absl::Status GpuEpCommunicator::Track(absl::Status st) {
 }
 
 absl::Status GpuEpCommunicator::AllGather(const void* send, void* recv, int64_t count,
-                                          comm::CommDType dtype) {
+                                          kernels::DType dtype) {
   return Track(nccl_->AllGather(send, recv, count, dtype));
 }
 
 absl::Status GpuEpCommunicator::ReduceScatter(const void* send, void* recv, int64_t recv_count,
-                                              comm::CommDType dtype, comm::ReduceOp op) {
+                                              kernels::DType dtype, comm::ReduceOp op) {
   return Track(nccl_->ReduceScatter(send, recv, recv_count, dtype, op));
 }
 
@@ -38,7 +38,7 @@ absl::Status GpuEpCommunicator::AllToAllV(const void* send, absl::Span<const int
                                           absl::Span<const int64_t> send_displs, void* recv,
                                           absl::Span<const int64_t> recv_counts,
                                           absl::Span<const int64_t> recv_displs,
-                                          comm::CommDType dtype) {
+                                          kernels::DType dtype) {
   return Track(
       nccl_->AllToAllV(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype));
 }

@@ -44,13 +44,13 @@ class GpuEpCommunicator final : public comm::Communicator {
   int size() const override { return nccl_->size(); }
   absl::string_view backend() const override { return nccl_->backend(); }
   absl::Status AllGather(const void* send, void* recv, int64_t count,
-                         comm::CommDType dtype) override;
+                         kernels::DType dtype) override;
   absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
-                             comm::CommDType dtype, comm::ReduceOp op) override;
+                             kernels::DType dtype, comm::ReduceOp op) override;
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
                          absl::Span<const int64_t> send_displs, void* recv,
                          absl::Span<const int64_t> recv_counts,
-                         absl::Span<const int64_t> recv_displs, comm::CommDType dtype) override;
+                         absl::Span<const int64_t> recv_displs, kernels::DType dtype) override;
   absl::Status Barrier() override;
   // Any thread.
   void Abort(absl::string_view reason) override;

@@ -72,10 +72,10 @@ absl::Status CheckPassthroughLayer(const GpuEpLayer& L, const comm::Communicator
     return absl::FailedPreconditionError(absl::StrCat(
         "all2all_backend passthrough runs groups of up to ", comm::kKplanEpMaxRanks, " ranks"));
   }
-  if (L.act_dtype != MoeDType::kBFloat16 && L.act_dtype != MoeDType::kFloat16) {
+  if (L.act_dtype != kernels::DType::kBFloat16 && L.act_dtype != kernels::DType::kFloat16) {
     return absl::FailedPreconditionError(
         absl::StrCat("all2all_backend passthrough runs bfloat16 / float16 activations, got ",
-                     MoeDTypeName(L.act_dtype)));
+                     kernels::DTypeName(L.act_dtype)));
   }
   if (L.hidden <= 0 || L.hidden % 8 != 0 || L.intermediate <= 0) {
     return InvalidField("hidden", absl::StrCat("hidden must be a positive multiple of 8 and "
@@ -111,7 +111,7 @@ absl::Status CheckPassthroughLayer(const GpuEpLayer& L, const comm::Communicator
 // aborts the communicator).
 absl::Status PassthroughOnGpu(GpuEpStep& s, absl::Status prepared) {
   comm::KplanEpTransport& t = *s.transport;
-  const kc::MoeElemType et = ElemType(s.L.act_dtype);
+  const kernels::DType et = ElemType(s.L.act_dtype);
   const int64_t recv_tokens = t.recv_tokens(), pairs = t.recv_pairs();
   const int local = t.num_local_experts();
   const bool run_experts = local > 0 && s.experts_usable;
@@ -194,7 +194,7 @@ absl::Status RunPassthroughOnGpu(const GpuEpLayer& layer, const MoeInputsForThis
       ws.passthrough_tokens > 0 ? ws.passthrough_tokens : kDefaultPassthroughTokens;
   config.top_k = layer.top_k;
   config.hidden = layer.hidden;
-  config.elem_size = static_cast<int>(ElemSize(layer.act_dtype));
+  config.elem_size = static_cast<int>(kernels::DTypeSize(layer.act_dtype));
   config.num_experts = layer.num_experts;
   for (int r = 0; r < n; ++r) config.rank_first_expert.push_back(layer.placement.FirstExpert(r));
   config.rank_first_expert.push_back(layer.num_experts);
@@ -239,7 +239,7 @@ absl::Status RunPassthroughOnGpu(const GpuEpLayer& layer, const MoeInputsForThis
 
 absl::Status ReservePassthrough(GpuEpWorkspace::Impl& ws, const GpuEpLayer& L, int64_t n,
                                 int64_t T) {
-  const int64_t k = L.top_k, H = L.hidden, es = ElemSize(L.act_dtype);
+  const int64_t k = L.top_k, H = L.hidden, es = kernels::DTypeSize(L.act_dtype);
   // The transport's receive buffer holds n*T tokens of k slots; the layer
   // runs all of them over the local experts.
   ws.passthrough_tokens = std::max(ws.passthrough_tokens, std::max<int64_t>(T, 1));

@@ -82,10 +82,8 @@ namespace gpu_ep_detail {
 
 namespace kc = kernels::cuda;
 
-inline int64_t ElemSize(MoeDType dtype) { return dtype == MoeDType::kFloat32 ? 4 : 2; }
-
-inline kc::MoeElemType ElemType(MoeDType dtype) {
-  return dtype == MoeDType::kBFloat16 ? kc::MoeElemType::kBFloat16 : kc::MoeElemType::kFloat16;
+inline kernels::DType ElemType(kernels::DType dtype) {
+  return dtype == kernels::DType::kBFloat16 ? kernels::DType::kBFloat16 : kernels::DType::kFloat16;
 }
 
 // Buffer `b` with at least `bytes`, growing it when needed. Growth frees the
