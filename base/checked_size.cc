@@ -26,20 +26,19 @@ std::string ShapeText(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-
 absl::StatusOr<int64_t> ShapeElements(absl::Span<const int64_t> shape, absl::string_view field,
                                       const ShapeLimits& limits) {
   const std::string where = absl::StrCat(field, ".shape");
   if (shape.size() > static_cast<size_t>(limits.max_dims)) {
-    return InvalidField(where, absl::StrCat(field, " has ", shape.size(),
-                                            " dims; at most ", limits.max_dims, " are allowed"));
+    return InvalidField(where, absl::StrCat(field, " has ", shape.size(), " dims; at most ",
+                                            limits.max_dims, " are allowed"));
   }
   int64_t extent = 1;
   bool empty = false;
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] < 0) {
-      return InvalidField(where, absl::StrCat(field, " shape ", ShapeText(shape), ": dim ", d,
-                                              " is negative"));
+      return InvalidField(
+          where, absl::StrCat(field, " shape ", ShapeText(shape), ": dim ", d, " is negative"));
     }
     if (shape[d] == 0) {
       empty = true;
@@ -47,8 +46,9 @@ absl::StatusOr<int64_t> ShapeElements(absl::Span<const int64_t> shape, absl::str
     }
     std::optional<int64_t> next = CheckedMul(extent, shape[d]);
     if (!next || *next > limits.max_elements) {
-      return InvalidField(where, absl::StrCat(field, " shape ", ShapeText(shape), " spans more than ",
-                                              limits.max_elements, " elements"));
+      return InvalidField(where,
+                          absl::StrCat(field, " shape ", ShapeText(shape), " spans more than ",
+                                       limits.max_elements, " elements"));
     }
     extent = *next;
   }

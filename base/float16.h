@@ -62,8 +62,8 @@ inline uint16_t FloatToHalf(float f) {
     return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
   }
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {                         // below 2^-14: subnormal half
-    if (abs < 0x33000000u) return sign;             // below half of the smallest subnormal
+  if (abs < 0x38800000u) {                        // below 2^-14: subnormal half
+    if (abs < 0x33000000u) return sign;           // below half of the smallest subnormal
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
     // value = mant * 2^(exp - 150) and the subnormal unit is 2^-24.

@@ -20,25 +20,52 @@ void DumpString(absl::string_view s, std::string& out) {
     uint32_t cp = c;
     size_t len = 1;
     if (c >= 0x80) {  // decode one UTF-8 sequence; invalid bytes pass as U+FFFD
-      if ((c & 0xE0) == 0xC0) { cp = c & 0x1F; len = 2; }
-      else if ((c & 0xF0) == 0xE0) { cp = c & 0x0F; len = 3; }
-      else if ((c & 0xF8) == 0xF0) { cp = c & 0x07; len = 4; }
-      else { cp = 0xFFFD; len = 1; }
-      if (i + len > s.size()) { cp = 0xFFFD; len = 1; }
-      else {
-        for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+      if ((c & 0xE0) == 0xC0) {
+        cp = c & 0x1F;
+        len = 2;
+      } else if ((c & 0xF0) == 0xE0) {
+        cp = c & 0x0F;
+        len = 3;
+      } else if ((c & 0xF8) == 0xF0) {
+        cp = c & 0x07;
+        len = 4;
+      } else {
+        cp = 0xFFFD;
+        len = 1;
+      }
+      if (i + len > s.size()) {
+        cp = 0xFFFD;
+        len = 1;
+      } else {
+        for (size_t k = 1; k < len; ++k)
+          cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
       }
     }
     i += len;
     switch (cp) {
-      case '"': out += "\\\""; continue;
-      case '\\': out += "\\\\"; continue;
-      case '\n': out += "\\n"; continue;
-      case '\r': out += "\\r"; continue;
-      case '\t': out += "\\t"; continue;
-      case '\b': out += "\\b"; continue;
-      case '\f': out += "\\f"; continue;
-      default: break;
+      case '"':
+        out += "\\\"";
+        continue;
+      case '\\':
+        out += "\\\\";
+        continue;
+      case '\n':
+        out += "\\n";
+        continue;
+      case '\r':
+        out += "\\r";
+        continue;
+      case '\t':
+        out += "\\t";
+        continue;
+      case '\b':
+        out += "\\b";
+        continue;
+      case '\f':
+        out += "\\f";
+        continue;
+      default:
+        break;
     }
     if (cp >= 0x20 && cp < 0x7f) {
       out += static_cast<char>(cp);
@@ -64,12 +91,16 @@ std::string PyFloatRepr(double d) {
   auto res = std::to_chars(buf, buf + sizeof(buf), d, std::chars_format::scientific);
   std::string sci(buf, res.ptr);
   std::string sign;
-  if (sci[0] == '-') { sign = "-"; sci.erase(0, 1); }
+  if (sci[0] == '-') {
+    sign = "-";
+    sci.erase(0, 1);
+  }
   size_t e = sci.find('e');
   std::string mant = sci.substr(0, e);
   int exp10 = std::atoi(sci.c_str() + e + 1);
   std::string digits;
-  for (char c : mant) if (c != '.') digits += c;
+  for (char c : mant)
+    if (c != '.') digits += c;
   int decpt = exp10 + 1;  // value = 0.digits * 10^decpt
   std::string out;
   if (decpt > -4 && decpt <= 16) {

@@ -24,8 +24,8 @@ absl::Status InvalidField(absl::string_view field, absl::string_view message) {
 absl::Status NestField(absl::Status status, absl::string_view prefix) {
   std::optional<std::string> field = FieldOf(status);
   if (!field) return status;
-  return WithField(std::move(status), field->empty() ? std::string(prefix)
-                                                      : absl::StrCat(prefix, ".", *field));
+  return WithField(std::move(status),
+                   field->empty() ? std::string(prefix) : absl::StrCat(prefix, ".", *field));
 }
 
 }  // namespace kplan

@@ -30,11 +30,11 @@ absl::Status NestField(absl::Status status, absl::string_view prefix);
 }  // namespace kplan
 
 // Returns early with the error of a Status-returning expression.
-#define KPLAN_RETURN_IF_ERROR(expr)              \
-  do {                                           \
-    if (absl::Status _st = (expr); !_st.ok()) {  \
-      return _st;                                \
-    }                                            \
+#define KPLAN_RETURN_IF_ERROR(expr)             \
+  do {                                          \
+    if (absl::Status _st = (expr); !_st.ok()) { \
+      return _st;                               \
+    }                                           \
   } while (0)
 
 #define KPLAN_CONCAT_INNER_(a, b) a##b

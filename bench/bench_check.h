@@ -9,21 +9,20 @@
 
 #include "absl/status/status.h"
 
-#define CHECK_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    cudaError_t _e = (expr);                                                              \
-    if (_e != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                 \
-                   cudaGetErrorString(_e));                                               \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define CHECK_CUDA(expr)                                                                          \
+  do {                                                                                            \
+    cudaError_t _e = (expr);                                                                      \
+    if (_e != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_e)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
 
-#define CHECK_OK(expr)                                                                    \
-  do {                                                                                    \
-    absl::Status _s = (expr);                                                             \
-    if (!_s.ok()) {                                                                       \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str());     \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define CHECK_OK(expr)                                                                \
+  do {                                                                                \
+    absl::Status _s = (expr);                                                         \
+    if (!_s.ok()) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str()); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
   } while (0)

@@ -32,8 +32,8 @@ __device__ __forceinline__ void CopyStore(uint4* p, uint4 v) {
 }
 
 template <int kUnroll, bool kHints>
-__global__ void __launch_bounds__(256) CopyKernel(const uint4* __restrict__ src,
-                                                  uint4* __restrict__ dst, size_t n) {
+__global__ void __launch_bounds__(256)
+    CopyKernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
@@ -49,8 +49,8 @@ __global__ void __launch_bounds__(256) CopyKernel(const uint4* __restrict__ src,
 // One-shot: block b copies vectors [b * 256 * kUnroll, (b + 1) * 256 * kUnroll),
 // thread t the ones at t + 256 u (grid = n / (256 kUnroll), no loop).
 template <int kUnroll, bool kHints>
-__global__ void __launch_bounds__(256) CopyOneShotKernel(const uint4* __restrict__ src,
-                                                         uint4* __restrict__ dst, size_t n) {
+__global__ void __launch_bounds__(256)
+    CopyOneShotKernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
   const size_t base = blockIdx.x * static_cast<size_t>(256 * kUnroll) + threadIdx.x;
   uint4 v[kUnroll];
 #pragma unroll

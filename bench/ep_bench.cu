@@ -334,8 +334,8 @@ int main(int argc, char** argv) {
     // The EP strategies.
     int64_t a2av_dispatch_bytes = 0;
     for (int r = 0; r < kRanks; ++r) {  // passthrough capacity: M tokens per rank
-      CHECK_OK(kplan::moe::ep::ReserveGpuEpWorkspace(layers[r], kRanks, M,
-                                                     EpStrategy::kPassthrough));
+      CHECK_OK(
+          kplan::moe::ep::ReserveGpuEpWorkspace(layers[r], kRanks, M, EpStrategy::kPassthrough));
     }
     for (EpStrategy strategy :
          {EpStrategy::kAll2AllV, EpStrategy::kAllGatherReduceScatter, EpStrategy::kPassthrough}) {
@@ -481,17 +481,19 @@ int main(int argc, char** argv) {
     cudaEventDestroy(e1);
   }
   for (int r = 0; r < kRanks; ++r) ncclCommDestroy(raw[r]);
-  std::printf("\nGoal (issue #6): passthrough EP layer below both NCCL strategies at <= 128 "
-              "tokens/rank\n");
+  std::printf(
+      "\nGoal (issue #6): passthrough EP layer below both NCCL strategies at <= 128 "
+      "tokens/rank\n");
   for (const int64_t M : tokens) {
     const double pt = layer_ms[{M, EpStrategy::kPassthrough}];
     const double a2av = layer_ms[{M, EpStrategy::kAll2AllV}];
     const double agrs = layer_ms[{M, EpStrategy::kAllGatherReduceScatter}];
-    std::printf("  %lld tokens/rank: passthrough %.3f ms, kplan_all2allv %.3f ms, "
-                "allgather_reducescatter %.3f ms -> %s%s\n",
-                static_cast<long long>(M), pt, a2av, agrs,
-                pt < std::min(a2av, agrs) ? "passthrough fastest" : "passthrough NOT fastest",
-                M <= 128 ? " (goal applies)" : "");
+    std::printf(
+        "  %lld tokens/rank: passthrough %.3f ms, kplan_all2allv %.3f ms, "
+        "allgather_reducescatter %.3f ms -> %s%s\n",
+        static_cast<long long>(M), pt, a2av, agrs,
+        pt < std::min(a2av, agrs) ? "passthrough fastest" : "passthrough NOT fastest",
+        M <= 128 ? " (goal applies)" : "");
   }
   {  // the transports' teardown is collective: one thread per rank
     std::vector<std::thread> th;

@@ -215,8 +215,8 @@ void RunRank(int rank, int size, const std::string& id, const Options& opt, std:
       CHECK_OK(t.Return(stream, d_y));
       CHECK_CUDA(cudaStreamSynchronize(stream));
       std::vector<uint16_t> result(static_cast<size_t>(M) * kTopK * kHidden);
-      CHECK_CUDA(cudaMemcpy(result.data(), t.result_rows(), result.size() * 2,
-                            cudaMemcpyDeviceToHost));
+      CHECK_CUDA(
+          cudaMemcpy(result.data(), t.result_rows(), result.size() * 2, cudaMemcpyDeviceToHost));
       res.ok = true;
       for (int64_t p = 0; p < static_cast<int64_t>(M) * kTopK && res.ok; ++p) {
         res.ok = std::memcmp(&result[p * kHidden], &hidden[(p / kTopK) * kHidden], kRowBytes) == 0;
@@ -274,10 +274,14 @@ int main(int argc, char** argv) {
   Options opt;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--tokens") opt.tokens = ParseList(argv[i + 1]);
-    else if (flag == "--ctas") opt.ctas = ParseList(argv[i + 1]);
-    else if (flag == "--iters") opt.iters = std::atoi(argv[i + 1]);
-    else if (flag == "--reps") opt.reps = std::atoi(argv[i + 1]);
+    if (flag == "--tokens")
+      opt.tokens = ParseList(argv[i + 1]);
+    else if (flag == "--ctas")
+      opt.ctas = ParseList(argv[i + 1]);
+    else if (flag == "--iters")
+      opt.iters = std::atoi(argv[i + 1]);
+    else if (flag == "--reps")
+      opt.reps = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -294,9 +298,10 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   int nccl_version = 0;
   CHECK_NCCL(ncclGetVersion(&nccl_version));
-  std::printf("kplan_ep transport vs ncclAlltoAll: %d x %s, NCCL %d, H=%d top-%d of %d, bf16, "
-              "iters %d, reps %d\n",
-              size, prop.name, nccl_version, kHidden, kTopK, kExperts, opt.iters, opt.reps);
+  std::printf(
+      "kplan_ep transport vs ncclAlltoAll: %d x %s, NCCL %d, H=%d top-%d of %d, bf16, "
+      "iters %d, reps %d\n",
+      size, prop.name, nccl_version, kHidden, kTopK, kExperts, opt.iters, opt.reps);
   auto id = NcclCommunicator::CreateUniqueId();
   CHECK_OK(id.status());
   const size_t configs = opt.tokens.size() * opt.ctas.size();
@@ -310,9 +315,10 @@ int main(int argc, char** argv) {
 
   auto us = [](double ms) { return ms * 1e3; };
   auto gbps = [](int64_t bytes, double ms) { return ms > 0 ? bytes / (ms * 1e-3) / 1e9 : 0.0; };
-  std::printf("\n| M/rank | CTAs | check | dispatch MB (remote) | dispatch us | GB/s | a2a us | a2a GB/s "
-              "| return MB (remote) | return us | GB/s | a2a us | a2a GB/s | round us "
-              "| eager disp us | eager ret us |\n");
+  std::printf(
+      "\n| M/rank | CTAs | check | dispatch MB (remote) | dispatch us | GB/s | a2a us | a2a GB/s "
+      "| return MB (remote) | return us | GB/s | a2a us | a2a GB/s | round us "
+      "| eager disp us | eager ret us |\n");
   std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   size_t c = 0;
   for (int M : opt.tokens) {
@@ -332,13 +338,13 @@ int main(int argc, char** argv) {
       const Result& r0 = results[0][c];
       const int64_t db = r0.disp_rows * kRowBytes, rb = r0.ret_rows * kRowBytes;
       const double ret_ms = w.round_ms - w.disp_ms;
-      std::printf("| %d | %d | %s | %.2f (%.2f) | %.1f | %.1f | %.1f | %.1f | %.2f (%.2f) | %.1f | "
-                  "%.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-                  M, ctas, ok ? "ok" : "FAIL", db / 1e6, r0.disp_remote_rows * kRowBytes / 1e6,
-                  us(w.disp_ms), gbps(db, w.disp_ms), us(w.a2a_disp_ms), gbps(db, w.a2a_disp_ms),
-                  rb / 1e6, r0.ret_remote_rows * kRowBytes / 1e6, us(ret_ms), gbps(rb, ret_ms),
-                  us(w.a2a_ret_ms), gbps(rb, w.a2a_ret_ms), us(w.round_ms), us(w.eager_disp_ms),
-                  us(w.eager_ret_ms));
+      std::printf(
+          "| %d | %d | %s | %.2f (%.2f) | %.1f | %.1f | %.1f | %.1f | %.2f (%.2f) | %.1f | "
+          "%.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+          M, ctas, ok ? "ok" : "FAIL", db / 1e6, r0.disp_remote_rows * kRowBytes / 1e6,
+          us(w.disp_ms), gbps(db, w.disp_ms), us(w.a2a_disp_ms), gbps(db, w.a2a_disp_ms), rb / 1e6,
+          r0.ret_remote_rows * kRowBytes / 1e6, us(ret_ms), gbps(rb, ret_ms), us(w.a2a_ret_ms),
+          gbps(rb, w.a2a_ret_ms), us(w.round_ms), us(w.eager_disp_ms), us(w.eager_ret_ms));
       ++c;
     }
   }

@@ -37,9 +37,9 @@
 
 namespace {
 
+using kplan::kernels::DType;
 using kplan::kernels::IrRowLayout;
 using kplan::kernels::IrRowsIn;
-using kplan::kernels::DType;
 using kplan::kernels::IrWeightIn;
 namespace kc = kplan::kernels::cuda;
 
@@ -88,11 +88,16 @@ Args ParseArgs(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; i += 2) {
     const bool has_value = i + 1 < argc;
-    if (has_value && !std::strcmp(argv[i], "--warmup_s")) a.warmup_s = std::atof(argv[i + 1]);
-    else if (has_value && !std::strcmp(argv[i], "--samples")) a.samples = std::atoi(argv[i + 1]);
-    else if (has_value && !std::strcmp(argv[i], "--copy_mib")) a.copy_mib = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (has_value && !std::strcmp(argv[i], "--sweep")) a.sweep = std::atoi(argv[i + 1]) != 0;
-    else if (has_value && !std::strcmp(argv[i], "--passes")) a.passes = std::max(1, std::atoi(argv[i + 1]));
+    if (has_value && !std::strcmp(argv[i], "--warmup_s"))
+      a.warmup_s = std::atof(argv[i + 1]);
+    else if (has_value && !std::strcmp(argv[i], "--samples"))
+      a.samples = std::atoi(argv[i + 1]);
+    else if (has_value && !std::strcmp(argv[i], "--copy_mib"))
+      a.copy_mib = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (has_value && !std::strcmp(argv[i], "--sweep"))
+      a.sweep = std::atoi(argv[i + 1]) != 0;
+    else if (has_value && !std::strcmp(argv[i], "--passes"))
+      a.passes = std::max(1, std::atoi(argv[i + 1]));
     else {
       std::fprintf(stderr,
                    "usage: %s [--warmup_s S] [--samples N] [--copy_mib M] [--sweep 0|1] "
@@ -234,12 +239,13 @@ int CheckVariants(const ShapeBufs& b) {
       CHECK_OK(RunVariant(v, fused, b, 0));
       CHECK_CUDA(cudaDeviceSynchronize());
       size_t diff = CountMismatches(ref_out, b.out[0], b.elems, false, "out");
-      size_t rdiff = fused ? CountMismatches(ref_res, b.res_out[0], b.elems, true, "residual_out") : 0;
-      std::printf("check %-14s %-18s %-11s vs native: out %zu%s of %zu outside bf16 tolerance%s%s\n",
-                  b.shape.c_str(), fused ? "fused_add_rms_norm" : "rms_norm",
-                  kc::KplanNormVariantName(v), diff,
-                  fused ? (", residual_out " + std::to_string(rdiff) + " not bit-exact").c_str() : "",
-                  b.elems, diff + rdiff ? "  <-- MISMATCH" : "", "");
+      size_t rdiff =
+          fused ? CountMismatches(ref_res, b.res_out[0], b.elems, true, "residual_out") : 0;
+      std::printf(
+          "check %-14s %-18s %-11s vs native: out %zu%s of %zu outside bf16 tolerance%s%s\n",
+          b.shape.c_str(), fused ? "fused_add_rms_norm" : "rms_norm", kc::KplanNormVariantName(v),
+          diff, fused ? (", residual_out " + std::to_string(rdiff) + " not bit-exact").c_str() : "",
+          b.elems, diff + rdiff ? "  <-- MISMATCH" : "", "");
       if (diff + rdiff) ++bad;
     }
   }
@@ -267,8 +273,12 @@ int main(int argc, char** argv) {
   // Correctness of every variant first (host time, before the clocks are warm).
   if (args.sweep) {
     int bad = 0;
-    for (auto [t, h] : {std::pair<int64_t, int64_t>{16384, 8192}, {64, 8192}, {37, 12296},
-                        {5, 3000}, {1000, 1024}, {3, 16384}}) {
+    for (auto [t, h] : {std::pair<int64_t, int64_t>{16384, 8192},
+                        {64, 8192},
+                        {37, 12296},
+                        {5, 3000},
+                        {1000, 1024},
+                        {3, 16384}}) {
       ShapeBufs b(t, h, l2, false);
       bad += CheckVariants(b);
     }
@@ -283,9 +293,8 @@ int main(int argc, char** argv) {
   Fill(csrc, copy_bytes / 2, 1);
   const size_t copy_vecs = copy_bytes / 16;
   auto copy_with = [&](const CopyVariant& c) {
-    const size_t grid =
-        c.one_shot ? (copy_vecs + 256 * c.unroll - 1) / (256 * c.unroll)
-                   : static_cast<size_t>(prop.multiProcessorCount) * 8 * c.waves;
+    const size_t grid = c.one_shot ? (copy_vecs + 256 * c.unroll - 1) / (256 * c.unroll)
+                                   : static_cast<size_t>(prop.multiProcessorCount) * 8 * c.waves;
     c.kernel<<<static_cast<unsigned>(grid), 256>>>(static_cast<const uint4*>(csrc),
                                                    static_cast<uint4*>(cdst), copy_vecs);
   };
@@ -336,50 +345,61 @@ int main(int argc, char** argv) {
         IrRowsIn xin{b.x[0], DType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
         IrWeightIn win{b.w, DType::kBFloat16, 1};
         CHECK_OK(kc::NativeRmsNorm(xin, tokens, hidden, win, kEps, hidden, ref, nullptr));
-        CHECK_OK(kc::KplanRmsNorm(DType::kBFloat16, {b.x[0], hidden}, tokens, hidden, b.w,
-                                  kEps, {b.out[0], hidden}, nullptr));
+        CHECK_OK(kc::KplanRmsNorm(DType::kBFloat16, {b.x[0], hidden}, tokens, hidden, b.w, kEps,
+                                  {b.out[0], hidden}, nullptr));
         const size_t diff = CountMismatches(ref, b.out[0], b.elems, false, "out");
-        std::printf("check %s rms_norm kplan (%s) vs native: %zu of %zu outside bf16 tolerance\n",
-                    b.shape.c_str(),
-                    kc::KplanNormVariantName(
-                        kc::KplanNormDefaultVariant(DType::kBFloat16, tokens, hidden)),
-                    diff, b.elems);
+        std::printf(
+            "check %s rms_norm kplan (%s) vs native: %zu of %zu outside bf16 tolerance\n",
+            b.shape.c_str(),
+            kc::KplanNormVariantName(kc::KplanNormDefaultVariant(DType::kBFloat16, tokens, hidden)),
+            diff, b.elems);
         CHECK_CUDA(cudaFree(ref));
       }
       // Re-warm after the host-side check.
       for (int i = 0; i < 200; ++i) {
-        CHECK_OK(kc::KplanRmsNorm(DType::kBFloat16, {b.x[0], hidden}, tokens, hidden, b.w,
-                                  kEps, {b.out[0], hidden}, nullptr));
+        CHECK_OK(kc::KplanRmsNorm(DType::kBFloat16, {b.x[0], hidden}, tokens, hidden, b.w, kEps,
+                                  {b.out[0], hidden}, nullptr));
       }
       auto add = [&](const char* op, const char* provider, double bytes_moved, double ms) {
         rows.push_back({"", op, b.shape, provider, ms * 1e3, bytes_moved / (ms * 1e-3) / 1e9, 0});
       };
-      add("rms_norm", "kplan", b.RmsBytes(), MedianMs([&](int i) {
-            const int s = i % sets;
-            CHECK_OK(kc::KplanRmsNorm(DType::kBFloat16, {b.x[s], hidden}, tokens, hidden,
-                                      b.w, kEps, {b.out[s], hidden}, nullptr));
-          }, args.samples, batch));
-      add("rms_norm", "native", b.RmsBytes(), MedianMs([&](int i) {
-            const int s = i % sets;
-            IrRowsIn xin{b.x[s], DType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
-            CHECK_OK(kc::NativeRmsNorm(xin, tokens, hidden, {b.w, DType::kBFloat16, 1},
-                                       kEps, hidden, b.out[s], nullptr));
-          }, args.samples, batch));
-      add("fused_add_rms_norm", "kplan", b.FusedBytes(), MedianMs([&](int i) {
-            const int s = i % sets;
-            CHECK_OK(kc::KplanFusedAddRmsNorm(DType::kBFloat16, {b.x[s], hidden},
-                                              {b.res[s], hidden}, tokens, hidden, b.w, kEps,
-                                              {b.out[s], hidden}, {b.res_out[s], hidden},
-                                              nullptr));
-          }, args.samples, batch));
-      add("fused_add_rms_norm", "native", b.FusedBytes(), MedianMs([&](int i) {
-            const int s = i % sets;
-            IrRowsIn xin{b.x[s], DType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
-            IrRowsIn rin{b.res[s], DType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
-            CHECK_OK(kc::NativeFusedAddRmsNorm(xin, rin, tokens, hidden,
-                                               {b.w, DType::kBFloat16, 1}, kEps, hidden,
-                                               b.out[s], b.res_out[s], nullptr));
-          }, args.samples, batch));
+      add("rms_norm", "kplan", b.RmsBytes(),
+          MedianMs(
+              [&](int i) {
+                const int s = i % sets;
+                CHECK_OK(kc::KplanRmsNorm(DType::kBFloat16, {b.x[s], hidden}, tokens, hidden, b.w,
+                                          kEps, {b.out[s], hidden}, nullptr));
+              },
+              args.samples, batch));
+      add("rms_norm", "native", b.RmsBytes(),
+          MedianMs(
+              [&](int i) {
+                const int s = i % sets;
+                IrRowsIn xin{b.x[s], DType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
+                CHECK_OK(kc::NativeRmsNorm(xin, tokens, hidden, {b.w, DType::kBFloat16, 1}, kEps,
+                                           hidden, b.out[s], nullptr));
+              },
+              args.samples, batch));
+      add("fused_add_rms_norm", "kplan", b.FusedBytes(),
+          MedianMs(
+              [&](int i) {
+                const int s = i % sets;
+                CHECK_OK(kc::KplanFusedAddRmsNorm(
+                    DType::kBFloat16, {b.x[s], hidden}, {b.res[s], hidden}, tokens, hidden, b.w,
+                    kEps, {b.out[s], hidden}, {b.res_out[s], hidden}, nullptr));
+              },
+              args.samples, batch));
+      add("fused_add_rms_norm", "native", b.FusedBytes(),
+          MedianMs(
+              [&](int i) {
+                const int s = i % sets;
+                IrRowsIn xin{b.x[s], DType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
+                IrRowsIn rin{b.res[s], DType::kBFloat16, IrRowLayout::Rows(tokens, hidden)};
+                CHECK_OK(kc::NativeFusedAddRmsNorm(xin, rin, tokens, hidden,
+                                                   {b.w, DType::kBFloat16, 1}, kEps, hidden,
+                                                   b.out[s], b.res_out[s], nullptr));
+              },
+              args.samples, batch));
       continue;
     }
 
@@ -408,14 +428,15 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("\nSM copy roofline (best of %zu copy kernels: %s): %zu MiB, %.0f GB/s (read + "
-              "written)\n\n",
-              sizeof(kCopyVariants) / sizeof(kCopyVariants[0]), best_copy, args.copy_mib,
-              copy_gbps);
+  std::printf(
+      "\nSM copy roofline (best of %zu copy kernels: %s): %zu MiB, %.0f GB/s (read + "
+      "written)\n\n",
+      sizeof(kCopyVariants) / sizeof(kCopyVariants[0]), best_copy, args.copy_mib, copy_gbps);
   if (args.sweep) {
-    std::printf("sweep (* = production choice; us = min over %d passes of the median of %d "
-                "batches; max = the slowest pass)\n",
-                args.passes, args.samples);
+    std::printf(
+        "sweep (* = production choice; us = min over %d passes of the median of %d "
+        "batches; max = the slowest pass)\n",
+        args.passes, args.samples);
     std::printf("%-14s %-20s %-14s %10s %10s %10s %8s\n", "variant", "op", "shape", "time_us",
                 "max_us", "GB/s", "%copy");
     for (const Row& r : rows) {

@@ -1,10 +1,9 @@
 // kplan_perf: a load generator for RunMoE, in the manner of Triton's
 // perf_analyzer. For each (tokens, concurrency) it runs `concurrency` closed-
 // loop clients, each on its own channel (kept from step to step), sending
-// RunMoE for --duration_s after --warmup_s, and reports p50/p90/p99 latency, requests/s and tokens/s, with
-// errors counted by gRPC code. The transport is the address: host:port (TCP)
-// or unix:PATH. Writes a table, and --json / --csv (bench/plot_perf.py draws
-// the JSON).
+// RunMoE for --duration_s after --warmup_s, and reports p50/p90/p99 latency, requests/s and
+// tokens/s, with errors counted by gRPC code. The transport is the address: host:port (TCP) or
+// unix:PATH. Writes a table, and --json / --csv (bench/plot_perf.py draws the JSON).
 //
 //   kplan_perf --server unix:/tmp/kplan.sock --concurrency 1,4,16,64 --tokens 1,64
 //       --num_experts 128 --hidden 2048 --intermediate 768 --top_k 8 --json perf.json
@@ -303,13 +302,11 @@ int main(int argc, char** argv) {
       Row r = RunStep(pool, request, m, c);
       std::printf("%-7d %-11d %9lld %8lld %10.1f %10.1f %10.1f %10.1f %11.1f  %s\n", m, c,
                   static_cast<long long>(r.requests), static_cast<long long>(r.error_count()),
-                  r.requests / r.seconds, r.requests * m / r.seconds, r.p50_us, r.p90_us,
-                  r.p99_us,
-                  r.rss_after > 0
-                      ? absl::StrFormat("%.1f -> %.1f MiB", r.rss_before / 1048576.0,
-                                        r.rss_after / 1048576.0)
-                            .c_str()
-                      : "-");
+                  r.requests / r.seconds, r.requests * m / r.seconds, r.p50_us, r.p90_us, r.p99_us,
+                  r.rss_after > 0 ? absl::StrFormat("%.1f -> %.1f MiB", r.rss_before / 1048576.0,
+                                                    r.rss_after / 1048576.0)
+                                        .c_str()
+                                  : "-");
       if (r.error_count() > 0) {
         std::printf("        errors: %s; first: %s\n", ErrorsText(r).c_str(),
                     r.first_error.c_str());
@@ -321,9 +318,9 @@ int main(int argc, char** argv) {
   if (own_set) (void)admin->UnloadExperts(id);
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     std::ofstream out(path);
-    out << "{\"system\": \"kplan\", \"server\": \"" << server << "\", \"shape\": {\"num_experts\": "
-        << e << ", \"hidden\": " << h << ", \"intermediate\": " << i << ", \"top_k\": " << k
-        << "},\n \"rows\": [";
+    out << "{\"system\": \"kplan\", \"server\": \"" << server
+        << "\", \"shape\": {\"num_experts\": " << e << ", \"hidden\": " << h
+        << ", \"intermediate\": " << i << ", \"top_k\": " << k << "},\n \"rows\": [";
     for (size_t n = 0; n < rows.size(); ++n) {
       const Row& r = rows[n];
       out << (n ? ",\n  " : "\n  ")

@@ -83,14 +83,14 @@ namespace {
 namespace kc = kplan::kernels::cuda;
 using Clock = std::chrono::steady_clock;
 
-#define CHECK_CUBLAS(expr)                                                                \
-  do {                                                                                    \
-    cublasStatus_t _s = (expr);                                                           \
-    if (_s != CUBLAS_STATUS_SUCCESS) {                                                    \
-      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #expr,   \
-                   static_cast<int>(_s));                                                 \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+#define CHECK_CUBLAS(expr)                                                             \
+  do {                                                                                 \
+    cublasStatus_t _s = (expr);                                                        \
+    if (_s != CUBLAS_STATUS_SUCCESS) {                                                 \
+      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #expr, \
+                   static_cast<int>(_s));                                              \
+      std::exit(1);                                                                    \
+    }                                                                                  \
   } while (0)
 
 double Seconds(Clock::time_point t0) {
@@ -152,7 +152,8 @@ uint64_t SplitMix(uint64_t x) {
 std::string RandomBf16Host(int64_t n, int base, uint64_t key) {
   std::string out(static_cast<size_t>(n) * 2, '\0');
   char* dst = out.data();
-  const int threads = static_cast<int>(std::max(1u, std::min(32u, std::thread::hardware_concurrency())));
+  const int threads =
+      static_cast<int>(std::max(1u, std::min(32u, std::thread::hardware_concurrency())));
   const int64_t chunk = ((n + threads - 1) / threads + 3) / 4 * 4;
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
@@ -203,11 +204,11 @@ struct Args {
   double budget_s = 1.5;
   double warmup_s = 3.0;
   size_t copy_mib = 1024;
-  bool decode = true;  // --decode off: the grouped path at decode sizes too
-  std::vector<bool> ws = {true};  // --ws: the grouped GEMM kernels to run
+  bool decode = true;                       // --decode off: the grouped path at decode sizes too
+  std::vector<bool> ws = {true};            // --ws: the grouped GEMM kernels to run
   std::vector<bool> fused = {false, true};  // --fused: activation in GEMM 1's epilogue
   bool gemm_only = false;
-  bool layer = true;  // --layer off: only the --gemm_only tables
+  bool layer = true;      // --layer off: only the --gemm_only tables
   std::string json, csv;  // --json / --csv: the layer rows, for bench/plot_moe.py
 };
 
@@ -340,8 +341,8 @@ struct Matmul {
   }
   void Run() {
     const float alpha = 1.0f, beta = 0.0f;
-    CHECK_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF,
-                              n, b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+    CHECK_CUBLAS(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n,
+                              b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
   }
   double Flops() const { return 2.0 * n * static_cast<double>(n) * n; }
@@ -495,12 +496,13 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     den += static_cast<double>(w) * w;
   }
   const int64_t id_diff = static_cast<int64_t>(
-      numel - std::inner_product(got_ids.begin(), got_ids.end(), ref->topk_ids.begin(),
-                                 int64_t{0}, std::plus<int64_t>(),
+      numel - std::inner_product(got_ids.begin(), got_ids.end(), ref->topk_ids.begin(), int64_t{0},
+                                 std::plus<int64_t>(),
                                  [](int32_t a, int32_t b) { return int64_t{a == b}; }));
   const double rel = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1.0 : 0.0);
   char check[160];
-  std::snprintf(check, sizeof(check), "%s (rel %.1e, %lld/%lld bf16 differ, %lld nan, %lld ids differ)",
+  std::snprintf(check, sizeof(check),
+                "%s (rel %.1e, %lld/%lld bf16 differ, %lld nan, %lld ids differ)",
                 differ == 0 && id_diff == 0 && nan == 0 ? "bit-exact" : "tolerance", rel,
                 static_cast<long long>(differ), static_cast<long long>(M * H),
                 static_cast<long long>(nan), static_cast<long long>(id_diff));
@@ -564,8 +566,8 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     CHECK_CUDA(cudaEventDestroy(b));
   }
   const int batch = std::max(1, static_cast<int>(std::ceil(2.0 / replay_ms)));
-  const int samples = std::clamp(
-      static_cast<int>(args.budget_s * 1e3 / (batch * replay_ms)), 5, args.replays);
+  const int samples =
+      std::clamp(static_cast<int>(args.budget_s * 1e3 / (batch * replay_ms)), 5, args.replays);
   const double ms = MedianMs(replay, samples, batch, stream);
   CHECK_CUDA(cudaGraphExecDestroy(exec));
   CHECK_CUDA(cudaGraphDestroy(graph));
@@ -611,19 +613,20 @@ void GemmOnlyFusedAct(const ShapeDef& sh, kc::MoeGroupedGemmArgs g, int64_t I, c
   const kc::MoeActParams ap;
   const int64_t numel = g.numel;
   if (!kc::MoeGemmWsActApplies(g, kplan::kernels::MoeActivation::kSilu, ap)) {
-    std::printf("  gemm-only %-14s M=%-5lld gemm1+act: the fused epilogue does not apply\n", sh.name,
-                static_cast<long long>(numel / sh.k));
+    std::printf("  gemm-only %-14s M=%-5lld gemm1+act: the fused epilogue does not apply\n",
+                sh.name, static_cast<long long>(numel / sh.k));
     return;
   }
   DevBuf c1(numel * g.N * 2), act_u(numel * I * 2), act_f(numel * I * 2);
   g.c = c1.p;
   auto unfused = [&] {
     CHECK_OK(kc::LaunchMoeGroupedGemm(g, stream));
-    CHECK_OK(kc::LaunchMoeActivation(kplan::kernels::MoeActivation::kSilu, ap, g.dtype, c1.p, numel, g.N,
-                                     act_u.p, I, stream));
+    CHECK_OK(kc::LaunchMoeActivation(kplan::kernels::MoeActivation::kSilu, ap, g.dtype, c1.p, numel,
+                                     g.N, act_u.p, I, stream));
   };
   auto fused = [&] {
-    CHECK_OK(kc::LaunchMoeGroupedGemmWsAct(g, kplan::kernels::MoeActivation::kSilu, ap, act_f.p, stream));
+    CHECK_OK(kc::LaunchMoeGroupedGemmWsAct(g, kplan::kernels::MoeActivation::kSilu, ap, act_f.p,
+                                           stream));
   };
   CHECK_CUDA(cudaMemsetAsync(act_u.p, 0xff, numel * I * 2, stream));
   CHECK_CUDA(cudaMemsetAsync(act_f.p, 0xff, numel * I * 2, stream));
@@ -680,14 +683,15 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   rp.num_experts = E;
   rp.top_k = k;
   rp.renormalize = true;
-  CHECK_OK(kc::LaunchMoeRouting(rp, logits.as<float>(), M, tw.as<float>(), tid.as<int32_t>(), stream));
+  CHECK_OK(
+      kc::LaunchMoeRouting(rp, logits.as<float>(), M, tw.as<float>(), tid.as<int32_t>(), stream));
   const int bm = kc::MoeGemmBlockMFor(numel, E);
   const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
   const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);
   DevBuf sorted(max_padded * 4), eids(max_blocks * 4), post(4);
   CHECK_OK(kc::LaunchMoeAlignBlockSize(tid.as<int32_t>(), numel, bm, E, nullptr, false, false,
-                                       sorted.as<int32_t>(), eids.as<int32_t>(),
-                                       post.as<int32_t>(), stream));
+                                       sorted.as<int32_t>(), eids.as<int32_t>(), post.as<int32_t>(),
+                                       stream));
   auto args_for = [&](int which) {
     kc::MoeGroupedGemmArgs g;
     g.dtype = kplan::kernels::DType::kBFloat16;
@@ -873,8 +877,8 @@ int main(int argc, char** argv) {
   std::printf("warm-up: %d bf16 8192^3 GEMMs in %.1f s\n", mm.Warm(args.warmup_s), args.warmup_s);
   const double mm_ms = MedianMs([&] { mm.Run(); }, 30, 5, stream);
   const double mm_tflops = mm.Flops() / (mm_ms * 1e-3) / 1e12;
-  std::printf("matmul  cublasGemmEx bf16 8192^3 (fp32 acc): %8.1f us  %6.1f TFLOP/s\n",
-              mm_ms * 1e3, mm_tflops);
+  std::printf("matmul  cublasGemmEx bf16 8192^3 (fp32 acc): %8.1f us  %6.1f TFLOP/s\n", mm_ms * 1e3,
+              mm_tflops);
 
   const size_t copy_bytes = args.copy_mib << 20;
   double copy_gbps = 0;
@@ -888,7 +892,7 @@ int main(int argc, char** argv) {
                                      : static_cast<size_t>(prop.multiProcessorCount) * 8 * c.waves;
       auto launch = [&] {
         c.kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(src.as<const uint4>(),
-                                                                   dst.as<uint4>(), vecs);
+                                                                  dst.as<uint4>(), vecs);
       };
       CHECK_CUDA(cudaMemsetAsync(dst.p, 0, copy_bytes, stream));
       launch();
@@ -932,27 +936,32 @@ int main(int argc, char** argv) {
                 static_cast<long long>(sh->I), gpu->bytes() / 1e9, Seconds(t0));
     mm.Warm(1.0);  // clocks back up after the host-side setup
     for (int64_t M : args.layer ? args.tokens : std::vector<int64_t>{}) {
-     for (const bool ws : args.ws) {
-      for (const bool fused : args.fused) {
-      if (fused && !ws) continue;  // the fused epilogue is the ws kernel's
-      kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-      kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-      const auto tc = Clock::now();
-      Row r = RunConfig(*sh, *gpu, M, args, copy_gbps, mm_tflops, stream);
-      r.ws = ws;
-      r.fused = fused;
-      if (r.ok) {
-        std::printf("  %-14s M=%-5lld %-6s %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f TFLOP/s  (%s, %.1f s)\n",
-                    r.shape.c_str(), static_cast<long long>(M), !ws ? "old" : fused ? "ws+act" : "ws",
-                    r.us, r.hit, r.gbps, r.tflops, r.note.c_str(), Seconds(tc));
-      } else {
-        std::printf("  %-14s M=%-5lld SKIPPED: %s\n", r.shape.c_str(), static_cast<long long>(M),
-                    r.note.c_str());
+      for (const bool ws : args.ws) {
+        for (const bool fused : args.fused) {
+          if (fused && !ws) continue;  // the fused epilogue is the ws kernel's
+          kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+          kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+          const auto tc = Clock::now();
+          Row r = RunConfig(*sh, *gpu, M, args, copy_gbps, mm_tflops, stream);
+          r.ws = ws;
+          r.fused = fused;
+          if (r.ok) {
+            std::printf(
+                "  %-14s M=%-5lld %-6s %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f TFLOP/s  (%s, %.1f "
+                "s)\n",
+                r.shape.c_str(), static_cast<long long>(M),
+                !ws     ? "old"
+                : fused ? "ws+act"
+                        : "ws",
+                r.us, r.hit, r.gbps, r.tflops, r.note.c_str(), Seconds(tc));
+          } else {
+            std::printf("  %-14s M=%-5lld SKIPPED: %s\n", r.shape.c_str(),
+                        static_cast<long long>(M), r.note.c_str());
+          }
+          std::fflush(stdout);
+          rows.push_back(r);
+        }
       }
-      std::fflush(stdout);
-      rows.push_back(r);
-      }
-     }
     }
     kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kFromEnv);
     if (args.gemm_only) {
@@ -961,14 +970,16 @@ int main(int argc, char** argv) {
   }
 
   // --- The table.
-  std::printf("\nkplan GPU MoE layer (routing -> combine, CUDA graph, %d routing sets rotating, "
-              "median), bf16 silu, softmax top-k renormalize\n",
-              args.sets);
-  std::printf("rooflines measured in this run: copy %.0f GB/s (SM copy kernel, read + write), "
-              "matmul %.1f TFLOP/s (cuBLAS bf16 8192^3)\n",
-              copy_gbps, mm_tflops);
-  std::printf("%-14s %6s %6s %11s %7s %8s %7s %8s %7s %5s %10s %7s\n", "shape", "tokens", "gemm", "us",
-              "hit", "GB/s", "%copy", "TFLOP/s", "%mm", "bound", "floor_us", "%floor");
+  std::printf(
+      "\nkplan GPU MoE layer (routing -> combine, CUDA graph, %d routing sets rotating, "
+      "median), bf16 silu, softmax top-k renormalize\n",
+      args.sets);
+  std::printf(
+      "rooflines measured in this run: copy %.0f GB/s (SM copy kernel, read + write), "
+      "matmul %.1f TFLOP/s (cuBLAS bf16 8192^3)\n",
+      copy_gbps, mm_tflops);
+  std::printf("%-14s %6s %6s %11s %7s %8s %7s %8s %7s %5s %10s %7s\n", "shape", "tokens", "gemm",
+              "us", "hit", "GB/s", "%copy", "TFLOP/s", "%mm", "bound", "floor_us", "%floor");
   for (const Row& r : rows) {
     if (!r.ok) {
       std::printf("%-14s %6lld  FAILED: %s\n", r.shape.c_str(), static_cast<long long>(r.tokens),
@@ -976,15 +987,15 @@ int main(int argc, char** argv) {
       continue;
     }
     std::printf("%-14s %6lld %6s %11.1f %7.1f %8.0f %6.1f%% %8.1f %6.1f%% %5s %10.1f %6.1f%%\n",
-                r.shape.c_str(), static_cast<long long>(r.tokens),
-                GemmName(r), r.us, r.hit, r.gbps,
+                r.shape.c_str(), static_cast<long long>(r.tokens), GemmName(r), r.us, r.hit, r.gbps,
                 r.pct_copy, r.tflops, r.pct_mm, r.compute_bound ? "mm" : "copy", r.floor_us,
                 100.0 * r.floor_us / r.us);
   }
   if (!gemm_rows.empty()) {
-    std::printf("\ngrouped GEMMs alone (routing + align once, median of event-timed batches); "
-                "cuBLAS bf16 8192^3 in this run: %.1f TFLOP/s\n",
-                mm_tflops);
+    std::printf(
+        "\ngrouped GEMMs alone (routing + align once, median of event-timed batches); "
+        "cuBLAS bf16 8192^3 in this run: %.1f TFLOP/s\n",
+        mm_tflops);
     std::printf("%-14s %6s %-5s %6s %6s %4s %10s %8s %7s  %s\n", "shape", "tokens", "gemm", "N",
                 "K", "kern", "us", "TFLOP/s", "%cublas", "check");
     for (const GemmRow& g : gemm_rows) {

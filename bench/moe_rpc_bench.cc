@@ -159,9 +159,8 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
     std::fprintf(stderr, "server: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  const std::string target = absl::StartsWith(listen, "unix:")
-                                 ? listen
-                                 : absl::StrCat("127.0.0.1:", (*server)->port());
+  const std::string target =
+      absl::StartsWith(listen, "unix:") ? listen : absl::StrCat("127.0.0.1:", (*server)->port());
   kplan::ClientOptions copt;
   copt.deadline = absl::Seconds(600);
   copt.max_message_bytes = 256 << 20;
@@ -175,9 +174,9 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
   header.set_dtype(kplan::v1::DTYPE_BFLOAT16);
   // The weights are generated chunk by chunk as they stream.
   std::vector<kplan::StreamedTensor> tensors;
-  for (auto [name, shape] : {std::pair<const char*, std::vector<int64_t>>{
-                                 "w13", {s.e, 2 * s.inter, s.h}},
-                             {"w2", {s.e, s.h, s.inter}}}) {
+  for (auto [name, shape] :
+       {std::pair<const char*, std::vector<int64_t>>{"w13", {s.e, 2 * s.inter, s.h}},
+        {"w2", {s.e, s.h, s.inter}}}) {
     kplan::StreamedTensor t;
     t.name = name;
     t.dtype = kplan::v1::DTYPE_BFLOAT16;
@@ -289,9 +288,10 @@ int main(int argc, char** argv) {
       if (v.size() == 4) shape = Shape{v[0], v[1], v[2], v[3]};
     }
   }
-  std::printf("# E=%d k=%d H=%d I=%d, medians of %d calls (us), inline runs %s; wire = round "
-              "trip - server total\n",
-              shape.e, shape.k, shape.h, shape.inter, iters, inline_runs ? "on" : "off");
+  std::printf(
+      "# E=%d k=%d H=%d I=%d, medians of %d calls (us), inline runs %s; wire = round "
+      "trip - server total\n",
+      shape.e, shape.k, shape.h, shape.inter, iters, inline_runs ? "on" : "off");
   std::printf("%-9s %6s %-5s %-10s %9s %9s %8s %8s %8s %9s %8s %8s\n", "transport", "tokens",
               "mode", "backend", "rt", "server", "decode", "route", "queue", "device", "encode",
               "wire");

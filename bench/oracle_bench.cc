@@ -56,10 +56,9 @@ int Register() {
   for (const char* platform : {"cuda:9.0", "cuda:10.0"}) {
     const std::string sm = std::string(platform) == "cuda:9.0" ? "SM90" : "SM100";
     for (const SchemeCase& sc : kSchemes) {
-      benchmark::RegisterBenchmark(("PlanMoeLayer/" + sm + "/" + sc.name).c_str(),
-                                   [&sc, platform](benchmark::State& s) {
-                                     BM_PlanMoeLayer(s, sc, platform);
-                                   })
+      benchmark::RegisterBenchmark(
+          ("PlanMoeLayer/" + sm + "/" + sc.name).c_str(),
+          [&sc, platform](benchmark::State& s) { BM_PlanMoeLayer(s, sc, platform); })
           ->Unit(benchmark::kMicrosecond);
     }
   }

@@ -2,8 +2,8 @@
 // is cut at fuzz::kDelimiter into v1::LoadExpertsRequest messages; the header
 // goes through ExpertsSpecFromProto + ValidateExpertsSpec and the byte total
 // (the handler's ExpectedBytes and Reserve, here with a 256 MiB
-// --max_expert_bytes), chunks through ExpertsLoader::AddChunk, then Finish. Safetensors sources are not
-// opened (safetensors_fuzz covers the parser).
+// --max_expert_bytes), chunks through ExpertsLoader::AddChunk, then Finish. Safetensors sources are
+// not opened (safetensors_fuzz covers the parser).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -41,8 +41,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!loader) return 0;
     v1::TensorChunk& c = *request.mutable_chunk();
     std::string wire = c.dtype() == v1::DTYPE_UNSPECIFIED ? "" : rpc::WireFromProtoDType(c.dtype());
-    if (!loader->AddChunk(c.name(), wire, std::vector<int64_t>(c.shape().begin(), c.shape().end()),
-                          c.offset(), std::move(*c.mutable_data()))
+    if (!loader
+             ->AddChunk(c.name(), wire, std::vector<int64_t>(c.shape().begin(), c.shape().end()),
+                        c.offset(), std::move(*c.mutable_data()))
              .ok()) {
       return 0;
     }

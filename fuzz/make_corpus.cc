@@ -23,8 +23,15 @@ namespace fs = std::filesystem;
 // fuzz/fuzz_util.h: the stream delimiter and the server_fuzz method bytes.
 const std::string kDelimiter = "\xf0KPLAN\xf1";
 enum Method : char {
-  kResolve = 0, kServerInfo = 1, kRunIrOp = 2, kUnload = 3, kList = 4, kRunMoE = 5,
-  kJoinEp = 6, kRunEpStep = 7, kLoadExperts = 8,
+  kResolve = 0,
+  kServerInfo = 1,
+  kRunIrOp = 2,
+  kUnload = 3,
+  kList = 4,
+  kRunMoE = 5,
+  kJoinEp = 6,
+  kRunEpStep = 7,
+  kLoadExperts = 8,
 };
 
 std::mt19937 rng(7);
@@ -105,7 +112,8 @@ std::vector<v1::RunMoERequest> MoeRequests() {
   {  // float16, k = 1 with the weight applied on the input
     v1::RunMoERequest r;
     r.set_experts_id("fuzz");
-    *r.mutable_hidden_states() = Tensor(v1::DTYPE_FLOAT16, {2, kH}, std::string(2 * kH * 2, '\x3c'));
+    *r.mutable_hidden_states() =
+        Tensor(v1::DTYPE_FLOAT16, {2, kH}, std::string(2 * kH * 2, '\x3c'));
     *r.mutable_topk_ids() = Tensor(v1::DTYPE_INT32, {2, 1}, Ints({1, 2}));
     *r.mutable_topk_weights() = Tensor(v1::DTYPE_FLOAT32, {2, 1}, Floats(2));
     r.set_apply_router_weight_on_input(true);
@@ -236,7 +244,10 @@ std::vector<std::string> LoadStreams() {
     hd->set_dtype(bf16 ? v1::DTYPE_BFLOAT16 : v1::DTYPE_FLOAT32);
     if (variant == 2) hd->set_has_bias(true);
     msgs.push_back(head.SerializeAsString());
-    struct T { const char* name; std::vector<int64_t> shape; };
+    struct T {
+      const char* name;
+      std::vector<int64_t> shape;
+    };
     std::vector<T> tensors = {{"w13", {e, 2 * i, h}}, {"w2", {e, h, i}}};
     if (variant == 2) {
       tensors.push_back({"w13_bias", {e, 2 * i}});

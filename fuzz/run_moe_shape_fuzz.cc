@@ -34,14 +34,18 @@ int64_t Dim(FuzzedDataProvider& in, int64_t usual) {
     case 0:
       if (SmallDims()) return in.ConsumeIntegralInRange<int64_t>(-2, 64);
       return in.ConsumeIntegral<int64_t>();  // anything
-    case 1: return in.ConsumeIntegralInRange<int64_t>(-2, 2);
-    case 2: return in.ConsumeIntegralInRange<int64_t>(0, 64);
-    default: return usual;
+    case 1:
+      return in.ConsumeIntegralInRange<int64_t>(-2, 2);
+    case 2:
+      return in.ConsumeIntegralInRange<int64_t>(0, 64);
+    default:
+      return usual;
   }
 }
 
 std::vector<int64_t> Shape(FuzzedDataProvider& in, int64_t d0, int64_t d1) {
-  const int rank = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegralInRange<int>(0, 4) : 2;
+  const int rank =
+      in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegralInRange<int>(0, 4) : 2;
   std::vector<int64_t> shape;
   for (int i = 0; i < rank; ++i) shape.push_back(Dim(in, i == 0 ? d0 : d1));
   return shape;
@@ -75,13 +79,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   MoeRunInput input;
   const kernels::DType dtypes[] = {kernels::DType::kFloat32, kernels::DType::kFloat16,
-                                  kernels::DType::kBFloat16};
+                                   kernels::DType::kBFloat16};
   input.act_dtype = in.PickValueInArray(dtypes);
   const int64_t m = in.ConsumeIntegralInRange<int64_t>(0, 16);
   const bool by_logits = in.ConsumeBool();
   input.apply_router_weight_on_input = in.ConsumeIntegralInRange<int>(0, 7) == 0;
-  const int k = in.ConsumeIntegralInRange<int>(0, 7) == 0 && !SmallDims() ? in.ConsumeIntegral<int>()
-                                                          : in.ConsumeIntegralInRange<int>(0, 5);
+  const int k = in.ConsumeIntegralInRange<int>(0, 7) == 0 && !SmallDims()
+                    ? in.ConsumeIntegral<int>()
+                    : in.ConsumeIntegralInRange<int>(0, 5);
   input.hidden_shape = Shape(in, m, kHidden);
   const int64_t esize = kernels::DTypeSize(input.act_dtype);
   if (by_logits) {
@@ -94,7 +99,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (in.ConsumeBool()) input.routing.routed_scaling_factor = in.ConsumeFloatingPoint<float>();
     if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
       const int n = in.ConsumeIntegralInRange<int>(0, kNumExperts + 1);
-      for (int i = 0; i < n; ++i) input.routing.e_score_correction_bias.push_back(in.ConsumeFloatingPoint<float>());
+      for (int i = 0; i < n; ++i)
+        input.routing.e_score_correction_bias.push_back(in.ConsumeFloatingPoint<float>());
     }
     input.logits_shape = Shape(in, m, kNumExperts);
   } else {

@@ -76,7 +76,8 @@ void PrintCodes() {
   for (int m = 0; m <= kNumUnary; ++m) {
     std::string line;
     for (int c = 0; c < 17; ++c) {
-      if (codes[m][c].load()) line += " " + std::to_string(c) + ":" + std::to_string(codes[m][c].load());
+      if (codes[m][c].load())
+        line += " " + std::to_string(c) + ":" + std::to_string(codes[m][c].load());
     }
     if (!line.empty()) {
       std::fprintf(stderr, "server_fuzz codes %s:%s\n", m == kNumUnary ? kLoadExperts : kUnary[m],
@@ -198,7 +199,8 @@ void LoadFuzzExperts(bool must) {
   writer->WritesDone();
   grpc::Status status = writer->Finish();
   if (must && !status.ok()) {
-    std::fprintf(stderr, "server_fuzz: loading the expert set: %s\n", status.error_message().c_str());
+    std::fprintf(stderr, "server_fuzz: loading the expert set: %s\n",
+                 status.error_message().c_str());
     std::abort();
   }
 }

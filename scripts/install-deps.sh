@@ -14,6 +14,7 @@ packages=(
   python3-jsonpatch  # tests/deploy renders the kustomize overlays with it
   prometheus-cpp-dev patchelf openssl
   clang  # scripts/sanitize.sh and the fuzz targets (its libFuzzer runtime below)
+  clang-format  # scripts/format.sh --check in scripts/test.sh
 )
 missing=()
 for p in "${packages[@]}"; do

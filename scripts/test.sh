@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The test command: checks the include layering (fast, before anything is
-# built), installs missing packages, builds, runs every ctest test (labels
+# built), installs missing packages, checks the formatting (scripts/format.sh
+# --check: clang-format, .clang-format), builds, runs every ctest test (labels
 # unit, integration, gpu; gpu tests skip themselves without a GPU). Warnings
 # are errors (KPLAN_WERROR; pass -DKPLAN_WERROR=OFF to look past them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 scripts/check_layering.py
 bash scripts/install-deps.sh
+bash scripts/format.sh --check || { echo "test.sh: run scripts/format.sh" >&2; exit 1; }
 bash scripts/build.sh -DKPLAN_BUILD_TESTS=ON -DKPLAN_BUILD_BENCHMARKS=ON -DKPLAN_WERROR=ON "$@"
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"${JOBS:-2}" --timeout 300

@@ -19,8 +19,7 @@ void CommonFlags::Register(ArgParser& p) {
   p.AddString("server", "ADDR",
               "server address, HOST:PORT or unix:/path.sock ($KPLAN_SERVER sets the default)",
               &server);
-  p.AddString("timeout", "SECONDS", "deadline per call, retries included",
-              &timeout);
+  p.AddString("timeout", "SECONDS", "deadline per call, retries included", &timeout);
   p.AddString("tls-ca", "FILE", "PEM CA bundle: connect over TLS and verify the server", &tls_ca);
   p.AddString("tls-cert", "FILE", "PEM client certificate (mutual TLS)", &tls_cert);
   p.AddString("tls-key", "FILE", "PEM key of --tls-cert", &tls_key);
@@ -32,8 +31,9 @@ void CommonFlags::Register(ArgParser& p) {
 absl::StatusOr<std::unique_ptr<Client>> CommonFlags::Connect() const {
   double seconds = 0;
   if (!absl::SimpleAtod(timeout, &seconds) || seconds <= 0) {
-    return InvalidField("timeout", absl::StrCat("--timeout needs a positive number of seconds, got '",
-                                                timeout, "'"));
+    return InvalidField(
+        "timeout",
+        absl::StrCat("--timeout needs a positive number of seconds, got '", timeout, "'"));
   }
   ClientOptions options;
   options.deadline = absl::Seconds(seconds);
@@ -75,7 +75,8 @@ std::optional<int> ParseOrExit(ArgParser& parser, const std::vector<std::string>
   absl::Status s = parser.Parse(args);
   if (!s.ok()) return Fail(s);
   if (parser.help()) {
-    std::cout << synopsis << "\n\n" << parser.Help()
+    std::cout << synopsis << "\n\n"
+              << parser.Help()
               << "\nEvery --multi-word flag also takes underscores (--moe_backend), as vLLM's "
                  "CLI does.\n";
     return 0;

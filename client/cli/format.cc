@@ -34,9 +34,10 @@ void FormatMoePlan(std::string& out, const v1::MoEPlan& p) {
   std::string title = p.layer().empty() ? "moe plan" : absl::StrCat("moe plan (", p.layer(), ")");
   absl::StrAppend(&out, "\n", title, "\n");
   Row(out, "  scheme", p.scheme());
-  Row(out, "  backend", p.backend_value().empty() || p.backend_value() == p.backend()
-                            ? p.backend()
-                            : absl::StrCat(p.backend(), " (", p.backend_value(), ")"));
+  Row(out, "  backend",
+      p.backend_value().empty() || p.backend_value() == p.backend()
+          ? p.backend()
+          : absl::StrCat(p.backend(), " (", p.backend_value(), ")"));
   Row(out, "  experts kernel", p.experts_kernel().empty() ? "-" : p.experts_kernel());
   Row(out, "  kind", p.monolithic() ? "monolithic" : "modular");
   Row(out, "  activation format", p.activation_format());
@@ -187,12 +188,13 @@ std::string FormatExperts(const google::protobuf::RepeatedPtrField<v1::ExpertsIn
   for (const v1::ExpertsInfo& e : sets) {
     std::string dtype = rpc::WireFromProtoDType(e.dtype());
     if (!e.quantization().empty()) absl::StrAppend(&dtype, "/", e.quantization());
-    absl::StrAppend(&out, Table({{"ID", "EXPERTS", "HIDDEN", "INTERMEDIATE", "DTYPE/QUANT",
-                                  "ACTIVATION", "BYTES", "PLACEMENT"},
-                                 {e.experts_id(), absl::StrCat(e.num_experts()),
-                                  absl::StrCat(e.hidden_size()), absl::StrCat(e.intermediate_size()),
-                                  dtype, e.activation(), Bytes(e.bytes()), Placement(e)}},
-                                ""));
+    absl::StrAppend(
+        &out, Table({{"ID", "EXPERTS", "HIDDEN", "INTERMEDIATE", "DTYPE/QUANT", "ACTIVATION",
+                      "BYTES", "PLACEMENT"},
+                     {e.experts_id(), absl::StrCat(e.num_experts()), absl::StrCat(e.hidden_size()),
+                      absl::StrCat(e.intermediate_size()), dtype, e.activation(), Bytes(e.bytes()),
+                      Placement(e)}},
+                    ""));
     if (!e.shards().empty()) {
       std::vector<std::vector<std::string>> rows = {
           {"RANK", "DEVICE", "FIRST EXPERT", "EXPERTS", "BYTES"}};
@@ -227,8 +229,8 @@ std::string FormatMoeRun(const MoeRunSummary& s) {
     }
     absl::StrAppend(&out, Table(rows, "  "));
   }
-  const std::string which = s.runs > 1 ? absl::StrCat("timing (median of ", s.runs, " runs)")
-                                       : std::string("timing");
+  const std::string which =
+      s.runs > 1 ? absl::StrCat("timing (median of ", s.runs, " runs)") : std::string("timing");
   absl::StrAppend(&out, which, ":\n");
   Row(out, "  queue", absl::StrFormat("%.1f us", s.timing.queue_us()));
   Row(out, "  device", absl::StrFormat("%.1f us", s.timing.device_us()));
@@ -247,8 +249,7 @@ std::string MoeRunToJson(const MoeRunSummary& s) {
   return absl::StrFormat(
       "{\n \"experts_id\": \"%s\",\n \"tokens\": %d,\n \"runs\": %d,\n"
       " \"plan\": %s,\n \"timing\": %s,\n \"round_trip_us\": %.1f\n}\n",
-      absl::CEscape(s.experts_id), s.tokens, s.runs, indent(plan), indent(timing),
-      s.round_trip_us);
+      absl::CEscape(s.experts_id), s.tokens, s.runs, indent(plan), indent(timing), s.round_trip_us);
 }
 
 std::string ToJson(const google::protobuf::Message& m) {

@@ -104,7 +104,8 @@ int Resolve(const std::vector<std::string>& args, bool explain) {
   absl::StatusOr<v1::Platform> other_platform = PlatformProtoFromSpec(compare_platform);
   if (!other_platform.ok()) return Fail(NestField(other_platform.status(), "compare-platform"));
   *other_request.mutable_platform() = *other_platform;
-  absl::StatusOr<v1::ResolveKernelConfigResponse> other = ResolveVia(other_request, offline, common);
+  absl::StatusOr<v1::ResolveKernelConfigResponse> other =
+      ResolveVia(other_request, offline, common);
   if (!other.ok()) return Fail(other.status());
   if (common.json) {
     std::cout << ToJson(*response) << ToJson(*other);

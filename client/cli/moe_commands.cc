@@ -64,8 +64,7 @@ absl::StatusOr<PlainDType> ParsePlainDType(absl::string_view flag, const std::st
 
 // `count` random values of `dtype` into `out`, uniform in +-[0.1, 1) * scale
 // (never zero); a run of calls draws what one call for the whole would.
-void FillRandom(char* out, int64_t count, const PlainDType& dtype, float scale,
-                std::mt19937& rng) {
+void FillRandom(char* out, int64_t count, const PlainDType& dtype, float scale, std::mt19937& rng) {
   std::uniform_real_distribution<float> magnitude(0.1f, 1.0f);
   std::bernoulli_distribution negative(0.5);
   for (int64_t i = 0; i < count; ++i) {
@@ -219,8 +218,9 @@ absl::Status LoadFlags::Build(v1::ExpertsHeader* header,
   }
   const int64_t rows = IsGated(*act) ? 2 * i : i;
   if ((random || files) && !quantization.empty()) {
-    return InvalidField("quantization", absl::StrCat(random ? "--random" : "--w13-file",
-                                                     " streams plain weights; drop --quantization"));
+    return InvalidField("quantization",
+                        absl::StrCat(random ? "--random" : "--w13-file",
+                                     " streams plain weights; drop --quantization"));
   }
   if (random) {
     *source = RandomWeights(e, rows, h, i, plain, static_cast<uint32_t>(seed_value));

@@ -85,8 +85,8 @@ void ResolveFlags::Register(ArgParser& p) {
   p.AddString("intermediate-size", "I", "MoE: expert intermediate size (unsharded)",
               &intermediate_size);
   p.AddString("activation", "ACT", "MoE: activation (silu, gelu, swigluoai, ...)", &activation);
-  p.AddString("routing-method,routing", "NAME", "MoE: RoutingMethodType (Renormalize, DeepSeekV3, ...)",
-              &routing_method);
+  p.AddString("routing-method,routing", "NAME",
+              "MoE: RoutingMethodType (Renormalize, DeepSeekV3, ...)", &routing_method);
   p.AddString("scoring-func", "FUNC", "MoE: softmax, sigmoid or sqrtsoftplus", &scoring_func);
   p.AddSwitch("renormalize", "MoE: renormalize top-k weights", &renormalize);
   p.AddString("num-expert-group", "N", "MoE: expert groups (grouped top-k)", &num_expert_group);
@@ -191,13 +191,13 @@ absl::StatusOr<v1::ResolveKernelConfigRequest> ResolveFlags::BuildRequest() cons
       req.mutable_model()->add_architectures(std::string(a));
     }
   }
-  const bool any_moe = !num_experts.empty() || !experts_per_token.empty() ||
-                       !hidden_size.empty() || !intermediate_size.empty() ||
-                       !activation.empty() || !routing_method.empty() || !scoring_func.empty() ||
-                       !weight_quant.empty() || !activation_quant.empty() || !dtype.empty() ||
-                       renormalize || enable_lora || !swiglu_limit.empty() ||
-                       !quant_scheme.empty() || !num_expert_group.empty() ||
-                       e_score_correction_bias || allow_vllm_cutlass || !weight_bits.empty();
+  const bool any_moe = !num_experts.empty() || !experts_per_token.empty() || !hidden_size.empty() ||
+                       !intermediate_size.empty() || !activation.empty() ||
+                       !routing_method.empty() || !scoring_func.empty() || !weight_quant.empty() ||
+                       !activation_quant.empty() || !dtype.empty() || renormalize || enable_lora ||
+                       !swiglu_limit.empty() || !quant_scheme.empty() ||
+                       !num_expert_group.empty() || e_score_correction_bias || allow_vllm_cutlass ||
+                       !weight_bits.empty();
   if (any_moe) {
     v1::MoELayerConfig* moe = req.mutable_model()->mutable_moe();
     int32_t v = 0;

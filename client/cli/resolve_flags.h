@@ -28,9 +28,8 @@ struct ResolveFlags {
   std::vector<std::string> env;  // KEY=VALUE
   // Model
   std::string architectures, num_experts, experts_per_token, hidden_size, intermediate_size,
-      activation, routing_method, scoring_func, num_expert_group, topk_group,
-      routed_scaling_factor, dtype, weight_quant, activation_quant, swiglu_limit, quant_scheme,
-      weight_bits;
+      activation, routing_method, scoring_func, num_expert_group, topk_group, routed_scaling_factor,
+      dtype, weight_quant, activation_quant, swiglu_limit, quant_scheme, weight_bits;
   bool renormalize = false, e_score_correction_bias = false, enable_lora = false,
        allow_vllm_cutlass = false;
   // Parallel

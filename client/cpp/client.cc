@@ -162,9 +162,9 @@ absl::StatusOr<StreamedTensor> RawFileTensor(const std::string& name, v1::DType 
                                              const std::string& path, const std::string& field) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return WithField(absl::NotFoundError(absl::StrCat("cannot open '", path, "': ",
-                                                      std::strerror(errno))),
-                     field);
+    return WithField(
+        absl::NotFoundError(absl::StrCat("cannot open '", path, "': ", std::strerror(errno))),
+        field);
   }
   auto file = std::shared_ptr<int>(new int(fd), [](int* f) {
     ::close(*f);
@@ -188,8 +188,9 @@ absl::StatusOr<StreamedTensor> RawFileTensor(const std::string& name, v1::DType 
     while (n > 0) {
       const ssize_t got = ::pread(*file, out, static_cast<size_t>(n), offset);
       if (got <= 0) {
-        return absl::DataLossError(absl::StrCat("reading '", path, "' at byte ", offset, ": ",
-                                                got == 0 ? "unexpected end" : std::strerror(errno)));
+        return absl::DataLossError(
+            absl::StrCat("reading '", path, "' at byte ", offset, ": ",
+                         got == 0 ? "unexpected end" : std::strerror(errno)));
       }
       out += got;
       offset += got;
@@ -216,7 +217,8 @@ absl::StatusOr<v1::LoadExpertsResponse> Client::LoadExperts(const v1::ExpertsHea
       if (absl::Status rewound = source.Rewind(); !rewound.ok()) {
         return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                             absl::StrCat("the server was unavailable and the chunk source cannot "
-                                         "start over: ", rewound.message()));
+                                         "start over: ",
+                                         rewound.message()));
       }
     }
     first = false;

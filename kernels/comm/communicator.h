@@ -37,7 +37,8 @@ class Communicator {
   // Every rank contributes `count` elements; `recv` receives size() * count
   // elements, rank r's contribution at element r * count. In place when
   // send == recv + rank() * count * elem_size.
-  virtual absl::Status AllGather(const void* send, void* recv, int64_t count, kernels::DType dtype) = 0;
+  virtual absl::Status AllGather(const void* send, void* recv, int64_t count,
+                                 kernels::DType dtype) = 0;
 
   // `send` holds size() * recv_count elements; `recv` receives block rank()
   // (elements [rank() * recv_count, (rank() + 1) * recv_count)) reduced over

@@ -95,16 +95,15 @@ absl::Status InProcessGroup::Run(int rank, const std::string& signature, const v
   if (auto it = faults_[rank].find(call); it != faults_[rank].end()) {
     absl::Status injected = std::move(it->second);
     faults_[rank].erase(it);
-    return absl::Status(injected.code(), absl::StrCat(RankPrefix(rank), signature, " (call #",
-                                                      call, "): injected fault: ",
-                                                      injected.message()));
+    return absl::Status(injected.code(), absl::StrCat(RankPrefix(rank), signature, " (call #", call,
+                                                      "): injected fault: ", injected.message()));
   }
   if (!rank_aborted_[rank].empty()) return RankAbortedLocked(rank, signature, call);
   if (!failure_.ok()) {
     if (failure_.code() == absl::StatusCode::kAborted) return failure_;
-    return absl::AbortedError(absl::StrCat(RankPrefix(rank), signature, " (call #", call,
-                                           "): group unusable after an earlier failure: ",
-                                           failure_.message()));
+    return absl::AbortedError(
+        absl::StrCat(RankPrefix(rank), signature, " (call #", call,
+                     "): group unusable after an earlier failure: ", failure_.message()));
   }
   Op& op = ops_[call];
   if (op.arrived == 0) {
@@ -126,8 +125,8 @@ absl::Status InProcessGroup::Run(int rank, const std::string& signature, const v
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
   while (op.arrived < size_ && failure_.ok() && rank_aborted_[rank].empty()) {
     // The remaining time to the steady deadline (<= 0: times out at once).
-    const bool timed_out = cv_.WaitWithTimeout(
-        &mu_, absl::FromChrono(deadline - std::chrono::steady_clock::now()));
+    const bool timed_out =
+        cv_.WaitWithTimeout(&mu_, absl::FromChrono(deadline - std::chrono::steady_clock::now()));
     if (timed_out && op.arrived < size_ && failure_.ok() && rank_aborted_[rank].empty()) {
       std::vector<int> missing;
       for (int r = 0; r < size_; ++r) {
@@ -136,15 +135,14 @@ absl::Status InProcessGroup::Run(int rank, const std::string& signature, const v
       FailLocked(absl::DeadlineExceededError(absl::StrCat(
           "InProcessCommunicator: ", signature, " (call #", call, ") timed out on rank ", rank,
           " after ", options_.timeout.count(), " ms waiting for rank",
-          missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "), " to join (",
-          op.arrived, " of ", size_, " ranks arrived)")));
+          missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "), " to join (", op.arrived,
+          " of ", size_, " ranks arrived)")));
     }
   }
   if (op.arrived < size_) {
     // The group failed (or this rank was aborted) before everyone joined:
     // nobody reads this op's buffers.
-    absl::Status result =
-        failure_.ok() ? RankAbortedLocked(rank, signature, call) : failure_;
+    absl::Status result = failure_.ok() ? RankAbortedLocked(rank, signature, call) : failure_;
     op.present[rank] = 0;
     if (--op.arrived == 0) ops_.erase(call);
     return result;
@@ -165,8 +163,8 @@ absl::Status InProcessGroup::Run(int rank, const std::string& signature, const v
 }
 
 absl::Status InProcessCommunicator::FailGroup(absl::Status status) {
-  group_->Fail(absl::AbortedError(absl::StrCat("InProcessCommunicator group aborted by rank ",
-                                               rank_, ": ", status.message())));
+  group_->Fail(absl::AbortedError(
+      absl::StrCat("InProcessCommunicator group aborted by rank ", rank_, ": ", status.message())));
   return status;
 }
 
@@ -190,9 +188,8 @@ absl::Status InProcessCommunicator::AllGather(const void* send, void* recv, int6
   });
 }
 
-absl::Status InProcessCommunicator::ReduceScatter(const void* send, void* recv,
-                                                  int64_t recv_count, kernels::DType dtype,
-                                                  ReduceOp op) {
+absl::Status InProcessCommunicator::ReduceScatter(const void* send, void* recv, int64_t recv_count,
+                                                  kernels::DType dtype, ReduceOp op) {
   const std::string sig = absl::StrCat("ReduceScatter(recv_count=", recv_count,
                                        ", dtype=", kernels::DTypeName(dtype), ", op=sum)");
   if (dtype != kernels::DType::kFloat32 || op != ReduceOp::kSum) {
@@ -210,7 +207,8 @@ absl::Status InProcessCommunicator::ReduceScatter(const void* send, void* recv,
     float* out = static_cast<float*>(recv);
     const int64_t base = static_cast<int64_t>(rank_) * recv_count;
     for (int64_t i = 0; i < recv_count; ++i) {
-      float acc = static_cast<const float*>(static_cast<const GatherArgs*>(args[0])->send)[base + i];
+      float acc =
+          static_cast<const float*>(static_cast<const GatherArgs*>(args[0])->send)[base + i];
       for (int p = 1; p < size(); ++p) {
         acc += static_cast<const float*>(static_cast<const GatherArgs*>(args[p])->send)[base + i];
       }

@@ -116,7 +116,8 @@ class InProcessCommunicator final : public Communicator {
   int size() const override { return group_->size(); }
   absl::string_view backend() const override { return "in_process"; }
 
-  absl::Status AllGather(const void* send, void* recv, int64_t count, kernels::DType dtype) override;
+  absl::Status AllGather(const void* send, void* recv, int64_t count,
+                         kernels::DType dtype) override;
   absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, kernels::DType dtype,
                              ReduceOp op = ReduceOp::kSum) override;
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,

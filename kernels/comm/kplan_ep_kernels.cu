@@ -128,8 +128,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t recv_row = a.rank * a.max_tokens + m;
     for (unsigned d = dests; d != 0; d &= d - 1) {
       const int r = __ffs(d) - 1;
-      StoreSegment(reinterpret_cast<int4*>(s_base[r] + recv_row * row_bytes), a.row_vecs, seg,
-                   lane, v);
+      StoreSegment(reinterpret_cast<int4*>(s_base[r] + recv_row * row_bytes), a.row_vecs, seg, lane,
+                   v);
     }
     if (dropped != 0) {
       int4 zero[kVecPerLane];
@@ -137,9 +137,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < kVecPerLane; ++i) zero[i] = make_int4(0, 0, 0, 0);
       for (unsigned d = dropped; d != 0; d &= d - 1) {
         const int j = __ffs(d) - 1;
-        StoreSegment(reinterpret_cast<int4*>(s_base[a.rank] + a.result_offset +
-                                             (m * k + j) * row_bytes),
-                     a.row_vecs, seg, lane, zero);
+        StoreSegment(
+            reinterpret_cast<int4*>(s_base[a.rank] + a.result_offset + (m * k + j) * row_bytes),
+            a.row_vecs, seg, lane, zero);
       }
     }
     if (seg == 0 && lane < k) {
@@ -219,8 +219,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-absl::Status LaunchEpDispatch(const EpKernelParams& p, const void* hidden,
-                              const int32_t* topk_ids, int64_t num_tokens, void* stream) {
+absl::Status LaunchEpDispatch(const EpKernelParams& p, const void* hidden, const int32_t* topk_ids,
+                              int64_t num_tokens, void* stream) {
   const KernelArgs a = MakeArgs(p);
   EpDispatchKernel<<<p.num_ctas, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       a, static_cast<const int4*>(hidden), topk_ids, static_cast<int>(num_tokens));

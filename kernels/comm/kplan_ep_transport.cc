@@ -13,7 +13,7 @@
 namespace kplan::comm {
 namespace {
 
-constexpr int64_t kRegionAlign = 4096;            // NCCL_WIN_REQUIRED_ALIGNMENT
+constexpr int64_t kRegionAlign = 4096;           // NCCL_WIN_REQUIRED_ALIGNMENT
 constexpr int64_t kWindowGranularity = 2 << 20;  // cuMem allocation granularity
 
 int64_t AlignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
@@ -98,7 +98,8 @@ absl::Status KplanEpTransport::Init() {
   if (runtime_version != NCCL_VERSION_CODE) {
     return absl::FailedPreconditionError(absl::StrCat(
         "KplanEpTransport: built against NCCL ", NCCL_VERSION_CODE, " device headers but NCCL ",
-        runtime_version, " is loaded; the device API is inline code over NCCL's structs, so "
+        runtime_version,
+        " is loaded; the device API is inline code over NCCL's structs, so "
         "rebuild with that NCCL's headers (CMake KPLAN_NCCL_DEVICE_INCLUDE) or load the NCCL "
         "the build used"));
   }
@@ -107,8 +108,8 @@ absl::Status KplanEpTransport::Init() {
   KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
   if (config_.num_ctas > sms) {
     return absl::InvalidArgumentError(absl::StrCat("KplanEpTransport: num_ctas ", config_.num_ctas,
-                                                   " exceeds the ", sms, " SMs of device ",
-                                                   device_, " (every CTA must be resident)"));
+                                                   " exceeds the ", sms, " SMs of device ", device_,
+                                                   " (every CTA must be resident)"));
   }
   if (config_.rank_first_expert.empty()) {  // moe::ep::ExpertPlacement::Linear
     const int base = config_.num_experts / size_, extra = config_.num_experts % size_;
@@ -142,8 +143,8 @@ absl::Status KplanEpTransport::Init() {
   if (dev_comm_->lsaSize != size_ || dev_comm_->nRanks != size_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "KplanEpTransport: kplan_ep needs every rank load/store accessible from every other "
-        "(one NVLink/P2P domain); NCCL's LSA team has ", dev_comm_->lsaSize, " of ",
-        dev_comm_->nRanks, " ranks"));
+        "(one NVLink/P2P domain); NCCL's LSA team has ",
+        dev_comm_->lsaSize, " of ", dev_comm_->nRanks, " ranks"));
   }
 
   params_.dev_comm = dev_comm_.get();
@@ -186,8 +187,8 @@ KplanEpTransport::~KplanEpTransport() {
   if (base_ != nullptr) (void)ncclMemFree(base_);
 }
 
-absl::Status KplanEpTransport::Dispatch(void* stream, const void* hidden,
-                                        const int32_t* topk_ids, int64_t num_tokens) {
+absl::Status KplanEpTransport::Dispatch(void* stream, const void* hidden, const int32_t* topk_ids,
+                                        int64_t num_tokens) {
   if (num_tokens < 0 || num_tokens > config_.max_tokens_per_rank) {
     return absl::InvalidArgumentError(
         absl::StrCat("KplanEpTransport::Dispatch: num_tokens ", num_tokens, " not in [0, ",
@@ -198,8 +199,7 @@ absl::Status KplanEpTransport::Dispatch(void* stream, const void* hidden,
         "KplanEpTransport::Dispatch: hidden and topk_ids must be device pointers");
   }
   if (!Aligned16(hidden)) {
-    return absl::InvalidArgumentError(
-        "KplanEpTransport::Dispatch: hidden must be 16-byte aligned");
+    return absl::InvalidArgumentError("KplanEpTransport::Dispatch: hidden must be 16-byte aligned");
   }
   CurrentDevice guard(device_);
   return ep_internal::LaunchEpDispatch(params_, hidden, topk_ids, num_tokens, stream);

@@ -66,8 +66,8 @@ struct EpKernelParams {
   int first_expert[kKplanEpMaxRanks + 1] = {};
 };
 
-absl::Status LaunchEpDispatch(const EpKernelParams& p, const void* hidden,
-                              const int32_t* topk_ids, int64_t num_tokens, void* stream);
+absl::Status LaunchEpDispatch(const EpKernelParams& p, const void* hidden, const int32_t* topk_ids,
+                              int64_t num_tokens, void* stream);
 absl::Status LaunchEpReturn(const EpKernelParams& p, const void* expert_out, void* stream);
 
 }  // namespace ep_internal
@@ -109,10 +109,10 @@ class KplanEpTransport {
   absl::Status Return(void* stream, const void* expert_out);
 
   // Device pointers into this rank's window (valid for the transport's life).
-  void* recv_rows() const;                // [recv_tokens(), H]
+  void* recv_rows() const;                 // [recv_tokens(), H]
   const int32_t* recv_expert_ids() const;  // [recv_tokens(), k]: local id or -1
   const int32_t* recv_num_tokens() const;  // [size]: M of every source, last Dispatch
-  void* result_rows() const;              // [max_tokens_per_rank * k, H]
+  void* result_rows() const;               // [max_tokens_per_rank * k, H]
 
   int rank() const { return rank_; }
   int size() const { return size_; }

@@ -194,9 +194,7 @@ void NcclCommunicator::AbortComm(absl::Status why) {
   }
 }
 
-void NcclCommunicator::Abort(absl::string_view reason) {
-  AbortComm(absl::AbortedError(reason));
-}
+void NcclCommunicator::Abort(absl::string_view reason) { AbortComm(absl::AbortedError(reason)); }
 
 absl::Status NcclCommunicator::Wait(absl::string_view what) {
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
@@ -216,8 +214,8 @@ absl::Status NcclCommunicator::Wait(absl::string_view what) {
                  r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
         const absl::Status st = NcclStatus(r != ncclSuccess ? r : async, __FILE__, __LINE__,
                                            "ncclCommGetAsyncError(comm)");
-        failure = absl::Status(st.code(), absl::StrCat("NcclCommunicator rank ", rank_, ": ",
-                                                       what, ": ", st.message()));
+        failure = absl::Status(st.code(), absl::StrCat("NcclCommunicator rank ", rank_, ": ", what,
+                                                       ": ", st.message()));
       } else if (std::chrono::steady_clock::now() > deadline) {
         failure = absl::DeadlineExceededError(
             absl::StrCat("NcclCommunicator rank ", rank_, ": ", what, " did not complete within ",
@@ -237,9 +235,8 @@ absl::Status NcclCommunicator::AllGather(const void* send, void* recv, int64_t c
   KPLAN_RETURN_IF_ERROR(CheckUsable("AllGather"));
   if (count < 0) return absl::InvalidArgumentError("AllGather: negative count");
   DeviceGuard guard(device_);
-  KPLAN_NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, static_cast<size_t>(count),
-                                           NcclType(dtype), comm_,
-                                           static_cast<cudaStream_t>(stream_)));
+  KPLAN_NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, static_cast<size_t>(count), NcclType(dtype),
+                                           comm_, static_cast<cudaStream_t>(stream_)));
   return Wait("AllGather");
 }
 
@@ -258,7 +255,8 @@ absl::Status NcclCommunicator::ReduceScatter(const void* send, void* recv, int64
 absl::Status NcclCommunicator::AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
                                          absl::Span<const int64_t> send_displs, void* recv,
                                          absl::Span<const int64_t> recv_counts,
-                                         absl::Span<const int64_t> recv_displs, kernels::DType dtype) {
+                                         absl::Span<const int64_t> recv_displs,
+                                         kernels::DType dtype) {
   KPLAN_RETURN_IF_ERROR(CheckUsable("AllToAllV"));
   KPLAN_RETURN_IF_ERROR(ValidateAllToAllVSide(size_, send, send_counts, send_displs, "send"));
   KPLAN_RETURN_IF_ERROR(ValidateAllToAllVSide(size_, recv, recv_counts, recv_displs, "recv"));

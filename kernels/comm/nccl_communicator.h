@@ -8,8 +8,8 @@
 // Group formation: one rank calls CreateUniqueId() and hands the bytes to the
 // others out of band (an RPC between servers, or memory within one process);
 // every rank then calls Create() with them, which waits until all ranks have
-// joined, at most `timeout` (DEADLINE_EXCEEDED naming the rank after it). NVLink multicast (NVLS) must stay off: the server sets
-// NCCL_NVLS_ENABLE=0 before the first communicator is created.
+// joined, at most `timeout` (DEADLINE_EXCEEDED naming the rank after it). NVLink multicast (NVLS)
+// must stay off: the server sets NCCL_NVLS_ENABLE=0 before the first communicator is created.
 #pragma once
 
 #include <atomic>
@@ -57,7 +57,8 @@ class NcclCommunicator final : public Communicator {
   // kplan_ep device-API transport); owned by this object.
   ncclComm* nccl_comm() const { return comm_; }
 
-  absl::Status AllGather(const void* send, void* recv, int64_t count, kernels::DType dtype) override;
+  absl::Status AllGather(const void* send, void* recv, int64_t count,
+                         kernels::DType dtype) override;
   absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, kernels::DType dtype,
                              ReduceOp op = ReduceOp::kSum) override;
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,

@@ -15,8 +15,8 @@ using PC = FusedMoEParallelConfig;
 using Ctx = SelectionContext;
 
 // --- activation sets ----------------------------------------------------------
-constexpr ActivationSet kNoMul4 = Act(A::kSiluNoMul) | Act(A::kGeluNoMul) |
-                                  Act(A::kGeluTanhNoMul) | Act(A::kRelu2NoMul);
+constexpr ActivationSet kNoMul4 =
+    Act(A::kSiluNoMul) | Act(A::kGeluNoMul) | Act(A::kGeluTanhNoMul) | Act(A::kRelu2NoMul);
 // TritonExperts / MarlinExperts: the ten activations fused_moe's triton path applies.
 constexpr ActivationSet kTritonActs = Act(A::kSilu) | Act(A::kGelu) | Act(A::kGeluTanh) |
                                       Act(A::kSwigluoai) | Act(A::kSwigluoaiUninterleave) |
@@ -25,8 +25,8 @@ constexpr ActivationSet kBatchedTritonActs =
     kTritonActs & ~(Act(A::kSwigluoaiUninterleave) | Act(A::kSwiglustep));
 constexpr ActivationSet kDeepGemmActs =
     Act(A::kSilu) | Act(A::kSwiglustep) | Act(A::kSwigluoaiUninterleave);
-constexpr ActivationSet kXpuActs = Act(A::kSilu) | Act(A::kGelu) | Act(A::kGeluTanh) |
-                                   Act(A::kSwigluoai) | Act(A::kRelu2NoMul);
+constexpr ActivationSet kXpuActs =
+    Act(A::kSilu) | Act(A::kGelu) | Act(A::kGeluTanh) | Act(A::kSwigluoai) | Act(A::kRelu2NoMul);
 constexpr ActivationSet kCutlassFp8Acts =
     Act(A::kSilu) | Act(A::kGelu) | Act(A::kGeluTanh) | Act(A::kSwigluoai);
 constexpr ActivationSet kAllActs = (1u << kNumMoEActivations) - 1;
@@ -64,8 +64,8 @@ bool RocmGfx1x(const Platform& p) {
 // triton_kernels' OAI MXFP4 kernels: CUDA 9.0 <= cc < 11.0, ROCm gfx9/gfx1x.
 bool OaiTritonDevice(const Ctx& c) {
   const Platform& p = c.platform;
-  bool dev = (Cuda(c) && p.HasDeviceCapability(90) && !p.HasDeviceCapability(110)) ||
-             RocmGfx9(p) || RocmGfx1x(p);
+  bool dev = (Cuda(c) && p.HasDeviceCapability(90) && !p.HasDeviceCapability(110)) || RocmGfx9(p) ||
+             RocmGfx1x(p);
   return dev && p.HasLibrary("triton_kernels");
 }
 bool HummingDevice(const Ctx& c) {
@@ -79,8 +79,8 @@ bool HpcDevice(const Ctx& c) {
 bool Xpu(const Ctx& c) { return c.platform.is_xpu(); }
 bool Cpu(const Ctx& c) { return c.platform.is_cpu(); }
 bool DeepGemmFp4Device(const Ctx& c) {
-  return IsDeepGemmSupported(c) && (c.platform.IsDeviceCapabilityFamily(100) ||
-                                    c.platform.IsDeviceCapabilityFamily(120));
+  return IsDeepGemmSupported(c) &&
+         (c.platform.IsDeviceCapabilityFamily(100) || c.platform.IsDeviceCapabilityFamily(120));
 }
 // FallbackExperts(DeepGemmExperts, TritonExperts) / (CutlassExpertsFp8,
 // TritonExperts): both classes' device checks AND-combined.
@@ -166,13 +166,23 @@ bool CutlassFp8Quant(const Ctx&, Q w, Q a) {
   return ChanToken(w, a) || TensorDynamic(w, a) || TensorStatic(w, a);
 }
 bool Nvfp4Quant(const Ctx&, Q w, Q a) { return Nvfp4(w, a); }
-bool B12xQuant(const Ctx&, Q w, Q a) { return Nvfp4(w, a) || (w == Q::kNvfp4Static && a == Q::kNone); }
+bool B12xQuant(const Ctx&, Q w, Q a) {
+  return Nvfp4(w, a) || (w == Q::kNvfp4Static && a == Q::kNone);
+}
 // Marlin dequantises weights in the kernel: only the weight key matters.
 bool MarlinQuant(const Ctx&, Q w, Q) {
   switch (w) {
-    case Q::kFp8Static128BlockSym: case Q::kFp8StaticChannelSym: case Q::kFp8StaticTensorSym:
-    case Q::kMxfp4Static: case Q::kMxfp8Static: case Q::kNvfp4Static: case Q::kInt4Static:
-    case Q::kInt8Static: case Q::kInt4Static32: case Q::kInt4StaticAsym: case Q::kInt4Static32Asym:
+    case Q::kFp8Static128BlockSym:
+    case Q::kFp8StaticChannelSym:
+    case Q::kFp8StaticTensorSym:
+    case Q::kMxfp4Static:
+    case Q::kMxfp8Static:
+    case Q::kNvfp4Static:
+    case Q::kInt4Static:
+    case Q::kInt8Static:
+    case Q::kInt4Static32:
+    case Q::kInt4StaticAsym:
+    case Q::kInt4Static32Asym:
       return true;
     default:
       return false;
@@ -198,8 +208,8 @@ bool TrtLlmMxfp4Quant(const Ctx&, Q w, Q a) {
 bool Mxfp4W4A16(const Ctx&, Q w, Q a) { return w == Q::kMxfp4Static && a == Q::kNone; }
 bool XpuQuant(const Ctx&, Q w, Q a) {
   return Unquantized(w, a) ||
-         (w == Q::kFp8StaticTensorSym && (a == Q::kNone || a == Q::kFp8DynamicTensorSym ||
-                                          a == Q::kFp8StaticTensorSym));
+         (w == Q::kFp8StaticTensorSym &&
+          (a == Q::kNone || a == Q::kFp8DynamicTensorSym || a == Q::kFp8StaticTensorSym));
 }
 bool XpuBlockFp8Quant(const Ctx&, Q w, Q a) {
   return w == Q::kFp8Static128BlockSym && (a == Q::kFp8Dynamic128Sym || a == Q::kNone);

@@ -84,8 +84,8 @@ SupportVerdict IsSupportedConfig(const ExpertsClass& cls, const SelectionContext
                                  QuantKey a, ActivationFormat format);
 
 // Capability helpers used by several rows.
-bool SupportsFp8(const Platform& p);              // current_platform.supports_fp8()
+bool SupportsFp8(const Platform& p);                  // current_platform.supports_fp8()
 bool IsDeepGemmSupported(const SelectionContext& c);  // is_deep_gemm_supported()
-bool RocmSupportsMx(const Platform& p);           // supports_mx(): gfx950
+bool RocmSupportsMx(const Platform& p);               // supports_mx(): gfx950
 
 }  // namespace kplan

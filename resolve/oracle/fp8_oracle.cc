@@ -29,7 +29,6 @@ bool Sm90BlockNoEp(const SelectionContext& c, Q w, Q a) {
 bool IsXpu(const SelectionContext& c, Q, Q) { return c.platform.is_xpu(); }
 bool IsCpu(const SelectionContext& c, Q, Q) { return c.platform.is_cpu(); }
 
-
 }  // namespace
 
 // Fp8MoeBackend, shared with the MXFP8 oracle (value == name).
@@ -42,15 +41,16 @@ const SchemeTables& Fp8Tables() {
       .backends =
           {
               {"NONE", "NONE", {}},
-              {"FLASHINFER_TRTLLM", "FLASHINFER_TRTLLM",
+              {"FLASHINFER_TRTLLM",
+               "FLASHINFER_TRTLLM",
                {"TrtLlmFp8ExpertsMonolithic", "TrtLlmFp8ExpertsModular"}},
               {"FLASHINFER_CUTLASS", "FLASHINFER_CUTLASS", {"FlashInferExperts"}},
               {"DEEPGEMM", "DEEPGEMM", {"TritonOrDeepGemmExperts"}},
               {"BATCHED_DEEPGEMM", "BATCHED_DEEPGEMM", {"BatchedDeepGemmExperts"}},
               {"MARLIN", "MARLIN", {"MarlinExperts"}},
-              {"HUMMING", "HUMMING",
-               {"BatchedHummingGroupedExperts", "HummingGroupedExperts",
-                "HummingIndexedExperts"}},
+              {"HUMMING",
+               "HUMMING",
+               {"BatchedHummingGroupedExperts", "HummingGroupedExperts", "HummingIndexedExperts"}},
               {"TRITON", "TRITON", {"TritonExperts"}},
               {"BATCHED_TRITON", "BATCHED_TRITON", {"BatchedTritonExperts"}},
               {"AITER", "AITER", {"AiterExperts"}},
@@ -88,9 +88,9 @@ const SchemeTables& Fp8Tables() {
                   {"KPLAN", "KPLAN_BATCHED"}},
       // One list on every platform, then the move-to-front rules in order.
       .priority = {{nullptr,
-                    {"AITER", "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM",
-                     "VLLM_CUTLASS", "TRITON", "MARLIN", "HUMMING", "BATCHED_DEEPGEMM",
-                     "BATCHED_VLLM_CUTLASS", "BATCHED_TRITON", "XPU", "CPU", "HPC"},
+                    {"AITER", "FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "DEEPGEMM", "VLLM_CUTLASS",
+                     "TRITON", "MARLIN", "HUMMING", "BATCHED_DEEPGEMM", "BATCHED_VLLM_CUTLASS",
+                     "BATCHED_TRITON", "XPU", "CPU", "HPC"},
                     {
                         {Fam100DeepEpV2Block, "FLASHINFER_TRTLLM", true},
                         {Sm90BlockEp, "FLASHINFER_CUTLASS", true},
@@ -155,8 +155,8 @@ class Fp8MoEKernelOracle final : public MoEKernelOracle {
 
   // select_fp8_moe_backend() exhausted: NotImplementedError on CUDA/ROCm;
   // elsewhere (NONE, None), so that out-of-tree plugins take over.
-  absl::StatusOr<Selection> OnExhausted(const SelectionContext& c, QuantKey, QuantKey,
-                                        Selection s, const std::string&) const override {
+  absl::StatusOr<Selection> OnExhausted(const SelectionContext& c, QuantKey, QuantKey, Selection s,
+                                        const std::string&) const override {
     if (c.platform.is_cuda_alike()) return Exhausted();
     s.backend = -1;
     s.experts = nullptr;

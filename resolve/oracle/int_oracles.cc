@@ -21,9 +21,9 @@ const SchemeTables& Int8Tables() {
       .backends =
           {
               {"TRITON", "TRITON", {"TritonExperts"}},
-              {"HUMMING", "HUMMING",
-               {"BatchedHummingGroupedExperts", "HummingGroupedExperts",
-                "HummingIndexedExperts"}},
+              {"HUMMING",
+               "HUMMING",
+               {"BatchedHummingGroupedExperts", "HummingGroupedExperts", "HummingIndexedExperts"}},
               {"CPU", "CPU", {"CPUExpertsInt8"}},
               // kplan's emulation joins the int8 family.
               {"EMULATION", "EMULATION", {"KplanEmulationExperts"}},
@@ -57,9 +57,9 @@ const SchemeTables& Wna16Tables() {
           {
               {"MARLIN", "MARLIN", {"MarlinExperts"}},
               {"BATCHED_MARLIN", "BATCHED_MARLIN", {"BatchedMarlinExperts"}},
-              {"HUMMING", "HUMMING",
-               {"BatchedHummingGroupedExperts", "HummingGroupedExperts",
-                "HummingIndexedExperts"}},
+              {"HUMMING",
+               "HUMMING",
+               {"BatchedHummingGroupedExperts", "HummingGroupedExperts", "HummingIndexedExperts"}},
               {"CPU", "CPU", {"CPUExpertsWNA16"}},
               {"FLASHINFER_TRTLLM", "FLASHINFER_TRTLLM", {"TrtLlmMxint4ExpertsMonolithic"}},
               {"XPU", "XPU", {"XPUExpertsWNA16"}},

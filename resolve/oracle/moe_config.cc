@@ -101,17 +101,20 @@ std::string MoEActivationRepr(MoEActivation a) {
   return absl::StrCat("MoEActivation.", kActivations[static_cast<int>(a)].second);
 }
 
-bool IsGated(MoEActivation a) {
-  return !absl::EndsWith(MoEActivationValue(a), "_no_mul");
-}
+bool IsGated(MoEActivation a) { return !absl::EndsWith(MoEActivationValue(a), "_no_mul"); }
 
 MoEActivation WithoutMul(MoEActivation a) {
   switch (a) {
-    case MoEActivation::kSilu: return MoEActivation::kSiluNoMul;
-    case MoEActivation::kGelu: return MoEActivation::kGeluNoMul;
-    case MoEActivation::kGeluTanh: return MoEActivation::kGeluTanhNoMul;
-    case MoEActivation::kRelu2: return MoEActivation::kRelu2NoMul;
-    default: return a;
+    case MoEActivation::kSilu:
+      return MoEActivation::kSiluNoMul;
+    case MoEActivation::kGelu:
+      return MoEActivation::kGeluNoMul;
+    case MoEActivation::kGeluTanh:
+      return MoEActivation::kGeluTanhNoMul;
+    case MoEActivation::kRelu2:
+      return MoEActivation::kRelu2NoMul;
+    default:
+      return a;
   }
 }
 
@@ -123,8 +126,8 @@ absl::StatusOr<MoEActivation> MoEActivationFromStr(absl::string_view s) {
   }
   std::vector<std::string> valid;
   for (const auto& [value, name] : kActivations) valid.emplace_back(value);
-  return absl::InvalidArgumentError(absl::StrCat("Unknown MoE activation: ", PyRepr(s),
-                                                 ". Valid activations: ", PyRepr(valid)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("Unknown MoE activation: ", PyRepr(s), ". Valid activations: ", PyRepr(valid)));
 }
 
 absl::string_view RoutingMethodName(RoutingMethodType r) { return RoutingMethodOf(r).name; }
@@ -135,9 +138,8 @@ std::optional<RoutingMethodType> RoutingMethodFromName(absl::string_view name) {
   return m->type;
 }
 
-RoutingMethodType GetRoutingMethodType(absl::string_view scoring_func, int top_k,
-                                       bool renormalize, int num_expert_group,
-                                       bool has_e_score_bias,
+RoutingMethodType GetRoutingMethodType(absl::string_view scoring_func, int top_k, bool renormalize,
+                                       int num_expert_group, bool has_e_score_bias,
                                        std::optional<float> routed_scaling_factor) {
   if (scoring_func == "sqrtsoftplus") {
     return renormalize ? RoutingMethodType::kDeepseekV4 : RoutingMethodType::kUnspecified;
@@ -218,7 +220,7 @@ bool FusedMoEParallelConfig::use_passthrough_kernels() const {
 }
 
 FusedMoEParallelConfig FusedMoEParallelConfig::Make(int tp_size, int pcp_size, int dp_size,
-                                                   int sp_size, const ParallelConfig& parallel) {
+                                                    int sp_size, const ParallelConfig& parallel) {
   FusedMoEParallelConfig c;
   const int flat_tp = dp_size * pcp_size * tp_size;
   const int flat_rank =
@@ -252,12 +254,11 @@ FusedMoEParallelConfig FusedMoEParallelConfig::Make(const ParallelConfig& parall
 FusedMoEParallelConfig FusedMoEParallelConfig::MakeNoParallel() { return FusedMoEParallelConfig{}; }
 
 std::string FusedMoEParallelConfig::Repr() const {
-  return absl::StrCat("FusedMoEParallelConfig(tp_size=", tp_size, ", pcp_size=", pcp_size,
-                      ", dp_size=", dp_size, ", ep_size=", ep_size, ", tp_rank=", tp_rank,
-                      ", pcp_rank=", pcp_rank, ", dp_rank=", dp_rank, ", ep_rank=", ep_rank,
-                      ", sp_size=", sp_size, ", use_ep=", PyBool(use_ep),
-                      ", all2all_backend=", PyRepr(all2all_backend),
-                      ", enable_eplb=", PyBool(enable_eplb), ")");
+  return absl::StrCat(
+      "FusedMoEParallelConfig(tp_size=", tp_size, ", pcp_size=", pcp_size, ", dp_size=", dp_size,
+      ", ep_size=", ep_size, ", tp_rank=", tp_rank, ", pcp_rank=", pcp_rank, ", dp_rank=", dp_rank,
+      ", ep_rank=", ep_rank, ", sp_size=", sp_size, ", use_ep=", PyBool(use_ep),
+      ", all2all_backend=", PyRepr(all2all_backend), ", enable_eplb=", PyBool(enable_eplb), ")");
 }
 
 // --- FusedMoEConfig ---------------------------------------------------------
@@ -272,8 +273,7 @@ absl::StatusOr<FusedMoEConfig> FusedMoEConfig::Make(const MoeLayerSpec& layer,
                                                     RoutingMethodType routing,
                                                     const FusedMoEParallelConfig& parallel,
                                                     absl::string_view moe_backend,
-                                                    const Platform& platform,
-                                                    const EnvVars& env) {
+                                                    const Platform& platform, const EnvVars& env) {
   FusedMoEConfig c;
   c.num_experts = layer.num_experts;
   c.experts_per_token = layer.experts_per_token;
@@ -305,7 +305,8 @@ absl::StatusOr<FusedMoEConfig> FusedMoEConfig::Make(const MoeLayerSpec& layer,
     return InvalidField("max_num_tokens", "max_num_tokens must be > 0");
   }
   // 3. defaults.
-  c.router_logits_dtype = layer.router_logits_dtype.empty() ? c.in_dtype : layer.router_logits_dtype;
+  c.router_logits_dtype =
+      layer.router_logits_dtype.empty() ? c.in_dtype : layer.router_logits_dtype;
   c.hidden_dim_unpadded = c.hidden_dim;
   // 4. AITER flags (read for gated layers).
   if (c.is_act_and_mul()) {

@@ -22,14 +22,14 @@ namespace kplan {
 
 // Mirror of kplan.v1.MoELayerConfig (same field names, same meaning of empty).
 struct MoeLayerSpec {
-  std::string name;                 // free-form label echoed in the plan
-  int32_t num_experts = 0;          // global
-  int32_t experts_per_token = 0;    // top-k
+  std::string name;               // free-form label echoed in the plan
+  int32_t num_experts = 0;        // global
+  int32_t experts_per_token = 0;  // top-k
   int32_t hidden_dim = 0;
-  int32_t intermediate_size = 0;    // full, unsharded
-  std::string activation;           // MoEActivation value; "" = "silu"
-  std::string routing_method;       // RoutingMethodType name; "" = derived
-  std::string scoring_func;         // softmax | sigmoid | sqrtsoftplus ("" = softmax)
+  int32_t intermediate_size = 0;  // full, unsharded
+  std::string activation;         // MoEActivation value; "" = "silu"
+  std::string routing_method;     // RoutingMethodType name; "" = derived
+  std::string scoring_func;       // softmax | sigmoid | sqrtsoftplus ("" = softmax)
   bool renormalize = false;
   int32_t num_expert_group = 0;
   int32_t topk_group = 0;
@@ -221,8 +221,7 @@ struct FusedMoEConfig {
   // Fills the fields and runs __post_init__'s checks in vLLM's order.
   // Layer-field errors are InvalidField(<MoELayerConfig field>); the
   // platform-level NotImplementedErrors are FailedPrecondition.
-  static absl::StatusOr<FusedMoEConfig> Make(const MoeLayerSpec& layer,
-                                             MoEActivation activation,
+  static absl::StatusOr<FusedMoEConfig> Make(const MoeLayerSpec& layer, MoEActivation activation,
                                              RoutingMethodType routing,
                                              const FusedMoEParallelConfig& parallel,
                                              absl::string_view moe_backend,

@@ -29,11 +29,11 @@ struct MoeCandidate {
 
 // Mirror of kplan.v1.MoEPlan.
 struct MoePlan {
-  std::string layer;          // MoELayerConfig.name
-  std::string scheme;         // unquantized | fp8 | mxfp8 | nvfp4 | mxfp4 | int8 | wna16 | w4a8 | ...
-  std::string backend;        // enum member name, e.g. TRITON ("NONE" when vLLM returns (NONE, None))
-  std::string backend_value;  // enum value, e.g. "FlashInfer TRTLLM"
-  std::string experts_kernel; // "" when vLLM returns no experts class
+  std::string layer;    // MoELayerConfig.name
+  std::string scheme;   // unquantized | fp8 | mxfp8 | nvfp4 | mxfp4 | int8 | wna16 | w4a8 | ...
+  std::string backend;  // enum member name, e.g. TRITON ("NONE" when vLLM returns (NONE, None))
+  std::string backend_value;   // enum value, e.g. "FlashInfer TRTLLM"
+  std::string experts_kernel;  // "" when vLLM returns no experts class
   bool monolithic = false;
   std::string activation_format;  // standard | batched_experts
   std::string prepare_finalize;

@@ -34,13 +34,19 @@ const SchemeTables& Tables() {
               // member, value, experts, _backend_activation_key()
               {"NONE", "None", {}},
               {"DEEPGEMM_MXFP4", "DEEPGEMM_MXFP4", {"DeepGemmFP4Experts"}, Q::kFp8Dynamic128Sym},
-              {"FLASHINFER_TRTLLM_MXFP4_MXFP8", "FLASHINFER_TRTLLM_MXFP4_MXFP8",
-               {"TrtLlmMxfp4ExpertsMonolithic", "TrtLlmMxfp4ExpertsModular"}, Q::kMxfp8Dynamic},
-              {"FLASHINFER_TRTLLM_MXFP4_BF16", "FLASHINFER_TRTLLM_MXFP4_BF16",
+              {"FLASHINFER_TRTLLM_MXFP4_MXFP8",
+               "FLASHINFER_TRTLLM_MXFP4_MXFP8",
+               {"TrtLlmMxfp4ExpertsMonolithic", "TrtLlmMxfp4ExpertsModular"},
+               Q::kMxfp8Dynamic},
+              {"FLASHINFER_TRTLLM_MXFP4_BF16",
+               "FLASHINFER_TRTLLM_MXFP4_BF16",
                {"TrtLlmMxfp4ExpertsMonolithic", "TrtLlmMxfp4ExpertsModular"}},
-              {"FLASHINFER_CUTLASS_MXFP4_MXFP8", "FLASHINFER_CUTLASS_MXFP4_MXFP8",
-               {"FlashInferExperts"}, Q::kMxfp8Dynamic},
-              {"FLASHINFER_CUTLASS_MXFP4_BF16", "FLASHINFER_CUTLASS_MXFP4_BF16",
+              {"FLASHINFER_CUTLASS_MXFP4_MXFP8",
+               "FLASHINFER_CUTLASS_MXFP4_MXFP8",
+               {"FlashInferExperts"},
+               Q::kMxfp8Dynamic},
+              {"FLASHINFER_CUTLASS_MXFP4_BF16",
+               "FLASHINFER_CUTLASS_MXFP4_BF16",
                {"FlashInferExperts"}},
               {"BATCHED_MARLIN", "BATCHED_MARLIN", {"BatchedMarlinExperts"}},
               {"MARLIN", "MARLIN", {"MarlinExperts"}},
@@ -52,9 +58,9 @@ const SchemeTables& Tables() {
               {"XPU", "XPU", {"XPUExpertsMxFp4"}},
               {"CPU", "CPU", {"CPUExpertsMxfp4"}},
               {"EMULATION", "EMULATION", {"Mxfp4EmulationExperts"}},
-              {"HUMMING", "HUMMING",
-               {"BatchedHummingGroupedExperts", "HummingGroupedExperts",
-                "HummingIndexedExperts"}},
+              {"HUMMING",
+               "HUMMING",
+               {"BatchedHummingGroupedExperts", "HummingGroupedExperts", "HummingIndexedExperts"}},
           },
       // map_mxfp4_backend, dict order: user string -> candidate list. Several
       // keys are not MoEBackend values (programmatic only).
@@ -115,8 +121,7 @@ class Mxfp4Base : public MoEKernelOracle {
   explicit Mxfp4Base(const SchemeTables& tables) : MoEKernelOracle(tables) {}
 
   // mxfp4_round_up_hidden_size_and_intermediate_size(backend, H, I).
-  std::pair<int, int> RoundUpSizes(int b, const SelectionContext& c, int h,
-                                   int i) const override {
+  std::pair<int, int> RoundUpSizes(int b, const SelectionContext& c, int h, int i) const override {
     if (b < 0) return {h, i};
     absl::string_view n = def(b).name;
     if (n == "EMULATION") return {RoundUp(h, 32), RoundUp(i, 32)};  // OCP MX block

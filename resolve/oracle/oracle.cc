@@ -101,7 +101,8 @@ const ExpertsClass* MoEKernelOracle::TryBackend(int b, const SelectionContext& c
   for (const ExpertsClass* e : BackendToKernelCls(b, c)) {
     if (c.executable_only && !e->kplan_executable) continue;
     SupportVerdict v = IsSupportedConfig(*e, c, w, a, fmt);
-    s.candidates.push_back({std::string(t_.backends[b].name), std::string(e->name), v.ok, v.reason});
+    s.candidates.push_back(
+        {std::string(t_.backends[b].name), std::string(e->name), v.ok, v.reason});
     if (v.ok) return e;
     if (last_reason != nullptr) *last_reason = std::move(v.reason);
   }
@@ -157,9 +158,8 @@ absl::StatusOr<Selection> MoEKernelOracle::TryExplicit(const std::vector<int>& c
   return error;
 }
 
-Selection MoEKernelOracle::Loop(const std::vector<int>& list, const SelectionContext& c,
-                                QuantKey w, QuantKey a, Selection s,
-                                std::string* last_reason) const {
+Selection MoEKernelOracle::Loop(const std::vector<int>& list, const SelectionContext& c, QuantKey w,
+                                QuantKey a, Selection s, std::string* last_reason) const {
   s.potential = list;
   for (int b : list) {
     const QuantKey key = KeyFor(b, a);
@@ -175,13 +175,12 @@ Selection MoEKernelOracle::Loop(const std::vector<int>& list, const SelectionCon
 }
 
 absl::Status MoEKernelOracle::Exhausted() const {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "No ", t_.display_name, " MoE backend supports the deployment configuration."));
+  return absl::FailedPreconditionError(
+      absl::StrCat("No ", t_.display_name, " MoE backend supports the deployment configuration."));
 }
 
-absl::StatusOr<Selection> MoEKernelOracle::OnExhausted(const SelectionContext&, QuantKey,
-                                                       QuantKey, Selection,
-                                                       const std::string&) const {
+absl::StatusOr<Selection> MoEKernelOracle::OnExhausted(const SelectionContext&, QuantKey, QuantKey,
+                                                       Selection, const std::string&) const {
   return Exhausted();
 }
 
@@ -204,8 +203,8 @@ absl::StatusOr<Selection> MoEKernelOracle::SelectBackend(const SelectionContext&
   Selection s;
   const std::string& requested = c.moe.moe_backend;
   const bool is_auto =
-      requested == "auto" || std::find(t_.auto_aliases.begin(), t_.auto_aliases.end(),
-                                       requested) != t_.auto_aliases.end();
+      requested == "auto" ||
+      std::find(t_.auto_aliases.begin(), t_.auto_aliases.end(), requested) != t_.auto_aliases.end();
   if (!is_auto) {
     // Explicit requests map the user string and never fall back.
     KPLAN_ASSIGN_OR_RETURN(std::vector<int> candidates,
@@ -370,8 +369,8 @@ std::string MoEKernelOracle::ConvertToKernelFormat(int b, const SelectionContext
 }
 
 absl::StatusOr<std::string> MoEKernelOracle::MakeQuantConfig(int, QuantKey w, QuantKey a) const {
-  return absl::StrCat("FusedMoEQuantConfig(weight=", QuantKeyName(w), ", activation=",
-                      QuantKeyName(a), ")");
+  return absl::StrCat("FusedMoEQuantConfig(weight=", QuantKeyName(w),
+                      ", activation=", QuantKeyName(a), ")");
 }
 
 absl::Status MoEKernelOracle::MakeKernel(const Selection& s, const SelectionContext& c,
@@ -403,9 +402,9 @@ absl::Status MoEKernelOracle::MakeKernel(const Selection& s, const SelectionCont
   plan.output_is_reduced = pf.output_is_reduced;
   auto [h, i] = RoundUpSizes(s.backend, c, plan.hidden_dim, plan.intermediate_size_per_partition);
   if (h != plan.hidden_dim || i != plan.intermediate_size_per_partition) {
-    plan.weight_layout = absl::StrCat(plan.weight_layout, "; pad hidden ", plan.hidden_dim, " -> ",
-                                      h, ", intermediate ", plan.intermediate_size_per_partition,
-                                      " -> ", i);
+    plan.weight_layout =
+        absl::StrCat(plan.weight_layout, "; pad hidden ", plan.hidden_dim, " -> ", h,
+                     ", intermediate ", plan.intermediate_size_per_partition, " -> ", i);
   }
   plan.hidden_dim = h;
   plan.intermediate_size_per_partition = i;
@@ -418,8 +417,10 @@ namespace {
 
 bool IsFp8Key(QuantKey k) {
   switch (k) {
-    case QuantKey::kFp8StaticTensorSym: case QuantKey::kFp8DynamicTensorSym:
-    case QuantKey::kFp8StaticTokenSym: case QuantKey::kFp8DynamicTokenSym:
+    case QuantKey::kFp8StaticTensorSym:
+    case QuantKey::kFp8DynamicTensorSym:
+    case QuantKey::kFp8StaticTokenSym:
+    case QuantKey::kFp8DynamicTokenSym:
     case QuantKey::kFp8Dynamic128Sym:
       return true;
     default:
@@ -445,7 +446,8 @@ const PfRow kPfRows[] = {
     {"mori_low_latency", "MoriPrepareAndFinalize", kS, "int32", true},
     {"flashinfer_all2allv", "FlashInferNVLinkTwoSidedPrepareAndFinalize", kS, "", true},
     {"flashinfer_nvlink_two_sided", "FlashInferNVLinkTwoSidedPrepareAndFinalize", kS, "", true},
-    {"flashinfer_nvlink_one_sided", "FlashInferNVLinkOneSidedPrepareAndFinalize", kS, "int32", true},
+    {"flashinfer_nvlink_one_sided", "FlashInferNVLinkOneSidedPrepareAndFinalize", kS, "int32",
+     true},
     {"allgather_reducescatter", "MoEPrepareAndFinalizeNaiveDPEP", kS, "", false},
     {"nixl_ep", "NixlEPPrepareAndFinalize", kB, "int64", true},
     // kplan's own (server/moe/ep): vLLM's modular prepare/finalize shape with
@@ -513,12 +515,13 @@ absl::StatusOr<PrepareFinalizeChoice> ChoosePrepareFinalize(const FusedMoEParall
                       activation_key == QuantKey::kNvfp4Dynamic ||
                       activation_key == QuantKey::kMxfp8Dynamic;
       if (!ok) {
-        std::string q = IsFp8Key(activation_key) ? "torch.float8_e4m3fn"
+        std::string q = IsFp8Key(activation_key)                           ? "torch.float8_e4m3fn"
                         : activation_key == QuantKey::kInt8DynamicTokenSym ? "torch.int8"
                                                                            : "mxfp4";
-        return absl::FailedPreconditionError(absl::StrCat(
-            "flashinfer_nvlink_one_sided dispatch supports nvfp4, mxfp8, and bf16 "
-            "(quant_dtype=None) today; got quant_dtype=", q));
+        return absl::FailedPreconditionError(
+            absl::StrCat("flashinfer_nvlink_one_sided dispatch supports nvfp4, mxfp8, and bf16 "
+                         "(quant_dtype=None) today; got quant_dtype=",
+                         q));
       }
     }
     pf.cls = row.all2all == "allgather_reducescatter" ? absl::StrCat(row.cls, suffix)
@@ -574,8 +577,8 @@ const MoEKernelOracle* OracleFor(absl::string_view scheme) {
 
 const std::vector<absl::string_view>& OracleSchemes() {
   static const auto* v = new std::vector<absl::string_view>{
-      "unquantized", "fp8", "mxfp8", "nvfp4", "mxfp4", "mxfp4_deepseek_v4",
-      "int8", "wna16", "w4a8", "w4a8_int8"};
+      "unquantized",       "fp8",  "mxfp8", "nvfp4", "mxfp4",
+      "mxfp4_deepseek_v4", "int8", "wna16", "w4a8",  "w4a8_int8"};
   return *v;
 }
 

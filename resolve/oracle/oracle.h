@@ -68,10 +68,10 @@ enum class ActivationKeyRule : uint8_t {
 // backend is one BackendDef (plus its UserMapRow and its place in a
 // PriorityRow where vLLM lists it there).
 struct SchemeTables {
-  absl::string_view scheme = {};        // plan.scheme: "fp8"
-  absl::string_view map_name = {};      // "... is not supported for <map_name> MoE."
-  absl::string_view display_name = {};  // "No <display_name> MoE backend supports ..."
-  absl::string_view log_name = {};      // "Using 'X' <log_name> MoE backend out of ..."
+  absl::string_view scheme = {};          // plan.scheme: "fp8"
+  absl::string_view map_name = {};        // "... is not supported for <map_name> MoE."
+  absl::string_view display_name = {};    // "No <display_name> MoE backend supports ..."
+  absl::string_view log_name = {};        // "Using 'X' <log_name> MoE backend out of ..."
   std::vector<BackendDef> backends = {};  // the enum, declaration order
   // map_<scheme>_backend(): vLLM's dict, in dict order (the "Expected one of" list).
   std::vector<UserMapRow> user_map = {};
@@ -95,12 +95,12 @@ struct SchemeTables {
 
 // Outcome of select_backend(): (backend, experts class) plus what kplan reports.
 struct Selection {
-  int backend = -1;                        // index into tables().backends; -1 = NONE
-  const ExpertsClass* experts = nullptr;   // nullptr: vLLM returned no class
+  int backend = -1;                           // index into tables().backends; -1 = NONE
+  const ExpertsClass* experts = nullptr;      // nullptr: vLLM returned no class
   QuantKey activation_key = QuantKey::kNone;  // the key the experts were checked with
   std::vector<MoeCandidate> candidates;
-  std::vector<int> potential;              // the list the log line names
-  bool forced = false;                     // env override or platform fallback
+  std::vector<int> potential;  // the list the log line names
+  bool forced = false;         // env override or platform fallback
 };
 
 // One scheme's oracle: its SchemeTables plus the hooks below for the steps
@@ -137,8 +137,7 @@ class MoEKernelOracle {
   absl::StatusOr<std::vector<int>> MapCandidates(absl::string_view moe_backend,
                                                  bool kplan_listed) const;
   // select_backend(moe_config, weight_key, activation_key): the one loop.
-  absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w,
-                                          QuantKey a) const;
+  absl::StatusOr<Selection> SelectBackend(const SelectionContext& c, QuantKey w, QuantKey a) const;
   // The selection RunMoE executes (ARCHITECTURE.md "Vocabulary for what runs
   // here"): the same generic loop, over the backends behind the moe_backend
   // names in `runs` (the server's executable backends) and, inside them,
@@ -201,8 +200,7 @@ class MoEKernelOracle {
   // NotImplementedError("No <X> MoE backend supports the deployment
   // configuration.") as FAILED_PRECONDITION.
   virtual absl::StatusOr<Selection> OnExhausted(const SelectionContext& c, QuantKey w, QuantKey a,
-                                                Selection s,
-                                                const std::string& last_reason) const;
+                                                Selection s, const std::string& last_reason) const;
 
   // --- the loop's pieces ---
   // batched-variant(B) when the format is BatchedExperts.
@@ -258,8 +256,8 @@ const MoEKernelOracle& UnquantizedOracle();
 const MoEKernelOracle& Fp8Oracle();
 const MoEKernelOracle& Mxfp8Oracle();
 const MoEKernelOracle& Nvfp4Oracle();
-const MoEKernelOracle& Mxfp4Oracle();             // gpt-oss style
-const MoEKernelOracle& Mxfp4DeepseekV4Oracle();   // select_deepseek_v4_mxfp4_moe_backend
+const MoEKernelOracle& Mxfp4Oracle();            // gpt-oss style
+const MoEKernelOracle& Mxfp4DeepseekV4Oracle();  // select_deepseek_v4_mxfp4_moe_backend
 const MoEKernelOracle& Int8Oracle();
 const MoEKernelOracle& Wna16Oracle();
 const MoEKernelOracle& W4a8Oracle();

@@ -46,8 +46,9 @@ std::vector<std::string> KeyNames() {
 absl::StatusOr<SchemeKeys> DetectScheme(const MoeLayerSpec& layer) {
   std::optional<Q> w = QuantKeyFromName(layer.weight_quant);
   if (!w) {
-    return InvalidField("weight_quant", absl::StrCat("unknown QuantKey ", PyRepr(layer.weight_quant),
-                                                     "; expected one of ", PyRepr(KeyNames())));
+    return InvalidField("weight_quant",
+                        absl::StrCat("unknown QuantKey ", PyRepr(layer.weight_quant),
+                                     "; expected one of ", PyRepr(KeyNames())));
   }
   std::optional<Q> a = QuantKeyFromName(layer.activation_quant);
   if (!a) {
@@ -87,8 +88,8 @@ absl::StatusOr<SchemeKeys> DetectScheme(const MoeLayerSpec& layer) {
   } else if (IsW4A8Weight(k.w)) {
     k.scheme = k.a == Q::kInt8DynamicTokenSym ? "w4a8_int8" : "w4a8";
   } else {
-    return InvalidField("weight_quant", absl::StrCat(PyRepr(layer.weight_quant),
-                                                     " is not a MoE weight QuantKey"));
+    return InvalidField("weight_quant",
+                        absl::StrCat(PyRepr(layer.weight_quant), " is not a MoE weight QuantKey"));
   }
   // Keys the oracles fix or default.
   const std::string& s = k.scheme;
@@ -130,8 +131,8 @@ absl::Status ValidateLayer(const MoeLayerSpec& l) {
   if (l.num_experts <= 0) return InvalidField("num_experts", "num_experts must be > 0");
   if (l.experts_per_token <= 0 || l.experts_per_token > l.num_experts) {
     return InvalidField("experts_per_token",
-                        absl::StrCat("experts_per_token must be in [1, num_experts=",
-                                     l.num_experts, "], got ", l.experts_per_token));
+                        absl::StrCat("experts_per_token must be in [1, num_experts=", l.num_experts,
+                                     "], got ", l.experts_per_token));
   }
   if (l.hidden_dim <= 0) return InvalidField("hidden_dim", "hidden_dim must be > 0");
   if (l.intermediate_size <= 0) {
@@ -139,20 +140,22 @@ absl::Status ValidateLayer(const MoeLayerSpec& l) {
   }
   if (!OneOf(l.in_dtype, {"", "bfloat16", "float16", "float32"})) {
     return InvalidField("in_dtype", absl::StrCat("in_dtype must be bfloat16, float16 or float32, "
-                                                 "got ", PyRepr(l.in_dtype)));
+                                                 "got ",
+                                                 PyRepr(l.in_dtype)));
   }
   if (!OneOf(l.router_logits_dtype, {"", "bfloat16", "float16", "float32"})) {
     return InvalidField("router_logits_dtype",
                         absl::StrCat("router_logits_dtype must be bfloat16, float16 or float32, "
-                                     "got ", PyRepr(l.router_logits_dtype)));
+                                     "got ",
+                                     PyRepr(l.router_logits_dtype)));
   }
   if (!OneOf(l.scoring_func, {"", "softmax", "sigmoid", "sqrtsoftplus"})) {
     return InvalidField("scoring_func",
                         absl::StrCat("Unsupported scoring function: ", l.scoring_func));
   }
   if (l.weight_bits != 0 && l.weight_bits != 4 && l.weight_bits != 8) {
-    return InvalidField("weight_bits", absl::StrCat("weight_bits must be 4 or 8, got ",
-                                                    l.weight_bits));
+    return InvalidField("weight_bits",
+                        absl::StrCat("weight_bits must be 4 or 8, got ", l.weight_bits));
   }
   if (l.max_num_tokens < 0) return InvalidField("max_num_tokens", "max_num_tokens must be > 0");
   if (l.num_expert_group > 0 && l.topk_group <= 0) {
@@ -181,10 +184,10 @@ absl::StatusOr<MoePlan> PlanMoeLayer(const MoeLayerSpec& layer, absl::string_vie
   const MoEActivation act = *parsed;
   RoutingMethodType routing;
   if (layer.routing_method.empty()) {
-    routing = GetRoutingMethodType(layer.scoring_func.empty() ? "softmax" : layer.scoring_func,
-                                   layer.experts_per_token, layer.renormalize,
-                                   layer.num_expert_group, layer.has_e_score_correction_bias,
-                                   layer.routed_scaling_factor);
+    routing =
+        GetRoutingMethodType(layer.scoring_func.empty() ? "softmax" : layer.scoring_func,
+                             layer.experts_per_token, layer.renormalize, layer.num_expert_group,
+                             layer.has_e_score_correction_bias, layer.routed_scaling_factor);
   } else if (const RoutingMethodInfo* r = FindRoutingMethod(layer.routing_method)) {
     routing = r->type;
   } else {
@@ -197,21 +200,21 @@ absl::StatusOr<MoePlan> PlanMoeLayer(const MoeLayerSpec& layer, absl::string_vie
   if (pc.enable_eplb && layer.num_experts % pc.ep_size != 0) {
     return InvalidField("num_experts",
                         absl::StrCat("EPLB currently only supports even distribution of experts "
-                                     "across ranks. Got ", layer.num_experts, " experts and ",
-                                     pc.ep_size, " EP ranks."));
+                                     "across ranks. Got ",
+                                     layer.num_experts, " experts and ", pc.ep_size, " EP ranks."));
   }
   KPLAN_ASSIGN_OR_RETURN(int hidden, RoundUpLayerHiddenSize(layer.hidden_dim, layer.in_dtype, pc));
-  KPLAN_ASSIGN_OR_RETURN(FusedMoEConfig moe, FusedMoEConfig::Make(layer, act, routing, pc,
-                                                                  moe_backend, platform, env));
+  KPLAN_ASSIGN_OR_RETURN(FusedMoEConfig moe,
+                         FusedMoEConfig::Make(layer, act, routing, pc, moe_backend, platform, env));
   moe.hidden_dim = hidden;
 
   const MoEKernelOracle* oracle = OracleFor(keys.scheme);
   const bool execution = !options.executable_backends.empty();
   SelectionContext ctx{platform, env, moe, layer.allow_vllm_cutlass, execution};
-  KPLAN_ASSIGN_OR_RETURN(Selection sel,
-                         execution ? oracle->SelectExecutable(ctx, keys.w, keys.a,
-                                                              options.executable_backends)
-                                   : oracle->SelectBackend(ctx, keys.w, keys.a));
+  KPLAN_ASSIGN_OR_RETURN(
+      Selection sel,
+      execution ? oracle->SelectExecutable(ctx, keys.w, keys.a, options.executable_backends)
+                : oracle->SelectBackend(ctx, keys.w, keys.a));
 
   MoePlan plan;
   plan.layer = layer.name;
@@ -247,10 +250,10 @@ std::optional<std::string> ReasonFor(const MoePlan& plan, absl::string_view back
 }  // namespace
 
 std::string ExplainPlan(const MoePlan& p) {
-  std::string out = absl::StrCat(
-      "MoE layer", p.layer.empty() ? "" : absl::StrCat(" '", p.layer, "'"), ": scheme ", p.scheme,
-      ", weight ", p.weight_key, ", activation ", p.activation_key, ", routing ",
-      p.routing_method, "\n\n");
+  std::string out =
+      absl::StrCat("MoE layer", p.layer.empty() ? "" : absl::StrCat(" '", p.layer, "'"),
+                   ": scheme ", p.scheme, ", weight ", p.weight_key, ", activation ",
+                   p.activation_key, ", routing ", p.routing_method, "\n\n");
   size_t wb = 7, wk = 14;
   for (const MoeCandidate& c : p.candidates) {
     wb = std::max(wb, c.backend.size());
@@ -260,17 +263,17 @@ std::string ExplainPlan(const MoePlan& p) {
                                         "experts kernel", "verdict", "reason"));
   int i = 0;
   for (const MoeCandidate& c : p.candidates) {
-    absl::StrAppend(&out, absl::StrFormat("%3d  %-*s  %-*s  %-8s  %s\n", ++i, wb, c.backend, wk,
-                                          c.experts_kernel, c.accepted ? "accepted" : "rejected",
-                                          c.reason));
+    absl::StrAppend(
+        &out, absl::StrFormat("%3d  %-*s  %-*s  %-8s  %s\n", ++i, wb, c.backend, wk,
+                              c.experts_kernel, c.accepted ? "accepted" : "rejected", c.reason));
   }
   if (p.candidates.empty()) absl::StrAppend(&out, "     (no candidates tried)\n");
   absl::StrAppend(&out, "\nchosen: ", Chosen(p), " [value '", p.backend_value, "']",
                   p.monolithic ? ", monolithic" : ", modular", "\n");
   absl::StrAppend(&out, "  activation format: ", p.activation_format, "\n");
-  absl::StrAppend(&out, "  prepare/finalize:  ",
-                  p.prepare_finalize.empty() ? "-" : p.prepare_finalize, " (topk ids ",
-                  p.topk_indices_dtype.empty() ? "any dtype" : p.topk_indices_dtype,
+  absl::StrAppend(&out,
+                  "  prepare/finalize:  ", p.prepare_finalize.empty() ? "-" : p.prepare_finalize,
+                  " (topk ids ", p.topk_indices_dtype.empty() ? "any dtype" : p.topk_indices_dtype,
                   ", output reduced: ", YesNo(p.output_is_reduced), ")\n");
   absl::StrAppend(&out, "  sizes:             hidden ", p.hidden_dim, ", intermediate/partition ",
                   p.intermediate_size_per_partition, "\n");
@@ -312,8 +315,7 @@ std::string ComparePlans(const MoePlan& a, absl::string_view label_a, const MoeP
     const bool diff = r.va != r.vb;
     changed += diff;
     absl::StrAppend(&out, absl::StrFormat("%s %-22s  %-*s  %s\n", diff ? "*" : " ", r.name, wa,
-                                          r.va.empty() ? "-" : r.va,
-                                          r.vb.empty() ? "-" : r.vb));
+                                          r.va.empty() ? "-" : r.va, r.vb.empty() ? "-" : r.vb));
   }
   if (changed == 0) {
     absl::StrAppend(&out, "\nno differences\n");

@@ -27,7 +27,8 @@ const SchemeTables& Tables() {
       // UnquantizedMoeBackend (value strings appear in logs and errors).
       .backends =
           {
-              {"FLASHINFER_TRTLLM", "FlashInfer TRTLLM",
+              {"FLASHINFER_TRTLLM",
+               "FlashInfer TRTLLM",
                {"TrtLlmBf16ExpertsMonolithic", "TrtLlmBf16ExpertsModular"}},
               {"FLASHINFER_CUTLASS", "FlashInfer CUTLASS", {"FlashInferExperts"}},
               {"AITER", "ROCm AITER", {"AiterExperts"}},
@@ -64,7 +65,7 @@ const SchemeTables& Tables() {
                {
                    {Sm90Family, "FLASHINFER_TRTLLM", false},  // Hopper: Triton beats FlashInfer
                    {Sm90Family, "FLASHINFER_CUTLASS", false},
-                   {DpGt1, "FLASHINFER_CUTLASS", false},  // DP>1: FI CUTLASS demoted
+                   {DpGt1, "FLASHINFER_CUTLASS", false},     // DP>1: FI CUTLASS demoted
                    {SwigluOai, "FLASHINFER_TRTLLM", false},  // gpt-oss activation
                    {SwigluOai, "FLASHINFER_CUTLASS", false},
                }},

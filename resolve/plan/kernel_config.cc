@@ -19,14 +19,14 @@ namespace {
 // pydantic's literal_error line, naming the rejected input as pydantic does.
 absl::Status LiteralError(absl::string_view field, const std::vector<absl::string_view>& allowed,
                           absl::string_view input) {
-  return InvalidField(field, absl::StrCat(PydanticLiteralError(allowed),
-                                          " [type=literal_error, input_value=", PydanticInputValue(input),
-                                          ", input_type=str]"));
+  return InvalidField(
+      field, absl::StrCat(PydanticLiteralError(allowed), " [type=literal_error, input_value=",
+                          PydanticInputValue(input), ", input_type=str]"));
 }
 
 // KernelConfig._normalize_*_backend followed by the Literal check.
-absl::Status NormalizeBackend(absl::string_view field, const std::vector<absl::string_view>& allowed,
-                              std::string& value) {
+absl::Status NormalizeBackend(absl::string_view field,
+                              const std::vector<absl::string_view>& allowed, std::string& value) {
   std::string normalized = absl::StrReplaceAll(absl::AsciiStrToLower(value), {{"-", "_"}});
   if (!Contains(allowed, normalized)) return LiteralError(field, allowed, value);
   value = std::move(normalized);
@@ -64,8 +64,8 @@ absl::StatusOr<KernelConfig> NormalizeKernelConfig(KernelConfig config) {
     }
     for (const auto& [quant, backend] : *config.linear_backend_per_quant) {
       if (!Contains(LinearBackendValues(), backend)) {
-        return LiteralError(absl::StrCat("linear_backend_per_quant.", quant),
-                            LinearBackendValues(), backend);
+        return LiteralError(absl::StrCat("linear_backend_per_quant.", quant), LinearBackendValues(),
+                            backend);
       }
     }
   }
@@ -102,8 +102,8 @@ absl::StatusOr<ParallelConfig> NormalizeParallelConfig(ParallelConfig config,
                           absl::StrCat(s.size_name, " must be at least 1, got ", s.size));
     }
     if (!s.rank_name.empty() && (s.rank < 0 || s.rank >= s.size)) {
-      return InvalidField(s.rank_name, absl::StrCat(s.rank_name, " must be in [0, ", s.size,
-                                                    "), got ", s.rank));
+      return InvalidField(s.rank_name,
+                          absl::StrCat(s.rank_name, " must be in [0, ", s.size, "), got ", s.rank));
     }
   }
   // FusedMoEParallelConfig flattens dp x pcp x tp into one rank space (and
@@ -114,10 +114,10 @@ absl::StatusOr<ParallelConfig> NormalizeParallelConfig(ParallelConfig config,
     if (world > INT32_MAX) break;
   }
   if (world > INT32_MAX) {
-    return InvalidField("tp_size",
-                        absl::StrCat("dp_size * pcp_size * tp_size * sp_size must be at most ",
-                                     INT32_MAX, ", got ", config.dp_size, " * ", config.pcp_size,
-                                     " * ", config.tp_size, " * ", config.sp_size));
+    return InvalidField(
+        "tp_size", absl::StrCat("dp_size * pcp_size * tp_size * sp_size must be at most ",
+                                INT32_MAX, ", got ", config.dp_size, " * ", config.pcp_size, " * ",
+                                config.tp_size, " * ", config.sp_size));
   }
   if (Contains(RemovedAll2AllBackends(), config.all2all_backend)) {
     if (warnings) {
@@ -154,18 +154,17 @@ absl::Status BindPassthroughAll2AllBackend(absl::string_view moe_backend, Parall
   if (DispatchesItself(moe_backend)) {
     if (a2a == kPassthroughAll2AllBackend) return absl::OkStatus();
     if (a2a != kDefaultAll2AllBackend) {
-      return InvalidField(
-          "parallel.all2all_backend",
-          absl::StrCat("moe_backend=", PyRepr(moe_backend),
-                       " dispatches and combines itself and cannot be paired with "
-                       "all2all_backend=",
-                       PyRepr(a2a), "; leave --all2all-backend unset."));
+      return InvalidField("parallel.all2all_backend",
+                          absl::StrCat("moe_backend=", PyRepr(moe_backend),
+                                       " dispatches and combines itself and cannot be paired with "
+                                       "all2all_backend=",
+                                       PyRepr(a2a), "; leave --all2all-backend unset."));
     }
     if (warnings) {
-      warnings->push_back(absl::StrCat("moe_backend=", PyRepr(moe_backend),
-                                       ": using all2all_backend=",
-                                       PyRepr(kPassthroughAll2AllBackend),
-                                       " (dispatch and combine run inside the MoE backend)."));
+      warnings->push_back(
+          absl::StrCat("moe_backend=", PyRepr(moe_backend),
+                       ": using all2all_backend=", PyRepr(kPassthroughAll2AllBackend),
+                       " (dispatch and combine run inside the MoE backend)."));
     }
     parallel.all2all_backend = std::string(kPassthroughAll2AllBackend);
     return absl::OkStatus();

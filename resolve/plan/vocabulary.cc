@@ -23,16 +23,34 @@ const std::vector<absl::string_view>& MoeBackendValues() {
 }
 
 const std::vector<absl::string_view>& LinearBackendValues() {
-  static const auto* v = new std::vector<absl::string_view>{
-      "auto",     "cutlass", "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm",
-      "flashinfer_cudnn", "flashinfer_b12x", "b12x", "marlin", "humming", "triton", "deep_gemm",
-      "torch",    "aiter",   "machete", "fbgemm", "conch", "exllama", "emulation", "xpu", "xpu_woq"};
+  static const auto* v = new std::vector<absl::string_view>{"auto",
+                                                            "cutlass",
+                                                            "flashinfer_cutlass",
+                                                            "flashinfer_cutedsl",
+                                                            "flashinfer_trtllm",
+                                                            "flashinfer_cudnn",
+                                                            "flashinfer_b12x",
+                                                            "b12x",
+                                                            "marlin",
+                                                            "humming",
+                                                            "triton",
+                                                            "deep_gemm",
+                                                            "torch",
+                                                            "aiter",
+                                                            "machete",
+                                                            "fbgemm",
+                                                            "conch",
+                                                            "exllama",
+                                                            "emulation",
+                                                            "xpu",
+                                                            "xpu_woq"};
   return *v;
 }
 
 const std::vector<absl::string_view>& SparseIndexerTopkBackendValues() {
-  static const auto* v = new std::vector<absl::string_view>{
-      "auto", "deep_select", "cooperative", "persistent", "per_row", "flashinfer", "torch", "aiter"};
+  static const auto* v =
+      new std::vector<absl::string_view>{"auto",    "deep_select", "cooperative", "persistent",
+                                         "per_row", "flashinfer",  "torch",       "aiter"};
   return *v;
 }
 

@@ -50,7 +50,8 @@ class CudaDeviceProber final : public DeviceProber {
 
   absl::StatusOr<int64_t> MemoryUsed(int device) const override {
     if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-      return absl::UnavailableError(absl::StrCat("cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
+      return absl::UnavailableError(
+          absl::StrCat("cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
     }
     size_t free_bytes = 0, total = 0;
     if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total); e != cudaSuccess) {

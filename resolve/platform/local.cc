@@ -15,10 +15,10 @@ absl::StatusOr<std::vector<LocalDevice>> SelectDevices(const std::vector<LocalDe
   std::vector<LocalDevice> out;
   for (absl::string_view part : absl::StrSplit(selection, ',', absl::SkipWhitespace())) {
     int index = -1;
-    if (!absl::SimpleAtoi(part, &index) || index < 0 ||
-        index >= static_cast<int>(devices.size())) {
-      return InvalidField("devices", absl::StrCat("device '", part, "' does not exist; this host has ",
-                                                  devices.size(), " device(s)"));
+    if (!absl::SimpleAtoi(part, &index) || index < 0 || index >= static_cast<int>(devices.size())) {
+      return InvalidField("devices",
+                          absl::StrCat("device '", part, "' does not exist; this host has ",
+                                       devices.size(), " device(s)"));
     }
     for (const LocalDevice& d : out) {
       if (d.index == index) {

@@ -42,8 +42,8 @@ std::optional<PlatformKind> PlatformKindFromName(absl::string_view name) {
 
 const std::vector<absl::string_view>& KnownLibraries() {
   static const auto* libs = new std::vector<absl::string_view>{
-      "flashinfer", "deep_gemm", "triton_kernels", "aiter", "flydsl",
-      "hpc",        "humming",   "nvshmem",        "kplan", "vllm_xpu_kernels", "oink"};
+      "flashinfer", "deep_gemm", "triton_kernels",   "aiter", "flydsl", "hpc", "humming",
+      "nvshmem",    "kplan",     "vllm_xpu_kernels", "oink"};
   return *libs;
 }
 

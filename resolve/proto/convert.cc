@@ -15,7 +15,8 @@ std::string OrDefault(const std::string& value, absl::string_view fallback) {
 int SizeOrOne(int32_t size) { return size == 0 ? 1 : size; }
 
 // A list holding one element is vLLM's plain-string form: "a, b" -> [a, b].
-std::vector<std::string> PriorityFromProto(const google::protobuf::RepeatedPtrField<std::string>& r) {
+std::vector<std::string> PriorityFromProto(
+    const google::protobuf::RepeatedPtrField<std::string>& r) {
   if (r.size() == 1) return SplitPriorityString(r[0]);
   return std::vector<std::string>(r.begin(), r.end());
 }
@@ -70,7 +71,8 @@ void KernelConfigToProto(const KernelConfig& c, v1::KernelConfig* p) {
     auto* field = MutablePriority(p->mutable_ir_op_priority(), op);
     for (const std::string& provider : c.ir_op_priority.of(op)) field->Add(std::string(provider));
   }
-  if (c.enable_flashinfer_autotune) p->set_enable_flashinfer_autotune(*c.enable_flashinfer_autotune);
+  if (c.enable_flashinfer_autotune)
+    p->set_enable_flashinfer_autotune(*c.enable_flashinfer_autotune);
   p->set_enable_rocm_segmented_attn_autotune(c.enable_rocm_segmented_attn_autotune);
   p->set_enable_cutedsl_warmup(c.enable_cutedsl_warmup);
   p->set_enable_jit_warmup(c.enable_jit_warmup);
@@ -141,10 +143,9 @@ absl::StatusOr<Platform> PlatformFromProto(const v1::Platform& p,
     c.libraries.insert(lib);
   }
   if (!unknown.empty() && warnings) {
-    warnings->push_back(absl::StrCat("platform.libraries: unknown librar",
-                                     unknown.size() == 1 ? "y " : "ies ",
-                                     absl::StrJoin(unknown, ", "), " (known: ",
-                                     absl::StrJoin(KnownLibraries(), ", "), ")"));
+    warnings->push_back(absl::StrCat(
+        "platform.libraries: unknown librar", unknown.size() == 1 ? "y " : "ies ",
+        absl::StrJoin(unknown, ", "), " (known: ", absl::StrJoin(KnownLibraries(), ", "), ")"));
   }
   c.use_inductor = p.use_inductor();
   c.enforce_eager = p.enforce_eager();

@@ -8,10 +8,10 @@ struct DTypeRow {
   const char* wire;
 };
 constexpr DTypeRow kDTypes[] = {
-    {v1::DTYPE_FLOAT32, "float32"}, {v1::DTYPE_FLOAT16, "float16"},
+    {v1::DTYPE_FLOAT32, "float32"},   {v1::DTYPE_FLOAT16, "float16"},
     {v1::DTYPE_BFLOAT16, "bfloat16"}, {v1::DTYPE_FLOAT8_E4M3, "float8_e4m3"},
-    {v1::DTYPE_INT8, "int8"}, {v1::DTYPE_UINT8, "uint8"},
-    {v1::DTYPE_INT32, "int32"}, {v1::DTYPE_INT64, "int64"},
+    {v1::DTYPE_INT8, "int8"},         {v1::DTYPE_UINT8, "uint8"},
+    {v1::DTYPE_INT32, "int32"},       {v1::DTYPE_INT64, "int64"},
 };
 
 }  // namespace

@@ -39,19 +39,19 @@ absl::StatusOr<v1::ResolveKernelConfigResponse> ResolveKernelConfig(
   v1::ResolveKernelConfigResponse response;
   auto plan_layer = [&](const v1::MoELayerConfig& layer, const std::string& path,
                         v1::MoEPlan* out) -> absl::Status {
-    absl::StatusOr<MoePlan> plan = PlanMoeLayer(MoeLayerFromProto(layer), kernel_config->moe_backend,
-                                                *parallel, platform, env);
+    absl::StatusOr<MoePlan> plan = PlanMoeLayer(
+        MoeLayerFromProto(layer), kernel_config->moe_backend, *parallel, platform, env);
     if (!plan.ok()) {
       // Backend complaints name the KernelConfig field; the rest name the layer's.
-      return FieldOf(plan.status()) == "moe_backend"
-                 ? NestField(plan.status(), "kernel_config")
-                 : NestField(plan.status(), path);
+      return FieldOf(plan.status()) == "moe_backend" ? NestField(plan.status(), "kernel_config")
+                                                     : NestField(plan.status(), path);
     }
     MoePlanToProto(*plan, out);
     return absl::OkStatus();
   };
   if (request.model().has_moe() && request.model().moe().num_experts() != 0) {
-    KPLAN_RETURN_IF_ERROR(plan_layer(request.model().moe(), "model.moe", response.mutable_moe_plan()));
+    KPLAN_RETURN_IF_ERROR(
+        plan_layer(request.model().moe(), "model.moe", response.mutable_moe_plan()));
   }
   for (int i = 0; i < request.model().moe_layers_size(); ++i) {
     KPLAN_RETURN_IF_ERROR(plan_layer(request.model().moe_layers(i),

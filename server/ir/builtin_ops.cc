@@ -58,10 +58,10 @@ std::string ShapeStr(const std::vector<int64_t>& shape) {
 absl::Status SameDevice(const TensorView& a, const TensorView& b, absl::string_view b_name) {
   if (a.device == b.device) return absl::OkStatus();
   // torch's text.
-  return InvalidField(b_name,
-      absl::StrCat("Expected all tensors to be on the same device, but found at least two "
-                   "devices, ",
-                   a.device.ToString(), " and ", b.device.ToString(), "!"));
+  return InvalidField(
+      b_name, absl::StrCat("Expected all tensors to be on the same device, but found at least two "
+                           "devices, ",
+                           a.device.ToString(), " and ", b.device.ToString(), "!"));
 }
 
 absl::Status CheckTensor(const TensorView& t, absl::string_view name) {
@@ -72,9 +72,8 @@ absl::Status CheckTensor(const TensorView& t, absl::string_view name) {
     return InvalidField(name, absl::StrCat(name, " must have at least one dimension"));
   }
   if (t.dim() - 1 > kernels::kIrMaxLeadDims) {
-    return InvalidField(name, absl::StrCat(name, " has ", t.dim(),
-                                                   " dimensions; at most ",
-                                                   kernels::kIrMaxLeadDims + 1, " are supported"));
+    return InvalidField(name, absl::StrCat(name, " has ", t.dim(), " dimensions; at most ",
+                                           kernels::kIrMaxLeadDims + 1, " are supported"));
   }
   for (int64_t s : t.shape) {
     if (s < 0) return InvalidField(name, absl::StrCat(name, " has a negative size"));
@@ -89,9 +88,9 @@ absl::Status CheckWeight(const TensorView& x, const TensorView* weight) {
   if (weight == nullptr) return absl::OkStatus();
   if (absl::Status s = CheckTensor(*weight, "weight"); !s.ok()) return s;
   if (weight->dim() != 1 || weight->size(0) != x.size(-1)) {
-    return InvalidField("weight", absl::StrCat("weight must have shape [", x.size(-1),
-                                                   "] (the last dim of x), got ",
-                                                   ShapeStr(weight->shape)));
+    return InvalidField("weight",
+                        absl::StrCat("weight must have shape [", x.size(-1),
+                                     "] (the last dim of x), got ", ShapeStr(weight->shape)));
   }
   return SameDevice(x, *weight, "weight");
 }
@@ -99,9 +98,9 @@ absl::Status CheckWeight(const TensorView& x, const TensorView* weight) {
 absl::Status CheckVarianceSize(const TensorView& x, std::optional<int64_t> variance_size) {
   if (!variance_size) return absl::OkStatus();
   if (*variance_size < 1 || *variance_size > x.size(-1)) {
-    return InvalidField("variance_size", absl::StrCat("variance_size must be in [1, ", x.size(-1),
-                                                   "] (the last dim of x), got ",
-                                                   *variance_size));
+    return InvalidField("variance_size",
+                        absl::StrCat("variance_size must be in [1, ", x.size(-1),
+                                     "] (the last dim of x), got ", *variance_size));
   }
   return absl::OkStatus();
 }
@@ -121,8 +120,7 @@ absl::StatusOr<std::vector<IrOutputSpec>> FusedAddRmsNormOutputs(const IrArgs& a
   if (absl::Status s = CheckTensor(r, "x_residual"); !s.ok()) return s;
   if (r.shape != x.shape) {
     return InvalidField("x_residual", absl::StrCat("x_residual must have the shape of x ",
-                                                   ShapeStr(x.shape), ", got ",
-                                                   ShapeStr(r.shape)));
+                                                   ShapeStr(x.shape), ", got ", ShapeStr(r.shape)));
   }
   if (absl::Status s = SameDevice(x, r, "x_residual"); !s.ok()) return s;
   if (absl::Status s = CheckWeight(x, a.optional_tensor(kFusedWeight)); !s.ok()) return s;
@@ -137,7 +135,8 @@ absl::Status CheckGeluScalars(double sparsity, const std::string& approximate) {
                         absl::StrCat("Unknown approximate mode: ", ClientText(approximate)));
   }
   if (sparsity == 0.0) {
-    return InvalidField("activation_sparsity", "activation_sparsity is 0.0. Please use GeluAndMul.");
+    return InvalidField("activation_sparsity",
+                        "activation_sparsity is 0.0. Please use GeluAndMul.");
   }
   // Normal(0, 1).icdf outside (0, 1) is +-inf or NaN: reject instead.
   if (!(sparsity > 0.0 && sparsity < 1.0)) {
@@ -154,9 +153,10 @@ absl::StatusOr<std::vector<IrOutputSpec>> GeluAndMulSparseOutputs(const IrArgs& 
   const TensorView& x = a.tensor(kGeluX);
   if (absl::Status s = CheckTensor(x, "x"); !s.ok()) return s;
   if (x.size(-1) % 2 != 0) {
-    return InvalidField("x", absl::StrCat(
-        "gelu_and_mul_sparse needs an even last dim of x (gate and up halves), got ",
-        x.size(-1)));
+    return InvalidField(
+        "x",
+        absl::StrCat("gelu_and_mul_sparse needs an even last dim of x (gate and up halves), got ",
+                     x.size(-1)));
   }
   std::vector<int64_t> shape = x.shape;
   shape.back() /= 2;
@@ -272,8 +272,7 @@ absl::Status NativeGeluAndMulSparse(const IrArgs& a, absl::Span<const TensorView
                     "gelu_and_mul_sparse", x.rows());
   }
 #if KPLAN_HAVE_CUDA
-  return kernels::cuda::NativeGeluAndMulSparse(RowsIn(x), x.rows(), d, mult, tanh,
-                                               outputs[0].data,
+  return kernels::cuda::NativeGeluAndMulSparse(RowsIn(x), x.rows(), d, mult, tanh, outputs[0].data,
                                                static_cast<cudaStream_t>(ctx.stream));
 #else
   return NoCuda();
@@ -292,9 +291,8 @@ bool KplanRowsOk(const TensorView& t, int64_t* row_stride) {
 }
 
 bool KplanWeightOk(const TensorView& x, const TensorView* w) {
-  return w == nullptr ||
-         (w->dtype == x.dtype && w->device == x.device && w->dim() == 1 &&
-          (w->strides[0] == 1 || w->shape[0] <= 1));
+  return w == nullptr || (w->dtype == x.dtype && w->device == x.device && w->dim() == 1 &&
+                          (w->strides[0] == 1 || w->shape[0] <= 1));
 }
 
 bool KplanSupportsRmsNorm(const IrArgs& a) {
@@ -333,9 +331,9 @@ absl::Status KplanRmsNorm(const IrArgs& a, absl::Span<const TensorView> outputs,
 #if KPLAN_HAVE_CUDA
   const TensorView& x = a.tensor(kRmsX);
   const TensorView* w = a.optional_tensor(kRmsWeight);
-  return kernels::cuda::KplanRmsNorm(x.dtype, KRows(x), x.rows(), x.size(-1),
-                                     w ? w->data : nullptr, static_cast<float>(a.f64(kRmsEps)),
-                                     KOut(outputs[0]), static_cast<cudaStream_t>(ctx.stream));
+  return kernels::cuda::KplanRmsNorm(x.dtype, KRows(x), x.rows(), x.size(-1), w ? w->data : nullptr,
+                                     static_cast<float>(a.f64(kRmsEps)), KOut(outputs[0]),
+                                     static_cast<cudaStream_t>(ctx.stream));
 #else
   return NoCuda();
 #endif
@@ -348,9 +346,9 @@ absl::Status KplanFusedAddRmsNorm(const IrArgs& a, absl::Span<const TensorView> 
   const TensorView& x = a.tensor(kFusedX);
   const TensorView* w = a.optional_tensor(kFusedWeight);
   return kernels::cuda::KplanFusedAddRmsNorm(
-      x.dtype, KRows(x), KRows(a.tensor(kFusedRes)), x.rows(), x.size(-1),
-      w ? w->data : nullptr, static_cast<float>(a.f64(kFusedEps)), KOut(outputs[0]),
-      KOut(outputs[1]), static_cast<cudaStream_t>(ctx.stream));
+      x.dtype, KRows(x), KRows(a.tensor(kFusedRes)), x.rows(), x.size(-1), w ? w->data : nullptr,
+      static_cast<float>(a.f64(kFusedEps)), KOut(outputs[0]), KOut(outputs[1]),
+      static_cast<cudaStream_t>(ctx.stream));
 #else
   return NoCuda();
 #endif
@@ -385,8 +383,8 @@ std::vector<BuiltinOp> BuiltinOps() {
   return {
       {kIrRmsNorm, RmsNormSignature, NativeRmsNorm, RmsNormOutputs, false, KplanRmsNorm,
        KplanSupportsRmsNorm},
-      {kIrFusedAddRmsNorm, FusedAddRmsNormSignature, NativeFusedAddRmsNorm,
-       FusedAddRmsNormOutputs, true, KplanFusedAddRmsNorm, KplanSupportsFusedAddRmsNorm},
+      {kIrFusedAddRmsNorm, FusedAddRmsNormSignature, NativeFusedAddRmsNorm, FusedAddRmsNormOutputs,
+       true, KplanFusedAddRmsNorm, KplanSupportsFusedAddRmsNorm},
       {kIrGeluAndMulSparse, GeluAndMulSparseSignature, NativeGeluAndMulSparse,
        GeluAndMulSparseOutputs, false, KplanGeluAndMulSparse, KplanSupportsGeluAndMulSparse},
   };
@@ -435,8 +433,7 @@ std::vector<std::string> ServerDefaultIrPriority(bool kplan_supported) {
   return {"native"};
 }
 
-absl::StatusOr<std::unique_ptr<IrRegistry>> MakeBuiltinIrRegistry(
-    const IrBuiltinOptions& options) {
+absl::StatusOr<std::unique_ptr<IrRegistry>> MakeBuiltinIrRegistry(const IrBuiltinOptions& options) {
   auto registry = std::make_unique<IrRegistry>();
   KPLAN_RETURN_IF_ERROR(RegisterBuiltinIrOps(*registry, options));
   const std::vector<std::string> defaults = ServerDefaultIrPriority(options.kplan_supported);

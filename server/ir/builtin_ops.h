@@ -40,8 +40,7 @@ struct IrBuiltinOptions {
 absl::Status RegisterBuiltinIrOps(IrRegistry& registry, const IrBuiltinOptions& options);
 
 // A registry with the builtin ops and the server defaults set on every op.
-absl::StatusOr<std::unique_ptr<IrRegistry>> MakeBuiltinIrRegistry(
-    const IrBuiltinOptions& options);
+absl::StatusOr<std::unique_ptr<IrRegistry>> MakeBuiltinIrRegistry(const IrBuiltinOptions& options);
 
 // The server's default priority: ["kplan", "native"] when kplan is supported,
 // else ["native"].

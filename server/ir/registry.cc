@@ -150,8 +150,7 @@ absl::Status IrOp::RegisterImpl(IrImplSpec spec) {
   if (schema != schema_) {
     return absl::InvalidArgumentError(
         absl::StrCat("Implementation for provider ", p, " has schema '", schema,
-                     "' which does not match native schema '", schema_, "' for op ", name_,
-                     "."));
+                     "' which does not match native schema '", schema_, "' for op ", name_, "."));
   }
   if (spec.supports_args) {
     const IrArgsPredicate& pred = *spec.supports_args;
@@ -161,8 +160,8 @@ absl::Status IrOp::RegisterImpl(IrImplSpec spec) {
     }
     if (std::any_of(pred.params.begin(), pred.params.end(),
                     [](const IrParam& q) { return q.keyword_only; })) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "supports_args for provider ", p, " cannot have keyword-only parameters"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("supports_args for provider ", p, " cannot have keyword-only parameters"));
     }
     const auto& native_params = signature_.params;
     if (pred.params.size() != native_params.size()) {

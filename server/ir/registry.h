@@ -82,9 +82,7 @@ struct IrArgs {
   bool is_none(size_t i) const { return std::holds_alternative<IrNone>(values[i]); }
   const TensorView& tensor(size_t i) const { return std::get<TensorView>(values[i]); }
   // nullptr for None.
-  const TensorView* optional_tensor(size_t i) const {
-    return std::get_if<TensorView>(&values[i]);
-  }
+  const TensorView* optional_tensor(size_t i) const { return std::get_if<TensorView>(&values[i]); }
   double f64(size_t i) const { return std::get<double>(values[i]); }
   std::optional<int64_t> optional_int(size_t i) const {
     if (const auto* v = std::get_if<int64_t>(&values[i])) return *v;
@@ -103,9 +101,8 @@ struct IrExecContext {
 
 // Computes the op into `outputs` (preallocated, contiguous, on the inputs'
 // device), as the native implementation would return them.
-using IrImplFn = std::function<absl::Status(const IrArgs& args,
-                                            absl::Span<const TensorView> outputs,
-                                            const IrExecContext& ctx)>;
+using IrImplFn = std::function<absl::Status(
+    const IrArgs& args, absl::Span<const TensorView> outputs, const IrExecContext& ctx)>;
 
 // vLLM's supports_args callable, with its declared parameters (which must
 // match the native signature's names and defaults, as vLLM checks).
@@ -172,7 +169,7 @@ struct IrOpSpec {
   std::string name;
   IrSignature signature;
   IrImplFn native;
-  IrOutputFn outputs;  // optional; Run-style callers need it
+  IrOutputFn outputs;                                   // optional; Run-style callers need it
   std::optional<std::vector<std::string>> activations;  // default: params starting with "x"
   bool allow_inplace = false;
 };

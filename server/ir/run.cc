@@ -26,14 +26,14 @@ namespace {
 
 // Python's TypeError texts for a call with missing or unknown arguments.
 absl::Status MissingArgument(const IrOp& op, const std::string& param) {
-  return InvalidField(param, absl::StrCat(op.name(), "() missing 1 required positional argument: '",
-                                          param, "'"));
+  return InvalidField(
+      param, absl::StrCat(op.name(), "() missing 1 required positional argument: '", param, "'"));
 }
 
 absl::Status UnexpectedArgument(const IrOp& op, const std::string& name) {
-  return InvalidField(ClientText(name),
-                      absl::StrCat(op.name(), "() got an unexpected keyword argument '",
-                                   ClientText(name), "'"));
+  return InvalidField(
+      ClientText(name),
+      absl::StrCat(op.name(), "() got an unexpected keyword argument '", ClientText(name), "'"));
 }
 
 const IrParam* FindParam(const IrOp& op, absl::string_view name) {
@@ -106,8 +106,8 @@ absl::StatusOr<IrArgs> BuildArgs(const IrOp& op, const IrOpRequest& request, IrD
         }
         return MissingArgument(op, p.name);
       }
-      args.values.push_back(TensorView::Contiguous(data.at(p.name), t->tensor.dtype,
-                                                   t->tensor.shape, device));
+      args.values.push_back(
+          TensorView::Contiguous(data.at(p.name), t->tensor.dtype, t->tensor.shape, device));
       continue;
     }
     auto it = scalars.find(p.name);
@@ -147,8 +147,8 @@ absl::StatusOr<Prepared> Prepare(const IrRegistry& registry, const IrOpRequest& 
     const IrParam* param = FindParam(*p.op, t.name);
     if (param == nullptr || !IsTensorParam(*param)) return UnexpectedArgument(*p.op, t.name);
     if (host.count(t.name) > 0) {
-      return InvalidField(t.name, absl::StrCat(p.op->name(), "() got multiple values for argument '",
-                                               t.name, "'"));
+      return InvalidField(
+          t.name, absl::StrCat(p.op->name(), "() got multiple values for argument '", t.name, "'"));
     }
     KPLAN_RETURN_IF_ERROR(CheckHostTensor(t));
     host[t.name] = const_cast<char*>(t.tensor.data.data());
@@ -258,15 +258,15 @@ absl::Status CheckDevice(const IrDevice& device) {
   }
   if (device.index < 0 || device.index >= count) {
     return WithField(absl::FailedPreconditionError(absl::StrCat(
-                         "CUDA device ", device.index, " is not present (this server sees ",
-                         count, " CUDA device", count == 1 ? "" : "s", ")")),
+                         "CUDA device ", device.index, " is not present (this server sees ", count,
+                         " CUDA device", count == 1 ? "" : "s", ")")),
                      "device");
   }
   return absl::OkStatus();
 #else
-  return WithField(absl::FailedPreconditionError(absl::StrCat(
-                       "CUDA device ", device.index,
-                       " requested, but this server was built without CUDA kernels")),
+  return WithField(absl::FailedPreconditionError(
+                       absl::StrCat("CUDA device ", device.index,
+                                    " requested, but this server was built without CUDA kernels")),
                    "device");
 #endif
 }

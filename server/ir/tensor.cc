@@ -21,9 +21,7 @@ std::optional<kernels::DType> IrDTypeFromName(absl::string_view name) {
   return std::nullopt;
 }
 
-std::string IrDevice::ToString() const {
-  return is_cpu() ? "cpu" : absl::StrCat("cuda:", index);
-}
+std::string IrDevice::ToString() const { return is_cpu() ? "cpu" : absl::StrCat("cuda:", index); }
 
 TensorView TensorView::Contiguous(void* data, kernels::DType dtype, std::vector<int64_t> shape,
                                   IrDevice device) {
@@ -94,8 +92,7 @@ bool TensorView::RowLayout(kernels::IrRowLayout* layout) const {
 }
 
 std::string TensorView::Describe() const {
-  return absl::StrCat(IrDTypeName(dtype), "[", absl::StrJoin(shape, ", "), "] ",
-                      device.ToString());
+  return absl::StrCat(IrDTypeName(dtype), "[", absl::StrJoin(shape, ", "), "] ", device.ToString());
 }
 
 }  // namespace kplan

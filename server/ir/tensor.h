@@ -15,7 +15,6 @@
 
 namespace kplan {
 
-
 // "float32", "float16", "bfloat16" (torch's dtype names without "torch.").
 absl::string_view IrDTypeName(kernels::DType dtype);
 // Accepts the names above and torch's aliases "float", "half", "fp32", "fp16", "bf16".

@@ -41,8 +41,8 @@ void LoadProgress::Add(int64_t bytes) {
   if (tenths <= logged_tenths_) return;
   logged_tenths_ = tenths;
   spdlog::info("LoadExperts '{}': {}% ({} of {}) in {}", ClientText(id_), tenths * 10, Mib(done_),
-               Mib(total_), absl::FormatDuration(absl::Trunc(absl::Now() - start_,
-                                                             absl::Milliseconds(100))));
+               Mib(total_),
+               absl::FormatDuration(absl::Trunc(absl::Now() - start_, absl::Milliseconds(100))));
 }
 
 ExpertsLoader::ExpertsLoader(ExpertsSpec spec)
@@ -84,8 +84,8 @@ absl::Status ExpertsLoader::AddChunk(const std::string& name, const std::string&
     it->second.reserve(spec->bytes());
   } else if ((!wire_dtype.empty() && wire_dtype != spec->wire_dtype) ||
              (!shape.empty() && shape != spec->shape)) {
-    return InvalidField(field, absl::StrCat("a later chunk of '", name,
-                                            "' changes its dtype or shape"));
+    return InvalidField(field,
+                        absl::StrCat("a later chunk of '", name, "' changes its dtype or shape"));
   }
   std::string& buffer = it->second;
   if (offset != static_cast<int64_t>(buffer.size())) {
@@ -94,8 +94,8 @@ absl::Status ExpertsLoader::AddChunk(const std::string& name, const std::string&
                                      buffer.size(), " (chunks of a tensor arrive in order)"));
   }
   if (static_cast<int64_t>(buffer.size() + data.size()) > spec->bytes()) {
-    return InvalidField(field, absl::StrCat("tensor '", name, "' would exceed its ", spec->bytes(),
-                                            " bytes"));
+    return InvalidField(
+        field, absl::StrCat("tensor '", name, "' would exceed its ", spec->bytes(), " bytes"));
   }
   bytes_received_ += static_cast<int64_t>(data.size());
   progress_.Add(static_cast<int64_t>(data.size()));
@@ -175,8 +175,7 @@ class SafetensorsFile {
     if (e.dtype != dtype || e.shape != shape) {
       return InvalidField("safetensors", absl::StrCat("tensor '", ClientText(name), "' is ",
                                                       e.dtype, " ", ShapeText(e.shape),
-                                                      ", expected ", dtype, " ",
-                                                      ShapeText(shape)));
+                                                      ", expected ", dtype, " ", ShapeText(shape)));
     }
     const int64_t n = e.end - e.begin;  // the bytes of dtype x shape, checked by the parser
     const size_t at = out.size();
@@ -221,9 +220,9 @@ class SafetensorsCheckpoint {
       return ParseSafetensorsIndex(text);
     }();
     if (!index.ok()) {
-      return WithField(absl::Status(index.status().code(),
-                                    absl::StrCat(name_, ": ", index.status().message())),
-                       "safetensors.path");
+      return WithField(
+          absl::Status(index.status().code(), absl::StrCat(name_, ": ", index.status().message())),
+          "safetensors.path");
     }
     index_ = *std::move(index);
     // The canonical path's directory: the shards resolve beside the index
@@ -280,8 +279,9 @@ absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(
     const ExpertsSpec& spec, const std::string& path, const SafetensorsNames& names,
     absl::Span<const std::string> model_roots) {
   if (!spec.quant.scheme.empty() || spec.has_bias) {
-    return InvalidField("safetensors", "safetensors loading takes plain float32/float16/bfloat16 "
-                                       "weights without biases; send quantised experts inline");
+    return InvalidField("safetensors",
+                        "safetensors loading takes plain float32/float16/bfloat16 "
+                        "weights without biases; send quantised experts inline");
   }
   const char* dtype = SafetensorsDType(spec.dtype);
   SafetensorsCheckpoint file;
@@ -310,10 +310,13 @@ absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(
     };
     for (int64_t x = 0; x < e; ++x) {
       if (gated) {  // w13[e] = [gate; up]
-        KPLAN_RETURN_IF_ERROR(file.Read(expert_name(names.gate_proj, x), dtype, {i, h}, tensors["w13"]));
+        KPLAN_RETURN_IF_ERROR(
+            file.Read(expert_name(names.gate_proj, x), dtype, {i, h}, tensors["w13"]));
       }
-      KPLAN_RETURN_IF_ERROR(file.Read(expert_name(names.up_proj, x), dtype, {i, h}, tensors["w13"]));
-      KPLAN_RETURN_IF_ERROR(file.Read(expert_name(names.down_proj, x), dtype, {h, i}, tensors["w2"]));
+      KPLAN_RETURN_IF_ERROR(
+          file.Read(expert_name(names.up_proj, x), dtype, {i, h}, tensors["w13"]));
+      KPLAN_RETURN_IF_ERROR(
+          file.Read(expert_name(names.down_proj, x), dtype, {h, i}, tensors["w2"]));
     }
   }
   return std::make_unique<ExpertSet>(spec, std::move(tensors));

@@ -59,8 +59,8 @@ class ExpertsLoader {
 // Where the tensors are in a safetensors file: stacked names, or per-expert
 // names with "{e}" for the expert index.
 struct SafetensorsNames {
-  std::string w13, w2;                         // stacked
-  std::string gate_proj, up_proj, down_proj;   // per expert
+  std::string w13, w2;                        // stacked
+  std::string gate_proj, up_proj, down_proj;  // per expert
 };
 
 // Reads the weights of `spec` (plain float32/float16/bfloat16 weights) from

@@ -53,7 +53,8 @@ absl::StatusOr<int64_t> ExpectedBytes(const ExpertsSpec& spec) {
   limits.max_elements = limits.max_bytes = kMaxExpertSetBytes;
   int64_t total = 0;
   for (const TensorSpec& t : ExpectedTensors(spec)) {
-    absl::StatusOr<int64_t> bytes = ShapeBytes(t.shape, kernels::DTypeSize(t.dtype), t.name, limits);
+    absl::StatusOr<int64_t> bytes =
+        ShapeBytes(t.shape, kernels::DTypeSize(t.dtype), t.name, limits);
     std::optional<int64_t> sum = bytes.ok() ? CheckedAdd(total, *bytes) : std::nullopt;
     if (!sum || *sum > kMaxExpertSetBytes) {
       return InvalidField("num_experts",
@@ -78,8 +79,8 @@ absl::Status ValidateExpertsSpec(const ExpertsSpec& s) {
                                      ClientText(s.experts_id), "'"));
   }
   if (s.num_experts < 1) {
-    return InvalidField("num_experts", absl::StrCat("num_experts must be at least 1, got ",
-                                                    s.num_experts));
+    return InvalidField("num_experts",
+                        absl::StrCat("num_experts must be at least 1, got ", s.num_experts));
   }
   if (s.hidden < 1 || s.intermediate < 1) {
     return InvalidField(s.hidden < 1 ? "hidden_size" : "intermediate_size",
@@ -95,10 +96,10 @@ absl::Status ValidateExpertsSpec(const ExpertsSpec& s) {
                                      "'; expected fp8_per_tensor, fp8_per_channel, fp8_block, "
                                      "int8_group or int4_group (or empty)"));
   }
-  const bool dtype_ok = q.empty()            ? IsPlainFloat(s.dtype)
-                        : fp8                ? s.dtype == kernels::DType::kFp8E4m3
+  const bool dtype_ok = q.empty()           ? IsPlainFloat(s.dtype)
+                        : fp8               ? s.dtype == kernels::DType::kFp8E4m3
                         : q == "int8_group" ? s.dtype == kernels::DType::kInt8
-                                             : s.dtype == kernels::DType::kInt4Packed;
+                                            : s.dtype == kernels::DType::kInt4Packed;
   if (!dtype_ok) {
     return InvalidField("dtype", absl::StrCat("dtype does not fit quantization '", q,
                                               "': unquantized weights are float32, float16 or "
@@ -197,7 +198,7 @@ moe::MoeWeights ExpertSet::Weights() const {
                            : q == "fp8_per_channel" ? moe::Fp8WeightScale::kPerChannel
                                                     : moe::Fp8WeightScale::kBlock;
     w.quant.act_scale = spec_.quant.activation_scale == "per_tensor" ? moe::Fp8ActScale::kPerTensor
-                                                                    : moe::Fp8ActScale::kPerToken;
+                                                                     : moe::Fp8ActScale::kPerToken;
     w.quant.block_n = spec_.quant.block_n;
     w.quant.block_k = spec_.quant.block_k;
     if (spec_.quant.a1_scale) w.quant.a1_scale = *spec_.quant.a1_scale;
@@ -218,8 +219,8 @@ bool DeviceExperts::FastPathFor(kernels::DType /*act_dtype*/) const { return fal
 
 absl::StatusOr<MoeRunOutput> DeviceExperts::Run(const MoeRunInput& /*input*/,
                                                 void* /*stream*/) const {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the copy of the experts on ", device_name(), " runs only through its own group"));
+  return absl::FailedPreconditionError(absl::StrCat("the copy of the experts on ", device_name(),
+                                                    " runs only through its own group"));
 }
 
 }  // namespace kplan

@@ -109,8 +109,9 @@ absl::StatusOr<std::shared_ptr<const ExpertSet>> ExpertStore::Get(const std::str
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sets_.find(id);
   if (it == sets_.end()) {
-    return WithField(absl::NotFoundError(absl::StrCat("no experts loaded as '", ClientText(id), "'")),
-                     "experts_id");
+    return WithField(
+        absl::NotFoundError(absl::StrCat("no experts loaded as '", ClientText(id), "'")),
+        "experts_id");
   }
   return it->second;
 }
@@ -119,8 +120,9 @@ absl::StatusOr<int64_t> ExpertStore::Remove(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sets_.find(id);
   if (it == sets_.end()) {
-    return WithField(absl::NotFoundError(absl::StrCat("no experts loaded as '", ClientText(id), "'")),
-                     "experts_id");
+    return WithField(
+        absl::NotFoundError(absl::StrCat("no experts loaded as '", ClientText(id), "'")),
+        "experts_id");
   }
   const int64_t freed = it->second->bytes();
   bytes_ -= freed;

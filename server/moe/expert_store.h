@@ -77,7 +77,7 @@ class ExpertStore {
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<const ExpertSet>> sets_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> reserved_ids_ ABSL_GUARDED_BY(mu_);
-  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;     // resident sets
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;  // resident sets
   // Unloaded sets that runs still hold (a run keeps its set alive): their
   // memory is not free until the last holder lets go.
   mutable std::vector<std::pair<std::weak_ptr<const ExpertSet>, int64_t>> draining_

@@ -163,12 +163,11 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
   const int64_t numel = M * k;
 
-  if (a.allow_decode && !a.apply_router_weight_on_input &&
-      kc::MoeDecodeApplies(M, k, E, H, I)) {
+  if (a.allow_decode && !a.apply_router_weight_on_input && kc::MoeDecodeApplies(M, k, E, H, I)) {
     // A few slots: routing, then the two matrix-vector kernels.
     if (a.router_logits != nullptr) {
-      KPLAN_RETURN_IF_ERROR(kc::LaunchMoeRouting(a.routing, a.router_logits, M, a.topk_weights,
-                                                 a.topk_ids, stream));
+      KPLAN_RETURN_IF_ERROR(
+          kc::LaunchMoeRouting(a.routing, a.router_logits, M, a.topk_weights, a.topk_ids, stream));
     }
     kc::MoeDecodeArgs d;
     d.dtype = dtype;
@@ -240,8 +239,8 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
     kc::MoeSplitInput split1;
     if (g1.reduce_in_consumer) split1 = {g1.partials, g1.splits};
     KPLAN_RETURN_IF_ERROR(kc::LaunchMoeActivation(act_kind, ap, dtype, At<void>(workspace, l.c1),
-                                                  numel, N13, At<void>(workspace, l.c2), I,
-                                                  stream, split1));
+                                                  numel, N13, At<void>(workspace, l.c2), I, stream,
+                                                  split1));
   }
   void* y = a.combine ? At<void>(workspace, l.y) : a.output;
   kc::MoeGroupedGemmArgs g2 = g1;

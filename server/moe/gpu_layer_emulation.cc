@@ -42,7 +42,7 @@ Scheme SchemeOf(const GpuExperts& experts) {
   if (q.scheme.empty()) {
     w.kind = spec.dtype == kernels::DType::kFloat32   ? kernels::DType::kFloat32
              : spec.dtype == kernels::DType::kFloat16 ? kernels::DType::kFloat16
-                                                     : kernels::DType::kBFloat16;
+                                                      : kernels::DType::kBFloat16;
     w.scale_kind = kc::MoeWeightScale::kNone;
   } else if (q.scheme.rfind("fp8", 0) == 0) {
     s.fp8 = true;
@@ -147,7 +147,7 @@ kc::MoeGroupedGemmArgs Fp8TensorCoreGemm(const kc::MoeQuantGemmArgs& q, kernels:
 kernels::DType FloatTypeOf(kernels::DType d) {
   return d == kernels::DType::kFloat32   ? kernels::DType::kFloat32
          : d == kernels::DType::kFloat16 ? kernels::DType::kFloat16
-                                        : kernels::DType::kBFloat16;
+                                         : kernels::DType::kBFloat16;
 }
 
 }  // namespace

@@ -117,7 +117,8 @@ absl::StatusOr<MoeRunOutput> GpuExperts::Run(const MoeRunInput& input, void* str
 }
 
 bool GpuExperts::FastPathFor(kernels::DType act_dtype) const {
-  const bool act16 = act_dtype == kernels::DType::kBFloat16 || act_dtype == kernels::DType::kFloat16;
+  const bool act16 =
+      act_dtype == kernels::DType::kBFloat16 || act_dtype == kernels::DType::kFloat16;
   if (spec_.quant.scheme.empty()) return act16 && act_dtype == spec_.dtype;
   return act16 && Fp8OnTensorCores();
 }
@@ -152,14 +153,12 @@ absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& 
 }
 
 absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& set, int device,
-                                                               int first_expert,
-                                                               int num_experts) {
+                                                               int first_expert, int num_experts) {
   const ExpertsSpec& spec = set.spec();
   if (first_expert < 0 || num_experts <= 0 || first_expert + num_experts > spec.num_experts) {
-    return InvalidField("num_experts", absl::StrCat("experts [", first_expert, ", ",
-                                                    first_expert + num_experts,
-                                                    ") are not a slice of the set's ",
-                                                    spec.num_experts));
+    return InvalidField("num_experts",
+                        absl::StrCat("experts [", first_expert, ", ", first_expert + num_experts,
+                                     ") are not a slice of the set's ", spec.num_experts));
   }
   if (spec.hidden % 8 != 0 || spec.intermediate % 8 != 0) {
     return absl::FailedPreconditionError(
@@ -182,9 +181,8 @@ absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& 
     probe.activation = set.activation();
     probe.weights = w;
     if (absl::Status st = moe::ValidateMoeProblem(probe, /*needs_routing=*/false); !st.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the GPU MoE path cannot run experts '", spec.experts_id,
-                       "': ", st.message()));
+      return absl::FailedPreconditionError(absl::StrCat("the GPU MoE path cannot run experts '",
+                                                        spec.experts_id, "': ", st.message()));
     }
   }
   if (spec.has_bias && (w.b13 == nullptr || w.b2 == nullptr)) {
@@ -334,8 +332,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   la.apply_router_weight_on_input = in.apply_router_weight_on_input;
   la.act_dtype = in.act_dtype;
   la.output = ws.At<void>(o_out);
-  KPLAN_RETURN_IF_ERROR(
-      EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
+  KPLAN_RETURN_IF_ERROR(EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
   if (stats != nullptr) KPLAN_RETURN_IF_ERROR(stop.Record(stream));
 
   // --- Downloads: one DMA into the pinned mirror, one synchronisation.

@@ -140,8 +140,8 @@ absl::StatusOr<ModelFile> OpenModelFile(absl::string_view path, absl::Span<const
   std::optional<std::string> opened = RealPath(absl::StrCat("/proc/self/fd/", file.fd_));
   if (opened && std::none_of(canonical_roots.begin(), canonical_roots.end(),
                              [&](const std::string& root) { return IsUnder(*opened, root); })) {
-    return refuse(absl::StrCat("the opened file is '", ClientText(*opened),
-                               "', outside the model roots"));
+    return refuse(
+        absl::StrCat("the opened file is '", ClientText(*opened), "', outside the model roots"));
   }
   file.size_ = static_cast<int64_t>(st.st_size);
   file.path_ = *std::move(canonical);

@@ -189,12 +189,12 @@ absl::StatusOr<std::shared_ptr<const MoeRoute>> MoeRouteCache::Choose(
   KPLAN_ASSIGN_OR_RETURN(const MoeRunShape shape, CheckMoeRunInput(spec, input));
   // Everything of the request LayerSpecOf and ChooseMoeRoute read.
   const MoeRouting& r = input.routing;
-  std::string key = absl::StrCat(
-      kernels::DTypeName(input.act_dtype), "|", shape.top_k, "|", moe_backend, "|",
-      residency.on_gpu, residency.fast_path, "|", TokenBucket(shape.num_tokens), "|");
+  std::string key =
+      absl::StrCat(kernels::DTypeName(input.act_dtype), "|", shape.top_k, "|", moe_backend, "|",
+                   residency.on_gpu, residency.fast_path, "|", TokenBucket(shape.num_tokens), "|");
   if (shape.by_logits) {
-    absl::StrAppend(&key, "logits|", r.routing_method, "|", r.num_expert_group, "|",
-                    r.topk_group, "|", !r.e_score_correction_bias.empty(), "|",
+    absl::StrAppend(&key, "logits|", r.routing_method, "|", r.num_expert_group, "|", r.topk_group,
+                    "|", !r.e_score_correction_bias.empty(), "|",
                     r.routed_scaling_factor ? absl::StrCat(*r.routed_scaling_factor) : "-");
   } else {
     absl::StrAppend(&key, "ids");
@@ -226,8 +226,8 @@ absl::StatusOr<std::shared_ptr<const MoeRoute>> MoeRouteCache::Choose(
       id = id->second.empty() ? routes_.erase(id) : std::next(id);
     }
   }
-  auto [it, inserted] = routes_[spec.experts_id].insert_or_assign(
-      std::move(key), Entry{set, route, next_serial_++});
+  auto [it, inserted] =
+      routes_[spec.experts_id].insert_or_assign(std::move(key), Entry{set, route, next_serial_++});
   if (inserted) ++entries_;
   return route;
 }

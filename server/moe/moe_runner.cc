@@ -26,8 +26,7 @@ absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& sha
                         absl::StrCat(field, " must have shape [", absl::StrJoin(want, ", "),
                                      "], got [", absl::StrJoin(shape, ", "), "]"));
   }
-  return CheckTensorBytes(shape, element_bytes, static_cast<int64_t>(data.size()), field)
-      .status();
+  return CheckTensorBytes(shape, element_bytes, static_cast<int64_t>(data.size()), field).status();
 }
 
 }  // namespace
@@ -118,8 +117,8 @@ absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeR
     const int32_t* ids = reinterpret_cast<const int32_t*>(in.topk_ids.data());
     for (int64_t t = 0; t < m * k; ++t) {
       if (ids[t] < 0 || ids[t] >= e) {
-        return InvalidField("topk_ids", absl::StrCat("topk_ids[", t / k, "][", t % k, "] = ",
-                                                     ids[t], " is not in [0, ", e, ")"));
+        return InvalidField("topk_ids", absl::StrCat("topk_ids[", t / k, "][", t % k,
+                                                     "] = ", ids[t], " is not in [0, ", e, ")"));
       }
     }
   }

@@ -26,8 +26,8 @@ struct MoeRouting {
 
 struct MoeRunInput {
   kernels::DType act_dtype = kernels::DType::kBFloat16;  // float32 | float16 | bfloat16
-  std::vector<int64_t> hidden_shape;                   // [M, H]
-  std::string hidden_states;                           // raw bytes
+  std::vector<int64_t> hidden_shape;                     // [M, H]
+  std::string hidden_states;                             // raw bytes
   // Either router logits (fp32 [M, E]) with routing ...
   std::vector<int64_t> logits_shape;
   std::string router_logits;
@@ -54,7 +54,7 @@ absl::StatusOr<moe::RoutingSpec> RoutingSpecFor(const MoeRouting& routing, int n
 struct MoeRunShape {
   int64_t num_tokens = 0;
   int top_k = 0;
-  bool by_logits = false;     // route router_logits, else use the given top-k
+  bool by_logits = false;    // route router_logits, else use the given top-k
   moe::RoutingSpec routing;  // when by_logits; its bias points into the input
 };
 

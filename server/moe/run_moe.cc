@@ -56,8 +56,8 @@ absl::Status RunOnGroup(moe::ep::EpGroup& group, RunMoeRequest request, const Ru
   const absl::Time queued = absl::Now();
   return group.RunMoe(
       std::move(request.experts), std::move(request.input), strategy, request.return_routing,
-      [&group, strategy, queued, done = std::move(done)](absl::StatusOr<MoeRunOutput> out,
-                                                         absl::Duration waited, absl::Duration ran) {
+      [&group, strategy, queued, done = std::move(done)](
+          absl::StatusOr<MoeRunOutput> out, absl::Duration waited, absl::Duration ran) {
         MoeRunTiming timing;
         timing.queue = waited;
         timing.device = ran;
@@ -267,9 +267,9 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
     }
     RunMoeResult result;
     result.output = *std::move(out);
-    result.plan = MakePlan(route->backend, route->experts_kernel, route->plan.prepare_finalize,
-                           {where.name}, explain ? route->plan.candidates : std::vector<MoeCandidate>{},
-                           "", 0);
+    result.plan =
+        MakePlan(route->backend, route->experts_kernel, route->plan.prepare_finalize, {where.name},
+                 explain ? route->plan.candidates : std::vector<MoeCandidate>{}, "", 0);
     done(std::move(result), timing);
   };
   return env.executor->Submit(slot, std::move(job));

@@ -50,8 +50,8 @@ Call::Call(const ServerEnvironment& env, grpc::CallbackServerContext* context, c
       sink_(TakePendingSink()),
       start_(sink_ != nullptr ? sink_->arrival : absl::Now()) {
   if (unary) {
-    reactor_ = sink_ != nullptr && sink_->reactor != nullptr ? sink_->reactor
-                                                             : context->DefaultReactor();
+    reactor_ =
+        sink_ != nullptr && sink_->reactor != nullptr ? sink_->reactor : context->DefaultReactor();
   }
   if (env_.metrics) env_.metrics->RequestStarted();
   if (sink_ != nullptr) sink_->counted = true;

@@ -103,16 +103,17 @@ absl::StatusOr<v1::JoinEpGroupResponse> EpCoordinator::Join(const v1::JoinEpGrou
                      "size");
   }
   if (request.rank() < 1 || request.rank() >= size_) {
-    return WithField(absl::InvalidArgumentError(absl::StrCat(
-                         "a peer's rank must be in [1, ", size_, "); got ", request.rank(),
-                         " (rank 0 is the coordinator)")),
-                     "rank");
+    return WithField(
+        absl::InvalidArgumentError(absl::StrCat("a peer's rank must be in [1, ", size_, "); got ",
+                                                request.rank(), " (rank 0 is the coordinator)")),
+        "rank");
   }
   std::string address = request.address();
   if (address.empty() || absl::StartsWith(address, ":")) {
     if (address.empty()) {
-      return WithField(absl::InvalidArgumentError("the peer's address (HOST:PORT or :PORT) is empty"),
-                       "address");
+      return WithField(
+          absl::InvalidArgumentError("the peer's address (HOST:PORT or :PORT) is empty"),
+          "address");
     }
     address = absl::StrCat(from_host, address);
   }
@@ -314,9 +315,11 @@ absl::StatusOr<std::string> EpCoordinator::RunStep(const moe::ep::EpForwardedSte
   AddAuth(context);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = cancelled_.find(step.rank); it != cancelled_.end() && step.generation <= it->second) {
+    if (auto it = cancelled_.find(step.rank);
+        it != cancelled_.end() && step.generation <= it->second) {
       return absl::CancelledError(absl::StrCat("rank ", step.rank, "'s step of generation ",
-                                               step.generation, " was given up before it was sent"));
+                                               step.generation,
+                                               " was given up before it was sent"));
     }
     in_flight_[step.rank] = InFlight{&context, step.generation};
   }
@@ -335,7 +338,8 @@ void EpCoordinator::Cancel(int rank, int64_t generation, absl::string_view) {
   int64_t& cancelled = cancelled_[rank];
   cancelled = std::max(cancelled, generation);
   auto it = in_flight_.find(rank);
-  if (it != in_flight_.end() && it->second.generation <= generation) it->second.context->TryCancel();
+  if (it != in_flight_.end() && it->second.generation <= generation)
+    it->second.context->TryCancel();
 }
 
 // ---------------------------------------------------------------------------
@@ -363,17 +367,17 @@ absl::StatusOr<v1::JoinEpGroupResponse> JoinEpGroupAtStart(const EpPeerJoin& joi
     absl::SleepFor(absl::Milliseconds(200));
   } while (absl::Now() < deadline);
   absl::Status st = FromGrpcStatus(last);
-  return absl::Status(
-      st.code(), absl::StrCat("joining the expert-parallel group at ", join.coordinator,
-                              " as rank ", join.rank, " of ", join.size, ": ", st.message()));
+  return absl::Status(st.code(),
+                      absl::StrCat("joining the expert-parallel group at ", join.coordinator,
+                                   " as rank ", join.rank, " of ", join.size, ": ", st.message()));
 }
 
 // ---------------------------------------------------------------------------
 // Handlers.
 
-grpc::ServerUnaryReactor* KernelPlanServiceImpl::JoinEpGroup(
-    grpc::CallbackServerContext* context, const v1::JoinEpGroupRequest* request,
-    v1::JoinEpGroupResponse* response) {
+grpc::ServerUnaryReactor* KernelPlanServiceImpl::JoinEpGroup(grpc::CallbackServerContext* context,
+                                                             const v1::JoinEpGroupRequest* request,
+                                                             v1::JoinEpGroupResponse* response) {
   Call call(env_, context, "JoinEpGroup");
   if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
   if (env_.ep_coordinator == nullptr) {
@@ -457,9 +461,10 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerC
       break;
     default:
       return finish(InvalidField("hidden_states.dtype",
-                                            "hidden_states must be float32, float16 or bfloat16"));
+                                 "hidden_states must be float32, float16 or bfloat16"));
   }
-  step.num_tokens = request->hidden_states().shape_size() > 0 ? request->hidden_states().shape(0) : 0;
+  step.num_tokens =
+      request->hidden_states().shape_size() > 0 ? request->hidden_states().shape(0) : 0;
   step.hidden_states = request->hidden_states().data();
   const std::string& ids = request->topk_ids().data();
   const std::string& weights = request->topk_weights().data();
@@ -474,8 +479,8 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunEpStep(grpc::CallbackServerC
   }
   const v1::DType dtype = request->hidden_states().dtype();
   const int64_t m = step.num_tokens;
-  const int64_t h = request->hidden_states().shape_size() > 1 ? request->hidden_states().shape(1)
-                                                              : 0;
+  const int64_t h =
+      request->hidden_states().shape_size() > 1 ? request->hidden_states().shape(1) : 0;
   reactor->Arm(env_.ep_peer, step.generation);  // before posting: the step may finish at once
   env_.ep_peer->RunStep(*set, std::move(step),
                         [finish, response, dtype, m, h](absl::StatusOr<std::string> out) {

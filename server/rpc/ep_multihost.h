@@ -81,8 +81,8 @@ class EpCoordinator final : public moe::ep::EpRemoteRanks {
     grpc::ClientContext* context;
     int64_t generation;
   };
-  std::map<int, InFlight> in_flight_;      // by rank
-  std::map<int, int64_t> cancelled_;       // by rank: the newest generation given up on
+  std::map<int, InFlight> in_flight_;  // by rank
+  std::map<int, int64_t> cancelled_;   // by rank: the newest generation given up on
 };
 
 struct EpPeerJoin {

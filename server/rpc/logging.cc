@@ -46,8 +46,8 @@ class JsonFormatter : public spdlog::formatter {
  public:
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     nlohmann::ordered_json line;
-    line["time"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromChrono(msg.time),
-                                    absl::UTCTimeZone());
+    line["time"] =
+        absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromChrono(msg.time), absl::UTCTimeZone());
     const spdlog::string_view_t level = spdlog::level::to_string_view(msg.level);
     line["level"] = std::string(level.data(), level.size());
     line["message"] = std::string(msg.payload.data(), msg.payload.size());

@@ -91,7 +91,8 @@ ABSL_FLAG(std::string, preload, "",
           "JSON file of expert sets to load at start, {\"experts\": [ExpertsHeader, ...]} with "
           "safetensors sources under --model_root; readiness waits for them, a failure stops "
           "the start");
-ABSL_FLAG(absl::Duration, preload_timeout, absl::Minutes(10), "The longest one preloaded set may take");
+ABSL_FLAG(absl::Duration, preload_timeout, absl::Minutes(10),
+          "The longest one preloaded set may take");
 ABSL_FLAG(std::string, devices, "all",
           "GPUs this server owns: all, none (CPU reference path) or a list such as 0,1");
 ABSL_FLAG(int, cpu_ep_ranks, 0,

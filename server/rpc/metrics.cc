@@ -70,8 +70,8 @@ const CivetCallbacks* ProbeCallbacks() {
 // Seconds, from 1 µs to 1 s: the hops of one request.
 const prometheus::Histogram::BucketBoundaries& HopBuckets() {
   static const auto* b = new prometheus::Histogram::BucketBoundaries{
-      1e-6,   2.5e-6, 5e-6, 10e-6,  25e-6, 50e-6, 100e-6, 250e-6,
-      500e-6, 1e-3,   5e-3, 25e-3, 100e-3, 1.0};
+      1e-6,   2.5e-6, 5e-6, 10e-6, 25e-6, 50e-6,  100e-6,
+      250e-6, 500e-6, 1e-3, 5e-3,  25e-3, 100e-3, 1.0};
   return *b;
 }
 
@@ -140,9 +140,9 @@ absl::Status Metrics::Serve(const std::string& address) {
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(address, 2, ProbeCallbacks());
   } catch (const std::exception& e) {
-    return WithField(absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ",
-                                                         e.what())),
-                     "metrics_listen");
+    return WithField(
+        absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", e.what())),
+        "metrics_listen");
   }
   exposer_->RegisterCollectable(registry_);
   exposer_->RegisterCollectable(process_);

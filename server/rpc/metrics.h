@@ -1,10 +1,10 @@
 // Prometheus metrics of the server, exposed on their own port (prometheus-cpp
 // pull exposer): requests by RPC and status code, latency histograms (total,
 // queue and device time apart), in-flight requests, experts held per device,
-// device memory in use, build info, and the standard process_* families. Names follow Prometheus conventions
-// (base units, _total for counters). The same port answers /healthz (200
-// while the process serves) and /readyz (200 when the readiness health
-// service is SERVING, 503 otherwise) for probes that speak only HTTP.
+// device memory in use, build info, and the standard process_* families. Names follow Prometheus
+// conventions (base units, _total for counters). The same port answers /healthz (200 while the
+// process serves) and /readyz (200 when the readiness health service is SERVING, 503 otherwise) for
+// probes that speak only HTTP.
 #pragma once
 
 #include <atomic>

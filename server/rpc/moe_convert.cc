@@ -72,8 +72,8 @@ absl::StatusOr<ExpertsSpec> ExpertsSpecFromProto(const v1::ExpertsHeader& h) {
       s.dtype = kernels::DType::kInt4Packed;
       break;
     default:
-      return InvalidField("dtype", absl::StrCat("unsupported weight dtype ",
-                                                v1::DType_Name(h.dtype())));
+      return InvalidField("dtype",
+                          absl::StrCat("unsupported weight dtype ", v1::DType_Name(h.dtype())));
   }
   return s;
 }
@@ -84,8 +84,7 @@ absl::StatusOr<MoeRunInput> MoeRunInputFromProto(v1::RunMoERequest& p) {
   in.hidden_shape.assign(p.hidden_states().shape().begin(), p.hidden_states().shape().end());
   in.hidden_states = std::move(*p.mutable_hidden_states()->mutable_data());
   if (p.has_router_logits()) {
-    KPLAN_RETURN_IF_ERROR(
-        ExpectDType(p.router_logits(), v1::DTYPE_FLOAT32, "router_logits.dtype"));
+    KPLAN_RETURN_IF_ERROR(ExpectDType(p.router_logits(), v1::DTYPE_FLOAT32, "router_logits.dtype"));
     in.logits_shape.assign(p.router_logits().shape().begin(), p.router_logits().shape().end());
     in.router_logits = std::move(*p.mutable_router_logits()->mutable_data());
     const v1::RoutingConfig& r = p.routing();
@@ -125,7 +124,7 @@ void MoeRunOutputToProto(MoeRunOutput& out, kernels::DType act_dtype, int64_t hi
   v1::Tensor* o = p->mutable_output();
   o->set_dtype(act_dtype == kernels::DType::kFloat32   ? v1::DTYPE_FLOAT32
                : act_dtype == kernels::DType::kFloat16 ? v1::DTYPE_FLOAT16
-                                                      : v1::DTYPE_BFLOAT16);
+                                                       : v1::DTYPE_BFLOAT16);
   o->add_shape(out.num_tokens);
   o->add_shape(hidden);
   *o->mutable_data() = std::move(out.output);
@@ -179,8 +178,9 @@ absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regio
     const std::string field = absl::StrCat(name, ".shm");
     if (regions == nullptr) return SharedMemoryOff(field);
     if (!t->data().empty()) {
-      return InvalidField(field, absl::StrCat(name, " has both data and a shared-memory "
-                                                    "reference; give one"));
+      return InvalidField(field, absl::StrCat(name,
+                                              " has both data and a shared-memory "
+                                              "reference; give one"));
     }
     const v1::SharedMemoryRef& ref = t->shm();
     KPLAN_ASSIGN_OR_RETURN(ShmView view,
@@ -191,13 +191,14 @@ absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regio
   if (!p.has_output_shm()) return std::optional<ShmView>();
   if (regions == nullptr) return SharedMemoryOff("output_shm");
   const v1::SharedMemoryRef& ref = p.output_shm();
-  KPLAN_ASSIGN_OR_RETURN(ShmView view, regions->Resolve(ref.region(), ref.offset(),
-                                                        ref.byte_size(), "output_shm"));
+  KPLAN_ASSIGN_OR_RETURN(
+      ShmView view, regions->Resolve(ref.region(), ref.offset(), ref.byte_size(), "output_shm"));
   const int64_t want = static_cast<int64_t>(p.hidden_states().data().size());
   if (view.size != want) {
-    return InvalidField("output_shm.byte_size",
-                        absl::StrCat("the output takes ", want, " bytes (those of hidden_states); "
-                                     "output_shm.byte_size is ", view.size));
+    return InvalidField("output_shm.byte_size", absl::StrCat("the output takes ", want,
+                                                             " bytes (those of hidden_states); "
+                                                             "output_shm.byte_size is ",
+                                                             view.size));
   }
   return std::optional<ShmView>(std::move(view));
 }

@@ -226,9 +226,9 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
     v1::TensorChunk& c = *request_.mutable_chunk();
     std::string wire = c.dtype() == v1::DTYPE_UNSPECIFIED ? "" : WireFromProtoDType(c.dtype());
     const int64_t before = loader_->bytes_received();
-    KPLAN_RETURN_IF_ERROR(loader_->AddChunk(c.name(), wire,
-                                            std::vector<int64_t>(c.shape().begin(), c.shape().end()),
-                                            c.offset(), std::move(*c.mutable_data())));
+    KPLAN_RETURN_IF_ERROR(
+        loader_->AddChunk(c.name(), wire, std::vector<int64_t>(c.shape().begin(), c.shape().end()),
+                          c.offset(), std::move(*c.mutable_data())));
     if (loader_->bytes_received() / kProgressEvery != before / kProgressEvery) {
       spdlog::info("LoadExperts '{}': {} of {} MiB received", ClientText(spec_->experts_id),
                    loader_->bytes_received() >> 20, loader_->bytes_expected() >> 20);
@@ -301,8 +301,8 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   // On the CPU worker. The loader and the spec are this job's alone now.
   void Build() {
     absl::StatusOr<std::unique_ptr<ExpertSet>> set =
-        loader_ ? loader_->Finish() : LoadSafetensors(*spec_, safetensors_path_, names_,
-                                                   call_.env().model_roots);
+        loader_ ? loader_->Finish()
+                : LoadSafetensors(*spec_, safetensors_path_, names_, call_.env().model_roots);
     loader_.reset();  // its buffers moved into the set (or are not needed)
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -361,11 +361,11 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   // (rank 0 streamed it the whole set); the host copy stays too.
   void PlaceOnPeer(moe::ep::EpPeerRank& peer, std::shared_ptr<ExpertSet> set) {
     Hold();
-    peer.PlaceExperts(
-        set, [this, set](absl::StatusOr<std::unique_ptr<moe::ep::EpPeerExperts>> placed) {
-          AttachAndStore(set, std::move(placed));
-          Unhold();
-        });
+    peer.PlaceExperts(set,
+                      [this, set](absl::StatusOr<std::unique_ptr<moe::ep::EpPeerExperts>> placed) {
+                        AttachAndStore(set, std::move(placed));
+                        Unhold();
+                      });
   }
 
   // Attaches a placement as the set's device copy and stores the set; a
@@ -521,27 +521,27 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   hooks.deadline = call->deadline();
   hooks.cancelled = [call] { return call->IsCancelled(); };
   hooks.fail = [call](const absl::Status& status) { call->FinishUnary(status); };
-  absl::Status queued = kplan::RunMoe(
-      run_env, *std::move(core), std::move(hooks),
-      [this, call, response, answer](absl::StatusOr<RunMoeResult> result,
-                                     const MoeRunTiming& timing) {
-        if (result.ok()) RunMoeResultToProto(*result, timing, answer, response);
-        if (Metrics* m = env_.metrics) {
-          const std::string& method = call->method();
-          m->ObserveQueue(method, timing.queue);
-          m->ObserveDevice(method, timing.device);
-          m->ObserveHop(method, "decode", answer.decoded - answer.arrival);
-          if (timing.queued != absl::InfinitePast()) {
-            m->ObserveHop(method, "route", timing.queued - answer.decoded);
-          }
-          m->ObserveHop(method, "queue", timing.queue);
-          m->ObserveHop(method, "device", timing.device);
-          if (result.ok() && timing.device_end != absl::InfinitePast()) {
-            m->ObserveHop(method, "encode", absl::Now() - timing.device_end);
-          }
-        }
-        call->FinishUnary(result.status());
-      });
+  absl::Status queued =
+      kplan::RunMoe(run_env, *std::move(core), std::move(hooks),
+                    [this, call, response, answer](absl::StatusOr<RunMoeResult> result,
+                                                   const MoeRunTiming& timing) {
+                      if (result.ok()) RunMoeResultToProto(*result, timing, answer, response);
+                      if (Metrics* m = env_.metrics) {
+                        const std::string& method = call->method();
+                        m->ObserveQueue(method, timing.queue);
+                        m->ObserveDevice(method, timing.device);
+                        m->ObserveHop(method, "decode", answer.decoded - answer.arrival);
+                        if (timing.queued != absl::InfinitePast()) {
+                          m->ObserveHop(method, "route", timing.queued - answer.decoded);
+                        }
+                        m->ObserveHop(method, "queue", timing.queue);
+                        m->ObserveHop(method, "device", timing.device);
+                        if (result.ok() && timing.device_end != absl::InfinitePast()) {
+                          m->ObserveHop(method, "encode", absl::Now() - timing.device_end);
+                        }
+                      }
+                      call->FinishUnary(result.status());
+                    });
   if (!queued.ok()) return call->FinishUnary(queued);
   return call->reactor();
 }

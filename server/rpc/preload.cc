@@ -22,14 +22,15 @@ absl::StatusOr<std::vector<v1::ExpertsHeader>> ReadPreloadFile(const std::string
   if (!in) return InvalidField("preload", absl::StrCat("cannot read ", ClientText(path)));
   std::stringstream text;
   text << in.rdbuf();
-  const nlohmann::json file = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json file =
+      nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (file.is_discarded()) {
     return InvalidField("preload", absl::StrCat(ClientText(path), " is not valid JSON"));
   }
   if (!file.is_object() || !file.contains("experts") || !file["experts"].is_array() ||
       file.size() != 1) {
-    return InvalidField("preload", absl::StrCat(ClientText(path),
-                                                " must be an object {\"experts\": [...]}"));
+    return InvalidField("preload",
+                        absl::StrCat(ClientText(path), " must be an object {\"experts\": [...]}"));
   }
   std::vector<v1::ExpertsHeader> headers;
   std::set<std::string> ids;
@@ -39,8 +40,8 @@ absl::StatusOr<std::vector<v1::ExpertsHeader>> ReadPreloadFile(const std::string
     const auto parsed =
         google::protobuf::util::JsonStringToMessage(file["experts"][i].dump(), &header);
     if (!parsed.ok()) {
-      return InvalidField(field, absl::StrCat("not an ExpertsHeader: ",
-                                              ClientText(std::string(parsed.message()))));
+      return InvalidField(
+          field, absl::StrCat("not an ExpertsHeader: ", ClientText(std::string(parsed.message()))));
     }
     if (!header.has_safetensors()) {
       return InvalidField(field + ".safetensors",
@@ -74,8 +75,8 @@ absl::Status Preload(grpc::Channel& channel, const std::vector<v1::ExpertsHeader
     const absl::Status status = FromGrpcStatus(writer->Finish());
     if (!status.ok()) {
       return absl::Status(status.code(),
-                          absl::StrCat("preload.experts[", i, "] ('", ClientText(header.experts_id()),
-                                       "'): ", status.message()));
+                          absl::StrCat("preload.experts[", i, "] ('",
+                                       ClientText(header.experts_id()), "'): ", status.message()));
     }
     spdlog::info("preloaded experts '{}' from {} in {}", header.experts_id(),
                  header.safetensors().path(), absl::FormatDuration(absl::Now() - start));

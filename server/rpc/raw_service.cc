@@ -65,7 +65,8 @@ absl::Status SerializeRunMoeResponse(v1::RunMoEResponse& response, grpc::ByteBuf
   AppendVarint(n, &head);
   grpc::Slice slices[2] = {
       grpc::Slice(head.data(), head.size()),  // the small part: copied
-      grpc::Slice(bytes->data(), n, [](void* s) { delete static_cast<std::string*>(s); }, bytes)};
+      grpc::Slice(
+          bytes->data(), n, [](void* s) { delete static_cast<std::string*>(s); }, bytes)};
   grpc::ByteBuffer buffer(slices, 2);
   out->Swap(&buffer);
   return absl::OkStatus();
@@ -96,9 +97,8 @@ class TypedMessages final : public ResponseSink {
 // Answers a call whose handler threw (an allocation, most likely) unless it
 // had answered already; the reactor returned is the one gRPC must see.
 grpc::ServerUnaryReactor* AnswerAfterThrow(const ServerEnvironment& env,
-                                           grpc::CallbackServerContext* context,
-                                           ResponseSink& sink, const char* method,
-                                           absl::Status status) {
+                                           grpc::CallbackServerContext* context, ResponseSink& sink,
+                                           const char* method, absl::Status status) {
   spdlog::error("{}: the handler threw: {}", method, std::string(status.message()));
   grpc::ServerUnaryReactor* reactor =
       sink.reactor != nullptr ? sink.reactor : context->DefaultReactor();
@@ -106,8 +106,7 @@ grpc::ServerUnaryReactor* AnswerAfterThrow(const ServerEnvironment& env,
     const grpc::Status answer = ToGrpcStatus(status);
     // The Call that counted the call as started is gone with the throw.
     if (sink.counted && env.metrics != nullptr) {
-      env.metrics->RequestFinished(method, GrpcCodeName(answer.error_code()),
-                                   absl::ZeroDuration());
+      env.metrics->RequestFinished(method, GrpcCodeName(answer.error_code()), absl::ZeroDuration());
     }
     reactor->Finish(answer);
   }
@@ -156,15 +155,14 @@ bool DefaultReactorFor(absl::string_view method) { return method != "RunEpStep";
 
 }  // namespace
 
-#define KPLAN_RAW_UNARY(Method)                                                              \
-  grpc::ServerUnaryReactor* RawKernelPlanService::Method(                                   \
-      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,                \
-      grpc::ByteBuffer* response) {                                                         \
-    return Dispatch<v1::Method##Request, v1::Method##Response>(                             \
-        typed_.environment(), context, #Method, DefaultReactorFor(#Method), request,          \
-        response,                                                                           \
-        [this](grpc::CallbackServerContext* c, const v1::Method##Request* req,              \
-               v1::Method##Response* resp) { return typed_.Method(c, req, resp); });        \
+#define KPLAN_RAW_UNARY(Method)                                                                \
+  grpc::ServerUnaryReactor* RawKernelPlanService::Method(grpc::CallbackServerContext* context, \
+                                                         const grpc::ByteBuffer* request,      \
+                                                         grpc::ByteBuffer* response) {         \
+    return Dispatch<v1::Method##Request, v1::Method##Response>(                                \
+        typed_.environment(), context, #Method, DefaultReactorFor(#Method), request, response, \
+        [this](grpc::CallbackServerContext* c, const v1::Method##Request* req,                 \
+               v1::Method##Response* resp) { return typed_.Method(c, req, resp); });           \
   }
 
 KPLAN_RAW_UNARY(ResolveKernelConfig)

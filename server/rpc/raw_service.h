@@ -13,17 +13,18 @@ namespace kplan::rpc {
 
 using RawKernelPlanServiceBase = v1::KernelPlanService::WithRawCallbackMethod_RegisterSharedMemory<
     v1::KernelPlanService::WithRawCallbackMethod_UnregisterSharedMemory<
-    v1::KernelPlanService::WithRawCallbackMethod_ListSharedMemory<
-    v1::KernelPlanService::WithRawCallbackMethod_ResolveKernelConfig<
-    v1::KernelPlanService::WithRawCallbackMethod_GetServerInfo<
-        v1::KernelPlanService::WithRawCallbackMethod_RunIrOp<
-            v1::KernelPlanService::WithRawCallbackMethod_UnloadExperts<
-                v1::KernelPlanService::WithRawCallbackMethod_ListExperts<
-                    v1::KernelPlanService::WithRawCallbackMethod_RunMoE<
-                        v1::KernelPlanService::WithRawCallbackMethod_JoinEpGroup<
-                            v1::KernelPlanService::WithRawCallbackMethod_RunEpStep<
-                                v1::KernelPlanService::WithRawCallbackMethod_LoadExperts<
-                                    v1::KernelPlanService::Service>>>>>>>>>>>>;
+        v1::KernelPlanService::WithRawCallbackMethod_ListSharedMemory<
+            v1::KernelPlanService::WithRawCallbackMethod_ResolveKernelConfig<
+                v1::KernelPlanService::WithRawCallbackMethod_GetServerInfo<
+                    v1::KernelPlanService::WithRawCallbackMethod_RunIrOp<
+                        v1::KernelPlanService::WithRawCallbackMethod_UnloadExperts<
+                            v1::KernelPlanService::WithRawCallbackMethod_ListExperts<
+                                v1::KernelPlanService::WithRawCallbackMethod_RunMoE<
+                                    v1::KernelPlanService::WithRawCallbackMethod_JoinEpGroup<
+                                        v1::KernelPlanService::WithRawCallbackMethod_RunEpStep<
+                                            v1::KernelPlanService::
+                                                WithRawCallbackMethod_LoadExperts<
+                                                    v1::KernelPlanService::Service>>>>>>>>>>>>;
 
 // RunMoE's answer as gRPC's bytes without copying the output's bytes: the
 // response less output.data is serialized as usual, then output.data
@@ -63,7 +64,7 @@ class RawKernelPlanService final : public RawKernelPlanServiceBase {
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* LoadExperts(grpc::CallbackServerContext* context,
-                                                          grpc::ByteBuffer* response) override;
+                                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* RegisterSharedMemory(grpc::CallbackServerContext* context,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) override;

@@ -109,15 +109,15 @@ absl::Status RemoveStaleUnixSocket(const std::string& address) {
   // Non-blocking: a live server whose backlog is full answers EAGAIN
   // instead of holding this start forever; that is a live server too.
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  const bool live = fd >= 0 && (connect(fd, reinterpret_cast<const sockaddr*>(&addr),
-                                        sizeof(addr)) == 0 ||
-                                errno == EAGAIN || errno == EINPROGRESS);
+  const bool live =
+      fd >= 0 && (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0 ||
+                  errno == EAGAIN || errno == EINPROGRESS);
   if (fd >= 0) close(fd);
   if (live) {
-    return WithField(absl::FailedPreconditionError(absl::StrCat(
-                         "another server is listening on ", address,
-                         "; stop it or choose another --listen")),
-                     "listen");
+    return WithField(
+        absl::FailedPreconditionError(absl::StrCat("another server is listening on ", address,
+                                                   "; stop it or choose another --listen")),
+        "listen");
   }
   unlink(p.c_str());
   return absl::OkStatus();
@@ -144,8 +144,9 @@ absl::StatusOr<std::unique_ptr<moe::ep::EpRankKind>> MakeLocalRankKind(
                                      " needs --ep_coordinator=HOST:PORT (rank 0's address)"));
   }
   if (options.cpu_ep_ranks > 0) {
-    return InvalidField("ep_size", "--ep_size (a group across servers) and --cpu_ep_ranks exclude "
-                                   "each other");
+    return InvalidField("ep_size",
+                        "--ep_size (a group across servers) and --cpu_ep_ranks exclude "
+                        "each other");
   }
   if (options.ep_join_timeout <= absl::ZeroDuration()) {
     return InvalidField("ep_join_timeout", "ep_join_timeout must be positive");
@@ -428,20 +429,20 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   // Readiness waits for the preloaded sets (below); liveness does not.
   health->SetServingStatus(kReadinessService, preload.empty());
   if (server->metrics_) server->metrics_->SetReady(preload.empty());
-  spdlog::info("kplan-server {} listening on {} (port {}{}{}); platform: {}; {} device(s)",
-               KPLAN_VERSION, options.listen_address, server->port_,
-               options.tls_cert_file.empty() ? "" : ", TLS",
-               options.tls_client_ca_file.empty() ? "" : " with client certificates",
-               DescribePlatform(server->environment_.platform),
-               server->environment_.devices.size());
+  spdlog::info(
+      "kplan-server {} listening on {} (port {}{}{}); platform: {}; {} device(s)", KPLAN_VERSION,
+      options.listen_address, server->port_, options.tls_cert_file.empty() ? "" : ", TLS",
+      options.tls_client_ca_file.empty() ? "" : " with client certificates",
+      DescribePlatform(server->environment_.platform), server->environment_.devices.size());
   spdlog::info("server-side loads: {}",
                server->environment_.model_roots.empty()
                    ? std::string("off (no --model_root)")
                    : absl::StrCat("under ", absl::StrJoin(server->environment_.model_roots, ", ")));
   if (server->ep_coordinator_) {
-    spdlog::info("expert-parallel group across servers: rank 0 of {}; waiting up to {} for the "
-                 "other ranks to join",
-                 options.ep_size, absl::FormatDuration(options.ep_join_timeout));
+    spdlog::info(
+        "expert-parallel group across servers: rank 0 of {}; waiting up to {} for the "
+        "other ranks to join",
+        options.ep_size, absl::FormatDuration(options.ep_join_timeout));
     KPLAN_RETURN_IF_ERROR(server->ep_coordinator_->WaitForPeers(options.ep_join_timeout));
     spdlog::info("expert-parallel group formed: {}",
                  absl::StrJoin(server->ep_group_->Devices(), ", "));

@@ -27,7 +27,7 @@ namespace kplan::rpc {
 struct ServerOptions {
   std::string listen_address = "0.0.0.0:50051";
   int64_t max_message_bytes = 64 << 20;
-  std::string devices = "all";  // "all", "none" or "0,1"
+  std::string devices = "all";    // "all", "none" or "0,1"
   int64_t max_queue_depth = 256;  // per device worker; beyond it RESOURCE_EXHAUSTED
   // Bytes that queued and running requests may hold, all devices together
   // (DeviceExecutor); beyond it RESOURCE_EXHAUSTED. 0: DerivedMaxQueuedBytes.

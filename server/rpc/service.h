@@ -29,8 +29,8 @@ class EpCoordinator;  // ep_multihost.h
 
 // What the service knows about the process it runs in.
 struct ServerEnvironment {
-  Platform platform;                // the local platform as the oracles see it
-  LocalRuntime runtime;             // runtime versions and all devices found
+  Platform platform;                 // the local platform as the oracles see it
+  LocalRuntime runtime;              // runtime versions and all devices found
   std::vector<LocalDevice> devices;  // the devices this server was given (--devices)
   int64_t max_message_bytes = 0;
   // The longest a request may run when its client set no (sooner) deadline
@@ -44,8 +44,8 @@ struct ServerEnvironment {
   // --model_root, canonical: the only directories server-side files are read
   // from (server/moe/model_files.h); empty: server-side loads are refused.
   std::vector<std::string> model_roots;
-  Metrics* metrics = nullptr;  // may be null (metrics off)
-  DeviceExecutor* executor = nullptr;     // device workers (CPU + each GPU)
+  Metrics* metrics = nullptr;          // may be null (metrics off)
+  DeviceExecutor* executor = nullptr;  // device workers (CPU + each GPU)
   const IrRegistry* ir_registry = nullptr;
   ExpertStore* experts = nullptr;
   // The expert-parallel group serving RunMoE: the GPUs when there are more
@@ -71,9 +71,9 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
   explicit KernelPlanServiceImpl(ServerEnvironment env) : env_(std::move(env)) {}
   const ServerEnvironment& environment() const { return env_; }
 
-  grpc::ServerUnaryReactor* ResolveKernelConfig(
-      grpc::CallbackServerContext* context, const v1::ResolveKernelConfigRequest* request,
-      v1::ResolveKernelConfigResponse* response) override;
+  grpc::ServerUnaryReactor* ResolveKernelConfig(grpc::CallbackServerContext* context,
+                                                const v1::ResolveKernelConfigRequest* request,
+                                                v1::ResolveKernelConfigResponse* response) override;
 
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
@@ -86,8 +86,8 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
   // MoE execution (moe_handlers.cc).
   // LoadExperts reads raw messages (raw_service.h parses none of a stream);
   // its Call serializes `response`.
-  grpc::ServerReadReactor<grpc::ByteBuffer>* LoadExpertsStream(
-      grpc::CallbackServerContext* context, v1::LoadExpertsResponse* response);
+  grpc::ServerReadReactor<grpc::ByteBuffer>* LoadExpertsStream(grpc::CallbackServerContext* context,
+                                                               v1::LoadExpertsResponse* response);
   grpc::ServerUnaryReactor* UnloadExperts(grpc::CallbackServerContext* context,
                                           const v1::UnloadExpertsRequest* request,
                                           v1::UnloadExpertsResponse* response) override;

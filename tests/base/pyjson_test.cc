@@ -24,13 +24,9 @@ TEST(PyJsonTest, HashVectorSimpleObject) {
 
 // Reference §4.3 vector 2: floats, lists, null, bools and a non-ASCII string.
 TEST(PyJsonTest, HashVectorMixedTypes) {
-  PyJson::Object o{{"x", 1.0},
-                   {"y", PyJson::Array{1, 2}},
-                   {"z", nullptr},
-                   {"t", true},
-                   {"u", "\xc3\xa9"}};
-  EXPECT_EQ(PyJson(o).Dumps(),
-            R"({"t": true, "u": "\u00e9", "x": 1.0, "y": [1, 2], "z": null})");
+  PyJson::Object o{
+      {"x", 1.0}, {"y", PyJson::Array{1, 2}}, {"z", nullptr}, {"t", true}, {"u", "\xc3\xa9"}};
+  EXPECT_EQ(PyJson(o).Dumps(), R"({"t": true, "u": "\u00e9", "x": 1.0, "y": [1, 2], "z": null})");
   EXPECT_EQ(HashFactors(PyJson(o)),
             "100051466bec0d6317ca0a44cfeb5fb9b1e85809c1c910b15536724ec0704e09");
 }

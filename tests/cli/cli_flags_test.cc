@@ -30,9 +30,10 @@ v1::ResolveKernelConfigRequest ResolveRequest(const std::vector<std::string>& ar
 }
 
 TEST(CliFlags, DashesAndUnderscoresAreOneFlag) {
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--moe-backend", "triton"}, {"--moe_backend", "triton"},
-        {"--moe-backend=triton"}, {"--moe_backend=triton"}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--moe-backend", "triton"},
+                                               {"--moe_backend", "triton"},
+                                               {"--moe-backend=triton"},
+                                               {"--moe_backend=triton"}}) {
     EXPECT_EQ(ResolveRequest(args).kernel_config().moe_backend(), "triton") << args[0];
   }
   // Only the name is respelled, never the value.
@@ -62,9 +63,9 @@ TEST(CliFlags, TopKAndItsOlderSpelling) {
 }
 
 TEST(CliFlags, TriStateRepeatedAndLastValueWins) {
-  v1::ResolveKernelConfigRequest r = ResolveRequest(
-      {"--enable-jit-warmup", "--no-enable-cutedsl-warmup", "--env", "A=1", "--env=B=2",
-       "--moe-backend", "triton", "--moe-backend", "deep_gemm"});
+  v1::ResolveKernelConfigRequest r =
+      ResolveRequest({"--enable-jit-warmup", "--no-enable-cutedsl-warmup", "--env", "A=1",
+                      "--env=B=2", "--moe-backend", "triton", "--moe-backend", "deep_gemm"});
   EXPECT_TRUE(r.kernel_config().enable_jit_warmup());
   EXPECT_FALSE(r.kernel_config().enable_cutedsl_warmup());
   EXPECT_TRUE(r.kernel_config().has_enable_cutedsl_warmup());
@@ -93,8 +94,7 @@ TEST(CliFlags, ErrorsNameTheFlag) {
 
   // One value per --env: a second word is not swallowed.
   EXPECT_EQ(ParseResolve({"--env", "A=1", "B=2"}).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ParseResolve({"--enable-eplb=yes-please"}).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseResolve({"--enable-eplb=yes-please"}).code(), absl::StatusCode::kInvalidArgument);
 
   ArgParser parser;
   ResolveFlags flags;
@@ -125,8 +125,8 @@ TEST(CliFlags, LoadTakesResolvesSizeNamesAndTheOldOnes) {
   ArgParser parser;
   LoadFlags flags;
   flags.Register(parser);
-  ASSERT_TRUE(parser.Parse({"--id", "x", "--random", "--num-experts", "2", "--hidden-size", "8"})
-                  .ok());
+  ASSERT_TRUE(
+      parser.Parse({"--id", "x", "--random", "--num-experts", "2", "--hidden-size", "8"}).ok());
   v1::ExpertsHeader header;
   std::unique_ptr<ChunkSource> source;
   absl::Status s = flags.Build(&header, &source);
@@ -172,10 +172,10 @@ TEST(CliFlags, HelpListsEveryFlagWithItsDefault) {
   ASSERT_TRUE(parser.Parse({"--help"}).ok());
   EXPECT_TRUE(parser.help());
   const std::string help = parser.Help();
-  for (const char* flag : {"--server", "--timeout", "--tls-ca", "--tls-cert", "--tls-key",
-                           "--token-file", "--json", "--id", "--tokens", "--top-k",
-                           "--experts-per-token", "--routing-method", "--moe-backend",
-                           "--all2all-backend", "--repeat", "--dtype", "--seed"}) {
+  for (const char* flag :
+       {"--server", "--timeout", "--tls-ca", "--tls-cert", "--tls-key", "--token-file", "--json",
+        "--id", "--tokens", "--top-k", "--experts-per-token", "--routing-method", "--moe-backend",
+        "--all2all-backend", "--repeat", "--dtype", "--seed"}) {
     EXPECT_THAT(help, HasSubstr(flag));
   }
   EXPECT_THAT(help, HasSubstr("(default: RenormalizeNaive)"));
@@ -186,10 +186,11 @@ TEST(CliFlags, HelpListsEveryFlagWithItsDefault) {
 }
 
 TEST(CliFlags, NormalizeLeavesValuesAndTheRestAlone) {
-  const std::vector<std::pair<std::string, std::string>> aliases = {{"-tp", "tensor-parallel-size"}};
-  EXPECT_EQ(NormalizeArgs({"--a_b=c_d", "e_f", "-tp=2", "--", "--x_y"}, aliases),
-            (std::vector<std::string>{"--a-b=c_d", "e_f", "--tensor-parallel-size=2", "--",
-                                      "--x_y"}));
+  const std::vector<std::pair<std::string, std::string>> aliases = {
+      {"-tp", "tensor-parallel-size"}};
+  EXPECT_EQ(
+      NormalizeArgs({"--a_b=c_d", "e_f", "-tp=2", "--", "--x_y"}, aliases),
+      (std::vector<std::string>{"--a-b=c_d", "e_f", "--tensor-parallel-size=2", "--", "--x_y"}));
 }
 
 }  // namespace

@@ -28,9 +28,8 @@ std::vector<std::unique_ptr<InProcessCommunicator>> MakeGroup(int n, int timeout
 }
 
 // Runs fn(rank, comm) on one thread per rank; returns each rank's status.
-std::vector<absl::Status> RunRanks(
-    std::vector<std::unique_ptr<InProcessCommunicator>>& comms,
-    const std::function<absl::Status(int, Communicator&)>& fn) {
+std::vector<absl::Status> RunRanks(std::vector<std::unique_ptr<InProcessCommunicator>>& comms,
+                                   const std::function<absl::Status(int, Communicator&)>& fn) {
   std::vector<absl::Status> results(comms.size());
   std::vector<std::thread> threads;
   for (size_t r = 0; r < comms.size(); ++r) {
@@ -166,7 +165,8 @@ TEST_P(CommCollectiveTest, ManyCollectivesInSequence) {
     for (int it = 0; it < 50; ++it) {
       int64_t mine = r + it;
       std::vector<int64_t> all(n);
-      if (absl::Status s = c.AllGather(&mine, all.data(), 1, kernels::DType::kInt64); !s.ok()) return s;
+      if (absl::Status s = c.AllGather(&mine, all.data(), 1, kernels::DType::kInt64); !s.ok())
+        return s;
       for (int p = 0; p < n; ++p) {
         if (all[p] != p + it) return absl::InternalError("wrong value");
       }
@@ -274,8 +274,9 @@ TEST(InProcessCommunicator, BadLocalArgumentsAbortTheGroup) {
   auto st = RunRanks(comms, [&](int r, Communicator& c) -> absl::Status {
     std::vector<float> send(2, 1.0f), recv(2);
     std::vector<int64_t> ok = {1, 1}, displs = {0, 1}, bad = {1};
-    if (r == 0) return c.AllToAllV(send.data(), bad, displs, recv.data(), ok, displs,
-                                   kernels::DType::kFloat32);
+    if (r == 0)
+      return c.AllToAllV(send.data(), bad, displs, recv.data(), ok, displs,
+                         kernels::DType::kFloat32);
     return c.AllToAllV(send.data(), ok, displs, recv.data(), ok, displs, kernels::DType::kFloat32);
   });
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));

@@ -196,8 +196,7 @@ class LocalExperts {
       for (int le = 0; le < e_local_; ++le) {
         const int e = t.first_local_expert() + le;
         for (int64_t n = 0; n < s.hidden; ++n) {
-          w[(le * s.hidden + n) * s.hidden + (n + e) % s.hidden] =
-              moe::FloatToBf16(ExpertScale(e));
+          w[(le * s.hidden + n) * s.hidden + (n + e) % s.hidden] = moe::FloatToBf16(ExpertScale(e));
         }
       }
       w_ = DeviceAlloc<uint16_t>(w.size());
@@ -228,9 +227,9 @@ class LocalExperts {
       return absl::OkStatus();
     }
     if (e_local_ == 0) return absl::OkStatus();
-    absl::Status st = kc::LaunchMoeAlignBlockSize(t_.recv_expert_ids(), numel_,
-                                                  kBlockM, e_local_, nullptr, false,
-                                                  false, sorted_, blocks_, post_, stream);
+    absl::Status st =
+        kc::LaunchMoeAlignBlockSize(t_.recv_expert_ids(), numel_, kBlockM, e_local_, nullptr, false,
+                                    false, sorted_, blocks_, post_, stream);
     if (!st.ok()) return st;
     kc::MoeGroupedGemmArgs g;
     g.dtype = kernels::DType::kBFloat16;
@@ -283,8 +282,8 @@ struct RankBuffers {
 };
 
 // Compares what destination `rank` received with what every source sent.
-void CheckReceived(const Shape& s, const KplanEpTransport& t,
-                   const std::vector<RankInput>& inputs, const moe::ep::ExpertPlacement& place) {
+void CheckReceived(const Shape& s, const KplanEpTransport& t, const std::vector<RankInput>& inputs,
+                   const moe::ep::ExpertPlacement& place) {
   const int n = t.size(), d = t.rank(), k = s.top_k;
   const int64_t T = s.max_tokens, H = s.hidden;
   const auto rows = Download<uint16_t>(t.recv_rows(), n * T * H);
@@ -448,21 +447,36 @@ TEST_F(KplanEpTest, SmallShapesUnevenAndEmptyRanks) {
 
 TEST_F(KplanEpTest, OddHiddenAndTopKWithInvalidIds) {
   // H = 200: 25 vectors per row (a partial segment); ids -1 or >= E add zeros.
-  Shape s{.name = "odd", .num_experts = 12, .top_k = 3, .hidden = 200, .max_tokens = 40,
-          .routing = Routing::kWithInvalid, .num_ctas = 7,
+  Shape s{.name = "odd",
+          .num_experts = 12,
+          .top_k = 3,
+          .hidden = 200,
+          .max_tokens = 40,
+          .routing = Routing::kWithInvalid,
+          .num_ctas = 7,
           .tokens = {{40, 13}, {29, 40}, {40, 0}}};
   RunRounds(s);
 }
 
 TEST_F(KplanEpTest, AllTokensToOneExpert) {
-  Shape s{.name = "one_expert", .num_experts = 16, .top_k = 4, .hidden = 128, .max_tokens = 32,
-          .routing = Routing::kOneExpert, .num_ctas = 1, .tokens = {{32, 9}, {5, 32}}};
+  Shape s{.name = "one_expert",
+          .num_experts = 16,
+          .top_k = 4,
+          .hidden = 128,
+          .max_tokens = 32,
+          .routing = Routing::kOneExpert,
+          .num_ctas = 1,
+          .tokens = {{32, 9}, {5, 32}}};
   RunRounds(s);
 }
 
 TEST_F(KplanEpTest, DeepSeekV3Shape) {
-  Shape s{.name = "deepseek_v3", .num_experts = 256, .top_k = 8, .hidden = 7168,
-          .max_tokens = 128, .experts = Experts::kCopy,
+  Shape s{.name = "deepseek_v3",
+          .num_experts = 256,
+          .top_k = 8,
+          .hidden = 7168,
+          .max_tokens = 128,
+          .experts = Experts::kCopy,
           .tokens = {{128, 77}, {1, 0}, {128, 128}}};
   RunRounds(s);
 }
@@ -470,7 +484,11 @@ TEST_F(KplanEpTest, DeepSeekV3Shape) {
 // One round (Dispatch -> align -> GEMM -> Return -> combine) captured in a
 // CUDA graph per rank, replayed twice with new inputs in the same buffers.
 TEST_F(KplanEpTest, GraphCapturedRoundReplaysWithNewData) {
-  Shape s{.name = "graph", .num_experts = 16, .top_k = 4, .hidden = 128, .max_tokens = 64,
+  Shape s{.name = "graph",
+          .num_experts = 16,
+          .top_k = 4,
+          .hidden = 128,
+          .max_tokens = 64,
           .tokens = {{64, 33}, {64, 33}, {64, 33}}};
   auto place = moe::ep::ExpertPlacement::Linear(s.num_experts, size_);
   ASSERT_TRUE(place.ok());
@@ -546,8 +564,8 @@ TEST_F(KplanEpTest, AnEmptyRoundFromOneRankReturnsZeroRows) {
       int64_t bad = 0, zeros = 0;
       for (int64_t p = 0; p < M * k; ++p) {
         const int e = mine.ids[p];
-        const bool on_failing = e >= place->FirstExpert(0) &&
-                                e < place->FirstExpert(0) + place->NumLocalExperts(0);
+        const bool on_failing =
+            e >= place->FirstExpert(0) && e < place->FirstExpert(0) + place->NumLocalExperts(0);
         if (on_failing) {
           std::fill(want.begin(), want.end(), uint16_t{0});
           ++zeros;

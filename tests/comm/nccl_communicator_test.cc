@@ -47,7 +47,8 @@ std::vector<float> Random(size_t n, uint32_t seed) {
 
 float* ToDevice(const std::vector<float>& v) {
   float* p = nullptr;
-  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(v.size(), 1) * 4), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(v.size(), 1) * 4),
+            cudaSuccess);
   if (!v.empty()) {
     EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   }
@@ -105,7 +106,9 @@ TEST_F(NcclTest, AllGatherAndReduceScatterMatchTheHost) {
 
 TEST_F(NcclTest, AllToAllVWithUnevenAndEmptySegments) {
   // Rank r sends (r + 1) * (p + 1) * 1000 elements to rank p, none to itself when r == 1.
-  auto n = [](int from, int to) -> int64_t { return from == 1 && to == 1 ? 0 : (from + 1) * (to + 1) * 1000; };
+  auto n = [](int from, int to) -> int64_t {
+    return from == 1 && to == 1 ? 0 : (from + 1) * (to + 1) * 1000;
+  };
   OnEveryRank(size_, [&](int r, Communicator& comm) {
     std::vector<int64_t> sc(size_), sd(size_), rc(size_), rd(size_);
     int64_t stotal = 0, rtotal = 0;
@@ -120,11 +123,13 @@ TEST_F(NcclTest, AllToAllVWithUnevenAndEmptySegments) {
     ASSERT_TRUE(s.ok()) << s;
     std::vector<float> got = ToHost(recv, rtotal);
     for (int p = 0; p < size_; ++p) {
-      std::vector<float> theirs = Random([&] {
-        int64_t t = 0;
-        for (int q = 0; q < size_; ++q) t += n(p, q);
-        return t;
-      }(), seed_ + 200 + p);
+      std::vector<float> theirs = Random(
+          [&] {
+            int64_t t = 0;
+            for (int q = 0; q < size_; ++q) t += n(p, q);
+            return t;
+          }(),
+          seed_ + 200 + p);
       int64_t their_displ = 0;
       for (int q = 0; q < r; ++q) their_displ += n(p, q);
       EXPECT_EQ(0, std::memcmp(&theirs[their_displ], &got[rd[p]], rc[p] * 4)) << "from " << p;

@@ -248,17 +248,18 @@ const Case kCases[] = {
     {.name = "routed_from_logits", .ranks = 3, .top_k = 2, .route_from_logits = true},
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, EpMatchesReference,
-    ::testing::Combine(::testing::ValuesIn(kCases),
-                       ::testing::Values(EpStrategy::kAllGatherReduceScatter,
-                                         EpStrategy::kAll2AllV),
-                       ::testing::Values(kernels::DType::kFloat32, kernels::DType::kBFloat16)),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param).name) + "_" +
-             std::string(EpStrategyName(std::get<1>(info.param))) + "_" +
-             (std::get<2>(info.param) == kernels::DType::kFloat32 ? "fp32" : "bf16");
-    });
+INSTANTIATE_TEST_SUITE_P(Cases, EpMatchesReference,
+                         ::testing::Combine(::testing::ValuesIn(kCases),
+                                            ::testing::Values(EpStrategy::kAllGatherReduceScatter,
+                                                              EpStrategy::kAll2AllV),
+                                            ::testing::Values(kernels::DType::kFloat32,
+                                                              kernels::DType::kBFloat16)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).name) + "_" +
+                                  std::string(EpStrategyName(std::get<1>(info.param))) + "_" +
+                                  (std::get<2>(info.param) == kernels::DType::kFloat32 ? "fp32"
+                                                                                       : "bf16");
+                         });
 
 class EpFailure : public ::testing::TestWithParam<EpStrategy> {};
 
@@ -293,8 +294,7 @@ TEST_P(EpFailure, RankThatNeverJoinsTimesOut) {
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {  // rank 2 never calls
     threads.emplace_back([&, r] {
-      st[r] = RunMoeExpertParallel(w.Layer(*pl, r), w.Inputs(split[r], out), *comms[r],
-                                   GetParam());
+      st[r] = RunMoeExpertParallel(w.Layer(*pl, r), w.Inputs(split[r], out), *comms[r], GetParam());
     });
   }
   for (auto& t : threads) t.join();

@@ -369,15 +369,15 @@ TEST(EpGroupTest, MoeStepEqualsTheSingleRankReference) {
   auto run_with = [&](EpStepLimits limits) {
     std::promise<absl::StatusOr<MoeRunOutput>> done;
     EXPECT_TRUE(group
-                    ->RunMoe(set, input, EpStrategy::kAll2AllV, false,
-                             [&](absl::StatusOr<MoeRunOutput> out, absl::Duration,
-                                 absl::Duration ran) {
-                               if (!out.ok()) {
-                                 EXPECT_EQ(ran, absl::ZeroDuration());
-                               }
-                               done.set_value(std::move(out));
-                             },
-                             std::move(limits))
+                    ->RunMoe(
+                        set, input, EpStrategy::kAll2AllV, false,
+                        [&](absl::StatusOr<MoeRunOutput> out, absl::Duration, absl::Duration ran) {
+                          if (!out.ok()) {
+                            EXPECT_EQ(ran, absl::ZeroDuration());
+                          }
+                          done.set_value(std::move(out));
+                        },
+                        std::move(limits))
                     .ok());
     return done.get_future().get().status();
   };

@@ -271,9 +271,9 @@ TEST(DeviceExecutorTest, InlineWorkRunsOnTheSubmitterWhenIdle) {
   std::promise<void> release, started;
   std::shared_future<void> gate = release.get_future().share();
   ASSERT_TRUE(ex->Submit(0, [&, gate](const DeviceSlot&, absl::Duration) {
-                    started.set_value();
-                    gate.wait();
-                  }).ok());
+                  started.set_value();
+                  gate.wait();
+                }).ok());
   started.get_future().wait();
   std::promise<std::thread::id> second;
   job.work = [&](const DeviceSlot&, absl::Duration) {

@@ -29,10 +29,10 @@ TEST(IrFloatTest, HalfRoundTripsEveryValue) {
     ASSERT_EQ(FloatToHalf(HalfToFloat(h)), h) << bits;
   }
   EXPECT_EQ(HalfToFloat(0x3c00), 1.f);
-  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.f, -24));  // smallest subnormal
-  EXPECT_EQ(FloatToHalf(1.f + std::ldexp(1.f, -11)), 0x3c00);  // tie to even: down
+  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.f, -24));            // smallest subnormal
+  EXPECT_EQ(FloatToHalf(1.f + std::ldexp(1.f, -11)), 0x3c00);      // tie to even: down
   EXPECT_EQ(FloatToHalf(1.f + 3 * std::ldexp(1.f, -11)), 0x3c02);  // tie to even: up
-  EXPECT_EQ(FloatToHalf(65520.f), 0x7c00);  // rounds to inf
+  EXPECT_EQ(FloatToHalf(65520.f), 0x7c00);                         // rounds to inf
   EXPECT_EQ(FloatToHalf(65519.f), 0x7bff);
   EXPECT_EQ(FloatToHalf(std::ldexp(1.f, -25)), 0x0000);  // tie to even: zero
   EXPECT_EQ(FloatToHalf(std::ldexp(1.5f, -25)), 0x0001);
@@ -74,14 +74,14 @@ TEST_F(IrCpuOpsTest, RmsNormFloat32) {
   r.tensors = {{"x", Host(kernels::DType::kFloat32, {2, 2}, {3, 4, 0, 5})}};
   r.epsilon = 0.0;
   // var = (9 + 16) / 2 = 12.5 and (0 + 25) / 2 = 12.5: y = x / sqrt(12.5).
-  EXPECT_THAT(Values(Run(r).outputs[0].tensor),
-              ElementsAre(FloatEq(0.84852814f), FloatEq(1.13137085f), FloatEq(0.f),
-                          FloatEq(1.41421356f)));
+  EXPECT_THAT(
+      Values(Run(r).outputs[0].tensor),
+      ElementsAre(FloatEq(0.84852814f), FloatEq(1.13137085f), FloatEq(0.f), FloatEq(1.41421356f)));
 
   r.tensors.push_back({"weight", Host(kernels::DType::kFloat32, {2}, {2, 0.5f})});
-  EXPECT_THAT(Values(Run(r).outputs[0].tensor),
-              ElementsAre(FloatEq(1.69705627f), FloatEq(0.56568542f), FloatEq(0.f),
-                          FloatEq(0.70710678f)));
+  EXPECT_THAT(
+      Values(Run(r).outputs[0].tensor),
+      ElementsAre(FloatEq(1.69705627f), FloatEq(0.56568542f), FloatEq(0.f), FloatEq(0.70710678f)));
 
   // variance over x[..., :1]: var = 9 and 0 (+ eps 1: 10 and 1).
   r.tensors.pop_back();
@@ -107,8 +107,7 @@ TEST_F(IrCpuOpsTest, RmsNormRoundsLikeTorch) {
               ElementsAre(0.73046875f, 1.4609375f, 2.1875f, 2.921875f));
   // A float32 weight: fp32 product, then one rounding to bfloat16.
   r.tensors[1] = {"weight", Host(kernels::DType::kFloat32, {4}, {3, 3, 3, 3})};
-  EXPECT_THAT(Values(Run(r).outputs[0].tensor),
-              ElementsAre(1.09375f, 2.1875f, 3.28125f, 4.375f));
+  EXPECT_THAT(Values(Run(r).outputs[0].tensor), ElementsAre(1.09375f, 2.1875f, 3.28125f, 4.375f));
   IrOpResult out = Run(r);
   EXPECT_EQ(out.outputs[0].tensor.dtype, kernels::DType::kBFloat16);
   // float16 with its rms tolerance: 0.36514837 * (1, 2, 3, 4).
@@ -128,7 +127,8 @@ TEST_F(IrCpuOpsTest, FusedAddRmsNorm) {
   ASSERT_EQ(out.outputs.size(), 2u);
   EXPECT_EQ(out.outputs[0].name, "out");
   EXPECT_EQ(out.outputs[1].name, "residual");
-  EXPECT_THAT(Values(out.outputs[0].tensor), ElementsAre(FloatEq(0.84852814f), FloatEq(1.13137085f)));
+  EXPECT_THAT(Values(out.outputs[0].tensor),
+              ElementsAre(FloatEq(0.84852814f), FloatEq(1.13137085f)));
   EXPECT_THAT(Values(out.outputs[1].tensor), ElementsAre(3.f, 4.f));
 
   // The new residual is the fp32 sum rounded to x's dtype: 1 + 2^-9 -> 1 in bf16.

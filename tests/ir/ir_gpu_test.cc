@@ -93,12 +93,13 @@ class IrGpuTest : public ::testing::Test {
   std::unique_ptr<IrRegistry> registry_;
 };
 
-const kernels::DType kDTypes[] = {kernels::DType::kFloat32, kernels::DType::kFloat16, kernels::DType::kBFloat16};
+const kernels::DType kDTypes[] = {kernels::DType::kFloat32, kernels::DType::kFloat16,
+                                  kernels::DType::kBFloat16};
 
 // Shapes of x: one row, hidden a multiple of 8 or not, many rows, 3-D, rows
 // longer than the register cache (512 threads x 4 vectors).
-const std::vector<std::vector<int64_t>> kShapes = {
-    {1, 4096}, {7, 8192}, {300, 1003}, {3, 5, 24}, {1, 3}, {4, 40000}, {2048, 128}, {16}};
+const std::vector<std::vector<int64_t>> kShapes = {{1, 4096}, {7, 8192},  {300, 1003}, {3, 5, 24},
+                                                   {1, 3},    {4, 40000}, {2048, 128}, {16}};
 
 TEST_F(IrGpuTest, RmsNormMatchesReference) {
   for (kernels::DType dtype : kDTypes) {
@@ -113,7 +114,8 @@ TEST_F(IrGpuTest, RmsNormMatchesReference) {
           const int64_t hidden = shape.back();
           r.tensors = {{"x", Host(dtype, shape, RandomValues(Numel(shape), Rng(), dtype))}};
           if (weight) {
-            r.tensors.push_back({"weight", Host(dtype, {hidden}, RandomValues(hidden, Rng(), dtype))});
+            r.tensors.push_back(
+                {"weight", Host(dtype, {hidden}, RandomValues(hidden, Rng(), dtype))});
           }
           if (variance) r.variance_size = std::max<int64_t>(1, hidden / 2);
           // kplan declines variance_size: native runs on the GPU instead.
@@ -136,10 +138,12 @@ TEST_F(IrGpuTest, FusedAddRmsNormMatchesReference) {
           r.op = "fused_add_rms_norm";
           r.epsilon = 1e-5;
           const int64_t hidden = shape.back();
-          r.tensors = {{"x", Host(dtype, shape, RandomValues(Numel(shape), Rng(), dtype))},
-                       {"x_residual", Host(dtype, shape, RandomValues(Numel(shape), Rng(), dtype))}};
+          r.tensors = {
+              {"x", Host(dtype, shape, RandomValues(Numel(shape), Rng(), dtype))},
+              {"x_residual", Host(dtype, shape, RandomValues(Numel(shape), Rng(), dtype))}};
           if (weight) {
-            r.tensors.push_back({"weight", Host(dtype, {hidden}, RandomValues(hidden, Rng(), dtype))});
+            r.tensors.push_back(
+                {"weight", Host(dtype, {hidden}, RandomValues(hidden, Rng(), dtype))});
           }
           if (variance) r.variance_size = std::max<int64_t>(1, hidden - 1);
           Compare(r, {"kplan", "native"}, variance ? "native" : "kplan", true);
@@ -151,8 +155,8 @@ TEST_F(IrGpuTest, FusedAddRmsNormMatchesReference) {
 }
 
 TEST_F(IrGpuTest, GeluAndMulSparseMatchesReference) {
-  const std::vector<std::vector<int64_t>> shapes = {
-      {1, 2 * 4096}, {9, 2 * 1003}, {3, 4, 64}, {2, 2 * 20000}, {512, 2 * 2048}, {2}};
+  const std::vector<std::vector<int64_t>> shapes = {{1, 2 * 4096},  {9, 2 * 1003},   {3, 4, 64},
+                                                    {2, 2 * 20000}, {512, 2 * 2048}, {2}};
   for (kernels::DType dtype : kDTypes) {
     for (const auto& shape : shapes) {
       for (const char* approximate : {"none", "tanh"}) {
@@ -177,14 +181,18 @@ TEST_F(IrGpuTest, MixedDtypesFallBackToNative) {
   IrOpRequest r;
   r.op = "rms_norm";
   r.epsilon = 1e-6;
-  r.tensors = {{"x", Host(kernels::DType::kBFloat16, {33, 256}, RandomValues(33 * 256, Rng(), kernels::DType::kBFloat16))},
-               {"weight", Host(kernels::DType::kFloat32, {256}, RandomValues(256, Rng(), kernels::DType::kFloat32))}};
+  r.tensors = {{"x", Host(kernels::DType::kBFloat16, {33, 256},
+                          RandomValues(33 * 256, Rng(), kernels::DType::kBFloat16))},
+               {"weight", Host(kernels::DType::kFloat32, {256},
+                               RandomValues(256, Rng(), kernels::DType::kFloat32))}};
   Compare(r, {"kplan", "native"}, "native", true);
   IrOpRequest f;
   f.op = "fused_add_rms_norm";
   f.epsilon = 1e-6;
-  f.tensors = {{"x", Host(kernels::DType::kFloat16, {5, 512}, RandomValues(5 * 512, Rng(), kernels::DType::kFloat16))},
-               {"x_residual", Host(kernels::DType::kFloat32, {5, 512}, RandomValues(5 * 512, Rng(), kernels::DType::kFloat32))}};
+  f.tensors = {{"x", Host(kernels::DType::kFloat16, {5, 512},
+                          RandomValues(5 * 512, Rng(), kernels::DType::kFloat16))},
+               {"x_residual", Host(kernels::DType::kFloat32, {5, 512},
+                                   RandomValues(5 * 512, Rng(), kernels::DType::kFloat32))}};
   Compare(f, {"kplan", "native"}, "native", true);
 }
 
@@ -219,8 +227,10 @@ TEST_F(IrGpuTest, StridedAndMisalignedViews) {
     ASSERT_EQ(cudaMalloc(&dbuf, buf.data.size()), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&dw, weight.data.size()), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&dout, c.rows * c.cols * 2), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dbuf, buf.data.data(), buf.data.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dw, weight.data.data(), weight.data.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dbuf, buf.data.data(), buf.data.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dw, weight.data.data(), weight.data.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
     ASSERT_EQ(cudaMemset(dout, 0xff, c.rows * c.cols * 2), cudaSuccess);
 
     auto view = [&](void* base, IrDevice dev) {
@@ -247,7 +257,8 @@ TEST_F(IrGpuTest, StridedAndMisalignedViews) {
     ASSERT_TRUE((*impl)->Run(args, {&out, 1}, IrExecContext{}).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     IrHostTensor got{dtype, {c.rows, c.cols}, std::string(c.rows * c.cols * 2, '\0')};
-    ASSERT_EQ(cudaMemcpy(got.data.data(), dout, got.data.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got.data.data(), dout, got.data.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
 
     // The CPU reference on the same strided view of the host copy.
     TensorView hx = view(buf.data.data(), IrDevice::Cpu());
@@ -282,8 +293,10 @@ TEST_F(IrGpuTest, ConcurrentRequestsOnStreams) {
         IrOpRequest r;
         r.op = "fused_add_rms_norm";
         r.epsilon = 1e-6;
-        r.tensors = {{"x", Host(kernels::DType::kBFloat16, {16, 2048}, RandomValues(16 * 2048, rng, kernels::DType::kBFloat16))},
-                     {"x_residual", Host(kernels::DType::kBFloat16, {16, 2048}, RandomValues(16 * 2048, rng, kernels::DType::kBFloat16))}};
+        r.tensors = {{"x", Host(kernels::DType::kBFloat16, {16, 2048},
+                                RandomValues(16 * 2048, rng, kernels::DType::kBFloat16))},
+                     {"x_residual", Host(kernels::DType::kBFloat16, {16, 2048},
+                                         RandomValues(16 * 2048, rng, kernels::DType::kBFloat16))}};
         IrOpRequest cpu = r;
         const bool kplan = (t + i) % 2 == 0;
         r.priority = kplan ? std::vector<std::string>{"kplan", "native"}

@@ -52,7 +52,8 @@ IrArgs Args(int64_t dims) {
   static float data[16] = {1};
   std::vector<int64_t> shape(static_cast<size_t>(dims), 2);
   IrArgs a;
-  a.values = {TensorView::Contiguous(data, kernels::DType::kFloat32, shape), 1.0, std::string("none")};
+  a.values = {TensorView::Contiguous(data, kernels::DType::kFloat32, shape), 1.0,
+              std::string("none")};
   return a;
 }
 
@@ -283,12 +284,12 @@ TEST(IrDispatchTest, NoPriorityMeansNativeWithAWarningOnce) {
 TEST(IrDispatchTest, WalksThePredicates) {
   Fixture f;
   IrOp* op = *f.registry.RegisterOp(TestOp());
-  ASSERT_TRUE(op->RegisterImpl(Provider("two_d", true, [](const IrArgs& a) {
-                  return a.tensor(0).dim() == 2;
-                })).ok());
-  ASSERT_TRUE(op->RegisterImpl(Provider("three_d", true, [](const IrArgs& a) {
-                  return a.tensor(0).dim() == 3;
-                })).ok());
+  ASSERT_TRUE(op->RegisterImpl(
+                    Provider("two_d", true, [](const IrArgs& a) { return a.tensor(0).dim() == 2; }))
+                  .ok());
+  ASSERT_TRUE(op->RegisterImpl(Provider("three_d", true,
+                                        [](const IrArgs& a) { return a.tensor(0).dim() == 3; }))
+                  .ok());
   ASSERT_TRUE(op->SetDefault({"two_d", "three_d", "native"}).ok());
   EXPECT_THAT(op->GetDefault(), ElementsAre("two_d", "three_d", "native"));
   EXPECT_EQ((*op->Dispatch(Args(2)))->provider(), "two_d");
@@ -388,9 +389,9 @@ TEST(IrConcurrencyTest, OverridesNeverLeakBetweenCallers) {
   IrOp* op = *f.registry.RegisterOp(TestOp());
   ASSERT_TRUE(op->RegisterImpl(Provider("alpha")).ok());
   ASSERT_TRUE(op->RegisterImpl(Provider("beta")).ok());
-  ASSERT_TRUE(op->RegisterImpl(Provider("gamma", true, [](const IrArgs& a) {
-                  return a.tensor(0).dim() == 2;
-                })).ok());
+  ASSERT_TRUE(op->RegisterImpl(
+                    Provider("gamma", true, [](const IrArgs& a) { return a.tensor(0).dim() == 2; }))
+                  .ok());
   ASSERT_TRUE(op->SetDefault({"alpha"}).ok());
 
   std::atomic<bool> stop{false};
@@ -398,7 +399,9 @@ TEST(IrConcurrencyTest, OverridesNeverLeakBetweenCallers) {
   std::thread flipper([&] {
     bool beta = false;
     while (!stop.load()) {
-      if (!op->SetDefault(beta ? std::vector<std::string>{"beta"} : std::vector<std::string>{"alpha"}).ok()) {
+      if (!op->SetDefault(beta ? std::vector<std::string>{"beta"}
+                               : std::vector<std::string>{"alpha"})
+               .ok()) {
         wrong++;
       }
       beta = !beta;

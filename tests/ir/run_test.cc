@@ -54,8 +54,8 @@ TEST(IrRunTest, CpuOpsStopPastTheirDeadline) {
   constexpr int64_t kRows = 4096, kCols = 8;
   IrOpRequest r;
   r.op = "rms_norm";
-  r.tensors = {
-      {"x", Host(kernels::DType::kFloat32, {kRows, kCols}, std::vector<float>(kRows * kCols, 1.0f))}};
+  r.tensors = {{"x", Host(kernels::DType::kFloat32, {kRows, kCols},
+                          std::vector<float>(kRows * kCols, 1.0f))}};
   r.epsilon = 1e-6;
   r.deadline = absl::Now() - absl::Seconds(1);
   absl::StatusOr<IrOpResult> late = RunIrOp(*reg, r);
@@ -137,16 +137,18 @@ TEST(IrRunTest, ArgumentErrors) {
       {[](IrOpRequest& r) { r.activation_sparsity = 0.5; }, absl::StatusCode::kInvalidArgument,
        "rms_norm() got an unexpected keyword argument 'activation_sparsity'",
        "activation_sparsity"},
-      {[](IrOpRequest& r) { r.tensors.push_back({"x_residual", r.tensors[0].tensor}); },
+      {[](IrOpRequest& r) {
+         r.tensors.push_back({"x_residual", r.tensors[0].tensor});
+       },
        absl::StatusCode::kInvalidArgument,
        "rms_norm() got an unexpected keyword argument 'x_residual'", "x_residual"},
       {[](IrOpRequest& r) { r.tensors.push_back(r.tensors[0]); },
-       absl::StatusCode::kInvalidArgument, "rms_norm() got multiple values for argument 'x'",
-       "x"},
+       absl::StatusCode::kInvalidArgument, "rms_norm() got multiple values for argument 'x'", "x"},
       {[](IrOpRequest& r) { r.tensors[0].tensor.data.pop_back(); },
-       absl::StatusCode::kInvalidArgument,
-       "x holds 7 bytes; its shape [1, 2] needs 8", "x.data"},
-      {[](IrOpRequest& r) { r.tensors.push_back({"weight", Host(kernels::DType::kFloat32, {3}, {1, 1, 1})}); },
+       absl::StatusCode::kInvalidArgument, "x holds 7 bytes; its shape [1, 2] needs 8", "x.data"},
+      {[](IrOpRequest& r) {
+         r.tensors.push_back({"weight", Host(kernels::DType::kFloat32, {3}, {1, 1, 1})});
+       },
        absl::StatusCode::kInvalidArgument,
        "weight must have shape [2] (the last dim of x), got [3]", "weight"},
       {[](IrOpRequest& r) { r.variance_size = 3; }, absl::StatusCode::kInvalidArgument,

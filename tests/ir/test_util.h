@@ -12,7 +12,8 @@
 
 namespace kplan::testing_ir {
 
-inline IrHostTensor Host(kernels::DType dtype, std::vector<int64_t> shape, const std::vector<float>& v) {
+inline IrHostTensor Host(kernels::DType dtype, std::vector<int64_t> shape,
+                         const std::vector<float>& v) {
   IrHostTensor t;
   t.dtype = dtype;
   t.shape = std::move(shape);
@@ -75,8 +76,8 @@ inline size_t CountMismatches(const std::vector<float>& actual, const std::vecto
   }
   for (size_t i = 0; i < actual.size(); ++i) {
     const double a = actual[i], e = expected[i];
-    const bool ok = !std::isnan(a) && !std::isnan(e) &&
-                    std::fabs(a - e) <= tol.atol + tol.rtol * std::fabs(e);
+    const bool ok =
+        !std::isnan(a) && !std::isnan(e) && std::fabs(a - e) <= tol.atol + tol.rtol * std::fabs(e);
     if (!ok) {
       if (bad == 0 && first != nullptr) {
         *first = "index " + std::to_string(i) + ": got " + std::to_string(a) + ", expected " +

@@ -854,7 +854,8 @@ std::vector<uint8_t> ToFp8(const std::vector<float>& v, float scale) {
 
 TEST(MoeQuantTest, Fp8PerTensorRoundTripIsExact) {
   ExactFp8 t;
-  const std::vector<float> ref = RunF32(t.Problem(t.w13.data(), t.w2.data(), kernels::DType::kFloat32));
+  const std::vector<float> ref =
+      RunF32(t.Problem(t.w13.data(), t.w2.data(), kernels::DType::kFloat32));
   ASSERT_NE(ref, std::vector<float>(8, 0.0f));
   const std::vector<uint8_t> q13 = ToFp8(t.w13, 0.5f), q2 = ToFp8(t.w2, 0.5f);
   for (size_t i = 0; i < t.w13.size(); ++i) EXPECT_EQ(Fp8E4m3ToFloat(q13[i]) * 0.5f, t.w13[i]);
@@ -910,7 +911,8 @@ TEST(MoeQuantTest, Fp8DynamicPerTokenMatchesNaive) {
   NaiveFp8 n{2, 4, 2, 2, 2, 0, 0, Relu2Rows};
   const std::vector<float> want = n.Run(t.x, q13, s13, 2, q2, s2, t.ids, t.wts);
   const std::vector<float> got = RunF32(p);
-  const std::vector<float> exact = RunF32(t.Problem(t.w13.data(), t.w2.data(), kernels::DType::kFloat32));
+  const std::vector<float> exact =
+      RunF32(t.Problem(t.w13.data(), t.w2.data(), kernels::DType::kFloat32));
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_NEAR(got[i], want[i], 1e-5 * std::fabs(want[i]) + 1e-6) << i;
   }

@@ -44,10 +44,10 @@ namespace kc = kernels::cuda;
 
 using test_util::HaveCuda;
 
-#define CUDA_OK(expr)                                                                    \
-  do {                                                                                   \
-    cudaError_t _e = (expr);                                                             \
-    ASSERT_EQ(_e, cudaSuccess) << #expr << ": " << cudaGetErrorString(_e);               \
+#define CUDA_OK(expr)                                                      \
+  do {                                                                     \
+    cudaError_t _e = (expr);                                               \
+    ASSERT_EQ(_e, cudaSuccess) << #expr << ": " << cudaGetErrorString(_e); \
   } while (0)
 
 std::mt19937& Rng() {
@@ -354,12 +354,13 @@ bool RouteCase(const Method& m, int E, int k, int64_t M, bool ties, cudaStream_t
   }
   const RouteOutcome o = RunRouting(m, E, k, M, logits, bias, stream);
   const bool ok = o.launched_ok && o.id_mismatch_rows == 0 && o.weight_fail == 0;
-  std::printf("route %-26s %-4s E=%3d k=%2d M=%4lld  max_w_rel_err=%.2e  id_mismatch_rows=%lld  "
-              "near_tie_rows=%lld  bad_w=%lld  %s%s%s\n",
-              m.name, ties ? "ties" : "rand", E, k, static_cast<long long>(M), o.max_rel_err,
-              static_cast<long long>(o.id_mismatch_rows), static_cast<long long>(o.near_tie_rows),
-              static_cast<long long>(o.weight_fail), ok ? "OK" : "FAIL",
-              o.error.empty() ? "" : "  ", o.error.c_str());
+  std::printf(
+      "route %-26s %-4s E=%3d k=%2d M=%4lld  max_w_rel_err=%.2e  id_mismatch_rows=%lld  "
+      "near_tie_rows=%lld  bad_w=%lld  %s%s%s\n",
+      m.name, ties ? "ties" : "rand", E, k, static_cast<long long>(M), o.max_rel_err,
+      static_cast<long long>(o.id_mismatch_rows), static_cast<long long>(o.near_tie_rows),
+      static_cast<long long>(o.weight_fail), ok ? "OK" : "FAIL", o.error.empty() ? "" : "  ",
+      o.error.c_str());
   return ok;
 }
 
@@ -451,8 +452,8 @@ TEST(MoeGpuValidationTest, RejectsUnsupportedParams) {
                                         &dummy, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(kc::LaunchMoeAlignBlockSize(&dummy, 1, 16, 1025, nullptr, false, false, &dummy,
-                                        &dummy, &dummy, nullptr)
+  EXPECT_EQ(kc::LaunchMoeAlignBlockSize(&dummy, 1, 16, 1025, nullptr, false, false, &dummy, &dummy,
+                                        &dummy, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   // Sizes agree with the CPU reference's buffers.
@@ -523,8 +524,8 @@ AlignOutcome RunAlign(const std::vector<int32_t>& ids, int E, int bs, MapMode ma
     o.error = "buffer sizes differ from the CPU reference";
     return o;
   }
-  DevBuf<int32_t> d_ids(numel), d_map(E), d_sorted(max_padded, kGuard), d_experts(max_blocks, kGuard),
-      d_post(1, kGuard);
+  DevBuf<int32_t> d_ids(numel), d_map(E), d_sorted(max_padded, kGuard),
+      d_experts(max_blocks, kGuard), d_post(1, kGuard);
   auto fail = [&](const char* what, cudaError_t e) {
     o.error = std::string(what) + ": " + cudaGetErrorString(e);
     return o;
@@ -627,13 +628,14 @@ bool AlignCase(Dist d, int E, int64_t M, int k, int bs, MapMode map, bool pad,
                cudaStream_t stream) {
   const std::vector<int32_t> ids = MakeIds(d, E, M, k);
   const AlignOutcome o = RunAlign(ids, E, bs, map, pad, stream);
-  std::printf("align %-13s map=%-11s E=%4d M=%5lld k=%d numel=%7lld bs=%3d pad=%d  post=%d/%d  "
-              "sorted_mismatch=%lld expert_ids_mismatch=%lld guard_bad=%lld  %s%s%s\n",
-              DistName(d), MapName(map), E, static_cast<long long>(M), k,
-              static_cast<long long>(ids.size()), bs, pad ? 1 : 0, o.post_gpu, o.post_cpu,
-              static_cast<long long>(o.sorted_bad), static_cast<long long>(o.expert_bad),
-              static_cast<long long>(o.guard_bad), o.ok ? "OK" : "FAIL",
-              o.error.empty() ? "" : "  ", o.error.c_str());
+  std::printf(
+      "align %-13s map=%-11s E=%4d M=%5lld k=%d numel=%7lld bs=%3d pad=%d  post=%d/%d  "
+      "sorted_mismatch=%lld expert_ids_mismatch=%lld guard_bad=%lld  %s%s%s\n",
+      DistName(d), MapName(map), E, static_cast<long long>(M), k,
+      static_cast<long long>(ids.size()), bs, pad ? 1 : 0, o.post_gpu, o.post_cpu,
+      static_cast<long long>(o.sorted_bad), static_cast<long long>(o.expert_bad),
+      static_cast<long long>(o.guard_bad), o.ok ? "OK" : "FAIL", o.error.empty() ? "" : "  ",
+      o.error.c_str());
   return o.ok;
 }
 
@@ -660,8 +662,8 @@ TEST_F(MoeGpuTest, AlignMatchesCpuReferenceBitExact) {
           failed += !AlignCase(d, E, mk.M, mk.k, bs, MapMode::kNone, false, stream_);
         }
         ++cases;
-        failed += !AlignCase(Dist::kInvalid, E, mk.M, mk.k, bs, MapMode::kHalfIgnore, true,
-                             stream_);
+        failed +=
+            !AlignCase(Dist::kInvalid, E, mk.M, mk.k, bs, MapMode::kHalfIgnore, true, stream_);
       }
     }
   }
@@ -676,15 +678,15 @@ TEST_F(MoeGpuTest, AlignLargeAndEdgeCases) {
     failed += !AlignCase(d, E, M, k, bs, map, pad, stream_);
   };
   for (int bs : {16, 64, 128}) {
-    run(Dist::kRandom, 256, 65536, 8, bs, MapMode::kNone, false);   // 524288 ids
+    run(Dist::kRandom, 256, 65536, 8, bs, MapMode::kNone, false);  // 524288 ids
     run(Dist::kSkewed, 256, 65536, 8, bs, MapMode::kHalf, false);
     run(Dist::kOneExpert, 256, 65536, 8, bs, MapMode::kNone, true);
     run(Dist::kRandom, 1024, 4096, 8, bs, MapMode::kNone, false);  // 68 KiB shared memory
     run(Dist::kRandom, 1024, 4096, 8, bs, MapMode::kHalfIgnore, true);
-    run(Dist::kRandom, 512, 3, 8, bs, MapMode::kHalf, false);      // numel < E
-    run(Dist::kRandom, 8, 0, 2, bs, MapMode::kNone, false);        // numel = 0
-    run(Dist::kRandom, 1, 100, 1, bs, MapMode::kNone, false);      // E = 1
-    run(Dist::kRandom, 60, 33, 3, bs, MapMode::kHalf, true);       // E not a power of 2
+    run(Dist::kRandom, 512, 3, 8, bs, MapMode::kHalf, false);  // numel < E
+    run(Dist::kRandom, 8, 0, 2, bs, MapMode::kNone, false);    // numel = 0
+    run(Dist::kRandom, 1, 100, 1, bs, MapMode::kNone, false);  // E = 1
+    run(Dist::kRandom, 60, 33, 3, bs, MapMode::kHalf, true);   // E not a power of 2
   }
   run(Dist::kRandom, 4, 5, 3, 1, MapMode::kNone, false);  // block_size 1
   std::printf("align large/edge: %d cases, %d failed\n", cases, failed);
@@ -727,10 +729,9 @@ TEST_F(MoeGpuTest, AlignWorkedExampleFromPlan) {
   EXPECT_EQ(experts, cpu->expert_ids);
   std::printf("align worked example (§6.5): post=%d sorted[0:16]=", post[0]);
   for (int i = 0; i < 16; ++i) std::printf("%d%s", sorted[i], i < 15 ? "," : "");
-  std::printf(" expert_ids=%d,%d,%d,%d,%d,%d  %s\n", experts[0], experts[1], experts[2],
-              experts[3], experts[4], experts[5],
-              (post[0] == 16 && sorted == cpu->sorted_token_ids &&
-               experts == cpu->expert_ids)
+  std::printf(" expert_ids=%d,%d,%d,%d,%d,%d  %s\n", experts[0], experts[1], experts[2], experts[3],
+              experts[4], experts[5],
+              (post[0] == 16 && sorted == cpu->sorted_token_ids && experts == cpu->expert_ids)
                   ? "OK"
                   : "FAIL");
 }

@@ -463,9 +463,8 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
     for (size_t i = 0; i + 1 < fused->output.size(); i += 2) {
       differ += std::memcmp(&fused->output[i], &unfused->output[i], 2) != 0;
     }
-    std::printf("fused activation %s %s %s%s M=%lld: %lld of %lld values differ %s\n",
-                v.shape.name, v.act, std::string(kernels::DTypeName(v.dtype)).c_str(),
-                v.bias ? " bias" : "",
+    std::printf("fused activation %s %s %s%s M=%lld: %lld of %lld values differ %s\n", v.shape.name,
+                v.act, std::string(kernels::DTypeName(v.dtype)).c_str(), v.bias ? " bias" : "",
                 static_cast<long long>(M), static_cast<long long>(differ),
                 static_cast<long long>(fused->output.size() / 2), differ == 0 ? "OK" : "FAIL");
     EXPECT_EQ(differ, 0) << v.shape.name << " " << v.act;

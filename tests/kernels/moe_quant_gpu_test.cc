@@ -117,7 +117,7 @@ struct Shape {
 
 // A weight / activation combination.
 struct Combo {
-  std::string quant;                      // "" or an ExpertsQuantSpec scheme
+  std::string quant;                                  // "" or an ExpertsQuantSpec scheme
   kernels::DType wdtype = kernels::DType::kBFloat16;  // unquantised weights
   kernels::DType act = kernels::DType::kBFloat16;
   std::string act_scale = "per_token";         // fp8 non-block: per_token | per_tensor
@@ -381,7 +381,8 @@ const Shape kQwen3{"Qwen3-30B-A3B", 128, 8, 2048, 768};
 const Shape kMixtral{"Mixtral-8x7B", 8, 2, 4096, 14336};
 const Shape kDeepSeek{"DeepSeek-V3", 256, 8, 7168, 2048};
 
-Combo Fp8(const std::string& scheme, kernels::DType act, const std::string& act_scale = "per_token") {
+Combo Fp8(const std::string& scheme, kernels::DType act,
+          const std::string& act_scale = "per_token") {
   Combo c;
   c.quant = scheme;
   c.act = act;

@@ -257,9 +257,9 @@ TEST(SafetensorsIndexTest, ParsesHuggingFacesIndex) {
 TEST(SafetensorsIndexTest, RejectsHostileIndexes) {
   const std::string deep = std::string(65, '[') + std::string(65, ']');
   const std::string ok_deep = std::string(64, '[') + std::string(64, ']');
-  EXPECT_TRUE(ParseSafetensorsIndex(absl::StrCat("{\"m\":", ok_deep,
-                                                 ",\"weight_map\":{\"a\":\"s\"}}"))
-                  .ok());
+  EXPECT_TRUE(
+      ParseSafetensorsIndex(absl::StrCat("{\"m\":", ok_deep, ",\"weight_map\":{\"a\":\"s\"}}"))
+          .ok());
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"[]", "not a JSON object"},
       {"{}", "no weight_map"},
@@ -377,12 +377,12 @@ TEST_F(SafetensorsFileTest, ShardedCheckpointLoadsThroughItsIndex) {
   const int64_t n13 = kE * 2 * kI * kH * 4, n2 = kE * kH * kI * 4;
   ASSERT_EQ(mkdir((root_ + "/sharded").c_str(), 0755), 0);
   WriteFile(root_ + "/sharded/model-00001-of-00002.safetensors",
-            FileOf(absl::StrCat("{\"w13\":", Entry("\"F32\"", "[2,8,8]",
-                                                   absl::StrCat("[0,", n13, "]")), "}"),
+            FileOf(absl::StrCat("{\"w13\":",
+                                Entry("\"F32\"", "[2,8,8]", absl::StrCat("[0,", n13, "]")), "}"),
                    data_.substr(0, n13)));
   WriteFile(root_ + "/sharded/model-00002-of-00002.safetensors",
-            FileOf(absl::StrCat("{\"w2\":", Entry("\"F32\"", "[2,8,4]",
-                                                  absl::StrCat("[0,", n2, "]")), "}"),
+            FileOf(absl::StrCat(
+                       "{\"w2\":", Entry("\"F32\"", "[2,8,4]", absl::StrCat("[0,", n2, "]")), "}"),
                    data_.substr(n13)));
   const std::string index = root_ + "/sharded/model.safetensors.index.json";
   WriteFile(index,
@@ -400,18 +400,22 @@ TEST_F(SafetensorsFileTest, ShardedCheckpointLoadsThroughItsIndex) {
   set = Load(index);
   ASSERT_FALSE(set.ok());
   EXPECT_THAT(std::string(set.status().message()), HasSubstr("has no tensor 'w2'"));
-  WriteFile(index, "{\"weight_map\":{\"w13\":\"model-00001-of-00002.safetensors\","
-                   "\"w2\":\"gone.safetensors\"}}");
+  WriteFile(index,
+            "{\"weight_map\":{\"w13\":\"model-00001-of-00002.safetensors\","
+            "\"w2\":\"gone.safetensors\"}}");
   ExpectRefused(Load(index).status());
   // A shard that is a symlink out of the roots is refused like any path.
   ASSERT_EQ(symlink((outside_ + "/good.safetensors").c_str(),
-                    (root_ + "/sharded/out.safetensors").c_str()), 0);
-  WriteFile(index, "{\"weight_map\":{\"w13\":\"model-00001-of-00002.safetensors\","
-                   "\"w2\":\"out.safetensors\"}}");
+                    (root_ + "/sharded/out.safetensors").c_str()),
+            0);
+  WriteFile(index,
+            "{\"weight_map\":{\"w13\":\"model-00001-of-00002.safetensors\","
+            "\"w2\":\"out.safetensors\"}}");
   ExpectRefused(Load(index).status());
   // A shard name with a path in it never reaches the file system.
-  WriteFile(index, "{\"weight_map\":{\"w13\":\"../good.safetensors\","
-                   "\"w2\":\"model-00002-of-00002.safetensors\"}}");
+  WriteFile(index,
+            "{\"weight_map\":{\"w13\":\"../good.safetensors\","
+            "\"w2\":\"model-00002-of-00002.safetensors\"}}");
   set = Load(index);
   ASSERT_FALSE(set.ok());
   EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument);
@@ -419,8 +423,9 @@ TEST_F(SafetensorsFileTest, ShardedCheckpointLoadsThroughItsIndex) {
   EXPECT_EQ(FieldOf(set.status()).value_or(""), "safetensors.path");
   // A shard whose content is wrong names the shard.
   WriteFile(root_ + "/sharded/model-00002-of-00002.safetensors", "garbage!garbage!");
-  WriteFile(index, "{\"weight_map\":{\"w13\":\"model-00001-of-00002.safetensors\","
-                   "\"w2\":\"model-00002-of-00002.safetensors\"}}");
+  WriteFile(index,
+            "{\"weight_map\":{\"w13\":\"model-00001-of-00002.safetensors\","
+            "\"w2\":\"model-00002-of-00002.safetensors\"}}");
   set = Load(index);
   ASSERT_FALSE(set.ok());
   EXPECT_THAT(std::string(set.status().message()), HasSubstr("shard model-00002-of-00002"));

@@ -117,9 +117,9 @@ TEST(ParallelConfigTest, Predicates) {
   ParallelConfig p;
   p.dp_size = 2;
   p.enable_expert_parallel = true;
-  for (const char* a2a : {"deepep_high_throughput", "deepep_low_latency", "deepep_v2",
-                          "flashinfer_all2allv", "flashinfer_nvlink_one_sided",
-                          "allgather_reducescatter", "mori_low_latency", "nixl_ep"}) {
+  for (const char* a2a :
+       {"deepep_high_throughput", "deepep_low_latency", "deepep_v2", "flashinfer_all2allv",
+        "flashinfer_nvlink_one_sided", "allgather_reducescatter", "mori_low_latency", "nixl_ep"}) {
     p.all2all_backend = a2a;
     FusedMoEParallelConfig m = FusedMoEParallelConfig::Make(p);
     std::string b = a2a;
@@ -173,10 +173,10 @@ TEST(FusedMoEConfigTest, PostInitChecks) {
   EXPECT_EQ(c.device, "cuda");
 
   Platform cpu = ParsePlatformSpec("cpu").value();
-  absl::Status nm = FusedMoEConfig::Make(l, MoEActivation::kSiluNoMul,
-                                         RoutingMethodType::kRenormalize,
-                                         FusedMoEParallelConfig::Make(p), "auto", cpu, env)
-                        .status();
+  absl::Status nm =
+      FusedMoEConfig::Make(l, MoEActivation::kSiluNoMul, RoutingMethodType::kRenormalize,
+                           FusedMoEParallelConfig::Make(p), "auto", cpu, env)
+          .status();
   EXPECT_EQ(nm.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(nm.message(), "is_act_and_mul=False is supported only for CUDA, XPU and ROCm for now");
 
@@ -195,13 +195,12 @@ TEST(FusedMoEConfigTest, PostInitChecks) {
                                    FusedMoEParallelConfig::Make(mori), "auto", rocm, aiter)
                   .ok());
   EnvVars shared{{"VLLM_ROCM_USE_AITER", "1"}, {"VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS", "1"}};
-  EXPECT_THAT(std::string(FusedMoEConfig::Make(l, MoEActivation::kSilu,
-                                               RoutingMethodType::kRenormalize,
-                                               FusedMoEParallelConfig::Make(mori), "auto", rocm,
-                                               shared)
-                              .status()
-                              .message()),
-              HasSubstr("Mori does not support fusion shared expert now."));
+  EXPECT_THAT(
+      std::string(FusedMoEConfig::Make(l, MoEActivation::kSilu, RoutingMethodType::kRenormalize,
+                                       FusedMoEParallelConfig::Make(mori), "auto", rocm, shared)
+                      .status()
+                      .message()),
+      HasSubstr("Mori does not support fusion shared expert now."));
 }
 
 TEST(CapabilityTest, DevicePredicates) {

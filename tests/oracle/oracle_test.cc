@@ -408,9 +408,9 @@ TEST(PlanTest, BatchedFormatSubstitution) {
   MoeLayerSpec chan = Layer("kFp8StaticChannelSym", "kFp8DynamicTokenSym");
   chan.allow_vllm_cutlass = true;
   EXPECT_EQ(Plan(chan, "cuda:9.0", "cutlass", ll)->backend, "BATCHED_VLLM_CUTLASS");
-  EXPECT_EQ(Plan(Layer("kNvfp4Static", "kNvfp4Dynamic"), "cuda:10.0", "flashinfer_cutedsl", ll)
-                ->backend,
-            "FLASHINFER_CUTEDSL_BATCHED");
+  EXPECT_EQ(
+      Plan(Layer("kNvfp4Static", "kNvfp4Dynamic"), "cuda:10.0", "flashinfer_cutedsl", ll)->backend,
+      "FLASHINFER_CUTEDSL_BATCHED");
   EXPECT_EQ(Plan(Layer("kInt4Static32"), "cuda:9.0", "marlin", ll)->backend, "BATCHED_MARLIN");
 
   // auto: the standard classes fail the format check.
@@ -495,9 +495,9 @@ TEST(PlanTest, PrepareFinalizeTable) {
   EXPECT_EQ(mori.prepare_finalize, "MoriPrepareAndFinalize");
   EXPECT_EQ(mori.topk_indices_dtype, "int32");
   // One-sided NVLink refuses fp8 activations.
-  absl::Status s = Plan(Layer(kBlockW, kBlockA), "cuda:9.0", "auto",
-                        DpEp("flashinfer_nvlink_one_sided"))
-                       .status();
+  absl::Status s =
+      Plan(Layer(kBlockW, kBlockA), "cuda:9.0", "auto", DpEp("flashinfer_nvlink_one_sided"))
+          .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("flashinfer_nvlink_one_sided dispatch supports nvfp4, mxfp8, and bf16"));
@@ -547,29 +547,28 @@ TEST(PlanTest, EnvOverrides) {
   EXPECT_EQ(Plan(block, "cuda:10.0")->backend, "DEEPGEMM");
   EXPECT_EQ(Plan(block, "cuda:10.0", "auto", {}, EnvVars{{"VLLM_USE_DEEP_GEMM", "0"}})->backend,
             "TRITON");
-  EXPECT_EQ(
-      Plan(block, "cuda:10.0", "auto", {}, EnvVars{{"VLLM_MOE_USE_DEEP_GEMM", "0"}})->backend,
-      "TRITON");
+  EXPECT_EQ(Plan(block, "cuda:10.0", "auto", {}, EnvVars{{"VLLM_MOE_USE_DEEP_GEMM", "0"}})->backend,
+            "TRITON");
   // set to 1: forced (on SM90, where auto would pick TRITON).
-  MoePlan f = Plan(Layer(kBlockW, kBlockA), "cuda:9.0", "auto", {},
-                   EnvVars{{"VLLM_USE_DEEP_GEMM", "1"}})
-                  .value();
+  MoePlan f =
+      Plan(Layer(kBlockW, kBlockA), "cuda:9.0", "auto", {}, EnvVars{{"VLLM_USE_DEEP_GEMM", "1"}})
+          .value();
   EXPECT_EQ(f.backend, "DEEPGEMM");
   EXPECT_EQ(Plan(Layer(kBlockW, kBlockA), "cuda:9.0")->backend, "TRITON");
   // forced Marlin.
-  EXPECT_EQ(Plan(block, "cuda:10.0", "auto", {}, EnvVars{{"VLLM_TEST_FORCE_FP8_MARLIN", "1"}})
-                ->backend,
-            "MARLIN");
-  EXPECT_EQ(Plan(block, "cuda:10.0", "auto", {}, EnvVars{{"VLLM_TEST_FORCE_FP8_MARLIN", "0"}})
-                ->backend,
-            "DEEPGEMM");
+  EXPECT_EQ(
+      Plan(block, "cuda:10.0", "auto", {}, EnvVars{{"VLLM_TEST_FORCE_FP8_MARLIN", "1"}})->backend,
+      "MARLIN");
+  EXPECT_EQ(
+      Plan(block, "cuda:10.0", "auto", {}, EnvVars{{"VLLM_TEST_FORCE_FP8_MARLIN", "0"}})->backend,
+      "DEEPGEMM");
   EXPECT_EQ(Plan(Layer("kNvfp4Static", "kNvfp4Dynamic"), "cuda:10.0", "auto", {},
                  EnvVars{{"VLLM_TEST_FORCE_FP8_MARLIN", "true"}})
                 ->backend,
             "MARLIN");
   // AITER: set-to-0 drops AITER from the candidates; =1 on CUDA forces it and fails.
-  MoePlan drop = Plan(Layer(), "rocm:gfx942", "auto", {}, EnvVars{{"VLLM_ROCM_USE_AITER", "0"}})
-                     .value();
+  MoePlan drop =
+      Plan(Layer(), "rocm:gfx942", "auto", {}, EnvVars{{"VLLM_ROCM_USE_AITER", "0"}}).value();
   EXPECT_EQ(drop.candidates.front().backend, "TRITON");
   MoePlan kept = Plan(Layer(), "rocm:gfx942").value();
   EXPECT_EQ(kept.candidates.front().backend, "AITER");
@@ -585,12 +584,11 @@ TEST(PlanTest, EnvOverrides) {
             "since kernel does not support current device cuda. AITER MoE is not enabled — set "
             "VLLM_ROCM_USE_AITER=1 and VLLM_ROCM_USE_AITER_MOE=1 to enable it.");
   // VLLM_BATCH_INVARIANT: only TritonExperts.
-  MoePlan bi = Plan(Layer(), "cuda:10.0", "auto", {}, EnvVars{{"VLLM_BATCH_INVARIANT", "1"}})
-                   .value();
+  MoePlan bi =
+      Plan(Layer(), "cuda:10.0", "auto", {}, EnvVars{{"VLLM_BATCH_INVARIANT", "1"}}).value();
   EXPECT_EQ(bi.backend, "TRITON");
   EXPECT_EQ(bi.candidates[0].reason, "kernel does not support batch invariance");
-  EXPECT_EQ(Plan(Layer(), "cuda:10.0", "auto", {}, EnvVars{{"VLLM_BATCH_INVARIANT", "0"}})
-                ->backend,
+  EXPECT_EQ(Plan(Layer(), "cuda:10.0", "auto", {}, EnvVars{{"VLLM_BATCH_INVARIANT", "0"}})->backend,
             "FLASHINFER_TRTLLM");
 }
 
@@ -633,7 +631,7 @@ TEST(UserStringTest, MappingTable) {
   };
   for (const Row& r : rows) {
     const std::pair<const char*, const char*> per[] = {
-        {"unquantized", r.unq}, {"fp8", r.fp8},     {"mxfp8", r.mxfp8}, {"nvfp4", r.nvfp4},
+        {"unquantized", r.unq}, {"fp8", r.fp8},   {"mxfp8", r.mxfp8}, {"nvfp4", r.nvfp4},
         {"mxfp4", r.mxfp4},     {"int8", r.int8}, {"wna16", r.wna16}};
     for (const auto& [scheme, want] : per) {
       const MoEKernelOracle* o = OracleFor(scheme);
@@ -720,8 +718,7 @@ TEST(UserStringTest, ExplicitRequestsNeverFallBack) {
             "['TRITON']");
   MoeLayerSpec bf16 = Layer("kMxfp4Static");
   bf16.activation = "swigluoai";
-  EXPECT_EQ(Plan(bf16, "cuda:10.0", "flashinfer_trtllm")->backend,
-            "FLASHINFER_TRTLLM_MXFP4_BF16");
+  EXPECT_EQ(Plan(bf16, "cuda:10.0", "flashinfer_trtllm")->backend, "FLASHINFER_TRTLLM_MXFP4_BF16");
   EXPECT_EQ(Plan(bf16, "cuda:9.0", "marlin", DpEp("deepep_low_latency"))->backend,
             "BATCHED_MARLIN");
 }
@@ -805,10 +802,10 @@ TEST(KplanTest, FamilyAcceptedWithLibrary) {
   EXPECT_EQ(Plan(tensor, "cpu+kplan", "emulation")->experts_kernel, "KplanEmulationExperts");
   EXPECT_EQ(Plan(Layer(kBlockW, kBlockA), "cuda:9.0+kplan", "kplan_batched")->experts_kernel,
             "KplanBatchedExperts");
-  EXPECT_EQ(Plan(Layer("kInt8StaticChannelSym", "kInt8DynamicTokenSym"), "cuda:9.0+kplan",
-                 "emulation")
-                ->experts_kernel,
-            "KplanEmulationExperts");
+  EXPECT_EQ(
+      Plan(Layer("kInt8StaticChannelSym", "kInt8DynamicTokenSym"), "cuda:9.0+kplan", "emulation")
+          ->experts_kernel,
+      "KplanEmulationExperts");
   // Accepted by the map, a kplan class can still reject the layer: that is
   // the "does not support the deployment configuration" text, not the map's.
   absl::Status s = Plan(Layer(), "cuda:8.0+kplan", "kplan").status();
@@ -835,8 +832,8 @@ TEST(KplanTest, EmulationAndEp) {
   EXPECT_EQ(ep.topk_indices_dtype, "int32");
   EXPECT_TRUE(ep.output_is_reduced);
   EXPECT_FALSE(Plan(Layer(), "cuda:9.0+kplan", "kplan_ep").ok());
-  EXPECT_THAT(KplanMoeBackends(), ::testing::ElementsAre("kplan", "kplan_batched", "kplan_ep",
-                                                         "emulation"));
+  EXPECT_THAT(KplanMoeBackends(),
+              ::testing::ElementsAre("kplan", "kplan_batched", "kplan_ep", "emulation"));
 }
 
 // --- layer field errors --------------------------------------------------------------------

@@ -32,10 +32,11 @@ TEST(NormalizeKernelConfigTest, UnknownValuesListTheValidOnes) {
     std::string name;
     const std::vector<absl::string_view>& values;
   };
-  for (const Case& cs : {Case{&KernelConfig::moe_backend, "moe_backend", MoeBackendValues()},
-                         Case{&KernelConfig::linear_backend, "linear_backend", LinearBackendValues()},
-                         Case{&KernelConfig::sparse_indexer_topk_backend,
-                              "sparse_indexer_topk_backend", SparseIndexerTopkBackendValues()}}) {
+  for (const Case& cs :
+       {Case{&KernelConfig::moe_backend, "moe_backend", MoeBackendValues()},
+        Case{&KernelConfig::linear_backend, "linear_backend", LinearBackendValues()},
+        Case{&KernelConfig::sparse_indexer_topk_backend, "sparse_indexer_topk_backend",
+             SparseIndexerTopkBackendValues()}}) {
     KernelConfig c;
     c.*cs.field = "Nope";
     absl::Status s = NormalizeKernelConfig(c).status();
@@ -43,8 +44,9 @@ TEST(NormalizeKernelConfigTest, UnknownValuesListTheValidOnes) {
     EXPECT_EQ(FieldOf(s).value(), cs.name);
     EXPECT_THAT(std::string(s.message()), StartsWith("Input should be 'auto', "));
     EXPECT_THAT(std::string(s.message()),
-                HasSubstr(absl::StrCat(" or '", cs.values.back(), "' [type=literal_error, "
-                                                                  "input_value='Nope', input_type=str]")));
+                HasSubstr(absl::StrCat(" or '", cs.values.back(),
+                                       "' [type=literal_error, "
+                                       "input_value='Nope', input_type=str]")));
   }
 }
 
@@ -110,9 +112,9 @@ TEST(ParallelConfigTest, RejectsBadSizesRanksAndBackends) {
 
 TEST(ValidateFlashinferMoeEpModelTest, OnlyDeepSeekV4) {
   EXPECT_TRUE(ValidateFlashinferMoeEpModel("triton", {"LlamaForCausalLM"}).ok());
-  EXPECT_TRUE(ValidateFlashinferMoeEpModel("flashinfer_moe_ep_mega_deep_gemm",
-                                           {"DeepseekV4ForCausalLM"})
-                  .ok());
+  EXPECT_TRUE(
+      ValidateFlashinferMoeEpModel("flashinfer_moe_ep_mega_deep_gemm", {"DeepseekV4ForCausalLM"})
+          .ok());
   absl::Status s =
       ValidateFlashinferMoeEpModel("flashinfer_moe_ep_mega_deep_gemm", {"LlamaForCausalLM"});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -124,8 +126,8 @@ TEST(ValidateFlashinferMoeEpModelTest, OnlyDeepSeekV4) {
 }
 
 TEST(BindPassthroughTest, DefaultBecomesPassthroughIdempotently) {
-  for (const char* backend : {"flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm",
-                              "kplan_ep"}) {
+  for (const char* backend :
+       {"flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm", "kplan_ep"}) {
     ParallelConfig p;
     std::vector<std::string> warnings;
     ASSERT_TRUE(BindPassthroughAll2AllBackend(backend, p, &warnings).ok());

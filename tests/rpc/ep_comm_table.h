@@ -36,8 +36,9 @@ inline void Inject(ServerOptions& options, std::shared_ptr<CommTable> table) {
     std::lock_guard<std::mutex> lock(table->mu);
     return absl::StrCat("id-", ++table->next_id);
   };
-  options.ep_comm_factory = [table](absl::string_view id, int rank, int size, absl::Duration timeout)
-      -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
+  options.ep_comm_factory =
+      [table](absl::string_view id, int rank, int size,
+              absl::Duration timeout) -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
     std::lock_guard<std::mutex> lock(table->mu);
     auto& group = table->groups[std::string(id)];
     if (group.empty()) {

@@ -27,9 +27,9 @@
 namespace kplan::rpc {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Bytes;
 using testing::Chunk;
+using ::testing::HasSubstr;
 using testing::MakeTensor;
 using testing::Random;
 
@@ -51,7 +51,8 @@ class EpMultihostTest : public ::testing::Test {
  protected:
   void SetUp() override {
     table_ = std::make_shared<CommTable>();
-    single_ = absl::StatusOr<std::unique_ptr<KplanServer>>(KplanServer::Start(BaseOptions())).value();
+    single_ =
+        absl::StatusOr<std::unique_ptr<KplanServer>>(KplanServer::Start(BaseOptions())).value();
     coordinator_port_ = FreePort();
     ServerOptions rank0 = BaseOptions();
     rank0.listen_address = absl::StrCat("127.0.0.1:", coordinator_port_);
@@ -92,8 +93,8 @@ class EpMultihostTest : public ::testing::Test {
     h.set_dtype(v1::DTYPE_FLOAT32);
     (void)client.UnloadExperts("layer0");
     return client
-        .LoadExperts(h, {Chunk("w13", {kE, 2 * kI, kH}, Bytes(w13_)),
-                         Chunk("w2", {kE, kH, kI}, Bytes(w2_))})
+        .LoadExperts(
+            h, {Chunk("w13", {kE, 2 * kI, kH}, Bytes(w13_)), Chunk("w2", {kE, kH, kI}, Bytes(w2_))})
         .status();
   }
 

@@ -115,7 +115,8 @@ TEST_F(GpuServerTest, RunMoeOnTheGpuAgreesWithTheCpuPath) {
   header.set_dtype(v1::DTYPE_BFLOAT16);
   std::vector<v1::TensorChunk> chunks;
   for (auto [name, values, shape] :
-       {std::tuple<const char*, std::vector<float>*, std::vector<int64_t>>{"w13", &w13, {e, 2 * i, h}},
+       {std::tuple<const char*, std::vector<float>*, std::vector<int64_t>>{
+            "w13", &w13, {e, 2 * i, h}},
         {"w2", &w2, {e, h, i}}}) {
     v1::NamedTensor t = testing::MakeTensor(name, shape, *values, v1::DTYPE_BFLOAT16);
     v1::TensorChunk c;
@@ -138,8 +139,7 @@ TEST_F(GpuServerTest, RunMoeOnTheGpuAgreesWithTheCpuPath) {
     std::vector<float> logits = testing::RandomValues(size_t(m) * e, rng);
     v1::RunMoERequest req;
     req.set_experts_id("gpu-layer");
-    *req.mutable_hidden_states() =
-        testing::MakeTensor("x", {m, h}, x, v1::DTYPE_BFLOAT16).tensor();
+    *req.mutable_hidden_states() = testing::MakeTensor("x", {m, h}, x, v1::DTYPE_BFLOAT16).tensor();
     *req.mutable_router_logits() =
         testing::MakeTensor("logits", {m, e}, logits, v1::DTYPE_FLOAT32).tensor();
     req.mutable_routing()->set_top_k(k);
@@ -163,9 +163,10 @@ TEST_F(GpuServerTest, RunMoeOnTheGpuAgreesWithTheCpuPath) {
       den += double(c[j]) * c[j];
     }
     const double rel = std::sqrt(num / den);
-    std::printf("RunMoE E=%d k=%d H=%d I=%d M=%d: kplan (GPU) vs emulation (CPU) rel error %.2e; "
-                "device us %.1f vs %.1f\n", e, k, h, i, m, rel, gpu->timing().device_us(),
-                cpu->timing().device_us());
+    std::printf(
+        "RunMoE E=%d k=%d H=%d I=%d M=%d: kplan (GPU) vs emulation (CPU) rel error %.2e; "
+        "device us %.1f vs %.1f\n",
+        e, k, h, i, m, rel, gpu->timing().device_us(), cpu->timing().device_us());
     EXPECT_LT(rel, 1e-2);
   };
   for (int m : {33, 1, 200, 7, 0}) check(m);

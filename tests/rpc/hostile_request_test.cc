@@ -23,11 +23,11 @@
 namespace kplan::rpc {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::Not;
 using testing::Bytes;
 using testing::Chunk;
+using ::testing::HasSubstr;
 using testing::MakeTensor;
+using ::testing::Not;
 using testing::Random;
 
 constexpr int kE = 4, kH = 16, kI = 8;
@@ -79,11 +79,12 @@ class HostileRequestTest : public ::testing::Test {
     h.set_hidden_size(kH);
     h.set_intermediate_size(kI);
     h.set_dtype(v1::DTYPE_FLOAT32);
-    ASSERT_TRUE(client_
-                    ->LoadExperts(h, {Chunk("w13", {kE, 2 * kI, kH},
-                                            Bytes(Random(kE * 2 * kI * kH, rng, 0.3f))),
-                                      Chunk("w2", {kE, kH, kI}, Bytes(Random(kE * kH * kI, rng, 0.3f)))})
-                    .ok());
+    ASSERT_TRUE(
+        client_
+            ->LoadExperts(
+                h, {Chunk("w13", {kE, 2 * kI, kH}, Bytes(Random(kE * 2 * kI * kH, rng, 0.3f))),
+                    Chunk("w2", {kE, kH, kI}, Bytes(Random(kE * kH * kI, rng, 0.3f)))})
+            .ok());
   }
 
   std::unique_ptr<KplanServer> server_;
@@ -105,8 +106,8 @@ TEST_F(HostileRequestTest, BytesThatAreNoMessageAreInvalidArgument) {
     std::condition_variable cv;
     bool done = false;
     grpc::Status status;
-    generic.UnaryCall(ctx.get(), absl::StrCat("/kplan.v1.KernelPlanService/", method), {},
-                      &request, &response, [&](grpc::Status s) {
+    generic.UnaryCall(ctx.get(), absl::StrCat("/kplan.v1.KernelPlanService/", method), {}, &request,
+                      &response, [&](grpc::Status s) {
                         std::lock_guard<std::mutex> lock(mu);
                         status = s;
                         done = true;
@@ -196,7 +197,8 @@ TEST_F(HostileRequestTest, RunIrOpHugeAndEmptyTensors) {
   // Negative dims and too many dims name the field too.
   s = stub_->RunIrOp(Context().get(), request({4, -4}, ""), &resp);
   EXPECT_EQ(FieldOf(s), "inputs.x.shape");
-  s = stub_->RunIrOp(Context().get(), request(std::vector<int64_t>(9, 1), std::string(4, 0)), &resp);
+  s = stub_->RunIrOp(Context().get(), request(std::vector<int64_t>(9, 1), std::string(4, 0)),
+                     &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(FieldOf(s), "inputs.x.shape");
   ExpectServing();

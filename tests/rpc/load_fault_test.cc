@@ -85,8 +85,10 @@ grpc::Status Load(v1::KernelPlanService::Stub& stub, const SetShape& s, std::mt1
   h->set_dtype(v1::DTYPE_FLOAT32);
   writer->Write(header);
   v1::LoadExpertsRequest w13, w2;
-  *w13.mutable_chunk() = Chunk("w13", {s.e, 2 * s.i, s.h}, Bytes(Random(size_t(s.e) * 2 * s.i * s.h, rng, 0.05f)));
-  *w2.mutable_chunk() = Chunk("w2", {s.e, s.h, s.i}, Bytes(Random(size_t(s.e) * s.h * s.i, rng, 0.05f)));
+  *w13.mutable_chunk() =
+      Chunk("w13", {s.e, 2 * s.i, s.h}, Bytes(Random(size_t(s.e) * 2 * s.i * s.h, rng, 0.05f)));
+  *w2.mutable_chunk() =
+      Chunk("w2", {s.e, s.h, s.i}, Bytes(Random(size_t(s.e) * s.h * s.i, rng, 0.05f)));
   writer->Write(w13);
   writer->Write(w2);
   writer->WritesDone();
@@ -96,8 +98,10 @@ grpc::Status Load(v1::KernelPlanService::Stub& stub, const SetShape& s, std::mt1
 v1::RunMoERequest MoeRequest(const SetShape& s, int m, std::mt19937& rng) {
   v1::RunMoERequest r;
   r.set_experts_id(s.id);
-  *r.mutable_hidden_states() = MakeTensor(v1::DTYPE_FLOAT32, {m, s.h}, Bytes(Random(size_t(m) * s.h, rng, 1.f)));
-  *r.mutable_router_logits() = MakeTensor(v1::DTYPE_FLOAT32, {m, s.e}, Bytes(Random(size_t(m) * s.e, rng, 1.f)));
+  *r.mutable_hidden_states() =
+      MakeTensor(v1::DTYPE_FLOAT32, {m, s.h}, Bytes(Random(size_t(m) * s.h, rng, 1.f)));
+  *r.mutable_router_logits() =
+      MakeTensor(v1::DTYPE_FLOAT32, {m, s.e}, Bytes(Random(size_t(m) * s.e, rng, 1.f)));
   r.mutable_routing()->set_top_k(kTopK);
   r.mutable_routing()->set_routing_method("Renormalize");
   return r;
@@ -207,7 +211,8 @@ void Traffic(const std::vector<std::shared_ptr<grpc::Channel>>& channels, const 
           case 0:
             what = "RunMoE";
             s = CallWith<v1::RunMoERequest, v1::RunMoEResponse>(
-                [&](auto... a) { stub->async()->RunMoE(a...); }, MoeRequest(set, tokens(rng), rng), fault, rng);
+                [&](auto... a) { stub->async()->RunMoE(a...); }, MoeRequest(set, tokens(rng), rng),
+                fault, rng);
             break;
           case 1:
             what = "RunIrOp";
@@ -217,7 +222,8 @@ void Traffic(const std::vector<std::shared_ptr<grpc::Channel>>& channels, const 
           default:
             what = "ResolveKernelConfig";
             s = CallWith<v1::ResolveKernelConfigRequest, v1::ResolveKernelConfigResponse>(
-                [&](auto... a) { stub->async()->ResolveKernelConfig(a...); }, ResolveRequest(), fault, rng);
+                [&](auto... a) { stub->async()->ResolveKernelConfig(a...); }, ResolveRequest(),
+                fault, rng);
             break;
         }
         tally.Add(what, s);
@@ -336,22 +342,24 @@ TEST_F(LoadFaultTest, ConcurrentClientsWithCancelsAndDeadlines) {
   {  // Each request is fine by itself.
     Tally ok({grpc::StatusCode::OK});
     ok.Add("RunMoE", CallWith<v1::RunMoERequest, v1::RunMoEResponse>(
-                         [&](auto... a) { stub->async()->RunMoE(a...); }, MoeRequest(kSmall, 3, rng),
-                         Fault::kNone, rng));
+                         [&](auto... a) { stub->async()->RunMoE(a...); },
+                         MoeRequest(kSmall, 3, rng), Fault::kNone, rng));
     ok.Add("RunIrOp", CallWith<v1::RunIrOpRequest, v1::RunIrOpResponse>(
-                          [&](auto... a) { stub->async()->RunIrOp(a...); }, IrRequest(rng), Fault::kNone, rng));
-    ok.Add("Resolve", CallWith<v1::ResolveKernelConfigRequest, v1::ResolveKernelConfigResponse>(
-                          [&](auto... a) { stub->async()->ResolveKernelConfig(a...); }, ResolveRequest(),
+                          [&](auto... a) { stub->async()->RunIrOp(a...); }, IrRequest(rng),
                           Fault::kNone, rng));
+    ok.Add("Resolve", CallWith<v1::ResolveKernelConfigRequest, v1::ResolveKernelConfigResponse>(
+                          [&](auto... a) { stub->async()->ResolveKernelConfig(a...); },
+                          ResolveRequest(), Fault::kNone, rng));
     ASSERT_TRUE(ok.unexpected().empty()) << ok.unexpected()[0];
   }
 
   const auto traffic_start = Clock::now();
-  Tally tally({grpc::StatusCode::OK, grpc::StatusCode::CANCELLED, grpc::StatusCode::DEADLINE_EXCEEDED,
-               grpc::StatusCode::RESOURCE_EXHAUSTED});
+  Tally tally({grpc::StatusCode::OK, grpc::StatusCode::CANCELLED,
+               grpc::StatusCode::DEADLINE_EXCEEDED, grpc::StatusCode::RESOURCE_EXHAUSTED});
   Traffic(channels, kSmall, tally);
   const double traffic_s = std::chrono::duration<double>(Clock::now() - traffic_start).count();
-  std::printf("traffic: %d calls in %.1f s:%s\n", tally.total(), traffic_s, tally.Summary().c_str());
+  std::printf("traffic: %d calls in %.1f s:%s\n", tally.total(), traffic_s,
+              tally.Summary().c_str());
   EXPECT_EQ(tally.total(), kClients * kCallsPerClient);
   for (const std::string& u : tally.unexpected()) ADD_FAILURE() << u;
   EXPECT_GT(tally.count(grpc::StatusCode::OK), kClients * kCallsPerClient / 3) << tally.Summary();
@@ -371,8 +379,8 @@ TEST_F(LoadFaultTest, ConcurrentClientsWithCancelsAndDeadlines) {
 TEST_F(LoadFaultTest, ShutdownWithBacklogWithinExitTimeout) {
   const auto& channels = channels_;
   auto& server = server_;
-  Tally backlog_tally({grpc::StatusCode::OK, grpc::StatusCode::CANCELLED, grpc::StatusCode::UNAVAILABLE,
-                       grpc::StatusCode::RESOURCE_EXHAUSTED});
+  Tally backlog_tally({grpc::StatusCode::OK, grpc::StatusCode::CANCELLED,
+                       grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::RESOURCE_EXHAUSTED});
   {
     Backlog backlog(channels, kSlow, 96, BacklogTokens(*stub_, kSlow), backlog_tally);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it queue up
@@ -386,7 +394,8 @@ TEST_F(LoadFaultTest, ShutdownWithBacklogWithinExitTimeout) {
     EXPECT_TRUE(in_time) << "Shutdown(" << kExitTimeout.count() << " s) with a backlog took over "
                          << stop_s << " s";
     std::printf("shutdown with backlog: %.1f s\n", stop_s);
-    EXPECT_TRUE(backlog.Wait(std::chrono::seconds(in_time ? 10 : 60))) << "backlog calls never answered";
+    EXPECT_TRUE(backlog.Wait(std::chrono::seconds(in_time ? 10 : 60)))
+        << "backlog calls never answered";
     if (!in_time) stopped.wait();
   }
   std::printf("backlog:%s\n", backlog_tally.Summary().c_str());
@@ -460,8 +469,10 @@ TEST(LoadFaultBinaryTest, ServerBinaryExitsWithinExitTimeoutOnSigtermWithBacklog
     ASSERT_EQ(got, pid) << "kplan-server still running " << stop_s << " s after SIGTERM\n" << log();
     reaper.reaped = true;
     EXPECT_LE(stop_s, std::chrono::duration<double>(kExitTimeout + kExitSlack).count())
-        << "--exit_timeout=" << kExitTimeout.count() << "s\n" << log();
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n" << log();
+        << "--exit_timeout=" << kExitTimeout.count() << "s\n"
+        << log();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\n"
+                                                               << log();
     EXPECT_TRUE(backlog.Wait(std::chrono::seconds(10))) << "backlog calls never answered";
   }
   std::printf("backlog:%s\n", tally.Summary().c_str());

@@ -33,7 +33,8 @@ class LoggingTest : public ::testing::Test {
 TEST_F(LoggingTest, JsonLineHasTimeLevelMessageAndFields) {
   SetLogFormat(LogFormat::kJson);
   LogWithFields(spdlog::level::warn, "ResolveKernelConfig failed",
-                {{"method", "ResolveKernelConfig"}, {"code", "INVALID_ARGUMENT"},
+                {{"method", "ResolveKernelConfig"},
+                 {"code", "INVALID_ARGUMENT"},
                  {"error", "a \"quoted\"\nline"}});
   spdlog::info("plain {}", 7);
   std::istringstream lines(out_.str());

@@ -114,8 +114,8 @@ class MoeRpcTest : public ::testing::Test {
     const std::string a = Bytes(w13_), b = Bytes(w2_);
     const std::string header = absl::StrCat(
         "{\"w13\":{\"dtype\":\"F32\",\"shape\":[", kE, ",", 2 * kI, ",", kH,
-        "],\"data_offsets\":[0,", a.size(), "]},\"w2\":{\"dtype\":\"F32\",\"shape\":[", kE,
-        ",", kH, ",", kI, "],\"data_offsets\":[", a.size(), ",", a.size() + b.size(), "]}}");
+        "],\"data_offsets\":[0,", a.size(), "]},\"w2\":{\"dtype\":\"F32\",\"shape\":[", kE, ",", kH,
+        ",", kI, "],\"data_offsets\":[", a.size(), ",", a.size() + b.size(), "]}}");
     const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
     uint64_t n = header.size();  // little-endian hosts only, as the file format
     std::ofstream f(path, std::ios::binary);
@@ -313,7 +313,8 @@ TEST_F(MoeRpcTest, LoadsPerExpertSafetensors) {
     add(p + "down_proj.weight", {kH, kI}, &w2_[e * kH * kI], kH * kI);
   }
   header += "}";
-  const std::string path = absl::StrCat(::testing::TempDir(), "/experts-", getpid(), ".safetensors");
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/experts-", getpid(), ".safetensors");
   uint64_t n = header.size();
   {
     std::ofstream f(path, std::ios::binary);
@@ -407,8 +408,8 @@ TEST_F(MoeRpcTest, SafetensorsLoadsOnlyUnderModelRoots) {
 
 // A random float32 set of any shape, as one header and whole-tensor chunks.
 std::pair<v1::ExpertsHeader, std::vector<v1::TensorChunk>> RandomSet(const std::string& id, int e,
-                                                                      int h, int i,
-                                                                      std::mt19937& rng) {
+                                                                     int h, int i,
+                                                                     std::mt19937& rng) {
   v1::ExpertsHeader header = testing::Float32Header(id, e, h, i);
   std::vector<v1::TensorChunk> chunks = {
       testing::Chunk("w13", {e, 2 * i, h}, Bytes(Random(size_t(e) * 2 * i * h, rng, 0.3f))),
@@ -421,8 +422,7 @@ v1::RunMoERequest LogitsRequest(const std::string& id, int m, int h, int e, int 
   v1::RunMoERequest r;
   r.set_experts_id(id);
   *r.mutable_hidden_states() = MakeTensor(v1::DTYPE_FLOAT32, {m, h}, Bytes(Random(m * h, rng, 1)));
-  *r.mutable_router_logits() =
-      MakeTensor(v1::DTYPE_FLOAT32, {m, e}, Bytes(Random(m * e, rng, 1)));
+  *r.mutable_router_logits() = MakeTensor(v1::DTYPE_FLOAT32, {m, e}, Bytes(Random(m * e, rng, 1)));
   r.mutable_routing()->set_top_k(k);
   return r;
 }
@@ -459,7 +459,8 @@ TEST_F(MoeRpcTest, RouteIsCachedAndDroppedAtUnload) {
   auto [header, chunks] = RandomSet("r", 4, 16, 8, rng);
   ASSERT_TRUE(client_->LoadExperts(header, chunks).ok());
   const int64_t before = routes->misses();
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client_->RunMoE(LogitsRequest("r", 2, 16, 4, 2, rng)).ok());
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(client_->RunMoE(LogitsRequest("r", 2, 16, 4, 2, rng)).ok());
   EXPECT_EQ(routes->misses(), before + 1);
   // Same bucket (2 tokens), then another top_k and another bucket: new routes.
   ASSERT_TRUE(client_->RunMoE(LogitsRequest("r", 2, 16, 4, 1, rng)).ok());
@@ -612,8 +613,8 @@ TEST_F(MoeRpcTest, RawFileTensors) {
   const std::string pb = absl::StrCat(dir, "/w2-", getpid(), ".raw");
   std::ofstream(pa, std::ios::binary) << a;
   std::ofstream(pb, std::ios::binary) << b;
-  absl::StatusOr<StreamedTensor> w13 = RawFileTensor("w13", v1::DTYPE_FLOAT32, {kE, 2 * kI, kH},
-                                                     4, pa, "w13-file");
+  absl::StatusOr<StreamedTensor> w13 =
+      RawFileTensor("w13", v1::DTYPE_FLOAT32, {kE, 2 * kI, kH}, 4, pa, "w13-file");
   absl::StatusOr<StreamedTensor> w2 =
       RawFileTensor("w2", v1::DTYPE_FLOAT32, {kE, kH, kI}, 4, pb, "w2-file");
   ASSERT_TRUE(w13.ok() && w2.ok()) << w13.status() << w2.status();
@@ -738,7 +739,8 @@ TEST_F(MoeRpcTest, SharedMemoryTensors) {
   EXPECT_EQ(std::string(mem + 4096, 64), std::string(64, '\0'));  // nothing before the window
 
   const std::vector<RequestCase> cases = {
-      {"past the region", [](auto& r) { r.mutable_hidden_states()->mutable_shm()->set_offset(4000); },
+      {"past the region",
+       [](auto& r) { r.mutable_hidden_states()->mutable_shm()->set_offset(4000); },
        absl::StatusCode::kInvalidArgument, "hidden_states.shm.byte_size"},
       {"negative offset", [](auto& r) { r.mutable_router_logits()->mutable_shm()->set_offset(-8); },
        absl::StatusCode::kInvalidArgument, "router_logits.shm.offset"},
@@ -844,9 +846,9 @@ TEST_F(MoeRpcTest, PreloadLoadsSetsBeforeReadiness) {
     EXPECT_THAT(std::string(s.status().message()), HasSubstr(b.message));
   }
   // A set LoadExperts refuses (a file outside the roots) stops the start and names the entry.
-  options.preload_file = write_preload(absl::StrCat(
-      "{\"experts\": [{\"experts_id\": \"far\", ",
-      absl::StrReplaceAll(entry, {{file, "/etc/passwd"}}), "}]}"));
+  options.preload_file =
+      write_preload(absl::StrCat("{\"experts\": [{\"experts_id\": \"far\", ",
+                                 absl::StrReplaceAll(entry, {{file, "/etc/passwd"}}), "}]}"));
   absl::StatusOr<std::unique_ptr<KplanServer>> far = KplanServer::Start(options);
   ASSERT_FALSE(far.ok());
   EXPECT_EQ(far.status().code(), absl::StatusCode::kPermissionDenied) << far.status();

@@ -181,10 +181,10 @@ TEST_F(TlsTest, AGroupAcrossServersTalksMutualTls) {
   ASSERT_EQ(loaded->experts().shards_size(), 2);  // rank 1's slice went over TLS
   v1::RunMoERequest req;
   req.set_experts_id("tls-layer");
-  *req.mutable_hidden_states() =
-      testing::MakeTensor(v1::DTYPE_FLOAT32, {3, kH}, testing::Bytes(testing::Random(3 * kH, rng, 1.f)));
-  *req.mutable_router_logits() =
-      testing::MakeTensor(v1::DTYPE_FLOAT32, {3, kE}, testing::Bytes(testing::Random(3 * kE, rng, 1.f)));
+  *req.mutable_hidden_states() = testing::MakeTensor(
+      v1::DTYPE_FLOAT32, {3, kH}, testing::Bytes(testing::Random(3 * kH, rng, 1.f)));
+  *req.mutable_router_logits() = testing::MakeTensor(
+      v1::DTYPE_FLOAT32, {3, kE}, testing::Bytes(testing::Random(3 * kE, rng, 1.f)));
   req.mutable_routing()->set_top_k(2);
   absl::StatusOr<v1::RunMoEResponse> ran = client->RunMoE(req);
   ASSERT_TRUE(ran.ok()) << ran.status();
@@ -336,7 +336,8 @@ TEST(MetricsTest, ScrapeShowsRequestsByCodeLatencyAndBuild) {
               HasSubstr("kplan_requests_total{code=\"OK\",method=\"ResolveKernelConfig\"} 2"));
   EXPECT_THAT(page, HasSubstr("kplan_requests_total{code=\"INVALID_ARGUMENT\",method="
                               "\"ResolveKernelConfig\"} 1"));
-  EXPECT_THAT(page, HasSubstr("kplan_request_duration_seconds_count{method=\"ResolveKernelConfig\"} 3"));
+  EXPECT_THAT(page,
+              HasSubstr("kplan_request_duration_seconds_count{method=\"ResolveKernelConfig\"} 3"));
   EXPECT_THAT(page, HasSubstr("kplan_inflight_requests 0"));
   EXPECT_THAT(page, HasSubstr("kplan_build_info{"));
   EXPECT_THAT(page, HasSubstr("kplan_experts_loaded{device=\"cpu\"} 0"));

@@ -157,7 +157,8 @@ struct ErrorCase {
 
 TEST_F(ServerTest, EachErrorHasItsCodeAndNamesTheField) {
   const std::vector<ErrorCase> cases = {
-      {"unknown moe backend", [](auto& r) { r.mutable_kernel_config()->set_moe_backend("tritonn"); },
+      {"unknown moe backend",
+       [](auto& r) { r.mutable_kernel_config()->set_moe_backend("tritonn"); },
        grpc::StatusCode::INVALID_ARGUMENT, "kernel_config.moe_backend", "Input should be 'auto'"},
       {"unknown linear backend",
        [](auto& r) { r.mutable_kernel_config()->set_linear_backend("x"); },
@@ -189,8 +190,7 @@ TEST_F(ServerTest, EachErrorHasItsCodeAndNamesTheField) {
        grpc::StatusCode::INVALID_ARGUMENT, "parallel.all2all_backend", "'deepep_v2'"},
       {"negative tp", [](auto& r) { r.mutable_parallel()->set_tp_size(-2); },
        grpc::StatusCode::INVALID_ARGUMENT, "parallel.tp_size", "tp_size must be at least 1"},
-      {"platform without kind",
-       [](auto& r) { r.mutable_platform()->set_device_name("mystery"); },
+      {"platform without kind", [](auto& r) { r.mutable_platform()->set_device_name("mystery"); },
        grpc::StatusCode::INVALID_ARGUMENT, "platform.kind", "platform.kind must be one of"},
       {"cuda without capability",
        [](auto& r) { r.mutable_platform()->set_kind(v1::PLATFORM_KIND_CUDA); },
@@ -313,7 +313,8 @@ TEST_F(ServerTest, RunIrOpOnTheCpuMatchesTheFormula) {
   std::vector<float> out = testing::Decode(resp.outputs(0).tensor());
   std::vector<double> ref = testing::RmsNormReference(x, w, rows, hidden, 1e-6);
   ASSERT_EQ(out.size(), ref.size());
-  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], 1e-5 + 1.3e-6 * std::abs(ref[i]));
+  for (size_t i = 0; i < out.size(); ++i)
+    EXPECT_NEAR(out[i], ref[i], 1e-5 + 1.3e-6 * std::abs(ref[i]));
 
   // The server's IR defaults without a GPU: native only.
   absl::StatusOr<v1::GetServerInfoResponse> info = Client::Connect(target_)->GetServerInfo();
@@ -341,9 +342,11 @@ TEST_F(ServerTest, RunIrOpErrorsNameTheField) {
       {"unknown op", [](auto& r) { r.set_op("layer_norm"); }, grpc::StatusCode::NOT_FOUND, "op"},
       {"missing epsilon", [](auto& r) { r.clear_epsilon(); }, grpc::StatusCode::INVALID_ARGUMENT,
        "epsilon"},
-      {"int8 input", [](auto& r) { r.mutable_inputs(0)->mutable_tensor()->set_dtype(v1::DTYPE_INT8); },
+      {"int8 input",
+       [](auto& r) { r.mutable_inputs(0)->mutable_tensor()->set_dtype(v1::DTYPE_INT8); },
        grpc::StatusCode::INVALID_ARGUMENT, "inputs[0].tensor.dtype"},
-      {"short data", [](auto& r) { r.mutable_inputs(0)->mutable_tensor()->mutable_data()->resize(4); },
+      {"short data",
+       [](auto& r) { r.mutable_inputs(0)->mutable_tensor()->mutable_data()->resize(4); },
        grpc::StatusCode::INVALID_ARGUMENT, "inputs.x.data"},
       {"unknown provider", [](auto& r) { r.add_priority("cuda_magic"); },
        grpc::StatusCode::INVALID_ARGUMENT, "priority"},
@@ -437,7 +440,8 @@ TEST_F(ServerTest, ReflectionListsTheService) {
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(in.Dump(&slices).ok());
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   google::protobuf::DynamicMessageFactory factory(pool);
   std::unique_ptr<google::protobuf::Message> resp(factory.GetPrototype(resp_desc)->New());
   ASSERT_TRUE(resp->ParseFromString(bytes));
@@ -447,7 +451,8 @@ TEST_F(ServerTest, ReflectionListsTheService) {
   const auto* service_field = list.GetDescriptor()->FindFieldByName("service");
   for (int i = 0; i < list.GetReflection()->FieldSize(list, service_field); ++i) {
     const auto& svc = list.GetReflection()->GetRepeatedMessage(list, service_field, i);
-    names.push_back(svc.GetReflection()->GetString(svc, svc.GetDescriptor()->FindFieldByName("name")));
+    names.push_back(
+        svc.GetReflection()->GetString(svc, svc.GetDescriptor()->FindFieldByName("name")));
   }
   EXPECT_THAT(names, ::testing::Contains("kplan.v1.KernelPlanService"));
   EXPECT_THAT(names, ::testing::Contains("grpc.health.v1.Health"));

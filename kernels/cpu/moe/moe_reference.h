@@ -197,7 +197,7 @@ struct MoeQuant {
 
 struct MoeWeights {
   kernels::DType dtype = kernels::DType::kFloat32;  // storage dtype of w13 / w2
-  int num_local_experts = 0;            // first dim of w13 / w2 (E_local)
+  int num_local_experts = 0;                        // first dim of w13 / w2 (E_local)
   // w13: [E_local, 2I, H] (gated: rows [0,I) gate, [I,2I) up; swigluoai
   // interleaves them) or [E_local, I, H] for _no_mul. w2: [E_local, H, I].
   // int4: packed along the last dim ([.., H/2] and [.., I/2] bytes).
@@ -215,7 +215,7 @@ struct MoeProblem {
   int num_experts = 0;       // E, global
   int top_k = 0;
   kernels::DType act_dtype = kernels::DType::kBFloat16;  // fp32 / fp16 / bf16: input and output
-  const void* hidden_states = nullptr;       // [M, H] in act_dtype
+  const void* hidden_states = nullptr;                   // [M, H] in act_dtype
 
   // Routing: router_logits (fp32 [M, E]) with `routing`, or given topk_ids
   // (int32 [M, k]) and topk_weights (fp32 [M, k]). routing.num_experts and

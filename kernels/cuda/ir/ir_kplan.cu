@@ -239,7 +239,8 @@ __global__ void __launch_bounds__(kThreads > 0 ? kThreads : kMaxThreads, kMinBlo
           if constexpr (kFused) Launder(ra[i]);
           if (has_w) wa[i] = wr[idx];
         }
-        StoreOut<kHints>(orow + idx, NormalizePack<T, kVec, kFused>(xa[i], ra[i], wa[i], has_w, inv));
+        StoreOut<kHints>(orow + idx,
+                         NormalizePack<T, kVec, kFused>(xa[i], ra[i], wa[i], has_w, inv));
       }
     }
 #pragma unroll 1
@@ -407,8 +408,8 @@ absl::Status LaunchNorm(const NormArgs& a, bool persistent) {
 }
 
 template <typename T, int kVec, int kThreads, int kVpt, bool kPrefetch, bool kHints, int kMinBlocks>
-absl::Status LaunchNorm(NormShape<kThreads, kVpt, kPrefetch, kHints, kMinBlocks>,
-                        const NormArgs& a, bool persistent) {
+absl::Status LaunchNorm(NormShape<kThreads, kVpt, kPrefetch, kHints, kMinBlocks>, const NormArgs& a,
+                        bool persistent) {
   if (a.fused) {
     return LaunchNorm<T, kVec, true, kThreads, kVpt, kPrefetch, kHints, kMinBlocks>(a, persistent);
   }
@@ -420,9 +421,9 @@ absl::Status LaunchNorm(NormShape<kThreads, kVpt, kPrefetch, kHints, kMinBlocks>
 // (one wave of resident blocks), row = one block per row; TxV = threads x
 // vectors per thread; pf = next-row prefetch; h = cache hints (no-L1 loads,
 // streaming stores).
-#define KPLAN_NORM_VARIANTS(X)                                     \
-  X(kP256x4pf, "p256x4pf", (DefaultShape), true)                    \
-  X(kRow256x4pf, "row_dyn4", (DefaultShape), false)                 \
+#define KPLAN_NORM_VARIANTS(X)                                              \
+  X(kP256x4pf, "p256x4pf", (DefaultShape), true)                            \
+  X(kRow256x4pf, "row_dyn4", (DefaultShape), false)                         \
   X(kRow1024x1h, "row1024x1h", (NormShape<1024, 1, false, true, 2>), false) \
   X(kRow512x2h, "row512x2h", (NormShape<512, 2, false, true, 2>), false)    \
   X(kRow256x4h, "row256x4h", (NormShape<256, 4, false, true, 2>), false)    \
@@ -469,12 +470,12 @@ NormVariant PickNorm(DType type, int64_t rows, int64_t cols) {
 template <typename T>
 absl::Status DispatchNorm(NormVariant variant, const NormArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool vec = a.cols % kVec == 0 && Aligned16(a.x.data) && a.x.row_stride % kVec == 0 &&
-                   Aligned16(a.out.data) && a.out.row_stride % kVec == 0 &&
-                   (a.weight == nullptr || Aligned16(a.weight)) &&
-                   (!a.fused || (Aligned16(a.residual.data) && a.residual.row_stride % kVec == 0 &&
-                                 Aligned16(a.residual_out.data) &&
-                                 a.residual_out.row_stride % kVec == 0));
+  const bool vec =
+      a.cols % kVec == 0 && Aligned16(a.x.data) && a.x.row_stride % kVec == 0 &&
+      Aligned16(a.out.data) && a.out.row_stride % kVec == 0 &&
+      (a.weight == nullptr || Aligned16(a.weight)) &&
+      (!a.fused || (Aligned16(a.residual.data) && a.residual.row_stride % kVec == 0 &&
+                    Aligned16(a.residual_out.data) && a.residual_out.row_stride % kVec == 0));
   if (!vec) return LaunchNorm<T, 1>(DefaultShape{}, a, true);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     switch (variant) {
@@ -517,9 +518,10 @@ template <typename T, int kVec>
 absl::Status LaunchGelu(KplanRows x, int64_t rows, int64_t d, float std_multiplier,
                         bool tanh_approximate, KplanRowsOut out, cudaStream_t stream) {
   const int nvec = static_cast<int>(d / kVec);
-  KplanGeluAndMulSparseKernel<T, kVec><<<static_cast<unsigned>(rows), ThreadsFor(nvec), 0, stream>>>(
-      static_cast<const T*>(x.data), x.row_stride, nvec, static_cast<int>(d), std_multiplier,
-      tanh_approximate, static_cast<T*>(out.data), out.row_stride);
+  KplanGeluAndMulSparseKernel<T, kVec>
+      <<<static_cast<unsigned>(rows), ThreadsFor(nvec), 0, stream>>>(
+          static_cast<const T*>(x.data), x.row_stride, nvec, static_cast<int>(d), std_multiplier,
+          tanh_approximate, static_cast<T*>(out.data), out.row_stride);
   KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("KplanGeluAndMulSparseKernel");
   return absl::OkStatus();
 }
@@ -536,18 +538,16 @@ absl::Status DispatchGelu(KplanRows x, int64_t rows, int64_t d, float std_multip
 
 }  // namespace
 
-absl::Status KplanRmsNorm(DType type, KplanRows x, int64_t rows, int64_t cols,
-                          const void* weight, float epsilon, KplanRowsOut out,
-                          cudaStream_t stream) {
-  return Norm(-1, type,
-              NormArgs{false, x, KplanRows{}, rows, cols, weight, epsilon, out, KplanRowsOut{},
-                       stream});
+absl::Status KplanRmsNorm(DType type, KplanRows x, int64_t rows, int64_t cols, const void* weight,
+                          float epsilon, KplanRowsOut out, cudaStream_t stream) {
+  return Norm(
+      -1, type,
+      NormArgs{false, x, KplanRows{}, rows, cols, weight, epsilon, out, KplanRowsOut{}, stream});
 }
 
-absl::Status KplanFusedAddRmsNorm(DType type, KplanRows x, KplanRows residual,
-                                  int64_t rows, int64_t cols, const void* weight, float epsilon,
-                                  KplanRowsOut out, KplanRowsOut residual_out,
-                                  cudaStream_t stream) {
+absl::Status KplanFusedAddRmsNorm(DType type, KplanRows x, KplanRows residual, int64_t rows,
+                                  int64_t cols, const void* weight, float epsilon, KplanRowsOut out,
+                                  KplanRowsOut residual_out, cudaStream_t stream) {
   return Norm(-1, type,
               NormArgs{true, x, residual, rows, cols, weight, epsilon, out, residual_out, stream});
 }

@@ -52,8 +52,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    NativeGeluAndMulSparseKernel(IrRowsIn x, int64_t d, float std_multiplier,
-                                 bool tanh_approximate, void* out) {
+    NativeGeluAndMulSparseKernel(IrRowsIn x, int64_t d, float std_multiplier, bool tanh_approximate,
+                                 void* out) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const int64_t xo = x.layout.RowOffset(row);
@@ -78,9 +78,8 @@ constexpr int64_t kMaxGridX = 2147483647;
 
 }  // namespace
 
-absl::Status NativeRmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols,
-                           const IrWeightIn& weight, float epsilon, int64_t variance_size,
-                           void* out, cudaStream_t stream) {
+absl::Status NativeRmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols, const IrWeightIn& weight,
+                           float epsilon, int64_t variance_size, void* out, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return absl::OkStatus();
   if (rows > kMaxGridX) return absl::InvalidArgumentError("too many rows for one launch");
   NativeRmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(

@@ -23,9 +23,8 @@
 
 namespace kplan::kernels::cuda {
 
-absl::Status NativeRmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols,
-                           const IrWeightIn& weight, float epsilon, int64_t variance_size,
-                           void* out, cudaStream_t stream);
+absl::Status NativeRmsNorm(const IrRowsIn& x, int64_t rows, int64_t cols, const IrWeightIn& weight,
+                           float epsilon, int64_t variance_size, void* out, cudaStream_t stream);
 
 absl::Status NativeFusedAddRmsNorm(const IrRowsIn& x, const IrRowsIn& residual, int64_t rows,
                                    int64_t cols, const IrWeightIn& weight, float epsilon,
@@ -48,17 +47,15 @@ struct KplanRowsOut {
 };
 
 // out = rms_norm(x, weight|nullptr, epsilon) over the full row.
-absl::Status KplanRmsNorm(DType type, KplanRows x, int64_t rows, int64_t cols,
-                          const void* weight, float epsilon, KplanRowsOut out,
-                          cudaStream_t stream);
+absl::Status KplanRmsNorm(DType type, KplanRows x, int64_t rows, int64_t cols, const void* weight,
+                          float epsilon, KplanRowsOut out, cudaStream_t stream);
 
 // (out, residual_out) = fused_add_rms_norm(x, residual, weight|nullptr, epsilon).
 // Outputs must not overlap the inputs (rows longer than the registers hold
 // re-read their inputs after writing).
-absl::Status KplanFusedAddRmsNorm(DType type, KplanRows x, KplanRows residual,
-                                  int64_t rows, int64_t cols, const void* weight, float epsilon,
-                                  KplanRowsOut out, KplanRowsOut residual_out,
-                                  cudaStream_t stream);
+absl::Status KplanFusedAddRmsNorm(DType type, KplanRows x, KplanRows residual, int64_t rows,
+                                  int64_t cols, const void* weight, float epsilon, KplanRowsOut out,
+                                  KplanRowsOut residual_out, cudaStream_t stream);
 
 // out[rows, d] = gelu_and_mul_sparse(x[rows, 2d]).
 absl::Status KplanGeluAndMulSparse(DType type, KplanRows x, int64_t rows, int64_t d,

@@ -50,7 +50,7 @@ __device__ __forceinline__ bool Keep(const AlignArgs& a, int e) {
 
 __global__ void __launch_bounds__(kThreads) MoeAlignKernel(AlignArgs a) {
   extern __shared__ int smem[];
-  int* cnt = smem;                  // [kWarps][E]
+  int* cnt = smem;                   // [kWarps][E]
   int* s_end = smem + kWarps * a.E;  // [E]: padded end offset of each expert
   __shared__ int s_warp_sum[kWarps];
   __shared__ int s_total;
@@ -196,8 +196,7 @@ absl::Status LaunchMoeAlignBlockSize(const int32_t* topk_ids, int64_t numel, int
   if (numel < 0 || (numel > 0 && topk_ids == nullptr)) {
     return Invalid("topk_ids", "topk_ids must hold numel >= 0 ids");
   }
-  const int64_t max_padded =
-      MoeAlignMaxPadded(numel, num_experts, block_size, pad_sorted_ids);
+  const int64_t max_padded = MoeAlignMaxPadded(numel, num_experts, block_size, pad_sorted_ids);
   const int64_t max_blocks = MoeAlignMaxBlocks(numel, num_experts, block_size, pad_sorted_ids);
   if (max_padded > 0x7fffffff) {
     return Invalid("topk_ids", "numel + num_experts * (block_size - 1) must fit in int32");

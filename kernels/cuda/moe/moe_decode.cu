@@ -169,7 +169,8 @@ __device__ __forceinline__ float SlotDown(const DownArgs<T>& a, int64_t s, int64
 
 // Without combine: one warp per element of a slot's row y.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) DecodeDownKernel(const __grid_constant__ DownArgs<T> a) {
+__global__ void __launch_bounds__(kThreads)
+    DecodeDownKernel(const __grid_constant__ DownArgs<T> a) {
   detail::PdlWaitThenRelease();
   const int lane = threadIdx.x & 31;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -217,8 +218,8 @@ __global__ void __launch_bounds__(kThreads)
         if (c + r >= (g + 1) * per || n >= a.H) continue;
         y[(c + r) * k + j] =
             e < 0 ? 0.0f
-                  : Rounded<T>(d[r], a.b2 != nullptr ? a.b2 + static_cast<int64_t>(e) * a.H + n
-                                                     : nullptr);
+                  : Rounded<T>(
+                        d[r], a.b2 != nullptr ? a.b2 + static_cast<int64_t>(e) * a.H + n : nullptr);
       }
     }
   }
@@ -331,8 +332,7 @@ absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream)
   if (d.act == MoeActivation::kSwigluOaiUninterleave && !d.act_params.has_clamp_limit) {
     return absl::InvalidArgumentError("SWIGLUOAI_UNINTERLEAVE requires clamp_limit");
   }
-  return d.dtype == DType::kBFloat16 ? Launch<__nv_bfloat16>(d, stream)
-                                           : Launch<__half>(d, stream);
+  return d.dtype == DType::kBFloat16 ? Launch<__nv_bfloat16>(d, stream) : Launch<__half>(d, stream);
 }
 
 }  // namespace kplan::kernels::cuda

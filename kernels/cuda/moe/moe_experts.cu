@@ -102,7 +102,8 @@ int ElementwiseBlocks(int64_t n, int threads) {
 
 absl::Status CheckHalfDType(DType dtype, const char* what) {
   if (IsHalfDType(dtype)) return absl::OkStatus();
-  return absl::InvalidArgumentError(std::string(what) + ": dtype must be bfloat16 or float16, got " +
+  return absl::InvalidArgumentError(std::string(what) +
+                                    ": dtype must be bfloat16 or float16, got " +
                                     std::string(DTypeName(dtype)));
 }
 
@@ -187,8 +188,8 @@ absl::Status LaunchMoeCombine(DType dtype, const void* y, const float* topk_weig
   return absl::OkStatus();
 }
 
-absl::Status LaunchMoeScaleRows(DType dtype, const void* a, const float* row_weights,
-                                int64_t rows, int64_t width, void* out, cudaStream_t stream) {
+absl::Status LaunchMoeScaleRows(DType dtype, const void* a, const float* row_weights, int64_t rows,
+                                int64_t width, void* out, cudaStream_t stream) {
   if (absl::Status s = CheckHalfDType(dtype, "moe_scale_rows"); !s.ok()) return s;
   if (rows < 0 || width < 0) return absl::InvalidArgumentError("moe_scale_rows: bad sizes");
   const int64_t total = rows * width;

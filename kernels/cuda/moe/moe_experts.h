@@ -76,18 +76,18 @@ absl::Status CheckFloatDType(DType dtype, const char* what);
 // before the same rounding.
 struct MoeGroupedGemmArgs {
   DType dtype = DType::kBFloat16;
-  const void* a = nullptr;  // [a_rows, K]; GEMM 1: hidden states [M, K]; GEMM 2: [numel, K]
-  int a_row_div = 1;        // GEMM 1: top_k (token = slot / top_k); GEMM 2: 1
-  const void* w = nullptr;  // [num_local_experts, N, K]
+  const void* a = nullptr;      // [a_rows, K]; GEMM 1: hidden states [M, K]; GEMM 2: [numel, K]
+  int a_row_div = 1;            // GEMM 1: top_k (token = slot / top_k); GEMM 2: 1
+  const void* w = nullptr;      // [num_local_experts, N, K]
   const float* bias = nullptr;  // [num_local_experts, N] fp32, or null
   void* c = nullptr;            // [numel, N]
   const int32_t* sorted_token_ids = nullptr;        // [num_blocks * block_m]
   const int32_t* expert_ids = nullptr;              // [num_blocks]
   const int32_t* num_tokens_post_padded = nullptr;  // [1]
-  int64_t numel = 0;       // M * top_k, the sentinel value
-  int64_t num_blocks = 0;  // MoeAlignMaxBlocks(numel, E, block_m, false)
-  int64_t N = 0;           // a multiple of 8
-  int64_t K = 0;           // a multiple of 8 (16-byte rows for cp.async)
+  int64_t numel = 0;                                // M * top_k, the sentinel value
+  int64_t num_blocks = 0;                           // MoeAlignMaxBlocks(numel, E, block_m, false)
+  int64_t N = 0;                                    // a multiple of 8
+  int64_t K = 0;                                    // a multiple of 8 (16-byte rows for cp.async)
   int num_local_experts = 0;
   int block_m = 64;
   int splits = 1;
@@ -147,18 +147,18 @@ absl::Status LaunchMoeCombine(DType dtype, const void* y, const float* topk_weig
 inline constexpr int64_t kMoeDecodeMaxSlots = 16;
 struct MoeDecodeArgs {
   DType dtype = DType::kBFloat16;
-  const void* hidden = nullptr;           // [num_tokens, hidden_size]
-  const int32_t* topk_ids = nullptr;      // [num_tokens, top_k], global ids
-  const float* topk_weights = nullptr;    // [num_tokens, top_k]
-  const int32_t* expert_map = nullptr;    // [num_experts] global -> local or -1; null: identity
-  int num_experts = 0;                    // range of the ids
-  int num_local_experts = 0;              // experts in w13 / w2
+  const void* hidden = nullptr;         // [num_tokens, hidden_size]
+  const int32_t* topk_ids = nullptr;    // [num_tokens, top_k], global ids
+  const float* topk_weights = nullptr;  // [num_tokens, top_k]
+  const int32_t* expert_map = nullptr;  // [num_experts] global -> local or -1; null: identity
+  int num_experts = 0;                  // range of the ids
+  int num_local_experts = 0;            // experts in w13 / w2
   int64_t num_tokens = 0;
   int top_k = 0;
   int64_t hidden_size = 0, intermediate_size = 0;  // multiples of 8
-  const void* w13 = nullptr;  // [E_local, N13, H], N13 = 2I for gated activations, else I
+  const void* w13 = nullptr;   // [E_local, N13, H], N13 = 2I for gated activations, else I
   const float* b13 = nullptr;  // [E_local, N13] or null
-  const void* w2 = nullptr;   // [E_local, H, I]
+  const void* w2 = nullptr;    // [E_local, H, I]
   const float* b2 = nullptr;   // [E_local, H] or null
   MoeActivation act = MoeActivation::kSilu;
   MoeActParams act_params;
@@ -176,7 +176,7 @@ absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& args, cudaStream_t stre
 
 // apply_router_weight_on_input (top_k == 1): out[m, h] = round(a[m, h] ·
 // round(w[m])), as moe::RunExperts scales the input rows.
-absl::Status LaunchMoeScaleRows(DType dtype, const void* a, const float* row_weights,
-                                int64_t rows, int64_t width, void* out, cudaStream_t stream);
+absl::Status LaunchMoeScaleRows(DType dtype, const void* a, const float* row_weights, int64_t rows,
+                                int64_t width, void* out, cudaStream_t stream);
 
 }  // namespace kplan::kernels::cuda

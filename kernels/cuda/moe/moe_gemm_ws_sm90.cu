@@ -74,22 +74,22 @@ using ws::kWsTileT;
 
 constexpr int kThreads = 384;
 constexpr int kStages = 4;
-constexpr int kBK = 64;                              // K elements per stage (128 bytes)
-constexpr int kTBytes = kWsTileT * 128;              // 16 KiB of token rows
-constexpr int kWBytes = kWsTileN * 128;              // 32 KiB of weight rows
-constexpr int kStageBytes = kTBytes + kWBytes;       // 48 KiB
+constexpr int kBK = 64;                                   // K elements per stage (128 bytes)
+constexpr int kTBytes = kWsTileT * 128;                   // 16 KiB of token rows
+constexpr int kWBytes = kWsTileN * 128;                   // 32 KiB of weight rows
+constexpr int kStageBytes = kTBytes + kWBytes;            // 48 KiB
 constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align to 1024
 constexpr int kConsumerWarps = 8;
 
 struct WsParams {
-  ws::WsSchedule sched;  // the host's upper bound, clipped on the device
+  ws::WsSchedule sched;                       // the host's upper bound, clipped on the device
   const int32_t *sorted, *expert_ids, *post;  // moe_align_block_size output
   const void* a;
   void* c;
   const float* bias;
   int64_t numel, N, K;
   int a_row_div, num_local_experts, block_m;
-  int flags;  // kWsFlag*: measurement variants
+  int flags;                // kWsFlag*: measurement variants
   MoeActParams act_params;  // Fused only: clamp_limit already defaulted
 };
 
@@ -141,7 +141,6 @@ template <int R>
 __device__ __forceinline__ void SetMaxNRegDec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
 }
-
 
 // Two values rounded to T, packed as one 4-byte word (first value low).
 template <typename T>
@@ -223,8 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       MbarInit(empty0 + 8 * s, kConsumerWarps);
     }
     FenceProxyAsync();  // the barriers' init visible to the TMA unit
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&wmap))
-                 : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&wmap)) : "memory");
   }
   __syncthreads();
   detail::PdlWaitThenRelease();
@@ -289,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // -------------------------------------------------------------- consumers
   SetMaxNRegInc<232>();
-  const int cw = wg - 1;                  // slots [64 cw, 64 cw + 64) of the tile
+  const int cw = wg - 1;  // slots [64 cw, 64 cw + 64) of the tile
   const int warp = (tid >> 5) & 3, lane = tid & 31;
   const int r0 = cw * 64 + warp * 16 + (lane >> 2);  // and r0 + 8
   T* Cg = static_cast<T*>(p.c);
@@ -354,7 +352,8 @@ __global__ void __launch_bounds__(kThreads, 1)
               u[x] = ToFloat(FromFloat<T>(acc[4 * (j + kWsTileN / 16) + x]));
             }
             if (bias != nullptr && n < NI) {
-              const float g0 = ToFloat(FromFloat<T>(bias[n])), g1 = ToFloat(FromFloat<T>(bias[n + 1]));
+              const float g0 = ToFloat(FromFloat<T>(bias[n])),
+                          g1 = ToFloat(FromFloat<T>(bias[n + 1]));
               const float u0 = ToFloat(FromFloat<T>(bias[NI + n]));
               const float u1 = ToFloat(FromFloat<T>(bias[NI + n + 1]));
               g[0] += g0, g[1] += g1, g[2] += g0, g[3] += g1;
@@ -387,12 +386,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int x = 0; x < 4; ++x) v[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
           if (bias != nullptr) {
-            const float b0 = ToFloat(FromFloat<T>(bias[n])), b1 = ToFloat(FromFloat<T>(bias[n + 1]));
+            const float b0 = ToFloat(FromFloat<T>(bias[n])),
+                        b1 = ToFloat(FromFloat<T>(bias[n + 1]));
             v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
           }
         }
-        if (ok0) *reinterpret_cast<uint32_t*>(Cg + static_cast<int64_t>(s0) * N + n) = Pack2<T>(v[0], v[1]);
-        if (ok1) *reinterpret_cast<uint32_t*>(Cg + static_cast<int64_t>(s1) * N + n) = Pack2<T>(v[2], v[3]);
+        if (ok0)
+          *reinterpret_cast<uint32_t*>(Cg + static_cast<int64_t>(s0) * N + n) =
+              Pack2<T>(v[0], v[1]);
+        if (ok1)
+          *reinterpret_cast<uint32_t*>(Cg + static_cast<int64_t>(s1) * N + n) =
+              Pack2<T>(v[2], v[3]);
       }
       continue;
     }
@@ -408,7 +412,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int x = 0; x < 4; ++x) v[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
           if (bias != nullptr && n < N) {
-            const float b0 = ToFloat(FromFloat<T>(bias[n])), b1 = ToFloat(FromFloat<T>(bias[n + 1]));
+            const float b0 = ToFloat(FromFloat<T>(bias[n])),
+                        b1 = ToFloat(FromFloat<T>(bias[n + 1]));
             v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
           }
         }
@@ -438,12 +443,13 @@ absl::Status GetEncodeTiled(EncodeTiledFn* out) {
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
     err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
                                            &q);
-    if (err == cudaSuccess && q == cudaDriverEntryPointSuccess) fn = reinterpret_cast<EncodeTiledFn>(f);
+    if (err == cudaSuccess && q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeTiledFn>(f);
   });
   if (fn == nullptr) {
     cudaGetLastError();
     return absl::UnavailableError(std::string("moe_grouped_gemm_ws: no cuTensorMapEncodeTiled: ") +
-                               cudaGetErrorString(err));
+                                  cudaGetErrorString(err));
   }
   *out = fn;
   return absl::OkStatus();
@@ -484,27 +490,37 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
   if (absl::Status st = GetEncodeTiled(&encode); !st.ok()) return st;
   CUtensorMap map;
   std::memset(&map, 0, sizeof(map));
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(g.K),
-                              static_cast<cuuint64_t>(g.num_local_experts) *
-                                  static_cast<cuuint64_t>(g.N)};
+  const cuuint64_t dims[2] = {
+      static_cast<cuuint64_t>(g.K),
+      static_cast<cuuint64_t>(g.num_local_experts) * static_cast<cuuint64_t>(g.N)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(g.K) * sizeof(T)};
   const cuuint32_t box[2] = {kBK, Fused ? kWsTileN / 2 : kWsTileN};  // Fused: gate, up boxes
   const cuuint32_t estr[2] = {1, 1};
   const CUresult r = encode(&map,
-                            std::is_same_v<T, __half>
-                                ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                            std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                      : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                             2, const_cast<void*>(g.w), dims, strides, box, estr,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return absl::UnavailableError("moe_grouped_gemm_ws: cuTensorMapEncodeTiled failed (" +
-                               std::to_string(static_cast<int>(r)) + ")");
+                                  std::to_string(static_cast<int>(r)) + ")");
   }
   const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, GroupSize()),
-                   g.sorted_token_ids, g.expert_ids, g.num_tokens_post_padded,
-                   g.a, g.c, g.bias, g.numel, g.N, g.K, g.a_row_div, g.num_local_experts,
-                   g.block_m, DebugFlags() & ~(Fused ? kWsFlagStore4 : 0), act_params};
+                   g.sorted_token_ids,
+                   g.expert_ids,
+                   g.num_tokens_post_padded,
+                   g.a,
+                   g.c,
+                   g.bias,
+                   g.numel,
+                   g.N,
+                   g.K,
+                   g.a_row_div,
+                   g.num_local_experts,
+                   g.block_m,
+                   DebugFlags() & ~(Fused ? kWsFlagStore4 : 0),
+                   act_params};
   if (p.sched.grid <= 0) return absl::OkStatus();
   KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsGroupedGemmKernel<T, Fused>, dim3(p.sched.grid),
                                                dim3(kThreads), kSmemBytes, stream, map, p));

@@ -49,9 +49,8 @@ absl::Status ValidateMoeRoutingParams(const MoeRoutingParams& p);
 
 // logits: fp32 [num_tokens, E] (device); topk_weights fp32 [num_tokens, k],
 // topk_ids int32 [num_tokens, k] (device). One warp per token.
-absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits,
-                              int64_t num_tokens, float* topk_weights, int32_t* topk_ids,
-                              cudaStream_t stream);
+absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits, int64_t num_tokens,
+                              float* topk_weights, int32_t* topk_ids, cudaStream_t stream);
 
 // Size of sorted_token_ids: numel + E * (block_size - 1), rounded up to
 // block_size with pad_sorted_ids, then min(numel * block_size, .) when

@@ -188,11 +188,10 @@ __global__ void __launch_bounds__(kThreads) QuantGemmKernel(MoeQuantGemmArgs p, 
   const MoeQuantWeights& w = p.w;
   const bool fp8w = w.kind == DType::kFp8E4m3;
   const bool wblock = w.scale_kind == MoeWeightScale::kBlock;
-  const int w_bx2 = w.kind == DType::kFloat32 ? 8
-                    : (w.kind == DType::kFloat16 || w.kind == DType::kBFloat16)
-                        ? 4
-                    : w.kind == DType::kInt4Packed ? 1
-                                                     : 2;
+  const int w_bx2 = w.kind == DType::kFloat32                                   ? 8
+                    : (w.kind == DType::kFloat16 || w.kind == DType::kBFloat16) ? 4
+                    : w.kind == DType::kInt4Packed                              ? 1
+                                                                                : 2;
   const int a_bx2 = p.a_fp8 ? 2 : p.a_type == DType::kFloat32 ? 8 : 4;
   const int64_t kta = p.a_group > 0 ? (K + p.a_group - 1) / p.a_group : 1;
   const int64_t nbn = wblock ? (N + w.block_n - 1) / w.block_n : 1;
@@ -376,9 +375,10 @@ __global__ void __launch_bounds__(kThreads) QuantGemmKernel(MoeQuantGemmArgs p, 
               const int64_t n = std::min<int64_t>(n0 + wn + j * 8 + 2 * tg + c, N - 1);
               float sw = 1.0f;
               if (fp8w) {
-                sw = w.scale_kind == MoeWeightScale::kPerTensor    ? w.scale[e]
-                     : w.scale_kind == MoeWeightScale::kPerChannel ? w.scale[w_row0 + n]
-                     : w.scale[(static_cast<int64_t>(e) * nbn + n / w.block_n) * nbk + t];
+                sw = w.scale_kind == MoeWeightScale::kPerTensor ? w.scale[e]
+                     : w.scale_kind == MoeWeightScale::kPerChannel
+                         ? w.scale[w_row0 + n]
+                         : w.scale[(static_cast<int64_t>(e) * nbn + n / w.block_n) * nbk + t];
               }
               float& pv = part[i][j][h * 2 + c];
               acc[i][j][h * 2 + c] += pv * (sa * sw);
@@ -418,7 +418,8 @@ __global__ void __launch_bounds__(kThreads) QuantGemmKernel(MoeQuantGemmArgs p, 
           for (int j = 0; j < 4; ++j) Mma(part[i][j], fa[i], fb[j], kMode == kModeBf16);
       }
       const int64_t k_done = (kt + 1) * BK;
-      if (!more || k_done % kblock == 0) flush((std::min<int64_t>(k_done, K) - 1) / std::min(kblock, K));
+      if (!more || k_done % kblock == 0)
+        flush((std::min<int64_t>(k_done, K) - 1) / std::min(kblock, K));
       if (more) store_stage(buf ^ 1, (kt + 1) * BK);
       __syncthreads();
     }
@@ -516,11 +517,12 @@ absl::Status LaunchMoeQuantGemm(const MoeQuantGemmArgs& g, cudaStream_t stream) 
   const bool fp8w = w.kind == DType::kFp8E4m3;
   const bool intw = w.kind == DType::kInt8 || w.kind == DType::kInt4Packed;
   if (fp8w != g.a_fp8) {
-    return absl::InvalidArgumentError("moe_quant_gemm: fp8 weights need fp8 activations and "
-                                      "other weights float activations");
+    return absl::InvalidArgumentError(
+        "moe_quant_gemm: fp8 weights need fp8 activations and "
+        "other weights float activations");
   }
   const bool scale_ok =
-      fp8w ? (w.scale_kind == MoeWeightScale::kPerTensor ||
+      fp8w   ? (w.scale_kind == MoeWeightScale::kPerTensor ||
               w.scale_kind == MoeWeightScale::kPerChannel || w.scale_kind == MoeWeightScale::kBlock)
       : intw ? w.scale_kind == MoeWeightScale::kGroup
              : w.scale_kind == MoeWeightScale::kNone;
@@ -564,8 +566,7 @@ absl::Status LaunchMoeQuantGemm(const MoeQuantGemmArgs& g, cudaStream_t stream) 
       mode = kModeF16;
     }
   } else if (g.a_type != DType::kFloat32 && g.c_type == g.a_type) {
-    const DType same = g.a_type == DType::kFloat16 ? DType::kFloat16
-                                                                  : DType::kBFloat16;
+    const DType same = g.a_type == DType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
     if (intw || w.kind == same) mode = g.a_type == DType::kFloat16 ? kModeF16 : kModeBf16;
   }
   const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(n_tiles));

@@ -51,8 +51,8 @@ enum class MoeWeightScale : int {
 struct MoeQuantWeights {
   DType kind = DType::kBFloat16;
   MoeWeightScale scale_kind = MoeWeightScale::kNone;
-  const void* data = nullptr;     // device
-  const float* scale = nullptr;   // device, or null for kNone
+  const void* data = nullptr;    // device
+  const float* scale = nullptr;  // device, or null for kNone
   // kGroup only: uint8 zero points (int8 weights are then read as uint8 and
   // int4 nibbles as 0..15). Null: int8 signed, int4 with implied zp 8.
   const uint8_t* zero = nullptr;
@@ -102,16 +102,15 @@ absl::Status LaunchMoeQuantGemm(const MoeQuantGemmArgs& args, cudaStream_t strea
 // [rows, ceil(K/group)]. kPerTensor without a static scale needs `scratch`
 // (one device float, zeroed by the launcher on the stream).
 enum class MoeFp8ActQuant : int { kPerToken, kPerTensor, kPerGroup };
-absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void* in,
-                                  int64_t rows, int64_t K, int group, float static_scale,
-                                  float* scratch, uint8_t* q, float* scale,
-                                  cudaStream_t stream);
+absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void* in, int64_t rows,
+                                  int64_t K, int group, float static_scale, float* scratch,
+                                  uint8_t* q, float* scale, cudaStream_t stream);
 
 // fp32 versions of the moe_experts.h elementwise steps (same formulas and
 // rounding points; fp32 rounding is the identity).
 absl::Status LaunchMoeActivationF32(MoeActivation act, const MoeActParams& params, const float* in,
-                                    int64_t rows, int64_t in_width, float* out,
-                                    int64_t out_width, cudaStream_t stream);
+                                    int64_t rows, int64_t in_width, float* out, int64_t out_width,
+                                    cudaStream_t stream);
 absl::Status LaunchMoeCombineF32(const float* y, const float* topk_weights, int64_t num_tokens,
                                  int top_k, int64_t hidden, float* out, cudaStream_t stream);
 absl::Status LaunchMoeScaleRowsF32(const float* a, const float* row_weights, int64_t rows,

@@ -85,9 +85,9 @@ __global__ void AbsMaxKernel(DType t, const void* in, int64_t n, float* scratch)
 }
 
 // One block per row.
-__global__ void QuantRowKernel(MoeFp8ActQuant mode, DType t, const void* in, int64_t K,
-                               int group, float static_scale, const float* tensor_max,
-                               uint8_t* q, float* scale) {
+__global__ void QuantRowKernel(MoeFp8ActQuant mode, DType t, const void* in, int64_t K, int group,
+                               float static_scale, const float* tensor_max, uint8_t* q,
+                               float* scale) {
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   const int64_t base = r * K;
@@ -109,7 +109,8 @@ __global__ void QuantRowKernel(MoeFp8ActQuant mode, DType t, const void* in, int
   float s;
   if (mode == MoeFp8ActQuant::kPerToken) {
     float m = 0.0f;
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, fabsf(LoadF(in, base + k, t)));
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
+      m = fmaxf(m, fabsf(LoadF(in, base + k, t)));
     s = fmaxf(__fdiv_rn(BlockMax(m, red), kFp8Max), kPerTokenMinScale);
   } else if (static_scale > 0.0f) {
     s = static_scale;
@@ -125,8 +126,8 @@ __global__ void QuantRowKernel(MoeFp8ActQuant mode, DType t, const void* in, int
 
 // --- fp32 elementwise steps.
 
-__global__ void ActivationF32Kernel(MoeActivation act, MoeActParams p, const float* in, int64_t rows,
-                                    int64_t d, bool gated, float* out) {
+__global__ void ActivationF32Kernel(MoeActivation act, MoeActParams p, const float* in,
+                                    int64_t rows, int64_t d, bool gated, float* out) {
   const int64_t total = rows * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -165,16 +166,15 @@ __global__ void ScaleRowsF32Kernel(const float* a, const float* w, int64_t rows,
 }
 
 int Blocks(int64_t n) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads,
-                                                                  132 * 16)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 132 * 16)));
 }
 
 }  // namespace
 
-absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void* in,
-                                  int64_t rows, int64_t K, int group, float static_scale,
-                                  float* scratch, uint8_t* q, float* scale,
-                                  cudaStream_t stream) {
+absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void* in, int64_t rows,
+                                  int64_t K, int group, float static_scale, float* scratch,
+                                  uint8_t* q, float* scale, cudaStream_t stream) {
   if (absl::Status s = CheckFloatDType(in_type, "moe_fp8_quantize"); !s.ok()) return s;
   if (rows < 0 || K <= 0) return absl::InvalidArgumentError("moe_fp8_quantize: bad sizes");
   if (mode == MoeFp8ActQuant::kPerGroup && group <= 0) {
@@ -198,8 +198,8 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
 }
 
 absl::Status LaunchMoeActivationF32(MoeActivation act, const MoeActParams& params, const float* in,
-                                    int64_t rows, int64_t in_width, float* out,
-                                    int64_t out_width, cudaStream_t stream) {
+                                    int64_t rows, int64_t in_width, float* out, int64_t out_width,
+                                    cudaStream_t stream) {
   const int a = static_cast<int>(act);
   if (a < 0 || a > static_cast<int>(MoeActivation::kRelu2NoMul)) {
     return absl::InvalidArgumentError("moe_activation: unknown activation");
@@ -229,10 +229,10 @@ absl::Status LaunchMoeCombineF32(const float* y, const float* topk_weights, int6
     return absl::InvalidArgumentError("moe_combine: bad sizes");
   }
   if (num_tokens * hidden == 0) return absl::OkStatus();
-  if (y == nullptr || out == nullptr) return absl::InvalidArgumentError("moe_combine: null pointer");
-  CombineF32Kernel<<<Blocks(num_tokens * hidden), kThreads, 0, stream>>>(y, topk_weights,
-                                                                         num_tokens, top_k, hidden,
-                                                                         out);
+  if (y == nullptr || out == nullptr)
+    return absl::InvalidArgumentError("moe_combine: null pointer");
+  CombineF32Kernel<<<Blocks(num_tokens * hidden), kThreads, 0, stream>>>(
+      y, topk_weights, num_tokens, top_k, hidden, out);
   KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("CombineF32Kernel");
   return absl::OkStatus();
 }

@@ -83,9 +83,9 @@ __device__ __forceinline__ float SqrtSoftplus(float x) {
 }
 
 // Best not-yet-taken candidate of this lane.
-__device__ __forceinline__ void LaneBest(const float (&key)[kPerLane],
-                                         const float (&pay)[kPerLane], unsigned taken, int E,
-                                         int lane, float& bv, int& bi, float& bp) {
+__device__ __forceinline__ void LaneBest(const float (&key)[kPerLane], const float (&pay)[kPerLane],
+                                         unsigned taken, int E, int lane, float& bv, int& bi,
+                                         float& bp) {
   bv = 0.0f;
   bi = -1;
   bp = 0.0f;
@@ -101,9 +101,8 @@ __device__ __forceinline__ void LaneBest(const float (&key)[kPerLane],
 }
 
 // k rounds of warp arg-max; lane j < k gets the j-th pick (id, payload).
-__device__ __forceinline__ void WarpTopK(const float (&key)[kPerLane],
-                                         const float (&pay)[kPerLane], int E, int k, int lane,
-                                         int& my_id, float& my_pay) {
+__device__ __forceinline__ void WarpTopK(const float (&key)[kPerLane], const float (&pay)[kPerLane],
+                                         int E, int k, int lane, int& my_id, float& my_pay) {
   unsigned taken = 0;
   float lv, lp;
   int li;
@@ -306,9 +305,8 @@ absl::Status ValidateMoeRoutingParams(const MoeRoutingParams& p) {
   return absl::OkStatus();
 }
 
-absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits,
-                              int64_t num_tokens, float* topk_weights, int32_t* topk_ids,
-                              cudaStream_t stream) {
+absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits, int64_t num_tokens,
+                              float* topk_weights, int32_t* topk_ids, cudaStream_t stream) {
   if (absl::Status s = ValidateMoeRoutingParams(p); !s.ok()) return s;
   if (num_tokens < 0) return Invalid("num_tokens", "num_tokens must not be negative");
   if (num_tokens == 0) return absl::OkStatus();

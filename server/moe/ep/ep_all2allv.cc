@@ -60,9 +60,9 @@ class All2AllV final : public EpDispatch {
     KPLAN_RETURN_IF_ERROR(Exchange(comm, x_send.empty() ? nullptr : x_send.data(), send_rows_,
                                    hidden_.empty() ? nullptr : hidden_.data(), recv_rows_, H,
                                    CommDTypeOf(L.act_dtype)));
-    KPLAN_RETURN_IF_ERROR(Exchange(comm, meta_send.empty() ? nullptr : meta_send.data(),
-                                   send_rows_, meta.empty() ? nullptr : meta.data(), recv_rows_,
-                                   2, kernels::DType::kInt32));
+    KPLAN_RETURN_IF_ERROR(Exchange(comm, meta_send.empty() ? nullptr : meta_send.data(), send_rows_,
+                                   meta.empty() ? nullptr : meta.data(), recv_rows_, 2,
+                                   kernels::DType::kInt32));
     ids_.resize(recv_total_);
     weights_.resize(recv_total_);
     for (int64_t i = 0; i < recv_total_; ++i) {
@@ -96,9 +96,9 @@ class All2AllV final : public EpDispatch {
     const int k = L.top_k;
     const int64_t H = L.hidden, es = kernels::DTypeSize(L.act_dtype);
     std::vector<char> back(send_order_.size() * H * es);
-    KPLAN_RETURN_IF_ERROR(Exchange(comm, results_.empty() ? nullptr : results_.data(),
-                                   recv_rows_, back.empty() ? nullptr : back.data(), send_rows_,
-                                   H, CommDTypeOf(L.act_dtype)));
+    KPLAN_RETURN_IF_ERROR(Exchange(comm, results_.empty() ? nullptr : results_.data(), recv_rows_,
+                                   back.empty() ? nullptr : back.data(), send_rows_, H,
+                                   CommDTypeOf(L.act_dtype)));
     if (step.num_tokens == 0) return absl::OkStatus();
     std::vector<float> per_slot(step.num_tokens * k * H, 0.0f);
     for (size_t i = 0; i < send_order_.size(); ++i) {

@@ -43,8 +43,8 @@ class AllGatherReduceScatter final : public EpDispatch {
         comm.AllGather(x_send.data(), x_all.data(), max_tokens_ * H, CommDTypeOf(L.act_dtype)));
     KPLAN_RETURN_IF_ERROR(
         comm.AllGather(id_send.data(), id_all.data(), max_tokens_ * k, kernels::DType::kInt32));
-    KPLAN_RETURN_IF_ERROR(comm.AllGather(w_send.data(), w_all.data(), max_tokens_ * k,
-                                         kernels::DType::kFloat32));
+    KPLAN_RETURN_IF_ERROR(
+        comm.AllGather(w_send.data(), w_all.data(), max_tokens_ * k, kernels::DType::kFloat32));
     hidden_.resize(total_tokens_ * H * es);
     ids_.resize(total_tokens_ * k);
     weights_.resize(total_tokens_ * k);
@@ -80,9 +80,9 @@ class AllGatherReduceScatter final : public EpDispatch {
       if (c > 0) {
         // Weighted sum of this rank's slots per token, in fp32 (non-local
         // slots are exact zeros).
-        KPLAN_RETURN_IF_ERROR(CombineTopK(per_slot.data() + row * k * H,
-                                          weights_.data() + row * k, c, k, H,
-                                          L.apply_router_weight_on_input, kernels::DType::kFloat32,
+        KPLAN_RETURN_IF_ERROR(CombineTopK(per_slot.data() + row * k * H, weights_.data() + row * k,
+                                          c, k, H, L.apply_router_weight_on_input,
+                                          kernels::DType::kFloat32,
                                           partial_.data() + r * max_tokens_ * H));
       }
       row += c;

@@ -35,8 +35,7 @@ absl::Status PrepareLocal(const EpLayer& layer, const MoeInputsForThisRank& in,
   const ExpertPlacement& pl = layer.placement;
   if (pl.num_ranks() != comm.size()) {
     return InvalidField("placement", absl::StrCat("placement is for ", pl.num_ranks(),
-                                                  " ranks but the communicator has ",
-                                                  comm.size()));
+                                                  " ranks but the communicator has ", comm.size()));
   }
   if (pl.num_experts() != layer.num_experts) {
     return InvalidField("placement", absl::StrCat("placement covers ", pl.num_experts(),
@@ -46,13 +45,15 @@ absl::Status PrepareLocal(const EpLayer& layer, const MoeInputsForThisRank& in,
   const int local = pl.NumLocalExperts(rank);
   if (local > 0 && layer.local_weights.num_local_experts != local) {
     return InvalidField("weights.num_local_experts",
-                        absl::StrCat("rank ", rank, " owns ", local, " experts but its weights "
-                                     "hold ", layer.local_weights.num_local_experts));
+                        absl::StrCat("rank ", rank, " owns ", local,
+                                     " experts but its weights "
+                                     "hold ",
+                                     layer.local_weights.num_local_experts));
   }
   // The layer as a whole, checked once on every rank (weights: this rank's).
   const std::vector<int32_t> map = pl.ExpertMap(rank);
-  MoeProblem p = LocalExpertProblem(layer, rank, in.num_tokens, layer.top_k, in.hidden_states,
-                                    map.data());
+  MoeProblem p =
+      LocalExpertProblem(layer, rank, in.num_tokens, layer.top_k, in.hidden_states, map.data());
   MoeWeights none;  // a rank without experts: validate all but the weights
   if (local == 0) {
     none.dtype = kernels::DType::kFloat32;
@@ -77,9 +78,9 @@ absl::Status PrepareLocal(const EpLayer& layer, const MoeInputsForThisRank& in,
     if (spec.num_experts == 0) spec.num_experts = layer.num_experts;
     if (spec.top_k == 0) spec.top_k = k;
     if (spec.num_experts != layer.num_experts || spec.top_k != k) {
-      return InvalidField(spec.num_experts != layer.num_experts ? "routing.num_experts"
-                                                                : "routing.top_k",
-                          "routing spec disagrees with the layer's num_experts / top_k");
+      return InvalidField(
+          spec.num_experts != layer.num_experts ? "routing.num_experts" : "routing.top_k",
+          "routing spec disagrees with the layer's num_experts / top_k");
     }
     if (in.num_tokens > 0) {
       KPLAN_RETURN_IF_ERROR(
@@ -91,9 +92,8 @@ absl::Status PrepareLocal(const EpLayer& layer, const MoeInputsForThisRank& in,
   }
   for (int64_t t = 0; t < in.num_tokens * k; ++t) {
     if (ids[t] < 0 || ids[t] >= layer.num_experts) {
-      return InvalidField("topk_ids", absl::StrCat("topk_ids[", t / k, "][", t % k, "] = ",
-                                                   ids[t], " is not in [0, ",
-                                                   layer.num_experts, ")"));
+      return InvalidField("topk_ids", absl::StrCat("topk_ids[", t / k, "][", t % k, "] = ", ids[t],
+                                                   " is not in [0, ", layer.num_experts, ")"));
     }
   }
   return absl::OkStatus();
@@ -189,9 +189,9 @@ absl::Status RunMoeExpertParallel(const EpLayer& layer, const MoeInputsForThisRa
   for (int r = 0; r < n; ++r) {
     if (headers[2 * r + 1] != 0) {
       const auto code = static_cast<absl::StatusCode>(headers[2 * r + 1]);
-      return absl::Status(code, absl::StrCat("expert-parallel step rejected by rank ", r, " (",
-                                             absl::StatusCodeToString(code),
-                                             "); that rank returned the details"));
+      return absl::Status(
+          code, absl::StrCat("expert-parallel step rejected by rank ", r, " (",
+                             absl::StatusCodeToString(code), "); that rank returned the details"));
     }
   }
 
@@ -214,10 +214,10 @@ absl::Status RunMoeExpertParallel(const EpLayer& layer, const MoeInputsForThisRa
   if (st.ok()) st = dispatch->Finalize(step, comm);
   if (!st.ok()) {
     // Peers may be waiting in a collective this rank will never join.
-    comm.Abort(absl::StrCat(EpStrategyName(strategy), " step failed on rank ", rank, ": ",
-                            st.message()));
-    return absl::Status(st.code(), absl::StrCat(EpStrategyName(strategy), " on rank ", rank,
-                                                ": ", st.message()));
+    comm.Abort(
+        absl::StrCat(EpStrategyName(strategy), " step failed on rank ", rank, ": ", st.message()));
+    return absl::Status(
+        st.code(), absl::StrCat(EpStrategyName(strategy), " on rank ", rank, ": ", st.message()));
   }
   return absl::OkStatus();
 }

@@ -73,8 +73,8 @@ struct EpStep {
   std::vector<int64_t> tokens_per_rank;  // [size]
   int64_t num_tokens = 0;                // == tokens_per_rank[rank]
   const void* hidden_states = nullptr;
-  const int32_t* topk_ids = nullptr;     // [num_tokens, k], routed
-  const float* topk_weights = nullptr;   // [num_tokens, k]
+  const int32_t* topk_ids = nullptr;    // [num_tokens, k], routed
+  const float* topk_weights = nullptr;  // [num_tokens, k]
   void* output = nullptr;
 };
 

@@ -246,8 +246,7 @@ bool EpGroup::InjectFault(int rank, absl::Status status, int after_calls) {
   return kind_->InjectFault(rank, std::move(status), after_calls);
 }
 
-absl::Status EpGroup::Submit(RankWork work, StepDone done, EpStepComm comm,
-                             EpStepLimits limits) {
+absl::Status EpGroup::Submit(RankWork work, StepDone done, EpStepComm comm, EpStepLimits limits) {
   auto step = std::make_shared<Step>();
   step->work = std::move(work);
   step->done = std::move(done);
@@ -673,10 +672,10 @@ absl::Status EpGroup::RunMoe(std::shared_ptr<const ExpertSet> set, MoeRunInput i
     }
     done(std::move(state->out), queued, ran);
   };
-  return Submit(std::move(work), std::move(finish),
-                strategy == EpStrategy::kPassthrough ? EpStepComm::kDeviceRound
-                                                     : EpStepComm::kCollectives,
-                std::move(limits));
+  return Submit(
+      std::move(work), std::move(finish),
+      strategy == EpStrategy::kPassthrough ? EpStepComm::kDeviceRound : EpStepComm::kCollectives,
+      std::move(limits));
 }
 
 // ---------------------------------------------------------------------------

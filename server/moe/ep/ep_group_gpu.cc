@@ -133,8 +133,8 @@ bool HaveGpuEpRanks() { return true; }
 
 EpCommFactory MakeNcclCommFactory(int device) {
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/1);  // ARCHITECTURE.md: never NVLS
-  return [device](absl::string_view id, int rank, int size, absl::Duration timeout)
-             -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
+  return [device](absl::string_view id, int rank, int size,
+                  absl::Duration timeout) -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
     KPLAN_RETURN_IF_ERROR(BindDevice(device));
     comm::NcclOptions options;
     options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));

@@ -9,12 +9,13 @@ namespace kplan::moe::ep {
 
 absl::StatusOr<ExpertPlacement> ExpertPlacement::Linear(int num_experts, int num_ranks) {
   if (num_experts <= 0) {
-    return InvalidField("num_experts", absl::StrCat("num_experts must be positive, got ",
-                                                    num_experts));
+    return InvalidField("num_experts",
+                        absl::StrCat("num_experts must be positive, got ", num_experts));
   }
   if (num_ranks <= 0) {
     return InvalidField("ep_size", absl::StrCat("the expert-parallel group size must be "
-                                                "positive, got ", num_ranks));
+                                                "positive, got ",
+                                                num_ranks));
   }
   ExpertPlacement p;
   p.num_experts_ = num_experts;

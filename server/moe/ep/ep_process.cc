@@ -25,16 +25,15 @@ class SharedCommunicator final : public comm::Communicator {
                          kernels::DType dtype) override {
     return inner_->AllGather(send, recv, count, dtype);
   }
-  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
-                             kernels::DType dtype, comm::ReduceOp op) override {
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, kernels::DType dtype,
+                             comm::ReduceOp op) override {
     return inner_->ReduceScatter(send, recv, recv_count, dtype, op);
   }
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
                          absl::Span<const int64_t> send_displs, void* recv,
                          absl::Span<const int64_t> recv_counts,
                          absl::Span<const int64_t> recv_displs, kernels::DType dtype) override {
-    return inner_->AllToAllV(send, send_counts, send_displs, recv, recv_counts, recv_displs,
-                             dtype);
+    return inner_->AllToAllV(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype);
   }
   absl::Status Barrier() override { return inner_->Barrier(); }
   void Abort(absl::string_view reason) override { inner_->Abort(reason); }
@@ -58,12 +57,11 @@ class RemoteRankCommunicator final : public comm::Communicator {
   absl::Status AllGather(const void*, void*, int64_t, kernels::DType) override {
     return Unsupported();
   }
-  absl::Status ReduceScatter(const void*, void*, int64_t, kernels::DType,
-                             comm::ReduceOp) override {
+  absl::Status ReduceScatter(const void*, void*, int64_t, kernels::DType, comm::ReduceOp) override {
     return Unsupported();
   }
-  absl::Status AllToAllV(const void*, absl::Span<const int64_t>, absl::Span<const int64_t>,
-                         void*, absl::Span<const int64_t>, absl::Span<const int64_t>,
+  absl::Status AllToAllV(const void*, absl::Span<const int64_t>, absl::Span<const int64_t>, void*,
+                         absl::Span<const int64_t>, absl::Span<const int64_t>,
                          kernels::DType) override {
     return Unsupported();
   }
@@ -72,8 +70,8 @@ class RemoteRankCommunicator final : public comm::Communicator {
 
  private:
   absl::Status Unsupported() const {
-    return absl::InternalError(absl::StrCat("rank ", rank_,
-                                            " runs in another process; its collectives run there"));
+    return absl::InternalError(
+        absl::StrCat("rank ", rank_, " runs in another process; its collectives run there"));
   }
   const int rank_, size_;
   const int64_t generation_;
@@ -348,9 +346,9 @@ void EpPeerRank::RunStep(std::shared_ptr<const ExpertSet> set, EpForwardedStep s
 absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
                                                    const EpForwardedStep& step) {
   if (step.size != size_) {
-    return WithField(absl::FailedPreconditionError(absl::StrCat(
-                         "this server is rank ", rank_, " of a group of ", size_,
-                         "; the step is for a group of ", step.size)),
+    return WithField(absl::FailedPreconditionError(
+                         absl::StrCat("this server is rank ", rank_, " of a group of ", size_,
+                                      "; the step is for a group of ", step.size)),
                      "size");
   }
   if (step.rank != rank_) {
@@ -360,8 +358,8 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
   }
   const EpPeerExperts* experts = EpPeerExperts::Of(set);
   if (experts == nullptr) {
-    return WithField(absl::FailedPreconditionError(absl::StrCat(
-                         "experts '", step.experts_id, "' are not placed on this rank")),
+    return WithField(absl::FailedPreconditionError(absl::StrCat("experts '", step.experts_id,
+                                                                "' are not placed on this rank")),
                      "experts_id");
   }
   const int64_t row = set.spec().hidden * kernels::DTypeSize(step.options.act_dtype);
@@ -378,16 +376,16 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
                             .status());
   if (static_cast<int64_t>(step.topk_ids.size()) != step.num_tokens * k ||
       static_cast<int64_t>(step.topk_weights.size()) != step.num_tokens * k) {
-    return WithField(absl::InvalidArgumentError(absl::StrCat(
-                         "the step's tensors do not match ", step.num_tokens, " tokens of hidden ",
-                         set.spec().hidden, " and top_k ", k)),
+    return WithField(absl::InvalidArgumentError(absl::StrCat("the step's tensors do not match ",
+                                                             step.num_tokens, " tokens of hidden ",
+                                                             set.spec().hidden, " and top_k ", k)),
                      "topk_ids");
   }
   for (size_t t = 0; t < step.topk_ids.size(); ++t) {
     if (step.topk_ids[t] < 0 || step.topk_ids[t] >= num_experts) {
-      return InvalidField("topk_ids", absl::StrCat("topk_ids[", t / k, "][", t % k, "] = ",
-                                                   step.topk_ids[t], " is not in [0, ",
-                                                   num_experts, ")"));
+      return InvalidField("topk_ids",
+                          absl::StrCat("topk_ids[", t / k, "][", t % k, "] = ", step.topk_ids[t],
+                                       " is not in [0, ", num_experts, ")"));
     }
   }
   int64_t generation;
@@ -403,12 +401,11 @@ absl::StatusOr<std::string> EpPeerRank::RunStepNow(const ExpertSet& set,
     }
   }
   if (step.generation < generation || (step.generation == generation && !have_comm)) {
-    return WithField(
-        absl::FailedPreconditionError(absl::StrCat(
-            "rank ", rank_, " is at communicator generation ", generation,
-            !have_comm ? " (failed; waiting for a newer one)" : "",
-            "; the step is for generation ", step.generation)),
-        "generation");
+    return WithField(absl::FailedPreconditionError(
+                         absl::StrCat("rank ", rank_, " is at communicator generation ", generation,
+                                      !have_comm ? " (failed; waiting for a newer one)" : "",
+                                      "; the step is for generation ", step.generation)),
+                     "generation");
   }
   if (step.generation > generation) {
     {

@@ -51,9 +51,9 @@ struct EpForwardedStep {
   int size = 0;
   EpMoeOptions options;
   int64_t num_tokens = 0;
-  std::string hidden_states;          // [num_tokens, H] in options.act_dtype
-  std::vector<int32_t> topk_ids;      // [num_tokens, top_k]
-  std::vector<float> topk_weights;    // [num_tokens, top_k]
+  std::string hidden_states;        // [num_tokens, H] in options.act_dtype
+  std::vector<int32_t> topk_ids;    // [num_tokens, top_k]
+  std::vector<float> topk_weights;  // [num_tokens, top_k]
 };
 
 // How rank 0 reaches the other ranks' servers.

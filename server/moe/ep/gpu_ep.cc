@@ -198,7 +198,8 @@ absl::Status GpuEpStep::Run(EpStrategy strategy, const kc::MoeRoutingParams& rp)
 absl::Status GpuEpStep::Finish() {
   KPLAN_RETURN_IF_ERROR(Record(kEvCombined));
   if (M > 0) {
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(in.output, out, M * H * es, cudaMemcpyDeviceToHost, stream));
+    KPLAN_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(in.output, out, M * H * es, cudaMemcpyDeviceToHost, stream));
   }
   KPLAN_RETURN_IF_ERROR(Record(kEvDone));
   KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
@@ -244,17 +245,20 @@ absl::Status GpuEpStep::UploadAndRoute(EpStrategy strategy, kc::MoeRoutingParams
   KPLAN_ASSIGN_OR_RETURN(map, EnsureAs<int32_t>(ws, kMap, L.num_experts));
   if (ws.map_experts != L.num_experts || ws.map_ranks != n || ws.map_rank != rank) {
     const std::vector<int32_t> host_map = L.placement.ExpertMap(rank);
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(map, host_map.data(), host_map.size() * 4,
-                                  cudaMemcpyHostToDevice, stream));
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // `host_map` is a pageable temporary
+    KPLAN_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(map, host_map.data(), host_map.size() * 4, cudaMemcpyHostToDevice, stream));
+    KPLAN_CUDA_RETURN_IF_ERROR(
+        cudaStreamSynchronize(stream));  // `host_map` is a pageable temporary
     ws.map_experts = L.num_experts;
     ws.map_ranks = n;
     ws.map_rank = rank;
   }
   if (M > 0) {
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(x, in.hidden_states, M * H * es, cudaMemcpyHostToDevice, stream));
+    KPLAN_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(x, in.hidden_states, M * H * es, cudaMemcpyHostToDevice, stream));
     if (in.topk_ids != nullptr) {
-      KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ids, in.topk_ids, M * k * 4, cudaMemcpyHostToDevice, stream));
+      KPLAN_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(ids, in.topk_ids, M * k * 4, cudaMemcpyHostToDevice, stream));
       KPLAN_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(w, in.topk_weights, M * k * 4, cudaMemcpyHostToDevice, stream));
     } else {
@@ -265,7 +269,7 @@ absl::Status GpuEpStep::UploadAndRoute(EpStrategy strategy, kc::MoeRoutingParams
       if (in.routing.e_score_correction_bias != nullptr) {
         KPLAN_ASSIGN_OR_RETURN(float* bias, EnsureAs<float>(ws, kBias, E));
         KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bias, in.routing.e_score_correction_bias, E * 4,
-                                      cudaMemcpyHostToDevice, stream));
+                                                   cudaMemcpyHostToDevice, stream));
         rp.e_score_correction_bias = bias;
       }
       KPLAN_RETURN_IF_ERROR(kc::LaunchMoeRouting(rp, logits, M, w, ids, stream));
@@ -274,8 +278,8 @@ absl::Status GpuEpStep::UploadAndRoute(EpStrategy strategy, kc::MoeRoutingParams
   return absl::OkStatus();
 }
 
-absl::Status GpuEpStep::RunExperts(int64_t rows, int slots, const void* rows_x,
-                                   int32_t* slot_ids, float* slot_w, void* y) {
+absl::Status GpuEpStep::RunExperts(int64_t rows, int slots, const void* rows_x, int32_t* slot_ids,
+                                   float* slot_w, void* y) {
   if (rows == 0 || L.local_experts == nullptr) return absl::OkStatus();
   const GpuExperts& g = *L.local_experts;
   const int64_t bytes = MoeLayerWorkspaceBytes(g, rows, slots, L.num_experts);
@@ -303,10 +307,12 @@ absl::Status ExchangeHeader(GpuEpWorkspace::Impl& ws, comm::Communicator& comm, 
   const int64_t header[2] = {num_tokens, static_cast<int64_t>(verdict)};
   KPLAN_ASSIGN_OR_RETURN(int64_t * d_header, EnsureAs<int64_t>(ws, kHeader, 2));
   KPLAN_ASSIGN_OR_RETURN(int64_t * d_all, EnsureAs<int64_t>(ws, kHeaderAll, 2 * n));
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_header, header, sizeof(header), cudaMemcpyHostToDevice, stream));
+  KPLAN_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(d_header, header, sizeof(header), cudaMemcpyHostToDevice, stream));
   KPLAN_RETURN_IF_ERROR(comm.AllGather(d_header, d_all, 2, kernels::DType::kInt64));
   headers.resize(2 * n);
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(headers.data(), d_all, 2 * n * 8, cudaMemcpyDeviceToHost, stream));
+  KPLAN_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(headers.data(), d_all, 2 * n * 8, cudaMemcpyDeviceToHost, stream));
   KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }
@@ -371,8 +377,8 @@ absl::Status RunMoeExpertParallelOnGpu(const GpuEpLayer& layer, const MoeInputsF
   // communicator so that a peer's failure can abort it).
   comm::Communicator& underlying = comm.Underlying();
   auto* wrapped = dynamic_cast<GpuEpCommunicator*>(&underlying);
-  auto* nccl = wrapped != nullptr ? &wrapped->nccl()
-                                  : dynamic_cast<comm::NcclCommunicator*>(&underlying);
+  auto* nccl =
+      wrapped != nullptr ? &wrapped->nccl() : dynamic_cast<comm::NcclCommunicator*>(&underlying);
   if (nccl == nullptr || layer.workspace == nullptr) {
     const absl::Status st = InvalidField(
         nccl == nullptr ? "comm" : "workspace",

@@ -23,8 +23,7 @@ namespace kplan::moe::ep::gpu_ep_detail {
 
 absl::Status All2AllVOnGpu(GpuEpStep& s) {
   auto Exchange = [&s](const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                       const std::vector<int64_t>& recv_rows, int64_t width,
-                       kernels::DType dtype) {
+                       const std::vector<int64_t>& recv_rows, int64_t width, kernels::DType dtype) {
     return comm::ExchangeRows(s.comm, send, send_rows, recv, recv_rows, width, dtype);
   };
   const kernels::DType act = CommDTypeOf(s.L.act_dtype);

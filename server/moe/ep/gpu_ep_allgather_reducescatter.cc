@@ -30,8 +30,10 @@ absl::Status AllGatherReduceScatterOnGpu(GpuEpStep& s) {
   const kernels::DType act = CommDTypeOf(s.L.act_dtype);
   // Padding rows: id -1 (never computed, never combined), weight 0.
   if (maxT > s.M) {
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(s.ids + s.M * s.k, 0xff, (maxT - s.M) * s.k * 4, s.stream));
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(s.w + s.M * s.k, 0, (maxT - s.M) * s.k * 4, s.stream));
+    KPLAN_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(s.ids + s.M * s.k, 0xff, (maxT - s.M) * s.k * 4, s.stream));
+    KPLAN_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(s.w + s.M * s.k, 0, (maxT - s.M) * s.k * 4, s.stream));
   }
   KPLAN_ASSIGN_OR_RETURN(void* x_all, Ensure(s.ws, kXAll, P * s.H * s.es));
   KPLAN_ASSIGN_OR_RETURN(int32_t * ids_all, EnsureAs<int32_t>(s.ws, kIdsAll, P * s.k));

@@ -45,8 +45,8 @@ class GpuEpCommunicator final : public comm::Communicator {
   absl::string_view backend() const override { return nccl_->backend(); }
   absl::Status AllGather(const void* send, void* recv, int64_t count,
                          kernels::DType dtype) override;
-  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
-                             kernels::DType dtype, comm::ReduceOp op) override;
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, kernels::DType dtype,
+                             comm::ReduceOp op) override;
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
                          absl::Span<const int64_t> send_displs, void* recv,
                          absl::Span<const int64_t> recv_counts,
