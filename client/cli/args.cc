@@ -90,6 +90,8 @@ ArgParser::ArgParser() : app_(std::make_unique<CLI::App>()) {
 
 ArgParser::~ArgParser() = default;
 
+bool ArgParser::Given(const std::string& name) const { return app_->count("--" + name) > 0; }
+
 void ArgParser::AddString(std::string names, std::string metavar, std::string help,
                           std::string* out, bool positional) {
   std::string cli_names = LongNames(names);

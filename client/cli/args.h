@@ -47,6 +47,8 @@ class ArgParser {
   // --help / -h.
   absl::Status Parse(const std::vector<std::string>& args);
   bool help() const { return help_; }
+  // Whether --`name` was on the command line (after Parse).
+  bool Given(const std::string& name) const;
   // One line per option, aligned, with its default.
   std::string Help() const;
 

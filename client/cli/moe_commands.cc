@@ -1,5 +1,7 @@
 #include "client/cli/moe_commands.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -131,6 +133,71 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Counts what a ChunkSource hands out and shows it: a bar redrawn in place
+// on a terminal, a line per tenth otherwise (a log, a pipe). On stderr, so
+// --json output stays clean.
+class ProgressSource final : public ChunkSource {
+ public:
+  ProgressSource(ChunkSource& inner, int64_t total) : inner_(inner), total_(total) {}
+
+  absl::StatusOr<bool> Next(v1::TensorChunk* chunk) override {
+    absl::StatusOr<bool> more = inner_.Next(chunk);
+    if (more.ok() && *more) {
+      done_ += static_cast<int64_t>(chunk->data().size());
+      Show(false);
+    } else if (more.ok()) {
+      Show(true);
+    }
+    return more;
+  }
+  absl::Status Rewind() override {  // a retry starts over
+    done_ = 0;
+    tenths_ = 0;
+    return inner_.Rewind();
+  }
+
+ private:
+  void Show(bool last) {
+    if (total_ <= 0) return;
+    const double mib = done_ / 1048576.0, total_mib = total_ / 1048576.0;
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    const int percent = static_cast<int>(100 * std::min<int64_t>(done_, total_) / total_);
+    if (terminal_) {
+      const absl::Time now = absl::Now();
+      if (!last && now - drawn_ < absl::Milliseconds(100)) return;
+      drawn_ = now;
+      const int filled = percent * 30 / 100;
+      std::fprintf(stderr, "\rloading [%s%s] %3d%% %.0f/%.0f MiB %.0f MB/s%s",
+                   std::string(filled, '#').c_str(), std::string(30 - filled, '.').c_str(),
+                   percent, mib, total_mib, seconds > 0 ? done_ / seconds / 1e6 : 0.0,
+                   last ? "\n" : "");
+      return;
+    }
+    const int tenths = percent / 10;
+    if (tenths <= tenths_) return;
+    tenths_ = tenths;
+    std::fprintf(stderr, "loading: %d%% (%.0f of %.0f MiB) in %.1f s\n", percent, mib, total_mib,
+                 seconds);
+  }
+
+  ChunkSource& inner_;
+  const int64_t total_;
+  int64_t done_ = 0;
+  int tenths_ = 0;
+  const bool terminal_ = isatty(STDERR_FILENO) != 0;
+  const absl::Time start_ = absl::Now();
+  absl::Time drawn_ = absl::InfinitePast();
+};
+
+// The bytes a plain set of this header streams: w13 [E, 2I or I, H], w2 [E, H, I].
+int64_t PlainSetBytes(const v1::ExpertsHeader& h, int64_t dtype_bytes) {
+  absl::StatusOr<MoEActivation> act = MoEActivationFromStr(h.activation());
+  const int64_t rows = act.ok() && IsGated(*act) ? 2 * h.intermediate_size()
+                                                 : h.intermediate_size();
+  return int64_t{h.num_experts()} * (rows * h.hidden_size() + h.hidden_size() *
+                                     h.intermediate_size()) * dtype_bytes;
 }
 
 }  // namespace
@@ -283,11 +350,21 @@ int LoadCommand(const std::vector<std::string>& args) {
   v1::ExpertsHeader header;
   std::unique_ptr<ChunkSource> source;
   if (absl::Status s = flags.Build(&header, &source); !s.ok()) return Fail(s);
+  const int64_t bytes = PlainSetBytes(header, ParsePlainDType("dtype", flags.dtype)->size);
+  if (!parser.Given("timeout")) {
+    // A load's default deadline grows with its size: 60 s plus 1 s per
+    // 100 MB (a server reading a file at 100 MB/s); --timeout overrides it.
+    common.timeout = absl::StrCat(60 + bytes / 100'000'000);
+  }
   absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
   if (!client.ok()) return Fail(client.status());
-  absl::StatusOr<v1::LoadExpertsResponse> loaded =
-      source != nullptr ? (*client)->LoadExperts(header, *source)
-                        : (*client)->LoadExperts(header, std::vector<v1::TensorChunk>{});
+  absl::StatusOr<v1::LoadExpertsResponse> loaded;
+  if (source != nullptr) {
+    ProgressSource progress(*source, bytes);
+    loaded = (*client)->LoadExperts(header, progress);
+  } else {
+    loaded = (*client)->LoadExperts(header, std::vector<v1::TensorChunk>{});
+  }
   if (!loaded.ok()) return Fail(loaded.status());
   if (common.json) {
     std::cout << ToJson(*loaded);

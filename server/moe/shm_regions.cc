@@ -9,6 +9,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/client_text.h"
 #include "base/status.h"
@@ -17,7 +18,30 @@ namespace kplan {
 
 ShmRegion::~ShmRegion() {
   if (map_ != nullptr) munmap(map_, map_bytes_);
+  if (fd_ >= 0) close(fd_);
 }
+
+absl::Status ShmRegion::CheckIntact() const {
+  struct stat st;
+  if (fstat(fd_, &st) != 0 || st.st_size < info_.offset + info_.byte_size) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared-memory region '", ClientText(info_.name), "' (",
+                     ClientText(info_.key), ") was truncated below its window; register it again"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status AlreadyRegistered(const std::string& name) {
+  return WithField(absl::AlreadyExistsError(absl::StrCat("a shared-memory region '",
+                                                         ClientText(name),
+                                                         "' is registered already; unregister it "
+                                                         "first")),
+                   "name");
+}
+
+}  // namespace
 
 absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
   if (info.name.empty()) return InvalidField("name", "the region needs a name");
@@ -28,16 +52,15 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
                                             "slash, no other, at most 255 bytes), got '",
                                             ClientText(key), "'"));
   }
+  if (!absl::StartsWith(key, kShmKeyPrefix)) {
+    return InvalidField("key", absl::StrCat("this server maps only shared memory named '",
+                                            kShmKeyPrefix, "...', got '", ClientText(key), "'"));
+  }
   if (info.offset < 0) return InvalidField("offset", "offset must be >= 0");
   if (info.byte_size <= 0) return InvalidField("byte_size", "byte_size must be > 0");
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (regions_.count(info.name)) {
-      return WithField(
-          absl::AlreadyExistsError(absl::StrCat("a shared-memory region '", ClientText(info.name),
-                                                "' is registered already; unregister it first")),
-          "name");
-    }
+    if (regions_.count(info.name)) return AlreadyRegistered(info.name);
     if (regions_.size() >= max_regions_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("this server holds ", max_regions_, " shared-memory regions, its most"));
@@ -66,7 +89,7 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
   region->map_bytes_ = static_cast<size_t>(info.offset - start + info.byte_size);
   void* map = mmap(nullptr, region->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, start);
   const int mmap_errno = errno;
-  close(fd);  // the mapping keeps the object
+  region->fd_ = fd;  // closed with the region
   if (map == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot map shared memory '", ClientText(key),
                                                      "': ", std::strerror(mmap_errno)));
@@ -74,13 +97,12 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
   region->map_ = map;
   region->data_ = static_cast<char*>(map) + (info.offset - start);
   std::lock_guard<std::mutex> lock(mu_);
-  auto [it, inserted] = regions_.emplace(info.name, std::move(region));
-  if (!inserted) {  // registered meanwhile by another call
-    return WithField(
-        absl::AlreadyExistsError(absl::StrCat("a shared-memory region '", ClientText(info.name),
-                                              "' is registered already; unregister it first")),
-        "name");
+  // Checked again: other calls may have registered meanwhile.
+  if (regions_.size() >= max_regions_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this server holds ", max_regions_, " shared-memory regions, its most"));
   }
+  if (!regions_.emplace(info.name, std::move(region)).second) return AlreadyRegistered(info.name);
   return absl::OkStatus();
 }
 
@@ -131,6 +153,7 @@ absl::StatusOr<ShmView> ShmRegistry::Resolve(const std::string& name, int64_t of
         absl::StrCat("[", offset, ", ", offset, " + ", byte_size, ") is past the end of region '",
                      ClientText(name), "' (", window, " bytes)"));
   }
+  KPLAN_RETURN_IF_ERROR(WithField(region->CheckIntact(), absl::StrCat(field, ".region")));
   ShmView view;
   view.data = region->data() + offset;
   view.size = byte_size;

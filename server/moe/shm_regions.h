@@ -24,6 +24,10 @@
 
 namespace kplan {
 
+// The server maps only objects named "/kplan...": never NCCL's segments or
+// another program's memory, whatever a client names.
+inline constexpr absl::string_view kShmKeyPrefix = "/kplan";
+
 struct ShmRegionInfo {
   std::string name;       // the client's name of the region
   std::string key;        // the POSIX shm object: "/name" (one leading slash, no other)
@@ -39,11 +43,17 @@ class ShmRegion {
   ShmRegion& operator=(const ShmRegion&) = delete;
   const ShmRegionInfo& info() const { return info_; }
   char* data() const { return data_; }  // the window's first byte
+  // FAILED_PRECONDITION when the object no longer covers the window (its
+  // owner truncated it): touching the pages past its end would raise
+  // SIGBUS. Checked before every copy in or out; a client that shrinks its
+  // object during a copy still races it, which the API forbids.
+  absl::Status CheckIntact() const;
 
  private:
   friend class ShmRegistry;
   ShmRegion() = default;
   ShmRegionInfo info_;
+  int fd_ = -1;          // kept open for CheckIntact
   void* map_ = nullptr;  // the page-aligned mapping holding the window
   size_t map_bytes_ = 0;
   char* data_ = nullptr;
@@ -62,7 +72,7 @@ class ShmRegistry {
   explicit ShmRegistry(size_t max_regions = 256) : max_regions_(max_regions) {}
 
   // Opens and maps the window: INVALID_ARGUMENT naming the field for an
-  // empty name, a key that is not "/name", a negative offset or size, a
+  // empty name, a key that is not "/name" or not under kShmKeyPrefix, a negative offset or size, a
   // window past the object's end; NOT_FOUND naming "key" for an object that
   // does not exist or cannot be opened; ALREADY_EXISTS naming "name" for a
   // name registered already; RESOURCE_EXHAUSTED past max_regions.

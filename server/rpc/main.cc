@@ -161,6 +161,8 @@ std::vector<std::string> UnderscoreFlagNames(int argc, char** argv) {
     if (!absl::StartsWith(w, "--")) continue;
     const size_t end = std::min(w.find('='), w.size());
     std::replace(w.begin() + 2, w.begin() + end, '-', '_');
+    // vLLM's --no-X for a boolean is abseil's --noX.
+    if (absl::StartsWith(w, "--no_") && end > 5) w.erase(4, 1);
   }
   return words;
 }

@@ -46,11 +46,18 @@ int ProbeRequest(mg_connection* conn) {
   const bool health = std::strcmp(info->local_uri, "/healthz") == 0;
   const bool ready = std::strcmp(info->local_uri, "/readyz") == 0;
   if (!health && !ready) return 0;
-  std::lock_guard<std::mutex> lock(ProbeMutex());
-  auto it = ProbePorts().find(info->server_port);
-  if (it == ProbePorts().end()) {
+  bool known = false, is_ready = false;
+  {
+    // Only the state under the lock: a slow client must not hold up the
+    // other probes or ~Metrics while the reply goes out.
+    std::lock_guard<std::mutex> lock(ProbeMutex());
+    auto it = ProbePorts().find(info->server_port);
+    known = it != ProbePorts().end();
+    is_ready = known && it->second->ready();
+  }
+  if (!known) {
     Reply(conn, 503, "Service Unavailable", "stopping\n");
-  } else if (health || it->second->ready()) {
+  } else if (health || is_ready) {
     Reply(conn, 200, "OK", "ok\n");
   } else {
     Reply(conn, 503, "Service Unavailable", "not ready\n");

@@ -203,9 +203,11 @@ absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regio
   return std::optional<ShmView>(std::move(view));
 }
 
-void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
-                         const RunMoeAnswer& answer, v1::RunMoEResponse* response) {
+absl::Status RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
+                                 const RunMoeAnswer& answer, v1::RunMoEResponse* response) {
   if (answer.output_shm) {
+    KPLAN_RETURN_IF_ERROR(
+        WithField(answer.output_shm->region->CheckIntact(), "output_shm.region"));
     // Sizes agree: output_shm's was checked against hidden_states', which
     // the input checks made [M, H] in the output's dtype.
     const std::string& out = result.output.output;
@@ -244,6 +246,7 @@ void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
   const double encoded = since(absl::Now());
   t->set_encoded_at_us(encoded);
   t->set_total_us(encoded);
+  return absl::OkStatus();
 }
 
 }  // namespace kplan::rpc

@@ -65,8 +65,10 @@ struct RunMoeAnswer {
 
 // The core's answer into `response`: output (MoeRunOutputToProto; moved out
 // of `result`), plan, and timing (MoETiming: the durations and each hop's
-// time since `answer.arrival`, encoded_at_us and total_us taken last).
-void RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
+// time since `answer.arrival`, encoded_at_us and total_us taken last). With
+// output_shm the output goes into the client's region instead:
+// FAILED_PRECONDITION naming output_shm.region if it was truncated meanwhile.
+absl::Status RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
                          const RunMoeAnswer& answer, v1::RunMoEResponse* response);
 
 }  // namespace kplan::rpc

@@ -525,7 +525,15 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
       kplan::RunMoe(run_env, *std::move(core), std::move(hooks),
                     [this, call, response, answer](absl::StatusOr<RunMoeResult> result,
                                                    const MoeRunTiming& timing) {
-                      if (result.ok()) RunMoeResultToProto(*result, timing, answer, response);
+                      absl::Status status = result.status();
+                      if (result.ok() && answer.output_shm && call->IsCancelled()) {
+                        // The client gave up (deadline, cancel) and may reuse
+                        // its region: a late result must not land there.
+                        status = absl::CancelledError(
+                            "the call ended before its output was written to output_shm");
+                      } else if (result.ok()) {
+                        status = RunMoeResultToProto(*result, timing, answer, response);
+                      }
                       if (Metrics* m = env_.metrics) {
                         const std::string& method = call->method();
                         m->ObserveQueue(method, timing.queue);
@@ -540,7 +548,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
                           m->ObserveHop(method, "encode", absl::Now() - timing.device_end);
                         }
                       }
-                      call->FinishUnary(result.status());
+                      call->FinishUnary(status);
                     });
   if (!queued.ok()) return call->FinishUnary(queued);
   return call->reactor();

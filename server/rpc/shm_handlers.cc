@@ -1,6 +1,7 @@
 // KernelPlanService's shared-memory RPCs: register, unregister and list the
 // client regions RunMoE tensors may reference (server/moe/shm_regions.h).
 // Off (FAILED_PRECONDITION) unless the server runs with --allow_shared_memory.
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/client_text.h"
 #include "base/status.h"
@@ -10,6 +11,16 @@
 #include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
+namespace {
+
+// Shared memory is this host's: only a client on it (a Unix socket, or the
+// loopback) may name an object for the server to map.
+bool LocalPeer(absl::string_view peer) {
+  return absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "ipv4:127.") ||
+         absl::StartsWith(peer, "ipv6:[::1]") || absl::StartsWith(peer, "ipv6:%5B::1%5D");
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* KernelPlanServiceImpl::RegisterSharedMemory(
     grpc::CallbackServerContext* context, const v1::RegisterSharedMemoryRequest* request,
@@ -17,6 +28,14 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RegisterSharedMemory(
   Call call(env_, context, "RegisterSharedMemory");
   if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
   if (env_.shm == nullptr) return call.FinishUnary(SharedMemoryOff("region"));
+  if (!LocalPeer(context->peer())) {
+    return call.FinishUnary(WithField(
+        absl::PermissionDeniedError(absl::StrCat(
+            "shared-memory regions are registered only by clients on this host (a Unix socket "
+            "or the loopback), not from ",
+            ClientText(context->peer()))),
+        "region.key"));
+  }
   const v1::SharedMemoryRegion& r = request->region();
   absl::Status s = env_.shm->Register(ShmRegionInfo{r.name(), r.key(), r.offset(), r.byte_size()});
   if (s.ok()) {

@@ -80,6 +80,14 @@ fi
 "$bin/kplan" load --server "$addr" --id cli-layer --random --num-experts 8 --hidden 64 \
   --intermediate 128 >"$work/load.txt"
 grep -q "^cli-layer .* bfloat16 .* silu" "$work/load.txt" || { cat "$work/load.txt"; exit 1; }
+# Progress on stderr (not a terminal here: a line per tenth reached): 24 MiB
+# streamed in six 4 MiB chunks, so 16%, 33%, ... 100%.
+"$bin/kplan" load --server "$addr" --id cli-progress --random --num-experts 8 --hidden-size 512 \
+  --intermediate-size 1024 >/dev/null 2>"$work/progress.txt"
+[ "$(grep -c '^loading: [0-9]*% (' "$work/progress.txt")" -eq 6 ] &&
+  grep -q "^loading: 100% (24 of 24 MiB)" "$work/progress.txt" ||
+  { echo "expected six progress lines up to 100%"; cat "$work/progress.txt"; exit 1; }
+"$bin/kplan" unload --server "$addr" --id cli-progress >/dev/null
 "$bin/kplan" experts --server "$addr" >"$work/experts.txt"
 grep -q "^cli-layer  *8  *64  *128 " "$work/experts.txt" || { cat "$work/experts.txt"; exit 1; }
 "$bin/kplan" experts --server "$addr" --json >"$work/experts.json"

@@ -48,6 +48,12 @@ for spelling in --log-format=xml --log_format=xml; do
   [ "$rc" = 2 ] && grep -q -- "--log_format: unknown format 'xml'" "$work/err.txt" ||
     { echo "$spelling: rc $rc"; cat "$work/err.txt"; exit 1; }
 done
+# vLLM's --no-X for a boolean is abseil's --noX: both parse (an unknown
+# flag would make --version fail).
+for spelling in --no-inline-runs --no_inline_runs --noinline_runs; do
+  "$server" "$spelling" --version >/dev/null 2>"$work/err.txt" ||
+    { echo "$spelling was not taken"; cat "$work/err.txt"; exit 1; }
+done
 set +e
 "$server" --log_format=no-such_format 2>"$work/err.txt"
 set -e

@@ -285,7 +285,19 @@ TEST(DeviceExecutorTest, InlineWorkRunsOnTheSubmitterWhenIdle) {
   EXPECT_NE(second.get_future().get(), me);
   EXPECT_EQ(ex->inline_runs(), 1);
 
-  // Large work never runs inline.
+  // Large work never runs inline, even on an idle worker: first a small job
+  // that runs inline shows the worker is idle, then the large one.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  job.bytes = 100;
+  job.work = [&](const DeviceSlot&, absl::Duration) { ran_on = std::this_thread::get_id(); };
+  do {
+    ran_on = std::thread::id();
+    ASSERT_TRUE(ex->Submit(0, job).ok());
+    while (ran_on == std::thread::id() && absl::Now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  } while (ran_on != me && absl::Now() < give_up);
+  ASSERT_EQ(ran_on, me) << "the worker never became idle";
   job.bytes = DeviceExecutor::kLargeJobBytes;
   std::promise<std::thread::id> large;
   job.work = [&](const DeviceSlot&, absl::Duration) {
@@ -316,7 +328,11 @@ TEST(DeviceExecutorTest, InlineAndWorkerJobsNeverOverlapOnASlot) {
     });
   }
   for (std::thread& t : threads) t.join();
-  while (done.load() < 200) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (done.load() < 200 && absl::Now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(done.load(), 200) << "jobs were lost";
   EXPECT_EQ(overlaps.load(), 0);
   // How many ran inline depends on timing (none at all under TSan at times);
   // InlineWorkRunsOnTheSubmitterWhenIdle covers that they do.

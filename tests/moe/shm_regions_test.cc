@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace kplan {
@@ -44,6 +45,36 @@ class ShmRegistryTest : public ::testing::Test {
   std::string key_;
   unsigned char* client_ = nullptr;
 };
+
+// Only "/kplan..." objects are mapped: never NCCL's segments or another
+// program's, whatever the client names.
+TEST_F(ShmRegistryTest, OnlyKplanNamedObjectsAreMapped) {
+  ShmRegistry shm;
+  for (const char* key : {"/nccl-shm-0", "/dev-shm", "/kpla"}) {
+    SCOPED_TRACE(key);
+    const absl::Status s = shm.Register(ShmRegionInfo{"r", key, 0, 16});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(FieldOf(s).value_or(""), "key");
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("/kplan..."));
+  }
+  EXPECT_TRUE(shm.List().empty());
+}
+
+// An object its owner truncates below the window is refused before any copy
+// (touching the pages past its end would raise SIGBUS in the server).
+TEST_F(ShmRegistryTest, TruncatedObjectIsRefusedNotTouched) {
+  ShmRegistry shm;
+  ASSERT_TRUE(shm.Register(Info("in", 4096, 8000)).ok());
+  ASSERT_TRUE(shm.Resolve("in", 0, 8000, "x").ok());
+  const int fd = shm_open(key_.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096 + 100), 0);
+  close(fd);
+  absl::StatusOr<ShmView> v = shm.Resolve("in", 0, 10, "x");
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition) << v.status();
+  EXPECT_EQ(FieldOf(v.status()).value_or(""), "x.region");
+  EXPECT_THAT(std::string(v.status().message()), ::testing::HasSubstr("truncated"));
+}
 
 TEST_F(ShmRegistryTest, ViewsAreBoundsCheckedAgainstTheWindow) {
   ShmRegistry shm;
