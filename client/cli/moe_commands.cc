@@ -170,9 +170,8 @@ class ProgressSource final : public ChunkSource {
       drawn_ = now;
       const int filled = percent * 30 / 100;
       std::fprintf(stderr, "\rloading [%s%s] %3d%% %.0f/%.0f MiB %.0f MB/s%s",
-                   std::string(filled, '#').c_str(), std::string(30 - filled, '.').c_str(),
-                   percent, mib, total_mib, seconds > 0 ? done_ / seconds / 1e6 : 0.0,
-                   last ? "\n" : "");
+                   std::string(filled, '#').c_str(), std::string(30 - filled, '.').c_str(), percent,
+                   mib, total_mib, seconds > 0 ? done_ / seconds / 1e6 : 0.0, last ? "\n" : "");
       return;
     }
     const int tenths = percent / 10;
@@ -194,10 +193,10 @@ class ProgressSource final : public ChunkSource {
 // The bytes a plain set of this header streams: w13 [E, 2I or I, H], w2 [E, H, I].
 int64_t PlainSetBytes(const v1::ExpertsHeader& h, int64_t dtype_bytes) {
   absl::StatusOr<MoEActivation> act = MoEActivationFromStr(h.activation());
-  const int64_t rows = act.ok() && IsGated(*act) ? 2 * h.intermediate_size()
-                                                 : h.intermediate_size();
-  return int64_t{h.num_experts()} * (rows * h.hidden_size() + h.hidden_size() *
-                                     h.intermediate_size()) * dtype_bytes;
+  const int64_t rows =
+      act.ok() && IsGated(*act) ? 2 * h.intermediate_size() : h.intermediate_size();
+  return int64_t{h.num_experts()} *
+         (rows * h.hidden_size() + h.hidden_size() * h.intermediate_size()) * dtype_bytes;
 }
 
 }  // namespace

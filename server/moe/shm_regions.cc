@@ -25,8 +25,8 @@ absl::Status ShmRegion::CheckIntact() const {
   struct stat st;
   if (fstat(fd_, &st) != 0 || st.st_size < info_.offset + info_.byte_size) {
     return absl::FailedPreconditionError(
-        absl::StrCat("shared-memory region '", ClientText(info_.name), "' (",
-                     ClientText(info_.key), ") was truncated below its window; register it again"));
+        absl::StrCat("shared-memory region '", ClientText(info_.name), "' (", ClientText(info_.key),
+                     ") was truncated below its window; register it again"));
   }
   return absl::OkStatus();
 }
@@ -34,11 +34,11 @@ absl::Status ShmRegion::CheckIntact() const {
 namespace {
 
 absl::Status AlreadyRegistered(const std::string& name) {
-  return WithField(absl::AlreadyExistsError(absl::StrCat("a shared-memory region '",
-                                                         ClientText(name),
-                                                         "' is registered already; unregister it "
-                                                         "first")),
-                   "name");
+  return WithField(
+      absl::AlreadyExistsError(absl::StrCat("a shared-memory region '", ClientText(name),
+                                            "' is registered already; unregister it "
+                                            "first")),
+      "name");
 }
 
 }  // namespace

@@ -206,8 +206,7 @@ absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regio
 absl::Status RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
                                  const RunMoeAnswer& answer, v1::RunMoEResponse* response) {
   if (answer.output_shm) {
-    KPLAN_RETURN_IF_ERROR(
-        WithField(answer.output_shm->region->CheckIntact(), "output_shm.region"));
+    KPLAN_RETURN_IF_ERROR(WithField(answer.output_shm->region->CheckIntact(), "output_shm.region"));
     // Sizes agree: output_shm's was checked against hidden_states', which
     // the input checks made [M, H] in the output's dtype.
     const std::string& out = result.output.output;

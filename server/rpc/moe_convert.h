@@ -69,6 +69,6 @@ struct RunMoeAnswer {
 // output_shm the output goes into the client's region instead:
 // FAILED_PRECONDITION naming output_shm.region if it was truncated meanwhile.
 absl::Status RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
-                         const RunMoeAnswer& answer, v1::RunMoEResponse* response);
+                                 const RunMoeAnswer& answer, v1::RunMoEResponse* response);
 
 }  // namespace kplan::rpc

@@ -521,35 +521,35 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   hooks.deadline = call->deadline();
   hooks.cancelled = [call] { return call->IsCancelled(); };
   hooks.fail = [call](const absl::Status& status) { call->FinishUnary(status); };
-  absl::Status queued =
-      kplan::RunMoe(run_env, *std::move(core), std::move(hooks),
-                    [this, call, response, answer](absl::StatusOr<RunMoeResult> result,
-                                                   const MoeRunTiming& timing) {
-                      absl::Status status = result.status();
-                      if (result.ok() && answer.output_shm && call->IsCancelled()) {
-                        // The client gave up (deadline, cancel) and may reuse
-                        // its region: a late result must not land there.
-                        status = absl::CancelledError(
-                            "the call ended before its output was written to output_shm");
-                      } else if (result.ok()) {
-                        status = RunMoeResultToProto(*result, timing, answer, response);
-                      }
-                      if (Metrics* m = env_.metrics) {
-                        const std::string& method = call->method();
-                        m->ObserveQueue(method, timing.queue);
-                        m->ObserveDevice(method, timing.device);
-                        m->ObserveHop(method, "decode", answer.decoded - answer.arrival);
-                        if (timing.queued != absl::InfinitePast()) {
-                          m->ObserveHop(method, "route", timing.queued - answer.decoded);
-                        }
-                        m->ObserveHop(method, "queue", timing.queue);
-                        m->ObserveHop(method, "device", timing.device);
-                        if (result.ok() && timing.device_end != absl::InfinitePast()) {
-                          m->ObserveHop(method, "encode", absl::Now() - timing.device_end);
-                        }
-                      }
-                      call->FinishUnary(status);
-                    });
+  absl::Status queued = kplan::RunMoe(
+      run_env, *std::move(core), std::move(hooks),
+      [this, call, response, answer](absl::StatusOr<RunMoeResult> result,
+                                     const MoeRunTiming& timing) {
+        absl::Status status = result.status();
+        if (result.ok() && answer.output_shm && call->IsCancelled()) {
+          // The client gave up (deadline, cancel) and may reuse
+          // its region: a late result must not land there.
+          status =
+              absl::CancelledError("the call ended before its output was written to output_shm");
+        } else if (result.ok()) {
+          status = RunMoeResultToProto(*result, timing, answer, response);
+        }
+        if (Metrics* m = env_.metrics) {
+          const std::string& method = call->method();
+          m->ObserveQueue(method, timing.queue);
+          m->ObserveDevice(method, timing.device);
+          m->ObserveHop(method, "decode", answer.decoded - answer.arrival);
+          if (timing.queued != absl::InfinitePast()) {
+            m->ObserveHop(method, "route", timing.queued - answer.decoded);
+          }
+          m->ObserveHop(method, "queue", timing.queue);
+          m->ObserveHop(method, "device", timing.device);
+          if (result.ok() && timing.device_end != absl::InfinitePast()) {
+            m->ObserveHop(method, "encode", absl::Now() - timing.device_end);
+          }
+        }
+        call->FinishUnary(status);
+      });
   if (!queued.ok()) return call->FinishUnary(queued);
   return call->reactor();
 }
