@@ -131,7 +131,11 @@ Metrics::Metrics(const BuildLabels& build)
       device_memory_(prometheus::BuildGauge()
                          .Name("kplan_device_memory_used_bytes")
                          .Help("Device memory in use, by device")
-                         .Register(*registry_)) {
+                         .Register(*registry_)),
+      expert_set_bytes_(prometheus::BuildGauge()
+                            .Name("kplan_expert_set_bytes")
+                            .Help("Bytes of each resident expert set, by experts_id")
+                            .Register(*registry_)) {
   prometheus::BuildGauge()
       .Name("kplan_build_info")
       .Help("Build facts of this server; the value is always 1")
@@ -197,6 +201,23 @@ void Metrics::SetExperts(const std::string& device, double count, double bytes) 
 
 void Metrics::SetDeviceMemoryUsed(const std::string& device, double bytes) {
   device_memory_.Add({{"device", device}}).Set(bytes);
+}
+
+void Metrics::SetExpertSets(const std::map<std::string, double>& bytes_by_id) {
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  for (auto it = set_gauges_.begin(); it != set_gauges_.end();) {
+    if (bytes_by_id.count(it->first) == 0) {
+      expert_set_bytes_.Remove(it->second);
+      it = set_gauges_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [id, bytes] : bytes_by_id) {
+    prometheus::Gauge*& gauge = set_gauges_[id];
+    if (gauge == nullptr) gauge = &expert_set_bytes_.Add({{"experts_id", id}});
+    gauge->Set(bytes);
+  }
 }
 
 std::string Metrics::Render() const {

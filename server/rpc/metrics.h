@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,10 @@ class Metrics {
   // Experts held on `device` ("cpu", "cuda:0"): count and bytes.
   void SetExperts(const std::string& device, double count, double bytes);
   void SetDeviceMemoryUsed(const std::string& device, double bytes);
+  // The resident sets, id -> bytes: one kplan_expert_set_bytes{experts_id}
+  // series each (bounded by what the store holds); an id no longer listed
+  // loses its series.
+  void SetExpertSets(const std::map<std::string, double>& bytes_by_id);
 
   // What /readyz answers (false until the server says otherwise).
   void SetReady(bool ready) { ready_.store(ready); }
@@ -76,6 +81,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& experts_;
   prometheus::Family<prometheus::Gauge>& expert_bytes_;
   prometheus::Family<prometheus::Gauge>& device_memory_;
+  prometheus::Family<prometheus::Gauge>& expert_set_bytes_;
+  std::mutex sets_mu_;
+  std::map<std::string, prometheus::Gauge*> set_gauges_;  // guarded by sets_mu_
   std::atomic<bool> ready_{false};
   std::unique_ptr<prometheus::Exposer> exposer_;
 };

@@ -37,6 +37,11 @@ void UpdateExpertMetrics(const ServerEnvironment& env) {
   for (const auto& [device, usage] : env.experts->UsageByDevice()) {
     env.metrics->SetExperts(device, usage.first, static_cast<double>(usage.second));
   }
+  std::map<std::string, double> sets;
+  for (const auto& set : env.experts->List()) {
+    sets[set->spec().experts_id] = static_cast<double>(set->bytes());
+  }
+  env.metrics->SetExpertSets(sets);
 }
 
 void FillInfo(const ExpertSet& set, v1::ExpertsInfo* out) {

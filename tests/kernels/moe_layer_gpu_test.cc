@@ -454,7 +454,14 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
     kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOff);
     auto unfused = RunMoeOnGpu(*gpu, in, nullptr, poison);
     kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOn);
+    kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kOn);  // the fused epilogue is the ws kernel's
+    const int64_t launches = kc::MoeFusedActLaunches();
     auto fused = RunMoeOnGpu(*gpu, in, nullptr, poison);
+    // silu takes the fused kernel (else this test compares the unfused path
+    // with itself); gelu falls back.
+    EXPECT_EQ(kc::MoeFusedActLaunches() > launches, std::string(v.act) == "silu")
+        << v.shape.name << " " << v.act;
+    kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kFromEnv);
     kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kFromEnv);
     ASSERT_TRUE(unfused.ok()) << unfused.status();
     ASSERT_TRUE(fused.ok()) << fused.status();

@@ -28,6 +28,7 @@ namespace kplan::rpc {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string CertDir() {
   const char* dir = std::getenv("KPLAN_TEST_CERTS");
@@ -359,6 +360,36 @@ TEST(MetricsTest, HealthzAndReadyzOnTheMetricsPort) {
   EXPECT_THAT(ready, HasSubstr("503 Service Unavailable"));
   EXPECT_THAT(ready, HasSubstr("not ready"));
   EXPECT_THAT(HttpGet(port, "/healthz"), HasSubstr("200 OK"));
+}
+
+// One kplan_expert_set_bytes series per resident set, gone at unload.
+TEST(MetricsTest, ExpertSetBytesPerResidentSet) {
+  ServerOptions options;
+  options.metrics_listen = "127.0.0.1:0";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto client = Client::Connect(absl::StrCat("127.0.0.1:", server->port()), Quick());
+  std::mt19937 rng(std::random_device{}());
+  const int e = 2 + static_cast<int>(rng() % 3), h = 8, i = 4;  // sizes vary per run
+  auto load = [&](const std::string& id) {
+    std::vector<v1::TensorChunk> chunks = {
+        testing::Chunk("w13", {e, 2 * i, h},
+                       testing::Bytes(testing::Random(e * 2 * i * h, rng, 1))),
+        testing::Chunk("w2", {e, h, i}, testing::Bytes(testing::Random(e * h * i, rng, 1)))};
+    return client->LoadExperts(testing::Float32Header(id, e, h, i), chunks);
+  };
+  ASSERT_TRUE(load("set-a").ok());
+  ASSERT_TRUE(load("set-b").ok());
+  const std::string bytes = absl::StrCat(e * 3 * i * h * 4);
+  std::string page = HttpGet(server->metrics_port(), "/metrics");
+  EXPECT_THAT(page,
+              HasSubstr(absl::StrCat("kplan_expert_set_bytes{experts_id=\"set-a\"} ", bytes)));
+  EXPECT_THAT(page,
+              HasSubstr(absl::StrCat("kplan_expert_set_bytes{experts_id=\"set-b\"} ", bytes)));
+  ASSERT_TRUE(client->UnloadExperts("set-a").ok());
+  page = HttpGet(server->metrics_port(), "/metrics");
+  EXPECT_THAT(page, Not(HasSubstr("experts_id=\"set-a\"")));
+  EXPECT_THAT(page, HasSubstr("kplan_expert_set_bytes{experts_id=\"set-b\"}"));
 }
 
 // The standard process_* families, with this process's own values.

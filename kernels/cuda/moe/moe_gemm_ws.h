@@ -46,6 +46,9 @@ void SetMoeFusedActMode(MoeGemmWsMode mode);
 bool MoeFusedActEnabled();
 bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& args, MoeActivation act,
                          const MoeActParams& params);
+// Fused GEMM 1 launches that succeeded, process-wide: lets a test show the
+// fused kernel really ran (a fallback would leave it unchanged).
+int64_t MoeFusedActLaunches();
 absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& args, MoeActivation act,
                                        const MoeActParams& params, void* act_out,
                                        cudaStream_t stream);

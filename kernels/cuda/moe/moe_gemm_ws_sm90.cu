@@ -586,6 +586,10 @@ bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& g, MoeActivation act, const M
   return MoeGemmWsApplies(g);
 }
 
+namespace {
+std::atomic<int64_t> fused_act_launches{0};
+}  // namespace
+
 absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& g, MoeActivation act,
                                        const MoeActParams& params, void* act_out,
                                        cudaStream_t stream) {
@@ -605,8 +609,13 @@ absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& g, MoeActivatio
   if (!p.has_clamp_limit) p.clamp_limit = 7.0f;  // as LaunchMoeActivation
   MoeGroupedGemmArgs f = g;
   f.c = act_out;
-  if (g.dtype == DType::kBFloat16) return LaunchWs<__nv_bfloat16, true>(f, p, stream);
-  return LaunchWs<__half, true>(f, p, stream);
+  const absl::Status launched = g.dtype == DType::kBFloat16
+                                    ? LaunchWs<__nv_bfloat16, true>(f, p, stream)
+                                    : LaunchWs<__half, true>(f, p, stream);
+  if (launched.ok()) fused_act_launches.fetch_add(1, std::memory_order_relaxed);
+  return launched;
 }
+
+int64_t MoeFusedActLaunches() { return fused_act_launches.load(std::memory_order_relaxed); }
 
 }  // namespace kplan::kernels::cuda
