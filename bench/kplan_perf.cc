@@ -37,6 +37,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/float16.h"
 #include "client/cpp/client.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Server address: HOST:PORT or unix:PATH");
@@ -75,18 +76,20 @@ std::vector<int> IntList(const std::string& text, const char* flag) {
   return out;
 }
 
-// bf16 values from a xorshift generator, uniform in about [-scale, scale]:
-// fast enough for gigabytes of weights.
+// Uniform in [-1, 1) from a xorshift generator: fast enough for gigabytes
+// of weights.
+float NextUniform(uint64_t& state) {
+  state ^= state << 13;
+  state ^= state >> 7;
+  state ^= state << 17;
+  return static_cast<float>(state >> 40) / 8388608.f - 1.f;
+}
+
+// bf16 values uniform in about [-scale, scale].
 std::string RandomBf16(size_t n, uint64_t& state, float scale) {
   std::string out(n * 2, '\0');
   for (size_t i = 0; i < n; ++i) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    const float f = scale * (static_cast<float>(state >> 40) / 8388608.f - 1.f);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    const uint16_t h = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    const uint16_t h = kplan::FloatToBf16(scale * NextUniform(state));
     std::memcpy(&out[i * 2], &h, 2);
   }
   return out;
@@ -283,10 +286,7 @@ int main(int argc, char** argv) {
         Bf16Tensor({m, h}, RandomBf16(static_cast<size_t>(m) * h, state, 1.f));
     std::string logits(static_cast<size_t>(m) * e * 4, '\0');
     for (size_t x = 0; x < static_cast<size_t>(m) * e; ++x) {
-      state ^= state << 13;
-      state ^= state >> 7;
-      state ^= state << 17;
-      const float v = static_cast<float>(state >> 40) / 4194304.f - 2.f;  // [-2, 2)
+      const float v = 2.f * NextUniform(state);  // [-2, 2)
       std::memcpy(&logits[x * 4], &v, 4);
     }
     kplan::v1::Tensor& router = *request.mutable_router_logits();
