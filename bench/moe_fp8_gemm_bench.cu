@@ -39,14 +39,14 @@
 namespace kc = kplan::kernels::cuda;
 using kplan::kernels::DType;
 
-#define CHECK_LT(expr)                                                                   \
-  do {                                                                                   \
-    cublasStatus_t _s = (expr);                                                          \
-    if (_s != CUBLAS_STATUS_SUCCESS) {                                                   \
+#define CHECK_LT(expr)                                                                 \
+  do {                                                                                 \
+    cublasStatus_t _s = (expr);                                                        \
+    if (_s != CUBLAS_STATUS_SUCCESS) {                                                 \
       std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #expr, \
-                   static_cast<int>(_s));                                                \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+                   static_cast<int>(_s));                                              \
+      std::exit(1);                                                                    \
+    }                                                                                  \
   } while (0)
 
 namespace {
@@ -91,28 +91,6 @@ __global__ void Compare(const __nv_bfloat16* x, const __nv_bfloat16* r, int64_t 
   atomicAdd(&sums[0], d);
   atomicAdd(&sums[1], s);
   atomicAdd(&sums[2], bad);
-}
-
-template <typename F>
-double MedianMs(F&& launch, int samples, int batch, cudaStream_t stream) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int s = 0; s < samples; ++s) {
-    CHECK_CUDA(cudaEventRecord(a, stream));
-    for (int i = 0; i < batch; ++i) launch();
-    CHECK_CUDA(cudaEventRecord(b, stream));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0.0f;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t / batch);
-  }
-  CHECK_CUDA(cudaGetLastError());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
 }
 
 void* Alloc(size_t bytes) {
@@ -162,7 +140,8 @@ struct DenseFp8 {
   }
   void Run(cudaStream_t s) {
     const float one = 1.0f, zero = 0.0f;
-    CHECK_LT(cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, d, lc, d, lc, &algo, ws, ws_bytes, s));
+    CHECK_LT(
+        cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, d, lc, d, lc, &algo, ws, ws_bytes, s));
   }
   ~DenseFp8() {
     cudaFree(ws);
@@ -191,13 +170,19 @@ int main(int argc, char** argv) {
   std::string kernels = "ws_fp8,tc_fp8,emul,cublasLt";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i], v = argv[i + 1];
-    if (f == "--tokens") M = std::atoll(v.c_str());
-    else if (f == "--json") json = v;
-    else if (f == "--warmup_s") warmup_s = std::atof(v.c_str());
-    else if (f == "--kernels") kernels = v;
+    if (f == "--tokens")
+      M = std::atoll(v.c_str());
+    else if (f == "--json")
+      json = v;
+    else if (f == "--warmup_s")
+      warmup_s = std::atof(v.c_str());
+    else if (f == "--kernels")
+      kernels = v;
     else {
-      std::fprintf(stderr, "usage: %s [--tokens N] [--json PATH] [--warmup_s S] "
-                   "[--kernels ws_fp8,tc_fp8,emul,cublasLt]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--tokens N] [--json PATH] [--warmup_s S] "
+                   "[--kernels ws_fp8,tc_fp8,emul,cublasLt]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -381,8 +366,8 @@ int main(int argc, char** argv) {
   }
   for (DenseFp8* d : dense) delete d;
 
-  std::printf("\n%-6s %-9s %10s %9s %9s %11s %6s\n", "gemm", "kernel", "ms", "TFLOP/s",
-              "vs_dense", "rel_err", "nan");
+  std::printf("\n%-6s %-9s %10s %9s %9s %11s %6s\n", "gemm", "kernel", "ms", "TFLOP/s", "vs_dense",
+              "rel_err", "nan");
   for (const Row& r : rows) {
     std::printf("%-6s %-9s %10.4f %9.1f %8.1f%% %11.3e %6.0f\n", r.gemm.c_str(), r.kernel.c_str(),
                 r.ms, r.tflops, 100.0 * r.vs_dense, r.rel_err, r.nan);
@@ -400,8 +385,9 @@ int main(int argc, char** argv) {
       std::perror(json.c_str());
       return 1;
     }
-    std::fprintf(f, "{\"device\": \"%s\", \"tokens\": %lld, \"slots\": %lld, \"padded\": %d, \"rows\": [\n",
-                 prop.name, static_cast<long long>(M), static_cast<long long>(numel), padded);
+    std::fprintf(
+        f, "{\"device\": \"%s\", \"tokens\": %lld, \"slots\": %lld, \"padded\": %d, \"rows\": [\n",
+        prop.name, static_cast<long long>(M), static_cast<long long>(numel), padded);
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(f,

@@ -98,7 +98,10 @@ void RunCase(const Case& c) {
   for (auto& b : a) b = RandomFp8(rng);
   for (auto& b : w) b = RandomFp8(rng);
   std::uniform_real_distribution<float> u(0.5f, 1.5f);
-  std::vector<float> as(a_rows * (block ? nbk : 1)), wsc(local * (block ? nbn * nbk : c.scale == kc::MoeFp8WeightScale::kPerChannel ? N : 1));
+  std::vector<float> as(a_rows * (block ? nbk : 1)),
+      wsc(local * (block                                           ? nbn * nbk
+                   : c.scale == kc::MoeFp8WeightScale::kPerChannel ? N
+                                                                   : 1));
   for (auto& s : as) s = u(rng) * 0x1p-6f;
   for (auto& s : wsc) s = u(rng) * 0x1p-6f;
   std::vector<float> bias(c.bias ? local * N : 0);
@@ -158,7 +161,8 @@ void RunCase(const Case& c) {
       double acc = 0.0;
       for (int64_t kb = 0; kb < nbk; ++kb) {
         double part = 0.0;
-        for (int64_t k = kb * 128; k < std::min(K, kb * 128 + 128); ++k) part += double(x[k]) * y[k];
+        for (int64_t k = kb * 128; k < std::min(K, kb * 128 + 128); ++k)
+          part += double(x[k]) * y[k];
         if (block) {
           const float sc = as[r * nbk + kb] * wsc[(le * nbn + n / 128) * nbk + kb];
           acc += part * sc;
@@ -198,7 +202,8 @@ void RunCase(const Case& c) {
       dd += d * d;
       if (std::fabs(d) > 0x1p-7 * std::fabs(ref[s * N + n]) + 0x1p-8 * rms) {
         if (bad < 5) {
-          ADD_FAILURE() << "slot " << s << " n " << n << ": got " << v << " want " << ref[s * N + n];
+          ADD_FAILURE() << "slot " << s << " n " << n << ": got " << v << " want "
+                        << ref[s * N + n];
         }
         ++bad;
       }
@@ -214,33 +219,66 @@ using kc::MoeFp8WeightScale;
 
 TEST(MoeFp8WsGpuTest, BlockScalesWithTails) {
   SKIP_WITHOUT_CUDA();
-  RunCase({"block_gemm1_tails", {300, 0, 129, 1, 128, 127, 241}, 2, 328, 400,
-           MoeFp8WeightScale::kBlock, false, DType::kBFloat16});
+  RunCase({"block_gemm1_tails",
+           {300, 0, 129, 1, 128, 127, 241},
+           2,
+           328,
+           400,
+           MoeFp8WeightScale::kBlock,
+           false,
+           DType::kBFloat16});
 }
 
 TEST(MoeFp8WsGpuTest, BlockScalesBiasNonLocalFp16) {
   SKIP_WITHOUT_CUDA();
-  RunCase({"block_gemm2_bias_nonlocal", {200, 130, 256, 7, 180, 251}, 1, 512, 1040,
-           MoeFp8WeightScale::kBlock, true, DType::kFloat16, 3});
+  RunCase({"block_gemm2_bias_nonlocal",
+           {200, 130, 256, 7, 180, 251},
+           1,
+           512,
+           1040,
+           MoeFp8WeightScale::kBlock,
+           true,
+           DType::kFloat16,
+           3});
 }
 
 TEST(MoeFp8WsGpuTest, PerChannel) {
   SKIP_WITHOUT_CUDA();
-  RunCase({"per_channel", {260, 129, 140, 1, 300}, 2, 264, 272, MoeFp8WeightScale::kPerChannel,
-           true, DType::kBFloat16, 1});
+  RunCase({"per_channel",
+           {260, 129, 140, 1, 300},
+           2,
+           264,
+           272,
+           MoeFp8WeightScale::kPerChannel,
+           true,
+           DType::kBFloat16,
+           1});
 }
 
 TEST(MoeFp8WsGpuTest, PerTensor) {
   SKIP_WITHOUT_CUDA();
-  RunCase({"per_tensor", {128, 256, 129, 300, 17}, 1, 776, 512, MoeFp8WeightScale::kPerTensor,
-           false, DType::kBFloat16});
+  RunCase({"per_tensor",
+           {128, 256, 129, 300, 17},
+           1,
+           776,
+           512,
+           MoeFp8WeightScale::kPerTensor,
+           false,
+           DType::kBFloat16});
 }
 
 // Small enough for compute-sanitizer (memcheck / racecheck / synccheck).
 TEST(MoeFp8WsGpuTest, SanitizerShape) {
   SKIP_WITHOUT_CUDA();
-  RunCase({"sanitizer", {300, 0, 128, 2}, 2, 136, 144, MoeFp8WeightScale::kBlock, true,
-           DType::kBFloat16, 3});
+  RunCase({"sanitizer",
+           {300, 0, 128, 2},
+           2,
+           136,
+           144,
+           MoeFp8WeightScale::kBlock,
+           true,
+           DType::kBFloat16,
+           3});
 }
 
 TEST(MoeFp8WsGpuTest, RejectsWhatItDoesNotTake) {

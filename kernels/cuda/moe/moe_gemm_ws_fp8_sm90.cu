@@ -48,17 +48,13 @@ using detail::CpAsync4;
 using detail::CpAsyncArriveNoinc;
 using detail::Desc;
 using detail::FenceProxyAsync;
-using detail::FromFloat;
 using detail::MbarArrive;
 using detail::MbarArriveExpectTx;
 using detail::MbarInit;
 using detail::MbarWait;
-using detail::Pack2;
-using detail::QuadStore16;
 using detail::SetMaxNRegDec;
 using detail::SetMaxNRegInc;
 using detail::TmaLoad2d;
-using detail::ToFloat;
 using detail::Wgmma;
 using detail::WgmmaCommit;
 using detail::WgmmaFence;
@@ -89,7 +85,8 @@ struct Fp8Params {
   int64_t numel, N, K;
   int a_row_div, num_local_experts, block_m;
   int scale_kind, nbn, nbk;
-  int flags;  // kFlag*: measurement variants
+  int flags;     // kFlag*: measurement variants
+  int prefetch;  // weight k-blocks prefetched into L2 ahead of the TMA loads
 };
 
 // Measurement variants (KPLAN_MOE_FP8_WS_DEBUG bits), never set by the
@@ -110,7 +107,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = tid / 128;
   const uint32_t base =
       (static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) + 1023u) & ~1023u;
-  const uint8_t* base_gen = smem_dyn + (base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
+  const uint8_t* base_gen =
+      smem_dyn + (base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&full_bar[0]));
   const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&empty_bar[0]));
 
@@ -141,8 +139,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-      const ws::WsTileInfo ti = ws::WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m,
-                                             p.numel, p.num_local_experts);
+      const ws::WsTileInfo ti =
+          ws::WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
       if (!ti.local || ti.empty) continue;
       int32_t arow[kWsTileT / 16];
 #pragma unroll
@@ -158,6 +156,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int nb = min(static_cast<int>(ti.n0 / kHalf) + (ptid & 1), p.nbn - 1);
       const float* sw = p.w_scale + (static_cast<int64_t>(ti.e) * p.nbn + nb) * p.nbk;
       const int wrow = static_cast<int>(static_cast<int64_t>(ti.e) * N + ti.n0);
+      int next_row = -1;  // the weight rows of this CTA's next tile, with prefetch
+      if (ptid == 0 && p.prefetch > 0 && lin + gridDim.x < total) {
+        const ws::WsTileInfo nx = ws::WsDecode(sched, lin + gridDim.x, p.sorted, p.expert_ids,
+                                               p.block_m, p.numel, p.num_local_experts);
+        if (nx.local && !nx.empty)
+          next_row = static_cast<int>(static_cast<int64_t>(nx.e) * N + nx.n0);
+      }
 
       for (int kt = 0; kt < nk; ++kt) {
         MbarWait(empty0 + 8 * stage, phase ^ 1);
@@ -166,6 +171,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (ptid == 0) {
           MbarArriveExpectTx(fb, kWBytes);
           TmaLoad2d(w_s, &wmap, kt * kBK, wrow, fb);
+          // The weight stream comes from HBM: keep `prefetch` more k-blocks
+          // of it on their way into L2.
+          for (int f = kt == 0 ? 1 : kt + p.prefetch; f <= kt + p.prefetch && f < nk; ++f) {
+            detail::TmaPrefetchL2(&wmap, f * kBK, wrow);
+          }
+          // Near the end of the tile, the first k-blocks of this CTA's next one.
+          if (next_row >= 0 && kt == max(nk - p.prefetch, 0)) {
+            for (int f = 0; f < p.prefetch && f < nk; ++f) {
+              detail::TmaPrefetchL2(&wmap, f * kBK, next_row);
+            }
+          }
         }
         const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * 16;
         const bool kok = k < K;
@@ -195,15 +211,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cw = wg - 1;  // slots [64 cw, 64 cw + 64) of the tile
   const int warp = (tid >> 5) & 3, lane = tid & 31;
   const int r0 = cw * 64 + warp * 16 + (lane >> 2);  // and r0 + 8
-  const int q = lane & 3;
   T* Cg = static_cast<T*>(p.c);
   float acc[kWsTileN / 2];  // register i: row r0 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 q + i % 2
   float tmp[kHalf / 2];     // the same layout over one 128-column half
   int stage = 0;
   uint32_t phase = 0;
   for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-    const ws::WsTileInfo ti = ws::WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m,
-                                           p.numel, p.num_local_experts);
+    const ws::WsTileInfo ti =
+        ws::WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
     if (ti.empty) continue;
     const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
     const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
@@ -263,8 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0) MbarArrive(empty0 + 8 * stage);
         if (rows && !(p.flags & kFlagNoPromote)) {
 #pragma unroll
-          for (int i = 0; i < kHalf / 2; ++i)
-            acc[kHalf / 2 + i] += tmp[i] * ((i & 2) ? m11 : m01);
+          for (int i = 0; i < kHalf / 2; ++i) acc[kHalf / 2 + i] += tmp[i] * ((i & 2) ? m11 : m01);
         }
         if (++stage == kStages) {
           stage = 0;
@@ -284,33 +298,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const float* bias =
         ti.local && p.bias != nullptr ? p.bias + static_cast<int64_t>(ti.e) * N : nullptr;
+    detail::WsStoreRows<T, kWsTileN>(
+        [&](int j, int64_t n, float(&v)[4]) {
 #pragma unroll
-    for (int m = 0; m < kWsTileN / 32; ++m) {
-      uint32_t pa[4], pb[4];  // rows r0, r0 + 8: the pieces of j = 4m .. 4m + 3
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int j = 4 * m + jj;
-        const int64_t n = ti.n0 + 8 * j + 2 * q;
-        float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-        if (wsc != nullptr) {
-          const bool in = n < N;
-          const float w0 = p.scale_kind == kScaleChannel ? (in ? wsc[n] : 0.0f) : wsc[0];
-          const float w1 = p.scale_kind == kScaleChannel ? (in ? wsc[n + 1] : 0.0f) : wsc[0];
-          v[0] *= sa0 * w0, v[1] *= sa0 * w1, v[2] *= sa1 * w0, v[3] *= sa1 * w1;
-        }
-#pragma unroll
-        for (int x = 0; x < 4; ++x) v[x] = ToFloat(FromFloat<T>(v[x]));
-        if (bias != nullptr && n < N) {
-          const float b0 = ToFloat(FromFloat<T>(bias[n])), b1 = ToFloat(FromFloat<T>(bias[n + 1]));
-          v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
-        }
-        pa[jj] = Pack2<T>(v[0], v[1]);
-        pb[jj] = Pack2<T>(v[2], v[3]);
-      }
-      const int64_t n = ti.n0 + 8 * (4 * m + q);
-      QuadStore16(pa, pb, lane, ok0 && n < N ? Cg + static_cast<int64_t>(s0) * N + n : nullptr,
-                  ok1 && n < N ? Cg + static_cast<int64_t>(s1) * N + n : nullptr);
-    }
+          for (int x = 0; x < 4; ++x) v[x] = acc[4 * j + x];
+          if (wsc != nullptr) {
+            const bool in = n < N;
+            const float w0 = p.scale_kind == kScaleChannel ? (in ? wsc[n] : 0.0f) : wsc[0];
+            const float w1 = p.scale_kind == kScaleChannel ? (in ? wsc[n + 1] : 0.0f) : wsc[0];
+            v[0] *= sa0 * w0, v[1] *= sa0 * w1, v[2] *= sa1 * w0, v[3] *= sa1 * w1;
+          }
+        },
+        bias, ti.n0, N, lane, ok0 ? Cg + static_cast<int64_t>(s0) * N : nullptr,
+        ok1 ? Cg + static_cast<int64_t>(s1) * N : nullptr);
   }
 }
 
@@ -331,6 +331,13 @@ int DebugFlags() {
 int GroupSize() {
   static const int group = EnvInt("KPLAN_MOE_FP8_WS_GROUP", ws::kWsAutoGroup);
   return group;
+}
+// KPLAN_MOE_FP8_WS_PREFETCH: weight k-blocks prefetched into L2 ahead of the
+// TMA loads (0: none).
+constexpr int kPrefetchDefault = 0;
+int Prefetch() {
+  static const int d = std::clamp(EnvInt("KPLAN_MOE_FP8_WS_PREFETCH", kPrefetchDefault), 0, 64);
+  return d;
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -377,6 +384,7 @@ absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
   p.nbn = static_cast<int>((g.N + kHalf - 1) / kHalf);
   p.nbk = static_cast<int>((g.K + kBK - 1) / kBK);
   p.flags = DebugFlags();
+  p.prefetch = Prefetch();
   if (p.sched.grid <= 0) return absl::OkStatus();
   KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsFp8GemmKernel<T>, dim3(p.sched.grid),
                                                dim3(kThreads), kSmemBytes, stream, map, p));

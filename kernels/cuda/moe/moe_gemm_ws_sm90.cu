@@ -315,30 +315,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       continue;
     }
+    detail::WsStoreRows<T, kWsTileN>(
+        [&](int j, int64_t, float(&v)[4]) {
 #pragma unroll
-    for (int m = 0; m < kWsTileN / 32; ++m) {
-      uint32_t pa[4], pb[4];  // rows r0, r0 + 8: the pieces of j = 4m .. 4m + 3
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int j = 4 * m + jj;
-        const int64_t n = ti.n0 + 8 * j + 2 * q;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (ti.local) {
-#pragma unroll
-          for (int x = 0; x < 4; ++x) v[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
-          if (bias != nullptr && n < N) {
-            const float b0 = ToFloat(FromFloat<T>(bias[n])),
-                        b1 = ToFloat(FromFloat<T>(bias[n + 1]));
-            v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
-          }
-        }
-        pa[jj] = Pack2<T>(v[0], v[1]);
-        pb[jj] = Pack2<T>(v[2], v[3]);
-      }
-      const int64_t n = ti.n0 + 8 * (4 * m + q);
-      QuadStore16(pa, pb, lane, ok0 && n < N ? Cg + static_cast<int64_t>(s0) * N + n : nullptr,
-                  ok1 && n < N ? Cg + static_cast<int64_t>(s1) * N + n : nullptr);
-    }
+          for (int x = 0; x < 4; ++x) v[x] = ti.local ? acc[4 * j + x] : 0.0f;
+        },
+        bias, ti.n0, N, lane, ok0 ? Cg + static_cast<int64_t>(s0) * N : nullptr,
+        ok1 ? Cg + static_cast<int64_t>(s1) * N : nullptr);
   }
 }
 

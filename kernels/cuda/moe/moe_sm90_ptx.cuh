@@ -91,6 +91,15 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
+// Asks for the box at (c0, c1) of `map` to be brought into L2 (no shared
+// memory, no barrier): keeps more of a weight stream in flight than the
+// shared-memory stages hold.
+__device__ __forceinline__ void TmaPrefetchL2(const CUtensorMap* map, int c0, int c1) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1)
+               : "memory");
+}
 template <int R>
 __device__ __forceinline__ void SetMaxNRegInc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
@@ -138,6 +147,41 @@ __device__ __forceinline__ void QuadStore16(const uint32_t (&pa)[4], const uint3
   }
   if (dst0 != nullptr) *static_cast<uint4*>(dst0) = make_uint4(oa[0], oa[1], oa[2], oa[3]);
   if (dst1 != nullptr) *static_cast<uint4*>(dst1) = make_uint4(ob[0], ob[1], ob[2], ob[3]);
+}
+
+// The warp-specialised kernels' epilogue for one consumer warp: rows r0 and
+// r0 + 8 of a 64 x kCols fp32 accumulator tile (register i: row
+// r0 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (lane % 4) + i % 2) into row0 /
+// row1 (a row of C, null: not stored), columns n0 .. n0 + kCols - 1 below N.
+// value(j, n, v) writes the values of registers 4j .. 4j + 3 (columns n and
+// n + 1, n = n0 + 8j + 2 (lane % 4); rows r0, r0, r0 + 8, r0 + 8); each is
+// rounded to T, then with bias round(round(v) + round(bias[n])).
+template <typename T, int kCols, typename F>
+__device__ __forceinline__ void WsStoreRows(F&& value, const float* bias, int64_t n0, int64_t N,
+                                            int lane, T* row0, T* row1) {
+  const int q = lane & 3;
+#pragma unroll
+  for (int m = 0; m < kCols / 32; ++m) {
+    uint32_t pa[4], pb[4];  // rows r0, r0 + 8: the pieces of j = 4m .. 4m + 3
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 4 * m + jj;
+      const int64_t n = n0 + 8 * j + 2 * q;
+      float v[4];
+      value(j, n, v);
+#pragma unroll
+      for (int x = 0; x < 4; ++x) v[x] = ToFloat(FromFloat<T>(v[x]));
+      if (bias != nullptr && n < N) {
+        const float b0 = ToFloat(FromFloat<T>(bias[n])), b1 = ToFloat(FromFloat<T>(bias[n + 1]));
+        v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
+      }
+      pa[jj] = Pack2<T>(v[0], v[1]);
+      pb[jj] = Pack2<T>(v[2], v[3]);
+    }
+    const int64_t n = n0 + 8 * (4 * m + q);
+    QuadStore16(pa, pb, lane, row0 != nullptr && n < N ? row0 + n : nullptr,
+                row1 != nullptr && n < N ? row1 + n : nullptr);
+  }
 }
 
 }  // namespace kplan::kernels::cuda::detail
