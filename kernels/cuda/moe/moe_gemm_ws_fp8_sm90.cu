@@ -85,8 +85,7 @@ struct Fp8Params {
   int64_t numel, N, K;
   int a_row_div, num_local_experts, block_m;
   int scale_kind, nbn, nbk;
-  int flags;     // kFlag*: measurement variants
-  int prefetch;  // weight k-blocks prefetched into L2 ahead of the TMA loads
+  int flags;  // kFlag*: measurement variants
 };
 
 // Measurement variants (KPLAN_MOE_FP8_WS_DEBUG bits), never set by the
@@ -156,13 +155,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int nb = min(static_cast<int>(ti.n0 / kHalf) + (ptid & 1), p.nbn - 1);
       const float* sw = p.w_scale + (static_cast<int64_t>(ti.e) * p.nbn + nb) * p.nbk;
       const int wrow = static_cast<int>(static_cast<int64_t>(ti.e) * N + ti.n0);
-      int next_row = -1;  // the weight rows of this CTA's next tile, with prefetch
-      if (ptid == 0 && p.prefetch > 0 && lin + gridDim.x < total) {
-        const ws::WsTileInfo nx = ws::WsDecode(sched, lin + gridDim.x, p.sorted, p.expert_ids,
-                                               p.block_m, p.numel, p.num_local_experts);
-        if (nx.local && !nx.empty)
-          next_row = static_cast<int>(static_cast<int64_t>(nx.e) * N + nx.n0);
-      }
 
       for (int kt = 0; kt < nk; ++kt) {
         MbarWait(empty0 + 8 * stage, phase ^ 1);
@@ -171,17 +163,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (ptid == 0) {
           MbarArriveExpectTx(fb, kWBytes);
           TmaLoad2d(w_s, &wmap, kt * kBK, wrow, fb);
-          // The weight stream comes from HBM: keep `prefetch` more k-blocks
-          // of it on their way into L2.
-          for (int f = kt == 0 ? 1 : kt + p.prefetch; f <= kt + p.prefetch && f < nk; ++f) {
-            detail::TmaPrefetchL2(&wmap, f * kBK, wrow);
-          }
-          // Near the end of the tile, the first k-blocks of this CTA's next one.
-          if (next_row >= 0 && kt == max(nk - p.prefetch, 0)) {
-            for (int f = 0; f < p.prefetch && f < nk; ++f) {
-              detail::TmaPrefetchL2(&wmap, f * kBK, next_row);
-            }
-          }
         }
         const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * 16;
         const bool kok = k < K;
@@ -212,8 +193,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = (tid >> 5) & 3, lane = tid & 31;
   const int r0 = cw * 64 + warp * 16 + (lane >> 2);  // and r0 + 8
   T* Cg = static_cast<T*>(p.c);
-  float acc[kWsTileN / 2];  // register i: row r0 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 q + i % 2
-  float tmp[kHalf / 2];     // the same layout over one 128-column half
+  float acc[kWsTileN /
+            2];  // register i: row r0 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (lane % 4) + i % 2
+  float tmp[kHalf / 2];  // the same layout over one 128-column half
   int stage = 0;
   uint32_t phase = 0;
   for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
@@ -288,26 +270,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (p.flags & kFlagNoStore) continue;
     // Per-tensor / per-channel: the whole sum times a_scale[row] · w_scale.
-    const float* wsc = nullptr;
-    float sa0 = 0.0f, sa1 = 0.0f;
     if (ti.local && !block) {
-      sa0 = ok0 ? p.a_scale[s0 / p.a_row_div] : 0.0f;
-      sa1 = ok1 ? p.a_scale[s1 / p.a_row_div] : 0.0f;
-      wsc = p.scale_kind == kScaleChannel ? p.w_scale + static_cast<int64_t>(ti.e) * N
-                                          : p.w_scale + ti.e;
+      const float sa0 = ok0 ? p.a_scale[s0 / p.a_row_div] : 0.0f;
+      const float sa1 = ok1 ? p.a_scale[s1 / p.a_row_div] : 0.0f;
+      const float* wsc = p.scale_kind == kScaleChannel ? p.w_scale + static_cast<int64_t>(ti.e) * N
+                                                       : p.w_scale + ti.e;
+#pragma unroll
+      for (int j = 0; j < kWsTileN / 8; ++j) {
+        const int64_t n = ti.n0 + 8 * j + 2 * (lane & 3);
+        const bool in = n < N;
+        const float w0 = p.scale_kind == kScaleChannel ? (in ? wsc[n] : 0.0f) : wsc[0];
+        const float w1 = p.scale_kind == kScaleChannel ? (in ? wsc[n + 1] : 0.0f) : wsc[0];
+        acc[4 * j] *= sa0 * w0, acc[4 * j + 1] *= sa0 * w1;
+        acc[4 * j + 2] *= sa1 * w0, acc[4 * j + 3] *= sa1 * w1;
+      }
     }
     const float* bias =
         ti.local && p.bias != nullptr ? p.bias + static_cast<int64_t>(ti.e) * N : nullptr;
     detail::WsStoreRows<T, kWsTileN>(
-        [&](int j, int64_t n, float(&v)[4]) {
+        [&](int j, int64_t, float(&v)[4]) {
 #pragma unroll
           for (int x = 0; x < 4; ++x) v[x] = acc[4 * j + x];
-          if (wsc != nullptr) {
-            const bool in = n < N;
-            const float w0 = p.scale_kind == kScaleChannel ? (in ? wsc[n] : 0.0f) : wsc[0];
-            const float w1 = p.scale_kind == kScaleChannel ? (in ? wsc[n + 1] : 0.0f) : wsc[0];
-            v[0] *= sa0 * w0, v[1] *= sa0 * w1, v[2] *= sa1 * w0, v[3] *= sa1 * w1;
-          }
         },
         bias, ti.n0, N, lane, ok0 ? Cg + static_cast<int64_t>(s0) * N : nullptr,
         ok1 ? Cg + static_cast<int64_t>(s1) * N : nullptr);
@@ -332,14 +315,6 @@ int GroupSize() {
   static const int group = EnvInt("KPLAN_MOE_FP8_WS_GROUP", ws::kWsAutoGroup);
   return group;
 }
-// KPLAN_MOE_FP8_WS_PREFETCH: weight k-blocks prefetched into L2 ahead of the
-// TMA loads (0: none).
-constexpr int kPrefetchDefault = 0;
-int Prefetch() {
-  static const int d = std::clamp(EnvInt("KPLAN_MOE_FP8_WS_PREFETCH", kPrefetchDefault), 0, 64);
-  return d;
-}
-
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <typename T>
@@ -384,7 +359,6 @@ absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
   p.nbn = static_cast<int>((g.N + kHalf - 1) / kHalf);
   p.nbk = static_cast<int>((g.K + kBK - 1) / kBK);
   p.flags = DebugFlags();
-  p.prefetch = Prefetch();
   if (p.sched.grid <= 0) return absl::OkStatus();
   KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsFp8GemmKernel<T>, dim3(p.sched.grid),
                                                dim3(kThreads), kSmemBytes, stream, map, p));
