@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/runtime/buffers.h"
@@ -144,6 +145,18 @@ kc::MoeGroupedGemmArgs Fp8TensorCoreGemm(const kc::MoeQuantGemmArgs& q, kernels:
   return g;
 }
 
+// An fp8 GEMM on the tensor cores: the warp-specialised TMA kernel at large M
+// (moe_gemm_ws_fp8.h; KPLAN_MOE_FP8_GEMM=old forces the other), else
+// LaunchMoeGroupedGemm's cp.async one. Same contract, same result up to the
+// summation order inside a k-block.
+absl::Status LaunchFp8TensorCoreGemm(const kc::MoeGroupedGemmArgs& g, cudaStream_t stream) {
+  if (kc::MoeGemmWsFp8Enabled() && kc::MoeGemmWsFp8Applies(g)) {
+    const absl::Status st = kc::LaunchMoeGroupedGemmWsFp8(g, stream);
+    if (!absl::IsUnavailable(st)) return st;  // else no tensor map: the other kernel
+  }
+  return kc::LaunchMoeGroupedGemm(g, stream);
+}
+
 kernels::DType FloatTypeOf(kernels::DType d) {
   return d == kernels::DType::kFloat32   ? kernels::DType::kFloat32
          : d == kernels::DType::kFloat16 ? kernels::DType::kFloat16
@@ -240,7 +253,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g1.K = H;
   g1.num_local_experts = spec.num_experts;
   const bool tc = s.fp8_tc && !f32;
-  KPLAN_RETURN_IF_ERROR(tc ? kc::LaunchMoeGroupedGemm(Fp8TensorCoreGemm(g1, et), stream)
+  KPLAN_RETURN_IF_ERROR(tc ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g1, et), stream)
                            : kc::LaunchMoeQuantGemm(g1, stream));
 
   kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
@@ -269,7 +282,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g2.c = y;
   g2.N = H;
   g2.K = I;
-  KPLAN_RETURN_IF_ERROR(tc ? kc::LaunchMoeGroupedGemm(Fp8TensorCoreGemm(g2, et), stream)
+  KPLAN_RETURN_IF_ERROR(tc ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g2, et), stream)
                            : kc::LaunchMoeQuantGemm(g2, stream));
   if (!a.combine) return absl::OkStatus();
   const float* w = a.apply_router_weight_on_input ? nullptr : a.topk_weights;

@@ -52,6 +52,7 @@
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
+#include "kernels/cuda/moe/moe_tma.h"
 #include "kernels/cuda/moe/moe_wgmma.cuh"
 #include "kernels/cuda/moe/moe_ws_schedule.h"
 #include "kernels/cuda/moe/pdl.cuh"
@@ -61,9 +62,19 @@ namespace kplan::kernels::cuda {
 namespace {
 
 using detail::CpAsync16;
+using detail::CpAsyncArriveNoinc;
 using detail::Desc;
 using detail::FenceProxyAsync;
 using detail::FromFloat;
+using detail::MbarArrive;
+using detail::MbarArriveExpectTx;
+using detail::MbarInit;
+using detail::MbarWait;
+using detail::Pack2;
+using detail::QuadStore16;
+using detail::SetMaxNRegDec;
+using detail::SetMaxNRegInc;
+using detail::TmaLoad2d;
 using detail::ToFloat;
 using detail::Wgmma;
 using detail::WgmmaCommit;
@@ -101,105 +112,9 @@ constexpr int kWsFlagNoStore = 1;
 constexpr int kWsFlagStore4 = 2;
 constexpr int kWsFlagNoFence = 4;  // the consumers' proxy fence left out: timing only
 
-// --- PTX helpers ------------------------------------------------------------
-
-__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWS_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WS_WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Arrives on `bar` once every cp.async this thread issued so far completed.
-__device__ __forceinline__ void CpAsyncArriveNoinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                          uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-template <int R>
-__device__ __forceinline__ void SetMaxNRegInc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
-}
-template <int R>
-__device__ __forceinline__ void SetMaxNRegDec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
-}
-
-// Two values rounded to T, packed as one 4-byte word (first value low).
-template <typename T>
-__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
-  T v[2] = {FromFloat<T>(lo), FromFloat<T>(hi)};
-  uint32_t u;
-  memcpy(&u, v, 4);
-  return u;
-}
-// a[i] / a[i] = v for a run-time i in [0, 4), without indexing the array.
-__device__ __forceinline__ uint32_t Pick4(const uint32_t (&a)[4], int i) {
-  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
-}
-__device__ __forceinline__ void Put4(uint32_t (&a)[4], int i, uint32_t v) {
-  a[0] = i == 0 ? v : a[0];
-  a[1] = i == 1 ? v : a[1];
-  a[2] = i == 2 ? v : a[2];
-  a[3] = i == 3 ? v : a[3];
-}
-
-// Per 32 columns of two rows: lane q of a quad holds pieces pa[jj] / pb[jj]
-// (4 bytes: 2 columns, of j = 4m + jj). A 4 x 4 transpose in the quad gives
-// lane q the 8 columns of j = 4m + q, stored as 16 bytes to dst0 / dst1
-// (null: not stored). All 32 lanes must call it.
-__device__ __forceinline__ void QuadStore16(const uint32_t (&pa)[4], const uint32_t (&pb)[4],
-                                            int lane, void* dst0, void* dst1) {
-  const int q = lane & 3;
-  uint32_t oa[4], ob[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    // Round i: send piece (q - i) & 3, receive lane (q + i) & 3's piece of j = 4m + q.
-    const int send = (q - i) & 3, from = (q + i) & 3;
-    const uint32_t ra = __shfl_sync(0xffffffffu, Pick4(pa, send), (lane & ~3) | from);
-    const uint32_t rb = __shfl_sync(0xffffffffu, Pick4(pb, send), (lane & ~3) | from);
-    Put4(oa, from, ra);
-    Put4(ob, from, rb);
-  }
-  if (dst0 != nullptr) *static_cast<uint4*>(dst0) = make_uint4(oa[0], oa[1], oa[2], oa[3]);
-  if (dst1 != nullptr) *static_cast<uint4*>(dst1) = make_uint4(ob[0], ob[1], ob[2], ob[3]);
-}
-
-struct TileInfo {
-  int64_t tt, n0;
-  int e;
-  bool local, empty;
-};
-
-__device__ __forceinline__ TileInfo Decode(const WsParams& p, const ws::WsSchedule& s,
-                                           int64_t linear) {
-  const ws::WsTile t = ws::WsTileAt(s, linear);
-  TileInfo info;
-  info.tt = t.token_tile;
-  info.n0 = t.n_tile * kWsTileN;
-  info.e = p.expert_ids[(t.token_tile * kWsTileT) / p.block_m];
-  info.local = info.e >= 0 && info.e < p.num_local_experts;
-  const int32_t first = p.sorted[t.token_tile * kWsTileT];
-  // Within an expert's range the slots come first, then the padding.
-  info.empty = first < 0 || first >= p.numel;
-  return info;
+__device__ __forceinline__ ws::WsTileInfo Decode(const WsParams& p, const ws::WsSchedule& s,
+                                                 int64_t linear) {
+  return ws::WsDecode(s, linear, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
 }
 
 template <typename T, bool Fused>
@@ -243,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-      const TileInfo ti = Decode(p, sched, lin);
+      const ws::WsTileInfo ti = Decode(p, sched, lin);
       if (!ti.local || ti.empty) continue;
       int32_t arow[kWsTileT / 16];
 #pragma unroll
@@ -295,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int stage = 0;
   uint32_t phase = 0;
   for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-    const TileInfo ti = Decode(p, sched, lin);
+    const ws::WsTileInfo ti = Decode(p, sched, lin);
     if (ti.empty) continue;
     const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
     const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
@@ -400,60 +315,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       continue;
     }
+    detail::WsStoreRows<T, kWsTileN>(
+        [&](int j, int64_t, float(&v)[4]) {
 #pragma unroll
-    for (int m = 0; m < kWsTileN / 32; ++m) {
-      uint32_t pa[4], pb[4];  // rows r0, r0 + 8: the pieces of j = 4m .. 4m + 3
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int j = 4 * m + jj;
-        const int64_t n = ti.n0 + 8 * j + 2 * q;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (ti.local) {
-#pragma unroll
-          for (int x = 0; x < 4; ++x) v[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
-          if (bias != nullptr && n < N) {
-            const float b0 = ToFloat(FromFloat<T>(bias[n])),
-                        b1 = ToFloat(FromFloat<T>(bias[n + 1]));
-            v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
-          }
-        }
-        pa[jj] = Pack2<T>(v[0], v[1]);
-        pb[jj] = Pack2<T>(v[2], v[3]);
-      }
-      const int64_t n = ti.n0 + 8 * (4 * m + q);
-      QuadStore16(pa, pb, lane, ok0 && n < N ? Cg + static_cast<int64_t>(s0) * N + n : nullptr,
-                  ok1 && n < N ? Cg + static_cast<int64_t>(s1) * N + n : nullptr);
-    }
+          for (int x = 0; x < 4; ++x) v[x] = ti.local ? acc[4 * j + x] : 0.0f;
+        },
+        bias, ti.n0, N, lane, ok0 ? Cg + static_cast<int64_t>(s0) * N : nullptr,
+        ok1 ? Cg + static_cast<int64_t>(s1) * N : nullptr);
   }
 }
 
 // --- host ---------------------------------------------------------------------
-
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-absl::Status GetEncodeTiled(EncodeTiledFn* out) {
-  static std::once_flag once;
-  static EncodeTiledFn fn = nullptr;
-  static cudaError_t err = cudaSuccess;
-  std::call_once(once, [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                           &q);
-    if (err == cudaSuccess && q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<EncodeTiledFn>(f);
-  });
-  if (fn == nullptr) {
-    cudaGetLastError();
-    return absl::UnavailableError(std::string("moe_grouped_gemm_ws: no cuTensorMapEncodeTiled: ") +
-                                  cudaGetErrorString(err));
-  }
-  *out = fn;
-  return absl::OkStatus();
-}
 
 std::atomic<int> g_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
 
@@ -486,25 +358,18 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
         WsGroupedGemmKernel<T, Fused>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     attr_set.fetch_or(bit, std::memory_order_release);
   }
-  EncodeTiledFn encode = nullptr;
-  if (absl::Status st = GetEncodeTiled(&encode); !st.ok()) return st;
   CUtensorMap map;
-  std::memset(&map, 0, sizeof(map));
-  const cuuint64_t dims[2] = {
-      static_cast<cuuint64_t>(g.K),
-      static_cast<cuuint64_t>(g.num_local_experts) * static_cast<cuuint64_t>(g.N)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(g.K) * sizeof(T)};
-  const cuuint32_t box[2] = {kBK, Fused ? kWsTileN / 2 : kWsTileN};  // Fused: gate, up boxes
-  const cuuint32_t estr[2] = {1, 1};
-  const CUresult r = encode(&map,
-                            std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                      : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                            2, const_cast<void*>(g.w), dims, strides, box, estr,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return absl::UnavailableError("moe_grouped_gemm_ws: cuTensorMapEncodeTiled failed (" +
-                                  std::to_string(static_cast<int>(r)) + ")");
+  // Fused: the gate and up halves are two boxes of kWsTileN / 2 rows.
+  if (absl::Status st = detail::EncodeTma2d(
+          &map,
+          std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+          g.w, static_cast<uint64_t>(g.K),
+          static_cast<uint64_t>(g.num_local_experts) * static_cast<uint64_t>(g.N),
+          static_cast<uint64_t>(g.K) * sizeof(T), kBK, Fused ? kWsTileN / 2 : kWsTileN,
+          "moe_grouped_gemm_ws");
+      !st.ok()) {
+    return st;
   }
   const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, GroupSize()),
                    g.sorted_token_ids,
@@ -617,5 +482,59 @@ absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& g, MoeActivatio
 }
 
 int64_t MoeFusedActLaunches() { return fused_act_launches.load(std::memory_order_relaxed); }
+
+// --- TMA tensor maps (moe_tma.h) ------------------------------------------------
+
+namespace detail {
+namespace {
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+absl::Status GetEncodeTiled(EncodeTiledFn* out) {
+  static std::once_flag once;
+  static EncodeTiledFn fn = nullptr;
+  static cudaError_t err = cudaSuccess;
+  std::call_once(once, [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                           &q);
+    if (err == cudaSuccess && q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeTiledFn>(f);
+  });
+  if (fn == nullptr) {
+    cudaGetLastError();
+    return absl::UnavailableError(std::string("moe_grouped_gemm_ws: no cuTensorMapEncodeTiled: ") +
+                                  cudaGetErrorString(err));
+  }
+  *out = fn;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EncodeTma2d(CUtensorMap* map, CUtensorMapDataType type, const void* base,
+                         uint64_t inner, uint64_t rows, uint64_t row_bytes, uint32_t box_inner,
+                         uint32_t box_rows, const char* what) {
+  EncodeTiledFn encode = nullptr;
+  if (absl::Status st = GetEncodeTiled(&encode); !st.ok()) return st;
+  std::memset(map, 0, sizeof(*map));
+  const cuuint64_t dims[2] = {inner, rows};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_inner, box_rows};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r = encode(map, type, 2, const_cast<void*>(base), dims, strides, box, estr,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::UnavailableError(std::string(what) + ": cuTensorMapEncodeTiled failed (" +
+                                  std::to_string(static_cast<int>(r)) + ")");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace detail
 
 }  // namespace kplan::kernels::cuda

@@ -1,9 +1,16 @@
-// Inline PTX of the sm_90a grouped GEMMs (moe_gemm_sm90.cu, moe_gemm_ws_sm90.cu):
-// cp.async, proxy fences, wgmma groups and the 128-byte-swizzle shared-memory
-// matrix descriptor they both use. Internal to kernels/cuda/moe.
+// Inline PTX of the sm_90a grouped GEMMs (moe_gemm_sm90.cu, moe_gemm_ws_sm90.cu,
+// moe_gemm_ws_fp8_sm90.cu): cp.async, proxy fences, wgmma groups, the
+// 128-byte-swizzle shared-memory matrix descriptor, mbarriers, TMA loads,
+// setmaxnreg and the warp-specialised kernels' 16-byte fragment stores.
+// Internal to kernels/cuda/moe.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (a type only: no -lcuda)
+
 #include <cstdint>
+#include <cstring>
+
+#include "kernels/cuda/ir/ir_device_math.cuh"
 
 namespace kplan::kernels::cuda::detail {
 
@@ -50,6 +57,122 @@ __device__ __forceinline__ uint32_t Swz(int r, int c) {
 __device__ __forceinline__ uint64_t Desc(uint32_t smem_addr) {
   return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
          (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// --- mbarriers, TMA, register reallocation (the warp-specialised GEMMs) ---
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nMBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra MBAR_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Arrives on `bar` once every cp.async this thread issued so far completed.
+__device__ __forceinline__ void CpAsyncArriveNoinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+template <int R>
+__device__ __forceinline__ void SetMaxNRegInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void SetMaxNRegDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+
+// Two values rounded to T, packed as one 4-byte word (first value low).
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+  T v[2] = {FromFloat<T>(lo), FromFloat<T>(hi)};
+  uint32_t u;
+  memcpy(&u, v, 4);
+  return u;
+}
+// a[i] / a[i] = v for a run-time i in [0, 4), without indexing the array.
+__device__ __forceinline__ uint32_t Pick4(const uint32_t (&a)[4], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
+}
+__device__ __forceinline__ void Put4(uint32_t (&a)[4], int i, uint32_t v) {
+  a[0] = i == 0 ? v : a[0];
+  a[1] = i == 1 ? v : a[1];
+  a[2] = i == 2 ? v : a[2];
+  a[3] = i == 3 ? v : a[3];
+}
+
+// Per 32 columns of two rows: lane q of a quad holds pieces pa[jj] / pb[jj]
+// (4 bytes: 2 columns, of j = 4m + jj). A 4 x 4 transpose in the quad gives
+// lane q the 8 columns of j = 4m + q, stored as 16 bytes to dst0 / dst1
+// (null: not stored). All 32 lanes must call it.
+__device__ __forceinline__ void QuadStore16(const uint32_t (&pa)[4], const uint32_t (&pb)[4],
+                                            int lane, void* dst0, void* dst1) {
+  const int q = lane & 3;
+  uint32_t oa[4], ob[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // Round i: send piece (q - i) & 3, receive lane (q + i) & 3's piece of j = 4m + q.
+    const int send = (q - i) & 3, from = (q + i) & 3;
+    const uint32_t ra = __shfl_sync(0xffffffffu, Pick4(pa, send), (lane & ~3) | from);
+    const uint32_t rb = __shfl_sync(0xffffffffu, Pick4(pb, send), (lane & ~3) | from);
+    Put4(oa, from, ra);
+    Put4(ob, from, rb);
+  }
+  if (dst0 != nullptr) *static_cast<uint4*>(dst0) = make_uint4(oa[0], oa[1], oa[2], oa[3]);
+  if (dst1 != nullptr) *static_cast<uint4*>(dst1) = make_uint4(ob[0], ob[1], ob[2], ob[3]);
+}
+
+// The warp-specialised kernels' epilogue for one consumer warp: rows r0 and
+// r0 + 8 of a 64 x kCols fp32 accumulator tile (register i: row
+// r0 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (lane % 4) + i % 2) into row0 /
+// row1 (a row of C, null: not stored), columns n0 .. n0 + kCols - 1 below N.
+// value(j, n, v) writes the values of registers 4j .. 4j + 3 (columns n and
+// n + 1, n = n0 + 8j + 2 (lane % 4); rows r0, r0, r0 + 8, r0 + 8); each is
+// rounded to T, then with bias round(round(v) + round(bias[n])).
+template <typename T, int kCols, typename F>
+__device__ __forceinline__ void WsStoreRows(F&& value, const float* bias, int64_t n0, int64_t N,
+                                            int lane, T* row0, T* row1) {
+  const int q = lane & 3;
+#pragma unroll
+  for (int m = 0; m < kCols / 32; ++m) {
+    uint32_t pa[4], pb[4];  // rows r0, r0 + 8: the pieces of j = 4m .. 4m + 3
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 4 * m + jj;
+      const int64_t n = n0 + 8 * j + 2 * q;
+      float v[4];
+      value(j, n, v);
+#pragma unroll
+      for (int x = 0; x < 4; ++x) v[x] = ToFloat(FromFloat<T>(v[x]));
+      if (bias != nullptr && n < N) {
+        const float b0 = ToFloat(FromFloat<T>(bias[n])), b1 = ToFloat(FromFloat<T>(bias[n + 1]));
+        v[0] += b0, v[1] += b1, v[2] += b0, v[3] += b1;
+      }
+      pa[jj] = Pack2<T>(v[0], v[1]);
+      pb[jj] = Pack2<T>(v[2], v[3]);
+    }
+    const int64_t n = n0 + 8 * (4 * m + q);
+    QuadStore16(pa, pb, lane, row0 != nullptr && n < N ? row0 + n : nullptr,
+                row1 != nullptr && n < N ? row1 + n : nullptr);
+  }
 }
 
 }  // namespace kplan::kernels::cuda::detail

@@ -61,6 +61,29 @@ KPLAN_WS_HD WsTile WsTileAt(const WsSchedule& s, int64_t linear) {
   return t;
 }
 
+// Tile `linear` with what the kernels need of it: its first slot index tt *
+// kWsTileT, its first weight row n0, its expert e (local: in [0, E_local))
+// and whether it holds no slot at all (within an expert's range the slots
+// come first, then the padding, so the first entry decides).
+struct WsTileInfo {
+  int64_t tt = 0, n0 = 0;
+  int e = -1;
+  bool local = false, empty = true;
+};
+KPLAN_WS_HD WsTileInfo WsDecode(const WsSchedule& s, int64_t linear, const int32_t* sorted,
+                                const int32_t* expert_ids, int block_m, int64_t numel,
+                                int num_local_experts) {
+  const WsTile t = WsTileAt(s, linear);
+  WsTileInfo info;
+  info.tt = t.token_tile;
+  info.n0 = t.n_tile * kWsTileN;
+  info.e = expert_ids[(t.token_tile * kWsTileT) / block_m];
+  info.local = info.e >= 0 && info.e < num_local_experts;
+  const int32_t first = sorted[t.token_tile * kWsTileT];
+  info.empty = first < 0 || first >= numel;
+  return info;
+}
+
 // The same schedule with the token tiles clipped to the blocks actually used.
 KPLAN_WS_HD WsSchedule WsClip(WsSchedule s, int64_t num_tokens_post_padded) {
   const int64_t used = (num_tokens_post_padded + kWsTileT - 1) / kWsTileT;

@@ -1,0 +1,46 @@
+// The warp-specialised, persistent fp8 e4m3 grouped GEMM for sm_90a
+// (moe_gemm_ws_fp8_sm90.cu): the large-M form of LaunchMoeGroupedGemm's fp8
+// operands (moe_experts.h, MoeGroupedGemmArgs with fp8 = true), same
+// arguments and the same contract:
+//   block scales (w_scale [E, ceil(N/128), ceil(K/128)], a_scale
+//   [a_rows, ceil(K/128)]):
+//     C[s, n] = round(Σ_kb (Σ_{k in kb} qa·qw) · (a_scale[r, kb] · w_scale[e, n/128, kb]))
+//   per-tensor / per-channel (a_scale [a_rows]):
+//     C[s, n] = round((Σ_k qa·qw) · (a_scale[r] · (w_scale[e] or w_scale[e, n])))
+// k-blocks summed in order, each block's partial sum in fp32 (the wgmma
+// accumulator, promoted every 128 of K as the CPU reference's
+// native_w8a8_block_matmul scales its per-k-tile sums), bias as
+// round(round(acc) + round(bias)). Differs from the reference only by the
+// summation order inside a k-block.
+//
+// Selection: a caller (the GPU layer's fp8 route, server/moe/
+// gpu_layer_emulation.cc) calls LaunchMoeGroupedGemmWsFp8 when
+// MoeGemmWsFp8Enabled() and MoeGemmWsFp8Applies(args), else
+// LaunchMoeGroupedGemm. Switch: SetMoeGemmWsFp8Mode(kOn / kOff), or with
+// kFromEnv (the default) on unless KPLAN_MOE_FP8_GEMM=old.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_gemm_ws.h"
+
+namespace kplan::kernels::cuda {
+
+void SetMoeGemmWsFp8Mode(MoeGemmWsMode mode);
+bool MoeGemmWsFp8Enabled();
+
+// fp8 operands, no split-K, blocks of 128 or 256 slots and at least 128
+// slots per expert on average, N a multiple of 8, K of 16, 16-byte aligned
+// a / w / c, the weights addressable by a TMA tensor map.
+bool MoeGemmWsFp8Applies(const MoeGroupedGemmArgs& args);
+// Validates what MoeGemmWsFp8Applies does not (INVALID_ARGUMENT); UNAVAILABLE,
+// with nothing launched, when the driver gives no TMA tensor map.
+absl::Status LaunchMoeGroupedGemmWsFp8(const MoeGroupedGemmArgs& args, cudaStream_t stream);
+// Launches that succeeded, process-wide (a test shows the kernel ran).
+int64_t MoeGemmWsFp8Launches();
+
+}  // namespace kplan::kernels::cuda

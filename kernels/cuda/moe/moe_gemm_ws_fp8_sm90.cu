@@ -1,0 +1,416 @@
+// Warp-specialised persistent fp8 e4m3 grouped GEMM for sm_90a
+// (moe_gemm_ws_fp8.h). The structure of the bf16 kernel (moe_gemm_ws_sm90.cu):
+// the same tile schedule (moe_ws_schedule.h: 128 slots x 256 weight rows per
+// tile, one expert per tile, persistent grid), a producer warpgroup feeding
+// a 4-stage mbarrier ring and two consumer warpgroups of 64 slots each.
+//
+// Stage = one 128-wide k-block (128 bytes of every row: one swizzle row):
+//   token rows 128 x 128 B (16 KiB, cp.async gather of A[slot / a_row_div]),
+//   weight rows 256 x 128 B (32 KiB, one TMA box over [E * N, K] bytes),
+//   block scales: the k-block's activation scale of each of the 128 slots
+//   and the weight scales of the tile's two 128-row halves (1 KiB).
+// Full barrier: 128 cp.async arrivals (noinc) + the TMA thread's expect_tx.
+//
+// Consumers (setmaxnreg 232): acc[128] fp32 (64 slots x 256 columns) and a
+// partial tmp[64] for one 128-column half. Per k-block: 4 wgmma
+// m64n128k32 e4m3 into tmp (fresh), wait, acc[half 0] += tmp · (s_a[row] ·
+// s_w[half 0]); 4 more into tmp for half 1, wait, release the stage (scales
+// already in registers), then promote half 1, while the other consumer
+// warpgroup's wgmmas keep the tensor cores busy. Per-tensor and per-channel
+// scales take the same path with factor 1 and scale the sum once in the
+// epilogue. A consumer warpgroup whose 64 slots are all padding (the tail
+// of an expert's last tile) waits and releases the stages without MMAs.
+// Epilogue as the bf16 kernel's: round, + round(bias), 16-byte stores after
+// a quad transpose; the producer already fills the next tile's stages.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
+#include "kernels/cuda/moe/moe_sm90_ptx.cuh"
+#include "kernels/cuda/moe/moe_tma.h"
+#include "kernels/cuda/moe/moe_wgmma.cuh"
+#include "kernels/cuda/moe/moe_ws_schedule.h"
+#include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/status.h"
+
+namespace kplan::kernels::cuda {
+namespace {
+
+using detail::CpAsync16;
+using detail::CpAsync4;
+using detail::CpAsyncArriveNoinc;
+using detail::Desc;
+using detail::FenceProxyAsync;
+using detail::MbarArrive;
+using detail::MbarArriveExpectTx;
+using detail::MbarInit;
+using detail::MbarWait;
+using detail::SetMaxNRegDec;
+using detail::SetMaxNRegInc;
+using detail::TmaLoad2d;
+using detail::Wgmma;
+using detail::WgmmaCommit;
+using detail::WgmmaFence;
+using detail::WgmmaWait;
+using ws::kWsTileN;
+using ws::kWsTileT;
+
+constexpr int kThreads = 384;
+constexpr int kStages = 4;
+constexpr int kBK = 128;                                  // K per stage: one scale block
+constexpr int kHalf = kWsTileN / 2;                       // weight rows per scale block
+constexpr int kTBytes = kWsTileT * kBK;                   // 16 KiB of token rows
+constexpr int kWBytes = kWsTileN * kBK;                   // 32 KiB of weight rows
+constexpr int kSBytes = 1024;                             // 128 + 2 scales, 1024-aligned
+constexpr int kStageBytes = kTBytes + kWBytes + kSBytes;  // 49 KiB
+constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align to 1024
+constexpr int kConsumerWarps = 8;
+constexpr int kScaleTensor = 0, kScaleChannel = 1, kScaleBlock = 2;
+
+struct Fp8Params {
+  ws::WsSchedule sched;
+  const int32_t *sorted, *expert_ids, *post;
+  const uint8_t* a;
+  const float* a_scale;  // block: [a_rows, nbk]; else [a_rows]
+  const float* w_scale;  // block: [E, nbn, nbk]; channel: [E, N]; tensor: [E]
+  void* c;
+  const float* bias;
+  int64_t numel, N, K;
+  int a_row_div, num_local_experts, block_m;
+  int scale_kind, nbn, nbk;
+  int flags;  // kFlag*: measurement variants
+};
+
+// Measurement variants (KPLAN_MOE_FP8_WS_DEBUG bits), never set by the
+// layer: one m64n256 accumulation over the whole K without promotion or
+// scales (times the promotion; wrong results), and the epilogue without its
+// stores (times the tile boundary; output unwritten).
+constexpr int kFlagNoPromote = 1;
+constexpr int kFlagNoStore = 2;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    WsFp8GemmKernel(const __grid_constant__ CUtensorMap wmap, const Fp8Params p) {
+  extern __shared__ uint8_t smem_dyn[];
+  __shared__ uint64_t full_bar[kStages];
+  __shared__ uint64_t empty_bar[kStages];
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const uint32_t base =
+      (static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) + 1023u) & ~1023u;
+  const uint8_t* base_gen =
+      smem_dyn + (base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&full_bar[0]));
+  const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&empty_bar[0]));
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full0 + 8 * s, 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
+      MbarInit(empty0 + 8 * s, kConsumerWarps);
+    }
+    FenceProxyAsync();  // the barriers' init visible to the TMA unit
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&wmap)) : "memory");
+  }
+  __syncthreads();
+  detail::PdlWaitThenRelease();
+
+  const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
+  const int64_t total = ws::WsTotalTiles(sched);
+  const int64_t N = p.N, K = p.K;
+  const int nk = static_cast<int>((K + kBK - 1) / kBK);
+  const bool block = p.scale_kind == kScaleBlock;
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    SetMaxNRegDec<40>();
+    const int ptid = tid;
+    const int chunk = ptid & 7;
+    // Row r = ptid / 8 + 16 i of the tile; its swizzled chunk is the same for all i.
+    const uint32_t dst0 = (ptid >> 3) * 128 + ((chunk ^ ((ptid >> 3) & 7)) << 4);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
+      const ws::WsTileInfo ti =
+          ws::WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
+      if (!ti.local || ti.empty) continue;
+      int32_t arow[kWsTileT / 16];
+#pragma unroll
+      for (int i = 0; i < kWsTileT / 16; ++i) {
+        const int32_t slot = p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i];
+        arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
+      }
+      // Block scales: this thread copies slot ptid's activation scale (and
+      // threads 0, 1 the two weight-row halves' scales) of each k-block.
+      const int32_t sslot = p.sorted[ti.tt * kWsTileT + ptid];
+      const int64_t srow = sslot >= 0 && sslot < p.numel ? sslot / p.a_row_div : -1;
+      const float* sa = srow >= 0 ? p.a_scale + srow * p.nbk : p.a_scale;
+      const int nb = min(static_cast<int>(ti.n0 / kHalf) + (ptid & 1), p.nbn - 1);
+      const float* sw = p.w_scale + (static_cast<int64_t>(ti.e) * p.nbn + nb) * p.nbk;
+      const int wrow = static_cast<int>(static_cast<int64_t>(ti.e) * N + ti.n0);
+
+      for (int kt = 0; kt < nk; ++kt) {
+        MbarWait(empty0 + 8 * stage, phase ^ 1);
+        const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes, s_s = w_s + kWBytes;
+        const uint32_t fb = full0 + 8 * stage;
+        if (ptid == 0) {
+          MbarArriveExpectTx(fb, kWBytes);
+          TmaLoad2d(w_s, &wmap, kt * kBK, wrow, fb);
+        }
+        const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * 16;
+        const bool kok = k < K;
+#pragma unroll
+        for (int i = 0; i < kWsTileT / 16; ++i) {
+          const bool ok = kok && arow[i] >= 0;
+          CpAsync16(t_s + dst0 + i * 16 * 128,
+                    ok ? p.a + static_cast<int64_t>(arow[i]) * K + k : p.a, ok);
+        }
+        if (block) {
+          CpAsync4(s_s + 4 * ptid, sa + kt, srow >= 0);
+          if (ptid < 2) CpAsync4(s_s + 4 * (kWsTileT + ptid), sw + kt, true);
+        }
+        CpAsyncArriveNoinc(fb);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  // -------------------------------------------------------------- consumers
+  SetMaxNRegInc<232>();
+  const int cw = wg - 1;  // slots [64 cw, 64 cw + 64) of the tile
+  const int warp = (tid >> 5) & 3, lane = tid & 31;
+  const int r0 = cw * 64 + warp * 16 + (lane >> 2);  // and r0 + 8
+  T* Cg = static_cast<T*>(p.c);
+  float acc[kWsTileN /
+            2];  // register i: row r0 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (lane % 4) + i % 2
+  float tmp[kHalf / 2];  // the same layout over one 128-column half
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
+    const ws::WsTileInfo ti =
+        ws::WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
+    if (ti.empty) continue;
+    const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
+    const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
+    const bool ok0 = s0 >= 0 && s0 < p.numel, ok1 = s1 >= 0 && s1 < p.numel;
+    // Slots come first in an expert's range: the warpgroup's first row decides.
+    const int32_t sfirst = p.sorted[ti.tt * kWsTileT + cw * 64];
+    const bool rows = sfirst >= 0 && sfirst < p.numel;
+#pragma unroll
+    for (int i = 0; i < kWsTileN / 2; ++i) acc[i] = 0.0f;
+    if (ti.local) {
+      for (int kt = 0; kt < nk; ++kt) {
+        MbarWait(full0 + 8 * stage, phase);
+        const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes;
+        const float* s_s =
+            reinterpret_cast<const float*>(base_gen + stage * kStageBytes + kTBytes + kWBytes);
+        float m00 = 1.0f, m01 = 1.0f, m10 = 1.0f, m11 = 1.0f;  // m[row half][col half]
+        if (rows) {
+          // cp.async wrote through the generic proxy; wgmma reads through the async one.
+          FenceProxyAsync();
+        }
+        if (rows && (p.flags & kFlagNoPromote)) {
+          WgmmaFence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            Wgmma<kWsTileN, __nv_fp8_e4m3>::Run(acc, Desc(t_s + cw * 64 * 128 + kk * 32),
+                                                Desc(w_s + kk * 32), 1);
+          }
+          WgmmaCommit();
+          WgmmaWait<0>();
+        } else if (rows) {
+          if (block) {
+            const float sa0 = s_s[r0], sa1 = s_s[r0 + 8];
+            const float sw0 = s_s[kWsTileT], sw1 = s_s[kWsTileT + 1];
+            m00 = sa0 * sw0, m01 = sa0 * sw1, m10 = sa1 * sw0, m11 = sa1 * sw1;
+          }
+          WgmmaFence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            Wgmma<kHalf, __nv_fp8_e4m3>::Run(tmp, Desc(t_s + cw * 64 * 128 + kk * 32),
+                                             Desc(w_s + kk * 32), kk > 0);
+          }
+          WgmmaCommit();
+          WgmmaWait<0>();
+#pragma unroll
+          for (int i = 0; i < kHalf / 2; ++i) acc[i] += tmp[i] * ((i & 2) ? m10 : m00);
+          WgmmaFence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            Wgmma<kHalf, __nv_fp8_e4m3>::Run(tmp, Desc(t_s + cw * 64 * 128 + kk * 32),
+                                             Desc(w_s + kHalf * 128 + kk * 32), kk > 0);
+          }
+          WgmmaCommit();
+          WgmmaWait<0>();
+        }
+        // The stage is free (operands read, scales in registers): release it
+        // before promoting the second half.
+        if (lane == 0) MbarArrive(empty0 + 8 * stage);
+        if (rows && !(p.flags & kFlagNoPromote)) {
+#pragma unroll
+          for (int i = 0; i < kHalf / 2; ++i) acc[kHalf / 2 + i] += tmp[i] * ((i & 2) ? m11 : m01);
+        }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    if (p.flags & kFlagNoStore) continue;
+    // Per-tensor / per-channel: the whole sum times a_scale[row] · w_scale.
+    if (ti.local && !block) {
+      const float sa0 = ok0 ? p.a_scale[s0 / p.a_row_div] : 0.0f;
+      const float sa1 = ok1 ? p.a_scale[s1 / p.a_row_div] : 0.0f;
+      const float* wsc = p.scale_kind == kScaleChannel ? p.w_scale + static_cast<int64_t>(ti.e) * N
+                                                       : p.w_scale + ti.e;
+#pragma unroll
+      for (int j = 0; j < kWsTileN / 8; ++j) {
+        const int64_t n = ti.n0 + 8 * j + 2 * (lane & 3);
+        const bool in = n < N;
+        const float w0 = p.scale_kind == kScaleChannel ? (in ? wsc[n] : 0.0f) : wsc[0];
+        const float w1 = p.scale_kind == kScaleChannel ? (in ? wsc[n + 1] : 0.0f) : wsc[0];
+        acc[4 * j] *= sa0 * w0, acc[4 * j + 1] *= sa0 * w1;
+        acc[4 * j + 2] *= sa1 * w0, acc[4 * j + 3] *= sa1 * w1;
+      }
+    }
+    const float* bias =
+        ti.local && p.bias != nullptr ? p.bias + static_cast<int64_t>(ti.e) * N : nullptr;
+    detail::WsStoreRows<T, kWsTileN>(
+        [&](int j, int64_t, float(&v)[4]) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) v[x] = acc[4 * j + x];
+        },
+        bias, ti.n0, N, lane, ok0 ? Cg + static_cast<int64_t>(s0) * N : nullptr,
+        ok1 ? Cg + static_cast<int64_t>(s1) * N : nullptr);
+  }
+}
+
+std::atomic<int> g_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
+std::atomic<int64_t> g_launches{0};
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+// Measurement knobs of moe_fp8_gemm_bench: KPLAN_MOE_FP8_WS_DEBUG (kFlag*
+// bits) and KPLAN_MOE_FP8_WS_GROUP (token tiles per group; default
+// ws::WsAutoGroup).
+int DebugFlags() {
+  static const int flags = EnvInt("KPLAN_MOE_FP8_WS_DEBUG", 0);
+  return flags;
+}
+int GroupSize() {
+  static const int group = EnvInt("KPLAN_MOE_FP8_WS_GROUP", ws::kWsAutoGroup);
+  return group;
+}
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+template <typename T>
+absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
+  int device = 0, sms = 0;
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  static std::atomic<uint64_t> attr_set{0};
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        WsFp8GemmKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    attr_set.fetch_or(bit, std::memory_order_release);
+  }
+  CUtensorMap map;
+  if (absl::Status st = detail::EncodeTma2d(
+          &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.w, static_cast<uint64_t>(g.K),
+          static_cast<uint64_t>(g.num_local_experts) * static_cast<uint64_t>(g.N),
+          static_cast<uint64_t>(g.K), kBK, kWsTileN, "moe_grouped_gemm_ws_fp8");
+      !st.ok()) {
+    return st;
+  }
+  Fp8Params p{};
+  p.sched = ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, GroupSize());
+  p.sorted = g.sorted_token_ids;
+  p.expert_ids = g.expert_ids;
+  p.post = g.num_tokens_post_padded;
+  p.a = static_cast<const uint8_t*>(g.a);
+  p.a_scale = g.a_scale;
+  p.w_scale = g.w_scale;
+  p.c = g.c;
+  p.bias = g.bias;
+  p.numel = g.numel;
+  p.N = g.N;
+  p.K = g.K;
+  p.a_row_div = g.a_row_div;
+  p.num_local_experts = g.num_local_experts;
+  p.block_m = g.block_m;
+  p.scale_kind = g.w_scale_kind == MoeFp8WeightScale::kBlock        ? kScaleBlock
+                 : g.w_scale_kind == MoeFp8WeightScale::kPerChannel ? kScaleChannel
+                                                                    : kScaleTensor;
+  p.nbn = static_cast<int>((g.N + kHalf - 1) / kHalf);
+  p.nbk = static_cast<int>((g.K + kBK - 1) / kBK);
+  p.flags = DebugFlags();
+  if (p.sched.grid <= 0) return absl::OkStatus();
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsFp8GemmKernel<T>, dim3(p.sched.grid),
+                                               dim3(kThreads), kSmemBytes, stream, map, p));
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void SetMoeGemmWsFp8Mode(MoeGemmWsMode mode) { g_mode.store(static_cast<int>(mode)); }
+
+bool MoeGemmWsFp8Enabled() {
+  const auto mode = static_cast<MoeGemmWsMode>(g_mode.load(std::memory_order_relaxed));
+  if (mode != MoeGemmWsMode::kFromEnv) return mode == MoeGemmWsMode::kOn;
+  static const bool env = [] {
+    const char* v = std::getenv("KPLAN_MOE_FP8_GEMM");
+    return v == nullptr || std::strcmp(v, "old") != 0;
+  }();
+  return env;
+}
+
+bool MoeGemmWsFp8Applies(const MoeGroupedGemmArgs& g) {
+  if (!g.fp8 || g.splits != 1 || g.reduce_in_consumer) return false;
+  if (g.block_m != 128 && g.block_m != 256) return false;
+  if (g.N <= 0 || g.N % 8 != 0 || g.K <= 0 || g.K % 16 != 0 || g.a_row_div <= 0) return false;
+  if (g.num_local_experts <= 0 || g.numel < 0 || g.numel > INT32_MAX || g.num_blocks < 0) {
+    return false;
+  }
+  // Large M only: at least 128 slots per expert on average (a full token tile).
+  const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(g.num_local_experts, g.numel));
+  if (g.numel < int64_t{kWsTileT} * experts) return false;
+  if (!Aligned16(g.a) || !Aligned16(g.w) || !Aligned16(g.c)) return false;
+  const int64_t rows = static_cast<int64_t>(g.num_local_experts) * g.N;
+  return rows + kWsTileN < (int64_t{1} << 31) && g.num_blocks * g.block_m < (int64_t{1} << 31) &&
+         g.K < (int64_t{1} << 31);
+}
+
+absl::Status LaunchMoeGroupedGemmWsFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
+  if (absl::Status s = CheckHalfDType(g.dtype, "moe_grouped_gemm_ws_fp8"); !s.ok()) return s;
+  if (!MoeGemmWsFp8Applies(g)) {
+    return absl::InvalidArgumentError("moe_grouped_gemm_ws_fp8: arguments not supported");
+  }
+  if (g.num_blocks == 0 || g.numel == 0) return absl::OkStatus();
+  if (g.a == nullptr || g.w == nullptr || g.c == nullptr || g.a_scale == nullptr ||
+      g.w_scale == nullptr || g.sorted_token_ids == nullptr || g.expert_ids == nullptr ||
+      g.num_tokens_post_padded == nullptr) {
+    return absl::InvalidArgumentError("moe_grouped_gemm_ws_fp8: null pointer");
+  }
+  if (g.dtype == DType::kBFloat16) return LaunchFp8<__nv_bfloat16>(g, stream);
+  return LaunchFp8<__half>(g, stream);
+}
+
+int64_t MoeGemmWsFp8Launches() { return g_launches.load(std::memory_order_relaxed); }
+
+}  // namespace kplan::kernels::cuda
