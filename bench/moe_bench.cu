@@ -595,7 +595,9 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
     FillBf16(hidden[s]->p, M * H, seed);
     FillF32(logits[s]->as<float>(), M * E, seed ^ 0x5bd1e995u, -3.0f, 3.0f);
   }
-  const int64_t ws_bytes = kplan::MoeLayerWorkspaceBytes(gpu, M, k, E);
+  // bf16 activations for every scheme (quantised sets' own dtype is not one).
+  const int64_t ws_bytes =
+      kplan::MoeLayerWorkspaceBytes(gpu, M, k, E, kplan::kernels::DType::kBFloat16);
   DevBuf ws(ws_bytes);
   CHECK_CUDA(cudaDeviceSynchronize());
 
@@ -619,6 +621,7 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
     la.topk_weights = tw[s]->as<float>();
     la.output = out[s]->p;
     la.allow_decode = args.decode;
+    la.act_dtype = kplan::kernels::DType::kBFloat16;
     return kplan::EnqueueMoeLayer(gpu, la, ws.p, ws_bytes, stream);
   };
 

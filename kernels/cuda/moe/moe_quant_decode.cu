@@ -29,6 +29,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
@@ -127,16 +129,52 @@ __device__ __forceinline__ float Deq(uint32_t q, float zp_biased, float s) {
   return __fmul_rn(__int_as_float(0x4B000000 | q) - zp_biased, s);
 }
 
-template <typename T, int WK, int NT>
-__global__ void __launch_bounds__(kWarps * 32) QuantDecodeKernel(const __grid_constant__
-                                                                 DecodeParams p) {
+// Word i (compile-time after unrolling) of a 16-byte vector.
+__device__ __forceinline__ uint32_t WordOf(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Pair `pr` of a thread's 16 weight bytes as the MMA's input type: fp8
+// bytes 2pr, 2pr + 1 as f16x2 (exact); int8 bytes 2pr, 2pr + 1 and int4
+// elements 2pr, 2pr + 1 (byte pr, low nibble first) as round_T((q - zp)·s),
+// zp given as 2^23 + zp; signed int8 without zero points is read as q + 128
+// with zp 128.
+template <typename T, int WK>
+__device__ __forceinline__ uint32_t WeightPair(const uint4& v, int pr, float s, float zpb,
+                                               bool no_zero) {
+  if constexpr (WK == kWFp8) {
+    return Fp8x2ToHalf2(WordOf(v, pr >> 1) >> (16 * (pr & 1)));
+  } else if constexpr (WK == kWInt8) {
+    const uint32_t x = (WordOf(v, pr >> 1) >> (16 * (pr & 1))) ^ (no_zero ? 0x8080u : 0u);
+    return Pack2<T>::Make(Deq(x & 0xffu, zpb, s), Deq((x >> 8) & 0xffu, zpb, s));
+  } else {
+    const uint32_t byte = (WordOf(v, pr >> 2) >> (8 * (pr & 3))) & 0xffu;
+    return Pack2<T>::Make(Deq(byte & 0xfu, zpb, s), Deq(byte >> 4, zpb, s));
+  }
+}
+
+// CTAs per SM the register budget aims for (the weight stream wants many
+// warps with loads in flight).
+template <int WK, int NT>
+constexpr int MinCtas() {
+  return 1;
+}
+
+// kAsync: the weight stream goes through a per-thread shared-memory ring of
+// kStages steps filled by cp.async (loads in flight without registers);
+// else one step is prefetched into registers (KPLAN_MOE_QUANT_DECODE_PIPE=regs).
+template <typename T, int WK, int NT, bool kAsync>
+__global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
+    QuantDecodeKernel(const __grid_constant__ DecodeParams p) {
   constexpr int kBS = 8 * NT;
   constexpr int kCW = WK == kWInt4 ? 32 : 16;  // k per thread per step
   constexpr int kPairs = kCW / 2;              // T / f16 pairs per thread per step
   constexpr int kSteps = kPairs / 2;           // mma k16 steps per 4-thread step
   constexpr int kSpan = 4 * kCW;               // k per warp step
   using MT = std::conditional_t<WK == kWFp8, __half, T>;
+  constexpr int kStages = NT == 4 ? 3 : 4;
   __shared__ float red[kWarps][kRowsPerWarp][kBS + 1];
+  __shared__ uint4 ring[kAsync ? kStages : 1][4][kWarps * 32];
   __shared__ int32_t s_sid[kBS];
 
   detail::PdlWaitThenRelease();
@@ -202,7 +240,7 @@ __global__ void __launch_bounds__(kWarps * 32) QuantDecodeKernel(const __grid_co
   const int64_t nbk = block ? (p.K + p.w.block_k - 1) / p.w.block_k : 0;
   const int64_t nbn = block ? (p.N + p.w.block_n - 1) / p.w.block_n : 0;
 
-  auto load_w = [&](int64_t st, uint4 (&wr)[2][2]) {
+  auto load_w = [&](int64_t st, uint4(&wr)[2][2]) {
     const int64_t kc = st * kSpan + c * kCW;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -217,60 +255,98 @@ __global__ void __launch_bounds__(kWarps * 32) QuantDecodeKernel(const __grid_co
       }
   };
 
-  if (local && rg < p.groups && first < steps) {
-    uint4 wcur[2][2], wnext[2][2] = {};
-    load_w(first, wcur);
-    for (int64_t st = first; st < steps; st += stride) {
-      if (st + stride < steps) load_w(st + stride, wnext);
+  // cp.async of step st's 16-byte chunks into ring stage `stage` (zero-filled
+  // past K; nothing past the last step), one commit group per call.
+  auto issue = [&](int64_t st, int stage) {
+    if (st < steps) {
       const int64_t kc = st * kSpan + c * kCW;
-      const bool kin = kc < p.K;
-      // Weights as MT pairs: wp[mt][h][pair].
-      uint32_t wp[2][2][kPairs];
+      const int64_t off = kc < p.K ? (WK == kWInt4 ? kc / 2 : kc) : 0;
+      const int bytes = kc < p.K ? 16 : 0;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          if constexpr (WK == kWFp8) {
-            uint32_t t8[8];
-            Fp8ToPairs(wcur[mt][h], t8);
+          const uint8_t* src = wbase + row[mt][h] * bpr + off;
+          const uint32_t dst = static_cast<uint32_t>(
+              __cvta_generic_to_shared(&ring[stage][mt * 2 + h][threadIdx.x]));
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                       "r"(bytes)
+                       : "memory");
+        }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+
+  if (local && rg < p.groups && first < steps) {
+    uint4 wcur[2][2], wnext[2][2] = {};
+    if constexpr (kAsync) {
 #pragma unroll
-            for (int i = 0; i < 8; ++i) wp[mt][h][i] = t8[i];
-          } else {
-            float s = 0.0f, zpb = 8388608.0f;
+      for (int sg = 0; sg < kStages - 1; ++sg) issue(first + sg * stride, sg);
+    } else {
+      load_w(first, wcur);
+    }
+    int it = 0;
+#pragma unroll 1
+    for (int64_t st = first; st < steps; st += stride, ++it) {
+      if constexpr (kAsync) {
+        issue(st + (kStages - 1) * stride, (it + kStages - 1) % kStages);
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
+        const int stage = it % kStages;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) wcur[mt][h] = ring[stage][mt * 2 + h][threadIdx.x];
+      } else {
+        if (st + stride < steps) load_w(st + stride, wnext);
+      }
+      const int64_t kc = st * kSpan + c * kCW;
+      const bool kin = kc < p.K;
+      // Per-row group scale and biased zero point (int weights).
+      float sc[2][2], zb[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          sc[mt][h] = 0.0f;
+          zb[mt][h] = 8388608.0f;
+          if constexpr (WK != kWFp8) {
             if (kin) {
               const int64_t gi = (static_cast<int64_t>(e) * p.N + row[mt][h]) * groups_per_row +
                                  kc / p.w.group_size;
-              s = __ldg(p.w.scale + gi);
+              sc[mt][h] = __ldg(p.w.scale + gi);
               const float zp = p.w.zero != nullptr ? static_cast<float>(__ldg(p.w.zero + gi))
-                               : WK == kWInt4     ? 8.0f
-                                                  : 128.0f;
-              zpb = 8388608.0f + zp;
-            }
-            const uint32_t wv[4] = {wcur[mt][h].x, wcur[mt][h].y, wcur[mt][h].z, wcur[mt][h].w};
-            // Signed int8 without zero points: q + 128 as unsigned, zp 128.
-            const uint32_t flip = WK == kWInt8 && p.w.zero == nullptr ? 0x80808080u : 0u;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const uint32_t x = wv[i] ^ flip;
-              if constexpr (WK == kWInt4) {
-                // 8 nibbles, element 2m low nibble of byte m: pairs 4i .. 4i + 3.
-#pragma unroll
-                for (int b = 0; b < 4; ++b) {
-                  const uint32_t byte = (x >> (8 * b)) & 0xffu;
-                  wp[mt][h][4 * i + b] =
-                      Pack2<T>::Make(Deq(byte & 0xfu, zpb, s), Deq(byte >> 4, zpb, s));
-                }
-              } else {
-#pragma unroll
-                for (int b = 0; b < 2; ++b) {
-                  const uint32_t lo = (x >> (16 * b)) & 0xffu, hi = (x >> (16 * b + 8)) & 0xffu;
-                  wp[mt][h][2 * i + b] = Pack2<T>::Make(Deq(lo, zpb, s), Deq(hi, zpb, s));
-                }
-              }
+                               : WK == kWInt4      ? 8.0f
+                                                   : 128.0f;
+              zb[mt][h] = 8388608.0f + zp;
             }
           }
         }
-      // Activations, per n8 tile: ap[pair].
+      // Activations of this thread's slot column in each n8 tile: bp[nt][pair].
+      uint32_t bp[NT][kPairs];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (kin && aok[nt]) {
+          if constexpr (WK == kWFp8) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.a) +
+                                                                 arow[nt] * p.K + kc));
+            Fp8ToPairs(v, bp[nt]);
+          } else {
+            const uint4* src =
+                reinterpret_cast<const uint4*>(static_cast<const T*>(p.a) + arow[nt] * p.K + kc);
+#pragma unroll
+            for (int v = 0; v < kPairs / 4; ++v) {
+              const uint4 x = __ldg(src + v);
+              bp[nt][4 * v] = x.x;
+              bp[nt][4 * v + 1] = x.y;
+              bp[nt][4 * v + 2] = x.z;
+              bp[nt][4 * v + 3] = x.w;
+            }
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kPairs; ++i) bp[nt][i] = 0u;
+        }
+      }
       float tmp[2][NT][4];
       if (block) {
 #pragma unroll
@@ -280,40 +356,24 @@ __global__ void __launch_bounds__(kWarps * 32) QuantDecodeKernel(const __grid_co
 #pragma unroll
             for (int q = 0; q < 4; ++q) tmp[mt][nt][q] = 0.0f;
       }
+      // mma k16 step j takes pairs 2j (logical k 2c, 2c + 1) and 2j + 1
+      // (logical 2c + 8, 2c + 9) of rows g, g + 8 and of the slot's row; the
+      // weight pairs are decoded here, once per (step, m-tile), for all n8 tiles.
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t bp[kPairs];
-        if (kin && aok[nt]) {
-          if constexpr (WK == kWFp8) {
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(
-                static_cast<const uint8_t*>(p.a) + arow[nt] * p.K + kc));
-            Fp8ToPairs(v, bp);
-          } else {
-            const uint4* src =
-                reinterpret_cast<const uint4*>(static_cast<const T*>(p.a) + arow[nt] * p.K + kc);
+      for (int j = 0; j < kSteps; ++j) {
 #pragma unroll
-            for (int v = 0; v < kPairs / 4; ++v) {
-              const uint4 x = __ldg(src + v);
-              bp[4 * v] = x.x;
-              bp[4 * v + 1] = x.y;
-              bp[4 * v + 2] = x.z;
-              bp[4 * v + 3] = x.w;
-            }
-          }
-        } else {
+        for (int mt = 0; mt < 2; ++mt) {
+          const uint32_t a[4] = {
+              WeightPair<T, WK>(wcur[mt][0], 2 * j, sc[mt][0], zb[mt][0], p.w.zero == nullptr),
+              WeightPair<T, WK>(wcur[mt][1], 2 * j, sc[mt][1], zb[mt][1], p.w.zero == nullptr),
+              WeightPair<T, WK>(wcur[mt][0], 2 * j + 1, sc[mt][0], zb[mt][0], p.w.zero == nullptr),
+              WeightPair<T, WK>(wcur[mt][1], 2 * j + 1, sc[mt][1], zb[mt][1], p.w.zero == nullptr)};
 #pragma unroll
-          for (int i = 0; i < kPairs; ++i) bp[i] = 0u;
-        }
-#pragma unroll
-        for (int j = 0; j < kSteps; ++j) {
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            const uint32_t a[4] = {wp[mt][0][2 * j], wp[mt][1][2 * j], wp[mt][0][2 * j + 1],
-                                   wp[mt][1][2 * j + 1]};
+          for (int nt = 0; nt < NT; ++nt) {
             if (block) {
-              Mma<MT>(tmp[mt][nt], a, bp[2 * j], bp[2 * j + 1]);
+              Mma<MT>(tmp[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
             } else {
-              Mma<MT>(acc[mt][nt], a, bp[2 * j], bp[2 * j + 1]);
+              Mma<MT>(acc[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
             }
           }
         }
@@ -326,30 +386,31 @@ __global__ void __launch_bounds__(kWarps * 32) QuantDecodeKernel(const __grid_co
           float ws[2];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            ws[h] = __ldg(p.w.scale + (static_cast<int64_t>(e) * nbn + row[mt][h] / p.w.block_n) *
-                                          nbk +
-                          kb);
+            ws[h] = __ldg(p.w.scale +
+                          (static_cast<int64_t>(e) * nbn + row[mt][h] / p.w.block_n) * nbk + kb);
           }
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
               const int32_t sid = s_sid[nt * 8 + 2 * c + (q & 1)];
-              const float xs =
-                  sid >= 0 && sid < p.numel
-                      ? __ldg(p.a_scale + (sid / p.a_row_div) * p.a_kb + kb)
-                      : 0.0f;
+              const float xs = sid >= 0 && sid < p.numel
+                                   ? __ldg(p.a_scale + (sid / p.a_row_div) * p.a_kb + kb)
+                                   : 0.0f;
               acc[mt][nt][q] =
                   __fadd_rn(acc[mt][nt][q], __fmul_rn(tmp[mt][nt][q], __fmul_rn(xs, ws[q >> 1])));
             }
           }
         }
       }
+      if constexpr (!kAsync) {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) wcur[mt][h] = wnext[mt][h];
+          for (int h = 0; h < 2; ++h) wcur[mt][h] = wnext[mt][h];
+      }
     }
+    if constexpr (kAsync) asm volatile("cp.async.wait_all;\n" ::: "memory");
   }
 
   // Partial sums to shared memory: red[warp][m-tile row][slot].
@@ -430,7 +491,14 @@ namespace {
 
 template <typename T, int WK, int NT>
 cudaError_t LaunchKernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  return detail::LaunchPdl(QuantDecodeKernel<T, WK, NT>, grid, dim3(kWarps * 32), 0, stream, p);
+  static const bool regs = [] {
+    const char* v = std::getenv("KPLAN_MOE_QUANT_DECODE_PIPE");
+    return v != nullptr && std::strcmp(v, "regs") == 0;
+  }();
+  return regs ? detail::LaunchPdl(QuantDecodeKernel<T, WK, NT, false>, grid, dim3(kWarps * 32), 0,
+                                  stream, p)
+              : detail::LaunchPdl(QuantDecodeKernel<T, WK, NT, true>, grid, dim3(kWarps * 32), 0,
+                                  stream, p);
 }
 
 template <typename T, int WK>
@@ -523,11 +591,17 @@ absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& d, cudaStream_t stre
   p.c = d.c;
   // Non-empty tiles: at most one per slot and the blocks moe_align wrote.
   const int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(d.num_blocks, d.numel));
-  // Rows mode (4 row groups per CTA) unless that leaves the chip under two
-  // CTAs per SM for the tiles expected (one per hit expert at least).
+  // Rows mode (4 row groups per CTA) unless that leaves the chip under 32
+  // warps per SM for the tiles expected (one per hit expert at least): the
+  // weight stream needs that many loads in flight. KPLAN_MOE_QUANT_DECODE_SPLIT
+  // = rows | k forces one mode (tests run both).
   const int64_t expected = std::min<int64_t>(tiles, d.num_local_experts);
   const int64_t rows_ctas = (p.groups + kWarps - 1) / kWarps * expected;
-  p.ksplit = rows_ctas < 2 * std::max(1, d.num_sms);
+  p.ksplit = rows_ctas * kWarps < 32 * std::max(1, d.num_sms);
+  if (const char* f = std::getenv("KPLAN_MOE_QUANT_DECODE_SPLIT"); f != nullptr) {
+    if (std::strcmp(f, "rows") == 0) p.ksplit = false;
+    if (std::strcmp(f, "k") == 0) p.ksplit = true;
+  }
   const int64_t gx = p.ksplit ? p.groups : (p.groups + kWarps - 1) / kWarps;
   if (gx > INT32_MAX || tiles > 65535) {
     return absl::InvalidArgumentError("moe_quant_decode: grid too large");
@@ -571,9 +645,8 @@ __global__ void DequantKernel(const __grid_constant__ MoeQuantWeights w, int64_t
     if (!hit[e]) continue;
     const int64_t n = r / (K / kCW), kc = (r % (K / kCW)) * kCW;
     const int64_t row = e * N + n;
-    const uint4 v =
-        __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + row * bpr +
-                                             (kInt4 ? kc / 2 : kc)));
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) +
+                                                         row * bpr + (kInt4 ? kc / 2 : kc)));
     const int64_t gi = row * groups + kc / w.group_size;
     const float s = w.scale[gi];
     const float zp = w.zero != nullptr ? static_cast<float>(w.zero[gi]) : kInt4 ? 8.0f : 128.0f;
@@ -614,9 +687,9 @@ absl::Status LaunchMoeExpertsHit(const int32_t* topk_ids, int64_t numel, int num
   KPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(hit, 0, static_cast<size_t>(num_local), stream));
   if (numel <= 0) return absl::OkStatus();
   const int64_t blocks = std::min<int64_t>((numel + 255) / 256, 1024);
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(ExpertsHitKernel, dim3(blocks), dim3(256), 0,
-                                               stream, topk_ids, numel, num_experts, expert_map,
-                                               num_local, hit));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(ExpertsHitKernel, dim3(blocks), dim3(256), 0, stream,
+                                               topk_ids, numel, num_experts, expert_map, num_local,
+                                               hit));
   return absl::OkStatus();
 }
 
@@ -644,8 +717,8 @@ absl::Status LaunchMoeDequantWeights(const MoeQuantWeights& w, int num_local, in
                : detail::LaunchPdl(DequantKernel<__nv_bfloat16, false>, grid, dim3(256), 0, stream,
                                    w, N, K, num_local, hit, static_cast<__nv_bfloat16*>(out));
   } else {
-    err = int4 ? detail::LaunchPdl(DequantKernel<__half, true>, grid, dim3(256), 0, stream, w, N,
-                                   K, num_local, hit, static_cast<__half*>(out))
+    err = int4 ? detail::LaunchPdl(DequantKernel<__half, true>, grid, dim3(256), 0, stream, w, N, K,
+                                   num_local, hit, static_cast<__half*>(out))
                : detail::LaunchPdl(DequantKernel<__half, false>, grid, dim3(256), 0, stream, w, N,
                                    K, num_local, hit, static_cast<__half*>(out));
   }

@@ -36,9 +36,9 @@ inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
   const int64_t hit = std::min<int64_t>(numel, num_experts);
   // avg slots per hit expert, times 2 (integer arithmetic).
   const int64_t avg2 = 2 * numel / hit + (2 * numel % hit != 0);
-  if (avg2 <= 8) return 8;     // avg <= 4
-  if (avg2 <= 20) return 16;   // avg <= 10
-  if (avg2 <= 40) return 32;   // avg <= 20
+  if (avg2 <= 8) return 8;    // avg <= 4
+  if (avg2 <= 20) return 16;  // avg <= 10
+  if (avg2 <= 40) return 32;  // avg <= 20
   return 0;
 }
 
