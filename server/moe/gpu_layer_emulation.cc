@@ -169,7 +169,8 @@ kc::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dty
       kc::MoeQuantDecodeSupports(s.w13, ft, N13, H) && kc::MoeQuantDecodeSupports(s.w2, ft, H, I);
   const bool dequant_ok = !s.fp8 && kc::MoeDequantWeightsSupports(s.w13, ft, N13, H) &&
                           kc::MoeDequantWeightsSupports(s.w2, ft, H, I);
-  return kc::MoeQuantRouteFor(decode_ok, dequant_ok, numel, num_experts,
+  const bool fp8_tc = s.fp8_tc && ft != kernels::DType::kFloat32;
+  return kc::MoeQuantRouteFor(decode_ok, dequant_ok, fp8_tc, numel, num_experts,
                               kc::MoeQuantRouteModeNow());
 }
 

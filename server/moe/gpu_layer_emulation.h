@@ -7,6 +7,8 @@
 //   routing -> moe_align_block_size -> [scale rows] -> [fp8 quantise A]
 //   -> GEMM 1 (dequantise W) -> activation -> [fp8 quantise C2]
 //   -> GEMM 2 (dequantise W) -> combine
+// At decode sizes (QuantRouteOf == kDecode) both GEMMs are the decode
+// kernels of moe_quant_decode.cu instead, GEMM 1 with the activation fused.
 // Intermediates are in the activation dtype, rounded where the CPU
 // reference rounds. Internal to server/moe: gpu_layer.cc calls it when
 // !experts.FastPathFor(act_dtype).

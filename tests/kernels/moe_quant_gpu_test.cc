@@ -522,7 +522,8 @@ TEST(MoeQuantGpu, SmallShapesTails) {
 // counts from 1 to past one tile per expert (forced decode at 300 tokens:
 // several tiles per expert, the last partial), zero points on and off,
 // biases, gelu / swigluoai (interleaved gate/up rows) / silu_no_mul (no
-// gating), bf16 and fp16 activations, the routes forced against each other.
+// gating), bf16 and fp16 activations, the routes forced against each other
+// (fp8 decode is opt-in where the fp8 tensor cores apply, so it is forced).
 TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   SKIP_WITHOUT_CUDA();
   using kernels::cuda::MoeQuantRouteMode;
@@ -533,16 +534,19 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   const Shape f8{"tail-fp8", 6, 2, 336, 80};
   Combo blk = Fp8("fp8_block", kernels::DType::kBFloat16);
   blk.bias = true;
-  RunCombo(f8, blk, {1, 5, 33, 80}, 71);
+  // fp8 sets on the tensor cores take the grouped GEMMs unless forced
+  // (moe_quant_route.h): decode forced at decode sizes, auto past them.
+  RunCombo(f8, blk, {1, 5, 33}, 71, dec);
+  RunCombo(f8, blk, {80}, 71);
   RunCombo(f8, blk, {300}, 72, dec);
   Combo pc = Fp8("fp8_per_channel", kernels::DType::kFloat16);
   pc.activation = "swigluoai";
-  RunCombo(f8, pc, {1, 33}, 73);
+  RunCombo(f8, pc, {1, 33}, 73, dec);
   Combo pt = Fp8("fp8_per_tensor", kernels::DType::kBFloat16);
   pt.activation = "silu_no_mul";
   RunCombo(f8, pt, {7, 300}, 74, dec);
   Combo pts = Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor");
-  RunCombo(f8, pts, {17}, 75);
+  RunCombo(f8, pts, {17}, 75, dec);
   const Shape i4s{"tail-int4", 6, 2, 352, 96};
   Combo i4 = IntW("int4_group", kernels::DType::kBFloat16, false, 32);
   RunCombo(i4s, i4, {1, 9, 40}, 76);

@@ -28,27 +28,32 @@ TEST(MoeQuantRoute, DecodeBlockBySlotsPerExpert) {
 
 TEST(MoeQuantRoute, AutoPicksByBatchAndSupport) {
   const auto a = MoeQuantRouteMode::kAuto;
-  EXPECT_EQ(MoeQuantRouteFor(true, true, 8, 256, a), MoeQuantRoute::kDecode);
-  EXPECT_EQ(MoeQuantRouteFor(true, true, 4096 * 8, 128, a), MoeQuantRoute::kDequant);
+  EXPECT_EQ(MoeQuantRouteFor(true, true, false, 8, 256, a), MoeQuantRoute::kDecode);
+  EXPECT_EQ(MoeQuantRouteFor(true, true, false, 4096 * 8, 128, a), MoeQuantRoute::kDequant);
   // fp8: no dequant route; large batches stay on the grouped GEMMs.
-  EXPECT_EQ(MoeQuantRouteFor(true, false, 4096 * 8, 128, a), MoeQuantRoute::kEmulation);
-  EXPECT_EQ(MoeQuantRouteFor(true, false, 16, 128, a), MoeQuantRoute::kDecode);
+  EXPECT_EQ(MoeQuantRouteFor(true, false, false, 4096 * 8, 128, a), MoeQuantRoute::kEmulation);
+  EXPECT_EQ(MoeQuantRouteFor(true, false, false, 16, 128, a), MoeQuantRoute::kDecode);
+  // fp8 on tensor cores: the grouped GEMMs at every size unless forced.
+  EXPECT_EQ(MoeQuantRouteFor(true, false, true, 8, 256, a), MoeQuantRoute::kEmulation);
+  EXPECT_EQ(MoeQuantRouteFor(true, false, true, 512, 256, a), MoeQuantRoute::kEmulation);
+  EXPECT_EQ(MoeQuantRouteFor(true, false, true, 8, 256, MoeQuantRouteMode::kDecode),
+            MoeQuantRoute::kDecode);
   // Unsupported decode (fp32 activations, odd group sizes): dequant or emulation.
-  EXPECT_EQ(MoeQuantRouteFor(false, true, 8, 256, a), MoeQuantRoute::kDequant);
-  EXPECT_EQ(MoeQuantRouteFor(false, false, 8, 256, a), MoeQuantRoute::kEmulation);
+  EXPECT_EQ(MoeQuantRouteFor(false, true, false, 8, 256, a), MoeQuantRoute::kDequant);
+  EXPECT_EQ(MoeQuantRouteFor(false, false, false, 8, 256, a), MoeQuantRoute::kEmulation);
 }
 
 TEST(MoeQuantRoute, ForcedModesApplyWhereTheKernelRuns) {
-  EXPECT_EQ(MoeQuantRouteFor(true, true, 8, 256, MoeQuantRouteMode::kEmulation),
+  EXPECT_EQ(MoeQuantRouteFor(true, true, false, 8, 256, MoeQuantRouteMode::kEmulation),
             MoeQuantRoute::kEmulation);
-  EXPECT_EQ(MoeQuantRouteFor(true, true, 8, 256, MoeQuantRouteMode::kDequant),
+  EXPECT_EQ(MoeQuantRouteFor(true, true, false, 8, 256, MoeQuantRouteMode::kDequant),
             MoeQuantRoute::kDequant);
-  EXPECT_EQ(MoeQuantRouteFor(true, true, 4096 * 8, 128, MoeQuantRouteMode::kDecode),
+  EXPECT_EQ(MoeQuantRouteFor(true, true, false, 4096 * 8, 128, MoeQuantRouteMode::kDecode),
             MoeQuantRoute::kDecode);
   // Forced but not runnable: the automatic choice.
-  EXPECT_EQ(MoeQuantRouteFor(false, true, 8, 256, MoeQuantRouteMode::kDecode),
+  EXPECT_EQ(MoeQuantRouteFor(false, true, false, 8, 256, MoeQuantRouteMode::kDecode),
             MoeQuantRoute::kDequant);
-  EXPECT_EQ(MoeQuantRouteFor(true, false, 8, 256, MoeQuantRouteMode::kDequant),
+  EXPECT_EQ(MoeQuantRouteFor(true, false, false, 8, 256, MoeQuantRouteMode::kDequant),
             MoeQuantRoute::kDecode);
 }
 

@@ -10,6 +10,11 @@
 //   kEmulation  everything else: the dequantising GEMM of moe_quant_gemm.h
 //               (or, for fp8 with 16-bit activations, the fp8 tensor-core
 //               grouped GEMMs behind it).
+// fp8 sets whose grouped GEMMs run on the fp8 tensor cores (fp8_tc) stay on
+// them by default: in session 6's measurements (docs/PERF.md) that route was
+// as fast as or faster than the decode kernels at every decode size
+// (Mixtral-8x7B fp8 per-tensor 64 tokens 562 us against 1303 us); the decode
+// route is then opt-in (KPLAN_MOE_QUANT_ROUTE=decode).
 // The rule is bytes against slots: the decode kernels stream the weights
 // once per tile of 8 / 16 / 32 slots of one expert, so they win while the
 // average slots per hit expert fit one tile (the expected maximum too: the
@@ -59,9 +64,10 @@ inline MoeQuantRouteMode MoeQuantRouteModeNow() {
 }
 
 // decode_ok / dequant_ok: the kernels run these weights, activations and
-// sizes (MoeQuantDecodeSupports for both GEMMs; MoeDequantWeightsSupports).
+// sizes (MoeQuantDecodeSupports for both GEMMs; MoeDequantWeightsSupports);
+// fp8_tc: the emulation route's GEMMs are the fp8 tensor-core ones.
 // A forced route that does not apply falls back to the automatic choice.
-inline MoeQuantRoute MoeQuantRouteFor(bool decode_ok, bool dequant_ok, int64_t numel,
+inline MoeQuantRoute MoeQuantRouteFor(bool decode_ok, bool dequant_ok, bool fp8_tc, int64_t numel,
                                       int num_experts, MoeQuantRouteMode mode) {
   const bool decode_sized = MoeQuantDecodeBlockFor(numel, num_experts) > 0;
   switch (mode) {
@@ -76,7 +82,7 @@ inline MoeQuantRoute MoeQuantRouteFor(bool decode_ok, bool dequant_ok, int64_t n
     default:
       break;
   }
-  if (decode_ok && decode_sized) return MoeQuantRoute::kDecode;
+  if (decode_ok && decode_sized && !fp8_tc) return MoeQuantRoute::kDecode;
   if (dequant_ok) return MoeQuantRoute::kDequant;
   return MoeQuantRoute::kEmulation;
 }
