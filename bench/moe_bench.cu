@@ -36,6 +36,7 @@
 //                  [--replays 200] [--sets 8] [--budget_s 1.5] [--warmup_s 3]
 //                  [--copy_mib 1024] [--decode on|off] [--ws off|on|both]
 //                  [--gemm_only on|off] [--layer on|off] [--fused off|on|both]
+//                  [--quant LIST] [--route LIST] [--check_tokens N] [--json F] [--csv F]
 // --ws picks the grouped GEMM of large M: off the cp.async kernel
 // (moe_gemm_sm90.cu), on (the default) the warp-specialised TMA kernel
 // (moe_gemm_ws.h), both every config twice, one after the other, in the same run.
@@ -48,6 +49,15 @@
 // outputs against each other (poisoned first: every element written, no NaN).
 // --decode off keeps decode-sized layers on the grouped GEMM path (the
 // baseline of the decode kernels, moe_decode.cu).
+// --quant bf16,fp8_block,fp8_per_tensor,fp8_per_channel,int4_group,int8_group:
+// the weight schemes of the layer rows (default bf16). Quantised sets (block
+// 128 x 128 with 1 x 128 activation groups, per-token activation scales,
+// group 128 without zero points; random non-zero values, MakeQuantSet) are
+// checked before timing against the CPU reference (moe::MoeReference) on the
+// first --check_tokens (64) tokens of set 0 instead of RunMoeOnGpu; their
+// copy roofline counts the stored bytes of the experts hit (weights, scales).
+// --route auto,emulation,decode,dequant times the quantised rows on each
+// route (moe_quant_route.h; a route that does not apply falls back to auto).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -73,6 +83,8 @@
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/moe/moe_quant_route.h"
+#include "kernels/cpu/moe/moe_reference.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_layer.h"
 #include "server/moe/gpu_runner.h"
@@ -210,6 +222,11 @@ struct Args {
   bool gemm_only = false;
   bool layer = true;      // --layer off: only the --gemm_only tables
   std::string json, csv;  // --json / --csv: the layer rows, for bench/plot_moe.py
+  // --quant: weight schemes of the layer rows ("bf16" = unquantised).
+  std::vector<std::string> quant = {"bf16"};
+  // --route: the quantised rows' routes (moe_quant_route.h modes).
+  std::vector<std::string> route = {"auto"};
+  int64_t check_tokens = 64;  // --check_tokens: quantised rows' CPU-reference prefix
 };
 
 std::vector<std::string> SplitComma(const std::string& s) {
@@ -227,7 +244,9 @@ std::vector<std::string> SplitComma(const std::string& s) {
                "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
                "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
                "[--decode on|off] [--ws off|on|both] [--gemm_only on|off] [--layer on|off] "
-               "[--fused off|on|both] [--json FILE] [--csv FILE]\n",
+               "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,int4_group,"
+               "int8_group] [--route auto,emulation,decode,dequant] [--check_tokens N] "
+               "[--json FILE] [--csv FILE]\n",
                argv0);
   std::exit(2);
 }
@@ -276,6 +295,22 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--layer") {
       if (v != "on" && v != "off") Usage(argv[0]);
       a.layer = v == "on";
+    } else if (f == "--quant") {
+      a.quant = SplitComma(v);
+      for (const std::string& q : a.quant) {
+        if (q != "bf16" && q != "fp8_block" && q != "fp8_per_tensor" && q != "fp8_per_channel" &&
+            q != "int4_group" && q != "int8_group") {
+          std::fprintf(stderr, "unknown --quant '%s'\n", q.c_str());
+          std::exit(2);
+        }
+      }
+    } else if (f == "--route") {
+      a.route = SplitComma(v);
+      for (const std::string& r : a.route) {
+        if (r != "auto" && r != "emulation" && r != "decode" && r != "dequant") Usage(argv[0]);
+      }
+    } else if (f == "--check_tokens") {
+      a.check_tokens = std::max<long long>(1, std::atoll(v.c_str()));
     } else if (f == "--json") {
       a.json = v;
     } else if (f == "--csv") {
@@ -340,6 +375,8 @@ struct Matmul {
 
 struct Row {
   std::string shape;
+  std::string quant = "bf16", route = "auto";
+  double expert_bytes = 0;  // stored bytes of one expert (weights, scales, zero points)
   bool ws = false, fused = false;
   int64_t tokens = 0;
   bool ok = false;
@@ -363,9 +400,159 @@ struct DevBuf {
   }
 };
 
-Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const Args& args,
-              double copy_gbps, double mm_tflops, cudaStream_t stream) {
+// ---------------------------------------------------------------------------
+// Quantised expert sets (--quant) and their check against the CPU reference.
+
+// dst[0, n) from 64 random bits per 8 bytes, in parallel: fn(bits, dst + i, count).
+template <typename Fn>
+void ParallelBytes(char* dst, int64_t n, uint64_t key, Fn fn) {
+  const int threads =
+      static_cast<int>(std::max(1u, std::min(32u, std::thread::hardware_concurrency())));
+  const int64_t chunk = ((n + threads - 1) / threads + 7) / 8 * 8;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([=] {
+      const int64_t b = std::min<int64_t>(n, t * chunk), e = std::min<int64_t>(n, b + chunk);
+      for (int64_t i = b; i < e; i += 8) {
+        fn(SplitMix(key + static_cast<uint64_t>(i)), dst + i, std::min<int64_t>(8, e - i));
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+}
+
+// A quantised set of one shape (silu, no bias, block 128 x 128, group 128,
+// no zero points): fp8 bytes with random sign / mantissa and exponent field
+// 4..9 (never 0 or NaN), int bytes over their whole range, fp32 scales
+// around 1 / (rms(q)·sqrt(fan-in)) · [0.5, 1.5).
+std::unique_ptr<kplan::ExpertSet> MakeQuantSet(const ShapeDef& sh, const std::string& scheme) {
+  kplan::ExpertsSpec spec;
+  spec.experts_id = std::string(sh.key) + "_" + scheme;
+  spec.num_experts = sh.E;
+  spec.hidden = sh.H;
+  spec.intermediate = sh.I;
+  spec.activation = "silu";
+  spec.quant.scheme = scheme;
+  // fp8 block scales take 1 x 128 activation groups (per_token is illegal).
+  spec.quant.activation_scale = scheme == "fp8_block" ? "per_tensor" : "per_token";
+  const bool fp8 = scheme.rfind("fp8", 0) == 0;
+  spec.dtype = fp8                      ? kplan::kernels::DType::kFp8E4m3
+               : scheme == "int8_group" ? kplan::kernels::DType::kInt8
+                                        : kplan::kernels::DType::kInt4Packed;
+  const double rms_q = fp8 ? 2.5 : scheme == "int8_group" ? 73.0 : 4.6;
+  std::map<std::string, std::string> t;
+  uint64_t key = SplitMix(0x9abc + sh.E);
+  for (const kplan::TensorSpec& ts : kplan::ExpectedTensors(spec)) {
+    int64_t n = 1;
+    for (int64_t d : ts.shape) n *= d;
+    key = SplitMix(key);
+    const bool weight = ts.name == "w13" || ts.name == "w2";
+    if (weight) {
+      std::string bytes(static_cast<size_t>(n), '\0');
+      if (fp8) {
+        ParallelBytes(bytes.data(), n, key, [](uint64_t r, char* d, int64_t c) {
+          for (int64_t j = 0; j < c; ++j) {
+            const uint32_t b = static_cast<uint32_t>(r >> (8 * j)) & 0xff;
+            d[j] = static_cast<char>((b & 0x80) | ((4 + ((b >> 3) & 15) % 6) << 3) | (b & 7));
+          }
+        });
+      } else {
+        ParallelBytes(bytes.data(), n, key, [](uint64_t r, char* d, int64_t c) {
+          std::memcpy(d, &r, static_cast<size_t>(c));
+        });
+      }
+      t[ts.name] = std::move(bytes);
+    } else {  // fp32 scales
+      const double fan_in = ts.name.rfind("w13", 0) == 0 ? sh.H : sh.I;
+      const double base = 1.0 / (std::sqrt(fan_in) * rms_q);
+      std::string f(static_cast<size_t>(n) * 4, '\0');
+      float* dst = reinterpret_cast<float*>(f.data());
+      for (int64_t i = 0; i < n; ++i) {
+        dst[i] = static_cast<float>(base * (0.5 + (SplitMix(key + i) >> 40) / 16777216.0));
+      }
+      t[ts.name] = std::move(f);
+    }
+  }
+  return std::make_unique<kplan::ExpertSet>(std::move(spec), std::move(t));
+}
+
+// Set 0's first min(M, --check_tokens) tokens of a quantised row against
+// moe::MoeReference on the GPU's routing (every scheme here quantises
+// activations per token or per 1 x 128 group, so a token's output depends
+// on that token alone). bf16 output: rel L2 <= 1e-2 (fp8, whose
+// intermediate is re-quantised: 3e-2), no NaN (the output was poisoned),
+// no element past 2^-4·|ref| + 2^-3·rms(ref) (fp8: at most 2 + n/10^4).
+bool CheckQuantRow(const ShapeDef& sh, const kplan::ExpertSet& set, int64_t M, const Args& args,
+                   const void* d_hidden, const void* d_ids, const void* d_w, const void* d_out,
+                   const std::string& quant, Row* row) {
+  const int64_t Mc = std::min(M, args.check_tokens), H = sh.H;
+  const int k = sh.k;
+  std::vector<uint16_t> hid(Mc * H), got(Mc * H), ref(Mc * H);
+  std::vector<int32_t> ids(Mc * k);
+  std::vector<float> w(Mc * k);
+  CHECK_CUDA(cudaMemcpy(hid.data(), d_hidden, Mc * H * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(got.data(), d_out, Mc * H * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(ids.data(), d_ids, Mc * k * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(w.data(), d_w, Mc * k * 4, cudaMemcpyDeviceToHost));
+  kplan::moe::MoeProblem p;
+  p.num_tokens = Mc;
+  p.hidden = H;
+  p.intermediate = sh.I;
+  p.num_experts = sh.E;
+  p.top_k = k;
+  p.act_dtype = kplan::kernels::DType::kBFloat16;
+  p.hidden_states = hid.data();
+  p.activation = set.activation();
+  p.weights = set.Weights();
+  p.topk_ids = ids.data();
+  p.topk_weights = w.data();
+  p.num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto t0 = Clock::now();
+  const absl::Status st = kplan::moe::MoeReference(p, ref.data());
+  if (!st.ok()) {
+    row->note = "CPU reference failed: " + st.ToString();
+    return false;
+  }
+  const int64_t n = Mc * H;
+  double num = 0, den = 0, r2 = 0;
+  int64_t nan = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = Bf16ToFloat(got[i]), r = Bf16ToFloat(ref[i]);
+    if (!std::isfinite(g)) ++nan;
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  r2 = den;
+  const double rms = std::sqrt(r2 / std::max<int64_t>(1, n));
+  int64_t gross = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = Bf16ToFloat(got[i]), r = Bf16ToFloat(ref[i]);
+    if (std::fabs(g - r) > std::ldexp(std::fabs(r), -4) + std::ldexp(rms, -3)) ++gross;
+  }
+  const bool fp8 = quant.rfind("fp8", 0) == 0;
+  const double rel = den > 0 ? std::sqrt(num / den) : 1.0;
+  const int64_t max_gross = fp8 ? 2 + n / 10000 : 0;
+  const bool ok = nan == 0 && den > 0 && rel <= (fp8 ? 3e-2 : 1e-2) && gross <= max_gross;
+  char buf[200];
+  std::snprintf(
+      buf, sizeof(buf),
+      "%s vs CPU reference on %lld tokens (rel %.1e, %lld nan, %lld past 2^-4|r|+2^-3rms, "
+      "cpu %.1f s)",
+      ok ? "ok" : "FAILED", static_cast<long long>(Mc), rel, static_cast<long long>(nan),
+      static_cast<long long>(gross), Seconds(t0));
+  std::printf("  check %-14s %-14s M=%-5lld %s\n", sh.name, quant.c_str(),
+              static_cast<long long>(M), buf);
+  if (!ok) row->note = std::string("CHECK FAILED: ") + buf;
+  return ok;
+}
+
+// `set`: the host copy of quantised experts (checked against the CPU
+// reference); null for bf16 rows (checked against RunMoeOnGpu).
+Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::ExpertSet* set,
+              const std::string& quant, int64_t M, const Args& args, double copy_gbps,
+              double mm_tflops, cudaStream_t stream) {
   Row row;
+  row.quant = quant;
   row.shape = sh.name;
   row.tokens = M;
   const int E = sh.E, k = sh.k, R = args.sets;
@@ -384,7 +571,9 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     FillBf16(hidden[s]->p, M * H, seed);
     FillF32(logits[s]->as<float>(), M * E, seed ^ 0x5bd1e995u, -3.0f, 3.0f);
   }
-  const int64_t ws_bytes = kplan::MoeLayerWorkspaceBytes(gpu, M, k, E);
+  // bf16 activations for every scheme (quantised sets' own dtype is not one).
+  const int64_t ws_bytes =
+      kplan::MoeLayerWorkspaceBytes(gpu, M, k, E, kplan::kernels::DType::kBFloat16);
   DevBuf ws(ws_bytes);
   CHECK_CUDA(cudaDeviceSynchronize());
 
@@ -408,6 +597,7 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     la.topk_weights = tw[s]->as<float>();
     la.output = out[s]->p;
     la.allow_decode = args.decode;
+    la.act_dtype = kplan::kernels::DType::kBFloat16;
     return kplan::EnqueueMoeLayer(gpu, la, ws.p, ws_bytes, stream);
   };
 
@@ -438,76 +628,87 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   CHECK_CUDA(cudaStreamSynchronize(stream));
   CHECK_CUDA(cudaGetLastError());
 
-  kplan::MoeRunInput in;
-  in.act_dtype = kplan::kernels::DType::kBFloat16;
-  in.hidden_shape = {M, H};
-  in.hidden_states.resize(M * H * 2);
-  CHECK_CUDA(cudaMemcpy(in.hidden_states.data(), hidden[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
-  in.logits_shape = {M, E};
-  in.router_logits.resize(M * E * 4);
-  CHECK_CUDA(cudaMemcpy(in.router_logits.data(), logits[0]->p, M * E * 4, cudaMemcpyDeviceToHost));
-  in.routing.routing_method = "RenormalizeNaive";
-  in.routing.top_k = k;
-  kplan::GpuRunOptions opt;
-  opt.poison_workspace = true;
-  auto ref = kplan::RunMoeOnGpu(gpu, in, stream, opt);
-  if (!ref.ok()) {
-    row.note = "RunMoeOnGpu failed: " + ref.status().ToString();
+  if (set != nullptr && !CheckQuantRow(sh, *set, M, args, hidden[0]->p, tid[0]->p, tw[0]->p,
+                                       out[0]->p, quant, &row)) {
     CHECK_CUDA(cudaGraphExecDestroy(exec));
     CHECK_CUDA(cudaGraphDestroy(graph));
     return row;
   }
-  std::vector<uint16_t> got(M * H);
-  std::vector<int32_t> got_ids(numel);
-  CHECK_CUDA(cudaMemcpy(got.data(), out[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(got_ids.data(), tid[0]->p, numel * 4, cudaMemcpyDeviceToHost));
-  const uint16_t* want = reinterpret_cast<const uint16_t*>(ref->output.data());
-  int64_t nan = 0, differ = 0;
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < M * H; ++i) {
-    const float g = Bf16ToFloat(got[i]), w = Bf16ToFloat(want[i]);
-    if (!std::isfinite(g) || !std::isfinite(w)) ++nan;
-    if (got[i] != want[i]) ++differ;
-    num += (static_cast<double>(g) - w) * (static_cast<double>(g) - w);
-    den += static_cast<double>(w) * w;
-  }
-  const int64_t id_diff = static_cast<int64_t>(
-      numel - std::inner_product(got_ids.begin(), got_ids.end(), ref->topk_ids.begin(), int64_t{0},
-                                 std::plus<int64_t>(),
-                                 [](int32_t a, int32_t b) { return int64_t{a == b}; }));
-  const double rel = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1.0 : 0.0);
-  char check[160];
-  std::snprintf(check, sizeof(check),
-                "%s (rel %.1e, %lld/%lld bf16 differ, %lld nan, %lld ids differ)",
-                differ == 0 && id_diff == 0 && nan == 0 ? "bit-exact" : "tolerance", rel,
-                static_cast<long long>(differ), static_cast<long long>(M * H),
-                static_cast<long long>(nan), static_cast<long long>(id_diff));
-  std::printf("  check %-14s M=%-5lld graph vs RunMoeOnGpu: %s\n", sh.name,
-              static_cast<long long>(M), check);
-  bool fused_ok = true;
-  if (kc::MoeFusedActEnabled()) {
-    // The same layer with the unfused activation, eager, against the graph's set 0.
-    kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOff);
-    CHECK_CUDA(cudaMemsetAsync(ws.p, 0xff, ws_bytes, stream));
-    CHECK_CUDA(cudaMemsetAsync(out[0]->p, 0xff, M * H * 2, stream));
-    CHECK_OK(enqueue_layer(0));
-    CHECK_CUDA(cudaStreamSynchronize(stream));
-    kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOn);
-    std::vector<uint16_t> unfused(M * H);
-    CHECK_CUDA(cudaMemcpy(unfused.data(), out[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
-    int64_t fdiff = 0;
-    for (int64_t i = 0; i < M * H; ++i) fdiff += got[i] != unfused[i];
-    fused_ok = fdiff == 0;
-    std::printf("  check %-14s M=%-5lld fused vs unfused activation: %s (%lld/%lld bf16 differ)\n",
-                sh.name, static_cast<long long>(M), fused_ok ? "bit-identical" : "DIFFER",
-                static_cast<long long>(fdiff), static_cast<long long>(M * H));
-  }
-  if (nan != 0 || id_diff != 0 || !(rel <= 1e-2) || den == 0 || !fused_ok) {
-    row.note = std::string("CHECK FAILED: ") + check + (fused_ok ? "" : " (fused differs)");
-    CHECK_CUDA(cudaGraphExecDestroy(exec));
-    CHECK_CUDA(cudaGraphDestroy(graph));
-    return row;
-  }
+  if (set == nullptr) {
+    kplan::MoeRunInput in;
+    in.act_dtype = kplan::kernels::DType::kBFloat16;
+    in.hidden_shape = {M, H};
+    in.hidden_states.resize(M * H * 2);
+    CHECK_CUDA(
+        cudaMemcpy(in.hidden_states.data(), hidden[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
+    in.logits_shape = {M, E};
+    in.router_logits.resize(M * E * 4);
+    CHECK_CUDA(
+        cudaMemcpy(in.router_logits.data(), logits[0]->p, M * E * 4, cudaMemcpyDeviceToHost));
+    in.routing.routing_method = "RenormalizeNaive";
+    in.routing.top_k = k;
+    kplan::GpuRunOptions opt;
+    opt.poison_workspace = true;
+    auto ref = kplan::RunMoeOnGpu(gpu, in, stream, opt);
+    if (!ref.ok()) {
+      row.note = "RunMoeOnGpu failed: " + ref.status().ToString();
+      CHECK_CUDA(cudaGraphExecDestroy(exec));
+      CHECK_CUDA(cudaGraphDestroy(graph));
+      return row;
+    }
+    std::vector<uint16_t> got(M * H);
+    std::vector<int32_t> got_ids(numel);
+    CHECK_CUDA(cudaMemcpy(got.data(), out[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(got_ids.data(), tid[0]->p, numel * 4, cudaMemcpyDeviceToHost));
+    const uint16_t* want = reinterpret_cast<const uint16_t*>(ref->output.data());
+    int64_t nan = 0, differ = 0;
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < M * H; ++i) {
+      const float g = Bf16ToFloat(got[i]), w = Bf16ToFloat(want[i]);
+      if (!std::isfinite(g) || !std::isfinite(w)) ++nan;
+      if (got[i] != want[i]) ++differ;
+      num += (static_cast<double>(g) - w) * (static_cast<double>(g) - w);
+      den += static_cast<double>(w) * w;
+    }
+    const int64_t id_diff = static_cast<int64_t>(
+        numel - std::inner_product(got_ids.begin(), got_ids.end(), ref->topk_ids.begin(),
+                                   int64_t{0}, std::plus<int64_t>(),
+                                   [](int32_t a, int32_t b) { return int64_t{a == b}; }));
+    const double rel = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1.0 : 0.0);
+    char check[160];
+    std::snprintf(check, sizeof(check),
+                  "%s (rel %.1e, %lld/%lld bf16 differ, %lld nan, %lld ids differ)",
+                  differ == 0 && id_diff == 0 && nan == 0 ? "bit-exact" : "tolerance", rel,
+                  static_cast<long long>(differ), static_cast<long long>(M * H),
+                  static_cast<long long>(nan), static_cast<long long>(id_diff));
+    std::printf("  check %-14s M=%-5lld graph vs RunMoeOnGpu: %s\n", sh.name,
+                static_cast<long long>(M), check);
+    bool fused_ok = true;
+    if (kc::MoeFusedActEnabled()) {
+      // The same layer with the unfused activation, eager, against the graph's set 0.
+      kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOff);
+      CHECK_CUDA(cudaMemsetAsync(ws.p, 0xff, ws_bytes, stream));
+      CHECK_CUDA(cudaMemsetAsync(out[0]->p, 0xff, M * H * 2, stream));
+      CHECK_OK(enqueue_layer(0));
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOn);
+      std::vector<uint16_t> unfused(M * H);
+      CHECK_CUDA(cudaMemcpy(unfused.data(), out[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
+      int64_t fdiff = 0;
+      for (int64_t i = 0; i < M * H; ++i) fdiff += got[i] != unfused[i];
+      fused_ok = fdiff == 0;
+      std::printf(
+          "  check %-14s M=%-5lld fused vs unfused activation: %s (%lld/%lld bf16 differ)\n",
+          sh.name, static_cast<long long>(M), fused_ok ? "bit-identical" : "DIFFER",
+          static_cast<long long>(fdiff), static_cast<long long>(M * H));
+    }
+    if (nan != 0 || id_diff != 0 || !(rel <= 1e-2) || den == 0 || !fused_ok) {
+      row.note = std::string("CHECK FAILED: ") + check + (fused_ok ? "" : " (fused differs)");
+      CHECK_CUDA(cudaGraphExecDestroy(exec));
+      CHECK_CUDA(cudaGraphDestroy(graph));
+      return row;
+    }
+  }  // bf16 check
 
   // --- Experts hit, per set.
   double hit_sum = 0;
@@ -549,7 +750,8 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   CHECK_CUDA(cudaGraphDestroy(graph));
 
   row.us = ms * 1e3 / R;
-  const double weight_bytes = row.hit * 3.0 * I * H * 2.0;
+  const double weight_bytes =
+      row.hit * (set != nullptr ? gpu.bytes() / static_cast<double>(E) : 3.0 * I * H * 2.0);
   const double flops = 6.0 * static_cast<double>(M) * k * H * I;
   row.gbps = weight_bytes / (row.us * 1e-6) / 1e9;
   row.tflops = flops / (row.us * 1e-6) / 1e12;
@@ -817,6 +1019,7 @@ void WriteResults(const Args& args, const char* device, double copy_gbps, double
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       out << (i ? ",\n  " : "\n  ") << "{\"shape\": " << JsonText(r.shape)
+          << ", \"quant\": " << JsonText(r.quant) << ", \"route\": " << JsonText(r.route)
           << ", \"tokens\": " << r.tokens << ", \"gemm\": \"" << GemmName(r)
           << "\", \"ok\": " << (r.ok ? "true" : "false") << ", \"us\": " << r.us
           << ", \"hit\": " << r.hit << ", \"gbps\": " << r.gbps << ", \"pct_copy\": " << r.pct_copy
@@ -828,11 +1031,12 @@ void WriteResults(const Args& args, const char* device, double copy_gbps, double
   }
   if (!args.csv.empty()) {
     std::ofstream out(args.csv);
-    out << "shape,tokens,gemm,ok,us,hit,gbps,pct_copy,tflops,pct_mm,bound,floor_us\n";
+    out << "shape,quant,route,tokens,gemm,ok,us,hit,gbps,pct_copy,tflops,pct_mm,bound,floor_us\n";
     for (const Row& r : rows) {
-      out << r.shape << "," << r.tokens << "," << GemmName(r) << "," << (r.ok ? 1 : 0) << ","
-          << r.us << "," << r.hit << "," << r.gbps << "," << r.pct_copy << "," << r.tflops << ","
-          << r.pct_mm << "," << (r.compute_bound ? "mm" : "copy") << "," << r.floor_us << "\n";
+      out << r.shape << "," << r.quant << "," << r.route << "," << r.tokens << "," << GemmName(r)
+          << "," << (r.ok ? 1 : 0) << "," << r.us << "," << r.hit << "," << r.gbps << ","
+          << r.pct_copy << "," << r.tflops << "," << r.pct_mm << ","
+          << (r.compute_bound ? "mm" : "copy") << "," << r.floor_us << "\n";
     }
   }
 }
@@ -905,40 +1109,70 @@ int main(int argc, char** argv) {
     for (const ShapeDef& d : kShapes) {
       if (key == d.key) sh = &d;
     }
-    const auto t0 = Clock::now();
-    std::unique_ptr<kplan::GpuExperts> gpu = MakeExperts(*sh);
-    std::printf("%s: E=%d k=%d H=%lld I=%lld, weights %.2f GB on the device (setup %.1f s)\n",
-                sh->name, sh->E, sh->k, static_cast<long long>(sh->H),
-                static_cast<long long>(sh->I), gpu->bytes() / 1e9, Seconds(t0));
-    mm.Warm(1.0);  // clocks back up after the host-side setup
-    for (int64_t M : args.layer ? args.tokens : std::vector<int64_t>{}) {
-      for (const bool ws : args.ws) {
-        for (const bool fused : args.fused) {
-          if (fused && !ws) continue;  // the fused epilogue is the ws kernel's
-          kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-          kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-          const auto tc = Clock::now();
-          Row r = RunConfig(*sh, *gpu, M, args, copy_gbps, mm_tflops, stream);
-          r.ws = ws;
-          r.fused = fused;
-          if (r.ok) {
-            std::printf(
-                "  %-14s M=%-5lld %-6s %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f TFLOP/s  (%s, %.1f "
-                "s)\n",
-                r.shape.c_str(), static_cast<long long>(M),
-                !ws     ? "old"
-                : fused ? "ws+act"
-                        : "ws",
-                r.us, r.hit, r.gbps, r.tflops, r.note.c_str(), Seconds(tc));
-          } else {
-            std::printf("  %-14s M=%-5lld SKIPPED: %s\n", r.shape.c_str(),
-                        static_cast<long long>(M), r.note.c_str());
+    std::unique_ptr<kplan::GpuExperts> gpu;
+    for (const std::string& quant : args.quant) {
+      const auto t0 = Clock::now();
+      gpu.reset();
+      std::unique_ptr<kplan::ExpertSet> qset;
+      if (quant == "bf16") {
+        gpu = MakeExperts(*sh);
+      } else {
+        qset = MakeQuantSet(*sh, quant);
+        auto g = kplan::GpuExperts::Create(*qset, 0);
+        if (!g.ok()) {
+          std::fprintf(stderr, "GpuExperts::Create(%s %s): %s\n", sh->name, quant.c_str(),
+                       g.status().ToString().c_str());
+          std::exit(1);
+        }
+        gpu = std::move(*g);
+      }
+      std::printf("%s %s: E=%d k=%d H=%lld I=%lld, experts %.2f GB on the device (setup %.1f s)\n",
+                  sh->name, quant.c_str(), sh->E, sh->k, static_cast<long long>(sh->H),
+                  static_cast<long long>(sh->I), gpu->bytes() / 1e9, Seconds(t0));
+      mm.Warm(1.0);  // clocks back up after the host-side setup
+      const std::vector<std::string> routes =
+          quant == "bf16" ? std::vector<std::string>{"auto"} : args.route;
+      for (int64_t M : args.layer ? args.tokens : std::vector<int64_t>{}) {
+        for (const std::string& route : routes) {
+          kc::SetMoeQuantRouteMode(route == "emulation" ? kc::MoeQuantRouteMode::kEmulation
+                                   : route == "decode"  ? kc::MoeQuantRouteMode::kDecode
+                                   : route == "dequant" ? kc::MoeQuantRouteMode::kDequant
+                                                        : kc::MoeQuantRouteMode::kAuto);
+          for (const bool ws : args.ws) {
+            for (const bool fused : args.fused) {
+              if (fused && !ws) continue;  // the fused epilogue is the ws kernel's
+              kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+              kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+              const auto tc = Clock::now();
+              Row r =
+                  RunConfig(*sh, *gpu, qset.get(), quant, M, args, copy_gbps, mm_tflops, stream);
+              r.ws = ws;
+              r.fused = fused;
+              r.route = route;
+              if (r.ok) {
+                std::printf(
+                    "  %-14s %-14s %-9s M=%-5lld %-6s %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f "
+                    "TFLOP/s  (%s, %.1f s)\n",
+                    r.shape.c_str(), quant.c_str(), route.c_str(), static_cast<long long>(M),
+                    !ws     ? "old"
+                    : fused ? "ws+act"
+                            : "ws",
+                    r.us, r.hit, r.gbps, r.tflops, r.note.c_str(), Seconds(tc));
+              } else {
+                std::printf("  %-14s %-14s %-9s M=%-5lld SKIPPED: %s\n", r.shape.c_str(),
+                            quant.c_str(), route.c_str(), static_cast<long long>(M),
+                            r.note.c_str());
+              }
+              std::fflush(stdout);
+              rows.push_back(r);
+            }
           }
-          std::fflush(stdout);
-          rows.push_back(r);
         }
       }
+      kc::SetMoeQuantRouteMode(kc::MoeQuantRouteMode::kFromEnv);
+      if (quant != "bf16") gpu.reset();
     }
+    if (gpu == nullptr && args.gemm_only) gpu = MakeExperts(*sh);
     kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kFromEnv);
     if (args.gemm_only) {
       for (int64_t M : args.tokens) GemmOnly(*sh, *gpu, M, args, mm_tflops, stream, &gemm_rows);
@@ -954,18 +1188,21 @@ int main(int argc, char** argv) {
       "rooflines measured in this run: copy %.0f GB/s (SM copy kernel, read + write), "
       "matmul %.1f TFLOP/s (cuBLAS bf16 8192^3)\n",
       copy_gbps, mm_tflops);
-  std::printf("%-14s %6s %6s %11s %7s %8s %7s %8s %7s %5s %10s %7s\n", "shape", "tokens", "gemm",
-              "us", "hit", "GB/s", "%copy", "TFLOP/s", "%mm", "bound", "floor_us", "%floor");
+  std::printf("%-14s %-14s %-9s %6s %6s %11s %7s %8s %7s %8s %7s %5s %10s %7s\n", "shape", "quant",
+              "route", "tokens", "gemm", "us", "hit", "GB/s", "%copy", "TFLOP/s", "%mm", "bound",
+              "floor_us", "%floor");
   for (const Row& r : rows) {
     if (!r.ok) {
-      std::printf("%-14s %6lld  FAILED: %s\n", r.shape.c_str(), static_cast<long long>(r.tokens),
-                  r.note.c_str());
+      std::printf("%-14s %-14s %-9s %6lld  FAILED: %s\n", r.shape.c_str(), r.quant.c_str(),
+                  r.route.c_str(), static_cast<long long>(r.tokens), r.note.c_str());
       continue;
     }
-    std::printf("%-14s %6lld %6s %11.1f %7.1f %8.0f %6.1f%% %8.1f %6.1f%% %5s %10.1f %6.1f%%\n",
-                r.shape.c_str(), static_cast<long long>(r.tokens), GemmName(r), r.us, r.hit, r.gbps,
-                r.pct_copy, r.tflops, r.pct_mm, r.compute_bound ? "mm" : "copy", r.floor_us,
-                100.0 * r.floor_us / r.us);
+    std::printf(
+        "%-14s %-14s %-9s %6lld %6s %11.1f %7.1f %8.0f %6.1f%% %8.1f %6.1f%% %5s %10.1f "
+        "%6.1f%%\n",
+        r.shape.c_str(), r.quant.c_str(), r.route.c_str(), static_cast<long long>(r.tokens),
+        GemmName(r), r.us, r.hit, r.gbps, r.pct_copy, r.tflops, r.pct_mm,
+        r.compute_bound ? "mm" : "copy", r.floor_us, 100.0 * r.floor_us / r.us);
   }
   if (!gemm_rows.empty()) {
     std::printf(

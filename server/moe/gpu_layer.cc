@@ -31,15 +31,6 @@ struct Layout {
 // Bytes of split-K partials a layer may use; beyond it GEMMs do not split.
 constexpr int64_t kMaxPartialsBytes = int64_t{32} << 20;
 
-int NumSms(int device) {
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 132;
-  }
-  return n;
-}
-
 Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_rows,
                  bool separate_y, bool bound) {
   Layout l;
@@ -56,7 +47,7 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
     }
     partials = std::min(kMaxPartialsBytes, kc::MoeGemmPartialsBytes(8, numel, std::max(N13, H)));
   } else {
-    const int sms = NumSms(experts.device());
+    const int sms = DeviceSmCount(experts.device());
     auto splits = [&](int64_t N, int64_t K) {
       int s = kc::MoeGemmSplitsFor(numel, l.max_blocks, N, K, sms, l.block_m);
       while (s > 1 && kc::MoeGemmPartialsBytes(s, numel, N) > kMaxPartialsBytes) --s;
@@ -84,7 +75,45 @@ T* At(void* base, int64_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
 }
 
+// The int prefill route's buffers after the fast layout: hit flags, then
+// the dequantised w13 and w2 of every local expert (only hit ones written).
+struct DequantLayout {
+  int64_t hit = 0, w13 = 0, w2 = 0, bytes = 0;
+};
+
+DequantLayout DequantLayoutAfter(const GpuExperts& experts, int64_t base) {
+  const ExpertsSpec& spec = experts.spec();
+  DequantLayout d;
+  d.bytes = base;
+  d.hit = kc::ReserveAligned(&d.bytes, spec.num_experts);
+  d.w13 = kc::ReserveAligned(&d.bytes, int64_t{spec.num_experts} * experts.n13() * spec.hidden * 2);
+  d.w2 =
+      kc::ReserveAligned(&d.bytes, int64_t{spec.num_experts} * spec.hidden * spec.intermediate * 2);
+  return d;
+}
+
+// The fast route's weights: the experts' own (bf16 / fp16 sets) or the
+// int prefill route's dequantised copies.
+struct FastWeights {
+  const void* w13;
+  const void* w2;
+  kernels::DType dtype;
+};
+
+absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
+                              const MoeLayerArgs& a, void* workspace, int64_t workspace_bytes,
+                              cudaStream_t stream);
+
 }  // namespace
+
+int DeviceSmCount(int device) {
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 132;
+  }
+  return n;
+}
 
 kc::MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& r) {
   kc::MoeRoutingParams rp;
@@ -116,6 +145,15 @@ absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t*
 int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
                                int num_experts, std::optional<kernels::DType> act_dtype) {
   const kernels::DType act = act_dtype.value_or(experts.spec().dtype);
+  if (!experts.spec().quant.scheme.empty() &&
+      QuantRouteOf(experts, act, max_tokens * top_k, num_experts) == kc::MoeQuantRoute::kDequant) {
+    // Smaller calls may take the decode or emulation route: room for both.
+    const int64_t fast = LayoutFor(experts, max_tokens, top_k, num_experts, /*scale_rows=*/true,
+                                   /*separate_y=*/true, /*bound=*/true)
+                             .bytes;
+    return std::max(DequantLayoutAfter(experts, fast).bytes,
+                    EmulationLayerWorkspaceBytes(experts, max_tokens, top_k, num_experts, act));
+  }
   if (!experts.FastPathFor(act) || !experts.spec().quant.scheme.empty()) {
     return EmulationLayerWorkspaceBytes(experts, max_tokens, top_k, num_experts, act);
   }
@@ -149,17 +187,61 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   const kernels::DType act = a.act_dtype.value_or(spec.dtype);
   // Quantised sets take the route with the activation quantisers (whose
   // GEMMs are the fp8 tensor-core ones where Fp8OnTensorCores()).
+  if (!spec.quant.scheme.empty() &&
+      QuantRouteOf(experts, act, M * k, E) == kc::MoeQuantRoute::kDequant) {
+    // int8 / int4 at prefill sizes: routing, the hit experts' weights
+    // dequantised into the workspace, then the fast route on them.
+    const int64_t fast = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
+                                   /*bound=*/false)
+                             .bytes;
+    const DequantLayout d = DequantLayoutAfter(experts, fast);
+    if (workspace == nullptr || workspace_bytes < d.bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("EnqueueMoeLayer: workspace of ",
+                                                     workspace_bytes, " bytes, need ", d.bytes));
+    }
+    MoeLayerArgs routed = a;
+    if (a.router_logits != nullptr) {
+      KPLAN_RETURN_IF_ERROR(
+          kc::LaunchMoeRouting(a.routing, a.router_logits, M, a.topk_weights, a.topk_ids, stream));
+      routed.router_logits = nullptr;
+    }
+    uint8_t* hit = At<uint8_t>(workspace, d.hit);
+    KPLAN_RETURN_IF_ERROR(
+        kc::LaunchMoeExpertsHit(a.topk_ids, M * k, E, a.expert_map, spec.num_experts, hit, stream));
+    const kernels::DType dt = act;
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeDequantWeights(QuantWeightsOf(experts, true),
+                                                      spec.num_experts, experts.n13(), spec.hidden,
+                                                      hit, dt, At<void>(workspace, d.w13), stream));
+    KPLAN_RETURN_IF_ERROR(
+        kc::LaunchMoeDequantWeights(QuantWeightsOf(experts, false), spec.num_experts, spec.hidden,
+                                    spec.intermediate, hit, dt, At<void>(workspace, d.w2), stream));
+    return EnqueueFastLayer(experts, {At<void>(workspace, d.w13), At<void>(workspace, d.w2), dt},
+                            routed, workspace, fast, stream);
+  }
   if (!experts.FastPathFor(act) || !spec.quant.scheme.empty()) {
     return EnqueueEmulationLayer(experts, a, act, workspace, workspace_bytes, stream);
   }
+  const kernels::DType dtype = spec.dtype == kernels::DType::kBFloat16 ? kernels::DType::kBFloat16
+                                                                       : kernels::DType::kFloat16;
+  return EnqueueFastLayer(experts, {experts.w13(), experts.w2(), dtype}, a, workspace,
+                          workspace_bytes, stream);
+}
+
+namespace {
+
+absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
+                              const MoeLayerArgs& a, void* workspace, int64_t workspace_bytes,
+                              cudaStream_t stream) {
+  const ExpertsSpec& spec = experts.spec();
+  const int64_t M = a.num_tokens;
+  const int k = a.top_k, E = a.num_experts;
   const Layout l =
       LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine, /*bound=*/false);
   if (workspace == nullptr || workspace_bytes < l.bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));
   }
-  const kernels::DType dtype = spec.dtype == kernels::DType::kBFloat16 ? kernels::DType::kBFloat16
-                                                                       : kernels::DType::kFloat16;
+  const kernels::DType dtype = fw.dtype;
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
   const int64_t numel = M * k;
 
@@ -181,9 +263,9 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
     d.top_k = k;
     d.hidden_size = H;
     d.intermediate_size = I;
-    d.w13 = experts.w13();
+    d.w13 = fw.w13;
     d.b13 = experts.b13();
-    d.w2 = experts.w2();
+    d.w2 = fw.w2;
     d.b2 = experts.b2();
     d.act = experts.activation();
     d.h = At<void>(workspace, l.c2);
@@ -206,7 +288,7 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   g1.dtype = dtype;
   g1.a = a1;
   g1.a_row_div = k;
-  g1.w = experts.w13();
+  g1.w = fw.w13;
   g1.bias = experts.b13();
   g1.c = At<void>(workspace, l.c1);
   g1.sorted_token_ids = sorted;
@@ -246,7 +328,7 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   kc::MoeGroupedGemmArgs g2 = g1;
   g2.a = At<void>(workspace, l.c2);
   g2.a_row_div = 1;
-  g2.w = experts.w2();
+  g2.w = fw.w2;
   g2.bias = experts.b2();
   g2.c = y;
   g2.N = H;
@@ -262,4 +344,5 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
                               M, k, H, a.output, stream, split2);
 }
 
+}  // namespace
 }  // namespace kplan

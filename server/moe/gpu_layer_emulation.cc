@@ -9,6 +9,7 @@
 #include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cuda/runtime/buffers.h"
 #include "base/status.h"
 
@@ -81,16 +82,21 @@ struct Layout {
   int64_t bytes = 0;
 };
 
+// decode_block: the decode kernels' align block (8 / 16 / 32), 0 for the
+// grouped GEMMs.
 Layout LayoutFor(const GpuExperts& experts, const Scheme& s, int64_t M, int k, int E,
-                 int64_t act_bytes, bool scale_rows, bool separate_y) {
+                 int64_t act_bytes, bool scale_rows, bool separate_y, int decode_block) {
   Layout l;
   const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
   const int64_t N13 = experts.n13(), numel = M * k;
   // fp8 on tensor cores aligns with the wgmma GEMM's block (16 / 64 / 128
-  // by batch); sized for the largest of them, as the choice depends on M.
-  l.block_m = s.fp8_tc ? std::min(kc::MoeGemmBlockMFor(numel, E), 128) : kBlockM;
-  for (int bm : {16, 64, 128}) {
-    if (!s.fp8_tc && bm != kBlockM) continue;
+  // by batch); sized for the largest of them (and of the decode blocks), as
+  // the choice depends on M.
+  l.block_m = decode_block > 0 ? decode_block
+              : s.fp8_tc       ? std::min(kc::MoeGemmBlockMFor(numel, E), 128)
+                               : kBlockM;
+  for (int bm : {8, 16, 32, 64, 128}) {
+    if (!s.fp8_tc && bm != kBlockM && bm > 32) continue;
     l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));
     l.max_blocks = std::max(l.max_blocks, kc::MoeAlignMaxBlocks(numel, E, bm, false));
   }
@@ -165,11 +171,32 @@ kernels::DType FloatTypeOf(kernels::DType d) {
 
 }  // namespace
 
+kc::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dtype, int64_t numel,
+                               int num_experts) {
+  const ExpertsSpec& spec = experts.spec();
+  if (spec.quant.scheme.empty()) return kc::MoeQuantRoute::kEmulation;
+  const Scheme s = SchemeOf(experts);
+  const kernels::DType ft = FloatTypeOf(act_dtype);
+  const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
+  const bool decode_ok =
+      kc::MoeQuantDecodeSupports(s.w13, ft, N13, H) && kc::MoeQuantDecodeSupports(s.w2, ft, H, I);
+  const bool dequant_ok = !s.fp8 && kc::MoeDequantWeightsSupports(s.w13, ft, N13, H) &&
+                          kc::MoeDequantWeightsSupports(s.w2, ft, H, I);
+  const bool fp8_tc = s.fp8_tc && ft != kernels::DType::kFloat32;
+  return kc::MoeQuantRouteFor(decode_ok, dequant_ok, fp8_tc, numel, num_experts,
+                              kc::MoeQuantRouteModeNow());
+}
+
+kc::MoeQuantWeights QuantWeightsOf(const GpuExperts& experts, bool w13) {
+  const Scheme s = SchemeOf(experts);
+  return w13 ? s.w13 : s.w2;
+}
+
 int64_t EmulationLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
                                      int num_experts, kernels::DType act_dtype) {
   const int64_t act_bytes = kernels::DTypeSize(act_dtype);
   return LayoutFor(experts, SchemeOf(experts), max_tokens, top_k, num_experts, act_bytes,
-                   /*scale_rows=*/true, /*separate_y=*/true)
+                   /*scale_rows=*/true, /*separate_y=*/true, /*decode_block=*/0)
       .bytes;
 }
 
@@ -190,8 +217,14 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   const int64_t numel = M * k;
   const bool f32 = act_dtype == kernels::DType::kFloat32;
   const int64_t act_bytes = f32 ? 4 : 2;
-  const Layout l =
-      LayoutFor(experts, s, M, k, E, act_bytes, a.apply_router_weight_on_input, a.combine);
+  const bool decode = QuantRouteOf(experts, act_dtype, numel, E) == kc::MoeQuantRoute::kDecode;
+  int decode_block = 0;
+  if (decode) {
+    decode_block = kc::MoeQuantDecodeBlockFor(numel, E);
+    if (decode_block == 0) decode_block = 32;  // forced past decode size
+  }
+  const Layout l = LayoutFor(experts, s, M, k, E, act_bytes, a.apply_router_weight_on_input,
+                             a.combine, decode_block);
   if (workspace == nullptr || workspace_bytes < l.bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));
@@ -253,16 +286,46 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g1.K = H;
   g1.num_local_experts = spec.num_experts;
   const bool tc = s.fp8_tc && !f32;
-  KPLAN_RETURN_IF_ERROR(tc ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g1, et), stream)
-                           : kc::LaunchMoeQuantGemm(g1, stream));
-
   kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
   const auto act = experts.activation();
   void* c2 = At<void>(workspace, l.c2);
-  KPLAN_RETURN_IF_ERROR(f32 ? kc::LaunchMoeActivationF32(act, ap, At<float>(workspace, l.c1), numel,
-                                                         N13, static_cast<float*>(c2), I, stream)
-                            : kc::LaunchMoeActivation(act, ap, et, At<void>(workspace, l.c1), numel,
-                                                      N13, c2, I, stream));
+  // The decode kernels' form of a GEMM of this route.
+  auto decode_gemm = [&](const kc::MoeQuantGemmArgs& g, bool apply_act, void* c) {
+    kc::MoeQuantDecodeArgs d;
+    d.act_type = et;
+    d.a = g.a;
+    d.a_scale = g.a_scale;
+    d.a_row_div = g.a_row_div;
+    d.w = g.w;
+    d.bias = g.bias;
+    d.sorted_token_ids = sorted;
+    d.expert_ids = eids;
+    d.num_tokens_post_padded = post;
+    d.block_m = l.block_m;
+    d.numel = numel;
+    d.num_blocks = l.max_blocks;
+    d.N = g.N;
+    d.K = g.K;
+    d.num_local_experts = spec.num_experts;
+    d.apply_act = apply_act;
+    d.act = act;
+    d.act_params = ap;
+    d.c = c;
+    d.num_sms = DeviceSmCount(experts.device());
+    return kc::LaunchMoeQuantDecode(d, stream);
+  };
+  if (decode) {
+    // GEMM 1 with the activation, straight into c2.
+    KPLAN_RETURN_IF_ERROR(decode_gemm(g1, /*apply_act=*/true, c2));
+  } else {
+    KPLAN_RETURN_IF_ERROR(tc ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g1, et), stream)
+                             : kc::LaunchMoeQuantGemm(g1, stream));
+    KPLAN_RETURN_IF_ERROR(f32 ? kc::LaunchMoeActivationF32(act, ap, At<float>(workspace, l.c1),
+                                                           numel, N13, static_cast<float*>(c2), I,
+                                                           stream)
+                              : kc::LaunchMoeActivation(act, ap, et, At<void>(workspace, l.c1),
+                                                        numel, N13, c2, I, stream));
+  }
 
   void* y = a.combine ? At<void>(workspace, l.y) : a.output;
   kc::MoeQuantGemmArgs g2 = g1;
@@ -282,8 +345,9 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g2.c = y;
   g2.N = H;
   g2.K = I;
-  KPLAN_RETURN_IF_ERROR(tc ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g2, et), stream)
-                           : kc::LaunchMoeQuantGemm(g2, stream));
+  KPLAN_RETURN_IF_ERROR(decode ? decode_gemm(g2, /*apply_act=*/false, y)
+                        : tc   ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g2, et), stream)
+                               : kc::LaunchMoeQuantGemm(g2, stream));
   if (!a.combine) return absl::OkStatus();
   const float* w = a.apply_router_weight_on_input ? nullptr : a.topk_weights;
   return f32 ? kc::LaunchMoeCombineF32(static_cast<const float*>(y), w, M, k, H,

@@ -7,6 +7,8 @@
 //   routing -> moe_align_block_size -> [scale rows] -> [fp8 quantise A]
 //   -> GEMM 1 (dequantise W) -> activation -> [fp8 quantise C2]
 //   -> GEMM 2 (dequantise W) -> combine
+// At decode sizes (QuantRouteOf == kDecode) both GEMMs are the decode
+// kernels of moe_quant_decode.cu instead, GEMM 1 with the activation fused.
 // Intermediates are in the activation dtype, rounded where the CPU
 // reference rounds. Internal to server/moe: gpu_layer.cc calls it when
 // !experts.FastPathFor(act_dtype).
@@ -15,11 +17,24 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cpu/moe/moe_reference.h"
 #include "server/moe/gpu_layer.h"
 #include "server/moe/gpu_runner.h"
 
 namespace kplan {
+
+// The route of a layer of `numel` slots over `num_experts` ids on quantised
+// experts (moe_quant_route.h): kDecode runs inside EnqueueEmulationLayer,
+// kDequant in gpu_layer.cc (dequantised weights, then the fast kernels).
+// kEmulation for unquantised sets.
+kernels::cuda::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dtype,
+                                          int64_t numel, int num_experts);
+// The stored-form descriptor of a quantised set's w13 or w2.
+kernels::cuda::MoeQuantWeights QuantWeightsOf(const GpuExperts& experts, bool w13);
+// Multiprocessors of `device` (132 when the query fails).
+int DeviceSmCount(int device);
 
 // Workspace bytes for up to max_tokens tokens (scaled rows and a separate
 // expert-output buffer included).

@@ -12,7 +12,10 @@
 // zero points); fp32, fp16 or bf16 activations. bf16 / fp16 weights with
 // activations of their dtype run the fast kplan kernels (moe_experts.h);
 // everything else the emulation route (moe_quant_gemm.h: weights resident
-// in their stored form, dequantised in the GEMM). Optional biases, every
+// in their stored form, dequantised in the GEMM; for quantised sets with
+// bf16 / fp16 activations the decode kernels at decode sizes, or for int8 /
+// int4 at larger batches the hit experts dequantised into the workspace for
+// the fast kernels: kernels/cuda/moe/moe_quant_route.h). Optional biases, every
 // activation of the CPU reference with default ActivationParams, routing
 // from logits (every method of RoutingSpecFor) or given top-k ids / weights,
 // apply_router_weight_on_input (top_k = 1), no expert map (all experts local).

@@ -38,12 +38,14 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cpu/moe/moe_reference.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_runner.h"
@@ -233,6 +235,8 @@ std::vector<float> Logits(int64_t n, uint64_t stream) {
 }
 
 struct RunOptions {
+  // The route (moe_quant_route.h) for the run; auto picks by batch size.
+  kernels::cuda::MoeQuantRouteMode route = kernels::cuda::MoeQuantRouteMode::kAuto;
   bool deepseek_routing = false;
   bool given_ids = false;
   bool weights_on_input = false;  // k must be 1
@@ -241,7 +245,22 @@ struct RunOptions {
 
 void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExperts& gpu,
              int64_t M, uint64_t stream, const RunOptions& opt = {}) {
-  const std::string label = absl::StrCat(sh.name, " ", c.Label());
+  const char* const kRouteNames[] = {"auto", "emulation", "decode", "dequant"};
+  const std::string label =
+      absl::StrCat(sh.name, " ", c.Label(),
+                   opt.route == kernels::cuda::MoeQuantRouteMode::kAuto
+                       ? ""
+                       : absl::StrCat(" [", kRouteNames[static_cast<int>(opt.route)], "]"));
+  // The route for this case only (also on an early ASSERT return).
+  struct RouteGuard {
+    explicit RouteGuard(kernels::cuda::MoeQuantRouteMode m) {
+      // auto leaves KPLAN_MOE_QUANT_ROUTE in charge.
+      if (m != kernels::cuda::MoeQuantRouteMode::kAuto) kernels::cuda::SetMoeQuantRouteMode(m);
+    }
+    ~RouteGuard() {
+      kernels::cuda::SetMoeQuantRouteMode(kernels::cuda::MoeQuantRouteMode::kFromEnv);
+    }
+  } route_guard(opt.route);
   const int64_t H = sh.H;
   const int E = sh.E;
   MoeRouting routing = Routing(sh, opt.deepseek_routing, stream);
@@ -344,11 +363,21 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   }
   const int64_t max_flips = c.fp8() ? std::max<int64_t>(2, n / 100000) : 0;
   const bool ok = nonfinite == 0 && rel <= rel_max && bad == 0 && flips <= max_flips && r2 > 0;
+  // gpu= is one call's device time (events after the upload, before the
+  // download; the second call of the case, not warmed up, not a benchmark:
+  // bench/moe_bench times the layer). hit= the distinct experts it routed to:
+  // this test's routing is not uniform (DeepSeekV3's correction bias, ±0.1,
+  // outweighs the spread of the sigmoid scores near their top, so a few
+  // experts take most slots), so its bytes are hit x the per-expert bytes,
+  // not those of uniform routing.
+  const std::set<int32_t> distinct(got->topk_ids.begin(), got->topk_ids.end());
+  const double hit_gb = static_cast<double>(distinct.size()) * gpu.bytes() / E / 1e9;
   std::printf(
-      "%-58s M=%-5lld rel=%.2e max_abs=%.2e rms=%.2e flips=%lld gpu=%8.3f ms cpu_ref=%5.1f s "
-      "%s\n",
+      "%-66s M=%-5lld rel=%.2e max_abs=%.2e rms=%.2e flips=%lld gpu=%8.3f ms (one call; hit %zu "
+      "experts, %.3f GB, %.0f GB/s) cpu_ref=%5.1f s %s\n",
       label.c_str(), static_cast<long long>(M), rel, max_abs, rms, static_cast<long long>(flips),
-      st.device_ms, cpu_s, ok ? "OK" : "FAIL");
+      st.device_ms, distinct.size(), hit_gb, hit_gb / (st.device_ms * 1e-3), cpu_s,
+      ok ? "OK" : "FAIL");
   std::fflush(stdout);
   EXPECT_EQ(nonfinite, 0) << label << ": non-finite outputs (unwritten or NaN)";
   EXPECT_LE(rel, rel_max) << label;
@@ -482,6 +511,65 @@ TEST(MoeQuantGpu, SmallShapesTails) {
   on_input.k_override = 1;
   RunCombo(s, Fp8("fp8_per_channel", kernels::DType::kBFloat16), {65}, 57, on_input);
   RunCombo(s, Plain(kernels::DType::kBFloat16, kernels::DType::kFloat32), {65}, 58, on_input);
+}
+
+// The decode kernels (moe_quant_decode.cu) and the int prefill route
+// (dequantised weights + the bf16 / fp16 grouped GEMMs) on shapes with
+// tails: fp8 H = 336 (k steps of 64 and k-blocks of 128 end mid-way; GEMM 2's
+// 336 rows end inside a 32-row warp tile), I = 80 (5 gated column groups,
+// N13 = 160 inside a 128-row scale block); int4 H = 352, I = 96 with group 32
+// (a partial 128-wide k step); int8 H = 336, I = 80 with group 16. Slot
+// counts from 1 to past one tile per expert (forced decode at 300 tokens:
+// several tiles per expert, the last partial), zero points on and off,
+// biases, gelu / swigluoai (interleaved gate/up rows) / silu_no_mul (no
+// gating), bf16 and fp16 activations, the routes forced against each other
+// (fp8 decode is opt-in where the fp8 tensor cores apply, so it is forced).
+TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
+  SKIP_WITHOUT_CUDA();
+  using kernels::cuda::MoeQuantRouteMode;
+  RunOptions dec, deq, emu;
+  dec.route = MoeQuantRouteMode::kDecode;
+  deq.route = MoeQuantRouteMode::kDequant;
+  emu.route = MoeQuantRouteMode::kEmulation;
+  const Shape f8{"tail-fp8", 6, 2, 336, 80};
+  Combo blk = Fp8("fp8_block", kernels::DType::kBFloat16);
+  blk.bias = true;
+  // fp8 sets on the tensor cores take the grouped GEMMs unless forced
+  // (moe_quant_route.h): decode forced at decode sizes, auto past them.
+  RunCombo(f8, blk, {1, 5, 33}, 71, dec);
+  RunCombo(f8, blk, {80}, 71);
+  RunCombo(f8, blk, {300}, 72, dec);
+  Combo pc = Fp8("fp8_per_channel", kernels::DType::kFloat16);
+  pc.activation = "swigluoai";
+  RunCombo(f8, pc, {1, 33}, 73, dec);
+  Combo pt = Fp8("fp8_per_tensor", kernels::DType::kBFloat16);
+  pt.activation = "silu_no_mul";
+  RunCombo(f8, pt, {7, 300}, 74, dec);
+  Combo pts = Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor");
+  RunCombo(f8, pts, {17}, 75, dec);
+  const Shape i4s{"tail-int4", 6, 2, 352, 96};
+  Combo i4 = IntW("int4_group", kernels::DType::kBFloat16, false, 32);
+  RunCombo(i4s, i4, {1, 9, 40}, 76);
+  RunCombo(i4s, i4, {300}, 77, dec);
+  RunCombo(i4s, i4, {3, 300}, 78, deq);
+  Combo i4z = IntW("int4_group", kernels::DType::kFloat16, true, 32);
+  i4z.bias = true;
+  i4z.activation = "gelu";
+  RunCombo(i4s, i4z, {1, 40, 500}, 79);
+  RunCombo(i4s, i4z, {40}, 80, emu);
+  const Shape i8s{"tail-int8", 6, 2, 336, 80};
+  Combo i8 = IntW("int8_group", kernels::DType::kBFloat16, false, 16);
+  i8.activation = "swigluoai";
+  RunCombo(i8s, i8, {1, 33, 400}, 81);
+  Combo i8z = IntW("int8_group", kernels::DType::kFloat16, true, 16);
+  RunCombo(i8s, i8z, {2, 41}, 82, dec);
+  RunCombo(i8s, i8z, {2, 400}, 83, deq);
+  // Top-1 with the router weight on the input (scaled rows feed GEMM 1).
+  RunOptions on_input = dec;
+  on_input.weights_on_input = true;
+  on_input.k_override = 1;
+  RunCombo(i4s, IntW("int4_group", kernels::DType::kBFloat16, true, 32), {19}, 84, on_input);
+  RunCombo(f8, Fp8("fp8_per_channel", kernels::DType::kBFloat16), {19}, 85, on_input);
 }
 
 TEST(MoeQuantGpu, RefusesWhatTheReferenceRejects) {

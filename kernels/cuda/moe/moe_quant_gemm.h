@@ -116,4 +116,56 @@ absl::Status LaunchMoeCombineF32(const float* y, const float* topk_weights, int6
 absl::Status LaunchMoeScaleRowsF32(const float* a, const float* row_weights, int64_t rows,
                                    int64_t width, float* out, cudaStream_t stream);
 
+// Decode-sized quantised expert GEMMs (moe_quant_decode.cu): over the
+// moe_align_block_size output with block_m 8, 16 or 32 (MoeQuantDecodeBlockFor,
+// moe_quant_route.h), one CTA per (tile, 128 weight rows) reads each weight
+// row once for all the tile's slots (16-byte loads), dequantises it in
+// registers and multiplies on mma.sync m16n8k16 (weights the 16-row operand,
+// slots the 8-column one), fp32 accumulation. Arithmetic as
+// LaunchMoeQuantGemm's (the reference's): fp8 weights need A quantised by
+// LaunchMoeFp8Quantize (e4m3 bytes; a_scale per row, or per 1 x block_k
+// group for block scales), block scales applied per k-block; int8 / int4
+// weights w = round_T((q - zp)·scale) against A of act_type. Output
+// C[s, n] of act_type rounded as the grouped GEMMs round (bias too); with
+// apply_act the activation is fused (gated: C is [numel, N/2], the
+// activation of the gate and up rows, as LaunchMoeActivation computes it).
+// Slots of a non-local expert (expert -1) get zero rows.
+struct MoeQuantDecodeArgs {
+  DType act_type = DType::kBFloat16;  // bf16 / fp16
+  const void* a = nullptr;
+  const float* a_scale = nullptr;  // fp8 weights only
+  int a_row_div = 1;
+  MoeQuantWeights w;
+  const float* bias = nullptr;  // [E_local, N] fp32 or null
+  const int32_t* sorted_token_ids = nullptr;
+  const int32_t* expert_ids = nullptr;
+  const int32_t* num_tokens_post_padded = nullptr;
+  int block_m = 8;
+  int64_t numel = 0, num_blocks = 0, N = 0, K = 0;
+  int num_local_experts = 0;
+  bool apply_act = false;
+  MoeActivation act = MoeActivation::kSilu;
+  MoeActParams act_params;
+  void* c = nullptr;
+  int num_sms = 132;  // picks rows or k-split CTAs
+};
+// What the decode kernels run: bf16 / fp16 activations; fp8 per-tensor,
+// per-channel or block scales with block_k % 64 == 0, K % 16 == 0; int8 /
+// int4 with group sizes that are multiples of 16 / 32 and divide K.
+bool MoeQuantDecodeSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K);
+absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& args, cudaStream_t stream);
+
+// The int prefill route: hit[l] = 1 for every local expert some slot routes
+// to (zeroed first), then the hit experts' int8 / int4 weights dequantised
+// to out_type (bf16 / fp16) with the reference's rounding into `out`
+// ([num_local, N, K]; experts not hit are left unwritten), for the bf16 /
+// fp16 grouped GEMMs of moe_experts.h.
+absl::Status LaunchMoeExpertsHit(const int32_t* topk_ids, int64_t numel, int num_experts,
+                                 const int32_t* expert_map, int num_local, uint8_t* hit,
+                                 cudaStream_t stream);
+bool MoeDequantWeightsSupports(const MoeQuantWeights& w, DType out_type, int64_t N, int64_t K);
+absl::Status LaunchMoeDequantWeights(const MoeQuantWeights& w, int num_local, int64_t N, int64_t K,
+                                     const uint8_t* hit, DType out_type, void* out,
+                                     cudaStream_t stream);
+
 }  // namespace kplan::kernels::cuda

@@ -1,0 +1,729 @@
+// Decode-sized quantised expert GEMMs (moe_quant_gemm.h, LaunchMoeQuantDecode)
+// and the weight dequantiser of the int prefill route (LaunchMoeDequantWeights).
+//
+// Decode: over the moe_align_block_size output with a small block (8, 16 or
+// 32 slots = NT n8 tiles), a CTA of 4 warps takes one tile (one expert, up to
+// 8·NT slots) and 32 weight rows per warp (rows mode) or 32 rows split over
+// the 4 warps along K (k-split mode, for grids too small to fill the chip).
+// Every weight row is read once per tile, i.e. once for all the slots of its
+// expert, with 16-byte loads; each thread dequantises its 16 bytes in
+// registers and feeds mma.sync m16n8k16 (fp32 accumulate) with the weights
+// as the 16-row A operand and the tile's slots as the 8-column B operand.
+// The k order inside one mma is free (a dot product), so thread (g, c) of a
+// warp takes 16 (fp8 / int8) or 32 (int4) consecutive k of its rows and of
+// its slot's activation row: both operands use the same k mapping.
+//   fp8:  weight and activation e4m3 values are exact in fp16, products exact
+//         in fp32; block scales are applied per 64-wide k step (inside one
+//         k-block, block_k % 64 == 0) as acc += Σ·(xs·ws), per-tensor /
+//         per-channel scales once at the end: Σ·(xs·ws).
+//   int:  w = round_T((q - zp)·scale), the reference's rounding, times the
+//         activations in T (bf16 / fp16).
+// The epilogue (after a fixed-order reduction over the k-split warps in
+// shared memory) rounds as the grouped GEMMs do (round(acc), bias
+// round(round(acc) + round(b))) and, for GEMM 1, applies the activation:
+// a warp's two m16 tiles are the gate and the up rows of the same 16
+// intermediate columns, so the gated activation is fused.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/moe/moe_activation_math.cuh"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/status.h"
+
+namespace kplan::kernels::cuda {
+namespace {
+
+using detail::FromFloat;
+using detail::ToFloat;
+
+constexpr int kWarps = 4;
+constexpr int kRowsPerWarp = 32;  // two m16 tiles
+
+enum WeightKind : int { kWFp8 = 0, kWInt8 = 1, kWInt4 = 2 };
+enum Epi : int { kEpiStore = 0, kEpiGated = 1, kEpiPlain = 2 };
+
+struct DecodeParams {
+  const void* a;  // fp8 bytes or T, [rows, K]
+  const float* a_scale;
+  int a_row_div;
+  int64_t a_kb;  // fp8 block: k-blocks per activation row
+  MoeQuantWeights w;
+  const float* bias;
+  const int32_t* sorted;
+  const int32_t* eids;
+  const int32_t* post;
+  int64_t numel, N, K;
+  int num_local;
+  int epi;
+  MoeActivation act;
+  MoeActParams ap;
+  int64_t out_cols;  // I (gated) or N
+  int64_t groups;    // row groups
+  bool ksplit;
+  void* c;  // [numel, out_cols]
+};
+
+template <typename T>
+struct Pack2;
+template <>
+struct Pack2<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t Make(float a, float b) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+};
+template <>
+struct Pack2<__half> {
+  static __device__ __forceinline__ uint32_t Make(float a, float b) {
+    const __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two e4m3 bytes (lo first) as an f16x2 register, exact.
+__device__ __forceinline__ uint32_t Fp8x2ToHalf2(uint32_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// 16 e4m3 bytes as 8 f16x2 pairs (pair p = bytes 2p, 2p + 1).
+__device__ __forceinline__ void Fp8ToPairs(const uint4& v, uint32_t (&p)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    p[2 * i] = Fp8x2ToHalf2(w[i]);
+    p[2 * i + 1] = Fp8x2ToHalf2(w[i] >> 16);
+  }
+}
+
+// (q - zp)·s rounded to T, q given as the low bits of an fp32 2^23 + q.
+__device__ __forceinline__ float Deq(uint32_t q, float zp_biased, float s) {
+  return __fmul_rn(__int_as_float(0x4B000000 | q) - zp_biased, s);
+}
+
+// Word i (compile-time after unrolling) of a 16-byte vector.
+__device__ __forceinline__ uint32_t WordOf(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Pair `pr` of a thread's 16 weight bytes as the MMA's input type: fp8
+// bytes 2pr, 2pr + 1 as f16x2 (exact); int8 bytes 2pr, 2pr + 1 and int4
+// elements 2pr, 2pr + 1 (byte pr, low nibble first) as round_T((q - zp)·s),
+// zp given as 2^23 + zp; signed int8 without zero points is read as q + 128
+// with zp 128.
+template <typename T, int WK>
+__device__ __forceinline__ uint32_t WeightPair(const uint4& v, int pr, float s, float zpb,
+                                               bool no_zero) {
+  if constexpr (WK == kWFp8) {
+    return Fp8x2ToHalf2(WordOf(v, pr >> 1) >> (16 * (pr & 1)));
+  } else if constexpr (WK == kWInt8) {
+    const uint32_t x = (WordOf(v, pr >> 1) >> (16 * (pr & 1))) ^ (no_zero ? 0x8080u : 0u);
+    return Pack2<T>::Make(Deq(x & 0xffu, zpb, s), Deq((x >> 8) & 0xffu, zpb, s));
+  } else {
+    const uint32_t byte = (WordOf(v, pr >> 2) >> (8 * (pr & 3))) & 0xffu;
+    return Pack2<T>::Make(Deq(byte & 0xfu, zpb, s), Deq(byte >> 4, zpb, s));
+  }
+}
+
+// CTAs per SM the register budget aims for (the weight stream wants many
+// warps with loads in flight).
+template <int WK, int NT>
+constexpr int MinCtas() {
+  return 1;
+}
+
+// kAsync: the weight stream goes through a per-thread shared-memory ring of
+// kStages steps filled by cp.async (loads in flight without registers);
+// else one step is prefetched into registers (KPLAN_MOE_QUANT_DECODE_PIPE=regs).
+template <typename T, int WK, int NT, bool kAsync>
+__global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
+    QuantDecodeKernel(const __grid_constant__ DecodeParams p) {
+  constexpr int kBS = 8 * NT;
+  constexpr int kCW = WK == kWInt4 ? 32 : 16;  // k per thread per step
+  constexpr int kPairs = kCW / 2;              // T / f16 pairs per thread per step
+  constexpr int kSteps = kPairs / 2;           // mma k16 steps per 4-thread step
+  constexpr int kSpan = 4 * kCW;               // k per warp step
+  using MT = std::conditional_t<WK == kWFp8, __half, T>;
+  constexpr int kStages = NT == 4 ? 3 : 4;
+  __shared__ float red[kWarps][kRowsPerWarp][kBS + 1];
+  __shared__ uint4 ring[kAsync ? kStages : 1][4][kWarps * 32];
+  __shared__ int32_t s_sid[kBS];
+
+  detail::PdlWaitThenRelease();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t tile = blockIdx.y;
+  if (tile * kBS >= *p.post) return;
+  const int e = p.eids[tile];
+  const bool local = e >= 0 && e < p.num_local;
+  const int64_t rg = p.ksplit ? blockIdx.x : static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  const bool gated = p.epi == kEpiGated;
+  const bool interleaved = p.act == MoeActivation::kSwigluOai;
+  if (threadIdx.x < kBS) s_sid[threadIdx.x] = p.sorted[tile * kBS + threadIdx.x];
+  __syncthreads();
+
+  // Weight rows of this thread: m-tile mt, half h (row g or g + 8).
+  int64_t row[2][2];
+  bool row_ok[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = g + 8 * h;
+      int64_t r;
+      bool ok;
+      if (gated) {
+        const int64_t j = rg * 16 + i;
+        ok = j < p.out_cols;
+        r = interleaved ? 2 * j + mt : mt * p.out_cols + j;
+      } else {
+        r = rg * kRowsPerWarp + mt * 16 + i;
+        ok = r < p.N;
+      }
+      row_ok[mt][h] = ok && rg < p.groups;
+      row[mt][h] = row_ok[mt][h] ? r : 0;
+    }
+  }
+  // Activation rows of this thread's B columns (slot g of each n8 tile).
+  int64_t arow[NT];
+  bool aok[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int32_t sid = p.sorted[tile * kBS + nt * 8 + g];
+    aok[nt] = sid >= 0 && sid < p.numel;
+    arow[nt] = aok[nt] ? sid / p.a_row_div : 0;
+  }
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mt][nt][q] = 0.0f;
+
+  const bool block = WK == kWFp8 && p.w.scale_kind == MoeWeightScale::kBlock;
+  const int64_t bpr = WK == kWInt4 ? p.K / 2 : p.K;  // weight bytes per row
+  const uint8_t* wbase =
+      static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(local ? e : 0) * p.N * bpr;
+  const int64_t steps = (p.K + kSpan - 1) / kSpan;
+  const int64_t first = p.ksplit ? warp : 0, stride = p.ksplit ? kWarps : 1;
+  const int64_t groups_per_row = WK == kWFp8 ? 0 : p.K / p.w.group_size;
+  const int64_t nbk = block ? (p.K + p.w.block_k - 1) / p.w.block_k : 0;
+  const int64_t nbn = block ? (p.N + p.w.block_n - 1) / p.w.block_n : 0;
+
+  auto load_w = [&](int64_t st, uint4(&wr)[2][2]) {
+    const int64_t kc = st * kSpan + c * kCW;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (kc < p.K) {
+          const int64_t off = WK == kWInt4 ? kc / 2 : kc;
+          wr[mt][h] = __ldg(reinterpret_cast<const uint4*>(wbase + row[mt][h] * bpr + off));
+        } else {
+          wr[mt][h] = make_uint4(0, 0, 0, 0);
+        }
+      }
+  };
+
+  // cp.async of step st's 16-byte chunks into ring stage `stage` (zero-filled
+  // past K; nothing past the last step), one commit group per call.
+  auto issue = [&](int64_t st, int stage) {
+    if (st < steps) {
+      const int64_t kc = st * kSpan + c * kCW;
+      const int64_t off = kc < p.K ? (WK == kWInt4 ? kc / 2 : kc) : 0;
+      const int bytes = kc < p.K ? 16 : 0;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* src = wbase + row[mt][h] * bpr + off;
+          const uint32_t dst = static_cast<uint32_t>(
+              __cvta_generic_to_shared(&ring[stage][mt * 2 + h][threadIdx.x]));
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                       "r"(bytes)
+                       : "memory");
+        }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+
+  if (local && rg < p.groups && first < steps) {
+    uint4 wcur[2][2], wnext[2][2] = {};
+    if constexpr (kAsync) {
+#pragma unroll
+      for (int sg = 0; sg < kStages - 1; ++sg) issue(first + sg * stride, sg);
+    } else {
+      load_w(first, wcur);
+    }
+    int it = 0;
+#pragma unroll 1
+    for (int64_t st = first; st < steps; st += stride, ++it) {
+      if constexpr (kAsync) {
+        issue(st + (kStages - 1) * stride, (it + kStages - 1) % kStages);
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
+        const int stage = it % kStages;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) wcur[mt][h] = ring[stage][mt * 2 + h][threadIdx.x];
+      } else {
+        if (st + stride < steps) load_w(st + stride, wnext);
+      }
+      const int64_t kc = st * kSpan + c * kCW;
+      const bool kin = kc < p.K;
+      // Per-row group scale and biased zero point (int weights).
+      float sc[2][2], zb[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          sc[mt][h] = 0.0f;
+          zb[mt][h] = 8388608.0f;
+          if constexpr (WK != kWFp8) {
+            if (kin) {
+              const int64_t gi = (static_cast<int64_t>(e) * p.N + row[mt][h]) * groups_per_row +
+                                 kc / p.w.group_size;
+              sc[mt][h] = __ldg(p.w.scale + gi);
+              const float zp = p.w.zero != nullptr ? static_cast<float>(__ldg(p.w.zero + gi))
+                               : WK == kWInt4      ? 8.0f
+                                                   : 128.0f;
+              zb[mt][h] = 8388608.0f + zp;
+            }
+          }
+        }
+      // Activations of this thread's slot column in each n8 tile: bp[nt][pair].
+      uint32_t bp[NT][kPairs];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (kin && aok[nt]) {
+          if constexpr (WK == kWFp8) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.a) +
+                                                                 arow[nt] * p.K + kc));
+            Fp8ToPairs(v, bp[nt]);
+          } else {
+            const uint4* src =
+                reinterpret_cast<const uint4*>(static_cast<const T*>(p.a) + arow[nt] * p.K + kc);
+#pragma unroll
+            for (int v = 0; v < kPairs / 4; ++v) {
+              const uint4 x = __ldg(src + v);
+              bp[nt][4 * v] = x.x;
+              bp[nt][4 * v + 1] = x.y;
+              bp[nt][4 * v + 2] = x.z;
+              bp[nt][4 * v + 3] = x.w;
+            }
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kPairs; ++i) bp[nt][i] = 0u;
+        }
+      }
+      float tmp[2][NT][4];
+      if (block) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) tmp[mt][nt][q] = 0.0f;
+      }
+      // mma k16 step j takes pairs 2j (logical k 2c, 2c + 1) and 2j + 1
+      // (logical 2c + 8, 2c + 9) of rows g, g + 8 and of the slot's row; the
+      // weight pairs are decoded here, once per (step, m-tile), for all n8 tiles.
+#pragma unroll
+      for (int j = 0; j < kSteps; ++j) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const uint32_t a[4] = {
+              WeightPair<T, WK>(wcur[mt][0], 2 * j, sc[mt][0], zb[mt][0], p.w.zero == nullptr),
+              WeightPair<T, WK>(wcur[mt][1], 2 * j, sc[mt][1], zb[mt][1], p.w.zero == nullptr),
+              WeightPair<T, WK>(wcur[mt][0], 2 * j + 1, sc[mt][0], zb[mt][0], p.w.zero == nullptr),
+              WeightPair<T, WK>(wcur[mt][1], 2 * j + 1, sc[mt][1], zb[mt][1], p.w.zero == nullptr)};
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            if (block) {
+              Mma<MT>(tmp[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
+            } else {
+              Mma<MT>(acc[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
+            }
+          }
+        }
+      }
+      if (block) {
+        // acc += Σ_step · (xs[slot, kb] · ws[row block, kb]); the step lies in one k-block.
+        const int64_t kb = (st * kSpan) / p.w.block_k;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          float ws[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            ws[h] = __ldg(p.w.scale +
+                          (static_cast<int64_t>(e) * nbn + row[mt][h] / p.w.block_n) * nbk + kb);
+          }
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const int32_t sid = s_sid[nt * 8 + 2 * c + (q & 1)];
+              const float xs = sid >= 0 && sid < p.numel
+                                   ? __ldg(p.a_scale + (sid / p.a_row_div) * p.a_kb + kb)
+                                   : 0.0f;
+              acc[mt][nt][q] =
+                  __fadd_rn(acc[mt][nt][q], __fmul_rn(tmp[mt][nt][q], __fmul_rn(xs, ws[q >> 1])));
+            }
+          }
+        }
+      }
+      if constexpr (!kAsync) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) wcur[mt][h] = wnext[mt][h];
+      }
+    }
+    if constexpr (kAsync) asm volatile("cp.async.wait_all;\n" ::: "memory");
+  }
+
+  // Partial sums to shared memory: red[warp][m-tile row][slot].
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        red[warp][mt * 16 + g + 8 * (q >> 1)][nt * 8 + 2 * c + (q & 1)] = acc[mt][nt][q];
+      }
+  __syncthreads();
+
+  // Epilogue: per row group, outputs (slot, column) with the column fastest.
+  const int groups_here = p.ksplit ? 1 : kWarps;
+  const int cols = gated ? 16 : kRowsPerWarp;
+  const int total = groups_here * kBS * cols;
+  T* out = static_cast<T*>(p.c);
+  for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
+    const int grp = idx / (kBS * cols), o = idx % (kBS * cols);
+    const int s = o / cols, i = o % cols;
+    const int64_t g_rg = p.ksplit ? blockIdx.x : static_cast<int64_t>(blockIdx.x) * kWarps + grp;
+    const int32_t sid = s_sid[s];
+    if (sid < 0 || sid >= p.numel) continue;
+    const int64_t col = g_rg * cols + i;
+    if (col >= p.out_cols) continue;
+    auto sum = [&](int r) {
+      float v = 0.0f;
+      if (p.ksplit) {
+#pragma unroll
+        for (int w2 = 0; w2 < kWarps; ++w2) v += red[w2][r][s];
+      } else {
+        v = red[grp][r][s];
+      }
+      return v;
+    };
+    // GEMM row of output column `col` (m-tile mt for the gated pair) and its value.
+    auto value = [&](int mt, int r_local) -> float {
+      int64_t r;
+      if (gated) {
+        r = interleaved ? 2 * col + mt : mt * p.out_cols + col;
+      } else {
+        r = col;
+      }
+      float v = sum(r_local);
+      if (WK == kWFp8 && !block) {
+        const float xs = __ldg(p.a_scale + sid / p.a_row_div);
+        const float ws = p.w.scale_kind == MoeWeightScale::kPerTensor
+                             ? __ldg(p.w.scale + e)
+                             : __ldg(p.w.scale + static_cast<int64_t>(e) * p.N + r);
+        v = __fmul_rn(v, __fmul_rn(xs, ws));
+      }
+      float o2 = ToFloat(FromFloat<T>(v));
+      if (p.bias != nullptr) {
+        o2 = ToFloat(FromFloat<T>(o2 + ToFloat(FromFloat<T>(p.bias[e * p.N + r]))));
+      }
+      return o2;
+    };
+    float v;
+    if (!local) {
+      v = 0.0f;  // act(0, 0) == 0 for every activation
+    } else if (gated) {
+      v = moe_math::Gated(p.act, p.ap, value(0, i), value(1, 16 + i));
+    } else if (p.epi == kEpiPlain) {
+      v = moe_math::Plain(p.act, value(0, i));
+    } else {
+      v = value(0, i);
+    }
+    out[static_cast<int64_t>(sid) * p.out_cols + col] = FromFloat<T>(v);
+  }
+}
+
+}  // namespace
+}  // namespace kplan::kernels::cuda
+
+namespace kplan::kernels::cuda {
+namespace {
+
+template <typename T, int WK, int NT>
+cudaError_t LaunchKernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  static const bool regs = [] {
+    const char* v = std::getenv("KPLAN_MOE_QUANT_DECODE_PIPE");
+    return v != nullptr && std::strcmp(v, "regs") == 0;
+  }();
+  return regs ? detail::LaunchPdl(QuantDecodeKernel<T, WK, NT, false>, grid, dim3(kWarps * 32), 0,
+                                  stream, p)
+              : detail::LaunchPdl(QuantDecodeKernel<T, WK, NT, true>, grid, dim3(kWarps * 32), 0,
+                                  stream, p);
+}
+
+template <typename T, int WK>
+cudaError_t ByBlock(const DecodeParams& p, int block_m, dim3 grid, cudaStream_t stream) {
+  switch (block_m) {
+    case 8:
+      return LaunchKernel<T, WK, 1>(p, grid, stream);
+    case 16:
+      return LaunchKernel<T, WK, 2>(p, grid, stream);
+    default:
+      return LaunchKernel<T, WK, 4>(p, grid, stream);
+  }
+}
+
+template <typename T>
+cudaError_t ByKind(const DecodeParams& p, int block_m, dim3 grid, cudaStream_t stream) {
+  switch (p.w.kind) {
+    case DType::kFp8E4m3:
+      return ByBlock<T, kWFp8>(p, block_m, grid, stream);
+    case DType::kInt8:
+      return ByBlock<T, kWInt8>(p, block_m, grid, stream);
+    default:
+      return ByBlock<T, kWInt4>(p, block_m, grid, stream);
+  }
+}
+
+// Elements a thread decodes from its 16 bytes.
+int64_t ChunkOf(DType kind) { return kind == DType::kInt4Packed ? 32 : 16; }
+
+}  // namespace
+
+bool MoeQuantDecodeSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
+  if (act_type != DType::kBFloat16 && act_type != DType::kFloat16) return false;
+  if (N <= 0 || K <= 0 || w.data == nullptr || w.scale == nullptr) return false;
+  switch (w.kind) {
+    case DType::kFp8E4m3:
+      if (K % 16 != 0) return false;
+      if (w.scale_kind == MoeWeightScale::kBlock) {
+        return w.block_n > 0 && w.block_k > 0 && w.block_k % 64 == 0;
+      }
+      return w.scale_kind == MoeWeightScale::kPerTensor ||
+             w.scale_kind == MoeWeightScale::kPerChannel;
+    case DType::kInt8:
+    case DType::kInt4Packed:
+      return w.scale_kind == MoeWeightScale::kGroup && w.group_size > 0 &&
+             K % ChunkOf(w.kind) == 0 && w.group_size % ChunkOf(w.kind) == 0 &&
+             K % w.group_size == 0;
+    default:
+      return false;
+  }
+}
+
+absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& d, cudaStream_t stream) {
+  if (!MoeQuantDecodeSupports(d.w, d.act_type, d.N, d.K)) {
+    return absl::InvalidArgumentError(
+        "moe_quant_decode: weights / activation type / sizes not supported "
+        "(MoeQuantDecodeSupports)");
+  }
+  if (d.block_m != 8 && d.block_m != 16 && d.block_m != 32) {
+    return absl::InvalidArgumentError("moe_quant_decode: block_m must be 8, 16 or 32");
+  }
+  if (d.numel <= 0) return absl::OkStatus();
+  if (d.a == nullptr || d.c == nullptr || d.sorted_token_ids == nullptr ||
+      d.expert_ids == nullptr || d.num_tokens_post_padded == nullptr ||
+      (d.w.kind == DType::kFp8E4m3 && d.a_scale == nullptr) || d.a_row_div <= 0) {
+    return absl::InvalidArgumentError("moe_quant_decode: null pointer or bad a_row_div");
+  }
+  const bool gated = d.apply_act && d.act < MoeActivation::kSiluNoMul;
+  if (gated && d.N % 2 != 0) return absl::InvalidArgumentError("moe_quant_decode: odd gated N");
+  DecodeParams p{};
+  p.a = d.a;
+  p.a_scale = d.a_scale;
+  p.a_row_div = d.a_row_div;
+  p.w = d.w;
+  p.a_kb = d.w.scale_kind == MoeWeightScale::kBlock ? (d.K + d.w.block_k - 1) / d.w.block_k : 1;
+  p.bias = d.bias;
+  p.sorted = d.sorted_token_ids;
+  p.eids = d.expert_ids;
+  p.post = d.num_tokens_post_padded;
+  p.numel = d.numel;
+  p.N = d.N;
+  p.K = d.K;
+  p.num_local = d.num_local_experts;
+  p.epi = !d.apply_act ? kEpiStore : gated ? kEpiGated : kEpiPlain;
+  p.act = d.act;
+  p.ap = d.act_params;
+  if (!p.ap.has_clamp_limit) p.ap.clamp_limit = 7.0f;  // swigluoai / swiglustep default
+  p.out_cols = gated ? d.N / 2 : d.N;
+  p.groups = gated ? (p.out_cols + 15) / 16 : (d.N + kRowsPerWarp - 1) / kRowsPerWarp;
+  p.c = d.c;
+  // Non-empty tiles: at most one per slot and the blocks moe_align wrote.
+  const int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(d.num_blocks, d.numel));
+  // Rows mode (4 row groups per CTA) unless that leaves the chip under 32
+  // warps per SM for the tiles expected (one per hit expert at least): the
+  // weight stream needs that many loads in flight. KPLAN_MOE_QUANT_DECODE_SPLIT
+  // = rows | k forces one mode (tests run both).
+  const int64_t expected = std::min<int64_t>(tiles, d.num_local_experts);
+  const int64_t rows_ctas = (p.groups + kWarps - 1) / kWarps * expected;
+  p.ksplit = rows_ctas * kWarps < 32 * std::max(1, d.num_sms);
+  if (const char* f = std::getenv("KPLAN_MOE_QUANT_DECODE_SPLIT"); f != nullptr) {
+    if (std::strcmp(f, "rows") == 0) p.ksplit = false;
+    if (std::strcmp(f, "k") == 0) p.ksplit = true;
+  }
+  const int64_t gx = p.ksplit ? p.groups : (p.groups + kWarps - 1) / kWarps;
+  if (gx > INT32_MAX || tiles > 65535) {
+    return absl::InvalidArgumentError("moe_quant_decode: grid too large");
+  }
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(tiles));
+  KPLAN_CUDA_RETURN_IF_ERROR(d.act_type == DType::kBFloat16
+                                 ? ByKind<__nv_bfloat16>(p, d.block_m, grid, stream)
+                                 : ByKind<__half>(p, d.block_m, grid, stream));
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// The int prefill route's helpers.
+
+namespace {
+
+__global__ void ExpertsHitKernel(const int32_t* ids, int64_t numel, int num_experts,
+                                 const int32_t* map, int num_local, uint8_t* hit) {
+  detail::PdlWaitThenRelease();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int id = ids[i];
+    if (id < 0 || id >= num_experts) continue;
+    const int l = map != nullptr ? map[id] : id;
+    if (l >= 0 && l < num_local) hit[l] = 1;
+  }
+}
+
+// One thread per 16 stored bytes of a hit expert: w = round_T((q - zp)·s).
+template <typename T, bool kInt4>
+__global__ void DequantKernel(const __grid_constant__ MoeQuantWeights w, int64_t N, int64_t K,
+                              int num_local, const uint8_t* hit, T* out) {
+  detail::PdlWaitThenRelease();
+  constexpr int64_t kCW = kInt4 ? 32 : 16;
+  const int64_t chunks_per_expert = N * K / kCW;
+  const int64_t groups = K / w.group_size;
+  const int64_t bpr = kInt4 ? K / 2 : K;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < chunks_per_expert * num_local; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = i / chunks_per_expert, r = i % chunks_per_expert;
+    if (!hit[e]) continue;
+    const int64_t n = r / (K / kCW), kc = (r % (K / kCW)) * kCW;
+    const int64_t row = e * N + n;
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) +
+                                                         row * bpr + (kInt4 ? kc / 2 : kc)));
+    const int64_t gi = row * groups + kc / w.group_size;
+    const float s = w.scale[gi];
+    const float zp = w.zero != nullptr ? static_cast<float>(w.zero[gi]) : kInt4 ? 8.0f : 128.0f;
+    const float zpb = 8388608.0f + zp;
+    const uint32_t flip = !kInt4 && w.zero == nullptr ? 0x80808080u : 0u;
+    const uint32_t wv[4] = {v.x ^ flip, v.y ^ flip, v.z ^ flip, v.w ^ flip};
+    uint32_t o[kCW / 2];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if constexpr (kInt4) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t byte = (wv[q] >> (8 * b)) & 0xffu;
+          o[4 * q + b] = Pack2<T>::Make(Deq(byte & 0xfu, zpb, s), Deq(byte >> 4, zpb, s));
+        }
+      } else {
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const uint32_t lo = (wv[q] >> (16 * b)) & 0xffu, hi = (wv[q] >> (16 * b + 8)) & 0xffu;
+          o[2 * q + b] = Pack2<T>::Make(Deq(lo, zpb, s), Deq(hi, zpb, s));
+        }
+      }
+    }
+    uint4* dst = reinterpret_cast<uint4*>(out + row * K + kc);
+#pragma unroll
+    for (int q = 0; q < kCW / 8; ++q) {
+      dst[q] = make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchMoeExpertsHit(const int32_t* topk_ids, int64_t numel, int num_experts,
+                                 const int32_t* expert_map, int num_local, uint8_t* hit,
+                                 cudaStream_t stream) {
+  if (num_local <= 0 || hit == nullptr) return absl::InvalidArgumentError("experts_hit: bad args");
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(hit, 0, static_cast<size_t>(num_local), stream));
+  if (numel <= 0) return absl::OkStatus();
+  const int64_t blocks = std::min<int64_t>((numel + 255) / 256, 1024);
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(ExpertsHitKernel, dim3(blocks), dim3(256), 0, stream,
+                                               topk_ids, numel, num_experts, expert_map, num_local,
+                                               hit));
+  return absl::OkStatus();
+}
+
+bool MoeDequantWeightsSupports(const MoeQuantWeights& w, DType out_type, int64_t N, int64_t K) {
+  return (out_type == DType::kBFloat16 || out_type == DType::kFloat16) &&
+         (w.kind == DType::kInt8 || w.kind == DType::kInt4Packed) &&
+         w.scale_kind == MoeWeightScale::kGroup && N > 0 && K > 0 && w.group_size > 0 &&
+         K % ChunkOf(w.kind) == 0 && w.group_size % ChunkOf(w.kind) == 0 && K % w.group_size == 0;
+}
+
+absl::Status LaunchMoeDequantWeights(const MoeQuantWeights& w, int num_local, int64_t N, int64_t K,
+                                     const uint8_t* hit, DType out_type, void* out,
+                                     cudaStream_t stream) {
+  if (!MoeDequantWeightsSupports(w, out_type, N, K) || num_local <= 0 || hit == nullptr ||
+      out == nullptr || w.data == nullptr || w.scale == nullptr) {
+    return absl::InvalidArgumentError("moe_dequant_weights: unsupported weights or null pointer");
+  }
+  const bool int4 = w.kind == DType::kInt4Packed;
+  const int64_t chunks = N * K / ChunkOf(w.kind) * num_local;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((chunks + 255) / 256, 132 * 16)));
+  cudaError_t err;
+  if (out_type == DType::kBFloat16) {
+    err = int4 ? detail::LaunchPdl(DequantKernel<__nv_bfloat16, true>, grid, dim3(256), 0, stream,
+                                   w, N, K, num_local, hit, static_cast<__nv_bfloat16*>(out))
+               : detail::LaunchPdl(DequantKernel<__nv_bfloat16, false>, grid, dim3(256), 0, stream,
+                                   w, N, K, num_local, hit, static_cast<__nv_bfloat16*>(out));
+  } else {
+    err = int4 ? detail::LaunchPdl(DequantKernel<__half, true>, grid, dim3(256), 0, stream, w, N, K,
+                                   num_local, hit, static_cast<__half*>(out))
+               : detail::LaunchPdl(DequantKernel<__half, false>, grid, dim3(256), 0, stream, w, N,
+                                   K, num_local, hit, static_cast<__half*>(out));
+  }
+  KPLAN_CUDA_RETURN_IF_ERROR(err);
+  return absl::OkStatus();
+}
+
+}  // namespace kplan::kernels::cuda

@@ -1,0 +1,90 @@
+// Which GPU route a quantised expert set's layer takes (server/moe/
+// gpu_layer.cc, gpu_layer_emulation.cc), plain C++ so that the choice is
+// unit-tested on the CPU (tests/kernels/moe_quant_route_test.cc).
+//
+//   kDecode     decode-sized batches: moe_quant_decode.cu reads each hit
+//               expert's quantised weights once for all its slots;
+//   kDequant    int8 / int4 at larger batches: the hit experts' weights
+//               dequantised once per call into the workspace (the
+//               reference's rounding), then the bf16 / fp16 grouped GEMMs;
+//   kEmulation  everything else: the dequantising GEMM of moe_quant_gemm.h
+//               (or, for fp8 with 16-bit activations, the fp8 tensor-core
+//               grouped GEMMs behind it).
+// fp8 sets whose grouped GEMMs run on the fp8 tensor cores (fp8_tc) stay on
+// them by default: in session 6's measurements (docs/PERF.md) that route was
+// as fast as or faster than the decode kernels at every decode size
+// (Mixtral-8x7B fp8 per-tensor 64 tokens 562 us against 1303 us); the decode
+// route is then opt-in (KPLAN_MOE_QUANT_ROUTE=decode).
+// The rule is bytes against slots: the decode kernels stream the weights
+// once per tile of 8 / 16 / 32 slots of one expert, so they win while the
+// average slots per hit expert fit one tile (the expected maximum too: the
+// block is sized with a margin); past that the weights would be read once per
+// tile and the grouped GEMMs' larger tiles take over. KPLAN_MOE_QUANT_ROUTE
+// (auto | decode | dequant | emulation) forces a route where it applies, for
+// A/B runs; SetMoeQuantRouteMode does the same from code.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace kplan::kernels::cuda {
+
+enum class MoeQuantRoute : int { kEmulation = 0, kDecode = 1, kDequant = 2 };
+enum class MoeQuantRouteMode : int { kFromEnv = -1, kAuto = 0, kEmulation, kDecode, kDequant };
+
+// Slots per decode tile (the moe_align block size) for `numel` slots over
+// `num_experts` experts: 8, 16 or 32; 0 when the batch is past decode size.
+inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
+  if (numel <= 0 || num_experts <= 0) return 0;
+  const int64_t hit = std::min<int64_t>(numel, num_experts);
+  // avg slots per hit expert, times 2 (integer arithmetic).
+  const int64_t avg2 = 2 * numel / hit + (2 * numel % hit != 0);
+  if (avg2 <= 8) return 8;    // avg <= 4
+  if (avg2 <= 20) return 16;  // avg <= 10
+  if (avg2 <= 40) return 32;  // avg <= 20
+  return 0;
+}
+
+inline MoeQuantRouteMode& MoeQuantRouteOverride() {
+  static MoeQuantRouteMode mode = MoeQuantRouteMode::kFromEnv;
+  return mode;
+}
+inline void SetMoeQuantRouteMode(MoeQuantRouteMode m) { MoeQuantRouteOverride() = m; }
+
+inline MoeQuantRouteMode MoeQuantRouteModeNow() {
+  if (MoeQuantRouteOverride() != MoeQuantRouteMode::kFromEnv) return MoeQuantRouteOverride();
+  const char* v = std::getenv("KPLAN_MOE_QUANT_ROUTE");
+  if (v == nullptr || std::strcmp(v, "auto") == 0) return MoeQuantRouteMode::kAuto;
+  if (std::strcmp(v, "emulation") == 0) return MoeQuantRouteMode::kEmulation;
+  if (std::strcmp(v, "decode") == 0) return MoeQuantRouteMode::kDecode;
+  if (std::strcmp(v, "dequant") == 0) return MoeQuantRouteMode::kDequant;
+  return MoeQuantRouteMode::kAuto;
+}
+
+// decode_ok / dequant_ok: the kernels run these weights, activations and
+// sizes (MoeQuantDecodeSupports for both GEMMs; MoeDequantWeightsSupports);
+// fp8_tc: the emulation route's GEMMs are the fp8 tensor-core ones.
+// A forced route that does not apply falls back to the automatic choice.
+inline MoeQuantRoute MoeQuantRouteFor(bool decode_ok, bool dequant_ok, bool fp8_tc, int64_t numel,
+                                      int num_experts, MoeQuantRouteMode mode) {
+  const bool decode_sized = MoeQuantDecodeBlockFor(numel, num_experts) > 0;
+  switch (mode) {
+    case MoeQuantRouteMode::kEmulation:
+      return MoeQuantRoute::kEmulation;
+    case MoeQuantRouteMode::kDecode:
+      if (decode_ok && numel > 0) return MoeQuantRoute::kDecode;
+      break;
+    case MoeQuantRouteMode::kDequant:
+      if (dequant_ok) return MoeQuantRoute::kDequant;
+      break;
+    default:
+      break;
+  }
+  if (decode_ok && decode_sized && !fp8_tc) return MoeQuantRoute::kDecode;
+  if (dequant_ok) return MoeQuantRoute::kDequant;
+  return MoeQuantRoute::kEmulation;
+}
+
+}  // namespace kplan::kernels::cuda
