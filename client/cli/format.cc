@@ -180,6 +180,16 @@ std::string Placement(const v1::ExpertsInfo& e) {
   return parts.empty() ? "-" : absl::StrJoin(parts, ", ");
 }
 
+// "ready", or how far a load has come: "loading 40% (3/8 experts)".
+std::string State(const v1::ExpertsInfo& e) {
+  if (e.state() != v1::EXPERTS_STATE_LOADING) return "ready";
+  const v1::ExpertsLoadProgress& p = e.progress();
+  if (p.preload() && p.bytes_done() == 0) return "preload queued";
+  const int64_t percent = p.bytes_total() > 0 ? 100 * p.bytes_done() / p.bytes_total() : 0;
+  return absl::StrFormat("loading %d%% (%d/%d experts)", percent, p.experts_done(),
+                         p.experts_total());
+}
+
 }  // namespace
 
 std::string FormatExperts(const google::protobuf::RepeatedPtrField<v1::ExpertsInfo>& sets) {
@@ -189,11 +199,11 @@ std::string FormatExperts(const google::protobuf::RepeatedPtrField<v1::ExpertsIn
     std::string dtype = rpc::WireFromProtoDType(e.dtype());
     if (!e.quantization().empty()) absl::StrAppend(&dtype, "/", e.quantization());
     absl::StrAppend(
-        &out, Table({{"ID", "EXPERTS", "HIDDEN", "INTERMEDIATE", "DTYPE/QUANT", "ACTIVATION",
-                      "BYTES", "PLACEMENT"},
-                     {e.experts_id(), absl::StrCat(e.num_experts()), absl::StrCat(e.hidden_size()),
-                      absl::StrCat(e.intermediate_size()), dtype, e.activation(), Bytes(e.bytes()),
-                      Placement(e)}},
+        &out, Table({{"ID", "STATE", "EXPERTS", "HIDDEN", "INTERMEDIATE", "DTYPE/QUANT",
+                      "ACTIVATION", "BYTES", "PLACEMENT"},
+                     {e.experts_id(), State(e), absl::StrCat(e.num_experts()),
+                      absl::StrCat(e.hidden_size()), absl::StrCat(e.intermediate_size()), dtype,
+                      e.activation(), Bytes(e.bytes()), Placement(e)}},
                     ""));
     if (!e.shards().empty()) {
       std::vector<std::vector<std::string>> rows = {
