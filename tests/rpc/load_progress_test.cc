@@ -21,8 +21,8 @@
 namespace kplan::rpc {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Bytes;
+using ::testing::HasSubstr;
 using testing::Random;
 
 constexpr int kE = 4, kH = 16, kI = 8;
@@ -132,8 +132,10 @@ TEST_F(LoadProgressTest, ALoadUnderWayIsListedWithItsProgressThenReady) {
 
   v1::RunMoERequest run;
   run.set_experts_id("big");
-  *run.mutable_hidden_states() = testing::MakeTensor(v1::DTYPE_FLOAT32, {1, kH}, std::string(kH * 4, '\0'));
-  *run.mutable_router_logits() = testing::MakeTensor(v1::DTYPE_FLOAT32, {1, kE}, std::string(kE * 4, '\0'));
+  *run.mutable_hidden_states() =
+      testing::MakeTensor(v1::DTYPE_FLOAT32, {1, kH}, std::string(kH * 4, '\0'));
+  *run.mutable_router_logits() =
+      testing::MakeTensor(v1::DTYPE_FLOAT32, {1, kE}, std::string(kE * 4, '\0'));
   run.mutable_routing()->set_top_k(2);
   absl::StatusOr<v1::RunMoEResponse> early = other->RunMoE(run);
   EXPECT_EQ(early.status().code(), absl::StatusCode::kNotFound) << early.status();
@@ -179,7 +181,8 @@ TEST(PreloadRaceTest, AClientCannotTakeAPreloadedId) {
   const std::string dir = ::testing::TempDir();
   const std::string file = absl::StrCat("race-", getpid(), ".safetensors");
   {
-    const int64_t n13 = int64_t{kBigE} * 2 * kBigI * kBigH * 4, n2 = int64_t{kBigE} * kBigH * kBigI * 4;
+    const int64_t n13 = int64_t{kBigE} * 2 * kBigI * kBigH * 4,
+                  n2 = int64_t{kBigE} * kBigH * kBigI * 4;
     const std::string header = absl::StrCat(
         "{\"w13\":{\"dtype\":\"F32\",\"shape\":[", kBigE, ",", 2 * kBigI, ",", kBigH,
         "],\"data_offsets\":[0,", n13, "]},\"w2\":{\"dtype\":\"F32\",\"shape\":[", kBigE, ",",
@@ -192,9 +195,9 @@ TEST(PreloadRaceTest, AClientCannotTakeAPreloadedId) {
   std::string entries;
   const int kSets = 12;
   for (int i = 0; i <= kSets; ++i) {
-    absl::StrAppend(&entries, i ? ", " : "", "{\"experts_id\": \"", i < kSets ? absl::StrCat("big", i) : "small",
-                    "\", \"num_experts\": ", kBigE, ", \"hidden_size\": ", kBigH,
-                    ", \"intermediate_size\": ", kBigI,
+    absl::StrAppend(&entries, i ? ", " : "", "{\"experts_id\": \"",
+                    i < kSets ? absl::StrCat("big", i) : "small", "\", \"num_experts\": ", kBigE,
+                    ", \"hidden_size\": ", kBigH, ", \"intermediate_size\": ", kBigI,
                     ", \"dtype\": \"DTYPE_FLOAT32\", \"safetensors\": {\"path\": \"", file,
                     "\", \"w13\": \"w13\", \"w2\": \"w2\"}}");
   }
@@ -214,11 +217,11 @@ TEST(PreloadRaceTest, AClientCannotTakeAPreloadedId) {
   }
   std::unique_ptr<Client> client = Client::Connect("unix:" + socket);
   // The last set is held for the preload from the moment the server listens.
-  std::optional<v1::ExpertsInfo> held = WaitFor(*client, "small", [](const v1::ExpertsInfo* e) {
-    return e != nullptr;
-  });
+  std::optional<v1::ExpertsInfo> held =
+      WaitFor(*client, "small", [](const v1::ExpertsInfo* e) { return e != nullptr; });
   ASSERT_TRUE(held.has_value());
-  EXPECT_EQ(held->state(), v1::EXPERTS_STATE_LOADING) << "the preload finished before the test raced it";
+  EXPECT_EQ(held->state(), v1::EXPERTS_STATE_LOADING)
+      << "the preload finished before the test raced it";
   EXPECT_TRUE(held->progress().preload());
   std::vector<v1::TensorChunk> chunks = {
       testing::Chunk("w13", {kE, 2 * kI, kH}, std::string(kE * 2 * kI * kH * 4, '\0')),
