@@ -249,17 +249,25 @@ std::string FormatMoeRun(const MoeRunSummary& s) {
   return out;
 }
 
+std::string JsonObject(const std::vector<std::pair<std::string, std::string>>& members) {
+  std::string out = "{";
+  for (const auto& [key, json] : members) {
+    std::string value = json;
+    while (!value.empty() && value.back() == '\n') value.pop_back();
+    // protobuf's JSON indents by one space: nest each value one level deeper.
+    absl::StrAppend(&out, out.size() > 1 ? "," : "", "\n \"", absl::CEscape(key),
+                    "\": ", absl::StrReplaceAll(value, {{"\n", "\n "}}));
+  }
+  return out + "\n}\n";
+}
+
 std::string MoeRunToJson(const MoeRunSummary& s) {
-  std::string plan = ToJson(s.plan), timing = ToJson(s.timing);
-  // protobuf's JSON indents by one space: nest the two objects one level deeper.
-  auto indent = [](std::string json) {
-    while (!json.empty() && json.back() == '\n') json.pop_back();
-    return absl::StrReplaceAll(json, {{"\n", "\n "}});
-  };
-  return absl::StrFormat(
-      "{\n \"experts_id\": \"%s\",\n \"tokens\": %d,\n \"runs\": %d,\n"
-      " \"plan\": %s,\n \"timing\": %s,\n \"round_trip_us\": %.1f\n}\n",
-      absl::CEscape(s.experts_id), s.tokens, s.runs, indent(plan), indent(timing), s.round_trip_us);
+  return JsonObject({{"experts_id", absl::StrCat("\"", absl::CEscape(s.experts_id), "\"")},
+                     {"tokens", absl::StrCat(s.tokens)},
+                     {"runs", absl::StrCat(s.runs)},
+                     {"plan", ToJson(s.plan)},
+                     {"timing", ToJson(s.timing)},
+                     {"round_trip_us", absl::StrFormat("%.1f", s.round_trip_us)}});
 }
 
 std::string ToJson(const google::protobuf::Message& m) {

@@ -66,6 +66,10 @@ grep -q "chosen: FLASHINFER_TRTLLM" "$work/explain.txt" || { cat "$work/explain.
 grep -q "accepted" "$work/explain.txt"
 "$bin/kplan" resolve --offline --platform cuda:9.0 --compare-platform cuda:10.0 --num-experts 8 \
   --experts-per-token 2 --hidden-size 4096 --intermediate-size 14336 --renormalize >"$work/compare.txt"
+# --json: one document with both answers.
+"$bin/kplan" resolve --offline --platform cuda:9.0 --compare-platform cuda:10.0 --num-experts 8 \
+  --experts-per-token 2 --hidden-size 4096 --intermediate-size 14336 --json |
+  /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin); assert sorted(d) == ["compare_platform", "platform"], d; assert d["compare_platform"]["platform"]["device_capability"]["major"] == 10, d'
 grep -q "FLASHINFER_TRTLLM" "$work/compare.txt" && grep -q "TRITON" "$work/compare.txt"
 
 # The README's Python example against this server.
