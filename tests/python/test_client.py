@@ -179,6 +179,34 @@ class PythonClientTest(unittest.TestCase):
         other.close()
         self.client.unload_experts("py-progress")
 
+    def test_load_on_the_server(self):
+        # A file the server reads under its --model_root: the same layer as numpy's.
+        rng = np.random.default_rng(4)
+        e, k, h, i = 4, 2, 32, 16
+        w13 = rng.normal(0, 0.2, (e, 2 * i, h)).astype(np.float32)
+        w2 = rng.normal(0, 0.2, (e, h, i)).astype(np.float32)
+        write_safetensors(os.path.join(self.tmp.name, "onserver.safetensors"),
+                          {"l.w13": w13, "l.w2": w2})
+        server, port = start_server("--listen=127.0.0.1:0", f"--model_root={self.tmp.name}")
+        try:
+            with Client(f"127.0.0.1:{port}", timeout=30) as c:
+                info = c.load_experts_on_server("srv", "onserver.safetensors", e, h, i,
+                                                dtype="float32", w13="l.w13", w2="l.w2",
+                                                progress=lambda info: None)
+                self.assertEqual(info.state, service_pb2.EXPERTS_STATE_READY)
+                self.assertEqual(info.bytes, w13.nbytes + w2.nbytes)
+                x = rng.normal(0, 1, (3, h)).astype(np.float32)
+                logits = rng.normal(0, 1, (3, e)).astype(np.float32)
+                np.testing.assert_allclose(c.run_moe("srv", x, logits, top_k=k),
+                                           moe_reference(x, logits, w13, w2, k),
+                                           rtol=1e-4, atol=1e-4)
+                with self.assertRaises(KplanError) as ctx:
+                    c.load_experts_on_server("far", "/etc/passwd", e, h, i, w13="a", w2="b")
+                self.assertEqual(ctx.exception.code, grpc.StatusCode.PERMISSION_DENIED)
+                self.assertEqual(ctx.exception.field, "header.safetensors.path")
+        finally:
+            stop_server(server)
+
     def test_replies_over_4_mib(self):
         # 1024 x 1024 float32 out: 4 MiB + framing, past gRPC's default limit.
         e, h, i, m = 2, 1024, 8, 1024

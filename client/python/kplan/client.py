@@ -301,6 +301,39 @@ class Client:
 
         return self._load(header, chunks, timeout, progress)
 
+    def load_experts_on_server(self, experts_id: str, path: str, num_experts: int,
+                               hidden_size: int, intermediate_size: int, *,
+                               dtype: str = "bfloat16", activation: str = "silu",
+                               w13: Optional[str] = None, w2: Optional[str] = None,
+                               template: Optional[str] = None, timeout: Optional[float] = None,
+                               progress: Optional[ProgressCallback] = None
+                               ) -> service_pb2.ExpertsInfo:
+        """LoadExperts from a safetensors file the server reads on its own host,
+        under its --model_root (``path`` relative to the first root, or absolute
+        under one; a ``model.safetensors.index.json`` for a sharded checkpoint):
+        nothing is streamed from here. Tensors as in ``load_experts_safetensors``
+        (stacked ``w13``/``w2``, or ``template`` with {e} and {proj}); ``dtype``
+        is the file's: "bfloat16", "float16" or "float32". ``progress`` as in
+        ``load_experts``: the bytes the server has read."""
+        if dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dtype!r}")
+        source = service_pb2.SafetensorsSource(path=os.fspath(path))
+        if w13 is not None and w2 is not None:
+            source.w13, source.w2 = w13, w2
+        elif template is not None:
+            if "{e}" not in template or "{proj}" not in template:
+                raise ValueError("template needs {e} and {proj}")
+            source.gate_proj = template.replace("{proj}", "gate_proj")
+            source.up_proj = template.replace("{proj}", "up_proj")
+            source.down_proj = template.replace("{proj}", "down_proj")
+        else:
+            raise ValueError("name the tensors: w13= and w2=, or template=")
+        header = service_pb2.ExpertsHeader(
+            experts_id=experts_id, num_experts=num_experts, hidden_size=hidden_size,
+            intermediate_size=intermediate_size, activation=activation,
+            dtype=_tensors.DTYPE_WORDS[dtype], safetensors=source)
+        return self._load(header, lambda: iter(()), timeout, progress)
+
     def _load(self, header: service_pb2.ExpertsHeader,
               chunks: Callable[[], Iterator[service_pb2.TensorChunk]],
               timeout: Optional[float],
