@@ -176,7 +176,7 @@ TEST_F(LoadProgressTest, ACancelledLoadDisappears) {
 // runs, is ALREADY_EXISTS naming the id; the preload still loads every set
 // once, from its file.
 TEST(PreloadRaceTest, AClientCannotTakeAPreloadedId) {
-  // Twelve 24 MiB sets first, read from one file, so the preload takes a while.
+  // Twenty 24 MiB sets first, read from one file, so the preload takes a while.
   constexpr int kBigE = 8, kBigH = 512, kBigI = 512;
   const std::string dir = ::testing::TempDir();
   const std::string file = absl::StrCat("race-", getpid(), ".safetensors");
@@ -193,7 +193,7 @@ TEST(PreloadRaceTest, AClientCannotTakeAPreloadedId) {
     f << header << std::string(static_cast<size_t>(n13 + n2), '\x01');
   }
   std::string entries;
-  const int kSets = 12;
+  const int kSets = 20;
   for (int i = 0; i <= kSets; ++i) {
     absl::StrAppend(&entries, i ? ", " : "", "{\"experts_id\": \"",
                     i < kSets ? absl::StrCat("big", i) : "small", "\", \"num_experts\": ", kBigE,
@@ -210,12 +210,19 @@ TEST(PreloadRaceTest, AClientCannotTakeAPreloadedId) {
   absl::StatusOr<std::unique_ptr<KplanServer>> started;
   std::thread starter([&] { started = KplanServer::Start(options); });
 
-  // Connect once the socket exists: a first attempt that fails would put
-  // the channel into its reconnect backoff (a second) and miss the race.
-  for (int i = 0; i < 2000 && access(socket.c_str(), F_OK) != 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(1));
+  // A fresh channel per attempt until one answers: a channel whose first
+  // connection fails (before the server listens) waits out gRPC's reconnect
+  // backoff (a second) and would miss the race.
+  ClientOptions probe;
+  probe.deadline = absl::Milliseconds(100);
+  probe.max_attempts = 1;
+  std::unique_ptr<Client> client;
+  for (int i = 0; i < 500; ++i) {
+    client = Client::Connect("unix:" + socket, probe);
+    if (client->ListExperts().ok()) break;
+    absl::SleepFor(absl::Milliseconds(2));
   }
-  std::unique_ptr<Client> client = Client::Connect("unix:" + socket);
+  client = Client::Connect("unix:" + socket);  // it listens: connects at once, usual deadline
   // The last set is held for the preload from the moment the server listens.
   std::optional<v1::ExpertsInfo> held =
       WaitFor(*client, "small", [](const v1::ExpertsInfo* e) { return e != nullptr; });
