@@ -73,8 +73,9 @@ class ExpertStore {
   // held and reserved.
   absl::StatusOr<Reservation> Reserve(const ExpertsSpec& spec, int64_t bytes, bool preload = false);
   // Holds the id and bytes of a set the preload will load (before the server
-  // listens); the preload's Reserve of the id takes the hold over, and the
-  // hold stays until that load commits. Errors as Reserve's.
+  // listens); the preload's Reserve of the id takes the hold over as its
+  // reservation (committed, or released when that load fails). Errors as
+  // Reserve's.
   absl::Status HoldForPreload(const ExpertsSpec& spec, int64_t bytes);
   // Loads under way and held preloads, by id.
   std::vector<Loading> Loads() const;

@@ -252,5 +252,42 @@ TEST(PreloadRaceTest, AClientCannotTakeAPreloadedId) {
   }
 }
 
+// The preload's holds are checked before the server listens: a header
+// LoadExperts would refuse, or sets that together exceed --max_expert_bytes,
+// stop the start naming the entry.
+TEST(PreloadRaceTest, HoldsAreCheckedBeforeListening) {
+  const std::string dir = ::testing::TempDir();
+  ServerOptions options = CpuServer("127.0.0.1:0");
+  options.model_roots = {dir};
+  options.max_expert_bytes = 10000;  // one 6 KiB set fits, two do not
+  options.preload_file = absl::StrCat(dir, "/holds-", getpid(), ".json");
+  auto entry = [](const std::string& id, int experts) {
+    return absl::StrCat("{\"experts_id\": \"", id, "\", \"num_experts\": ", experts,
+                        ", \"hidden_size\": ", kH, ", \"intermediate_size\": ", kI,
+                        ", \"dtype\": \"DTYPE_FLOAT32\", \"safetensors\": {\"path\": \"x\", "
+                        "\"w13\": \"w13\", \"w2\": \"w2\"}}");
+  };
+  struct Case {
+    std::string entries;
+    absl::StatusCode code;
+    std::string field, message;
+  };
+  const std::vector<Case> cases = {
+      {entry("a", 0), absl::StatusCode::kInvalidArgument, "preload.experts[0].num_experts",
+       "preload.experts[0] ('a'): num_experts must be at least 1"},
+      {absl::StrCat(entry("a", kE), ", ", entry("b", kE)), absl::StatusCode::kResourceExhausted,
+       "preload.experts[1]", "preload.experts[1] ('b'): loading 6144 bytes"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.entries);
+    std::ofstream(options.preload_file) << "{\"experts\": [" << c.entries << "]}";
+    absl::StatusOr<std::unique_ptr<KplanServer>> s = KplanServer::Start(options);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), c.code) << s.status();
+    EXPECT_EQ(FieldOf(s.status()).value_or(""), c.field) << s.status();
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(c.message));
+  }
+}
+
 }  // namespace
 }  // namespace kplan::rpc
