@@ -3,7 +3,9 @@
 // the server's --preload for one of its ids, on the CPU path.
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -115,6 +117,16 @@ TEST_F(LoadProgressTest, ALoadUnderWayIsListedWithItsProgressThenReady) {
   const int64_t total = static_cast<int64_t>(w13_.size() + w2_.size());
   const int64_t sent = static_cast<int64_t>(w13_.size() + w2_.size() / 2);
   std::unique_ptr<Client> other = Client::Connect(absl::StrCat("127.0.0.1:", server_->port()));
+  // What kplan load draws from: the watcher's callbacks while it loads.
+  std::mutex mu;
+  std::vector<int64_t> watched;
+  auto watch = std::make_unique<LoadWatch>(
+      *other, "big",
+      [&](const v1::ExpertsInfo& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        watched.push_back(e.progress().bytes_done());
+      },
+      absl::Milliseconds(5));
   std::optional<v1::ExpertsInfo> mid = WaitFor(*other, "big", [&](const v1::ExpertsInfo* e) {
     return e != nullptr && e->progress().bytes_done() == sent;
   });
@@ -141,8 +153,19 @@ TEST_F(LoadProgressTest, ALoadUnderWayIsListedWithItsProgressThenReady) {
   EXPECT_EQ(early.status().code(), absl::StatusCode::kNotFound) << early.status();
   EXPECT_THAT(std::string(early.status().message()), HasSubstr("being loaded"));
 
+  for (int i = 0; i < 2000; ++i) {  // until the watcher saw the gated state
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!watched.empty() && watched.back() == sent) break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   source.Go(true);
   loader.join();
+  watch.reset();
+  ASSERT_FALSE(watched.empty()) << "LoadWatch never reported the load";
+  EXPECT_NE(std::find(watched.begin(), watched.end(), sent), watched.end());
+  EXPECT_TRUE(std::is_sorted(watched.begin(), watched.end()));
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->experts().state(), v1::EXPERTS_STATE_READY);
   absl::StatusOr<v1::ListExpertsResponse> after = other->ListExperts();
