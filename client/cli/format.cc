@@ -135,8 +135,6 @@ std::string FormatServerInfo(const v1::GetServerInfoResponse& r) {
   return out;
 }
 
-namespace {
-
 std::string Bytes(int64_t b) {
   if (b < 1024) return absl::StrCat(b, " B");
   const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
@@ -148,6 +146,8 @@ std::string Bytes(int64_t b) {
   }
   return absl::StrFormat("%.1f %s", v, units[u]);
 }
+
+namespace {
 
 // Rows of cells, left-aligned in columns two spaces apart.
 std::string Table(const std::vector<std::vector<std::string>>& rows, absl::string_view indent) {

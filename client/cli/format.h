@@ -40,6 +40,9 @@ std::string MoeRunToJson(const MoeRunSummary& s);
 // as ToJson indents.
 std::string JsonObject(const std::vector<std::pair<std::string, std::string>>& members);
 
+// A byte count for people: "512 B", "6.0 KiB", "384.0 MiB".
+std::string Bytes(int64_t bytes);
+
 // protobuf JSON with the proto field names, pretty-printed; dtypes as the
 // tables spell them (bfloat16).
 std::string ToJson(const google::protobuf::Message& m);

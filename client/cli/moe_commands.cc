@@ -146,14 +146,14 @@ class ProgressBar {
   void Show(int64_t done, int64_t total, int experts_done, int experts_total, bool last) {
     std::lock_guard<std::mutex> lock(mu_);
     if (total <= 0) return;
-    const double mib = done / 1048576.0, total_mib = total / 1048576.0;
+    const std::string of = absl::StrCat(Bytes(done), " of ", Bytes(total));
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
     const int percent = static_cast<int>(100 * std::min<int64_t>(done, total) / total);
     if (terminal_) {
       const int filled = percent * 30 / 100;
-      std::fprintf(stderr, "\rloading [%s%s] %3d%% %.0f/%.0f MiB %.0f MB/s, %d/%d experts%s",
+      std::fprintf(stderr, "\r\033[Kloading [%s%s] %3d%% %s, %.0f MB/s, %d/%d experts%s",
                    std::string(filled, '#').c_str(), std::string(30 - filled, '.').c_str(), percent,
-                   mib, total_mib, seconds > 0 ? done / seconds / 1e6 : 0.0, experts_done,
+                   of.c_str(), seconds > 0 ? done / seconds / 1e6 : 0.0, experts_done,
                    experts_total, last ? "\n" : "");
       drawn_ = !last;
       return;
@@ -161,8 +161,8 @@ class ProgressBar {
     const int tenths = percent / 10;
     if (tenths <= tenths_) return;
     tenths_ = tenths;
-    std::fprintf(stderr, "loading: %d%% (%.0f of %.0f MiB, %d of %d experts) in %.1f s\n", percent,
-                 mib, total_mib, experts_done, experts_total, seconds);
+    std::fprintf(stderr, "loading: %d%% (%s, %d of %d experts) in %.1f s\n", percent, of.c_str(),
+                 experts_done, experts_total, seconds);
   }
   // The load failed: ends a bar drawn in place, so the error gets its own line.
   void Abandon() {

@@ -113,7 +113,7 @@ wait_state cli-progress loading
 wait "$load_pid"
 [ "$(loading_state cli-progress)" = EXPERTS_STATE_READY ]
 [ "$(grep -c '^loading: [0-9]*% (' "$work/progress.txt")" -ge 2 ] &&
-  grep -q "^loading: 100% (48 of 48 MiB, 8 of 8 experts)" "$work/progress.txt" ||
+  grep -q "^loading: 100% (48.0 MiB of 48.0 MiB, 8 of 8 experts)" "$work/progress.txt" ||
   { echo "expected progress lines up to 100%"; cat "$work/progress.txt"; exit 1; }
 "$bin/kplan" unload --server "$addr" --id cli-progress >/dev/null
 "$bin/kplan" load --server "$addr" --id cli-gone --random --num-experts 8 --hidden-size 1024 \
@@ -184,7 +184,7 @@ PY
 st_args=(--num-experts 2 --hidden 16 --intermediate 16 --dtype float32 --w13 w13 --w2 w2)
 "$bin/kplan" load --server "$addr" --id cli-st --safetensors stacked.safetensors "${st_args[@]}" \
   >"$work/load_st.txt" 2>"$work/load_st_err.txt" || { cat "$work/load_st.txt"; exit 1; }
-grep -q "^loading: 100% (0 of 0 MiB, 2 of 2 experts)" "$work/load_st_err.txt" ||
+grep -q "^loading: 100% (6.0 KiB of 6.0 KiB, 2 of 2 experts)" "$work/load_st_err.txt" ||
   { cat "$work/load_st_err.txt"; exit 1; }  # a file the server read: its progress too
 grep -q "^cli-st .* float32" "$work/load_st.txt" || { cat "$work/load_st.txt"; exit 1; }
 "$bin/kplan" unload --server "$addr" --id cli-st | grep -q "unloaded cli-st"
