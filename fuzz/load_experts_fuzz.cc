@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       absl::StatusOr<int64_t> total = ExpectedBytes(*spec);
       if (!total.ok()) return 0;
       // Held for this input only: released when it goes out of scope.
-      reservation = store->Reserve(spec->experts_id, *total);
+      reservation = store->Reserve(*spec, *total);
       if (!reservation->ok()) return 0;
       if (request.header().has_safetensors()) return 0;
       loader = std::make_unique<ExpertsLoader>(*spec);

@@ -135,8 +135,6 @@ std::string FormatServerInfo(const v1::GetServerInfoResponse& r) {
   return out;
 }
 
-namespace {
-
 std::string Bytes(int64_t b) {
   if (b < 1024) return absl::StrCat(b, " B");
   const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
@@ -148,6 +146,8 @@ std::string Bytes(int64_t b) {
   }
   return absl::StrFormat("%.1f %s", v, units[u]);
 }
+
+namespace {
 
 // Rows of cells, left-aligned in columns two spaces apart.
 std::string Table(const std::vector<std::vector<std::string>>& rows, absl::string_view indent) {
@@ -180,6 +180,16 @@ std::string Placement(const v1::ExpertsInfo& e) {
   return parts.empty() ? "-" : absl::StrJoin(parts, ", ");
 }
 
+// "ready", or how far a load has come: "loading 40% (3/8 experts)".
+std::string State(const v1::ExpertsInfo& e) {
+  if (e.state() != v1::EXPERTS_STATE_LOADING) return "ready";
+  const v1::ExpertsLoadProgress& p = e.progress();
+  if (p.preload() && p.bytes_done() == 0) return "preload queued";
+  const int64_t percent = p.bytes_total() > 0 ? 100 * p.bytes_done() / p.bytes_total() : 0;
+  return absl::StrFormat("loading %d%% (%d/%d experts)", percent, p.experts_done(),
+                         p.experts_total());
+}
+
 }  // namespace
 
 std::string FormatExperts(const google::protobuf::RepeatedPtrField<v1::ExpertsInfo>& sets) {
@@ -189,11 +199,11 @@ std::string FormatExperts(const google::protobuf::RepeatedPtrField<v1::ExpertsIn
     std::string dtype = rpc::WireFromProtoDType(e.dtype());
     if (!e.quantization().empty()) absl::StrAppend(&dtype, "/", e.quantization());
     absl::StrAppend(
-        &out, Table({{"ID", "EXPERTS", "HIDDEN", "INTERMEDIATE", "DTYPE/QUANT", "ACTIVATION",
-                      "BYTES", "PLACEMENT"},
-                     {e.experts_id(), absl::StrCat(e.num_experts()), absl::StrCat(e.hidden_size()),
-                      absl::StrCat(e.intermediate_size()), dtype, e.activation(), Bytes(e.bytes()),
-                      Placement(e)}},
+        &out, Table({{"ID", "STATE", "EXPERTS", "HIDDEN", "INTERMEDIATE", "DTYPE/QUANT",
+                      "ACTIVATION", "BYTES", "PLACEMENT"},
+                     {e.experts_id(), State(e), absl::StrCat(e.num_experts()),
+                      absl::StrCat(e.hidden_size()), absl::StrCat(e.intermediate_size()), dtype,
+                      e.activation(), Bytes(e.bytes()), Placement(e)}},
                     ""));
     if (!e.shards().empty()) {
       std::vector<std::vector<std::string>> rows = {
@@ -239,17 +249,25 @@ std::string FormatMoeRun(const MoeRunSummary& s) {
   return out;
 }
 
+std::string JsonObject(const std::vector<std::pair<std::string, std::string>>& members) {
+  std::string out = "{";
+  for (const auto& [key, json] : members) {
+    std::string value = json;
+    while (!value.empty() && value.back() == '\n') value.pop_back();
+    // protobuf's JSON indents by one space: nest each value one level deeper.
+    absl::StrAppend(&out, out.size() > 1 ? "," : "", "\n \"", absl::CEscape(key),
+                    "\": ", absl::StrReplaceAll(value, {{"\n", "\n "}}));
+  }
+  return out + "\n}\n";
+}
+
 std::string MoeRunToJson(const MoeRunSummary& s) {
-  std::string plan = ToJson(s.plan), timing = ToJson(s.timing);
-  // protobuf's JSON indents by one space: nest the two objects one level deeper.
-  auto indent = [](std::string json) {
-    while (!json.empty() && json.back() == '\n') json.pop_back();
-    return absl::StrReplaceAll(json, {{"\n", "\n "}});
-  };
-  return absl::StrFormat(
-      "{\n \"experts_id\": \"%s\",\n \"tokens\": %d,\n \"runs\": %d,\n"
-      " \"plan\": %s,\n \"timing\": %s,\n \"round_trip_us\": %.1f\n}\n",
-      absl::CEscape(s.experts_id), s.tokens, s.runs, indent(plan), indent(timing), s.round_trip_us);
+  return JsonObject({{"experts_id", absl::StrCat("\"", absl::CEscape(s.experts_id), "\"")},
+                     {"tokens", absl::StrCat(s.tokens)},
+                     {"runs", absl::StrCat(s.runs)},
+                     {"plan", ToJson(s.plan)},
+                     {"timing", ToJson(s.timing)},
+                     {"round_trip_us", absl::StrFormat("%.1f", s.round_trip_us)}});
 }
 
 std::string ToJson(const google::protobuf::Message& m) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "google/protobuf/message.h"
@@ -35,6 +36,12 @@ struct MoeRunSummary {
 };
 std::string FormatMoeRun(const MoeRunSummary& s);
 std::string MoeRunToJson(const MoeRunSummary& s);
+// A JSON object of (key, JSON text) members, e.g. ToJson outputs, indented
+// as ToJson indents.
+std::string JsonObject(const std::vector<std::pair<std::string, std::string>>& members);
+
+// A byte count for people: "512 B", "6.0 KiB", "384.0 MiB".
+std::string Bytes(int64_t bytes);
 
 // protobuf JSON with the proto field names, pretty-printed; dtypes as the
 // tables spell them (bfloat16).

@@ -107,8 +107,9 @@ int Resolve(const std::vector<std::string>& args, bool explain) {
   absl::StatusOr<v1::ResolveKernelConfigResponse> other =
       ResolveVia(other_request, offline, common);
   if (!other.ok()) return Fail(other.status());
-  if (common.json) {
-    std::cout << ToJson(*response) << ToJson(*other);
+  if (common.json) {  // one document: both answers, by the flag that chose the platform
+    std::cout << JsonObject(
+        {{"platform", ToJson(*response)}, {"compare_platform", ToJson(*other)}});
     return 0;
   }
   std::cout << FormatComparison(*response, *other);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <tuple>
@@ -135,59 +136,47 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// Counts what a ChunkSource hands out and shows it: a bar redrawn in place
-// on a terminal, a line per tenth otherwise (a log, a pipe). On stderr, so
-// --json output stays clean.
-class ProgressSource final : public ChunkSource {
+// A load's progress as the server reports it (ListExperts, through
+// LoadWatch): a bar redrawn in place on a terminal, a line per tenth
+// otherwise (a log, a pipe). On stderr, so --json output stays clean.
+class ProgressBar {
  public:
-  ProgressSource(ChunkSource& inner, int64_t total) : inner_(inner), total_(total) {}
-
-  absl::StatusOr<bool> Next(v1::TensorChunk* chunk) override {
-    absl::StatusOr<bool> more = inner_.Next(chunk);
-    if (more.ok() && *more) {
-      done_ += static_cast<int64_t>(chunk->data().size());
-      Show(false);
-    } else if (more.ok()) {
-      Show(true);
-    }
-    return more;
-  }
-  absl::Status Rewind() override {  // a retry starts over
-    done_ = 0;
-    tenths_ = 0;
-    return inner_.Rewind();
-  }
-
- private:
-  void Show(bool last) {
-    if (total_ <= 0) return;
-    const double mib = done_ / 1048576.0, total_mib = total_ / 1048576.0;
+  // Called from the watcher's thread while the load runs, then once from
+  // the caller's with the final state.
+  void Show(int64_t done, int64_t total, int experts_done, int experts_total, bool last) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (total <= 0) return;
+    const std::string of = absl::StrCat(Bytes(done), " of ", Bytes(total));
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
-    const int percent = static_cast<int>(100 * std::min<int64_t>(done_, total_) / total_);
+    const int percent = static_cast<int>(100 * std::min<int64_t>(done, total) / total);
     if (terminal_) {
-      const absl::Time now = absl::Now();
-      if (!last && now - drawn_ < absl::Milliseconds(100)) return;
-      drawn_ = now;
       const int filled = percent * 30 / 100;
-      std::fprintf(stderr, "\rloading [%s%s] %3d%% %.0f/%.0f MiB %.0f MB/s%s",
+      std::fprintf(stderr, "\r\033[Kloading [%s%s] %3d%% %s, %.0f MB/s, %d/%d experts%s",
                    std::string(filled, '#').c_str(), std::string(30 - filled, '.').c_str(), percent,
-                   mib, total_mib, seconds > 0 ? done_ / seconds / 1e6 : 0.0, last ? "\n" : "");
+                   of.c_str(), seconds > 0 ? done / seconds / 1e6 : 0.0, experts_done,
+                   experts_total, last ? "\n" : "");
+      drawn_ = !last;
       return;
     }
     const int tenths = percent / 10;
     if (tenths <= tenths_) return;
     tenths_ = tenths;
-    std::fprintf(stderr, "loading: %d%% (%.0f of %.0f MiB) in %.1f s\n", percent, mib, total_mib,
-                 seconds);
+    std::fprintf(stderr, "loading: %d%% (%s, %d of %d experts) in %.1f s\n", percent, of.c_str(),
+                 experts_done, experts_total, seconds);
+  }
+  // The load failed: ends a bar drawn in place, so the error gets its own line.
+  void Abandon() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (drawn_) std::fputc('\n', stderr);
+    drawn_ = false;
   }
 
-  ChunkSource& inner_;
-  const int64_t total_;
-  int64_t done_ = 0;
+ private:
+  std::mutex mu_;
   int tenths_ = 0;
+  bool drawn_ = false;
   const bool terminal_ = isatty(STDERR_FILENO) != 0;
   const absl::Time start_ = absl::Now();
-  absl::Time drawn_ = absl::InfinitePast();
 };
 
 // The bytes a plain set of this header streams: w13 [E, 2I or I, H], w2 [E, H, I].
@@ -206,8 +195,10 @@ int ExpertsCommand(const std::vector<std::string>& args) {
   CommonFlags common;
   common.Register(parser);
   const std::string synopsis =
-      "usage: kplan experts [options]\n\nList the expert sets resident on the server: shapes, "
-      "dtype, activation, bytes, placement and, on an expert-parallel group, each rank's shard.";
+      "usage: kplan experts [options]\n\nList the expert sets on the server: their state (ready, "
+      "or "
+      "how far a load under way has come), shapes, dtype, activation, bytes, placement and, on an "
+      "expert-parallel group, each rank's shard.";
   if (auto exit = ParseOrExit(parser, args, synopsis)) return *exit;
   absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
   if (!client.ok()) return Fail(client.status());
@@ -358,13 +349,23 @@ int LoadCommand(const std::vector<std::string>& args) {
   absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();
   if (!client.ok()) return Fail(client.status());
   absl::StatusOr<v1::LoadExpertsResponse> loaded;
-  if (source != nullptr) {
-    ProgressSource progress(*source, bytes);
-    loaded = (*client)->LoadExperts(header, progress);
-  } else {
-    loaded = (*client)->LoadExperts(header, std::vector<v1::TensorChunk>{});
+  ProgressBar bar;
+  {
+    // The server's view of the load, whatever its source (our stream or
+    // a file the server reads).
+    LoadWatch watch(**client, header.experts_id(), [&bar](const v1::ExpertsInfo& e) {
+      bar.Show(e.progress().bytes_done(), e.progress().bytes_total(), e.progress().experts_done(),
+               e.progress().experts_total(), false);
+    });
+    loaded = source != nullptr ? (*client)->LoadExperts(header, *source)
+                               : (*client)->LoadExperts(header, std::vector<v1::TensorChunk>{});
   }
-  if (!loaded.ok()) return Fail(loaded.status());
+  if (!loaded.ok()) {
+    bar.Abandon();
+    return Fail(loaded.status());
+  }
+  bar.Show(loaded->experts().bytes(), loaded->experts().bytes(), loaded->experts().num_experts(),
+           loaded->experts().num_experts(), true);
   if (common.json) {
     std::cout << ToJson(*loaded);
     return 0;

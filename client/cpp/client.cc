@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -317,6 +319,51 @@ absl::StatusOr<bool> Client::Health(const std::string& service) {
       [&](grpc::ClientContext* ctx) { return health_stub_->Check(ctx, request, &response); });
   if (!s.ok()) return s;
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+struct LoadWatch::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread thread;
+};
+
+LoadWatch::LoadWatch(Client& client, std::string experts_id,
+                     std::function<void(const v1::ExpertsInfo&)> on_progress,
+                     absl::Duration interval)
+    : state_(std::make_unique<State>()) {
+  state_->thread = std::thread([&client, state = state_.get(), id = std::move(experts_id),
+                                on_progress = std::move(on_progress), interval] {
+    std::unique_lock<std::mutex> lock(state->mu);
+    while (!state->cv.wait_for(lock, absl::ToChronoNanoseconds(interval),
+                               [state] { return state->stop; })) {
+      lock.unlock();
+      // One attempt, bounded by the interval's scale: a slow poll must not
+      // hold the load's answer back.
+      grpc::ClientContext context;
+      context.set_deadline(
+          absl::ToChronoTime(absl::Now() + std::max(interval * 5, absl::Seconds(1))));
+      if (!client.options_.bearer_token.empty()) {
+        context.AddMetadata("authorization", "Bearer " + client.options_.bearer_token);
+      }
+      v1::ListExpertsResponse list;
+      if (client.stub_->ListExperts(&context, v1::ListExpertsRequest(), &list).ok()) {
+        for (const v1::ExpertsInfo& e : list.experts()) {
+          if (e.experts_id() == id && e.state() == v1::EXPERTS_STATE_LOADING) on_progress(e);
+        }
+      }
+      lock.lock();
+    }
+  });
+}
+
+LoadWatch::~LoadWatch() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  state_->thread.join();
 }
 
 void AppendTensorChunks(const std::string& name, v1::DType dtype, const std::vector<int64_t>& shape,

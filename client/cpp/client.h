@@ -117,6 +117,7 @@ class Client {
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
+  friend class LoadWatch;
   template <typename Call>
   absl::Status WithRetries(Call&& call);
 
@@ -124,6 +125,27 @@ class Client {
   std::unique_ptr<v1::KernelPlanService::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
   ClientOptions options_;
+};
+
+// Watches a load under way from another thread: every `interval` while it
+// lives, asks ListExperts for the set `experts_id` and, while it is LOADING,
+// calls `on_progress` with it (state, progress; on the watcher's thread).
+// Errors of the poll are skipped. Made before the LoadExperts call and
+// dropped after it:
+//   LoadWatch watch(*client, "layer0", [](const v1::ExpertsInfo& e) { ... });
+//   auto loaded = client->LoadExperts(header, source);
+class LoadWatch {
+ public:
+  LoadWatch(Client& client, std::string experts_id,
+            std::function<void(const v1::ExpertsInfo&)> on_progress,
+            absl::Duration interval = absl::Milliseconds(200));
+  ~LoadWatch();  // stops the thread (after a poll under way)
+  LoadWatch(const LoadWatch&) = delete;
+  LoadWatch& operator=(const LoadWatch&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 // Converts a gRPC status to absl::Status, keeping the BadRequest field name.

@@ -31,25 +31,51 @@ std::string Mib(int64_t bytes) {
 
 }  // namespace
 
-LoadProgress::LoadProgress(std::string experts_id, int64_t total_bytes)
-    : id_(std::move(experts_id)), total_(total_bytes), start_(absl::Now()) {}
+LoadProgress::LoadProgress(std::string experts_id, std::vector<TensorSpec> tensors, int num_experts)
+    : id_(std::move(experts_id)),
+      tensors_(std::move(tensors)),
+      num_experts_(num_experts),
+      start_(absl::Now()),
+      total_(TotalBytes(tensors_)),
+      done_(tensors_.size(), 0) {}
 
-void LoadProgress::Add(int64_t bytes) {
-  done_ += bytes;
+void LoadProgress::Add(const std::string& name, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    if (tensors_[t].name == name) done_[t] += bytes;
+  }
+  done_bytes_ += bytes;
   if (total_ < (int64_t{64} << 20)) return;
-  const int tenths = static_cast<int>(std::min<int64_t>(10, done_ * 10 / total_));
+  const int tenths = static_cast<int>(std::min<int64_t>(10, done_bytes_ * 10 / total_));
   if (tenths <= logged_tenths_) return;
   logged_tenths_ = tenths;
-  spdlog::info("LoadExperts '{}': {}% ({} of {}) in {}", ClientText(id_), tenths * 10, Mib(done_),
-               Mib(total_),
+  spdlog::info("LoadExperts '{}': {}% ({} of {}) in {}", ClientText(id_), tenths * 10,
+               Mib(done_bytes_), Mib(total_),
                absl::FormatDuration(absl::Trunc(absl::Now() - start_, absl::Milliseconds(100))));
 }
 
-ExpertsLoader::ExpertsLoader(ExpertsSpec spec)
+LoadProgress::Done LoadProgress::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Done d;
+  d.bytes = done_bytes_;
+  d.bytes_total = total_;
+  d.experts_total = num_experts_;
+  d.experts = num_experts_;
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    const int64_t per_expert = num_experts_ > 0 ? tensors_[t].bytes() / num_experts_ : 0;
+    if (per_expert > 0) {
+      d.experts = static_cast<int>(std::min<int64_t>(d.experts, done_[t] / per_expert));
+    }
+  }
+  return d;
+}
+
+ExpertsLoader::ExpertsLoader(ExpertsSpec spec, std::shared_ptr<LoadProgress> progress)
     : spec_(std::move(spec)),
       expected_(ExpectedTensors(spec_)),
-      bytes_expected_(TotalBytes(expected_)),
-      progress_(spec_.experts_id, bytes_expected_) {}
+      progress_(progress ? std::move(progress)
+                         : std::make_shared<LoadProgress>(spec_.experts_id, expected_,
+                                                          spec_.num_experts)) {}
 
 absl::Status ExpertsLoader::AddChunk(const std::string& name, const std::string& wire_dtype,
                                      const std::vector<int64_t>& shape, int64_t offset,
@@ -97,8 +123,7 @@ absl::Status ExpertsLoader::AddChunk(const std::string& name, const std::string&
     return InvalidField(
         field, absl::StrCat("tensor '", name, "' would exceed its ", spec->bytes(), " bytes"));
   }
-  bytes_received_ += static_cast<int64_t>(data.size());
-  progress_.Add(static_cast<int64_t>(data.size()));
+  progress_->Add(name, static_cast<int64_t>(data.size()));
   if (buffer.empty() && static_cast<int64_t>(data.size()) == spec->bytes()) {
     buffer = std::move(data);
   } else {
@@ -232,16 +257,16 @@ class SafetensorsCheckpoint {
     return absl::OkStatus();
   }
 
-  void set_progress(LoadProgress* progress) { progress_ = progress; }
-
+  // Appends tensor `name` of the file, which must have `dtype` and
+  // `shape`, to the set's tensor `into` of `tensors`.
   absl::Status Read(const std::string& name, const char* dtype, const std::vector<int64_t>& shape,
-                    std::string& out) {
+                    const std::string& into, std::map<std::string, std::string>& tensors,
+                    LoadProgress* progress) {
+    std::string& out = tensors[into];
     const size_t before = out.size();
-    absl::Status status = ReadFromFile(name, dtype, shape, out);
-    if (status.ok() && progress_ != nullptr) {
-      progress_->Add(static_cast<int64_t>(out.size() - before));
-    }
-    return status;
+    KPLAN_RETURN_IF_ERROR(ReadFromFile(name, dtype, shape, out));
+    if (progress != nullptr) progress->Add(into, static_cast<int64_t>(out.size() - before));
+    return absl::OkStatus();
   }
 
  private:
@@ -263,7 +288,6 @@ class SafetensorsCheckpoint {
     return shard->Read(name, dtype, shape, out);
   }
 
-  LoadProgress* progress_ = nullptr;
   std::vector<std::string> roots_;
   std::string name_;
   bool sharded_ = false;
@@ -277,7 +301,7 @@ class SafetensorsCheckpoint {
 
 absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(
     const ExpertsSpec& spec, const std::string& path, const SafetensorsNames& names,
-    absl::Span<const std::string> model_roots) {
+    absl::Span<const std::string> model_roots, LoadProgress* progress) {
   if (!spec.quant.scheme.empty() || spec.has_bias) {
     return InvalidField("safetensors",
                         "safetensors loading takes plain float32/float16/bfloat16 "
@@ -291,14 +315,17 @@ absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(
   std::map<std::string, std::string> tensors;
   const std::vector<TensorSpec> expected = ExpectedTensors(spec);
   for (const TensorSpec& t : expected) tensors[t.name].reserve(t.bytes());
-  LoadProgress progress(spec.experts_id, TotalBytes(expected));
-  file.set_progress(&progress);
+  LoadProgress own(spec.experts_id, expected, spec.num_experts);
+  if (progress == nullptr) progress = &own;
+  auto read = [&](const std::string& name, std::vector<int64_t> shape, const char* into) {
+    return file.Read(name, dtype, shape, into, tensors, progress);
+  };
   if (!names.w13.empty() || !names.w2.empty()) {
     if (names.w13.empty() || names.w2.empty()) {
       return InvalidField("safetensors.w13", "stacked weights need both w13 and w2 names");
     }
-    KPLAN_RETURN_IF_ERROR(file.Read(names.w13, dtype, {e, gated ? 2 * i : i, h}, tensors["w13"]));
-    KPLAN_RETURN_IF_ERROR(file.Read(names.w2, dtype, {e, h, i}, tensors["w2"]));
+    KPLAN_RETURN_IF_ERROR(read(names.w13, {e, gated ? 2 * i : i, h}, "w13"));
+    KPLAN_RETURN_IF_ERROR(read(names.w2, {e, h, i}, "w2"));
   } else {
     if (names.up_proj.empty() || names.down_proj.empty() || (gated && names.gate_proj.empty())) {
       return InvalidField("safetensors.gate_proj",
@@ -310,13 +337,10 @@ absl::StatusOr<std::unique_ptr<ExpertSet>> LoadSafetensors(
     };
     for (int64_t x = 0; x < e; ++x) {
       if (gated) {  // w13[e] = [gate; up]
-        KPLAN_RETURN_IF_ERROR(
-            file.Read(expert_name(names.gate_proj, x), dtype, {i, h}, tensors["w13"]));
+        KPLAN_RETURN_IF_ERROR(read(expert_name(names.gate_proj, x), {i, h}, "w13"));
       }
-      KPLAN_RETURN_IF_ERROR(
-          file.Read(expert_name(names.up_proj, x), dtype, {i, h}, tensors["w13"]));
-      KPLAN_RETURN_IF_ERROR(
-          file.Read(expert_name(names.down_proj, x), dtype, {h, i}, tensors["w2"]));
+      KPLAN_RETURN_IF_ERROR(read(expert_name(names.up_proj, x), {i, h}, "w13"));
+      KPLAN_RETURN_IF_ERROR(read(expert_name(names.down_proj, x), {h, i}, "w2"));
     }
   }
   return std::make_unique<ExpertSet>(spec, std::move(tensors));

@@ -14,6 +14,7 @@ ExpertStore::Reservation& ExpertStore::Reservation::operator=(Reservation&& othe
     store_ = std::exchange(other.store_, nullptr);
     id_ = std::move(other.id_);
     bytes_ = std::exchange(other.bytes_, 0);
+    progress_ = std::move(other.progress_);
   }
   return *this;
 }
@@ -22,6 +23,7 @@ void ExpertStore::Reservation::Release() {
   if (store_ == nullptr) return;
   std::exchange(store_, nullptr)->ReleaseReservation(id_, bytes_);
   bytes_ = 0;
+  progress_.reset();
 }
 
 absl::Status ExpertStore::CheckIdLocked(const std::string& id) const {
@@ -30,10 +32,13 @@ absl::Status ExpertStore::CheckIdLocked(const std::string& id) const {
                          "experts '", ClientText(id), "' are already loaded; unload them first")),
                      "experts_id");
   }
-  if (reserved_ids_.count(id)) {
+  if (auto it = loading_.find(id); it != loading_.end()) {
     return WithField(
-        absl::AlreadyExistsError(absl::StrCat("experts '", ClientText(id),
-                                              "' are being loaded by another LoadExperts call")),
+        absl::AlreadyExistsError(absl::StrCat(
+            "experts '", ClientText(id), "' are being ",
+            it->second.preload ? "preloaded by the server (--preload); they are resident once it "
+                                 "is ready"
+                               : "loaded by another LoadExperts call")),
         "experts_id");
   }
   return absl::OkStatus();
@@ -60,24 +65,53 @@ absl::Status ExpertStore::CheckBytesLocked(int64_t bytes) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ExpertStore::Reservation> ExpertStore::Reserve(const std::string& id,
-                                                              int64_t bytes) {
+absl::StatusOr<ExpertStore::Reservation> ExpertStore::Reserve(const ExpertsSpec& spec,
+                                                              int64_t bytes, bool preload) {
+  const std::string& id = spec.experts_id;
   std::lock_guard<std::mutex> lock(mu_);
-  KPLAN_RETURN_IF_ERROR(CheckIdLocked(id));
-  KPLAN_RETURN_IF_ERROR(CheckBytesLocked(bytes));
+  auto held = loading_.find(id);
+  if (preload && held != loading_.end() && held->second.preload && !held->second.progress) {
+    // The preload's turn: its hold's bytes make room for the reservation.
+    reserved_ -= held->second.bytes;
+    if (absl::Status fits = CheckBytesLocked(bytes); !fits.ok()) {
+      reserved_ += held->second.bytes;
+      return fits;
+    }
+  } else {
+    KPLAN_RETURN_IF_ERROR(CheckIdLocked(id));
+    KPLAN_RETURN_IF_ERROR(CheckBytesLocked(bytes));
+  }
+  auto progress = std::make_shared<LoadProgress>(id, ExpectedTensors(spec), spec.num_experts);
   reserved_ += bytes;
-  reserved_ids_.insert(id);
+  loading_[id] = Loading{spec, bytes, progress, preload};
   Reservation r;
   r.store_ = this;
   r.id_ = id;
   r.bytes_ = bytes;
+  r.progress_ = std::move(progress);
   return r;
+}
+
+absl::Status ExpertStore::HoldForPreload(const ExpertsSpec& spec, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KPLAN_RETURN_IF_ERROR(CheckIdLocked(spec.experts_id));
+  KPLAN_RETURN_IF_ERROR(CheckBytesLocked(bytes));
+  reserved_ += bytes;
+  loading_[spec.experts_id] = Loading{spec, bytes, nullptr, /*preload=*/true};
+  return absl::OkStatus();
+}
+
+std::vector<ExpertStore::Loading> ExpertStore::Loads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Loading> out;
+  for (const auto& [id, loading] : loading_) out.push_back(loading);
+  return out;
 }
 
 void ExpertStore::ReleaseReservation(const std::string& id, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   reserved_ -= bytes;
-  reserved_ids_.erase(id);
+  loading_.erase(id);
 }
 
 absl::Status ExpertStore::Commit(Reservation& reservation, std::shared_ptr<const ExpertSet> set) {
@@ -92,7 +126,7 @@ absl::Status ExpertStore::Commit(Reservation& reservation, std::shared_ptr<const
     reserved_ += reservation.bytes_;
     return fits;
   }
-  reserved_ids_.erase(id);
+  loading_.erase(id);
   bytes_ += set->bytes();
   sets_[id] = std::move(set);
   reservation.store_ = nullptr;  // consumed
@@ -110,7 +144,9 @@ absl::StatusOr<std::shared_ptr<const ExpertSet>> ExpertStore::Get(const std::str
   auto it = sets_.find(id);
   if (it == sets_.end()) {
     return WithField(
-        absl::NotFoundError(absl::StrCat("no experts loaded as '", ClientText(id), "'")),
+        absl::NotFoundError(absl::StrCat(
+            "no experts loaded as '", ClientText(id), "'",
+            loading_.count(id) ? " (they are being loaded; ListExperts shows how far)" : "")),
         "experts_id");
   }
   return it->second;

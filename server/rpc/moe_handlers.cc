@@ -22,13 +22,12 @@
 #include "server/rpc/ep_multihost.h"
 #include "server/rpc/idle_watchdog.h"
 #include "server/rpc/moe_convert.h"
+#include "server/rpc/preload.h"
 #include "server/rpc/service.h"
 #include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
 namespace {
-
-constexpr int64_t kProgressEvery = int64_t{1} << 30;
 
 // Publishes expert usage per device to the metrics.
 void UpdateExpertMetrics(const ServerEnvironment& env) {
@@ -44,8 +43,7 @@ void UpdateExpertMetrics(const ServerEnvironment& env) {
   env.metrics->SetExpertSets(sets);
 }
 
-void FillInfo(const ExpertSet& set, v1::ExpertsInfo* out) {
-  const ExpertsSpec& s = set.spec();
+void FillSpec(const ExpertsSpec& s, v1::ExpertsInfo* out) {
   out->set_experts_id(s.experts_id);
   out->set_num_experts(s.num_experts);
   out->set_hidden_size(static_cast<int32_t>(s.hidden));
@@ -53,7 +51,26 @@ void FillInfo(const ExpertSet& set, v1::ExpertsInfo* out) {
   out->set_activation(s.activation);
   out->set_dtype(ProtoDTypeFromWire(WireDTypeName(s.dtype)));
   out->set_quantization(s.quant.scheme);
+}
+
+// A load under way, as ListExperts shows it.
+void FillLoading(const ExpertStore::Loading& load, v1::ExpertsInfo* out) {
+  FillSpec(load.spec, out);
+  out->set_bytes(load.bytes);
+  out->set_state(v1::EXPERTS_STATE_LOADING);
+  v1::ExpertsLoadProgress* p = out->mutable_progress();
+  const LoadProgress::Done done = load.progress ? load.progress->done() : LoadProgress::Done();
+  p->set_bytes_done(done.bytes);
+  p->set_bytes_total(load.bytes);
+  p->set_experts_done(done.experts);
+  p->set_experts_total(load.spec.num_experts);
+  p->set_preload(load.preload);
+}
+
+void FillInfo(const ExpertSet& set, v1::ExpertsInfo* out) {
+  FillSpec(set.spec(), out);
   out->set_bytes(set.bytes());
+  out->set_state(v1::EXPERTS_STATE_READY);
   for (const ExpertsPlacement& p : set.placement()) {
     v1::ExpertsPlacement* o = out->add_placement();
     o->set_device(p.device);
@@ -215,8 +232,13 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
         }
       }
       // Before any buffer exists: the budget and the id are held from here.
-      KPLAN_ASSIGN_OR_RETURN(reservation_, call_.env().experts->Reserve(spec.experts_id, bytes));
-      if (!request_.header().has_safetensors()) loader_ = std::make_unique<ExpertsLoader>(spec);
+      KPLAN_ASSIGN_OR_RETURN(reservation_,
+                             call_.env().experts->Reserve(
+                                 spec, bytes, FromPreload(*context_, call_.env().preload_token)));
+      progress_ = reservation_.progress();
+      if (!request_.header().has_safetensors()) {
+        loader_ = std::make_unique<ExpertsLoader>(spec, progress_);
+      }
       spdlog::info(
           "LoadExperts '{}': {} experts, H={}, I={}, {} bytes from {}", ClientText(spec.experts_id),
           spec.num_experts, spec.hidden, spec.intermediate, bytes,
@@ -230,15 +252,9 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
     }
     v1::TensorChunk& c = *request_.mutable_chunk();
     std::string wire = c.dtype() == v1::DTYPE_UNSPECIFIED ? "" : WireFromProtoDType(c.dtype());
-    const int64_t before = loader_->bytes_received();
-    KPLAN_RETURN_IF_ERROR(
-        loader_->AddChunk(c.name(), wire, std::vector<int64_t>(c.shape().begin(), c.shape().end()),
-                          c.offset(), std::move(*c.mutable_data())));
-    if (loader_->bytes_received() / kProgressEvery != before / kProgressEvery) {
-      spdlog::info("LoadExperts '{}': {} of {} MiB received", ClientText(spec_->experts_id),
-                   loader_->bytes_received() >> 20, loader_->bytes_expected() >> 20);
-    }
-    return absl::OkStatus();
+    return loader_->AddChunk(c.name(), wire,
+                             std::vector<int64_t>(c.shape().begin(), c.shape().end()), c.offset(),
+                             std::move(*c.mutable_data()));
   }
 
   // A device job of this load: the call's deadline and cancellation, and
@@ -307,7 +323,8 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   void Build() {
     absl::StatusOr<std::unique_ptr<ExpertSet>> set =
         loader_ ? loader_->Finish()
-                : LoadSafetensors(*spec_, safetensors_path_, names_, call_.env().model_roots);
+                : LoadSafetensors(*spec_, safetensors_path_, names_, call_.env().model_roots,
+                                  progress_.get());
     loader_.reset();  // its buffers moved into the set (or are not needed)
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -448,6 +465,9 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   int64_t messages_ = 0;            // parsed so far
   std::optional<ExpertsSpec> spec_;
   std::unique_ptr<ExpertsLoader> loader_;
+  // The reservation's, set with it at the header: the loader adds to it
+  // (on the CPU worker for a safetensors file) while ListExperts reads it.
+  std::shared_ptr<LoadProgress> progress_;
   std::string safetensors_path_;
   SafetensorsNames names_;
 };
@@ -488,6 +508,9 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::ListExperts(
   Call call(env_, context, "ListExperts");
   if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
   for (const auto& set : env_.experts->List()) FillInfo(*set, response->add_experts());
+  for (const ExpertStore::Loading& load : env_.experts->Loads()) {
+    FillLoading(load, response->add_experts());
+  }
   return call.FinishUnary(absl::OkStatus());
 }
 

@@ -7,15 +7,33 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/client_context.h>
 
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/client_text.h"
 #include "base/status.h"
 #include "kplan/v1/service.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "server/rpc/moe_convert.h"
 #include "server/rpc/status_mapping.h"
 #include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
+namespace {
+
+constexpr char kPreloadMetadata[] = "kplan-preload";
+
+// `status` about entry `i` of the preload file.
+absl::Status AboutEntry(const absl::Status& status, size_t i, const std::string& id) {
+  absl::Status out(status.code(), absl::StrCat("preload.experts[", i, "] ('", ClientText(id),
+                                               "'): ", status.message()));
+  const std::optional<std::string> field = FieldOf(status);
+  return WithField(out, absl::StrCat("preload.experts[", i, "]", field ? "." + *field : ""));
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<v1::ExpertsHeader>> ReadPreloadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -56,8 +74,36 @@ absl::StatusOr<std::vector<v1::ExpertsHeader>> ReadPreloadFile(const std::string
   return headers;
 }
 
+absl::Status HoldPreloadSets(ExpertStore& store, const std::vector<v1::ExpertsHeader>& headers) {
+  for (size_t i = 0; i < headers.size(); ++i) {
+    absl::Status held = [&]() -> absl::Status {
+      KPLAN_ASSIGN_OR_RETURN(ExpertsSpec spec, ExpertsSpecFromProto(headers[i]));
+      KPLAN_RETURN_IF_ERROR(ValidateExpertsSpec(spec));
+      KPLAN_ASSIGN_OR_RETURN(const int64_t bytes, ExpectedBytes(spec));
+      return store.HoldForPreload(spec, bytes);
+    }();
+    if (!held.ok()) return AboutEntry(held, i, headers[i].experts_id());
+  }
+  return absl::OkStatus();
+}
+
+std::string MakePreloadToken() {
+  unsigned char bytes[16];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) return "";  // no token: no call takes a hold
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(bytes), sizeof(bytes)));
+}
+
+bool FromPreload(const grpc::ServerContextBase& context, const std::string& token) {
+  if (token.empty()) return false;
+  const auto& md = context.client_metadata();
+  auto it = md.find(kPreloadMetadata);
+  return it != md.end() && it->second.size() == token.size() &&
+         CRYPTO_memcmp(it->second.data(), token.data(), token.size()) == 0;
+}
+
 absl::Status Preload(grpc::Channel& channel, const std::vector<v1::ExpertsHeader>& headers,
-                     const std::string& auth_token, absl::Duration per_set_timeout) {
+                     const std::string& auth_token, const std::string& preload_token,
+                     absl::Duration per_set_timeout) {
   auto stub = v1::KernelPlanService::NewStub(
       std::shared_ptr<grpc::Channel>(&channel, [](grpc::Channel*) {}));
   for (size_t i = 0; i < headers.size(); ++i) {
@@ -66,6 +112,7 @@ absl::Status Preload(grpc::Channel& channel, const std::vector<v1::ExpertsHeader
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(start + per_set_timeout));
     if (!auth_token.empty()) context.AddMetadata("authorization", "Bearer " + auth_token);
+    context.AddMetadata(kPreloadMetadata, preload_token);
     v1::LoadExpertsResponse response;
     auto writer = stub->LoadExperts(&context, &response);
     v1::LoadExpertsRequest request;
@@ -73,11 +120,7 @@ absl::Status Preload(grpc::Channel& channel, const std::vector<v1::ExpertsHeader
     writer->Write(request);
     writer->WritesDone();
     const absl::Status status = FromGrpcStatus(writer->Finish());
-    if (!status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrCat("preload.experts[", i, "] ('",
-                                       ClientText(header.experts_id()), "'): ", status.message()));
-    }
+    if (!status.ok()) return AboutEntry(status, i, header.experts_id());
     spdlog::info("preloaded experts '{}' from {} in {}", header.experts_id(),
                  header.safetensors().path(), absl::FormatDuration(absl::Now() - start));
   }

@@ -396,6 +396,10 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   }
   server->experts_ = std::make_unique<ExpertStore>(max_expert_bytes);
   server->environment_.experts = server->experts_.get();
+  if (!preload.empty()) {  // before anything listens: no client takes these ids
+    KPLAN_RETURN_IF_ERROR(HoldPreloadSets(*server->experts_, preload));
+    server->environment_.preload_token = MakePreloadToken();
+  }
   server->routes_ = std::make_unique<MoeRouteCache>();
   server->environment_.routes = server->routes_.get();
   server->environment_.allow_skip_device = options.allow_skip_device;
@@ -465,7 +469,7 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
     spdlog::info("preloading {} expert set(s) from {}", preload.size(), options.preload_file);
     KPLAN_RETURN_IF_ERROR(Preload(*server->server_->InProcessChannel(grpc::ChannelArguments()),
                                   preload, server->environment_.auth_token,
-                                  options.preload_timeout));
+                                  server->environment_.preload_token, options.preload_timeout));
     health->SetServingStatus(kReadinessService, true);
     if (server->metrics_) server->metrics_->SetReady(true);
   }

@@ -41,6 +41,9 @@ struct ServerEnvironment {
   IdleWatchdog* load_watchdog = nullptr;  // null: streams are not watched
   // When set, every KernelPlanService call must carry "authorization: Bearer <token>".
   std::string auth_token;
+  // The secret the --preload's own LoadExperts calls carry (preload.h);
+  // empty without a preload.
+  std::string preload_token;
   // --model_root, canonical: the only directories server-side files are read
   // from (server/moe/model_files.h); empty: server-side loads are refused.
   std::vector<std::string> model_roots;

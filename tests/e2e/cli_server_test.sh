@@ -66,6 +66,10 @@ grep -q "chosen: FLASHINFER_TRTLLM" "$work/explain.txt" || { cat "$work/explain.
 grep -q "accepted" "$work/explain.txt"
 "$bin/kplan" resolve --offline --platform cuda:9.0 --compare-platform cuda:10.0 --num-experts 8 \
   --experts-per-token 2 --hidden-size 4096 --intermediate-size 14336 --renormalize >"$work/compare.txt"
+# --json: one document with both answers.
+"$bin/kplan" resolve --offline --platform cuda:9.0 --compare-platform cuda:10.0 --num-experts 8 \
+  --experts-per-token 2 --hidden-size 4096 --intermediate-size 14336 --json |
+  /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin); assert sorted(d) == ["compare_platform", "platform"], d; assert d["compare_platform"]["platform"]["device_capability"]["major"] == 10, d'
 grep -q "FLASHINFER_TRTLLM" "$work/compare.txt" && grep -q "TRITON" "$work/compare.txt"
 
 # The README's Python example against this server.
@@ -80,16 +84,47 @@ fi
 "$bin/kplan" load --server "$addr" --id cli-layer --random --num-experts 8 --hidden 64 \
   --intermediate 128 >"$work/load.txt"
 grep -q "^cli-layer .* bfloat16 .* silu" "$work/load.txt" || { cat "$work/load.txt"; exit 1; }
-# Progress on stderr (not a terminal here: a line per tenth reached): 24 MiB
-# streamed in six 4 MiB chunks, so 16%, 33%, ... 100%.
-"$bin/kplan" load --server "$addr" --id cli-progress --random --num-experts 8 --hidden-size 512 \
-  --intermediate-size 1024 >/dev/null 2>"$work/progress.txt"
-[ "$(grep -c '^loading: [0-9]*% (' "$work/progress.txt")" -eq 6 ] &&
-  grep -q "^loading: 100% (24 of 24 MiB)" "$work/progress.txt" ||
-  { echo "expected six progress lines up to 100%"; cat "$work/progress.txt"; exit 1; }
+# Progress as the server counts it, on stderr (not a terminal here: a line
+# per tenth reached when polled, then 100%), while a second client sees the
+# load mid-way in ListExperts; then READY. A load whose client goes away
+# leaves the list.
+loading_state() {  # loading_state ID: "loading" when 0 < bytes_done < bytes_total, else the state
+  "$bin/kplan" experts --server "$addr" --json | /usr/bin/python3 -c '
+import json, sys
+sets = [e for e in json.load(sys.stdin)["experts"] if e["experts_id"] == sys.argv[1]]
+p = sets[0].get("progress", {}) if sets else {}
+mid = 0 < int(p.get("bytes_done", 0)) < int(p.get("bytes_total", 0))
+print("loading" if sets and mid else sets[0]["state"] if sets else "absent")' "$1"
+}
+wait_state() {  # wait_state ID STATE
+  for _ in $(seq 400); do
+    [ "$(loading_state "$1")" = "$2" ] && return 0
+    sleep 0.05
+  done
+  echo "$1 never became $2"
+  return 1
+}
+"$bin/kplan" load --server "$addr" --id cli-progress --random --num-experts 8 --hidden-size 1024 \
+  --intermediate-size 1024 >/dev/null 2>"$work/progress.txt" &
+load_pid=$!
+wait_state cli-progress loading
+"$bin/kplan" experts --server "$addr" | grep -q "^cli-progress  *\(loading [0-9]*%\|ready\) " ||
+  { "$bin/kplan" experts --server "$addr"; exit 1; }
+wait "$load_pid"
+[ "$(loading_state cli-progress)" = EXPERTS_STATE_READY ]
+[ "$(grep -c '^loading: [0-9]*% (' "$work/progress.txt")" -ge 2 ] &&
+  grep -q "^loading: 100% (48.0 MiB of 48.0 MiB, 8 of 8 experts)" "$work/progress.txt" ||
+  { echo "expected progress lines up to 100%"; cat "$work/progress.txt"; exit 1; }
 "$bin/kplan" unload --server "$addr" --id cli-progress >/dev/null
+"$bin/kplan" load --server "$addr" --id cli-gone --random --num-experts 8 --hidden-size 1024 \
+  --intermediate-size 1024 >/dev/null 2>&1 &
+load_pid=$!
+wait_state cli-gone loading
+kill -TERM "$load_pid"
+wait "$load_pid" || true
+wait_state cli-gone absent
 "$bin/kplan" experts --server "$addr" >"$work/experts.txt"
-grep -q "^cli-layer  *8  *64  *128 " "$work/experts.txt" || { cat "$work/experts.txt"; exit 1; }
+grep -q "^cli-layer  *ready  *8  *64  *128 " "$work/experts.txt" || { cat "$work/experts.txt"; exit 1; }
 "$bin/kplan" experts --server "$addr" --json >"$work/experts.json"
 grep -q '"experts_id": "cli-layer"' "$work/experts.json"
 grep -q '"dtype": "bfloat16"' "$work/experts.json" || { cat "$work/experts.json"; exit 1; }
@@ -148,7 +183,9 @@ with open(sys.argv[1], "wb") as f:
 PY
 st_args=(--num-experts 2 --hidden 16 --intermediate 16 --dtype float32 --w13 w13 --w2 w2)
 "$bin/kplan" load --server "$addr" --id cli-st --safetensors stacked.safetensors "${st_args[@]}" \
-  >"$work/load_st.txt" || { cat "$work/load_st.txt"; exit 1; }
+  >"$work/load_st.txt" 2>"$work/load_st_err.txt" || { cat "$work/load_st.txt"; exit 1; }
+grep -q "^loading: 100% (6.0 KiB of 6.0 KiB, 2 of 2 experts)" "$work/load_st_err.txt" ||
+  { cat "$work/load_st_err.txt"; exit 1; }  # a file the server read: its progress too
 grep -q "^cli-st .* float32" "$work/load_st.txt" || { cat "$work/load_st.txt"; exit 1; }
 "$bin/kplan" unload --server "$addr" --id cli-st | grep -q "unloaded cli-st"
 for p in /etc/passwd "$work/models/missing.safetensors" ../server.log; do

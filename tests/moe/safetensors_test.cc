@@ -225,15 +225,28 @@ SafetensorsNames Stacked() {
   return n;
 }
 
-// Large loads log every tenth of their bytes; small ones stay quiet.
-TEST(LoadProgressTest, LogsEachTenthOfALargeLoad) {
+// Large loads log every tenth of their bytes; small ones stay quiet. An
+// expert is done when its rows of every tensor are.
+TEST(LoadProgressTest, CountsBytesAndExpertsAndLogsEachTenthOfALargeLoad) {
   auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
   spdlog::default_logger()->sinks().push_back(sink);
+  const kernels::DType f32 = kernels::DType::kFloat32;
   {
-    LoadProgress small("small", 1 << 20);
-    small.Add(1 << 20);
-    LoadProgress large("big-set", int64_t{100} << 20);
-    for (int i = 0; i < 40; ++i) large.Add(int64_t{5} << 19);  // 2.5 MiB each, 100 MiB in all
+    LoadProgress small("small", {{"w", f32, {1, 256 << 10}, "float32"}}, 1);
+    small.Add("w", 1 << 20);
+    EXPECT_EQ(small.done().experts, 1);
+    // 100 experts, 50 MiB per tensor: 0.5 MiB of each per expert.
+    LoadProgress large(
+        "big-set",
+        {{"w13", f32, {100, 128 << 10}, "float32"}, {"w2", f32, {100, 128 << 10}, "float32"}}, 100);
+    for (int i = 0; i < 40; ++i) {
+      large.Add(i < 20 ? "w13" : "w2", int64_t{5} << 19);  // 2.5 MiB each, 100 MiB in all
+      const LoadProgress::Done d = large.done();
+      EXPECT_EQ(d.bytes, (i + 1) * (int64_t{5} << 19));
+      EXPECT_EQ(d.bytes_total, int64_t{100} << 20);
+      EXPECT_EQ(d.experts_total, 100);
+      EXPECT_EQ(d.experts, i < 20 ? 0 : (i - 19) * 5) << i;  // w2 complete for 5 more each
+    }
   }
   spdlog::default_logger()->sinks().pop_back();
   const std::vector<std::string> lines = sink->last_formatted();

@@ -17,6 +17,7 @@ import numpy as np
 
 import kplan
 from kplan import Client, KplanError
+from kplan.v1 import service_pb2
 
 
 def start_server(*flags):
@@ -142,6 +143,69 @@ class PythonClientTest(unittest.TestCase):
         with self.assertRaises(KplanError) as ctx:
             self.client.run_moe("py-layer", x, logits, top_k=k)
         self.assertEqual(ctx.exception.code, grpc.StatusCode.NOT_FOUND)
+
+    def test_load_progress_is_reported(self):
+        # 96 MiB in 1 MiB chunks, polled every 5 ms: the callback sees it mid-way,
+        # as the server counts it, and so does another client.
+        e, h, i = 16, 1024, 512
+        w13 = np.full((e, 2 * i, h), 0.01, np.float32)
+        w2 = np.full((e, h, i), 0.02, np.float32)
+        other = Client(self.client._target, timeout=30)
+        seen, listed = [], []
+
+        def on_progress(info):
+            seen.append((info.state, info.progress.bytes_done, info.progress.bytes_total,
+                         info.progress.experts_done, info.progress.experts_total))
+            if not listed:
+                listed.extend(x for x in other.list_experts() if x.experts_id == "py-progress")
+
+        self.client.progress_interval = 0.005
+        try:
+            info = self.client.load_experts("py-progress", w13, w2, chunk_bytes=1 << 20,
+                                            progress=on_progress)
+        finally:
+            del self.client.progress_interval
+        total = w13.nbytes + w2.nbytes
+        self.assertTrue(seen, "no progress was reported")
+        self.assertTrue(all(s[0] == service_pb2.EXPERTS_STATE_LOADING for s in seen))
+        self.assertTrue(any(0 < s[1] < total for s in seen), seen)
+        self.assertTrue(all(s[2] == total and s[4] == e and 0 <= s[3] <= e for s in seen), seen)
+        self.assertEqual([s[1] for s in seen], sorted(s[1] for s in seen))  # never backwards
+        self.assertEqual(len(listed), 1)
+        self.assertEqual(listed[0].state, service_pb2.EXPERTS_STATE_LOADING)
+        self.assertEqual(info.state, service_pb2.EXPERTS_STATE_READY)
+        ready = [x for x in other.list_experts() if x.experts_id == "py-progress"]
+        self.assertEqual([x.state for x in ready], [service_pb2.EXPERTS_STATE_READY])
+        other.close()
+        self.client.unload_experts("py-progress")
+
+    def test_load_on_the_server(self):
+        # A file the server reads under its --model_root: the same layer as numpy's.
+        rng = np.random.default_rng(4)
+        e, k, h, i = 4, 2, 32, 16
+        w13 = rng.normal(0, 0.2, (e, 2 * i, h)).astype(np.float32)
+        w2 = rng.normal(0, 0.2, (e, h, i)).astype(np.float32)
+        write_safetensors(os.path.join(self.tmp.name, "onserver.safetensors"),
+                          {"l.w13": w13, "l.w2": w2})
+        server, port = start_server("--listen=127.0.0.1:0", f"--model_root={self.tmp.name}")
+        try:
+            with Client(f"127.0.0.1:{port}", timeout=30) as c:
+                info = c.load_experts_on_server("srv", "onserver.safetensors", e, h, i,
+                                                dtype="float32", w13="l.w13", w2="l.w2",
+                                                progress=lambda info: None)
+                self.assertEqual(info.state, service_pb2.EXPERTS_STATE_READY)
+                self.assertEqual(info.bytes, w13.nbytes + w2.nbytes)
+                x = rng.normal(0, 1, (3, h)).astype(np.float32)
+                logits = rng.normal(0, 1, (3, e)).astype(np.float32)
+                np.testing.assert_allclose(c.run_moe("srv", x, logits, top_k=k),
+                                           moe_reference(x, logits, w13, w2, k),
+                                           rtol=1e-4, atol=1e-4)
+                with self.assertRaises(KplanError) as ctx:
+                    c.load_experts_on_server("far", "/etc/passwd", e, h, i, w13="a", w2="b")
+                self.assertEqual(ctx.exception.code, grpc.StatusCode.PERMISSION_DENIED)
+                self.assertEqual(ctx.exception.field, "header.safetensors.path")
+        finally:
+            stop_server(server)
 
     def test_replies_over_4_mib(self):
         # 1024 x 1024 float32 out: 4 MiB + framing, past gRPC's default limit.

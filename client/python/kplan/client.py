@@ -31,6 +31,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 _T = TypeVar("_T")
 PathOrBytes = Union[str, "os.PathLike[str]", bytes]
+# Called with a set's ExpertsInfo while it loads (load_experts' progress=).
+ProgressCallback = Callable[[service_pb2.ExpertsInfo], None]
 
 
 class KplanError(Exception):
@@ -104,6 +106,9 @@ class Client:
         self._auto_limit = max_message_bytes is None
         self._lock = threading.Lock()
         self._connect(max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES)
+
+    # Seconds between ListExperts polls of a load's progress callback.
+    progress_interval: float = 0.2
 
     def _connect(self, max_message_bytes: int) -> None:
         options = [("grpc.max_send_message_length", max_message_bytes),
@@ -207,11 +212,13 @@ class Client:
 
     def load_experts(self, experts_id: str, w13: npt.ArrayLike, w2: npt.ArrayLike,
                      activation: str = "silu", dtype: Optional[str] = None,
-                     chunk_bytes: int = 4 << 20,
-                     timeout: Optional[float] = None) -> service_pb2.ExpertsInfo:
+                     chunk_bytes: int = 4 << 20, timeout: Optional[float] = None,
+                     progress: Optional[ProgressCallback] = None) -> service_pb2.ExpertsInfo:
         """LoadExperts from numpy arrays: w13 [E, 2I, H] (or [E, I, H] for *_no_mul
         activations) and w2 [E, H, I], float32 or float16; ``dtype="bfloat16"``
-        sends float32 rounded to bfloat16. Returns the set's ExpertsInfo."""
+        sends float32 rounded to bfloat16. Returns the set's ExpertsInfo.
+        ``progress`` is called with the set as the server reports it while it
+        loads (``state`` LOADING, ``progress.bytes_done`` ...; see ``_load``)."""
         a13, a2 = np.ascontiguousarray(w13), np.ascontiguousarray(w2)
         if a13.ndim != 3 or a2.ndim != 3:
             raise ValueError("w13 and w2 must be 3-D: [E, 2I, H] and [E, H, I]")
@@ -231,18 +238,20 @@ class Client:
                         chunk.shape.extend(shape)
                     yield chunk
 
-        return self._load(header, chunks, timeout)
+        return self._load(header, chunks, timeout, progress)
 
     def load_experts_safetensors(self, experts_id: str, path: "str | os.PathLike[str]", *,
                                  w13: Optional[str] = None, w2: Optional[str] = None,
                                  template: Optional[str] = None, activation: str = "silu",
-                                 chunk_bytes: int = 4 << 20,
-                                 timeout: Optional[float] = None) -> service_pb2.ExpertsInfo:
+                                 chunk_bytes: int = 4 << 20, timeout: Optional[float] = None,
+                                 progress: Optional[ProgressCallback] = None
+                                 ) -> service_pb2.ExpertsInfo:
         """LoadExperts from a safetensors file on this machine, streamed in chunks of
         ``chunk_bytes`` (never read whole): stacked tensors named by ``w13`` [E, 2I, H]
         and ``w2`` [E, H, I], or per-expert ones named by ``template`` with {e} and
         {proj} (gate_proj, up_proj [I, H], down_proj [H, I]), e.g.
-        "model.layers.0.mlp.experts.{e}.{proj}.weight". F32, F16 or BF16."""
+        "model.layers.0.mlp.experts.{e}.{proj}.weight". F32, F16 or BF16.
+        ``progress`` as in ``load_experts``."""
         tensors = safetensors.read_header(path)
         gated = not activation.endswith("_no_mul")
 
@@ -290,11 +299,49 @@ class Client:
                 yield from safetensors.chunks(f, "w13", parts13, shape13, proto, chunk_bytes)
                 yield from safetensors.chunks(f, "w2", parts2, shape2, proto, chunk_bytes)
 
-        return self._load(header, chunks, timeout)
+        return self._load(header, chunks, timeout, progress)
+
+    def load_experts_on_server(self, experts_id: str, path: str, num_experts: int,
+                               hidden_size: int, intermediate_size: int, *,
+                               dtype: str = "bfloat16", activation: str = "silu",
+                               w13: Optional[str] = None, w2: Optional[str] = None,
+                               template: Optional[str] = None, timeout: Optional[float] = None,
+                               progress: Optional[ProgressCallback] = None
+                               ) -> service_pb2.ExpertsInfo:
+        """LoadExperts from a safetensors file the server reads on its own host,
+        under its --model_root (``path`` relative to the first root, or absolute
+        under one; a ``model.safetensors.index.json`` for a sharded checkpoint):
+        nothing is streamed from here. Tensors as in ``load_experts_safetensors``
+        (stacked ``w13``/``w2``, or ``template`` with {e} and {proj}); ``dtype``
+        is the file's: "bfloat16", "float16" or "float32". ``progress`` as in
+        ``load_experts``: the bytes the server has read."""
+        if dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dtype!r}")
+        source = service_pb2.SafetensorsSource(path=os.fspath(path))
+        if w13 is not None and w2 is not None:
+            source.w13, source.w2 = w13, w2
+        elif template is not None:
+            if "{e}" not in template or "{proj}" not in template:
+                raise ValueError("template needs {e} and {proj}")
+            source.gate_proj = template.replace("{proj}", "gate_proj")
+            source.up_proj = template.replace("{proj}", "up_proj")
+            source.down_proj = template.replace("{proj}", "down_proj")
+        else:
+            raise ValueError("name the tensors: w13= and w2=, or template=")
+        header = service_pb2.ExpertsHeader(
+            experts_id=experts_id, num_experts=num_experts, hidden_size=hidden_size,
+            intermediate_size=intermediate_size, activation=activation,
+            dtype=_tensors.DTYPE_WORDS[dtype], safetensors=source)
+        return self._load(header, lambda: iter(()), timeout, progress)
 
     def _load(self, header: service_pb2.ExpertsHeader,
               chunks: Callable[[], Iterator[service_pb2.TensorChunk]],
-              timeout: Optional[float]) -> service_pb2.ExpertsInfo:
+              timeout: Optional[float],
+              progress: Optional[ProgressCallback] = None) -> service_pb2.ExpertsInfo:
+        """LoadExperts; with ``progress``, a thread polls ListExperts every
+        ``progress_interval`` seconds and calls it (on that thread) with the
+        set while it is LOADING: ``info.progress`` has bytes_done, bytes_total,
+        experts_done and experts_total, counted by the server."""
         self._match_server_limit()
 
         def messages() -> Iterator[service_pb2.LoadExpertsRequest]:
@@ -302,7 +349,30 @@ class Client:
             for chunk in chunks():
                 yield service_pb2.LoadExpertsRequest(chunk=chunk)
 
-        return self._call(lambda s: s.LoadExperts, messages, timeout).experts
+        if progress is None:
+            return self._call(lambda s: s.LoadExperts, messages, timeout).experts
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(self.progress_interval):
+                try:
+                    listed = self._stub.ListExperts(service_pb2.ListExpertsRequest(),
+                                                    timeout=max(5 * self.progress_interval, 1.0),
+                                                    metadata=self._metadata)
+                except grpc.RpcError:
+                    continue  # a poll that fails is skipped
+                for info in listed.experts:
+                    if (info.experts_id == header.experts_id and
+                            info.state == service_pb2.EXPERTS_STATE_LOADING):
+                        progress(info)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            return self._call(lambda s: s.LoadExperts, messages, timeout).experts
+        finally:
+            stop.set()
+            watcher.join()
 
     def unload_experts(self, experts_id: str) -> int:
         """UnloadExperts; returns the bytes freed."""
@@ -310,7 +380,8 @@ class Client:
         return self._call(lambda s: s.UnloadExperts, lambda: req).bytes_freed
 
     def list_experts(self) -> List[service_pb2.ExpertsInfo]:
-        """ListExperts: the resident sets."""
+        """ListExperts: the resident sets (``state`` READY) and the loads under
+        way (LOADING, with ``progress``)."""
         return list(self._call(lambda s: s.ListExperts, service_pb2.ListExpertsRequest).experts)
 
     # --- execution ---------------------------------------------------------------

@@ -1,11 +1,15 @@
 from kplan.v1 import config_pb2 as _config_pb2
 from kplan.v1 import plan_pb2 as _plan_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+EXPERTS_STATE_LOADING: ExpertsState
+EXPERTS_STATE_READY: ExpertsState
+EXPERTS_STATE_UNSPECIFIED: ExpertsState
 
 class BuildInfo(_message.Message):
     __slots__ = ["compiler", "cuda_architectures", "cuda_version", "git_revision", "nccl_version", "version"]
@@ -86,7 +90,7 @@ class ExpertsHeader(_message.Message):
     def __init__(self, experts_id: _Optional[str] = ..., num_experts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., intermediate_size: _Optional[int] = ..., activation: _Optional[str] = ..., dtype: _Optional[_Union[_config_pb2.DType, str]] = ..., quantization: _Optional[_Union[ExpertsQuantization, _Mapping]] = ..., safetensors: _Optional[_Union[SafetensorsSource, _Mapping]] = ..., has_bias: bool = ...) -> None: ...
 
 class ExpertsInfo(_message.Message):
-    __slots__ = ["activation", "bytes", "dtype", "experts_id", "hidden_size", "intermediate_size", "num_experts", "placement", "quantization", "shards"]
+    __slots__ = ["activation", "bytes", "dtype", "experts_id", "hidden_size", "intermediate_size", "num_experts", "placement", "progress", "quantization", "shards", "state"]
     ACTIVATION_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -95,8 +99,10 @@ class ExpertsInfo(_message.Message):
     INTERMEDIATE_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     activation: str
     bytes: int
     dtype: _config_pb2.DType
@@ -105,9 +111,25 @@ class ExpertsInfo(_message.Message):
     intermediate_size: int
     num_experts: int
     placement: _containers.RepeatedCompositeFieldContainer[ExpertsPlacement]
+    progress: ExpertsLoadProgress
     quantization: str
     shards: _containers.RepeatedCompositeFieldContainer[ExpertShard]
-    def __init__(self, experts_id: _Optional[str] = ..., num_experts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., intermediate_size: _Optional[int] = ..., activation: _Optional[str] = ..., dtype: _Optional[_Union[_config_pb2.DType, str]] = ..., quantization: _Optional[str] = ..., bytes: _Optional[int] = ..., placement: _Optional[_Iterable[_Union[ExpertsPlacement, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ExpertShard, _Mapping]]] = ...) -> None: ...
+    state: ExpertsState
+    def __init__(self, experts_id: _Optional[str] = ..., num_experts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., intermediate_size: _Optional[int] = ..., activation: _Optional[str] = ..., dtype: _Optional[_Union[_config_pb2.DType, str]] = ..., quantization: _Optional[str] = ..., bytes: _Optional[int] = ..., placement: _Optional[_Iterable[_Union[ExpertsPlacement, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ExpertShard, _Mapping]]] = ..., state: _Optional[_Union[ExpertsState, str]] = ..., progress: _Optional[_Union[ExpertsLoadProgress, _Mapping]] = ...) -> None: ...
+
+class ExpertsLoadProgress(_message.Message):
+    __slots__ = ["bytes_done", "bytes_total", "experts_done", "experts_total", "preload"]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    EXPERTS_DONE_FIELD_NUMBER: _ClassVar[int]
+    EXPERTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PRELOAD_FIELD_NUMBER: _ClassVar[int]
+    bytes_done: int
+    bytes_total: int
+    experts_done: int
+    experts_total: int
+    preload: bool
+    def __init__(self, bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., experts_done: _Optional[int] = ..., experts_total: _Optional[int] = ..., preload: bool = ...) -> None: ...
 
 class ExpertsPlacement(_message.Message):
     __slots__ = ["bytes", "device", "first_expert", "num_experts"]
@@ -517,3 +539,6 @@ class UnregisterSharedMemoryRequest(_message.Message):
 class UnregisterSharedMemoryResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
+
+class ExpertsState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
