@@ -762,6 +762,16 @@ TEST_F(MoeRpcTest, SharedMemoryTensors) {
   EXPECT_EQ(too_wide.code(), absl::StatusCode::kInvalidArgument) << too_wide;
   EXPECT_EQ(FieldOf(too_wide).value_or(""), "region.byte_size");
 
+  // A CUDA IPC region on a server without a GPU: refused, saying why.
+  v1::SharedMemoryRegion cuda;
+  cuda.set_name("gpu");
+  cuda.set_cuda_ipc_handle(std::string(64, '\x01'));
+  cuda.set_byte_size(4096);
+  absl::Status no_gpu = client->RegisterSharedMemory(cuda);
+  EXPECT_EQ(no_gpu.code(), absl::StatusCode::kFailedPrecondition) << no_gpu;
+  EXPECT_EQ(FieldOf(no_gpu).value_or(""), "region.cuda_ipc_handle");
+  EXPECT_THAT(std::string(no_gpu.message()), ::testing::HasSubstr("no GPU"));
+
   ASSERT_TRUE(client->UnregisterSharedMemory("in").ok());
   EXPECT_EQ(client->UnregisterSharedMemory("in").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client->RunMoE(req).status().code(), absl::StatusCode::kNotFound);
