@@ -18,7 +18,7 @@ namespace kplan {
 inline constexpr size_t kCudaIpcHandleBytes = 64;
 
 struct CudaIpcMemory {
-  void* base = nullptr;    // the client's allocation, opened in this process
+  void* base = nullptr;     // the client's allocation, opened in this process
   int64_t alloc_bytes = 0;  // its size (the driver's address range)
 };
 

@@ -33,6 +33,7 @@ constexpr int kE = 4, kK = 2, kH = 16, kI = 8;
 using testing::Bytes;
 using testing::MakeTensor;
 using testing::Random;
+using testing::Ref;
 
 v1::TensorChunk Chunk(const std::string& name, std::vector<int64_t> shape, const std::string& data,
                       size_t begin, size_t end) {
@@ -658,14 +659,6 @@ TEST_F(MoeRpcTest, LargeOutputsArriveWhole) {
     halves += r->output().data();
   }
   EXPECT_EQ(big->output().data(), halves);
-}
-
-v1::SharedMemoryRef Ref(const std::string& region, int64_t offset, int64_t bytes) {
-  v1::SharedMemoryRef r;
-  r.set_region(region);
-  r.set_offset(offset);
-  r.set_byte_size(bytes);
-  return r;
 }
 
 // RunMoE tensors in the client's POSIX shared memory: off by default; with
