@@ -4,6 +4,9 @@
 // RunMoE for --duration_s after --warmup_s, and reports p50/p90/p99 latency, requests/s and
 // tokens/s, with errors counted by gRPC code. The transport is the address: host:port (TCP) or
 // unix:PATH. Writes a table, and --json / --csv (bench/plot_perf.py draws the JSON).
+// --shm sends the tensors by reference instead (Triton's system shared
+// memory): one registered POSIX region per client thread holds its inputs
+// and takes the output (a server on this host with --allow_shared_memory).
 //
 //   kplan_perf --server unix:/tmp/kplan.sock --concurrency 1,4,16,64 --tokens 1,64
 //       --num_experts 128 --hidden 2048 --intermediate 768 --top_k 8 --json perf.json
@@ -39,6 +42,7 @@
 #include "absl/time/clock.h"
 #include "base/float16.h"
 #include "client/cpp/client.h"
+#include "client/cpp/shm_region.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Server address: HOST:PORT or unix:PATH");
 ABSL_FLAG(std::string, concurrency, "1,4,16,64", "Comma-separated numbers of concurrent clients");
@@ -53,6 +57,9 @@ ABSL_FLAG(int, top_k, 8, "Experts per token");
 ABSL_FLAG(std::string, backend, "", "moe_backend of every request (empty: auto)");
 ABSL_FLAG(double, timeout_s, 30.0, "Deadline of each request");
 ABSL_FLAG(int, server_pid, 0, "A local server's pid: its resident memory is sampled per step");
+ABSL_FLAG(bool, shm, false,
+          "Tensors by reference: each client thread registers a POSIX shared-memory region "
+          "holding its inputs and output (the server needs --allow_shared_memory)");
 ABSL_FLAG(std::string, json, "", "Write the results as JSON to this file");
 ABSL_FLAG(std::string, csv, "", "Write the results as CSV to this file");
 
@@ -185,6 +192,22 @@ class ClientPool {
   std::vector<std::unique_ptr<kplan::Client>> clients_;
 };
 
+// --shm: `request` with its tensors in a region of this thread's, which
+// also takes the output; the region goes (unregistered, unlinked) with it.
+absl::StatusOr<std::unique_ptr<kplan::ClientShmRegion>> ShmRequest(
+    kplan::Client& client, const kplan::v1::RunMoERequest& request, kplan::v1::RunMoERequest* out) {
+  *out = request;
+  const int64_t x = static_cast<int64_t>(request.hidden_states().data().size());
+  const int64_t bytes = 2 * x + static_cast<int64_t>(request.router_logits().data().size()) + 128;
+  absl::StatusOr<std::unique_ptr<kplan::ClientShmRegion>> region =
+      kplan::ClientShmRegion::Create(client, bytes, "perf");
+  if (!region.ok()) return region.status();
+  const int64_t at = (*region)->Place(out->mutable_router_logits(),
+                                      (*region)->Place(out->mutable_hidden_states(), 0));
+  *out->mutable_output_shm() = (*region)->Ref(at, x);
+  return region;
+}
+
 Row RunStep(ClientPool& pool, const kplan::v1::RunMoERequest& request, int tokens,
             int concurrency) {
   Row row;
@@ -202,11 +225,25 @@ Row RunStep(ClientPool& pool, const kplan::v1::RunMoERequest& request, int token
   std::vector<std::thread> threads;
   for (int c = 0; c < concurrency; ++c) {
     threads.emplace_back([&, c] {
+      kplan::v1::RunMoERequest shm_request;
+      std::unique_ptr<kplan::ClientShmRegion> region;
+      const kplan::v1::RunMoERequest* req = &request;
+      if (absl::GetFlag(FLAGS_shm)) {
+        absl::StatusOr<std::unique_ptr<kplan::ClientShmRegion>> made =
+            ShmRequest(*clients[c], request, &shm_request);
+        if (!made.ok()) {
+          ++errors[c][absl::StatusCodeToString(made.status().code())];
+          first_error[c] = made.status().ToString();
+          return;
+        }
+        region = *std::move(made);
+        req = &shm_request;
+      }
       absl::SleepFor(start - absl::Now());
       while (true) {
         const absl::Time sent = absl::Now();
         if (sent >= measure_to) break;
-        absl::StatusOr<kplan::v1::RunMoEResponse> r = clients[c]->RunMoE(request);
+        absl::StatusOr<kplan::v1::RunMoEResponse> r = clients[c]->RunMoE(*req);
         const absl::Time done = absl::Now();
         if (sent < measure_from || done > measure_to) continue;  // outside the window
         if (r.ok()) {
@@ -318,9 +355,10 @@ int main(int argc, char** argv) {
   if (own_set) (void)admin->UnloadExperts(id);
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     std::ofstream out(path);
-    out << "{\"system\": \"kplan\", \"server\": \"" << server
-        << "\", \"shape\": {\"num_experts\": " << e << ", \"hidden\": " << h
-        << ", \"intermediate\": " << i << ", \"top_k\": " << k << "},\n \"rows\": [";
+    out << "{\"system\": \"kplan\", \"server\": \"" << server << "\", \"transport\": \""
+        << (absl::GetFlag(FLAGS_shm) ? "shm" : "inline") << "\", \"shape\": {\"num_experts\": " << e
+        << ", \"hidden\": " << h << ", \"intermediate\": " << i << ", \"top_k\": " << k
+        << "},\n \"rows\": [";
     for (size_t n = 0; n < rows.size(); ++n) {
       const Row& r = rows[n];
       out << (n ? ",\n  " : "\n  ")
