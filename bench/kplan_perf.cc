@@ -60,6 +60,9 @@ ABSL_FLAG(int, server_pid, 0, "A local server's pid: its resident memory is samp
 ABSL_FLAG(bool, shm, false,
           "Tensors by reference: each client thread registers a POSIX shared-memory region "
           "holding its inputs and output (the server needs --allow_shared_memory)");
+ABSL_FLAG(bool, skip_device, false,
+          "Debug: requests skip the layer (the server needs --allow_skip_device): the service's "
+          "floor, transport included");
 ABSL_FLAG(std::string, json, "", "Write the results as JSON to this file");
 ABSL_FLAG(std::string, csv, "", "Write the results as CSV to this file");
 
@@ -332,6 +335,7 @@ int main(int argc, char** argv) {
     router.add_shape(e);
     router.set_data(std::move(logits));
     request.mutable_routing()->set_top_k(k);
+    request.set_skip_device(absl::GetFlag(FLAGS_skip_device));
     if (!absl::GetFlag(FLAGS_backend).empty()) {
       request.mutable_kernel_config()->set_moe_backend(absl::GetFlag(FLAGS_backend));
     }
