@@ -9,6 +9,8 @@
 
 #include <cstring>
 #include <mutex>
+#include <set>
+#include <string>
 
 #include "kernels/cuda/runtime/device_guard.h"
 #include "kernels/cuda/runtime/status.h"
@@ -39,6 +41,13 @@ AddressRangeFn AddressRange() {
   return fn;
 }
 
+// The handles open in this process.
+std::mutex open_mu;
+std::set<std::string, std::less<>>& OpenHandles() {
+  static auto* open = new std::set<std::string, std::less<>>();
+  return *open;
+}
+
 }  // namespace
 
 absl::StatusOr<CudaIpcMemory> OpenCudaIpcMemory(absl::string_view handle, int device) {
@@ -46,6 +55,13 @@ absl::StatusOr<CudaIpcMemory> OpenCudaIpcMemory(absl::string_view handle, int de
     return InvalidField("cuda_ipc_handle",
                         absl::StrCat("a CUDA IPC handle has ", sizeof(cudaIpcMemHandle_t),
                                      " bytes (cudaIpcGetMemHandle), got ", handle.size()));
+  }
+  std::lock_guard<std::mutex> lock(open_mu);
+  if (OpenHandles().count(handle)) {
+    return WithField(absl::AlreadyExistsError(
+                         "this CUDA allocation is registered already (or a call still uses it "
+                         "after its unregister); one region per allocation"),
+                     "cuda_ipc_handle");
   }
   kernels::cuda::DeviceGuard guard;
   KPLAN_RETURN_IF_ERROR(guard.Enter(device));
@@ -67,14 +83,18 @@ absl::StatusOr<CudaIpcMemory> OpenCudaIpcMemory(absl::string_view handle, int de
   const AddressRangeFn range = AddressRange();
   if (range == nullptr ||
       range(&start, &size, reinterpret_cast<CUdeviceptr>(base)) != CUDA_SUCCESS) {
-    CloseCudaIpcMemory(base, device);
+    (void)cudaIpcCloseMemHandle(base);
+    cudaGetLastError();
     return absl::InternalError("cuMemGetAddressRange failed on an opened CUDA IPC handle");
   }
   mem.alloc_bytes = static_cast<int64_t>(size - (reinterpret_cast<CUdeviceptr>(base) - start));
+  OpenHandles().emplace(handle);
   return mem;
 }
 
-void CloseCudaIpcMemory(void* base, int device) {
+void CloseCudaIpcMemory(void* base, int device, absl::string_view handle) {
+  std::lock_guard<std::mutex> lock(open_mu);
+  if (auto it = OpenHandles().find(handle); it != OpenHandles().end()) OpenHandles().erase(it);
   kernels::cuda::DeviceGuard guard;
   if (absl::Status s = guard.Enter(device); !s.ok()) {
     spdlog::warn("closing a CUDA IPC region on cuda:{}: {}", device, s.ToString());
@@ -102,10 +122,11 @@ absl::Status NoCuda() {
   return absl::UnimplementedError(
       "this server was built without CUDA: CUDA IPC shared memory needs a CUDA build and a GPU");
 }
+
 }  // namespace
 
 absl::StatusOr<CudaIpcMemory> OpenCudaIpcMemory(absl::string_view, int) { return NoCuda(); }
-void CloseCudaIpcMemory(void*, int) {}
+void CloseCudaIpcMemory(void*, int, absl::string_view) {}
 absl::Status CopyCudaToHost(void*, const void*, int64_t, int) { return NoCuda(); }
 
 #endif

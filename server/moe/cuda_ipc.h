@@ -23,12 +23,16 @@ struct CudaIpcMemory {
 };
 
 // cudaIpcOpenMemHandle(handle) on `device` (handle of kCudaIpcHandleBytes).
+// A handle is open at most once in this process (the driver maps an
+// allocation once; a second open and its close would pull the mapping from
+// under the first): ALREADY_EXISTS naming "cuda_ipc_handle" while it is.
 // INVALID_ARGUMENT naming "cuda_ipc_handle" for a handle the driver rejects
 // (another process's stale handle, the wrong GPU, this process's own
 // memory); UNIMPLEMENTED without CUDA in the build.
 absl::StatusOr<CudaIpcMemory> OpenCudaIpcMemory(absl::string_view handle, int device);
-// cudaIpcCloseMemHandle on `device`; errors are logged.
-void CloseCudaIpcMemory(void* base, int device);
+// cudaIpcCloseMemHandle on `device` of what OpenCudaIpcMemory(handle) gave;
+// errors are logged.
+void CloseCudaIpcMemory(void* base, int device, absl::string_view handle);
 // Synchronous copy of `bytes` of device memory on `device` to the host.
 absl::Status CopyCudaToHost(void* host, const void* src, int64_t bytes, int device);
 

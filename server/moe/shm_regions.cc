@@ -20,7 +20,7 @@
 namespace kplan {
 
 ShmRegion::~ShmRegion() {
-  if (device_ >= 0 && data_ != nullptr) CloseCudaIpcMemory(data_, device_);
+  if (device_ >= 0 && data_ != nullptr) CloseCudaIpcMemory(data_, device_, info_.cuda_ipc_handle);
   if (map_ != nullptr) munmap(map_, map_bytes_);
   if (fd_ >= 0) close(fd_);
 }

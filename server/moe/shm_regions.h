@@ -102,6 +102,7 @@ class ShmRegistry {
   // INVALID_ARGUMENT naming "key" / "offset" when they are set (the window
   // starts at the allocation; references give offsets), "cuda_ipc_handle"
   // for a handle the driver refuses, "byte_size" past the allocation;
+  // ALREADY_EXISTS naming "cuda_ipc_handle" for an allocation open already;
   // UNIMPLEMENTED without CUDA in the build.
   absl::Status Register(const ShmRegionInfo& info);
   // NOT_FOUND naming "name" for an unknown name. Views already resolved

@@ -202,7 +202,7 @@ TEST(GpuIpcClient, RunMoeWithTensorsInThisProcessDeviceMemory) {
 
   // One block for the inputs (and a given top-k), another for the output.
   constexpr int64_t kMaxM = 300;
-  DeviceBlock in(kMaxM * (kH * 2 + kE * 4) + 4096);
+  DeviceBlock in(kMaxM * (kH * 2 + kE * 4 + 2 * kK * 4) + 4096);
   DeviceBlock out(kMaxM * kH * 2 + 256);
   ASSERT_TRUE(gpu->RegisterSharedMemory(in.Region("in")).ok());
   ASSERT_TRUE(gpu->RegisterSharedMemory(out.Region("out")).ok());
@@ -278,6 +278,7 @@ TEST(GpuIpcClient, RunMoeWithTensorsInThisProcessDeviceMemory) {
   }
 
   // Errors with real handles, each naming its field.
+  absl::Status s;
   v1::RunMoERequest base;
   base.set_experts_id("ipc");
   *base.mutable_hidden_states() = MakeTensor(v1::DTYPE_BFLOAT16, {4, kH}, "");
@@ -315,13 +316,18 @@ TEST(GpuIpcClient, RunMoeWithTensorsInThisProcessDeviceMemory) {
     SCOPED_TRACE(c.what);
     v1::RunMoERequest r = base;
     c.edit(r);
-    absl::Status s = gpu->RunMoE(r).status();
+    s = gpu->RunMoE(r).status();
     EXPECT_EQ(s.code(), c.code) << s;
     EXPECT_THAT(FieldOf(s).value_or(""), ::testing::StartsWith(c.field)) << s;
   }
-  v1::SharedMemoryRegion wide = in.Region("wide");
-  wide.set_byte_size(in.bytes + (4 << 20));  // past the allocation (rounded to 2 MiB)
-  absl::Status s = gpu->RegisterSharedMemory(wide);
+  v1::SharedMemoryRegion again = in.Region("again");  // one region per allocation
+  s = gpu->RegisterSharedMemory(again);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_EQ(FieldOf(s).value_or(""), "region.cuda_ipc_handle");
+  DeviceBlock spare(1 << 16);
+  v1::SharedMemoryRegion wide = spare.Region("wide");
+  wide.set_byte_size(spare.bytes + (4 << 20));  // past the allocation (rounded to 2 MiB)
+  s = gpu->RegisterSharedMemory(wide);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(FieldOf(s).value_or(""), "region.byte_size");
   v1::SharedMemoryRegion other_gpu = in.Region("other");
