@@ -208,8 +208,9 @@ class ClientPool {
 
 // --shm: `request` with its tensors in a region of this thread's, which
 // also takes the output; the region goes (unregistered, unlinked) with it.
-absl::StatusOr<std::unique_ptr<kplan::ClientShmRegion>> ShmRequest(
-    kplan::Client& client, const kplan::v1::RunMoERequest& request, kplan::v1::RunMoERequest* out) {
+absl::StatusOr<std::shared_ptr<void>> ShmRequest(kplan::Client& client,
+                                                 const kplan::v1::RunMoERequest& request,
+                                                 kplan::v1::RunMoERequest* out) {
   *out = request;
   const int64_t x = static_cast<int64_t>(request.hidden_states().data().size());
   const int64_t bytes = 2 * x + static_cast<int64_t>(request.router_logits().data().size()) + 128;
@@ -219,7 +220,7 @@ absl::StatusOr<std::unique_ptr<kplan::ClientShmRegion>> ShmRequest(
   const int64_t at = (*region)->Place(out->mutable_router_logits(),
                                       (*region)->Place(out->mutable_hidden_states(), 0));
   *out->mutable_output_shm() = (*region)->Ref(at, x);
-  return region;
+  return std::shared_ptr<void>(*std::move(region));
 }
 
 // --cuda_shm: `request` with its tensors in one cudaMalloc of this process
@@ -297,22 +298,12 @@ Row RunStep(ClientPool& pool, const kplan::v1::RunMoERequest& request, int token
   for (int c = 0; c < concurrency; ++c) {
     threads.emplace_back([&, c] {
       kplan::v1::RunMoERequest shm_request;
-      std::unique_ptr<kplan::ClientShmRegion> region;
-      std::shared_ptr<void> cuda_region;
+      std::shared_ptr<void> region;  // --shm / --cuda_shm: this thread's, gone with it
       const kplan::v1::RunMoERequest* req = &request;
-      if (absl::GetFlag(FLAGS_cuda_shm)) {
+      if (absl::GetFlag(FLAGS_cuda_shm) || absl::GetFlag(FLAGS_shm)) {
         absl::StatusOr<std::shared_ptr<void>> made =
-            CudaShmRequest(*clients[c], request, &shm_request);
-        if (!made.ok()) {
-          ++errors[c][absl::StatusCodeToString(made.status().code())];
-          first_error[c] = made.status().ToString();
-          return;
-        }
-        cuda_region = *std::move(made);
-        req = &shm_request;
-      } else if (absl::GetFlag(FLAGS_shm)) {
-        absl::StatusOr<std::unique_ptr<kplan::ClientShmRegion>> made =
-            ShmRequest(*clients[c], request, &shm_request);
+            absl::GetFlag(FLAGS_cuda_shm) ? CudaShmRequest(*clients[c], request, &shm_request)
+                                          : ShmRequest(*clients[c], request, &shm_request);
         if (!made.ok()) {
           ++errors[c][absl::StatusCodeToString(made.status().code())];
           first_error[c] = made.status().ToString();
