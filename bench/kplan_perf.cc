@@ -4,6 +4,11 @@
 // RunMoE for --duration_s after --warmup_s, and reports p50/p90/p99 latency, requests/s and
 // tokens/s, with errors counted by gRPC code. The transport is the address: host:port (TCP) or
 // unix:PATH. Writes a table, and --json / --csv (bench/plot_perf.py draws the JSON).
+// --shm sends the tensors by reference instead (Triton's system shared
+// memory): one registered POSIX region per client thread holds its inputs
+// and takes the output (a server on this host with --allow_shared_memory);
+// --cuda_shm puts them in a cudaMalloc per thread registered by CUDA IPC
+// handle (a GPU server; the layer reads and writes them device-to-device).
 //
 //   kplan_perf --server unix:/tmp/kplan.sock --concurrency 1,4,16,64 --tokens 1,64
 //       --num_experts 128 --hidden 2048 --intermediate 768 --top_k 8 --json perf.json
@@ -21,6 +26,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +45,10 @@
 #include "absl/time/clock.h"
 #include "base/float16.h"
 #include "client/cpp/client.h"
+#include "client/cpp/shm_region.h"
+#if KPLAN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Server address: HOST:PORT or unix:PATH");
 ABSL_FLAG(std::string, concurrency, "1,4,16,64", "Comma-separated numbers of concurrent clients");
@@ -53,6 +63,17 @@ ABSL_FLAG(int, top_k, 8, "Experts per token");
 ABSL_FLAG(std::string, backend, "", "moe_backend of every request (empty: auto)");
 ABSL_FLAG(double, timeout_s, 30.0, "Deadline of each request");
 ABSL_FLAG(int, server_pid, 0, "A local server's pid: its resident memory is sampled per step");
+ABSL_FLAG(bool, shm, false,
+          "Tensors by reference: each client thread registers a POSIX shared-memory region "
+          "holding its inputs and output (the server needs --allow_shared_memory)");
+ABSL_FLAG(bool, cuda_shm, false,
+          "Tensors by reference in CUDA memory: each client thread cudaMallocs its inputs and "
+          "output on --cuda_device and registers the IPC handle (a GPU server on this host with "
+          "--allow_shared_memory; a CUDA build of kplan_perf)");
+ABSL_FLAG(int, cuda_device, 0, "The GPU of --cuda_shm's allocations (the server's index)");
+ABSL_FLAG(bool, skip_device, false,
+          "Debug: requests skip the layer (the server needs --allow_skip_device): the service's "
+          "floor, transport included");
 ABSL_FLAG(std::string, json, "", "Write the results as JSON to this file");
 ABSL_FLAG(std::string, csv, "", "Write the results as CSV to this file");
 
@@ -185,6 +206,80 @@ class ClientPool {
   std::vector<std::unique_ptr<kplan::Client>> clients_;
 };
 
+// --shm: `request` with its tensors in a region of this thread's, which
+// also takes the output; the region goes (unregistered, unlinked) with it.
+absl::StatusOr<std::shared_ptr<void>> ShmRequest(kplan::Client& client,
+                                                 const kplan::v1::RunMoERequest& request,
+                                                 kplan::v1::RunMoERequest* out) {
+  *out = request;
+  const int64_t x = static_cast<int64_t>(request.hidden_states().data().size());
+  const int64_t bytes = 2 * x + static_cast<int64_t>(request.router_logits().data().size()) + 128;
+  absl::StatusOr<std::unique_ptr<kplan::ClientShmRegion>> region =
+      kplan::ClientShmRegion::Create(client, bytes, "perf");
+  if (!region.ok()) return region.status();
+  const int64_t at = (*region)->Place(out->mutable_router_logits(),
+                                      (*region)->Place(out->mutable_hidden_states(), 0));
+  *out->mutable_output_shm() = (*region)->Ref(at, x);
+  return std::shared_ptr<void>(*std::move(region));
+}
+
+// --cuda_shm: `request` with its tensors in one cudaMalloc of this process
+// registered by IPC handle, which also takes the output; the holder
+// unregisters and frees it.
+absl::StatusOr<std::shared_ptr<void>> CudaShmRequest(kplan::Client& client,
+                                                     const kplan::v1::RunMoERequest& request,
+                                                     kplan::v1::RunMoERequest* out) {
+#if KPLAN_HAVE_CUDA
+  static std::atomic<int> counter{0};
+  const int device = absl::GetFlag(FLAGS_cuda_device);
+  const std::string& x = request.hidden_states().data();
+  const std::string& l = request.router_logits().data();
+  const auto align = [](size_t n) { return static_cast<int64_t>((n + 255) / 256 * 256); };
+  const int64_t l_at = align(x.size()), out_at = l_at + align(l.size());
+  const int64_t bytes = out_at + static_cast<int64_t>(x.size());
+  void* base = nullptr;
+  if (cudaSetDevice(device) != cudaSuccess || cudaMalloc(&base, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat("cudaMalloc of ", bytes, " on cuda:", device));
+  }
+  const std::string name = absl::StrCat("kplan-perf-cuda-", getpid(), "-", counter++);
+  std::shared_ptr<void> held(base, [&client, name](void* p) {
+    (void)client.UnregisterSharedMemory(name);
+    cudaFree(p);
+  });
+  cudaIpcMemHandle_t handle;
+  if (cudaMemcpy(base, x.data(), x.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(static_cast<char*>(base) + l_at, l.data(), l.size(), cudaMemcpyHostToDevice) !=
+          cudaSuccess ||
+      cudaIpcGetMemHandle(&handle, base) != cudaSuccess) {
+    return absl::InternalError(cudaGetErrorString(cudaGetLastError()));
+  }
+  kplan::v1::SharedMemoryRegion region;
+  region.set_name(name);
+  region.set_cuda_ipc_handle(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  region.set_device_id(device);
+  region.set_byte_size(bytes);
+  if (absl::Status s = client.RegisterSharedMemory(region); !s.ok()) return s;
+  *out = request;
+  const auto ref = [&](kplan::v1::SharedMemoryRef* r, int64_t at, size_t n) {
+    r->set_region(name);
+    r->set_offset(at);
+    r->set_byte_size(static_cast<int64_t>(n));
+  };
+  out->mutable_hidden_states()->clear_data();
+  ref(out->mutable_hidden_states()->mutable_shm(), 0, x.size());
+  out->mutable_router_logits()->clear_data();
+  ref(out->mutable_router_logits()->mutable_shm(), l_at, l.size());
+  ref(out->mutable_output_shm(), out_at, x.size());
+  return held;
+#else
+  (void)client;
+  (void)request;
+  (void)out;
+  return absl::UnimplementedError("--cuda_shm needs a CUDA build of kplan_perf");
+#endif
+}
+
 Row RunStep(ClientPool& pool, const kplan::v1::RunMoERequest& request, int tokens,
             int concurrency) {
   Row row;
@@ -202,11 +297,26 @@ Row RunStep(ClientPool& pool, const kplan::v1::RunMoERequest& request, int token
   std::vector<std::thread> threads;
   for (int c = 0; c < concurrency; ++c) {
     threads.emplace_back([&, c] {
+      kplan::v1::RunMoERequest shm_request;
+      std::shared_ptr<void> region;  // --shm / --cuda_shm: this thread's, gone with it
+      const kplan::v1::RunMoERequest* req = &request;
+      if (absl::GetFlag(FLAGS_cuda_shm) || absl::GetFlag(FLAGS_shm)) {
+        absl::StatusOr<std::shared_ptr<void>> made =
+            absl::GetFlag(FLAGS_cuda_shm) ? CudaShmRequest(*clients[c], request, &shm_request)
+                                          : ShmRequest(*clients[c], request, &shm_request);
+        if (!made.ok()) {
+          ++errors[c][absl::StatusCodeToString(made.status().code())];
+          first_error[c] = made.status().ToString();
+          return;
+        }
+        region = *std::move(made);
+        req = &shm_request;
+      }
       absl::SleepFor(start - absl::Now());
       while (true) {
         const absl::Time sent = absl::Now();
         if (sent >= measure_to) break;
-        absl::StatusOr<kplan::v1::RunMoEResponse> r = clients[c]->RunMoE(request);
+        absl::StatusOr<kplan::v1::RunMoEResponse> r = clients[c]->RunMoE(*req);
         const absl::Time done = absl::Now();
         if (sent < measure_from || done > measure_to) continue;  // outside the window
         if (r.ok()) {
@@ -295,6 +405,7 @@ int main(int argc, char** argv) {
     router.add_shape(e);
     router.set_data(std::move(logits));
     request.mutable_routing()->set_top_k(k);
+    request.set_skip_device(absl::GetFlag(FLAGS_skip_device));
     if (!absl::GetFlag(FLAGS_backend).empty()) {
       request.mutable_kernel_config()->set_moe_backend(absl::GetFlag(FLAGS_backend));
     }
@@ -318,7 +429,10 @@ int main(int argc, char** argv) {
   if (own_set) (void)admin->UnloadExperts(id);
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     std::ofstream out(path);
-    out << "{\"system\": \"kplan\", \"server\": \"" << server
+    out << "{\"system\": \"kplan\", \"server\": \"" << server << "\", \"transport\": \""
+        << (absl::GetFlag(FLAGS_cuda_shm) ? "cuda_shm"
+            : absl::GetFlag(FLAGS_shm)    ? "shm"
+                                          : "inline")
         << "\", \"shape\": {\"num_experts\": " << e << ", \"hidden\": " << h
         << ", \"intermediate\": " << i << ", \"top_k\": " << k << "},\n \"rows\": [";
     for (size_t n = 0; n < rows.size(); ++n) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -25,6 +26,7 @@
 #include "client/cli/common.h"
 #include "client/cli/format.h"
 #include "client/cpp/client.h"
+#include "client/cpp/shm_region.h"
 #include "base/float16.h"
 #include "base/status.h"
 #include "resolve/oracle/moe_config.h"
@@ -420,6 +422,13 @@ void RunMoeFlags::Register(ArgParser& p) {
               "bfloat16)",
               &dtype);
   p.AddString("seed", "N", "seed of the random inputs", &seed);
+  p.AddSwitch("shm",
+              "send the tensors by reference: a POSIX shared-memory region is created, registered, "
+              "written, read back and removed (the server needs --allow_shared_memory and this "
+              "host)",
+              &shm);
+  p.AddString("output-file", "PATH", "write the last run's output [N, H] there (raw bytes)",
+              &output_file);
 }
 
 namespace {
@@ -471,13 +480,28 @@ absl::StatusOr<MoeRunSummary> RunMoe(const RunMoeFlags& flags, const CommonFlags
   summary.tokens = tokens;
   summary.runs = repeat;
   std::vector<double> queue, device, total, round_trip;
+  std::unique_ptr<ClientShmRegion> shm;  // --shm: [hidden | logits | output], gone on return
+  std::string output;
   for (int64_t r = 0; r < repeat; ++r) {
     *request.mutable_hidden_states() = RandomTensor({tokens, experts.hidden_size()}, *act, 1, rng);
     *request.mutable_router_logits() =
         RandomTensor({tokens, experts.num_experts()}, logits_dtype, 2, rng);
+    const int64_t out_bytes = static_cast<int64_t>(request.hidden_states().data().size());
+    int64_t out_at = 0;
+    if (flags.shm) {
+      if (shm == nullptr) {
+        const int64_t bytes = 2 * out_bytes + request.router_logits().data().size() + 128;
+        KPLAN_ASSIGN_OR_RETURN(shm, ClientShmRegion::Create(*client, bytes, "cli"));
+      }
+      out_at = shm->Place(request.mutable_router_logits(),
+                          shm->Place(request.mutable_hidden_states(), 0));
+      *request.mutable_output_shm() = shm->Ref(out_at, out_bytes);
+    }
     const absl::Time start = absl::Now();
     KPLAN_ASSIGN_OR_RETURN(v1::RunMoEResponse response, client->RunMoE(request));
     round_trip.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    output = flags.shm ? std::string(shm->data() + out_at, out_bytes)
+                       : std::move(*response.mutable_output()->mutable_data());
     queue.push_back(response.timing().queue_us());
     device.push_back(response.timing().device_us());
     total.push_back(response.timing().total_us());
@@ -487,6 +511,13 @@ absl::StatusOr<MoeRunSummary> RunMoe(const RunMoeFlags& flags, const CommonFlags
   summary.timing.set_device_us(Median(device));
   summary.timing.set_total_us(Median(total));
   summary.round_trip_us = Median(round_trip);
+  if (!flags.output_file.empty()) {
+    std::ofstream f(flags.output_file, std::ios::binary | std::ios::trunc);
+    f.write(output.data(), static_cast<std::streamsize>(output.size()));
+    if (!f.good()) {
+      return InvalidField("output-file", absl::StrCat("cannot write ", flags.output_file));
+    }
+  }
   return summary;
 }
 
@@ -503,6 +534,7 @@ int RunMoeCommand(const std::vector<std::string>& args) {
       "\nRun one fused MoE layer over the resident set ID on random hidden states [N, H] and\n"
       "router logits [N, E] (fresh per repeat). Prints the plan (backend, experts kernel,\n"
       "dispatch, devices, the candidates with the reasons they were rejected) and the timing.\n"
+      "--shm sends the tensors through a POSIX shared-memory region instead of the messages.\n"
       "Example: kplan run-moe --id layer0 --tokens 64 --top-k 2 --repeat 10";
   if (auto exit = ParseOrExit(parser, args, synopsis)) return *exit;
   absl::StatusOr<MoeRunSummary> summary = RunMoe(flags, common);

@@ -42,6 +42,8 @@ struct LoadFlags {
 struct RunMoeFlags {
   std::string id, tokens, top_k = "2", routing = "RenormalizeNaive", moe_backend = "auto",
                           all2all_backend, repeat = "1", dtype, seed = "0";
+  bool shm = false;         // tensors by reference in a POSIX shared-memory region
+  std::string output_file;  // the last run's output, raw bytes
 
   void Register(ArgParser& p);
 };

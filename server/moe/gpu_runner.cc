@@ -253,10 +253,18 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     KPLAN_RETURN_IF_ERROR(kc::ValidateMoeRoutingParams(rp));
   }
 
+  const MoeDeviceTensors& dev = in.device;
+  if (dev.any() && dev.device != experts.device()) {
+    return WithField(
+        absl::FailedPreconditionError(absl::StrCat(
+            "the CUDA shared-memory region is on cuda:", dev.device, ", experts '", spec.experts_id,
+            "' run on cuda:", experts.device(), "; allocate the tensors on that GPU")),
+        dev.field);
+  }
   MoeRunOutput out;
   out.num_tokens = M;
   out.top_k = k;
-  out.output.resize(M * spec.hidden * act_bytes);
+  if (dev.output == nullptr) out.output.resize(M * spec.hidden * act_bytes);
   out.topk_ids.resize(M * k);
   out.topk_weights.resize(M * k);
   if (M == 0) return out;
@@ -301,18 +309,38 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     KPLAN_RETURN_IF_ERROR(stop.Create());
   }
 
-  // --- Uploads: one copy of each input into pinned memory, one DMA.
+  // --- Uploads: one copy of each host input into pinned memory, one DMA;
+  // then inputs in client device memory device-to-device over their part
+  // (hidden states, then logits, lead the layout: the DMA starts after
+  // those that are on the device).
   KPLAN_ASSIGN_OR_RETURN(char* host, ThisThreadsPinnedBuffer(io_bytes));
-  std::memcpy(host + o_hidden, in.hidden_states.data(), M * H * act_bytes);
+  if (dev.hidden_states == nullptr) {
+    std::memcpy(host + o_hidden, in.hidden_states.data(), M * H * act_bytes);
+  }
   if (by_logits) {
-    std::memcpy(host + o_logits, in.router_logits.data(), M * E * 4);
+    if (dev.router_logits == nullptr) {
+      std::memcpy(host + o_logits, in.router_logits.data(), M * E * 4);
+    }
     if (has_bias) std::memcpy(host + o_bias, routing.e_score_correction_bias, E * 4);
   } else {
     std::memcpy(host + o_ids, in.topk_ids.data(), numel * 4);
     std::memcpy(host + o_w, in.topk_weights.data(), numel * 4);
   }
-  KPLAN_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(ws.base(), host, o_out, cudaMemcpyHostToDevice, stream));
+  int64_t upload_from = 0;
+  if (dev.hidden_states != nullptr) {
+    upload_from = by_logits ? o_logits : o_ids;
+    if (by_logits && dev.router_logits != nullptr) upload_from = has_bias ? o_bias : o_ids;
+  }
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(upload_from), host + upload_from,
+                                             o_out - upload_from, cudaMemcpyHostToDevice, stream));
+  const auto d2d = [&](int64_t at, const void* src, int64_t bytes) -> absl::Status {
+    if (src == nullptr) return absl::OkStatus();
+    KPLAN_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(ws.At<void>(at), src, bytes, cudaMemcpyDeviceToDevice, stream));
+    return absl::OkStatus();
+  };
+  KPLAN_RETURN_IF_ERROR(d2d(o_hidden, dev.hidden_states, M * H * act_bytes));
+  if (by_logits) KPLAN_RETURN_IF_ERROR(d2d(o_logits, dev.router_logits, M * E * 4));
   void* d_hidden = ws.At<void>(o_hidden);
   float* d_w = ws.At<float>(o_w);
   int32_t* d_ids = ws.At<int32_t>(o_ids);
@@ -335,15 +363,30 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   KPLAN_RETURN_IF_ERROR(EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
   if (stats != nullptr) KPLAN_RETURN_IF_ERROR(stop.Record(stream));
 
-  // --- Downloads: one DMA into the pinned mirror, one synchronisation.
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host + o_ids, ws.At<void>(o_ids), io_bytes - o_ids,
+  // --- Downloads: one DMA into the pinned mirror (the routing, and the
+  // output unless it goes to client device memory), one synchronisation.
+  const int64_t download_end = dev.output != nullptr ? o_out : io_bytes;
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host + o_ids, ws.At<void>(o_ids), download_end - o_ids,
                                              cudaMemcpyDeviceToHost, stream));
   KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   drained = true;
   if (stats != nullptr) {
     KPLAN_ASSIGN_OR_RETURN(stats->device_ms, kc::ElapsedMs(start, stop));
   }
-  std::memcpy(out.output.data(), host + o_out, M * H * act_bytes);
+  if (dev.output != nullptr) {
+    // Into the client's memory only while its call stands: a client that
+    // gave up may reuse the buffer (no late writes).
+    if (dev.cancelled && dev.cancelled()) {
+      return absl::CancelledError("the call ended before its output was written to output_shm");
+    }
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev.output, ws.At<void>(o_out), M * H * act_bytes,
+                                               cudaMemcpyDeviceToDevice, stream));
+    drained = false;
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    drained = true;
+  } else {
+    std::memcpy(out.output.data(), host + o_out, M * H * act_bytes);
+  }
   std::memcpy(out.topk_ids.data(), host + o_ids, numel * 4);
   std::memcpy(out.topk_weights.data(), host + o_w, numel * 4);
   return out;

@@ -19,14 +19,13 @@ moe::ScoringFunc ScoringOf(absl::string_view scoring) {
 }
 
 absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& shape,
-                        const std::vector<int64_t>& want, const std::string& data,
-                        int64_t element_bytes) {
+                        const std::vector<int64_t>& want, int64_t bytes, int64_t element_bytes) {
   if (shape != want) {
     return InvalidField(absl::StrCat(field, ".shape"),
                         absl::StrCat(field, " must have shape [", absl::StrJoin(want, ", "),
                                      "], got [", absl::StrJoin(shape, ", "), "]"));
   }
-  return CheckTensorBytes(shape, element_bytes, static_cast<int64_t>(data.size()), field).status();
+  return CheckTensorBytes(shape, element_bytes, bytes, field).status();
 }
 
 }  // namespace
@@ -91,8 +90,13 @@ absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeR
   }
   MoeRunShape shape;
   const int64_t m = shape.num_tokens = in.hidden_shape[0];
+  const MoeDeviceTensors& dev = in.device;
+  const auto bytes = [](const std::string& host, const void* device, int64_t device_bytes) {
+    return device != nullptr ? device_bytes : static_cast<int64_t>(host.size());
+  };
   KPLAN_RETURN_IF_ERROR(CheckShape("hidden_states", in.hidden_shape, {m, spec.hidden},
-                                   in.hidden_states, kernels::DTypeSize(in.act_dtype)));
+                                   bytes(in.hidden_states, dev.hidden_states, dev.hidden_bytes),
+                                   kernels::DTypeSize(in.act_dtype)));
   shape.by_logits = !in.router_logits.empty() || !in.logits_shape.empty();
   const bool by_ids = !in.topk_ids.empty() || !in.topk_shape.empty();
   if (shape.by_logits == by_ids) {
@@ -101,8 +105,9 @@ absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeR
   }
   const int e = spec.num_experts;
   if (shape.by_logits) {
-    KPLAN_RETURN_IF_ERROR(
-        CheckShape("router_logits", in.logits_shape, {m, e}, in.router_logits, 4));
+    KPLAN_RETURN_IF_ERROR(CheckShape("router_logits", in.logits_shape, {m, e},
+                                     bytes(in.router_logits, dev.router_logits, dev.logits_bytes),
+                                     4));
     KPLAN_ASSIGN_OR_RETURN(shape.routing, RoutingSpecFor(in.routing, e));
     shape.top_k = shape.routing.top_k;
   } else {
@@ -112,8 +117,10 @@ absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeR
                           absl::StrCat("topk_ids must be [", m, ", k] with 1 <= k <= ", e));
     }
     const int k = shape.top_k = static_cast<int>(in.topk_shape[1]);
-    KPLAN_RETURN_IF_ERROR(CheckShape("topk_ids", in.topk_shape, {m, k}, in.topk_ids, 4));
-    KPLAN_RETURN_IF_ERROR(CheckShape("topk_weights", in.topk_shape, {m, k}, in.topk_weights, 4));
+    KPLAN_RETURN_IF_ERROR(
+        CheckShape("topk_ids", in.topk_shape, {m, k}, static_cast<int64_t>(in.topk_ids.size()), 4));
+    KPLAN_RETURN_IF_ERROR(CheckShape("topk_weights", in.topk_shape, {m, k},
+                                     static_cast<int64_t>(in.topk_weights.size()), 4));
     const int32_t* ids = reinterpret_cast<const int32_t*>(in.topk_ids.data());
     for (int64_t t = 0; t < m * k; ++t) {
       if (ids[t] < 0 || ids[t] >= e) {
@@ -129,8 +136,18 @@ absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeR
   return shape;
 }
 
+absl::Status RefuseDeviceTensors(const MoeRunInput& in, absl::string_view where) {
+  if (!in.device.any()) return absl::OkStatus();
+  return WithField(absl::FailedPreconditionError(absl::StrCat(
+                       "tensors in CUDA shared memory run only on the GPU path, and this "
+                       "request runs on ",
+                       where, "; send them inline or in a POSIX region")),
+                   in.device.field);
+}
+
 absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& in,
                                          absl::Time deadline) {
+  KPLAN_RETURN_IF_ERROR(RefuseDeviceTensors(in, "the CPU reference"));
   const ExpertsSpec& spec = experts.spec();
   KPLAN_ASSIGN_OR_RETURN(MoeRunShape shape, CheckMoeRunInput(spec, in));
   const int64_t m = shape.num_tokens;

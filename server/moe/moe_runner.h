@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +26,26 @@ struct MoeRouting {
   std::vector<float> e_score_correction_bias;  // [E] or empty
 };
 
+// Tensors in a client's CUDA memory (CUDA IPC regions, shm_regions.h), all
+// on GPU `device`: the GPU path copies the inputs device-to-device into its
+// workspace and the output from it into `output`, never through the host;
+// the host strings of the inputs given here stay empty. `holds` keeps the
+// regions open while the call runs; `cancelled` is asked before the output
+// is written (true: CANCELLED, nothing written). `field` names the first
+// reference (hidden_states.shm, ...) for a path that refuses them.
+struct MoeDeviceTensors {
+  int device = -1;
+  const void* hidden_states = nullptr;
+  int64_t hidden_bytes = 0;
+  const void* router_logits = nullptr;
+  int64_t logits_bytes = 0;
+  void* output = nullptr;  // [M, H] in act_dtype
+  std::function<bool()> cancelled;
+  std::vector<std::shared_ptr<const void>> holds;
+  std::string field;
+  bool any() const { return hidden_states != nullptr || router_logits != nullptr || output; }
+};
+
 struct MoeRunInput {
   kernels::DType act_dtype = kernels::DType::kBFloat16;  // float32 | float16 | bfloat16
   std::vector<int64_t> hidden_shape;                     // [M, H]
@@ -36,6 +58,7 @@ struct MoeRunInput {
   std::vector<int64_t> topk_shape;
   std::string topk_ids, topk_weights;
   bool apply_router_weight_on_input = false;
+  MoeDeviceTensors device;  // tensors in client CUDA memory, if any
 };
 
 struct MoeRunOutput {
@@ -64,9 +87,15 @@ struct MoeRunShape {
 // router_logits, routing.top_k, topk_ids, ...).
 absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeRunInput& input);
 
+// OK when `input` has no tensors in client CUDA memory; else
+// FAILED_PRECONDITION naming the first reference: they run only on the GPU
+// path, and `where` ("the CPU reference", ...) does not.
+absl::Status RefuseDeviceTensors(const MoeRunInput& input, absl::string_view where);
+
 // Checks the input (CheckMoeRunInput) and runs the layer on the CPU; past
 // `deadline` the experts stop between row blocks and the answer is
-// DEADLINE_EXCEEDED (the server passes the call's deadline).
+// DEADLINE_EXCEEDED (the server passes the call's deadline). Tensors in
+// client CUDA memory are refused (RefuseDeviceTensors).
 absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& input,
                                          absl::Time deadline = absl::InfiniteFuture());
 

@@ -184,6 +184,7 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
     // failing its own check inside the step (which also rebuilds the group).
     const bool group_backend = backend == "kplan_ep" || backend == kind.moe_backend();
     if ((backend == "auto" || group_backend) && fits) {
+      KPLAN_RETURN_IF_ERROR(RefuseDeviceTensors(request.input, "the expert-parallel group"));
       return RunOnGroup(*env.ep_group, std::move(request), call, std::move(done));
     }
     if (group_backend) {
@@ -230,6 +231,7 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   }
   const bool use_gpu =
       chosen.kind == MoeRouteKind::kGpuFast || chosen.kind == MoeRouteKind::kGpuEmulation;
+  if (!use_gpu) KPLAN_RETURN_IF_ERROR(RefuseDeviceTensors(request.input, "the CPU reference"));
   size_t slot = 0;
   if (use_gpu) {
     KPLAN_ASSIGN_OR_RETURN(slot, env.executor->Resolve(device->device_name(), "experts_id"));

@@ -6,28 +6,41 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/client_text.h"
 #include "base/status.h"
+#include "server/moe/cuda_ipc.h"
 
 namespace kplan {
 
 ShmRegion::~ShmRegion() {
+  if (device_ >= 0 && data_ != nullptr) CloseCudaIpcMemory(data_, device_, info_.cuda_ipc_handle);
   if (map_ != nullptr) munmap(map_, map_bytes_);
   if (fd_ >= 0) close(fd_);
 }
 
 absl::Status ShmRegion::CheckIntact() const {
+  if (device_ >= 0) return absl::OkStatus();
   struct stat st;
   if (fstat(fd_, &st) != 0 || st.st_size < info_.offset + info_.byte_size) {
     return absl::FailedPreconditionError(
         absl::StrCat("shared-memory region '", ClientText(info_.name), "' (", ClientText(info_.key),
                      ") was truncated below its window; register it again"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ShmView::CopyTo(void* dst) const {
+  if (size == 0) return absl::OkStatus();
+  if (device() >= 0) return CopyCudaToHost(dst, data, size, device());
+  KPLAN_RETURN_IF_ERROR(region->CheckIntact());
+  std::memcpy(dst, data, static_cast<size_t>(size));
   return absl::OkStatus();
 }
 
@@ -43,8 +56,71 @@ absl::Status AlreadyRegistered(const std::string& name) {
 
 }  // namespace
 
+absl::Status ShmRegistry::CheckCudaRegion(const ShmRegionInfo& info) const {
+  if (gpus_.empty()) {
+    return WithField(absl::FailedPreconditionError(
+                         "this server runs no GPU (built without CUDA, or started without "
+                         "devices): CUDA IPC regions need one; register a POSIX region (key)"),
+                     "cuda_ipc_handle");
+  }
+  if (std::find(gpus_.begin(), gpus_.end(), info.device_id) == gpus_.end()) {
+    return WithField(absl::FailedPreconditionError(absl::StrCat(
+                         "device_id ", info.device_id, " is not one of this server's GPUs (",
+                         absl::StrJoin(gpus_, ", "), "); allocate the region on one of them")),
+                     "device_id");
+  }
+  if (!info.key.empty()) {
+    return InvalidField("key",
+                        "a region is a POSIX object (key) or CUDA memory "
+                        "(cuda_ipc_handle), not both");
+  }
+  if (info.offset != 0) {
+    return InvalidField("offset",
+                        "a CUDA region starts at its allocation; give offsets in the "
+                        "tensor references");
+  }
+  if (info.byte_size <= 0) return InvalidField("byte_size", "byte_size must be > 0");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<ShmRegion>> ShmRegistry::OpenCudaRegion(
+    const ShmRegionInfo& info) const {
+  KPLAN_ASSIGN_OR_RETURN(const CudaIpcMemory mem,
+                         OpenCudaIpcMemory(info.cuda_ipc_handle, info.device_id));
+  std::shared_ptr<ShmRegion> region(new ShmRegion());
+  region->info_ = info;
+  region->data_ = static_cast<char*>(mem.base);
+  region->device_ = info.device_id;  // closed with the region from here
+  if (info.byte_size > mem.alloc_bytes) {
+    return InvalidField("byte_size", absl::StrCat("byte_size ", info.byte_size,
+                                                  " is past the end of the CUDA allocation (",
+                                                  mem.alloc_bytes, " bytes)"));
+  }
+  return region;
+}
+
+absl::Status ShmRegistry::Insert(const std::string& name, std::shared_ptr<const ShmRegion> region) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Checked again: other calls may have registered meanwhile.
+  if (regions_.size() >= max_regions_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this server holds ", max_regions_, " shared-memory regions, its most"));
+  }
+  if (!regions_.emplace(name, std::move(region)).second) return AlreadyRegistered(name);
+  return absl::OkStatus();
+}
+
 absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
   if (info.name.empty()) return InvalidField("name", "the region needs a name");
+  if (info.cuda()) {
+    KPLAN_RETURN_IF_ERROR(CheckCudaRegion(info));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (regions_.count(info.name)) return AlreadyRegistered(info.name);
+    }
+    KPLAN_ASSIGN_OR_RETURN(std::shared_ptr<ShmRegion> region, OpenCudaRegion(info));
+    return Insert(info.name, std::move(region));
+  }
   const std::string& key = info.key;
   if (key.size() < 2 || key[0] != '/' || key.find('/', 1) != std::string::npos ||
       key.size() > 255) {
@@ -96,14 +172,7 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
   }
   region->map_ = map;
   region->data_ = static_cast<char*>(map) + (info.offset - start);
-  std::lock_guard<std::mutex> lock(mu_);
-  // Checked again: other calls may have registered meanwhile.
-  if (regions_.size() >= max_regions_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("this server holds ", max_regions_, " shared-memory regions, its most"));
-  }
-  if (!regions_.emplace(info.name, std::move(region)).second) return AlreadyRegistered(info.name);
-  return absl::OkStatus();
+  return Insert(info.name, std::move(region));
 }
 
 absl::Status ShmRegistry::Unregister(const std::string& name) {

@@ -8,6 +8,12 @@
 // bounds-checked against its region's window, and a region unregistered
 // while a call still reads or writes it stays mapped until that call lets go
 // (views hold it). Thread-safe.
+//
+// A region may instead be CUDA device memory of the client's process
+// (Triton's CUDA shared-memory extension): a cudaIpcMemHandle_t on one of
+// the server's GPUs, opened once at registration (cuda_ipc.h) and closed
+// when the last holder lets go; its views are device pointers, which the GPU
+// path reads and writes device-to-device.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -33,6 +40,11 @@ struct ShmRegionInfo {
   std::string key;        // the POSIX shm object: "/name" (one leading slash, no other)
   int64_t offset = 0;     // where the window starts in the object
   int64_t byte_size = 0;  // the window's length
+  // CUDA device memory instead of key / offset: the client's
+  // cudaIpcGetMemHandle bytes and the GPU the allocation is on.
+  std::string cuda_ipc_handle;
+  int device_id = 0;
+  bool cuda() const { return !cuda_ipc_handle.empty(); }
 };
 
 // One mapped window; unmapped when the last holder lets go.
@@ -42,11 +54,13 @@ class ShmRegion {
   ShmRegion(const ShmRegion&) = delete;
   ShmRegion& operator=(const ShmRegion&) = delete;
   const ShmRegionInfo& info() const { return info_; }
-  char* data() const { return data_; }  // the window's first byte
+  char* data() const { return data_; }    // the window's first byte (device memory: device())
+  int device() const { return device_; }  // the GPU of a CUDA region; -1 for host memory
   // FAILED_PRECONDITION when the object no longer covers the window (its
   // owner truncated it): touching the pages past its end would raise
   // SIGBUS. Checked before every copy in or out; a client that shrinks its
-  // object during a copy still races it, which the API forbids.
+  // object during a copy still races it, which the API forbids. OK for a
+  // CUDA region (its allocation stays while the server holds it open).
   absl::Status CheckIntact() const;
 
  private:
@@ -57,6 +71,7 @@ class ShmRegion {
   void* map_ = nullptr;  // the page-aligned mapping holding the window
   size_t map_bytes_ = 0;
   char* data_ = nullptr;
+  int device_ = -1;  // CUDA region: data_ is the opened allocation on this GPU
 };
 
 // Bytes [offset, offset + size) of a region, which stays mapped while the
@@ -65,17 +80,30 @@ struct ShmView {
   std::shared_ptr<const ShmRegion> region;
   char* data = nullptr;
   int64_t size = 0;
+  int device() const { return region->device(); }  // -1: host memory
+  // Copies the view's bytes to host memory `dst` (CheckIntact first for a
+  // POSIX region; a device-to-host copy for a CUDA one).
+  absl::Status CopyTo(void* dst) const;
 };
 
 class ShmRegistry {
  public:
-  explicit ShmRegistry(size_t max_regions = 256) : max_regions_(max_regions) {}
+  // `gpus`: the CUDA devices a CUDA region may be on (the server's).
+  explicit ShmRegistry(size_t max_regions = 256, std::vector<int> gpus = {})
+      : max_regions_(max_regions), gpus_(std::move(gpus)) {}
 
   // Opens and maps the window: INVALID_ARGUMENT naming the field for an
   // empty name, a key that is not "/name" or not under kShmKeyPrefix, a negative offset or size, a
   // window past the object's end; NOT_FOUND naming "key" for an object that
   // does not exist or cannot be opened; ALREADY_EXISTS naming "name" for a
   // name registered already; RESOURCE_EXHAUSTED past max_regions.
+  // A CUDA region (info.cuda()): FAILED_PRECONDITION naming
+  // "cuda_ipc_handle" without GPUs, "device_id" for a GPU not the server's;
+  // INVALID_ARGUMENT naming "key" / "offset" when they are set (the window
+  // starts at the allocation; references give offsets), "cuda_ipc_handle"
+  // for a handle the driver refuses, "byte_size" past the allocation;
+  // ALREADY_EXISTS naming "cuda_ipc_handle" for an allocation open already;
+  // UNIMPLEMENTED without CUDA in the build.
   absl::Status Register(const ShmRegionInfo& info);
   // NOT_FOUND naming "name" for an unknown name. Views already resolved
   // keep the window mapped.
@@ -91,7 +119,12 @@ class ShmRegistry {
                                   absl::string_view field) const;
 
  private:
+  absl::Status CheckCudaRegion(const ShmRegionInfo& info) const;
+  absl::StatusOr<std::shared_ptr<ShmRegion>> OpenCudaRegion(const ShmRegionInfo& info) const;
+  absl::Status Insert(const std::string& name, std::shared_ptr<const ShmRegion> region);
+
   const size_t max_regions_;
+  const std::vector<int> gpus_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<const ShmRegion>> regions_ ABSL_GUARDED_BY(mu_);
 };

@@ -165,8 +165,26 @@ absl::Status SharedMemoryOff(absl::string_view field) {
   return field.empty() ? off : WithField(off, field);
 }
 
+namespace {
+
+// A reference into a CUDA region joins `device`: all of a call's on one GPU.
+absl::Status JoinDevice(const ShmView& view, absl::string_view field, MoeDeviceTensors* device) {
+  if (device->device >= 0 && device->device != view.device()) {
+    return InvalidField(
+        field, absl::StrCat("a call's CUDA shared-memory tensors are on one GPU; ", device->field,
+                            " is on cuda:", device->device, ", this one on cuda:", view.device()));
+  }
+  if (device->field.empty()) device->field = std::string(field);
+  device->device = view.device();
+  device->holds.push_back(view.region);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regions,
-                                                        v1::RunMoERequest& p) {
+                                                        v1::RunMoERequest& p,
+                                                        MoeDeviceTensors* device) {
   // Only the tensors present: a mutable_*() would make an absent one present.
   const std::pair<const char*, v1::Tensor*> inputs[] = {
       {"hidden_states", p.has_hidden_states() ? p.mutable_hidden_states() : nullptr},
@@ -185,7 +203,23 @@ absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regio
     const v1::SharedMemoryRef& ref = t->shm();
     KPLAN_ASSIGN_OR_RETURN(ShmView view,
                            regions->Resolve(ref.region(), ref.offset(), ref.byte_size(), field));
-    t->set_data(view.data, static_cast<size_t>(view.size));
+    const bool on_gpu = view.device() >= 0;
+    if (on_gpu && t == p.mutable_hidden_states()) {
+      KPLAN_RETURN_IF_ERROR(JoinDevice(view, field, device));
+      device->hidden_states = view.data;
+      device->hidden_bytes = view.size;
+    } else if (on_gpu && t == p.mutable_router_logits()) {
+      KPLAN_RETURN_IF_ERROR(JoinDevice(view, field, device));
+      device->router_logits = view.data;
+      device->logits_bytes = view.size;
+    } else if (on_gpu) {
+      // The given top-k is checked on the host before it indexes anything:
+      // small, it comes over (M x k x 4 bytes).
+      t->mutable_data()->resize(static_cast<size_t>(view.size));
+      KPLAN_RETURN_IF_ERROR(WithField(view.CopyTo(t->mutable_data()->data()), field));
+    } else {
+      t->set_data(view.data, static_cast<size_t>(view.size));
+    }
     t->clear_shm();
   }
   if (!p.has_output_shm()) return std::optional<ShmView>();
@@ -193,19 +227,26 @@ absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regio
   const v1::SharedMemoryRef& ref = p.output_shm();
   KPLAN_ASSIGN_OR_RETURN(
       ShmView view, regions->Resolve(ref.region(), ref.offset(), ref.byte_size(), "output_shm"));
-  const int64_t want = static_cast<int64_t>(p.hidden_states().data().size());
+  const int64_t want = device->hidden_states != nullptr
+                           ? device->hidden_bytes
+                           : static_cast<int64_t>(p.hidden_states().data().size());
   if (view.size != want) {
     return InvalidField("output_shm.byte_size", absl::StrCat("the output takes ", want,
                                                              " bytes (those of hidden_states); "
                                                              "output_shm.byte_size is ",
                                                              view.size));
   }
+  if (view.device() >= 0) {
+    KPLAN_RETURN_IF_ERROR(JoinDevice(view, "output_shm", device));
+    device->output = view.data;
+  }
   return std::optional<ShmView>(std::move(view));
 }
 
 absl::Status RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
                                  const RunMoeAnswer& answer, v1::RunMoEResponse* response) {
-  if (answer.output_shm) {
+  // Output in a CUDA region: the GPU path wrote it there.
+  if (answer.output_shm && answer.output_shm->device() < 0) {
     KPLAN_RETURN_IF_ERROR(WithField(answer.output_shm->region->CheckIntact(), "output_shm.region"));
     // Sizes agree: output_shm's was checked against hidden_states', which
     // the input checks made [M, H] in the output's dtype.

@@ -46,9 +46,14 @@ absl::Status SharedMemoryOff(absl::string_view field);
 // gets the referenced bytes as its data (bounds-checked, errors naming
 // `<tensor>.shm.*`); the output window is returned when the request names
 // one, and must be exactly as large as hidden_states (the output's size),
-// else INVALID_ARGUMENT naming output_shm.byte_size.
+// else INVALID_ARGUMENT naming output_shm.byte_size. References into CUDA
+// regions go to `device` instead (hidden_states, router_logits, the output:
+// read and written device-to-device by the GPU path; all on one GPU, else
+// INVALID_ARGUMENT naming the later one); a given top-k in a CUDA region is
+// copied to the host, where the ids are checked.
 absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regions,
-                                                        v1::RunMoERequest& p);
+                                                        v1::RunMoERequest& p,
+                                                        MoeDeviceTensors* device);
 
 // What the answer needs of its request, kept while the layer runs.
 struct RunMoeAnswer {

@@ -526,10 +526,16 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
         "skip_device"));
   }
   auto* mutable_request = const_cast<v1::RunMoERequest*>(request);
-  absl::StatusOr<std::optional<ShmView>> output_shm = ResolveRunMoeShm(env_.shm, *mutable_request);
+  MoeDeviceTensors device;  // references into CUDA regions
+  absl::StatusOr<std::optional<ShmView>> output_shm =
+      ResolveRunMoeShm(env_.shm, *mutable_request, &device);
   if (!output_shm.ok()) return call->FinishUnary(output_shm.status());
   absl::StatusOr<RunMoeRequest> core = RunMoeRequestFromProto(*env_.experts, *mutable_request);
   if (!core.ok()) return call->FinishUnary(core.status());
+  if (device.any()) {
+    device.cancelled = [call] { return call->IsCancelled(); };
+    core->input.device = std::move(device);
+  }
   RunMoeAnswer answer;
   answer.output_shm = *std::move(output_shm);
   answer.output_ref = request->output_shm();

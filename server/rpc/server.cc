@@ -405,7 +405,9 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   server->environment_.allow_skip_device = options.allow_skip_device;
   server->environment_.inline_runs = options.inline_runs;
   if (options.allow_shared_memory) {
-    server->shm_ = std::make_unique<ShmRegistry>();
+    std::vector<int> gpus;  // where CUDA regions may be
+    for (const LocalDevice& d : server->environment_.devices) gpus.push_back(d.index);
+    server->shm_ = std::make_unique<ShmRegistry>(256, std::move(gpus));
     server->environment_.shm = server->shm_.get();
   }
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);

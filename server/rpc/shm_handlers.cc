@@ -37,10 +37,13 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RegisterSharedMemory(
         "region.key"));
   }
   const v1::SharedMemoryRegion& r = request->region();
-  absl::Status s = env_.shm->Register(ShmRegionInfo{r.name(), r.key(), r.offset(), r.byte_size()});
+  absl::Status s = env_.shm->Register(ShmRegionInfo{r.name(), r.key(), r.offset(), r.byte_size(),
+                                                    r.cuda_ipc_handle(), r.device_id()});
   if (s.ok()) {
     spdlog::info("RegisterSharedMemory '{}': {} [{}, +{})", ClientText(r.name()),
-                 ClientText(r.key()), r.offset(), r.byte_size());
+                 r.cuda_ipc_handle().empty() ? ClientText(r.key())
+                                             : absl::StrCat("CUDA IPC on cuda:", r.device_id()),
+                 r.offset(), r.byte_size());
   }
   return call.FinishUnary(FieldOf(s) ? NestField(s, "region") : s);
 }
@@ -66,6 +69,8 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::ListSharedMemory(
     r->set_key(info.key);
     r->set_offset(info.offset);
     r->set_byte_size(info.byte_size);
+    r->set_cuda_ipc_handle(info.cuda_ipc_handle);
+    r->set_device_id(info.device_id);
   }
   return call.FinishUnary(absl::OkStatus());
 }

@@ -9,8 +9,10 @@ bin=$1
 work=$(mktemp -d)
 server_pid=""
 ep_pid=""
+shm_pid=""
 cleanup() {
   [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
+  [ -n "$shm_pid" ] && kill -9 "$shm_pid" 2>/dev/null
   [ -n "$ep_pid" ] && kill -9 "$ep_pid" 2>/dev/null
   rm -rf "$work"
 }
@@ -142,6 +144,37 @@ rc=$?
 set -e
 [ "$rc" = 2 ] || { echo "run-moe --tokens many: expected exit 2, got $rc"; exit 1; }
 grep -q -- "--tokens needs an integer" "$work/err.txt"
+
+# run-moe --shm: the tensors through a POSIX region of the CLI's (created,
+# registered, read back, removed), the output equal to the inline run's; on a
+# server without --allow_shared_memory a clear refusal, and nothing left in
+# /dev/shm either way.
+"$bin/kplan-server" --listen="unix:$work/shm.sock" --devices=none --allow_shared_memory \
+  --exit_timeout=5s >"$work/shm_server.log" 2>&1 &
+shm_pid=$!
+for _ in $(seq 100); do [ -S "$work/shm.sock" ] && break; sleep 0.1; done
+shm_addr="unix:$work/shm.sock"
+"$bin/kplan" load --server "$shm_addr" --id shm-layer --random --num-experts 8 --hidden 64 \
+  --intermediate 128 >/dev/null
+"$bin/kplan" run-moe --server "$shm_addr" --id shm-layer --tokens 7 --seed 5 --repeat 2 \
+  --output-file "$work/inline.out" >/dev/null
+"$bin/kplan" run-moe --server "$shm_addr" --id shm-layer --tokens 7 --seed 5 --repeat 2 --shm \
+  --output-file "$work/shm.out" >"$work/run_shm.txt"
+grep -q "^backend: *emulation" "$work/run_shm.txt" || { cat "$work/run_shm.txt"; exit 1; }
+[ "$(stat -c %s "$work/shm.out")" = $((7 * 64 * 2)) ] || { echo "--shm output size"; exit 1; }
+cmp "$work/inline.out" "$work/shm.out" || { echo "--shm output differs from inline"; exit 1; }
+[ "$("$bin/kplan" experts --server "$shm_addr" --json | grep -c shm-layer)" -ge 1 ]
+set +e
+"$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 2 --shm 2>"$work/err.txt"
+rc=$?
+set -e
+[ "$rc" != 0 ] || { echo "run-moe --shm without --allow_shared_memory succeeded"; exit 1; }
+grep -q "FAILED_PRECONDITION: shared-memory regions are off" "$work/err.txt" ||
+  { cat "$work/err.txt"; exit 1; }
+if ls /dev/shm | grep -q "^kplan-cli-"; then echo "--shm left a region"; ls /dev/shm; exit 1; fi
+kill -TERM "$shm_pid"
+wait "$shm_pid"
+shm_pid=""
 "$bin/kplan" unload --server "$addr" cli-layer | grep -q "unloaded cli-layer"
 "$bin/kplan" experts --server "$addr" >"$work/experts.txt"
 if grep -q cli-layer "$work/experts.txt"; then echo "cli-layer still listed"; exit 1; fi

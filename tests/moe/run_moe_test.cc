@@ -205,6 +205,33 @@ TEST_F(RunMoeTest, InputErrorsNameTheRequestField) {
   EXPECT_TRUE(FieldOf(o.result.status()).has_value());
 }
 
+// Tensors in client CUDA memory (CUDA IPC regions) run only on the GPU
+// path: the CPU reference refuses them before anything is queued, naming
+// the first reference; the pointers are never touched.
+TEST_F(RunMoeTest, CudaTensorsAreRefusedOnTheCpuPath) {
+  static char not_device_memory[kTokens * kHidden * 2];
+  for (const char* backend : {"auto", "emulation"}) {
+    SCOPED_TRACE(backend);
+    RunMoeRequest r = Request(backend);
+    r.input.hidden_states.clear();
+    r.input.device.device = 0;
+    r.input.device.hidden_states = not_device_memory;
+    r.input.device.hidden_bytes = sizeof(not_device_memory);
+    r.input.device.field = "hidden_states.shm";
+    Outcome o = Run(std::move(r));
+    EXPECT_EQ(o.result.status().code(), absl::StatusCode::kFailedPrecondition) << o.result.status();
+    EXPECT_EQ(FieldOf(o.result.status()).value_or(""), "hidden_states.shm");
+    EXPECT_THAT(std::string(o.result.status().message()), HasSubstr("CPU reference"));
+  }
+  // The CPU runner itself refuses too.
+  MoeRunInput in = Input();
+  in.device.output = not_device_memory;
+  in.device.field = "output_shm";
+  absl::StatusOr<MoeRunOutput> cpu = RunMoeOnCpu(*MakeSet(), in);
+  EXPECT_EQ(cpu.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FieldOf(cpu.status()).value_or(""), "output_shm");
+}
+
 TEST_F(RunMoeTest, APassedDeadlineDropsTheJobThroughFail) {
   RunMoeCall call;
   call.deadline = absl::Now() - absl::Seconds(1);

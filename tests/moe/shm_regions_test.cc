@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/moe/cuda_ipc.h"
 
 namespace kplan {
 namespace {
@@ -37,7 +38,7 @@ class ShmRegistryTest : public ::testing::Test {
     shm_unlink(key_.c_str());
   }
   ShmRegionInfo Info(const std::string& name, int64_t offset, int64_t size) const {
-    return ShmRegionInfo{name, key_, offset, size};
+    return ShmRegionInfo{name, key_, offset, size, "", 0};
   }
 
   static constexpr int64_t kBytes = 3 * 4096 + 100;
@@ -52,7 +53,7 @@ TEST_F(ShmRegistryTest, OnlyKplanNamedObjectsAreMapped) {
   ShmRegistry shm;
   for (const char* key : {"/nccl-shm-0", "/dev-shm", "/kpla"}) {
     SCOPED_TRACE(key);
-    const absl::Status s = shm.Register(ShmRegionInfo{"r", key, 0, 16});
+    const absl::Status s = shm.Register(ShmRegionInfo{"r", key, 0, 16, "", 0});
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_EQ(FieldOf(s).value_or(""), "key");
     EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("/kplan..."));
@@ -116,9 +117,9 @@ TEST_F(ShmRegistryTest, RegistrationIsChecked) {
   };
   const std::vector<Case> cases = {
       {Info("", 0, 10), absl::StatusCode::kInvalidArgument, "name"},
-      {ShmRegionInfo{"a", "no-slash", 0, 10}, absl::StatusCode::kInvalidArgument, "key"},
-      {ShmRegionInfo{"a", "/a/b", 0, 10}, absl::StatusCode::kInvalidArgument, "key"},
-      {ShmRegionInfo{"a", key_ + "-missing", 0, 10}, absl::StatusCode::kNotFound, "key"},
+      {ShmRegionInfo{"a", "no-slash", 0, 10, "", 0}, absl::StatusCode::kInvalidArgument, "key"},
+      {ShmRegionInfo{"a", "/a/b", 0, 10, "", 0}, absl::StatusCode::kInvalidArgument, "key"},
+      {ShmRegionInfo{"a", key_ + "-missing", 0, 10, "", 0}, absl::StatusCode::kNotFound, "key"},
       {Info("a", -1, 10), absl::StatusCode::kInvalidArgument, "offset"},
       {Info("a", 0, 0), absl::StatusCode::kInvalidArgument, "byte_size"},
       {Info("a", 100, kBytes), absl::StatusCode::kInvalidArgument, "byte_size"},
@@ -160,6 +161,46 @@ TEST_F(ShmRegistryTest, UnregisterWhileInUseKeepsTheViewMapped) {
   shm.UnregisterAll();
   EXPECT_TRUE(shm.List().empty());
   EXPECT_EQ(static_cast<unsigned char>(held->data[2]), (8192 + 2) % 256);
+}
+
+// CUDA IPC regions (the real handle's path is the GPU test,
+// tests/rpc/gpu_ipc_test.cc): refused clearly without GPUs, and their fields
+// checked before any handle is opened.
+TEST(ShmRegistryCudaTest, CudaRegionsNeedAGpuAndWellFormedFields) {
+  const std::string handle(kCudaIpcHandleBytes, '\x01');
+  const ShmRegionInfo cuda{"g", "", 0, 1024, handle, 0};
+  ShmRegistry cpu_only;
+  absl::Status s = cpu_only.Register(cuda);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(FieldOf(s).value_or(""), "cuda_ipc_handle");
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("no GPU"));
+
+  ShmRegistry gpu(8, {0, 1});
+  struct Case {
+    ShmRegionInfo info;
+    absl::StatusCode code;
+    const char* field;
+  };
+  const Case cases[] = {
+      {{"g", "", 0, 1024, handle, 2}, absl::StatusCode::kFailedPrecondition, "device_id"},
+      {{"g", "/kplan-x", 0, 1024, handle, 0}, absl::StatusCode::kInvalidArgument, "key"},
+      {{"g", "", 64, 1024, handle, 0}, absl::StatusCode::kInvalidArgument, "offset"},
+      {{"g", "", 0, 0, handle, 0}, absl::StatusCode::kInvalidArgument, "byte_size"},
+      {{"", "", 0, 1024, handle, 0}, absl::StatusCode::kInvalidArgument, "name"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    s = gpu.Register(c.info);
+    EXPECT_EQ(s.code(), c.code) << s;
+    EXPECT_EQ(FieldOf(s).value_or(""), c.field);
+  }
+#if !KPLAN_HAVE_CUDA
+  // A well-formed registration reaches the opener, which this build lacks.
+  s = gpu.Register(cuda);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("without CUDA"));
+#endif
+  EXPECT_TRUE(gpu.List().empty());
 }
 
 }  // namespace

@@ -319,6 +319,71 @@ class RetryTest(unittest.TestCase):
             stop_server(started["proc"])
 
 
+class SharedMemoryTest(unittest.TestCase):
+    """kplan.shm against a CPU-path server with --allow_shared_memory on a
+    Unix socket: the output through a region equals the inline run's."""
+
+    def test_run_moe_by_reference(self):
+        tmp = tempfile.mkdtemp()
+        proc, _ = start_server(f"--listen=unix:{tmp}/shm.sock", "--devices=none",
+                               "--allow_shared_memory")
+        try:
+            c = Client(f"unix:{tmp}/shm.sock", timeout=30)
+            rng = np.random.default_rng()
+            e, k, h, i, m = 4, 2, 32, 16, 5
+            w13 = rng.normal(0, 0.2, (e, 2 * i, h)).astype(np.float32)
+            w2 = rng.normal(0, 0.2, (e, h, i)).astype(np.float32)
+            c.load_experts("shm-layer", w13, w2)
+            x = rng.normal(0, 1, (m, h)).astype(np.float32)
+            logits = rng.normal(0, 1, (m, e)).astype(np.float32)
+            want = c.run_moe("shm-layer", x, logits, top_k=k)
+            with c.shared_memory(64 << 10) as region:
+                key = region.key
+                self.assertTrue(os.path.exists("/dev/shm" + key))
+                self.assertEqual([r.name for r in c.list_shared_memory()], [region.name])
+                sx = region.array((m, h))
+                sl = region.array((m, e))
+                out = region.array((m, h))
+                sx.array[:] = x
+                sl.array[:] = logits
+                out.array[:] = np.nan
+                got, resp = c.run_moe("shm-layer", sx, sl, top_k=k, output=out,
+                                      return_plan=True)
+                self.assertIs(got, out.array)
+                self.assertEqual(resp.output.shm.region, region.name)
+                self.assertEqual(len(resp.output.data), 0)
+                np.testing.assert_array_equal(got, want)
+                self.assertTrue(got.flags.writeable)
+                # A mixed call: inline hidden states, logits by reference.
+                np.testing.assert_array_equal(c.run_moe("shm-layer", x, sl, top_k=k), want)
+                # A reference past the region names its field.
+                bad = kplan.shm.ShmTensor(region, region.byte_size - 8, sx.array, sx.dtype)
+                with self.assertRaises(KplanError) as ctx:
+                    c.run_moe("shm-layer", bad, sl, top_k=k)
+                self.assertEqual(ctx.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertEqual(ctx.exception.field, "hidden_states.shm.byte_size")
+                with self.assertRaises(ValueError):
+                    region.array((1 << 20,))
+            self.assertEqual(c.list_shared_memory(), [])
+            self.assertFalse(os.path.exists("/dev/shm" + key))
+            c.close()
+        finally:
+            stop_server(proc)
+
+    def test_a_server_without_shared_memory_refuses_and_nothing_is_left(self):
+        proc, port = start_server("--listen=127.0.0.1:0", "--devices=none")
+        try:
+            c = Client(f"127.0.0.1:{port}", timeout=30)
+            with self.assertRaises(KplanError) as ctx:
+                c.shared_memory(4096)
+            self.assertEqual(ctx.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+            c.close()
+        finally:
+            stop_server(proc)
+        self.assertFalse([f for f in os.listdir("/dev/shm")
+                          if f.startswith(f"kplan-py-{os.getpid()}-")])
+
+
 @unittest.skipUnless(os.environ.get("KPLAN_TEST_CERTS_SCRIPT"), "no cert script")
 class TlsTest(unittest.TestCase):
     def test_mutual_tls_and_token(self):

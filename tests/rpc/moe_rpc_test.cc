@@ -33,6 +33,7 @@ constexpr int kE = 4, kK = 2, kH = 16, kI = 8;
 using testing::Bytes;
 using testing::MakeTensor;
 using testing::Random;
+using testing::Ref;
 
 v1::TensorChunk Chunk(const std::string& name, std::vector<int64_t> shape, const std::string& data,
                       size_t begin, size_t end) {
@@ -660,14 +661,6 @@ TEST_F(MoeRpcTest, LargeOutputsArriveWhole) {
   EXPECT_EQ(big->output().data(), halves);
 }
 
-v1::SharedMemoryRef Ref(const std::string& region, int64_t offset, int64_t bytes) {
-  v1::SharedMemoryRef r;
-  r.set_region(region);
-  r.set_offset(offset);
-  r.set_byte_size(bytes);
-  return r;
-}
-
 // RunMoE tensors in the client's POSIX shared memory: off by default; with
 // --allow_shared_memory the inputs are read from a region and the output
 // written into one, equal to the inline call; every reference is checked.
@@ -761,6 +754,16 @@ TEST_F(MoeRpcTest, SharedMemoryTensors) {
   absl::Status too_wide = client->RegisterSharedMemory(wide);
   EXPECT_EQ(too_wide.code(), absl::StatusCode::kInvalidArgument) << too_wide;
   EXPECT_EQ(FieldOf(too_wide).value_or(""), "region.byte_size");
+
+  // A CUDA IPC region on a server without a GPU: refused, saying why.
+  v1::SharedMemoryRegion cuda;
+  cuda.set_name("gpu");
+  cuda.set_cuda_ipc_handle(std::string(64, '\x01'));
+  cuda.set_byte_size(4096);
+  absl::Status no_gpu = client->RegisterSharedMemory(cuda);
+  EXPECT_EQ(no_gpu.code(), absl::StatusCode::kFailedPrecondition) << no_gpu;
+  EXPECT_EQ(FieldOf(no_gpu).value_or(""), "region.cuda_ipc_handle");
+  EXPECT_THAT(std::string(no_gpu.message()), ::testing::HasSubstr("no GPU"));
 
   ASSERT_TRUE(client->UnregisterSharedMemory("in").ok());
   EXPECT_EQ(client->UnregisterSharedMemory("in").code(), absl::StatusCode::kNotFound);

@@ -31,6 +31,15 @@ inline v1::Tensor MakeTensor(v1::DType dtype, std::vector<int64_t> shape, std::s
   return t;
 }
 
+// A RunMoE tensor reference into registered region `region`.
+inline v1::SharedMemoryRef Ref(const std::string& region, int64_t offset, int64_t bytes) {
+  v1::SharedMemoryRef r;
+  r.set_region(region);
+  r.set_offset(offset);
+  r.set_byte_size(bytes);
+  return r;
+}
+
 // The LoadExperts header of float32 silu experts [E, 2I, H] / [E, H, I].
 inline v1::ExpertsHeader Float32Header(const std::string& id, int e, int h, int i) {
   v1::ExpertsHeader header;

@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from kplan import _tensors, safetensors
+from kplan import _tensors, safetensors, shm
 from kplan.v1 import config_pb2, service_pb2, service_pb2_grpc
 
 try:  # googleapis-common-protos / grpcio-health-checking when installed, else ours
@@ -384,6 +384,30 @@ class Client:
         way (LOADING, with ``progress``)."""
         return list(self._call(lambda s: s.ListExperts, service_pb2.ListExpertsRequest).experts)
 
+    # --- shared memory -----------------------------------------------------------
+
+    def register_shared_memory(self, name: str, key: str, byte_size: int,
+                               offset: int = 0) -> None:
+        """RegisterSharedMemory: the window [offset, offset + byte_size) of the
+        POSIX object `key` ("/kplan..."), as region `name`."""
+        region = service_pb2.SharedMemoryRegion(name=name, key=key, offset=offset,
+                                                byte_size=byte_size)
+        req = service_pb2.RegisterSharedMemoryRequest(region=region)
+        self._call(lambda s: s.RegisterSharedMemory, lambda: req)
+
+    def unregister_shared_memory(self, name: str) -> None:
+        req = service_pb2.UnregisterSharedMemoryRequest(name=name)
+        self._call(lambda s: s.UnregisterSharedMemory, lambda: req)
+
+    def list_shared_memory(self) -> List[service_pb2.SharedMemoryRegion]:
+        return list(self._call(lambda s: s.ListSharedMemory,
+                               service_pb2.ListSharedMemoryRequest).regions)
+
+    def shared_memory(self, byte_size: int) -> shm.SharedMemoryRegion:
+        """A new POSIX region of `byte_size` bytes registered with this server
+        (kplan.shm): numpy views into it go to run_moe by reference."""
+        return shm.SharedMemoryRegion(self, byte_size)
+
     # --- execution ---------------------------------------------------------------
 
     @overload
@@ -392,7 +416,8 @@ class Client:
                 routing_method: str = ..., topk_ids: Optional[npt.ArrayLike] = ...,
                 topk_weights: Optional[npt.ArrayLike] = ..., dtype: Optional[str] = ...,
                 moe_backend: str = ..., return_plan: "Literal[False]" = ...,
-                all2all_backend: str = ..., timeout: Optional[float] = ...) -> npt.NDArray: ...
+                all2all_backend: str = ..., timeout: Optional[float] = ...,
+                output: Optional[shm.ShmTensor] = ...) -> npt.NDArray: ...
 
     @overload
     def run_moe(self, experts_id: str, hidden_states: npt.ArrayLike,
@@ -400,36 +425,46 @@ class Client:
                 routing_method: str = ..., topk_ids: Optional[npt.ArrayLike] = ...,
                 topk_weights: Optional[npt.ArrayLike] = ..., dtype: Optional[str] = ...,
                 moe_backend: str = ..., *, return_plan: "Literal[True]",
-                all2all_backend: str = ..., timeout: Optional[float] = ...
+                all2all_backend: str = ..., timeout: Optional[float] = ...,
+                output: Optional[shm.ShmTensor] = ...
                 ) -> Tuple[npt.NDArray, service_pb2.RunMoEResponse]: ...
 
     def run_moe(self, experts_id, hidden_states, router_logits=None, top_k=2,
                 routing_method="RenormalizeNaive", topk_ids=None, topk_weights=None,
                 dtype=None, moe_backend="auto", return_plan=False, all2all_backend="",
-                timeout=None):
+                timeout=None, output=None):
         """RunMoE: hidden_states [M, H] (float32/float16; ``dtype="bfloat16"`` sends
         float32 rounded to bfloat16) with router_logits [M, E] and routing, or
         topk_ids/topk_weights [M, k]. ``all2all_backend`` picks the dispatch on a
         server with an expert-parallel group. Returns the output as a writable
         numpy array (float32 for bfloat16), or (output, response) with
-        ``return_plan``."""
+        ``return_plan``. Any input may be a kplan.shm.ShmTensor (sent by
+        reference), and ``output`` one too: the server writes the output there
+        and its view is returned."""
+        def arg(value: Any, np_dtype: Any = None, wire: Optional[str] = None) -> Any:
+            if isinstance(value, shm.ShmTensor):
+                return value.message()
+            return _tensors.tensor(np.asarray(value, np_dtype) if np_dtype else value, wire)
+
         req = service_pb2.RunMoERequest(experts_id=experts_id)
-        req.hidden_states.CopyFrom(_tensors.tensor(hidden_states, dtype))
+        req.hidden_states.CopyFrom(arg(hidden_states, wire=dtype))
+        if output is not None:
+            req.output_shm.CopyFrom(output.ref())
         req.kernel_config.moe_backend = moe_backend
         if all2all_backend:
             req.parallel.all2all_backend = all2all_backend
         if router_logits is not None:
-            req.router_logits.CopyFrom(_tensors.tensor(np.asarray(router_logits, np.float32)))
+            req.router_logits.CopyFrom(arg(router_logits, np.float32))
             req.routing.top_k = top_k
             req.routing.routing_method = routing_method
         else:
             if topk_ids is None or topk_weights is None:
                 raise ValueError("give router_logits, or topk_ids and topk_weights")
-            req.topk_ids.CopyFrom(_tensors.tensor(np.asarray(topk_ids, np.int32)))
-            req.topk_weights.CopyFrom(_tensors.tensor(np.asarray(topk_weights, np.float32)))
+            req.topk_ids.CopyFrom(arg(topk_ids, np.int32))
+            req.topk_weights.CopyFrom(arg(topk_weights, np.float32))
         self._match_server_limit()
         resp = self._call(lambda s: s.RunMoE, lambda: req, timeout)
-        out = _tensors.decode(resp.output)
+        out = output.array if output is not None else _tensors.decode(resp.output)
         return (out, resp) if return_plan else out
 
     def run_ir_op(self, op: str, inputs: Mapping[str, Optional[npt.ArrayLike]], *,

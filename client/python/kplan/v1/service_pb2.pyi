@@ -493,16 +493,20 @@ class ServerLimits(_message.Message):
     def __init__(self, max_message_bytes: _Optional[int] = ...) -> None: ...
 
 class SharedMemoryRegion(_message.Message):
-    __slots__ = ["byte_size", "key", "name", "offset"]
+    __slots__ = ["byte_size", "cuda_ipc_handle", "device_id", "key", "name", "offset"]
     BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     byte_size: int
+    cuda_ipc_handle: bytes
+    device_id: int
     key: str
     name: str
     offset: int
-    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ["data", "dtype", "name", "offset", "shape"]

@@ -153,6 +153,7 @@ class KernelPlanServiceServicer(object):
         byte_size} instead of carrying their bytes (Tensor.shm), and the output
         may be written into a region (RunMoERequest.output_shm). The object is
         opened and mapped once here; regions go at unregister and at shutdown.
+        A region may also be CUDA device memory (SharedMemoryRegion.cuda_ipc_handle).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
