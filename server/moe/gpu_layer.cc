@@ -41,11 +41,11 @@ int NumSms(int device) {
 }
 
 Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_rows,
-                 bool separate_y, bool bound) {
+                 bool separate_y, bool bound, bool batch_invariant = false) {
   Layout l;
   const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
   const int64_t N13 = experts.n13(), numel = M * k;
-  l.block_m = kc::MoeGemmBlockMFor(numel, E);
+  l.block_m = batch_invariant ? kMoeBatchInvariantBlockM : kc::MoeGemmBlockMFor(numel, E);
   l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);
   l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
   int64_t partials = 0;
@@ -55,7 +55,7 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
       l.max_blocks = std::max(l.max_blocks, kc::MoeAlignMaxBlocks(numel, E, bm, false));
     }
     partials = std::min(kMaxPartialsBytes, kc::MoeGemmPartialsBytes(8, numel, std::max(N13, H)));
-  } else {
+  } else if (!batch_invariant) {  // batch-invariant: no split-K
     const int sms = NumSms(experts.device());
     auto splits = [&](int64_t N, int64_t K) {
       int s = kc::MoeGemmSplitsFor(numel, l.max_blocks, N, K, sms, l.block_m);
@@ -152,8 +152,8 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   if (!experts.FastPathFor(act) || !spec.quant.scheme.empty()) {
     return EnqueueEmulationLayer(experts, a, act, workspace, workspace_bytes, stream);
   }
-  const Layout l =
-      LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine, /*bound=*/false);
+  const Layout l = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
+                             /*bound=*/false, a.batch_invariant);
   if (workspace == nullptr || workspace_bytes < l.bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));
@@ -163,7 +163,8 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
   const int64_t numel = M * k;
 
-  if (a.allow_decode && !a.apply_router_weight_on_input && kc::MoeDecodeApplies(M, k, E, H, I)) {
+  if (a.allow_decode && !a.batch_invariant && !a.apply_router_weight_on_input &&
+      kc::MoeDecodeApplies(M, k, E, H, I)) {
     // A few slots: routing, then the two matrix-vector kernels.
     if (a.router_logits != nullptr) {
       KPLAN_RETURN_IF_ERROR(

@@ -81,13 +81,17 @@ struct Layout {
 };
 
 Layout LayoutFor(const GpuExperts& experts, const Scheme& s, int64_t M, int k, int E,
-                 int64_t act_bytes, bool scale_rows, bool separate_y) {
+                 int64_t act_bytes, bool scale_rows, bool separate_y,
+                 bool batch_invariant = false) {
   Layout l;
   const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
   const int64_t N13 = experts.n13(), numel = M * k;
   // fp8 on tensor cores aligns with the wgmma GEMM's block (16 / 64 / 128
   // by batch); sized for the largest of them, as the choice depends on M.
-  l.block_m = s.fp8_tc ? std::min(kc::MoeGemmBlockMFor(numel, E), 128) : kBlockM;
+  // Batch-invariant (MoeLayerArgs): one block for every M.
+  l.block_m = !s.fp8_tc         ? kBlockM
+              : batch_invariant ? kMoeBatchInvariantBlockM
+                                : std::min(kc::MoeGemmBlockMFor(numel, E), 128);
   for (int bm : {16, 64, 128}) {
     if (!s.fp8_tc && bm != kBlockM) continue;
     l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));
@@ -177,8 +181,8 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   const int64_t numel = M * k;
   const bool f32 = act_dtype == kernels::DType::kFloat32;
   const int64_t act_bytes = f32 ? 4 : 2;
-  const Layout l =
-      LayoutFor(experts, s, M, k, E, act_bytes, a.apply_router_weight_on_input, a.combine);
+  const Layout l = LayoutFor(experts, s, M, k, E, act_bytes, a.apply_router_weight_on_input,
+                             a.combine, a.batch_invariant);
   if (workspace == nullptr || workspace_bytes < l.bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));

@@ -330,6 +330,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   la.topk_ids = d_ids;
   la.topk_weights = d_w;
   la.apply_router_weight_on_input = in.apply_router_weight_on_input;
+  la.batch_invariant = in.batch_invariant;
   la.act_dtype = in.act_dtype;
   la.output = ws.At<void>(o_out);
   KPLAN_RETURN_IF_ERROR(EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));

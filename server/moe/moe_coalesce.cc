@@ -1,0 +1,317 @@
+#include "server/moe/moe_coalesce.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status.h"
+
+namespace kplan {
+
+struct MoeCoalescer::Shared {
+  std::atomic<int64_t> launches{0}, coalesced_launches{0}, coalesced_requests{0};
+  LaunchObserver observer;
+};
+
+struct MoeCoalescer::Group {
+  size_t slot = 0;
+  MoeLaunchFn launch;
+  absl::Time flush_at = absl::InfiniteFuture();
+  int64_t tokens = 0;  // toward max_tokens: max(M, 1) per member
+  std::vector<MoeCoalesceMember> members;
+  std::vector<absl::Time> arrived;  // per member
+  std::vector<char> finished;       // per member: finish or fail was called
+  int64_t bytes = 0;                // RunMoeHeldBytes of all members
+
+  void Fail(size_t i, const absl::Status& status) {
+    if (finished[i]) return;
+    finished[i] = 1;
+    if (members[i].fail) members[i].fail(status);
+  }
+  void FailAll(const absl::Status& status) {
+    for (size_t i = 0; i < members.size(); ++i) Fail(i, status);
+  }
+};
+
+namespace {
+
+int64_t TokensOf(const MoeRunInput& in) { return in.hidden_shape.empty() ? 0 : in.hidden_shape[0]; }
+bool ByLogits(const MoeRunInput& in) {
+  return !in.router_logits.empty() || !in.logits_shape.empty();
+}
+int TopKOf(const MoeRunInput& in) {
+  if (ByLogits(in)) return in.routing.top_k;
+  return in.topk_shape.size() == 2 ? static_cast<int>(in.topk_shape[1]) : 0;
+}
+
+// Whether the set's fp8 activations take a scale over the whole batch.
+bool BatchScaledActivations(const ExpertsQuantSpec& q) {
+  const bool per_tensor_fp8 = q.scheme == "fp8_per_tensor" || q.scheme == "fp8_per_channel";
+  return per_tensor_fp8 && q.activation_scale != "per_token" && (!q.a1_scale || !q.a2_scale);
+}
+
+// The members' inputs one after the other, batch-invariant.
+MoeRunInput Merge(const std::vector<const MoeRunInput*>& parts) {
+  const MoeRunInput& first = *parts.front();
+  MoeRunInput merged;
+  merged.act_dtype = first.act_dtype;
+  merged.routing = first.routing;
+  merged.apply_router_weight_on_input = first.apply_router_weight_on_input;
+  merged.batch_invariant = true;
+  int64_t m = 0;
+  size_t hidden = 0, logits = 0, ids = 0;
+  for (const MoeRunInput* p : parts) {
+    m += TokensOf(*p);
+    hidden += p->hidden_states.size();
+    logits += p->router_logits.size();
+    ids += p->topk_ids.size();
+  }
+  merged.hidden_states.reserve(hidden);
+  merged.router_logits.reserve(logits);
+  merged.topk_ids.reserve(ids);
+  merged.topk_weights.reserve(ids);
+  for (const MoeRunInput* p : parts) {
+    merged.hidden_states += p->hidden_states;
+    merged.router_logits += p->router_logits;
+    merged.topk_ids += p->topk_ids;
+    merged.topk_weights += p->topk_weights;
+  }
+  merged.hidden_shape = {m, first.hidden_shape[1]};
+  if (ByLogits(first)) {
+    merged.logits_shape = {m, first.logits_shape[1]};
+  } else {
+    merged.topk_shape = {m, first.topk_shape[1]};
+  }
+  return merged;
+}
+
+// Rows [first, first + m) of a launch's output.
+MoeRunOutput Slice(const MoeRunOutput& all, int64_t first, int64_t m) {
+  MoeRunOutput out;
+  out.num_tokens = m;
+  out.top_k = all.top_k;
+  const size_t row = all.num_tokens > 0 ? all.output.size() / all.num_tokens : 0;
+  out.output = all.output.substr(first * row, m * row);
+  const int64_t k = all.top_k;
+  out.topk_ids.assign(all.topk_ids.begin() + first * k, all.topk_ids.begin() + (first + m) * k);
+  out.topk_weights.assign(all.topk_weights.begin() + first * k,
+                          all.topk_weights.begin() + (first + m) * k);
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> MoeCoalesceKey(const ExpertSet& set, const MoeRoute& route,
+                                          const MoeRunInput& in, size_t slot,
+                                          int64_t max_tokens) {
+  if (route.kind == MoeRouteKind::kExpertParallel) return std::nullopt;
+  if (TokensOf(in) > max_tokens || in.hidden_shape.size() != 2) return std::nullopt;
+  if (BatchScaledActivations(set.spec().quant)) return std::nullopt;
+  // Everything a row's arithmetic depends on besides its own token.
+  std::string key = absl::StrCat(reinterpret_cast<uintptr_t>(&set), "|", slot, "|",
+                                 MoeRouteKindName(route.kind), "|", route.backend, "|",
+                                 route.experts_kernel, "|", kernels::DTypeName(in.act_dtype), "|",
+                                 TopKOf(in), "|", in.apply_router_weight_on_input, "|");
+  if (!ByLogits(in)) {
+    absl::StrAppend(&key, "ids");
+    return key;
+  }
+  const MoeRouting& r = in.routing;
+  uint32_t scaling = 0;
+  if (r.routed_scaling_factor) std::memcpy(&scaling, &*r.routed_scaling_factor, 4);
+  absl::StrAppend(&key, "logits|", r.routing_method, "|", r.num_expert_group, "|", r.topk_group,
+                  "|", r.routed_scaling_factor.has_value(), scaling, "|",
+                  r.e_score_correction_bias.size(), "|");
+  key.append(reinterpret_cast<const char*>(r.e_score_correction_bias.data()),
+             r.e_score_correction_bias.size() * sizeof(float));
+  return key;
+}
+
+absl::StatusOr<std::unique_ptr<MoeCoalescer>> MoeCoalescer::Create(DeviceExecutor& executor,
+                                                                    const Options& options,
+                                                                    LaunchObserver observer) {
+  if (options.window <= absl::ZeroDuration()) {
+    return InvalidField("coalesce_window_us", "the coalescing window must be positive");
+  }
+  if (options.max_tokens < 1) {
+    return InvalidField("coalesce_max_tokens", "coalesce_max_tokens must be at least 1");
+  }
+  return std::unique_ptr<MoeCoalescer>(new MoeCoalescer(executor, options, std::move(observer)));
+}
+
+MoeCoalescer::MoeCoalescer(DeviceExecutor& executor, const Options& options,
+                           LaunchObserver observer)
+    : executor_(executor), options_(options), shared_(std::make_shared<Shared>()) {
+  shared_->observer = std::move(observer);
+  timer_ = std::thread([this] { TimerLoop(); });
+}
+
+MoeCoalescer::~MoeCoalescer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  timer_.join();
+  std::map<std::string, std::shared_ptr<Group>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(open_);
+  }
+  for (auto& [key, group] : left) Flush(std::move(group));
+}
+
+int64_t MoeCoalescer::launches() const { return shared_->launches.load(); }
+int64_t MoeCoalescer::coalesced_launches() const { return shared_->coalesced_launches.load(); }
+int64_t MoeCoalescer::coalesced_requests() const { return shared_->coalesced_requests.load(); }
+
+void MoeCoalescer::Add(std::string key, size_t slot, MoeLaunchFn launch,
+                       MoeCoalesceMember member) {
+  const absl::Time now = absl::Now();
+  const int64_t cost = std::max<int64_t>(TokensOf(member.input), 1);
+  const int64_t bytes = RunMoeHeldBytes(member.input);
+  std::vector<std::shared_ptr<Group>> ready;
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = open_.find(key);
+    if (it != open_.end() && it->second->tokens + cost > options_.max_tokens) {
+      ready.push_back(std::move(it->second));  // full: it goes, this call opens the next
+      open_.erase(it);
+      it = open_.end();
+    }
+    std::shared_ptr<Group> group;
+    if (it != open_.end()) {
+      group = it->second;
+    } else {
+      group = std::make_shared<Group>();
+      group->slot = slot;
+      group->launch = std::move(launch);
+      group->flush_at = now + options_.window;
+      if (!stopping_) open_.emplace(key, group);
+      wake = true;
+    }
+    // A deadline before the window ends: the group goes now, so the window
+    // never costs a caller its deadline.
+    const bool hurry = member.deadline < group->flush_at;
+    group->tokens += cost;
+    group->bytes += bytes;
+    group->arrived.push_back(now);
+    group->finished.push_back(0);
+    group->members.push_back(std::move(member));
+    const bool full = group->tokens >= options_.max_tokens;
+    if (stopping_ || full || hurry) {
+      auto open = open_.find(key);
+      if (open != open_.end() && open->second == group) open_.erase(open);
+      ready.push_back(std::move(group));
+    }
+  }
+  if (wake) cv_.notify_one();
+  for (std::shared_ptr<Group>& g : ready) Flush(std::move(g));
+}
+
+void MoeCoalescer::TimerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    absl::Time next = absl::InfiniteFuture();
+    for (const auto& [key, group] : open_) next = std::min(next, group->flush_at);
+    if (next == absl::InfiniteFuture()) {
+      cv_.wait(lock);
+    } else if (absl::Now() < next) {
+      cv_.wait_until(lock, absl::ToChronoTime(next));
+    }
+    if (stopping_) break;
+    const absl::Time now = absl::Now();
+    std::vector<std::shared_ptr<Group>> due;
+    for (auto it = open_.begin(); it != open_.end();) {
+      if (it->second->flush_at <= now) {
+        due.push_back(std::move(it->second));
+        it = open_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (due.empty()) continue;
+    lock.unlock();
+    for (std::shared_ptr<Group>& g : due) Flush(std::move(g));
+    lock.lock();
+  }
+}
+
+void MoeCoalescer::Flush(std::shared_ptr<Group> group) {
+  DeviceExecutor::Job job;
+  job.bytes = group->bytes;
+  job.deadline = absl::InfinitePast();
+  for (const MoeCoalesceMember& m : group->members) job.deadline = std::max(job.deadline, m.deadline);
+  job.cancelled = [group] {
+    return std::all_of(group->members.begin(), group->members.end(),
+                       [](const MoeCoalesceMember& m) { return m.cancelled && m.cancelled(); });
+  };
+  job.fail = [group](const absl::Status& status) { group->FailAll(status); };
+  job.work = [group, shared = shared_](const DeviceSlot& where, absl::Duration) {
+    RunGroup(*shared, *group, where);
+  };
+  const size_t slot = group->slot;
+  if (absl::Status queued = executor_.Submit(slot, std::move(job)); !queued.ok()) {
+    group->FailAll(queued);
+  }
+}
+
+void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where) {
+  const absl::Time start = absl::Now();
+  std::vector<size_t> live;
+  absl::Time deadline = absl::InfinitePast();
+  for (size_t i = 0; i < g.members.size(); ++i) {
+    const MoeCoalesceMember& m = g.members[i];
+    if (start >= m.deadline) {
+      g.Fail(i, absl::DeadlineExceededError(absl::StrCat(
+                    "the deadline passed while the request waited for its coalesced launch on ",
+                    where.name, " (for ", absl::FormatDuration(start - g.arrived[i]), ")")));
+    } else if (m.cancelled && m.cancelled()) {
+      g.Fail(i, absl::CancelledError("the call was cancelled while it waited for its launch"));
+    } else {
+      live.push_back(i);
+      deadline = std::max(deadline, m.deadline);
+    }
+  }
+  if (live.empty()) return;
+  absl::StatusOr<MoeRunOutput> out;
+  if (live.size() == 1) {
+    MoeRunInput& alone = g.members[live[0]].input;
+    alone.batch_invariant = true;
+    out = g.launch(where, alone, deadline);
+  } else {
+    std::vector<const MoeRunInput*> parts;
+    for (size_t i : live) parts.push_back(&g.members[i].input);
+    out = g.launch(where, Merge(parts), deadline);
+  }
+  const absl::Time end = absl::Now();
+  shared.launches.fetch_add(1);
+  if (live.size() > 1) {
+    shared.coalesced_launches.fetch_add(1);
+    shared.coalesced_requests.fetch_add(static_cast<int64_t>(live.size()));
+  }
+  if (shared.observer) shared.observer(static_cast<int>(live.size()));
+  int64_t first = 0;
+  for (size_t i : live) {
+    MoeRunTiming timing;
+    timing.queued = g.arrived[i];
+    timing.queue = start - g.arrived[i];
+    timing.device_start = start;
+    timing.device_end = end;
+    timing.device = end - start;
+    const int64_t m = TokensOf(g.members[i].input);
+    absl::StatusOr<MoeRunOutput> mine =
+        !out.ok()            ? absl::StatusOr<MoeRunOutput>(out.status())
+        : live.size() == 1 ? std::move(out)
+                           : Slice(*out, first, m);
+    first += m;
+    g.finished[i] = 1;
+    g.members[i].finish(std::move(mine), timing, where);
+  }
+}
+
+}  // namespace kplan
