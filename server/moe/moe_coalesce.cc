@@ -105,8 +105,7 @@ MoeRunOutput Slice(const MoeRunOutput& all, int64_t first, int64_t m) {
 }  // namespace
 
 std::optional<std::string> MoeCoalesceKey(const ExpertSet& set, const MoeRoute& route,
-                                          const MoeRunInput& in, size_t slot,
-                                          int64_t max_tokens) {
+                                          const MoeRunInput& in, size_t slot, int64_t max_tokens) {
   if (route.kind == MoeRouteKind::kExpertParallel) return std::nullopt;
   if (TokensOf(in) > max_tokens || in.hidden_shape.size() != 2) return std::nullopt;
   if (BatchScaledActivations(set.spec().quant)) return std::nullopt;
@@ -131,8 +130,8 @@ std::optional<std::string> MoeCoalesceKey(const ExpertSet& set, const MoeRoute& 
 }
 
 absl::StatusOr<std::unique_ptr<MoeCoalescer>> MoeCoalescer::Create(DeviceExecutor& executor,
-                                                                    const Options& options,
-                                                                    LaunchObserver observer) {
+                                                                   const Options& options,
+                                                                   LaunchObserver observer) {
   if (options.window <= absl::ZeroDuration()) {
     return InvalidField("coalesce_window_us", "the coalescing window must be positive");
   }
@@ -168,8 +167,7 @@ int64_t MoeCoalescer::launches() const { return shared_->launches.load(); }
 int64_t MoeCoalescer::coalesced_launches() const { return shared_->coalesced_launches.load(); }
 int64_t MoeCoalescer::coalesced_requests() const { return shared_->coalesced_requests.load(); }
 
-void MoeCoalescer::Add(std::string key, size_t slot, MoeLaunchFn launch,
-                       MoeCoalesceMember member) {
+void MoeCoalescer::Add(std::string key, size_t slot, MoeLaunchFn launch, MoeCoalesceMember member) {
   const absl::Time now = absl::Now();
   const int64_t cost = std::max<int64_t>(TokensOf(member.input), 1);
   const int64_t bytes = RunMoeHeldBytes(member.input);
@@ -245,7 +243,8 @@ void MoeCoalescer::Flush(std::shared_ptr<Group> group) {
   DeviceExecutor::Job job;
   job.bytes = group->bytes;
   job.deadline = absl::InfinitePast();
-  for (const MoeCoalesceMember& m : group->members) job.deadline = std::max(job.deadline, m.deadline);
+  for (const MoeCoalesceMember& m : group->members)
+    job.deadline = std::max(job.deadline, m.deadline);
   job.cancelled = [group] {
     return std::all_of(group->members.begin(), group->members.end(),
                        [](const MoeCoalesceMember& m) { return m.cancelled && m.cancelled(); });
@@ -304,10 +303,9 @@ void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where) {
     timing.device_end = end;
     timing.device = end - start;
     const int64_t m = TokensOf(g.members[i].input);
-    absl::StatusOr<MoeRunOutput> mine =
-        !out.ok()            ? absl::StatusOr<MoeRunOutput>(out.status())
-        : live.size() == 1 ? std::move(out)
-                           : Slice(*out, first, m);
+    absl::StatusOr<MoeRunOutput> mine = !out.ok() ? absl::StatusOr<MoeRunOutput>(out.status())
+                                        : live.size() == 1 ? std::move(out)
+                                                           : Slice(*out, first, m);
     first += m;
     g.finished[i] = 1;
     g.members[i].finish(std::move(mine), timing, where);

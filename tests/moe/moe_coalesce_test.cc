@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "resolve/platform/local.h"
+#include "tests/moe/cpu_run_moe_test.h"
 
 namespace kplan {
 namespace {
@@ -63,8 +64,7 @@ std::shared_ptr<ExpertSet> RandomSet(const ExpertsSpec& spec, std::mt19937& rng)
         case kernels::DType::kBFloat16:
         case kernels::DType::kFloat16: {
           const float v = normal(rng) / std::sqrt(k);
-          const uint16_t h =
-              t.dtype == kernels::DType::kBFloat16 ? FloatToBf16(v) : FloatToHalf(v);
+          const uint16_t h = t.dtype == kernels::DType::kBFloat16 ? FloatToBf16(v) : FloatToHalf(v);
           std::memcpy(&bytes[i * 2], &h, 2);
           break;
         }
@@ -144,22 +144,12 @@ MoeRunInput RandomInput(int64_t m, kernels::DType act, const std::string& method
   return in;
 }
 
-struct Outcome {
-  absl::StatusOr<RunMoeResult> result = absl::UnknownError("not run");
-  MoeRunTiming timing;
-};
+using Outcome = RunMoeOutcome;
 
-class CoalesceTest : public ::testing::Test {
+class CoalesceTest : public CpuRunMoeTest {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<DeviceExecutor>> executor =
-        DeviceExecutor::Create({}, DeviceExecutor::Options{});
-    ASSERT_TRUE(executor.ok()) << executor.status();
-    executor_ = *std::move(executor);
-    platform_ = LocalPlatform({}, /*have_cuda_kernels=*/false);
-    env_.executor = executor_.get();
-    env_.platform = &platform_;
-    env_.executable_backends = ExecutableMoeBackends(/*have_devices=*/false);
+    CpuRunMoeTest::SetUp();
     env_.routes = &routes_;
     rng_.seed(std::random_device{}());
   }
@@ -175,20 +165,6 @@ class CoalesceTest : public ::testing::Test {
     env_.coalescer = coalescer_.get();
   }
 
-  // Starts `request`; its outcome comes through the future.
-  std::future<Outcome> Start(RunMoeRequest request, RunMoeCall call = {}) {
-    auto promise = std::make_shared<std::promise<Outcome>>();
-    std::future<Outcome> future = promise->get_future();
-    call.fail = [promise](const absl::Status& s) { promise->set_value(Outcome{s, {}}); };
-    absl::Status queued =
-        RunMoe(env_, std::move(request), std::move(call),
-               [promise](absl::StatusOr<RunMoeResult> result, const MoeRunTiming& timing) {
-                 promise->set_value(Outcome{std::move(result), timing});
-               });
-    if (!queued.ok()) promise->set_value(Outcome{queued, {}});
-    return future;
-  }
-
   RunMoeRequest Request(std::shared_ptr<const ExpertSet> set, MoeRunInput input) {
     RunMoeRequest r;
     r.experts = std::move(set);
@@ -196,11 +172,8 @@ class CoalesceTest : public ::testing::Test {
     return r;
   }
 
-  std::unique_ptr<DeviceExecutor> executor_;  // outlives the coalescer
   MoeRouteCache routes_;
-  Platform platform_;
-  RunMoeEnv env_;
-  std::unique_ptr<MoeCoalescer> coalescer_;
+  std::unique_ptr<MoeCoalescer> coalescer_;  // after executor_, which it submits to
   std::mt19937 rng_;
   std::mutex mu_;
   std::map<int, int> launch_sizes_;  // members -> launches (the observer's)
@@ -213,9 +186,9 @@ void ExpectSameBits(const MoeRunOutput& got, const MoeRunOutput& want) {
   EXPECT_EQ(std::memcmp(got.output.data(), want.output.data(), want.output.size()), 0);
   EXPECT_EQ(got.topk_ids, want.topk_ids);
   ASSERT_EQ(got.topk_weights.size(), want.topk_weights.size());
-  EXPECT_EQ(std::memcmp(got.topk_weights.data(), want.topk_weights.data(),
-                        want.topk_weights.size() * 4),
-            0);
+  EXPECT_EQ(
+      std::memcmp(got.topk_weights.data(), want.topk_weights.data(), want.topk_weights.size() * 4),
+      0);
 }
 
 struct Kind {
@@ -252,7 +225,8 @@ TEST_F(CoalesceTest, MergedCallsGetTheBitsTheyGetAloneWithCoalescingOff) {
       tokens += m;
       inputs.push_back(RandomInput(m, kind.act, kind.method, kind.top_k, rng_));
       // One correction bias for all: another bias is another routing.
-      inputs.back().routing.e_score_correction_bias = inputs.front().routing.e_score_correction_bias;
+      inputs.back().routing.e_score_correction_bias =
+          inputs.front().routing.e_score_correction_bias;
     }
     // Alone, coalescing off.
     env_.coalescer = nullptr;
@@ -321,9 +295,9 @@ TEST_F(CoalesceTest, IncompatibleCallsNeverShareALaunch) {
   requests.push_back(Request(set, RandomInput(1, bf16, "Renormalize", 2, rng)));
   requests.push_back(Request(twin, RandomInput(1, bf16, "Renormalize", 2, rng)));  // other set
   requests.push_back(Request(set, RandomInput(1, kernels::DType::kFloat32, "Renormalize", 2, rng)));
-  requests.push_back(Request(set, RandomInput(1, bf16, "Renormalize", 4, rng)));   // top_k
-  requests.push_back(Request(set, RandomInput(1, bf16, "Default", 2, rng)));       // method
-  requests.push_back(Request(set, RandomInput(1, bf16, "", 2, rng)));              // given ids
+  requests.push_back(Request(set, RandomInput(1, bf16, "Renormalize", 4, rng)));  // top_k
+  requests.push_back(Request(set, RandomInput(1, bf16, "Default", 2, rng)));      // method
+  requests.push_back(Request(set, RandomInput(1, bf16, "", 2, rng)));             // given ids
   const MoeRunInput deep = RandomInput(1, bf16, "DeepSeekV3", 2, rng);
   requests.push_back(Request(set, deep));
   MoeRunInput bias = deep;
@@ -344,9 +318,8 @@ TEST_F(CoalesceTest, IncompatibleCallsNeverShareALaunch) {
   // Keys first: each differs from the first's, but the emulation one.
   std::vector<std::optional<std::string>> keys;
   for (const RunMoeRequest& r : requests) {
-    absl::StatusOr<MoeRoute> route =
-        ChooseMoeRoute(r.experts->spec(), r.input, r.moe_backend, {}, platform_,
-                       env_.executable_backends);
+    absl::StatusOr<MoeRoute> route = ChooseMoeRoute(r.experts->spec(), r.input, r.moe_backend, {},
+                                                    platform_, env_.executable_backends);
     ASSERT_TRUE(route.ok()) << route.status();
     keys.push_back(MoeCoalesceKey(*r.experts, *route, r.input, 0, 256));
     ASSERT_TRUE(keys.back().has_value());
@@ -550,7 +523,8 @@ TEST_F(CoalescerTest, ASplitGivesEachMemberItsRows) {
     Outcome o = out[i++].get();
     ASSERT_TRUE(o.result.ok()) << o.result.status();
     EXPECT_EQ(o.result->output.num_tokens, m);
-    EXPECT_EQ(o.result->output.output, std::string(static_cast<size_t>(m * 4), static_cast<char>(m)));
+    EXPECT_EQ(o.result->output.output,
+              std::string(static_cast<size_t>(m * 4), static_cast<char>(m)));
     EXPECT_EQ(o.result->output.topk_ids.size(), static_cast<size_t>(m));
   }
   EXPECT_EQ((*c)->coalesced_launches(), 1);
