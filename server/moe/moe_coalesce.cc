@@ -19,20 +19,38 @@ struct MoeCoalescer::Shared {
 struct MoeCoalescer::Group {
   size_t slot = 0;
   MoeLaunchFn launch;
-  absl::Time flush_at = absl::InfiniteFuture();
-  int64_t tokens = 0;  // toward max_tokens: max(M, 1) per member
-  std::vector<MoeCoalesceMember> members;
-  std::vector<absl::Time> arrived;  // per member
-  std::vector<char> finished;       // per member: finish or fail was called
-  int64_t bytes = 0;                // RunMoeHeldBytes of all members
+  absl::Time flush_at = absl::InfiniteFuture();  // while not submitted
+  bool submitted = false;                        // guarded by the coalescer's mu_
 
-  void Fail(size_t i, const absl::Status& status) {
+  std::mutex mu;
+  // Started (RunGroup) or failed as a whole: nobody joins any more, and
+  // only the thread that closed it touches the members.
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  int64_t tokens ABSL_GUARDED_BY(mu) = 0;  // toward max_tokens: max(M, 1) per member
+  int64_t bytes ABSL_GUARDED_BY(mu) = 0;   // RunMoeHeldBytes of all members
+  std::vector<MoeCoalesceMember> members ABSL_GUARDED_BY(mu);
+  std::vector<absl::Time> arrived ABSL_GUARDED_BY(mu);  // per member
+  std::vector<char> finished;                           // per member, once closed
+
+  // Closes the group; false when it was closed already.
+  bool Close() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (closed) return false;
+    closed = true;
+    finished.assign(members.size(), 0);
+    return true;
+  }
+  void Fail(size_t i, const absl::Status& status) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (finished[i]) return;
     finished[i] = 1;
     if (members[i].fail) members[i].fail(status);
   }
-  void FailAll(const absl::Status& status) {
+  // After a refused or dropped job, or a launch that threw: every member not
+  // finished yet gets `status`.
+  void FailAll(const absl::Status& status) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Close();
     for (size_t i = 0; i < members.size(); ++i) Fail(i, status);
+    members.clear();
   }
 };
 
@@ -160,7 +178,9 @@ MoeCoalescer::~MoeCoalescer() {
     std::lock_guard<std::mutex> lock(mu_);
     left.swap(open_);
   }
-  for (auto& [key, group] : left) Flush(std::move(group));
+  for (auto& [key, group] : left) {
+    if (!group->submitted) Flush(std::move(group));
+  }
 }
 
 int64_t MoeCoalescer::launches() const { return shared_->launches.load(); }
@@ -171,39 +191,62 @@ void MoeCoalescer::Add(std::string key, size_t slot, MoeLaunchFn launch, MoeCoal
   const absl::Time now = absl::Now();
   const int64_t cost = std::max<int64_t>(TokensOf(member.input), 1);
   const int64_t bytes = RunMoeHeldBytes(member.input);
-  std::vector<std::shared_ptr<Group>> ready;
+  std::vector<std::shared_ptr<Group>> ready;  // to submit once mu_ is released
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = open_.find(key);
-    if (it != open_.end() && it->second->tokens + cost > options_.max_tokens) {
-      ready.push_back(std::move(it->second));  // full: it goes, this call opens the next
-      open_.erase(it);
-      it = open_.end();
-    }
+    // The open group of the key, if it still takes this call; a full or
+    // started one leaves open_ (sent first if it was not yet).
     std::shared_ptr<Group> group;
-    if (it != open_.end()) {
-      group = it->second;
-    } else {
+    if (auto it = open_.find(key); it != open_.end()) {
+      std::shared_ptr<Group>& g = it->second;
+      bool joined = false;
+      {
+        std::lock_guard<std::mutex> glock(g->mu);
+        if (!g->closed && g->tokens + cost <= options_.max_tokens) {
+          g->tokens += cost;
+          g->bytes += bytes;
+          g->arrived.push_back(now);
+          g->members.push_back(std::move(member));
+          joined = true;
+        }
+      }
+      if (joined) {
+        group = g;
+      } else {
+        if (!g->submitted) ready.push_back(g);
+        open_.erase(it);
+      }
+    }
+    if (group == nullptr) {
       group = std::make_shared<Group>();
       group->slot = slot;
       group->launch = std::move(launch);
       group->flush_at = now + options_.window;
+      std::lock_guard<std::mutex> glock(group->mu);
+      group->tokens = cost;
+      group->bytes = bytes;
+      group->arrived.push_back(now);
+      group->members.push_back(std::move(member));
       if (!stopping_) open_.emplace(key, group);
       wake = true;
     }
-    // A deadline before the window ends: the group goes now, so the window
-    // never costs a caller its deadline.
-    const bool hurry = member.deadline < group->flush_at;
-    group->tokens += cost;
-    group->bytes += bytes;
-    group->arrived.push_back(now);
-    group->finished.push_back(0);
-    group->members.push_back(std::move(member));
-    const bool full = group->tokens >= options_.max_tokens;
-    if (stopping_ || full || hurry) {
-      auto open = open_.find(key);
-      if (open != open_.end() && open->second == group) open_.erase(open);
+    bool full = false;
+    absl::Time deadline = absl::InfiniteFuture();
+    {
+      std::lock_guard<std::mutex> glock(group->mu);
+      full = group->tokens >= options_.max_tokens;
+      deadline = group->members.back().deadline;
+    }
+    if (full) {
+      auto it = open_.find(key);
+      if (it != open_.end() && it->second == group) open_.erase(it);
+    }
+    // Sent now: once full, when stopping, or when the new member's deadline
+    // comes before the window ends (the window never costs a caller its
+    // deadline). A group sent still takes members until it starts.
+    if (!group->submitted && (stopping_ || full || deadline < group->flush_at)) {
+      group->submitted = true;
       ready.push_back(std::move(group));
     }
   }
@@ -215,7 +258,9 @@ void MoeCoalescer::TimerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     absl::Time next = absl::InfiniteFuture();
-    for (const auto& [key, group] : open_) next = std::min(next, group->flush_at);
+    for (const auto& [key, group] : open_) {
+      if (!group->submitted) next = std::min(next, group->flush_at);
+    }
     if (next == absl::InfiniteFuture()) {
       cv_.wait(lock);
     } else if (absl::Now() < next) {
@@ -225,12 +270,21 @@ void MoeCoalescer::TimerLoop() {
     const absl::Time now = absl::Now();
     std::vector<std::shared_ptr<Group>> due;
     for (auto it = open_.begin(); it != open_.end();) {
-      if (it->second->flush_at <= now) {
-        due.push_back(std::move(it->second));
-        it = open_.erase(it);
-      } else {
-        ++it;
+      Group& g = *it->second;
+      bool closed;
+      {
+        std::lock_guard<std::mutex> glock(g.mu);
+        closed = g.closed;
       }
+      if (closed) {  // started: its entry goes
+        it = open_.erase(it);
+        continue;
+      }
+      if (!g.submitted && g.flush_at <= now) {
+        g.submitted = true;  // stays open for partners until it starts
+        due.push_back(it->second);
+      }
+      ++it;
     }
     if (due.empty()) continue;
     lock.unlock();
@@ -241,17 +295,22 @@ void MoeCoalescer::TimerLoop() {
 
 void MoeCoalescer::Flush(std::shared_ptr<Group> group) {
   DeviceExecutor::Job job;
-  job.bytes = group->bytes;
-  job.deadline = absl::InfinitePast();
-  for (const MoeCoalesceMember& m : group->members)
-    job.deadline = std::max(job.deadline, m.deadline);
+  {
+    // Partners may still join until the launch starts: charge the bytes of
+    // a full launch at this one's bytes per token.
+    std::lock_guard<std::mutex> glock(group->mu);
+    job.bytes = std::max(group->bytes, group->bytes / group->tokens * options_.max_tokens);
+  }
+  // Members' deadlines are checked as the launch starts (RunGroup); a later
+  // member may have a later one than those here now.
   job.cancelled = [group] {
+    std::lock_guard<std::mutex> glock(group->mu);
     return std::all_of(group->members.begin(), group->members.end(),
                        [](const MoeCoalesceMember& m) { return m.cancelled && m.cancelled(); });
   };
   job.fail = [group](const absl::Status& status) { group->FailAll(status); };
   job.work = [group, shared = shared_](const DeviceSlot& where, absl::Duration) {
-    RunGroup(*shared, *group, where);
+    if (group->Close()) RunGroup(*shared, *group, where);
   };
   const size_t slot = group->slot;
   if (absl::Status queued = executor_.Submit(slot, std::move(job)); !queued.ok()) {
@@ -259,7 +318,8 @@ void MoeCoalescer::Flush(std::shared_ptr<Group> group) {
   }
 }
 
-void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where) {
+void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // closed: the members are this thread's
   const absl::Time start = absl::Now();
   std::vector<size_t> live;
   absl::Time deadline = absl::InfinitePast();
@@ -310,6 +370,7 @@ void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where) {
     g.finished[i] = 1;
     g.members[i].finish(std::move(mine), timing, where);
   }
+  g.members.clear();  // its inputs: the group may stay in open_ a while
 }
 
 }  // namespace kplan

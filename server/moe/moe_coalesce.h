@@ -30,14 +30,17 @@
 //     GPU-vs-reference tolerance). The cost is the decode kernels and split-K
 //     of a lone decode-sized call.
 //
-// The window: the first call of a group waits at most `window` for partners;
-// a group goes at once when it reaches max_tokens tokens (a call of 0 tokens
+// The window: the first call of a group waits at most `window` for partners,
+// then the group is queued on its device as one job, and it keeps taking
+// partners until the job starts (calls that come while the device is busy
+// join the launch that waits for it, as a dynamic batcher's queue does). A
+// group is sent at once when it reaches max_tokens tokens (a call of 0 tokens
 // counts 1) or when a member's deadline comes before the window ends (so the
-// window never costs a caller its deadline), and a call that would overflow
-// it starts the next group. The launch is one device job of all members' bytes; its
-// deadline is the latest member's. When it starts, members past their own
-// deadline or cancelled are dropped with DEADLINE_EXCEEDED / CANCELLED and the
-// rest run; an error of the launch (or a refused job) reaches every member.
+// window never costs a caller its deadline); one full or started takes no
+// more, and the next call opens the next group. The job is charged the bytes
+// of a full launch. When it starts, members past their own deadline or
+// cancelled are dropped with DEADLINE_EXCEEDED / CANCELLED and the rest run;
+// an error of the launch (or a refused job) reaches every member.
 // Timing per caller: queue and queued are the caller's own (queue counts from
 // its arrival, the window included); device, device_start and device_end are
 // the launch's, shared by its members.

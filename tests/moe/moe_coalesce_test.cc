@@ -259,7 +259,7 @@ TEST_F(CoalesceTest, MergedCallsGetTheBitsTheyGetAloneWithCoalescingOff) {
 
 TEST_F(CoalesceTest, TheWindowEndsAGroupAndTheCapSplitsOne) {
   std::shared_ptr<ExpertSet> set = RandomSet(Spec("s", kernels::DType::kBFloat16), rng_);
-  StartCoalescing(absl::Seconds(1), /*max_tokens=*/4);
+  StartCoalescing(absl::Seconds(3), /*max_tokens=*/4);
   std::vector<MoeRunInput> inputs;
   for (int c = 0; c < 6; ++c) {
     inputs.push_back(RandomInput(1, kernels::DType::kBFloat16, "Renormalize", 2, rng_));
@@ -271,14 +271,14 @@ TEST_F(CoalesceTest, TheWindowEndsAGroupAndTheCapSplitsOne) {
   for (const MoeRunInput& in : inputs) out.push_back(Start(Request(set, in)));
   Outcome big = out.back().get();
   ASSERT_TRUE(big.result.ok()) << big.result.status();
-  EXPECT_LT(absl::Now() - start, absl::Milliseconds(500));  // did not wait for the window
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));  // did not wait for the window
   for (auto& f : out) {
     if (f.valid()) {
       ASSERT_TRUE(f.get().result.ok());
     }
   }
   // 4 went once full, 2 at the window's end.
-  EXPECT_GE(absl::Now() - start, absl::Seconds(1));
+  EXPECT_GE(absl::Now() - start, absl::Seconds(3));
   EXPECT_EQ(coalescer_->launches(), 2);
   EXPECT_EQ(coalescer_->coalesced_requests(), 6);
   std::lock_guard<std::mutex> lock(mu_);
@@ -401,8 +401,15 @@ TEST_F(CoalesceTest, CancelledExpiredAndEmptyMembersLeaveTheOthersAlone) {
     Outcome o = out[c].get();
     ASSERT_TRUE(o.result.ok()) << c << ": " << o.result.status();
     ExpectSameBits(o.result->output, alone[c]);
+    if (c == 3) {
+      EXPECT_LT(o.timing.queue, absl::Milliseconds(100));  // never waited the window
+    }
   }
-  EXPECT_EQ(coalescer_->launches(), 2);  // members 0-3 at member 3's deadline, 4-5 at the window
+  // Members 4-5 joined the sent group if it had not started yet, else made
+  // their own launch at the window's end.
+  const int64_t launches = coalescer_->launches();
+  EXPECT_GE(launches, 1);
+  EXPECT_LE(launches, 2);
   EXPECT_EQ(coalescer_->coalesced_requests(), 6);
 
   // A member cancelled before its launch is dropped; the others run.
@@ -421,7 +428,7 @@ TEST_F(CoalesceTest, CancelledExpiredAndEmptyMembersLeaveTheOthersAlone) {
     ASSERT_TRUE(o.result.ok()) << o.result.status();
     ExpectSameBits(o.result->output, alone[c]);
   }
-  EXPECT_EQ(coalescer_->launches(), 3);
+  EXPECT_EQ(coalescer_->launches(), launches + 1);
   EXPECT_EQ(coalescer_->coalesced_requests(), 8);
 }
 

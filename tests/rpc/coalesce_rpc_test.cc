@@ -112,8 +112,8 @@ class CoalesceRpcTest : public ::testing::TestWithParam<v1::DType> {
     r.set_experts_id("coalesce");
     *r.mutable_hidden_states() =
         testing::MakeTensor(act, {m, kHidden}, RandomValues(m * kHidden, act, rng_, 1.f));
-    *r.mutable_router_logits() = testing::MakeTensor(v1::DTYPE_FLOAT32, {m, kExperts},
-                                        RandomValues(m * kExperts, v1::DTYPE_FLOAT32, rng_, 2.f));
+    *r.mutable_router_logits() = testing::MakeTensor(
+        v1::DTYPE_FLOAT32, {m, kExperts}, RandomValues(m * kExperts, v1::DTYPE_FLOAT32, rng_, 2.f));
     r.mutable_routing()->set_top_k(kTopK);
     r.set_return_routing(true);
     return r;
@@ -191,12 +191,10 @@ TEST_P(CoalesceRpcTest, ConcurrentCallersGetTheirLoneAnswersFromOneLaunch) {
   for (std::thread& t : threads) t.join();
   const std::string metrics = Metrics(on_);
   EXPECT_THAT(metrics, ::testing::HasSubstr("kplan_moe_coalesced_launches_total 1"));
-  EXPECT_THAT(metrics, ::testing::HasSubstr(
-                           absl::StrCat("kplan_moe_coalesce_requests_per_launch_count ",
-                                        kCallers + 1)));
-  EXPECT_THAT(metrics,
-              ::testing::HasSubstr(absl::StrCat(
-                  "kplan_moe_coalesce_requests_per_launch_bucket{le=\"8\"} ", kCallers)));
+  EXPECT_THAT(metrics, ::testing::HasSubstr(absl::StrCat(
+                           "kplan_moe_coalesce_requests_per_launch_count ", kCallers + 1)));
+  EXPECT_THAT(metrics, ::testing::HasSubstr(absl::StrCat(
+                           "kplan_moe_coalesce_requests_per_launch_bucket{le=\"8\"} ", kCallers)));
   for (int c = 0; c < kCallers; ++c) {
     SCOPED_TRACE(absl::StrCat("caller ", c, ", ", sizes_[c], " tokens"));
     ASSERT_TRUE(merged[c].ok()) << merged[c].status();
