@@ -50,7 +50,13 @@ struct MoeCoalescer::Group {
   void FailAll(const absl::Status& status) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     Close();
     for (size_t i = 0; i < members.size(); ++i) Fail(i, status);
+    Release();
+  }
+  // What a finished group need not hold while it may stay in open_: the
+  // members' inputs and the launch (which holds the expert set).
+  void Release() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     members.clear();
+    launch = nullptr;
   }
 };
 
@@ -301,13 +307,8 @@ void MoeCoalescer::Flush(std::shared_ptr<Group> group) {
     std::lock_guard<std::mutex> glock(group->mu);
     job.bytes = std::max(group->bytes, group->bytes / group->tokens * options_.max_tokens);
   }
-  // Members' deadlines are checked as the launch starts (RunGroup); a later
-  // member may have a later one than those here now.
-  job.cancelled = [group] {
-    std::lock_guard<std::mutex> glock(group->mu);
-    return std::all_of(group->members.begin(), group->members.end(),
-                       [](const MoeCoalesceMember& m) { return m.cancelled && m.cancelled(); });
-  };
+  // No job deadline or cancellation: partners may still join, so RunGroup
+  // checks each member's as the launch starts.
   job.fail = [group](const absl::Status& status) { group->FailAll(status); };
   job.work = [group, shared = shared_](const DeviceSlot& where, absl::Duration) {
     if (group->Close()) RunGroup(*shared, *group, where);
@@ -336,7 +337,10 @@ void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where)
       deadline = std::max(deadline, m.deadline);
     }
   }
-  if (live.empty()) return;
+  if (live.empty()) {
+    g.Release();
+    return;
+  }
   absl::StatusOr<MoeRunOutput> out;
   if (live.size() == 1) {
     MoeRunInput& alone = g.members[live[0]].input;
@@ -370,7 +374,7 @@ void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where)
     g.finished[i] = 1;
     g.members[i].finish(std::move(mine), timing, where);
   }
-  g.members.clear();  // its inputs: the group may stay in open_ a while
+  g.Release();
 }
 
 }  // namespace kplan

@@ -504,6 +504,41 @@ TEST_F(CoalescerTest, ALaunchErrorReachesEveryMemberAndTimingIsPerCaller) {
   EXPECT_EQ(a.timing.queued + a.timing.queue, a.timing.device_start);
 }
 
+TEST_F(CoalescerTest, ALaunchQueuedBehindABusyDeviceTakesLatePartners) {
+  absl::StatusOr<std::unique_ptr<MoeCoalescer>> c =
+      MoeCoalescer::Create(*executor_, {absl::Milliseconds(10), 256});
+  ASSERT_TRUE(c.ok());
+  // The CPU worker is busy until `release`.
+  auto release = std::make_shared<std::promise<void>>();
+  std::shared_future<void> released = release->get_future().share();
+  ASSERT_TRUE(
+      executor_->Submit(0, [released](const DeviceSlot&, absl::Duration) { released.wait(); })
+          .ok());
+  std::vector<int64_t> sizes;
+  auto launch = [&sizes](const DeviceSlot&, const MoeRunInput& in,
+                         absl::Time) -> absl::StatusOr<MoeRunOutput> {
+    sizes.push_back(in.hidden_shape[0]);
+    MoeRunOutput o;
+    o.num_tokens = in.hidden_shape[0];
+    o.top_k = 1;
+    o.output = in.hidden_states;
+    o.topk_ids.assign(o.num_tokens, 0);
+    o.topk_weights.assign(o.num_tokens, 1.f);
+    return o;
+  };
+  std::vector<std::future<Outcome>> out;
+  for (int64_t m : {1, 2, 3}) {
+    auto p = std::make_shared<std::promise<Outcome>>();
+    out.push_back(p->get_future());
+    (*c)->Add("k", 0, launch, Member(m, p));
+    absl::SleepFor(absl::Milliseconds(40));  // past the window: the group is queued by now
+  }
+  release->set_value();
+  for (auto& f : out) ASSERT_TRUE(f.get().result.ok());
+  EXPECT_THAT(sizes, ::testing::ElementsAre(6));  // one launch of all three
+  EXPECT_EQ((*c)->coalesced_requests(), 3);
+}
+
 TEST_F(CoalescerTest, ASplitGivesEachMemberItsRows) {
   absl::StatusOr<std::unique_ptr<MoeCoalescer>> c =
       MoeCoalescer::Create(*executor_, {absl::Seconds(30), 7});
