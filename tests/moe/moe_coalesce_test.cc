@@ -462,6 +462,20 @@ class CoalescerTest : public ::testing::Test {
     };
     return member;
   }
+  // A launch that gives back its input's rows (recording its token counts).
+  static MoeLaunchFn Echo(std::vector<int64_t>* sizes = nullptr) {
+    return [sizes](const DeviceSlot&, const MoeRunInput& in,
+                   absl::Time) -> absl::StatusOr<MoeRunOutput> {
+      if (sizes != nullptr) sizes->push_back(in.hidden_shape[0]);
+      MoeRunOutput o;
+      o.num_tokens = in.hidden_shape[0];
+      o.top_k = 1;
+      o.output = in.hidden_states;
+      o.topk_ids.assign(o.num_tokens, 7);
+      o.topk_weights.assign(o.num_tokens, 0.5f);
+      return o;
+    };
+  }
   std::unique_ptr<DeviceExecutor> executor_;
 };
 
@@ -515,17 +529,7 @@ TEST_F(CoalescerTest, ALaunchQueuedBehindABusyDeviceTakesLatePartners) {
       executor_->Submit(0, [released](const DeviceSlot&, absl::Duration) { released.wait(); })
           .ok());
   std::vector<int64_t> sizes;
-  auto launch = [&sizes](const DeviceSlot&, const MoeRunInput& in,
-                         absl::Time) -> absl::StatusOr<MoeRunOutput> {
-    sizes.push_back(in.hidden_shape[0]);
-    MoeRunOutput o;
-    o.num_tokens = in.hidden_shape[0];
-    o.top_k = 1;
-    o.output = in.hidden_states;
-    o.topk_ids.assign(o.num_tokens, 0);
-    o.topk_weights.assign(o.num_tokens, 1.f);
-    return o;
-  };
+  const MoeLaunchFn launch = Echo(&sizes);
   std::vector<std::future<Outcome>> out;
   for (int64_t m : {1, 2, 3}) {
     auto p = std::make_shared<std::promise<Outcome>>();
@@ -544,16 +548,7 @@ TEST_F(CoalescerTest, ASplitGivesEachMemberItsRows) {
       MoeCoalescer::Create(*executor_, {absl::Seconds(30), 7});
   ASSERT_TRUE(c.ok());
   // The launch echoes its input: each member must get back its own bytes.
-  auto launch = [](const DeviceSlot&, const MoeRunInput& in,
-                   absl::Time) -> absl::StatusOr<MoeRunOutput> {
-    MoeRunOutput o;
-    o.num_tokens = in.hidden_shape[0];
-    o.top_k = 1;
-    o.output = in.hidden_states;
-    o.topk_ids.assign(o.num_tokens, 7);
-    o.topk_weights.assign(o.num_tokens, 0.5f);
-    return o;
-  };
+  const MoeLaunchFn launch = Echo();
   std::vector<std::future<Outcome>> out;
   for (int64_t m : {1, 0, 3, 2}) {  // 7 toward the cap (0 counts 1): the group goes once full
     auto p = std::make_shared<std::promise<Outcome>>();
