@@ -41,6 +41,8 @@
 // of a full launch. When it starts, members past their own deadline or
 // cancelled are dropped with DEADLINE_EXCEEDED / CANCELLED and the rest run;
 // an error of the launch (or a refused job) reaches every member.
+// Coalesced calls never run inline on the gRPC thread (--inline_runs): the
+// launch is always a job of the device's worker.
 // Timing per caller: queue and queued are the caller's own (queue counts from
 // its arrival, the window included); device, device_start and device_end are
 // the launch's, shared by its members.
