@@ -159,8 +159,9 @@ absl::StatusOr<std::unique_ptr<MoeCoalescer>> MoeCoalescer::Create(DeviceExecuto
   if (options.window <= absl::ZeroDuration()) {
     return InvalidField("coalesce_window_us", "the coalescing window must be positive");
   }
-  if (options.max_tokens < 1) {
-    return InvalidField("coalesce_max_tokens", "coalesce_max_tokens must be at least 1");
+  if (options.max_tokens < 1 || options.max_tokens > kMaxTokens) {
+    return InvalidField("coalesce_max_tokens",
+                        absl::StrCat("coalesce_max_tokens must be in [1, ", kMaxTokens, "]"));
   }
   return std::unique_ptr<MoeCoalescer>(new MoeCoalescer(executor, options, std::move(observer)));
 }
@@ -220,7 +221,10 @@ void MoeCoalescer::Add(std::string key, size_t slot, MoeLaunchFn launch, MoeCoal
       if (joined) {
         group = g;
       } else {
-        if (!g->submitted) ready.push_back(g);
+        if (!g->submitted) {
+          g->submitted = true;
+          ready.push_back(g);
+        }
         open_.erase(it);
       }
     }

@@ -95,9 +95,12 @@ std::optional<std::string> MoeCoalesceKey(const ExpertSet& set, const MoeRoute& 
 
 class MoeCoalescer {
  public:
+  // The largest max_tokens (a launch's bytes, charged as if full, stay
+  // within what the executor's budget can count).
+  static constexpr int64_t kMaxTokens = int64_t{1} << 20;
   struct Options {
     absl::Duration window = absl::ZeroDuration();  // > 0
-    int64_t max_tokens = 256;                      // >= 1
+    int64_t max_tokens = 256;                      // in [1, kMaxTokens]
   };
   // Called from the device worker after every launch that ran, with its
   // members (1: alone).

@@ -129,7 +129,8 @@ ABSL_FLAG(int64_t, coalesce_window_us, 0,
           "set, route, dtype, routing) wait up to this many microseconds for partners and run "
           "as one launch, each caller getting the bits it gets alone; 0: off");
 ABSL_FLAG(int64_t, coalesce_max_tokens, 256,
-          "RunMoE coalescing: the most tokens of one launch; a larger call runs alone");
+          "RunMoE coalescing: the most tokens of one launch (1 to 1048576); a larger call runs "
+          "alone");
 ABSL_FLAG(bool, allow_shared_memory, false,
           "Serve RegisterSharedMemory: co-located clients' POSIX shared-memory regions that "
           "RunMoE tensors may reference instead of carrying their bytes");

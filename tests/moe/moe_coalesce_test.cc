@@ -482,8 +482,12 @@ class CoalescerTest : public ::testing::Test {
 TEST_F(CoalescerTest, RejectsBadOptions) {
   EXPECT_THAT(MoeCoalescer::Create(*executor_, {absl::ZeroDuration(), 8}).status().message(),
               HasSubstr("window"));
-  EXPECT_THAT(MoeCoalescer::Create(*executor_, {absl::Milliseconds(1), 0}).status().message(),
-              HasSubstr("coalesce_max_tokens"));
+  for (int64_t bad : {int64_t{0}, MoeCoalescer::kMaxTokens + 1}) {
+    EXPECT_THAT(MoeCoalescer::Create(*executor_, {absl::Milliseconds(1), bad}).status().message(),
+                HasSubstr("coalesce_max_tokens"));
+  }
+  EXPECT_TRUE(
+      MoeCoalescer::Create(*executor_, {absl::Milliseconds(1), MoeCoalescer::kMaxTokens}).ok());
 }
 
 TEST_F(CoalescerTest, ALaunchErrorReachesEveryMemberAndTimingIsPerCaller) {
