@@ -38,7 +38,8 @@
 // counts 1) or when a member's deadline comes before the window ends (so the
 // window never costs a caller its deadline); one full or started takes no
 // more, and the next call opens the next group. The job is charged the bytes
-// of a full launch. When it starts, members past their own deadline or
+// of a full launch (a cap of many tokens puts it in the executor's large
+// lane: server/exec/device_executor.h). When it starts, members past their own deadline or
 // cancelled are dropped with DEADLINE_EXCEEDED / CANCELLED and the rest run;
 // an error of the launch (or a refused job) reaches every member.
 // Coalesced calls never run inline on the gRPC thread (--inline_runs): the
