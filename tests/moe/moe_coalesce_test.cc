@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "resolve/platform/local.h"
 #include "tests/moe/cpu_run_moe_test.h"
+#include "tests/moe/random_moe.h"
 
 namespace kplan {
 namespace {
@@ -33,55 +34,6 @@ using ::testing::HasSubstr;
 constexpr int kExperts = 16;
 constexpr int64_t kHidden = 128;
 constexpr int64_t kInter = 64;
-
-// Random bytes of every tensor of `spec`, sized and typed as the set needs:
-// weights ~ N(0, 1/K) in their dtype (fp8 never NaN), positive scales,
-// small biases, any int8 / int4 / zero-point bytes.
-std::shared_ptr<ExpertSet> RandomSet(const ExpertsSpec& spec, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::uniform_real_distribution<float> scale(0.5f, 1.5f);
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::map<std::string, std::string> tensors;
-  for (const TensorSpec& t : ExpectedTensors(spec)) {
-    const bool half = t.dtype == kernels::DType::kBFloat16 || t.dtype == kernels::DType::kFloat16;
-    const int64_t n = t.bytes() / (t.dtype == kernels::DType::kFloat32 ? 4 : half ? 2 : 1);
-    std::string bytes(static_cast<size_t>(t.bytes()), '\0');
-    const float k = static_cast<float>(t.shape.back());
-    for (int64_t i = 0; i < n; ++i) {
-      switch (t.dtype) {
-        case kernels::DType::kFloat32: {
-          float v = normal(rng) * 0.1f;  // a bias
-          if (t.name.find("scale") != std::string::npos) {
-            // fp8 values reach 448, int8 127: scales bring weights to ~1/sqrt(K).
-            v = scale(rng) * (spec.quant.scheme.rfind("fp8", 0) == 0 ? 0.02f : 0.01f) /
-                std::sqrt(static_cast<float>(spec.hidden));
-          } else if (t.name == "w13" || t.name == "w2") {
-            v = normal(rng) / std::sqrt(k);
-          }
-          std::memcpy(&bytes[i * 4], &v, 4);
-          break;
-        }
-        case kernels::DType::kBFloat16:
-        case kernels::DType::kFloat16: {
-          const float v = normal(rng) / std::sqrt(k);
-          const uint16_t h = t.dtype == kernels::DType::kBFloat16 ? FloatToBf16(v) : FloatToHalf(v);
-          std::memcpy(&bytes[i * 2], &h, 2);
-          break;
-        }
-        case kernels::DType::kFp8E4m3: {
-          uint8_t b = static_cast<uint8_t>(byte(rng));
-          if ((b & 0x7f) == 0x7f) b ^= 1;  // e4m3's NaN codes
-          bytes[i] = static_cast<char>(b);
-          break;
-        }
-        default:
-          bytes[i] = static_cast<char>(byte(rng));
-      }
-    }
-    tensors[t.name] = std::move(bytes);
-  }
-  return std::make_shared<ExpertSet>(spec, std::move(tensors));
-}
 
 ExpertsSpec Spec(const std::string& id, kernels::DType dtype, const std::string& scheme = "") {
   ExpertsSpec s;
@@ -96,52 +48,10 @@ ExpertsSpec Spec(const std::string& id, kernels::DType dtype, const std::string&
   return s;
 }
 
-std::string RandomFloats(int64_t n, kernels::DType dtype, std::mt19937& rng, float sd = 1.f) {
-  std::normal_distribution<float> normal(0.f, sd);
-  const int64_t size = kernels::DTypeSize(dtype);
-  std::string out(static_cast<size_t>(n * size), '\0');
-  for (int64_t i = 0; i < n; ++i) moe::StoreFloat(out.data(), dtype, i, normal(rng));
-  return out;
-}
-
-// M tokens of random hidden states, routed by random logits (`method`, top_k)
-// or, with method "", by random given top-k ids and weights.
+// M tokens on the test's set shape (moe/random_moe.h).
 MoeRunInput RandomInput(int64_t m, kernels::DType act, const std::string& method, int top_k,
                         std::mt19937& rng) {
-  MoeRunInput in;
-  in.act_dtype = act;
-  in.hidden_shape = {m, kHidden};
-  in.hidden_states = RandomFloats(m * kHidden, act, rng);
-  if (!method.empty()) {
-    in.logits_shape = {m, kExperts};
-    in.router_logits = RandomFloats(m * kExperts, kernels::DType::kFloat32, rng, 2.f);
-    in.routing.routing_method = method;
-    in.routing.top_k = top_k;
-    if (method == "DeepSeekV3") {
-      in.routing.num_expert_group = 4;
-      in.routing.topk_group = 2;
-      in.routing.routed_scaling_factor = 2.5f;
-      std::normal_distribution<float> normal(0.f, 0.1f);
-      for (int e = 0; e < kExperts; ++e) in.routing.e_score_correction_bias.push_back(normal(rng));
-    }
-    return in;
-  }
-  in.topk_shape = {m, top_k};
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-  std::uniform_real_distribution<float> w(0.1f, 1.f);
-  for (int64_t t = 0; t < m; ++t) {
-    std::vector<int32_t> all(kExperts);
-    for (int e = 0; e < kExperts; ++e) all[e] = e;
-    std::shuffle(all.begin(), all.end(), rng);
-    for (int j = 0; j < top_k; ++j) {
-      ids.push_back(all[j]);
-      weights.push_back(w(rng));
-    }
-  }
-  in.topk_ids.assign(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
-  in.topk_weights.assign(reinterpret_cast<const char*>(weights.data()), weights.size() * 4);
-  return in;
+  return RandomMoeInput(kExperts, kHidden, m, act, method, top_k, rng);
 }
 
 using Outcome = RunMoeOutcome;
@@ -217,7 +127,7 @@ TEST_F(CoalesceTest, MergedCallsGetTheBitsTheyGetAloneWithCoalescingOff) {
     SCOPED_TRACE(kind.name);
     ExpertsSpec spec = Spec(kind.name, kind.weights, kind.scheme);
     if (!kind.activation_scale.empty()) spec.quant.activation_scale = kind.activation_scale;
-    std::shared_ptr<ExpertSet> set = RandomSet(spec, rng_);
+    std::shared_ptr<ExpertSet> set = RandomExpertSet(spec, rng_);
     std::vector<MoeRunInput> inputs;
     int64_t tokens = 0;
     for (int c = 0; c < kCallers; ++c) {
@@ -258,7 +168,7 @@ TEST_F(CoalesceTest, MergedCallsGetTheBitsTheyGetAloneWithCoalescingOff) {
 }
 
 TEST_F(CoalesceTest, TheWindowEndsAGroupAndTheCapSplitsOne) {
-  std::shared_ptr<ExpertSet> set = RandomSet(Spec("s", kernels::DType::kBFloat16), rng_);
+  std::shared_ptr<ExpertSet> set = RandomExpertSet(Spec("s", kernels::DType::kBFloat16), rng_);
   StartCoalescing(absl::Seconds(3), /*max_tokens=*/4);
   std::vector<MoeRunInput> inputs;
   for (int c = 0; c < 6; ++c) {
@@ -288,8 +198,8 @@ TEST_F(CoalesceTest, TheWindowEndsAGroupAndTheCapSplitsOne) {
 
 TEST_F(CoalesceTest, IncompatibleCallsNeverShareALaunch) {
   std::mt19937& rng = rng_;
-  std::shared_ptr<ExpertSet> set = RandomSet(Spec("s", kernels::DType::kBFloat16), rng);
-  std::shared_ptr<ExpertSet> twin = RandomSet(Spec("s", kernels::DType::kBFloat16), rng);
+  std::shared_ptr<ExpertSet> set = RandomExpertSet(Spec("s", kernels::DType::kBFloat16), rng);
+  std::shared_ptr<ExpertSet> twin = RandomExpertSet(Spec("s", kernels::DType::kBFloat16), rng);
   const auto bf16 = kernels::DType::kBFloat16;
   std::vector<RunMoeRequest> requests;
   requests.push_back(Request(set, RandomInput(1, bf16, "Renormalize", 2, rng)));
@@ -351,13 +261,13 @@ TEST_F(CoalesceTest, WhatNeverCoalesces) {
     ExpertsSpec spec = Spec("fp8", kernels::DType::kFp8E4m3, "fp8_per_tensor");
     spec.quant.activation_scale = "per_tensor";
     if (static_scales) spec.quant.a1_scale = spec.quant.a2_scale = 0.05f;
-    std::shared_ptr<ExpertSet> set = RandomSet(spec, rng_);
+    std::shared_ptr<ExpertSet> set = RandomExpertSet(spec, rng_);
     absl::StatusOr<MoeRoute> route =
         ChooseMoeRoute(spec, one, "auto", {}, platform_, env_.executable_backends);
     ASSERT_TRUE(route.ok()) << route.status();
     EXPECT_EQ(MoeCoalesceKey(*set, *route, one, 0, 256).has_value(), static_scales);
   }
-  std::shared_ptr<ExpertSet> set = RandomSet(Spec("s", bf16), rng_);
+  std::shared_ptr<ExpertSet> set = RandomExpertSet(Spec("s", bf16), rng_);
   absl::StatusOr<MoeRoute> route =
       ChooseMoeRoute(set->spec(), one, "auto", {}, platform_, env_.executable_backends);
   ASSERT_TRUE(route.ok());
@@ -377,7 +287,7 @@ TEST_F(CoalesceTest, WhatNeverCoalesces) {
 }
 
 TEST_F(CoalesceTest, CancelledExpiredAndEmptyMembersLeaveTheOthersAlone) {
-  std::shared_ptr<ExpertSet> set = RandomSet(Spec("s", kernels::DType::kBFloat16), rng_);
+  std::shared_ptr<ExpertSet> set = RandomExpertSet(Spec("s", kernels::DType::kBFloat16), rng_);
   const auto bf16 = kernels::DType::kBFloat16;
   std::vector<MoeRunInput> inputs;
   for (int64_t m : {2, 0, 1, 3, 0, 1}) {
