@@ -32,11 +32,11 @@ struct Layout {
 constexpr int64_t kMaxPartialsBytes = int64_t{32} << 20;
 
 Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_rows,
-                 bool separate_y, bool bound) {
+                 bool separate_y, bool bound, bool batch_invariant = false) {
   Layout l;
   const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
   const int64_t N13 = experts.n13(), numel = M * k;
-  l.block_m = kc::MoeGemmBlockMFor(numel, E);
+  l.block_m = batch_invariant ? kMoeBatchInvariantBlockM : kc::MoeGemmBlockMFor(numel, E);
   l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);
   l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
   int64_t partials = 0;
@@ -46,7 +46,7 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
       l.max_blocks = std::max(l.max_blocks, kc::MoeAlignMaxBlocks(numel, E, bm, false));
     }
     partials = std::min(kMaxPartialsBytes, kc::MoeGemmPartialsBytes(8, numel, std::max(N13, H)));
-  } else {
+  } else if (!batch_invariant) {  // batch-invariant: no split-K
     const int sms = DeviceSmCount(experts.device());
     auto splits = [&](int64_t N, int64_t K) {
       int s = kc::MoeGemmSplitsFor(numel, l.max_blocks, N, K, sms, l.block_m);
@@ -143,10 +143,12 @@ absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t*
 }
 
 int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
-                               int num_experts, std::optional<kernels::DType> act_dtype) {
+                               int num_experts, std::optional<kernels::DType> act_dtype,
+                               bool batch_invariant) {
   const kernels::DType act = act_dtype.value_or(experts.spec().dtype);
   if (!experts.spec().quant.scheme.empty() &&
-      QuantRouteOf(experts, act, max_tokens * top_k, num_experts) == kc::MoeQuantRoute::kDequant) {
+      QuantRouteOf(experts, act, max_tokens * top_k, num_experts, batch_invariant) ==
+          kc::MoeQuantRoute::kDequant) {
     // Smaller calls may take the decode or emulation route: room for both.
     const int64_t fast = LayoutFor(experts, max_tokens, top_k, num_experts, /*scale_rows=*/true,
                                    /*separate_y=*/true, /*bound=*/true)
@@ -188,7 +190,7 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   // Quantised sets take the route with the activation quantisers (whose
   // GEMMs are the fp8 tensor-core ones where Fp8OnTensorCores()).
   if (!spec.quant.scheme.empty() &&
-      QuantRouteOf(experts, act, M * k, E) == kc::MoeQuantRoute::kDequant) {
+      QuantRouteOf(experts, act, M * k, E, a.batch_invariant) == kc::MoeQuantRoute::kDequant) {
     // int8 / int4 at prefill sizes: routing, the hit experts' weights
     // dequantised into the workspace, then the fast route on them.
     const int64_t fast = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
@@ -235,8 +237,8 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   const ExpertsSpec& spec = experts.spec();
   const int64_t M = a.num_tokens;
   const int k = a.top_k, E = a.num_experts;
-  const Layout l =
-      LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine, /*bound=*/false);
+  const Layout l = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
+                             /*bound=*/false, a.batch_invariant);
   if (workspace == nullptr || workspace_bytes < l.bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));
@@ -245,7 +247,8 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
   const int64_t numel = M * k;
 
-  if (a.allow_decode && !a.apply_router_weight_on_input && kc::MoeDecodeApplies(M, k, E, H, I)) {
+  if (a.allow_decode && !a.batch_invariant && !a.apply_router_weight_on_input &&
+      kc::MoeDecodeApplies(M, k, E, H, I)) {
     // A few slots: routing, then the two matrix-vector kernels.
     if (a.router_logits != nullptr) {
       KPLAN_RETURN_IF_ERROR(

@@ -20,6 +20,10 @@
 
 namespace kplan {
 
+// The align block of batch-invariant layers (MoeLayerArgs::batch_invariant):
+// what MoeGemmBlockMFor picks at decode sizes, where coalesced launches are.
+inline constexpr int kMoeBatchInvariantBlockM = 16;
+
 struct MoeLayerArgs {
   int64_t num_tokens = 0;  // M (0 enqueues nothing)
   int top_k = 0;
@@ -52,6 +56,29 @@ struct MoeLayerArgs {
   // replace align + grouped GEMMs (moe_experts.h, LaunchMoeDecodeExperts);
   // false keeps the grouped path (benchmarks compare the two).
   bool allow_decode = true;
+  // Pick every kernel without looking at M, so that a row's bits depend only
+  // on its own token (coalesced RunMoE calls, server/moe/moe_coalesce.h).
+  // What depends on M otherwise, and makes a merged launch sum in another
+  // order than its members alone:
+  //   - the decode kernels (MoeDecodeApplies: up to kMoeDecodeMaxSlots slots
+  //     on distinct experts) instead of align + grouped GEMMs;
+  //   - block_m (MoeGemmBlockMFor: 16 / 64 / 128 / 256 by slots per expert),
+  //     i.e. the CTA tile, and at 128 / 256 with >= 128 slots per expert the
+  //     warp-specialised TMA kernel with the fused silu epilogue;
+  //   - split-K (MoeGemmSplitsFor: by CTAs against one wave, and the partials
+  //     budget), which splits each row's fp32 sum into partial sums;
+  //   - on the emulation route, block_m of the fp8 tensor-core GEMMs.
+  // With batch_invariant: no decode kernels, block_m 16 (the cp.async wgmma
+  // kernel, never the ws one), no split-K, on both routes. What still varies
+  // with M is the grid and which block and tile row a slot lands in; neither
+  // changes a slot's arithmetic: each output element is one CTA's fp32
+  // accumulation over the whole K in a fixed order, routing is one warp per
+  // token, scale-rows, activation and combine are per element / per token,
+  // and no kernel uses atomics. Dynamic per-tensor fp8 activation scales
+  // (the maximum over the whole batch) stay batch-dependent: such sets are
+  // never coalesced. The cost: a lone decode-sized call loses the decode
+  // kernels and split-K.
+  bool batch_invariant = false;
 };
 
 // The routing kernel's parameters for a host RoutingSpec; the correction
@@ -61,10 +88,11 @@ kernels::cuda::MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& routi
 
 // Bytes of workspace for calls with up to max_tokens tokens of top_k slots
 // over `num_experts` global ids on these experts, activations in act_dtype
-// (empty: the experts' dtype).
+// (empty: the experts' dtype), batch-invariant calls (MoeLayerArgs) or not.
 int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
                                int num_experts,
-                               std::optional<kernels::DType> act_dtype = std::nullopt);
+                               std::optional<kernels::DType> act_dtype = std::nullopt,
+                               bool batch_invariant = false);
 
 // Enqueues the layer on `stream` (cudaStream_t) on the current device, which
 // must be experts.device(). INVALID_ARGUMENT for inconsistent arguments or a

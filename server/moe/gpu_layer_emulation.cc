@@ -85,16 +85,19 @@ struct Layout {
 // decode_block: the decode kernels' align block (8 / 16 / 32), 0 for the
 // grouped GEMMs.
 Layout LayoutFor(const GpuExperts& experts, const Scheme& s, int64_t M, int k, int E,
-                 int64_t act_bytes, bool scale_rows, bool separate_y, int decode_block) {
+                 int64_t act_bytes, bool scale_rows, bool separate_y, int decode_block,
+                 bool batch_invariant = false) {
   Layout l;
   const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
   const int64_t N13 = experts.n13(), numel = M * k;
   // fp8 on tensor cores aligns with the wgmma GEMM's block (16 / 64 / 128
   // by batch); sized for the largest of them (and of the decode blocks), as
-  // the choice depends on M.
-  l.block_m = decode_block > 0 ? decode_block
-              : s.fp8_tc       ? std::min(kc::MoeGemmBlockMFor(numel, E), 128)
-                               : kBlockM;
+  // the choice depends on M. Batch-invariant (MoeLayerArgs): no decode
+  // kernels and one block for every M.
+  l.block_m = decode_block > 0  ? decode_block
+              : !s.fp8_tc       ? kBlockM
+              : batch_invariant ? kMoeBatchInvariantBlockM
+                                : std::min(kc::MoeGemmBlockMFor(numel, E), 128);
   for (int bm : {8, 16, 32, 64, 128}) {
     if (!s.fp8_tc && bm != kBlockM && bm > 32) continue;
     l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));
@@ -172,7 +175,7 @@ kernels::DType FloatTypeOf(kernels::DType d) {
 }  // namespace
 
 kc::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dtype, int64_t numel,
-                               int num_experts) {
+                               int num_experts, bool batch_invariant) {
   const ExpertsSpec& spec = experts.spec();
   if (spec.quant.scheme.empty()) return kc::MoeQuantRoute::kEmulation;
   const Scheme s = SchemeOf(experts);
@@ -182,6 +185,8 @@ kc::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dty
       kc::MoeQuantDecodeSupports(s.w13, ft, N13, H) && kc::MoeQuantDecodeSupports(s.w2, ft, H, I);
   const bool dequant_ok = !s.fp8 && kc::MoeDequantWeightsSupports(s.w13, ft, N13, H) &&
                           kc::MoeDequantWeightsSupports(s.w2, ft, H, I);
+  if (batch_invariant)
+    return dequant_ok ? kc::MoeQuantRoute::kDequant : kc::MoeQuantRoute::kEmulation;
   const bool fp8_tc = s.fp8_tc && ft != kernels::DType::kFloat32;
   return kc::MoeQuantRouteFor(decode_ok, dequant_ok, fp8_tc, numel, num_experts,
                               kc::MoeQuantRouteModeNow());
@@ -217,14 +222,15 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   const int64_t numel = M * k;
   const bool f32 = act_dtype == kernels::DType::kFloat32;
   const int64_t act_bytes = f32 ? 4 : 2;
-  const bool decode = QuantRouteOf(experts, act_dtype, numel, E) == kc::MoeQuantRoute::kDecode;
+  const bool decode =
+      QuantRouteOf(experts, act_dtype, numel, E, a.batch_invariant) == kc::MoeQuantRoute::kDecode;
   int decode_block = 0;
   if (decode) {
     decode_block = kc::MoeQuantDecodeBlockFor(numel, E);
     if (decode_block == 0) decode_block = 32;  // forced past decode size
   }
   const Layout l = LayoutFor(experts, s, M, k, E, act_bytes, a.apply_router_weight_on_input,
-                             a.combine, decode_block);
+                             a.combine, decode_block, a.batch_invariant);
   if (workspace == nullptr || workspace_bytes < l.bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));

@@ -28,9 +28,12 @@ namespace kplan {
 // The route of a layer of `numel` slots over `num_experts` ids on quantised
 // experts (moe_quant_route.h): kDecode runs inside EnqueueEmulationLayer,
 // kDequant in gpu_layer.cc (dequantised weights, then the fast kernels).
-// kEmulation for unquantised sets.
+// kEmulation for unquantised sets. Batch-invariant calls (coalescing,
+// MoeLayerArgs::batch_invariant) get a route that does not depend on numel:
+// kDequant where it applies, else kEmulation.
 kernels::cuda::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dtype,
-                                          int64_t numel, int num_experts);
+                                          int64_t numel, int num_experts,
+                                          bool batch_invariant = false);
 // The stored-form descriptor of a quantised set's w13 or w2.
 kernels::cuda::MoeQuantWeights QuantWeightsOf(const GpuExperts& experts, bool w13);
 // Multiprocessors of `device` (132 when the query fails).

@@ -287,7 +287,8 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   const int64_t o_w = ws.Reserve(numel * 4);
   const int64_t o_out = ws.Reserve(M * H * act_bytes);
   const int64_t io_bytes = ws.size();
-  const int64_t layer_bytes = MoeLayerWorkspaceBytes(experts, M, k, E, in.act_dtype);
+  const int64_t layer_bytes =
+      MoeLayerWorkspaceBytes(experts, M, k, E, in.act_dtype, in.batch_invariant);
   const int64_t o_layer = ws.Reserve(layer_bytes);
 
   if (stats != nullptr) stats->workspace_bytes = ws.size();
@@ -358,6 +359,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   la.topk_ids = d_ids;
   la.topk_weights = d_w;
   la.apply_router_weight_on_input = in.apply_router_weight_on_input;
+  la.batch_invariant = in.batch_invariant;
   la.act_dtype = in.act_dtype;
   la.output = ws.At<void>(o_out);
   KPLAN_RETURN_IF_ERROR(EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));

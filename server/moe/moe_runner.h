@@ -59,6 +59,11 @@ struct MoeRunInput {
   std::string topk_ids, topk_weights;
   bool apply_router_weight_on_input = false;
   MoeDeviceTensors device;  // tensors in client CUDA memory, if any
+  // Every output row must come out as if its token ran alone, whatever the
+  // other rows of the launch (coalesced calls, moe_coalesce.h): the GPU path
+  // then picks its kernels without looking at M (MoeLayerArgs::
+  // batch_invariant). The CPU reference is row-independent either way.
+  bool batch_invariant = false;
 };
 
 struct MoeRunOutput {

@@ -7,6 +7,7 @@
 #include "base/status.h"
 #include "server/moe/ep/ep_dispatch.h"
 #include "server/moe/ep/ep_process.h"
+#include "server/moe/moe_coalesce.h"
 #include "resolve/oracle/moe_config.h"
 #include "resolve/oracle/oracle.h"
 #include "resolve/plan/vocabulary.h"
@@ -46,6 +47,30 @@ absl::StatusOr<MoeRunOutput> SkippedRun(const ExpertsSpec& spec, const MoeRunInp
   out.topk_ids.assign(shape.num_tokens * shape.top_k, 0);
   out.topk_weights.assign(shape.num_tokens * shape.top_k, 0.f);
   return out;
+}
+
+// The layer of a single-device route on `where`: the CPU reference, or the
+// set's GPU copy on the slot's stream.
+absl::StatusOr<MoeRunOutput> RunLayer(const ExpertSet& experts, const MoeRunInput& input,
+                                      bool use_gpu, const DeviceSlot& where, absl::Time deadline) {
+  if (!use_gpu) return RunMoeOnCpu(experts, input, deadline);
+  if (!where.status.ok()) return where.status;
+  return experts.device_copy()->Run(input, where.stream);
+}
+
+// Answers a single-device run with the plan of its route on `where`.
+void Answer(absl::StatusOr<MoeRunOutput> out, const MoeRunTiming& timing, const MoeRoute& route,
+            bool explain, const DeviceSlot& where, const RunMoeDone& done) {
+  if (!out.ok()) {
+    done(out.status(), timing);
+    return;
+  }
+  RunMoeResult result;
+  result.output = *std::move(out);
+  result.plan =
+      MakePlan(route.backend, route.experts_kernel, route.plan.prepare_finalize, {where.name},
+               explain ? route.plan.candidates : std::vector<MoeCandidate>{}, "", 0);
+  done(std::move(result), timing);
 }
 
 // RunMoE on the expert-parallel group.
@@ -236,6 +261,30 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   if (use_gpu) {
     KPLAN_ASSIGN_OR_RETURN(slot, env.executor->Resolve(device->device_name(), "experts_id"));
   }
+  if (env.coalescer != nullptr && !request.skip_device) {
+    std::optional<std::string> key =
+        MoeCoalesceKey(set, chosen, request.input, slot, env.coalescer->options().max_tokens);
+    if (key) {
+      MoeCoalesceMember member;
+      member.input = std::move(request.input);
+      member.deadline = call.deadline;
+      member.cancelled = std::move(call.cancelled);
+      member.fail = std::move(call.fail);
+      member.finish = [route = *route, explain = request.explain, done = std::move(done)](
+                          absl::StatusOr<MoeRunOutput> out, const MoeRunTiming& timing,
+                          const DeviceSlot& where) {
+        Answer(std::move(out), timing, *route, explain, where, done);
+      };
+      env.coalescer->Add(
+          *std::move(key), slot,
+          [experts = std::move(request.experts), use_gpu](
+              const DeviceSlot& where, const MoeRunInput& input, absl::Time deadline) {
+            return RunLayer(*experts, input, use_gpu, where, deadline);
+          },
+          std::move(member));
+      return absl::OkStatus();
+    }
+  }
   DeviceExecutor::Job job;
   job.bytes = RunMoeHeldBytes(request.input);
   job.deadline = call.deadline;
@@ -251,28 +300,11 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
     timing.queue = waited;
     timing.queued = queued;
     timing.device_start = absl::Now();
-    absl::StatusOr<MoeRunOutput> out = absl::InternalError("no path ran");
-    if (skip) {
-      out = SkippedRun(experts->spec(), input);
-    } else if (!use_gpu) {
-      out = RunMoeOnCpu(*experts, input, deadline);
-    } else if (!where.status.ok()) {
-      out = where.status;
-    } else {
-      out = experts->device_copy()->Run(input, where.stream);
-    }
+    absl::StatusOr<MoeRunOutput> out = skip ? SkippedRun(experts->spec(), input)
+                                            : RunLayer(*experts, input, use_gpu, where, deadline);
     timing.device_end = absl::Now();
     timing.device = timing.device_end - timing.device_start;
-    if (!out.ok()) {
-      done(out.status(), timing);
-      return;
-    }
-    RunMoeResult result;
-    result.output = *std::move(out);
-    result.plan =
-        MakePlan(route->backend, route->experts_kernel, route->plan.prepare_finalize, {where.name},
-                 explain ? route->plan.candidates : std::vector<MoeCandidate>{}, "", 0);
-    done(std::move(result), timing);
+    Answer(std::move(out), timing, *route, explain, where, done);
   };
   return env.executor->Submit(slot, std::move(job));
 }

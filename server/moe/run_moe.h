@@ -32,6 +32,8 @@
 
 namespace kplan {
 
+class MoeCoalescer;  // moe_coalesce.h
+
 // What this server needs to run a RunMoE (borrowed; outlives every call).
 struct RunMoeEnv {
   DeviceExecutor* executor = nullptr;
@@ -47,6 +49,9 @@ struct RunMoeEnv {
   // then been called when RunMoe returns.
   bool inline_gpu = false;
   bool inline_cpu = false;
+  // Single-device calls that may share a launch go through it (never
+  // inline); null: coalescing off.
+  MoeCoalescer* coalescer = nullptr;
 };
 
 // A request, converted and resolved: the set it runs on (from the store),

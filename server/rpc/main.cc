@@ -124,6 +124,13 @@ ABSL_FLAG(bool, allow_skip_device, false,
 ABSL_FLAG(bool, inline_runs, true,
           "Small RunMoE calls on a GPU whose worker is idle run on the gRPC thread that "
           "received them (no hand-over to the worker and back)");
+ABSL_FLAG(int64_t, coalesce_window_us, 0,
+          "RunMoE coalescing: concurrent calls on one device that may share a launch (same "
+          "set, route, dtype, routing) wait up to this many microseconds for partners and run "
+          "as one launch, each caller getting the bits it gets alone; 0: off");
+ABSL_FLAG(int64_t, coalesce_max_tokens, 256,
+          "RunMoE coalescing: the most tokens of one launch (1 to 1048576); a larger call runs "
+          "alone");
 ABSL_FLAG(bool, allow_shared_memory, false,
           "Serve RegisterSharedMemory: co-located clients' POSIX shared-memory regions that "
           "RunMoE tensors may reference instead of carrying their bytes");
@@ -243,6 +250,8 @@ int main(int argc, char** argv) {
   options.ep_join_timeout = absl::GetFlag(FLAGS_ep_join_timeout);
   options.allow_skip_device = absl::GetFlag(FLAGS_allow_skip_device);
   options.inline_runs = absl::GetFlag(FLAGS_inline_runs);
+  options.coalesce_window = absl::Microseconds(absl::GetFlag(FLAGS_coalesce_window_us));
+  options.coalesce_max_tokens = absl::GetFlag(FLAGS_coalesce_max_tokens);
   options.allow_shared_memory = absl::GetFlag(FLAGS_allow_shared_memory);
   absl::StatusOr<std::unique_ptr<kplan::rpc::KplanServer>> server =
       kplan::rpc::KplanServer::Start(options);

@@ -135,7 +135,18 @@ Metrics::Metrics(const BuildLabels& build)
       expert_set_bytes_(prometheus::BuildGauge()
                             .Name("kplan_expert_set_bytes")
                             .Help("Bytes of each resident expert set, by experts_id")
-                            .Register(*registry_)) {
+                            .Register(*registry_)),
+      coalesced_launches_(prometheus::BuildCounter()
+                              .Name("kplan_moe_coalesced_launches_total")
+                              .Help("RunMoE launches that ran two or more coalesced calls")
+                              .Register(*registry_)
+                              .Add({})),
+      requests_per_launch_(
+          prometheus::BuildHistogram()
+              .Name("kplan_moe_coalesce_requests_per_launch")
+              .Help("RunMoE calls per launch through the coalescer (1: alone)")
+              .Register(*registry_)
+              .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256})) {
   prometheus::BuildGauge()
       .Name("kplan_build_info")
       .Help("Build facts of this server; the value is always 1")
@@ -218,6 +229,11 @@ void Metrics::SetExpertSets(const std::map<std::string, double>& bytes_by_id) {
     if (gauge == nullptr) gauge = &expert_set_bytes_.Add({{"experts_id", id}});
     gauge->Set(bytes);
   }
+}
+
+void Metrics::ObserveMoeLaunch(int members) {
+  if (members > 1) coalesced_launches_.Increment();
+  requests_per_launch_.Observe(members);
 }
 
 std::string Metrics::Render() const {

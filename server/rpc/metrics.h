@@ -58,6 +58,9 @@ class Metrics {
   // series each (bounded by what the store holds); an id no longer listed
   // loses its series.
   void SetExpertSets(const std::map<std::string, double>& bytes_by_id);
+  // A RunMoE launch through the coalescer (--coalesce_window_us) with its
+  // members (1: it ran alone).
+  void ObserveMoeLaunch(int members);
 
   // What /readyz answers (false until the server says otherwise).
   void SetReady(bool ready) { ready_.store(ready); }
@@ -82,6 +85,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& expert_bytes_;
   prometheus::Family<prometheus::Gauge>& device_memory_;
   prometheus::Family<prometheus::Gauge>& expert_set_bytes_;
+  prometheus::Counter& coalesced_launches_;
+  prometheus::Histogram& requests_per_launch_;
   std::mutex sets_mu_;
   std::map<std::string, prometheus::Gauge*> set_gauges_;  // guarded by sets_mu_
   std::atomic<bool> ready_{false};

@@ -361,6 +361,22 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   KPLAN_ASSIGN_OR_RETURN(server->executor_,
                          DeviceExecutor::Create(server->environment_.devices, executor_options));
   server->environment_.executor = server->executor_.get();
+  if (options.coalesce_window < absl::ZeroDuration()) {
+    return InvalidField("coalesce_window_us", "coalesce_window_us must not be negative (0: off)");
+  }
+  if (options.coalesce_window > absl::ZeroDuration()) {
+    Metrics* metrics = server->metrics_.get();
+    KPLAN_ASSIGN_OR_RETURN(
+        server->coalescer_,
+        MoeCoalescer::Create(*server->executor_,
+                             {options.coalesce_window, options.coalesce_max_tokens},
+                             [metrics](int members) {
+                               if (metrics != nullptr) metrics->ObserveMoeLaunch(members);
+                             }));
+    server->environment_.coalescer = server->coalescer_.get();
+    spdlog::info("RunMoE coalescing: window {}, at most {} tokens a launch",
+                 absl::FormatDuration(options.coalesce_window), options.coalesce_max_tokens);
+  }
   server->environment_.max_request_time = options.max_request_time;
   if (options.load_idle_timeout > absl::ZeroDuration()) {
     // Checked a few times per timeout (at least every second), so a stream

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "resolve/platform/local.h"
+#include "server/moe/moe_coalesce.h"
 #include "server/rpc/ep_multihost.h"
 #include "server/rpc/idle_watchdog.h"
 #include "server/rpc/raw_service.h"
@@ -93,6 +94,11 @@ struct ServerOptions {
   // worker is idle run on the gRPC thread that received them, with no hand-
   // over to the worker and back (--inline_runs).
   bool inline_runs = true;
+  // Coalescing (server/moe/moe_coalesce.h): concurrent single-device RunMoE
+  // calls that may share a launch wait up to coalesce_window for partners,
+  // at most coalesce_max_tokens tokens a launch. Zero window: off.
+  absl::Duration coalesce_window = absl::ZeroDuration();
+  int64_t coalesce_max_tokens = 256;
   // RegisterSharedMemory and RunMoE's shared-memory tensor references
   // (--allow_shared_memory); off: FAILED_PRECONDITION.
   bool allow_shared_memory = false;
@@ -156,6 +162,7 @@ class KplanServer {
   std::unique_ptr<moe::ep::EpGroup> ep_group_;
   std::unique_ptr<moe::ep::EpPeerRank> ep_peer_;
   std::unique_ptr<DeviceExecutor> executor_;
+  std::unique_ptr<MoeCoalescer> coalescer_;  // before the executor it submits to
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;

@@ -14,6 +14,7 @@
 #include "server/moe/ep/ep_group.h"
 #include "server/moe/ep/ep_process.h"
 #include "server/moe/expert_store.h"
+#include "server/moe/moe_coalesce.h"
 #include "server/moe/moe_route.h"
 #include "server/moe/shm_regions.h"
 #include "server/moe/moe_runner.h"
@@ -64,6 +65,9 @@ struct ServerEnvironment {
   bool allow_skip_device = false;
   // --inline_runs: small RunMoE calls on an idle GPU run on the gRPC thread.
   bool inline_runs = false;
+  // --coalesce_window_us: RunMoE calls that may share a launch go through
+  // it; null: coalescing off.
+  MoeCoalescer* coalescer = nullptr;
   // --allow_shared_memory: the client regions RunMoE tensors may reference;
   // null when shared memory is off.
   ShmRegistry* shm = nullptr;

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "base/status.h"
 #include "resolve/platform/local.h"
+#include "tests/moe/cpu_run_moe_test.h"
 
 namespace kplan {
 namespace {
@@ -59,24 +60,10 @@ MoeRunInput Input() {
   return in;
 }
 
-struct Outcome {
-  absl::StatusOr<RunMoeResult> result = absl::UnknownError("not run");
-  MoeRunTiming timing;
-};
+using Outcome = RunMoeOutcome;
 
-class RunMoeTest : public ::testing::Test {
+class RunMoeTest : public CpuRunMoeTest {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<DeviceExecutor>> executor =
-        DeviceExecutor::Create({}, DeviceExecutor::Options{});
-    ASSERT_TRUE(executor.ok()) << executor.status();
-    executor_ = *std::move(executor);
-    platform_ = LocalPlatform({}, /*have_cuda_kernels=*/false);
-    env_.executor = executor_.get();
-    env_.platform = &platform_;
-    env_.executable_backends = ExecutableMoeBackends(/*have_devices=*/false);
-  }
-
   RunMoeRequest Request(const std::string& backend = "auto",
                         std::shared_ptr<const ExpertSet> set = nullptr) {
     RunMoeRequest r;
@@ -90,23 +77,8 @@ class RunMoeTest : public ::testing::Test {
   // Runs `request` and waits for its answer; a synchronous refusal is the
   // outcome's status.
   Outcome Run(RunMoeRequest request, RunMoeCall call = {}) {
-    auto promise = std::make_shared<std::promise<Outcome>>();
-    std::future<Outcome> future = promise->get_future();
-    if (!call.fail) {
-      call.fail = [promise](const absl::Status& s) { promise->set_value(Outcome{s, {}}); };
-    }
-    absl::Status queued =
-        RunMoe(env_, std::move(request), std::move(call),
-               [promise](absl::StatusOr<RunMoeResult> result, const MoeRunTiming& timing) {
-                 promise->set_value(Outcome{std::move(result), timing});
-               });
-    if (!queued.ok()) return Outcome{queued, {}};
-    return future.get();
+    return Start(std::move(request), std::move(call)).get();
   }
-
-  std::unique_ptr<DeviceExecutor> executor_;
-  Platform platform_;
-  RunMoeEnv env_;
 };
 
 TEST(ExecutableMoeBackendsTest, KplanOnlyWithCudaKernelsAndDevices) {
