@@ -15,12 +15,32 @@
 // O(RMS), far beyond it.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 namespace kplan::test_util {
 
 inline double MoeLayerElementTolerance(double ref, double ref_rms) {
   return std::ldexp(std::fabs(ref), -7) + std::ldexp(ref_rms, -5);
 }
+
+// fp8 layers whose GEMMs run on the fp8 tensor cores (wgmma e4m3): the
+// hardware sums e4m3 products with reduced precision inside each 128-wide
+// k-tile (promoted to fp32 between tiles), and the intermediate's fp8
+// re-quantisation turns those small differences into whole fp8 steps (3
+// mantissa bits) on a fraction of the elements: a looser, still
+// scale-sensitive bound (a wrong scale or a lost k-tile is off by far more).
+inline double MoeFp8TensorCoreElementTolerance(double ref, double ref_rms) {
+  return std::ldexp(std::fabs(ref), -4) + std::ldexp(ref_rms, -3);
+}
+// fp8: a summation-order flip of a bf16 / fp16 rounding before the
+// intermediate is re-quantised can move it by one fp8 step (and, through the
+// row's or group's scale, its neighbours too): a few outputs, at most
+// MoeFp8MaxFlips(n), may pass the element bound, within this one.
+inline double MoeFp8FlipTolerance(double ref, double ref_rms, bool tensor_cores) {
+  return std::ldexp(ref_rms, tensor_cores ? -2 : -3) + std::ldexp(std::fabs(ref), -5);
+}
+inline int64_t MoeFp8MaxFlips(int64_t n) { return std::max<int64_t>(2, n / 100000); }
 
 }  // namespace kplan::test_util
