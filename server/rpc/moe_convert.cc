@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -204,11 +205,13 @@ absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regio
     KPLAN_ASSIGN_OR_RETURN(ShmView view,
                            regions->Resolve(ref.region(), ref.offset(), ref.byte_size(), field));
     const bool on_gpu = view.device() >= 0;
-    if (on_gpu && t == p.mutable_hidden_states()) {
+    // By the name: p.mutable_router_logits() here would add an absent one.
+    const std::string_view tensor = name;
+    if (on_gpu && tensor == "hidden_states") {
       KPLAN_RETURN_IF_ERROR(JoinDevice(view, field, device));
       device->hidden_states = view.data;
       device->hidden_bytes = view.size;
-    } else if (on_gpu && t == p.mutable_router_logits()) {
+    } else if (on_gpu && tensor == "router_logits") {
       KPLAN_RETURN_IF_ERROR(JoinDevice(view, field, device));
       device->router_logits = view.data;
       device->logits_bytes = view.size;
