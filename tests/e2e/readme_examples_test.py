@@ -17,7 +17,8 @@ the README's examples means changing it too.
 The runnable blocks run with bash (set -e, so each line must succeed), in a
 scratch folder holding the fixtures the examples name (request.json, the
 safetensors files under models/), with `kplan` on PATH and /usr/bin's python3
-first, against a CPU-path kplan-server started here with --model_root=models.
+first, against a CPU-path kplan-server started here with --model_root=models
+and --allow_shared_memory.
 Two spellings of the deployment are rewritten for that server: localhost:50051
 (and KPLAN_SERVER) is its address and /models/ its model root; a serve
 example's 0.0.0.0:50051 becomes 127.0.0.1:0.
@@ -137,7 +138,8 @@ def make_fixtures(work):
 def start_server(bin_dir, models, work):
     log = open(os.path.join(work, "server.log"), "w+")
     proc = subprocess.Popen([os.path.join(bin_dir, "kplan-server"), "--listen=127.0.0.1:0",
-                             "--devices=none", "--exit_timeout=5s", f"--model_root={models}"],
+                             "--devices=none", "--exit_timeout=5s", f"--model_root={models}",
+                             "--allow_shared_memory"],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 30
     while time.time() < deadline:
