@@ -217,9 +217,10 @@ absl::StatusOr<std::shared_ptr<void>> ShmRequest(kplan::Client& client,
   absl::StatusOr<std::unique_ptr<kplan::ClientShmRegion>> region =
       kplan::ClientShmRegion::Create(client, bytes, "perf");
   if (!region.ok()) return region.status();
-  const int64_t at = (*region)->Place(out->mutable_router_logits(),
-                                      (*region)->Place(out->mutable_hidden_states(), 0));
-  *out->mutable_output_shm() = (*region)->Ref(at, x);
+  absl::StatusOr<int64_t> at = (*region)->Place(out->mutable_hidden_states(), 0);
+  if (at.ok()) at = (*region)->Place(out->mutable_router_logits(), *at);
+  if (!at.ok()) return at.status();
+  *out->mutable_output_shm() = (*region)->Ref(*at, x);
   return std::shared_ptr<void>(*std::move(region));
 }
 

@@ -493,8 +493,9 @@ absl::StatusOr<MoeRunSummary> RunMoe(const RunMoeFlags& flags, const CommonFlags
         const int64_t bytes = 2 * out_bytes + request.router_logits().data().size() + 128;
         KPLAN_ASSIGN_OR_RETURN(shm, ClientShmRegion::Create(*client, bytes, "cli"));
       }
-      out_at = shm->Place(request.mutable_router_logits(),
-                          shm->Place(request.mutable_hidden_states(), 0));
+      KPLAN_ASSIGN_OR_RETURN(const int64_t logits_at,
+                             shm->Place(request.mutable_hidden_states(), 0));
+      KPLAN_ASSIGN_OR_RETURN(out_at, shm->Place(request.mutable_router_logits(), logits_at));
       *request.mutable_output_shm() = shm->Ref(out_at, out_bytes);
     }
     const absl::Time start = absl::Now();

@@ -332,6 +332,7 @@ LoadWatch::LoadWatch(Client& client, std::string experts_id,
                      std::function<void(const v1::ExpertsInfo&)> on_progress,
                      absl::Duration interval)
     : state_(std::make_unique<State>()) {
+  interval = std::max(interval, absl::Milliseconds(10));  // never a busy poll
   state_->thread = std::thread([&client, state = state_.get(), id = std::move(experts_id),
                                 on_progress = std::move(on_progress), interval] {
     std::unique_lock<std::mutex> lock(state->mu);

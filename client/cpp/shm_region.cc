@@ -61,8 +61,13 @@ v1::SharedMemoryRef ClientShmRegion::Ref(int64_t offset, int64_t bytes) const {
   return ref;
 }
 
-int64_t ClientShmRegion::Place(v1::Tensor* t, int64_t offset) const {
+absl::StatusOr<int64_t> ClientShmRegion::Place(v1::Tensor* t, int64_t offset) const {
   const int64_t n = static_cast<int64_t>(t->data().size());
+  if (offset < 0 || offset > size_ || n > size_ - offset) {
+    return absl::OutOfRangeError(absl::StrCat(n, " bytes at offset ", offset,
+                                              " do not fit the shared-memory region '", name_,
+                                              "' of ", size_, " bytes"));
+  }
   if (n > 0) std::memcpy(data_ + offset, t->data().data(), static_cast<size_t>(n));
   *t->mutable_shm() = Ref(offset, n);
   t->clear_data();

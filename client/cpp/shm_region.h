@@ -34,7 +34,8 @@ class ClientShmRegion {
   v1::SharedMemoryRef Ref(int64_t offset, int64_t bytes) const;
   // Copies `t`'s data to `offset` of the region and makes `t` a reference to
   // it (its data cleared); returns the offset past it, rounded up to 64.
-  int64_t Place(v1::Tensor* t, int64_t offset) const;
+  // OUT_OF_RANGE when the data does not fit the region at `offset`.
+  absl::StatusOr<int64_t> Place(v1::Tensor* t, int64_t offset) const;
 
  private:
   ClientShmRegion() = default;

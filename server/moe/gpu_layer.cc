@@ -194,7 +194,7 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
     // int8 / int4 at prefill sizes: routing, the hit experts' weights
     // dequantised into the workspace, then the fast route on them.
     const int64_t fast = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
-                                   /*bound=*/false)
+                                   /*bound=*/false, a.batch_invariant)
                              .bytes;
     const DequantLayout d = DequantLayoutAfter(experts, fast);
     if (workspace == nullptr || workspace_bytes < d.bytes) {

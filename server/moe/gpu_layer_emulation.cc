@@ -185,8 +185,16 @@ kc::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dty
       kc::MoeQuantDecodeSupports(s.w13, ft, N13, H) && kc::MoeQuantDecodeSupports(s.w2, ft, H, I);
   const bool dequant_ok = !s.fp8 && kc::MoeDequantWeightsSupports(s.w13, ft, N13, H) &&
                           kc::MoeDequantWeightsSupports(s.w2, ft, H, I);
-  if (batch_invariant)
-    return dequant_ok ? kc::MoeQuantRoute::kDequant : kc::MoeQuantRoute::kEmulation;
+  if (batch_invariant) {
+    // The dequant route keeps a 16-bit copy of every expert in the workspace
+    // (DequantLayoutAfter), which a decode-sized call would not otherwise
+    // need: only while that copy stays under 4 GiB; past it the emulation
+    // GEMM (one block size at every M) keeps the route independent of M too.
+    constexpr int64_t kMaxCopyBytes = int64_t{4} << 30;
+    const int64_t copy = int64_t{spec.num_experts} * (N13 * H + H * I) * 2;
+    return dequant_ok && copy <= kMaxCopyBytes ? kc::MoeQuantRoute::kDequant
+                                               : kc::MoeQuantRoute::kEmulation;
+  }
   const bool fp8_tc = s.fp8_tc && ft != kernels::DType::kFloat32;
   return kc::MoeQuantRouteFor(decode_ok, dequant_ok, fp8_tc, numel, num_experts,
                               kc::MoeQuantRouteModeNow());

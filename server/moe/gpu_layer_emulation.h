@@ -30,7 +30,8 @@ namespace kplan {
 // kDequant in gpu_layer.cc (dequantised weights, then the fast kernels).
 // kEmulation for unquantised sets. Batch-invariant calls (coalescing,
 // MoeLayerArgs::batch_invariant) get a route that does not depend on numel:
-// kDequant where it applies, else kEmulation.
+// kDequant where it applies and the 16-bit copy of the set is under 4 GiB,
+// else kEmulation.
 kernels::cuda::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dtype,
                                           int64_t numel, int num_experts,
                                           bool batch_invariant = false);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,9 @@ struct MoeCoalescer::Group {
   bool closed ABSL_GUARDED_BY(mu) = false;
   int64_t tokens ABSL_GUARDED_BY(mu) = 0;  // toward max_tokens: max(M, 1) per member
   int64_t bytes ABSL_GUARDED_BY(mu) = 0;   // RunMoeHeldBytes of all members
+  // What the executor was charged once submitted (Flush): later partners
+  // join only within it.
+  int64_t charged ABSL_GUARDED_BY(mu) = std::numeric_limits<int64_t>::max();
   std::vector<MoeCoalesceMember> members ABSL_GUARDED_BY(mu);
   std::vector<absl::Time> arrived ABSL_GUARDED_BY(mu);  // per member
   std::vector<char> finished;                           // per member, once closed
@@ -208,16 +212,22 @@ void MoeCoalescer::Add(std::string key, size_t slot, MoeLaunchFn launch, MoeCoal
     // The open group of the key, if it still takes this call; a full or
     // started one leaves open_ (sent first if it was not yet).
     std::shared_ptr<Group> group;
+    // Read under the group's lock as the member goes in: once it is
+    // unlocked, a submitted group may start, run and clear its members.
+    bool full = false;
+    const absl::Time deadline = member.deadline;
     if (auto it = open_.find(key); it != open_.end()) {
       std::shared_ptr<Group>& g = it->second;
       bool joined = false;
       {
         std::lock_guard<std::mutex> glock(g->mu);
-        if (!g->closed && g->tokens + cost <= options_.max_tokens) {
+        if (!g->closed && g->tokens + cost <= options_.max_tokens &&
+            g->bytes + bytes <= g->charged) {
           g->tokens += cost;
           g->bytes += bytes;
           g->arrived.push_back(now);
           g->members.push_back(std::move(member));
+          full = g->tokens >= options_.max_tokens;
           joined = true;
         }
       }
@@ -241,15 +251,9 @@ void MoeCoalescer::Add(std::string key, size_t slot, MoeLaunchFn launch, MoeCoal
       group->bytes = bytes;
       group->arrived.push_back(now);
       group->members.push_back(std::move(member));
+      full = group->tokens >= options_.max_tokens;
       if (!stopping_) open_.emplace(key, group);
       wake = true;
-    }
-    bool full = false;
-    absl::Time deadline = absl::InfiniteFuture();
-    {
-      std::lock_guard<std::mutex> glock(group->mu);
-      full = group->tokens >= options_.max_tokens;
-      deadline = group->members.back().deadline;
     }
     if (full) {
       auto it = open_.find(key);
@@ -310,9 +314,13 @@ void MoeCoalescer::Flush(std::shared_ptr<Group> group) {
   DeviceExecutor::Job job;
   {
     // Partners may still join until the launch starts: charge the bytes of
-    // a full launch at this one's bytes per token.
+    // a full launch at this one's bytes per token, but never more than a
+    // quarter of the executor's budget (a large --coalesce_max_tokens would
+    // otherwise charge more than all of it); partners join within the charge.
     std::lock_guard<std::mutex> glock(group->mu);
-    job.bytes = std::max(group->bytes, group->bytes / group->tokens * options_.max_tokens);
+    const int64_t full = group->bytes / group->tokens * options_.max_tokens;
+    job.bytes = std::max(group->bytes, std::min(full, executor_.max_queued_bytes() / 4));
+    group->charged = job.bytes;
   }
   // No job deadline or cancellation: partners may still join, so RunGroup
   // checks each member's as the launch starts.

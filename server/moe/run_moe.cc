@@ -257,6 +257,11 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   const bool use_gpu =
       chosen.kind == MoeRouteKind::kGpuFast || chosen.kind == MoeRouteKind::kGpuEmulation;
   if (!use_gpu) KPLAN_RETURN_IF_ERROR(RefuseDeviceTensors(request.input, "the CPU reference"));
+  // A skipped layer writes its zeros to the host: a CUDA output would keep
+  // the client's stale bytes.
+  if (request.skip_device) {
+    KPLAN_RETURN_IF_ERROR(RefuseDeviceTensors(request.input, "skip_device (a debug run)"));
+  }
   size_t slot = 0;
   if (use_gpu) {
     KPLAN_ASSIGN_OR_RETURN(slot, env.executor->Resolve(device->device_name(), "experts_id"));

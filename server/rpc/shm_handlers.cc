@@ -69,7 +69,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::ListSharedMemory(
     r->set_key(info.key);
     r->set_offset(info.offset);
     r->set_byte_size(info.byte_size);
-    r->set_cuda_ipc_handle(info.cuda_ipc_handle);
+    // Not the CUDA IPC handle: a capability to map the memory (the proto).
     r->set_device_id(info.device_id);
   }
   return call.FinishUnary(absl::OkStatus());

@@ -84,7 +84,8 @@ TEST(GpuIpcTest, RunMoeOnClientDeviceMemoryInAnotherProcess) {
   ASSERT_TRUE(left.ok()) << left.status();
   ASSERT_EQ(left->regions_size(), 1);
   EXPECT_EQ(left->regions(0).name(), "left");
-  EXPECT_EQ(left->regions(0).cuda_ipc_handle().size(), 64u);
+  EXPECT_TRUE(left->regions(0).cuda_ipc_handle().empty()) << "a listing hands out no handle";
+  EXPECT_EQ(left->regions(0).device_id(), 0);
   gpu->reset();
 }
 
