@@ -457,6 +457,32 @@ TEST_F(CoalescerTest, ALaunchQueuedBehindABusyDeviceTakesLatePartners) {
   EXPECT_EQ((*c)->coalesced_requests(), 3);
 }
 
+TEST_F(CoalescerTest, ALargeCapIsChargedWithinTheExecutorsBudget) {
+  // A queued group is charged for the partners it may still take, but at
+  // most a quarter of the budget: with a cap of 2^20 tokens a 1-token group
+  // would otherwise be charged far past these 64 KiB and refused.
+  DeviceExecutor::Options options;
+  options.max_queued_bytes = 64 << 10;
+  absl::StatusOr<std::unique_ptr<DeviceExecutor>> executor = DeviceExecutor::Create({}, options);
+  ASSERT_TRUE(executor.ok());
+  absl::StatusOr<std::unique_ptr<MoeCoalescer>> c =
+      MoeCoalescer::Create(**executor, {absl::Milliseconds(1), MoeCoalescer::kMaxTokens});
+  ASSERT_TRUE(c.ok());
+  std::vector<int64_t> sizes;
+  const MoeLaunchFn launch = Echo(&sizes);
+  std::vector<std::future<Outcome>> out;
+  for (int64_t m : {1, 2}) {
+    auto p = std::make_shared<std::promise<Outcome>>();
+    out.push_back(p->get_future());
+    (*c)->Add("k", 0, launch, Member(m, p));
+  }
+  for (auto& f : out) {
+    Outcome o = f.get();
+    EXPECT_TRUE(o.result.ok()) << o.result.status();
+  }
+  EXPECT_FALSE(sizes.empty());
+}
+
 TEST_F(CoalescerTest, ASplitGivesEachMemberItsRows) {
   absl::StatusOr<std::unique_ptr<MoeCoalescer>> c =
       MoeCoalescer::Create(*executor_, {absl::Seconds(30), 7});
