@@ -28,8 +28,10 @@
 //     therefore runs batch-invariant while coalescing is on, alone or merged
 //     (MoeRunInput::batch_invariant): the same bits either way, equal to the
 //     coalescing-off answer only up to the fp32 summation order (the usual
-//     GPU-vs-reference tolerance). The cost is the decode kernels and split-K
-//     of a lone decode-sized call.
+//     GPU-vs-reference tolerance). The cost: a lone decode-sized call loses
+//     the decode kernels and split-K, int sets take the dequant route at
+//     every size (or the emulation GEMM past a 4 GiB 16-bit copy), and a
+//     large merged fp8 launch the warp-specialised fp8 kernel.
 //
 // The window: the first call of a group waits at most `window` for partners,
 // then the group is queued on its device as one job, and it keeps taking

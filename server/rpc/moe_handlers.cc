@@ -61,7 +61,8 @@ void FillLoading(const ExpertStore::Loading& load, v1::ExpertsInfo* out) {
   v1::ExpertsLoadProgress* p = out->mutable_progress();
   const LoadProgress::Done done = load.progress ? load.progress->done() : LoadProgress::Done();
   p->set_bytes_done(done.bytes);
-  p->set_bytes_total(load.bytes);
+  // The count bytes_done runs toward (the reservation until it is known).
+  p->set_bytes_total(done.bytes_total > 0 ? done.bytes_total : load.bytes);
   p->set_experts_done(done.experts);
   p->set_experts_total(load.spec.num_experts);
   p->set_preload(load.preload);

@@ -4,7 +4,8 @@
 //
 //   kDecode     decode-sized batches: moe_quant_decode.cu reads each hit
 //               expert's quantised weights once for all its slots;
-//   kDequant    int8 / int4 at larger batches: the hit experts' weights
+//   kDequant    int8 / int4 at larger batches (at every size for
+//               batch-invariant calls, gpu_layer_emulation.h): the weights
 //               dequantised once per call into the workspace (the
 //               reference's rounding), then the bf16 / fp16 grouped GEMMs;
 //   kEmulation  everything else: the dequantising GEMM of moe_quant_gemm.h
