@@ -76,6 +76,20 @@ absl::StatusOr<CudaIpcMemory> OpenCudaIpcMemory(absl::string_view handle, int de
                                      " refused the handle: ", cudaGetErrorString(err),
                                      " (a live allocation of another process on this GPU?)"));
   }
+  // With peer access a handle of another GPU's memory opens here too: the
+  // region must be on the device it names.
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, base) != cudaSuccess || attr.type != cudaMemoryTypeDevice ||
+      attr.device != device) {
+    cudaGetLastError();
+    (void)cudaIpcCloseMemHandle(base);
+    cudaGetLastError();
+    return WithField(absl::FailedPreconditionError(absl::StrCat(
+                         "the CUDA allocation behind cuda_ipc_handle is not memory of cuda:",
+                         device, " (it is on cuda:", attr.device,
+                         " as this server numbers its GPUs); give that device_id")),
+                     "device_id");
+  }
   CudaIpcMemory mem;
   mem.base = base;
   CUdeviceptr start = 0;
