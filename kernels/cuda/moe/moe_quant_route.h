@@ -26,6 +26,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -48,20 +49,29 @@ inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
   return 0;
 }
 
-inline MoeQuantRouteMode& MoeQuantRouteOverride() {
-  static MoeQuantRouteMode mode = MoeQuantRouteMode::kFromEnv;
+// The code's override (SetMoeQuantRouteMode, read and written from any
+// thread) and KPLAN_MOE_QUANT_ROUTE, read once.
+inline std::atomic<MoeQuantRouteMode>& MoeQuantRouteOverride() {
+  static std::atomic<MoeQuantRouteMode> mode{MoeQuantRouteMode::kFromEnv};
   return mode;
 }
-inline void SetMoeQuantRouteMode(MoeQuantRouteMode m) { MoeQuantRouteOverride() = m; }
+inline void SetMoeQuantRouteMode(MoeQuantRouteMode m) { MoeQuantRouteOverride().store(m); }
+
+inline MoeQuantRouteMode MoeQuantRouteFromEnv() {
+  static const MoeQuantRouteMode mode = [] {
+    const char* v = std::getenv("KPLAN_MOE_QUANT_ROUTE");
+    if (v == nullptr || std::strcmp(v, "auto") == 0) return MoeQuantRouteMode::kAuto;
+    if (std::strcmp(v, "emulation") == 0) return MoeQuantRouteMode::kEmulation;
+    if (std::strcmp(v, "decode") == 0) return MoeQuantRouteMode::kDecode;
+    if (std::strcmp(v, "dequant") == 0) return MoeQuantRouteMode::kDequant;
+    return MoeQuantRouteMode::kAuto;
+  }();
+  return mode;
+}
 
 inline MoeQuantRouteMode MoeQuantRouteModeNow() {
-  if (MoeQuantRouteOverride() != MoeQuantRouteMode::kFromEnv) return MoeQuantRouteOverride();
-  const char* v = std::getenv("KPLAN_MOE_QUANT_ROUTE");
-  if (v == nullptr || std::strcmp(v, "auto") == 0) return MoeQuantRouteMode::kAuto;
-  if (std::strcmp(v, "emulation") == 0) return MoeQuantRouteMode::kEmulation;
-  if (std::strcmp(v, "decode") == 0) return MoeQuantRouteMode::kDecode;
-  if (std::strcmp(v, "dequant") == 0) return MoeQuantRouteMode::kDequant;
-  return MoeQuantRouteMode::kAuto;
+  const MoeQuantRouteMode m = MoeQuantRouteOverride().load();
+  return m != MoeQuantRouteMode::kFromEnv ? m : MoeQuantRouteFromEnv();
 }
 
 // decode_ok / dequant_ok: the kernels run these weights, activations and
