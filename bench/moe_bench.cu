@@ -79,6 +79,7 @@
 #include <vector>
 
 #include "bench/bench_check.h"
+#include "bench/cublas_check.h"
 #include "bench/copy_roofline.cuh"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
@@ -94,16 +95,6 @@ namespace {
 
 namespace kc = kplan::kernels::cuda;
 using Clock = std::chrono::steady_clock;
-
-#define CHECK_CUBLAS(expr)                                                             \
-  do {                                                                                 \
-    cublasStatus_t _s = (expr);                                                        \
-    if (_s != CUBLAS_STATUS_SUCCESS) {                                                 \
-      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #expr, \
-                   static_cast<int>(_s));                                              \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
 
 double Seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "bench/bench_check.h"
+#include "bench/cublas_check.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "kernels/cuda/moe/moe_ops.h"
@@ -38,16 +39,6 @@
 
 namespace kc = kplan::kernels::cuda;
 using kplan::kernels::DType;
-
-#define CHECK_LT(expr)                                                                 \
-  do {                                                                                 \
-    cublasStatus_t _s = (expr);                                                        \
-    if (_s != CUBLAS_STATUS_SUCCESS) {                                                 \
-      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #expr, \
-                   static_cast<int>(_s));                                              \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
 
 namespace {
 
@@ -110,14 +101,14 @@ struct DenseFp8 {
   void *x = nullptr, *w = nullptr, *d = nullptr;
   int64_t M = 0, N = 0, K = 0;
   DenseFp8(int64_t m, int64_t n, int64_t k) : M(m), N(n), K(k) {
-    CHECK_LT(cublasLtCreate(&lt));
-    CHECK_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CHECK_CUBLAS(cublasLtCreate(&lt));
+    CHECK_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
-    CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-    CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K));  // W as K x N
-    CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, M, K));  // X as K x M
-    CHECK_LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));     // D as N x M
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K));  // W as K x N
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, M, K));  // X as K x M
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));     // D as N x M
     ws = Alloc(ws_bytes);
     x = Alloc(M * K);
     w = Alloc(N * K);
@@ -125,12 +116,12 @@ struct DenseFp8 {
     FillFp8<<<1024, 256>>>(static_cast<uint8_t*>(x), M * K, 11);
     FillFp8<<<1024, 256>>>(static_cast<uint8_t*>(w), N * K, 12);
     cublasLtMatmulPreference_t pref;
-    CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
-    CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &ws_bytes, sizeof(ws_bytes)));
+    CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)));
     cublasLtMatmulHeuristicResult_t h{};
     int found = 0;
-    CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &h, &found));
+    CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &h, &found));
     if (found < 1) {
       std::fprintf(stderr, "cublasLt: no fp8 algorithm\n");
       std::exit(1);
@@ -140,7 +131,7 @@ struct DenseFp8 {
   }
   void Run(cudaStream_t s) {
     const float one = 1.0f, zero = 0.0f;
-    CHECK_LT(
+    CHECK_CUBLAS(
         cublasLtMatmul(lt, op, &one, w, la, x, lb, &zero, d, lc, d, lc, &algo, ws, ws_bytes, s));
   }
   ~DenseFp8() {
