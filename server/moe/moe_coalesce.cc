@@ -29,8 +29,8 @@ struct MoeCoalescer::Group {
   bool closed ABSL_GUARDED_BY(mu) = false;
   int64_t tokens ABSL_GUARDED_BY(mu) = 0;  // toward max_tokens: max(M, 1) per member
   int64_t bytes ABSL_GUARDED_BY(mu) = 0;   // RunMoeHeldBytes of all members
-  // What the executor was charged once submitted (Flush): later partners
-  // join only within it.
+  // What the executor was charged once submitted (Flush) when the budget
+  // capped it: later partners join only within it.
   int64_t charged ABSL_GUARDED_BY(mu) = std::numeric_limits<int64_t>::max();
   std::vector<MoeCoalesceMember> members ABSL_GUARDED_BY(mu);
   std::vector<absl::Time> arrived ABSL_GUARDED_BY(mu);  // per member
@@ -319,8 +319,9 @@ void MoeCoalescer::Flush(std::shared_ptr<Group> group) {
     // otherwise charge more than all of it); partners join within the charge.
     std::lock_guard<std::mutex> glock(group->mu);
     const int64_t full = group->bytes / group->tokens * options_.max_tokens;
-    job.bytes = std::max(group->bytes, std::min(full, executor_.max_queued_bytes() / 4));
-    group->charged = job.bytes;
+    const int64_t cap = executor_.max_queued_bytes() / 4;
+    job.bytes = std::max(group->bytes, std::min(full, cap));
+    if (full > cap) group->charged = job.bytes;
   }
   // No job deadline or cancellation: partners may still join, so RunGroup
   // checks each member's as the launch starts.
