@@ -67,11 +67,8 @@ struct MoeCoalescer::Group {
 namespace {
 
 int64_t TokensOf(const MoeRunInput& in) { return in.hidden_shape.empty() ? 0 : in.hidden_shape[0]; }
-bool ByLogits(const MoeRunInput& in) {
-  return !in.router_logits.empty() || !in.logits_shape.empty();
-}
 int TopKOf(const MoeRunInput& in) {
-  if (ByLogits(in)) return in.routing.top_k;
+  if (in.by_logits()) return in.routing.top_k;
   return in.topk_shape.size() == 2 ? static_cast<int>(in.topk_shape[1]) : 0;
 }
 
@@ -108,7 +105,7 @@ MoeRunInput Merge(const std::vector<const MoeRunInput*>& parts) {
     merged.topk_weights += p->topk_weights;
   }
   merged.hidden_shape = {m, first.hidden_shape[1]};
-  if (ByLogits(first)) {
+  if (first.by_logits()) {
     merged.logits_shape = {m, first.logits_shape[1]};
   } else {
     merged.topk_shape = {m, first.topk_shape[1]};
@@ -145,7 +142,7 @@ std::optional<std::string> MoeCoalesceKey(const ExpertSet& set, const MoeRoute& 
                                  MoeRouteKindName(route.kind), "|", route.backend, "|",
                                  route.experts_kernel, "|", kernels::DTypeName(in.act_dtype), "|",
                                  TopKOf(in), "|", in.apply_router_weight_on_input, "|");
-  if (!ByLogits(in)) {
+  if (!in.by_logits()) {
     absl::StrAppend(&key, "ids");
     return key;
   }

@@ -97,7 +97,7 @@ absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeR
   KPLAN_RETURN_IF_ERROR(CheckShape("hidden_states", in.hidden_shape, {m, spec.hidden},
                                    bytes(in.hidden_states, dev.hidden_states, dev.hidden_bytes),
                                    kernels::DTypeSize(in.act_dtype)));
-  shape.by_logits = !in.router_logits.empty() || !in.logits_shape.empty();
+  shape.by_logits = in.by_logits();
   const bool by_ids = !in.topk_ids.empty() || !in.topk_shape.empty();
   if (shape.by_logits == by_ids) {
     return InvalidField("router_logits",

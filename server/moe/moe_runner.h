@@ -58,6 +58,8 @@ struct MoeRunInput {
   std::vector<int64_t> topk_shape;
   std::string topk_ids, topk_weights;
   bool apply_router_weight_on_input = false;
+  // Routed from router_logits (else by a given top-k).
+  bool by_logits() const { return !router_logits.empty() || !logits_shape.empty(); }
   MoeDeviceTensors device;  // tensors in client CUDA memory, if any
   // Every output row must come out as if its token ran alone, whatever the
   // other rows of the launch (coalesced calls, moe_coalesce.h): the GPU path
