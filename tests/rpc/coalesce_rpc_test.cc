@@ -9,6 +9,7 @@
 // Built twice: rpc_coalesce_test on the CPU path (--devices none) and
 // rpc_coalesce_gpu_test (KPLAN_COALESCE_ON_GPU) on cuda:0, which skips
 // itself without a GPU.
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -182,9 +183,12 @@ TEST_P(CoalesceRpcTest, ConcurrentCallersGetTheirLoneAnswersFromOneLaunch) {
       options.max_attempts = 1;
       grpc::ChannelArguments args;
       args.SetInt("coalesce_test_client", c);  // a channel (connection) of its own
-      Client client(grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", on_.server->port()),
-                                              grpc::InsecureChannelCredentials(), args),
-                    options);
+      std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+          absl::StrCat("127.0.0.1:", on_.server->port()), grpc::InsecureChannelCredentials(), args);
+      // Connected first (a loaded host may refuse a first connect): a call
+      // that never arrived would leave the launch short of full.
+      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      Client client(channel, options);
       merged[c] = client.RunMoE(requests[c]);
     });
   }
