@@ -18,15 +18,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Waits for the server logging to $1 to listen; prints its address.
+source "$(dirname "$0")/../../scripts/server-port.sh"
+# Waits for the server logging to $1 (pid $2) to listen; prints its address.
 server_addr() {
-  local port=""
-  for _ in $(seq 100); do
-    port=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$1")
-    [ -n "$port" ] && break
-    sleep 0.1
-  done
-  [ -n "$port" ] || { cat "$1" >&2; echo "server did not start" >&2; return 1; }
+  local port
+  port=$(kplan_server_port "$1" "$2") || return 1
   echo "127.0.0.1:$port"
 }
 
@@ -34,7 +30,7 @@ mkdir "$work/models"
 "$bin/kplan-server" --listen=127.0.0.1:0 --exit_timeout=5s --model_root="$work/models" \
   >"$work/server.log" 2>&1 &
 server_pid=$!
-addr=$(server_addr "$work/server.log")
+addr=$(server_addr "$work/server.log" "$server_pid")
 
 [ "$("$bin/kplan" health --server "$addr")" = "SERVING" ]
 [ "$("$bin/kplan" health --server "$addr" --service kplan.v1.KernelPlanService)" = "SERVING" ]
@@ -241,7 +237,7 @@ done
 # An expert-parallel group of two CPU ranks: the set is sharded, kplan_all2allv runs.
 "$bin/kplan-server" --listen=127.0.0.1:0 --cpu_ep_ranks=2 --exit_timeout=5s >"$work/ep.log" 2>&1 &
 ep_pid=$!
-ep_addr=$(server_addr "$work/ep.log")
+ep_addr=$(server_addr "$work/ep.log" "$ep_pid")
 "$bin/kplan" load --server "$ep_addr" --id ep-layer --random --num-experts 6 --hidden-size 32 \
   --intermediate_size 64 >/dev/null
 "$bin/kplan" experts --server "$ep_addr" >"$work/ep_experts.txt"

@@ -12,19 +12,15 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+source "$(dirname "$0")/../../scripts/server-port.sh"
 
 # Starts a server with the given log format; sets addr and server_pid.
 start_server() {
   "$bin/kplan-server" --listen=127.0.0.1:0 --exit_timeout=5s --log_format="$1" \
     >"$work/$1.log" 2>&1 &
   server_pid=$!
-  local port=""
-  for _ in $(seq 100); do
-    port=$(sed -n 's/.*(port \([0-9]*\)).*/\1/p' "$work/$1.log" | head -1)
-    [ -n "$port" ] && break
-    sleep 0.1
-  done
-  [ -n "$port" ] || { cat "$work/$1.log" >&2; echo "server did not start" >&2; exit 1; }
+  local port
+  port=$(kplan_server_port "$work/$1.log" "$server_pid" 10)
   addr=127.0.0.1:$port
 }
 stop_server() {
