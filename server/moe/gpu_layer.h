@@ -24,6 +24,8 @@ namespace kplan {
 // what MoeGemmBlockMFor picks at decode sizes, where coalesced launches are.
 inline constexpr int kMoeBatchInvariantBlockM = 16;
 
+// A field added here must go into SameLayer (gpu_graphs.cc): the key of the
+// CUDA graphs of small calls.
 struct MoeLayerArgs {
   int64_t num_tokens = 0;  // M (0 enqueues nothing)
   int top_k = 0;

@@ -22,6 +22,7 @@
 #include "base/status.h"
 #include "server/moe/gpu_layer.h"
 #include "server/moe/gpu_layer_emulation.h"
+#include "server/moe/gpu_graphs.h"
 
 namespace kplan {
 namespace {
@@ -54,17 +55,21 @@ absl::Status KeepWorkspacesPooled(int device) {
 // device's worker thread stages its requests there, so the DMA engines read
 // and write it directly (no hidden staging copy of pageable memory) and no
 // call pays for cudaHostAlloc after the first large one.
-absl::StatusOr<char*> ThisThreadsPinnedBuffer(int64_t bytes) {
+absl::StatusOr<kc::PinnedHostBuffer*> ThisThreadsPinnedBuffer(int64_t bytes,
+                                                              MoeGraphCache& graphs) {
   thread_local kc::PinnedHostBuffer pinned;
-  if (pinned.capacity() >= static_cast<size_t>(bytes)) return pinned.data();
+  if (pinned.capacity() >= static_cast<size_t>(bytes)) return &pinned;
+  graphs.Clear();  // graphs of this device that copy from or to the old block
   KPLAN_RETURN_IF_ERROR(
       pinned.Reserve(static_cast<size_t>(std::max<int64_t>(bytes, int64_t{1} << 20))));
-  return pinned.data();
+  return &pinned;
 }
 
 // Bumped when a GpuExperts is destroyed (an unload): each thread's
 // workspace then shrinks to what its next call needs.
 std::atomic<uint64_t> experts_freed{0};
+
+thread_local int64_t graph_launches = 0;  // MoeGraphLaunchesOnThisThread
 
 // The calling thread's device workspace on `device`: one plain block per
 // (thread, device), kept across calls and grown (to a power of two) when a
@@ -74,26 +79,59 @@ std::atomic<uint64_t> experts_freed{0};
 // before it returns (errors too), so the next call may reuse or free the
 // block. Freed when the thread ends (the workers' at shutdown), and after an
 // unload on the next call if the block is more than it needs.
-DeviceArena& ThisThreadsWorkspace(int device) {
-  struct Workspace {
-    DeviceArena arena;
-    uint64_t freed_seen = 0;
-  };
-  thread_local std::map<int, Workspace> workspaces;
-  Workspace& w = workspaces[device];
+struct ThreadWorkspace {
+  DeviceArena arena;
+  MoeGraphCache graphs;  // into `arena` and the pinned buffer: destroyed first
+  uint64_t freed_seen = 0;
+};
+
+ThreadWorkspace& ThisThreadsWorkspace(int device) {
+  thread_local std::map<int, ThreadWorkspace> workspaces;
+  ThreadWorkspace& w = workspaces[device];
   const uint64_t freed = experts_freed.load(std::memory_order_relaxed);
   if (w.freed_seen != freed) {
     w.freed_seen = freed;
+    w.graphs.Clear();
     w.arena.Release();  // regrown to this call's layout below
   }
   w.arena.Clear();
-  return w.arena;
+  return w;
+}
+
+// Captures `enqueue` (work on `stream` only) into an instantiated graph.
+// Null when the runtime refused the capture: nothing was done then, and the
+// caller runs the work eagerly. An error of `enqueue` itself is returned.
+template <typename Enqueue>
+absl::StatusOr<cudaGraphExec_t> CaptureGraph(cudaStream_t stream, const Enqueue& enqueue) {
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  const absl::Status enqueued = enqueue();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  absl::Cleanup destroy = [&] {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  };
+  if (ended != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  KPLAN_RETURN_IF_ERROR(enqueued);
+  cudaGraphExec_t exec = nullptr;
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return exec;
 }
 
 // Grows `ws` to hold its layout, rounded up to a power of two so that a
-// slowly growing batch reallocates seldom.
-absl::Status AllocateWorkspace(DeviceArena& ws) {
+// slowly growing batch reallocates seldom; a regrowth drops the graphs that
+// point into the old block.
+absl::Status AllocateWorkspace(DeviceArena& ws, MoeGraphCache& graphs) {
   if (ws.capacity() >= ws.size()) return ws.Allocate();
+  graphs.Clear();
   const int64_t layout = ws.size();
   int64_t rounded = int64_t{1} << 20;
   while (rounded < layout) rounded *= 2;
@@ -229,6 +267,8 @@ absl::StatusOr<std::unique_ptr<GpuExperts>> GpuExperts::Create(const ExpertSet& 
 // ---------------------------------------------------------------------------
 // RunMoeOnGpu.
 
+int64_t MoeGraphLaunchesOnThisThread() { return graph_launches; }
+
 absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRunInput& in,
                                          void* stream_ptr, const GpuRunOptions& options,
                                          GpuRunStats* stats) {
@@ -276,7 +316,8 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   DeviceGuard guard;  // outlives the workspace, which is freed on this device
   KPLAN_RETURN_IF_ERROR(guard.Enter(experts.device()));
   // This thread's block on the device, carved into 256-byte aligned pieces.
-  DeviceArena& ws = ThisThreadsWorkspace(experts.device());
+  ThreadWorkspace& tw = ThisThreadsWorkspace(experts.device());
+  DeviceArena& ws = tw.arena;
   // The request's buffers first, in the order of a pinned host mirror with
   // the same offsets: inputs [hidden, logits, bias, ids, weights] go up in
   // one copy, results [ids, weights, output] come down in one.
@@ -292,7 +333,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   const int64_t o_layer = ws.Reserve(layer_bytes);
 
   if (stats != nullptr) stats->workspace_bytes = ws.size();
-  KPLAN_RETURN_IF_ERROR(AllocateWorkspace(ws));
+  KPLAN_RETURN_IF_ERROR(AllocateWorkspace(ws, tw.graphs));
   // From here an error return must not leave work in flight on the
   // workspace or the pinned buffer, which the next (larger) request on this
   // thread may free.
@@ -314,7 +355,9 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   // then inputs in client device memory device-to-device over their part
   // (hidden states, then logits, lead the layout: the DMA starts after
   // those that are on the device).
-  KPLAN_ASSIGN_OR_RETURN(char* host, ThisThreadsPinnedBuffer(io_bytes));
+  KPLAN_ASSIGN_OR_RETURN(kc::PinnedHostBuffer * pinned,
+                         ThisThreadsPinnedBuffer(io_bytes, tw.graphs));
+  char* host = pinned->data();
   if (dev.hidden_states == nullptr) {
     std::memcpy(host + o_hidden, in.hidden_states.data(), M * H * act_bytes);
   }
@@ -332,44 +375,70 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     upload_from = by_logits ? o_logits : o_ids;
     if (by_logits && dev.router_logits != nullptr) upload_from = has_bias ? o_bias : o_ids;
   }
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(upload_from), host + upload_from,
-                                             o_out - upload_from, cudaMemcpyHostToDevice, stream));
-  const auto d2d = [&](int64_t at, const void* src, int64_t bytes) -> absl::Status {
-    if (src == nullptr) return absl::OkStatus();
-    KPLAN_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(ws.At<void>(at), src, bytes, cudaMemcpyDeviceToDevice, stream));
-    return absl::OkStatus();
-  };
-  KPLAN_RETURN_IF_ERROR(d2d(o_hidden, dev.hidden_states, M * H * act_bytes));
-  if (by_logits) KPLAN_RETURN_IF_ERROR(d2d(o_logits, dev.router_logits, M * E * 4));
-  void* d_hidden = ws.At<void>(o_hidden);
-  float* d_w = ws.At<float>(o_w);
-  int32_t* d_ids = ws.At<int32_t>(o_ids);
   if (has_bias) rp.e_score_correction_bias = ws.At<float>(o_bias);
-  if (stats != nullptr) KPLAN_RETURN_IF_ERROR(start.Record(stream));
-
-  // --- The layer.
   MoeLayerArgs la;
   la.num_tokens = M;
   la.top_k = k;
   la.num_experts = E;
-  la.hidden = d_hidden;
+  la.hidden = ws.At<void>(o_hidden);
   la.router_logits = by_logits ? ws.At<float>(o_logits) : nullptr;
   la.routing = rp;
-  la.topk_ids = d_ids;
-  la.topk_weights = d_w;
+  la.topk_ids = ws.At<int32_t>(o_ids);
+  la.topk_weights = ws.At<float>(o_w);
   la.apply_router_weight_on_input = in.apply_router_weight_on_input;
   la.batch_invariant = in.batch_invariant;
   la.act_dtype = in.act_dtype;
   la.output = ws.At<void>(o_out);
-  KPLAN_RETURN_IF_ERROR(EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
-  if (stats != nullptr) KPLAN_RETURN_IF_ERROR(stop.Record(stream));
-
-  // --- Downloads: one DMA into the pinned mirror (the routing, and the
-  // output unless it goes to client device memory), one synchronisation.
-  const int64_t download_end = dev.output != nullptr ? o_out : io_bytes;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host + o_ids, ws.At<void>(o_ids), download_end - o_ids,
-                                             cudaMemcpyDeviceToHost, stream));
+  // Everything on the stream from the upload to the download: enqueued
+  // directly, or captured once into a graph and replayed (gpu_graphs.h).
+  const auto enqueue = [&]() -> absl::Status {
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(upload_from), host + upload_from,
+                                               o_out - upload_from, cudaMemcpyHostToDevice,
+                                               stream));
+    const auto d2d = [&](int64_t at, const void* src, int64_t bytes) -> absl::Status {
+      if (src == nullptr) return absl::OkStatus();
+      KPLAN_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(ws.At<void>(at), src, bytes, cudaMemcpyDeviceToDevice, stream));
+      return absl::OkStatus();
+    };
+    KPLAN_RETURN_IF_ERROR(d2d(o_hidden, dev.hidden_states, M * H * act_bytes));
+    if (by_logits) KPLAN_RETURN_IF_ERROR(d2d(o_logits, dev.router_logits, M * E * 4));
+    if (stats != nullptr) KPLAN_RETURN_IF_ERROR(start.Record(stream));
+    KPLAN_RETURN_IF_ERROR(EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
+    if (stats != nullptr) KPLAN_RETURN_IF_ERROR(stop.Record(stream));
+    // Downloads: one DMA into the pinned mirror (the routing, and the
+    // output unless it goes to client device memory).
+    const int64_t download_end = dev.output != nullptr ? o_out : io_bytes;
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        host + o_ids, ws.At<void>(o_ids), download_end - o_ids, cudaMemcpyDeviceToHost, stream));
+    return absl::OkStatus();
+  };
+  const bool graphable = in.cuda_graph && stream != nullptr && stats == nullptr && !dev.any() &&
+                         M <= kMoeGraphMaxTokens;
+  if (!graphable) {
+    KPLAN_RETURN_IF_ERROR(enqueue());
+  } else {
+    const MoeGraphKey key{&experts,
+                          la,
+                          ws.base(),
+                          ws.capacity(),
+                          host,
+                          static_cast<int64_t>(pinned->capacity()),
+                          kc::MoeQuantRouteModeNow()};
+    cudaGraphExec_t exec = nullptr;
+    MoeGraphCache::Use use = tw.graphs.Lookup(key, &exec);
+    if (use == MoeGraphCache::Use::kCapture) {
+      KPLAN_ASSIGN_OR_RETURN(exec, CaptureGraph(stream, enqueue));
+      tw.graphs.Store(key, exec);
+      use = exec != nullptr ? MoeGraphCache::Use::kReplay : MoeGraphCache::Use::kEager;
+    }
+    if (use == MoeGraphCache::Use::kReplay) {
+      KPLAN_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+      ++graph_launches;
+    } else {
+      KPLAN_RETURN_IF_ERROR(enqueue());
+    }
+  }
   KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   drained = true;
   if (stats != nullptr) {

@@ -122,10 +122,17 @@ struct GpuRunStats {
 // activation, GEMM 2, combine, download of the output and the routing; one
 // synchronisation at the end. Input errors are those of RunMoeOnCpu
 // (INVALID_ARGUMENT naming the request field); act_dtype is fp32, fp16 or
-// bf16 whatever the weights' dtype. The workspace is allocated per call
-// (stream-ordered, cudaMallocAsync) and freed before returning.
+// bf16 whatever the weights' dtype. The workspace and the pinned staging
+// buffer are the calling thread's, kept across calls and grown on demand;
+// with input.cuda_graph, a call of up to kMoeGraphMaxTokens tokens with host
+// tensors, on a stream other than the legacy one and without `stats`, runs
+// as one CUDA graph per shape (gpu_graphs.h), captured at its second call.
 absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRunInput& input,
                                          void* stream, const GpuRunOptions& options = {},
                                          GpuRunStats* stats = nullptr);
+
+// How many RunMoeOnGpu calls of the calling thread replayed a CUDA graph
+// (tests: that the graphed path ran, not only that results agree).
+int64_t MoeGraphLaunchesOnThisThread();
 
 }  // namespace kplan

@@ -86,6 +86,7 @@ MoeRunInput Merge(const std::vector<const MoeRunInput*>& parts) {
   merged.routing = first.routing;
   merged.apply_router_weight_on_input = first.apply_router_weight_on_input;
   merged.batch_invariant = true;
+  merged.cuda_graph = first.cuda_graph;
   int64_t m = 0;
   size_t hidden = 0, logits = 0, ids = 0;
   for (const MoeRunInput* p : parts) {

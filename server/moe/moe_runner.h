@@ -66,6 +66,9 @@ struct MoeRunInput {
   // then picks its kernels without looking at M (MoeLayerArgs::
   // batch_invariant). The CPU reference is row-independent either way.
   bool batch_invariant = false;
+  // The GPU path may run a small call as one CUDA graph of its uploads,
+  // layer and download (server/moe/gpu_graphs.h); the server's --cuda_graphs.
+  bool cuda_graph = false;
 };
 
 struct MoeRunOutput {

@@ -265,6 +265,7 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   size_t slot = 0;
   if (use_gpu) {
     KPLAN_ASSIGN_OR_RETURN(slot, env.executor->Resolve(device->device_name(), "experts_id"));
+    request.input.cuda_graph = env.cuda_graphs;
   }
   if (env.coalescer != nullptr && !request.skip_device) {
     std::optional<std::string> key =

@@ -49,6 +49,8 @@ struct RunMoeEnv {
   // then been called when RunMoe returns.
   bool inline_gpu = false;
   bool inline_cpu = false;
+  // Small GPU runs as CUDA graphs (MoeRunInput::cuda_graph).
+  bool cuda_graphs = false;
   // Single-device calls that may share a launch go through it (never
   // inline); null: coalescing off.
   MoeCoalescer* coalescer = nullptr;

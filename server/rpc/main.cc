@@ -124,6 +124,10 @@ ABSL_FLAG(bool, allow_skip_device, false,
 ABSL_FLAG(bool, inline_runs, true,
           "Small RunMoE calls on a GPU whose worker is idle run on the gRPC thread that "
           "received them (no hand-over to the worker and back)");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "Small RunMoE calls on a GPU (up to 64 tokens, tensors in the request or in POSIX "
+          "shared memory) replay one CUDA graph of their uploads, layer and download per "
+          "shape, captured at the shape's second call");
 ABSL_FLAG(int64_t, coalesce_window_us, 0,
           "RunMoE coalescing: concurrent calls on one device that may share a launch (same "
           "set, route, dtype, routing) wait up to this many microseconds for partners and run "
@@ -250,6 +254,7 @@ int main(int argc, char** argv) {
   options.ep_join_timeout = absl::GetFlag(FLAGS_ep_join_timeout);
   options.allow_skip_device = absl::GetFlag(FLAGS_allow_skip_device);
   options.inline_runs = absl::GetFlag(FLAGS_inline_runs);
+  options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.coalesce_window = absl::Microseconds(absl::GetFlag(FLAGS_coalesce_window_us));
   options.coalesce_max_tokens = absl::GetFlag(FLAGS_coalesce_max_tokens);
   options.allow_shared_memory = absl::GetFlag(FLAGS_allow_shared_memory);

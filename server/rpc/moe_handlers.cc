@@ -552,6 +552,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   run_env.executable_backends = ExecutableMoeBackends(env_);
   run_env.routes = env_.routes;
   run_env.inline_gpu = env_.inline_runs;
+  run_env.cuda_graphs = env_.cuda_graphs;
   run_env.coalescer = env_.coalescer;
   RunMoeCall hooks;
   hooks.deadline = call->deadline();

@@ -420,6 +420,7 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   server->environment_.routes = server->routes_.get();
   server->environment_.allow_skip_device = options.allow_skip_device;
   server->environment_.inline_runs = options.inline_runs;
+  server->environment_.cuda_graphs = options.cuda_graphs;
   if (options.allow_shared_memory) {
     std::vector<int> gpus;  // where CUDA regions may be
     for (const LocalDevice& d : server->environment_.devices) gpus.push_back(d.index);

@@ -94,6 +94,10 @@ struct ServerOptions {
   // worker is idle run on the gRPC thread that received them, with no hand-
   // over to the worker and back (--inline_runs).
   bool inline_runs = true;
+  // Small RunMoE calls on a GPU (up to kMoeGraphMaxTokens tokens, host
+  // tensors) run as one CUDA graph per shape and thread, captured at the
+  // shape's second call (--cuda_graphs).
+  bool cuda_graphs = true;
   // Coalescing (server/moe/moe_coalesce.h): concurrent single-device RunMoE
   // calls that may share a launch wait up to coalesce_window for partners,
   // at most coalesce_max_tokens tokens a launch. Zero window: off.

@@ -65,6 +65,8 @@ struct ServerEnvironment {
   bool allow_skip_device = false;
   // --inline_runs: small RunMoE calls on an idle GPU run on the gRPC thread.
   bool inline_runs = false;
+  // --cuda_graphs: small RunMoE calls on a GPU replay a CUDA graph.
+  bool cuda_graphs = false;
   // --coalesce_window_us: RunMoE calls that may share a launch go through
   // it; null: coalescing off.
   MoeCoalescer* coalescer = nullptr;

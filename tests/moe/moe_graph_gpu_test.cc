@@ -1,0 +1,158 @@
+// RunMoeOnGpu's CUDA graphs (server/moe/gpu_graphs.h, MoeRunInput::cuda_graph):
+// a graphed call gives the bits of the same call run eagerly, on fresh random
+// data every run, for each shape's first (eager), second (captured) and later
+// (replayed) calls; a replay with other inputs of the same shape gives that
+// input's bits (the data flows through the graph, nothing is baked in); the
+// workspace poisoned with NaN before a replay still comes back complete; after
+// a large call regrows the workspace and after another set is loaded and
+// unloaded (addresses reused) the graphs are rebuilt, not replayed stale. The
+// shapes: Qwen3-30B-A3B bf16 (E=128, top-8, H=2048, I=768; decode kernels at
+// one token, grouped GEMMs above), DeepSeek-V3-style grouped routing with a
+// correction bias on a smaller set, and fp8 128x128 blocks. Skips without a
+// device.
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/moe/gpu_runner.h"
+#include "tests/moe/random_moe.h"
+#include "tests/testing/gpu_test_util.h"
+
+namespace kplan {
+namespace {
+
+struct Case {
+  std::string name;
+  int experts, top_k;
+  int64_t hidden, inter;
+  kernels::DType weights;
+  std::string scheme, method;
+};
+
+class Stream {
+ public:
+  Stream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), cudaSuccess); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  void* get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+void ExpectSameBits(const MoeRunOutput& got, const MoeRunOutput& want, const std::string& what) {
+  ASSERT_EQ(got.output.size(), want.output.size()) << what;
+  EXPECT_EQ(std::memcmp(got.output.data(), want.output.data(), want.output.size()), 0) << what;
+  EXPECT_EQ(got.topk_ids, want.topk_ids) << what;
+  EXPECT_EQ(std::memcmp(got.topk_weights.data(), want.topk_weights.data(),
+                        want.topk_weights.size() * 4),
+            0)
+      << what;
+}
+
+MoeRunOutput RunOnce(const GpuExperts& gpu, MoeRunInput in, bool graph, void* stream,
+                 bool poison = false) {
+  in.cuda_graph = graph;
+  GpuRunOptions options;
+  options.poison_workspace = poison;
+  absl::StatusOr<MoeRunOutput> out = RunMoeOnGpu(gpu, in, stream, options);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *std::move(out) : MoeRunOutput{};
+}
+
+TEST(MoeGraphGpuTest, GraphedCallsGiveTheEagerBits) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(test_util::TestSeed("moe_graph_gpu_test", "MOE_GRAPH_GPU_TEST_SEED"));
+  const std::vector<Case> cases = {
+      {"Qwen3-30B-A3B bf16", 128, 8, 2048, 768, kernels::DType::kBFloat16, "", "Renormalize"},
+      {"DeepSeekV3 routing, bias", 64, 6, 1024, 256, kernels::DType::kBFloat16, "", "DeepSeekV3"},
+      {"fp8 128x128 blocks", 64, 4, 1024, 512, kernels::DType::kFp8E4m3, "fp8_block",
+       "Renormalize"},
+  };
+  Stream stream;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ExpertsSpec spec;
+    spec.experts_id = c.name;
+    spec.num_experts = c.experts;
+    spec.hidden = c.hidden;
+    spec.intermediate = c.inter;
+    spec.dtype = c.weights;
+    spec.quant.scheme = c.scheme;
+    if (!c.scheme.empty()) spec.quant.activation_scale = "per_tensor";
+    std::shared_ptr<ExpertSet> set = RandomExpertSet(spec, rng);
+    absl::StatusOr<std::unique_ptr<GpuExperts>> gpu = GpuExperts::Create(*set, 0);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{16}, int64_t{64}}) {
+      SCOPED_TRACE(m);
+      const auto input = [&] {
+        return RandomMoeInput(c.experts, c.hidden, m, kernels::DType::kBFloat16, c.method,
+                              c.top_k, rng);
+      };
+      const MoeRunInput a = input(), b = input();
+      const MoeRunOutput want_a = RunOnce(**gpu, a, false, stream.get());
+      const MoeRunOutput want_b = RunOnce(**gpu, b, false, stream.get());
+      const int64_t launches = MoeGraphLaunchesOnThisThread();
+      ExpectSameBits(RunOnce(**gpu, a, true, stream.get()), want_a, "first (eager)");
+      ExpectSameBits(RunOnce(**gpu, a, true, stream.get()), want_a, "second (captured)");
+      ExpectSameBits(RunOnce(**gpu, b, true, stream.get()), want_b, "replay, other inputs");
+      ExpectSameBits(RunOnce(**gpu, a, true, stream.get(), /*poison=*/true), want_a,
+                     "replay after poisoning the workspace");
+      EXPECT_EQ(MoeGraphLaunchesOnThisThread() - launches, 3) << "graph replays";
+      // The same shape eagerly again: graphs did not disturb the eager path.
+      ExpectSameBits(RunOnce(**gpu, b, false, stream.get()), want_b, "eager after graphs");
+    }
+  }
+}
+
+TEST(MoeGraphGpuTest, GraphsAreRebuiltWhenTheirMemoryChanges) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(test_util::TestSeed("moe_graph_gpu_test", "MOE_GRAPH_GPU_TEST_SEED") + 1);
+  ExpertsSpec spec;
+  spec.experts_id = "rebuilt";
+  spec.num_experts = 32;
+  spec.hidden = 1024;
+  spec.intermediate = 512;
+  spec.dtype = kernels::DType::kBFloat16;
+  Stream stream;
+  std::shared_ptr<ExpertSet> set = RandomExpertSet(spec, rng);
+  absl::StatusOr<std::unique_ptr<GpuExperts>> gpu = GpuExperts::Create(*set, 0);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const MoeRunInput one =
+      RandomMoeInput(32, 1024, 2, kernels::DType::kBFloat16, "Renormalize", 4, rng);
+  const MoeRunOutput want = RunOnce(**gpu, one, false, stream.get());
+  for (int i = 0; i < 3; ++i) ExpectSameBits(RunOnce(**gpu, one, true, stream.get()), want, "warm");
+  // A large call regrows the workspace and the pinned buffer.
+  const MoeRunInput big =
+      RandomMoeInput(32, 1024, 4096, kernels::DType::kBFloat16, "Renormalize", 4, rng);
+  RunOnce(**gpu, big, true, stream.get());
+  int64_t launches = MoeGraphLaunchesOnThisThread();
+  ExpectSameBits(RunOnce(**gpu, one, true, stream.get()), want, "after regrowth (eager)");
+  EXPECT_EQ(MoeGraphLaunchesOnThisThread(), launches) << "a stale graph replayed";
+  for (int i = 0; i < 2; ++i) {
+    ExpectSameBits(RunOnce(**gpu, one, true, stream.get()), want, "after regrowth (graphed)");
+  }
+  // Another set of the same spec, other weights, loaded after this one is
+  // freed: its allocations may take the old addresses.
+  gpu->reset();
+  std::shared_ptr<ExpertSet> other = RandomExpertSet(spec, rng);
+  absl::StatusOr<std::unique_ptr<GpuExperts>> gpu2 = GpuExperts::Create(*other, 0);
+  ASSERT_TRUE(gpu2.ok()) << gpu2.status();
+  const MoeRunOutput want2 = RunOnce(**gpu2, one, false, stream.get());
+  EXPECT_NE(std::memcmp(want2.output.data(), want.output.data(), want.output.size()), 0)
+      << "two random sets gave the same output";
+  launches = MoeGraphLaunchesOnThisThread();
+  ExpectSameBits(RunOnce(**gpu2, one, true, stream.get()), want2, "other set (eager)");
+  EXPECT_EQ(MoeGraphLaunchesOnThisThread(), launches) << "the freed set's graph replayed";
+  for (int i = 0; i < 2; ++i) {
+    ExpectSameBits(RunOnce(**gpu2, one, true, stream.get()), want2, "other set (graphed)");
+  }
+  EXPECT_EQ(MoeGraphLaunchesOnThisThread() - launches, 2) << "graph replays";
+}
+
+}  // namespace
+}  // namespace kplan
