@@ -120,7 +120,7 @@ bool GpuExperts::FastPathFor(kernels::DType act_dtype) const {
   const bool act16 =
       act_dtype == kernels::DType::kBFloat16 || act_dtype == kernels::DType::kFloat16;
   if (spec_.quant.scheme.empty()) return act16 && act_dtype == spec_.dtype;
-  return act16 && Fp8OnTensorCores();
+  return act16 && (Fp8OnTensorCores() || IntKernelsApply(*this, act_dtype));
 }
 
 bool GpuExperts::Fp8OnTensorCores() const {
@@ -363,6 +363,8 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   la.act_dtype = in.act_dtype;
   la.output = ws.At<void>(o_out);
   KPLAN_RETURN_IF_ERROR(EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
+  out.experts_kernel = std::string(
+      GpuLayerExpertsKernel(GpuLayerFactsOf(experts, in.act_dtype, numel, E, in.batch_invariant)));
   if (stats != nullptr) KPLAN_RETURN_IF_ERROR(stop.Record(stream));
 
   // --- Downloads: one DMA into the pinned mirror (the routing, and the

@@ -118,6 +118,7 @@ MoeRunOutput Slice(const MoeRunOutput& all, int64_t first, int64_t m) {
   MoeRunOutput out;
   out.num_tokens = m;
   out.top_k = all.top_k;
+  out.experts_kernel = all.experts_kernel;
   const size_t row = all.num_tokens > 0 ? all.output.size() / all.num_tokens : 0;
   out.output = all.output.substr(first * row, m * row);
   const int64_t k = all.top_k;
