@@ -246,6 +246,11 @@ std::string FormatMoeRun(const MoeRunSummary& s) {
   Row(out, "  device", absl::StrFormat("%.1f us", s.timing.device_us()));
   Row(out, "  total (server)", absl::StrFormat("%.1f us", s.timing.total_us()));
   Row(out, "  round trip (client)", absl::StrFormat("%.1f us", s.round_trip_us));
+  const int32_t shared = s.timing.coalesced_requests();
+  Row(out, "coalesced",
+      shared == 0   ? std::string("no (coalescing off or not applicable)")
+      : shared == 1 ? std::string("no (ran alone)")
+                    : absl::StrCat("yes (", shared, " requests in one launch)"));
   return out;
 }
 

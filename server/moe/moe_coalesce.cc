@@ -380,6 +380,7 @@ void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where)
     timing.device_start = start;
     timing.device_end = end;
     timing.device = end - start;
+    timing.coalesced_requests = static_cast<int>(live.size());
     const int64_t m = TokensOf(g.members[i].input);
     absl::StatusOr<MoeRunOutput> mine = !out.ok() ? absl::StatusOr<MoeRunOutput>(out.status())
                                         : live.size() == 1 ? std::move(out)

@@ -1,6 +1,12 @@
-// The CLI's --json: protobuf JSON, with dtypes spelled as the tables spell them.
+// The CLI's --json: protobuf JSON, with dtypes spelled as the tables spell them;
+// the tables' rows.
 #include "client/cli/format.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -46,6 +52,22 @@ TEST(CliTable, ExpertsShowTheirState) {
   EXPECT_THAT(table, HasSubstr("loading 40% (3/8 experts)"));
   EXPECT_THAT(table, HasSubstr("preload queued"));
   EXPECT_THAT(ToJson(list), HasSubstr("\"bytes_done\": \"400\""));
+}
+
+// `kplan run-moe` says whether the call shared a launch, in the table and
+// in --json (MoETiming.coalesced_requests).
+TEST(CliTable, MoeRunSaysWhetherItWasCoalesced) {
+  MoeRunSummary s;
+  s.experts_id = "x";
+  s.plan.set_backend("kplan");
+  for (const auto& [shared, says] :
+       std::vector<std::pair<int, std::string>>{{0, "no (coalescing off or not applicable)"},
+                                                {1, "no (ran alone)"},
+                                                {5, "yes (5 requests in one launch)"}}) {
+    s.timing.set_coalesced_requests(shared);
+    EXPECT_THAT(FormatMoeRun(s), HasSubstr(says)) << shared;
+    EXPECT_THAT(MoeRunToJson(s), HasSubstr(absl::StrCat("\"coalesced_requests\": ", shared)));
+  }
 }
 
 }  // namespace

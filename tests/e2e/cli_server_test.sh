@@ -131,7 +131,10 @@ grep -q '"dtype": "bfloat16"' "$work/experts.json" || { cat "$work/experts.json"
 grep -q "^backend: *emulation" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
 grep -q "median of 3 runs" "$work/run.txt"
 grep -q "^candidates (in the order tried):" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
-"$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 4 --json | grep -q '"backend": "emulation"'
+grep -q "^coalesced: *no (coalescing off" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
+"$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 4 --json >"$work/run.json"
+grep -q '"backend": "emulation"' "$work/run.json" || { cat "$work/run.json"; exit 1; }
+grep -q '"coalesced_requests": 0' "$work/run.json" || { cat "$work/run.json"; exit 1; }
 "$bin/kplan" run-moe --server "$addr" --id=cli-layer --tokens=4 --experts-per-token 1 \
   --moe_backend emulation --routing Default | grep -q "^backend: *emulation"
 set +e
