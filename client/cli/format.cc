@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <regex>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "resolve/oracle/moe_plan.h"
 #include "resolve/platform/platform.h"
@@ -246,23 +246,60 @@ std::string FormatMoeRun(const MoeRunSummary& s) {
   Row(out, "  device", absl::StrFormat("%.1f us", s.timing.device_us()));
   Row(out, "  total (server)", absl::StrFormat("%.1f us", s.timing.total_us()));
   Row(out, "  round trip (client)", absl::StrFormat("%.1f us", s.round_trip_us));
+  const int32_t shared = s.timing.coalesced_requests();
+  Row(out, "coalesced",
+      shared == 0   ? std::string("no (coalescing off or not applicable)")
+      : shared == 1 ? std::string("no (ran alone)")
+                    : absl::StrCat("yes (", shared, " requests in one launch)"));
   return out;
 }
+
+namespace {
+
+// A JSON text nested one level deeper (protobuf's JSON indents by one space).
+std::string Nested(std::string json) {
+  while (!json.empty() && json.back() == '\n') json.pop_back();
+  return absl::StrReplaceAll(json, {{"\n", "\n "}});
+}
+
+}  // namespace
 
 std::string JsonObject(const std::vector<std::pair<std::string, std::string>>& members) {
   std::string out = "{";
   for (const auto& [key, json] : members) {
-    std::string value = json;
-    while (!value.empty() && value.back() == '\n') value.pop_back();
-    // protobuf's JSON indents by one space: nest each value one level deeper.
-    absl::StrAppend(&out, out.size() > 1 ? "," : "", "\n \"", absl::CEscape(key),
-                    "\": ", absl::StrReplaceAll(value, {{"\n", "\n "}}));
+    absl::StrAppend(&out, out.size() > 1 ? "," : "", "\n ", JsonString(key), ": ", Nested(json));
   }
   return out + "\n}\n";
 }
 
+std::string JsonArray(const std::vector<std::string>& items) {
+  if (items.empty()) return "[]";
+  std::string out = "[";
+  for (const std::string& json : items) {
+    absl::StrAppend(&out, out.size() > 1 ? "," : "", "\n ", Nested(json));
+  }
+  return out + "\n]";
+}
+
+std::string JsonString(const std::string& s) {
+  google::protobuf::Value v;
+  v.set_string_value(s);
+  std::string out;
+  // Only bytes that are not UTF-8 fail (a flag's value): null, still JSON.
+  if (!google::protobuf::util::MessageToJsonString(v, &out).ok()) return "null";
+  return out;
+}
+
+std::string ExplainToJson(const v1::ResolveKernelConfigResponse& r) {
+  std::vector<std::string> plans, warnings;
+  if (r.has_moe_plan()) plans.push_back(ToJson(r.moe_plan()));
+  for (const v1::MoEPlan& p : r.moe_layer_plans()) plans.push_back(ToJson(p));
+  for (const std::string& w : r.warnings()) warnings.push_back(JsonString(w));
+  return JsonObject({{"moe_plans", JsonArray(plans)}, {"warnings", JsonArray(warnings)}});
+}
+
 std::string MoeRunToJson(const MoeRunSummary& s) {
-  return JsonObject({{"experts_id", absl::StrCat("\"", absl::CEscape(s.experts_id), "\"")},
+  return JsonObject({{"experts_id", JsonString(s.experts_id)},
                      {"tokens", absl::StrCat(s.tokens)},
                      {"runs", absl::StrCat(s.runs)},
                      {"plan", ToJson(s.plan)},

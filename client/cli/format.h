@@ -39,6 +39,16 @@ std::string MoeRunToJson(const MoeRunSummary& s);
 // A JSON object of (key, JSON text) members, e.g. ToJson outputs, indented
 // as ToJson indents.
 std::string JsonObject(const std::vector<std::pair<std::string, std::string>>& members);
+// A JSON array of JSON texts, indented as ToJson indents.
+std::string JsonArray(const std::vector<std::string>& items);
+// `s` as a JSON string (escaped as protobuf's JSON escapes it); null when
+// `s` is not UTF-8.
+std::string JsonString(const std::string& s);
+// What `kplan explain --json` prints: one document with what the table
+// shows, the MoE plans (model.moe first, then moe_layers, as MoePlansOf) and
+// the warnings, in resolve --json's field names and words:
+//   {"moe_plans": [MoEPlan...], "warnings": ["..."]}
+std::string ExplainToJson(const v1::ResolveKernelConfigResponse& r);
 
 // A byte count for people: "512 B", "6.0 KiB", "384.0 MiB".
 std::string Bytes(int64_t bytes);

@@ -82,15 +82,15 @@ int Resolve(const std::vector<std::string>& args, bool explain) {
   if (!response.ok()) return Fail(response.status());
 
   if (explain) {
-    if (common.json) {
-      std::cout << ToJson(*response);
-      return 0;
-    }
     std::vector<MoePlan> plans = MoePlansOf(*response);
     if (plans.empty()) {
       return Fail(absl::InvalidArgumentError(
           "the request has no MoE layer to explain; give --num-experts, --top-k, "
           "--hidden-size and --intermediate-size (or model.moe in --request)"));
+    }
+    if (common.json) {  // what the table shows, as one document
+      std::cout << ExplainToJson(*response);
+      return 0;
     }
     for (const MoePlan& plan : plans) std::cout << ExplainPlan(plan) << "\n";
     for (const std::string& w : response->warnings()) std::cout << "warning: " << w << "\n";

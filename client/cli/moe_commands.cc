@@ -479,7 +479,7 @@ absl::StatusOr<MoeRunSummary> RunMoe(const RunMoeFlags& flags, const CommonFlags
   summary.experts_id = flags.id;
   summary.tokens = tokens;
   summary.runs = repeat;
-  std::vector<double> queue, device, total, round_trip;
+  std::vector<double> queue, device, total, round_trip, coalesced;
   std::unique_ptr<ClientShmRegion> shm;  // --shm: [hidden | logits | output], gone on return
   std::string output;
   for (int64_t r = 0; r < repeat; ++r) {
@@ -506,11 +506,13 @@ absl::StatusOr<MoeRunSummary> RunMoe(const RunMoeFlags& flags, const CommonFlags
     queue.push_back(response.timing().queue_us());
     device.push_back(response.timing().device_us());
     total.push_back(response.timing().total_us());
+    coalesced.push_back(response.timing().coalesced_requests());
     summary.plan = response.plan();
   }
   summary.timing.set_queue_us(Median(queue));
   summary.timing.set_device_us(Median(device));
   summary.timing.set_total_us(Median(total));
+  summary.timing.set_coalesced_requests(static_cast<int32_t>(Median(coalesced)));
   summary.round_trip_us = Median(round_trip);
   if (!flags.output_file.empty()) {
     std::ofstream f(flags.output_file, std::ios::binary | std::ios::trunc);

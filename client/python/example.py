@@ -30,5 +30,6 @@ with Client(target) as client:
     x = rng.normal(0, 1, (4, 64)).astype(np.float32)
     logits = rng.normal(0, 1, (4, 8)).astype(np.float32)
     y, resp = client.run_moe("example", x, logits, top_k=2, return_plan=True)
-    print("output:", y.shape, "backend:", resp.plan.backend, "device us:", round(resp.timing.device_us, 1))
+    print("output:", y.shape, "backend:", resp.plan.backend, "device us:", round(resp.timing.device_us, 1),
+          "coalesced requests:", resp.timing.coalesced_requests)
     client.unload_experts("example")

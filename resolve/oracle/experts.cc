@@ -230,11 +230,19 @@ bool HpcQuant(const Ctx&, Q w, Q a) { return TensorStatic(w, a) || Block128(w, a
 // kplan's e4m3 tensor-core GEMMs (GpuExperts::Fp8OnTensorCores): per-tensor
 // and per-channel weights with activations quantised per token or per tensor
 // (static or dynamic), 128 x 128 blocks with 1 x 128 activation groups.
-bool KplanQuant(const Ctx&, Q w, Q a) {
+bool KplanFp8Quant(const Ctx&, Q w, Q a) {
   const bool tensor_or_channel = w == Q::kFp8StaticTensorSym || w == Q::kFp8StaticChannelSym;
   const bool token_or_tensor =
       a == Q::kFp8DynamicTokenSym || a == Q::kFp8StaticTensorSym || a == Q::kFp8DynamicTensorSym;
-  return Unquantized(w, a) || Block128(w, a) || (tensor_or_channel && token_or_tensor);
+  return Block128(w, a) || (tensor_or_channel && token_or_tensor);
+}
+bool KplanUnquantized(const Ctx&, Q w, Q a) { return Unquantized(w, a); }
+bool KplanQuant(const Ctx& c, Q w, Q a) { return Unquantized(w, a) || KplanFp8Quant(c, w, a); }
+// kplan's int8 / int4 group-scaled weights (weight-only, 16-bit activations).
+bool KplanIntQuant(const Ctx& c, Q w, Q a) { return Wna16Quant(c, w, a); }
+// The quantised decode kernels (kernels/cuda/moe/moe_quant_decode.cu): fp8 and int weights.
+bool KplanDecodeQuant(const Ctx& c, Q w, Q a) {
+  return KplanFp8Quant(c, w, a) || KplanIntQuant(c, w, a);
 }
 bool AnyQuant(const Ctx&, Q, Q) { return true; }
 
@@ -637,14 +645,50 @@ const ExpertsClass kExperts[] = {
     // ---- kplan's own executable family (ARCHITECTURE.md "Vocabulary"); vLLM
     // platforms never list library `kplan`, so these rows never change a
     // vLLM resolution. The CUDA kernels apply every activation of the CPU
-    // reference (kernels/cpu/moe), so every row takes them all.
+    // reference (kernels/cpu/moe), so every row takes them all. One row per
+    // GPU route of server/moe/gpu_layer.cc (which of them runs a call depends
+    // on its slots: RunMoE's answer names the one that ran, moe_route.h
+    // GpuLayerExpertsKernel).
+    // bf16 / fp16 weights: the wgmma grouped GEMMs (and their decode kernels).
     {.name = "KplanExperts",
      .device = KplanCudaDevice,
      .no_act_and_mul = true,
      .activations = kAllActs,
-     .quant = KplanQuant,
+     .quant = KplanUnquantized,
      .parallel = NoPassthrough,
      .batch_invariant = true,
+     .precheck = KplanPrecheck,
+     .kplan_executable = true},
+    // fp8 weights: the e4m3 tensor-core grouped GEMMs (moe_experts.h, the
+    // warp-specialised moe_gemm_ws_fp8 at large batches).
+    {.name = "KplanFp8Experts",
+     .device = KplanCudaDevice,
+     .no_act_and_mul = true,
+     .activations = kAllActs,
+     .quant = KplanFp8Quant,
+     .parallel = NoPassthrough,
+     .batch_invariant = true,
+     .precheck = KplanPrecheck,
+     .kplan_executable = true},
+    // int8 / int4 weights past decode size: the hit experts dequantised once
+    // per call, then the bf16 / fp16 grouped GEMMs.
+    {.name = "KplanDequantExperts",
+     .device = KplanCudaDevice,
+     .no_act_and_mul = true,
+     .activations = kAllActs,
+     .quant = KplanIntQuant,
+     .parallel = NoPassthrough,
+     .batch_invariant = true,
+     .precheck = KplanPrecheck,
+     .kplan_executable = true},
+    // fp8 / int weights at decode sizes: each hit expert's quantised weights
+    // read once for all its slots (not batch-invariant: chosen by slots).
+    {.name = "KplanQuantDecodeExperts",
+     .device = KplanCudaDevice,
+     .no_act_and_mul = true,
+     .activations = kAllActs,
+     .quant = KplanDecodeQuant,
+     .parallel = NoPassthrough,
      .precheck = KplanPrecheck,
      .kplan_executable = true},
     {.name = "KplanBatchedExperts",

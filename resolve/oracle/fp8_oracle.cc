@@ -64,7 +64,7 @@ const SchemeTables& Fp8Tables() {
               {"TRITON_MXFP8", "TRITON_MXFP8", {"Mxfp8NativeTritonExperts"}},
               {"AITER_MXFP8", "AITER_MXFP8", {"AiterMxfp8Experts"}},
               // kplan's own family.
-              {"KPLAN", "KPLAN", {"KplanExperts"}},
+              {"KPLAN", "KPLAN", {"KplanFp8Experts", "KplanQuantDecodeExperts"}},
               {"KPLAN_BATCHED", "KPLAN_BATCHED", {"KplanBatchedExperts"}},
               {"KPLAN_EP", "KPLAN_EP", {"KplanEpExperts"}},
           },

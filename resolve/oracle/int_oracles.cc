@@ -65,17 +65,21 @@ const SchemeTables& Wna16Tables() {
               {"XPU", "XPU", {"XPUExpertsWNA16"}},
               // vLLM's emulation first; kplan's emulation where vLLM's cannot run.
               {"EMULATION", "EMULATION", {"WNA16EmulationExperts", "KplanEmulationExperts"}},
+              // kplan's own kernels for int8 / int4 group-scaled weights.
+              {"KPLAN", "KPLAN", {"KplanDequantExperts", "KplanQuantDecodeExperts"}},
           },
       .user_map = {{"marlin", {"MARLIN"}},
                    {"humming", {"HUMMING"}},
                    {"flashinfer_trtllm", {"FLASHINFER_TRTLLM"}},
                    {"emulation", {"EMULATION"}}},
+      .kplan_map = {{"kplan", {"KPLAN"}}},
       .batched = {{"MARLIN", "BATCHED_MARLIN"}},
       .priority = {{Cpu, {"CPU"}, {}},
                    {Xpu, {"XPU"}, {}},
                    {nullptr,
                     {"FLASHINFER_TRTLLM", "MARLIN", "BATCHED_MARLIN", "HUMMING", "EMULATION"},
                     {}}},
+      .kplan_auto = {"KPLAN"},
       // Weight-only: the activation key is always None.
       .activation_key = ActivationKeyRule::kNone,
   };

@@ -320,6 +320,13 @@ absl::StatusOr<Selection> MoEKernelOracle::SelectExecutable(
   for (int b : allowed) {
     if (!has(list, b)) list.push_back(b);
   }
+  // kplan's kernels before its emulation, which runs anything (wna16 lists
+  // vLLM's EMULATION ahead of the kplan members appended to it).
+  const int emulation = Find("EMULATION");
+  if (emulation >= 0 && has(list, emulation)) {
+    list.erase(std::find(list.begin(), list.end(), emulation));
+    list.push_back(emulation);
+  }
   s = Loop(list, c, w, a, std::move(s));
   if (s.backend < 0) return Exhausted();
   return s;

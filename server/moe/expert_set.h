@@ -88,7 +88,7 @@ class DeviceExperts {
   virtual std::string device_name() const = 0;  // "cuda:0"
   virtual int64_t device_bytes() const = 0;
   // True when activations of `act_dtype` run on this copy's fast kernels
-  // (GpuExperts: the kplan wgmma kernels); false by default.
+  // (GpuExperts: kplan's CUDA kernels); false by default.
   virtual bool FastPathFor(kernels::DType act_dtype) const;
   // Runs one layer on this copy on `stream` (a cudaStream_t for GpuExperts;
   // null = the default stream), as RunMoeOnCpu runs it on the host copy.

@@ -174,6 +174,50 @@ kernels::DType FloatTypeOf(kernels::DType d) {
 
 }  // namespace
 
+namespace {
+
+// Whether the decode kernels and the dequant route take a quantised set's
+// weights with activations of `ft` (both GEMMs).
+struct QuantKernels {
+  bool decode_ok = false, dequant_ok = false;
+};
+QuantKernels QuantKernelsFor(const GpuExperts& experts, const Scheme& s, kernels::DType ft) {
+  const ExpertsSpec& spec = experts.spec();
+  const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
+  QuantKernels q;
+  q.decode_ok =
+      kc::MoeQuantDecodeSupports(s.w13, ft, N13, H) && kc::MoeQuantDecodeSupports(s.w2, ft, H, I);
+  q.dequant_ok = !s.fp8 && kc::MoeDequantWeightsSupports(s.w13, ft, N13, H) &&
+                 kc::MoeDequantWeightsSupports(s.w2, ft, H, I);
+  return q;
+}
+
+}  // namespace
+
+bool IntKernelsApply(const GpuExperts& experts, kernels::DType act_dtype) {
+  const Scheme s = SchemeOf(experts);
+  if (experts.spec().quant.scheme.empty() || s.fp8) return false;
+  if (act_dtype != kernels::DType::kBFloat16 && act_dtype != kernels::DType::kFloat16) {
+    return false;
+  }
+  const QuantKernels q = QuantKernelsFor(experts, s, act_dtype);
+  return q.decode_ok || q.dequant_ok;
+}
+
+GpuLayerFacts GpuLayerFactsOf(const GpuExperts& experts, kernels::DType act_dtype, int64_t numel,
+                              int num_experts, bool batch_invariant) {
+  GpuLayerFacts f;
+  f.quantised = !experts.spec().quant.scheme.empty();
+  if (!f.quantised) {
+    f.fast_path = experts.FastPathFor(act_dtype);
+    return f;
+  }
+  f.quant_route = QuantRouteOf(experts, act_dtype, numel, num_experts, batch_invariant);
+  // EnqueueEmulationLayer's `tc`.
+  f.fp8_tensor_cores = SchemeOf(experts).fp8_tc && act_dtype != kernels::DType::kFloat32;
+  return f;
+}
+
 kc::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dtype, int64_t numel,
                                int num_experts, bool batch_invariant) {
   const ExpertsSpec& spec = experts.spec();
@@ -181,10 +225,7 @@ kc::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dty
   const Scheme s = SchemeOf(experts);
   const kernels::DType ft = FloatTypeOf(act_dtype);
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
-  const bool decode_ok =
-      kc::MoeQuantDecodeSupports(s.w13, ft, N13, H) && kc::MoeQuantDecodeSupports(s.w2, ft, H, I);
-  const bool dequant_ok = !s.fp8 && kc::MoeDequantWeightsSupports(s.w13, ft, N13, H) &&
-                          kc::MoeDequantWeightsSupports(s.w2, ft, H, I);
+  const auto [decode_ok, dequant_ok] = QuantKernelsFor(experts, s, ft);
   if (batch_invariant) {
     // The dequant route keeps a 16-bit copy of every expert in the workspace
     // (DequantLayoutAfter), which a decode-sized call would not otherwise

@@ -35,6 +35,14 @@ namespace kplan {
 kernels::cuda::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dtype,
                                           int64_t numel, int num_experts,
                                           bool batch_invariant = false);
+// What the layer runs for a call of `numel` slots (EnqueueMoeLayer's
+// choice), for GpuLayerExpertsKernel (moe_runner.h) to name.
+GpuLayerFacts GpuLayerFactsOf(const GpuExperts& experts, kernels::DType act_dtype, int64_t numel,
+                              int num_experts, bool batch_invariant);
+// An int8 / int4 set whose weights the decode kernels or the dequant route
+// take with these (bf16 / fp16) activations: kplan's kernels run it at some
+// sizes (GpuExperts::FastPathFor).
+bool IntKernelsApply(const GpuExperts& experts, kernels::DType act_dtype);
 // The stored-form descriptor of a quantised set's w13 or w2.
 kernels::cuda::MoeQuantWeights QuantWeightsOf(const GpuExperts& experts, bool w13);
 // Multiprocessors of `device` (132 when the query fails).

@@ -158,7 +158,7 @@ bool GpuExperts::FastPathFor(kernels::DType act_dtype) const {
   const bool act16 =
       act_dtype == kernels::DType::kBFloat16 || act_dtype == kernels::DType::kFloat16;
   if (spec_.quant.scheme.empty()) return act16 && act_dtype == spec_.dtype;
-  return act16 && Fp8OnTensorCores();
+  return act16 && (Fp8OnTensorCores() || IntKernelsApply(*this, act_dtype));
 }
 
 bool GpuExperts::Fp8OnTensorCores() const {
@@ -439,6 +439,8 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
       KPLAN_RETURN_IF_ERROR(enqueue());
     }
   }
+  out.experts_kernel = std::string(
+      GpuLayerExpertsKernel(GpuLayerFactsOf(experts, in.act_dtype, numel, E, in.batch_invariant)));
   KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   drained = true;
   if (stats != nullptr) {

@@ -73,11 +73,14 @@ class GpuExperts final : public DeviceExperts {
   const float* w2_scale() const { return w2_scale_; }
   const uint8_t* w13_zero() const { return w13_zero_; }
   const uint8_t* w2_zero() const { return w2_zero_; }
-  // True when activations of `act_dtype` run on the fast kplan kernels
-  // (moe_experts.h, wgmma): unquantised bf16 / fp16 weights with activations
-  // in their dtype, and fp8 sets with bf16 / fp16 activations where
-  // Fp8OnTensorCores(); every other combination runs the emulation route
-  // (kernels/cuda/moe/moe_quant_gemm.h: dequantise in the GEMM).
+  // True when activations of `act_dtype` run on kplan's kernels (moe_backend
+  // kplan): unquantised bf16 / fp16 weights with activations in their dtype
+  // (moe_experts.h, wgmma), fp8 sets with bf16 / fp16 activations where
+  // Fp8OnTensorCores(), and int8 / int4 sets with bf16 / fp16 activations
+  // that the decode kernels or the dequant route take (IntKernelsApply);
+  // every other combination runs the emulation route (kernels/cuda/moe/
+  // moe_quant_gemm.h: dequantise in the GEMM). Which kernels run a call
+  // depends on its size too (GpuLayerFactsOf).
   bool FastPathFor(kernels::DType act_dtype) const override;
   // RunMoeOnGpu(*this, input, stream).
   absl::StatusOr<MoeRunOutput> Run(const MoeRunInput& input, void* stream) const override;

@@ -119,6 +119,7 @@ MoeRunOutput Slice(const MoeRunOutput& all, int64_t first, int64_t m) {
   MoeRunOutput out;
   out.num_tokens = m;
   out.top_k = all.top_k;
+  out.experts_kernel = all.experts_kernel;
   const size_t row = all.num_tokens > 0 ? all.output.size() / all.num_tokens : 0;
   out.output = all.output.substr(first * row, m * row);
   const int64_t k = all.top_k;
@@ -380,6 +381,7 @@ void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where)
     timing.device_start = start;
     timing.device_end = end;
     timing.device = end - start;
+    timing.coalesced_requests = static_cast<int>(live.size());
     const int64_t m = TokensOf(g.members[i].input);
     absl::StatusOr<MoeRunOutput> mine = !out.ok() ? absl::StatusOr<MoeRunOutput>(out.status())
                                         : live.size() == 1 ? std::move(out)

@@ -61,6 +61,12 @@ std::string WeightsOf(const ExpertsSpec& spec) {
 
 constexpr absl::string_view kEmulationKernel = "KplanEmulationExperts";
 
+// The executable backend of a kplan experts class: only the emulation runs
+// anything; the rest are kplan's kernels.
+absl::string_view BackendOfKernel(absl::string_view experts_kernel) {
+  return experts_kernel == kEmulationKernel ? "emulation" : "kplan";
+}
+
 // The route deviates from an accepted KPLAN: the candidate says why, and the
 // emulation that runs instead is the accepted one.
 void RunAsEmulation(MoeRoute& r, absl::string_view why) {
@@ -108,6 +114,24 @@ MoeLayerSpec LayerSpecOf(const ExpertsSpec& spec, const MoeRunInput& input,
   return l;
 }
 
+MoeRoute RouteThatRan(const MoeRoute& chosen, absl::string_view ran, int64_t num_tokens) {
+  MoeRoute r = chosen;
+  if (ran.empty() || ran == chosen.experts_kernel) return r;
+  // The oracle's choice for the layer stays, unaccepted, beside the call's.
+  const absl::string_view backend = BackendOfKernel(ran);
+  for (MoeCandidate& c : r.plan.candidates) {
+    if (!c.accepted) continue;
+    c.accepted = false;
+    c.reason = absl::StrCat("accepted for the layer; this call's ", num_tokens, " token",
+                            num_tokens == 1 ? "" : "s", " ran ", ran, " on the GPU");
+  }
+  r.plan.candidates.push_back(
+      {absl::AsciiStrToUpper(backend), std::string(ran), true, std::string()});
+  r.backend = std::string(backend);
+  r.experts_kernel = std::string(ran);
+  return r;
+}
+
 absl::string_view MoeRouteKindName(MoeRouteKind kind) {
   switch (kind) {
     case MoeRouteKind::kGpuFast:
@@ -152,7 +176,7 @@ absl::StatusOr<MoeRoute> ChooseMoeRoute(const ExpertsSpec& spec, const MoeRunInp
       r.kind = MoeRouteKind::kGpuEmulation;
       RunAsEmulation(r, absl::StrCat("the fast kernels do not take ", WeightsOf(spec), " with ",
                                      kernels::DTypeName(input.act_dtype),
-                                     " activations; the GPU emulation route ran"));
+                                     " activations; the GPU emulation route takes it"));
     } else {
       r.kind = MoeRouteKind::kCpuReference;
       RunAsEmulation(r, "the set is not resident on a GPU; the CPU reference ran");

@@ -84,6 +84,9 @@ absl::StatusOr<std::string> NormalizeMoeBackend(absl::string_view moe_backend);
 // Chooses how RunMoE runs `input` on `spec` for `moe_backend` (normalised):
 // PlanMoeLayer on `platform` (the server's own) over `executable_backends`
 // (GetServerInfo's list), then:
+// The route is the layer's: on the GPU the experts class that runs may
+// depend on the call's size (GpuLayerExpertsKernel in moe_runner.h,
+// RouteThatRan).
 //   KPLAN          -> kGpuFast when resident on a GPU with the fast path;
 //                     otherwise the emulation route (on the GPU when resident,
 //                     else the CPU reference), reported as EMULATION with the
@@ -106,6 +109,13 @@ absl::StatusOr<MoeRoute> ChooseMoeRoute(const ExpertsSpec& spec, const MoeRunInp
                                         absl::string_view moe_backend,
                                         const MoeResidency& residency, const Platform& platform,
                                         const std::vector<std::string>& executable_backends);
+
+// The route as one call ran it: `chosen` when `ran` (the experts class the
+// layer reports, MoeRunOutput::experts_kernel) is empty or chosen's own;
+// otherwise backend and experts_kernel are what ran (emulation for
+// KplanEmulationExperts, else kplan), the accepted candidate says why it did
+// not run for these `num_tokens`, and the one that ran follows, accepted.
+MoeRoute RouteThatRan(const MoeRoute& chosen, absl::string_view ran, int64_t num_tokens);
 
 // Routes chosen before, so a RunMoE asks the oracle once per kind of call:
 // per (experts_id, the set's instance, activation dtype, top_k, routing,

@@ -181,4 +181,18 @@ absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunI
   return out;
 }
 
+absl::string_view GpuLayerExpertsKernel(const GpuLayerFacts& f) {
+  using R = kernels::cuda::MoeQuantRoute;
+  if (!f.quantised) return f.fast_path ? "KplanExperts" : "KplanEmulationExperts";
+  switch (f.quant_route) {
+    case R::kDecode:
+      return "KplanQuantDecodeExperts";
+    case R::kDequant:
+      return "KplanDequantExperts";
+    case R::kEmulation:
+      break;
+  }
+  return f.fp8_tensor_cores ? "KplanFp8Experts" : "KplanEmulationExperts";
+}
+
 }  // namespace kplan

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cpu/moe/moe_reference.h"
+#include "kernels/cuda/moe/moe_quant_route.h"
 #include "server/moe/expert_set.h"
 
 namespace kplan {
@@ -77,7 +79,32 @@ struct MoeRunOutput {
   int top_k = 0;
   std::vector<int32_t> topk_ids;
   std::vector<float> topk_weights;
+  // The experts class that ran, where the layer picks it per call (the GPU
+  // layer: GpuLayerExpertsKernel below); "" = the route's own.
+  std::string experts_kernel;
 };
+
+// What the GPU layer (gpu_layer.cc EnqueueMoeLayer) runs for one call, as
+// plain facts: its route depends on the call's slots (M * top_k), so the
+// oracle's layer-level choice names it only for some calls.
+struct GpuLayerFacts {
+  bool quantised = false;  // fp8 / int8 / int4 weights
+  // Unquantised: the wgmma kernels take these activations (FastPathFor).
+  bool fast_path = false;
+  // Quantised: QuantRouteOf for this call's slots (gpu_layer_emulation.h).
+  kernels::cuda::MoeQuantRoute quant_route = kernels::cuda::MoeQuantRoute::kEmulation;
+  // Quantised on kEmulation: the GEMMs are the e4m3 tensor-core ones (fp8
+  // sets with Fp8OnTensorCores and 16-bit activations).
+  bool fp8_tensor_cores = false;
+};
+
+// The experts class (resolve/oracle/experts.cc, kplan's rows) of what the
+// GPU layer runs (here, not in the CUDA files, so that the naming is tested
+// on a CPU): KplanExperts (bf16 / fp16 wgmma kernels), KplanFp8Experts
+// (e4m3 tensor-core GEMMs), KplanDequantExperts (int weights dequantised,
+// then the 16-bit GEMMs), KplanQuantDecodeExperts (the quantised decode
+// kernels) or KplanEmulationExperts (the dequantising GEMM).
+absl::string_view GpuLayerExpertsKernel(const GpuLayerFacts& facts);
 
 // vLLM's RoutingMethodType names this server routes: Default, Renormalize,
 // RenormalizeNaive, Sigmoid, SigmoidRenorm, DeepSeekV3, Llama4, DeepseekV4.

@@ -67,9 +67,15 @@ void Answer(absl::StatusOr<MoeRunOutput> out, const MoeRunTiming& timing, const 
   }
   RunMoeResult result;
   result.output = *std::move(out);
-  result.plan =
-      MakePlan(route.backend, route.experts_kernel, route.plan.prepare_finalize, {where.name},
-               explain ? route.plan.candidates : std::vector<MoeCandidate>{}, "", 0);
+  const auto plan_of = [&](const MoeRoute& r) {
+    return MakePlan(r.backend, r.experts_kernel, r.plan.prepare_finalize, {where.name},
+                    explain ? r.plan.candidates : std::vector<MoeCandidate>{}, "", 0);
+  };
+  // The layer may have picked another experts class for this call's size.
+  const std::string& ran = result.output.experts_kernel;
+  result.plan = ran.empty() || ran == route.experts_kernel
+                    ? plan_of(route)
+                    : plan_of(RouteThatRan(route, ran, result.output.num_tokens));
   done(std::move(result), timing);
 }
 

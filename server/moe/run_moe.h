@@ -104,6 +104,9 @@ struct MoeRunTiming {
   absl::Time queued = absl::InfinitePast();
   absl::Time device_start = absl::InfinitePast();
   absl::Time device_end = absl::InfinitePast();
+  // The requests of the launch it ran in (the coalescer: 1 alone, n > 1
+  // merged); 0 when it did not go through the coalescer.
+  int coalesced_requests = 0;
 };
 
 struct RunMoeResult {

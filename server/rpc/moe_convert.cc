@@ -286,6 +286,7 @@ absl::Status RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timin
   t->set_queued_at_us(since(timing.queued));
   t->set_device_start_at_us(since(timing.device_start));
   t->set_device_end_at_us(since(timing.device_end));
+  t->set_coalesced_requests(timing.coalesced_requests);
   const double encoded = since(absl::Now());
   t->set_encoded_at_us(encoded);
   t->set_total_us(encoded);

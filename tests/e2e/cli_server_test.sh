@@ -62,6 +62,17 @@ grep -q "\[field: parallel.all2all_backend\]" "$work/err.txt"
   --topk-group 4 --e-score-correction-bias >"$work/explain.txt"
 grep -q "chosen: FLASHINFER_TRTLLM" "$work/explain.txt" || { cat "$work/explain.txt"; exit 1; }
 grep -q "accepted" "$work/explain.txt"
+# --json: one document of what the table shows, in resolve --json's names.
+"$bin/kplan" explain --server "$addr" --platform cuda:10.0 --num-experts 256 --experts-per-token 8 \
+  --hidden-size 7168 --intermediate-size 2048 --weight-quant kFp8Static128BlockSym \
+  --activation-quant kFp8Dynamic128Sym --scoring-func sigmoid --renormalize --num-expert-group 8 \
+  --topk-group 4 --e-score-correction-bias --json |
+  /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin); assert sorted(d) == ["moe_plans", "warnings"], d; p = d["moe_plans"][0]; assert p["backend"] == "FLASHINFER_TRTLLM", p; assert any(c["accepted"] for c in p["candidates"]), p'
+# No MoE layer: the same refusal with --json as without.
+rc=0
+"$bin/kplan" explain --offline --json >/dev/null 2>"$work/err.txt" || rc=$?
+[ "$rc" = 2 ] || { echo "explain --json without a layer: expected exit 2, got $rc"; exit 1; }
+grep -q "no MoE layer to explain" "$work/err.txt"
 "$bin/kplan" resolve --offline --platform cuda:9.0 --compare-platform cuda:10.0 --num-experts 8 \
   --experts-per-token 2 --hidden-size 4096 --intermediate-size 14336 --renormalize >"$work/compare.txt"
 # --json: one document with both answers.
@@ -131,7 +142,10 @@ grep -q '"dtype": "bfloat16"' "$work/experts.json" || { cat "$work/experts.json"
 grep -q "^backend: *emulation" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
 grep -q "median of 3 runs" "$work/run.txt"
 grep -q "^candidates (in the order tried):" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
-"$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 4 --json | grep -q '"backend": "emulation"'
+grep -q "^coalesced: *no (coalescing off" "$work/run.txt" || { cat "$work/run.txt"; exit 1; }
+"$bin/kplan" run-moe --server "$addr" --id cli-layer --tokens 4 --json >"$work/run.json"
+grep -q '"backend": "emulation"' "$work/run.json" || { cat "$work/run.json"; exit 1; }
+grep -q '"coalesced_requests": 0' "$work/run.json" || { cat "$work/run.json"; exit 1; }
 "$bin/kplan" run-moe --server "$addr" --id=cli-layer --tokens=4 --experts-per-token 1 \
   --moe_backend emulation --routing Default | grep -q "^backend: *emulation"
 set +e

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cpu/moe/moe_reference.h"
@@ -296,6 +297,15 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   auto again = RunMoeOnGpu(gpu, in, nullptr, {}, &st);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->output, got->output) << label << ": not deterministic";
+  // The answer names the route that ran (RunMoE's plan, GpuLayerExpertsKernel):
+  // the forced emulation is the dequantising or the fp8 tensor-core GEMM.
+  if (M > 0) {
+    EXPECT_THAT(got->experts_kernel, ::testing::StartsWith("Kplan")) << label;
+    if (opt.route == kernels::cuda::MoeQuantRouteMode::kEmulation) {
+      EXPECT_THAT(got->experts_kernel, ::testing::AnyOf("KplanEmulationExperts", "KplanFp8Experts"))
+          << label;
+    }
+  }
 
   // CPU reference on the GPU's routing (routing itself is moe_gpu_test's).
   moe::MoeProblem p;

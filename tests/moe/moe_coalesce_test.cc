@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/float16.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -145,6 +146,7 @@ TEST_F(CoalesceTest, MergedCallsGetTheBitsTheyGetAloneWithCoalescingOff) {
     for (const MoeRunInput& in : inputs) {
       Outcome o = Start(Request(set, in)).get();
       ASSERT_TRUE(o.result.ok()) << o.result.status();
+      EXPECT_EQ(o.timing.coalesced_requests, 0);  // not through the coalescer
       alone.push_back(o.result->output);
     }
     // All at once, coalescing on: the cap is exactly their tokens, so they
@@ -158,6 +160,7 @@ TEST_F(CoalesceTest, MergedCallsGetTheBitsTheyGetAloneWithCoalescingOff) {
       ExpectSameBits(o.result->output, alone[c]);
       EXPECT_EQ(o.result->plan.backend, "emulation");
       EXPECT_EQ(o.timing.device_start, o.timing.device_end - o.timing.device);
+      EXPECT_EQ(o.timing.coalesced_requests, kCallers);
     }
     EXPECT_EQ(coalescer_->launches(), 1);
     EXPECT_EQ(coalescer_->coalesced_launches(), 1);
@@ -183,11 +186,18 @@ TEST_F(CoalesceTest, TheWindowEndsAGroupAndTheCapSplitsOne) {
   Outcome big = out.back().get();
   ASSERT_TRUE(big.result.ok()) << big.result.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));  // did not wait for the window
+  EXPECT_EQ(big.timing.coalesced_requests, 0);       // over the cap: never coalesced
+  // Each answer says how many shared its launch: 4 and 4 for the full one,
+  // 2 and 2 for the window's.
+  std::map<int, int> shared;
   for (auto& f : out) {
     if (f.valid()) {
-      ASSERT_TRUE(f.get().result.ok());
+      Outcome o = f.get();
+      ASSERT_TRUE(o.result.ok());
+      ++shared[o.timing.coalesced_requests];
     }
   }
+  EXPECT_EQ(shared, (std::map<int, int>{{2, 2}, {4, 4}}));
   // 4 went once full, 2 at the window's end.
   EXPECT_GE(absl::Now() - start, absl::Seconds(3));
   EXPECT_EQ(coalescer_->launches(), 2);
@@ -338,6 +348,7 @@ TEST_F(CoalesceTest, CancelledExpiredAndEmptyMembersLeaveTheOthersAlone) {
     Outcome o = next[c].get();
     ASSERT_TRUE(o.result.ok()) << o.result.status();
     ExpectSameBits(o.result->output, alone[c]);
+    EXPECT_EQ(o.timing.coalesced_requests, 2);  // the dropped member is not counted
   }
   EXPECT_EQ(coalescer_->launches(), launches + 1);
   EXPECT_EQ(coalescer_->coalesced_requests(), 8);
@@ -384,6 +395,7 @@ class CoalescerTest : public ::testing::Test {
       o.output = in.hidden_states;
       o.topk_ids.assign(o.num_tokens, 7);
       o.topk_weights.assign(o.num_tokens, 0.5f);
+      o.experts_kernel = absl::StrCat("Kernel", o.num_tokens);  // what a GPU layer reports
       return o;
     };
   }
@@ -504,6 +516,9 @@ TEST_F(CoalescerTest, ASplitGivesEachMemberItsRows) {
     EXPECT_EQ(o.result->output.output,
               std::string(static_cast<size_t>(m * 4), static_cast<char>(m)));
     EXPECT_EQ(o.result->output.topk_ids.size(), static_cast<size_t>(m));
+    // The launch's experts class (of its 6 tokens) and its size reach every member.
+    EXPECT_EQ(o.result->output.experts_kernel, "Kernel6");
+    EXPECT_EQ(o.timing.coalesced_requests, 4);
   }
   EXPECT_EQ((*c)->coalesced_launches(), 1);
   EXPECT_EQ((*c)->coalesced_requests(), 4);

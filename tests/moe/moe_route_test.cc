@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "base/status.h"
+#include "resolve/oracle/experts.h"
 #include "resolve/platform/local.h"
 
 namespace kplan {
@@ -191,12 +192,14 @@ TEST(ChooseMoeRouteTest, AutoPicksKplanOnSm90ForBf16AndFp8) {
        {Spec(), Fp8("fp8_block"), Fp8("fp8_per_tensor"), Fp8("fp8_per_channel")}) {
     absl::StatusOr<MoeRoute> r = ChooseMoeRoute(spec, Input(), "auto", kFastGpu, Sm90(), kGpuRuns);
     ASSERT_TRUE(r.ok()) << r.status();
+    // bf16 weights: the wgmma kernels; fp8: the e4m3 tensor-core GEMMs.
+    const char* kernel = spec.quant.scheme.empty() ? "KplanExperts" : "KplanFp8Experts";
     EXPECT_EQ(r->plan.backend, "KPLAN") << spec.quant.scheme << "\n" << Explain(r);
-    EXPECT_EQ(r->plan.experts_kernel, "KplanExperts");
+    EXPECT_EQ(r->plan.experts_kernel, kernel);
     EXPECT_TRUE(r->plan.executable);
     EXPECT_EQ(r->kind, MoeRouteKind::kGpuFast);
     EXPECT_EQ(r->backend, "kplan");
-    EXPECT_EQ(r->experts_kernel, "KplanExperts");
+    EXPECT_EQ(r->experts_kernel, kernel);
     EXPECT_EQ(r->plan.prepare_finalize, "MoEPrepareAndFinalizeNoDPEPModular");
     // No vLLM backend was ever tried.
     for (const MoeCandidate& c : r->plan.candidates) EXPECT_THAT(c.backend, HasSubstr("KPLAN"));
@@ -216,17 +219,59 @@ TEST(ChooseMoeRouteTest, EveryActivationTakesTheFastKernels) {
   }
 }
 
+// int8 / int4 sets with 16-bit activations take kplan's int kernels (the
+// dequant route; the decode kernels are the per-call alternative), ahead of
+// the EMULATION member that vLLM's wna16 list puts first.
+TEST(ChooseMoeRouteTest, AutoPicksKplanForIntSetsOnTheGpu) {
+  for (ExpertsSpec spec : {IntGroup("int4_group", 128, false), IntGroup("int4_group", 32, true),
+                           IntGroup("int8_group", 64, false)}) {
+    absl::StatusOr<MoeRoute> r = ChooseMoeRoute(spec, Input(), "auto", kFastGpu, Sm90(), kGpuRuns);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->plan.scheme, "wna16");
+    EXPECT_EQ(r->plan.backend, "KPLAN") << spec.quant.scheme << "\n" << Explain(r);
+    EXPECT_EQ(r->plan.experts_kernel, "KplanDequantExperts");
+    EXPECT_TRUE(r->plan.executable);
+    EXPECT_EQ(r->kind, MoeRouteKind::kGpuFast);
+    EXPECT_EQ(r->backend, "kplan");
+    ASSERT_EQ(r->plan.candidates.size(), 1u) << Explain(r);
+    EXPECT_TRUE(r->plan.candidates[0].accepted);
+  }
+  // The planning half keeps vLLM's order on the same platform: MARLIN.
+  absl::StatusOr<MoePlan> planned =
+      PlanMoeLayer(LayerOf(IntGroup("int4_group", 128, false)), "auto", {}, Sm90(), {});
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_EQ(planned->backend, "MARLIN");
+}
+
 TEST(ChooseMoeRouteTest, AutoPicksEmulationForInt4AndFp32WithReasons) {
+  // The int kernels do not take this set (kSlowGpu): the oracle's KPLAN runs
+  // as the emulation, and says why.
   absl::StatusOr<MoeRoute> int4 = ChooseMoeRoute(IntGroup("int4_group", 128, false), Input(),
                                                  "auto", kSlowGpu, Sm90(), kGpuRuns);
   ASSERT_TRUE(int4.ok()) << int4.status();
   EXPECT_EQ(int4->plan.scheme, "wna16");
-  EXPECT_EQ(int4->plan.backend, "EMULATION") << Explain(int4);
-  EXPECT_EQ(int4->plan.experts_kernel, "KplanEmulationExperts");
+  EXPECT_EQ(int4->plan.backend, "KPLAN") << Explain(int4);
+  EXPECT_EQ(int4->backend, "emulation");
+  EXPECT_EQ(int4->experts_kernel, "KplanEmulationExperts");
   EXPECT_EQ(int4->kind, MoeRouteKind::kGpuEmulation);
-  // vLLM's WNA16EmulationExperts shares the EMULATION member but never runs here.
-  ASSERT_EQ(int4->plan.candidates.size(), 1u) << Explain(int4);
-  EXPECT_TRUE(int4->plan.candidates[0].accepted);
+  ASSERT_EQ(int4->plan.candidates.size(), 2u) << Explain(int4);
+  EXPECT_FALSE(int4->plan.candidates[0].accepted);
+  EXPECT_THAT(int4->plan.candidates[0].reason, HasSubstr("int4_group weights"));
+  EXPECT_TRUE(int4->plan.candidates[1].accepted);
+  // fp32 activations: KplanDequantExperts refuses them; vLLM's
+  // WNA16EmulationExperts shares the EMULATION member but never runs here.
+  absl::StatusOr<MoeRoute> int4_fp32 =
+      ChooseMoeRoute(IntGroup("int4_group", 128, false), Input(kernels::DType::kFloat32), "auto",
+                     kSlowGpu, Sm90(), kGpuRuns);
+  ASSERT_TRUE(int4_fp32.ok()) << int4_fp32.status();
+  EXPECT_EQ(int4_fp32->plan.backend, "EMULATION") << Explain(int4_fp32);
+  EXPECT_EQ(int4_fp32->plan.experts_kernel, "KplanEmulationExperts");
+  ASSERT_EQ(int4_fp32->plan.candidates.size(), 3u) << Explain(int4_fp32);
+  EXPECT_EQ(int4_fp32->plan.candidates[0].experts_kernel, "KplanDequantExperts");
+  EXPECT_FALSE(int4_fp32->plan.candidates[0].accepted);
+  EXPECT_EQ(int4_fp32->plan.candidates[1].experts_kernel, "KplanQuantDecodeExperts");
+  EXPECT_FALSE(int4_fp32->plan.candidates[1].accepted);
+  EXPECT_TRUE(int4_fp32->plan.candidates[2].accepted);
 
   absl::StatusOr<MoeRoute> fp32 =
       ChooseMoeRoute(Spec(), Input(kernels::DType::kFloat32), "auto", kSlowGpu, Sm90(), kGpuRuns);
@@ -272,12 +317,25 @@ TEST(ChooseMoeRouteTest, ExplicitVllmBackendFailsNamingTheField) {
 }
 
 TEST(ChooseMoeRouteTest, ExplicitBackendTheSetRulesOutKeepsVllmsText) {
-  // WNA16 has no kplan member: vLLM's map error, as FAILED_PRECONDITION.
-  absl::StatusOr<MoeRoute> int4 = ChooseMoeRoute(IntGroup("int4_group", 128, false), Input(),
-                                                 "kplan", kSlowGpu, Sm90(), kGpuRuns);
+  // Int8 (W8A8) has no kplan member: vLLM's map error, as FAILED_PRECONDITION.
+  MoeLayerSpec l = LayerOf(Spec());
+  l.weight_quant = "kInt8StaticChannelSym";
+  l.activation_quant = "kInt8DynamicTokenSym";
+  PlanOptions runs;
+  runs.executable_backends = kGpuRuns;
+  absl::StatusOr<MoePlan> int8 = PlanMoeLayer(l, "kplan", {}, Sm90(), {}, runs);
+  EXPECT_EQ(int8.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(int8.status().message(),
+              HasSubstr("moe_backend='kplan' is not supported for Int8 MoE. Expected one of"));
+  EXPECT_EQ(FieldOf(int8.status()).value_or(""), "moe_backend");
+  // WNA16's KPLAN takes 16-bit activations only.
+  absl::StatusOr<MoeRoute> int4 =
+      ChooseMoeRoute(IntGroup("int4_group", 128, false), Input(kernels::DType::kFloat32), "kplan",
+                     kSlowGpu, Sm90(), kGpuRuns);
   EXPECT_EQ(int4.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(int4.status().message(),
-              HasSubstr("moe_backend='kplan' is not supported for WNA16 MoE. Expected one of"));
+  EXPECT_EQ(int4.status().message(),
+            "WNA16 MoE backend KPLAN does not support the deployment configuration since "
+            "kernel does not support torch.float32 input/output dtype.");
   EXPECT_EQ(FieldOf(int4.status()).value_or(""), "moe_backend");
   // KplanExperts rejects fp32 activations: _return_or_raise's text.
   absl::StatusOr<MoeRoute> fp32 =
@@ -352,6 +410,104 @@ TEST(NormalizeMoeBackendTest, AsKernelConfigNormalisesIt) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("literal_error"));
   EXPECT_EQ(FieldOf(bad.status()).value_or(""), "moe_backend");
+}
+
+// --- what ran for one call --------------------------------------------------------------
+
+TEST(GpuLayerExpertsKernelTest, NamesEachRouteOfTheLayer) {
+  using R = kernels::cuda::MoeQuantRoute;
+  const auto name = [](bool quantised, bool fast, R route, bool fp8_tc) {
+    return std::string(GpuLayerExpertsKernel({quantised, fast, route, fp8_tc}));
+  };
+  EXPECT_EQ(name(false, true, R::kEmulation, false), "KplanExperts");
+  EXPECT_EQ(name(false, false, R::kEmulation, false), "KplanEmulationExperts");
+  EXPECT_EQ(name(true, false, R::kDecode, false), "KplanQuantDecodeExperts");
+  EXPECT_EQ(name(true, false, R::kDecode, true), "KplanQuantDecodeExperts");  // forced decode
+  EXPECT_EQ(name(true, false, R::kDequant, false), "KplanDequantExperts");
+  EXPECT_EQ(name(true, false, R::kEmulation, true), "KplanFp8Experts");
+  EXPECT_EQ(name(true, false, R::kEmulation, false), "KplanEmulationExperts");
+  // Every name is a kplan experts class of the oracle, executable here.
+  for (R route : {R::kEmulation, R::kDecode, R::kDequant}) {
+    for (int bits = 0; bits < 8; ++bits) {
+      const std::string n = name(bits & 1, bits & 2, route, bits & 4);
+      const ExpertsClass* e = FindExpertsClass(n);
+      ASSERT_NE(e, nullptr) << n;
+      EXPECT_TRUE(e->kplan_executable) << n;
+    }
+  }
+}
+
+// The decode sizes of moe_quant_route.h pick the decode kernels and larger
+// batches the dequant route: the name follows the call's slots.
+TEST(GpuLayerExpertsKernelTest, FollowsTheSlotsOfTheCall) {
+  using kernels::cuda::MoeQuantRouteFor;
+  using kernels::cuda::MoeQuantRouteMode;
+  const auto int_set = [](int64_t slots) {
+    GpuLayerFacts f;
+    f.quantised = true;
+    f.quant_route = MoeQuantRouteFor(/*decode_ok=*/true, /*dequant_ok=*/true, /*fp8_tc=*/false,
+                                     slots, kExperts, MoeQuantRouteMode::kAuto);
+    return std::string(GpuLayerExpertsKernel(f));
+  };
+  EXPECT_EQ(int_set(2 * 2), "KplanQuantDecodeExperts");
+  EXPECT_EQ(int_set(512 * 2), "KplanDequantExperts");
+}
+
+MoeRoute Chosen(const ExpertsSpec& spec, const MoeResidency& residency) {
+  absl::StatusOr<MoeRoute> r = ChooseMoeRoute(spec, Input(), "auto", residency, Sm90(), kGpuRuns);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : MoeRoute{};
+}
+
+TEST(RouteThatRanTest, TheRoutesOwnKernelKeepsTheRoute) {
+  const MoeRoute chosen = Chosen(IntGroup("int4_group", 128, false), kFastGpu);
+  for (const char* ran : {"", "KplanDequantExperts"}) {
+    const MoeRoute r = RouteThatRan(chosen, ran, kTokens);
+    EXPECT_EQ(r.backend, "kplan");
+    EXPECT_EQ(r.experts_kernel, "KplanDequantExperts");
+    EXPECT_EQ(r.plan.candidates.size(), chosen.plan.candidates.size());
+  }
+}
+
+TEST(RouteThatRanTest, ADecodeSizedCallNamesTheDecodeKernels) {
+  const MoeRoute chosen = Chosen(IntGroup("int4_group", 128, false), kFastGpu);
+  const MoeRoute r = RouteThatRan(chosen, "KplanQuantDecodeExperts", 1);
+  EXPECT_EQ(r.backend, "kplan");
+  EXPECT_EQ(r.experts_kernel, "KplanQuantDecodeExperts");
+  EXPECT_EQ(r.plan.experts_kernel, "KplanDequantExperts");  // the oracle's, for the layer
+  ASSERT_EQ(r.plan.candidates.size(), chosen.plan.candidates.size() + 1);
+  int accepted = 0;
+  for (const MoeCandidate& c : r.plan.candidates) accepted += c.accepted;
+  EXPECT_EQ(accepted, 1);
+  const MoeCandidate& layer = r.plan.candidates.front();
+  EXPECT_EQ(layer.experts_kernel, "KplanDequantExperts");
+  EXPECT_FALSE(layer.accepted);
+  EXPECT_EQ(layer.reason,
+            "accepted for the layer; this call's 1 token ran KplanQuantDecodeExperts on the GPU");
+  EXPECT_EQ(r.plan.candidates.back().backend, "KPLAN");
+  EXPECT_EQ(r.plan.candidates.back().experts_kernel, "KplanQuantDecodeExperts");
+  EXPECT_TRUE(r.plan.candidates.back().accepted);
+}
+
+TEST(RouteThatRanTest, KernelsEitherWayOfTheEmulation) {
+  // fp8 blocks of 64 x 128: no tensor-core GEMMs, so the route is the
+  // emulation; at decode sizes the decode kernels take it after all.
+  ExpertsSpec blocks = Fp8("fp8_block");
+  blocks.quant.block_n = 64;
+  const MoeRoute emulation = Chosen(blocks, kSlowGpu);
+  ASSERT_EQ(emulation.backend, "emulation");
+  const MoeRoute decode = RouteThatRan(emulation, "KplanQuantDecodeExperts", kTokens);
+  EXPECT_EQ(decode.backend, "kplan");
+  EXPECT_EQ(decode.experts_kernel, "KplanQuantDecodeExperts");
+  EXPECT_THAT(decode.plan.candidates[decode.plan.candidates.size() - 2].reason,
+              HasSubstr("this call's 2 tokens ran KplanQuantDecodeExperts"));
+  // A kplan route whose call ran the dequantising GEMM reports the emulation.
+  const MoeRoute fp8 = Chosen(Fp8("fp8_per_tensor"), kFastGpu);
+  ASSERT_EQ(fp8.experts_kernel, "KplanFp8Experts");
+  const MoeRoute gemm = RouteThatRan(fp8, "KplanEmulationExperts", kTokens);
+  EXPECT_EQ(gemm.backend, "emulation");
+  EXPECT_EQ(gemm.plan.candidates.back().backend, "EMULATION");
+  EXPECT_TRUE(gemm.plan.candidates.back().accepted);
 }
 
 }  // namespace

@@ -625,7 +625,7 @@ TEST(UserStringTest, MappingTable) {
       {"hpc", "", "HPC", "", "", "", "", ""},
       {"emulation", "EMULATION", "EMULATION", "", "EMULATION", "EMULATION", "EMULATION",
        "EMULATION"},
-      {"kplan", "KPLAN", "KPLAN", "", "", "", "", ""},
+      {"kplan", "KPLAN", "KPLAN", "", "", "", "", "KPLAN"},
       {"kplan_batched", "KPLAN_BATCHED", "KPLAN_BATCHED", "", "", "", "", ""},
       {"kplan_ep", "KPLAN_EP", "KPLAN_EP", "", "", "", "", ""},
   };

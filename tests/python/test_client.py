@@ -130,6 +130,7 @@ class PythonClientTest(unittest.TestCase):
         logits = rng.normal(0, 1, (m, e)).astype(np.float32)
         out, resp = self.client.run_moe("py-layer", x, logits, top_k=k, return_plan=True)
         self.assertEqual(resp.plan.backend, "emulation")
+        self.assertEqual(resp.timing.coalesced_requests, 0)  # the test server does not coalesce
         ref = moe_reference(x, logits, w13, w2, k)
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
         self.assertTrue(out.flags.writeable)

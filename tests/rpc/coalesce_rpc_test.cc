@@ -166,9 +166,11 @@ TEST_P(CoalesceRpcTest, ConcurrentCallersGetTheirLoneAnswersFromOneLaunch) {
     for (const v1::RunMoERequest& r : requests) {
       absl::StatusOr<v1::RunMoEResponse> a = client->RunMoE(r);
       ASSERT_TRUE(a.ok()) << a.status();
+      EXPECT_EQ(a->timing().coalesced_requests(), 1);  // through the coalescer, alone
       alone.push_back(*std::move(a));
       absl::StatusOr<v1::RunMoEResponse> o = off_.client->RunMoE(r);
       ASSERT_TRUE(o.ok()) << o.status();
+      EXPECT_EQ(o->timing().coalesced_requests(), 0);  // coalescing off
       off.push_back(*std::move(o));
     }
   }
@@ -212,6 +214,7 @@ TEST_P(CoalesceRpcTest, ConcurrentCallersGetTheirLoneAnswersFromOneLaunch) {
     // Shared by the launch's members; the caller's own wait, which went
     // once the launch was full, before the window's end.
     EXPECT_EQ(got.timing().device_us(), merged[0]->timing().device_us());
+    EXPECT_EQ(got.timing().coalesced_requests(), kCallers);
     EXPECT_LT(got.timing().queue_us(), absl::ToDoubleMicroseconds(kWindow));
     std::printf("caller %d: queue %.0f us, device %.0f us, total %.0f us\n", c,
                 got.timing().queue_us(), got.timing().device_us(), got.timing().total_us());

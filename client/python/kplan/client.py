@@ -438,7 +438,9 @@ class Client:
         topk_ids/topk_weights [M, k]. ``all2all_backend`` picks the dispatch on a
         server with an expert-parallel group. Returns the output as a writable
         numpy array (float32 for bfloat16), or (output, response) with
-        ``return_plan``. Any input may be a kplan.shm.ShmTensor (sent by
+        ``return_plan``: response.plan says what ran (backend, experts_kernel,
+        devices), response.timing how long and whether the call shared a
+        coalesced launch (timing.coalesced_requests). Any input may be a kplan.shm.ShmTensor (sent by
         reference), and ``output`` one too: the server writes the output there
         and its view is returned."""
         def arg(value: Any, np_dtype: Any = None, wire: Optional[str] = None) -> Any:

@@ -266,7 +266,8 @@ class MoEExecution(_message.Message):
     def __init__(self, backend: _Optional[str] = ..., experts_kernel: _Optional[str] = ..., dispatch: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., all2all_backend: _Optional[str] = ..., ep_size: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[_plan_pb2.MoECandidate, _Mapping]]] = ...) -> None: ...
 
 class MoETiming(_message.Message):
-    __slots__ = ["decoded_at_us", "device_end_at_us", "device_start_at_us", "device_us", "encoded_at_us", "queue_us", "queued_at_us", "total_us"]
+    __slots__ = ["coalesced_requests", "decoded_at_us", "device_end_at_us", "device_start_at_us", "device_us", "encoded_at_us", "queue_us", "queued_at_us", "total_us"]
+    COALESCED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     DECODED_AT_US_FIELD_NUMBER: _ClassVar[int]
     DEVICE_END_AT_US_FIELD_NUMBER: _ClassVar[int]
     DEVICE_START_AT_US_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +276,7 @@ class MoETiming(_message.Message):
     QUEUED_AT_US_FIELD_NUMBER: _ClassVar[int]
     QUEUE_US_FIELD_NUMBER: _ClassVar[int]
     TOTAL_US_FIELD_NUMBER: _ClassVar[int]
+    coalesced_requests: int
     decoded_at_us: float
     device_end_at_us: float
     device_start_at_us: float
@@ -283,7 +285,7 @@ class MoETiming(_message.Message):
     queue_us: float
     queued_at_us: float
     total_us: float
-    def __init__(self, queue_us: _Optional[float] = ..., device_us: _Optional[float] = ..., total_us: _Optional[float] = ..., decoded_at_us: _Optional[float] = ..., queued_at_us: _Optional[float] = ..., device_start_at_us: _Optional[float] = ..., device_end_at_us: _Optional[float] = ..., encoded_at_us: _Optional[float] = ...) -> None: ...
+    def __init__(self, queue_us: _Optional[float] = ..., device_us: _Optional[float] = ..., total_us: _Optional[float] = ..., decoded_at_us: _Optional[float] = ..., queued_at_us: _Optional[float] = ..., device_start_at_us: _Optional[float] = ..., device_end_at_us: _Optional[float] = ..., encoded_at_us: _Optional[float] = ..., coalesced_requests: _Optional[int] = ...) -> None: ...
 
 class NamedTensor(_message.Message):
     __slots__ = ["name", "tensor"]
