@@ -13,8 +13,11 @@
 //               through kplan::Client, 1 token of a Qwen3-shaped layer
 //               (E=128 k=8 H=2048; I=16 so the CPU set stays small).
 // Rounds alternate the cases, so a noisy host spreads its noise over all.
+// Abseil's mutex deadlock detection is off, as in kplan-server and
+// kplan_perf (--deadlock_detection 1: on, Debian's default).
 //   rpc_floor_bench [--calls 2000] [--rounds 5] [--transport unix,tcp]
-//                   [--process same,separate] [--json F] [--csv F]
+//                   [--process same,separate] [--deadlock_detection 0]
+//                   [--json F] [--csv F]
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -38,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "client/cpp/client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/rpc/server.h"
@@ -91,8 +95,8 @@ bool StartServers(const std::string& transport, Servers& s) {
   // built after it; the bare ones bring theirs.
   grpc::EnableDefaultHealthCheckService(false);
   int i = 0;
-  for (grpc::Service* service :
-       {static_cast<grpc::Service*>(&s.callback_health), static_cast<grpc::Service*>(&s.sync_health)}) {
+  for (grpc::Service* service : {static_cast<grpc::Service*>(&s.callback_health),
+                                 static_cast<grpc::Service*>(&s.sync_health)}) {
     const std::string listen = Listen(transport, i == 0 ? "bare" : "sync");
     if (transport == "unix") unlink(listen.c_str() + 5);
     grpc::ServerBuilder builder;
@@ -119,7 +123,7 @@ bool StartServers(const std::string& transport, Servers& s) {
 
 struct Row {
   std::string transport, process, name;
-  std::vector<double> p50s, p90s;  // one per round
+  std::vector<double> p50s, p90s;               // one per round
   double client_cpu_ns = 0, server_cpu_ns = 0;  // all rounds
   int64_t calls = 0;
 };
@@ -230,9 +234,9 @@ int Measure(const std::string& transport, const std::string& process, const std:
           std::fprintf(stderr, "%s: %s failed\n", transport.c_str(), cases[i].name);
           return 1;
         }
-        us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() -
-                                                               start)
-                         .count());
+        us.push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                .count());
       }
       if (round < 0) continue;
       rows[first + i].client_cpu_ns += SelfCpuNs() - client_before;
@@ -266,6 +270,7 @@ int Measure(const std::string& transport, const std::string& process, const std:
 }  // namespace
 
 int main(int argc, char** argv) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   int calls = 2000, rounds = 5;
   std::vector<std::string> transports = {"unix", "tcp"}, processes = {"same", "separate"};
   std::string json, csv;
@@ -273,10 +278,19 @@ int main(int argc, char** argv) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--calls" && absl::SimpleAtoi(value, &calls) && calls > 0) continue;
     if (flag == "--rounds" && absl::SimpleAtoi(value, &rounds) && rounds > 0) continue;
-    if (flag == "--transport") transports = absl::StrSplit(value, ',');
-    else if (flag == "--process") processes = absl::StrSplit(value, ',');
-    else if (flag == "--json") json = value;
-    else if (flag == "--csv") csv = value;
+    if (flag == "--deadlock_detection") {
+      absl::SetMutexDeadlockDetectionMode(value == "1" ? absl::OnDeadlockCycle::kAbort
+                                                       : absl::OnDeadlockCycle::kIgnore);
+      continue;
+    }
+    if (flag == "--transport")
+      transports = absl::StrSplit(value, ',');
+    else if (flag == "--process")
+      processes = absl::StrSplit(value, ',');
+    else if (flag == "--json")
+      json = value;
+    else if (flag == "--csv")
+      csv = value;
     else {
       std::fprintf(stderr, "bad flag %s %s\n", flag.c_str(), value.c_str());
       return 2;
@@ -299,7 +313,6 @@ int main(int argc, char** argv) {
       }
       close(fds[1]);
       children.emplace_back(pid, fds[0]);
-
     }
   }
   for (auto& [pid, fd] : children) {
@@ -339,7 +352,7 @@ int main(int argc, char** argv) {
   };
   auto out_of = [](const Row& r) {
     const double n = static_cast<double>(std::max<int64_t>(r.calls, 1));
-    return Out{Percentile(r.p50s, 0),   Percentile(r.p50s, 0.5),    Percentile(r.p50s, 1),
+    return Out{Percentile(r.p50s, 0),   Percentile(r.p50s, 0.5),   Percentile(r.p50s, 1),
                Percentile(r.p90s, 0.5), r.client_cpu_ns / n / 1e3, r.server_cpu_ns / n / 1e3};
   };
   std::printf("%-9s %-9s %-10s %9s %9s %9s %9s %10s %10s\n", "transport", "process", "case",
@@ -347,8 +360,8 @@ int main(int argc, char** argv) {
   for (const Row& r : rows) {
     const Out o = out_of(r);
     std::printf("%-9s %-9s %-10s %9.1f %9.1f %9.1f %9.1f %10.1f %10.1f\n", r.transport.c_str(),
-                r.process.c_str(), r.name.c_str(), o.p50_min, o.p50_median, o.p50_max,
-                o.p90_median, o.client_cpu, o.server_cpu);
+                r.process.c_str(), r.name.c_str(), o.p50_min, o.p50_median, o.p50_max, o.p90_median,
+                o.client_cpu, o.server_cpu);
   }
   std::printf(
       "# cpu: us of CPU per call, all threads of the process (same: both sides in 'client')\n");
