@@ -16,7 +16,8 @@
 // Abseil's mutex deadlock detection is off, as in kplan-server and
 // kplan_perf (--deadlock_detection 1: on, Debian's default).
 //   rpc_floor_bench [--calls 2000] [--rounds 5] [--transport unix,tcp]
-//                   [--process same,separate] [--deadlock_detection 0]
+//                   [--process same,separate] [--cases grpc,...,skip]
+//                   [--deadlock_detection 0]
 //                   [--json F] [--csv F]
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -90,10 +91,10 @@ std::string Target(const std::string& listen, int port) {
   return listen.rfind("unix:", 0) == 0 ? listen : absl::StrCat("127.0.0.1:", port);
 }
 
-bool StartServers(const std::string& transport, Servers& s) {
-  // KplanServer::Start turns gRPC's own health service on for every server
-  // built after it; the bare ones bring theirs.
-  grpc::EnableDefaultHealthCheckService(false);
+// The bare servers of `transport`: built before any KplanServer::Start in
+// this process, which turns on gRPC's reflection for every server built
+// after it (and its default health service, which the bare ones replace).
+bool StartBare(const std::string& transport, Servers& s) {
   int i = 0;
   for (grpc::Service* service : {static_cast<grpc::Service*>(&s.callback_health),
                                  static_cast<grpc::Service*>(&s.sync_health)}) {
@@ -107,6 +108,10 @@ bool StartServers(const std::string& transport, Servers& s) {
     if ((i == 0 ? s.bare : s.bare_sync) == nullptr) return false;
     s.targets[i++] = Target(listen, port);
   }
+  return true;
+}
+
+bool StartKplan(const std::string& transport, Servers& s) {
   kplan::rpc::ServerOptions options;
   options.listen_address = Listen(transport, "kplan");
   options.devices = "none";
@@ -167,7 +172,8 @@ struct Case {
 // `server`: where the servers run (this process: its CPU time is then all
 // in the client's column).
 int Measure(const std::string& transport, const std::string& process, const std::string* targets,
-            const ServerProcess& server, int calls, int rounds, std::vector<Row>& rows) {
+            const ServerProcess& server, int calls, int rounds,
+            const std::vector<std::string>& only, std::vector<Row>& rows) {
   auto bare = Health::NewStub(grpc::CreateChannel(targets[0], grpc::InsecureChannelCredentials()));
   auto bare_sync =
       Health::NewStub(grpc::CreateChannel(targets[1], grpc::InsecureChannelCredentials()));
@@ -221,6 +227,11 @@ int Measure(const std::string& transport, const std::string& process, const std:
       {"null", [&] { return client->GetServerInfo().ok(); }},
       {"skip", [&] { return client->RunMoE(request).ok(); }},
   };
+  if (!only.empty()) {
+    std::erase_if(cases, [&](const Case& c) {
+      return std::find(only.begin(), only.end(), c.name) == only.end();
+    });
+  }
   const size_t first = rows.size();
   for (const Case& c : cases) rows.push_back({transport, process, c.name, {}, {}});
   for (int round = -1; round < rounds; ++round) {  // round -1 warms up
@@ -253,7 +264,7 @@ int Measure(const std::string& transport, const std::string& process, const std:
 // The child of --process separate: serves until its parent closes `fd`.
 [[noreturn]] void ServeForParent(const std::string& transport, int fd) {
   Servers s;
-  if (!StartServers(transport, s)) _exit(1);
+  if (!StartBare(transport, s) || !StartKplan(transport, s)) _exit(1);
   std::string line = absl::StrCat(s.targets[0], " ", s.targets[1], " ", s.targets[2], "\n");
   if (write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(1);
   char c;
@@ -274,6 +285,7 @@ int main(int argc, char** argv) {
   int calls = 2000, rounds = 5;
   std::vector<std::string> transports = {"unix", "tcp"}, processes = {"same", "separate"};
   std::string json, csv;
+  std::vector<std::string> only;  // --cases: these alone
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--calls" && absl::SimpleAtoi(value, &calls) && calls > 0) continue;
@@ -287,6 +299,8 @@ int main(int argc, char** argv) {
       transports = absl::StrSplit(value, ',');
     else if (flag == "--process")
       processes = absl::StrSplit(value, ',');
+    else if (flag == "--cases")
+      only = absl::StrSplit(value, ',');
     else if (flag == "--json")
       json = value;
     else if (flag == "--csv")
@@ -325,9 +339,17 @@ int main(int argc, char** argv) {
               calls, rounds);
   std::vector<Row> rows;
   size_t child = 0;
+  std::vector<std::unique_ptr<Servers>> local;  // "same": every transport's bare servers first
   for (const std::string& p : processes) {
+    if (p != "same" || !local.empty()) continue;
     for (const std::string& t : transports) {
-      Servers local;
+      local.push_back(std::make_unique<Servers>());
+      if (!StartBare(t, *local.back())) return 1;
+    }
+  }
+  for (const std::string& p : processes) {
+    for (size_t ti = 0; ti < transports.size(); ++ti) {
+      const std::string& t = transports[ti];
       std::string targets[3];
       ServerProcess server;
       if (p == "separate") {
@@ -336,11 +358,12 @@ int main(int argc, char** argv) {
         if (parts.size() != 3) return 1;
         for (int i = 0; i < 3; ++i) targets[i] = parts[i];
       } else {
-        if (!StartServers(t, local)) return 1;
-        for (int i = 0; i < 3; ++i) targets[i] = local.targets[i];
+        Servers& here = *local[ti];
+        if (!StartKplan(t, here)) return 1;
+        for (int i = 0; i < 3; ++i) targets[i] = here.targets[i];
       }
-      if (Measure(t, p, targets, server, calls, rounds, rows) != 0) return 1;
-      if (local.kplan) local.kplan->Shutdown(absl::Seconds(1));
+      if (Measure(t, p, targets, server, calls, rounds, only, rows) != 0) return 1;
+      if (p == "same") local[ti]->kplan->Shutdown(absl::Seconds(1));
     }
   }
   for (auto& [pid, fd] : children) {
