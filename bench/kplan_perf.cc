@@ -42,6 +42,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/float16.h"
 #include "client/cpp/client.h"
@@ -366,6 +367,7 @@ int main(int argc, char** argv) {
       "  kplan_perf --server unix:/tmp/kplan.sock --concurrency 1,16,64 --tokens 1 "
       "--json perf.json");
   absl::ParseCommandLine(argc, argv);
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);  // as kplan-server
   const std::string server = absl::GetFlag(FLAGS_server);
   const std::vector<int> concurrency = IntList(absl::GetFlag(FLAGS_concurrency), "concurrency");
   const std::vector<int> tokens = IntList(absl::GetFlag(FLAGS_tokens), "tokens");

@@ -553,6 +553,10 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   run_env.routes = env_.routes;
   run_env.inline_gpu = env_.inline_runs;
   run_env.cuda_graphs = env_.cuda_graphs;
+  // A skip_device call does no work on the CPU either: on the gRPC thread, as
+  // on an idle GPU, so that the CPU path's service floor has no hop the GPU's
+  // lacks. A real CPU run (milliseconds) keeps to the worker.
+  run_env.inline_cpu = env_.inline_runs && request->skip_device();
   run_env.coalescer = env_.coalescer;
   RunMoeCall hooks;
   hooks.deadline = call->deadline();

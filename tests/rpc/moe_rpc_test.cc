@@ -522,6 +522,9 @@ TEST_F(MoeRpcTest, SkipDeviceOnlyWhenTheServerAllowsIt) {
   EXPECT_EQ(run->output().data(), std::string(3 * kH * 4, '\0'));
   EXPECT_GT(run->timing().device_start_at_us(), 0);
   EXPECT_LE(run->timing().device_end_at_us(), run->timing().total_us());
+  // On the gRPC thread (--inline_runs), as it would on an idle GPU.
+  DeviceExecutor& executor = *server->environment().executor;
+  EXPECT_EQ(executor.inline_runs(), 1);
   // Its input is still checked.
   req.mutable_hidden_states()->set_shape(1, kH + 1);
   EXPECT_EQ(client->RunMoE(req).status().code(), absl::StatusCode::kInvalidArgument);
@@ -530,6 +533,7 @@ TEST_F(MoeRpcTest, SkipDeviceOnlyWhenTheServerAllowsIt) {
   absl::StatusOr<v1::RunMoEResponse> real = client->RunMoE(req);
   ASSERT_TRUE(real.ok()) << real.status();
   EXPECT_NE(real->output().data(), std::string(3 * kH * 4, '\0'));
+  EXPECT_EQ(executor.inline_runs(), 1);  // the CPU reference runs on the worker
   // The hops of the two that ran, in the histograms.
   const std::string page = server->metrics()->Render();
   for (const char* hop : {"decode", "route", "queue", "device", "encode", "serialize"}) {

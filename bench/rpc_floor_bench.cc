@@ -1,0 +1,421 @@
+// The service floor against gRPC's own: sequential unary calls, one at a
+// time, on one channel, over a Unix socket and TCP loopback, with the
+// servers in this process or in a child process (as a client and
+// kplan-server would be). Per transport and case it prints the range of the
+// per-round medians (p50) and the median p90:
+//   grpc        a bare gRPC server (callback API, as kplan's) with a trivial
+//               grpc.health.v1 Check, a plain stub: gRPC's floor here;
+//   grpc_sync   the same on gRPC's synchronous server API;
+//   health      kplan-server's own health service (the same server, channel
+//               arguments and threads as kplan's methods), a plain stub;
+//   null        GetServerInfo through kplan::Client;
+//   skip        RunMoE with skip_device (the whole path without the layer)
+//               through kplan::Client, 1 token of a Qwen3-shaped layer
+//               (E=128 k=8 H=2048; I=16 so the CPU set stays small).
+// Rounds alternate the cases, so a noisy host spreads its noise over all.
+// Abseil's mutex deadlock detection is off, as in kplan-server and
+// kplan_perf (--deadlock_detection 1: on, Debian's default).
+//   rpc_floor_bench [--calls 2000] [--rounds 5] [--transport unix,tcp]
+//                   [--process same,separate] [--cases grpc,...,skip]
+//                   [--deadlock_detection 0]
+//                   [--json F] [--csv F]
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "client/cpp/client.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "server/rpc/server.h"
+
+namespace {
+
+using grpc::health::v1::Health;
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+constexpr int kE = 128, kK = 8, kH = 2048, kI = 16;
+
+class CallbackHealth final : public Health::CallbackService {
+  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* context, const HealthCheckRequest*,
+                                  HealthCheckResponse* response) override {
+    response->set_status(HealthCheckResponse::SERVING);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+};
+
+class SyncHealth final : public Health::Service {
+  grpc::Status Check(grpc::ServerContext*, const HealthCheckRequest*,
+                     HealthCheckResponse* response) override {
+    response->set_status(HealthCheckResponse::SERVING);
+    return grpc::Status::OK;
+  }
+};
+
+// The three servers of one transport and where a client reaches them.
+struct Servers {
+  CallbackHealth callback_health;
+  SyncHealth sync_health;
+  std::unique_ptr<grpc::Server> bare, bare_sync;
+  std::unique_ptr<kplan::rpc::KplanServer> kplan;
+  std::string targets[3];  // bare, bare_sync, kplan
+};
+
+std::string Listen(const std::string& transport, const char* what) {
+  return transport == "unix" ? absl::StrCat("unix:/tmp/kplan-rpc-floor-", getpid(), "-", what)
+                             : std::string("127.0.0.1:0");
+}
+
+std::string Target(const std::string& listen, int port) {
+  return listen.rfind("unix:", 0) == 0 ? listen : absl::StrCat("127.0.0.1:", port);
+}
+
+// The bare servers of `transport`: built before any KplanServer::Start in
+// this process, which turns on gRPC's reflection for every server built
+// after it (and its default health service, which the bare ones replace).
+bool StartBare(const std::string& transport, Servers& s) {
+  int i = 0;
+  for (grpc::Service* service : {static_cast<grpc::Service*>(&s.callback_health),
+                                 static_cast<grpc::Service*>(&s.sync_health)}) {
+    const std::string listen = Listen(transport, i == 0 ? "bare" : "sync");
+    if (transport == "unix") unlink(listen.c_str() + 5);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service);
+    (i == 0 ? s.bare : s.bare_sync) = builder.BuildAndStart();
+    if ((i == 0 ? s.bare : s.bare_sync) == nullptr) return false;
+    s.targets[i++] = Target(listen, port);
+  }
+  return true;
+}
+
+bool StartKplan(const std::string& transport, Servers& s) {
+  kplan::rpc::ServerOptions options;
+  options.listen_address = Listen(transport, "kplan");
+  options.devices = "none";
+  options.allow_skip_device = true;
+  auto kplan = kplan::rpc::KplanServer::Start(options);
+  if (!kplan.ok()) {
+    std::fprintf(stderr, "kplan server: %s\n", kplan.status().ToString().c_str());
+    return false;
+  }
+  s.kplan = *std::move(kplan);
+  s.targets[2] = Target(options.listen_address, s.kplan->port());
+  return true;
+}
+
+struct Row {
+  std::string transport, process, name;
+  std::vector<double> p50s, p90s;               // one per round
+  double client_cpu_ns = 0, server_cpu_ns = 0;  // all rounds
+  int64_t calls = 0;
+};
+
+// Nanoseconds of CPU this process has used so far (all its threads, ended
+// ones included).
+double SelfCpuNs() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return 1e9 * static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e3 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// The servers' process: this one, or a child that answers its CPU time
+// (SelfCpuNs) for each byte written to `fd` and stops when it is closed.
+struct ServerProcess {
+  int fd = -1;  // -1: this process
+  double CpuNs() const {
+    if (fd < 0) return 0;
+    char c = 'c';
+    if (write(fd, &c, 1) != 1) return 0;
+    std::string line;
+    while (read(fd, &c, 1) == 1 && c != '\n') line += c;
+    double ns = 0;
+    return absl::SimpleAtod(line, &ns) ? ns : 0;
+  }
+};
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+// One case: a call that answers true when it succeeded.
+struct Case {
+  const char* name;
+  std::function<bool()> call;
+};
+
+// `server`: where the servers run (this process: its CPU time is then all
+// in the client's column).
+int Measure(const std::string& transport, const std::string& process, const std::string* targets,
+            const ServerProcess& server, int calls, int rounds,
+            const std::vector<std::string>& only, std::vector<Row>& rows) {
+  auto bare = Health::NewStub(grpc::CreateChannel(targets[0], grpc::InsecureChannelCredentials()));
+  auto bare_sync =
+      Health::NewStub(grpc::CreateChannel(targets[1], grpc::InsecureChannelCredentials()));
+  kplan::ClientOptions options;
+  options.max_attempts = 1;
+  auto client = kplan::Client::Connect(targets[2], options);
+  auto health = Health::NewStub(client->channel());
+  auto check = [](Health::Stub& stub) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    HealthCheckResponse response;
+    return stub.Check(&context, HealthCheckRequest(), &response).ok();
+  };
+
+  kplan::v1::ExpertsHeader header;
+  header.set_experts_id("floor");
+  header.set_num_experts(kE);
+  header.set_hidden_size(kH);
+  header.set_intermediate_size(kI);
+  std::vector<kplan::v1::TensorChunk> chunks;  // every weight bf16 0.0115 (0x3c3c)
+  header.set_dtype(kplan::v1::DTYPE_BFLOAT16);
+  kplan::AppendTensorChunks("w13", kplan::v1::DTYPE_BFLOAT16, {kE, 2 * kI, kH},
+                            std::string(size_t{2} * kE * 2 * kI * kH, '\x3c'), 8 << 20, &chunks);
+  kplan::AppendTensorChunks("w2", kplan::v1::DTYPE_BFLOAT16, {kE, kH, kI},
+                            std::string(size_t{2} * kE * kH * kI, '\x3c'), 8 << 20, &chunks);
+  if (auto loaded = client->LoadExperts(header, chunks); !loaded.ok()) {
+    std::fprintf(stderr, "load: %s\n", loaded.status().ToString().c_str());
+    return 1;
+  }
+  kplan::v1::RunMoERequest request;
+  request.set_experts_id("floor");
+  request.set_skip_device(true);
+  request.mutable_routing()->set_top_k(kK);
+  kplan::v1::Tensor* x = request.mutable_hidden_states();
+  x->set_dtype(kplan::v1::DTYPE_BFLOAT16);
+  x->add_shape(1);
+  x->add_shape(kH);
+  x->set_data(std::string(2 * kH, '\x3c'));
+  kplan::v1::Tensor* logits = request.mutable_router_logits();
+  logits->set_dtype(kplan::v1::DTYPE_FLOAT32);
+  logits->add_shape(1);
+  logits->add_shape(kE);
+  std::vector<float> values(kE);
+  for (int e = 0; e < kE; ++e) values[e] = static_cast<float>((e * 37) % kE) / kE;
+  logits->set_data(values.data(), values.size() * sizeof(float));
+
+  std::vector<Case> cases = {
+      {"grpc", [&] { return check(*bare); }},
+      {"grpc_sync", [&] { return check(*bare_sync); }},
+      {"health", [&] { return check(*health); }},
+      {"null", [&] { return client->GetServerInfo().ok(); }},
+      {"skip", [&] { return client->RunMoE(request).ok(); }},
+  };
+  if (!only.empty()) {
+    std::erase_if(cases, [&](const Case& c) {
+      return std::find(only.begin(), only.end(), c.name) == only.end();
+    });
+  }
+  const size_t first = rows.size();
+  for (const Case& c : cases) rows.push_back({transport, process, c.name, {}, {}});
+  for (int round = -1; round < rounds; ++round) {  // round -1 warms up
+    for (size_t i = 0; i < cases.size(); ++i) {
+      std::vector<double> us;
+      us.reserve(static_cast<size_t>(calls));
+      const double client_before = SelfCpuNs(), server_before = server.CpuNs();
+      for (int n = 0; n < (round < 0 ? 200 : calls); ++n) {
+        const auto start = std::chrono::steady_clock::now();
+        if (!cases[i].call()) {
+          std::fprintf(stderr, "%s: %s failed\n", transport.c_str(), cases[i].name);
+          return 1;
+        }
+        us.push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                .count());
+      }
+      if (round < 0) continue;
+      rows[first + i].client_cpu_ns += SelfCpuNs() - client_before;
+      rows[first + i].server_cpu_ns += server.CpuNs() - server_before;
+      rows[first + i].calls += calls;
+      rows[first + i].p50s.push_back(Percentile(us, 0.5));
+      rows[first + i].p90s.push_back(Percentile(us, 0.9));
+    }
+  }
+  (void)client->UnloadExperts("floor");
+  return 0;
+}
+
+// The child of --process separate: serves until its parent closes `fd`.
+[[noreturn]] void ServeForParent(const std::string& transport, int fd) {
+  Servers s;
+  if (!StartBare(transport, s) || !StartKplan(transport, s)) _exit(1);
+  std::string line = absl::StrCat(s.targets[0], " ", s.targets[1], " ", s.targets[2], "\n");
+  if (write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(1);
+  char c;
+  while (read(fd, &c, 1) > 0) {
+    const std::string cpu = absl::StrFormat("%.0f\n", SelfCpuNs());
+    if (write(fd, cpu.data(), cpu.size()) != static_cast<ssize_t>(cpu.size())) break;
+  }
+  s.kplan->Shutdown(absl::Seconds(1));
+  s.bare->Shutdown();
+  s.bare_sync->Shutdown();
+  _exit(0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  int calls = 2000, rounds = 5;
+  std::vector<std::string> transports = {"unix", "tcp"}, processes = {"same", "separate"};
+  std::string json, csv;
+  std::vector<std::string> only;  // --cases: these alone
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--calls" && absl::SimpleAtoi(value, &calls) && calls > 0) continue;
+    if (flag == "--rounds" && absl::SimpleAtoi(value, &rounds) && rounds > 0) continue;
+    if (flag == "--deadlock_detection") {
+      absl::SetMutexDeadlockDetectionMode(value == "1" ? absl::OnDeadlockCycle::kAbort
+                                                       : absl::OnDeadlockCycle::kIgnore);
+      continue;
+    }
+    if (flag == "--transport")
+      transports = absl::StrSplit(value, ',');
+    else if (flag == "--process")
+      processes = absl::StrSplit(value, ',');
+    else if (flag == "--cases")
+      only = absl::StrSplit(value, ',');
+    else if (flag == "--json")
+      json = value;
+    else if (flag == "--csv")
+      csv = value;
+    else {
+      std::fprintf(stderr, "bad flag %s %s\n", flag.c_str(), value.c_str());
+      return 2;
+    }
+  }
+  // Children are forked before this process starts gRPC.
+  std::vector<std::pair<pid_t, int>> children;  // per (process, transport) pair of "separate"
+  std::vector<std::string> child_targets;
+
+  for (const std::string& p : processes) {
+    if (p != "separate") continue;
+    for (const std::string& t : transports) {
+      int fds[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return 1;
+      const pid_t pid = fork();
+      if (pid == 0) {
+        close(fds[0]);
+        for (auto& [other, fd] : children) close(fd);  // its EOF is its sibling's stop
+        ServeForParent(t, fds[1]);
+      }
+      close(fds[1]);
+      children.emplace_back(pid, fds[0]);
+    }
+  }
+  for (auto& [pid, fd] : children) {
+    std::string line;
+    char c;
+    while (read(fd, &c, 1) == 1 && c != '\n') line += c;
+    child_targets.push_back(line);
+  }
+  std::printf("# sequential unary calls, %d per round, %d rounds; p50 range over rounds (us)\n",
+              calls, rounds);
+  std::vector<Row> rows;
+  size_t child = 0;
+  std::vector<std::unique_ptr<Servers>> local;  // "same": every transport's bare servers first
+  for (const std::string& p : processes) {
+    if (p != "same" || !local.empty()) continue;
+    for (const std::string& t : transports) {
+      local.push_back(std::make_unique<Servers>());
+      if (!StartBare(t, *local.back())) return 1;
+    }
+  }
+  for (const std::string& p : processes) {
+    for (size_t ti = 0; ti < transports.size(); ++ti) {
+      const std::string& t = transports[ti];
+      std::string targets[3];
+      ServerProcess server;
+      if (p == "separate") {
+        server.fd = children[child].second;
+        std::vector<std::string> parts = absl::StrSplit(child_targets[child++], ' ');
+        if (parts.size() != 3) return 1;
+        for (int i = 0; i < 3; ++i) targets[i] = parts[i];
+      } else {
+        Servers& here = *local[ti];
+        if (!StartKplan(t, here)) return 1;
+        for (int i = 0; i < 3; ++i) targets[i] = here.targets[i];
+      }
+      if (Measure(t, p, targets, server, calls, rounds, only, rows) != 0) return 1;
+      if (p == "same") local[ti]->kplan->Shutdown(absl::Seconds(1));
+    }
+  }
+  for (auto& [pid, fd] : children) {
+    close(fd);
+    waitpid(pid, nullptr, 0);
+  }
+  struct Out {
+    double p50_min, p50_median, p50_max, p90_median, client_cpu, server_cpu;
+  };
+  auto out_of = [](const Row& r) {
+    const double n = static_cast<double>(std::max<int64_t>(r.calls, 1));
+    return Out{Percentile(r.p50s, 0),   Percentile(r.p50s, 0.5),   Percentile(r.p50s, 1),
+               Percentile(r.p90s, 0.5), r.client_cpu_ns / n / 1e3, r.server_cpu_ns / n / 1e3};
+  };
+  std::printf("%-9s %-9s %-10s %9s %9s %9s %9s %10s %10s\n", "transport", "process", "case",
+              "p50 min", "p50 med", "p50 max", "p90 med", "cpu client", "cpu server");
+  for (const Row& r : rows) {
+    const Out o = out_of(r);
+    std::printf("%-9s %-9s %-10s %9.1f %9.1f %9.1f %9.1f %10.1f %10.1f\n", r.transport.c_str(),
+                r.process.c_str(), r.name.c_str(), o.p50_min, o.p50_median, o.p50_max, o.p90_median,
+                o.client_cpu, o.server_cpu);
+  }
+  std::printf(
+      "# cpu: us of CPU per call, all threads of the process (same: both sides in 'client')\n");
+  constexpr const char* kFields =
+      "transport,process,case,p50_min_us,p50_median_us,p50_max_us,p90_median_us,"
+      "client_cpu_us,server_cpu_us";
+  if (!json.empty()) {
+    std::ofstream out(json);
+    out << "{\"calls_per_round\": " << calls << ", \"rounds\": " << rounds << ", \"rows\": [";
+    for (size_t n = 0; n < rows.size(); ++n) {
+      const Row& r = rows[n];
+      const Out o = out_of(r);
+      out << (n ? ",\n  " : "\n  ")
+          << absl::StrFormat(
+                 "{\"transport\": \"%s\", \"process\": \"%s\", \"case\": \"%s\", "
+                 "\"p50_min_us\": %.1f, \"p50_median_us\": %.1f, \"p50_max_us\": %.1f, "
+                 "\"p90_median_us\": %.1f, \"client_cpu_us\": %.1f, \"server_cpu_us\": %.1f}",
+                 r.transport, r.process, r.name, o.p50_min, o.p50_median, o.p50_max, o.p90_median,
+                 o.client_cpu, o.server_cpu);
+    }
+    out << "\n]}\n";
+  }
+  if (!csv.empty()) {
+    std::ofstream out(csv);
+    out << kFields << "\n";
+    for (const Row& r : rows) {
+      const Out o = out_of(r);
+      out << absl::StrFormat("%s,%s,%s,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f\n", r.transport, r.process,
+                             r.name, o.p50_min, o.p50_median, o.p50_max, o.p90_median, o.client_cpu,
+                             o.server_cpu);
+    }
+  }
+  return 0;
+}
