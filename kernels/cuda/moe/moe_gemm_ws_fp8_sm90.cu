@@ -32,10 +32,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/status.h"
 #include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/moe_tma.h"
 #include "kernels/cuda/moe/moe_wgmma.cuh"
+#include "kernels/cuda/moe/moe_ws_launch.h"
 #include "kernels/cuda/moe/moe_ws_pipeline.cuh"
 #include "kernels/cuda/moe/moe_ws_schedule.h"
 #include "kernels/cuda/moe/pdl.cuh"
@@ -241,38 +243,26 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   }
 }
 
-std::atomic<int> g_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
+ws::WsSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_FP8_GEMM"); });
 std::atomic<int64_t> g_launches{0};
 
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
 // Measurement knobs of moe_fp8_gemm_bench: KPLAN_MOE_FP8_WS_DEBUG (kFlag*
 // bits) and KPLAN_MOE_FP8_WS_GROUP (token tiles per group; default
 // ws::WsAutoGroup).
 int DebugFlags() {
-  static const int flags = EnvInt("KPLAN_MOE_FP8_WS_DEBUG", 0);
+  static const int flags = ws::WsEnvInt("KPLAN_MOE_FP8_WS_DEBUG", 0);
   return flags;
 }
 int GroupSize() {
-  static const int group = EnvInt("KPLAN_MOE_FP8_WS_GROUP", ws::kWsAutoGroup);
+  static const int group = ws::WsEnvInt("KPLAN_MOE_FP8_WS_GROUP", ws::kWsAutoGroup);
   return group;
 }
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <typename T>
 absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
-  int device = 0, sms = 0;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  static std::atomic<uint64_t> attr_set{0};
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        WsFp8GemmKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    attr_set.fetch_or(bit, std::memory_order_release);
-  }
+  int sms = 0;
+  KPLAN_RETURN_IF_ERROR(ws::WsLaunchSetup<WsFp8GemmKernel<T>>(kSmemBytes, &sms));
   CUtensorMap map;
   if (absl::Status st = detail::EncodeTma2d(
           &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.w, static_cast<uint64_t>(g.K),
@@ -312,32 +302,18 @@ absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
 
 }  // namespace
 
-void SetMoeGemmWsFp8Mode(MoeGemmWsMode mode) { g_mode.store(static_cast<int>(mode)); }
+void SetMoeGemmWsFp8Mode(MoeGemmWsMode mode) { g_ws.Set(mode); }
 
-bool MoeGemmWsFp8Enabled() {
-  const auto mode = static_cast<MoeGemmWsMode>(g_mode.load(std::memory_order_relaxed));
-  if (mode != MoeGemmWsMode::kFromEnv) return mode == MoeGemmWsMode::kOn;
-  static const bool env = [] {
-    const char* v = std::getenv("KPLAN_MOE_FP8_GEMM");
-    return v == nullptr || std::strcmp(v, "old") != 0;
-  }();
-  return env;
-}
+bool MoeGemmWsFp8Enabled() { return g_ws.On(); }
 
 bool MoeGemmWsFp8Applies(const MoeGroupedGemmArgs& g) {
   if (!g.fp8 || g.splits != 1 || g.reduce_in_consumer) return false;
-  if (g.block_m != 128 && g.block_m != 256) return false;
   if (g.N <= 0 || g.N % 8 != 0 || g.K <= 0 || g.K % 16 != 0 || g.a_row_div <= 0) return false;
   if (g.num_local_experts <= 0 || g.numel < 0 || g.numel > INT32_MAX || g.num_blocks < 0) {
     return false;
   }
-  // Large M only: at least 128 slots per expert on average (a full token tile).
-  const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(g.num_local_experts, g.numel));
-  if (g.numel < int64_t{kWsTileT} * experts) return false;
   if (!Aligned16(g.a) || !Aligned16(g.w) || !Aligned16(g.c)) return false;
-  const int64_t rows = static_cast<int64_t>(g.num_local_experts) * g.N;
-  return rows + kWsTileN < (int64_t{1} << 31) && g.num_blocks * g.block_m < (int64_t{1} << 31) &&
-         g.K < (int64_t{1} << 31);
+  return ws::WsTilesApply(g) && g.K < (int64_t{1} << 31);
 }
 
 absl::Status LaunchMoeGroupedGemmWsFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {

@@ -54,6 +54,7 @@
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/moe_tma.h"
 #include "kernels/cuda/moe/moe_wgmma.cuh"
+#include "kernels/cuda/moe/moe_ws_launch.h"
 #include "kernels/cuda/moe/moe_ws_pipeline.cuh"
 #include "kernels/cuda/moe/moe_ws_schedule.h"
 #include "kernels/cuda/moe/pdl.cuh"
@@ -256,36 +257,26 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
 
 // --- host ---------------------------------------------------------------------
 
-std::atomic<int> g_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
+ws::WsSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_GEMM"); });
 
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
 // Measurement knobs of moe_bench: KPLAN_MOE_WS_DEBUG (kWsFlag* bits) and
 // KPLAN_MOE_WS_GROUP (token tiles per group; default: ws::WsAutoGroup).
 int DebugFlags() {
-  static const int flags = EnvInt("KPLAN_MOE_WS_DEBUG", 0);
+  static const int flags = ws::WsEnvInt("KPLAN_MOE_WS_DEBUG", 0);
   return flags;
 }
 int GroupSize() {
-  static const int group = EnvInt("KPLAN_MOE_WS_GROUP", ws::kWsAutoGroup);
+  static const int group = ws::WsEnvInt("KPLAN_MOE_WS_GROUP", ws::kWsAutoGroup);
   return group;
 }
 
 template <typename T, bool Fused>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                       cudaStream_t stream) {
-  int device = 0, sms = 0;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  // The dynamic shared-memory opt-in of this instantiation, once per device.
-  static std::atomic<uint64_t> attr_set{0};
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        WsGroupedGemmKernel<T, Fused>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    attr_set.fetch_or(bit, std::memory_order_release);
+  int sms = 0;
+  if (absl::Status st = ws::WsLaunchSetup<WsGroupedGemmKernel<T, Fused>>(kSmemBytes, &sms);
+      !st.ok()) {
+    return st;
   }
   CUtensorMap map;
   // Fused: the gate and up halves are two boxes of kWsTileN / 2 rows.
@@ -323,28 +314,15 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
 
 }  // namespace
 
-void SetMoeGemmWsMode(MoeGemmWsMode mode) { g_mode.store(static_cast<int>(mode)); }
+void SetMoeGemmWsMode(MoeGemmWsMode mode) { g_ws.Set(mode); }
 
-bool MoeGemmWsEnabled() {
-  const auto mode = static_cast<MoeGemmWsMode>(g_mode.load(std::memory_order_relaxed));
-  if (mode != MoeGemmWsMode::kFromEnv) return mode == MoeGemmWsMode::kOn;
-  static const bool env = [] {
-    const char* v = std::getenv("KPLAN_MOE_GEMM");
-    return v == nullptr || std::strcmp(v, "old") != 0;
-  }();
-  return env;
-}
+bool MoeGemmWsEnabled() { return g_ws.On(); }
 
 bool MoeGemmWsApplies(const MoeGroupedGemmArgs& g) {
   if (g.fp8 || g.splits != 1) return false;
-  if (g.block_m != 128 && g.block_m != 256) return false;
-  // Large M only: at least 128 slots per expert on average (a full token tile).
-  const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(g.num_local_experts, g.numel));
-  if (g.numel < int64_t{kWsTileT} * experts) return false;
-  // TMA: 16-byte aligned base and row stride, rows addressable by int32.
+  // TMA: 16-byte aligned base and row stride.
   if ((reinterpret_cast<uintptr_t>(g.w) & 15) != 0 || (g.K * 2) % 16 != 0) return false;
-  const int64_t rows = static_cast<int64_t>(g.num_local_experts) * g.N;
-  return rows + kWsTileN < (int64_t{1} << 31) && g.num_blocks * g.block_m < (int64_t{1} << 31);
+  return ws::WsTilesApply(g);
 }
 
 absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
@@ -355,21 +333,16 @@ absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& g, cudaStream_t st
 // --- fused activation -----------------------------------------------------------
 
 namespace {
-std::atomic<int> g_fused_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
+ws::WsSwitch g_fused([] {
+  const char* v = std::getenv("KPLAN_MOE_FUSED_ACT");
+  if (v == nullptr || *v == '\0') return kMoeFusedActDefault;
+  return std::strcmp(v, "0") != 0;
+});
 }  // namespace
 
-void SetMoeFusedActMode(MoeGemmWsMode mode) { g_fused_mode.store(static_cast<int>(mode)); }
+void SetMoeFusedActMode(MoeGemmWsMode mode) { g_fused.Set(mode); }
 
-bool MoeFusedActEnabled() {
-  const auto mode = static_cast<MoeGemmWsMode>(g_fused_mode.load(std::memory_order_relaxed));
-  if (mode != MoeGemmWsMode::kFromEnv) return mode == MoeGemmWsMode::kOn;
-  static const bool env = [] {
-    const char* v = std::getenv("KPLAN_MOE_FUSED_ACT");
-    if (v == nullptr || *v == '\0') return kMoeFusedActDefault;
-    return std::strcmp(v, "0") != 0;
-  }();
-  return env;
-}
+bool MoeFusedActEnabled() { return g_fused.On(); }
 
 bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& g, MoeActivation act, const MoeActParams&) {
   if (act != MoeActivation::kSilu) return false;  // the others: GEMM 1 + LaunchMoeActivation
