@@ -91,12 +91,8 @@ template <typename T>
 __global__ void __launch_bounds__(ws::kWsThreads, 1)
     WsFp8GemmKernel(const __grid_constant__ CUtensorMap wmap, const Fp8Params p) {
   extern __shared__ uint8_t smem_dyn[];
-  __shared__ uint64_t full_bar[ws::kWsStages];
-  __shared__ uint64_t empty_bar[ws::kWsStages];
-
   const int wg = static_cast<int>(threadIdx.x) / 128;
-  const ws::WsRing<kStageBytes> ring =
-      ws::WsRingInit<kStageBytes>(smem_dyn, full_bar, empty_bar, &wmap);
+  const ws::WsRing<kStageBytes> ring = ws::WsRingInit<kStageBytes>(&wmap);
   const uint8_t* base_gen =
       smem_dyn + (ring.base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
   const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
@@ -148,8 +144,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   float tmp[kHalf / 2];  // the same layout over one 128-column half
   ws::WsCursor c;
   for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-    const ws::WsTileInfo ti =
-        ws::WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
+    const ws::WsTileInfo ti = ws::WsTileOf(p, sched, lin);
     if (ti.empty) continue;
     const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
     const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
@@ -249,13 +244,10 @@ std::atomic<int64_t> g_launches{0};
 // Measurement knobs of moe_fp8_gemm_bench: KPLAN_MOE_FP8_WS_DEBUG (kFlag*
 // bits) and KPLAN_MOE_FP8_WS_GROUP (token tiles per group; default
 // ws::WsAutoGroup).
-int DebugFlags() {
-  static const int flags = ws::WsEnvInt("KPLAN_MOE_FP8_WS_DEBUG", 0);
-  return flags;
-}
-int GroupSize() {
-  static const int group = ws::WsEnvInt("KPLAN_MOE_FP8_WS_GROUP", ws::kWsAutoGroup);
-  return group;
+const ws::WsKnobs& Knobs() {
+  static const ws::WsKnobs knobs =
+      ws::WsKnobsFromEnv("KPLAN_MOE_FP8_WS_DEBUG", "KPLAN_MOE_FP8_WS_GROUP");
+  return knobs;
 }
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -272,7 +264,7 @@ absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
     return st;
   }
   Fp8Params p{};
-  p.sched = ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, GroupSize());
+  p.sched = ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, Knobs().group);
   p.sorted = g.sorted_token_ids;
   p.expert_ids = g.expert_ids;
   p.post = g.num_tokens_post_padded;
@@ -292,7 +284,7 @@ absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
                                                                     : kScaleTensor;
   p.nbn = static_cast<int>((g.N + kHalf - 1) / kHalf);
   p.nbk = static_cast<int>((g.K + kBK - 1) / kBK);
-  p.flags = DebugFlags();
+  p.flags = Knobs().debug_flags;
   if (p.sched.grid <= 0) return absl::OkStatus();
   KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsFp8GemmKernel<T>, dim3(p.sched.grid),
                                                dim3(ws::kWsThreads), kSmemBytes, stream, map, p));

@@ -106,13 +106,8 @@ constexpr int kWsFlagNoFence = 4;  // the consumers' proxy fence left out: timin
 template <typename T, bool Fused>
 __global__ void __launch_bounds__(ws::kWsThreads, 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
-  extern __shared__ uint8_t smem_dyn[];
-  __shared__ uint64_t full_bar[ws::kWsStages];
-  __shared__ uint64_t empty_bar[ws::kWsStages];
-
   const int wg = static_cast<int>(threadIdx.x) / 128;
-  const ws::WsRing<kStageBytes> ring =
-      ws::WsRingInit<kStageBytes>(smem_dyn, full_bar, empty_bar, &wmap);
+  const ws::WsRing<kStageBytes> ring = ws::WsRingInit<kStageBytes>(&wmap);
   const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
   const int64_t total = ws::WsTotalTiles(sched);
   const int64_t N = p.N, K = p.K;
@@ -142,8 +137,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   float acc[kWsTileN / 2];
   ws::WsCursor c;
   for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-    const ws::WsTileInfo ti =
-        ws::WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
+    const ws::WsTileInfo ti = ws::WsTileOf(p, sched, lin);
     if (ti.empty) continue;
     const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
     const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
@@ -261,13 +255,9 @@ ws::WsSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_GEMM"); });
 
 // Measurement knobs of moe_bench: KPLAN_MOE_WS_DEBUG (kWsFlag* bits) and
 // KPLAN_MOE_WS_GROUP (token tiles per group; default: ws::WsAutoGroup).
-int DebugFlags() {
-  static const int flags = ws::WsEnvInt("KPLAN_MOE_WS_DEBUG", 0);
-  return flags;
-}
-int GroupSize() {
-  static const int group = ws::WsEnvInt("KPLAN_MOE_WS_GROUP", ws::kWsAutoGroup);
-  return group;
+const ws::WsKnobs& Knobs() {
+  static const ws::WsKnobs knobs = ws::WsKnobsFromEnv("KPLAN_MOE_WS_DEBUG", "KPLAN_MOE_WS_GROUP");
+  return knobs;
 }
 
 template <typename T, bool Fused>
@@ -291,7 +281,7 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
       !st.ok()) {
     return st;
   }
-  const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, GroupSize()),
+  const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, Knobs().group),
                    g.sorted_token_ids,
                    g.expert_ids,
                    g.num_tokens_post_padded,
@@ -304,7 +294,7 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
                    g.a_row_div,
                    g.num_local_experts,
                    g.block_m,
-                   DebugFlags() & ~(Fused ? kWsFlagStore4 : 0),
+                   Knobs().debug_flags & ~(Fused ? kWsFlagStore4 : 0),
                    act_params};
   if (p.sched.grid <= 0) return absl::OkStatus();
   KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsGroupedGemmKernel<T, Fused>, dim3(p.sched.grid),

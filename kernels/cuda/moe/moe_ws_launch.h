@@ -39,6 +39,16 @@ inline bool WsEnvNotOld(const char* name) {
   return v == nullptr || std::strcmp(v, "old") != 0;
 }
 
+// A launcher's measurement knobs (its benchmark sets them): debug flag bits
+// from `debug_var` (default 0) and the token tiles per group of the schedule
+// from `group_var` (default kWsAutoGroup).
+struct WsKnobs {
+  int debug_flags, group;
+};
+inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var) {
+  return {WsEnvInt(debug_var, 0), WsEnvInt(group_var, kWsAutoGroup)};
+}
+
 // A process-wide on / off switch of one kernel (SetMoeGemmWs*Mode and its
 // *Enabled): kOn / kOff as set, or with kFromEnv (the default) what
 // from_env() says, read on the first call that needs it.

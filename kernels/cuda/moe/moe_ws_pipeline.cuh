@@ -51,9 +51,10 @@ struct WsRing {
 // tensor map), a CTA barrier, then the programmatic-dependent-launch wait
 // (pdl.cuh): nothing a previous kernel wrote is read before it.
 template <int kStageBytes>
-__device__ __forceinline__ WsRing<kStageBytes> WsRingInit(uint8_t* smem_dyn, uint64_t* full_bar,
-                                                          uint64_t* empty_bar,
-                                                          const CUtensorMap* wmap) {
+__device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wmap) {
+  extern __shared__ uint8_t smem_dyn[];
+  __shared__ uint64_t full_bar[kWsStages];
+  __shared__ uint64_t empty_bar[kWsStages];
   WsRing<kStageBytes> r;
   r.base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) + 1023u) & ~1023u;
   r.full0 = static_cast<uint32_t>(__cvta_generic_to_shared(full_bar));
@@ -84,15 +85,20 @@ struct WsCursor {
   }
 };
 
-// fn(tile) for the tiles of this CTA, linear tiles blockIdx.x, + gridDim.x,
-// ... below `total` (WsTotalTiles(sched)), decoded against p's routing
-// (p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts).
+// Linear tile `lin` of `sched`, decoded against p's routing (p.sorted,
+// p.expert_ids, p.block_m, p.numel, p.num_local_experts).
+template <typename P>
+__device__ __forceinline__ WsTileInfo WsTileOf(const P& p, const WsSchedule& sched, int64_t lin) {
+  return WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
+}
+
+// fn(tile) for the tiles of this CTA: linear tiles blockIdx.x, + gridDim.x,
+// ... below `total` (WsTotalTiles(sched)), decoded (WsTileOf).
 template <typename P, typename F>
 __device__ __forceinline__ void WsForEachTile(const P& p, const WsSchedule& sched, int64_t total,
                                               F&& fn) {
   for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-    const WsTileInfo ti =
-        WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
+    const WsTileInfo ti = WsTileOf(p, sched, lin);
     fn(ti);
   }
 }
