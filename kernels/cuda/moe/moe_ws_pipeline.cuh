@@ -11,7 +11,8 @@
 // these lines moved here (CUDA 13, sm_90a: byte-identical but for the
 // register numbers of the unfused bf16 / fp16 consumers' stage and phase).
 // Small rearrangements (the tile loop inlined into WsProduce, the consumers'
-// loops as lambdas) do change the code: compare the cubins after an edit.
+// loops as lambdas) do change the code: after an edit compare the kernels'
+// .text sections (nvcc -cubin -arch=sm_90a, readelf -x) with the old ones.
 // Internal to kernels/cuda/moe.
 #pragma once
 
@@ -46,10 +47,11 @@ struct WsRing {
   __device__ __forceinline__ uint32_t Empty(int s) const { return empty0 + 8 * s; }
 };
 
-// Called by every thread of the CTA first: the ring over `smem_dyn`, its
-// barriers initialised by thread 0 (which also prefetches the weights'
-// tensor map), a CTA barrier, then the programmatic-dependent-launch wait
-// (pdl.cuh): nothing a previous kernel wrote is read before it.
+// Called by every thread of the CTA first: the ring over the dynamic shared
+// memory, its barriers (static shared memory) initialised by thread 0, which
+// also prefetches the weights' tensor map, a CTA barrier, then the
+// programmatic-dependent-launch wait (pdl.cuh): nothing a previous kernel
+// wrote is read before it.
 template <int kStageBytes>
 __device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wmap) {
   extern __shared__ uint8_t smem_dyn[];
