@@ -1,6 +1,6 @@
 // Fail-fast checks for the benchmark programs: a CUDA or absl error prints
 // where and why, then exits 1 (a benchmark has no way to recover); and their
-// event timing (MedianMs).
+// one event timing (MedianMs).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,17 +31,35 @@
     }                                                                                 \
   } while (0)
 
-// Median milliseconds per call of `launch` over `samples` event-timed
-// batches of `batch` calls on `stream`.
+// The benchmarks' one timing rule: median milliseconds per call of `launch`
+// on `stream`. First one untimed batch of `batch` calls (first-call costs:
+// lazy module loading, cold caches and TLBs), then `samples` batches of
+// `batch` calls, each between two CUDA events on `stream`; the result is the
+// median over the batches of (batch time / batch). `launch` takes no
+// argument, or the call's index (0 .. batch - 1 through the untimed batch,
+// then 0, 1, ... through the timed ones) for a benchmark that rotates over
+// input sets. A benchmark may warm up longer first (clocks). ir_bench,
+// moe_bench and moe_fp8_gemm_bench time every kernel with this, so their
+// numbers mean the same thing (docs/PERF.md "Method"); ep_bench times
+// per-rank steps of its own.
 template <typename F>
 double MedianMs(F&& launch, int samples, int batch, cudaStream_t stream) {
+  const auto call = [&](int i) {
+    if constexpr (std::is_invocable_v<F&, int>) {
+      launch(i);
+    } else {
+      launch();
+    }
+  };
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < batch; ++i) call(i);  // untimed
   std::vector<double> ms;
+  int k = 0;
   for (int s = 0; s < samples; ++s) {
     CHECK_CUDA(cudaEventRecord(start, stream));
-    for (int i = 0; i < batch; ++i) launch();
+    for (int i = 0; i < batch; ++i) call(k++);
     CHECK_CUDA(cudaEventRecord(stop, stream));
     CHECK_CUDA(cudaEventSynchronize(stop));
     CHECK_CUDA(cudaGetLastError());

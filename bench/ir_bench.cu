@@ -109,31 +109,6 @@ Args ParseArgs(int argc, char** argv) {
   return a;
 }
 
-// Median milliseconds per launch of `launch(i)` over `samples` batches of `batch`.
-template <typename F>
-double MedianMs(F&& launch, int samples, int batch) {
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < batch; ++i) launch(i);  // untimed warm batch
-  std::vector<double> ms;
-  int k = 0;
-  for (int s = 0; s < samples; ++s) {
-    CHECK_CUDA(cudaEventRecord(start));
-    for (int i = 0; i < batch; ++i) launch(k++);
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    CHECK_CUDA(cudaGetLastError());
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(static_cast<double>(t) / batch);
-  }
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 float Bf16ToFloat(uint16_t v) {
   const uint32_t u = static_cast<uint32_t>(v) << 16;
   float f;
@@ -319,7 +294,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMemset(cdst, 0, copy_bytes));
     copy_with(c);
     const bool ok = CountMismatches(csrc, cdst, copy_bytes / 2, true, c.name) == 0;
-    const double ms = MedianMs([&](int) { copy_with(c); }, args.samples, 10);
+    const double ms = MedianMs([&] { copy_with(c); }, args.samples, 10, /*stream=*/nullptr);
     const double gbps = 2.0 * copy_bytes / (ms * 1e-3) / 1e9;
     std::printf("copy %-12s %zu MiB: %8.1f us %6.0f GB/s%s\n", c.name, args.copy_mib, ms * 1e3,
                 gbps, ok ? "" : "  <-- WRONG OUTPUT");
@@ -370,7 +345,7 @@ int main(int argc, char** argv) {
                 CHECK_OK(kc::KplanRmsNorm(DType::kBFloat16, {b.x[s], hidden}, tokens, hidden, b.w,
                                           kEps, {b.out[s], hidden}, nullptr));
               },
-              args.samples, batch));
+              args.samples, batch, /*stream=*/nullptr));
       add("rms_norm", "native", b.RmsBytes(),
           MedianMs(
               [&](int i) {
@@ -379,7 +354,7 @@ int main(int argc, char** argv) {
                 CHECK_OK(kc::NativeRmsNorm(xin, tokens, hidden, {b.w, DType::kBFloat16, 1}, kEps,
                                            hidden, b.out[s], nullptr));
               },
-              args.samples, batch));
+              args.samples, batch, /*stream=*/nullptr));
       add("fused_add_rms_norm", "kplan", b.FusedBytes(),
           MedianMs(
               [&](int i) {
@@ -388,7 +363,7 @@ int main(int argc, char** argv) {
                     DType::kBFloat16, {b.x[s], hidden}, {b.res[s], hidden}, tokens, hidden, b.w,
                     kEps, {b.out[s], hidden}, {b.res_out[s], hidden}, nullptr));
               },
-              args.samples, batch));
+              args.samples, batch, /*stream=*/nullptr));
       add("fused_add_rms_norm", "native", b.FusedBytes(),
           MedianMs(
               [&](int i) {
@@ -399,7 +374,7 @@ int main(int argc, char** argv) {
                                                    {b.w, DType::kBFloat16, 1}, kEps, hidden,
                                                    b.out[s], b.res_out[s], nullptr));
               },
-              args.samples, batch));
+              args.samples, batch, /*stream=*/nullptr));
       continue;
     }
 
@@ -410,7 +385,7 @@ int main(int argc, char** argv) {
       for (int v = 0; v < nv; ++v) {
         for (int fused = 0; fused < 2; ++fused) {
           const double ms = MedianMs([&](int i) { CHECK_OK(RunVariant(v, fused, b, i % sets)); },
-                                     args.samples, batch);
+                                     args.samples, batch, /*stream=*/nullptr);
           best[2 * v + fused] = std::min(best[2 * v + fused], ms);
           worst[2 * v + fused] = std::max(worst[2 * v + fused], ms);
         }

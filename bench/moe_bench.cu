@@ -90,11 +90,14 @@
 #include "server/moe/gpu_layer.h"
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"
+#include "tests/testing/random_data.h"
 
 namespace {
 
 namespace kc = kplan::kernels::cuda;
 using Clock = std::chrono::steady_clock;
+using kplan::test_util::RandomBf16;
+using kplan::test_util::SplitMix;
 
 double Seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -141,40 +144,6 @@ void FillBf16(void* p, size_t n, uint32_t seed) {
 void FillF32(float* p, size_t n, uint32_t seed, float lo, float hi) {
   FillF32Kernel<<<1024, 256>>>(p, n, seed, lo, hi);
   CHECK_CUDA(cudaGetLastError());
-}
-
-uint64_t SplitMix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// n random non-zero bf16 values ±(1 + m/128)·2^(base - 0..3) (rms about
-// 2^base / 1.3), generated on the host in parallel.
-std::string RandomBf16Host(int64_t n, int base, uint64_t key) {
-  std::string out(static_cast<size_t>(n) * 2, '\0');
-  char* dst = out.data();
-  const int threads =
-      static_cast<int>(std::max(1u, std::min(32u, std::thread::hardware_concurrency())));
-  const int64_t chunk = ((n + threads - 1) / threads + 3) / 4 * 4;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([=] {
-      const int64_t b = std::min<int64_t>(n, t * chunk), e = std::min<int64_t>(n, b + chunk);
-      for (int64_t i = b; i < e; i += 4) {
-        const uint64_t r = SplitMix(key + static_cast<uint64_t>(i));
-        for (int64_t j = i; j < std::min<int64_t>(e, i + 4); ++j) {
-          const uint32_t bits = static_cast<uint32_t>(r >> (16 * (j - i))) & 0xffff;
-          const uint16_t v = static_cast<uint16_t>(
-              (bits & 0x8000) | ((127 + base - (bits & 3)) << 7) | ((bits >> 2) & 127));
-          std::memcpy(dst + j * 2, &v, 2);
-        }
-      }
-    });
-  }
-  for (std::thread& th : pool) th.join();
-  return out;
 }
 
 float Bf16ToFloat(uint16_t v) {
@@ -397,19 +366,8 @@ struct DevBuf {
 // dst[0, n) from 64 random bits per 8 bytes, in parallel: fn(bits, dst + i, count).
 template <typename Fn>
 void ParallelBytes(char* dst, int64_t n, uint64_t key, Fn fn) {
-  const int threads =
-      static_cast<int>(std::max(1u, std::min(32u, std::thread::hardware_concurrency())));
-  const int64_t chunk = ((n + threads - 1) / threads + 7) / 8 * 8;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([=] {
-      const int64_t b = std::min<int64_t>(n, t * chunk), e = std::min<int64_t>(n, b + chunk);
-      for (int64_t i = b; i < e; i += 8) {
-        fn(SplitMix(key + static_cast<uint64_t>(i)), dst + i, std::min<int64_t>(8, e - i));
-      }
-    });
-  }
-  for (std::thread& th : pool) th.join();
+  kplan::test_util::ParallelDraws(n, 8, key,
+                                  [&](uint64_t r, int64_t i, int64_t c) { fn(r, dst + i, c); });
 }
 
 // A quantised set of one shape (silu, no bias, block 128 x 128, group 128,
@@ -827,7 +785,6 @@ void GemmOnlyFusedAct(const ShapeDef& sh, kc::MoeGroupedGemmArgs g, int64_t I, c
     r.check = ok ? buf : std::string("CHECK FAILED: ") + buf;
     if (ok) {
       auto launch = [&] { fz ? fused() : unfused(); };
-      for (int i = 0; i < 3; ++i) launch();
       const double ms = MedianMs(launch, 15, 5, stream);
       r.us = ms * 1e3;
       r.tflops = 2.0 * numel * g.N * g.K / (ms * 1e-3) / 1e12;
@@ -932,7 +889,6 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
       if (r.ok || debug) {
         r.ok = true;
         auto launch = [&] { CHECK_OK(kc::LaunchMoeGroupedGemm(g, stream)); };
-        for (int i = 0; i < 3; ++i) launch();
         const double ms = MedianMs(launch, 15, 5, stream);
         r.us = ms * 1e3;
         r.tflops = 2.0 * numel * g.N * g.K / (ms * 1e-3) / 1e12;
@@ -964,10 +920,10 @@ std::unique_ptr<kplan::GpuExperts> MakeExperts(const ShapeDef& sh) {
   spec.dtype = kplan::kernels::DType::kBFloat16;
   auto log2ceil = [](double x) { return static_cast<int>(std::ceil(std::log2(x))); };
   std::map<std::string, std::string> t;
-  t["w13"] = RandomBf16Host(sh.E * 2 * sh.I * sh.H, -log2ceil(std::sqrt(double(sh.H))),
-                            SplitMix(0x1234 + sh.E));
-  t["w2"] = RandomBf16Host(sh.E * sh.H * sh.I, -log2ceil(std::sqrt(double(sh.I))),
-                           SplitMix(0x5678 + sh.E));
+  t["w13"] = RandomBf16(sh.E * 2 * sh.I * sh.H, -log2ceil(std::sqrt(double(sh.H))),
+                        SplitMix(0x1234 + sh.E));
+  t["w2"] =
+      RandomBf16(sh.E * sh.H * sh.I, -log2ceil(std::sqrt(double(sh.I))), SplitMix(0x5678 + sh.E));
   kplan::ExpertSet set(std::move(spec), std::move(t));
   auto gpu = kplan::GpuExperts::Create(set, 0);
   if (!gpu.ok()) {

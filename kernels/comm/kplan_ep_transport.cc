@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/runtime/device_info.h"
 #include "kernels/cuda/runtime/status.h"
 #include "base/status.h"
 
@@ -105,7 +106,7 @@ absl::Status KplanEpTransport::Init() {
   }
   CurrentDevice guard(device_);
   int sms = 0;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+  KPLAN_ASSIGN_OR_RETURN(sms, kernels::cuda::MultiprocessorCount(device_));
   if (config_.num_ctas > sms) {
     return absl::InvalidArgumentError(absl::StrCat("KplanEpTransport: num_ctas ", config_.num_ctas,
                                                    " exceeds the ", sms, " SMs of device ", device_,

@@ -8,6 +8,7 @@
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "kernels/cuda/runtime/buffers.h"
+#include "kernels/cuda/runtime/device_info.h"
 #include "base/status.h"
 #include "server/moe/gpu_layer_emulation.h"
 
@@ -106,14 +107,7 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
 
 }  // namespace
 
-int DeviceSmCount(int device) {
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 132;
-  }
-  return n;
-}
+int DeviceSmCount(int device) { return kc::MultiprocessorCount(device).value_or(132); }
 
 kc::MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& r) {
   kc::MoeRoutingParams rp;

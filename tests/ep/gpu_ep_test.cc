@@ -68,27 +68,9 @@ int DeviceCount() { return test_util::CudaDeviceCount(); }
 uint64_t Seed() { return test_util::TestSeed("gpu_ep_test", "GPU_EP_TEST_SEED"); }
 uint64_t Mix(uint64_t x) { return test_util::SplitMix(x); }
 
-// n non-zero bf16 values ±(1 + m/128)·2^(base - 0..3), filled by threads.
+// n random bf16 values (test_util::RandomBf16), stream `stream_id` of the seed.
 std::string RandomBf16(int64_t n, int base, uint64_t stream_id) {
-  std::string out(static_cast<size_t>(n * 2), '\0');
-  const uint64_t key = Mix(Seed() ^ (stream_id * 0x100000001b3ull));
-  const int threads =
-      static_cast<int>(std::max(1u, std::min(32u, std::thread::hardware_concurrency())));
-  const int64_t chunk = (n + threads - 1) / threads;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      const int64_t b = std::min(n, t * chunk), e = std::min(n, b + chunk);
-      for (int64_t i = b; i < e; ++i) {
-        const uint32_t r = static_cast<uint32_t>(Mix(key + static_cast<uint64_t>(i)));
-        const uint16_t v =
-            static_cast<uint16_t>((r & 0x8000) | ((127 + base - (r & 3)) << 7) | ((r >> 2) & 127));
-        std::memcpy(out.data() + i * 2, &v, 2);
-      }
-    });
-  }
-  for (auto& th : pool) th.join();
-  return out;
+  return test_util::RandomBf16(n, base, Mix(Seed() ^ (stream_id * 0x100000001b3ull)));
 }
 
 std::vector<float> RandomFloats(int64_t n, float lo, float hi, uint64_t stream_id) {

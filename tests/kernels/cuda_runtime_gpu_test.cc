@@ -1,11 +1,12 @@
 // The CUDA runtime module's owners on a device (kernels/cuda/runtime/):
 // DeviceBuffer (plain and stream-ordered), DeviceArena growth and reuse,
-// PinnedHostBuffer, Event, DeviceGuard, and an impossible allocation coming
-// back as RESOURCE_EXHAUSTED. Skips itself without a CUDA device.
+// PinnedHostBuffer, Event, DeviceGuard, the cached multiprocessor count, and
+// an impossible allocation coming back as RESOURCE_EXHAUSTED. Skips itself without a CUDA device.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -13,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/runtime/buffers.h"
 #include "kernels/cuda/runtime/device_guard.h"
+#include "kernels/cuda/runtime/device_info.h"
 #include "kernels/cuda/runtime/status.h"
 #include "kernels/cuda/runtime/stream.h"
 #include "tests/testing/gpu_test_util.h"
@@ -160,6 +162,33 @@ TEST(StreamGpuTest, CreateSynchronizeDestroy) {
   EXPECT_TRUE(SynchronizeStream(*stream).ok());
   DestroyDeviceStream(*stream);
   EXPECT_EQ(CreateDeviceStream(1 << 20).status().code(), absl::StatusCode::kInternal);
+}
+
+// Every device's count is the driver's, the same from threads racing on the
+// first query and after it; an ordinal past the last device is an error.
+TEST(DeviceInfoGpuTest, MultiprocessorCountIsTheDriversOnEveryThread) {
+  SKIP_WITHOUT_CUDA();
+  const int devices = test_util::CudaDeviceCount();
+  for (int d = 0; d < devices; ++d) {
+    int want = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&want, cudaDevAttrMultiProcessorCount, d), cudaSuccess);
+    ASSERT_GT(want, 0);
+    std::vector<int> got(8, -1);
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < got.size(); ++t) {
+      threads.emplace_back([&, t] {
+        const absl::StatusOr<int> n = MultiprocessorCount(d);
+        got[t] = n.ok() ? *n : -1;
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    for (int n : got) EXPECT_EQ(n, want) << "device " << d;
+    const absl::StatusOr<int> again = MultiprocessorCount(d);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(*again, want);
+  }
+  EXPECT_FALSE(MultiprocessorCount(devices).ok());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 }  // namespace

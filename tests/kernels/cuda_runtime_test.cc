@@ -1,7 +1,8 @@
 // The CUDA runtime module's host-side contract (kernels/cuda/runtime/), on
 // any machine with the toolkit: the CUDA / NCCL error mapping (out of memory
 // is RESOURCE_EXHAUSTED, with file:line, the call and the library's error
-// string), the RETURN_IF_ERROR macros, arena layouts and empty owners. None
+// string), the RETURN_IF_ERROR macros, arena layouts, empty owners and a
+// device fact of no device. None
 // of it needs a device: cudaGetErrorString is a table lookup and nothing here
 // allocates. cuda_runtime_gpu_test covers the allocations themselves.
 #include <cuda_runtime_api.h>
@@ -12,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/runtime/buffers.h"
+#include "kernels/cuda/runtime/device_info.h"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
@@ -149,6 +151,12 @@ TEST(OwnersTest, EmptyOwnersReleaseNothing) {
   EXPECT_EQ(event.get(), nullptr);
   Event other = std::move(event);
   EXPECT_EQ(other.get(), nullptr);
+}
+
+// No device has a negative ordinal, on any machine (without a driver every
+// query fails): an error each time, a failure is not cached.
+TEST(DeviceInfoTest, NoDeviceIsAnError) {
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(MultiprocessorCount(-1).ok());
 }
 
 }  // namespace

@@ -55,46 +55,21 @@ using test_util::SplitMix;
 
 uint64_t Seed() { return test_util::TestSeed("moe_layer_gpu_test", "MOE_LAYER_GPU_TEST_SEED"); }
 
-// 16 random bits -> a non-zero value ±(1 + m/128)·2^(base - 0..3).
-float ValueOf(uint32_t r, int base) {
-  const float mag = std::ldexp(1.0f + static_cast<float>((r >> 2) & 127) / 128.0f, base - (r & 3));
-  return (r & 0x8000) ? -mag : mag;
-}
-
-// n elements of `dtype` (bf16 / fp16 / fp32) into bytes, stream `stream_id`
-// of the run's seed, in parallel (deterministic per index).
+// n elements of `dtype` (bf16 / fp16 / fp32) into bytes: test_util's random
+// values, stream `stream_id` of the run's seed.
 std::string RandomTensor(kernels::DType dtype, int64_t n, int base, uint64_t stream_id) {
-  const int64_t es = kernels::DTypeSize(dtype);
-  std::string out(static_cast<size_t>(n * es), '\0');
-  char* dst = out.data();
   const uint64_t key = SplitMix(Seed() ^ (stream_id * 0x100000001b3ull));
-  const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  const int64_t chunk = ((n + threads - 1) / threads + 3) / 4 * 4;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([=] {
-      const int64_t b = std::min<int64_t>(n, t * chunk), e = std::min<int64_t>(n, b + chunk);
-      for (int64_t i = b; i < e; i += 4) {
-        const uint64_t r = SplitMix(key + static_cast<uint64_t>(i));
-        for (int64_t j = i; j < std::min<int64_t>(e, i + 4); ++j) {
-          const uint32_t bits = static_cast<uint32_t>(r >> (16 * (j - i))) & 0xffff;
-          if (dtype == kernels::DType::kBFloat16) {
-            const uint16_t v = static_cast<uint16_t>(
-                (bits & 0x8000) | ((127 + base - (bits & 3)) << 7) | ((bits >> 2) & 127));
-            std::memcpy(dst + j * 2, &v, 2);
-          } else if (dtype == kernels::DType::kFloat16) {
-            const uint16_t v = moe::FloatToHalf(ValueOf(bits, base));
-            std::memcpy(dst + j * 2, &v, 2);
-          } else {
-            const float v = ValueOf(bits, base);
-            std::memcpy(dst + j * 4, &v, 4);
-          }
-        }
-      }
+  if (dtype == kernels::DType::kBFloat16) return test_util::RandomBf16(n, base, key);
+  if (dtype == kernels::DType::kFloat16) {
+    return test_util::RandomElements(n, 2, key, [base](uint32_t bits, char* dst) {
+      const uint16_t v = moe::FloatToHalf(test_util::RandomValueOf(bits, base));
+      std::memcpy(dst, &v, 2);
     });
   }
-  for (std::thread& th : pool) th.join();
-  return out;
+  return test_util::RandomElements(n, 4, key, [base](uint32_t bits, char* dst) {
+    const float v = test_util::RandomValueOf(bits, base);
+    std::memcpy(dst, &v, 4);
+  });
 }
 
 std::vector<float> RandomFloats(int64_t n, float lo, float hi, uint64_t stream_id) {

@@ -1,7 +1,7 @@
 // What every GPU test shares: skipping without a device, and one random seed
 // per test binary (fresh each run, printed, repeatable through an
-// environment variable) with a mixing function to derive independent streams
-// from it. Header-only; tests that include it link CUDA's runtime.
+// environment variable); random_data.h's SplitMix derives independent
+// streams from it. Header-only; tests that include it link CUDA's runtime.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,6 +12,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "tests/testing/random_data.h"  // SplitMix
 
 namespace kplan::test_util {
 
@@ -42,14 +43,6 @@ inline uint64_t TestSeed(const char* test_name, const char* env_var) {
     return s;
   }();
   return seed;
-}
-
-// SplitMix64 finaliser: a well-mixed 64-bit value of x.
-inline uint64_t SplitMix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
 }
 
 }  // namespace kplan::test_util

@@ -1,5 +1,6 @@
-// Device helpers shared by the IR op kernels: element conversions, GELU and
-// block-wide sums. Internal to kernels/cuda.
+// Device helpers shared by the IR op kernels and the MoE kernels: element
+// conversions (typed and by run-time DType), GELU, warp-wide sums and maxima
+// and block-wide sums. Internal to kernels/cuda.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,7 +29,7 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// Run-time typed access, for the native kernels.
+// Run-time typed access (the native IR kernels, the MoE emulation route).
 __device__ __forceinline__ float LoadAsFloat(const void* base, int64_t i, DType t) {
   switch (t) {
     case DType::kFloat16:
@@ -76,6 +77,13 @@ __device__ __forceinline__ float Gelu(float x, bool tanh_approximate) {
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
   return v;
 }
 

@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "base/status.h"
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/ir/ir_ops.h"
+#include "kernels/cuda/runtime/device_info.h"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
@@ -358,7 +360,7 @@ template <typename Kernel>
 absl::Status ResidentBlocks(Kernel kernel, int threads, int* blocks) {
   int device = 0, sms = 0, per_sm = 0;
   KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  KPLAN_ASSIGN_OR_RETURN(sms, MultiprocessorCount(device));
   KPLAN_CUDA_RETURN_IF_ERROR(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
   *blocks = std::max(1, sms * per_sm);

@@ -32,10 +32,13 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/status.h"
 #include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/moe_tma.h"
 #include "kernels/cuda/moe/moe_wgmma.cuh"
+#include "kernels/cuda/moe/moe_ws_launch.h"
+#include "kernels/cuda/moe/moe_ws_pipeline.cuh"
 #include "kernels/cuda/moe/moe_ws_schedule.h"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
@@ -43,17 +46,11 @@
 namespace kplan::kernels::cuda {
 namespace {
 
-using detail::CpAsync16;
 using detail::CpAsync4;
-using detail::CpAsyncArriveNoinc;
 using detail::Desc;
 using detail::FenceProxyAsync;
 using detail::MbarArrive;
-using detail::MbarArriveExpectTx;
-using detail::MbarInit;
 using detail::MbarWait;
-using detail::SetMaxNRegDec;
-using detail::SetMaxNRegInc;
 using detail::TmaLoad2d;
 using detail::Wgmma;
 using detail::WgmmaCommit;
@@ -62,16 +59,11 @@ using detail::WgmmaWait;
 using ws::kWsTileN;
 using ws::kWsTileT;
 
-constexpr int kThreads = 384;
-constexpr int kStages = 4;
-constexpr int kBK = 128;                                  // K per stage: one scale block
-constexpr int kHalf = kWsTileN / 2;                       // weight rows per scale block
-constexpr int kTBytes = kWsTileT * kBK;                   // 16 KiB of token rows
-constexpr int kWBytes = kWsTileN * kBK;                   // 32 KiB of weight rows
-constexpr int kSBytes = 1024;                             // 128 + 2 scales, 1024-aligned
-constexpr int kStageBytes = kTBytes + kWBytes + kSBytes;  // 49 KiB
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align to 1024
-constexpr int kConsumerWarps = 8;
+constexpr int kBK = 128;                                 // K per stage: one scale block
+constexpr int kHalf = kWsTileN / 2;                      // weight rows per scale block
+constexpr int kSOffset = ws::kWsTBytes + ws::kWsWBytes;  // the stage's scales
+constexpr int kStageBytes = kSOffset + 1024;             // + 128 + 2 scales, 1024-aligned: 49 KiB
+constexpr int kSmemBytes = ws::WsSmemBytes(kStageBytes);
 constexpr int kScaleTensor = 0, kScaleChannel = 1, kScaleBlock = 2;
 
 struct Fp8Params {
@@ -96,32 +88,13 @@ constexpr int kFlagNoPromote = 1;
 constexpr int kFlagNoStore = 2;
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(ws::kWsThreads, 1)
     WsFp8GemmKernel(const __grid_constant__ CUtensorMap wmap, const Fp8Params p) {
   extern __shared__ uint8_t smem_dyn[];
-  __shared__ uint64_t full_bar[kStages];
-  __shared__ uint64_t empty_bar[kStages];
-
-  const int tid = threadIdx.x;
-  const int wg = tid / 128;
-  const uint32_t base =
-      (static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) + 1023u) & ~1023u;
+  const int wg = static_cast<int>(threadIdx.x) / 128;
+  const ws::WsRing<kStageBytes> ring = ws::WsRingInit<kStageBytes>(&wmap);
   const uint8_t* base_gen =
-      smem_dyn + (base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
-  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&full_bar[0]));
-  const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&empty_bar[0]));
-
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(full0 + 8 * s, 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
-      MbarInit(empty0 + 8 * s, kConsumerWarps);
-    }
-    FenceProxyAsync();  // the barriers' init visible to the TMA unit
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&wmap)) : "memory");
-  }
-  __syncthreads();
-  detail::PdlWaitThenRelease();
-
+      smem_dyn + (ring.base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
   const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
   const int64_t total = ws::WsTotalTiles(sched);
   const int64_t N = p.N, K = p.K;
@@ -129,78 +102,49 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool block = p.scale_kind == kScaleBlock;
 
   if (wg == 0) {
-    // ------------------------------------------------------------ producer
-    SetMaxNRegDec<40>();
-    const int ptid = tid;
-    const int chunk = ptid & 7;
-    // Row r = ptid / 8 + 16 i of the tile; its swizzled chunk is the same for all i.
-    const uint32_t dst0 = (ptid >> 3) * 128 + ((chunk ^ ((ptid >> 3) & 7)) << 4);
-    int stage = 0;
-    uint32_t phase = 0;
-    for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-      const ws::WsTileInfo ti =
-          ws::WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
-      if (!ti.local || ti.empty) continue;
-      int32_t arow[kWsTileT / 16];
-#pragma unroll
-      for (int i = 0; i < kWsTileT / 16; ++i) {
-        const int32_t slot = p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i];
-        arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
-      }
-      // Block scales: this thread copies slot ptid's activation scale (and
-      // threads 0, 1 the two weight-row halves' scales) of each k-block.
-      const int32_t sslot = p.sorted[ti.tt * kWsTileT + ptid];
-      const int64_t srow = sslot >= 0 && sslot < p.numel ? sslot / p.a_row_div : -1;
-      const float* sa = srow >= 0 ? p.a_scale + srow * p.nbk : p.a_scale;
-      const int nb = min(static_cast<int>(ti.n0 / kHalf) + (ptid & 1), p.nbn - 1);
-      const float* sw = p.w_scale + (static_cast<int64_t>(ti.e) * p.nbn + nb) * p.nbk;
-      const int wrow = static_cast<int>(static_cast<int64_t>(ti.e) * N + ti.n0);
-
-      for (int kt = 0; kt < nk; ++kt) {
-        MbarWait(empty0 + 8 * stage, phase ^ 1);
-        const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes, s_s = w_s + kWBytes;
-        const uint32_t fb = full0 + 8 * stage;
-        if (ptid == 0) {
-          MbarArriveExpectTx(fb, kWBytes);
-          TmaLoad2d(w_s, &wmap, kt * kBK, wrow, fb);
-        }
-        const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * 16;
-        const bool kok = k < K;
-#pragma unroll
-        for (int i = 0; i < kWsTileT / 16; ++i) {
-          const bool ok = kok && arow[i] >= 0;
-          CpAsync16(t_s + dst0 + i * 16 * 128,
-                    ok ? p.a + static_cast<int64_t>(arow[i]) * K + k : p.a, ok);
-        }
-        if (block) {
-          CpAsync4(s_s + 4 * ptid, sa + kt, srow >= 0);
-          if (ptid < 2) CpAsync4(s_s + 4 * (kWsTileT + ptid), sw + kt, true);
-        }
-        CpAsyncArriveNoinc(fb);
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
-      }
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    struct TileScales {
+      int srow;  // the slot's activation row, -1: padding
+      const float *sa, *sw;
+      int wrow;
+    };
+    const int ptid = threadIdx.x;
+    ws::WsProduce<uint8_t>(
+        p, ring, sched, total, K, nk,
+        // Block scales: this thread copies slot ptid's activation scale (and
+        // threads 0, 1 the two weight-row halves' scales) of each k-block.
+        [&](ws::WsTileInfo ti) {
+          const int32_t sslot = p.sorted[ti.tt * kWsTileT + ptid];
+          TileScales st;
+          st.srow = sslot >= 0 && sslot < p.numel ? sslot / p.a_row_div : -1;
+          st.sa = st.srow >= 0 ? p.a_scale + static_cast<int64_t>(st.srow) * p.nbk : p.a_scale;
+          const int nb = min(static_cast<int>(ti.n0 / kHalf) + (ptid & 1), p.nbn - 1);
+          st.sw = p.w_scale + (static_cast<int64_t>(ti.e) * p.nbn + nb) * p.nbk;
+          st.wrow = static_cast<int>(static_cast<int64_t>(ti.e) * N + ti.n0);
+          return st;
+        },
+        [&](TileScales st, int kt, uint32_t w_s, uint32_t fb) {
+          TmaLoad2d(w_s, &wmap, kt * kBK, st.wrow, fb);
+        },
+        [&](TileScales st, int kt, uint32_t t_s) {
+          const uint32_t s_s = t_s + kSOffset;
+          if (block) {
+            CpAsync4(s_s + 4 * ptid, st.sa + kt, st.srow >= 0);
+            if (ptid < 2) CpAsync4(s_s + 4 * (kWsTileT + ptid), st.sw + kt, true);
+          }
+        });
     return;
   }
 
   // -------------------------------------------------------------- consumers
-  SetMaxNRegInc<232>();
-  const int cw = wg - 1;  // slots [64 cw, 64 cw + 64) of the tile
-  const int warp = (tid >> 5) & 3, lane = tid & 31;
-  const int r0 = cw * 64 + warp * 16 + (lane >> 2);  // and r0 + 8
+  const ws::WsConsumer cs = ws::WsConsumerEnter();
+  const int cw = cs.cw, lane = cs.lane, r0 = cs.r0;
   T* Cg = static_cast<T*>(p.c);
   float acc[kWsTileN /
             2];  // register i: row r0 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (lane % 4) + i % 2
   float tmp[kHalf / 2];  // the same layout over one 128-column half
-  int stage = 0;
-  uint32_t phase = 0;
+  ws::WsCursor c;
   for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-    const ws::WsTileInfo ti =
-        ws::WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
+    const ws::WsTileInfo ti = ws::WsTileOf(p, sched, lin);
     if (ti.empty) continue;
     const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
     const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
@@ -212,10 +156,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kWsTileN / 2; ++i) acc[i] = 0.0f;
     if (ti.local) {
       for (int kt = 0; kt < nk; ++kt) {
-        MbarWait(full0 + 8 * stage, phase);
-        const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes;
+        MbarWait(ring.Full(c.stage), c.phase);
+        const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + ws::kWsTBytes;
         const float* s_s =
-            reinterpret_cast<const float*>(base_gen + stage * kStageBytes + kTBytes + kWBytes);
+            reinterpret_cast<const float*>(base_gen + c.stage * kStageBytes + kSOffset);
         float m00 = 1.0f, m01 = 1.0f, m10 = 1.0f, m11 = 1.0f;  // m[row half][col half]
         if (rows) {
           // cp.async wrote through the generic proxy; wgmma reads through the async one.
@@ -257,15 +201,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         // The stage is free (operands read, scales in registers): release it
         // before promoting the second half.
-        if (lane == 0) MbarArrive(empty0 + 8 * stage);
+        if (lane == 0) MbarArrive(ring.Empty(c.stage));
         if (rows && !(p.flags & kFlagNoPromote)) {
 #pragma unroll
           for (int i = 0; i < kHalf / 2; ++i) acc[kHalf / 2 + i] += tmp[i] * ((i & 2) ? m11 : m01);
         }
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        c.Next();
       }
     }
     if (p.flags & kFlagNoStore) continue;
@@ -297,38 +238,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-std::atomic<int> g_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
+ws::WsSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_FP8_GEMM"); });
 std::atomic<int64_t> g_launches{0};
 
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
 // Measurement knobs of moe_fp8_gemm_bench: KPLAN_MOE_FP8_WS_DEBUG (kFlag*
 // bits) and KPLAN_MOE_FP8_WS_GROUP (token tiles per group; default
 // ws::WsAutoGroup).
-int DebugFlags() {
-  static const int flags = EnvInt("KPLAN_MOE_FP8_WS_DEBUG", 0);
-  return flags;
-}
-int GroupSize() {
-  static const int group = EnvInt("KPLAN_MOE_FP8_WS_GROUP", ws::kWsAutoGroup);
-  return group;
+const ws::WsKnobs& Knobs() {
+  static const ws::WsKnobs knobs =
+      ws::WsKnobsFromEnv("KPLAN_MOE_FP8_WS_DEBUG", "KPLAN_MOE_FP8_WS_GROUP");
+  return knobs;
 }
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <typename T>
 absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
-  int device = 0, sms = 0;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  static std::atomic<uint64_t> attr_set{0};
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        WsFp8GemmKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    attr_set.fetch_or(bit, std::memory_order_release);
-  }
+  int sms = 0;
+  KPLAN_RETURN_IF_ERROR(ws::WsLaunchSetup<WsFp8GemmKernel<T>>(kSmemBytes, &sms));
   CUtensorMap map;
   if (absl::Status st = detail::EncodeTma2d(
           &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.w, static_cast<uint64_t>(g.K),
@@ -338,7 +264,7 @@ absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
     return st;
   }
   Fp8Params p{};
-  p.sched = ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, GroupSize());
+  p.sched = ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, Knobs().group);
   p.sorted = g.sorted_token_ids;
   p.expert_ids = g.expert_ids;
   p.post = g.num_tokens_post_padded;
@@ -358,42 +284,28 @@ absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
                                                                     : kScaleTensor;
   p.nbn = static_cast<int>((g.N + kHalf - 1) / kHalf);
   p.nbk = static_cast<int>((g.K + kBK - 1) / kBK);
-  p.flags = DebugFlags();
+  p.flags = Knobs().debug_flags;
   if (p.sched.grid <= 0) return absl::OkStatus();
   KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsFp8GemmKernel<T>, dim3(p.sched.grid),
-                                               dim3(kThreads), kSmemBytes, stream, map, p));
+                                               dim3(ws::kWsThreads), kSmemBytes, stream, map, p));
   g_launches.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 }  // namespace
 
-void SetMoeGemmWsFp8Mode(MoeGemmWsMode mode) { g_mode.store(static_cast<int>(mode)); }
+void SetMoeGemmWsFp8Mode(MoeGemmWsMode mode) { g_ws.Set(mode); }
 
-bool MoeGemmWsFp8Enabled() {
-  const auto mode = static_cast<MoeGemmWsMode>(g_mode.load(std::memory_order_relaxed));
-  if (mode != MoeGemmWsMode::kFromEnv) return mode == MoeGemmWsMode::kOn;
-  static const bool env = [] {
-    const char* v = std::getenv("KPLAN_MOE_FP8_GEMM");
-    return v == nullptr || std::strcmp(v, "old") != 0;
-  }();
-  return env;
-}
+bool MoeGemmWsFp8Enabled() { return g_ws.On(); }
 
 bool MoeGemmWsFp8Applies(const MoeGroupedGemmArgs& g) {
   if (!g.fp8 || g.splits != 1 || g.reduce_in_consumer) return false;
-  if (g.block_m != 128 && g.block_m != 256) return false;
   if (g.N <= 0 || g.N % 8 != 0 || g.K <= 0 || g.K % 16 != 0 || g.a_row_div <= 0) return false;
   if (g.num_local_experts <= 0 || g.numel < 0 || g.numel > INT32_MAX || g.num_blocks < 0) {
     return false;
   }
-  // Large M only: at least 128 slots per expert on average (a full token tile).
-  const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(g.num_local_experts, g.numel));
-  if (g.numel < int64_t{kWsTileT} * experts) return false;
   if (!Aligned16(g.a) || !Aligned16(g.w) || !Aligned16(g.c)) return false;
-  const int64_t rows = static_cast<int64_t>(g.num_local_experts) * g.N;
-  return rows + kWsTileN < (int64_t{1} << 31) && g.num_blocks * g.block_m < (int64_t{1} << 31) &&
-         g.K < (int64_t{1} << 31);
+  return ws::WsTilesApply(g) && g.K < (int64_t{1} << 31);
 }
 
 absl::Status LaunchMoeGroupedGemmWsFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {

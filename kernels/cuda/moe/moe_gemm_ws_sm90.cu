@@ -54,6 +54,8 @@
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/moe_tma.h"
 #include "kernels/cuda/moe/moe_wgmma.cuh"
+#include "kernels/cuda/moe/moe_ws_launch.h"
+#include "kernels/cuda/moe/moe_ws_pipeline.cuh"
 #include "kernels/cuda/moe/moe_ws_schedule.h"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
@@ -61,19 +63,13 @@
 namespace kplan::kernels::cuda {
 namespace {
 
-using detail::CpAsync16;
-using detail::CpAsyncArriveNoinc;
 using detail::Desc;
 using detail::FenceProxyAsync;
 using detail::FromFloat;
 using detail::MbarArrive;
-using detail::MbarArriveExpectTx;
-using detail::MbarInit;
 using detail::MbarWait;
 using detail::Pack2;
 using detail::QuadStore16;
-using detail::SetMaxNRegDec;
-using detail::SetMaxNRegInc;
 using detail::TmaLoad2d;
 using detail::ToFloat;
 using detail::Wgmma;
@@ -83,14 +79,9 @@ using detail::WgmmaWait;
 using ws::kWsTileN;
 using ws::kWsTileT;
 
-constexpr int kThreads = 384;
-constexpr int kStages = 4;
-constexpr int kBK = 64;                                   // K elements per stage (128 bytes)
-constexpr int kTBytes = kWsTileT * 128;                   // 16 KiB of token rows
-constexpr int kWBytes = kWsTileN * 128;                   // 32 KiB of weight rows
-constexpr int kStageBytes = kTBytes + kWBytes;            // 48 KiB
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + room to align to 1024
-constexpr int kConsumerWarps = 8;
+constexpr int kBK = 64;                                     // K elements per stage (128 bytes)
+constexpr int kStageBytes = ws::kWsTBytes + ws::kWsWBytes;  // 48 KiB
+constexpr int kSmemBytes = ws::WsSmemBytes(kStageBytes);
 
 struct WsParams {
   ws::WsSchedule sched;                       // the host's upper bound, clipped on the device
@@ -112,115 +103,51 @@ constexpr int kWsFlagNoStore = 1;
 constexpr int kWsFlagStore4 = 2;
 constexpr int kWsFlagNoFence = 4;  // the consumers' proxy fence left out: timing only
 
-__device__ __forceinline__ ws::WsTileInfo Decode(const WsParams& p, const ws::WsSchedule& s,
-                                                 int64_t linear) {
-  return ws::WsDecode(s, linear, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
-}
-
 template <typename T, bool Fused>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(ws::kWsThreads, 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
-  extern __shared__ uint8_t smem_dyn[];
-  __shared__ uint64_t full_bar[kStages];
-  __shared__ uint64_t empty_bar[kStages];
-
-  const int tid = threadIdx.x;
-  const int wg = tid / 128;
-  const uint32_t base =
-      (static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) + 1023u) & ~1023u;
-  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&full_bar[0]));
-  const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&empty_bar[0]));
-
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(full0 + 8 * s, 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
-      MbarInit(empty0 + 8 * s, kConsumerWarps);
-    }
-    FenceProxyAsync();  // the barriers' init visible to the TMA unit
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&wmap)) : "memory");
-  }
-  __syncthreads();
-  detail::PdlWaitThenRelease();
-
+  const int wg = static_cast<int>(threadIdx.x) / 128;
+  const ws::WsRing<kStageBytes> ring = ws::WsRingInit<kStageBytes>(&wmap);
   const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
   const int64_t total = ws::WsTotalTiles(sched);
   const int64_t N = p.N, K = p.K;
   const int nk = static_cast<int>((K + kBK - 1) / kBK);
 
   if (wg == 0) {
-    // ------------------------------------------------------------ producer
-    SetMaxNRegDec<40>();
-    const T* A = static_cast<const T*>(p.a);
-    const int ptid = tid;
-    const int chunk = ptid & 7;
-    // Row r = ptid / 8 + 16 i of the tile; its swizzled chunk is the same for all i.
-    const uint32_t dst0 = (ptid >> 3) * 128 + ((chunk ^ ((ptid >> 3) & 7)) << 4);
-    int stage = 0;
-    uint32_t phase = 0;
-    for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-      const ws::WsTileInfo ti = Decode(p, sched, lin);
-      if (!ti.local || ti.empty) continue;
-      int32_t arow[kWsTileT / 16];
-#pragma unroll
-      for (int i = 0; i < kWsTileT / 16; ++i) {
-        const int32_t slot = p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i];
-        arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
-      }
-      // Fused: gate rows n0 / 2 .., up rows N / 2 + n0 / 2 .. (two 128-row boxes).
-      const int wrow =
-          static_cast<int>(static_cast<int64_t>(ti.e) * N + (Fused ? ti.n0 / 2 : ti.n0));
-
-      for (int kt = 0; kt < nk; ++kt) {
-        MbarWait(empty0 + 8 * stage, phase ^ 1);
-        const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes;
-        const uint32_t fb = full0 + 8 * stage;
-        if (ptid == 0) {
-          MbarArriveExpectTx(fb, kWBytes);
-          TmaLoad2d(w_s, &wmap, kt * kBK, wrow, fb);
+    ws::WsProduce<T>(
+        p, ring, sched, total, K, nk,
+        // The tile's first weight row. Fused: gate rows n0 / 2 .., up rows
+        // N / 2 + n0 / 2 .. (two 128-row boxes).
+        [&](ws::WsTileInfo ti) {
+          return static_cast<int64_t>(ti.e) * N + (Fused ? ti.n0 / 2 : ti.n0);
+        },
+        [&](int64_t wrow, int kt, uint32_t w_s, uint32_t fb) {
+          TmaLoad2d(w_s, &wmap, kt * kBK, static_cast<int>(wrow), fb);
           if constexpr (Fused) {
-            TmaLoad2d(w_s + kWBytes / 2, &wmap, kt * kBK, static_cast<int>(wrow + N / 2), fb);
+            TmaLoad2d(w_s + ws::kWsWBytes / 2, &wmap, kt * kBK, static_cast<int>(wrow + N / 2), fb);
           }
-        }
-        const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * 8;
-        const bool kok = k < K;
-#pragma unroll
-        for (int i = 0; i < kWsTileT / 16; ++i) {
-          const bool ok = kok && arow[i] >= 0;
-          CpAsync16(t_s + dst0 + i * 16 * 128, ok ? A + static_cast<int64_t>(arow[i]) * K + k : A,
-                    ok);
-        }
-        CpAsyncArriveNoinc(fb);
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
-      }
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+        },
+        [](int, int, uint32_t) {});
     return;
   }
 
-  // -------------------------------------------------------------- consumers
-  SetMaxNRegInc<232>();
-  const int cw = wg - 1;  // slots [64 cw, 64 cw + 64) of the tile
-  const int warp = (tid >> 5) & 3, lane = tid & 31;
-  const int r0 = cw * 64 + warp * 16 + (lane >> 2);  // and r0 + 8
+  const ws::WsConsumer cs = ws::WsConsumerEnter();
+  const int cw = cs.cw, lane = cs.lane, r0 = cs.r0;
   T* Cg = static_cast<T*>(p.c);
   float acc[kWsTileN / 2];
-  int stage = 0;
-  uint32_t phase = 0;
+  ws::WsCursor c;
   for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-    const ws::WsTileInfo ti = Decode(p, sched, lin);
+    const ws::WsTileInfo ti = ws::WsTileOf(p, sched, lin);
     if (ti.empty) continue;
     const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
     const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
     if (ti.local) {
       int prev = -1;
       for (int kt = 0; kt < nk; ++kt) {
-        MbarWait(full0 + 8 * stage, phase);
+        MbarWait(ring.Full(c.stage), c.phase);
         // cp.async wrote through the generic proxy; wgmma reads through the async one.
         if (!(p.flags & kWsFlagNoFence)) FenceProxyAsync();
-        const uint32_t t_s = base + stage * kStageBytes, w_s = t_s + kTBytes;
+        const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + ws::kWsTBytes;
         WgmmaFence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
@@ -229,15 +156,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         WgmmaCommit();
         WgmmaWait<1>();
-        if (prev >= 0 && lane == 0) MbarArrive(empty0 + 8 * prev);
-        prev = stage;
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        if (prev >= 0 && lane == 0) MbarArrive(ring.Empty(prev));
+        prev = c.stage;
+        c.Next();
       }
       WgmmaWait<0>();
-      if (lane == 0) MbarArrive(empty0 + 8 * prev);
+      if (lane == 0) MbarArrive(ring.Empty(prev));
     }
     if (p.flags & kWsFlagNoStore) continue;
     // Epilogue. Register i holds row r0 + 8 ((i / 2) % 2), column 8 (i / 4) +
@@ -327,36 +251,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // --- host ---------------------------------------------------------------------
 
-std::atomic<int> g_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
+ws::WsSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_GEMM"); });
 
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
 // Measurement knobs of moe_bench: KPLAN_MOE_WS_DEBUG (kWsFlag* bits) and
 // KPLAN_MOE_WS_GROUP (token tiles per group; default: ws::WsAutoGroup).
-int DebugFlags() {
-  static const int flags = EnvInt("KPLAN_MOE_WS_DEBUG", 0);
-  return flags;
-}
-int GroupSize() {
-  static const int group = EnvInt("KPLAN_MOE_WS_GROUP", ws::kWsAutoGroup);
-  return group;
+const ws::WsKnobs& Knobs() {
+  static const ws::WsKnobs knobs = ws::WsKnobsFromEnv("KPLAN_MOE_WS_DEBUG", "KPLAN_MOE_WS_GROUP");
+  return knobs;
 }
 
 template <typename T, bool Fused>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                       cudaStream_t stream) {
-  int device = 0, sms = 0;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  // The dynamic shared-memory opt-in of this instantiation, once per device.
-  static std::atomic<uint64_t> attr_set{0};
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        WsGroupedGemmKernel<T, Fused>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    attr_set.fetch_or(bit, std::memory_order_release);
+  int sms = 0;
+  if (absl::Status st = ws::WsLaunchSetup<WsGroupedGemmKernel<T, Fused>>(kSmemBytes, &sms);
+      !st.ok()) {
+    return st;
   }
   CUtensorMap map;
   // Fused: the gate and up halves are two boxes of kWsTileN / 2 rows.
@@ -371,7 +281,7 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
       !st.ok()) {
     return st;
   }
-  const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, GroupSize()),
+  const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, Knobs().group),
                    g.sorted_token_ids,
                    g.expert_ids,
                    g.num_tokens_post_padded,
@@ -384,38 +294,25 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
                    g.a_row_div,
                    g.num_local_experts,
                    g.block_m,
-                   DebugFlags() & ~(Fused ? kWsFlagStore4 : 0),
+                   Knobs().debug_flags & ~(Fused ? kWsFlagStore4 : 0),
                    act_params};
   if (p.sched.grid <= 0) return absl::OkStatus();
   KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsGroupedGemmKernel<T, Fused>, dim3(p.sched.grid),
-                                               dim3(kThreads), kSmemBytes, stream, map, p));
+                                               dim3(ws::kWsThreads), kSmemBytes, stream, map, p));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-void SetMoeGemmWsMode(MoeGemmWsMode mode) { g_mode.store(static_cast<int>(mode)); }
+void SetMoeGemmWsMode(MoeGemmWsMode mode) { g_ws.Set(mode); }
 
-bool MoeGemmWsEnabled() {
-  const auto mode = static_cast<MoeGemmWsMode>(g_mode.load(std::memory_order_relaxed));
-  if (mode != MoeGemmWsMode::kFromEnv) return mode == MoeGemmWsMode::kOn;
-  static const bool env = [] {
-    const char* v = std::getenv("KPLAN_MOE_GEMM");
-    return v == nullptr || std::strcmp(v, "old") != 0;
-  }();
-  return env;
-}
+bool MoeGemmWsEnabled() { return g_ws.On(); }
 
 bool MoeGemmWsApplies(const MoeGroupedGemmArgs& g) {
   if (g.fp8 || g.splits != 1) return false;
-  if (g.block_m != 128 && g.block_m != 256) return false;
-  // Large M only: at least 128 slots per expert on average (a full token tile).
-  const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(g.num_local_experts, g.numel));
-  if (g.numel < int64_t{kWsTileT} * experts) return false;
-  // TMA: 16-byte aligned base and row stride, rows addressable by int32.
+  // TMA: 16-byte aligned base and row stride.
   if ((reinterpret_cast<uintptr_t>(g.w) & 15) != 0 || (g.K * 2) % 16 != 0) return false;
-  const int64_t rows = static_cast<int64_t>(g.num_local_experts) * g.N;
-  return rows + kWsTileN < (int64_t{1} << 31) && g.num_blocks * g.block_m < (int64_t{1} << 31);
+  return ws::WsTilesApply(g);
 }
 
 absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
@@ -426,21 +323,16 @@ absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& g, cudaStream_t st
 // --- fused activation -----------------------------------------------------------
 
 namespace {
-std::atomic<int> g_fused_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
+ws::WsSwitch g_fused([] {
+  const char* v = std::getenv("KPLAN_MOE_FUSED_ACT");
+  if (v == nullptr || *v == '\0') return kMoeFusedActDefault;
+  return std::strcmp(v, "0") != 0;
+});
 }  // namespace
 
-void SetMoeFusedActMode(MoeGemmWsMode mode) { g_fused_mode.store(static_cast<int>(mode)); }
+void SetMoeFusedActMode(MoeGemmWsMode mode) { g_fused.Set(mode); }
 
-bool MoeFusedActEnabled() {
-  const auto mode = static_cast<MoeGemmWsMode>(g_fused_mode.load(std::memory_order_relaxed));
-  if (mode != MoeGemmWsMode::kFromEnv) return mode == MoeGemmWsMode::kOn;
-  static const bool env = [] {
-    const char* v = std::getenv("KPLAN_MOE_FUSED_ACT");
-    if (v == nullptr || *v == '\0') return kMoeFusedActDefault;
-    return std::strcmp(v, "0") != 0;
-  }();
-  return env;
-}
+bool MoeFusedActEnabled() { return g_fused.On(); }
 
 bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& g, MoeActivation act, const MoeActParams&) {
   if (act != MoeActivation::kSilu) return false;  // the others: GEMM 1 + LaunchMoeActivation

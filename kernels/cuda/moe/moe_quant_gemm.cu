@@ -22,11 +22,15 @@
 #include <climits>
 #include <type_traits>
 
+#include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
+
+using detail::RoundTo;
+using detail::StoreFromFloat;
 
 constexpr int BM = 64, BN = 128, kThreads = 256;
 constexpr int kModeSimt = 0, kModeF16 = 1, kModeBf16 = 2;
@@ -34,30 +38,6 @@ constexpr int kModeSimt = 0, kModeF16 = 1, kModeBf16 = 2;
 __device__ __forceinline__ float Fp8ToFloat(uint8_t b) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
   return __half2float(__half(h));
-}
-
-__device__ __forceinline__ float RoundC(float v, DType t) {
-  switch (t) {
-    case DType::kFloat16:
-      return __half2float(__float2half_rn(v));
-    case DType::kBFloat16:
-      return __bfloat162float(__float2bfloat16_rn(v));
-    default:
-      return v;
-  }
-}
-
-__device__ __forceinline__ void StoreC(void* p, int64_t i, DType t, float v) {
-  switch (t) {
-    case DType::kFloat16:
-      static_cast<__half*>(p)[i] = __float2half_rn(v);
-      return;
-    case DType::kBFloat16:
-      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-      return;
-    default:
-      static_cast<float*>(p)[i] = v;
-  }
 }
 
 // 8 consecutive raw elements (up to 32 bytes) of one row.
@@ -180,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) QuantGemmKernel(MoeQuantGemmArgs p, 
   if (e < 0 || e >= p.num_local_experts) {  // not a local expert: zero rows
     for (int i = tid; i < BM * BN; i += kThreads) {
       const int64_t slot = s_slot[i / BN], n = n0 + i % BN;
-      if (slot >= 0 && n < N) StoreC(p.c, slot * N + n, p.c_type, 0.0f);
+      if (slot >= 0 && n < N) StoreFromFloat(p.c, slot * N + n, p.c_type, 0.0f);
     }
     return;
   }
@@ -437,9 +417,9 @@ __global__ void __launch_bounds__(kThreads) QuantGemmKernel(MoeQuantGemmArgs p, 
           for (int c = 0; c < 2; ++c) {
             const int64_t n = n0 + wn + j * 8 + 2 * tg + c;
             if (n >= N) continue;
-            float v = RoundC(acc[i][j][h * 2 + c], p.c_type);
-            if (bias != nullptr) v = v + RoundC(bias[n], p.c_type);
-            StoreC(p.c, slot * N + n, p.c_type, v);
+            float v = RoundTo(p.c_type, acc[i][j][h * 2 + c]);
+            if (bias != nullptr) v = v + RoundTo(p.c_type, bias[n]);
+            StoreFromFloat(p.c, slot * N + n, p.c_type, v);
           }
         }
       }
@@ -481,9 +461,9 @@ __global__ void __launch_bounds__(kThreads) QuantGemmKernel(MoeQuantGemmArgs p, 
       for (int j = 0; j < 8; ++j) {
         const int64_t n = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
         if (n >= N) continue;
-        float v = RoundC(acc[i][j], p.c_type);
-        if (bias != nullptr) v = v + RoundC(bias[n], p.c_type);
-        StoreC(p.c, slot * N + n, p.c_type, v);
+        float v = RoundTo(p.c_type, acc[i][j]);
+        if (bias != nullptr) v = v + RoundTo(p.c_type, bias[n]);
+        StoreFromFloat(p.c, slot * N + n, p.c_type, v);
       }
     }
   }

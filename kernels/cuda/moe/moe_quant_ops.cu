@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/runtime/status.h"
@@ -17,6 +18,8 @@
 namespace kplan::kernels::cuda {
 namespace {
 
+using detail::LoadAsFloat;
+using detail::WarpMax;
 using moe_math::Gated;
 using moe_math::Plain;
 
@@ -24,17 +27,6 @@ constexpr float kFp8Max = 448.0f;
 constexpr float kPerTokenMinScale = 1.0f / (448.0f * 512.0f);
 constexpr float kGroupEps = 1e-10f;
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float LoadF(const void* p, int64_t i, DType t) {
-  switch (t) {
-    case DType::kFloat16:
-      return __half2float(static_cast<const __half*>(p)[i]);
-    case DType::kBFloat16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default:
-      return static_cast<const float*>(p)[i];
-  }
-}
 
 // moe::FloatToFp8E4m3(f, /*saturate=*/true).
 __device__ __forceinline__ uint8_t FloatToFp8Sat(float f) {
@@ -51,12 +43,6 @@ __device__ __forceinline__ uint8_t FloatToFp8Sat(float f) {
   const uint32_t exp = (rounded >> 23) - 127 + 7;
   const uint32_t mant = (rounded >> 20) & 0x7u;
   return sign | static_cast<uint8_t>((exp << 3) | mant);
-}
-
-__device__ __forceinline__ float WarpMax(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
 }
 
 // max|x| over the block (NaN ignored, as std::max in the reference).
@@ -78,7 +64,7 @@ __global__ void AbsMaxKernel(DType t, const void* in, int64_t n, float* scratch)
   float m = 0.0f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    m = fmaxf(m, fabsf(LoadF(in, i, t)));
+    m = fmaxf(m, fabsf(LoadAsFloat(in, i, t)));
   }
   m = BlockMax(m, red);
   if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(scratch), __float_as_uint(m));
@@ -97,10 +83,11 @@ __global__ void QuantRowKernel(MoeFp8ActQuant mode, DType t, const void* in, int
     for (int64_t gi = threadIdx.x >> 5; gi < groups; gi += warps) {
       const int64_t k0 = gi * group, k1 = std::min<int64_t>(K, k0 + group);
       float m = 0.0f;
-      for (int64_t k = k0 + lane; k < k1; k += 32) m = fmaxf(m, fabsf(LoadF(in, base + k, t)));
+      for (int64_t k = k0 + lane; k < k1; k += 32)
+        m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
       const float s = __fdiv_rn(fmaxf(WarpMax(m), kGroupEps), kFp8Max);
       for (int64_t k = k0 + lane; k < k1; k += 32) {
-        q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadF(in, base + k, t), s));
+        q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, base + k, t), s));
       }
       if (lane == 0) scale[r * groups + gi] = s;
     }
@@ -110,7 +97,7 @@ __global__ void QuantRowKernel(MoeFp8ActQuant mode, DType t, const void* in, int
   if (mode == MoeFp8ActQuant::kPerToken) {
     float m = 0.0f;
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-      m = fmaxf(m, fabsf(LoadF(in, base + k, t)));
+      m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
     s = fmaxf(__fdiv_rn(BlockMax(m, red), kFp8Max), kPerTokenMinScale);
   } else if (static_scale > 0.0f) {
     s = static_scale;
@@ -119,7 +106,7 @@ __global__ void QuantRowKernel(MoeFp8ActQuant mode, DType t, const void* in, int
     s = m > 0.0f ? __fdiv_rn(m, kFp8Max) : 1.0f;
   }
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
-    q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadF(in, base + k, t), s));
+    q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, base + k, t), s));
   }
   if (threadIdx.x == 0) scale[r] = s;
 }

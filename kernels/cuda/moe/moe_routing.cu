@@ -17,12 +17,16 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {
+
+using detail::WarpMax;
+using detail::WarpSum;
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarpsPerBlock = 4;
@@ -61,18 +65,6 @@ __device__ __forceinline__ void WarpBest(float& v, int& i, float& p) {
       p = op;
     }
   }
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
-  return v;
-}
-
-__device__ __forceinline__ float WarpMax(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, off));
-  return v;
 }
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -1,0 +1,102 @@
+// Host side both warp-specialised grouped GEMM launchers share
+// (moe_gemm_ws_sm90.cu, moe_gemm_ws_fp8_sm90.cu): their on / off switches
+// and integer knobs from the environment, the setup before a launch and the
+// shapes the tile schedule (moe_ws_schedule.h) takes. Internal to
+// kernels/cuda/moe.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/status.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "kernels/cuda/moe/moe_ws_schedule.h"
+#include "kernels/cuda/runtime/device_info.h"
+#include "kernels/cuda/runtime/status.h"
+
+namespace kplan::kernels::cuda::ws {
+
+// The integer value of environment variable `name`; `fallback` when it is
+// unset or empty.
+inline int WsEnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+// True unless environment variable `name` is "old" (which selects the
+// kernel the warp-specialised one replaced).
+inline bool WsEnvNotOld(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::strcmp(v, "old") != 0;
+}
+
+// A launcher's measurement knobs (its benchmark sets them): debug flag bits
+// from `debug_var` (default 0) and the token tiles per group of the schedule
+// from `group_var` (default kWsAutoGroup).
+struct WsKnobs {
+  int debug_flags, group;
+};
+inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var) {
+  return {WsEnvInt(debug_var, 0), WsEnvInt(group_var, kWsAutoGroup)};
+}
+
+// A process-wide on / off switch of one kernel (SetMoeGemmWs*Mode and its
+// *Enabled): kOn / kOff as set, or with kFromEnv (the default) what
+// from_env() says, read on the first call that needs it.
+class WsSwitch {
+ public:
+  explicit constexpr WsSwitch(bool (*from_env)()) : from_env_(from_env) {}
+  void Set(MoeGemmWsMode mode) { mode_.store(static_cast<int>(mode)); }
+  bool On() {
+    const auto m = static_cast<MoeGemmWsMode>(mode_.load(std::memory_order_relaxed));
+    if (m != MoeGemmWsMode::kFromEnv) return m == MoeGemmWsMode::kOn;
+    std::call_once(once_, [this] { env_on_ = from_env_(); });
+    return env_on_;
+  }
+
+ private:
+  bool (*const from_env_)();
+  std::atomic<int> mode_{static_cast<int>(MoeGemmWsMode::kFromEnv)};
+  std::once_flag once_;
+  bool env_on_ = false;
+};
+
+// Before a launch of kKernel with `smem_bytes` of dynamic shared memory on
+// the current device: the device's multiprocessors into *sms, and the
+// kernel's dynamic shared-memory opt-in, set once per device.
+template <auto kKernel>
+absl::Status WsLaunchSetup(int smem_bytes, int* sms) {
+  int device = 0;
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  KPLAN_ASSIGN_OR_RETURN(*sms, MultiprocessorCount(device));
+  static std::atomic<uint64_t> attr_set{0};  // one bit per device, of this kernel
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
+    KPLAN_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    attr_set.fetch_or(bit, std::memory_order_release);
+  }
+  return absl::OkStatus();
+}
+
+// The shapes the tile schedule takes: blocks of 128 or 256 slots, at least
+// 128 slots per expert on average (large M only: a full token tile), the
+// weight rows and the slots addressable by int32.
+inline bool WsTilesApply(const MoeGroupedGemmArgs& g) {
+  if (g.block_m != 128 && g.block_m != 256) return false;
+  const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(g.num_local_experts, g.numel));
+  if (g.numel < int64_t{kWsTileT} * experts) return false;
+  const int64_t rows = static_cast<int64_t>(g.num_local_experts) * g.N;
+  return rows + kWsTileN < (int64_t{1} << 31) && g.num_blocks * g.block_m < (int64_t{1} << 31);
+}
+
+}  // namespace kplan::kernels::cuda::ws

@@ -1,0 +1,182 @@
+// The skeleton both warp-specialised grouped GEMMs share (moe_gemm_ws_sm90.cu:
+// bf16 / fp16, moe_gemm_ws_fp8_sm90.cu: fp8 e4m3): a CTA of kWsThreads
+// threads (warpgroup 0 the producer, 1 and 2 the consumers), the
+// kWsStages-stage shared-memory ring with its full / empty mbarriers, the
+// walk over this CTA's tiles of the persistent grid (moe_ws_schedule.h) and
+// the producer's loop: per k-tile a TMA box of weight rows and the 128
+// token rows gathered with cp.async. What differs between the kernels (the
+// weight boxes, fp8's block scales, the consumers' MMAs and epilogues) stays
+// with each, passed in as lambdas. Everything here is force-inlined and
+// keeps the kernels' order of evaluation; their SASS stayed the same when
+// these lines moved here (CUDA 13, sm_90a: byte-identical but for the
+// register numbers of the unfused bf16 / fp16 consumers' stage and phase).
+// Small rearrangements (the tile loop inlined into WsProduce, the consumers'
+// loops as lambdas) do change the code: after an edit compare the kernels'
+// .text sections (nvcc -cubin -arch=sm_90a, readelf -x) with the old ones.
+// Internal to kernels/cuda/moe.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a type only: no -lcuda)
+
+#include <cstdint>
+
+#include "kernels/cuda/moe/moe_sm90_ptx.cuh"
+#include "kernels/cuda/moe/moe_ws_schedule.h"
+#include "kernels/cuda/moe/pdl.cuh"
+
+namespace kplan::kernels::cuda::ws {
+
+inline constexpr int kWsThreads = 384;      // three warpgroups
+inline constexpr int kWsStages = 4;         // stages of the ring
+inline constexpr int kWsConsumerWarps = 8;  // arrivals that empty a stage
+// Every stage holds 128 bytes of K of every row: one 128-byte swizzle row.
+inline constexpr int kWsTBytes = kWsTileT * 128;  // 16 KiB of token rows, at the stage's start
+inline constexpr int kWsWBytes = kWsTileN * 128;  // 32 KiB of weight rows, after them
+// Dynamic shared memory of a ring of stages of `stage_bytes` (+ room to align to 1024).
+constexpr int WsSmemBytes(int stage_bytes) { return kWsStages * stage_bytes + 1024; }
+
+// The ring: stage s at base + s * kStageBytes (base 1024-aligned, as the
+// 128-byte swizzle wants), its full barrier at full0 + 8 s (the producer's
+// 128 cp.async arrivals + thread 0's expect_tx of the weight bytes), its
+// empty barrier at empty0 + 8 s (one arrival per consumer warp).
+template <int kStageBytes>
+struct WsRing {
+  uint32_t base, full0, empty0;
+  __device__ __forceinline__ uint32_t Stage(int s) const { return base + s * kStageBytes; }
+  __device__ __forceinline__ uint32_t Full(int s) const { return full0 + 8 * s; }
+  __device__ __forceinline__ uint32_t Empty(int s) const { return empty0 + 8 * s; }
+};
+
+// Called by every thread of the CTA first: the ring over the dynamic shared
+// memory, its barriers (static shared memory) initialised by thread 0, which
+// also prefetches the weights' tensor map, a CTA barrier, then the
+// programmatic-dependent-launch wait (pdl.cuh): nothing a previous kernel
+// wrote is read before it.
+template <int kStageBytes>
+__device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wmap) {
+  extern __shared__ uint8_t smem_dyn[];
+  __shared__ uint64_t full_bar[kWsStages];
+  __shared__ uint64_t empty_bar[kWsStages];
+  WsRing<kStageBytes> r;
+  r.base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) + 1023u) & ~1023u;
+  r.full0 = static_cast<uint32_t>(__cvta_generic_to_shared(full_bar));
+  r.empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(empty_bar));
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kWsStages; ++s) {
+      detail::MbarInit(r.Full(s), 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
+      detail::MbarInit(r.Empty(s), kWsConsumerWarps);
+    }
+    detail::FenceProxyAsync();  // the barriers' init visible to the TMA unit
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(wmap)) : "memory");
+  }
+  __syncthreads();
+  detail::PdlWaitThenRelease();
+  return r;
+}
+
+// A thread's position in the ring: the stage it uses next and the parity
+// of that stage's barriers in this use. Producer and consumers step alike.
+struct WsCursor {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void Next() {
+    if (++stage == kWsStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// Linear tile `lin` of `sched`, decoded against p's routing (p.sorted,
+// p.expert_ids, p.block_m, p.numel, p.num_local_experts).
+template <typename P>
+__device__ __forceinline__ WsTileInfo WsTileOf(const P& p, const WsSchedule& sched, int64_t lin) {
+  return WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
+}
+
+// fn(tile) for the tiles of this CTA: linear tiles blockIdx.x, + gridDim.x,
+// ... below `total` (WsTotalTiles(sched)), decoded (WsTileOf).
+template <typename P, typename F>
+__device__ __forceinline__ void WsForEachTile(const P& p, const WsSchedule& sched, int64_t total,
+                                              F&& fn) {
+  for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
+    const WsTileInfo ti = WsTileOf(p, sched, lin);
+    fn(ti);
+  }
+}
+
+// The producer warpgroup (threads 0..127; setmaxnreg down to 40). For each
+// of this CTA's tiles (WsForEachTile) whose expert is this rank's and that
+// holds a slot: the rows of its 128 slots in p.a (slot / p.a_row_div, rows
+// of K elements of E; padding zero-filled), st = on_tile(tile), then for
+// each k-tile kt of nk (128 bytes of K, 128 / sizeof(E) elements): wait
+// until the stage is empty; thread 0 arms the stage's full barrier with
+// kWsWBytes and issues the weight box(es), load_w(st, kt, w_s, full
+// barrier) with w_s the stage's weight rows; every thread copies its
+// 16-byte chunk of 8 token rows into the 128-byte swizzled layout (zero
+// past K); extra(st, kt, stage address) adds the kernel's own copies; the
+// thread's arrival on the full barrier follows its cp.asyncs. Returns once
+// all of them have landed.
+template <typename E, int kStageBytes, typename P, typename OnTile, typename LoadW, typename Extra>
+__device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>& ring,
+                                          const WsSchedule& sched, int64_t total, int64_t K, int nk,
+                                          OnTile&& on_tile, LoadW&& load_w, Extra&& extra) {
+  constexpr int kBK = 128 / static_cast<int>(sizeof(E));  // K elements per stage
+  detail::SetMaxNRegDec<40>();
+  const E* A = static_cast<const E*>(p.a);
+  const int ptid = threadIdx.x;
+  const int chunk = ptid & 7;
+  // Row r = ptid / 8 + 16 i of the tile; its swizzled chunk is the same for all i.
+  const uint32_t dst0 = (ptid >> 3) * 128 + ((chunk ^ ((ptid >> 3) & 7)) << 4);
+  WsCursor c;
+  WsForEachTile(p, sched, total, [&](WsTileInfo ti) {
+    if (!ti.local || ti.empty) return;
+    int32_t arow[kWsTileT / 16];
+#pragma unroll
+    for (int i = 0; i < kWsTileT / 16; ++i) {
+      const int32_t slot = p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i];
+      arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
+    }
+    const auto st = on_tile(ti);
+    for (int kt = 0; kt < nk; ++kt) {
+      detail::MbarWait(ring.Empty(c.stage), c.phase ^ 1);
+      const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + kWsTBytes;
+      const uint32_t fb = ring.Full(c.stage);
+      if (ptid == 0) {
+        detail::MbarArriveExpectTx(fb, kWsWBytes);
+        load_w(st, kt, w_s, fb);
+      }
+      const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8);
+      const bool kok = k < K;
+#pragma unroll
+      for (int i = 0; i < kWsTileT / 16; ++i) {
+        const bool ok = kok && arow[i] >= 0;
+        detail::CpAsync16(t_s + dst0 + i * 16 * 128,
+                          ok ? A + static_cast<int64_t>(arow[i]) * K + k : A, ok);
+      }
+      extra(st, kt, t_s);
+      detail::CpAsyncArriveNoinc(fb);
+      c.Next();
+    }
+  });
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// A consumer thread (warpgroups 1, 2; setmaxnreg up to 232): its warpgroup
+// cw covers slots [64 cw, 64 cw + 64) of a tile, its accumulator fragment
+// rows r0 and r0 + 8.
+struct WsConsumer {
+  int cw, lane, r0;
+};
+__device__ __forceinline__ WsConsumer WsConsumerEnter() {
+  detail::SetMaxNRegInc<232>();
+  const int tid = threadIdx.x;
+  WsConsumer c;
+  c.cw = tid / 128 - 1;
+  const int warp = (tid >> 5) & 3;
+  c.lane = tid & 31;
+  c.r0 = c.cw * 64 + warp * 16 + (c.lane >> 2);
+  return c;
+}
+
+}  // namespace kplan::kernels::cuda::ws
