@@ -14,9 +14,10 @@
 // and wire = round trip - server total (serialisation, gRPC, the socket,
 // both ways). Default shape: Qwen3-30B-A3B bf16 (E=128, k=8, H=2048, I=768).
 // --inline 0 turns the server's --inline_runs off (every call hops to the
-// device worker and back), for the comparison.
+// device worker and back), --cuda_graphs 0 its CUDA graphs of small calls,
+// for the comparisons.
 //   moe_rpc_bench [--iters 200] [--tokens 1,8,64,512] [--transport tcp,unix]
-//                 [--shape E,k,H,I] [--inline 1]
+//                 [--shape E,k,H,I] [--inline 1] [--cuda_graphs 1]
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@
 #include "absl/strings/str_split.h"
 #include "client/cpp/client.h"
 #include "server/rpc/server.h"
+#include "tests/testing/random_data.h"
 
 namespace {
 
@@ -147,13 +149,14 @@ struct ShmArea {
 
 // One server on `address`: load, then every token count in every mode.
 int Measure(const char* transport, const std::string& listen, const Shape& s,
-            const std::vector<int>& tokens, int iters, bool inline_runs) {
+            const std::vector<int>& tokens, int iters, bool inline_runs, bool cuda_graphs) {
   kplan::rpc::ServerOptions options;
   options.listen_address = listen;
   options.allow_skip_device = true;
   options.allow_shared_memory = true;
   ShmArea shm_area;
   options.inline_runs = inline_runs;
+  options.cuda_graphs = cuda_graphs;
   auto server = kplan::rpc::KplanServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "server: %s\n", server.status().ToString().c_str());
@@ -172,7 +175,9 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
   header.set_hidden_size(s.h);
   header.set_intermediate_size(s.inter);
   header.set_dtype(kplan::v1::DTYPE_BFLOAT16);
-  // The weights are generated chunk by chunk as they stream.
+  // The weights are generated chunk by chunk as they stream, by threads
+  // (random_data.h: non-zero bf16 of rms about 0.01).
+  const uint64_t key = rng();
   std::vector<kplan::StreamedTensor> tensors;
   for (auto [name, shape] :
        {std::pair<const char*, std::vector<int64_t>>{"w13", {s.e, 2 * s.inter, s.h}},
@@ -183,8 +188,15 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
     t.bytes = 2;
     for (int64_t d : shape) t.bytes *= d;
     t.shape = shape;
-    t.read = [&rng](int64_t, int64_t n, char* out) {
-      FillBf16(out, static_cast<size_t>(n / 2), rng, 0.02f);
+    t.read = [key](int64_t offset, int64_t n, char* out) {
+      kplan::test_util::ParallelDraws(n / 2, 4, key + static_cast<uint64_t>(offset / 2),
+                                      [out](uint64_t r, int64_t i, int64_t count) {
+                                        for (int64_t j = 0; j < count; ++j) {
+                                          const uint16_t v = kplan::test_util::RandomBf16Of(
+                                              static_cast<uint32_t>(r >> (16 * j)) & 0xffff, -6);
+                                          std::memcpy(out + (i + j) * 2, &v, 2);
+                                        }
+                                      });
       return absl::OkStatus();
     };
     tensors.push_back(std::move(t));
@@ -277,9 +289,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> transports = {"tcp", "unix"};
   Shape shape;
   int inline_runs = 1;
+  int cuda_graphs = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--inline") (void)absl::SimpleAtoi(argv[i + 1], &inline_runs);
+    if (flag == "--cuda_graphs") (void)absl::SimpleAtoi(argv[i + 1], &cuda_graphs);
     if (flag == "--iters") (void)absl::SimpleAtoi(argv[i + 1], &iters);
     if (flag == "--tokens") tokens = IntList(argv[i + 1]);
     if (flag == "--transport") transports = absl::StrSplit(argv[i + 1], ',');
@@ -289,9 +303,10 @@ int main(int argc, char** argv) {
     }
   }
   std::printf(
-      "# E=%d k=%d H=%d I=%d, medians of %d calls (us), inline runs %s; wire = round "
-      "trip - server total\n",
-      shape.e, shape.k, shape.h, shape.inter, iters, inline_runs ? "on" : "off");
+      "# E=%d k=%d H=%d I=%d, medians of %d calls (us), inline runs %s, CUDA graphs %s; wire = "
+      "round trip - server total\n",
+      shape.e, shape.k, shape.h, shape.inter, iters, inline_runs ? "on" : "off",
+      cuda_graphs ? "on" : "off");
   std::printf("%-9s %6s %-5s %-10s %9s %9s %8s %8s %8s %9s %8s %8s\n", "transport", "tokens",
               "mode", "backend", "rt", "server", "decode", "route", "queue", "device", "encode",
               "wire");
@@ -299,7 +314,9 @@ int main(int argc, char** argv) {
     const std::string listen =
         t == "unix" ? absl::StrCat("unix:/tmp/kplan-moe-rpc-bench-", getpid(), ".sock")
                     : std::string("127.0.0.1:0");
-    if (int rc = Measure(t.c_str(), listen, shape, tokens, iters, inline_runs != 0); rc != 0) {
+    if (int rc =
+            Measure(t.c_str(), listen, shape, tokens, iters, inline_runs != 0, cuda_graphs != 0);
+        rc != 0) {
       return rc;
     }
   }

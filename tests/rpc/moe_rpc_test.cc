@@ -516,15 +516,22 @@ TEST_F(MoeRpcTest, SkipDeviceOnlyWhenTheServerAllowsIt) {
   std::unique_ptr<KplanServer> server = std::move(KplanServer::Start(options).value());
   std::unique_ptr<Client> client = Client::Connect(absl::StrCat("127.0.0.1:", server->port()));
   ASSERT_TRUE(client->LoadExperts(Header("l"), Chunks()).ok());
-  absl::StatusOr<v1::RunMoEResponse> run = client->RunMoE(req);
-  ASSERT_TRUE(run.ok()) << run.status();
+  // On the gRPC thread (--inline_runs), as it would on an idle GPU. A call
+  // runs inline only when the worker is idle, and the worker may still be
+  // ending the load's last job when the answer is back: a few tries.
+  DeviceExecutor& executor = *server->environment().executor;
+  int runs = 0;
+  absl::StatusOr<v1::RunMoEResponse> run;
+  for (; runs < 50 && executor.inline_runs() == 0; ++runs) {
+    if (runs > 0) absl::SleepFor(absl::Milliseconds(10));
+    run = client->RunMoE(req);
+    ASSERT_TRUE(run.ok()) << run.status();
+  }
+  EXPECT_EQ(executor.inline_runs(), 1);
   EXPECT_THAT(run->output().shape(), ::testing::ElementsAre(3, kH));
   EXPECT_EQ(run->output().data(), std::string(3 * kH * 4, '\0'));
   EXPECT_GT(run->timing().device_start_at_us(), 0);
   EXPECT_LE(run->timing().device_end_at_us(), run->timing().total_us());
-  // On the gRPC thread (--inline_runs), as it would on an idle GPU.
-  DeviceExecutor& executor = *server->environment().executor;
-  EXPECT_EQ(executor.inline_runs(), 1);
   // Its input is still checked.
   req.mutable_hidden_states()->set_shape(1, kH + 1);
   EXPECT_EQ(client->RunMoE(req).status().code(), absl::StatusCode::kInvalidArgument);
@@ -538,7 +545,7 @@ TEST_F(MoeRpcTest, SkipDeviceOnlyWhenTheServerAllowsIt) {
   const std::string page = server->metrics()->Render();
   for (const char* hop : {"decode", "route", "queue", "device", "encode", "serialize"}) {
     EXPECT_THAT(page, HasSubstr(absl::StrCat("kplan_hop_seconds_count{hop=\"", hop,
-                                             "\",method=\"RunMoE\"} 2")))
+                                             "\",method=\"RunMoE\"} ", runs + 1)))
         << hop;
   }
 }
