@@ -36,23 +36,22 @@ constexpr int64_t kBytes = 4 * 4096;  // the client's object
 constexpr int64_t kOut = 8192;        // where output windows start in it
 constexpr char kUntouched = 0x5a;     // what the client left in the object
 
-ExpertsSpec Spec() {
-  ExpertsSpec s;
-  s.experts_id = "shm-inplace";
-  s.num_experts = kExperts;
-  s.hidden = kHidden;
-  s.intermediate = kInter;
-  s.dtype = kernels::DType::kBFloat16;
-  return s;
-}
+const ExpertsSpec kSpec{.experts_id = "shm-inplace",
+                        .num_experts = kExperts,
+                        .hidden = kHidden,
+                        .intermediate = kInter,
+                        .activation = "silu",
+                        .dtype = kernels::DType::kBFloat16,
+                        .quant = {},
+                        .has_bias = false};
 
 class ShmInPlaceTest : public CpuRunMoeTest {
  protected:
   void SetUp() override {
     CpuRunMoeTest::SetUp();
-    env_.routes = &routes_;
     rng_.seed(std::random_device{}());
-    set_ = RandomExpertSet(Spec(), rng_);
+    set_ = RandomExpertSet(kSpec, rng_);
+    env_.routes = &routes_;
     key_ = absl::StrCat("/kplan-shm-inplace-test-", getpid(), "-", counter_++);
     const int fd = shm_open(key_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     ASSERT_GE(fd, 0) << std::strerror(errno);

@@ -56,9 +56,8 @@ TEST(MoeShmConvertTest, HiddenStatesInPlaceOutputInPlaceUnlessItOverlapsThem) {
     SCOPED_TRACE(c.name);
     v1::RunMoERequest p;
     p.mutable_hidden_states()->set_dtype(v1::DTYPE_BFLOAT16);
-    *p.mutable_hidden_states()->mutable_shm() = c.name.find("same bytes") != std::string::npos
-                                                    ? Ref("a", 4096, kX)
-                                                    : Ref("a", 0, kX);
+    *p.mutable_hidden_states()->mutable_shm() =
+        c.name.find("same bytes") != std::string::npos ? Ref("a", 4096, kX) : Ref("a", 0, kX);
     p.mutable_router_logits()->set_dtype(v1::DTYPE_FLOAT32);
     *p.mutable_router_logits()->mutable_shm() = Ref("a", 512, 2 * 4 * 4);
     *p.mutable_output_shm() = c.output;
