@@ -232,9 +232,9 @@ absl::StatusOr<RunMoeShm> ResolveRunMoeShm(const ShmRegistry* regions, v1::RunMo
   const v1::SharedMemoryRef& ref = p.output_shm();
   KPLAN_ASSIGN_OR_RETURN(
       ShmView view, regions->Resolve(ref.region(), ref.offset(), ref.byte_size(), "output_shm"));
-  const int64_t want = device->hidden_states != nullptr ? device->hidden_bytes
-                       : shm.hidden_states              ? shm.hidden_states->size
-                                           : static_cast<int64_t>(p.hidden_states().data().size());
+  int64_t want = static_cast<int64_t>(p.hidden_states().data().size());
+  if (shm.hidden_states) want = shm.hidden_states->size;
+  if (device->hidden_states != nullptr) want = device->hidden_bytes;
   if (view.size != want) {
     return InvalidField("output_shm.byte_size", absl::StrCat("the output takes ", want,
                                                              " bytes (those of hidden_states); "
