@@ -7,10 +7,6 @@
 // mapped until it ends, a window truncated while the call waits fails the
 // call with the field named (never the server), a call that ended leaves the
 // window as it was, and coalesced members read in place get their own rows.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <future>
 #include <memory>
@@ -18,13 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "gtest/gtest.h"
 #include "server/moe/moe_coalesce.h"
 #include "server/moe/shm_regions.h"
 #include "tests/moe/cpu_run_moe_test.h"
 #include "tests/moe/random_moe.h"
+#include "tests/moe/test_shm_object.h"
 
 namespace kplan {
 namespace {
@@ -36,36 +32,15 @@ constexpr int64_t kBytes = 4 * 4096;  // the client's object
 constexpr int64_t kOut = 8192;        // where output windows start in it
 constexpr char kUntouched = 0x5a;     // what the client left in the object
 
-const ExpertsSpec kSpec{.experts_id = "shm-inplace",
-                        .num_experts = kExperts,
-                        .hidden = kHidden,
-                        .intermediate = kInter,
-                        .activation = "silu",
-                        .dtype = kernels::DType::kBFloat16,
-                        .quant = {},
-                        .has_bias = false};
-
 class ShmInPlaceTest : public CpuRunMoeTest {
  protected:
   void SetUp() override {
     CpuRunMoeTest::SetUp();
     rng_.seed(std::random_device{}());
-    set_ = RandomExpertSet(kSpec, rng_);
+    set_ = RandomExpertSet(PlainSpec("shm-inplace", kExperts, kHidden, kInter), rng_);
     env_.routes = &routes_;
-    key_ = absl::StrCat("/kplan-shm-inplace-test-", getpid(), "-", counter_++);
-    const int fd = shm_open(key_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    ASSERT_GE(fd, 0) << std::strerror(errno);
-    ASSERT_EQ(ftruncate(fd, kBytes), 0);
-    void* p = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    ASSERT_NE(p, MAP_FAILED);
-    client_ = static_cast<char*>(p);
-    std::memset(client_, kUntouched, kBytes);
-    ASSERT_TRUE(regions_.Register(ShmRegionInfo{"r", key_, 0, kBytes, "", 0}).ok());
-  }
-  void TearDown() override {
-    if (client_ != nullptr) munmap(client_, kBytes);
-    shm_unlink(key_.c_str());
+    ASSERT_NE(client_, nullptr);
+    ASSERT_TRUE(regions_.Register(ShmRegionInfo{"r", object_.key(), 0, kBytes, "", 0}).ok());
   }
 
   ShmView View(int64_t offset, int64_t size) {
@@ -105,12 +80,11 @@ class ShmInPlaceTest : public CpuRunMoeTest {
     return release;
   }
 
-  static inline int counter_ = 0;
   MoeRouteCache routes_;
   std::mt19937 rng_;
   std::shared_ptr<ExpertSet> set_;
-  std::string key_;
-  char* client_ = nullptr;  // the client's own mapping
+  TestShmObject object_{"shm-inplace-test", kBytes, kUntouched};
+  char* const client_ = object_.data();  // the client's own mapping
   ShmRegistry regions_;
 };
 
@@ -155,7 +129,7 @@ TEST_F(ShmInPlaceTest, ARegionUnregisteredAndUnlinkedWhileTheCallWaitsStaysMappe
   std::shared_ptr<std::promise<void>> release = HoldWorker();
   std::future<RunMoeOutcome> queued = Start(Request(std::move(shm)));
   regions_.UnregisterAll();
-  ASSERT_EQ(shm_unlink(key_.c_str()), 0);
+  ASSERT_EQ(shm_unlink(object_.key().c_str()), 0);
   EXPECT_TRUE(regions_.List().empty());
   release->set_value();
   RunMoeOutcome got = queued.get();
@@ -167,17 +141,11 @@ TEST_F(ShmInPlaceTest, ARegionUnregisteredAndUnlinkedWhileTheCallWaitsStaysMappe
 // Truncation below a window that a queued call reads or writes: the call
 // fails naming the field, and no page past the object's end is touched.
 TEST_F(ShmInPlaceTest, AWindowTruncatedWhileTheCallWaitsFailsTheCallNotTheServer) {
-  const auto truncate_to = [&](int64_t bytes) {
-    const int fd = shm_open(key_.c_str(), O_RDWR, 0);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(ftruncate(fd, bytes), 0);
-    close(fd);
-  };
   {
     SCOPED_TRACE("hidden states");
     std::shared_ptr<std::promise<void>> release = HoldWorker();
     std::future<RunMoeOutcome> queued = Start(Request(InPlace(Random(3), 4096)));
-    truncate_to(4096);
+    object_.Truncate(4096);
     release->set_value();
     RunMoeOutcome got = queued.get();
     EXPECT_EQ(got.result.status().code(), absl::StatusCode::kFailedPrecondition)
@@ -186,12 +154,12 @@ TEST_F(ShmInPlaceTest, AWindowTruncatedWhileTheCallWaitsFailsTheCallNotTheServer
   }
   {
     SCOPED_TRACE("output");
-    truncate_to(kBytes);
+    object_.Truncate(kBytes);
     MoeRunInput in = Random(2);
     OutputAt(in, kOut);
     std::shared_ptr<std::promise<void>> release = HoldWorker();
     std::future<RunMoeOutcome> queued = Start(Request(std::move(in)));
-    truncate_to(kOut);
+    object_.Truncate(kOut);
     release->set_value();
     RunMoeOutcome got = queued.get();
     EXPECT_EQ(got.result.status().code(), absl::StatusCode::kFailedPrecondition)

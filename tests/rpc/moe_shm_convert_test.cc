@@ -3,16 +3,11 @@
 // place, router logits copied into the request, and the output window is
 // written in place unless it overlaps the hidden states' bytes, through the
 // same registration or another one of the object.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <cstring>
 #include <string>
 
-#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/rpc/moe_convert.h"
+#include "tests/moe/test_shm_object.h"
 
 namespace kplan::rpc {
 namespace {
@@ -26,18 +21,13 @@ v1::SharedMemoryRef Ref(const std::string& region, int64_t offset, int64_t size)
 }
 
 TEST(MoeShmConvertTest, HiddenStatesInPlaceOutputInPlaceUnlessItOverlapsThem) {
-  const std::string key = absl::StrCat("/kplan-moe-shm-convert-test-", getpid());
-  const int fd = shm_open(key.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  ASSERT_GE(fd, 0) << std::strerror(errno);
-  ASSERT_EQ(ftruncate(fd, 8192), 0);
-  char* mem = static_cast<char*>(mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  close(fd);
-  ASSERT_NE(mem, MAP_FAILED);
+  TestShmObject object("moe-shm-convert-test", 8192);
+  char* const mem = object.data();
+  ASSERT_NE(mem, nullptr);
   for (int i = 0; i < 8192; ++i) mem[i] = static_cast<char>(i % 251);
   ShmRegistry regions;
-  ASSERT_TRUE(regions.Register(ShmRegionInfo{"a", key, 0, 8192, "", 0}).ok());
-  ASSERT_TRUE(regions.Register(ShmRegionInfo{"b", key, 4096, 4096, "", 0}).ok());
-  shm_unlink(key.c_str());  // mapped already
+  ASSERT_TRUE(regions.Register(ShmRegionInfo{"a", object.key(), 0, 8192, "", 0}).ok());
+  ASSERT_TRUE(regions.Register(ShmRegionInfo{"b", object.key(), 4096, 4096, "", 0}).ok());
 
   constexpr int64_t kX = 2 * 8 * 2;  // [2, 8] bf16
   struct Case {
@@ -89,7 +79,6 @@ TEST(MoeShmConvertTest, HiddenStatesInPlaceOutputInPlaceUnlessItOverlapsThem) {
       EXPECT_TRUE(asked);
     }
   }
-  munmap(mem, 8192);
 }
 
 }  // namespace
