@@ -147,7 +147,8 @@ struct MoeRunShape {
 };
 
 // Checks `input` against `spec`: shapes, byte sizes, dtypes of the routing
-// inputs, top-k ids in range, apply_router_weight_on_input only with k == 1.
+// inputs, top-k ids in range, apply_router_weight_on_input only with k == 1,
+// hidden states read in place still there (HostBytes::CheckIntact).
 // INVALID_ARGUMENT names the request field (hidden_states.shape,
 // router_logits, routing.top_k, topk_ids, ...).
 absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeRunInput& input);
@@ -159,7 +160,9 @@ absl::Status RefuseDeviceTensors(const MoeRunInput& input, absl::string_view whe
 
 // Checks the input (CheckMoeRunInput) and runs the layer on the CPU; past
 // `deadline` the experts stop between row blocks and the answer is
-// DEADLINE_EXCEEDED (the server passes the call's deadline). Tensors in
+// DEADLINE_EXCEEDED (the server passes the call's deadline). With
+// input.host_output the combine writes the output into the window
+// (in_place), once the experts ran and if Writable. Tensors in
 // client CUDA memory are refused (RefuseDeviceTensors).
 absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& input,
                                          absl::Time deadline = absl::InfiniteFuture());
