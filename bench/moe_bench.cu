@@ -587,9 +587,9 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
     kplan::MoeRunInput in;
     in.act_dtype = kplan::kernels::DType::kBFloat16;
     in.hidden_shape = {M, H};
-    in.hidden_states.resize(M * H * 2);
-    CHECK_CUDA(
-        cudaMemcpy(in.hidden_states.data(), hidden[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
+    std::string hidden_host(M * H * 2, '\0');
+    CHECK_CUDA(cudaMemcpy(hidden_host.data(), hidden[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
+    in.hidden_states = std::move(hidden_host);
     in.logits_shape = {M, E};
     in.router_logits.resize(M * E * 4);
     CHECK_CUDA(

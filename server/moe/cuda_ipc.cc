@@ -129,6 +129,26 @@ absl::Status CopyCudaToHost(void* host, const void* src, int64_t bytes, int devi
   return absl::OkStatus();
 }
 
+bool PinHostMemory(void* p, size_t bytes) {
+  const cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it for the next call on this thread
+    spdlog::info(
+        "shared-memory region of {} bytes stays unpinned (cudaHostRegister: {}); the "
+        "GPU path stages its bytes",
+        bytes, cudaGetErrorString(err));
+    return false;
+  }
+  return true;
+}
+
+void UnpinHostMemory(void* p) {
+  if (const cudaError_t err = cudaHostUnregister(p); err != cudaSuccess) {
+    cudaGetLastError();
+    spdlog::warn("cudaHostUnregister of a shared-memory region: {}", cudaGetErrorString(err));
+  }
+}
+
 #else  // without CUDA in the build
 
 namespace {
@@ -142,6 +162,8 @@ absl::Status NoCuda() {
 absl::StatusOr<CudaIpcMemory> OpenCudaIpcMemory(absl::string_view, int) { return NoCuda(); }
 void CloseCudaIpcMemory(void*, int, absl::string_view) {}
 absl::Status CopyCudaToHost(void*, const void*, int64_t, int) { return NoCuda(); }
+bool PinHostMemory(void*, size_t) { return false; }
+void UnpinHostMemory(void*) {}
 
 #endif
 

@@ -1,8 +1,9 @@
 // CUDA IPC memory of another process on this host, for the shared-memory
 // regions of shm_regions.h (Triton's CUDA shared-memory extension): open a
 // cudaIpcMemHandle_t once, close it when the region goes, copy bytes out of
-// it. The one file of the region registry that sees CUDA; without CUDA in
-// the build every call is UNIMPLEMENTED. This header needs no CUDA headers.
+// it; and page-locking a POSIX region's mapping for the GPUs. The one file
+// of the region registry that sees CUDA; without CUDA in the build every
+// call is UNIMPLEMENTED (pinning: false). This header needs no CUDA headers.
 #pragma once
 
 #include <cstddef>
@@ -35,5 +36,13 @@ absl::StatusOr<CudaIpcMemory> OpenCudaIpcMemory(absl::string_view handle, int de
 void CloseCudaIpcMemory(void* base, int device, absl::string_view handle);
 // Synchronous copy of `bytes` of device memory on `device` to the host.
 absl::Status CopyCudaToHost(void* host, const void* src, int64_t bytes, int device);
+
+// cudaHostRegister (portable: every GPU of the process) of `bytes` of host
+// memory at `p` (a POSIX region's mapping), so that the copy engines read and
+// write it directly. False, logged and the error cleared, when the driver
+// refuses (the memory is then used unpinned); always false without CUDA.
+bool PinHostMemory(void* p, size_t bytes);
+// cudaHostUnregister of what PinHostMemory(p) pinned; errors are logged.
+void UnpinHostMemory(void* p);
 
 }  // namespace kplan

@@ -301,10 +301,15 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
             "' run on cuda:", experts.device(), "; allocate the tensors on that GPU")),
         dev.field);
   }
+  // The output goes to client device memory, into a client's POSIX window
+  // (in_place), or back in `out`.
+  const MoeHostOutput& window = in.host_output;
+  const bool to_window = dev.output == nullptr && window.any();
   MoeRunOutput out;
   out.num_tokens = M;
   out.top_k = k;
-  if (dev.output == nullptr) out.output.resize(M * spec.hidden * act_bytes);
+  out.in_place = to_window;
+  if (dev.output == nullptr && !to_window) out.output.resize(M * spec.hidden * act_bytes);
   out.topk_ids.resize(M * k);
   out.topk_weights.resize(M * k);
   if (M == 0) return out;
@@ -352,13 +357,17 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   }
 
   // --- Uploads: one copy of each host input into pinned memory, one DMA;
-  // then inputs in client device memory device-to-device over their part
-  // (hidden states, then logits, lead the layout: the DMA starts after
-  // those that are on the device).
+  // then inputs in client device memory device-to-device over their part,
+  // and hidden states read in place from a window the server pinned
+  // (ShmRegion::pinned) by a DMA of their own, never staged (hidden states,
+  // then logits, lead the layout: the staged DMA starts after those that
+  // are not staged).
   KPLAN_ASSIGN_OR_RETURN(kc::PinnedHostBuffer * pinned,
                          ThisThreadsPinnedBuffer(io_bytes, tw.graphs));
   char* host = pinned->data();
-  if (dev.hidden_states == nullptr) {
+  const bool hidden_pinned = dev.hidden_states == nullptr && in.hidden_states.in_place() &&
+                             in.hidden_states.shm().region->pinned();
+  if (dev.hidden_states == nullptr && !hidden_pinned) {
     std::memcpy(host + o_hidden, in.hidden_states.data(), M * H * act_bytes);
   }
   if (by_logits) {
@@ -371,7 +380,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     std::memcpy(host + o_w, in.topk_weights.data(), numel * 4);
   }
   int64_t upload_from = 0;
-  if (dev.hidden_states != nullptr) {
+  if (dev.hidden_states != nullptr || hidden_pinned) {
     upload_from = by_logits ? o_logits : o_ids;
     if (by_logits && dev.router_logits != nullptr) upload_from = has_bias ? o_bias : o_ids;
   }
@@ -389,6 +398,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   la.batch_invariant = in.batch_invariant;
   la.act_dtype = in.act_dtype;
   la.output = ws.At<void>(o_out);
+  const bool window_pinned = to_window && window.view.region->pinned();
   // Everything on the stream from the upload to the download: enqueued
   // directly, or captured once into a graph and replayed (gpu_graphs.h).
   const auto enqueue = [&]() -> absl::Status {
@@ -402,19 +412,26 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
       return absl::OkStatus();
     };
     KPLAN_RETURN_IF_ERROR(d2d(o_hidden, dev.hidden_states, M * H * act_bytes));
+    if (hidden_pinned) {
+      KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(o_hidden), in.hidden_states.data(),
+                                                 M * H * act_bytes, cudaMemcpyHostToDevice,
+                                                 stream));
+    }
     if (by_logits) KPLAN_RETURN_IF_ERROR(d2d(o_logits, dev.router_logits, M * E * 4));
     if (stats != nullptr) KPLAN_RETURN_IF_ERROR(start.Record(stream));
     KPLAN_RETURN_IF_ERROR(EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
     if (stats != nullptr) KPLAN_RETURN_IF_ERROR(stop.Record(stream));
     // Downloads: one DMA into the pinned mirror (the routing, and the
-    // output unless it goes to client device memory).
-    const int64_t download_end = dev.output != nullptr ? o_out : io_bytes;
+    // output unless it goes to client device memory or to a pinned window).
+    const int64_t download_end = dev.output != nullptr || window_pinned ? o_out : io_bytes;
     KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         host + o_ids, ws.At<void>(o_ids), download_end - o_ids, cudaMemcpyDeviceToHost, stream));
     return absl::OkStatus();
   };
+  // Not graphed: copies from or to memory that is not the thread's own
+  // (client device memory, pinned client windows, whose addresses vary).
   const bool graphable = in.cuda_graph && stream != nullptr && stats == nullptr && !dev.any() &&
-                         M <= kMoeGraphMaxTokens;
+                         !hidden_pinned && !window_pinned && M <= kMoeGraphMaxTokens;
   if (!graphable) {
     KPLAN_RETURN_IF_ERROR(enqueue());
   } else {
@@ -457,6 +474,19 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     drained = false;
     KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     drained = true;
+  } else if (to_window) {
+    // Likewise into a client's window; a pinned one by DMA from the
+    // workspace, else from the pinned mirror (no copy in between).
+    KPLAN_RETURN_IF_ERROR(window.Writable(M * H * act_bytes));
+    if (window_pinned) {
+      KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          window.view.data, ws.At<void>(o_out), M * H * act_bytes, cudaMemcpyDeviceToHost, stream));
+      drained = false;
+      KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      drained = true;
+    } else {
+      std::memcpy(window.view.data, host + o_out, M * H * act_bytes);
+    }
   } else {
     std::memcpy(out.output.data(), host + o_out, M * H * act_bytes);
   }

@@ -123,7 +123,10 @@ struct GpuRunStats {
 // legacy default stream): upload of hidden states and logits (or ids and
 // weights), routing, moe_align_block_size (block MoeGemmBlockMFor), GEMM 1,
 // activation, GEMM 2, combine, download of the output and the routing; one
-// synchronisation at the end. Input errors are those of RunMoeOnCpu
+// synchronisation at the end (two when the output goes to client memory:
+// it is written there only once the layer ran and the call stands; a POSIX
+// window the server pinned is read and written by DMA, an unpinned one
+// through the pinned staging buffer). Input errors are those of RunMoeOnCpu
 // (INVALID_ARGUMENT naming the request field); act_dtype is fp32, fp16 or
 // bf16 whatever the weights' dtype. The workspace and the pinned staging
 // buffer are the calling thread's, kept across calls and grown on demand;

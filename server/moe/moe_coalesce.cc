@@ -95,16 +95,18 @@ MoeRunInput Merge(const std::vector<const MoeRunInput*>& parts) {
     logits += p->router_logits.size();
     ids += p->topk_ids.size();
   }
-  merged.hidden_states.reserve(hidden);
+  std::string merged_hidden;  // the members' rows, read in place or not
+  merged_hidden.reserve(hidden);
   merged.router_logits.reserve(logits);
   merged.topk_ids.reserve(ids);
   merged.topk_weights.reserve(ids);
   for (const MoeRunInput* p : parts) {
-    merged.hidden_states += p->hidden_states;
+    merged_hidden.append(p->hidden_states.data(), p->hidden_states.size());
     merged.router_logits += p->router_logits;
     merged.topk_ids += p->topk_ids;
     merged.topk_weights += p->topk_weights;
   }
+  merged.hidden_states = std::move(merged_hidden);
   merged.hidden_shape = {m, first.hidden_shape[1]};
   if (first.by_logits()) {
     merged.logits_shape = {m, first.logits_shape[1]};
@@ -347,6 +349,8 @@ void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where)
                     where.name, " (for ", absl::FormatDuration(start - g.arrived[i]), ")")));
     } else if (m.cancelled && m.cancelled()) {
       g.Fail(i, absl::CancelledError("the call was cancelled while it waited for its launch"));
+    } else if (absl::Status intact = m.input.hidden_states.CheckIntact(); !intact.ok()) {
+      g.Fail(i, intact);  // its window was truncated: reading it for the merge would fault
     } else {
       live.push_back(i);
       deadline = std::max(deadline, m.deadline);

@@ -47,6 +47,11 @@
 // an error of the launch (or a refused job) reaches every member.
 // Coalesced calls never run inline on the gRPC thread (--inline_runs): the
 // launch is always a job of the device's worker.
+// Shared memory: a merged launch copies each member's hidden states into its
+// batch, read in place from a client's window where the member's are (the
+// window checked intact first, else that member fails alone), and its rows
+// come back in MoeRunOutput::output for the caller to write into a member's
+// output window; a member launched alone writes its own in place.
 // Timing per caller: queue and queued are the caller's own (queue counts from
 // its arrival, the window included); device, device_start and device_end are
 // the launch's, shared by its members.

@@ -30,6 +30,23 @@ absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& sha
 
 }  // namespace
 
+absl::Status HostBytes::CheckIntact() const {
+  if (!in_place()) return absl::OkStatus();
+  return WithField(view_.region->CheckIntact(), "hidden_states.shm.region");
+}
+
+absl::Status MoeHostOutput::Writable(int64_t bytes) const {
+  if (view.size != bytes) {
+    return InvalidField(
+        "output_shm.byte_size",
+        absl::StrCat("the output takes ", bytes, " bytes; output_shm.byte_size is ", view.size));
+  }
+  if (cancelled && cancelled()) {
+    return absl::CancelledError("the call ended before its output was written to output_shm");
+  }
+  return WithField(view.region->CheckIntact(), "output_shm.region");
+}
+
 absl::StatusOr<moe::RoutingSpec> RoutingSpecFor(const MoeRouting& r, int num_experts) {
   moe::RoutingSpec s;
   s.num_experts = num_experts;
@@ -91,12 +108,13 @@ absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeR
   MoeRunShape shape;
   const int64_t m = shape.num_tokens = in.hidden_shape[0];
   const MoeDeviceTensors& dev = in.device;
-  const auto bytes = [](const std::string& host, const void* device, int64_t device_bytes) {
+  const auto bytes = [](const auto& host, const void* device, int64_t device_bytes) {
     return device != nullptr ? device_bytes : static_cast<int64_t>(host.size());
   };
   KPLAN_RETURN_IF_ERROR(CheckShape("hidden_states", in.hidden_shape, {m, spec.hidden},
                                    bytes(in.hidden_states, dev.hidden_states, dev.hidden_bytes),
                                    kernels::DTypeSize(in.act_dtype)));
+  KPLAN_RETURN_IF_ERROR(in.hidden_states.CheckIntact());
   shape.by_logits = in.by_logits();
   const bool by_ids = !in.topk_ids.empty() || !in.topk_shape.empty();
   if (shape.by_logits == by_ids) {
@@ -173,11 +191,21 @@ absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunI
   MoeRunOutput out;
   out.num_tokens = m;
   out.top_k = p.top_k;
-  out.output.resize(m * spec.hidden * kernels::DTypeSize(in.act_dtype));
   out.topk_ids.resize(m * p.top_k);
   out.topk_weights.resize(m * p.top_k);
-  KPLAN_RETURN_IF_ERROR(
-      moe::MoeReference(p, out.output.data(), out.topk_weights.data(), out.topk_ids.data()));
+  void* output;
+  if (in.host_output.any()) {
+    // Straight into the client's window, which the combine writes last,
+    // once the experts ran and the window may still be written.
+    const int64_t bytes = m * spec.hidden * kernels::DTypeSize(in.act_dtype);
+    p.before_output = [&in, bytes] { return in.host_output.Writable(bytes); };
+    output = in.host_output.view.data;
+    out.in_place = true;
+  } else {
+    out.output.resize(m * spec.hidden * kernels::DTypeSize(in.act_dtype));
+    output = out.output.data();
+  }
+  KPLAN_RETURN_IF_ERROR(moe::MoeReference(p, output, out.topk_weights.data(), out.topk_ids.data()));
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -16,6 +17,7 @@
 #include "kernels/cpu/moe/moe_reference.h"
 #include "kernels/cuda/moe/moe_quant_route.h"
 #include "server/moe/expert_set.h"
+#include "server/moe/shm_regions.h"
 
 namespace kplan {
 
@@ -48,10 +50,63 @@ struct MoeDeviceTensors {
   bool any() const { return hidden_states != nullptr || router_logits != nullptr || output; }
 };
 
+// The hidden states' bytes in host memory: the server's own (moved out of
+// the request), or read in place in a client's POSIX shared-memory window
+// (RunMoE's Tensor.shm), which the view keeps mapped while the call holds
+// it. A client that rewrites the window during its call races the reads
+// (the API forbids it); the values then read steer no index, only
+// arithmetic, which is why the hidden states alone are read in place and
+// what routes (router logits, a given top-k) is always copied.
+class HostBytes {
+ public:
+  HostBytes() = default;
+  HostBytes(std::string bytes) : owned_(std::move(bytes)) {}  // NOLINT: as the string it was
+  explicit HostBytes(ShmView view) : view_(std::move(view)) {}
+  const char* data() const { return in_place() ? view_.data : owned_.data(); }
+  size_t size() const { return in_place() ? static_cast<size_t>(view_.size) : owned_.size(); }
+  bool empty() const { return size() == 0; }
+  absl::string_view bytes() const { return absl::string_view(data(), size()); }
+  // Read in place from a client's window (shm()), not the server's bytes.
+  bool in_place() const { return view_.region != nullptr; }
+  const ShmView& shm() const { return view_; }
+  // OK for the server's bytes; for a window, its region's CheckIntact
+  // (FAILED_PRECONDITION naming hidden_states.shm.region when its object was
+  // truncated: reading would raise SIGBUS). Asked by every path before it reads.
+  absl::Status CheckIntact() const;
+  // Replacing the bytes (tests and benchmarks build inputs as strings).
+  void assign(size_t n, char c) { *this = HostBytes(std::string(n, c)); }
+  void assign(const char* p, size_t n) { *this = HostBytes(std::string(p, n)); }
+  void clear() { *this = HostBytes(); }
+
+ private:
+  std::string owned_;
+  ShmView view_;
+};
+
+// The output in a window of a client's POSIX region (RunMoE's output_shm),
+// [M, H] in act_dtype, instead of MoeRunOutput::output. The paths that can
+// (the CPU reference, the GPU path, a skipped run) write it there straight
+// from the layer, only once the layer ran and Writable() says so, and set
+// MoeRunOutput::in_place; the others (the expert-parallel group, a launch
+// coalescing several calls) leave it in MoeRunOutput::output for the caller
+// to copy. Never set while the window overlaps the hidden states' (the
+// caller copies after the run: an input is never overwritten while read).
+struct MoeHostOutput {
+  ShmView view;                     // region null: the output comes back in MoeRunOutput
+  std::function<bool()> cancelled;  // the call ended
+  bool any() const { return view.region != nullptr; }
+  // Asked just before writing the output's `bytes`: CANCELLED once the call
+  // ended (its client may reuse the window: no late writes),
+  // FAILED_PRECONDITION naming output_shm.region when its object was
+  // truncated, INVALID_ARGUMENT naming output_shm.byte_size when the window
+  // is not `bytes` long.
+  absl::Status Writable(int64_t bytes) const;
+};
+
 struct MoeRunInput {
   kernels::DType act_dtype = kernels::DType::kBFloat16;  // float32 | float16 | bfloat16
   std::vector<int64_t> hidden_shape;                     // [M, H]
-  std::string hidden_states;                             // raw bytes
+  HostBytes hidden_states;                               // raw bytes
   // Either router logits (fp32 [M, E]) with routing ...
   std::vector<int64_t> logits_shape;
   std::string router_logits;
@@ -62,7 +117,8 @@ struct MoeRunInput {
   bool apply_router_weight_on_input = false;
   // Routed from router_logits (else by a given top-k).
   bool by_logits() const { return !router_logits.empty() || !logits_shape.empty(); }
-  MoeDeviceTensors device;  // tensors in client CUDA memory, if any
+  MoeDeviceTensors device;    // tensors in client CUDA memory, if any
+  MoeHostOutput host_output;  // the output into a client's POSIX window, if any
   // Every output row must come out as if its token ran alone, whatever the
   // other rows of the launch (coalesced calls, moe_coalesce.h): the GPU path
   // then picks its kernels without looking at M (MoeLayerArgs::
@@ -74,7 +130,8 @@ struct MoeRunInput {
 };
 
 struct MoeRunOutput {
-  std::string output;  // [M, H] in act_dtype
+  std::string output;     // [M, H] in act_dtype; empty when in_place
+  bool in_place = false;  // written into MoeRunInput::host_output instead
   int64_t num_tokens = 0;
   int top_k = 0;
   std::vector<int32_t> topk_ids;
@@ -119,7 +176,8 @@ struct MoeRunShape {
 };
 
 // Checks `input` against `spec`: shapes, byte sizes, dtypes of the routing
-// inputs, top-k ids in range, apply_router_weight_on_input only with k == 1.
+// inputs, top-k ids in range, apply_router_weight_on_input only with k == 1,
+// hidden states read in place still there (HostBytes::CheckIntact).
 // INVALID_ARGUMENT names the request field (hidden_states.shape,
 // router_logits, routing.top_k, topk_ids, ...).
 absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeRunInput& input);
@@ -131,7 +189,9 @@ absl::Status RefuseDeviceTensors(const MoeRunInput& input, absl::string_view whe
 
 // Checks the input (CheckMoeRunInput) and runs the layer on the CPU; past
 // `deadline` the experts stop between row blocks and the answer is
-// DEADLINE_EXCEEDED (the server passes the call's deadline). Tensors in
+// DEADLINE_EXCEEDED (the server passes the call's deadline). With
+// input.host_output the combine writes the output into the window
+// (in_place), once the experts ran and if Writable. Tensors in
 // client CUDA memory are refused (RefuseDeviceTensors).
 absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunInput& input,
                                          absl::Time deadline = absl::InfiniteFuture());

@@ -1,5 +1,6 @@
 #include "server/moe/run_moe.h"
 
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -36,14 +37,22 @@ MoeExecutionPlan MakePlan(std::string backend, std::string experts_kernel, std::
 }
 
 // A run whose layer is skipped (skip_device): the input checked as the
-// runners check it, then zeros of [M, H] and an empty top-k of [M, k].
+// runners check it, then zeros of [M, H] (into the host output window when
+// there is one) and an empty top-k of [M, k].
 absl::StatusOr<MoeRunOutput> SkippedRun(const ExpertsSpec& spec, const MoeRunInput& input) {
   KPLAN_ASSIGN_OR_RETURN(const MoeRunShape shape, CheckMoeRunInput(spec, input));
   const int64_t act_bytes = kernels::DTypeSize(input.act_dtype);
   MoeRunOutput out;
   out.num_tokens = shape.num_tokens;
   out.top_k = shape.top_k;
-  out.output.assign(shape.num_tokens * spec.hidden * act_bytes, '\0');
+  const int64_t bytes = shape.num_tokens * spec.hidden * act_bytes;
+  if (input.host_output.any()) {  // as the layer would: into the client's window
+    KPLAN_RETURN_IF_ERROR(input.host_output.Writable(bytes));
+    if (bytes > 0) std::memset(input.host_output.view.data, 0, static_cast<size_t>(bytes));
+    out.in_place = true;
+  } else {
+    out.output.assign(bytes, '\0');
+  }
   out.topk_ids.assign(shape.num_tokens * shape.top_k, 0);
   out.topk_weights.assign(shape.num_tokens * shape.top_k, 0.f);
   return out;
@@ -84,6 +93,14 @@ absl::Status RunOnGroup(moe::ep::EpGroup& group, RunMoeRequest request, const Ru
                         RunMoeDone done) {
   KPLAN_ASSIGN_OR_RETURN(const moe::ep::EpStrategy strategy,
                          ResolveEpStrategy(request.parallel, request.moe_backend, group.kind()));
+  // The ranks read their slices on their own threads, each at its own time:
+  // a window truncated meanwhile could fail one rank inside a collective the
+  // others wait in. The group takes a copy instead (and its output goes to
+  // the window through the caller).
+  if (request.input.hidden_states.in_place()) {
+    KPLAN_RETURN_IF_ERROR(request.input.hidden_states.CheckIntact());
+    request.input.hidden_states = std::string(request.input.hidden_states.bytes());
+  }
   const absl::Time queued = absl::Now();
   return group.RunMoe(
       std::move(request.experts), std::move(request.input), strategy, request.return_routing,
@@ -118,11 +135,14 @@ absl::Status RunOnGroup(moe::ep::EpGroup& group, RunMoeRequest request, const Ru
 int64_t RunMoeHeldBytes(const MoeRunInput& in) {
   // Its inputs, and the output it will make: [M, H] like hidden_states, plus
   // top-k ids and weights of [M, k] with k <= E, at most twice the fp32
-  // [M, E] logits (or as large as the given ones). Sums of received byte
-  // counts, so no term can overflow.
-  const auto n = [](const std::string& s) { return static_cast<int64_t>(s.size()); };
-  return 2 * n(in.hidden_states) + 3 * n(in.router_logits) +
-         2 * (n(in.topk_ids) + n(in.topk_weights));
+  // [M, E] logits (or as large as the given ones). Hidden states read in
+  // place and an output written into the client's window are the client's
+  // memory, not the server's. Sums of received byte counts, so no term can
+  // overflow.
+  const auto n = [](const auto& s) { return static_cast<int64_t>(s.size()); };
+  const int64_t hidden = n(in.hidden_states);
+  return (in.hidden_states.in_place() ? 0 : hidden) + (in.host_output.any() ? 0 : hidden) +
+         3 * n(in.router_logits) + 2 * (n(in.topk_ids) + n(in.topk_weights));
 }
 
 std::vector<std::string> ExecutableMoeBackends(bool have_devices) {

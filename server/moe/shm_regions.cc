@@ -21,6 +21,7 @@ namespace kplan {
 
 ShmRegion::~ShmRegion() {
   if (device_ >= 0 && data_ != nullptr) CloseCudaIpcMemory(data_, device_, info_.cuda_ipc_handle);
+  if (pinned_) UnpinHostMemory(map_);
   if (map_ != nullptr) munmap(map_, map_bytes_);
   if (fd_ >= 0) close(fd_);
 }
@@ -42,6 +43,18 @@ absl::Status ShmView::CopyTo(void* dst) const {
   KPLAN_RETURN_IF_ERROR(region->CheckIntact());
   std::memcpy(dst, data, static_cast<size_t>(size));
   return absl::OkStatus();
+}
+
+bool ShmView::Overlaps(const ShmView& other) const {
+  if (region == nullptr || other.region == nullptr || size == 0 || other.size == 0) return false;
+  const ShmRegion& a = *region;
+  const ShmRegion& b = *other.region;
+  if (a.device() >= 0 || b.device() >= 0) return false;
+  if (a.object_dev_ != b.object_dev_ || a.object_ino_ != b.object_ino_) return false;
+  // Offsets in the object: the window's start plus the view's place in it.
+  const int64_t at = a.info().offset + (data - a.data());
+  const int64_t other_at = b.info().offset + (other.data - b.data());
+  return at < other_at + other.size && other_at < at + size;
 }
 
 namespace {
@@ -172,6 +185,11 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
   }
   region->map_ = map;
   region->data_ = static_cast<char*>(map) + (info.offset - start);
+  region->object_dev_ = static_cast<uint64_t>(st.st_dev);
+  region->object_ino_ = static_cast<uint64_t>(st.st_ino);
+  // For the GPUs' copy engines; a refusal leaves the region unpinned (the
+  // GPU path stages its bytes instead).
+  if (!gpus_.empty()) region->pinned_ = PinHostMemory(map, region->map_bytes_);
   return Insert(info.name, std::move(region));
 }
 

@@ -14,6 +14,12 @@
 // the server's GPUs, opened once at registration (cuda_ipc.h) and closed
 // when the last holder lets go; its views are device pointers, which the GPU
 // path reads and writes device-to-device.
+//
+// RunMoE reads a POSIX view's hidden states in place and writes its output
+// straight into the output window (server/moe/moe_runner.h, MoeRunInput). On
+// a server with GPUs the mapping is also page-locked for them at
+// registration (cudaHostRegister, when the driver allows it: pinned()), so
+// the GPU path copies between it and the device by DMA, with no staging.
 #pragma once
 
 #include <cstdint>
@@ -56,15 +62,22 @@ class ShmRegion {
   const ShmRegionInfo& info() const { return info_; }
   char* data() const { return data_; }    // the window's first byte (device memory: device())
   int device() const { return device_; }  // the GPU of a CUDA region; -1 for host memory
+  // A POSIX region whose mapping is page-locked for the server's GPUs
+  // (cudaHostRegister succeeded at registration): they copy to and from it
+  // by DMA. False for a CUDA region, on a server without GPUs, and where the
+  // driver refused (the GPU path then stages the bytes).
+  bool pinned() const { return pinned_; }
   // FAILED_PRECONDITION when the object no longer covers the window (its
   // owner truncated it): touching the pages past its end would raise
-  // SIGBUS. Checked before every copy in or out; a client that shrinks its
-  // object during a copy still races it, which the API forbids. OK for a
+  // SIGBUS. Checked at every resolve, again before a path reads hidden
+  // states in place and before the output is written; a client that shrinks
+  // its object in between still races it, which the API forbids. OK for a
   // CUDA region (its allocation stays while the server holds it open).
   absl::Status CheckIntact() const;
 
  private:
   friend class ShmRegistry;
+  friend struct ShmView;  // Overlaps reads the object's identity
   ShmRegion() = default;
   ShmRegionInfo info_;
   int fd_ = -1;          // kept open for CheckIntact
@@ -72,6 +85,10 @@ class ShmRegion {
   size_t map_bytes_ = 0;
   char* data_ = nullptr;
   int device_ = -1;  // CUDA region: data_ is the opened allocation on this GPU
+  bool pinned_ = false;
+  // The POSIX object (st_dev, st_ino): two registrations of one object, or
+  // of two names of it, share it.
+  uint64_t object_dev_ = 0, object_ino_ = 0;
 };
 
 // Bytes [offset, offset + size) of a region, which stays mapped while the
@@ -84,6 +101,10 @@ struct ShmView {
   // Copies the view's bytes to host memory `dst` (CheckIntact first for a
   // POSIX region; a device-to-host copy for a CUDA one).
   absl::Status CopyTo(void* dst) const;
+  // Whether the two views of POSIX regions share a byte of one object
+  // (through the same registration or any other of that object). False for
+  // CUDA regions and empty views.
+  bool Overlaps(const ShmView& other) const;
 };
 
 class ShmRegistry {

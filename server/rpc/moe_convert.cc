@@ -183,9 +183,9 @@ absl::Status JoinDevice(const ShmView& view, absl::string_view field, MoeDeviceT
 
 }  // namespace
 
-absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regions,
-                                                        v1::RunMoERequest& p,
-                                                        MoeDeviceTensors* device) {
+absl::StatusOr<RunMoeShm> ResolveRunMoeShm(const ShmRegistry* regions, v1::RunMoERequest& p,
+                                           MoeDeviceTensors* device) {
+  RunMoeShm shm;
   // Only the tensors present: a mutable_*() would make an absent one present.
   const std::pair<const char*, v1::Tensor*> inputs[] = {
       {"hidden_states", p.has_hidden_states() ? p.mutable_hidden_states() : nullptr},
@@ -220,19 +220,21 @@ absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regio
       // small, it comes over (M x k x 4 bytes).
       t->mutable_data()->resize(static_cast<size_t>(view.size));
       KPLAN_RETURN_IF_ERROR(WithField(view.CopyTo(t->mutable_data()->data()), field));
+    } else if (tensor == "hidden_states") {
+      shm.hidden_states = std::move(view);  // read in place
     } else {
       t->set_data(view.data, static_cast<size_t>(view.size));
     }
     t->clear_shm();
   }
-  if (!p.has_output_shm()) return std::optional<ShmView>();
+  if (!p.has_output_shm()) return shm;
   if (regions == nullptr) return SharedMemoryOff("output_shm");
   const v1::SharedMemoryRef& ref = p.output_shm();
   KPLAN_ASSIGN_OR_RETURN(
       ShmView view, regions->Resolve(ref.region(), ref.offset(), ref.byte_size(), "output_shm"));
-  const int64_t want = device->hidden_states != nullptr
-                           ? device->hidden_bytes
-                           : static_cast<int64_t>(p.hidden_states().data().size());
+  int64_t want = static_cast<int64_t>(p.hidden_states().data().size());
+  if (shm.hidden_states) want = shm.hidden_states->size;
+  if (device->hidden_states != nullptr) want = device->hidden_bytes;
   if (view.size != want) {
     return InvalidField("output_shm.byte_size", absl::StrCat("the output takes ", want,
                                                              " bytes (those of hidden_states); "
@@ -243,13 +245,22 @@ absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regio
     KPLAN_RETURN_IF_ERROR(JoinDevice(view, "output_shm", device));
     device->output = view.data;
   }
-  return std::optional<ShmView>(std::move(view));
+  shm.output = std::move(view);
+  return shm;
+}
+
+void AttachRunMoeShm(const RunMoeShm& shm, std::function<bool()> cancelled, MoeRunInput* in) {
+  if (shm.hidden_states) in->hidden_states = HostBytes(*shm.hidden_states);
+  if (!shm.output || shm.output->device() >= 0) return;
+  if (shm.hidden_states && shm.output->Overlaps(*shm.hidden_states)) return;
+  in->host_output.view = *shm.output;
+  in->host_output.cancelled = std::move(cancelled);
 }
 
 absl::Status RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
                                  const RunMoeAnswer& answer, v1::RunMoEResponse* response) {
-  // Output in a CUDA region: the GPU path wrote it there.
-  if (answer.output_shm && answer.output_shm->device() < 0) {
+  // Output in a CUDA region, or written in place: the path wrote it there.
+  if (answer.output_shm && answer.output_shm->device() < 0 && !result.output.in_place) {
     KPLAN_RETURN_IF_ERROR(WithField(answer.output_shm->region->CheckIntact(), "output_shm.region"));
     // Sizes agree: output_shm's was checked against hidden_states', which
     // the input checks made [M, H] in the output's dtype.

@@ -4,6 +4,7 @@
 // moe_plan_convert.h, included here for the callers that use both.
 #pragma once
 
+#include <functional>
 #include <optional>
 
 #include "absl/status/statusor.h"
@@ -40,20 +41,36 @@ absl::StatusOr<RunMoeRequest> RunMoeRequestFromProto(const ExpertStore& store,
 // naming `field` when it is not empty.
 absl::Status SharedMemoryOff(absl::string_view field);
 
+// What ResolveRunMoeShm found in POSIX regions: the hidden states' window,
+// which the run reads in place, and the output's window.
+struct RunMoeShm {
+  std::optional<ShmView> hidden_states;
+  std::optional<ShmView> output;  // output_shm (a CUDA region's too)
+};
+
 // RunMoE's shared-memory references (Tensor.shm, output_shm) against
 // `regions` (null: shared memory is off, and any reference is
-// SharedMemoryOff naming it): each input tensor that references a region
-// gets the referenced bytes as its data (bounds-checked, errors naming
-// `<tensor>.shm.*`); the output window is returned when the request names
-// one, and must be exactly as large as hidden_states (the output's size),
-// else INVALID_ARGUMENT naming output_shm.byte_size. References into CUDA
-// regions go to `device` instead (hidden_states, router_logits, the output:
-// read and written device-to-device by the GPU path; all on one GPU, else
-// INVALID_ARGUMENT naming the later one); a given top-k in a CUDA region is
-// copied to the host, where the ids are checked.
-absl::StatusOr<std::optional<ShmView>> ResolveRunMoeShm(const ShmRegistry* regions,
-                                                        v1::RunMoERequest& p,
-                                                        MoeDeviceTensors* device);
+// SharedMemoryOff naming it), bounds-checked, errors naming
+// `<tensor>.shm.*`: hidden_states in a POSIX region is returned as a view to
+// read in place (AttachRunMoeShm); router_logits and a given top-k, small and
+// what routes, are copied into the request as their data. The output window
+// is returned when the request names one, and must be exactly as large as
+// hidden_states (the output's size), else INVALID_ARGUMENT naming
+// output_shm.byte_size. References into CUDA regions go to `device` instead
+// (hidden_states, router_logits, the output: read and written
+// device-to-device by the GPU path; all on one GPU, else INVALID_ARGUMENT
+// naming the later one); a given top-k in a CUDA region is copied to the
+// host, where the ids are checked.
+absl::StatusOr<RunMoeShm> ResolveRunMoeShm(const ShmRegistry* regions, v1::RunMoERequest& p,
+                                           MoeDeviceTensors* device);
+
+// Gives `in` the POSIX windows of `shm`: the hidden states read in place,
+// and the output written in place (MoeRunInput::host_output, asking
+// `cancelled` before the write) unless its window overlaps the hidden
+// states' (then the output comes back in the result and
+// RunMoeResultToProto copies it after the run: never an input overwritten
+// while it is read).
+void AttachRunMoeShm(const RunMoeShm& shm, std::function<bool()> cancelled, MoeRunInput* in);
 
 // What the answer needs of its request, kept while the layer runs.
 struct RunMoeAnswer {
@@ -71,8 +88,9 @@ struct RunMoeAnswer {
 // The core's answer into `response`: output (MoeRunOutputToProto; moved out
 // of `result`), plan, and timing (MoETiming: the durations and each hop's
 // time since `answer.arrival`, encoded_at_us and total_us taken last). With
-// output_shm the output goes into the client's region instead:
-// FAILED_PRECONDITION naming output_shm.region if it was truncated meanwhile.
+// output_shm the output goes into the client's region instead (the path
+// wrote it there already when result.output.in_place): FAILED_PRECONDITION
+// naming output_shm.region if it was truncated meanwhile.
 absl::Status RunMoeResultToProto(RunMoeResult& result, const MoeRunTiming& timing,
                                  const RunMoeAnswer& answer, v1::RunMoEResponse* response);
 

@@ -528,17 +528,18 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   }
   auto* mutable_request = const_cast<v1::RunMoERequest*>(request);
   MoeDeviceTensors device;  // references into CUDA regions
-  absl::StatusOr<std::optional<ShmView>> output_shm =
-      ResolveRunMoeShm(env_.shm, *mutable_request, &device);
-  if (!output_shm.ok()) return call->FinishUnary(output_shm.status());
+  absl::StatusOr<RunMoeShm> shm = ResolveRunMoeShm(env_.shm, *mutable_request, &device);
+  if (!shm.ok()) return call->FinishUnary(shm.status());
   absl::StatusOr<RunMoeRequest> core = RunMoeRequestFromProto(*env_.experts, *mutable_request);
   if (!core.ok()) return call->FinishUnary(core.status());
   if (device.any()) {
     device.cancelled = [call] { return call->IsCancelled(); };
     core->input.device = std::move(device);
   }
+  AttachRunMoeShm(
+      *shm, [call] { return call->IsCancelled(); }, &core->input);
   RunMoeAnswer answer;
-  answer.output_shm = *std::move(output_shm);
+  answer.output_shm = std::move(shm->output);
   answer.output_ref = request->output_shm();
   answer.act_dtype = core->input.act_dtype;
   answer.hidden = core->experts->spec().hidden;
@@ -567,7 +568,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
       [this, call, response, answer](absl::StatusOr<RunMoeResult> result,
                                      const MoeRunTiming& timing) {
         absl::Status status = result.status();
-        if (result.ok() && answer.output_shm && call->IsCancelled()) {
+        if (result.ok() && answer.output_shm && !result->output.in_place && call->IsCancelled()) {
           // The client gave up (deadline, cancel) and may reuse
           // its region: a late result must not land there.
           status =

@@ -39,7 +39,7 @@ MoeRunInput Rows(const MoeRunInput& all, int64_t first, int64_t m) {
   MoeRunInput in = all;
   const size_t row = all.hidden_states.size() / all.hidden_shape[0];
   in.hidden_shape = {m, all.hidden_shape[1]};
-  in.hidden_states = all.hidden_states.substr(first * row, m * row);
+  in.hidden_states = std::string(all.hidden_states.bytes().substr(first * row, m * row));
   in.logits_shape = {m, all.logits_shape[1]};
   in.router_logits = all.router_logits.substr(first * kExperts * 4, m * kExperts * 4);
   return in;

@@ -392,7 +392,7 @@ class CoalescerTest : public ::testing::Test {
       MoeRunOutput o;
       o.num_tokens = in.hidden_shape[0];
       o.top_k = 1;
-      o.output = in.hidden_states;
+      o.output = std::string(in.hidden_states.bytes());
       o.topk_ids.assign(o.num_tokens, 7);
       o.topk_weights.assign(o.num_tokens, 0.5f);
       o.experts_kernel = absl::StrCat("Kernel", o.num_tokens);  // what a GPU layer reports

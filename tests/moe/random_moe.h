@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/float16.h"
@@ -18,6 +19,19 @@
 #include "server/moe/moe_runner.h"
 
 namespace kplan {
+
+// An unquantised set's spec (silu, no bias).
+inline ExpertsSpec PlainSpec(std::string id, int experts, int64_t hidden, int64_t intermediate,
+                             kernels::DType dtype = kernels::DType::kBFloat16) {
+  return ExpertsSpec{.experts_id = std::move(id),
+                     .num_experts = experts,
+                     .hidden = hidden,
+                     .intermediate = intermediate,
+                     .activation = "silu",
+                     .dtype = dtype,
+                     .quant = {},
+                     .has_bias = false};
+}
 
 // Random bytes of every tensor of `spec`, sized and typed as the set needs:
 // weights ~ N(0, 1/K) in their dtype (fp8 never NaN), positive scales,

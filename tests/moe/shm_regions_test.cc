@@ -163,6 +163,38 @@ TEST_F(ShmRegistryTest, UnregisterWhileInUseKeepsTheViewMapped) {
   EXPECT_EQ(static_cast<unsigned char>(held->data[2]), (8192 + 2) % 256);
 }
 
+// Overlap is of the object's bytes, whichever registrations the views come
+// through (RunMoE writes an output window overlapping its input only after
+// the run).
+TEST_F(ShmRegistryTest, ViewsOverlapByTheObjectsBytes) {
+  ShmRegistry shm;
+  ASSERT_TRUE(shm.Register(Info("a", 0, 8192)).ok());
+  ASSERT_TRUE(shm.Register(Info("b", 4096, 8192)).ok());  // a's second page is b's first
+  const auto view = [&](const char* region, int64_t offset, int64_t size) {
+    absl::StatusOr<ShmView> v = shm.Resolve(region, offset, size, "x");
+    EXPECT_TRUE(v.ok()) << v.status();
+    return *v;
+  };
+  const ShmView a = view("a", 4000, 200);  // object bytes [4000, 4200)
+  EXPECT_TRUE(a.Overlaps(a));
+  EXPECT_TRUE(a.Overlaps(view("a", 4199, 1)));
+  EXPECT_FALSE(a.Overlaps(view("a", 4200, 100)));
+  EXPECT_TRUE(a.Overlaps(view("b", 0, 1)));  // object byte 4096, through b
+  EXPECT_TRUE(view("b", 100, 8).Overlaps(a));
+  EXPECT_FALSE(a.Overlaps(view("b", 104, 8)));   // object bytes [4200, 4208)
+  EXPECT_FALSE(a.Overlaps(view("a", 4100, 0)));  // empty
+  // Another object at the same offsets shares nothing.
+  const std::string other = key_ + "-other";
+  const int fd = shm_open(other.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  close(fd);
+  absl::Status added = shm.Register(ShmRegionInfo{"c", other, 0, 8192, "", 0});
+  shm_unlink(other.c_str());  // mapped already
+  ASSERT_TRUE(added.ok()) << added;
+  EXPECT_FALSE(a.Overlaps(view("c", 4000, 200)));
+}
+
 // CUDA IPC regions (the real handle's path is the GPU test,
 // tests/rpc/gpu_ipc_test.cc): refused clearly without GPUs, and their fields
 // checked before any handle is opened.

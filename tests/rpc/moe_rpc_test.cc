@@ -758,6 +758,21 @@ TEST_F(MoeRpcTest, SharedMemoryTensors) {
        absl::StatusCode::kInvalidArgument, "output_shm.byte_size"},
   };
   ExpectErrors(*client, req, cases);
+  // The output may alias the hidden states, through their window or another
+  // registration of the same bytes: it is the inline call's all the same.
+  v1::SharedMemoryRegion alias = in;
+  alias.set_name("alias");
+  ASSERT_TRUE(client->RegisterSharedMemory(alias).ok());
+  for (const char* region : {"in", "alias"}) {
+    SCOPED_TRACE(region);
+    v1::RunMoERequest aliased = req;
+    *aliased.mutable_output_shm() = Ref(region, 0, int64_t(x.size()));
+    absl::StatusOr<v1::RunMoEResponse> r = client->RunMoE(aliased);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(std::string(mem, x.size()), inline_run->output().data());
+    std::memcpy(mem, x.data(), x.size());
+  }
+  ASSERT_TRUE(client->UnregisterSharedMemory("alias").ok());
   // Registration errors name the region's fields.
   v1::SharedMemoryRegion wide = in;
   wide.set_name("wide");

@@ -1,0 +1,85 @@
+// RunMoE's shared-memory references as the request conversion resolves them
+// (server/rpc/moe_convert.h): hidden states in a POSIX region are read in
+// place, router logits copied into the request, and the output window is
+// written in place unless it overlaps the hidden states' bytes, through the
+// same registration or another one of the object.
+#include <string>
+
+#include "gtest/gtest.h"
+#include "server/rpc/moe_convert.h"
+#include "tests/moe/test_shm_object.h"
+
+namespace kplan::rpc {
+namespace {
+
+v1::SharedMemoryRef Ref(const std::string& region, int64_t offset, int64_t size) {
+  v1::SharedMemoryRef r;
+  r.set_region(region);
+  r.set_offset(offset);
+  r.set_byte_size(size);
+  return r;
+}
+
+TEST(MoeShmConvertTest, HiddenStatesInPlaceOutputInPlaceUnlessItOverlapsThem) {
+  TestShmObject object("moe-shm-convert-test", 8192);
+  char* const mem = object.data();
+  ASSERT_NE(mem, nullptr);
+  for (int i = 0; i < 8192; ++i) mem[i] = static_cast<char>(i % 251);
+  ShmRegistry regions;
+  ASSERT_TRUE(regions.Register(ShmRegionInfo{"a", object.key(), 0, 8192, "", 0}).ok());
+  ASSERT_TRUE(regions.Register(ShmRegionInfo{"b", object.key(), 4096, 4096, "", 0}).ok());
+
+  constexpr int64_t kX = 2 * 8 * 2;  // [2, 8] bf16
+  struct Case {
+    std::string name;
+    v1::SharedMemoryRef output;
+    bool in_place;
+  };
+  const Case cases[] = {
+      {"disjoint", Ref("a", 1024, kX), true},
+      {"another registration, disjoint", Ref("b", 64, kX), true},
+      {"the same window", Ref("a", 0, kX), false},
+      {"overlapping its end", Ref("a", kX - 1, kX), false},
+      {"another registration of the same bytes", Ref("b", 0, kX), false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::RunMoERequest p;
+    p.mutable_hidden_states()->set_dtype(v1::DTYPE_BFLOAT16);
+    *p.mutable_hidden_states()->mutable_shm() =
+        c.name.find("same bytes") != std::string::npos ? Ref("a", 4096, kX) : Ref("a", 0, kX);
+    p.mutable_router_logits()->set_dtype(v1::DTYPE_FLOAT32);
+    *p.mutable_router_logits()->mutable_shm() = Ref("a", 512, 2 * 4 * 4);
+    *p.mutable_output_shm() = c.output;
+    MoeDeviceTensors device;
+    absl::StatusOr<RunMoeShm> shm = ResolveRunMoeShm(&regions, p, &device);
+    ASSERT_TRUE(shm.ok()) << shm.status();
+    EXPECT_FALSE(device.any());
+    // The logits are the request's bytes now; the hidden states are not.
+    EXPECT_FALSE(p.router_logits().has_shm());
+    EXPECT_EQ(p.router_logits().data(), std::string(mem + 512, 2 * 4 * 4));
+    EXPECT_FALSE(p.hidden_states().has_shm());
+    EXPECT_TRUE(p.hidden_states().data().empty());
+    MoeRunInput in;
+    bool asked = false;
+    AttachRunMoeShm(
+        *shm,
+        [&asked] {
+          asked = true;
+          return false;
+        },
+        &in);
+    ASSERT_TRUE(in.hidden_states.in_place());
+    EXPECT_EQ(in.hidden_states.data(), shm->hidden_states->data);
+    EXPECT_EQ(in.hidden_states.size(), static_cast<size_t>(kX));
+    EXPECT_EQ(in.host_output.any(), c.in_place);
+    if (c.in_place) {
+      EXPECT_EQ(in.host_output.view.data, shm->output->data);
+      EXPECT_TRUE(in.host_output.Writable(kX).ok());
+      EXPECT_TRUE(asked);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kplan::rpc
