@@ -17,10 +17,9 @@ bool SameRouting(const kernels::cuda::MoeRoutingParams& a,
 
 bool SameLayer(const MoeLayerArgs& a, const MoeLayerArgs& b) {
   return a.num_tokens == b.num_tokens && a.top_k == b.top_k && a.num_experts == b.num_experts &&
-         a.hidden == b.hidden && a.act_dtype == b.act_dtype &&
-         a.router_logits == b.router_logits && SameRouting(a.routing, b.routing) &&
-         a.topk_ids == b.topk_ids && a.topk_weights == b.topk_weights &&
-         a.expert_map == b.expert_map &&
+         a.hidden == b.hidden && a.act_dtype == b.act_dtype && a.router_logits == b.router_logits &&
+         SameRouting(a.routing, b.routing) && a.topk_ids == b.topk_ids &&
+         a.topk_weights == b.topk_weights && a.expert_map == b.expert_map &&
          a.apply_router_weight_on_input == b.apply_router_weight_on_input &&
          a.combine == b.combine && a.output == b.output && a.allow_decode == b.allow_decode &&
          a.batch_invariant == b.batch_invariant;
@@ -46,10 +45,9 @@ MoeGraphCache::Use MoeGraphCache::Lookup(const MoeGraphKey& key, cudaGraphExec_t
     return Use::kReplay;
   }
   if (entries_.size() == kMaxEntries) {
-    auto oldest = std::min_element(entries_.begin(), entries_.end(),
-                                   [](const Entry& x, const Entry& y) {
-                                     return x.last_use < y.last_use;
-                                   });
+    auto oldest =
+        std::min_element(entries_.begin(), entries_.end(),
+                         [](const Entry& x, const Entry& y) { return x.last_use < y.last_use; });
     if (oldest->exec != nullptr) cudaGraphExecDestroy(oldest->exec);
     entries_.erase(oldest);
   }

@@ -6,10 +6,9 @@
 // workspace poisoned with NaN before a replay still comes back complete; after
 // a large call regrows the workspace and after another set is loaded and
 // unloaded (addresses reused) the graphs are rebuilt, not replayed stale. The
-// shapes: Qwen3-30B-A3B bf16 (E=128, top-8, H=2048, I=768; decode kernels at
-// one token, grouped GEMMs above), DeepSeek-V3-style grouped routing with a
-// correction bias on a smaller set, and fp8 128x128 blocks. Skips without a
-// device.
+// shapes: Qwen3-30B-A3B's widths in bf16 (32 of its 128 experts, top-8,
+// H=2048, I=768; decode kernels at one token, grouped GEMMs above), DeepSeek-V3-style grouped
+// routing with a correction bias on a smaller set, and fp8 128x128 blocks. Skips without a device.
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -48,14 +47,14 @@ void ExpectSameBits(const MoeRunOutput& got, const MoeRunOutput& want, const std
   ASSERT_EQ(got.output.size(), want.output.size()) << what;
   EXPECT_EQ(std::memcmp(got.output.data(), want.output.data(), want.output.size()), 0) << what;
   EXPECT_EQ(got.topk_ids, want.topk_ids) << what;
-  EXPECT_EQ(std::memcmp(got.topk_weights.data(), want.topk_weights.data(),
-                        want.topk_weights.size() * 4),
-            0)
+  EXPECT_EQ(
+      std::memcmp(got.topk_weights.data(), want.topk_weights.data(), want.topk_weights.size() * 4),
+      0)
       << what;
 }
 
 MoeRunOutput RunOnce(const GpuExperts& gpu, MoeRunInput in, bool graph, void* stream,
-                 bool poison = false) {
+                     bool poison = false) {
   in.cuda_graph = graph;
   GpuRunOptions options;
   options.poison_workspace = poison;
@@ -68,7 +67,7 @@ TEST(MoeGraphGpuTest, GraphedCallsGiveTheEagerBits) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(test_util::TestSeed("moe_graph_gpu_test", "MOE_GRAPH_GPU_TEST_SEED"));
   const std::vector<Case> cases = {
-      {"Qwen3-30B-A3B bf16", 128, 8, 2048, 768, kernels::DType::kBFloat16, "", "Renormalize"},
+      {"Qwen3-30B-A3B widths bf16", 32, 8, 2048, 768, kernels::DType::kBFloat16, "", "Renormalize"},
       {"DeepSeekV3 routing, bias", 64, 6, 1024, 256, kernels::DType::kBFloat16, "", "DeepSeekV3"},
       {"fp8 128x128 blocks", 64, 4, 1024, 512, kernels::DType::kFp8E4m3, "fp8_block",
        "Renormalize"},
@@ -90,8 +89,8 @@ TEST(MoeGraphGpuTest, GraphedCallsGiveTheEagerBits) {
     for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{16}, int64_t{64}}) {
       SCOPED_TRACE(m);
       const auto input = [&] {
-        return RandomMoeInput(c.experts, c.hidden, m, kernels::DType::kBFloat16, c.method,
-                              c.top_k, rng);
+        return RandomMoeInput(c.experts, c.hidden, m, kernels::DType::kBFloat16, c.method, c.top_k,
+                              rng);
       };
       const MoeRunInput a = input(), b = input();
       const MoeRunOutput want_a = RunOnce(**gpu, a, false, stream.get());
