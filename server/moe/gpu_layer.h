@@ -33,10 +33,11 @@ struct MoeLayerArgs {
   // equal the experts' num_experts.
   int num_experts = 0;
   const void* hidden = nullptr;  // [M, H] in act_dtype
-  // fp32, fp16 or bf16; empty: the experts' dtype (bf16 / fp16 sets). With
-  // experts.FastPathFor(act_dtype) the layer runs the kplan kernels, else the
-  // emulation route (gpu_layer_emulation.h). Output and intermediates are
-  // in act_dtype too.
+  // fp32, fp16 or bf16; empty: the experts' dtype (bf16 / fp16 sets). An
+  // unquantised set with experts.FastPathFor(act_dtype) runs the kplan
+  // kernels here; quantised sets and other activations go through
+  // gpu_layer_emulation.h (its decode, dequant and fp8 tensor-core routes are
+  // kplan's kernels too). Output and intermediates are in act_dtype too.
   std::optional<kernels::DType> act_dtype;
   // Routing from logits: router_logits fp32 [M, E] with `routing` (its bias
   // pointer is a device pointer), writing topk_ids / topk_weights. Without

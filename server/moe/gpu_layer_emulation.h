@@ -10,8 +10,9 @@
 // At decode sizes (QuantRouteOf == kDecode) both GEMMs are the decode
 // kernels of moe_quant_decode.cu instead, GEMM 1 with the activation fused.
 // Intermediates are in the activation dtype, rounded where the CPU
-// reference rounds. Internal to server/moe: gpu_layer.cc calls it when
-// !experts.FastPathFor(act_dtype).
+// reference rounds. Internal to server/moe: gpu_layer.cc calls it for every
+// quantised set and for 16-bit sets with activations the fast kernels do not
+// take (!experts.FastPathFor(act_dtype)).
 #pragma once
 
 #include <cstdint>

@@ -59,7 +59,10 @@ absl::StatusOr<kc::PinnedHostBuffer*> ThisThreadsPinnedBuffer(int64_t bytes,
                                                               MoeGraphCache& graphs) {
   thread_local kc::PinnedHostBuffer pinned;
   if (pinned.capacity() >= static_cast<size_t>(bytes)) return &pinned;
-  graphs.Clear();  // graphs of this device that copy from or to the old block
+  // Graphs copying from or to the old block: this device's go now; other
+  // devices' stay cached but never match again (their key's host_capacity
+  // is smaller than the buffer's from now on: it only grows).
+  graphs.Clear();
   KPLAN_RETURN_IF_ERROR(
       pinned.Reserve(static_cast<size_t>(std::max<int64_t>(bytes, int64_t{1} << 20))));
   return &pinned;
@@ -365,8 +368,11 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   KPLAN_ASSIGN_OR_RETURN(kc::PinnedHostBuffer * pinned,
                          ThisThreadsPinnedBuffer(io_bytes, tw.graphs));
   char* host = pinned->data();
-  const bool hidden_pinned = dev.hidden_states == nullptr && in.hidden_states.in_place() &&
-                             in.hidden_states.shm().region->pinned();
+  // A call small enough for a graph stages a pinned window too (a few KiB
+  // of memcpy): the graph's copies are the thread's own buffers.
+  const bool graph_sized = in.cuda_graph && M <= kMoeGraphMaxTokens;
+  const bool hidden_pinned = !graph_sized && dev.hidden_states == nullptr &&
+                             in.hidden_states.in_place() && in.hidden_states.shm().region->pinned();
   if (dev.hidden_states == nullptr && !hidden_pinned) {
     std::memcpy(host + o_hidden, in.hidden_states.data(), M * H * act_bytes);
   }
@@ -398,7 +404,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   la.batch_invariant = in.batch_invariant;
   la.act_dtype = in.act_dtype;
   la.output = ws.At<void>(o_out);
-  const bool window_pinned = to_window && window.view.region->pinned();
+  const bool window_pinned = !graph_sized && to_window && window.view.region->pinned();
   // Everything on the stream from the upload to the download: enqueued
   // directly, or captured once into a graph and replayed (gpu_graphs.h).
   const auto enqueue = [&]() -> absl::Status {
@@ -428,10 +434,9 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
         host + o_ids, ws.At<void>(o_ids), download_end - o_ids, cudaMemcpyDeviceToHost, stream));
     return absl::OkStatus();
   };
-  // Not graphed: copies from or to memory that is not the thread's own
-  // (client device memory, pinned client windows, whose addresses vary).
-  const bool graphable = in.cuda_graph && stream != nullptr && stats == nullptr && !dev.any() &&
-                         !hidden_pinned && !window_pinned && M <= kMoeGraphMaxTokens;
+  // Not graphed: copies from or to client device memory (its addresses
+  // vary); pinned client windows are staged at graph sizes (above).
+  const bool graphable = graph_sized && stream != nullptr && stats == nullptr && !dev.any();
   if (!graphable) {
     KPLAN_RETURN_IF_ERROR(enqueue());
   } else {

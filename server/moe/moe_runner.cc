@@ -175,7 +175,13 @@ absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunI
   p.intermediate = spec.intermediate;
   p.num_experts = spec.num_experts;
   p.act_dtype = in.act_dtype;
-  p.hidden_states = in.hidden_states.data();
+  // A client's window is copied first: the CPU layer reads its input for
+  // milliseconds to seconds, and a client that truncated its object in that
+  // time would fault the read (SIGBUS). One copy, small next to the layer.
+  std::string window_copy;
+  if (in.hidden_states.in_place())
+    window_copy.assign(in.hidden_states.data(), in.hidden_states.size());
+  p.hidden_states = in.hidden_states.in_place() ? window_copy.data() : in.hidden_states.data();
   p.activation = experts.activation();
   p.weights = experts.Weights();
   p.apply_router_weight_on_input = in.apply_router_weight_on_input;
@@ -193,19 +199,18 @@ absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunI
   out.top_k = p.top_k;
   out.topk_ids.resize(m * p.top_k);
   out.topk_weights.resize(m * p.top_k);
-  void* output;
+  out.output.resize(m * spec.hidden * kernels::DTypeSize(in.act_dtype));
+  KPLAN_RETURN_IF_ERROR(
+      moe::MoeReference(p, out.output.data(), out.topk_weights.data(), out.topk_ids.data()));
   if (in.host_output.any()) {
-    // Straight into the client's window, which the combine writes last,
-    // once the experts ran and the window may still be written.
-    const int64_t bytes = m * spec.hidden * kernels::DTypeSize(in.act_dtype);
-    p.before_output = [&in, bytes] { return in.host_output.Writable(bytes); };
-    output = in.host_output.view.data;
+    // Into the client's window once the layer ran, in one copy just after
+    // asking whether it may still be written (the window is never written
+    // while the layer runs, for the reason above).
+    KPLAN_RETURN_IF_ERROR(in.host_output.Writable(static_cast<int64_t>(out.output.size())));
+    std::memcpy(in.host_output.view.data, out.output.data(), out.output.size());
+    out.output.clear();
     out.in_place = true;
-  } else {
-    out.output.resize(m * spec.hidden * kernels::DTypeSize(in.act_dtype));
-    output = out.output.data();
   }
-  KPLAN_RETURN_IF_ERROR(moe::MoeReference(p, output, out.topk_weights.data(), out.topk_ids.data()));
   return out;
 }
 

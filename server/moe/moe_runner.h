@@ -56,7 +56,11 @@ struct MoeDeviceTensors {
 // it. A client that rewrites the window during its call races the reads
 // (the API forbids it); the values then read steer no index, only
 // arithmetic, which is why the hidden states alone are read in place and
-// what routes (router logits, a given top-k) is always copied.
+// what routes (router logits, a given top-k) is always copied. Read in place
+// means one copy or DMA right after the window was found intact (the GPU
+// path's staging or pinned upload); the CPU reference, which reads its input
+// for the whole layer, copies the window first (a client truncating its
+// object mid-layer would fault the reads).
 class HostBytes {
  public:
   HostBytes() = default;
@@ -85,8 +89,8 @@ class HostBytes {
 
 // The output in a window of a client's POSIX region (RunMoE's output_shm),
 // [M, H] in act_dtype, instead of MoeRunOutput::output. The paths that can
-// (the CPU reference, the GPU path, a skipped run) write it there straight
-// from the layer, only once the layer ran and Writable() says so, and set
+// (the CPU reference, the GPU path, a skipped run) write it there in one
+// copy or DMA, only once the layer ran and Writable() says so, and set
 // MoeRunOutput::in_place; the others (the expert-parallel group, a launch
 // coalescing several calls) leave it in MoeRunOutput::output for the caller
 // to copy. Never set while the window overlaps the hidden states' (the

@@ -136,13 +136,14 @@ int64_t RunMoeHeldBytes(const MoeRunInput& in) {
   // Its inputs, and the output it will make: [M, H] like hidden_states, plus
   // top-k ids and weights of [M, k] with k <= E, at most twice the fp32
   // [M, E] logits (or as large as the given ones). Hidden states read in
-  // place and an output written into the client's window are the client's
-  // memory, not the server's. Sums of received byte counts, so no term can
-  // overflow.
+  // place and an output written into the client's window count too: the
+  // server still holds their size (the CPU path's copies, the GPU path's
+  // staging and workspace, a coalesced launch's merged batch), and the size
+  // of the work decides its lane and whether it may run inline. Sums of
+  // received byte counts, so no term can overflow.
   const auto n = [](const auto& s) { return static_cast<int64_t>(s.size()); };
   const int64_t hidden = n(in.hidden_states);
-  return (in.hidden_states.in_place() ? 0 : hidden) + (in.host_output.any() ? 0 : hidden) +
-         3 * n(in.router_logits) + 2 * (n(in.topk_ids) + n(in.topk_weights));
+  return 2 * hidden + 3 * n(in.router_logits) + 2 * (n(in.topk_ids) + n(in.topk_weights));
 }
 
 std::vector<std::string> ExecutableMoeBackends(bool have_devices) {

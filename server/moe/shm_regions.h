@@ -19,7 +19,8 @@
 // straight into the output window (server/moe/moe_runner.h, MoeRunInput). On
 // a server with GPUs the mapping is also page-locked for them at
 // registration (cudaHostRegister, when the driver allows it: pinned()), so
-// the GPU path copies between it and the device by DMA, with no staging.
+// the GPU path copies between it and the device by DMA, with no staging
+// (calls small enough for a CUDA graph are staged still: gpu_graphs.h).
 #pragma once
 
 #include <cstdint>

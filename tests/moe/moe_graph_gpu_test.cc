@@ -4,8 +4,9 @@
 // (replayed) calls; a replay with other inputs of the same shape gives that
 // input's bits (the data flows through the graph, nothing is baked in); the
 // workspace poisoned with NaN before a replay still comes back complete; after
-// a large call regrows the workspace and after another set is loaded and
-// unloaded (addresses reused) the graphs are rebuilt, not replayed stale. The
+// a large call regrows the workspace, after another set is loaded in place of
+// a freed one (its addresses may be the old ones) and after any set is freed,
+// the graphs are rebuilt, not replayed stale. The
 // shapes: Qwen3-30B-A3B's widths in bf16 (32 of its 128 experts, top-8,
 // H=2048, I=768; decode kernels at one token, grouped GEMMs above), DeepSeek-V3-style grouped
 // routing with a correction bias on a smaller set, and fp8 128x128 blocks. Skips without a device.
@@ -151,6 +152,22 @@ TEST(MoeGraphGpuTest, GraphsAreRebuiltWhenTheirMemoryChanges) {
     ExpectSameBits(RunOnce(**gpu2, one, true, stream.get()), want2, "other set (graphed)");
   }
   EXPECT_EQ(MoeGraphLaunchesOnThisThread() - launches, 2) << "graph replays";
+  // Whether the new set took the old addresses or not, any set freed drops
+  // this thread's graphs: a warm shape runs eagerly once, then is graphed
+  // again (the check above holds even where the addresses differ).
+  {
+    ExpertsSpec small = spec;
+    small.experts_id = "unrelated";
+    small.num_experts = 4;
+    absl::StatusOr<std::unique_ptr<GpuExperts>> unrelated =
+        GpuExperts::Create(*RandomExpertSet(small, rng), 0);
+    ASSERT_TRUE(unrelated.ok()) << unrelated.status();
+  }
+  launches = MoeGraphLaunchesOnThisThread();
+  ExpectSameBits(RunOnce(**gpu2, one, true, stream.get()), want2, "after a free (eager)");
+  EXPECT_EQ(MoeGraphLaunchesOnThisThread(), launches) << "a graph outlived a free";
+  ExpectSameBits(RunOnce(**gpu2, one, true, stream.get()), want2, "after a free (graphed)");
+  EXPECT_EQ(MoeGraphLaunchesOnThisThread() - launches, 1) << "graph replays";
 }
 
 }  // namespace

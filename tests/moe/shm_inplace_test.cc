@@ -120,6 +120,18 @@ TEST_F(ShmInPlaceTest, TheWindowGetsTheBitsOfTheOwnedRun) {
   EXPECT_EQ(Window(kOut + 64 + out_bytes, 64), std::string(64, kUntouched));
 }
 
+// A call reading and writing a window is charged what the same call with
+// its bytes in the request is: the server still holds their size (copies,
+// staging, workspace), and the size decides the job's lane and whether it
+// may run inline (a large call never runs on the gRPC thread).
+TEST_F(ShmInPlaceTest, InPlaceCallsAreChargedTheirSize) {
+  const MoeRunInput in = Random(5);
+  MoeRunInput shm = InPlace(in, 128);
+  OutputAt(shm, kOut);
+  EXPECT_EQ(RunMoeHeldBytes(shm), RunMoeHeldBytes(in));
+  EXPECT_GE(RunMoeHeldBytes(shm), 2 * static_cast<int64_t>(in.hidden_states.size()));
+}
+
 TEST_F(ShmInPlaceTest, ARegionUnregisteredAndUnlinkedWhileTheCallWaitsStaysMapped) {
   const MoeRunInput in = Random(3);
   RunMoeOutcome owned = Run(in);

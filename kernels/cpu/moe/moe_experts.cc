@@ -571,7 +571,6 @@ absl::Status MoeReference(const MoeProblem& p, void* output, float* topk_weights
   if (topk_ids_out != nullptr) std::copy(ids.begin(), ids.end(), topk_ids_out);
   std::vector<float> per_slot(M * k * p.hidden);
   KPLAN_RETURN_IF_ERROR(RunExperts(p, ids.data(), weights.data(), per_slot.data()));
-  if (p.before_output) KPLAN_RETURN_IF_ERROR(p.before_output());
   return CombineTopK(per_slot.data(), weights.data(), M, k, p.hidden,
                      p.apply_router_weight_on_input, p.act_dtype, output);
 }

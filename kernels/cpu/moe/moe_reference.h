@@ -15,7 +15,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -236,10 +235,6 @@ struct MoeProblem {
   // MoeReference return DEADLINE_EXCEEDED), so one request cannot hold the
   // thread that runs it past its deadline.
   absl::Time deadline = absl::InfiniteFuture();
-  // MoeReference asks it once the experts ran, before the combine writes
-  // `output`: an error ends the run with it and `output` stays untouched (a
-  // caller writing into memory it may lose meanwhile checks there).
-  std::function<absl::Status()> before_output;
 };
 
 // Checks sizes, pointers and option combinations; INVALID_ARGUMENT naming
