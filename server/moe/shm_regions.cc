@@ -193,19 +193,31 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
   return Insert(info.name, std::move(region));
 }
 
+// The registry lets go of a region under its lock and the region goes
+// (cudaHostUnregister, munmap: milliseconds for a large one) outside it, so
+// that calls resolving other regions do not wait for it.
 absl::Status ShmRegistry::Unregister(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (regions_.erase(name) == 0) {
-    return WithField(absl::NotFoundError(absl::StrCat("no shared-memory region '", ClientText(name),
-                                                      "' is registered")),
-                     "name");
+  decltype(regions_)::mapped_type gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(name);
+    if (it == regions_.end()) {
+      return WithField(absl::NotFoundError(absl::StrCat("no shared-memory region '",
+                                                        ClientText(name), "' is registered")),
+                       "name");
+    }
+    gone = std::move(it->second);
+    regions_.erase(it);
   }
   return absl::OkStatus();
 }
 
 void ShmRegistry::UnregisterAll() {
-  std::lock_guard<std::mutex> lock(mu_);
-  regions_.clear();
+  decltype(regions_) gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gone.swap(regions_);
+  }
 }
 
 std::vector<ShmRegionInfo> ShmRegistry::List() const {
