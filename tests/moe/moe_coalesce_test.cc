@@ -327,11 +327,17 @@ TEST_F(CoalesceTest, CancelledExpiredAndEmptyMembersLeaveTheOthersAlone) {
     }
   }
   // Members 4-5 joined the sent group if it had not started yet, else made
-  // their own launch at the window's end.
+  // their own launch at the window's end: both of them, or 5 alone when 4
+  // still joined (a launch of one is no coalesced request).
   const int64_t launches = coalescer_->launches();
   EXPECT_GE(launches, 1);
   EXPECT_LE(launches, 2);
-  EXPECT_EQ(coalescer_->coalesced_requests(), 6);
+  const int64_t merged = coalescer_->coalesced_requests();
+  if (launches == 1) {
+    EXPECT_EQ(merged, 6);
+  } else {
+    EXPECT_TRUE(merged == 6 || merged == 5) << merged;
+  }
 
   // A member cancelled before its launch is dropped; the others run.
   auto cancel = std::make_shared<std::atomic<bool>>(false);
@@ -351,7 +357,7 @@ TEST_F(CoalesceTest, CancelledExpiredAndEmptyMembersLeaveTheOthersAlone) {
     EXPECT_EQ(o.timing.coalesced_requests, 2);  // the dropped member is not counted
   }
   EXPECT_EQ(coalescer_->launches(), launches + 1);
-  EXPECT_EQ(coalescer_->coalesced_requests(), 8);
+  EXPECT_EQ(coalescer_->coalesced_requests(), merged + 2);
 }
 
 // The coalescer alone, with fake launches.
