@@ -31,6 +31,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -283,25 +286,30 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
 
 }  // namespace
 
+ABSL_FLAG(int, iters, 200, "Calls per (transport, tokens, mode); medians over them");
+ABSL_FLAG(std::string, tokens, "1,8,64,512", "Comma-separated tokens per request");
+ABSL_FLAG(std::string, transport, "tcp,unix", "Comma-separated transports: tcp, unix");
+ABSL_FLAG(std::string, shape, "128,8,2048,768",
+          "The random bf16 set: experts, top-k, hidden, intermediate (default Qwen3-30B-A3B)");
+ABSL_FLAG(int, inline, 1, "The server's --inline_runs (0: every call hops to the device worker)");
+ABSL_FLAG(int, cuda_graphs, 1, "The server's --cuda_graphs (0: small GPU calls launch eagerly)");
+
 int main(int argc, char** argv) {
-  int iters = 200;
-  std::vector<int> tokens = {1, 8, 64, 512};
-  std::vector<std::string> transports = {"tcp", "unix"};
-  Shape shape;
-  int inline_runs = 1;
-  int cuda_graphs = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--inline") (void)absl::SimpleAtoi(argv[i + 1], &inline_runs);
-    if (flag == "--cuda_graphs") (void)absl::SimpleAtoi(argv[i + 1], &cuda_graphs);
-    if (flag == "--iters") (void)absl::SimpleAtoi(argv[i + 1], &iters);
-    if (flag == "--tokens") tokens = IntList(argv[i + 1]);
-    if (flag == "--transport") transports = absl::StrSplit(argv[i + 1], ',');
-    if (flag == "--shape") {
-      std::vector<int> v = IntList(argv[i + 1]);
-      if (v.size() == 4) shape = Shape{v[0], v[1], v[2], v[3]};
-    }
+  absl::SetProgramUsageMessage(
+      "RunMoE through an in-process kplan-server, hop by hop, against GetServerInfo's round "
+      "trip.\n  moe_rpc_bench --iters 200 --tokens 1,8,64,512 --transport tcp,unix");
+  absl::ParseCommandLine(argc, argv);
+  const int iters = absl::GetFlag(FLAGS_iters);
+  const std::vector<int> tokens = IntList(absl::GetFlag(FLAGS_tokens));
+  const std::vector<std::string> transports = absl::StrSplit(absl::GetFlag(FLAGS_transport), ',');
+  const std::vector<int> dims = IntList(absl::GetFlag(FLAGS_shape));
+  const int inline_runs = absl::GetFlag(FLAGS_inline);
+  const int cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  if (iters <= 0 || tokens.empty() || dims.size() != 4) {
+    std::fprintf(stderr, "moe_rpc_bench: --iters > 0, --tokens N[,N...] and --shape E,k,H,I\n");
+    return 2;
   }
+  const Shape shape{dims[0], dims[1], dims[2], dims[3]};
   std::printf(
       "# E=%d k=%d H=%d I=%d, medians of %d calls (us), inline runs %s, CUDA graphs %s; wire = "
       "round trip - server total\n",

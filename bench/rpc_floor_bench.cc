@@ -14,10 +14,10 @@
 //               (E=128 k=8 H=2048; I=16 so the CPU set stays small).
 // Rounds alternate the cases, so a noisy host spreads its noise over all.
 // Abseil's mutex deadlock detection is off, as in kplan-server and
-// kplan_perf (--deadlock_detection 1: on, Debian's default).
+// kplan_perf (--deadlock_detection: on, Debian's default).
 //   rpc_floor_bench [--calls 2000] [--rounds 5] [--transport unix,tcp]
 //                   [--process same,separate] [--cases grpc,...,skip]
-//                   [--deadlock_detection 0]
+//                   [--deadlock_detection]
 //                   [--json F] [--csv F]
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -38,6 +38,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -280,36 +283,35 @@ int Measure(const std::string& transport, const std::string& process, const std:
 
 }  // namespace
 
+ABSL_FLAG(int, calls, 2000, "Sequential unary calls per case and round");
+ABSL_FLAG(int, rounds, 5, "Rounds; the cases alternate within each");
+ABSL_FLAG(std::string, transport, "unix,tcp", "Comma-separated transports: unix, tcp");
+ABSL_FLAG(std::string, process, "same,separate",
+          "Comma-separated: servers in this process (same) or a forked child (separate)");
+ABSL_FLAG(std::string, cases, "", "Comma-separated cases to run alone (empty: all)");
+ABSL_FLAG(std::string, json, "", "Write the results as JSON to this file");
+ABSL_FLAG(std::string, csv, "", "Write the results as CSV to this file");
+ABSL_FLAG(bool, deadlock_detection, false,
+          "Keep Abseil's mutex deadlock detection on (as Debian's Abseil builds it)");
+
 int main(int argc, char** argv) {
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  int calls = 2000, rounds = 5;
-  std::vector<std::string> transports = {"unix", "tcp"}, processes = {"same", "separate"};
-  std::string json, csv;
-  std::vector<std::string> only;  // --cases: these alone
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--calls" && absl::SimpleAtoi(value, &calls) && calls > 0) continue;
-    if (flag == "--rounds" && absl::SimpleAtoi(value, &rounds) && rounds > 0) continue;
-    if (flag == "--deadlock_detection") {
-      absl::SetMutexDeadlockDetectionMode(value == "1" ? absl::OnDeadlockCycle::kAbort
-                                                       : absl::OnDeadlockCycle::kIgnore);
-      continue;
-    }
-    if (flag == "--transport")
-      transports = absl::StrSplit(value, ',');
-    else if (flag == "--process")
-      processes = absl::StrSplit(value, ',');
-    else if (flag == "--cases")
-      only = absl::StrSplit(value, ',');
-    else if (flag == "--json")
-      json = value;
-    else if (flag == "--csv")
-      csv = value;
-    else {
-      std::fprintf(stderr, "bad flag %s %s\n", flag.c_str(), value.c_str());
-      return 2;
-    }
+  absl::SetProgramUsageMessage(
+      "The service floor: sequential unary calls against a bare gRPC server and kplan's.\n"
+      "  rpc_floor_bench --calls 2000 --rounds 3 --csv out.csv");
+  absl::ParseCommandLine(argc, argv);
+  absl::SetMutexDeadlockDetectionMode(absl::GetFlag(FLAGS_deadlock_detection)
+                                          ? absl::OnDeadlockCycle::kAbort
+                                          : absl::OnDeadlockCycle::kIgnore);
+  const int calls = absl::GetFlag(FLAGS_calls), rounds = absl::GetFlag(FLAGS_rounds);
+  if (calls <= 0 || rounds <= 0) {
+    std::fprintf(stderr, "rpc_floor_bench: --calls and --rounds must be > 0\n");
+    return 2;
   }
+  const std::vector<std::string> transports = absl::StrSplit(absl::GetFlag(FLAGS_transport), ',');
+  const std::vector<std::string> processes = absl::StrSplit(absl::GetFlag(FLAGS_process), ',');
+  const std::string json = absl::GetFlag(FLAGS_json), csv = absl::GetFlag(FLAGS_csv);
+  std::vector<std::string> only;  // --cases: these alone
+  if (!absl::GetFlag(FLAGS_cases).empty()) only = absl::StrSplit(absl::GetFlag(FLAGS_cases), ',');
   // Children are forked before this process starts gRPC.
   std::vector<std::pair<pid_t, int>> children;  // per (process, transport) pair of "separate"
   std::vector<std::string> child_targets;
