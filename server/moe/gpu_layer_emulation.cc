@@ -172,6 +172,14 @@ kernels::DType FloatTypeOf(kernels::DType d) {
                                          : kernels::DType::kBFloat16;
 }
 
+// The route's grouped GEMMs multiply on the fp8 tensor cores: fp8 weights
+// that can (Scheme::fp8_tc) with 16-bit activations; fp32 activations take
+// the dequantising GEMM. The one rule for the layer, its route choice and
+// the name of the kernel that ran.
+bool OnFp8TensorCores(const Scheme& s, kernels::DType act_dtype) {
+  return s.fp8_tc && act_dtype != kernels::DType::kFloat32;
+}
+
 }  // namespace
 
 namespace {
@@ -214,7 +222,7 @@ GpuLayerFacts GpuLayerFactsOf(const GpuExperts& experts, kernels::DType act_dtyp
   }
   f.quant_route = QuantRouteOf(experts, act_dtype, numel, num_experts, batch_invariant);
   // EnqueueEmulationLayer's `tc`.
-  f.fp8_tensor_cores = SchemeOf(experts).fp8_tc && act_dtype != kernels::DType::kFloat32;
+  f.fp8_tensor_cores = OnFp8TensorCores(SchemeOf(experts), act_dtype);
   return f;
 }
 
@@ -236,8 +244,7 @@ kc::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dty
     return dequant_ok && copy <= kMaxCopyBytes ? kc::MoeQuantRoute::kDequant
                                                : kc::MoeQuantRoute::kEmulation;
   }
-  const bool fp8_tc = s.fp8_tc && ft != kernels::DType::kFloat32;
-  return kc::MoeQuantRouteFor(decode_ok, dequant_ok, fp8_tc, numel, num_experts,
+  return kc::MoeQuantRouteFor(decode_ok, dequant_ok, OnFp8TensorCores(s, ft), numel, num_experts,
                               kc::MoeQuantRouteModeNow());
 }
 
@@ -340,7 +347,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g1.N = N13;
   g1.K = H;
   g1.num_local_experts = spec.num_experts;
-  const bool tc = s.fp8_tc && !f32;
+  const bool tc = OnFp8TensorCores(s, act_dtype);
   kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
   const auto act = experts.activation();
   void* c2 = At<void>(workspace, l.c2);
