@@ -482,15 +482,15 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   } else if (to_window) {
     // Likewise into a client's window; a pinned one by DMA from the
     // workspace, else from the pinned mirror (no copy in between).
-    KPLAN_RETURN_IF_ERROR(window.Writable(M * H * act_bytes));
     if (window_pinned) {
+      KPLAN_RETURN_IF_ERROR(window.Writable(M * H * act_bytes));
       KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
           window.view.data, ws.At<void>(o_out), M * H * act_bytes, cudaMemcpyDeviceToHost, stream));
       drained = false;
       KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
       drained = true;
     } else {
-      std::memcpy(window.view.data, host + o_out, M * H * act_bytes);
+      KPLAN_RETURN_IF_ERROR(window.Write(host + o_out, M * H * act_bytes));
     }
   } else {
     std::memcpy(out.output.data(), host + o_out, M * H * act_bytes);

@@ -47,6 +47,12 @@ absl::Status MoeHostOutput::Writable(int64_t bytes) const {
   return WithField(view.region->CheckIntact(), "output_shm.region");
 }
 
+absl::Status MoeHostOutput::Write(const void* src, int64_t bytes) const {
+  KPLAN_RETURN_IF_ERROR(Writable(bytes));
+  if (bytes > 0) std::memcpy(view.data, src, static_cast<size_t>(bytes));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<moe::RoutingSpec> RoutingSpecFor(const MoeRouting& r, int num_experts) {
   moe::RoutingSpec s;
   s.num_experts = num_experts;
@@ -206,8 +212,8 @@ absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunI
     // Into the client's window once the layer ran, in one copy just after
     // asking whether it may still be written (the window is never written
     // while the layer runs, for the reason above).
-    KPLAN_RETURN_IF_ERROR(in.host_output.Writable(static_cast<int64_t>(out.output.size())));
-    std::memcpy(in.host_output.view.data, out.output.data(), out.output.size());
+    KPLAN_RETURN_IF_ERROR(
+        in.host_output.Write(out.output.data(), static_cast<int64_t>(out.output.size())));
     out.output.clear();
     out.in_place = true;
   }

@@ -105,6 +105,8 @@ struct MoeHostOutput {
   // truncated, INVALID_ARGUMENT naming output_shm.byte_size when the window
   // is not `bytes` long.
   absl::Status Writable(int64_t bytes) const;
+  // Writable(bytes), then the output's `bytes` from `src` into the window.
+  absl::Status Write(const void* src, int64_t bytes) const;
 };
 
 struct MoeRunInput {
