@@ -59,6 +59,12 @@ bool ShmView::Overlaps(const ShmView& other) const {
 
 namespace {
 
+absl::Status NotRegistered(const std::string& name, absl::string_view field) {
+  return WithField(absl::NotFoundError(absl::StrCat("no shared-memory region '", ClientText(name),
+                                                    "' is registered")),
+                   field);
+}
+
 absl::Status AlreadyRegistered(const std::string& name) {
   return WithField(
       absl::AlreadyExistsError(absl::StrCat("a shared-memory region '", ClientText(name),
@@ -202,9 +208,7 @@ absl::Status ShmRegistry::Unregister(const std::string& name) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = regions_.find(name);
     if (it == regions_.end()) {
-      return WithField(absl::NotFoundError(absl::StrCat("no shared-memory region '",
-                                                        ClientText(name), "' is registered")),
-                       "name");
+      return NotRegistered(name, "name");
     }
     gone = std::move(it->second);
     regions_.erase(it);
@@ -234,9 +238,7 @@ absl::StatusOr<ShmView> ShmRegistry::Resolve(const std::string& name, int64_t of
     std::lock_guard<std::mutex> lock(mu_);
     auto it = regions_.find(name);
     if (it == regions_.end()) {
-      return WithField(absl::NotFoundError(absl::StrCat("no shared-memory region '",
-                                                        ClientText(name), "' is registered")),
-                       absl::StrCat(field, ".region"));
+      return NotRegistered(name, absl::StrCat(field, ".region"));
     }
     region = it->second;
   }
