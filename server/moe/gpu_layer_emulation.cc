@@ -180,10 +180,6 @@ bool OnFp8TensorCores(const Scheme& s, kernels::DType act_dtype) {
   return s.fp8_tc && act_dtype != kernels::DType::kFloat32;
 }
 
-}  // namespace
-
-namespace {
-
 // Whether the decode kernels and the dequant route take a quantised set's
 // weights with activations of `ft` (both GEMMs).
 struct QuantKernels {
