@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/runtime/stream.h"
 #include "server/moe/gpu_runner.h"
 #include "tests/moe/random_moe.h"
 #include "tests/testing/gpu_test_util.h"
@@ -34,14 +35,20 @@ struct Case {
   std::string scheme, method;
 };
 
+// A stream of the test's own, made as the device workers make theirs
+// (graphs need one: the legacy stream is never captured).
 class Stream {
  public:
-  Stream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), cudaSuccess); }
-  ~Stream() { cudaStreamDestroy(s_); }
+  Stream() {
+    absl::StatusOr<void*> s = kernels::cuda::CreateDeviceStream(0);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) s_ = *s;
+  }
+  ~Stream() { kernels::cuda::DestroyDeviceStream(s_); }
   void* get() const { return s_; }
 
  private:
-  cudaStream_t s_ = nullptr;
+  void* s_ = nullptr;
 };
 
 void ExpectSameBits(const MoeRunOutput& got, const MoeRunOutput& want, const std::string& what) {
@@ -76,12 +83,7 @@ TEST(MoeGraphGpuTest, GraphedCallsGiveTheEagerBits) {
   Stream stream;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    ExpertsSpec spec;
-    spec.experts_id = c.name;
-    spec.num_experts = c.experts;
-    spec.hidden = c.hidden;
-    spec.intermediate = c.inter;
-    spec.dtype = c.weights;
+    ExpertsSpec spec = PlainSpec(c.name, c.experts, c.hidden, c.inter, c.weights);
     spec.quant.scheme = c.scheme;
     if (!c.scheme.empty()) spec.quant.activation_scale = "per_tensor";
     std::shared_ptr<ExpertSet> set = RandomExpertSet(spec, rng);
@@ -112,12 +114,7 @@ TEST(MoeGraphGpuTest, GraphedCallsGiveTheEagerBits) {
 TEST(MoeGraphGpuTest, GraphsAreRebuiltWhenTheirMemoryChanges) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(test_util::TestSeed("moe_graph_gpu_test", "MOE_GRAPH_GPU_TEST_SEED") + 1);
-  ExpertsSpec spec;
-  spec.experts_id = "rebuilt";
-  spec.num_experts = 32;
-  spec.hidden = 1024;
-  spec.intermediate = 512;
-  spec.dtype = kernels::DType::kBFloat16;
+  const ExpertsSpec spec = PlainSpec("rebuilt", 32, 1024, 512);
   Stream stream;
   std::shared_ptr<ExpertSet> set = RandomExpertSet(spec, rng);
   absl::StatusOr<std::unique_ptr<GpuExperts>> gpu = GpuExperts::Create(*set, 0);
