@@ -1,13 +1,20 @@
 // Copy kernels for the device-copy roofline the benchmarks measure in the
 // same run: grid-stride copies with kUnroll independent 16-byte loads per
 // thread before the stores (kHints: no-L1 loads, streaming stores), and a
-// one-shot grid. Each benchmark times its own list of variants and takes the
-// best as the roofline.
+// one-shot grid. MeasureCopyRoofline times kCopyRooflineVariants and takes
+// the best correct one as the roofline (ir_bench times its own list).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "bench/bench_check.h"
 
 template <bool kHints>
 __device__ __forceinline__ uint4 CopyLoad(const uint4* p) {
@@ -70,3 +77,60 @@ struct CopyVariant {
   int unroll;
   int waves;  // grid-stride: grid = SMs * 8 * waves (8 blocks of 256 = one full wave)
 };
+
+inline const CopyVariant kCopyRooflineVariants[] = {
+    {"gs_u1_w1", CopyKernel<1, false>, false, 1, 1},
+    {"gs_u4_w1_h", CopyKernel<4, true>, false, 4, 1},
+    {"gs_u2_w4", CopyKernel<2, false>, false, 2, 4},
+    {"os_u2", CopyOneShotKernel<2, false>, true, 2, 0},
+    {"os_u4_h", CopyOneShotKernel<4, true>, true, 4, 0},
+};
+
+__global__ void CopyRooflineFill(uint32_t* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    p[i] = static_cast<uint32_t>(i * 0x9e3779b1u) | 1u;  // never zero
+  }
+}
+
+// The device-copy roofline over `bytes` (read + write counted): every
+// variant of kCopyRooflineVariants on a device with `sms` multiprocessors,
+// its head and tail checked, its median printed; the best correct one's
+// GB/s, 0 when none copied right.
+inline double MeasureCopyRoofline(size_t bytes, int sms, cudaStream_t stream) {
+  void *src = nullptr, *dst = nullptr;
+  CHECK_CUDA(cudaMalloc(&src, bytes));
+  CHECK_CUDA(cudaMalloc(&dst, bytes));
+  CopyRooflineFill<<<1024, 256, 0, stream>>>(static_cast<uint32_t*>(src), bytes / 4);
+  const size_t vecs = bytes / 16;
+  std::vector<uint16_t> a(4096), b(4096);
+  double best = 0;
+  for (const CopyVariant& c : kCopyRooflineVariants) {
+    const size_t grid = c.one_shot ? (vecs + 256 * c.unroll - 1) / (256 * c.unroll)
+                                   : static_cast<size_t>(sms) * 8 * c.waves;
+    auto launch = [&] {
+      c.kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(static_cast<const uint4*>(src),
+                                                                static_cast<uint4*>(dst), vecs);
+    };
+    CHECK_CUDA(cudaMemsetAsync(dst, 0, bytes, stream));
+    launch();
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaGetLastError());
+    bool ok = true;  // the head and the tail of the copy
+    for (size_t off : {size_t{0}, bytes - sizeof(uint16_t) * a.size()}) {
+      CHECK_CUDA(cudaMemcpy(a.data(), static_cast<char*>(src) + off, a.size() * 2,
+                            cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(b.data(), static_cast<char*>(dst) + off, b.size() * 2,
+                            cudaMemcpyDeviceToHost));
+      ok = ok && a == b;
+    }
+    const double ms = MedianMs(launch, 30, 10, stream);
+    const double gbps = 2.0 * bytes / (ms * 1e-3) / 1e9;
+    std::printf("copy    %-10s %zu MiB (read + write): %8.1f us  %6.0f GB/s%s\n", c.name,
+                bytes >> 20, ms * 1e3, gbps, ok ? "" : "  <-- WRONG OUTPUT");
+    if (ok) best = std::max(best, gbps);
+  }
+  CHECK_CUDA(cudaFree(src));
+  CHECK_CUDA(cudaFree(dst));
+  return best;
+}

@@ -104,15 +104,6 @@ double Seconds(Clock::time_point t0) {
 }
 
 // ---------------------------------------------------------------------------
-const CopyVariant kCopyVariants[] = {
-    {"gs_u1_w1", CopyKernel<1, false>, false, 1, 1},
-    {"gs_u4_w1_h", CopyKernel<4, true>, false, 4, 1},
-    {"gs_u2_w4", CopyKernel<2, false>, false, 2, 4},
-    {"os_u2", CopyOneShotKernel<2, false>, true, 2, 0},
-    {"os_u4_h", CopyOneShotKernel<4, true>, true, 4, 0},
-};
-
-// ---------------------------------------------------------------------------
 // Random device data (never zero).
 
 __device__ __forceinline__ uint32_t Hash(uint64_t i, uint32_t seed) {
@@ -1007,40 +998,8 @@ int main(int argc, char** argv) {
   std::printf("matmul  cublasGemmEx bf16 8192^3 (fp32 acc): %8.1f us  %6.1f TFLOP/s\n", mm_ms * 1e3,
               mm_tflops);
 
-  const size_t copy_bytes = args.copy_mib << 20;
-  double copy_gbps = 0;
-  {
-    DevBuf src(copy_bytes), dst(copy_bytes);
-    FillBf16(src.p, copy_bytes / 2, 1);
-    const size_t vecs = copy_bytes / 16;
-    std::vector<uint16_t> a(4096), b(4096);
-    for (const CopyVariant& c : kCopyVariants) {
-      const size_t grid = c.one_shot ? (vecs + 256 * c.unroll - 1) / (256 * c.unroll)
-                                     : static_cast<size_t>(prop.multiProcessorCount) * 8 * c.waves;
-      auto launch = [&] {
-        c.kernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(src.as<const uint4>(),
-                                                                  dst.as<uint4>(), vecs);
-      };
-      CHECK_CUDA(cudaMemsetAsync(dst.p, 0, copy_bytes, stream));
-      launch();
-      CHECK_CUDA(cudaStreamSynchronize(stream));
-      CHECK_CUDA(cudaGetLastError());
-      // Spot-check the head and the tail of the copy.
-      bool ok = true;
-      for (size_t off : {size_t{0}, copy_bytes - sizeof(uint16_t) * a.size()}) {
-        CHECK_CUDA(cudaMemcpy(a.data(), static_cast<char*>(src.p) + off, a.size() * 2,
-                              cudaMemcpyDeviceToHost));
-        CHECK_CUDA(cudaMemcpy(b.data(), static_cast<char*>(dst.p) + off, b.size() * 2,
-                              cudaMemcpyDeviceToHost));
-        ok = ok && a == b;
-      }
-      const double ms = MedianMs(launch, 30, 10, stream);
-      const double gbps = 2.0 * copy_bytes / (ms * 1e-3) / 1e9;
-      std::printf("copy    %-10s %zu MiB (read + write): %8.1f us  %6.0f GB/s%s\n", c.name,
-                  args.copy_mib, ms * 1e3, gbps, ok ? "" : "  <-- WRONG OUTPUT");
-      if (ok) copy_gbps = std::max(copy_gbps, gbps);
-    }
-  }
+  const double copy_gbps =
+      MeasureCopyRoofline(args.copy_mib << 20, prop.multiProcessorCount, stream);
   if (copy_gbps <= 0) {
     std::fprintf(stderr, "no copy kernel produced the right output\n");
     return 1;
