@@ -108,5 +108,73 @@ TEST(MoeWsSchedule, PersistentGridCoversEveryTileOnce) {
   for (int h : hits) EXPECT_EQ(h, 1);
 }
 
+// The cluster kernel's pairs: over a routing with experts of odd and even
+// tile counts, a padding-only tile and a tile of another rank's expert,
+// the two CTAs of a cluster together cover every (token tile, weight-row
+// tile) once; they agree on whether the pair is skipped; a busy CTA is
+// kWsPairMc exactly when the other one is busy on the same expert.
+TEST(MoeWsSchedule, PairsCoverEveryTileOnceWithConsistentModes) {
+  constexpr int kBlock = 128;
+  // Expert per token tile (block 128: one tile per block); -1: another rank's.
+  const std::vector<int32_t> expert_ids = {0, 0, 0, 1, 1, 2, -1, 3, 3, 3, 3};
+  const int64_t tiles = static_cast<int64_t>(expert_ids.size());
+  const int64_t numel = 1000;
+  std::vector<int32_t> sorted(static_cast<size_t>(tiles * kBlock), static_cast<int32_t>(numel));
+  for (int64_t t = 0; t < tiles; ++t) {
+    if (t == 4) continue;  // padding only: every entry numel
+    for (int i = 0; i < 50; ++i) sorted[static_cast<size_t>(t * kBlock + i)] = 7;
+  }
+  for (int group : {1, 4}) {
+    const WsSchedule s = MakeWsSchedule(tiles, kBlock, 1000, 132, group);
+    const WsSchedule pairs = WsPairs(s);
+    EXPECT_EQ(pairs.token_tiles, (tiles + 1) / 2);
+    EXPECT_EQ(pairs.group, group / 2 < 1 ? 1 : group / 2);
+    std::vector<int> hits(static_cast<size_t>(WsTotalTiles(s)), 0);
+    for (int64_t lin = 0; lin < WsTotalTiles(pairs); ++lin) {
+      WsPairTile r[2];
+      for (unsigned rank = 0; rank < 2; ++rank) {
+        r[rank] = WsDecodePair(pairs, tiles, lin, rank, sorted.data(), expert_ids.data(), kBlock,
+                               numel, 4);
+      }
+      EXPECT_EQ(r[0].own.n0, r[1].own.n0);
+      EXPECT_EQ(r[1].own.tt, r[0].own.tt + 1);
+      EXPECT_EQ(r[0].mode == kWsPairSkip, r[1].mode == kWsPairSkip) << lin;
+      for (int rank = 0; rank < 2; ++rank) {
+        const WsTileInfo& own = r[rank].own;
+        const WsTileInfo& other = r[1 - rank].own;
+        const bool busy = own.local && !own.empty, other_busy = other.local && !other.empty;
+        const int want = !busy && !other_busy ? kWsPairSkip
+                         : !busy              ? kWsPairIdle
+                         : other_busy && own.e == other.e ? kWsPairMc
+                                                          : kWsPairSolo;
+        EXPECT_EQ(r[rank].mode, want) << "pair " << lin << " rank " << rank;
+        if (own.tt < tiles) {
+          EXPECT_EQ(own.e, expert_ids[static_cast<size_t>(own.tt)]);
+          ++hits[static_cast<size_t>(own.tt * s.n_tiles + own.n0 / kWsTileN)];
+        } else {
+          EXPECT_TRUE(own.empty);  // the odd last tile's partner
+        }
+      }
+    }
+    for (int h : hits) EXPECT_EQ(h, 1);
+  }
+  // The modes the routing above must produce, whatever the order.
+  const WsSchedule pairs = WsPairs(MakeWsSchedule(tiles, kBlock, 256, 132, 1));
+  auto mode = [&](int64_t pair, unsigned rank) {
+    return WsDecodePair(pairs, tiles, pair, rank, sorted.data(), expert_ids.data(), kBlock, numel,
+                        4)
+        .mode;
+  };
+  EXPECT_EQ(mode(0, 0), kWsPairMc);    // tiles 0, 1: expert 0 twice
+  EXPECT_EQ(mode(1, 0), kWsPairSolo);  // tiles 2, 3: experts 0 and 1
+  EXPECT_EQ(mode(2, 0), kWsPairIdle);  // tile 4 is padding only
+  EXPECT_EQ(mode(2, 1), kWsPairSolo);
+  EXPECT_EQ(mode(3, 0), kWsPairIdle);  // tile 6: another rank's expert
+  EXPECT_EQ(mode(3, 1), kWsPairSolo);
+  EXPECT_EQ(mode(4, 1), kWsPairMc);    // tiles 8, 9: expert 3
+  EXPECT_EQ(mode(5, 0), kWsPairSolo);  // tile 10 and none
+  EXPECT_EQ(mode(5, 1), kWsPairIdle);
+}
+
 }  // namespace
 }  // namespace kplan::kernels::cuda::ws
