@@ -42,7 +42,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -103,59 +102,32 @@ struct WsParams {
 constexpr int kWsFlagNoStore = 1;
 constexpr int kWsFlagStore4 = 2;
 constexpr int kWsFlagNoFence = 4;  // the consumers' proxy fence left out: timing only
-constexpr int kWsFlagNoMulticast = 8;  // Cluster: every busy CTA loads its own weights
 
-// Cluster: launched in clusters of two CTAs (grid = 2 x clusters) over
-// pairs of token tiles (moe_ws_schedule.h, WsPairs / WsDecodePair); the
-// tensor map's box is 128 rows (half a weight tile); when both CTAs of a
-// pair work for one expert each loads its half of the weight tile into both
-// (TMA multicast), so the L2 serves a weight tile once per pair.
-template <typename T, bool Fused, bool Cluster>
+template <typename T, bool Fused>
 __global__ void __launch_bounds__(ws::kWsThreads, 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
   const int wg = static_cast<int>(threadIdx.x) / 128;
-  const ws::WsRing<kStageBytes> ring = ws::WsRingInit<kStageBytes, Cluster>(&wmap);
-  const ws::WsSchedule tiles = ws::WsClip(p.sched, *p.post);
-  const ws::WsSchedule sched = Cluster ? ws::WsPairs(tiles) : tiles;
+  const ws::WsRing<kStageBytes> ring = ws::WsRingInit<kStageBytes>(&wmap);
+  const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
   const int64_t total = ws::WsTotalTiles(sched);
   const int64_t N = p.N, K = p.K;
   const int nk = static_cast<int>((K + kBK - 1) / kBK);
-  // Cluster: the weight rows of half h of a tile from row `wrow` (Fused:
-  // gate h = 0, up h = 1), 128 rows each.
-  const auto half_row = [&](int64_t wrow, int h) {
-    return static_cast<int>(Fused ? wrow + h * (N / 2) : wrow + h * (kWsTileN / 2));
-  };
 
   if (wg == 0) {
-    ws::WsProduce<T, kStageBytes, Cluster>(
+    ws::WsProduce<T>(
         p, ring, sched, total, K, nk,
         // The tile's first weight row. Fused: gate rows n0 / 2 .., up rows
         // N / 2 + n0 / 2 .. (two 128-row boxes).
         [&](ws::WsTileInfo ti) {
           return static_cast<int64_t>(ti.e) * N + (Fused ? ti.n0 / 2 : ti.n0);
         },
-        [&](int64_t wrow, int kt, uint32_t w_s, uint32_t fb, int mode) {
-          if constexpr (Cluster) {
-            if (mode == ws::kWsPairMc && !(p.flags & kWsFlagNoMulticast)) {
-              const int h = static_cast<int>(blockIdx.x & 1);
-              detail::TmaLoad2dMulticast(w_s + h * (ws::kWsWBytes / 2), &wmap, kt * kBK,
-                                         half_row(wrow, h), fb, 0x3);
-            } else {
-              TmaLoad2d(w_s, &wmap, kt * kBK, half_row(wrow, 0), fb);
-              TmaLoad2d(w_s + ws::kWsWBytes / 2, &wmap, kt * kBK, half_row(wrow, 1), fb);
-            }
-          } else {
-            TmaLoad2d(w_s, &wmap, kt * kBK, static_cast<int>(wrow), fb);
-            if constexpr (Fused) {
-              TmaLoad2d(w_s + ws::kWsWBytes / 2, &wmap, kt * kBK, static_cast<int>(wrow + N / 2),
-                        fb);
-            }
+        [&](int64_t wrow, int kt, uint32_t w_s, uint32_t fb) {
+          TmaLoad2d(w_s, &wmap, kt * kBK, static_cast<int>(wrow), fb);
+          if constexpr (Fused) {
+            TmaLoad2d(w_s + ws::kWsWBytes / 2, &wmap, kt * kBK, static_cast<int>(wrow + N / 2), fb);
           }
         },
-        [](int, int, uint32_t) {}, tiles.token_tiles);
-    // Cluster: the other CTA may still multicast into this one or release
-    // its stages until it is done; no CTA leaves before both are.
-    if constexpr (Cluster) detail::ClusterSync();
+        [](int, int, uint32_t) {});
     return;
   }
 
@@ -164,40 +136,12 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   T* Cg = static_cast<T*>(p.c);
   float acc[kWsTileN / 2];
   ws::WsCursor c;
-  // A stage's release: one arrival per consumer warp (Cluster: in both CTAs).
-  const auto release = [&](int stage) {
-    if (lane != 0) return;
-    MbarArrive(ring.Empty(stage));
-    if constexpr (Cluster) detail::MbarArriveCluster(ring.PeerEmpty(stage));
-  };
-  for (int64_t lin = Cluster ? blockIdx.x / 2 : blockIdx.x; lin < total;
-       lin += Cluster ? gridDim.x / 2 : gridDim.x) {
-    // march: this CTA steps through the tile's stages; busy: and multiplies.
-    ws::WsTileInfo ti;
-    bool march, busy;
-    if constexpr (Cluster) {
-      const ws::WsPairTile pt =
-          ws::WsDecodePair(sched, tiles.token_tiles, lin, blockIdx.x & 1, p.sorted, p.expert_ids,
-                           p.block_m, p.numel, p.num_local_experts);
-      ti = pt.own;
-      march = pt.mode != ws::kWsPairSkip;
-      busy = pt.mode >= ws::kWsPairSolo;
-    } else {
-      ti = ws::WsTileOf(p, sched, lin);
-      march = busy = ti.local && !ti.empty;
-    }
-    if (ti.empty && !march) continue;
-    if (march && !busy) {
-      for (int kt = 0; kt < nk; ++kt) {
-        MbarWait(ring.Full(c.stage), c.phase);
-        release(c.stage);
-        c.Next();
-      }
-    }
+  for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
+    const ws::WsTileInfo ti = ws::WsTileOf(p, sched, lin);
     if (ti.empty) continue;
     const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
     const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
-    if (busy) {
+    if (ti.local) {
       int prev = -1;
       for (int kt = 0; kt < nk; ++kt) {
         MbarWait(ring.Full(c.stage), c.phase);
@@ -212,12 +156,12 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
         }
         WgmmaCommit();
         WgmmaWait<1>();
-        if (prev >= 0) release(prev);
+        if (prev >= 0 && lane == 0) MbarArrive(ring.Empty(prev));
         prev = c.stage;
         c.Next();
       }
       WgmmaWait<0>();
-      release(prev);
+      if (lane == 0) MbarArrive(ring.Empty(prev));
     }
     if (p.flags & kWsFlagNoStore) continue;
     // Epilogue. Register i holds row r0 + 8 ((i / 2) % 2), column 8 (i / 4) +
@@ -303,48 +247,36 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
         bias, ti.n0, N, lane, ok0 ? Cg + static_cast<int64_t>(s0) * N : nullptr,
         ok1 ? Cg + static_cast<int64_t>(s1) * N : nullptr);
   }
-  if constexpr (Cluster) detail::ClusterSync();  // as the producer's
 }
 
 // --- host ---------------------------------------------------------------------
 
 ws::WsSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_GEMM"); });
 
-// Measurement knobs of moe_bench: KPLAN_MOE_WS_DEBUG (kWsFlag* bits),
-// KPLAN_MOE_WS_GROUP (token tiles per group; default: ws::WsAutoGroup) and
-// KPLAN_MOE_WS_CLUSTER (0: never the cluster kernel, 1: wherever it
-// applies; default: UseCluster's rule).
+// Measurement knobs of moe_bench: KPLAN_MOE_WS_DEBUG (kWsFlag* bits) and
+// KPLAN_MOE_WS_GROUP (token tiles per group; default: ws::WsAutoGroup).
 const ws::WsKnobs& Knobs() {
-  static const ws::WsKnobs knobs =
-      ws::WsKnobsFromEnv("KPLAN_MOE_WS_DEBUG", "KPLAN_MOE_WS_GROUP", "KPLAN_MOE_WS_CLUSTER");
+  static const ws::WsKnobs knobs = ws::WsKnobsFromEnv("KPLAN_MOE_WS_DEBUG", "KPLAN_MOE_WS_GROUP");
   return knobs;
 }
 
-// The cluster kernel (bf16 only) pays when pairs of token tiles mostly share
-// an expert: at least 4 token tiles per expert on average.
-template <typename T>
-bool UseCluster(const MoeGroupedGemmArgs& g) {
-  if (!std::is_same_v<T, __nv_bfloat16> || Knobs().cluster == 0) return false;
-  if (Knobs().cluster == 1) return true;
-  return g.numel >= int64_t{4} * kWsTileT * std::max(1, g.num_local_experts);
-}
-
-template <typename T, bool Fused, bool Cluster>
-absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
-                            cudaStream_t stream) {
-  constexpr auto kKernel = WsGroupedGemmKernel<T, Fused, Cluster>;
+template <typename T, bool Fused>
+absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
+                      cudaStream_t stream) {
   int sms = 0;
-  if (absl::Status st = ws::WsLaunchSetup<kKernel>(kSmemBytes, &sms); !st.ok()) return st;
+  if (absl::Status st = ws::WsLaunchSetup<WsGroupedGemmKernel<T, Fused>>(kSmemBytes, &sms);
+      !st.ok()) {
+    return st;
+  }
   CUtensorMap map;
-  // Fused or Cluster: boxes of half a weight tile, kWsTileN / 2 rows.
+  // Fused: the gate and up halves are two boxes of kWsTileN / 2 rows.
   if (absl::Status st = detail::EncodeTma2d(
           &map,
           std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
           g.w, static_cast<uint64_t>(g.K),
           static_cast<uint64_t>(g.num_local_experts) * static_cast<uint64_t>(g.N),
-          static_cast<uint64_t>(g.K) * sizeof(T), kBK,
-          Fused || Cluster ? kWsTileN / 2 : kWsTileN,
+          static_cast<uint64_t>(g.K) * sizeof(T), kBK, Fused ? kWsTileN / 2 : kWsTileN,
           "moe_grouped_gemm_ws");
       !st.ok()) {
     return st;
@@ -362,31 +294,12 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
                    g.a_row_div,
                    g.num_local_experts,
                    g.block_m,
-                   (Knobs().debug_flags & ~(Fused ? kWsFlagStore4 : 0)) |
-                       (Knobs().cluster == 2 ? kWsFlagNoMulticast : 0),
+                   Knobs().debug_flags & ~(Fused ? kWsFlagStore4 : 0),
                    act_params};
   if (p.sched.grid <= 0) return absl::OkStatus();
-  int grid = p.sched.grid;
-  if constexpr (Cluster) {
-    KPLAN_ASSIGN_OR_RETURN(const int clusters,
-                           ws::WsMaxActiveClusters<kKernel>(ws::kWsThreads, kSmemBytes, 2));
-    grid = 2 * static_cast<int>(std::min<int64_t>(clusters, ws::WsTotalTiles(ws::WsPairs(p.sched))));
-    static std::once_flag said;
-    std::call_once(said, [&] { std::fprintf(stderr, "ws cluster: grid %d, max clusters %d, flags %d\n", grid, clusters, p.flags); });
-  }
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdlCluster(kKernel, dim3(grid), dim3(ws::kWsThreads),
-                                                      kSmemBytes, stream, Cluster ? 2u : 1u, map,
-                                                      p));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsGroupedGemmKernel<T, Fused>, dim3(p.sched.grid),
+                                               dim3(ws::kWsThreads), kSmemBytes, stream, map, p));
   return absl::OkStatus();
-}
-
-template <typename T, bool Fused>
-absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
-                      cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if (UseCluster<T>(g)) return LaunchWsKernel<T, Fused, true>(g, act_params, stream);
-  }
-  return LaunchWsKernel<T, Fused, false>(g, act_params, stream);
 }
 
 }  // namespace

@@ -40,17 +40,13 @@ inline bool WsEnvNotOld(const char* name) {
 }
 
 // A launcher's measurement knobs (its benchmark sets them): debug flag bits
-// from `debug_var` (default 0), the token tiles per group of the schedule
-// from `group_var` (default kWsAutoGroup) and, where the kernel has a
-// cluster variant, `cluster_var`: 0 never, 1 wherever it applies, unset
-// (-1) by the launcher's rule.
+// from `debug_var` (default 0) and the token tiles per group of the schedule
+// from `group_var` (default kWsAutoGroup).
 struct WsKnobs {
-  int debug_flags, group, cluster;
+  int debug_flags, group;
 };
-inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var,
-                              const char* cluster_var = nullptr) {
-  return {WsEnvInt(debug_var, 0), WsEnvInt(group_var, kWsAutoGroup),
-          cluster_var != nullptr ? WsEnvInt(cluster_var, -1) : 0};
+inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var) {
+  return {WsEnvInt(debug_var, 0), WsEnvInt(group_var, kWsAutoGroup)};
 }
 
 // A process-wide on / off switch of one kernel (SetMoeGemmWs*Mode and its
@@ -90,34 +86,6 @@ absl::Status WsLaunchSetup(int smem_bytes, int* sms) {
     attr_set.fetch_or(bit, std::memory_order_release);
   }
   return absl::OkStatus();
-}
-
-// The clusters of `cluster_x` CTAs of kKernel (`threads` threads each,
-// `smem_bytes` of dynamic shared memory) that fit on the current device at
-// once (cudaOccupancyMaxActiveClusters), asked once per device.
-template <auto kKernel>
-absl::StatusOr<int> WsMaxActiveClusters(int threads, int smem_bytes, unsigned cluster_x) {
-  int device = 0;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  static std::atomic<int> cached[64] = {};
-  std::atomic<int>& slot = cached[device & 63];
-  if (const int n = slot.load(std::memory_order_relaxed); n > 0) return n;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(cluster_x);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem_bytes;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster_x;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&n, kKernel, &cfg));
-  if (n < 1) return absl::UnavailableError("moe_grouped_gemm_ws: no cluster fits on the device");
-  slot.store(n, std::memory_order_relaxed);
-  return n;
 }
 
 // The shapes the tile schedule takes: blocks of 128 or 256 slots, at least

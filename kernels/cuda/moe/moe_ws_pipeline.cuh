@@ -39,24 +39,20 @@ constexpr int WsSmemBytes(int stage_bytes) { return kWsStages * stage_bytes + 10
 // 128-byte swizzle wants), its full barrier at full0 + 8 s (the producer's
 // 128 cp.async arrivals + thread 0's expect_tx of the weight bytes), its
 // empty barrier at empty0 + 8 s (one arrival per consumer warp).
-// In a cluster of two (kCluster), peer_empty0 is the other CTA's empty
-// barrier 0 (a shared::cluster address): its stages are released there too.
 template <int kStageBytes>
 struct WsRing {
-  uint32_t base, full0, empty0, peer_empty0;
+  uint32_t base, full0, empty0;
   __device__ __forceinline__ uint32_t Stage(int s) const { return base + s * kStageBytes; }
   __device__ __forceinline__ uint32_t Full(int s) const { return full0 + 8 * s; }
   __device__ __forceinline__ uint32_t Empty(int s) const { return empty0 + 8 * s; }
-  __device__ __forceinline__ uint32_t PeerEmpty(int s) const { return peer_empty0 + 8 * s; }
 };
 
 // Called by every thread of the CTA first: the ring over the dynamic shared
 // memory, its barriers (static shared memory) initialised by thread 0, which
 // also prefetches the weights' tensor map, a CTA barrier, then the
 // programmatic-dependent-launch wait (pdl.cuh): nothing a previous kernel
-// wrote is read before it. kCluster (clusters of two CTAs): an empty barrier
-// takes the consumer warps of both CTAs, and the barrier is the cluster's.
-template <int kStageBytes, bool kCluster = false>
+// wrote is read before it.
+template <int kStageBytes>
 __device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wmap) {
   extern __shared__ uint8_t smem_dyn[];
   __shared__ uint64_t full_bar[kWsStages];
@@ -65,22 +61,15 @@ __device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wma
   r.base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)) + 1023u) & ~1023u;
   r.full0 = static_cast<uint32_t>(__cvta_generic_to_shared(full_bar));
   r.empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(empty_bar));
-  r.peer_empty0 = 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kWsStages; ++s) {
       detail::MbarInit(r.Full(s), 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
-      detail::MbarInit(r.Empty(s), kWsConsumerWarps * (kCluster ? 2 : 1));
+      detail::MbarInit(r.Empty(s), kWsConsumerWarps);
     }
     detail::FenceProxyAsync();  // the barriers' init visible to the TMA unit
-    if constexpr (kCluster) detail::FenceMbarInitCluster();
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(wmap)) : "memory");
   }
-  if constexpr (kCluster) {
-    r.peer_empty0 = detail::MapaShared(r.empty0, detail::ClusterCtaRank() ^ 1u);
-    detail::ClusterSync();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   detail::PdlWaitThenRelease();
   return r;
 }
@@ -116,20 +105,6 @@ __device__ __forceinline__ void WsForEachTile(const P& p, const WsSchedule& sche
   }
 }
 
-// kCluster: fn(pair tile) for the pair tiles of this CTA's cluster (pair
-// linear tiles blockIdx.x / 2, + gridDim.x / 2, ... below `total`, decoded
-// with WsDecodePair against `token_tiles`); both CTAs of a cluster walk the
-// same pair tiles.
-template <typename P, typename F>
-__device__ __forceinline__ void WsForEachPairTile(const P& p, const WsSchedule& pairs,
-                                                  int64_t token_tiles, int64_t total, F&& fn) {
-  const unsigned rank = blockIdx.x & 1;
-  for (int64_t lin = blockIdx.x / 2; lin < total; lin += gridDim.x / 2) {
-    fn(WsDecodePair(pairs, token_tiles, lin, rank, p.sorted, p.expert_ids, p.block_m, p.numel,
-                    p.num_local_experts));
-  }
-}
-
 // The producer warpgroup (threads 0..127; setmaxnreg down to 40). For each
 // of this CTA's tiles (WsForEachTile) whose expert is this rank's and that
 // holds a slot: the rows of its 128 slots in p.a (slot / p.a_row_div, rows
@@ -141,17 +116,11 @@ __device__ __forceinline__ void WsForEachPairTile(const P& p, const WsSchedule& 
 // 16-byte chunk of 8 token rows into the 128-byte swizzled layout (zero
 // past K); extra(st, kt, stage address) adds the kernel's own copies; the
 // thread's arrival on the full barrier follows its cp.asyncs. Returns once
-// all of them have landed. kCluster: `sched` is the pair schedule (WsPairs)
-// over `token_tiles` token tiles and `total` pair tiles (WsForEachPairTile);
-// load_w gets the pair's mode (kWsPairSolo: this CTA's whole weight tile,
-// kWsPairMc: its half for both CTAs); an idle CTA (kWsPairIdle) arrives on
-// its full barriers without loading, so that both step through the stages.
-template <typename E, int kStageBytes, bool kCluster = false, typename P, typename OnTile,
-          typename LoadW, typename Extra>
+// all of them have landed.
+template <typename E, int kStageBytes, typename P, typename OnTile, typename LoadW, typename Extra>
 __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>& ring,
                                           const WsSchedule& sched, int64_t total, int64_t K, int nk,
-                                          OnTile&& on_tile, LoadW&& load_w, Extra&& extra,
-                                          int64_t token_tiles = 0) {
+                                          OnTile&& on_tile, LoadW&& load_w, Extra&& extra) {
   constexpr int kBK = 128 / static_cast<int>(sizeof(E));  // K elements per stage
   detail::SetMaxNRegDec<40>();
   const E* A = static_cast<const E*>(p.a);
@@ -160,12 +129,12 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
   // Row r = ptid / 8 + 16 i of the tile; its swizzled chunk is the same for all i.
   const uint32_t dst0 = (ptid >> 3) * 128 + ((chunk ^ ((ptid >> 3) & 7)) << 4);
   WsCursor c;
-  auto tile = [&](const WsTileInfo& ti, int mode) {
-    const bool busy = mode != kWsPairIdle;
+  WsForEachTile(p, sched, total, [&](WsTileInfo ti) {
+    if (!ti.local || ti.empty) return;
     int32_t arow[kWsTileT / 16];
 #pragma unroll
     for (int i = 0; i < kWsTileT / 16; ++i) {
-      const int32_t slot = busy ? p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i] : -1;
+      const int32_t slot = p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i];
       arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
     }
     const auto st = on_tile(ti);
@@ -174,12 +143,8 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
       const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + kWsTBytes;
       const uint32_t fb = ring.Full(c.stage);
       if (ptid == 0) {
-        if (busy) {
-          detail::MbarArriveExpectTx(fb, kWsWBytes);
-          load_w(st, kt, w_s, fb, mode);
-        } else {
-          detail::MbarArrive(fb);
-        }
+        detail::MbarArriveExpectTx(fb, kWsWBytes);
+        load_w(st, kt, w_s, fb);
       }
       const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8);
       const bool kok = k < K;
@@ -193,16 +158,7 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
       detail::CpAsyncArriveNoinc(fb);
       c.Next();
     }
-  };
-  if constexpr (kCluster) {
-    WsForEachPairTile(p, sched, token_tiles, total, [&](const WsPairTile& pt) {
-      if (pt.mode != kWsPairSkip) tile(pt.own, pt.mode);
-    });
-  } else {
-    WsForEachTile(p, sched, total, [&](WsTileInfo ti) {
-      if (ti.local && !ti.empty) tile(ti, kWsPairSolo);
-    });
-  }
+  });
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 

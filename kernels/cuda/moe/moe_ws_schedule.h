@@ -70,8 +70,10 @@ struct WsTileInfo {
   int e = -1;
   bool local = false, empty = true;
 };
-KPLAN_WS_HD WsTileInfo WsDecodeTile(WsTile t, const int32_t* sorted, const int32_t* expert_ids,
-                                    int block_m, int64_t numel, int num_local_experts) {
+KPLAN_WS_HD WsTileInfo WsDecode(const WsSchedule& s, int64_t linear, const int32_t* sorted,
+                                const int32_t* expert_ids, int block_m, int64_t numel,
+                                int num_local_experts) {
+  const WsTile t = WsTileAt(s, linear);
   WsTileInfo info;
   info.tt = t.token_tile;
   info.n0 = t.n_tile * kWsTileN;
@@ -80,67 +82,6 @@ KPLAN_WS_HD WsTileInfo WsDecodeTile(WsTile t, const int32_t* sorted, const int32
   const int32_t first = sorted[t.token_tile * kWsTileT];
   info.empty = first < 0 || first >= numel;
   return info;
-}
-KPLAN_WS_HD WsTileInfo WsDecode(const WsSchedule& s, int64_t linear, const int32_t* sorted,
-                                const int32_t* expert_ids, int block_m, int64_t numel,
-                                int num_local_experts) {
-  return WsDecodeTile(WsTileAt(s, linear), sorted, expert_ids, block_m, numel, num_local_experts);
-}
-
-// Clusters of two CTAs (the multicast kernel): the schedule's token tiles
-// taken in pairs (2 j, 2 j + 1), one per CTA of a cluster, both CTAs on the
-// same weight-row tile; groups of pairs of half the size (at least 1), so a
-// group still spans about `group` token tiles. The pair schedule's
-// token_tiles counts pairs; its grid counts clusters.
-KPLAN_WS_HD WsSchedule WsPairs(WsSchedule s) {
-  s.token_tiles = (s.token_tiles + 1) / 2;
-  s.group = s.group / 2 < 1 ? 1 : s.group / 2;
-  return s;
-}
-
-// What a CTA of a pair does with pair tile `linear`: its own tile (token
-// tile 2 j + rank; empty past `token_tiles`) and the pair's mode. A CTA is
-// busy when its tile is local and holds a slot. Both idle: kWsPairSkip, the
-// stages are not touched; both busy on one expert: kWsPairMc, each CTA
-// loads half of the weight tile for both; otherwise the two step through
-// the same stages (the consumers release a stage in both CTAs), a busy one
-// loading its own weights (kWsPairSolo), an idle one nothing (kWsPairIdle).
-enum WsPairMode { kWsPairSkip = 0, kWsPairIdle = 1, kWsPairSolo = 2, kWsPairMc = 3 };
-struct WsPairTile {
-  WsTileInfo own;
-  int mode = kWsPairSkip;
-};
-KPLAN_WS_HD WsPairTile WsDecodePair(const WsSchedule& pairs, int64_t token_tiles, int64_t linear,
-                                    unsigned rank, const int32_t* sorted,
-                                    const int32_t* expert_ids, int block_m, int64_t numel,
-                                    int num_local_experts) {
-  const WsTile pt = WsTileAt(pairs, linear);
-  // Half h: token tile 2 j + h (no arrays: kept in registers on the device).
-  const auto half = [&](int h) {
-    WsTile t;
-    t.token_tile = 2 * pt.token_tile + h;
-    t.n_tile = pt.n_tile;
-    if (t.token_tile < token_tiles) {
-      return WsDecodeTile(t, sorted, expert_ids, block_m, numel, num_local_experts);
-    }
-    WsTileInfo none;
-    none.tt = t.token_tile;
-    none.n0 = t.n_tile * kWsTileN;
-    return none;
-  };
-  const WsTileInfo h0 = half(0), h1 = half(1);
-  const bool busy0 = h0.local && !h0.empty, busy1 = h1.local && !h1.empty;
-  const bool mine = (rank & 1) != 0 ? busy1 : busy0;
-  WsPairTile r;
-  r.own = (rank & 1) != 0 ? h1 : h0;
-  if (!busy0 && !busy1) {
-    r.mode = kWsPairSkip;
-  } else if (!mine) {
-    r.mode = kWsPairIdle;
-  } else {
-    r.mode = busy0 && busy1 && h0.e == h1.e ? kWsPairMc : kWsPairSolo;
-  }
-  return r;
 }
 
 // The same schedule with the token tiles clipped to the blocks actually used.
