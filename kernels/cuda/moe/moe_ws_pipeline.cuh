@@ -29,6 +29,18 @@ namespace kplan::kernels::cuda::ws {
 inline constexpr int kWsThreads = 384;      // three warpgroups
 inline constexpr int kWsStages = 4;         // stages of the ring
 inline constexpr int kWsConsumerWarps = 8;  // arrivals that empty a stage
+// setmaxnreg: the producer gives registers back, the consumers take them.
+// A CTA of kWsThreads threads is launched with 168 registers a thread (the
+// most a multiple of 8 that 65536 / 384 allows), and setmaxnreg.inc waits
+// until the CTA has the registers free: past that pool the consumers wait
+// forever (48 / 232 hung on the H200, docs/PERF.md session 8). At 40 the
+// producer spills a few registers per k-tile; 56 / 224 would not (ptxas).
+inline constexpr int kWsProducerRegs = 40;
+inline constexpr int kWsConsumerRegs = 232;
+static_assert(kWsProducerRegs + 2 * kWsConsumerRegs <= 3 * 168,
+              "the warpgroups' registers must fit the CTA's launch allocation");
+static_assert(kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0,
+              "setmaxnreg takes multiples of 8");
 // Every stage holds 128 bytes of K of every row: one 128-byte swizzle row.
 inline constexpr int kWsTBytes = kWsTileT * 128;  // 16 KiB of token rows, at the stage's start
 inline constexpr int kWsWBytes = kWsTileN * 128;  // 32 KiB of weight rows, after them
@@ -105,7 +117,7 @@ __device__ __forceinline__ void WsForEachTile(const P& p, const WsSchedule& sche
   }
 }
 
-// The producer warpgroup (threads 0..127; setmaxnreg down to 40). For each
+// The producer warpgroup (threads 0..127; setmaxnreg down to kWsProducerRegs). For each
 // of this CTA's tiles (WsForEachTile) whose expert is this rank's and that
 // holds a slot: the rows of its 128 slots in p.a (slot / p.a_row_div, rows
 // of K elements of E; padding zero-filled), st = on_tile(tile), then for
@@ -122,7 +134,7 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
                                           const WsSchedule& sched, int64_t total, int64_t K, int nk,
                                           OnTile&& on_tile, LoadW&& load_w, Extra&& extra) {
   constexpr int kBK = 128 / static_cast<int>(sizeof(E));  // K elements per stage
-  detail::SetMaxNRegDec<40>();
+  detail::SetMaxNRegDec<kWsProducerRegs>();
   const E* A = static_cast<const E*>(p.a);
   const int ptid = threadIdx.x;
   const int chunk = ptid & 7;
@@ -169,7 +181,7 @@ struct WsConsumer {
   int cw, lane, r0;
 };
 __device__ __forceinline__ WsConsumer WsConsumerEnter() {
-  detail::SetMaxNRegInc<232>();
+  detail::SetMaxNRegInc<kWsConsumerRegs>();
   const int tid = threadIdx.x;
   WsConsumer c;
   c.cw = tid / 128 - 1;
