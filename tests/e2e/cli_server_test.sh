@@ -35,7 +35,7 @@ addr=$(server_addr "$work/server.log" "$server_pid")
 [ "$("$bin/kplan" health --server "$addr")" = "SERVING" ]
 [ "$("$bin/kplan" health --server "$addr" --service kplan.v1.KernelPlanService)" = "SERVING" ]
 "$bin/kplan" health --server "$addr" --json --service kplan.v1.KernelPlanService |
-  /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin); assert d == {"service": "kplan.v1.KernelPlanService", "status": "SERVING"}, d'
+  /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin); assert d == {"service": "kplan.v1.KernelPlanService", "status": "SERVING"} and list(d) == ["service", "status"], d'
 
 args=(--platform cuda:10.0 --moe-backend FlashInfer-MoE-EP-CuteDSL --ir-op-priority "rms_norm=native, vllm_c"
       --env VLLM_USE_OINK_OPS=1 --architectures DeepseekV4ForCausalLM -tp 2)
