@@ -42,8 +42,11 @@ bash "$(dirname "$0")/../rpc/make_test_certs.sh" "$work/pki" >/dev/null
 start_server json --tls_cert="$work/pki/server.pem" --tls_key="$work/pki/server.key"
 tls=(--tls-ca "$work/pki/ca.pem")
 fail_calls
-# Plaintext to a TLS port: gRPC itself logs the failed handshake.
-! "$bin/kplan" health --server "$addr" --timeout 1 2>/dev/null
+# Plaintext to a TLS port: gRPC itself logs the failed handshake, and the
+# CLI's error says that nothing answered over plaintext.
+! "$bin/kplan" health --server "$addr" --timeout 1 2>"$work/plain.txt"
+grep -q "no kplan-server answered at $addr over plaintext (.*--tls-ca)" "$work/plain.txt" ||
+  { cat "$work/plain.txt"; exit 1; }
 tls=()
 stop_server
 python3 - "$work/json.log" <<'PY'
