@@ -302,6 +302,8 @@ class PythonClientTest(unittest.TestCase):
                 c.info()
             self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
             self.assertGreater(time.monotonic() - start, 0.05 * 0.5 * 3)  # two backoffs
+            self.assertIn(f"no kplan-server answered at 127.0.0.1:{port} over plaintext",
+                          ctx.exception.message)
             c.close()
 
 
@@ -432,8 +434,16 @@ class TlsTest(unittest.TestCase):
                     self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAUTHENTICATED)
                 with Client(target, token=token, root_certificates=f"{d}/ca.pem",
                             retries=0) as c:  # no client certificate
-                    with self.assertRaises(KplanError):
+                    with self.assertRaises(KplanError) as ctx:
                         c.info()
+                    self.assertIn(f"no kplan-server answered at {target} over TLS",
+                                  ctx.exception.message)
+                with Client(target, token=token, retries=0, timeout=2) as c:  # plaintext
+                    with self.assertRaises(KplanError) as ctx:
+                        c.info()
+                    self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
+                    self.assertIn("over plaintext (is it running there? one serving TLS needs "
+                                  "root_certificates=)", ctx.exception.message)
             finally:
                 stop_server(proc)
 

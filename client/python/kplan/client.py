@@ -150,7 +150,16 @@ class Client:
                         attempt += 1
                         time.sleep(delay)
                         continue
-                raise KplanError(e.code(), e.details() or "", _field_of(e)) from None
+                message = e.details() or ""
+                if (e.code() == grpc.StatusCode.UNAVAILABLE and
+                        message.startswith("failed to connect to all addresses")):
+                    # gRPC's own text, not a draining server's: nothing answered.
+                    message += (f"; no kplan-server answered at {self._target} " + (
+                        "over TLS (is it running there, serving TLS with a certificate for "
+                        "this name signed by root_certificates?)" if self._credentials else
+                        "over plaintext (is it running there? one serving TLS needs "
+                        "root_certificates=)"))
+                raise KplanError(e.code(), message, _field_of(e)) from None
 
     def _match_server_limit(self) -> None:
         """Once: the channel's message limits become the server's."""
