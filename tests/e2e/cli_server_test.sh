@@ -255,8 +255,8 @@ ep_addr=$(server_addr "$work/ep.log" "$ep_pid")
 "$bin/kplan" load --server "$ep_addr" --id ep-layer --random --num-experts 6 --hidden-size 32 \
   --intermediate_size 64 >/dev/null
 "$bin/kplan" experts --server "$ep_addr" >"$work/ep_experts.txt"
-grep -q "shards (expert parallel, 2 ranks)" "$work/ep_experts.txt" || { cat "$work/ep_experts.txt"; exit 1; }
-grep -q "^    1  *cpu  *3  *3 " "$work/ep_experts.txt"
+grep -q "^ep-layer shards (expert parallel, 2 ranks):$" "$work/ep_experts.txt" || { cat "$work/ep_experts.txt"; exit 1; }
+grep -q "^  1  *cpu  *3  *3 " "$work/ep_experts.txt" || { cat "$work/ep_experts.txt"; exit 1; }
 "$bin/kplan" run-moe --server "$ep_addr" --id ep-layer --tokens 5 --all2all-backend kplan_all2allv \
   >"$work/ep_run.txt"
 grep -q "^all2all backend: *kplan_all2allv" "$work/ep_run.txt" || { cat "$work/ep_run.txt"; exit 1; }
