@@ -19,7 +19,7 @@ void CommonFlags::Register(ArgParser& p) {
   p.AddString("server", "ADDR",
               "server address, HOST:PORT or unix:/path.sock ($KPLAN_SERVER sets the default)",
               &server);
-  p.AddString("timeout", "SECONDS", "deadline per call, retries included", &timeout);
+  p.AddString("timeout", "SECONDS", timeout_help, &timeout);
   p.AddString("tls-ca", "FILE", "PEM CA bundle: connect over TLS and verify the server", &tls_ca);
   p.AddString("tls-cert", "FILE", "PEM client certificate (mutual TLS)", &tls_cert);
   p.AddString("tls-key", "FILE", "PEM key of --tls-cert", &tls_key);

@@ -17,6 +17,9 @@ namespace kplan::cli {
 struct CommonFlags {
   std::string server;
   std::string timeout = "10";
+  // --timeout's help; a command whose default is not `timeout` says it here
+  // (and sets `timeout` empty before Register, so --help shows no default).
+  std::string timeout_help = "deadline per call, retries included";
   std::string tls_ca, tls_cert, tls_key, token_file;
   bool json = false;
 

@@ -194,30 +194,28 @@ std::string State(const v1::ExpertsInfo& e) {
 
 std::string FormatExperts(const google::protobuf::RepeatedPtrField<v1::ExpertsInfo>& sets) {
   if (sets.empty()) return "no expert sets loaded\n";
-  std::string out;
+  // One table, a row per set; then each expert-parallel set's shards.
+  std::vector<std::vector<std::string>> rows = {{"ID", "STATE", "EXPERTS", "HIDDEN", "INTERMEDIATE",
+                                                 "DTYPE/QUANT", "ACTIVATION", "BYTES",
+                                                 "PLACEMENT"}};
+  std::string shards;
   for (const v1::ExpertsInfo& e : sets) {
     std::string dtype = rpc::WireFromProtoDType(e.dtype());
     if (!e.quantization().empty()) absl::StrAppend(&dtype, "/", e.quantization());
-    absl::StrAppend(
-        &out, Table({{"ID", "STATE", "EXPERTS", "HIDDEN", "INTERMEDIATE", "DTYPE/QUANT",
-                      "ACTIVATION", "BYTES", "PLACEMENT"},
-                     {e.experts_id(), State(e), absl::StrCat(e.num_experts()),
-                      absl::StrCat(e.hidden_size()), absl::StrCat(e.intermediate_size()), dtype,
-                      e.activation(), Bytes(e.bytes()), Placement(e)}},
-                    ""));
-    if (!e.shards().empty()) {
-      std::vector<std::vector<std::string>> rows = {
-          {"RANK", "DEVICE", "FIRST EXPERT", "EXPERTS", "BYTES"}};
-      for (const v1::ExpertShard& s : e.shards()) {
-        rows.push_back({absl::StrCat(s.rank()), s.device(), absl::StrCat(s.first_expert()),
-                        absl::StrCat(s.num_experts()), Bytes(s.bytes())});
-      }
-      absl::StrAppend(&out, "  shards (expert parallel, ", e.shards_size(), " ranks):\n",
-                      Table(rows, "    "));
+    rows.push_back({e.experts_id(), State(e), absl::StrCat(e.num_experts()),
+                    absl::StrCat(e.hidden_size()), absl::StrCat(e.intermediate_size()), dtype,
+                    e.activation(), Bytes(e.bytes()), Placement(e)});
+    if (e.shards().empty()) continue;
+    std::vector<std::vector<std::string>> shard_rows = {
+        {"RANK", "DEVICE", "FIRST EXPERT", "EXPERTS", "BYTES"}};
+    for (const v1::ExpertShard& s : e.shards()) {
+      shard_rows.push_back({absl::StrCat(s.rank()), s.device(), absl::StrCat(s.first_expert()),
+                            absl::StrCat(s.num_experts()), Bytes(s.bytes())});
     }
-    if (&e != &sets[sets.size() - 1]) absl::StrAppend(&out, "\n");
+    absl::StrAppend(&shards, "\n", e.experts_id(), " shards (expert parallel, ", e.shards_size(),
+                    " ranks):\n", Table(shard_rows, "  "));
   }
-  return out;
+  return Table(rows, "") + shards;
 }
 
 std::string FormatMoeRun(const MoeRunSummary& s) {

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/struct.pb.h"
 #include "client/cli/args.h"
 #include "client/cli/common.h"
 #include "client/cli/format.h"
@@ -145,10 +144,8 @@ int Health(const std::vector<std::string>& args) {
   if (!serving.ok()) return Fail(serving.status());
   const char* status = *serving ? "SERVING" : "NOT_SERVING";
   if (common.json) {
-    google::protobuf::Struct out;
-    (*out.mutable_fields())["service"].set_string_value(service);
-    (*out.mutable_fields())["status"].set_string_value(status);
-    std::cout << ToJson(out);
+    // Members in a fixed order (a Struct's map has none).
+    std::cout << JsonObject({{"service", JsonString(service)}, {"status", JsonString(status)}});
   } else {
     std::cout << status << "\n";
   }

@@ -324,6 +324,9 @@ int LoadCommand(const std::vector<std::string>& args) {
   ArgParser parser;
   CommonFlags common;
   LoadFlags flags;
+  common.timeout.clear();  // set from the set's size below, unless given
+  common.timeout_help =
+      "deadline of the load, retries included (default: 60 plus 1 per 100 MB of weights)";
   common.Register(parser);
   flags.Register(parser);
   const std::string synopsis =
@@ -345,7 +348,8 @@ int LoadCommand(const std::vector<std::string>& args) {
   const int64_t bytes = PlainSetBytes(header, ParsePlainDType("dtype", flags.dtype)->size);
   if (!parser.Given("timeout")) {
     // A load's default deadline grows with its size: 60 s plus 1 s per
-    // 100 MB (a server reading a file at 100 MB/s); --timeout overrides it.
+    // 100 MB (a server reading a file at 100 MB/s; the Python client's
+    // load_timeout says the same); --timeout overrides it.
     common.timeout = absl::StrCat(60 + bytes / 100'000'000);
   }
   absl::StatusOr<std::unique_ptr<Client>> client = common.Connect();

@@ -50,7 +50,10 @@ std::unique_ptr<Client> Client::Connect(const std::string& target, ClientOptions
     ssl.pem_private_key = options.tls_client_key;
     credentials = grpc::SslCredentials(ssl);
   }
-  return std::make_unique<Client>(grpc::CreateCustomChannel(target, credentials, args), options);
+  auto client =
+      std::make_unique<Client>(grpc::CreateCustomChannel(target, credentials, args), options);
+  client->target_ = target;
+  return client;
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
@@ -74,6 +77,16 @@ absl::Status Client::WithRetries(Call&& call) {
     status = FromGrpcStatus(call(&context));
     if (!absl::IsUnavailable(status) || attempt >= options_.max_attempts ||
         absl::Now() + backoff >= deadline) {
+      if (absl::IsUnavailable(status) && !target_.empty() &&
+          channel_->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+        // Not the server's UNAVAILABLE (draining): nothing answered.
+        return absl::UnavailableError(absl::StrCat(
+            status.message(), "; no kplan-server answered at ", target_,
+            options_.tls_root_certs.empty()
+                ? " over plaintext (is it running there? one serving TLS needs --tls-ca)"
+                : " over TLS (is it running there, serving TLS with a certificate for this "
+                  "name signed by the CA given?)"));
+      }
       return status;
     }
     std::this_thread::sleep_for(absl::ToChronoNanoseconds(backoff));

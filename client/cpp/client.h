@@ -89,6 +89,8 @@ struct ClientOptions {
 class Client {
  public:
   // Connects lazily to `target` ("localhost:50051", "unix:/run/kplan.sock").
+  // A call whose channel never reached a server (UNAVAILABLE, the channel in
+  // TRANSIENT_FAILURE) says so, naming `target` and whether TLS was used.
   static std::unique_ptr<Client> Connect(const std::string& target,
                                          ClientOptions options = ClientOptions());
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
@@ -125,6 +127,7 @@ class Client {
   std::unique_ptr<v1::KernelPlanService::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
   ClientOptions options_;
+  std::string target_;  // Connect's, for the error of a server that never answered
 };
 
 // Watches a load under way from another thread: every `interval` while it

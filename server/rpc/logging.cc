@@ -3,9 +3,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
+#include "grpc/support/log.h"
 #include "spdlog/pattern_formatter.h"
 
 namespace kplan::rpc {
@@ -82,6 +84,19 @@ std::unique_ptr<spdlog::formatter> MakeLogFormatter(LogFormat format) {
 }
 
 void SetLogFormat(LogFormat format) { spdlog::set_formatter(MakeLogFormatter(format)); }
+
+void RouteGrpcLogs() {
+  gpr_set_log_function([](gpr_log_func_args* args) {
+    const spdlog::level::level_enum level =
+        args->severity == GPR_LOG_SEVERITY_ERROR  ? spdlog::level::err
+        : args->severity == GPR_LOG_SEVERITY_INFO ? spdlog::level::info
+                                                  : spdlog::level::debug;
+    absl::string_view file = args->file != nullptr ? args->file : "";
+    file = file.substr(file.find_last_of('/') + 1);  // npos + 1 == 0: the whole name
+    LogWithFields(level, args->message != nullptr ? args->message : "",
+                  {{"source", "grpc"}, {"file", absl::StrCat(file, ":", args->line)}});
+  });
+}
 
 void LogWithFields(spdlog::level::level_enum level, absl::string_view message,
                    std::initializer_list<LogField> fields) {

@@ -28,6 +28,11 @@ std::unique_ptr<spdlog::formatter> MakeLogFormatter(LogFormat format);
 // Sets the default logger's formatter.
 void SetLogFormat(LogFormat format);
 
+// gRPC's own log lines (a failed TLS handshake, say) go through the default
+// logger too, in its format, with the fields source=grpc and file=NAME:LINE;
+// GRPC_VERBOSITY still chooses which gRPC emits (default: errors).
+void RouteGrpcLogs();
+
 using LogField = std::pair<absl::string_view, std::string>;
 
 // Logs `message` with `fields` at `level` through the default logger (on

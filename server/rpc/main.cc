@@ -215,6 +215,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   kplan::rpc::SetLogFormat(*log_format);
+  kplan::rpc::RouteGrpcLogs();
 
   spdlog::level::level_enum level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
   if (level == spdlog::level::off && absl::GetFlag(FLAGS_log_level) != "off") {

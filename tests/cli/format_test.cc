@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gmock/gmock.h"
@@ -54,6 +55,17 @@ TEST(CliTable, ExpertsShowTheirState) {
   EXPECT_THAT(table, HasSubstr("loading 40% (3/8 experts)"));
   EXPECT_THAT(table, HasSubstr("preload queued"));
   EXPECT_THAT(ToJson(list), HasSubstr("\"bytes_done\": \"400\""));
+  // One table: a header, then a row per set.
+  std::vector<std::string> lines = absl::StrSplit(table, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u) << table;
+  EXPECT_THAT(lines[0], ::testing::StartsWith("ID  "));
+  EXPECT_THAT(lines[3], ::testing::StartsWith("c  "));
+  // An expert-parallel set's shards follow the table, under its id.
+  v1::ExpertShard* shard = ready->add_shards();
+  shard->set_rank(1);
+  shard->set_device("cuda:1");
+  EXPECT_THAT(FormatExperts(list.experts()),
+              HasSubstr("\na shards (expert parallel, 1 ranks):\n  RANK  DEVICE"));
 }
 
 // `kplan run-moe` says whether the call shared a launch, in the table and

@@ -32,7 +32,12 @@ for flag in --server --timeout --tls-ca --tls-cert --tls-key --token-file --json
   grep -q -- "$flag" "$work/help.txt" || { echo "run-moe --help lacks $flag"; cat "$work/help.txt"; exit 1; }
 done
 grep -q -- "--top-k,--experts-per-token K .*(default: 2)" "$work/help.txt"
-"$kplan" load --help | grep -q -- "--hidden-size,--hidden H"
+"$kplan" load --help >"$work/load-help.txt"
+grep -q -- "--hidden-size,--hidden H" "$work/load-help.txt"
+# A load's deadline grows with its size: its --help must not claim the 10 s of other calls.
+grep -q -- "--timeout SECONDS .*(default: 60 plus 1 per 100 MB of weights)$" "$work/load-help.txt" ||
+  { grep -- --timeout "$work/load-help.txt"; exit 1; }
+grep -q -- "--timeout SECONDS .*(default: 10)$" "$work/help.txt"
 "$kplan" resolve --help | grep -q -- "--tensor-parallel-size N .*(also -tp)"
 "$kplan" unload --help | grep -q -- "--id ID"
 

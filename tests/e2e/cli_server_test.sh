@@ -35,7 +35,7 @@ addr=$(server_addr "$work/server.log" "$server_pid")
 [ "$("$bin/kplan" health --server "$addr")" = "SERVING" ]
 [ "$("$bin/kplan" health --server "$addr" --service kplan.v1.KernelPlanService)" = "SERVING" ]
 "$bin/kplan" health --server "$addr" --json --service kplan.v1.KernelPlanService |
-  /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin); assert d == {"service": "kplan.v1.KernelPlanService", "status": "SERVING"}, d'
+  /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin); assert d == {"service": "kplan.v1.KernelPlanService", "status": "SERVING"} and list(d) == ["service", "status"], d'
 
 args=(--platform cuda:10.0 --moe-backend FlashInfer-MoE-EP-CuteDSL --ir-op-priority "rms_norm=native, vllm_c"
       --env VLLM_USE_OINK_OPS=1 --architectures DeepseekV4ForCausalLM -tp 2)
@@ -255,8 +255,8 @@ ep_addr=$(server_addr "$work/ep.log" "$ep_pid")
 "$bin/kplan" load --server "$ep_addr" --id ep-layer --random --num-experts 6 --hidden-size 32 \
   --intermediate_size 64 >/dev/null
 "$bin/kplan" experts --server "$ep_addr" >"$work/ep_experts.txt"
-grep -q "shards (expert parallel, 2 ranks)" "$work/ep_experts.txt" || { cat "$work/ep_experts.txt"; exit 1; }
-grep -q "^    1  *cpu  *3  *3 " "$work/ep_experts.txt"
+grep -q "^ep-layer shards (expert parallel, 2 ranks):$" "$work/ep_experts.txt" || { cat "$work/ep_experts.txt"; exit 1; }
+grep -q "^  1  *cpu  *3  *3 " "$work/ep_experts.txt" || { cat "$work/ep_experts.txt"; exit 1; }
 "$bin/kplan" run-moe --server "$ep_addr" --id ep-layer --tokens 5 --all2all-backend kplan_all2allv \
   >"$work/ep_run.txt"
 grep -q "^all2all backend: *kplan_all2allv" "$work/ep_run.txt" || { cat "$work/ep_run.txt"; exit 1; }

@@ -145,6 +145,26 @@ class PythonClientTest(unittest.TestCase):
             self.client.run_moe("py-layer", x, logits, top_k=k)
         self.assertEqual(ctx.exception.code, grpc.StatusCode.NOT_FOUND)
 
+    def test_a_load_deadline_grows_with_its_size(self):
+        # A client whose calls get 1 ms still loads: a load's default deadline is
+        # 60 s plus 1 s per 100 MB, not the per-call timeout; an explicit one rules.
+        rng = np.random.default_rng()
+        w13 = rng.normal(0, 0.2, (4, 64, 32)).astype(np.float32)
+        w2 = rng.normal(0, 0.2, (4, 32, 32)).astype(np.float32)
+        with Client(self.client._target, timeout=0.001,
+                    max_message_bytes=kplan.DEFAULT_MAX_MESSAGE_BYTES) as hasty:
+            with self.assertRaises(KplanError) as ctx:
+                hasty.load_experts("py-deadline", w13, w2, chunk_bytes=1000, timeout=0.001)
+            self.assertEqual(ctx.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
+            info = hasty.load_experts("py-deadline", w13, w2, chunk_bytes=1000)
+        self.assertEqual(info.bytes, w13.nbytes + w2.nbytes)
+        self.client.unload_experts("py-deadline")
+        big = service_pb2.ExpertsHeader(num_experts=128, hidden_size=7168,
+                                        intermediate_size=2048, activation="silu")
+        small = service_pb2.ExpertsHeader(num_experts=8, hidden_size=256,
+                                          intermediate_size=512, activation="silu")
+        self.assertGreater(kplan.client.load_timeout(big), kplan.client.load_timeout(small) + 50)
+
     def test_load_progress_is_reported(self):
         # 96 MiB in 1 MiB chunks, polled every 5 ms: the callback sees it mid-way,
         # as the server counts it, and so does another client.
@@ -282,6 +302,8 @@ class PythonClientTest(unittest.TestCase):
                 c.info()
             self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
             self.assertGreater(time.monotonic() - start, 0.05 * 0.5 * 3)  # two backoffs
+            self.assertIn(f"no kplan-server answered at 127.0.0.1:{port} over plaintext",
+                          ctx.exception.message)
             c.close()
 
 
@@ -412,8 +434,16 @@ class TlsTest(unittest.TestCase):
                     self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAUTHENTICATED)
                 with Client(target, token=token, root_certificates=f"{d}/ca.pem",
                             retries=0) as c:  # no client certificate
-                    with self.assertRaises(KplanError):
+                    with self.assertRaises(KplanError) as ctx:
                         c.info()
+                    self.assertIn(f"no kplan-server answered at {target} over TLS",
+                                  ctx.exception.message)
+                with Client(target, token=token, retries=0, timeout=2) as c:  # plaintext
+                    with self.assertRaises(KplanError) as ctx:
+                        c.info()
+                    self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
+                    self.assertIn("over plaintext (is it running there? one serving TLS needs "
+                                  "root_certificates=)", ctx.exception.message)
             finally:
                 stop_server(proc)
 

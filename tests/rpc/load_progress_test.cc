@@ -253,6 +253,11 @@ TEST(PreloadRaceTest, AClientCannotTakeAPreloadedId) {
   EXPECT_EQ(held->state(), v1::EXPERTS_STATE_LOADING)
       << "the preload finished before the test raced it";
   EXPECT_TRUE(held->progress().preload());
+  // Until every preloaded set is resident: alive, not ready.
+  EXPECT_EQ(client->Health("").value_or(false), true);
+  absl::StatusOr<bool> ready = client->Health(KplanServer::kReadinessService);
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  EXPECT_FALSE(*ready) << "readiness SERVING during the preload";
   std::vector<v1::TensorChunk> chunks = {
       testing::Chunk("w13", {kE, 2 * kI, kH}, std::string(kE * 2 * kI * kH * 4, '\0')),
       testing::Chunk("w2", {kE, kH, kI}, std::string(kE * kH * kI * 4, '\0'))};
@@ -266,6 +271,7 @@ TEST(PreloadRaceTest, AClientCannotTakeAPreloadedId) {
   }
   starter.join();
   ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_EQ(client->Health(KplanServer::kReadinessService).value_or(false), true);
   absl::StatusOr<v1::ListExpertsResponse> list = client->ListExperts();
   ASSERT_TRUE(list.ok()) << list.status();
   ASSERT_EQ(list->experts_size(), kSets + 1);  // each once

@@ -69,7 +69,8 @@ class Client:
     """A client for one kplan-server.
 
     ``target``: HOST:PORT or unix:/path.sock. ``timeout``: the deadline of each
-    call in seconds, retries included. TLS when ``root_certificates`` is given
+    call in seconds, retries included (a load's default grows with its size:
+    ``load_timeout``). TLS when ``root_certificates`` is given
     (PEM bytes or a path), mutual TLS with ``certificate_chain`` and
     ``private_key``. ``token`` (default ``$KPLAN_TOKEN``) is sent as
     ``authorization: Bearer <token>``. ``max_message_bytes``: None matches the
@@ -149,7 +150,16 @@ class Client:
                         attempt += 1
                         time.sleep(delay)
                         continue
-                raise KplanError(e.code(), e.details() or "", _field_of(e)) from None
+                message = e.details() or ""
+                if (e.code() == grpc.StatusCode.UNAVAILABLE and
+                        message.startswith("failed to connect to all addresses")):
+                    # gRPC's own text, not a draining server's: nothing answered.
+                    message += (f"; no kplan-server answered at {self._target} " + (
+                        "over TLS (is it running there, serving TLS with a certificate for "
+                        "this name signed by root_certificates?)" if self._credentials else
+                        "over plaintext (is it running there? one serving TLS needs "
+                        "root_certificates=)"))
+                raise KplanError(e.code(), message, _field_of(e)) from None
 
     def _match_server_limit(self) -> None:
         """Once: the channel's message limits become the server's."""
@@ -343,6 +353,8 @@ class Client:
         set while it is LOADING: ``info.progress`` has bytes_done, bytes_total,
         experts_done and experts_total, counted by the server."""
         self._match_server_limit()
+        if timeout is None:
+            timeout = max(self._timeout, load_timeout(header))
 
         def messages() -> Iterator[service_pb2.LoadExpertsRequest]:
             yield service_pb2.LoadExpertsRequest(header=header)
@@ -495,6 +507,16 @@ class Client:
         resp = self._call(lambda s: s.RunIrOp, lambda: req, timeout)
         self.last_ir_provider = resp.provider
         return {t.name: _tensors.decode(t.tensor) for t in resp.outputs}
+
+
+def load_timeout(header: service_pb2.ExpertsHeader) -> float:
+    """A load's default deadline in seconds, as the CLI's: 60 s plus 1 s per
+    100 MB of weights (a server reading a file at 100 MB/s). The Client's
+    ``timeout`` is used when it is longer, a load's ``timeout=`` always."""
+    itemsize = 4 if header.dtype == config_pb2.DTYPE_FLOAT32 else 2
+    matrices = 2 if header.activation.endswith("_no_mul") else 3
+    weights = header.num_experts * header.hidden_size * header.intermediate_size * matrices
+    return 60.0 + weights * itemsize // 100_000_000
 
 
 def parse_platform(spec: str) -> config_pb2.Platform:
