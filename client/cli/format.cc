@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <regex>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
@@ -313,14 +314,22 @@ std::string ToJson(const google::protobuf::Message& m) {
   options.always_print_primitive_fields = true;
   (void)google::protobuf::util::MessageToJsonString(m, &out, options);
   // dtype fields in the words the tables and flags use: "bfloat16", not
-  // "DTYPE_BFLOAT16" (a quoted key, so no string value can match).
-  static const std::regex kDType("(\"[a-z_]*dtype\": )\"(DTYPE_[A-Z0-9_]+)\"");
+  // "DTYPE_BFLOAT16", and an expert set's state as the table's first word:
+  // "ready", "loading" (quoted keys, so no string value can match).
+  static const std::regex kWord(
+      "(\"[a-z_]*dtype\": |\"state\": )\"((DTYPE|EXPERTS_STATE)_[A-Z0-9_]+)\"");
   std::string words;
   auto last = out.cbegin();
-  for (std::sregex_iterator it(out.begin(), out.end(), kDType), end; it != end; ++it) {
-    v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  for (std::sregex_iterator it(out.begin(), out.end(), kWord), end; it != end; ++it) {
     std::string word;
-    if (v1::DType_Parse((*it)[2].str(), &dtype)) word = rpc::WireFromProtoDType(dtype);
+    if (v1::DType dtype = v1::DTYPE_UNSPECIFIED; v1::DType_Parse((*it)[2].str(), &dtype)) {
+      word = rpc::WireFromProtoDType(dtype);
+    } else if (v1::ExpertsState state = v1::EXPERTS_STATE_UNSPECIFIED;
+               v1::ExpertsState_Parse((*it)[2].str(), &state) &&
+               state != v1::EXPERTS_STATE_UNSPECIFIED) {
+      word =
+          absl::AsciiStrToLower(v1::ExpertsState_Name(state).substr(sizeof("EXPERTS_STATE_") - 1));
+    }
     words.append(last, (*it)[0].first);
     words += word.empty() ? it->str() : absl::StrCat((*it)[1].str(), "\"", word, "\"");
     last = (*it)[0].second;

@@ -54,7 +54,12 @@ TEST(CliTable, ExpertsShowTheirState) {
   EXPECT_THAT(table, HasSubstr("ready"));
   EXPECT_THAT(table, HasSubstr("loading 40% (3/8 experts)"));
   EXPECT_THAT(table, HasSubstr("preload queued"));
-  EXPECT_THAT(ToJson(list), HasSubstr("\"bytes_done\": \"400\""));
+  const std::string json = ToJson(list);
+  EXPECT_THAT(json, HasSubstr("\"bytes_done\": \"400\""));
+  // --json names the states as the table does, not by the enum's names.
+  EXPECT_THAT(json, HasSubstr("\"state\": \"ready\""));
+  EXPECT_THAT(json, HasSubstr("\"state\": \"loading\""));
+  EXPECT_THAT(json, Not(HasSubstr("EXPERTS_STATE_")));
   // One table: a header, then a row per set.
   std::vector<std::string> lines = absl::StrSplit(table, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 4u) << table;

@@ -120,7 +120,7 @@ wait_state cli-progress loading
 "$bin/kplan" experts --server "$addr" | grep -q "^cli-progress  *\(loading [0-9]*%\|ready\) " ||
   { "$bin/kplan" experts --server "$addr"; exit 1; }
 wait "$load_pid"
-[ "$(loading_state cli-progress)" = EXPERTS_STATE_READY ]
+[ "$(loading_state cli-progress)" = ready ]
 [ "$(grep -c '^loading: [0-9]*% (' "$work/progress.txt")" -ge 2 ] &&
   grep -q "^loading: 100% (48.0 MiB of 48.0 MiB, 8 of 8 experts)" "$work/progress.txt" ||
   { echo "expected progress lines up to 100%"; cat "$work/progress.txt"; exit 1; }
