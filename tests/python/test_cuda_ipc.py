@@ -8,7 +8,9 @@ message. The GPU path is gpu_cuda_ipc_check.py (run by hand on a GPU host)."""
 import os
 import sys
 import tempfile
+import types
 import unittest
+from unittest import mock
 
 import grpc
 import numpy as np
@@ -129,6 +131,50 @@ class LocalChecksTest(unittest.TestCase):
             return
         with self.assertRaisesRegex(ValueError, "^tensor: a torch CUDA tensor"):
             kplan.cuda_ipc.handle_of_torch(torch.zeros(4))
+
+    def test_handle_of_torch_reads_share_cuda(self):
+        """Against a stand-in torch with _share_cuda_'s torch 2.x layout
+        (torch/csrc/StorageSharing.cpp): (device, b"\\x02c" + handle, storage
+        bytes, storage offset in the segment, ref counter, its offset, ...)."""
+        released = []
+
+        class Storage:
+            def _share_cuda_(self):
+                return (2, b"\x02c" + handle, 1 << 20, 4096, b"/torch_1_2", 7, b"", True)
+
+        class UntypedStorage:
+            @staticmethod
+            def _release_ipc_counter_cuda(counter, offset):
+                released.append((counter, offset))
+
+        class Tensor:
+            is_cuda = True
+
+            def __init__(self, contiguous=True):
+                self.contiguous = contiguous
+
+            def is_contiguous(self):
+                return self.contiguous
+
+            def untyped_storage(self):
+                return Storage()
+
+            def storage_offset(self):
+                return 10  # elements
+
+            def element_size(self):
+                return 2
+
+        handle = self.handle
+        fake = types.SimpleNamespace(Tensor=Tensor, UntypedStorage=UntypedStorage)
+        with mock.patch.dict(sys.modules, {"torch": fake}):
+            got = kplan.cuda_ipc.handle_of_torch(Tensor())
+            self.assertEqual(got, (handle, 4096 + (1 << 20), 2, 4096 + 20))
+            self.assertEqual(released, [(b"/torch_1_2", 7)])
+            with self.assertRaisesRegex(ValueError, "^tensor: must be contiguous"):
+                kplan.cuda_ipc.handle_of_torch(Tensor(contiguous=False))
+            with self.assertRaisesRegex(ValueError, "^tensor: a torch CUDA tensor"):
+                kplan.cuda_ipc.handle_of_torch(np.zeros(4))
 
     def test_torch_storage_handles_unwrap_to_the_cuda_ipc_handle(self):
         unwrap = kplan.cuda_ipc._cuda_ipc_handle

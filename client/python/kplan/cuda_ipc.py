@@ -108,9 +108,11 @@ def handle_of_torch(tensor: Any) -> Tuple[bytes, int, int, int]:
     # allocation, ref-counter file, its offset, event handle, event needed).
     device, raw, storage_bytes, storage_offset, counter, counter_offset = (
         storage._share_cuda_()[:6])
+    if raw is None:
+        raise ValueError("tensor: its storage is empty (no allocation to share)")
     # The counter expects a torch consumer to decrement it; without this the
     # storage's block would never return to torch's cache once freed.
-    type(storage)._release_ipc_counter_cuda(counter, counter_offset)
+    torch.UntypedStorage._release_ipc_counter_cuda(counter, counter_offset)
     return (_cuda_ipc_handle(raw), storage_offset + storage_bytes, device,
             storage_offset + tensor.storage_offset() * tensor.element_size())
 
