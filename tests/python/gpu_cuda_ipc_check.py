@@ -22,12 +22,21 @@ missing; exits 1 on a failed check, 0 with PASS.
   KPLAN_SERVER_BIN=build/bin/kplan-server PYTHONPATH=client/python \\
       python3 tests/python/gpu_cuda_ipc_check.py
 
-On a lent H200 (the `run` tool runs over /work/main's tree: merge first):
-bundle a CUDA build's server (scripts/bundle.sh .dist/NAME build/bin/kplan-server),
-carry .dist/NAME (and grpcio/protobuf wheels as .whl if the image lacks them,
-/work/.library/device/README.md), and run
-  export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1; KPLAN_SERVER_BIN=$PWD/.dist/NAME/bin/kplan-server \\
-      PYTHONPATH=client/python python3 tests/python/gpu_cuda_ipc_check.py
+On a lent H200 (the `run` tool runs over /work/main's tree: this file must be
+merged there first), with a server from a CUDA build (KPLAN_CUDA=ON):
+  bash scripts/bundle.sh /work/main/.dist/ipc build/bin/kplan-server
+  strip --strip-debug /work/main/.dist/ipc/bin/*
+then `run` with carry [".dist/ipc"] and the command
+  export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+  KPLAN_SERVER_BIN=$PWD/.dist/ipc/bin/kplan-server PYTHONPATH=client/python \\
+      python3 tests/python/gpu_cuda_ipc_check.py
+(bundle.sh gives the server an $ORIGIN rpath to its libraries: no
+LD_LIBRARY_PATH, which would hand the bundled libssl and others to python3
+and torch too).
+The image's python3 holds torch; /work/.library/device/KINDS.md lists grpcio
+and protobuf among its packages too. Where they are missing the check prints
+SKIP: carry them as wheels (.whl, /work/.library/device/README.md's Notes)
+and install them first as that README says.
 """
 import os
 import sys
