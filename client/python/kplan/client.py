@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from kplan import _tensors, safetensors, shm
+from kplan import _tensors, cuda_ipc, safetensors, shm
 from kplan.v1 import config_pb2, service_pb2, service_pb2_grpc
 
 try:  # googleapis-common-protos / grpcio-health-checking when installed, else ours
@@ -399,11 +399,16 @@ class Client:
     # --- shared memory -----------------------------------------------------------
 
     def register_shared_memory(self, name: str, key: str, byte_size: int,
-                               offset: int = 0) -> None:
+                               offset: int = 0, *, cuda_ipc_handle: bytes = b"",
+                               device_id: int = 0) -> None:
         """RegisterSharedMemory: the window [offset, offset + byte_size) of the
-        POSIX object `key` ("/kplan..."), as region `name`."""
+        POSIX object `key` ("/kplan..."), as region `name`; or, with key ""
+        and offset 0, the first byte_size bytes of the CUDA allocation whose
+        cudaIpcGetMemHandle is `cuda_ipc_handle`, on GPU `device_id`."""
         region = service_pb2.SharedMemoryRegion(name=name, key=key, offset=offset,
-                                                byte_size=byte_size)
+                                                byte_size=byte_size,
+                                                cuda_ipc_handle=cuda_ipc_handle,
+                                                device_id=device_id)
         req = service_pb2.RegisterSharedMemoryRequest(region=region)
         self._call(lambda s: s.RegisterSharedMemory, lambda: req)
 
@@ -419,6 +424,14 @@ class Client:
         """A new POSIX region of `byte_size` bytes registered with this server
         (kplan.shm): numpy views into it go to run_moe by reference."""
         return shm.SharedMemoryRegion(self, byte_size)
+
+    def register_cuda_memory(self, handle: bytes, byte_size: int, device_id: int = 0,
+                             name: Optional[str] = None) -> cuda_ipc.CudaMemoryRegion:
+        """Registers `byte_size` bytes of this process's CUDA allocation
+        `handle` (cudaIpcGetMemHandle's 64 bytes) on GPU `device_id` as
+        region `name` (default: a new one); references from its ``tensor``
+        go to run_moe like POSIX ones (kplan.cuda_ipc)."""
+        return cuda_ipc.CudaMemoryRegion(self, handle, byte_size, device_id, name)
 
     # --- execution ---------------------------------------------------------------
 
@@ -441,6 +454,17 @@ class Client:
                 output: Optional[shm.ShmTensor] = ...
                 ) -> Tuple[npt.NDArray, service_pb2.RunMoEResponse]: ...
 
+    # An output in CUDA memory (kplan.cuda_ipc) comes back as its reference.
+    @overload
+    def run_moe(self, experts_id: str, hidden_states: Any, *args: Any,
+                output: cuda_ipc.CudaTensor, return_plan: "Literal[False]" = ...,
+                **kwargs: Any) -> cuda_ipc.CudaTensor: ...
+
+    @overload
+    def run_moe(self, experts_id: str, hidden_states: Any, *args: Any,
+                output: cuda_ipc.CudaTensor, return_plan: "Literal[True]", **kwargs: Any
+                ) -> Tuple[cuda_ipc.CudaTensor, service_pb2.RunMoEResponse]: ...
+
     def run_moe(self, experts_id, hidden_states, router_logits=None, top_k=2,
                 routing_method="RenormalizeNaive", topk_ids=None, topk_weights=None,
                 dtype=None, moe_backend="auto", return_plan=False, all2all_backend="",
@@ -454,9 +478,10 @@ class Client:
         devices), response.timing how long and whether the call shared a
         coalesced launch (timing.coalesced_requests). Any input may be a kplan.shm.ShmTensor (sent by
         reference), and ``output`` one too: the server writes the output there
-        and its view is returned."""
+        and its view is returned. Or kplan.cuda_ipc.CudaTensor references (CUDA
+        memory): an ``output`` there is returned as itself, not an array."""
         def arg(value: Any, np_dtype: Any = None, wire: Optional[str] = None) -> Any:
-            if isinstance(value, shm.ShmTensor):
+            if isinstance(value, shm.RegionTensor):
                 return value.message()
             return _tensors.tensor(np.asarray(value, np_dtype) if np_dtype else value, wire)
 
@@ -478,7 +503,7 @@ class Client:
             req.topk_weights.CopyFrom(arg(topk_weights, np.float32))
         self._match_server_limit()
         resp = self._call(lambda s: s.RunMoE, lambda: req, timeout)
-        out = output.array if output is not None else _tensors.decode(resp.output)
+        out = output.output_value() if output is not None else _tensors.decode(resp.output)
         return (out, resp) if return_plan else out
 
     def run_ir_op(self, op: str, inputs: Mapping[str, Optional[npt.ArrayLike]], *,
