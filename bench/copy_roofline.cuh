@@ -86,7 +86,7 @@ inline const CopyVariant kCopyRooflineVariants[] = {
     {"os_u4_h", CopyOneShotKernel<4, true>, true, 4, 0},
 };
 
-__global__ void CopyRooflineFill(uint32_t* p, size_t n) {
+static __global__ void CopyRooflineFill(uint32_t* p, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
     p[i] = static_cast<uint32_t>(i * 0x9e3779b1u) | 1u;  // never zero

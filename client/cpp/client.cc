@@ -83,9 +83,11 @@ absl::Status Client::WithRetries(Call&& call) {
         return absl::UnavailableError(absl::StrCat(
             status.message(), "; no kplan-server answered at ", target_,
             options_.tls_root_certs.empty()
-                ? " over plaintext (is it running there? one serving TLS needs --tls-ca)"
+                ? " over plaintext (is it running there? one serving TLS needs its CA as "
+                  "the TLS root certificates: --tls-ca in the CLI)"
                 : " over TLS (is it running there, serving TLS with a certificate for this "
-                  "name signed by the CA given?)"));
+                  "name signed by the CA given? one asking for client certificates needs "
+                  "them: --tls-cert / --tls-key in the CLI)"));
       }
       return status;
     }

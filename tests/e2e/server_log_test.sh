@@ -45,7 +45,7 @@ fail_calls
 # Plaintext to a TLS port: gRPC itself logs the failed handshake, and the
 # CLI's error says that nothing answered over plaintext.
 ! "$bin/kplan" health --server "$addr" --timeout 1 2>"$work/plain.txt"
-grep -q "no kplan-server answered at $addr over plaintext (.*--tls-ca)" "$work/plain.txt" ||
+grep -q "no kplan-server answered at $addr over plaintext (.*--tls-ca in the CLI)" "$work/plain.txt" ||
   { cat "$work/plain.txt"; exit 1; }
 tls=()
 stop_server

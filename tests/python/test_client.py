@@ -156,9 +156,10 @@ class PythonClientTest(unittest.TestCase):
             with self.assertRaises(KplanError) as ctx:
                 hasty.load_experts("py-deadline", w13, w2, chunk_bytes=1000, timeout=0.001)
             self.assertEqual(ctx.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
-            info = hasty.load_experts("py-deadline", w13, w2, chunk_bytes=1000)
+            # Another id: the expired load's may still be held while it is dropped.
+            info = hasty.load_experts("py-deadline-2", w13, w2, chunk_bytes=1000)
         self.assertEqual(info.bytes, w13.nbytes + w2.nbytes)
-        self.client.unload_experts("py-deadline")
+        self.client.unload_experts("py-deadline-2")
         big = service_pb2.ExpertsHeader(num_experts=128, hidden_size=7168,
                                         intermediate_size=2048, activation="silu")
         small = service_pb2.ExpertsHeader(num_experts=8, hidden_size=256,

@@ -109,7 +109,9 @@ class LocalChecksTest(unittest.TestCase):
                             ((0, (4,), "float64"), "dtype"),
                             ((1020, (2,), "float32"), "offset"),   # 1020 + 8 > 1024
                             ((0, (257,), "float32"), "offset"),    # ... naming shape too
-                            ((2048, (0,), "int32"), "offset")]:
+                            ((2048, (0,), "int32"), "offset"),
+                            ((0, (2**40, 2**40), "float32"), "offset"),  # no int64 wrap
+                            ((0, (2**31, 2**31, 4), "float32"), "offset")]:
             with self.subTest(args=args):
                 with self.assertRaisesRegex(ValueError, rf"^{field}\b"):
                     region.tensor(*args)
@@ -283,6 +285,16 @@ class MessagesTest(unittest.TestCase):
         region = c.register_cuda_memory(os.urandom(64), 4096, name="c")
         region.close()  # does not raise
         self.assertEqual(stub.calls[-1][1].name, "c")
+
+        # Any other error keeps the region, so close tries again.
+        stub.replies["UnregisterSharedMemory"] = _Refused(grpc.StatusCode.UNAVAILABLE, "down")
+        region = c.register_cuda_memory(os.urandom(64), 4096, name="e")
+        with self.assertRaises(KplanError):
+            region.unregister()
+        n = len(stub.calls)
+        region.close()
+        self.assertEqual([(m, r.name) for m, r in stub.calls[n:]],
+                         [("UnregisterSharedMemory", "e")])
 
         # A refused registration leaves nothing to unregister.
         stub.replies["RegisterSharedMemory"] = _Refused(grpc.StatusCode.ALREADY_EXISTS, "open")

@@ -156,7 +156,9 @@ class Client:
                     # gRPC's own text, not a draining server's: nothing answered.
                     message += (f"; no kplan-server answered at {self._target} " + (
                         "over TLS (is it running there, serving TLS with a certificate for "
-                        "this name signed by root_certificates?)" if self._credentials else
+                        "this name signed by root_certificates? one asking for client "
+                        "certificates needs certificate_chain= and private_key=)"
+                        if self._credentials else
                         "over plaintext (is it running there? one serving TLS needs "
                         "root_certificates=)"))
                 raise KplanError(e.code(), message, _field_of(e)) from None

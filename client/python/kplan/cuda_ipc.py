@@ -29,6 +29,8 @@ import itertools
 import os
 from typing import Any, Optional, Sequence, Tuple
 
+import grpc
+
 from kplan import shm
 
 # sizeof(cudaIpcMemHandle_t).
@@ -76,11 +78,20 @@ class CudaMemoryRegion(shm.Region):
         return CudaTensor(self, offset, shape, proto, nbytes)
 
     def unregister(self) -> None:
-        """UnregisterSharedMemory, raising the server's error (KplanError);
-        once (``close`` afterwards does nothing). ``close`` ignores errors."""
-        client, self._client = self._client, None
-        if client is not None:
-            client.unregister_shared_memory(self.name)
+        """UnregisterSharedMemory, raising the server's error (KplanError).
+        Once it succeeded or the server says NOT_FOUND the region is gone
+        (later calls and ``close`` do nothing); after any other error it is
+        kept, so that ``unregister`` or ``close`` (which ignores errors) can
+        try again."""
+        if self._client is None:
+            return
+        try:
+            self._client.unregister_shared_memory(self.name)
+        except Exception as e:  # KplanError (kplan.client imports this module)
+            if getattr(e, "code", None) == grpc.StatusCode.NOT_FOUND:
+                self._client = None
+            raise
+        self._client = None
 
 
 def handle_of_torch(tensor: Any) -> Tuple[bytes, int, int, int]:
@@ -91,7 +102,10 @@ def handle_of_torch(tensor: Any) -> Tuple[bytes, int, int, int]:
     segment), the bytes from that allocation's start through the end of the
     storage, and the byte offset of the tensor's first element in it.
     Tensors in one segment share a handle: register it once and address them
-    by offset. Needs torch (imported here, not with kplan) and the allocator
+    by offset. Call it once per allocation and keep the result: every call
+    makes torch record another IPC share of the storage, freed only with it.
+    `device` is this process's CUDA index; the server's device_id may differ
+    (its own numbering, CUDA_VISIBLE_DEVICES). Needs torch (imported here, not with kplan) and the allocator
     without expandable_segments (whose handles are no cudaIpcMemHandle)."""
     try:
         import torch

@@ -22,6 +22,7 @@ unregistering."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from multiprocessing import shared_memory
 from typing import Any, Sequence, TypeVar
@@ -111,7 +112,7 @@ class Region:
             offset = -(-self._next // _ALIGN) * _ALIGN
         elif not is_index(offset) or offset < 0:
             raise ValueError(f"offset {offset!r}: must be an int >= 0")
-        nbytes = int(np.prod(dims, dtype=np.int64)) * np.dtype(np_dtype).itemsize
+        nbytes = math.prod(int(d) for d in dims) * np.dtype(np_dtype).itemsize  # no wrap
         if offset + nbytes > self.byte_size:
             raise ValueError(f"offset {offset} + shape {dims} {dtype} ({nbytes} bytes) is "
                              f"outside the region's {self.byte_size} bytes")

@@ -37,7 +37,8 @@ inline constexpr int kWsConsumerWarps = 8;  // arrivals that empty a stage
 // producer spills a few registers per k-tile; 56 / 224 would not (ptxas).
 inline constexpr int kWsProducerRegs = 40;
 inline constexpr int kWsConsumerRegs = 232;
-static_assert(kWsProducerRegs + 2 * kWsConsumerRegs <= 3 * 168,
+inline constexpr int kWsLaunchRegs = 65536 / kWsThreads / 8 * 8;  // 168 a thread
+static_assert(kWsProducerRegs + 2 * kWsConsumerRegs <= (kWsThreads / 128) * kWsLaunchRegs,
               "the warpgroups' registers must fit the CTA's launch allocation");
 static_assert(kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0,
               "setmaxnreg takes multiples of 8");
