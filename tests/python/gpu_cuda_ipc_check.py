@@ -166,9 +166,9 @@ def check(gpu, cpu, rng):
     for m in (1, 37, MAX_M):
         x = bf16_values(rng, (m, H), 1.0)
         logits = rng.normal(0, 1, (m, E)).astype(np.float32)
-        x_ref = region.tensor(base, (m, H), "bfloat16")
-        l_ref = region.tensor(base + x_ref.byte_size + 4, (m, E), "float32")  # unaligned
-        o_ref = region.tensor(base + (1 << 20) + 128, (m, H), "bfloat16")
+        x_ref = region.tensor((m, H), "bfloat16", offset=base)
+        l_ref = region.tensor((m, E), "float32", offset=base + x_ref.byte_size + 4)  # unaligned
+        o_ref = region.tensor((m, H), "bfloat16", offset=base + (1 << 20) + 128)
         view(x_ref.offset, x_ref.byte_size, torch.bfloat16, (m, H)).copy_(torch.from_numpy(x))
         view(l_ref.offset, l_ref.byte_size, torch.float32, (m, E)).copy_(
             torch.from_numpy(logits))
@@ -192,8 +192,8 @@ def check(gpu, cpu, rng):
         # A given top-k in CUDA memory, the output in the response.
         ids = np.stack([rng.permutation(E)[:K] for _ in range(m)]).astype(np.int32)
         weights = rng.uniform(0.1, 1, (m, K)).astype(np.float32)
-        i_ref = region.tensor(base + (1 << 19), (m, K), "int32")
-        w_ref = region.tensor(i_ref.offset + i_ref.byte_size, (m, K), "float32")
+        i_ref = region.tensor((m, K), "int32", offset=base + (1 << 19))
+        w_ref = region.tensor((m, K), "float32", offset=i_ref.offset + i_ref.byte_size)
         view(i_ref.offset, i_ref.byte_size, torch.int32, (m, K)).copy_(torch.from_numpy(ids))
         view(w_ref.offset, w_ref.byte_size, torch.float32, (m, K)).copy_(
             torch.from_numpy(weights))

@@ -114,13 +114,21 @@ class LocalChecksTest(unittest.TestCase):
                             ((0, (2**31, 2**31, 4), "float32"), "offset")]:
             with self.subTest(args=args):
                 with self.assertRaisesRegex(ValueError, rf"^{field}\b"):
-                    region.tensor(*args)
+                    region.tensor(args[1], args[2], offset=args[0])
         with self.assertRaisesRegex(ValueError, r"shape \(257,\)"):
-            region.tensor(0, (257,), "float32")
+            region.tensor((257,), "float32", offset=0)
         # Fits exactly: the last 8 bytes, and an empty tensor at the end.
-        self.assertEqual(region.tensor(1016, (2,), "float32").ref().byte_size, 8)
-        self.assertEqual(region.tensor(1024, (0, 4), "bfloat16").ref().byte_size, 0)
+        self.assertEqual(region.tensor((2,), "float32", offset=1016).ref().byte_size, 8)
+        self.assertEqual(region.tensor((0, 4), "bfloat16", offset=1024).ref().byte_size, 0)
         self.assertEqual([m for m, _ in self.stub.calls], ["RegisterSharedMemory"])
+        region.close()
+        # No offset: after the last tensor placed, 64-byte aligned, as SharedMemoryRegion.array.
+        region = self.client.register_cuda_memory(self.handle, 1024)
+        a = region.tensor((3,), "float32")
+        b = region.tensor((2, 2), "bfloat16")
+        self.assertEqual((a.ref().offset, b.ref().offset, b.ref().byte_size), (0, 64, 8))
+        with self.assertRaisesRegex(ValueError, r"^offset\b"):
+            region.tensor((300,), "float32")  # 128 + 1200 > 1024
         region.close()
 
     def test_handle_of_torch_needs_torch_or_a_cuda_tensor(self):
@@ -217,11 +225,11 @@ class MessagesTest(unittest.TestCase):
         stub = registered()
         c = offline_client(stub)
         with c.register_cuda_memory(os.urandom(64), 1 << 16, name="dev") as region:
-            x = region.tensor(0, (m, h), "bfloat16")
-            logits = region.tensor(x.byte_size + 4, (m, e), "float32")  # any offset
-            out = region.tensor(8192, (m, h), "bfloat16")
-            ids = region.tensor(12288, (m, k), "int32")
-            weights = region.tensor(12288 + m * k * 4, (m, k), "float32")
+            x = region.tensor((m, h), "bfloat16", offset=0)
+            logits = region.tensor((m, e), "float32", offset=x.byte_size + 4)  # any offset
+            out = region.tensor((m, h), "bfloat16", offset=8192)
+            ids = region.tensor((m, k), "int32", offset=12288)
+            weights = region.tensor((m, k), "float32", offset=12288 + m * k * 4)
             stub.replies["RunMoE"] = service_pb2.RunMoEResponse(
                 output=config_pb2.Tensor(dtype=config_pb2.DTYPE_BFLOAT16, shape=(m, h),
                                          shm=out.ref()))

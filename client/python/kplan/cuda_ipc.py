@@ -2,7 +2,7 @@
 shared-memory extension; a server with a GPU on this host, started with
 --allow_shared_memory). ``Client.register_cuda_memory`` registers one CUDA
 allocation by its cudaIpcGetMemHandle bytes; the server opens it once
-(cudaIpcOpenMemHandle), and ``region.tensor(offset, shape, dtype)`` hands
+(cudaIpcOpenMemHandle), and ``region.tensor(shape, dtype, offset=)`` hands
 out references into it, which ``Client.run_moe`` takes for its inputs and
 ``output``. The server reads and writes them on that GPU, device to device.
 numpy cannot view device memory: ``run_moe(..., output=t)`` returns ``t``
@@ -10,9 +10,9 @@ itself (read the output with the library that owns the memory).
 
     h, size, device, base = kplan.cuda_ipc.handle_of_torch(buffer)  # a torch uint8 buffer
     with client.register_cuda_memory(h, size, device) as region:
-        x = region.tensor(base, (m, hidden), "bfloat16")
-        logits = region.tensor(base + x.byte_size, (m, e), "float32")
-        out = region.tensor(base + x.byte_size + logits.byte_size, (m, hidden), "bfloat16")
+        x = region.tensor((m, hidden), "bfloat16", offset=base)
+        logits = region.tensor((m, e), "float32", offset=base + x.byte_size)
+        out = region.tensor((m, hidden), "bfloat16", offset=base + x.byte_size + logits.byte_size)
         torch.cuda.synchronize()            # the server reads on its own stream
         client.run_moe("layer0", x, logits, top_k=2, output=out)  # returns out
 
@@ -70,10 +70,12 @@ class CudaMemoryRegion(shm.Region):
                                       device_id=self.device_id)
         self._client = client
 
-    def tensor(self, offset: int, shape: Sequence[int], dtype: str = "float32") -> CudaTensor:
+    def tensor(self, shape: Sequence[int], dtype: str = "float32",
+               offset: Optional[int] = None) -> CudaTensor:
         """The reference to `shape` x `dtype` (float32, float16, bfloat16,
-        int32) at byte `offset` of the region; ValueError naming the argument
-        that does not fit."""
+        int32) at byte `offset` of the region (None: after the last tensor
+        placed, 64-byte aligned), in the order of SharedMemoryRegion.array;
+        ValueError naming the argument that does not fit."""
         offset, nbytes, _, proto = self._place(shape, dtype, offset)
         return CudaTensor(self, offset, shape, proto, nbytes)
 
@@ -97,7 +99,7 @@ class CudaMemoryRegion(shm.Region):
 def handle_of_torch(tensor: Any) -> Tuple[bytes, int, int, int]:
     """(handle, byte_size, device, offset) of a contiguous torch CUDA tensor,
     for ``Client.register_cuda_memory(handle, byte_size, device)`` and
-    ``region.tensor(offset, ...)``: the cudaIpcMemHandle of the allocation
+    ``region.tensor(..., offset=offset)``: the cudaIpcMemHandle of the allocation
     under its storage (torch's caching allocator shares its whole cudaMalloc
     segment), the bytes from that allocation's start through the end of the
     storage, and the byte offset of the tensor's first element in it.
