@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
@@ -71,4 +72,15 @@ double MedianMs(F&& launch, int samples, int batch, cudaStream_t stream) {
   CHECK_CUDA(cudaEventDestroy(stop));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// The experts a routing hits: the distinct ids among the `numel` top-k ids
+// at `device_ids` (read back from the device). Their weights are what a MoE
+// layer reads, so the benchmarks' memory floors count them.
+inline int ExpertsHit(const int32_t* device_ids, int64_t numel) {
+  std::vector<int32_t> ids(static_cast<size_t>(numel));
+  CHECK_CUDA(
+      cudaMemcpy(ids.data(), device_ids, ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  std::sort(ids.begin(), ids.end());
+  return static_cast<int>(std::unique(ids.begin(), ids.end()) - ids.begin());
 }

@@ -72,7 +72,6 @@
 #include <map>
 #include <memory>
 #include <numeric>
-#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -653,10 +652,7 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
   // --- Experts hit, per set.
   double hit_sum = 0;
   for (int s = 0; s < R; ++s) {
-    std::vector<int32_t> ids(numel);
-    CHECK_CUDA(cudaMemcpy(ids.data(), tid[s]->p, numel * 4, cudaMemcpyDeviceToHost));
-    std::set<int32_t> distinct(ids.begin(), ids.end());
-    hit_sum += static_cast<double>(distinct.size());
+    hit_sum += ExpertsHit(tid[s]->as<int32_t>(), numel);
   }
   row.hit = hit_sum / R;
 

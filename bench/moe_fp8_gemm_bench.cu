@@ -215,16 +215,7 @@ int main(int argc, char** argv) {
   std::printf("slots %lld, padded to %d (%.3fx) in %d blocks of %d\n",
               static_cast<long long>(numel), padded, double(padded) / numel, padded / kBlockM,
               kBlockM);
-  int hit = 0;  // experts the routing hits: their weights are read
-  {
-    std::vector<int32_t> ids(static_cast<size_t>(numel));
-    CHECK_CUDA(cudaMemcpy(ids.data(), topk_ids, numel * 4, cudaMemcpyDeviceToHost));
-    std::vector<bool> seen(E, false);
-    for (int32_t e : ids) {
-      if (e >= 0 && e < E && !seen[static_cast<size_t>(e)])
-        seen[static_cast<size_t>(e)] = true, ++hit;
-    }
-  }
+  const int hit = ExpertsHit(topk_ids, numel);  // their weights are read
   const double copy_gbps = MeasureCopyRoofline(size_t{1} << 30, prop.multiProcessorCount, stream);
   if (copy_gbps <= 0) {
     std::fprintf(stderr, "no copy kernel produced the right output\n");
