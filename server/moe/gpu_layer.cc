@@ -109,19 +109,6 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
 
 int DeviceSmCount(int device) { return kc::MultiprocessorCount(device).value_or(132); }
 
-kc::MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& r) {
-  kc::MoeRoutingParams rp;
-  rp.num_experts = r.num_experts;
-  rp.top_k = r.top_k;
-  rp.method = r.method;
-  rp.scoring = r.scoring;
-  rp.renormalize = r.renormalize;
-  rp.routed_scaling_factor = r.routed_scaling_factor;
-  rp.num_expert_group = r.num_expert_group;
-  rp.topk_group = r.topk_group;
-  return rp;
-}
-
 absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t* sorted,
                                     int32_t* expert_ids, int32_t* num_tokens_post_padded,
                                     void* stream_ptr) {

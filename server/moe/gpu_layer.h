@@ -84,11 +84,6 @@ struct MoeLayerArgs {
   bool batch_invariant = false;
 };
 
-// The routing kernel's parameters for a host RoutingSpec; the correction
-// bias pointer is left null (it must point to device memory: the caller
-// sets it once the bias is uploaded).
-kernels::cuda::MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& routing);
-
 // Bytes of workspace for calls with up to max_tokens tokens of top_k slots
 // over `num_experts` global ids on these experts, activations in act_dtype
 // (empty: the experts' dtype), batch-invariant calls (MoeLayerArgs) or not.

@@ -292,7 +292,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   const moe::RoutingSpec& routing = shape.routing;
   kc::MoeRoutingParams rp;
   if (by_logits) {
-    rp = MoeRoutingParamsOf(routing);
+    rp = kc::MoeRoutingParamsOf(routing);
     KPLAN_RETURN_IF_ERROR(kc::ValidateMoeRoutingParams(rp));
   }
 

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/common/types.h"
+#include "kernels/cpu/moe/moe_reference.h"
 
 namespace kplan::kernels::cuda {
 
@@ -42,6 +43,11 @@ inline constexpr int kMoeRoutingMaxExperts = 512;
 inline constexpr int kMoeRoutingMaxTopK = 32;
 inline constexpr int kMoeRoutingMaxGroups = 32;
 inline constexpr int kMoeAlignMaxExperts = 1024;
+
+// The routing kernel's parameters for a host moe::RoutingSpec; the
+// correction bias pointer is left null (it must point to device memory: the
+// caller sets it once the bias is uploaded).
+MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& routing);
 
 // INVALID_ARGUMENT naming the field ("routing.top_k", ...), the checks of
 // moe::ValidateRoutingSpec plus this kernel's limits.

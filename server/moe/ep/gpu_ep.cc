@@ -149,7 +149,7 @@ absl::Status CheckLocal(const GpuEpLayer& L, const MoeInputsForThisRank& in,
       return InvalidField("router_logits", "give router_logits or topk_ids / topk_weights");
     }
     KPLAN_RETURN_IF_ERROR(ValidateRoutingSpec(spec));
-    *rp = MoeRoutingParamsOf(spec);
+    *rp = kc::MoeRoutingParamsOf(spec);
     KPLAN_RETURN_IF_ERROR(kc::ValidateMoeRoutingParams(*rp));
   } else {
     if (M > 0 && in.topk_weights == nullptr) {

@@ -1,0 +1,244 @@
+// The MoE router's per-token step (vllm-kernel-plan.md §6.1, §2.4), the
+// same math as kernels/cpu/moe/moe_routing.cc (moe::RouteTokens): one warp
+// routes one token's fp32 logits row [E] to k (weight, id) picks. Shared by
+// the routing kernel (moe_routing.cu) and the one-kernel decode layer
+// (moe_decode_layer.cu), which routes in every CTA. Internal to
+// kernels/cuda/moe.
+//
+// Lane l holds experts l, l+32, ... (up to 16 per lane, E <= 512) in
+// registers, indexed by unrolled constants only; every method is a run-time
+// switch (no templates). Top-k is k rounds of a warp arg-max over
+// (key, index) under the reference's order (NaN largest, then larger value,
+// then lower index), a total order, so every lane of the butterfly agrees
+// and ties go to the lowest index; the selected expert's weight rides along
+// as a payload. Each lane caches its own best candidate and only the lane
+// that lost its best rescans. Grouped top-k stages the biased scores in
+// shared memory so that one lane per group computes the group score
+// sequentially, exactly as the reference does. Sums (softmax denominators,
+// renormalisation) are warp reductions: the order differs from the CPU loop,
+// hence weights agree to ~1e-6 relative.
+#pragma once
+
+#include <cmath>
+
+#include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/moe/moe_ops.h"
+
+namespace kplan::kernels::cuda::detail::routing {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kPerLane = kMoeRoutingMaxExperts / 32;  // 16
+
+// The routing parameters the device step reads (MoeRoutingParams as ints).
+struct RouteParams {
+  const float* bias;  // device [E] or null
+  float scale;
+  int E, k, method, scoring, G, topk_group;
+  bool renormalize;
+};
+
+inline RouteParams RouteParamsOf(const MoeRoutingParams& p) {
+  return RouteParams{p.e_score_correction_bias,
+                     p.routed_scaling_factor,
+                     p.num_experts,
+                     p.top_k,
+                     static_cast<int>(p.method),
+                     static_cast<int>(p.scoring),
+                     p.num_expert_group,
+                     p.topk_group,
+                     p.renormalize};
+}
+
+// a ranks before b. Index -1 is "no candidate" and ranks after everything.
+__device__ __forceinline__ bool Before(float va, int a, float vb, int b) {
+  if (b < 0) return a >= 0;
+  if (a < 0) return false;
+  const bool na = isnan(va), nb = isnan(vb);
+  if (na != nb) return na;
+  if (!na && va != vb) return va > vb;
+  return a < b;
+}
+
+__device__ __forceinline__ void WarpBest(float& v, int& i, float& p) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(kFull, v, off);
+    const int oi = __shfl_xor_sync(kFull, i, off);
+    const float op = __shfl_xor_sync(kFull, p, off);
+    if (Before(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+      p = op;
+    }
+  }
+}
+
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// torch softplus (beta 1, threshold 20), then sqrt.
+__device__ __forceinline__ float SqrtSoftplus(float x) {
+  return sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+}
+
+// Best not-yet-taken candidate of this lane.
+__device__ __forceinline__ void LaneBest(const float (&key)[kPerLane], const float (&pay)[kPerLane],
+                                         unsigned taken, int E, int lane, float& bv, int& bi,
+                                         float& bp) {
+  bv = 0.0f;
+  bi = -1;
+  bp = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int e = lane + 32 * s;
+    if (e < E && !((taken >> s) & 1u) && Before(key[s], e, bv, bi)) {
+      bv = key[s];
+      bi = e;
+      bp = pay[s];
+    }
+  }
+}
+
+// k rounds of warp arg-max; lane j < k gets the j-th pick (id, payload).
+__device__ __forceinline__ void WarpTopK(const float (&key)[kPerLane], const float (&pay)[kPerLane],
+                                         int E, int k, int lane, int& my_id, float& my_pay) {
+  unsigned taken = 0;
+  float lv, lp;
+  int li;
+  LaneBest(key, pay, taken, E, lane, lv, li, lp);
+  for (int j = 0; j < k; ++j) {
+    float v = lv, p = lp;
+    int i = li;
+    WarpBest(v, i, p);
+    if (lane == j) {
+      my_id = i;
+      my_pay = p;
+    }
+    if (i >= 0 && (i & 31) == lane) {
+      taken |= 1u << (i >> 5);
+      LaneBest(key, pay, taken, E, lane, lv, li, lp);
+    }
+  }
+}
+
+// Routes one token with the whole warp: g is its fp32 logits row [E];
+// s_choice is [E] floats of shared memory of this warp's own (grouped top-k
+// only). Lane j < k returns the j-th pick in (w, id); other lanes' values
+// are unspecified. Ties go to the lowest expert index; NaN ranks highest.
+__device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float* g,
+                                               float* s_choice, int lane, float& w, int& id) {
+  const int E = a.E, k = a.k;
+
+  float key[kPerLane], pay[kPerLane];
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int e = lane + 32 * s;
+    key[s] = e < E ? g[e] : 0.0f;
+  }
+
+  const bool scored = a.method == static_cast<int>(RoutingMethod::kTopK) ||
+                      a.method == static_cast<int>(RoutingMethod::kGroupedTopK);
+  if (scored) {
+    if (a.scoring == static_cast<int>(ScoringFunc::kSoftmax)) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int s = 0; s < kPerLane; ++s) {
+        if (lane + 32 * s < E) mx = fmaxf(mx, key[s]);
+      }
+      mx = WarpMax(mx);
+      float sum = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kPerLane; ++s) {
+        pay[s] = lane + 32 * s < E ? expf(key[s] - mx) : 0.0f;
+        sum += pay[s];
+      }
+      sum = WarpSum(sum);
+#pragma unroll
+      for (int s = 0; s < kPerLane; ++s) pay[s] = pay[s] / sum;
+    } else if (a.scoring == static_cast<int>(ScoringFunc::kSigmoid)) {
+#pragma unroll
+      for (int s = 0; s < kPerLane; ++s) pay[s] = Sigmoid(key[s]);
+    } else {
+#pragma unroll
+      for (int s = 0; s < kPerLane; ++s) pay[s] = SqrtSoftplus(key[s]);
+    }
+    // Selection key: scores (+ bias); payload: unbiased scores.
+#pragma unroll
+    for (int s = 0; s < kPerLane; ++s) {
+      const int e = lane + 32 * s;
+      key[s] = (a.bias != nullptr && e < E) ? pay[s] + a.bias[e] : pay[s];
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < kPerLane; ++s) pay[s] = key[s];  // raw logits
+  }
+
+  if (a.method == static_cast<int>(RoutingMethod::kGroupedTopK)) {
+    float* c = s_choice;
+#pragma unroll
+    for (int s = 0; s < kPerLane; ++s) {
+      if (lane + 32 * s < E) c[lane + 32 * s] = key[s];
+    }
+    __syncwarp();
+    const int G = a.G, per = E / G;
+    // Lane gi: group score of group gi (top-2 sum with bias, max without).
+    float gs = 0.0f;
+    int gi = -1;
+    if (lane < G) {
+      float v1 = 0.0f, v2 = 0.0f;
+      int i1 = -1, i2 = -1;
+      for (int i = 0; i < per; ++i) {
+        const float v = c[lane * per + i];
+        if (Before(v, i, v1, i1)) {
+          v2 = v1;
+          i2 = i1;
+          v1 = v;
+          i1 = i;
+        } else if (Before(v, i, v2, i2)) {
+          v2 = v;
+          i2 = i;
+        }
+      }
+      gs = a.bias != nullptr ? v1 + v2 : v1;
+      gi = lane;
+    }
+    // Keep the topk_group best groups.
+    unsigned keep = 0;
+    for (int j = 0; j < a.topk_group; ++j) {
+      float v = gs, p = 0.0f;
+      int i = gi;
+      WarpBest(v, i, p);
+      if (i >= 0) keep |= 1u << i;
+      if (i == lane) gi = -1;
+    }
+#pragma unroll
+    for (int s = 0; s < kPerLane; ++s) {
+      const int e = lane + 32 * s;
+      if (e < E && !((keep >> (e / per)) & 1u)) key[s] = -INFINITY;
+    }
+  }
+
+  int my_id = 0;
+  float my_pay = 0.0f;
+  WarpTopK(key, pay, E, k, lane, my_id, my_pay);
+  id = my_id;
+
+  const bool mine = lane < k;
+  w = 0.0f;
+  if (a.method == static_cast<int>(RoutingMethod::kTopKThenSoftmax)) {
+    const float mx = WarpMax(mine ? my_pay : -INFINITY);
+    const float ex = mine ? expf(my_pay - mx) : 0.0f;
+    const float sum = WarpSum(ex);
+    w = ex / sum;
+  } else if (a.method == static_cast<int>(RoutingMethod::kLlama4)) {
+    w = Sigmoid(my_pay);
+  } else {
+    w = my_pay;
+    if (a.renormalize) {
+      const float sum = WarpSum(mine ? w : 0.0f);
+      w = w / sum;
+    }
+    if (a.scale != 1.0f) w = w * a.scale;
+  }
+}
+
+}  // namespace kplan::kernels::cuda::detail::routing
