@@ -20,7 +20,7 @@
 
 namespace kplan::kernels::cuda {
 
-enum class MoeGemmWsMode : int { kFromEnv = 0, kOff = 1, kOn = 2 };
+using MoeGemmWsMode = MoeKernelMode;
 void SetMoeGemmWsMode(MoeGemmWsMode mode);
 bool MoeGemmWsEnabled();
 

@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   }
 }
 
-ws::WsSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_FP8_GEMM"); });
+detail::KernelSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_FP8_GEMM"); });
 std::atomic<int64_t> g_launches{0};
 
 // Measurement knobs of moe_fp8_gemm_bench: KPLAN_MOE_FP8_WS_DEBUG (kFlag*

@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
 
 // --- host ---------------------------------------------------------------------
 
-ws::WsSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_GEMM"); });
+detail::KernelSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_GEMM"); });
 
 // Measurement knobs of moe_bench: KPLAN_MOE_WS_DEBUG (kWsFlag* bits) and
 // KPLAN_MOE_WS_GROUP (token tiles per group; default: ws::WsAutoGroup).
@@ -323,7 +323,7 @@ absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& g, cudaStream_t st
 // --- fused activation -----------------------------------------------------------
 
 namespace {
-ws::WsSwitch g_fused([] {
+detail::KernelSwitch g_fused([] {
   const char* v = std::getenv("KPLAN_MOE_FUSED_ACT");
   if (v == nullptr || *v == '\0') return kMoeFusedActDefault;
   return std::strcmp(v, "0") != 0;

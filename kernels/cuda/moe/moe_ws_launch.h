@@ -1,7 +1,6 @@
 // Host side both warp-specialised grouped GEMM launchers share
-// (moe_gemm_ws_sm90.cu, moe_gemm_ws_fp8_sm90.cu): their on / off switches
-// and integer knobs from the environment, the setup before a launch and the
-// shapes the tile schedule (moe_ws_schedule.h) takes. Internal to
+// (moe_gemm_ws_sm90.cu, moe_gemm_ws_fp8_sm90.cu): their integer knobs from the environment, the
+// setup before a launch and the shapes the tile schedule (moe_ws_schedule.h) takes. Internal to
 // kernels/cuda/moe.
 #pragma once
 
@@ -12,13 +11,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/status.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_ws_schedule.h"
 #include "kernels/cuda/runtime/device_info.h"
 #include "kernels/cuda/runtime/status.h"
@@ -48,27 +47,6 @@ struct WsKnobs {
 inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var) {
   return {WsEnvInt(debug_var, 0), WsEnvInt(group_var, kWsAutoGroup)};
 }
-
-// A process-wide on / off switch of one kernel (SetMoeGemmWs*Mode and its
-// *Enabled): kOn / kOff as set, or with kFromEnv (the default) what
-// from_env() says, read on the first call that needs it.
-class WsSwitch {
- public:
-  explicit constexpr WsSwitch(bool (*from_env)()) : from_env_(from_env) {}
-  void Set(MoeGemmWsMode mode) { mode_.store(static_cast<int>(mode)); }
-  bool On() {
-    const auto m = static_cast<MoeGemmWsMode>(mode_.load(std::memory_order_relaxed));
-    if (m != MoeGemmWsMode::kFromEnv) return m == MoeGemmWsMode::kOn;
-    std::call_once(once_, [this] { env_on_ = from_env_(); });
-    return env_on_;
-  }
-
- private:
-  bool (*const from_env_)();
-  std::atomic<int> mode_{static_cast<int>(MoeGemmWsMode::kFromEnv)};
-  std::once_flag once_;
-  bool env_on_ = false;
-};
 
 // Before a launch of kKernel with `smem_bytes` of dynamic shared memory on
 // the current device: the device's multiprocessors into *sms, and the

@@ -1,0 +1,32 @@
+// A process-wide on / off switch of one kernel choice (the Set*Mode and
+// *Enabled functions of moe_experts.h and moe_gemm_ws*.h): kOn / kOff as
+// set, or with kFromEnv (the default) what from_env() says, read on the
+// first call that needs it. Internal to kernels/cuda/moe.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+
+#include "kernels/cuda/moe/moe_experts.h"
+
+namespace kplan::kernels::cuda::detail {
+
+class KernelSwitch {
+ public:
+  explicit constexpr KernelSwitch(bool (*from_env)()) : from_env_(from_env) {}
+  void Set(MoeKernelMode mode) { mode_.store(static_cast<int>(mode)); }
+  bool On() {
+    const auto m = static_cast<MoeKernelMode>(mode_.load(std::memory_order_relaxed));
+    if (m != MoeKernelMode::kFromEnv) return m == MoeKernelMode::kOn;
+    std::call_once(once_, [this] { env_on_ = from_env_(); });
+    return env_on_;
+  }
+
+ private:
+  bool (*const from_env_)();
+  std::atomic<int> mode_{static_cast<int>(MoeKernelMode::kFromEnv)};
+  std::once_flag once_;
+  bool env_on_ = false;
+};
+
+}  // namespace kplan::kernels::cuda::detail
