@@ -230,14 +230,12 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
 
   if (a.allow_decode && !a.batch_invariant && !a.apply_router_weight_on_input &&
       kc::MoeDecodeApplies(M, k, E, H, I)) {
-    // A few slots: routing, then the two matrix-vector kernels.
-    if (a.router_logits != nullptr) {
-      KPLAN_RETURN_IF_ERROR(
-          kc::LaunchMoeRouting(a.routing, a.router_logits, M, a.topk_weights, a.topk_ids, stream));
-    }
+    // A few slots: the decode layer (routing included), one kernel or two.
     kc::MoeDecodeArgs d;
     d.dtype = dtype;
     d.hidden = a.hidden;
+    d.router_logits = a.router_logits;
+    d.routing = a.routing;
     d.topk_ids = a.topk_ids;
     d.topk_weights = a.topk_weights;
     d.expert_map = a.expert_map;

@@ -55,9 +55,10 @@ struct MoeLayerArgs {
   // slots whose expert is not local), for a caller that combines elsewhere.
   bool combine = true;
   void* output = nullptr;
-  // Up to kernels::cuda::kMoeDecodeMaxSlots slots the two decode kernels
-  // replace align + grouped GEMMs (moe_experts.h, LaunchMoeDecodeExperts);
-  // false keeps the grouped path (benchmarks compare the two).
+  // Up to kernels::cuda::kMoeDecodeMaxSlots slots the decode layer (one
+  // kernel, or two; moe_experts.h, LaunchMoeDecodeExperts) replaces routing,
+  // align and the grouped GEMMs; false keeps the grouped path (benchmarks
+  // compare the two).
   bool allow_decode = true;
   // Pick every kernel without looking at M, so that a row's bits depend only
   // on its own token (coalesced RunMoE calls, server/moe/moe_coalesce.h).

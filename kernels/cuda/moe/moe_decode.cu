@@ -1,8 +1,10 @@
-// Decode-sized MoE layers (moe_experts.h, LaunchMoeDecodeExperts): the expert
-// half as two matrix-vector kernels. At a few token slots the grouped path is
-// a chain of align, GEMM 1, activation, GEMM 2 and combine kernels, each a few
-// microseconds of launch, ramp and tail around a weight stream that is itself
-// short (Qwen3-30B-A3B at one token: 75 MB, 18 us at copy speed); here it is
+// Decode-sized MoE layers (moe_experts.h): LaunchMoeDecodeExperts, the
+// entry point, which runs the one-kernel form (moe_decode_layer.cu) where it
+// is switched on and can run, and the two-kernel form here otherwise. At a few token slots the
+// grouped path is a chain of align, GEMM 1, activation, GEMM 2 and combine
+// kernels, each a few microseconds of launch, ramp and tail around a weight
+// stream that is itself short (Qwen3-30B-A3B at one token: 75 MB, 18 us at
+// copy speed); here it is (after the routing kernel, when asked to route)
 //   up    one warp per (slot, intermediate column): the gate and up rows of
 //         the slot's expert against the token's hidden row, the activation,
 //         one element of the slot's intermediate row h;
@@ -10,20 +12,24 @@
 //         rows of its expert against h, four rows at a time; the CTA then sums
 //         each output element's k slot values in slot order (without
 //         combine, one warp per per-slot element).
-// A warp reads a weight row with 16-byte loads, lane i taking vectors i,
-// i + 32, ..., and sums its fp32 products in a fixed order, then over the warp
-// in a fixed butterfly, so results are deterministic. The rounding points are
-// the grouped path's: GEMM outputs rounded to T (with bias round(round(acc) +
-// round(b))), the activation computed from them and rounded once, the combine
-// Σ_j fadd(fmul(y_j, w_j)) in slot order rounded once; only the fp32 order
-// inside a dot product differs. Slots whose expert is not local (expert map
-// -1) or out of range contribute zero rows.
+// A warp reads a weight row with 16-byte loads (moe_decode.cuh's Dots), lane
+// i taking vectors i, i + 32, ..., and sums its fp32 products in a fixed
+// order, then over the warp in a fixed butterfly, so results are
+// deterministic. The rounding points are the grouped path's: GEMM outputs
+// rounded to T (with bias round(round(acc) + round(b))), the activation
+// computed from them and rounded once, the combine Σ_j fadd(fmul(y_j, w_j))
+// in slot order rounded once; only the fp32 order inside a dot product
+// differs. Slots whose expert is not local (expert map -1) or out of range
+// contribute zero rows.
 #include <algorithm>
 #include <cstdint>
 
+#include "base/status.h"
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
+#include "kernels/cuda/moe/moe_decode.cuh"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
 
@@ -32,59 +38,12 @@ namespace {
 
 using detail::FromFloat;
 using detail::ToFloat;
+using detail::decode::Dots;
+using detail::decode::LocalExpert;
+using detail::decode::Rounded;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-
-// The local index of slot s's expert, or -1.
-__device__ __forceinline__ int LocalExpert(const int32_t* ids, const int32_t* map, int num_experts,
-                                           int num_local, int64_t s) {
-  const int e = ids[s];
-  if (e < 0 || e >= num_experts) return -1;
-  const int l = map != nullptr ? map[e] : e;
-  return l >= 0 && l < num_local ? l : -1;
-}
-
-// R dot products of length K (a multiple of 8, 16-byte aligned rows):
-// out[r] = Σ_i w[r][i] · x[r][i], valid in lane 0.
-template <typename T, int R>
-__device__ __forceinline__ void Dots(const T* const (&w)[R], const T* const (&x)[R], int64_t K,
-                                     int lane, float (&out)[R]) {
-  float acc[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-  const int64_t vecs = K / 8;
-#pragma unroll 4
-  for (int64_t i = lane; i < vecs; i += 32) {
-    int4 a[R], b[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      a[r] = __ldg(reinterpret_cast<const int4*>(w[r]) + i);
-      b[r] = __ldg(reinterpret_cast<const int4*>(x[r]) + i);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const T* ta = reinterpret_cast<const T*>(&a[r]);
-      const T* tb = reinterpret_cast<const T*>(&b[r]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[r] = fmaf(ToFloat(ta[e]), ToFloat(tb[e]), acc[r]);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-    out[r] = acc[r];
-  }
-}
-
-// A GEMM output element as the grouped GEMM stores it, as float.
-template <typename T>
-__device__ __forceinline__ float Rounded(float acc, const float* bias) {
-  float v = ToFloat(FromFloat<T>(acc));
-  if (bias != nullptr) v = ToFloat(FromFloat<T>(v + ToFloat(FromFloat<T>(*bias))));
-  return v;
-}
 
 template <typename T>
 struct UpArgs {
@@ -331,6 +290,21 @@ absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream)
   }
   if (d.act == MoeActivation::kSwigluOaiUninterleave && !d.act_params.has_clamp_limit) {
     return absl::InvalidArgumentError("SWIGLUOAI_UNINTERLEAVE requires clamp_limit");
+  }
+  if (d.router_logits != nullptr) {
+    KPLAN_RETURN_IF_ERROR(ValidateMoeRoutingParams(d.routing));
+    if (d.routing.num_experts != d.num_experts || d.routing.top_k != d.top_k) {
+      return absl::InvalidArgumentError(
+          "moe_decode: routing.num_experts / top_k differ from the layer's");
+    }
+  }
+  if (MoeDecodeLayerEnabled()) {
+    const absl::Status st = LaunchMoeDecodeLayer(d, stream);
+    if (!absl::IsUnavailable(st)) return st;  // launched, or a real error
+  }
+  if (d.router_logits != nullptr) {
+    KPLAN_RETURN_IF_ERROR(LaunchMoeRouting(d.routing, d.router_logits, d.num_tokens, d.topk_weights,
+                                           d.topk_ids, stream));
   }
   return d.dtype == DType::kBFloat16 ? Launch<__nv_bfloat16>(d, stream) : Launch<__half>(d, stream);
 }

@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/common/types.h"
+#include "kernels/cuda/moe/moe_ops.h"
 
 namespace kplan::kernels::cuda {
 
@@ -141,19 +142,36 @@ absl::Status LaunchMoeCombine(DType dtype, const void* y, const float* topk_weig
                               int64_t num_tokens, int top_k, int64_t hidden, void* out,
                               cudaStream_t stream, const MoeSplitInput& split = {});
 
-// Decode-sized layers (moe_decode.cu): the whole expert half (GEMM 1,
-// activation, GEMM 2 and combine) as two matrix-vector kernels over the
-// routed top-k ids, without moe_align_block_size, for up to
-// kMoeDecodeMaxSlots token slots. Same rounding points as the grouped path
+// Decode-sized layers: routing (optional) and the whole expert half (GEMM 1,
+// activation, GEMM 2 and combine) over the routed top-k ids, without
+// moe_align_block_size, for up to kMoeDecodeMaxSlots token slots, as
+//   one kernel   (moe_decode_layer.cu, where MoeDecodeLayerEnabled()):
+//                every CTA routes the tokens itself; a producer warp streams
+//                the CTA's share of the gate/up rows, then of the down rows,
+//                through a ring of shared-memory stages (bulk copies) to
+//                eight consumer warps; one grid-wide barrier between the two
+//                halves; a cooperative launch (all CTAs resident), which a
+//                CUDA graph can hold;
+//   two kernels  (moe_decode.cu, the default; after the routing kernel when
+//                routing is asked for): matrix-vector kernels for the gate/up
+//                rows with the activation, then the down rows with the
+//                combine.
+// Both compute every value with the same instructions in the same order, so
+// their outputs are bit-identical. Same rounding points as the grouped path
 // (GEMM outputs, activation, combine), only the fp32 order inside each dot
 // product differs. Slots whose expert is out of range or not local (expert
 // map -1) contribute zero rows. top_k <= 8; no apply_router_weight_on_input.
 inline constexpr int64_t kMoeDecodeMaxSlots = 16;
 struct MoeDecodeArgs {
   DType dtype = DType::kBFloat16;
-  const void* hidden = nullptr;         // [num_tokens, hidden_size]
-  const int32_t* topk_ids = nullptr;    // [num_tokens, top_k], global ids
-  const float* topk_weights = nullptr;  // [num_tokens, top_k]
+  const void* hidden = nullptr;  // [num_tokens, hidden_size]
+  // With router_logits (fp32 [num_tokens, num_experts], device) the layer
+  // routes with `routing` (routing.num_experts == num_experts) and writes
+  // topk_ids / topk_weights; without, they are its inputs.
+  const float* router_logits = nullptr;
+  MoeRoutingParams routing;
+  int32_t* topk_ids = nullptr;          // [num_tokens, top_k], global ids
+  float* topk_weights = nullptr;        // [num_tokens, top_k]
   const int32_t* expert_map = nullptr;  // [num_experts] global -> local or -1; null: identity
   int num_experts = 0;                  // range of the ids
   int num_local_experts = 0;            // experts in w13 / w2
@@ -177,6 +195,26 @@ struct MoeDecodeArgs {
 bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,
                       int64_t intermediate);
 absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& args, cudaStream_t stream);
+
+// The one-kernel form's switch: kOn / kOff as set (SetMoeDecodeLayerMode),
+// or with kFromEnv KPLAN_MOE_DECODE_LAYER=0 / 1 (unset:
+// kMoeDecodeLayerDefault). Off by default: on one H200 it is bit-identical
+// and faster than the two kernels on DeepSeek-V3 at one token (180-185 us
+// against 186-188), but slower on Qwen3-30B-A3B (52.7 against 41.0 us) and
+// Mixtral-8x7B (245 against 180 us); docs/PERF.md, session 9. Where it is on
+// but cannot run (LaunchMoeDecodeLayer's UNAVAILABLE cases) the two kernels
+// run instead.
+inline constexpr bool kMoeDecodeLayerDefault = false;
+void SetMoeDecodeLayerMode(MoeKernelMode mode);
+bool MoeDecodeLayerEnabled();
+// Successful one-kernel launches, process-wide: lets a test show that it ran.
+int64_t MoeDecodeLayerLaunches();
+// The one-kernel form alone (arguments validated by LaunchMoeDecodeExperts):
+// UNAVAILABLE, with nothing launched, where the device has no cooperative
+// launch, its shared memory cannot hold the layer's hidden rows,
+// intermediate rows and output partials, or a pointer is not 16-byte
+// aligned for the bulk copies.
+absl::Status LaunchMoeDecodeLayer(const MoeDecodeArgs& args, cudaStream_t stream);
 
 // apply_router_weight_on_input (top_k == 1): out[m, h] = round(a[m, h] ·
 // round(w[m])), as moe::RunExperts scales the input rows.

@@ -1,7 +1,8 @@
 // Inline PTX of the sm_90a grouped GEMMs (moe_gemm_sm90.cu, moe_gemm_ws_sm90.cu,
-// moe_gemm_ws_fp8_sm90.cu): cp.async, proxy fences, wgmma groups, the
-// 128-byte-swizzle shared-memory matrix descriptor, mbarriers, TMA loads,
-// setmaxnreg and the warp-specialised kernels' 16-byte fragment stores.
+// moe_gemm_ws_fp8_sm90.cu) and the one-kernel decode layer
+// (moe_decode_layer.cu): cp.async, proxy fences, wgmma groups, the
+// 128-byte-swizzle shared-memory matrix descriptor, mbarriers, TMA and bulk
+// loads, setmaxnreg and the warp-specialised kernels' 16-byte fragment stores.
 // Internal to kernels/cuda/moe.
 #pragma once
 
@@ -90,6 +91,22 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
       " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
+}
+// One contiguous copy of `bytes` (a multiple of 16; both addresses 16-byte
+// aligned) from global to shared memory by the bulk copy engine, completing
+// `bytes` of transactions on `bar`.
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// Asks for `bytes` (a multiple of 16, 16-byte aligned) of global memory to be
+// brought into L2; nothing waits for it.
+__device__ __forceinline__ void BulkPrefetchL2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 }
 template <int R>
 __device__ __forceinline__ void SetMaxNRegInc() {

@@ -1,0 +1,78 @@
+// Device pieces of the decode-sized MoE layers, shared by the two-kernel form
+// (moe_decode.cu) and the one-kernel form (moe_decode_layer.cu) so that both
+// compute every value with the same instructions in the same order: the
+// local expert of a slot, the warp dot product and the rounding of a GEMM
+// output. Internal to kernels/cuda/moe.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/ir/ir_device_math.cuh"
+
+namespace kplan::kernels::cuda::detail::decode {
+
+// The local index of slot s's expert, or -1 (out of range, or not local
+// under an expert map).
+__device__ __forceinline__ int LocalExpert(const int32_t* ids, const int32_t* map, int num_experts,
+                                           int num_local, int64_t s) {
+  const int e = ids[s];
+  if (e < 0 || e >= num_experts) return -1;
+  const int l = map != nullptr ? map[e] : e;
+  return l >= 0 && l < num_local ? l : -1;
+}
+
+// How a dot product reads its 16-byte vectors.
+struct LdgLoad {  // read-only data cache
+  __device__ __forceinline__ int4 operator()(const int4* p) const { return __ldg(p); }
+};
+struct GenericLoad {  // shared or global memory, through the generic address
+  __device__ __forceinline__ int4 operator()(const int4* p) const { return *p; }
+};
+// R dot products of length K (a multiple of 8, 16-byte aligned rows):
+// out[r] = Σ_i w[r][i] · x[r][i], valid in every lane. Lane l takes the
+// vectors l, l + 32, ... and sums their products in fp32 in that order
+// (fmaf, element by element), then the warp sums the lanes in a fixed
+// butterfly: a row's value does not depend on R, on the loads or on which
+// warp computes it.
+template <typename T, int R, typename WLoad = LdgLoad, typename XLoad = LdgLoad>
+__device__ __forceinline__ void Dots(const T* const (&w)[R], const T* const (&x)[R], int64_t K,
+                                     int lane, float (&out)[R], WLoad wload = {},
+                                     XLoad xload = {}) {
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  const int64_t vecs = K / 8;
+#pragma unroll 4
+  for (int64_t i = lane; i < vecs; i += 32) {
+    int4 a[R], b[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      a[r] = wload(reinterpret_cast<const int4*>(w[r]) + i);
+      b[r] = xload(reinterpret_cast<const int4*>(x[r]) + i);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const T* ta = reinterpret_cast<const T*>(&a[r]);
+      const T* tb = reinterpret_cast<const T*>(&b[r]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r] = fmaf(ToFloat(ta[e]), ToFloat(tb[e]), acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    out[r] = acc[r];
+  }
+}
+
+// A GEMM output element as the grouped GEMM stores it, as float: round(acc),
+// with a bias round(round(acc) + round(b)).
+template <typename T>
+__device__ __forceinline__ float Rounded(float acc, const float* bias) {
+  float v = ToFloat(FromFloat<T>(acc));
+  if (bias != nullptr) v = ToFloat(FromFloat<T>(v + ToFloat(FromFloat<T>(*bias))));
+  return v;
+}
+
+}  // namespace kplan::kernels::cuda::detail::decode
