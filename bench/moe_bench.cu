@@ -34,7 +34,8 @@
 //
 // Usage: moe_bench [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096]
 //                  [--replays 200] [--sets 8] [--budget_s 1.5] [--warmup_s 3]
-//                  [--copy_mib 1024] [--decode on|off] [--ws off|on|both]
+//                  [--copy_mib 1024] [--decode on|off] [--decode_layer on|off|both]
+//                  [--ws off|on|both]
 //                  [--gemm_only on|off] [--layer on|off] [--fused off|on|both]
 //                  [--quant LIST] [--route LIST] [--check_tokens N] [--json F] [--csv F]
 // --ws picks the grouped GEMM of large M: off the cp.async kernel
@@ -48,7 +49,12 @@
 // and align done once) for every --ws kernel, after checking the kernels'
 // outputs against each other (poisoned first: every element written, no NaN).
 // --decode off keeps decode-sized layers on the grouped GEMM path (the
-// baseline of the decode kernels, moe_decode.cu).
+// baseline of the decode kernels). --decode_layer picks their form: on the
+// one-kernel layer (moe_decode_layer.cu), off the routing kernel and the two
+// matrix-vector kernels (moe_decode.cu), both (the default) each
+// decode-sized config twice; with the one-kernel form each config's output
+// is first compared bit for bit with the two-kernel form's (same inputs,
+// eager). The gemm column names the form that ran: dec1k or dec2k.
 // --quant bf16,fp8_block,fp8_per_tensor,fp8_per_channel,int4_group,int8_group:
 // the weight schemes of the layer rows (default bf16). Quantised sets (block
 // 128 x 128 with 1 x 128 activation groups, per-token activation scales,
@@ -166,9 +172,10 @@ struct Args {
   double budget_s = 1.5;
   double warmup_s = 3.0;
   size_t copy_mib = 1024;
-  bool decode = true;                       // --decode off: the grouped path at decode sizes too
-  std::vector<bool> ws = {true};            // --ws: the grouped GEMM kernels to run
-  std::vector<bool> fused = {false, true};  // --fused: activation in GEMM 1's epilogue
+  bool decode = true;  // --decode off: the grouped path at decode sizes too
+  std::vector<bool> decode_layer = {false, true};  // --decode_layer: decode forms
+  std::vector<bool> ws = {true};                   // --ws: the grouped GEMM kernels to run
+  std::vector<bool> fused = {false, true};         // --fused: activation in GEMM 1's epilogue
   bool gemm_only = false;
   bool layer = true;      // --layer off: only the --gemm_only tables
   std::string json, csv;  // --json / --csv: the layer rows, for bench/plot_moe.py
@@ -193,7 +200,8 @@ std::vector<std::string> SplitComma(const std::string& s) {
   std::fprintf(stderr,
                "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
                "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
-               "[--decode on|off] [--ws off|on|both] [--gemm_only on|off] [--layer on|off] "
+               "[--decode on|off] [--decode_layer on|off|both] [--ws off|on|both] "
+               "[--gemm_only on|off] [--layer on|off] "
                "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,int4_group,"
                "int8_group] [--route auto,emulation,decode,dequant] [--check_tokens N] "
                "[--json FILE] [--csv FILE]\n",
@@ -236,6 +244,9 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--decode") {
       if (v != "on" && v != "off") Usage(argv[0]);
       a.decode = v == "on";
+    } else if (f == "--decode_layer") {
+      if (v != "on" && v != "off" && v != "both") Usage(argv[0]);
+      a.decode_layer = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
     } else if (f == "--ws") {
       if (v != "on" && v != "off" && v != "both") Usage(argv[0]);
       a.ws = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
@@ -328,6 +339,7 @@ struct Row {
   std::string quant = "bf16", route = "auto";
   double expert_bytes = 0;  // stored bytes of one expert (weights, scales, zero points)
   bool ws = false, fused = false;
+  int decode = 0;  // the decode layer's form that ran: 1 or 2 kernels (0: not decode-sized)
   int64_t tokens = 0;
   bool ok = false;
   std::string note;
@@ -541,8 +553,14 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
   };
 
   // Eager once (module load, attributes), then capture all R layers.
+  const int64_t one_kernel_before = kc::MoeDecodeLayerLaunches();
   for (int s = 0; s < R; ++s) CHECK_OK(enqueue_layer(s));
   CHECK_CUDA(cudaStreamSynchronize(stream));
+  if (kc::MoeDecodeLayerLaunches() > one_kernel_before) {
+    row.decode = 1;
+  } else if (set == nullptr && args.decode && kc::MoeDecodeApplies(M, k, E, H, I)) {
+    row.decode = 2;
+  }
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
@@ -622,27 +640,35 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
                   static_cast<long long>(nan), static_cast<long long>(id_diff));
     std::printf("  check %-14s M=%-5lld graph vs RunMoeOnGpu: %s\n", sh.name,
                 static_cast<long long>(M), check);
-    bool fused_ok = true;
-    if (kc::MoeFusedActEnabled()) {
-      // The same layer with the unfused activation, eager, against the graph's set 0.
-      kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOff);
+    // The same layer with one kernel choice switched off (`off` then `on`
+    // again), eager, bit for bit against the graph's set 0.
+    auto same_as = [&](auto off, auto on, const char* what) {
+      off();
       CHECK_CUDA(cudaMemsetAsync(ws.p, 0xff, ws_bytes, stream));
       CHECK_CUDA(cudaMemsetAsync(out[0]->p, 0xff, M * H * 2, stream));
       CHECK_OK(enqueue_layer(0));
       CHECK_CUDA(cudaStreamSynchronize(stream));
-      kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOn);
-      std::vector<uint16_t> unfused(M * H);
-      CHECK_CUDA(cudaMemcpy(unfused.data(), out[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
-      int64_t fdiff = 0;
-      for (int64_t i = 0; i < M * H; ++i) fdiff += got[i] != unfused[i];
-      fused_ok = fdiff == 0;
-      std::printf(
-          "  check %-14s M=%-5lld fused vs unfused activation: %s (%lld/%lld bf16 differ)\n",
-          sh.name, static_cast<long long>(M), fused_ok ? "bit-identical" : "DIFFER",
-          static_cast<long long>(fdiff), static_cast<long long>(M * H));
-    }
-    if (nan != 0 || id_diff != 0 || !(rel <= 1e-2) || den == 0 || !fused_ok) {
-      row.note = std::string("CHECK FAILED: ") + check + (fused_ok ? "" : " (fused differs)");
+      on();
+      std::vector<uint16_t> other(M * H);
+      CHECK_CUDA(cudaMemcpy(other.data(), out[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
+      int64_t diff = 0;
+      for (int64_t i = 0; i < M * H; ++i) diff += got[i] != other[i];
+      std::printf("  check %-14s M=%-5lld %s: %s (%lld/%lld bf16 differ)\n", sh.name,
+                  static_cast<long long>(M), what, diff == 0 ? "bit-identical" : "DIFFER",
+                  static_cast<long long>(diff), static_cast<long long>(M * H));
+      return diff == 0;
+    };
+    const bool fused_ok = !kc::MoeFusedActEnabled() ||
+                          same_as([] { kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOff); },
+                                  [] { kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOn); },
+                                  "fused vs unfused activation");
+    const bool decode_ok =
+        row.decode != 1 || same_as([] { kc::SetMoeDecodeLayerMode(kc::MoeKernelMode::kOff); },
+                                   [] { kc::SetMoeDecodeLayerMode(kc::MoeKernelMode::kOn); },
+                                   "one vs two decode kernels");
+    if (nan != 0 || id_diff != 0 || !(rel <= 1e-2) || den == 0 || !fused_ok || !decode_ok) {
+      row.note = std::string("CHECK FAILED: ") + check + (fused_ok ? "" : " (fused differs)") +
+                 (decode_ok ? "" : " (one-kernel decode differs)");
       CHECK_CUDA(cudaGraphExecDestroy(exec));
       CHECK_CUDA(cudaGraphDestroy(graph));
       return row;
@@ -939,7 +965,10 @@ std::string JsonText(const std::string& s) {
   return out + "\"";
 }
 
-const char* GemmName(const Row& r) { return !r.ws ? "old" : r.fused ? "ws+act" : "ws"; }
+const char* GemmName(const Row& r) {
+  if (r.decode != 0) return r.decode == 1 ? "dec1k" : "dec2k";
+  return !r.ws ? "old" : r.fused ? "ws+act" : "ws";
+}
 
 // The layer rows as bench/moe_baseline.py writes them (bench/plot_moe.py
 // reads both): {system, device, rooflines, rows}.
@@ -1040,33 +1069,40 @@ int main(int argc, char** argv) {
                                    : route == "decode"  ? kc::MoeQuantRouteMode::kDecode
                                    : route == "dequant" ? kc::MoeQuantRouteMode::kDequant
                                                         : kc::MoeQuantRouteMode::kAuto);
-          for (const bool ws : args.ws) {
-            for (const bool fused : args.fused) {
-              if (fused && !ws) continue;  // the fused epilogue is the ws kernel's
-              kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-              kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-              const auto tc = Clock::now();
-              Row r =
-                  RunConfig(*sh, *gpu, qset.get(), quant, M, args, copy_gbps, mm_tflops, stream);
-              r.ws = ws;
-              r.fused = fused;
-              r.route = route;
-              if (r.ok) {
-                std::printf(
-                    "  %-14s %-14s %-9s M=%-5lld %-6s %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f "
-                    "TFLOP/s  (%s, %.1f s)\n",
-                    r.shape.c_str(), quant.c_str(), route.c_str(), static_cast<long long>(M),
-                    !ws     ? "old"
-                    : fused ? "ws+act"
-                            : "ws",
-                    r.us, r.hit, r.gbps, r.tflops, r.note.c_str(), Seconds(tc));
-              } else {
-                std::printf("  %-14s %-14s %-9s M=%-5lld SKIPPED: %s\n", r.shape.c_str(),
-                            quant.c_str(), route.c_str(), static_cast<long long>(M),
-                            r.note.c_str());
+          // Decode-sized bf16 rows run no grouped GEMM: one row per decode
+          // form; the others one per GEMM kernel.
+          const bool decode_sized =
+              quant == "bf16" && args.decode && kc::MoeDecodeApplies(M, sh->k, sh->E, sh->H, sh->I);
+          const std::vector<bool> one = {args.ws.front()}, one_fused = {args.fused.front()};
+          for (const bool ws : decode_sized ? one : args.ws) {
+            for (const bool fused : decode_sized ? one_fused : args.fused) {
+              for (const bool layer1k :
+                   decode_sized ? args.decode_layer : std::vector<bool>{true}) {
+                if (fused && !ws) continue;  // the fused epilogue is the ws kernel's
+                kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+                kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+                kc::SetMoeDecodeLayerMode(layer1k ? kc::MoeKernelMode::kOn
+                                                  : kc::MoeKernelMode::kOff);
+                const auto tc = Clock::now();
+                Row r =
+                    RunConfig(*sh, *gpu, qset.get(), quant, M, args, copy_gbps, mm_tflops, stream);
+                r.ws = ws;
+                r.fused = fused;
+                r.route = route;
+                if (r.ok) {
+                  std::printf(
+                      "  %-14s %-14s %-9s M=%-5lld %-6s %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f "
+                      "TFLOP/s  (%s, %.1f s)\n",
+                      r.shape.c_str(), quant.c_str(), route.c_str(), static_cast<long long>(M),
+                      GemmName(r), r.us, r.hit, r.gbps, r.tflops, r.note.c_str(), Seconds(tc));
+                } else {
+                  std::printf("  %-14s %-14s %-9s M=%-5lld SKIPPED: %s\n", r.shape.c_str(),
+                              quant.c_str(), route.c_str(), static_cast<long long>(M),
+                              r.note.c_str());
+                }
+                std::fflush(stdout);
+                rows.push_back(r);
               }
-              std::fflush(stdout);
-              rows.push_back(r);
             }
           }
         }
@@ -1076,6 +1112,7 @@ int main(int argc, char** argv) {
     }
     if (gpu == nullptr && args.gemm_only) gpu = MakeExperts(*sh);
     kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kFromEnv);
+    kc::SetMoeDecodeLayerMode(kc::MoeKernelMode::kFromEnv);
     if (args.gemm_only) {
       for (int64_t M : args.tokens) GemmOnly(*sh, *gpu, M, args, mm_tflops, stream, &gemm_rows);
     }
