@@ -10,7 +10,10 @@
 //    except where the two experts' selection scores are a near-tie (within
 //    1e-6 relative, from fp32 rounding of exp/sigmoid/log1p) and their inputs
 //    differ; such rows are counted and their weights not compared. Weights
-//    within 1e-5 relative. Outputs are poisoned before every launch.
+//    within 1e-5 relative. Outputs are poisoned before every launch. Every
+//    routing case runs with both top-k forms (SetMoeRoutingTopKMode), and the
+//    two forms must agree bit for bit on rows full of NaNs, infinities,
+//    signed zeros and ties.
 //  * Align: random ids, all tokens on one expert, empty experts, skewed,
 //    out-of-range ids, expert_map with half the experts local (default and
 //    ignore_invalid_experts), pad_sorted_ids, numel < E, numel = 0, E = 1024
@@ -28,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -217,16 +221,8 @@ RouteOutcome RunRouting(const Method& m, int E, int k, int64_t M, const std::vec
   // The uploads and memsets above ran on the legacy default stream, which a
   // non-blocking stream does not wait for.
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return fail("sync", e);
-  kc::MoeRoutingParams p;
-  p.num_experts = E;
-  p.top_k = k;
-  p.method = m.method;
-  p.scoring = m.scoring;
-  p.renormalize = m.renormalize;
+  kc::MoeRoutingParams p = kc::MoeRoutingParamsOf(spec);
   p.e_score_correction_bias = m.bias ? d_bias.get() : nullptr;
-  p.routed_scaling_factor = m.scale;
-  p.num_expert_group = spec.num_expert_group;
-  p.topk_group = spec.topk_group;
   if (absl::Status s = kc::LaunchMoeRouting(p, d_logits.get(), M, d_w.get(), d_ids.get(), stream);
       !s.ok()) {
     out.launched_ok = false;
@@ -375,21 +371,34 @@ bool ValidCombo(const Method& m, int E, int k) {
   return true;
 }
 
+// Both top-k forms of the routing kernels (moe_ops.h, SetMoeRoutingTopKMode).
+template <typename F>
+void ForEachTopK(F&& body) {
+  for (const kc::MoeKernelMode mode : {kc::MoeKernelMode::kOff, kc::MoeKernelMode::kOn}) {
+    kc::SetMoeRoutingTopKMode(mode);
+    std::printf("-- top-k: %s\n", mode == kc::MoeKernelMode::kOn ? "redux" : "butterfly");
+    body();
+  }
+  kc::SetMoeRoutingTopKMode(kc::MoeKernelMode::kFromEnv);
+}
+
 TEST_F(MoeGpuTest, RoutingMatchesCpuReference) {
-  int cases = 0, failed = 0;
-  for (const Method& m : Methods()) {
-    for (int E : {8, 128, 256}) {
-      for (int k : {1, 2, 8}) {
-        if (!ValidCombo(m, E, k)) continue;
-        for (int64_t M : {1, 7, 4096}) {
-          ++cases;
-          if (!RouteCase(m, E, k, M, false, stream_)) ++failed;
+  ForEachTopK([&] {
+    int cases = 0, failed = 0;
+    for (const Method& m : Methods()) {
+      for (int E : {8, 128, 256}) {
+        for (int k : {1, 2, 8}) {
+          if (!ValidCombo(m, E, k)) continue;
+          for (int64_t M : {1, 7, 4096}) {
+            ++cases;
+            if (!RouteCase(m, E, k, M, false, stream_)) ++failed;
+          }
         }
       }
     }
-  }
-  std::printf("routing: %d cases, %d failed\n", cases, failed);
-  EXPECT_EQ(failed, 0);
+    std::printf("routing: %d cases, %d failed\n", cases, failed);
+    EXPECT_EQ(failed, 0);
+  });
 }
 
 TEST_F(MoeGpuTest, RoutingEdgeShapes) {
@@ -401,31 +410,97 @@ TEST_F(MoeGpuTest, RoutingEdgeShapes) {
   };
   const Shape shapes[] = {{512, 32, 333}, {512, 8, 1000}, {72, 6, 513}, {60, 4, 129},
                           {33, 3, 65},    {1, 1, 17},     {2, 2, 5},    {256, 32, 100}};
-  int cases = 0, failed = 0;
-  for (const Method& m : Methods()) {
-    for (const Shape& s : shapes) {
-      if (!ValidCombo(m, s.E, s.k)) continue;
-      ++cases;
-      if (!RouteCase(m, s.E, s.k, s.M, false, stream_)) ++failed;
+  ForEachTopK([&] {
+    int cases = 0, failed = 0;
+    for (const Method& m : Methods()) {
+      for (const Shape& s : shapes) {
+        if (!ValidCombo(m, s.E, s.k)) continue;
+        ++cases;
+        if (!RouteCase(m, s.E, s.k, s.M, false, stream_)) ++failed;
+      }
     }
-  }
-  std::printf("routing edge shapes: %d cases, %d failed\n", cases, failed);
-  EXPECT_EQ(failed, 0);
+    std::printf("routing edge shapes: %d cases, %d failed\n", cases, failed);
+    EXPECT_EQ(failed, 0);
+  });
 }
 
 TEST_F(MoeGpuTest, RoutingExactTiesGoToLowestIndex) {
-  int cases = 0, failed = 0;
+  ForEachTopK([&] {
+    int cases = 0, failed = 0;
+    for (const Method& m : Methods()) {
+      for (int E : {8, 128, 256}) {
+        for (int k : {1, 2, 8}) {
+          if (!ValidCombo(m, E, k)) continue;
+          ++cases;
+          if (!RouteCase(m, E, k, 512, true, stream_)) ++failed;
+        }
+      }
+    }
+    std::printf("routing ties: %d cases, %d failed\n", cases, failed);
+    EXPECT_EQ(failed, 0);
+  });
+}
+
+// The two top-k forms on the same device inputs, bit for bit (ids and
+// weights), on rows full of NaNs, infinities, -0 / +0 and exact ties, which
+// the CPU comparison above cannot hold every weight to (NaN scores).
+TEST_F(MoeGpuTest, RoutingTopKFormsAgreeBitForBit) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {
+      std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.0f, -0.0f, 1.0f, -1.0f, 2.0f};
+  int cases = 0, differ = 0;
   for (const Method& m : Methods()) {
-    for (int E : {8, 128, 256}) {
-      for (int k : {1, 2, 8}) {
+    for (int E : {8, 128, 256, 512}) {
+      for (int k : {1, 2, 8, 32}) {
         if (!ValidCombo(m, E, k)) continue;
+        const int64_t M = 257;
+        std::vector<float> logits = RandomNonZero(M * E, 2.0f);
+        std::uniform_int_distribution<int> pick(0, 9);
+        for (float& x : logits) {
+          if (pick(Rng()) < 3) x = specials[pick(Rng()) % 8];
+        }
+        const std::vector<float> bias = RandomNonZero(E, 0.05f);
+        moe::RoutingSpec spec;
+        spec.num_experts = E;
+        spec.top_k = k;
+        spec.method = m.method;
+        spec.scoring = m.scoring;
+        spec.renormalize = m.renormalize;
+        spec.routed_scaling_factor = m.scale;
+        if (m.grouped) GroupsFor(E, &spec.num_expert_group, &spec.topk_group);
+        kc::MoeRoutingParams p = kc::MoeRoutingParamsOf(spec);
+        DevBuf<float> d_logits(M * E), d_bias(E), d_w(M * k);
+        DevBuf<int32_t> d_ids(M * k);
+        CUDA_OK(d_logits.Upload(logits));
+        CUDA_OK(d_bias.Upload(bias));
+        p.e_score_correction_bias = m.bias ? d_bias.get() : nullptr;
+        std::vector<float> w[2];
+        std::vector<int32_t> ids[2];
+        for (int form = 0; form < 2; ++form) {
+          kc::SetMoeRoutingTopKMode(form ? kc::MoeKernelMode::kOn : kc::MoeKernelMode::kOff);
+          CUDA_OK(d_w.Poison(kPoisonByte));
+          CUDA_OK(d_ids.Poison(kPoisonByte));
+          CUDA_OK(cudaDeviceSynchronize());
+          const absl::Status st =
+              kc::LaunchMoeRouting(p, d_logits.get(), M, d_w.get(), d_ids.get(), stream_);
+          ASSERT_TRUE(st.ok()) << st;
+          CUDA_OK(cudaStreamSynchronize(stream_));
+          CUDA_OK(d_w.Download(&w[form]));
+          CUDA_OK(d_ids.Download(&ids[form]));
+        }
+        kc::SetMoeRoutingTopKMode(kc::MoeKernelMode::kFromEnv);
         ++cases;
-        if (!RouteCase(m, E, k, 512, true, stream_)) ++failed;
+        const bool same =
+            ids[0] == ids[1] && std::memcmp(w[0].data(), w[1].data(), w[0].size() * 4) == 0;
+        if (!same) {
+          ++differ;
+          std::printf("top-k forms differ: %s E=%d k=%d\n", m.name, E, k);
+        }
       }
     }
   }
-  std::printf("routing ties: %d cases, %d failed\n", cases, failed);
-  EXPECT_EQ(failed, 0);
+  std::printf("routing top-k forms: %d cases, %d differ\n", cases, differ);
+  EXPECT_EQ(differ, 0);
 }
 
 TEST(MoeGpuValidationTest, RejectsUnsupportedParams) {

@@ -39,10 +39,6 @@ struct MoeActParams {
   float beta = 1.0f;
 };
 
-// A process-wide switch of one kernel choice, for A/B runs: kFromEnv (the
-// default) reads the kernel's environment variable once; kOn / kOff force.
-enum class MoeKernelMode : int { kFromEnv = 0, kOff = 1, kOn = 2 };
-
 // The grouped GEMM (moe_gemm_sm90.cu, wgmma on sm_90a): a CTA computes 128
 // weight rows x block_m slots of one moe_align_block_size block (one expert),
 // K stepped by 64 through a cp.async pipeline; block_m is 16, 64 or 128 and

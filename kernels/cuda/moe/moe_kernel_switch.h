@@ -1,5 +1,5 @@
 // A process-wide on / off switch of one kernel choice (the Set*Mode and
-// *Enabled functions of moe_experts.h and moe_gemm_ws*.h): kOn / kOff as
+// *Enabled functions of moe_ops.h, moe_experts.h and moe_gemm_ws*.h): kOn / kOff as
 // set, or with kFromEnv (the default) what from_env() says, read on the
 // first call that needs it. Internal to kernels/cuda/moe.
 #pragma once
@@ -7,7 +7,7 @@
 #include <atomic>
 #include <mutex>
 
-#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_ops.h"
 
 namespace kplan::kernels::cuda::detail {
 

@@ -25,6 +25,10 @@
 
 namespace kplan::kernels::cuda {
 
+// A process-wide switch of one kernel choice, for A/B runs: kFromEnv (the
+// default) reads the kernel's environment variable once; kOn / kOff force.
+enum class MoeKernelMode : int { kFromEnv = 0, kOff = 1, kOn = 2 };
+
 // A POD mirror of moe::RoutingSpec; e_score_correction_bias is a DEVICE
 // pointer ([num_experts] fp32) or null.
 struct MoeRoutingParams {
@@ -48,6 +52,16 @@ inline constexpr int kMoeAlignMaxExperts = 1024;
 // correction bias pointer is left null (it must point to device memory: the
 // caller sets it once the bias is uploaded).
 MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& routing);
+
+// The routing kernels' top-k (moe_routing.cuh): WarpTopKRedux, one 64-bit key
+// per candidate and two redux.sync maxima per pick, where on; else WarpTopK,
+// a butterfly of (value, index, payload) per pick. The same picks and
+// payloads either way. kOn / kOff as set (SetMoeRoutingTopKMode), or with
+// kFromEnv on where KPLAN_MOE_ROUTING_TOPK=redux; off by default until it is
+// measured on a GPU (docs/PERF.md, session 9). Read when a launch is
+// enqueued, so a CUDA graph keeps the choice it was captured with.
+void SetMoeRoutingTopKMode(MoeKernelMode mode);
+bool MoeRoutingReduxTopKEnabled();
 
 // INVALID_ARGUMENT naming the field ("routing.top_k", ...), the checks of
 // moe::ValidateRoutingSpec plus this kernel's limits.

@@ -1,8 +1,11 @@
 // MoE router: fp32 logits [M, E] -> topk_weights fp32 [M, k], topk_ids int32
 // [M, k], one warp per token (moe_routing.cuh), 4 warps per block.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
+#include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_routing.cuh"
 #include "kernels/cuda/moe/pdl.cuh"
@@ -36,11 +39,20 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingA
   }
 }
 
+detail::KernelSwitch g_redux_topk([] {
+  const char* v = std::getenv("KPLAN_MOE_ROUTING_TOPK");
+  return v != nullptr && std::strcmp(v, "redux") == 0;
+});
+
 absl::Status Invalid(const char* field, const std::string& what) {
   return absl::InvalidArgumentError(std::string(field) + ": " + what);
 }
 
 }  // namespace
+
+void SetMoeRoutingTopKMode(MoeKernelMode mode) { g_redux_topk.Set(mode); }
+
+bool MoeRoutingReduxTopKEnabled() { return g_redux_topk.On(); }
 
 MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& r) {
   MoeRoutingParams rp;

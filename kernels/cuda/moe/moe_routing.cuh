@@ -12,7 +12,9 @@
 // then lower index), a total order, so every lane of the butterfly agrees
 // and ties go to the lowest index; the selected expert's weight rides along
 // as a payload. Each lane caches its own best candidate and only the lane
-// that lost its best rescans. Grouped top-k stages the biased scores in
+// that lost its best rescans. WarpTopKRedux makes the same picks with one
+// 64-bit key per candidate (moe_routing_key.h) and two redux.sync maxima per
+// pick; SetMoeRoutingTopKMode (moe_ops.h) chooses. Grouped top-k stages the biased scores in
 // shared memory so that one lane per group computes the group score
 // sequentially, exactly as the reference does. Sums (softmax denominators,
 // renormalisation) are warp reductions: the order differs from the CPU loop,
@@ -23,6 +25,7 @@
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/moe/moe_routing_key.h"
 
 namespace kplan::kernels::cuda::detail::routing {
 
@@ -35,6 +38,7 @@ struct RouteParams {
   float scale;
   int E, k, method, scoring, G, topk_group;
   bool renormalize;
+  bool redux_topk;  // WarpTopKRedux, else WarpTopK (MoeRoutingReduxTopKEnabled)
 };
 
 inline RouteParams RouteParamsOf(const MoeRoutingParams& p) {
@@ -46,7 +50,8 @@ inline RouteParams RouteParamsOf(const MoeRoutingParams& p) {
                      static_cast<int>(p.scoring),
                      p.num_expert_group,
                      p.topk_group,
-                     p.renormalize};
+                     p.renormalize,
+                     MoeRoutingReduxTopKEnabled()};
 }
 
 // a ranks before b. Index -1 is "no candidate" and ranks after everything.
@@ -116,6 +121,46 @@ __device__ __forceinline__ void WarpTopK(const float (&key)[kPerLane], const flo
     if (i >= 0 && (i & 31) == lane) {
       taken |= 1u << (i >> 5);
       LaneBest(key, pay, taken, E, lane, lv, li, lp);
+    }
+  }
+}
+
+// WarpTopK's picks by integer maxima: each candidate one 64-bit key
+// (moe_routing_key.h, the same order); per pick one redux.sync max over the
+// lanes' best keys' high words, one over the low words of the lanes that
+// hold that maximum (the lowest index), the payload from the winning lane,
+// which then drops its candidate. Same picks, same payloads.
+__device__ __forceinline__ void WarpTopKRedux(const float (&key)[kPerLane],
+                                              const float (&pay)[kPerLane], int E, int k, int lane,
+                                              int& my_id, float& my_pay) {
+  uint64_t ck[kPerLane];
+  uint64_t head = 0;
+#pragma unroll
+  for (int s = 0; s < kPerLane; ++s) {
+    const int e = lane + 32 * s;
+    ck[s] = e < E ? CandidateKey(key[s], e) : 0;
+    head = ck[s] > head ? ck[s] : head;
+  }
+  for (int j = 0; j < k; ++j) {
+    const uint32_t hi = static_cast<uint32_t>(head >> 32);
+    const uint32_t top = __reduce_max_sync(kFull, hi);
+    const uint32_t lo = __reduce_max_sync(kFull, hi == top ? static_cast<uint32_t>(head) : 0u);
+    const int id = KeyIndex(lo);
+    float hp = 0.0f;  // the payload of this lane's best candidate
+#pragma unroll
+    for (int s = 0; s < kPerLane; ++s) hp = ck[s] == head ? pay[s] : hp;
+    const float p = __shfl_sync(kFull, hp, id & 31);
+    if (lane == j) {
+      my_id = id;
+      my_pay = p;
+    }
+    if (lane == (id & 31)) {
+      head = 0;
+#pragma unroll
+      for (int s = 0; s < kPerLane; ++s) {
+        if (lane + 32 * s == id) ck[s] = 0;
+        head = ck[s] > head ? ck[s] : head;
+      }
     }
   }
 }
@@ -219,7 +264,11 @@ __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float
 
   int my_id = 0;
   float my_pay = 0.0f;
-  WarpTopK(key, pay, E, k, lane, my_id, my_pay);
+  if (a.redux_topk) {
+    WarpTopKRedux(key, pay, E, k, lane, my_id, my_pay);
+  } else {
+    WarpTopK(key, pay, E, k, lane, my_id, my_pay);
+  }
   id = my_id;
 
   const bool mine = lane < k;

@@ -1,0 +1,109 @@
+// The router's 64-bit candidate keys (kernels/cuda/moe/moe_routing_key.h)
+// against the CPU reference's top-k order (moe::TopKIndices): on random rows
+// full of the values that test an order (NaNs of both signs, -0 and +0,
+// infinities, subnormals, exact ties), the k largest keys are the reference's
+// k picks in the reference's order; every pair of special values compares
+// as the reference compares them; no candidate's key is 0 ("none"). Plain
+// C++, runs without a GPU.
+#include "kernels/cuda/moe/moe_routing_key.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/moe/moe_reference.h"
+
+namespace kplan::kernels::cuda::detail::routing {
+namespace {
+
+const std::vector<float>& Specials() {
+  static const std::vector<float> v = [] {
+    const float inf = std::numeric_limits<float>::infinity();
+    const float qnan = std::numeric_limits<float>::quiet_NaN();
+    return std::vector<float>{qnan,
+                              -qnan,
+                              inf,
+                              -inf,
+                              0.0f,
+                              -0.0f,
+                              std::numeric_limits<float>::denorm_min(),
+                              -std::numeric_limits<float>::denorm_min(),
+                              std::numeric_limits<float>::min(),
+                              std::numeric_limits<float>::max(),
+                              -std::numeric_limits<float>::max(),
+                              1.0f,
+                              -1.0f,
+                              0.5f,
+                              std::nextafter(1.0f, 2.0f)};
+  }();
+  return v;
+}
+
+// The picks the keys give: indices by descending key.
+std::vector<int32_t> KeyTopK(const std::vector<float>& v, int k) {
+  std::vector<int32_t> idx(v.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(),
+            [&](int32_t a, int32_t b) { return CandidateKey(v[a], a) > CandidateKey(v[b], b); });
+  idx.resize(k);
+  return idx;
+}
+
+TEST(MoeRoutingKey, PairsOfSpecialValuesCompareAsTheReference) {
+  for (float a : Specials()) {
+    for (float b : Specials()) {
+      const std::vector<float> row = {a, b};
+      int32_t ref = -1;
+      moe::TopKIndices(row.data(), 2, 1, &ref);
+      EXPECT_EQ(KeyTopK(row, 1)[0], ref) << a << " at 0 against " << b << " at 1";
+    }
+  }
+}
+
+TEST(MoeRoutingKey, TopKOfRandomRowsIsTheReferences) {
+  std::mt19937 rng(12345);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  std::uniform_int_distribution<int> pick(0, 9);
+  int rows = 0;
+  for (int n : {1, 2, 7, 32, 128, 255, 512}) {
+    for (int rep = 0; rep < 40; ++rep) {
+      std::vector<float> row(n);
+      for (float& x : row) {
+        const int p = pick(rng);
+        if (p < 3) {  // specials
+          x = Specials()[std::uniform_int_distribution<size_t>(0, Specials().size() - 1)(rng)];
+        } else if (p < 5) {  // exact ties
+          x = static_cast<float>(pick(rng) % 3) - 1.0f;
+        } else {
+          x = u(rng);
+        }
+      }
+      for (int k : {1, 2, 8, 32}) {
+        if (k > n) continue;
+        std::vector<int32_t> ref(k);
+        moe::TopKIndices(row.data(), n, k, ref.data());
+        EXPECT_EQ(KeyTopK(row, k), ref) << "n=" << n << " k=" << k << " rep=" << rep;
+        ++rows;
+      }
+    }
+  }
+  EXPECT_GT(rows, 500);
+}
+
+TEST(MoeRoutingKey, NoCandidateKeyIsNone) {
+  for (float v : Specials()) {
+    for (int index : {0, 1, 31, 511}) {
+      EXPECT_GT(CandidateKey(v, index), uint64_t{0});
+      EXPECT_EQ(KeyIndex(static_cast<uint32_t>(CandidateKey(v, index))), index);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kplan::kernels::cuda::detail::routing
