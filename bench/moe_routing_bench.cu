@@ -1,0 +1,205 @@
+// The MoE routing kernel alone (kernels/cuda/moe/moe_ops.h, LaunchMoeRouting)
+// with each of its top-k forms (SetMoeRoutingTopKMode: the butterfly of
+// WarpTopK, the redux.sync maxima of WarpTopKRedux). At one token the
+// routing warp sits on the decode layer's critical path (docs/PERF.md,
+// session 9: 11-14 us of one Qwen3-30B-A3B token's 41-52 us).
+//
+// Per routing (method, E, k) and token count M: random logits (never zero)
+// in a pool of --sets device buffers; first both forms run on set 0 and
+// their ids and weights must be equal bit for bit (else the row fails); then
+// per form one CUDA graph of --sets launches (set s in launch s), replayed
+// in event-timed batches (MedianMs, bench_check.h) after a warm-up: the
+// median microseconds per launch. The table and --json FILE give both forms
+// side by side.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_check.h"
+#include "kernels/cuda/moe/moe_ops.h"
+
+ABSL_FLAG(std::string, tokens, "1,8,64,4096", "Comma-separated token counts M");
+ABSL_FLAG(int, sets, 16, "Logit sets, one per launch of a graph");
+ABSL_FLAG(int, samples, 100, "Timed batches (graph replays) per row");
+ABSL_FLAG(double, warmup_s, 1.0, "Seconds of replays before the first timed row");
+ABSL_FLAG(std::string, json, "", "Also write the rows as JSON to this file");
+
+namespace {
+
+namespace kc = kplan::kernels::cuda;
+using kplan::kernels::RoutingMethod;
+using kplan::kernels::ScoringFunc;
+
+struct Routing {
+  const char* name;
+  int E, k;
+  RoutingMethod method;
+  ScoringFunc scoring;
+  int groups, topk_group;  // grouped top-k
+};
+
+const Routing kRoutings[] = {
+    {"mixtral softmax top-2", 8, 2, RoutingMethod::kTopK, ScoringFunc::kSoftmax, 0, 0},
+    {"qwen3 softmax top-8", 128, 8, RoutingMethod::kTopK, ScoringFunc::kSoftmax, 0, 0},
+    {"deepseek grouped top-8", 256, 8, RoutingMethod::kGroupedTopK, ScoringFunc::kSigmoid, 8, 4},
+    {"512 experts top-32", 512, 32, RoutingMethod::kTopK, ScoringFunc::kSoftmax, 0, 0},
+};
+
+struct Row {
+  std::string routing;
+  int64_t tokens = 0;
+  bool same = false;
+  double us[2] = {0, 0};  // butterfly, redux
+};
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t bytes) { CHECK_CUDA(cudaMalloc(&p, bytes)); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+Row RunRow(const Routing& r, int64_t M, int sets, int samples, cudaStream_t stream) {
+  Row row;
+  row.routing = r.name;
+  row.tokens = M;
+  kc::MoeRoutingParams p;
+  p.num_experts = r.E;
+  p.top_k = r.k;
+  p.method = r.method;
+  p.scoring = r.scoring;
+  p.renormalize = true;
+  p.num_expert_group = r.groups;
+  p.topk_group = r.topk_group;
+  std::mt19937 rng(static_cast<unsigned>(M * 7919 + r.E));
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> host(M * r.E), bias(r.E);
+  Dev d_bias(r.E * 4), d_w(M * r.k * 4), d_ids(M * r.k * 4);
+  for (float& b : bias) b = 0.05f * normal(rng);
+  CHECK_CUDA(cudaMemcpy(d_bias.p, bias.data(), r.E * 4, cudaMemcpyHostToDevice));
+  if (r.method == RoutingMethod::kGroupedTopK) {
+    p.e_score_correction_bias = static_cast<const float*>(d_bias.p);
+  }
+  CHECK_OK(kc::ValidateMoeRoutingParams(p));
+  std::vector<std::unique_ptr<Dev>> logits;
+  for (int s = 0; s < sets; ++s) {
+    for (float& x : host) {
+      do {
+        x = normal(rng);
+      } while (x == 0.0f);
+    }
+    logits.push_back(std::make_unique<Dev>(M * r.E * 4));
+    CHECK_CUDA(cudaMemcpy(logits.back()->p, host.data(), M * r.E * 4, cudaMemcpyHostToDevice));
+  }
+  auto launch = [&](int s) {
+    CHECK_OK(kc::LaunchMoeRouting(p, static_cast<const float*>(logits[s]->p), M,
+                                  static_cast<float*>(d_w.p), static_cast<int32_t*>(d_ids.p),
+                                  stream));
+  };
+  // Both forms on set 0, bit for bit.
+  std::vector<float> w[2];
+  std::vector<int32_t> ids[2];
+  for (int form = 0; form < 2; ++form) {
+    kc::SetMoeRoutingTopKMode(form ? kc::MoeKernelMode::kOn : kc::MoeKernelMode::kOff);
+    CHECK_CUDA(cudaMemsetAsync(d_w.p, 0xff, M * r.k * 4, stream));
+    CHECK_CUDA(cudaMemsetAsync(d_ids.p, 0xff, M * r.k * 4, stream));
+    launch(0);
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    w[form].resize(M * r.k);
+    ids[form].resize(M * r.k);
+    CHECK_CUDA(cudaMemcpy(w[form].data(), d_w.p, M * r.k * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(ids[form].data(), d_ids.p, M * r.k * 4, cudaMemcpyDeviceToHost));
+  }
+  row.same = ids[0] == ids[1] && std::memcmp(w[0].data(), w[1].data(), M * r.k * 4) == 0;
+  for (int form = 0; form < 2; ++form) {
+    kc::SetMoeRoutingTopKMode(form ? kc::MoeKernelMode::kOn : kc::MoeKernelMode::kOff);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    for (int s = 0; s < sets; ++s) launch(s);
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    row.us[form] = 1e3 / sets *
+                   MedianMs([&] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); }, samples, 4, stream);
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+  }
+  kc::SetMoeRoutingTopKMode(kc::MoeKernelMode::kFromEnv);
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "The MoE routing kernel's two top-k forms, checked equal, then timed in CUDA graphs.\n"
+      "usage: moe_routing_bench [--tokens 1,8,64,4096] [--sets 16] [--samples 100] "
+      "[--json FILE]");
+  absl::ParseCommandLine(argc, argv);
+  std::vector<int64_t> tokens;
+  for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_tokens), ',')) {
+    int64_t m = 0;
+    if (!absl::SimpleAtoi(t, &m) || m < 1) {
+      std::fprintf(stderr, "--tokens: '%s' is not a positive count\n", std::string(t).c_str());
+      return 2;
+    }
+    tokens.push_back(m);
+  }
+  const int sets = std::max(1, absl::GetFlag(FLAGS_sets));
+  const int samples = std::max(3, absl::GetFlag(FLAGS_samples));
+  CHECK_CUDA(cudaSetDevice(0));
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::printf("device: %s\n", prop.name);
+  {  // clocks up: replays of the first row's graph for warmup_s
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
+           absl::GetFlag(FLAGS_warmup_s)) {
+      RunRow(kRoutings[1], 64, 4, 3, stream);
+    }
+  }
+  std::vector<Row> rows;
+  for (const Routing& r : kRoutings) {
+    for (int64_t M : tokens) rows.push_back(RunRow(r, M, sets, samples, stream));
+  }
+  std::printf("\nrouting kernel, us per launch (median of graph replays), both top-k forms\n");
+  std::printf("%-24s %6s %12s %10s %8s  %s\n", "routing", "tokens", "butterfly", "redux", "ratio",
+              "check");
+  bool ok = true;
+  for (const Row& r : rows) {
+    std::printf("%-24s %6lld %12.2f %10.2f %7.2fx  %s\n", r.routing.c_str(),
+                static_cast<long long>(r.tokens), r.us[0], r.us[1], r.us[0] / r.us[1],
+                r.same ? "bit-identical" : "DIFFER");
+    ok = ok && r.same;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+    std::ofstream out(path);
+    out << "{\"device\": \"" << prop.name << "\", \"rows\": [";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      out << (i ? ",\n  " : "\n  ") << "{\"routing\": \"" << r.routing
+          << "\", \"tokens\": " << r.tokens << ", \"butterfly_us\": " << r.us[0]
+          << ", \"redux_us\": " << r.us[1] << ", \"same\": " << (r.same ? "true" : "false") << "}";
+    }
+    out << "\n]}\n";
+  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return ok ? 0 : 1;
+}
