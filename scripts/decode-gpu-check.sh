@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs on a GPU host over a folder made by scripts/bundle.sh (default .dist)
+# holding moe_gpu_test, moe_decode_gpu_test, moe_routing_bench and
+# moe_bench: the decode-sized layer's checks and A/B rows of docs/PERF.md
+# (session 9) in one device call. Logs go to $OUT (or /tmp/kplan-decode).
+#   1. routing: both top-k forms against the CPU reference and bit for bit
+#      against each other, then timed (moe_routing_bench);
+#   2. the one-kernel decode layer against the two kernels and the CPU,
+#      with the default ring and a 2-stage one;
+#   3. moe_bench at 1 and 2 tokens, both decode forms, each top-k form.
+# Every command has a time limit, so one hang cannot eat the call.
+# usage: scripts/decode-gpu-check.sh [DIST]
+set -uo pipefail
+dist=${1:-.dist}
+out=${OUT:-/tmp/kplan-decode}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/$dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+bin=$dist/bin
+status=0
+step() {  # name seconds command...
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name: $*"
+  if timeout "$limit" "$@" >"$out/$name.log" 2>&1; then
+    echo "--- $name: ok"
+  else
+    echo "--- $name: FAILED ($?)"
+    status=1
+  fi
+  grep -E "FAIL|DIFFER|differ:|PASSED|^routing|^shape|dec[12]k|ratio|bit-identical" "$out/$name.log" |
+    grep -vE "^route .* OK$" | tail -n "${TAIL:-24}"
+}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
+step routing_test 300 "$bin/moe_gpu_test" --gtest_filter='*Routing*'
+step routing_bench 120 "$bin/moe_routing_bench" --json "$out/routing_bench.json"
+step decode_test 120 "$bin/moe_decode_gpu_test"
+KPLAN_MOE_DECODE_STAGES=2 step decode_test_2stages 120 "$bin/moe_decode_gpu_test"
+for topk in butterfly redux; do
+  KPLAN_MOE_ROUTING_TOPK=$topk TAIL=12 step "bench_$topk" 240 "$bin/moe_bench" \
+    --shapes qwen3,deepseek,mixtral --tokens 1,2 --decode_layer both --fused on \
+    --budget_s 0.4 --warmup_s 2 --json "$out/bench_$topk.json"
+done
+exit $status
