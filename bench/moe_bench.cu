@@ -1073,16 +1073,20 @@ int main(int argc, char** argv) {
           // form; the others one per GEMM kernel.
           const bool decode_sized =
               quant == "bf16" && args.decode && kc::MoeDecodeApplies(M, sh->k, sh->E, sh->H, sh->I);
+          // (Other rows leave the decode form to the environment: the int
+          // dequant route's small calls decode too.)
           const std::vector<bool> one = {args.ws.front()}, one_fused = {args.fused.front()};
           for (const bool ws : decode_sized ? one : args.ws) {
             for (const bool fused : decode_sized ? one_fused : args.fused) {
-              for (const bool layer1k :
-                   decode_sized ? args.decode_layer : std::vector<bool>{true}) {
-                if (fused && !ws) continue;  // the fused epilogue is the ws kernel's
+              for (const int layer1k : decode_sized ? std::vector<int>(args.decode_layer.begin(),
+                                                                       args.decode_layer.end())
+                                                    : std::vector<int>{-1}) {
+                if (fused && !ws && !decode_sized) continue;  // the fused epilogue is ws's
                 kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
                 kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-                kc::SetMoeDecodeLayerMode(layer1k ? kc::MoeKernelMode::kOn
-                                                  : kc::MoeKernelMode::kOff);
+                kc::SetMoeDecodeLayerMode(layer1k < 0    ? kc::MoeKernelMode::kFromEnv
+                                          : layer1k != 0 ? kc::MoeKernelMode::kOn
+                                                         : kc::MoeKernelMode::kOff);
                 const auto tc = Clock::now();
                 Row r =
                     RunConfig(*sh, *gpu, qset.get(), quant, M, args, copy_gbps, mm_tflops, stream);

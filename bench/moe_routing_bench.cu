@@ -168,11 +168,24 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::printf("device: %s\n", prop.name);
-  {  // clocks up: replays of the first row's graph for warmup_s
+  {  // clocks up: routing launches on 4096 tokens for warmup_s
+    const Routing& r = kRoutings[1];
+    const int64_t M = 4096;
+    kc::MoeRoutingParams p;
+    p.num_experts = r.E;
+    p.top_k = r.k;
+    p.renormalize = true;
+    Dev logits(M * r.E * 4), w(M * r.k * 4), ids(M * r.k * 4);
+    CHECK_CUDA(cudaMemset(logits.p, 0x3f, M * r.E * 4));  // 0.75 everywhere
     const auto t0 = std::chrono::steady_clock::now();
     while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
            absl::GetFlag(FLAGS_warmup_s)) {
-      RunRow(kRoutings[1], 64, 4, 3, stream);
+      for (int i = 0; i < 100; ++i) {
+        CHECK_OK(kc::LaunchMoeRouting(p, static_cast<const float*>(logits.p), M,
+                                      static_cast<float*>(w.p), static_cast<int32_t*>(ids.p),
+                                      stream));
+      }
+      CHECK_CUDA(cudaStreamSynchronize(stream));
     }
   }
   std::vector<Row> rows;

@@ -6,9 +6,11 @@
 #   1. routing: both top-k forms against the CPU reference and bit for bit
 #      against each other, then timed (moe_routing_bench);
 #   2. the one-kernel decode layer against the two kernels and the CPU,
-#      with the default ring and a 2-stage one;
+#      with the default ring, a 2-stage one and the redux top-k, and under
+#      compute-sanitizer (memcheck, synccheck) on its small cases;
 #   3. moe_bench at 1 and 2 tokens, both decode forms, each top-k form.
-# Every command has a time limit, so one hang cannot eat the call.
+# The steps' time limits add up to 500 s, inside a device call's 600 s, so
+# that one hang costs its own step only.
 # usage: scripts/decode-gpu-check.sh [DIST]
 set -uo pipefail
 dist=${1:-.dist}
@@ -21,23 +23,28 @@ step() {  # name seconds command...
   local name=$1 limit=$2
   shift 2
   echo "=== $name: $*"
-  if timeout "$limit" "$@" >"$out/$name.log" 2>&1; then
+  if timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1; then
     echo "--- $name: ok"
   else
     echo "--- $name: FAILED ($?)"
     status=1
   fi
-  grep -E "FAIL|DIFFER|differ:|PASSED|^routing|^shape|dec[12]k|ratio|bit-identical" "$out/$name.log" |
-    grep -vE "^route .* OK$" | tail -n "${TAIL:-24}"
+  grep -E "FAIL|DIFFER|differ:|PASSED|ERROR SUMMARY|^routing|^shape|dec[12]k|bit-identical" \
+    "$out/$name.log" | grep -vE "^route .* OK$" | tail -n "${TAIL:-20}"
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
-step routing_test 300 "$bin/moe_gpu_test" --gtest_filter='*Routing*'
-step routing_bench 120 "$bin/moe_routing_bench" --json "$out/routing_bench.json"
-step decode_test 120 "$bin/moe_decode_gpu_test"
-KPLAN_MOE_DECODE_STAGES=2 step decode_test_2stages 120 "$bin/moe_decode_gpu_test"
+step routing_test 90 "$bin/moe_gpu_test" --gtest_filter='*Routing*'
+step routing_bench 40 "$bin/moe_routing_bench" --samples 50 --json "$out/routing_bench.json"
+step decode_test 45 "$bin/moe_decode_gpu_test"
+KPLAN_MOE_DECODE_STAGES=2 step decode_test_2stages 45 "$bin/moe_decode_gpu_test"
+KPLAN_MOE_ROUTING_TOPK=redux step decode_test_redux 45 "$bin/moe_decode_gpu_test"
+step memcheck 60 compute-sanitizer --tool memcheck "$bin/moe_decode_gpu_test"
+step synccheck 30 compute-sanitizer --tool synccheck "$bin/moe_decode_gpu_test" \
+  --gtest_filter='*InCudaGraph*'
 for topk in butterfly redux; do
-  KPLAN_MOE_ROUTING_TOPK=$topk TAIL=12 step "bench_$topk" 240 "$bin/moe_bench" \
+  KPLAN_MOE_ROUTING_TOPK=$topk TAIL=12 step "bench_$topk" 70 "$bin/moe_bench" \
     --shapes qwen3,deepseek,mixtral --tokens 1,2 --decode_layer both --fused on \
-    --budget_s 0.4 --warmup_s 2 --json "$out/bench_$topk.json"
+    --budget_s 0.3 --warmup_s 1 --json "$out/bench_$topk.json"
 done
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
 exit $status

@@ -3,7 +3,8 @@
 // shared-memory layout holds every part it must, aligned and in order, within
 // the CTA's budget; a stage holds whole items and at least one down row; the
 // ring takes all the stages that fit (up to the cap); a layer that leaves no
-// room for two stages gets no plan. Plain C++, runs without a GPU.
+// room for two stages gets no plan; a CTA's chunks cover its items and down
+// rows exactly once. Plain C++, runs without a GPU.
 #include "kernels/cuda/moe/moe_decode_layer_plan.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kplan::kernels::cuda::detail {
 namespace {
@@ -18,6 +20,7 @@ namespace {
 constexpr int kSms = 132;
 constexpr int64_t kH200Smem = 232448 - 1280;  // opt-in limit less the kernel's static part
 constexpr int kWarps = 9;
+constexpr int kMaxSlotsForTest = 16;  // kMoeDecodeMaxSlots: owners per layer
 
 std::string Name(const DecodeLayerShape& s) {
   return "M=" + std::to_string(s.tokens) + " k=" + std::to_string(s.top_k) +
@@ -139,6 +142,75 @@ TEST(MoeDecodeLayerPlan, ModelShapesAtOneToken) {
   // Nothing to plan.
   DecodeLayerShape empty;
   EXPECT_FALSE(PlanDecodeLayer(empty, kSms, kH200Smem, kWarps).has_value());
+}
+
+// Every CTA's chunks, as the producer and the consumers enumerate them:
+// the grid's shares partition the items and the output columns; a step-1
+// chunk is consecutive items of one slot, at most chunk_items; a step-3
+// chunk is consecutive rows of one (segment, slot), at most chunk_rows; the
+// rows of all segments cover each (column, slot) of the CTA exactly once.
+TEST(MoeDecodeLayerPlan, ChunksCoverEveryItemAndRowOnce) {
+  struct Case {
+    int64_t M;
+    int k;
+    int64_t H, I;
+    bool combine;
+    int grid, items_per_chunk, rows_per_chunk;
+  };
+  const Case cases[] = {{1, 8, 2048, 768, true, 132, 2, 10}, {1, 2, 4096, 14336, true, 132, 2, 1},
+                        {2, 8, 7168, 2048, true, 132, 1, 7}, {16, 1, 16, 64, true, 132, 3, 5},
+                        {3, 2, 200, 72, false, 132, 1, 4},   {4, 4, 256, 128, true, 7, 5, 3},
+                        {1, 8, 64, 32, true, 132, 9, 100}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("M=" + std::to_string(c.M) + " k=" + std::to_string(c.k) +
+                 " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I));
+    const int64_t numel = c.M * c.k, owners = c.combine ? c.M : numel;
+    const int R = c.combine ? c.k : 1;
+    std::vector<int> item_seen(numel * c.I, 0), row_seen(owners * c.H * R, 0);
+    int64_t prev_ie = 0, prev_ce = 0;
+    for (int cta = 0; cta < c.grid; ++cta) {
+      int64_t i0, i1, c0, c1;
+      DecodeShare(numel * c.I, cta, c.grid, i0, i1);
+      DecodeShare(owners * c.H, cta, c.grid, c0, c1);
+      EXPECT_EQ(i0, prev_ie);  // shares are consecutive
+      EXPECT_EQ(c0, prev_ce);
+      prev_ie = i1;
+      prev_ce = c1;
+      for (int64_t item = i0; item < i1;) {
+        const DecodeUpChunk ch = DecodeUpChunkAt(item, i1, c.I, c.items_per_chunk);
+        ASSERT_GE(ch.count, 1);
+        ASSERT_LE(ch.count, c.items_per_chunk);
+        ASSERT_LE(ch.n0 + ch.count, c.I) << "a chunk crosses slots";
+        for (int p = 0; p < ch.count; ++p) ++item_seen[int64_t{ch.slot} * c.I + ch.n0 + p];
+        item += ch.count;
+      }
+      DecodeSegment segs[kMaxSlotsForTest];
+      const int ns = DecodeSegments(c0, c1, c.H, R, segs);
+      ASSERT_LE(ns, owners);
+      const int64_t rows = R * (c1 - c0);
+      for (int64_t r = 0; r < rows;) {
+        const DecodeDownChunk ch = DecodeDownChunkAt(segs, ns, r, c.rows_per_chunk);
+        ASSERT_GE(ch.count, 1);
+        ASSERT_LE(ch.count, c.rows_per_chunk);
+        const DecodeSegment& g = segs[ch.seg];
+        ASSERT_LT(ch.j, R);
+        ASSERT_GE(ch.n, g.na);
+        ASSERT_LE(ch.n + ch.count, g.nb) << "a chunk crosses (segment, slot) blocks";
+        for (int q = 0; q < ch.count; ++q) {
+          ++row_seen[(int64_t{g.owner} * c.H + ch.n + q) * R + ch.j];
+        }
+        r += ch.count;
+      }
+    }
+    EXPECT_EQ(prev_ie, numel * c.I);
+    EXPECT_EQ(prev_ce, owners * c.H);
+    EXPECT_EQ(std::count(item_seen.begin(), item_seen.end(), 1),
+              static_cast<int64_t>(item_seen.size()))
+        << "an item missed or taken twice";
+    EXPECT_EQ(std::count(row_seen.begin(), row_seen.end(), 1),
+              static_cast<int64_t>(row_seen.size()))
+        << "a (column, slot) row missed or taken twice";
+  }
 }
 
 }  // namespace

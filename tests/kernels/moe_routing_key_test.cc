@@ -4,7 +4,8 @@
 // infinities, subnormals, exact ties), the k largest keys are the reference's
 // k picks in the reference's order; every pair of special values compares
 // as the reference compares them; no candidate's key is 0 ("none"). Plain
-// C++, runs without a GPU.
+// C++, runs without a GPU. The warp top-k's lane steps are checked too, with
+// its two redux.sync maxima emulated over 32 lanes.
 #include "kernels/cuda/moe/moe_routing_key.h"
 
 #include <gtest/gtest.h>
@@ -101,6 +102,57 @@ TEST(MoeRoutingKey, NoCandidateKeyIsNone) {
     for (int index : {0, 1, 31, 511}) {
       EXPECT_GT(CandidateKey(v, index), uint64_t{0});
       EXPECT_EQ(KeyIndex(static_cast<uint32_t>(CandidateKey(v, index))), index);
+    }
+  }
+}
+
+// WarpTopKRedux's lane steps (LaneCandidates, HeadPayload, DropCandidate)
+// with its two warp maxima emulated over 32 lanes: the picks are the
+// reference's, in its order, each with its expert's payload.
+TEST(MoeRoutingKey, EmulatedWarpPicksAreTheReferences) {
+  constexpr int kN = 16;  // candidates per lane (E <= 512)
+  std::mt19937 rng(777);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  std::uniform_int_distribution<int> pick(0, 9);
+  for (int E : {1, 8, 33, 72, 128, 256, 512}) {
+    for (int k : {1, 2, 8, 32}) {
+      if (k > E) continue;
+      for (int rep = 0; rep < 20; ++rep) {
+        std::vector<float> row(E);
+        for (float& x : row) {
+          const int p = pick(rng);
+          x = p == 0  ? Specials()[pick(rng) % Specials().size()]
+              : p < 3 ? static_cast<float>(pick(rng) % 3)
+                      : u(rng);
+        }
+        float key[32][kN], pay[32][kN];
+        uint64_t ck[32][kN], head[32];
+        for (int l = 0; l < 32; ++l) {
+          for (int s = 0; s < kN; ++s) {
+            const int e = l + 32 * s;
+            key[l][s] = e < E ? row[e] : 0.0f;
+            pay[l][s] = static_cast<float>(e) + 0.5f;  // the payload names its expert
+          }
+          head[l] = LaneCandidates(key[l], E, l, ck[l]);
+        }
+        std::vector<int32_t> got;
+        for (int j = 0; j < k; ++j) {
+          uint32_t top = 0, lo = 0;
+          for (int l = 0; l < 32; ++l) top = std::max(top, static_cast<uint32_t>(head[l] >> 32));
+          for (int l = 0; l < 32; ++l) {
+            if (static_cast<uint32_t>(head[l] >> 32) == top) {
+              lo = std::max(lo, static_cast<uint32_t>(head[l]));
+            }
+          }
+          const int id = KeyIndex(lo), w = id & 31;
+          ASSERT_EQ(HeadPayload(ck[w], head[w], pay[w]), static_cast<float>(id) + 0.5f);
+          got.push_back(id);
+          head[w] = DropCandidate(ck[w], w, id);
+        }
+        std::vector<int32_t> ref(k);
+        moe::TopKIndices(row.data(), E, k, ref.data());
+        EXPECT_EQ(got, ref) << "E=" << E << " k=" << k << " rep=" << rep;
+      }
     }
   }
 }

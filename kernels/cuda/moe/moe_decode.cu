@@ -195,8 +195,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T>
 absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
-  MoeActParams p = d.act_params;
-  if (!p.has_clamp_limit) p.clamp_limit = 7.0f;  // swigluoai / swiglustep default
+  const MoeActParams p = EffectiveActParams(d.act_params);
   const bool gated = d.act < MoeActivation::kSiluNoMul;
   const int64_t numel = d.num_tokens * d.top_k;
   UpArgs<T> up{static_cast<const T*>(d.hidden),
@@ -268,13 +267,13 @@ bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hi
   return numel > 0 && distinct && Supported(numel, top_k, hidden, intermediate);
 }
 
-absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream) {
+absl::Status ValidateMoeDecodeArgs(const MoeDecodeArgs& d) {
   if (absl::Status s = CheckHalfDType(d.dtype, "moe_decode"); !s.ok()) return s;
   const int64_t numel = d.num_tokens * d.top_k;
   if (d.num_tokens < 0 || d.top_k <= 0 || d.num_experts <= 0 || d.num_local_experts <= 0) {
     return absl::InvalidArgumentError("moe_decode: bad sizes");
   }
-  if (numel == 0) return absl::OkStatus();
+  if (numel == 0) return absl::OkStatus();  // nothing to launch
   if (!Supported(numel, d.top_k, d.hidden_size, d.intermediate_size)) {
     return absl::InvalidArgumentError(
         "moe_decode: needs at most kMoeDecodeMaxSlots slots, top_k <= 8 and hidden / "
@@ -298,6 +297,12 @@ absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream)
           "moe_decode: routing.num_experts / top_k differ from the layer's");
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream) {
+  KPLAN_RETURN_IF_ERROR(ValidateMoeDecodeArgs(d));
+  if (d.num_tokens == 0) return absl::OkStatus();
   if (MoeDecodeLayerEnabled()) {
     const absl::Status st = LaunchMoeDecodeLayer(d, stream);
     if (!absl::IsUnavailable(st)) return st;  // launched, or a real error

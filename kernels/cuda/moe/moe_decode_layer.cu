@@ -72,9 +72,8 @@ constexpr int kThreads = kConsumers + 32;  // and one producer warp
 constexpr int kMaxStages = detail::kDecodeLayerMaxStages;
 constexpr int kMaxSlots = static_cast<int>(kMoeDecodeMaxSlots);
 // A CTA's output columns span at most this many owners (tokens, or slots
-// without combine): a contiguous range of at most ceil(owners * H / grid)
-// columns crosses at most owners + 1 of them.
-constexpr int kMaxSegments = kMaxSlots + 1;
+// without combine; DecodeSegments).
+constexpr int kMaxSegments = kMaxSlots;
 
 // Measurement knobs (moe_bench sets them through the environment): the ring's
 // stage size in KiB (0: the default) and its most stages, and whether the
@@ -83,25 +82,12 @@ struct Knobs {
   int stage_kib, max_stages, pdl, trace;
 };
 const Knobs& KnobsFromEnv() {
-  static const Knobs k = [] {
-    auto get = [](const char* name, int fallback) {
-      const char* v = std::getenv(name);
-      return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-    };
-    return Knobs{get("KPLAN_MOE_DECODE_STAGE_KIB", 0), get("KPLAN_MOE_DECODE_STAGES", kMaxStages),
-                 get("KPLAN_MOE_DECODE_PDL", 0), get("KPLAN_MOE_DECODE_TRACE", 0)};
-  }();
+  static const Knobs k{detail::EnvInt("KPLAN_MOE_DECODE_STAGE_KIB", 0),
+                       detail::EnvInt("KPLAN_MOE_DECODE_STAGES", kMaxStages),
+                       detail::EnvInt("KPLAN_MOE_DECODE_PDL", 0),
+                       detail::EnvInt("KPLAN_MOE_DECODE_TRACE", 0)};
   return k;
 }
-
-// A run of one owner's output columns [na, nb) inside a CTA's range; its
-// down rows are enumerated from row0: slot j's rows na..nb-1 after slot
-// j - 1's.
-struct Segment {
-  int owner;
-  int na, nb;
-  int row0;
-};
 
 template <typename T>
 struct Params {
@@ -137,55 +123,19 @@ struct SmallSmem {
   int32_t ids[kMaxSlots];
   float weights[kMaxSlots];
   int local[kMaxSlots];  // local expert of each slot, or -1
-  Segment seg[kMaxSegments];
+  detail::DecodeSegment seg[kMaxSegments];
   int nseg;
 };
 
-// This CTA's share [b, e) of `n` things split evenly over the grid.
-__device__ __forceinline__ void MyShare(int64_t n, int64_t& b, int64_t& e) {
-  b = n * blockIdx.x / gridDim.x;
-  e = n * (blockIdx.x + 1) / gridDim.x;
-}
-
-// Step 1's chunk at `item`: consecutive items (slot, n0 ..) of one slot,
-// at most `most` and not past `end`.
-struct UpChunk {
-  int slot, n0, count;
-};
-__device__ __forceinline__ UpChunk UpChunkAt(int64_t item, int64_t end, int64_t I, int most) {
-  UpChunk c;
-  c.slot = static_cast<int>(item / I);
-  c.n0 = static_cast<int>(item % I);
-  c.count = static_cast<int>(std::min<int64_t>(most, std::min<int64_t>(I - c.n0, end - item)));
-  return c;
-}
-
-// Step 3's chunk at down row `r` of this CTA: rows n .. n + count - 1 of
-// slot j of segment seg (contiguous in w2), at most `most`.
-struct DownChunk {
-  int seg, j, n, count;
-};
-__device__ __forceinline__ DownChunk DownChunkAt(const SmallSmem& sm, int64_t r, int most) {
-  DownChunk c;
-  c.seg = 0;
-  while (c.seg + 1 < sm.nseg && sm.seg[c.seg + 1].row0 <= r) ++c.seg;
-  const Segment& s = sm.seg[c.seg];
-  const int w = s.nb - s.na;
-  const int rr = static_cast<int>(r - s.row0);
-  c.j = rr / w;
-  c.n = s.na + rr % w;
-  c.count = std::min(most, w - rr % w);
-  return c;
-}
-
-// Stage st of the ring for chunk number c: its parity in this use.
+// The parity of chunk c's use of its ring stage (c % stages).
 __device__ __forceinline__ uint32_t UseParity(int64_t c, int stages) {
   return static_cast<uint32_t>((c / stages) & 1);
 }
 
 __device__ int g_trace_prints = 0;  // KPLAN_MOE_DECODE_TRACE: lines printed
 
-template <typename T>
+// kRedux: the routing's top-k form (moe_routing.cuh).
+template <typename T, bool kRedux>
 __global__ void __launch_bounds__(kThreads, 1)
     DecodeLayerKernel(const __grid_constant__ Params<T> a) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -232,7 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int64_t m = warp; m < M; m += kThreads / 32) {
       float w;
       int id;
-      detail::routing::RouteTokenWarp(a.route, a.logits + m * a.route.E, scratch, lane, w, id);
+      detail::routing::RouteTokenWarp<kRedux>(a.route, a.logits + m * a.route.E, scratch, lane, w,
+                                              id);
       if (lane < k) {
         sm.ids[m * k + lane] = id;
         sm.weights[m * k + lane] = w;
@@ -251,22 +202,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm.local[tid] = detail::decode::LocalExpert(sm.ids, a.map, a.num_experts, a.num_local, tid);
   }
   int64_t c0, c1;  // this CTA's output columns
-  MyShare(owners * H, c0, c1);
+  detail::DecodeShare(owners * H, blockIdx.x, gridDim.x, c0, c1);
   const int64_t rows = R * (c1 - c0);
-  if (tid == 0) {
-    int ns = 0, row0 = 0;
-    for (int64_t c = c0; c < c1;) {
-      const int64_t o = c / H, na = c % H, nb = std::min<int64_t>(H, na + (c1 - c));
-      sm.seg[ns++] = Segment{static_cast<int>(o), static_cast<int>(na), static_cast<int>(nb), row0};
-      row0 += R * static_cast<int>(nb - na);
-      c += nb - na;
-    }
-    sm.nseg = ns;
-  }
+  if (tid == 0) sm.nseg = detail::DecodeSegments(c0, c1, H, R, sm.seg);
   __syncthreads();
   stamp[1] = clock64();
   int64_t i0, i1;  // this CTA's step-1 items
-  MyShare(numel * I, i0, i1);
+  detail::DecodeShare(numel * I, blockIdx.x, gridDim.x, i0, i1);
   const int64_t N13 = a.N13;
 
   if (warp == kConsumerWarps) {
@@ -281,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       return st;
     };
     for (int64_t item = i0; item < i1; ++c) {
-      const UpChunk ch = UpChunkAt(item, i1, I, a.chunk_items);
+      const detail::DecodeUpChunk ch = detail::DecodeUpChunkAt(item, i1, I, a.chunk_items);
       item += ch.count;
       const int st = acquire(c);
       if (lane == 0) {
@@ -309,7 +251,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t p1 = c;
     bool synced = false;
     for (int64_t r = 0; r < rows; ++c) {
-      const DownChunk ch = DownChunkAt(sm, r, a.chunk_rows);
+      const detail::DecodeDownChunk ch =
+          detail::DecodeDownChunkAt(sm.seg, sm.nseg, r, a.chunk_rows);
       r += ch.count;
       if (!synced && c >= p1 + S) {  // the stage's last use is step 3's
         cg::this_grid().sync();
@@ -317,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       const int st = acquire(c);
       if (lane == 0) {
-        const Segment& g = sm.seg[ch.seg];
+        const detail::DecodeSegment& g = sm.seg[ch.seg];
         const int e = sm.local[a.combine ? g.owner * k + ch.j : g.owner];
         const uint32_t bytes = e < 0 ? 0u : static_cast<uint32_t>(ch.count * I * sizeof(T));
         detail::MbarArriveExpectTx(full(st), bytes);
@@ -343,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   stamp[2] = clock64();
   int64_t c = 0;
   for (int64_t item = i0; item < i1; ++c) {
-    const UpChunk ch = UpChunkAt(item, i1, I, a.chunk_items);
+    const detail::DecodeUpChunk ch = detail::DecodeUpChunkAt(item, i1, I, a.chunk_items);
     const int64_t first = item;
     item += ch.count;
     if ((c % S) % kConsumerWarps != warp) continue;
@@ -399,12 +342,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");  // consumers only
   stamp[5] = clock64();
   for (int64_t r = 0; r < rows; ++c) {
-    const DownChunk ch = DownChunkAt(sm, r, a.chunk_rows);
+    const detail::DecodeDownChunk ch = detail::DecodeDownChunkAt(sm.seg, sm.nseg, r, a.chunk_rows);
     r += ch.count;
     if ((c % S) % kConsumerWarps != warp) continue;
     const int st = static_cast<int>(c % S);
     detail::MbarWait(full(st), UseParity(c, S));
-    const Segment& g = sm.seg[ch.seg];
+    const detail::DecodeSegment& g = sm.seg[ch.seg];
     const int slot = a.combine ? g.owner * k + ch.j : g.owner;
     const int e = sm.local[slot];
     const T* hr = hs + static_cast<int64_t>(slot) * I;
@@ -482,12 +425,12 @@ struct LaunchFacts {
   int dynamic_smem = 0;
 };
 
-template <typename T>
+template <typename T, bool kRedux>
 absl::StatusOr<LaunchFacts> FactsFor(int device) {
   static std::mutex mu;
   static LaunchFacts facts[64];
   static bool known[64] = {};
-  if (device < 0 || device >= 64) return absl::InvalidArgumentError("device ordinal past 63");
+  if (device < 0 || device >= 64) return absl::UnavailableError("device ordinal past 63");
   std::lock_guard<std::mutex> lock(mu);
   if (known[device]) return facts[device];
   int coop = 0, optin = 0;
@@ -495,22 +438,22 @@ absl::StatusOr<LaunchFacts> FactsFor(int device) {
   KPLAN_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes fa;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&fa, DecodeLayerKernel<T>));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&fa, DecodeLayerKernel<T, kRedux>));
   const int dynamic = optin - static_cast<int>(fa.sharedSizeBytes);
   KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      DecodeLayerKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+      DecodeLayerKernel<T, kRedux>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
   facts[device] = LaunchFacts{coop != 0, dynamic};
   known[device] = true;
   return facts[device];
 }
 
-template <typename T>
+template <typename T, bool kRedux>
 absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
   int device = 0;
   KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   KPLAN_ASSIGN_OR_RETURN(const int sms, MultiprocessorCount(device));
   const Knobs& knobs = KnobsFromEnv();
-  KPLAN_ASSIGN_OR_RETURN(const LaunchFacts facts, FactsFor<T>(device));
+  KPLAN_ASSIGN_OR_RETURN(const LaunchFacts facts, (FactsFor<T, kRedux>(device)));
   if (!facts.cooperative) return absl::UnavailableError("moe_decode_layer: no cooperative launch");
 
   detail::DecodeLayerShape shape;
@@ -551,8 +494,7 @@ absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
   p.I = d.intermediate_size;
   p.N13 = shape.gated ? 2 * p.I : p.I;
   p.act = d.act;
-  p.act_params = d.act_params;
-  if (!p.act_params.has_clamp_limit) p.act_params.clamp_limit = 7.0f;
+  p.act_params = EffectiveActParams(d.act_params);
   p.h = static_cast<T*>(d.h);
   p.combine = d.combine;
   p.out = static_cast<T*>(d.out);
@@ -577,8 +519,13 @@ absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = knobs.pdl != 0 ? 2 : 1;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, DecodeLayerKernel<T>, p);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, DecodeLayerKernel<T, kRedux>, p);
   if (err != cudaSuccess) cudaGetLastError();  // reported here, not by the next launcher
+  if (err == cudaErrorCooperativeLaunchTooLarge) {
+    // Fewer multiprocessors than the device has are this context's (MPS, green
+    // contexts): nothing was launched, the two kernels run instead.
+    return absl::UnavailableError("moe_decode_layer: the grid does not fit this context");
+  }
   KPLAN_CUDA_RETURN_IF_ERROR(err);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -593,13 +540,16 @@ bool MoeDecodeLayerEnabled() { return g_switch.On(); }
 int64_t MoeDecodeLayerLaunches() { return g_launches.load(std::memory_order_relaxed); }
 
 absl::Status LaunchMoeDecodeLayer(const MoeDecodeArgs& d, cudaStream_t stream) {
-  if (!Aligned16(d.hidden) || !Aligned16(d.w2) || !Aligned16(d.h)) {
+  KPLAN_RETURN_IF_ERROR(ValidateMoeDecodeArgs(d));
+  if (d.num_tokens == 0) return absl::OkStatus();
+  if (!Aligned16(d.hidden) || !Aligned16(d.w13) || !Aligned16(d.w2) || !Aligned16(d.h)) {
     return absl::UnavailableError("moe_decode_layer: bulk copies need 16-byte aligned rows");
   }
-  if (d.num_tokens * d.top_k > kMoeDecodeMaxSlots) {
-    return absl::UnavailableError("moe_decode_layer: more than kMoeDecodeMaxSlots slots");
+  const bool bf16 = d.dtype == DType::kBFloat16;
+  if (MoeRoutingReduxTopKEnabled()) {
+    return bf16 ? Launch<__nv_bfloat16, true>(d, stream) : Launch<__half, true>(d, stream);
   }
-  return d.dtype == DType::kBFloat16 ? Launch<__nv_bfloat16>(d, stream) : Launch<__half>(d, stream);
+  return bf16 ? Launch<__nv_bfloat16, false>(d, stream) : Launch<__half, false>(d, stream);
 }
 
 }  // namespace kplan::kernels::cuda

@@ -1,6 +1,8 @@
-// The host side of the one-kernel decode layer (moe_decode_layer.cu): how a
-// layer's shape maps onto one CTA per multiprocessor, its shared memory and
-// its ring of bulk-copy stages. Plain C++ so that it is unit-tested on the
+// The one-kernel decode layer's plan (moe_decode_layer.cu): how a layer's
+// shape maps onto one CTA per multiprocessor, its shared memory and its ring
+// of bulk-copy stages (host), and how a CTA's work is cut into the ring's
+// chunks (host and device: the producer and the consumers enumerate the same
+// chunks with these functions). Plain C++ so that it is unit-tested on the
 // CPU (tests/kernels/moe_decode_layer_plan_test.cc). Internal to
 // kernels/cuda/moe.
 //
@@ -20,6 +22,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+
+#if defined(__CUDACC__)
+#define KPLAN_DECODE_HD __host__ __device__
+#else
+#define KPLAN_DECODE_HD
+#endif
 
 namespace kplan::kernels::cuda::detail {
 
@@ -50,8 +58,8 @@ inline uint32_t DecodeAlignUp(int64_t v, int64_t a) {
 }
 
 // The plan on `sms` multiprocessors with `dynamic_smem` bytes of dynamic
-// shared memory per CTA; stage_kib (0: 16) and max_stages are the
-// benchmark's knobs. Empty when no ring of two stages fits beside the rest.
+// shared memory per CTA; stage_kib (0: 16; at most 1024) and max_stages are
+// the benchmark's knobs. Empty when no ring of two stages fits beside the rest.
 inline std::optional<DecodeLayerPlan> PlanDecodeLayer(const DecodeLayerShape& s, int sms,
                                                       int64_t dynamic_smem, int routing_warps,
                                                       int stage_kib = 0,
@@ -73,7 +81,7 @@ inline std::optional<DecodeLayerPlan> PlanDecodeLayer(const DecodeLayerShape& s,
   p.off_ring = DecodeAlignUp(p.off_y + cols_per_cta * per_column * 4, 128);
   const int64_t item_bytes = (s.gated ? 2 : 1) * s.hidden * elem;
   const int64_t row_bytes = s.intermediate * elem;
-  const int64_t want = int64_t{stage_kib > 0 ? stage_kib : 16} << 10;
+  const int64_t want = int64_t{stage_kib > 0 ? std::min(stage_kib, 1024) : 16} << 10;
   const int cap = std::min(kDecodeLayerMaxStages, std::max(2, max_stages));
   const int64_t room = dynamic_smem - int64_t{p.off_ring};
   int64_t stages = 0;
@@ -93,4 +101,70 @@ inline std::optional<DecodeLayerPlan> PlanDecodeLayer(const DecodeLayerShape& s,
   return p;
 }
 
+// --- A CTA's work (host and device) --------------------------------------
+
+// CTA `cta` of `grid`'s share [b, e) of n things split evenly.
+KPLAN_DECODE_HD inline void DecodeShare(int64_t n, int cta, int grid, int64_t& b, int64_t& e) {
+  b = n * cta / grid;
+  e = n * (cta + 1) / grid;
+}
+
+// Step 1's chunk at item `item` (slot item / I, column item % I): the
+// consecutive items of one slot from there, at most `most`, not past `end`.
+struct DecodeUpChunk {
+  int slot, n0, count;
+};
+KPLAN_DECODE_HD inline DecodeUpChunk DecodeUpChunkAt(int64_t item, int64_t end, int64_t I,
+                                                     int most) {
+  DecodeUpChunk c;
+  c.slot = static_cast<int>(item / I);
+  c.n0 = static_cast<int>(item % I);
+  c.count = static_cast<int>(std::min<int64_t>(most, std::min<int64_t>(I - c.n0, end - item)));
+  return c;
+}
+
+// A run of one owner's output columns [na, nb) inside a CTA's range [c0,
+// c1) of [owners x H] (owner: a token with combine, else a slot); its down
+// rows are enumerated from row0: slot j's rows na..nb-1 after slot j - 1's
+// (R slots per column). A range crosses at most `owners` of them.
+struct DecodeSegment {
+  int owner;
+  int na, nb;
+  int row0;
+};
+// Writes the segments of [c0, c1) to out; returns their count.
+KPLAN_DECODE_HD inline int DecodeSegments(int64_t c0, int64_t c1, int64_t H, int R,
+                                          DecodeSegment* out) {
+  int ns = 0, row0 = 0;
+  for (int64_t c = c0; c < c1;) {
+    const int64_t o = c / H, na = c % H, nb = std::min<int64_t>(H, na + (c1 - c));
+    out[ns++] =
+        DecodeSegment{static_cast<int>(o), static_cast<int>(na), static_cast<int>(nb), row0};
+    row0 += R * static_cast<int>(nb - na);
+    c += nb - na;
+  }
+  return ns;
+}
+
+// Step 3's chunk at down row r of a CTA: rows n .. n + count - 1 of slot j
+// of segment seg (contiguous in w2), at most `most`.
+struct DecodeDownChunk {
+  int seg, j, n, count;
+};
+KPLAN_DECODE_HD inline DecodeDownChunk DecodeDownChunkAt(const DecodeSegment* segs, int nseg,
+                                                         int64_t r, int most) {
+  DecodeDownChunk c;
+  c.seg = 0;
+  while (c.seg + 1 < nseg && segs[c.seg + 1].row0 <= r) ++c.seg;
+  const DecodeSegment& s = segs[c.seg];
+  const int w = s.nb - s.na;
+  const int rr = static_cast<int>(r - s.row0);
+  c.j = rr / w;
+  c.n = s.na + rr % w;
+  c.count = std::min(most, w - rr % w);
+  return c;
+}
+
 }  // namespace kplan::kernels::cuda::detail
+
+#undef KPLAN_DECODE_HD

@@ -140,8 +140,7 @@ absl::Status LaunchMoeActivation(MoeActivation act, const MoeActParams& params, 
   if (split.partials != nullptr && split.splits < 1) {
     return absl::InvalidArgumentError("moe_activation: splits must be positive");
   }
-  MoeActParams p = params;
-  if (!p.has_clamp_limit) p.clamp_limit = 7.0f;  // swigluoai / swiglustep default
+  const MoeActParams p = EffectiveActParams(params);
   const int threads = 256, blocks = ElementwiseBlocks(total, threads);
   if (dtype == DType::kBFloat16) {
     const GemmOut<__nv_bfloat16> x{static_cast<const __nv_bfloat16*>(in), split, rows * in_width};

@@ -39,6 +39,13 @@ struct MoeActParams {
   float beta = 1.0f;
 };
 
+// What the kernels apply: `p` with clamp_limit 7.0 where has_clamp_limit is
+// false (the swigluoai / swiglustep default).
+inline MoeActParams EffectiveActParams(MoeActParams p) {
+  if (!p.has_clamp_limit) p.clamp_limit = 7.0f;
+  return p;
+}
+
 // The grouped GEMM (moe_gemm_sm90.cu, wgmma on sm_90a): a CTA computes 128
 // weight rows x block_m slots of one moe_align_block_size block (one expert),
 // K stepped by 64 through a cp.async pipeline; block_m is 16, 64 or 128 and
@@ -190,14 +197,20 @@ struct MoeDecodeArgs {
 // each slot streams its expert's weights.
 bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,
                       int64_t intermediate);
+// INVALID_ARGUMENT for what neither form can run: a dtype other than bf16 /
+// fp16, bad sizes, more than kMoeDecodeMaxSlots slots, top_k > 8, hidden or
+// intermediate sizes not multiples of 8, a null buffer, an unknown
+// activation, routing parameters the router refuses. Both launchers check it.
+absl::Status ValidateMoeDecodeArgs(const MoeDecodeArgs& args);
 absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& args, cudaStream_t stream);
 
 // The one-kernel form's switch: kOn / kOff as set (SetMoeDecodeLayerMode),
 // or with kFromEnv KPLAN_MOE_DECODE_LAYER=0 / 1 (unset:
 // kMoeDecodeLayerDefault). Off by default: on one H200 it is bit-identical
-// and faster than the two kernels on DeepSeek-V3 at one token (180-185 us
-// against 186-188), but slower on Qwen3-30B-A3B (52.7 against 41.0 us) and
-// Mixtral-8x7B (245 against 180 us); docs/PERF.md, session 9. Where it is on
+// to the two kernels and on par with them on DeepSeek-V3 at one token
+// (180-185 us against 186-188), but slower on Qwen3-30B-A3B (52.7 against
+// 41.0 us) and Mixtral-8x7B (245 against 180 us); docs/PERF.md, session 9.
+// Where it is on
 // but cannot run (LaunchMoeDecodeLayer's UNAVAILABLE cases) the two kernels
 // run instead.
 inline constexpr bool kMoeDecodeLayerDefault = false;
@@ -205,11 +218,11 @@ void SetMoeDecodeLayerMode(MoeKernelMode mode);
 bool MoeDecodeLayerEnabled();
 // Successful one-kernel launches, process-wide: lets a test show that it ran.
 int64_t MoeDecodeLayerLaunches();
-// The one-kernel form alone (arguments validated by LaunchMoeDecodeExperts):
-// UNAVAILABLE, with nothing launched, where the device has no cooperative
-// launch, its shared memory cannot hold the layer's hidden rows,
-// intermediate rows and output partials, or a pointer is not 16-byte
-// aligned for the bulk copies.
+// The one-kernel form alone: ValidateMoeDecodeArgs's errors; UNAVAILABLE,
+// with nothing launched, where the device has no cooperative launch, the
+// grid does not fit this context (MPS, green contexts), its shared memory
+// cannot hold the layer's hidden and intermediate rows, output partials and
+// two ring stages, or a row is not 16-byte aligned for the bulk copies.
 absl::Status LaunchMoeDecodeLayer(const MoeDecodeArgs& args, cudaStream_t stream);
 
 // apply_router_weight_on_input (top_k == 1): out[m, h] = round(a[m, h] ·

@@ -362,8 +362,7 @@ absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& g, MoeActivatio
       (reinterpret_cast<uintptr_t>(act_out) & 15) != 0) {
     return absl::InvalidArgumentError("moe_grouped_gemm_ws_act: buffers must be 16-byte aligned");
   }
-  MoeActParams p = params;
-  if (!p.has_clamp_limit) p.clamp_limit = 7.0f;  // as LaunchMoeActivation
+  const MoeActParams p = EffectiveActParams(params);
   MoeGroupedGemmArgs f = g;
   f.c = act_out;
   const absl::Status launched = g.dtype == DType::kBFloat16

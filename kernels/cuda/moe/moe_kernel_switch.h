@@ -1,15 +1,24 @@
-// A process-wide on / off switch of one kernel choice (the Set*Mode and
-// *Enabled functions of moe_ops.h, moe_experts.h and moe_gemm_ws*.h): kOn / kOff as
-// set, or with kFromEnv (the default) what from_env() says, read on the
-// first call that needs it. Internal to kernels/cuda/moe.
+// The kernels' environment knobs: an integer (EnvInt), and a process-wide
+// on / off switch of one kernel choice (KernelSwitch, behind the Set*Mode and
+// *Enabled functions of moe_ops.h, moe_experts.h and moe_gemm_ws*.h): kOn /
+// kOff as set, or with kFromEnv (the default) what from_env() says, read on
+// the first call that needs it. Internal to kernels/cuda/moe.
 #pragma once
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 
 #include "kernels/cuda/moe/moe_ops.h"
 
 namespace kplan::kernels::cuda::detail {
+
+// The integer value of environment variable `name` (the kernels' measurement
+// knobs); `fallback` when it is unset or empty.
+inline int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
 
 class KernelSwitch {
  public:

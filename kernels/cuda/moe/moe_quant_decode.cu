@@ -584,8 +584,7 @@ absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& d, cudaStream_t stre
   p.num_local = d.num_local_experts;
   p.epi = !d.apply_act ? kEpiStore : gated ? kEpiGated : kEpiPlain;
   p.act = d.act;
-  p.ap = d.act_params;
-  if (!p.ap.has_clamp_limit) p.ap.clamp_limit = 7.0f;  // swigluoai / swiglustep default
+  p.ap = EffectiveActParams(d.act_params);
   p.out_cols = gated ? d.N / 2 : d.N;
   p.groups = gated ? (p.out_cols + 15) / 16 : (d.N + kRowsPerWarp - 1) / kRowsPerWarp;
   p.c = d.c;

@@ -202,8 +202,7 @@ absl::Status LaunchMoeActivationF32(MoeActivation act, const MoeActParams& param
   if (in == nullptr || out == nullptr) {
     return absl::InvalidArgumentError("moe_activation: null pointer");
   }
-  MoeActParams p = params;
-  if (!p.has_clamp_limit) p.clamp_limit = 7.0f;
+  const MoeActParams p = EffectiveActParams(params);
   ActivationF32Kernel<<<Blocks(rows * out_width), kThreads, 0, stream>>>(act, p, in, rows,
                                                                          out_width, gated, out);
   KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("ActivationF32Kernel");

@@ -24,6 +24,7 @@ struct RoutingArgs {
   detail::routing::RouteParams p;
 };
 
+template <bool kRedux>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingArgs a) {
   __shared__ float s_choice[kWarpsPerBlock][kMoeRoutingMaxExperts];
   detail::PdlWaitThenRelease();
@@ -32,7 +33,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingA
   if (token >= a.num_tokens) return;  // whole warp: no block barrier below
   float w;
   int id;
-  detail::routing::RouteTokenWarp(a.p, a.logits + token * a.p.E, s_choice[warp], lane, w, id);
+  detail::routing::RouteTokenWarp<kRedux>(a.p, a.logits + token * a.p.E, s_choice[warp], lane, w,
+                                          id);
   if (lane < a.p.k) {
     a.weights[token * a.p.k + lane] = w;
     a.ids[token * a.p.k + lane] = id;
@@ -135,9 +137,9 @@ absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits, in
   a.weights = topk_weights;
   a.ids = topk_ids;
   a.p = detail::routing::RouteParamsOf(p);
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(MoeRoutingKernel,
-                                               dim3(static_cast<unsigned>(blocks)),
-                                               dim3(kWarpsPerBlock * 32), 0, stream, a));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
+      MoeRoutingReduxTopKEnabled() ? MoeRoutingKernel<true> : MoeRoutingKernel<false>,
+      dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32), 0, stream, a));
   return absl::OkStatus();
 }
 

@@ -38,7 +38,6 @@ struct RouteParams {
   float scale;
   int E, k, method, scoring, G, topk_group;
   bool renormalize;
-  bool redux_topk;  // WarpTopKRedux, else WarpTopK (MoeRoutingReduxTopKEnabled)
 };
 
 inline RouteParams RouteParamsOf(const MoeRoutingParams& p) {
@@ -50,8 +49,7 @@ inline RouteParams RouteParamsOf(const MoeRoutingParams& p) {
                      static_cast<int>(p.scoring),
                      p.num_expert_group,
                      p.topk_group,
-                     p.renormalize,
-                     MoeRoutingReduxTopKEnabled()};
+                     p.renormalize};
 }
 
 // a ranks before b. Index -1 is "no candidate" and ranks after everything.
@@ -134,41 +132,24 @@ __device__ __forceinline__ void WarpTopKRedux(const float (&key)[kPerLane],
                                               const float (&pay)[kPerLane], int E, int k, int lane,
                                               int& my_id, float& my_pay) {
   uint64_t ck[kPerLane];
-  uint64_t head = 0;
-#pragma unroll
-  for (int s = 0; s < kPerLane; ++s) {
-    const int e = lane + 32 * s;
-    ck[s] = e < E ? CandidateKey(key[s], e) : 0;
-    head = ck[s] > head ? ck[s] : head;
-  }
+  uint64_t head = LaneCandidates(key, E, lane, ck);
   for (int j = 0; j < k; ++j) {
     const uint32_t hi = static_cast<uint32_t>(head >> 32);
     const uint32_t top = __reduce_max_sync(kFull, hi);
     const uint32_t lo = __reduce_max_sync(kFull, hi == top ? static_cast<uint32_t>(head) : 0u);
     const int id = KeyIndex(lo);
-    float hp = 0.0f;  // the payload of this lane's best candidate
-#pragma unroll
-    for (int s = 0; s < kPerLane; ++s) hp = ck[s] == head ? pay[s] : hp;
-    const float p = __shfl_sync(kFull, hp, id & 31);
+    const float p = __shfl_sync(kFull, HeadPayload(ck, head, pay), id & 31);
     if (lane == j) {
       my_id = id;
       my_pay = p;
     }
-    if (lane == (id & 31)) {
-      head = 0;
-#pragma unroll
-      for (int s = 0; s < kPerLane; ++s) {
-        if (lane + 32 * s == id) ck[s] = 0;
-        head = ck[s] > head ? ck[s] : head;
-      }
-    }
+    if (lane == (id & 31)) head = DropCandidate(ck, lane, id);
   }
 }
 
-// Routes one token with the whole warp: g is its fp32 logits row [E];
-// s_choice is [E] floats of shared memory of this warp's own (grouped top-k
-// only). Lane j < k returns the j-th pick in (w, id); other lanes' values
-// are unspecified. Ties go to the lowest expert index; NaN ranks highest.
+// kRedux: the picks by WarpTopKRedux, else by WarpTopK (the same picks;
+// separate instantiations, so each kernel holds one form's code).
+template <bool kRedux>
 __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float* g,
                                                float* s_choice, int lane, float& w, int& id) {
   const int E = a.E, k = a.k;
@@ -218,6 +199,7 @@ __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float
   }
 
   if (a.method == static_cast<int>(RoutingMethod::kGroupedTopK)) {
+    __syncwarp();  // a previous token's reads of s_choice are done
     float* c = s_choice;
 #pragma unroll
     for (int s = 0; s < kPerLane; ++s) {
@@ -264,7 +246,7 @@ __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float
 
   int my_id = 0;
   float my_pay = 0.0f;
-  if (a.redux_topk) {
+  if constexpr (kRedux) {
     WarpTopKRedux(key, pay, E, k, lane, my_id, my_pay);
   } else {
     WarpTopK(key, pay, E, k, lane, my_id, my_pay);

@@ -24,13 +24,6 @@
 
 namespace kplan::kernels::cuda::ws {
 
-// The integer value of environment variable `name`; `fallback` when it is
-// unset or empty.
-inline int WsEnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
-
 // True unless environment variable `name` is "old" (which selects the
 // kernel the warp-specialised one replaced).
 inline bool WsEnvNotOld(const char* name) {
@@ -45,7 +38,7 @@ struct WsKnobs {
   int debug_flags, group;
 };
 inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var) {
-  return {WsEnvInt(debug_var, 0), WsEnvInt(group_var, kWsAutoGroup)};
+  return {detail::EnvInt(debug_var, 0), detail::EnvInt(group_var, kWsAutoGroup)};
 }
 
 // Before a launch of kKernel with `smem_bytes` of dynamic shared memory on
