@@ -11,7 +11,9 @@
 #   3. moe_bench at 1 and 2 tokens, both decode forms, each top-k form.
 # The steps' time limits add up to 500 s, inside a device call's 600 s, so
 # that one hang costs its own step only.
-# usage: scripts/decode-gpu-check.sh [DIST]
+# usage (here): bash scripts/bundle.sh .dist build/bin/{moe_gpu_test,moe_decode_gpu_test,\
+#                 moe_routing_bench,moe_bench}; strip --strip-debug .dist/bin/* .dist/lib/*
+#        (there): scripts/decode-gpu-check.sh [DIST]
 set -uo pipefail
 dist=${1:-.dist}
 out=${OUT:-/tmp/kplan-decode}
