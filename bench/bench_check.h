@@ -1,6 +1,6 @@
 // Fail-fast checks for the benchmark programs: a CUDA or absl error prints
 // where and why, then exits 1 (a benchmark has no way to recover); and their
-// one event timing (MedianMs).
+// one event timing (MedianMs); the device buffer they share (DevBuf).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -73,6 +73,23 @@ double MedianMs(F&& launch, int samples, int batch, cudaStream_t stream) {
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
+
+// A device buffer of at least `bytes` (256 at the least), freed with it;
+// allocation failures exit as CHECK_CUDA does.
+struct DevBuf {
+  void* p = nullptr;
+  DevBuf() = default;
+  explicit DevBuf(size_t bytes) { CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
+  ~DevBuf() {
+    if (p != nullptr) cudaFree(p);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
 
 // The experts a routing hits: the distinct ids among the `numel` top-k ids
 // at `device_ids` (read back from the device). Their weights are what a MoE

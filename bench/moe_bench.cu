@@ -347,21 +347,6 @@ struct Row {
   bool compute_bound = false;
 };
 
-struct DevBuf {
-  void* p = nullptr;
-  DevBuf() = default;
-  explicit DevBuf(size_t bytes) { CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
-  ~DevBuf() {
-    if (p != nullptr) cudaFree(p);
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
 // ---------------------------------------------------------------------------
 // Quantised expert sets (--quant) and their check against the CPU reference.
 

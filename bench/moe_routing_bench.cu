@@ -66,14 +66,6 @@ struct Row {
   double us[2] = {0, 0};  // butterfly, redux
 };
 
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(size_t bytes) { CHECK_CUDA(cudaMalloc(&p, bytes)); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
-
 Row RunRow(const Routing& r, int64_t M, int sets, int samples, cudaStream_t stream) {
   Row row;
   row.routing = r.name;
@@ -89,21 +81,21 @@ Row RunRow(const Routing& r, int64_t M, int sets, int samples, cudaStream_t stre
   std::mt19937 rng(static_cast<unsigned>(M * 7919 + r.E));
   std::normal_distribution<float> normal(0.0f, 2.0f);
   std::vector<float> host(M * r.E), bias(r.E);
-  Dev d_bias(r.E * 4), d_w(M * r.k * 4), d_ids(M * r.k * 4);
+  DevBuf d_bias(r.E * 4), d_w(M * r.k * 4), d_ids(M * r.k * 4);
   for (float& b : bias) b = 0.05f * normal(rng);
   CHECK_CUDA(cudaMemcpy(d_bias.p, bias.data(), r.E * 4, cudaMemcpyHostToDevice));
   if (r.method == RoutingMethod::kGroupedTopK) {
     p.e_score_correction_bias = static_cast<const float*>(d_bias.p);
   }
   CHECK_OK(kc::ValidateMoeRoutingParams(p));
-  std::vector<std::unique_ptr<Dev>> logits;
+  std::vector<std::unique_ptr<DevBuf>> logits;
   for (int s = 0; s < sets; ++s) {
     for (float& x : host) {
       do {
         x = normal(rng);
       } while (x == 0.0f);
     }
-    logits.push_back(std::make_unique<Dev>(M * r.E * 4));
+    logits.push_back(std::make_unique<DevBuf>(M * r.E * 4));
     CHECK_CUDA(cudaMemcpy(logits.back()->p, host.data(), M * r.E * 4, cudaMemcpyHostToDevice));
   }
   auto launch = [&](int s) {
@@ -175,7 +167,7 @@ int main(int argc, char** argv) {
     p.num_experts = r.E;
     p.top_k = r.k;
     p.renormalize = true;
-    Dev logits(M * r.E * 4), w(M * r.k * 4), ids(M * r.k * 4);
+    DevBuf logits(M * r.E * 4), w(M * r.k * 4), ids(M * r.k * 4);
     CHECK_CUDA(cudaMemset(logits.p, 0x3f, M * r.E * 4));  // 0.75 everywhere
     const auto t0 = std::chrono::steady_clock::now();
     while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
