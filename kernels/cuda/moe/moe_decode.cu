@@ -255,18 +255,7 @@ bool Supported(int64_t numel, int top_k, int64_t hidden, int64_t intermediate) {
   return numel <= kMoeDecodeMaxSlots && top_k <= 8 && hidden % 8 == 0 && intermediate % 8 == 0;
 }
 
-}  // namespace
-
-bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,
-                      int64_t intermediate) {
-  const int64_t numel = num_tokens * top_k;
-  // Every slot streams its expert's weights, so slots that share an expert
-  // read them twice: one token (distinct experts), or few slots among many
-  // experts (numel^2 <= E: on average at most half a shared pair).
-  const bool distinct = num_tokens == 1 || numel * numel <= num_experts;
-  return numel > 0 && distinct && Supported(numel, top_k, hidden, intermediate);
-}
-
+// LaunchMoeDecodeExperts's checks (moe_experts.h).
 absl::Status ValidateMoeDecodeArgs(const MoeDecodeArgs& d) {
   if (absl::Status s = CheckHalfDType(d.dtype, "moe_decode"); !s.ok()) return s;
   const int64_t numel = d.num_tokens * d.top_k;
@@ -300,11 +289,23 @@ absl::Status ValidateMoeDecodeArgs(const MoeDecodeArgs& d) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,
+                      int64_t intermediate) {
+  const int64_t numel = num_tokens * top_k;
+  // Every slot streams its expert's weights, so slots that share an expert
+  // read them twice: one token (distinct experts), or few slots among many
+  // experts (numel^2 <= E: on average at most half a shared pair).
+  const bool distinct = num_tokens == 1 || numel * numel <= num_experts;
+  return numel > 0 && distinct && Supported(numel, top_k, hidden, intermediate);
+}
+
 absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream) {
   KPLAN_RETURN_IF_ERROR(ValidateMoeDecodeArgs(d));
   if (d.num_tokens == 0) return absl::OkStatus();
   if (MoeDecodeLayerEnabled()) {
-    const absl::Status st = LaunchMoeDecodeLayer(d, stream);
+    const absl::Status st = detail::LaunchMoeDecodeLayer(d, stream);
     if (!absl::IsUnavailable(st)) return st;  // launched, or a real error
   }
   if (d.router_logits != nullptr) {

@@ -2,12 +2,26 @@
 // (moe_decode.cu) and the one-kernel form (moe_decode_layer.cu) so that both
 // compute every value with the same instructions in the same order: the
 // local expert of a slot, the warp dot product and the rounding of a GEMM
-// output. Internal to kernels/cuda/moe.
+// output; and the one-kernel form's launcher, which the entry point
+// (LaunchMoeDecodeExperts, moe_decode.cu) calls. Internal to kernels/cuda/moe.
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/moe/moe_experts.h"
+
+namespace kplan::kernels::cuda::detail {
+
+// The one-kernel form of `args`, which ValidateMoeDecodeArgs accepted, with
+// num_tokens > 0: UNAVAILABLE, with nothing launched, where it cannot run
+// (moe_experts.h, MoeDecodeLayerEnabled); CUDA errors otherwise.
+absl::Status LaunchMoeDecodeLayer(const MoeDecodeArgs& args, cudaStream_t stream);
+
+}  // namespace kplan::kernels::cuda::detail
 
 namespace kplan::kernels::cuda::detail::decode {
 

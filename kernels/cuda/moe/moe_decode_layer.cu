@@ -1,6 +1,7 @@
-// The decode-sized MoE layer as one kernel (moe_experts.h,
-// LaunchMoeDecodeLayer): routing, gate/up rows with the activation, down
-// rows and combine, for up to kMoeDecodeMaxSlots slots on distinct experts.
+// The decode-sized MoE layer as one kernel (detail::LaunchMoeDecodeLayer,
+// moe_decode.cuh; behind LaunchMoeDecodeExperts, moe_experts.h): routing,
+// gate/up rows with the activation, down rows and combine, for up to
+// kMoeDecodeMaxSlots slots on distinct experts.
 // At one token a layer streams little (Qwen3-30B-A3B: 75 MB, 18 us at copy
 // speed); as a chain of kernels the routing kernel, each kernel's ramp and
 // tail and the gaps between them cost as much again. Here one persistent
@@ -539,9 +540,9 @@ bool MoeDecodeLayerEnabled() { return g_switch.On(); }
 
 int64_t MoeDecodeLayerLaunches() { return g_launches.load(std::memory_order_relaxed); }
 
+namespace detail {
+
 absl::Status LaunchMoeDecodeLayer(const MoeDecodeArgs& d, cudaStream_t stream) {
-  KPLAN_RETURN_IF_ERROR(ValidateMoeDecodeArgs(d));
-  if (d.num_tokens == 0) return absl::OkStatus();
   if (!Aligned16(d.hidden) || !Aligned16(d.w13) || !Aligned16(d.w2) || !Aligned16(d.h)) {
     return absl::UnavailableError("moe_decode_layer: bulk copies need 16-byte aligned rows");
   }
@@ -551,5 +552,7 @@ absl::Status LaunchMoeDecodeLayer(const MoeDecodeArgs& d, cudaStream_t stream) {
   }
   return bf16 ? Launch<__nv_bfloat16, false>(d, stream) : Launch<__half, false>(d, stream);
 }
+
+}  // namespace detail
 
 }  // namespace kplan::kernels::cuda

@@ -197,11 +197,10 @@ struct MoeDecodeArgs {
 // each slot streams its expert's weights.
 bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,
                       int64_t intermediate);
-// INVALID_ARGUMENT for what neither form can run: a dtype other than bf16 /
-// fp16, bad sizes, more than kMoeDecodeMaxSlots slots, top_k > 8, hidden or
-// intermediate sizes not multiples of 8, a null buffer, an unknown
-// activation, routing parameters the router refuses. Both launchers check it.
-absl::Status ValidateMoeDecodeArgs(const MoeDecodeArgs& args);
+// INVALID_ARGUMENT, with nothing launched, for what neither form can run: a
+// dtype other than bf16 / fp16, bad sizes, more than kMoeDecodeMaxSlots
+// slots, top_k > 8, hidden or intermediate sizes not multiples of 8, a null
+// buffer, an unknown activation, routing parameters the router refuses.
 absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& args, cudaStream_t stream);
 
 // The one-kernel form's switch: kOn / kOff as set (SetMoeDecodeLayerMode),
@@ -210,20 +209,15 @@ absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& args, cudaStream_t stre
 // to the two kernels and on par with them on DeepSeek-V3 at one token
 // (180-185 us against 186-188), but slower on Qwen3-30B-A3B (52.7 against
 // 41.0 us) and Mixtral-8x7B (245 against 180 us); docs/PERF.md, session 9.
-// Where it is on
-// but cannot run (LaunchMoeDecodeLayer's UNAVAILABLE cases) the two kernels
-// run instead.
+// Where it is on but cannot run (no cooperative launch, a grid too large for
+// this context under MPS or green contexts, too little shared memory for
+// the hidden and intermediate rows, output partials and two ring stages,
+// rows not 16-byte aligned for the bulk copies) the two kernels run instead.
 inline constexpr bool kMoeDecodeLayerDefault = false;
 void SetMoeDecodeLayerMode(MoeKernelMode mode);
 bool MoeDecodeLayerEnabled();
 // Successful one-kernel launches, process-wide: lets a test show that it ran.
 int64_t MoeDecodeLayerLaunches();
-// The one-kernel form alone: ValidateMoeDecodeArgs's errors; UNAVAILABLE,
-// with nothing launched, where the device has no cooperative launch, the
-// grid does not fit this context (MPS, green contexts), its shared memory
-// cannot hold the layer's hidden and intermediate rows, output partials and
-// two ring stages, or a row is not 16-byte aligned for the bulk copies.
-absl::Status LaunchMoeDecodeLayer(const MoeDecodeArgs& args, cudaStream_t stream);
 
 // apply_router_weight_on_input (top_k == 1): out[m, h] = round(a[m, h] ·
 // round(w[m])), as moe::RunExperts scales the input rows.
