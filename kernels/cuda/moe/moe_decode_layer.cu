@@ -109,13 +109,10 @@ struct Params {
   T* h;  // [numel, I]
   bool combine;
   T* out;
-  // Dynamic shared memory: hidden rows | h (routing scratch before) | y |
-  // the ring of `stages` stages of stage_bytes; byte offsets.
-  uint32_t off_h, off_y, off_ring, stage_bytes;
-  int stages;
-  int chunk_items;  // step 1 items per chunk (stage)
-  int chunk_rows;   // step 3 down rows per chunk (stage)
-  bool trace;       // KPLAN_MOE_DECODE_TRACE: print the phases' cycle stamps
+  // Dynamic shared memory (hidden rows | h, the routing scratch before it |
+  // y | the ring), the ring's stages and chunks (moe_decode_layer_plan.h).
+  detail::DecodeLayerPlan plan;
+  bool trace;  // KPLAN_MOE_DECODE_TRACE: print the phases' cycle stamps
 };
 
 struct SmallSmem {
@@ -142,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ SmallSmem sm;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int k = a.top_k, S = a.stages;
+  const int k = a.top_k, S = a.plan.stages;
   const int64_t M = a.M, H = a.H, I = a.I, numel = M * k;
   const int R = a.combine ? k : 1;  // down rows per output column
   const int64_t owners = a.combine ? M : numel;
@@ -155,11 +152,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     return static_cast<uint32_t>(__cvta_generic_to_shared(&sm.empty[st]));
   };
   const T* xs = reinterpret_cast<const T*>(smem);
-  T* hs = reinterpret_cast<T*>(smem + a.off_h);
-  float* ys = reinterpret_cast<float*>(smem + a.off_y);
+  T* hs = reinterpret_cast<T*>(smem + a.plan.off_h);
+  float* ys = reinterpret_cast<float*>(smem + a.plan.off_y);
   auto stage_rows = [&](int st) {
-    return reinterpret_cast<const T*>(smem + a.off_ring +
-                                      static_cast<uint32_t>(st) * a.stage_bytes);
+    return reinterpret_cast<const T*>(smem + a.plan.off_ring +
+                                      static_cast<uint32_t>(st) * a.plan.stage_bytes);
   };
 
   // Inputs a previous kernel wrote are read only after this (pdl.cuh).
@@ -179,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // 0. Routing: every CTA computes the same picks.
   if (a.logits != nullptr) {
-    float* scratch = reinterpret_cast<float*>(smem + a.off_h) + warp * a.route.E;
+    float* scratch = reinterpret_cast<float*>(smem + a.plan.off_h) + warp * a.route.E;
     for (int64_t m = warp; m < M; m += kThreads / 32) {
       float w;
       int id;
@@ -224,14 +221,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       return st;
     };
     for (int64_t item = i0; item < i1; ++c) {
-      const detail::DecodeUpChunk ch = detail::DecodeUpChunkAt(item, i1, I, a.chunk_items);
+      const detail::DecodeUpChunk ch = detail::DecodeUpChunkAt(item, i1, I, a.plan.chunk_items);
       item += ch.count;
       const int st = acquire(c);
       if (lane == 0) {
         const int e = sm.local[ch.slot];
         const uint32_t row_bytes = static_cast<uint32_t>(H * sizeof(T));
         const uint32_t part = ch.count * row_bytes;  // one run of rows
-        const uint32_t dst = smem_base + a.off_ring + st * a.stage_bytes;
+        const uint32_t dst = smem_base + a.plan.off_ring + st * a.plan.stage_bytes;
         const T* we = a.w13 + static_cast<int64_t>(e) * N13 * H;
         if (e < 0) {
           detail::MbarArriveExpectTx(full(st), 0);
@@ -253,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     bool synced = false;
     for (int64_t r = 0; r < rows; ++c) {
       const detail::DecodeDownChunk ch =
-          detail::DecodeDownChunkAt(sm.seg, sm.nseg, r, a.chunk_rows);
+          detail::DecodeDownChunkAt(sm.seg, sm.nseg, r, a.plan.chunk_rows);
       r += ch.count;
       if (!synced && c >= p1 + S) {  // the stage's last use is step 3's
         cg::this_grid().sync();
@@ -266,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t bytes = e < 0 ? 0u : static_cast<uint32_t>(ch.count * I * sizeof(T));
         detail::MbarArriveExpectTx(full(st), bytes);
         if (e >= 0) {
-          detail::BulkLoad(smem_base + a.off_ring + st * a.stage_bytes,
+          detail::BulkLoad(smem_base + a.plan.off_ring + st * a.plan.stage_bytes,
                            a.w2 + (static_cast<int64_t>(e) * H + ch.n) * I, bytes, full(st));
         }
       }
@@ -287,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   stamp[2] = clock64();
   int64_t c = 0;
   for (int64_t item = i0; item < i1; ++c) {
-    const detail::DecodeUpChunk ch = detail::DecodeUpChunkAt(item, i1, I, a.chunk_items);
+    const detail::DecodeUpChunk ch = detail::DecodeUpChunkAt(item, i1, I, a.plan.chunk_items);
     const int64_t first = item;
     item += ch.count;
     if ((c % S) % kConsumerWarps != warp) continue;
@@ -343,7 +340,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");  // consumers only
   stamp[5] = clock64();
   for (int64_t r = 0; r < rows; ++c) {
-    const detail::DecodeDownChunk ch = detail::DecodeDownChunkAt(sm.seg, sm.nseg, r, a.chunk_rows);
+    const detail::DecodeDownChunk ch =
+        detail::DecodeDownChunkAt(sm.seg, sm.nseg, r, a.plan.chunk_rows);
     r += ch.count;
     if ((c % S) % kConsumerWarps != warp) continue;
     const int st = static_cast<int>(c % S);
@@ -499,13 +497,7 @@ absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
   p.h = static_cast<T*>(d.h);
   p.combine = d.combine;
   p.out = static_cast<T*>(d.out);
-  p.off_h = plan->off_h;
-  p.off_y = plan->off_y;
-  p.off_ring = plan->off_ring;
-  p.stage_bytes = plan->stage_bytes;
-  p.stages = plan->stages;
-  p.chunk_items = plan->chunk_items;
-  p.chunk_rows = plan->chunk_rows;
+  p.plan = *plan;
   p.trace = knobs.trace != 0;
 
   cudaLaunchConfig_t cfg = {};
