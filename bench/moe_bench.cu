@@ -482,6 +482,12 @@ bool CheckQuantRow(const ShapeDef& sh, const kplan::ExpertSet& set, int64_t M, c
   return ok;
 }
 
+// Whether a layer row runs the bf16 decode layer (no grouped GEMM): bf16
+// weights, --decode on and a decode-sized batch (MoeDecodeApplies).
+bool DecodeSized(const ShapeDef& sh, int64_t M, const Args& args, bool quantised) {
+  return !quantised && args.decode && kc::MoeDecodeApplies(M, sh.k, sh.E, sh.H, sh.I);
+}
+
 // `set`: the host copy of quantised experts (checked against the CPU
 // reference); null for bf16 rows (checked against RunMoeOnGpu).
 Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::ExpertSet* set,
@@ -543,7 +549,7 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
   CHECK_CUDA(cudaStreamSynchronize(stream));
   if (kc::MoeDecodeLayerLaunches() > one_kernel_before) {
     row.decode = 1;
-  } else if (set == nullptr && args.decode && kc::MoeDecodeApplies(M, k, E, H, I)) {
+  } else if (DecodeSized(sh, M, args, set != nullptr)) {
     row.decode = 2;
   }
   cudaGraph_t graph;
@@ -1056,8 +1062,7 @@ int main(int argc, char** argv) {
                                                         : kc::MoeQuantRouteMode::kAuto);
           // Decode-sized bf16 rows run no grouped GEMM: one row per decode
           // form; the others one per GEMM kernel.
-          const bool decode_sized =
-              quant == "bf16" && args.decode && kc::MoeDecodeApplies(M, sh->k, sh->E, sh->H, sh->I);
+          const bool decode_sized = DecodeSized(*sh, M, args, quant != "bf16");
           // (Other rows leave the decode form to the environment: the int
           // dequant route's small calls decode too.)
           const std::vector<bool> one = {args.ws.front()}, one_fused = {args.fused.front()};
