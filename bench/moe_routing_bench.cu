@@ -1,23 +1,23 @@
-// The MoE routing kernel alone (kernels/cuda/moe/moe_ops.h, LaunchMoeRouting)
-// with each of its top-k forms (SetMoeRoutingTopKMode: the butterfly of
-// WarpTopK, the redux.sync maxima of WarpTopKRedux). At one token the
-// routing warp sits on the decode layer's critical path (docs/PERF.md,
-// session 9: 11-14 us of one Qwen3-30B-A3B token's 41-52 us).
+// The MoE routing kernel alone (kernels/cuda/moe/moe_ops.h, LaunchMoeRouting).
+// At one token the routing warp sits on the decode layer's critical path
+// (docs/PERF.md, sessions 9 and 10).
 //
 // Per routing (method, E, k) and token count M: random logits (never zero)
-// in a pool of --sets device buffers; first both forms run on set 0 and
-// their ids and weights must be equal bit for bit (else the row fails); then
-// per form one CUDA graph of --sets launches (set s in launch s), replayed
-// in event-timed batches (MedianMs, bench_check.h) after a warm-up: the
-// median microseconds per launch. The table and --json FILE give both forms
-// side by side.
+// in a pool of --sets device buffers; first set 0 is routed and checked
+// against the CPU reference (moe::RouteTokens): rows whose ids differ are
+// counted (a near-tie of fp32 scores may flip one; moe_gpu_test explains
+// each), and the weights of the other rows must agree within 1e-5 relative
+// (else the row fails). Then one CUDA graph of --sets launches (set s in
+// launch s) is replayed in event-timed batches (MedianMs, bench_check.h)
+// after a warm-up: the median microseconds per launch. --json FILE writes
+// the table's rows.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -30,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_check.h"
+#include "kernels/cpu/moe/moe_reference.h"
 #include "kernels/cuda/moe/moe_ops.h"
 
 ABSL_FLAG(std::string, tokens, "1,8,64,4096", "Comma-separated token counts M");
@@ -62,22 +63,25 @@ const Routing kRoutings[] = {
 struct Row {
   std::string routing;
   int64_t tokens = 0;
-  bool same = false;
-  double us[2] = {0, 0};  // butterfly, redux
+  int64_t id_rows_differ = 0;
+  double max_w_err = 0;  // relative, over rows with the same ids
+  double us = 0;
+  bool ok() const { return max_w_err <= 1e-5; }
 };
 
 Row RunRow(const Routing& r, int64_t M, int sets, int samples, cudaStream_t stream) {
   Row row;
   row.routing = r.name;
   row.tokens = M;
-  kc::MoeRoutingParams p;
-  p.num_experts = r.E;
-  p.top_k = r.k;
-  p.method = r.method;
-  p.scoring = r.scoring;
-  p.renormalize = true;
-  p.num_expert_group = r.groups;
-  p.topk_group = r.topk_group;
+  kplan::moe::RoutingSpec spec;
+  spec.num_experts = r.E;
+  spec.top_k = r.k;
+  spec.method = r.method;
+  spec.scoring = r.scoring;
+  spec.renormalize = true;
+  spec.num_expert_group = r.groups;
+  spec.topk_group = r.topk_group;
+  kc::MoeRoutingParams p = kc::MoeRoutingParamsOf(spec);
   std::mt19937 rng(static_cast<unsigned>(M * 7919 + r.E));
   std::normal_distribution<float> normal(0.0f, 2.0f);
   std::vector<float> host(M * r.E), bias(r.E);
@@ -86,8 +90,10 @@ Row RunRow(const Routing& r, int64_t M, int sets, int samples, cudaStream_t stre
   CHECK_CUDA(cudaMemcpy(d_bias.p, bias.data(), r.E * 4, cudaMemcpyHostToDevice));
   if (r.method == RoutingMethod::kGroupedTopK) {
     p.e_score_correction_bias = static_cast<const float*>(d_bias.p);
+    spec.e_score_correction_bias = bias.data();
   }
   CHECK_OK(kc::ValidateMoeRoutingParams(p));
+  std::vector<float> first;  // set 0's logits
   std::vector<std::unique_ptr<DevBuf>> logits;
   for (int s = 0; s < sets; ++s) {
     for (float& x : host) {
@@ -95,6 +101,7 @@ Row RunRow(const Routing& r, int64_t M, int sets, int samples, cudaStream_t stre
         x = normal(rng);
       } while (x == 0.0f);
     }
+    if (s == 0) first = host;
     logits.push_back(std::make_unique<DevBuf>(M * r.E * 4));
     CHECK_CUDA(cudaMemcpy(logits.back()->p, host.data(), M * r.E * 4, cudaMemcpyHostToDevice));
   }
@@ -103,35 +110,36 @@ Row RunRow(const Routing& r, int64_t M, int sets, int samples, cudaStream_t stre
                                   static_cast<float*>(d_w.p), static_cast<int32_t*>(d_ids.p),
                                   stream));
   };
-  // Both forms on set 0, bit for bit.
-  std::vector<float> w[2];
-  std::vector<int32_t> ids[2];
-  for (int form = 0; form < 2; ++form) {
-    kc::SetMoeRoutingTopKMode(form ? kc::MoeKernelMode::kOn : kc::MoeKernelMode::kOff);
-    CHECK_CUDA(cudaMemsetAsync(d_w.p, 0xff, M * r.k * 4, stream));
-    CHECK_CUDA(cudaMemsetAsync(d_ids.p, 0xff, M * r.k * 4, stream));
-    launch(0);
-    CHECK_CUDA(cudaStreamSynchronize(stream));
-    w[form].resize(M * r.k);
-    ids[form].resize(M * r.k);
-    CHECK_CUDA(cudaMemcpy(w[form].data(), d_w.p, M * r.k * 4, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(ids[form].data(), d_ids.p, M * r.k * 4, cudaMemcpyDeviceToHost));
+  // Set 0 against the CPU reference.
+  CHECK_CUDA(cudaMemsetAsync(d_w.p, 0xff, M * r.k * 4, stream));
+  CHECK_CUDA(cudaMemsetAsync(d_ids.p, 0xff, M * r.k * 4, stream));
+  launch(0);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<float> w(M * r.k), cw(M * r.k);
+  std::vector<int32_t> ids(M * r.k), cids(M * r.k);
+  CHECK_CUDA(cudaMemcpy(w.data(), d_w.p, M * r.k * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(ids.data(), d_ids.p, M * r.k * 4, cudaMemcpyDeviceToHost));
+  CHECK_OK(kplan::moe::RouteTokens(spec, first.data(), M, cw.data(), cids.data()));
+  for (int64_t t = 0; t < M; ++t) {
+    if (!std::equal(&ids[t * r.k], &ids[(t + 1) * r.k], &cids[t * r.k])) {
+      ++row.id_rows_differ;
+      continue;
+    }
+    for (int j = 0; j < r.k; ++j) {
+      const double c = cw[t * r.k + j], g = w[t * r.k + j];
+      row.max_w_err = std::max(row.max_w_err, std::fabs(g - c) / std::max(std::fabs(c), 1e-30));
+    }
   }
-  row.same = ids[0] == ids[1] && std::memcmp(w[0].data(), w[1].data(), M * r.k * 4) == 0;
-  for (int form = 0; form < 2; ++form) {
-    kc::SetMoeRoutingTopKMode(form ? kc::MoeKernelMode::kOn : kc::MoeKernelMode::kOff);
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-    for (int s = 0; s < sets; ++s) launch(s);
-    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    row.us[form] = 1e3 / sets *
-                   MedianMs([&] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); }, samples, 4, stream);
-    CHECK_CUDA(cudaGraphExecDestroy(exec));
-    CHECK_CUDA(cudaGraphDestroy(graph));
-  }
-  kc::SetMoeRoutingTopKMode(kc::MoeKernelMode::kFromEnv);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int s = 0; s < sets; ++s) launch(s);
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  row.us =
+      1e3 / sets * MedianMs([&] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); }, samples, 4, stream);
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
   return row;
 }
 
@@ -139,7 +147,7 @@ Row RunRow(const Routing& r, int64_t M, int sets, int samples, cudaStream_t stre
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "The MoE routing kernel's two top-k forms, checked equal, then timed in CUDA graphs.\n"
+      "The MoE routing kernel, checked against the CPU reference, then timed in CUDA graphs.\n"
       "usage: moe_routing_bench [--tokens 1,8,64,4096] [--sets 16] [--samples 100] "
       "[--json FILE]");
   absl::ParseCommandLine(argc, argv);
@@ -184,15 +192,14 @@ int main(int argc, char** argv) {
   for (const Routing& r : kRoutings) {
     for (int64_t M : tokens) rows.push_back(RunRow(r, M, sets, samples, stream));
   }
-  std::printf("\nrouting kernel, us per launch (median of graph replays), both top-k forms\n");
-  std::printf("%-24s %6s %12s %10s %8s  %s\n", "routing", "tokens", "butterfly", "redux", "ratio",
-              "check");
+  std::printf("\nrouting kernel, us per launch (median of graph replays)\n");
+  std::printf("%-24s %6s %10s  %s\n", "routing", "tokens", "us", "check against the CPU");
   bool ok = true;
   for (const Row& r : rows) {
-    std::printf("%-24s %6lld %12.2f %10.2f %7.2fx  %s\n", r.routing.c_str(),
-                static_cast<long long>(r.tokens), r.us[0], r.us[1], r.us[0] / r.us[1],
-                r.same ? "bit-identical" : "DIFFER");
-    ok = ok && r.same;
+    std::printf("%-24s %6lld %10.2f  %s: max w err %.1e, %lld rows with other ids\n",
+                r.routing.c_str(), static_cast<long long>(r.tokens), r.us, r.ok() ? "ok" : "FAIL",
+                r.max_w_err, static_cast<long long>(r.id_rows_differ));
+    ok = ok && r.ok();
   }
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     std::ofstream out(path);
@@ -200,8 +207,9 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       out << (i ? ",\n  " : "\n  ") << "{\"routing\": \"" << r.routing
-          << "\", \"tokens\": " << r.tokens << ", \"butterfly_us\": " << r.us[0]
-          << ", \"redux_us\": " << r.us[1] << ", \"same\": " << (r.same ? "true" : "false") << "}";
+          << "\", \"tokens\": " << r.tokens << ", \"us\": " << r.us
+          << ", \"max_w_err\": " << r.max_w_err << ", \"id_rows_differ\": " << r.id_rows_differ
+          << ", \"ok\": " << (r.ok() ? "true" : "false") << "}";
     }
     out << "\n]}\n";
   }

@@ -17,8 +17,7 @@
 // grouped routing with a correction bias on two tokens, given ids with some
 // out of range, every activation, fp16 and biases. KPLAN_MOE_DECODE_STAGES=2
 // (the ring's most stages) runs the same cases through a ring that wraps
-// around on every chunk; KPLAN_MOE_ROUTING_TOPK=redux with the other top-k
-// form in both. Skips without a device.
+// around on every chunk. Skips without a device.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

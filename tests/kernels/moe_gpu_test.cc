@@ -11,9 +11,8 @@
 //    1e-6 relative, from fp32 rounding of exp/sigmoid/log1p) and their inputs
 //    differ; such rows are counted and their weights not compared. Weights
 //    within 1e-5 relative. Outputs are poisoned before every launch. Every
-//    routing case runs with both top-k forms (SetMoeRoutingTopKMode), and the
-//    two forms must agree bit for bit on rows with NaNs, infinities, signed
-//    zeros and ties, E not a multiple of 32 included.
+//    routing method also runs on rows with NaNs, infinities, signed zeros and
+//    ties, E not a multiple of 32 included.
 //  * Align: random ids, all tokens on one expert, empty experts, skewed,
 //    out-of-range ids, expert_map with half the experts local (default and
 //    ignore_invalid_experts), pad_sorted_ids, numel < E, numel = 0, E = 1024
@@ -333,11 +332,17 @@ std::vector<float> RandomNonZero(size_t n, float sigma) {
   return v;
 }
 
+// A routing case's logits: random, few distinct values (many exact ties,
+// which must go to the lowest index), or random with special values in
+// every other row (infinities, signed zeros, ties, a NaN in every eighth:
+// under softmax such a row scores all-NaN, so the other rows and the sigmoid
+// / raw methods are where the order is tested).
+enum class Inputs { kRandom, kTies, kSpecials };
+
 // Runs and prints one case; returns whether it passed.
-bool RouteCase(const Method& m, int E, int k, int64_t M, bool ties, cudaStream_t stream) {
+bool RouteCase(const Method& m, int E, int k, int64_t M, Inputs inputs, cudaStream_t stream) {
   std::vector<float> logits, bias;
-  if (ties) {
-    // Few distinct values: many exact ties, which must go to the lowest index.
+  if (inputs == Inputs::kTies) {
     static const float kVals[] = {-2.0f, -1.0f, 0.5f, 1.0f, 2.0f};
     std::uniform_int_distribution<int> pick(0, 4);
     logits.resize(M * E);
@@ -348,15 +353,30 @@ bool RouteCase(const Method& m, int E, int k, int64_t M, bool ties, cudaStream_t
     logits = RandomNonZero(M * E, 2.0f);
     bias = RandomNonZero(E, 0.05f);
   }
+  if (inputs == Inputs::kSpecials) {
+    const float inf = std::numeric_limits<float>::infinity();
+    const float specials[] = {inf, -inf, 0.0f, -0.0f, 1.0f, -1.0f, 2.0f, 0.5f};
+    std::uniform_int_distribution<int> pick(0, 99);
+    for (int64_t r = 0; r < M; r += 2) {
+      float* row = &logits[r * E];
+      for (int e = 0; e < E; ++e) {
+        if (pick(Rng()) < 30) row[e] = specials[pick(Rng()) % 8];
+      }
+      if (r % 8 == 0) row[pick(Rng()) % E] = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
   const RouteOutcome o = RunRouting(m, E, k, M, logits, bias, stream);
   const bool ok = o.launched_ok && o.id_mismatch_rows == 0 && o.weight_fail == 0;
   std::printf(
       "route %-26s %-4s E=%3d k=%2d M=%4lld  max_w_rel_err=%.2e  id_mismatch_rows=%lld  "
       "near_tie_rows=%lld  bad_w=%lld  %s%s%s\n",
-      m.name, ties ? "ties" : "rand", E, k, static_cast<long long>(M), o.max_rel_err,
-      static_cast<long long>(o.id_mismatch_rows), static_cast<long long>(o.near_tie_rows),
-      static_cast<long long>(o.weight_fail), ok ? "OK" : "FAIL", o.error.empty() ? "" : "  ",
-      o.error.c_str());
+      m.name,
+      inputs == Inputs::kTies       ? "ties"
+      : inputs == Inputs::kSpecials ? "spec"
+                                    : "rand",
+      E, k, static_cast<long long>(M), o.max_rel_err, static_cast<long long>(o.id_mismatch_rows),
+      static_cast<long long>(o.near_tie_rows), static_cast<long long>(o.weight_fail),
+      ok ? "OK" : "FAIL", o.error.empty() ? "" : "  ", o.error.c_str());
   return ok;
 }
 
@@ -371,40 +391,21 @@ bool ValidCombo(const Method& m, int E, int k) {
   return true;
 }
 
-// The routing top-k form back to the environment's when a test ends, however
-// it ends (a failed ASSERT returns early).
-struct TopKModeReset {
-  ~TopKModeReset() { kc::SetMoeRoutingTopKMode(kc::MoeKernelMode::kFromEnv); }
-};
-
-// Both top-k forms of the routing kernels (moe_ops.h, SetMoeRoutingTopKMode).
-template <typename F>
-void ForEachTopK(F&& body) {
-  const TopKModeReset reset;
-  for (const kc::MoeKernelMode mode : {kc::MoeKernelMode::kOff, kc::MoeKernelMode::kOn}) {
-    kc::SetMoeRoutingTopKMode(mode);
-    std::printf("-- top-k: %s\n", mode == kc::MoeKernelMode::kOn ? "redux" : "butterfly");
-    body();
-  }
-}
-
 TEST_F(MoeGpuTest, RoutingMatchesCpuReference) {
-  ForEachTopK([&] {
-    int cases = 0, failed = 0;
-    for (const Method& m : Methods()) {
-      for (int E : {8, 128, 256}) {
-        for (int k : {1, 2, 8}) {
-          if (!ValidCombo(m, E, k)) continue;
-          for (int64_t M : {1, 7, 4096}) {
-            ++cases;
-            if (!RouteCase(m, E, k, M, false, stream_)) ++failed;
-          }
+  int cases = 0, failed = 0;
+  for (const Method& m : Methods()) {
+    for (int E : {8, 128, 256}) {
+      for (int k : {1, 2, 8}) {
+        if (!ValidCombo(m, E, k)) continue;
+        for (int64_t M : {1, 7, 4096}) {
+          ++cases;
+          if (!RouteCase(m, E, k, M, Inputs::kRandom, stream_)) ++failed;
         }
       }
     }
-    std::printf("routing: %d cases, %d failed\n", cases, failed);
-    EXPECT_EQ(failed, 0);
-  });
+  }
+  std::printf("routing: %d cases, %d failed\n", cases, failed);
+  EXPECT_EQ(failed, 0);
 }
 
 TEST_F(MoeGpuTest, RoutingEdgeShapes) {
@@ -416,102 +417,48 @@ TEST_F(MoeGpuTest, RoutingEdgeShapes) {
   };
   const Shape shapes[] = {{512, 32, 333}, {512, 8, 1000}, {72, 6, 513}, {60, 4, 129},
                           {33, 3, 65},    {1, 1, 17},     {2, 2, 5},    {256, 32, 100}};
-  ForEachTopK([&] {
-    int cases = 0, failed = 0;
-    for (const Method& m : Methods()) {
-      for (const Shape& s : shapes) {
-        if (!ValidCombo(m, s.E, s.k)) continue;
-        ++cases;
-        if (!RouteCase(m, s.E, s.k, s.M, false, stream_)) ++failed;
-      }
+  int cases = 0, failed = 0;
+  for (const Method& m : Methods()) {
+    for (const Shape& s : shapes) {
+      if (!ValidCombo(m, s.E, s.k)) continue;
+      ++cases;
+      if (!RouteCase(m, s.E, s.k, s.M, Inputs::kRandom, stream_)) ++failed;
     }
-    std::printf("routing edge shapes: %d cases, %d failed\n", cases, failed);
-    EXPECT_EQ(failed, 0);
-  });
+  }
+  std::printf("routing edge shapes: %d cases, %d failed\n", cases, failed);
+  EXPECT_EQ(failed, 0);
 }
 
 TEST_F(MoeGpuTest, RoutingExactTiesGoToLowestIndex) {
-  ForEachTopK([&] {
-    int cases = 0, failed = 0;
-    for (const Method& m : Methods()) {
-      for (int E : {8, 128, 256}) {
-        for (int k : {1, 2, 8}) {
-          if (!ValidCombo(m, E, k)) continue;
-          ++cases;
-          if (!RouteCase(m, E, k, 512, true, stream_)) ++failed;
-        }
+  int cases = 0, failed = 0;
+  for (const Method& m : Methods()) {
+    for (int E : {8, 128, 256}) {
+      for (int k : {1, 2, 8}) {
+        if (!ValidCombo(m, E, k)) continue;
+        ++cases;
+        if (!RouteCase(m, E, k, 512, Inputs::kTies, stream_)) ++failed;
       }
     }
-    std::printf("routing ties: %d cases, %d failed\n", cases, failed);
-    EXPECT_EQ(failed, 0);
-  });
+  }
+  std::printf("routing ties: %d cases, %d failed\n", cases, failed);
+  EXPECT_EQ(failed, 0);
 }
 
-// The two top-k forms on the same device inputs, bit for bit (ids and
-// weights). Half the rows carry special values (one NaN in a few of them,
-// infinities, -0 / +0, exact ties), the others are plain: a row with a NaN
-// or an infinity scores all-NaN under softmax, so the plain rows and the
-// sigmoid / raw methods are where the order is tested.
-TEST_F(MoeGpuTest, RoutingTopKFormsAgreeBitForBit) {
-  const TopKModeReset reset;
-  const float inf = std::numeric_limits<float>::infinity();
-  const float specials[] = {inf, -inf, 0.0f, -0.0f, 1.0f, -1.0f, 2.0f, 0.5f};
-  int cases = 0, differ = 0;
+// Rows with special values against the CPU reference (Inputs::kSpecials),
+// E not a multiple of 32 and up to the kernel's maximum included.
+TEST_F(MoeGpuTest, RoutingSpecialValues) {
+  int cases = 0, failed = 0;
   for (const Method& m : Methods()) {
     for (int E : {8, 33, 72, 128, 256, 512}) {
       for (int k : {1, 2, 8, 32}) {
         if (!ValidCombo(m, E, k)) continue;
-        const int64_t M = 257;
-        std::vector<float> logits = RandomNonZero(M * E, 2.0f);
-        std::uniform_int_distribution<int> pick(0, 99);
-        for (int64_t r = 0; r < M; r += 2) {  // even rows: specials and ties
-          float* row = &logits[r * E];
-          for (int e = 0; e < E; ++e) {
-            if (pick(Rng()) < 30) row[e] = specials[pick(Rng()) % 8];
-          }
-          if (r % 8 == 0) row[pick(Rng()) % E] = std::numeric_limits<float>::quiet_NaN();
-        }
-        const std::vector<float> bias = RandomNonZero(E, 0.05f);
-        moe::RoutingSpec spec;
-        spec.num_experts = E;
-        spec.top_k = k;
-        spec.method = m.method;
-        spec.scoring = m.scoring;
-        spec.renormalize = m.renormalize;
-        spec.routed_scaling_factor = m.scale;
-        if (m.grouped) GroupsFor(E, &spec.num_expert_group, &spec.topk_group);
-        kc::MoeRoutingParams p = kc::MoeRoutingParamsOf(spec);
-        DevBuf<float> d_logits(M * E), d_bias(E), d_w(M * k);
-        DevBuf<int32_t> d_ids(M * k);
-        CUDA_OK(d_logits.Upload(logits));
-        CUDA_OK(d_bias.Upload(bias));
-        p.e_score_correction_bias = m.bias ? d_bias.get() : nullptr;
-        std::vector<float> w[2];
-        std::vector<int32_t> ids[2];
-        for (int form = 0; form < 2; ++form) {
-          kc::SetMoeRoutingTopKMode(form ? kc::MoeKernelMode::kOn : kc::MoeKernelMode::kOff);
-          CUDA_OK(d_w.Poison(kPoisonByte));
-          CUDA_OK(d_ids.Poison(kPoisonByte));
-          CUDA_OK(cudaDeviceSynchronize());
-          const absl::Status st =
-              kc::LaunchMoeRouting(p, d_logits.get(), M, d_w.get(), d_ids.get(), stream_);
-          ASSERT_TRUE(st.ok()) << st;
-          CUDA_OK(cudaStreamSynchronize(stream_));
-          CUDA_OK(d_w.Download(&w[form]));
-          CUDA_OK(d_ids.Download(&ids[form]));
-        }
         ++cases;
-        const bool same =
-            ids[0] == ids[1] && std::memcmp(w[0].data(), w[1].data(), w[0].size() * 4) == 0;
-        if (!same) {
-          ++differ;
-          std::printf("top-k forms differ: %s E=%d k=%d\n", m.name, E, k);
-        }
+        if (!RouteCase(m, E, k, 257, Inputs::kSpecials, stream_)) ++failed;
       }
     }
   }
-  std::printf("routing top-k forms: %d cases, %d differ\n", cases, differ);
-  EXPECT_EQ(differ, 0);
+  std::printf("routing special values: %d cases, %d failed\n", cases, failed);
+  EXPECT_EQ(failed, 0);
 }
 
 TEST(MoeGpuValidationTest, RejectsUnsupportedParams) {

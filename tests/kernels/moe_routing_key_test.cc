@@ -106,7 +106,7 @@ TEST(MoeRoutingKey, NoCandidateKeyIsNone) {
   }
 }
 
-// WarpTopKRedux's lane steps (LaneCandidates, HeadPayload, DropCandidate)
+// WarpTopK's lane steps (LaneCandidates, HeadPayload, DropCandidate)
 // with its two warp maxima emulated over 32 lanes: the picks are the
 // reference's, in its order, each with its expert's payload.
 TEST(MoeRoutingKey, EmulatedWarpPicksAreTheReferences) {

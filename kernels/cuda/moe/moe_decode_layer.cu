@@ -132,8 +132,7 @@ __device__ __forceinline__ uint32_t UseParity(int64_t c, int stages) {
 
 __device__ int g_trace_prints = 0;  // KPLAN_MOE_DECODE_TRACE: lines printed
 
-// kRedux: the routing's top-k form (moe_routing.cuh).
-template <typename T, bool kRedux>
+template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     DecodeLayerKernel(const __grid_constant__ Params<T> a) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -180,8 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int64_t m = warp; m < M; m += kThreads / 32) {
       float w;
       int id;
-      detail::routing::RouteTokenWarp<kRedux>(a.route, a.logits + m * a.route.E, scratch, lane, w,
-                                              id);
+      detail::routing::RouteTokenWarp(a.route, a.logits + m * a.route.E, scratch, lane, w, id);
       if (lane < k) {
         sm.ids[m * k + lane] = id;
         sm.weights[m * k + lane] = w;
@@ -424,7 +422,7 @@ struct LaunchFacts {
   int dynamic_smem = 0;
 };
 
-template <typename T, bool kRedux>
+template <typename T>
 absl::StatusOr<LaunchFacts> FactsFor(int device) {
   static std::mutex mu;
   static LaunchFacts facts[64];
@@ -437,22 +435,22 @@ absl::StatusOr<LaunchFacts> FactsFor(int device) {
   KPLAN_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes fa;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&fa, DecodeLayerKernel<T, kRedux>));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&fa, DecodeLayerKernel<T>));
   const int dynamic = optin - static_cast<int>(fa.sharedSizeBytes);
   KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      DecodeLayerKernel<T, kRedux>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+      DecodeLayerKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
   facts[device] = LaunchFacts{coop != 0, dynamic};
   known[device] = true;
   return facts[device];
 }
 
-template <typename T, bool kRedux>
+template <typename T>
 absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
   int device = 0;
   KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   KPLAN_ASSIGN_OR_RETURN(const int sms, MultiprocessorCount(device));
   const Knobs& knobs = KnobsFromEnv();
-  KPLAN_ASSIGN_OR_RETURN(const LaunchFacts facts, (FactsFor<T, kRedux>(device)));
+  KPLAN_ASSIGN_OR_RETURN(const LaunchFacts facts, FactsFor<T>(device));
   if (!facts.cooperative) return absl::UnavailableError("moe_decode_layer: no cooperative launch");
 
   detail::DecodeLayerShape shape;
@@ -512,7 +510,7 @@ absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = knobs.pdl != 0 ? 2 : 1;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, DecodeLayerKernel<T, kRedux>, p);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, DecodeLayerKernel<T>, p);
   if (err != cudaSuccess) cudaGetLastError();  // reported here, not by the next launcher
   if (err == cudaErrorCooperativeLaunchTooLarge) {
     // Fewer multiprocessors than the device has are this context's (MPS, green
@@ -539,10 +537,7 @@ absl::Status LaunchMoeDecodeLayer(const MoeDecodeArgs& d, cudaStream_t stream) {
     return absl::UnavailableError("moe_decode_layer: bulk copies need 16-byte aligned rows");
   }
   const bool bf16 = d.dtype == DType::kBFloat16;
-  if (MoeRoutingReduxTopKEnabled()) {
-    return bf16 ? Launch<__nv_bfloat16, true>(d, stream) : Launch<__half, true>(d, stream);
-  }
-  return bf16 ? Launch<__nv_bfloat16, false>(d, stream) : Launch<__half, false>(d, stream);
+  return bf16 ? Launch<__nv_bfloat16>(d, stream) : Launch<__half>(d, stream);
 }
 
 }  // namespace detail

@@ -53,16 +53,6 @@ inline constexpr int kMoeAlignMaxExperts = 1024;
 // caller sets it once the bias is uploaded).
 MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& routing);
 
-// The routing kernels' top-k (moe_routing.cuh): WarpTopKRedux, one 64-bit key
-// per candidate and two redux.sync maxima per pick, where on; else WarpTopK,
-// a butterfly of (value, index, payload) per pick. The same picks and
-// payloads either way. kOn / kOff as set (SetMoeRoutingTopKMode), or with
-// kFromEnv on where KPLAN_MOE_ROUTING_TOPK=redux; off by default until it is
-// measured on a GPU (docs/PERF.md, session 9). Read when a launch is
-// enqueued, so a CUDA graph keeps the choice it was captured with.
-void SetMoeRoutingTopKMode(MoeKernelMode mode);
-bool MoeRoutingReduxTopKEnabled();
-
 // INVALID_ARGUMENT naming the field ("routing.top_k", ...), the checks of
 // moe::ValidateRoutingSpec plus this kernel's limits.
 absl::Status ValidateMoeRoutingParams(const MoeRoutingParams& p);

@@ -1,11 +1,8 @@
 // MoE router: fp32 logits [M, E] -> topk_weights fp32 [M, k], topk_ids int32
 // [M, k], one warp per token (moe_routing.cuh), 4 warps per block.
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
-#include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_routing.cuh"
 #include "kernels/cuda/moe/pdl.cuh"
@@ -24,7 +21,6 @@ struct RoutingArgs {
   detail::routing::RouteParams p;
 };
 
-template <bool kRedux>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingArgs a) {
   __shared__ float s_choice[kWarpsPerBlock][kMoeRoutingMaxExperts];
   detail::PdlWaitThenRelease();
@@ -33,28 +29,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingA
   if (token >= a.num_tokens) return;  // whole warp: no block barrier below
   float w;
   int id;
-  detail::routing::RouteTokenWarp<kRedux>(a.p, a.logits + token * a.p.E, s_choice[warp], lane, w,
-                                          id);
+  detail::routing::RouteTokenWarp(a.p, a.logits + token * a.p.E, s_choice[warp], lane, w, id);
   if (lane < a.p.k) {
     a.weights[token * a.p.k + lane] = w;
     a.ids[token * a.p.k + lane] = id;
   }
 }
 
-detail::KernelSwitch g_redux_topk([] {
-  const char* v = std::getenv("KPLAN_MOE_ROUTING_TOPK");
-  return v != nullptr && std::strcmp(v, "redux") == 0;
-});
-
 absl::Status Invalid(const char* field, const std::string& what) {
   return absl::InvalidArgumentError(std::string(field) + ": " + what);
 }
 
 }  // namespace
-
-void SetMoeRoutingTopKMode(MoeKernelMode mode) { g_redux_topk.Set(mode); }
-
-bool MoeRoutingReduxTopKEnabled() { return g_redux_topk.On(); }
 
 MoeRoutingParams MoeRoutingParamsOf(const moe::RoutingSpec& r) {
   MoeRoutingParams rp;
@@ -137,9 +123,9 @@ absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits, in
   a.weights = topk_weights;
   a.ids = topk_ids;
   a.p = detail::routing::RouteParamsOf(p);
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
-      MoeRoutingReduxTopKEnabled() ? MoeRoutingKernel<true> : MoeRoutingKernel<false>,
-      dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32), 0, stream, a));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(MoeRoutingKernel,
+                                               dim3(static_cast<unsigned>(blocks)),
+                                               dim3(kWarpsPerBlock * 32), 0, stream, a));
   return absl::OkStatus();
 }
 

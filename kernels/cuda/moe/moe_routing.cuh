@@ -7,14 +7,13 @@
 //
 // Lane l holds experts l, l+32, ... (up to 16 per lane, E <= 512) in
 // registers, indexed by unrolled constants only; every method is a run-time
-// switch (no templates). Top-k is k rounds of a warp arg-max over
-// (key, index) under the reference's order (NaN largest, then larger value,
-// then lower index), a total order, so every lane of the butterfly agrees
-// and ties go to the lowest index; the selected expert's weight rides along
-// as a payload. Each lane caches its own best candidate and only the lane
-// that lost its best rescans. WarpTopKRedux makes the same picks with one
-// 64-bit key per candidate (moe_routing_key.h) and two redux.sync maxima per
-// pick; SetMoeRoutingTopKMode (moe_ops.h) chooses. Grouped top-k stages the biased scores in
+// switch (no templates). Top-k (WarpTopK) is k picks under the reference's
+// order (NaN largest, then larger value, then lower index), a total order,
+// so ties go to the lowest index: each candidate is one 64-bit key
+// (moe_routing_key.h) and each pick two redux.sync maxima; the selected
+// expert's weight rides along as a payload. (It replaced a butterfly arg-max
+// of (value, index, payload) per pick: the same picks bit for bit, 1.2-4.6x
+// faster; docs/PERF.md, session 10.) Grouped top-k stages the biased scores in
 // shared memory so that one lane per group computes the group score
 // sequentially, exactly as the reference does. Sums (softmax denominators,
 // renormalisation) are warp reductions: the order differs from the CPU loop,
@@ -83,54 +82,13 @@ __device__ __forceinline__ float SqrtSoftplus(float x) {
   return sqrtf(x > 20.0f ? x : log1pf(expf(x)));
 }
 
-// Best not-yet-taken candidate of this lane.
-__device__ __forceinline__ void LaneBest(const float (&key)[kPerLane], const float (&pay)[kPerLane],
-                                         unsigned taken, int E, int lane, float& bv, int& bi,
-                                         float& bp) {
-  bv = 0.0f;
-  bi = -1;
-  bp = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kPerLane; ++s) {
-    const int e = lane + 32 * s;
-    if (e < E && !((taken >> s) & 1u) && Before(key[s], e, bv, bi)) {
-      bv = key[s];
-      bi = e;
-      bp = pay[s];
-    }
-  }
-}
-
-// k rounds of warp arg-max; lane j < k gets the j-th pick (id, payload).
+// k picks by integer maxima; lane j < k gets the j-th pick (id, payload).
+// Each candidate is one 64-bit key (moe_routing_key.h); per pick one
+// redux.sync max over the lanes' best keys' high words, one over the low
+// words of the lanes that hold that maximum (the lowest index), the payload
+// from the winning lane, which then drops its candidate.
 __device__ __forceinline__ void WarpTopK(const float (&key)[kPerLane], const float (&pay)[kPerLane],
                                          int E, int k, int lane, int& my_id, float& my_pay) {
-  unsigned taken = 0;
-  float lv, lp;
-  int li;
-  LaneBest(key, pay, taken, E, lane, lv, li, lp);
-  for (int j = 0; j < k; ++j) {
-    float v = lv, p = lp;
-    int i = li;
-    WarpBest(v, i, p);
-    if (lane == j) {
-      my_id = i;
-      my_pay = p;
-    }
-    if (i >= 0 && (i & 31) == lane) {
-      taken |= 1u << (i >> 5);
-      LaneBest(key, pay, taken, E, lane, lv, li, lp);
-    }
-  }
-}
-
-// WarpTopK's picks by integer maxima: each candidate one 64-bit key
-// (moe_routing_key.h, the same order); per pick one redux.sync max over the
-// lanes' best keys' high words, one over the low words of the lanes that
-// hold that maximum (the lowest index), the payload from the winning lane,
-// which then drops its candidate. Same picks, same payloads.
-__device__ __forceinline__ void WarpTopKRedux(const float (&key)[kPerLane],
-                                              const float (&pay)[kPerLane], int E, int k, int lane,
-                                              int& my_id, float& my_pay) {
   uint64_t ck[kPerLane];
   uint64_t head = LaneCandidates(key, E, lane, ck);
   for (int j = 0; j < k; ++j) {
@@ -147,9 +105,6 @@ __device__ __forceinline__ void WarpTopKRedux(const float (&key)[kPerLane],
   }
 }
 
-// kRedux: the picks by WarpTopKRedux, else by WarpTopK (the same picks;
-// separate instantiations, so each kernel holds one form's code).
-template <bool kRedux>
 __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float* g,
                                                float* s_choice, int lane, float& w, int& id) {
   const int E = a.E, k = a.k;
@@ -246,11 +201,7 @@ __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float
 
   int my_id = 0;
   float my_pay = 0.0f;
-  if constexpr (kRedux) {
-    WarpTopKRedux(key, pay, E, k, lane, my_id, my_pay);
-  } else {
-    WarpTopK(key, pay, E, k, lane, my_id, my_pay);
-  }
+  WarpTopK(key, pay, E, k, lane, my_id, my_pay);
   id = my_id;
 
   const bool mine = lane < k;

@@ -1,6 +1,6 @@
 // The router's candidate order as one unsigned 64-bit key per candidate, and
 // the lane steps of the warp top-k that picks by integer maxima
-// (moe_routing.cuh, WarpTopKRedux). Plain C++ callable from device code, so
+// (moe_routing.cuh, WarpTopK). Plain C++ callable from device code, so
 // that the order and the steps are unit-tested on the CPU against the
 // reference (moe::TopKIndices, tests/kernels/moe_routing_key_test.cc).
 // Internal to kernels/cuda/moe.
@@ -50,7 +50,7 @@ KPLAN_ROUTING_HD inline int KeyIndex(uint32_t low_word) {
 // l, l + 32, ...; kN per lane): its keys and the best of them (its head).
 // The warp's pick is the largest head: the largest high word over the lanes,
 // then the largest low word (the lowest index) among the lanes that hold it.
-// WarpTopKRedux does those two maxima with redux.sync; the test emulates
+// WarpTopK (moe_routing.cuh) does those two maxima with redux.sync; the test emulates
 // them over 32 lanes with these same lane steps.
 template <int kN>
 KPLAN_ROUTING_HD inline uint64_t LaneCandidates(const float (&key)[kN], int E, int lane,
