@@ -21,6 +21,7 @@ struct RoutingArgs {
   detail::routing::RouteParams p;
 };
 
+template <int kN>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingArgs a) {
   __shared__ float s_choice[kWarpsPerBlock][kMoeRoutingMaxExperts];
   detail::PdlWaitThenRelease();
@@ -29,7 +30,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingA
   if (token >= a.num_tokens) return;  // whole warp: no block barrier below
   float w;
   int id;
-  detail::routing::RouteTokenWarp(a.p, a.logits + token * a.p.E, s_choice[warp], lane, w, id);
+  detail::routing::RouteTokenWarp<kN>(a.p, a.logits + token * a.p.E, s_choice[warp], lane, w, id);
   if (lane < a.p.k) {
     a.weights[token * a.p.k + lane] = w;
     a.ids[token * a.p.k + lane] = id;
@@ -123,8 +124,21 @@ absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits, in
   a.weights = topk_weights;
   a.ids = topk_ids;
   a.p = detail::routing::RouteParamsOf(p);
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(MoeRoutingKernel,
-                                               dim3(static_cast<unsigned>(blocks)),
+  void (*kernel)(RoutingArgs) = MoeRoutingKernel<detail::routing::kPerLane>;
+  switch (detail::routing::PerLaneFor(p.num_experts)) {
+    case 1:
+      kernel = MoeRoutingKernel<1>;
+      break;
+    case 4:
+      kernel = MoeRoutingKernel<4>;
+      break;
+    case 8:
+      kernel = MoeRoutingKernel<8>;
+      break;
+    default:
+      break;
+  }
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(kernel, dim3(static_cast<unsigned>(blocks)),
                                                dim3(kWarpsPerBlock * 32), 0, stream, a));
   return absl::OkStatus();
 }

@@ -5,9 +5,9 @@
 // (moe_decode_layer.cu), which routes in every CTA. Internal to
 // kernels/cuda/moe.
 //
-// Lane l holds experts l, l+32, ... (up to 16 per lane, E <= 512) in
+// Lane l holds experts l, l+32, ... (kN per lane, up to 16: E <= 512) in
 // registers, indexed by unrolled constants only; every method is a run-time
-// switch (no templates). Top-k (WarpTopK) is k picks under the reference's
+// switch, the only template parameter kN. Top-k (WarpTopK) is k picks under the reference's
 // order (NaN largest, then larger value, then lower index), a total order,
 // so ties go to the lowest index: each candidate is one 64-bit key
 // (moe_routing_key.h) and each pick two redux.sync maxima; the selected
@@ -30,6 +30,13 @@ namespace kplan::kernels::cuda::detail::routing {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kPerLane = kMoeRoutingMaxExperts / 32;  // 16
+
+// The candidates per lane that a step instantiated for kN holds: E <=
+// 32 * kN. Every loop over a lane's candidates is kN long, so a router of
+// few experts runs the instantiation that fits it (PerLaneFor).
+inline int PerLaneFor(int num_experts) {
+  return num_experts <= 32 ? 1 : num_experts <= 128 ? 4 : num_experts <= 256 ? 8 : kPerLane;
+}
 
 // The routing parameters the device step reads (MoeRoutingParams as ints).
 struct RouteParams {
@@ -87,9 +94,10 @@ __device__ __forceinline__ float SqrtSoftplus(float x) {
 // redux.sync max over the lanes' best keys' high words, one over the low
 // words of the lanes that hold that maximum (the lowest index), the payload
 // from the winning lane, which then drops its candidate.
-__device__ __forceinline__ void WarpTopK(const float (&key)[kPerLane], const float (&pay)[kPerLane],
-                                         int E, int k, int lane, int& my_id, float& my_pay) {
-  uint64_t ck[kPerLane];
+template <int kN>
+__device__ __forceinline__ void WarpTopK(const float (&key)[kN], const float (&pay)[kN], int E,
+                                         int k, int lane, int& my_id, float& my_pay) {
+  uint64_t ck[kN];
   uint64_t head = LaneCandidates(key, E, lane, ck);
   for (int j = 0; j < k; ++j) {
     const uint32_t hi = static_cast<uint32_t>(head >> 32);
@@ -105,13 +113,14 @@ __device__ __forceinline__ void WarpTopK(const float (&key)[kPerLane], const flo
   }
 }
 
+template <int kN>
 __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float* g,
                                                float* s_choice, int lane, float& w, int& id) {
   const int E = a.E, k = a.k;
 
-  float key[kPerLane], pay[kPerLane];
+  float key[kN], pay[kN];
 #pragma unroll
-  for (int s = 0; s < kPerLane; ++s) {
+  for (int s = 0; s < kN; ++s) {
     const int e = lane + 32 * s;
     key[s] = e < E ? g[e] : 0.0f;
   }
@@ -122,42 +131,42 @@ __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float
     if (a.scoring == static_cast<int>(ScoringFunc::kSoftmax)) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int s = 0; s < kPerLane; ++s) {
+      for (int s = 0; s < kN; ++s) {
         if (lane + 32 * s < E) mx = fmaxf(mx, key[s]);
       }
       mx = WarpMax(mx);
       float sum = 0.0f;
 #pragma unroll
-      for (int s = 0; s < kPerLane; ++s) {
+      for (int s = 0; s < kN; ++s) {
         pay[s] = lane + 32 * s < E ? expf(key[s] - mx) : 0.0f;
         sum += pay[s];
       }
       sum = WarpSum(sum);
 #pragma unroll
-      for (int s = 0; s < kPerLane; ++s) pay[s] = pay[s] / sum;
+      for (int s = 0; s < kN; ++s) pay[s] = pay[s] / sum;
     } else if (a.scoring == static_cast<int>(ScoringFunc::kSigmoid)) {
 #pragma unroll
-      for (int s = 0; s < kPerLane; ++s) pay[s] = Sigmoid(key[s]);
+      for (int s = 0; s < kN; ++s) pay[s] = Sigmoid(key[s]);
     } else {
 #pragma unroll
-      for (int s = 0; s < kPerLane; ++s) pay[s] = SqrtSoftplus(key[s]);
+      for (int s = 0; s < kN; ++s) pay[s] = SqrtSoftplus(key[s]);
     }
     // Selection key: scores (+ bias); payload: unbiased scores.
 #pragma unroll
-    for (int s = 0; s < kPerLane; ++s) {
+    for (int s = 0; s < kN; ++s) {
       const int e = lane + 32 * s;
       key[s] = (a.bias != nullptr && e < E) ? pay[s] + a.bias[e] : pay[s];
     }
   } else {
 #pragma unroll
-    for (int s = 0; s < kPerLane; ++s) pay[s] = key[s];  // raw logits
+    for (int s = 0; s < kN; ++s) pay[s] = key[s];  // raw logits
   }
 
   if (a.method == static_cast<int>(RoutingMethod::kGroupedTopK)) {
     __syncwarp();  // a previous token's reads of s_choice are done
     float* c = s_choice;
 #pragma unroll
-    for (int s = 0; s < kPerLane; ++s) {
+    for (int s = 0; s < kN; ++s) {
       if (lane + 32 * s < E) c[lane + 32 * s] = key[s];
     }
     __syncwarp();
@@ -193,7 +202,7 @@ __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float
       if (i == lane) gi = -1;
     }
 #pragma unroll
-    for (int s = 0; s < kPerLane; ++s) {
+    for (int s = 0; s < kN; ++s) {
       const int e = lane + 32 * s;
       if (e < E && !((keep >> (e / per)) & 1u)) key[s] = -INFINITY;
     }
@@ -201,7 +210,7 @@ __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float
 
   int my_id = 0;
   float my_pay = 0.0f;
-  WarpTopK(key, pay, E, k, lane, my_id, my_pay);
+  WarpTopK<kN>(key, pay, E, k, lane, my_id, my_pay);
   id = my_id;
 
   const bool mine = lane < k;
