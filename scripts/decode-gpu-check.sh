@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Runs on a GPU host over a folder made by scripts/bundle.sh (default .dist)
-# holding moe_gpu_test, moe_decode_gpu_test, moe_routing_bench and
-# moe_bench: the decode-sized layer's checks and A/B rows of docs/PERF.md
-# (session 9) in one device call. Logs go to $OUT (or /tmp/kplan-decode).
-#   1. routing: both top-k forms against the CPU reference and bit for bit
-#      against each other, then timed (moe_routing_bench);
+# holding moe_gpu_test, moe_decode_gpu_test, moe_layer_gpu_test, moe_routing_bench
+# and moe_bench: the decode-sized layer's checks and A/B rows of docs/PERF.md
+# (sessions 9-10) in one device call. Logs go to $OUT (or /tmp/kplan-decode).
+#   1. routing against the CPU reference, then timed (moe_routing_bench);
 #   2. the one-kernel decode layer against the two kernels and the CPU,
-#      with the default ring, a 2-stage one and the redux top-k, and under
-#      compute-sanitizer (memcheck, synccheck) on its small cases;
-#   3. moe_bench at 1 and 2 tokens, both decode forms, each top-k form.
-# The steps' time limits add up to 500 s, inside a device call's 600 s, so
+#      with the default ring and a 2-stage one, and under compute-sanitizer
+#      (memcheck, synccheck) on its small cases;
+#   3. moe_bench at 1 and 2 tokens, both decode forms;
+#   4. the two-kernel form's kernels one by one under ncu (time, DRAM bytes,
+#      L2 hit rate; caches kept between kernels).
+# The steps' time limits add up to 600 s, a device call's limit, so
 # that one hang costs its own step only.
 # usage (here): bash scripts/bundle.sh .dist build/bin/{moe_gpu_test,moe_decode_gpu_test,\
+#                 moe_layer_gpu_test,\
 #                 moe_routing_bench,moe_bench}; strip --strip-debug .dist/bin/* .dist/lib/*
 #        (there): scripts/decode-gpu-check.sh [DIST]
 set -uo pipefail
@@ -31,22 +33,26 @@ step() {  # name seconds command...
     echo "--- $name: FAILED ($?)"
     status=1
   fi
-  grep -E "FAIL|DIFFER|differ:|PASSED|ERROR SUMMARY|^routing|^shape|dec[12]k|bit-identical" \
+  grep -E "FAIL|DIFFER|differ:|failed|PASSED|ERROR SUMMARY|^routing|^shape|dec[12]k|bit-identical|other ids|gpu__time|dram__bytes|lts__t" \
     "$out/$name.log" | grep -vE "^route .* OK$" | tail -n "${TAIL:-20}"
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
-step routing_test 90 "$bin/moe_gpu_test" --gtest_filter='*Routing*'
+step routing_test 60 "$bin/moe_gpu_test" --gtest_filter='*Routing*'
 step routing_bench 40 "$bin/moe_routing_bench" --samples 50 --json "$out/routing_bench.json"
 step decode_test 45 "$bin/moe_decode_gpu_test"
+[ -x "$bin/moe_layer_gpu_test" ] && step layer_test 90 "$bin/moe_layer_gpu_test" \
+  --gtest_filter='-*Mixtral*:*DeepSeekV3*'
 KPLAN_MOE_DECODE_STAGES=2 step decode_test_2stages 45 "$bin/moe_decode_gpu_test"
-KPLAN_MOE_ROUTING_TOPK=redux step decode_test_redux 45 "$bin/moe_decode_gpu_test"
 step memcheck 60 compute-sanitizer --tool memcheck "$bin/moe_decode_gpu_test"
 step synccheck 30 compute-sanitizer --tool synccheck "$bin/moe_decode_gpu_test" \
   --gtest_filter='*InCudaGraph*'
-for topk in butterfly redux; do
-  KPLAN_MOE_ROUTING_TOPK=$topk TAIL=12 step "bench_$topk" 70 "$bin/moe_bench" \
-    --shapes qwen3,deepseek,mixtral --tokens 1,2 --decode_layer both --fused on \
-    --budget_s 0.3 --warmup_s 1 --json "$out/bench_$topk.json"
-done
+TAIL=12 step bench 70 "$bin/moe_bench" --shapes qwen3,deepseek,mixtral --tokens 1,2 \
+  --decode_layer both --fused on --budget_s 0.3 --warmup_s 1 --json "$out/bench.json"
+TAIL=0 step ncu 40 ncu --clock-control none --cache-control none -k 'regex:Decode|Routing' \
+  -s 6 -c 6 --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct \
+  "$bin/moe_bench" --shapes qwen3 --tokens 1 --decode_layer off --budget_s 0.01 --warmup_s 0
+# kernel, metric, value
+awk -F'","' '/Command line profiler metrics/ {sub(/\(.*/, "", $5); sub(/"$/, "", $15); print $5, $13, $15}' \
+  "$out/ncu.log"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
 exit $status

@@ -8,9 +8,9 @@
 //   up    one warp per (slot, intermediate column): the gate and up rows of
 //         the slot's expert against the token's hidden row, the activation,
 //         one element of the slot's intermediate row h;
-//   down  per CTA 16 output columns of one token, each slot's warp the down
-//         rows of its expert against h, four rows at a time; the CTA then sums
-//         each output element's k slot values in slot order (without
+//   down  per CTA 4 * max(1, 8 / k) output columns of one token, each slot's
+//         warp four down rows of its expert against h at once; the CTA then
+//         sums each output element's k slot values in slot order (without
 //         combine, one warp per per-slot element).
 // A warp reads a weight row with 16-byte loads (moe_decode.cuh's Dots), lane
 // i taking vectors i, i + 32, ..., and sums its fp32 products in a fixed
@@ -44,6 +44,9 @@ using detail::decode::Rounded;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+// The up kernel's loads in flight per lane and row (Dots): 2 measured best
+// against 4 and 8 (59 registers, four CTAs per SM; docs/PERF.md, session 10).
+constexpr int kUpBatch = 2;
 
 template <typename T>
 struct UpArgs {
@@ -81,18 +84,16 @@ __global__ void __launch_bounds__(kThreads) DecodeUpKernel(const __grid_constant
     const int64_t rg = a.act == MoeActivation::kSwigluOai ? 2 * n : n;
     const int64_t ru = a.act == MoeActivation::kSwigluOai ? 2 * n + 1 : a.I + n;
     const T* const w[2] = {we + rg * a.H, we + ru * a.H};
-    const T* const x[2] = {xr, xr};
     float d[2];
-    Dots<T, 2>(w, x, a.H, lane, d);
+    Dots<T, 2, kUpBatch>(w, xr, a.H, lane, d);
     if (lane != 0) return;
     const float g = Rounded<T>(d[0], be != nullptr ? be + rg : nullptr);
     const float u = Rounded<T>(d[1], be != nullptr ? be + ru : nullptr);
     v = moe_math::Gated(a.act, a.params, g, u);
   } else {
     const T* const w[1] = {we + n * a.H};
-    const T* const x[1] = {xr};
     float d[1];
-    Dots<T, 1>(w, x, a.H, lane, d);
+    Dots<T, 1, 2 * kUpBatch>(w, xr, a.H, lane, d);
     if (lane != 0) return;
     v = moe_math::Plain(a.act, Rounded<T>(d[0], be != nullptr ? be + n : nullptr));
   }
@@ -120,9 +121,8 @@ __device__ __forceinline__ float SlotDown(const DownArgs<T>& a, int64_t s, int64
   const int e = LocalExpert(a.ids, a.map, a.num_experts, a.num_local, s);
   if (e < 0) return 0.0f;
   const T* const w[1] = {a.w2 + (static_cast<int64_t>(e) * a.H + n) * a.I};
-  const T* const x[1] = {a.h + s * a.I};
   float d[1];
-  Dots<T, 1>(w, x, a.I, lane, d);
+  Dots<T, 1>(w, a.h + s * a.I, a.I, lane, d);
   return Rounded<T>(d[0], a.b2 != nullptr ? a.b2 + static_cast<int64_t>(e) * a.H + n : nullptr);
 }
 
@@ -130,61 +130,55 @@ __device__ __forceinline__ float SlotDown(const DownArgs<T>& a, int64_t s, int64
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     DecodeDownKernel(const __grid_constant__ DownArgs<T> a) {
-  detail::PdlWaitThenRelease();
   const int lane = threadIdx.x & 31;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  detail::PdlWaitThenRelease();
   if (item >= a.M * a.top_k * a.H) return;
   const float v = SlotDown(a, item / a.H, item % a.H, lane);
   if (lane == 0) a.out[item] = FromFloat<T>(v);
 }
 
-// With combine: a CTA computes kCols consecutive output columns of one
-// token with k * G warps (G = max(1, 8 / k)); warp (g, j) computes slot j's
-// values of its kCols / G columns, four rows at a time so that each lane has
-// four weight loads in flight; the first kCols threads then combine each
-// column's k values in slot order.
-constexpr int kCols = 16;
+// With combine: a CTA computes 4 * G consecutive output columns of one token
+// with k * G warps (G = max(1, 8 / k)); warp (g, j) computes slot j's values
+// of its kRows columns in one Dots (its loads in flight together); the first
+// 4 * G threads then combine each column's k values in slot order.
+constexpr int kRows = 4;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     DecodeDownCombineKernel(const __grid_constant__ DownArgs<T> a, int group) {
   detail::PdlWaitThenRelease();
-  __shared__ float y[kCols * 8];  // [column][slot], k <= 8
+  __shared__ float y[kRows * kWarps];  // [column][slot], k * group <= 8
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, k = a.top_k;
-  const int g = warp / k, j = warp % k, per = kCols / group;
-  const int64_t tiles = (a.H + kCols - 1) / kCols;
-  const int64_t m = blockIdx.x / tiles, n0 = (blockIdx.x % tiles) * kCols;
+  const int g = warp / k, j = warp % k, cols = kRows * group;
+  const int64_t tiles = (a.H + cols - 1) / cols;
+  const int64_t m = blockIdx.x / tiles, c0 = (blockIdx.x % tiles) * cols, n0 = c0 + g * kRows;
   const int64_t s = m * k + j;
   const int e = LocalExpert(a.ids, a.map, a.num_experts, a.num_local, s);
-  for (int c = g * per; c < (g + 1) * per; c += 4) {
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (e >= 0) {
-      const T* w[4];
-      const T* x[4];
+  float d[kRows] = {};
+  if (e >= 0) {
+    const T* w[kRows];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        // Rows past the warp's columns or H read a valid row and are dropped.
-        const int64_t n = c + r < (g + 1) * per && n0 + c + r < a.H ? n0 + c + r : n0;
-        w[r] = a.w2 + (static_cast<int64_t>(e) * a.H + n) * a.I;
-        x[r] = a.h + s * a.I;
-      }
-      Dots<T, 4>(w, x, a.I, lane, d);
+    for (int r = 0; r < kRows; ++r) {
+      // Rows past H read a valid row and are dropped.
+      w[r] = a.w2 + (static_cast<int64_t>(e) * a.H + (n0 + r < a.H ? n0 + r : 0)) * a.I;
     }
-    if (lane == 0) {
+    Dots<T, kRows>(w, a.h + s * a.I, a.I, lane, d);
+  }
+  if (lane == 0) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int64_t n = n0 + c + r;
-        if (c + r >= (g + 1) * per || n >= a.H) continue;
-        y[(c + r) * k + j] =
-            e < 0 ? 0.0f
-                  : Rounded<T>(
-                        d[r], a.b2 != nullptr ? a.b2 + static_cast<int64_t>(e) * a.H + n : nullptr);
-      }
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t n = n0 + r;
+      if (n >= a.H) continue;
+      y[(g * kRows + r) * k + j] =
+          e < 0 ? 0.0f
+                : Rounded<T>(d[r],
+                             a.b2 != nullptr ? a.b2 + static_cast<int64_t>(e) * a.H + n : nullptr);
     }
   }
   __syncthreads();
-  const int64_t n = n0 + threadIdx.x;
-  if (threadIdx.x < kCols && n < a.H) {
+  const int64_t n = c0 + threadIdx.x;
+  if (threadIdx.x < cols && n < a.H) {
     float acc = 0.0f;
     for (int jj = 0; jj < k; ++jj) {
       acc = __fadd_rn(acc, __fmul_rn(y[threadIdx.x * k + jj], a.weights[m * k + jj]));
@@ -236,10 +230,9 @@ absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
         DecodeDownKernel<T>, dim3((items + kWarps - 1) / kWarps), dim3(kThreads), 0, stream, down));
     return absl::OkStatus();
   }
-  // k * G <= 8 warps per CTA; G divides kCols.
-  int group = std::max(1, kWarps / d.top_k);
-  while (kCols % group != 0) --group;
-  const int64_t tiles = (d.hidden_size + kCols - 1) / kCols;
+  // k * G <= 8 warps per CTA.
+  const int group = std::max(1, kWarps / d.top_k);
+  const int64_t tiles = (d.hidden_size + kRows * group - 1) / (kRows * group);
   KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(DecodeDownCombineKernel<T>,
                                                dim3(d.num_tokens * tiles),
                                                dim3(32 * d.top_k * group), 0, stream, down, group));

@@ -42,34 +42,46 @@ struct LdgLoad {  // read-only data cache
 struct GenericLoad {  // shared or global memory, through the generic address
   __device__ __forceinline__ int4 operator()(const int4* p) const { return *p; }
 };
-// R dot products of length K (a multiple of 8, 16-byte aligned rows):
-// out[r] = Σ_i w[r][i] · x[r][i], valid in every lane. Lane l takes the
-// vectors l, l + 32, ... and sums their products in fp32 in that order
-// (fmaf, element by element), then the warp sums the lanes in a fixed
+// R dot products of length K (a multiple of 8, 16-byte aligned rows) with
+// one vector x: out[r] = Σ_i w[r][i] · x[i], valid in every lane. Lane l
+// takes the vectors l, l + 32, ... and sums their products in fp32 in that
+// order (fmaf, element by element), then the warp sums the lanes in a fixed
 // butterfly: a row's value does not depend on R, on the loads or on which
-// warp computes it.
-template <typename T, int R, typename WLoad = LdgLoad, typename XLoad = LdgLoad>
-__device__ __forceinline__ void Dots(const T* const (&w)[R], const T* const (&x)[R], int64_t K,
-                                     int lane, float (&out)[R], WLoad wload = {},
-                                     XLoad xload = {}) {
+// warp computes it. The loads go out in batches of kBatch vectors per lane
+// and row, all of a batch before its first product: a short row (Qwen3's
+// down rows are 3 vectors per lane) is one round trip to memory, not one
+// per vector. kBatch 1, for rows in shared memory: a loop unrolled by 4.
+template <typename T, int R, int kBatch = (R == 1 ? 8 : 4), typename WLoad = LdgLoad,
+          typename XLoad = LdgLoad>
+__device__ __forceinline__ void Dots(const T* const (&w)[R], const T* x, int64_t K, int lane,
+                                     float (&out)[R], WLoad wload = {}, XLoad xload = {}) {
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
   const int64_t vecs = K / 8;
-#pragma unroll 4
-  for (int64_t i = lane; i < vecs; i += 32) {
-    int4 a[R], b[R];
+  const int4* x4 = reinterpret_cast<const int4*>(x);
+#pragma unroll(kBatch == 1 ? 4 : 1)
+  for (int64_t base = lane; base < vecs; base += 32 * kBatch) {
+    int4 a[kBatch][R], b[kBatch];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      a[r] = wload(reinterpret_cast<const int4*>(w[r]) + i);
-      b[r] = xload(reinterpret_cast<const int4*>(x[r]) + i);
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = base + 32 * u;
+      if (i < vecs) {
+        b[u] = xload(x4 + i);
+#pragma unroll
+        for (int r = 0; r < R; ++r) a[u][r] = wload(reinterpret_cast<const int4*>(w[r]) + i);
+      }
     }
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const T* ta = reinterpret_cast<const T*>(&a[r]);
-      const T* tb = reinterpret_cast<const T*>(&b[r]);
+    for (int u = 0; u < kBatch; ++u) {
+      if (base + 32 * u >= vecs) break;
+      const T* tb = reinterpret_cast<const T*>(&b[u]);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[r] = fmaf(ToFloat(ta[e]), ToFloat(tb[e]), acc[r]);
+      for (int r = 0; r < R; ++r) {
+        const T* ta = reinterpret_cast<const T*>(&a[u][r]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r] = fmaf(ToFloat(ta[e]), ToFloat(tb[e]), acc[r]);
+      }
     }
   }
 #pragma unroll

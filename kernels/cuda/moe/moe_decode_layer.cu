@@ -179,7 +179,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int64_t m = warp; m < M; m += kThreads / 32) {
       float w;
       int id;
-      detail::routing::RouteTokenWarp(a.route, a.logits + m * a.route.E, scratch, lane, w, id);
+      detail::routing::RouteTokenWarp<detail::routing::kPerLane>(a.route, a.logits + m * a.route.E,
+                                                                 scratch, lane, w, id);
       if (lane < k) {
         sm.ids[m * k + lane] = id;
         sm.weights[m * k + lane] = w;
@@ -298,18 +299,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (e >= 0 && gated) {
         const T* const w[2] = {rows0 + (interleaved ? 2 * p : p) * H,
                                rows0 + (interleaved ? 2 * p + 1 : ch.count + p) * H};
-        const T* const x[2] = {xr, xr};
         float d[2];
-        Dots<T, 2>(w, x, H, lane, d, GenericLoad{}, GenericLoad{});
+        Dots<T, 2, 1>(w, xr, H, lane, d, GenericLoad{}, GenericLoad{});
         const int64_t rg = interleaved ? 2 * n : n, ru = interleaved ? 2 * n + 1 : I + n;
         const float g = Rounded<T>(d[0], be != nullptr ? be + rg : nullptr);
         const float u = Rounded<T>(d[1], be != nullptr ? be + ru : nullptr);
         v = moe_math::Gated(a.act, a.act_params, g, u);
       } else if (e >= 0) {
         const T* const w[1] = {rows0 + p * H};
-        const T* const x[1] = {xr};
         float d[1];
-        Dots<T, 1>(w, x, H, lane, d, GenericLoad{}, GenericLoad{});
+        Dots<T, 1, 1>(w, xr, H, lane, d, GenericLoad{}, GenericLoad{});
         v = moe_math::Plain(a.act, Rounded<T>(d[0], be != nullptr ? be + n : nullptr));
       }
       if (lane == 0) a.h[first + p] = FromFloat<T>(v);
@@ -354,13 +353,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (e >= 0) {
         const T* w[4];
-        const T* x[4];
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           w[t] = rows0 + (q + t < ch.count ? q + t : q) * I;  // past the chunk: dropped
-          x[t] = hr;
         }
-        Dots<T, 4>(w, x, I, lane, d, GenericLoad{}, GenericLoad{});
+        Dots<T, 4, 1>(w, hr, I, lane, d, GenericLoad{}, GenericLoad{});
       }
       if (lane == 0) {
 #pragma unroll
