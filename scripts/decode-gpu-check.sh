@@ -37,8 +37,10 @@ step() {  # name seconds command...
     "$out/$name.log" | grep -vE "^route .* OK$" | tail -n "${TAIL:-20}"
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
-step routing_test 60 "$bin/moe_gpu_test" --gtest_filter='*Routing*'
-step routing_bench 40 "$bin/moe_routing_bench" --samples 50 --json "$out/routing_bench.json"
+if [ -z "${SKIP_ROUTING:-}" ]; then  # SKIP_ROUTING=1: the decode steps only
+  step routing_test 60 "$bin/moe_gpu_test" --gtest_filter='*Routing*'
+  step routing_bench 40 "$bin/moe_routing_bench" --samples 50 --json "$out/routing_bench.json"
+fi
 step decode_test 45 "$bin/moe_decode_gpu_test"
 [ -x "$bin/moe_layer_gpu_test" ] && step layer_test 90 "$bin/moe_layer_gpu_test" \
   --gtest_filter='-*Mixtral*:*DeepSeekV3*'
