@@ -4,10 +4,11 @@
 //
 // Per routing (method, E, k) and token count M: random logits (never zero)
 // in a pool of --sets device buffers; first set 0 is routed and checked
-// against the CPU reference (moe::RouteTokens): rows whose ids differ are
-// counted (a near-tie of fp32 scores may flip one; moe_gpu_test explains
-// each), and the weights of the other rows must agree within 1e-5 relative
-// (else the row fails). Then one CUDA graph of --sets launches (set s in
+// against the CPU reference (moe::RouteTokens): the weights of rows with
+// the same ids must agree within 1e-5 relative (NaN fails), and at most one
+// row in a thousand may have other ids (a near-tie of fp32 scores can flip
+// a pick; moe_gpu_test checks that each such row is one), else the row
+// fails. Then one CUDA graph of --sets launches (set s in
 // launch s) is replayed in event-timed batches (MedianMs, bench_check.h)
 // after a warm-up: the median microseconds per launch. --json FILE writes
 // the table's rows.
@@ -64,9 +65,9 @@ struct Row {
   std::string routing;
   int64_t tokens = 0;
   int64_t id_rows_differ = 0;
-  double max_w_err = 0;  // relative, over rows with the same ids
+  double max_w_err = 0;  // relative, over rows with the same ids (inf: a NaN)
   double us = 0;
-  bool ok() const { return max_w_err <= 1e-5; }
+  bool ok() const { return max_w_err <= 1e-5 && id_rows_differ * 1000 <= tokens; }
 };
 
 Row RunRow(const Routing& r, int64_t M, int sets, int samples, cudaStream_t stream) {
@@ -121,13 +122,15 @@ Row RunRow(const Routing& r, int64_t M, int sets, int samples, cudaStream_t stre
   CHECK_CUDA(cudaMemcpy(ids.data(), d_ids.p, M * r.k * 4, cudaMemcpyDeviceToHost));
   CHECK_OK(kplan::moe::RouteTokens(spec, first.data(), M, cw.data(), cids.data()));
   for (int64_t t = 0; t < M; ++t) {
-    if (!std::equal(&ids[t * r.k], &ids[(t + 1) * r.k], &cids[t * r.k])) {
+    const int32_t* got = ids.data() + t * r.k;
+    if (!std::equal(got, got + r.k, cids.data() + t * r.k)) {
       ++row.id_rows_differ;
       continue;
     }
     for (int j = 0; j < r.k; ++j) {
       const double c = cw[t * r.k + j], g = w[t * r.k + j];
-      row.max_w_err = std::max(row.max_w_err, std::fabs(g - c) / std::max(std::fabs(c), 1e-30));
+      const double err = std::fabs(g - c) / std::max(std::fabs(c), 1e-30);
+      row.max_w_err = std::isnan(err) ? INFINITY : std::max(row.max_w_err, err);
     }
   }
   cudaGraph_t graph;

@@ -15,7 +15,9 @@
 // tokens with a tiny hidden size (a CTA's columns span several tokens), no
 // combine with an expert map (half the experts remote), DeepSeek-style
 // grouped routing with a correction bias on two tokens, given ids with some
-// out of range, every activation, fp16 and biases. KPLAN_MOE_DECODE_STAGES=2
+// out of range, the two-kernel form's down-combine CTA for every top_k from
+// 1 to 8 and with tiles cut short by H, every activation, fp16 and biases.
+// KPLAN_MOE_DECODE_STAGES=2
 // (the ring's most stages) runs the same cases through a ring that wraps
 // around on every chunk. Skips without a device.
 #include <cuda_runtime_api.h>
@@ -424,6 +426,13 @@ TEST(MoeDecodeGpu, OneKernelMatchesTwoKernelsAndCpu) {
     c.logits = false;
     c.bad_ids = true;
     cases.push_back(c);
+  }
+  // The down-combine CTA's shapes: k * G warps, 4 * G columns (G = max(1, 8 / k)), every k
+  // from 1 to 8, and tiles cut by H (k = 1: 32 columns, H = 40; k = 2: 16 columns, H = 24).
+  for (int k : {1, 2, 3, 5, 6, 7}) {
+    const int64_t H = k == 1 ? 40 : k == 2 ? 24 : 8 * (k + 3);
+    cases.push_back({"combine, k = " + std::to_string(k) + ", H = " + std::to_string(H), 16, k, H,
+                     32, k == 3 ? 2 : 1});
   }
   const MoeActivation acts[] = {MoeActivation::kSilu,       MoeActivation::kGelu,
                                 MoeActivation::kGeluTanh,   MoeActivation::kRelu2,

@@ -253,8 +253,11 @@ RouteOutcome RunRouting(const Method& m, int E, int k, int64_t M, const std::vec
     for (int j = 0; j < k; ++j) same = same && gid[r * k + j] == cid[r * k + j];
     if (!same) {
       // Explained only by a near-tie of selection keys of experts with
-      // different inputs (never for raw-logit methods, whose keys are exact).
-      bool explained = scored;
+      // different inputs (never for raw-logit methods, whose keys are exact,
+      // nor on rows with a non-finite logit, whose order is exact too).
+      bool finite = true;
+      for (int e = 0; e < E; ++e) finite = finite && std::isfinite(g[e]);
+      bool explained = scored && finite;
       if (scored) {
         for (int e = 0; e < E; ++e) key[e] = Score(m.scoring, g, E, e) + (m.bias ? bias[e] : 0.f);
         bool tie_found = false;
@@ -296,8 +299,8 @@ RouteOutcome RunRouting(const Method& m, int E, int k, int64_t M, const std::vec
       const float c = cw[r * k + j], gv = gw[r * k + j];
       const double err = std::fabs(static_cast<double>(gv) - c) /
                          std::max(std::fabs(static_cast<double>(c)), 1e-30);
-      if (std::isnan(gv) || std::isnan(c)) {
-        if (std::isnan(gv) != std::isnan(c)) ++out.weight_fail;
+      if (!std::isfinite(gv) || !std::isfinite(c)) {  // NaN for NaN, inf for the same inf
+        if (!(gv == c || (std::isnan(gv) && std::isnan(c)))) ++out.weight_fail;
         continue;
       }
       out.max_rel_err = std::max(out.max_rel_err, err);
@@ -356,13 +359,13 @@ bool RouteCase(const Method& m, int E, int k, int64_t M, Inputs inputs, cudaStre
   if (inputs == Inputs::kSpecials) {
     const float inf = std::numeric_limits<float>::infinity();
     const float specials[] = {inf, -inf, 0.0f, -0.0f, 1.0f, -1.0f, 2.0f, 0.5f};
-    std::uniform_int_distribution<int> pick(0, 99);
+    std::uniform_int_distribution<int> percent(0, 99), special(0, 7), expert(0, E - 1);
     for (int64_t r = 0; r < M; r += 2) {
       float* row = &logits[r * E];
       for (int e = 0; e < E; ++e) {
-        if (pick(Rng()) < 30) row[e] = specials[pick(Rng()) % 8];
+        if (percent(Rng()) < 30) row[e] = specials[special(Rng())];
       }
-      if (r % 8 == 0) row[pick(Rng()) % E] = std::numeric_limits<float>::quiet_NaN();
+      if (r % 8 == 0) row[expert(Rng())] = std::numeric_limits<float>::quiet_NaN();
     }
   }
   const RouteOutcome o = RunRouting(m, E, k, M, logits, bias, stream);
@@ -415,8 +418,10 @@ TEST_F(MoeGpuTest, RoutingEdgeShapes) {
     int E, k;
     int64_t M;
   };
+  // E at and past each candidates-per-lane boundary (32, 128, 256: PerLaneFor).
   const Shape shapes[] = {{512, 32, 333}, {512, 8, 1000}, {72, 6, 513}, {60, 4, 129},
-                          {33, 3, 65},    {1, 1, 17},     {2, 2, 5},    {256, 32, 100}};
+                          {33, 3, 65},    {1, 1, 17},     {2, 2, 5},    {256, 32, 100},
+                          {32, 8, 77},    {160, 8, 129},  {384, 8, 99}, {129, 4, 33}};
   int cases = 0, failed = 0;
   for (const Method& m : Methods()) {
     for (const Shape& s : shapes) {
@@ -449,7 +454,7 @@ TEST_F(MoeGpuTest, RoutingExactTiesGoToLowestIndex) {
 TEST_F(MoeGpuTest, RoutingSpecialValues) {
   int cases = 0, failed = 0;
   for (const Method& m : Methods()) {
-    for (int E : {8, 33, 72, 128, 256, 512}) {
+    for (int E : {8, 32, 33, 72, 128, 160, 256, 384, 512}) {
       for (int k : {1, 2, 8, 32}) {
         if (!ValidCombo(m, E, k)) continue;
         ++cases;

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -109,12 +110,15 @@ TEST(MoeRoutingKey, NoCandidateKeyIsNone) {
 // WarpTopK's lane steps (LaneCandidates, HeadPayload, DropCandidate)
 // with its two warp maxima emulated over 32 lanes: the picks are the
 // reference's, in its order, each with its expert's payload.
-TEST(MoeRoutingKey, EmulatedWarpPicksAreTheReferences) {
-  constexpr int kN = 16;  // candidates per lane (E <= 512)
-  std::mt19937 rng(777);
+// kN: candidates per lane (E <= 32 * kN), each instantiation the routing
+// kernel has (moe_routing.cuh, PerLaneFor).
+template <int kN>
+void ExpectEmulatedWarpPicksAreTheReferences(std::initializer_list<int> sizes) {
+  std::mt19937 rng(777 + kN);
   std::uniform_real_distribution<float> u(-3.0f, 3.0f);
   std::uniform_int_distribution<int> pick(0, 9);
-  for (int E : {1, 8, 33, 72, 128, 256, 512}) {
+  for (int E : sizes) {
+    ASSERT_LE(E, 32 * kN);
     for (int k : {1, 2, 8, 32}) {
       if (k > E) continue;
       for (int rep = 0; rep < 20; ++rep) {
@@ -151,10 +155,29 @@ TEST(MoeRoutingKey, EmulatedWarpPicksAreTheReferences) {
         }
         std::vector<int32_t> ref(k);
         moe::TopKIndices(row.data(), E, k, ref.data());
-        EXPECT_EQ(got, ref) << "E=" << E << " k=" << k << " rep=" << rep;
+        EXPECT_EQ(got, ref) << "kN=" << kN << " E=" << E << " k=" << k << " rep=" << rep;
       }
     }
   }
+}
+
+TEST(MoeRoutingKey, PerLaneForIsTheSmallestInstantiationThatHoldsE) {
+  for (int E = 1; E <= 512; ++E) {
+    const int kn = PerLaneFor(E);
+    EXPECT_LE(E, 32 * kn) << E;
+    for (int smaller : {1, 4, 8}) {
+      if (smaller < kn) {
+        EXPECT_GT(E, 32 * smaller) << E;
+      }
+    }
+  }
+}
+
+TEST(MoeRoutingKey, EmulatedWarpPicksAreTheReferences) {
+  ExpectEmulatedWarpPicksAreTheReferences<1>({1, 8, 31, 32});
+  ExpectEmulatedWarpPicksAreTheReferences<4>({33, 72, 127, 128});
+  ExpectEmulatedWarpPicksAreTheReferences<8>({129, 160, 256});
+  ExpectEmulatedWarpPicksAreTheReferences<16>({257, 384, 512});
 }
 
 }  // namespace

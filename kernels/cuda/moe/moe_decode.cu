@@ -45,7 +45,8 @@ using detail::decode::Rounded;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // The up kernel's loads in flight per lane and row (Dots): 2 measured best
-// against 4 and 8 (59 registers, four CTAs per SM; docs/PERF.md, session 10).
+// against 4 and 8 (docs/PERF.md, session 10); with it the kernel has 62
+// registers (ptxas -v), four CTAs of 256 threads per SM.
 constexpr int kUpBatch = 2;
 
 template <typename T>
@@ -130,9 +131,9 @@ __device__ __forceinline__ float SlotDown(const DownArgs<T>& a, int64_t s, int64
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     DecodeDownKernel(const __grid_constant__ DownArgs<T> a) {
+  detail::PdlWaitThenRelease();
   const int lane = threadIdx.x & 31;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  detail::PdlWaitThenRelease();
   if (item >= a.M * a.top_k * a.H) return;
   const float v = SlotDown(a, item / a.H, item % a.H, lane);
   if (lane == 0) a.out[item] = FromFloat<T>(v);

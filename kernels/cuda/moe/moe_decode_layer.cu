@@ -179,6 +179,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int64_t m = warp; m < M; m += kThreads / 32) {
       float w;
       int id;
+      // kN 16 for every E: one instantiation per dtype of this opt-in kernel,
+      // where the routing kernel has four (moe_routing.cu).
       detail::routing::RouteTokenWarp<detail::routing::kPerLane>(a.route, a.logits + m * a.route.E,
                                                                  scratch, lane, w, id);
       if (lane < k) {

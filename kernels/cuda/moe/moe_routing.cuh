@@ -26,17 +26,14 @@
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_routing_key.h"
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "the routing top-k uses redux.sync: sm_80 or later"
+#endif
+
 namespace kplan::kernels::cuda::detail::routing {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kPerLane = kMoeRoutingMaxExperts / 32;  // 16
-
-// The candidates per lane that a step instantiated for kN holds: E <=
-// 32 * kN. Every loop over a lane's candidates is kN long, so a router of
-// few experts runs the instantiation that fits it (PerLaneFor).
-inline int PerLaneFor(int num_experts) {
-  return num_experts <= 32 ? 1 : num_experts <= 128 ? 4 : num_experts <= 256 ? 8 : kPerLane;
-}
 
 // The routing parameters the device step reads (MoeRoutingParams as ints).
 struct RouteParams {

@@ -46,6 +46,14 @@ KPLAN_ROUTING_HD inline int KeyIndex(uint32_t low_word) {
   return static_cast<int>(0xffffffffu - low_word);
 }
 
+// The candidates per lane of the routing step's instantiation for E experts
+// (moe_routing.cuh: every loop over a lane's candidates is kN long, so a
+// router of few experts runs the smallest kN in {1, 4, 8, 16} with
+// E <= 32 * kN).
+inline int PerLaneFor(int num_experts) {
+  return num_experts <= 32 ? 1 : num_experts <= 128 ? 4 : num_experts <= 256 ? 8 : 16;
+}
+
 // One lane's part of a warp top-k over E candidates (lane l holds experts
 // l, l + 32, ...; kN per lane): its keys and the best of them (its head).
 // The warp's pick is the largest head: the largest high word over the lanes,
