@@ -210,8 +210,13 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       out << (i ? ",\n  " : "\n  ") << "{\"routing\": \"" << r.routing
-          << "\", \"tokens\": " << r.tokens << ", \"us\": " << r.us
-          << ", \"max_w_err\": " << r.max_w_err << ", \"id_rows_differ\": " << r.id_rows_differ
+          << "\", \"tokens\": " << r.tokens << ", \"us\": " << r.us << ", \"max_w_err\": ";
+      if (std::isfinite(r.max_w_err)) {
+        out << r.max_w_err;
+      } else {
+        out << "null";  // a NaN weight
+      }
+      out << ", \"id_rows_differ\": " << r.id_rows_differ
           << ", \"ok\": " << (r.ok() ? "true" : "false") << "}";
     }
     out << "\n]}\n";

@@ -2,18 +2,19 @@
 # Runs on a GPU host over a folder made by scripts/bundle.sh (default .dist)
 # holding moe_gpu_test, moe_decode_gpu_test, moe_layer_gpu_test, moe_routing_bench
 # and moe_bench: the decode-sized layer's checks and A/B rows of docs/PERF.md
-# (sessions 9-10) in one device call. Logs go to $OUT (or /tmp/kplan-decode).
+# (sessions 9-10) in one device call. Logs go to $OUT/logs (OUT defaults to
+# /tmp/kplan-decode), packed into $OUT/logs.tar.gz at the end.
 #   1. routing against the CPU reference, then timed (moe_routing_bench);
 #   2. the one-kernel decode layer against the two kernels and the CPU,
 #      with the default ring and a 2-stage one, and under compute-sanitizer
-#      (memcheck, synccheck) on its small cases;
+#      (memcheck, synccheck) on its small cases; moe_layer_gpu_test's small
+#      and Qwen3 cases;
 #   3. moe_bench at 1 and 2 tokens, both decode forms;
 #   4. the two-kernel form's kernels one by one under ncu (time, DRAM bytes,
 #      L2 hit rate; caches kept between kernels).
 # The steps' time limits add up to 480 s, inside a device call's 600 s, so
-# that one hang costs its own step only. The logs are written under
-# $OUT/logs and packed into $OUT/logs.tar.gz at the end (the device tool
-# returns a few files per call; one archive brings every log back).
+# that one hang costs its own step only. (The device tool returns a few
+# files per call; one archive brings every log back.)
 # usage (here): bash scripts/bundle.sh .dist build/bin/{moe_gpu_test,moe_decode_gpu_test,\
 #                 moe_layer_gpu_test,\
 #                 moe_routing_bench,moe_bench}; strip --strip-debug .dist/bin/* .dist/lib/*
@@ -59,6 +60,6 @@ TAIL=0 step ncu 40 ncu --clock-control none --cache-control none -k 'regex:Decod
 awk -F'","' '/Command line profiler metrics/ {sub(/\(.*/, "", $5); sub(/"$/, "", $15); print $5, $13, $15}' \
   "$out/ncu.log"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
-tar -czf "$out.tar.gz" -C "$(dirname "$out")" logs && rm -rf "$out"
+if tar -czf "$out.tar.gz" -C "$(dirname "$out")" logs; then rm -rf "$out"; else status=1; fi
 echo "status $status"
 exit $status

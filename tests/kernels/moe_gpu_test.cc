@@ -252,12 +252,10 @@ RouteOutcome RunRouting(const Method& m, int E, int k, int64_t M, const std::vec
     bool same = true;
     for (int j = 0; j < k; ++j) same = same && gid[r * k + j] == cid[r * k + j];
     if (!same) {
-      // Explained only by a near-tie of selection keys of experts with
-      // different inputs (never for raw-logit methods, whose keys are exact,
-      // nor on rows with a non-finite logit, whose order is exact too).
-      bool finite = true;
-      for (int e = 0; e < E; ++e) finite = finite && std::isfinite(g[e]);
-      bool explained = scored && finite;
+      // Explained only by a near-tie of selection keys of two experts with
+      // different, finite inputs (never for raw-logit methods, whose keys
+      // are exact, nor for an infinite or NaN logit, whose score is exact).
+      bool explained = scored;
       if (scored) {
         for (int e = 0; e < E; ++e) key[e] = Score(m.scoring, g, E, e) + (m.bias ? bias[e] : 0.f);
         bool tie_found = false;
@@ -269,7 +267,8 @@ RouteOutcome RunRouting(const Method& m, int E, int k, int64_t M, const std::vec
             break;
           }
           const bool same_inputs = g[a] == g[b] && (!m.bias || bias[a] == bias[b]);
-          if (Near(key[a], key[b]) && !same_inputs) tie_found = true;
+          const bool finite = std::isfinite(g[a]) && std::isfinite(g[b]);
+          if (finite && Near(key[a], key[b]) && !same_inputs) tie_found = true;
         }
         if (m.grouped && !tie_found) {
           // A near-tie between group scores changes the selected groups.

@@ -164,6 +164,7 @@ void ExpectEmulatedWarpPicksAreTheReferences(std::initializer_list<int> sizes) {
 TEST(MoeRoutingKey, PerLaneForIsTheSmallestInstantiationThatHoldsE) {
   for (int E = 1; E <= 512; ++E) {
     const int kn = PerLaneFor(E);
+    EXPECT_TRUE(kn == 1 || kn == 4 || kn == 8 || kn == 16) << E;
     EXPECT_LE(E, 32 * kn) << E;
     for (int smaller : {1, 4, 8}) {
       if (smaller < kn) {

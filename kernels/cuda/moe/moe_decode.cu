@@ -45,8 +45,8 @@ using detail::decode::Rounded;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // The up kernel's loads in flight per lane and row (Dots): 2 measured best
-// against 4 and 8 (docs/PERF.md, session 10); with it the kernel has 62
-// registers (ptxas -v), four CTAs of 256 threads per SM.
+// against 4 and 8 (docs/PERF.md, session 10); with it ptxas -v gives the
+// kernel 62 registers: four CTAs of 256 threads fit an SM.
 constexpr int kUpBatch = 2;
 
 template <typename T>

@@ -34,6 +34,7 @@ namespace kplan::kernels::cuda::detail::routing {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kPerLane = kMoeRoutingMaxExperts / 32;  // 16
+static_assert(PerLaneFor(kMoeRoutingMaxExperts) == kPerLane);
 
 // The routing parameters the device step reads (MoeRoutingParams as ints).
 struct RouteParams {

@@ -49,8 +49,8 @@ KPLAN_ROUTING_HD inline int KeyIndex(uint32_t low_word) {
 // The candidates per lane of the routing step's instantiation for E experts
 // (moe_routing.cuh: every loop over a lane's candidates is kN long, so a
 // router of few experts runs the smallest kN in {1, 4, 8, 16} with
-// E <= 32 * kN).
-inline int PerLaneFor(int num_experts) {
+// E <= 32 * kN). Host code (the launcher).
+constexpr int PerLaneFor(int num_experts) {
   return num_experts <= 32 ? 1 : num_experts <= 128 ? 4 : num_experts <= 256 ? 8 : 16;
 }
 
