@@ -7,17 +7,17 @@
 //
 // Lane l holds experts l, l+32, ... (kN per lane, up to 16: E <= 512) in
 // registers, indexed by unrolled constants only; every method is a run-time
-// switch, the only template parameter kN. Top-k (WarpTopK) is k picks under the reference's
-// order (NaN largest, then larger value, then lower index), a total order,
-// so ties go to the lowest index: each candidate is one 64-bit key
-// (moe_routing_key.h) and each pick two redux.sync maxima; the selected
-// expert's weight rides along as a payload. (It replaced a butterfly arg-max
-// of (value, index, payload) per pick: the same picks bit for bit, 1.2-4.6x
-// faster; docs/PERF.md, session 10.) Grouped top-k stages the biased scores in
-// shared memory so that one lane per group computes the group score
-// sequentially, exactly as the reference does. Sums (softmax denominators,
-// renormalisation) are warp reductions: the order differs from the CPU loop,
-// hence weights agree to ~1e-6 relative.
+// switch, the only template parameter kN. Top-k (WarpTopK) is k picks under
+// the reference's order (NaN largest, then larger value, then lower index),
+// a total order, so ties go to the lowest index: each candidate is one
+// 64-bit key (moe_routing_key.h) and each pick two redux.sync maxima; the
+// selected expert's weight rides along as a payload. (It replaced a
+// butterfly arg-max of (value, index, payload) per pick: the same picks bit
+// for bit, 1.07-4.63x faster; docs/PERF.md, session 10.) Grouped top-k
+// stages the biased scores in shared memory so that one lane per group
+// computes the group score sequentially, exactly as the reference does. Sums
+// (softmax denominators, renormalisation) are warp reductions: the order
+// differs from the CPU loop, hence weights agree to ~1e-6 relative.
 #pragma once
 
 #include <cmath>
@@ -111,6 +111,11 @@ __device__ __forceinline__ void WarpTopK(const float (&key)[kN], const float (&p
   }
 }
 
+// Routes one token with the whole warp: g is its fp32 logits row [E], E <=
+// 32 * kN; s_choice is [E] floats of shared memory of this warp's own
+// (grouped top-k only). Lane j < k returns the j-th pick in (w, id); other
+// lanes' values are unspecified. Ties go to the lowest expert index; NaN
+// ranks highest.
 template <int kN>
 __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float* g,
                                                float* s_choice, int lane, float& w, int& id) {
