@@ -35,6 +35,7 @@
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
+#include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
@@ -44,6 +45,8 @@ namespace {
 
 using detail::FromFloat;
 using detail::ToFloat;
+using detail::quant::Deq;
+using detail::quant::Fp8x2ToHalf2;
 
 constexpr int kWarps = 4;
 constexpr int kRowsPerWarp = 32;  // two m16 tiles
@@ -107,13 +110,6 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
   }
 }
 
-// Two e4m3 bytes (lo first) as an f16x2 register, exact.
-__device__ __forceinline__ uint32_t Fp8x2ToHalf2(uint32_t two) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-
 // 16 e4m3 bytes as 8 f16x2 pairs (pair p = bytes 2p, 2p + 1).
 __device__ __forceinline__ void Fp8ToPairs(const uint4& v, uint32_t (&p)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -122,11 +118,6 @@ __device__ __forceinline__ void Fp8ToPairs(const uint4& v, uint32_t (&p)[8]) {
     p[2 * i] = Fp8x2ToHalf2(w[i]);
     p[2 * i + 1] = Fp8x2ToHalf2(w[i] >> 16);
   }
-}
-
-// (q - zp)·s rounded to T, q given as the low bits of an fp32 2^23 + q.
-__device__ __forceinline__ float Deq(uint32_t q, float zp_biased, float s) {
-  return __fmul_rn(__int_as_float(0x4B000000 | q) - zp_biased, s);
 }
 
 // Word i (compile-time after unrolling) of a 16-byte vector.
@@ -314,10 +305,7 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
               const int64_t gi = (static_cast<int64_t>(e) * p.N + row[mt][h]) * groups_per_row +
                                  kc / p.w.group_size;
               sc[mt][h] = __ldg(p.w.scale + gi);
-              const float zp = p.w.zero != nullptr ? static_cast<float>(__ldg(p.w.zero + gi))
-                               : WK == kWInt4      ? 8.0f
-                                                   : 128.0f;
-              zb[mt][h] = 8388608.0f + zp;
+              zb[mt][h] = detail::quant::BiasedZero(p.w.zero, gi, WK == kWInt4);
             }
           }
         }
@@ -648,8 +636,7 @@ __global__ void DequantKernel(const __grid_constant__ MoeQuantWeights w, int64_t
                                                          row * bpr + (kInt4 ? kc / 2 : kc)));
     const int64_t gi = row * groups + kc / w.group_size;
     const float s = w.scale[gi];
-    const float zp = w.zero != nullptr ? static_cast<float>(w.zero[gi]) : kInt4 ? 8.0f : 128.0f;
-    const float zpb = 8388608.0f + zp;
+    const float zpb = detail::quant::BiasedZero(w.zero, gi, kInt4);
     const uint32_t flip = !kInt4 && w.zero == nullptr ? 0x80808080u : 0u;
     const uint32_t wv[4] = {v.x ^ flip, v.y ^ flip, v.z ^ flip, v.w ^ flip};
     uint32_t o[kCW / 2];
