@@ -62,7 +62,7 @@
 // checked before timing against the CPU reference (moe::MoeReference) on the
 // first --check_tokens (64) tokens of set 0 instead of RunMoeOnGpu; their
 // copy roofline counts the stored bytes of the experts hit (weights, scales).
-// --route auto,emulation,decode,dequant times the quantised rows on each
+// --route auto,emulation,decode,dequant,matvec times the quantised rows on each
 // route (moe_quant_route.h; a route that does not apply falls back to auto).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -203,7 +203,7 @@ std::vector<std::string> SplitComma(const std::string& s) {
                "[--decode on|off] [--decode_layer on|off|both] [--ws off|on|both] "
                "[--gemm_only on|off] [--layer on|off] "
                "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,int4_group,"
-               "int8_group] [--route auto,emulation,decode,dequant] [--check_tokens N] "
+               "int8_group] [--route auto,emulation,decode,dequant,matvec] [--check_tokens N] "
                "[--json FILE] [--csv FILE]\n",
                argv0);
   std::exit(2);
@@ -268,7 +268,9 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--route") {
       a.route = SplitComma(v);
       for (const std::string& r : a.route) {
-        if (r != "auto" && r != "emulation" && r != "decode" && r != "dequant") Usage(argv[0]);
+        if (r != "auto" && r != "emulation" && r != "decode" && r != "dequant" && r != "matvec") {
+          Usage(argv[0]);
+        }
       }
     } else if (f == "--check_tokens") {
       a.check_tokens = std::max<long long>(1, std::atoll(v.c_str()));
@@ -1059,6 +1061,7 @@ int main(int argc, char** argv) {
           kc::SetMoeQuantRouteMode(route == "emulation" ? kc::MoeQuantRouteMode::kEmulation
                                    : route == "decode"  ? kc::MoeQuantRouteMode::kDecode
                                    : route == "dequant" ? kc::MoeQuantRouteMode::kDequant
+                                   : route == "matvec"  ? kc::MoeQuantRouteMode::kMatvec
                                                         : kc::MoeQuantRouteMode::kAuto);
           // Decode-sized bf16 rows run no grouped GEMM: one row per decode
           // form; the others one per GEMM kernel.

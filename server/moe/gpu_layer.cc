@@ -117,6 +117,7 @@ absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t*
     KPLAN_RETURN_IF_ERROR(kc::LaunchMoeRouting(a.routing, a.router_logits, a.num_tokens,
                                                a.topk_weights, a.topk_ids, stream));
   }
+  if (block_m == 0) return absl::OkStatus();
   return kc::LaunchMoeAlignBlockSize(a.topk_ids, a.num_tokens * a.top_k, block_m, a.num_experts,
                                      a.expert_map, /*pad_sorted_ids=*/false,
                                      /*ignore_invalid_experts=*/false, sorted, expert_ids,
@@ -128,7 +129,7 @@ int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, in
                                bool batch_invariant) {
   const kernels::DType act = act_dtype.value_or(experts.spec().dtype);
   if (!experts.spec().quant.scheme.empty() &&
-      QuantRouteOf(experts, act, max_tokens * top_k, num_experts, batch_invariant) ==
+      QuantRouteOf(experts, act, max_tokens, top_k, num_experts, batch_invariant) ==
           kc::MoeQuantRoute::kDequant) {
     // Smaller calls may take the decode or emulation route: room for both.
     const int64_t fast = LayoutFor(experts, max_tokens, top_k, num_experts, /*scale_rows=*/true,
@@ -171,7 +172,7 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   // Quantised sets take the route with the activation quantisers (whose
   // GEMMs are the fp8 tensor-core ones where Fp8OnTensorCores()).
   if (!spec.quant.scheme.empty() &&
-      QuantRouteOf(experts, act, M * k, E, a.batch_invariant) == kc::MoeQuantRoute::kDequant) {
+      QuantRouteOf(experts, act, M, k, E, a.batch_invariant) == kc::MoeQuantRoute::kDequant) {
     // int8 / int4 at prefill sizes: routing, the hit experts' weights
     // dequantised into the workspace, then the fast route on them.
     const int64_t fast = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,

@@ -180,19 +180,19 @@ bool OnFp8TensorCores(const Scheme& s, kernels::DType act_dtype) {
   return s.fp8_tc && act_dtype != kernels::DType::kFloat32;
 }
 
-// Whether the decode kernels and the dequant route take a quantised set's
-// weights with activations of `ft` (both GEMMs).
-struct QuantKernels {
-  bool decode_ok = false, dequant_ok = false;
-};
-QuantKernels QuantKernelsFor(const GpuExperts& experts, const Scheme& s, kernels::DType ft) {
+// Which of kplan's quantised kernels take a set's weights with activations
+// of `ft` (both GEMMs), and whether its GEMMs run on the fp8 tensor cores.
+kc::MoeQuantKernels QuantKernelsFor(const GpuExperts& experts, const Scheme& s, kernels::DType ft) {
   const ExpertsSpec& spec = experts.spec();
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
-  QuantKernels q;
-  q.decode_ok =
+  kc::MoeQuantKernels q;
+  q.matvec =
+      kc::MoeQuantMatvecSupports(s.w13, ft, N13, H) && kc::MoeQuantMatvecSupports(s.w2, ft, H, I);
+  q.decode =
       kc::MoeQuantDecodeSupports(s.w13, ft, N13, H) && kc::MoeQuantDecodeSupports(s.w2, ft, H, I);
-  q.dequant_ok = !s.fp8 && kc::MoeDequantWeightsSupports(s.w13, ft, N13, H) &&
-                 kc::MoeDequantWeightsSupports(s.w2, ft, H, I);
+  q.dequant = !s.fp8 && kc::MoeDequantWeightsSupports(s.w13, ft, N13, H) &&
+              kc::MoeDequantWeightsSupports(s.w2, ft, H, I);
+  q.fp8_tc = OnFp8TensorCores(s, ft);
   return q;
 }
 
@@ -204,32 +204,34 @@ bool IntKernelsApply(const GpuExperts& experts, kernels::DType act_dtype) {
   if (act_dtype != kernels::DType::kBFloat16 && act_dtype != kernels::DType::kFloat16) {
     return false;
   }
-  const QuantKernels q = QuantKernelsFor(experts, s, act_dtype);
-  return q.decode_ok || q.dequant_ok;
+  const kc::MoeQuantKernels q = QuantKernelsFor(experts, s, act_dtype);
+  return q.matvec || q.decode || q.dequant;
 }
 
-GpuLayerFacts GpuLayerFactsOf(const GpuExperts& experts, kernels::DType act_dtype, int64_t numel,
-                              int num_experts, bool batch_invariant) {
+GpuLayerFacts GpuLayerFactsOf(const GpuExperts& experts, kernels::DType act_dtype,
+                              int64_t num_tokens, int top_k, int num_experts,
+                              bool batch_invariant) {
   GpuLayerFacts f;
   f.quantised = !experts.spec().quant.scheme.empty();
   if (!f.quantised) {
     f.fast_path = experts.FastPathFor(act_dtype);
     return f;
   }
-  f.quant_route = QuantRouteOf(experts, act_dtype, numel, num_experts, batch_invariant);
+  f.quant_route = QuantRouteOf(experts, act_dtype, num_tokens, top_k, num_experts, batch_invariant);
   // EnqueueEmulationLayer's `tc`.
   f.fp8_tensor_cores = OnFp8TensorCores(SchemeOf(experts), act_dtype);
   return f;
 }
 
-kc::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dtype, int64_t numel,
-                               int num_experts, bool batch_invariant) {
+kc::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dtype,
+                               int64_t num_tokens, int top_k, int num_experts,
+                               bool batch_invariant) {
   const ExpertsSpec& spec = experts.spec();
   if (spec.quant.scheme.empty()) return kc::MoeQuantRoute::kEmulation;
   const Scheme s = SchemeOf(experts);
   const kernels::DType ft = FloatTypeOf(act_dtype);
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
-  const auto [decode_ok, dequant_ok] = QuantKernelsFor(experts, s, ft);
+  const kc::MoeQuantKernels ok = QuantKernelsFor(experts, s, ft);
   if (batch_invariant) {
     // The dequant route keeps a 16-bit copy of every expert in the workspace
     // (DequantLayoutAfter), which a decode-sized call would not otherwise
@@ -237,11 +239,10 @@ kc::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dty
     // GEMM (one block size at every M) keeps the route independent of M too.
     constexpr int64_t kMaxCopyBytes = int64_t{4} << 30;
     const int64_t copy = int64_t{spec.num_experts} * (N13 * H + H * I) * 2;
-    return dequant_ok && copy <= kMaxCopyBytes ? kc::MoeQuantRoute::kDequant
+    return ok.dequant && copy <= kMaxCopyBytes ? kc::MoeQuantRoute::kDequant
                                                : kc::MoeQuantRoute::kEmulation;
   }
-  return kc::MoeQuantRouteFor(decode_ok, dequant_ok, OnFp8TensorCores(s, ft), numel, num_experts,
-                              kc::MoeQuantRouteModeNow());
+  return kc::MoeQuantRouteFor(ok, num_tokens, top_k, num_experts, kc::MoeQuantRouteModeNow());
 }
 
 kc::MoeQuantWeights QuantWeightsOf(const GpuExperts& experts, bool w13) {
@@ -274,8 +275,9 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   const int64_t numel = M * k;
   const bool f32 = act_dtype == kernels::DType::kFloat32;
   const int64_t act_bytes = f32 ? 4 : 2;
-  const bool decode =
-      QuantRouteOf(experts, act_dtype, numel, E, a.batch_invariant) == kc::MoeQuantRoute::kDecode;
+  const kc::MoeQuantRoute route = QuantRouteOf(experts, act_dtype, M, k, E, a.batch_invariant);
+  const bool matvec = route == kc::MoeQuantRoute::kMatvec;
+  const bool decode = route == kc::MoeQuantRoute::kDecode;
   int decode_block = 0;
   if (decode) {
     decode_block = kc::MoeQuantDecodeBlockFor(numel, E);
@@ -295,7 +297,8 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   int32_t* sorted = At<int32_t>(workspace, l.sorted);
   int32_t* eids = At<int32_t>(workspace, l.eids);
   int32_t* post = At<int32_t>(workspace, l.post);
-  KPLAN_RETURN_IF_ERROR(EnqueueRoutingAndAlign(a, l.block_m, sorted, eids, post, stream));
+  KPLAN_RETURN_IF_ERROR(
+      EnqueueRoutingAndAlign(a, matvec ? 0 : l.block_m, sorted, eids, post, stream));
   const void* a1 = a.hidden;
   if (a.apply_router_weight_on_input) {
     void* scaled = At<void>(workspace, l.scaled);
@@ -347,7 +350,8 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
   const auto act = experts.activation();
   void* c2 = At<void>(workspace, l.c2);
-  // The decode kernels' form of a GEMM of this route.
+  // A GEMM of this route on the decode kernels (tiles over the align output)
+  // or the matvec ones (on the slots as routed).
   auto decode_gemm = [&](const kc::MoeQuantGemmArgs& g, bool apply_act, void* c) {
     kc::MoeQuantDecodeArgs d;
     d.act_type = et;
@@ -370,9 +374,10 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
     d.act_params = ap;
     d.c = c;
     d.num_sms = DeviceSmCount(experts.device());
-    return kc::LaunchMoeQuantDecode(d, stream);
+    return matvec ? kc::LaunchMoeQuantMatvec({d, a.topk_ids, a.expert_map, E}, stream)
+                  : kc::LaunchMoeQuantDecode(d, stream);
   };
-  if (decode) {
+  if (matvec || decode) {
     // GEMM 1 with the activation, straight into c2.
     KPLAN_RETURN_IF_ERROR(decode_gemm(g1, /*apply_act=*/true, c2));
   } else {
@@ -403,9 +408,9 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g2.c = y;
   g2.N = H;
   g2.K = I;
-  KPLAN_RETURN_IF_ERROR(decode ? decode_gemm(g2, /*apply_act=*/false, y)
-                        : tc   ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g2, et), stream)
-                               : kc::LaunchMoeQuantGemm(g2, stream));
+  KPLAN_RETURN_IF_ERROR(matvec || decode ? decode_gemm(g2, /*apply_act=*/false, y)
+                        : tc ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g2, et), stream)
+                             : kc::LaunchMoeQuantGemm(g2, stream));
   if (!a.combine) return absl::OkStatus();
   const float* w = a.apply_router_weight_on_input ? nullptr : a.topk_weights;
   return f32 ? kc::LaunchMoeCombineF32(static_cast<const float*>(y), w, M, k, H,

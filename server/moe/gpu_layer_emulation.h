@@ -8,7 +8,9 @@
 //   -> GEMM 1 (dequantise W) -> activation -> [fp8 quantise C2]
 //   -> GEMM 2 (dequantise W) -> combine
 // At decode sizes (QuantRouteOf == kDecode) both GEMMs are the decode
-// kernels of moe_quant_decode.cu instead, GEMM 1 with the activation fused.
+// kernels of moe_quant_decode.cu instead, GEMM 1 with the activation fused;
+// for slots on distinct experts (kMatvec) those of moe_quant_matvec.cu, after
+// the routing alone (no align).
 // Intermediates are in the activation dtype, rounded where the CPU
 // reference rounds. Internal to server/moe: gpu_layer.cc calls it for every
 // quantised set and for 16-bit sets with activations the fast kernels do not
@@ -26,20 +28,20 @@
 
 namespace kplan {
 
-// The route of a layer of `numel` slots over `num_experts` ids on quantised
-// experts (moe_quant_route.h): kDecode runs inside EnqueueEmulationLayer,
-// kDequant in gpu_layer.cc (dequantised weights, then the fast kernels).
-// kEmulation for unquantised sets. Batch-invariant calls (coalescing,
-// MoeLayerArgs::batch_invariant) get a route that does not depend on numel:
-// kDequant where it applies and the 16-bit copy of the set is under 4 GiB,
-// else kEmulation.
+// The route of a layer of num_tokens x top_k slots over `num_experts` ids on
+// quantised experts (moe_quant_route.h): kMatvec and kDecode run inside
+// EnqueueEmulationLayer, kDequant in gpu_layer.cc (dequantised weights, then
+// the fast kernels). kEmulation for unquantised sets. Batch-invariant calls
+// (coalescing, MoeLayerArgs::batch_invariant) get a route that does not
+// depend on the slots: kDequant where it applies and the 16-bit copy of the
+// set is under 4 GiB, else kEmulation.
 kernels::cuda::MoeQuantRoute QuantRouteOf(const GpuExperts& experts, kernels::DType act_dtype,
-                                          int64_t numel, int num_experts,
+                                          int64_t num_tokens, int top_k, int num_experts,
                                           bool batch_invariant = false);
-// What the layer runs for a call of `numel` slots (EnqueueMoeLayer's
+// What the layer runs for a call of num_tokens x top_k slots (EnqueueMoeLayer's
 // choice), for GpuLayerExpertsKernel (moe_runner.h) to name.
-GpuLayerFacts GpuLayerFactsOf(const GpuExperts& experts, kernels::DType act_dtype, int64_t numel,
-                              int num_experts, bool batch_invariant);
+GpuLayerFacts GpuLayerFactsOf(const GpuExperts& experts, kernels::DType act_dtype,
+                              int64_t num_tokens, int top_k, int num_experts, bool batch_invariant);
 // An int8 / int4 set whose weights the decode kernels or the dequant route
 // take with these (bf16 / fp16) activations: kplan's kernels run it at some
 // sizes (GpuExperts::FastPathFor).
@@ -62,7 +64,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
 
 // The first two stages every route shares (gpu_layer.cc): routing from
 // logits when `a` has them, then moe_align_block_size with `block_m` (and
-// a's expert map) into the given device arrays.
+// a's expert map) into the given device arrays; block_m 0: the routing only.
 absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t* sorted,
                                     int32_t* expert_ids, int32_t* num_tokens_post_padded,
                                     void* stream);

@@ -462,7 +462,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     }
   }
   out.experts_kernel = std::string(
-      GpuLayerExpertsKernel(GpuLayerFactsOf(experts, in.act_dtype, numel, E, in.batch_invariant)));
+      GpuLayerExpertsKernel(GpuLayerFactsOf(experts, in.act_dtype, M, k, E, in.batch_invariant)));
   KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   drained = true;
   if (stats != nullptr) {

@@ -224,6 +224,7 @@ absl::string_view GpuLayerExpertsKernel(const GpuLayerFacts& f) {
   using R = kernels::cuda::MoeQuantRoute;
   if (!f.quantised) return f.fast_path ? "KplanExperts" : "KplanEmulationExperts";
   switch (f.quant_route) {
+    case R::kMatvec:
     case R::kDecode:
       return "KplanQuantDecodeExperts";
     case R::kDequant:

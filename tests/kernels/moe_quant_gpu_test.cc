@@ -247,7 +247,7 @@ struct RunOptions {
 
 void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExperts& gpu,
              int64_t M, uint64_t stream, const RunOptions& opt = {}) {
-  const char* const kRouteNames[] = {"auto", "emulation", "decode", "dequant"};
+  const char* const kRouteNames[] = {"auto", "emulation", "decode", "dequant", "matvec"};
   const std::string label =
       absl::StrCat(sh.name, " ", c.Label(),
                    opt.route == kernels::cuda::MoeQuantRouteMode::kAuto
@@ -304,6 +304,9 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
     if (opt.route == kernels::cuda::MoeQuantRouteMode::kEmulation) {
       EXPECT_THAT(got->experts_kernel, ::testing::AnyOf("KplanEmulationExperts", "KplanFp8Experts"))
           << label;
+    }
+    if (opt.route == kernels::cuda::MoeQuantRouteMode::kMatvec) {
+      EXPECT_EQ(got->experts_kernel, "KplanQuantDecodeExperts") << label;
     }
   }
 
@@ -573,6 +576,47 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   on_input.k_override = 1;
   RunCombo(i4s, IntW("int4_group", kernels::DType::kBFloat16, true, 32), {19}, 84, on_input);
   RunCombo(f8, Fp8("fp8_per_channel", kernels::DType::kBFloat16), {19}, 85, on_input);
+}
+
+// The matvec kernels (moe_quant_matvec.cu) on the same tail shapes: one
+// token (auto picks them), slots that share experts (forced: still right,
+// only slower), each scheme, biases, zero points, every activation form
+// (stacked and interleaved gate/up rows, no gating), bf16 and fp16, the
+// router weight on the input. fp8 H = 336 ends in a partial 128-wide
+// k-block; int4 group 32 and int8 group 16 give one scale per 16-byte vector.
+TEST(MoeQuantGpu, MatvecRoute) {
+  SKIP_WITHOUT_CUDA();
+  using kernels::cuda::MoeQuantRouteMode;
+  RunOptions mv;
+  mv.route = MoeQuantRouteMode::kMatvec;
+  const Shape f8{"tail-fp8", 6, 2, 336, 80};
+  Combo blk = Fp8("fp8_block", kernels::DType::kBFloat16);
+  blk.bias = true;
+  RunCombo(f8, blk, {1}, 91);
+  RunCombo(f8, blk, {2, 33}, 92, mv);
+  Combo pc = Fp8("fp8_per_channel", kernels::DType::kFloat16);
+  pc.activation = "swigluoai";
+  RunCombo(f8, pc, {1, 9}, 93, mv);
+  Combo pt = Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor");
+  pt.activation = "silu_no_mul";
+  RunCombo(f8, pt, {1, 17}, 94, mv);
+  const Shape i4s{"tail-int4", 6, 2, 352, 96};
+  Combo i4z = IntW("int4_group", kernels::DType::kFloat16, true, 32);
+  i4z.bias = true;
+  i4z.activation = "gelu";
+  RunCombo(i4s, i4z, {1}, 95);
+  RunCombo(i4s, i4z, {3, 40}, 96, mv);
+  RunCombo(i4s, IntW("int4_group", kernels::DType::kBFloat16, false, 32), {1, 7}, 97, mv);
+  const Shape i8s{"tail-int8", 6, 2, 336, 80};
+  Combo i8 = IntW("int8_group", kernels::DType::kBFloat16, false, 16);
+  i8.activation = "swigluoai";
+  RunCombo(i8s, i8, {1, 5}, 98, mv);
+  RunCombo(i8s, IntW("int8_group", kernels::DType::kFloat16, true, 16), {1, 21}, 99, mv);
+  RunOptions on_input = mv;
+  on_input.weights_on_input = true;
+  on_input.k_override = 1;
+  RunCombo(i4s, IntW("int4_group", kernels::DType::kBFloat16, true, 32), {1, 19}, 100, on_input);
+  RunCombo(f8, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 19}, 101, on_input);
 }
 
 TEST(MoeQuantGpu, RefusesWhatTheReferenceRejects) {

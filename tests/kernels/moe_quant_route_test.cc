@@ -1,6 +1,7 @@
 // The quantised MoE layer's route choice (kernels/cuda/moe/moe_quant_route.h):
-// the decode block by slots per hit expert, the fallbacks when a kernel does
-// not apply, and the forced modes. Plain C++, runs without a GPU.
+// matvec for slots on distinct experts, the decode block by slots per hit
+// expert, the fallbacks when a kernel does not apply, and the forced modes. Plain C++, runs without
+// a GPU.
 #include "kernels/cuda/moe/moe_quant_route.h"
 
 #include <gtest/gtest.h>
@@ -26,40 +27,76 @@ TEST(MoeQuantRoute, DecodeBlockBySlotsPerExpert) {
   EXPECT_EQ(MoeQuantDecodeBlockFor(5, 0), 0);
 }
 
+// Kernel sets: what runs an int set, an fp8 set (no dequant route) and an
+// fp8 set on the tensor cores.
+constexpr MoeQuantKernels kInt{.matvec = true, .decode = true, .dequant = true};
+constexpr MoeQuantKernels kFp8{.matvec = true, .decode = true};
+constexpr MoeQuantKernels kFp8Tc{.matvec = true, .decode = true, .fp8_tc = true};
+
+MoeQuantKernels Without(MoeQuantKernels k, bool matvec, bool decode) {
+  if (matvec) k.matvec = false;
+  if (decode) k.decode = false;
+  return k;
+}
+
+TEST(MoeQuantRoute, SlotsOnDistinctExperts) {
+  EXPECT_TRUE(MoeSlotsOnDistinctExperts(1, 8, 256));  // one token: its ids are distinct
+  EXPECT_TRUE(MoeSlotsOnDistinctExperts(1, 8, 8));
+  EXPECT_TRUE(MoeSlotsOnDistinctExperts(2, 8, 256));   // 16^2 <= 256
+  EXPECT_FALSE(MoeSlotsOnDistinctExperts(3, 8, 256));  // 24^2 > 256
+  EXPECT_FALSE(MoeSlotsOnDistinctExperts(2, 2, 8));    // Mixtral: 4^2 > 8
+  EXPECT_FALSE(MoeSlotsOnDistinctExperts(0, 8, 256));
+}
+
 TEST(MoeQuantRoute, AutoPicksByBatchAndSupport) {
   const auto a = MoeQuantRouteMode::kAuto;
-  EXPECT_EQ(MoeQuantRouteFor(true, true, false, 8, 256, a), MoeQuantRoute::kDecode);
-  EXPECT_EQ(MoeQuantRouteFor(true, true, false, 4096 * 8, 128, a), MoeQuantRoute::kDequant);
+  // Slots on distinct experts: matvec on every scheme, the tensor cores too.
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 1, 8, 256, a), MoeQuantRoute::kMatvec);
+  EXPECT_EQ(MoeQuantRouteFor(kFp8Tc, 1, 8, 256, a), MoeQuantRoute::kMatvec);
+  EXPECT_EQ(MoeQuantRouteFor(kFp8Tc, 2, 8, 256, a), MoeQuantRoute::kMatvec);
+  EXPECT_EQ(MoeQuantRouteFor(kFp8, 1, 2, 8, a), MoeQuantRoute::kMatvec);
+  // Shared experts at decode sizes: the decode tiles.
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 2, 2, 8, a), MoeQuantRoute::kDecode);
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 8, 8, 256, a), MoeQuantRoute::kDecode);
+  EXPECT_EQ(MoeQuantRouteFor(Without(kInt, true, false), 1, 8, 256, a), MoeQuantRoute::kDecode);
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 4096, 8, 128, a), MoeQuantRoute::kDequant);
   // fp8: no dequant route; large batches stay on the grouped GEMMs.
-  EXPECT_EQ(MoeQuantRouteFor(true, false, false, 4096 * 8, 128, a), MoeQuantRoute::kEmulation);
-  EXPECT_EQ(MoeQuantRouteFor(true, false, false, 16, 128, a), MoeQuantRoute::kDecode);
-  // fp8 on tensor cores: the grouped GEMMs at every size unless forced.
-  EXPECT_EQ(MoeQuantRouteFor(true, false, true, 8, 256, a), MoeQuantRoute::kEmulation);
-  EXPECT_EQ(MoeQuantRouteFor(true, false, true, 512, 256, a), MoeQuantRoute::kEmulation);
-  EXPECT_EQ(MoeQuantRouteFor(true, false, true, 8, 256, MoeQuantRouteMode::kDecode),
+  EXPECT_EQ(MoeQuantRouteFor(kFp8, 4096, 8, 128, a), MoeQuantRoute::kEmulation);
+  EXPECT_EQ(MoeQuantRouteFor(kFp8, 2, 8, 128, a), MoeQuantRoute::kDecode);
+  // fp8 on tensor cores: the grouped GEMMs past the matvec sizes unless forced.
+  EXPECT_EQ(MoeQuantRouteFor(kFp8Tc, 3, 8, 256, a), MoeQuantRoute::kEmulation);
+  EXPECT_EQ(MoeQuantRouteFor(kFp8Tc, 64, 8, 256, a), MoeQuantRoute::kEmulation);
+  EXPECT_EQ(MoeQuantRouteFor(kFp8Tc, 3, 8, 256, MoeQuantRouteMode::kDecode),
             MoeQuantRoute::kDecode);
-  // Unsupported decode (fp32 activations, odd group sizes): dequant or emulation.
-  EXPECT_EQ(MoeQuantRouteFor(false, true, false, 8, 256, a), MoeQuantRoute::kDequant);
-  EXPECT_EQ(MoeQuantRouteFor(false, false, false, 8, 256, a), MoeQuantRoute::kEmulation);
+  // Unsupported matvec and decode (fp32 activations, odd group sizes).
+  EXPECT_EQ(MoeQuantRouteFor(Without(kInt, true, true), 1, 8, 256, a), MoeQuantRoute::kDequant);
+  EXPECT_EQ(MoeQuantRouteFor(MoeQuantKernels{}, 1, 8, 256, a), MoeQuantRoute::kEmulation);
 }
 
 TEST(MoeQuantRoute, ForcedModesApplyWhereTheKernelRuns) {
-  EXPECT_EQ(MoeQuantRouteFor(true, true, false, 8, 256, MoeQuantRouteMode::kEmulation),
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 1, 8, 256, MoeQuantRouteMode::kEmulation),
             MoeQuantRoute::kEmulation);
-  EXPECT_EQ(MoeQuantRouteFor(true, true, false, 8, 256, MoeQuantRouteMode::kDequant),
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 1, 8, 256, MoeQuantRouteMode::kDequant),
             MoeQuantRoute::kDequant);
-  EXPECT_EQ(MoeQuantRouteFor(true, true, false, 4096 * 8, 128, MoeQuantRouteMode::kDecode),
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 1, 8, 256, MoeQuantRouteMode::kDecode), MoeQuantRoute::kDecode);
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 4096, 8, 128, MoeQuantRouteMode::kDecode),
             MoeQuantRoute::kDecode);
+  EXPECT_EQ(MoeQuantRouteFor(kFp8Tc, 300, 2, 8, MoeQuantRouteMode::kMatvec),
+            MoeQuantRoute::kMatvec);
   // Forced but not runnable: the automatic choice.
-  EXPECT_EQ(MoeQuantRouteFor(false, true, false, 8, 256, MoeQuantRouteMode::kDecode),
+  EXPECT_EQ(MoeQuantRouteFor(Without(kInt, false, true), 8, 8, 256, MoeQuantRouteMode::kDecode),
             MoeQuantRoute::kDequant);
-  EXPECT_EQ(MoeQuantRouteFor(true, false, false, 8, 256, MoeQuantRouteMode::kDequant),
+  EXPECT_EQ(MoeQuantRouteFor(Without(kInt, true, false), 1, 8, 256, MoeQuantRouteMode::kMatvec),
             MoeQuantRoute::kDecode);
+  EXPECT_EQ(MoeQuantRouteFor(kFp8, 2, 8, 128, MoeQuantRouteMode::kDequant), MoeQuantRoute::kDecode);
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 0, 8, 256, MoeQuantRouteMode::kMatvec), MoeQuantRoute::kDequant);
 }
 
 TEST(MoeQuantRoute, ModeFromCodeOverridesEnv) {
   SetMoeQuantRouteMode(MoeQuantRouteMode::kDequant);
   EXPECT_EQ(MoeQuantRouteModeNow(), MoeQuantRouteMode::kDequant);
+  SetMoeQuantRouteMode(MoeQuantRouteMode::kMatvec);
+  EXPECT_EQ(MoeQuantRouteModeNow(), MoeQuantRouteMode::kMatvec);
   SetMoeQuantRouteMode(MoeQuantRouteMode::kFromEnv);
 }
 

@@ -422,12 +422,13 @@ TEST(GpuLayerExpertsKernelTest, NamesEachRouteOfTheLayer) {
   EXPECT_EQ(name(false, true, R::kEmulation, false), "KplanExperts");
   EXPECT_EQ(name(false, false, R::kEmulation, false), "KplanEmulationExperts");
   EXPECT_EQ(name(true, false, R::kDecode, false), "KplanQuantDecodeExperts");
+  EXPECT_EQ(name(true, false, R::kMatvec, true), "KplanQuantDecodeExperts");
   EXPECT_EQ(name(true, false, R::kDecode, true), "KplanQuantDecodeExperts");  // forced decode
   EXPECT_EQ(name(true, false, R::kDequant, false), "KplanDequantExperts");
   EXPECT_EQ(name(true, false, R::kEmulation, true), "KplanFp8Experts");
   EXPECT_EQ(name(true, false, R::kEmulation, false), "KplanEmulationExperts");
   // Every name is a kplan experts class of the oracle, executable here.
-  for (R route : {R::kEmulation, R::kDecode, R::kDequant}) {
+  for (R route : {R::kEmulation, R::kDecode, R::kDequant, R::kMatvec}) {
     for (int bits = 0; bits < 8; ++bits) {
       const std::string n = name(bits & 1, bits & 2, route, bits & 4);
       const ExpertsClass* e = FindExpertsClass(n);
@@ -442,15 +443,16 @@ TEST(GpuLayerExpertsKernelTest, NamesEachRouteOfTheLayer) {
 TEST(GpuLayerExpertsKernelTest, FollowsTheSlotsOfTheCall) {
   using kernels::cuda::MoeQuantRouteFor;
   using kernels::cuda::MoeQuantRouteMode;
-  const auto int_set = [](int64_t slots) {
+  const auto int_set = [](int64_t tokens) {
     GpuLayerFacts f;
     f.quantised = true;
-    f.quant_route = MoeQuantRouteFor(/*decode_ok=*/true, /*dequant_ok=*/true, /*fp8_tc=*/false,
-                                     slots, kExperts, MoeQuantRouteMode::kAuto);
+    f.quant_route = MoeQuantRouteFor({.matvec = true, .decode = true, .dequant = true}, tokens,
+                                     /*top_k=*/2, kExperts, MoeQuantRouteMode::kAuto);
     return std::string(GpuLayerExpertsKernel(f));
   };
-  EXPECT_EQ(int_set(2 * 2), "KplanQuantDecodeExperts");
-  EXPECT_EQ(int_set(512 * 2), "KplanDequantExperts");
+  EXPECT_EQ(int_set(1), "KplanQuantDecodeExperts");
+  EXPECT_EQ(int_set(2), "KplanQuantDecodeExperts");
+  EXPECT_EQ(int_set(512), "KplanDequantExperts");
 }
 
 MoeRoute Chosen(const ExpertsSpec& spec, const MoeResidency& residency) {

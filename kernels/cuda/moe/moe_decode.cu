@@ -30,6 +30,7 @@
 #include "kernels/cuda/moe/moe_decode.cuh"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
 
@@ -287,12 +288,8 @@ absl::Status ValidateMoeDecodeArgs(const MoeDecodeArgs& d) {
 
 bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,
                       int64_t intermediate) {
-  const int64_t numel = num_tokens * top_k;
-  // Every slot streams its expert's weights, so slots that share an expert
-  // read them twice: one token (distinct experts), or few slots among many
-  // experts (numel^2 <= E: on average at most half a shared pair).
-  const bool distinct = num_tokens == 1 || numel * numel <= num_experts;
-  return numel > 0 && distinct && Supported(numel, top_k, hidden, intermediate);
+  return MoeSlotsOnDistinctExperts(num_tokens, top_k, num_experts) &&
+         Supported(num_tokens * top_k, top_k, hidden, intermediate);
 }
 
 absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream) {

@@ -155,6 +155,28 @@ struct MoeQuantDecodeArgs {
 bool MoeQuantDecodeSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K);
 absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& args, cudaStream_t stream);
 
+// The same GEMMs in matrix-vector form (moe_quant_matvec.cu) for slots on
+// distinct experts (MoeSlotsOnDistinctExperts, moe_quant_route.h), where a
+// decode tile would hold one slot: each slot's weight rows streamed once with
+// 16-byte loads (fp8: tiles of 16 rows on mma.sync e4m3, K split over the
+// warps of a CTA while the grid is small; int: one warp per row pair or 4
+// rows, dequantised in registers), fp32 accumulation. Arithmetic, output and
+// rounding as LaunchMoeQuantDecode's; the slots come from topk_ids (through
+// expert_map, as the align kernel maps them; -1 or out of range: zero rows)
+// instead of the align output, so no align kernel runs before it.
+struct MoeQuantMatvecArgs {
+  // The GEMM; its align fields (sorted_token_ids, expert_ids,
+  // num_tokens_post_padded, block_m, num_blocks) and num_sms are not read.
+  MoeQuantDecodeArgs gemm;
+  const int32_t* topk_ids = nullptr;    // [gemm.numel]
+  const int32_t* expert_map = nullptr;  // [num_experts] or null
+  int num_experts = 0;
+};
+// What the matvec kernels run: what MoeQuantDecodeSupports takes, with K up
+// to 2^30 and N x K / 16 up to 2^31 - 1.
+bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K);
+absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t stream);
+
 // The int prefill route: hit[l] = 1 for every local expert some slot routes
 // to (zeroed first), then the hit experts' int8 / int4 weights dequantised
 // to out_type (bf16 / fp16) with the reference's rounding into `out`

@@ -2,8 +2,11 @@
 // gpu_layer.cc, gpu_layer_emulation.cc), plain C++ so that the choice is
 // unit-tested on the CPU (tests/kernels/moe_quant_route_test.cc).
 //
-//   kDecode     decode-sized batches: moe_quant_decode.cu reads each hit
-//               expert's quantised weights once for all its slots;
+//   kMatvec     slots on distinct experts (MoeSlotsOnDistinctExperts: one
+//               token, or few slots among many experts):
+//               moe_quant_matvec.cu streams each slot's weight rows whole;
+//   kDecode     other decode-sized batches: moe_quant_decode.cu reads each
+//               hit expert's quantised weights once for all its slots;
 //   kDequant    int8 / int4 at larger batches (at every size for
 //               batch-invariant calls, gpu_layer_emulation.h): the weights
 //               dequantised once per call into the workspace (the
@@ -12,17 +15,21 @@
 //               (or, for fp8 with 16-bit activations, the fp8 tensor-core
 //               grouped GEMMs behind it).
 // fp8 sets whose grouped GEMMs run on the fp8 tensor cores (fp8_tc) stay on
-// them by default: in session 6's measurements (docs/PERF.md) that route was
-// as fast as or faster than the decode kernels at every decode size
+// them past the matvec sizes: in session 6's measurements (docs/PERF.md) that
+// route was as fast as or faster than the decode tiles at every decode size
 // (Mixtral-8x7B fp8 per-tensor 64 tokens 562 us against 1303 us); the decode
-// route is then opt-in (KPLAN_MOE_QUANT_ROUTE=decode).
-// The rule is bytes against slots: the decode kernels stream the weights
-// once per tile of 8 / 16 / 32 slots of one expert, so they win while the
-// average slots per hit expert fit one tile (the expected maximum too: the
-// block is sized with a margin); past that the weights would be read once per
-// tile and the grouped GEMMs' larger tiles take over. KPLAN_MOE_QUANT_ROUTE
-// (auto | decode | dequant | emulation) forces a route where it applies, for
-// A/B runs; SetMoeQuantRouteMode does the same from code.
+// tiles are then opt-in (KPLAN_MOE_QUANT_ROUTE=decode). The matvec kernels
+// read the bytes of one token at copy speed, which the tensor-core GEMMs do
+// not (DeepSeek-V3 fp8 block, one token: docs/PERF.md, session 11), so they
+// take one token on every scheme.
+// The decode rule is bytes against slots: the decode kernels stream the
+// weights once per tile of 8 / 16 / 32 slots of one expert, so they win while
+// the average slots per hit expert fit one tile (the expected maximum too:
+// the block is sized with a margin); past that the weights would be read once
+// per tile and the grouped GEMMs' larger tiles take over.
+// KPLAN_MOE_QUANT_ROUTE (auto | matvec | decode | dequant | emulation) forces
+// a route where it applies, for A/B runs; SetMoeQuantRouteMode does the same
+// from code.
 #pragma once
 
 #include <algorithm>
@@ -33,8 +40,25 @@
 
 namespace kplan::kernels::cuda {
 
-enum class MoeQuantRoute : int { kEmulation = 0, kDecode = 1, kDequant = 2 };
-enum class MoeQuantRouteMode : int { kFromEnv = -1, kAuto = 0, kEmulation, kDecode, kDequant };
+enum class MoeQuantRoute : int { kEmulation = 0, kDecode = 1, kDequant = 2, kMatvec = 3 };
+enum class MoeQuantRouteMode : int {
+  kFromEnv = -1,
+  kAuto = 0,
+  kEmulation,
+  kDecode,
+  kDequant,
+  kMatvec
+};
+
+// Every slot of a matrix-vector decode kernel streams its expert's weights,
+// so slots that share an expert read them twice: one token (top-k ids are
+// distinct), or few slots among many experts (numel^2 <= E: on average at
+// most half a shared pair). The bf16 decode kernels' rule too
+// (MoeDecodeApplies, moe_experts.h).
+inline bool MoeSlotsOnDistinctExperts(int64_t num_tokens, int top_k, int num_experts) {
+  const int64_t numel = num_tokens * top_k;
+  return numel > 0 && (num_tokens == 1 || numel * numel <= num_experts);
+}
 
 // Slots per decode tile (the moe_align block size) for `numel` slots over
 // `num_experts` experts: 8, 16 or 32; 0 when the batch is past decode size.
@@ -64,6 +88,7 @@ inline MoeQuantRouteMode MoeQuantRouteFromEnv() {
     if (std::strcmp(v, "emulation") == 0) return MoeQuantRouteMode::kEmulation;
     if (std::strcmp(v, "decode") == 0) return MoeQuantRouteMode::kDecode;
     if (std::strcmp(v, "dequant") == 0) return MoeQuantRouteMode::kDequant;
+    if (std::strcmp(v, "matvec") == 0) return MoeQuantRouteMode::kMatvec;
     return MoeQuantRouteMode::kAuto;
   }();
   return mode;
@@ -74,27 +99,40 @@ inline MoeQuantRouteMode MoeQuantRouteModeNow() {
   return m != MoeQuantRouteMode::kFromEnv ? m : MoeQuantRouteFromEnv();
 }
 
-// decode_ok / dequant_ok: the kernels run these weights, activations and
-// sizes (MoeQuantDecodeSupports for both GEMMs; MoeDequantWeightsSupports);
-// fp8_tc: the emulation route's GEMMs are the fp8 tensor-core ones.
-// A forced route that does not apply falls back to the automatic choice.
-inline MoeQuantRoute MoeQuantRouteFor(bool decode_ok, bool dequant_ok, bool fp8_tc, int64_t numel,
+// Which kernels run these weights, activations and sizes (both GEMMs):
+// matvec (MoeQuantMatvecSupports), decode (MoeQuantDecodeSupports), dequant
+// (MoeDequantWeightsSupports); fp8_tc: the emulation route's GEMMs are the
+// fp8 tensor-core ones.
+struct MoeQuantKernels {
+  bool matvec = false, decode = false, dequant = false, fp8_tc = false;
+};
+
+// The route of a layer of num_tokens x top_k slots over num_experts ids. A
+// forced route that does not apply falls back to the automatic choice.
+inline MoeQuantRoute MoeQuantRouteFor(const MoeQuantKernels& ok, int64_t num_tokens, int top_k,
                                       int num_experts, MoeQuantRouteMode mode) {
+  const int64_t numel = num_tokens * top_k;
   const bool decode_sized = MoeQuantDecodeBlockFor(numel, num_experts) > 0;
   switch (mode) {
     case MoeQuantRouteMode::kEmulation:
       return MoeQuantRoute::kEmulation;
+    case MoeQuantRouteMode::kMatvec:
+      if (ok.matvec && numel > 0) return MoeQuantRoute::kMatvec;
+      break;
     case MoeQuantRouteMode::kDecode:
-      if (decode_ok && numel > 0) return MoeQuantRoute::kDecode;
+      if (ok.decode && numel > 0) return MoeQuantRoute::kDecode;
       break;
     case MoeQuantRouteMode::kDequant:
-      if (dequant_ok) return MoeQuantRoute::kDequant;
+      if (ok.dequant) return MoeQuantRoute::kDequant;
       break;
     default:
       break;
   }
-  if (decode_ok && decode_sized && !fp8_tc) return MoeQuantRoute::kDecode;
-  if (dequant_ok) return MoeQuantRoute::kDequant;
+  if (ok.matvec && MoeSlotsOnDistinctExperts(num_tokens, top_k, num_experts)) {
+    return MoeQuantRoute::kMatvec;
+  }
+  if (ok.decode && decode_sized && !ok.fp8_tc) return MoeQuantRoute::kDecode;
+  if (ok.dequant) return MoeQuantRoute::kDequant;
   return MoeQuantRoute::kEmulation;
 }
 

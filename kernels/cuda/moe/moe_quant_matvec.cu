@@ -1,0 +1,509 @@
+// Decode-sized quantised expert GEMMs in matrix-vector form
+// (moe_quant_gemm.h, LaunchMoeQuantMatvec): for slots on distinct experts,
+// where a tile of moe_quant_decode.cu would hold one slot. Each slot's
+// weight rows are read once, with 16-byte loads; two kernels, each the
+// faster of the forms measured for its weights (docs/PERF.md, session 11):
+//   fp8:  tiles of 16 rows per warp (gated GEMM 1: the gate and the up rows
+//         of 8 intermediate columns) on mma.sync m16n8k32 e4m3, the weights
+//         the 16-row operand and the quantised activation row
+//         (LaunchMoeFp8Quantize) in every one of the 8 columns (column 0 is
+//         kept): no conversion, products exact, fp32 accumulation. Per
+//         64-byte chunk of K, lane (g, c) loads vector c of rows g and g + 8,
+//         two chunks in flight; the k order inside an mma, which a dot
+//         product does not see, follows the loads, and the activation operand
+//         is loaded in the same order. K is split over up to 8 warps of a CTA
+//         while the grid is small, the partials summed in warp order. Block
+//         scales per chunk (block_k % 64 == 0: a chunk lies in one k-block)
+//         as acc += Σ·(xs·ws), per-tensor / per-channel scales once at the
+//         end: Σ·(xs·ws). (Dequantising fp8 in registers for fp32 FMAs is
+//         bound by the conversion pipe; the mma takes the bytes as stored.)
+//   int:  one warp per slot and weight row pair (gated: the gate and up row
+//         of one intermediate column) or kRows rows, as the bf16 decode
+//         kernels (moe_decode.cu): lane i takes the 16-byte vectors i,
+//         i + 32, ... of its rows, kBatch per row in flight, w = round_T((q
+//         - zp)·s) as the CPU reference rounds it, times the activations in
+//         T with fp32 fmaf. (The same dequantisation feeding mma.sync tiles
+//         was slower here.)
+// Each lane sums in a fixed order, then the warp (and the split warps) in a
+// fixed one: results are deterministic and depend on the shape only. The
+// epilogue rounds as the grouped GEMMs do (round(acc), bias round(round(acc)
+// + round(b))) and, for GEMM 1 with apply_act, applies the activation. Slots
+// whose expert is not local (or out of range) get zero rows.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/ir/ir_device_math.cuh"
+#include "kernels/cuda/moe/moe_activation_math.cuh"
+#include "kernels/cuda/moe/moe_decode.cuh"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_quant_math.cuh"
+#include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/status.h"
+
+namespace kplan::kernels::cuda {
+namespace {
+
+using detail::FromFloat;
+using detail::decode::LocalExpert;
+using detail::decode::Rounded;
+using detail::quant::BiasedZero;
+using detail::quant::Deq;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBatch = 2;      // chunks (fp8) or vectors (int) per warp and row in flight
+constexpr int kTileRows = 16;  // fp8: weight rows per mma tile (gated: 8 gate + 8 up)
+constexpr int kRows = 4;       // int: rows per warp without gating
+
+enum WeightKind : int { kWFp8 = 0, kWInt8 = 1, kWInt4 = 2 };
+
+struct Params {
+  const void* a;  // fp8 bytes or T, [rows, K]
+  const float* a_scale;
+  int a_row_div;
+  int64_t a_kb;  // fp8 block: k-blocks per activation row (and per scale row)
+  MoeQuantWeights w;
+  const float* bias;
+  const int32_t* ids;
+  const int32_t* map;
+  int num_experts, num_local;
+  int64_t numel, N, K;
+  int64_t nbn;        // fp8 block: scale blocks along N
+  int64_t groups;     // int: groups per row
+  bool gated, plain;  // the activation: gated pair, or on each row
+  MoeActivation act;
+  MoeActParams ap;
+  int64_t out_cols;  // I (gated) or N
+  // fp8: tiles of a slot, of the call, and the warps splitting a tile's K.
+  int64_t tiles_per_slot, tiles;
+  int split;
+  int64_t warps_per_slot;  // int, not gated
+  void* c;                 // [numel, out_cols]
+};
+
+__device__ __forceinline__ uint32_t Word(const int4& v, int i) {
+  return static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
+}
+
+// GEMM output element (slot, row) as the grouped GEMMs store it, as float.
+template <typename T, int WK>
+__device__ __forceinline__ float Output(const Params& p, int e, int64_t arow, int64_t row,
+                                        float v) {
+  if (WK == kWFp8 && p.w.scale_kind != MoeWeightScale::kBlock) {
+    const float xs = __ldg(p.a_scale + arow);
+    const float ws = p.w.scale_kind == MoeWeightScale::kPerTensor
+                         ? __ldg(p.w.scale + e)
+                         : __ldg(p.w.scale + static_cast<int64_t>(e) * p.N + row);
+    v = __fmul_rn(v, __fmul_rn(xs, ws));
+  }
+  return Rounded<T>(v, p.bias != nullptr ? p.bias + static_cast<int64_t>(e) * p.N + row : nullptr);
+}
+
+// --- fp8: mma tiles.
+
+// d += A·B, m16n8k32 e4m3, fp32 accumulation.
+__device__ __forceinline__ void MmaFp8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The tile of a warp: rows[0] (its lanes' row g) and rows[1] (row g + 8) of
+// local expert e against activation row arow, over the chunks ks, ks +
+// split, ... of K. On return acc[0] / acc[2] of the lanes with c == 0 hold
+// rows g / g + 8 (column 0 of D), before the per-tensor / per-channel scale.
+__device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_t (&rows)[2],
+                                            int64_t arow, int ks, int lane, float (&acc)[4]) {
+  const int c = lane & 3;
+  const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * p.K;
+  const int4* w0 = reinterpret_cast<const int4*>(wb + rows[0] * p.K);
+  const int4* w1 = reinterpret_cast<const int4*>(wb + rows[1] * p.K);
+  const int4* x = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(p.a) + arow * p.K);
+  const int64_t vecs = p.K / 16, chunks = (vecs + 3) / 4;
+  const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
+  const float* ws0 = nullptr;
+  const float* ws1 = nullptr;
+  if (block) {
+    ws0 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + rows[0] / p.w.block_n) * p.a_kb;
+    ws1 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + rows[1] / p.w.block_n) * p.a_kb;
+  }
+  for (int64_t ch0 = ks; ch0 < chunks; ch0 += static_cast<int64_t>(p.split) * kBatch) {
+    int4 v0[kBatch], v1[kBatch], xv[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t ch = ch0 + static_cast<int64_t>(u) * p.split, i = ch * 4 + c;
+      // Past K (or the warp's chunks): zeros, and every lane runs the mma.
+      const bool in = ch < chunks && i < vecs;
+      v0[u] = in ? __ldg(w0 + i) : make_int4(0, 0, 0, 0);
+      v1[u] = in ? __ldg(w1 + i) : make_int4(0, 0, 0, 0);
+      xv[u] = in ? __ldg(x + i) : make_int4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t ch = ch0 + static_cast<int64_t>(u) * p.split;
+      if (ch >= chunks) break;
+      // Lane (g, c)'s bytes 0-3 / 4-7 of a row are its k 4c.. / 16 + 4c..
+      // of the first mma, bytes 8-15 those of the second.
+      if (block) {
+        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        MmaFp8(t, v0[u].x, v1[u].x, v0[u].y, v1[u].y, xv[u].x, xv[u].y);
+        MmaFp8(t, v0[u].z, v1[u].z, v0[u].w, v1[u].w, xv[u].z, xv[u].w);
+        const int64_t kb = ch * 64 / p.w.block_k;
+        const float xs = __ldg(p.a_scale + arow * p.a_kb + kb);
+        acc[0] = __fadd_rn(acc[0], __fmul_rn(t[0], __fmul_rn(xs, __ldg(ws0 + kb))));
+        acc[2] = __fadd_rn(acc[2], __fmul_rn(t[2], __fmul_rn(xs, __ldg(ws1 + kb))));
+      } else {
+        MmaFp8(acc, v0[u].x, v1[u].x, v0[u].y, v1[u].y, xv[u].x, xv[u].y);
+        MmaFp8(acc, v0[u].z, v1[u].z, v0[u].w, v1[u].w, xv[u].z, xv[u].w);
+      }
+    }
+  }
+}
+
+// A CTA of kWarps warps takes kWarps / split tiles of one slot, each tile's
+// K split over `split` warps; the tile's first warp sums the partials in
+// warp order and writes the outputs. Gated, tile t of a slot is the gate
+// rows (row g) and the up rows (g + 8) of intermediate columns 8t .. 8t + 7;
+// else rows 16t .. 16t + 15.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) Fp8Kernel(const __grid_constant__ Params p) {
+  __shared__ float red[kWarps][kTileRows];
+  detail::PdlWaitThenRelease();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int ks = warp % p.split;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * (kWarps / p.split) + warp / p.split;
+  const bool live = tile < p.tiles;
+  const int64_t s = live ? tile / p.tiles_per_slot : 0, t = tile % p.tiles_per_slot;
+  const int e = live ? LocalExpert(p.ids, p.map, p.num_experts, p.num_local, s) : -1;
+  const int64_t arow = s / p.a_row_div;
+  const int g = lane >> 2;
+  const bool inter = p.act == MoeActivation::kSwigluOai;
+  // Row r of the tile (past N: row 0, dropped).
+  auto row_of = [&](int r) -> int64_t {
+    if (p.gated) {
+      const int64_t col = t * 8 + (r & 7);
+      const int64_t cc = col < p.out_cols ? col : 0;
+      return r < 8 ? (inter ? 2 * cc : cc) : (inter ? 2 * cc + 1 : p.out_cols + cc);
+    }
+    const int64_t row = t * kTileRows + r;
+    return row < p.N ? row : 0;
+  };
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (e >= 0) {
+    const int64_t rows[2] = {row_of(g), row_of(g + 8)};
+    Fp8TileDots(p, e, rows, arow, ks, lane, acc);
+  }
+  if ((lane & 3) == 0) {
+    red[warp][g] = acc[0];
+    red[warp][g + 8] = acc[2];
+  }
+  __syncthreads();
+  if (!live || ks != 0) return;
+  T* out = static_cast<T*>(p.c) + s * p.out_cols;
+  auto sum = [&](int r) {
+    float v = red[warp][r];
+    for (int k = 1; k < p.split; ++k) v += red[warp + k][r];
+    return v;
+  };
+  if (p.gated) {
+    const int64_t col = t * 8 + lane;
+    if (lane >= 8 || col >= p.out_cols) return;
+    if (e < 0) {
+      out[col] = FromFloat<T>(0.0f);  // act(0, 0) == 0 for every activation
+      return;
+    }
+    const float gv = Output<T, kWFp8>(p, e, arow, row_of(lane), sum(lane));
+    const float uv = Output<T, kWFp8>(p, e, arow, row_of(lane + 8), sum(lane + 8));
+    out[col] = FromFloat<T>(moe_math::Gated(p.act, p.ap, gv, uv));
+    return;
+  }
+  const int64_t row = t * kTileRows + lane;
+  if (lane >= kTileRows || row >= p.N) return;
+  if (e < 0) {
+    out[row] = FromFloat<T>(0.0f);
+    return;
+  }
+  const float v = Output<T, kWFp8>(p, e, arow, row, sum(lane));
+  out[row] = FromFloat<T>(p.plain ? moe_math::Plain(p.act, v) : v);
+}
+
+// --- int: row dot products.
+
+template <int WK>
+constexpr int kElems = WK == kWInt4 ? 32 : 16;  // weights per 16-byte vector
+
+// Two T values (one 32-bit word) as floats.
+template <typename T>
+__device__ __forceinline__ float2 PairToFloat2(uint32_t v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  }
+}
+
+// Two floats rounded to T and back (the reference's rounding of a
+// dequantised weight).
+template <typename T>
+__device__ __forceinline__ float2 RoundPair(float a, float b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return PairToFloat2<T>(*reinterpret_cast<const uint32_t*>(&v));
+  } else {
+    return __half22float2(__floats2half2_rn(a, b));
+  }
+}
+
+// acc += Σ_j w_j · x_j over one weight vector `v` of scale s and biased
+// zero point zpb, x the activations of its k.
+template <typename T, int WK>
+__device__ __forceinline__ void IntVectorDot(const int4& v, float s, float zpb, bool flip,
+                                             const float (&x)[kElems<WK>], float& acc) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t wd = Word(v, q) ^ (flip ? 0x80808080u : 0u);  // signed int8: q + 128
+    if constexpr (WK == kWInt4) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const uint32_t byte = (wd >> (8 * b)) & 0xffu;
+        const float2 w = RoundPair<T>(Deq(byte & 0xfu, zpb, s), Deq(byte >> 4, zpb, s));
+        acc = fmaf(w.x, x[8 * q + 2 * b], acc);
+        acc = fmaf(w.y, x[8 * q + 2 * b + 1], acc);
+      }
+    } else {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const float2 w = RoundPair<T>(Deq((wd >> (16 * b)) & 0xffu, zpb, s),
+                                      Deq((wd >> (16 * b + 8)) & 0xffu, zpb, s));
+        acc = fmaf(w.x, x[4 * q + 2 * b], acc);
+        acc = fmaf(w.y, x[4 * q + 2 * b + 1], acc);
+      }
+    }
+  }
+}
+
+// out[r] = the dot product of weight row rows[r] of local expert e with
+// activation row arow; valid in every lane.
+template <typename T, int WK, int R>
+__device__ __forceinline__ void IntRowDots(const Params& p, int e, const int64_t (&rows)[R],
+                                           int64_t arow, int lane, float (&out)[R]) {
+  const int64_t bpr = WK == kWInt4 ? p.K / 2 : p.K;  // weight bytes per row
+  const int vecs = static_cast<int>(bpr / 16);
+  const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * bpr;
+  const int4* xr = reinterpret_cast<const int4*>(static_cast<const T*>(p.a) + arow * p.K);
+  const bool flip = WK == kWInt8 && p.w.zero == nullptr;
+  // Per row: its vectors, and the offset of its groups' scales (and zero
+  // points) from the expert's (32-bit: N x groups of one expert).
+  const int64_t e_groups = static_cast<int64_t>(e) * p.N * p.groups;
+  const float* sc = p.w.scale + e_groups;
+  const uint8_t* zp = p.w.zero != nullptr ? p.w.zero + e_groups : nullptr;
+  const int4* w[R];
+  int goff[R];
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    w[r] = reinterpret_cast<const int4*>(wb + rows[r] * bpr);
+    goff[r] = static_cast<int>(rows[r] * p.groups);
+    acc[r] = 0.0f;
+  }
+  for (int base = lane; base < vecs; base += 32 * kBatch) {
+    int4 v[kBatch][R];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (base + 32 * u < vecs) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) v[u][r] = __ldg(w[r] + base + 32 * u);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + 32 * u;
+      if (i >= vecs) break;
+      float x[kElems<WK>];
+#pragma unroll
+      for (int q = 0; q < kElems<WK> / 8; ++q) {
+        const int4 xv = __ldg(xr + i * (kElems<WK> / 8) + q);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = PairToFloat2<T>(Word(xv, j));
+          x[8 * q + 2 * j] = f.x;
+          x[8 * q + 2 * j + 1] = f.y;
+        }
+      }
+      const int gk = i * kElems<WK> / p.w.group_size;  // a vector lies in one group
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float zpb = BiasedZero(zp, goff[r] + gk, WK == kWInt4);
+        IntVectorDot<T, WK>(v[u][r], __ldg(sc + goff[r] + gk), zpb, flip, x, acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    out[r] = acc[r];
+  }
+}
+
+// Gated: one warp per (slot, intermediate column), its gate and up rows.
+template <typename T, int WK>
+__global__ void __launch_bounds__(kThreads, 2) IntGatedKernel(const __grid_constant__ Params p) {
+  detail::PdlWaitThenRelease();
+  const int lane = threadIdx.x & 31;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (item >= p.numel * p.out_cols) return;
+  const int64_t s = item / p.out_cols, n = item % p.out_cols;
+  T* out = static_cast<T*>(p.c);
+  const int e = LocalExpert(p.ids, p.map, p.num_experts, p.num_local, s);
+  if (e < 0) {
+    if (lane == 0) out[item] = FromFloat<T>(0.0f);  // act(0, 0) == 0 for every activation
+    return;
+  }
+  // swigluoai interleaves gate and up rows; the others stack them.
+  const bool inter = p.act == MoeActivation::kSwigluOai;
+  const int64_t rows[2] = {inter ? 2 * n : n, inter ? 2 * n + 1 : p.out_cols + n};
+  const int64_t arow = s / p.a_row_div;
+  float d[2];
+  IntRowDots<T, WK, 2>(p, e, rows, arow, lane, d);
+  if (lane != 0) return;
+  const float g = Output<T, WK>(p, e, arow, rows[0], d[0]);
+  const float u = Output<T, WK>(p, e, arow, rows[1], d[1]);
+  out[item] = FromFloat<T>(moe_math::Gated(p.act, p.ap, g, u));
+}
+
+// Otherwise: one warp per (slot, kRows consecutive rows), with the plain
+// activation on each or none.
+template <typename T, int WK>
+__global__ void __launch_bounds__(kThreads, 2) IntRowsKernel(const __grid_constant__ Params p) {
+  detail::PdlWaitThenRelease();
+  const int lane = threadIdx.x & 31;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (item >= p.numel * p.warps_per_slot) return;
+  const int64_t s = item / p.warps_per_slot, n0 = (item % p.warps_per_slot) * kRows;
+  T* out = static_cast<T*>(p.c) + s * p.N;
+  const int e = LocalExpert(p.ids, p.map, p.num_experts, p.num_local, s);
+  if (e < 0) {
+    if (lane < kRows && n0 + lane < p.N) out[n0 + lane] = FromFloat<T>(0.0f);
+    return;
+  }
+  int64_t rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rows[r] = n0 + r < p.N ? n0 + r : 0;  // past N: dropped
+  const int64_t arow = s / p.a_row_div;
+  float d[kRows];
+  IntRowDots<T, WK, kRows>(p, e, rows, arow, lane, d);
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (n0 + r >= p.N) break;
+    const float v = Output<T, WK>(p, e, arow, n0 + r, d[r]);
+    out[n0 + r] = FromFloat<T>(p.plain ? moe_math::Plain(p.act, v) : v);
+  }
+}
+
+template <typename T, int WK>
+cudaError_t LaunchInt(const Params& p, cudaStream_t stream) {
+  const int64_t warps = p.numel * (p.gated ? p.out_cols : p.warps_per_slot);
+  const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
+  return p.gated ? detail::LaunchPdl(IntGatedKernel<T, WK>, grid, dim3(kThreads), 0, stream, p)
+                 : detail::LaunchPdl(IntRowsKernel<T, WK>, grid, dim3(kThreads), 0, stream, p);
+}
+
+template <typename T>
+cudaError_t ByKind(const Params& p, cudaStream_t stream) {
+  switch (p.w.kind) {
+    case DType::kFp8E4m3: {
+      const int64_t per_cta = kWarps / p.split;
+      const dim3 grid(static_cast<unsigned>((p.tiles + per_cta - 1) / per_cta));
+      return detail::LaunchPdl(Fp8Kernel<T>, grid, dim3(kThreads), 0, stream, p);
+    }
+    case DType::kInt8:
+      return LaunchInt<T, kWInt8>(p, stream);
+    default:
+      return LaunchInt<T, kWInt4>(p, stream);
+  }
+}
+
+}  // namespace
+
+bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
+  // The decode kernels' weights and sizes, with 32-bit vector and group
+  // indices (IntRowDots).
+  return MoeQuantDecodeSupports(w, act_type, N, K) && K <= (int64_t{1} << 30) &&
+         N * (K / 16) <= INT32_MAX;
+}
+
+absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t stream) {
+  const MoeQuantDecodeArgs& d = args.gemm;
+  if (!MoeQuantMatvecSupports(d.w, d.act_type, d.N, d.K)) {
+    return absl::InvalidArgumentError(
+        "moe_quant_matvec: weights / activation type / sizes not supported "
+        "(MoeQuantMatvecSupports)");
+  }
+  if (d.numel < 0 || args.num_experts <= 0 || d.num_local_experts <= 0 || d.a_row_div <= 0) {
+    return absl::InvalidArgumentError("moe_quant_matvec: bad sizes");
+  }
+  if (d.numel == 0) return absl::OkStatus();
+  if (d.a == nullptr || d.c == nullptr || args.topk_ids == nullptr ||
+      (d.w.kind == DType::kFp8E4m3 && d.a_scale == nullptr)) {
+    return absl::InvalidArgumentError("moe_quant_matvec: null pointer");
+  }
+  const bool gated = d.apply_act && d.act < MoeActivation::kSiluNoMul;
+  if (gated && d.N % 2 != 0) return absl::InvalidArgumentError("moe_quant_matvec: odd gated N");
+  Params p{};
+  p.a = d.a;
+  p.a_scale = d.a_scale;
+  p.a_row_div = d.a_row_div;
+  p.w = d.w;
+  const bool block = d.w.scale_kind == MoeWeightScale::kBlock;
+  p.a_kb = block ? (d.K + d.w.block_k - 1) / d.w.block_k : 1;
+  p.nbn = block ? (d.N + d.w.block_n - 1) / d.w.block_n : 0;
+  p.groups = d.w.scale_kind == MoeWeightScale::kGroup ? d.K / d.w.group_size : 0;
+  p.bias = d.bias;
+  p.ids = args.topk_ids;
+  p.map = args.expert_map;
+  p.num_experts = args.num_experts;
+  p.num_local = d.num_local_experts;
+  p.numel = d.numel;
+  p.N = d.N;
+  p.K = d.K;
+  p.gated = gated;
+  p.plain = d.apply_act && !gated;
+  p.act = d.act;
+  p.ap = EffectiveActParams(d.act_params);
+  p.out_cols = gated ? d.N / 2 : d.N;
+  p.c = d.c;
+  int64_t warps;
+  if (d.w.kind == DType::kFp8E4m3) {
+    p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
+    p.tiles = d.numel * p.tiles_per_slot;
+    // K split over up to kWarps warps until the grid has kMinWarps warps
+    // (the weight stream needs that many loads in flight), keeping two
+    // chunks per warp at least. A function of the shape only.
+    constexpr int64_t kMinWarps = 132 * 32;
+    const int64_t chunks = (d.K / 16 + 3) / 4;
+    p.split = 1;
+    while (p.split < kWarps && p.tiles * p.split < kMinWarps && chunks >= 4 * p.split) {
+      p.split *= 2;
+    }
+    warps = (p.tiles + kWarps / p.split - 1) / (kWarps / p.split) * kWarps;
+  } else {
+    p.warps_per_slot = (d.N + kRows - 1) / kRows;
+    warps = d.numel * (gated ? p.out_cols : p.warps_per_slot);
+  }
+  if ((warps + kWarps - 1) / kWarps > INT32_MAX) {
+    return absl::InvalidArgumentError("moe_quant_matvec: grid too large");
+  }
+  KPLAN_CUDA_RETURN_IF_ERROR(d.act_type == DType::kBFloat16 ? ByKind<__nv_bfloat16>(p, stream)
+                                                            : ByKind<__half>(p, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace kplan::kernels::cuda
