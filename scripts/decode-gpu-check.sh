@@ -25,20 +25,9 @@ out=${OUT:-/tmp/kplan-decode}/logs
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/$dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 bin=$dist/bin
-status=0
-step() {  # name seconds command...
-  local name=$1 limit=$2
-  shift 2
-  echo "=== $name: $*"
-  if timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1; then
-    echo "--- $name: ok"
-  else
-    echo "--- $name: FAILED ($?)"
-    status=1
-  fi
-  grep -E "FAIL|DIFFER|differ:|PASSED|ERROR SUMMARY|^routing|^shape|dec[12]k|bit-identical|other ids|gpu__time|dram__bytes|lts__t" \
-    "$out/$name.log" | grep -vE "^route .* OK$" | tail -n "${TAIL:-20}"
-}
+step_keep='FAIL|DIFFER|differ:|PASSED|ERROR SUMMARY|^routing|^shape|dec[12]k|bit-identical|other ids|gpu__time|dram__bytes|lts__t'
+step_drop='^route .* OK$'
+. "$(dirname "$0")/gpu-steps.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
 if [ -z "${SKIP_ROUTING:-}" ]; then  # SKIP_ROUTING=1: the decode steps only
   step routing_test 60 "$bin/moe_gpu_test" --gtest_filter='*Routing*'
