@@ -12,7 +12,7 @@
 #      emulation = the fp8 tensor-core or dequantising GEMMs), bf16 beside;
 #      every row checked against the CPU reference before it is timed;
 #   3. the matvec kernels under ncu (Qwen3 and Mixtral, fp8 block and int4).
-# The steps' time limits add up to 590 s, inside a device call's 600 s.
+# The steps' time limits add up to 580 s, inside a device call's 600 s.
 # usage (here): bash scripts/bundle.sh .dist build/bin/{moe_quant_gpu_test,moe_bench}
 #               strip --strip-debug .dist/bin/* .dist/lib/*
 #        (there): scripts/quant-decode-gpu-check.sh [DIST]
@@ -31,7 +31,7 @@ step routes_test 100 "$bin/moe_quant_gpu_test" \
 step memcheck 80 compute-sanitizer --tool memcheck "$bin/moe_quant_gpu_test" \
   --gtest_filter='*MatvecRoute*'
 B=("$bin/moe_bench" --budget_s 0.2 --sets 4 --fused on --warmup_s 1 --check_tokens 2)
-TAIL=60 step bench_deepseek 190 "${B[@]}" --shapes deepseek \
+TAIL=60 step bench_deepseek 170 "${B[@]}" --shapes deepseek \
   --quant fp8_block,int4_group,int8_group,fp8_per_tensor --tokens 1,2 \
   --route "${ROUTES:-auto,decode,emulation}" --json "$out/bench_deepseek.json"
 TAIL=60 step bench_qm 140 "${B[@]}" --shapes qwen3,mixtral \

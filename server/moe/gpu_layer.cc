@@ -131,7 +131,8 @@ int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, in
   if (!experts.spec().quant.scheme.empty() &&
       QuantRouteOf(experts, act, max_tokens, top_k, num_experts, batch_invariant) ==
           kc::MoeQuantRoute::kDequant) {
-    // Smaller calls may take the decode or emulation route: room for both.
+    // Smaller calls may take the matvec, decode or emulation route (one
+    // layout): room for both.
     const int64_t fast = LayoutFor(experts, max_tokens, top_k, num_experts, /*scale_rows=*/true,
                                    /*separate_y=*/true, /*bound=*/true)
                              .bytes;

@@ -205,7 +205,7 @@ bool IntKernelsApply(const GpuExperts& experts, kernels::DType act_dtype) {
     return false;
   }
   const kc::MoeQuantKernels q = QuantKernelsFor(experts, s, act_dtype);
-  return q.matvec || q.decode || q.dequant;
+  return q.decode || q.dequant;  // matvec takes what decode takes
 }
 
 GpuLayerFacts GpuLayerFactsOf(const GpuExperts& experts, kernels::DType act_dtype,

@@ -461,8 +461,9 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
       KPLAN_RETURN_IF_ERROR(enqueue());
     }
   }
-  out.experts_kernel = std::string(
-      GpuLayerExpertsKernel(GpuLayerFactsOf(experts, in.act_dtype, M, k, E, in.batch_invariant)));
+  const GpuLayerFacts facts = GpuLayerFactsOf(experts, in.act_dtype, M, k, E, in.batch_invariant);
+  out.experts_kernel = std::string(GpuLayerExpertsKernel(facts));
+  if (stats != nullptr) stats->layer = facts;
   KPLAN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   drained = true;
   if (stats != nullptr) {

@@ -117,6 +117,10 @@ struct GpuRunStats {
   // align, GEMMs, activation, combine), by CUDA events.
   float device_ms = 0.0f;
   int64_t workspace_bytes = 0;
+  // What the layer ran (GpuLayerFactsOf): the quantised route among them,
+  // which the experts kernel's name does not tell apart (matvec and decode
+  // tiles are both KplanQuantDecodeExperts).
+  GpuLayerFacts layer;
 };
 
 // Runs the layer on experts.device() on `stream` (a cudaStream_t; null = the

@@ -243,6 +243,7 @@ struct RunOptions {
   bool given_ids = false;
   bool weights_on_input = false;  // k must be 1
   int k_override = 0;
+  bool expect_matvec = false;  // auto must pick the matvec kernels
 };
 
 void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExperts& gpu,
@@ -305,8 +306,9 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
       EXPECT_THAT(got->experts_kernel, ::testing::AnyOf("KplanEmulationExperts", "KplanFp8Experts"))
           << label;
     }
-    if (opt.route == kernels::cuda::MoeQuantRouteMode::kMatvec) {
+    if (opt.route == kernels::cuda::MoeQuantRouteMode::kMatvec || opt.expect_matvec) {
       EXPECT_EQ(got->experts_kernel, "KplanQuantDecodeExperts") << label;
+      EXPECT_EQ(st.layer.quant_route, kernels::cuda::MoeQuantRoute::kMatvec) << label;
     }
   }
 
@@ -583,16 +585,18 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
 // only slower), each scheme, biases, zero points, every activation form
 // (stacked and interleaved gate/up rows, no gating), bf16 and fp16, the
 // router weight on the input. fp8 H = 336 ends in a partial 128-wide
-// k-block; int4 group 32 and int8 group 16 give one scale per 16-byte vector.
+// k-block; int4 group 32 and int8 group 16 give one scale per 16-byte vector;
+// Mixtral-8x7B per-tensor fp8 one token for a long K.
 TEST(MoeQuantGpu, MatvecRoute) {
   SKIP_WITHOUT_CUDA();
   using kernels::cuda::MoeQuantRouteMode;
-  RunOptions mv;
+  RunOptions mv, one;
   mv.route = MoeQuantRouteMode::kMatvec;
+  one.expect_matvec = true;  // auto at one token
   const Shape f8{"tail-fp8", 6, 2, 336, 80};
   Combo blk = Fp8("fp8_block", kernels::DType::kBFloat16);
   blk.bias = true;
-  RunCombo(f8, blk, {1}, 91);
+  RunCombo(f8, blk, {1}, 91, one);
   RunCombo(f8, blk, {2, 33}, 92, mv);
   Combo pc = Fp8("fp8_per_channel", kernels::DType::kFloat16);
   pc.activation = "swigluoai";
@@ -604,7 +608,7 @@ TEST(MoeQuantGpu, MatvecRoute) {
   Combo i4z = IntW("int4_group", kernels::DType::kFloat16, true, 32);
   i4z.bias = true;
   i4z.activation = "gelu";
-  RunCombo(i4s, i4z, {1}, 95);
+  RunCombo(i4s, i4z, {1}, 95, one);
   RunCombo(i4s, i4z, {3, 40}, 96, mv);
   RunCombo(i4s, IntW("int4_group", kernels::DType::kBFloat16, false, 32), {1, 7}, 97, mv);
   const Shape i8s{"tail-int8", 6, 2, 336, 80};
@@ -617,6 +621,9 @@ TEST(MoeQuantGpu, MatvecRoute) {
   on_input.k_override = 1;
   RunCombo(i4s, IntW("int4_group", kernels::DType::kBFloat16, true, 32), {1, 19}, 100, on_input);
   RunCombo(f8, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 19}, 101, on_input);
+  // A long K on one warp's chunks (GEMM 2's 14336, split over 8 warps):
+  // per-tensor sums go through the fp32 promotion of every chunk.
+  RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1}, 102, one);
 }
 
 TEST(MoeQuantGpu, RefusesWhatTheReferenceRejects) {

@@ -1,7 +1,7 @@
 // The quantised MoE layer's route choice (kernels/cuda/moe/moe_quant_route.h):
 // matvec for slots on distinct experts, the decode block by slots per hit
-// expert, the fallbacks when a kernel does not apply, and the forced modes. Plain C++, runs without
-// a GPU.
+// expert, the fallbacks when a kernel does not apply, and the forced modes.
+// Plain C++, runs without a GPU.
 #include "kernels/cuda/moe/moe_quant_route.h"
 
 #include <gtest/gtest.h>

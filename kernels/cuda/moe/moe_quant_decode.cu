@@ -46,7 +46,7 @@ namespace {
 using detail::FromFloat;
 using detail::ToFloat;
 using detail::quant::Deq;
-using detail::quant::Fp8x2ToHalf2;
+using detail::quant::WordOf;
 
 constexpr int kWarps = 4;
 constexpr int kRowsPerWarp = 32;  // two m16 tiles
@@ -110,6 +110,13 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
   }
 }
 
+// Two e4m3 bytes (lo first) as an f16x2 register, exact.
+__device__ __forceinline__ uint32_t Fp8x2ToHalf2(uint32_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
 // 16 e4m3 bytes as 8 f16x2 pairs (pair p = bytes 2p, 2p + 1).
 __device__ __forceinline__ void Fp8ToPairs(const uint4& v, uint32_t (&p)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -118,11 +125,6 @@ __device__ __forceinline__ void Fp8ToPairs(const uint4& v, uint32_t (&p)[8]) {
     p[2 * i] = Fp8x2ToHalf2(w[i]);
     p[2 * i + 1] = Fp8x2ToHalf2(w[i] >> 16);
   }
-}
-
-// Word i (compile-time after unrolling) of a 16-byte vector.
-__device__ __forceinline__ uint32_t WordOf(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 // Pair `pr` of a thread's 16 weight bytes as the MMA's input type: fp8

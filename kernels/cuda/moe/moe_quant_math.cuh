@@ -1,21 +1,18 @@
-// Device decoding of stored quantised weights, shared by the quantised
-// decode kernels (moe_quant_decode.cu: tiles on mma.sync; moe_quant_matvec.cu:
-// one warp per weight row) so that both decode a stored byte the same way.
-// Internal to kernels/cuda/moe.
+// Device decoding of stored quantised int weights, shared by the quantised
+// decode kernels (moe_quant_decode.cu: tiles on mma.sync;
+// moe_quant_matvec.cu: whole rows per slot) so that both dequantise a stored
+// int the same way, as the CPU reference does. Internal to
+// kernels/cuda/moe.
 #pragma once
-
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <cstdint>
 
 namespace kplan::kernels::cuda::detail::quant {
 
-// Two e4m3 bytes (lo first) as an f16x2 register, exact.
-__device__ __forceinline__ uint32_t Fp8x2ToHalf2(uint32_t two) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+// Word i (compile-time after unrolling) of a 16-byte vector (int4 / uint4).
+template <typename V>
+__device__ __forceinline__ uint32_t WordOf(const V& v, int i) {
+  return static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
 }
 
 // (q - zp)·s in fp32, q given as the low bits of an fp32 2^23 + q and zp as

@@ -7,7 +7,8 @@
 //         of 8 intermediate columns) on mma.sync m16n8k32 e4m3, the weights
 //         the 16-row operand and the quantised activation row
 //         (LaunchMoeFp8Quantize) in every one of the 8 columns (column 0 is
-//         kept): no conversion, products exact, fp32 accumulation. Per
+//         kept): no conversion, each 64-wide chunk summed on the tensor
+//         cores and promoted to an fp32 accumulator. Per
 //         64-byte chunk of K, lane (g, c) loads vector c of rows g and g + 8,
 //         two chunks in flight; the k order inside an mma, which a dot
 //         product does not see, follows the loads, and the activation operand
@@ -51,6 +52,7 @@ using detail::decode::LocalExpert;
 using detail::decode::Rounded;
 using detail::quant::BiasedZero;
 using detail::quant::Deq;
+using detail::quant::WordOf;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -83,10 +85,6 @@ struct Params {
   int64_t warps_per_slot;  // int, not gated
   void* c;                 // [numel, out_cols]
 };
-
-__device__ __forceinline__ uint32_t Word(const int4& v, int i) {
-  return static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
-}
 
 // GEMM output element (slot, row) as the grouped GEMMs store it, as float.
 template <typename T, int WK>
@@ -149,18 +147,20 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
       const int64_t ch = ch0 + static_cast<int64_t>(u) * p.split;
       if (ch >= chunks) break;
       // Lane (g, c)'s bytes 0-3 / 4-7 of a row are its k 4c.. / 16 + 4c..
-      // of the first mma, bytes 8-15 those of the second.
+      // of the first mma, bytes 8-15 those of the second. The tensor cores
+      // sum e4m3 products with reduced precision: each chunk's sum starts
+      // afresh and is promoted to the fp32 acc (every 64 k).
+      float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      MmaFp8(t, v0[u].x, v1[u].x, v0[u].y, v1[u].y, xv[u].x, xv[u].y);
+      MmaFp8(t, v0[u].z, v1[u].z, v0[u].w, v1[u].w, xv[u].z, xv[u].w);
       if (block) {
-        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        MmaFp8(t, v0[u].x, v1[u].x, v0[u].y, v1[u].y, xv[u].x, xv[u].y);
-        MmaFp8(t, v0[u].z, v1[u].z, v0[u].w, v1[u].w, xv[u].z, xv[u].w);
         const int64_t kb = ch * 64 / p.w.block_k;
         const float xs = __ldg(p.a_scale + arow * p.a_kb + kb);
         acc[0] = __fadd_rn(acc[0], __fmul_rn(t[0], __fmul_rn(xs, __ldg(ws0 + kb))));
         acc[2] = __fadd_rn(acc[2], __fmul_rn(t[2], __fmul_rn(xs, __ldg(ws1 + kb))));
       } else {
-        MmaFp8(acc, v0[u].x, v1[u].x, v0[u].y, v1[u].y, xv[u].x, xv[u].y);
-        MmaFp8(acc, v0[u].z, v1[u].z, v0[u].w, v1[u].w, xv[u].z, xv[u].w);
+        acc[0] = __fadd_rn(acc[0], t[0]);
+        acc[2] = __fadd_rn(acc[2], t[2]);
       }
     }
   }
@@ -267,7 +267,7 @@ __device__ __forceinline__ void IntVectorDot(const int4& v, float s, float zpb, 
                                              const float (&x)[kElems<WK>], float& acc) {
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const uint32_t wd = Word(v, q) ^ (flip ? 0x80808080u : 0u);  // signed int8: q + 128
+    const uint32_t wd = WordOf(v, q) ^ (flip ? 0x80808080u : 0u);  // signed int8: q + 128
     if constexpr (WK == kWInt4) {
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
@@ -331,7 +331,7 @@ __device__ __forceinline__ void IntRowDots(const Params& p, int e, const int64_t
         const int4 xv = __ldg(xr + i * (kElems<WK> / 8) + q);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const float2 f = PairToFloat2<T>(Word(xv, j));
+          const float2 f = PairToFloat2<T>(WordOf(xv, j));
           x[8 * q + 2 * j] = f.x;
           x[8 * q + 2 * j + 1] = f.y;
         }
@@ -435,7 +435,7 @@ cudaError_t ByKind(const Params& p, cudaStream_t stream) {
 
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
   // The decode kernels' weights and sizes, with 32-bit vector and group
-  // indices (IntRowDots).
+  // indices (IntRowDots; the same limits for fp8, which would not need them).
   return MoeQuantDecodeSupports(w, act_type, N, K) && K <= (int64_t{1} << 30) &&
          N * (K / 16) <= INT32_MAX;
 }
@@ -485,8 +485,10 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
     p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
     p.tiles = d.numel * p.tiles_per_slot;
     // K split over up to kWarps warps until the grid has kMinWarps warps
-    // (the weight stream needs that many loads in flight), keeping two
-    // chunks per warp at least. A function of the shape only.
+    // (the weight stream needs that many loads in flight: an H200's 132 SMs
+    // x 32 warps, a constant rather than the device's count so that the
+    // split, and with it the summation order, depends on the shape only),
+    // keeping two chunks per warp at least.
     constexpr int64_t kMinWarps = 132 * 32;
     const int64_t chunks = (d.K / 16 + 3) / 4;
     p.split = 1;

@@ -19,9 +19,9 @@
 // route was as fast as or faster than the decode tiles at every decode size
 // (Mixtral-8x7B fp8 per-tensor 64 tokens 562 us against 1303 us); the decode
 // tiles are then opt-in (KPLAN_MOE_QUANT_ROUTE=decode). The matvec kernels
-// read the bytes of one token at copy speed, which the tensor-core GEMMs do
-// not (DeepSeek-V3 fp8 block, one token: docs/PERF.md, session 11), so they
-// take one token on every scheme.
+// were faster than both wherever the slots hit distinct experts (session 11:
+// DeepSeek-V3 fp8 block one token 126.5 us against 154.9 on the tensor
+// cores), so they take those calls on every scheme.
 // The decode rule is bytes against slots: the decode kernels stream the
 // weights once per tile of 8 / 16 / 32 slots of one expert, so they win while
 // the average slots per hit expert fit one tile (the expected maximum too:
