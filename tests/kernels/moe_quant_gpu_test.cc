@@ -46,6 +46,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cpu/moe/moe_reference.h"
 #include "server/moe/expert_set.h"
@@ -624,6 +625,61 @@ TEST(MoeQuantGpu, MatvecRoute) {
   // A long K on one warp's chunks (GEMM 2's 14336, split over 8 warps):
   // per-tensor sums go through the fp32 promotion of every chunk.
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1}, 102, one);
+}
+
+// What the matvec and decode kernels accept (host code: runs without a
+// GPU; the pointers are only checked for null). The matvec kernels take what
+// the decode ones take, within their 32-bit index limits.
+TEST(MoeQuantKernels, MatvecTakesTheDecodeWeightsWithinItsLimits) {
+  using kernels::cuda::MoeQuantDecodeSupports;
+  using kernels::cuda::MoeQuantMatvecSupports;
+  using kernels::cuda::MoeQuantWeights;
+  using kernels::cuda::MoeWeightScale;
+  static const uint8_t kByte = 0;
+  static const float kScale = 1.0f;
+  auto weights = [](kernels::DType kind, MoeWeightScale sk) {
+    MoeQuantWeights w;
+    w.kind = kind;
+    w.scale_kind = sk;
+    w.data = &kByte;
+    w.scale = &kScale;
+    return w;
+  };
+  const auto bf16 = kernels::DType::kBFloat16;
+  auto both = [&](const MoeQuantWeights& w, kernels::DType act, int64_t N, int64_t K) {
+    const bool m = MoeQuantMatvecSupports(w, act, N, K);
+    EXPECT_EQ(m, MoeQuantDecodeSupports(w, act, N, K)) << N << " x " << K;
+    return m;
+  };
+  MoeQuantWeights blk = weights(kernels::DType::kFp8E4m3, MoeWeightScale::kBlock);
+  EXPECT_TRUE(both(blk, bf16, 4096, 7168));
+  EXPECT_TRUE(both(blk, kernels::DType::kFloat16, 336, 336));  // K ends inside a k-block
+  EXPECT_FALSE(both(blk, kernels::DType::kFloat32, 4096, 7168));
+  EXPECT_FALSE(both(blk, bf16, 4096, 7160));  // K % 16
+  blk.block_k = 96;                           // a 64-wide chunk would straddle two k-blocks
+  EXPECT_FALSE(both(blk, bf16, 4096, 7168));
+  blk.block_k = 64;
+  EXPECT_TRUE(both(blk, bf16, 4096, 7168));
+  EXPECT_TRUE(both(weights(kernels::DType::kFp8E4m3, MoeWeightScale::kPerTensor), bf16, 64, 32));
+  EXPECT_FALSE(both(weights(kernels::DType::kFp8E4m3, MoeWeightScale::kGroup), bf16, 64, 32));
+  MoeQuantWeights i4 = weights(kernels::DType::kInt4Packed, MoeWeightScale::kGroup);
+  i4.group_size = 32;
+  EXPECT_TRUE(both(i4, bf16, 352, 352));
+  i4.group_size = 16;  // not a 16-byte vector of int4
+  EXPECT_FALSE(both(i4, bf16, 352, 352));
+  MoeQuantWeights i8 = weights(kernels::DType::kInt8, MoeWeightScale::kGroup);
+  i8.group_size = 16;
+  EXPECT_TRUE(both(i8, bf16, 336, 336));
+  EXPECT_FALSE(both(i8, bf16, 336, 344));  // group does not divide K
+  MoeQuantWeights none = i8;
+  none.scale = nullptr;
+  EXPECT_FALSE(both(none, bf16, 336, 336));
+  // Past the 32-bit indices: the decode kernels take it, the matvec ones not.
+  i8.group_size = 128;
+  const int64_t N = 1100000, K = int64_t{1} << 15;  // N x K / 16 > 2^31 - 1
+  EXPECT_TRUE(MoeQuantDecodeSupports(i8, bf16, N, K));
+  EXPECT_FALSE(MoeQuantMatvecSupports(i8, bf16, N, K));
+  EXPECT_TRUE(MoeQuantMatvecSupports(i8, bf16, 1000000, K));
 }
 
 TEST(MoeQuantGpu, RefusesWhatTheReferenceRejects) {
