@@ -26,6 +26,14 @@ __device__ __forceinline__ float Clamp(float x, float lo, float hi) {
   return fminf(fmaxf(x, lo), hi);
 }
 
+// The row of w13 (or of a run of its rows, `width` columns wide) that holds
+// the gate (up = 0) or the up (up = 1) projection of intermediate column n
+// of a gated activation: swigluoai interleaves them (2n, 2n + 1), the
+// others stack them (n, width + n).
+__device__ __forceinline__ int64_t GatedRow(MoeActivation act, int64_t n, int64_t width, int up) {
+  return act == MoeActivation::kSwigluOai ? 2 * n + up : up * width + n;
+}
+
 __device__ __forceinline__ float Gated(MoeActivation act, const MoeActParams& p, float a, float b) {
   const float L = p.clamp_limit;
   switch (act) {

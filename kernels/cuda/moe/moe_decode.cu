@@ -82,9 +82,8 @@ __global__ void __launch_bounds__(kThreads) DecodeUpKernel(const __grid_constant
   const bool gated = a.act < MoeActivation::kSiluNoMul;
   float v;
   if (gated) {
-    // swigluoai interleaves gate and up rows; the others stack them.
-    const int64_t rg = a.act == MoeActivation::kSwigluOai ? 2 * n : n;
-    const int64_t ru = a.act == MoeActivation::kSwigluOai ? 2 * n + 1 : a.I + n;
+    const int64_t rg = moe_math::GatedRow(a.act, n, a.I, 0),
+                  ru = moe_math::GatedRow(a.act, n, a.I, 1);
     const T* const w[2] = {we + rg * a.H, we + ru * a.H};
     float d[2];
     Dots<T, 2, kUpBatch>(w, xr, a.H, lane, d);

@@ -299,11 +299,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t n = ch.n0 + p;
       float v = 0.0f;  // act(0, 0) == 0 for every activation: remote slots
       if (e >= 0 && gated) {
-        const T* const w[2] = {rows0 + (interleaved ? 2 * p : p) * H,
-                               rows0 + (interleaved ? 2 * p + 1 : ch.count + p) * H};
+        const T* const w[2] = {rows0 + moe_math::GatedRow(a.act, p, ch.count, 0) * H,
+                               rows0 + moe_math::GatedRow(a.act, p, ch.count, 1) * H};
         float d[2];
         Dots<T, 2, 1>(w, xr, H, lane, d, GenericLoad{}, GenericLoad{});
-        const int64_t rg = interleaved ? 2 * n : n, ru = interleaved ? 2 * n + 1 : I + n;
+        const int64_t rg = moe_math::GatedRow(a.act, n, I, 0),
+                      ru = moe_math::GatedRow(a.act, n, I, 1);
         const float g = Rounded<T>(d[0], be != nullptr ? be + rg : nullptr);
         const float u = Rounded<T>(d[1], be != nullptr ? be + ru : nullptr);
         v = moe_math::Gated(a.act, a.act_params, g, u);

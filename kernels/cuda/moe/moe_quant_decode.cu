@@ -179,7 +179,6 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
   const bool local = e >= 0 && e < p.num_local;
   const int64_t rg = p.ksplit ? blockIdx.x : static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   const bool gated = p.epi == kEpiGated;
-  const bool interleaved = p.act == MoeActivation::kSwigluOai;
   if (threadIdx.x < kBS) s_sid[threadIdx.x] = p.sorted[tile * kBS + threadIdx.x];
   __syncthreads();
 
@@ -196,7 +195,7 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
       if (gated) {
         const int64_t j = rg * 16 + i;
         ok = j < p.out_cols;
-        r = interleaved ? 2 * j + mt : mt * p.out_cols + j;
+        r = moe_math::GatedRow(p.act, j, p.out_cols, mt);
       } else {
         r = rg * kRowsPerWarp + mt * 16 + i;
         ok = r < p.N;
@@ -441,7 +440,7 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
     auto value = [&](int mt, int r_local) -> float {
       int64_t r;
       if (gated) {
-        r = interleaved ? 2 * col + mt : mt * p.out_cols + col;
+        r = moe_math::GatedRow(p.act, col, p.out_cols, mt);
       } else {
         r = col;
       }

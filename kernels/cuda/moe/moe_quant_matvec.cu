@@ -183,13 +183,12 @@ __global__ void __launch_bounds__(kThreads) Fp8Kernel(const __grid_constant__ Pa
   const int e = live ? LocalExpert(p.ids, p.map, p.num_experts, p.num_local, s) : -1;
   const int64_t arow = s / p.a_row_div;
   const int g = lane >> 2;
-  const bool inter = p.act == MoeActivation::kSwigluOai;
   // Row r of the tile (past N: row 0, dropped).
   auto row_of = [&](int r) -> int64_t {
     if (p.gated) {
       const int64_t col = t * 8 + (r & 7);
       const int64_t cc = col < p.out_cols ? col : 0;
-      return r < 8 ? (inter ? 2 * cc : cc) : (inter ? 2 * cc + 1 : p.out_cols + cc);
+      return moe_math::GatedRow(p.act, cc, p.out_cols, r < 8 ? 0 : 1);
     }
     const int64_t row = t * kTileRows + r;
     return row < p.N ? row : 0;
@@ -366,9 +365,8 @@ __global__ void __launch_bounds__(kThreads, 2) IntGatedKernel(const __grid_const
     if (lane == 0) out[item] = FromFloat<T>(0.0f);  // act(0, 0) == 0 for every activation
     return;
   }
-  // swigluoai interleaves gate and up rows; the others stack them.
-  const bool inter = p.act == MoeActivation::kSwigluOai;
-  const int64_t rows[2] = {inter ? 2 * n : n, inter ? 2 * n + 1 : p.out_cols + n};
+  const int64_t rows[2] = {moe_math::GatedRow(p.act, n, p.out_cols, 0),
+                           moe_math::GatedRow(p.act, n, p.out_cols, 1)};
   const int64_t arow = s / p.a_row_div;
   float d[2];
   IntRowDots<T, WK, 2>(p, e, rows, arow, lane, d);
