@@ -58,7 +58,10 @@
 // --quant bf16,fp8_block,fp8_per_tensor,fp8_per_channel,int4_group,int8_group:
 // the weight schemes of the layer rows (default bf16). Quantised sets (block
 // 128 x 128 with 1 x 128 activation groups, per-token activation scales,
-// group 128 without zero points; random non-zero values, MakeQuantSet) are
+// group 128 without zero points; random non-zero values, MakeQuantSet; int
+// group scales exact in bf16, as GPTQ / AWQ checkpoints store them in the
+// activation type; int4_group/fp32s or int8_group/fp32s: arbitrary fp32
+// scales, which the kernels dequantise a weight at a time) are
 // checked before timing against the CPU reference (moe::MoeReference) on the
 // first --check_tokens (64) tokens of set 0 instead of RunMoeOnGpu; their
 // copy roofline counts the stored bytes of the experts hit (weights, scales).
@@ -203,7 +206,8 @@ std::vector<std::string> SplitComma(const std::string& s) {
                "[--decode on|off] [--decode_layer on|off|both] [--ws off|on|both] "
                "[--gemm_only on|off] [--layer on|off] "
                "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,int4_group,"
-               "int8_group] [--route auto,emulation,decode,dequant,matvec] [--check_tokens N] "
+               "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
+               "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
                "[--json FILE] [--csv FILE]\n",
                argv0);
   std::exit(2);
@@ -260,7 +264,8 @@ Args ParseArgs(int argc, char** argv) {
       a.quant = SplitComma(v);
       for (const std::string& q : a.quant) {
         if (q != "bf16" && q != "fp8_block" && q != "fp8_per_tensor" && q != "fp8_per_channel" &&
-            q != "int4_group" && q != "int8_group") {
+            q != "int4_group" && q != "int8_group" && q != "int4_group/fp32s" &&
+            q != "int8_group/fp32s") {
           std::fprintf(stderr, "unknown --quant '%s'\n", q.c_str());
           std::exit(2);
         }
@@ -360,10 +365,13 @@ void ParallelBytes(char* dst, int64_t n, uint64_t key, Fn fn) {
 }
 
 // A quantised set of one shape (silu, no bias, block 128 x 128, group 128,
-// no zero points): fp8 bytes with random sign / mantissa and exponent field
-// 4..9 (never 0 or NaN), int bytes over their whole range, fp32 scales
-// around 1 / (rms(q)·sqrt(fan-in)) · [0.5, 1.5).
-std::unique_ptr<kplan::ExpertSet> MakeQuantSet(const ShapeDef& sh, const std::string& scheme) {
+// no zero points) for a --quant name (scheme[/fp32s]): fp8 bytes with random
+// sign / mantissa and exponent field 4..9 (never 0 or NaN), int bytes over
+// their whole range, fp32 scales around 1 / (rms(q)·sqrt(fan-in)) · [0.5,
+// 1.5); int scales rounded to bf16 unless /fp32s.
+std::unique_ptr<kplan::ExpertSet> MakeQuantSet(const ShapeDef& sh, const std::string& name) {
+  const std::string scheme = name.substr(0, name.find('/'));
+  const bool bf16_scales = scheme.rfind("int", 0) == 0 && name.find("/fp32s") == std::string::npos;
   kplan::ExpertsSpec spec;
   spec.experts_id = std::string(sh.key) + "_" + scheme;
   spec.num_experts = sh.E;
@@ -407,6 +415,8 @@ std::unique_ptr<kplan::ExpertSet> MakeQuantSet(const ShapeDef& sh, const std::st
       float* dst = reinterpret_cast<float*>(f.data());
       for (int64_t i = 0; i < n; ++i) {
         dst[i] = static_cast<float>(base * (0.5 + (SplitMix(key + i) >> 40) / 16777216.0));
+        if (bf16_scales)
+          dst[i] = kplan::moe::RoundToDType(dst[i], kplan::kernels::DType::kBFloat16);
       }
       t[ts.name] = std::move(f);
     }

@@ -97,12 +97,16 @@ std::string RandomFloats(kernels::DType dtype, int64_t n, int base, uint64_t str
   return out;
 }
 
-// Positive fp32 values base·[0.5, 1.5).
-std::string RandomScales(int64_t n, double base, uint64_t stream) {
+// Positive fp32 values base·[0.5, 1.5); with mixed_exact about half of
+// them rounded to bf16 (exact in bf16 and, at these magnitudes, fp16: the
+// int kernels' packed dequantisation), the others arbitrary fp32 (their
+// per-weight one), so each int case runs both, group by group.
+std::string RandomScales(int64_t n, double base, uint64_t stream, bool mixed_exact = false) {
   std::string out(static_cast<size_t>(n * 4), '\0');
   float* dst = reinterpret_cast<float*>(out.data());
   Fill(n, stream, [&](int64_t i, uint64_t r) {
     dst[i] = static_cast<float>(base * (0.5 + static_cast<double>(r >> 40) / (1ull << 24)));
+    if (mixed_exact && (r & 1)) dst[i] = moe::RoundToDType(dst[i], DType::kBFloat16);
   });
   return out;
 }
@@ -204,7 +208,7 @@ std::unique_ptr<ExpertSet> MakeSet(const Shape& sh, const Combo& c, uint64_t str
                        : RandomBytes(n, id, [](uint64_t r) { return uint8_t(6 + r % 4); });
     } else {  // scales: dequantised weights of rms about 1/sqrt(fan-in)
       const double rms_q = c.fp8() ? 2.5 : c.quant == "int8_group" ? 73.0 : 4.6;
-      t[ts.name] = RandomScales(n, inv / rms_q, id);
+      t[ts.name] = RandomScales(n, inv / rms_q, id, !c.fp8());
     }
   }
   return std::make_unique<ExpertSet>(std::move(spec), std::move(t));
@@ -680,6 +684,101 @@ TEST(MoeQuantKernels, MatvecTakesTheDecodeWeightsWithinItsLimits) {
   EXPECT_TRUE(MoeQuantDecodeSupports(i8, bf16, N, K));
   EXPECT_FALSE(MoeQuantMatvecSupports(i8, bf16, N, K));
   EXPECT_TRUE(MoeQuantMatvecSupports(i8, bf16, 1000000, K));
+}
+
+// The int dequantisation (IntGroupDequant, through the int prefill route's
+// LaunchMoeDequantWeights) bit for bit against the reference's
+// round_T((q - zp)·s) in fp32: every stored byte, zero points over 0..255
+// (int4 with zp >= 128 cannot take the packed bf16 form) and none, scales
+// exact in bf16, exact in fp16 only, arbitrary fp32, subnormal, zero,
+// negative, and large enough to overflow T; bf16 and fp16.
+TEST(MoeQuantGpu, IntDequantIsTheReferencesRounding) {
+  SKIP_WITHOUT_CUDA();
+  using kernels::cuda::MoeQuantWeights;
+  constexpr int64_t N = 64, K = 512, kGroup = 32, kGroups = N * K / kGroup;
+  const float kSpecial[] = {
+      0.0f,
+      moe::RoundToDType(-0.0037f, DType::kBFloat16),
+      moe::RoundToDType(0.0012345f, DType::kFloat16),  // exact in fp16, not in bf16
+      std::ldexp(1.0f, -130),                          // bf16, an fp32 subnormal
+      std::ldexp(1.0f, -20),                           // an fp16 subnormal
+      6.0e4f,                                          // fp16: (q - zp)·s overflows
+      std::ldexp(1.0f, 127),                           // bf16: overflows fp32 and bf16
+      -1.5f};
+  for (const bool int4 : {true, false}) {
+    for (const bool zero_points : {false, true}) {
+      for (const DType act : {DType::kBFloat16, DType::kFloat16}) {
+        const std::string label = absl::StrCat(int4 ? "int4" : "int8", zero_points ? " zp" : "",
+                                               " / ", kernels::DTypeName(act));
+        const int64_t bytes = int4 ? N * K / 2 : N * K;
+        std::vector<uint8_t> w(bytes), zp(kGroups);
+        std::vector<float> scale(kGroups);
+        for (int64_t i = 0; i < bytes; ++i) w[i] = static_cast<uint8_t>(Mix(Seed() + i) >> 11);
+        for (int64_t i = 0; i < 256 && i < bytes; ++i) w[i] = static_cast<uint8_t>(i);
+        for (int64_t gi = 0; gi < kGroups; ++gi) {
+          const uint64_t r = Mix(Seed() ^ (0x5eed0000 + gi));
+          zp[gi] = static_cast<uint8_t>(r >> 8);
+          const float any = static_cast<float>(1e-3 * (0.5 + static_cast<double>(r >> 40) / 1e7));
+          switch (r % 4) {
+            case 0:
+              scale[gi] = kSpecial[(r >> 2) % std::size(kSpecial)];
+              break;
+            case 1:
+              scale[gi] = moe::RoundToDType(any, DType::kBFloat16);
+              break;
+            case 2:
+              scale[gi] = moe::RoundToDType(any, DType::kFloat16);
+              break;
+            default:
+              scale[gi] = any;
+          }
+        }
+        void *dw, *dz, *ds, *dhit, *dout;
+        ASSERT_EQ(cudaMalloc(&dw, bytes), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&dz, kGroups), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&ds, kGroups * 4), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&dhit, 1), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&dout, N * K * 2), cudaSuccess);
+        const uint8_t hit = 1;
+        ASSERT_EQ(cudaMemcpy(dw, w.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(dz, zp.data(), kGroups, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(ds, scale.data(), kGroups * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(dhit, &hit, 1, cudaMemcpyHostToDevice), cudaSuccess);
+        MoeQuantWeights qw;
+        qw.kind = int4 ? DType::kInt4Packed : DType::kInt8;
+        qw.scale_kind = kernels::cuda::MoeWeightScale::kGroup;
+        qw.data = dw;
+        qw.scale = static_cast<const float*>(ds);
+        qw.zero = zero_points ? static_cast<const uint8_t*>(dz) : nullptr;
+        qw.group_size = kGroup;
+        ASSERT_TRUE(kernels::cuda::LaunchMoeDequantWeights(
+                        qw, 1, N, K, static_cast<const uint8_t*>(dhit), act, dout, nullptr)
+                        .ok());
+        std::vector<uint16_t> got(N * K), want(N * K);
+        ASSERT_EQ(cudaMemcpy(got.data(), dout, N * K * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (void* ptr : {dw, dz, ds, dhit, dout}) cudaFree(ptr);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < N * K; ++i) {
+          const int64_t gi = i / kGroup;
+          float v;
+          if (int4) {
+            v = static_cast<float>(moe::Int4At(w.data(), i)) -
+                (zero_points ? static_cast<float>(zp[gi]) : 8.0f);
+          } else {
+            v = zero_points ? static_cast<float>(w[i]) - static_cast<float>(zp[gi])
+                            : static_cast<float>(static_cast<int8_t>(w[i]));
+          }
+          moe::StoreFloat(want.data(), act, i, v * scale[gi]);
+          if (got[i] != want[i] && ++bad <= 5) {
+            ADD_FAILURE() << label << ": element " << i << " (q - zp " << v << ", scale "
+                          << scale[gi] << "): got 0x" << std::hex << got[i] << ", want 0x"
+                          << want[i] << std::dec;
+          }
+        }
+        EXPECT_EQ(bad, 0) << label;
+      }
+    }
+  }
 }
 
 TEST(MoeQuantGpu, RefusesWhatTheReferenceRejects) {

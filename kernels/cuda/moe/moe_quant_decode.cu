@@ -16,8 +16,9 @@
 //         in fp32; block scales are applied per 64-wide k step (inside one
 //         k-block, block_k % 64 == 0) as acc += Σ·(xs·ws), per-tensor /
 //         per-channel scales once at the end: Σ·(xs·ws).
-//   int:  w = round_T((q - zp)·scale), the reference's rounding, times the
-//         activations in T (bf16 / fp16).
+//   int:  w = round_T((q - zp)·scale), the reference's rounding
+//         (IntGroupDequant: packed T arithmetic where that is exact), times
+//         the activations in T (bf16 / fp16).
 // The epilogue (after a fixed-order reduction over the k-split warps in
 // shared memory) rounds as the grouped GEMMs do (round(acc), bias
 // round(round(acc) + round(b))) and, for GEMM 1, applies the activation:
@@ -45,7 +46,6 @@ namespace {
 
 using detail::FromFloat;
 using detail::ToFloat;
-using detail::quant::Deq;
 using detail::quant::WordOf;
 
 constexpr int kWarps = 4;
@@ -73,23 +73,6 @@ struct DecodeParams {
   int64_t groups;    // row groups
   bool ksplit;
   void* c;  // [numel, out_cols]
-};
-
-template <typename T>
-struct Pack2;
-template <>
-struct Pack2<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t Make(float a, float b) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-};
-template <>
-struct Pack2<__half> {
-  static __device__ __forceinline__ uint32_t Make(float a, float b) {
-    const __half2 v = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
 };
 
 template <typename T>
@@ -127,23 +110,9 @@ __device__ __forceinline__ void Fp8ToPairs(const uint4& v, uint32_t (&p)[8]) {
   }
 }
 
-// Pair `pr` of a thread's 16 weight bytes as the MMA's input type: fp8
-// bytes 2pr, 2pr + 1 as f16x2 (exact); int8 bytes 2pr, 2pr + 1 and int4
-// elements 2pr, 2pr + 1 (byte pr, low nibble first) as round_T((q - zp)·s),
-// zp given as 2^23 + zp; signed int8 without zero points is read as q + 128
-// with zp 128.
-template <typename T, int WK>
-__device__ __forceinline__ uint32_t WeightPair(const uint4& v, int pr, float s, float zpb,
-                                               bool no_zero) {
-  if constexpr (WK == kWFp8) {
-    return Fp8x2ToHalf2(WordOf(v, pr >> 1) >> (16 * (pr & 1)));
-  } else if constexpr (WK == kWInt8) {
-    const uint32_t x = (WordOf(v, pr >> 1) >> (16 * (pr & 1))) ^ (no_zero ? 0x8080u : 0u);
-    return Pack2<T>::Make(Deq(x & 0xffu, zpb, s), Deq((x >> 8) & 0xffu, zpb, s));
-  } else {
-    const uint32_t byte = (WordOf(v, pr >> 2) >> (8 * (pr & 3))) & 0xffu;
-    return Pack2<T>::Make(Deq(byte & 0xfu, zpb, s), Deq(byte >> 4, zpb, s));
-  }
+// Pair `pr` of a thread's 16 fp8 bytes (bytes 2pr, 2pr + 1) as f16x2, exact.
+__device__ __forceinline__ uint32_t Fp8Pair(const uint4& v, int pr) {
+  return Fp8x2ToHalf2(WordOf(v, pr >> 1) >> (16 * (pr & 1)));
 }
 
 // CTAs per SM the register budget aims for (the weight stream wants many
@@ -347,16 +316,37 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
       }
       // mma k16 step j takes pairs 2j (logical k 2c, 2c + 1) and 2j + 1
       // (logical 2c + 8, 2c + 9) of rows g, g + 8 and of the slot's row; the
-      // weight pairs are decoded here, once per (step, m-tile), for all n8 tiles.
+      // weight pairs are decoded here, once per (step, m-tile), for all n8
+      // tiles; int weights a word (kPerWord pairs) at a time, signed int8
+      // without zero points read as q + 128 with zp 128.
+      constexpr int kPerWord = WK == kWInt4 ? 4 : 2;
+      const uint32_t flip = WK == kWInt8 && p.w.zero == nullptr ? 0x80808080u : 0u;
+      using Dequant = detail::quant::IntGroupDequant<T, WK == kWInt4>;
+      uint32_t wp[2][2][kPerWord];
 #pragma unroll
       for (int j = 0; j < kSteps; ++j) {
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          const uint32_t a[4] = {
-              WeightPair<T, WK>(wcur[mt][0], 2 * j, sc[mt][0], zb[mt][0], p.w.zero == nullptr),
-              WeightPair<T, WK>(wcur[mt][1], 2 * j, sc[mt][1], zb[mt][1], p.w.zero == nullptr),
-              WeightPair<T, WK>(wcur[mt][0], 2 * j + 1, sc[mt][0], zb[mt][0], p.w.zero == nullptr),
-              WeightPair<T, WK>(wcur[mt][1], 2 * j + 1, sc[mt][1], zb[mt][1], p.w.zero == nullptr)};
+          uint32_t a[4];
+          if constexpr (WK == kWFp8) {
+            a[0] = Fp8Pair(wcur[mt][0], 2 * j);
+            a[1] = Fp8Pair(wcur[mt][1], 2 * j);
+            a[2] = Fp8Pair(wcur[mt][0], 2 * j + 1);
+            a[3] = Fp8Pair(wcur[mt][1], 2 * j + 1);
+          } else {
+            const int pr = (2 * j) % kPerWord;
+            if (pr == 0) {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                Dequant(sc[mt][h], zb[mt][h])
+                    .Pairs(WordOf(wcur[mt][h], 2 * j / kPerWord) ^ flip, wp[mt][h]);
+              }
+            }
+            a[0] = wp[mt][0][pr];
+            a[1] = wp[mt][1][pr];
+            a[2] = wp[mt][0][pr + 1];
+            a[3] = wp[mt][1][pr + 1];
+          }
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             if (block) {
@@ -639,23 +629,15 @@ __global__ void DequantKernel(const __grid_constant__ MoeQuantWeights w, int64_t
     const float s = w.scale[gi];
     const float zpb = detail::quant::BiasedZero(w.zero, gi, kInt4);
     const uint32_t flip = !kInt4 && w.zero == nullptr ? 0x80808080u : 0u;
-    const uint32_t wv[4] = {v.x ^ flip, v.y ^ flip, v.z ^ flip, v.w ^ flip};
+    const detail::quant::IntGroupDequant<T, kInt4> dq(s, zpb);
+    constexpr int kPerWord = kInt4 ? 4 : 2;
     uint32_t o[kCW / 2];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      if constexpr (kInt4) {
+      uint32_t pairs[kPerWord];
+      dq.Pairs(WordOf(v, q) ^ flip, pairs);
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const uint32_t byte = (wv[q] >> (8 * b)) & 0xffu;
-          o[4 * q + b] = Pack2<T>::Make(Deq(byte & 0xfu, zpb, s), Deq(byte >> 4, zpb, s));
-        }
-      } else {
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          const uint32_t lo = (wv[q] >> (16 * b)) & 0xffu, hi = (wv[q] >> (16 * b + 8)) & 0xffu;
-          o[2 * q + b] = Pack2<T>::Make(Deq(lo, zpb, s), Deq(hi, zpb, s));
-        }
-      }
+      for (int i = 0; i < kPerWord; ++i) o[kPerWord * q + i] = pairs[i];
     }
     uint4* dst = reinterpret_cast<uint4*>(out + row * K + kc);
 #pragma unroll

@@ -5,7 +5,11 @@
 // kernels/cuda/moe.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace kplan::kernels::cuda::detail::quant {
 
@@ -28,5 +32,89 @@ __device__ __forceinline__ float BiasedZero(const uint8_t* zero, int64_t gi, boo
   const float zp = zero != nullptr ? static_cast<float>(__ldg(zero + gi)) : int4 ? 8.0f : 128.0f;
   return 8388608.0f + zp;
 }
+
+// Two floats rounded to T, packed (lo first): the reference's rounding of a
+// dequantised weight.
+template <typename T>
+__device__ __forceinline__ uint32_t PackRounded(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// The stored ints of one group (scale s, biased zero point zpb as BiasedZero
+// gives it) dequantised to T pairs: Pairs(word) gives a 32-bit word's weights
+// as consecutive pairs, each round_T((q - zp)·s), the value Deq rounded to
+// T gives. int4: element 2i in the low nibble of byte i, four pairs; int8:
+// bytes (0, 1) and (2, 3), two pairs (signed int8 flipped by the caller).
+//
+// Where it is exact the arithmetic is packed, two weights per instruction:
+// M | q is the T value M + q (M = 128 in bf16, 1024 in fp16: a unit ulp),
+// minus M + zp is q - zp exactly, times s rounded once in T. That is the
+// reference's value when s is exact in T: its fp32 product of q - zp (at
+// most 8 significant bits) and s (at most 11) is exact, and both round that
+// product to T once. Exact here: s representable in T; M + zp and M + q
+// representable (bf16: zp and q below 128, so int8 is never packed in
+// bf16). Scales stored in the activation type, as GPTQ / AWQ checkpoints
+// keep them, take the packed form; any other group takes Deq per weight.
+template <typename T, bool kInt4>
+class IntGroupDequant {
+ public:
+  static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  static constexpr uint32_t kMagic = kBf16 ? 0x4300u : 0x6400u;  // M as T bits
+
+  __device__ __forceinline__ IntGroupDequant(float s, float zpb) : s_(s), zpb_(zpb) {
+    const float zp = zpb - 8388608.0f;
+    const bool s_exact =
+        kBf16 ? (__float_as_uint(s) & 0xffffu) == 0u : __half2float(__float2half_rn(s)) == s;
+    packed_ = s_exact && (kBf16 ? kInt4 && zp < 128.0f : true);
+    if (packed_) {
+      const float m = kBf16 ? 128.0f : 1024.0f;
+      zero2_ = AsT2(PackRounded<T>(m + zp, m + zp));  // exact: checked above
+      scale2_ = AsT2(PackRounded<T>(s, s));
+    }
+  }
+
+  template <int kN>
+  __device__ __forceinline__ void Pairs(uint32_t wd, uint32_t (&out)[kN]) const {
+    static_assert(kN == (kInt4 ? 4 : 2), "int4: 4 pairs per word, int8: 2");
+    if (packed_) {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        uint32_t v;
+        if constexpr (kInt4) {
+          // Byte i of wd (nibbles 2i, 2i + 1) and of wd >> 4 (nibble 2i + 1
+          // low) to halves 0 / 1, low nibbles kept, M's bits or-ed in.
+          const uint32_t two = __byte_perm(wd, wd >> 4, (4 + i) << 8 | i) & 0x000f000fu;
+          v = two | (kMagic << 16 | kMagic);
+        } else {
+          v = __byte_perm(wd, kMagic >> 8, 0x4040u | (2 * i + 1) << 8 | (2 * i));
+        }
+        const T2 w = __hmul2(__hsub2(AsT2(v), zero2_), scale2_);
+        out[i] = *reinterpret_cast<const uint32_t*>(&w);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        const uint32_t two = kInt4 ? (wd >> (8 * i)) & 0xffu : (wd >> (16 * i)) & 0xffffu;
+        const int bits = kInt4 ? 4 : 8;
+        const uint32_t mask = (1u << bits) - 1u;
+        out[i] = PackRounded<T>(Deq(two & mask, zpb_, s_), Deq(two >> bits, zpb_, s_));
+      }
+    }
+  }
+
+ private:
+  using T2 = std::conditional_t<kBf16, __nv_bfloat162, __half2>;
+  static __device__ __forceinline__ T2 AsT2(uint32_t v) { return *reinterpret_cast<const T2*>(&v); }
+
+  float s_, zpb_;
+  bool packed_ = false;
+  T2 zero2_, scale2_;  // M + zp and s in both halves (packed_ only)
+};
 
 }  // namespace kplan::kernels::cuda::detail::quant

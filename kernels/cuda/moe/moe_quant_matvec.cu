@@ -1,30 +1,33 @@
 // Decode-sized quantised expert GEMMs in matrix-vector form
 // (moe_quant_gemm.h, LaunchMoeQuantMatvec): for slots on distinct experts,
 // where a tile of moe_quant_decode.cu would hold one slot. Each slot's
-// weight rows are read once, with 16-byte loads; two kernels, each the
-// faster of the forms measured for its weights (docs/PERF.md, session 11):
-//   fp8:  tiles of 16 rows per warp (gated GEMM 1: the gate and the up rows
-//         of 8 intermediate columns) on mma.sync m16n8k32 e4m3, the weights
-//         the 16-row operand and the quantised activation row
-//         (LaunchMoeFp8Quantize) in every one of the 8 columns (column 0 is
-//         kept): no conversion, each 64-wide chunk summed on the tensor
-//         cores and promoted to an fp32 accumulator. Per
-//         64-byte chunk of K, lane (g, c) loads vector c of rows g and g + 8,
-//         two chunks in flight; the k order inside an mma, which a dot
-//         product does not see, follows the loads, and the activation operand
-//         is loaded in the same order. K is split over up to 8 warps of a CTA
-//         while the grid is small, the partials summed in warp order. Block
-//         scales per chunk (block_k % 64 == 0: a chunk lies in one k-block)
-//         as acc += Σ·(xs·ws), per-tensor / per-channel scales once at the
-//         end: Σ·(xs·ws). (Dequantising fp8 in registers for fp32 FMAs is
-//         bound by the conversion pipe; the mma takes the bytes as stored.)
-//   int:  one warp per slot and weight row pair (gated: the gate and up row
+// weight rows are read once, with 16-byte loads; two kernel forms, each the
+// faster of those measured for its weights (docs/PERF.md, sessions 11-12):
+//   fp8 and int4: tiles of 16 rows per warp (gated GEMM 1: the gate and the
+//         up rows of 8 intermediate columns) on mma.sync, the weights the
+//         16-row operand and the activation row in every one of the 8
+//         columns (column 0 is kept). Per 64-byte chunk of a row, lane (g, c)
+//         loads vector c of rows g and g + 8, two chunks in flight; the k
+//         order inside an mma, which a dot product does not see, follows the
+//         loads, and the activation operand is loaded in the same order. K is
+//         split over up to 8 warps of a CTA while the grid is small, the
+//         partials summed in warp order.
+//         fp8: m16n8k32 e4m3 on the stored bytes and the quantised
+//         activation row (LaunchMoeFp8Quantize): no conversion, each 64-wide
+//         chunk summed on the tensor cores and promoted to an fp32
+//         accumulator. Block scales per chunk (block_k % 64 == 0: a chunk
+//         lies in one k-block) as acc += Σ·(xs·ws), per-tensor / per-channel
+//         scales once at the end: Σ·(xs·ws). (Dequantising fp8 in registers
+//         for fp32 FMAs is bound by the conversion pipe.)
+//         int4: m16n8k16 in T on w = round_T((q - zp)·s), dequantised in
+//         registers (IntGroupDequant: two weights per instruction where that
+//         is exact), fp32 accumulation across K.
+//   int8: one warp per slot and weight row pair (gated: the gate and up row
 //         of one intermediate column) or kRows rows, as the bf16 decode
 //         kernels (moe_decode.cu): lane i takes the 16-byte vectors i,
 //         i + 32, ... of its rows, kBatch per row in flight, w = round_T((q
 //         - zp)·s) as the CPU reference rounds it, times the activations in
-//         T with fp32 fmaf. (The same dequantisation feeding mma.sync tiles
-//         was slower here.)
+//         T with fp32 fmaf. (Tiles were slower here, session 11.)
 // Each lane sums in a fixed order, then the warp (and the split warps) in a
 // fixed one: results are deterministic and depend on the shape only. The
 // epilogue rounds as the grouped GEMMs do (round(acc), bias round(round(acc)
@@ -51,7 +54,6 @@ using detail::FromFloat;
 using detail::decode::LocalExpert;
 using detail::decode::Rounded;
 using detail::quant::BiasedZero;
-using detail::quant::Deq;
 using detail::quant::WordOf;
 
 constexpr int kThreads = 256;
@@ -166,13 +168,88 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
   }
 }
 
+// --- int4: mma tiles on dequantised pairs.
+
+// d += A·B, m16n8k16 in T (bf16 / fp16), fp32 accumulation.
+template <typename T>
+__device__ __forceinline__ void MmaT(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                     uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// Fp8TileDots for int4 weights: per 64-byte chunk of a row (128 k), lane
+// (g, c) dequantises vector c of rows g and g + 8 (32 k, one group) to T
+// pairs (IntGroupDequant) and loads the same 32 k of the activation row;
+// word q of the vector (pairs 4q .. 4q + 3) feeds mma k16 steps 2q and 2q + 1
+// (pairs 2j, 2j + 1 each: logical k 2c, 2c + 1 and 2c + 8, 2c + 9). The T
+// products are exact and summed in fp32 on the tensor cores across K.
+template <typename T>
+__device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64_t (&rows)[2],
+                                             int64_t arow, int ks, int lane, float (&acc)[4]) {
+  using Dequant = detail::quant::IntGroupDequant<T, true>;
+  const int c = lane & 3;
+  const int64_t bpr = p.K / 2;  // weight bytes per row
+  const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * bpr;
+  const int4* w0 = reinterpret_cast<const int4*>(wb + rows[0] * bpr);
+  const int4* w1 = reinterpret_cast<const int4*>(wb + rows[1] * bpr);
+  const int4* x = reinterpret_cast<const int4*>(static_cast<const T*>(p.a) + arow * p.K);
+  const int64_t vecs = bpr / 16, chunks = (vecs + 3) / 4;
+  const int64_t e_groups = static_cast<int64_t>(e) * p.N * p.groups;
+  const int64_t g0 = e_groups + rows[0] * p.groups, g1 = e_groups + rows[1] * p.groups;
+  const int vec_per_group = p.w.group_size / 32;  // a vector lies in one group
+  for (int64_t ch0 = ks; ch0 < chunks; ch0 += static_cast<int64_t>(p.split) * kBatch) {
+    int4 v0[kBatch], v1[kBatch], xv[kBatch][4];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t ch = ch0 + static_cast<int64_t>(u) * p.split, i = ch * 4 + c;
+      // Past K (or the warp's chunks): zeros, and every lane runs the mma.
+      const bool in = ch < chunks && i < vecs;
+      v0[u] = in ? __ldg(w0 + i) : make_int4(0, 0, 0, 0);
+      v1[u] = in ? __ldg(w1 + i) : make_int4(0, 0, 0, 0);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) xv[u][q] = in ? __ldg(x + 4 * i + q) : make_int4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t ch = ch0 + static_cast<int64_t>(u) * p.split, i = ch * 4 + c;
+      if (ch >= chunks) break;
+      const bool in = i < vecs;
+      const int64_t gk = in ? i / vec_per_group : 0;
+      const Dequant d0(in ? __ldg(p.w.scale + g0 + gk) : 0.0f,
+                       detail::quant::BiasedZero(p.w.zero, g0 + gk, true));
+      const Dequant d1(in ? __ldg(p.w.scale + g1 + gk) : 0.0f,
+                       detail::quant::BiasedZero(p.w.zero, g1 + gk, true));
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        uint32_t a0[4], a1[4];
+        d0.Pairs(WordOf(v0[u], q), a0);
+        d1.Pairs(WordOf(v1[u], q), a1);
+        MmaT<T>(acc, a0[0], a1[0], a0[1], a1[1], WordOf(xv[u][q], 0), WordOf(xv[u][q], 1));
+        MmaT<T>(acc, a0[2], a1[2], a0[3], a1[3], WordOf(xv[u][q], 2), WordOf(xv[u][q], 3));
+      }
+    }
+  }
+}
+
 // A CTA of kWarps warps takes kWarps / split tiles of one slot, each tile's
 // K split over `split` warps; the tile's first warp sums the partials in
 // warp order and writes the outputs. Gated, tile t of a slot is the gate
 // rows (row g) and the up rows (g + 8) of intermediate columns 8t .. 8t + 7;
 // else rows 16t .. 16t + 15.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) Fp8Kernel(const __grid_constant__ Params p) {
+template <typename T, int WK>
+__global__ void __launch_bounds__(kThreads) TileKernel(const __grid_constant__ Params p) {
   __shared__ float red[kWarps][kTileRows];
   detail::PdlWaitThenRelease();
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
@@ -196,7 +273,11 @@ __global__ void __launch_bounds__(kThreads) Fp8Kernel(const __grid_constant__ Pa
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (e >= 0) {
     const int64_t rows[2] = {row_of(g), row_of(g + 8)};
-    Fp8TileDots(p, e, rows, arow, ks, lane, acc);
+    if constexpr (WK == kWFp8) {
+      Fp8TileDots(p, e, rows, arow, ks, lane, acc);
+    } else {
+      Int4TileDots<T>(p, e, rows, arow, ks, lane, acc);
+    }
   }
   if ((lane & 3) == 0) {
     red[warp][g] = acc[0];
@@ -217,8 +298,8 @@ __global__ void __launch_bounds__(kThreads) Fp8Kernel(const __grid_constant__ Pa
       out[col] = FromFloat<T>(0.0f);  // act(0, 0) == 0 for every activation
       return;
     }
-    const float gv = Output<T, kWFp8>(p, e, arow, row_of(lane), sum(lane));
-    const float uv = Output<T, kWFp8>(p, e, arow, row_of(lane + 8), sum(lane + 8));
+    const float gv = Output<T, WK>(p, e, arow, row_of(lane), sum(lane));
+    const float uv = Output<T, WK>(p, e, arow, row_of(lane + 8), sum(lane + 8));
     out[col] = FromFloat<T>(moe_math::Gated(p.act, p.ap, gv, uv));
     return;
   }
@@ -228,14 +309,13 @@ __global__ void __launch_bounds__(kThreads) Fp8Kernel(const __grid_constant__ Pa
     out[row] = FromFloat<T>(0.0f);
     return;
   }
-  const float v = Output<T, kWFp8>(p, e, arow, row, sum(lane));
+  const float v = Output<T, WK>(p, e, arow, row, sum(lane));
   out[row] = FromFloat<T>(p.plain ? moe_math::Plain(p.act, v) : v);
 }
 
-// --- int: row dot products.
+// --- int8: row dot products.
 
-template <int WK>
-constexpr int kElems = WK == kWInt4 ? 32 : 16;  // weights per 16-byte vector
+constexpr int kInt8Elems = 16;  // weights per 16-byte vector
 
 // Two T values (one 32-bit word) as floats.
 template <typename T>
@@ -247,56 +327,34 @@ __device__ __forceinline__ float2 PairToFloat2(uint32_t v) {
   }
 }
 
-// Two floats rounded to T and back (the reference's rounding of a
-// dequantised weight).
+// acc += Σ_j w_j · x_j over one weight vector `v` of group `dq`, x the
+// activations of its k; signed int8 without zero points is read as q + 128.
 template <typename T>
-__device__ __forceinline__ float2 RoundPair(float a, float b) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return PairToFloat2<T>(*reinterpret_cast<const uint32_t*>(&v));
-  } else {
-    return __half22float2(__floats2half2_rn(a, b));
-  }
-}
-
-// acc += Σ_j w_j · x_j over one weight vector `v` of scale s and biased
-// zero point zpb, x the activations of its k.
-template <typename T, int WK>
-__device__ __forceinline__ void IntVectorDot(const int4& v, float s, float zpb, bool flip,
-                                             const float (&x)[kElems<WK>], float& acc) {
+__device__ __forceinline__ void Int8VectorDot(const int4& v,
+                                              const detail::quant::IntGroupDequant<T, false>& dq,
+                                              bool flip, const float (&x)[kInt8Elems], float& acc) {
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const uint32_t wd = WordOf(v, q) ^ (flip ? 0x80808080u : 0u);  // signed int8: q + 128
-    if constexpr (WK == kWInt4) {
+    uint32_t pairs[2];
+    dq.Pairs(WordOf(v, q) ^ (flip ? 0x80808080u : 0u), pairs);
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const uint32_t byte = (wd >> (8 * b)) & 0xffu;
-        const float2 w = RoundPair<T>(Deq(byte & 0xfu, zpb, s), Deq(byte >> 4, zpb, s));
-        acc = fmaf(w.x, x[8 * q + 2 * b], acc);
-        acc = fmaf(w.y, x[8 * q + 2 * b + 1], acc);
-      }
-    } else {
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        const float2 w = RoundPair<T>(Deq((wd >> (16 * b)) & 0xffu, zpb, s),
-                                      Deq((wd >> (16 * b + 8)) & 0xffu, zpb, s));
-        acc = fmaf(w.x, x[4 * q + 2 * b], acc);
-        acc = fmaf(w.y, x[4 * q + 2 * b + 1], acc);
-      }
+    for (int b = 0; b < 2; ++b) {
+      const float2 w = PairToFloat2<T>(pairs[b]);
+      acc = fmaf(w.x, x[4 * q + 2 * b], acc);
+      acc = fmaf(w.y, x[4 * q + 2 * b + 1], acc);
     }
   }
 }
 
 // out[r] = the dot product of weight row rows[r] of local expert e with
 // activation row arow; valid in every lane.
-template <typename T, int WK, int R>
-__device__ __forceinline__ void IntRowDots(const Params& p, int e, const int64_t (&rows)[R],
-                                           int64_t arow, int lane, float (&out)[R]) {
-  const int64_t bpr = WK == kWInt4 ? p.K / 2 : p.K;  // weight bytes per row
-  const int vecs = static_cast<int>(bpr / 16);
-  const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * bpr;
+template <typename T, int R>
+__device__ __forceinline__ void Int8RowDots(const Params& p, int e, const int64_t (&rows)[R],
+                                            int64_t arow, int lane, float (&out)[R]) {
+  const int vecs = static_cast<int>(p.K / 16);
+  const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * p.K;
   const int4* xr = reinterpret_cast<const int4*>(static_cast<const T*>(p.a) + arow * p.K);
-  const bool flip = WK == kWInt8 && p.w.zero == nullptr;
+  const bool flip = p.w.zero == nullptr;
   // Per row: its vectors, and the offset of its groups' scales (and zero
   // points) from the expert's (32-bit: N x groups of one expert).
   const int64_t e_groups = static_cast<int64_t>(e) * p.N * p.groups;
@@ -307,7 +365,7 @@ __device__ __forceinline__ void IntRowDots(const Params& p, int e, const int64_t
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    w[r] = reinterpret_cast<const int4*>(wb + rows[r] * bpr);
+    w[r] = reinterpret_cast<const int4*>(wb + rows[r] * p.K);
     goff[r] = static_cast<int>(rows[r] * p.groups);
     acc[r] = 0.0f;
   }
@@ -324,10 +382,10 @@ __device__ __forceinline__ void IntRowDots(const Params& p, int e, const int64_t
     for (int u = 0; u < kBatch; ++u) {
       const int i = base + 32 * u;
       if (i >= vecs) break;
-      float x[kElems<WK>];
+      float x[kInt8Elems];
 #pragma unroll
-      for (int q = 0; q < kElems<WK> / 8; ++q) {
-        const int4 xv = __ldg(xr + i * (kElems<WK> / 8) + q);
+      for (int q = 0; q < kInt8Elems / 8; ++q) {
+        const int4 xv = __ldg(xr + i * (kInt8Elems / 8) + q);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const float2 f = PairToFloat2<T>(WordOf(xv, j));
@@ -335,11 +393,12 @@ __device__ __forceinline__ void IntRowDots(const Params& p, int e, const int64_t
           x[8 * q + 2 * j + 1] = f.y;
         }
       }
-      const int gk = i * kElems<WK> / p.w.group_size;  // a vector lies in one group
+      const int gk = i * kInt8Elems / p.w.group_size;  // a vector lies in one group
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const float zpb = BiasedZero(zp, goff[r] + gk, WK == kWInt4);
-        IntVectorDot<T, WK>(v[u][r], __ldg(sc + goff[r] + gk), zpb, flip, x, acc[r]);
+        const detail::quant::IntGroupDequant<T, false> dq(__ldg(sc + goff[r] + gk),
+                                                          BiasedZero(zp, goff[r] + gk, false));
+        Int8VectorDot<T>(v[u][r], dq, flip, x, acc[r]);
       }
     }
   }
@@ -352,8 +411,8 @@ __device__ __forceinline__ void IntRowDots(const Params& p, int e, const int64_t
 }
 
 // Gated: one warp per (slot, intermediate column), its gate and up rows.
-template <typename T, int WK>
-__global__ void __launch_bounds__(kThreads, 2) IntGatedKernel(const __grid_constant__ Params p) {
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2) Int8GatedKernel(const __grid_constant__ Params p) {
   detail::PdlWaitThenRelease();
   const int lane = threadIdx.x & 31;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -369,17 +428,17 @@ __global__ void __launch_bounds__(kThreads, 2) IntGatedKernel(const __grid_const
                            moe_math::GatedRow(p.act, n, p.out_cols, 1)};
   const int64_t arow = s / p.a_row_div;
   float d[2];
-  IntRowDots<T, WK, 2>(p, e, rows, arow, lane, d);
+  Int8RowDots<T, 2>(p, e, rows, arow, lane, d);
   if (lane != 0) return;
-  const float g = Output<T, WK>(p, e, arow, rows[0], d[0]);
-  const float u = Output<T, WK>(p, e, arow, rows[1], d[1]);
+  const float g = Output<T, kWInt8>(p, e, arow, rows[0], d[0]);
+  const float u = Output<T, kWInt8>(p, e, arow, rows[1], d[1]);
   out[item] = FromFloat<T>(moe_math::Gated(p.act, p.ap, g, u));
 }
 
 // Otherwise: one warp per (slot, kRows consecutive rows), with the plain
 // activation on each or none.
-template <typename T, int WK>
-__global__ void __launch_bounds__(kThreads, 2) IntRowsKernel(const __grid_constant__ Params p) {
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2) Int8RowsKernel(const __grid_constant__ Params p) {
   detail::PdlWaitThenRelease();
   const int lane = threadIdx.x & 31;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -396,44 +455,39 @@ __global__ void __launch_bounds__(kThreads, 2) IntRowsKernel(const __grid_consta
   for (int r = 0; r < kRows; ++r) rows[r] = n0 + r < p.N ? n0 + r : 0;  // past N: dropped
   const int64_t arow = s / p.a_row_div;
   float d[kRows];
-  IntRowDots<T, WK, kRows>(p, e, rows, arow, lane, d);
+  Int8RowDots<T, kRows>(p, e, rows, arow, lane, d);
   if (lane != 0) return;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (n0 + r >= p.N) break;
-    const float v = Output<T, WK>(p, e, arow, n0 + r, d[r]);
+    const float v = Output<T, kWInt8>(p, e, arow, n0 + r, d[r]);
     out[n0 + r] = FromFloat<T>(p.plain ? moe_math::Plain(p.act, v) : v);
   }
 }
 
-template <typename T, int WK>
-cudaError_t LaunchInt(const Params& p, cudaStream_t stream) {
+template <typename T>
+cudaError_t LaunchInt8(const Params& p, cudaStream_t stream) {
   const int64_t warps = p.numel * (p.gated ? p.out_cols : p.warps_per_slot);
   const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
-  return p.gated ? detail::LaunchPdl(IntGatedKernel<T, WK>, grid, dim3(kThreads), 0, stream, p)
-                 : detail::LaunchPdl(IntRowsKernel<T, WK>, grid, dim3(kThreads), 0, stream, p);
+  return p.gated ? detail::LaunchPdl(Int8GatedKernel<T>, grid, dim3(kThreads), 0, stream, p)
+                 : detail::LaunchPdl(Int8RowsKernel<T>, grid, dim3(kThreads), 0, stream, p);
 }
 
 template <typename T>
 cudaError_t ByKind(const Params& p, cudaStream_t stream) {
-  switch (p.w.kind) {
-    case DType::kFp8E4m3: {
-      const int64_t per_cta = kWarps / p.split;
-      const dim3 grid(static_cast<unsigned>((p.tiles + per_cta - 1) / per_cta));
-      return detail::LaunchPdl(Fp8Kernel<T>, grid, dim3(kThreads), 0, stream, p);
-    }
-    case DType::kInt8:
-      return LaunchInt<T, kWInt8>(p, stream);
-    default:
-      return LaunchInt<T, kWInt4>(p, stream);
-  }
+  if (p.w.kind == DType::kInt8) return LaunchInt8<T>(p, stream);
+  const int64_t per_cta = kWarps / p.split;
+  const dim3 grid(static_cast<unsigned>((p.tiles + per_cta - 1) / per_cta));
+  return p.w.kind == DType::kFp8E4m3
+             ? detail::LaunchPdl(TileKernel<T, kWFp8>, grid, dim3(kThreads), 0, stream, p)
+             : detail::LaunchPdl(TileKernel<T, kWInt4>, grid, dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
 
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
   // The decode kernels' weights and sizes, with 32-bit vector and group
-  // indices (IntRowDots; the same limits for fp8, which would not need them).
+  // indices (Int8RowDots; the same limits for the tiles, which would not need them).
   return MoeQuantDecodeSupports(w, act_type, N, K) && K <= (int64_t{1} << 30) &&
          N * (K / 16) <= INT32_MAX;
 }
@@ -479,7 +533,7 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   p.out_cols = gated ? d.N / 2 : d.N;
   p.c = d.c;
   int64_t warps;
-  if (d.w.kind == DType::kFp8E4m3) {
+  if (d.w.kind != DType::kInt8) {
     p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
     p.tiles = d.numel * p.tiles_per_slot;
     // K split over up to kWarps warps until the grid has kMinWarps warps
@@ -488,7 +542,8 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
     // split, and with it the summation order, depends on the shape only),
     // keeping two chunks per warp at least.
     constexpr int64_t kMinWarps = 132 * 32;
-    const int64_t chunks = (d.K / 16 + 3) / 4;
+    const int64_t bpr = d.w.kind == DType::kInt4Packed ? d.K / 2 : d.K;  // bytes per row
+    const int64_t chunks = (bpr / 16 + 3) / 4;
     p.split = 1;
     while (p.split < kWarps && p.tiles * p.split < kMinWarps && chunks >= 4 * p.split) {
       p.split *= 2;
