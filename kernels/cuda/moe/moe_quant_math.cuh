@@ -79,33 +79,31 @@ class IntGroupDequant {
     }
   }
 
+  // Pair i of word wd: int4 nibbles 2i, 2i + 1 (byte i); int8 bytes 2i, 2i + 1.
+  __device__ __forceinline__ uint32_t Pair(uint32_t wd, int i) const {
+    if (packed_) {
+      uint32_t v;
+      if constexpr (kInt4) {
+        // Byte i of wd (nibbles 2i, 2i + 1) and of wd >> 4 (nibble 2i + 1
+        // low) to halves 0 / 1, low nibbles kept, M's bits or-ed in.
+        v = (__byte_perm(wd, wd >> 4, (4 + i) << 8 | i) & 0x000f000fu) | (kMagic << 16 | kMagic);
+      } else {
+        v = __byte_perm(wd, kMagic >> 8, 0x4040u | (2 * i + 1) << 8 | (2 * i));
+      }
+      const T2 w = __hmul2(__hsub2(AsT2(v), zero2_), scale2_);
+      return *reinterpret_cast<const uint32_t*>(&w);
+    }
+    constexpr int kBits = kInt4 ? 4 : 8;
+    const uint32_t two = (wd >> (2 * kBits * i)) & ((1u << (2 * kBits)) - 1u);
+    return PackRounded<T>(Deq(two & ((1u << kBits) - 1u), zpb_, s_), Deq(two >> kBits, zpb_, s_));
+  }
+
+  // Every pair of word wd.
   template <int kN>
   __device__ __forceinline__ void Pairs(uint32_t wd, uint32_t (&out)[kN]) const {
     static_assert(kN == (kInt4 ? 4 : 2), "int4: 4 pairs per word, int8: 2");
-    if (packed_) {
 #pragma unroll
-      for (int i = 0; i < kN; ++i) {
-        uint32_t v;
-        if constexpr (kInt4) {
-          // Byte i of wd (nibbles 2i, 2i + 1) and of wd >> 4 (nibble 2i + 1
-          // low) to halves 0 / 1, low nibbles kept, M's bits or-ed in.
-          const uint32_t two = __byte_perm(wd, wd >> 4, (4 + i) << 8 | i) & 0x000f000fu;
-          v = two | (kMagic << 16 | kMagic);
-        } else {
-          v = __byte_perm(wd, kMagic >> 8, 0x4040u | (2 * i + 1) << 8 | (2 * i));
-        }
-        const T2 w = __hmul2(__hsub2(AsT2(v), zero2_), scale2_);
-        out[i] = *reinterpret_cast<const uint32_t*>(&w);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kN; ++i) {
-        const uint32_t two = kInt4 ? (wd >> (8 * i)) & 0xffu : (wd >> (16 * i)) & 0xffffu;
-        const int bits = kInt4 ? 4 : 8;
-        const uint32_t mask = (1u << bits) - 1u;
-        out[i] = PackRounded<T>(Deq(two & mask, zpb_, s_), Deq(two >> bits, zpb_, s_));
-      }
-    }
+    for (int i = 0; i < kN; ++i) out[i] = Pair(wd, i);
   }
 
  private:
