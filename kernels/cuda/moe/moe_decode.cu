@@ -32,6 +32,7 @@
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/device_info.h"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
@@ -143,10 +144,17 @@ __global__ void __launch_bounds__(kThreads)
 // with k * G warps (G = max(1, 8 / k)); warp (g, j) computes slot j's values
 // of its kRows columns in one Dots (its loads in flight together); the first
 // 4 * G threads then combine each column's k values in slot order.
+// Two register budgets, the same sums (Dots' order does not depend on its
+// batch): kBatch 4 vectors per lane and row in flight at about 120
+// registers (two CTAs per SM), or kBatch 2 at 64 (four). The wide form keeps
+// more bytes in flight per warp where the grid is one wave of it (Mixtral-
+// 8x7B: 256 CTAs); past that the narrow one runs twice the warps at once
+// (Qwen3-30B-A3B one token: 512 CTAs, one wave instead of two).
 constexpr int kRows = 4;
+constexpr int kWideBatch = 4, kWideCtas = 1, kNarrowBatch = 2, kNarrowCtas = 4;
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, int kBatch, int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas)
     DecodeDownCombineKernel(const __grid_constant__ DownArgs<T> a, int group) {
   detail::PdlWaitThenRelease();
   __shared__ float y[kRows * kWarps];  // [column][slot], k * group <= 8
@@ -164,7 +172,7 @@ __global__ void __launch_bounds__(kThreads)
       // Rows past H read a valid row and are dropped.
       w[r] = a.w2 + (static_cast<int64_t>(e) * a.H + (n0 + r < a.H ? n0 + r : 0)) * a.I;
     }
-    Dots<T, kRows>(w, a.h + s * a.I, a.I, lane, d);
+    Dots<T, kRows, kBatch>(w, a.h + s * a.I, a.I, lane, d);
   }
   if (lane == 0) {
 #pragma unroll
@@ -234,9 +242,17 @@ absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
   // k * G <= 8 warps per CTA.
   const int group = std::max(1, kWarps / d.top_k);
   const int64_t tiles = (d.hidden_size + kRows * group - 1) / (kRows * group);
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(DecodeDownCombineKernel<T>,
-                                               dim3(d.num_tokens * tiles),
-                                               dim3(32 * d.top_k * group), 0, stream, down, group));
+  const int64_t ctas = d.num_tokens * tiles;
+  int device = 0;
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  KPLAN_ASSIGN_OR_RETURN(const int sms, MultiprocessorCount(device));
+  // The wide form's one wave: two CTAs per SM (ptxas gives it ~120 registers).
+  const bool narrow = ctas > 2 * static_cast<int64_t>(sms);
+  KPLAN_CUDA_RETURN_IF_ERROR(
+      narrow ? detail::LaunchPdl(DecodeDownCombineKernel<T, kNarrowBatch, kNarrowCtas>, dim3(ctas),
+                                 dim3(32 * d.top_k * group), 0, stream, down, group)
+             : detail::LaunchPdl(DecodeDownCombineKernel<T, kWideBatch, kWideCtas>, dim3(ctas),
+                                 dim3(32 * d.top_k * group), 0, stream, down, group));
   return absl::OkStatus();
 }
 
