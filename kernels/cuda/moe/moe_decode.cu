@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kThreads)
 // 8x7B: 256 CTAs); past that the narrow one runs twice the warps at once
 // (Qwen3-30B-A3B one token: 512 CTAs, one wave instead of two).
 constexpr int kRows = 4;
-constexpr int kWideBatch = 4, kWideCtas = 1, kNarrowBatch = 2, kNarrowCtas = 4;
+constexpr int kWideBatch = 4, kWideCtas = 2, kNarrowBatch = 2, kNarrowCtas = 4;
 
 template <typename T, int kBatch, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas)

@@ -1,8 +1,8 @@
-// Device decoding of stored quantised int weights, shared by the quantised
-// decode kernels (moe_quant_decode.cu: tiles on mma.sync;
-// moe_quant_matvec.cu: whole rows per slot) so that both dequantise a stored
-// int the same way, as the CPU reference does. Internal to
-// kernels/cuda/moe.
+// Device decoding of stored quantised int weights, shared by every GPU
+// route that dequantises them in registers (moe_quant_decode.cu: the decode
+// tiles and the dequant route's dequantiser; moe_quant_matvec.cu: the int4
+// tiles and the int8 rows) so that each does it as the CPU reference does.
+// Internal to kernels/cuda/moe.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -56,8 +56,10 @@ __device__ __forceinline__ uint32_t PackRounded(float lo, float hi) {
 // M | q is the T value M + q (M = 128 in bf16, 1024 in fp16: a unit ulp),
 // minus M + zp is q - zp exactly, times s rounded once in T. That is the
 // reference's value when s is exact in T: its fp32 product of q - zp (at
-// most 8 significant bits) and s (at most 11) is exact, and both round that
-// product to T once. Exact here: s representable in T; M + zp and M + q
+// most 8 significant bits) and s (at most 11) is exact (subnormals and
+// overflow included), and both round that product to T once. (For a NaN
+// scale, or an infinite one times 0, both give NaN, the GPU's canonical one
+// where the CPU's keeps a payload.) Exact here: s representable in T; M + zp and M + q
 // representable (bf16: zp and q below 128, so int8 is never packed in
 // bf16). Scales stored in the activation type, as GPTQ / AWQ checkpoints
 // keep them, take the packed form; any other group takes Deq per weight.
@@ -90,7 +92,7 @@ class IntGroupDequant {
       } else {
         v = __byte_perm(wd, kMagic >> 8, 0x4040u | (2 * i + 1) << 8 | (2 * i));
       }
-      const T2 w = __hmul2(__hsub2(AsT2(v), zero2_), scale2_);
+      const T2 w = __hmul2_rn(__hsub2_rn(AsT2(v), zero2_), scale2_);  // _rn: never contracted
       return *reinterpret_cast<const uint32_t*>(&w);
     }
     constexpr int kBits = kInt4 ? 4 : 8;
