@@ -317,25 +317,35 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
       // mma k16 step j takes pairs 2j (logical k 2c, 2c + 1) and 2j + 1
       // (logical 2c + 8, 2c + 9) of rows g, g + 8 and of the slot's row; the
       // weight pairs are decoded here, once per (step, m-tile), for all n8
-      // tiles; signed int8 without zero points is read as q + 128, zp 128.
-      constexpr int kPerWord = WK == kWInt4 ? 4 : 2;  // int pairs per 32-bit word
+      // tiles; int weights a word (kPerWord pairs) at a time, signed int8
+      // without zero points read as q + 128 with zp 128.
+      constexpr int kPerWord = WK == kWInt4 ? 4 : 2;
       const uint32_t flip = WK == kWInt8 && p.w.zero == nullptr ? 0x80808080u : 0u;
       using Dequant = detail::quant::IntGroupDequant<T, WK == kWInt4>;
-      const Dequant dq[2][2] = {{Dequant(sc[0][0], zb[0][0]), Dequant(sc[0][1], zb[0][1])},
-                                {Dequant(sc[1][0], zb[1][0]), Dequant(sc[1][1], zb[1][1])}};
+      uint32_t wp[2][2][kPerWord];
 #pragma unroll
       for (int j = 0; j < kSteps; ++j) {
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           uint32_t a[4];
+          if constexpr (WK == kWFp8) {
+            a[0] = Fp8Pair(wcur[mt][0], 2 * j);
+            a[1] = Fp8Pair(wcur[mt][1], 2 * j);
+            a[2] = Fp8Pair(wcur[mt][0], 2 * j + 1);
+            a[3] = Fp8Pair(wcur[mt][1], 2 * j + 1);
+          } else {
+            const int pr = (2 * j) % kPerWord;
+            if (pr == 0) {
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {  // A registers: (row g, 2j), (g + 8, 2j), (g, 2j + 1), ...
-            const int h = r & 1, pr = 2 * j + (r >> 1);
-            if constexpr (WK == kWFp8) {
-              a[r] = Fp8Pair(wcur[mt][h], pr);
-            } else {
-              a[r] = dq[mt][h].Pair(WordOf(wcur[mt][h], pr / kPerWord) ^ flip, pr % kPerWord);
+              for (int h = 0; h < 2; ++h) {
+                Dequant(sc[mt][h], zb[mt][h])
+                    .Pairs(WordOf(wcur[mt][h], 2 * j / kPerWord) ^ flip, wp[mt][h]);
+              }
             }
+            a[0] = wp[mt][0][pr];
+            a[1] = wp[mt][1][pr];
+            a[2] = wp[mt][0][pr + 1];
+            a[3] = wp[mt][1][pr + 1];
           }
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {

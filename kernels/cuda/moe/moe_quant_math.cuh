@@ -59,9 +59,9 @@ __device__ __forceinline__ uint32_t PackRounded(float lo, float hi) {
 // most 8 significant bits) and s (at most 11) is exact (subnormals and
 // overflow included), and both round that product to T once. (For a NaN
 // scale, or an infinite one times 0, both give NaN, the GPU's canonical one
-// where the CPU's keeps a payload.) Exact here: s representable in T; M + zp and M + q
-// representable (bf16: zp and q below 128, so int8 is never packed in
-// bf16). Scales stored in the activation type, as GPTQ / AWQ checkpoints
+// where the CPU's keeps a payload.) Exact here: s representable in T; M + zp
+// and M + q representable (bf16: zp and q below 128, so int8 is never packed
+// in bf16). Scales stored in the activation type, as GPTQ / AWQ checkpoints
 // keep them, take the packed form; any other group takes Deq per weight.
 template <typename T, bool kInt4>
 class IntGroupDequant {
@@ -81,36 +81,45 @@ class IntGroupDequant {
     }
   }
 
-  // Pair i of word wd: int4 nibbles 2i, 2i + 1 (byte i); int8 bytes 2i, 2i + 1.
-  __device__ __forceinline__ uint32_t Pair(uint32_t wd, int i) const {
-    if (packed_) {
-      uint32_t v;
-      if constexpr (kInt4) {
-        // Byte i of wd (nibbles 2i, 2i + 1) and of wd >> 4 (nibble 2i + 1
-        // low) to halves 0 / 1, low nibbles kept, M's bits or-ed in.
-        v = (__byte_perm(wd, wd >> 4, (4 + i) << 8 | i) & 0x000f000fu) | (kMagic << 16 | kMagic);
-      } else {
-        v = __byte_perm(wd, kMagic >> 8, 0x4040u | (2 * i + 1) << 8 | (2 * i));
-      }
-      const T2 w = __hmul2_rn(__hsub2_rn(AsT2(v), zero2_), scale2_);  // _rn: never contracted
-      return *reinterpret_cast<const uint32_t*>(&w);
-    }
-    constexpr int kBits = kInt4 ? 4 : 8;
-    const uint32_t two = (wd >> (2 * kBits * i)) & ((1u << (2 * kBits)) - 1u);
-    return PackRounded<T>(Deq(two & ((1u << kBits) - 1u), zpb_, s_), Deq(two >> kBits, zpb_, s_));
-  }
-
-  // Every pair of word wd.
+  // Every pair of word wd (pair i: int4 nibbles 2i, 2i + 1, i.e. byte i;
+  // int8 bytes 2i, 2i + 1), one branch for the word.
   template <int kN>
   __device__ __forceinline__ void Pairs(uint32_t wd, uint32_t (&out)[kN]) const {
     static_assert(kN == (kInt4 ? 4 : 2), "int4: 4 pairs per word, int8: 2");
+    if (packed_) {
 #pragma unroll
-    for (int i = 0; i < kN; ++i) out[i] = Pair(wd, i);
+      for (int i = 0; i < kN; ++i) out[i] = PackedPair(wd, i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) out[i] = ScalarPair(wd, i);
+    }
   }
 
  private:
   using T2 = std::conditional_t<kBf16, __nv_bfloat162, __half2>;
   static __device__ __forceinline__ T2 AsT2(uint32_t v) { return *reinterpret_cast<const T2*>(&v); }
+
+  // Pair i of word wd (int4 nibbles 2i, 2i + 1, i.e. byte i; int8 bytes 2i,
+  // 2i + 1), in the packed form (where it applies) or per weight. Callers go
+  // a word at a time (Pairs): a branch per pair measured far slower than the
+  // arithmetic it saves (docs/PERF.md, session 12, call 3).
+  __device__ __forceinline__ uint32_t PackedPair(uint32_t wd, int i) const {
+    uint32_t v;
+    if constexpr (kInt4) {
+      // Byte i of wd (nibbles 2i, 2i + 1) and of wd >> 4 (nibble 2i + 1
+      // low) to halves 0 / 1, low nibbles kept, M's bits or-ed in.
+      v = (__byte_perm(wd, wd >> 4, (4 + i) << 8 | i) & 0x000f000fu) | (kMagic << 16 | kMagic);
+    } else {
+      v = __byte_perm(wd, kMagic >> 8, 0x4040u | (2 * i + 1) << 8 | (2 * i));
+    }
+    const T2 w = __hmul2_rn(__hsub2_rn(AsT2(v), zero2_), scale2_);  // _rn: never contracted
+    return *reinterpret_cast<const uint32_t*>(&w);
+  }
+  __device__ __forceinline__ uint32_t ScalarPair(uint32_t wd, int i) const {
+    constexpr int kBits = kInt4 ? 4 : 8;
+    const uint32_t two = (wd >> (2 * kBits * i)) & ((1u << (2 * kBits)) - 1u);
+    return PackRounded<T>(Deq(two & ((1u << kBits) - 1u), zpb_, s_), Deq(two >> kBits, zpb_, s_));
+  }
 
   float s_, zpb_;
   bool packed_ = false;

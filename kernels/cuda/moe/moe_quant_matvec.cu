@@ -58,9 +58,9 @@ using detail::quant::WordOf;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBatch = 2;      // chunks (fp8) or vectors (int) per warp and row in flight
-constexpr int kTileRows = 16;  // fp8: weight rows per mma tile (gated: 8 gate + 8 up)
-constexpr int kRows = 4;       // int: rows per warp without gating
+constexpr int kBatch = 2;      // chunks (tiles) or vectors (int8 rows) per warp and row in flight
+constexpr int kTileRows = 16;  // tiles: weight rows per mma tile (gated: 8 gate + 8 up)
+constexpr int kRows = 4;       // int8: rows per warp without gating
 
 enum WeightKind : int { kWFp8 = 0, kWInt8 = 1, kWInt4 = 2 };
 
@@ -81,10 +81,10 @@ struct Params {
   MoeActivation act;
   MoeActParams ap;
   int64_t out_cols;  // I (gated) or N
-  // fp8: tiles of a slot, of the call, and the warps splitting a tile's K.
+  // fp8 / int4: tiles of a slot, of the call, and the warps splitting a tile's K.
   int64_t tiles_per_slot, tiles;
   int split;
-  int64_t warps_per_slot;  // int, not gated
+  int64_t warps_per_slot;  // int8, not gated
   void* c;                 // [numel, out_cols]
 };
 
@@ -102,7 +102,7 @@ __device__ __forceinline__ float Output(const Params& p, int e, int64_t arow, in
   return Rounded<T>(v, p.bias != nullptr ? p.bias + static_cast<int64_t>(e) * p.N + row : nullptr);
 }
 
-// --- fp8: mma tiles.
+// --- Tiles (fp8, int4); the fp8 dots.
 
 // d += A·B, m16n8k32 e4m3, fp32 accumulation.
 __device__ __forceinline__ void MmaFp8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
