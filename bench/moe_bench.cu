@@ -205,7 +205,8 @@ std::vector<std::string> SplitComma(const std::string& s) {
                "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
                "[--decode on|off] [--decode_layer on|off|both] [--ws off|on|both] "
                "[--gemm_only on|off] [--layer on|off] "
-               "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,int4_group,"
+               "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,fp8_per_channel,"
+               "int4_group,"
                "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
                "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
                "[--json FILE] [--csv FILE]\n",

@@ -8,8 +8,11 @@
 // activations; fp32, fp16 and bf16 activations. Fresh random data every run
 // (seed printed; MOE_QUANT_GPU_TEST_SEED=<n> repeats one): fp8 bytes with
 // random sign, mantissa and exponent (never 0 or NaN), int values over their
-// whole range, scales around 1/(rms(q)·sqrt(fan-in)), activations
-// ±(1 + m/128)·2^(-1 - 0..3).
+// whole range, scales around 1/(rms(q)·sqrt(fan-in)) (int: about half of
+// the groups' scales exact in bf16, the kernels' packed dequantisation, the
+// others arbitrary fp32), activations ±(1 + m/128)·2^(-1 - 0..3). The int
+// dequantiser is also checked bit for bit against the reference's rounding
+// (IntDequantIsTheReferencesRounding).
 //  * Shapes: Qwen3-30B-A3B (E=128, k=8, H=2048, I=768) for every scheme at M
 //    in {1, 64, 512} and 4096 for fp8 per-tensor and int4; Mixtral-8x7B
 //    (E=8, k=2, H=4096, I=14336) int4 / fp8 at M in {1, 64, 512};

@@ -196,8 +196,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   }
 }
 
+// sms: the device's multiprocessors (the down-combine form's choice).
 template <typename T>
-absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
+absl::Status Launch(const MoeDecodeArgs& d, int sms, cudaStream_t stream) {
   const MoeActParams p = EffectiveActParams(d.act_params);
   const bool gated = d.act < MoeActivation::kSiluNoMul;
   const int64_t numel = d.num_tokens * d.top_k;
@@ -243,9 +244,6 @@ absl::Status Launch(const MoeDecodeArgs& d, cudaStream_t stream) {
   const int group = std::max(1, kWarps / d.top_k);
   const int64_t tiles = (d.hidden_size + kRows * group - 1) / (kRows * group);
   const int64_t ctas = d.num_tokens * tiles;
-  int device = 0;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  KPLAN_ASSIGN_OR_RETURN(const int sms, MultiprocessorCount(device));
   // The wide form's one wave: two CTAs per SM (ptxas gives it ~120 registers).
   const bool narrow = ctas > 2 * static_cast<int64_t>(sms);
   KPLAN_CUDA_RETURN_IF_ERROR(
@@ -314,11 +312,16 @@ absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream)
     const absl::Status st = detail::LaunchMoeDecodeLayer(d, stream);
     if (!absl::IsUnavailable(st)) return st;  // launched, or a real error
   }
+  // Queried before the first launch: a failure leaves nothing half-enqueued.
+  int device = 0;
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  KPLAN_ASSIGN_OR_RETURN(const int sms, MultiprocessorCount(device));
   if (d.router_logits != nullptr) {
     KPLAN_RETURN_IF_ERROR(LaunchMoeRouting(d.routing, d.router_logits, d.num_tokens, d.topk_weights,
                                            d.topk_ids, stream));
   }
-  return d.dtype == DType::kBFloat16 ? Launch<__nv_bfloat16>(d, stream) : Launch<__half>(d, stream);
+  return d.dtype == DType::kBFloat16 ? Launch<__nv_bfloat16>(d, sms, stream)
+                                     : Launch<__half>(d, sms, stream);
 }
 
 }  // namespace kplan::kernels::cuda

@@ -100,9 +100,9 @@ class IntGroupDequant {
   static __device__ __forceinline__ T2 AsT2(uint32_t v) { return *reinterpret_cast<const T2*>(&v); }
 
   // Pair i of word wd (int4 nibbles 2i, 2i + 1, i.e. byte i; int8 bytes 2i,
-  // 2i + 1), in the packed form (where it applies) or per weight. Callers go
-  // a word at a time (Pairs): a branch per pair measured far slower than the
-  // arithmetic it saves (docs/PERF.md, session 12, call 3).
+  // 2i + 1): PackedPair in the packed form (packed_ only), ScalarPair per
+  // weight. Callers go a word at a time (Pairs): a branch per pair measured
+  // far slower than the arithmetic it saves (docs/PERF.md, session 12).
   __device__ __forceinline__ uint32_t PackedPair(uint32_t wd, int i) const {
     uint32_t v;
     if constexpr (kInt4) {

@@ -2,7 +2,9 @@
 // (moe_quant_gemm.h, LaunchMoeQuantMatvec): for slots on distinct experts,
 // where a tile of moe_quant_decode.cu would hold one slot. Each slot's
 // weight rows are read once, with 16-byte loads; two kernel forms, each the
-// faster of those measured for its weights (docs/PERF.md, sessions 11-12):
+// faster of those measured for its weights (docs/PERF.md, sessions 11-12;
+// int4 with group scales exact in T, as checkpoints store them: with
+// arbitrary fp32 scales session 11's int4 rows were faster):
 //   fp8 and int4: tiles of 16 rows per warp (gated GEMM 1: the gate and the
 //         up rows of 8 intermediate columns) on mma.sync, the weights the
 //         16-row operand and the activation row in every one of the 8
@@ -227,10 +229,8 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
       if (ch >= chunks) break;
       const bool in = i < vecs;
       const int64_t gk = in ? i / vec_per_group : 0;
-      const Dequant d0(in ? __ldg(p.w.scale + g0 + gk) : 0.0f,
-                       detail::quant::BiasedZero(p.w.zero, g0 + gk, true));
-      const Dequant d1(in ? __ldg(p.w.scale + g1 + gk) : 0.0f,
-                       detail::quant::BiasedZero(p.w.zero, g1 + gk, true));
+      const Dequant d0(in ? __ldg(p.w.scale + g0 + gk) : 0.0f, BiasedZero(p.w.zero, g0 + gk, true));
+      const Dequant d1(in ? __ldg(p.w.scale + g1 + gk) : 0.0f, BiasedZero(p.w.zero, g1 + gk, true));
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         uint32_t a0[4], a1[4];
