@@ -75,24 +75,6 @@ struct DecodeParams {
   void* c;  // [numel, out_cols]
 };
 
-template <typename T>
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
 // Two e4m3 bytes (lo first) as an f16x2 register, exact.
 __device__ __forceinline__ uint32_t Fp8x2ToHalf2(uint32_t two) {
   const __half2_raw h =
@@ -350,9 +332,9 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             if (block) {
-              Mma<MT>(tmp[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
+              detail::quant::Mma16816<MT>(tmp[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
             } else {
-              Mma<MT>(acc[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
+              detail::quant::Mma16816<MT>(acc[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
             }
           }
         }

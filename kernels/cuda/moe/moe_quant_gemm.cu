@@ -24,6 +24,7 @@
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
@@ -91,22 +92,6 @@ __device__ __forceinline__ void RawFloats(const Raw& r, int kind, float* out) {
 
 __device__ __forceinline__ uint8_t RawByte(const Raw& r, int j) {
   return reinterpret_cast<const uint8_t*>(&r.v[0])[j];
-}
-
-__device__ __forceinline__ void Mma(float* c, const uint32_t* a, const uint32_t* b, bool bf16) {
-  if (bf16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
 }
 
 template <int kMode>
@@ -395,7 +380,13 @@ __global__ void __launch_bounds__(kThreads) QuantGemmKernel(MoeQuantGemmArgs p, 
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) Mma(part[i][j], fa[i], fb[j], kMode == kModeBf16);
+          for (int j = 0; j < 4; ++j) {
+            if constexpr (kMode == kModeBf16) {
+              detail::quant::Mma16816<__nv_bfloat16>(part[i][j], fa[i], fb[j][0], fb[j][1]);
+            } else {
+              detail::quant::Mma16816<__half>(part[i][j], fa[i], fb[j][0], fb[j][1]);
+            }
+          }
       }
       const int64_t k_done = (kt + 1) * BK;
       if (!more || k_done % kblock == 0)

@@ -1,8 +1,9 @@
-// Device decoding of stored quantised int weights, shared by every GPU
-// route that dequantises them in registers (moe_quant_decode.cu: the decode
-// tiles and the dequant route's dequantiser; moe_quant_matvec.cu: the int4
-// tiles and the int8 rows) so that each does it as the CPU reference does.
-// Internal to kernels/cuda/moe.
+// Device steps shared by the quantised expert GEMMs (moe_quant_gemm.cu,
+// moe_quant_decode.cu, moe_quant_matvec.cu): the decoding of stored
+// quantised int weights, so that every GPU route that dequantises them in
+// registers (the decode tiles, the dequant route's dequantiser, the int4
+// matvec tiles and the int8 rows) does it as the CPU reference does, and the
+// m16n8k16 mma they feed. Internal to kernels/cuda/moe.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,6 +18,26 @@ namespace kplan::kernels::cuda::detail::quant {
 template <typename V>
 __device__ __forceinline__ uint32_t WordOf(const V& v, int i) {
   return static_cast<uint32_t>(i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w);
+}
+
+// d += A·B on mma.sync m16n8k16 in T (bf16 / fp16), fp32 accumulation:
+// A the 16 x 16 operand's four registers, B the 16 x 8 one's two.
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 }
 
 // (q - zp)·s in fp32, q given as the low bits of an fp32 2^23 + q and zp as

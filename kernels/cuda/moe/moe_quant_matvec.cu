@@ -172,25 +172,6 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
 
 // --- int4: mma tiles on dequantised pairs.
 
-// d += A·B, m16n8k16 in T (bf16 / fp16), fp32 accumulation.
-template <typename T>
-__device__ __forceinline__ void MmaT(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                     uint32_t a3, uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-
 // Fp8TileDots for int4 weights: per 64-byte chunk of a row (128 k), lane
 // (g, c) dequantises vector c of rows g and g + 8 (32 k, one group) to T
 // pairs (IntGroupDequant) and loads the same 32 k of the activation row;
@@ -236,8 +217,9 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
         uint32_t a0[4], a1[4];
         d0.Pairs(WordOf(v0[u], q), a0);
         d1.Pairs(WordOf(v1[u], q), a1);
-        MmaT<T>(acc, a0[0], a1[0], a0[1], a1[1], WordOf(xv[u][q], 0), WordOf(xv[u][q], 1));
-        MmaT<T>(acc, a0[2], a1[2], a0[3], a1[3], WordOf(xv[u][q], 2), WordOf(xv[u][q], 3));
+        const uint32_t lo[4] = {a0[0], a1[0], a0[1], a1[1]}, hi[4] = {a0[2], a1[2], a0[3], a1[3]};
+        detail::quant::Mma16816<T>(acc, lo, WordOf(xv[u][q], 0), WordOf(xv[u][q], 1));
+        detail::quant::Mma16816<T>(acc, hi, WordOf(xv[u][q], 2), WordOf(xv[u][q], 3));
       }
     }
   }
