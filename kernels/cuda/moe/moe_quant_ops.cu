@@ -13,6 +13,7 @@
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
@@ -70,29 +71,35 @@ __global__ void AbsMaxKernel(DType t, const void* in, int64_t n, float* scratch)
   if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(scratch), __float_as_uint(m));
 }
 
-// One block per row.
-__global__ void QuantRowKernel(MoeFp8ActQuant mode, DType t, const void* in, int64_t K, int group,
+// Per group: one warp per (row, group) of `group` consecutive k, so that a
+// decode-sized activation (a few rows of up to 14336) spreads over the chip
+// instead of one CTA per row walking its groups in turn (docs/PERF.md,
+// session 13). Launched with programmatic dependent launch (pdl.cuh).
+__global__ void QuantGroupKernel(DType t, const void* in, int64_t rows, int64_t K, int group,
+                                 uint8_t* q, float* scale) {
+  detail::PdlWaitThenRelease();
+  const int lane = threadIdx.x & 31;
+  const int64_t groups = (K + group - 1) / group;
+  const int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (item >= rows * groups) return;
+  const int64_t r = item / groups, gi = item % groups;
+  const int64_t base = r * K, k0 = gi * group, k1 = std::min<int64_t>(K, k0 + group);
+  float m = 0.0f;
+  for (int64_t k = k0 + lane; k < k1; k += 32) m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
+  const float s = __fdiv_rn(fmaxf(WarpMax(m), kGroupEps), kFp8Max);
+  for (int64_t k = k0 + lane; k < k1; k += 32) {
+    q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, base + k, t), s));
+  }
+  if (lane == 0) scale[r * groups + gi] = s;
+}
+
+// Per token or per tensor: one block per row.
+__global__ void QuantRowKernel(MoeFp8ActQuant mode, DType t, const void* in, int64_t K,
                                float static_scale, const float* tensor_max, uint8_t* q,
                                float* scale) {
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   const int64_t base = r * K;
-  if (mode == MoeFp8ActQuant::kPerGroup) {
-    const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
-    const int64_t groups = (K + group - 1) / group;
-    for (int64_t gi = threadIdx.x >> 5; gi < groups; gi += warps) {
-      const int64_t k0 = gi * group, k1 = std::min<int64_t>(K, k0 + group);
-      float m = 0.0f;
-      for (int64_t k = k0 + lane; k < k1; k += 32)
-        m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
-      const float s = __fdiv_rn(fmaxf(WarpMax(m), kGroupEps), kFp8Max);
-      for (int64_t k = k0 + lane; k < k1; k += 32) {
-        q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, base + k, t), s));
-      }
-      if (lane == 0) scale[r * groups + gi] = s;
-    }
-    return;
-  }
   float s;
   if (mode == MoeFp8ActQuant::kPerToken) {
     float m = 0.0f;
@@ -178,8 +185,17 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
     AbsMaxKernel<<<Blocks(rows * K), kThreads, 0, stream>>>(in_type, in, rows * K, scratch);
     KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("AbsMaxKernel");
   }
+  if (mode == MoeFp8ActQuant::kPerGroup) {
+    const int64_t warps = rows * ((K + group - 1) / group);
+    const int64_t ctas = (warps + kThreads / 32 - 1) / (kThreads / 32);
+    if (ctas > INT32_MAX) return absl::InvalidArgumentError("moe_fp8_quantize: too many groups");
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantGroupKernel,
+                                                 dim3(static_cast<unsigned>(ctas)), dim3(kThreads),
+                                                 0, stream, in_type, in, rows, K, group, q, scale));
+    return absl::OkStatus();
+  }
   QuantRowKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      mode, in_type, in, K, group, static_scale, scratch, q, scale);
+      mode, in_type, in, K, static_scale, scratch, q, scale);
   KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("QuantRowKernel");
   return absl::OkStatus();
 }
