@@ -581,6 +581,18 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   Combo i8z = IntW("int8_group", kernels::DType::kFloat16, true, 16);
   RunCombo(i8s, i8z, {2, 41}, 82, dec);
   RunCombo(i8s, i8z, {2, 400}, 83, deq);
+  // Group sizes that are not powers of two (the kernels divide where they
+  // otherwise shift, GroupDiv): int4 group 96 and int8 group 48, decode
+  // tiles and matvec.
+  const Shape g96{"group96", 6, 2, 288, 192};
+  RunOptions mv;
+  mv.route = MoeQuantRouteMode::kMatvec;
+  const Combo i4g = IntW("int4_group", kernels::DType::kBFloat16, true, 96);
+  RunCombo(g96, i4g, {5, 40}, 84, dec);
+  RunCombo(g96, i4g, {1, 3}, 85, mv);
+  const Combo i8g = IntW("int8_group", kernels::DType::kFloat16, false, 48);
+  RunCombo(g96, i8g, {5}, 86, dec);
+  RunCombo(g96, i8g, {1, 3}, 87, mv);
   // Top-1 with the router weight on the input (scaled rows feed GEMM 1).
   RunOptions on_input = dec;
   on_input.weights_on_input = true;

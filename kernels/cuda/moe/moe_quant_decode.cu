@@ -69,8 +69,9 @@ struct DecodeParams {
   int epi;
   MoeActivation act;
   MoeActParams ap;
-  int64_t out_cols;  // I (gated) or N
-  int64_t groups;    // row groups
+  int64_t out_cols;              // I (gated) or N
+  int64_t groups;                // row groups
+  detail::quant::GroupDiv gdiv;  // int weights: k to its group
   bool ksplit;
   void* c;  // [numel, out_cols]
 };
@@ -254,8 +255,8 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
           zb[mt][h] = 8388608.0f;
           if constexpr (WK != kWFp8) {
             if (kin) {
-              const int64_t gi = (static_cast<int64_t>(e) * p.N + row[mt][h]) * groups_per_row +
-                                 kc / p.w.group_size;
+              const int64_t gi =
+                  (static_cast<int64_t>(e) * p.N + row[mt][h]) * groups_per_row + p.gdiv(kc);
               sc[mt][h] = __ldg(p.w.scale + gi);
               zb[mt][h] = detail::quant::BiasedZero(p.w.zero, gi, WK == kWInt4);
             }
@@ -549,6 +550,7 @@ absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& d, cudaStream_t stre
   p.out_cols = gated ? d.N / 2 : d.N;
   p.groups = gated ? (p.out_cols + 15) / 16 : (d.N + kRowsPerWarp - 1) / kRowsPerWarp;
   p.c = d.c;
+  p.gdiv = {d.w.group_size, detail::quant::GroupShift(d.w.group_size)};
   // Non-empty tiles: at most one per slot and the blocks moe_align wrote.
   const int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(d.num_blocks, d.numel));
   // Rows mode (4 row groups per CTA) unless that leaves the chip under 32

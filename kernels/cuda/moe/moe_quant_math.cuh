@@ -47,6 +47,30 @@ __device__ __forceinline__ float Deq(uint32_t q, float zp_biased, float s) {
   return __fmul_rn(__int_as_float(0x4B000000 | q) - zp_biased, s);
 }
 
+// (a & b) | c in one instruction: with two different constants b and c the
+// compiler emits two LOP3s, one immediate each (docs/PERF.md, session 13).
+__device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// k / group_size for the group sizes of int weights: a shift where
+// group_size is a power of two (every GPTQ / AWQ checkpoint's), as
+// GroupShift gives it (-1 otherwise), else a division.
+struct GroupDiv {
+  int size, shift;
+  __device__ __forceinline__ int64_t operator()(int64_t k) const {
+    return shift >= 0 ? k >> shift : k / size;
+  }
+};
+inline int GroupShift(int64_t group_size) {
+  if (group_size <= 0 || (group_size & (group_size - 1)) != 0) return -1;
+  int s = 0;
+  while ((int64_t{1} << s) < group_size) ++s;
+  return s;
+}
+
 // The biased zero point of an int group: the stored one, or the implied one
 // (int4: 8; signed int8 is read as q + 128, hence 128).
 __device__ __forceinline__ float BiasedZero(const uint8_t* zero, int64_t gi, bool int4) {
@@ -102,12 +126,18 @@ class IntGroupDequant {
     }
   }
 
+  // Whether the group takes the packed form.
+  __device__ __forceinline__ bool packed() const { return packed_; }
+
   // Every pair of word wd (pair i: int4 nibbles 2i, 2i + 1, i.e. byte i;
-  // int8 bytes 2i, 2i + 1), one branch for the word.
-  template <int kN>
-  __device__ __forceinline__ void Pairs(uint32_t wd, uint32_t (&out)[kN]) const {
+  // int8 bytes 2i, 2i + 1), one branch for the word; with kKnown the caller
+  // knows the form (`packed`, the same in every lane of the warp, e.g. by
+  // __all_sync) and the word takes no branch of its own.
+  template <int kN, bool kKnown = false>
+  __device__ __forceinline__ void Pairs(uint32_t wd, uint32_t (&out)[kN],
+                                        bool packed = false) const {
     static_assert(kN == (kInt4 ? 4 : 2), "int4: 4 pairs per word, int8: 2");
-    if (packed_) {
+    if (kKnown ? packed : packed_) {
 #pragma unroll
       for (int i = 0; i < kN; ++i) out[i] = PackedPair(wd, i);
     } else {
@@ -129,7 +159,7 @@ class IntGroupDequant {
     if constexpr (kInt4) {
       // Byte i of wd (nibbles 2i, 2i + 1) and of wd >> 4 (nibble 2i + 1
       // low) to halves 0 / 1, low nibbles kept, M's bits or-ed in.
-      v = (__byte_perm(wd, wd >> 4, (4 + i) << 8 | i) & 0x000f000fu) | (kMagic << 16 | kMagic);
+      v = AndOr(__byte_perm(wd, wd >> 4, (4 + i) << 8 | i), 0x000f000fu, kMagic << 16 | kMagic);
     } else {
       v = __byte_perm(wd, kMagic >> 8, 0x4040u | (2 * i + 1) << 8 | (2 * i));
     }

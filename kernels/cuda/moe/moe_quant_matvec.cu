@@ -77,9 +77,10 @@ struct Params {
   const int32_t* map;
   int num_experts, num_local;
   int64_t numel, N, K;
-  int64_t nbn;        // fp8 block: scale blocks along N
-  int64_t groups;     // int: groups per row
-  bool gated, plain;  // the activation: gated pair, or on each row
+  int64_t nbn;                   // fp8 block: scale blocks along N
+  int64_t groups;                // int: groups per row
+  detail::quant::GroupDiv gdiv;  // int: k to its group
+  bool gated, plain;             // the activation: gated pair, or on each row
   MoeActivation act;
   MoeActParams ap;
   int64_t out_cols;  // I (gated) or N
@@ -127,7 +128,8 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
   const int4* w0 = reinterpret_cast<const int4*>(wb + rows[0] * p.K);
   const int4* w1 = reinterpret_cast<const int4*>(wb + rows[1] * p.K);
   const int4* x = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(p.a) + arow * p.K);
-  const int64_t vecs = p.K / 16, chunks = (vecs + 3) / 4;
+  // 32-bit indices: a row's vectors fit (MoeQuantMatvecSupports).
+  const int vecs = static_cast<int>(p.K / 16), chunks = (vecs + 3) / 4;
   const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
   const float* ws0 = nullptr;
   const float* ws1 = nullptr;
@@ -135,20 +137,28 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
     ws0 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + rows[0] / p.w.block_n) * p.a_kb;
     ws1 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + rows[1] / p.w.block_n) * p.a_kb;
   }
-  for (int64_t ch0 = ks; ch0 < chunks; ch0 += static_cast<int64_t>(p.split) * kBatch) {
+  for (int ch0 = ks; ch0 < chunks; ch0 += p.split * kBatch) {
     int4 v0[kBatch], v1[kBatch], xv[kBatch];
+    float s0[kBatch], s1[kBatch];  // block scales xs·ws, loaded with the chunk
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int64_t ch = ch0 + static_cast<int64_t>(u) * p.split, i = ch * 4 + c;
+      const int ch = ch0 + u * p.split, i = ch * 4 + c;
       // Past K (or the warp's chunks): zeros, and every lane runs the mma.
       const bool in = ch < chunks && i < vecs;
       v0[u] = in ? __ldg(w0 + i) : make_int4(0, 0, 0, 0);
       v1[u] = in ? __ldg(w1 + i) : make_int4(0, 0, 0, 0);
       xv[u] = in ? __ldg(x + i) : make_int4(0, 0, 0, 0);
+      s0[u] = s1[u] = 0.0f;
+      if (block && ch < chunks) {
+        const int kb = ch * 64 / p.w.block_k;
+        const float xs = __ldg(p.a_scale + arow * p.a_kb + kb);
+        s0[u] = __fmul_rn(xs, __ldg(ws0 + kb));
+        s1[u] = __fmul_rn(xs, __ldg(ws1 + kb));
+      }
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int64_t ch = ch0 + static_cast<int64_t>(u) * p.split;
+      const int ch = ch0 + u * p.split;
       if (ch >= chunks) break;
       // Lane (g, c)'s bytes 0-3 / 4-7 of a row are its k 4c.. / 16 + 4c..
       // of the first mma, bytes 8-15 those of the second. The tensor cores
@@ -158,10 +168,8 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
       MmaFp8(t, v0[u].x, v1[u].x, v0[u].y, v1[u].y, xv[u].x, xv[u].y);
       MmaFp8(t, v0[u].z, v1[u].z, v0[u].w, v1[u].w, xv[u].z, xv[u].w);
       if (block) {
-        const int64_t kb = ch * 64 / p.w.block_k;
-        const float xs = __ldg(p.a_scale + arow * p.a_kb + kb);
-        acc[0] = __fadd_rn(acc[0], __fmul_rn(t[0], __fmul_rn(xs, __ldg(ws0 + kb))));
-        acc[2] = __fadd_rn(acc[2], __fmul_rn(t[2], __fmul_rn(xs, __ldg(ws1 + kb))));
+        acc[0] = __fadd_rn(acc[0], __fmul_rn(t[0], s0[u]));
+        acc[2] = __fadd_rn(acc[2], __fmul_rn(t[2], s1[u]));
       } else {
         acc[0] = __fadd_rn(acc[0], t[0]);
         acc[2] = __fadd_rn(acc[2], t[2]);
@@ -188,15 +196,15 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
   const int4* w0 = reinterpret_cast<const int4*>(wb + rows[0] * bpr);
   const int4* w1 = reinterpret_cast<const int4*>(wb + rows[1] * bpr);
   const int4* x = reinterpret_cast<const int4*>(static_cast<const T*>(p.a) + arow * p.K);
-  const int64_t vecs = bpr / 16, chunks = (vecs + 3) / 4;
+  // 32-bit indices: a row's vectors fit (MoeQuantMatvecSupports).
+  const int vecs = static_cast<int>(bpr / 16), chunks = (vecs + 3) / 4;
   const int64_t e_groups = static_cast<int64_t>(e) * p.N * p.groups;
   const int64_t g0 = e_groups + rows[0] * p.groups, g1 = e_groups + rows[1] * p.groups;
-  const int vec_per_group = p.w.group_size / 32;  // a vector lies in one group
-  for (int64_t ch0 = ks; ch0 < chunks; ch0 += static_cast<int64_t>(p.split) * kBatch) {
+  for (int ch0 = ks; ch0 < chunks; ch0 += p.split * kBatch) {
     int4 v0[kBatch], v1[kBatch], xv[kBatch][4];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int64_t ch = ch0 + static_cast<int64_t>(u) * p.split, i = ch * 4 + c;
+      const int ch = ch0 + u * p.split, i = ch * 4 + c;
       // Past K (or the warp's chunks): zeros, and every lane runs the mma.
       const bool in = ch < chunks && i < vecs;
       v0[u] = in ? __ldg(w0 + i) : make_int4(0, 0, 0, 0);
@@ -206,20 +214,30 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int64_t ch = ch0 + static_cast<int64_t>(u) * p.split, i = ch * 4 + c;
+      const int ch = ch0 + u * p.split, i = ch * 4 + c;
       if (ch >= chunks) break;
       const bool in = i < vecs;
-      const int64_t gk = in ? i / vec_per_group : 0;
+      const int64_t gk = in ? p.gdiv(i * 32) : 0;  // a vector lies in one group
       const Dequant d0(in ? __ldg(p.w.scale + g0 + gk) : 0.0f, BiasedZero(p.w.zero, g0 + gk, true));
       const Dequant d1(in ? __ldg(p.w.scale + g1 + gk) : 0.0f, BiasedZero(p.w.zero, g1 + gk, true));
+      // One warp-uniform branch per vector on the packed form, the mma
+      // inside seeing every lane (a branch per word costs 1.2-1.4x more at one
+      // token: docs/PERF.md, session 13).
+      auto vector = [&](bool packed) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        uint32_t a0[4], a1[4];
-        d0.Pairs(WordOf(v0[u], q), a0);
-        d1.Pairs(WordOf(v1[u], q), a1);
-        const uint32_t lo[4] = {a0[0], a1[0], a0[1], a1[1]}, hi[4] = {a0[2], a1[2], a0[3], a1[3]};
-        detail::quant::Mma16816<T>(acc, lo, WordOf(xv[u][q], 0), WordOf(xv[u][q], 1));
-        detail::quant::Mma16816<T>(acc, hi, WordOf(xv[u][q], 2), WordOf(xv[u][q], 3));
+        for (int q = 0; q < 4; ++q) {
+          uint32_t a0[4], a1[4];
+          d0.template Pairs<4, true>(WordOf(v0[u], q), a0, packed);
+          d1.template Pairs<4, true>(WordOf(v1[u], q), a1, packed);
+          const uint32_t lo[4] = {a0[0], a1[0], a0[1], a1[1]}, hi[4] = {a0[2], a1[2], a0[3], a1[3]};
+          detail::quant::Mma16816<T>(acc, lo, WordOf(xv[u][q], 0), WordOf(xv[u][q], 1));
+          detail::quant::Mma16816<T>(acc, hi, WordOf(xv[u][q], 2), WordOf(xv[u][q], 3));
+        }
+      };
+      if (__all_sync(0xffffffffu, d0.packed() && d1.packed())) {
+        vector(true);
+      } else {
+        vector(false);
       }
     }
   }
@@ -230,8 +248,11 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
 // warp order and writes the outputs. Gated, tile t of a slot is the gate
 // rows (row g) and the up rows (g + 8) of intermediate columns 8t .. 8t + 7;
 // else rows 16t .. 16t + 15.
+// fp8 at 4 CTAs per multiprocessor (64 registers); int4 takes what it needs
+// (a cap of 3 CTAs spills and measured slower, session 13).
 template <typename T, int WK>
-__global__ void __launch_bounds__(kThreads) TileKernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
+    TileKernel(const __grid_constant__ Params p) {
   __shared__ float red[kWarps][kTileRows];
   detail::PdlWaitThenRelease();
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
@@ -375,7 +396,7 @@ __device__ __forceinline__ void Int8RowDots(const Params& p, int e, const int64_
           x[8 * q + 2 * j + 1] = f.y;
         }
       }
-      const int gk = i * kInt8Elems / p.w.group_size;  // a vector lies in one group
+      const int gk = static_cast<int>(p.gdiv(i * kInt8Elems));  // a vector lies in one group
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const detail::quant::IntGroupDequant<T, false> dq(__ldg(sc + goff[r] + gk),
@@ -500,6 +521,7 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   p.a_kb = block ? (d.K + d.w.block_k - 1) / d.w.block_k : 1;
   p.nbn = block ? (d.N + d.w.block_n - 1) / d.w.block_n : 0;
   p.groups = d.w.scale_kind == MoeWeightScale::kGroup ? d.K / d.w.group_size : 0;
+  p.gdiv = {d.w.group_size, detail::quant::GroupShift(d.w.group_size)};
   p.bias = d.bias;
   p.ids = args.topk_ids;
   p.map = args.expert_map;
