@@ -93,29 +93,37 @@ __global__ void QuantGroupKernel(DType t, const void* in, int64_t rows, int64_t 
   if (lane == 0) scale[r * groups + gi] = s;
 }
 
-// Per token or per tensor: one block per row.
-__global__ void QuantRowKernel(MoeFp8ActQuant mode, DType t, const void* in, int64_t K,
-                               float static_scale, const float* tensor_max, uint8_t* q,
-                               float* scale) {
+// Per token: one block per row (the row's max, then its values).
+__global__ void QuantTokenKernel(DType t, const void* in, int64_t K, uint8_t* q, float* scale) {
   __shared__ float red[32];
   const int64_t r = blockIdx.x;
   const int64_t base = r * K;
-  float s;
-  if (mode == MoeFp8ActQuant::kPerToken) {
-    float m = 0.0f;
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-      m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
-    s = fmaxf(__fdiv_rn(BlockMax(m, red), kFp8Max), kPerTokenMinScale);
-  } else if (static_scale > 0.0f) {
-    s = static_scale;
-  } else {
-    const float m = *tensor_max;
-    s = m > 0.0f ? __fdiv_rn(m, kFp8Max) : 1.0f;
-  }
+  float m = 0.0f;
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
+    m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
+  const float s = fmaxf(__fdiv_rn(BlockMax(m, red), kFp8Max), kPerTokenMinScale);
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
     q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, base + k, t), s));
   }
   if (threadIdx.x == 0) scale[r] = s;
+}
+
+// Per tensor: the scale is known (static, or from AbsMaxKernel's maximum),
+// so every element on its own thread, and the scale repeated per row.
+__global__ void QuantTensorKernel(DType t, const void* in, int64_t rows, int64_t K,
+                                  float static_scale, const float* tensor_max, uint8_t* q,
+                                  float* scale) {
+  detail::PdlWaitThenRelease();
+  float s = static_scale;
+  if (!(static_scale > 0.0f)) {
+    const float m = *tensor_max;
+    s = m > 0.0f ? __fdiv_rn(m, kFp8Max) : 1.0f;
+  }
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * K;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    q[i] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, i, t), s));
+    if (i % K == 0) scale[i / K] = s;
+  }
 }
 
 // --- fp32 elementwise steps.
@@ -194,9 +202,14 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
                                                  0, stream, in_type, in, rows, K, group, q, scale));
     return absl::OkStatus();
   }
-  QuantRowKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      mode, in_type, in, K, static_scale, scratch, q, scale);
-  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("QuantRowKernel");
+  if (mode == MoeFp8ActQuant::kPerTensor) {
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTensorKernel, dim3(Blocks(rows * K)),
+                                                 dim3(kThreads), 0, stream, in_type, in, rows, K,
+                                                 static_scale, scratch, q, scale));
+    return absl::OkStatus();
+  }
+  QuantTokenKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(in_type, in, K, q, scale);
+  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("QuantTokenKernel");
   return absl::OkStatus();
 }
 
