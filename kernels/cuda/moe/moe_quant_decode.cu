@@ -550,7 +550,7 @@ absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& d, cudaStream_t stre
   p.out_cols = gated ? d.N / 2 : d.N;
   p.groups = gated ? (p.out_cols + 15) / 16 : (d.N + kRowsPerWarp - 1) / kRowsPerWarp;
   p.c = d.c;
-  p.gdiv = {d.w.group_size, detail::quant::GroupShift(d.w.group_size)};
+  p.gdiv = detail::quant::GroupDiv::For(d.w.group_size);
   // Non-empty tiles: at most one per slot and the blocks moe_align wrote.
   const int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(d.num_blocks, d.numel));
   // Rows mode (4 row groups per CTA) unless that leaves the chip under 32

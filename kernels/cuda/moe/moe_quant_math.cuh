@@ -56,20 +56,22 @@ __device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) {
 }
 
 // k / group_size for the group sizes of int weights: a shift where
-// group_size is a power of two (every GPTQ / AWQ checkpoint's), as
-// GroupShift gives it (-1 otherwise), else a division.
+// group_size is a power of two (every GPTQ / AWQ checkpoint's), else a
+// division. Made on the host by For.
 struct GroupDiv {
-  int size, shift;
+  int size, shift;  // shift -1: not a power of two
+  static GroupDiv For(int group_size) {
+    int s = -1;
+    if (group_size > 0 && (group_size & (group_size - 1)) == 0) {
+      s = 0;
+      while ((1 << s) < group_size) ++s;
+    }
+    return {group_size, s};
+  }
   __device__ __forceinline__ int64_t operator()(int64_t k) const {
     return shift >= 0 ? k >> shift : k / size;
   }
 };
-inline int GroupShift(int64_t group_size) {
-  if (group_size <= 0 || (group_size & (group_size - 1)) != 0) return -1;
-  int s = 0;
-  while ((int64_t{1} << s) < group_size) ++s;
-  return s;
-}
 
 // The biased zero point of an int group: the stored one, or the implied one
 // (int4: 8; signed int8 is read as q + 128, hence 128).
@@ -130,14 +132,18 @@ class IntGroupDequant {
   __device__ __forceinline__ bool packed() const { return packed_; }
 
   // Every pair of word wd (pair i: int4 nibbles 2i, 2i + 1, i.e. byte i;
-  // int8 bytes 2i, 2i + 1), one branch for the word; with kKnown the caller
-  // knows the form (`packed`, the same in every lane of the warp, e.g. by
-  // __all_sync) and the word takes no branch of its own.
-  template <int kN, bool kKnown = false>
-  __device__ __forceinline__ void Pairs(uint32_t wd, uint32_t (&out)[kN],
-                                        bool packed = false) const {
+  // int8 bytes 2i, 2i + 1), one branch for the word.
+  template <int kN>
+  __device__ __forceinline__ void Pairs(uint32_t wd, uint32_t (&out)[kN]) const {
+    Pairs(wd, out, packed_);
+  }
+  // The same in the form the caller names: `packed` may be true only where
+  // packed() is (e.g. the __all_sync of every lane's packed(), so that the
+  // branch is the same across the warp); false is always exact.
+  template <int kN>
+  __device__ __forceinline__ void Pairs(uint32_t wd, uint32_t (&out)[kN], bool packed) const {
     static_assert(kN == (kInt4 ? 4 : 2), "int4: 4 pairs per word, int8: 2");
-    if (kKnown ? packed : packed_) {
+    if (packed) {
 #pragma unroll
       for (int i = 0; i < kN; ++i) out[i] = PackedPair(wd, i);
     } else {

@@ -221,23 +221,23 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
       const Dequant d0(in ? __ldg(p.w.scale + g0 + gk) : 0.0f, BiasedZero(p.w.zero, g0 + gk, true));
       const Dequant d1(in ? __ldg(p.w.scale + g1 + gk) : 0.0f, BiasedZero(p.w.zero, g1 + gk, true));
       // One warp-uniform branch per vector on the packed form, the mma
-      // inside seeing every lane (a branch per word costs 1.2-1.4x more at one
-      // token: docs/PERF.md, session 13).
-      auto vector = [&](bool packed) {
+      // inside seeing every lane (with a branch per word the one-token
+      // layers took 1.04-1.17x longer: docs/PERF.md, session 13).
+      auto dots = [&](bool packed) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           uint32_t a0[4], a1[4];
-          d0.template Pairs<4, true>(WordOf(v0[u], q), a0, packed);
-          d1.template Pairs<4, true>(WordOf(v1[u], q), a1, packed);
+          d0.Pairs(WordOf(v0[u], q), a0, packed);
+          d1.Pairs(WordOf(v1[u], q), a1, packed);
           const uint32_t lo[4] = {a0[0], a1[0], a0[1], a1[1]}, hi[4] = {a0[2], a1[2], a0[3], a1[3]};
           detail::quant::Mma16816<T>(acc, lo, WordOf(xv[u][q], 0), WordOf(xv[u][q], 1));
           detail::quant::Mma16816<T>(acc, hi, WordOf(xv[u][q], 2), WordOf(xv[u][q], 3));
         }
       };
       if (__all_sync(0xffffffffu, d0.packed() && d1.packed())) {
-        vector(true);
+        dots(true);
       } else {
-        vector(false);
+        dots(false);
       }
     }
   }
@@ -248,8 +248,10 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
 // warp order and writes the outputs. Gated, tile t of a slot is the gate
 // rows (row g) and the up rows (g + 8) of intermediate columns 8t .. 8t + 7;
 // else rows 16t .. 16t + 15.
-// fp8 at 4 CTAs per multiprocessor (64 registers); int4 takes what it needs
-// (a cap of 3 CTAs spills and measured slower, session 13).
+// fp8: a guard that keeps 4 CTAs per multiprocessor (64 registers; one
+// build of this session took 66 without it, 3 CTAs). int4 takes the
+// registers it needs (~110, 2 CTAs): a cap of 3 CTAs spills and measured
+// slower (docs/PERF.md, session 13).
 template <typename T, int WK>
 __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
     TileKernel(const __grid_constant__ Params p) {
@@ -489,8 +491,8 @@ cudaError_t ByKind(const Params& p, cudaStream_t stream) {
 }  // namespace
 
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
-  // The decode kernels' weights and sizes, with 32-bit vector and group
-  // indices (Int8RowDots; the same limits for the tiles, which would not need them).
+  // The decode kernels' weights and sizes, with 32-bit vector, chunk and
+  // group indices (Int8RowDots and the tiles).
   return MoeQuantDecodeSupports(w, act_type, N, K) && K <= (int64_t{1} << 30) &&
          N * (K / 16) <= INT32_MAX;
 }
@@ -521,7 +523,7 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   p.a_kb = block ? (d.K + d.w.block_k - 1) / d.w.block_k : 1;
   p.nbn = block ? (d.N + d.w.block_n - 1) / d.w.block_n : 0;
   p.groups = d.w.scale_kind == MoeWeightScale::kGroup ? d.K / d.w.group_size : 0;
-  p.gdiv = {d.w.group_size, detail::quant::GroupShift(d.w.group_size)};
+  p.gdiv = detail::quant::GroupDiv::For(d.w.group_size);
   p.bias = d.bias;
   p.ids = args.topk_ids;
   p.map = args.expert_map;

@@ -74,28 +74,32 @@ __global__ void AbsMaxKernel(DType t, const void* in, int64_t n, float* scratch)
 // Per group: one warp per (row, group) of `group` consecutive k, so that a
 // decode-sized activation (a few rows of up to 14336) spreads over the chip
 // instead of one CTA per row walking its groups in turn (docs/PERF.md,
-// session 13). Launched with programmatic dependent launch (pdl.cuh).
+// session 13); the warps loop when there are more groups than the grid.
 __global__ void QuantGroupKernel(DType t, const void* in, int64_t rows, int64_t K, int group,
                                  uint8_t* q, float* scale) {
   detail::PdlWaitThenRelease();
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int64_t groups = (K + group - 1) / group;
-  const int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (item >= rows * groups) return;
-  const int64_t r = item / groups, gi = item % groups;
-  const int64_t base = r * K, k0 = gi * group, k1 = std::min<int64_t>(K, k0 + group);
-  float m = 0.0f;
-  for (int64_t k = k0 + lane; k < k1; k += 32) m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
-  const float s = __fdiv_rn(fmaxf(WarpMax(m), kGroupEps), kFp8Max);
-  for (int64_t k = k0 + lane; k < k1; k += 32) {
-    q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, base + k, t), s));
+  for (int64_t item = blockIdx.x * static_cast<int64_t>(warps) + (threadIdx.x >> 5);
+       item < rows * groups; item += static_cast<int64_t>(gridDim.x) * warps) {
+    const int64_t r = item / groups, gi = item % groups;
+    const int64_t base = r * K, k0 = gi * group, k1 = std::min<int64_t>(K, k0 + group);
+    float m = 0.0f;
+    for (int64_t k = k0 + lane; k < k1; k += 32) {
+      m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
+    }
+    const float s = __fdiv_rn(fmaxf(WarpMax(m), kGroupEps), kFp8Max);
+    for (int64_t k = k0 + lane; k < k1; k += 32) {
+      q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, base + k, t), s));
+    }
+    if (lane == 0) scale[r * groups + gi] = s;
   }
-  if (lane == 0) scale[r * groups + gi] = s;
 }
 
 // Per token: one block per row (the row's max, then its values).
 __global__ void QuantTokenKernel(DType t, const void* in, int64_t K, uint8_t* q, float* scale) {
   __shared__ float red[32];
+  detail::PdlWaitThenRelease();
   const int64_t r = blockIdx.x;
   const int64_t base = r * K;
   float m = 0.0f;
@@ -119,11 +123,12 @@ __global__ void QuantTensorKernel(DType t, const void* in, int64_t rows, int64_t
     const float m = *tensor_max;
     s = m > 0.0f ? __fdiv_rn(m, kFp8Max) : 1.0f;
   }
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * K;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = first; i < rows * K; i += stride) {
     q[i] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, i, t), s));
-    if (i % K == 0) scale[i / K] = s;
   }
+  for (int64_t r = first; r < rows; r += stride) scale[r] = s;
 }
 
 // --- fp32 elementwise steps.
@@ -195,21 +200,18 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
   }
   if (mode == MoeFp8ActQuant::kPerGroup) {
     const int64_t warps = rows * ((K + group - 1) / group);
-    const int64_t ctas = (warps + kThreads / 32 - 1) / (kThreads / 32);
-    if (ctas > INT32_MAX) return absl::InvalidArgumentError("moe_fp8_quantize: too many groups");
-    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantGroupKernel,
-                                                 dim3(static_cast<unsigned>(ctas)), dim3(kThreads),
-                                                 0, stream, in_type, in, rows, K, group, q, scale));
-    return absl::OkStatus();
-  }
-  if (mode == MoeFp8ActQuant::kPerTensor) {
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantGroupKernel, dim3(Blocks(warps * 32)),
+                                                 dim3(kThreads), 0, stream, in_type, in, rows, K,
+                                                 group, q, scale));
+  } else if (mode == MoeFp8ActQuant::kPerTensor) {
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTensorKernel, dim3(Blocks(rows * K)),
                                                  dim3(kThreads), 0, stream, in_type, in, rows, K,
                                                  static_scale, scratch, q, scale));
-    return absl::OkStatus();
+  } else {
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTokenKernel,
+                                                 dim3(static_cast<unsigned>(rows)), dim3(kThreads),
+                                                 0, stream, in_type, in, K, q, scale));
   }
-  QuantTokenKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(in_type, in, K, q, scale);
-  KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("QuantTokenKernel");
   return absl::OkStatus();
 }
 
