@@ -248,10 +248,10 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
 // warp order and writes the outputs. Gated, tile t of a slot is the gate
 // rows (row g) and the up rows (g + 8) of intermediate columns 8t .. 8t + 7;
 // else rows 16t .. 16t + 15.
-// fp8: a guard that keeps 4 CTAs per multiprocessor (64 registers; one
-// build of this session took 66 without it, 3 CTAs). int4 takes the
-// registers it needs (~110, 2 CTAs): a cap of 3 CTAs spills and measured
-// slower (docs/PERF.md, session 13).
+// fp8: a guard that keeps 4 CTAs per multiprocessor (64 registers; ptxas
+// has given it 66 without, i.e. 3 CTAs). int4 takes the registers it needs
+// (~110, 2 CTAs): a cap of 3 CTAs spills and measured slower (docs/PERF.md,
+// session 13).
 template <typename T, int WK>
 __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
     TileKernel(const __grid_constant__ Params p) {
