@@ -4,17 +4,23 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "server/exec/task_pool.h"
 
 namespace kplan {
 
 struct MoeCoalescer::Shared {
+  explicit Shared(int answer_threads) : answers(answer_threads, "kplan-answer") {}
   std::atomic<int64_t> launches{0}, coalesced_launches{0}, coalesced_requests{0};
   LaunchObserver observer;
+  // Answers the members of a launch off the device worker. Its tasks hold
+  // no reference to this Shared, so it is never destroyed on its own threads.
+  TaskPool answers;
 };
 
 struct MoeCoalescer::Group {
@@ -35,6 +41,7 @@ struct MoeCoalescer::Group {
   std::vector<MoeCoalesceMember> members ABSL_GUARDED_BY(mu);
   std::vector<absl::Time> arrived ABSL_GUARDED_BY(mu);  // per member
   std::vector<char> finished;                           // per member, once closed
+  std::atomic<size_t> unanswered{0};                    // of a launch's members
 
   // Closes the group; false when it was closed already.
   bool Close() {
@@ -171,12 +178,18 @@ absl::StatusOr<std::unique_ptr<MoeCoalescer>> MoeCoalescer::Create(DeviceExecuto
     return InvalidField("coalesce_max_tokens",
                         absl::StrCat("coalesce_max_tokens must be in [1, ", kMaxTokens, "]"));
   }
+  if (options.answer_threads < 1 || options.answer_threads > kMaxAnswerThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("answer_threads must be in [1, ", kMaxAnswerThreads, "]"));
+  }
   return std::unique_ptr<MoeCoalescer>(new MoeCoalescer(executor, options, std::move(observer)));
 }
 
 MoeCoalescer::MoeCoalescer(DeviceExecutor& executor, const Options& options,
                            LaunchObserver observer)
-    : executor_(executor), options_(options), shared_(std::make_shared<Shared>()) {
+    : executor_(executor),
+      options_(options),
+      shared_(std::make_shared<Shared>(options.answer_threads)) {
   shared_->observer = std::move(observer);
   timer_ = std::thread([this] { TimerLoop(); });
 }
@@ -328,7 +341,7 @@ void MoeCoalescer::Flush(std::shared_ptr<Group> group) {
   // checks each member's as the launch starts.
   job.fail = [group](const absl::Status& status) { group->FailAll(status); };
   job.work = [group, shared = shared_](const DeviceSlot& where, absl::Duration) {
-    if (group->Close()) RunGroup(*shared, *group, where);
+    if (group->Close()) RunGroup(*shared, group, where);
   };
   const size_t slot = group->slot;
   if (absl::Status queued = executor_.Submit(slot, std::move(job)); !queued.ok()) {
@@ -336,8 +349,10 @@ void MoeCoalescer::Flush(std::shared_ptr<Group> group) {
   }
 }
 
-void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where)
+void MoeCoalescer::RunGroup(Shared& shared, const std::shared_ptr<Group>& group,
+                            const DeviceSlot& where)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {  // closed: the members are this thread's
+  Group& g = *group;
   const absl::Time start = absl::Now();
   std::vector<size_t> live;
   absl::Time deadline = absl::InfinitePast();
@@ -360,23 +375,30 @@ void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where)
     g.Release();
     return;
   }
-  absl::StatusOr<MoeRunOutput> out;
+  auto out = std::make_shared<absl::StatusOr<MoeRunOutput>>();
   if (live.size() == 1) {
     MoeRunInput& alone = g.members[live[0]].input;
     alone.batch_invariant = true;
-    out = g.launch(where, alone, deadline);
+    *out = g.launch(where, alone, deadline);
   } else {
     std::vector<const MoeRunInput*> parts;
     for (size_t i : live) parts.push_back(&g.members[i].input);
-    out = g.launch(where, Merge(parts), deadline);
+    *out = g.launch(where, Merge(parts), deadline);
   }
   const absl::Time end = absl::Now();
+  g.launch = nullptr;  // the expert set it holds is let go here, not on an answer thread
   shared.launches.fetch_add(1);
   if (live.size() > 1) {
     shared.coalesced_launches.fetch_add(1);
     shared.coalesced_requests.fetch_add(static_cast<int64_t>(live.size()));
   }
   if (shared.observer) shared.observer(static_cast<int>(live.size()));
+  // The members are answered (their rows sliced, their responses encoded
+  // and sent) on the answer threads while this worker starts its next
+  // launch: one by one here, 64 answers held the GPU idle for ~1.9 ms after
+  // a ~0.24 ms launch (docs/PERF.md, session 14).
+  const auto slot = std::make_shared<const DeviceSlot>(where);
+  g.unanswered.store(live.size());
   int64_t first = 0;
   for (size_t i : live) {
     MoeRunTiming timing;
@@ -387,14 +409,31 @@ void MoeCoalescer::RunGroup(Shared& shared, Group& g, const DeviceSlot& where)
     timing.device = end - start;
     timing.coalesced_requests = static_cast<int>(live.size());
     const int64_t m = TokensOf(g.members[i].input);
-    absl::StatusOr<MoeRunOutput> mine = !out.ok() ? absl::StatusOr<MoeRunOutput>(out.status())
-                                        : live.size() == 1 ? std::move(out)
-                                                           : Slice(*out, first, m);
+    const bool whole = live.size() == 1;
+    std::function<void()> answer = [group, out, slot, timing, i, first, m, whole] {
+      Group& g = *group;
+      MoeCoalesceMember& member = g.members[i];
+      try {
+        absl::StatusOr<MoeRunOutput> mine = !out->ok() ? absl::StatusOr<MoeRunOutput>(out->status())
+                                            : whole    ? std::move(*out)
+                                                       : Slice(**out, first, m);
+        g.finished[i] = 1;
+        member.finish(std::move(mine), timing, *slot);
+      } catch (const std::bad_alloc&) {
+        if (member.fail)
+          member.fail(absl::ResourceExhaustedError("out of memory answering the call"));
+      } catch (...) {
+        if (member.fail) member.fail(absl::InternalError("answering the coalesced call failed"));
+      }
+      if (g.unanswered.fetch_sub(1, std::memory_order_acq_rel) == 1) g.Release();
+    };
     first += m;
-    g.finished[i] = 1;
-    g.members[i].finish(std::move(mine), timing, where);
+    try {
+      shared.answers.Schedule(std::move(answer));
+    } catch (...) {  // the queue could not grow: answered here
+      answer();
+    }
   }
-  g.Release();
 }
 
 }  // namespace kplan

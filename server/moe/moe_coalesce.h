@@ -52,6 +52,10 @@
 // window checked intact first, else that member fails alone), and its rows
 // come back in MoeRunOutput::output for the caller to write into a member's
 // output window; a member launched alone writes its own in place.
+// Answers: once the launch is done its members are answered (their rows
+// sliced off, their responses encoded and sent) on the coalescer's answer
+// threads (Options::answer_threads), so the device worker starts its next
+// launch at once instead of after every member's answer.
 // Timing per caller: queue and queued are the caller's own (queue counts from
 // its arrival, the window included); device, device_start and device_end are
 // the launch's, shared by its members.
@@ -107,15 +111,20 @@ class MoeCoalescer {
   // The largest max_tokens (a launch's bytes, charged as if full, stay
   // within what the executor's budget can count).
   static constexpr int64_t kMaxTokens = int64_t{1} << 20;
+  static constexpr int kMaxAnswerThreads = 64;
   struct Options {
     absl::Duration window = absl::ZeroDuration();  // > 0
     int64_t max_tokens = 256;                      // in [1, kMaxTokens]
+    // Threads that answer a launch's members (slice, encode, send) while
+    // the device worker goes on to the next launch; in [1, kMaxAnswerThreads].
+    int answer_threads = 4;
   };
   // Called from the device worker after every launch that ran, with its
   // members (1: alone).
   using LaunchObserver = std::function<void(int members)>;
 
-  // INVALID_ARGUMENT naming coalesce_window_us / coalesce_max_tokens.
+  // INVALID_ARGUMENT naming coalesce_window_us / coalesce_max_tokens (or
+  // answer_threads).
   static absl::StatusOr<std::unique_ptr<MoeCoalescer>> Create(DeviceExecutor& executor,
                                                               const Options& options,
                                                               LaunchObserver observer = {});
@@ -140,7 +149,8 @@ class MoeCoalescer {
   MoeCoalescer(DeviceExecutor& executor, const Options& options, LaunchObserver observer);
   void TimerLoop();
   void Flush(std::shared_ptr<Group> group);
-  static void RunGroup(Shared& shared, Group& group, const DeviceSlot& where);
+  static void RunGroup(Shared& shared, const std::shared_ptr<Group>& group,
+                       const DeviceSlot& where);
 
   DeviceExecutor& executor_;
   const Options options_;

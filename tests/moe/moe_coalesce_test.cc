@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <future>
@@ -415,6 +416,12 @@ TEST_F(CoalescerTest, RejectsBadOptions) {
     EXPECT_THAT(MoeCoalescer::Create(*executor_, {absl::Milliseconds(1), bad}).status().message(),
                 HasSubstr("coalesce_max_tokens"));
   }
+  for (int bad : {0, MoeCoalescer::kMaxAnswerThreads + 1}) {
+    MoeCoalescer::Options options{absl::Milliseconds(1), 8};
+    options.answer_threads = bad;
+    EXPECT_THAT(MoeCoalescer::Create(*executor_, options).status().message(),
+                HasSubstr("answer_threads"));
+  }
   EXPECT_TRUE(
       MoeCoalescer::Create(*executor_, {absl::Milliseconds(1), MoeCoalescer::kMaxTokens}).ok());
 }
@@ -449,6 +456,46 @@ TEST_F(CoalescerTest, ALaunchErrorReachesEveryMemberAndTimingIsPerCaller) {
   EXPECT_GT(a.timing.queue, b.timing.queue);
   EXPECT_GE(a.timing.queue, absl::Milliseconds(100));
   EXPECT_EQ(a.timing.queued + a.timing.queue, a.timing.device_start);
+}
+
+TEST_F(CoalescerTest, TheWorkerLaunchesAgainWhileAMemberIsAnswered) {
+  MoeCoalescer::Options options{absl::Milliseconds(1), 256};
+  options.answer_threads = 2;
+  absl::StatusOr<std::unique_ptr<MoeCoalescer>> c = MoeCoalescer::Create(*executor_, options);
+  ASSERT_TRUE(c.ok());
+  std::vector<int64_t> sizes;
+  const MoeLaunchFn launch = Echo(&sizes);
+  // The first call's answer blocks until `release`: an answer sent from the
+  // device worker would keep the second call's launch waiting behind it.
+  auto release = std::make_shared<std::promise<void>>();
+  std::shared_future<void> released = release->get_future().share();
+  auto answering = std::make_shared<std::promise<void>>();
+  auto first = std::make_shared<std::promise<Outcome>>();
+  std::future<Outcome> first_out = first->get_future();
+  MoeCoalesceMember slow = Member(1, first);
+  slow.finish = [answering, released, first](absl::StatusOr<MoeRunOutput> out,
+                                             const MoeRunTiming& t, const DeviceSlot&) {
+    answering->set_value();
+    released.wait();
+    if (!out.ok()) {
+      first->set_value(Outcome{out.status(), t});
+      return;
+    }
+    RunMoeResult r;
+    r.output = *std::move(out);
+    first->set_value(Outcome{std::move(r), t});
+  };
+  (*c)->Add("a", 0, launch, std::move(slow));
+  ASSERT_EQ(answering->get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  auto second = std::make_shared<std::promise<Outcome>>();
+  std::future<Outcome> second_out = second->get_future();
+  (*c)->Add("b", 0, launch, Member(2, second));
+  const std::future_status got = second_out.wait_for(std::chrono::seconds(10));
+  release->set_value();
+  ASSERT_EQ(got, std::future_status::ready) << "the second launch waited for the first answer";
+  EXPECT_TRUE(second_out.get().result.ok());
+  EXPECT_TRUE(first_out.get().result.ok());
+  EXPECT_THAT(sizes, ::testing::ElementsAre(1, 2));
 }
 
 TEST_F(CoalescerTest, ALaunchQueuedBehindABusyDeviceTakesLatePartners) {
