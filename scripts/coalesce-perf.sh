@@ -6,7 +6,9 @@
 #
 # usage: scripts/coalesce-perf.sh BIN_DIR OUT_DIR [kplan_perf flags...]
 #   env: DEVICES (none: the CPU path; 0: cuda:0), COALESCE_WINDOW_US (2000),
-#        COALESCE_MAX_TOKENS (64)
+#        COALESCE_MAX_TOKENS (64), METRICS_PORT (set: the server serves its
+#        metrics there and OUT_DIR/metrics_{off,on}.txt keep the RunMoE hop
+#        histograms and coalescing counters read after each run)
 # e.g.   scripts/coalesce-perf.sh build/bin /tmp/co --concurrency 64 --tokens 1 \
 #            --num_experts 32 --hidden 1024 --intermediate 512 --top_k 4 --duration_s 10
 set -euo pipefail
@@ -20,6 +22,7 @@ max_tokens=${COALESCE_MAX_TOKENS:-64}
 for mode in off on; do
   sock=/tmp/kplan-coalesce-$$-$mode.sock
   flags=(--listen "unix:$sock" --devices "$devices" --log_level warn)
+  [ -n "${METRICS_PORT:-}" ] && flags+=(--metrics_listen "127.0.0.1:$METRICS_PORT")
   if [ "$mode" = on ]; then
     flags+=(--coalesce_window_us "$window" --coalesce_max_tokens "$max_tokens")
   fi
@@ -30,6 +33,12 @@ for mode in off on; do
   status=0
   "$bin/kplan_perf" --server "unix:$sock" --server_pid "$pid" --json "$out/coalesce_$mode.json" \
     --csv "$out/coalesce_$mode.csv" "$@" || status=$?
+  if [ -n "${METRICS_PORT:-}" ]; then
+    python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+      "http://127.0.0.1:$METRICS_PORT/metrics" |
+      grep -E '^kplan_(hop_seconds|moe_coalesce|request_)' |
+      grep -E 'RunMoE|coalesce' >"$out/metrics_$mode.txt" || true
+  fi
   kill "$pid"
   wait "$pid" || true
   [ "$status" -eq 0 ] || { echo "kplan_perf failed ($status)"; exit "$status"; }
