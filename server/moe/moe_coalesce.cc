@@ -15,9 +15,10 @@
 namespace kplan {
 
 struct MoeCoalescer::Shared {
-  explicit Shared(int answer_threads) : answers(answer_threads, "kplan-answer") {}
+  explicit Shared(int threads) : answer_threads(threads), answers(threads, "kplan-answer") {}
   std::atomic<int64_t> launches{0}, coalesced_launches{0}, coalesced_requests{0};
   LaunchObserver observer;
+  const int answer_threads;
   // Answers the members of a launch off the device worker. Its tasks hold
   // no reference to this Shared, so it is never destroyed on its own threads.
   TaskPool answers;
@@ -394,11 +395,16 @@ void MoeCoalescer::RunGroup(Shared& shared, const std::shared_ptr<Group>& group,
   }
   if (shared.observer) shared.observer(static_cast<int>(live.size()));
   // The members are answered (their rows sliced, their responses encoded
-  // and sent) on the answer threads while this worker starts its next
-  // launch: one by one here, 64 answers held the GPU idle for ~1.9 ms after
-  // a ~0.24 ms launch (docs/PERF.md, session 14).
-  const auto slot = std::make_shared<const DeviceSlot>(where);
-  g.unanswered.store(live.size());
+  // and sent) on the answer threads, a contiguous share of them each, while
+  // this worker starts its next launch: one by one here, 63 answers held the
+  // GPU idle for ~1.9 ms after a 0.24 ms launch (docs/PERF.md, session 14).
+  struct Answer {
+    size_t member;
+    int64_t first, m;  // its rows of the launch's output
+    MoeRunTiming timing;
+  };
+  auto answers = std::make_shared<std::vector<Answer>>();
+  answers->reserve(live.size());
   int64_t first = 0;
   for (size_t i : live) {
     MoeRunTiming timing;
@@ -409,29 +415,39 @@ void MoeCoalescer::RunGroup(Shared& shared, const std::shared_ptr<Group>& group,
     timing.device = end - start;
     timing.coalesced_requests = static_cast<int>(live.size());
     const int64_t m = TokensOf(g.members[i].input);
-    const bool whole = live.size() == 1;
-    std::function<void()> answer = [group, out, slot, timing, i, first, m, whole] {
+    answers->push_back({i, first, m, timing});
+    first += m;
+  }
+  const auto slot = std::make_shared<const DeviceSlot>(where);
+  const size_t n = answers->size();
+  const size_t tasks = std::min(n, static_cast<size_t>(shared.answer_threads));
+  g.unanswered.store(tasks);
+  for (size_t t = 0; t < tasks; ++t) {
+    std::function<void()> task = [group, out, answers, slot, lo = t * n / tasks,
+                                  hi = (t + 1) * n / tasks] {
       Group& g = *group;
-      MoeCoalesceMember& member = g.members[i];
-      try {
-        absl::StatusOr<MoeRunOutput> mine = !out->ok() ? absl::StatusOr<MoeRunOutput>(out->status())
-                                            : whole    ? std::move(*out)
-                                                       : Slice(**out, first, m);
-        g.finished[i] = 1;
-        member.finish(std::move(mine), timing, *slot);
-      } catch (const std::bad_alloc&) {
-        if (member.fail)
-          member.fail(absl::ResourceExhaustedError("out of memory answering the call"));
-      } catch (...) {
-        if (member.fail) member.fail(absl::InternalError("answering the coalesced call failed"));
+      for (size_t k = lo; k < hi; ++k) {
+        const Answer& a = (*answers)[k];
+        MoeCoalesceMember& member = g.members[a.member];
+        try {
+          absl::StatusOr<MoeRunOutput> mine = !out->ok()
+                                                  ? absl::StatusOr<MoeRunOutput>(out->status())
+                                              : answers->size() == 1 ? std::move(*out)
+                                                                     : Slice(**out, a.first, a.m);
+          g.finished[a.member] = 1;
+          member.finish(std::move(mine), a.timing, *slot);
+        } catch (const std::bad_alloc&) {
+          if (member.fail) member.fail(absl::ResourceExhaustedError("out of memory answering"));
+        } catch (...) {
+          if (member.fail) member.fail(absl::InternalError("answering the coalesced call failed"));
+        }
       }
       if (g.unanswered.fetch_sub(1, std::memory_order_acq_rel) == 1) g.Release();
     };
-    first += m;
     try {
-      shared.answers.Schedule(std::move(answer));
+      shared.answers.Schedule(task);  // a copy: `task` stays whole if this throws
     } catch (...) {  // the queue could not grow: answered here
-      answer();
+      task();
     }
   }
 }

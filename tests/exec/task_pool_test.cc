@@ -26,7 +26,8 @@ TEST(TaskPool, RunsTasksOnItsThreadsAtOnce) {
     pool.Schedule([&started, done] {
       ++started;
       const absl::Time give_up = absl::Now() + absl::Seconds(10);
-      while (started.load() < kThreads && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+      while (started.load() < kThreads && absl::Now() < give_up)
+        absl::SleepFor(absl::Milliseconds(1));
       done->set_value(std::this_thread::get_id());
     });
   }

@@ -550,8 +550,10 @@ TEST_F(CoalescerTest, ALargeCapIsChargedWithinTheExecutorsBudget) {
 }
 
 TEST_F(CoalescerTest, ASplitGivesEachMemberItsRows) {
-  absl::StatusOr<std::unique_ptr<MoeCoalescer>> c =
-      MoeCoalescer::Create(*executor_, {absl::Seconds(30), 7});
+  // Three answer threads for four members: shares of one, one and two.
+  MoeCoalescer::Options options{absl::Seconds(30), 7};
+  options.answer_threads = 3;
+  absl::StatusOr<std::unique_ptr<MoeCoalescer>> c = MoeCoalescer::Create(*executor_, options);
   ASSERT_TRUE(c.ok());
   // The launch echoes its input: each member must get back its own bytes.
   const MoeLaunchFn launch = Echo();
