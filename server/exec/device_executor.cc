@@ -132,7 +132,14 @@ int64_t DeviceExecutor::queued_bytes() const {
   return queued_bytes_;
 }
 
+namespace {
+thread_local bool on_worker_thread = false;
+}  // namespace
+
+bool DeviceExecutor::OnWorkerThread() { return on_worker_thread; }
+
 void DeviceExecutor::Loop(Worker* w) {
+  on_worker_thread = true;
   bool bound;
   {
     std::lock_guard<std::mutex> lock(w->mu);

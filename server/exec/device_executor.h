@@ -120,6 +120,11 @@ class DeviceExecutor {
   // A job of no bytes, no deadline and no error callback.
   absl::Status Submit(size_t index, Work work);
 
+  // Whether the calling thread is one of the device workers (not a
+  // submitting thread that runs a job inline): work that ends in host-only
+  // steps may hand them to other threads there.
+  static bool OnWorkerThread();
+
   // Jobs queued (not running) on slot `index` now.
   size_t queue_size(size_t index) const;
   // Jobs that ran on their submitting thread so far (all slots).

@@ -29,6 +29,7 @@ class TaskPool {
   TaskPool& operator=(const TaskPool&) = delete;
 
   void Schedule(std::function<void()> task);
+  int size() const { return static_cast<int>(threads_.size()); }
 
  private:
   void Loop();

@@ -10,18 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
-#include "server/exec/task_pool.h"
 
 namespace kplan {
 
 struct MoeCoalescer::Shared {
-  explicit Shared(int threads) : answer_threads(threads), answers(threads, "kplan-answer") {}
   std::atomic<int64_t> launches{0}, coalesced_launches{0}, coalesced_requests{0};
   LaunchObserver observer;
-  const int answer_threads;
-  // Answers the members of a launch off the device worker. Its tasks hold
-  // no reference to this Shared, so it is never destroyed on its own threads.
-  TaskPool answers;
+  TaskPool* answers = nullptr;  // Options::answers
 };
 
 struct MoeCoalescer::Group {
@@ -179,19 +174,14 @@ absl::StatusOr<std::unique_ptr<MoeCoalescer>> MoeCoalescer::Create(DeviceExecuto
     return InvalidField("coalesce_max_tokens",
                         absl::StrCat("coalesce_max_tokens must be in [1, ", kMaxTokens, "]"));
   }
-  if (options.answer_threads < 1 || options.answer_threads > kMaxAnswerThreads) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("answer_threads must be in [1, ", kMaxAnswerThreads, "]"));
-  }
   return std::unique_ptr<MoeCoalescer>(new MoeCoalescer(executor, options, std::move(observer)));
 }
 
 MoeCoalescer::MoeCoalescer(DeviceExecutor& executor, const Options& options,
                            LaunchObserver observer)
-    : executor_(executor),
-      options_(options),
-      shared_(std::make_shared<Shared>(options.answer_threads)) {
+    : executor_(executor), options_(options), shared_(std::make_shared<Shared>()) {
   shared_->observer = std::move(observer);
+  shared_->answers = options.answers;
   timer_ = std::thread([this] { TimerLoop(); });
 }
 
@@ -403,8 +393,8 @@ void MoeCoalescer::RunGroup(Shared& shared, const std::shared_ptr<Group>& group,
     int64_t first, m;  // its rows of the launch's output
     MoeRunTiming timing;
   };
-  auto answers = std::make_shared<std::vector<Answer>>();
-  answers->reserve(live.size());
+  auto replies = std::make_shared<std::vector<Answer>>();
+  replies->reserve(live.size());
   int64_t first = 0;
   for (size_t i : live) {
     MoeRunTiming timing;
@@ -415,24 +405,25 @@ void MoeCoalescer::RunGroup(Shared& shared, const std::shared_ptr<Group>& group,
     timing.device = end - start;
     timing.coalesced_requests = static_cast<int>(live.size());
     const int64_t m = TokensOf(g.members[i].input);
-    answers->push_back({i, first, m, timing});
+    replies->push_back({i, first, m, timing});
     first += m;
   }
   const auto slot = std::make_shared<const DeviceSlot>(where);
-  const size_t n = answers->size();
-  const size_t tasks = std::min(n, static_cast<size_t>(shared.answer_threads));
+  const size_t n = replies->size();
+  const size_t tasks =
+      shared.answers == nullptr ? 1 : std::min(n, static_cast<size_t>(shared.answers->size()));
   g.unanswered.store(tasks);
   for (size_t t = 0; t < tasks; ++t) {
-    std::function<void()> task = [group, out, answers, slot, lo = t * n / tasks,
+    std::function<void()> task = [group, out, replies, slot, lo = t * n / tasks,
                                   hi = (t + 1) * n / tasks] {
       Group& g = *group;
       for (size_t k = lo; k < hi; ++k) {
-        const Answer& a = (*answers)[k];
+        const Answer& a = (*replies)[k];
         MoeCoalesceMember& member = g.members[a.member];
         try {
           absl::StatusOr<MoeRunOutput> mine = !out->ok()
                                                   ? absl::StatusOr<MoeRunOutput>(out->status())
-                                              : answers->size() == 1 ? std::move(*out)
+                                              : replies->size() == 1 ? std::move(*out)
                                                                      : Slice(**out, a.first, a.m);
           g.finished[a.member] = 1;
           member.finish(std::move(mine), a.timing, *slot);
@@ -444,9 +435,13 @@ void MoeCoalescer::RunGroup(Shared& shared, const std::shared_ptr<Group>& group,
       }
       if (g.unanswered.fetch_sub(1, std::memory_order_acq_rel) == 1) g.Release();
     };
+    if (shared.answers == nullptr) {
+      task();
+      continue;
+    }
     try {
-      shared.answers.Schedule(task);  // a copy: `task` stays whole if this throws
-    } catch (...) {  // the queue could not grow: answered here
+      shared.answers->Schedule(task);  // a copy: `task` stays whole if this throws
+    } catch (...) {                    // the queue could not grow: answered here
       task();
     }
   }

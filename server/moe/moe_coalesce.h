@@ -54,8 +54,8 @@
 // output window; a member launched alone writes its own in place.
 // Answers: once the launch is done its members are answered (their rows
 // sliced off, their responses encoded and sent) on the coalescer's answer
-// threads (Options::answer_threads), so the device worker starts its next
-// launch at once instead of after every member's answer.
+// threads (Options::answers), so the device worker starts its next launch
+// at once instead of after every member's answer.
 // Timing per caller: queue and queued are the caller's own (queue counts from
 // its arrival, the window included); device, device_start and device_end are
 // the launch's, shared by its members.
@@ -77,6 +77,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/exec/device_executor.h"
+#include "server/exec/task_pool.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/moe_route.h"
 #include "server/moe/moe_runner.h"
@@ -111,20 +112,19 @@ class MoeCoalescer {
   // The largest max_tokens (a launch's bytes, charged as if full, stay
   // within what the executor's budget can count).
   static constexpr int64_t kMaxTokens = int64_t{1} << 20;
-  static constexpr int kMaxAnswerThreads = 64;
   struct Options {
     absl::Duration window = absl::ZeroDuration();  // > 0
     int64_t max_tokens = 256;                      // in [1, kMaxTokens]
-    // Threads that answer a launch's members (slice, encode, send) while
-    // the device worker goes on to the next launch; in [1, kMaxAnswerThreads].
-    int answer_threads = 4;
+    // Answers a launch's members (slice, encode, send) while the device
+    // worker goes on to the next launch; it must outlive the executor's
+    // queued work. Null: the worker answers them itself.
+    TaskPool* answers = nullptr;
   };
   // Called from the device worker after every launch that ran, with its
   // members (1: alone).
   using LaunchObserver = std::function<void(int members)>;
 
-  // INVALID_ARGUMENT naming coalesce_window_us / coalesce_max_tokens (or
-  // answer_threads).
+  // INVALID_ARGUMENT naming coalesce_window_us / coalesce_max_tokens.
   static absl::StatusOr<std::unique_ptr<MoeCoalescer>> Create(DeviceExecutor& executor,
                                                               const Options& options,
                                                               LaunchObserver observer = {});

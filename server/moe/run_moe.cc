@@ -1,6 +1,7 @@
 #include "server/moe/run_moe.h"
 
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -322,12 +323,13 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   job.bytes = RunMoeHeldBytes(request.input);
   job.deadline = call.deadline;
   job.cancelled = std::move(call.cancelled);
-  job.fail = std::move(call.fail);
+  job.fail = call.fail;
   job.inline_ok = use_gpu ? env.inline_gpu : env.inline_cpu;
   const absl::Time queued = absl::Now();
   job.work = [experts = std::move(request.experts), input = std::move(request.input),
               deadline = call.deadline, use_gpu, route = *std::move(route), queued,
-              explain = request.explain, skip = request.skip_device,
+              explain = request.explain, skip = request.skip_device, answers = env.answers,
+              fail = std::move(call.fail),
               done = std::move(done)](const DeviceSlot& where, absl::Duration waited) mutable {
     MoeRunTiming timing;
     timing.queue = waited;
@@ -337,7 +339,30 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
                                             : RunLayer(*experts, input, use_gpu, where, deadline);
     timing.device_end = absl::Now();
     timing.device = timing.device_end - timing.device_start;
-    Answer(std::move(out), timing, *route, explain, where, done);
+    experts.reset();  // the set is let go here, not on an answer thread
+    // On a worker (not inline on the caller's thread) the answer goes to the
+    // answer threads: sent from the worker it held the device ~30 us a call
+    // (docs/PERF.md, session 14).
+    if (answers == nullptr || !DeviceExecutor::OnWorkerThread()) {
+      Answer(std::move(out), timing, *route, explain, where, done);
+      return;
+    }
+    std::function<void()> answer =
+        [out = std::make_shared<absl::StatusOr<MoeRunOutput>>(std::move(out)), timing, route,
+         explain, slot = where, fail, done] {
+          try {
+            Answer(std::move(*out), timing, *route, explain, slot, done);
+          } catch (const std::bad_alloc&) {
+            if (fail) fail(absl::ResourceExhaustedError("out of memory answering the call"));
+          } catch (...) {
+            if (fail) fail(absl::InternalError("answering the call failed"));
+          }
+        };
+    try {
+      answers->Schedule(answer);  // a copy: `answer` stays whole if this throws
+    } catch (...) {
+      answer();
+    }
   };
   return env.executor->Submit(slot, std::move(job));
 }

@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/exec/device_executor.h"
+#include "server/exec/task_pool.h"
 #include "server/moe/ep/ep_group.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/moe_route.h"
@@ -54,6 +55,10 @@ struct RunMoeEnv {
   // Single-device calls that may share a launch go through it (never
   // inline); null: coalescing off.
   MoeCoalescer* coalescer = nullptr;
+  // Answers (encode, send) calls whose layer ran on a device worker, so
+  // the worker takes its next job at once; null: the worker answers. It
+  // must outlive the executor's queued work.
+  TaskPool* answers = nullptr;
 };
 
 // A request, converted and resolved: the set it runs on (from the store),

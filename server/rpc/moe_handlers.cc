@@ -559,6 +559,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   // lacks. A real CPU run (milliseconds) keeps to the worker.
   run_env.inline_cpu = env_.inline_runs && request->skip_device();
   run_env.coalescer = env_.coalescer;
+  run_env.answers = env_.answers;
   RunMoeCall hooks;
   hooks.deadline = call->deadline();
   hooks.cancelled = [call] { return call->IsCancelled(); };

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "resolve/platform/local.h"
+#include "server/exec/task_pool.h"
 #include "server/moe/moe_coalesce.h"
 #include "server/rpc/ep_multihost.h"
 #include "server/rpc/idle_watchdog.h"
@@ -165,6 +166,10 @@ class KplanServer {
   std::shared_ptr<EpCoordinator> ep_coordinator_;  // outlives the group (its kind calls it)
   std::unique_ptr<moe::ep::EpGroup> ep_group_;
   std::unique_ptr<moe::ep::EpPeerRank> ep_peer_;
+  // Answers what the executor's jobs and the coalescer's launches ran:
+  // destroyed after both (it runs every answer still queued), before the
+  // service the answers call into.
+  std::unique_ptr<TaskPool> answers_;
   std::unique_ptr<DeviceExecutor> executor_;
   std::unique_ptr<MoeCoalescer> coalescer_;  // before the executor it submits to
   std::unique_ptr<grpc::Server> server_;

@@ -10,6 +10,7 @@
 
 #include "kplan/v1/service.grpc.pb.h"
 #include "server/exec/device_executor.h"
+#include "server/exec/task_pool.h"
 #include "server/ir/registry.h"
 #include "server/moe/ep/ep_group.h"
 #include "server/moe/ep/ep_process.h"
@@ -70,6 +71,9 @@ struct ServerEnvironment {
   // --coalesce_window_us: RunMoE calls that may share a launch go through
   // it; null: coalescing off.
   MoeCoalescer* coalescer = nullptr;
+  // Answers RunMoE calls whose layer ran on a device worker, and the
+  // members of coalesced launches (RunMoeEnv::answers).
+  TaskPool* answers = nullptr;
   // --allow_shared_memory: the client regions RunMoE tensors may reference;
   // null when shared memory is off.
   ShmRegistry* shm = nullptr;

@@ -416,12 +416,6 @@ TEST_F(CoalescerTest, RejectsBadOptions) {
     EXPECT_THAT(MoeCoalescer::Create(*executor_, {absl::Milliseconds(1), bad}).status().message(),
                 HasSubstr("coalesce_max_tokens"));
   }
-  for (int bad : {0, MoeCoalescer::kMaxAnswerThreads + 1}) {
-    MoeCoalescer::Options options{absl::Milliseconds(1), 8};
-    options.answer_threads = bad;
-    EXPECT_THAT(MoeCoalescer::Create(*executor_, options).status().message(),
-                HasSubstr("answer_threads"));
-  }
   EXPECT_TRUE(
       MoeCoalescer::Create(*executor_, {absl::Milliseconds(1), MoeCoalescer::kMaxTokens}).ok());
 }
@@ -459,8 +453,9 @@ TEST_F(CoalescerTest, ALaunchErrorReachesEveryMemberAndTimingIsPerCaller) {
 }
 
 TEST_F(CoalescerTest, TheWorkerLaunchesAgainWhileAMemberIsAnswered) {
+  TaskPool answers(2, "test-answer");
   MoeCoalescer::Options options{absl::Milliseconds(1), 256};
-  options.answer_threads = 2;
+  options.answers = &answers;
   absl::StatusOr<std::unique_ptr<MoeCoalescer>> c = MoeCoalescer::Create(*executor_, options);
   ASSERT_TRUE(c.ok());
   std::vector<int64_t> sizes;
@@ -551,8 +546,9 @@ TEST_F(CoalescerTest, ALargeCapIsChargedWithinTheExecutorsBudget) {
 
 TEST_F(CoalescerTest, ASplitGivesEachMemberItsRows) {
   // Three answer threads for four members: shares of one, one and two.
+  TaskPool answers(3, "test-answer");
   MoeCoalescer::Options options{absl::Seconds(30), 7};
-  options.answer_threads = 3;
+  options.answers = &answers;
   absl::StatusOr<std::unique_ptr<MoeCoalescer>> c = MoeCoalescer::Create(*executor_, options);
   ASSERT_TRUE(c.ok());
   // The launch echoes its input: each member must get back its own bytes.

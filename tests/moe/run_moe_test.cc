@@ -4,6 +4,7 @@
 // CPU expert-parallel group, and the call's hooks (deadline, fail).
 #include "server/moe/run_moe.h"
 
+#include <chrono>
 #include <future>
 #include <map>
 #include <memory>
@@ -146,6 +147,44 @@ TEST_F(RunMoeTest, InlineRunsAnswerBeforeRunMoeReturns) {
   EXPECT_EQ(got->output.output, queued.result->output.output);
   EXPECT_EQ(got->output.topk_ids, queued.result->output.topk_ids);
   EXPECT_EQ(executor_->inline_runs(), 1);
+}
+
+// With answer threads, a job run on the worker is answered on one of them:
+// an answer that blocks holds neither the worker nor the next call.
+TEST_F(RunMoeTest, AQueuedRunIsAnsweredOffTheWorker) {
+  TaskPool answers(2, "test-answer");
+  env_.answers = &answers;
+  std::shared_ptr<const ExpertSet> set = MakeSet();
+  auto release = std::make_shared<std::promise<void>>();
+  std::shared_future<void> released = release->get_future().share();
+  struct Answer {
+    bool on_worker = true;
+    absl::StatusOr<RunMoeResult> result = absl::UnknownError("not run");
+  };
+  auto first = std::make_shared<std::promise<Answer>>();
+  std::future<Answer> first_out = first->get_future();
+  ASSERT_TRUE(RunMoe(env_, Request("auto", set), {},
+                     [first, released](absl::StatusOr<RunMoeResult> result, const MoeRunTiming&) {
+                       Answer a;
+                       a.on_worker = DeviceExecutor::OnWorkerThread();
+                       a.result = std::move(result);
+                       released.wait();
+                       first->set_value(std::move(a));
+                     })
+                  .ok());
+  std::future<Outcome> second = Start(Request("auto", set));
+  const std::future_status got = second.wait_for(std::chrono::seconds(10));
+  release->set_value();
+  ASSERT_EQ(got, std::future_status::ready) << "the second call waited for the first answer";
+  Answer a = first_out.get();
+  EXPECT_FALSE(a.on_worker);
+  ASSERT_TRUE(a.result.ok()) << a.result.status();
+  env_.answers = nullptr;  // the worker answers: the same bytes
+  Outcome alone = Run(Request("auto", set));
+  ASSERT_TRUE(alone.result.ok()) << alone.result.status();
+  EXPECT_EQ(a.result->output.output, alone.result->output.output);
+  EXPECT_EQ(a.result->output.topk_ids, alone.result->output.topk_ids);
+  EXPECT_TRUE(second.get().result.ok());
 }
 
 TEST_F(RunMoeTest, EmulationRunsTheCpuReference) {
