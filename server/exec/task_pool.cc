@@ -2,11 +2,15 @@
 
 #include <pthread.h>
 
-#include <utility>
+#include <algorithm>
+
+#include "spdlog/spdlog.h"
 
 namespace kplan {
 
-TaskPool::TaskPool(int threads, const std::string& name) {
+TaskPool::TaskPool(int threads, const std::string& name, size_t max_queued)
+    : max_queued_(std::max<size_t>(max_queued, 1)) {
+  threads = std::max(threads, 1);
   threads_.reserve(threads);
   for (int i = 0; i < threads; ++i) {
     threads_.emplace_back([this] { Loop(); });
@@ -18,17 +22,29 @@ TaskPool::~TaskPool() {
   {
     MutexLock lock(&mu_);
     stopping_ = true;
+    work_.SignalAll();
   }
-  work_.SignalAll();
   for (std::thread& t : threads_) t.join();
 }
 
-void TaskPool::Schedule(std::function<void()> task) {
-  {
-    MutexLock lock(&mu_);
-    queue_.push_back(std::move(task));
+void TaskPool::Report(const OnError& on_error, const absl::Status& failed) {
+  if (!on_error) {
+    spdlog::error("a pooled task failed without an error callback: {}", failed.ToString());
+    return;
   }
-  work_.Signal();
+  try {
+    on_error(failed);
+  } catch (...) {  // nothing leaves a pool thread
+    spdlog::error("a pooled task: reporting '{}' threw", failed.ToString());
+  }
+}
+
+bool TaskPool::TryQueue(std::function<void()> task) {
+  MutexLock lock(&mu_);
+  if (queue_.size() >= max_queued_) return false;
+  queue_.push_back(std::move(task));
+  work_.Signal();  // under the lock: a destructor that follows never races it
+  return true;
 }
 
 void TaskPool::Loop() {
@@ -37,11 +53,11 @@ void TaskPool::Loop() {
     {
       MutexLock lock(&mu_);
       while (queue_.empty() && !stopping_) work_.Wait(&mu_);
-      if (queue_.empty()) return;  // stopping, and everything scheduled ran
+      if (queue_.empty()) return;  // stopping, and everything queued ran
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    task();
+    task();  // guarded by Run: it does not throw
   }
 }
 

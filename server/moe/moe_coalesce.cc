@@ -27,7 +27,8 @@ struct MoeCoalescer::Group {
 
   std::mutex mu;
   // Started (RunGroup) or failed as a whole: nobody joins any more, and
-  // only the thread that closed it touches the members.
+  // only the thread that closed it touches the members (after a launch, its
+  // answer shares: each its own members, the last one Release).
   bool closed ABSL_GUARDED_BY(mu) = false;
   int64_t tokens ABSL_GUARDED_BY(mu) = 0;  // toward max_tokens: max(M, 1) per member
   int64_t bytes ABSL_GUARDED_BY(mu) = 0;   // RunMoeHeldBytes of all members
@@ -37,7 +38,7 @@ struct MoeCoalescer::Group {
   std::vector<MoeCoalesceMember> members ABSL_GUARDED_BY(mu);
   std::vector<absl::Time> arrived ABSL_GUARDED_BY(mu);  // per member
   std::vector<char> finished;                           // per member, once closed
-  std::atomic<size_t> unanswered{0};                    // of a launch's members
+  std::atomic<size_t> shares_left{0};                   // answer tasks of the launch still running
 
   // Closes the group; false when it was closed already.
   bool Close() {
@@ -342,7 +343,7 @@ void MoeCoalescer::Flush(std::shared_ptr<Group> group) {
 
 void MoeCoalescer::RunGroup(Shared& shared, const std::shared_ptr<Group>& group,
                             const DeviceSlot& where)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // closed: the members are this thread's
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // closed: the members are this thread's, then its shares'
   Group& g = *group;
   const absl::Time start = absl::Now();
   std::vector<size_t> live;
@@ -385,9 +386,10 @@ void MoeCoalescer::RunGroup(Shared& shared, const std::shared_ptr<Group>& group,
   }
   if (shared.observer) shared.observer(static_cast<int>(live.size()));
   // The members are answered (their rows sliced, their responses encoded
-  // and sent) on the answer threads, a contiguous share of them each, while
-  // this worker starts its next launch: one by one here, 63 answers held the
-  // GPU idle for ~1.9 ms after a 0.24 ms launch (docs/PERF.md, session 14).
+  // and sent) on the answer threads when there are some, a contiguous share
+  // of them each, while this worker starts its next launch: one by one
+  // here, 63 answers held the GPU idle ~1.9 ms after a 0.24 ms launch
+  // (docs/PERF.md, session 14).
   struct Answer {
     size_t member;
     int64_t first, m;  // its rows of the launch's output
@@ -410,39 +412,33 @@ void MoeCoalescer::RunGroup(Shared& shared, const std::shared_ptr<Group>& group,
   }
   const auto slot = std::make_shared<const DeviceSlot>(where);
   const size_t n = replies->size();
-  const size_t tasks =
+  const size_t shares =
       shared.answers == nullptr ? 1 : std::min(n, static_cast<size_t>(shared.answers->size()));
-  g.unanswered.store(tasks);
-  for (size_t t = 0; t < tasks; ++t) {
-    std::function<void()> task = [group, out, replies, slot, lo = t * n / tasks,
-                                  hi = (t + 1) * n / tasks] {
+  // Nothing below throws once the first share may run: a FailAll from the
+  // executor would race the shares for the members.
+  g.shares_left.store(shares);
+  for (size_t t = 0; t < shares; ++t) {
+    auto share = [group, out, replies, slot, lo = t * n / shares, hi = (t + 1) * n / shares] {
       Group& g = *group;
       for (size_t k = lo; k < hi; ++k) {
         const Answer& a = (*replies)[k];
         MoeCoalesceMember& member = g.members[a.member];
-        try {
+        auto answer = [&] {
           absl::StatusOr<MoeRunOutput> mine = !out->ok()
                                                   ? absl::StatusOr<MoeRunOutput>(out->status())
                                               : replies->size() == 1 ? std::move(*out)
                                                                      : Slice(**out, a.first, a.m);
           g.finished[a.member] = 1;
           member.finish(std::move(mine), a.timing, *slot);
-        } catch (const std::bad_alloc&) {
-          if (member.fail) member.fail(absl::ResourceExhaustedError("out of memory answering"));
-        } catch (...) {
-          if (member.fail) member.fail(absl::InternalError("answering the coalesced call failed"));
-        }
+        };
+        TaskPool::RunGuarded(answer, member.fail);
       }
-      if (g.unanswered.fetch_sub(1, std::memory_order_acq_rel) == 1) g.Release();
+      if (g.shares_left.fetch_sub(1, std::memory_order_acq_rel) == 1) g.Release();
     };
-    if (shared.answers == nullptr) {
-      task();
-      continue;
-    }
-    try {
-      shared.answers->Schedule(task);  // a copy: `task` stays whole if this throws
-    } catch (...) {                    // the queue could not grow: answered here
-      task();
+    if (shared.answers != nullptr) {
+      shared.answers->Run(share);
+    } else {
+      share();
     }
   }
 }

@@ -1,7 +1,6 @@
 #include "server/moe/run_moe.h"
 
 #include <cstring>
-#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -325,10 +324,13 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   job.cancelled = std::move(call.cancelled);
   job.fail = call.fail;
   job.inline_ok = use_gpu ? env.inline_gpu : env.inline_cpu;
+  // Only a small job's answer is handed over: a large output stays charged
+  // to the executor's budget until its worker has sent it.
+  TaskPool* answers = job.bytes < DeviceExecutor::kLargeJobBytes ? env.answers : nullptr;
   const absl::Time queued = absl::Now();
   job.work = [experts = std::move(request.experts), input = std::move(request.input),
               deadline = call.deadline, use_gpu, route = *std::move(route), queued,
-              explain = request.explain, skip = request.skip_device, answers = env.answers,
+              explain = request.explain, skip = request.skip_device, answers,
               fail = std::move(call.fail),
               done = std::move(done)](const DeviceSlot& where, absl::Duration waited) mutable {
     MoeRunTiming timing;
@@ -347,22 +349,10 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
       Answer(std::move(out), timing, *route, explain, where, done);
       return;
     }
-    std::function<void()> answer =
-        [out = std::make_shared<absl::StatusOr<MoeRunOutput>>(std::move(out)), timing, route,
-         explain, slot = where, fail, done] {
-          try {
-            Answer(std::move(*out), timing, *route, explain, slot, done);
-          } catch (const std::bad_alloc&) {
-            if (fail) fail(absl::ResourceExhaustedError("out of memory answering the call"));
-          } catch (...) {
-            if (fail) fail(absl::InternalError("answering the call failed"));
-          }
-        };
-    try {
-      answers->Schedule(answer);  // a copy: `answer` stays whole if this throws
-    } catch (...) {
-      answer();
-    }
+    answers->Run([out = std::make_shared<absl::StatusOr<MoeRunOutput>>(std::move(out)), timing,
+                  route, explain, slot = where,
+                  done] { Answer(std::move(*out), timing, *route, explain, slot, done); },
+                 fail);
   };
   return env.executor->Submit(slot, std::move(job));
 }

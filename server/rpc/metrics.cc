@@ -113,7 +113,8 @@ Metrics::Metrics(const BuildLabels& build)
                 .Name("kplan_hop_seconds")
                 .Help("Time of each hop of a request, by method and hop: decode (arrival to "
                       "converted), route (to queued), queue, device, encode (output on the "
-                      "host to response filled), serialize (response to gRPC's bytes)")
+                      "host to response filled, the wait for an answer thread included), "
+                      "serialize (response to gRPC's bytes)")
                 .Register(*registry_)),
       inflight_(prometheus::BuildGauge()
                     .Name("kplan_inflight_requests")

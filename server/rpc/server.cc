@@ -32,9 +32,11 @@ namespace kplan::rpc {
 namespace {
 
 // Threads answering RunMoE calls run on a device worker (server.h,
-// answers_): on one H200 four answered 50k coalesced calls/s at 39% of
-// 16 cores busy (docs/PERF.md, session 14).
+// answers_): at least four (on one H200 four answered 50k coalesced calls/s
+// at 39% of 16 cores busy; docs/PERF.md, session 14), one per GPU past
+// that; answers queued past kAnswerQueue run on their worker.
 constexpr int kAnswerThreads = 4;
+constexpr size_t kAnswerQueue = 256;
 
 absl::StatusOr<std::string> ReadFileForFlag(const std::string& path, absl::string_view flag) {
   std::ifstream in(path, std::ios::binary);
@@ -366,7 +368,9 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   KPLAN_ASSIGN_OR_RETURN(server->executor_,
                          DeviceExecutor::Create(server->environment_.devices, executor_options));
   server->environment_.executor = server->executor_.get();
-  server->answers_ = std::make_unique<TaskPool>(kAnswerThreads, "kplan-answer");
+  server->answers_ = std::make_unique<TaskPool>(
+      std::max(kAnswerThreads, static_cast<int>(server->environment_.devices.size())),
+      "kplan-answer", kAnswerQueue);
   server->environment_.answers = server->answers_.get();
   if (options.coalesce_window < absl::ZeroDuration()) {
     return InvalidField("coalesce_window_us", "coalesce_window_us must not be negative (0: off)");

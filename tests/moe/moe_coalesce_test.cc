@@ -406,6 +406,7 @@ class CoalescerTest : public ::testing::Test {
       return o;
     };
   }
+  TaskPool answers_{3, "test-answer"};  // declared first: outlives the executor's work
   std::unique_ptr<DeviceExecutor> executor_;
 };
 
@@ -453,9 +454,8 @@ TEST_F(CoalescerTest, ALaunchErrorReachesEveryMemberAndTimingIsPerCaller) {
 }
 
 TEST_F(CoalescerTest, TheWorkerLaunchesAgainWhileAMemberIsAnswered) {
-  TaskPool answers(2, "test-answer");
   MoeCoalescer::Options options{absl::Milliseconds(1), 256};
-  options.answers = &answers;
+  options.answers = &answers_;
   absl::StatusOr<std::unique_ptr<MoeCoalescer>> c = MoeCoalescer::Create(*executor_, options);
   ASSERT_TRUE(c.ok());
   std::vector<int64_t> sizes;
@@ -546,9 +546,8 @@ TEST_F(CoalescerTest, ALargeCapIsChargedWithinTheExecutorsBudget) {
 
 TEST_F(CoalescerTest, ASplitGivesEachMemberItsRows) {
   // Three answer threads for four members: shares of one, one and two.
-  TaskPool answers(3, "test-answer");
   MoeCoalescer::Options options{absl::Seconds(30), 7};
-  options.answers = &answers;
+  options.answers = &answers_;
   absl::StatusOr<std::unique_ptr<MoeCoalescer>> c = MoeCoalescer::Create(*executor_, options);
   ASSERT_TRUE(c.ok());
   // The launch echoes its input: each member must get back its own bytes.
