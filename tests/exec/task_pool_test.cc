@@ -77,15 +77,14 @@ TEST(TaskPool, AFullQueueRunsTheTaskOnTheCaller) {
     released.wait();
   });
   holding->get_future().wait();
-  std::thread::id queued_on, full_on;
-  pool.Run([&queued_on] { queued_on = std::this_thread::get_id(); });  // the one queued slot
-  pool.Run([&full_on] { full_on = std::this_thread::get_id(); });      // full: runs here
+  auto queued_on = std::make_shared<std::promise<std::thread::id>>();
+  std::future<std::thread::id> queued = queued_on->get_future();
+  std::thread::id full_on;
+  pool.Run([queued_on] { queued_on->set_value(std::this_thread::get_id()); });  // queued
+  pool.Run([&full_on] { full_on = std::this_thread::get_id(); });               // full: runs here
   EXPECT_EQ(full_on, std::this_thread::get_id());
   release->set_value();
-  std::promise<void> drained;
-  pool.Run([&drained] { drained.set_value(); });
-  drained.get_future().wait();
-  EXPECT_NE(queued_on, std::this_thread::get_id());
+  EXPECT_NE(queued.get(), std::this_thread::get_id());
 }
 
 TEST(TaskPool, WhatATaskThrowsReachesItsErrorCallback) {
