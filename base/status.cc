@@ -1,6 +1,9 @@
 #include "absl/strings/string_view.h"
 #include "base/status.h"
 
+#include <exception>
+#include <new>
+
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
@@ -26,6 +29,18 @@ absl::Status NestField(absl::Status status, absl::string_view prefix) {
   if (!field) return status;
   return WithField(std::move(status),
                    field->empty() ? std::string(prefix) : absl::StrCat(prefix, ".", *field));
+}
+
+absl::Status StatusOfCurrentException(absl::string_view oom_doing, absl::string_view failed) {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory ", oom_doing));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(failed, ": ", e.what()));
+  } catch (...) {
+    return absl::InternalError(failed);
+  }
 }
 
 }  // namespace kplan

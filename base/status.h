@@ -27,6 +27,12 @@ absl::Status InvalidField(absl::string_view field, absl::string_view message);
 // Prefixes the field path of `status` with `prefix` ("model.moe" + "." + field).
 absl::Status NestField(absl::Status status, absl::string_view prefix);
 
+// Only inside a catch block: the exception being handled as a status,
+// RESOURCE_EXHAUSTED "out of memory <oom_doing>" for std::bad_alloc,
+// INTERNAL "<failed>: <what()>" for another std::exception, INTERNAL
+// "<failed>" for anything else.
+absl::Status StatusOfCurrentException(absl::string_view oom_doing, absl::string_view failed);
+
 }  // namespace kplan
 
 // Returns early with the error of a Status-returning expression.

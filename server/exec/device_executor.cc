@@ -1,8 +1,6 @@
 #include "server/exec/device_executor.h"
 
 #include <algorithm>
-#include <exception>
-#include <new>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -95,14 +93,9 @@ void DeviceExecutor::RunJob(const DeviceSlot& slot, Queued item) {
     try {
       job.work(slot, absl::Now() - item.enqueued);
       return;
-    } catch (const std::bad_alloc&) {
-      dropped = absl::ResourceExhaustedError(
-          absl::StrCat("out of memory running the request on ", slot.name));
-    } catch (const std::exception& e) {
-      dropped =
-          absl::InternalError(absl::StrCat("the request failed on ", slot.name, ": ", e.what()));
     } catch (...) {
-      dropped = absl::InternalError(absl::StrCat("the request failed on ", slot.name));
+      dropped = StatusOfCurrentException(absl::StrCat("running the request on ", slot.name),
+                                         absl::StrCat("the request failed on ", slot.name));
     }
   }
   if (!job.fail) {

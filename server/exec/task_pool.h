@@ -23,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "base/mutex.h"
+#include "base/status.h"
 
 namespace kplan {
 
@@ -58,18 +59,11 @@ class TaskPool {
   // Runs `task` here, what it throws going to `on_error` as Run says.
   template <typename F>
   static void RunGuarded(F& task, const OnError& on_error) {
-    absl::Status failed;
     try {
       task();
-      return;
-    } catch (const std::bad_alloc&) {
-      failed = absl::ResourceExhaustedError("out of memory finishing the call");
-    } catch (const std::exception& e) {
-      failed = absl::InternalError(std::string("finishing the call failed: ") + e.what());
     } catch (...) {
-      failed = absl::InternalError("finishing the call failed");
+      Report(on_error, StatusOfCurrentException("finishing the call", "finishing the call failed"));
     }
-    Report(on_error, failed);
   }
 
  private:

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
-#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

@@ -3,7 +3,6 @@
 // device workers; handlers only convert and queue.
 #include <exception>
 #include <mutex>
-#include <new>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
@@ -168,11 +167,10 @@ class LoadExpertsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
             "message ", messages_, " of the stream is not a valid kplan.v1.LoadExpertsRequest"));
       }
       ++messages_;
-    } catch (const std::bad_alloc&) {
-      s = absl::ResourceExhaustedError(absl::StrCat(
-          "out of memory buffering experts '", ClientText(spec_ ? spec_->experts_id : ""), "'"));
-    } catch (const std::exception& e) {
-      s = absl::InternalError(absl::StrCat("LoadExperts failed: ", e.what()));
+    } catch (const std::exception&) {  // std::bad_alloc included
+      s = StatusOfCurrentException(
+          absl::StrCat("buffering experts '", ClientText(spec_ ? spec_->experts_id : ""), "'"),
+          "LoadExperts failed");
     }
     if (!s.ok()) {
       FinishLocked(s);

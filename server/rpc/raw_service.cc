@@ -5,7 +5,6 @@
 
 #include <exception>
 #include <memory>
-#include <new>
 #include <string>
 #include <type_traits>
 
@@ -140,12 +139,9 @@ grpc::ServerUnaryReactor* Dispatch(const ServerEnvironment& env,
     Response* response = &messages->response;
     ScopedResponseSink scope(messages);
     return handler(context, request, response);
-  } catch (const std::bad_alloc&) {
+  } catch (const std::exception&) {  // std::bad_alloc included
     return AnswerAfterThrow(env, context, *messages, method,
-                            absl::ResourceExhaustedError("out of memory while handling the call"));
-  } catch (const std::exception& e) {
-    return AnswerAfterThrow(env, context, *messages, method,
-                            absl::InternalError(absl::StrCat("internal error: ", e.what())));
+                            StatusOfCurrentException("while handling the call", "internal error"));
   }
 }
 
