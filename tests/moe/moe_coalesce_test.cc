@@ -468,17 +468,12 @@ TEST_F(CoalescerTest, TheWorkerLaunchesAgainWhileAMemberIsAnswered) {
   auto first = std::make_shared<std::promise<Outcome>>();
   std::future<Outcome> first_out = first->get_future();
   MoeCoalesceMember slow = Member(1, first);
-  slow.finish = [answering, released, first](absl::StatusOr<MoeRunOutput> out,
-                                             const MoeRunTiming& t, const DeviceSlot&) {
+  slow.finish = [answering, released, finish = std::move(slow.finish)](
+                    absl::StatusOr<MoeRunOutput> out, const MoeRunTiming& t,
+                    const DeviceSlot& where) {
     answering->set_value();
     released.wait();
-    if (!out.ok()) {
-      first->set_value(Outcome{out.status(), t});
-      return;
-    }
-    RunMoeResult r;
-    r.output = *std::move(out);
-    first->set_value(Outcome{std::move(r), t});
+    finish(std::move(out), t, where);
   };
   (*c)->Add("a", 0, launch, std::move(slow));
   ASSERT_EQ(answering->get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
