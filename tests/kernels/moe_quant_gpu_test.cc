@@ -307,6 +307,22 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   auto again = RunMoeOnGpu(gpu, in, nullptr, {}, &st);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->output, got->output) << label << ": not deterministic";
+  if (c.fp8()) {
+    // The matvec tiles quantise the activation in their prologue where they
+    // can (MoeQuantMatvecQuantises): the same bytes as the quantiser kernels.
+    struct QuantiseGuard {
+      QuantiseGuard() {
+        kernels::cuda::SetMoeFp8QuantiseInMatvecMode(kernels::cuda::MoeKernelMode::kOff);
+      }
+      ~QuantiseGuard() {
+        kernels::cuda::SetMoeFp8QuantiseInMatvecMode(kernels::cuda::MoeKernelMode::kFromEnv);
+      }
+    } quantise_guard;
+    auto kernels_first = RunMoeOnGpu(gpu, in, nullptr, poison);
+    ASSERT_TRUE(kernels_first.ok()) << kernels_first.status();
+    EXPECT_EQ(kernels_first->output, got->output)
+        << label << ": in-kernel quantisation differs from the quantiser kernels'";
+  }
   // The answer names the route that ran (RunMoE's plan, GpuLayerExpertsKernel):
   // the forced emulation is the dequantising or the fp8 tensor-core GEMM.
   if (M > 0) {
@@ -642,6 +658,22 @@ TEST(MoeQuantGpu, MatvecRoute) {
   on_input.k_override = 1;
   RunCombo(i4s, IntW("int4_group", kernels::DType::kBFloat16, true, 32), {1, 19}, 100, on_input);
   RunCombo(f8, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 19}, 101, on_input);
+  // K a multiple of 128 (H 384, I 256): the tiles quantise the activation
+  // in their prologue, per group, token or tensor (dynamic up to 16384
+  // elements: GEMM 2 of 33 tokens, 66 x 256, quantises first), one or two
+  // rows a CTA; compared bit for bit with the quantiser kernels in RunCase.
+  const Shape f8q{"fp8-k128", 6, 2, 384, 256};
+  RunCombo(f8q, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 2, 33}, 103, mv);
+  Combo blk16 = Fp8("fp8_block", kernels::DType::kFloat16);
+  blk16.bias = true;
+  RunCombo(f8q, blk16, {1, 5}, 104, mv);
+  RunCombo(f8q, Fp8("fp8_per_channel", kernels::DType::kBFloat16), {1, 3}, 105, mv);
+  RunCombo(f8q, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1, 33}, 106, mv);
+  Combo st = Fp8("fp8_per_tensor", kernels::DType::kFloat16, "per_tensor");
+  st.static_scales = true;
+  st.activation = "swigluoai";
+  RunCombo(f8q, st, {1, 7}, 107, mv);
+  RunCombo(f8q, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 19}, 108, on_input);
   // A long K on one warp's chunks (GEMM 2's 14336, split over 8 warps):
   // per-tensor sums go through the fp32 promotion of every chunk.
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1}, 102, one);
@@ -700,6 +732,73 @@ TEST(MoeQuantKernels, MatvecTakesTheDecodeWeightsWithinItsLimits) {
   EXPECT_TRUE(MoeQuantDecodeSupports(i8, bf16, N, K));
   EXPECT_FALSE(MoeQuantMatvecSupports(i8, bf16, N, K));
   EXPECT_TRUE(MoeQuantMatvecSupports(i8, bf16, 1000000, K));
+}
+
+// Where the fp8 matvec tiles quantise their activation themselves (host
+// code: runs without a GPU; gemm.a is only checked for alignment).
+TEST(MoeQuantKernels, MatvecQuantisesWhereTwoRowsFitItsSharedMemory) {
+  using kernels::cuda::MoeFp8ActQuant;
+  using kernels::cuda::MoeQuantMatvecArgs;
+  using kernels::cuda::MoeQuantMatvecQuantises;
+  using kernels::cuda::MoeWeightScale;
+  alignas(16) static const uint8_t kBytes[32] = {};
+  static const float kScale = 1.0f;
+  // DeepSeek-V3's GEMM 2 at one token: 8 slots of I = 2048, block 128.
+  MoeQuantMatvecArgs a;
+  a.gemm.act_type = kernels::DType::kBFloat16;
+  a.gemm.a = kBytes;
+  a.gemm.w.kind = kernels::DType::kFp8E4m3;
+  a.gemm.w.scale_kind = MoeWeightScale::kBlock;
+  a.gemm.w.block_n = a.gemm.w.block_k = 128;
+  a.gemm.w.data = kBytes;
+  a.gemm.w.scale = &kScale;
+  a.gemm.numel = 8;
+  a.gemm.N = 7168;
+  a.gemm.K = 2048;
+  EXPECT_FALSE(MoeQuantMatvecQuantises(a));  // not asked
+  a.quantise = kernels::cuda::MoeFp8Quantise{MoeFp8ActQuant::kPerGroup, 128, 0.0f, 8};
+  EXPECT_TRUE(MoeQuantMatvecQuantises(a));
+  auto with = [&](auto&& change) {
+    MoeQuantMatvecArgs b = a;
+    change(b);
+    return MoeQuantMatvecQuantises(b);
+  };
+  EXPECT_TRUE(with([](MoeQuantMatvecArgs& b) { b.gemm.K = 16384; }));
+  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.K = 16384 + 128; }));  // two rows too many
+  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.K = 2048 + 64; }));    // a group past K
+  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.quantise->group = 64; }));  // not block_k
+  EXPECT_TRUE(with([](MoeQuantMatvecArgs& b) { b.quantise->group = b.gemm.w.block_k = 64; }));
+  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.quantise->group = b.gemm.w.block_k = 192; }));
+  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.a = kBytes + 8; }));  // 16-byte loads
+  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.quantise->rows = 7; }));   // slot 7's row
+  EXPECT_TRUE(with([](MoeQuantMatvecArgs& b) {
+    b.gemm.a_row_div = 8;  // GEMM 1: every slot reads the token's row
+    b.quantise->rows = 1;
+  }));
+  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.w.kind = kernels::DType::kInt4Packed; }));
+  // N = 16, K = 128 (no split): a CTA's eight one-warp tiles would span
+  // eight slots; with K = 2048 each tile's K is split over the CTA's 8 warps.
+  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.N = 16, b.gemm.K = 128; }));
+  EXPECT_TRUE(with([](MoeQuantMatvecArgs& b) { b.gemm.N = 16; }));
+  // Per tensor / per token: not on block weights; a dynamic maximum over at
+  // most 16384 elements (here 8 x 2048), a static scale over any.
+  a.gemm.w.scale_kind = MoeWeightScale::kPerTensor;
+  EXPECT_FALSE(MoeQuantMatvecQuantises(a));
+  a.quantise->mode = MoeFp8ActQuant::kPerTensor;
+  EXPECT_TRUE(MoeQuantMatvecQuantises(a));
+  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.quantise->rows = b.gemm.numel = 9; }));
+  EXPECT_TRUE(with([](MoeQuantMatvecArgs& b) {
+    b.quantise->rows = b.gemm.numel = 9;
+    b.quantise->static_scale = 0.5f;
+  }));
+  a.gemm.w.scale_kind = MoeWeightScale::kPerChannel;
+  a.quantise->mode = MoeFp8ActQuant::kPerToken;
+  EXPECT_TRUE(MoeQuantMatvecQuantises(a));
+  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.w.scale_kind = MoeWeightScale::kBlock; }));
+  kernels::cuda::SetMoeFp8QuantiseInMatvecMode(kernels::cuda::MoeKernelMode::kOff);
+  EXPECT_FALSE(MoeQuantMatvecQuantises(a));
+  kernels::cuda::SetMoeFp8QuantiseInMatvecMode(kernels::cuda::MoeKernelMode::kFromEnv);
+  EXPECT_TRUE(MoeQuantMatvecQuantises(a));
 }
 
 // The int dequantisation (IntGroupDequant, through the int prefill route's

@@ -13,6 +13,7 @@
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
 
@@ -24,27 +25,12 @@ using detail::WarpMax;
 using moe_math::Gated;
 using moe_math::Plain;
 
-constexpr float kFp8Max = 448.0f;
-constexpr float kPerTokenMinScale = 1.0f / (448.0f * 512.0f);
-constexpr float kGroupEps = 1e-10f;
 constexpr int kThreads = 256;
 
-// moe::FloatToFp8E4m3(f, /*saturate=*/true).
-__device__ __forceinline__ uint8_t FloatToFp8Sat(float f) {
-  const uint32_t bits = __float_as_uint(f);
-  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
-  const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7f;
-  if (abs >= 0x43e00000u) return sign | 0x7e;
-  if (abs < 0x3c800000u) {
-    const float q = rintf(__fmul_rn(__uint_as_float(abs), 512.0f));
-    return sign | static_cast<uint8_t>(q);
-  }
-  const uint32_t rounded = abs + 0x7ffffu + ((abs >> 20) & 1u);
-  const uint32_t exp = (rounded >> 23) - 127 + 7;
-  const uint32_t mant = (rounded >> 20) & 0x7u;
-  return sign | static_cast<uint8_t>((exp << 3) | mant);
-}
+using detail::quant::Fp8GroupScale;
+using detail::quant::Fp8Quantise;
+using detail::quant::Fp8TensorScale;
+using detail::quant::Fp8TokenScale;
 
 // max|x| over the block (NaN ignored, as std::max in the reference).
 __device__ float BlockMax(float v, float* scratch) {
@@ -58,17 +44,20 @@ __device__ float BlockMax(float v, float* scratch) {
   return v;
 }
 
-// scratch: max|x| over every element, as float bits (non-negative floats
-// order like their bits).
-__global__ void AbsMaxKernel(DType t, const void* in, int64_t n, float* scratch) {
+// partial[b]: max|x| over block b's elements (grid-stride), one float per
+// block: no zeroed cell and no atomics, so the chain stays kernels launched
+// with PDL (a memset node in a graph, and the kernel after it, start only
+// once everything before has drained).
+__global__ void AbsMaxKernel(DType t, const void* in, int64_t n, float* partial) {
   __shared__ float red[32];
+  detail::PdlWaitThenRelease();
   float m = 0.0f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     m = fmaxf(m, fabsf(LoadAsFloat(in, i, t)));
   }
   m = BlockMax(m, red);
-  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(scratch), __float_as_uint(m));
+  if (threadIdx.x == 0) partial[blockIdx.x] = m;
 }
 
 // Per group: one warp per (row, group) of `group` consecutive k, so that a
@@ -88,10 +77,9 @@ __global__ void QuantGroupKernel(DType t, const void* in, int64_t rows, int64_t 
     for (int64_t k = k0 + lane; k < k1; k += 32) {
       m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
     }
-    const float s = __fdiv_rn(fmaxf(WarpMax(m), kGroupEps), kFp8Max);
-    for (int64_t k = k0 + lane; k < k1; k += 32) {
-      q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, base + k, t), s));
-    }
+    const float s = Fp8GroupScale(WarpMax(m));
+    for (int64_t k = k0 + lane; k < k1; k += 32)
+      q[base + k] = Fp8Quantise(LoadAsFloat(in, base + k, t), s);
     if (lane == 0) scale[r * groups + gi] = s;
   }
 }
@@ -105,29 +93,29 @@ __global__ void QuantTokenKernel(DType t, const void* in, int64_t K, uint8_t* q,
   float m = 0.0f;
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
     m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
-  const float s = fmaxf(__fdiv_rn(BlockMax(m, red), kFp8Max), kPerTokenMinScale);
-  for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
-    q[base + k] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, base + k, t), s));
-  }
+  const float s = Fp8TokenScale(BlockMax(m, red));
+  for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
+    q[base + k] = Fp8Quantise(LoadAsFloat(in, base + k, t), s);
   if (threadIdx.x == 0) scale[r] = s;
 }
 
-// Per tensor: the scale is known (static, or from AbsMaxKernel's maximum),
-// so every element on its own thread, and the scale repeated per row.
+// Per tensor: the scale is static, or the maximum of AbsMaxKernel's
+// `partials` per-block maxima (each CTA reduces them), so every element on
+// its own thread, and the scale repeated per row.
 __global__ void QuantTensorKernel(DType t, const void* in, int64_t rows, int64_t K,
-                                  float static_scale, const float* tensor_max, uint8_t* q,
-                                  float* scale) {
+                                  float static_scale, const float* partial, int partials,
+                                  uint8_t* q, float* scale) {
+  __shared__ float red[32];
   detail::PdlWaitThenRelease();
-  float s = static_scale;
+  float m = 0.0f;
   if (!(static_scale > 0.0f)) {
-    const float m = *tensor_max;
-    s = m > 0.0f ? __fdiv_rn(m, kFp8Max) : 1.0f;
+    for (int i = threadIdx.x; i < partials; i += blockDim.x) m = fmaxf(m, partial[i]);
+    m = BlockMax(m, red);
   }
+  const float s = Fp8TensorScale(static_scale, m);
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = first; i < rows * K; i += stride) {
-    q[i] = FloatToFp8Sat(__fdiv_rn(LoadAsFloat(in, i, t), s));
-  }
+  for (int64_t i = first; i < rows * K; i += stride) q[i] = Fp8Quantise(LoadAsFloat(in, i, t), s);
   for (int64_t r = first; r < rows; r += stride) scale[r] = s;
 }
 
@@ -193,10 +181,10 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
   if (in == nullptr || q == nullptr || scale == nullptr || (dynamic_tensor && scratch == nullptr)) {
     return absl::InvalidArgumentError("moe_fp8_quantize: null pointer");
   }
+  const int partials = dynamic_tensor ? std::min(Blocks(rows * K), kMoeFp8QuantScratchFloats) : 0;
   if (dynamic_tensor) {
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(scratch, 0, sizeof(float), stream));
-    AbsMaxKernel<<<Blocks(rows * K), kThreads, 0, stream>>>(in_type, in, rows * K, scratch);
-    KPLAN_CUDA_RETURN_IF_LAUNCH_ERROR("AbsMaxKernel");
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(AbsMaxKernel, dim3(partials), dim3(kThreads), 0,
+                                                 stream, in_type, in, rows * K, scratch));
   }
   if (mode == MoeFp8ActQuant::kPerGroup) {
     const int64_t warps = rows * ((K + group - 1) / group);
@@ -206,7 +194,7 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
   } else if (mode == MoeFp8ActQuant::kPerTensor) {
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTensorKernel, dim3(Blocks(rows * K)),
                                                  dim3(kThreads), 0, stream, in_type, in, rows, K,
-                                                 static_scale, scratch, q, scale));
+                                                 static_scale, scratch, partials, q, scale));
   } else {
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTokenKernel,
                                                  dim3(static_cast<unsigned>(rows)), dim3(kThreads),
