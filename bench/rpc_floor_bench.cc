@@ -13,10 +13,18 @@
 //               through kplan::Client, 1 token of a Qwen3-shaped layer
 //               (E=128 k=8 H=2048; I=16 so the CPU set stays small).
 // Rounds alternate the cases, so a noisy host spreads its noise over all.
+// --concurrency C > 1 (a list; 1 is the sequential run above) measures the
+// ceiling instead: per case, C client threads, each with a channel (and so a
+// connection) and stubs of its own, call back to back for --duration_s after
+// --warmup_s; a second table gives requests/s (calls sent and answered
+// without error within the window, over its seconds), p50 and p99 over all
+// threads' calls, CPU per call over the window, and the failed calls (warm-up
+// included; the first error is printed, and the exit status is then 1).
 // Abseil's mutex deadlock detection is off, as in kplan-server and
 // kplan_perf (--deadlock_detection: on, Debian's default).
 //   rpc_floor_bench [--calls 2000] [--rounds 5] [--transport unix,tcp]
 //                   [--process same,separate] [--cases grpc,...,skip]
+//                   [--concurrency 1,8,64] [--duration_s 2] [--warmup_s 0.5]
 //                   [--deadlock_detection]
 //                   [--json F] [--csv F]
 #include <fcntl.h>
@@ -34,6 +42,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -41,6 +50,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -131,9 +141,12 @@ bool StartKplan(const std::string& transport, Servers& s) {
 
 struct Row {
   std::string transport, process, name;
-  std::vector<double> p50s, p90s;               // one per round
+  int concurrency = 1;
+  std::vector<double> p50s, p90s, p99s;         // one per round (concurrency > 1: the window)
   double client_cpu_ns = 0, server_cpu_ns = 0;  // all rounds
-  int64_t calls = 0;
+  double seconds = 0;                           // of the measured calls, all rounds
+  int64_t calls = 0, errors = 0;
+  std::string first_error;
 };
 
 // Nanoseconds of CPU this process has used so far (all its threads, ended
@@ -152,7 +165,7 @@ struct ServerProcess {
   double CpuNs() const {
     if (fd < 0) return 0;
     char c = 'c';
-    if (write(fd, &c, 1) != 1) return 0;
+    if (send(fd, &c, 1, MSG_NOSIGNAL) != 1) return 0;  // a child gone: no SIGPIPE
     std::string line;
     while (read(fd, &c, 1) == 1 && c != '\n') line += c;
     double ns = 0;
@@ -166,29 +179,116 @@ double Percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
-// One case: a call that answers true when it succeeded.
-struct Case {
-  const char* name;
-  std::function<bool()> call;
+// One client of the three servers (bare, bare_sync, kplan): id < 0 on
+// gRPC's default channels; id >= 0 on channels with a channel argument of
+// its own, so that gRPC gives it connections of its own.
+struct Clients {
+  std::unique_ptr<Health::Stub> bare, bare_sync, health;  // health: kplan's
+  std::unique_ptr<kplan::Client> client;
 };
 
-// `server`: where the servers run (this process: its CPU time is then all
-// in the client's column).
-int Measure(const std::string& transport, const std::string& process, const std::string* targets,
-            const ServerProcess& server, int calls, int rounds,
-            const std::vector<std::string>& only, std::vector<Row>& rows) {
-  auto bare = Health::NewStub(grpc::CreateChannel(targets[0], grpc::InsecureChannelCredentials()));
-  auto bare_sync =
-      Health::NewStub(grpc::CreateChannel(targets[1], grpc::InsecureChannelCredentials()));
+std::unique_ptr<Clients> ConnectClients(const std::string* targets, int id) {
   kplan::ClientOptions options;
   options.max_attempts = 1;
-  auto client = kplan::Client::Connect(targets[2], options);
-  auto health = Health::NewStub(client->channel());
+  auto channel = [&](const std::string& target, int64_t max_message_bytes) {
+    if (id < 0) return grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+    grpc::ChannelArguments args;
+    args.SetInt("kplan.floor_client", id);
+    if (max_message_bytes > 0) {  // as kplan::Client::Connect
+      args.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
+      args.SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
+    }
+    return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  };
+  auto c = std::make_unique<Clients>();
+  c->bare = Health::NewStub(channel(targets[0], 0));
+  c->bare_sync = Health::NewStub(channel(targets[1], 0));
+  c->client = id < 0 ? kplan::Client::Connect(targets[2], options)
+                     : std::make_unique<kplan::Client>(
+                           channel(targets[2], options.max_message_bytes), options);
+  c->health = Health::NewStub(c->client->channel());
+  return c;
+}
+
+// One case: a call through one client's stubs.
+struct Case {
+  const char* name;
+  std::function<absl::Status(Clients&)> call;
+};
+
+// The runs of --concurrency C > 1: C threads per case, for duration_s
+// after warmup_s.
+struct LoadOptions {
+  std::vector<int> concurrency;  // each > 1
+  double warmup_s = 0.5, duration_s = 2;
+};
+
+// `concurrency` threads, the n-th on pool[n], calling `c` back to back: the
+// calls sent and answered within the window after the warm-up, and both
+// processes' CPU time over it.
+void MeasureLoad(const Case& c, int concurrency, const std::vector<std::unique_ptr<Clients>>& pool,
+                 const ServerProcess& server, const LoadOptions& load, Row& row) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](double s) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  };
+  const Clock::time_point start = Clock::now() + std::chrono::milliseconds(50);  // threads up
+  const Clock::time_point from = start + seconds(load.warmup_s),
+                          to = from + seconds(load.duration_s);
+  std::vector<std::vector<double>> us(static_cast<size_t>(concurrency));
+  std::vector<int64_t> errors(static_cast<size_t>(concurrency));
+  std::vector<std::string> first_error(static_cast<size_t>(concurrency));
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < static_cast<size_t>(concurrency); ++t) {
+    threads.emplace_back([&, t] {
+      std::this_thread::sleep_until(start);
+      while (true) {
+        const Clock::time_point sent = Clock::now();
+        if (sent >= to) break;
+        const absl::Status status = c.call(*pool[t]);
+        const Clock::time_point done = Clock::now();
+        if (!status.ok()) {
+          if (errors[t]++ == 0) first_error[t] = status.ToString();
+        } else if (sent >= from && done <= to) {
+          us[t].push_back(std::chrono::duration<double, std::micro>(done - sent).count());
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_until(from);
+  const double client_before = SelfCpuNs(), server_before = server.CpuNs();
+  std::this_thread::sleep_until(to);
+  row.client_cpu_ns = SelfCpuNs() - client_before;
+  row.server_cpu_ns = server.CpuNs() - server_before;
+  for (std::thread& thread : threads) thread.join();
+  std::vector<double> all;
+  for (size_t t = 0; t < us.size(); ++t) {
+    all.insert(all.end(), us[t].begin(), us[t].end());
+    row.errors += errors[t];
+    if (row.first_error.empty()) row.first_error = first_error[t];
+  }
+  row.calls = static_cast<int64_t>(all.size());
+  row.seconds = load.duration_s;
+  row.p50s = {Percentile(all, 0.5)};
+  row.p90s = {Percentile(all, 0.9)};
+  row.p99s = {Percentile(all, 0.99)};
+}
+
+// `server`: where the servers run (this process: its CPU time is then all
+// in the client's column). `sequential`: the run of --concurrency 1.
+int Measure(const std::string& transport, const std::string& process, const std::string* targets,
+            const ServerProcess& server, int calls, int rounds, bool sequential,
+            const LoadOptions& load, const std::vector<std::string>& only, std::vector<Row>& rows) {
+  const std::unique_ptr<Clients> one = ConnectClients(targets, -1);
+  kplan::Client* client = one->client.get();
   auto check = [](Health::Stub& stub) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     HealthCheckResponse response;
-    return stub.Check(&context, HealthCheckRequest(), &response).ok();
+    const grpc::Status status = stub.Check(&context, HealthCheckRequest(), &response);
+    return status.ok() ? absl::OkStatus()
+                       : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                      status.error_message());
   };
 
   kplan::v1::ExpertsHeader header;
@@ -224,28 +324,40 @@ int Measure(const std::string& transport, const std::string& process, const std:
   logits->set_data(values.data(), values.size() * sizeof(float));
 
   std::vector<Case> cases = {
-      {"grpc", [&] { return check(*bare); }},
-      {"grpc_sync", [&] { return check(*bare_sync); }},
-      {"health", [&] { return check(*health); }},
-      {"null", [&] { return client->GetServerInfo().ok(); }},
-      {"skip", [&] { return client->RunMoE(request).ok(); }},
+      {"grpc", [&](Clients& c) { return check(*c.bare); }},
+      {"grpc_sync", [&](Clients& c) { return check(*c.bare_sync); }},
+      {"health", [&](Clients& c) { return check(*c.health); }},
+      {"null", [&](Clients& c) { return c.client->GetServerInfo().status(); }},
+      {"skip", [&](Clients& c) { return c.client->RunMoE(request).status(); }},
   };
   if (!only.empty()) {
     std::erase_if(cases, [&](const Case& c) {
       return std::find(only.begin(), only.end(), c.name) == only.end();
     });
   }
+  auto add_row = [&](const char* name, int concurrency) -> Row& {
+    Row& row = rows.emplace_back();
+    row.transport = transport;
+    row.process = process;
+    row.name = name;
+    row.concurrency = concurrency;
+    return row;
+  };
   const size_t first = rows.size();
-  for (const Case& c : cases) rows.push_back({transport, process, c.name, {}, {}});
-  for (int round = -1; round < rounds; ++round) {  // round -1 warms up
+  if (sequential) {
+    for (const Case& c : cases) add_row(c.name, 1);
+  }
+  for (int round = -1; sequential && round < rounds; ++round) {  // round -1 warms up
     for (size_t i = 0; i < cases.size(); ++i) {
       std::vector<double> us;
       us.reserve(static_cast<size_t>(calls));
       const double client_before = SelfCpuNs(), server_before = server.CpuNs();
+      const auto round_start = std::chrono::steady_clock::now();
       for (int n = 0; n < (round < 0 ? 200 : calls); ++n) {
         const auto start = std::chrono::steady_clock::now();
-        if (!cases[i].call()) {
-          std::fprintf(stderr, "%s: %s failed\n", transport.c_str(), cases[i].name);
+        if (const absl::Status status = cases[i].call(*one); !status.ok()) {
+          std::fprintf(stderr, "%s: %s failed: %s\n", transport.c_str(), cases[i].name,
+                       status.ToString().c_str());
           return 1;
         }
         us.push_back(
@@ -253,11 +365,24 @@ int Measure(const std::string& transport, const std::string& process, const std:
                 .count());
       }
       if (round < 0) continue;
+      rows[first + i].seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - round_start).count();
       rows[first + i].client_cpu_ns += SelfCpuNs() - client_before;
       rows[first + i].server_cpu_ns += server.CpuNs() - server_before;
       rows[first + i].calls += calls;
       rows[first + i].p50s.push_back(Percentile(us, 0.5));
       rows[first + i].p90s.push_back(Percentile(us, 0.9));
+      rows[first + i].p99s.push_back(Percentile(us, 0.99));
+    }
+  }
+  // --concurrency C > 1: a client per thread, kept from one C to the next.
+  std::vector<std::unique_ptr<Clients>> pool;
+  for (int concurrency : load.concurrency) {
+    while (pool.size() < static_cast<size_t>(concurrency)) {
+      pool.push_back(ConnectClients(targets, static_cast<int>(pool.size())));
+    }
+    for (const Case& c : cases) {
+      MeasureLoad(c, concurrency, pool, server, load, add_row(c.name, concurrency));
     }
   }
   (void)client->UnloadExperts("floor");
@@ -289,6 +414,11 @@ ABSL_FLAG(std::string, transport, "unix,tcp", "Comma-separated transports: unix,
 ABSL_FLAG(std::string, process, "same,separate",
           "Comma-separated: servers in this process (same) or a forked child (separate)");
 ABSL_FLAG(std::string, cases, "", "Comma-separated cases to run alone (empty: all)");
+ABSL_FLAG(std::string, concurrency, "1",
+          "Comma-separated client counts: 1 the sequential calls (--calls, --rounds), C > 1 C "
+          "threads per case, each on its own connection, for --duration_s");
+ABSL_FLAG(double, duration_s, 2.0, "Measured seconds per case at each concurrency > 1");
+ABSL_FLAG(double, warmup_s, 0.5, "Unmeasured seconds before each of those");
 ABSL_FLAG(std::string, json, "", "Write the results as JSON to this file");
 ABSL_FLAG(std::string, csv, "", "Write the results as CSV to this file");
 ABSL_FLAG(bool, deadlock_detection, false,
@@ -296,8 +426,10 @@ ABSL_FLAG(bool, deadlock_detection, false,
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "The service floor: sequential unary calls against a bare gRPC server and kplan's.\n"
-      "  rpc_floor_bench --calls 2000 --rounds 3 --csv out.csv");
+      "The service floor: sequential unary calls against a bare gRPC server and kplan's,\n"
+      "and with --concurrency C > 1 the calls/s of C clients, each on its own connection.\n"
+      "  rpc_floor_bench --calls 2000 --rounds 3 --csv out.csv\n"
+      "  rpc_floor_bench --concurrency 1,8,64 --duration_s 2 --warmup_s 0.5 --cases grpc,skip");
   absl::ParseCommandLine(argc, argv);
   absl::SetMutexDeadlockDetectionMode(absl::GetFlag(FLAGS_deadlock_detection)
                                           ? absl::OnDeadlockCycle::kAbort
@@ -305,6 +437,27 @@ int main(int argc, char** argv) {
   const int calls = absl::GetFlag(FLAGS_calls), rounds = absl::GetFlag(FLAGS_rounds);
   if (calls <= 0 || rounds <= 0) {
     std::fprintf(stderr, "rpc_floor_bench: --calls and --rounds must be > 0\n");
+    return 2;
+  }
+  bool sequential = false;  // --concurrency has 1
+  LoadOptions load;
+  load.warmup_s = absl::GetFlag(FLAGS_warmup_s);
+  load.duration_s = absl::GetFlag(FLAGS_duration_s);
+  for (const absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
+    int c = 0;
+    if (!absl::SimpleAtoi(part, &c) || c <= 0) {
+      std::fprintf(stderr, "rpc_floor_bench: --concurrency: not a count > 0: '%s'\n",
+                   std::string(part).c_str());
+      return 2;
+    }
+    if (c == 1) {
+      sequential = true;
+    } else {
+      load.concurrency.push_back(c);
+    }
+  }
+  if (load.duration_s <= 0 || load.warmup_s < 0) {
+    std::fprintf(stderr, "rpc_floor_bench: --duration_s must be > 0, --warmup_s >= 0\n");
     return 2;
   }
   const std::vector<std::string> transports = absl::StrSplit(absl::GetFlag(FLAGS_transport), ',');
@@ -337,8 +490,10 @@ int main(int argc, char** argv) {
     while (read(fd, &c, 1) == 1 && c != '\n') line += c;
     child_targets.push_back(line);
   }
-  std::printf("# sequential unary calls, %d per round, %d rounds; p50 range over rounds (us)\n",
-              calls, rounds);
+  if (sequential) {
+    std::printf("# sequential unary calls, %d per round, %d rounds; p50 range over rounds (us)\n",
+                calls, rounds);
+  }
   std::vector<Row> rows;
   size_t child = 0;
   std::vector<std::unique_ptr<Servers>> local;  // "same": every transport's bare servers first
@@ -364,7 +519,9 @@ int main(int argc, char** argv) {
         if (!StartKplan(t, here)) return 1;
         for (int i = 0; i < 3; ++i) targets[i] = here.targets[i];
       }
-      if (Measure(t, p, targets, server, calls, rounds, only, rows) != 0) return 1;
+      if (Measure(t, p, targets, server, calls, rounds, sequential, load, only, rows) != 0) {
+        return 1;
+      }
       if (p == "same") local[ti]->kplan->Shutdown(absl::Seconds(1));
     }
   }
@@ -373,29 +530,68 @@ int main(int argc, char** argv) {
     waitpid(pid, nullptr, 0);
   }
   struct Out {
-    double p50_min, p50_median, p50_max, p90_median, client_cpu, server_cpu;
+    double p50_min, p50_median, p50_max, p90_median, client_cpu, server_cpu, p99_median, req_per_s;
   };
   auto out_of = [](const Row& r) {
     const double n = static_cast<double>(std::max<int64_t>(r.calls, 1));
-    return Out{Percentile(r.p50s, 0),   Percentile(r.p50s, 0.5),   Percentile(r.p50s, 1),
-               Percentile(r.p90s, 0.5), r.client_cpu_ns / n / 1e3, r.server_cpu_ns / n / 1e3};
+    return Out{
+        Percentile(r.p50s, 0),     Percentile(r.p50s, 0.5),
+        Percentile(r.p50s, 1),     Percentile(r.p90s, 0.5),
+        r.client_cpu_ns / n / 1e3, r.server_cpu_ns / n / 1e3,
+        Percentile(r.p99s, 0.5),   r.seconds > 0 ? static_cast<double>(r.calls) / r.seconds : 0};
   };
-  std::printf("%-9s %-9s %-10s %9s %9s %9s %9s %10s %10s\n", "transport", "process", "case",
-              "p50 min", "p50 med", "p50 max", "p90 med", "cpu client", "cpu server");
-  for (const Row& r : rows) {
-    const Out o = out_of(r);
-    std::printf("%-9s %-9s %-10s %9.1f %9.1f %9.1f %9.1f %10.1f %10.1f\n", r.transport.c_str(),
-                r.process.c_str(), r.name.c_str(), o.p50_min, o.p50_median, o.p50_max, o.p90_median,
-                o.client_cpu, o.server_cpu);
+  if (sequential) {
+    std::printf("%-9s %-9s %-10s %9s %9s %9s %9s %10s %10s\n", "transport", "process", "case",
+                "p50 min", "p50 med", "p50 max", "p90 med", "cpu client", "cpu server");
+    for (const Row& r : rows) {
+      if (r.concurrency != 1) continue;
+      const Out o = out_of(r);
+      std::printf("%-9s %-9s %-10s %9.1f %9.1f %9.1f %9.1f %10.1f %10.1f\n", r.transport.c_str(),
+                  r.process.c_str(), r.name.c_str(), o.p50_min, o.p50_median, o.p50_max,
+                  o.p90_median, o.client_cpu, o.server_cpu);
+    }
+    std::printf(
+        "# cpu: us of CPU per call, all threads of the process (same: both sides in 'client')\n");
   }
-  std::printf(
-      "# cpu: us of CPU per call, all threads of the process (same: both sides in 'client')\n");
+  int64_t errors = 0;
+  if (!load.concurrency.empty()) {
+    std::printf(
+        "# concurrent clients, each on its own connection, back-to-back calls for %.1f s after "
+        "%.1f s of warm-up; req/s: calls answered within the window; p50, p99 over all its calls "
+        "(us)\n",
+        load.duration_s, load.warmup_s);
+    std::printf("%-9s %-9s %-10s %11s %9s %9s %9s %10s %10s %8s\n", "transport", "process", "case",
+                "concurrency", "req/s", "p50", "p99", "cpu client", "cpu server", "errors");
+    for (const Row& r : rows) {
+      if (r.concurrency == 1) continue;
+      const Out o = out_of(r);
+      std::printf("%-9s %-9s %-10s %11d %9.0f %9.1f %9.1f %10.1f %10.1f %8lld\n",
+                  r.transport.c_str(), r.process.c_str(), r.name.c_str(), r.concurrency,
+                  o.req_per_s, o.p50_median, o.p99_median, o.client_cpu, o.server_cpu,
+                  static_cast<long long>(r.errors));
+      errors += r.errors;
+    }
+    std::printf(
+        "# cpu: us of CPU per call answered, all threads of the process (same: both sides in "
+        "'client'); errors: failed calls, warm-up included\n");
+    for (const Row& r : rows) {
+      if (r.errors == 0) continue;
+      std::printf("# errors: %s %s %s concurrency %d: %lld, the first: %s\n", r.transport.c_str(),
+                  r.process.c_str(), r.name.c_str(), r.concurrency,
+                  static_cast<long long>(r.errors), r.first_error.c_str());
+    }
+  }
+  // The columns of the sequential rows, then concurrency, req_per_s (calls
+  // over the seconds spent calling), p99_median_us and errors; a row of
+  // concurrency > 1 has one window, its p50 min, median and max alike.
   constexpr const char* kFields =
       "transport,process,case,p50_min_us,p50_median_us,p50_max_us,p90_median_us,"
-      "client_cpu_us,server_cpu_us";
+      "client_cpu_us,server_cpu_us,concurrency,req_per_s,p99_median_us,errors";
   if (!json.empty()) {
     std::ofstream out(json);
-    out << "{\"calls_per_round\": " << calls << ", \"rounds\": " << rounds << ", \"rows\": [";
+    out << "{\"calls_per_round\": " << calls << ", \"rounds\": " << rounds
+        << ", \"duration_s\": " << load.duration_s << ", \"warmup_s\": " << load.warmup_s
+        << ", \"rows\": [";
     for (size_t n = 0; n < rows.size(); ++n) {
       const Row& r = rows[n];
       const Out o = out_of(r);
@@ -403,9 +599,11 @@ int main(int argc, char** argv) {
           << absl::StrFormat(
                  "{\"transport\": \"%s\", \"process\": \"%s\", \"case\": \"%s\", "
                  "\"p50_min_us\": %.1f, \"p50_median_us\": %.1f, \"p50_max_us\": %.1f, "
-                 "\"p90_median_us\": %.1f, \"client_cpu_us\": %.1f, \"server_cpu_us\": %.1f}",
+                 "\"p90_median_us\": %.1f, \"client_cpu_us\": %.1f, \"server_cpu_us\": %.1f, "
+                 "\"concurrency\": %d, \"req_per_s\": %.1f, \"p99_median_us\": %.1f, "
+                 "\"errors\": %d}",
                  r.transport, r.process, r.name, o.p50_min, o.p50_median, o.p50_max, o.p90_median,
-                 o.client_cpu, o.server_cpu);
+                 o.client_cpu, o.server_cpu, r.concurrency, o.req_per_s, o.p99_median, r.errors);
     }
     out << "\n]}\n";
   }
@@ -414,10 +612,15 @@ int main(int argc, char** argv) {
     out << kFields << "\n";
     for (const Row& r : rows) {
       const Out o = out_of(r);
-      out << absl::StrFormat("%s,%s,%s,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f\n", r.transport, r.process,
-                             r.name, o.p50_min, o.p50_median, o.p50_max, o.p90_median, o.client_cpu,
-                             o.server_cpu);
+      out << absl::StrFormat("%s,%s,%s,%.1f,%.1f,%.1f,%.1f,%.1f,%.1f,%d,%.1f,%.1f,%d\n",
+                             r.transport, r.process, r.name, o.p50_min, o.p50_median, o.p50_max,
+                             o.p90_median, o.client_cpu, o.server_cpu, r.concurrency, o.req_per_s,
+                             o.p99_median, r.errors);
     }
+  }
+  if (errors > 0) {
+    std::fprintf(stderr, "rpc_floor_bench: %lld calls failed\n", static_cast<long long>(errors));
+    return 1;
   }
   return 0;
 }
