@@ -3,7 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/moe/moe_experts.h"
@@ -333,6 +332,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g1.a_type = ft;
   g1.a = a1;
   g1.a_row_div = k;
+  if (s.fp8) KPLAN_RETURN_IF_ERROR(quantise_a(g1, a1, M, H, s.a1_static, l.q1, l.s1));
   g1.w = s.w13;
   g1.bias = experts.b13();
   g1.c_type = ft;
@@ -350,10 +350,9 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   kc::MoeActParams ap;  // the ExpertSet's activation with default ActivationParams
   const auto act = experts.activation();
   void* c2 = At<void>(workspace, l.c2);
-  void* y = a.combine ? At<void>(workspace, l.y) : a.output;
   // A GEMM of this route on the decode kernels (tiles over the align output)
   // or the matvec ones (on the slots as routed).
-  auto decode_args = [&](const kc::MoeQuantGemmArgs& g, bool apply_act, void* c) {
+  auto decode_gemm = [&](const kc::MoeQuantGemmArgs& g, bool apply_act, void* c) {
     kc::MoeQuantDecodeArgs d;
     d.act_type = et;
     d.a = g.a;
@@ -375,32 +374,12 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
     d.act_params = ap;
     d.c = c;
     d.num_sms = DeviceSmCount(experts.device());
-    return d;
-  };
-  // fp8 on the matvec route: the GEMM quantises its activation g.a (`rows`
-  // rows, not yet quantised) in its prologue where MoeQuantMatvecQuantises
-  // allows; otherwise (nullopt) the quantiser kernel runs first.
-  auto in_gemm_quantise = [&](const kc::MoeQuantGemmArgs& g, int64_t rows, float static_scale,
-                              bool apply_act, void* c) -> std::optional<kc::MoeFp8Quantise> {
-    if (!matvec || !s.fp8 || ft != et) return std::nullopt;
-    const kc::MoeFp8Quantise q{qmode, s.block ? s.block_k : 0, static_scale, rows};
-    if (!kc::MoeQuantMatvecQuantises(
-            {decode_args(g, apply_act, c), a.topk_ids, a.expert_map, E, q})) {
-      return std::nullopt;
-    }
-    return q;
-  };
-  auto decode_gemm = [&](const kc::MoeQuantGemmArgs& g, bool apply_act, void* c,
-                         const std::optional<kc::MoeFp8Quantise>& q) {
-    const kc::MoeQuantDecodeArgs d = decode_args(g, apply_act, c);
-    return matvec ? kc::LaunchMoeQuantMatvec({d, a.topk_ids, a.expert_map, E, q}, stream)
+    return matvec ? kc::LaunchMoeQuantMatvec({d, a.topk_ids, a.expert_map, E}, stream)
                   : kc::LaunchMoeQuantDecode(d, stream);
   };
-  const std::optional<kc::MoeFp8Quantise> q1 = in_gemm_quantise(g1, M, s.a1_static, true, c2);
-  if (s.fp8 && !q1) KPLAN_RETURN_IF_ERROR(quantise_a(g1, a1, M, H, s.a1_static, l.q1, l.s1));
   if (matvec || decode) {
     // GEMM 1 with the activation, straight into c2.
-    KPLAN_RETURN_IF_ERROR(decode_gemm(g1, /*apply_act=*/true, c2, q1));
+    KPLAN_RETURN_IF_ERROR(decode_gemm(g1, /*apply_act=*/true, c2));
   } else {
     KPLAN_RETURN_IF_ERROR(tc ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g1, et), stream)
                              : kc::LaunchMoeQuantGemm(g1, stream));
@@ -411,25 +390,25 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
                                                         numel, N13, c2, I, stream));
   }
 
+  void* y = a.combine ? At<void>(workspace, l.y) : a.output;
   kc::MoeQuantGemmArgs g2 = g1;
   g2.a = c2;
   g2.a_fp8 = false;
   g2.a_scale = nullptr;
   g2.a_group = 0;
   g2.a_row_div = 1;
-  g2.w = s.w2;
-  g2.bias = experts.b2();
-  g2.c = y;
-  g2.N = H;
-  g2.K = I;
-  const std::optional<kc::MoeFp8Quantise> q2 = in_gemm_quantise(g2, numel, s.a2_static, false, y);
-  if (s.fp8 && !q2) {
+  if (s.fp8) {
     // A dynamic per-tensor scale spans every row: slots of experts that are
     // not local hold zeros, which do not move the maximum (the reference
     // takes it over the local rows).
     KPLAN_RETURN_IF_ERROR(quantise_a(g2, c2, numel, I, s.a2_static, l.q2, l.s2));
   }
-  KPLAN_RETURN_IF_ERROR(matvec || decode ? decode_gemm(g2, /*apply_act=*/false, y, q2)
+  g2.w = s.w2;
+  g2.bias = experts.b2();
+  g2.c = y;
+  g2.N = H;
+  g2.K = I;
+  KPLAN_RETURN_IF_ERROR(matvec || decode ? decode_gemm(g2, /*apply_act=*/false, y)
                         : tc ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g2, et), stream)
                              : kc::LaunchMoeQuantGemm(g2, stream));
   if (!a.combine) return absl::OkStatus();

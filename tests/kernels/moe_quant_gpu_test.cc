@@ -307,22 +307,6 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   auto again = RunMoeOnGpu(gpu, in, nullptr, {}, &st);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->output, got->output) << label << ": not deterministic";
-  if (c.fp8()) {
-    // The matvec tiles quantise the activation in their prologue where they
-    // can (MoeQuantMatvecQuantises): the same bytes as the quantiser kernels.
-    struct QuantiseGuard {
-      QuantiseGuard() {
-        kernels::cuda::SetMoeFp8QuantiseInMatvecMode(kernels::cuda::MoeKernelMode::kOff);
-      }
-      ~QuantiseGuard() {
-        kernels::cuda::SetMoeFp8QuantiseInMatvecMode(kernels::cuda::MoeKernelMode::kFromEnv);
-      }
-    } quantise_guard;
-    auto kernels_first = RunMoeOnGpu(gpu, in, nullptr, poison);
-    ASSERT_TRUE(kernels_first.ok()) << kernels_first.status();
-    EXPECT_EQ(kernels_first->output, got->output)
-        << label << ": in-kernel quantisation differs from the quantiser kernels'";
-  }
   // The answer names the route that ran (RunMoE's plan, GpuLayerExpertsKernel):
   // the forced emulation is the dequantising or the fp8 tensor-core GEMM.
   if (M > 0) {
@@ -658,22 +642,6 @@ TEST(MoeQuantGpu, MatvecRoute) {
   on_input.k_override = 1;
   RunCombo(i4s, IntW("int4_group", kernels::DType::kBFloat16, true, 32), {1, 19}, 100, on_input);
   RunCombo(f8, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 19}, 101, on_input);
-  // K a multiple of 128 (H 384, I 256): the tiles quantise the activation
-  // in their prologue, per group, token or tensor (dynamic up to 16384
-  // elements: GEMM 2 of 33 tokens, 66 x 256, quantises first), one or two
-  // rows a CTA; compared bit for bit with the quantiser kernels in RunCase.
-  const Shape f8q{"fp8-k128", 6, 2, 384, 256};
-  RunCombo(f8q, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 2, 33}, 103, mv);
-  Combo blk16 = Fp8("fp8_block", kernels::DType::kFloat16);
-  blk16.bias = true;
-  RunCombo(f8q, blk16, {1, 5}, 104, mv);
-  RunCombo(f8q, Fp8("fp8_per_channel", kernels::DType::kBFloat16), {1, 3}, 105, mv);
-  RunCombo(f8q, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1, 33}, 106, mv);
-  Combo st = Fp8("fp8_per_tensor", kernels::DType::kFloat16, "per_tensor");
-  st.static_scales = true;
-  st.activation = "swigluoai";
-  RunCombo(f8q, st, {1, 7}, 107, mv);
-  RunCombo(f8q, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 19}, 108, on_input);
   // A long K on one warp's chunks (GEMM 2's 14336, split over 8 warps):
   // per-tensor sums go through the fp32 promotion of every chunk.
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1}, 102, one);
@@ -734,71 +702,124 @@ TEST(MoeQuantKernels, MatvecTakesTheDecodeWeightsWithinItsLimits) {
   EXPECT_TRUE(MoeQuantMatvecSupports(i8, bf16, 1000000, K));
 }
 
-// Where the fp8 matvec tiles quantise their activation themselves (host
-// code: runs without a GPU; gemm.a is only checked for alignment).
-TEST(MoeQuantKernels, MatvecQuantisesWhereTwoRowsFitItsSharedMemory) {
+// The fp8 activation quantiser (LaunchMoeFp8Quantize) byte for byte and
+// scale for scale against the reference's formulas (moe_quant_gemm.h, the
+// CPU's QuantizeRows / TensorScale), on every path the launcher picks: the
+// 2-byte vector kernels (K % 8 for per token; K and group % 4, group <= 256
+// per group) and the scalar ones (fp32, the other sizes); decode rows of
+// 14336, partial last groups, an all-zero group and row, values past the
+// saturation of a static scale, and values in e4m3's subnormal range.
+TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
+  SKIP_WITHOUT_CUDA();
   using kernels::cuda::MoeFp8ActQuant;
-  using kernels::cuda::MoeQuantMatvecArgs;
-  using kernels::cuda::MoeQuantMatvecQuantises;
-  using kernels::cuda::MoeWeightScale;
-  alignas(16) static const uint8_t kBytes[32] = {};
-  static const float kScale = 1.0f;
-  // DeepSeek-V3's GEMM 2 at one token: 8 slots of I = 2048, block 128.
-  MoeQuantMatvecArgs a;
-  a.gemm.act_type = kernels::DType::kBFloat16;
-  a.gemm.a = kBytes;
-  a.gemm.w.kind = kernels::DType::kFp8E4m3;
-  a.gemm.w.scale_kind = MoeWeightScale::kBlock;
-  a.gemm.w.block_n = a.gemm.w.block_k = 128;
-  a.gemm.w.data = kBytes;
-  a.gemm.w.scale = &kScale;
-  a.gemm.numel = 8;
-  a.gemm.N = 7168;
-  a.gemm.K = 2048;
-  EXPECT_FALSE(MoeQuantMatvecQuantises(a));  // not asked
-  a.quantise = kernels::cuda::MoeFp8Quantise{MoeFp8ActQuant::kPerGroup, 128, 0.0f, 8};
-  EXPECT_TRUE(MoeQuantMatvecQuantises(a));
-  auto with = [&](auto&& change) {
-    MoeQuantMatvecArgs b = a;
-    change(b);
-    return MoeQuantMatvecQuantises(b);
+  struct Size {
+    int64_t rows, K;
   };
-  EXPECT_TRUE(with([](MoeQuantMatvecArgs& b) { b.gemm.K = 16384; }));
-  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.K = 16384 + 128; }));  // two rows too many
-  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.K = 2048 + 64; }));    // a group past K
-  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.quantise->group = 64; }));  // not block_k
-  EXPECT_TRUE(with([](MoeQuantMatvecArgs& b) { b.quantise->group = b.gemm.w.block_k = 64; }));
-  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.quantise->group = b.gemm.w.block_k = 192; }));
-  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.a = kBytes + 8; }));  // 16-byte loads
-  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.quantise->rows = 7; }));   // slot 7's row
-  EXPECT_TRUE(with([](MoeQuantMatvecArgs& b) {
-    b.gemm.a_row_div = 8;  // GEMM 1: every slot reads the token's row
-    b.quantise->rows = 1;
-  }));
-  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.w.kind = kernels::DType::kInt4Packed; }));
-  // N = 16, K = 128 (no split): a CTA's eight one-warp tiles would span
-  // eight slots; with K = 2048 each tile's K is split over the CTA's 8 warps.
-  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.N = 16, b.gemm.K = 128; }));
-  EXPECT_TRUE(with([](MoeQuantMatvecArgs& b) { b.gemm.N = 16; }));
-  // Per tensor / per token: not on block weights; a dynamic maximum over at
-  // most 16384 elements (here 8 x 2048), a static scale over any.
-  a.gemm.w.scale_kind = MoeWeightScale::kPerTensor;
-  EXPECT_FALSE(MoeQuantMatvecQuantises(a));
-  a.quantise->mode = MoeFp8ActQuant::kPerTensor;
-  EXPECT_TRUE(MoeQuantMatvecQuantises(a));
-  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.quantise->rows = b.gemm.numel = 9; }));
-  EXPECT_TRUE(with([](MoeQuantMatvecArgs& b) {
-    b.quantise->rows = b.gemm.numel = 9;
-    b.quantise->static_scale = 0.5f;
-  }));
-  a.gemm.w.scale_kind = MoeWeightScale::kPerChannel;
-  a.quantise->mode = MoeFp8ActQuant::kPerToken;
-  EXPECT_TRUE(MoeQuantMatvecQuantises(a));
-  EXPECT_FALSE(with([](MoeQuantMatvecArgs& b) { b.gemm.w.scale_kind = MoeWeightScale::kBlock; }));
-  kernels::cuda::SetMoeFp8QuantiseInMatvecMode(kernels::cuda::MoeKernelMode::kOff);
-  EXPECT_FALSE(MoeQuantMatvecQuantises(a));
-  kernels::cuda::SetMoeFp8QuantiseInMatvecMode(kernels::cuda::MoeKernelMode::kFromEnv);
-  EXPECT_TRUE(MoeQuantMatvecQuantises(a));
+  const Size sizes[] = {{1, 14336}, {2, 14336}, {3, 2048}, {5, 200}, {4, 100}, {2, 98}};
+  const kernels::DType dtypes[] = {kernels::DType::kBFloat16, kernels::DType::kFloat16,
+                                   kernels::DType::kFloat32};
+  struct Mode {
+    MoeFp8ActQuant mode;
+    int group;
+    float static_scale;
+  };
+  const Mode modes[] = {
+      {MoeFp8ActQuant::kPerGroup, 128, 0}, {MoeFp8ActQuant::kPerGroup, 64, 0},
+      {MoeFp8ActQuant::kPerGroup, 256, 0}, {MoeFp8ActQuant::kPerGroup, 96, 0},
+      {MoeFp8ActQuant::kPerGroup, 512, 0}, {MoeFp8ActQuant::kPerToken, 0, 0},
+      {MoeFp8ActQuant::kPerTensor, 0, 0},  {MoeFp8ActQuant::kPerTensor, 0, 2e-3f}};
+  uint64_t seed = 7000;
+  int cases = 0;
+  for (const Size& sz : sizes) {
+    for (kernels::DType dt : dtypes) {
+      const int64_t n = sz.rows * sz.K, es = kernels::DTypeSize(dt);
+      std::string x = RandomFloats(dt, n, 0, ++seed);
+      // Row 0's first 64 elements zero (a zero group at group 64), the last
+      // row all zero when there are three or more rows, and every 37th
+      // element tiny (e4m3 subnormals after scaling).
+      for (int64_t i = 0; i < std::min<int64_t>(64, sz.K); ++i) moe::StoreFloat(x.data(), dt, i, 0);
+      if (sz.rows >= 3) {
+        for (int64_t i = (sz.rows - 1) * sz.K; i < n; ++i) moe::StoreFloat(x.data(), dt, i, 0);
+      }
+      for (int64_t i = 5; i < n; i += 37) {
+        moe::StoreFloat(x.data(), dt, i, moe::LoadFloat(x.data(), dt, i) * 1.0f / 4096.0f);
+      }
+      std::vector<float> xf(n);
+      for (int64_t i = 0; i < n; ++i) xf[i] = moe::LoadFloat(x.data(), dt, i);
+      auto abs_max = [&](int64_t from, int64_t len) {
+        float m = 0.0f;
+        for (int64_t i = from; i < from + len; ++i) m = std::max(m, std::fabs(xf[i]));
+        return m;
+      };
+      void *d_in = nullptr, *d_q = nullptr, *d_s = nullptr, *d_scratch = nullptr;
+      ASSERT_EQ(cudaMalloc(&d_in, n * es), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&d_q, n), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&d_s, n * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&d_scratch, 4 * kernels::cuda::kMoeFp8QuantScratchFloats), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d_in, x.data(), n * es, cudaMemcpyHostToDevice), cudaSuccess);
+      for (const Mode& m : modes) {
+        const std::string label =
+            absl::StrCat(kernels::DTypeName(dt), " ", sz.rows, "x", sz.K, " mode ",
+                         static_cast<int>(m.mode), " group ", m.group, " static ", m.static_scale);
+        // The reference: scales, then q = e4m3(x / s) saturated.
+        const int64_t groups = m.group > 0 ? (sz.K + m.group - 1) / m.group : 1;
+        std::vector<float> want_s(sz.rows * groups);
+        std::vector<uint8_t> want_q(n);
+        float tensor_s = m.static_scale;
+        if (m.mode == MoeFp8ActQuant::kPerTensor && !(m.static_scale > 0)) {
+          const float mx = abs_max(0, n);
+          tensor_s = mx > 0.0f ? mx / 448.0f : 1.0f;
+        }
+        for (int64_t r = 0; r < sz.rows; ++r) {
+          for (int64_t g = 0; g < groups; ++g) {
+            const int64_t k0 = m.group > 0 ? g * m.group : 0;
+            const int64_t len = m.group > 0 ? std::min<int64_t>(m.group, sz.K - k0) : sz.K;
+            float sc = tensor_s;
+            if (m.mode == MoeFp8ActQuant::kPerGroup) {
+              sc = std::max(abs_max(r * sz.K + k0, len), 1e-10f) / 448.0f;
+            } else if (m.mode == MoeFp8ActQuant::kPerToken) {
+              sc = std::max(abs_max(r * sz.K, sz.K) / 448.0f, 1.0f / (448.0f * 512.0f));
+            }
+            want_s[r * groups + g] = sc;
+            for (int64_t k = k0; k < k0 + len; ++k) {
+              want_q[r * sz.K + k] = moe::FloatToFp8E4m3(xf[r * sz.K + k] / sc, true);
+            }
+          }
+        }
+        ASSERT_EQ(cudaMemset(d_q, 0xAB, n), cudaSuccess);
+        ASSERT_TRUE(kernels::cuda::LaunchMoeFp8Quantize(
+                        m.mode, dt, d_in, sz.rows, sz.K, m.group, m.static_scale,
+                        static_cast<float*>(d_scratch), static_cast<uint8_t*>(d_q),
+                        static_cast<float*>(d_s), nullptr)
+                        .ok())
+            << label;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << label;
+        std::vector<uint8_t> got_q(n);
+        std::vector<float> got_s(want_s.size());
+        ASSERT_EQ(cudaMemcpy(got_q.data(), d_q, n, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(got_s.data(), d_s, got_s.size() * 4, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        int64_t bad_q = 0, first = -1;
+        for (int64_t i = 0; i < n; ++i) {
+          if (got_q[i] != want_q[i] && bad_q++ == 0) first = i;
+        }
+        EXPECT_EQ(bad_q, 0) << label << ": first byte " << first << " got "
+                            << (first >= 0 ? int{got_q[first]} : 0) << " want "
+                            << (first >= 0 ? int{want_q[first]} : 0);
+        int64_t bad_s = 0;
+        for (size_t i = 0; i < want_s.size(); ++i) {
+          if (std::memcmp(&got_s[i], &want_s[i], 4) != 0) ++bad_s;
+        }
+        EXPECT_EQ(bad_s, 0) << label << ": scales differ";
+        ++cases;
+      }
+      cudaFree(d_in);
+      cudaFree(d_q);
+      cudaFree(d_s);
+      cudaFree(d_scratch);
+    }
+  }
+  std::printf("fp8 activation quantiser: %d cases byte for byte\n", cases);
 }
 
 // The int dequantisation (IntGroupDequant, through the int prefill route's

@@ -34,7 +34,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <optional>
 
 #include "absl/status/status.h"
 #include "kernels/cuda/moe/moe_experts.h"
@@ -168,21 +167,6 @@ absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& args, cudaStream_t s
 // rounding as LaunchMoeQuantDecode's; the slots come from topk_ids (through
 // expert_map, as the align kernel maps them; -1 or out of range: zero rows)
 // instead of the align output, so no align kernel runs before it.
-//
-// fp8 weights with `quantise` set: gemm.a is the activation itself
-// ([quantise.rows, K] of gemm.act_type, not quantised) and each CTA
-// quantises the rows its tiles read into shared memory first, as
-// LaunchMoeFp8Quantize(quantise.mode, ...) would (the same bytes and
-// scales; gemm.a_scale is not read): no quantiser kernel (and, per tensor,
-// no maximum kernel) before the GEMM, whose chain step at decode sizes costs
-// more than the CTAs' redundant work. Where MoeQuantMatvecQuantises says no,
-// quantise first and pass the bytes.
-struct MoeFp8Quantise {
-  MoeFp8ActQuant mode = MoeFp8ActQuant::kPerGroup;
-  int group = 0;              // kPerGroup: the weights' block_k
-  float static_scale = 0.0f;  // kPerTensor: > 0 static, else the maximum over every row
-  int64_t rows = 0;           // rows of gemm.a
-};
 struct MoeQuantMatvecArgs {
   // The GEMM; its align fields (sorted_token_ids, expert_ids,
   // num_tokens_post_padded, block_m, num_blocks) and num_sms are not read.
@@ -190,21 +174,10 @@ struct MoeQuantMatvecArgs {
   const int32_t* topk_ids = nullptr;    // [gemm.numel]
   const int32_t* expert_map = nullptr;  // [num_experts] or null
   int num_experts = 0;
-  std::optional<MoeFp8Quantise> quantise;  // fp8 weights only
 };
 // What the matvec kernels run: what MoeQuantDecodeSupports takes, with K up
 // to 2^30 and N x K / 16 up to 2^31 - 1.
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K);
-// Whether LaunchMoeQuantMatvec takes `args` with args.quantise set (its
-// value and the GEMM's shape decide; of the pointers only gemm.a's
-// alignment, 16 bytes): fp8 weights, K <= 16384 (two rows' bytes in shared
-// memory; KPLAN_MOE_FP8_MATVEC_QUANTISE=N lowers the bound to N, 0: never,
-// for comparison), per group 64, 128 or 256 wide dividing K, a dynamic
-// per-tensor maximum over at most 16384 elements (every CTA reads them all),
-// and no CTA whose tiles read more than two rows. Off while
-// SetMoeFp8QuantiseInMatvecMode(kOff) says so.
-bool MoeQuantMatvecQuantises(const MoeQuantMatvecArgs& args);
-void SetMoeFp8QuantiseInMatvecMode(MoeKernelMode mode);
 absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t stream);
 
 // The int prefill route: hit[l] = 1 for every local expert some slot routes

@@ -38,14 +38,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_decode.cuh"
-#include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/moe/pdl.cuh"
@@ -91,21 +89,14 @@ struct Params {
   int split;
   int64_t warps_per_slot;  // int8, not gated
   void* c;                 // [numel, out_cols]
-  // fp8 with the activation quantised in the kernel (MoeQuantMatvecArgs::
-  // quantise): qmode a MoeFp8ActQuant, p.a then [a_rows, K] of T; -1: p.a
-  // holds e4m3 bytes and p.a_scale their scales.
-  int qmode;
-  int qgroup;
-  float qstatic;
-  int64_t a_rows;
 };
 
-// GEMM output element (slot, row) as the grouped GEMMs store it, as float;
-// fp8 per-tensor / per-channel weights: xs is the activation row's scale.
+// GEMM output element (slot, row) as the grouped GEMMs store it, as float.
 template <typename T, int WK>
-__device__ __forceinline__ float Output(const Params& p, int e, int64_t row, float v,
-                                        float xs = 0.0f) {
+__device__ __forceinline__ float Output(const Params& p, int e, int64_t arow, int64_t row,
+                                        float v) {
   if (WK == kWFp8 && p.w.scale_kind != MoeWeightScale::kBlock) {
+    const float xs = __ldg(p.a_scale + arow);
     const float ws = p.w.scale_kind == MoeWeightScale::kPerTensor
                          ? __ldg(p.w.scale + e)
                          : __ldg(p.w.scale + static_cast<int64_t>(e) * p.N + row);
@@ -130,25 +121,13 @@ __device__ __forceinline__ void MmaFp8(float (&d)[4], uint32_t a0, uint32_t a1, 
 // local expert e against activation row arow, over the chunks ks, ks +
 // split, ... of K. On return acc[0] / acc[2] of the lanes with c == 0 hold
 // rows g / g + 8 (column 0 of D), before the per-tensor / per-channel scale.
-// The e4m3 activation row of a tile and its scales: in global memory
-// (quantised by LaunchMoeFp8Quantize), or in the CTA's shared memory
-// (quantised in the kernel's prologue, QuantiseToShared).
-template <bool kShared>
-struct Fp8Row {
-  const int4* x;    // the row's 16-byte vectors
-  const float* xs;  // block: its k-blocks' scales; else its one scale
-  __device__ __forceinline__ int4 X(int i) const { return kShared ? x[i] : __ldg(x + i); }
-  __device__ __forceinline__ float S(int i) const { return kShared ? xs[i] : __ldg(xs + i); }
-};
-
-template <bool kShared>
 __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_t (&rows)[2],
-                                            const Fp8Row<kShared>& xr, int ks, int lane,
-                                            float (&acc)[4]) {
+                                            int64_t arow, int ks, int lane, float (&acc)[4]) {
   const int c = lane & 3;
   const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * p.K;
   const int4* w0 = reinterpret_cast<const int4*>(wb + rows[0] * p.K);
   const int4* w1 = reinterpret_cast<const int4*>(wb + rows[1] * p.K);
+  const int4* x = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(p.a) + arow * p.K);
   // 32-bit indices: a row's vectors fit (MoeQuantMatvecSupports).
   const int vecs = static_cast<int>(p.K / 16), chunks = (vecs + 3) / 4;
   const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
@@ -168,11 +147,11 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
       const bool in = ch < chunks && i < vecs;
       v0[u] = in ? __ldg(w0 + i) : make_int4(0, 0, 0, 0);
       v1[u] = in ? __ldg(w1 + i) : make_int4(0, 0, 0, 0);
-      xv[u] = in ? xr.X(i) : make_int4(0, 0, 0, 0);
+      xv[u] = in ? __ldg(x + i) : make_int4(0, 0, 0, 0);
       s0[u] = s1[u] = 0.0f;
       if (block && ch < chunks) {
         const int kb = ch * 64 / p.w.block_k;
-        const float xs = xr.S(kb);
+        const float xs = __ldg(p.a_scale + arow * p.a_kb + kb);
         s0[u] = __fmul_rn(xs, __ldg(ws0 + kb));
         s1[u] = __fmul_rn(xs, __ldg(ws1 + kb));
       }
@@ -264,135 +243,6 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
   }
 }
 
-// --- fp8: the activation quantised in the prologue (qmode >= 0).
-
-// Vector i (8 elements of T) of `in` as floats, and their largest |x|.
-template <typename T>
-__device__ __forceinline__ float AbsMax8(const int4& v) {
-  float m = 0.0f;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const uint32_t w = WordOf(v, q);
-    T h[2];
-    memcpy(h, &w, 4);
-    m = fmaxf(m, fmaxf(fabsf(detail::ToFloat(h[0])), fabsf(detail::ToFloat(h[1]))));
-  }
-  return m;
-}
-
-// The 8 e4m3 bytes of vector v at `scale`.
-template <typename T>
-__device__ __forceinline__ uint2 Quantise8(const int4& v, float scale) {
-  uint32_t out[2] = {0u, 0u};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const uint32_t w = WordOf(v, q);
-    T h[2];
-    memcpy(h, &w, 4);
-    const uint32_t b0 = detail::quant::Fp8Quantise(detail::ToFloat(h[0]), scale);
-    const uint32_t b1 = detail::quant::Fp8Quantise(detail::ToFloat(h[1]), scale);
-    out[q / 2] |= (b0 | (b1 << 8)) << (16 * (q % 2));
-  }
-  return make_uint2(out[0], out[1]);
-}
-
-// 16-byte loads in flight per thread in the prologue: where only maxima are
-// taken, and where bytes are written (more spills at the 64-register cap).
-constexpr int kMaxBatch = 4, kQuantBatch = 2;
-
-// fn(j, v, valid) for j in [0, n): vector j of `in` loaded in batches of
-// kB per thread (invalid: past n, zeros); the loop is uniform over the CTA,
-// so fn may shuffle across the warp.
-template <int kB, typename F>
-__device__ __forceinline__ void ForVectors(const int4* in, int64_t n, F&& fn) {
-  for (int64_t base = 0; base < n; base += static_cast<int64_t>(kThreads) * kB) {
-    int4 v[kB];
-#pragma unroll
-    for (int u = 0; u < kB; ++u) {
-      const int64_t j = base + u * kThreads + threadIdx.x;
-      v[u] = j < n ? __ldg(in + j) : make_int4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kB; ++u) {
-      const int64_t j = base + u * kThreads + threadIdx.x;
-      fn(j, v[u], j < n);
-    }
-  }
-}
-
-// max over the CTA (every thread gets it); red: 32 floats of shared memory.
-__device__ __forceinline__ float CtaMax(float v, float* red) {
-  v = detail::WarpMax(v);
-  __syncthreads();  // red's previous use is over
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = (threadIdx.x & 31) < kWarps ? red[threadIdx.x & 31] : 0.0f;
-  return detail::WarpMax(v);
-}
-
-// Rows r_lo .. r_lo + nrows - 1 of the activation (T) quantised as
-// LaunchMoeFp8Quantize(qmode) quantises them, row j's bytes to q + j K and
-// its scales to sc + j stride (stride: K / group, or 1). Maxima are exact
-// in any order, and each element's byte is the quantiser kernels' formula,
-// so the bytes and scales are theirs.
-template <typename T>
-__device__ void QuantiseToShared(const Params& p, int64_t r_lo, int nrows, uint8_t* q, float* sc,
-                                 float* red) {
-  const int4* all = static_cast<const int4*>(p.a);  // 8 elements a vector
-  const int64_t rvec = p.K / 8;                     // vectors per row
-  const int4* mine = all + r_lo * rvec;
-  const int64_t n = nrows * rvec;
-  const auto mode = static_cast<MoeFp8ActQuant>(p.qmode);
-  if (mode == MoeFp8ActQuant::kPerGroup) {
-    // A group is tpg consecutive vectors (8, 16 or 32 threads of a warp,
-    // aligned): its maximum by shuffles, its bytes where they were read.
-    const int tpg = p.qgroup / 8;
-    ForVectors<kQuantBatch>(mine, n, [&](int64_t j, const int4& v, bool valid) {
-      float m = AbsMax8<T>(v);
-      for (int o = tpg / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      if (!valid) return;
-      const float s = detail::quant::Fp8GroupScale(m);
-      reinterpret_cast<uint2*>(q)[j] = Quantise8<T>(v, s);
-      if (threadIdx.x % tpg == 0) sc[j / tpg] = s;
-    });
-    return;
-  }
-  float s0 = 0.0f, s1 = 0.0f;  // the rows' scales
-  if (mode == MoeFp8ActQuant::kPerTensor) {
-    float m = 0.0f;
-    if (!(p.qstatic > 0.0f)) {
-      ForVectors<kMaxBatch>(all, p.a_rows * rvec,
-                            [&](int64_t, const int4& v, bool) { m = fmaxf(m, AbsMax8<T>(v)); });
-      m = CtaMax(m, red);
-    }
-    s0 = s1 = detail::quant::Fp8TensorScale(p.qstatic, m);
-  } else {  // per token
-    float m0 = 0.0f, m1 = 0.0f;
-    ForVectors<kMaxBatch>(mine, n, [&](int64_t j, const int4& v, bool) {
-      const float a = AbsMax8<T>(v);
-      if (j < rvec) {
-        m0 = fmaxf(m0, a);
-      } else {
-        m1 = fmaxf(m1, a);
-      }
-    });
-    s0 = detail::quant::Fp8TokenScale(CtaMax(m0, red));
-    if (nrows > 1) s1 = detail::quant::Fp8TokenScale(CtaMax(m1, red));
-  }
-  ForVectors<kQuantBatch>(mine, n, [&](int64_t j, const int4& v, bool valid) {
-    if (valid) reinterpret_cast<uint2*>(q)[j] = Quantise8<T>(v, j < rvec ? s0 : s1);
-  });
-  if (threadIdx.x == 0) sc[0] = s0;
-  if (threadIdx.x == 1 && nrows > 1) sc[1] = s1;
-}
-
-// Dynamic shared memory of the prologue: two rows of K bytes, then their
-// scales (per group K / group each, else one).
-__host__ __device__ inline int64_t QuantSmemScalesAt(int64_t K) { return (2 * K + 15) / 16 * 16; }
-__host__ __device__ inline int64_t QuantSmemBytes(int64_t K, int64_t stride) {
-  return QuantSmemScalesAt(K) + 2 * stride * 4;
-}
-
 // A CTA of kWarps warps takes kWarps / split tiles of one slot, each tile's
 // K split over `split` warps; the tile's first warp sums the partials in
 // warp order and writes the outputs. Gated, tile t of a slot is the gate
@@ -402,44 +252,18 @@ __host__ __device__ inline int64_t QuantSmemBytes(int64_t K, int64_t stride) {
 // has given it 66 without, i.e. 3 CTAs). int4 takes the registers it needs
 // (~110, 2 CTAs): a cap of 3 CTAs spills and measured slower (docs/PERF.md,
 // session 13).
-// kQuantise (fp8 only): p.a is the activation in T, quantised in the
-// prologue (p.qmode).
-template <typename T, int WK, bool kQuantise = false>
+template <typename T, int WK>
 __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
     TileKernel(const __grid_constant__ Params p) {
   __shared__ float red[kWarps][kTileRows];
   detail::PdlWaitThenRelease();
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int ks = warp % p.split;
-  const int64_t per_cta = kWarps / p.split;
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * per_cta + warp / p.split;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * (kWarps / p.split) + warp / p.split;
   const bool live = tile < p.tiles;
   const int64_t s = live ? tile / p.tiles_per_slot : 0, t = tile % p.tiles_per_slot;
   const int e = live ? LocalExpert(p.ids, p.map, p.num_experts, p.num_local, s) : -1;
   const int64_t arow = s / p.a_row_div;
-  // fp8: the activation row of the tile, and its scale for the epilogue.
-  Fp8Row<kQuantise> xr{};
-  float row_scale = 0.0f;
-  if constexpr (WK == kWFp8) {
-    const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
-    if constexpr (kQuantise) {
-      // The rows of the CTA's first and last tiles (the host allows two).
-      extern __shared__ __align__(16) uint8_t qsm[];
-      const int64_t first = static_cast<int64_t>(blockIdx.x) * per_cta;
-      const int64_t last = min(first + per_cta, p.tiles) - 1;
-      const int64_t r_lo = first / p.tiles_per_slot / p.a_row_div;
-      const int nrows = static_cast<int>(last / p.tiles_per_slot / p.a_row_div - r_lo) + 1;
-      const int64_t stride = block ? p.a_kb : 1;
-      float* sc = reinterpret_cast<float*>(qsm + QuantSmemScalesAt(p.K));
-      QuantiseToShared<T>(p, r_lo, nrows, qsm, sc, &red[0][0]);
-      __syncthreads();
-      xr = {reinterpret_cast<const int4*>(qsm + (arow - r_lo) * p.K), sc + (arow - r_lo) * stride};
-    } else {
-      xr = {reinterpret_cast<const int4*>(static_cast<const uint8_t*>(p.a) + arow * p.K),
-            p.a_scale + arow * (block ? p.a_kb : 1)};
-    }
-    if (e >= 0 && !block) row_scale = xr.S(0);
-  }
   const int g = lane >> 2;
   // Row r of the tile (past N: row 0, dropped).
   auto row_of = [&](int r) -> int64_t {
@@ -455,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
   if (e >= 0) {
     const int64_t rows[2] = {row_of(g), row_of(g + 8)};
     if constexpr (WK == kWFp8) {
-      Fp8TileDots(p, e, rows, xr, ks, lane, acc);
+      Fp8TileDots(p, e, rows, arow, ks, lane, acc);
     } else {
       Int4TileDots<T>(p, e, rows, arow, ks, lane, acc);
     }
@@ -479,8 +303,8 @@ __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
       out[col] = FromFloat<T>(0.0f);  // act(0, 0) == 0 for every activation
       return;
     }
-    const float gv = Output<T, WK>(p, e, row_of(lane), sum(lane), row_scale);
-    const float uv = Output<T, WK>(p, e, row_of(lane + 8), sum(lane + 8), row_scale);
+    const float gv = Output<T, WK>(p, e, arow, row_of(lane), sum(lane));
+    const float uv = Output<T, WK>(p, e, arow, row_of(lane + 8), sum(lane + 8));
     out[col] = FromFloat<T>(moe_math::Gated(p.act, p.ap, gv, uv));
     return;
   }
@@ -490,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
     out[row] = FromFloat<T>(0.0f);
     return;
   }
-  const float v = Output<T, WK>(p, e, row, sum(lane), row_scale);
+  const float v = Output<T, WK>(p, e, arow, row, sum(lane));
   out[row] = FromFloat<T>(p.plain ? moe_math::Plain(p.act, v) : v);
 }
 
@@ -611,8 +435,8 @@ __global__ void __launch_bounds__(kThreads, 2) Int8GatedKernel(const __grid_cons
   float d[2];
   Int8RowDots<T, 2>(p, e, rows, arow, lane, d);
   if (lane != 0) return;
-  const float g = Output<T, kWInt8>(p, e, rows[0], d[0]);
-  const float u = Output<T, kWInt8>(p, e, rows[1], d[1]);
+  const float g = Output<T, kWInt8>(p, e, arow, rows[0], d[0]);
+  const float u = Output<T, kWInt8>(p, e, arow, rows[1], d[1]);
   out[item] = FromFloat<T>(moe_math::Gated(p.act, p.ap, g, u));
 }
 
@@ -641,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 2) Int8RowsKernel(const __grid_const
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (n0 + r >= p.N) break;
-    const float v = Output<T, kWInt8>(p, e, n0 + r, d[r]);
+    const float v = Output<T, kWInt8>(p, e, arow, n0 + r, d[r]);
     out[n0 + r] = FromFloat<T>(p.plain ? moe_math::Plain(p.act, v) : v);
   }
 }
@@ -659,87 +483,12 @@ cudaError_t ByKind(const Params& p, cudaStream_t stream) {
   if (p.w.kind == DType::kInt8) return LaunchInt8<T>(p, stream);
   const int64_t per_cta = kWarps / p.split;
   const dim3 grid(static_cast<unsigned>((p.tiles + per_cta - 1) / per_cta));
-  if (p.w.kind != DType::kFp8E4m3) {
-    return detail::LaunchPdl(TileKernel<T, kWInt4>, grid, dim3(kThreads), 0, stream, p);
-  }
-  if (p.qmode < 0)
-    return detail::LaunchPdl(TileKernel<T, kWFp8>, grid, dim3(kThreads), 0, stream, p);
-  const int64_t stride = p.w.scale_kind == MoeWeightScale::kBlock ? p.a_kb : 1;
-  return detail::LaunchPdl(TileKernel<T, kWFp8, true>, grid, dim3(kThreads),
-                           static_cast<size_t>(QuantSmemBytes(p.K, stride)), stream, p);
+  return p.w.kind == DType::kFp8E4m3
+             ? detail::LaunchPdl(TileKernel<T, kWFp8>, grid, dim3(kThreads), 0, stream, p)
+             : detail::LaunchPdl(TileKernel<T, kWInt4>, grid, dim3(kThreads), 0, stream, p);
 }
-
-// The tiles of a fp8 / int4 launch and the warps splitting each tile's K.
-struct TilePlan {
-  int64_t tiles_per_slot = 0, tiles = 0;
-  int split = 1;
-};
-TilePlan PlanTiles(const MoeQuantDecodeArgs& d, bool gated) {
-  TilePlan t;
-  const int64_t out_cols = gated ? d.N / 2 : d.N;
-  t.tiles_per_slot = gated ? (out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
-  t.tiles = d.numel * t.tiles_per_slot;
-  // K split over up to kWarps warps until the grid has kMinWarps warps
-  // (the weight stream needs that many loads in flight: an H200's 132 SMs
-  // x 32 warps, a constant rather than the device's count so that the
-  // split, and with it the summation order, depends on the shape only),
-  // keeping two chunks per warp at least.
-  constexpr int64_t kMinWarps = 132 * 32;
-  const int64_t bpr = d.w.kind == DType::kInt4Packed ? d.K / 2 : d.K;  // bytes per row
-  const int64_t chunks = (bpr / 16 + 3) / 4;
-  while (t.split < kWarps && t.tiles * t.split < kMinWarps && chunks >= 4 * t.split) t.split *= 2;
-  return t;
-}
-
-bool Gated(const MoeQuantDecodeArgs& d) { return d.apply_act && d.act < MoeActivation::kSiluNoMul; }
-
-// The largest K whose activation the fp8 tiles quantise themselves: the
-// shared-memory bound, or KPLAN_MOE_FP8_MATVEC_QUANTISE (a measurement knob;
-// 0: never) where smaller.
-constexpr int64_t kMaxQuantiseK = 16384;
-int64_t MaxQuantiseK() {
-  static const int64_t k = std::min<int64_t>(
-      kMaxQuantiseK, detail::EnvInt("KPLAN_MOE_FP8_MATVEC_QUANTISE", kMaxQuantiseK));
-  return k;
-}
-detail::KernelSwitch g_quantise_in_matvec([] { return MaxQuantiseK() > 0; });
 
 }  // namespace
-
-void SetMoeFp8QuantiseInMatvecMode(MoeKernelMode mode) { g_quantise_in_matvec.Set(mode); }
-
-bool MoeQuantMatvecQuantises(const MoeQuantMatvecArgs& args) {
-  const MoeQuantDecodeArgs& d = args.gemm;
-  if (!args.quantise || !g_quantise_in_matvec.On()) return false;
-  if (d.w.kind != DType::kFp8E4m3 || !MoeQuantMatvecSupports(d.w, d.act_type, d.N, d.K)) {
-    return false;
-  }
-  const MoeFp8Quantise& q = *args.quantise;
-  if (d.K > MaxQuantiseK() || d.K % 8 != 0 || (reinterpret_cast<uintptr_t>(d.a) & 15) != 0) {
-    return false;
-  }
-  if (d.numel <= 0 || d.a_row_div <= 0 || q.rows <= 0 || (d.numel - 1) / d.a_row_div >= q.rows) {
-    return false;
-  }
-  switch (q.mode) {
-    case MoeFp8ActQuant::kPerGroup:
-      if (d.w.scale_kind != MoeWeightScale::kBlock || q.group != d.w.block_k) return false;
-      if ((q.group != 64 && q.group != 128 && q.group != 256) || d.K % q.group != 0) return false;
-      break;
-    case MoeFp8ActQuant::kPerTensor:
-      // Every CTA reads the whole tensor for its maximum: a few loads per thread.
-      if (!(q.static_scale > 0.0f) && q.rows * d.K > 16384) return false;
-      [[fallthrough]];
-    case MoeFp8ActQuant::kPerToken:
-      if (d.w.scale_kind == MoeWeightScale::kBlock) return false;
-      break;
-    default:
-      return false;
-  }
-  // A CTA's tiles span at most two slots, so two rows (a_row_div >= 1).
-  const TilePlan t = PlanTiles(d, Gated(d));
-  return kWarps / t.split <= t.tiles_per_slot;
-}
 
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
   // The decode kernels' weights and sizes, with 32-bit vector, chunk and
@@ -760,16 +509,11 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   }
   if (d.numel == 0) return absl::OkStatus();
   if (d.a == nullptr || d.c == nullptr || args.topk_ids == nullptr ||
-      (d.w.kind == DType::kFp8E4m3 && d.a_scale == nullptr && !args.quantise)) {
+      (d.w.kind == DType::kFp8E4m3 && d.a_scale == nullptr)) {
     return absl::InvalidArgumentError("moe_quant_matvec: null pointer");
   }
-  const bool gated = Gated(d);
+  const bool gated = d.apply_act && d.act < MoeActivation::kSiluNoMul;
   if (gated && d.N % 2 != 0) return absl::InvalidArgumentError("moe_quant_matvec: odd gated N");
-  const bool quantise = args.quantise.has_value();
-  if (quantise && !MoeQuantMatvecQuantises(args)) {
-    return absl::InvalidArgumentError(
-        "moe_quant_matvec: quantise set where MoeQuantMatvecQuantises says no");
-  }
   Params p{};
   p.a = d.a;
   p.a_scale = d.a_scale;
@@ -794,16 +538,22 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   p.ap = EffectiveActParams(d.act_params);
   p.out_cols = gated ? d.N / 2 : d.N;
   p.c = d.c;
-  p.qmode = quantise ? static_cast<int>(args.quantise->mode) : -1;
-  p.qgroup = quantise ? args.quantise->group : 0;
-  p.qstatic = quantise ? args.quantise->static_scale : 0.0f;
-  p.a_rows = quantise ? args.quantise->rows : 0;
   int64_t warps;
   if (d.w.kind != DType::kInt8) {
-    const TilePlan t = PlanTiles(d, gated);
-    p.tiles_per_slot = t.tiles_per_slot;
-    p.tiles = t.tiles;
-    p.split = t.split;
+    p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
+    p.tiles = d.numel * p.tiles_per_slot;
+    // K split over up to kWarps warps until the grid has kMinWarps warps
+    // (the weight stream needs that many loads in flight: an H200's 132 SMs
+    // x 32 warps, a constant rather than the device's count so that the
+    // split, and with it the summation order, depends on the shape only),
+    // keeping two chunks per warp at least.
+    constexpr int64_t kMinWarps = 132 * 32;
+    const int64_t bpr = d.w.kind == DType::kInt4Packed ? d.K / 2 : d.K;  // bytes per row
+    const int64_t chunks = (bpr / 16 + 3) / 4;
+    p.split = 1;
+    while (p.split < kWarps && p.tiles * p.split < kMinWarps && chunks >= 4 * p.split) {
+      p.split *= 2;
+    }
     warps = (p.tiles + kWarps / p.split - 1) / (kWarps / p.split) * kWarps;
   } else {
     p.warps_per_slot = (d.N + kRows - 1) / kRows;

@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
@@ -64,15 +65,24 @@ __global__ void AbsMaxKernel(DType t, const void* in, int64_t n, float* partial)
 // decode-sized activation (a few rows of up to 14336) spreads over the chip
 // instead of one CTA per row walking its groups in turn (docs/PERF.md,
 // session 13); the warps loop when there are more groups than the grid.
-__global__ void QuantGroupKernel(DType t, const void* in, int64_t rows, int64_t K, int group,
-                                 uint8_t* q, float* scale) {
-  detail::PdlWaitThenRelease();
+// fn(r, gi, k0, k1, lane) for the warp's (row r, group gi), its k in [k0, k1).
+template <typename F>
+__device__ __forceinline__ void ForEachGroup(int64_t rows, int64_t K, int group, F&& fn) {
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int64_t groups = (K + group - 1) / group;
   for (int64_t item = blockIdx.x * static_cast<int64_t>(warps) + (threadIdx.x >> 5);
        item < rows * groups; item += static_cast<int64_t>(gridDim.x) * warps) {
-    const int64_t r = item / groups, gi = item % groups;
-    const int64_t base = r * K, k0 = gi * group, k1 = std::min<int64_t>(K, k0 + group);
+    const int64_t r = item / groups, gi = item % groups, k0 = gi * group;
+    fn(r, gi, k0, std::min<int64_t>(K, k0 + group), lane);
+  }
+}
+
+__global__ void QuantGroupKernel(DType t, const void* in, int64_t rows, int64_t K, int group,
+                                 uint8_t* q, float* scale) {
+  detail::PdlWaitThenRelease();
+  const int64_t groups = (K + group - 1) / group;
+  ForEachGroup(rows, K, group, [&](int64_t r, int64_t gi, int64_t k0, int64_t k1, int lane) {
+    const int64_t base = r * K;
     float m = 0.0f;
     for (int64_t k = k0 + lane; k < k1; k += 32) {
       m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
@@ -81,7 +91,46 @@ __global__ void QuantGroupKernel(DType t, const void* in, int64_t rows, int64_t 
     for (int64_t k = k0 + lane; k < k1; k += 32)
       q[base + k] = Fp8Quantise(LoadAsFloat(in, base + k, t), s);
     if (lane == 0) scale[r * groups + gi] = s;
-  }
+  });
+}
+
+// The same two steps on 2-byte activations whose groups start 4-element
+// aligned: lane l holds elements 4 l .. 4 l + 3 (+ 128 p, p < kP) of its
+// group in registers from one 8-byte load to its 4 bytes, where the kernel
+// above loads each element twice, 2 bytes at a time (docs/PERF.md, session
+// 15). The same maximum (exact in any order) and formula per element.
+template <typename T, int kP>
+__global__ void QuantGroupVecKernel(const T* in, int64_t rows, int64_t K, int group, uint8_t* q,
+                                    float* scale) {
+  detail::PdlWaitThenRelease();
+  const int64_t groups = (K + group - 1) / group;
+  ForEachGroup(rows, K, group, [&](int64_t r, int64_t gi, int64_t k0, int64_t k1, int lane) {
+    float v[kP][4];
+    float m = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kP; ++p) {
+      const int64_t k = k0 + 4 * lane + 128 * p;
+      uint2 w = make_uint2(0u, 0u);
+      if (k < k1) w = __ldg(reinterpret_cast<const uint2*>(in + r * K + k));
+      const T* h = reinterpret_cast<const T*>(&w);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[p][j] = detail::ToFloat(h[j]);
+        m = fmaxf(m, fabsf(v[p][j]));
+      }
+    }
+    const float s = Fp8GroupScale(WarpMax(m));
+#pragma unroll
+    for (int p = 0; p < kP; ++p) {
+      const int64_t k = k0 + 4 * lane + 128 * p;
+      if (k >= k1) continue;
+      uint32_t b = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b |= static_cast<uint32_t>(Fp8Quantise(v[p][j], s)) << (8 * j);
+      *reinterpret_cast<uint32_t*>(q + r * K + k) = b;
+    }
+    if (lane == 0) scale[r * groups + gi] = s;
+  });
 }
 
 // Per token: one block per row (the row's max, then its values).
@@ -96,6 +145,50 @@ __global__ void QuantTokenKernel(DType t, const void* in, int64_t K, uint8_t* q,
   const float s = Fp8TokenScale(BlockMax(m, red));
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
     q[base + k] = Fp8Quantise(LoadAsFloat(in, base + k, t), s);
+  if (threadIdx.x == 0) scale[r] = s;
+}
+
+// Per token on 2-byte activations with K % 8 == 0: one block of kTokenThreads
+// per row, 16-byte loads kTokenBatch at a time per thread (a decode row of
+// 14336 in one round trip where the kernel above walks it 2 bytes a thread
+// at a time), the row's max, then the loads again for the bytes.
+constexpr int kTokenThreads = 512, kTokenBatch = 4;
+template <typename T>
+__global__ void __launch_bounds__(kTokenThreads)
+    QuantTokenVecKernel(const T* in, int64_t K, uint8_t* q, float* scale) {
+  __shared__ float red[32];
+  detail::PdlWaitThenRelease();
+  const int64_t r = blockIdx.x, nv = K / 8;
+  const uint4* row = reinterpret_cast<const uint4*>(in + r * K);
+  auto for_vectors = [&](auto&& fn) {
+    for (int64_t base = 0; base < nv; base += int64_t{kTokenThreads} * kTokenBatch) {
+      uint4 w[kTokenBatch];
+#pragma unroll
+      for (int u = 0; u < kTokenBatch; ++u) {
+        const int64_t i = base + u * kTokenThreads + threadIdx.x;
+        w[u] = i < nv ? __ldg(row + i) : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < kTokenBatch; ++u) {
+        const int64_t i = base + u * kTokenThreads + threadIdx.x;
+        if (i < nv) fn(i, reinterpret_cast<const T*>(&w[u]));
+      }
+    }
+  };
+  float m = 0.0f;
+  for_vectors([&](int64_t, const T* h) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(detail::ToFloat(h[j])));
+  });
+  const float s = Fp8TokenScale(BlockMax(m, red));
+  for_vectors([&](int64_t i, const T* h) {
+    uint32_t b[2] = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      b[j / 4] |= static_cast<uint32_t>(Fp8Quantise(detail::ToFloat(h[j]), s)) << (8 * (j % 4));
+    }
+    reinterpret_cast<uint2*>(q + r * K)[i] = make_uint2(b[0], b[1]);
+  });
   if (threadIdx.x == 0) scale[r] = s;
 }
 
@@ -186,15 +279,43 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(AbsMaxKernel, dim3(partials), dim3(kThreads), 0,
                                                  stream, in_type, in, rows * K, scratch));
   }
+  const bool half = in_type != DType::kFloat32;  // bf16 / fp16
+  const auto aligned = [](const void* p, uintptr_t n) {
+    return reinterpret_cast<uintptr_t>(p) % n == 0;
+  };
   if (mode == MoeFp8ActQuant::kPerGroup) {
     const int64_t warps = rows * ((K + group - 1) / group);
-    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantGroupKernel, dim3(Blocks(warps * 32)),
-                                                 dim3(kThreads), 0, stream, in_type, in, rows, K,
-                                                 group, q, scale));
+    const dim3 grid(Blocks(warps * 32));
+    if (half && K % 4 == 0 && group % 4 == 0 && group <= 256 && aligned(in, 8) && aligned(q, 4)) {
+      const bool bf16 = in_type == DType::kBFloat16;
+      const auto* h = static_cast<const __half*>(in);
+      const auto* b = static_cast<const __nv_bfloat16*>(in);
+      KPLAN_CUDA_RETURN_IF_ERROR(
+          group <= 128
+              ? (bf16 ? detail::LaunchPdl(QuantGroupVecKernel<__nv_bfloat16, 1>, grid,
+                                          dim3(kThreads), 0, stream, b, rows, K, group, q, scale)
+                      : detail::LaunchPdl(QuantGroupVecKernel<__half, 1>, grid, dim3(kThreads), 0,
+                                          stream, h, rows, K, group, q, scale))
+              : (bf16 ? detail::LaunchPdl(QuantGroupVecKernel<__nv_bfloat16, 2>, grid,
+                                          dim3(kThreads), 0, stream, b, rows, K, group, q, scale)
+                      : detail::LaunchPdl(QuantGroupVecKernel<__half, 2>, grid, dim3(kThreads), 0,
+                                          stream, h, rows, K, group, q, scale)));
+      return absl::OkStatus();
+    }
+    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantGroupKernel, grid, dim3(kThreads), 0, stream,
+                                                 in_type, in, rows, K, group, q, scale));
   } else if (mode == MoeFp8ActQuant::kPerTensor) {
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTensorKernel, dim3(Blocks(rows * K)),
                                                  dim3(kThreads), 0, stream, in_type, in, rows, K,
                                                  static_scale, scratch, partials, q, scale));
+  } else if (half && K % 8 == 0 && aligned(in, 16) && aligned(q, 8)) {
+    const dim3 grid(static_cast<unsigned>(rows));
+    KPLAN_CUDA_RETURN_IF_ERROR(
+        in_type == DType::kBFloat16
+            ? detail::LaunchPdl(QuantTokenVecKernel<__nv_bfloat16>, grid, dim3(kTokenThreads), 0,
+                                stream, static_cast<const __nv_bfloat16*>(in), K, q, scale)
+            : detail::LaunchPdl(QuantTokenVecKernel<__half>, grid, dim3(kTokenThreads), 0, stream,
+                                static_cast<const __half*>(in), K, q, scale));
   } else {
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTokenKernel,
                                                  dim3(static_cast<unsigned>(rows)), dim3(kThreads),
