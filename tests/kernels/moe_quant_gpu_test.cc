@@ -364,7 +364,8 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   const double rel_max = tc8 ? 3e-2 : f32 && !c.fp8() ? 1e-4 : 1e-2;
   const double rms = std::sqrt(r2 / std::max<int64_t>(n, 1));
   const double rel = std::sqrt(d2 / std::max(r2, 1e-30));
-  // fp8 re-quantisation flips: test_util::MoeFp8FlipTolerance.
+  // fp8 re-quantisation flips (test_util::MoeFp8FlipTolerance) and 16-bit
+  // rounding flips (Moe16BitFlipExcess), a few of either.
   int64_t bad = 0, flips = 0, first_bad = -1;
   for (int64_t i = 0; i < n; ++i) {
     const double d = std::fabs(static_cast<double>(g[i]) - r[i]);
@@ -375,10 +376,15 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
       ++flips;
       continue;
     }
+    if (!c.fp8() && !f32 &&
+        d <= tol + test_util::Moe16BitFlipExcess(rms, c.act == kernels::DType::kFloat16 ? 10 : 7)) {
+      ++flips;  // a rounding flip of an expert's output (test_util::Moe16BitFlipExcess)
+      continue;
+    }
     if (first_bad < 0) first_bad = i;
     ++bad;
   }
-  const int64_t max_flips = c.fp8() ? test_util::MoeFp8MaxFlips(n) : 0;
+  const int64_t max_flips = c.fp8() || !f32 ? test_util::MoeFp8MaxFlips(n) : 0;
   const bool ok = nonfinite == 0 && rel <= rel_max && bad == 0 && flips <= max_flips && r2 > 0;
   // gpu= is one call's device time (events after the upload, before the
   // download; the second call of the case, not warmed up, not a benchmark:
@@ -399,7 +405,7 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   EXPECT_EQ(nonfinite, 0) << label << ": non-finite outputs (unwritten or NaN)";
   EXPECT_LE(rel, rel_max) << label;
   EXPECT_GT(r2, 0.0) << label << ": reference is all zeros";
-  EXPECT_LE(flips, max_flips) << label << " M=" << M << ": fp8 re-quantisation outliers";
+  EXPECT_LE(flips, max_flips) << label << " M=" << M << ": rounding-flip outliers";
   EXPECT_EQ(bad, 0) << label << " M=" << M << ": " << bad << " elements off, first " << first_bad
                     << " gpu " << (first_bad >= 0 ? g[first_bad] : 0) << " ref "
                     << (first_bad >= 0 ? r[first_bad] : 0);

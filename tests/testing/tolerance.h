@@ -42,5 +42,15 @@ inline double MoeFp8FlipTolerance(double ref, double ref_rms, bool tensor_cores)
   return std::ldexp(ref_rms, tensor_cores ? -2 : -3) + std::ldexp(std::fabs(ref), -5);
 }
 inline int64_t MoeFp8MaxFlips(int64_t n) { return std::max<int64_t>(2, n / 100000); }
+// bf16 / fp16 layers: a summation-order flip of an expert's output rounding
+// (one step of T at |y_j|, where y_j, the combine's input, is a few times the
+// output's rms) survives the combine whole where the top-k terms cancel: the
+// same few outputs, at most MoeFp8MaxFlips(n), may pass the element bound
+// by up to one step of T (mantissa_bits 7 or 10) at 4x the rms
+// (docs/PERF.md, session 15: Mixtral int4 at 512 tokens, one output of 2M
+// off by exactly 2^-9, bf16's step in [0.25, 0.5), at |ref| 0.05).
+inline double Moe16BitFlipExcess(double ref_rms, int mantissa_bits) {
+  return std::ldexp(ref_rms, 2 - mantissa_bits);
+}
 
 }  // namespace kplan::test_util
