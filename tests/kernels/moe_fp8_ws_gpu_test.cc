@@ -1,5 +1,6 @@
-// The warp-specialised fp8 grouped GEMM (kernels/cuda/moe/moe_gemm_ws_fp8.h)
-// against a float64 CPU evaluation of its contract (moe_experts.h's fp8
+// The fp8 grouped GEMMs: the warp-specialised one (kernels/cuda/moe/moe_gemm_ws_fp8.h)
+// and the cp.async one of decode sizes (LaunchMoeGroupedGemm, moe_experts.h)
+// against a float64 CPU evaluation of their contract (moe_experts.h's fp8
 // MoeGroupedGemmArgs: per 128-wide k-block partial sums times a_scale ·
 // w_scale, summed in k-block order; per-tensor / per-channel scales on the
 // whole sum), on fresh random data every run (seed printed;
@@ -25,6 +26,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/moe/moe_reference.h"
+#include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "tests/testing/gpu_test_util.h"
 
@@ -61,6 +63,10 @@ struct Case {
   bool bias;
   DType out;
   int non_local = -1;  // an expert mapped to -1 (its slots get zero rows)
+  // 0: the warp-specialised kernel (block_m 128); else LaunchMoeGroupedGemm's
+  // cp.async kernel with K split `splits` ways and block_m (16, 64 or 128).
+  int splits = 0;
+  int block_m = 128;
 };
 
 uint8_t RandomFp8(std::mt19937_64& rng) {
@@ -89,9 +95,9 @@ void RunCase(const Case& c) {
   std::vector<int32_t> emap(E);
   int local = 0;
   for (int e = 0; e < E; ++e) emap[e] = e == c.non_local ? -1 : local++;
-  constexpr int kBlockM = 128;
+  const int block_m = c.splits == 0 ? 128 : c.block_m;
   absl::StatusOr<moe::MoeAlignResult> al =
-      moe::MoeAlignBlockSize(ids.data(), numel, kBlockM, E, emap.data());
+      moe::MoeAlignBlockSize(ids.data(), numel, block_m, E, emap.data());
   ASSERT_TRUE(al.ok()) << al.status();
 
   std::vector<uint8_t> a(a_rows * K), w(static_cast<size_t>(local) * N * K);
@@ -130,16 +136,25 @@ void RunCase(const Case& c) {
   g.N = N;
   g.K = K;
   g.num_local_experts = local;
-  g.block_m = kBlockM;
+  g.block_m = block_m;
   g.w_scale_kind = c.scale;
   g.w_scale = dws.p;
   g.a_scale = das.p;
-  ASSERT_TRUE(kc::MoeGemmWsFp8Applies(g));
-  const int64_t launches = kc::MoeGemmWsFp8Launches();
-  const absl::Status st = kc::LaunchMoeGroupedGemmWsFp8(g, nullptr);
-  ASSERT_TRUE(st.ok()) << st;
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(kc::MoeGemmWsFp8Launches(), launches + 1);
+  if (c.splits == 0) {
+    ASSERT_TRUE(kc::MoeGemmWsFp8Applies(g));
+    const int64_t launches = kc::MoeGemmWsFp8Launches();
+    const absl::Status st = kc::LaunchMoeGroupedGemmWsFp8(g, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(kc::MoeGemmWsFp8Launches(), launches + 1);
+  } else {
+    DeviceBuf<float> partials(c.splits > 1 ? c.splits * numel * N : 0);
+    g.splits = c.splits;
+    g.partials = c.splits > 1 ? partials.p : nullptr;
+    const absl::Status st = kc::LaunchMoeGroupedGemm(g, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
   std::vector<uint16_t> out(numel * N);
   ASSERT_EQ(cudaMemcpy(out.data(), dc.p, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
 
@@ -265,6 +280,46 @@ TEST(MoeFp8WsGpuTest, PerTensor) {
            MoeFp8WeightScale::kPerTensor,
            false,
            DType::kBFloat16});
+}
+
+// The cp.async kernel that takes decode-sized batches (block_m 16 / 64, the
+// layer's fp8 GEMMs below the warp-specialised kernel's 128 slots per
+// expert), its block scales staged with each k-tile, K split or not.
+TEST(MoeFp8WsGpuTest, CpAsyncKernelBlockScales) {
+  SKIP_WITHOUT_CUDA();
+  RunCase({"cp_async_block16",
+           {1, 5, 16, 17, 41, 0},
+           2,
+           328,
+           400,
+           MoeFp8WeightScale::kBlock,
+           true,
+           DType::kBFloat16,
+           2,
+           1,
+           16});
+  RunCase({"cp_async_block64_split3",
+           {64, 65, 3, 130},
+           1,
+           264,
+           1040,
+           MoeFp8WeightScale::kBlock,
+           false,
+           DType::kFloat16,
+           -1,
+           3,
+           64});
+  RunCase({"cp_async_per_tensor16",
+           {9, 31, 2},
+           1,
+           136,
+           272,
+           MoeFp8WeightScale::kPerTensor,
+           false,
+           DType::kBFloat16,
+           -1,
+           1,
+           16});
 }
 
 // Small enough for compute-sanitizer (memcheck / racecheck / synccheck).

@@ -63,9 +63,10 @@ struct Cfg {
   static constexpr int kStages = BT == 16 ? 6 : 4;   // 108 / 96 / 128 / 192 KiB
   static constexpr int kWBytes = kRowsW * 128;       // 16 KiB
   static constexpr int kTBytes = BT * 128;
-  // fp8 block scales: the k-tile's activation scale of each slot, padded so
-  // that every stage stays 1024-byte aligned.
+  // fp8 block scales: the k-tile's activation scale of each slot, then the
+  // weight tile's scale, padded so that every stage stays 1024-byte aligned.
   static constexpr int kSBytes = kFp8 ? 1024 : 0;
+  static_assert(!kFp8 || (BT + 1) * 4 <= kSBytes, "the stage's scales must fit");
   static constexpr int kStageBytes = kWBytes + kTBytes + kSBytes;
   static constexpr int kPipeBytes = kStages * kStageBytes;
   static constexpr int kLdc = kRowsW + 8;               // epilogue T tile pitch (elements)
@@ -198,11 +199,21 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
         CpAsync16(t_base + Swz(r, c), ok ? A + row * K + k : A, ok);
       }
     }
-    if (C::kFp8 && block_scaled && tid < BT) {
-      const int64_t row = s_arow[tid];
+    if (C::kFp8 && block_scaled) {
       const int64_t kblocks = (K + kFp8Block - 1) / kFp8Block;
-      CpAsync4(t_base + C::kTBytes + tid * 4, row >= 0 ? p.a_scale + row * kblocks + kt : p.a_scale,
-               row >= 0);
+      if (tid < BT) {
+        const int64_t row = s_arow[tid];
+        CpAsync4(t_base + C::kTBytes + tid * 4,
+                 row >= 0 ? p.a_scale + row * kblocks + kt : p.a_scale, row >= 0);
+      } else if (tid == kThreads - 1) {
+        // The weight tile's scale rides with the stage: read from global
+        // after the k-tile's wgmma wait it cost a dependent round trip per
+        // k-tile (fp8 block 1.3x per-tensor at 64 tokens: docs/PERF.md, session 15).
+        const int64_t nblocks = (N + kFp8Block - 1) / kFp8Block;
+        CpAsync4(t_base + C::kTBytes + BT * 4,
+                 p.w_scale + (static_cast<int64_t>(e) * nblocks + n0 / kFp8Block) * kblocks + kt,
+                 true);
+      }
     }
   };
 
@@ -247,12 +258,9 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
       WgmmaCommit();
       WgmmaWait<0>();
       if (block_scaled) {
-        const int64_t kblocks = (K + kFp8Block - 1) / kFp8Block;
-        const int64_t nblocks = (N + kFp8Block - 1) / kFp8Block;
-        const float ws = p.w_scale[(static_cast<int64_t>(e) * nblocks + n0 / kFp8Block) * kblocks +
-                                   kt_begin + kt];
         const float* sa = reinterpret_cast<const float*>(smem_gen + (kt % S) * C::kStageBytes +
                                                          C::kWBytes + C::kTBytes);
+        const float ws = sa[BT];
 #pragma unroll
         for (int i = 0; i < BT / 2; ++i) {
           const int t = 8 * (i >> 2) + col_base + (i & 1);
