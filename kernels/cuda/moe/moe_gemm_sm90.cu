@@ -440,7 +440,12 @@ int MoeGemmBlockMFor(int64_t numel, int num_experts) {
   // Slots per expert if the routing were uniform over min(E, numel) experts.
   const int64_t hit = std::max<int64_t>(1, std::min<int64_t>(num_experts, numel));
   const int64_t per_expert = (numel + hit - 1) / hit;
-  if (per_expert <= 16) return 16;
+  // 16-slot blocks only while the average fills half of one: past that the
+  // busier experts take two blocks and their weights stream twice
+  // (Mixtral-8x7B at 64 tokens, 16 slots per expert on average: blocks of 64
+  // took 761.6 us against 848.8 bf16 and 463.8 against 645.5 fp8 block;
+  // docs/PERF.md, session 15).
+  if (per_expert <= 8) return 16;
   if (per_expert <= 64) return 64;
   if (per_expert < 512) return 128;
   return 256;
