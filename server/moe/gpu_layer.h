@@ -21,7 +21,10 @@
 namespace kplan {
 
 // The align block of batch-invariant layers (MoeLayerArgs::batch_invariant):
-// what MoeGemmBlockMFor picks at decode sizes, where coalesced launches are.
+// one block for every M, the 16 MoeGemmBlockMFor picks up to 8 slots per
+// expert. Coalesced launches with more slots per expert stream the busier
+// experts' weights twice (blocks of 64 ran Mixtral-8x7B at 64 tokens
+// 1.1-1.4x faster: docs/PERF.md, session 15); a fixed 64 is not measured.
 inline constexpr int kMoeBatchInvariantBlockM = 16;
 
 // A field added here must go into SameLayer (gpu_graphs.cc): the key of the

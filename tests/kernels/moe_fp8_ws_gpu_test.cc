@@ -282,10 +282,10 @@ TEST(MoeFp8WsGpuTest, PerTensor) {
            DType::kBFloat16});
 }
 
-// The cp.async kernel that takes decode-sized batches (block_m 16 / 64, the
-// layer's fp8 GEMMs below the warp-specialised kernel's 128 slots per
-// expert), its block scales staged with each k-tile, K split or not.
-TEST(MoeFp8WsGpuTest, CpAsyncKernelBlockScales) {
+// The cp.async kernel that takes the layer's fp8 GEMMs below the
+// warp-specialised kernel's 128 slots per expert (block_m 16, 64 and 128):
+// block scales staged with each k-tile, K split or not, and per tensor.
+TEST(MoeFp8WsGpuTest, CpAsyncKernel) {
   SKIP_WITHOUT_CUDA();
   RunCase({"cp_async_block16",
            {1, 5, 16, 17, 41, 0},
@@ -309,6 +309,17 @@ TEST(MoeFp8WsGpuTest, CpAsyncKernelBlockScales) {
            -1,
            3,
            64});
+  RunCase({"cp_async_block128",
+           {130, 5, 200},
+           1,
+           392,
+           528,
+           MoeFp8WeightScale::kBlock,
+           true,
+           DType::kBFloat16,
+           -1,
+           1,
+           128});
   RunCase({"cp_async_per_tensor16",
            {9, 31, 2},
            1,

@@ -467,12 +467,12 @@ TEST_F(MoeGpuTest, RoutingSpecialValues) {
   EXPECT_EQ(failed, 0);
 }
 
-// The grouped GEMM's block (host code): a 16-slot block only where the
-// busiest expert of a uniform routing nearly always fits it (a second block
-// streams the expert's weights again), on random top-k routings; and the
-// measured case both ways (docs/PERF.md, session 15: Mixtral-8x7B, 16
-// slots per expert at 64 tokens, ran 1.1-1.4x faster on blocks of 64).
-TEST(MoeGpuValidationTest, GemmBlockHoldsTheBusiestExpert) {
+// The grouped GEMM's block (host code): a 16-slot block only where, on
+// random top-k routings, at least 98% of the hit experts fit one (an
+// expert past it takes a second block, which streams its weights again);
+// and the sizes measured in docs/PERF.md, session 15 (Mixtral-8x7B: 16
+// tokens ran faster on blocks of 16, 64 tokens 1.1-1.4x faster on 64).
+TEST(MoeGpuValidationTest, GemmBlockOf16HoldsNearlyEveryHitExpert) {
   std::mt19937_64 rng(20261202);
   for (int E : {8, 64, 128, 256}) {
     for (int k : {1, 2, 8}) {

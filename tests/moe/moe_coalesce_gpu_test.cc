@@ -159,7 +159,7 @@ TEST(MoeCoalesceGpuTest, RowsComeOutTheSameAloneAndMerged) {
       }
     }
     EXPECT_EQ(bad, 0) << "of " << n << " elements outside the tolerance against the CPU reference";
-    EXPECT_LE(flips, fp8 ? test_util::MoeFp8MaxFlips(n) : 0) << "fp8 re-quantisation outliers";
+    EXPECT_LE(flips, fp8 ? test_util::MoeMaxRoundingFlips(n) : 0) << "fp8 re-quantisation outliers";
     std::printf(
         "%s: %lld tokens, rows equal alone and merged; vs CPU: rms %.4g, %d outside, "
         "%d flips\n",

@@ -37,18 +37,22 @@ inline double MoeFp8TensorCoreElementTolerance(double ref, double ref_rms) {
 // fp8: a summation-order flip of a bf16 / fp16 rounding before the
 // intermediate is re-quantised can move it by one fp8 step (and, through the
 // row's or group's scale, its neighbours too): a few outputs, at most
-// MoeFp8MaxFlips(n), may pass the element bound, within this one.
+// MoeMaxRoundingFlips(n), may pass the element bound, within this one.
 inline double MoeFp8FlipTolerance(double ref, double ref_rms, bool tensor_cores) {
   return std::ldexp(ref_rms, tensor_cores ? -2 : -3) + std::ldexp(std::fabs(ref), -5);
 }
-inline int64_t MoeFp8MaxFlips(int64_t n) { return std::max<int64_t>(2, n / 100000); }
-// bf16 / fp16 layers: a summation-order flip of an expert's output rounding
-// (one step of T at |y_j|, where y_j, the combine's input, is a few times the
-// output's rms) survives the combine whole where the top-k terms cancel: the
-// same few outputs, at most MoeFp8MaxFlips(n), may pass the element bound
-// by up to one step of T (mantissa_bits 7 or 10) at 4x the rms
-// (docs/PERF.md, session 15: Mixtral int4 at 512 tokens, one output of 2M
-// off by exactly 2^-9, bf16's step in [0.25, 0.5), at |ref| 0.05).
+// The outputs of a layer (fp8 or 16-bit) that may pass the element bound by a
+// rounding flip (MoeFp8FlipTolerance, Moe16BitFlipExcess).
+inline int64_t MoeMaxRoundingFlips(int64_t n) { return std::max<int64_t>(2, n / 100000); }
+// bf16 / fp16 layers: an expert's output y_j (the combine's input) rounded
+// one step of T the other way after a summation-order difference moves the
+// output by w_j times that step, which survives whole where the top-k terms
+// cancel. Assuming |y_j| within 4x the output's rms, at most
+// MoeMaxRoundingFlips(n) outputs may pass the element bound by up to one step
+// of T (mantissa_bits 7 or 10) at 4x the rms. The case that asked for it
+// (docs/PERF.md, session 15: Mixtral int4 at 512 tokens, one output of 2M off
+// by 2^-9 at |ref| 0.05) fits this reading; the per-slot y_j were not
+// inspected.
 inline double Moe16BitFlipExcess(double ref_rms, int mantissa_bits) {
   return std::ldexp(ref_rms, 2 - mantissa_bits);
 }

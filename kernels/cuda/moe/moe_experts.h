@@ -50,9 +50,9 @@ inline MoeActParams EffectiveActParams(MoeActParams p) {
 // weight rows x block_m slots of one moe_align_block_size block (one expert),
 // K stepped by 64 through a cp.async pipeline; block_m is 16, 64 or 128 and
 // must be the block size moe_align_block_size ran with. MoeGemmBlockMFor
-// picks it from the average slots per expert: 16 up to 8 (so that the
-// busiest expert of a uniform routing still fits one block), 64 up to 64,
-// then 128 and 256.
+// picks it from the average slots per expert: 16 up to 8 (where nearly
+// every hit expert of a uniform routing fits one block), 64 up to 64, then
+// 128 and 256.
 // Large M (>= 128 slots per expert) runs the warp-specialised TMA kernel
 // instead, same results (moe_gemm_ws.h).
 int MoeGemmBlockMFor(int64_t numel, int num_experts);

@@ -101,9 +101,10 @@ absl::Status LaunchMoeQuantGemm(const MoeQuantGemmArgs& args, cudaStream_t strea
 // in: [rows, K] of in_type; q: uint8 [rows, K]; scale: [rows] or
 // [rows, ceil(K/group)]. kPerTensor without a static scale needs `scratch`
 // (kMoeFp8QuantScratchFloats device floats: per-block maxima, written before
-// they are read, so no zeroing).
+// they are read, so no zeroing; the next launch on the same stream may reuse
+// them, since every kernel of the chain waits for its predecessor).
 enum class MoeFp8ActQuant : int { kPerToken, kPerTensor, kPerGroup };
-inline constexpr int kMoeFp8QuantScratchFloats = 132 * 16;
+inline constexpr int kMoeFp8QuantScratchFloats = 132 * 16;  // 16 CTAs per SM of an H200
 absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void* in, int64_t rows,
                                   int64_t K, int group, float static_scale, float* scratch,
                                   uint8_t* q, float* scale, cudaStream_t stream);

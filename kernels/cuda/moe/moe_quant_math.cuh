@@ -1,11 +1,11 @@
 // Device steps shared by the quantised expert GEMMs (moe_quant_gemm.cu,
-// moe_quant_decode.cu, moe_quant_matvec.cu, moe_quant_ops.cu): the decoding
-// of stored quantised int weights, so that every GPU route that dequantises
-// them in registers (the decode tiles, the dequant route's dequantiser, the
-// int4 matvec tiles and the int8 rows) does it as the CPU reference does, the
-// m16n8k16 mma they feed, and the fp8 activation quantisation's scalar steps
-// (the quantiser kernels and the matvec tiles that quantise in their
-// prologue). Internal to kernels/cuda/moe.
+// moe_quant_decode.cu, moe_quant_matvec.cu) and the fp8 activation
+// quantisers (moe_quant_ops.cu): the decoding of stored quantised int
+// weights, so that every GPU route that dequantises them in registers (the
+// decode tiles, the dequant route's dequantiser, the int4 matvec tiles and
+// the int8 rows) does it as the CPU reference does, the m16n8k16 mma they
+// feed, and the fp8 quantisation's scalar formulas (one definition for the
+// quantisers' scalar and vector kernels). Internal to kernels/cuda/moe.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -189,7 +189,7 @@ class IntGroupDequant {
 // moe_quant_gemm.h).
 
 inline constexpr float kFp8Max = 448.0f;
-inline constexpr float kFp8PerTokenMinScale = 1.0f / (448.0f * 512.0f);
+inline constexpr float kFp8PerTokenMinScale = 1.0f / (kFp8Max * 512.0f);
 inline constexpr float kFp8GroupEps = 1e-10f;
 
 // moe::FloatToFp8E4m3(f, /*saturate=*/true) bit for bit (the reference's

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
@@ -253,9 +254,19 @@ __global__ void ScaleRowsF32Kernel(const float* a, const float* w, int64_t rows,
   }
 }
 
+// fn(static_cast<T*>(nullptr)) with T the 2-byte type `t` names (bf16 or fp16).
+template <typename F>
+cudaError_t ByTwoByteType(DType t, F&& fn) {
+  return t == DType::kBFloat16 ? fn(static_cast<__nv_bfloat16*>(nullptr))
+                               : fn(static_cast<__half*>(nullptr));
+}
+
+// CTAs of a grid-stride launch over n elements: at most
+// kMoeFp8QuantScratchFloats (16 per SM of an H200), so that AbsMaxKernel's
+// per-block maxima fit the scratch.
 int Blocks(int64_t n) {
-  return static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 132 * 16)));
+  return static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>((n + kThreads - 1) / kThreads, kMoeFp8QuantScratchFloats)));
 }
 
 }  // namespace
@@ -274,32 +285,28 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
   if (in == nullptr || q == nullptr || scale == nullptr || (dynamic_tensor && scratch == nullptr)) {
     return absl::InvalidArgumentError("moe_fp8_quantize: null pointer");
   }
-  const int partials = dynamic_tensor ? std::min(Blocks(rows * K), kMoeFp8QuantScratchFloats) : 0;
+  const int partials = dynamic_tensor ? Blocks(rows * K) : 0;
   if (dynamic_tensor) {
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(AbsMaxKernel, dim3(partials), dim3(kThreads), 0,
                                                  stream, in_type, in, rows * K, scratch));
   }
-  const bool half = in_type != DType::kFloat32;  // bf16 / fp16
+  const bool two_byte = in_type != DType::kFloat32;  // bf16 / fp16
   const auto aligned = [](const void* p, uintptr_t n) {
     return reinterpret_cast<uintptr_t>(p) % n == 0;
   };
   if (mode == MoeFp8ActQuant::kPerGroup) {
     const int64_t warps = rows * ((K + group - 1) / group);
     const dim3 grid(Blocks(warps * 32));
-    if (half && K % 4 == 0 && group % 4 == 0 && group <= 256 && aligned(in, 8) && aligned(q, 4)) {
-      const bool bf16 = in_type == DType::kBFloat16;
-      const auto* h = static_cast<const __half*>(in);
-      const auto* b = static_cast<const __nv_bfloat16*>(in);
-      KPLAN_CUDA_RETURN_IF_ERROR(
-          group <= 128
-              ? (bf16 ? detail::LaunchPdl(QuantGroupVecKernel<__nv_bfloat16, 1>, grid,
-                                          dim3(kThreads), 0, stream, b, rows, K, group, q, scale)
-                      : detail::LaunchPdl(QuantGroupVecKernel<__half, 1>, grid, dim3(kThreads), 0,
-                                          stream, h, rows, K, group, q, scale))
-              : (bf16 ? detail::LaunchPdl(QuantGroupVecKernel<__nv_bfloat16, 2>, grid,
-                                          dim3(kThreads), 0, stream, b, rows, K, group, q, scale)
-                      : detail::LaunchPdl(QuantGroupVecKernel<__half, 2>, grid, dim3(kThreads), 0,
-                                          stream, h, rows, K, group, q, scale)));
+    if (two_byte && K % 4 == 0 && group % 4 == 0 && group <= 256 && aligned(in, 8) &&
+        aligned(q, 4)) {
+      KPLAN_CUDA_RETURN_IF_ERROR(ByTwoByteType(in_type, [&](auto* t) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
+        const auto* x = static_cast<const T*>(in);
+        return group <= 128 ? detail::LaunchPdl(QuantGroupVecKernel<T, 1>, grid, dim3(kThreads), 0,
+                                                stream, x, rows, K, group, q, scale)
+                            : detail::LaunchPdl(QuantGroupVecKernel<T, 2>, grid, dim3(kThreads), 0,
+                                                stream, x, rows, K, group, q, scale);
+      }));
       return absl::OkStatus();
     }
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantGroupKernel, grid, dim3(kThreads), 0, stream,
@@ -308,14 +315,13 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTensorKernel, dim3(Blocks(rows * K)),
                                                  dim3(kThreads), 0, stream, in_type, in, rows, K,
                                                  static_scale, scratch, partials, q, scale));
-  } else if (half && K % 8 == 0 && aligned(in, 16) && aligned(q, 8)) {
-    const dim3 grid(static_cast<unsigned>(rows));
-    KPLAN_CUDA_RETURN_IF_ERROR(
-        in_type == DType::kBFloat16
-            ? detail::LaunchPdl(QuantTokenVecKernel<__nv_bfloat16>, grid, dim3(kTokenThreads), 0,
-                                stream, static_cast<const __nv_bfloat16*>(in), K, q, scale)
-            : detail::LaunchPdl(QuantTokenVecKernel<__half>, grid, dim3(kTokenThreads), 0, stream,
-                                static_cast<const __half*>(in), K, q, scale));
+  } else if (two_byte && K % 8 == 0 && aligned(in, 16) && aligned(q, 8)) {
+    KPLAN_CUDA_RETURN_IF_ERROR(ByTwoByteType(in_type, [&](auto* t) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
+      return detail::LaunchPdl(QuantTokenVecKernel<T>, dim3(static_cast<unsigned>(rows)),
+                               dim3(kTokenThreads), 0, stream, static_cast<const T*>(in), K, q,
+                               scale);
+    }));
   } else {
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTokenKernel,
                                                  dim3(static_cast<unsigned>(rows)), dim3(kThreads),
