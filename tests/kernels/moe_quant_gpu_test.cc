@@ -52,6 +52,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_route.h"
+#include "kernels/cuda/runtime/buffers.h"
 #include "kernels/cpu/moe/moe_reference.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_runner.h"
@@ -738,12 +739,6 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
       {MoeFp8ActQuant::kPerGroup, 256, 0}, {MoeFp8ActQuant::kPerGroup, 96, 0},
       {MoeFp8ActQuant::kPerGroup, 512, 0}, {MoeFp8ActQuant::kPerToken, 0, 0},
       {MoeFp8ActQuant::kPerTensor, 0, 0},  {MoeFp8ActQuant::kPerTensor, 0, 2e-3f}};
-  struct DeviceMem {
-    void* p = nullptr;
-    explicit DeviceMem(int64_t bytes) { EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess); }
-    ~DeviceMem() { cudaFree(p); }
-    uint8_t* at(int64_t offset) const { return static_cast<uint8_t*>(p) + offset; }
-  };
   auto is_nan_byte = [](uint8_t b) { return (b & 0x7f) == 0x7f; };
   std::mt19937_64 rng(Mix(Seed() ^ 0xf8));
   int cases = 0;
@@ -781,9 +776,12 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
           for (int64_t i = from; i < from + len; ++i) m = std::max(m, std::fabs(xf[i]));
           return m;
         };
-        DeviceMem d_in(n * es + 16), d_q(n + 16), d_s(n * 4),
-            d_scratch(4 * kernels::cuda::kMoeFp8QuantScratchFloats);
-        ASSERT_EQ(cudaMemcpy(d_in.at(in_off), x.data(), n * es, cudaMemcpyHostToDevice),
+        kernels::cuda::DeviceBuffer d_in, d_q, d_s, d_scratch;
+        ASSERT_TRUE(d_in.Reserve(n * es + 16).ok());
+        ASSERT_TRUE(d_q.Reserve(n + 16).ok());
+        ASSERT_TRUE(d_s.Reserve(n * 4).ok());
+        ASSERT_TRUE(d_scratch.Reserve(4 * kernels::cuda::kMoeFp8QuantScratchFloats).ok());
+        ASSERT_EQ(cudaMemcpy(d_in.As<uint8_t>(in_off), x.data(), n * es, cudaMemcpyHostToDevice),
                   cudaSuccess);
         for (const Mode& m : modes) {
           const std::string label = absl::StrCat(
@@ -814,19 +812,19 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
               }
             }
           }
-          ASSERT_EQ(cudaMemset(d_q.p, 0xAB, n + 16), cudaSuccess);
+          ASSERT_EQ(cudaMemset(d_q.data(), 0xAB, n + 16), cudaSuccess);
           ASSERT_TRUE(kernels::cuda::LaunchMoeFp8Quantize(
-                          m.mode, dt, d_in.at(in_off), sz.rows, sz.K, m.group, m.static_scale,
-                          static_cast<float*>(d_scratch.p), d_q.at(q_off),
-                          static_cast<float*>(d_s.p), nullptr)
+                          m.mode, dt, d_in.As<uint8_t>(in_off), sz.rows, sz.K, m.group,
+                          m.static_scale, d_scratch.As<float>(), d_q.As<uint8_t>(q_off),
+                          d_s.As<float>(), nullptr)
                           .ok())
               << label;
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << label;
           std::vector<uint8_t> got_q(n);
           std::vector<float> got_s(want_s.size());
-          ASSERT_EQ(cudaMemcpy(got_q.data(), d_q.at(q_off), n, cudaMemcpyDeviceToHost),
+          ASSERT_EQ(cudaMemcpy(got_q.data(), d_q.As<uint8_t>(q_off), n, cudaMemcpyDeviceToHost),
                     cudaSuccess);
-          ASSERT_EQ(cudaMemcpy(got_s.data(), d_s.p, got_s.size() * 4, cudaMemcpyDeviceToHost),
+          ASSERT_EQ(cudaMemcpy(got_s.data(), d_s.data(), got_s.size() * 4, cudaMemcpyDeviceToHost),
                     cudaSuccess);
           int64_t bad_q = 0, first = -1;
           for (int64_t i = 0; i < n; ++i) {
