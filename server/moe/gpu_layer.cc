@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cuda/runtime/buffers.h"
 #include "kernels/cuda/runtime/device_info.h"
 #include "base/status.h"
@@ -93,13 +95,44 @@ DequantLayout DequantLayoutAfter(const GpuExperts& experts, int64_t base) {
   return d;
 }
 
-// The fast route's weights: the experts' own (bf16 / fp16 sets) or the
-// int prefill route's dequantised copies.
+// The fast route's weights: the experts' own (bf16 / fp16 sets), the int
+// prefill route's dequantised copies, or (int13 / int2 set, w13 / w2 null)
+// its int4 weights for the warp-specialised GEMMs to dequantise themselves.
 struct FastWeights {
   const void* w13;
   const void* w2;
   kernels::DType dtype;
+  const kc::MoeQuantWeights* int13 = nullptr;
+  const kc::MoeQuantWeights* int2 = nullptr;
 };
+
+// Whether both GEMMs of a call with layout `l` over `num_experts` ids run on
+// the warp-specialised kernel with the int weights dequantised in its
+// producer (bit-identical to the dequantised copy; no copy, no dequantiser
+// pass): where it pays (MoeIntWeightsInGemms) and the kernel applies.
+bool IntWeightsInWsGemms(const GpuExperts& experts, const Layout& l, int64_t numel, int num_experts,
+                         kernels::DType dtype, const kc::MoeQuantWeights& q13,
+                         const kc::MoeQuantWeights& q2) {
+  // No split-K: l's splits are the 16-bit kernels' (EnqueueFastLayer drops them).
+  if (!kc::MoeGemmWsEnabled() || !kc::MoeGemmWsIntEnabled() ||
+      !kc::MoeIntWeightsInGemms(numel, num_experts)) {
+    return false;
+  }
+  kc::MoeGroupedGemmArgs g;
+  g.dtype = dtype;
+  g.numel = numel;
+  g.num_blocks = l.max_blocks;
+  g.block_m = l.block_m;
+  g.num_local_experts = experts.spec().num_experts;
+  g.N = experts.n13();
+  g.K = experts.spec().hidden;
+  g.int_w = &q13;
+  if (!kc::MoeGemmWsApplies(g)) return false;
+  g.N = experts.spec().hidden;
+  g.K = experts.spec().intermediate;
+  g.int_w = &q2;
+  return kc::MoeGemmWsApplies(g);
+}
 
 absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
                               const MoeLayerArgs& a, void* workspace, int64_t workspace_bytes,
@@ -174,11 +207,18 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
   // GEMMs are the fp8 tensor-core ones where Fp8OnTensorCores()).
   if (!spec.quant.scheme.empty() &&
       QuantRouteOf(experts, act, M, k, E, a.batch_invariant) == kc::MoeQuantRoute::kDequant) {
-    // int8 / int4 at prefill sizes: routing, the hit experts' weights
-    // dequantised into the workspace, then the fast route on them.
-    const int64_t fast = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
-                                   /*bound=*/false, a.batch_invariant)
-                             .bytes;
+    // int8 / int4 at prefill sizes: the fast route on the int4 weights where
+    // its GEMMs take them; else routing, the hit experts' weights dequantised
+    // into the workspace, then the fast route on them.
+    const Layout lf = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
+                                /*bound=*/false, a.batch_invariant);
+    const int64_t fast = lf.bytes;
+    const kc::MoeQuantWeights q13 = QuantWeightsOf(experts, true);
+    const kc::MoeQuantWeights q2 = QuantWeightsOf(experts, false);
+    if (!a.batch_invariant && IntWeightsInWsGemms(experts, lf, M * k, E, act, q13, q2)) {
+      return EnqueueFastLayer(experts, {nullptr, nullptr, act, &q13, &q2}, a, workspace,
+                              workspace_bytes, stream);
+    }
     const DequantLayout d = DequantLayoutAfter(experts, fast);
     if (workspace == nullptr || workspace_bytes < d.bytes) {
       return absl::InvalidArgumentError(absl::StrCat("EnqueueMoeLayer: workspace of ",
@@ -194,12 +234,12 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
     KPLAN_RETURN_IF_ERROR(
         kc::LaunchMoeExpertsHit(a.topk_ids, M * k, E, a.expert_map, spec.num_experts, hit, stream));
     const kernels::DType dt = act;
-    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeDequantWeights(QuantWeightsOf(experts, true),
-                                                      spec.num_experts, experts.n13(), spec.hidden,
-                                                      hit, dt, At<void>(workspace, d.w13), stream));
-    KPLAN_RETURN_IF_ERROR(
-        kc::LaunchMoeDequantWeights(QuantWeightsOf(experts, false), spec.num_experts, spec.hidden,
-                                    spec.intermediate, hit, dt, At<void>(workspace, d.w2), stream));
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeDequantWeights(q13, spec.num_experts, experts.n13(),
+                                                      spec.hidden, hit, dt,
+                                                      At<void>(workspace, d.w13), stream));
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeDequantWeights(q2, spec.num_experts, spec.hidden,
+                                                      spec.intermediate, hit, dt,
+                                                      At<void>(workspace, d.w2), stream));
     return EnqueueFastLayer(experts, {At<void>(workspace, d.w13), At<void>(workspace, d.w2), dt},
                             routed, workspace, fast, stream);
   }
@@ -220,8 +260,9 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   const ExpertsSpec& spec = experts.spec();
   const int64_t M = a.num_tokens;
   const int k = a.top_k, E = a.num_experts;
-  const Layout l = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
-                             /*bound=*/false, a.batch_invariant);
+  Layout l = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
+                       /*bound=*/false, a.batch_invariant);
+  if (fw.int13 != nullptr) l.splits1 = l.splits2 = 1;  // the int4 kernels do not split K
   if (workspace == nullptr || workspace_bytes < l.bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));
@@ -231,7 +272,7 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   const int64_t numel = M * k;
 
   if (a.allow_decode && !a.batch_invariant && !a.apply_router_weight_on_input &&
-      kc::MoeDecodeApplies(M, k, E, H, I)) {
+      fw.int13 == nullptr && kc::MoeDecodeApplies(M, k, E, H, I)) {
     // A few slots: the decode layer (routing included), one kernel or two.
     kc::MoeDecodeArgs d;
     d.dtype = dtype;
@@ -273,6 +314,7 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   g1.a = a1;
   g1.a_row_div = k;
   g1.w = fw.w13;
+  g1.int_w = fw.int13;
   g1.bias = experts.b13();
   g1.c = At<void>(workspace, l.c1);
   g1.sorted_token_ids = sorted;
@@ -313,6 +355,7 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   g2.a = At<void>(workspace, l.c2);
   g2.a_row_div = 1;
   g2.w = fw.w2;
+  g2.int_w = fw.int2;
   g2.bias = experts.b2();
   g2.c = y;
   g2.N = H;

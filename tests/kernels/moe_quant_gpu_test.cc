@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cuda/runtime/buffers.h"
@@ -254,6 +255,11 @@ struct RunOptions {
   bool weights_on_input = false;  // k must be 1
   int k_override = 0;
   bool expect_matvec = false;  // auto must pick the matvec kernels
+  // From this M on (0: never) the int prefill route must run its GEMMs on the
+  // int4 weights (the warp-specialised kernels' int instantiations), and its
+  // output must equal, byte for byte, the dequantised copy's (the kernels
+  // switched off, SetMoeGemmWsIntMode).
+  int64_t int_ws_from = 0;
 };
 
 void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExperts& gpu,
@@ -302,12 +308,25 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
 
   GpuRunOptions poison;
   poison.poison_workspace = true;
+  const int64_t int_launches = kernels::cuda::MoeGemmWsIntLaunches();
   auto got = RunMoeOnGpu(gpu, in, nullptr, poison);
   ASSERT_TRUE(got.ok()) << label << ": " << got.status();
   GpuRunStats st;
   auto again = RunMoeOnGpu(gpu, in, nullptr, {}, &st);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->output, got->output) << label << ": not deterministic";
+  if (opt.int_ws_from > 0 && M >= opt.int_ws_from) {
+    EXPECT_GT(kernels::cuda::MoeGemmWsIntLaunches(), int_launches)
+        << label << " M=" << M << ": the int4 warp-specialised GEMMs did not run";
+    kernels::cuda::SetMoeGemmWsIntMode(kernels::cuda::MoeKernelMode::kOff);
+    const int64_t off_launches = kernels::cuda::MoeGemmWsIntLaunches();
+    auto copy = RunMoeOnGpu(gpu, in, nullptr, poison);
+    kernels::cuda::SetMoeGemmWsIntMode(kernels::cuda::MoeKernelMode::kFromEnv);
+    ASSERT_TRUE(copy.ok()) << label << ": " << copy.status();
+    EXPECT_EQ(kernels::cuda::MoeGemmWsIntLaunches(), off_launches) << label;
+    EXPECT_TRUE(copy->output == got->output)
+        << label << " M=" << M << ": the int4 kernels' output is not the dequantised copy's";
+  }
   // The answer names the route that ran (RunMoE's plan, GpuLayerExpertsKernel):
   // the forced emulation is the dequantising or the fp8 tensor-core GEMM.
   if (M > 0) {
@@ -472,10 +491,13 @@ TEST(MoeQuantGpu, Qwen3Fp8) {
 
 TEST(MoeQuantGpu, Qwen3IntWeightOnly) {
   SKIP_WITHOUT_CUDA();
-  RunCombo(kQwen3, IntW("int4_group", kernels::DType::kBFloat16, false), {1, 64, 512, 4096}, 11);
+  RunOptions ws;
+  ws.int_ws_from = 4096;
+  RunCombo(kQwen3, IntW("int4_group", kernels::DType::kBFloat16, false), {1, 64, 512, 4096}, 11,
+           ws);
   RunCombo(kQwen3, IntW("int8_group", kernels::DType::kBFloat16, false), {1, 64, 512}, 12);
   RunCombo(kQwen3, IntW("int8_group", kernels::DType::kFloat16, true), {64}, 13);
-  RunCombo(kQwen3, IntW("int4_group", kernels::DType::kFloat16, true), {64}, 14);
+  RunCombo(kQwen3, IntW("int4_group", kernels::DType::kFloat16, true), {64, 4096}, 14, ws);
   RunCombo(kQwen3, IntW("int8_group", kernels::DType::kFloat32, false), {64}, 15);
   RunCombo(kQwen3, IntW("int4_group", kernels::DType::kFloat32, true), {1, 64}, 16);
 }
@@ -490,7 +512,9 @@ TEST(MoeQuantGpu, Qwen3UnquantisedMixedDtypes) {
 
 TEST(MoeQuantGpu, Mixtral8x7B) {
   SKIP_WITHOUT_CUDA();
-  RunCombo(kMixtral, IntW("int4_group", kernels::DType::kBFloat16, false), {1, 64, 512}, 31);
+  RunOptions ws;
+  ws.int_ws_from = 512;
+  RunCombo(kMixtral, IntW("int4_group", kernels::DType::kBFloat16, false), {1, 64, 512}, 31, ws);
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kFloat16), {64}, 32);
 }
 
@@ -576,10 +600,18 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   RunCombo(i4s, i4, {1, 9, 40}, 76);
   RunCombo(i4s, i4, {300}, 77, dec);
   RunCombo(i4s, i4, {3, 300}, 78, deq);
+  // Past 128 slots per expert the int4 warp-specialised GEMMs: GEMM 1's K
+  // ends half-way through a 64-wide k-tile and its 192 rows inside a 256-row
+  // tile, GEMM 2's 352 rows in a second one; silu takes the fused form.
+  RunOptions ws;
+  ws.int_ws_from = 500;
+  Combo i4b = i4;
+  i4b.bias = true;
+  RunCombo(i4s, i4b, {600}, 70, ws);
   Combo i4z = IntW("int4_group", kernels::DType::kFloat16, true, 32);
   i4z.bias = true;
   i4z.activation = "gelu";
-  RunCombo(i4s, i4z, {1, 40, 500}, 79);
+  RunCombo(i4s, i4z, {1, 40, 500}, 79, ws);
   RunCombo(i4s, i4z, {40}, 80, emu);
   const Shape i8s{"tail-int8", 6, 2, 336, 80};
   Combo i8 = IntW("int8_group", kernels::DType::kBFloat16, false, 16);
@@ -597,6 +629,9 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   const Combo i4g = IntW("int4_group", kernels::DType::kBFloat16, true, 96);
   RunCombo(g96, i4g, {5, 40}, 84, dec);
   RunCombo(g96, i4g, {1, 3}, 85, mv);
+  RunOptions ws700;
+  ws700.int_ws_from = 700;
+  RunCombo(g96, i4g, {700}, 88, ws700);
   const Combo i8g = IntW("int8_group", kernels::DType::kFloat16, false, 48);
   RunCombo(g96, i8g, {5}, 86, dec);
   RunCombo(g96, i8g, {1, 3}, 87, mv);

@@ -27,6 +27,31 @@ TEST(MoeQuantRoute, DecodeBlockBySlotsPerExpert) {
   EXPECT_EQ(MoeQuantDecodeBlockFor(5, 0), 0);
 }
 
+// The int prefill route's GEMMs on the int4 weights while the slots per hit
+// expert stay small, on the dequantised copy past that: the measured cases
+// of moe_quant_route.h, and one switch as the batch grows.
+TEST(MoeQuantRoute, IntWeightsInTheGemmsUpToTheSlotLimit) {
+  EXPECT_TRUE(MoeIntWeightsInGemms(512 * 2, 8));     // Mixtral-8x7B 512 tokens
+  EXPECT_TRUE(MoeIntWeightsInGemms(4096 * 8, 256));  // DeepSeek-V3 4096 tokens
+  EXPECT_TRUE(MoeIntWeightsInGemms(4096 * 8, 128));  // Qwen3-30B-A3B 4096: at the limit
+  EXPECT_FALSE(MoeIntWeightsInGemms(4096 * 8 + 1, 128));
+  EXPECT_FALSE(MoeIntWeightsInGemms(4096 * 2, 8));  // Mixtral-8x7B 4096 tokens
+  EXPECT_FALSE(MoeIntWeightsInGemms(0, 8));
+  EXPECT_FALSE(MoeIntWeightsInGemms(16, 0));
+  for (int E : {6, 8, 128, 256}) {
+    int switches = 0;
+    bool prev = MoeIntWeightsInGemms(1, E);
+    for (int64_t numel = 2; numel <= 300 * E; ++numel) {
+      const bool now = MoeIntWeightsInGemms(numel, E);
+      switches += now != prev;
+      EXPECT_FALSE(now && !prev) << "E=" << E << " numel=" << numel;
+      prev = now;
+    }
+    EXPECT_EQ(switches, 1) << "E=" << E;
+    EXPECT_TRUE(MoeIntWeightsInGemms(kMoeIntWeightsMaxSlots * E, E));
+  }
+}
+
 // Kernel sets: what runs an int set, an fp8 set (no dequant route) and an
 // fp8 set on the tensor cores.
 constexpr MoeQuantKernels kInt{.matvec = true, .decode = true, .dequant = true};

@@ -84,6 +84,8 @@ absl::Status CheckFloatDType(DType dtype, const char* what);
 // written. With splits > 1 the K range is split over that many CTAs whose
 // fp32 partials (`partials`, MoeGemmPartialsBytes) are summed in split order
 // before the same rounding.
+struct MoeQuantWeights;  // moe_quant_gemm.h
+
 struct MoeGroupedGemmArgs {
   DType dtype = DType::kBFloat16;
   const void* a = nullptr;      // [a_rows, K]; GEMM 1: hidden states [M, K]; GEMM 2: [numel, K]
@@ -118,6 +120,13 @@ struct MoeGroupedGemmArgs {
   MoeFp8WeightScale w_scale_kind = MoeFp8WeightScale::kPerTensor;
   const float* w_scale = nullptr;
   const float* a_scale = nullptr;
+  // int4 weights with group scales (moe_quant_gemm.h: kInt4Packed, kGroup;
+  // optional zero points) in place of w, for the int prefill route: only the
+  // warp-specialised kernel takes them (MoeGemmWsApplies, moe_gemm_ws.h; an
+  // error elsewhere), dequantised in its producer to the values
+  // LaunchMoeDequantWeights stores, so C is bit-identical to that dequantiser
+  // followed by this GEMM on its 16-bit copy. w is not read.
+  const MoeQuantWeights* int_w = nullptr;
 };
 
 // GEMM output given as unreduced split-K partials ([splits][numel][N] fp32):

@@ -496,8 +496,9 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
     return absl::InvalidArgumentError("moe_grouped_gemm: numel / num_blocks out of range");
   }
   if (g.num_blocks == 0 || g.numel == 0) return absl::OkStatus();
-  if (g.a == nullptr || g.w == nullptr || g.c == nullptr || g.sorted_token_ids == nullptr ||
-      g.expert_ids == nullptr || g.num_tokens_post_padded == nullptr) {
+  if (g.a == nullptr || (g.w == nullptr && g.int_w == nullptr) || g.c == nullptr ||
+      g.sorted_token_ids == nullptr || g.expert_ids == nullptr ||
+      g.num_tokens_post_padded == nullptr) {
     return absl::InvalidArgumentError("moe_grouped_gemm: null pointer");
   }
   if (g.splits > 1 && g.partials == nullptr) {
@@ -506,7 +507,7 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
   if (g.reduce_in_consumer && g.bias != nullptr) {
     return absl::InvalidArgumentError("moe_grouped_gemm: reduce_in_consumer takes no bias");
   }
-  if (!Aligned16(g.a) || !Aligned16(g.w) || !Aligned16(g.c) ||
+  if (!Aligned16(g.a) || (g.int_w == nullptr && !Aligned16(g.w)) || !Aligned16(g.c) ||
       (g.partials != nullptr && !Aligned16(g.partials))) {
     return absl::InvalidArgumentError("moe_grouped_gemm: buffers must be 16-byte aligned");
   }
@@ -523,6 +524,13 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
     if (g.w_scale == nullptr || g.a_scale == nullptr) {
       return absl::InvalidArgumentError("moe_grouped_gemm: fp8 needs w_scale and a_scale");
     }
+  }
+  if (g.int_w != nullptr) {  // int4 weights: the warp-specialised kernel only
+    if (g.fp8 || !MoeGemmWsEnabled() || !MoeGemmWsApplies(g)) {
+      return absl::InvalidArgumentError(
+          "moe_grouped_gemm: int4 weights need the warp-specialised kernel (MoeGemmWsApplies)");
+    }
+    return LaunchMoeGroupedGemmWs(g, stream);
   }
   // The warp-specialised kernel of large M, behind its switch (moe_gemm_ws.h).
   if (!g.fp8 && MoeGemmWsEnabled() && MoeGemmWsApplies(g)) {

@@ -122,10 +122,10 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
           st.wrow = static_cast<int>(static_cast<int64_t>(ti.e) * N + ti.n0);
           return st;
         },
-        [&](TileScales st, int kt, uint32_t w_s, uint32_t fb) {
+        [&](const TileScales& st, int kt, uint32_t w_s, uint32_t fb) {
           TmaLoad2d(w_s, &wmap, kt * kBK, st.wrow, fb);
         },
-        [&](TileScales st, int kt, uint32_t t_s) {
+        [&](const TileScales& st, int kt, uint32_t t_s, uint32_t) {
           const uint32_t s_s = t_s + kSOffset;
           if (block) {
             CpAsync4(s_s + 4 * ptid, st.sa + kt, st.srow >= 0);

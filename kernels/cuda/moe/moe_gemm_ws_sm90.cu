@@ -35,6 +35,20 @@
 // round(bias))), applies the activation kernel's formula in fp32 and rounds
 // once: bit-identical to GEMM 1 -> LaunchMoeActivation. The tile count is
 // that of the unfused GEMM (ceil(2I / 256) == ceil(I / 128)).
+//
+// int4 weights (the kInt instantiations, MoeGroupedGemmArgs::int_w: group
+// scales, optional zero points): each k-tile's packed bytes (32 of each of
+// the 256 weight rows, 8 KiB) come by TMA into a 4-slot staging ring behind
+// the stages, 3 k-tiles ahead; the producer warpgroup dequantises them to T
+// exactly as LaunchMoeDequantWeights does (IntGroupDequant: round_T((q -
+// zp)·s)) into the stage's weight rows in the box's swizzled layout, fenced
+// for the async proxy, with one more arrival per thread on the full
+// barrier. The consumers are the same code, so C is bit-identical to the
+// dequantiser followed by this kernel on its bf16 / fp16 copy. The producer
+// keeps 120 registers and the consumers 192 (ptxas spills none). A first
+// form loaded the packed bytes into registers one k-tile ahead: bound by
+// that load's latency, Mixtral-8x7B 4096 tokens took 11.5 ms against 7.5 ms
+// for the dequantised copy (docs/PERF.md, session 16).
 #include <cuda.h>  // CUtensorMap and its enums (types only: no -lcuda)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -51,6 +65,8 @@
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/moe_tma.h"
 #include "kernels/cuda/moe/moe_wgmma.cuh"
@@ -93,6 +109,10 @@ struct WsParams {
   int a_row_div, num_local_experts, block_m;
   int flags;                // kWsFlag*: measurement variants
   MoeActParams act_params;  // Fused only: clamp_limit already defaulted
+  // kInt only: the int4 weights [E, N, K / 2], scales and zero points [E, N, groups].
+  MoeQuantWeights iw;
+  int64_t groups;
+  detail::quant::GroupDiv gdiv;
 };
 
 // Measurement variants (KPLAN_MOE_WS_DEBUG bits), never set by the layer:
@@ -103,17 +123,167 @@ constexpr int kWsFlagNoStore = 1;
 constexpr int kWsFlagStore4 = 2;
 constexpr int kWsFlagNoFence = 4;  // the consumers' proxy fence left out: timing only
 
+// --- the int4 producer (kInt) ---------------------------------------------------
+
+constexpr int kIntProducerRegs = 120, kIntConsumerRegs = 192;
+static_assert(ws::WsRegsFit(kIntProducerRegs, kIntConsumerRegs), "register split");
+// The packed k-tiles (32 bytes of each of the 256 weight rows) come by TMA
+// into a ring of kIntSlots slots after the stages, kIntAhead k-tiles ahead
+// of the dequantising threads.
+constexpr int kIntSlots = 4, kIntAhead = kIntSlots - 1;
+constexpr int kIntSlotBytes = kWsTileN * kBK / 2;  // 8 KiB
+constexpr int kIntSmemBytes = kSmemBytes + kIntSlots * kIntSlotBytes;
+
+// The scales and biased zero points of one k-tile of a producer thread's two
+// weight rows, two 32-k vectors each (zb 0: past N or K, stored as +0 like
+// the TMA box's fill).
+struct IntScales {
+  float s[2][2], zb[2][2];
+};
+// A producer thread's rows of the current tile and the next k-tile's scales.
+struct IntTile {
+  int64_t wrow;         // the tile's first weight row in [E * N) (fused: the gate box's)
+  const float* s[2];    // the rows' group scales; null: past N
+  const uint8_t* z[2];  // their zero points, or null
+  IntScales next;
+};
+
+__device__ __forceinline__ void IntFetchScales(const WsParams& p, IntTile& t, int kt) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const int64_t k = static_cast<int64_t>(kt) * kBK + 32 * v;
+      const bool ok = t.s[r] != nullptr && k < p.K;
+      const int64_t gi = p.gdiv(k);
+      t.next.s[r][v] = ok ? __ldg(t.s[r] + gi) : 0.0f;
+      t.next.zb[r][v] = ok ? detail::quant::BiasedZero(t.z[r], gi, true) : 0.0f;
+    }
+  }
+}
+
+// Dequantises this thread's rows ptid and ptid + 128 of the packed k-tile
+// in staging slot `stg` (32 bytes a row) with scales `sc` into the stage's
+// weight rows at w_s (LaunchMoeDequantWeights' values), 16 bytes (8 k) at a
+// time in the 128-byte swizzled layout.
+template <typename T>
+__device__ __forceinline__ void IntStore(const IntScales& sc, uint32_t stg, uint32_t w_s,
+                                         int ptid) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = ptid + 128 * r;
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      uint4 q;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w)
+                   : "r"(stg + row * 32 + v * 16)
+                   : "memory");
+      uint32_t o[4][4] = {};
+      if (sc.zb[r][v] != 0.0f) {
+        const detail::quant::IntGroupDequant<T, true> dq(sc.s[r][v], sc.zb[r][v]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dq.Pairs(detail::quant::WordOf(q, j), o[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        asm volatile(
+            "st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(w_s + detail::Swz(row, 4 * v + j)),
+            "r"(o[j][0]), "r"(o[j][1]), "r"(o[j][2]), "r"(o[j][3])
+            : "memory");
+      }
+    }
+  }
+}
+
+// The producer warpgroup's own barrier (named barrier 1; 0 is __syncthreads').
+__device__ __forceinline__ void ProducerSync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+
+// The producer of the kInt kernels: WsProduce without a weight box. Per
+// k-tile u of this CTA (counted across its tiles) the packed k-tile lies in
+// staging slot u % kIntSlots, loaded by thread 0's TMA kIntAhead k-tiles
+// earlier (within the tile; a tile's first kIntAhead at its start) with
+// expect_tx on the slot's barrier; a producer barrier before each issue
+// keeps a slot until every thread has read it.
 template <typename T, bool Fused>
+__device__ __forceinline__ void IntProduce(const CUtensorMap* imap, const WsParams& p,
+                                           const ws::WsRing<kStageBytes>& ring,
+                                           const ws::WsSchedule& sched, int64_t total, int nk) {
+  __shared__ uint64_t slot_full[kIntSlots];
+  const int ptid = threadIdx.x;
+  const int64_t N = p.N;
+  const uint32_t stg0 = ring.Stage(ws::kWsStages);
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(slot_full));
+  if (ptid == 0) {
+    for (int i = 0; i < kIntSlots; ++i) detail::MbarInit(full0 + 8 * i, 1);
+    FenceProxyAsync();  // the barriers' init visible to the TMA unit
+  }
+  int64_t u = 0;  // this CTA's k-tiles so far
+  // Thread 0: k-tile kt of the tile at wrow into the slot of this CTA's k-tile uk.
+  auto issue = [&](int64_t wrow, int kt, int64_t uk) {
+    const uint32_t dst = stg0 + static_cast<uint32_t>(uk % kIntSlots) * kIntSlotBytes;
+    const uint32_t bar = full0 + 8 * static_cast<uint32_t>(uk % kIntSlots);
+    detail::MbarArriveExpectTx(bar, kIntSlotBytes);
+    TmaLoad2d(dst, imap, kt * (kBK / 2), static_cast<int>(wrow), bar);
+    if constexpr (Fused) {  // the up rows: a second box of 128
+      TmaLoad2d(dst + kIntSlotBytes / 2, imap, kt * (kBK / 2), static_cast<int>(wrow + N / 2), bar);
+    }
+  };
+  ws::WsProduce<T, kStageBytes, /*kWBytes=*/0, kIntProducerRegs>(
+      p, ring, sched, total, p.K, nk,
+      // Rows ptid and ptid + 128 of the tile: unfused weight rows n0 + ptid
+      // (+ 128); fused the gate row n0 / 2 + ptid and the up row N / 2 + n0 /
+      // 2 + ptid, as the two TMA boxes lay them out.
+      [&](ws::WsTileInfo ti) {
+        IntTile t;
+        t.wrow = static_cast<int64_t>(ti.e) * N + (Fused ? ti.n0 / 2 : ti.n0);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t n = Fused ? r * (N / 2) + ti.n0 / 2 + ptid : ti.n0 + 128 * r + ptid;
+          const bool in = Fused ? ti.n0 / 2 + ptid < N / 2 : n < N;
+          const int64_t row = static_cast<int64_t>(ti.e) * N + n;
+          t.s[r] = in ? p.iw.scale + row * p.groups : nullptr;
+          t.z[r] = p.iw.zero != nullptr ? p.iw.zero + row * p.groups : nullptr;
+        }
+        ProducerSync();  // the slots of the previous tile read
+        if (ptid == 0) {
+          for (int kt = 0; kt < kIntAhead && kt < nk; ++kt) issue(t.wrow, kt, u + kt);
+        }
+        IntFetchScales(p, t, 0);
+        return t;
+      },
+      [](const IntTile&, int, uint32_t, uint32_t) {},
+      [&](IntTile& t, int kt, uint32_t t_s, uint32_t fb) {
+        ProducerSync();  // slot (u + kIntAhead) % kIntSlots, read at u - 1, is free
+        if (ptid == 0 && kt + kIntAhead < nk) issue(t.wrow, kt + kIntAhead, u + kIntAhead);
+        const IntScales sc = t.next;
+        if (kt + 1 < nk) IntFetchScales(p, t, kt + 1);
+        detail::MbarWait(full0 + 8 * static_cast<uint32_t>(u % kIntSlots),
+                         static_cast<uint32_t>(u / kIntSlots) & 1u);
+        IntStore<T>(sc, stg0 + static_cast<uint32_t>(u % kIntSlots) * kIntSlotBytes,
+                    t_s + ws::kWsTBytes, ptid);
+        // The stores visible to the consumers' wgmma (async proxy), then the arrival.
+        FenceProxyAsync();
+        MbarArrive(fb);
+        ++u;
+      });
+}
+
+template <typename T, bool Fused, bool kInt>
 __global__ void __launch_bounds__(ws::kWsThreads, 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
   const int wg = static_cast<int>(threadIdx.x) / 128;
-  const ws::WsRing<kStageBytes> ring = ws::WsRingInit<kStageBytes>(&wmap);
+  const ws::WsRing<kStageBytes> ring = ws::WsRingInit < kStageBytes, kInt ? 128 : 0 > (&wmap);
   const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
   const int64_t total = ws::WsTotalTiles(sched);
   const int64_t N = p.N, K = p.K;
   const int nk = static_cast<int>((K + kBK - 1) / kBK);
 
-  if (wg == 0) {
+  if (wg == 0 && kInt) {
+    IntProduce<T, Fused>(&wmap, p, ring, sched, total, nk);
+    return;
+  }
+  if (wg == 0 && !kInt) {
     ws::WsProduce<T>(
         p, ring, sched, total, K, nk,
         // The tile's first weight row. Fused: gate rows n0 / 2 .., up rows
@@ -127,11 +297,12 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
             TmaLoad2d(w_s + ws::kWsWBytes / 2, &wmap, kt * kBK, static_cast<int>(wrow + N / 2), fb);
           }
         },
-        [](int, int, uint32_t) {});
+        [](int64_t, int, uint32_t, uint32_t) {});
     return;
   }
 
-  const ws::WsConsumer cs = ws::WsConsumerEnter();
+  const ws::WsConsumer cs =
+      ws::WsConsumerEnter < kInt ? kIntConsumerRegs : ws::kWsConsumerRegs > ();
   const int cw = cs.cw, lane = cs.lane, r0 = cs.r0;
   T* Cg = static_cast<T*>(p.c);
   float acc[kWsTileN / 2];
@@ -260,47 +431,93 @@ const ws::WsKnobs& Knobs() {
   return knobs;
 }
 
-template <typename T, bool Fused>
-absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
-                      cudaStream_t stream) {
+template <typename T, bool Fused, bool kInt>
+absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
+                            cudaStream_t stream) {
+  constexpr int kSmem = kInt ? kIntSmemBytes : kSmemBytes;
   int sms = 0;
-  if (absl::Status st = ws::WsLaunchSetup<WsGroupedGemmKernel<T, Fused>>(kSmemBytes, &sms);
+  if (absl::Status st = ws::WsLaunchSetup<WsGroupedGemmKernel<T, Fused, kInt>>(kSmem, &sms);
       !st.ok()) {
     return st;
   }
+  // Fused: the gate and up halves are two boxes of kWsTileN / 2 rows. kInt:
+  // the packed bytes, 32 (64 k) of each row a box, not swizzled.
+  const uint64_t rows = static_cast<uint64_t>(g.num_local_experts) * static_cast<uint64_t>(g.N);
+  const uint32_t box_rows = Fused ? kWsTileN / 2 : kWsTileN;
   CUtensorMap map;
-  // Fused: the gate and up halves are two boxes of kWsTileN / 2 rows.
-  if (absl::Status st = detail::EncodeTma2d(
-          &map,
-          std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-          g.w, static_cast<uint64_t>(g.K),
-          static_cast<uint64_t>(g.num_local_experts) * static_cast<uint64_t>(g.N),
-          static_cast<uint64_t>(g.K) * sizeof(T), kBK, Fused ? kWsTileN / 2 : kWsTileN,
-          "moe_grouped_gemm_ws");
+  if (absl::Status st =
+          kInt ? detail::EncodeTma2d(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.int_w->data,
+                                     static_cast<uint64_t>(g.K / 2), rows,
+                                     static_cast<uint64_t>(g.K / 2), kBK / 2, box_rows,
+                                     "moe_grouped_gemm_ws_int4", CU_TENSOR_MAP_SWIZZLE_NONE)
+               : detail::EncodeTma2d(&map,
+                                     std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                     g.w, static_cast<uint64_t>(g.K), rows,
+                                     static_cast<uint64_t>(g.K) * sizeof(T), kBK, box_rows,
+                                     "moe_grouped_gemm_ws");
       !st.ok()) {
     return st;
   }
-  const WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, Knobs().group),
-                   g.sorted_token_ids,
-                   g.expert_ids,
-                   g.num_tokens_post_padded,
-                   g.a,
-                   g.c,
-                   g.bias,
-                   g.numel,
-                   g.N,
-                   g.K,
-                   g.a_row_div,
-                   g.num_local_experts,
-                   g.block_m,
-                   Knobs().debug_flags & ~(Fused ? kWsFlagStore4 : 0),
-                   act_params};
+  WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, Knobs().group),
+             g.sorted_token_ids,
+             g.expert_ids,
+             g.num_tokens_post_padded,
+             g.a,
+             g.c,
+             g.bias,
+             g.numel,
+             g.N,
+             g.K,
+             g.a_row_div,
+             g.num_local_experts,
+             g.block_m,
+             Knobs().debug_flags & ~(Fused ? kWsFlagStore4 : 0),
+             act_params,
+             {},
+             0,
+             {}};
+  if constexpr (kInt) {
+    p.iw = *g.int_w;
+    p.groups = g.K / g.int_w->group_size;
+    p.gdiv = detail::quant::GroupDiv::For(g.int_w->group_size);
+  }
   if (p.sched.grid <= 0) return absl::OkStatus();
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsGroupedGemmKernel<T, Fused>, dim3(p.sched.grid),
-                                               dim3(ws::kWsThreads), kSmemBytes, stream, map, p));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsGroupedGemmKernel<T, Fused, kInt>,
+                                               dim3(p.sched.grid), dim3(ws::kWsThreads), kSmem,
+                                               stream, map, p));
   return absl::OkStatus();
 }
+
+std::atomic<int64_t> int_launches{0};
+
+// The instantiation for g's dtype and weights (bf16 / fp16; int4 with int_w).
+template <bool Fused>
+absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
+                      cudaStream_t stream) {
+  const bool bf16 = g.dtype == DType::kBFloat16;
+  if (g.int_w != nullptr) {
+    absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, true>(g, act_params, stream)
+                           : LaunchWsKernel<__half, Fused, true>(g, act_params, stream);
+    if (st.ok()) int_launches.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  }
+  return bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false>(g, act_params, stream)
+              : LaunchWsKernel<__half, Fused, false>(g, act_params, stream);
+}
+
+// int_w's weights as the kInt kernels read them (MoeGemmWsApplies).
+bool IntWeightsApply(const MoeQuantWeights& w, int64_t K) {
+  return w.kind == DType::kInt4Packed && w.scale_kind == MoeWeightScale::kGroup &&
+         w.data != nullptr && w.scale != nullptr &&
+         (reinterpret_cast<uintptr_t>(w.data) & 15) == 0 && K % 32 == 0 && w.group_size > 0 &&
+         w.group_size % 32 == 0 && K % w.group_size == 0;
+}
+
+detail::KernelSwitch g_int([] {
+  const char* v = std::getenv("KPLAN_MOE_INT_WS");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+});
 
 }  // namespace
 
@@ -310,15 +527,23 @@ bool MoeGemmWsEnabled() { return g_ws.On(); }
 
 bool MoeGemmWsApplies(const MoeGroupedGemmArgs& g) {
   if (g.fp8 || g.splits != 1) return false;
-  // TMA: 16-byte aligned base and row stride.
-  if ((reinterpret_cast<uintptr_t>(g.w) & 15) != 0 || (g.K * 2) % 16 != 0) return false;
+  if (g.int_w != nullptr) {
+    if (!IntWeightsApply(*g.int_w, g.K)) return false;
+  } else if ((reinterpret_cast<uintptr_t>(g.w) & 15) != 0 || (g.K * 2) % 16 != 0) {
+    return false;  // TMA: 16-byte aligned base and row stride
+  }
   return ws::WsTilesApply(g);
 }
 
 absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
-  if (g.dtype == DType::kBFloat16) return LaunchWs<__nv_bfloat16, false>(g, {}, stream);
-  return LaunchWs<__half, false>(g, {}, stream);
+  return LaunchWs<false>(g, {}, stream);
 }
+
+void SetMoeGemmWsIntMode(MoeGemmWsMode mode) { g_int.Set(mode); }
+
+bool MoeGemmWsIntEnabled() { return g_int.On(); }
+
+int64_t MoeGemmWsIntLaunches() { return int_launches.load(std::memory_order_relaxed); }
 
 // --- fused activation -----------------------------------------------------------
 
@@ -354,8 +579,9 @@ absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& g, MoeActivatio
     return absl::InvalidArgumentError("moe_grouped_gemm_ws_act: arguments not supported");
   }
   if (g.num_blocks == 0 || g.numel == 0) return absl::OkStatus();
-  if (g.a == nullptr || g.w == nullptr || act_out == nullptr || g.sorted_token_ids == nullptr ||
-      g.expert_ids == nullptr || g.num_tokens_post_padded == nullptr) {
+  if (g.a == nullptr || (g.w == nullptr && g.int_w == nullptr) || act_out == nullptr ||
+      g.sorted_token_ids == nullptr || g.expert_ids == nullptr ||
+      g.num_tokens_post_padded == nullptr) {
     return absl::InvalidArgumentError("moe_grouped_gemm_ws_act: null pointer");
   }
   if ((reinterpret_cast<uintptr_t>(g.a) & 15) != 0 ||
@@ -365,9 +591,7 @@ absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& g, MoeActivatio
   const MoeActParams p = EffectiveActParams(params);
   MoeGroupedGemmArgs f = g;
   f.c = act_out;
-  const absl::Status launched = g.dtype == DType::kBFloat16
-                                    ? LaunchWs<__nv_bfloat16, true>(f, p, stream)
-                                    : LaunchWs<__half, true>(f, p, stream);
+  const absl::Status launched = LaunchWs<true>(f, p, stream);
   if (launched.ok()) fused_act_launches.fetch_add(1, std::memory_order_relaxed);
   return launched;
 }
@@ -408,7 +632,7 @@ absl::Status GetEncodeTiled(EncodeTiledFn* out) {
 
 absl::Status EncodeTma2d(CUtensorMap* map, CUtensorMapDataType type, const void* base,
                          uint64_t inner, uint64_t rows, uint64_t row_bytes, uint32_t box_inner,
-                         uint32_t box_rows, const char* what) {
+                         uint32_t box_rows, const char* what, CUtensorMapSwizzle swizzle) {
   EncodeTiledFn encode = nullptr;
   if (absl::Status st = GetEncodeTiled(&encode); !st.ok()) return st;
   std::memset(map, 0, sizeof(*map));
@@ -417,7 +641,7 @@ absl::Status EncodeTma2d(CUtensorMap* map, CUtensorMapDataType type, const void*
   const cuuint32_t box[2] = {box_inner, box_rows};
   const cuuint32_t estr[2] = {1, 1};
   const CUresult r = encode(map, type, 2, const_cast<void*>(base), dims, strides, box, estr,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return absl::UnavailableError(std::string(what) + ": cuTensorMapEncodeTiled failed (" +

@@ -73,6 +73,23 @@ inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
   return 0;
 }
 
+// Whether the int prefill route (kDequant) runs its GEMMs on the int4
+// weights themselves (the warp-specialised kernels dequantising in their
+// producer, moe_gemm_ws.h) rather than on a dequantised 16-bit copy of the
+// hit experts: while the slots per hit expert stay at most
+// kMoeIntWeightsMaxSlots. The int kernels run the GEMMs at about half the
+// 16-bit kernels' TFLOP/s but save the copy, a pass over the hit experts'
+// weights whose cost against the GEMMs' falls as the slots per expert grow.
+// Measured on one H200 (docs/PERF.md, session 16; int kernels against the
+// copy): Mixtral-8x7B 512 tokens (128 slots per expert) 2300 against 2985
+// us, 1024 (256) 3645 / 3560, 4096 (1024) 11838 / 7572; Qwen3-30B-A3B 4096
+// (256) 1798 / 1784; DeepSeek-V3 4096 (128) 15778 / 23537.
+inline constexpr int64_t kMoeIntWeightsMaxSlots = 256;
+inline bool MoeIntWeightsInGemms(int64_t numel, int num_experts) {
+  const int64_t hit = std::min<int64_t>(numel, num_experts);
+  return hit > 0 && numel <= kMoeIntWeightsMaxSlots * hit;
+}
+
 // The code's override (SetMoeQuantRouteMode, read and written from any
 // thread) and KPLAN_MOE_QUANT_ROUTE, read once.
 inline std::atomic<MoeQuantRouteMode>& MoeQuantRouteOverride() {

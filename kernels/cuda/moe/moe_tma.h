@@ -11,11 +11,12 @@
 namespace kplan::kernels::cuda::detail {
 
 // A 2-D tensor map over `rows` rows of `inner` elements of `type`, rows
-// `row_bytes` apart, boxes of box_rows x box_inner, 128-byte swizzle, zero
-// fill out of bounds. UNAVAILABLE when the driver has no
+// `row_bytes` apart, boxes of box_rows x box_inner, 128-byte swizzle (or
+// `swizzle`), zero fill out of bounds. UNAVAILABLE when the driver has no
 // cuTensorMapEncodeTiled or it refuses the map (`what` names the caller).
 absl::Status EncodeTma2d(CUtensorMap* map, CUtensorMapDataType type, const void* base,
                          uint64_t inner, uint64_t rows, uint64_t row_bytes, uint32_t box_inner,
-                         uint32_t box_rows, const char* what);
+                         uint32_t box_rows, const char* what,
+                         CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B);
 
 }  // namespace kplan::kernels::cuda::detail

@@ -35,13 +35,17 @@ inline constexpr int kWsConsumerWarps = 8;  // arrivals that empty a stage
 // until the CTA has the registers free: past that pool the consumers wait
 // forever (48 / 232 hung on the H200, docs/PERF.md session 8). At 40 the
 // producer spills a few registers per k-tile; 56 / 224 would not (ptxas).
+// A producer that dequantises weights (the int4 kernel) keeps more
+// (WsRegsFit: what a split must satisfy).
 inline constexpr int kWsProducerRegs = 40;
 inline constexpr int kWsConsumerRegs = 232;
 inline constexpr int kWsLaunchRegs = 65536 / kWsThreads / 8 * 8;  // 168 a thread
-static_assert(kWsProducerRegs + 2 * kWsConsumerRegs <= (kWsThreads / 128) * kWsLaunchRegs,
+constexpr bool WsRegsFit(int producer, int consumer) {
+  return producer + 2 * consumer <= (kWsThreads / 128) * kWsLaunchRegs && producer % 8 == 0 &&
+         consumer % 8 == 0;  // setmaxnreg takes multiples of 8
+}
+static_assert(WsRegsFit(kWsProducerRegs, kWsConsumerRegs),
               "the warpgroups' registers must fit the CTA's launch allocation");
-static_assert(kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0,
-              "setmaxnreg takes multiples of 8");
 // Every stage holds 128 bytes of K of every row: one 128-byte swizzle row.
 inline constexpr int kWsTBytes = kWsTileT * 128;  // 16 KiB of token rows, at the stage's start
 inline constexpr int kWsWBytes = kWsTileN * 128;  // 32 KiB of weight rows, after them
@@ -50,8 +54,9 @@ constexpr int WsSmemBytes(int stage_bytes) { return kWsStages * stage_bytes + 10
 
 // The ring: stage s at base + s * kStageBytes (base 1024-aligned, as the
 // 128-byte swizzle wants), its full barrier at full0 + 8 s (the producer's
-// 128 cp.async arrivals + thread 0's expect_tx of the weight bytes), its
-// empty barrier at empty0 + 8 s (one arrival per consumer warp).
+// 128 cp.async arrivals + thread 0's expect_tx of the weight bytes, + 128
+// arrivals where the producer stores weights itself), its empty barrier at
+// empty0 + 8 s (one arrival per consumer warp).
 template <int kStageBytes>
 struct WsRing {
   uint32_t base, full0, empty0;
@@ -62,10 +67,11 @@ struct WsRing {
 
 // Called by every thread of the CTA first: the ring over the dynamic shared
 // memory, its barriers (static shared memory) initialised by thread 0, which
-// also prefetches the weights' tensor map, a CTA barrier, then the
-// programmatic-dependent-launch wait (pdl.cuh): nothing a previous kernel
-// wrote is read before it.
-template <int kStageBytes>
+// also prefetches the weights' tensor map, a CTA barrier, then
+// the programmatic-dependent-launch wait (pdl.cuh): nothing a previous kernel
+// wrote is read before it. kStoreArrivals: the producer threads that store
+// into a stage themselves and arrive on its full barrier.
+template <int kStageBytes, int kStoreArrivals = 0>
 __device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wmap) {
   extern __shared__ uint8_t smem_dyn[];
   __shared__ uint64_t full_bar[kWsStages];
@@ -76,7 +82,8 @@ __device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wma
   r.empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(empty_bar));
   if (threadIdx.x == 0) {
     for (int s = 0; s < kWsStages; ++s) {
-      detail::MbarInit(r.Full(s), 128 + 1);  // 128 cp.async arrivals + the TMA thread's expect_tx
+      // 128 cp.async arrivals + the TMA thread's expect_tx (+ the storing threads').
+      detail::MbarInit(r.Full(s), 128 + 1 + kStoreArrivals);
       detail::MbarInit(r.Empty(s), kWsConsumerWarps);
     }
     detail::FenceProxyAsync();  // the barriers' init visible to the TMA unit
@@ -118,24 +125,26 @@ __device__ __forceinline__ void WsForEachTile(const P& p, const WsSchedule& sche
   }
 }
 
-// The producer warpgroup (threads 0..127; setmaxnreg down to kWsProducerRegs). For each
+// The producer warpgroup (threads 0..127; setmaxnreg down to kRegs). For each
 // of this CTA's tiles (WsForEachTile) whose expert is this rank's and that
 // holds a slot: the rows of its 128 slots in p.a (slot / p.a_row_div, rows
 // of K elements of E; padding zero-filled), st = on_tile(tile), then for
 // each k-tile kt of nk (128 bytes of K, 128 / sizeof(E) elements): wait
 // until the stage is empty; thread 0 arms the stage's full barrier with
-// kWsWBytes and issues the weight box(es), load_w(st, kt, w_s, full
-// barrier) with w_s the stage's weight rows; every thread copies its
-// 16-byte chunk of 8 token rows into the 128-byte swizzled layout (zero
-// past K); extra(st, kt, stage address) adds the kernel's own copies; the
-// thread's arrival on the full barrier follows its cp.asyncs. Returns once
-// all of them have landed.
-template <typename E, int kStageBytes, typename P, typename OnTile, typename LoadW, typename Extra>
+// kWBytes of weight-box transactions (0: a plain arrival) and issues the
+// weight box(es), load_w(st, kt, w_s, full barrier) with w_s the stage's
+// weight rows; every thread copies its 16-byte chunk of 8 token rows into
+// the 128-byte swizzled layout (zero past K); extra(st, kt, stage address,
+// full barrier) adds the kernel's own copies (st may carry state from one
+// k-tile to the next); the thread's arrival on the full barrier follows its
+// cp.asyncs. Returns once all of them have landed.
+template <typename E, int kStageBytes, int kWBytes = kWsWBytes, int kRegs = kWsProducerRegs,
+          typename P, typename OnTile, typename LoadW, typename Extra>
 __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>& ring,
                                           const WsSchedule& sched, int64_t total, int64_t K, int nk,
                                           OnTile&& on_tile, LoadW&& load_w, Extra&& extra) {
   constexpr int kBK = 128 / static_cast<int>(sizeof(E));  // K elements per stage
-  detail::SetMaxNRegDec<kWsProducerRegs>();
+  detail::SetMaxNRegDec<kRegs>();
   const E* A = static_cast<const E*>(p.a);
   const int ptid = threadIdx.x;
   const int chunk = ptid & 7;
@@ -150,13 +159,17 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
       const int32_t slot = p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i];
       arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
     }
-    const auto st = on_tile(ti);
+    auto st = on_tile(ti);
     for (int kt = 0; kt < nk; ++kt) {
       detail::MbarWait(ring.Empty(c.stage), c.phase ^ 1);
       const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + kWsTBytes;
       const uint32_t fb = ring.Full(c.stage);
       if (ptid == 0) {
-        detail::MbarArriveExpectTx(fb, kWsWBytes);
+        if constexpr (kWBytes > 0) {
+          detail::MbarArriveExpectTx(fb, kWBytes);
+        } else {
+          detail::MbarArrive(fb);
+        }
         load_w(st, kt, w_s, fb);
       }
       const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8);
@@ -167,7 +180,7 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
         detail::CpAsync16(t_s + dst0 + i * 16 * 128,
                           ok ? A + static_cast<int64_t>(arow[i]) * K + k : A, ok);
       }
-      extra(st, kt, t_s);
+      extra(st, kt, t_s, fb);
       detail::CpAsyncArriveNoinc(fb);
       c.Next();
     }
@@ -175,14 +188,15 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-// A consumer thread (warpgroups 1, 2; setmaxnreg up to 232): its warpgroup
-// cw covers slots [64 cw, 64 cw + 64) of a tile, its accumulator fragment
-// rows r0 and r0 + 8.
+// A consumer thread (warpgroups 1, 2; setmaxnreg up to kRegs): its
+// warpgroup cw covers slots [64 cw, 64 cw + 64) of a tile, its accumulator
+// fragment rows r0 and r0 + 8.
 struct WsConsumer {
   int cw, lane, r0;
 };
+template <int kRegs = kWsConsumerRegs>
 __device__ __forceinline__ WsConsumer WsConsumerEnter() {
-  detail::SetMaxNRegInc<kWsConsumerRegs>();
+  detail::SetMaxNRegInc<kRegs>();
   const int tid = threadIdx.x;
   WsConsumer c;
   c.cw = tid / 128 - 1;
