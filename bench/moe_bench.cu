@@ -425,6 +425,12 @@ std::unique_ptr<kplan::ExpertSet> MakeQuantSet(const ShapeDef& sh, const std::st
   return std::make_unique<kplan::ExpertSet>(std::move(spec), std::move(t));
 }
 
+// Whether a KPLAN_MOE_WS_DEBUG measurement variant is set (non-zero bits).
+bool WsDebugVariant() {
+  const char* v = std::getenv("KPLAN_MOE_WS_DEBUG");
+  return v != nullptr && std::atoi(v) != 0;
+}
+
 // Set 0's first min(M, --check_tokens) tokens of a quantised row against
 // moe::MoeReference on the GPU's routing (every scheme here quantises
 // activations per token or per 1 x 128 group, so a token's output depends
@@ -494,7 +500,7 @@ bool CheckQuantRow(const ShapeDef& sh, const kplan::ExpertSet& set, int64_t M, c
   if (!ok) row->note = std::string("CHECK FAILED: ") + buf;
   // KPLAN_MOE_WS_DEBUG variants (moe_gemm_ws_sm90.cu) may compute wrong
   // values on purpose: timed without the check, and said so.
-  if (!ok && std::getenv("KPLAN_MOE_WS_DEBUG") != nullptr) {
+  if (!ok && WsDebugVariant()) {
     std::printf("  (KPLAN_MOE_WS_DEBUG variant: timed unchecked)\n");
     row->note = "KPLAN_MOE_WS_DEBUG variant: not checked";
     return true;
@@ -908,7 +914,7 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
       if (first.empty()) first = got;
       // KPLAN_MOE_WS_DEBUG variants (moe_gemm_ws_sm90.cu) may leave the output
       // unwritten: timed without the check.
-      const bool debug = ws && std::getenv("KPLAN_MOE_WS_DEBUG") != nullptr;
+      const bool debug = ws && WsDebugVariant();
       if (debug) r.check += " (KPLAN_MOE_WS_DEBUG variant: not checked)";
       if (r.ok || debug) {
         r.ok = true;

@@ -96,8 +96,8 @@ DequantLayout DequantLayoutAfter(const GpuExperts& experts, int64_t base) {
 }
 
 // The fast route's weights: the experts' own (bf16 / fp16 sets), the int
-// prefill route's dequantised copies, or (int13 / int2 set, w13 / w2 null)
-// its int4 weights for the warp-specialised GEMMs to dequantise themselves.
+// route's dequantised copies, or (int13 / int2 set, w13 / w2 null) its int4
+// weights for the GEMMs to dequantise themselves.
 struct FastWeights {
   const void* w13;
   const void* w2;
@@ -107,17 +107,13 @@ struct FastWeights {
 };
 
 // Whether both GEMMs of a call with layout `l` over `num_experts` ids run on
-// the warp-specialised kernel with the int weights dequantised in its
-// producer (bit-identical to the dequantised copy; no copy, no dequantiser
-// pass): where it pays (MoeIntWeightsInGemms) and the kernel applies.
-bool IntWeightsInWsGemms(const GpuExperts& experts, const Layout& l, int64_t numel, int num_experts,
-                         kernels::DType dtype, const kc::MoeQuantWeights& q13,
-                         const kc::MoeQuantWeights& q2) {
-  // No split-K: l's splits are the 16-bit kernels' (EnqueueFastLayer drops them).
-  if (!kc::MoeGemmWsEnabled() || !kc::MoeGemmWsIntEnabled() ||
-      !kc::MoeIntWeightsInGemms(numel, num_experts)) {
-    return false;
-  }
+// the int4 weights, dequantised inside the GEMMs (bit-identical to the
+// dequantised copy; no copy, no dequantiser pass): where it pays
+// (MoeIntWeightsInGemms) and the int4 GEMMs take them (MoeGemmIntApplies).
+bool IntWeightsInGemms(const GpuExperts& experts, const Layout& l, int64_t numel, int num_experts,
+                       kernels::DType dtype, const kc::MoeQuantWeights& q13,
+                       const kc::MoeQuantWeights& q2) {
+  if (!kc::MoeGemmIntEnabled() || !kc::MoeIntWeightsInGemms(numel, num_experts)) return false;
   kc::MoeGroupedGemmArgs g;
   g.dtype = dtype;
   g.numel = numel;
@@ -126,12 +122,14 @@ bool IntWeightsInWsGemms(const GpuExperts& experts, const Layout& l, int64_t num
   g.num_local_experts = experts.spec().num_experts;
   g.N = experts.n13();
   g.K = experts.spec().hidden;
+  g.splits = l.splits1;
   g.int_w = &q13;
-  if (!kc::MoeGemmWsApplies(g)) return false;
+  if (!kc::MoeGemmIntApplies(g)) return false;
   g.N = experts.spec().hidden;
   g.K = experts.spec().intermediate;
+  g.splits = l.splits2;
   g.int_w = &q2;
-  return kc::MoeGemmWsApplies(g);
+  return kc::MoeGemmIntApplies(g);
 }
 
 absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
@@ -215,7 +213,7 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
     const int64_t fast = lf.bytes;
     const kc::MoeQuantWeights q13 = QuantWeightsOf(experts, true);
     const kc::MoeQuantWeights q2 = QuantWeightsOf(experts, false);
-    if (!a.batch_invariant && IntWeightsInWsGemms(experts, lf, M * k, E, act, q13, q2)) {
+    if (!a.batch_invariant && IntWeightsInGemms(experts, lf, M * k, E, act, q13, q2)) {
       return EnqueueFastLayer(experts, {nullptr, nullptr, act, &q13, &q2}, a, workspace,
                               workspace_bytes, stream);
     }
@@ -262,7 +260,6 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   const int k = a.top_k, E = a.num_experts;
   Layout l = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
                        /*bound=*/false, a.batch_invariant);
-  if (fw.int13 != nullptr) l.splits1 = l.splits2 = 1;  // the int4 kernels do not split K
   if (workspace == nullptr || workspace_bytes < l.bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));

@@ -30,8 +30,9 @@ namespace kplan {
 
 // The route of a layer of num_tokens x top_k slots over `num_experts` ids on
 // quantised experts (moe_quant_route.h): kMatvec and kDecode run inside
-// EnqueueEmulationLayer, kDequant in gpu_layer.cc (dequantised weights, then
-// the fast kernels). kEmulation for unquantised sets. Batch-invariant calls
+// EnqueueEmulationLayer, kDequant in gpu_layer.cc (the fast kernels on a
+// dequantised copy of the weights, or int4 GEMMs that dequantise them
+// themselves: IntWeightsInGemms). kEmulation for unquantised sets. Batch-invariant calls
 // (coalescing, MoeLayerArgs::batch_invariant) get a route that does not
 // depend on the slots: kDequant where it applies and the 16-bit copy of the
 // set is under 4 GiB, else kEmulation.

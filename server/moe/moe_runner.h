@@ -164,8 +164,9 @@ struct GpuLayerFacts {
 // The experts class (resolve/oracle/experts.cc, kplan's rows) of what the
 // GPU layer runs (here, not in the CUDA files, so that the naming is tested
 // on a CPU): KplanExperts (bf16 / fp16 wgmma kernels), KplanFp8Experts
-// (e4m3 tensor-core GEMMs), KplanDequantExperts (int weights dequantised,
-// then the 16-bit GEMMs), KplanQuantDecodeExperts (the quantised decode
+// (e4m3 tensor-core GEMMs), KplanDequantExperts (int weights dequantised:
+// into a 16-bit copy for the 16-bit GEMMs, or inside the int4 GEMMs),
+// KplanQuantDecodeExperts (the quantised decode
 // kernels) or KplanEmulationExperts (the dequantising GEMM).
 absl::string_view GpuLayerExpertsKernel(const GpuLayerFacts& facts);
 

@@ -20,6 +20,9 @@
 //    over the whole buffers (tails included), and a poisoned guard region
 //    past each buffer must stay untouched.
 //  * The §6.5 worked example verbatim.
+//  * Activation and combine: the 16-byte vector forms byte for byte against
+//    the scalar forms (the same launch on rows one element off alignment),
+//    every activation, bf16 and fp16, with and without combine weights.
 // One line per case: method, E, k, M, max weight error, id mismatches,
 // OK/FAIL. GPU tests skip themselves without a CUDA device. Run: ./moe_gpu_test
 #include <cuda_runtime_api.h>
@@ -36,10 +39,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/moe/moe_reference.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "tests/testing/gpu_test_util.h"
 
 namespace kplan {
@@ -503,6 +508,65 @@ TEST(MoeGpuValidationTest, GemmBlockOf16HoldsNearlyEveryHitExpert) {
   EXPECT_EQ(kc::MoeGemmBlockMFor(64 * 2, 8), 64);  // Mixtral, 64 tokens
 }
 
+// Which int4 weights and GEMMs the int4 GEMMs take (host logic: the
+// pointers are never read, so this runs without a device too).
+TEST(MoeGpuValidationTest, IntWeightsTheInt4GemmsTake) {
+  uint8_t bytes[64];
+  float scale = 1.0f;
+  const uint8_t* aligned =
+      reinterpret_cast<const uint8_t*>((reinterpret_cast<uintptr_t>(bytes) + 15) & ~uintptr_t{15});
+  kc::MoeQuantWeights w;
+  w.kind = kernels::DType::kInt4Packed;
+  w.scale_kind = kc::MoeWeightScale::kGroup;
+  w.data = aligned;
+  w.scale = &scale;
+  w.group_size = 128;
+  EXPECT_TRUE(kc::MoeIntWeightsApply(w, 4096));
+  EXPECT_TRUE(kc::MoeIntWeightsApply(w, 128));
+  EXPECT_FALSE(kc::MoeIntWeightsApply(w, 4000));  // K % 32 == 0 but not a multiple of the group
+  EXPECT_FALSE(kc::MoeIntWeightsApply(w, 0));
+  EXPECT_FALSE(kc::MoeIntWeightsApply(w, int64_t{1} << 31));  // k is 32-bit in the kernels
+  kc::MoeQuantWeights v = w;
+  v.group_size = 96;
+  EXPECT_TRUE(kc::MoeIntWeightsApply(v, 288));
+  v.group_size = 16;
+  EXPECT_FALSE(kc::MoeIntWeightsApply(v, 4096));  // a 32-k half would span two groups
+  v = w;
+  v.data = aligned + 8;
+  EXPECT_FALSE(kc::MoeIntWeightsApply(v, 4096));
+  v = w;
+  v.scale = nullptr;
+  EXPECT_FALSE(kc::MoeIntWeightsApply(v, 4096));
+  v = w;
+  v.kind = kernels::DType::kInt8;
+  EXPECT_FALSE(kc::MoeIntWeightsApply(v, 4096));
+  v = w;
+  v.scale_kind = kc::MoeWeightScale::kPerChannel;
+  EXPECT_FALSE(kc::MoeIntWeightsApply(v, 4096));
+
+  kc::MoeGroupedGemmArgs g;
+  g.numel = 512;
+  g.num_blocks = 64;
+  g.num_local_experts = 8;
+  g.N = 1024;
+  g.K = 4096;
+  EXPECT_FALSE(kc::MoeGemmIntApplies(g));  // no int_w
+  g.int_w = &w;
+  for (int bm : {16, 64, 128}) {
+    g.block_m = bm;
+    g.splits = 3;
+    EXPECT_TRUE(kc::MoeGemmIntApplies(g)) << bm;  // the cp.async kernel, split K too
+  }
+  g.block_m = 256;  // the warp-specialised kernel only: no split K
+  EXPECT_FALSE(kc::MoeGemmIntApplies(g));
+  g.block_m = 64;
+  g.fp8 = true;
+  EXPECT_FALSE(kc::MoeGemmIntApplies(g));
+  g.fp8 = false;
+  g.K = 4000;
+  EXPECT_FALSE(kc::MoeGemmIntApplies(g));
+}
+
 TEST(MoeGpuValidationTest, RejectsUnsupportedParams) {
   // Checked before anything is launched: runs without a device too.
   kc::MoeRoutingParams p;
@@ -809,6 +873,94 @@ TEST_F(MoeGpuTest, AlignWorkedExampleFromPlan) {
               (post[0] == 16 && sorted == cpu->sorted_token_ids && experts == cpu->expert_ids)
                   ? "OK"
                   : "FAIL");
+}
+
+// ---------------------------------------------------------------------------
+// Activation and combine: vector forms against scalar forms.
+
+// n random 16-bit values of `dtype` in [-lim, lim] (past the clamps of 7).
+std::vector<uint16_t> Random16(kernels::DType dtype, size_t n, float lim) {
+  std::uniform_real_distribution<float> u(-lim, lim);
+  std::vector<uint16_t> v(n);
+  for (uint16_t& x : v) {
+    const float f = u(Rng());
+    x = dtype == kernels::DType::kBFloat16 ? FloatToBf16(f) : FloatToHalf(f);
+  }
+  return v;
+}
+
+// Runs `launch(in, out)` on 16-byte aligned buffers (the vector form) and on
+// buffers one element past alignment (the scalar form) and expects the
+// `out_n` outputs byte-identical.
+template <typename Launch>
+void ExpectVectorFormIsScalar(const std::string& label, const std::vector<uint16_t>& in,
+                              size_t out_n, cudaStream_t stream, Launch launch) {
+  DevBuf<uint16_t> in_a(in.size()), in_u(in.size() + 1), out_a(out_n), out_u(out_n + 1);
+  CUDA_OK(in_a.Upload(in));
+  CUDA_OK(cudaMemcpy(in_u.raw() + 1, in.data(), in.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(out_a.Poison(kPoisonByte));
+  CUDA_OK(out_u.Poison(kPoisonByte));
+  ASSERT_TRUE(launch(in_a.get(), out_a.get()).ok()) << label;
+  ASSERT_TRUE(launch(in_u.raw() + 1, out_u.raw() + 1).ok()) << label;
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<uint16_t> a, u;
+  CUDA_OK(out_a.Download(&a));
+  CUDA_OK(out_u.Download(&u));
+  int64_t diff = 0, first = -1;
+  for (size_t i = 0; i < out_n; ++i) {
+    if (a[i] != u[i + 1] && diff++ == 0) first = static_cast<int64_t>(i);
+  }
+  EXPECT_EQ(diff, 0) << label << ": first difference at " << first << " vector 0x" << std::hex
+                     << a[first] << " scalar 0x" << u[first + 1];
+}
+
+TEST_F(MoeGpuTest, ActivationAndCombineVectorFormsAreTheScalarForms) {
+  using kernels::DType;
+  using kernels::MoeActivation;
+  int cases = 0;
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    for (int a = 0; a <= static_cast<int>(MoeActivation::kRelu2NoMul); ++a) {
+      const auto act = static_cast<MoeActivation>(a);
+      const bool gated = act < MoeActivation::kSiluNoMul;
+      kc::MoeActParams ap;
+      ap.has_clamp_limit = act == MoeActivation::kSwigluOaiUninterleave || a % 2 == 0;
+      for (int64_t rows : {1, 37}) {
+        for (int64_t d : {8, 200, 1544}) {
+          const int64_t in_w = gated ? 2 * d : d;
+          const auto in = Random16(dt, rows * in_w, 10.0f);
+          ExpectVectorFormIsScalar(
+              absl::StrCat("activation ", a, " ", kernels::DTypeName(dt), " rows ", rows, " d ", d),
+              in, rows * d, stream_, [&](const void* x, void* y) {
+                return kc::LaunchMoeActivation(act, ap, dt, x, rows, in_w, y, d, stream_);
+              });
+          ++cases;
+        }
+      }
+    }
+    for (int k : {1, 2, 8}) {
+      for (int64_t M : {1, 45}) {
+        for (int64_t H : {8, 2048}) {
+          for (bool weighted : {true, false}) {
+            const auto y = Random16(dt, M * k * H, 4.0f);
+            std::vector<float> w(M * k);
+            std::uniform_real_distribution<float> u(0.0f, 1.0f);
+            for (float& x : w) x = u(Rng());
+            DevBuf<float> d_w(w.size());
+            CUDA_OK(d_w.Upload(w));
+            ExpectVectorFormIsScalar(absl::StrCat("combine ", kernels::DTypeName(dt), " k ", k,
+                                                  " M ", M, " H ", H, weighted ? " weighted" : ""),
+                                     y, M * H, stream_, [&](const void* x, void* out) {
+                                       return kc::LaunchMoeCombine(dt, x,
+                                                                   weighted ? d_w.get() : nullptr,
+                                                                   M, k, H, out, stream_);
+                                     });
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  std::printf("activation / combine vector forms against scalar: %d cases\n", cases);
 }
 
 }  // namespace

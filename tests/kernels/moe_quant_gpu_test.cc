@@ -103,16 +103,21 @@ std::string RandomFloats(kernels::DType dtype, int64_t n, int base, uint64_t str
   return out;
 }
 
-// Positive fp32 values base·[0.5, 1.5); with mixed_exact about half of
-// them rounded to bf16 (exact in bf16 and, at these magnitudes, fp16: the
-// int kernels' packed dequantisation), the others arbitrary fp32 (their
-// per-weight one), so each int case runs both, group by group.
-std::string RandomScales(int64_t n, double base, uint64_t stream, bool mixed_exact = false) {
+// Positive fp32 values base·[0.5, 1.5), rounded to bf16 (exact in bf16 and,
+// at these magnitudes, fp16: the int kernels' packed dequantisation) where
+// `exact` says: none, about half (the others arbitrary fp32, the per-weight
+// dequantisation, so each int case runs both, group by group) or all (the
+// packed form for whole warps of the int4 GEMMs, which take it only when
+// every lane's group is exact).
+enum class ExactScales { kNone, kHalf, kAll };
+std::string RandomScales(int64_t n, double base, uint64_t stream, ExactScales exact) {
   std::string out(static_cast<size_t>(n * 4), '\0');
   float* dst = reinterpret_cast<float*>(out.data());
   Fill(n, stream, [&](int64_t i, uint64_t r) {
     dst[i] = static_cast<float>(base * (0.5 + static_cast<double>(r >> 40) / (1ull << 24)));
-    if (mixed_exact && (r & 1)) dst[i] = moe::RoundToDType(dst[i], DType::kBFloat16);
+    if (exact == ExactScales::kAll || (exact == ExactScales::kHalf && (r & 1))) {
+      dst[i] = moe::RoundToDType(dst[i], DType::kBFloat16);
+    }
   });
   return out;
 }
@@ -142,6 +147,7 @@ struct Combo {
   int block_n = 128, block_k = 128, group = 128;
   std::string activation = "silu";
   bool bias = false;
+  bool exact_scales = false;  // int: every group scale exact in bf16 (else about half)
 
   std::string Label() const {
     std::string s = quant.empty() ? absl::StrCat(kernels::DTypeName(wdtype), " weights") : quant;
@@ -150,7 +156,7 @@ struct Combo {
                                 : absl::StrCat(" act ", act_scale, static_scales ? " static" : "");
     }
     if (quant == "int8_group" || quant == "int4_group") {
-      s += absl::StrCat(" g", group, zero_points ? " zp" : "");
+      s += absl::StrCat(" g", group, zero_points ? " zp" : "", exact_scales ? " exact" : "");
     }
     s += absl::StrCat(" / ", kernels::DTypeName(act));
     if (activation != "silu") s += " " + activation;
@@ -214,7 +220,10 @@ std::unique_ptr<ExpertSet> MakeSet(const Shape& sh, const Combo& c, uint64_t str
                        : RandomBytes(n, id, [](uint64_t r) { return uint8_t(6 + r % 4); });
     } else {  // scales: dequantised weights of rms about 1/sqrt(fan-in)
       const double rms_q = c.fp8() ? 2.5 : c.quant == "int8_group" ? 73.0 : 4.6;
-      t[ts.name] = RandomScales(n, inv / rms_q, id, !c.fp8());
+      t[ts.name] = RandomScales(n, inv / rms_q, id,
+                                c.fp8()          ? ExactScales::kNone
+                                : c.exact_scales ? ExactScales::kAll
+                                                 : ExactScales::kHalf);
     }
   }
   return std::make_unique<ExpertSet>(std::move(spec), std::move(t));
@@ -255,11 +264,11 @@ struct RunOptions {
   bool weights_on_input = false;  // k must be 1
   int k_override = 0;
   bool expect_matvec = false;  // auto must pick the matvec kernels
-  // From this M on (0: never) the int prefill route must run its GEMMs on the
-  // int4 weights (the warp-specialised kernels' int instantiations), and its
-  // output must equal, byte for byte, the dequantised copy's (the kernels
-  // switched off, SetMoeGemmWsIntMode).
-  int64_t int_ws_from = 0;
+  // From this M on (0: never) the int route must run its GEMMs on the int4
+  // weights (MoeGemmIntLaunches grows), and its output must equal, byte for
+  // byte, the dequantised copy's (the int4 GEMMs switched off,
+  // SetMoeGemmIntMode, and the dequant route forced: same blocks and splits).
+  int64_t int_gemm_from = 0;
 };
 
 void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExperts& gpu,
@@ -308,22 +317,26 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
 
   GpuRunOptions poison;
   poison.poison_workspace = true;
-  const int64_t int_launches = kernels::cuda::MoeGemmWsIntLaunches();
+  const int64_t int_launches = kernels::cuda::MoeGemmIntLaunches();
   auto got = RunMoeOnGpu(gpu, in, nullptr, poison);
   ASSERT_TRUE(got.ok()) << label << ": " << got.status();
   GpuRunStats st;
   auto again = RunMoeOnGpu(gpu, in, nullptr, {}, &st);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->output, got->output) << label << ": not deterministic";
-  if (opt.int_ws_from > 0 && M >= opt.int_ws_from) {
-    EXPECT_GT(kernels::cuda::MoeGemmWsIntLaunches(), int_launches)
-        << label << " M=" << M << ": the int4 warp-specialised GEMMs did not run";
-    kernels::cuda::SetMoeGemmWsIntMode(kernels::cuda::MoeKernelMode::kOff);
-    const int64_t off_launches = kernels::cuda::MoeGemmWsIntLaunches();
+  if (opt.int_gemm_from > 0 && M >= opt.int_gemm_from) {
+    EXPECT_GT(kernels::cuda::MoeGemmIntLaunches(), int_launches)
+        << label << " M=" << M << ": the int4 GEMMs did not run";
+    kernels::cuda::SetMoeGemmIntMode(kernels::cuda::MoeKernelMode::kOff);
+    kernels::cuda::SetMoeQuantRouteMode(kernels::cuda::MoeQuantRouteMode::kDequant);
+    const int64_t off_launches = kernels::cuda::MoeGemmIntLaunches();
     auto copy = RunMoeOnGpu(gpu, in, nullptr, poison);
-    kernels::cuda::SetMoeGemmWsIntMode(kernels::cuda::MoeKernelMode::kFromEnv);
+    kernels::cuda::SetMoeGemmIntMode(kernels::cuda::MoeKernelMode::kFromEnv);
+    kernels::cuda::SetMoeQuantRouteMode(opt.route == kernels::cuda::MoeQuantRouteMode::kAuto
+                                            ? kernels::cuda::MoeQuantRouteMode::kFromEnv
+                                            : opt.route);
     ASSERT_TRUE(copy.ok()) << label << ": " << copy.status();
-    EXPECT_EQ(kernels::cuda::MoeGemmWsIntLaunches(), off_launches) << label;
+    EXPECT_EQ(kernels::cuda::MoeGemmIntLaunches(), off_launches) << label;
     EXPECT_TRUE(copy->output == got->output)
         << label << " M=" << M << ": the int4 kernels' output is not the dequantised copy's";
   }
@@ -492,7 +505,7 @@ TEST(MoeQuantGpu, Qwen3Fp8) {
 TEST(MoeQuantGpu, Qwen3IntWeightOnly) {
   SKIP_WITHOUT_CUDA();
   RunOptions ws;
-  ws.int_ws_from = 4096;
+  ws.int_gemm_from = 512;  // 512: the cp.async kernel; 4096 the warp-specialised one
   RunCombo(kQwen3, IntW("int4_group", kernels::DType::kBFloat16, false), {1, 64, 512, 4096}, 11,
            ws);
   RunCombo(kQwen3, IntW("int8_group", kernels::DType::kBFloat16, false), {1, 64, 512}, 12);
@@ -513,8 +526,9 @@ TEST(MoeQuantGpu, Qwen3UnquantisedMixedDtypes) {
 TEST(MoeQuantGpu, Mixtral8x7B) {
   SKIP_WITHOUT_CUDA();
   RunOptions ws;
-  ws.int_ws_from = 512;
-  RunCombo(kMixtral, IntW("int4_group", kernels::DType::kBFloat16, false), {1, 64, 512}, 31, ws);
+  ws.int_gemm_from = 64;  // 16 per expert: the cp.async kernel; 512 the warp-specialised one
+  RunCombo(kMixtral, IntW("int4_group", kernels::DType::kBFloat16, false), {1, 16, 64, 512}, 31,
+           ws);
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kFloat16), {64}, 32);
 }
 
@@ -597,14 +611,35 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   RunCombo(f8, pts, {17}, 75, dec);
   const Shape i4s{"tail-int4", 6, 2, 352, 96};
   Combo i4 = IntW("int4_group", kernels::DType::kBFloat16, false, 32);
-  RunCombo(i4s, i4, {1, 9, 40}, 76);
+  // From 40 tokens (13 slots per expert) the int4 GEMMs: the cp.async
+  // kernel dequantising in its consumer threads; forced, blocks of 16 too.
+  RunOptions igemm;
+  igemm.int_gemm_from = 40;
+  RunCombo(i4s, i4, {1, 9, 40}, 76, igemm);
   RunCombo(i4s, i4, {300}, 77, dec);
-  RunCombo(i4s, i4, {3, 300}, 78, deq);
-  // Past 128 slots per expert the int4 warp-specialised GEMMs: GEMM 1's K
-  // ends half-way through a 64-wide k-tile and its 192 rows inside a 256-row
-  // tile, GEMM 2's 352 rows in a second one; silu takes the fused form.
+  RunOptions deq_gemm = deq;
+  deq_gemm.int_gemm_from = 3;
+  RunCombo(i4s, i4, {3, 300}, 78, deq_gemm);
+  // Every scale exact: whole warps take the packed dequantisation (with
+  // half the groups exact, a warp's 16 rows almost never all are).
+  Combo i4e = i4;
+  i4e.exact_scales = true;
+  RunCombo(i4s, i4e, {3, 40}, 140, deq_gemm);
+  // Split K on the int4 cp.async kernel: GEMM 2 (K = 1024 over 2 row tiles
+  // of a few blocks) takes 4 splits; with a bias the GEMM reduces them,
+  // without it the combine does.
+  const Shape sk{"splitk-int4", 6, 2, 256, 1024};
+  for (bool bias : {false, true}) {
+    Combo ik = IntW("int4_group", kernels::DType::kBFloat16, bias);
+    ik.bias = bias;
+    RunCombo(sk, ik, {40}, 141 + bias, igemm);
+  }
+  // The int4 GEMMs from 40 tokens: the cp.async kernel at 40, past 128 slots
+  // per expert the warp-specialised ones. GEMM 1's K ends half-way through a
+  // 64-wide k-tile and its 192 rows inside a 256-row tile, GEMM 2's 352 rows
+  // in a second one; silu takes the fused form.
   RunOptions ws;
-  ws.int_ws_from = 500;
+  ws.int_gemm_from = 40;
   Combo i4b = i4;
   i4b.bias = true;
   RunCombo(i4s, i4b, {600}, 70, ws);
@@ -629,9 +664,9 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   const Combo i4g = IntW("int4_group", kernels::DType::kBFloat16, true, 96);
   RunCombo(g96, i4g, {5, 40}, 84, dec);
   RunCombo(g96, i4g, {1, 3}, 85, mv);
-  RunOptions ws700;
-  ws700.int_ws_from = 700;
-  RunCombo(g96, i4g, {700}, 88, ws700);
+  RunOptions g96_gemm;
+  g96_gemm.int_gemm_from = 40;
+  RunCombo(g96, i4g, {5, 40, 700}, 88, g96_gemm);
   const Combo i8g = IntW("int8_group", kernels::DType::kFloat16, false, 48);
   RunCombo(g96, i8g, {5}, 86, dec);
   RunCombo(g96, i8g, {1, 3}, 87, mv);

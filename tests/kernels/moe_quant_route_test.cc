@@ -57,6 +57,9 @@ TEST(MoeQuantRoute, IntWeightsInTheGemmsUpToTheSlotLimit) {
 constexpr MoeQuantKernels kInt{.matvec = true, .decode = true, .dequant = true};
 constexpr MoeQuantKernels kFp8{.matvec = true, .decode = true};
 constexpr MoeQuantKernels kFp8Tc{.matvec = true, .decode = true, .fp8_tc = true};
+// int4 with group scales whose GEMMs take the int weights.
+constexpr MoeQuantKernels kInt4Gemm{
+    .matvec = true, .decode = true, .dequant = true, .int_gemm = true};
 
 MoeQuantKernels Without(MoeQuantKernels k, bool matvec, bool decode) {
   if (matvec) k.matvec = false;
@@ -92,6 +95,20 @@ TEST(MoeQuantRoute, AutoPicksByBatchAndSupport) {
   EXPECT_EQ(MoeQuantRouteFor(kFp8Tc, 3, 8, 256, a), MoeQuantRoute::kEmulation);
   EXPECT_EQ(MoeQuantRouteFor(kFp8Tc, 64, 8, 256, a), MoeQuantRoute::kEmulation);
   EXPECT_EQ(MoeQuantRouteFor(kFp8Tc, 3, 8, 256, MoeQuantRouteMode::kDecode),
+            MoeQuantRoute::kDecode);
+  // int4 into the GEMMs: matvec where the slots are distinct, the decode
+  // tiles up to 10 slots per hit expert, then the dequant route (whose GEMMs
+  // take the int weights); the decode tiles past that only when forced.
+  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 1, 8, 256, a), MoeQuantRoute::kMatvec);
+  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 16, 2, 8, a), MoeQuantRoute::kDecode);   // 4 per expert
+  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 40, 2, 8, a), MoeQuantRoute::kDecode);   // 10
+  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 41, 2, 8, a), MoeQuantRoute::kDequant);  // 10.25
+  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 64, 2, 8, a), MoeQuantRoute::kDequant);
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 64, 2, 8, a), MoeQuantRoute::kDecode);
+  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 64, 8, 128, a), MoeQuantRoute::kDecode);
+  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 256, 8, 128, a), MoeQuantRoute::kDequant);
+  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 4096, 8, 128, a), MoeQuantRoute::kDequant);
+  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 64, 2, 8, MoeQuantRouteMode::kDecode),
             MoeQuantRoute::kDecode);
   // Unsupported matvec and decode (fp32 activations, odd group sizes).
   EXPECT_EQ(MoeQuantRouteFor(Without(kInt, true, true), 1, 8, 256, a), MoeQuantRoute::kDequant);

@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/ir/ir_ops.h"
+#include "kernels/cuda/runtime/buffers.h"
 #include "kernels/cuda/runtime/device_info.h"
 #include "kernels/cuda/runtime/status.h"
 
@@ -336,8 +337,6 @@ __global__ void __launch_bounds__(kMaxThreads)
     orow[idx] = GeluPack<T, kVec>(gate[idx], up[idx], cutoff, tanh_approximate);
   }
 }
-
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Elements per 16-byte vector.
 int VecWidth(DType t) { return 16 / DTypeSize(t); }

@@ -54,6 +54,7 @@
 #include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_routing.cuh"
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
+#include "kernels/cuda/runtime/buffers.h"
 #include "kernels/cuda/runtime/device_info.h"
 #include "kernels/cuda/runtime/status.h"
 
@@ -410,8 +411,6 @@ detail::KernelSwitch g_switch([] {
   return std::strcmp(v, "0") != 0;
 });
 std::atomic<int64_t> g_launches{0};
-
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // What a launch needs to know of the device and the kernel, found once per
 // (device, kernel) with the kernel's shared-memory opt-in set: cooperative

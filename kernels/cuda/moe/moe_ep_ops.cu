@@ -7,6 +7,7 @@
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_ep_ops.h"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/runtime/buffers.h"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
@@ -152,8 +153,6 @@ __global__ void ScatterRowsKernel(const uint4* __restrict__ in, const int32_t* _
     for (int64_t v = threadIdx.x; v < vecs; v += blockDim.x) dst[v] = src[v];
   }
 }
-
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
 

@@ -74,6 +74,8 @@ enum class MoeFp8WeightScale : int { kPerTensor, kPerChannel, kBlock };
 absl::Status CheckHalfDType(DType dtype, const char* what);
 absl::Status CheckFloatDType(DType dtype, const char* what);
 
+struct MoeQuantWeights;  // moe_quant_gemm.h
+
 // One grouped GEMM over the moe_align_block_size output. Block t covers
 // sorted_token_ids[t*block_m, (t+1)*block_m) and uses expert expert_ids[t].
 // For every slot s in it with s < numel (sentinels are skipped):
@@ -84,8 +86,6 @@ absl::Status CheckFloatDType(DType dtype, const char* what);
 // written. With splits > 1 the K range is split over that many CTAs whose
 // fp32 partials (`partials`, MoeGemmPartialsBytes) are summed in split order
 // before the same rounding.
-struct MoeQuantWeights;  // moe_quant_gemm.h
-
 struct MoeGroupedGemmArgs {
   DType dtype = DType::kBFloat16;
   const void* a = nullptr;      // [a_rows, K]; GEMM 1: hidden states [M, K]; GEMM 2: [numel, K]
@@ -121,13 +121,31 @@ struct MoeGroupedGemmArgs {
   const float* w_scale = nullptr;
   const float* a_scale = nullptr;
   // int4 weights with group scales (moe_quant_gemm.h: kInt4Packed, kGroup;
-  // optional zero points) in place of w, for the int prefill route: only the
-  // warp-specialised kernel takes them (MoeGemmWsApplies, moe_gemm_ws.h; an
-  // error elsewhere), dequantised in its producer to the values
-  // LaunchMoeDequantWeights stores, so C is bit-identical to that dequantiser
-  // followed by this GEMM on its 16-bit copy. w is not read.
+  // optional zero points) in place of w, for the int route of the layer
+  // (MoeGemmIntApplies): the warp-specialised kernel dequantises them in its
+  // producer (splits 1, MoeGemmWsApplies), the cp.async one in its consumer
+  // threads, into wgmma's A registers (block_m 16, 64 or 128). Either gives
+  // the values LaunchMoeDequantWeights stores, so C is bit-identical to that
+  // dequantiser followed by this GEMM on its 16-bit copy. w is not read.
   const MoeQuantWeights* int_w = nullptr;
 };
+
+// Whether the int4 GEMMs take weights `w` of a GEMM of depth K: int4 packed
+// with group scales (zero points optional), 16-byte aligned data, K and the
+// group size multiples of 32, K a multiple of the group size.
+bool MoeIntWeightsApply(const MoeQuantWeights& w, int64_t K);
+// Whether LaunchMoeGroupedGemm takes `args` with its int_w (above). At
+// block_m 256 only the warp-specialised kernel does, which returns
+// UNAVAILABLE when the driver gives no TMA tensor map for the weights.
+bool MoeGemmIntApplies(const MoeGroupedGemmArgs& args);
+// Whether the layer's int route runs its GEMMs on the int4 weights (on by
+// default): SetMoeGemmIntMode, or with kFromEnv KPLAN_MOE_INT_GEMM=0 for the
+// dequantised copy and the 16-bit kernels (the A/B of moe_bench).
+void SetMoeGemmIntMode(MoeKernelMode mode);
+bool MoeGemmIntEnabled();
+// Launches with int_w that succeeded, process-wide (a test's proof that the
+// int4 kernels ran).
+int64_t MoeGemmIntLaunches();
 
 // GEMM output given as unreduced split-K partials ([splits][numel][N] fp32):
 // a consumer reads element i as round(Σ_z partials[z][i]), z ascending,

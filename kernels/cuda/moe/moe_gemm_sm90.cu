@@ -29,19 +29,35 @@
 //   until at most one group is in flight.
 // Epilogue: accumulators -> shared tile [slots][128] (rounded to T with the
 // bias, or fp32 partials), then coalesced 16-byte row stores to C[slot].
+//
+// int4 weights (Int4W, MoeGroupedGemmArgs::int_w): the stage holds the
+// packed k-tile (128 rows x 32 bytes, unswizzled) and the token tile as
+// above; each consumer thread gathers its A fragment's nibbles from two
+// rows, dequantises them with its rows' group scales (IntRows) and issues
+// wgmma with A from registers (WgmmaRs), waiting for the group before its
+// registers are reused. ncu on an H200 (docs/PERF.md, session 17): about 9
+// instructions a weight, 2.5 of them the dequantisation, the rest the
+// per-k-tile copy, scale and loop work that 32 weights a thread share.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "kernels/cuda/moe/moe_kernel_switch.h"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/moe_wgmma.cuh"
 #include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/buffers.h"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
@@ -55,13 +71,23 @@ constexpr int kRowsW = 128;     // weight rows per CTA (two warpgroups x 64)
 constexpr int kFp8Block = 128;  // fp8 block scales: 128 x 128 (block_n = kRowsW)
 constexpr int kThreads = 256;
 
+// The weight operand "int4 with group scales" (MoeQuantWeights kInt4Packed,
+// kGroup): the consumer threads dequantise each k-tile's packed weights from
+// shared memory into wgmma's A registers (WgmmaRs), to the values
+// LaunchMoeDequantWeights stores, so C is bit-identical to this GEMM on that
+// 16-bit copy. The token operand is then T.
+struct Int4W {};
+
 template <int BT, typename TIn>
 struct Cfg {
-  static constexpr bool kFp8 = sizeof(TIn) == 1;
-  static constexpr int kElems16 = 16 / sizeof(TIn);  // elements per 16-byte chunk
-  static constexpr int kBKe = 8 * kElems16;          // K elements per stage (128 bytes)
-  static constexpr int kStages = BT == 16 ? 6 : 4;   // 108 / 96 / 128 / 192 KiB
-  static constexpr int kWBytes = kRowsW * 128;       // 16 KiB
+  static constexpr bool kInt = std::is_same_v<TIn, Int4W>;
+  static constexpr bool kFp8 = !kInt && sizeof(TIn) == 1;
+  static constexpr int kElems16 = kInt ? 8 : 16 / sizeof(TIn);  // token elements per 16 bytes
+  static constexpr int kBKe = 8 * kElems16;  // K elements per stage (128 bytes of a token row)
+  // int4: 8 stages of 6 / 12 / 20 KiB (the packed weights are a quarter of
+  // the bytes, so more k-tiles are in flight); else 108 / 96 / 128 / 192 KiB.
+  static constexpr int kStages = kInt ? 8 : BT == 16 ? 6 : 4;
+  static constexpr int kWBytes = kRowsW * (kInt ? 32 : 128);  // int4: 4 KiB unswizzled, else 16
   static constexpr int kTBytes = BT * 128;
   // fp8 block scales: the k-tile's activation scale of each slot, then the
   // weight tile's scale, padded so that every stage stays 1024-byte aligned.
@@ -106,6 +132,123 @@ struct GemmParams {
   const float* w_scale;
   const float* a_scale;
   bool a_scale_per_block;  // [a_rows, ceil(K/128)], else [a_rows]
+  // Int4W only: the weights, and their groups per row.
+  MoeQuantWeights iw;
+  int64_t groups;
+  detail::quant::GroupDiv gdiv;
+};
+
+// A consumer thread's int4 weights: its rows r and r + 8 of the tile and
+// their group dequantisers. The k-tile's two 32-k halves each lie in one
+// group (group sizes are multiples of 32); a dequantiser is made when the
+// group changes (every k-tile half for groups of 32, every other k-tile for
+// 128), from scales and zero points loaded one group ahead, and the packed
+// form is taken when it is exact for every lane (warp-uniform). Rows past N
+// get scale 0 (finite weights, never stored); halves past K give +0, the
+// zero-filled weights of the dequantised copy's GEMM.
+template <typename T>
+class IntRows {
+ public:
+  using Dq = detail::quant::IntGroupDequant<T, true>;
+
+  // Rows n_r (and n_r + 8) of expert e; the first k-tile kt0.
+  __device__ __forceinline__ IntRows(const GemmParams& p, int e, int64_t n_r, int kt0)
+      : K_(static_cast<int>(p.K)),
+        shift_(p.gdiv.shift),
+        size_(p.gdiv.size),
+        groups_(static_cast<int>(p.groups)) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t n = n_r + 8 * i;
+      const int64_t base = (static_cast<int64_t>(e) * p.N + n) * p.groups;
+      s_[i] = n < p.N ? p.iw.scale + base : nullptr;
+      z_[i] = n < p.N && p.iw.zero != nullptr ? p.iw.zero + base : nullptr;
+    }
+    next_ = Group(kt0 * 64);
+    Fetch();
+  }
+
+  // The A fragments of k-tile kt whose packed rows are at wrow (32 bytes a
+  // row: byte b holds k 2b and 2b + 1) for lane quad q. Step s needs k
+  // 16 s + 2 q (+1) and 16 s + 2 q + 8 (+9): byte q of words 2 s and 2 s + 1
+  // of each row, gathered four words' bytes at a time into one word whose
+  // pairs are (step 2 v, low k), (2 v, high k), (2 v + 1, low), (2 v + 1,
+  // high) for half v.
+  __device__ __forceinline__ void Fragments(int kt, uint32_t wrow, int q, uint32_t (&a)[4][4]) {
+    uint32_t w[2][8];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4 lo = detail::LdShared16(wrow + i * 256),
+                  hi = detail::LdShared16(wrow + i * 256 + 16);
+      const uint32_t row[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) w[i][j] = row[j];
+    }
+    const uint32_t sel = static_cast<uint32_t>(q) | (4u + q) << 4;
+    Half(0, kt * 64, w, sel, a);
+    // K is a multiple of 32: only the second half of the last k-tile can be
+    // past K, where the copy's zero-filled weights are +0 (uniform branch).
+    if (kt * 64 + 32 < K_) {
+      Half(1, kt * 64 + 32, w, sel, a);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[2][j] = a[3][j] = 0u;
+    }
+  }
+
+ private:
+  // Half v (k from k) of the fragments from the rows' words w.
+  __device__ __forceinline__ void Half(int v, int k, const uint32_t (&w)[2][8], uint32_t sel,
+                                       uint32_t (&a)[4][4]) {
+    Enter(Group(k));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t x = __byte_perm(__byte_perm(w[i][4 * v], w[i][4 * v + 1], sel),
+                                     __byte_perm(w[i][4 * v + 2], w[i][4 * v + 3], sel), 0x5410);
+      uint32_t o[4];
+      dq_[i].Pairs(x, o, packed_);
+      a[2 * v][i] = o[0];
+      a[2 * v][2 + i] = o[1];
+      a[2 * v + 1][i] = o[2];
+      a[2 * v + 1][2 + i] = o[3];
+    }
+  }
+  __device__ __forceinline__ int Group(int k) const {
+    return shift_ >= 0 ? k >> shift_ : k / size_;
+  }
+  // Loads group next_'s scales and zero points (scale 0 past N or K).
+  __device__ __forceinline__ void Fetch() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const bool ok = s_[i] != nullptr && next_ < groups_;
+      ns_[i] = ok ? __ldg(s_[i] + next_) : 0.0f;
+      nzb_[i] = detail::quant::BiasedZero(ok ? z_[i] : nullptr, next_, true);
+    }
+  }
+  // Makes group g's dequantisers current (g is the current group or the
+  // next: k grows 32 at a time). Warp-uniform: every lane has the same g.
+  __device__ __forceinline__ void Enter(int g) {
+    if (g == cur_) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) dq_[i] = Dq(ns_[i], nzb_[i]);
+    packed_ = __all_sync(0xffffffffu, dq_[0].packed() && dq_[1].packed());
+    cur_ = g;
+    next_ = g + 1;
+    Fetch();
+  }
+
+  int K_, shift_, size_, groups_;
+  const float* s_[2];
+  const uint8_t* z_[2];
+  int cur_ = -1, next_ = 0;
+  bool packed_ = false;
+  float ns_[2] = {0.0f, 0.0f}, nzb_[2] = {0.0f, 0.0f};
+  Dq dq_[2] = {Dq(0.0f, 0.0f), Dq(0.0f, 0.0f)};
+};
+
+// What the kernels of other weight types hold in IntRows' place.
+struct NoIntRows {
+  __device__ __forceinline__ NoIntRows(const GemmParams&, int, int64_t, int) {}
 };
 
 template <int BT, typename TIn, typename T>
@@ -165,8 +308,12 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
   uint8_t* smem_gen =
       smem_dyn + (smem_base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
 
-  const TIn* A = static_cast<const TIn*>(p.a);
-  const TIn* W = static_cast<const TIn*>(p.w) + static_cast<int64_t>(e) * N * K;
+  using TA = std::conditional_t<C::kInt, T, TIn>;  // the token operand's type
+  const TA* A = static_cast<const TA*>(p.a);
+  const TA* W = C::kInt ? nullptr : static_cast<const TA*>(p.w) + static_cast<int64_t>(e) * N * K;
+  const uint8_t* Wq =
+      C::kInt ? static_cast<const uint8_t*>(p.iw.data) + static_cast<int64_t>(e) * N * (K / 2)
+              : nullptr;
 
   // K range of this split, in k-tiles of 128 bytes (64 bf16 / 128 fp8).
   const int64_t ktiles_all = (K + C::kBKe - 1) / C::kBKe;
@@ -174,6 +321,22 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
   const int64_t kt_end = ktiles_all * (split + 1) / p.splits;
   const int nk = static_cast<int>(kt_end - kt_begin);
 
+  // Int4W: this thread's 16-byte chunk of every packed k-tile (row tid / 2)
+  // and of every token tile (slot (tid + i * kThreads) / 8, chunk tid % 8;
+  // null: a sentinel slot), computed once.
+  const bool wq_row_ok = C::kInt && n0 + (tid >> 1) < N;
+  const uint8_t* wq_src = wq_row_ok ? Wq + (n0 + (tid >> 1)) * (K / 2) + (tid & 1) * 16 : Wq;
+  constexpr int kTChunks = (BT * 8 + kThreads - 1) / kThreads;
+  const TA* t_src[kTChunks];
+  uint32_t t_dst[kTChunks];
+  if constexpr (C::kInt) {
+#pragma unroll
+    for (int i = 0; i < kTChunks; ++i) {
+      const int idx = tid + i * kThreads, r = (idx >> 3) % BT, c = idx & 7;
+      t_src[i] = s_arow[r] >= 0 ? A + s_arow[r] * K + c * 8 : nullptr;
+      t_dst[i] = Swz(r, c);
+    }
+  }
   const bool block_scaled = C::kFp8 && p.w_scale_kind == MoeFp8WeightScale::kBlock;
   // Copy assignment: W 128 rows x 8 chunks (4 per thread), tokens BT x 8,
   // with fp8 block scales the slots' activation scales of the k-tile.
@@ -181,38 +344,53 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
     const uint32_t w_base = smem_base + stage * C::kStageBytes;
     const uint32_t t_base = w_base + C::kWBytes;
     const int64_t k0 = kt * C::kBKe;
+    if constexpr (C::kInt) {
+      // The packed tile: 128 rows x 32 bytes (64 k), a 16-byte chunk (32 k)
+      // a thread; the token chunks from their precomputed rows. 32-bit k.
+      const int k0i = static_cast<int>(k0), Ki = static_cast<int>(K);
+      const bool ok = wq_row_ok && k0i + (tid & 1) * 32 < Ki;
+      CpAsync16(w_base + tid * 16, ok ? wq_src + k0i / 2 : Wq, ok);
 #pragma unroll
-    for (int i = 0; i < (kRowsW * 8) / kThreads; ++i) {
-      const int idx = tid + i * kThreads;
-      const int r = idx >> 3, c = idx & 7;
-      const int64_t n = n0 + r, k = k0 + c * C::kElems16;
-      const bool ok = n < N && k < K;
-      CpAsync16(w_base + Swz(r, c), ok ? W + n * K + k : W, ok);
-    }
-#pragma unroll
-    for (int i = 0; i < (BT * 8 + kThreads - 1) / kThreads; ++i) {
-      const int idx = tid + i * kThreads;
-      if (idx < BT * 8) {
-        const int r = idx >> 3, c = idx & 7;
-        const int64_t row = s_arow[r], k = k0 + c * C::kElems16;
-        const bool ok = row >= 0 && k < K;
-        CpAsync16(t_base + Swz(r, c), ok ? A + row * K + k : A, ok);
+      for (int i = 0; i < kTChunks; ++i) {
+        if (tid + i * kThreads < BT * 8) {
+          const bool tok = t_src[i] != nullptr && k0i + ((tid & 7) << 3) < Ki;
+          CpAsync16(t_base + t_dst[i], tok ? t_src[i] + k0i : A, tok);
+        }
       }
-    }
-    if (C::kFp8 && block_scaled) {
-      const int64_t kblocks = (K + kFp8Block - 1) / kFp8Block;
-      if (tid < BT) {
-        const int64_t row = s_arow[tid];
-        CpAsync4(t_base + C::kTBytes + tid * 4,
-                 row >= 0 ? p.a_scale + row * kblocks + kt : p.a_scale, row >= 0);
-      } else if (tid == kThreads - 1) {
-        // The weight tile's scale rides with the stage: read from global
-        // after the k-tile's wgmma wait it cost a dependent round trip per
-        // k-tile (fp8 block 1.3x per-tensor at 64 tokens: docs/PERF.md, session 15).
-        const int64_t nblocks = (N + kFp8Block - 1) / kFp8Block;
-        CpAsync4(t_base + C::kTBytes + BT * 4,
-                 p.w_scale + (static_cast<int64_t>(e) * nblocks + n0 / kFp8Block) * kblocks + kt,
-                 true);
+    } else {
+#pragma unroll
+      for (int i = 0; i < (kRowsW * 8) / kThreads; ++i) {
+        const int idx = tid + i * kThreads;
+        const int r = idx >> 3, c = idx & 7;
+        const int64_t n = n0 + r, k = k0 + c * C::kElems16;
+        const bool ok = n < N && k < K;
+        CpAsync16(w_base + Swz(r, c), ok ? W + n * K + k : W, ok);
+      }
+#pragma unroll
+      for (int i = 0; i < (BT * 8 + kThreads - 1) / kThreads; ++i) {
+        const int idx = tid + i * kThreads;
+        if (idx < BT * 8) {
+          const int r = idx >> 3, c = idx & 7;
+          const int64_t row = s_arow[r], k = k0 + c * C::kElems16;
+          const bool ok = row >= 0 && k < K;
+          CpAsync16(t_base + Swz(r, c), ok ? A + row * K + k : A, ok);
+        }
+      }
+      if (C::kFp8 && block_scaled) {
+        const int64_t kblocks = (K + kFp8Block - 1) / kFp8Block;
+        if (tid < BT) {
+          const int64_t row = s_arow[tid];
+          CpAsync4(t_base + C::kTBytes + tid * 4,
+                   row >= 0 ? p.a_scale + row * kblocks + kt : p.a_scale, row >= 0);
+        } else if (tid == kThreads - 1) {
+          // The weight tile's scale rides with the stage: read from global
+          // after the k-tile's wgmma wait it cost a dependent round trip per
+          // k-tile (fp8 block 1.3x per-tensor at 64 tokens: docs/PERF.md, session 15).
+          const int64_t nblocks = (N + kFp8Block - 1) / kFp8Block;
+          CpAsync4(t_base + C::kTBytes + BT * 4,
+                   p.w_scale + (static_cast<int64_t>(e) * nblocks + n0 / kFp8Block) * kblocks + kt,
+                   true);
+        }
       }
     }
   };
@@ -227,6 +405,10 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
   const int wg_row0 = (tid >> 7) * 64 + warp * 16 + (lane >> 2);
   const int col_base = 2 * (lane & 3);
   const int wg = tid >> 7;  // warpgroup: weight rows [wg*64, wg*64+64) of the tile
+
+  // Int4W: this thread's rows wg_row0 and wg_row0 + 8 of the tile.
+  std::conditional_t<C::kInt, IntRows<T>, NoIntRows> irows(p, e, n0 + wg_row0,
+                                                           static_cast<int>(kt_begin));
 
 #pragma unroll
   for (int s = 0; s < P; ++s) {
@@ -243,7 +425,23 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
     const uint32_t w_base = smem_base + (kt % S) * C::kStageBytes;
     const uint32_t a_desc_base = w_base + wg * 64 * 128;
     const uint32_t b_desc_base = w_base + C::kWBytes;
-    if constexpr (C::kFp8) {
+    if constexpr (C::kInt) {
+      uint32_t a[4][4];
+      irows.Fragments(static_cast<int>(kt_begin) + kt, w_base + wg_row0 * 32, lane & 3, a);
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        detail::WgmmaRs<BT, T>::Run(acc, a[kk], Desc(b_desc_base + kk * 32), 1);
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();
+      // The wgmmas read a[] asynchronously: keep it live (its registers
+      // unreused) until they have completed.
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        asm volatile("" : "+r"(a[kk][0]), "+r"(a[kk][1]), "+r"(a[kk][2]), "+r"(a[kk][3]));
+      }
+    } else if constexpr (C::kFp8) {
       // DeepGEMM-style promotion: fp8 tensor cores accumulate with reduced
       // precision, so each k-tile (128 of K: one 128 x 128 scale block) goes
       // into its own accumulators and is added to the fp32 sum here, times
@@ -270,15 +468,15 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
 #pragma unroll
         for (int i = 0; i < BT / 2; ++i) acc[i] += tile[i];
       }
-      continue;
-    }
-    WgmmaFence();
+    } else {
+      WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      Wgmma<BT, TIn>::Run(acc, Desc(a_desc_base + kk * 32), Desc(b_desc_base + kk * 32), 1);
+      for (int kk = 0; kk < 4; ++kk) {
+        Wgmma<BT, TIn>::Run(acc, Desc(a_desc_base + kk * 32), Desc(b_desc_base + kk * 32), 1);
+      }
+      WgmmaCommit();
+      WgmmaWait<1>();
     }
-    WgmmaCommit();
-    WgmmaWait<1>();
   }
   WgmmaWait<0>();
   CpAsyncWait<0>();
@@ -416,25 +614,60 @@ absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream
 template <typename TIn, typename T>
 absl::Status LaunchForBlockM(int block_m, const GemmParams& p, int64_t num_blocks,
                              cudaStream_t stream) {
-  switch (block_m) {
-    case 16:
-      return Launch<16, TIn, T>(p, num_blocks, stream);
-    case 64:
-      return Launch<64, TIn, T>(p, num_blocks, stream);
-    case 128:
-      return Launch<128, TIn, T>(p, num_blocks, stream);
-    default:
-      if constexpr (sizeof(TIn) == 1) {
-        return absl::InvalidArgumentError("moe_grouped_gemm: fp8 takes block_m 16, 64 or 128");
-      } else {
-        return Launch<256, TIn, T>(p, num_blocks, stream);
-      }
+  if constexpr (Cfg<16, TIn>::kInt) {
+    if (block_m == 16) return Launch<16, TIn, T>(p, num_blocks, stream);
+    if (block_m == 64) return Launch<64, TIn, T>(p, num_blocks, stream);
+    if (block_m == 128) return Launch<128, TIn, T>(p, num_blocks, stream);
+    return absl::InvalidArgumentError(
+        "moe_grouped_gemm: int4 weights on the cp.async kernel take block_m 16, 64 or 128");
+  } else {
+    switch (block_m) {
+      case 16:
+        return Launch<16, TIn, T>(p, num_blocks, stream);
+      case 64:
+        return Launch<64, TIn, T>(p, num_blocks, stream);
+      case 128:
+        return Launch<128, TIn, T>(p, num_blocks, stream);
+      default:
+        if constexpr (sizeof(TIn) == 1) {
+          return absl::InvalidArgumentError("moe_grouped_gemm: fp8 takes block_m 16, 64 or 128");
+        } else {
+          return Launch<256, TIn, T>(p, num_blocks, stream);
+        }
+    }
   }
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+std::atomic<int64_t> int_launches{0};
+
+detail::KernelSwitch g_int([] {
+  const char* v = std::getenv("KPLAN_MOE_INT_GEMM");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+});
 
 }  // namespace
+
+void detail::NoteMoeGemmIntLaunch() { int_launches.fetch_add(1, std::memory_order_relaxed); }
+
+bool MoeIntWeightsApply(const MoeQuantWeights& w, int64_t K) {
+  // K < 2^31: the kernels index k in 32 bits.
+  return w.kind == DType::kInt4Packed && w.scale_kind == MoeWeightScale::kGroup &&
+         w.data != nullptr && w.scale != nullptr && Aligned16(w.data) && K > 0 &&
+         K < (int64_t{1} << 31) && K % 32 == 0 && w.group_size > 0 && w.group_size % 32 == 0 &&
+         K % w.group_size == 0;
+}
+
+bool MoeGemmIntApplies(const MoeGroupedGemmArgs& g) {
+  if (g.int_w == nullptr || g.fp8 || !MoeIntWeightsApply(*g.int_w, g.K)) return false;
+  if (g.block_m == 16 || g.block_m == 64 || g.block_m == 128) return true;
+  return MoeGemmWsEnabled() && MoeGemmWsApplies(g);  // which refuses split K
+}
+
+void SetMoeGemmIntMode(MoeKernelMode mode) { g_int.Set(mode); }
+
+bool MoeGemmIntEnabled() { return g_int.On(); }
+
+int64_t MoeGemmIntLaunches() { return int_launches.load(std::memory_order_relaxed); }
 
 int MoeGemmBlockMFor(int64_t numel, int num_experts) {
   // Slots per expert if the routing were uniform over min(E, numel) experts.
@@ -525,15 +758,19 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
       return absl::InvalidArgumentError("moe_grouped_gemm: fp8 needs w_scale and a_scale");
     }
   }
-  if (g.int_w != nullptr) {  // int4 weights: the warp-specialised kernel only
-    if (g.fp8 || !MoeGemmWsEnabled() || !MoeGemmWsApplies(g)) {
+  if (g.int_w != nullptr) {
+    if (!MoeGemmIntApplies(g)) {
       return absl::InvalidArgumentError(
-          "moe_grouped_gemm: int4 weights need the warp-specialised kernel (MoeGemmWsApplies)");
+          "moe_grouped_gemm: int4 weights not taken by the int4 GEMMs (MoeGemmIntApplies)");
     }
-    return LaunchMoeGroupedGemmWs(g, stream);
+    if (MoeGemmWsEnabled() && MoeGemmWsApplies(g)) {
+      const absl::Status st = LaunchMoeGroupedGemmWs(g, stream);
+      // No tensor map: the cp.async kernel where it takes the block.
+      if (!absl::IsUnavailable(st) || g.block_m > 128) return st;
+    }
   }
   // The warp-specialised kernel of large M, behind its switch (moe_gemm_ws.h).
-  if (!g.fp8 && MoeGemmWsEnabled() && MoeGemmWsApplies(g)) {
+  if (!g.fp8 && g.int_w == nullptr && MoeGemmWsEnabled() && MoeGemmWsApplies(g)) {
     const absl::Status st = LaunchMoeGroupedGemmWs(g, stream);
     if (!absl::IsUnavailable(st)) return st;  // else no tensor map: the kernel below
   }
@@ -555,7 +792,18 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
                      g.w_scale_kind,
                      g.w_scale,
                      g.a_scale,
-                     g.fp8 && g.w_scale_kind == MoeFp8WeightScale::kBlock};
+                     g.fp8 && g.w_scale_kind == MoeFp8WeightScale::kBlock,
+                     g.int_w != nullptr ? *g.int_w : MoeQuantWeights{},
+                     g.int_w != nullptr ? g.K / g.int_w->group_size : 0,
+                     detail::quant::GroupDiv::For(g.int_w != nullptr ? g.int_w->group_size : 1)};
+  if (g.int_w != nullptr) {
+    const absl::Status st =
+        g.dtype == DType::kBFloat16
+            ? LaunchForBlockM<Int4W, __nv_bfloat16>(g.block_m, p, g.num_blocks, stream)
+            : LaunchForBlockM<Int4W, __half>(g.block_m, p, g.num_blocks, stream);
+    if (st.ok()) detail::NoteMoeGemmIntLaunch();
+    return st;
+  }
   using F8 = __nv_fp8_e4m3;
   if (g.dtype == DType::kBFloat16) {
     return g.fp8

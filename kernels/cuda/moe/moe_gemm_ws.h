@@ -24,17 +24,13 @@ using MoeGemmWsMode = MoeKernelMode;
 void SetMoeGemmWsMode(MoeGemmWsMode mode);
 bool MoeGemmWsEnabled();
 
-// With args.int_w also the int4 weights' layout: group sizes a multiple of
-// 32 that divide K, K a multiple of 32, 16-byte aligned packed rows.
+// With args.int_w also MoeIntWeightsApply (moe_experts.h).
 bool MoeGemmWsApplies(const MoeGroupedGemmArgs& args);
-// Whether the int prefill route runs its GEMMs on int_w (on by default;
-// SetMoeGemmWsIntMode, or with kFromEnv KPLAN_MOE_INT_WS=0 for the
-// dequantised copy and the 16-bit kernels, the A/B of moe_bench).
-void SetMoeGemmWsIntMode(MoeGemmWsMode mode);
-bool MoeGemmWsIntEnabled();
-// Launches with int_w that succeeded, process-wide (a test's proof that the
-// int4 kernels ran).
-int64_t MoeGemmWsIntLaunches();
+// Counts a successful launch with int_w (MoeGemmIntLaunches); called by
+// both int kernels' launchers.
+namespace detail {
+void NoteMoeGemmIntLaunch();
+}  // namespace detail
 // Args already validated by LaunchMoeGroupedGemm, MoeGemmWsApplies true.
 // UNAVAILABLE, with nothing launched, when the driver gives no TMA tensor map
 // for the weights (LaunchMoeGroupedGemm then takes the cp.async kernel).

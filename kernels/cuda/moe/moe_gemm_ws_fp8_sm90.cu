@@ -41,6 +41,7 @@
 #include "kernels/cuda/moe/moe_ws_pipeline.cuh"
 #include "kernels/cuda/moe/moe_ws_schedule.h"
 #include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/buffers.h"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
@@ -249,8 +250,6 @@ const ws::WsKnobs& Knobs() {
       ws::WsKnobsFromEnv("KPLAN_MOE_FP8_WS_DEBUG", "KPLAN_MOE_FP8_WS_GROUP");
   return knobs;
 }
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 template <typename T>
 absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
   int sms = 0;

@@ -162,6 +162,22 @@ __device__ __forceinline__ void IntFetchScales(const WsParams& p, IntTile& t, in
   }
 }
 
+// The 32 k of packed vector q (scale s, biased zero point zb) dequantised
+// weight by weight (the form for scales not exact in T) and stored at chunks
+// 4 v .. 4 v + 3 of row `row` at w_s. Out of line: inlined, this rarely
+// taken path would sit in the producer's loop, four times over.
+template <typename T>
+__device__ __noinline__ void IntStoreGeneral(uint4 q, float s, float zb, uint32_t w_s, int row,
+                                             int v) {
+  const detail::quant::IntGroupDequant<T, true> dq(s, zb);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t o[4];
+    dq.Pairs(detail::quant::WordOf(q, j), o, /*packed=*/false);
+    detail::StShared16(w_s + detail::Swz(row, 4 * v + j), o);
+  }
+}
+
 // Dequantises this thread's rows ptid and ptid + 128 of the packed k-tile
 // in staging slot `stg` (32 bytes a row) with scales `sc` into the stage's
 // weight rows at w_s (LaunchMoeDequantWeights' values), 16 bytes (8 k) at a
@@ -174,23 +190,17 @@ __device__ __forceinline__ void IntStore(const IntScales& sc, uint32_t stg, uint
     const int row = ptid + 128 * r;
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
-      uint4 q;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w)
-                   : "r"(stg + row * 32 + v * 16)
-                   : "memory");
-      uint32_t o[4][4] = {};
-      if (sc.zb[r][v] != 0.0f) {
-        const detail::quant::IntGroupDequant<T, true> dq(sc.s[r][v], sc.zb[r][v]);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) dq.Pairs(detail::quant::WordOf(q, j), o[j]);
+      const uint4 q = detail::LdShared16(stg + row * 32 + v * 16);
+      const detail::quant::IntGroupDequant<T, true> dq(sc.s[r][v], sc.zb[r][v]);
+      if (sc.zb[r][v] != 0.0f && !dq.packed()) {
+        IntStoreGeneral<T>(q, sc.s[r][v], sc.zb[r][v], w_s, row, v);
+        continue;
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        asm volatile(
-            "st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(w_s + detail::Swz(row, 4 * v + j)),
-            "r"(o[j][0]), "r"(o[j][1]), "r"(o[j][2]), "r"(o[j][3])
-            : "memory");
+        uint32_t o[4] = {0u, 0u, 0u, 0u};  // zb 0: past N or K, +0
+        if (sc.zb[r][v] != 0.0f) dq.Pairs(detail::quant::WordOf(q, j), o, /*packed=*/true);
+        detail::StShared16(w_s + detail::Swz(row, 4 * v + j), o);
       }
     }
   }
@@ -489,8 +499,6 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
   return absl::OkStatus();
 }
 
-std::atomic<int64_t> int_launches{0};
-
 // The instantiation for g's dtype and weights (bf16 / fp16; int4 with int_w).
 template <bool Fused>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
@@ -499,25 +507,12 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
   if (g.int_w != nullptr) {
     absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, true>(g, act_params, stream)
                            : LaunchWsKernel<__half, Fused, true>(g, act_params, stream);
-    if (st.ok()) int_launches.fetch_add(1, std::memory_order_relaxed);
+    if (st.ok()) detail::NoteMoeGemmIntLaunch();
     return st;
   }
   return bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false>(g, act_params, stream)
               : LaunchWsKernel<__half, Fused, false>(g, act_params, stream);
 }
-
-// int_w's weights as the kInt kernels read them (MoeGemmWsApplies).
-bool IntWeightsApply(const MoeQuantWeights& w, int64_t K) {
-  return w.kind == DType::kInt4Packed && w.scale_kind == MoeWeightScale::kGroup &&
-         w.data != nullptr && w.scale != nullptr &&
-         (reinterpret_cast<uintptr_t>(w.data) & 15) == 0 && K % 32 == 0 && w.group_size > 0 &&
-         w.group_size % 32 == 0 && K % w.group_size == 0;
-}
-
-detail::KernelSwitch g_int([] {
-  const char* v = std::getenv("KPLAN_MOE_INT_WS");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-});
 
 }  // namespace
 
@@ -528,7 +523,7 @@ bool MoeGemmWsEnabled() { return g_ws.On(); }
 bool MoeGemmWsApplies(const MoeGroupedGemmArgs& g) {
   if (g.fp8 || g.splits != 1) return false;
   if (g.int_w != nullptr) {
-    if (!IntWeightsApply(*g.int_w, g.K)) return false;
+    if (!MoeIntWeightsApply(*g.int_w, g.K)) return false;
   } else if ((reinterpret_cast<uintptr_t>(g.w) & 15) != 0 || (g.K * 2) % 16 != 0) {
     return false;  // TMA: 16-byte aligned base and row stride
   }
@@ -538,12 +533,6 @@ bool MoeGemmWsApplies(const MoeGroupedGemmArgs& g) {
 absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
   return LaunchWs<false>(g, {}, stream);
 }
-
-void SetMoeGemmWsIntMode(MoeGemmWsMode mode) { g_int.Set(mode); }
-
-bool MoeGemmWsIntEnabled() { return g_int.On(); }
-
-int64_t MoeGemmWsIntLaunches() { return int_launches.load(std::memory_order_relaxed); }
 
 // --- fused activation -----------------------------------------------------------
 

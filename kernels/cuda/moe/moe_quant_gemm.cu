@@ -25,6 +25,7 @@
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_math.cuh"
+#include "kernels/cuda/runtime/buffers.h"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
@@ -459,8 +460,6 @@ __global__ void __launch_bounds__(kThreads) QuantGemmKernel(MoeQuantGemmArgs p, 
     }
   }
 }
-
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
 

@@ -11,6 +11,10 @@
 //               batch-invariant calls, gpu_layer_emulation.h): the weights
 //               dequantised once per call into the workspace (the
 //               reference's rounding), then the bf16 / fp16 grouped GEMMs;
+//               int4 with group scales (int_gemm) also at the larger decode
+//               sizes (MoeIntGemmOverDecodeTiles), and up to 256 slots per
+//               hit expert (MoeIntWeightsInGemms): the grouped GEMMs on the
+//               int4 weights, dequantised inside them to the same values;
 //   kEmulation  everything else: the dequantising GEMM of moe_quant_gemm.h
 //               (or, for fp8 with 16-bit activations, the fp8 tensor-core
 //               grouped GEMMs behind it).
@@ -73,11 +77,25 @@ inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
   return 0;
 }
 
-// Whether the int prefill route (kDequant) runs its GEMMs on the int4
-// weights themselves (the warp-specialised kernels dequantising in their
-// producer, moe_gemm_ws.h) rather than on a dequantised 16-bit copy of the
-// hit experts: while the slots per hit expert stay at most
-// kMoeIntWeightsMaxSlots. The int kernels run the GEMMs at about half the
+// Whether int4 sets whose GEMMs take the int weights (int_gemm below) leave
+// the decode tiles for those GEMMs at a decode-sized batch: from the decode
+// tiles' largest block (more than 10 slots per hit expert on average). The
+// cp.async int4 GEMM dequantises each weight once per block of slots, in
+// about 9 instructions a weight (ncu, docs/PERF.md session 17), so the
+// decode tiles stay ahead while they read each weight for few slots. H200,
+// us per layer, int4 GEMMs against decode tiles: Mixtral-8x7B 64 tokens (16
+// per expert) 840.8 / 926.4, 128 (32) 852.1 / 1369.8, 16 tokens (4) 722.2 /
+// 445.0; Qwen3-30B-A3B 256 tokens (16) 388.8 / 501.5, 64 tokens (4) 340.9 /
+// 220.2.
+inline bool MoeIntGemmOverDecodeTiles(int64_t numel, int num_experts) {
+  return MoeQuantDecodeBlockFor(numel, num_experts) == 32;
+}
+
+// Whether the int route (kDequant) runs its GEMMs on the int4 weights
+// themselves (the int4 GEMMs of moe_experts.h, MoeGemmIntApplies) rather
+// than on a dequantised 16-bit copy of the hit experts: while the slots per
+// hit expert stay at most kMoeIntWeightsMaxSlots. The warp-specialised int
+// kernels (128 slots per expert and up) run the GEMMs at about half the
 // 16-bit kernels' TFLOP/s but save the copy, a pass over the hit experts'
 // weights whose cost against the GEMMs' falls as the slots per expert grow.
 // Measured on one H200 (docs/PERF.md, session 16; int kernels against the
@@ -119,9 +137,10 @@ inline MoeQuantRouteMode MoeQuantRouteModeNow() {
 // Which kernels run these weights, activations and sizes (both GEMMs):
 // matvec (MoeQuantMatvecSupports), decode (MoeQuantDecodeSupports), dequant
 // (MoeDequantWeightsSupports); fp8_tc: the emulation route's GEMMs are the
-// fp8 tensor-core ones.
+// fp8 tensor-core ones; int_gemm: the dequant route's GEMMs take the int4
+// weights themselves (MoeIntWeightsApply, MoeGemmIntEnabled; moe_experts.h).
 struct MoeQuantKernels {
-  bool matvec = false, decode = false, dequant = false, fp8_tc = false;
+  bool matvec = false, decode = false, dequant = false, fp8_tc = false, int_gemm = false;
 };
 
 // The route of a layer of num_tokens x top_k slots over num_experts ids. A
@@ -148,7 +167,10 @@ inline MoeQuantRoute MoeQuantRouteFor(const MoeQuantKernels& ok, int64_t num_tok
   if (ok.matvec && MoeSlotsOnDistinctExperts(num_tokens, top_k, num_experts)) {
     return MoeQuantRoute::kMatvec;
   }
-  if (ok.decode && decode_sized && !ok.fp8_tc) return MoeQuantRoute::kDecode;
+  if (ok.decode && decode_sized && !ok.fp8_tc &&
+      !(ok.int_gemm && MoeIntGemmOverDecodeTiles(numel, num_experts))) {
+    return MoeQuantRoute::kDecode;
+  }
   if (ok.dequant) return MoeQuantRoute::kDequant;
   return MoeQuantRoute::kEmulation;
 }

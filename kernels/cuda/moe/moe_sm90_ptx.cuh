@@ -112,6 +112,22 @@ __device__ __forceinline__ void SetMaxNRegDec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
 }
 
+// 16 bytes from / to shared address a (st / ld .shared.v4; "memory": not
+// moved across the barriers that order them with other threads' accesses).
+__device__ __forceinline__ uint4 LdShared16(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void StShared16(uint32_t a, const uint32_t (&v)[4]) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v[0]), "r"(v[1]),
+               "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+
 // Two values rounded to T, packed as one 4-byte word (first value low).
 template <typename T>
 __device__ __forceinline__ uint32_t Pack2(float lo, float hi) {

@@ -20,6 +20,10 @@ namespace kplan::kernels::cuda {
 // cudaMalloc and of every vector access of the kernels).
 inline constexpr int64_t kDeviceAlignment = 256;
 
+// Whether p is 16-byte aligned, as the kernels' 16-byte vector accesses and
+// cp.async chunks need.
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // Layouts: reserves `bytes` at the end of a layout of `*total` bytes,
 // kDeviceAlignment-aligned; returns its offset.
 inline int64_t ReserveAligned(int64_t* total, int64_t bytes) {
