@@ -67,6 +67,37 @@ float RoundToDType(float f, kernels::DType dtype) {
   }
 }
 
+void RoundToDTypeInPlace(float* x, int64_t n, kernels::DType dtype) {
+  switch (dtype) {
+    case kernels::DType::kFloat16:
+      for (int64_t i = 0; i < n; ++i) x[i] = HalfToFloat(FloatToHalf(x[i]));
+      return;
+    case kernels::DType::kBFloat16:
+      for (int64_t i = 0; i < n; ++i) x[i] = Bf16ToFloat(FloatToBf16(x[i]));
+      return;
+    default:
+      return;
+  }
+}
+
+void LoadFloats(const void* data, kernels::DType dtype, int64_t begin, int64_t n, float* dst) {
+  switch (dtype) {
+    case kernels::DType::kFloat16: {
+      const uint16_t* src = static_cast<const uint16_t*>(data) + begin;
+      for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(src[i]);
+      return;
+    }
+    case kernels::DType::kBFloat16: {
+      const uint16_t* src = static_cast<const uint16_t*>(data) + begin;
+      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
+      return;
+    }
+    default:
+      std::memcpy(dst, static_cast<const float*>(data) + begin, n * sizeof(float));
+      return;
+  }
+}
+
 float LoadFloat(const void* data, kernels::DType dtype, int64_t i) {
   switch (dtype) {
     case kernels::DType::kFloat16:

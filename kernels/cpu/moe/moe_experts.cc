@@ -84,7 +84,7 @@ struct GemmWeight {
     const int64_t base = (e * N + n0) * K;
     switch (q.scheme) {
       case MoeQuantScheme::kNone:
-        for (int64_t i = 0; i < nb * K; ++i) dst[i] = LoadFloat(Data(), w->dtype, base + i);
+        LoadFloats(Data(), w->dtype, base, nb * K, dst);
         return;
       case MoeQuantScheme::kFp8W8A8: {
         const uint8_t* src = static_cast<const uint8_t*>(Data()) + base;
@@ -102,26 +102,31 @@ struct GemmWeight {
       case MoeQuantScheme::kInt8WeightOnly:
       case MoeQuantScheme::kInt4WeightOnly: {
         const bool int4 = q.scheme == MoeQuantScheme::kInt4WeightOnly;
-        const int64_t groups = K / q.group_size;
+        const int64_t gs = q.group_size, groups = K / gs;
         for (int64_t r = 0; r < nb; ++r) {
           const int64_t row = e * N + n0 + r;
           const float* scale = Scale() + row * groups;
           const uint8_t* zero = Zero() != nullptr ? Zero() + row * groups : nullptr;
-          for (int64_t h = 0; h < K; ++h) {
-            const int64_t g = h / q.group_size;
-            float v;
+          float* out = dst + r * K;
+          for (int64_t g = 0; g < groups; ++g) {
+            const float s = scale[g];
+            const int64_t h0 = g * gs;
             if (int4) {
               const uint8_t* packed = static_cast<const uint8_t*>(Data()) + row * (K / 2);
-              v = static_cast<float>(Int4At(packed, h)) - (zero ? zero[g] : 8.0f);
+              const float z = zero ? zero[g] : 8.0f;
+              for (int64_t h = h0; h < h0 + gs; ++h) {
+                out[h] = (static_cast<float>(Int4At(packed, h)) - z) * s;
+              }
             } else if (zero) {
               const uint8_t* src = static_cast<const uint8_t*>(Data()) + row * K;
-              v = static_cast<float>(src[h]) - static_cast<float>(zero[g]);
+              const float z = static_cast<float>(zero[g]);
+              for (int64_t h = h0; h < h0 + gs; ++h) out[h] = (static_cast<float>(src[h]) - z) * s;
             } else {
               const int8_t* src = static_cast<const int8_t*>(Data()) + row * K;
-              v = static_cast<float>(src[h]);
+              for (int64_t h = h0; h < h0 + gs; ++h) out[h] = static_cast<float>(src[h]) * s;
             }
-            dst[r * K + h] = RoundToDType(v * scale[g], act_dtype);
           }
+          RoundToDTypeInPlace(out, K, act_dtype);
         }
         return;
       }
@@ -396,7 +401,7 @@ absl::Status RunExperts(const MoeProblem& p, const int32_t* topk_ids, const floa
 
   // Input rows per token (the k slots of a token share them).
   std::vector<float> a(M * H);
-  for (int64_t i = 0; i < M * H; ++i) a[i] = LoadFloat(p.hidden_states, p.act_dtype, i);
+  LoadFloats(p.hidden_states, p.act_dtype, 0, M * H, a.data());
   if (p.apply_router_weight_on_input) {  // a = a * w.to(a.dtype), k == 1
     for (int64_t m = 0; m < M; ++m) {
       const float wt = RoundToDType(topk_weights[m], p.act_dtype);

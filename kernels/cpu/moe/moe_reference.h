@@ -49,11 +49,16 @@ float Fp8E4m3ToFloat(uint8_t bits);
 uint8_t FloatToFp8E4m3(float f, bool saturate = true);
 
 // Rounds an fp32 value to the nearest value representable in `dtype`
-// (identity for fp32). Only for float dtypes.
+// (identity for fp32). Only for float dtypes. RoundToDTypeInPlace does it to
+// x[0, n), the dtype dispatched once.
 float RoundToDType(float f, kernels::DType dtype);
+void RoundToDTypeInPlace(float* x, int64_t n, kernels::DType dtype);
 
 // Reads / writes element i of a float-dtype buffer (fp32, fp16 or bf16).
+// LoadFloats reads elements [begin, begin + n) into dst, the dtype
+// dispatched once (the reference's weight and input decoding).
 float LoadFloat(const void* data, kernels::DType dtype, int64_t i);
+void LoadFloats(const void* data, kernels::DType dtype, int64_t begin, int64_t n, float* dst);
 void StoreFloat(void* data, kernels::DType dtype, int64_t i, float value);
 
 // int4 packing: element i lives in byte i/2, low nibble for even i.
