@@ -27,8 +27,10 @@ absl::Status LiteralError(absl::string_view field, const std::vector<absl::strin
 // KernelConfig._normalize_*_backend followed by the Literal check.
 absl::Status NormalizeBackend(absl::string_view field,
                               const std::vector<absl::string_view>& allowed, std::string& value) {
+  // A mode="before" validator: the Literal check, and its error's
+  // input_value, see the normalised string.
   std::string normalized = absl::StrReplaceAll(absl::AsciiStrToLower(value), {{"-", "_"}});
-  if (!Contains(allowed, normalized)) return LiteralError(field, allowed, value);
+  if (!Contains(allowed, normalized)) return LiteralError(field, allowed, normalized);
   value = std::move(normalized);
   return absl::OkStatus();
 }
@@ -51,12 +53,13 @@ std::vector<std::string> SplitPriorityString(absl::string_view value) {
 }
 
 absl::StatusOr<KernelConfig> NormalizeKernelConfig(KernelConfig config) {
+  // The fields in KernelConfig's declaration order (pydantic's error order).
   KPLAN_RETURN_IF_ERROR(NormalizeBackend("moe_backend", MoeBackendValues(), config.moe_backend));
-  KPLAN_RETURN_IF_ERROR(
-      NormalizeBackend("linear_backend", LinearBackendValues(), config.linear_backend));
   KPLAN_RETURN_IF_ERROR(NormalizeBackend("sparse_indexer_topk_backend",
                                          SparseIndexerTopkBackendValues(),
                                          config.sparse_indexer_topk_backend));
+  KPLAN_RETURN_IF_ERROR(
+      NormalizeBackend("linear_backend", LinearBackendValues(), config.linear_backend));
   if (config.linear_backend_per_quant) {
     if (config.linear_backend_per_quant->empty()) {
       return InvalidField("linear_backend_per_quant",
@@ -185,6 +188,9 @@ absl::Status BindPassthroughAll2AllBackend(absl::string_view moe_backend, Parall
 
 IrOpPriorityConfig DefaultIrOpPriority(const Platform& platform, const EnvVars& env) {
   const std::vector<std::string> native = {"native"};
+  // using_inductor; enforce_eager sets the compilation mode to NONE
+  // (VllmConfig.__post_init__), which turns inductor off.
+  const bool inductor = platform.use_inductor && !platform.enforce_eager;
   auto with_prefix = [](std::string first, std::vector<std::string> rest) {
     rest.insert(rest.begin(), std::move(first));
     return rest;
@@ -192,7 +198,7 @@ IrOpPriorityConfig DefaultIrOpPriority(const Platform& platform, const EnvVars& 
   if (platform.is_cuda() || platform.is_rocm()) {
     // CudaPlatform / RocmPlatform.get_default_ir_op_priority.
     std::vector<std::string> fallback =
-        platform.use_inductor ? native : std::vector<std::string>{"vllm_c", "native"};
+        inductor ? native : std::vector<std::string>{"vllm_c", "native"};
     IrOpPriorityConfig c = IrOpPriorityConfig::WithDefault(fallback);
     bool fast_rms = platform.is_cuda()
                         ? env.Flag("VLLM_USE_OINK_OPS", false)
@@ -208,7 +214,7 @@ IrOpPriorityConfig DefaultIrOpPriority(const Platform& platform, const EnvVars& 
   }
   if (platform.is_xpu()) {
     return IrOpPriorityConfig::WithDefault(
-        platform.use_inductor ? native : std::vector<std::string>{"xpu_kernels", "native"});
+        inductor ? native : std::vector<std::string>{"xpu_kernels", "native"});
   }
   return IrOpPriorityConfig::WithDefault(native);  // Platform interface default
 }

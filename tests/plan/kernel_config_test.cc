@@ -38,7 +38,7 @@ TEST(NormalizeKernelConfigTest, UnknownValuesListTheValidOnes) {
         Case{&KernelConfig::sparse_indexer_topk_backend, "sparse_indexer_topk_backend",
              SparseIndexerTopkBackendValues()}}) {
     KernelConfig c;
-    c.*cs.field = "Nope";
+    c.*cs.field = "No-pe";  // the error quotes the normalised value
     absl::Status s = NormalizeKernelConfig(c).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(FieldOf(s).value(), cs.name);
@@ -46,8 +46,17 @@ TEST(NormalizeKernelConfigTest, UnknownValuesListTheValidOnes) {
     EXPECT_THAT(std::string(s.message()),
                 HasSubstr(absl::StrCat(" or '", cs.values.back(),
                                        "' [type=literal_error, "
-                                       "input_value='Nope', input_type=str]")));
+                                       "input_value='no_pe', input_type=str]")));
   }
+}
+
+TEST(NormalizeKernelConfigTest, ReportsTheFirstFieldInDeclarationOrder) {
+  KernelConfig c;
+  c.linear_backend = "bad";
+  c.sparse_indexer_topk_backend = "bad";
+  EXPECT_EQ(FieldOf(NormalizeKernelConfig(c).status()).value(), "sparse_indexer_topk_backend");
+  c.moe_backend = "bad";
+  EXPECT_EQ(FieldOf(NormalizeKernelConfig(c).status()).value(), "moe_backend");
 }
 
 TEST(NormalizeKernelConfigTest, LinearBackendPerQuant) {
@@ -177,6 +186,8 @@ TEST(DefaultIrOpPriorityTest, PerPlatform) {
   Platform inductor = Cuda();
   inductor.use_inductor = true;
   EXPECT_THAT(DefaultIrOpPriority(inductor, env).of("rms_norm"), ElementsAre("native"));
+  inductor.enforce_eager = true;  // compilation mode NONE: no inductor
+  EXPECT_THAT(DefaultIrOpPriority(inductor, env).of("rms_norm"), ElementsAre("vllm_c", "native"));
 
   EnvVars oink({{"VLLM_USE_OINK_OPS", "1"}});
   EXPECT_THAT(DefaultIrOpPriority(Cuda(), oink).of("rms_norm"),
