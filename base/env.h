@@ -7,6 +7,8 @@
 #include <map>
 #include <optional>
 #include <string>
+
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace kplan {
@@ -28,8 +30,9 @@ class EnvVars final : public Env {
 
   std::optional<std::string> Get(absl::string_view name) const override;
   bool IsSet(absl::string_view name) const { return Get(name).has_value(); }
-  // vLLM's boolean reading: "1"/"true"/"yes"/"on" (any case) or a non-zero
-  // integer is true; absent gives `fallback`.
+  // Boolean variable `name` read as vLLM's envs.py reads it (its
+  // EnvBoolForm, VllmEnvBoolForm); absent gives `fallback`. A kInt value that
+  // Python's int() refuses reads false here: ValidateVllmEnv rejects it first.
   bool Flag(absl::string_view name, bool fallback) const;
   void Set(std::string name, std::string value) { vars_[std::move(name)] = std::move(value); }
   const std::map<std::string, std::string>& vars() const { return vars_; }
@@ -38,7 +41,24 @@ class EnvVars final : public Env {
   std::map<std::string, std::string> vars_;
 };
 
-// Parses a vLLM boolean environment value.
-bool ParseEnvBool(absl::string_view value);
+// The three ways vLLM's envs.py turns a boolean variable's string into a
+// bool (each variable has one, in its lambda there).
+enum class EnvBoolForm {
+  kInt,                // bool(int(v)): Python int() syntax, else ValueError
+  kTrueOrOne,          // v.lower() in ("true", "1")
+  kStrippedTrueOrOne,  // v.strip().lower() in ("1", "true")
+};
+
+// The form of the vLLM boolean variables the resolver reads (kTrueOrOne for
+// any other name).
+EnvBoolForm VllmEnvBoolForm(absl::string_view name);
+
+// Value `value` read in form `form` (false where kInt's int() would raise).
+bool ParseEnvBool(absl::string_view value, EnvBoolForm form);
+
+// INVALID_ARGUMENT naming env.<NAME> with Python's ValueError text for a
+// kInt variable whose value int() refuses ("invalid literal for int() with
+// base 10: 'true'"), where vLLM would raise on reading it.
+absl::Status ValidateVllmEnv(const EnvVars& env);
 
 }  // namespace kplan

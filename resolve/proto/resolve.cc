@@ -23,6 +23,7 @@ absl::StatusOr<v1::ResolveKernelConfigResponse> ResolveKernelConfig(
     KPLAN_ASSIGN_OR_RETURN(platform, PlatformFromProto(request.platform(), &warnings));
   }
   EnvVars env(std::map<std::string, std::string>(request.env().begin(), request.env().end()));
+  KPLAN_RETURN_IF_ERROR(ValidateVllmEnv(env));
 
   ModelInfo model;
   const ModelInfo* model_ptr = nullptr;
