@@ -12,7 +12,7 @@ namespace {
 const SchemeTables& Tables() {
   static const auto* t = new SchemeTables{
       .scheme = "nvfp4",
-      .map_name = "NvFp4",
+      .map_name = "NvFP4",  // "... is not supported for NvFP4 MoE."; elsewhere NvFp4
       .display_name = "NvFp4",
       .log_name = "NvFp4",
       .backends =
@@ -48,6 +48,8 @@ const SchemeTables& Tables() {
                     {"FLASHINFER_TRTLLM", "FLASHINFER_CUTEDSL", "FLASHINFER_CUTEDSL_BATCHED",
                      "FLASHINFER_CUTLASS", "VLLM_CUTLASS", "MARLIN", "HUMMING", "EMULATION"},
                     {}}},
+      // "Using 'V' NvFp4 MoE backend ...", "NvFp4 MoE backend 'V' does not support ..."
+      .quotes_backend = true,
   };
   return *t;
 }

@@ -111,9 +111,15 @@ const ExpertsClass* MoEKernelOracle::TryBackend(int b, const SelectionContext& c
 
 namespace {
 
+// The backend's value as the scheme's messages print it.
+std::string BackendText(const SchemeTables& t, int b) {
+  return t.quotes_backend ? absl::StrCat("'", t.backends[b].value, "'")
+                          : std::string(t.backends[b].value);
+}
+
 // "<X> MoE backend <value> does not support the deployment configuration since <reason>."
 std::string ReturnOrRaiseText(const SchemeTables& t, int b, absl::string_view reason) {
-  return absl::StrCat(t.display_name, " MoE backend ", t.backends[b].value,
+  return absl::StrCat(t.display_name, " MoE backend ", BackendText(t, b),
                       " does not support the deployment configuration since ", reason, ".");
 }
 
@@ -203,7 +209,7 @@ absl::StatusOr<Selection> MoEKernelOracle::SelectBackend(const SelectionContext&
   Selection s;
   const std::string& requested = c.moe.moe_backend;
   const bool is_auto =
-      requested == "auto" ||
+      t_.ignores_moe_backend || requested == "auto" ||
       std::find(t_.auto_aliases.begin(), t_.auto_aliases.end(), requested) != t_.auto_aliases.end();
   if (!is_auto) {
     // Explicit requests map the user string and never fall back.
@@ -343,10 +349,12 @@ void MoEKernelOracle::AppendKplan(std::vector<int>& list, const SelectionContext
 std::string MoEKernelOracle::LogLine(const Selection& s) const {
   if (s.backend < 0 || s.experts == nullptr) return "";
   std::vector<std::string> values;
+  const std::string head =
+      absl::StrCat("Using ", BackendText(t_, s.backend), " ", t_.log_name, " MoE backend");
+  if (!t_.log_lists_potential) return absl::StrCat(head, ".");
   const std::vector<int>& pot = s.potential.empty() ? std::vector<int>{s.backend} : s.potential;
   for (int b : pot) values.emplace_back(t_.backends[b].value);
-  return absl::StrCat("Using '", t_.backends[s.backend].value, "' ", t_.log_name,
-                      " MoE backend out of potential backends: ", PyRepr(values), ".");
+  return absl::StrCat(head, " out of potential backends: ", PyRepr(values), ".");
 }
 
 std::string MoEKernelOracle::ConvertToKernelFormat(int b, const SelectionContext& c) const {

@@ -91,6 +91,16 @@ struct SchemeTables {
   // The log line of an explicit request names the mapped candidates
   // (mxfp4, whose map yields lists) rather than the chosen backend alone.
   bool log_candidates = false;
+  // The backend's value quoted in the log line ("Using 'V' ...") and in
+  // "<X> MoE backend 'V' does not support ..." (nvfp4.py, int_wna16.py; not
+  // fp8.py, unquantized.py, int8.py: "Using TRITON Fp8 MoE backend ...").
+  bool quotes_backend = false;
+  // The log line names the potential backends ("... out of potential
+  // backends: [...]."); int_wna16.py and w4a8.py log "Using V X MoE backend.".
+  bool log_lists_potential = true;
+  // select_<scheme>_moe_backend() never reads moe_backend (w4a8.py): every
+  // request takes the auto path.
+  bool ignores_moe_backend = false;
 };
 
 // Outcome of select_backend(): (backend, experts class) plus what kplan reports.
@@ -167,7 +177,8 @@ class MoEKernelOracle {
   absl::Status MakeKernel(const Selection& s, const SelectionContext& c, MoePlan& plan) const;
 
   ActivationFormat Format(const SelectionContext& c) const;
-  // "Using 'V' X MoE backend out of potential backends: [...]."
+  // "Using V X MoE backend out of potential backends: [...]." in the
+  // scheme's form (quotes_backend, log_lists_potential).
   std::string LogLine(const Selection& s) const;
 
  protected:

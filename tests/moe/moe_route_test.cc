@@ -334,7 +334,7 @@ TEST(ChooseMoeRouteTest, ExplicitBackendTheSetRulesOutKeepsVllmsText) {
                      kSlowGpu, Sm90(), kGpuRuns);
   EXPECT_EQ(int4.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(int4.status().message(),
-            "WNA16 MoE backend KPLAN does not support the deployment configuration since "
+            "WNA16 MoE backend 'KPLAN' does not support the deployment configuration since "
             "kernel does not support torch.float32 input/output dtype.");
   EXPECT_EQ(FieldOf(int4.status()).value_or(""), "moe_backend");
   // KplanExperts rejects fp32 activations: _return_or_raise's text.

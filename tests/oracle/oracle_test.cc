@@ -245,6 +245,13 @@ TEST(ExpectedOutcomesTest, OtherSchemesSucceed) {
 
   MoeLayerSpec w4a8 = Layer("kInt4W4A8StaticGroup128Sym", "kFp8DynamicTokenSym");
   EXPECT_EQ(Plan(w4a8, "cuda:9.0")->experts_kernel, "CutlassExpertsW4A8Fp8");
+  // select_w4a8_moe_backend() never reads moe_backend; it logs without a list.
+  MoePlan w4a8_triton = Plan(w4a8, "cuda:9.0", "triton").value();
+  EXPECT_EQ(w4a8_triton.backend, "CUTLASS");
+  EXPECT_EQ(w4a8_triton.log_line, "Using CUTLASS W4A8 MoE backend.");
+  // int_wna16.py: "Using 'V' WNA16 MoE backend."
+  EXPECT_EQ(Plan(Layer("kInt4Static32"), "cuda:9.0")->log_line,
+            "Using 'MARLIN' WNA16 MoE backend.");
 
   MoeLayerSpec dsv4 = Layer("kMxfp4Static");
   dsv4.quant_scheme = "mxfp4_deepseek_v4";
@@ -276,7 +283,7 @@ TEST(PlanTest, FieldsAndLogLine) {
   EXPECT_EQ(p.activation_key, "None");
   EXPECT_EQ(p.routing_method, "Renormalize");
   EXPECT_EQ(p.log_line,
-            "Using 'TRITON' Unquantized MoE backend out of potential backends: ['TRITON', "
+            "Using TRITON Unquantized MoE backend out of potential backends: ['TRITON', "
             "'BATCHED_TRITON', 'FlashInfer TRTLLM', 'FlashInfer CUTLASS'].");
   ASSERT_EQ(p.candidates.size(), 1u);
   EXPECT_TRUE(p.candidates[0].accepted);
@@ -671,7 +678,7 @@ TEST(UserStringTest, ErrorTextsListVllmKeysInDictOrder) {
        "moe_backend='marlin' is not supported for Int8 MoE. Expected one of ['triton', "
        "'humming']."},
       {Layer("kNvfp4Static", "kNvfp4Dynamic"), "triton",
-       "moe_backend='triton' is not supported for NvFp4 MoE. Expected one of ['cutlass', "
+       "moe_backend='triton' is not supported for NvFP4 MoE. Expected one of ['cutlass', "
        "'flashinfer_trtllm', 'flashinfer_cutlass', 'flashinfer_cutedsl', 'flashinfer_b12x', "
        "'marlin', 'humming', 'emulation']."},
       {Layer("kInt4Static32"), "triton",
@@ -684,6 +691,13 @@ TEST(UserStringTest, ErrorTextsListVllmKeysInDictOrder) {
        "kernel does not support current device cuda."},
       {Layer(), "flashinfer_trtllm",
        "Unquantized MoE backend FlashInfer TRTLLM does not support the deployment configuration "
+       "since kernel does not support current device cuda."},
+      // nvfp4.py and int_wna16.py quote the backend's value.
+      {Layer("kNvfp4Static", "kNvfp4Dynamic"), "flashinfer_trtllm",
+       "NvFp4 MoE backend 'FLASHINFER_TRTLLM' does not support the deployment configuration "
+       "since kernel does not support current device cuda."},
+      {Layer("kInt4Static32"), "flashinfer_trtllm",
+       "WNA16 MoE backend 'FLASHINFER_TRTLLM' does not support the deployment configuration "
        "since kernel does not support current device cuda."},
       {Layer("kMxfp8Static", "kMxfp8Dynamic"), "deep_gemm",
        "No supported MXFP8 expert class for DEEPGEMM: kernel does not support quantization scheme "
