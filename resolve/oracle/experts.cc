@@ -595,15 +595,21 @@ const ExpertsClass kExperts[] = {
      .routing = CpuFp8Routing,
      .monolithic = true},
     {.name = "CPUExpertsInt8", .device = Cpu, .activations = Act(A::kSilu), .quant = Int8Quant},
-    {.name = "CPUExpertsWNA16", .device = Cpu, .activations = Act(A::kSilu), .quant = Wna16Quant},
+    {.name = "CPUExpertsInt4",
+     .id = "cpu_moe.CPUExpertsInt4",
+     .device = Cpu,
+     .activations = Act(A::kSilu),
+     .quant = Wna16Quant},
     {.name = "CPUExpertsMxfp4",
      .device = Cpu,
      .activations = Act(A::kSilu) | Act(A::kSwigluoai),
      .quant = Mxfp4Any},
-    {.name = "CPUExpertsW4A8Int8",
+    {.name = "CPUExpertsInt4",
+     .id = "cpu_int4_moe.CPUExpertsInt4",
      .device = Cpu,
      .activations = Act(A::kSilu),
-     .quant = W4A8Int8Quant},
+     .quant = W4A8Int8Quant,
+     .monolithic = true},  // make_w4a8_int8_moe_kernel: monolithic experts only
     // HPC fp8 kernels (SM90 / SM100 family, package `hpc`).
     {.name = "HPCExperts",
      .device = HpcDevice,
@@ -750,9 +756,9 @@ bool IsDeepGemmSupported(const SelectionContext& c) {
 
 bool RocmSupportsMx(const Platform& p) { return p.is_rocm() && p.gcn_arch_name == "gfx950"; }
 
-const ExpertsClass* FindExpertsClass(absl::string_view name) {
+const ExpertsClass* FindExpertsClass(absl::string_view id) {
   for (const ExpertsClass& e : kExperts) {
-    if (e.name == name) return &e;
+    if ((e.id.empty() ? e.name : e.id) == id) return &e;
   }
   return nullptr;
 }

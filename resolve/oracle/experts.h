@@ -38,7 +38,11 @@ constexpr ActivationSet Act(MoEActivation a) { return 1u << static_cast<int>(a);
 // One row of the capability matrix. The defaults are the base class
 // FusedMoEExperts' answers, so a row states only where its class differs.
 struct ExpertsClass {
-  absl::string_view name;
+  absl::string_view name;  // the class's __name__
+  // Where two vLLM modules define classes of the same name (CPUExpertsInt4 in
+  // experts/cpu_moe.py and experts/cpu_int4_moe.py): "<module>.<name>", the
+  // id backends and FindExpertsClass use; empty: the name is the id.
+  absl::string_view id = {};
   // _supports_current_device()
   bool (*device)(const SelectionContext&) = nullptr;
   // _supports_no_act_and_mul()
@@ -70,7 +74,7 @@ struct ExpertsClass {
 };
 
 // The row of an experts class; nullptr when unknown.
-const ExpertsClass* FindExpertsClass(absl::string_view name);
+const ExpertsClass* FindExpertsClass(absl::string_view id);
 // Every row, in table order.
 const ExpertsClass* ExpertsClasses(int* count);
 

@@ -60,7 +60,7 @@ const SchemeTables& Wna16Tables() {
               {"HUMMING",
                "HUMMING",
                {"BatchedHummingGroupedExperts", "HummingGroupedExperts", "HummingIndexedExperts"}},
-              {"CPU", "CPU", {"CPUExpertsWNA16"}},
+              {"CPU", "CPU", {"cpu_moe.CPUExpertsInt4"}},
               {"FLASHINFER_TRTLLM", "FLASHINFER_TRTLLM", {"TrtLlmMxint4ExpertsMonolithic"}},
               {"XPU", "XPU", {"XPUExpertsWNA16"}},
               // vLLM's emulation first; kplan's emulation where vLLM's cannot run.
@@ -142,7 +142,7 @@ const SchemeTables& W4a8Int8Tables() {
       .map_name = "W4A8 Int8",
       .display_name = "W4A8 Int8",
       .log_name = "W4A8 Int8",
-      .backends = {{"CPU_INT4", "CPU_INT4", {"CPUExpertsW4A8Int8"}}},
+      .backends = {{"CPU_INT4", "CPU_INT4", {"cpu_int4_moe.CPUExpertsInt4"}}},
       .user_map = {{"cpu", {"CPU_INT4"}}},
       .priority = {{nullptr, {"CPU_INT4"}, {}}},
   };
@@ -159,12 +159,6 @@ class W4a8Int8MoEKernelOracle final : public MoEKernelOracle {
                                                   QuantKey) const override {
     if (c.platform.is_cpu()) return std::nullopt;
     return absl::FailedPreconditionError("W4A8 Int8 MoE is only supported on CPU platforms");
-  }
-  // select_w4a8_int8_moe_backend(): its one backend goes through
-  // _return_or_raise() in auto mode too.
-  absl::StatusOr<Selection> OnExhausted(const SelectionContext&, QuantKey, QuantKey, Selection,
-                                        const std::string& last_reason) const override {
-    return ExplicitError(Find("CPU_INT4"), last_reason);
   }
 };
 

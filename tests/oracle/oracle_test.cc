@@ -151,7 +151,7 @@ std::vector<Cell> Cells() {
       {"wna16 sm100 int4 (g-1)", Layer("kInt4Static"), "cuda:10.0", "MARLIN", "MarlinExperts"},
       {"wna16 sm120", wna16, "cuda:12.0", "MARLIN", "MarlinExperts"},
       {"wna16 rocm", wna16, "rocm:gfx942", "EMULATION", "WNA16EmulationExperts"},
-      {"wna16 cpu", wna16, "cpu", "CPU", "CPUExpertsWNA16"},
+      {"wna16 cpu", wna16, "cpu", "CPU", "CPUExpertsInt4"},
       {"wna16 xpu", wna16, "xpu", "XPU", "XPUExpertsWNA16"},
   };
 }
@@ -200,6 +200,8 @@ TEST(ExpectedOutcomesTest, Failures) {
   MoeLayerSpec w4a8 = Layer("kInt4W4A8StaticGroup128Sym", "kFp8DynamicTokenSym");
   w4a8.in_dtype = "float16";
   MoeLayerSpec w4a8_int8 = Layer("kInt4W4A8StaticChannelSym", "kInt8DynamicTokenSym");
+  MoeLayerSpec w4a8_int8_gelu = w4a8_int8;
+  w4a8_int8_gelu.activation = "gelu";
   const auto kFP = absl::StatusCode::kFailedPrecondition;
   FailCell cells[] = {
       {"nvfp4 cpu", nvfp4, "cpu", kFP,
@@ -221,6 +223,8 @@ TEST(ExpectedOutcomesTest, Failures) {
        "support torch.float16 input/output dtype."},
       {"w4a8_int8 cuda", w4a8_int8, "cuda:9.0", kFP,
        "W4A8 Int8 MoE is only supported on CPU platforms"},
+      {"w4a8_int8 cpu gelu", w4a8_int8_gelu, "cpu", kFP,
+       "No W4A8 Int8 MoE backend supports the deployment configuration."},
   };
   for (const FailCell& c : cells) {
     absl::Status s = Plan(c.layer, c.platform).status();
@@ -242,6 +246,8 @@ TEST(ExpectedOutcomesTest, OtherSchemesSucceed) {
   MoePlan cpu = Plan(w4a8_int8, "cpu").value();
   EXPECT_EQ(cpu.scheme, "w4a8_int8");
   EXPECT_EQ(cpu.backend, "CPU_INT4");
+  EXPECT_EQ(cpu.experts_kernel, "CPUExpertsInt4");  // experts/cpu_int4_moe.py, monolithic
+  EXPECT_TRUE(cpu.monolithic);
 
   MoeLayerSpec w4a8 = Layer("kInt4W4A8StaticGroup128Sym", "kFp8DynamicTokenSym");
   EXPECT_EQ(Plan(w4a8, "cuda:9.0")->experts_kernel, "CutlassExpertsW4A8Fp8");
