@@ -160,7 +160,7 @@ std::vector<v1::RunIrOpRequest> IrRequests() {
     v1::RunIrOpRequest r;
     r.set_op("gelu_and_mul_sparse");
     input(r, "x", Tensor(v1::DTYPE_FLOAT16, {2, 16}, std::string(64, '\x3c')));
-    r.set_activation_sparsity(0.5);
+    r.set_std_multiplier(1.6448536269514722);
     r.set_approximate("tanh");
     out.push_back(r);
   }

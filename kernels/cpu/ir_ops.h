@@ -37,10 +37,6 @@ bool FusedAddRmsNorm(const IrRowsIn& x, const IrRowsIn& residual, int64_t rows, 
 bool GeluAndMulSparse(const IrRowsIn& x, int64_t rows, int64_t d, float std_multiplier,
                       bool tanh_approximate, void* out, const IrStop& stop = {});
 
-// The standard normal quantile function Phi^-1(p) for p in (0, 1)
-// (torch.distributions.Normal(0, 1).icdf), to double precision.
-double NormalIcdf(double p);
-
 // GELU as PyTorch computes it in fp32 (approximate "none" or "tanh").
 float Gelu(float x, bool tanh_approximate);
 

@@ -24,7 +24,7 @@ namespace {
 // Parameter positions.
 constexpr size_t kRmsX = 0, kRmsWeight = 1, kRmsEps = 2, kRmsVar = 3;
 constexpr size_t kFusedX = 0, kFusedRes = 1, kFusedWeight = 2, kFusedEps = 3, kFusedVar = 4;
-constexpr size_t kGeluX = 0, kGeluSparsity = 1, kGeluApprox = 2;
+constexpr size_t kGeluX = 0, kGeluStd = 1, kGeluApprox = 2;
 
 IrSignature RmsNormSignature() {
   return {{{"x", IrParamType::kTensor, std::nullopt},
@@ -45,7 +45,7 @@ IrSignature FusedAddRmsNormSignature() {
 
 IrSignature GeluAndMulSparseSignature() {
   return {{{"x", IrParamType::kTensor, std::nullopt},
-           {"activation_sparsity", IrParamType::kFloat, std::nullopt},
+           {"std_multiplier", IrParamType::kFloat, std::nullopt},
            {"approximate", IrParamType::kStr, "none"}},
           1};
 }
@@ -128,26 +128,18 @@ absl::StatusOr<std::vector<IrOutputSpec>> FusedAddRmsNormOutputs(const IrArgs& a
   return std::vector<IrOutputSpec>{{"out", x.dtype, x.shape}, {"residual", x.dtype, x.shape}};
 }
 
-// GeluAndMulSparse.__init__'s checks, in its order, then the shape.
-absl::Status CheckGeluScalars(double sparsity, const std::string& approximate) {
+// The approximate mode's check (GeluAndMulSparse's text); any multiplier
+// is the op's to take, as vLLM's op takes any float.
+absl::Status CheckGeluApproximate(const std::string& approximate) {
   if (approximate != "none" && approximate != "tanh") {
     return InvalidField("approximate",
                         absl::StrCat("Unknown approximate mode: ", ClientText(approximate)));
-  }
-  if (sparsity == 0.0) {
-    return InvalidField("activation_sparsity",
-                        "activation_sparsity is 0.0. Please use GeluAndMul.");
-  }
-  // Normal(0, 1).icdf outside (0, 1) is +-inf or NaN: reject instead.
-  if (!(sparsity > 0.0 && sparsity < 1.0)) {
-    return InvalidField("activation_sparsity",
-                        absl::StrCat("activation_sparsity must be in (0, 1), got ", sparsity));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<IrOutputSpec>> GeluAndMulSparseOutputs(const IrArgs& a) {
-  if (absl::Status s = CheckGeluScalars(a.f64(kGeluSparsity), a.str(kGeluApprox)); !s.ok()) {
+  if (absl::Status s = CheckGeluApproximate(a.str(kGeluApprox)); !s.ok()) {
     return s;
   }
   const TensorView& x = a.tensor(kGeluX);
@@ -261,10 +253,10 @@ absl::Status NativeFusedAddRmsNorm(const IrArgs& a, absl::Span<const TensorView>
 absl::Status NativeGeluAndMulSparse(const IrArgs& a, absl::Span<const TensorView> outputs,
                                     const IrExecContext& ctx) {
   KPLAN_RETURN_IF_ERROR(CheckOutputs(outputs, 1));
-  KPLAN_RETURN_IF_ERROR(CheckGeluScalars(a.f64(kGeluSparsity), a.str(kGeluApprox)));
+  KPLAN_RETURN_IF_ERROR(CheckGeluApproximate(a.str(kGeluApprox)));
   const TensorView& x = a.tensor(kGeluX);
   const int64_t d = x.size(-1) / 2;
-  const float mult = static_cast<float>(kernels::cpu::NormalIcdf(a.f64(kGeluSparsity)));
+  const float mult = static_cast<float>(a.f64(kGeluStd));
   const bool tanh = a.str(kGeluApprox) == "tanh";
   if (x.device.is_cpu()) {
     return Finished(kernels::cpu::GeluAndMulSparse(RowsIn(x), x.rows(), d, mult, tanh,
@@ -357,10 +349,10 @@ absl::Status KplanFusedAddRmsNorm(const IrArgs& a, absl::Span<const TensorView> 
 absl::Status KplanGeluAndMulSparse(const IrArgs& a, absl::Span<const TensorView> outputs,
                                    const IrExecContext& ctx) {
   KPLAN_RETURN_IF_ERROR(CheckOutputs(outputs, 1));
-  KPLAN_RETURN_IF_ERROR(CheckGeluScalars(a.f64(kGeluSparsity), a.str(kGeluApprox)));
+  KPLAN_RETURN_IF_ERROR(CheckGeluApproximate(a.str(kGeluApprox)));
 #if KPLAN_HAVE_CUDA
   const TensorView& x = a.tensor(kGeluX);
-  const float mult = static_cast<float>(kernels::cpu::NormalIcdf(a.f64(kGeluSparsity)));
+  const float mult = static_cast<float>(a.f64(kGeluStd));
   return kernels::cuda::KplanGeluAndMulSparse(x.dtype, KRows(x), x.rows(), x.size(-1) / 2, mult,
                                               a.str(kGeluApprox) == "tanh", KOut(outputs[0]),
                                               static_cast<cudaStream_t>(ctx.stream));
@@ -473,10 +465,9 @@ IrArgs FusedAddRmsNormArgs(const TensorView& x, const TensorView& x_residual,
   return a;
 }
 
-IrArgs GeluAndMulSparseArgs(const TensorView& x, double activation_sparsity,
-                            std::string approximate) {
+IrArgs GeluAndMulSparseArgs(const TensorView& x, double std_multiplier, std::string approximate) {
   IrArgs a;
-  a.values = {x, activation_sparsity, std::move(approximate)};
+  a.values = {x, std_multiplier, std::move(approximate)};
   return a;
 }
 

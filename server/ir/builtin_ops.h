@@ -2,7 +2,7 @@
 // (vllm/ir/ops/layernorm.py, the Gemma3n gelu_and_mul_sparse):
 //   rms_norm(x, weight, epsilon, variance_size=None) -> out
 //   fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size=None) -> (out, residual)
-//   gelu_and_mul_sparse(x, activation_sparsity, approximate="none") -> out
+//   gelu_and_mul_sparse(x, std_multiplier, approximate="none") -> out
 // and their providers:
 //   native  reference semantics, fp32 math: CPU kernels for host tensors, a
 //           simple GPU kernel for device tensors (any strides, mixed dtypes).
@@ -56,7 +56,7 @@ IrArgs RmsNormArgs(const TensorView& x, const TensorView* weight, double epsilon
 IrArgs FusedAddRmsNormArgs(const TensorView& x, const TensorView& x_residual,
                            const TensorView* weight, double epsilon,
                            std::optional<int64_t> variance_size = std::nullopt);
-IrArgs GeluAndMulSparseArgs(const TensorView& x, double activation_sparsity,
+IrArgs GeluAndMulSparseArgs(const TensorView& x, double std_multiplier,
                             std::string approximate = "none");
 
 }  // namespace kplan

@@ -52,7 +52,7 @@ std::map<std::string, IrValue> Scalars(const IrOpRequest& r) {
   std::map<std::string, IrValue> out;
   if (r.epsilon) out["epsilon"] = *r.epsilon;
   if (r.variance_size) out["variance_size"] = *r.variance_size;
-  if (r.activation_sparsity) out["activation_sparsity"] = *r.activation_sparsity;
+  if (r.std_multiplier) out["std_multiplier"] = *r.std_multiplier;
   if (r.approximate) out["approximate"] = *r.approximate;
   return out;
 }

@@ -42,7 +42,7 @@ struct IrOpRequest {
   // Scalars by vLLM parameter name; each is an error for an op without it.
   std::optional<double> epsilon;
   std::optional<int64_t> variance_size;
-  std::optional<double> activation_sparsity;
+  std::optional<double> std_multiplier;
   std::optional<std::string> approximate;
   // The priority for this request only (as `with op.set_priority(...)`);
   // absent: the server's default for the op.

@@ -39,7 +39,7 @@ absl::StatusOr<IrOpRequest> IrOpRequestFromProto(v1::RunIrOpRequest& p) {
   }
   if (p.has_epsilon()) r.epsilon = p.epsilon();
   if (p.has_variance_size()) r.variance_size = p.variance_size();
-  if (p.has_activation_sparsity()) r.activation_sparsity = p.activation_sparsity();
+  if (p.has_std_multiplier()) r.std_multiplier = p.std_multiplier();
   if (p.has_approximate()) r.approximate = p.approximate();
   if (p.priority_size() > 0) r.priority.emplace(p.priority().begin(), p.priority().end());
   return r;

@@ -46,14 +46,6 @@ TEST(IrFloatTest, Bfloat16RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(NAN))));
 }
 
-TEST(IrMathTest, NormalQuantiles) {
-  EXPECT_NEAR(kernels::cpu::NormalIcdf(0.95), 1.6448536269514722, 1e-12);
-  EXPECT_NEAR(kernels::cpu::NormalIcdf(0.5), 0.0, 1e-15);
-  EXPECT_NEAR(kernels::cpu::NormalIcdf(0.025), -1.9599639845400538, 1e-12);
-  EXPECT_NEAR(kernels::cpu::NormalIcdf(1e-10), -6.361340902404056, 1e-9);
-  EXPECT_NEAR(kernels::cpu::NormalIcdf(0.999999), 4.753424308817089, 1e-9);
-}
-
 // Runs op on the CPU through RunIrOp with the native provider.
 class IrCpuOpsTest : public ::testing::Test {
  protected:
@@ -143,10 +135,10 @@ TEST_F(IrCpuOpsTest, FusedAddRmsNorm) {
 TEST_F(IrCpuOpsTest, GeluAndMulSparse) {
   IrOpRequest r;
   r.op = "gelu_and_mul_sparse";
-  // gate 1,2,3,4: mean 2.5; sparsity 0.5 -> Phi^-1 = 0 -> cutoff 2.5;
+  // gate 1,2,3,4: mean 2.5; std_multiplier 0 (sparsity 0.5) -> cutoff 2.5;
   // relu(gate - 2.5) = 0, 0, 0.5, 1.5; gelu(0.5) = 0.34573123, gelu(1.5) = 1.39978920.
   r.tensors = {{"x", Host(kernels::DType::kFloat32, {1, 8}, {1, 2, 3, 4, 1, 1, 2, -1})}};
-  r.activation_sparsity = 0.5;
+  r.std_multiplier = 0.0;
   IrOpResult out = Run(r);
   EXPECT_THAT(out.outputs[0].tensor.shape, ElementsAre(1, 4));
   EXPECT_THAT(Values(out.outputs[0].tensor),
@@ -154,10 +146,11 @@ TEST_F(IrCpuOpsTest, GeluAndMulSparse) {
   r.approximate = "tanh";
   EXPECT_THAT(Values(Run(r).outputs[0].tensor),
               ElementsAre(0.f, 0.f, FloatNear(0.69142802f, 1e-6), FloatNear(-1.39957158f, 1e-6)));
-  // sparsity 0.8: std = sqrt(1.25), cutoff = 2.5 + 1.118034 * 0.8416212 = 3.4409611;
+  // std_multiplier 0.8416212 (Phi^-1(0.8)): std = sqrt(1.25),
+  // cutoff = 2.5 + 1.118034 * 0.8416212 = 3.4409611;
   // only gate 4 survives: gelu(0.5590389) * 3 = 1.1939936.
   r.approximate.reset();
-  r.activation_sparsity = 0.8;
+  r.std_multiplier = 0.8416212335729143;
   r.tensors = {{"x", Host(kernels::DType::kFloat32, {8}, {1, 2, 3, 4, 1, 1, 1, 3})}};
   EXPECT_THAT(Values(Run(r).outputs[0].tensor),
               ElementsAre(0.f, 0.f, 0.f, FloatNear(1.1939936f, 1e-5)));

@@ -160,12 +160,13 @@ TEST_F(IrGpuTest, GeluAndMulSparseMatchesReference) {
   for (kernels::DType dtype : kDTypes) {
     for (const auto& shape : shapes) {
       for (const char* approximate : {"none", "tanh"}) {
-        for (double sparsity : {0.95, 0.5, 0.1}) {
+        // Phi^-1 of the sparsities 0.95, 0.5 and 0.1.
+        for (double mult : {1.6448536269514722, 0.0, -1.2815515655446004}) {
           SCOPED_TRACE(absl::StrCat(IrDTypeName(dtype), " [", absl::StrJoin(shape, ","), "] ",
-                                    approximate, " ", sparsity));
+                                    approximate, " ", mult));
           IrOpRequest r;
           r.op = "gelu_and_mul_sparse";
-          r.activation_sparsity = sparsity;
+          r.std_multiplier = mult;
           r.approximate = approximate;
           r.tensors = {{"x", Host(dtype, shape, RandomValues(Numel(shape), Rng(), dtype))}};
           Compare(r, {"kplan", "native"}, "kplan", false);

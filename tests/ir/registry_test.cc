@@ -137,7 +137,7 @@ TEST(IrRegistryTest, SchemasOfTheBuiltinOps) {
             "(Tensor x, Tensor x_residual, Tensor? weight, float epsilon, SymInt? "
             "variance_size=None) -> (Tensor, Tensor)");
   EXPECT_EQ(r.Find("gelu_and_mul_sparse")->schema(),
-            "(Tensor x, float activation_sparsity, str approximate=\"none\") -> Tensor");
+            "(Tensor x, float std_multiplier, str approximate=\"none\") -> Tensor");
   EXPECT_THAT(r.Find("fused_add_rms_norm")->activations(), ElementsAre("x", "x_residual"));
   // Every provider vLLM knows is registered; uuids are the vocabulary's.
   for (const std::string& name : r.OpNames()) {

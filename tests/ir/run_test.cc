@@ -134,9 +134,8 @@ TEST(IrRunTest, ArgumentErrors) {
        "rms_norm() missing 1 required positional argument: 'epsilon'", "epsilon"},
       {[](IrOpRequest& r) { r.tensors.clear(); }, absl::StatusCode::kInvalidArgument,
        "rms_norm() missing 1 required positional argument: 'x'", "x"},
-      {[](IrOpRequest& r) { r.activation_sparsity = 0.5; }, absl::StatusCode::kInvalidArgument,
-       "rms_norm() got an unexpected keyword argument 'activation_sparsity'",
-       "activation_sparsity"},
+      {[](IrOpRequest& r) { r.std_multiplier = 0.5; }, absl::StatusCode::kInvalidArgument,
+       "rms_norm() got an unexpected keyword argument 'std_multiplier'", "std_multiplier"},
       {[](IrOpRequest& r) {
          r.tensors.push_back({"x_residual", r.tensors[0].tensor});
        },
@@ -175,23 +174,23 @@ TEST(IrRunTest, GeluAndMulSparseErrors) {
   IrOpRequest r;
   r.op = "gelu_and_mul_sparse";
   r.tensors = {{"x", Host(kernels::DType::kFloat32, {4}, {1, 2, 3, 4})}};
-  r.activation_sparsity = 0.0;
+  r.std_multiplier = 1.6448536269514722;
   r.approximate = "erf";
-  // GeluAndMulSparse checks the mode first.
-  EXPECT_EQ(RunIrOp(*reg, r).status().message(), "Unknown approximate mode: erf");
-  r.approximate = "none";
   absl::Status s = RunIrOp(*reg, r).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "activation_sparsity is 0.0. Please use GeluAndMul.");
-  r.activation_sparsity = 1.0;
-  EXPECT_EQ(RunIrOp(*reg, r).status().message(), "activation_sparsity must be in (0, 1), got 1");
-  r.activation_sparsity = 0.5;
+  EXPECT_EQ(s.message(), "Unknown approximate mode: erf");
+  EXPECT_EQ(FieldOf(s).value_or(""), "approximate");
+  r.approximate = "none";
+  // Any multiplier is the op's (vLLM's takes any float): 0, negative, huge.
+  for (double m : {0.0, -3.0, 1e30}) {
+    r.std_multiplier = m;
+    EXPECT_TRUE(RunIrOp(*reg, r).ok()) << m;
+  }
   r.tensors = {{"x", Host(kernels::DType::kFloat32, {3}, {1, 2, 3})}};
   EXPECT_THAT(std::string(RunIrOp(*reg, r).status().message()), HasSubstr("even last dim"));
-  r.activation_sparsity.reset();
+  r.std_multiplier.reset();
   EXPECT_EQ(RunIrOp(*reg, r).status().message(),
-            "gelu_and_mul_sparse() missing 1 required positional argument: "
-            "'activation_sparsity'");
+            "gelu_and_mul_sparse() missing 1 required positional argument: 'std_multiplier'");
 }
 
 TEST(IrRunTest, EmptyRowsAndFusedShapes) {

@@ -3,8 +3,10 @@ port, one on a Unix socket, one with mutual TLS and a token), started here.
 KPLAN_SERVER_BIN names the server; KPLAN_TEST_CERTS_SCRIPT the script that
 makes a throwaway PKI (tests/rpc/make_test_certs.sh)."""
 import json
+import math
 import os
 import re
+import statistics
 import struct
 import subprocess
 import tempfile
@@ -263,6 +265,19 @@ class PythonClientTest(unittest.TestCase):
             self.client.run_ir_op("rms_norm", {"x": x, "weight": w[:5]}, epsilon=1e-6)
         self.assertEqual(ctx.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
         self.assertTrue(ctx.exception.field)
+
+    def test_gelu_and_mul_sparse_takes_the_std_multiplier(self):
+        rng = np.random.default_rng(4)
+        x = rng.normal(0, 1, (2, 16)).astype(np.float32)
+        mult = statistics.NormalDist().inv_cdf(0.9)
+        out = self.client.run_ir_op("gelu_and_mul_sparse", {"x": x}, std_multiplier=mult)
+        gate, up = x[:, :8].astype(np.float64), x[:, 8:].astype(np.float64)
+        cutoff = gate.mean(1, keepdims=True) + gate.std(1, keepdims=True) * mult
+        g = np.maximum(gate - cutoff, 0.0)
+        erf = np.vectorize(math.erf)
+        ref = 0.5 * g * (1.0 + erf(g / math.sqrt(2.0))) * up
+        np.testing.assert_allclose(out["out"], ref, rtol=1e-5, atol=1e-5)
+        self.assertGreater(np.count_nonzero(out["out"]), 0)
 
     def test_load_from_safetensors_stacked_and_per_expert(self):
         rng = np.random.default_rng(3)

@@ -510,14 +510,17 @@ class Client:
 
     def run_ir_op(self, op: str, inputs: Mapping[str, Optional[npt.ArrayLike]], *,
                   epsilon: Optional[float] = None, variance_size: Optional[int] = None,
-                  activation_sparsity: Optional[float] = None,
+                  std_multiplier: Optional[float] = None,
                   approximate: Optional[str] = None, priority: Sequence[str] = (),
                   device: str = "", dtype: Optional[str] = None,
                   timeout: Optional[float] = None) -> Dict[str, npt.NDArray]:
         """RunIrOp: one vLLM IR op ("rms_norm", "fused_add_rms_norm",
         "gelu_and_mul_sparse") on named inputs (x, x_residual, weight; None: an
         absent weight). Returns the named outputs ("out", "residual") as writable
-        arrays; the response's provider is in ``last_ir_provider``."""
+        arrays; the response's provider is in ``last_ir_provider``.
+        gelu_and_mul_sparse takes vLLM's ``std_multiplier``, the standard
+        normal quantile of the layer's activation sparsity
+        (``statistics.NormalDist().inv_cdf(0.95)`` for Gemma3n's 0.95)."""
         req = service_pb2.RunIrOpRequest(op=op, priority=list(priority), device=device)
         for name, array in inputs.items():
             if array is not None:
@@ -526,8 +529,8 @@ class Client:
             req.epsilon = epsilon
         if variance_size is not None:
             req.variance_size = variance_size
-        if activation_sparsity is not None:
-            req.activation_sparsity = activation_sparsity
+        if std_multiplier is not None:
+            req.std_multiplier = std_multiplier
         if approximate is not None:
             req.approximate = approximate
         self._match_server_limit()

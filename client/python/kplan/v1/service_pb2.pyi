@@ -393,24 +393,24 @@ class RunEpStepResponse(_message.Message):
     def __init__(self, output: _Optional[_Union[_config_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class RunIrOpRequest(_message.Message):
-    __slots__ = ["activation_sparsity", "approximate", "device", "epsilon", "inputs", "op", "priority", "variance_size"]
-    ACTIVATION_SPARSITY_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ["approximate", "device", "epsilon", "inputs", "op", "priority", "std_multiplier", "variance_size"]
     APPROXIMATE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    STD_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
     VARIANCE_SIZE_FIELD_NUMBER: _ClassVar[int]
-    activation_sparsity: float
     approximate: str
     device: str
     epsilon: float
     inputs: _containers.RepeatedCompositeFieldContainer[NamedTensor]
     op: str
     priority: _containers.RepeatedScalarFieldContainer[str]
+    std_multiplier: float
     variance_size: int
-    def __init__(self, op: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[NamedTensor, _Mapping]]] = ..., epsilon: _Optional[float] = ..., variance_size: _Optional[int] = ..., activation_sparsity: _Optional[float] = ..., approximate: _Optional[str] = ..., priority: _Optional[_Iterable[str]] = ..., device: _Optional[str] = ...) -> None: ...
+    def __init__(self, op: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[NamedTensor, _Mapping]]] = ..., epsilon: _Optional[float] = ..., variance_size: _Optional[int] = ..., std_multiplier: _Optional[float] = ..., approximate: _Optional[str] = ..., priority: _Optional[_Iterable[str]] = ..., device: _Optional[str] = ...) -> None: ...
 
 class RunIrOpResponse(_message.Message):
     __slots__ = ["device", "outputs", "priority", "provider", "provider_uuid", "warnings"]
