@@ -216,6 +216,8 @@ absl::StatusOr<Selection> MoEKernelOracle::SelectBackend(const SelectionContext&
     KPLAN_ASSIGN_OR_RETURN(std::vector<int> candidates,
                            MapCandidates(requested, c.platform.HasLibrary("kplan")));
     KPLAN_RETURN_IF_ERROR(CheckExplicit(c, candidates, a));
+    // _make_log_backend() names the scheme's priority list on this path too.
+    s.potential = GetPriorityBackends(c, w, a);
     return TryExplicit(candidates, c, w, a, std::move(s));
   }
   std::vector<int> list = GetPriorityBackends(c, w, a);

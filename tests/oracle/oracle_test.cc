@@ -383,6 +383,10 @@ TEST(PlanTest, SwigluLimit) {
   EXPECT_EQ(b.log_line,
             "Using 'FLASHINFER_TRTLLM' NvFp4 MoE backend out of potential backends: "
             "['FLASHINFER_TRTLLM', 'FLASHINFER_CUTLASS', 'MARLIN'].");
+  // An explicit request's log names the same list (_make_log_backend).
+  EXPECT_EQ(Plan(l, "cuda:10.0", "marlin")->log_line,
+            "Using 'MARLIN' NvFp4 MoE backend out of potential backends: "
+            "['FLASHINFER_TRTLLM', 'FLASHINFER_CUTLASS', 'MARLIN'].");
   EXPECT_EQ(Plan(l, "cuda:9.0")->backend, "MARLIN");
   // Without the clamp set, ROCm resolves to EMULATION; with it nothing applies the clamp.
   EXPECT_EQ(Plan(l, "rocm:gfx942").status().code(), absl::StatusCode::kFailedPrecondition);
