@@ -206,11 +206,12 @@ bool TrtLlmMxfp4Quant(const Ctx&, Q w, Q a) {
   return w == Q::kMxfp4Static && (a == Q::kNone || a == Q::kMxfp8Dynamic);
 }
 bool Mxfp4W4A16(const Ctx&, Q w, Q a) { return w == Q::kMxfp4Static && a == Q::kNone; }
-bool XpuQuant(const Ctx&, Q w, Q a) {
-  return Unquantized(w, a) ||
-         (w == Q::kFp8StaticTensorSym &&
-          (a == Q::kNone || a == Q::kFp8DynamicTensorSym || a == Q::kFp8StaticTensorSym));
+// XPUExpertsFp8's SUPPORTED_W_A: fp8 per-tensor weights, activations
+// unquantised or dynamic per-tensor (no static activation scale).
+bool XpuFp8Quant(const Ctx&, Q w, Q a) {
+  return w == Q::kFp8StaticTensorSym && (a == Q::kNone || a == Q::kFp8DynamicTensorSym);
 }
+bool XpuQuant(const Ctx& c, Q w, Q a) { return Unquantized(w, a) || XpuFp8Quant(c, w, a); }
 bool XpuBlockFp8Quant(const Ctx&, Q w, Q a) {
   return w == Q::kFp8Static128BlockSym && (a == Q::kFp8Dynamic128Sym || a == Q::kNone);
 }
@@ -566,7 +567,7 @@ const ExpertsClass kExperts[] = {
      .device = Xpu,
      .no_act_and_mul = true,
      .activations = kXpuActs,
-     .quant = XpuQuant},
+     .quant = XpuFp8Quant},
     {.name = "XPUExpertsMxFp8",
      .device = Xpu,
      .no_act_and_mul = true,

@@ -106,7 +106,11 @@ std::vector<Cell> Cells() {
       {"tensor rocm", tensor, "rocm:gfx942", "TRITON", "TritonExperts"},
       {"tensor rocm aiter", tensor, "rocm:gfx942", "AITER", "AiterExperts", aiter},
       {"tensor cpu", tensor, "cpu", "NONE", ""},
-      {"tensor xpu", tensor, "xpu", "XPU", "XPUExpertsFp8"},
+      // XPUExpertsFp8 takes (fp8 tensor, None | dynamic tensor) only (xpu_moe.py's
+      // SUPPORTED_W_A); §1.7's "XPU" for static activations disagrees with it.
+      {"tensor xpu", tensor, "xpu", "TRITON", "TritonExperts"},
+      {"tensor dyn xpu", Layer("kFp8StaticTensorSym", "kFp8DynamicTensorSym"), "xpu", "XPU",
+       "XPUExpertsFp8"},
       // fp8 per-channel weights, per-token activations
       {"chan sm90", chan, "cuda:9.0", "TRITON", "TritonExperts"},
       {"chan sm100", chan, "cuda:10.0", "TRITON", "TritonExperts"},
