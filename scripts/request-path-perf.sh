@@ -63,7 +63,7 @@ row = json.load(open(path))["rows"][0]
 a = dict(kv.split("=") for kv in before.split())
 b = dict(kv.split("=") for kv in after.split())
 hops = []
-for h in ("total", "decode", "route", "queue", "device", "encode", "serialize"):
+for h in ("total", "decode", "route", "queue", "device", "answer_wait", "encode", "serialize"):
     if f"{h}_sum" in b:
         n = float(b[f"{h}_count"]) - float(a.get(f"{h}_count", 0))
         s = float(b[f"{h}_sum"]) - float(a.get(f"{h}_sum", 0))

@@ -112,8 +112,8 @@ Metrics::Metrics(const BuildLabels& build)
       hops_(prometheus::BuildHistogram()
                 .Name("kplan_hop_seconds")
                 .Help("Time of each hop of a request, by method and hop: decode (arrival to "
-                      "converted), route (to queued), queue, device, encode (output on the "
-                      "host to response filled, the wait for an answer thread included), "
+                      "converted), route (to queued), queue, device, answer_wait (output on "
+                      "the host to an answering thread), encode (to response filled), "
                       "serialize (response to gRPC's bytes)")
                 .Register(*registry_)),
       inflight_(prometheus::BuildGauge()

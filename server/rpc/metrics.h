@@ -49,7 +49,7 @@ class Metrics {
   void ObserveQueue(const std::string& method, absl::Duration d);
   void ObserveDevice(const std::string& method, absl::Duration d);
   // One hop of a request (kplan_hop_seconds{method, hop}): decode, route,
-  // queue, device, encode, serialize.
+  // queue, device, answer_wait, encode, serialize.
   void ObserveHop(const std::string& method, const std::string& hop, absl::Duration d);
   // Experts held on `device` ("cpu", "cuda:0"): count and bytes.
   void SetExperts(const std::string& device, double count, double bytes);

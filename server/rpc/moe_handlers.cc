@@ -566,6 +566,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
       run_env, *std::move(core), std::move(hooks),
       [this, call, response, answer](absl::StatusOr<RunMoeResult> result,
                                      const MoeRunTiming& timing) {
+        const absl::Time answering = absl::Now();  // on the thread that answers
         absl::Status status = result.status();
         if (result.ok() && answer.output_shm && !result->output.in_place && call->IsCancelled()) {
           // The client gave up (deadline, cancel) and may reuse
@@ -586,7 +587,8 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
           m->ObserveHop(method, "queue", timing.queue);
           m->ObserveHop(method, "device", timing.device);
           if (result.ok() && timing.device_end != absl::InfinitePast()) {
-            m->ObserveHop(method, "encode", absl::Now() - timing.device_end);
+            m->ObserveHop(method, "answer_wait", answering - timing.device_end);
+            m->ObserveHop(method, "encode", absl::Now() - answering);
           }
         }
         call->FinishUnary(status);

@@ -543,7 +543,8 @@ TEST_F(MoeRpcTest, SkipDeviceOnlyWhenTheServerAllowsIt) {
   EXPECT_EQ(executor.inline_runs(), 1);  // the CPU reference runs on the worker
   // The hops of the two that ran, in the histograms.
   const std::string page = server->metrics()->Render();
-  for (const char* hop : {"decode", "route", "queue", "device", "encode", "serialize"}) {
+  for (const char* hop :
+       {"decode", "route", "queue", "device", "answer_wait", "encode", "serialize"}) {
     EXPECT_THAT(page, HasSubstr(absl::StrCat("kplan_hop_seconds_count{hop=\"", hop,
                                              "\",method=\"RunMoE\"} ", runs + 1)))
         << hop;
