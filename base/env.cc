@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/client_text.h"
 #include "base/pyrepr.h"
 #include "base/status.h"
 
@@ -118,8 +119,11 @@ absl::Status ValidateVllmEnv(const EnvVars& env) {
     if (v.form != EnvBoolForm::kInt) continue;
     std::optional<std::string> value = env.Get(v.name);
     if (value && !PyIntNonZero(*value)) {
+      // Python's repr of the value, cut to the client-text limit.
+      const absl::string_view shown = absl::string_view(*value).substr(0, kMaxClientTextChars);
       return InvalidField(absl::StrCat("env.", v.name),
-                          absl::StrCat("invalid literal for int() with base 10: ", PyRepr(*value)));
+                          absl::StrCat("invalid literal for int() with base 10: ", PyRepr(shown),
+                                       shown.size() < value->size() ? "..." : ""));
     }
   }
   return absl::OkStatus();

@@ -75,7 +75,8 @@ void ResolveFlags::Register(ArgParser& p) {
   p.AddString("device-name", "NAME", "device name reported for --platform", &device_name);
   p.AddSwitch("use-inductor", "compilation uses inductor (IR defaults become native)",
               &use_inductor);
-  p.AddSwitch("enforce-eager", "cudagraph_mode NONE", &enforce_eager);
+  p.AddSwitch("enforce-eager", "vLLM's --enforce-eager: no CUDA graphs, no inductor",
+              &enforce_eager);
   p.AddRepeated("env", "KEY=VALUE", "environment variable as vLLM would see it", &env);
   p.AddString("architectures", "A,B", "model architectures (e.g. DeepseekV4ForCausalLM)",
               &architectures);

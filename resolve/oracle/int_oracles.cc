@@ -83,7 +83,8 @@ const SchemeTables& Wna16Tables() {
       // Weight-only: the activation key is always None.
       .activation_key = ActivationKeyRule::kNone,
       // "Using 'V' WNA16 MoE backend.", "WNA16 MoE backend 'V' does not support ..."
-      .quotes_backend = true,
+      .log_quotes_backend = true,
+      .error_quotes_backend = true,
       .log_lists_potential = false,
   };
   return *t;
@@ -108,7 +109,6 @@ const SchemeTables& W4a8Tables() {
       .display_name = "W4A8",
       .log_name = "W4A8",
       .backends = {{"CUTLASS", "CUTLASS", {"CutlassExpertsW4A8Fp8"}}},
-      .user_map = {{"cutlass", {"CUTLASS"}}},
       .priority = {{nullptr, {"CUTLASS"}, {}}},
       .log_lists_potential = false,  // "Using CUTLASS W4A8 MoE backend."
       .ignores_moe_backend = true,   // its one backend, whatever moe_backend says

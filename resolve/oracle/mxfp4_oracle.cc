@@ -94,6 +94,9 @@ const SchemeTables& Tables() {
                     {}}},
       .activation_key = ActivationKeyRule::kImplied,
       .log_candidates = true,
+      // "Using 'V' Mxfp4 MoE backend ...", "MXFP4 MoE backend 'V' does not support ..."
+      .log_quotes_backend = true,
+      .error_quotes_backend = true,
   };
   return *t;
 }

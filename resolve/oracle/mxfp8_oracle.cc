@@ -16,6 +16,7 @@ const SchemeTables& Tables() {
     t->map_name = "MXFP8";
     t->display_name = "MXFP8";
     t->log_name = "Mxfp8";
+    t->log_quotes_backend = true;  // "Using 'V' Mxfp8 MoE backend ..."
     for (BackendDef& b : t->backends) {
       // DeepGemmExperts directly: the Triton fallback wrapper cannot do 1x32 blocks.
       if (b.name == "DEEPGEMM") b.experts = {"DeepGemmExperts"};

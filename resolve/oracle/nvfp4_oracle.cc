@@ -49,7 +49,8 @@ const SchemeTables& Tables() {
                      "FLASHINFER_CUTLASS", "VLLM_CUTLASS", "MARLIN", "HUMMING", "EMULATION"},
                     {}}},
       // "Using 'V' NvFp4 MoE backend ...", "NvFp4 MoE backend 'V' does not support ..."
-      .quotes_backend = true,
+      .log_quotes_backend = true,
+      .error_quotes_backend = true,
   };
   return *t;
 }

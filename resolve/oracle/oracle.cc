@@ -112,14 +112,13 @@ const ExpertsClass* MoEKernelOracle::TryBackend(int b, const SelectionContext& c
 namespace {
 
 // The backend's value as the scheme's messages print it.
-std::string BackendText(const SchemeTables& t, int b) {
-  return t.quotes_backend ? absl::StrCat("'", t.backends[b].value, "'")
-                          : std::string(t.backends[b].value);
+std::string BackendText(const SchemeTables& t, int b, bool quoted) {
+  return quoted ? absl::StrCat("'", t.backends[b].value, "'") : std::string(t.backends[b].value);
 }
 
 // "<X> MoE backend <value> does not support the deployment configuration since <reason>."
 std::string ReturnOrRaiseText(const SchemeTables& t, int b, absl::string_view reason) {
-  return absl::StrCat(t.display_name, " MoE backend ", BackendText(t, b),
+  return absl::StrCat(t.display_name, " MoE backend ", BackendText(t, b, t.error_quotes_backend),
                       " does not support the deployment configuration since ", reason, ".");
 }
 
@@ -200,6 +199,12 @@ Selection MoEKernelOracle::Fallback(absl::string_view member, const ExpertsClass
   return s;
 }
 
+bool MoEKernelOracle::IsAuto(absl::string_view moe_backend) const {
+  return t_.ignores_moe_backend || moe_backend == "auto" ||
+         std::find(t_.auto_aliases.begin(), t_.auto_aliases.end(), moe_backend) !=
+             t_.auto_aliases.end();
+}
+
 absl::StatusOr<Selection> MoEKernelOracle::SelectBackend(const SelectionContext& c, QuantKey w,
                                                          QuantKey a) const {
   if (t_.activation_key == ActivationKeyRule::kNone) a = QuantKey::kNone;
@@ -208,10 +213,7 @@ absl::StatusOr<Selection> MoEKernelOracle::SelectBackend(const SelectionContext&
   }
   Selection s;
   const std::string& requested = c.moe.moe_backend;
-  const bool is_auto =
-      t_.ignores_moe_backend || requested == "auto" ||
-      std::find(t_.auto_aliases.begin(), t_.auto_aliases.end(), requested) != t_.auto_aliases.end();
-  if (!is_auto) {
+  if (!IsAuto(requested)) {
     // Explicit requests map the user string and never fall back.
     KPLAN_ASSIGN_OR_RETURN(std::vector<int> candidates,
                            MapCandidates(requested, c.platform.HasLibrary("kplan")));
@@ -299,7 +301,7 @@ absl::Status CannotServe(const absl::Status& status) {
 absl::StatusOr<Selection> MoEKernelOracle::SelectExecutable(
     const SelectionContext& c, QuantKey w, QuantKey a, const std::vector<std::string>& runs) const {
   Selection s;
-  if (c.moe.moe_backend != "auto") {
+  if (!IsAuto(c.moe.moe_backend)) {
     if (std::find(runs.begin(), runs.end(), c.moe.moe_backend) == runs.end()) {
       return WithField(absl::FailedPreconditionError(absl::StrCat(
                            "moe_backend '", c.moe.moe_backend,
@@ -351,8 +353,8 @@ void MoEKernelOracle::AppendKplan(std::vector<int>& list, const SelectionContext
 std::string MoEKernelOracle::LogLine(const Selection& s) const {
   if (s.backend < 0 || s.experts == nullptr) return "";
   std::vector<std::string> values;
-  const std::string head =
-      absl::StrCat("Using ", BackendText(t_, s.backend), " ", t_.log_name, " MoE backend");
+  const std::string head = absl::StrCat("Using ", BackendText(t_, s.backend, t_.log_quotes_backend),
+                                        " ", t_.log_name, " MoE backend");
   if (!t_.log_lists_potential) return absl::StrCat(head, ".");
   const std::vector<int>& pot = s.potential.empty() ? std::vector<int>{s.backend} : s.potential;
   for (int b : pot) values.emplace_back(t_.backends[b].value);

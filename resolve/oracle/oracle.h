@@ -91,10 +91,12 @@ struct SchemeTables {
   // The log line of an explicit request names the mapped candidates
   // (mxfp4, whose map yields lists) rather than the chosen backend alone.
   bool log_candidates = false;
-  // The backend's value quoted in the log line ("Using 'V' ...") and in
-  // "<X> MoE backend 'V' does not support ..." (nvfp4.py, int_wna16.py; not
-  // fp8.py, unquantized.py, int8.py: "Using TRITON Fp8 MoE backend ...").
-  bool quotes_backend = false;
+  // The backend's value quoted in the log line ("Using 'V' ...": nvfp4.py,
+  // int_wna16.py, mxfp4.py, mxfp8.py; not fp8.py, unquantized.py, int8.py,
+  // w4a8*.py: "Using TRITON Fp8 MoE backend ...") and in "<X> MoE backend 'V'
+  // does not support ..." (nvfp4.py, int_wna16.py, mxfp4.py).
+  bool log_quotes_backend = false;
+  bool error_quotes_backend = false;
   // The log line names the potential backends ("... out of potential
   // backends: [...]."); int_wna16.py and w4a8.py log "Using V X MoE backend.".
   bool log_lists_potential = true;
@@ -177,8 +179,11 @@ class MoEKernelOracle {
   absl::Status MakeKernel(const Selection& s, const SelectionContext& c, MoePlan& plan) const;
 
   ActivationFormat Format(const SelectionContext& c) const;
+  // Whether `moe_backend` takes the auto path: "auto", an auto alias, or any
+  // string where the scheme ignores moe_backend.
+  bool IsAuto(absl::string_view moe_backend) const;
   // "Using V X MoE backend out of potential backends: [...]." in the
-  // scheme's form (quotes_backend, log_lists_potential).
+  // scheme's form (log_quotes_backend, log_lists_potential).
   std::string LogLine(const Selection& s) const;
 
  protected:

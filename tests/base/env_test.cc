@@ -1,6 +1,8 @@
 #include "base/env.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "base/client_text.h"
 #include "base/status.h"
 
 namespace kplan {
@@ -49,6 +51,11 @@ TEST(EnvVarsTest, IntVariablesThatIntRefusesAreInvalid) {
   EXPECT_EQ(s.message(), "invalid literal for int() with base 10: 'true'");
   EXPECT_EQ(ValidateVllmEnv(EnvVars({{"VLLM_USE_DEEP_GEMM", ""}})).message(),
             "invalid literal for int() with base 10: ''");
+  // A long value is cut to the client-text limit, escaped as Python's repr.
+  const std::string message(
+      ValidateVllmEnv(EnvVars({{"VLLM_USE_DEEP_GEMM", std::string(1000, 'x') + "\n"}})).message());
+  EXPECT_EQ(message, absl::StrCat("invalid literal for int() with base 10: '",
+                                  std::string(kMaxClientTextChars, 'x'), "'..."));
 }
 
 TEST(StatusFieldTest, FieldTravelsAndNests) {

@@ -109,6 +109,48 @@ TEST(MoeDTypeTest, RoundToDTypeAndLoadStore) {
   EXPECT_EQ(LoadFloat(buf, kernels::DType::kBFloat16, 1), 3.0f);
 }
 
+// The row forms are the element forms, bit for bit: every 16-bit pattern
+// loaded, and rounding of random, special and boundary floats.
+TEST(MoeDTypeTest, RowFormsAreTheElementForms) {
+  std::vector<uint16_t> all(65536);
+  for (int i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> row(all.size());
+  std::vector<float> f32 = {1.5f, -0.0f, std::numeric_limits<float>::infinity(), 3.0e-40f};
+  for (kernels::DType t : {kernels::DType::kFloat16, kernels::DType::kBFloat16}) {
+    LoadFloats(all.data(), t, 0, 65536, row.data());
+    for (int i = 0; i < 65536; ++i) {
+      const float one = LoadFloat(all.data(), t, i);
+      ASSERT_EQ(std::memcmp(&row[i], &one, 4), 0) << kernels::DTypeName(t) << " " << i;
+    }
+    LoadFloats(all.data(), t, 100, 5, row.data());  // an offset
+    for (int i = 0; i < 5; ++i) {
+      const float one = LoadFloat(all.data(), t, 100 + i);
+      EXPECT_EQ(std::memcmp(&row[i], &one, 4), 0);
+    }
+  }
+  LoadFloats(f32.data(), kernels::DType::kFloat32, 1, 3, row.data());
+  EXPECT_EQ(std::memcmp(row.data(), f32.data() + 1, 12), 0);
+
+  std::mt19937 rng(7);
+  std::vector<float> x(4096);
+  for (float& v : x) {
+    const uint32_t bits = rng();
+    std::memcpy(&v, &bits, 4);  // every exponent: NaN, inf, subnormals
+  }
+  x[0] = 65504.0f;  // fp16's largest, then just past its rounding boundary
+  x[1] = 65520.0f;
+  x[2] = 1.0f + std::ldexp(1.0f, -8);  // a bf16 tie
+  for (kernels::DType t :
+       {kernels::DType::kFloat16, kernels::DType::kBFloat16, kernels::DType::kFloat32}) {
+    std::vector<float> y = x;
+    RoundToDTypeInPlace(y.data(), static_cast<int64_t>(y.size()), t);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float one = RoundToDType(x[i], t);
+      ASSERT_EQ(std::memcmp(&y[i], &one, 4), 0) << kernels::DTypeName(t) << " " << x[i];
+    }
+  }
+}
+
 TEST(MoeDTypeTest, Int4PacksLowNibbleFirst) {
   const std::vector<uint8_t> packed = PackInt4({1, 2, 3, 0xf, 7});
   EXPECT_THAT(packed, ElementsAre(0x21, 0xf3, 0x07));

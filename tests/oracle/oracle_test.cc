@@ -251,6 +251,17 @@ TEST(ExpectedOutcomesTest, OtherSchemesSucceed) {
   EXPECT_EQ(cpu.scheme, "w4a8_int8");
   EXPECT_EQ(cpu.backend, "CPU_INT4");
   EXPECT_EQ(cpu.experts_kernel, "CPUExpertsInt4");  // experts/cpu_int4_moe.py, monolithic
+  EXPECT_EQ(cpu.log_line,
+            "Using CPU_INT4 W4A8 Int8 MoE backend out of potential backends: ['CPU_INT4'].");
+  // mxfp4.py and mxfp8.py quote the value in their log lines.
+  MoeLayerSpec gpt_oss = Layer("kMxfp4Static");
+  gpt_oss.activation = "swigluoai";
+  EXPECT_THAT(Plan(gpt_oss, "cuda:10.0")->log_line,
+              ::testing::StartsWith("Using 'FLASHINFER_TRTLLM_MXFP4_BF16' Mxfp4 MoE backend out "
+                                    "of potential backends: ['FLASHINFER_TRTLLM_MXFP4_BF16', "));
+  EXPECT_THAT(Plan(Layer("kMxfp8Static", "kMxfp8Dynamic"), "cuda:10.0")->log_line,
+              ::testing::StartsWith("Using 'FLASHINFER_TRTLLM' Mxfp8 MoE backend out of "
+                                    "potential backends: ["));
   EXPECT_TRUE(cpu.monolithic);
 
   MoeLayerSpec w4a8 = Layer("kInt4W4A8StaticGroup128Sym", "kFp8DynamicTokenSym");
