@@ -21,7 +21,7 @@ const SchemeTables& Tables() {
       // DeepGemmExperts directly: the Triton fallback wrapper cannot do 1x32 blocks.
       if (b.name == "DEEPGEMM") b.experts = {"DeepGemmExperts"};
       // ROCm fallback: BF16 dequantisation at load.
-      if (b.name == "EMULATION") b.experts = {"Mxfp8EmulationExperts"};
+      if (b.name == "EMULATION") b.experts = {"Mxfp8EmulationTritonExperts"};
     }
     // _BACKEND_NAME_MAP, dict order ("xpu" is not a MoEBackend value: programmatic only).
     t->user_map = {{"flashinfer_trtllm", {"FLASHINFER_TRTLLM"}},

@@ -31,7 +31,7 @@ const SchemeTables& Tables() {
               {"HUMMING",
                "HUMMING",
                {"BatchedHummingGroupedExperts", "HummingGroupedExperts", "HummingIndexedExperts"}},
-              {"EMULATION", "EMULATION", {"Nvfp4EmulationExperts"}},
+              {"EMULATION", "EMULATION", {"Nvfp4QuantizationEmulationTritonExperts"}},
           },
       // map_nvfp4_backend, dict order.
       .user_map = {{"cutlass", {"VLLM_CUTLASS"}},

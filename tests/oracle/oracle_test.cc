@@ -122,7 +122,7 @@ std::vector<Cell> Cells() {
       {"nvfp4 sm100", nvfp4, "cuda:10.0", "FLASHINFER_TRTLLM", "TrtLlmNvFp4ExpertsMonolithic"},
       {"nvfp4 sm120", nvfp4, "cuda:12.0", "FLASHINFER_CUTLASS", "FlashInferExperts"},
       {"nvfp4 sm120 no FI", nvfp4, "cuda:12.0+deep_gemm", "VLLM_CUTLASS", "CutlassExpertsFp4"},
-      {"nvfp4 rocm", nvfp4, "rocm:gfx942", "EMULATION", "Nvfp4EmulationExperts"},
+      {"nvfp4 rocm", nvfp4, "rocm:gfx942", "EMULATION", "Nvfp4QuantizationEmulationTritonExperts"},
       // mxfp4 gpt-oss
       {"mxfp4 sm90", mxfp4, "cuda:9.0", "TRITON", "OAITritonMxfp4ExpertsMonolithic"},
       {"mxfp4 sm100", mxfp4, "cuda:10.0", "FLASHINFER_TRTLLM_MXFP4_BF16",
@@ -131,9 +131,9 @@ std::vector<Cell> Cells() {
       {"mxfp4 rocm gfx942", mxfp4, "rocm:gfx942", "TRITON", "OAITritonMxfp4ExpertsMonolithic"},
       {"mxfp4 rocm gfx950 aiter", mxfp4, "rocm:gfx950", "AITER_MXFP4_BF16", "AiterExperts", aiter},
       {"mxfp4 rocm no triton_kernels", mxfp4, "rocm:gfx942+aiter", "EMULATION",
-       "Mxfp4EmulationExperts"},
+       "OCP_MXQuantizationEmulationTritonExperts"},
       {"mxfp4 cpu", mxfp4, "cpu", "CPU", "CPUExpertsMxfp4"},
-      {"mxfp4 xpu", mxfp4, "xpu", "XPU", "XPUExpertsMxFp4"},
+      {"mxfp4 xpu", mxfp4, "xpu", "XPU", "XPUExpertsMXFp4"},
       // mxfp8
       {"mxfp8 sm90", mxfp8, "cuda:9.0", "MARLIN", "MarlinExperts"},
       {"mxfp8 sm100", mxfp8, "cuda:10.0", "FLASHINFER_TRTLLM", "TrtLlmFp8ExpertsMonolithic"},
@@ -141,7 +141,7 @@ std::vector<Cell> Cells() {
       {"mxfp8 gfx950 flydsl", mxfp8, "rocm:gfx950+aiter,flydsl", "AITER_MXFP8",
        "AiterMxfp8Experts"},
       {"mxfp8 gfx950", mxfp8, "rocm:gfx950", "TRITON_MXFP8", "Mxfp8NativeTritonExperts"},
-      {"mxfp8 gfx942", mxfp8, "rocm:gfx942", "EMULATION", "Mxfp8EmulationExperts"},
+      {"mxfp8 gfx942", mxfp8, "rocm:gfx942", "EMULATION", "Mxfp8EmulationTritonExperts"},
       {"mxfp8 xpu", mxfp8, "xpu", "XPU", "XPUExpertsMxFp8"},
       // int8
       {"int8 sm90", int8, "cuda:9.0", "TRITON", "TritonExperts"},
@@ -823,7 +823,7 @@ TEST(KplanTest, FamilyOutsideVllmMapWithoutLibrary) {
   // emulation where vLLM's own map has it keeps vLLM's meaning, library or not.
   MoePlan nv = Plan(Layer("kNvfp4Static", "kNvfp4Dynamic"), "cuda:9.0", "emulation").value();
   EXPECT_EQ(nv.backend, "EMULATION");
-  EXPECT_EQ(nv.experts_kernel, "Nvfp4EmulationExperts");
+  EXPECT_EQ(nv.experts_kernel, "Nvfp4QuantizationEmulationTritonExperts");
   EXPECT_EQ(Plan(Layer("kInt4Static32"), "cuda:9.0", "emulation")->experts_kernel,
             "WNA16EmulationExperts");
 }
