@@ -534,9 +534,10 @@ absl::StatusOr<PrepareFinalizeChoice> ChoosePrepareFinalize(const FusedMoEParall
                       activation_key == QuantKey::kNvfp4Dynamic ||
                       activation_key == QuantKey::kMxfp8Dynamic;
       if (!ok) {
+        // {quant_dtype!r}: a torch dtype prints bare, a string quoted.
         std::string q = IsFp8Key(activation_key)                           ? "torch.float8_e4m3fn"
                         : activation_key == QuantKey::kInt8DynamicTokenSym ? "torch.int8"
-                                                                           : "mxfp4";
+                                                                           : "'mxfp4'";
         return absl::FailedPreconditionError(
             absl::StrCat("flashinfer_nvlink_one_sided dispatch supports nvfp4, mxfp8, and bf16 "
                          "(quant_dtype=None) today; got quant_dtype=",

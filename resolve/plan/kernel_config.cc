@@ -122,6 +122,20 @@ absl::StatusOr<ParallelConfig> NormalizeParallelConfig(ParallelConfig config,
                                 INT32_MAX, ", got ", config.dp_size, " * ", config.pcp_size, " * ",
                                 config.tp_size, " * ", config.sp_size));
   }
+  // ParallelConfig._validate_parallel_config's EPLB checks (not its
+  // CUDA-alike platform check).
+  if (config.enable_eplb) {
+    if (!config.enable_expert_parallel) {
+      return InvalidField("enable_eplb", "enable_expert_parallel must be True to use EPLB.");
+    }
+    if (static_cast<int64_t>(config.tp_size) * config.pcp_size * config.dp_size <= 1) {
+      return InvalidField(
+          "enable_eplb",
+          absl::StrCat("EPLB requires tensor, prefill-context, or data "
+                       "parallelism, but got TP=",
+                       config.tp_size, ", PCP=", config.pcp_size, ", DP=", config.dp_size, "."));
+    }
+  }
   if (Contains(RemovedAll2AllBackends(), config.all2all_backend)) {
     if (warnings) {
       warnings->push_back(absl::StrCat("The '", config.all2all_backend,

@@ -55,10 +55,13 @@ const std::vector<absl::string_view>& SparseIndexerTopkBackendValues() {
 }
 
 const std::vector<absl::string_view>& All2AllBackendValues() {
+  // vllm/config/parallel.py's All2AllBackend, in its order: naive and pplx
+  // pass the Literal and are rewritten after it (RemovedAll2AllBackends).
   static const auto* v = new std::vector<absl::string_view>{
-      "deepep_high_throughput", "deepep_low_latency", "deepep_v2", "mori_high_throughput",
-      "mori_low_latency", "nixl_ep", "allgather_reducescatter", "flashinfer_all2allv",
-      "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided", "passthrough",
+      "naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "deepep_v2",
+      "mori_high_throughput", "mori_low_latency", "nixl_ep", "allgather_reducescatter",
+      "flashinfer_all2allv", "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided",
+      "passthrough",
       // kplan's own dispatch (server/moe/ep): all-to-all-v of only the needed rows.
       "kplan_all2allv"};
   return *v;

@@ -117,6 +117,25 @@ TEST(ParallelConfigTest, RejectsBadSizesRanksAndBackends) {
   absl::Status s = NormalizeParallelConfig(p, nullptr).status();
   EXPECT_EQ(FieldOf(s).value(), "all2all_backend");
   EXPECT_THAT(std::string(s.message()), HasSubstr("'deepep_low_latency'"));
+  // vLLM's Literal lists the removed naive and pplx first.
+  EXPECT_THAT(std::string(s.message()), ::testing::StartsWith("Input should be 'naive', 'pplx', "));
+}
+
+TEST(NormalizeParallelConfigTest, EplbNeedsExpertParallelAndMoreThanOneRank) {
+  ParallelConfig p;
+  p.enable_eplb = true;
+  p.tp_size = 2;
+  absl::Status s = NormalizeParallelConfig(p, nullptr).status();
+  EXPECT_EQ(FieldOf(s).value(), "enable_eplb");
+  EXPECT_EQ(s.message(), "enable_expert_parallel must be True to use EPLB.");
+  p.enable_expert_parallel = true;
+  EXPECT_TRUE(NormalizeParallelConfig(p, nullptr).ok());
+  p.tp_size = 1;
+  EXPECT_EQ(NormalizeParallelConfig(p, nullptr).status().message(),
+            "EPLB requires tensor, prefill-context, or data parallelism, but got TP=1, PCP=1, "
+            "DP=1.");
+  p.pcp_size = 2;  // the EP group spans TP x PCP x DP
+  EXPECT_TRUE(NormalizeParallelConfig(p, nullptr).ok());
 }
 
 TEST(ValidateFlashinferMoeEpModelTest, OnlyDeepSeekV4) {
