@@ -53,10 +53,6 @@ bool FiCutlassDevice(const Ctx& c) {
 bool CutlassGroupGemm(const Ctx& c) { return Cuda(c) && c.platform.HasDeviceCapability(90); }
 bool MarlinDevice(const Ctx& c) { return Cuda(c) && c.platform.HasDeviceCapability(75); }
 bool AiterDevice(const Ctx& c) { return RocmAiterMoeEnabled(c.platform, c.env); }
-bool RocmGfx9(const Platform& p) {
-  return p.is_rocm() && (absl::StartsWith(p.gcn_arch_name, "gfx9") ||
-                         (p.gcn_arch_name.empty() && p.capability && p.capability->major == 9));
-}
 bool RocmGfx1x(const Platform& p) {
   return p.is_rocm() && (absl::StartsWith(p.gcn_arch_name, "gfx1") ||
                          (p.gcn_arch_name.empty() && p.capability && p.capability->major >= 10));
@@ -64,7 +60,7 @@ bool RocmGfx1x(const Platform& p) {
 // triton_kernels' OAI MXFP4 kernels: CUDA 9.0 <= cc < 11.0, ROCm gfx9/gfx1x.
 bool OaiTritonDevice(const Ctx& c) {
   const Platform& p = c.platform;
-  bool dev = (Cuda(c) && p.HasDeviceCapability(90) && !p.HasDeviceCapability(110)) || RocmGfx9(p) ||
+  bool dev = (Cuda(c) && p.HasDeviceCapability(90) && !p.HasDeviceCapability(110)) || p.on_gfx9() ||
              RocmGfx1x(p);
   return dev && p.HasLibrary("triton_kernels");
 }
@@ -137,7 +133,7 @@ bool TritonQuant(const Ctx& c, Q w, Q a) {
 }
 bool BatchedTritonQuant(const Ctx& c, Q w, Q a) {
   if (Unquantized(w, a)) return true;
-  bool fp8 = RocmGfx9(c.platform) || (c.platform.is_cuda() && c.platform.HasDeviceCapability(89));
+  bool fp8 = c.platform.on_gfx9() || (c.platform.is_cuda() && c.platform.HasDeviceCapability(89));
   return fp8 && Fp8Set(w, a);
 }
 bool UnquantOnly(const Ctx&, Q w, Q a) { return Unquantized(w, a); }

@@ -264,8 +264,9 @@ std::string FusedMoEParallelConfig::Repr() const {
 // --- FusedMoEConfig ---------------------------------------------------------
 
 bool RocmAiterMoeEnabled(const Platform& platform, const EnvVars& env) {
-  return platform.is_rocm() && env.Flag("VLLM_ROCM_USE_AITER", false) &&
-         env.Flag("VLLM_ROCM_USE_AITER_MOE", true);
+  // @if_aiter_supported: ROCm, the aiter package importable, a gfx9 device.
+  return platform.is_rocm() && platform.HasLibrary("aiter") && platform.on_gfx9() &&
+         env.Flag("VLLM_ROCM_USE_AITER", false) && env.Flag("VLLM_ROCM_USE_AITER_MOE", true);
 }
 
 absl::StatusOr<FusedMoEConfig> FusedMoEConfig::Make(const MoeLayerSpec& layer,

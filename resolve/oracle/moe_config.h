@@ -231,8 +231,9 @@ struct FusedMoEConfig {
 // vLLM's default for FusedMoEConfig.max_num_tokens when the layer passes none.
 inline constexpr int kDefaultMoeMaxNumTokens = 2048;
 
-// is_rocm_aiter_moe_enabled(): ROCm with VLLM_ROCM_USE_AITER=1 (default off)
-// and VLLM_ROCM_USE_AITER_MOE=1 (default on).
+// is_rocm_aiter_moe_enabled(): ROCm on gfx9 with the aiter library
+// (@if_aiter_supported), VLLM_ROCM_USE_AITER=1 (default off) and
+// VLLM_ROCM_USE_AITER_MOE=1 (default on).
 bool RocmAiterMoeEnabled(const Platform& platform, const EnvVars& env);
 
 }  // namespace kplan

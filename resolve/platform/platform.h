@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include <vector>
 
@@ -56,6 +57,12 @@ struct Platform {
     return capability && capability->AsInt() / 10 == c / 10;
   }
   bool HasLibrary(absl::string_view lib) const { return libraries.count(std::string(lib)) > 0; }
+  // vllm.platforms.rocm.on_gfx9(): ROCm on a gfx9 (CDNA) device; by the
+  // capability's major when no GCN arch name is given.
+  bool on_gfx9() const {
+    return is_rocm() && (absl::StartsWith(gcn_arch_name, "gfx9") ||
+                         (gcn_arch_name.empty() && capability && capability->major == 9));
+  }
 };
 
 // Known kernel library names a Platform may list.

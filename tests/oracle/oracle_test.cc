@@ -85,6 +85,7 @@ std::vector<Cell> Cells() {
       {"unq sm110 (no FI)", unq, "cuda:11.0", "TRITON", "TritonExperts"},
       {"unq rocm", unq, "rocm:gfx942", "TRITON", "TritonExperts"},
       {"unq rocm aiter", unq, "rocm:gfx942", "AITER", "AiterExperts", aiter},
+
       {"unq cpu", unq, "cpu", "CPU", ""},
       {"unq xpu", unq, "xpu", "XPU", "XPUExperts"},
       {"unq tpu", unq, "tpu", "TPU", ""},
@@ -234,6 +235,18 @@ TEST(ExpectedOutcomesTest, Failures) {
     absl::Status s = Plan(c.layer, c.platform).status();
     EXPECT_EQ(s.code(), c.code) << c.what << ": " << s;
     EXPECT_EQ(s.message(), c.message) << c.what;
+  }
+  // VLLM_ROCM_USE_AITER=1 forces AITER, whose experts need what
+  // @if_aiter_supported checks: the aiter package and a gfx9 device.
+  EnvVars aiter({{"VLLM_ROCM_USE_AITER", "1"}});
+  ASSERT_EQ(Plan(Layer(), "rocm:gfx942", "auto", {}, aiter)->backend, "AITER");
+  for (const char* platform : {"rocm:gfx942+triton_kernels", "rocm:gfx1100"}) {
+    absl::Status s = Plan(Layer(), platform, "auto", {}, aiter).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << platform;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("ROCm AITER does not support the deployment configuration since kernel "
+                          "does not support current device rocm"))
+        << platform;
   }
 }
 
