@@ -112,7 +112,9 @@ void ResolveFlags::Register(ArgParser& p) {
   p.AddAlias("-dp", "data-parallel-size");
   p.AddString("prefill-context-parallel-size", "N", "ParallelConfig.pcp_size",
               &prefill_context_parallel_size);
-  p.AddString("sequence-parallel-size", "N", "ParallelConfig.sp_size", &sequence_parallel_size);
+  p.AddString("sequence-parallel-size", "N",
+              "MoE sequence parallelism: 1, or the TP size with -ep, -dp > 1 (vLLM's sp_size)",
+              &sequence_parallel_size);
   p.AddSwitch("enable-expert-parallel", "ParallelConfig.enable_expert_parallel",
               &enable_expert_parallel);
   p.AddAlias("-ep", "enable-expert-parallel");

@@ -147,6 +147,26 @@ absl::StatusOr<ParallelConfig> NormalizeParallelConfig(ParallelConfig config,
   if (!Contains(All2AllBackendValues(), config.all2all_backend)) {
     return LiteralError("all2all_backend", All2AllBackendValues(), config.all2all_backend);
   }
+  // vLLM derives the MoE layer's sp_size (make_parallel_config): tp_size
+  // where the layer is sequence parallel, which needs
+  // ParallelConfig.use_sequence_parallel_moe, else 1.
+  if (config.sp_size != 1) {
+    if (config.sp_size != config.tp_size) {
+      return InvalidField("sp_size", absl::StrCat("sp_size must be 1 or tp_size (", config.tp_size,
+                                                  "), got ", config.sp_size));
+    }
+    if (!config.enable_expert_parallel || config.tp_size <= 1 || config.dp_size <= 1 ||
+        !Contains(SequenceParallelMoeAll2AllBackends(), config.all2all_backend)) {
+      std::vector<std::string> backends(SequenceParallelMoeAll2AllBackends().begin(),
+                                        SequenceParallelMoeAll2AllBackends().end());
+      return InvalidField(
+          "sp_size",
+          absl::StrCat("sp_size = tp_size needs sequence-parallel MoE "
+                       "(use_sequence_parallel_moe): enable_expert_parallel, tp_size > 1, "
+                       "dp_size > 1 and all2all_backend in ",
+                       PyRepr(backends)));
+    }
+  }
   return config;
 }
 

@@ -67,6 +67,13 @@ const std::vector<absl::string_view>& All2AllBackendValues() {
   return *v;
 }
 
+const std::vector<absl::string_view>& SequenceParallelMoeAll2AllBackends() {
+  static const auto* v = new std::vector<absl::string_view>{
+      "allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency",
+      "mori_high_throughput",    "mori_low_latency",       "nixl_ep"};
+  return *v;
+}
+
 const std::vector<absl::string_view>& RemovedAll2AllBackends() {
   static const auto* v = new std::vector<absl::string_view>{"naive", "pplx"};
   return *v;

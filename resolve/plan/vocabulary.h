@@ -20,6 +20,8 @@ const std::vector<absl::string_view>& SparseIndexerTopkBackendValues();
 // values, plus "passthrough" (set by binding, never offered on the CLI).
 const std::vector<absl::string_view>& All2AllBackendValues();
 // All2all values vLLM removed and rewrites to allgather_reducescatter.
+// ParallelConfig.use_sequence_parallel_moe's all2all backends.
+const std::vector<absl::string_view>& SequenceParallelMoeAll2AllBackends();
 const std::vector<absl::string_view>& RemovedAll2AllBackends();
 
 inline constexpr absl::string_view kDefaultAll2AllBackend = "allgather_reducescatter";

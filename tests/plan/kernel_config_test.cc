@@ -138,6 +138,26 @@ TEST(NormalizeParallelConfigTest, EplbNeedsExpertParallelAndMoreThanOneRank) {
   EXPECT_TRUE(NormalizeParallelConfig(p, nullptr).ok());
 }
 
+TEST(NormalizeParallelConfigTest, SequenceParallelMoeIsOneOrTpSize) {
+  ParallelConfig p;
+  p.tp_size = 2;
+  p.dp_size = 2;
+  p.enable_expert_parallel = true;
+  p.sp_size = 2;
+  EXPECT_TRUE(NormalizeParallelConfig(p, nullptr).ok());
+  p.sp_size = 4;
+  absl::Status s = NormalizeParallelConfig(p, nullptr).status();
+  EXPECT_EQ(FieldOf(s).value(), "sp_size");
+  EXPECT_EQ(s.message(), "sp_size must be 1 or tp_size (2), got 4");
+  p.sp_size = 2;
+  p.dp_size = 1;  // no DP: vLLM's MoE layers are not sequence parallel
+  EXPECT_THAT(std::string(NormalizeParallelConfig(p, nullptr).status().message()),
+              HasSubstr("needs sequence-parallel MoE"));
+  p.dp_size = 2;
+  p.all2all_backend = "flashinfer_nvlink_two_sided";
+  EXPECT_EQ(FieldOf(NormalizeParallelConfig(p, nullptr).status()).value(), "sp_size");
+}
+
 TEST(ValidateFlashinferMoeEpModelTest, OnlyDeepSeekV4) {
   EXPECT_TRUE(ValidateFlashinferMoeEpModel("triton", {"LlamaForCausalLM"}).ok());
   EXPECT_TRUE(
