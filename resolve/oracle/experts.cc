@@ -53,15 +53,11 @@ bool FiCutlassDevice(const Ctx& c) {
 bool CutlassGroupGemm(const Ctx& c) { return Cuda(c) && c.platform.HasDeviceCapability(90); }
 bool MarlinDevice(const Ctx& c) { return Cuda(c) && c.platform.HasDeviceCapability(75); }
 bool AiterDevice(const Ctx& c) { return RocmAiterMoeEnabled(c.platform, c.env); }
-bool RocmGfx1x(const Platform& p) {
-  return p.is_rocm() && (absl::StartsWith(p.gcn_arch_name, "gfx1") ||
-                         (p.gcn_arch_name.empty() && p.capability && p.capability->major >= 10));
-}
 // triton_kernels' OAI MXFP4 kernels: CUDA 9.0 <= cc < 11.0, ROCm gfx9/gfx1x.
 bool OaiTritonDevice(const Ctx& c) {
   const Platform& p = c.platform;
   bool dev = (Cuda(c) && p.HasDeviceCapability(90) && !p.HasDeviceCapability(110)) || p.on_gfx9() ||
-             RocmGfx1x(p);
+             p.on_gfx1x();
   return dev && p.HasLibrary("triton_kernels");
 }
 bool HummingDevice(const Ctx& c) {

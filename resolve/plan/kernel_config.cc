@@ -88,6 +88,35 @@ absl::StatusOr<KernelConfig> NormalizeKernelConfig(KernelConfig config) {
   return config;
 }
 
+namespace {
+
+// vLLM derives the MoE layer's sp_size (make_parallel_config): tp_size
+// where the layer is sequence parallel, which needs
+// ParallelConfig.use_sequence_parallel_moe, else 1. Checked on the request
+// and again after binding passthrough (not a sequence-parallel backend).
+absl::Status CheckSequenceParallel(const ParallelConfig& config) {
+  if (config.sp_size != 1) {
+    if (config.sp_size != config.tp_size) {
+      return InvalidField("sp_size", absl::StrCat("sp_size must be 1 or tp_size (", config.tp_size,
+                                                  "), got ", config.sp_size));
+    }
+    if (!config.enable_expert_parallel || config.tp_size <= 1 || config.dp_size <= 1 ||
+        !Contains(SequenceParallelMoeAll2AllBackends(), config.all2all_backend)) {
+      std::vector<std::string> backends(SequenceParallelMoeAll2AllBackends().begin(),
+                                        SequenceParallelMoeAll2AllBackends().end());
+      return InvalidField(
+          "sp_size",
+          absl::StrCat("sp_size = tp_size needs sequence-parallel MoE "
+                       "(use_sequence_parallel_moe): enable_expert_parallel, tp_size > 1, "
+                       "dp_size > 1 and all2all_backend in ",
+                       PyRepr(backends)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ParallelConfig> NormalizeParallelConfig(ParallelConfig config,
                                                        std::vector<std::string>* warnings) {
   struct SizeRank {
@@ -122,6 +151,17 @@ absl::StatusOr<ParallelConfig> NormalizeParallelConfig(ParallelConfig config,
                                 INT32_MAX, ", got ", config.dp_size, " * ", config.pcp_size, " * ",
                                 config.tp_size, " * ", config.sp_size));
   }
+  if (Contains(RemovedAll2AllBackends(), config.all2all_backend)) {
+    if (warnings) {
+      warnings->push_back(absl::StrCat("The '", config.all2all_backend,
+                                       "' all2all backend has been removed. Falling back to '",
+                                       kDefaultAll2AllBackend, "'."));
+    }
+    config.all2all_backend = std::string(kDefaultAll2AllBackend);
+  }
+  if (!Contains(All2AllBackendValues(), config.all2all_backend)) {
+    return LiteralError("all2all_backend", All2AllBackendValues(), config.all2all_backend);
+  }
   // ParallelConfig._validate_parallel_config's EPLB checks (not its
   // CUDA-alike platform check).
   if (config.enable_eplb) {
@@ -136,37 +176,7 @@ absl::StatusOr<ParallelConfig> NormalizeParallelConfig(ParallelConfig config,
                        config.tp_size, ", PCP=", config.pcp_size, ", DP=", config.dp_size, "."));
     }
   }
-  if (Contains(RemovedAll2AllBackends(), config.all2all_backend)) {
-    if (warnings) {
-      warnings->push_back(absl::StrCat("The '", config.all2all_backend,
-                                       "' all2all backend has been removed. Falling back to '",
-                                       kDefaultAll2AllBackend, "'."));
-    }
-    config.all2all_backend = std::string(kDefaultAll2AllBackend);
-  }
-  if (!Contains(All2AllBackendValues(), config.all2all_backend)) {
-    return LiteralError("all2all_backend", All2AllBackendValues(), config.all2all_backend);
-  }
-  // vLLM derives the MoE layer's sp_size (make_parallel_config): tp_size
-  // where the layer is sequence parallel, which needs
-  // ParallelConfig.use_sequence_parallel_moe, else 1.
-  if (config.sp_size != 1) {
-    if (config.sp_size != config.tp_size) {
-      return InvalidField("sp_size", absl::StrCat("sp_size must be 1 or tp_size (", config.tp_size,
-                                                  "), got ", config.sp_size));
-    }
-    if (!config.enable_expert_parallel || config.tp_size <= 1 || config.dp_size <= 1 ||
-        !Contains(SequenceParallelMoeAll2AllBackends(), config.all2all_backend)) {
-      std::vector<std::string> backends(SequenceParallelMoeAll2AllBackends().begin(),
-                                        SequenceParallelMoeAll2AllBackends().end());
-      return InvalidField(
-          "sp_size",
-          absl::StrCat("sp_size = tp_size needs sequence-parallel MoE "
-                       "(use_sequence_parallel_moe): enable_expert_parallel, tp_size > 1, "
-                       "dp_size > 1 and all2all_backend in ",
-                       PyRepr(backends)));
-    }
-  }
+  KPLAN_RETURN_IF_ERROR(CheckSequenceParallel(config));
   return config;
 }
 
@@ -260,6 +270,7 @@ absl::Status SetPlatformDefaults(KernelConfig& config, const ModelInfo* model,
     KPLAN_RETURN_IF_ERROR(ValidateFlashinferMoeEpModel(config.moe_backend, model->architectures));
   }
   KPLAN_RETURN_IF_ERROR(BindPassthroughAll2AllBackend(config.moe_backend, parallel, warnings));
+  if (absl::Status s = CheckSequenceParallel(parallel); !s.ok()) return NestField(s, "parallel");
   IrOpPriorityConfig defaults = DefaultIrOpPriority(platform, env);
   for (auto& [op, current] : config.ir_op_priority.priority) {
     for (const std::string& provider : defaults.of(op)) {

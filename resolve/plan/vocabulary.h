@@ -16,13 +16,14 @@ const std::vector<absl::string_view>& MoeBackendValues();
 const std::vector<absl::string_view>& LinearBackendValues();
 // KernelConfig.sparse_indexer_topk_backend (SparseIndexerTopkBackend Literal).
 const std::vector<absl::string_view>& SparseIndexerTopkBackendValues();
-// ParallelConfig.all2all_backend (All2AllBackend Literal), without the removed
-// values, plus "passthrough" (set by binding, never offered on the CLI).
+// ParallelConfig.all2all_backend (All2AllBackend Literal, in its order, the
+// removed naive and pplx included), plus "passthrough" (set by binding, never
+// offered on the CLI) and kplan's "kplan_all2allv".
 const std::vector<absl::string_view>& All2AllBackendValues();
 // All2all values vLLM removed and rewrites to allgather_reducescatter.
+const std::vector<absl::string_view>& RemovedAll2AllBackends();
 // ParallelConfig.use_sequence_parallel_moe's all2all backends.
 const std::vector<absl::string_view>& SequenceParallelMoeAll2AllBackends();
-const std::vector<absl::string_view>& RemovedAll2AllBackends();
 
 inline constexpr absl::string_view kDefaultAll2AllBackend = "allgather_reducescatter";
 inline constexpr absl::string_view kPassthroughAll2AllBackend = "passthrough";

@@ -2,9 +2,11 @@
 #include "resolve/platform/platform.h"
 
 #include <array>
+#include <initializer_list>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,6 +15,28 @@
 #include "base/status.h"
 
 namespace kplan {
+
+namespace {
+
+// A ROCm platform whose GCN arch name holds one of `archs`; without a name,
+// one whose capability major is in [major_lo, major_hi].
+bool OnRocmArch(const Platform& p, std::initializer_list<absl::string_view> archs, int major_lo,
+                int major_hi) {
+  if (!p.is_rocm()) return false;
+  if (p.gcn_arch_name.empty()) {
+    return p.capability && p.capability->major >= major_lo && p.capability->major <= major_hi;
+  }
+  for (absl::string_view a : archs) {
+    if (absl::StrContains(p.gcn_arch_name, a)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool Platform::on_gfx9() const { return OnRocmArch(*this, {"gfx90a", "gfx942", "gfx950"}, 9, 9); }
+bool Platform::on_gfx1x() const { return OnRocmArch(*this, {"gfx11", "gfx12"}, 11, 12); }
+
 namespace {
 
 constexpr std::array<std::pair<PlatformKind, absl::string_view>, 6> kKindNames = {{

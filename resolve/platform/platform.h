@@ -8,7 +8,6 @@
 #include <optional>
 #include <set>
 #include <string>
-#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include <vector>
 
@@ -57,12 +56,11 @@ struct Platform {
     return capability && capability->AsInt() / 10 == c / 10;
   }
   bool HasLibrary(absl::string_view lib) const { return libraries.count(std::string(lib)) > 0; }
-  // vllm.platforms.rocm.on_gfx9(): ROCm on a gfx9 (CDNA) device; by the
-  // capability's major when no GCN arch name is given.
-  bool on_gfx9() const {
-    return is_rocm() && (absl::StartsWith(gcn_arch_name, "gfx9") ||
-                         (gcn_arch_name.empty() && capability && capability->major == 9));
-  }
+  // vllm.platforms.rocm.on_gfx9() / on_gfx1x(): the GCN arch name holds
+  // gfx90a, gfx942 or gfx950 / gfx11 or gfx12. Without a name, by the
+  // capability's major (9 / 11-12).
+  bool on_gfx9() const;
+  bool on_gfx1x() const;
 };
 
 // Known kernel library names a Platform may list.

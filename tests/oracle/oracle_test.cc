@@ -85,7 +85,6 @@ std::vector<Cell> Cells() {
       {"unq sm110 (no FI)", unq, "cuda:11.0", "TRITON", "TritonExperts"},
       {"unq rocm", unq, "rocm:gfx942", "TRITON", "TritonExperts"},
       {"unq rocm aiter", unq, "rocm:gfx942", "AITER", "AiterExperts", aiter},
-
       {"unq cpu", unq, "cpu", "CPU", ""},
       {"unq xpu", unq, "xpu", "XPU", "XPUExperts"},
       {"unq tpu", unq, "tpu", "TPU", ""},

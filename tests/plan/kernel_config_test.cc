@@ -156,6 +156,22 @@ TEST(NormalizeParallelConfigTest, SequenceParallelMoeIsOneOrTpSize) {
   p.dp_size = 2;
   p.all2all_backend = "flashinfer_nvlink_two_sided";
   EXPECT_EQ(FieldOf(NormalizeParallelConfig(p, nullptr).status()).value(), "sp_size");
+  // A self-dispatching moe_backend binds passthrough, which is not sequence
+  // parallel: checked again after the binding.
+  p.all2all_backend = "allgather_reducescatter";
+  ASSERT_TRUE(NormalizeParallelConfig(p, nullptr).ok());
+  KernelConfig k;
+  k.moe_backend = "flashinfer_moe_ep_cutedsl";
+  absl::Status bound = SetPlatformDefaults(k, nullptr, p, ParsePlatformSpec("cuda:10.0").value(),
+                                           EnvVars{}, nullptr);
+  EXPECT_EQ(FieldOf(bound).value_or(""), "parallel.sp_size") << bound;
+}
+
+TEST(NormalizeParallelConfigTest, BackendNameIsCheckedBeforeEplb) {
+  ParallelConfig p;
+  p.enable_eplb = true;  // without expert parallel: an EPLB error too
+  p.all2all_backend = "bogus";
+  EXPECT_EQ(FieldOf(NormalizeParallelConfig(p, nullptr).status()).value(), "all2all_backend");
 }
 
 TEST(ValidateFlashinferMoeEpModelTest, OnlyDeepSeekV4) {

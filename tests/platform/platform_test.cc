@@ -7,6 +7,20 @@
 namespace kplan {
 namespace {
 
+// vllm.platforms.rocm.on_gfx9() / on_gfx1x(): arch names, not prefixes.
+TEST(PlatformArchTest, Gfx9AndGfx1xAreVllmsLists) {
+  for (const char* spec : {"rocm:gfx90a", "rocm:gfx942", "rocm:gfx950"}) {
+    EXPECT_TRUE(ParsePlatformSpec(spec)->on_gfx9()) << spec;
+  }
+  for (const char* spec : {"rocm:gfx908", "rocm:gfx906", "rocm:gfx1100", "cuda:9.0"}) {
+    EXPECT_FALSE(ParsePlatformSpec(spec)->on_gfx9()) << spec;
+  }
+  EXPECT_TRUE(ParsePlatformSpec("rocm:gfx1100")->on_gfx1x());
+  EXPECT_TRUE(ParsePlatformSpec("rocm:gfx1201")->on_gfx1x());
+  EXPECT_FALSE(ParsePlatformSpec("rocm:gfx1030")->on_gfx1x());
+  EXPECT_FALSE(ParsePlatformSpec("rocm:gfx942")->on_gfx1x());
+}
+
 TEST(PlatformTest, CapabilityPredicatesFollowVllm) {
   Platform p = ParsePlatformSpec("cuda:10.3").value();
   EXPECT_TRUE(p.HasDeviceCapability(90));
