@@ -102,12 +102,10 @@ bool ParseEnvBool(absl::string_view value, EnvBoolForm form) {
   switch (form) {
     case EnvBoolForm::kInt:
       return PyIntNonZero(value).value_or(false);
-    case EnvBoolForm::kTrueOrOne: {
-      const std::string v = absl::AsciiStrToLower(value);
-      return v == "true" || v == "1";
-    }
+    case EnvBoolForm::kTrueOrOne:
     case EnvBoolForm::kStrippedTrueOrOne: {
-      const std::string v = absl::AsciiStrToLower(PyStrip(value));
+      const std::string v =
+          absl::AsciiStrToLower(form == EnvBoolForm::kStrippedTrueOrOne ? PyStrip(value) : value);
       return v == "true" || v == "1";
     }
   }

@@ -146,7 +146,9 @@ absl::StatusOr<Selection> MoEKernelOracle::ReturnOrRaise(int b, const SelectionC
 absl::StatusOr<Selection> MoEKernelOracle::TryExplicit(const std::vector<int>& candidates,
                                                        const SelectionContext& c, QuantKey w,
                                                        QuantKey a, Selection s) const {
-  if (t_.log_candidates) s.potential = candidates;
+  // _make_log_backend() names the scheme's priority list on this path too
+  // (mxfp4: the mapped candidates).
+  s.potential = t_.log_candidates ? candidates : GetPriorityBackends(c, w, a);
   absl::Status error = absl::InternalError("moe_backend maps to no candidate");
   for (int candidate : candidates) {
     const int b = MaybeBatched(candidate, c);
@@ -218,8 +220,6 @@ absl::StatusOr<Selection> MoEKernelOracle::SelectBackend(const SelectionContext&
     KPLAN_ASSIGN_OR_RETURN(std::vector<int> candidates,
                            MapCandidates(requested, c.platform.HasLibrary("kplan")));
     KPLAN_RETURN_IF_ERROR(CheckExplicit(c, candidates, a));
-    // _make_log_backend() names the scheme's priority list on this path too.
-    s.potential = GetPriorityBackends(c, w, a);
     return TryExplicit(candidates, c, w, a, std::move(s));
   }
   std::vector<int> list = GetPriorityBackends(c, w, a);
@@ -352,11 +352,11 @@ void MoEKernelOracle::AppendKplan(std::vector<int>& list, const SelectionContext
 
 std::string MoEKernelOracle::LogLine(const Selection& s) const {
   if (s.backend < 0 || s.experts == nullptr) return "";
-  std::vector<std::string> values;
   const std::string head = absl::StrCat("Using ", BackendText(t_, s.backend, t_.log_quotes_backend),
                                         " ", t_.log_name, " MoE backend");
   if (!t_.log_lists_potential) return absl::StrCat(head, ".");
   const std::vector<int>& pot = s.potential.empty() ? std::vector<int>{s.backend} : s.potential;
+  std::vector<std::string> values;
   for (int b : pot) values.emplace_back(t_.backends[b].value);
   return absl::StrCat(head, " out of potential backends: ", PyRepr(values), ".");
 }

@@ -32,13 +32,6 @@ bool OnRocmArch(const Platform& p, std::initializer_list<absl::string_view> arch
   return false;
 }
 
-}  // namespace
-
-bool Platform::on_gfx9() const { return OnRocmArch(*this, {"gfx90a", "gfx942", "gfx950"}, 9, 9); }
-bool Platform::on_gfx1x() const { return OnRocmArch(*this, {"gfx11", "gfx12"}, 11, 12); }
-
-namespace {
-
 constexpr std::array<std::pair<PlatformKind, absl::string_view>, 6> kKindNames = {{
     {PlatformKind::kCuda, "cuda"},
     {PlatformKind::kRocm, "rocm"},
@@ -49,6 +42,9 @@ constexpr std::array<std::pair<PlatformKind, absl::string_view>, 6> kKindNames =
 }};
 
 }  // namespace
+
+bool Platform::on_gfx9() const { return OnRocmArch(*this, {"gfx90a", "gfx942", "gfx950"}, 9, 9); }
+bool Platform::on_gfx1x() const { return OnRocmArch(*this, {"gfx11", "gfx12"}, 11, 12); }
 
 absl::string_view PlatformKindName(PlatformKind kind) {
   for (const auto& [k, name] : kKindNames) {
