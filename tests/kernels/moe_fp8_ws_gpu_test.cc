@@ -38,22 +38,6 @@ using kernels::DType;
 
 uint64_t Seed() { return test_util::TestSeed("moe_fp8_ws_gpu_test", "MOE_FP8_WS_GPU_TEST_SEED"); }
 
-template <typename T>
-struct DeviceBuf {
-  T* p = nullptr;
-  explicit DeviceBuf(size_t n) {
-    void* v = nullptr;
-    EXPECT_EQ(cudaMalloc(&v, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
-    p = static_cast<T*>(v);
-  }
-  explicit DeviceBuf(const std::vector<T>& v) : DeviceBuf(v.size()) {
-    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceBuf() { cudaFree(p); }
-  DeviceBuf(const DeviceBuf&) = delete;
-  DeviceBuf& operator=(const DeviceBuf&) = delete;
-};
-
 struct Case {
   const char* name;
   std::vector<int> counts;  // slots per expert
@@ -113,11 +97,11 @@ void RunCase(const Case& c) {
   std::vector<float> bias(c.bias ? local * N : 0);
   for (auto& b : bias) b = (u(rng) - 1.0f) * 4.0f;
 
-  DeviceBuf<uint8_t> da(a), dw(w);
-  DeviceBuf<float> das(as), dws(wsc), dbias(bias);
-  DeviceBuf<int32_t> dsorted(al->sorted_token_ids), deids(al->expert_ids);
-  DeviceBuf<int32_t> dpost(std::vector<int32_t>{al->num_tokens_post_padded});
-  DeviceBuf<uint16_t> dc(numel * N);
+  test_util::DeviceBuf<uint8_t> da(a), dw(w);
+  test_util::DeviceBuf<float> das(as), dws(wsc), dbias(bias);
+  test_util::DeviceBuf<int32_t> dsorted(al->sorted_token_ids), deids(al->expert_ids);
+  test_util::DeviceBuf<int32_t> dpost(std::vector<int32_t>{al->num_tokens_post_padded});
+  test_util::DeviceBuf<uint16_t> dc(numel * N);
   ASSERT_EQ(cudaMemset(dc.p, 0xff, numel * N * 2), cudaSuccess);  // NaN poison
 
   kc::MoeGroupedGemmArgs g;
@@ -148,7 +132,7 @@ void RunCase(const Case& c) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(kc::MoeGemmWsFp8Launches(), launches + 1);
   } else {
-    DeviceBuf<float> partials(c.splits > 1 ? c.splits * numel * N : 0);
+    test_util::DeviceBuf<float> partials(c.splits > 1 ? c.splits * numel * N : 0);
     g.splits = c.splits;
     g.partials = c.splits > 1 ? partials.p : nullptr;
     const absl::Status st = kc::LaunchMoeGroupedGemm(g, nullptr);

@@ -1,8 +1,8 @@
 // The host side of the warp-specialised grouped GEMM's tile schedule
 // (kernels/cuda/moe/moe_ws_schedule.h): tile counts, grid size, and that the
 // walk the device takes visits every (token tile, weight-row tile) once, in
-// groups of token tiles with the weight-row tile as the slow index. Plain
-// C++, runs without a GPU.
+// groups of token tiles with the weight-row tile as the slow index, with
+// one CTA a tile and in clusters of two. Plain C++, runs without a GPU.
 #include "kernels/cuda/moe/moe_ws_schedule.h"
 
 #include <gtest/gtest.h>
@@ -106,6 +106,77 @@ TEST(MoeWsSchedule, PersistentGridCoversEveryTileOnce) {
     }
   }
   for (int h : hits) EXPECT_EQ(h, 1);
+}
+
+TEST(MoeWsSchedule, ClustersOfTwo) {
+  // Mixtral GEMM 1 again: 132 resident CTAs are 66 clusters; groups of 2
+  // units keep 4 token tiles a group.
+  WsSchedule s = MakeWsSchedule(40, 256, 28672, 132, kWsAutoGroup, 2);
+  EXPECT_EQ(s.cluster, 2);
+  EXPECT_EQ(s.token_tiles, 80);
+  EXPECT_EQ(WsUnits(s), 40);
+  EXPECT_EQ(s.group, kWsGroup / 2);
+  EXPECT_EQ(s.grid, 132);
+  EXPECT_EQ(WsTotalTiles(s), 40 * 112);
+  EXPECT_EQ(MakeWsSchedule(40, 256, 28672, 131, kWsAutoGroup, 2).grid, 130);  // whole clusters
+  EXPECT_EQ(MakeWsSchedule(40, 256, 4096, 132, kWsAutoGroup, 2).group, 1);
+  // Three token tiles: two units, the second with one tile; one row tile.
+  s = MakeWsSchedule(3, 128, 144, 132, kWsAutoGroup, 2);
+  EXPECT_EQ(WsUnits(s), 2);
+  EXPECT_EQ(s.grid, 4);
+}
+
+TEST(MoeWsSchedule, ClusterWalkPairsTilesOfOneRowTile) {
+  for (int64_t tiles : {1, 2, 7, 16, 17, 80}) {
+    for (int64_t n_tiles : {1, 3, 112}) {
+      for (int group : {1, 2, 3}) {
+        WsSchedule s;
+        s.token_tiles = tiles;
+        s.n_tiles = n_tiles;
+        s.group = group;
+        s.cluster = 2;
+        std::set<std::pair<int64_t, int64_t>> seen;
+        for (int64_t i = 0; i < WsTotalTiles(s); ++i) {
+          const WsTile t0 = WsTileAt(s, i, 0), t1 = WsTileAt(s, i, 1);
+          // The cluster's CTAs: adjacent token tiles, 2u and 2u + 1, one row tile.
+          ASSERT_EQ(t0.token_tile % 2, 0);
+          ASSERT_EQ(t1.token_tile, t0.token_tile + 1);
+          ASSERT_EQ(t0.n_tile, t1.n_tile);
+          ASSERT_LT(t0.n_tile, n_tiles);
+          ASSERT_LT(t0.token_tile, tiles);
+          for (const WsTile& t : {t0, t1}) {
+            if (t.token_tile >= tiles) {  // only the odd count's last unit
+              ASSERT_EQ(t.token_tile, tiles);
+              ASSERT_EQ(tiles % 2, 1);
+              continue;
+            }
+            ASSERT_TRUE(seen.insert({t.token_tile, t.n_tile}).second);
+          }
+        }
+        EXPECT_EQ(static_cast<int64_t>(seen.size()), tiles * n_tiles);
+      }
+    }
+  }
+}
+
+TEST(MoeWsSchedule, DecodeOfATilePastTheEndReadsNothing) {
+  WsSchedule s;
+  s.token_tiles = 3;
+  s.n_tiles = 2;
+  s.cluster = 2;
+  const int32_t sorted[3 * kWsTileT] = {};  // slot 0 everywhere
+  const int32_t experts[3] = {0, 0, 1};
+  // Work item 2 is unit 1 (token tiles 2 and 3), row tile 0 (groups of 1).
+  WsTileInfo t = WsDecode(s, 2, 0, sorted, experts, 128, 1, 2);
+  EXPECT_EQ(t.tt, 2);
+  EXPECT_EQ(t.e, 1);
+  EXPECT_TRUE(t.local);
+  EXPECT_FALSE(t.empty);
+  t = WsDecode(s, 2, 1, sorted, experts, 128, 1, 2);  // token tile 3: none
+  EXPECT_EQ(t.tt, 3);
+  EXPECT_EQ(t.e, -1);
+  EXPECT_FALSE(t.local);
+  EXPECT_TRUE(t.empty);
 }
 
 }  // namespace

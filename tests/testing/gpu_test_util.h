@@ -1,15 +1,19 @@
-// What every GPU test shares: skipping without a device, and one random seed
+// What every GPU test shares: skipping without a device, one random seed
 // per test binary (fresh each run, printed, repeatable through an
-// environment variable); random_data.h's SplitMix derives independent
-// streams from it. Header-only; tests that include it link CUDA's runtime.
+// environment variable; random_data.h's SplitMix derives independent
+// streams from it) and a device buffer. Header-only; tests that include it
+// link CUDA's runtime.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/testing/random_data.h"  // SplitMix
@@ -44,5 +48,23 @@ inline uint64_t TestSeed(const char* test_name, const char* env_var) {
   }();
   return seed;
 }
+
+// n elements of T in device memory (cudaMalloc; freed with the object),
+// optionally copied from a host vector. Failures are gtest failures.
+template <typename T>
+struct DeviceBuf {
+  T* p = nullptr;
+  explicit DeviceBuf(size_t n) {
+    void* v = nullptr;
+    EXPECT_EQ(cudaMalloc(&v, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+    p = static_cast<T*>(v);
+  }
+  explicit DeviceBuf(const std::vector<T>& v) : DeviceBuf(v.size()) {
+    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBuf() { cudaFree(p); }
+  DeviceBuf(const DeviceBuf&) = delete;
+  DeviceBuf& operator=(const DeviceBuf&) = delete;
+};
 
 }  // namespace kplan::test_util

@@ -24,6 +24,15 @@ using MoeGemmWsMode = MoeKernelMode;
 void SetMoeGemmWsMode(MoeGemmWsMode mode);
 bool MoeGemmWsEnabled();
 
+// Clusters of two CTAs that share the weight box by TMA multicast (bf16 /
+// fp16 weights; int4 weights never): SetMoeGemmWsClusterMode(kOn / kOff),
+// or with kFromEnv KPLAN_MOE_WS_CLUSTER=1 (off) / 2 (on), unset:
+// kMoeWsClusterDefault. Same output bits either way. The launches that
+// took clusters, process-wide: a test's proof that they ran.
+inline constexpr bool kMoeWsClusterDefault = false;
+void SetMoeGemmWsClusterMode(MoeGemmWsMode mode);
+int64_t MoeGemmWsClusterLaunches();
+
 // With args.int_w also MoeIntWeightsApply (moe_experts.h).
 bool MoeGemmWsApplies(const MoeGroupedGemmArgs& args);
 // Counts a successful launch with int_w (MoeGemmIntLaunches); called by

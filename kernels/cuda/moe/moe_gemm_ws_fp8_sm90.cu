@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
           st.wrow = static_cast<int>(static_cast<int64_t>(ti.e) * N + ti.n0);
           return st;
         },
-        [&](const TileScales& st, int kt, uint32_t w_s, uint32_t fb) {
+        [&](const TileScales& st, int kt, uint32_t w_s, uint32_t fb, bool) {
           TmaLoad2d(w_s, &wmap, kt * kBK, st.wrow, fb);
         },
         [&](const TileScales& st, int kt, uint32_t t_s, uint32_t) {

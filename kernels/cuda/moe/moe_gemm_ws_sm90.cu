@@ -121,7 +121,8 @@ struct WsParams {
 // out the proxy fence (not a valid kernel: measures the fence's cost).
 constexpr int kWsFlagNoStore = 1;
 constexpr int kWsFlagStore4 = 2;
-constexpr int kWsFlagNoFence = 4;  // the consumers' proxy fence left out: timing only
+constexpr int kWsFlagNoFence = 4;      // the consumers' proxy fence left out: timing only
+constexpr int kWsFlagNoMulticast = 8;  // clusters: each CTA loads its own weight boxes
 
 // --- the int4 producer (kInt) ---------------------------------------------------
 
@@ -262,7 +263,7 @@ __device__ __forceinline__ void IntProduce(const CUtensorMap* imap, const WsPara
         IntFetchScales(p, t, 0);
         return t;
       },
-      [](const IntTile&, int, uint32_t, uint32_t) {},
+      [](const IntTile&, int, uint32_t, uint32_t, bool) {},
       [&](IntTile& t, int kt, uint32_t t_s, uint32_t fb) {
         ProducerSync();  // slot (u + kIntAhead) % kIntSlots, read at u - 1, is free
         if (ptid == 0 && kt + kIntAhead < nk) issue(t.wrow, kt + kIntAhead, u + kIntAhead);
@@ -279,11 +280,16 @@ __device__ __forceinline__ void IntProduce(const CUtensorMap* imap, const WsPara
       });
 }
 
-template <typename T, bool Fused, bool kInt>
+// kCluster: CTAs per cluster (1, or 2 without kInt: the weight box
+// multicast, moe_ws_pipeline.cuh); the tensor map's box is then 128 rows,
+// two boxes a k-tile (the fused kernel's gate and up boxes).
+template <typename T, bool Fused, bool kInt, int kCluster>
 __global__ void __launch_bounds__(ws::kWsThreads, 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
+  static_assert(kCluster == 1 || (kCluster == 2 && !kInt), "clusters of two, bf16 / fp16 weights");
   const int wg = static_cast<int>(threadIdx.x) / 128;
-  const ws::WsRing<kStageBytes> ring = ws::WsRingInit < kStageBytes, kInt ? 128 : 0 > (&wmap);
+  const ws::WsRing<kStageBytes> ring = ws::WsRingInit < kStageBytes, kInt ? 128 : 0,
+                                kCluster > (&wmap);
   const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
   const int64_t total = ws::WsTotalTiles(sched);
   const int64_t N = p.N, K = p.K;
@@ -294,18 +300,30 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
     return;
   }
   if (wg == 0 && !kInt) {
-    ws::WsProduce<T>(
+    ws::WsProduce<T, kStageBytes, ws::kWsWBytes, ws::kWsProducerRegs, kCluster>(
         p, ring, sched, total, K, nk,
         // The tile's first weight row. Fused: gate rows n0 / 2 .., up rows
         // N / 2 + n0 / 2 .. (two 128-row boxes).
         [&](ws::WsTileInfo ti) {
           return static_cast<int64_t>(ti.e) * N + (Fused ? ti.n0 / 2 : ti.n0);
         },
-        [&](int64_t wrow, int kt, uint32_t w_s, uint32_t fb) {
-          TmaLoad2d(w_s, &wmap, kt * kBK, static_cast<int>(wrow), fb);
-          if constexpr (Fused) {
-            TmaLoad2d(w_s + ws::kWsWBytes / 2, &wmap, kt * kBK, static_cast<int>(wrow + N / 2), fb);
+        [&](int64_t wrow, int kt, uint32_t w_s, uint32_t fb, bool multicast) {
+          if constexpr (!Fused && kCluster == 1) {
+            TmaLoad2d(w_s, &wmap, kt * kBK, static_cast<int>(wrow), fb);
+            return;
           }
+          // Two boxes of 128 rows: the gate and up rows, or the tile's halves.
+          const int64_t rows[2] = {wrow, Fused ? wrow + N / 2 : wrow + kWsTileN / 2};
+          if constexpr (kCluster > 1) {
+            if (multicast && !(p.flags & kWsFlagNoMulticast)) {  // this CTA's box, into both
+              const uint32_t r = detail::ClusterCtaRank();
+              detail::TmaLoad2dMulticast(w_s + r * (ws::kWsWBytes / 2), &wmap, kt * kBK,
+                                         static_cast<int>(rows[r]), fb, 0x3);
+              return;
+            }
+          }
+          TmaLoad2d(w_s, &wmap, kt * kBK, static_cast<int>(rows[0]), fb);
+          TmaLoad2d(w_s + ws::kWsWBytes / 2, &wmap, kt * kBK, static_cast<int>(rows[1]), fb);
         },
         [](int64_t, int, uint32_t, uint32_t) {});
     return;
@@ -317,34 +335,36 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   T* Cg = static_cast<T*>(p.c);
   float acc[kWsTileN / 2];
   ws::WsCursor c;
-  for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-    const ws::WsTileInfo ti = ws::WsTileOf(p, sched, lin);
-    if (ti.empty) continue;
-    const int32_t s0 = p.sorted[ti.tt * kWsTileT + r0];
-    const int32_t s1 = p.sorted[ti.tt * kWsTileT + r0 + 8];
-    if (ti.local) {
+  ws::WsForEachTile<kCluster>(p, sched, total, [&](const ws::WsWork& w) {
+    const ws::WsTileInfo& ti = w.ti;
+    if (!w.run && ti.empty) return;
+    const int32_t s0 = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + r0];
+    const int32_t s1 = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + r0 + 8];
+    if (w.run) {  // this tile's MMAs when it has work; else the stages only pass
       int prev = -1;
       for (int kt = 0; kt < nk; ++kt) {
         MbarWait(ring.Full(c.stage), c.phase);
-        // cp.async wrote through the generic proxy; wgmma reads through the async one.
-        if (!(p.flags & kWsFlagNoFence)) FenceProxyAsync();
-        const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + ws::kWsTBytes;
-        WgmmaFence();
+        if (w.active) {
+          // cp.async wrote through the generic proxy; wgmma reads through the async one.
+          if (!(p.flags & kWsFlagNoFence)) FenceProxyAsync();
+          const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + ws::kWsTBytes;
+          WgmmaFence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          Wgmma<kWsTileN, T>::Run(acc, Desc(t_s + cw * 64 * 128 + kk * 32), Desc(w_s + kk * 32),
-                                  kt > 0 || kk > 0);
+          for (int kk = 0; kk < 4; ++kk) {
+            Wgmma<kWsTileN, T>::Run(acc, Desc(t_s + cw * 64 * 128 + kk * 32), Desc(w_s + kk * 32),
+                                    kt > 0 || kk > 0);
+          }
+          WgmmaCommit();
+          WgmmaWait<1>();
         }
-        WgmmaCommit();
-        WgmmaWait<1>();
-        if (prev >= 0 && lane == 0) MbarArrive(ring.Empty(prev));
+        if (prev >= 0) ws::WsRelease<kCluster>(ring, prev, lane);
         prev = c.stage;
         c.Next();
       }
       WgmmaWait<0>();
-      if (lane == 0) MbarArrive(ring.Empty(prev));
+      ws::WsRelease<kCluster>(ring, prev, lane);
     }
-    if (p.flags & kWsFlagNoStore) continue;
+    if (ti.empty || (p.flags & kWsFlagNoStore)) return;
     // Epilogue. Register i holds row r0 + 8 ((i / 2) % 2), column 8 (i / 4) +
     // 2 (lane % 4) + i % 2: a quad holds 8 adjacent columns of a row in four
     // 4-byte pieces. Per 32 columns (j = 4m .. 4m + 3) a 4 x 4 transpose in
@@ -394,7 +414,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
         QuadStore16(pa, pb, lane, ok0 && n < NI ? Cg + static_cast<int64_t>(s0) * NI + n : nullptr,
                     ok1 && n < NI ? Cg + static_cast<int64_t>(s1) * NI + n : nullptr);
       }
-      continue;
+      return;
     }
     if (p.flags & kWsFlagStore4) {  // 4-byte pieces straight from the fragment
 #pragma unroll
@@ -418,7 +438,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
           *reinterpret_cast<uint32_t*>(Cg + static_cast<int64_t>(s1) * N + n) =
               Pack2<T>(v[2], v[3]);
       }
-      continue;
+      return;
     }
     detail::WsStoreRows<T, kWsTileN>(
         [&](int j, int64_t, float(&v)[4]) {
@@ -427,7 +447,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
         },
         bias, ti.n0, N, lane, ok0 ? Cg + static_cast<int64_t>(s0) * N : nullptr,
         ok1 ? Cg + static_cast<int64_t>(s1) * N : nullptr);
-  }
+  });
 }
 
 // --- host ---------------------------------------------------------------------
@@ -435,25 +455,28 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
 detail::KernelSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_GEMM"); });
 
 // Measurement knobs of moe_bench: KPLAN_MOE_WS_DEBUG (kWsFlag* bits) and
-// KPLAN_MOE_WS_GROUP (token tiles per group; default: ws::WsAutoGroup).
+// KPLAN_MOE_WS_GROUP (units per group, moe_ws_schedule.h; default:
+// ws::WsAutoGroup), KPLAN_MOE_WS_GROUP_ACT (the same for the fused GEMM 1
+// only, over KPLAN_MOE_WS_GROUP).
 const ws::WsKnobs& Knobs() {
   static const ws::WsKnobs knobs = ws::WsKnobsFromEnv("KPLAN_MOE_WS_DEBUG", "KPLAN_MOE_WS_GROUP");
   return knobs;
 }
 
-template <typename T, bool Fused, bool kInt>
+template <typename T, bool Fused, bool kInt, int kCluster>
 absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                             cudaStream_t stream) {
   constexpr int kSmem = kInt ? kIntSmemBytes : kSmemBytes;
-  int sms = 0;
-  if (absl::Status st = ws::WsLaunchSetup<WsGroupedGemmKernel<T, Fused, kInt>>(kSmem, &sms);
-      !st.ok()) {
+  constexpr auto kKernel = WsGroupedGemmKernel<T, Fused, kInt, kCluster>;
+  int resident = 0;
+  if (absl::Status st = ws::WsLaunchSetup<kKernel>(kSmem, &resident, kCluster); !st.ok()) {
     return st;
   }
-  // Fused: the gate and up halves are two boxes of kWsTileN / 2 rows. kInt:
-  // the packed bytes, 32 (64 k) of each row a box, not swizzled.
+  // Fused or clustered: two boxes of kWsTileN / 2 rows (the gate and up
+  // halves, or the tile's halves). kInt: the packed bytes, 32 (64 k) of each
+  // row a box, not swizzled.
   const uint64_t rows = static_cast<uint64_t>(g.num_local_experts) * static_cast<uint64_t>(g.N);
-  const uint32_t box_rows = Fused ? kWsTileN / 2 : kWsTileN;
+  const uint32_t box_rows = Fused || kCluster > 1 ? kWsTileN / 2 : kWsTileN;
   CUtensorMap map;
   if (absl::Status st =
           kInt ? detail::EncodeTma2d(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.int_w->data,
@@ -469,7 +492,9 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
       !st.ok()) {
     return st;
   }
-  WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, sms, Knobs().group),
+  static const int act_group = detail::EnvInt("KPLAN_MOE_WS_GROUP_ACT", Knobs().group);
+  const int group = Fused ? act_group : Knobs().group;
+  WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, resident, group, kCluster),
              g.sorted_token_ids,
              g.expert_ids,
              g.num_tokens_post_padded,
@@ -493,30 +518,45 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
     p.gdiv = detail::quant::GroupDiv::For(g.int_w->group_size);
   }
   if (p.sched.grid <= 0) return absl::OkStatus();
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsGroupedGemmKernel<T, Fused, kInt>,
-                                               dim3(p.sched.grid), dim3(ws::kWsThreads), kSmem,
-                                               stream, map, p));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdlCluster(
+      kKernel, dim3(p.sched.grid), dim3(ws::kWsThreads), kSmem, stream, kCluster, map, p));
   return absl::OkStatus();
 }
 
-// The instantiation for g's dtype and weights (bf16 / fp16; int4 with int_w).
+detail::KernelSwitch g_cluster([] {
+  return detail::EnvInt("KPLAN_MOE_WS_CLUSTER", kMoeWsClusterDefault ? 2 : 1) > 1;
+});
+std::atomic<int64_t> cluster_launches{0};
+
+// The instantiation for g's dtype and weights (bf16 / fp16; int4 with
+// int_w), in clusters of two where the switch says so.
 template <bool Fused>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                       cudaStream_t stream) {
   const bool bf16 = g.dtype == DType::kBFloat16;
   if (g.int_w != nullptr) {
-    absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, true>(g, act_params, stream)
-                           : LaunchWsKernel<__half, Fused, true>(g, act_params, stream);
+    absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, true, 1>(g, act_params, stream)
+                           : LaunchWsKernel<__half, Fused, true, 1>(g, act_params, stream);
     if (st.ok()) detail::NoteMoeGemmIntLaunch();
     return st;
   }
-  return bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false>(g, act_params, stream)
-              : LaunchWsKernel<__half, Fused, false>(g, act_params, stream);
+  if (g_cluster.On()) {
+    absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 2>(g, act_params, stream)
+                           : LaunchWsKernel<__half, Fused, false, 2>(g, act_params, stream);
+    if (st.ok()) cluster_launches.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  }
+  return bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 1>(g, act_params, stream)
+              : LaunchWsKernel<__half, Fused, false, 1>(g, act_params, stream);
 }
 
 }  // namespace
 
 void SetMoeGemmWsMode(MoeGemmWsMode mode) { g_ws.Set(mode); }
+
+void SetMoeGemmWsClusterMode(MoeGemmWsMode mode) { g_cluster.Set(mode); }
+
+int64_t MoeGemmWsClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
 
 bool MoeGemmWsEnabled() { return g_ws.On(); }
 

@@ -2,7 +2,8 @@
 // moe_gemm_ws_fp8_sm90.cu) and the one-kernel decode layer
 // (moe_decode_layer.cu): cp.async, proxy fences, wgmma groups, the
 // 128-byte-swizzle shared-memory matrix descriptor, mbarriers, TMA and bulk
-// loads, setmaxnreg and the warp-specialised kernels' 16-byte fragment stores.
+// loads (multicast to a cluster), cluster barriers, setmaxnreg and the
+// warp-specialised kernels' 16-byte fragment stores.
 // Internal to kernels/cuda/moe.
 #pragma once
 
@@ -90,6 +91,43 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// TmaLoad2d into the same shared-memory offset of every CTA of the cluster
+// in `cta_mask`, completing the bytes on the mbarrier at `bar`'s offset in each.
+__device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorMap* map, int c0,
+                                                   int c1, uint32_t bar, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+// --- thread-block clusters ---
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of the cluster: what each did before is visible to all after.
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
+}
+// The mbarrier inits of this thread visible to the cluster (before a ClusterSync).
+__device__ __forceinline__ void FenceMbarInitCluster() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Arrives on the mbarrier at `bar`'s offset in the shared memory of CTA
+// `cta` of the cluster, with the default CTA-scope release: it orders this
+// thread's own accesses only, which is what a consumer's "stage read"
+// needs (its wgmma reads completed at wgmma.wait_group). A cluster-scope
+// release would wait for every memory access of the thread in flight.
+__device__ __forceinline__ void MbarArriveRemote(uint32_t bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+      "r"(cta)
       : "memory");
 }
 // One contiguous copy of `bytes` (a multiple of 16; both addresses 16-byte

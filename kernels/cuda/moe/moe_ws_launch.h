@@ -42,20 +42,47 @@ inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var) {
 }
 
 // Before a launch of kKernel with `smem_bytes` of dynamic shared memory on
-// the current device: the device's multiprocessors into *sms, and the
-// kernel's dynamic shared-memory opt-in, set once per device.
+// the current device, in clusters of `cluster` CTAs: the CTAs that run at
+// once into *resident_ctas (the multiprocessors, or the clusters that fit
+// times `cluster`), and the kernel's dynamic shared-memory opt-in, both set
+// up once per device.
 template <auto kKernel>
-absl::Status WsLaunchSetup(int smem_bytes, int* sms) {
+absl::Status WsLaunchSetup(int smem_bytes, int* resident_ctas, int cluster = 1) {
   int device = 0;
   KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  KPLAN_ASSIGN_OR_RETURN(*sms, MultiprocessorCount(device));
+  KPLAN_ASSIGN_OR_RETURN(const int sms, MultiprocessorCount(device));
   static std::atomic<uint64_t> attr_set{0};  // one bit per device, of this kernel
+  static std::atomic<int> resident[64];      // per device, of this kernel: 0 = not known yet
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
     KPLAN_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     attr_set.fetch_or(bit, std::memory_order_release);
   }
+  *resident_ctas = sms;
+  if (cluster <= 1) return absl::OkStatus();
+  int n = resident[device & 63].load(std::memory_order_relaxed);
+  if (n == 0) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(sms / cluster * cluster));
+    cfg.blockDim = dim3(kWsThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kKernel, &cfg));
+    if (clusters <= 0) {
+      return absl::UnavailableError("moe_grouped_gemm_ws: no cluster of the kernel fits");
+    }
+    n = clusters * cluster;
+    resident[device & 63].store(n, std::memory_order_relaxed);
+  }
+  *resident_ctas = n;
   return absl::OkStatus();
 }
 

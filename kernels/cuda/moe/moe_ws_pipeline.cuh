@@ -4,16 +4,22 @@
 // kWsStages-stage shared-memory ring with its full / empty mbarriers, the
 // walk over this CTA's tiles of the persistent grid (moe_ws_schedule.h) and
 // the producer's loop: per k-tile a TMA box of weight rows and the 128
-// token rows gathered with cp.async. What differs between the kernels (the
-// weight boxes, fp8's block scales, the consumers' MMAs and epilogues) stays
-// with each, passed in as lambdas. Everything here is force-inlined and
-// keeps the kernels' order of evaluation; their SASS stayed the same when
-// these lines moved here (CUDA 13, sm_90a: byte-identical but for the
-// register numbers of the unfused bf16 / fp16 consumers' stage and phase).
-// Small rearrangements (the tile loop inlined into WsProduce, the consumers'
-// loops as lambdas) do change the code: after an edit compare the kernels'
-// .text sections (nvcc -cubin -arch=sm_90a, readelf -x) with the old ones.
-// Internal to kernels/cuda/moe.
+// token rows gathered with cp.async. With kCluster = 2 (the bf16 / fp16
+// kernel) two CTAs of a thread-block cluster take the two token tiles of a
+// unit (moe_ws_schedule.h) on the same weight-row tile; when both tiles are
+// of the same local expert each CTA's producer loads half of the weight box
+// and multicasts it to both, so each weight byte leaves L2 once for the two
+// tiles. Each CTA's consumers then release a stage to both producers (a
+// stage's empty barrier counts the cluster's consumer warps), both CTAs step
+// through the same stages for every work item either of them has work in,
+// and a producer waits for its stages' last releases before its CTA exits. What differs between the
+// kernels (the weight boxes, fp8's block scales, the consumers' MMAs and epilogues) stays with
+// each, passed in as lambdas. Everything here is force-inlined and keeps the kernels' order of
+// evaluation; their SASS stayed the same when these lines moved here (CUDA 13, sm_90a:
+// byte-identical but for the register numbers of the unfused bf16 / fp16 consumers' stage and
+// phase). Small rearrangements (the tile loop inlined into WsProduce, the consumers' loops as
+// lambdas) do change the code: after an edit compare the kernels' .text sections (nvcc -cubin
+// -arch=sm_90a, readelf -x) with the old ones. Internal to kernels/cuda/moe.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a type only: no -lcuda)
@@ -26,9 +32,8 @@
 
 namespace kplan::kernels::cuda::ws {
 
-inline constexpr int kWsThreads = 384;      // three warpgroups
 inline constexpr int kWsStages = 4;         // stages of the ring
-inline constexpr int kWsConsumerWarps = 8;  // arrivals that empty a stage
+inline constexpr int kWsConsumerWarps = 8;  // a CTA's arrivals that empty a stage
 // setmaxnreg: the producer gives registers back, the consumers take them.
 // A CTA of kWsThreads threads is launched with 168 registers a thread (the
 // most a multiple of 8 that 65536 / 384 allows), and setmaxnreg.inc waits
@@ -56,7 +61,7 @@ constexpr int WsSmemBytes(int stage_bytes) { return kWsStages * stage_bytes + 10
 // 128-byte swizzle wants), its full barrier at full0 + 8 s (the producer's
 // 128 cp.async arrivals + thread 0's expect_tx of the weight bytes, + 128
 // arrivals where the producer stores weights itself), its empty barrier at
-// empty0 + 8 s (one arrival per consumer warp).
+// empty0 + 8 s (one arrival per consumer warp of the cluster).
 template <int kStageBytes>
 struct WsRing {
   uint32_t base, full0, empty0;
@@ -67,11 +72,11 @@ struct WsRing {
 
 // Called by every thread of the CTA first: the ring over the dynamic shared
 // memory, its barriers (static shared memory) initialised by thread 0, which
-// also prefetches the weights' tensor map, a CTA barrier, then
+// also prefetches the weights' tensor map, a CTA (cluster) barrier, then
 // the programmatic-dependent-launch wait (pdl.cuh): nothing a previous kernel
 // wrote is read before it. kStoreArrivals: the producer threads that store
 // into a stage themselves and arrive on its full barrier.
-template <int kStageBytes, int kStoreArrivals = 0>
+template <int kStageBytes, int kStoreArrivals = 0, int kCluster = 1>
 __device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wmap) {
   extern __shared__ uint8_t smem_dyn[];
   __shared__ uint64_t full_bar[kWsStages];
@@ -84,12 +89,17 @@ __device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wma
     for (int s = 0; s < kWsStages; ++s) {
       // 128 cp.async arrivals + the TMA thread's expect_tx (+ the storing threads').
       detail::MbarInit(r.Full(s), 128 + 1 + kStoreArrivals);
-      detail::MbarInit(r.Empty(s), kWsConsumerWarps);
+      detail::MbarInit(r.Empty(s), kWsConsumerWarps * kCluster);
     }
     detail::FenceProxyAsync();  // the barriers' init visible to the TMA unit
+    if constexpr (kCluster > 1) detail::FenceMbarInitCluster();  // and to the other CTAs
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(wmap)) : "memory");
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    detail::ClusterSync();  // no remote arrival or multicast before the barriers exist
+  } else {
+    __syncthreads();
+  }
   detail::PdlWaitThenRelease();
   return r;
 }
@@ -107,39 +117,80 @@ struct WsCursor {
   }
 };
 
-// Linear tile `lin` of `sched`, decoded against p's routing (p.sorted,
-// p.expert_ids, p.block_m, p.numel, p.num_local_experts).
+// The tile of cluster rank `rank` in work item `lin` of `sched`, decoded
+// against p's routing (p.sorted, p.expert_ids, p.block_m, p.numel,
+// p.num_local_experts).
 template <typename P>
-__device__ __forceinline__ WsTileInfo WsTileOf(const P& p, const WsSchedule& sched, int64_t lin) {
-  return WsDecode(sched, lin, p.sorted, p.expert_ids, p.block_m, p.numel, p.num_local_experts);
+__device__ __forceinline__ WsTileInfo WsTileOf(const P& p, const WsSchedule& sched, int64_t lin,
+                                               int rank = 0) {
+  return WsDecode(sched, lin, rank, p.sorted, p.expert_ids, p.block_m, p.numel,
+                  p.num_local_experts);
 }
 
-// fn(tile) for the tiles of this CTA: linear tiles blockIdx.x, + gridDim.x,
-// ... below `total` (WsTotalTiles(sched)), decoded (WsTileOf).
-template <typename P, typename F>
+// A work item as one CTA of its cluster sees it: its tile, whether the
+// CTA's ring steps through the item's k-tiles (its tile or, with clusters,
+// the other CTA's has work: a local expert and a slot) and whether the two
+// tiles share the weight rows (same local expert: the box is multicast).
+struct WsWork {
+  WsTileInfo ti;
+  bool active = false;  // this CTA's tile has work
+  bool run = false;
+  bool multicast = false;
+};
+__device__ __forceinline__ bool WsHasWork(const WsTileInfo& t) { return t.local && !t.empty; }
+
+// fn(work) for the work items of this CTA's cluster: items blockIdx.x /
+// kCluster, + gridDim.x / kCluster, ... below `total` (WsTotalTiles(sched)).
+template <int kCluster = 1, typename P, typename F>
 __device__ __forceinline__ void WsForEachTile(const P& p, const WsSchedule& sched, int64_t total,
                                               F&& fn) {
-  for (int64_t lin = blockIdx.x; lin < total; lin += gridDim.x) {
-    const WsTileInfo ti = WsTileOf(p, sched, lin);
-    fn(ti);
+  const int rank = kCluster > 1 ? static_cast<int>(detail::ClusterCtaRank()) : 0;
+  for (int64_t lin = blockIdx.x / kCluster; lin < total; lin += gridDim.x / kCluster) {
+    WsWork w;
+    w.ti = WsTileOf(p, sched, lin, rank);
+    w.active = WsHasWork(w.ti);
+    w.run = w.active;
+    if constexpr (kCluster > 1) {
+      const WsTileInfo other = WsTileOf(p, sched, lin, rank ^ 1);
+      w.run = w.active || WsHasWork(other);
+      w.multicast = w.active && WsHasWork(other) && other.e == w.ti.e;
+    }
+    fn(w);
+  }
+}
+
+// A consumer warp's release of ring stage `stage` (lane 0 arrives for the
+// warp): on its own CTA's empty barrier, with clusters on both CTAs'.
+template <int kCluster, int kStageBytes>
+__device__ __forceinline__ void WsRelease(const WsRing<kStageBytes>& ring, int stage, int lane) {
+  if (lane != 0) return;
+  detail::MbarArrive(ring.Empty(stage));
+  if constexpr (kCluster > 1) {
+    const uint32_t self = detail::ClusterCtaRank();
+    for (uint32_t cta = 0; cta < kCluster; ++cta) {
+      if (cta != self) detail::MbarArriveRemote(ring.Empty(stage), cta);
+    }
   }
 }
 
 // The producer warpgroup (threads 0..127; setmaxnreg down to kRegs). For each
-// of this CTA's tiles (WsForEachTile) whose expert is this rank's and that
-// holds a slot: the rows of its 128 slots in p.a (slot / p.a_row_div, rows
-// of K elements of E; padding zero-filled), st = on_tile(tile), then for
-// each k-tile kt of nk (128 bytes of K, 128 / sizeof(E) elements): wait
-// until the stage is empty; thread 0 arms the stage's full barrier with
-// kWBytes of weight-box transactions (0: a plain arrival) and issues the
-// weight box(es), load_w(st, kt, w_s, full barrier) with w_s the stage's
-// weight rows; every thread copies its 16-byte chunk of 8 token rows into
-// the 128-byte swizzled layout (zero past K); extra(st, kt, stage address,
-// full barrier) adds the kernel's own copies (st may carry state from one
-// k-tile to the next); the thread's arrival on the full barrier follows its
-// cp.asyncs. Returns once all of them have landed.
+// of this CTA's work items (WsForEachTile) that run: the rows of its tile's
+// 128 slots in p.a (slot / p.a_row_div, rows of K elements of E; padding
+// zero-filled), st = on_tile(tile), then for each k-tile kt of nk (128
+// bytes of K, 128 / sizeof(E) elements): wait until the stage is empty;
+// thread 0 arms the stage's full barrier with kWBytes of weight-box
+// transactions (0, or a tile without work: a plain arrival) and, for a
+// tile with work, issues the weight box(es), load_w(st, kt, w_s, full
+// barrier, multicast) with w_s the stage's weight rows; every thread copies
+// its 16-byte chunk of 8 token rows into the 128-byte swizzled layout (zero
+// past K or without work); extra(st, kt, stage address, full barrier) adds
+// the kernel's own copies (st may carry state from one k-tile to the next);
+// the thread's arrival on the full barrier follows its cp.asyncs. Returns
+// once all of them have landed and, with clusters, every stage's last use
+// was released by both CTAs' consumers (their arrivals reach this CTA's
+// shared memory, which must outlive them).
 template <typename E, int kStageBytes, int kWBytes = kWsWBytes, int kRegs = kWsProducerRegs,
-          typename P, typename OnTile, typename LoadW, typename Extra>
+          int kCluster = 1, typename P, typename OnTile, typename LoadW, typename Extra>
 __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>& ring,
                                           const WsSchedule& sched, int64_t total, int64_t K, int nk,
                                           OnTile&& on_tile, LoadW&& load_w, Extra&& extra) {
@@ -151,12 +202,13 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
   // Row r = ptid / 8 + 16 i of the tile; its swizzled chunk is the same for all i.
   const uint32_t dst0 = (ptid >> 3) * 128 + ((chunk ^ ((ptid >> 3) & 7)) << 4);
   WsCursor c;
-  WsForEachTile(p, sched, total, [&](WsTileInfo ti) {
-    if (!ti.local || ti.empty) return;
+  WsForEachTile<kCluster>(p, sched, total, [&](const WsWork& w) {
+    if (!w.run) return;
+    const WsTileInfo& ti = w.ti;
     int32_t arow[kWsTileT / 16];
 #pragma unroll
     for (int i = 0; i < kWsTileT / 16; ++i) {
-      const int32_t slot = p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i];
+      const int32_t slot = w.active ? p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i] : -1;
       arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
     }
     auto st = on_tile(ti);
@@ -165,12 +217,12 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
       const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + kWsTBytes;
       const uint32_t fb = ring.Full(c.stage);
       if (ptid == 0) {
-        if constexpr (kWBytes > 0) {
+        if (kWBytes > 0 && w.active) {
           detail::MbarArriveExpectTx(fb, kWBytes);
         } else {
           detail::MbarArrive(fb);
         }
-        load_w(st, kt, w_s, fb);
+        if (w.active) load_w(st, kt, w_s, fb, w.multicast);
       }
       const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8);
       const bool kok = k < K;
@@ -186,6 +238,12 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
     }
   });
   asm volatile("cp.async.wait_all;\n" ::: "memory");
+  if constexpr (kCluster > 1) {
+    for (int s = 0; s < kWsStages; ++s) {
+      detail::MbarWait(ring.Empty(c.stage), c.phase ^ 1);
+      c.Next();
+    }
+  }
 }
 
 // A consumer thread (warpgroups 1, 2; setmaxnreg up to kRegs): its

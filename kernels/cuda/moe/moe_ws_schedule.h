@@ -10,13 +10,16 @@
 // routing runs on the device), the device clips it to
 // ceil(num_tokens_post_padded / kWsTileT) before walking.
 //
-// Order: groups of `group` (WsAutoGroup) consecutive token tiles (mostly one expert: the
-// blocks of an expert are contiguous); within a group the weight-row tile is
-// the slow index and the token tile the fast one. So CTAs running together
-// share a weight-row tile (read from HBM once per group, from L2 by the other
-// token tiles of the group) and a group's token rows stay in L2 while the
-// expert's weight rows stream. A persistent grid of min(SMs, tiles) CTAs
-// takes linear tiles c, c + grid, c + 2 grid, ...
+// Order: groups of `group` (WsAutoGroup) consecutive units (mostly one
+// expert: the blocks of an expert are contiguous); within a group the
+// weight-row tile is the slow index and the unit the fast one. A unit is
+// `cluster` consecutive token tiles, one per CTA of a thread-block cluster,
+// that share a weight-row tile (the kernel multicasts it to the cluster's
+// CTAs when their tiles are of one expert); without clusters a unit is one
+// token tile. So CTAs running together share a weight-row tile (read from
+// HBM once per group, from L2 by the other token tiles of the group) and a
+// group's token rows stay in L2 while the expert's weight rows stream. A
+// persistent grid of clusters takes linear work items c, c + clusters, ...
 #pragma once
 
 #include <cstdint>
@@ -29,16 +32,18 @@
 
 namespace kplan::kernels::cuda::ws {
 
-inline constexpr int kWsTileT = 128;  // token slots per tile (two consumer warpgroups x 64)
-inline constexpr int kWsTileN = 256;  // weight rows per tile (wgmma N)
-inline constexpr int kWsGroup = 4;    // token tiles per group when the weight rows are many
+inline constexpr int kWsThreads = 384;  // a CTA: three warpgroups, a producer and two consumers
+inline constexpr int kWsTileT = 128;    // token slots per tile (two consumer warpgroups x 64)
+inline constexpr int kWsTileN = 256;    // weight rows per tile (wgmma N)
+inline constexpr int kWsGroup = 4;      // token tiles per group when the weight rows are many
 inline constexpr int kWsAutoGroup = 0;
 
 struct WsSchedule {
   int64_t token_tiles = 0;  // upper bound (host) / actual (device, after clipping)
   int64_t n_tiles = 0;      // ceil(N / kWsTileN)
-  int64_t group = 1;        // token tiles per group, >= 1
-  int grid = 0;             // CTAs of the persistent grid
+  int64_t group = 1;        // units per group, >= 1
+  int grid = 0;             // CTAs of the persistent grid, a multiple of cluster
+  int cluster = 1;          // CTAs per cluster = token tiles per unit (1 or 2)
 };
 
 struct WsTile {
@@ -46,17 +51,25 @@ struct WsTile {
   int64_t n_tile = 0;
 };
 
-KPLAN_WS_HD int64_t WsTotalTiles(const WsSchedule& s) { return s.token_tiles * s.n_tiles; }
+KPLAN_WS_HD int64_t WsUnits(const WsSchedule& s) {
+  return (s.token_tiles + s.cluster - 1) / s.cluster;
+}
+// Work items of the walk: (unit, weight-row tile) pairs, one per cluster.
+KPLAN_WS_HD int64_t WsTotalTiles(const WsSchedule& s) { return WsUnits(s) * s.n_tiles; }
 
-// Tile `linear` in [0, WsTotalTiles(s)) of the order above (a bijection).
-KPLAN_WS_HD WsTile WsTileAt(const WsSchedule& s, int64_t linear) {
+// The tile of CTA `rank` of its cluster in work item `linear` in [0,
+// WsTotalTiles(s)) of the order above (a bijection onto the tiles, with
+// rank in [0, s.cluster)). Its token tile may be past s.token_tiles (the
+// last unit of an odd count): no tile.
+KPLAN_WS_HD WsTile WsTileAt(const WsSchedule& s, int64_t linear, int rank = 0) {
+  const int64_t units = WsUnits(s);
   const int64_t per_group = s.group * s.n_tiles;
   const int64_t g = linear / per_group, r = linear - g * per_group;
   const int64_t first = g * s.group;
-  const int64_t left = s.token_tiles - first;
+  const int64_t left = units - first;
   const int64_t size = left < s.group ? left : s.group;  // the last group may be short
   WsTile t;
-  t.token_tile = first + r % size;
+  t.token_tile = (first + r % size) * s.cluster + rank;
   t.n_tile = r / size;
   return t;
 }
@@ -64,19 +77,21 @@ KPLAN_WS_HD WsTile WsTileAt(const WsSchedule& s, int64_t linear) {
 // Tile `linear` with what the kernels need of it: its first slot index tt *
 // kWsTileT, its first weight row n0, its expert e (local: in [0, E_local))
 // and whether it holds no slot at all (within an expert's range the slots
-// come first, then the padding, so the first entry decides).
+// come first, then the padding, so the first entry decides; a token tile
+// past s.token_tiles holds none and reads nothing).
 struct WsTileInfo {
   int64_t tt = 0, n0 = 0;
   int e = -1;
   bool local = false, empty = true;
 };
-KPLAN_WS_HD WsTileInfo WsDecode(const WsSchedule& s, int64_t linear, const int32_t* sorted,
-                                const int32_t* expert_ids, int block_m, int64_t numel,
-                                int num_local_experts) {
-  const WsTile t = WsTileAt(s, linear);
+KPLAN_WS_HD WsTileInfo WsDecode(const WsSchedule& s, int64_t linear, int rank,
+                                const int32_t* sorted, const int32_t* expert_ids, int block_m,
+                                int64_t numel, int num_local_experts) {
+  const WsTile t = WsTileAt(s, linear, rank);
   WsTileInfo info;
   info.tt = t.token_tile;
   info.n0 = t.n_tile * kWsTileN;
+  if (t.token_tile >= s.token_tiles) return info;
   info.e = expert_ids[(t.token_tile * kWsTileT) / block_m];
   info.local = info.e >= 0 && info.e < num_local_experts;
   const int32_t first = sorted[t.token_tile * kWsTileT];
@@ -97,22 +112,28 @@ KPLAN_WS_HD WsSchedule WsClip(WsSchedule s, int64_t num_tokens_post_padded) {
 // group 1 (the weight-row tile fast) was best, 650 against 582 TFLOP/s at
 // group 8; with many weight-row tiles (GEMM 1: 112) group 4 (492, group 1:
 // 461, whose wave re-reads every weight-row tile per token tile).
-inline int64_t WsAutoGroup(int64_t n_tiles, int num_sms) {
-  return n_tiles * 8 <= num_sms ? 1 : kWsGroup;
+// In units: the same token tiles per group whatever the cluster.
+inline int64_t WsAutoGroup(int64_t n_tiles, int num_sms, int cluster = 1) {
+  const int64_t tiles = n_tiles * 8 <= num_sms ? 1 : kWsGroup;
+  return tiles > cluster ? tiles / cluster : 1;
 }
 
 // Host side: the upper-bound schedule of a launch. block_m is the
 // moe_align_block_size block (a multiple of kWsTileT), num_blocks the size of
-// expert_ids; group kWsAutoGroup picks it with WsAutoGroup.
-inline WsSchedule MakeWsSchedule(int64_t num_blocks, int block_m, int64_t N, int num_sms,
-                                 int group = kWsAutoGroup) {
+// expert_ids; group kWsAutoGroup picks it with WsAutoGroup; resident_ctas the
+// CTAs that run at once (the SMs, or the clusters that fit times cluster).
+inline WsSchedule MakeWsSchedule(int64_t num_blocks, int block_m, int64_t N, int resident_ctas,
+                                 int group = kWsAutoGroup, int cluster = 1) {
   WsSchedule s;
+  s.cluster = cluster < 1 ? 1 : cluster;
   s.token_tiles = num_blocks * (block_m / kWsTileT);
   s.n_tiles = (N + kWsTileN - 1) / kWsTileN;
-  s.group = group == kWsAutoGroup ? WsAutoGroup(s.n_tiles, num_sms) : group < 1 ? 1 : group;
+  s.group = group == kWsAutoGroup ? WsAutoGroup(s.n_tiles, resident_ctas, s.cluster)
+            : group < 1           ? 1
+                                  : group;
   const int64_t total = WsTotalTiles(s);
-  const int64_t sms = num_sms < 1 ? 1 : num_sms;
-  s.grid = static_cast<int>(total < sms ? total : sms);
+  const int64_t clusters = resident_ctas < s.cluster ? 1 : resident_ctas / s.cluster;
+  s.grid = static_cast<int>(total < clusters ? total : clusters) * s.cluster;
   return s;
 }
 

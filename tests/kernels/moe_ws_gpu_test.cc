@@ -1,0 +1,250 @@
+// The bf16 / fp16 warp-specialised grouped GEMM (kernels/cuda/moe/moe_gemm_ws.h)
+// in its two forms, one CTA a tile and clusters of two CTAs that multicast
+// the weight box (SetMoeGemmWsClusterMode), against each other and against
+// the cp.async kernel (SetMoeGemmWsMode(kOff)): the three outputs must be
+// the same bytes, and within the dtype's rounding of a float64 evaluation
+// of the GEMM. Fresh random data every run (seed printed;
+// MOE_WS_GPU_TEST_SEED=<n> repeats one): values of 16 random bits
+// (random_data.h, never zero), slot counts per expert that give odd token
+// tile counts, pairs of tiles of different experts, empty experts, an
+// expert that is not local (zero rows), half-empty 256-slot blocks, N and K
+// that are not multiples of the tiles, with and without bias, GEMM 1
+// (a_row_div = top_k) and GEMM 2 row maps; the fused SiLU epilogue in both
+// forms. Outputs are poisoned with NaN first. Skips without a device.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/moe/moe_reference.h"
+#include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "tests/testing/gpu_test_util.h"
+#include "tests/testing/random_data.h"
+
+namespace kplan {
+namespace {
+
+namespace kc = kernels::cuda;
+using kernels::DType;
+using test_util::DeviceBuf;
+
+uint64_t Seed() { return test_util::TestSeed("moe_ws_gpu_test", "MOE_WS_GPU_TEST_SEED"); }
+
+struct Case {
+  const char* name;
+  std::vector<int> counts;  // slots per expert
+  int top_k;                // a_row_div
+  int64_t N, K;
+  bool bias;
+  DType dtype;
+  int non_local = -1;  // an expert mapped to -1 (its slots get zero rows)
+  int block_m = 128;
+  bool fused = false;  // GEMM 1 with SiLU-and-mul: output [numel, N / 2]
+};
+
+// Host values of n random elements of `dt` (exact in it) and their bytes.
+std::vector<float> RandomValues(int64_t n, int base, std::mt19937_64& rng) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = test_util::RandomValueOf(static_cast<uint32_t>(rng()) & 0xffff, base);
+  return v;
+}
+std::vector<uint16_t> Bytes16(const std::vector<float>& v, DType dt) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) moe::StoreFloat(out.data(), dt, i, v[i]);
+  return out;
+}
+
+enum class Form { kCpAsync, kWs, kWsCluster };
+
+void RunCase(const Case& c) {
+  SCOPED_TRACE(c.name);
+  std::mt19937_64 rng(test_util::SplitMix(Seed() ^ std::hash<std::string>{}(c.name)));
+  const int E = static_cast<int>(c.counts.size());
+  int64_t numel = 0;
+  for (int n : c.counts) numel += n;
+  ASSERT_EQ(numel % c.top_k, 0);
+  const int64_t a_rows = numel / c.top_k, N = c.N, K = c.K;
+  const int64_t out_n = c.fused ? N / 2 : N;
+
+  std::vector<int32_t> ids;
+  for (int e = 0; e < E; ++e) ids.insert(ids.end(), c.counts[e], e);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> emap(E);
+  int local = 0;
+  for (int e = 0; e < E; ++e) emap[e] = e == c.non_local ? -1 : local++;
+  absl::StatusOr<moe::MoeAlignResult> al =
+      moe::MoeAlignBlockSize(ids.data(), numel, c.block_m, E, emap.data());
+  ASSERT_TRUE(al.ok()) << al.status();
+
+  const int wbase = -static_cast<int>(std::ceil(std::log2(std::sqrt(double(K)))));
+  const std::vector<float> a = RandomValues(a_rows * K, 0, rng);
+  const std::vector<float> w = RandomValues(local * N * K, wbase, rng);
+  std::vector<float> bias = c.bias ? RandomValues(local * N, -3, rng) : std::vector<float>{};
+  DeviceBuf<uint16_t> da(Bytes16(a, c.dtype)), dw(Bytes16(w, c.dtype));
+  DeviceBuf<float> dbias(bias);
+  DeviceBuf<int32_t> dsorted(al->sorted_token_ids), deids(al->expert_ids);
+  DeviceBuf<int32_t> dpost(std::vector<int32_t>{al->num_tokens_post_padded});
+  DeviceBuf<uint16_t> dc(numel * out_n);
+
+  kc::MoeGroupedGemmArgs g;
+  g.dtype = c.dtype;
+  g.a = da.p;
+  g.a_row_div = c.top_k;
+  g.w = dw.p;
+  g.bias = c.bias ? dbias.p : nullptr;
+  g.c = dc.p;
+  g.sorted_token_ids = dsorted.p;
+  g.expert_ids = deids.p;
+  g.num_tokens_post_padded = dpost.p;
+  g.numel = numel;
+  g.num_blocks = static_cast<int64_t>(al->expert_ids.size());
+  g.N = N;
+  g.K = K;
+  g.num_local_experts = local;
+  g.block_m = c.block_m;
+  ASSERT_TRUE(kc::MoeGemmWsApplies(g));
+
+  auto run = [&](Form f) {
+    std::vector<uint16_t> out(numel * out_n);
+    EXPECT_EQ(cudaMemset(dc.p, 0xff, out.size() * 2), cudaSuccess);  // NaN poison
+    kc::SetMoeGemmWsMode(f == Form::kCpAsync ? kc::MoeGemmWsMode::kOff : kc::MoeGemmWsMode::kOn);
+    kc::SetMoeGemmWsClusterMode(f == Form::kWsCluster ? kc::MoeGemmWsMode::kOn
+                                                      : kc::MoeGemmWsMode::kOff);
+    const int64_t clustered = kc::MoeGemmWsClusterLaunches();
+    absl::Status st;
+    if (c.fused) {
+      st = kc::LaunchMoeGroupedGemmWsAct(g, kernels::MoeActivation::kSilu, {}, dc.p, nullptr);
+    } else {
+      st = kc::LaunchMoeGroupedGemm(g, nullptr);
+    }
+    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(kc::MoeGemmWsClusterLaunches(), clustered + (f == Form::kWsCluster ? 1 : 0));
+    EXPECT_EQ(cudaMemcpy(out.data(), dc.p, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kFromEnv);
+    kc::SetMoeGemmWsClusterMode(kc::MoeGemmWsMode::kFromEnv);
+    return out;
+  };
+  const std::vector<uint16_t> cluster = run(Form::kWsCluster);
+  const std::vector<uint16_t> single = run(Form::kWs);
+  int64_t differ = 0;
+  for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != single[i];
+  EXPECT_EQ(differ, 0) << "clusters of two against one CTA a tile";
+  if (!c.fused) {  // the cp.async kernel has no fused epilogue
+    const std::vector<uint16_t> cp = run(Form::kCpAsync);
+    differ = 0;
+    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != cp[i];
+    EXPECT_EQ(differ, 0) << "clusters of two against the cp.async kernel";
+  }
+
+  // float64 evaluation: C = round(acc) (+ round(bias)); fused: silu(g) * u
+  // of the rounded gate and up values.
+  std::vector<double> ref(numel * out_n, 0.0);
+  std::vector<char> zero_row(numel, 0);
+  std::vector<double> row(N);
+  for (int64_t s = 0; s < numel; ++s) {
+    const int le = emap[ids[s]];
+    if (le < 0) {
+      zero_row[s] = 1;
+      continue;
+    }
+    const float* x = &a[(s / c.top_k) * K];
+    for (int64_t n = 0; n < N; ++n) {
+      const float* y = &w[(static_cast<int64_t>(le) * N + n) * K];
+      double acc = 0.0;
+      for (int64_t k = 0; k < K; ++k) acc += double(x[k]) * y[k];
+      row[n] = acc + (c.bias ? bias[le * N + n] : 0.0);
+    }
+    for (int64_t n = 0; n < out_n; ++n) {
+      ref[s * out_n + n] =
+          c.fused ? row[n] / (1.0 + std::exp(-row[n])) * row[N / 2 + n] : row[n];
+    }
+  }
+  double ss = 0.0, dd = 0.0;
+  for (double v : ref) ss += v * v;
+  const double rms = std::sqrt(ss / std::max<size_t>(ref.size(), 1));
+  ASSERT_GT(rms, 0.0);
+  // eps: the dtype's rounding step at 1. Unfused: C rounded once (with bias,
+  // round(acc) and round(bias) before the sum's rounding): within 4 eps of
+  // |ref|, plus eps of its rms where the bias cancels the product. Fused:
+  // gate and up rounded like that, then silu(g)·u rounded; silu's relative
+  // sensitivity (1 + |g|·sigmoid(-g)) lets gate errors grow up to about 5x
+  // where |silu(g)| is small, which the rms term bounds: 8 eps, 2 eps.
+  const double eps = c.dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+  const double rel_tol = (c.fused ? 8 : 4) * eps, abs_tol = (c.fused ? 2 : 1) * eps * rms;
+  int64_t bad = 0, unwritten = 0, nonzero = 0;
+  for (int64_t s = 0; s < numel; ++s) {
+    for (int64_t n = 0; n < out_n; ++n) {
+      const float v = moe::LoadFloat(cluster.data(), c.dtype, s * out_n + n);
+      if (std::isnan(v)) {
+        ++unwritten;
+        continue;
+      }
+      if (zero_row[s]) {
+        nonzero += v != 0.0f;
+        continue;
+      }
+      const double r = ref[s * out_n + n], d = v - r;
+      dd += d * d;
+      if (std::fabs(d) > rel_tol * std::fabs(r) + abs_tol) {
+        if (bad < 5) ADD_FAILURE() << "slot " << s << " n " << n << ": got " << v << " want " << r;
+        ++bad;
+      }
+    }
+  }
+  EXPECT_EQ(unwritten, 0);
+  EXPECT_EQ(nonzero, 0);
+  EXPECT_EQ(bad, 0);
+  EXPECT_LE(std::sqrt(dd / ss), rel_tol);
+  std::printf("%-24s numel=%-5lld N=%-4lld K=%-4lld rel=%.2e %s\n", c.name,
+              static_cast<long long>(numel), static_cast<long long>(N),
+              static_cast<long long>(K), std::sqrt(dd / ss), bad == 0 ? "OK" : "FAIL");
+}
+
+// 128-slot blocks: 17 token tiles (odd: the last cluster has one tile),
+// pairs of tiles of two experts, empty experts and a non-local one.
+TEST(MoeWsGpuTest, TailsAndMixedPairs) {
+  SKIP_WITHOUT_CUDA();
+  RunCase({"tails_bf16_bias", {0, 1, 127, 128, 129, 300, 256, 255, 400, 4}, 2, 392, 520, true,
+           DType::kBFloat16, 4});
+  RunCase({"tails_fp16", {130, 0, 260, 3, 129, 258, 1, 300}, 1, 264, 136, false, DType::kFloat16});
+}
+
+// 256-slot blocks: an expert's last block may be half padding (an empty tile
+// beside a full one in a cluster).
+TEST(MoeWsGpuTest, HalfEmptyBlocksOf256) {
+  SKIP_WITHOUT_CUDA();
+  RunCase({"block256_fp16_bias", {500, 3, 256, 257, 130}, 1, 512, 256, true, DType::kFloat16, -1,
+           256});
+  RunCase({"block256_non_local", {600, 129, 384}, 3, 256, 192, false, DType::kBFloat16, 0, 256});
+}
+
+// One expert's tiles in pairs (every k-tile multicast), GEMM 1 row map.
+TEST(MoeWsGpuTest, LongExperts) {
+  SKIP_WITHOUT_CUDA();
+  RunCase({"long_bf16", {1024, 1024, 512}, 2, 768, 1024, false, DType::kBFloat16});
+}
+
+// The fused SiLU-and-mul epilogue in both forms (gate and up boxes).
+TEST(MoeWsGpuTest, FusedActivation) {
+  SKIP_WITHOUT_CUDA();
+  RunCase({"fused_bf16_bias", {300, 129, 0, 520, 7}, 2, 400, 264, true, DType::kBFloat16, 1, 128,
+           true});
+  RunCase({"fused_fp16_256", {700, 260, 300}, 1, 512, 128, false, DType::kFloat16, -1, 256, true});
+}
+
+// Small enough for compute-sanitizer (memcheck / racecheck / synccheck).
+TEST(MoeWsGpuTest, SanitizerShape) {
+  SKIP_WITHOUT_CUDA();
+  RunCase({"sanitizer", {300, 0, 128, 2}, 2, 136, 144, true, DType::kBFloat16, 3});
+}
+
+}  // namespace
+}  // namespace kplan
