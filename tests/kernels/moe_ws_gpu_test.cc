@@ -163,8 +163,7 @@ void RunCase(const Case& c) {
       row[n] = acc + (c.bias ? bias[le * N + n] : 0.0);
     }
     for (int64_t n = 0; n < out_n; ++n) {
-      ref[s * out_n + n] =
-          c.fused ? row[n] / (1.0 + std::exp(-row[n])) * row[N / 2 + n] : row[n];
+      ref[s * out_n + n] = c.fused ? row[n] / (1.0 + std::exp(-row[n])) * row[N / 2 + n] : row[n];
     }
   }
   double ss = 0.0, dd = 0.0;
@@ -204,16 +203,22 @@ void RunCase(const Case& c) {
   EXPECT_EQ(bad, 0);
   EXPECT_LE(std::sqrt(dd / ss), rel_tol);
   std::printf("%-24s numel=%-5lld N=%-4lld K=%-4lld rel=%.2e %s\n", c.name,
-              static_cast<long long>(numel), static_cast<long long>(N),
-              static_cast<long long>(K), std::sqrt(dd / ss), bad == 0 ? "OK" : "FAIL");
+              static_cast<long long>(numel), static_cast<long long>(N), static_cast<long long>(K),
+              std::sqrt(dd / ss), bad == 0 ? "OK" : "FAIL");
 }
 
 // 128-slot blocks: 17 token tiles (odd: the last cluster has one tile),
 // pairs of tiles of two experts, empty experts and a non-local one.
 TEST(MoeWsGpuTest, TailsAndMixedPairs) {
   SKIP_WITHOUT_CUDA();
-  RunCase({"tails_bf16_bias", {0, 1, 127, 128, 129, 300, 256, 255, 400, 4}, 2, 392, 520, true,
-           DType::kBFloat16, 4});
+  RunCase({"tails_bf16_bias",
+           {0, 1, 127, 128, 129, 300, 256, 255, 400, 4},
+           2,
+           392,
+           520,
+           true,
+           DType::kBFloat16,
+           4});
   RunCase({"tails_fp16", {130, 0, 260, 3, 129, 258, 1, 300}, 1, 264, 136, false, DType::kFloat16});
 }
 
@@ -221,8 +226,8 @@ TEST(MoeWsGpuTest, TailsAndMixedPairs) {
 // beside a full one in a cluster).
 TEST(MoeWsGpuTest, HalfEmptyBlocksOf256) {
   SKIP_WITHOUT_CUDA();
-  RunCase({"block256_fp16_bias", {500, 3, 256, 257, 130}, 1, 512, 256, true, DType::kFloat16, -1,
-           256});
+  RunCase(
+      {"block256_fp16_bias", {500, 3, 256, 257, 130}, 1, 512, 256, true, DType::kFloat16, -1, 256});
   RunCase({"block256_non_local", {600, 129, 384}, 3, 256, 192, false, DType::kBFloat16, 0, 256});
 }
 
@@ -235,7 +240,15 @@ TEST(MoeWsGpuTest, LongExperts) {
 // The fused SiLU-and-mul epilogue in both forms (gate and up boxes).
 TEST(MoeWsGpuTest, FusedActivation) {
   SKIP_WITHOUT_CUDA();
-  RunCase({"fused_bf16_bias", {300, 129, 0, 520, 7}, 2, 400, 264, true, DType::kBFloat16, 1, 128,
+  RunCase({"fused_bf16_bias",
+           {300, 129, 0, 520, 7},
+           2,
+           400,
+           264,
+           true,
+           DType::kBFloat16,
+           1,
+           128,
            true});
   RunCase({"fused_fp16_256", {700, 260, 300}, 1, 512, 128, false, DType::kFloat16, -1, 256, true});
 }

@@ -109,13 +109,13 @@ TEST(MoeWsSchedule, PersistentGridCoversEveryTileOnce) {
 }
 
 TEST(MoeWsSchedule, ClustersOfTwo) {
-  // Mixtral GEMM 1 again: 132 resident CTAs are 66 clusters; groups of 2
-  // units keep 4 token tiles a group.
+  // Mixtral GEMM 1 again: 132 resident CTAs are 66 clusters; groups of
+  // kWsGroup units (8 token tiles).
   WsSchedule s = MakeWsSchedule(40, 256, 28672, 132, kWsAutoGroup, 2);
   EXPECT_EQ(s.cluster, 2);
   EXPECT_EQ(s.token_tiles, 80);
   EXPECT_EQ(WsUnits(s), 40);
-  EXPECT_EQ(s.group, kWsGroup / 2);
+  EXPECT_EQ(s.group, kWsGroup);
   EXPECT_EQ(s.grid, 132);
   EXPECT_EQ(WsTotalTiles(s), 40 * 112);
   EXPECT_EQ(MakeWsSchedule(40, 256, 28672, 131, kWsAutoGroup, 2).grid, 130);  // whole clusters
@@ -124,6 +124,14 @@ TEST(MoeWsSchedule, ClustersOfTwo) {
   s = MakeWsSchedule(3, 128, 144, 132, kWsAutoGroup, 2);
   EXPECT_EQ(WsUnits(s), 2);
   EXPECT_EQ(s.grid, 4);
+}
+
+TEST(MoeWsSchedule, ClustersPayOnLongMainLoops) {
+  EXPECT_TRUE(WsClusterPays(4096));   // Mixtral GEMM 1
+  EXPECT_TRUE(WsClusterPays(14336));  // Mixtral GEMM 2
+  EXPECT_TRUE(WsClusterPays(7168));   // DeepSeek-V3 GEMM 1
+  EXPECT_FALSE(WsClusterPays(2048));  // DeepSeek-V3 GEMM 2, Qwen3 GEMM 1
+  EXPECT_FALSE(WsClusterPays(768));   // Qwen3 GEMM 2
 }
 
 TEST(MoeWsSchedule, ClusterWalkPairsTilesOfOneRowTile) {

@@ -24,12 +24,15 @@ using MoeGemmWsMode = MoeKernelMode;
 void SetMoeGemmWsMode(MoeGemmWsMode mode);
 bool MoeGemmWsEnabled();
 
-// Clusters of two CTAs that share the weight box by TMA multicast (bf16 /
-// fp16 weights; int4 weights never): SetMoeGemmWsClusterMode(kOn / kOff),
-// or with kFromEnv KPLAN_MOE_WS_CLUSTER=1 (off) / 2 (on), unset:
-// kMoeWsClusterDefault. Same output bits either way. The launches that
-// took clusters, process-wide: a test's proof that they ran.
-inline constexpr bool kMoeWsClusterDefault = false;
+// Clusters of two CTAs that step through their stages together and share
+// the weight box by TMA multicast (bf16 / fp16 weights; int4 weights
+// never): SetMoeGemmWsClusterMode(kOn / kOff), or with kFromEnv (the
+// default) KPLAN_MOE_WS_CLUSTER=2 (on) / 1 (off), unset: with
+// kMoeWsClusterDefault on for the GEMMs whose K is long enough to gain
+// (moe_ws_schedule.h's WsClusterPays), else off. Same
+// output bits either way. The launches that took clusters, process-wide:
+// a test's proof that they ran.
+inline constexpr bool kMoeWsClusterDefault = false;  // the rule's switch, until the suites ran
 void SetMoeGemmWsClusterMode(MoeGemmWsMode mode);
 int64_t MoeGemmWsClusterLaunches();
 

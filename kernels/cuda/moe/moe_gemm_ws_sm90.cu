@@ -523,10 +523,23 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
   return absl::OkStatus();
 }
 
-detail::KernelSwitch g_cluster([] {
-  return detail::EnvInt("KPLAN_MOE_WS_CLUSTER", kMoeWsClusterDefault ? 2 : 1) > 1;
-});
+std::atomic<int> cluster_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
 std::atomic<int64_t> cluster_launches{0};
+
+// Clusters of two for g: as SetMoeGemmWsClusterMode says, else
+// KPLAN_MOE_WS_CLUSTER=2 / 1, else the rule (ws::WsClusterPays).
+bool UseClusters(const MoeGroupedGemmArgs& g) {
+  switch (static_cast<MoeGemmWsMode>(cluster_mode.load(std::memory_order_relaxed))) {
+    case MoeGemmWsMode::kOn:
+      return true;
+    case MoeGemmWsMode::kOff:
+      return false;
+    default:
+      break;
+  }
+  static const int env = detail::EnvInt("KPLAN_MOE_WS_CLUSTER", 0);
+  return env == 2 || (env != 1 && kMoeWsClusterDefault && ws::WsClusterPays(g.K));
+}
 
 // The instantiation for g's dtype and weights (bf16 / fp16; int4 with
 // int_w), in clusters of two where the switch says so.
@@ -540,7 +553,7 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
     if (st.ok()) detail::NoteMoeGemmIntLaunch();
     return st;
   }
-  if (g_cluster.On()) {
+  if (UseClusters(g)) {
     absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 2>(g, act_params, stream)
                            : LaunchWsKernel<__half, Fused, false, 2>(g, act_params, stream);
     if (st.ok()) cluster_launches.fetch_add(1, std::memory_order_relaxed);
@@ -554,7 +567,9 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
 
 void SetMoeGemmWsMode(MoeGemmWsMode mode) { g_ws.Set(mode); }
 
-void SetMoeGemmWsClusterMode(MoeGemmWsMode mode) { g_cluster.Set(mode); }
+void SetMoeGemmWsClusterMode(MoeGemmWsMode mode) {
+  cluster_mode.store(static_cast<int>(mode), std::memory_order_relaxed);
+}
 
 int64_t MoeGemmWsClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
 

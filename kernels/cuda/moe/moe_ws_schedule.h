@@ -112,11 +112,24 @@ KPLAN_WS_HD WsSchedule WsClip(WsSchedule s, int64_t num_tokens_post_padded) {
 // group 1 (the weight-row tile fast) was best, 650 against 582 TFLOP/s at
 // group 8; with many weight-row tiles (GEMM 1: 112) group 4 (492, group 1:
 // 461, whose wave re-reads every weight-row tile per token tile).
-// In units: the same token tiles per group whatever the cluster.
-inline int64_t WsAutoGroup(int64_t n_tiles, int num_sms, int cluster = 1) {
-  const int64_t tiles = n_tiles * 8 <= num_sms ? 1 : kWsGroup;
-  return tiles > cluster ? tiles / cluster : 1;
+// In units: with clusters of two, 4 units (8 token tiles) a group ran
+// Mixtral-8x7B 4096 tokens in 5527 us against 5625 at 2 units and 5683 at
+// 1 (session 19, call 4; the fused GEMM 1, 112 row tiles).
+inline int64_t WsAutoGroup(int64_t n_tiles, int num_sms) {
+  return n_tiles * 8 <= num_sms ? 1 : kWsGroup;
 }
+
+// Whether clusters of two pay for a GEMM of reduction length K (the
+// default rule; moe_gemm_ws.h's switch can force them either way). Measured
+// per layer, one H200 (session 19, call 4), clusters against one CTA a
+// tile: Mixtral-8x7B (K 4096 / 14336) 1024 / 2048 / 4096 tokens 1795 /
+// 3047 / 5625 us against 1835 / 3266 / 6046; DeepSeek-V3 (K 7168 / 2048)
+// 4096 tokens 8815 against 9236; Qwen3-30B-A3B (K 2048 / 768) 2048 / 4096
+// tokens 655 / 1024 against 628 / 1000. The CTAs of a cluster step through
+// their stages together, so the weight stream of a row tile is read from
+// HBM once for both; that pays on long main loops and costs on short ones.
+inline constexpr int64_t kWsClusterMinK = 4096;
+inline bool WsClusterPays(int64_t K) { return K >= kWsClusterMinK; }
 
 // Host side: the upper-bound schedule of a launch. block_m is the
 // moe_align_block_size block (a multiple of kWsTileT), num_blocks the size of
@@ -128,9 +141,7 @@ inline WsSchedule MakeWsSchedule(int64_t num_blocks, int block_m, int64_t N, int
   s.cluster = cluster < 1 ? 1 : cluster;
   s.token_tiles = num_blocks * (block_m / kWsTileT);
   s.n_tiles = (N + kWsTileN - 1) / kWsTileN;
-  s.group = group == kWsAutoGroup ? WsAutoGroup(s.n_tiles, resident_ctas, s.cluster)
-            : group < 1           ? 1
-                                  : group;
+  s.group = group == kWsAutoGroup ? WsAutoGroup(s.n_tiles, resident_ctas) : group < 1 ? 1 : group;
   const int64_t total = WsTotalTiles(s);
   const int64_t clusters = resident_ctas < s.cluster ? 1 : resident_ctas / s.cluster;
   s.grid = static_cast<int>(total < clusters ? total : clusters) * s.cluster;
