@@ -10,7 +10,10 @@
 // expert that is not local (zero rows), half-empty 256-slot blocks, N and K
 // that are not multiples of the tiles, with and without bias, GEMM 1
 // (a_row_div = top_k) and GEMM 2 row maps; the fused SiLU epilogue in both
-// forms. Outputs are poisoned with NaN first. Skips without a device.
+// forms; more work items than clusters. The launch counters show which
+// form ran. Outputs are poisoned with NaN first. Run without
+// KPLAN_MOE_WS_DEBUG (its measurement bits change the kernel). Skips
+// without a device.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -117,7 +120,7 @@ void RunCase(const Case& c) {
     kc::SetMoeGemmWsMode(f == Form::kCpAsync ? kc::MoeGemmWsMode::kOff : kc::MoeGemmWsMode::kOn);
     kc::SetMoeGemmWsClusterMode(f == Form::kWsCluster ? kc::MoeGemmWsMode::kOn
                                                       : kc::MoeGemmWsMode::kOff);
-    const int64_t clustered = kc::MoeGemmWsClusterLaunches();
+    const int64_t ws = kc::MoeGemmWsLaunches(), clustered = kc::MoeGemmWsClusterLaunches();
     absl::Status st;
     if (c.fused) {
       st = kc::LaunchMoeGroupedGemmWsAct(g, kernels::MoeActivation::kSilu, {}, dc.p, nullptr);
@@ -126,6 +129,7 @@ void RunCase(const Case& c) {
     }
     EXPECT_TRUE(st.ok()) << st;
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(kc::MoeGemmWsLaunches(), ws + (f == Form::kCpAsync ? 0 : 1));
     EXPECT_EQ(kc::MoeGemmWsClusterLaunches(), clustered + (f == Form::kWsCluster ? 1 : 0));
     EXPECT_EQ(cudaMemcpy(out.data(), dc.p, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kFromEnv);
@@ -235,6 +239,15 @@ TEST(MoeWsGpuTest, HalfEmptyBlocksOf256) {
 TEST(MoeWsGpuTest, LongExperts) {
   SKIP_WITHOUT_CUDA();
   RunCase({"long_bf16", {1024, 1024, 512}, 2, 768, 1024, false, DType::kBFloat16});
+}
+
+// Many more work items than clusters (41 token tiles, 21 units x 16 row
+// tiles): each cluster walks several, through multicast, solo and idle
+// items, so the ring's stages and phases carry over between them.
+TEST(MoeWsGpuTest, ClustersWalkManyWorkItems) {
+  SKIP_WITHOUT_CUDA();
+  RunCase(
+      {"many_items", {1500, 1300, 900, 700, 3, 129, 1}, 1, 4096, 128, false, DType::kBFloat16, 2});
 }
 
 // The fused SiLU-and-mul epilogue in both forms (gate and up boxes).

@@ -26,7 +26,7 @@ TEST(MoeWsSchedule, CountsAndGrid) {
   EXPECT_EQ(MakeWsSchedule(40, 256, 4096, 132).group, 1);
   EXPECT_EQ(MakeWsSchedule(40, 256, 4352, 132).group, kWsGroup);  // 17 row tiles
   EXPECT_EQ(MakeWsSchedule(40, 256, 4096, 132, 8).group, 8);      // explicit
-  EXPECT_EQ(WsTotalTiles(s), 80 * 112);
+  EXPECT_EQ(WsTotalWork(s), 80 * 112);
   // Block 128: one token tile per block; N not a multiple of the tile.
   s = MakeWsSchedule(3, 128, 144, 132);
   EXPECT_EQ(s.token_tiles, 3);
@@ -57,7 +57,7 @@ TEST(MoeWsSchedule, WalkIsABijectionInGroupOrder) {
         s.group = group;
         std::set<std::pair<int64_t, int64_t>> seen;
         int64_t prev_group = 0, prev_n = 0;
-        for (int64_t i = 0; i < WsTotalTiles(s); ++i) {
+        for (int64_t i = 0; i < WsTotalWork(s); ++i) {
           const WsTile t = WsTileAt(s, i);
           ASSERT_GE(t.token_tile, 0);
           ASSERT_LT(t.token_tile, tiles);
@@ -98,9 +98,9 @@ TEST(MoeWsSchedule, ConsecutiveCtasShareAWeightTile) {
 TEST(MoeWsSchedule, PersistentGridCoversEveryTileOnce) {
   // Every CTA c walks c, c + grid, ...: together each tile exactly once.
   const WsSchedule s = WsClip(MakeWsSchedule(40, 256, 4096, 132), 256 * 29 + 5);
-  std::vector<int> hits(static_cast<size_t>(WsTotalTiles(s)), 0);
+  std::vector<int> hits(static_cast<size_t>(WsTotalWork(s)), 0);
   for (int c = 0; c < s.grid; ++c) {
-    for (int64_t i = c; i < WsTotalTiles(s); i += s.grid) {
+    for (int64_t i = c; i < WsTotalWork(s); i += s.grid) {
       const WsTile t = WsTileAt(s, i);
       ++hits[static_cast<size_t>(t.token_tile * s.n_tiles + t.n_tile)];
     }
@@ -117,7 +117,7 @@ TEST(MoeWsSchedule, ClustersOfTwo) {
   EXPECT_EQ(WsUnits(s), 40);
   EXPECT_EQ(s.group, kWsGroup);
   EXPECT_EQ(s.grid, 132);
-  EXPECT_EQ(WsTotalTiles(s), 40 * 112);
+  EXPECT_EQ(WsTotalWork(s), 40 * 112);
   EXPECT_EQ(MakeWsSchedule(40, 256, 28672, 131, kWsAutoGroup, 2).grid, 130);  // whole clusters
   EXPECT_EQ(MakeWsSchedule(40, 256, 4096, 132, kWsAutoGroup, 2).group, 1);
   // Three token tiles: two units, the second with one tile; one row tile.
@@ -144,7 +144,7 @@ TEST(MoeWsSchedule, ClusterWalkPairsTilesOfOneRowTile) {
         s.group = group;
         s.cluster = 2;
         std::set<std::pair<int64_t, int64_t>> seen;
-        for (int64_t i = 0; i < WsTotalTiles(s); ++i) {
+        for (int64_t i = 0; i < WsTotalWork(s); ++i) {
           const WsTile t0 = WsTileAt(s, i, 0), t1 = WsTileAt(s, i, 1);
           // The cluster's CTAs: adjacent token tiles, 2u and 2u + 1, one row tile.
           ASSERT_EQ(t0.token_tile % 2, 0);

@@ -29,11 +29,12 @@ bool MoeGemmWsEnabled();
 // never): SetMoeGemmWsClusterMode(kOn / kOff), or with kFromEnv (the
 // default) KPLAN_MOE_WS_CLUSTER=2 (on) / 1 (off), unset: with
 // kMoeWsClusterDefault on for the GEMMs whose K is long enough to gain
-// (moe_ws_schedule.h's WsClusterPays), else off. Same
-// output bits either way. The launches that took clusters, process-wide:
-// a test's proof that they ran.
-inline constexpr bool kMoeWsClusterDefault = false;  // the rule's switch, until the suites ran
+// (moe_ws_schedule.h's WsClusterPays), else off. Same output bits either
+// way. The bf16 / fp16 launches of this kernel that succeeded, and those of
+// them in clusters, process-wide: a test's proof of which form ran.
+inline constexpr bool kMoeWsClusterDefault = false;  // whether the rule applies
 void SetMoeGemmWsClusterMode(MoeGemmWsMode mode);
+int64_t MoeGemmWsLaunches();
 int64_t MoeGemmWsClusterLaunches();
 
 // With args.int_w also MoeIntWeightsApply (moe_experts.h).

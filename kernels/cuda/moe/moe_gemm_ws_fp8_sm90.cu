@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   const uint8_t* base_gen =
       smem_dyn + (ring.base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn)));
   const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
-  const int64_t total = ws::WsTotalTiles(sched);
+  const int64_t total = ws::WsTotalWork(sched);
   const int64_t N = p.N, K = p.K;
   const int nk = static_cast<int>((K + kBK - 1) / kBK);
   const bool block = p.scale_kind == kScaleBlock;
@@ -243,7 +243,7 @@ detail::KernelSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_FP8_GEMM"); });
 std::atomic<int64_t> g_launches{0};
 
 // Measurement knobs of moe_fp8_gemm_bench: KPLAN_MOE_FP8_WS_DEBUG (kFlag*
-// bits) and KPLAN_MOE_FP8_WS_GROUP (token tiles per group; default
+// bits) and KPLAN_MOE_FP8_WS_GROUP (units per group; default
 // ws::WsAutoGroup).
 const ws::WsKnobs& Knobs() {
   static const ws::WsKnobs knobs =

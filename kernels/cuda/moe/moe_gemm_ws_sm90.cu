@@ -10,21 +10,25 @@
 //
 // CTA: 384 threads, three warpgroups.
 //  * WG 0, the producer (setmaxnreg down to 40): per k-tile of 64, thread 0
-//    issues one TMA load of the 256 x 64 weight box (tensor map over
-//    [E * N, K], 128-byte swizzle) with expect_tx on the stage's full
-//    barrier; all 128 threads gather the 128 token rows with 16-byte
-//    cp.async into the same swizzled layout and signal the full barrier with
-//    cp.async.mbarrier.arrive.noinc (129 arrivals + the TMA bytes per phase).
+//    issues the TMA load of the 256 x 64 weight box (tensor map over
+//    [E * N, K], 128-byte swizzle; two boxes of 128 rows when fused or
+//    clustered) with expect_tx on the stage's full barrier; all 128 threads
+//    gather the 128 token rows with 16-byte cp.async into the same swizzled
+//    layout and signal the full barrier with cp.async.mbarrier.arrive.noinc
+//    (129 arrivals + the TMA bytes per phase).
 //  * WG 1, 2, the consumers (setmaxnreg up to 232): slots [64 c, 64 c + 64)
 //    of the tile, 4 wgmma m64n256k16 per k-tile into 128 fp32 registers; a
 //    k-tile's stage is released (one arrival per consumer warp on the
-//    stage's empty barrier) once wgmma.wait_group 1 shows its group done, so
-//    every stage is in flight and there is no block-wide barrier at all.
-//    Epilogue straight from the registers: round to T, + round(bias), 4-byte
-//    stores; meanwhile the producer already fills the next tile's stages.
-// Persistent: grid = min(SMs, tiles), tiles walked in the moe_ws_schedule.h
-// order; tiles of experts of other ranks (expert id -1) write zero rows as
-// the other kernel does, tiles made only of padding are skipped.
+//    stage's empty barrier, the cluster's CTAs' barriers with clusters) once
+//    wgmma.wait_group 1 shows its group done, so every stage is in flight
+//    and there is no block-wide barrier at all. Epilogue straight from the
+//    registers: round to T, + round(bias), 16-byte stores after a quad
+//    transpose; meanwhile the producer already fills the next tile's stages.
+// Persistent: the clusters (of one CTA, or two: kCluster) that fit at once,
+// walking work items in the moe_ws_schedule.h order; tiles of experts of
+// other ranks (expert id -1) write zero rows as the other kernel does,
+// tiles made only of padding are skipped (with clusters: their stages pass
+// while the other CTA's tile runs).
 //
 // Fused activation (the Fused instantiation, GEMM 1 of a gated layer, W =
 // w13 [E, 2I, K] unchanged): tile n_tile covers output columns [n0, n0 + 128)
@@ -291,7 +295,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   const ws::WsRing<kStageBytes> ring = ws::WsRingInit < kStageBytes, kInt ? 128 : 0,
                                 kCluster > (&wmap);
   const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
-  const int64_t total = ws::WsTotalTiles(sched);
+  const int64_t total = ws::WsTotalWork(sched);
   const int64_t N = p.N, K = p.K;
   const int nk = static_cast<int>((K + kBK - 1) / kBK);
 
@@ -335,7 +339,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   T* Cg = static_cast<T*>(p.c);
   float acc[kWsTileN / 2];
   ws::WsCursor c;
-  ws::WsForEachTile<kCluster>(p, sched, total, [&](const ws::WsWork& w) {
+  ws::WsForEachWork<kCluster>(p, sched, total, [&](const ws::WsWork& w) {
     const ws::WsTileInfo& ti = w.ti;
     if (!w.run && ti.empty) return;
     const int32_t s0 = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + r0];
@@ -357,12 +361,12 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
           WgmmaCommit();
           WgmmaWait<1>();
         }
-        if (prev >= 0) ws::WsRelease<kCluster>(ring, prev, lane);
+        if (prev >= 0) ws::WsRelease<kCluster>(ring, prev, lane, w.rank);
         prev = c.stage;
         c.Next();
       }
       WgmmaWait<0>();
-      ws::WsRelease<kCluster>(ring, prev, lane);
+      ws::WsRelease<kCluster>(ring, prev, lane, w.rank);
     }
     if (ti.empty || (p.flags & kWsFlagNoStore)) return;
     // Epilogue. Register i holds row r0 + 8 ((i / 2) % 2), column 8 (i / 4) +
@@ -459,7 +463,8 @@ detail::KernelSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_GEMM"); });
 // ws::WsAutoGroup), KPLAN_MOE_WS_GROUP_ACT (the same for the fused GEMM 1
 // only, over KPLAN_MOE_WS_GROUP).
 const ws::WsKnobs& Knobs() {
-  static const ws::WsKnobs knobs = ws::WsKnobsFromEnv("KPLAN_MOE_WS_DEBUG", "KPLAN_MOE_WS_GROUP");
+  static const ws::WsKnobs knobs =
+      ws::WsKnobsFromEnv("KPLAN_MOE_WS_DEBUG", "KPLAN_MOE_WS_GROUP", "KPLAN_MOE_WS_GROUP_ACT");
   return knobs;
 }
 
@@ -492,8 +497,7 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
       !st.ok()) {
     return st;
   }
-  static const int act_group = detail::EnvInt("KPLAN_MOE_WS_GROUP_ACT", Knobs().group);
-  const int group = Fused ? act_group : Knobs().group;
+  const int group = Fused ? Knobs().act_group : Knobs().group;
   WsParams p{ws::MakeWsSchedule(g.num_blocks, g.block_m, g.N, resident, group, kCluster),
              g.sorted_token_ids,
              g.expert_ids,
@@ -524,10 +528,11 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
 }
 
 std::atomic<int> cluster_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
-std::atomic<int64_t> cluster_launches{0};
+std::atomic<int64_t> ws_launches{0}, cluster_launches{0};
 
 // Clusters of two for g: as SetMoeGemmWsClusterMode says, else
-// KPLAN_MOE_WS_CLUSTER=2 / 1, else the rule (ws::WsClusterPays).
+// KPLAN_MOE_WS_CLUSTER (2 or more: on, 1 or below or not a number: off),
+// else (unset) the rule (ws::WsClusterPays).
 bool UseClusters(const MoeGroupedGemmArgs& g) {
   switch (static_cast<MoeGemmWsMode>(cluster_mode.load(std::memory_order_relaxed))) {
     case MoeGemmWsMode::kOn:
@@ -537,8 +542,9 @@ bool UseClusters(const MoeGroupedGemmArgs& g) {
     default:
       break;
   }
-  static const int env = detail::EnvInt("KPLAN_MOE_WS_CLUSTER", 0);
-  return env == 2 || (env != 1 && kMoeWsClusterDefault && ws::WsClusterPays(g.K));
+  static const int env = detail::EnvInt("KPLAN_MOE_WS_CLUSTER", -1);
+  if (env >= 0) return env >= 2;
+  return kMoeWsClusterDefault && ws::WsClusterPays(g.K);
 }
 
 // The instantiation for g's dtype and weights (bf16 / fp16; int4 with
@@ -556,11 +562,18 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
   if (UseClusters(g)) {
     absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 2>(g, act_params, stream)
                            : LaunchWsKernel<__half, Fused, false, 2>(g, act_params, stream);
-    if (st.ok()) cluster_launches.fetch_add(1, std::memory_order_relaxed);
-    return st;
+    if (st.ok()) {
+      cluster_launches.fetch_add(1, std::memory_order_relaxed);
+      ws_launches.fetch_add(1, std::memory_order_relaxed);
+    }
+    // UNAVAILABLE (no cluster fits, or no tensor map): one CTA a tile, which
+    // answers UNAVAILABLE itself when the tensor map is what failed.
+    if (!absl::IsUnavailable(st)) return st;
   }
-  return bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 1>(g, act_params, stream)
-              : LaunchWsKernel<__half, Fused, false, 1>(g, act_params, stream);
+  absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 1>(g, act_params, stream)
+                         : LaunchWsKernel<__half, Fused, false, 1>(g, act_params, stream);
+  if (st.ok()) ws_launches.fetch_add(1, std::memory_order_relaxed);
+  return st;
 }
 
 }  // namespace
@@ -570,6 +583,8 @@ void SetMoeGemmWsMode(MoeGemmWsMode mode) { g_ws.Set(mode); }
 void SetMoeGemmWsClusterMode(MoeGemmWsMode mode) {
   cluster_mode.store(static_cast<int>(mode), std::memory_order_relaxed);
 }
+
+int64_t MoeGemmWsLaunches() { return ws_launches.load(std::memory_order_relaxed); }
 
 int64_t MoeGemmWsClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
 

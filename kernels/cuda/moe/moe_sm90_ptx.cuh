@@ -106,7 +106,7 @@ __device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorM
 // --- thread-block clusters ---
 __device__ __forceinline__ uint32_t ClusterCtaRank() {
   uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));  // fixed for the CTA: may be reused
   return r;
 }
 // Every thread of the cluster: what each did before is visible to all after.
@@ -119,10 +119,11 @@ __device__ __forceinline__ void FenceMbarInitCluster() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 // Arrives on the mbarrier at `bar`'s offset in the shared memory of CTA
-// `cta` of the cluster, with the default CTA-scope release: it orders this
-// thread's own accesses only, which is what a consumer's "stage read"
-// needs (its wgmma reads completed at wgmma.wait_group). A cluster-scope
-// release would wait for every memory access of the thread in flight.
+// `cta` of the cluster, with the default CTA-scope release (as CUTLASS's
+// cluster barrier arrives). A consumer's "stage read" relies on its wgmma
+// reads having completed at wgmma.wait_group, not on this release, whose
+// scope does not formally cover the other CTA; a .release.cluster arrive
+// cost every layer 37-45% (docs/PERF.md, session 19).
 __device__ __forceinline__ void MbarArriveRemote(uint32_t bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"

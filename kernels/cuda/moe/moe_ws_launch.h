@@ -32,13 +32,17 @@ inline bool WsEnvNotOld(const char* name) {
 }
 
 // A launcher's measurement knobs (its benchmark sets them): debug flag bits
-// from `debug_var` (default 0) and the token tiles per group of the schedule
-// from `group_var` (default kWsAutoGroup).
+// from `debug_var` (default 0), the units per group of the schedule from
+// `group_var` (default kWsAutoGroup) and, for a fused GEMM 1, from
+// `act_group_var` (default: the other).
 struct WsKnobs {
-  int debug_flags, group;
+  int debug_flags, group, act_group;
 };
-inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var) {
-  return {detail::EnvInt(debug_var, 0), detail::EnvInt(group_var, kWsAutoGroup)};
+inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var,
+                              const char* act_group_var = nullptr) {
+  const int group = detail::EnvInt(group_var, kWsAutoGroup);
+  return {detail::EnvInt(debug_var, 0), group,
+          act_group_var != nullptr ? detail::EnvInt(act_group_var, group) : group};
 }
 
 // Before a launch of kKernel with `smem_bytes` of dynamic shared memory on
@@ -51,17 +55,19 @@ absl::Status WsLaunchSetup(int smem_bytes, int* resident_ctas, int cluster = 1) 
   int device = 0;
   KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   KPLAN_ASSIGN_OR_RETURN(const int sms, MultiprocessorCount(device));
-  static std::atomic<uint64_t> attr_set{0};  // one bit per device, of this kernel
-  static std::atomic<int> resident[64];      // per device, of this kernel: 0 = not known yet
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
+  // Set up once per device below 64 (past that: every launch), per kernel.
+  static std::atomic<uint64_t> attr_set{0};  // one bit per device
+  static std::atomic<int> resident[64];      // 0: not known yet, -1: no cluster fits
+  const bool cached = device < 64;
+  const uint64_t bit = cached ? uint64_t{1} << device : 0;
+  if (!cached || (attr_set.load(std::memory_order_acquire) & bit) == 0) {
     KPLAN_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     attr_set.fetch_or(bit, std::memory_order_release);
   }
   *resident_ctas = sms;
   if (cluster <= 1) return absl::OkStatus();
-  int n = resident[device & 63].load(std::memory_order_relaxed);
+  int n = cached ? resident[device].load(std::memory_order_relaxed) : 0;
   if (n == 0) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(sms / cluster * cluster));
@@ -76,12 +82,10 @@ absl::Status WsLaunchSetup(int smem_bytes, int* resident_ctas, int cluster = 1) 
     cfg.numAttrs = 1;
     int clusters = 0;
     KPLAN_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kKernel, &cfg));
-    if (clusters <= 0) {
-      return absl::UnavailableError("moe_grouped_gemm_ws: no cluster of the kernel fits");
-    }
-    n = clusters * cluster;
-    resident[device & 63].store(n, std::memory_order_relaxed);
+    n = clusters > 0 ? clusters * cluster : -1;
+    if (cached) resident[device].store(n, std::memory_order_relaxed);
   }
+  if (n < 0) return absl::UnavailableError("moe_grouped_gemm_ws: no cluster of the kernel fits");
   *resident_ctas = n;
   return absl::OkStatus();
 }

@@ -2,24 +2,31 @@
 // bf16 / fp16, moe_gemm_ws_fp8_sm90.cu: fp8 e4m3): a CTA of kWsThreads
 // threads (warpgroup 0 the producer, 1 and 2 the consumers), the
 // kWsStages-stage shared-memory ring with its full / empty mbarriers, the
-// walk over this CTA's tiles of the persistent grid (moe_ws_schedule.h) and
-// the producer's loop: per k-tile a TMA box of weight rows and the 128
-// token rows gathered with cp.async. With kCluster = 2 (the bf16 / fp16
-// kernel) two CTAs of a thread-block cluster take the two token tiles of a
-// unit (moe_ws_schedule.h) on the same weight-row tile; when both tiles are
-// of the same local expert each CTA's producer loads half of the weight box
-// and multicasts it to both, so each weight byte leaves L2 once for the two
-// tiles. Each CTA's consumers then release a stage to both producers (a
-// stage's empty barrier counts the cluster's consumer warps), both CTAs step
-// through the same stages for every work item either of them has work in,
-// and a producer waits for its stages' last releases before its CTA exits. What differs between the
-// kernels (the weight boxes, fp8's block scales, the consumers' MMAs and epilogues) stays with
-// each, passed in as lambdas. Everything here is force-inlined and keeps the kernels' order of
-// evaluation; their SASS stayed the same when these lines moved here (CUDA 13, sm_90a:
-// byte-identical but for the register numbers of the unfused bf16 / fp16 consumers' stage and
-// phase). Small rearrangements (the tile loop inlined into WsProduce, the consumers' loops as
-// lambdas) do change the code: after an edit compare the kernels' .text sections (nvcc -cubin
-// -arch=sm_90a, readelf -x) with the old ones. Internal to kernels/cuda/moe.
+// walk over this CTA's work items of the persistent grid (moe_ws_schedule.h)
+// and the producer's loop: per k-tile a TMA box of weight rows and the 128
+// token rows gathered with cp.async.
+//
+// With kCluster = 2 (the bf16 / fp16 kernel) two CTAs of a thread-block
+// cluster take the two token tiles of a unit (moe_ws_schedule.h) on the
+// same weight-row tile; when both tiles are of the same local expert each
+// CTA's producer loads half of the weight box and multicasts it to both.
+// Each CTA's consumers release a stage to both producers (a stage's empty
+// barrier counts the cluster's consumer warps), both CTAs step through the
+// same stages for every work item either of them has work in, and a
+// producer waits for its stages' last releases before its CTA exits.
+//
+// What differs between the kernels (the weight boxes, fp8's block scales,
+// the consumers' MMAs and epilogues) stays with each, passed in as lambdas.
+// Everything here is force-inlined and keeps the kernels' order of
+// evaluation; their SASS stayed the same when these lines moved here (CUDA
+// 13, sm_90a: byte-identical but for the register numbers of the unfused
+// bf16 / fp16 consumers' stage and phase). Small rearrangements (the tile
+// loop inlined into WsProduce, the consumers' loops as lambdas) do change
+// the code: after an edit compare the kernels' .text sections (nvcc -cubin
+// -arch=sm_90a, readelf -x) with the old ones, or time them against the old
+// build in one run (session 19 moved the bf16 / fp16 consumers' loop into
+// WsForEachWork without a disassembler at hand: Mixtral-8x7B 4096 tokens
+// 5985.2 against 5991.8 us, docs/PERF.md). Internal to kernels/cuda/moe.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a type only: no -lcuda)
@@ -133,6 +140,7 @@ __device__ __forceinline__ WsTileInfo WsTileOf(const P& p, const WsSchedule& sch
 // tiles share the weight rows (same local expert: the box is multicast).
 struct WsWork {
   WsTileInfo ti;
+  int rank = 0;         // this CTA's rank in its cluster
   bool active = false;  // this CTA's tile has work
   bool run = false;
   bool multicast = false;
@@ -140,13 +148,15 @@ struct WsWork {
 __device__ __forceinline__ bool WsHasWork(const WsTileInfo& t) { return t.local && !t.empty; }
 
 // fn(work) for the work items of this CTA's cluster: items blockIdx.x /
-// kCluster, + gridDim.x / kCluster, ... below `total` (WsTotalTiles(sched)).
+// kCluster, + gridDim.x / kCluster, ... below `total` (WsTotalWork(sched)).
 template <int kCluster = 1, typename P, typename F>
-__device__ __forceinline__ void WsForEachTile(const P& p, const WsSchedule& sched, int64_t total,
+__device__ __forceinline__ void WsForEachWork(const P& p, const WsSchedule& sched, int64_t total,
                                               F&& fn) {
+  static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
   const int rank = kCluster > 1 ? static_cast<int>(detail::ClusterCtaRank()) : 0;
   for (int64_t lin = blockIdx.x / kCluster; lin < total; lin += gridDim.x / kCluster) {
     WsWork w;
+    w.rank = rank;
     w.ti = WsTileOf(p, sched, lin, rank);
     w.active = WsHasWork(w.ti);
     w.run = w.active;
@@ -160,21 +170,18 @@ __device__ __forceinline__ void WsForEachTile(const P& p, const WsSchedule& sche
 }
 
 // A consumer warp's release of ring stage `stage` (lane 0 arrives for the
-// warp): on its own CTA's empty barrier, with clusters on both CTAs'.
+// warp): on its own CTA's empty barrier, with clusters on the other CTA's
+// too (rank: this CTA's).
 template <int kCluster, int kStageBytes>
-__device__ __forceinline__ void WsRelease(const WsRing<kStageBytes>& ring, int stage, int lane) {
+__device__ __forceinline__ void WsRelease(const WsRing<kStageBytes>& ring, int stage, int lane,
+                                          int rank) {
   if (lane != 0) return;
   detail::MbarArrive(ring.Empty(stage));
-  if constexpr (kCluster > 1) {
-    const uint32_t self = detail::ClusterCtaRank();
-    for (uint32_t cta = 0; cta < kCluster; ++cta) {
-      if (cta != self) detail::MbarArriveRemote(ring.Empty(stage), cta);
-    }
-  }
+  if constexpr (kCluster > 1) detail::MbarArriveRemote(ring.Empty(stage), rank ^ 1);
 }
 
 // The producer warpgroup (threads 0..127; setmaxnreg down to kRegs). For each
-// of this CTA's work items (WsForEachTile) that run: the rows of its tile's
+// of this CTA's work items (WsForEachWork) that run: the rows of its tile's
 // 128 slots in p.a (slot / p.a_row_div, rows of K elements of E; padding
 // zero-filled), st = on_tile(tile), then for each k-tile kt of nk (128
 // bytes of K, 128 / sizeof(E) elements): wait until the stage is empty;
@@ -202,7 +209,7 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
   // Row r = ptid / 8 + 16 i of the tile; its swizzled chunk is the same for all i.
   const uint32_t dst0 = (ptid >> 3) * 128 + ((chunk ^ ((ptid >> 3) & 7)) << 4);
   WsCursor c;
-  WsForEachTile<kCluster>(p, sched, total, [&](const WsWork& w) {
+  WsForEachWork<kCluster>(p, sched, total, [&](const WsWork& w) {
     if (!w.run) return;
     const WsTileInfo& ti = w.ti;
     int32_t arow[kWsTileT / 16];
@@ -226,11 +233,13 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
       }
       const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8);
       const bool kok = k < K;
+      if (w.active) {  // else nobody reads the stage: no copy
 #pragma unroll
-      for (int i = 0; i < kWsTileT / 16; ++i) {
-        const bool ok = kok && arow[i] >= 0;
-        detail::CpAsync16(t_s + dst0 + i * 16 * 128,
-                          ok ? A + static_cast<int64_t>(arow[i]) * K + k : A, ok);
+        for (int i = 0; i < kWsTileT / 16; ++i) {
+          const bool ok = kok && arow[i] >= 0;
+          detail::CpAsync16(t_s + dst0 + i * 16 * 128,
+                            ok ? A + static_cast<int64_t>(arow[i]) * K + k : A, ok);
+        }
       }
       extra(st, kt, t_s, fb);
       detail::CpAsyncArriveNoinc(fb);

@@ -35,7 +35,7 @@ namespace kplan::kernels::cuda::ws {
 inline constexpr int kWsThreads = 384;  // a CTA: three warpgroups, a producer and two consumers
 inline constexpr int kWsTileT = 128;    // token slots per tile (two consumer warpgroups x 64)
 inline constexpr int kWsTileN = 256;    // weight rows per tile (wgmma N)
-inline constexpr int kWsGroup = 4;      // token tiles per group when the weight rows are many
+inline constexpr int kWsGroup = 4;      // units per group when the weight rows are many
 inline constexpr int kWsAutoGroup = 0;
 
 struct WsSchedule {
@@ -55,10 +55,10 @@ KPLAN_WS_HD int64_t WsUnits(const WsSchedule& s) {
   return (s.token_tiles + s.cluster - 1) / s.cluster;
 }
 // Work items of the walk: (unit, weight-row tile) pairs, one per cluster.
-KPLAN_WS_HD int64_t WsTotalTiles(const WsSchedule& s) { return WsUnits(s) * s.n_tiles; }
+KPLAN_WS_HD int64_t WsTotalWork(const WsSchedule& s) { return WsUnits(s) * s.n_tiles; }
 
 // The tile of CTA `rank` of its cluster in work item `linear` in [0,
-// WsTotalTiles(s)) of the order above (a bijection onto the tiles, with
+// WsTotalWork(s)) of the order above (a bijection onto the tiles, with
 // rank in [0, s.cluster)). Its token tile may be past s.token_tiles (the
 // last unit of an odd count): no tile.
 KPLAN_WS_HD WsTile WsTileAt(const WsSchedule& s, int64_t linear, int rank = 0) {
@@ -74,11 +74,11 @@ KPLAN_WS_HD WsTile WsTileAt(const WsSchedule& s, int64_t linear, int rank = 0) {
   return t;
 }
 
-// Tile `linear` with what the kernels need of it: its first slot index tt *
-// kWsTileT, its first weight row n0, its expert e (local: in [0, E_local))
-// and whether it holds no slot at all (within an expert's range the slots
-// come first, then the padding, so the first entry decides; a token tile
-// past s.token_tiles holds none and reads nothing).
+// The tile of rank `rank` in work item `linear`, with what the kernels need
+// of it: its first slot index tt * kWsTileT, its first weight row n0, its
+// expert e (local: in [0, E_local)) and whether it holds no slot at all (within an expert's range
+// the slots come first, then the padding, so the first entry decides; a token tile past
+// s.token_tiles holds none and reads nothing).
 struct WsTileInfo {
   int64_t tt = 0, n0 = 0;
   int e = -1;
@@ -142,7 +142,7 @@ inline WsSchedule MakeWsSchedule(int64_t num_blocks, int block_m, int64_t N, int
   s.token_tiles = num_blocks * (block_m / kWsTileT);
   s.n_tiles = (N + kWsTileN - 1) / kWsTileN;
   s.group = group == kWsAutoGroup ? WsAutoGroup(s.n_tiles, resident_ctas) : group < 1 ? 1 : group;
-  const int64_t total = WsTotalTiles(s);
+  const int64_t total = WsTotalWork(s);
   const int64_t clusters = resident_ctas < s.cluster ? 1 : resident_ctas / s.cluster;
   s.grid = static_cast<int>(total < clusters ? total : clusters) * s.cluster;
   return s;
