@@ -32,7 +32,7 @@ bool MoeGemmWsEnabled();
 // (moe_ws_schedule.h's WsClusterPays), else off. Same output bits either
 // way. The bf16 / fp16 launches of this kernel that succeeded, and those of
 // them in clusters, process-wide: a test's proof of which form ran.
-inline constexpr bool kMoeWsClusterDefault = false;  // whether the rule applies
+inline constexpr bool kMoeWsClusterDefault = true;  // the rule applies (session 19, call 5)
 void SetMoeGemmWsClusterMode(MoeGemmWsMode mode);
 int64_t MoeGemmWsLaunches();
 int64_t MoeGemmWsClusterLaunches();
