@@ -1,8 +1,8 @@
 // The host side of the warp-specialised grouped GEMM's tile schedule
 // (kernels/cuda/moe/moe_ws_schedule.h): tile counts, grid size, and that the
 // walk the device takes visits every (token tile, weight-row tile) once, in
-// groups of token tiles with the weight-row tile as the slow index, with
-// one CTA a tile and in clusters of two. Plain C++, runs without a GPU.
+// groups of units (one token tile, or two in clusters of two) with the
+// weight-row tile as the slow index. Plain C++, runs without a GPU.
 #include "kernels/cuda/moe/moe_ws_schedule.h"
 
 #include <gtest/gtest.h>

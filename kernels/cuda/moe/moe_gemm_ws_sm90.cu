@@ -531,8 +531,8 @@ std::atomic<int> cluster_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
 std::atomic<int64_t> ws_launches{0}, cluster_launches{0};
 
 // Clusters of two for g: as SetMoeGemmWsClusterMode says, else
-// KPLAN_MOE_WS_CLUSTER (2 or more: on, 1 or below or not a number: off),
-// else (unset) the rule (ws::WsClusterPays).
+// KPLAN_MOE_WS_CLUSTER when set (a number of 2 or more: on, anything else:
+// off), else the rule (ws::WsClusterPays).
 bool UseClusters(const MoeGroupedGemmArgs& g) {
   switch (static_cast<MoeGemmWsMode>(cluster_mode.load(std::memory_order_relaxed))) {
     case MoeGemmWsMode::kOn:
@@ -542,8 +542,11 @@ bool UseClusters(const MoeGroupedGemmArgs& g) {
     default:
       break;
   }
-  static const int env = detail::EnvInt("KPLAN_MOE_WS_CLUSTER", -1);
-  if (env >= 0) return env >= 2;
+  static const int env = [] {
+    const char* v = std::getenv("KPLAN_MOE_WS_CLUSTER");
+    return v == nullptr || *v == '\0' ? -1 : std::atoi(v) >= 2 ? 1 : 0;
+  }();
+  if (env >= 0) return env == 1;
   return kMoeWsClusterDefault && ws::WsClusterPays(g.K);
 }
 

@@ -123,7 +123,7 @@ __device__ __forceinline__ void FenceMbarInitCluster() {
 // cluster barrier arrives). A consumer's "stage read" relies on its wgmma
 // reads having completed at wgmma.wait_group, not on this release, whose
 // scope does not formally cover the other CTA; a .release.cluster arrive
-// cost every layer 37-45% (docs/PERF.md, session 19).
+// made the layers it ran in 37-45% slower (docs/PERF.md, session 19).
 __device__ __forceinline__ void MbarArriveRemote(uint32_t bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"

@@ -81,7 +81,10 @@ absl::Status WsLaunchSetup(int smem_bytes, int* resident_ctas, int cluster = 1) 
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     int clusters = 0;
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, kKernel, &cfg));
+    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &cfg) != cudaSuccess) {
+      cudaGetLastError();  // no answer: taken as no cluster fitting (the caller falls back)
+      clusters = 0;
+    }
     n = clusters > 0 ? clusters * cluster : -1;
     if (cached) resident[device].store(n, std::memory_order_relaxed);
   }

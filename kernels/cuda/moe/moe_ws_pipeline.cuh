@@ -26,7 +26,8 @@
 // -arch=sm_90a, readelf -x) with the old ones, or time them against the old
 // build in one run (session 19 moved the bf16 / fp16 consumers' loop into
 // WsForEachWork without a disassembler at hand: Mixtral-8x7B 4096 tokens
-// 5985.2 against 5991.8 us, docs/PERF.md). Internal to kernels/cuda/moe.
+// one CTA a tile 5985.2 against 5991.8 us for 42d1fc8, docs/perf/session19/
+// call2/summary.txt). Internal to kernels/cuda/moe.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a type only: no -lcuda)
@@ -188,10 +189,12 @@ __device__ __forceinline__ void WsRelease(const WsRing<kStageBytes>& ring, int s
 // thread 0 arms the stage's full barrier with kWBytes of weight-box
 // transactions (0, or a tile without work: a plain arrival) and, for a
 // tile with work, issues the weight box(es), load_w(st, kt, w_s, full
-// barrier, multicast) with w_s the stage's weight rows; every thread copies
-// its 16-byte chunk of 8 token rows into the 128-byte swizzled layout (zero
-// past K or without work); extra(st, kt, stage address, full barrier) adds
-// the kernel's own copies (st may carry state from one k-tile to the next);
+// barrier, multicast) with w_s the stage's weight rows; for a tile with
+// work every thread copies its 16-byte chunk of 8 token rows into the
+// 128-byte swizzled layout (zero past K); extra(st, kt, stage address, full
+// barrier) adds the kernel's own copies (st may carry state from one k-tile
+// to the next; with clusters on_tile and extra also run for a tile without
+// work, whose expert may be -1: the kernels that take clusters have none);
 // the thread's arrival on the full barrier follows its cp.asyncs. Returns
 // once all of them have landed and, with clusters, every stage's last use
 // was released by both CTAs' consumers (their arrivals reach this CTA's
