@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/runtime/buffers.h"
 #include "kernels/cuda/runtime/device_info.h"
 #include "kernels/cuda/runtime/status.h"
 #include "base/status.h"
@@ -70,7 +71,7 @@ absl::Status ValidateConfig(const KplanEpConfig& c, int size) {
   return absl::OkStatus();
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+using kernels::cuda::Aligned16;
 
 }  // namespace
 
