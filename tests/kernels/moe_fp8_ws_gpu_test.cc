@@ -29,6 +29,7 @@
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "tests/testing/gpu_test_util.h"
+#include "tests/testing/moe_gemm_slots.h"
 
 namespace kplan {
 namespace {
@@ -63,26 +64,18 @@ uint8_t RandomFp8(std::mt19937_64& rng) {
 void RunCase(const Case& c) {
   SCOPED_TRACE(c.name);
   std::mt19937_64 rng(test_util::SplitMix(Seed() ^ std::hash<std::string>{}(c.name)));
-  const int E = static_cast<int>(c.counts.size());
-  int64_t numel = 0;
-  for (int n : c.counts) numel += n;
+  // Slot -> expert: the counts, shuffled over the slots; local experts: all
+  // but c.non_local, renumbered in order.
+  test_util::GemmSlots slots;
+  test_util::MakeGemmSlots(c.counts, c.non_local, c.splits == 0 ? 128 : c.block_m, rng, &slots);
+  ASSERT_FALSE(testing::Test::HasFatalFailure());
+  const std::vector<int32_t>&ids = slots.ids, &emap = slots.emap;
+  const int local = slots.local;
+  const int64_t numel = slots.numel;
   ASSERT_EQ(numel % c.top_k, 0);
   const int64_t a_rows = numel / c.top_k;
   const int64_t N = c.N, K = c.K, nbn = (N + 127) / 128, nbk = (K + 127) / 128;
   const bool block = c.scale == kc::MoeFp8WeightScale::kBlock;
-
-  // Slot -> expert: the counts, shuffled over the slots.
-  std::vector<int32_t> ids;
-  for (int e = 0; e < E; ++e) ids.insert(ids.end(), c.counts[e], e);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  // Local experts: all but c.non_local, renumbered in order.
-  std::vector<int32_t> emap(E);
-  int local = 0;
-  for (int e = 0; e < E; ++e) emap[e] = e == c.non_local ? -1 : local++;
-  const int block_m = c.splits == 0 ? 128 : c.block_m;
-  absl::StatusOr<moe::MoeAlignResult> al =
-      moe::MoeAlignBlockSize(ids.data(), numel, block_m, E, emap.data());
-  ASSERT_TRUE(al.ok()) << al.status();
 
   std::vector<uint8_t> a(a_rows * K), w(static_cast<size_t>(local) * N * K);
   for (auto& b : a) b = RandomFp8(rng);
@@ -99,8 +92,6 @@ void RunCase(const Case& c) {
 
   test_util::DeviceBuf<uint8_t> da(a), dw(w);
   test_util::DeviceBuf<float> das(as), dws(wsc), dbias(bias);
-  test_util::DeviceBuf<int32_t> dsorted(al->sorted_token_ids), deids(al->expert_ids);
-  test_util::DeviceBuf<int32_t> dpost(std::vector<int32_t>{al->num_tokens_post_padded});
   test_util::DeviceBuf<uint16_t> dc(numel * N);
   ASSERT_EQ(cudaMemset(dc.p, 0xff, numel * N * 2), cudaSuccess);  // NaN poison
 
@@ -112,15 +103,9 @@ void RunCase(const Case& c) {
   g.w = dw.p;
   g.bias = c.bias ? dbias.p : nullptr;
   g.c = dc.p;
-  g.sorted_token_ids = dsorted.p;
-  g.expert_ids = deids.p;
-  g.num_tokens_post_padded = dpost.p;
-  g.numel = numel;
-  g.num_blocks = static_cast<int64_t>(al->expert_ids.size());
+  slots.Into(g);
   g.N = N;
   g.K = K;
-  g.num_local_experts = local;
-  g.block_m = block_m;
   g.w_scale_kind = c.scale;
   g.w_scale = dws.p;
   g.a_scale = das.p;

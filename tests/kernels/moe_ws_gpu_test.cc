@@ -29,6 +29,7 @@
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "tests/testing/gpu_test_util.h"
+#include "tests/testing/moe_gemm_slots.h"
 #include "tests/testing/random_data.h"
 
 namespace kplan {
@@ -69,22 +70,15 @@ enum class Form { kCpAsync, kWs, kWsCluster };
 void RunCase(const Case& c) {
   SCOPED_TRACE(c.name);
   std::mt19937_64 rng(test_util::SplitMix(Seed() ^ std::hash<std::string>{}(c.name)));
-  const int E = static_cast<int>(c.counts.size());
-  int64_t numel = 0;
-  for (int n : c.counts) numel += n;
+  test_util::GemmSlots slots;
+  test_util::MakeGemmSlots(c.counts, c.non_local, c.block_m, rng, &slots);
+  ASSERT_FALSE(testing::Test::HasFatalFailure());
+  const std::vector<int32_t>&ids = slots.ids, &emap = slots.emap;
+  const int local = slots.local;
+  const int64_t numel = slots.numel;
   ASSERT_EQ(numel % c.top_k, 0);
   const int64_t a_rows = numel / c.top_k, N = c.N, K = c.K;
   const int64_t out_n = c.fused ? N / 2 : N;
-
-  std::vector<int32_t> ids;
-  for (int e = 0; e < E; ++e) ids.insert(ids.end(), c.counts[e], e);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<int32_t> emap(E);
-  int local = 0;
-  for (int e = 0; e < E; ++e) emap[e] = e == c.non_local ? -1 : local++;
-  absl::StatusOr<moe::MoeAlignResult> al =
-      moe::MoeAlignBlockSize(ids.data(), numel, c.block_m, E, emap.data());
-  ASSERT_TRUE(al.ok()) << al.status();
 
   const int wbase = -static_cast<int>(std::ceil(std::log2(std::sqrt(double(K)))));
   const std::vector<float> a = RandomValues(a_rows * K, 0, rng);
@@ -92,8 +86,6 @@ void RunCase(const Case& c) {
   std::vector<float> bias = c.bias ? RandomValues(local * N, -3, rng) : std::vector<float>{};
   DeviceBuf<uint16_t> da(Bytes16(a, c.dtype)), dw(Bytes16(w, c.dtype));
   DeviceBuf<float> dbias(bias);
-  DeviceBuf<int32_t> dsorted(al->sorted_token_ids), deids(al->expert_ids);
-  DeviceBuf<int32_t> dpost(std::vector<int32_t>{al->num_tokens_post_padded});
   DeviceBuf<uint16_t> dc(numel * out_n);
 
   kc::MoeGroupedGemmArgs g;
@@ -103,15 +95,9 @@ void RunCase(const Case& c) {
   g.w = dw.p;
   g.bias = c.bias ? dbias.p : nullptr;
   g.c = dc.p;
-  g.sorted_token_ids = dsorted.p;
-  g.expert_ids = deids.p;
-  g.num_tokens_post_padded = dpost.p;
-  g.numel = numel;
-  g.num_blocks = static_cast<int64_t>(al->expert_ids.size());
+  slots.Into(g);
   g.N = N;
   g.K = K;
-  g.num_local_experts = local;
-  g.block_m = c.block_m;
   ASSERT_TRUE(kc::MoeGemmWsApplies(g));
 
   auto run = [&](Form f) {
