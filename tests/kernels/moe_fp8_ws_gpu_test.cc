@@ -251,6 +251,21 @@ TEST(MoeFp8WsGpuTest, PerTensor) {
            DType::kBFloat16});
 }
 
+// More work items than CTAs (33 token tiles x 8 row tiles): each CTA walks
+// several, so the ring's stages and phases carry over between them.
+TEST(MoeFp8WsGpuTest, ManyWorkItems) {
+  SKIP_WITHOUT_CUDA();
+  RunCase({"many_items",
+           {1500, 1300, 700, 3, 129, 1},
+           1,
+           2048,
+           256,
+           MoeFp8WeightScale::kBlock,
+           false,
+           DType::kBFloat16,
+           2});
+}
+
 // The cp.async kernel that takes the layer's fp8 GEMMs below the
 // warp-specialised kernel's 128 slots per expert (block_m 16, 64 and 128):
 // block scales staged with each k-tile, K split or not, and per tensor.
