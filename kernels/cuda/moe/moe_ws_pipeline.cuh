@@ -215,11 +215,28 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
   WsForEachWork<kCluster>(p, sched, total, [&](const WsWork& w) {
     if (!w.run) return;
     const WsTileInfo& ti = w.ti;
+    // This thread's rows r = ptid / 8 + 16 i of the tile. With registers to
+    // spare (kRowAddresses) the address of its chunk in each at k-tile 0 (A
+    // for padding) and bit i of `rows` set for a slot: fewer instructions
+    // per k-tile. Else each row's index in A, -1 for padding. Measured in
+    // the same H200 calls (docs/PERF.md, session 20), the address form ran
+    // Qwen3-30B-A3B int4 at 4096 tokens in 1492 us against 1565 (the int4
+    // producer, 120 registers), Mixtral-8x7B bf16 about 1% slower and the
+    // fp8 GEMMs the same (the 40-register producer).
+    constexpr bool kRowAddresses = kRegs > kWsProducerRegs;
+    const E* src[kWsTileT / 16];
     int32_t arow[kWsTileT / 16];
+    uint32_t rows = 0;
 #pragma unroll
     for (int i = 0; i < kWsTileT / 16; ++i) {
       const int32_t slot = w.active ? p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i] : -1;
-      arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
+      if constexpr (kRowAddresses) {
+        const bool ok = slot >= 0 && slot < p.numel;
+        src[i] = A + (ok ? static_cast<int64_t>(slot / p.a_row_div) * K + chunk * (kBK / 8) : 0);
+        rows |= static_cast<uint32_t>(ok) << i;
+      } else {
+        arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
+      }
     }
     auto st = on_tile(ti);
     for (int kt = 0; kt < nk; ++kt) {
@@ -234,14 +251,26 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
         }
         if (w.active) load_w(st, kt, w_s, fb, w.multicast);
       }
-      const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8);
-      const bool kok = k < K;
-      if (w.active) {  // else nobody reads the stage: no copy
+      // Without work nobody reads the stage: no copy.
+      if constexpr (kRowAddresses) {
+        const int64_t k = static_cast<int64_t>(kt) * kBK;
+        const uint32_t live = k + chunk * (kBK / 8) < K ? rows : 0;
+        if (w.active) {
 #pragma unroll
-        for (int i = 0; i < kWsTileT / 16; ++i) {
-          const bool ok = kok && arow[i] >= 0;
-          detail::CpAsync16(t_s + dst0 + i * 16 * 128,
-                            ok ? A + static_cast<int64_t>(arow[i]) * K + k : A, ok);
+          for (int i = 0; i < kWsTileT / 16; ++i) {  // a false predicate reads nothing
+            detail::CpAsync16(t_s + dst0 + i * 16 * 128, src[i] + k, (live >> i) & 1);
+          }
+        }
+      } else {
+        const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8);
+        const bool kok = k < K;
+        if (w.active) {
+#pragma unroll
+          for (int i = 0; i < kWsTileT / 16; ++i) {
+            const bool ok = kok && arow[i] >= 0;
+            detail::CpAsync16(t_s + dst0 + i * 16 * 128,
+                              ok ? A + static_cast<int64_t>(arow[i]) * K + k : A, ok);
+          }
         }
       }
       extra(st, kt, t_s, fb);
