@@ -244,7 +244,8 @@ __device__ __forceinline__ void IntProduce(const CUtensorMap* imap, const WsPara
       TmaLoad2d(dst + kIntSlotBytes / 2, imap, kt * (kBK / 2), static_cast<int>(wrow + N / 2), bar);
     }
   };
-  ws::WsProduce<T, kStageBytes, /*kWBytes=*/0, kIntProducerRegs>(
+  ws::WsProduce<T, kStageBytes, /*kWBytes=*/0, kIntProducerRegs, /*kCluster=*/1,
+                /*kRowAddresses=*/true>(
       p, ring, sched, total, p.K, nk,
       // Rows ptid and ptid + 128 of the tile: unfused weight rows n0 + ptid
       // (+ 128); fused the gate row n0 / 2 + ptid and the up row N / 2 + n0 /

@@ -47,9 +47,11 @@ inline constexpr int kWsConsumerWarps = 8;  // a CTA's arrivals that empty a sta
 // most a multiple of 8 that 65536 / 384 allows), and setmaxnreg.inc waits
 // until the CTA has the registers free: past that pool the consumers wait
 // forever (48 / 232 hung on the H200, docs/PERF.md session 8). At 40 the
-// producer spills a few registers per k-tile; 56 / 224 would not (ptxas).
-// A producer that dequantises weights (the int4 kernel) keeps more
-// (WsRegsFit: what a split must satisfy).
+// producer spills a few registers per k-tile, which cost nothing measurable;
+// at 56 / 224 the fp8 consumers spill and ran 4% slower, at 24 / 240 the
+// producer and everything 6-32% slower (session 20). A producer that
+// dequantises weights (the int4 kernel) keeps more (WsRegsFit: what a split
+// must satisfy).
 inline constexpr int kWsProducerRegs = 40;
 inline constexpr int kWsConsumerRegs = 232;
 inline constexpr int kWsLaunchRegs = 65536 / kWsThreads / 8 * 8;  // 168 a thread
@@ -198,9 +200,11 @@ __device__ __forceinline__ void WsRelease(const WsRing<kStageBytes>& ring, int s
 // the thread's arrival on the full barrier follows its cp.asyncs. Returns
 // once all of them have landed and, with clusters, every stage's last use
 // was released by both CTAs' consumers (their arrivals reach this CTA's
-// shared memory, which must outlive them).
+// shared memory, which must outlive them). kRowAddresses picks how a thread
+// keeps its 8 rows between k-tiles (below).
 template <typename E, int kStageBytes, int kWBytes = kWsWBytes, int kRegs = kWsProducerRegs,
-          int kCluster = 1, typename P, typename OnTile, typename LoadW, typename Extra>
+          int kCluster = 1, bool kRowAddresses = false, typename P, typename OnTile, typename LoadW,
+          typename Extra>
 __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>& ring,
                                           const WsSchedule& sched, int64_t total, int64_t K, int nk,
                                           OnTile&& on_tile, LoadW&& load_w, Extra&& extra) {
@@ -215,25 +219,23 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
   WsForEachWork<kCluster>(p, sched, total, [&](const WsWork& w) {
     if (!w.run) return;
     const WsTileInfo& ti = w.ti;
-    // This thread's rows r = ptid / 8 + 16 i of the tile. With registers to
-    // spare (kRowAddresses) the address of its chunk in each at k-tile 0 (A
-    // for padding) and bit i of `rows` set for a slot: fewer instructions
-    // per k-tile. Else each row's index in A, -1 for padding. Measured in
-    // the same H200 calls (docs/PERF.md, session 20), the address form ran
-    // Qwen3-30B-A3B int4 at 4096 tokens in 1492 us against 1565 (the int4
-    // producer, 120 registers), Mixtral-8x7B bf16 about 1% slower and the
-    // fp8 GEMMs the same (the 40-register producer).
-    constexpr bool kRowAddresses = kRegs > kWsProducerRegs;
+    // This thread's 8 rows. kRowAddresses: the address of its chunk in
+    // each at k-tile 0 (A for padding) and bit i of row_mask set for a slot,
+    // so that a k-tile only adds its offset. Else each row's index in A, -1
+    // for padding. Measured in the same H200 calls (docs/PERF.md, session
+    // 20), the address form ran Qwen3-30B-A3B int4 at 4096 tokens in 1492
+    // us against 1565 (the int4 kernels take it), Mixtral-8x7B bf16 0.1-2.7%
+    // slower and the fp8 GEMMs the same (these keep the indices).
     const E* src[kWsTileT / 16];
     int32_t arow[kWsTileT / 16];
-    uint32_t rows = 0;
+    uint32_t row_mask = 0;
 #pragma unroll
     for (int i = 0; i < kWsTileT / 16; ++i) {
       const int32_t slot = w.active ? p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i] : -1;
       if constexpr (kRowAddresses) {
         const bool ok = slot >= 0 && slot < p.numel;
         src[i] = A + (ok ? static_cast<int64_t>(slot / p.a_row_div) * K + chunk * (kBK / 8) : 0);
-        rows |= static_cast<uint32_t>(ok) << i;
+        row_mask |= static_cast<uint32_t>(ok) << i;
       } else {
         arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
       }
@@ -253,12 +255,14 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
       }
       // Without work nobody reads the stage: no copy.
       if constexpr (kRowAddresses) {
-        const int64_t k = static_cast<int64_t>(kt) * kBK;
-        const uint32_t live = k + chunk * (kBK / 8) < K ? rows : 0;
+        // A chunk past K copies nothing (zero-filled) from its row's start.
+        const bool kok = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8) < K;
+        const int64_t k = kok ? static_cast<int64_t>(kt) * kBK : 0;
+        const uint32_t live_mask = kok ? row_mask : 0;
         if (w.active) {
 #pragma unroll
-          for (int i = 0; i < kWsTileT / 16; ++i) {  // a false predicate reads nothing
-            detail::CpAsync16(t_s + dst0 + i * 16 * 128, src[i] + k, (live >> i) & 1);
+          for (int i = 0; i < kWsTileT / 16; ++i) {
+            detail::CpAsync16(t_s + dst0 + i * 16 * 128, src[i] + k, (live_mask >> i) & 1);
           }
         }
       } else {
