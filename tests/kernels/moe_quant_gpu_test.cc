@@ -923,11 +923,17 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
 // round_T((q - zp)·s) in fp32: every stored byte, zero points over 0..255
 // (int4 with zp >= 128 cannot take the packed bf16 form) and none, scales
 // exact in bf16, exact in fp16 only, arbitrary fp32, subnormal, ±0,
-// negative, infinite and large enough to overflow T; bf16 and fp16.
+// negative, infinite and large enough to overflow T; bf16 and fp16. Three
+// experts, the middle one not hit (its rows must stay as they were); rows of
+// 140 (int4) / 280 (int8) 32-bit words, more than a warp's pass of 128 and
+// not a multiple of 32.
 TEST(MoeQuantGpu, IntDequantIsTheReferencesRounding) {
   SKIP_WITHOUT_CUDA();
   using kernels::cuda::MoeQuantWeights;
-  constexpr int64_t N = 64, K = 512, kGroup = 32, kGroups = N * K / kGroup;
+  constexpr int64_t kExperts = 3, N = 64, K = 1120, kGroup = 32;
+  constexpr int64_t kElems = kExperts * N * K, kGroups = kElems / kGroup;
+  const uint8_t hit[kExperts] = {1, 0, 1};
+  constexpr uint16_t kPoison = 0x7fc1;  // a NaN no dequantised weight has
   const float kSpecial[] = {
       0.0f,
       moe::RoundToDType(-0.0037f, DType::kBFloat16),
@@ -944,7 +950,7 @@ TEST(MoeQuantGpu, IntDequantIsTheReferencesRounding) {
       for (const DType act : {DType::kBFloat16, DType::kFloat16}) {
         const std::string label = absl::StrCat(int4 ? "int4" : "int8", zero_points ? " zp" : "",
                                                " / ", kernels::DTypeName(act));
-        const int64_t bytes = int4 ? N * K / 2 : N * K;
+        const int64_t bytes = int4 ? kElems / 2 : kElems;
         std::vector<uint8_t> w(bytes), zp(kGroups);
         std::vector<float> scale(kGroups);
         for (int64_t i = 0; i < bytes; ++i) w[i] = static_cast<uint8_t>(Mix(Seed() + i) >> 11);
@@ -971,13 +977,14 @@ TEST(MoeQuantGpu, IntDequantIsTheReferencesRounding) {
         ASSERT_EQ(cudaMalloc(&dw, bytes), cudaSuccess);
         ASSERT_EQ(cudaMalloc(&dz, kGroups), cudaSuccess);
         ASSERT_EQ(cudaMalloc(&ds, kGroups * 4), cudaSuccess);
-        ASSERT_EQ(cudaMalloc(&dhit, 1), cudaSuccess);
-        ASSERT_EQ(cudaMalloc(&dout, N * K * 2), cudaSuccess);
-        const uint8_t hit = 1;
+        ASSERT_EQ(cudaMalloc(&dhit, kExperts), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&dout, kElems * 2), cudaSuccess);
+        std::vector<uint16_t> got(kElems, kPoison), want(kElems);
+        ASSERT_EQ(cudaMemcpy(dout, got.data(), kElems * 2, cudaMemcpyHostToDevice), cudaSuccess);
         ASSERT_EQ(cudaMemcpy(dw, w.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
         ASSERT_EQ(cudaMemcpy(dz, zp.data(), kGroups, cudaMemcpyHostToDevice), cudaSuccess);
         ASSERT_EQ(cudaMemcpy(ds, scale.data(), kGroups * 4, cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(dhit, &hit, 1, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(dhit, hit, kExperts, cudaMemcpyHostToDevice), cudaSuccess);
         MoeQuantWeights qw;
         qw.kind = int4 ? DType::kInt4Packed : DType::kInt8;
         qw.scale_kind = kernels::cuda::MoeWeightScale::kGroup;
@@ -986,13 +993,18 @@ TEST(MoeQuantGpu, IntDequantIsTheReferencesRounding) {
         qw.zero = zero_points ? static_cast<const uint8_t*>(dz) : nullptr;
         qw.group_size = kGroup;
         ASSERT_TRUE(kernels::cuda::LaunchMoeDequantWeights(
-                        qw, 1, N, K, static_cast<const uint8_t*>(dhit), act, dout, nullptr)
+                        qw, kExperts, N, K, static_cast<const uint8_t*>(dhit), act, dout, nullptr)
                         .ok());
-        std::vector<uint16_t> got(N * K), want(N * K);
-        ASSERT_EQ(cudaMemcpy(got.data(), dout, N * K * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(got.data(), dout, kElems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
         for (void* ptr : {dw, dz, ds, dhit, dout}) cudaFree(ptr);
         int64_t bad = 0;
-        for (int64_t i = 0; i < N * K; ++i) {
+        for (int64_t i = 0; i < kElems; ++i) {
+          if (!hit[i / (N * K)]) {  // left as it was
+            if (got[i] != kPoison && ++bad <= 5) {
+              ADD_FAILURE() << label << ": element " << i << " of an expert not hit was written";
+            }
+            continue;
+          }
           const int64_t gi = i / kGroup;
           float v;
           if (int4) {

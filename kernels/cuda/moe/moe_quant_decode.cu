@@ -592,41 +592,57 @@ __global__ void ExpertsHitKernel(const int32_t* ids, int64_t numel, int num_expe
   }
 }
 
-// One thread per 16 stored bytes of a hit expert: w = round_T((q - zp)·s).
+// One warp per weight row of a hit expert, grid-stride over the rows of all
+// local experts: lane l takes the row's 32-bit words l, l + 32, ... (8 int4 /
+// 4 int8 weights, inside one group), kWords of them in flight, and writes
+// each word's weights w = round_T((q - zp)·s) as one 16-byte (int4) / 8-byte
+// (int8) piece. So every load instruction reads 128 contiguous bytes and
+// every store writes 512 / 256 contiguous ones, whole sectors. (The first
+// form, a thread per 16 stored bytes with 64-bit index divisions and 16-byte
+// stores 64 bytes apart, ran at about half the copy roofline: docs/PERF.md,
+// session 21.)
 template <typename T, bool kInt4>
-__global__ void DequantKernel(const __grid_constant__ MoeQuantWeights w, int64_t N, int64_t K,
-                              int num_local, const uint8_t* hit, T* out) {
+__global__ void __launch_bounds__(256)
+    DequantKernel(const __grid_constant__ MoeQuantWeights w, int N, int K, int rows,
+                  detail::quant::GroupDiv gdiv, const uint8_t* hit, T* out) {
   detail::PdlWaitThenRelease();
-  constexpr int64_t kCW = kInt4 ? 32 : 16;
-  const int64_t chunks_per_expert = N * K / kCW;
-  const int64_t groups = K / w.group_size;
-  const int64_t bpr = kInt4 ? K / 2 : K;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-       i < chunks_per_expert * num_local; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t e = i / chunks_per_expert, r = i % chunks_per_expert;
-    if (!hit[e]) continue;
-    const int64_t n = r / (K / kCW), kc = (r % (K / kCW)) * kCW;
-    const int64_t row = e * N + n;
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) +
-                                                         row * bpr + (kInt4 ? kc / 2 : kc)));
-    const int64_t gi = row * groups + kc / w.group_size;
-    const float s = w.scale[gi];
-    const float zpb = detail::quant::BiasedZero(w.zero, gi, kInt4);
-    const uint32_t flip = !kInt4 && w.zero == nullptr ? 0x80808080u : 0u;
-    const detail::quant::IntGroupDequant<T, kInt4> dq(s, zpb);
-    constexpr int kPerWord = kInt4 ? 4 : 2;
-    uint32_t o[kCW / 2];
+  constexpr int kPer = kInt4 ? 8 : 4;  // weights per 32-bit word
+  constexpr int kWords = 4;            // words per lane in flight
+  using Piece = std::conditional_t<kInt4, uint4, uint2>;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int words = K / kPer, groups = K / w.group_size;
+  const uint32_t flip = !kInt4 && w.zero == nullptr ? 0x80808080u : 0u;
+  const int warps = static_cast<int>(gridDim.x * (blockDim.x / 32));
+  for (int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32); row < rows;
+       row += warps) {
+    if (!hit[row / N]) continue;
+    const uint32_t* src =
+        reinterpret_cast<const uint32_t*>(w.data) + static_cast<int64_t>(row) * words;
+    const float* sc = w.scale + static_cast<int64_t>(row) * groups;
+    const uint8_t* zp = w.zero != nullptr ? w.zero + static_cast<int64_t>(row) * groups : nullptr;
+    Piece* dst = reinterpret_cast<Piece*>(out + static_cast<int64_t>(row) * K);
+    for (int base = lane; base < words; base += 32 * kWords) {
+      uint32_t v[kWords];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      uint32_t pairs[kPerWord];
-      dq.Pairs(WordOf(v, q) ^ flip, pairs);
+      for (int u = 0; u < kWords; ++u) {
+        const int i = base + 32 * u;
+        v[u] = i < words ? __ldg(src + i) : 0u;
+      }
 #pragma unroll
-      for (int i = 0; i < kPerWord; ++i) o[kPerWord * q + i] = pairs[i];
-    }
-    uint4* dst = reinterpret_cast<uint4*>(out + row * K + kc);
-#pragma unroll
-    for (int q = 0; q < kCW / 8; ++q) {
-      dst[q] = make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+      for (int u = 0; u < kWords; ++u) {
+        const int i = base + 32 * u;
+        if (i >= words) break;
+        const int gi = static_cast<int>(gdiv(i * kPer));
+        const detail::quant::IntGroupDequant<T, kInt4> dq(__ldg(sc + gi),
+                                                          detail::quant::BiasedZero(zp, gi, kInt4));
+        uint32_t o[kPer / 2];
+        dq.Pairs(v[u] ^ flip, o);
+        if constexpr (kInt4) {
+          dst[i] = make_uint4(o[0], o[1], o[2], o[3]);
+        } else {
+          dst[i] = make_uint2(o[0], o[1]);
+        }
+      }
     }
   }
 }
@@ -660,20 +676,26 @@ absl::Status LaunchMoeDequantWeights(const MoeQuantWeights& w, int num_local, in
       out == nullptr || w.data == nullptr || w.scale == nullptr) {
     return absl::InvalidArgumentError("moe_dequant_weights: unsupported weights or null pointer");
   }
+  const int64_t rows = N * num_local;
+  if (rows > INT32_MAX / 2 || K > INT32_MAX) {  // 32-bit rows, with room for the grid stride
+    return absl::InvalidArgumentError("moe_dequant_weights: more than 2^30 rows or 2^31 columns");
+  }
   const bool int4 = w.kind == DType::kInt4Packed;
-  const int64_t chunks = N * K / ChunkOf(w.kind) * num_local;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((chunks + 255) / 256, 132 * 16)));
+  // 8 warps a CTA, up to 8 CTAs a multiprocessor of an H200's 132.
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, 132 * 8)));
+  const detail::quant::GroupDiv gdiv = detail::quant::GroupDiv::For(w.group_size);
+  const int n = static_cast<int>(N), k = static_cast<int>(K), r = static_cast<int>(rows);
   cudaError_t err;
   if (out_type == DType::kBFloat16) {
     err = int4 ? detail::LaunchPdl(DequantKernel<__nv_bfloat16, true>, grid, dim3(256), 0, stream,
-                                   w, N, K, num_local, hit, static_cast<__nv_bfloat16*>(out))
+                                   w, n, k, r, gdiv, hit, static_cast<__nv_bfloat16*>(out))
                : detail::LaunchPdl(DequantKernel<__nv_bfloat16, false>, grid, dim3(256), 0, stream,
-                                   w, N, K, num_local, hit, static_cast<__nv_bfloat16*>(out));
+                                   w, n, k, r, gdiv, hit, static_cast<__nv_bfloat16*>(out));
   } else {
-    err = int4 ? detail::LaunchPdl(DequantKernel<__half, true>, grid, dim3(256), 0, stream, w, N, K,
-                                   num_local, hit, static_cast<__half*>(out))
-               : detail::LaunchPdl(DequantKernel<__half, false>, grid, dim3(256), 0, stream, w, N,
-                                   K, num_local, hit, static_cast<__half*>(out));
+    err = int4 ? detail::LaunchPdl(DequantKernel<__half, true>, grid, dim3(256), 0, stream, w, n, k,
+                                   r, gdiv, hit, static_cast<__half*>(out))
+               : detail::LaunchPdl(DequantKernel<__half, false>, grid, dim3(256), 0, stream, w, n,
+                                   k, r, gdiv, hit, static_cast<__half*>(out));
   }
   KPLAN_CUDA_RETURN_IF_ERROR(err);
   return absl::OkStatus();
