@@ -31,11 +31,14 @@ TEST(MoeQuantRoute, DecodeBlockBySlotsPerExpert) {
 // expert stay small, on the dequantised copy past that: the measured cases
 // of moe_quant_route.h, and one switch as the batch grows.
 TEST(MoeQuantRoute, IntWeightsInTheGemmsUpToTheSlotLimit) {
-  EXPECT_TRUE(MoeIntWeightsInGemms(512 * 2, 8));     // Mixtral-8x7B 512 tokens
-  EXPECT_TRUE(MoeIntWeightsInGemms(4096 * 8, 256));  // DeepSeek-V3 4096 tokens
-  EXPECT_TRUE(MoeIntWeightsInGemms(4096 * 8, 128));  // Qwen3-30B-A3B 4096: at the limit
-  EXPECT_FALSE(MoeIntWeightsInGemms(4096 * 8 + 1, 128));
-  EXPECT_FALSE(MoeIntWeightsInGemms(4096 * 2, 8));  // Mixtral-8x7B 4096 tokens
+  EXPECT_TRUE(MoeIntWeightsInGemms(512 * 2, 8));     // Mixtral-8x7B 512 tokens (128 a hit expert)
+  EXPECT_TRUE(MoeIntWeightsInGemms(4096 * 8, 256));  // DeepSeek-V3 4096 tokens (128)
+  EXPECT_TRUE(MoeIntWeightsInGemms(2048 * 8, 128));  // Qwen3-30B-A3B 2048 tokens (128)
+  EXPECT_TRUE(MoeIntWeightsInGemms(3072 * 8, 128));  // Qwen3-30B-A3B 3072 tokens: at the limit
+  EXPECT_FALSE(MoeIntWeightsInGemms(3072 * 8 + 1, 128));
+  EXPECT_FALSE(MoeIntWeightsInGemms(4096 * 8, 128));  // Qwen3-30B-A3B 4096 tokens (256)
+  EXPECT_FALSE(MoeIntWeightsInGemms(1024 * 2, 8));    // Mixtral-8x7B 1024 tokens (256)
+  EXPECT_FALSE(MoeIntWeightsInGemms(4096 * 2, 8));    // Mixtral-8x7B 4096 tokens
   EXPECT_FALSE(MoeIntWeightsInGemms(0, 8));
   EXPECT_FALSE(MoeIntWeightsInGemms(16, 0));
   for (int E : {6, 8, 128, 256}) {

@@ -12,7 +12,7 @@
 //               dequantised once per call into the workspace (the
 //               reference's rounding), then the bf16 / fp16 grouped GEMMs;
 //               int4 with group scales (int_gemm) also at the larger decode
-//               sizes (MoeIntGemmOverDecodeTiles), and up to 256 slots per
+//               sizes (MoeIntGemmOverDecodeTiles), and up to 192 slots per
 //               hit expert (MoeIntWeightsInGemms): the grouped GEMMs on the
 //               int4 weights, dequantised inside them to the same values;
 //   kEmulation  everything else: the dequantising GEMM of moe_quant_gemm.h
@@ -98,11 +98,11 @@ inline bool MoeIntGemmOverDecodeTiles(int64_t numel, int num_experts) {
 // kernels (128 slots per expert and up) run the GEMMs at about half the
 // 16-bit kernels' TFLOP/s but save the copy, a pass over the hit experts'
 // weights whose cost against the GEMMs' falls as the slots per expert grow.
-// Measured on one H200 (docs/PERF.md, session 16; int kernels against the
-// copy): Mixtral-8x7B 512 tokens (128 slots per expert) 2300 against 2985
-// us, 1024 (256) 3645 / 3560, 4096 (1024) 11838 / 7572; Qwen3-30B-A3B 4096
-// (256) 1798 / 1784; DeepSeek-V3 4096 (128) 15778 / 23537.
-inline constexpr int64_t kMoeIntWeightsMaxSlots = 256;
+// Measured on one H200 (docs/PERF.md, session 21, int kernels against the
+// copy, us): 128 slots per hit expert: Mixtral-8x7B 512 tokens 1864 / 2070,
+// Qwen3-30B-A3B 2048 913 / 1044, DeepSeek-V3 4096 12756 / 15839; 256:
+// Mixtral 1024 2916 / 2631, Qwen3 4096 1478 / 1385. The limit lies between.
+inline constexpr int64_t kMoeIntWeightsMaxSlots = 192;
 inline bool MoeIntWeightsInGemms(int64_t numel, int num_experts) {
   const int64_t hit = std::min<int64_t>(numel, num_experts);
   return hit > 0 && numel <= kMoeIntWeightsMaxSlots * hit;
