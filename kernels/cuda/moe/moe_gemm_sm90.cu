@@ -85,8 +85,13 @@ struct Cfg {
   static constexpr int kElems16 = kInt ? 8 : 16 / sizeof(TIn);  // token elements per 16 bytes
   static constexpr int kBKe = 8 * kElems16;  // K elements per stage (128 bytes of a token row)
   // int4: 8 stages of 6 / 12 / 20 KiB (the packed weights are a quarter of
-  // the bytes, so more k-tiles are in flight); else 108 / 96 / 128 / 192 KiB.
-  static constexpr int kStages = kInt ? 8 : BT == 16 ? 6 : 4;
+  // the bytes, so more k-tiles are in flight); else 108 / 96 / 96 / 192 KiB.
+  // 16-bit tokens in blocks of 128 take 3 stages so that two CTAs share a
+  // multiprocessor (kMinBlocks), as blocks of 64 do: at 96 slots per hit
+  // expert the layer took 7-10% less time than with one CTA and 4 stages
+  // (docs/PERF.md, session 21).
+  static constexpr bool kTwo128 = BT == 128 && !kInt && !kFp8;
+  static constexpr int kStages = kInt ? 8 : BT == 16 ? 6 : kTwo128 ? 3 : 4;
   static constexpr int kWBytes = kRowsW * (kInt ? 32 : 128);  // int4: 4 KiB unswizzled, else 16
   static constexpr int kTBytes = BT * 128;
   // fp8 block scales: the k-tile's activation scale of each slot, then the
@@ -98,7 +103,7 @@ struct Cfg {
   static constexpr int kLdc = kRowsW + 8;               // epilogue T tile pitch (elements)
   static constexpr int kLdp = kRowsW + 4;               // epilogue fp32 tile pitch
   static constexpr int kSmemBytes = kPipeBytes + 1024;  // + room to align to 1024
-  static constexpr int kMinBlocks = BT <= 64 ? 2 : 1;
+  static constexpr int kMinBlocks = BT <= 64 || kTwo128 ? 2 : 1;
   static_assert(BT * kLdp * 4 <= kPipeBytes, "epilogue tile must fit the pipeline buffers");
 };
 
@@ -693,7 +698,9 @@ int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, in
   // least 4 k-tiles per split, at most 8 splits.
   const int64_t blocks = std::max<int64_t>(1, std::min(num_blocks, numel));
   const int64_t ctas = (N + kRowsW - 1) / kRowsW * blocks;
-  const int per_sm = block_m <= 64 ? 2 : 1;  // Cfg<>::kMinBlocks
+  // Cfg<>::kMinBlocks; 1 for every block of 128 (the 16-bit kernel fits 2
+  // since session 21: the wave is underestimated there, which only splits less).
+  const int per_sm = block_m <= 64 ? 2 : 1;
   const int64_t wave = static_cast<int64_t>(per_sm) * std::max(num_sms, 1);
   if (2 * ctas > wave) return 1;
   const int64_t ktiles = (K * elem_bytes + 127) / 128;  // 128-byte k-tiles
