@@ -678,10 +678,11 @@ absl::Status LaunchMoeDequantWeights(const MoeQuantWeights& w, int num_local, in
   }
   const int64_t rows = N * num_local;
   if (rows > INT32_MAX / 2 || K > INT32_MAX) {  // 32-bit rows, with room for the grid stride
-    return absl::InvalidArgumentError("moe_dequant_weights: more than 2^30 rows or 2^31 columns");
+    return absl::InvalidArgumentError("moe_dequant_weights: 2^30 rows or 2^31 columns or more");
   }
   const bool int4 = w.kind == DType::kInt4Packed;
-  // 8 warps a CTA, up to 8 CTAs a multiprocessor of an H200's 132.
+  // 8 warps a CTA, grid-stride over rows; 8 CTAs for each of an H200's 132
+  // multiprocessors, of which 5 are resident at its 48 registers (1.6 waves).
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, 132 * 8)));
   const detail::quant::GroupDiv gdiv = detail::quant::GroupDiv::For(w.group_size);
   const int n = static_cast<int>(N), k = static_cast<int>(K), r = static_cast<int>(rows);

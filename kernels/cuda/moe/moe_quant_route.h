@@ -101,7 +101,8 @@ inline bool MoeIntGemmOverDecodeTiles(int64_t numel, int num_experts) {
 // Measured on one H200 (docs/PERF.md, session 21, int kernels against the
 // copy, us): 128 slots per hit expert: Mixtral-8x7B 512 tokens 1864 / 2070,
 // Qwen3-30B-A3B 2048 913 / 1044, DeepSeek-V3 4096 12756 / 15839; 256:
-// Mixtral 1024 2916 / 2631, Qwen3 4096 1478 / 1385. The limit lies between.
+// Mixtral 1024 2916 / 2631, Qwen3 4096 1478 / 1385; 192: Qwen3 3072 1230 /
+// 1284 (int4 GEMMs 4% ahead), Mixtral 768 2291 / 2247 (2% behind).
 inline constexpr int64_t kMoeIntWeightsMaxSlots = 192;
 inline bool MoeIntWeightsInGemms(int64_t numel, int num_experts) {
   const int64_t hit = std::min<int64_t>(numel, num_experts);
