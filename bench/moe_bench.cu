@@ -841,7 +841,7 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   rp.renormalize = true;
   CHECK_OK(
       kc::LaunchMoeRouting(rp, logits.as<float>(), M, tw.as<float>(), tid.as<int32_t>(), stream));
-  const int bm = kc::MoeGemmBlockMFor(numel, E);
+  const int bm = kc::MoeGemmBlockMFor(numel, E, std::min(H, I));  // bf16 weights
   const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
   const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);
   DevBuf sorted(max_padded * 4), eids(max_blocks * 4), post(4);

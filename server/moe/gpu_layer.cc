@@ -39,7 +39,9 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   Layout l;
   const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
   const int64_t N13 = experts.n13(), numel = M * k;
-  l.block_m = batch_invariant ? kMoeBatchInvariantBlockM : kc::MoeGemmBlockMFor(numel, E);
+  // int4 sets' GEMMs (the int4 GEMMs or the dequantised copy's): ws_k 0.
+  const int64_t ws_k = experts.spec().quant.scheme.empty() ? std::min(H, I) : 0;
+  l.block_m = batch_invariant ? kMoeBatchInvariantBlockM : kc::MoeGemmBlockMFor(numel, E, ws_k);
   l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);
   l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
   int64_t partials = 0;

@@ -267,8 +267,8 @@ TEST(MoeFp8WsGpuTest, ManyWorkItems) {
            2});
 }
 
-// The cp.async kernel that takes the layer's fp8 GEMMs below the
-// warp-specialised kernel's 128 slots per expert (block_m 16, 64 and 128):
+// The cp.async kernel that takes the layer's fp8 GEMMs on blocks of 16 and
+// 64, and of 128 where the warp-specialised kernel does not (K split):
 // block scales staged with each k-tile, K split or not, and per tensor.
 TEST(MoeFp8WsGpuTest, CpAsyncKernel) {
   SKIP_WITHOUT_CUDA();

@@ -484,7 +484,7 @@ TEST(MoeGpuValidationTest, GemmBlockOf16HoldsNearlyEveryHitExpert) {
       if (k > E) continue;
       for (int64_t tokens : {1, 4, 16, 32, 64, 128, 256, 512}) {
         const int64_t numel = tokens * k;
-        if (kc::MoeGemmBlockMFor(numel, E) != 16) continue;
+        if (kc::MoeGemmBlockMFor(numel, E, 0) != 16) continue;
         // Per routing: the share of hit experts with more than 16 slots.
         int over = 0, hit = 0;
         for (int trial = 0; trial < 50; ++trial) {
@@ -504,8 +504,31 @@ TEST(MoeGpuValidationTest, GemmBlockOf16HoldsNearlyEveryHitExpert) {
       }
     }
   }
-  EXPECT_EQ(kc::MoeGemmBlockMFor(16 * 2, 8), 16);  // Mixtral, 16 tokens
-  EXPECT_EQ(kc::MoeGemmBlockMFor(64 * 2, 8), 64);  // Mixtral, 64 tokens
+}
+
+// The block sizes by slots per hit expert and reduction length: blocks of
+// 128 (the warp-specialised kernel) from 64 slots per expert, and from 16
+// where both GEMMs' K are long (ws_k); blocks of 16 up to 8 either way.
+TEST(MoeGpuValidationTest, GemmBlockBySlotsAndReduction) {
+  for (int64_t ws_k :
+       {int64_t{0}, int64_t{768}, kc::kMoeGemmWsLongK - 1, kc::kMoeGemmWsLongK, int64_t{4096}}) {
+    const bool long_k = ws_k >= kc::kMoeGemmWsLongK;
+    for (int E : {8, 128, 256}) {
+      for (int64_t per : {1, 8, 9, 15, 16, 17, 48, 63, 64, 65, 127, 128, 511, 512, 4096}) {
+        const int64_t numel = per * E;  // every expert hit (numel >= E)
+        const int want = per <= 8 ? 16 : per < (long_k ? 16 : 64) ? 64 : per < 512 ? 128 : 256;
+        EXPECT_EQ(kc::MoeGemmBlockMFor(numel, E, ws_k), want)
+            << "E " << E << " slots/expert " << per << " ws_k " << ws_k;
+      }
+    }
+  }
+  // Fewer slots than experts: the average over the slots' experts.
+  EXPECT_EQ(kc::MoeGemmBlockMFor(100, 256, 0), 16);
+  // The shapes of docs/PERF.md: Mixtral-8x7B (K 4096 / 14336) 64 tokens
+  // top-2, Qwen3-30B-A3B (2048 / 768) 512 and 1024 tokens top-8.
+  EXPECT_EQ(kc::MoeGemmBlockMFor(64 * 2, 8, 4096), 128);
+  EXPECT_EQ(kc::MoeGemmBlockMFor(512 * 8, 128, 768), 64);
+  EXPECT_EQ(kc::MoeGemmBlockMFor(1024 * 8, 128, 768), 128);
 }
 
 // Which int4 weights and GEMMs the int4 GEMMs take (host logic: the

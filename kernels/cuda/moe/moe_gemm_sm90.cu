@@ -674,7 +674,7 @@ bool MoeGemmIntEnabled() { return g_int.On(); }
 
 int64_t MoeGemmIntLaunches() { return int_launches.load(std::memory_order_relaxed); }
 
-int MoeGemmBlockMFor(int64_t numel, int num_experts) {
+int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k) {
   // Slots per expert if the routing were uniform over min(E, numel) experts.
   const int64_t hit = std::max<int64_t>(1, std::min<int64_t>(num_experts, numel));
   const int64_t per_expert = (numel + hit - 1) / hit;
@@ -684,7 +684,16 @@ int MoeGemmBlockMFor(int64_t numel, int num_experts) {
   // took 761.6 us against 848.8 bf16 and 463.8 against 645.5 fp8 block;
   // docs/PERF.md, session 15).
   if (per_expert <= 8) return 16;
-  if (per_expert <= 64) return 64;
+  // Blocks of 128 take the warp-specialised kernel, which streams an
+  // expert's weights once for up to 128 slots; blocks of 64 stream them once
+  // per block. Measured, us per layer, blocks of 64 against 128 (docs/PERF.md,
+  // session 22): at 64 slots per hit expert Mixtral-8x7B 256 tokens 1063 /
+  // 817, Qwen3-30B-A3B 1024 541 / 464, DeepSeek-V3 2048 8759 / 6208; at
+  // 16-48 slots DeepSeek-V3 (K 7168 / 2048) 512-1536 tokens 6177-7075 /
+  // 5623-5966 and fp8 block Mixtral-8x7B 64-192 tokens 454-516 / 419-458,
+  // but Qwen3-30B-A3B (K 2048 / 768) 256-768 tokens 365-417 / 430-447.
+  const bool long_k = ws_k >= kMoeGemmWsLongK;
+  if (per_expert < (long_k ? 16 : 64)) return 64;
   if (per_expert < 512) return 128;
   return 256;
 }

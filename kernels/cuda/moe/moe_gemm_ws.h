@@ -7,10 +7,10 @@
 // Selection: LaunchMoeGroupedGemm calls LaunchMoeGroupedGemmWs when
 // MoeGemmWsEnabled() and MoeGemmWsApplies(args): bf16 / fp16 operands (no
 // fp8), no split-K, blocks of 128 or 256 slots (MoeGemmBlockMFor picks these
-// from 65 slots per expert up) and at least 128 slots per expert on average,
-// and the weights addressable by a TMA tensor map. The switch:
-// SetMoeGemmWsMode(kOn / kOff), or with kFromEnv (the default) on unless the
-// environment variable KPLAN_MOE_GEMM=old selects the cp.async kernel.
+// where this kernel pays), and the weights addressable by a TMA tensor map.
+// The switch: SetMoeGemmWsMode(kOn / kOff), or with kFromEnv (the default)
+// on unless the environment variable KPLAN_MOE_GEMM=old selects the cp.async
+// kernel.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -28,7 +28,9 @@
 // walking work items in the moe_ws_schedule.h order; tiles of experts of
 // other ranks (expert id -1) write zero rows as the other kernel does,
 // tiles made only of padding are skipped (with clusters: their stages pass
-// while the other CTA's tile runs).
+// while the other CTA's tile runs), and so are the MMAs of a consumer
+// warpgroup whose 64 slots are all padding (an expert with at most 64 slots
+// in the tile).
 //
 // Fused activation (the Fused instantiation, GEMM 1 of a gated layer, W =
 // w13 [E, 2I, K] unchanged): tile n_tile covers output columns [n0, n0 + 128)
@@ -345,11 +347,15 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
     if (!w.run && ti.empty) return;
     const int32_t s0 = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + r0];
     const int32_t s1 = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + r0 + 8];
+    // This warpgroup's 64 slots: padding only (an expert's slots come first,
+    // so the first decides) where the expert has at most 64 in the tile.
+    const int32_t first = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + 64 * cw];
+    const bool mine = w.active && first >= 0 && first < p.numel;
     if (w.run) {  // this tile's MMAs when it has work; else the stages only pass
       int prev = -1;
       for (int kt = 0; kt < nk; ++kt) {
         MbarWait(ring.Full(c.stage), c.phase);
-        if (w.active) {
+        if (mine) {
           // cp.async wrote through the generic proxy; wgmma reads through the async one.
           if (!(p.flags & kWsFlagNoFence)) FenceProxyAsync();
           const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + ws::kWsTBytes;

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "absl/status/status.h"
@@ -93,13 +92,11 @@ absl::Status WsLaunchSetup(int smem_bytes, int* resident_ctas, int cluster = 1) 
   return absl::OkStatus();
 }
 
-// The shapes the tile schedule takes: blocks of 128 or 256 slots, at least
-// 128 slots per expert on average (large M only: a full token tile), the
-// weight rows and the slots addressable by int32.
+// The shapes the tile schedule takes: blocks of 128 or 256 slots (however
+// few of them are filled: MoeGemmBlockMFor picks blocks of 128 where this
+// kernel pays), the weight rows and the slots addressable by int32.
 inline bool WsTilesApply(const MoeGroupedGemmArgs& g) {
   if (g.block_m != 128 && g.block_m != 256) return false;
-  const int64_t experts = std::max<int64_t>(1, std::min<int64_t>(g.num_local_experts, g.numel));
-  if (g.numel < int64_t{kWsTileT} * experts) return false;
   const int64_t rows = static_cast<int64_t>(g.num_local_experts) * g.N;
   return rows + kWsTileN < (int64_t{1} << 31) && g.num_blocks * g.block_m < (int64_t{1} << 31);
 }
