@@ -202,6 +202,7 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
   const int64_t g0 = e_groups + rows[0] * p.groups, g1 = e_groups + rows[1] * p.groups;
   for (int ch0 = ks; ch0 < chunks; ch0 += p.split * kBatch) {
     int4 v0[kBatch], v1[kBatch], xv[kBatch][4];
+    float s0[kBatch], s1[kBatch], z0[kBatch], z1[kBatch];  // the vectors' group scales, zeros
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int ch = ch0 + u * p.split, i = ch * 4 + c;
@@ -211,15 +212,18 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
       v1[u] = in ? __ldg(w1 + i) : make_int4(0, 0, 0, 0);
 #pragma unroll
       for (int q = 0; q < 4; ++q) xv[u][q] = in ? __ldg(x + 4 * i + q) : make_int4(0, 0, 0, 0);
+      // Loaded with the weights, not after them (a dependent round trip).
+      const int64_t gk = in ? p.gdiv(i * 32) : 0;  // a vector lies in one group
+      s0[u] = in ? __ldg(p.w.scale + g0 + gk) : 0.0f;
+      s1[u] = in ? __ldg(p.w.scale + g1 + gk) : 0.0f;
+      z0[u] = BiasedZero(p.w.zero, g0 + gk, true);
+      z1[u] = BiasedZero(p.w.zero, g1 + gk, true);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int ch = ch0 + u * p.split, i = ch * 4 + c;
-      if (ch >= chunks) break;
-      const bool in = i < vecs;
-      const int64_t gk = in ? p.gdiv(i * 32) : 0;  // a vector lies in one group
-      const Dequant d0(in ? __ldg(p.w.scale + g0 + gk) : 0.0f, BiasedZero(p.w.zero, g0 + gk, true));
-      const Dequant d1(in ? __ldg(p.w.scale + g1 + gk) : 0.0f, BiasedZero(p.w.zero, g1 + gk, true));
+      if (ch0 + u * p.split >= chunks) break;
+      const Dequant d0(s0[u], z0[u]);
+      const Dequant d1(s1[u], z1[u]);
       // One warp-uniform branch per vector on the packed form, the mma
       // inside seeing every lane (with a branch per word the one-token
       // layers took 1.04-1.17x longer: docs/PERF.md, session 13).
