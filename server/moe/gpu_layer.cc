@@ -39,7 +39,8 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   Layout l;
   const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
   const int64_t N13 = experts.n13(), numel = M * k;
-  // int4 sets' GEMMs (the int4 GEMMs or the dequantised copy's): ws_k 0.
+  // int sets' GEMMs (the int4 GEMMs, or the 16-bit ones on the dequantised
+  // copy): ws_k 0, the rule measured for int4.
   const int64_t ws_k = experts.spec().quant.scheme.empty() ? std::min(H, I) : 0;
   l.block_m = batch_invariant ? kMoeBatchInvariantBlockM : kc::MoeGemmBlockMFor(numel, E, ws_k);
   l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);

@@ -154,7 +154,7 @@ kc::MoeGroupedGemmArgs Fp8TensorCoreGemm(const kc::MoeQuantGemmArgs& q, kernels:
   return g;
 }
 
-// An fp8 GEMM on the tensor cores: the warp-specialised TMA kernel at large M
+// An fp8 GEMM on the tensor cores: the warp-specialised TMA kernel on blocks of 128
 // (moe_gemm_ws_fp8.h; KPLAN_MOE_FP8_GEMM=old forces the other), else
 // LaunchMoeGroupedGemm's cp.async one. Same contract, same result up to the
 // summation order inside a k-block.

@@ -268,8 +268,9 @@ TEST(MoeFp8WsGpuTest, ManyWorkItems) {
 }
 
 // The cp.async kernel that takes the layer's fp8 GEMMs on blocks of 16 and
-// 64, and of 128 where the warp-specialised kernel does not (K split):
-// block scales staged with each k-tile, K split or not, and per tensor.
+// 64 (and of 128 only where the warp-specialised kernel is switched off or
+// no tensor map fits): block scales staged with each k-tile, K split or not,
+// and per tensor.
 TEST(MoeFp8WsGpuTest, CpAsyncKernel) {
   SKIP_WITHOUT_CUDA();
   RunCase({"cp_async_block16",

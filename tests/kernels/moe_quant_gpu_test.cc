@@ -636,8 +636,8 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
     ik.bias = bias;
     RunCombo(sk, ik, {40}, 141 + bias, igemm);
   }
-  // The int4 GEMMs from 40 tokens: the cp.async kernel at 40, past 128 slots
-  // per expert the warp-specialised ones. GEMM 1's K ends half-way through a
+  // The int4 GEMMs from 40 tokens: the cp.async kernel at 40, from 64 slots
+  // per expert (blocks of 128) the warp-specialised ones. GEMM 1's K ends half-way through a
   // 64-wide k-tile and its 192 rows inside a 256-row tile, GEMM 2's 352 rows
   // in a second one; silu takes the fused form.
   RunOptions ws;

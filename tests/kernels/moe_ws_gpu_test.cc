@@ -28,6 +28,7 @@
 #include "kernels/cpu/moe/moe_reference.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "tests/testing/gpu_test_util.h"
 #include "tests/testing/moe_gemm_slots.h"
 #include "tests/testing/random_data.h"
@@ -256,6 +257,36 @@ TEST(MoeWsGpuTest, FusedActivation) {
 TEST(MoeWsGpuTest, SanitizerShape) {
   SKIP_WITHOUT_CUDA();
   RunCase({"sanitizer", {300, 0, 128, 2}, 2, 136, 144, true, DType::kBFloat16, 3});
+}
+
+// Which blocks the kernels take (host logic: nothing is read or launched,
+// so this runs without a device too): every block of 128 or 256 however few
+// of its slots are filled (MoeGemmBlockMFor picks 128 from 16 or 64 slots
+// per expert), never blocks of 16 or 64, never split K.
+TEST(MoeWsGpuTest, TakesBlocksOf128HoweverFewSlots) {
+  kc::MoeGroupedGemmArgs g;
+  g.dtype = DType::kBFloat16;
+  g.N = 256;
+  g.K = 512;
+  g.num_local_experts = 8;
+  g.numel = 16 * 8;  // 16 slots per expert
+  g.block_m = 128;
+  g.num_blocks = 8;
+  EXPECT_TRUE(kc::MoeGemmWsApplies(g));
+  g.fp8 = true;
+  EXPECT_TRUE(kc::MoeGemmWsFp8Applies(g));
+  g.fp8 = false;
+  g.numel = 3;  // three slots on three experts
+  EXPECT_TRUE(kc::MoeGemmWsApplies(g));
+  g.block_m = 256;
+  EXPECT_TRUE(kc::MoeGemmWsApplies(g));
+  for (int bm : {16, 64}) {
+    g.block_m = bm;
+    EXPECT_FALSE(kc::MoeGemmWsApplies(g)) << bm;
+  }
+  g.block_m = 128;
+  g.splits = 2;
+  EXPECT_FALSE(kc::MoeGemmWsApplies(g));
 }
 
 }  // namespace

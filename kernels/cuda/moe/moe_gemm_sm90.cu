@@ -691,6 +691,7 @@ int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k) {
   // 817, Qwen3-30B-A3B 1024 541 / 464, DeepSeek-V3 2048 8759 / 6208; at
   // 16-48 slots DeepSeek-V3 (K 7168 / 2048) 512-1536 tokens 6177-7075 /
   // 5623-5966 and fp8 block Mixtral-8x7B 64-192 tokens 454-516 / 419-458,
+  // bf16 Mixtral-8x7B 96-192 tokens even and 64 tokens (16 slots) 748 / 773,
   // but Qwen3-30B-A3B (K 2048 / 768) 256-768 tokens 365-417 / 430-447.
   const bool long_k = ws_k >= kMoeGemmWsLongK;
   if (per_expert < (long_k ? 16 : 64)) return 64;
@@ -788,7 +789,7 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
       if (!absl::IsUnavailable(st) || g.block_m > 128) return st;
     }
   }
-  // The warp-specialised kernel of large M, behind its switch (moe_gemm_ws.h).
+  // The warp-specialised kernel of blocks of 128 and 256, behind its switch (moe_gemm_ws.h).
   if (!g.fp8 && g.int_w == nullptr && MoeGemmWsEnabled() && MoeGemmWsApplies(g)) {
     const absl::Status st = LaunchMoeGroupedGemmWs(g, stream);
     if (!absl::IsUnavailable(st)) return st;  // else no tensor map: the kernel below

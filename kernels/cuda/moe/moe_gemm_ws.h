@@ -1,5 +1,5 @@
 // The warp-specialised, persistent grouped GEMM of the fused MoE layer for
-// sm_90a (moe_gemm_ws_sm90.cu): the large-M path of LaunchMoeGroupedGemm
+// sm_90a (moe_gemm_ws_sm90.cu): the path of blocks of 128 and 256 of LaunchMoeGroupedGemm
 // (moe_experts.h), same arguments and results (bf16 / fp16 output with the
 // same rounding points; bit-identical to moe_gemm_sm90.cu's output in every
 // GEMM measured), the default since session 5 (docs/PERF.md).

@@ -1,5 +1,5 @@
 // The warp-specialised, persistent fp8 e4m3 grouped GEMM for sm_90a
-// (moe_gemm_ws_fp8_sm90.cu): the large-M form of LaunchMoeGroupedGemm's fp8
+// (moe_gemm_ws_fp8_sm90.cu): the blocks-of-128 form of LaunchMoeGroupedGemm's fp8
 // operands (moe_experts.h, MoeGroupedGemmArgs with fp8 = true), same
 // arguments and the same contract:
 //   block scales (w_scale [E, ceil(N/128), ceil(K/128)], a_scale
@@ -33,9 +33,9 @@ namespace kplan::kernels::cuda {
 void SetMoeGemmWsFp8Mode(MoeGemmWsMode mode);
 bool MoeGemmWsFp8Enabled();
 
-// fp8 operands, no split-K, blocks of 128 or 256 slots and at least 128
-// slots per expert on average, N a multiple of 8, K of 16, 16-byte aligned
-// a / w / c, the weights addressable by a TMA tensor map.
+// fp8 operands, no split-K, blocks of 128 or 256 slots (however few of them
+// are filled), N a multiple of 8, K of 16, 16-byte aligned a / w / c, the
+// weights addressable by a TMA tensor map.
 bool MoeGemmWsFp8Applies(const MoeGroupedGemmArgs& args);
 // Validates what MoeGemmWsFp8Applies does not (INVALID_ARGUMENT); UNAVAILABLE,
 // with nothing launched, when the driver gives no TMA tensor map.

@@ -95,7 +95,7 @@ inline bool MoeIntGemmOverDecodeTiles(int64_t numel, int num_experts) {
 // themselves (the int4 GEMMs of moe_experts.h, MoeGemmIntApplies) rather
 // than on a dequantised 16-bit copy of the hit experts: while the slots per
 // hit expert stay at most kMoeIntWeightsMaxSlots. The warp-specialised int
-// kernels (128 slots per expert and up) run the GEMMs at about half the
+// kernels (blocks of 128: 64 slots per expert and up) run the GEMMs at about half the
 // 16-bit kernels' TFLOP/s but save the copy, a pass over the hit experts'
 // weights whose cost against the GEMMs' falls as the slots per expert grow.
 // Measured on one H200 (docs/PERF.md, session 21, int kernels against the
