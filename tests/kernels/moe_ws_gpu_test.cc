@@ -199,7 +199,8 @@ void RunCase(const Case& c) {
 }
 
 // 128-slot blocks: 17 token tiles (odd: the last cluster has one tile),
-// pairs of tiles of two experts, empty experts and a non-local one.
+// pairs of tiles of two experts, empty experts and a non-local one; tiles
+// whose second 64 slots are padding.
 TEST(MoeWsGpuTest, TailsAndMixedPairs) {
   SKIP_WITHOUT_CUDA();
   RunCase({"tails_bf16_bias",
@@ -211,6 +212,9 @@ TEST(MoeWsGpuTest, TailsAndMixedPairs) {
            DType::kBFloat16,
            4});
   RunCase({"tails_fp16", {130, 0, 260, 3, 129, 258, 1, 300}, 1, 264, 136, false, DType::kFloat16});
+  // The consumer warpgroups' padding skip at its edges: 63 / 64 slots (the
+  // second warpgroup skips its MMAs), 65 (it runs for one slot), 192.
+  RunCase({"half_tiles_fp16_bias", {64, 65, 192, 63, 16}, 2, 136, 264, true, DType::kFloat16});
 }
 
 // 256-slot blocks: an expert's last block may be half padding (an empty tile
