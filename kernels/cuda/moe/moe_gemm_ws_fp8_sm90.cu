@@ -211,6 +211,9 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
       }
     }
     if (p.flags & kFlagNoStore) continue;
+    // A warp whose 16 rows are all padding stores nothing: no epilogue (as
+    // moe_gemm_ws_sm90.cu).
+    if (!__any_sync(0xffffffffu, ok0 || ok1)) continue;
     // Per-tensor / per-channel: the whole sum times a_scale[row] · w_scale.
     if (ti.local && !block) {
       const float sa0 = ok0 ? p.a_scale[s0 / p.a_row_div] : 0.0f;

@@ -122,13 +122,15 @@ struct WsParams {
 };
 
 // Measurement variants (KPLAN_MOE_WS_DEBUG bits), never set by the layer:
-// skip the epilogue's stores (times the tile boundary; output unwritten),
-// store the fragment's 4-byte pieces without the quad transpose, or leave
-// out the proxy fence (not a valid kernel: measures the fence's cost).
+// skip the epilogue (times the tile boundary; output unwritten), store the
+// fragment's 4-byte pieces without the quad transpose, leave out the proxy
+// fence (not a valid kernel: measures the fence's cost), or skip the
+// consumers' MMAs (output wrong: the weight stream alone).
 constexpr int kWsFlagNoStore = 1;
 constexpr int kWsFlagStore4 = 2;
 constexpr int kWsFlagNoFence = 4;      // the consumers' proxy fence left out: timing only
 constexpr int kWsFlagNoMulticast = 8;  // clusters: each CTA loads its own weight boxes
+constexpr int kWsFlagNoMma = 32;       // the consumers skip their MMAs: timing only
 
 // --- the int4 producer (kInt) ---------------------------------------------------
 
@@ -350,7 +352,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
     // This warpgroup's 64 slots: padding only (an expert's slots come first,
     // so the first decides) where the expert has at most 64 in the tile.
     const int32_t first = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + 64 * cw];
-    const bool mine = w.active && first >= 0 && first < p.numel;
+    const bool mine = w.active && first >= 0 && first < p.numel && !(p.flags & kWsFlagNoMma);
     if (w.run) {  // this tile's MMAs when it has work; else the stages only pass
       int prev = -1;
       for (int kt = 0; kt < nk; ++kt) {
@@ -376,13 +378,21 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
       ws::WsRelease<kCluster>(ring, prev, lane, w.rank);
     }
     if (ti.empty || (p.flags & kWsFlagNoStore)) return;
+    const bool ok0 = s0 >= 0 && s0 < p.numel, ok1 = s1 >= 0 && s1 < p.numel;
+    // A warp whose 16 rows are all padding stores nothing: it skips the
+    // epilogue's arithmetic too (the fused activation's above all). The
+    // warpgroup's next wgmma waits for its slowest warp, and the producer, 4
+    // stages ahead, for the warpgroup: ncu on Mixtral-8x7B's fused GEMM 1 at
+    // 64 tokens (16 slots a tile), 527.6 us with the MMAs left out, 455.8
+    // with the epilogue left out too; this skip: the layer 770 -> 758 us
+    // (docs/PERF.md, session 23).
+    if (!__any_sync(0xffffffffu, ok0 || ok1)) return;
     // Epilogue. Register i holds row r0 + 8 ((i / 2) % 2), column 8 (i / 4) +
     // 2 (lane % 4) + i % 2: a quad holds 8 adjacent columns of a row in four
     // 4-byte pieces. Per 32 columns (j = 4m .. 4m + 3) a 4 x 4 transpose in
     // the quad gives lane q the 8 columns of j = 4m + q: one 16-byte store.
     const float* bias =
         ti.local && p.bias != nullptr ? p.bias + static_cast<int64_t>(ti.e) * N : nullptr;
-    const bool ok0 = s0 >= 0 && s0 < p.numel, ok1 = s1 >= 0 && s1 < p.numel;
     const int q = lane & 3;
     if constexpr (Fused) {
       // Output [numel, N / 2]; gate column n is accumulator column n - n0,
