@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""PyTorch baseline for bench/moe_bench: a bf16 MoE layer built on
-torch._grouped_mm, timed the way moe_bench times the kplan layer, printing the
-same table columns next to a copy and a matmul roofline measured in the same
-run.
+"""Baselines for bench/moe_bench: a bf16 MoE layer built on torch._grouped_mm
+(--impl grouped_mm, the default) or on a vLLM-style fused MoE in Triton with
+vLLM's H200 configs (--impl triton, bench/moe_triton.py: what vLLM itself runs
+for an unquantised MoE on this GPU), timed the way moe_bench times the kplan
+layer, printing the same table columns next to a copy and a matmul roofline
+measured in the same run.
 
-    python3 bench/moe_baseline.py [--shapes mixtral,qwen3,deepseek]
-        [--tokens 1,16,64,256,1024,4096] [--replays 200] [--sets 8]
-        [--budget_s 1.5] [--warmup_s 3] [--copy_mib 1024]
+    python3 bench/moe_baseline.py [--impl grouped_mm|triton]
+        [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096]
+        [--replays 200] [--sets 8] [--budget_s 1.5] [--warmup_s 3]
+        [--copy_mib 1024]
 
 The layer (routing through combine), all on the device, no host sync:
   softmax(logits fp32) -> torch.topk(k) -> renormalise (vLLM fused_topk,
@@ -17,7 +20,13 @@ The layer (routing through combine), all on the device, no host sync:
   in fp32) into [M, H], rounded to bf16.
 Weights w13 [E, 2I, H] and w2 [E, H, I] (gate rows first), as kplan stores
 them; _grouped_mm takes mat_b [E, K, N], given as the transposed views
-(column-major in the last two dims, which it accepts).
+(column-major in the last two dims, which it accepts). The Triton layer takes
+them as they are (its docstring has the steps); where it tries several
+configs (a shape vLLM has no H200 table for) each is timed eagerly on set 0
+and the fastest is kept, its name in the row's note. Column kern_us (Triton
+only): the same layer with routing and align done outside the graph, i.e.
+the GEMMs, activation and sum alone, a lower bound for vLLM, whose routing,
+align and sum are CUDA kernels faster than the device ops here.
 
 Method (as moe_bench): weights random bf16 (randn / sqrt(fan-in)), once per
 shape; a pool of R random logit [M, E] / hidden [M, H] sets; one CUDA graph
@@ -140,9 +149,19 @@ def make_inputs(M, E, H, dev, gen):
     return x, logits
 
 
-def check_against_loop(name, x, logits, w13, w2, k, rows):
+def make_layer(impl, w13, w2, k, cfg=None):
+    """layer(x, logits) -> [M, H] bf16 for the implementation `impl`."""
+    if impl == "grouped_mm":
+        w13_t, w2_t = w13.transpose(-2, -1), w2.transpose(-2, -1)
+        return lambda x, lg: moe_layer(x, lg, w13_t, w2_t, k)[0]
+    import moe_triton  # noqa: PLC0415 - only with --impl triton (needs triton)
+    cfg = cfg or moe_triton.SMALL
+    return lambda x, lg: moe_triton.moe_layer(x, *route(lg, k), w13, w2, cfg)
+
+
+def check_against_loop(impl, name, x, logits, w13, w2, k, rows):
     try:
-        got, _ = moe_layer(x, logits, w13.transpose(-2, -1), w2.transpose(-2, -1), k)
+        got = make_layer(impl, w13, w2, k)(x, logits)
     except Exception as e:  # noqa: BLE001 - report, the caller stops
         print(f"  check {name}: the layer raised {type(e).__name__}: {e}")
         return False
@@ -154,14 +173,71 @@ def check_against_loop(name, x, logits, w13, w2, k, rows):
     return ok
 
 
-def run_config(name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops, dev, gen):
-    w13_t, w2_t = w13.transpose(-2, -1), w2.transpose(-2, -1)
+def pick_layer(impl, E, k, I, M, w13, w2, x0, l0):
+    """The layer to time, its config's name and the config: for Triton the
+    candidates of moe_triton.candidates, each timed eagerly on set 0, the
+    fastest."""
+    if impl == "grouped_mm":
+        return make_layer(impl, w13, w2, k), "", None
+    import moe_triton  # noqa: PLC0415
+    best = None
+    for cfg in moe_triton.candidates(E, I, M):
+        layer = make_layer(impl, w13, w2, k, cfg)
+        layer(x0, l0)  # compile
+        ms = median_ms(lambda: layer(x0, l0), 5, 3)
+        name = "M{BLOCK_SIZE_M} N{BLOCK_SIZE_N} K{BLOCK_SIZE_K} G{GROUP_SIZE_M} " \
+               "w{num_warps} s{num_stages}".format(**cfg)
+        if best is None or ms < best[0]:
+            best = (ms, layer, name, cfg)
+    return best[1], best[2], best[3]
+
+
+def graph_us(fns):
+    """us per call of the callables fns, captured in one CUDA graph and
+    replayed in batches of >= ~2 ms (median)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    t0 = time.time()
+    g.replay()
+    torch.cuda.synchronize()
+    one_ms = max(1e-3, (time.time() - t0) * 1e3)
+    batch = max(1, int(-(-2.0 // one_ms)))
+    return median_ms(g.replay, 15, batch) * 1e3 / len(fns)
+
+
+def kernels_only_us(x_lg, k, E, w13, w2, cfg):
+    """The Triton layer without its routing and align (done once per set
+    outside the graph): the part that is vLLM's Triton code."""
+    import moe_triton  # noqa: PLC0415
+    fns = []
+    for x, lg in x_lg:
+        topw, topi = route(lg, k)
+        al = moe_triton.align(topi, E, cfg["BLOCK_SIZE_M"])
+        fns.append(lambda x=x, topw=topw, al=al: moe_triton.moe_kernels(x, topw, al, w13, w2, cfg))
+    return graph_us(fns)
+
+
+def run_config(impl, name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops, dev, gen):
     tc = time.time()
     row = dict(shape=name, tokens=M, ok=False, note="")
     pool = [make_inputs(M, E, H, dev, gen) for _ in range(R)]
     # Per-config check: a few tokens of set 0 against the loop.
     x0, l0 = pool[0]
-    eager0, _ = moe_layer(x0, l0, w13_t, w2_t, k)
+    layer, cfg_name, cfg = pick_layer(impl, E, k, I, M, w13, w2, x0, l0)
+    row["config"] = cfg_name
+    eager0 = layer(x0, l0)
     rchk = min(M, 4)
     err = rel_err(eager0[:rchk], loop_reference(x0, l0, w13, w2, k, rchk))
     if not err <= 1e-2:
@@ -179,13 +255,13 @@ def run_config(name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops, dev,
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for i in range(R):
-                moe_layer(pool[i][0], pool[i][1], w13_t, w2_t, k)
+                layer(pool[i][0], pool[i][1])
         torch.cuda.current_stream().wait_stream(s)
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             for i in range(R):
-                outs[i] = moe_layer(pool[i][0], pool[i][1], w13_t, w2_t, k)[0]
+                outs[i] = layer(pool[i][0], pool[i][1])
         g.replay()
         torch.cuda.synchronize()
         gerr = rel_err(outs[0], eager0)
@@ -203,7 +279,7 @@ def run_config(name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops, dev,
 
         def replay():
             for i in range(R):
-                moe_layer(pool[i][0], pool[i][1], w13_t, w2_t, k)
+                layer(pool[i][0], pool[i][1])
 
     # Warm replays (>= 0.2 s), then batches of >= ~2 ms.
     start = torch.cuda.Event(enable_timing=True)
@@ -229,9 +305,16 @@ def run_config(name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops, dev,
     row.update(ok=True, us=us, gbps=wbytes / (us * 1e-6) / 1e9,
                tflops=flops / (us * 1e-6) / 1e12, floor_us=max(t_bytes, t_flops),
                bound="mm" if t_flops > t_bytes else "copy", mode=mode,
-               note=f"{samples} x {batch} replays x {R} layers, {mode}")
+               note=f"{samples} x {batch} replays x {R} layers, {mode}"
+               + (f", config {cfg_name}" if cfg_name else ""))
     row["pct_copy"] = 100.0 * row["gbps"] / copy_gbps
     row["pct_mm"] = 100.0 * row["tflops"] / mm_tflops
+    if cfg is not None:
+        try:
+            row["us_kernels"] = kernels_only_us(pool, k, E, w13, w2, cfg)
+            row["note"] += f", kernels only {row['us_kernels']:.1f} us"
+        except Exception as e:  # noqa: BLE001 - the full layer's row stands
+            row["note"] += f", kernels only failed ({type(e).__name__})"
     print(f"  {name:14s} M={M:<5d} {us:10.1f} us  hit {row['hit']:6.1f}  "
           f"{row['gbps']:7.0f} GB/s  {row['tflops']:6.1f} TFLOP/s  "
           f"(check rel {err:.1e}; {row['note']}, {time.time() - tc:.1f} s)", flush=True)
@@ -240,6 +323,9 @@ def run_config(name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops, dev,
 
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--impl", default="grouped_mm", choices=["grouped_mm", "triton"],
+                   help="grouped_mm: torch._grouped_mm; triton: vLLM-style fused MoE "
+                   "(bench/moe_triton.py) with vLLM's H200 configs")
     p.add_argument("--shapes", default="mixtral,qwen3,deepseek")
     p.add_argument("--tokens", default="1,16,64,256,1024,4096")
     p.add_argument("--replays", type=int, default=200, help="most timed batches per config")
@@ -294,12 +380,12 @@ def main():
     all_ok = True
     w13, w2 = make_weights(8, 256, 128, dev, gen)
     x, lg = make_inputs(37, 8, 256, dev, gen)
-    all_ok &= check_against_loop("E=8 k=2 H=256 I=128 M=37", x, lg, w13, w2, 2, 37)
+    all_ok &= check_against_loop(args.impl, "E=8 k=2 H=256 I=128 M=37", x, lg, w13, w2, 2, 37)
     x, lg = make_inputs(3, 8, 256, dev, gen)
-    all_ok &= check_against_loop("E=8 k=2 H=256 I=128 M=3", x, lg, w13, w2, 2, 3)
+    all_ok &= check_against_loop(args.impl, "E=8 k=2 H=256 I=128 M=3", x, lg, w13, w2, 2, 3)
     w13, w2 = make_weights(128, 2048, 768, dev, gen)
     x, lg = make_inputs(16, 128, 2048, dev, gen)
-    all_ok &= check_against_loop("Qwen3-30B-A3B M=16", x, lg, w13, w2, 8, 16)
+    all_ok &= check_against_loop(args.impl, "Qwen3-30B-A3B M=16", x, lg, w13, w2, 8, 16)
     del w13, w2, x, lg
     if not all_ok:
         print("baseline does not match the loop reference: stopping")
@@ -310,15 +396,14 @@ def main():
         name, E, k, H, I = SHAPES[key]
         t0 = time.time()
         w13, w2 = make_weights(E, H, I, dev, gen)
-        w13_t, w2_t = w13.transpose(-2, -1), w2.transpose(-2, -1)
         torch.cuda.synchronize()
         gb = (w13.numel() + w2.numel()) * 2 / 1e9
         print(f"{name}: E={E} k={k} H={H} I={I}, weights {gb:.2f} GB (setup {time.time() - t0:.1f} s)")
         busy(mm, 1.0)
         for M in tokens:
             try:
-                row = run_config(name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops,
-                                 dev, gen)
+                row = run_config(args.impl, name, E, k, H, I, M, w13, w2, args, R, copy_gbps,
+                                 mm_tflops, dev, gen)
             except Exception as e:  # noqa: BLE001 - one config failing must not end the run
                 msg = str(e).splitlines()[0] if str(e) else ""
                 row = dict(shape=name, tokens=M, ok=False, note=f"{type(e).__name__}: {msg}")
@@ -329,15 +414,17 @@ def main():
                     pass
             rows.append(row)
             torch.cuda.empty_cache()
-        del w13, w2, w13_t, w2_t
+        del w13, w2
         torch.cuda.empty_cache()
 
-    print(f"\nPyTorch MoE layer on torch._grouped_mm (routing -> combine, {R} routing sets "
+    system = SYSTEMS[args.impl]
+    print(f"\nMoE layer on {system} (routing -> combine, {R} routing sets "
           f"rotating, median), bf16 silu, softmax top-k renormalize")
     print(f"rooflines measured in this run: copy {copy_gbps:.0f} GB/s (torch.neg, read + write), "
           f"matmul {mm_tflops:.1f} TFLOP/s (torch.mm bf16 8192^3)")
     print(f"{'shape':14s} {'tokens':>6s} {'us':>11s} {'hit':>7s} {'GB/s':>8s} {'%copy':>7s} "
-          f"{'TFLOP/s':>8s} {'%mm':>7s} {'bound':>5s} {'floor_us':>10s} {'%floor':>7s} mode")
+          f"{'TFLOP/s':>8s} {'%mm':>7s} {'bound':>5s} {'floor_us':>10s} {'%floor':>7s} "
+          f"{'kern_us':>8s} mode")
     for r in rows:
         if not r["ok"]:
             print(f"{r['shape']:14s} {r['tokens']:6d}  FAILED: {r['note']}")
@@ -345,14 +432,18 @@ def main():
         print(f"{r['shape']:14s} {r['tokens']:6d} {r['us']:11.1f} {r['hit']:7.1f} "
               f"{r['gbps']:8.0f} {r['pct_copy']:6.1f}% {r['tflops']:8.1f} {r['pct_mm']:6.1f}% "
               f"{r['bound']:>5s} {r['floor_us']:10.1f} {100.0 * r['floor_us'] / r['us']:6.1f}% "
-              f"{r['mode']}")
+              f"{r.get('us_kernels', float('nan')):8.1f} "
+              f"{r['mode']}{' ' + r['config'] if r.get('config') else ''}")
     print(f"total {time.time() - t_start:.1f} s")
-    write_results(args, "torch._grouped_mm", props.name, copy_gbps, mm_tflops, rows)
+    write_results(args, system, props.name, copy_gbps, mm_tflops, rows)
     raise SystemExit(0 if all(r["ok"] for r in rows) else 1)
 
 
+SYSTEMS = {"grouped_mm": "torch._grouped_mm",
+           "triton": "vLLM-style Triton fused MoE (H200 configs)"}
+
 CSV_FIELDS = ["shape", "tokens", "ok", "us", "hit", "gbps", "pct_copy", "tflops", "pct_mm",
-              "bound", "floor_us", "note"]
+              "bound", "floor_us", "us_kernels", "config", "note"]
 
 
 def write_results(args, system, device, copy_gbps, mm_tflops, rows):
