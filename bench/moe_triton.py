@@ -22,8 +22,13 @@ Configs: vLLM's tuned tables for the H200 where it has one for the shape
 (below, from vLLM's configs/E=8,N=14336,device_name=NVIDIA_H200.json and
 E=128,N=768,device_name=NVIDIA_H200.json), picked as vLLM picks them: the
 entry whose token count is nearest M. Where vLLM has no table (DeepSeek-V3 in
-bf16) the caller times a few candidates and keeps the fastest, so the
-baseline is never weaker than a reasonable tuning.
+bf16) the caller times vLLM's fallback config and a few others (the kernels
+alone, eagerly) and keeps the fastest: a small tuning, not vLLM's tuner.
+
+Not vLLM's code: routing and align run here as torch device ops (vLLM: CUDA
+kernels, much faster at small batches), SiLU-and-mul is a Triton kernel
+rounding once (vLLM: a CUDA kernel, same rounding) and the top-k sum is
+torch.sum; K masks are dropped where BLOCK_SIZE_K divides K (vLLM's even_Ks).
 """
 import torch
 import triton
@@ -69,12 +74,21 @@ def nearest(table, M):
     return table[min(table, key=lambda t: abs(t - M))]
 
 
+def vllm_default(E, M):
+    """vLLM's fallback where it has no table (get_default_config, unquantised
+    weights); num_warps and num_stages are left to Triton's defaults (4, 3)."""
+    if M <= E:
+        return _cfg(16, 32, 64, 1, 4, 3)
+    return _cfg(64, 64, 32, 8, 4, 3)
+
+
 def candidates(E, I, M):
     """The configs to try for a shape: vLLM's H200 entry where it has a table,
-    else the entries nearest M of both H200 tables and two generic ones."""
+    else vLLM's fallback, the entries nearest M of both H200 tables and two
+    generic ones (the caller keeps the fastest)."""
     if (E, I) in H200_CONFIGS:
         return [nearest(H200_CONFIGS[(E, I)], M)]
-    out = [nearest(t, M) for t in H200_CONFIGS.values()]
+    out = [vllm_default(E, M)] + [nearest(t, M) for t in H200_CONFIGS.values()]
     out += [_cfg(16, 64, 128, 1, 4, 3) if M * 8 <= E * 16 else _cfg(64, 128, 64, 8, 4, 3),
             _cfg(128, 256, 64, 16, 8, 4) if M >= 256 else _cfg(32, 128, 128, 16, 4, 3)]
     uniq = []
