@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -37,11 +38,19 @@ inline bool WsEnvNotOld(const char* name) {
 struct WsKnobs {
   int debug_flags, group, act_group;
 };
+// Debug bits make wrong outputs by design (skipped stores or MMAs): a
+// process that has them says so on stderr, once per launcher.
 inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var,
                               const char* act_group_var = nullptr) {
   const int group = detail::EnvInt(group_var, kWsAutoGroup);
-  return {detail::EnvInt(debug_var, 0), group,
-          act_group_var != nullptr ? detail::EnvInt(act_group_var, group) : group};
+  const WsKnobs k{detail::EnvInt(debug_var, 0), group,
+                  act_group_var != nullptr ? detail::EnvInt(act_group_var, group) : group};
+  if (k.debug_flags != 0) {
+    std::fprintf(stderr,
+                 "kplan: %s=%d: measurement variants of the MoE GEMMs, outputs may be wrong\n",
+                 debug_var, k.debug_flags);
+  }
+  return k;
 }
 
 // Before a launch of kKernel with `smem_bytes` of dynamic shared memory on
