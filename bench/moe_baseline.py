@@ -200,9 +200,9 @@ def pick_layer(impl, E, k, I, M, w13, w2, x0, l0):
     return make_layer(impl, w13, w2, k, cfg), name, cfg
 
 
-def graph_us(fns):
-    """us per call of the callables fns, captured in one CUDA graph and
-    replayed in batches of >= ~2 ms (median)."""
+def capture(fns):
+    """The callables fns run once on a side stream (warm-up), then captured
+    in one CUDA graph: (graph, what each returned during the capture)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -212,21 +212,32 @@ def graph_us(fns):
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    # Warm replays for >= 0.2 s, as the layer's timing has.
+        outs = [f() for f in fns]
+    return g, outs
+
+
+def warm_ms(replay):
+    """Calls replay for >= 0.2 s (and >= 6 times), three per event pair;
+    returns the last pair's ms per call."""
     start = torch.cuda.Event(enable_timing=True)
     stop = torch.cuda.Event(enable_timing=True)
     tw = time.time()
     n = 0
     while time.time() - tw < 0.2 or n < 6:
         start.record()
-        g.replay()
+        for _ in range(3):
+            replay()
         stop.record()
         stop.synchronize()
-        n += 1
-    one_ms = max(1e-3, start.elapsed_time(stop))
-    batch = max(1, int(-(-2.0 // one_ms)))
+        n += 3
+    return max(1e-3, start.elapsed_time(stop) / 3)
+
+
+def graph_us(fns):
+    """us per call of the callables fns, captured in one CUDA graph, warmed
+    as the layer is, and replayed in batches of >= ~2 ms (median)."""
+    g, _ = capture(fns)
+    batch = max(1, int(-(-2.0 // warm_ms(g.replay))))
     return median_ms(g.replay, 15, batch) * 1e3 / len(fns)
 
 
@@ -262,19 +273,8 @@ def run_config(impl, name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops
 
     # Capture R layers in one graph (side-stream warm-up first).
     mode = "graph"
-    outs = [None] * R
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for i in range(R):
-                layer(pool[i][0], pool[i][1])
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(R):
-                outs[i] = layer(pool[i][0], pool[i][1])
+        g, outs = capture([lambda x=x, lg=lg: layer(x, lg) for x, lg in pool])
         g.replay()
         torch.cuda.synchronize()
         gerr = rel_err(outs[0], eager0)
@@ -295,18 +295,7 @@ def run_config(impl, name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops
                 layer(pool[i][0], pool[i][1])
 
     # Warm replays (>= 0.2 s), then batches of >= ~2 ms.
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    tw = time.time()
-    nrep = 0
-    while time.time() - tw < 0.2 or nrep < 6:
-        start.record()
-        for _ in range(3):
-            replay()
-        stop.record()
-        stop.synchronize()
-        nrep += 3
-    replay_ms = max(1e-3, start.elapsed_time(stop) / 3)
+    replay_ms = warm_ms(replay)
     batch = max(1, int(-(-2.0 // replay_ms)))
     samples = min(args.replays, max(5, int(args.budget_s * 1e3 / (batch * replay_ms))))
     ms = median_ms(replay, samples, batch)
