@@ -400,36 +400,44 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
       const int64_t NI = N / 2, n0 = ti.n0 / 2;
 #pragma unroll
       for (int m = 0; m < kWsTileN / 64; ++m) {
-        uint32_t pa[4], pb[4];
+        // The intermediate's rounding of gate and up (4 columns x 4
+        // registers), then the activation kernel's formula on all 16.
+        float g[16], u[16];
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
           const int j = 4 * m + jj;  // gate registers 4 j .., up 4 (j + 16) ..
           const int64_t n = n0 + 8 * j + 2 * q;
-          float g[4] = {0.0f, 0.0f, 0.0f, 0.0f}, u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          float* gj = g + 4 * jj;
+          float* uj = u + 4 * jj;
+#pragma unroll
+          for (int x = 0; x < 4; ++x) gj[x] = uj[x] = 0.0f;
           if (ti.local) {
 #pragma unroll
             for (int x = 0; x < 4; ++x) {
-              g[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
-              u[x] = ToFloat(FromFloat<T>(acc[4 * (j + kWsTileN / 16) + x]));
+              gj[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
+              uj[x] = ToFloat(FromFloat<T>(acc[4 * (j + kWsTileN / 16) + x]));
             }
             if (bias != nullptr && n < NI) {
               const float g0 = ToFloat(FromFloat<T>(bias[n])),
                           g1 = ToFloat(FromFloat<T>(bias[n + 1]));
               const float u0 = ToFloat(FromFloat<T>(bias[NI + n]));
               const float u1 = ToFloat(FromFloat<T>(bias[NI + n + 1]));
-              g[0] += g0, g[1] += g1, g[2] += g0, g[3] += g1;
-              u[0] += u0, u[1] += u1, u[2] += u0, u[3] += u1;
+              gj[0] += g0, gj[1] += g1, gj[2] += g0, gj[3] += g1;
+              uj[0] += u0, uj[1] += u1, uj[2] += u0, uj[3] += u1;
             }
           }
-          float v[4];
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
-            // The intermediate's rounding, then the activation kernel's formula.
-            v[x] = moe_math::Gated(MoeActivation::kSilu, p.act_params, ToFloat(FromFloat<T>(g[x])),
-                                   ToFloat(FromFloat<T>(u[x])));
+            gj[x] = ToFloat(FromFloat<T>(gj[x]));
+            uj[x] = ToFloat(FromFloat<T>(uj[x]));
           }
-          pa[jj] = Pack2<T>(v[0], v[1]);
-          pb[jj] = Pack2<T>(v[2], v[3]);
+        }
+        moe_math::GatedSiluN(p.act_params, g, u);
+        uint32_t pa[4], pb[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          pa[jj] = Pack2<T>(g[4 * jj], g[4 * jj + 1]);
+          pb[jj] = Pack2<T>(g[4 * jj + 2], g[4 * jj + 3]);
         }
         const int64_t n = n0 + 8 * (4 * m + q);
         QuadStore16(pa, pb, lane, ok0 && n < NI ? Cg + static_cast<int64_t>(s0) * NI + n : nullptr,
