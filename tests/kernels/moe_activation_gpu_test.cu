@@ -43,8 +43,8 @@ __global__ void SiluKernel(const float* x, int64_t n, float* out1, float* outn) 
   }
 }
 
-__global__ void GatedKernel(const float* a, const float* b, int64_t n, kernels::cuda::MoeActParams p,
-                            float* out1, float* outn) {
+__global__ void GatedKernel(const float* a, const float* b, int64_t n,
+                            kernels::cuda::MoeActParams p, float* out1, float* outn) {
   const int64_t base = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kN;
   if (base >= n) return;
   float va[kN], vb[kN];
@@ -117,8 +117,8 @@ TEST(MoeActivationGpuTest, SiluNOnEveryBf16AndFp16Value) {
   EXPECT_EQ(Differ(one, batch, x), 0);
   // The slow path ran (values out of the fast path's range are in the set).
   int64_t slow = 0;
-  for (float v : x) slow += !(v > -40.0f && std::fabs(v) <= 0x1p100f &&
-                              (std::fabs(v) >= 0x1p-60f || v == 0.0f));
+  for (float v : x)
+    slow += !(v > -40.0f && std::fabs(v) <= 0x1p100f && (std::fabs(v) >= 0x1p-60f || v == 0.0f));
   EXPECT_GT(slow, 1000);
 }
 
@@ -151,8 +151,7 @@ TEST(MoeActivationGpuTest, GatedSiluNWithAndWithoutClamp) {
     kernels::cuda::MoeActParams p;
     p.has_clamp_limit = clamp;
     p.clamp_limit = 7.0f;
-    GatedKernel<<<static_cast<unsigned>((n / kN + 255) / 256), 256>>>(da.p, db.p, n, p, d1.p,
-                                                                       dn.p);
+    GatedKernel<<<static_cast<unsigned>((n / kN + 255) / 256), 256>>>(da.p, db.p, n, p, d1.p, dn.p);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<float> one(n), batch(n);
     ASSERT_EQ(cudaMemcpy(one.data(), d1.p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);

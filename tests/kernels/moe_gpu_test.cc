@@ -806,7 +806,7 @@ TEST_F(MoeGpuTest, AlignMatchesCpuReferenceBitExact) {
     int64_t M;
     int k;
   };
-  const Mk mks[] = {{1, 2}, {7, 4}, {4096, 8}};
+  const Mk mks[] = {{1, 2}, {7, 4}, {1000, 6}, {4096, 8}};  // 1000 x 6: warp ranges of 375 ids
   int cases = 0, failed = 0;
   for (int E : {8, 128, 256}) {
     for (const Mk& mk : mks) {

@@ -9,12 +9,13 @@
 //     the ranges), the total is padded to a multiple of block_size, and a
 //     block-wide exclusive scan over experts gives each expert's start;
 //     cnt[warp][e] becomes the range's write cursor.
-//  3. Each warp walks its range in order, 32 ids at a time; lanes with the
-//     same expert find each other with __match_any_sync, take their rank
-//     among the lower lanes, write at cursor + rank, and the highest lane of
-//     each group advances the cursor. Ranges are ordered and each range is
-//     placed in order, so every expert's tokens are in ascending flat index
-//     (stable), as in the reference.
+//  3. Each warp walks its range in order, 32 ids at a time (loaded 32 *
+//     kBatch at a time, here and in 1); lanes with the same expert find
+//     each other with __match_any_sync, take their rank among the lower
+//     lanes, write at cursor + rank, and the highest lane of each group
+//     advances the cursor. Ranges are ordered and each range is placed in
+//     order, so every expert's tokens are in ascending flat index (stable),
+//     as in the reference.
 //  4. expert_ids: block b belongs to the first expert whose padded end
 //     exceeds b * block_size (binary search), mapped through expert_map;
 //     blocks past num_tokens_post_padded get -1.
@@ -32,6 +33,7 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPerThread = (kMoeAlignMaxExperts + kThreads - 1) / kThreads;  // 2
+constexpr int kBatch = 8;  // ids a lane loads at once
 
 struct AlignArgs {
   const int32_t* ids;
@@ -46,6 +48,23 @@ struct AlignArgs {
 __device__ __forceinline__ bool Keep(const AlignArgs& a, int e) {
   if (e < 0 || e >= a.E) return false;
   return !(a.ignore_invalid && a.expert_map != nullptr && a.expert_map[e] < 0);
+}
+
+// The expert ids of flat indices base + 32 u + lane (u < kBatch) below
+// end, -1 for those past end or not kept: every load issued before any is
+// used (one at a time, each warp waited a memory round trip per 32 ids;
+// 8192 ids took 21.7 us, batched 15-17: docs/PERF.md, session 24).
+__device__ __forceinline__ void LoadIds(const AlignArgs& a, int base, int end, int lane,
+                                        int (&e)[kBatch]) {
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int t = base + 32 * u + lane;
+    e[u] = t < end ? a.ids[t] : -1;
+  }
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    if (!Keep(a, e[u])) e[u] = -1;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) MoeAlignKernel(AlignArgs a) {
@@ -65,9 +84,13 @@ __global__ void __launch_bounds__(kThreads) MoeAlignKernel(AlignArgs a) {
   const int len = (a.numel + kWarps - 1) / kWarps;
   const int begin = min(warp * len, a.numel), end = min(begin + len, a.numel);
   int* my_cnt = cnt + warp * E;
-  for (int t = begin + lane; t < end; t += 32) {
-    const int e = a.ids[t];
-    if (Keep(a, e)) atomicAdd(&my_cnt[e], 1);
+  for (int base = begin; base < end; base += 32 * kBatch) {
+    int e[kBatch];
+    LoadIds(a, base, end, lane, e);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (e[u] >= 0) atomicAdd(&my_cnt[e[u]], 1);
+    }
   }
   __syncthreads();
 
@@ -143,21 +166,21 @@ __global__ void __launch_bounds__(kThreads) MoeAlignKernel(AlignArgs a) {
   }
 
   // Stable placement, range by range.
-  for (int base = begin; base < end; base += 32) {
-    const int t = base + lane;
-    int e = -1;
-    if (t < end) {
-      e = a.ids[t];
-      if (!Keep(a, e)) e = -1;
+  for (int base = begin; base < end; base += 32 * kBatch) {
+    int ev[kBatch];
+    LoadIds(a, base, end, lane, ev);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int e = ev[u], t = base + 32 * u + lane;
+      const unsigned peers = __match_any_sync(kFull, e);
+      if (e >= 0) {
+        const int pos = my_cnt[e] + __popc(peers & ((1u << lane) - 1u));
+        if (pos < a.max_padded) a.sorted[pos] = t;
+      }
+      __syncwarp();
+      if (e >= 0 && lane == 31 - __clz(peers)) my_cnt[e] += __popc(peers);
+      __syncwarp();
     }
-    const unsigned peers = __match_any_sync(kFull, e);
-    if (e >= 0) {
-      const int pos = my_cnt[e] + __popc(peers & ((1u << lane) - 1u));
-      if (pos < a.max_padded) a.sorted[pos] = t;
-    }
-    __syncwarp();
-    if (e >= 0 && lane == 31 - __clz(peers)) my_cnt[e] += __popc(peers);
-    __syncwarp();
   }
 }
 
