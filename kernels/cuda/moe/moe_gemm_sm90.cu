@@ -6,11 +6,12 @@
 // the weight rows (always plentiful) and the token tile can be as narrow as
 // the batch (16 slots for decode, 64, 128 or 256 for prefill). A CTA computes
 // 128 weight rows (two warpgroups of 64) x block_m slots of one
-// moe_align_block_size block (one expert), stepping K by 64 through a
-// multi-stage cp.async pipeline. Both tiles are K-major rows of 128 bytes in
-// the 128-byte swizzled layout wgmma reads through matrix descriptors (16-byte
-// chunk c of row r at chunk c ^ (r % 8)); token rows are gathered from
-// A[slot / a_row_div] while copying, so there is no gather pass.
+// moe_align_block_size block (one expert), stepping K by 64 (or 128: Cfg's
+// kWide) through a multi-stage cp.async pipeline. Both tiles are K-major rows
+// of 128 bytes in the 128-byte swizzled layout wgmma reads through matrix
+// descriptors (16-byte chunk c of row r at chunk c ^ (r % 8)); token rows
+// are gathered from A[slot / a_row_div] while copying, so there is no
+// gather pass.
 //
 // Why swapped and why split-K: at decode sizes the layer is a weight stream
 // (every weight of a hit expert is read once for a handful of tokens), and
@@ -78,12 +79,23 @@ constexpr int kThreads = 256;
 // 16-bit copy. The token operand is then T.
 struct Int4W {};
 
-template <int BT, typename TIn>
+inline constexpr int64_t kWideK = 4096;  // Cfg::kWide from this K
+
+template <int BT, typename TIn, bool kWide = false>
 struct Cfg {
   static constexpr bool kInt = std::is_same_v<TIn, Int4W>;
   static constexpr bool kFp8 = !kInt && sizeof(TIn) == 1;
+  // kWide: 256 bytes of each row a stage, as two 128-byte sub-tiles (16-bit
+  // weights in blocks of 16, K >= kWideK, K not split: 6 stages of 36 KiB,
+  // one CTA a multiprocessor). Measured on an H200 (docs/PERF.md, session 24),
+  // the layer, us, 128-byte stages against wide ones: Mixtral-8x7B at 16
+  // tokens (K 4096 / 14336) 672.0, 671.5 against 653.4, 653.9; Qwen3-30B-A3B
+  // (K 2048 / 768) at 16 and 64 tokens 206 / 306 against 219 / 313, and in
+  // blocks of 64 (256, 512 tokens) 353 / 378 against 372 / 388.
+  static_assert(!kWide || (!kInt && !kFp8 && BT == 16), "wide k-tiles: 16-bit, blocks of 16");
+  static constexpr int kSub = kWide ? 2 : 1;
   static constexpr int kElems16 = kInt ? 8 : 16 / sizeof(TIn);  // token elements per 16 bytes
-  static constexpr int kBKe = 8 * kElems16;  // K elements per stage (128 bytes of a token row)
+  static constexpr int kBKe = 8 * kElems16 * kSub;  // K elements per stage (128 bytes a sub-tile)
   // int4: 8 stages of 6 / 12 / 20 KiB (the packed weights are a quarter of
   // the bytes, so more k-tiles are in flight); else 108 / 96 / 96 / 192 KiB.
   // 16-bit tokens in blocks of 128 take 3 stages so that two CTAs share a
@@ -92,8 +104,10 @@ struct Cfg {
   // (docs/PERF.md, session 21).
   static constexpr bool kTwo128 = BT == 128 && !kInt && !kFp8;
   static constexpr int kStages = kInt ? 8 : BT == 16 ? 6 : kTwo128 ? 3 : 4;
-  static constexpr int kWBytes = kRowsW * (kInt ? 32 : 128);  // int4: 4 KiB unswizzled, else 16
-  static constexpr int kTBytes = BT * 128;
+  static constexpr int kWSub = kRowsW * (kInt ? 32 : 128);  // int4: 4 KiB unswizzled, else 16
+  static constexpr int kTSub = BT * 128;
+  static constexpr int kWBytes = kWSub * kSub;
+  static constexpr int kTBytes = kTSub * kSub;
   // fp8 block scales: the k-tile's activation scale of each slot, then the
   // weight tile's scale, padded so that every stage stays 1024-byte aligned.
   static constexpr int kSBytes = kFp8 ? 1024 : 0;
@@ -103,7 +117,7 @@ struct Cfg {
   static constexpr int kLdc = kRowsW + 8;               // epilogue T tile pitch (elements)
   static constexpr int kLdp = kRowsW + 4;               // epilogue fp32 tile pitch
   static constexpr int kSmemBytes = kPipeBytes + 1024;  // + room to align to 1024
-  static constexpr int kMinBlocks = BT <= 64 || kTwo128 ? 2 : 1;
+  static constexpr int kMinBlocks = kWide ? 1 : BT <= 64 || kTwo128 ? 2 : 1;
   static_assert(BT * kLdp * 4 <= kPipeBytes, "epilogue tile must fit the pipeline buffers");
 };
 
@@ -256,10 +270,10 @@ struct NoIntRows {
   __device__ __forceinline__ NoIntRows(const GemmParams&, int, int64_t, int) {}
 };
 
-template <int BT, typename TIn, typename T>
-__global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
+template <int BT, typename TIn, typename T, bool kWide = false>
+__global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn, kWide>::kMinBlocks))
     WgmmaGroupedGemmKernel(GemmParams p) {
-  using C = Cfg<BT, TIn>;
+  using C = Cfg<BT, TIn, kWide>;
   extern __shared__ uint8_t smem_dyn[];
   __shared__ int64_t s_arow[BT];                // A row of each slot of the block, -1 for sentinels
   __shared__ int64_t s_slot[BT];                // output row, -1 for sentinels
@@ -364,21 +378,27 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < (kRowsW * 8) / kThreads; ++i) {
-        const int idx = tid + i * kThreads;
-        const int r = idx >> 3, c = idx & 7;
-        const int64_t n = n0 + r, k = k0 + c * C::kElems16;
-        const bool ok = n < N && k < K;
-        CpAsync16(w_base + Swz(r, c), ok ? W + n * K + k : W, ok);
+      for (int sub = 0; sub < C::kSub; ++sub) {
+#pragma unroll
+        for (int i = 0; i < (kRowsW * 8) / kThreads; ++i) {
+          const int idx = tid + i * kThreads;
+          const int r = idx >> 3, c = idx & 7;
+          const int64_t n = n0 + r, k = k0 + (sub * 8 + c) * C::kElems16;
+          const bool ok = n < N && k < K;
+          CpAsync16(w_base + sub * C::kWSub + Swz(r, c), ok ? W + n * K + k : W, ok);
+        }
       }
 #pragma unroll
-      for (int i = 0; i < (BT * 8 + kThreads - 1) / kThreads; ++i) {
-        const int idx = tid + i * kThreads;
-        if (idx < BT * 8) {
-          const int r = idx >> 3, c = idx & 7;
-          const int64_t row = s_arow[r], k = k0 + c * C::kElems16;
-          const bool ok = row >= 0 && k < K;
-          CpAsync16(t_base + Swz(r, c), ok ? A + row * K + k : A, ok);
+      for (int sub = 0; sub < C::kSub; ++sub) {
+#pragma unroll
+        for (int i = 0; i < (BT * 8 + kThreads - 1) / kThreads; ++i) {
+          const int idx = tid + i * kThreads;
+          if (idx < BT * 8) {
+            const int r = idx >> 3, c = idx & 7;
+            const int64_t row = s_arow[r], k = k0 + (sub * 8 + c) * C::kElems16;
+            const bool ok = row >= 0 && k < K;
+            CpAsync16(t_base + sub * C::kTSub + Swz(r, c), ok ? A + row * K + k : A, ok);
+          }
         }
       }
       if (C::kFp8 && block_scaled) {
@@ -476,8 +496,12 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn>::kMinBlocks))
     } else {
       WgmmaFence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        Wgmma<BT, TIn>::Run(acc, Desc(a_desc_base + kk * 32), Desc(b_desc_base + kk * 32), 1);
+      for (int sub = 0; sub < C::kSub; ++sub) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          Wgmma<BT, TIn>::Run(acc, Desc(a_desc_base + sub * C::kWSub + kk * 32),
+                              Desc(b_desc_base + sub * C::kTSub + kk * 32), 1);
+        }
       }
       WgmmaCommit();
       WgmmaWait<1>();
@@ -586,9 +610,13 @@ __global__ void SplitKReduceKernel(GemmParams p, int bt) {
   }
 }
 
-template <int BT, typename TIn, typename T>
+template <int BT, typename TIn, typename T, bool kWide = false>
 absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream) {
-  using C = Cfg<BT, TIn>;
+  if constexpr (!kWide && BT == 16 && !Cfg<BT, TIn>::kInt && !Cfg<BT, TIn>::kFp8) {
+    // Unsplit only: MoeGemmSplitsFor counts two CTAs a multiprocessor.
+    if (p.K >= kWideK && p.splits == 1) return Launch<BT, TIn, T, true>(p, num_blocks, stream);
+  }
+  using C = Cfg<BT, TIn, kWide>;
   // The shared-memory limit is a per-device attribute of the kernel: raise it
   // once per device (idempotent, so a race only repeats it).
   static std::atomic<uint64_t> attr_set{0};
@@ -596,7 +624,7 @@ absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream
   KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(WgmmaGroupedGemmKernel<BT, TIn, T>,
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(WgmmaGroupedGemmKernel<BT, TIn, T, kWide>,
                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     C::kSmemBytes));
     attr_set.fetch_or(bit, std::memory_order_release);
@@ -604,7 +632,7 @@ absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream
   const dim3 grid(static_cast<unsigned>(num_blocks),
                   static_cast<unsigned>((p.N + kRowsW - 1) / kRowsW),
                   static_cast<unsigned>(p.splits));
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WgmmaGroupedGemmKernel<BT, TIn, T>, grid,
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WgmmaGroupedGemmKernel<BT, TIn, T, kWide>, grid,
                                                dim3(kThreads), C::kSmemBytes, stream, p));
   if (p.splits > 1 && !p.reduce_in_consumer) {
     const dim3 rgrid(grid.x, grid.y);
