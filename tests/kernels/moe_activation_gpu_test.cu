@@ -2,13 +2,15 @@
 // kernels/cuda/moe/moe_activation_math.cuh) against the one-at-a-time form
 // every other kernel uses (Silu, Gated): the same bits. Exhaustive over
 // every bf16 and every fp16 value (the fused epilogue's SiLU sees only
-// values rounded to the GEMM's dtype), then fresh random fp32 bit patterns
-// (seed printed; MOE_ACTIVATION_GPU_TEST_SEED=<n> repeats one), and gated
-// pairs with and without a clamp limit. Skips without a device.
+// values rounded to the GEMM's dtype), then over every fp32 bit pattern,
+// and gated pairs with and without a clamp limit on fresh random data
+// (seed printed; MOE_ACTIVATION_GPU_TEST_SEED=<n> repeats one). Skips
+// without a device.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -59,6 +61,31 @@ __global__ void GatedKernel(const float* a, const float* b, int64_t n,
     if (base + i < n) {
       out1[base + i] = mm::Gated(kernels::MoeActivation::kSilu, p, a[base + i], b[base + i]);
       outn[base + i] = va[i];
+    }
+  }
+}
+
+// Every fp32 bit pattern through Silu and SiluN (kN consecutive patterns a
+// thread step): *count the values whose bits differ (NaN against NaN
+// equal), *first the smallest such pattern.
+__global__ void SweepKernel(unsigned long long* count, uint32_t* first) {
+  const uint64_t chunks = (uint64_t{1} << 32) / kN;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t c = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks;
+       c += stride) {
+    float x[kN], v[kN];
+#pragma unroll
+    for (int i = 0; i < kN; ++i) x[i] = v[i] = __uint_as_float(static_cast<uint32_t>(c * kN + i));
+    mm::SiluN(v);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      const float one = mm::Silu(x[i]);
+      const bool same =
+          __float_as_uint(one) == __float_as_uint(v[i]) || (one != one && v[i] != v[i]);
+      if (!same) {
+        atomicAdd(count, 1ull);
+        atomicMin(first, __float_as_uint(x[i]));
+      }
     }
   }
 }
@@ -122,19 +149,19 @@ TEST(MoeActivationGpuTest, SiluNOnEveryBf16AndFp16Value) {
   EXPECT_GT(slow, 1000);
 }
 
-TEST(MoeActivationGpuTest, SiluNOnRandomFloats) {
+TEST(MoeActivationGpuTest, SiluNOnEveryFloat) {
   SKIP_WITHOUT_CUDA();
-  std::mt19937_64 rng(test_util::SplitMix(
-      test_util::TestSeed("moe_activation_gpu_test", "MOE_ACTIVATION_GPU_TEST_SEED")));
-  std::vector<float> x(1 << 24);
-  // Half raw bit patterns (every exponent), half values of a GEMM's scale.
-  std::normal_distribution<float> normal(0.0f, 8.0f);
-  for (size_t i = 0; i < x.size(); ++i) {
-    x[i] = i % 2 ? FromBits(static_cast<uint32_t>(rng())) : normal(rng);
-  }
-  std::vector<float> batch;
-  const std::vector<float> one = Launch(x, &batch);
-  EXPECT_EQ(Differ(one, batch, x), 0);
+  DeviceBuf<unsigned long long> count(1);
+  DeviceBuf<uint32_t> first(1);
+  ASSERT_EQ(cudaMemset(count.p, 0, sizeof(unsigned long long)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(first.p, 0xff, sizeof(uint32_t)), cudaSuccess);
+  SweepKernel<<<132 * 8, 256>>>(count.p, first.p);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  unsigned long long n = 0;
+  uint32_t f = 0;
+  ASSERT_EQ(cudaMemcpy(&n, count.p, sizeof(n), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(&f, first.p, sizeof(f), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(n, 0u) << "first differing input 0x" << std::hex << f << " (" << FromBits(f) << ")";
 }
 
 TEST(MoeActivationGpuTest, GatedSiluNWithAndWithoutClamp) {

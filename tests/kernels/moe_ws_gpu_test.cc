@@ -10,8 +10,9 @@
 // expert that is not local (zero rows), half-empty 256-slot blocks, N and K
 // that are not multiples of the tiles, with and without bias, GEMM 1
 // (a_row_div = top_k) and GEMM 2 row maps; the fused SiLU epilogue in both
-// forms; more work items than clusters. The launch counters show which
-// form ran. Outputs are poisoned with NaN first. Run without
+// forms; more work items than clusters; the cp.async kernel's wide form
+// (blocks of 16) at K tails, against the float64 evaluation alone. The
+// launch counters show which form ran. Outputs are poisoned with NaN first. Run without
 // KPLAN_MOE_WS_DEBUG (its measurement bits change the kernel). Skips
 // without a device.
 #include <cuda_runtime_api.h>
@@ -99,7 +100,9 @@ void RunCase(const Case& c) {
   slots.Into(g);
   g.N = N;
   g.K = K;
-  ASSERT_TRUE(kc::MoeGemmWsApplies(g));
+  // Blocks of 16 / 64: the cp.async kernel alone (against float64 below).
+  const bool ws_forms = c.block_m >= 128;
+  ASSERT_EQ(kc::MoeGemmWsApplies(g), ws_forms);
 
   auto run = [&](Form f) {
     std::vector<uint16_t> out(numel * out_n);
@@ -123,14 +126,16 @@ void RunCase(const Case& c) {
     kc::SetMoeGemmWsClusterMode(kc::MoeGemmWsMode::kFromEnv);
     return out;
   };
-  const std::vector<uint16_t> cluster = run(Form::kWsCluster);
-  const std::vector<uint16_t> single = run(Form::kWs);
-  int64_t differ = 0;
-  for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != single[i];
-  EXPECT_EQ(differ, 0) << "clusters of two against one CTA a tile";
-  if (!c.fused) {  // the cp.async kernel has no fused epilogue
+  const std::vector<uint16_t> cluster = run(ws_forms ? Form::kWsCluster : Form::kCpAsync);
+  if (ws_forms) {
+    const std::vector<uint16_t> single = run(Form::kWs);
+    int64_t differ = 0;
+    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != single[i];
+    EXPECT_EQ(differ, 0) << "clusters of two against one CTA a tile";
+  }
+  if (ws_forms && !c.fused) {  // the cp.async kernel has no fused epilogue
     const std::vector<uint16_t> cp = run(Form::kCpAsync);
-    differ = 0;
+    int64_t differ = 0;
     for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != cp[i];
     EXPECT_EQ(differ, 0) << "clusters of two against the cp.async kernel";
   }
@@ -255,6 +260,17 @@ TEST(MoeWsGpuTest, FusedActivation) {
            128,
            true});
   RunCase({"fused_fp16_256", {700, 260, 300}, 1, 512, 128, false, DType::kFloat16, -1, 256, true});
+}
+
+// The cp.async kernel's wide form (256 bytes of each row a stage: blocks of
+// 16, K >= 4096, not split) at K tails: the last stage's second sub-tile
+// wholly past K (4104 = 32 x 128 + 8), partly past it (4168), none (4224);
+// N not a multiple of the 128 weight rows; an expert with two blocks.
+TEST(MoeWsGpuTest, WideKTilesOfBlocksOf16) {
+  SKIP_WITHOUT_CUDA();
+  RunCase({"wide_bf16_4104", {5, 16, 0, 17, 1}, 1, 264, 4104, true, DType::kBFloat16, -1, 16});
+  RunCase({"wide_fp16_4168", {3, 9, 12}, 3, 136, 4168, false, DType::kFloat16, -1, 16});
+  RunCase({"wide_bf16_4224", {8, 1, 2, 16}, 1, 128, 4224, false, DType::kBFloat16, 2, 16});
 }
 
 // Small enough for compute-sanitizer (memcheck / racecheck / synccheck).

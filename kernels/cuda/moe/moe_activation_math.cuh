@@ -8,6 +8,11 @@
 
 #include "kernels/cuda/moe/moe_experts.h"
 
+// SiluN's bits equal Silu's only where '/' is the IEEE division (div.rn).
+#ifdef __USE_FAST_MATH__
+#error "moe_activation_math.cuh: built with --use_fast_math"
+#endif
+
 namespace kplan::kernels::cuda::moe_math {
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -26,8 +26,8 @@
 //   writes through the generic proxy, wgmma reads through the async proxy);
 //   barrier; prefetch k-tile kt+S-2 into the stage that k-tile kt-2 used
 //   (its wgmmas completed: every warpgroup waited for all but its latest
-//   wgmma group before the barrier); issue 4 wgmma k16 steps; commit; wait
-//   until at most one group is in flight.
+//   wgmma group before the barrier); issue 4 wgmma k16 steps (8 in the wide
+//   form); commit; wait until at most one group is in flight.
 // Epilogue: accumulators -> shared tile [slots][128] (rounded to T with the
 // bias, or fp32 partials), then coalesced 16-byte row stores to C[slot].
 //
@@ -88,10 +88,13 @@ struct Cfg {
   // kWide: 256 bytes of each row a stage, as two 128-byte sub-tiles (16-bit
   // weights in blocks of 16, K >= kWideK, K not split: 6 stages of 36 KiB,
   // one CTA a multiprocessor). Measured on an H200 (docs/PERF.md, session 24),
-  // the layer, us, 128-byte stages against wide ones: Mixtral-8x7B at 16
-  // tokens (K 4096 / 14336) 672.0, 671.5 against 653.4, 653.9; Qwen3-30B-A3B
-  // (K 2048 / 768) at 16 and 64 tokens 206 / 306 against 219 / 313, and in
-  // blocks of 64 (256, 512 tokens) 353 / 378 against 372 / 388.
+  // the layer, us, 128-byte stages against wide ones: faster for Mixtral-8x7B
+  // at 16 tokens (K 4096 / 14336), 672.0, 671.5 against 653.4, 653.9; slower
+  // for Qwen3-30B-A3B (K 2048 / 768), hence the K bound: 16 and 64 tokens 206
+  // / 306 against 219 / 313, and in blocks of 64 (256, 512 tokens: hence
+  // blocks of 16 only) 353 / 378 against 372 / 388. Unmeasured: grids of
+  // 133-264 CTAs, which fit one wave at two CTAs a multiprocessor but not
+  // at one (GEMM 2 of Mixtral at 3-12 tokens; 16 tokens has 256).
   static_assert(!kWide || (!kInt && !kFp8 && BT == 16), "wide k-tiles: 16-bit, blocks of 16");
   static constexpr int kSub = kWide ? 2 : 1;
   static constexpr int kElems16 = kInt ? 8 : 16 / sizeof(TIn);  // token elements per 16 bytes
@@ -334,7 +337,8 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn, kWide>::kMinBlocks))
       C::kInt ? static_cast<const uint8_t*>(p.iw.data) + static_cast<int64_t>(e) * N * (K / 2)
               : nullptr;
 
-  // K range of this split, in k-tiles of 128 bytes (64 bf16 / 128 fp8).
+  // K range of this split, in k-tiles of 128 bytes (64 bf16 / 128 fp8; wide:
+  // 256 bytes, 128 bf16).
   const int64_t ktiles_all = (K + C::kBKe - 1) / C::kBKe;
   const int64_t kt_begin = ktiles_all * split / p.splits;
   const int64_t kt_end = ktiles_all * (split + 1) / p.splits;
@@ -358,7 +362,8 @@ __global__ void __launch_bounds__(kThreads, (Cfg<BT, TIn, kWide>::kMinBlocks))
   }
   const bool block_scaled = C::kFp8 && p.w_scale_kind == MoeFp8WeightScale::kBlock;
   // Copy assignment: W 128 rows x 8 chunks (4 per thread), tokens BT x 8,
-  // with fp8 block scales the slots' activation scales of the k-tile.
+  // per sub-tile (two in the wide form); with fp8 block scales the slots'
+  // activation scales of the k-tile.
   auto load_stage = [&](int stage, int64_t kt) {
     const uint32_t w_base = smem_base + stage * C::kStageBytes;
     const uint32_t t_base = w_base + C::kWBytes;
@@ -740,7 +745,8 @@ int MoeGemmSplitsFor(int64_t numel, int64_t num_blocks, int64_t N, int64_t K, in
   const int64_t blocks = std::max<int64_t>(1, std::min(num_blocks, numel));
   const int64_t ctas = (N + kRowsW - 1) / kRowsW * blocks;
   // Cfg<>::kMinBlocks; 1 for every block of 128 (the 16-bit kernel fits 2
-  // since session 21: the wave is underestimated there, which only splits less).
+  // since session 21: the wave is underestimated there, which only splits
+  // less). Blocks of 16 fit 2 unless wide, and the wide form is never split.
   const int per_sm = block_m <= 64 ? 2 : 1;
   const int64_t wave = static_cast<int64_t>(per_sm) * std::max(num_sms, 1);
   if (2 * ctas > wave) return 1;

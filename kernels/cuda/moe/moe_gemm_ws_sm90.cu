@@ -403,6 +403,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
         // The intermediate's rounding of gate and up (4 columns x 4
         // registers), then the activation kernel's formula on all 16.
         float g[16], u[16];
+        uint32_t pa[4], pb[4];
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
           const int j = 4 * m + jj;  // gate registers 4 j .., up 4 (j + 16) ..
@@ -431,13 +432,24 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
             gj[x] = ToFloat(FromFloat<T>(gj[x]));
             uj[x] = ToFloat(FromFloat<T>(uj[x]));
           }
-        }
-        moe_math::GatedSiluN(p.act_params, g, u);
-        uint32_t pa[4], pb[4];
+          if constexpr (kInt) {
+            // The int4 consumers keep 192 registers: 16 values at once
+            // spilled 268-448 bytes there, so they take one at a time.
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          pa[jj] = Pack2<T>(g[4 * jj], g[4 * jj + 1]);
-          pb[jj] = Pack2<T>(g[4 * jj + 2], g[4 * jj + 3]);
+            for (int x = 0; x < 4; ++x) {
+              gj[x] = moe_math::Gated(MoeActivation::kSilu, p.act_params, gj[x], uj[x]);
+            }
+            pa[jj] = Pack2<T>(gj[0], gj[1]);
+            pb[jj] = Pack2<T>(gj[2], gj[3]);
+          }
+        }
+        if constexpr (!kInt) {
+          moe_math::GatedSiluN(p.act_params, g, u);
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            pa[jj] = Pack2<T>(g[4 * jj], g[4 * jj + 1]);
+            pb[jj] = Pack2<T>(g[4 * jj + 2], g[4 * jj + 3]);
+          }
         }
         const int64_t n = n0 + 8 * (4 * m + q);
         QuadStore16(pa, pb, lane, ok0 && n < NI ? Cg + static_cast<int64_t>(s0) * NI + n : nullptr,
