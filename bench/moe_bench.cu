@@ -847,7 +847,7 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   DevBuf sorted(max_padded * 4), eids(max_blocks * 4), post(4);
   CHECK_OK(kc::LaunchMoeAlignBlockSize(tid.as<int32_t>(), numel, bm, E, nullptr, false, false,
                                        sorted.as<int32_t>(), eids.as<int32_t>(), post.as<int32_t>(),
-                                       stream));
+                                       nullptr, stream));
   auto args_for = [&](int which) {
     kc::MoeGroupedGemmArgs g;
     g.dtype = kplan::kernels::DType::kBFloat16;

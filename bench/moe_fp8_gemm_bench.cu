@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
   int32_t* eids = static_cast<int32_t*>(Alloc(max_blocks * 4));
   int32_t* post = static_cast<int32_t*>(Alloc(4));
   CHECK_OK(kc::LaunchMoeAlignBlockSize(topk_ids, numel, kBlockM, E, nullptr, false, false, sorted,
-                                       eids, post, stream));
+                                       eids, post, nullptr, stream));
   int32_t padded = 0;
   CHECK_CUDA(cudaMemcpyAsync(&padded, post, 4, cudaMemcpyDeviceToHost, stream));
   CHECK_CUDA(cudaStreamSynchronize(stream));

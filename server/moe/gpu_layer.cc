@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/moe/moe_experts.h"
@@ -27,7 +28,8 @@ struct Layout {
   int block_m = 0;
   int splits1 = 1, splits2 = 1;  // split-K of GEMM 1 / GEMM 2
   int64_t max_padded = 0, max_blocks = 0;
-  int64_t sorted = 0, eids = 0, post = 0, scaled = -1, c1 = 0, c2 = 0, y = -1, partials = -1;
+  int64_t sorted = 0, eids = 0, post = 0, align = -1, scaled = -1, c1 = 0, c2 = 0, y = -1,
+          partials = -1;
   int64_t bytes = 0;
 };
 
@@ -68,12 +70,25 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   l.sorted = reserve(l.max_padded * 4);
   l.eids = reserve(l.max_blocks * 4);
   l.post = reserve(4);
+  // The align's scratch (spread over blocks from a few thousand ids).
+  if (const int64_t ints = kc::MoeAlignScratchInts(numel, E); ints > 0) l.align = reserve(ints * 4);
   if (scale_rows) l.scaled = reserve(M * H * 2);
   l.c1 = reserve(numel * N13 * 2);
   l.c2 = reserve(numel * I * 2);
   if (separate_y) l.y = reserve(numel * H * 2);
   if (partials > 0) l.partials = reserve(partials);
   return l;
+}
+
+// The align spread over blocks (its scratch passed) is off until it has run
+// on a GPU: KPLAN_MOE_ALIGN_SPREAD=1 turns it on (moe_gpu_test checks both
+// forms against the CPU reference).
+bool AlignSpreadOn() {
+  static const bool on = [] {
+    const char* v = std::getenv("KPLAN_MOE_ALIGN_SPREAD");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
 }
 
 template <typename T>
@@ -145,7 +160,7 @@ int DeviceSmCount(int device) { return kc::MultiprocessorCount(device).value_or(
 
 absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t* sorted,
                                     int32_t* expert_ids, int32_t* num_tokens_post_padded,
-                                    void* stream_ptr) {
+                                    int32_t* align_scratch, void* stream_ptr) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (a.router_logits != nullptr) {
     KPLAN_RETURN_IF_ERROR(kc::LaunchMoeRouting(a.routing, a.router_logits, a.num_tokens,
@@ -155,7 +170,7 @@ absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t*
   return kc::LaunchMoeAlignBlockSize(a.topk_ids, a.num_tokens * a.top_k, block_m, a.num_experts,
                                      a.expert_map, /*pad_sorted_ids=*/false,
                                      /*ignore_invalid_experts=*/false, sorted, expert_ids,
-                                     num_tokens_post_padded, stream);
+                                     num_tokens_post_padded, align_scratch, stream);
 }
 
 int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, int top_k,
@@ -302,7 +317,8 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   int32_t* sorted = At<int32_t>(workspace, l.sorted);
   int32_t* eids = At<int32_t>(workspace, l.eids);
   int32_t* post = At<int32_t>(workspace, l.post);
-  KPLAN_RETURN_IF_ERROR(EnqueueRoutingAndAlign(a, l.block_m, sorted, eids, post, stream));
+  int32_t* align = l.align >= 0 && AlignSpreadOn() ? At<int32_t>(workspace, l.align) : nullptr;
+  KPLAN_RETURN_IF_ERROR(EnqueueRoutingAndAlign(a, l.block_m, sorted, eids, post, align, stream));
   const void* a1 = a.hidden;
   if (a.apply_router_weight_on_input) {
     KPLAN_RETURN_IF_ERROR(kc::LaunchMoeScaleRows(dtype, a.hidden, a.topk_weights, M, H,

@@ -301,7 +301,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   int32_t* eids = At<int32_t>(workspace, l.eids);
   int32_t* post = At<int32_t>(workspace, l.post);
   KPLAN_RETURN_IF_ERROR(
-      EnqueueRoutingAndAlign(a, matvec ? 0 : l.block_m, sorted, eids, post, stream));
+      EnqueueRoutingAndAlign(a, matvec ? 0 : l.block_m, sorted, eids, post, nullptr, stream));
   const void* a1 = a.hidden;
   if (a.apply_router_weight_on_input) {
     void* scaled = At<void>(workspace, l.scaled);

@@ -66,8 +66,10 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
 // The first two stages every route shares (gpu_layer.cc): routing from
 // logits when `a` has them, then moe_align_block_size with `block_m` (and
 // a's expert map) into the given device arrays; block_m 0: the routing only.
+// align_scratch: kernels::cuda::MoeAlignScratchInts ints, or null (the
+// align then runs as one block).
 absl::Status EnqueueRoutingAndAlign(const MoeLayerArgs& a, int block_m, int32_t* sorted,
                                     int32_t* expert_ids, int32_t* num_tokens_post_padded,
-                                    void* stream);
+                                    int32_t* align_scratch, void* stream);
 
 }  // namespace kplan

@@ -229,7 +229,7 @@ class LocalExperts {
     if (e_local_ == 0) return absl::OkStatus();
     absl::Status st =
         kc::LaunchMoeAlignBlockSize(t_.recv_expert_ids(), numel_, kBlockM, e_local_, nullptr, false,
-                                    false, sorted_, blocks_, post_, stream);
+                                    false, sorted_, blocks_, post_, nullptr, stream);
     if (!st.ok()) return st;
     kc::MoeGroupedGemmArgs g;
     g.dtype = kernels::DType::kBFloat16;

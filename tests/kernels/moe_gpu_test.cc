@@ -611,11 +611,11 @@ TEST(MoeGpuValidationTest, RejectsUnsupportedParams) {
   EXPECT_EQ(kc::ValidateMoeRoutingParams(p).code(), absl::StatusCode::kInvalidArgument);
   int32_t dummy = 0;
   EXPECT_EQ(kc::LaunchMoeAlignBlockSize(&dummy, 1, 0, 8, nullptr, false, false, &dummy, &dummy,
-                                        &dummy, nullptr)
+                                        &dummy, nullptr, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(kc::LaunchMoeAlignBlockSize(&dummy, 1, 16, 1025, nullptr, false, false, &dummy, &dummy,
-                                        &dummy, nullptr)
+                                        &dummy, nullptr, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   // Sizes agree with the CPU reference's buffers.
@@ -654,8 +654,11 @@ struct AlignOutcome {
 
 constexpr size_t kGuard = 64;
 
+// spread: with the scratch MoeAlignScratchInts asks for (the kernels spread
+// over blocks from its threshold up; its guard must stay untouched); else
+// without (one block at every size).
 AlignOutcome RunAlign(const std::vector<int32_t>& ids, int E, int bs, MapMode map, bool pad,
-                      cudaStream_t stream) {
+                      bool spread, cudaStream_t stream) {
   AlignOutcome o;
   const int64_t numel = static_cast<int64_t>(ids.size());
   std::vector<int32_t> emap;
@@ -686,14 +689,15 @@ AlignOutcome RunAlign(const std::vector<int32_t>& ids, int E, int bs, MapMode ma
     o.error = "buffer sizes differ from the CPU reference";
     return o;
   }
+  const int64_t scratch_ints = kc::MoeAlignScratchInts(numel, E);
   DevBuf<int32_t> d_ids(numel), d_map(E), d_sorted(max_padded, kGuard),
-      d_experts(max_blocks, kGuard), d_post(1, kGuard);
+      d_experts(max_blocks, kGuard), d_post(1, kGuard), d_scratch(scratch_ints, kGuard);
   auto fail = [&](const char* what, cudaError_t e) {
     o.error = std::string(what) + ": " + cudaGetErrorString(e);
     return o;
   };
-  for (cudaError_t e :
-       {d_ids.status(), d_map.status(), d_sorted.status(), d_experts.status(), d_post.status()}) {
+  for (cudaError_t e : {d_ids.status(), d_map.status(), d_sorted.status(), d_experts.status(),
+                        d_post.status(), d_scratch.status()}) {
     if (e != cudaSuccess) return fail("cudaMalloc", e);
   }
   if (numel > 0) {
@@ -702,30 +706,33 @@ AlignOutcome RunAlign(const std::vector<int32_t>& ids, int E, int bs, MapMode ma
   if (!emap.empty()) {
     if (cudaError_t e = d_map.Upload(emap); e != cudaSuccess) return fail("upload", e);
   }
-  for (DevBuf<int32_t>* b : {&d_sorted, &d_experts, &d_post}) {
+  for (DevBuf<int32_t>* b : {&d_sorted, &d_experts, &d_post, &d_scratch}) {
     if (cudaError_t e = b->Poison(kPoisonByte); e != cudaSuccess) return fail("poison", e);
   }
   // The stream is non-blocking: wait for the legacy-stream uploads and memsets.
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return fail("sync", e);
-  absl::Status s = kc::LaunchMoeAlignBlockSize(
-      d_ids.get(), numel, bs, E, emap.empty() ? nullptr : d_map.get(), pad, ignore,
-      max_padded > 0 ? d_sorted.get() : d_sorted.raw(),
-      max_blocks > 0 ? d_experts.get() : d_experts.raw(), d_post.get(), stream);
+  absl::Status s =
+      kc::LaunchMoeAlignBlockSize(d_ids.get(), numel, bs, E, emap.empty() ? nullptr : d_map.get(),
+                                  pad, ignore, max_padded > 0 ? d_sorted.get() : d_sorted.raw(),
+                                  max_blocks > 0 ? d_experts.get() : d_experts.raw(), d_post.get(),
+                                  spread ? d_scratch.get() : nullptr, stream);
   if (!s.ok()) {
     o.error = std::string(s.message());
     return o;
   }
   if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return fail("sync", e);
-  std::vector<int32_t> sorted, experts, post;
+  std::vector<int32_t> sorted, experts, post, scratch;
   if (cudaError_t e = d_sorted.Download(&sorted); e != cudaSuccess) return fail("download", e);
   if (cudaError_t e = d_experts.Download(&experts); e != cudaSuccess) return fail("download", e);
   if (cudaError_t e = d_post.Download(&post); e != cudaSuccess) return fail("download", e);
+  if (cudaError_t e = d_scratch.Download(&scratch); e != cudaSuccess) return fail("download", e);
   const int32_t poison = PoisonInt();
   for (int64_t i = 0; i < max_padded; ++i) o.sorted_bad += sorted[i] != cpu->sorted_token_ids[i];
   for (int64_t i = 0; i < max_blocks; ++i) o.expert_bad += experts[i] != cpu->expert_ids[i];
   for (size_t i = max_padded; i < sorted.size(); ++i) o.guard_bad += sorted[i] != poison;
   for (size_t i = max_blocks; i < experts.size(); ++i) o.guard_bad += experts[i] != poison;
   for (size_t i = 1; i < post.size(); ++i) o.guard_bad += post[i] != poison;
+  for (size_t i = scratch_ints; i < scratch.size(); ++i) o.guard_bad += scratch[i] != poison;
   o.post_gpu = post[0];
   o.post_cpu = cpu->num_tokens_post_padded;
   o.ok = o.sorted_bad == 0 && o.expert_bad == 0 && o.guard_bad == 0 && o.post_gpu == o.post_cpu;
@@ -786,19 +793,27 @@ std::vector<int32_t> MakeIds(Dist d, int E, int64_t M, int k) {
   return ids;
 }
 
+// Both forms of the kernel on the same ids: one block, and spread over
+// blocks where the size takes it.
 bool AlignCase(Dist d, int E, int64_t M, int k, int bs, MapMode map, bool pad,
                cudaStream_t stream) {
   const std::vector<int32_t> ids = MakeIds(d, E, M, k);
-  const AlignOutcome o = RunAlign(ids, E, bs, map, pad, stream);
-  std::printf(
-      "align %-13s map=%-11s E=%4d M=%5lld k=%d numel=%7lld bs=%3d pad=%d  post=%d/%d  "
-      "sorted_mismatch=%lld expert_ids_mismatch=%lld guard_bad=%lld  %s%s%s\n",
-      DistName(d), MapName(map), E, static_cast<long long>(M), k,
-      static_cast<long long>(ids.size()), bs, pad ? 1 : 0, o.post_gpu, o.post_cpu,
-      static_cast<long long>(o.sorted_bad), static_cast<long long>(o.expert_bad),
-      static_cast<long long>(o.guard_bad), o.ok ? "OK" : "FAIL", o.error.empty() ? "" : "  ",
-      o.error.c_str());
-  return o.ok;
+  const bool spreads = kc::MoeAlignScratchInts(static_cast<int64_t>(ids.size()), E) > 0;
+  bool ok = true;
+  for (bool spread : {false, true}) {
+    if (spread && !spreads) break;
+    const AlignOutcome o = RunAlign(ids, E, bs, map, pad, spread, stream);
+    std::printf(
+        "align %-13s map=%-11s E=%4d M=%5lld k=%d numel=%7lld bs=%3d pad=%d %-6s post=%d/%d  "
+        "sorted_mismatch=%lld expert_ids_mismatch=%lld guard_bad=%lld  %s%s%s\n",
+        DistName(d), MapName(map), E, static_cast<long long>(M), k,
+        static_cast<long long>(ids.size()), bs, pad ? 1 : 0, spread ? "spread" : "block",
+        o.post_gpu, o.post_cpu, static_cast<long long>(o.sorted_bad),
+        static_cast<long long>(o.expert_bad), static_cast<long long>(o.guard_bad),
+        o.ok ? "OK" : "FAIL", o.error.empty() ? "" : "  ", o.error.c_str());
+    ok &= o.ok;
+  }
+  return ok;
 }
 
 TEST_F(MoeGpuTest, AlignMatchesCpuReferenceBitExact) {
@@ -849,6 +864,12 @@ TEST_F(MoeGpuTest, AlignLargeAndEdgeCases) {
     run(Dist::kRandom, 8, 0, 2, bs, MapMode::kNone, false);    // numel = 0
     run(Dist::kRandom, 1, 100, 1, bs, MapMode::kNone, false);  // E = 1
     run(Dist::kRandom, 60, 33, 3, bs, MapMode::kHalf, true);   // E not a power of 2
+    // The spread form's edges: its first size, a last block of one id,
+    // one expert, a chunk's warps partly empty.
+    run(Dist::kRandom, 128, 512, 8, bs, MapMode::kNone, false);  // 4096 ids
+    run(Dist::kRandom, 8, 4097, 1, bs, MapMode::kHalf, true);
+    run(Dist::kRandom, 1, 5000, 1, bs, MapMode::kNone, false);
+    run(Dist::kInvalid, 60, 1043, 5, bs, MapMode::kHalfIgnore, false);  // 5215 ids
   }
   run(Dist::kRandom, 4, 5, 3, 1, MapMode::kNone, false);  // block_size 1
   std::printf("align large/edge: %d cases, %d failed\n", cases, failed);
@@ -872,7 +893,8 @@ TEST_F(MoeGpuTest, AlignWorkedExampleFromPlan) {
   CUDA_OK(d_post.Poison(kPoisonByte));
   CUDA_OK(cudaDeviceSynchronize());  // the stream is non-blocking
   ASSERT_TRUE(kc::LaunchMoeAlignBlockSize(d_ids.get(), 12, bs, E, nullptr, false, false,
-                                          d_sorted.get(), d_experts.get(), d_post.get(), stream_)
+                                          d_sorted.get(), d_experts.get(), d_post.get(), nullptr,
+                                          stream_)
                   .ok());
   CUDA_OK(cudaStreamSynchronize(stream_));
   std::vector<int32_t> sorted, experts, post;

@@ -76,13 +76,20 @@ int64_t MoeAlignMaxBlocks(int64_t numel, int num_experts, int block_size, bool p
 // (padding and the tail of sorted_token_ids = numel, unused expert_ids = -1).
 // Ids outside [0, num_experts) are skipped. Without ignore_invalid_experts,
 // blocks of non-local experts stay with expert_ids -1; with it, their tokens
-// are dropped before counting. One block of 512 threads: the ids are split
-// into 16 contiguous ranges, counted per range, prefix-summed, then placed
-// in order (stable), so the output is deterministic.
+// are dropped before counting. Each expert's tokens are in ascending flat
+// index (stable), so the output is deterministic. With `scratch` (device,
+// MoeAlignScratchInts ints; null, or a size of 0, for the one-block form)
+// the work is spread over blocks of 1024 ids in three kernels; without it
+// one block of 512 threads walks every id. Both give the same output.
 absl::Status LaunchMoeAlignBlockSize(const int32_t* topk_ids, int64_t numel, int block_size,
                                      int num_experts, const int32_t* expert_map,
                                      bool pad_sorted_ids, bool ignore_invalid_experts,
                                      int32_t* sorted_token_ids, int32_t* expert_ids,
-                                     int32_t* num_tokens_post_padded, cudaStream_t stream);
+                                     int32_t* num_tokens_post_padded, int32_t* scratch,
+                                     cudaStream_t stream);
+// Ints of scratch LaunchMoeAlignBlockSize spreads over blocks with (0: it
+// runs as one block at this size). Non-decreasing in numel below the
+// kernels' int32 limits.
+int64_t MoeAlignScratchInts(int64_t numel, int num_experts);
 
 }  // namespace kplan::kernels::cuda
