@@ -1,8 +1,9 @@
 // The bf16 / fp16 warp-specialised grouped GEMM (kernels/cuda/moe/moe_gemm_ws.h)
-// in its two forms, one CTA a tile and clusters of two CTAs that multicast
-// the weight box (SetMoeGemmWsClusterMode), against each other and against
-// the cp.async kernel (SetMoeGemmWsMode(kOff)): the three outputs must be
-// the same bytes, and within the dtype's rounding of a float64 evaluation
+// in its forms, one CTA a tile, clusters of two CTAs that multicast the
+// weight box (SetMoeGemmWsClusterMode) and, bf16, the ping-pong consumers
+// (SetMoeGemmWsPingPongMode), against each other and against the cp.async
+// kernel (SetMoeGemmWsMode(kOff)): the outputs must be the same bytes, and
+// within the dtype's rounding of a float64 evaluation
 // of the GEMM. Fresh random data every run (seed printed;
 // MOE_WS_GPU_TEST_SEED=<n> repeats one): values of 16 random bits
 // (random_data.h, never zero), slot counts per expert that give odd token
@@ -67,7 +68,7 @@ std::vector<uint16_t> Bytes16(const std::vector<float>& v, DType dt) {
   return out;
 }
 
-enum class Form { kCpAsync, kWs, kWsCluster };
+enum class Form { kCpAsync, kWs, kWsCluster, kWsPingPong };
 
 void RunCase(const Case& c) {
   SCOPED_TRACE(c.name);
@@ -110,7 +111,10 @@ void RunCase(const Case& c) {
     kc::SetMoeGemmWsMode(f == Form::kCpAsync ? kc::MoeGemmWsMode::kOff : kc::MoeGemmWsMode::kOn);
     kc::SetMoeGemmWsClusterMode(f == Form::kWsCluster ? kc::MoeGemmWsMode::kOn
                                                       : kc::MoeGemmWsMode::kOff);
-    const int64_t ws = kc::MoeGemmWsLaunches(), clustered = kc::MoeGemmWsClusterLaunches();
+    kc::SetMoeGemmWsPingPongMode(f == Form::kWsPingPong ? kc::MoeGemmWsMode::kOn
+                                                        : kc::MoeGemmWsMode::kOff);
+    const int64_t ws = kc::MoeGemmWsLaunches(), clustered = kc::MoeGemmWsClusterLaunches(),
+                  ping_pong = kc::MoeGemmWsPingPongLaunches();
     absl::Status st;
     if (c.fused) {
       st = kc::LaunchMoeGroupedGemmWsAct(g, kernels::MoeActivation::kSilu, {}, dc.p, nullptr);
@@ -121,9 +125,11 @@ void RunCase(const Case& c) {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(kc::MoeGemmWsLaunches(), ws + (f == Form::kCpAsync ? 0 : 1));
     EXPECT_EQ(kc::MoeGemmWsClusterLaunches(), clustered + (f == Form::kWsCluster ? 1 : 0));
+    EXPECT_EQ(kc::MoeGemmWsPingPongLaunches(), ping_pong + (f == Form::kWsPingPong ? 1 : 0));
     EXPECT_EQ(cudaMemcpy(out.data(), dc.p, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kFromEnv);
     kc::SetMoeGemmWsClusterMode(kc::MoeGemmWsMode::kFromEnv);
+    kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kFromEnv);
     return out;
   };
   const std::vector<uint16_t> cluster = run(ws_forms ? Form::kWsCluster : Form::kCpAsync);
@@ -132,6 +138,12 @@ void RunCase(const Case& c) {
     int64_t differ = 0;
     for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != single[i];
     EXPECT_EQ(differ, 0) << "clusters of two against one CTA a tile";
+  }
+  if (ws_forms && c.dtype == DType::kBFloat16) {  // the ping-pong form: bf16
+    const std::vector<uint16_t> pp = run(Form::kWsPingPong);
+    int64_t differ = 0;
+    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != pp[i];
+    EXPECT_EQ(differ, 0) << "clusters of two against the ping-pong form";
   }
   if (ws_forms && !c.fused) {  // the cp.async kernel has no fused epilogue
     const std::vector<uint16_t> cp = run(Form::kCpAsync);
@@ -271,6 +283,34 @@ TEST(MoeWsGpuTest, WideKTilesOfBlocksOf16) {
   RunCase({"wide_bf16_4104", {5, 16, 0, 17, 1}, 1, 264, 4104, true, DType::kBFloat16, -1, 16});
   RunCase({"wide_fp16_4168", {3, 9, 12}, 3, 136, 4168, false, DType::kFloat16, -1, 16});
   RunCase({"wide_bf16_4224", {8, 1, 2, 16}, 1, 128, 4224, false, DType::kBFloat16, 2, 16});
+}
+
+// The ping-pong form's turns: many tiles of at most 64 slots (one half-item
+// each, the warpgroups alternating), tiles of 65-128 (two), odd and even
+// half-item counts per CTA, reductions of 1-3 k-tiles (fewer than the
+// ring's stages, so a warpgroup's next half-item reuses stages the other
+// just released), fused and not.
+TEST(MoeWsGpuTest, PingPongTurns) {
+  SKIP_WITHOUT_CUDA();
+  RunCase({"turns_k64",
+           {16, 64, 65, 1, 0, 33, 128, 17, 2, 90, 64, 3, 127, 5},
+           1,
+           520,
+           64,
+           true,
+           DType::kBFloat16,
+           4});
+  RunCase({"turns_k136_fused",
+           {9, 70, 1, 64, 0, 128, 31, 67},
+           2,
+           272,
+           136,
+           false,
+           DType::kBFloat16,
+           -1,
+           128,
+           true});
+  RunCase({"turns_k1000", {40, 3, 200, 64, 65, 1}, 1, 1032, 1000, false, DType::kBFloat16});
 }
 
 // Small enough for compute-sanitizer (memcheck / racecheck / synccheck).

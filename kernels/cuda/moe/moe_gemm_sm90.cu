@@ -727,7 +727,11 @@ int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k) {
   // bf16 Mixtral-8x7B 96-192 tokens even and 64 tokens (16 slots) 748 / 773,
   // but Qwen3-30B-A3B (K 2048 / 768) 256-768 tokens 365-417 / 430-447.
   const bool long_k = ws_k >= kMoeGemmWsLongK;
-  if (per_expert < (long_k ? 16 : 64)) return 64;
+  // Measurement knob (for the ping-pong form, moe_gemm_ws.h):
+  // KPLAN_MOE_WS_MIN_SLOTS=n takes blocks of 128 from n slots per expert on
+  // every K.
+  static const int min_slots = detail::EnvInt("KPLAN_MOE_WS_MIN_SLOTS", 0);
+  if (per_expert < (min_slots > 0 ? min_slots : long_k ? 16 : 64)) return 64;
   // Blocks of 256 from 128 slots (two tiles of one expert a cluster) were
   // slower: Qwen3-30B-A3B 2048 tokens 599 -> 707 us, DeepSeek-V3 4096 8599
   // -> 9460, Mixtral-8x7B 512 1103 -> 1148 (session 22).

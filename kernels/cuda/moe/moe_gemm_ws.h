@@ -36,6 +36,13 @@ inline constexpr bool kMoeWsClusterDefault = true;  // the rule applies (session
 void SetMoeGemmWsClusterMode(MoeGemmWsMode mode);
 int64_t MoeGemmWsLaunches();
 int64_t MoeGemmWsClusterLaunches();
+// The ping-pong form (moe_ws_pipeline.cuh: the consumer warpgroups take
+// 64-slot halves of tiles in turn, one's epilogue under the other's MMAs),
+// for bf16 launches without clusters: SetMoeGemmWsPingPongMode(kOn / kOff),
+// or with kFromEnv (the default) KPLAN_MOE_WS_PINGPONG=1. Off by default:
+// not yet run on a GPU.
+void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode);
+int64_t MoeGemmWsPingPongLaunches();
 
 // With args.int_w also MoeIntWeightsApply (moe_experts.h).
 bool MoeGemmWsApplies(const MoeGroupedGemmArgs& args);

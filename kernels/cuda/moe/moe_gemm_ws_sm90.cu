@@ -291,14 +291,18 @@ __device__ __forceinline__ void IntProduce(const CUtensorMap* imap, const WsPara
 
 // kCluster: CTAs per cluster (1, or 2 without kInt: the weight box
 // multicast, moe_ws_pipeline.cuh); the tensor map's box is then 128 rows,
-// two boxes a k-tile (the fused kernel's gate and up boxes).
-template <typename T, bool Fused, bool kInt, int kCluster>
+// two boxes a k-tile (the fused kernel's gate and up boxes). kPingPong: the
+// consumer warpgroups take half-items in turn (moe_ws_pipeline.cuh; one
+// CTA a tile, 16-bit weights).
+template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false>
 __global__ void __launch_bounds__(ws::kWsThreads, 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
   static_assert(kCluster == 1 || (kCluster == 2 && !kInt), "clusters of two, bf16 / fp16 weights");
+  static_assert(!kPingPong || (kCluster == 1 && !kInt), "ping-pong: one CTA a tile, 16-bit");
   const int wg = static_cast<int>(threadIdx.x) / 128;
-  const ws::WsRing<kStageBytes> ring = ws::WsRingInit < kStageBytes, kInt ? 128 : 0,
-                                kCluster > (&wmap);
+  const ws::WsRing<kStageBytes> ring = ws::WsRingInit < kStageBytes, kInt ? 128 : 0, kCluster,
+                                kPingPong ? ws::kWsConsumerWarps / 2
+                                          : ws::kWsConsumerWarps > (&wmap);
   const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
   const int64_t total = ws::WsTotalWork(sched);
   const int64_t N = p.N, K = p.K;
@@ -309,13 +313,26 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
     return;
   }
   if (wg == 0 && !kInt) {
+    // The tile's first weight row. Fused: gate rows n0 / 2 .., up rows
+    // N / 2 + n0 / 2 .. (two 128-row boxes).
+    auto wrow_of = [&](ws::WsTileInfo ti) {
+      return static_cast<int64_t>(ti.e) * N + (Fused ? ti.n0 / 2 : ti.n0);
+    };
+    if constexpr (kPingPong) {  // one box of 256 rows, or the gate and up boxes
+      ws::WsProduce<T, kStageBytes, ws::kWsWBytes, ws::kWsProducerRegs, 1, false, true>(
+          p, ring, sched, total, K, nk, wrow_of,
+          [&](int64_t wrow, int kt, uint32_t w_s, uint32_t fb, bool) {
+            TmaLoad2d(w_s, &wmap, kt * kBK, static_cast<int>(wrow), fb);
+            if constexpr (Fused) {
+              TmaLoad2d(w_s + ws::kWsWBytes / 2, &wmap, kt * kBK, static_cast<int>(wrow + N / 2),
+                        fb);
+            }
+          },
+          [](int64_t, int, uint32_t, uint32_t) {});
+      return;
+    }
     ws::WsProduce<T, kStageBytes, ws::kWsWBytes, ws::kWsProducerRegs, kCluster>(
-        p, ring, sched, total, K, nk,
-        // The tile's first weight row. Fused: gate rows n0 / 2 .., up rows
-        // N / 2 + n0 / 2 .. (two 128-row boxes).
-        [&](ws::WsTileInfo ti) {
-          return static_cast<int64_t>(ti.e) * N + (Fused ? ti.n0 / 2 : ti.n0);
-        },
+        p, ring, sched, total, K, nk, wrow_of,
         [&](int64_t wrow, int kt, uint32_t w_s, uint32_t fb, bool multicast) {
           if constexpr (!Fused && kCluster == 1) {
             TmaLoad2d(w_s, &wmap, kt * kBK, static_cast<int>(wrow), fb);
@@ -344,40 +361,36 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   T* Cg = static_cast<T*>(p.c);
   float acc[kWsTileN / 2];
   ws::WsCursor c;
-  ws::WsForEachWork<kCluster>(p, sched, total, [&](const ws::WsWork& w) {
-    const ws::WsTileInfo& ti = w.ti;
-    if (!w.run && ti.empty) return;
-    const int32_t s0 = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + r0];
-    const int32_t s1 = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + r0 + 8];
-    // This warpgroup's 64 slots: padding only (an expert's slots come first,
-    // so the first decides) where the expert has at most 64 in the tile.
-    const int32_t first = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + 64 * cw];
-    const bool mine = w.active && first >= 0 && first < p.numel && !(p.flags & kWsFlagNoMma);
-    if (w.run) {  // this tile's MMAs when it has work; else the stages only pass
-      int prev = -1;
-      for (int kt = 0; kt < nk; ++kt) {
-        MbarWait(ring.Full(c.stage), c.phase);
-        if (mine) {
-          // cp.async wrote through the generic proxy; wgmma reads through the async one.
-          if (!(p.flags & kWsFlagNoFence)) FenceProxyAsync();
-          const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + ws::kWsTBytes;
-          WgmmaFence();
+  // The k-tiles of one tile: with `mine` this warpgroup's MMAs on the 64
+  // token rows at a_off of each stage; each stage released after its wgmma
+  // group is done (the last one at the end).
+  auto main_loop = [&](bool mine, uint32_t a_off, int rank) {
+    int prev = -1;
+    for (int kt = 0; kt < nk; ++kt) {
+      MbarWait(ring.Full(c.stage), c.phase);
+      if (mine) {
+        // cp.async wrote through the generic proxy; wgmma reads through the async one.
+        if (!(p.flags & kWsFlagNoFence)) FenceProxyAsync();
+        const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + ws::kWsTBytes;
+        WgmmaFence();
 #pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {
-            Wgmma<kWsTileN, T>::Run(acc, Desc(t_s + cw * 64 * 128 + kk * 32), Desc(w_s + kk * 32),
-                                    kt > 0 || kk > 0);
-          }
-          WgmmaCommit();
-          WgmmaWait<1>();
+        for (int kk = 0; kk < 4; ++kk) {
+          Wgmma<kWsTileN, T>::Run(acc, Desc(t_s + a_off + kk * 32), Desc(w_s + kk * 32),
+                                  kt > 0 || kk > 0);
         }
-        if (prev >= 0) ws::WsRelease<kCluster>(ring, prev, lane, w.rank);
-        prev = c.stage;
-        c.Next();
+        WgmmaCommit();
+        WgmmaWait<1>();
       }
-      WgmmaWait<0>();
-      ws::WsRelease<kCluster>(ring, prev, lane, w.rank);
+      if (prev >= 0) ws::WsRelease<kCluster>(ring, prev, lane, rank);
+      prev = c.stage;
+      c.Next();
     }
-    if (ti.empty || (p.flags & kWsFlagNoStore)) return;
+    WgmmaWait<0>();
+    ws::WsRelease<kCluster>(ring, prev, lane, rank);
+  };
+  // The epilogue of tile ti for this thread's accumulator rows, slots s0
+  // and s1 (padding or -1: not stored).
+  auto epilogue = [&](const ws::WsTileInfo& ti, int32_t s0, int32_t s1) {
     const bool ok0 = s0 >= 0 && s0 < p.numel, ok1 = s1 >= 0 && s1 < p.numel;
     // A warp whose 16 rows are all padding stores nothing: it skips the
     // epilogue's arithmetic too (the fused activation's above all). The
@@ -488,6 +501,52 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
         },
         bias, ti.n0, N, lane, ok0 ? Cg + static_cast<int64_t>(s0) * N : nullptr,
         ok1 ? Cg + static_cast<int64_t>(s1) * N : nullptr);
+  };
+  if constexpr (kPingPong) {
+    const int row = ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2);  // in the half
+    int j = 0;                                                    // this CTA's half-items so far
+    ws::WsForEachWork<1>(p, sched, total, [&](const ws::WsWork& w) {
+      const ws::WsTileInfo& ti = w.ti;
+#pragma unroll 1
+      for (int h = 0; h < 2; ++h) {
+        const int64_t base = ti.tt * kWsTileT + kWsTileT / 2 * h;
+        const int32_t s0 = ti.empty ? -1 : p.sorted[base + row];
+        const int32_t s1 = ti.empty ? -1 : p.sorted[base + row + 8];
+        if (!w.active) {  // a tile of another rank's expert: zero rows, warpgroup h
+          if (!ti.empty && cw == h && !(p.flags & kWsFlagNoStore)) epilogue(ti, s0, s1);
+          continue;
+        }
+        if (!ws::WsHalfHasWork(p, w, h)) continue;
+        if ((j & 1) != cw) {  // the other warpgroup's: its stages pass
+          for (int kt = 0; kt < nk; ++kt) c.Next();
+          ++j;
+          continue;
+        }
+        if (j > 0) ws::WsOrderWait(cw);  // the other's main loop of half-item j - 1 done
+        main_loop(!(p.flags & kWsFlagNoMma), 0, 0);
+        ws::WsOrderSignal(cw ^ 1);
+        ++j;
+        if (!(p.flags & kWsFlagNoStore)) epilogue(ti, s0, s1);
+      }
+    });
+    // The last half-item's signal has no taker: the warpgroup that would
+    // have taken half-item j takes it.
+    if (j > 0 && (j & 1) == cw) ws::WsOrderWait(cw);
+    return;
+  }
+  ws::WsForEachWork<kCluster>(p, sched, total, [&](const ws::WsWork& w) {
+    const ws::WsTileInfo& ti = w.ti;
+    if (!w.run && ti.empty) return;
+    const int32_t s0 = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + r0];
+    const int32_t s1 = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + r0 + 8];
+    // This warpgroup's 64 slots: padding only (an expert's slots come first,
+    // so the first decides) where the expert has at most 64 in the tile.
+    const int32_t first = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + 64 * cw];
+    const bool mine = w.active && first >= 0 && first < p.numel && !(p.flags & kWsFlagNoMma);
+    // This tile's MMAs when it has work; else the stages only pass.
+    if (w.run) main_loop(mine, cw * 64 * 128, w.rank);
+    if (ti.empty || (p.flags & kWsFlagNoStore)) return;
+    epilogue(ti, s0, s1);
   });
 }
 
@@ -505,11 +564,11 @@ const ws::WsKnobs& Knobs() {
   return knobs;
 }
 
-template <typename T, bool Fused, bool kInt, int kCluster>
+template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false>
 absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                             cudaStream_t stream) {
   constexpr int kSmem = kInt ? kIntSmemBytes : kSmemBytes;
-  constexpr auto kKernel = WsGroupedGemmKernel<T, Fused, kInt, kCluster>;
+  constexpr auto kKernel = WsGroupedGemmKernel<T, Fused, kInt, kCluster, kPingPong>;
   int resident = 0;
   if (absl::Status st = ws::WsLaunchSetup<kKernel>(kSmem, &resident, kCluster); !st.ok()) {
     return st;
@@ -565,7 +624,14 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
 }
 
 std::atomic<int> cluster_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
-std::atomic<int64_t> ws_launches{0}, cluster_launches{0};
+std::atomic<int64_t> ws_launches{0}, cluster_launches{0}, ping_pong_launches{0};
+
+// The ping-pong form (bf16, one CTA a tile) is off until it has run on a
+// GPU: KPLAN_MOE_WS_PINGPONG=1 or SetMoeGemmWsPingPongMode(kOn).
+detail::KernelSwitch g_ping_pong([] {
+  const char* v = std::getenv("KPLAN_MOE_WS_PINGPONG");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+});
 
 // Clusters of two for g: as SetMoeGemmWsClusterMode says, else
 // KPLAN_MOE_WS_CLUSTER when set (a number of 2 or more: on, anything else:
@@ -610,6 +676,14 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
     // answers UNAVAILABLE itself when the tensor map is what failed.
     if (!absl::IsUnavailable(st)) return st;
   }
+  if (bf16 && g_ping_pong.On()) {
+    absl::Status st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, true>(g, act_params, stream);
+    if (st.ok()) {
+      ping_pong_launches.fetch_add(1, std::memory_order_relaxed);
+      ws_launches.fetch_add(1, std::memory_order_relaxed);
+    }
+    return st;
+  }
   absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 1>(g, act_params, stream)
                          : LaunchWsKernel<__half, Fused, false, 1>(g, act_params, stream);
   if (st.ok()) ws_launches.fetch_add(1, std::memory_order_relaxed);
@@ -627,6 +701,10 @@ void SetMoeGemmWsClusterMode(MoeGemmWsMode mode) {
 int64_t MoeGemmWsLaunches() { return ws_launches.load(std::memory_order_relaxed); }
 
 int64_t MoeGemmWsClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
+
+void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode) { g_ping_pong.Set(mode); }
+
+int64_t MoeGemmWsPingPongLaunches() { return ping_pong_launches.load(std::memory_order_relaxed); }
 
 bool MoeGemmWsEnabled() { return g_ws.On(); }
 

@@ -85,8 +85,11 @@ struct WsRing {
 // also prefetches the weights' tensor map, a CTA (cluster) barrier, then
 // the programmatic-dependent-launch wait (pdl.cuh): nothing a previous kernel
 // wrote is read before it. kStoreArrivals: the producer threads that store
-// into a stage themselves and arrive on its full barrier.
-template <int kStageBytes, int kStoreArrivals = 0, int kCluster = 1>
+// into a stage themselves and arrive on its full barrier; kConsumerWarps:
+// the warps of a CTA that release each stage (both consumer warpgroups', or
+// one's in the ping-pong form).
+template <int kStageBytes, int kStoreArrivals = 0, int kCluster = 1,
+          int kConsumerWarps = kWsConsumerWarps>
 __device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wmap) {
   extern __shared__ uint8_t smem_dyn[];
   __shared__ uint64_t full_bar[kWsStages];
@@ -99,7 +102,7 @@ __device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wma
     for (int s = 0; s < kWsStages; ++s) {
       // 128 cp.async arrivals + the TMA thread's expect_tx (+ the storing threads').
       detail::MbarInit(r.Full(s), 128 + 1 + kStoreArrivals);
-      detail::MbarInit(r.Empty(s), kWsConsumerWarps * kCluster);
+      detail::MbarInit(r.Empty(s), kConsumerWarps * kCluster);
     }
     detail::FenceProxyAsync();  // the barriers' init visible to the TMA unit
     if constexpr (kCluster > 1) detail::FenceMbarInitCluster();  // and to the other CTAs
@@ -183,6 +186,45 @@ __device__ __forceinline__ void WsRelease(const WsRing<kStageBytes>& ring, int s
   if constexpr (kCluster > 1) detail::MbarArriveRemote(ring.Empty(stage), rank ^ 1);
 }
 
+// --- the ping-pong form (one CTA a tile, 16-bit weights) ---------------------
+//
+// A work item's tile splits into its two halves of 64 slots; a half with a
+// slot (the first half of a tile with work, the second where its first
+// entry is a slot) is a half-item. The CTA's half-items, counted j = 0, 1,
+// ... in the walk's order, go to consumer warpgroup j % 2 alone, which
+// runs the weight box's k-tiles against its 64 token rows (at the stage's
+// start) and releases each stage (4 warps: WsRingInit's kConsumerWarps);
+// the other warpgroup steps its cursor past those stages without waiting.
+// So one warpgroup's epilogue runs while the other's MMAs consume the next
+// half-item's stages, and the weight stream does not stop at the tile
+// boundary. A tile with more than 64 slots streams its weight box twice
+// (the second time mostly from L2).
+//
+// A warpgroup starts the main loop of half-item j only after the other has
+// finished that of j - 1 (WsOrderWait / WsOrderSignal, named barriers 2 and
+// 3): every earlier use of the stages it waits on has then completed, so
+// its parity waits on the full barriers cannot pass a phase early (a
+// cursor stepped ahead of the ring's fill would see an incomplete phase of
+// the other parity as done).
+
+// Whether half h of work item w is a half-item (above).
+template <typename P>
+__device__ __forceinline__ bool WsHalfHasWork(const P& p, const WsWork& w, int h) {
+  if (!w.active) return false;
+  if (h == 0) return true;
+  const int32_t s = p.sorted[w.ti.tt * kWsTileT + kWsTileT / 2];
+  return s >= 0 && s < p.numel;
+}
+
+// Warpgroup cw (0 or 1) waits until the other one signals it; the other
+// signals with WsOrderSignal(cw). 256 threads: both warpgroups.
+__device__ __forceinline__ void WsOrderWait(int cw) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory");
+}
+__device__ __forceinline__ void WsOrderSignal(int cw) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + cw) : "memory");
+}
+
 // The producer warpgroup (threads 0..127; setmaxnreg down to kRegs). For each
 // of this CTA's work items (WsForEachWork) that run: the rows of its tile's
 // 128 slots in p.a (slot / p.a_row_div, rows of K elements of E; padding
@@ -201,14 +243,18 @@ __device__ __forceinline__ void WsRelease(const WsRing<kStageBytes>& ring, int s
 // once all of them have landed and, with clusters, every stage's last use
 // was released by both CTAs' consumers (their arrivals reach this CTA's
 // shared memory, which must outlive them). kRowAddresses picks how a thread
-// keeps its 8 rows between k-tiles (below).
+// keeps its 8 rows between k-tiles (below). kPingPong: per half-item
+// instead of per tile, its 64 token rows (4 a thread) into the stage's
+// first 64 (one CTA a tile, row indices).
 template <typename E, int kStageBytes, int kWBytes = kWsWBytes, int kRegs = kWsProducerRegs,
-          int kCluster = 1, bool kRowAddresses = false, typename P, typename OnTile, typename LoadW,
-          typename Extra>
+          int kCluster = 1, bool kRowAddresses = false, bool kPingPong = false, typename P,
+          typename OnTile, typename LoadW, typename Extra>
 __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>& ring,
                                           const WsSchedule& sched, int64_t total, int64_t K, int nk,
                                           OnTile&& on_tile, LoadW&& load_w, Extra&& extra) {
-  constexpr int kBK = 128 / static_cast<int>(sizeof(E));  // K elements per stage
+  static_assert(!kPingPong || (kCluster == 1 && !kRowAddresses), "ping-pong: one CTA, indices");
+  constexpr int kBK = 128 / static_cast<int>(sizeof(E));      // K elements per stage
+  constexpr int kRows = kPingPong ? kWsTileT / 2 : kWsTileT;  // token rows a stage holds
   detail::SetMaxNRegDec<kRegs>();
   const E* A = static_cast<const E*>(p.a);
   const int ptid = threadIdx.x;
@@ -219,67 +265,71 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
   WsForEachWork<kCluster>(p, sched, total, [&](const WsWork& w) {
     if (!w.run) return;
     const WsTileInfo& ti = w.ti;
-    // This thread's 8 rows. kRowAddresses: the address of its chunk in
-    // each at k-tile 0 (A for padding) and bit i of row_mask set for a slot,
-    // so that a k-tile only adds its offset. Else each row's index in A, -1
-    // for padding. Measured in the same H200 calls (docs/PERF.md, session
-    // 20), the address form ran Qwen3-30B-A3B int4 at 4096 tokens in 1492
-    // us against 1565 (the int4 kernels take it), Mixtral-8x7B bf16 0.1-2.7%
-    // slower and the fp8 GEMMs the same (these keep the indices).
-    const E* src[kWsTileT / 16];
-    int32_t arow[kWsTileT / 16];
-    uint32_t row_mask = 0;
+    for (int h = 0; h < (kPingPong ? 2 : 1); ++h) {
+      if (kPingPong && !WsHalfHasWork(p, w, h)) continue;
+      // This thread's 8 rows (4 in a half-item). kRowAddresses: the address of its chunk in
+      // each at k-tile 0 (A for padding) and bit i of row_mask set for a slot,
+      // so that a k-tile only adds its offset. Else each row's index in A, -1
+      // for padding. Measured in the same H200 calls (docs/PERF.md, session
+      // 20), the address form ran Qwen3-30B-A3B int4 at 4096 tokens in 1492
+      // us against 1565 (the int4 kernels take it), Mixtral-8x7B bf16 0.1-2.7%
+      // slower and the fp8 GEMMs the same (these keep the indices).
+      const E* src[kRows / 16];
+      int32_t arow[kRows / 16];
+      uint32_t row_mask = 0;
 #pragma unroll
-    for (int i = 0; i < kWsTileT / 16; ++i) {
-      const int32_t slot = w.active ? p.sorted[ti.tt * kWsTileT + (ptid >> 3) + 16 * i] : -1;
-      if constexpr (kRowAddresses) {
-        const bool ok = slot >= 0 && slot < p.numel;
-        src[i] = A + (ok ? static_cast<int64_t>(slot / p.a_row_div) * K + chunk * (kBK / 8) : 0);
-        row_mask |= static_cast<uint32_t>(ok) << i;
-      } else {
-        arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
-      }
-    }
-    auto st = on_tile(ti);
-    for (int kt = 0; kt < nk; ++kt) {
-      detail::MbarWait(ring.Empty(c.stage), c.phase ^ 1);
-      const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + kWsTBytes;
-      const uint32_t fb = ring.Full(c.stage);
-      if (ptid == 0) {
-        if (kWBytes > 0 && w.active) {
-          detail::MbarArriveExpectTx(fb, kWBytes);
+      for (int i = 0; i < kRows / 16; ++i) {
+        const int32_t slot =
+            w.active ? p.sorted[ti.tt * kWsTileT + kRows * h + (ptid >> 3) + 16 * i] : -1;
+        if constexpr (kRowAddresses) {
+          const bool ok = slot >= 0 && slot < p.numel;
+          src[i] = A + (ok ? static_cast<int64_t>(slot / p.a_row_div) * K + chunk * (kBK / 8) : 0);
+          row_mask |= static_cast<uint32_t>(ok) << i;
         } else {
-          detail::MbarArrive(fb);
-        }
-        if (w.active) load_w(st, kt, w_s, fb, w.multicast);
-      }
-      // Without work nobody reads the stage: no copy.
-      if constexpr (kRowAddresses) {
-        // A chunk past K copies nothing (zero-filled) from its row's start.
-        const bool kok = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8) < K;
-        const int64_t k = kok ? static_cast<int64_t>(kt) * kBK : 0;
-        const uint32_t live_mask = kok ? row_mask : 0;
-        if (w.active) {
-#pragma unroll
-          for (int i = 0; i < kWsTileT / 16; ++i) {
-            detail::CpAsync16(t_s + dst0 + i * 16 * 128, src[i] + k, (live_mask >> i) & 1);
-          }
-        }
-      } else {
-        const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8);
-        const bool kok = k < K;
-        if (w.active) {
-#pragma unroll
-          for (int i = 0; i < kWsTileT / 16; ++i) {
-            const bool ok = kok && arow[i] >= 0;
-            detail::CpAsync16(t_s + dst0 + i * 16 * 128,
-                              ok ? A + static_cast<int64_t>(arow[i]) * K + k : A, ok);
-          }
+          arow[i] = slot >= 0 && slot < p.numel ? slot / p.a_row_div : -1;
         }
       }
-      extra(st, kt, t_s, fb);
-      detail::CpAsyncArriveNoinc(fb);
-      c.Next();
+      auto st = on_tile(ti);
+      for (int kt = 0; kt < nk; ++kt) {
+        detail::MbarWait(ring.Empty(c.stage), c.phase ^ 1);
+        const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + kWsTBytes;
+        const uint32_t fb = ring.Full(c.stage);
+        if (ptid == 0) {
+          if (kWBytes > 0 && w.active) {
+            detail::MbarArriveExpectTx(fb, kWBytes);
+          } else {
+            detail::MbarArrive(fb);
+          }
+          if (w.active) load_w(st, kt, w_s, fb, w.multicast);
+        }
+        // Without work nobody reads the stage: no copy.
+        if constexpr (kRowAddresses) {
+          // A chunk past K copies nothing (zero-filled) from its row's start.
+          const bool kok = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8) < K;
+          const int64_t k = kok ? static_cast<int64_t>(kt) * kBK : 0;
+          const uint32_t live_mask = kok ? row_mask : 0;
+          if (w.active) {
+#pragma unroll
+            for (int i = 0; i < kRows / 16; ++i) {
+              detail::CpAsync16(t_s + dst0 + i * 16 * 128, src[i] + k, (live_mask >> i) & 1);
+            }
+          }
+        } else {
+          const int64_t k = static_cast<int64_t>(kt) * kBK + chunk * (kBK / 8);
+          const bool kok = k < K;
+          if (w.active) {
+#pragma unroll
+            for (int i = 0; i < kRows / 16; ++i) {
+              const bool ok = kok && arow[i] >= 0;
+              detail::CpAsync16(t_s + dst0 + i * 16 * 128,
+                                ok ? A + static_cast<int64_t>(arow[i]) * K + k : A, ok);
+            }
+          }
+        }
+        extra(st, kt, t_s, fb);
+        detail::CpAsyncArriveNoinc(fb);
+        c.Next();
+      }
     }
   });
   asm volatile("cp.async.wait_all;\n" ::: "memory");
