@@ -67,6 +67,12 @@
 // copy roofline counts the stored bytes of the experts hit (weights, scales).
 // --route auto,emulation,decode,dequant,matvec times the quantised rows on each
 // route (moe_quant_route.h; a route that does not apply falls back to auto).
+// --variants default,ping_pong,spread,ping_pong+spread: kernel forms that are
+// off by default, each config once per variant in turn (decode-sized rows
+// once): ping_pong the warp-specialised GEMM's ping-pong consumers
+// (SetMoeGemmWsPingPongMode), spread the align spread over blocks
+// (SetMoeAlignSpreadMode); each such row's layer is first compared bit for
+// bit with the same layer without it. The row's gemm column says which.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -187,7 +193,45 @@ struct Args {
   // --route: the quantised rows' routes (moe_quant_route.h modes).
   std::vector<std::string> route = {"auto"};
   int64_t check_tokens = 64;  // --check_tokens: quantised rows' CPU-reference prefix
+  std::vector<std::string> variants = {"default"};  // --variants
 };
+
+// A --variants item: kernel forms switched on beyond the defaults.
+struct Variant {
+  std::string name = "default";
+  bool ping_pong = false, spread = false;
+};
+
+Variant ParseVariant(const std::string& v) {
+  Variant out;
+  out.name = v;
+  if (v == "default") return out;
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, '+')) {
+    if (item == "ping_pong") {
+      out.ping_pong = true;
+    } else if (item == "spread") {
+      out.spread = true;
+    } else {
+      std::fprintf(stderr, "unknown --variants item '%s'\n", v.c_str());
+      std::exit(2);
+    }
+  }
+  return out;
+}
+
+// Sets the switches of `v` (kFromEnv for the forms it leaves out), or with
+// reset all back to kFromEnv.
+void ApplyVariant(const Variant& v, bool reset = false) {
+  auto mode = [&](bool on) {
+    return reset ? kc::MoeKernelMode::kFromEnv
+           : on  ? kc::MoeKernelMode::kOn
+                 : kc::MoeKernelMode::kFromEnv;
+  };
+  kc::SetMoeGemmWsPingPongMode(mode(v.ping_pong));
+  kc::SetMoeAlignSpreadMode(mode(v.spread));
+}
 
 std::vector<std::string> SplitComma(const std::string& s) {
   std::vector<std::string> out;
@@ -200,17 +244,18 @@ std::vector<std::string> SplitComma(const std::string& s) {
 }
 
 [[noreturn]] void Usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
-               "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
-               "[--decode on|off] [--decode_layer on|off|both] [--ws off|on|both] "
-               "[--gemm_only on|off] [--layer on|off] "
-               "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,fp8_per_channel,"
-               "int4_group,"
-               "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
-               "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
-               "[--json FILE] [--csv FILE]\n",
-               argv0);
+  std::fprintf(
+      stderr,
+      "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
+      "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
+      "[--decode on|off] [--decode_layer on|off|both] [--ws off|on|both] "
+      "[--gemm_only on|off] [--layer on|off] "
+      "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,fp8_per_channel,"
+      "int4_group,"
+      "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
+      "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
+      "[--variants default,ping_pong,spread,ping_pong+spread] [--json FILE] [--csv FILE]\n",
+      argv0);
   std::exit(2);
 }
 
@@ -271,6 +316,10 @@ Args ParseArgs(int argc, char** argv) {
           std::exit(2);
         }
       }
+    } else if (f == "--variants") {
+      a.variants = SplitComma(v);
+      for (const std::string& x : a.variants) ParseVariant(x);  // exits on an unknown one
+      if (a.variants.empty()) Usage(argv[0]);
     } else if (f == "--route") {
       a.route = SplitComma(v);
       for (const std::string& r : a.route) {
@@ -343,7 +392,7 @@ struct Matmul {
 // One config: device buffers, the graph, the check, the timing.
 
 struct Row {
-  std::string shape;
+  std::string shape, variant = "default";
   std::string quant = "bf16", route = "auto";
   double expert_bytes = 0;  // stored bytes of one expert (weights, scales, zero points)
   bool ws = false, fused = false;
@@ -517,8 +566,8 @@ bool DecodeSized(const ShapeDef& sh, int64_t M, const Args& args, bool quantised
 // `set`: the host copy of quantised experts (checked against the CPU
 // reference); null for bf16 rows (checked against RunMoeOnGpu).
 Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::ExpertSet* set,
-              const std::string& quant, int64_t M, const Args& args, double copy_gbps,
-              double mm_tflops, cudaStream_t stream) {
+              const std::string& quant, int64_t M, const Args& args, const Variant& variant,
+              double copy_gbps, double mm_tflops, cudaStream_t stream) {
   Row row;
   row.quant = quant;
   row.shape = sh.name;
@@ -683,9 +732,21 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
         row.decode != 1 || same_as([] { kc::SetMoeDecodeLayerMode(kc::MoeKernelMode::kOff); },
                                    [] { kc::SetMoeDecodeLayerMode(kc::MoeKernelMode::kOn); },
                                    "one vs two decode kernels");
-    if (nan != 0 || id_diff != 0 || !(rel <= 1e-2) || den == 0 || !fused_ok || !decode_ok) {
+    // The variant's forms against the defaults, one at a time.
+    const bool ping_pong_ok =
+        !variant.ping_pong || same_as([] { kc::SetMoeGemmWsPingPongMode(kc::MoeKernelMode::kOff); },
+                                      [] { kc::SetMoeGemmWsPingPongMode(kc::MoeKernelMode::kOn); },
+                                      "ping-pong vs cooperative consumers");
+    const bool spread_ok =
+        !variant.spread || same_as([] { kc::SetMoeAlignSpreadMode(kc::MoeKernelMode::kOff); },
+                                   [] { kc::SetMoeAlignSpreadMode(kc::MoeKernelMode::kOn); },
+                                   "align spread vs one block");
+    if (nan != 0 || id_diff != 0 || !(rel <= 1e-2) || den == 0 || !fused_ok || !decode_ok ||
+        !ping_pong_ok || !spread_ok) {
       row.note = std::string("CHECK FAILED: ") + check + (fused_ok ? "" : " (fused differs)") +
-                 (decode_ok ? "" : " (one-kernel decode differs)");
+                 (decode_ok ? "" : " (one-kernel decode differs)") +
+                 (ping_pong_ok ? "" : " (ping-pong differs)") +
+                 (spread_ok ? "" : " (align spread differs)");
       CHECK_CUDA(cudaGraphExecDestroy(exec));
       CHECK_CUDA(cudaGraphDestroy(graph));
       return row;
@@ -982,9 +1043,14 @@ std::string JsonText(const std::string& s) {
   return out + "\"";
 }
 
-const char* GemmName(const Row& r) {
-  if (r.decode != 0) return r.decode == 1 ? "dec1k" : "dec2k";
-  return !r.ws ? "old" : r.fused ? "ws+act" : "ws";
+// The kernels that ran, with the --variants item where not the default.
+std::string GemmName(const Row& r) {
+  std::string name = r.decode != 0 ? (r.decode == 1 ? "dec1k" : "dec2k")
+                     : !r.ws       ? "old"
+                     : r.fused     ? "ws+act"
+                                   : "ws";
+  if (r.variant != "default") name += "/" + r.variant;
+  return name;
 }
 
 // The layer rows as bench/moe_baseline.py writes them (bench/plot_moe.py
@@ -1098,31 +1164,40 @@ int main(int argc, char** argv) {
               for (const int layer1k : decode_sized ? std::vector<int>(args.decode_layer.begin(),
                                                                        args.decode_layer.end())
                                                     : std::vector<int>{-1}) {
-                if (fused && !ws && !decode_sized) continue;  // the fused epilogue is ws's
-                kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-                kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-                kc::SetMoeDecodeLayerMode(layer1k < 0    ? kc::MoeKernelMode::kFromEnv
-                                          : layer1k != 0 ? kc::MoeKernelMode::kOn
-                                                         : kc::MoeKernelMode::kOff);
-                const auto tc = Clock::now();
-                Row r =
-                    RunConfig(*sh, *gpu, qset.get(), quant, M, args, copy_gbps, mm_tflops, stream);
-                r.ws = ws;
-                r.fused = fused;
-                r.route = route;
-                if (r.ok) {
-                  std::printf(
-                      "  %-14s %-14s %-9s M=%-5lld %-6s %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f "
-                      "TFLOP/s  (%s, %.1f s)\n",
-                      r.shape.c_str(), quant.c_str(), route.c_str(), static_cast<long long>(M),
-                      GemmName(r), r.us, r.hit, r.gbps, r.tflops, r.note.c_str(), Seconds(tc));
-                } else {
-                  std::printf("  %-14s %-14s %-9s M=%-5lld SKIPPED: %s\n", r.shape.c_str(),
-                              quant.c_str(), route.c_str(), static_cast<long long>(M),
-                              r.note.c_str());
+                for (const std::string& vname :
+                     decode_sized ? std::vector<std::string>{args.variants.front()}
+                                  : args.variants) {
+                  if (fused && !ws && !decode_sized) continue;  // the fused epilogue is ws's
+                  const Variant variant = ParseVariant(vname);
+                  ApplyVariant(variant);
+                  kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+                  kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+                  kc::SetMoeDecodeLayerMode(layer1k < 0    ? kc::MoeKernelMode::kFromEnv
+                                            : layer1k != 0 ? kc::MoeKernelMode::kOn
+                                                           : kc::MoeKernelMode::kOff);
+                  const auto tc = Clock::now();
+                  Row r = RunConfig(*sh, *gpu, qset.get(), quant, M, args, variant, copy_gbps,
+                                    mm_tflops, stream);
+                  ApplyVariant(variant, /*reset=*/true);
+                  r.variant = variant.name;
+                  r.ws = ws;
+                  r.fused = fused;
+                  r.route = route;
+                  if (r.ok) {
+                    std::printf(
+                        "  %-14s %-14s %-9s M=%-5lld %-6s %10.1f us  hit %6.1f  %7.0f GB/s  %6.1f "
+                        "TFLOP/s  (%s, %.1f s)\n",
+                        r.shape.c_str(), quant.c_str(), route.c_str(), static_cast<long long>(M),
+                        GemmName(r).c_str(), r.us, r.hit, r.gbps, r.tflops, r.note.c_str(),
+                        Seconds(tc));
+                  } else {
+                    std::printf("  %-14s %-14s %-9s M=%-5lld SKIPPED: %s\n", r.shape.c_str(),
+                                quant.c_str(), route.c_str(), static_cast<long long>(M),
+                                r.note.c_str());
+                  }
+                  std::fflush(stdout);
+                  rows.push_back(r);
                 }
-                std::fflush(stdout);
-                rows.push_back(r);
               }
             }
           }
@@ -1161,7 +1236,7 @@ int main(int argc, char** argv) {
         "%-14s %-14s %-9s %6lld %6s %11.1f %7.1f %8.0f %6.1f%% %8.1f %6.1f%% %5s %10.1f "
         "%6.1f%%\n",
         r.shape.c_str(), r.quant.c_str(), r.route.c_str(), static_cast<long long>(r.tokens),
-        GemmName(r), r.us, r.hit, r.gbps, r.pct_copy, r.tflops, r.pct_mm,
+        GemmName(r).c_str(), r.us, r.hit, r.gbps, r.pct_copy, r.tflops, r.pct_mm,
         r.compute_bound ? "mm" : "copy", r.floor_us, 100.0 * r.floor_us / r.us);
   }
   if (!gemm_rows.empty()) {

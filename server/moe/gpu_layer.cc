@@ -3,7 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/moe/moe_experts.h"
@@ -78,17 +77,6 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   if (separate_y) l.y = reserve(numel * H * 2);
   if (partials > 0) l.partials = reserve(partials);
   return l;
-}
-
-// The align spread over blocks (its scratch passed) is off until it has run
-// on a GPU: KPLAN_MOE_ALIGN_SPREAD=1 turns it on (moe_gpu_test checks both
-// forms against the CPU reference).
-bool AlignSpreadOn() {
-  static const bool on = [] {
-    const char* v = std::getenv("KPLAN_MOE_ALIGN_SPREAD");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
 }
 
 template <typename T>
@@ -317,7 +305,7 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   int32_t* sorted = At<int32_t>(workspace, l.sorted);
   int32_t* eids = At<int32_t>(workspace, l.eids);
   int32_t* post = At<int32_t>(workspace, l.post);
-  int32_t* align = l.align >= 0 && AlignSpreadOn() ? At<int32_t>(workspace, l.align) : nullptr;
+  int32_t* align = l.align >= 0 ? At<int32_t>(workspace, l.align) : nullptr;
   KPLAN_RETURN_IF_ERROR(EnqueueRoutingAndAlign(a, l.block_m, sorted, eids, post, align, stream));
   const void* a1 = a.hidden;
   if (a.apply_router_weight_on_input) {

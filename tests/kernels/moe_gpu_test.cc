@@ -654,9 +654,9 @@ struct AlignOutcome {
 
 constexpr size_t kGuard = 64;
 
-// spread: with the scratch MoeAlignScratchInts asks for (the kernels spread
-// over blocks from its threshold up; its guard must stay untouched); else
-// without (one block at every size).
+// spread: the spread switch on (the kernels spread over blocks from
+// MoeAlignScratchInts' threshold up), else off (one block at every size);
+// the scratch it asks for either way, its guard untouched.
 AlignOutcome RunAlign(const std::vector<int32_t>& ids, int E, int bs, MapMode map, bool pad,
                       bool spread, cudaStream_t stream) {
   AlignOutcome o;
@@ -711,11 +711,12 @@ AlignOutcome RunAlign(const std::vector<int32_t>& ids, int E, int bs, MapMode ma
   }
   // The stream is non-blocking: wait for the legacy-stream uploads and memsets.
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return fail("sync", e);
-  absl::Status s =
-      kc::LaunchMoeAlignBlockSize(d_ids.get(), numel, bs, E, emap.empty() ? nullptr : d_map.get(),
-                                  pad, ignore, max_padded > 0 ? d_sorted.get() : d_sorted.raw(),
-                                  max_blocks > 0 ? d_experts.get() : d_experts.raw(), d_post.get(),
-                                  spread ? d_scratch.get() : nullptr, stream);
+  kc::SetMoeAlignSpreadMode(spread ? kc::MoeKernelMode::kOn : kc::MoeKernelMode::kOff);
+  absl::Status s = kc::LaunchMoeAlignBlockSize(
+      d_ids.get(), numel, bs, E, emap.empty() ? nullptr : d_map.get(), pad, ignore,
+      max_padded > 0 ? d_sorted.get() : d_sorted.raw(),
+      max_blocks > 0 ? d_experts.get() : d_experts.raw(), d_post.get(), d_scratch.get(), stream);
+  kc::SetMoeAlignSpreadMode(kc::MoeKernelMode::kFromEnv);
   if (!s.ok()) {
     o.error = std::string(s.message());
     return o;

@@ -35,6 +35,9 @@
 // warp: the same stable order as the one-block form.
 #include <string>
 
+#include <cstring>
+
+#include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
@@ -324,6 +327,11 @@ __global__ void __launch_bounds__(kSpreadThreads)
   PlaceBatch(a, begin, lane, ev, my_cnt);
 }
 
+detail::KernelSwitch g_spread([] {
+  const char* v = std::getenv("KPLAN_MOE_ALIGN_SPREAD");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+});
+
 absl::Status Invalid(const char* field, const std::string& what) {
   return absl::InvalidArgumentError(std::string(field) + ": " + what);
 }
@@ -342,6 +350,8 @@ int64_t MoeAlignMaxBlocks(int64_t numel, int num_experts, int block_size, bool p
   const int64_t bs = block_size;
   return (MoeAlignMaxPadded(numel, num_experts, block_size, pad_sorted_ids) + bs - 1) / bs;
 }
+
+void SetMoeAlignSpreadMode(MoeKernelMode mode) { g_spread.Set(mode); }
 
 int64_t MoeAlignScratchInts(int64_t numel, int num_experts) {
   if (numel < kSpreadMinIds || num_experts <= 0 || num_experts > kMoeAlignMaxExperts) return 0;
@@ -390,7 +400,7 @@ absl::Status LaunchMoeAlignBlockSize(const int32_t* topk_ids, int64_t numel, int
   a.max_padded = static_cast<int>(max_padded);
   a.max_blocks = static_cast<int>(max_blocks);
   a.ignore_invalid = ignore_invalid_experts;
-  if (scratch != nullptr && MoeAlignScratchInts(numel, num_experts) > 0) {
+  if (scratch != nullptr && MoeAlignScratchInts(numel, num_experts) > 0 && g_spread.On()) {
     const int chunks = static_cast<int>((numel + kChunk - 1) / kChunk);
     int* counts = scratch;                                               // [chunks][E]
     int* starts = scratch + static_cast<int64_t>(chunks) * num_experts;  // [E]

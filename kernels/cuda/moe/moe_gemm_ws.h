@@ -38,7 +38,7 @@ int64_t MoeGemmWsLaunches();
 int64_t MoeGemmWsClusterLaunches();
 // The ping-pong form (moe_ws_pipeline.cuh: the consumer warpgroups take
 // 64-slot halves of tiles in turn, one's epilogue under the other's MMAs),
-// for bf16 launches without clusters: SetMoeGemmWsPingPongMode(kOn / kOff),
+// for bf16 launches, in place of clusters: SetMoeGemmWsPingPongMode(kOn / kOff),
 // or with kFromEnv (the default) KPLAN_MOE_WS_PINGPONG=1. Off by default:
 // not yet run on a GPU.
 void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode);

@@ -654,7 +654,8 @@ bool UseClusters(const MoeGroupedGemmArgs& g) {
 }
 
 // The instantiation for g's dtype and weights (bf16 / fp16; int4 with
-// int_w), in clusters of two where the switch says so.
+// int_w): the ping-pong form where its switch is on (bf16), else in clusters
+// of two where that switch says so.
 template <bool Fused>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                       cudaStream_t stream) {
@@ -663,6 +664,15 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
     absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, true, 1>(g, act_params, stream)
                            : LaunchWsKernel<__half, Fused, true, 1>(g, act_params, stream);
     if (st.ok()) detail::NoteMoeGemmIntLaunch();
+    return st;
+  }
+  // The ping-pong form, where switched on, before clusters (it has none).
+  if (bf16 && g_ping_pong.On()) {
+    absl::Status st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, true>(g, act_params, stream);
+    if (st.ok()) {
+      ping_pong_launches.fetch_add(1, std::memory_order_relaxed);
+      ws_launches.fetch_add(1, std::memory_order_relaxed);
+    }
     return st;
   }
   if (UseClusters(g)) {
@@ -675,14 +685,6 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
     // UNAVAILABLE (no cluster fits, or no tensor map): one CTA a tile, which
     // answers UNAVAILABLE itself when the tensor map is what failed.
     if (!absl::IsUnavailable(st)) return st;
-  }
-  if (bf16 && g_ping_pong.On()) {
-    absl::Status st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, true>(g, act_params, stream);
-    if (st.ok()) {
-      ping_pong_launches.fetch_add(1, std::memory_order_relaxed);
-      ws_launches.fetch_add(1, std::memory_order_relaxed);
-    }
-    return st;
   }
   absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 1>(g, act_params, stream)
                          : LaunchWsKernel<__half, Fused, false, 1>(g, act_params, stream);

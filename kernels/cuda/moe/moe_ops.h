@@ -78,9 +78,9 @@ int64_t MoeAlignMaxBlocks(int64_t numel, int num_experts, int block_size, bool p
 // blocks of non-local experts stay with expert_ids -1; with it, their tokens
 // are dropped before counting. Each expert's tokens are in ascending flat
 // index (stable), so the output is deterministic. With `scratch` (device,
-// MoeAlignScratchInts ints; null, or a size of 0, for the one-block form)
-// the work is spread over blocks of 1024 ids in three kernels; without it
-// one block of 512 threads walks every id. Both give the same output.
+// MoeAlignScratchInts ints; may be null) and the spread switch on, the work
+// is spread over blocks of 1024 ids in three kernels; else one block of 512
+// threads walks every id. Both give the same output.
 absl::Status LaunchMoeAlignBlockSize(const int32_t* topk_ids, int64_t numel, int block_size,
                                      int num_experts, const int32_t* expert_map,
                                      bool pad_sorted_ids, bool ignore_invalid_experts,
@@ -91,5 +91,9 @@ absl::Status LaunchMoeAlignBlockSize(const int32_t* topk_ids, int64_t numel, int
 // runs as one block at this size). Non-decreasing in numel below the
 // kernels' int32 limits.
 int64_t MoeAlignScratchInts(int64_t numel, int num_experts);
+// The spread form's switch: kOn / kOff as set, or with kFromEnv (the
+// default) KPLAN_MOE_ALIGN_SPREAD=1 on, else off: off until it has run on a
+// GPU.
+void SetMoeAlignSpreadMode(MoeKernelMode mode);
 
 }  // namespace kplan::kernels::cuda
