@@ -648,6 +648,7 @@ const char* MapName(MapMode m) {
 struct AlignOutcome {
   bool ok = false;
   int64_t sorted_bad = 0, expert_bad = 0, guard_bad = 0;
+  bool form_ok = true;  // the form asked for ran (the scratch written or not)
   int32_t post_gpu = -1, post_cpu = -1;
   std::string error;
 };
@@ -734,9 +735,16 @@ AlignOutcome RunAlign(const std::vector<int32_t>& ids, int E, int bs, MapMode ma
   for (size_t i = max_blocks; i < experts.size(); ++i) o.guard_bad += experts[i] != poison;
   for (size_t i = 1; i < post.size(); ++i) o.guard_bad += post[i] != poison;
   for (size_t i = scratch_ints; i < scratch.size(); ++i) o.guard_bad += scratch[i] != poison;
+  // The spread form writes every expert's start (the scratch's last E
+  // ints); the one-block form never touches the scratch.
+  for (int64_t i = 0; i < scratch_ints; ++i) {
+    const bool start = i >= scratch_ints - E;
+    if (spread ? start && scratch[i] == poison : scratch[i] != poison) o.form_ok = false;
+  }
   o.post_gpu = post[0];
   o.post_cpu = cpu->num_tokens_post_padded;
-  o.ok = o.sorted_bad == 0 && o.expert_bad == 0 && o.guard_bad == 0 && o.post_gpu == o.post_cpu;
+  o.ok = o.sorted_bad == 0 && o.expert_bad == 0 && o.guard_bad == 0 && o.post_gpu == o.post_cpu &&
+         o.form_ok;
   return o;
 }
 
@@ -806,12 +814,13 @@ bool AlignCase(Dist d, int E, int64_t M, int k, int bs, MapMode map, bool pad,
     const AlignOutcome o = RunAlign(ids, E, bs, map, pad, spread, stream);
     std::printf(
         "align %-13s map=%-11s E=%4d M=%5lld k=%d numel=%7lld bs=%3d pad=%d %-6s post=%d/%d  "
-        "sorted_mismatch=%lld expert_ids_mismatch=%lld guard_bad=%lld  %s%s%s\n",
+        "sorted_mismatch=%lld expert_ids_mismatch=%lld guard_bad=%lld%s  %s%s%s\n",
         DistName(d), MapName(map), E, static_cast<long long>(M), k,
         static_cast<long long>(ids.size()), bs, pad ? 1 : 0, spread ? "spread" : "block",
         o.post_gpu, o.post_cpu, static_cast<long long>(o.sorted_bad),
         static_cast<long long>(o.expert_bad), static_cast<long long>(o.guard_bad),
-        o.ok ? "OK" : "FAIL", o.error.empty() ? "" : "  ", o.error.c_str());
+        o.form_ok ? "" : " (the other form ran)", o.ok ? "OK" : "FAIL", o.error.empty() ? "" : "  ",
+        o.error.c_str());
     ok &= o.ok;
   }
   return ok;

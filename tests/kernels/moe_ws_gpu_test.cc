@@ -286,10 +286,13 @@ TEST(MoeWsGpuTest, WideKTilesOfBlocksOf16) {
 }
 
 // The ping-pong form's turns: many tiles of at most 64 slots (one half-item
-// each, the warpgroups alternating), tiles of 65-128 (two), odd and even
-// half-item counts per CTA, reductions of 1-3 k-tiles (fewer than the
-// ring's stages, so a warpgroup's next half-item reuses stages the other
-// just released), fused and not.
+// each, the warpgroups alternating), tiles of 65-128 (two), reductions of
+// 1-3 k-tiles (fewer than the ring's stages, so a warpgroup's next
+// half-item reuses stages the other just released), fused and not; then
+// several times more work items than CTAs (13 token tiles x 32 weight-row
+// tiles: about 3 a CTA), so each CTA walks several half-items
+// with odd and even counts, with reductions shorter and longer than the
+// ring, and a non-local expert with slots (zero rows between turns).
 TEST(MoeWsGpuTest, PingPongTurns) {
   SKIP_WITHOUT_CUDA();
   RunCase({"turns_k64",
@@ -299,7 +302,7 @@ TEST(MoeWsGpuTest, PingPongTurns) {
            64,
            true,
            DType::kBFloat16,
-           4});
+           5});
   RunCase({"turns_k136_fused",
            {9, 70, 1, 64, 0, 128, 31, 67},
            2,
@@ -311,6 +314,22 @@ TEST(MoeWsGpuTest, PingPongTurns) {
            128,
            true});
   RunCase({"turns_k1000", {40, 3, 200, 64, 65, 1}, 1, 1032, 1000, false, DType::kBFloat16});
+  RunCase({"walk_k136",
+           {30, 64, 65, 3, 128, 17, 100, 1, 64, 9, 250, 40},
+           1,
+           8192,
+           136,
+           false,
+           DType::kBFloat16,
+           3});
+  RunCase({"walk_k320_fused",
+           {30, 64, 65, 3, 128, 17, 100, 1, 64, 9, 250, 41},
+           2,
+           8192,
+           320,
+           true,
+           DType::kBFloat16,
+           6});
 }
 
 // Small enough for compute-sanitizer (memcheck / racecheck / synccheck).

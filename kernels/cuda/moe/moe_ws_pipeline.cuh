@@ -217,12 +217,21 @@ __device__ __forceinline__ bool WsHalfHasWork(const P& p, const WsWork& w, int h
 }
 
 // Warpgroup cw (0 or 1) waits until the other one signals it; the other
-// signals with WsOrderSignal(cw). 256 threads: both warpgroups.
+// signals with WsOrderSignal(cw). 256 threads: both warpgroups. Constant
+// barrier ids (an id in a register reserves all 16 barriers).
 __device__ __forceinline__ void WsOrderWait(int cw) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory");
+  if (cw == 0) {
+    asm volatile("bar.sync 2, 256;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 3, 256;\n" ::: "memory");
+  }
 }
 __device__ __forceinline__ void WsOrderSignal(int cw) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + cw) : "memory");
+  if (cw == 0) {
+    asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  } else {
+    asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+  }
 }
 
 // The producer warpgroup (threads 0..127; setmaxnreg down to kRegs). For each
