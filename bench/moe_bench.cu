@@ -67,12 +67,14 @@
 // copy roofline counts the stored bytes of the experts hit (weights, scales).
 // --route auto,emulation,decode,dequant,matvec times the quantised rows on each
 // route (moe_quant_route.h; a route that does not apply falls back to auto).
-// --variants default,ping_pong,spread,ping_pong+spread: kernel forms that are
-// off by default, each config once per variant in turn (decode-sized rows
-// once): ping_pong the warp-specialised GEMM's ping-pong consumers
-// (SetMoeGemmWsPingPongMode), spread the align spread over blocks
-// (SetMoeAlignSpreadMode); each such row's layer is first compared bit for
-// bit with the same layer without it. The row's gemm column says which.
+// --variants default,ping_pong,spread,narrow,ping_pong+spread: kernel forms
+// switched against their defaults, each config once per variant in turn
+// (decode-sized rows once): ping_pong the warp-specialised GEMM's ping-pong
+// consumers on (SetMoeGemmWsPingPongMode), spread the align spread over
+// blocks on (SetMoeAlignSpreadMode), narrow the cp.async kernel's wide
+// k-tiles off (SetMoeGemmWideMode); each such row's layer is first compared
+// bit for bit with the same layer without the change. The row's gemm
+// column says which.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -199,7 +201,7 @@ struct Args {
 // A --variants item: kernel forms switched on beyond the defaults.
 struct Variant {
   std::string name = "default";
-  bool ping_pong = false, spread = false;
+  bool ping_pong = false, spread = false, narrow = false;
 };
 
 Variant ParseVariant(const std::string& v) {
@@ -213,6 +215,8 @@ Variant ParseVariant(const std::string& v) {
       out.ping_pong = true;
     } else if (item == "spread") {
       out.spread = true;
+    } else if (item == "narrow") {
+      out.narrow = true;
     } else {
       std::fprintf(stderr, "unknown --variants item '%s'\n", v.c_str());
       std::exit(2);
@@ -231,6 +235,8 @@ void ApplyVariant(const Variant& v, bool reset = false) {
   };
   kc::SetMoeGemmWsPingPongMode(mode(v.ping_pong));
   kc::SetMoeAlignSpreadMode(mode(v.spread));
+  kc::SetMoeGemmWideMode(reset || !v.narrow ? kc::MoeKernelMode::kFromEnv
+                                            : kc::MoeKernelMode::kOff);
 }
 
 std::vector<std::string> SplitComma(const std::string& s) {
@@ -254,7 +260,7 @@ std::vector<std::string> SplitComma(const std::string& s) {
       "int4_group,"
       "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
       "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
-      "[--variants default,ping_pong,spread,ping_pong+spread] [--json FILE] [--csv FILE]\n",
+      "[--variants default,ping_pong,spread,narrow,ping_pong+spread] [--json FILE] [--csv FILE]\n",
       argv0);
   std::exit(2);
 }
@@ -737,16 +743,21 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
         !variant.ping_pong || same_as([] { kc::SetMoeGemmWsPingPongMode(kc::MoeKernelMode::kOff); },
                                       [] { kc::SetMoeGemmWsPingPongMode(kc::MoeKernelMode::kOn); },
                                       "ping-pong vs cooperative consumers");
+    const bool narrow_ok =
+        !variant.narrow || same_as([] { kc::SetMoeGemmWideMode(kc::MoeKernelMode::kOn); },
+                                   [] { kc::SetMoeGemmWideMode(kc::MoeKernelMode::kOff); },
+                                   "128-byte vs wide k-tiles");
     const bool spread_ok =
         !variant.spread || same_as([] { kc::SetMoeAlignSpreadMode(kc::MoeKernelMode::kOff); },
                                    [] { kc::SetMoeAlignSpreadMode(kc::MoeKernelMode::kOn); },
                                    "align spread vs one block");
     if (nan != 0 || id_diff != 0 || !(rel <= 1e-2) || den == 0 || !fused_ok || !decode_ok ||
-        !ping_pong_ok || !spread_ok) {
+        !ping_pong_ok || !spread_ok || !narrow_ok) {
       row.note = std::string("CHECK FAILED: ") + check + (fused_ok ? "" : " (fused differs)") +
                  (decode_ok ? "" : " (one-kernel decode differs)") +
                  (ping_pong_ok ? "" : " (ping-pong differs)") +
-                 (spread_ok ? "" : " (align spread differs)");
+                 (spread_ok ? "" : " (align spread differs)") +
+                 (narrow_ok ? "" : " (wide k-tiles differ)");
       CHECK_CUDA(cudaGraphExecDestroy(exec));
       CHECK_CUDA(cudaGraphDestroy(graph));
       return row;

@@ -147,6 +147,11 @@ bool MoeGemmIntApplies(const MoeGroupedGemmArgs& args);
 // dequantised copy and the 16-bit kernels (the A/B of moe_bench).
 void SetMoeGemmIntMode(MoeKernelMode mode);
 bool MoeGemmIntEnabled();
+// The cp.async kernel's wide k-tiles (256 bytes of each row a stage) for
+// 16-bit blocks of 16 at K >= 4096, not split (on by default, measured on
+// Mixtral-8x7B at 16 tokens only): SetMoeGemmWideMode, or with kFromEnv
+// KPLAN_MOE_CP_WIDE=0 for 128-byte stages (the A/B of moe_bench).
+void SetMoeGemmWideMode(MoeKernelMode mode);
 // Launches with int_w that succeeded, process-wide (a test's proof that the
 // int4 kernels ran).
 int64_t MoeGemmIntLaunches();

@@ -615,11 +615,20 @@ __global__ void SplitKReduceKernel(GemmParams p, int bt) {
   }
 }
 
+// The wide form's switch (SetMoeGemmWideMode): on unless
+// KPLAN_MOE_CP_WIDE=0.
+detail::KernelSwitch g_wide([] {
+  const char* v = std::getenv("KPLAN_MOE_CP_WIDE");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+});
+
 template <int BT, typename TIn, typename T, bool kWide = false>
 absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream) {
   if constexpr (!kWide && BT == 16 && !Cfg<BT, TIn>::kInt && !Cfg<BT, TIn>::kFp8) {
     // Unsplit only: MoeGemmSplitsFor counts two CTAs a multiprocessor.
-    if (p.K >= kWideK && p.splits == 1) return Launch<BT, TIn, T, true>(p, num_blocks, stream);
+    if (p.K >= kWideK && p.splits == 1 && g_wide.On()) {
+      return Launch<BT, TIn, T, true>(p, num_blocks, stream);
+    }
   }
   using C = Cfg<BT, TIn, kWide>;
   // The shared-memory limit is a per-device attribute of the kernel: raise it
@@ -702,6 +711,8 @@ bool MoeGemmIntApplies(const MoeGroupedGemmArgs& g) {
 }
 
 void SetMoeGemmIntMode(MoeKernelMode mode) { g_int.Set(mode); }
+
+void SetMoeGemmWideMode(MoeKernelMode mode) { g_wide.Set(mode); }
 
 bool MoeGemmIntEnabled() { return g_int.On(); }
 
