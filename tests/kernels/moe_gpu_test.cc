@@ -590,6 +590,28 @@ TEST(MoeGpuValidationTest, IntWeightsTheInt4GemmsTake) {
   EXPECT_FALSE(kc::MoeGemmIntApplies(g));
 }
 
+// The align's spread form: from 4096 ids, a scratch of (chunks of 1024 + 1)
+// x E ints, none where a device index would leave int32 or E is out of the
+// kernel's range; never shrinking as numel grows (the layer sizes the
+// workspace for its largest call).
+TEST(MoeGpuValidationTest, AlignScratchSizes) {
+  EXPECT_EQ(kc::MoeAlignScratchInts(4095, 128), 0);
+  EXPECT_EQ(kc::MoeAlignScratchInts(4096, 128), (4 + 1) * 128);
+  EXPECT_EQ(kc::MoeAlignScratchInts(4097, 128), (5 + 1) * 128);
+  EXPECT_EQ(kc::MoeAlignScratchInts(32768, 256), (32 + 1) * 256);
+  EXPECT_EQ(kc::MoeAlignScratchInts(8192, 0), 0);
+  EXPECT_EQ(kc::MoeAlignScratchInts(8192, kc::kMoeAlignMaxExperts + 1), 0);
+  EXPECT_EQ(kc::MoeAlignScratchInts(int64_t{0x7fffffff} - 1023, 8), 0);
+  for (int E : {1, 8, 128, 1024}) {
+    int64_t prev = 0;
+    for (int64_t numel = 0; numel < 70000; numel += 97) {
+      const int64_t ints = kc::MoeAlignScratchInts(numel, E);
+      EXPECT_GE(ints, prev) << "E " << E << " numel " << numel;
+      prev = ints;
+    }
+  }
+}
+
 TEST(MoeGpuValidationTest, RejectsUnsupportedParams) {
   // Checked before anything is launched: runs without a device too.
   kc::MoeRoutingParams p;
