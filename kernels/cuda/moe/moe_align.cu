@@ -259,8 +259,9 @@ __global__ void __launch_bounds__(kScanThreads)
   detail::PdlWaitThenRelease();
   int run = 0;
   if (e < E) {
-    // Eight loads in flight, then their stores.
-    constexpr int kU = 8;
+    // Sixteen loads in flight, then their stores (the stores may alias the
+    // next loads, so each group is one memory round trip: 2 for 32768 ids).
+    constexpr int kU = 16;
     int g = 0;
     for (; g + kU <= chunks; g += kU) {
       int c[kU];
