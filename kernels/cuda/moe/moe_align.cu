@@ -22,20 +22,20 @@
 // session 24).
 //
 // Spread over chunks of kChunk ids (with a scratch of MoeAlignScratchInts,
-// from kSpreadMinIds ids), three kernels:
+// from kSpreadMinIds ids, where SetMoeAlignSpreadMode's switch is on: off
+// by default until it has run on a GPU), three kernels:
 //  - MoeAlignCountKernel, a block per chunk: the sentinel fill (grid-stride)
 //    and the chunk's per-expert counts into counts[chunk][e];
 //  - MoeAlignScanKernel, one block of 1024 threads, a thread per expert:
 //    counts[.][e] become the chunks' exclusive offsets, the padded totals
 //    are scanned into starts[e], then num_tokens_post_padded and expert_ids
 //    as in step 4;
-//  - MoeAlignPlaceKernel, a block per chunk of 8 warps x 128 ids: steps 1-3
-//    within the chunk, the cursors starting at starts[e] + counts[chunk][e].
+//  - MoeAlignPlaceKernel, a block per chunk of 8 warps x 128 ids: the
+//    per-warp counts, prefix sums and placement of steps 1-3 within the
+//    chunk, the cursors starting at starts[e] + counts[chunk][e].
 // Chunks in order, warps in order within a chunk, lanes in order within a
 // warp: the same stable order as the one-block form.
 #include <string>
-
-#include <cstring>
 
 #include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_ops.h"
@@ -57,6 +57,7 @@ constexpr int kSpreadWarps = kSpreadThreads / 32;
 constexpr int kChunk = 1024;                       // ids per block
 constexpr int kWarpIds = kChunk / kSpreadWarps;    // 128: 4 a lane
 constexpr int kScanThreads = kMoeAlignMaxExperts;  // a thread per expert
+static_assert(kScanThreads == 1024, "the scan kernel's warp sums: 32 warps, one a lane");
 constexpr int64_t kSpreadMinIds = 4096;
 
 struct AlignArgs {
@@ -329,8 +330,7 @@ __global__ void __launch_bounds__(kSpreadThreads)
 }
 
 detail::KernelSwitch g_spread([] {
-  const char* v = std::getenv("KPLAN_MOE_ALIGN_SPREAD");
-  return v != nullptr && std::strcmp(v, "1") == 0;
+  return detail::EnvOnOff("KPLAN_MOE_ALIGN_SPREAD", kMoeAlignSpreadDefault);
 });
 
 absl::Status Invalid(const char* field, const std::string& what) {

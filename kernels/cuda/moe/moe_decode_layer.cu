@@ -406,9 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 detail::KernelSwitch g_switch([] {
-  const char* v = std::getenv("KPLAN_MOE_DECODE_LAYER");
-  if (v == nullptr || *v == '\0') return kMoeDecodeLayerDefault;
-  return std::strcmp(v, "0") != 0;
+  return detail::EnvOnOff("KPLAN_MOE_DECODE_LAYER", kMoeDecodeLayerDefault);
 });
 std::atomic<int64_t> g_launches{0};
 

@@ -57,7 +57,9 @@ inline MoeActParams EffectiveActParams(MoeActParams p) {
 // and 128 from 16 when both GEMMs' reductions are long: ws_k, the shorter of
 // them (min(H, I)) for 16-bit and fp8 weights, is at least
 // kMoeGemmWsLongK. ws_k 0: int4 weights (their GEMMs on blocks of 128 below
-// 64 slots per expert were slower).
+// 64 slots per expert were slower). Measurement knob:
+// KPLAN_MOE_WS_MIN_SLOTS=n (read once) takes blocks of 128 from n slots per
+// expert whatever ws_k (for the ping-pong form of moe_gemm_ws.h).
 inline constexpr int64_t kMoeGemmWsLongK = 2048;
 int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k);
 // Split-K factor that fills one wave of resident CTAs with weight streams

@@ -617,10 +617,7 @@ __global__ void SplitKReduceKernel(GemmParams p, int bt) {
 
 // The wide form's switch (SetMoeGemmWideMode): on unless
 // KPLAN_MOE_CP_WIDE=0.
-detail::KernelSwitch g_wide([] {
-  const char* v = std::getenv("KPLAN_MOE_CP_WIDE");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-});
+detail::KernelSwitch g_wide([] { return detail::EnvOnOff("KPLAN_MOE_CP_WIDE", true); });
 
 template <int BT, typename TIn, typename T, bool kWide = false>
 absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream) {
@@ -687,10 +684,7 @@ absl::Status LaunchForBlockM(int block_m, const GemmParams& p, int64_t num_block
 
 std::atomic<int64_t> int_launches{0};
 
-detail::KernelSwitch g_int([] {
-  const char* v = std::getenv("KPLAN_MOE_INT_GEMM");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-});
+detail::KernelSwitch g_int([] { return detail::EnvOnOff("KPLAN_MOE_INT_GEMM", true); });
 
 }  // namespace
 

@@ -38,9 +38,11 @@ int64_t MoeGemmWsLaunches();
 int64_t MoeGemmWsClusterLaunches();
 // The ping-pong form (moe_ws_pipeline.cuh: the consumer warpgroups take
 // 64-slot halves of tiles in turn, one's epilogue under the other's MMAs),
-// for bf16 launches, in place of clusters: SetMoeGemmWsPingPongMode(kOn / kOff),
-// or with kFromEnv (the default) KPLAN_MOE_WS_PINGPONG=1. Off by default:
-// not yet run on a GPU.
+// for bf16 weights (not int4), in place of clusters:
+// SetMoeGemmWsPingPongMode(kOn / kOff), or with kFromEnv (the default)
+// KPLAN_MOE_WS_PINGPONG=0 / 1, unset: kMoeWsPingPongDefault (off until it has
+// run on a GPU).
+inline constexpr bool kMoeWsPingPongDefault = false;
 void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode);
 int64_t MoeGemmWsPingPongLaunches();
 

@@ -318,20 +318,8 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
     auto wrow_of = [&](ws::WsTileInfo ti) {
       return static_cast<int64_t>(ti.e) * N + (Fused ? ti.n0 / 2 : ti.n0);
     };
-    if constexpr (kPingPong) {  // one box of 256 rows, or the gate and up boxes
-      ws::WsProduce<T, kStageBytes, ws::kWsWBytes, ws::kWsProducerRegs, 1, false, true>(
-          p, ring, sched, total, K, nk, wrow_of,
-          [&](int64_t wrow, int kt, uint32_t w_s, uint32_t fb, bool) {
-            TmaLoad2d(w_s, &wmap, kt * kBK, static_cast<int>(wrow), fb);
-            if constexpr (Fused) {
-              TmaLoad2d(w_s + ws::kWsWBytes / 2, &wmap, kt * kBK, static_cast<int>(wrow + N / 2),
-                        fb);
-            }
-          },
-          [](int64_t, int, uint32_t, uint32_t) {});
-      return;
-    }
-    ws::WsProduce<T, kStageBytes, ws::kWsWBytes, ws::kWsProducerRegs, kCluster>(
+    ws::WsProduce<T, kStageBytes, ws::kWsWBytes, ws::kWsProducerRegs, kCluster,
+                  /*kRowAddresses=*/false, kPingPong>(
         p, ring, sched, total, K, nk, wrow_of,
         [&](int64_t wrow, int kt, uint32_t w_s, uint32_t fb, bool multicast) {
           if constexpr (!Fused && kCluster == 1) {
@@ -503,8 +491,8 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
         ok1 ? Cg + static_cast<int64_t>(s1) * N : nullptr);
   };
   if constexpr (kPingPong) {
-    const int row = ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2);  // in the half
-    int j = 0;                                                    // this CTA's half-items so far
+    const int row = r0 - 64 * cw;  // this thread's accumulator row in the half
+    int j = 0;                     // this CTA's half-items so far
     ws::WsForEachWork<1>(p, sched, total, [&](const ws::WsWork& w) {
       const ws::WsTileInfo& ti = w.ti;
 #pragma unroll 1
@@ -626,11 +614,8 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
 std::atomic<int> cluster_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
 std::atomic<int64_t> ws_launches{0}, cluster_launches{0}, ping_pong_launches{0};
 
-// The ping-pong form (bf16, one CTA a tile) is off until it has run on a
-// GPU: KPLAN_MOE_WS_PINGPONG=1 or SetMoeGemmWsPingPongMode(kOn).
 detail::KernelSwitch g_ping_pong([] {
-  const char* v = std::getenv("KPLAN_MOE_WS_PINGPONG");
-  return v != nullptr && std::strcmp(v, "1") == 0;
+  return detail::EnvOnOff("KPLAN_MOE_WS_PINGPONG", kMoeWsPingPongDefault);
 });
 
 // Clusters of two for g: as SetMoeGemmWsClusterMode says, else
@@ -728,9 +713,7 @@ absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& g, cudaStream_t st
 
 namespace {
 detail::KernelSwitch g_fused([] {
-  const char* v = std::getenv("KPLAN_MOE_FUSED_ACT");
-  if (v == nullptr || *v == '\0') return kMoeFusedActDefault;
-  return std::strcmp(v, "0") != 0;
+  return detail::EnvOnOff("KPLAN_MOE_FUSED_ACT", kMoeFusedActDefault);
 });
 }  // namespace
 

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "kernels/cuda/moe/moe_ops.h"
@@ -18,6 +19,15 @@ namespace kplan::kernels::cuda::detail {
 inline int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+// The on / off value of environment variable `name` (a KernelSwitch's
+// from_env): `fallback` when it is unset or empty, off for "0", on for
+// anything else.
+inline bool EnvOnOff(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return std::strcmp(v, "0") != 0;
 }
 
 class KernelSwitch {

@@ -92,8 +92,9 @@ absl::Status LaunchMoeAlignBlockSize(const int32_t* topk_ids, int64_t numel, int
 // kernels' int32 limits.
 int64_t MoeAlignScratchInts(int64_t numel, int num_experts);
 // The spread form's switch: kOn / kOff as set, or with kFromEnv (the
-// default) KPLAN_MOE_ALIGN_SPREAD=1 on, else off: off until it has run on a
-// GPU.
+// default) KPLAN_MOE_ALIGN_SPREAD=0 / 1, unset: kMoeAlignSpreadDefault (off
+// until it has run on a GPU).
+inline constexpr bool kMoeAlignSpreadDefault = false;
 void SetMoeAlignSpreadMode(MoeKernelMode mode);
 
 }  // namespace kplan::kernels::cuda

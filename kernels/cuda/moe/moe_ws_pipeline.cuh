@@ -351,8 +351,9 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
 }
 
 // A consumer thread (warpgroups 1, 2; setmaxnreg up to kRegs): its
-// warpgroup cw covers slots [64 cw, 64 cw + 64) of a tile, its accumulator
-// fragment rows r0 and r0 + 8.
+// warpgroup cw covers slots [64 cw, 64 cw + 64) of a tile (in the ping-pong
+// form the 64 slots of its half-item instead), its accumulator fragment rows
+// r0 and r0 + 8 (r0 - 64 cw within a half-item).
 struct WsConsumer {
   int cw, lane, r0;
 };
