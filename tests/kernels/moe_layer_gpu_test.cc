@@ -41,6 +41,7 @@
 #include "kernels/cpu/moe/moe_reference.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "kernels/cuda/moe/moe_ops.h"
 #include "server/moe/expert_set.h"
 #include "server/moe/gpu_runner.h"
 #include "server/moe/moe_runner.h"
@@ -450,6 +451,60 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
                 static_cast<long long>(M), static_cast<long long>(differ),
                 static_cast<long long>(fused->output.size() / 2), differ == 0 ? "OK" : "FAIL");
     EXPECT_EQ(differ, 0) << v.shape.name << " " << v.act;
+  }
+}
+
+// The forms that are off by default (moe_bench --variants), switched on in
+// the whole layer: the align spread over blocks (from 4096 ids: the layer's
+// workspace holds its scratch) and the warp-specialised GEMM's ping-pong
+// consumers (blocks of 128: 75 and 256 slots per expert, fused GEMM 1),
+// each alone and both, bit for bit against the layer with both off.
+TEST(MoeLayerGpu, SwitchedFormsBitIdentical) {
+  SKIP_WITHOUT_CUDA();
+  namespace kc = kernels::cuda;
+  const Shape shape{"forms", 64, 8, 256, 384};
+  auto set = MakeExperts(shape, kernels::DType::kBFloat16, "silu", true, 7100);
+  auto gpu = Upload(*set);
+  ASSERT_NE(gpu, nullptr);
+  for (const int64_t M : {600, 2048}) {
+    const int64_t H = shape.H;
+    MoeRunInput in;
+    in.act_dtype = kernels::DType::kBFloat16;
+    in.hidden_shape = {M, H};
+    in.hidden_states = RandomTensor(in.act_dtype, M * H, -1, 7200 + M);
+    const std::vector<float> logits = RandomFloats(M * shape.E, -3.0f, 3.0f, 7300 + M);
+    in.logits_shape = {M, shape.E};
+    in.router_logits.assign(reinterpret_cast<const char*>(logits.data()), logits.size() * 4);
+    in.routing = RenormalizeNaive(shape.k);
+    GpuRunOptions poison;
+    poison.poison_workspace = true;
+    auto run = [&](bool spread, bool ping_pong) {
+      kc::SetMoeAlignSpreadMode(spread ? kc::MoeKernelMode::kOn : kc::MoeKernelMode::kOff);
+      kc::SetMoeGemmWsPingPongMode(ping_pong ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+      const int64_t pp = kc::MoeGemmWsPingPongLaunches();
+      auto out = RunMoeOnGpu(*gpu, in, nullptr, poison);
+      // Both GEMMs take the form where it is on (blocks of 128).
+      EXPECT_EQ(kc::MoeGemmWsPingPongLaunches() - pp, ping_pong ? 2 : 0) << "M " << M;
+      kc::SetMoeAlignSpreadMode(kc::MoeKernelMode::kFromEnv);
+      kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kFromEnv);
+      return out;
+    };
+    auto base = run(false, false);
+    ASSERT_TRUE(base.ok()) << base.status();
+    for (const auto& [spread, ping_pong] : {std::pair{true, false}, {false, true}, {true, true}}) {
+      auto got = run(spread, ping_pong);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->output.size(), base->output.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i + 1 < got->output.size(); i += 2) {
+        differ += std::memcmp(&got->output[i], &base->output[i], 2) != 0;
+      }
+      std::printf("forms M=%lld spread=%d ping_pong=%d: %lld of %lld values differ %s\n",
+                  static_cast<long long>(M), spread, ping_pong, static_cast<long long>(differ),
+                  static_cast<long long>(got->output.size() / 2), differ == 0 ? "OK" : "FAIL");
+      EXPECT_EQ(differ, 0) << "M " << M << " spread " << spread << " ping_pong " << ping_pong;
+      EXPECT_EQ(got->topk_ids, base->topk_ids);
+    }
   }
 }
 
