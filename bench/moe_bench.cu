@@ -37,7 +37,8 @@
 //                  [--copy_mib 1024] [--decode on|off] [--decode_layer on|off|both]
 //                  [--ws off|on|both]
 //                  [--gemm_only on|off] [--layer on|off] [--fused off|on|both]
-//                  [--quant LIST] [--route LIST] [--check_tokens N] [--json F] [--csv F]
+//                  [--quant LIST] [--route LIST] [--check_tokens N] [--variants LIST]
+//                  [--json F] [--csv F]
 // --ws picks the grouped GEMM of large M: off the cp.async kernel
 // (moe_gemm_sm90.cu), on (the default) the warp-specialised TMA kernel
 // (moe_gemm_ws.h), both every config twice, one after the other, in the same run.
@@ -68,8 +69,9 @@
 // --route auto,emulation,decode,dequant,matvec times the quantised rows on each
 // route (moe_quant_route.h; a route that does not apply falls back to auto).
 // --variants default,ping_pong,spread,narrow,ping_pong+spread: kernel forms
-// switched against their defaults, each config once per variant in turn
-// (decode-sized rows once): ping_pong the warp-specialised GEMM's ping-pong
+// switched against their defaults, each bf16 config once per variant in turn
+// (decode-sized and quantised rows: the first variant only): ping_pong the
+// warp-specialised GEMM's ping-pong
 // consumers on (SetMoeGemmWsPingPongMode), spread the align spread over
 // blocks on (SetMoeAlignSpreadMode), narrow the cp.async kernel's wide
 // k-tiles off (SetMoeGemmWideMode); each such row's layer is first compared
@@ -208,6 +210,10 @@ Variant ParseVariant(const std::string& v) {
   Variant out;
   out.name = v;
   if (v == "default") return out;
+  if (v.empty() || v.back() == '+') {
+    std::fprintf(stderr, "bad --variants item '%s'\n", v.c_str());
+    std::exit(2);
+  }
   std::stringstream ss(v);
   std::string item;
   while (std::getline(ss, item, '+')) {
@@ -218,7 +224,7 @@ Variant ParseVariant(const std::string& v) {
     } else if (item == "narrow") {
       out.narrow = true;
     } else {
-      std::fprintf(stderr, "unknown --variants item '%s'\n", v.c_str());
+      std::fprintf(stderr, "unknown --variants form '%s' in '%s'\n", item.c_str(), v.c_str());
       std::exit(2);
     }
   }
@@ -1176,8 +1182,9 @@ int main(int argc, char** argv) {
                                                                        args.decode_layer.end())
                                                     : std::vector<int>{-1}) {
                 for (const std::string& vname :
-                     decode_sized ? std::vector<std::string>{args.variants.front()}
-                                  : args.variants) {
+                     decode_sized || quant != "bf16"
+                         ? std::vector<std::string>{args.variants.front()}
+                         : args.variants) {
                   if (fused && !ws && !decode_sized) continue;  // the fused epilogue is ws's
                   const Variant variant = ParseVariant(vname);
                   ApplyVariant(variant);
