@@ -93,6 +93,27 @@ __device__ __forceinline__ void LoadIds(const AlignArgs& a, int base, int end, i
   }
 }
 
+// Counts the kept experts e[u] (>= 0) into this range's counters my_cnt.
+template <int kB>
+__device__ __forceinline__ void CountBatch(const int (&e)[kB], int* my_cnt) {
+#pragma unroll
+  for (int u = 0; u < kB; ++u) {
+    if (e[u] >= 0) atomicAdd(&my_cnt[e[u]], 1);
+  }
+}
+
+// Expert e's counts in ranges 0 .. kRanges - 1 (cnt[w * E + e]) become the
+// ranges' write cursors, from `run` on; returns the cursor past the last.
+template <int kRanges>
+__device__ __forceinline__ int RangeCursors(int* cnt, int E, int e, int run) {
+  for (int w = 0; w < kRanges; ++w) {
+    const int c = cnt[w * E + e];
+    cnt[w * E + e] = run;
+    run += c;
+  }
+  return run;
+}
+
 // Writes the flat indices base + 32 u + lane whose (kept) experts are e[u]
 // at their experts' cursors my_cnt[e], in order, advancing the cursors.
 template <int kB>
@@ -166,10 +187,7 @@ __global__ void __launch_bounds__(kThreads) MoeAlignKernel(AlignArgs a) {
   for (int base = begin; base < end; base += 32 * kBatch) {
     int e[kBatch];
     LoadIds(a, base, end, lane, e);
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      if (e[u] >= 0) atomicAdd(&my_cnt[e[u]], 1);
-    }
+    CountBatch(e, my_cnt);
   }
   __syncthreads();
 
@@ -181,12 +199,7 @@ __global__ void __launch_bounds__(kThreads) MoeAlignKernel(AlignArgs a) {
     const int e = tid * kPerThread + j;
     padded[j] = 0;
     if (e < E) {
-      int run = 0;
-      for (int w = 0; w < kWarps; ++w) {
-        const int c = cnt[w * E + e];
-        cnt[w * E + e] = run;
-        run += c;
-      }
+      const int run = RangeCursors<kWarps>(cnt, E, e, 0);
       padded[j] = (run + a.bs - 1) / a.bs * a.bs;
       local += padded[j];
     }
@@ -312,18 +325,10 @@ __global__ void __launch_bounds__(kSpreadThreads)
   int* my_cnt = cnt + warp * E;
   int ev[kWarpIds / 32];
   LoadIds(a, begin, end, lane, ev);
-#pragma unroll
-  for (int u = 0; u < kWarpIds / 32; ++u) {
-    if (ev[u] >= 0) atomicAdd(&my_cnt[ev[u]], 1);
-  }
+  CountBatch(ev, my_cnt);
   __syncthreads();
   for (int e = tid; e < E; e += kSpreadThreads) {
-    int run = starts[e] + counts[blockIdx.x * E + e];
-    for (int w = 0; w < kSpreadWarps; ++w) {
-      const int c = cnt[w * E + e];
-      cnt[w * E + e] = run;
-      run += c;
-    }
+    RangeCursors<kSpreadWarps>(cnt, E, e, starts[e] + counts[blockIdx.x * E + e]);
   }
   __syncthreads();
   PlaceBatch(a, begin, lane, ev, my_cnt);
