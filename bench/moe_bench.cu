@@ -201,9 +201,29 @@ struct Args {
 };
 
 // A --variants item: kernel forms switched on beyond the defaults.
+// The kernel forms --variants switches, one row each: its name, its switch,
+// the mode a variant sets and the default's (kFromEnv outside a variant),
+// what the bit-for-bit check compares.
+struct VariantForm {
+  const char* name;
+  void (*set)(kc::MoeKernelMode);
+  kc::MoeKernelMode variant, base;
+  const char* what;
+};
+const VariantForm kVariantForms[] = {
+    {"ping_pong", kc::SetMoeGemmWsPingPongMode, kc::MoeKernelMode::kOn, kc::MoeKernelMode::kOff,
+     "ping-pong vs cooperative consumers"},
+    {"spread", kc::SetMoeAlignSpreadMode, kc::MoeKernelMode::kOn, kc::MoeKernelMode::kOff,
+     "align spread vs one block"},
+    {"narrow", kc::SetMoeGemmWideMode, kc::MoeKernelMode::kOff, kc::MoeKernelMode::kOn,
+     "128-byte vs wide k-tiles"},
+};
+constexpr size_t kNumVariantForms = sizeof(kVariantForms) / sizeof(kVariantForms[0]);
+
+// A --variants item: the forms of kVariantForms it switches.
 struct Variant {
   std::string name = "default";
-  bool ping_pong = false, spread = false, narrow = false;
+  bool on[kNumVariantForms] = {};
 };
 
 Variant ParseVariant(const std::string& v) {
@@ -217,16 +237,13 @@ Variant ParseVariant(const std::string& v) {
   std::stringstream ss(v);
   std::string item;
   while (std::getline(ss, item, '+')) {
-    if (item == "ping_pong") {
-      out.ping_pong = true;
-    } else if (item == "spread") {
-      out.spread = true;
-    } else if (item == "narrow") {
-      out.narrow = true;
-    } else {
+    size_t f = 0;
+    while (f < kNumVariantForms && item != kVariantForms[f].name) ++f;
+    if (f == kNumVariantForms) {
       std::fprintf(stderr, "unknown --variants form '%s' in '%s'\n", item.c_str(), v.c_str());
       std::exit(2);
     }
+    out.on[f] = true;
   }
   return out;
 }
@@ -234,15 +251,10 @@ Variant ParseVariant(const std::string& v) {
 // Sets the switches of `v` (kFromEnv for the forms it leaves out), or with
 // reset all back to kFromEnv.
 void ApplyVariant(const Variant& v, bool reset = false) {
-  auto mode = [&](bool on) {
-    return reset ? kc::MoeKernelMode::kFromEnv
-           : on  ? kc::MoeKernelMode::kOn
-                 : kc::MoeKernelMode::kFromEnv;
-  };
-  kc::SetMoeGemmWsPingPongMode(mode(v.ping_pong));
-  kc::SetMoeAlignSpreadMode(mode(v.spread));
-  kc::SetMoeGemmWideMode(reset || !v.narrow ? kc::MoeKernelMode::kFromEnv
-                                            : kc::MoeKernelMode::kOff);
+  for (size_t f = 0; f < kNumVariantForms; ++f) {
+    const VariantForm& form = kVariantForms[f];
+    form.set(!reset && v.on[f] ? form.variant : kc::MoeKernelMode::kFromEnv);
+  }
 }
 
 std::vector<std::string> SplitComma(const std::string& s) {
@@ -745,25 +757,18 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
                                    [] { kc::SetMoeDecodeLayerMode(kc::MoeKernelMode::kOn); },
                                    "one vs two decode kernels");
     // The variant's forms against the defaults, one at a time.
-    const bool ping_pong_ok =
-        !variant.ping_pong || same_as([] { kc::SetMoeGemmWsPingPongMode(kc::MoeKernelMode::kOff); },
-                                      [] { kc::SetMoeGemmWsPingPongMode(kc::MoeKernelMode::kOn); },
-                                      "ping-pong vs cooperative consumers");
-    const bool narrow_ok =
-        !variant.narrow || same_as([] { kc::SetMoeGemmWideMode(kc::MoeKernelMode::kOn); },
-                                   [] { kc::SetMoeGemmWideMode(kc::MoeKernelMode::kOff); },
-                                   "128-byte vs wide k-tiles");
-    const bool spread_ok =
-        !variant.spread || same_as([] { kc::SetMoeAlignSpreadMode(kc::MoeKernelMode::kOff); },
-                                   [] { kc::SetMoeAlignSpreadMode(kc::MoeKernelMode::kOn); },
-                                   "align spread vs one block");
+    std::string forms_differ;
+    for (size_t f = 0; f < kNumVariantForms; ++f) {
+      const VariantForm& form = kVariantForms[f];
+      if (variant.on[f] &&
+          !same_as([&] { form.set(form.base); }, [&] { form.set(form.variant); }, form.what)) {
+        forms_differ += std::string(" (") + form.what + ": differs)";
+      }
+    }
     if (nan != 0 || id_diff != 0 || !(rel <= 1e-2) || den == 0 || !fused_ok || !decode_ok ||
-        !ping_pong_ok || !spread_ok || !narrow_ok) {
+        !forms_differ.empty()) {
       row.note = std::string("CHECK FAILED: ") + check + (fused_ok ? "" : " (fused differs)") +
-                 (decode_ok ? "" : " (one-kernel decode differs)") +
-                 (ping_pong_ok ? "" : " (ping-pong differs)") +
-                 (spread_ok ? "" : " (align spread differs)") +
-                 (narrow_ok ? "" : " (wide k-tiles differ)");
+                 (decode_ok ? "" : " (one-kernel decode differs)") + forms_differ;
       CHECK_CUDA(cudaGraphExecDestroy(exec));
       CHECK_CUDA(cudaGraphDestroy(graph));
       return row;
