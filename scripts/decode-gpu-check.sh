@@ -20,14 +20,10 @@
 #                 moe_routing_bench,moe_bench}; strip --strip-debug .dist/bin/* .dist/lib/*
 #        (there): scripts/decode-gpu-check.sh [DIST]
 set -uo pipefail
-dist=${1:-.dist}
-out=${OUT:-/tmp/kplan-decode}/logs
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/$dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-bin=$dist/bin
+. "$(dirname "$0")/gpu-steps.sh"
+gpu_check_setup kplan-decode "${1:-}"
 step_keep='FAIL|DIFFER|differ:|PASSED|ERROR SUMMARY|^routing|^shape|dec[12]k|bit-identical|other ids|gpu__time|dram__bytes|lts__t'
 step_drop='^route .* OK$'
-. "$(dirname "$0")/gpu-steps.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
 if [ -z "${SKIP_ROUTING:-}" ]; then  # SKIP_ROUTING=1: the decode steps only
   step routing_test 60 "$bin/moe_gpu_test" --gtest_filter='*Routing*'
@@ -49,6 +45,4 @@ TAIL=0 step ncu 40 ncu --clock-control none --cache-control none -k 'regex:Decod
 awk -F'","' '/Command line profiler metrics/ {sub(/\(.*/, "", $5); sub(/"$/, "", $15); print $5, $13, $15}' \
   "$out/ncu.log"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
-if tar -czf "$out.tar.gz" -C "$(dirname "$out")" logs; then rm -rf "$out"; else status=1; fi
-echo "status $status"
-exit $status
+gpu_check_finish

@@ -1,9 +1,14 @@
 # Sourced by the GPU check scripts (decode-gpu-check.sh,
-# quant-decode-gpu-check.sh): `step NAME SECONDS COMMAND...` runs COMMAND
+# quant-decode-gpu-check.sh, moe-forms-gpu-check.sh). `gpu_check_setup NAME
+# [DIST]` is their preamble: the bundle folder DIST (default .dist, made by
+# scripts/bundle.sh) on LD_LIBRARY_PATH and bin=DIST/bin, NVLink multicast
+# off, logs in out=${OUT:-/tmp/NAME}/logs. `gpu_check_finish` packs the
+# logs into $out.tar.gz (one file back from the device call), prints the
+# status and exits with it. `step NAME SECONDS COMMAND...` runs COMMAND
 # under a time limit into $out/NAME.log, says ok or FAILED (and sets
 # status=1), then prints the log's lines that match $step_keep (an extended
 # regex) and not $step_drop, the last ${TAIL:-20} of them. The caller sets
-# out, step_keep and, optionally, step_drop.
+# out (gpu_check_setup does), step_keep and, optionally, step_drop.
 status=0
 step() {  # name seconds command...
   local name=$1 limit=$2
@@ -17,4 +22,18 @@ step() {  # name seconds command...
   fi
   grep -E "$step_keep" "$out/$name.log" | grep -vE "${step_drop:-^$}" | cut -c1-200 |
     tail -n "${TAIL:-20}"
+}
+
+gpu_check_setup() {  # name [dist]
+  dist=${2:-.dist}
+  out=${OUT:-/tmp/$1}/logs
+  mkdir -p "$out"
+  export LD_LIBRARY_PATH="$PWD/$dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export NCCL_NVLS_ENABLE=0
+  bin=$dist/bin
+}
+gpu_check_finish() {
+  if tar -czf "$out.tar.gz" -C "$(dirname "$out")" logs; then rm -rf "$out"; else status=1; fi
+  echo "status $status"
+  exit "$status"
 }

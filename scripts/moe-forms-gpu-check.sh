@@ -23,19 +23,14 @@
 #        (there): [VARIANTS=...] [SHAPES=...] [TOKENS=...] [MIN_SLOTS=16] \
 #                 scripts/moe-forms-gpu-check.sh [DIST]
 set -uo pipefail
-dist=${1:-.dist}
-out=${OUT:-/tmp/kplan-forms}/logs
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/$dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export NCCL_NVLS_ENABLE=0
-bin=$dist/bin
+. "$(dirname "$0")/gpu-steps.sh"
+gpu_check_setup kplan-forms "${1:-}"
 variants=${VARIANTS:-default,spread,ping_pong,narrow}
 shapes=${SHAPES:-qwen3,mixtral}
 tokens=${TOKENS:-16,64,256,1024,4096}
 min_slots=${MIN_SLOTS:-16}
 step_keep='FAIL|DIFFER|PASSED|ERROR SUMMARY|differ|form ran| M=[0-9]+ .* us |check .*(vs|differ)'
 step_drop='OK$'
-. "$(dirname "$0")/gpu-steps.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv
 step align_test 60 "$bin/moe_gpu_test" --gtest_filter='*Align*'
 step ws_test 75 "$bin/moe_ws_gpu_test"
@@ -50,6 +45,4 @@ TAIL=80 step bench 120 "${bench[@]}" --json "$out/bench.json"
 TAIL=80 KPLAN_MOE_WS_MIN_SLOTS=$min_slots step bench_min_slots 120 "${bench[@]}" \
   --json "$out/bench_min_slots.json"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
-if tar -czf "$out.tar.gz" -C "$(dirname "$out")" logs; then rm -rf "$out"; else status=1; fi
-echo "status $status"
-exit $status
+gpu_check_finish

@@ -19,14 +19,9 @@
 #               strip --strip-debug .dist/bin/* .dist/lib/*
 #        (there): [OLD_BENCH=.dist/bin/moe_bench_old] scripts/quant-decode-gpu-check.sh [DIST]
 set -uo pipefail
-dist=${1:-.dist}
-out=${OUT:-/tmp/kplan-quant}/logs
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/$dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export NCCL_NVLS_ENABLE=0
-bin=$dist/bin
-step_keep=' FAIL$|FAILED|PASSED|ERROR SUMMARY|CHECK FAILED|SKIPPED|^rooflines|M=[0-9]+ +(dec|ws|old)'
 . "$(dirname "$0")/gpu-steps.sh"
+gpu_check_setup kplan-quant "${1:-}"
+step_keep=' FAIL$|FAILED|PASSED|ERROR SUMMARY|CHECK FAILED|SKIPPED|^rooflines|M=[0-9]+ +(dec|ws|old)'
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv
 step quant_test 150 "$bin/moe_quant_gpu_test"
 step memcheck 60 compute-sanitizer --tool memcheck "$bin/moe_quant_gpu_test" \
