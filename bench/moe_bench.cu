@@ -68,13 +68,14 @@
 // copy roofline counts the stored bytes of the experts hit (weights, scales).
 // --route auto,emulation,decode,dequant,matvec times the quantised rows on each
 // route (moe_quant_route.h; a route that does not apply falls back to auto).
-// --variants default,ping_pong,spread,narrow,ping_pong+spread: kernel forms
+// --variants default,ping_pong,cooperative,one_block,narrow,...: kernel forms
 // switched against their defaults, each bf16 config once per variant in turn
 // (decode-sized and quantised rows: the first variant only): ping_pong the
-// warp-specialised GEMM's ping-pong
-// consumers on (SetMoeGemmWsPingPongMode), spread the align spread over
-// blocks on (SetMoeAlignSpreadMode), narrow the cp.async kernel's wide
-// k-tiles off (SetMoeGemmWideMode); each such row's layer is first compared
+// warp-specialised GEMM's ping-pong consumers at every slot count,
+// cooperative never (SetMoeGemmWsPingPongMode; the default takes them below
+// kMoeWsPingPongMaxSlots slots per expert), one_block the align in one block
+// (SetMoeAlignSpreadMode off), narrow the cp.async kernel's wide k-tiles off
+// (SetMoeGemmWideMode); forms combine with '+'; each such row's layer is first compared
 // bit for bit with the same layer without the change. The row's gemm
 // column says which.
 #include <cublas_v2.h>
@@ -213,8 +214,10 @@ struct VariantForm {
 const VariantForm kVariantForms[] = {
     {"ping_pong", kc::SetMoeGemmWsPingPongMode, kc::MoeKernelMode::kOn, kc::MoeKernelMode::kOff,
      "ping-pong vs cooperative consumers"},
-    {"spread", kc::SetMoeAlignSpreadMode, kc::MoeKernelMode::kOn, kc::MoeKernelMode::kOff,
-     "align spread vs one block"},
+    {"cooperative", kc::SetMoeGemmWsPingPongMode, kc::MoeKernelMode::kOff, kc::MoeKernelMode::kOn,
+     "cooperative vs ping-pong consumers"},
+    {"one_block", kc::SetMoeAlignSpreadMode, kc::MoeKernelMode::kOff, kc::MoeKernelMode::kOn,
+     "align in one block vs spread"},
     {"narrow", kc::SetMoeGemmWideMode, kc::MoeKernelMode::kOff, kc::MoeKernelMode::kOn,
      "128-byte vs wide k-tiles"},
 };
@@ -242,6 +245,13 @@ Variant ParseVariant(const std::string& v) {
     if (f == kNumVariantForms) {
       std::fprintf(stderr, "unknown --variants form '%s' in '%s'\n", item.c_str(), v.c_str());
       std::exit(2);
+    }
+    for (size_t g = 0; g < kNumVariantForms; ++g) {
+      if (out.on[g] && kVariantForms[g].set == kVariantForms[f].set) {
+        std::fprintf(stderr, "--variants '%s': '%s' and '%s' set one switch\n", v.c_str(),
+                     kVariantForms[g].name, item.c_str());
+        std::exit(2);
+      }
     }
     out.on[f] = true;
   }
@@ -924,7 +934,9 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   rp.renormalize = true;
   CHECK_OK(
       kc::LaunchMoeRouting(rp, logits.as<float>(), M, tw.as<float>(), tid.as<int32_t>(), stream));
-  const int bm = kc::MoeGemmBlockMFor(numel, E, std::min(H, I));  // bf16 weights
+  const int bm = kc::MoeGemmBlockMFor(  // bf16 weights
+      numel, E, std::min(H, I),
+      kc::MoeGemmWsPingPongFor(kplan::kernels::DType::kBFloat16, numel, E));
   const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
   const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);
   DevBuf sorted(max_padded * 4), eids(max_blocks * 4), post(4);

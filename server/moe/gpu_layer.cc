@@ -43,7 +43,9 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   // int sets' GEMMs (the int4 GEMMs, or the 16-bit ones on the dequantised
   // copy): ws_k 0, the rule measured for int4.
   const int64_t ws_k = experts.spec().quant.scheme.empty() ? std::min(H, I) : 0;
-  l.block_m = batch_invariant ? kMoeBatchInvariantBlockM : kc::MoeGemmBlockMFor(numel, E, ws_k);
+  const bool ping_pong = ws_k > 0 && kc::MoeGemmWsPingPongFor(experts.spec().dtype, numel, E);
+  l.block_m =
+      batch_invariant ? kMoeBatchInvariantBlockM : kc::MoeGemmBlockMFor(numel, E, ws_k, ping_pong);
   l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);
   l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
   int64_t partials = 0;

@@ -94,10 +94,12 @@ Layout LayoutFor(const GpuExperts& experts, const Scheme& s, int64_t M, int k, i
   // by batch); sized for the largest of them (and of the decode blocks), as
   // the choice depends on M. Batch-invariant (MoeLayerArgs): no decode
   // kernels and one block for every M.
-  l.block_m = decode_block > 0  ? decode_block
-              : !s.fp8_tc       ? kBlockM
-              : batch_invariant ? kMoeBatchInvariantBlockM
-                                : std::min(kc::MoeGemmBlockMFor(numel, E, std::min(H, I)), 128);
+  l.block_m =
+      decode_block > 0 ? decode_block
+      : !s.fp8_tc      ? kBlockM
+      : batch_invariant
+          ? kMoeBatchInvariantBlockM
+          : std::min(kc::MoeGemmBlockMFor(numel, E, std::min(H, I), /*ping_pong=*/false), 128);
   for (int bm : {8, 16, 32, 64, 128}) {
     if (!s.fp8_tc && bm != kBlockM && bm > 32) continue;
     l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));

@@ -43,6 +43,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/moe/moe_reference.h"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "tests/testing/gpu_test_util.h"
@@ -484,7 +485,7 @@ TEST(MoeGpuValidationTest, GemmBlockOf16HoldsNearlyEveryHitExpert) {
       if (k > E) continue;
       for (int64_t tokens : {1, 4, 16, 32, 64, 128, 256, 512}) {
         const int64_t numel = tokens * k;
-        if (kc::MoeGemmBlockMFor(numel, E, 0) != 16) continue;
+        if (kc::MoeGemmBlockMFor(numel, E, 0, false) != 16) continue;
         // Per routing: the share of hit experts with more than 16 slots.
         int over = 0, hit = 0;
         for (int trial = 0; trial < 50; ++trial) {
@@ -507,28 +508,62 @@ TEST(MoeGpuValidationTest, GemmBlockOf16HoldsNearlyEveryHitExpert) {
 }
 
 // The block sizes by slots per hit expert and reduction length: blocks of
-// 128 (the warp-specialised kernel) from 64 slots per expert, and from 16
-// where both GEMMs' K are long (ws_k); blocks of 16 up to 8 either way.
+// 128 (the warp-specialised kernel) from 64 slots per expert, from 16 where
+// both GEMMs' K are long (ws_k) and from 24 where they take the ping-pong
+// form; blocks of 16 up to 8 either way.
 TEST(MoeGpuValidationTest, GemmBlockBySlotsAndReduction) {
   for (int64_t ws_k :
        {int64_t{0}, int64_t{768}, kc::kMoeGemmWsLongK - 1, kc::kMoeGemmWsLongK, int64_t{4096}}) {
     const bool long_k = ws_k >= kc::kMoeGemmWsLongK;
-    for (int E : {8, 128, 256}) {
-      for (int64_t per : {1, 8, 9, 15, 16, 17, 48, 63, 64, 65, 127, 128, 511, 512, 4096}) {
-        const int64_t numel = per * E;  // every expert hit (numel >= E)
-        const int want = per <= 8 ? 16 : per < (long_k ? 16 : 64) ? 64 : per < 512 ? 128 : 256;
-        EXPECT_EQ(kc::MoeGemmBlockMFor(numel, E, ws_k), want)
-            << "E " << E << " slots/expert " << per << " ws_k " << ws_k;
+    for (bool ping_pong : {false, true}) {
+      const int64_t from = long_k ? 16 : ping_pong ? 24 : 64;
+      for (int E : {8, 128, 256}) {
+        for (int64_t per :
+             {1, 8, 9, 15, 16, 17, 23, 24, 48, 63, 64, 65, 127, 128, 511, 512, 4096}) {
+          const int64_t numel = per * E;  // every expert hit (numel >= E)
+          const int want = per <= 8 ? 16 : per < from ? 64 : per < 512 ? 128 : 256;
+          EXPECT_EQ(kc::MoeGemmBlockMFor(numel, E, ws_k, ping_pong), want)
+              << "E " << E << " slots/expert " << per << " ws_k " << ws_k << " pp " << ping_pong;
+        }
       }
     }
   }
   // Fewer slots than experts: the average over the slots' experts.
-  EXPECT_EQ(kc::MoeGemmBlockMFor(100, 256, 0), 16);
+  EXPECT_EQ(kc::MoeSlotsPerExpert(100, 256), 1);
+  EXPECT_EQ(kc::MoeSlotsPerExpert(1000, 256), 4);
+  EXPECT_EQ(kc::MoeGemmBlockMFor(100, 256, 0, false), 16);
   // The shapes of docs/PERF.md: Mixtral-8x7B (K 4096 / 14336) 64 tokens
-  // top-2, Qwen3-30B-A3B (2048 / 768) 512 and 1024 tokens top-8.
-  EXPECT_EQ(kc::MoeGemmBlockMFor(64 * 2, 8, 4096), 128);
-  EXPECT_EQ(kc::MoeGemmBlockMFor(512 * 8, 128, 768), 64);
-  EXPECT_EQ(kc::MoeGemmBlockMFor(1024 * 8, 128, 768), 128);
+  // top-2, Qwen3-30B-A3B (2048 / 768) 256, 512 and 1024 tokens top-8.
+  EXPECT_EQ(kc::MoeGemmBlockMFor(64 * 2, 8, 4096, false), 128);
+  EXPECT_EQ(kc::MoeGemmBlockMFor(512 * 8, 128, 768, false), 64);
+  EXPECT_EQ(kc::MoeGemmBlockMFor(256 * 8, 128, 768, true), 64);
+  EXPECT_EQ(kc::MoeGemmBlockMFor(512 * 8, 128, 768, true), 128);
+  EXPECT_EQ(kc::MoeGemmBlockMFor(1024 * 8, 128, 768, false), 128);
+}
+
+// The ping-pong form's rule (host logic): bf16 below kMoeWsPingPongMaxSlots
+// slots per expert, every slot count when forced, never when switched off
+// or for fp16.
+TEST(MoeGpuValidationTest, WsPingPongBySlots) {
+  using kc::MoeGemmWsMode;
+  using kernels::DType;
+  const char* env = std::getenv("KPLAN_MOE_WS_PINGPONG");  // "0": off
+  const bool allowed = env == nullptr || *env == '\0' || std::strcmp(env, "0") != 0;
+  for (MoeGemmWsMode mode : {MoeGemmWsMode::kFromEnv, MoeGemmWsMode::kOn, MoeGemmWsMode::kOff}) {
+    kc::SetMoeGemmWsPingPongMode(mode);
+    for (int E : {8, 128, 256}) {
+      for (int64_t per : {1, 16, 63, 64, 65, 512}) {
+        const bool rule = allowed && per < kc::kMoeWsPingPongMaxSlots;
+        const bool want = mode == MoeGemmWsMode::kOn    ? true
+                          : mode == MoeGemmWsMode::kOff ? false
+                                                        : rule;
+        EXPECT_EQ(kc::MoeGemmWsPingPongFor(DType::kBFloat16, per * E, E), want)
+            << "mode " << static_cast<int>(mode) << " E " << E << " per " << per;
+        EXPECT_FALSE(kc::MoeGemmWsPingPongFor(DType::kFloat16, per * E, E));
+      }
+    }
+  }
+  kc::SetMoeGemmWsPingPongMode(MoeGemmWsMode::kFromEnv);
 }
 
 // Which int4 weights and GEMMs the int4 GEMMs take (host logic: the

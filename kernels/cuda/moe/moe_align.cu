@@ -22,8 +22,8 @@
 // session 24).
 //
 // Spread over chunks of kChunk ids (with a scratch of MoeAlignScratchInts,
-// from kSpreadMinIds ids, where SetMoeAlignSpreadMode's switch is on: off
-// by default until it has run on a GPU), three kernels:
+// from kSpreadMinIds ids, where SetMoeAlignSpreadMode's switch is on, as it
+// is by default), three kernels:
 //  - MoeAlignCountKernel, a block per chunk: the sentinel fill (grid-stride)
 //    and the chunk's per-expert counts into counts[chunk][e];
 //  - MoeAlignScanKernel, one block of 1024 threads, a thread per expert:

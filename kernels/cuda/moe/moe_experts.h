@@ -23,6 +23,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -52,16 +53,20 @@ inline MoeActParams EffectiveActParams(MoeActParams p) {
 // must be the block size moe_align_block_size ran with. Blocks of 128 and
 // 256 run the warp-specialised TMA kernel instead where it takes them, same
 // results (moe_gemm_ws.h). MoeGemmBlockMFor picks the block from the average
-// slots per hit expert: 16 up to 8 (where nearly every hit expert of a
-// uniform routing fits one block), 64 below 64, then 128 and from 512 256;
-// and 128 from 16 when both GEMMs' reductions are long: ws_k, the shorter of
-// them (min(H, I)) for 16-bit and fp8 weights, is at least
-// kMoeGemmWsLongK. ws_k 0: int4 weights (their GEMMs on blocks of 128 below
-// 64 slots per expert were slower). Measurement knob:
-// KPLAN_MOE_WS_MIN_SLOTS=n (read once) takes blocks of 128 from n slots per
-// expert whatever ws_k (for the ping-pong form of moe_gemm_ws.h).
+// slots per hit expert (MoeSlotsPerExpert): 16 up to 8 (where nearly every
+// hit expert of a uniform routing fits one block), 64 below 64, then 128 and
+// from 512 256; and 128 from 16 when both GEMMs' reductions are long: ws_k,
+// the shorter of them (min(H, I)) for 16-bit and fp8 weights, is at least
+// kMoeGemmWsLongK, or from 24 when the GEMMs take the ping-pong form
+// (ping_pong: MoeGemmWsPingPongFor, moe_gemm_ws.h). ws_k 0: int4 weights
+// (their GEMMs on blocks of 128 below 64 slots per expert were slower).
 inline constexpr int64_t kMoeGemmWsLongK = 2048;
-int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k);
+// Slots per expert if the routing were uniform over min(E, numel) experts.
+inline int64_t MoeSlotsPerExpert(int64_t numel, int num_experts) {
+  const int64_t hit = std::max<int64_t>(1, std::min<int64_t>(num_experts, numel));
+  return (numel + hit - 1) / hit;
+}
+int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k, bool ping_pong);
 // Split-K factor that fills one wave of resident CTAs with weight streams
 // when the blocks alone fill less than half of it (1 = no split);
 // MoeGemmPartialsBytes is the fp32 workspace it needs.

@@ -712,10 +712,8 @@ bool MoeGemmIntEnabled() { return g_int.On(); }
 
 int64_t MoeGemmIntLaunches() { return int_launches.load(std::memory_order_relaxed); }
 
-int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k) {
-  // Slots per expert if the routing were uniform over min(E, numel) experts.
-  const int64_t hit = std::max<int64_t>(1, std::min<int64_t>(num_experts, numel));
-  const int64_t per_expert = (numel + hit - 1) / hit;
+int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k, bool ping_pong) {
+  const int64_t per_expert = MoeSlotsPerExpert(numel, num_experts);
   // 16-slot blocks only while the average fills half of one: past that the
   // busier experts take two blocks and their weights stream twice
   // (Mixtral-8x7B at 64 tokens, 16 slots per expert on average: blocks of 64
@@ -731,12 +729,12 @@ int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k) {
   // 5623-5966 and fp8 block Mixtral-8x7B 64-192 tokens 454-516 / 419-458,
   // bf16 Mixtral-8x7B 96-192 tokens even and 64 tokens (16 slots) 748 / 773,
   // but Qwen3-30B-A3B (K 2048 / 768) 256-768 tokens 365-417 / 430-447.
+  // With the ping-pong form (session 26), Qwen3-30B-A3B 384 / 512 / 768
+  // tokens (24 / 32 / 48 slots) on blocks of 128 against 64: 356 / 361 / 389
+  // against 366 / 379 / 403 us; at 192 / 256 tokens (12 / 16 slots) even
+  // (351 / 353 against 350 / 358).
   const bool long_k = ws_k >= kMoeGemmWsLongK;
-  // Measurement knob (for the ping-pong form, moe_gemm_ws.h):
-  // KPLAN_MOE_WS_MIN_SLOTS=n takes blocks of 128 from n slots per expert on
-  // every K.
-  static const int min_slots = detail::EnvInt("KPLAN_MOE_WS_MIN_SLOTS", 0);
-  if (per_expert < (min_slots > 0 ? min_slots : long_k ? 16 : 64)) return 64;
+  if (per_expert < (long_k ? 16 : ping_pong ? 24 : 64)) return 64;
   // Blocks of 256 from 128 slots (two tiles of one expert a cluster) were
   // slower: Qwen3-30B-A3B 2048 tokens 599 -> 707 us, DeepSeek-V3 4096 8599
   // -> 9460, Mixtral-8x7B 512 1103 -> 1148 (session 22).

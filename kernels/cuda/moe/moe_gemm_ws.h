@@ -38,12 +38,22 @@ int64_t MoeGemmWsLaunches();
 int64_t MoeGemmWsClusterLaunches();
 // The ping-pong form (moe_ws_pipeline.cuh: the consumer warpgroups take
 // 64-slot halves of tiles in turn, one's epilogue under the other's MMAs),
-// for bf16 weights (not int4), in place of clusters:
-// SetMoeGemmWsPingPongMode(kOn / kOff), or with kFromEnv (the default)
-// KPLAN_MOE_WS_PINGPONG=0 / 1, unset: kMoeWsPingPongDefault (off until it has
-// run on a GPU).
-inline constexpr bool kMoeWsPingPongDefault = false;
+// for bf16 weights (not int4), in place of clusters, where
+// MoeGemmWsPingPongFor says: SetMoeGemmWsPingPongMode(kOn) always, kOff
+// never; with kFromEnv (the default) never for KPLAN_MOE_WS_PINGPONG=0, else
+// below kMoeWsPingPongMaxSlots slots per expert (MoeSlotsPerExpert).
+// Measured per layer, one H200 (docs/PERF.md, session 26), against the
+// cooperative consumers in clusters: Mixtral-8x7B 64-192 tokens (16-48
+// slots) 726-745 -> 694-709 us; DeepSeek-V3 512 / 1024 tokens (16 / 32)
+// 5436 / 5581 -> 5291 / 5422; Qwen3-30B-A3B (blocks of 128 from 24 slots
+// then, MoeGemmBlockMFor) 384-768 tokens 366-403 -> 356-389. At 64 slots
+// and more it lost: Mixtral-8x7B 256 / 1024 / 4096 tokens 784 / 1641 / 5417
+// -> 1048 / 2620 / 9001 us, Qwen3-30B-A3B 1024 423 -> 542.
+inline constexpr int64_t kMoeWsPingPongMaxSlots = 64;
 void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode);
+// Whether a warp-specialised launch of `dtype` over numel slots and
+// num_experts experts takes the ping-pong form.
+bool MoeGemmWsPingPongFor(DType dtype, int64_t numel, int num_experts);
 int64_t MoeGemmWsPingPongLaunches();
 
 // With args.int_w also MoeIntWeightsApply (moe_experts.h).

@@ -614,9 +614,8 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
 std::atomic<int> cluster_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
 std::atomic<int64_t> ws_launches{0}, cluster_launches{0}, ping_pong_launches{0};
 
-detail::KernelSwitch g_ping_pong([] {
-  return detail::EnvOnOff("KPLAN_MOE_WS_PINGPONG", kMoeWsPingPongDefault);
-});
+// On: the rule of MoeGemmWsPingPongFor applies; forced (kOn): always.
+detail::KernelSwitch g_ping_pong([] { return detail::EnvOnOff("KPLAN_MOE_WS_PINGPONG", true); });
 
 // Clusters of two for g: as SetMoeGemmWsClusterMode says, else
 // KPLAN_MOE_WS_CLUSTER when set (a number of 2 or more: on, anything else:
@@ -639,8 +638,8 @@ bool UseClusters(const MoeGroupedGemmArgs& g) {
 }
 
 // The instantiation for g's dtype and weights (bf16 / fp16; int4 with
-// int_w): the ping-pong form where its switch is on (bf16), else in clusters
-// of two where that switch says so.
+// int_w): the ping-pong form where MoeGemmWsPingPongFor says so, else in
+// clusters of two where that switch says so.
 template <bool Fused>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                       cudaStream_t stream) {
@@ -651,8 +650,8 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
     if (st.ok()) detail::NoteMoeGemmIntLaunch();
     return st;
   }
-  // The ping-pong form, where switched on, before clusters (it has none).
-  if (bf16 && g_ping_pong.On()) {
+  // The ping-pong form before clusters (it has none).
+  if (MoeGemmWsPingPongFor(g.dtype, g.numel, g.num_local_experts)) {
     absl::Status st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, true>(g, act_params, stream);
     if (st.ok()) {
       ping_pong_launches.fetch_add(1, std::memory_order_relaxed);
@@ -690,6 +689,11 @@ int64_t MoeGemmWsLaunches() { return ws_launches.load(std::memory_order_relaxed)
 int64_t MoeGemmWsClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
 
 void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode) { g_ping_pong.Set(mode); }
+
+bool MoeGemmWsPingPongFor(DType dtype, int64_t numel, int num_experts) {
+  if (dtype != DType::kBFloat16 || !g_ping_pong.On()) return false;
+  return g_ping_pong.Forced() || MoeSlotsPerExpert(numel, num_experts) < kMoeWsPingPongMaxSlots;
+}
 
 int64_t MoeGemmWsPingPongLaunches() { return ping_pong_launches.load(std::memory_order_relaxed); }
 

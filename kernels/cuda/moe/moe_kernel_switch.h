@@ -40,6 +40,10 @@ class KernelSwitch {
     std::call_once(once_, [this] { env_on_ = from_env_(); });
     return env_on_;
   }
+  // Set to kOn: a form chosen by a rule runs whatever the rule says.
+  bool Forced() const {
+    return mode_.load(std::memory_order_relaxed) == static_cast<int>(MoeKernelMode::kOn);
+  }
 
  private:
   bool (*const from_env_)();

@@ -92,9 +92,12 @@ absl::Status LaunchMoeAlignBlockSize(const int32_t* topk_ids, int64_t numel, int
 // kernels' int32 limits.
 int64_t MoeAlignScratchInts(int64_t numel, int num_experts);
 // The spread form's switch: kOn / kOff as set, or with kFromEnv (the
-// default) KPLAN_MOE_ALIGN_SPREAD=0 / 1, unset: kMoeAlignSpreadDefault (off
-// until it has run on a GPU).
-inline constexpr bool kMoeAlignSpreadDefault = false;
+// default) KPLAN_MOE_ALIGN_SPREAD=0 / 1, unset: kMoeAlignSpreadDefault. On
+// since session 26 (docs/PERF.md): bit-identical, and Qwen3-30B-A3B's layer
+// at 1024 / 4096 tokens (8192 / 32768 ids) 423.0 / 896.0 -> 414.8 / 884.3 us
+// (again 419.4 / 894.0 -> 413.8 / 887.1); Mixtral-8x7B at 4096 tokens (8192
+// ids) within the noise (5417 / 5500 -> 5464 / 5503 us).
+inline constexpr bool kMoeAlignSpreadDefault = true;
 void SetMoeAlignSpreadMode(MoeKernelMode mode);
 
 }  // namespace kplan::kernels::cuda
