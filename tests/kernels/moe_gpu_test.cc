@@ -509,14 +509,14 @@ TEST(MoeGpuValidationTest, GemmBlockOf16HoldsNearlyEveryHitExpert) {
 
 // The block sizes by slots per hit expert and reduction length: blocks of
 // 128 (the warp-specialised kernel) from 64 slots per expert, from 16 where
-// both GEMMs' K are long (ws_k) and from 24 where they take the ping-pong
-// form; blocks of 16 up to 8 either way.
+// both GEMMs' K are long (ws_k) or they take the ping-pong form; blocks of
+// 16 up to 8 either way.
 TEST(MoeGpuValidationTest, GemmBlockBySlotsAndReduction) {
   for (int64_t ws_k :
        {int64_t{0}, int64_t{768}, kc::kMoeGemmWsLongK - 1, kc::kMoeGemmWsLongK, int64_t{4096}}) {
     const bool long_k = ws_k >= kc::kMoeGemmWsLongK;
     for (bool ping_pong : {false, true}) {
-      const int64_t from = long_k ? 16 : ping_pong ? 24 : 64;
+      const int64_t from = long_k || ping_pong ? 16 : 64;
       for (int E : {8, 128, 256}) {
         for (int64_t per :
              {1, 8, 9, 15, 16, 17, 23, 24, 48, 63, 64, 65, 127, 128, 511, 512, 4096}) {
@@ -536,7 +536,8 @@ TEST(MoeGpuValidationTest, GemmBlockBySlotsAndReduction) {
   // top-2, Qwen3-30B-A3B (2048 / 768) 256, 512 and 1024 tokens top-8.
   EXPECT_EQ(kc::MoeGemmBlockMFor(64 * 2, 8, 4096, false), 128);
   EXPECT_EQ(kc::MoeGemmBlockMFor(512 * 8, 128, 768, false), 64);
-  EXPECT_EQ(kc::MoeGemmBlockMFor(256 * 8, 128, 768, true), 64);
+  EXPECT_EQ(kc::MoeGemmBlockMFor(192 * 8, 128, 768, true), 64);
+  EXPECT_EQ(kc::MoeGemmBlockMFor(256 * 8, 128, 768, true), 128);
   EXPECT_EQ(kc::MoeGemmBlockMFor(512 * 8, 128, 768, true), 128);
   EXPECT_EQ(kc::MoeGemmBlockMFor(1024 * 8, 128, 768, false), 128);
 }

@@ -57,7 +57,7 @@ inline MoeActParams EffectiveActParams(MoeActParams p) {
 // hit expert of a uniform routing fits one block), 64 below 64, then 128 and
 // from 512 256; and 128 from 16 when both GEMMs' reductions are long: ws_k,
 // the shorter of them (min(H, I)) for 16-bit and fp8 weights, is at least
-// kMoeGemmWsLongK, or from 24 when the GEMMs take the ping-pong form
+// kMoeGemmWsLongK, or when the GEMMs take the ping-pong form
 // (ping_pong: MoeGemmWsPingPongFor, moe_gemm_ws.h). ws_k 0: int4 weights
 // (their GEMMs on blocks of 128 below 64 slots per expert were slower).
 inline constexpr int64_t kMoeGemmWsLongK = 2048;

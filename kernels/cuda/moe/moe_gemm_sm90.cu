@@ -729,12 +729,12 @@ int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k, bool ping_pon
   // 5623-5966 and fp8 block Mixtral-8x7B 64-192 tokens 454-516 / 419-458,
   // bf16 Mixtral-8x7B 96-192 tokens even and 64 tokens (16 slots) 748 / 773,
   // but Qwen3-30B-A3B (K 2048 / 768) 256-768 tokens 365-417 / 430-447.
-  // With the ping-pong form (session 26), Qwen3-30B-A3B 384 / 512 / 768
-  // tokens (24 / 32 / 48 slots) on blocks of 128 against 64: 356 / 361 / 389
-  // against 366 / 379 / 403 us; at 192 / 256 tokens (12 / 16 slots) even
-  // (351 / 353 against 350 / 358).
+  // With the ping-pong form (session 26), Qwen3-30B-A3B on blocks of 128
+  // against 64: 256 / 384 / 512 / 768 tokens (16 / 24 / 32 / 48 slots) 353 /
+  // 356 / 361 / 389 against 358-370 / 366 / 379 / 403 us; at 192 (12 slots)
+  // even (351 against 350).
   const bool long_k = ws_k >= kMoeGemmWsLongK;
-  if (per_expert < (long_k ? 16 : ping_pong ? 24 : 64)) return 64;
+  if (per_expert < (long_k || ping_pong ? 16 : 64)) return 64;
   // Blocks of 256 from 128 slots (two tiles of one expert a cluster) were
   // slower: Qwen3-30B-A3B 2048 tokens 599 -> 707 us, DeepSeek-V3 4096 8599
   // -> 9460, Mixtral-8x7B 512 1103 -> 1148 (session 22).

@@ -45,8 +45,8 @@ int64_t MoeGemmWsClusterLaunches();
 // Measured per layer, one H200 (docs/PERF.md, session 26), against the
 // cooperative consumers in clusters: Mixtral-8x7B 64-192 tokens (16-48
 // slots) 726-745 -> 694-709 us; DeepSeek-V3 512 / 1024 tokens (16 / 32)
-// 5436 / 5581 -> 5291 / 5422; Qwen3-30B-A3B (blocks of 128 from 24 slots
-// then, MoeGemmBlockMFor) 384-768 tokens 366-403 -> 356-389. At 64 slots
+// 5436 / 5581 -> 5291 / 5422; Qwen3-30B-A3B (blocks of 128 from 16 slots
+// then, MoeGemmBlockMFor) 256-768 tokens 358-403 -> 353-389. At 64 slots
 // and more it lost: Mixtral-8x7B 256 / 1024 / 4096 tokens 784 / 1641 / 5417
 // -> 1048 / 2620 / 9001 us, Qwen3-30B-A3B 1024 423 -> 542.
 inline constexpr int64_t kMoeWsPingPongMaxSlots = 64;
