@@ -76,8 +76,10 @@
 // kMoeWsPingPongMaxSlots slots per expert), one_block the align in one block
 // (SetMoeAlignSpreadMode off), narrow the cp.async kernel's wide k-tiles off
 // (SetMoeGemmWideMode); forms combine with '+'; each such row's layer is first compared
-// bit for bit with the same layer without the change. The row's gemm
-// column says which.
+// bit for bit with the same layer with the form's switch the other way
+// (ping_pong against cooperative and back, one_block against the spread
+// align, narrow against wide). The row's gemm column names the variant, not
+// the kernel that ran.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -201,7 +203,6 @@ struct Args {
   std::vector<std::string> variants = {"default"};  // --variants
 };
 
-// A --variants item: kernel forms switched on beyond the defaults.
 // The kernel forms --variants switches, one row each: its name, its switch,
 // the mode a variant sets and the default's (kFromEnv outside a variant),
 // what the bit-for-bit check compares.
@@ -259,11 +260,13 @@ Variant ParseVariant(const std::string& v) {
 }
 
 // Sets the switches of `v` (kFromEnv for the forms it leaves out), or with
-// reset all back to kFromEnv.
+// reset all back to kFromEnv. Two forms may share a switch (ping_pong and
+// cooperative): every switch is reset first, then the variant's forms set.
 void ApplyVariant(const Variant& v, bool reset = false) {
+  for (const VariantForm& form : kVariantForms) form.set(kc::MoeKernelMode::kFromEnv);
+  if (reset) return;
   for (size_t f = 0; f < kNumVariantForms; ++f) {
-    const VariantForm& form = kVariantForms[f];
-    form.set(!reset && v.on[f] ? form.variant : kc::MoeKernelMode::kFromEnv);
+    if (v.on[f]) kVariantForms[f].set(kVariantForms[f].variant);
   }
 }
 
@@ -278,18 +281,18 @@ std::vector<std::string> SplitComma(const std::string& s) {
 }
 
 [[noreturn]] void Usage(const char* argv0) {
-  std::fprintf(
-      stderr,
-      "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
-      "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
-      "[--decode on|off] [--decode_layer on|off|both] [--ws off|on|both] "
-      "[--gemm_only on|off] [--layer on|off] "
-      "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,fp8_per_channel,"
-      "int4_group,"
-      "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
-      "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
-      "[--variants default,ping_pong,spread,narrow,ping_pong+spread] [--json FILE] [--csv FILE]\n",
-      argv0);
+  std::fprintf(stderr,
+               "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
+               "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
+               "[--decode on|off] [--decode_layer on|off|both] [--ws off|on|both] "
+               "[--gemm_only on|off] [--layer on|off] "
+               "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,fp8_per_channel,"
+               "int4_group,"
+               "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
+               "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
+               "[--variants default,ping_pong,cooperative,one_block,narrow,...] [--json FILE] "
+               "[--csv FILE]\n",
+               argv0);
   std::exit(2);
 }
 

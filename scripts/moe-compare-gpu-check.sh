@@ -4,12 +4,12 @@
 # vLLM's H200 configs and torch._grouped_mm over the same shapes and tokens
 # in one device call (docs/PERF.md's comparison tables), then, where
 # CLUSTER_TOKENS is set, kplan with the warp-specialised GEMM's clusters
-# forced off (KPLAN_MOE_WS_CLUSTER=1) on those tokens. Logs, JSON and CSV in
+# forced off (KPLAN_MOE_WS_CLUSTER=1) on those tokens. Logs and JSON in
 # $OUT/logs (OUT defaults to /tmp/kplan-compare), packed into
 # $OUT/logs.tar.gz. Steps limited to 540 s in all.
 # usage (here): bash scripts/bundle.sh .dist build/bin/moe_bench
 #               strip --strip-debug .dist/bin/* .dist/lib/*
-#        (there): [SHAPES=...] [TOKENS=...] [CLUSTER_TOKENS=...] \
+#        (there, from the repository root): [SHAPES=...] [TOKENS=...] [CLUSTER_TOKENS=...] \
 #                 scripts/moe-compare-gpu-check.sh [DIST]
 set -uo pipefail
 . "$(dirname "$0")/gpu-steps.sh"

@@ -25,6 +25,7 @@ namespace kc = kernels::cuda;
 // M tokens (the choice depends on M, not monotonically).
 struct Layout {
   int block_m = 0;
+  bool ping_pong = false;        // MoeGroupedGemmArgs::ping_pong of both GEMMs
   int splits1 = 1, splits2 = 1;  // split-K of GEMM 1 / GEMM 2
   int64_t max_padded = 0, max_blocks = 0;
   int64_t sorted = 0, eids = 0, post = 0, align = -1, scaled = -1, c1 = 0, c2 = 0, y = -1,
@@ -43,9 +44,10 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   // int sets' GEMMs (the int4 GEMMs, or the 16-bit ones on the dequantised
   // copy): ws_k 0, the rule measured for int4.
   const int64_t ws_k = experts.spec().quant.scheme.empty() ? std::min(H, I) : 0;
-  const bool ping_pong = ws_k > 0 && kc::MoeGemmWsPingPongFor(experts.spec().dtype, numel, E);
-  l.block_m =
-      batch_invariant ? kMoeBatchInvariantBlockM : kc::MoeGemmBlockMFor(numel, E, ws_k, ping_pong);
+  l.ping_pong =
+      !batch_invariant && ws_k > 0 && kc::MoeGemmWsPingPongFor(experts.spec().dtype, numel, E);
+  l.block_m = batch_invariant ? kMoeBatchInvariantBlockM
+                              : kc::MoeGemmBlockMFor(numel, E, ws_k, l.ping_pong);
   l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);
   l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
   int64_t partials = 0;
@@ -332,6 +334,7 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   g1.K = H;
   g1.num_local_experts = spec.num_experts;
   g1.block_m = l.block_m;
+  g1.ping_pong = l.ping_pong;
   g1.splits = l.splits1;
   g1.partials = l.partials >= 0 ? At<float>(workspace, l.partials) : nullptr;
   // Split-K partials without a bias are summed by the next step itself.

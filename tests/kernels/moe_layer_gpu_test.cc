@@ -454,11 +454,13 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
   }
 }
 
-// The forms that are off by default (moe_bench --variants), switched on in
-// the whole layer: the align spread over blocks (from 4096 ids: the layer's
-// workspace holds its scratch) and the warp-specialised GEMM's ping-pong
-// consumers (blocks of 128: 75 and 256 slots per expert, fused GEMM 1),
-// each alone and both, bit for bit against the layer with both off.
+// The forms with a switch (moe_bench --variants), in the whole layer: the
+// align spread over blocks (from 4096 ids: the layer's workspace holds its
+// scratch) and the warp-specialised GEMM's ping-pong consumers (blocks of
+// 128: 20, 75 and 256 slots per expert, fused GEMM 1), each on alone and
+// both, bit for bit against the layer with both off; and the defaults,
+// where the ping-pong form runs by its rule (MoeGemmWsPingPongFor: at 20
+// slots, not at 75 or 256) in both GEMMs.
 TEST(MoeLayerGpu, SwitchedFormsBitIdentical) {
   SKIP_WITHOUT_CUDA();
   namespace kc = kernels::cuda;
@@ -466,7 +468,7 @@ TEST(MoeLayerGpu, SwitchedFormsBitIdentical) {
   auto set = MakeExperts(shape, kernels::DType::kBFloat16, "silu", true, 7100);
   auto gpu = Upload(*set);
   ASSERT_NE(gpu, nullptr);
-  for (const int64_t M : {600, 2048}) {
+  for (const int64_t M : {160, 600, 2048}) {
     const int64_t H = shape.H;
     MoeRunInput in;
     in.act_dtype = kernels::DType::kBFloat16;
@@ -478,20 +480,33 @@ TEST(MoeLayerGpu, SwitchedFormsBitIdentical) {
     in.routing = RenormalizeNaive(shape.k);
     GpuRunOptions poison;
     poison.poison_workspace = true;
-    auto run = [&](bool spread, bool ping_pong) {
-      kc::SetMoeAlignSpreadMode(spread ? kc::MoeKernelMode::kOn : kc::MoeKernelMode::kOff);
-      kc::SetMoeGemmWsPingPongMode(ping_pong ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+    // The rule's choice at this M, and whether the environment turned it off.
+    const bool rule = kc::MoeGemmWsPingPongFor(kernels::DType::kBFloat16, M * shape.k, shape.E);
+    const char* env = std::getenv("KPLAN_MOE_WS_PINGPONG");  // "0": off
+    const bool allowed = env == nullptr || *env == '\0' || std::strcmp(env, "0") != 0;
+    EXPECT_EQ(rule, allowed && M == 160) << "M " << M;  // 20 slots per expert
+    // modes: 0 off, 1 on, 2 the default (kFromEnv).
+    auto run = [&](int spread, int ping_pong) {
+      auto mode = [](int m) {
+        return m == 2   ? kc::MoeKernelMode::kFromEnv
+               : m == 1 ? kc::MoeKernelMode::kOn
+                        : kc::MoeKernelMode::kOff;
+      };
+      kc::SetMoeAlignSpreadMode(mode(spread));
+      kc::SetMoeGemmWsPingPongMode(mode(ping_pong));
       const int64_t pp = kc::MoeGemmWsPingPongLaunches();
       auto out = RunMoeOnGpu(*gpu, in, nullptr, poison);
-      // Both GEMMs take the form where it is on (blocks of 128).
-      EXPECT_EQ(kc::MoeGemmWsPingPongLaunches() - pp, ping_pong ? 2 : 0) << "M " << M;
+      // Both GEMMs take the form where it is on (blocks of 128), and by
+      // default where the rule says so.
+      const bool want = ping_pong == 1 || (ping_pong == 2 && rule);
+      EXPECT_EQ(kc::MoeGemmWsPingPongLaunches() - pp, want ? 2 : 0) << "M " << M;
       kc::SetMoeAlignSpreadMode(kc::MoeKernelMode::kFromEnv);
       kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kFromEnv);
       return out;
     };
-    auto base = run(false, false);
+    auto base = run(0, 0);
     ASSERT_TRUE(base.ok()) << base.status();
-    for (const auto& [spread, ping_pong] : {std::pair{true, false}, {false, true}, {true, true}}) {
+    for (const auto& [spread, ping_pong] : {std::pair{1, 0}, {0, 1}, {1, 1}, {2, 2}}) {
       auto got = run(spread, ping_pong);
       ASSERT_TRUE(got.ok()) << got.status();
       ASSERT_EQ(got->output.size(), base->output.size());

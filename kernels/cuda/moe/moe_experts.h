@@ -58,8 +58,9 @@ inline MoeActParams EffectiveActParams(MoeActParams p) {
 // from 512 256; and 128 from 16 when both GEMMs' reductions are long: ws_k,
 // the shorter of them (min(H, I)) for 16-bit and fp8 weights, is at least
 // kMoeGemmWsLongK, or when the GEMMs take the ping-pong form
-// (ping_pong: MoeGemmWsPingPongFor, moe_gemm_ws.h). ws_k 0: int4 weights
-// (their GEMMs on blocks of 128 below 64 slots per expert were slower).
+// (ping_pong: MoeGemmWsPingPongFor, moe_gemm_ws.h; callers pass false for
+// int4 weights). ws_k 0: int4 weights (their GEMMs on blocks of 128 below 64
+// slots per expert were slower).
 inline constexpr int64_t kMoeGemmWsLongK = 2048;
 // Slots per expert if the routing were uniform over min(E, numel) experts.
 inline int64_t MoeSlotsPerExpert(int64_t numel, int num_experts) {
@@ -113,6 +114,12 @@ struct MoeGroupedGemmArgs {
   int64_t K = 0;                                    // a multiple of 8 (16-byte rows for cp.async)
   int num_local_experts = 0;
   int block_m = 64;
+  // Blocks of 128 or 256 on bf16 weights: the warp-specialised GEMM's
+  // ping-pong consumers (MoeGemmWsPingPongFor, moe_gemm_ws.h), decided by the
+  // caller together with block_m so that both use one estimate of the slots
+  // per expert (the layer's counts every expert of the routing, not only the
+  // local ones). SetMoeGemmWsPingPongMode(kOn) forces the form either way.
+  bool ping_pong = false;
   int splits = 1;
   float* partials = nullptr;  // with splits > 1
   // splits > 1 only: leave the partials unreduced for the next step to sum

@@ -38,10 +38,11 @@ int64_t MoeGemmWsLaunches();
 int64_t MoeGemmWsClusterLaunches();
 // The ping-pong form (moe_ws_pipeline.cuh: the consumer warpgroups take
 // 64-slot halves of tiles in turn, one's epilogue under the other's MMAs),
-// for bf16 weights (not int4), in place of clusters, where
-// MoeGemmWsPingPongFor says: SetMoeGemmWsPingPongMode(kOn) always, kOff
-// never; with kFromEnv (the default) never for KPLAN_MOE_WS_PINGPONG=0, else
-// below kMoeWsPingPongMaxSlots slots per expert (MoeSlotsPerExpert).
+// for bf16 weights (not int4), in place of clusters, where the caller sets
+// MoeGroupedGemmArgs::ping_pong by MoeGemmWsPingPongFor's rule:
+// SetMoeGemmWsPingPongMode(kOn) always (whatever the args say), kOff never;
+// with kFromEnv (the default) never for KPLAN_MOE_WS_PINGPONG=0, else below
+// kMoeWsPingPongMaxSlots slots per expert (MoeSlotsPerExpert).
 // Measured per layer, one H200 (docs/PERF.md, session 26), against the
 // cooperative consumers in clusters: Mixtral-8x7B 64-192 tokens (16-48
 // slots) 726-745 -> 694-709 us; DeepSeek-V3 512 / 1024 tokens (16 / 32)
@@ -51,8 +52,8 @@ int64_t MoeGemmWsClusterLaunches();
 // -> 1048 / 2620 / 9001 us, Qwen3-30B-A3B 1024 423 -> 542.
 inline constexpr int64_t kMoeWsPingPongMaxSlots = 64;
 void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode);
-// Whether a warp-specialised launch of `dtype` over numel slots and
-// num_experts experts takes the ping-pong form.
+// The rule for MoeGroupedGemmArgs::ping_pong of a GEMM of `dtype` over
+// numel slots routed to num_experts experts (all of the routing's).
 bool MoeGemmWsPingPongFor(DType dtype, int64_t numel, int num_experts);
 int64_t MoeGemmWsPingPongLaunches();
 

@@ -40,7 +40,7 @@ class KernelSwitch {
     std::call_once(once_, [this] { env_on_ = from_env_(); });
     return env_on_;
   }
-  // Set to kOn: a form chosen by a rule runs whatever the rule says.
+  // Set to kOn: a form that a rule chooses runs even where the rule says no.
   bool Forced() const {
     return mode_.load(std::memory_order_relaxed) == static_cast<int>(MoeKernelMode::kOn);
   }
