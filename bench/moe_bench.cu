@@ -937,9 +937,9 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   rp.renormalize = true;
   CHECK_OK(
       kc::LaunchMoeRouting(rp, logits.as<float>(), M, tw.as<float>(), tid.as<int32_t>(), stream));
-  const int bm = kc::MoeGemmBlockMFor(  // bf16 weights
-      numel, E, std::min(H, I),
-      kc::MoeGemmWsPingPongFor(kplan::kernels::DType::kBFloat16, numel, E));
+  // bf16 weights: the layer's choices (gpu_layer.cc, LayoutFor).
+  const bool ping_pong = kc::MoeGemmWsPingPongFor(kplan::kernels::DType::kBFloat16, numel, E);
+  const int bm = kc::MoeGemmBlockMFor(numel, E, std::min(H, I), ping_pong);
   const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
   const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);
   DevBuf sorted(max_padded * 4), eids(max_blocks * 4), post(4);
@@ -961,6 +961,7 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     g.num_blocks = max_blocks;
     g.num_local_experts = E;
     g.block_m = bm;
+    g.ping_pong = ping_pong;
     return g;
   };
   for (int which = 0; which < 2; ++which) {

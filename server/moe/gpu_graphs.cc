@@ -22,7 +22,7 @@ bool SameLayer(const MoeLayerArgs& a, const MoeLayerArgs& b) {
          a.topk_weights == b.topk_weights && a.expert_map == b.expert_map &&
          a.apply_router_weight_on_input == b.apply_router_weight_on_input &&
          a.combine == b.combine && a.output == b.output && a.allow_decode == b.allow_decode &&
-         a.batch_invariant == b.batch_invariant;
+         a.batch_invariant == b.batch_invariant && a.slots_local == b.slots_local;
 }
 
 }  // namespace

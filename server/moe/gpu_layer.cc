@@ -36,18 +36,27 @@ struct Layout {
 // Bytes of split-K partials a layer may use; beyond it GEMMs do not split.
 constexpr int64_t kMaxPartialsBytes = int64_t{32} << 20;
 
+// The experts a call's slots spread over, for the kernel rules: the local
+// ones where every slot is local (MoeLayerArgs::slots_local), else all E.
+int RuleExperts(const GpuExperts& experts, const MoeLayerArgs& a) {
+  return a.slots_local ? experts.spec().num_experts : a.num_experts;
+}
+
+// rule_experts: the experts the kernel rules spread the slots over (E when
+// 0; RuleExperts).
 Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_rows,
-                 bool separate_y, bool bound, bool batch_invariant = false) {
+                 bool separate_y, bool bound, bool batch_invariant = false, int rule_experts = 0) {
   Layout l;
   const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
   const int64_t N13 = experts.n13(), numel = M * k;
   // int sets' GEMMs (the int4 GEMMs, or the 16-bit ones on the dequantised
   // copy): ws_k 0, the rule measured for int4.
   const int64_t ws_k = experts.spec().quant.scheme.empty() ? std::min(H, I) : 0;
+  const int rule_e = rule_experts > 0 ? rule_experts : E;
   l.ping_pong =
-      !batch_invariant && ws_k > 0 && kc::MoeGemmWsPingPongFor(experts.spec().dtype, numel, E);
+      !batch_invariant && ws_k > 0 && kc::MoeGemmWsPingPongFor(experts.spec().dtype, numel, rule_e);
   l.block_m = batch_invariant ? kMoeBatchInvariantBlockM
-                              : kc::MoeGemmBlockMFor(numel, E, ws_k, l.ping_pong);
+                              : kc::MoeGemmBlockMFor(numel, rule_e, ws_k, l.ping_pong);
   l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);
   l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
   int64_t partials = 0;
@@ -219,7 +228,7 @@ absl::Status EnqueueMoeLayer(const GpuExperts& experts, const MoeLayerArgs& a, v
     // its GEMMs take them; else routing, the hit experts' weights dequantised
     // into the workspace, then the fast route on them.
     const Layout lf = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
-                                /*bound=*/false, a.batch_invariant);
+                                /*bound=*/false, a.batch_invariant, RuleExperts(experts, a));
     const int64_t fast = lf.bytes;
     const kc::MoeQuantWeights q13 = QuantWeightsOf(experts, true);
     const kc::MoeQuantWeights q2 = QuantWeightsOf(experts, false);
@@ -269,7 +278,7 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   const int64_t M = a.num_tokens;
   const int k = a.top_k, E = a.num_experts;
   Layout l = LayoutFor(experts, M, k, E, a.apply_router_weight_on_input, a.combine,
-                       /*bound=*/false, a.batch_invariant);
+                       /*bound=*/false, a.batch_invariant, RuleExperts(experts, a));
   if (workspace == nullptr || workspace_bytes < l.bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueMoeLayer: workspace of ", workspace_bytes, " bytes, need ", l.bytes));

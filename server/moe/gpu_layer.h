@@ -52,6 +52,10 @@ struct MoeLayerArgs {
   // Device [num_experts]: global id -> index into the experts, or -1 where
   // the experts are elsewhere (their slots give zero rows). Null: identity.
   const int32_t* expert_map = nullptr;
+  // Every slot's expert is local (an expert-parallel rank's received rows):
+  // the kernel rules then estimate the slots per expert over the local
+  // experts, not over num_experts (MoeGemmBlockMFor, MoeGemmWsPingPongFor).
+  bool slots_local = false;
   bool apply_router_weight_on_input = false;  // top_k must be 1
   // true: output [M, H] = Σ_j w[m, j] · Y[m*k + j] (moe::CombineTopK).
   // false: output [M*k, H] = the unweighted expert rows Y (zero rows for

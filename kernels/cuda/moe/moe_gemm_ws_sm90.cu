@@ -639,7 +639,8 @@ bool UseClusters(const MoeGroupedGemmArgs& g) {
 
 // The instantiation for g's dtype and weights (bf16 / fp16; int4 with
 // int_w): the ping-pong form where the caller chose it (g.ping_pong) or
-// its switch forces it, else in clusters of two where that switch says so.
+// its switch forces it, unless the switch is off; else in clusters of two
+// where that switch says so.
 template <bool Fused>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                       cudaStream_t stream) {
@@ -651,7 +652,7 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
     return st;
   }
   // The ping-pong form before clusters (it has none).
-  if (bf16 && (g.ping_pong || g_ping_pong.Forced())) {
+  if (bf16 && g_ping_pong.On() && (g.ping_pong || g_ping_pong.Forced())) {
     absl::Status st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, true>(g, act_params, stream);
     if (st.ok()) {
       ping_pong_launches.fetch_add(1, std::memory_order_relaxed);

@@ -279,7 +279,7 @@ absl::Status GpuEpStep::UploadAndRoute(EpStrategy strategy, kc::MoeRoutingParams
 }
 
 absl::Status GpuEpStep::RunExperts(int64_t rows, int slots, const void* rows_x, int32_t* slot_ids,
-                                   float* slot_w, void* y) {
+                                   float* slot_w, void* y, bool slots_local) {
   if (rows == 0 || L.local_experts == nullptr) return absl::OkStatus();
   const GpuExperts& g = *L.local_experts;
   const int64_t bytes = MoeLayerWorkspaceBytes(g, rows, slots, L.num_experts);
@@ -292,6 +292,7 @@ absl::Status GpuEpStep::RunExperts(int64_t rows, int slots, const void* rows_x, 
   a.topk_ids = slot_ids;
   a.topk_weights = slot_w;
   a.expert_map = map;
+  a.slots_local = slots_local;
   a.apply_router_weight_on_input = L.apply_router_weight_on_input;
   a.combine = false;
   a.output = y;

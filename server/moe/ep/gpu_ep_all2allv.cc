@@ -71,7 +71,8 @@ absl::Status All2AllVOnGpu(GpuEpStep& s) {
   KPLAN_RETURN_IF_ERROR(s.Record(kEvDispatched));
 
   KPLAN_ASSIGN_OR_RETURN(void* results, Ensure(s.ws, kResults, R * s.H * s.es));
-  KPLAN_RETURN_IF_ERROR(s.RunExperts(R, 1, x_recv, recv_ids, recv_w, results));
+  KPLAN_RETURN_IF_ERROR(
+      s.RunExperts(R, 1, x_recv, recv_ids, recv_w, results, /*slots_local=*/true));
   KPLAN_RETURN_IF_ERROR(s.Record(kEvComputed));
 
   KPLAN_ASSIGN_OR_RETURN(void* back, Ensure(s.ws, kBack, S * s.H * s.es));

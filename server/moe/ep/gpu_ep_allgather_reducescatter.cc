@@ -49,7 +49,7 @@ absl::Status AllGatherReduceScatterOnGpu(GpuEpStep& s) {
   KPLAN_RETURN_IF_ERROR(s.Record(kEvDispatched));
 
   KPLAN_ASSIGN_OR_RETURN(void* y, Ensure(s.ws, kY, P * s.k * s.H * s.es));
-  KPLAN_RETURN_IF_ERROR(s.RunExperts(P, s.k, x_all, ids_all, w_all, y));
+  KPLAN_RETURN_IF_ERROR(s.RunExperts(P, s.k, x_all, ids_all, w_all, y, /*slots_local=*/false));
   KPLAN_RETURN_IF_ERROR(s.Record(kEvComputed));
 
   KPLAN_ASSIGN_OR_RETURN(float* partial, EnsureAs<float>(s.ws, kPartial, P * s.H));

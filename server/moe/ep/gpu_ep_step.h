@@ -121,8 +121,10 @@ class GpuEpStep {
   // Records event `e` on the stream (stats only).
   absl::Status Record(Ev e);
   int64_t MaxTokens() const;
-  // EnqueueMoeLayer on `rows` rows of `k` slots, per-slot output into `y`.
-  absl::Status RunExperts(int64_t rows, int k, const void* x, int32_t* ids, float* w, void* y);
+  // EnqueueMoeLayer on `rows` rows of `k` slots, per-slot output into `y`;
+  // slots_local: every slot's expert is this rank's (MoeLayerArgs).
+  absl::Status RunExperts(int64_t rows, int k, const void* x, int32_t* ids, float* w, void* y,
+                          bool slots_local);
 
   const GpuEpLayer& L;
   const MoeInputsForThisRank& in;
