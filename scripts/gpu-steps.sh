@@ -1,7 +1,7 @@
 # Sourced by the GPU check scripts (decode-gpu-check.sh,
 # quant-decode-gpu-check.sh, moe-forms-gpu-check.sh,
-# moe-compare-gpu-check.sh). `gpu_check_setup NAME [DIST]` is their
-# preamble: the bundle folder DIST (default .dist, made by
+# moe-compare-gpu-check.sh, moe-ncu-gpu-check.sh). `gpu_check_setup NAME
+# [DIST]` is their preamble: the bundle folder DIST (default .dist, made by
 # scripts/bundle.sh) on LD_LIBRARY_PATH and bin=DIST/bin, NVLink multicast
 # off, logs in out=${OUT:-/tmp/NAME}/logs. `gpu_check_finish` packs the
 # logs into $out.tar.gz (one file back from the device call), prints the
