@@ -7,10 +7,9 @@
 #      DRAM and L2 bytes) at each shape:tokens of $WS_CONFIGS (bf16);
 #   2. the quantised decode kernels (QuantDecodeKernel; the matvec's
 #      TileKernel) at each shape:tokens:route of $QUANT_CONFIGS, int4 group
-#      weights: the same
-#      sections plus WarpStateStats and SourceCounters (the stall reasons:
-#      a long-scoreboard stall at the scale and activation loads is the
-#      per-step round trip the notes suspect).
+#      weights: the same sections plus WarpStateStats and SourceCounters
+#      (the stall reasons: a long-scoreboard stall at the scale and
+#      activation loads is the per-step round trip the notes suspect).
 # Steps limited to 100 s each; the defaults add up to 500 s.
 # usage (here): bash scripts/bundle.sh .dist build/bin/moe_bench
 #               strip --strip-debug .dist/bin/* .dist/lib/*
