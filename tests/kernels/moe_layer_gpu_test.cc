@@ -458,7 +458,8 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
 // align spread over blocks (from 4096 ids: the layer's workspace holds its
 // scratch) and the warp-specialised GEMM's ping-pong consumers (blocks of
 // 128: 20, 75 and 256 slots per expert, fused GEMM 1), each on alone and
-// both, bit for bit against the layer with both off; and the defaults,
+// both, bit for bit against the layer with both off (at 20 slots that one
+// runs blocks of 64 on the cp.async kernel); and the defaults,
 // where the ping-pong form runs by its rule (MoeGemmWsPingPongFor: at 20
 // slots, not at 75 or 256) in both GEMMs.
 TEST(MoeLayerGpu, SwitchedFormsBitIdentical) {
