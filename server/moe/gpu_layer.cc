@@ -42,21 +42,21 @@ int RuleExperts(const GpuExperts& experts, const MoeLayerArgs& a) {
   return a.slots_local ? experts.spec().num_experts : a.num_experts;
 }
 
-// rule_experts: the experts the kernel rules spread the slots over (E when
-// 0; RuleExperts).
+// rule_experts: the experts the kernel rules spread the slots over
+// (RuleExperts). With `bound` the local experts, the fewest any call spreads
+// its slots over: the largest block a call of M tokens may pick.
 Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_rows,
-                 bool separate_y, bool bound, bool batch_invariant = false, int rule_experts = 0) {
+                 bool separate_y, bool bound, bool batch_invariant, int rule_experts) {
   Layout l;
   const int64_t H = experts.spec().hidden, I = experts.spec().intermediate;
   const int64_t N13 = experts.n13(), numel = M * k;
   // int sets' GEMMs (the int4 GEMMs, or the 16-bit ones on the dequantised
   // copy): ws_k 0, the rule measured for int4.
   const int64_t ws_k = experts.spec().quant.scheme.empty() ? std::min(H, I) : 0;
-  const int rule_e = rule_experts > 0 ? rule_experts : E;
-  l.ping_pong =
-      !batch_invariant && ws_k > 0 && kc::MoeGemmWsPingPongFor(experts.spec().dtype, numel, rule_e);
+  l.ping_pong = !batch_invariant && ws_k > 0 &&
+                kc::MoeGemmWsPingPongFor(experts.spec().dtype, numel, rule_experts);
   l.block_m = batch_invariant ? kMoeBatchInvariantBlockM
-                              : kc::MoeGemmBlockMFor(numel, rule_e, ws_k, l.ping_pong);
+                              : kc::MoeGemmBlockMFor(numel, rule_experts, ws_k, l.ping_pong);
   l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);
   l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
   int64_t partials = 0;
@@ -184,7 +184,8 @@ int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, in
     // Smaller calls may take the matvec, decode or emulation route (one
     // layout): room for both.
     const int64_t fast = LayoutFor(experts, max_tokens, top_k, num_experts, /*scale_rows=*/true,
-                                   /*separate_y=*/true, /*bound=*/true)
+                                   /*separate_y=*/true, /*bound=*/true, /*batch_invariant=*/false,
+                                   experts.spec().num_experts)
                              .bytes;
     return std::max(DequantLayoutAfter(experts, fast).bytes,
                     EmulationLayerWorkspaceBytes(experts, max_tokens, top_k, num_experts, act));
@@ -193,7 +194,8 @@ int64_t MoeLayerWorkspaceBytes(const GpuExperts& experts, int64_t max_tokens, in
     return EmulationLayerWorkspaceBytes(experts, max_tokens, top_k, num_experts, act);
   }
   return LayoutFor(experts, max_tokens, top_k, num_experts, /*scale_rows=*/true,
-                   /*separate_y=*/true, /*bound=*/true)
+                   /*separate_y=*/true, /*bound=*/true, /*batch_invariant=*/false,
+                   experts.spec().num_experts)
       .bytes;
 }
 
