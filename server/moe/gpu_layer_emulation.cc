@@ -183,8 +183,7 @@ bool OnFp8TensorCores(const Scheme& s, kernels::DType act_dtype) {
 }
 
 // Which of kplan's quantised kernels take a set's weights with activations
-// of `ft` (both GEMMs), and whether its GEMMs run on the fp8 tensor cores or
-// on the int4 weights themselves.
+// of `ft` (both GEMMs), and whether its GEMMs run on the fp8 tensor cores.
 kc::MoeQuantKernels QuantKernelsFor(const GpuExperts& experts, const Scheme& s, kernels::DType ft) {
   const ExpertsSpec& spec = experts.spec();
   const int64_t H = spec.hidden, I = spec.intermediate, N13 = experts.n13();
@@ -196,8 +195,6 @@ kc::MoeQuantKernels QuantKernelsFor(const GpuExperts& experts, const Scheme& s, 
   q.dequant = !s.fp8 && kc::MoeDequantWeightsSupports(s.w13, ft, N13, H) &&
               kc::MoeDequantWeightsSupports(s.w2, ft, H, I);
   q.fp8_tc = OnFp8TensorCores(s, ft);
-  q.int_gemm = q.dequant && kc::MoeGemmIntEnabled() && kc::MoeIntWeightsApply(s.w13, H) &&
-               kc::MoeIntWeightsApply(s.w2, I);
   return q;
 }
 

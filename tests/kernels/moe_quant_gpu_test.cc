@@ -527,10 +527,16 @@ TEST(MoeQuantGpu, Qwen3UnquantisedMixedDtypes) {
 
 TEST(MoeQuantGpu, Mixtral8x7B) {
   SKIP_WITHOUT_CUDA();
+  // 1 token the matvec tiles, 16 and 64 (16 per expert) the decode tiles,
+  // 512 the warp-specialised int4 GEMMs; forced, the cp.async int4 GEMM at 64.
   RunOptions ws;
-  ws.int_gemm_from = 64;  // 16 per expert: the cp.async kernel; 512 the warp-specialised one
-  RunCombo(kMixtral, IntW("int4_group", kernels::DType::kBFloat16, false), {1, 16, 64, 512}, 31,
-           ws);
+  ws.int_gemm_from = 512;
+  const Combo i4 = IntW("int4_group", kernels::DType::kBFloat16, false);
+  RunCombo(kMixtral, i4, {1, 16, 64, 512}, 31, ws);
+  RunOptions deq64;
+  deq64.route = kernels::cuda::MoeQuantRouteMode::kDequant;
+  deq64.int_gemm_from = 64;
+  RunCombo(kMixtral, i4, {64}, 33, deq64);
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kFloat16), {64}, 32);
 }
 
@@ -613,11 +619,13 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   RunCombo(f8, pts, {17}, 75, dec);
   const Shape i4s{"tail-int4", 6, 2, 352, 96};
   Combo i4 = IntW("int4_group", kernels::DType::kBFloat16, false, 32);
-  // From 40 tokens (13 slots per expert) the int4 GEMMs: the cp.async
-  // kernel dequantising in its consumer threads; forced, blocks of 16 too.
-  RunOptions igemm;
-  igemm.int_gemm_from = 40;
-  RunCombo(i4s, i4, {1, 9, 40}, 76, igemm);
+  // The int4 GEMMs below 21 slots per expert (the decode tiles' sizes)
+  // only when forced: the cp.async kernel dequantising in its consumer
+  // threads, blocks of 16 (9 tokens) and 64 (40).
+  RunCombo(i4s, i4, {1, 9, 40}, 76);
+  RunOptions igemm = deq;
+  igemm.int_gemm_from = 9;
+  RunCombo(i4s, i4, {9, 40}, 76, igemm);
   RunCombo(i4s, i4, {300}, 77, dec);
   RunOptions deq_gemm = deq;
   deq_gemm.int_gemm_from = 3;
@@ -636,12 +644,13 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
     ik.bias = bias;
     RunCombo(sk, ik, {40}, 141 + bias, igemm);
   }
-  // The int4 GEMMs from 40 tokens: the cp.async kernel at 40, from 64 slots
-  // per expert (blocks of 128) the warp-specialised ones. GEMM 1's K ends half-way through a
-  // 64-wide k-tile and its 192 rows inside a 256-row tile, GEMM 2's 352 rows
-  // in a second one; silu takes the fused form.
+  // The int4 GEMMs past the decode sizes: from 64 slots per expert (blocks
+  // of 128) the warp-specialised ones (500 and 560 tokens: 167 and 187 per
+  // expert). GEMM 1's K ends half-way through a 64-wide k-tile and its 192
+  // rows inside a 256-row tile, GEMM 2's 352 rows in a second one; silu
+  // takes the fused form.
   RunOptions ws;
-  ws.int_gemm_from = 40;
+  ws.int_gemm_from = 500;
   Combo i4b = i4;
   i4b.bias = true;
   RunCombo(i4s, i4b, {560}, 70, ws);
@@ -666,8 +675,8 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   const Combo i4g = IntW("int4_group", kernels::DType::kBFloat16, true, 96);
   RunCombo(g96, i4g, {5, 40}, 84, dec);
   RunCombo(g96, i4g, {1, 3}, 85, mv);
-  RunOptions g96_gemm;
-  g96_gemm.int_gemm_from = 40;
+  RunOptions g96_gemm = deq;
+  g96_gemm.int_gemm_from = 5;
   RunCombo(g96, i4g, {5, 40, 560}, 88, g96_gemm);
   const Combo i8g = IntW("int8_group", kernels::DType::kFloat16, false, 48);
   RunCombo(g96, i8g, {5}, 86, dec);

@@ -60,9 +60,6 @@ TEST(MoeQuantRoute, IntWeightsInTheGemmsUpToTheSlotLimit) {
 constexpr MoeQuantKernels kInt{.matvec = true, .decode = true, .dequant = true};
 constexpr MoeQuantKernels kFp8{.matvec = true, .decode = true};
 constexpr MoeQuantKernels kFp8Tc{.matvec = true, .decode = true, .fp8_tc = true};
-// int4 with group scales whose GEMMs take the int weights.
-constexpr MoeQuantKernels kInt4Gemm{
-    .matvec = true, .decode = true, .dequant = true, .int_gemm = true};
 
 MoeQuantKernels Without(MoeQuantKernels k, bool matvec, bool decode) {
   if (matvec) k.matvec = false;
@@ -99,20 +96,16 @@ TEST(MoeQuantRoute, AutoPicksByBatchAndSupport) {
   EXPECT_EQ(MoeQuantRouteFor(kFp8Tc, 64, 8, 256, a), MoeQuantRoute::kEmulation);
   EXPECT_EQ(MoeQuantRouteFor(kFp8Tc, 3, 8, 256, MoeQuantRouteMode::kDecode),
             MoeQuantRoute::kDecode);
-  // int4 into the GEMMs: matvec where the slots are distinct, the decode
-  // tiles up to 10 slots per hit expert, then the dequant route (whose GEMMs
-  // take the int weights); the decode tiles past that only when forced.
-  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 1, 8, 256, a), MoeQuantRoute::kMatvec);
-  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 16, 2, 8, a), MoeQuantRoute::kDecode);   // 4 per expert
-  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 40, 2, 8, a), MoeQuantRoute::kDecode);   // 10
-  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 41, 2, 8, a), MoeQuantRoute::kDequant);  // 10.25
-  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 64, 2, 8, a), MoeQuantRoute::kDequant);
-  EXPECT_EQ(MoeQuantRouteFor(kInt, 64, 2, 8, a), MoeQuantRoute::kDecode);
-  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 64, 8, 128, a), MoeQuantRoute::kDecode);
-  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 256, 8, 128, a), MoeQuantRoute::kDequant);
-  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 4096, 8, 128, a), MoeQuantRoute::kDequant);
-  EXPECT_EQ(MoeQuantRouteFor(kInt4Gemm, 64, 2, 8, MoeQuantRouteMode::kDecode),
-            MoeQuantRoute::kDecode);
+  // int sets: matvec where the slots are distinct, the decode tiles up to
+  // 20 slots per hit expert (their largest block with its margin), then the
+  // dequant route; the decode tiles past that only when forced.
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 16, 2, 8, a), MoeQuantRoute::kDecode);      // 4 per expert
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 64, 2, 8, a), MoeQuantRoute::kDecode);      // 16
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 80, 2, 8, a), MoeQuantRoute::kDecode);      // 20
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 81, 2, 8, a), MoeQuantRoute::kDequant);     // 20.25
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 256, 8, 128, a), MoeQuantRoute::kDecode);   // 16
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 512, 8, 128, a), MoeQuantRoute::kDequant);  // 32
+  EXPECT_EQ(MoeQuantRouteFor(kInt, 128, 2, 8, MoeQuantRouteMode::kDecode), MoeQuantRoute::kDecode);
   // Unsupported matvec and decode (fp32 activations, odd group sizes).
   EXPECT_EQ(MoeQuantRouteFor(Without(kInt, true, true), 1, 8, 256, a), MoeQuantRoute::kDequant);
   EXPECT_EQ(MoeQuantRouteFor(MoeQuantKernels{}, 1, 8, 256, a), MoeQuantRoute::kEmulation);

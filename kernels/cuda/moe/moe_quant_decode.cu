@@ -37,6 +37,7 @@
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_quant_math.cuh"
+#include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
@@ -98,17 +99,25 @@ __device__ __forceinline__ uint32_t Fp8Pair(const uint4& v, int pr) {
   return Fp8x2ToHalf2(WordOf(v, pr >> 1) >> (16 * (pr & 1)));
 }
 
-// CTAs per SM the register budget aims for (the weight stream wants many
-// warps with loads in flight).
+// The weight stream goes through a per-thread shared-memory ring of kStages
+// steps filled by cp.async (loads in flight without registers). int weights:
+// the step's other operands (group scales, zero points, the slots'
+// activations) are loaded one step ahead into registers, so that no step
+// waits for a round trip, and the step's dequantisation runs as
+// straight-line code under one warp-uniform branch on the packed form
+// (docs/PERF.md, session 27: the loads at use and a branch per word were half
+// the instructions and the largest stalls).
+// CTAs per SM the register budget aims for: int weights as many as fit
+// without spills (the dequantisation is instruction bound; more warps hide
+// its dependent chains).
 template <int WK, int NT>
 constexpr int MinCtas() {
-  return 1;
+  if constexpr (WK == kWFp8) return NT == 4 ? 3 : 1;
+  if constexpr (NT == 1) return WK == kWInt4 ? 4 : 3;
+  return NT == 2 ? 3 : 2;
 }
 
-// kAsync: the weight stream goes through a per-thread shared-memory ring of
-// kStages steps filled by cp.async (loads in flight without registers);
-// else one step is prefetched into registers (KPLAN_MOE_QUANT_DECODE_PIPE=regs).
-template <typename T, int WK, int NT, bool kAsync>
+template <typename T, int WK, int NT>
 __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
     QuantDecodeKernel(const __grid_constant__ DecodeParams p) {
   constexpr int kBS = 8 * NT;
@@ -116,10 +125,11 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
   constexpr int kPairs = kCW / 2;              // T / f16 pairs per thread per step
   constexpr int kSteps = kPairs / 2;           // mma k16 steps per 4-thread step
   constexpr int kSpan = 4 * kCW;               // k per warp step
+  constexpr int kRowStep = 64;                 // weight bytes of a row per step (all kinds)
   using MT = std::conditional_t<WK == kWFp8, __half, T>;
   constexpr int kStages = NT == 4 ? 3 : 4;
   __shared__ float red[kWarps][kRowsPerWarp][kBS + 1];
-  __shared__ uint4 ring[kAsync ? kStages : 1][4][kWarps * 32];
+  __shared__ uint4 ring[kStages][4][kWarps * 32];
   __shared__ int32_t s_sid[kBS];
 
   detail::PdlWaitThenRelease();
@@ -136,7 +146,6 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
 
   // Weight rows of this thread: m-tile mt, half h (row g or g + 8).
   int64_t row[2][2];
-  bool row_ok[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -152,8 +161,7 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
         r = rg * kRowsPerWarp + mt * 16 + i;
         ok = r < p.N;
       }
-      row_ok[mt][h] = ok && rg < p.groups;
-      row[mt][h] = row_ok[mt][h] ? r : 0;
+      row[mt][h] = ok && rg < p.groups ? r : 0;
     }
   }
   // Activation rows of this thread's B columns (slot g of each n8 tile).
@@ -174,205 +182,228 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[mt][nt][q] = 0.0f;
 
-  const bool block = WK == kWFp8 && p.w.scale_kind == MoeWeightScale::kBlock;
   const int64_t bpr = WK == kWInt4 ? p.K / 2 : p.K;  // weight bytes per row
   const uint8_t* wbase =
       static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(local ? e : 0) * p.N * bpr;
   const int64_t steps = (p.K + kSpan - 1) / kSpan;
   const int64_t first = p.ksplit ? warp : 0, stride = p.ksplit ? kWarps : 1;
-  const int64_t groups_per_row = WK == kWFp8 ? 0 : p.K / p.w.group_size;
-  const int64_t nbk = block ? (p.K + p.w.block_k - 1) / p.w.block_k : 0;
-  const int64_t nbn = block ? (p.N + p.w.block_n - 1) / p.w.block_n : 0;
-
-  auto load_w = [&](int64_t st, uint4(&wr)[2][2]) {
-    const int64_t kc = st * kSpan + c * kCW;
+  // This thread's 16 bytes of each row at step 0 (the same offset for every kind).
+  const uint8_t* wrow[2][2];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (kc < p.K) {
-          const int64_t off = WK == kWInt4 ? kc / 2 : kc;
-          wr[mt][h] = __ldg(reinterpret_cast<const uint4*>(wbase + row[mt][h] * bpr + off));
-        } else {
-          wr[mt][h] = make_uint4(0, 0, 0, 0);
-        }
-      }
-  };
+    for (int h = 0; h < 2; ++h) wrow[mt][h] = wbase + row[mt][h] * bpr + c * 16;
 
   // cp.async of step st's 16-byte chunks into ring stage `stage` (zero-filled
   // past K; nothing past the last step), one commit group per call.
   auto issue = [&](int64_t st, int stage) {
     if (st < steps) {
-      const int64_t kc = st * kSpan + c * kCW;
-      const int64_t off = kc < p.K ? (WK == kWInt4 ? kc / 2 : kc) : 0;
-      const int bytes = kc < p.K ? 16 : 0;
+      const bool kin = st * kSpan + c * kCW < p.K;
+      const int64_t off = kin ? st * kRowStep : 0;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint8_t* src = wbase + row[mt][h] * bpr + off;
-          const uint32_t dst = static_cast<uint32_t>(
-              __cvta_generic_to_shared(&ring[stage][mt * 2 + h][threadIdx.x]));
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                       "r"(bytes)
-                       : "memory");
+          detail::CpAsync16(static_cast<uint32_t>(
+                                __cvta_generic_to_shared(&ring[stage][mt * 2 + h][threadIdx.x])),
+                            wrow[mt][h] + off, kin);
         }
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    detail::CpAsyncCommit();
+  };
+  // The weights of the ring stage of iteration `it`, once its group landed.
+  auto take = [&](int it, uint4(&wcur)[2][2]) {
+    detail::CpAsyncWait<kStages - 1>();
+    const int stage = it % kStages;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) wcur[mt][h] = ring[stage][mt * 2 + h][threadIdx.x];
   };
 
   if (local && rg < p.groups && first < steps) {
-    uint4 wcur[2][2], wnext[2][2] = {};
-    if constexpr (kAsync) {
 #pragma unroll
-      for (int sg = 0; sg < kStages - 1; ++sg) issue(first + sg * stride, sg);
-    } else {
-      load_w(first, wcur);
-    }
-    int it = 0;
+    for (int sg = 0; sg < kStages - 1; ++sg) issue(first + sg * stride, sg);
+    if constexpr (WK == kWFp8) {
+      const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
+      const int64_t nbk = block ? (p.K + p.w.block_k - 1) / p.w.block_k : 0;
+      const int64_t nbn = block ? (p.N + p.w.block_n - 1) / p.w.block_n : 0;
+      int it = 0;
 #pragma unroll 1
-    for (int64_t st = first; st < steps; st += stride, ++it) {
-      if constexpr (kAsync) {
+      for (int64_t st = first; st < steps; st += stride, ++it) {
         issue(st + (kStages - 1) * stride, (it + kStages - 1) % kStages);
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
-        const int stage = it % kStages;
+        uint4 wcur[2][2];
+        take(it, wcur);
+        const int64_t kc = st * kSpan + c * kCW;
+        const bool kin = kc < p.K;
+        // Activations of this thread's slot column in each n8 tile: bp[nt][pair].
+        uint32_t bp[NT][kPairs];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) wcur[mt][h] = ring[stage][mt * 2 + h][threadIdx.x];
-      } else {
-        if (st + stride < steps) load_w(st + stride, wnext);
-      }
-      const int64_t kc = st * kSpan + c * kCW;
-      const bool kin = kc < p.K;
-      // Per-row group scale and biased zero point (int weights).
-      float sc[2][2], zb[2][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          sc[mt][h] = 0.0f;
-          zb[mt][h] = 8388608.0f;
-          if constexpr (WK != kWFp8) {
-            if (kin) {
-              const int64_t gi =
-                  (static_cast<int64_t>(e) * p.N + row[mt][h]) * groups_per_row + p.gdiv(kc);
-              sc[mt][h] = __ldg(p.w.scale + gi);
-              zb[mt][h] = detail::quant::BiasedZero(p.w.zero, gi, WK == kWInt4);
-            }
-          }
-        }
-      // Activations of this thread's slot column in each n8 tile: bp[nt][pair].
-      uint32_t bp[NT][kPairs];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if (kin && aok[nt]) {
-          if constexpr (WK == kWFp8) {
+        for (int nt = 0; nt < NT; ++nt) {
+          if (kin && aok[nt]) {
             const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.a) +
                                                                  arow[nt] * p.K + kc));
             Fp8ToPairs(v, bp[nt]);
           } else {
-            const uint4* src =
-                reinterpret_cast<const uint4*>(static_cast<const T*>(p.a) + arow[nt] * p.K + kc);
 #pragma unroll
-            for (int v = 0; v < kPairs / 4; ++v) {
-              const uint4 x = __ldg(src + v);
-              bp[nt][4 * v] = x.x;
-              bp[nt][4 * v + 1] = x.y;
-              bp[nt][4 * v + 2] = x.z;
-              bp[nt][4 * v + 3] = x.w;
-            }
+            for (int i = 0; i < kPairs; ++i) bp[nt][i] = 0u;
           }
-        } else {
-#pragma unroll
-          for (int i = 0; i < kPairs; ++i) bp[nt][i] = 0u;
         }
-      }
-      float tmp[2][NT][4];
-      if (block) {
+        float tmp[2][NT][4];
+        if (block) {
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+          for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int q = 0; q < 4; ++q) tmp[mt][nt][q] = 0.0f;
-      }
-      // mma k16 step j takes pairs 2j (logical k 2c, 2c + 1) and 2j + 1
-      // (logical 2c + 8, 2c + 9) of rows g, g + 8 and of the slot's row; the
-      // weight pairs are decoded here, once per (step, m-tile), for all n8
-      // tiles; int weights a word (kPerWord pairs) at a time, signed int8
-      // without zero points read as q + 128 with zp 128.
-      constexpr int kPerWord = WK == kWInt4 ? 4 : 2;
-      const uint32_t flip = WK == kWInt8 && p.w.zero == nullptr ? 0x80808080u : 0u;
-      using Dequant = detail::quant::IntGroupDequant<T, WK == kWInt4>;
-      uint32_t wp[2][2][kPerWord];
+              for (int q = 0; q < 4; ++q) tmp[mt][nt][q] = 0.0f;
+        }
+        // mma k16 step j takes pairs 2j (logical k 2c, 2c + 1) and 2j + 1
+        // (logical 2c + 8, 2c + 9) of rows g, g + 8 and of the slot's row.
 #pragma unroll
-      for (int j = 0; j < kSteps; ++j) {
+        for (int j = 0; j < kSteps; ++j) {
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          uint32_t a[4];
-          if constexpr (WK == kWFp8) {
-            a[0] = Fp8Pair(wcur[mt][0], 2 * j);
-            a[1] = Fp8Pair(wcur[mt][1], 2 * j);
-            a[2] = Fp8Pair(wcur[mt][0], 2 * j + 1);
-            a[3] = Fp8Pair(wcur[mt][1], 2 * j + 1);
-          } else {
-            const int pr = (2 * j) % kPerWord;
-            if (pr == 0) {
+          for (int mt = 0; mt < 2; ++mt) {
+            const uint32_t a[4] = {Fp8Pair(wcur[mt][0], 2 * j), Fp8Pair(wcur[mt][1], 2 * j),
+                                   Fp8Pair(wcur[mt][0], 2 * j + 1),
+                                   Fp8Pair(wcur[mt][1], 2 * j + 1)};
 #pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                Dequant(sc[mt][h], zb[mt][h])
-                    .Pairs(WordOf(wcur[mt][h], 2 * j / kPerWord) ^ flip, wp[mt][h]);
+            for (int nt = 0; nt < NT; ++nt) {
+              if (block) {
+                detail::quant::Mma16816<MT>(tmp[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
+              } else {
+                detail::quant::Mma16816<MT>(acc[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
               }
             }
-            a[0] = wp[mt][0][pr];
-            a[1] = wp[mt][1][pr];
-            a[2] = wp[mt][0][pr + 1];
-            a[3] = wp[mt][1][pr + 1];
           }
+        }
+        if (block) {
+          // acc += Σ_step · (xs[slot, kb] · ws[row block, kb]); the step lies in one k-block.
+          const int64_t kb = (st * kSpan) / p.w.block_k;
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            if (block) {
-              detail::quant::Mma16816<MT>(tmp[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
-            } else {
-              detail::quant::Mma16816<MT>(acc[mt][nt], a, bp[nt][2 * j], bp[nt][2 * j + 1]);
+          for (int mt = 0; mt < 2; ++mt) {
+            float ws[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              ws[h] = __ldg(p.w.scale +
+                            (static_cast<int64_t>(e) * nbn + row[mt][h] / p.w.block_n) * nbk + kb);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                const int32_t sid = s_sid[nt * 8 + 2 * c + (q & 1)];
+                const float xs = sid >= 0 && sid < p.numel
+                                     ? __ldg(p.a_scale + (sid / p.a_row_div) * p.a_kb + kb)
+                                     : 0.0f;
+                acc[mt][nt][q] =
+                    __fadd_rn(acc[mt][nt][q], __fmul_rn(tmp[mt][nt][q], __fmul_rn(xs, ws[q >> 1])));
+              }
             }
           }
         }
       }
-      if (block) {
-        // acc += Σ_step · (xs[slot, kb] · ws[row block, kb]); the step lies in one k-block.
-        const int64_t kb = (st * kSpan) / p.w.block_k;
+    } else {
+      // Pair p of a 32-bit word: int4 nibbles 2p, 2p + 1 (4 pairs), int8
+      // bytes 2p, 2p + 1 (2 pairs); signed int8 without zero points read as
+      // q + 128 with zp 128.
+      constexpr int kPerWord = WK == kWInt4 ? 4 : 2;
+      using Dequant = detail::quant::IntGroupDequant<T, WK == kWInt4>;
+      const uint32_t flip = WK == kWInt8 && p.w.zero == nullptr ? 0x80808080u : 0u;
+      // Group scale (and zero point) rows of this thread's weight rows.
+      const int64_t groups_per_row = p.K / p.w.group_size;
+      int64_t grow[2][2];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          float ws[2];
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            ws[h] = __ldg(p.w.scale +
-                          (static_cast<int64_t>(e) * nbn + row[mt][h] / p.w.block_n) * nbk + kb);
-          }
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const int32_t sid = s_sid[nt * 8 + 2 * c + (q & 1)];
-              const float xs = sid >= 0 && sid < p.numel
-                                   ? __ldg(p.a_scale + (sid / p.a_row_div) * p.a_kb + kb)
-                                   : 0.0f;
-              acc[mt][nt][q] =
-                  __fadd_rn(acc[mt][nt][q], __fmul_rn(tmp[mt][nt][q], __fmul_rn(xs, ws[q >> 1])));
-            }
-          }
+        for (int h = 0; h < 2; ++h) {
+          grow[mt][h] = (static_cast<int64_t>(e) * p.N + row[mt][h]) * groups_per_row;
         }
-      }
-      if constexpr (!kAsync) {
+      const T* xrow[NT];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) xrow[nt] = static_cast<const T*>(p.a) + arow[nt] * p.K;
+      // A step's operands besides the weights. Past K (or past the last
+      // step): scale 0 and no activations, so the step adds exact zeros.
+      struct Ops {
+        float sc[2][2], zb[2][2];
+        uint32_t bp[NT][kPairs];  // activations of slot g of each n8 tile
+      };
+      auto load_ops = [&](int64_t st, Ops& o) {
+        const int64_t kc = st * kSpan + c * kCW;
+        const bool kin = st < steps && kc < p.K;
+        const int64_t gi = p.gdiv(kin ? kc : 0);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) wcur[mt][h] = wnext[mt][h];
+          for (int h = 0; h < 2; ++h) {
+            o.sc[mt][h] = kin ? __ldg(p.w.scale + grow[mt][h] + gi) : 0.0f;
+            o.zb[mt][h] =
+                detail::quant::BiasedZero(kin ? p.w.zero : nullptr, grow[mt][h] + gi, WK == kWInt4);
+          }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4* src = reinterpret_cast<const uint4*>(xrow[nt] + kc);
+#pragma unroll
+          for (int v = 0; v < kPairs / 4; ++v) {
+            const uint4 x = kin && aok[nt] ? __ldg(src + v) : make_uint4(0, 0, 0, 0);
+            o.bp[nt][4 * v] = x.x;
+            o.bp[nt][4 * v + 1] = x.y;
+            o.bp[nt][4 * v + 2] = x.z;
+            o.bp[nt][4 * v + 3] = x.w;
+          }
+        }
+      };
+      Ops cur;
+      load_ops(first, cur);
+      int it = 0;
+#pragma unroll 1
+      for (int64_t st = first; st < steps; st += stride, ++it) {
+        issue(st + (kStages - 1) * stride, (it + kStages - 1) % kStages);
+        Ops nxt;
+        load_ops(st + stride, nxt);
+        uint4 wcur[2][2];
+        take(it, wcur);
+        const Dequant dq[2][2] = {
+            {Dequant(cur.sc[0][0], cur.zb[0][0]), Dequant(cur.sc[0][1], cur.zb[0][1])},
+            {Dequant(cur.sc[1][0], cur.zb[1][0]), Dequant(cur.sc[1][1], cur.zb[1][1])}};
+        // mma k16 step j takes pairs 2j (logical k 2c, 2c + 1) and 2j + 1
+        // (logical 2c + 8, 2c + 9) of rows g, g + 8 and of the slot's row;
+        // the weight pairs are decoded a word (kPerWord pairs) at a time,
+        // once per m-tile for all n8 tiles.
+        auto dots = [&](bool packed) {
+          uint32_t wp[2][2][kPerWord];
+#pragma unroll
+          for (int j = 0; j < kSteps; ++j) {
+            const int pr = (2 * j) % kPerWord;
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              if (pr == 0) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  dq[mt][h].Pairs(WordOf(wcur[mt][h], 2 * j / kPerWord) ^ flip, wp[mt][h], packed);
+                }
+              }
+              const uint32_t a[4] = {wp[mt][0][pr], wp[mt][1][pr], wp[mt][0][pr + 1],
+                                     wp[mt][1][pr + 1]};
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                detail::quant::Mma16816<MT>(acc[mt][nt], a, cur.bp[nt][2 * j],
+                                            cur.bp[nt][2 * j + 1]);
+              }
+            }
+          }
+        };
+        const bool packed =
+            dq[0][0].packed() && dq[0][1].packed() && dq[1][0].packed() && dq[1][1].packed();
+        if (__all_sync(0xffffffffu, packed)) {
+          dots(true);
+        } else {
+          dots(false);
+        }
+        cur = nxt;
       }
     }
-    if constexpr (kAsync) asm volatile("cp.async.wait_all;\n" ::: "memory");
+    detail::CpAsyncWait<0>();
   }
 
   // Partial sums to shared memory: red[warp][m-tile row][slot].
@@ -418,7 +449,7 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
         r = col;
       }
       float v = sum(r_local);
-      if (WK == kWFp8 && !block) {
+      if (WK == kWFp8 && p.w.scale_kind != MoeWeightScale::kBlock) {
         const float xs = __ldg(p.a_scale + sid / p.a_row_div);
         const float ws = p.w.scale_kind == MoeWeightScale::kPerTensor
                              ? __ldg(p.w.scale + e)
@@ -453,14 +484,7 @@ namespace {
 
 template <typename T, int WK, int NT>
 cudaError_t LaunchKernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  static const bool regs = [] {
-    const char* v = std::getenv("KPLAN_MOE_QUANT_DECODE_PIPE");
-    return v != nullptr && std::strcmp(v, "regs") == 0;
-  }();
-  return regs ? detail::LaunchPdl(QuantDecodeKernel<T, WK, NT, false>, grid, dim3(kWarps * 32), 0,
-                                  stream, p)
-              : detail::LaunchPdl(QuantDecodeKernel<T, WK, NT, true>, grid, dim3(kWarps * 32), 0,
-                                  stream, p);
+  return detail::LaunchPdl(QuantDecodeKernel<T, WK, NT>, grid, dim3(kWarps * 32), 0, stream, p);
 }
 
 template <typename T, int WK>

@@ -46,6 +46,7 @@
 #include "kernels/cuda/moe/moe_decode.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_math.cuh"
+#include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
 
@@ -186,65 +187,94 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
 // word q of the vector (pairs 4q .. 4q + 3) feeds mma k16 steps 2q and 2q + 1
 // (pairs 2j, 2j + 1 each: logical k 2c, 2c + 1 and 2c + 8, 2c + 9). The T
 // products are exact and summed in fp32 on the tensor cores across K.
+// The weights stream through a per-lane ring of kMvStages chunks filled by
+// cp.async (`ring`, this lane's slots), the chunk's group scales and
+// activations are loaded one chunk ahead into registers: a chunk waits for
+// no round trip (docs/PERF.md, session 27: with kBatch chunks loaded, then
+// used, the one-token layers ran at 40% of the DRAM peak).
+constexpr int kMvStages = 4;
 template <typename T>
 __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64_t (&rows)[2],
-                                             int64_t arow, int ks, int lane, float (&acc)[4]) {
+                                             int64_t arow, int ks, int lane, float (&acc)[4],
+                                             uint4 (&ring)[kMvStages][2][kThreads]) {
   using Dequant = detail::quant::IntGroupDequant<T, true>;
   const int c = lane & 3;
   const int64_t bpr = p.K / 2;  // weight bytes per row
   const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * bpr;
-  const int4* w0 = reinterpret_cast<const int4*>(wb + rows[0] * bpr);
-  const int4* w1 = reinterpret_cast<const int4*>(wb + rows[1] * bpr);
+  const int4* w[2] = {reinterpret_cast<const int4*>(wb + rows[0] * bpr),
+                      reinterpret_cast<const int4*>(wb + rows[1] * bpr)};
   const int4* x = reinterpret_cast<const int4*>(static_cast<const T*>(p.a) + arow * p.K);
   // 32-bit indices: a row's vectors fit (MoeQuantMatvecSupports).
   const int vecs = static_cast<int>(bpr / 16), chunks = (vecs + 3) / 4;
   const int64_t e_groups = static_cast<int64_t>(e) * p.N * p.groups;
   const int64_t g0 = e_groups + rows[0] * p.groups, g1 = e_groups + rows[1] * p.groups;
-  for (int ch0 = ks; ch0 < chunks; ch0 += p.split * kBatch) {
-    int4 v0[kBatch], v1[kBatch], xv[kBatch][4];
-    float s0[kBatch], s1[kBatch], z0[kBatch], z1[kBatch];  // the vectors' group scales, zeros
+  // Vector index of this lane in chunk ch, and whether it holds weights
+  // (past K or the warp's chunks: zeros, and every lane runs the mma).
+  auto vec_of = [&](int ch) { return ch * 4 + c; };
+  auto in_of = [&](int ch) { return ch < chunks && vec_of(ch) < vecs; };
+  auto issue = [&](int ch, int stage) {
+    const bool in = in_of(ch);
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int ch = ch0 + u * p.split, i = ch * 4 + c;
-      // Past K (or the warp's chunks): zeros, and every lane runs the mma.
-      const bool in = ch < chunks && i < vecs;
-      v0[u] = in ? __ldg(w0 + i) : make_int4(0, 0, 0, 0);
-      v1[u] = in ? __ldg(w1 + i) : make_int4(0, 0, 0, 0);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) xv[u][q] = in ? __ldg(x + 4 * i + q) : make_int4(0, 0, 0, 0);
-      // Loaded with the weights, not after them (a dependent round trip).
-      const int64_t gk = in ? p.gdiv(i * 32) : 0;  // a vector lies in one group
-      s0[u] = in ? __ldg(p.w.scale + g0 + gk) : 0.0f;
-      s1[u] = in ? __ldg(p.w.scale + g1 + gk) : 0.0f;
-      z0[u] = BiasedZero(p.w.zero, g0 + gk, true);
-      z1[u] = BiasedZero(p.w.zero, g1 + gk, true);
+    for (int r = 0; r < 2; ++r) {
+      detail::CpAsync16(
+          static_cast<uint32_t>(__cvta_generic_to_shared(&ring[stage][r][threadIdx.x])),
+          w[r] + (in ? vec_of(ch) : 0), in);
     }
+    detail::CpAsyncCommit();
+  };
+  struct Ops {
+    int4 xv[4];
+    float s0, s1, z0, z1;  // the vector's group scales and biased zeros
+  };
+  auto load_ops = [&](int ch, Ops& o) {
+    const bool in = in_of(ch);
+    const int i = in ? vec_of(ch) : 0;
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      if (ch0 + u * p.split >= chunks) break;
-      const Dequant d0(s0[u], z0[u]);
-      const Dequant d1(s1[u], z1[u]);
-      // One warp-uniform branch per vector on the packed form, the mma
-      // inside seeing every lane (with a branch per word the one-token
-      // layers took 1.04-1.17x longer: docs/PERF.md, session 13).
-      auto dots = [&](bool packed) {
+    for (int q = 0; q < 4; ++q) o.xv[q] = in ? __ldg(x + 4 * i + q) : make_int4(0, 0, 0, 0);
+    const int64_t gk = p.gdiv(i * 32);  // a vector lies in one group
+    o.s0 = in ? __ldg(p.w.scale + g0 + gk) : 0.0f;
+    o.s1 = in ? __ldg(p.w.scale + g1 + gk) : 0.0f;
+    o.z0 = BiasedZero(in ? p.w.zero : nullptr, g0 + gk, true);
+    o.z1 = BiasedZero(in ? p.w.zero : nullptr, g1 + gk, true);
+  };
+  const int step = p.split;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          uint32_t a0[4], a1[4];
-          d0.Pairs(WordOf(v0[u], q), a0, packed);
-          d1.Pairs(WordOf(v1[u], q), a1, packed);
-          const uint32_t lo[4] = {a0[0], a1[0], a0[1], a1[1]}, hi[4] = {a0[2], a1[2], a0[3], a1[3]};
-          detail::quant::Mma16816<T>(acc, lo, WordOf(xv[u][q], 0), WordOf(xv[u][q], 1));
-          detail::quant::Mma16816<T>(acc, hi, WordOf(xv[u][q], 2), WordOf(xv[u][q], 3));
-        }
-      };
-      if (__all_sync(0xffffffffu, d0.packed() && d1.packed())) {
-        dots(true);
-      } else {
-        dots(false);
+  for (int sg = 0; sg < kMvStages - 1; ++sg) issue(ks + sg * step, sg);
+  Ops cur;
+  load_ops(ks, cur);
+  int it = 0;
+#pragma unroll 1
+  for (int ch = ks; ch < chunks; ch += step, ++it) {
+    issue(ch + (kMvStages - 1) * step, (it + kMvStages - 1) % kMvStages);
+    Ops nxt;
+    load_ops(ch + step, nxt);
+    detail::CpAsyncWait<kMvStages - 1>();
+    const int stage = it % kMvStages;
+    const uint4 v0 = ring[stage][0][threadIdx.x], v1 = ring[stage][1][threadIdx.x];
+    const Dequant d0(cur.s0, cur.z0);
+    const Dequant d1(cur.s1, cur.z1);
+    // One warp-uniform branch per chunk on the packed form, the mma inside
+    // seeing every lane (with a branch per word the one-token layers took
+    // 1.04-1.17x longer: docs/PERF.md, session 13).
+    auto dots = [&](bool packed) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        uint32_t a0[4], a1[4];
+        d0.Pairs(WordOf(v0, q), a0, packed);
+        d1.Pairs(WordOf(v1, q), a1, packed);
+        const uint32_t lo[4] = {a0[0], a1[0], a0[1], a1[1]}, hi[4] = {a0[2], a1[2], a0[3], a1[3]};
+        detail::quant::Mma16816<T>(acc, lo, WordOf(cur.xv[q], 0), WordOf(cur.xv[q], 1));
+        detail::quant::Mma16816<T>(acc, hi, WordOf(cur.xv[q], 2), WordOf(cur.xv[q], 3));
       }
+    };
+    if (__all_sync(0xffffffffu, d0.packed() && d1.packed())) {
+      dots(true);
+    } else {
+      dots(false);
     }
+    cur = nxt;
   }
+  detail::CpAsyncWait<0>();
 }
 
 // A CTA of kWarps warps takes kWarps / split tiles of one slot, each tile's
@@ -254,12 +284,13 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
 // else rows 16t .. 16t + 15.
 // fp8: a guard that keeps 4 CTAs per multiprocessor (64 registers; ptxas
 // has given it 66 without, i.e. 3 CTAs). int4 takes the registers it needs
-// (~110, 2 CTAs): a cap of 3 CTAs spills and measured slower (docs/PERF.md,
-// session 13).
+// (~96, 2 CTAs): a cap of 3 CTAs spills and measured slower (docs/PERF.md,
+// sessions 13 and 27).
 template <typename T, int WK>
 __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
     TileKernel(const __grid_constant__ Params p) {
   __shared__ float red[kWarps][kTileRows];
+  __shared__ uint4 ring[WK == kWInt4 ? kMvStages : 1][2][kThreads];  // int4: the lanes' weights
   detail::PdlWaitThenRelease();
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int ks = warp % p.split;
@@ -285,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
     if constexpr (WK == kWFp8) {
       Fp8TileDots(p, e, rows, arow, ks, lane, acc);
     } else {
-      Int4TileDots<T>(p, e, rows, arow, ks, lane, acc);
+      Int4TileDots<T>(p, e, rows, arow, ks, lane, acc, ring);
     }
   }
   if ((lane & 3) == 0) {
@@ -546,16 +577,18 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   if (d.w.kind != DType::kInt8) {
     p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
     p.tiles = d.numel * p.tiles_per_slot;
-    // K split over up to kWarps warps until the grid has kMinWarps warps
-    // (the weight stream needs that many loads in flight: an H200's 132 SMs
-    // x 32 warps, a constant rather than the device's count so that the
-    // split, and with it the summation order, depends on the shape only),
-    // keeping two chunks per warp at least.
-    constexpr int64_t kMinWarps = 132 * 32;
+    // K split over up to kWarps warps until the grid has min_warps warps
+    // (the weight stream needs that many loads in flight), keeping two
+    // chunks per warp at least. A constant rather than the device's SM
+    // count, so that the split, and with it the summation order, depends on
+    // the shape only: fp8 32 warps per H200 SM; int4, whose weights come
+    // through a ring of kMvStages chunks a warp, 8 (with 32 or 16 the
+    // one-token layers took up to 1.15x longer, docs/PERF.md session 27).
+    const int64_t min_warps = int64_t{132} * (d.w.kind == DType::kInt4Packed ? 8 : 32);
     const int64_t bpr = d.w.kind == DType::kInt4Packed ? d.K / 2 : d.K;  // bytes per row
     const int64_t chunks = (bpr / 16 + 3) / 4;
     p.split = 1;
-    while (p.split < kWarps && p.tiles * p.split < kMinWarps && chunks >= 4 * p.split) {
+    while (p.split < kWarps && p.tiles * p.split < min_warps && chunks >= 4 * p.split) {
       p.split *= 2;
     }
     warps = (p.tiles + kWarps / p.split - 1) / (kWarps / p.split) * kWarps;

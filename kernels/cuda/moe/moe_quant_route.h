@@ -11,10 +11,9 @@
 //               batch-invariant calls, gpu_layer_emulation.h): the weights
 //               dequantised once per call into the workspace (the
 //               reference's rounding), then the bf16 / fp16 grouped GEMMs;
-//               int4 with group scales (int_gemm) also at the larger decode
-//               sizes (MoeIntGemmOverDecodeTiles), and up to 192 slots per
-//               hit expert (MoeIntWeightsInGemms): the grouped GEMMs on the
-//               int4 weights, dequantised inside them to the same values;
+//               int4 with group scales up to 192 slots per hit expert
+//               (MoeIntWeightsInGemms): the grouped GEMMs on the int4
+//               weights, dequantised inside them to the same values;
 //   kEmulation  everything else: the dequantising GEMM of moe_quant_gemm.h
 //               (or, for fp8 with 16-bit activations, the fp8 tensor-core
 //               grouped GEMMs behind it).
@@ -30,7 +29,10 @@
 // weights once per tile of 8 / 16 / 32 slots of one expert, so they win while
 // the average slots per hit expert fit one tile (the expected maximum too:
 // the block is sized with a margin); past that the weights would be read once
-// per tile and the grouped GEMMs' larger tiles take over.
+// per tile and the grouped GEMMs' larger tiles take over. That holds for the
+// int4 GEMMs too since session 27 (docs/PERF.md): H200, us per layer, decode
+// tiles against the int4 GEMMs at 16 slots per hit expert, Mixtral-8x7B 64
+// tokens 572.8 / 841.5, Qwen3-30B-A3B 256 tokens 368.2 / 387.3.
 // KPLAN_MOE_QUANT_ROUTE (auto | matvec | decode | dequant | emulation) forces
 // a route where it applies, for A/B runs; SetMoeQuantRouteMode does the same
 // from code.
@@ -75,20 +77,6 @@ inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
   if (avg2 <= 20) return 16;  // avg <= 10
   if (avg2 <= 40) return 32;  // avg <= 20
   return 0;
-}
-
-// Whether int4 sets whose GEMMs take the int weights (int_gemm below) leave
-// the decode tiles for those GEMMs at a decode-sized batch: from the decode
-// tiles' largest block (more than 10 slots per hit expert on average). The
-// cp.async int4 GEMM dequantises each weight once per block of slots, in
-// about 9 instructions a weight (ncu, docs/PERF.md session 17), so the
-// decode tiles stay ahead while they read each weight for few slots. H200,
-// us per layer, int4 GEMMs against decode tiles: Mixtral-8x7B 64 tokens (16
-// per expert) 840.8 / 926.4, 128 (32) 852.1 / 1369.8, 16 tokens (4) 722.2 /
-// 445.0; Qwen3-30B-A3B 256 tokens (16) 388.8 / 501.5, 64 tokens (4) 340.9 /
-// 220.2.
-inline bool MoeIntGemmOverDecodeTiles(int64_t numel, int num_experts) {
-  return MoeQuantDecodeBlockFor(numel, num_experts) == 32;
 }
 
 // Whether the int route (kDequant) runs its GEMMs on the int4 weights
@@ -138,10 +126,9 @@ inline MoeQuantRouteMode MoeQuantRouteModeNow() {
 // Which kernels run these weights, activations and sizes (both GEMMs):
 // matvec (MoeQuantMatvecSupports), decode (MoeQuantDecodeSupports), dequant
 // (MoeDequantWeightsSupports); fp8_tc: the emulation route's GEMMs are the
-// fp8 tensor-core ones; int_gemm: the dequant route's GEMMs take the int4
-// weights themselves (MoeIntWeightsApply, MoeGemmIntEnabled; moe_experts.h).
+// fp8 tensor-core ones.
 struct MoeQuantKernels {
-  bool matvec = false, decode = false, dequant = false, fp8_tc = false, int_gemm = false;
+  bool matvec = false, decode = false, dequant = false, fp8_tc = false;
 };
 
 // The route of a layer of num_tokens x top_k slots over num_experts ids. A
@@ -168,8 +155,7 @@ inline MoeQuantRoute MoeQuantRouteFor(const MoeQuantKernels& ok, int64_t num_tok
   if (ok.matvec && MoeSlotsOnDistinctExperts(num_tokens, top_k, num_experts)) {
     return MoeQuantRoute::kMatvec;
   }
-  if (ok.decode && decode_sized && !ok.fp8_tc &&
-      !(ok.int_gemm && MoeIntGemmOverDecodeTiles(numel, num_experts))) {
+  if (ok.decode && decode_sized && !ok.fp8_tc) {
     return MoeQuantRoute::kDecode;
   }
   if (ok.dequant) return MoeQuantRoute::kDequant;

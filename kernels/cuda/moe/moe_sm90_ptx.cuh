@@ -1,6 +1,7 @@
 // Inline PTX of the sm_90a grouped GEMMs (moe_gemm_sm90.cu, moe_gemm_ws_sm90.cu,
 // moe_gemm_ws_fp8_sm90.cu) and the one-kernel decode layer
-// (moe_decode_layer.cu): cp.async, proxy fences, wgmma groups, the
+// (moe_decode_layer.cu), cp.async for the quantised decode kernels
+// (moe_quant_decode.cu, moe_quant_matvec.cu): cp.async, proxy fences, wgmma groups, the
 // 128-byte-swizzle shared-memory matrix descriptor, mbarriers, TMA and bulk
 // loads (multicast to a cluster), cluster barriers, setmaxnreg and the
 // warp-specialised kernels' 16-byte fragment stores.
