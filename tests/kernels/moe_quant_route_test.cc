@@ -18,7 +18,8 @@ TEST(MoeQuantRoute, DecodeBlockBySlotsPerExpert) {
   EXPECT_EQ(MoeQuantDecodeBlockFor(512, 128), 8);
   EXPECT_EQ(MoeQuantDecodeBlockFor(513, 128), 16);
   // Mixtral 64 tokens: 128 slots over 8 experts: 16 each.
-  EXPECT_EQ(MoeQuantDecodeBlockFor(128, 8), 32);
+  EXPECT_EQ(MoeQuantDecodeBlockFor(128, 8), 16);
+  EXPECT_EQ(MoeQuantDecodeBlockFor(129, 8), 32);
   EXPECT_EQ(MoeQuantDecodeBlockFor(160, 8), 32);
   // Past 20 per expert: not decode-sized.
   EXPECT_EQ(MoeQuantDecodeBlockFor(161, 8), 0);

@@ -68,13 +68,18 @@ inline bool MoeSlotsOnDistinctExperts(int64_t num_tokens, int top_k, int num_exp
 
 // Slots per decode tile (the moe_align block size) for `numel` slots over
 // `num_experts` experts: 8, 16 or 32; 0 when the batch is past decode size.
+// Blocks of 16 up to 16 slots per hit expert on average, though some experts
+// then take two tiles: H200, int4, us per layer, blocks of 16 against 32
+// (docs/PERF.md, session 27): Mixtral-8x7B 48 tokens (12 per expert) 454.2 /
+// 557.0, 64 (16) 573.9 / 572.8, 80 (20) 704.6 / 597.8; Qwen3-30B-A3B 192
+// (12) 252.8 / 353.2, 256 (16) 316.8 / 368.0.
 inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
   if (numel <= 0 || num_experts <= 0) return 0;
   const int64_t hit = std::min<int64_t>(numel, num_experts);
   // avg slots per hit expert, times 2 (integer arithmetic).
   const int64_t avg2 = 2 * numel / hit + (2 * numel % hit != 0);
   if (avg2 <= 8) return 8;    // avg <= 4
-  if (avg2 <= 20) return 16;  // avg <= 10
+  if (avg2 <= 32) return 16;  // avg <= 16
   if (avg2 <= 40) return 32;  // avg <= 20
   return 0;
 }
