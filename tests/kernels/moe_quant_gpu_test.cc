@@ -450,8 +450,13 @@ std::unique_ptr<GpuExperts> Upload(const ExpertSet& set) {
   return g.ok() ? std::move(*g) : nullptr;
 }
 
-void RunCombo(const Shape& sh, const Combo& c, const std::vector<int64_t>& tokens, uint64_t stream,
-              const RunOptions& opt = {}) {
+// Token counts run with one set of options, on a set uploaded once.
+struct Runs {
+  std::vector<int64_t> tokens;
+  RunOptions opt;
+};
+
+void RunComboEach(const Shape& sh, const Combo& c, uint64_t stream, const std::vector<Runs>& runs) {
   const auto t0 = std::chrono::steady_clock::now();
   auto set = MakeSet(sh, c, stream);
   auto gpu = Upload(*set);
@@ -459,7 +464,14 @@ void RunCombo(const Shape& sh, const Combo& c, const std::vector<int64_t>& token
   std::printf("%s %s: experts %.2f GB on the GPU (host set %.2f GB), made in %.1f s\n", sh.name,
               c.Label().c_str(), gpu->bytes() / 1e9, set->bytes() / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  for (int64_t M : tokens) RunCase(sh, c, *set, *gpu, M, stream * 100 + M, opt);
+  for (const Runs& r : runs) {
+    for (int64_t M : r.tokens) RunCase(sh, c, *set, *gpu, M, stream * 100 + M, r.opt);
+  }
+}
+
+void RunCombo(const Shape& sh, const Combo& c, const std::vector<int64_t>& tokens, uint64_t stream,
+              const RunOptions& opt = {}) {
+  RunComboEach(sh, c, stream, {{tokens, opt}});
 }
 
 const Shape kQwen3{"Qwen3-30B-A3B", 128, 8, 2048, 768};
@@ -532,11 +544,10 @@ TEST(MoeQuantGpu, Mixtral8x7B) {
   RunOptions ws;
   ws.int_gemm_from = 512;
   const Combo i4 = IntW("int4_group", kernels::DType::kBFloat16, false);
-  RunCombo(kMixtral, i4, {1, 16, 64, 512}, 31, ws);
   RunOptions deq64;
   deq64.route = kernels::cuda::MoeQuantRouteMode::kDequant;
   deq64.int_gemm_from = 64;
-  RunCombo(kMixtral, i4, {64}, 33, deq64);
+  RunComboEach(kMixtral, i4, 31, {{{1, 16, 64, 512}, ws}, {{64}, deq64}});
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kFloat16), {64}, 32);
 }
 
@@ -589,8 +600,9 @@ TEST(MoeQuantGpu, SmallShapesTails) {
 // 336 rows end inside a 32-row warp tile), I = 80 (5 gated column groups,
 // N13 = 160 inside a 128-row scale block); int4 H = 352, I = 96 with group 32
 // (a partial 128-wide k step); int8 H = 336, I = 80 with group 16. Slot
-// counts from 1 to past one tile per expert (forced decode at 300 tokens:
-// several tiles per expert, the last partial), zero points on and off,
+// counts from 1 to past one tile per expert (tiles of 8, 16 and, at 57
+// tokens, 19 slots per expert, 32; forced decode at 300 tokens: several
+// tiles per expert, the last partial), zero points on and off,
 // biases, gelu / swigluoai (interleaved gate/up rows) / silu_no_mul (no
 // gating), bf16 and fp16 activations, the routes forced against each other
 // (fp8 decode is opt-in where the fp8 tensor cores apply, so it is forced).
@@ -611,7 +623,7 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   RunCombo(f8, blk, {300}, 72, dec);
   Combo pc = Fp8("fp8_per_channel", kernels::DType::kFloat16);
   pc.activation = "swigluoai";
-  RunCombo(f8, pc, {1, 33}, 73, dec);
+  RunCombo(f8, pc, {1, 33, 57}, 73, dec);
   Combo pt = Fp8("fp8_per_tensor", kernels::DType::kBFloat16);
   pt.activation = "silu_no_mul";
   RunCombo(f8, pt, {7, 300}, 74, dec);
@@ -657,14 +669,16 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   Combo i4z = IntW("int4_group", kernels::DType::kFloat16, true, 32);
   i4z.bias = true;
   i4z.activation = "gelu";
-  RunCombo(i4s, i4z, {1, 40, 500}, 79, ws);
+  // fp16 with zero points: the int4 GEMMs past the decode sizes, forced at 40
+  // (the cp.async kernel), and the decode tiles at 40 and 57 (32-slot tiles).
+  RunComboEach(i4s, i4z, 79, {{{1, 40, 500}, ws}, {{40}, igemm}, {{57}, dec}});
   RunCombo(i4s, i4z, {40}, 80, emu);
   const Shape i8s{"tail-int8", 6, 2, 336, 80};
   Combo i8 = IntW("int8_group", kernels::DType::kBFloat16, false, 16);
   i8.activation = "swigluoai";
-  RunCombo(i8s, i8, {1, 33, 400}, 81);
+  RunCombo(i8s, i8, {1, 33, 57, 400}, 81);
   Combo i8z = IntW("int8_group", kernels::DType::kFloat16, true, 16);
-  RunCombo(i8s, i8z, {2, 41}, 82, dec);
+  RunCombo(i8s, i8z, {2, 41, 57}, 82, dec);
   RunCombo(i8s, i8z, {2, 400}, 83, deq);
   // Group sizes that are not powers of two (the kernels divide where they
   // otherwise shift, GroupDiv): int4 group 96 and int8 group 48, decode
@@ -673,7 +687,7 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   RunOptions mv;
   mv.route = MoeQuantRouteMode::kMatvec;
   const Combo i4g = IntW("int4_group", kernels::DType::kBFloat16, true, 96);
-  RunCombo(g96, i4g, {5, 40}, 84, dec);
+  RunCombo(g96, i4g, {5, 40, 57}, 84, dec);
   RunCombo(g96, i4g, {1, 3}, 85, mv);
   RunOptions g96_gemm = deq;
   g96_gemm.int_gemm_from = 5;

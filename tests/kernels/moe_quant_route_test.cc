@@ -68,6 +68,21 @@ MoeQuantKernels Without(MoeQuantKernels k, bool matvec, bool decode) {
   return k;
 }
 
+TEST(MoeQuantRoute, MatvecSplitBySizeAndKind) {
+  // Qwen3-30B-A3B one token, int4: GEMM 1 768 tiles of 1024-byte rows, GEMM 2
+  // 1024 tiles of 384-byte rows: split in two up to 1056 warps.
+  EXPECT_EQ(MoeQuantMatvecSplit(768, 1024, true), 2);
+  EXPECT_EQ(MoeQuantMatvecSplit(1024, 384, true), 2);
+  // Mixtral-8x7B one token, int4 GEMM 1: 3584 tiles fill the grid unsplit.
+  EXPECT_EQ(MoeQuantMatvecSplit(3584, 2048, true), 1);
+  // fp8 aims at 4224 warps: DeepSeek-V3 one token, GEMM 1 (2048 tiles, K 7168).
+  EXPECT_EQ(MoeQuantMatvecSplit(2048, 7168, false), 4);
+  // Few tiles: up to kMoeQuantMatvecWarps, two chunks a warp at least.
+  EXPECT_EQ(MoeQuantMatvecSplit(1, 1 << 20, false), kMoeQuantMatvecWarps);
+  EXPECT_EQ(MoeQuantMatvecSplit(1, 64 * 8, true), 4);  // 8 chunks
+  EXPECT_EQ(MoeQuantMatvecSplit(1, 64 * 3, true), 1);  // 3 chunks
+}
+
 TEST(MoeQuantRoute, SlotsOnDistinctExperts) {
   EXPECT_TRUE(MoeSlotsOnDistinctExperts(1, 8, 256));  // one token: its ids are distinct
   EXPECT_TRUE(MoeSlotsOnDistinctExperts(1, 8, 8));

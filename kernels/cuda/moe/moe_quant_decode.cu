@@ -107,9 +107,11 @@ __device__ __forceinline__ uint32_t Fp8Pair(const uint4& v, int pr) {
 // straight-line code under one warp-uniform branch on the packed form
 // (docs/PERF.md, session 27: the loads at use and a branch per word were half
 // the instructions and the largest stalls).
-// CTAs per SM the register budget aims for: int weights as many as fit
-// without spills (the dequantisation is instruction bound; more warps hide
-// its dependent chains).
+// CTAs per SM the register budget aims for. int weights: as many as fit
+// with at most a few bytes of spills (ptxas, CUDA 13: none at 8-slot tiles,
+// 8 / 20 bytes for int4 / int8 at 16, none at 32); the dequantisation is
+// instruction bound and more warps hide its dependent chains. fp8 at 32-slot
+// tiles: 3 (one more than ptxas gave it without a bound; not measured).
 template <int WK, int NT>
 constexpr int MinCtas() {
   if constexpr (WK == kWFp8) return NT == 4 ? 3 : 1;
@@ -126,6 +128,9 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
   constexpr int kSteps = kPairs / 2;           // mma k16 steps per 4-thread step
   constexpr int kSpan = 4 * kCW;               // k per warp step
   constexpr int kRowStep = 64;                 // weight bytes of a row per step (all kinds)
+  static_assert(
+      kRowStep == (WK == kWInt4 ? kSpan / 2 : kSpan) && (WK == kWInt4 ? kCW / 2 : kCW) == 16,
+      "a thread's 16 weight bytes a row and a step");
   using MT = std::conditional_t<WK == kWFp8, __half, T>;
   constexpr int kStages = NT == 4 ? 3 : 4;
   __shared__ float red[kWarps][kRowsPerWarp][kBS + 1];
@@ -187,19 +192,19 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
       static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(local ? e : 0) * p.N * bpr;
   const int64_t steps = (p.K + kSpan - 1) / kSpan;
   const int64_t first = p.ksplit ? warp : 0, stride = p.ksplit ? kWarps : 1;
-  // This thread's 16 bytes of each row at step 0 (the same offset for every kind).
+  // The start of each weight row of this thread.
   const uint8_t* wrow[2][2];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) wrow[mt][h] = wbase + row[mt][h] * bpr + c * 16;
+    for (int h = 0; h < 2; ++h) wrow[mt][h] = wbase + row[mt][h] * bpr;
 
   // cp.async of step st's 16-byte chunks into ring stage `stage` (zero-filled
   // past K; nothing past the last step), one commit group per call.
   auto issue = [&](int64_t st, int stage) {
     if (st < steps) {
       const bool kin = st * kSpan + c * kCW < p.K;
-      const int64_t off = kin ? st * kRowStep : 0;
+      const int64_t off = kin ? st * kRowStep + c * 16 : 0;  // past K: the row start, unread
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll

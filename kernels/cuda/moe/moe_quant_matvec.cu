@@ -9,11 +9,12 @@
 //         up rows of 8 intermediate columns) on mma.sync, the weights the
 //         16-row operand and the activation row in every one of the 8
 //         columns (column 0 is kept). Per 64-byte chunk of a row, lane (g, c)
-//         loads vector c of rows g and g + 8, two chunks in flight; the k
+//         loads vector c of rows g and g + 8 (fp8: two chunks in flight;
+//         int4: a ring of kMvStages chunks filled by cp.async); the k
 //         order inside an mma, which a dot product does not see, follows the
 //         loads, and the activation operand is loaded in the same order. K is
-//         split over up to 8 warps of a CTA while the grid is small, the
-//         partials summed in warp order.
+//         split over up to 8 warps of a CTA while the grid is small
+//         (MoeQuantMatvecSplit), the partials summed in warp order.
 //         fp8: m16n8k32 e4m3 on the stored bytes and the quantised
 //         activation row (LaunchMoeFp8Quantize): no conversion, each 64-wide
 //         chunk summed on the tensor cores and promoted to an fp32
@@ -46,6 +47,7 @@
 #include "kernels/cuda/moe/moe_decode.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_math.cuh"
+#include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
@@ -61,6 +63,7 @@ using detail::quant::WordOf;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+static_assert(kWarps == kMoeQuantMatvecWarps, "the split rule's warps (moe_quant_route.h)");
 constexpr int kBatch = 2;      // chunks (tiles) or vectors (int8 rows) per warp and row in flight
 constexpr int kTileRows = 16;  // tiles: weight rows per mma tile (gated: 8 gate + 8 up)
 constexpr int kRows = 4;       // int8: rows per warp without gating
@@ -577,20 +580,8 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   if (d.w.kind != DType::kInt8) {
     p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
     p.tiles = d.numel * p.tiles_per_slot;
-    // K split over up to kWarps warps until the grid has min_warps warps
-    // (the weight stream needs that many loads in flight), keeping two
-    // chunks per warp at least. A constant rather than the device's SM
-    // count, so that the split, and with it the summation order, depends on
-    // the shape only: fp8 32 warps per H200 SM; int4, whose weights come
-    // through a ring of kMvStages chunks a warp, 8 (with 32 or 16 the
-    // one-token layers took up to 1.15x longer, docs/PERF.md session 27).
-    const int64_t min_warps = int64_t{132} * (d.w.kind == DType::kInt4Packed ? 8 : 32);
-    const int64_t bpr = d.w.kind == DType::kInt4Packed ? d.K / 2 : d.K;  // bytes per row
-    const int64_t chunks = (bpr / 16 + 3) / 4;
-    p.split = 1;
-    while (p.split < kWarps && p.tiles * p.split < min_warps && chunks >= 4 * p.split) {
-      p.split *= 2;
-    }
+    const bool int4 = d.w.kind == DType::kInt4Packed;
+    p.split = MoeQuantMatvecSplit(p.tiles, int4 ? d.K / 2 : d.K, int4);
     warps = (p.tiles + kWarps / p.split - 1) / (kWarps / p.split) * kWarps;
   } else {
     p.warps_per_slot = (d.N + kRows - 1) / kRows;

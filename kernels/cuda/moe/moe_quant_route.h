@@ -27,9 +27,9 @@
 // cores), so they take those calls on every scheme.
 // The decode rule is bytes against slots: the decode kernels stream the
 // weights once per tile of 8 / 16 / 32 slots of one expert, so they win while
-// the average slots per hit expert fit one tile (the expected maximum too:
-// the block is sized with a margin); past that the weights would be read once
-// per tile and the grouped GEMMs' larger tiles take over. That holds for the
+// the average slots per hit expert fit about one tile (MoeQuantDecodeBlockFor);
+// past that the weights would be read once per tile and the grouped GEMMs'
+// larger tiles take over. That holds for the
 // int4 GEMMs too since session 27 (docs/PERF.md): H200, us per layer, decode
 // tiles against the int4 GEMMs at 16 slots per hit expert, Mixtral-8x7B 64
 // tokens 572.8 / 841.5, Qwen3-30B-A3B 256 tokens 368.2 / 387.3.
@@ -72,7 +72,8 @@ inline bool MoeSlotsOnDistinctExperts(int64_t num_tokens, int top_k, int num_exp
 // then take two tiles: H200, int4, us per layer, blocks of 16 against 32
 // (docs/PERF.md, session 27): Mixtral-8x7B 48 tokens (12 per expert) 454.2 /
 // 557.0, 64 (16) 573.9 / 572.8, 80 (20) 704.6 / 597.8; Qwen3-30B-A3B 192
-// (12) 252.8 / 353.2, 256 (16) 316.8 / 368.0.
+// (12) 252.8 / 353.2, 256 (16) 316.8 / 368.0. The same rule serves int8 and
+// fp8 decode tiles, not measured in that range.
 inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
   if (numel <= 0 || num_experts <= 0) return 0;
   const int64_t hit = std::min<int64_t>(numel, num_experts);
@@ -82,6 +83,25 @@ inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
   if (avg2 <= 32) return 16;  // avg <= 16
   if (avg2 <= 40) return 32;  // avg <= 20
   return 0;
+}
+
+// The matvec tiles' K split (moe_quant_matvec.cu): a tile's 64-byte chunks
+// over 1, 2, 4 or up to kMoeQuantMatvecWarps warps of a CTA, doubled until
+// the grid has min_warps warps (the weight stream needs that many loads in
+// flight) while each warp keeps two chunks at least. A constant rather than
+// the device's SM count, so that the split, and with it the summation order,
+// depends on the shape only: fp8 32 warps per H200 SM; int4, whose weights
+// come through a ring of chunks a warp, 8 (with 32 or 16 the one-token
+// layers took up to 1.15x longer, docs/PERF.md session 27).
+inline constexpr int kMoeQuantMatvecWarps = 8;
+inline int MoeQuantMatvecSplit(int64_t tiles, int64_t row_bytes, bool int4) {
+  const int64_t min_warps = int64_t{132} * (int4 ? 8 : 32);
+  const int64_t chunks = (row_bytes / 16 + 3) / 4;
+  int split = 1;
+  while (split < kMoeQuantMatvecWarps && tiles * split < min_warps && chunks >= 4 * split) {
+    split *= 2;
+  }
+  return split;
 }
 
 // Whether the int route (kDequant) runs its GEMMs on the int4 weights
