@@ -6,8 +6,9 @@
 # $OUT/logs (OUT defaults to /tmp/kplan-quant), packed into
 # $OUT/logs.tar.gz at the end.
 #   1. moe_quant_gpu_test whole (every route against the CPU reference, the
-#      int dequantisation bit for bit), and the matvec and dequantisation
-#      cases under compute-sanitizer memcheck;
+#      int dequantisation bit for bit), the matvec, decode-tile and
+#      dequantisation cases under compute-sanitizer memcheck, the decode
+#      tiles under racecheck;
 #   2. moe_bench at ${TOKENS:-1,2,16,64} tokens on the int schemes (group
 #      scales exact in bf16, and arbitrary fp32: /fp32s) and fp8 block,
 #      route ${ROUTES:-auto} (auto = matvec at one token, the decode tiles
@@ -24,15 +25,17 @@ gpu_check_setup kplan-quant "${1:-}"
 step_keep=' FAIL$|FAILED|PASSED|ERROR SUMMARY|CHECK FAILED|SKIPPED|^rooflines|M=[0-9]+ +(dec|ws|old)'
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv
 step quant_test 150 "$bin/moe_quant_gpu_test"
-step memcheck 60 compute-sanitizer --tool memcheck "$bin/moe_quant_gpu_test" \
-  --gtest_filter='*MatvecRoute*:*IntDequant*'
+step memcheck 90 compute-sanitizer --tool memcheck "$bin/moe_quant_gpu_test" \
+  --gtest_filter='*MatvecRoute*:*IntDequant*:*DecodeAndDequantRoutes*'
+step racecheck 60 compute-sanitizer --tool racecheck "$bin/moe_quant_gpu_test" \
+  --gtest_filter='*DecodeAndDequantRoutes*'
 B=(--budget_s 0.2 --sets 4 --fused on --warmup_s 1 --check_tokens 2 --shapes "${SHAPES:-qwen3,mixtral}"
   --tokens "${TOKENS:-1,2,16,64}" --route "${ROUTES:-auto}")
-TAIL=60 step bench 150 "$bin/moe_bench" "${B[@]}" \
+TAIL=60 step bench 120 "$bin/moe_bench" "${B[@]}" \
   --quant int4_group,int4_group/fp32s,int8_group,int8_group/fp32s,fp8_block \
   --json "$out/bench.json"
 if [ -n "${OLD_BENCH:-}" ]; then
-  TAIL=60 step bench_old 120 "$OLD_BENCH" "${B[@]}" --quant int4_group,int8_group \
+  TAIL=60 step bench_old 90 "$OLD_BENCH" "${B[@]}" --quant int4_group,int8_group \
     --json "$out/bench_old.json"
 fi
 # The matvec kernels one by one: time, DRAM bytes read, issue load.
