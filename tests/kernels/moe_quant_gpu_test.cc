@@ -670,7 +670,8 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   i4z.bias = true;
   i4z.activation = "gelu";
   // fp16 with zero points: the int4 GEMMs past the decode sizes, forced at 40
-  // (the cp.async kernel), and the decode tiles at 40 and 57 (32-slot tiles).
+  // (the cp.async kernel), and the decode tiles at 40 (16-slot tiles) and 57
+  // (32-slot tiles).
   RunComboEach(i4s, i4z, 79, {{{1, 40, 500}, ws}, {{40}, igemm}, {{57}, dec}});
   RunCombo(i4s, i4z, {40}, 80, emu);
   const Shape i8s{"tail-int8", 6, 2, 336, 80};

@@ -7,5 +7,5 @@
 #   rm -rf .dist && bash scripts/bundle.sh .dist build/bin/{moe_quant_gpu_test,moe_bench} /tmp/moe_bench_old
 #   strip --strip-debug .dist/bin/* .dist/lib/*
 # There (one call, about 590 s of steps): the suites, memcheck and racecheck over the decode
-# tiles, the A/B at 1-64 tokens and Mixtral 48 / Qwen3 192-256.
+# tiles and the matvec, the A/B at 1, 2, 16, 48 and 64 tokens (Qwen3 and Mixtral).
 OLD_BENCH=.dist/bin/moe_bench_old TOKENS=1,2,16,48,64 scripts/quant-decode-gpu-check.sh .dist
