@@ -23,12 +23,12 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "kernels/common/types.h"
 #include "kernels/cuda/moe/moe_ops.h"
+#include "kernels/cuda/moe/moe_quant_route.h"  // MoeSlotsPerExpert
 
 namespace kplan::kernels::cuda {
 
@@ -62,11 +62,6 @@ inline MoeActParams EffectiveActParams(MoeActParams p) {
 // int4 weights). ws_k 0: int4 weights (their GEMMs on blocks of 128 below 64
 // slots per expert were slower).
 inline constexpr int64_t kMoeGemmWsLongK = 2048;
-// Slots per expert if the routing were uniform over min(E, numel) experts.
-inline int64_t MoeSlotsPerExpert(int64_t numel, int num_experts) {
-  const int64_t hit = std::max<int64_t>(1, std::min<int64_t>(num_experts, numel));
-  return (numel + hit - 1) / hit;
-}
 int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k, bool ping_pong);
 // Split-K factor that fills one wave of resident CTAs with weight streams
 // when the blocks alone fill less than half of it (1 = no split);

@@ -66,6 +66,14 @@ inline bool MoeSlotsOnDistinctExperts(int64_t num_tokens, int top_k, int num_exp
   return numel > 0 && (num_tokens == 1 || numel * numel <= num_experts);
 }
 
+// Slots per hit expert if the routing were uniform over min(E, numel)
+// experts, rounded up: the estimate every kernel rule by slots uses (these
+// routes, MoeGemmBlockMFor, MoeGemmWsPingPongFor).
+inline int64_t MoeSlotsPerExpert(int64_t numel, int num_experts) {
+  const int64_t hit = std::max<int64_t>(1, std::min<int64_t>(num_experts, numel));
+  return (numel + hit - 1) / hit;
+}
+
 // Slots per decode tile (the moe_align block size) for `numel` slots over
 // `num_experts` experts: 8, 16 or 32; 0 when the batch is past decode size.
 // Blocks of 16 up to 16 slots per hit expert on average, though some experts
@@ -76,12 +84,10 @@ inline bool MoeSlotsOnDistinctExperts(int64_t num_tokens, int top_k, int num_exp
 // fp8 decode tiles, not measured in that range.
 inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
   if (numel <= 0 || num_experts <= 0) return 0;
-  const int64_t hit = std::min<int64_t>(numel, num_experts);
-  // avg slots per hit expert, times 2 (integer arithmetic).
-  const int64_t avg2 = 2 * numel / hit + (2 * numel % hit != 0);
-  if (avg2 <= 8) return 8;    // avg <= 4
-  if (avg2 <= 32) return 16;  // avg <= 16
-  if (avg2 <= 40) return 32;  // avg <= 20
+  const int64_t per_expert = MoeSlotsPerExpert(numel, num_experts);
+  if (per_expert <= 4) return 8;
+  if (per_expert <= 16) return 16;
+  if (per_expert <= 20) return 32;
   return 0;
 }
 
@@ -118,8 +124,8 @@ inline int MoeQuantMatvecSplit(int64_t tiles, int64_t row_bytes, bool int4) {
 // 1284 (int4 GEMMs 4% ahead), Mixtral 768 2291 / 2247 (2% behind).
 inline constexpr int64_t kMoeIntWeightsMaxSlots = 192;
 inline bool MoeIntWeightsInGemms(int64_t numel, int num_experts) {
-  const int64_t hit = std::min<int64_t>(numel, num_experts);
-  return hit > 0 && numel <= kMoeIntWeightsMaxSlots * hit;
+  return numel > 0 && num_experts > 0 &&
+         MoeSlotsPerExpert(numel, num_experts) <= kMoeIntWeightsMaxSlots;
 }
 
 // The code's override (SetMoeQuantRouteMode, read and written from any
