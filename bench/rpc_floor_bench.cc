@@ -11,7 +11,10 @@
 //   null        GetServerInfo through kplan::Client;
 //   skip        RunMoE with skip_device (the whole path without the layer)
 //               through kplan::Client, 1 token of a Qwen3-shaped layer
-//               (E=128 k=8 H=2048; I=16 so the CPU set stays small).
+//               (E=128 k=8 H=2048; I=16 so the CPU set stays small);
+//   channel     the same RunMoE through a shared-memory call channel
+//               (client/cpp/shm_channel.h: no gRPC on the call's path; the
+//               transport column is then only how the channel was opened).
 // Rounds alternate the cases, so a noisy host spreads its noise over all.
 // --concurrency C > 1 (a list; 1 is the sequential run above) measures the
 // ceiling instead: per case, C client threads, each with a channel (and so a
@@ -57,8 +60,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cpp/client.h"
+#include "client/cpp/shm_channel.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/rpc/server.h"
+
+ABSL_FLAG(double, channel_spin_us, 50,
+          "The channel case: how long the server's channel thread and the client poll before "
+          "they sleep on the state word (kplan-server's --shm_channel_spin); 0: sleep at once");
 
 namespace {
 
@@ -129,6 +137,9 @@ bool StartKplan(const std::string& transport, Servers& s) {
   options.listen_address = Listen(transport, "kplan");
   options.devices = "none";
   options.allow_skip_device = true;
+  options.allow_shared_memory = true;  // the channel case
+  options.max_shm_channels = 1024;
+  options.shm_channel_spin = absl::Microseconds(absl::GetFlag(FLAGS_channel_spin_us));
   auto kplan = kplan::rpc::KplanServer::Start(options);
   if (!kplan.ok()) {
     std::fprintf(stderr, "kplan server: %s\n", kplan.status().ToString().c_str());
@@ -182,9 +193,26 @@ double Percentile(std::vector<double> v, double q) {
 // One client of the three servers (bare, bare_sync, kplan): id < 0 on
 // gRPC's default channels; id >= 0 on channels with a channel argument of
 // its own, so that gRPC gives it connections of its own.
+kplan::ShmChannel::Options ChannelOptions() {
+  kplan::ShmChannel::Options options;
+  options.spin = absl::Microseconds(absl::GetFlag(FLAGS_channel_spin_us));
+  return options;
+}
+
 struct Clients {
   std::unique_ptr<Health::Stub> bare, bare_sync, health;  // health: kplan's
   std::unique_ptr<kplan::Client> client;
+  std::unique_ptr<kplan::ShmChannel> channel;  // opened at its first call
+  absl::Status Channel(const kplan::v1::RunMoERequest& request) {
+    if (channel == nullptr) {
+      absl::StatusOr<std::unique_ptr<kplan::ShmChannel>> opened =
+          kplan::ShmChannel::Open(*client, ChannelOptions());
+      if (!opened.ok()) return opened.status();
+      channel = *std::move(opened);
+    }
+    kplan::v1::RunMoEResponse response;
+    return channel->RunMoE(request, &response);
+  }
 };
 
 std::unique_ptr<Clients> ConnectClients(const std::string* targets, int id) {
@@ -329,6 +357,7 @@ int Measure(const std::string& transport, const std::string& process, const std:
       {"health", [&](Clients& c) { return check(*c.health); }},
       {"null", [&](Clients& c) { return c.client->GetServerInfo().status(); }},
       {"skip", [&](Clients& c) { return c.client->RunMoE(request).status(); }},
+      {"channel", [&](Clients& c) { return c.Channel(request); }},
   };
   if (!only.empty()) {
     std::erase_if(cases, [&](const Case& c) {

@@ -308,6 +308,25 @@ absl::Status Client::RegisterSharedMemory(const v1::SharedMemoryRegion& region) 
   });
 }
 
+absl::StatusOr<v1::OpenShmChannelResponse> Client::OpenShmChannel(const std::string& region,
+                                                                  int64_t request_capacity) {
+  v1::OpenShmChannelRequest request;
+  request.set_region(region);
+  request.set_request_capacity(request_capacity);
+  v1::OpenShmChannelResponse response;
+  KPLAN_RETURN_IF_ERROR(WithRetries(
+      [&](grpc::ClientContext* ctx) { return stub_->OpenShmChannel(ctx, request, &response); }));
+  return response;
+}
+
+absl::Status Client::CloseShmChannel(const std::string& region) {
+  v1::CloseShmChannelRequest request;
+  request.set_region(region);
+  v1::CloseShmChannelResponse response;
+  return WithRetries(
+      [&](grpc::ClientContext* ctx) { return stub_->CloseShmChannel(ctx, request, &response); });
+}
+
 absl::Status Client::UnregisterSharedMemory(const std::string& name) {
   v1::UnregisterSharedMemoryRequest request;
   request.set_name(name);

@@ -112,6 +112,12 @@ class Client {
   absl::Status RegisterSharedMemory(const v1::SharedMemoryRegion& region);
   absl::Status UnregisterSharedMemory(const std::string& name);
   absl::StatusOr<v1::ListSharedMemoryResponse> ListSharedMemory();
+  // A region's call channel (client/cpp/shm_channel.h opens and uses one).
+  absl::StatusOr<v1::OpenShmChannelResponse> OpenShmChannel(const std::string& region,
+                                                            int64_t request_capacity);
+  absl::Status CloseShmChannel(const std::string& region);
+
+  const ClientOptions& options() const { return options_; }
 
   // grpc.health.v1 Check for `service` ("" = the whole server): true when SERVING.
   absl::StatusOr<bool> Health(const std::string& service = "");

@@ -231,17 +231,29 @@ std::vector<ShmRegionInfo> ShmRegistry::List() const {
   return out;
 }
 
+absl::StatusOr<std::shared_ptr<const ShmRegion>> ShmRegistry::Find(const std::string& name,
+                                                                   absl::string_view field) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = regions_.find(name);
+  if (it == regions_.end()) return NotRegistered(name, field);
+  return it->second;
+}
+
+absl::StatusOr<ShmView> ShmRegistry::ResolveWindow(const std::string& name,
+                                                   absl::string_view field) const {
+  KPLAN_ASSIGN_OR_RETURN(std::shared_ptr<const ShmRegion> region, Find(name, field));
+  KPLAN_RETURN_IF_ERROR(WithField(region->CheckIntact(), field));
+  ShmView view;
+  view.data = region->data();
+  view.size = region->info().byte_size;
+  view.region = std::move(region);
+  return view;
+}
+
 absl::StatusOr<ShmView> ShmRegistry::Resolve(const std::string& name, int64_t offset,
                                              int64_t byte_size, absl::string_view field) const {
-  std::shared_ptr<const ShmRegion> region;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = regions_.find(name);
-    if (it == regions_.end()) {
-      return NotRegistered(name, absl::StrCat(field, ".region"));
-    }
-    region = it->second;
-  }
+  KPLAN_ASSIGN_OR_RETURN(std::shared_ptr<const ShmRegion> region,
+                         Find(name, absl::StrCat(field, ".region")));
   const int64_t window = region->info().byte_size;
   if (offset < 0 || offset > window) {
     return InvalidField(absl::StrCat(field, ".offset"),

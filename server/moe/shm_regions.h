@@ -139,8 +139,13 @@ class ShmRegistry {
   // `<field>.byte_size` (INVALID_ARGUMENT: negative, or past the window).
   absl::StatusOr<ShmView> Resolve(const std::string& name, int64_t offset, int64_t byte_size,
                                   absl::string_view field) const;
+  // Region `name`'s whole window (a channel's, OpenShmChannel): NOT_FOUND
+  // naming `field` for an unknown name.
+  absl::StatusOr<ShmView> ResolveWindow(const std::string& name, absl::string_view field) const;
 
  private:
+  absl::StatusOr<std::shared_ptr<const ShmRegion>> Find(const std::string& name,
+                                                        absl::string_view field) const;
   absl::Status CheckCudaRegion(const ShmRegionInfo& info) const;
   absl::StatusOr<std::shared_ptr<ShmRegion>> OpenCudaRegion(const ShmRegionInfo& info) const;
   absl::Status Insert(const std::string& name, std::shared_ptr<const ShmRegion> region);

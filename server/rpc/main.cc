@@ -138,7 +138,15 @@ ABSL_FLAG(int64_t, coalesce_max_tokens, 256,
           "alone");
 ABSL_FLAG(bool, allow_shared_memory, false,
           "Serve RegisterSharedMemory: co-located clients' POSIX shared-memory regions that "
-          "RunMoE tensors may reference instead of carrying their bytes");
+          "RunMoE tensors may reference instead of carrying their bytes, and the regions' "
+          "call channels (OpenShmChannel: RunMoE without gRPC on the call path)");
+ABSL_FLAG(int64_t, max_shm_channels, 64,
+          "With --allow_shared_memory: the most shared-memory call channels open at once (a "
+          "server thread each)");
+ABSL_FLAG(absl::Duration, shm_channel_spin, absl::Microseconds(50),
+          "With --allow_shared_memory: how long a channel's thread polls for the client's next "
+          "call after an answer before it sleeps (a sleeping thread costs the next call a "
+          "wake-up of a few microseconds; a polling one a core); 0: sleep at once");
 
 namespace {
 
@@ -264,6 +272,8 @@ int main(int argc, char** argv) {
   options.coalesce_window = absl::Microseconds(absl::GetFlag(FLAGS_coalesce_window_us));
   options.coalesce_max_tokens = absl::GetFlag(FLAGS_coalesce_max_tokens);
   options.allow_shared_memory = absl::GetFlag(FLAGS_allow_shared_memory);
+  options.max_shm_channels = absl::GetFlag(FLAGS_max_shm_channels);
+  options.shm_channel_spin = absl::GetFlag(FLAGS_shm_channel_spin);
   absl::StatusOr<std::unique_ptr<kplan::rpc::KplanServer>> server =
       kplan::rpc::KplanServer::Start(options);
   if (!server.ok()) {

@@ -20,9 +20,11 @@
 #include "server/rpc/call.h"
 #include "server/rpc/ep_multihost.h"
 #include "server/rpc/idle_watchdog.h"
+#include "server/rpc/logging.h"
 #include "server/rpc/moe_convert.h"
 #include "server/rpc/preload.h"
 #include "server/rpc/service.h"
+#include "server/rpc/status_mapping.h"
 #include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
@@ -518,31 +520,76 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
                                                         v1::RunMoEResponse* response) {
   auto call = std::make_shared<Call>(env_, context, "RunMoE");
   if (absl::Status auth = call->Authorize(); !auth.ok()) return call->FinishUnary(auth);
-  if (request->skip_device() && !env_.allow_skip_device) {
-    return call->FinishUnary(WithField(
+  RunMoeSite site;
+  site.method = call->method();
+  site.start = call->start();
+  site.deadline = call->deadline();
+  site.cancelled = [call] { return call->IsCancelled(); };
+  site.finish = [call](const absl::Status& status) { call->FinishUnary(status); };
+  StartRunMoe(*const_cast<v1::RunMoERequest*>(request), response, std::move(site));
+  return call->reactor();
+}
+
+void KernelPlanServiceImpl::RunMoeFromChannel(ShmChannelServer::Request request,
+                                              ShmChannelServer::Answer answer) {
+  static const std::string kMethod = "RunMoE.shm_channel";
+  if (env_.metrics) env_.metrics->RequestStarted();
+  auto messages = std::make_shared<std::pair<v1::RunMoERequest, v1::RunMoEResponse>>();
+  RunMoeSite site;
+  site.method = kMethod;
+  site.start = request.start;
+  site.deadline = request.deadline;
+  site.cancelled = std::move(request.cancelled);
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  site.finish = [this, messages, finished, answer = std::move(answer),
+                 start = request.start](const absl::Status& status) {
+    if (finished->exchange(true)) return;  // the first outcome answers
+    // The one mapping, as Call::Done records a gRPC call's outcome.
+    const std::string code = GrpcCodeName(ToGrpcCode(status.code()));
+    if (!status.ok()) {
+      LogWithFields(spdlog::level::warn, "RunMoE.shm_channel failed",
+                    {{"method", kMethod},
+                     {"code", code},
+                     {"error", ClientText(status.message(), kMaxErrorMessageBytes)},
+                     {"field", ClientText(FieldOf(status).value_or("-"))}});
+    }
+    answer(status, &messages->second);
+    if (env_.metrics) env_.metrics->RequestFinished(kMethod, code, absl::Now() - start);
+  };
+  if (!messages->first.ParseFromString(request.bytes)) {
+    site.finish(
+        absl::InvalidArgumentError("the channel's request bytes are not a kplan.v1.RunMoERequest"));
+    return;
+  }
+  StartRunMoe(messages->first, &messages->second, std::move(site));
+}
+
+void KernelPlanServiceImpl::StartRunMoe(v1::RunMoERequest& request, v1::RunMoEResponse* response,
+                                        RunMoeSite site) {
+  auto finish = std::make_shared<std::function<void(const absl::Status&)>>(std::move(site.finish));
+  if (request.skip_device() && !env_.allow_skip_device) {
+    return (*finish)(WithField(
         absl::FailedPreconditionError("skip_device is a debug flag honoured only by a server "
                                       "started with --allow_skip_device"),
         "skip_device"));
   }
-  auto* mutable_request = const_cast<v1::RunMoERequest*>(request);
   MoeDeviceTensors device;  // references into CUDA regions
-  absl::StatusOr<RunMoeShm> shm = ResolveRunMoeShm(env_.shm, *mutable_request, &device);
-  if (!shm.ok()) return call->FinishUnary(shm.status());
-  absl::StatusOr<RunMoeRequest> core = RunMoeRequestFromProto(*env_.experts, *mutable_request);
-  if (!core.ok()) return call->FinishUnary(core.status());
+  absl::StatusOr<RunMoeShm> shm = ResolveRunMoeShm(env_.shm, request, &device);
+  if (!shm.ok()) return (*finish)(shm.status());
+  absl::StatusOr<RunMoeRequest> core = RunMoeRequestFromProto(*env_.experts, request);
+  if (!core.ok()) return (*finish)(core.status());
   if (device.any()) {
-    device.cancelled = [call] { return call->IsCancelled(); };
+    device.cancelled = site.cancelled;
     core->input.device = std::move(device);
   }
-  AttachRunMoeShm(
-      *shm, [call] { return call->IsCancelled(); }, &core->input);
+  AttachRunMoeShm(*shm, site.cancelled, &core->input);
   RunMoeAnswer answer;
   answer.output_shm = std::move(shm->output);
-  answer.output_ref = request->output_shm();
+  answer.output_ref = request.output_shm();
   answer.act_dtype = core->input.act_dtype;
   answer.hidden = core->experts->spec().hidden;
   answer.return_routing = core->return_routing;
-  answer.arrival = call->start();
+  answer.arrival = site.start;
   answer.decoded = absl::Now();
   RunMoeEnv run_env;
   run_env.executor = env_.executor;
@@ -552,23 +599,23 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
   run_env.routes = env_.routes;
   run_env.inline_gpu = env_.inline_runs;
   run_env.cuda_graphs = env_.cuda_graphs;
-  // A skip_device call does no work on the CPU either: on the gRPC thread, as
-  // on an idle GPU, so that the CPU path's service floor has no hop the GPU's
-  // lacks. A real CPU run (milliseconds) keeps to the worker.
-  run_env.inline_cpu = env_.inline_runs && request->skip_device();
+  // A skip_device call does no work on the CPU either: on the calling
+  // thread, as on an idle GPU, so that the CPU path's service floor has no
+  // hop the GPU's lacks. A real CPU run (milliseconds) keeps to the worker.
+  run_env.inline_cpu = env_.inline_runs && request.skip_device();
   run_env.coalescer = env_.coalescer;
   run_env.answers = env_.answers;
   RunMoeCall hooks;
-  hooks.deadline = call->deadline();
-  hooks.cancelled = [call] { return call->IsCancelled(); };
-  hooks.fail = [call](const absl::Status& status) { call->FinishUnary(status); };
+  hooks.deadline = site.deadline;
+  hooks.cancelled = site.cancelled;
+  hooks.fail = [finish](const absl::Status& status) { (*finish)(status); };
   absl::Status queued = kplan::RunMoe(
       run_env, *std::move(core), std::move(hooks),
-      [this, call, response, answer](absl::StatusOr<RunMoeResult> result,
-                                     const MoeRunTiming& timing) {
+      [this, finish, cancelled = site.cancelled, method = site.method, response, answer](
+          absl::StatusOr<RunMoeResult> result, const MoeRunTiming& timing) {
         const absl::Time answering = absl::Now();  // on the thread that answers
         absl::Status status = result.status();
-        if (result.ok() && answer.output_shm && !result->output.in_place && call->IsCancelled()) {
+        if (result.ok() && answer.output_shm && !result->output.in_place && cancelled()) {
           // The client gave up (deadline, cancel) and may reuse
           // its region: a late result must not land there.
           status =
@@ -577,7 +624,6 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
           status = RunMoeResultToProto(*result, timing, answer, response);
         }
         if (Metrics* m = env_.metrics) {
-          const std::string& method = call->method();
           m->ObserveQueue(method, timing.queue);
           m->ObserveDevice(method, timing.device);
           m->ObserveHop(method, "decode", answer.decoded - answer.arrival);
@@ -591,10 +637,9 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
             m->ObserveHop(method, "encode", absl::Now() - answering);
           }
         }
-        call->FinishUnary(status);
+        (*finish)(status);
       });
-  if (!queued.ok()) return call->FinishUnary(queued);
-  return call->reactor();
+  if (!queued.ok()) (*finish)(queued);
 }
 
 }  // namespace kplan::rpc

@@ -172,6 +172,8 @@ KPLAN_RAW_UNARY(RunEpStep)
 KPLAN_RAW_UNARY(RegisterSharedMemory)
 KPLAN_RAW_UNARY(UnregisterSharedMemory)
 KPLAN_RAW_UNARY(ListSharedMemory)
+KPLAN_RAW_UNARY(OpenShmChannel)
+KPLAN_RAW_UNARY(CloseShmChannel)
 
 #undef KPLAN_RAW_UNARY
 

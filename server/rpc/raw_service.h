@@ -11,20 +11,25 @@
 
 namespace kplan::rpc {
 
-using RawKernelPlanServiceBase = v1::KernelPlanService::WithRawCallbackMethod_RegisterSharedMemory<
-    v1::KernelPlanService::WithRawCallbackMethod_UnregisterSharedMemory<
-        v1::KernelPlanService::WithRawCallbackMethod_ListSharedMemory<
-            v1::KernelPlanService::WithRawCallbackMethod_ResolveKernelConfig<
-                v1::KernelPlanService::WithRawCallbackMethod_GetServerInfo<
-                    v1::KernelPlanService::WithRawCallbackMethod_RunIrOp<
-                        v1::KernelPlanService::WithRawCallbackMethod_UnloadExperts<
-                            v1::KernelPlanService::WithRawCallbackMethod_ListExperts<
-                                v1::KernelPlanService::WithRawCallbackMethod_RunMoE<
-                                    v1::KernelPlanService::WithRawCallbackMethod_JoinEpGroup<
-                                        v1::KernelPlanService::WithRawCallbackMethod_RunEpStep<
+using RawKernelPlanServiceBase = v1::KernelPlanService::WithRawCallbackMethod_OpenShmChannel<
+    v1::KernelPlanService::WithRawCallbackMethod_CloseShmChannel<
+        v1::KernelPlanService::WithRawCallbackMethod_RegisterSharedMemory<
+            v1::KernelPlanService::WithRawCallbackMethod_UnregisterSharedMemory<
+                v1::KernelPlanService::WithRawCallbackMethod_ListSharedMemory<
+                    v1::KernelPlanService::WithRawCallbackMethod_ResolveKernelConfig<
+                        v1::KernelPlanService::WithRawCallbackMethod_GetServerInfo<
+                            v1::KernelPlanService::WithRawCallbackMethod_RunIrOp<
+                                v1::KernelPlanService::WithRawCallbackMethod_UnloadExperts<
+                                    v1::KernelPlanService::WithRawCallbackMethod_ListExperts<
+                                        v1::KernelPlanService::WithRawCallbackMethod_RunMoE<
                                             v1::KernelPlanService::
-                                                WithRawCallbackMethod_LoadExperts<
-                                                    v1::KernelPlanService::Service>>>>>>>>>>>>;
+                                                WithRawCallbackMethod_JoinEpGroup<
+                                                    v1::KernelPlanService::
+                                                        WithRawCallbackMethod_RunEpStep<
+                                                            v1::KernelPlanService::
+                                                                WithRawCallbackMethod_LoadExperts<
+                                                                    v1::KernelPlanService::
+                                                                        Service>>>>>>>>>>>>>>;
 
 // RunMoE's answer as gRPC's bytes without copying the output's bytes: the
 // response less output.data is serialized as usual, then output.data
@@ -74,6 +79,12 @@ class RawKernelPlanService final : public RawKernelPlanServiceBase {
   grpc::ServerUnaryReactor* ListSharedMemory(grpc::CallbackServerContext* context,
                                              const grpc::ByteBuffer* request,
                                              grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* OpenShmChannel(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* CloseShmChannel(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
 
  private:
   KernelPlanServiceImpl& typed_;

@@ -438,6 +438,22 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
     for (const LocalDevice& d : server->environment_.devices) gpus.push_back(d.index);
     server->shm_ = std::make_unique<ShmRegistry>(256, std::move(gpus));
     server->environment_.shm = server->shm_.get();
+    if (options.max_shm_channels < 0) {
+      return InvalidField("max_shm_channels", "max_shm_channels must not be negative");
+    }
+    if (options.shm_channel_spin < absl::ZeroDuration()) {
+      return InvalidField("shm_channel_spin", "shm_channel_spin must not be negative");
+    }
+    ShmChannelServer::Options channels;
+    channels.max_channels = static_cast<size_t>(options.max_shm_channels);
+    channels.spin = options.shm_channel_spin;
+    channels.max_call_time = options.max_request_time;
+    KplanServer* self = server.get();  // a channel opens (over gRPC) after the service exists
+    server->shm_channels_ = std::make_unique<ShmChannelServer>(
+        channels, [self](ShmChannelServer::Request request, ShmChannelServer::Answer answer) {
+          self->service_->RunMoeFromChannel(std::move(request), std::move(answer));
+        });
+    server->environment_.shm_channels = server->shm_channels_.get();
   }
   server->service_ = std::make_unique<KernelPlanServiceImpl>(server->environment_);
   server->raw_service_ = std::make_unique<RawKernelPlanService>(*server->service_);
@@ -545,7 +561,8 @@ void KplanServer::Shutdown(absl::Duration timeout) {
   spdlog::info("draining: waiting up to {} for in-flight calls", absl::FormatDuration(timeout));
   server_->Shutdown(absl::ToChronoTime(absl::Now() + timeout));
   server_->Wait();
-  if (shm_ != nullptr) shm_->UnregisterAll();  // calls still running keep their views
+  if (shm_channels_ != nullptr) shm_channels_->CloseAll();  // their calls answered first
+  if (shm_ != nullptr) shm_->UnregisterAll();               // calls still running keep their views
   spdlog::info("server stopped");
 }
 

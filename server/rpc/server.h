@@ -107,6 +107,10 @@ struct ServerOptions {
   // RegisterSharedMemory and RunMoE's shared-memory tensor references
   // (--allow_shared_memory); off: FAILED_PRECONDITION.
   bool allow_shared_memory = false;
+  // The regions' call channels (shm_channels.h): how many may be open, how
+  // long each thread polls after an answer before it sleeps.
+  int64_t max_shm_channels = 64;
+  absl::Duration shm_channel_spin = absl::Microseconds(50);
   // Injected device query; null means the build's default prober.
   const DeviceProber* prober = nullptr;
 };
@@ -162,6 +166,9 @@ class KplanServer {
   std::unique_ptr<ExpertStore> experts_;
   std::unique_ptr<MoeRouteCache> routes_;
   std::unique_ptr<ShmRegistry> shm_;  // --allow_shared_memory; regions go with it
+  // Closed at Shutdown, before the regions go and while the executor still
+  // answers their calls in flight.
+  std::unique_ptr<ShmChannelServer> shm_channels_;
   // After the executor (whose work submits steps to it), before the experts.
   std::shared_ptr<EpCoordinator> ep_coordinator_;  // outlives the group (its kind calls it)
   std::unique_ptr<moe::ep::EpGroup> ep_group_;

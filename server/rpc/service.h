@@ -22,6 +22,7 @@
 #include "resolve/platform/local.h"
 #include "resolve/platform/platform.h"
 #include "server/rpc/metrics.h"
+#include "server/rpc/shm_channels.h"
 
 namespace kplan::rpc {
 
@@ -77,6 +78,9 @@ struct ServerEnvironment {
   // --allow_shared_memory: the client regions RunMoE tensors may reference;
   // null when shared memory is off.
   ShmRegistry* shm = nullptr;
+  // The regions' call channels (OpenShmChannel); null when shared memory
+  // is off.
+  ShmChannelServer* shm_channels = nullptr;
 };
 
 class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackService {
@@ -129,8 +133,31 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
   grpc::ServerUnaryReactor* ListSharedMemory(grpc::CallbackServerContext* context,
                                              const v1::ListSharedMemoryRequest* request,
                                              v1::ListSharedMemoryResponse* response) override;
+  grpc::ServerUnaryReactor* OpenShmChannel(grpc::CallbackServerContext* context,
+                                           const v1::OpenShmChannelRequest* request,
+                                           v1::OpenShmChannelResponse* response) override;
+  grpc::ServerUnaryReactor* CloseShmChannel(grpc::CallbackServerContext* context,
+                                            const v1::CloseShmChannelRequest* request,
+                                            v1::CloseShmChannelResponse* response) override;
+
+  // A RunMoE request read from a shared-memory channel (shm_channels.h):
+  // parsed, run and answered like one over gRPC, under the method label
+  // "RunMoE.shm_channel".
+  void RunMoeFromChannel(ShmChannelServer::Request request, ShmChannelServer::Answer answer);
 
  private:
+  // What carries a RunMoE: gRPC's call or a shared-memory channel's.
+  struct RunMoeSite {
+    std::string method;  // the metrics' label
+    absl::Time start;
+    absl::Time deadline;
+    std::function<bool()> cancelled;
+    std::function<void(const absl::Status&)> finish;  // answers the call; only the first counts
+  };
+  // RunMoE on a parsed request; `request` and `response` live until
+  // site.finish has been called.
+  void StartRunMoe(v1::RunMoERequest& request, v1::RunMoEResponse* response, RunMoeSite site);
+
   const ServerEnvironment env_;
 };
 

@@ -1,5 +1,6 @@
 // KernelPlanService's shared-memory RPCs: register, unregister and list the
-// client regions RunMoE tensors may reference (server/moe/shm_regions.h).
+// client regions RunMoE tensors may reference (server/moe/shm_regions.h),
+// and open and close the regions' call channels (shm_channels.h).
 // Off (FAILED_PRECONDITION) unless the server runs with --allow_shared_memory.
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,9 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::UnregisterSharedMemory(
   Call call(env_, context, "UnregisterSharedMemory");
   if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
   if (env_.shm == nullptr) return call.FinishUnary(SharedMemoryOff("name"));
+  // A channel on the region ends first (after its call in flight): its
+  // thread must not wait on memory the client is about to unmap.
+  if (env_.shm_channels->Has(request->name())) (void)env_.shm_channels->Close(request->name());
   return call.FinishUnary(env_.shm->Unregister(request->name()));
 }
 
@@ -73,6 +77,32 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::ListSharedMemory(
     r->set_device_id(info.device_id);
   }
   return call.FinishUnary(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KernelPlanServiceImpl::OpenShmChannel(
+    grpc::CallbackServerContext* context, const v1::OpenShmChannelRequest* request,
+    v1::OpenShmChannelResponse* response) {
+  Call call(env_, context, "OpenShmChannel");
+  if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
+  if (env_.shm == nullptr) return call.FinishUnary(SharedMemoryOff("region"));
+  absl::StatusOr<ShmView> window = env_.shm->ResolveWindow(request->region(), "region");
+  if (!window.ok()) return call.FinishUnary(window.status());
+  absl::StatusOr<int64_t> capacity =
+      env_.shm_channels->Open(request->region(), *std::move(window), request->request_capacity());
+  if (!capacity.ok()) return call.FinishUnary(capacity.status());
+  response->set_response_capacity(*capacity);
+  spdlog::info("OpenShmChannel '{}': requests up to {} bytes, answers up to {}",
+               ClientText(request->region()), request->request_capacity(), *capacity);
+  return call.FinishUnary(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KernelPlanServiceImpl::CloseShmChannel(
+    grpc::CallbackServerContext* context, const v1::CloseShmChannelRequest* request,
+    v1::CloseShmChannelResponse* /*response*/) {
+  Call call(env_, context, "CloseShmChannel");
+  if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
+  if (env_.shm == nullptr) return call.FinishUnary(SharedMemoryOff("region"));
+  return call.FinishUnary(env_.shm_channels->Close(request->region()));
 }
 
 }  // namespace kplan::rpc

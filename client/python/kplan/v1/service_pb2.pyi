@@ -27,6 +27,16 @@ class BuildInfo(_message.Message):
     version: str
     def __init__(self, version: _Optional[str] = ..., git_revision: _Optional[str] = ..., cuda_version: _Optional[str] = ..., nccl_version: _Optional[str] = ..., compiler: _Optional[str] = ..., cuda_architectures: _Optional[str] = ...) -> None: ...
 
+class CloseShmChannelRequest(_message.Message):
+    __slots__ = ["region"]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    def __init__(self, region: _Optional[str] = ...) -> None: ...
+
+class CloseShmChannelResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
 class Device(_message.Message):
     __slots__ = ["capability", "index", "multiprocessor_count", "name", "total_memory_bytes"]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +304,20 @@ class NamedTensor(_message.Message):
     name: str
     tensor: _config_pb2.Tensor
     def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[_config_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class OpenShmChannelRequest(_message.Message):
+    __slots__ = ["region", "request_capacity"]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    request_capacity: int
+    def __init__(self, region: _Optional[str] = ..., request_capacity: _Optional[int] = ...) -> None: ...
+
+class OpenShmChannelResponse(_message.Message):
+    __slots__ = ["response_capacity"]
+    RESPONSE_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    response_capacity: int
+    def __init__(self, response_capacity: _Optional[int] = ...) -> None: ...
 
 class RegisterSharedMemoryRequest(_message.Message):
     __slots__ = ["region"]

@@ -74,6 +74,16 @@ class KernelPlanServiceStub(object):
                 request_serializer=kplan_dot_v1_dot_service__pb2.ListSharedMemoryRequest.SerializeToString,
                 response_deserializer=kplan_dot_v1_dot_service__pb2.ListSharedMemoryResponse.FromString,
                 )
+        self.OpenShmChannel = channel.unary_unary(
+                '/kplan.v1.KernelPlanService/OpenShmChannel',
+                request_serializer=kplan_dot_v1_dot_service__pb2.OpenShmChannelRequest.SerializeToString,
+                response_deserializer=kplan_dot_v1_dot_service__pb2.OpenShmChannelResponse.FromString,
+                )
+        self.CloseShmChannel = channel.unary_unary(
+                '/kplan.v1.KernelPlanService/CloseShmChannel',
+                request_serializer=kplan_dot_v1_dot_service__pb2.CloseShmChannelRequest.SerializeToString,
+                response_deserializer=kplan_dot_v1_dot_service__pb2.CloseShmChannelResponse.FromString,
+                )
 
 
 class KernelPlanServiceServicer(object):
@@ -171,6 +181,25 @@ class KernelPlanServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenShmChannel(self, request, context):
+        """A call channel in a registered POSIX region, for RunMoE without gRPC on
+        the call path (the layout and protocol: base/shm_channel.h; the C++
+        client: client/cpp/shm_channel.h). After this call the server serves
+        RunMoE requests written into the region until CloseShmChannel, the
+        region's UnregisterSharedMemory, or shutdown; every such call is
+        checked like a RunMoE over gRPC. Needs --allow_shared_memory, at most
+        --max_shm_channels at once (one server thread each).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseShmChannel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KernelPlanServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +262,16 @@ def add_KernelPlanServiceServicer_to_server(servicer, server):
                     servicer.ListSharedMemory,
                     request_deserializer=kplan_dot_v1_dot_service__pb2.ListSharedMemoryRequest.FromString,
                     response_serializer=kplan_dot_v1_dot_service__pb2.ListSharedMemoryResponse.SerializeToString,
+            ),
+            'OpenShmChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenShmChannel,
+                    request_deserializer=kplan_dot_v1_dot_service__pb2.OpenShmChannelRequest.FromString,
+                    response_serializer=kplan_dot_v1_dot_service__pb2.OpenShmChannelResponse.SerializeToString,
+            ),
+            'CloseShmChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseShmChannel,
+                    request_deserializer=kplan_dot_v1_dot_service__pb2.CloseShmChannelRequest.FromString,
+                    response_serializer=kplan_dot_v1_dot_service__pb2.CloseShmChannelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -445,5 +484,39 @@ class KernelPlanService(object):
         return grpc.experimental.unary_unary(request, target, '/kplan.v1.KernelPlanService/ListSharedMemory',
             kplan_dot_v1_dot_service__pb2.ListSharedMemoryRequest.SerializeToString,
             kplan_dot_v1_dot_service__pb2.ListSharedMemoryResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def OpenShmChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kplan.v1.KernelPlanService/OpenShmChannel',
+            kplan_dot_v1_dot_service__pb2.OpenShmChannelRequest.SerializeToString,
+            kplan_dot_v1_dot_service__pb2.OpenShmChannelResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CloseShmChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kplan.v1.KernelPlanService/CloseShmChannel',
+            kplan_dot_v1_dot_service__pb2.CloseShmChannelRequest.SerializeToString,
+            kplan_dot_v1_dot_service__pb2.CloseShmChannelResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

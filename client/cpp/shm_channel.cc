@@ -1,0 +1,157 @@
+#include "client/cpp/shm_channel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/shm_channel.h"
+#include "base/status.h"
+#include "google/rpc/status.pb.h"
+
+namespace kplan {
+namespace {
+
+// How long one sleep on the state word lasts before the deadline is checked.
+constexpr absl::Duration kSlice = absl::Milliseconds(20);
+
+absl::Status Closed() {
+  return absl::UnavailableError(
+      "the server closed the shared-memory channel (CloseShmChannel, its region unregistered, "
+      "or the server stopping)");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Open(Client& client, Options options) {
+  if (options.request_capacity <= 0) {
+    return InvalidField("request_capacity", "a channel's request_capacity must be positive");
+  }
+  if (options.response_capacity < kShmChannelMinResponseBytes) {
+    return InvalidField("response_capacity",
+                        absl::StrCat("a channel's response_capacity must be at least ",
+                                     kShmChannelMinResponseBytes, " bytes"));
+  }
+  std::unique_ptr<ShmChannel> channel(new ShmChannel());
+  channel->client_ = &client;
+  channel->options_ = options;
+  const int64_t bytes =
+      kShmChannelHeaderBytes + options.request_capacity + options.response_capacity;
+  KPLAN_ASSIGN_OR_RETURN(channel->region_, ClientShmRegion::Create(client, bytes, "channel"));
+  char* base = channel->region_->data();  // page-aligned, zero-filled
+  channel->header_ = new (base) ShmChannelHeader{};
+  channel->header_->magic = kShmChannelMagic;
+  channel->header_->version = kShmChannelVersion;
+  channel->header_->state.store(ShmWord(ShmChannelState::kIdle), std::memory_order_release);
+  channel->request_area_ = base + kShmChannelHeaderBytes;
+  KPLAN_ASSIGN_OR_RETURN(v1::OpenShmChannelResponse opened,
+                         client.OpenShmChannel(channel->region(), options.request_capacity));
+  channel->open_ = true;
+  channel->response_capacity_ = opened.response_capacity();
+  if (channel->response_capacity_ != options.response_capacity) {
+    return absl::InternalError(absl::StrCat("the server reports an answer area of ",
+                                            channel->response_capacity_, " bytes, not ",
+                                            options.response_capacity));
+  }
+  channel->response_area_ = base + kShmChannelHeaderBytes + options.request_capacity;
+  return channel;
+}
+
+ShmChannel::~ShmChannel() {
+  // A channel the server closed (or never opened) needs no CloseShmChannel.
+  if (open_ && header_->state.load(std::memory_order_acquire) != ShmWord(ShmChannelState::kClosed)) {
+    (void)client_->CloseShmChannel(region());
+  }
+  // region_ unregisters, unmaps and unlinks.
+}
+
+absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResponse* response,
+                                absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) timeout = client_->options().deadline;
+  const absl::Time deadline = absl::Now() + timeout;
+  std::atomic<uint32_t>* state = &header_->state;
+  uint32_t s = state->load(std::memory_order_acquire);
+  // An abandoned call (Posted, Running, Cancelled) holds the channel until
+  // the server lets go of it.
+  while (s != ShmWord(ShmChannelState::kIdle) && s != ShmWord(ShmChannelState::kDone)) {
+    if (s == ShmWord(ShmChannelState::kClosed)) return Closed();
+    if (s == ShmWord(ShmChannelState::kPosted) || s == ShmWord(ShmChannelState::kRunning)) {
+      state->compare_exchange_strong(s, ShmWord(ShmChannelState::kCancelled), std::memory_order_acq_rel);
+      continue;
+    }
+    const uint32_t now = ShmChannelAwaitChange(state, s, options_.spin, deadline, kSlice);
+    if (now == s) {
+      return absl::DeadlineExceededError(
+          "the shared-memory channel is still held by an abandoned call");
+    }
+    s = now;
+  }
+  const size_t size = request.ByteSizeLong();
+  if (static_cast<int64_t>(size) > options_.request_capacity) {
+    return InvalidField("request",
+                        absl::StrCat("the request's ", size,
+                                     " bytes exceed the channel's request capacity of ",
+                                     options_.request_capacity,
+                                     " bytes (ShmChannel::Options::request_capacity; or pass "
+                                     "tensors by reference into a registered region)"));
+  }
+  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(request_area_));
+  const uint64_t sequence = ++sequence_;
+  ShmChannelStore(&header_->request_bytes, static_cast<uint64_t>(size));
+  ShmChannelStore(&header_->timeout_us,
+        std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
+  ShmChannelStore(&header_->sequence, sequence);
+  if (!state->compare_exchange_strong(s, ShmWord(ShmChannelState::kPosted),
+                                      std::memory_order_acq_rel)) {
+    return s == ShmWord(ShmChannelState::kClosed) ? Closed()
+                                            : absl::InternalError(absl::StrCat(
+                                                  "the channel's state moved to ", s,
+                                                  " under the client (two threads on one "
+                                                  "channel?)"));
+  }
+  ShmChannelWake(state);  // a server thread that sleeps on the word
+  s = ShmWord(ShmChannelState::kPosted);
+  while (s == ShmWord(ShmChannelState::kPosted) || s == ShmWord(ShmChannelState::kRunning)) {
+    const uint32_t now = ShmChannelAwaitChange(state, s, options_.spin, deadline, kSlice);
+    if (now == s) {  // the deadline passed
+      if (state->compare_exchange_strong(s, ShmWord(ShmChannelState::kCancelled),
+                                         std::memory_order_acq_rel)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("no answer on the shared-memory channel within ",
+                         absl::FormatDuration(timeout)));
+      }
+      continue;  // it moved meanwhile: read what it moved to
+    }
+    s = now;
+  }
+  if (s == ShmWord(ShmChannelState::kClosed)) return Closed();
+  if (s != ShmWord(ShmChannelState::kDone) || ShmChannelLoad(&header_->response_sequence) != sequence) {
+    return absl::InternalError(absl::StrCat("the channel's state moved to ", s,
+                                            " without an answer to call ", sequence));
+  }
+  const uint64_t bytes = ShmChannelLoad(&header_->response_bytes);
+  if (bytes > static_cast<uint64_t>(response_capacity_)) {
+    return absl::InternalError("the server's answer overruns the channel's answer area");
+  }
+  const int32_t code = ShmChannelLoad(&header_->status_code);
+  if (code == 0) {
+    if (!response->ParseFromArray(response_area_, static_cast<int>(bytes))) {
+      return absl::InternalError("the channel's answer is not a kplan.v1.RunMoEResponse");
+    }
+    return absl::OkStatus();
+  }
+  google::rpc::Status error;
+  if (!error.ParseFromArray(response_area_, static_cast<int>(bytes))) {
+    return absl::Status(static_cast<absl::StatusCode>(code),
+                        "(the server's error text could not be read from the channel)");
+  }
+  // The bytes are what gRPC's grpc-status-details-bin would carry: the
+  // same conversion keeps the field the server named.
+  std::string details;
+  error.SerializeToString(&details);
+  return FromGrpcStatus(
+      grpc::Status(static_cast<grpc::StatusCode>(code), error.message(), std::move(details)));
+}
+
+}  // namespace kplan

@@ -1,0 +1,69 @@
+// RunMoE through a shared-memory call channel (base/shm_channel.h): for a
+// client on the server's host, a call without gRPC on its path. Open()
+// creates and registers a POSIX region (ClientShmRegion), writes the
+// channel header and asks the server to serve it (OpenShmChannel; the server
+// needs --allow_shared_memory). Each RunMoE then writes the serialized
+// request into the region, flips the state word, and waits for the answer:
+// it polls for `spin`, then sleeps on the word's futex. Tensors may still be
+// references into other registered regions (ClientShmRegion::Place), so a
+// large call moves no bytes through the channel at all.
+//
+// One call at a time: a channel is for one thread (open one per thread).
+// The destructor closes the channel and then the region (errors ignored:
+// the server may be gone).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/cpp/client.h"
+#include "client/cpp/shm_region.h"
+#include "kplan/v1/service.pb.h"
+
+namespace kplan {
+
+struct ShmChannelHeader;  // base/shm_channel.h
+
+class ShmChannel {
+ public:
+  struct Options {
+    int64_t request_capacity = 1 << 20;   // the largest request, serialized
+    int64_t response_capacity = 1 << 20;  // the largest answer (at least 1024)
+    // How long a call polls for its answer before it sleeps.
+    absl::Duration spin = absl::Microseconds(200);
+  };
+
+  static absl::StatusOr<std::unique_ptr<ShmChannel>> Open(Client& client, Options options);
+  ~ShmChannel();
+  ShmChannel(const ShmChannel&) = delete;
+  ShmChannel& operator=(const ShmChannel&) = delete;
+
+  // RunMoE as Client::RunMoE answers it (the server's status, with the field
+  // it names), within `timeout` (InfiniteDuration: the client's deadline).
+  // DEADLINE_EXCEEDED when no answer came in time: the call is abandoned,
+  // and the next call first waits (within its own timeout) for the server to
+  // let go of it. UNAVAILABLE when the server closed the channel (close,
+  // unregister, shutdown). INVALID_ARGUMENT naming "request" when the
+  // request does not fit the channel.
+  absl::Status RunMoE(const v1::RunMoERequest& request, v1::RunMoEResponse* response,
+                      absl::Duration timeout = absl::InfiniteDuration());
+
+  const std::string& region() const { return region_->name(); }
+
+ private:
+  ShmChannel() = default;
+  Client* client_ = nullptr;
+  Options options_;
+  std::unique_ptr<ClientShmRegion> region_;
+  bool open_ = false;  // the server serves it: closed by the destructor
+  ShmChannelHeader* header_ = nullptr;
+  char* request_area_ = nullptr;
+  const char* response_area_ = nullptr;
+  int64_t response_capacity_ = 0;  // as the server reported it
+  uint64_t sequence_ = 0;
+};
+
+}  // namespace kplan

@@ -1,0 +1,94 @@
+// The server's side of the shared-memory call channels (base/shm_channel.h;
+// issue #15): a RunMoE whose request and answer travel through a client's
+// registered POSIX region, with no gRPC on the call path. OpenShmChannel
+// (an authorised gRPC call) gives a region a channel and a thread that
+// waits on its state word: it spins for a while after each answer (a client
+// in a loop posts its next call within microseconds), then sleeps on the
+// word's futex. The thread copies the request out of the region, hands it
+// to the handler (RunMoE's, in moe_handlers.cc), waits for the answer and
+// writes it back. Everything the client wrote is bounded before it is
+// used; a client that breaks the protocol only breaks its own calls.
+//
+// This class is the transport alone: it knows the layout, not RunMoE.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "google/protobuf/message_lite.h"
+#include "server/moe/shm_regions.h"
+
+namespace kplan::rpc {
+
+class ShmChannelServer {
+ public:
+  // One request read from a channel.
+  struct Request {
+    std::string bytes;                // copied out of the region
+    absl::Time start;                 // when the server took it
+    absl::Time deadline;              // from the client's timeout, capped by max_call_time
+    std::function<bool()> cancelled;  // the client gave up or the channel is closing
+  };
+  // Answers a request, once, from any thread: `response` (OK) is serialized
+  // into the answer area; an error is written as a google.rpc.Status (with
+  // the field, as gRPC's trailers carry it: status_mapping.h).
+  using Answer =
+      std::function<void(const absl::Status& status, const google::protobuf::MessageLite* response)>;
+  using Handler = std::function<void(Request request, Answer answer)>;
+
+  struct Options {
+    size_t max_channels = 64;
+    // How long a channel's thread spins on the state word after an answer
+    // before it sleeps (0: it sleeps at once).
+    absl::Duration spin = absl::Microseconds(50);
+    // The longest a call may run (--max_request_time); zero: no cap.
+    absl::Duration max_call_time = absl::ZeroDuration();
+  };
+
+  ShmChannelServer(Options options, Handler handler);
+  ~ShmChannelServer();  // CloseAll()
+  ShmChannelServer(const ShmChannelServer&) = delete;
+  ShmChannelServer& operator=(const ShmChannelServer&) = delete;
+
+  // Gives region `name` (its whole window, `window`) a channel and returns
+  // the answer area's bytes. Errors name the request's fields:
+  // INVALID_ARGUMENT "region" for a CUDA region or a window whose header
+  // lacks the magic and version, "request_capacity" for one that leaves no
+  // kShmChannelMinResponseBytes for the answer (or is not positive);
+  // ALREADY_EXISTS "region" when it has a channel; RESOURCE_EXHAUSTED past
+  // max_channels.
+  absl::StatusOr<int64_t> Open(const std::string& name, ShmView window, int64_t request_capacity);
+  // Stops the channel's thread after its call in flight (if any) has been
+  // answered, and marks the channel Closed. NOT_FOUND "region" when the
+  // region has none.
+  absl::Status Close(const std::string& name);
+  // Whether region `name` has a channel.
+  bool Has(const std::string& name) const;
+  void CloseAll();
+  size_t size() const;
+
+ private:
+  struct Channel;
+  void Serve(Channel* channel);
+  void RunOne(Channel* channel);
+  static void WriteAnswer(Channel* channel, uint64_t sequence, const absl::Status& status,
+                          const google::protobuf::MessageLite* response);
+
+  const Options options_;
+  const Handler handler_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kplan::rpc
