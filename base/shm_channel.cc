@@ -1,6 +1,7 @@
 #include "base/shm_channel.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,6 +49,9 @@ uint32_t ShmChannelAwaitChange(std::atomic<uint32_t>* word, uint32_t value, absl
       now = word->load(std::memory_order_acquire);
       if (now != value) return now;
     }
+    // A thread that has work (the device worker, the other side) gets the
+    // core first: polling must not slow what it waits for on a busy host.
+    sched_yield();
   }
   while (true) {
     if (stop != nullptr && stop->load(std::memory_order_acquire)) return now;

@@ -9,6 +9,10 @@
 // and takes the output (a server on this host with --allow_shared_memory);
 // --cuda_shm puts them in a cudaMalloc per thread registered by CUDA IPC
 // handle (a GPU server; the layer reads and writes them device-to-device).
+// --channel sends each call through a shared-memory call channel per client
+// thread instead of gRPC (client/cpp/shm_channel.h; with or without --shm;
+// the server needs --allow_shared_memory and --max_shm_channels >= the
+// concurrency).
 //
 //   kplan_perf --server unix:/tmp/kplan.sock --concurrency 1,4,16,64 --tokens 1,64
 //       --num_experts 128 --hidden 2048 --intermediate 768 --top_k 8 --json perf.json
@@ -46,6 +50,7 @@
 #include "absl/time/clock.h"
 #include "base/float16.h"
 #include "client/cpp/client.h"
+#include "client/cpp/shm_channel.h"
 #include "client/cpp/shm_region.h"
 #if KPLAN_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -71,6 +76,9 @@ ABSL_FLAG(bool, cuda_shm, false,
           "Tensors by reference in CUDA memory: each client thread cudaMallocs its inputs and "
           "output on --cuda_device and registers the IPC handle (a GPU server on this host with "
           "--allow_shared_memory; a CUDA build of kplan_perf)");
+ABSL_FLAG(bool, channel, false,
+          "Call through a shared-memory call channel per client thread instead of gRPC (a "
+          "server on this host with --allow_shared_memory; see --max_shm_channels)");
 ABSL_FLAG(int, cuda_device, 0, "The GPU of --cuda_shm's allocations (the server's index)");
 ABSL_FLAG(bool, skip_device, false,
           "Debug: requests skip the layer (the server needs --allow_skip_device): the service's "
@@ -314,18 +322,36 @@ Row RunStep(ClientPool& pool, const kplan::v1::RunMoERequest& request, int token
         region = *std::move(made);
         req = &shm_request;
       }
+      std::unique_ptr<kplan::ShmChannel> channel;  // --channel: this thread's
+      if (absl::GetFlag(FLAGS_channel)) {
+        absl::StatusOr<std::unique_ptr<kplan::ShmChannel>> opened =
+            kplan::ShmChannel::Open(*clients[c], {});
+        if (!opened.ok()) {
+          ++errors[c][absl::StatusCodeToString(opened.status().code())];
+          first_error[c] = opened.status().ToString();
+          return;
+        }
+        channel = *std::move(opened);
+      }
+      const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+      kplan::v1::RunMoEResponse response;
       absl::SleepFor(start - absl::Now());
       while (true) {
         const absl::Time sent = absl::Now();
         if (sent >= measure_to) break;
-        absl::StatusOr<kplan::v1::RunMoEResponse> r = clients[c]->RunMoE(*req);
+        absl::Status status;
+        if (channel != nullptr) {
+          status = channel->RunMoE(*req, &response, timeout);
+        } else {
+          status = clients[c]->RunMoE(*req).status();
+        }
         const absl::Time done = absl::Now();
         if (sent < measure_from || done > measure_to) continue;  // outside the window
-        if (r.ok()) {
+        if (status.ok()) {
           latencies[c].push_back(absl::ToDoubleMicroseconds(done - sent));
         } else {
-          ++errors[c][absl::StatusCodeToString(r.status().code())];
-          if (first_error[c].empty()) first_error[c] = r.status().ToString();
+          ++errors[c][absl::StatusCodeToString(status.code())];
+          if (first_error[c].empty()) first_error[c] = status.ToString();
         }
       }
     });
@@ -433,6 +459,7 @@ int main(int argc, char** argv) {
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     std::ofstream out(path);
     out << "{\"system\": \"kplan\", \"server\": \"" << server << "\", \"transport\": \""
+        << (absl::GetFlag(FLAGS_channel) ? "channel+" : "")
         << (absl::GetFlag(FLAGS_cuda_shm) ? "cuda_shm"
             : absl::GetFlag(FLAGS_shm)    ? "shm"
                                           : "inline")

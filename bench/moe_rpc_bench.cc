@@ -9,6 +9,10 @@
 //   run      RunMoE: the same, with the layer;
 //   shm      RunMoE with its inputs and output in a registered POSIX shm
 //            region of this process (the server runs --allow_shared_memory);
+//   chan     RunMoE with inline bytes through a shared-memory call channel
+//            (client/cpp/shm_channel.h: no gRPC on the call's path; "wire"
+//            is then the channel's share);
+//   chshm    the shm call through the channel;
 // and, from MoETiming, each hop: decode (arrival to converted), route (to
 // queued), queue, device, encode (output on the host to response filled),
 // and wire = round trip - server total (serialisation, gRPC, the socket,
@@ -39,8 +43,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/cpp/client.h"
+#include "client/cpp/shm_channel.h"
 #include "server/rpc/server.h"
 #include "tests/testing/random_data.h"
+
+ABSL_FLAG(double, channel_spin_us, 50,
+          "chan / chshm: how long the server's channel thread and the client poll before they "
+          "sleep on the state word (kplan-server's --shm_channel_spin); 0: sleep at once");
 
 namespace {
 
@@ -160,6 +169,7 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
   ShmArea shm_area;
   options.inline_runs = inline_runs;
   options.cuda_graphs = cuda_graphs;
+  options.shm_channel_spin = absl::Microseconds(absl::GetFlag(FLAGS_channel_spin_us));
   auto server = kplan::rpc::KplanServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "server: %s\n", server.status().ToString().c_str());
@@ -225,6 +235,16 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
   }
   std::printf("%-9s %6s %-5s %-10s %9.1f\n", transport, "-", "null", "-", Median(null_rt));
 
+  kplan::ShmChannel::Options channel_options;
+  channel_options.request_capacity = 32 << 20;
+  channel_options.response_capacity = 32 << 20;
+  channel_options.spin = absl::Microseconds(absl::GetFlag(FLAGS_channel_spin_us));
+  absl::StatusOr<std::unique_ptr<kplan::ShmChannel>> channel =
+      kplan::ShmChannel::Open(*client, channel_options);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "channel: %s\n", channel.status().ToString().c_str());
+    return 1;
+  }
   for (int m : tokens) {
     kplan::v1::RunMoERequest req;
     req.set_experts_id("qwen3");
@@ -238,8 +258,9 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
     req.mutable_router_logits()->add_shape(s.e);
     // The shared-memory layout of this size: [hidden | logits | output].
     const int64_t hidden_bytes = int64_t(m) * s.h * 2, logits_bytes = int64_t(m) * s.e * 4;
-    for (const char* mode : {"skip", "run", "shm"}) {
-      const bool shm = std::string(mode) == "shm";
+    for (const char* mode : {"skip", "run", "shm", "chan", "chshm"}) {
+      const bool shm = std::string(mode) == "shm" || std::string(mode) == "chshm";
+      const bool via_channel = absl::StartsWith(mode, "ch");
       if (shm && !shm_area.Ready(2 * hidden_bytes + logits_bytes, *client)) continue;
       req.set_skip_device(std::string(mode) == "skip");
       Hops hops;
@@ -263,7 +284,15 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
           req.mutable_router_logits()->set_data(logits.data(), logits.size() * 4);
         }
         auto start = std::chrono::steady_clock::now();
-        auto r = client->RunMoE(req);
+        absl::StatusOr<kplan::v1::RunMoEResponse> r;
+        if (via_channel) {
+          kplan::v1::RunMoEResponse answer;
+          const absl::Status status = (*channel)->RunMoE(req, &answer);
+          r = status.ok() ? absl::StatusOr<kplan::v1::RunMoEResponse>(std::move(answer))
+                          : absl::StatusOr<kplan::v1::RunMoEResponse>(status);
+        } else {
+          r = client->RunMoE(req);
+        }
         const double us = SinceUs(start);
         if (!r.ok()) {
           std::fprintf(stderr, "run: %s\n", r.status().ToString().c_str());
@@ -279,6 +308,7 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
       req.clear_output_shm();
     }
   }
+  channel->reset();
   shm_area.Release();
   (*server)->Shutdown(absl::Seconds(5));
   return 0;

@@ -32,6 +32,7 @@ enum Method : char {
   kJoinEp = 6,
   kRunEpStep = 7,
   kLoadExperts = 8,
+  kChannelRunMoE = 9,  // through a shared-memory call channel
 };
 
 std::mt19937 rng(7);
@@ -309,6 +310,7 @@ int main(int argc, char** argv) {
     const std::string name = "seed-" + std::to_string(n++);
     Write(root / "run_moe_fuzz", name, r.SerializeAsString());
     server(kRunMoE, "runmoe-" + name, r.SerializeAsString());
+    server(kChannelRunMoE, "channel-runmoe-" + name, r.SerializeAsString());
   }
   n = 0;
   for (const v1::RunIrOpRequest& r : IrRequests()) {

@@ -7,6 +7,10 @@
 // set "fuzz" (E=4, H=16, I=32, float32) is loaded at start, so RunMoE
 // requests naming it reach the layer. A method answering UNIMPLEMENTED or
 // UNKNOWN aborts too (the codes seen per method are printed at exit).
+// The last pick sends the rest through a shared-memory call channel
+// (server/rpc/shm_channels.h) as its request bytes, with the length the
+// input has (past the channel's capacity too): it must be answered within
+// 5 s, with a code that is neither of those two.
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
@@ -21,7 +25,15 @@
 #include <random>
 #include <string>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/shm_channel.h"
+#include "client/cpp/client.h"
+#include "client/cpp/shm_channel.h"
 #include "fuzz/fuzz_util.h"
 #include "kplan/v1/service.grpc.pb.h"
 #include "resolve/platform/local.h"
@@ -44,6 +56,9 @@ constexpr const char* kUnary[] = {
 };
 constexpr int kNumUnary = sizeof(kUnary) / sizeof(kUnary[0]);
 constexpr const char kLoadExperts[] = "/kplan.v1.KernelPlanService/LoadExperts";
+constexpr const char kChannel[] = "shm channel RunMoE";
+constexpr int kChannelPick = kNumUnary + 1;
+constexpr int64_t kChannelCapacity = 64 << 10;
 
 struct Harness {
   std::unique_ptr<rpc::KplanServer> server;
@@ -51,6 +66,11 @@ struct Harness {
   std::unique_ptr<grpc::GenericStub> generic;
   std::unique_ptr<v1::KernelPlanService::Stub> stub;
   grpc::CompletionQueue cq;
+  std::unique_ptr<Client> client;       // opened the channel
+  std::unique_ptr<ShmChannel> channel;  // kept open for the whole run
+  ShmChannelHeader* header = nullptr;   // a second mapping of its region
+  char* request_area = nullptr;
+  uint64_t sequence = 1u << 20;
 };
 Harness* h = nullptr;
 
@@ -58,7 +78,11 @@ Harness* h = nullptr;
 // parse or does not like must come back with a code that says so (ARCHITECTURE.md:
 // INVALID_ARGUMENT for a wrong request); UNIMPLEMENTED for a method the
 // service has, or UNKNOWN (an unmapped failure), aborts.
-std::atomic<int64_t> codes[kNumUnary + 1][17];
+std::atomic<int64_t> codes[kNumUnary + 2][17];
+
+const char* MethodName(int method) {
+  return method == kChannelPick ? kChannel : method == kNumUnary ? kLoadExperts : kUnary[method];
+}
 
 void Record(int method, const grpc::Status& status, const std::string& bytes) {
   const int code = static_cast<int>(status.error_code());
@@ -66,22 +90,20 @@ void Record(int method, const grpc::Status& status, const std::string& bytes) {
   if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
       status.error_code() == grpc::StatusCode::UNKNOWN) {
     std::fprintf(stderr, "server_fuzz: %s answered %d (%s) to %zu request bytes\n",
-                 method == kNumUnary ? kLoadExperts : kUnary[method], code,
-                 status.error_message().c_str(), bytes.size());
+                 MethodName(method), code, status.error_message().c_str(), bytes.size());
     std::abort();
   }
 }
 
 void PrintCodes() {
-  for (int m = 0; m <= kNumUnary; ++m) {
+  for (int m = 0; m <= kChannelPick; ++m) {
     std::string line;
     for (int c = 0; c < 17; ++c) {
       if (codes[m][c].load())
         line += " " + std::to_string(c) + ":" + std::to_string(codes[m][c].load());
     }
     if (!line.empty()) {
-      std::fprintf(stderr, "server_fuzz codes %s:%s\n", m == kNumUnary ? kLoadExperts : kUnary[m],
-                   line.c_str());
+      std::fprintf(stderr, "server_fuzz codes %s:%s\n", MethodName(m), line.c_str());
     }
   }
 }
@@ -144,6 +166,52 @@ void Stream(const std::string& bytes) {
   call->Finish(&status, reinterpret_cast<void*>(5));
   Await(reinterpret_cast<void*>(5));
   Record(kNumUnary, status, bytes);
+}
+
+// The bytes as a channel request of their length; the answer's code.
+void ChannelCall(const std::string& bytes) {
+  ShmChannelHeader* hd = h->header;
+  std::memcpy(h->request_area, bytes.data(),
+              std::min(bytes.size(), static_cast<size_t>(kChannelCapacity)));
+  ShmChannelStore(&hd->request_bytes, static_cast<uint64_t>(bytes.size()));
+  ShmChannelStore(&hd->timeout_us, int64_t{2'000'000});
+  ShmChannelStore(&hd->sequence, ++h->sequence);
+  hd->state.store(ShmWord(ShmChannelState::kPosted), std::memory_order_release);
+  ShmChannelWake(&hd->state);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  uint32_t s = hd->state.load(std::memory_order_acquire);
+  while (s != ShmWord(ShmChannelState::kDone) && absl::Now() < deadline) {
+    ShmChannelAwaitChange(&hd->state, s, absl::Microseconds(50), deadline, absl::Milliseconds(5));
+    s = hd->state.load(std::memory_order_acquire);
+  }
+  if (s != ShmWord(ShmChannelState::kDone) ||
+      ShmChannelLoad(&hd->response_sequence) != h->sequence) {
+    std::fprintf(stderr, "server_fuzz: the channel did not answer %zu bytes (state %u)\n",
+                 bytes.size(), s);
+    std::abort();
+  }
+  const int code = ShmChannelLoad(&hd->status_code);
+  Record(kChannelPick, grpc::Status(static_cast<grpc::StatusCode>(code), ""), bytes);
+}
+
+void OpenChannel() {
+  h->client = Client::Connect(absl::StrCat("127.0.0.1:", h->server->port()));
+  ShmChannel::Options options;
+  options.request_capacity = kChannelCapacity;
+  options.response_capacity = kChannelCapacity;
+  absl::StatusOr<std::unique_ptr<ShmChannel>> channel = ShmChannel::Open(*h->client, options);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "server_fuzz: %s\n", channel.status().ToString().c_str());
+    std::abort();
+  }
+  h->channel = *std::move(channel);
+  const size_t bytes = kShmChannelHeaderBytes + 2 * kChannelCapacity;
+  const int fd = shm_open(absl::StrCat("/", h->channel->region()).c_str(), O_RDWR, 0);
+  void* p = fd < 0 ? MAP_FAILED : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (fd >= 0) close(fd);
+  if (p == MAP_FAILED) std::abort();
+  h->header = static_cast<ShmChannelHeader*>(p);
+  h->request_area = static_cast<char*>(p) + kShmChannelHeaderBytes;
 }
 
 void CheckAlive(const char* after) {
@@ -217,6 +285,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   options.devices = "none";
   options.prober = &prober;
   options.max_expert_bytes = int64_t{256} << 20;
+  options.allow_shared_memory = true;  // the channel pick
   absl::StatusOr<std::unique_ptr<rpc::KplanServer>> server = rpc::KplanServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "server_fuzz: %s\n", server.status().ToString().c_str());
@@ -228,6 +297,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   h->generic = std::make_unique<grpc::GenericStub>(h->channel);
   h->stub = v1::KernelPlanService::NewStub(h->channel);
   LoadFuzzExperts(true);
+  OpenChannel();
   CheckAlive("start");
   std::atexit(PrintCodes);
   return 0;
@@ -235,9 +305,12 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const int pick = data[0] % (kNumUnary + 1);
+  const int pick = data[0] % (kNumUnary + 2);
   const std::string bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
-  if (pick == kNumUnary) {
+  if (pick == kChannelPick) {
+    ChannelCall(bytes);
+    CheckAlive(kChannel);
+  } else if (pick == kNumUnary) {
     Stream(bytes);
     CheckAlive(kLoadExperts);
   } else {

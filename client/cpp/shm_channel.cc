@@ -60,7 +60,8 @@ absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Open(Client& client, Opt
 
 ShmChannel::~ShmChannel() {
   // A channel the server closed (or never opened) needs no CloseShmChannel.
-  if (open_ && header_->state.load(std::memory_order_acquire) != ShmWord(ShmChannelState::kClosed)) {
+  if (open_ &&
+      header_->state.load(std::memory_order_acquire) != ShmWord(ShmChannelState::kClosed)) {
     (void)client_->CloseShmChannel(region());
   }
   // region_ unregisters, unmaps and unlinks.
@@ -77,7 +78,8 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
   while (s != ShmWord(ShmChannelState::kIdle) && s != ShmWord(ShmChannelState::kDone)) {
     if (s == ShmWord(ShmChannelState::kClosed)) return Closed();
     if (s == ShmWord(ShmChannelState::kPosted) || s == ShmWord(ShmChannelState::kRunning)) {
-      state->compare_exchange_strong(s, ShmWord(ShmChannelState::kCancelled), std::memory_order_acq_rel);
+      state->compare_exchange_strong(s, ShmWord(ShmChannelState::kCancelled),
+                                     std::memory_order_acq_rel);
       continue;
     }
     const uint32_t now = ShmChannelAwaitChange(state, s, options_.spin, deadline, kSlice);
@@ -89,24 +91,24 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
   }
   const size_t size = request.ByteSizeLong();
   if (static_cast<int64_t>(size) > options_.request_capacity) {
-    return InvalidField("request",
-                        absl::StrCat("the request's ", size,
-                                     " bytes exceed the channel's request capacity of ",
-                                     options_.request_capacity,
-                                     " bytes (ShmChannel::Options::request_capacity; or pass "
-                                     "tensors by reference into a registered region)"));
+    return InvalidField(
+        "request",
+        absl::StrCat("the request's ", size, " bytes exceed the channel's request capacity of ",
+                     options_.request_capacity,
+                     " bytes (ShmChannel::Options::request_capacity; or pass "
+                     "tensors by reference into a registered region)"));
   }
   request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(request_area_));
   const uint64_t sequence = ++sequence_;
   ShmChannelStore(&header_->request_bytes, static_cast<uint64_t>(size));
   ShmChannelStore(&header_->timeout_us,
-        std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
+                  std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now())));
   ShmChannelStore(&header_->sequence, sequence);
   if (!state->compare_exchange_strong(s, ShmWord(ShmChannelState::kPosted),
                                       std::memory_order_acq_rel)) {
-    return s == ShmWord(ShmChannelState::kClosed) ? Closed()
-                                            : absl::InternalError(absl::StrCat(
-                                                  "the channel's state moved to ", s,
+    return s == ShmWord(ShmChannelState::kClosed)
+               ? Closed()
+               : absl::InternalError(absl::StrCat("the channel's state moved to ", s,
                                                   " under the client (two threads on one "
                                                   "channel?)"));
   }
@@ -117,18 +119,18 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
     if (now == s) {  // the deadline passed
       if (state->compare_exchange_strong(s, ShmWord(ShmChannelState::kCancelled),
                                          std::memory_order_acq_rel)) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("no answer on the shared-memory channel within ",
-                         absl::FormatDuration(timeout)));
+        return absl::DeadlineExceededError(absl::StrCat(
+            "no answer on the shared-memory channel within ", absl::FormatDuration(timeout)));
       }
       continue;  // it moved meanwhile: read what it moved to
     }
     s = now;
   }
   if (s == ShmWord(ShmChannelState::kClosed)) return Closed();
-  if (s != ShmWord(ShmChannelState::kDone) || ShmChannelLoad(&header_->response_sequence) != sequence) {
-    return absl::InternalError(absl::StrCat("the channel's state moved to ", s,
-                                            " without an answer to call ", sequence));
+  if (s != ShmWord(ShmChannelState::kDone) ||
+      ShmChannelLoad(&header_->response_sequence) != sequence) {
+    return absl::InternalError(
+        absl::StrCat("the channel's state moved to ", s, " without an answer to call ", sequence));
   }
   const uint64_t bytes = ShmChannelLoad(&header_->response_bytes);
   if (bytes > static_cast<uint64_t>(response_capacity_)) {

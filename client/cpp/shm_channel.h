@@ -33,7 +33,7 @@ class ShmChannel {
     int64_t request_capacity = 1 << 20;   // the largest request, serialized
     int64_t response_capacity = 1 << 20;  // the largest answer (at least 1024)
     // How long a call polls for its answer before it sleeps.
-    absl::Duration spin = absl::Microseconds(200);
+    absl::Duration spin = absl::Microseconds(50);
   };
 
   static absl::StatusOr<std::unique_ptr<ShmChannel>> Open(Client& client, Options options);

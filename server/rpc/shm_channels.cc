@@ -19,7 +19,6 @@
 namespace kplan::rpc {
 namespace {
 
-
 // A timeout past this many microseconds (~115 days) is no timeout.
 constexpr int64_t kMaxTimeoutUs = int64_t{10'000'000'000'000};
 
@@ -53,17 +52,17 @@ absl::StatusOr<int64_t> ShmChannelServer::Open(const std::string& name, ShmView 
                                                "shared-memory region"));
   }
   if (window.size < kShmChannelHeaderBytes + kShmChannelMinResponseBytes + 1) {
-    return InvalidField("region",
-                        absl::StrCat("region '", name, "' has ", window.size,
-                                     " bytes; a channel needs at least ",
-                                     kShmChannelHeaderBytes + kShmChannelMinResponseBytes + 1));
+    return InvalidField(
+        "region",
+        absl::StrCat("region '", name, "' has ", window.size, " bytes; a channel needs at least ",
+                     kShmChannelHeaderBytes + kShmChannelMinResponseBytes + 1));
   }
   const int64_t max_request = window.size - kShmChannelHeaderBytes - kShmChannelMinResponseBytes;
   if (request_capacity <= 0 || request_capacity > max_request) {
     return InvalidField(
         "request_capacity",
-        absl::StrCat("request_capacity must be in [1, ", max_request, "] for region '", name,
-                     "' (", window.size, " bytes: a 64-byte header, the request, and at least ",
+        absl::StrCat("request_capacity must be in [1, ", max_request, "] for region '", name, "' (",
+                     window.size, " bytes: a 64-byte header, the request, and at least ",
                      kShmChannelMinResponseBytes, " bytes for the answer); got ",
                      request_capacity));
   }
@@ -80,8 +79,8 @@ absl::StatusOr<int64_t> ShmChannelServer::Open(const std::string& name, ShmView 
       ShmChannelLoad(&channel->header->version) != kShmChannelVersion) {
     return InvalidField(
         "region", absl::StrCat("region '", name, "' does not hold a channel header of version ",
-                               kShmChannelVersion, " (magic 0x",
-                               absl::Hex(kShmChannelMagic), ") at its first byte"));
+                               kShmChannelVersion, " (magic 0x", absl::Hex(kShmChannelMagic),
+                               ") at its first byte"));
   }
   channel->request_area = window.data + kShmChannelHeaderBytes;
   channel->request_capacity = request_capacity;
@@ -200,8 +199,8 @@ std::string ErrorBytes(const absl::Status& status, int64_t capacity) {
   if (bytes.empty() || static_cast<int64_t>(bytes.size()) > capacity) {
     google::rpc::Status plain;
     plain.set_code(g.error_code());
-    plain.set_message(g.error_message().substr(
-        0, static_cast<size_t>(std::max<int64_t>(0, capacity - 16))));
+    plain.set_message(
+        g.error_message().substr(0, static_cast<size_t>(std::max<int64_t>(0, capacity - 16))));
     bytes = plain.SerializeAsString();
   }
   return bytes;
@@ -228,8 +227,8 @@ void ShmChannelServer::RunOne(Channel* channel) {
   const uint64_t sequence = ShmChannelLoad(&header->sequence);
 
   auto pending = std::make_shared<Pending>();
-  Answer answer = [this, channel, sequence, pending](const absl::Status& status,
-                                                     const google::protobuf::MessageLite* response) {
+  Answer answer = [this, channel, sequence, pending](
+                      const absl::Status& status, const google::protobuf::MessageLite* response) {
     if (pending->answered.exchange(true)) return;  // once
     WriteAnswer(channel, sequence, status, response);
     pending->done.Notify();
@@ -287,13 +286,13 @@ void ShmChannelServer::WriteAnswer(Channel* channel, uint64_t sequence, const ab
     if (outcome.ok()) {
       const size_t size = response->ByteSizeLong();
       if (static_cast<int64_t>(size) > channel->response_capacity) {
-        outcome = WithField(
-            absl::ResourceExhaustedError(absl::StrCat(
-                "the answer's ", size, " bytes exceed the channel's answer area of ",
-                channel->response_capacity,
-                " bytes: open the channel on a larger region or with a smaller "
-                "request_capacity, or have the output written to a region (output_shm)")),
-            "request_capacity");
+        outcome =
+            WithField(absl::ResourceExhaustedError(absl::StrCat(
+                          "the answer's ", size, " bytes exceed the channel's answer area of ",
+                          channel->response_capacity,
+                          " bytes: open the channel on a larger region or with a smaller "
+                          "request_capacity, or have the output written to a region (output_shm)")),
+                      "request_capacity");
       } else {
         response->SerializeWithCachedSizesToArray(
             reinterpret_cast<uint8_t*>(channel->response_area));
@@ -308,7 +307,8 @@ void ShmChannelServer::WriteAnswer(Channel* channel, uint64_t sequence, const ab
     ShmChannelStore(&header->status_code, static_cast<int32_t>(outcome.code()));
     ShmChannelStore(&header->response_bytes, bytes);
     ShmChannelStore(&header->response_sequence, sequence);
-    if (state->compare_exchange_strong(s, ShmWord(ShmChannelState::kDone), std::memory_order_acq_rel)) {
+    if (state->compare_exchange_strong(s, ShmWord(ShmChannelState::kDone),
+                                       std::memory_order_acq_rel)) {
       ShmChannelWake(state);
       return;
     }

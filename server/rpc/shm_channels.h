@@ -43,8 +43,8 @@ class ShmChannelServer {
   // Answers a request, once, from any thread: `response` (OK) is serialized
   // into the answer area; an error is written as a google.rpc.Status (with
   // the field, as gRPC's trailers carry it: status_mapping.h).
-  using Answer =
-      std::function<void(const absl::Status& status, const google::protobuf::MessageLite* response)>;
+  using Answer = std::function<void(const absl::Status& status,
+                                    const google::protobuf::MessageLite* response)>;
   using Handler = std::function<void(Request request, Answer answer)>;
 
   struct Options {

@@ -409,6 +409,51 @@ class SharedMemoryTest(unittest.TestCase):
         finally:
             stop_server(proc)
 
+    def test_run_moe_through_a_channel(self):
+        """kplan.shm_channel: the same bytes as gRPC's run_moe, errors with
+        their code and field, a closed channel says UNAVAILABLE, and nothing
+        is left in /dev/shm."""
+        tmp = tempfile.mkdtemp()
+        proc, _ = start_server(f"--listen=unix:{tmp}/ch.sock", "--devices=none",
+                               "--allow_shared_memory")
+        try:
+            c = Client(f"unix:{tmp}/ch.sock", timeout=30)
+            rng = np.random.default_rng()
+            e, k, h, i = 8, 2, 32, 16
+            w13 = rng.normal(0, 0.2, (e, 2 * i, h)).astype(np.float32)
+            w2 = rng.normal(0, 0.2, (e, h, i)).astype(np.float32)
+            c.load_experts("ch-layer", w13, w2)
+            with c.shm_channel() as ch:
+                name = ch.name
+                self.assertTrue(os.path.exists("/dev/shm/" + name))
+                for m in (1, 7, 1, 40):
+                    x = rng.normal(0, 1, (m, h)).astype(np.float32)
+                    logits = rng.normal(0, 1, (m, e)).astype(np.float32)
+                    want = c.run_moe("ch-layer", x, logits, top_k=k)
+                    got = c.run_moe("ch-layer", x, logits, top_k=k, channel=ch)
+                    np.testing.assert_array_equal(got, want)
+                    np.testing.assert_allclose(got, moe_reference(x, logits, w13, w2, k),
+                                               rtol=1e-4, atol=1e-5)
+                with self.assertRaises(KplanError) as ctx:
+                    c.run_moe("nope", x, logits, top_k=k, channel=ch)
+                self.assertEqual(ctx.exception.code, grpc.StatusCode.NOT_FOUND)
+                self.assertEqual(ctx.exception.field, "experts_id")
+                with self.assertRaises(KplanError) as ctx:
+                    c.run_moe("ch-layer", x, logits, top_k=e + 1, channel=ch)
+                self.assertEqual(ctx.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIsNotNone(ctx.exception.field)
+                np.testing.assert_array_equal(
+                    c.run_moe("ch-layer", x, logits, top_k=k, channel=ch), want)
+                c.close_shm_channel(ch.name)
+                with self.assertRaises(KplanError) as ctx:
+                    c.run_moe("ch-layer", x, logits, top_k=k, channel=ch)
+                self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
+            self.assertFalse(os.path.exists("/dev/shm/" + name))
+            self.assertEqual(c.list_shared_memory(), [])
+            c.close()
+        finally:
+            stop_server(proc)
+
     def test_a_server_without_shared_memory_refuses_and_nothing_is_left(self):
         proc, port = start_server("--listen=127.0.0.1:0", "--devices=none")
         try:

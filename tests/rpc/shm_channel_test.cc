@@ -249,8 +249,7 @@ TEST_F(ShmChannelTest, HostileHeaderBreaksOnlyItsCall) {
     for (uint32_t s = h->state.load();
          s != static_cast<uint32_t>(ShmChannelState::kDone) && absl::Now() < deadline;
          s = h->state.load()) {
-      ShmChannelAwaitChange(&h->state, s, absl::Microseconds(100), deadline,
-                            absl::Milliseconds(5));
+      ShmChannelAwaitChange(&h->state, s, absl::Microseconds(100), deadline, absl::Milliseconds(5));
     }
     EXPECT_EQ(h->state.load(), static_cast<uint32_t>(ShmChannelState::kDone));
     EXPECT_EQ(h->response_sequence, 1000u);
@@ -352,8 +351,7 @@ TEST_F(ShmChannelTest, ThreadsEachOnTheirChannel) {
       for (int i = 0; i < kCalls; ++i) {
         v1::RunMoEResponse answer;
         const int n = t * kCalls + i;
-        if (!channel->RunMoE(requests[n], &answer).ok() ||
-            answer.output().data() != expected[n]) {
+        if (!channel->RunMoE(requests[n], &answer).ok() || answer.output().data() != expected[n]) {
           ++wrong;
         }
       }

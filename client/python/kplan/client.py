@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from kplan import _tensors, cuda_ipc, safetensors, shm
+from kplan import _tensors, cuda_ipc, safetensors, shm, shm_channel
 from kplan.v1 import config_pb2, service_pb2, service_pb2_grpc
 
 try:  # googleapis-common-protos / grpcio-health-checking when installed, else ours
@@ -45,15 +45,20 @@ class KplanError(Exception):
         self.field = field
 
 
+def _field_of_status(status: status_pb2.Status) -> Optional[str]:
+    """The field named by a google.rpc.BadRequest detail of `status`, if any."""
+    for detail in status.details:
+        bad = error_details_pb2.BadRequest()
+        if detail.Unpack(bad) and bad.field_violations:
+            return bad.field_violations[0].field
+    return None
+
+
 def _field_of(error: grpc.RpcError) -> Optional[str]:
     """The field named by a google.rpc.BadRequest detail, if the server sent one."""
     for key, value in error.trailing_metadata() or ():
         if key == "grpc-status-details-bin":
-            status = status_pb2.Status.FromString(value)
-            for detail in status.details:
-                bad = error_details_pb2.BadRequest()
-                if detail.Unpack(bad) and bad.field_violations:
-                    return bad.field_violations[0].field
+            return _field_of_status(status_pb2.Status.FromString(value))
     return None
 
 
@@ -427,6 +432,23 @@ class Client:
         (kplan.shm): numpy views into it go to run_moe by reference."""
         return shm.SharedMemoryRegion(self, byte_size)
 
+    def open_shm_channel(self, region: str, request_capacity: int) -> int:
+        """OpenShmChannel on registered POSIX region `region`; returns the
+        answer area's bytes (``shm_channel`` does all of it)."""
+        req = service_pb2.OpenShmChannelRequest(region=region,
+                                                request_capacity=request_capacity)
+        return self._call(lambda s: s.OpenShmChannel, lambda: req).response_capacity
+
+    def close_shm_channel(self, region: str) -> None:
+        req = service_pb2.CloseShmChannelRequest(region=region)
+        self._call(lambda s: s.CloseShmChannel, lambda: req)
+
+    def shm_channel(self, request_capacity: int = 1 << 20, response_capacity: int = 1 << 20,
+                    spin: float = 50e-6) -> shm_channel.ShmChannel:
+        """A shared-memory call channel with this server (kplan.shm_channel):
+        ``run_moe(..., channel=ch)`` then goes through it, without gRPC."""
+        return shm_channel.ShmChannel(self, request_capacity, response_capacity, spin)
+
     def register_cuda_memory(self, handle: bytes, byte_size: int, device_id: int = 0,
                              name: Optional[str] = None) -> cuda_ipc.CudaMemoryRegion:
         """Registers `byte_size` bytes of this process's CUDA allocation
@@ -444,7 +466,8 @@ class Client:
                 topk_weights: Optional[npt.ArrayLike] = ..., dtype: Optional[str] = ...,
                 moe_backend: str = ..., return_plan: "Literal[False]" = ...,
                 all2all_backend: str = ..., timeout: Optional[float] = ...,
-                output: Optional[shm.ShmTensor] = ...) -> npt.NDArray: ...
+                output: Optional[shm.ShmTensor] = ...,
+                channel: Optional[shm_channel.ShmChannel] = ...) -> npt.NDArray: ...
 
     @overload
     def run_moe(self, experts_id: str, hidden_states: npt.ArrayLike,
@@ -453,7 +476,8 @@ class Client:
                 topk_weights: Optional[npt.ArrayLike] = ..., dtype: Optional[str] = ...,
                 moe_backend: str = ..., *, return_plan: "Literal[True]",
                 all2all_backend: str = ..., timeout: Optional[float] = ...,
-                output: Optional[shm.ShmTensor] = ...
+                output: Optional[shm.ShmTensor] = ...,
+                channel: Optional[shm_channel.ShmChannel] = ...
                 ) -> Tuple[npt.NDArray, service_pb2.RunMoEResponse]: ...
 
     # An output in CUDA memory (kplan.cuda_ipc) comes back as its reference.
@@ -470,7 +494,7 @@ class Client:
     def run_moe(self, experts_id, hidden_states, router_logits=None, top_k=2,
                 routing_method="RenormalizeNaive", topk_ids=None, topk_weights=None,
                 dtype=None, moe_backend="auto", return_plan=False, all2all_backend="",
-                timeout=None, output=None):
+                timeout=None, output=None, channel=None):
         """RunMoE: hidden_states [M, H] (float32/float16; ``dtype="bfloat16"`` sends
         float32 rounded to bfloat16) with router_logits [M, E] and routing, or
         topk_ids/topk_weights [M, k]. ``all2all_backend`` picks the dispatch on a
@@ -481,7 +505,9 @@ class Client:
         coalesced launch (timing.coalesced_requests). Any input may be a kplan.shm.ShmTensor (sent by
         reference), and ``output`` one too: the server writes the output there
         and its view is returned. Or kplan.cuda_ipc.CudaTensor references (CUDA
-        memory): an ``output`` there is returned as itself, not an array."""
+        memory): an ``output`` there is returned as itself, not an array.
+        ``channel`` (``shm_channel()``) sends the call through shared memory
+        instead of gRPC; errors are the same."""
         def arg(value: Any, np_dtype: Any = None, wire: Optional[str] = None) -> Any:
             if isinstance(value, shm.RegionTensor):
                 return value.message()
@@ -503,8 +529,11 @@ class Client:
                 raise ValueError("give router_logits, or topk_ids and topk_weights")
             req.topk_ids.CopyFrom(arg(topk_ids, np.int32))
             req.topk_weights.CopyFrom(arg(topk_weights, np.float32))
-        self._match_server_limit()
-        resp = self._call(lambda s: s.RunMoE, lambda: req, timeout)
+        if channel is not None:
+            resp = channel.call(req, timeout if timeout is not None else self._timeout)
+        else:
+            self._match_server_limit()
+            resp = self._call(lambda s: s.RunMoE, lambda: req, timeout)
         out = output.output_value() if output is not None else _tensors.decode(resp.output)
         return (out, resp) if return_plan else out
 

@@ -1,0 +1,222 @@
+"""RunMoE through a shared-memory call channel (the layout and protocol:
+base/shm_channel.h in the kplan source; the server runs with
+--allow_shared_memory on this host). A call writes the serialized request
+into a POSIX region the server serves, flips a state word and waits for the
+answer there: no gRPC on the call's path. Open one with
+``Client.shm_channel()`` and pass it to ``run_moe``; one call at a time (a
+channel per thread):
+
+    with client.shm_channel() as ch:
+        y = client.run_moe("layer0", x, logits, top_k=8, channel=ch)
+
+Inputs and ``output`` may still be kplan.shm references, so a large call
+moves no tensor bytes through the channel. Waiting polls for ``spin``
+seconds, then sleeps on the word's futex (Linux x86-64 and aarch64)."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import platform
+import struct
+import time
+from multiprocessing import shared_memory
+from typing import Any, Optional
+
+import grpc
+
+from kplan._vendor.google_rpc import status_pb2
+from kplan.v1 import service_pb2
+
+_MAGIC, _VERSION = 0x4843504B, 1
+_HEADER = 64
+_MIN_RESPONSE = 1024
+# State word values (ShmChannelState).
+_IDLE, _POSTED, _RUNNING, _DONE, _CANCELLED, _CLOSED = range(6)
+# Header fields: (struct format, offset).
+_STATE, _STATUS, _REQ_BYTES, _RESP_BYTES = ("<I", 8), ("<i", 12), ("<Q", 16), ("<Q", 24)
+_TIMEOUT, _SEQ, _RESP_SEQ = ("<q", 32), ("<Q", 40), ("<Q", 48)
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_counter = itertools.count()
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class ShmChannel:
+    """A channel in a new POSIX region of `request_capacity` + `response_capacity`
+    bytes after a 64-byte header, registered and opened with `client`'s server
+    (use ``Client.shm_channel``). ``close`` (or leaving the ``with`` block)
+    closes it and unregisters and unlinks the region."""
+
+    def __init__(self, client: Any, request_capacity: int = 1 << 20,
+                 response_capacity: int = 1 << 20, spin: float = 50e-6):
+        if request_capacity <= 0 or response_capacity < _MIN_RESPONSE:
+            raise ValueError(f"request_capacity must be > 0 and response_capacity >= "
+                             f"{_MIN_RESPONSE}; got {request_capacity}, {response_capacity}")
+        self.request_capacity, self.response_capacity = request_capacity, response_capacity
+        self.spin = spin
+        self._client: Any = None
+        self._sequence = 0
+        size = _HEADER + request_capacity + response_capacity
+        self._shm: Any = shared_memory.SharedMemory(
+            name=f"kplan-pych-{os.getpid()}-{next(_counter)}", create=True, size=size)
+        self.name = self._shm.name.lstrip("/")
+        self._buf = self._shm.buf
+        struct.pack_into("<III", self._buf, 0, _MAGIC, _VERSION, _IDLE)
+        self._word = ctypes.c_uint32.from_buffer(self._buf, _STATE[1])
+        try:
+            client.register_shared_memory(self.name, "/" + self.name, size)
+            self._client = client
+            client.open_shm_channel(self.name, request_capacity)
+        except BaseException:
+            self.close()
+            raise
+        self._open = True
+
+    # --- the protocol (base/shm_channel.h) -----------------------------------
+
+    def _get(self, field: "tuple[str, int]") -> int:
+        return struct.unpack_from(field[0], self._buf, field[1])[0]
+
+    def _put(self, field: "tuple[str, int]", value: int) -> None:
+        struct.pack_into(field[0], self._buf, field[1], value)
+
+    def _futex(self, op: int, value: int, timeout: Optional[float]) -> None:
+        if _SYS_FUTEX is None:  # another architecture: poll
+            time.sleep(min(timeout or 0.0, 1e-4))
+            return
+        ts = None
+        if timeout is not None:
+            ts = _Timespec(int(timeout), int((timeout % 1) * 1e9))
+        _libc.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(ctypes.addressof(self._word)),
+                      ctypes.c_int(op), ctypes.c_uint32(value),
+                      ctypes.byref(ts) if ts is not None else None, None, ctypes.c_int(0))
+
+    def _await_change(self, value: int, deadline: float) -> int:
+        """The state word once it no longer holds `value`, or at `deadline`."""
+        spin_end = min(time.monotonic() + self.spin, deadline)
+        while True:
+            now_value = self._word.value
+            if now_value != value:
+                return now_value
+            now = time.monotonic()
+            if now >= deadline:
+                return now_value
+            if now >= spin_end:
+                self._futex(_FUTEX_WAIT, value, min(deadline - now, 0.02))
+
+    def call(self, request: service_pb2.RunMoERequest,
+             timeout: float) -> service_pb2.RunMoEResponse:
+        """One RunMoE; raises kplan.KplanError as a gRPC call would (the
+        server's code, message and field)."""
+        from kplan.client import KplanError  # the client module imports this one
+
+        if self._client is None:
+            raise KplanError(grpc.StatusCode.UNAVAILABLE, "the channel is closed", None)
+        deadline = time.monotonic() + timeout
+        state = self._word.value
+        # An abandoned call holds the channel until the server lets go of it.
+        while state not in (_IDLE, _DONE):
+            if state == _CLOSED:
+                raise KplanError(grpc.StatusCode.UNAVAILABLE,
+                                 "the server closed the shared-memory channel", None)
+            if state in (_POSTED, _RUNNING):
+                self._word.value = _CANCELLED
+                state = _CANCELLED
+                continue
+            new = self._await_change(state, deadline)
+            if new == state:
+                raise KplanError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 "the shared-memory channel is still held by an abandoned call",
+                                 None)
+            state = new
+        data = request.SerializeToString()
+        if len(data) > self.request_capacity:
+            raise KplanError(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"the request's {len(data)} bytes exceed the channel's request "
+                             f"capacity of {self.request_capacity} bytes", "request")
+        self._buf[_HEADER:_HEADER + len(data)] = data
+        self._sequence += 1
+        self._put(_REQ_BYTES, len(data))
+        self._put(_TIMEOUT, max(1, int((deadline - time.monotonic()) * 1e6)))
+        self._put(_SEQ, self._sequence)
+        self._word.value = _POSTED
+        self._futex(_FUTEX_WAKE, 0x7FFFFFFF, None)
+        state = _POSTED
+        while state in (_POSTED, _RUNNING):
+            new = self._await_change(state, deadline)
+            if new == state:
+                self._word.value = _CANCELLED  # the server answers nothing now
+                raise KplanError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 f"no answer on the shared-memory channel within {timeout} s",
+                                 None)
+            state = new
+        if state == _CLOSED:
+            raise KplanError(grpc.StatusCode.UNAVAILABLE,
+                             "the server closed the shared-memory channel", None)
+        if state != _DONE or self._get(_RESP_SEQ) != self._sequence:
+            raise KplanError(grpc.StatusCode.INTERNAL,
+                             f"the channel's state moved to {state} without an answer", None)
+        n = self._get(_RESP_BYTES)
+        if n > self.response_capacity:
+            raise KplanError(grpc.StatusCode.INTERNAL, "the answer overruns its area", None)
+        start = _HEADER + self.request_capacity
+        answer = bytes(self._buf[start:start + n])
+        code = self._get(_STATUS)
+        if code == 0:
+            return service_pb2.RunMoEResponse.FromString(answer)
+        error = status_pb2.Status.FromString(answer)
+        from kplan.client import _field_of_status
+
+        raise KplanError(_CODES.get(code, grpc.StatusCode.UNKNOWN), error.message,
+                         _field_of_status(error))
+
+    # --- lifetime --------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the channel and its region (the server may be gone: ignored).
+        Again: nothing."""
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                if getattr(self, "_open", False) and self._word.value != _CLOSED:
+                    client.close_shm_channel(self.name)
+            except Exception:  # noqa: BLE001 - the region goes whatever the server says
+                pass
+            try:
+                client.unregister_shared_memory(self.name)
+            except Exception:  # noqa: BLE001
+                pass
+        if self._shm is not None:
+            shm, self._shm = self._shm, None
+            self._word = None
+            self._buf = None
+            try:
+                shm.close()
+            except BufferError:
+                pass
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> "ShmChannel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_shm", None) is not None:
+            self.close()
+
+
+# gRPC's numeric codes.
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
