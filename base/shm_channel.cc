@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <new>
 
 #include "absl/time/clock.h"
 
@@ -29,6 +30,13 @@ inline void CpuRelax() {
 
 }  // namespace
 
+void ShmChannelInit(void* base) {
+  auto* header = new (base) ShmChannelHeader{};
+  header->magic = kShmChannelMagic;
+  header->version = kShmChannelVersion;
+  header->state.store(ShmWord(ShmChannelState::kIdle), std::memory_order_release);
+}
+
 void ShmChannelWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration()) return;
   const timespec ts = absl::ToTimespec(timeout);
@@ -44,6 +52,7 @@ uint32_t ShmChannelAwaitChange(std::atomic<uint32_t>* word, uint32_t value, absl
   if (now != value) return now;
   const absl::Time spin_end = std::min(absl::Now() + spin, deadline);
   while (absl::Now() < spin_end) {
+    if (stop != nullptr && stop->load(std::memory_order_acquire)) return now;
     for (int i = 0; i < 64; ++i) {
       CpuRelax();
       now = word->load(std::memory_order_acquire);

@@ -79,8 +79,13 @@ void ShmChannelStore(T* field, T value) {
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 inline constexpr int64_t kShmChannelHeaderBytes = sizeof(ShmChannelHeader);
-// The smallest answer area a channel may have: room for an error's text.
-inline constexpr int64_t kShmChannelMinResponseBytes = 1024;
+// The smallest answer area a channel may have: room for any error (its
+// message of at most 1 KiB twice, and the field).
+inline constexpr int64_t kShmChannelMinResponseBytes = 4096;
+
+// Writes a fresh header (magic, version, Idle) at `base`, 64-byte aligned:
+// what a client does before it asks the server to open the channel.
+void ShmChannelInit(void* base);
 
 // Sleeps while `*word` holds `expected`, at most `timeout`, on a futex that
 // works across processes mapping the same page. Returns early on a wake,

@@ -204,9 +204,9 @@ void OpenChannel() {
     std::fprintf(stderr, "server_fuzz: %s\n", channel.status().ToString().c_str());
     std::abort();
   }
-  h->channel = *std::move(channel);
+  h->shm_channel = *std::move(channel);
   const size_t bytes = kShmChannelHeaderBytes + 2 * kChannelCapacity;
-  const int fd = shm_open(absl::StrCat("/", h->channel->region()).c_str(), O_RDWR, 0);
+  const int fd = shm_open(absl::StrCat("/", h->shm_channel->region()).c_str(), O_RDWR, 0);
   void* p = fd < 0 ? MAP_FAILED : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (fd >= 0) close(fd);
   if (p == MAP_FAILED) std::abort();

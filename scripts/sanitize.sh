@@ -6,7 +6,8 @@
 #   scripts/sanitize.sh tsan   ThreadSanitizer into build-tsan, only the
 #                              concurrency tests (executor, in-process
 #                              communicator, EP group, IR registry overrides,
-#                              RunMoE coalescing), none of which uses gRPC;
+#                              RunMoE coalescing, the shared-memory channels'
+#                              protocol), none of which uses gRPC;
 #                              runs them.
 # The distribution's gRPC, protobuf and abseil are not instrumented: fine for
 # ASan/UBSan; for TSan the tests chosen do not go through gRPC and
@@ -45,7 +46,8 @@ case "$mode" in
     ;;
   tsan)
     build=${BUILD_DIR:-build-tsan}
-    targets=(exec_test comm_in_process_test ep_group_test ir_test moe_coalesce_test)
+    targets=(exec_test comm_in_process_test ep_group_test ir_test moe_coalesce_test
+             rpc_shm_channel_protocol_test)
     cmake -S . -B "$build" "${common[@]}" -DKPLAN_SANITIZE=tsan -DKPLAN_FUZZ=OFF
     TSAN_OPTIONS=report_bugs=0 ninja -C "$build" -j"$jobs" "${targets[@]}"
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/.ci/tsan.supp"

@@ -39,23 +39,32 @@ absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Open(Client& client, Opt
   const int64_t bytes =
       kShmChannelHeaderBytes + options.request_capacity + options.response_capacity;
   KPLAN_ASSIGN_OR_RETURN(channel->region_, ClientShmRegion::Create(client, bytes, "channel"));
-  char* base = channel->region_->data();  // page-aligned, zero-filled
-  channel->header_ = new (base) ShmChannelHeader{};
-  channel->header_->magic = kShmChannelMagic;
-  channel->header_->version = kShmChannelVersion;
-  channel->header_->state.store(ShmWord(ShmChannelState::kIdle), std::memory_order_release);
-  channel->request_area_ = base + kShmChannelHeaderBytes;
+  char* base = channel->region_->data();  // page-aligned
+  ShmChannelInit(base);
+  channel->Point(base);
   KPLAN_ASSIGN_OR_RETURN(v1::OpenShmChannelResponse opened,
                          client.OpenShmChannel(channel->region(), options.request_capacity));
   channel->open_ = true;
-  channel->response_capacity_ = opened.response_capacity();
-  if (channel->response_capacity_ != options.response_capacity) {
+  if (opened.response_capacity() != options.response_capacity) {
     return absl::InternalError(absl::StrCat("the server reports an answer area of ",
-                                            channel->response_capacity_, " bytes, not ",
+                                            opened.response_capacity(), " bytes, not ",
                                             options.response_capacity));
   }
-  channel->response_area_ = base + kShmChannelHeaderBytes + options.request_capacity;
   return channel;
+}
+
+std::unique_ptr<ShmChannel> ShmChannel::Attach(char* base, Options options) {
+  std::unique_ptr<ShmChannel> channel(new ShmChannel());
+  channel->options_ = options;
+  channel->Point(base);
+  return channel;
+}
+
+void ShmChannel::Point(char* base) {
+  header_ = reinterpret_cast<ShmChannelHeader*>(base);
+  request_area_ = base + kShmChannelHeaderBytes;
+  response_area_ = base + kShmChannelHeaderBytes + options_.request_capacity;
+  response_capacity_ = options_.response_capacity;
 }
 
 ShmChannel::~ShmChannel() {
@@ -69,7 +78,9 @@ ShmChannel::~ShmChannel() {
 
 absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResponse* response,
                                 absl::Duration timeout) {
-  if (timeout == absl::InfiniteDuration()) timeout = client_->options().deadline;
+  if (timeout == absl::InfiniteDuration()) {
+    timeout = client_ != nullptr ? client_->options().deadline : absl::Seconds(10);
+  }
   const absl::Time deadline = absl::Now() + timeout;
   std::atomic<uint32_t>* state = &header_->state;
   uint32_t s = state->load(std::memory_order_acquire);
@@ -80,6 +91,12 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
     if (s == ShmWord(ShmChannelState::kPosted) || s == ShmWord(ShmChannelState::kRunning)) {
       state->compare_exchange_strong(s, ShmWord(ShmChannelState::kCancelled),
                                      std::memory_order_acq_rel);
+      continue;
+    }
+    if (s > ShmWord(ShmChannelState::kClosed)) {
+      // Not a state of the protocol (this process wrote over the word): the
+      // server ignores it, so the channel is this client's to reset.
+      state->compare_exchange_strong(s, ShmWord(ShmChannelState::kIdle), std::memory_order_acq_rel);
       continue;
     }
     const uint32_t now = ShmChannelAwaitChange(state, s, options_.spin, deadline, kSlice);
@@ -126,9 +143,11 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
     }
     s = now;
   }
-  if (s == ShmWord(ShmChannelState::kClosed)) return Closed();
-  if (s != ShmWord(ShmChannelState::kDone) ||
-      ShmChannelLoad(&header_->response_sequence) != sequence) {
+  // Closed right after Done (the channel closing, the server stopping) still
+  // holds this call's answer.
+  const bool ours = ShmChannelLoad(&header_->response_sequence) == sequence;
+  if (s == ShmWord(ShmChannelState::kClosed) && !ours) return Closed();
+  if ((s != ShmWord(ShmChannelState::kDone) && s != ShmWord(ShmChannelState::kClosed)) || !ours) {
     return absl::InternalError(
         absl::StrCat("the channel's state moved to ", s, " without an answer to call ", sequence));
   }

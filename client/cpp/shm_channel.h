@@ -37,6 +37,11 @@ class ShmChannel {
   };
 
   static absl::StatusOr<std::unique_ptr<ShmChannel>> Open(Client& client, Options options);
+  // A channel over memory the caller mapped (kShmChannelHeaderBytes +
+  // request_capacity + response_capacity bytes at `base`, 64-byte aligned),
+  // initialised (ShmChannelInit) and had a server open: Open does all of
+  // that. Nothing is owned; the destructor closes nothing.
+  static std::unique_ptr<ShmChannel> Attach(char* base, Options options);
   ~ShmChannel();
   ShmChannel(const ShmChannel&) = delete;
   ShmChannel& operator=(const ShmChannel&) = delete;
@@ -51,19 +56,22 @@ class ShmChannel {
   absl::Status RunMoE(const v1::RunMoERequest& request, v1::RunMoEResponse* response,
                       absl::Duration timeout = absl::InfiniteDuration());
 
-  const std::string& region() const { return region_->name(); }
+  // The region's name (empty for an attached channel).
+  const std::string& region() const { return region_ != nullptr ? region_->name() : no_region_; }
 
  private:
   ShmChannel() = default;
-  Client* client_ = nullptr;
+  void Point(char* base);     // the header and areas at `base`, as options_ lays them out
+  Client* client_ = nullptr;  // null when attached
   Options options_;
   std::unique_ptr<ClientShmRegion> region_;
   bool open_ = false;  // the server serves it: closed by the destructor
   ShmChannelHeader* header_ = nullptr;
   char* request_area_ = nullptr;
   const char* response_area_ = nullptr;
-  int64_t response_capacity_ = 0;  // as the server reported it
+  int64_t response_capacity_ = 0;
   uint64_t sequence_ = 0;
+  inline static const std::string no_region_;
 };
 
 }  // namespace kplan

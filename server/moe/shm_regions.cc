@@ -16,26 +16,33 @@
 #include "base/client_text.h"
 #include "base/status.h"
 #include "server/moe/cuda_ipc.h"
+#include "server/moe/shm_fault_guard.h"
 
 namespace kplan {
 
 ShmRegion::~ShmRegion() {
   if (device_ >= 0 && data_ != nullptr) CloseCudaIpcMemory(data_, device_, info_.cuda_ipc_handle);
   if (pinned_) UnpinHostMemory(map_);
-  if (map_ != nullptr) munmap(map_, map_bytes_);
+  if (map_ != nullptr) {
+    ShmUnguard(guard_);
+    munmap(map_, map_bytes_);
+  }
   if (fd_ >= 0) close(fd_);
 }
 
 absl::Status ShmRegion::CheckIntact() const {
   if (device_ >= 0) return absl::OkStatus();
   struct stat st;
-  if (fstat(fd_, &st) != 0 || st.st_size < info_.offset + info_.byte_size) {
+  if (ShmMappingLost(guard_) || fstat(fd_, &st) != 0 ||
+      st.st_size < info_.offset + info_.byte_size) {
     return absl::FailedPreconditionError(
         absl::StrCat("shared-memory region '", ClientText(info_.name), "' (", ClientText(info_.key),
                      ") was truncated below its window; register it again"));
   }
   return absl::OkStatus();
 }
+
+bool ShmRegion::Lost() const { return ShmMappingLost(guard_); }
 
 absl::Status ShmView::CopyTo(void* dst) const {
   if (size == 0) return absl::OkStatus();
@@ -190,6 +197,8 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
                                                      "': ", std::strerror(mmap_errno)));
   }
   region->map_ = map;
+  // A truncation that races a read or write faults harmlessly.
+  region->guard_ = ShmGuard(map, region->map_bytes_);
   region->data_ = static_cast<char*>(map) + (info.offset - start);
   region->object_dev_ = static_cast<uint64_t>(st.st_dev);
   region->object_ino_ = static_cast<uint64_t>(st.st_ino);

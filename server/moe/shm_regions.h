@@ -71,10 +71,15 @@ class ShmRegion {
   // FAILED_PRECONDITION when the object no longer covers the window (its
   // owner truncated it): touching the pages past its end would raise
   // SIGBUS. Checked at every resolve, again before a path reads hidden
-  // states in place and before the output is written; a client that shrinks
-  // its object in between still races it, which the API forbids. OK for a
-  // CUDA region (its allocation stays while the server holds it open).
+  // states in place and before the output is written. A client that
+  // shrinks its object in between races it: the mapping is guarded
+  // (shm_fault_guard.h), so the racing access sees zero pages instead of
+  // ending the server, and the region is lost from then on. OK for a CUDA
+  // region (its allocation stays while the server holds it open).
   absl::Status CheckIntact() const;
+  // Whether the mapping faulted (truncated under a read) and now holds zero
+  // pages: a cheap check for a thread that polls the region.
+  bool Lost() const;
 
  private:
   friend class ShmRegistry;
@@ -83,6 +88,7 @@ class ShmRegion {
   ShmRegionInfo info_;
   int fd_ = -1;          // kept open for CheckIntact
   void* map_ = nullptr;  // the page-aligned mapping holding the window
+  int guard_ = -1;       // its SIGBUS guard (shm_fault_guard.h)
   size_t map_bytes_ = 0;
   char* data_ = nullptr;
   int device_ = -1;  // CUDA region: data_ is the opened allocation on this GPU

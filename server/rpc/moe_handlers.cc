@@ -544,16 +544,17 @@ void KernelPlanServiceImpl::RunMoeFromChannel(ShmChannelServer::Request request,
   site.finish = [this, messages, finished, answer = std::move(answer),
                  start = request.start](const absl::Status& status) {
     if (finished->exchange(true)) return;  // the first outcome answers
+    // What the client reads: `status`, unless the answer did not fit.
+    const absl::Status outcome = answer(status, &messages->second);
     // The one mapping, as Call::Done records a gRPC call's outcome.
-    const std::string code = GrpcCodeName(ToGrpcCode(status.code()));
-    if (!status.ok()) {
+    const std::string code = GrpcCodeName(ToGrpcCode(outcome.code()));
+    if (!outcome.ok()) {
       LogWithFields(spdlog::level::warn, "RunMoE.shm_channel failed",
                     {{"method", kMethod},
                      {"code", code},
-                     {"error", ClientText(status.message(), kMaxErrorMessageBytes)},
-                     {"field", ClientText(FieldOf(status).value_or("-"))}});
+                     {"error", ClientText(outcome.message(), kMaxErrorMessageBytes)},
+                     {"field", ClientText(FieldOf(outcome).value_or("-"))}});
     }
-    answer(status, &messages->second);
     if (env_.metrics) env_.metrics->RequestFinished(kMethod, code, absl::Now() - start);
   };
   if (!messages->first.ParseFromString(request.bytes)) {

@@ -1,4 +1,5 @@
 #include "server/rpc/server.h"
+#include "server/rpc/status_mapping.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -448,6 +449,8 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
     channels.max_channels = static_cast<size_t>(options.max_shm_channels);
     channels.spin = options.shm_channel_spin;
     channels.max_call_time = options.max_request_time;
+    channels.error_bytes = StatusProtoBytes;
+    channels.max_area_bytes = options.max_message_bytes;
     KplanServer* self = server.get();  // a channel opens (over gRPC) after the service exists
     server->shm_channels_ = std::make_unique<ShmChannelServer>(
         channels, [self](ShmChannelServer::Request request, ShmChannelServer::Answer answer) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,9 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
   // site.finish has been called.
   void StartRunMoe(v1::RunMoERequest& request, v1::RunMoEResponse* response, RunMoeSite site);
 
+  // Serialises opening a channel with unregistering its region, so that no
+  // channel outlives its region's registration.
+  std::mutex shm_admin_mu_;
   const ServerEnvironment env_;
 };
 

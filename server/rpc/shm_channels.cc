@@ -12,8 +12,6 @@
 #include "absl/time/clock.h"
 #include "base/shm_channel.h"
 #include "base/status.h"
-#include "google/rpc/status.pb.h"
-#include "server/rpc/status_mapping.h"
 #include "spdlog/spdlog.h"
 
 namespace kplan::rpc {
@@ -21,26 +19,30 @@ namespace {
 
 // A timeout past this many microseconds (~115 days) is no timeout.
 constexpr int64_t kMaxTimeoutUs = int64_t{10'000'000'000'000};
+// How long past its deadline a call's answer is waited for before the
+// channel gives up on it (and ends).
+constexpr absl::Duration kAnswerGrace = absl::Seconds(10);
 
 }  // namespace
 
 struct ShmChannelServer::Channel {
   std::string name;
-  ShmView window;  // holds the mapping
+  // Holds the mapping. The region's mapping is guarded against SIGBUS
+  // (server/moe/shm_fault_guard.h): once the client truncates the object,
+  // every access sees private zero pages and the region is Lost().
+  ShmView window;
   ShmChannelHeader* header = nullptr;
   const char* request_area = nullptr;
   int64_t request_capacity = 0;
   char* response_area = nullptr;
   int64_t response_capacity = 0;
   std::atomic<bool> stop{false};
-  // Set when the region no longer covers the window: nothing of it may be
-  // touched again (SIGBUS), not even the state word.
-  std::atomic<bool> lost{false};
   std::thread thread;
+  bool Lost() const { return window.region->Lost(); }
 };
 
 ShmChannelServer::ShmChannelServer(Options options, Handler handler)
-    : options_(options), handler_(std::move(handler)) {}
+    : options_(std::move(options)), handler_(std::move(handler)) {}
 
 ShmChannelServer::~ShmChannelServer() { CloseAll(); }
 
@@ -57,14 +59,23 @@ absl::StatusOr<int64_t> ShmChannelServer::Open(const std::string& name, ShmView 
         absl::StrCat("region '", name, "' has ", window.size, " bytes; a channel needs at least ",
                      kShmChannelHeaderBytes + kShmChannelMinResponseBytes + 1));
   }
-  const int64_t max_request = window.size - kShmChannelHeaderBytes - kShmChannelMinResponseBytes;
+  const int64_t max_request = std::min(
+      window.size - kShmChannelHeaderBytes - kShmChannelMinResponseBytes, options_.max_area_bytes);
   if (request_capacity <= 0 || request_capacity > max_request) {
     return InvalidField(
         "request_capacity",
         absl::StrCat("request_capacity must be in [1, ", max_request, "] for region '", name, "' (",
                      window.size, " bytes: a 64-byte header, the request, and at least ",
-                     kShmChannelMinResponseBytes, " bytes for the answer); got ",
-                     request_capacity));
+                     kShmChannelMinResponseBytes, " bytes for the answer; at most ",
+                     options_.max_area_bytes, " bytes each); got ", request_capacity));
+  }
+  const int64_t response_capacity = window.size - kShmChannelHeaderBytes - request_capacity;
+  if (response_capacity > options_.max_area_bytes) {
+    return InvalidField("region",
+                        absl::StrCat("region '", name, "' leaves ", response_capacity,
+                                     " bytes for the answer; at most ", options_.max_area_bytes,
+                                     " may be (register a "
+                                     "smaller window)"));
   }
   KPLAN_RETURN_IF_ERROR(window.region->CheckIntact());
   if (reinterpret_cast<uintptr_t>(window.data) % alignof(ShmChannelHeader) != 0) {
@@ -72,7 +83,7 @@ absl::StatusOr<int64_t> ShmChannelServer::Open(const std::string& name, ShmView 
                                                "' does not start 64-byte aligned in its object "
                                                "(its offset must be a multiple of 64)"));
   }
-  auto channel = std::make_unique<Channel>();
+  auto channel = std::make_shared<Channel>();
   channel->name = name;
   channel->header = reinterpret_cast<ShmChannelHeader*>(window.data);
   if (ShmChannelLoad(&channel->header->magic) != kShmChannelMagic ||
@@ -85,37 +96,33 @@ absl::StatusOr<int64_t> ShmChannelServer::Open(const std::string& name, ShmView 
   channel->request_area = window.data + kShmChannelHeaderBytes;
   channel->request_capacity = request_capacity;
   channel->response_area = window.data + kShmChannelHeaderBytes + request_capacity;
-  channel->response_capacity = window.size - kShmChannelHeaderBytes - request_capacity;
+  channel->response_capacity = response_capacity;
   channel->window = std::move(window);
-  const int64_t response_capacity = channel->response_capacity;
-  Channel* raw = channel.get();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (channels_.count(name) != 0) {
-      return WithField(
-          absl::AlreadyExistsError(absl::StrCat("region '", name, "' has a channel already")),
-          "region");
-    }
-    if (channels_.size() >= options_.max_channels) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("this server serves at most ", options_.max_channels,
-                       " shared-memory channels (--max_shm_channels); close one first"));
-    }
-    // A call posted before the channel opened is taken as posted; one left
-    // Running or Cancelled by an earlier channel on this region is over.
-    uint32_t s = raw->header->state.load(std::memory_order_acquire);
-    if (s != ShmWord(ShmChannelState::kPosted)) {
-      raw->header->state.compare_exchange_strong(s, ShmWord(ShmChannelState::kIdle),
-                                                 std::memory_order_acq_rel);
-    }
-    raw->thread = std::thread([this, raw] { Serve(raw); });
-    channels_.emplace(name, std::move(channel));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (channels_.count(name) != 0) {
+    return WithField(
+        absl::AlreadyExistsError(absl::StrCat("region '", name, "' has a channel already")),
+        "region");
   }
+  if (channels_.size() >= options_.max_channels) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this server serves at most ", options_.max_channels,
+                     " shared-memory channels (--max_shm_channels); close one first"));
+  }
+  // A call posted before the channel opened is taken as posted; one left
+  // Running or Cancelled by an earlier channel on this region is over.
+  uint32_t s = channel->header->state.load(std::memory_order_acquire);
+  if (s != ShmWord(ShmChannelState::kPosted)) {
+    channel->header->state.compare_exchange_strong(s, ShmWord(ShmChannelState::kIdle),
+                                                   std::memory_order_acq_rel);
+  }
+  channel->thread = std::thread([this, channel] { Serve(channel); });
+  channels_.emplace(name, std::move(channel));
   return response_capacity;
 }
 
 absl::Status ShmChannelServer::Close(const std::string& name) {
-  std::unique_ptr<Channel> channel;
+  std::shared_ptr<Channel> channel;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = channels_.find(name);
@@ -127,14 +134,9 @@ absl::Status ShmChannelServer::Close(const std::string& name) {
     channels_.erase(it);
   }
   channel->stop.store(true, std::memory_order_release);
-  if (!channel->lost.load()) ShmChannelWake(&channel->header->state);
+  ShmChannelWake(&channel->header->state);  // zero pages when lost: harmless
   channel->thread.join();
   return absl::OkStatus();
-}
-
-bool ShmChannelServer::Has(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return channels_.count(name) != 0;
 }
 
 size_t ShmChannelServer::size() const {
@@ -151,10 +153,10 @@ void ShmChannelServer::CloseAll() {
   for (const std::string& name : names) (void)Close(name);
 }
 
-void ShmChannelServer::Serve(Channel* channel) {
+void ShmChannelServer::Serve(const std::shared_ptr<Channel>& channel) {
   std::atomic<uint32_t>* state = &channel->header->state;
   absl::Time spin_until = absl::InfinitePast();
-  while (!channel->stop.load(std::memory_order_acquire) && !channel->lost.load()) {
+  while (!channel->stop.load(std::memory_order_acquire) && !channel->Lost()) {
     const uint32_t s = state->load(std::memory_order_acquire);
     if (s == ShmWord(ShmChannelState::kPosted)) {
       RunOne(channel);
@@ -175,10 +177,14 @@ void ShmChannelServer::Serve(Channel* channel) {
     ShmChannelAwaitChange(state, s, std::max(spin_until - absl::Now(), absl::ZeroDuration()),
                           absl::InfiniteFuture(), absl::Milliseconds(50), &channel->stop);
   }
-  if (!channel->lost.load()) {
-    state->store(ShmWord(ShmChannelState::kClosed), std::memory_order_release);
-    ShmChannelWake(state);
+  if (channel->Lost()) {
+    spdlog::warn("shared-memory channel '{}': its object was truncated; channel ended",
+                 channel->name);
   }
+  // Closed whatever the word held: a client reading Closed right after its
+  // call's Done finds the answer still there (response_sequence is its own).
+  state->exchange(ShmWord(ShmChannelState::kClosed), std::memory_order_acq_rel);
+  ShmChannelWake(state);
 }
 
 namespace {
@@ -187,28 +193,13 @@ namespace {
 // thread that waits for it.
 struct Pending {
   std::atomic<bool> answered{false};
+  absl::Status written;  // what the first answer wrote (set before done)
   absl::Notification done;
 };
 
-// An error as the answer area holds it: a google.rpc.Status, the one the
-// gRPC path would send in its trailers (with the field when one is named),
-// its message cut to fit.
-std::string ErrorBytes(const absl::Status& status, int64_t capacity) {
-  const grpc::Status g = ToGrpcStatus(status);
-  std::string bytes = g.error_details();
-  if (bytes.empty() || static_cast<int64_t>(bytes.size()) > capacity) {
-    google::rpc::Status plain;
-    plain.set_code(g.error_code());
-    plain.set_message(
-        g.error_message().substr(0, static_cast<size_t>(std::max<int64_t>(0, capacity - 16))));
-    bytes = plain.SerializeAsString();
-  }
-  return bytes;
-}
-
 }  // namespace
 
-void ShmChannelServer::RunOne(Channel* channel) {
+void ShmChannelServer::RunOne(const std::shared_ptr<Channel>& channel) {
   ShmChannelHeader* header = channel->header;
   uint32_t expected = ShmWord(ShmChannelState::kPosted);
   if (!header->state.compare_exchange_strong(expected, ShmWord(ShmChannelState::kRunning),
@@ -216,30 +207,31 @@ void ShmChannelServer::RunOne(Channel* channel) {
     return;  // the client took it back
   }
   const absl::Time start = absl::Now();
-  if (!channel->window.region->CheckIntact().ok()) {
-    spdlog::warn("shared-memory channel '{}': its object was truncated; channel stopped",
-                 channel->name);
-    channel->lost.store(true);
-    return;
-  }
   const uint64_t request_bytes = ShmChannelLoad(&header->request_bytes);
   const int64_t timeout_us = ShmChannelLoad(&header->timeout_us);
   const uint64_t sequence = ShmChannelLoad(&header->sequence);
 
   auto pending = std::make_shared<Pending>();
+  // The channel is held by the answer: a handler that answers after the
+  // thread gave up (below) writes into a mapping that still exists.
   Answer answer = [this, channel, sequence, pending](
-                      const absl::Status& status, const google::protobuf::MessageLite* response) {
-    if (pending->answered.exchange(true)) return;  // once
-    WriteAnswer(channel, sequence, status, response);
+                      const absl::Status& status,
+                      const google::protobuf::MessageLite* response) -> absl::Status {
+    if (pending->answered.exchange(true)) {
+      pending->done.WaitForNotification();
+      return pending->written;
+    }
+    pending->written = WriteAnswer(*channel, sequence, status, response);
     pending->done.Notify();
+    return pending->written;
   };
 
   if (request_bytes > static_cast<uint64_t>(channel->request_capacity)) {
-    answer(InvalidField("request_bytes",
-                        absl::StrCat("the request's ", request_bytes,
-                                     " bytes exceed the channel's request capacity of ",
-                                     channel->request_capacity, " bytes")),
-           nullptr);
+    (void)answer(InvalidField("request_bytes",
+                              absl::StrCat("the request's ", request_bytes,
+                                           " bytes exceed the channel's request capacity of ",
+                                           channel->request_capacity, " bytes")),
+                 nullptr);
     return;
   }
   Request request;
@@ -253,64 +245,77 @@ void ShmChannelServer::RunOne(Channel* channel) {
   }
   const absl::Time deadline = request.deadline;
   request.cancelled = [channel, deadline] {
-    return channel->stop.load(std::memory_order_acquire) || channel->lost.load() ||
+    return channel->stop.load(std::memory_order_acquire) || channel->Lost() ||
            channel->header->state.load(std::memory_order_acquire) ==
                ShmWord(ShmChannelState::kCancelled) ||
            absl::Now() >= deadline;
   };
   try {
+    // A truncation during the copy leaves zeros, which fail to parse.
     request.bytes.assign(channel->request_area, static_cast<size_t>(request_bytes));
     handler_(std::move(request), answer);
   } catch (const std::bad_alloc&) {
-    answer(absl::ResourceExhaustedError("out of memory for the channel's request"), nullptr);
+    (void)answer(absl::ResourceExhaustedError("out of memory for the channel's request"), nullptr);
   } catch (const std::exception& e) {
     spdlog::error("shared-memory channel '{}': {}", channel->name, e.what());
-    answer(absl::InternalError("the server failed on the channel's request"), nullptr);
+    (void)answer(absl::InternalError("the server failed on the channel's request"), nullptr);
   }
-  pending->done.WaitForNotification();
+  if (deadline == absl::InfiniteFuture()) {
+    pending->done.WaitForNotification();
+  } else if (!pending->done.WaitForNotificationWithDeadline(deadline + kAnswerGrace)) {
+    // Every path answers its call (the device workers drop what is past its
+    // deadline); if one ever does not, the channel ends rather than hang
+    // its close and the server's shutdown.
+    spdlog::error(
+        "shared-memory channel '{}': call {} not answered {} past its deadline; "
+        "channel ended",
+        channel->name, sequence, absl::FormatDuration(kAnswerGrace));
+    channel->stop.store(true, std::memory_order_release);
+  }
 }
 
-void ShmChannelServer::WriteAnswer(Channel* channel, uint64_t sequence, const absl::Status& status,
-                                   const google::protobuf::MessageLite* response) {
-  ShmChannelHeader* header = channel->header;
+absl::Status ShmChannelServer::WriteAnswer(Channel& channel, uint64_t sequence,
+                                           const absl::Status& status,
+                                           const google::protobuf::MessageLite* response) {
+  ShmChannelHeader* header = channel.header;
   std::atomic<uint32_t>* state = &header->state;
-  if (channel->lost.load()) return;
-  if (!channel->window.region->CheckIntact().ok()) {
-    channel->lost.store(true);
-    return;
+  absl::Status outcome = status;
+  if (outcome.ok()) {
+    const size_t size = response->ByteSizeLong();
+    if (static_cast<int64_t>(size) > channel.response_capacity) {
+      outcome =
+          WithField(absl::ResourceExhaustedError(absl::StrCat(
+                        "the answer's ", size, " bytes exceed the channel's answer area of ",
+                        channel.response_capacity,
+                        " bytes: open the channel on a larger region or with a smaller "
+                        "request_capacity, or have the output written to a region (output_shm)")),
+                    "request_capacity");
+    }
   }
   uint32_t s = state->load(std::memory_order_acquire);
   if (s == ShmWord(ShmChannelState::kRunning)) {
-    absl::Status outcome = status;
+    // Past a truncation these writes land in zero pages (the guard): lost,
+    // not a fault.
     uint64_t bytes = 0;
     if (outcome.ok()) {
-      const size_t size = response->ByteSizeLong();
-      if (static_cast<int64_t>(size) > channel->response_capacity) {
-        outcome =
-            WithField(absl::ResourceExhaustedError(absl::StrCat(
-                          "the answer's ", size, " bytes exceed the channel's answer area of ",
-                          channel->response_capacity,
-                          " bytes: open the channel on a larger region or with a smaller "
-                          "request_capacity, or have the output written to a region (output_shm)")),
-                      "request_capacity");
-      } else {
-        response->SerializeWithCachedSizesToArray(
-            reinterpret_cast<uint8_t*>(channel->response_area));
-        bytes = size;
+      response->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(channel.response_area));
+      bytes = response->GetCachedSize();
+    } else {
+      std::string error = options_.error_bytes(outcome);
+      if (static_cast<int64_t>(error.size()) > channel.response_capacity) {
+        error.clear();  // not with 4 KiB; the client then reads the code alone
       }
-    }
-    if (!outcome.ok()) {
-      const std::string error = ErrorBytes(outcome, channel->response_capacity);
-      std::memcpy(channel->response_area, error.data(), error.size());
+      std::memcpy(channel.response_area, error.data(), error.size());
       bytes = error.size();
     }
+    // absl's canonical codes, which are gRPC's numbers.
     ShmChannelStore(&header->status_code, static_cast<int32_t>(outcome.code()));
     ShmChannelStore(&header->response_bytes, bytes);
     ShmChannelStore(&header->response_sequence, sequence);
     if (state->compare_exchange_strong(s, ShmWord(ShmChannelState::kDone),
                                        std::memory_order_acq_rel)) {
       ShmChannelWake(state);
-      return;
+      return outcome;
     }
   }
   // The client gave up on this call: the channel is free again.
@@ -318,6 +323,7 @@ void ShmChannelServer::WriteAnswer(Channel* channel, uint64_t sequence, const ab
     state->compare_exchange_strong(s, ShmWord(ShmChannelState::kIdle), std::memory_order_acq_rel);
     ShmChannelWake(state);
   }
+  return outcome;
 }
 
 }  // namespace kplan::rpc

@@ -41,10 +41,12 @@ class ShmChannelServer {
     std::function<bool()> cancelled;  // the client gave up or the channel is closing
   };
   // Answers a request, once, from any thread: `response` (OK) is serialized
-  // into the answer area; an error is written as a google.rpc.Status (with
-  // the field, as gRPC's trailers carry it: status_mapping.h).
-  using Answer = std::function<void(const absl::Status& status,
-                                    const google::protobuf::MessageLite* response)>;
+  // into the answer area; an error as Options::error_bytes makes it. Returns
+  // the outcome the client reads: `status`, or RESOURCE_EXHAUSTED naming
+  // "request_capacity" for a response too large for the area (a second
+  // call of it: the first's).
+  using Answer = std::function<absl::Status(const absl::Status& status,
+                                            const google::protobuf::MessageLite* response)>;
   using Handler = std::function<void(Request request, Answer answer)>;
 
   struct Options {
@@ -52,8 +54,14 @@ class ShmChannelServer {
     // How long a channel's thread spins on the state word after an answer
     // before it sleeps (0: it sleeps at once).
     absl::Duration spin = absl::Microseconds(50);
-    // The longest a call may run (--max_request_time); zero: no cap.
+    // The longest a call may run (--max_request_time); zero: no cap. A
+    // call not answered by then plus a grace of 10 s ends its channel.
     absl::Duration max_call_time = absl::ZeroDuration();
+    // The largest request or answer area (--max_message_bytes, as gRPC's).
+    int64_t max_area_bytes = int64_t{64} << 20;
+    // An error as the answer area holds it: a serialized google.rpc.Status
+    // (the server's: rpc::StatusProtoBytes, the one status mapping).
+    std::function<std::string(const absl::Status&)> error_bytes;
   };
 
   ShmChannelServer(Options options, Handler handler);
@@ -63,9 +71,10 @@ class ShmChannelServer {
 
   // Gives region `name` (its whole window, `window`) a channel and returns
   // the answer area's bytes. Errors name the request's fields:
-  // INVALID_ARGUMENT "region" for a CUDA region or a window whose header
-  // lacks the magic and version, "request_capacity" for one that leaves no
-  // kShmChannelMinResponseBytes for the answer (or is not positive);
+  // INVALID_ARGUMENT "region" for a CUDA region, a window whose header
+  // lacks the magic and version, or an answer area past max_area_bytes;
+  // "request_capacity" for one that leaves no kShmChannelMinResponseBytes
+  // for the answer, is past max_area_bytes, or is not positive;
   // ALREADY_EXISTS "region" when it has a channel; RESOURCE_EXHAUSTED past
   // max_channels.
   absl::StatusOr<int64_t> Open(const std::string& name, ShmView window, int64_t request_capacity);
@@ -73,22 +82,22 @@ class ShmChannelServer {
   // answered, and marks the channel Closed. NOT_FOUND "region" when the
   // region has none.
   absl::Status Close(const std::string& name);
-  // Whether region `name` has a channel.
-  bool Has(const std::string& name) const;
   void CloseAll();
   size_t size() const;
 
  private:
   struct Channel;
-  void Serve(Channel* channel);
-  void RunOne(Channel* channel);
-  static void WriteAnswer(Channel* channel, uint64_t sequence, const absl::Status& status,
-                          const google::protobuf::MessageLite* response);
+  void Serve(const std::shared_ptr<Channel>& channel);
+  void RunOne(const std::shared_ptr<Channel>& channel);
+  absl::Status WriteAnswer(Channel& channel, uint64_t sequence, const absl::Status& status,
+                           const google::protobuf::MessageLite* response);
 
   const Options options_;
   const Handler handler_;
   mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  // Shared with the answers of calls in flight, which may outlive a channel
+  // whose thread gave up on them.
+  std::map<std::string, std::shared_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kplan::rpc

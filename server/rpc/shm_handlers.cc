@@ -57,7 +57,8 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::UnregisterSharedMemory(
   if (env_.shm == nullptr) return call.FinishUnary(SharedMemoryOff("name"));
   // A channel on the region ends first (after its call in flight): its
   // thread must not wait on memory the client is about to unmap.
-  if (env_.shm_channels->Has(request->name())) (void)env_.shm_channels->Close(request->name());
+  std::lock_guard<std::mutex> lock(shm_admin_mu_);
+  (void)env_.shm_channels->Close(request->name());  // NOT_FOUND: it had none
   return call.FinishUnary(env_.shm->Unregister(request->name()));
 }
 
@@ -85,6 +86,7 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::OpenShmChannel(
   Call call(env_, context, "OpenShmChannel");
   if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
   if (env_.shm == nullptr) return call.FinishUnary(SharedMemoryOff("region"));
+  std::lock_guard<std::mutex> lock(shm_admin_mu_);
   absl::StatusOr<ShmView> window = env_.shm->ResolveWindow(request->region(), "region");
   if (!window.ok()) return call.FinishUnary(window.status());
   absl::StatusOr<int64_t> capacity =

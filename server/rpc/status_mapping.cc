@@ -73,6 +73,15 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(code, message, details.SerializeAsString());
 }
 
+std::string StatusProtoBytes(const absl::Status& status) {
+  const grpc::Status g = ToGrpcStatus(status);
+  if (!g.error_details().empty()) return g.error_details();
+  google::rpc::Status plain;
+  plain.set_code(static_cast<int>(g.error_code()));
+  plain.set_message(g.error_message());
+  return plain.SerializeAsString();
+}
+
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   // gRPC's and absl's canonical codes have the same numbers.

@@ -17,6 +17,11 @@ inline constexpr size_t kMaxErrorMessageBytes = 1024;
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// A failed `status` as a serialized google.rpc.Status: what ToGrpcStatus
+// sends in grpc-status-details-bin (code, message, the field), also when no
+// field is named. The shared-memory channels' errors (shm_channels.h).
+std::string StatusProtoBytes(const absl::Status& status);
+
 // The other way, for calls this server makes to other servers (the peers of
 // a multi-process expert-parallel group): same code, the peer's message.
 absl::Status FromGrpcStatus(const grpc::Status& status);

@@ -77,6 +77,31 @@ TEST_F(ShmRegistryTest, TruncatedObjectIsRefusedNotTouched) {
   EXPECT_THAT(std::string(v.status().message()), ::testing::HasSubstr("truncated"));
 }
 
+// A truncation that races a read past the checks (a view already
+// resolved) faults harmlessly: the server's mapping turns into zero pages,
+// the region is lost, and nothing else of the process is touched.
+TEST_F(ShmRegistryTest, TruncationUnderAReadIsNoCrash) {
+  ShmRegistry shm;
+  ASSERT_TRUE(shm.Register(Info("in", 4096, 8000)).ok());
+  absl::StatusOr<ShmView> v = shm.Resolve("in", 0, 8000, "x");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(static_cast<unsigned char>(v->data[7000]), (4096 + 7000) % 256);
+  EXPECT_FALSE(v->region->Lost());
+  munmap(client_, kBytes);  // the test's own mapping is not guarded
+  client_ = nullptr;
+  const int fd = shm_open(key_.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  close(fd);
+  volatile char* p = v->data;
+  EXPECT_EQ(p[7000], 0);  // SIGBUS without the guard
+  p[10] = 42;             // a write lands in the private zero page
+  EXPECT_TRUE(v->region->Lost());
+  EXPECT_EQ(v->region->CheckIntact().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(v->CopyTo(std::string(8000, 'x').data()).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(shm.Unregister("in").ok());
+}
+
 TEST_F(ShmRegistryTest, ViewsAreBoundsCheckedAgainstTheWindow) {
   ShmRegistry shm;
   // A window that starts inside a page: the server maps the page around it.

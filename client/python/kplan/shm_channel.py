@@ -11,11 +11,13 @@ channel per thread):
 
 Inputs and ``output`` may still be kplan.shm references, so a large call
 moves no tensor bytes through the channel. Waiting polls for ``spin``
-seconds, then sleeps on the word's futex (Linux x86-64 and aarch64)."""
+seconds, then sleeps on the word's futex (Linux x86-64 and aarch64); the
+state word moves by compare-and-swap through libatomic."""
 
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import itertools
 import os
 import platform
@@ -26,12 +28,13 @@ from typing import Any, Optional
 
 import grpc
 
-from kplan._vendor.google_rpc import status_pb2
+from google.protobuf.message import DecodeError
+
 from kplan.v1 import service_pb2
 
 _MAGIC, _VERSION = 0x4843504B, 1
 _HEADER = 64
-_MIN_RESPONSE = 1024
+_MIN_RESPONSE = 4096
 # State word values (ShmChannelState).
 _IDLE, _POSTED, _RUNNING, _DONE, _CANCELLED, _CLOSED = range(6)
 # Header fields: (struct format, offset).
@@ -47,6 +50,25 @@ class _Timespec(ctypes.Structure):
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# The state word's compare-and-swap and ordered loads and stores: GCC's
+# libatomic (libatomic1), as C++'s std::atomic does them. Without it (rare),
+# plain accesses: ordered on x86-64 (TSO), but a move of the client's may
+# then overwrite one of the server's (a channel closing meanwhile is then
+# seen at the call's deadline instead of at once).
+_SEQ_CST = 5
+_atomic_load = _atomic_cas = None
+try:
+    _libatomic = ctypes.CDLL(ctypes.util.find_library("atomic") or "libatomic.so.1")
+    # getattr: names with two leading underscores would be mangled in a class.
+    _atomic_load = getattr(_libatomic, "__atomic_load_4")
+    _atomic_load.restype = ctypes.c_uint32
+    _atomic_load.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    _atomic_cas = getattr(_libatomic, "__atomic_compare_exchange_4")
+    _atomic_cas.restype = ctypes.c_bool
+    _atomic_cas.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32), ctypes.c_uint32,
+                            ctypes.c_int, ctypes.c_int]
+except (OSError, AttributeError):
+    _atomic_load = _atomic_cas = None
 
 
 class ShmChannel:
@@ -71,6 +93,7 @@ class ShmChannel:
         self._buf = self._shm.buf
         struct.pack_into("<III", self._buf, 0, _MAGIC, _VERSION, _IDLE)
         self._word = ctypes.c_uint32.from_buffer(self._buf, _STATE[1])
+        self._word_at = ctypes.addressof(self._word)
         try:
             client.register_shared_memory(self.name, "/" + self.name, size)
             self._client = client
@@ -81,6 +104,23 @@ class ShmChannel:
         self._open = True
 
     # --- the protocol (base/shm_channel.h) -----------------------------------
+
+    def _load(self) -> int:
+        if _atomic_load is not None:
+            return int(_atomic_load(self._word_at, _SEQ_CST))
+        return int(self._word.value)
+
+    def _cas(self, expected: int, desired: int) -> "tuple[bool, int]":
+        """Moves the word from `expected` to `desired`; (moved, the value seen)."""
+        if _atomic_cas is not None:
+            seen = ctypes.c_uint32(expected)
+            moved = _atomic_cas(self._word_at, ctypes.byref(seen), desired, _SEQ_CST, _SEQ_CST)
+            return bool(moved), int(seen.value)
+        seen_value = int(self._word.value)
+        if seen_value != expected:
+            return False, seen_value
+        self._word.value = desired
+        return True, expected
 
     def _get(self, field: "tuple[str, int]") -> int:
         return struct.unpack_from(field[0], self._buf, field[1])[0]
@@ -95,7 +135,7 @@ class ShmChannel:
         ts = None
         if timeout is not None:
             ts = _Timespec(int(timeout), int((timeout % 1) * 1e9))
-        _libc.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(ctypes.addressof(self._word)),
+        _libc.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(self._word_at),
                       ctypes.c_int(op), ctypes.c_uint32(value),
                       ctypes.byref(ts) if ts is not None else None, None, ctypes.c_int(0))
 
@@ -103,7 +143,7 @@ class ShmChannel:
         """The state word once it no longer holds `value`, or at `deadline`."""
         spin_end = min(time.monotonic() + self.spin, deadline)
         while True:
-            now_value = self._word.value
+            now_value = self._load()
             if now_value != value:
                 return now_value
             now = time.monotonic()
@@ -116,20 +156,23 @@ class ShmChannel:
              timeout: float) -> service_pb2.RunMoEResponse:
         """One RunMoE; raises kplan.KplanError as a gRPC call would (the
         server's code, message and field)."""
-        from kplan.client import KplanError  # the client module imports this one
+        # The client module imports this one; its google.rpc messages are
+        # googleapis' when installed, else the vendored copies (never both).
+        from kplan.client import KplanError, _field_of_status, status_pb2
 
         if self._client is None:
             raise KplanError(grpc.StatusCode.UNAVAILABLE, "the channel is closed", None)
         deadline = time.monotonic() + timeout
-        state = self._word.value
+        state = self._load()
         # An abandoned call holds the channel until the server lets go of it.
         while state not in (_IDLE, _DONE):
             if state == _CLOSED:
-                raise KplanError(grpc.StatusCode.UNAVAILABLE,
-                                 "the server closed the shared-memory channel", None)
+                raise KplanError(grpc.StatusCode.UNAVAILABLE, _CLOSED_TEXT, None)
             if state in (_POSTED, _RUNNING):
-                self._word.value = _CANCELLED
-                state = _CANCELLED
+                _, state = self._cas(state, _CANCELLED)
+                continue
+            if state > _CLOSED:  # not the protocol's: this process wrote over it
+                _, state = self._cas(state, _IDLE)
                 continue
             new = self._await_change(state, deadline)
             if new == state:
@@ -147,21 +190,28 @@ class ShmChannel:
         self._put(_REQ_BYTES, len(data))
         self._put(_TIMEOUT, max(1, int((deadline - time.monotonic()) * 1e6)))
         self._put(_SEQ, self._sequence)
-        self._word.value = _POSTED
+        moved, state = self._cas(state, _POSTED)
+        if not moved:
+            raise KplanError(grpc.StatusCode.UNAVAILABLE if state == _CLOSED
+                             else grpc.StatusCode.INTERNAL,
+                             _CLOSED_TEXT if state == _CLOSED else
+                             f"the channel's state moved to {state} under the client", None)
         self._futex(_FUTEX_WAKE, 0x7FFFFFFF, None)
         state = _POSTED
         while state in (_POSTED, _RUNNING):
             new = self._await_change(state, deadline)
             if new == state:
-                self._word.value = _CANCELLED  # the server answers nothing now
-                raise KplanError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                 f"no answer on the shared-memory channel within {timeout} s",
-                                 None)
+                moved, new = self._cas(state, _CANCELLED)
+                if moved:  # the server answers nothing now
+                    raise KplanError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                     f"no answer on the shared-memory channel within {timeout} s",
+                                     None)
             state = new
-        if state == _CLOSED:
-            raise KplanError(grpc.StatusCode.UNAVAILABLE,
-                             "the server closed the shared-memory channel", None)
-        if state != _DONE or self._get(_RESP_SEQ) != self._sequence:
+        # Closed right after Done still holds this call's answer.
+        ours = self._get(_RESP_SEQ) == self._sequence
+        if state == _CLOSED and not ours:
+            raise KplanError(grpc.StatusCode.UNAVAILABLE, _CLOSED_TEXT, None)
+        if state not in (_DONE, _CLOSED) or not ours:
             raise KplanError(grpc.StatusCode.INTERNAL,
                              f"the channel's state moved to {state} without an answer", None)
         n = self._get(_RESP_BYTES)
@@ -170,11 +220,13 @@ class ShmChannel:
         start = _HEADER + self.request_capacity
         answer = bytes(self._buf[start:start + n])
         code = self._get(_STATUS)
-        if code == 0:
-            return service_pb2.RunMoEResponse.FromString(answer)
-        error = status_pb2.Status.FromString(answer)
-        from kplan.client import _field_of_status
-
+        try:
+            if code == 0:
+                return service_pb2.RunMoEResponse.FromString(answer)
+            error = status_pb2.Status.FromString(answer)
+        except DecodeError:
+            raise KplanError(grpc.StatusCode.INTERNAL,
+                             "the channel's answer could not be parsed", None) from None
         raise KplanError(_CODES.get(code, grpc.StatusCode.UNKNOWN), error.message,
                          _field_of_status(error))
 
@@ -186,7 +238,7 @@ class ShmChannel:
         client, self._client = self._client, None
         if client is not None:
             try:
-                if getattr(self, "_open", False) and self._word.value != _CLOSED:
+                if getattr(self, "_open", False) and self._load() != _CLOSED:
                     client.close_shm_channel(self.name)
             except Exception:  # noqa: BLE001 - the region goes whatever the server says
                 pass
@@ -197,6 +249,7 @@ class ShmChannel:
         if self._shm is not None:
             shm, self._shm = self._shm, None
             self._word = None
+            self._word_at = 0
             self._buf = None
             try:
                 shm.close()
@@ -218,5 +271,7 @@ class ShmChannel:
             self.close()
 
 
+_CLOSED_TEXT = ("the server closed the shared-memory channel (close_shm_channel, its region "
+                "unregistered, or the server stopping)")
 # gRPC's numeric codes.
 _CODES = {c.value[0]: c for c in grpc.StatusCode}

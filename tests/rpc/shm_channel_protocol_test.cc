@@ -1,0 +1,303 @@
+// The shared-memory call channel's protocol alone (base/shm_channel.h), its
+// server (server/rpc/shm_channels.h) and client (client/cpp/shm_channel.h)
+// without gRPC, so that it runs under TSan (scripts/sanitize.sh tsan): a
+// handler that answers late from other threads (as the device workers do),
+// clients that give up on calls at random, channels closed while calls
+// run. Every answer must be its own request's; nothing may hang.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/shm_channel.h"
+#include "client/cpp/shm_channel.h"
+#include "google/rpc/status.pb.h"
+#include "gtest/gtest.h"
+#include "server/moe/shm_regions.h"
+#include "server/rpc/shm_channels.h"
+
+namespace kplan::rpc {
+namespace {
+
+constexpr int64_t kCapacity = 1 << 16;
+
+// Answers on a few threads of its own, after a short random delay: the
+// answer to a request is its hidden_states bytes reversed, and experts_id
+// "error" is refused.
+class LateHandler {
+ public:
+  explicit LateHandler(int threads) {
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this, i] { Work(i); });
+  }
+  ~LateHandler() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  void operator()(ShmChannelServer::Request request, ShmChannelServer::Answer answer) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back({std::move(request), std::move(answer)});
+    }
+    cv_.notify_one();
+  }
+  int64_t cancelled_seen() const { return cancelled_seen_.load(); }
+
+ private:
+  struct Item {
+    ShmChannelServer::Request request;
+    ShmChannelServer::Answer answer;
+  };
+  void Work(int seed) {
+    std::mt19937 rng(seed);
+    while (true) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      absl::SleepFor(absl::Microseconds(rng() % 300));
+      if (item.request.cancelled()) ++cancelled_seen_;
+      v1::RunMoERequest request;
+      if (!request.ParseFromString(item.request.bytes)) {
+        (void)item.answer(absl::InvalidArgumentError("not a request"), nullptr);
+        continue;
+      }
+      if (request.experts_id() == "error") {
+        (void)item.answer(absl::NotFoundError("no set 'error'"), nullptr);
+        continue;
+      }
+      v1::RunMoEResponse response;
+      const std::string& x = request.hidden_states().data();
+      response.mutable_output()->set_data(std::string(x.rbegin(), x.rend()));
+      (void)item.answer(absl::OkStatus(), &response);
+      (void)item.answer(absl::InternalError("a second answer must be dropped"), nullptr);
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stop_ = false;
+  std::atomic<int64_t> cancelled_seen_{0};
+  std::vector<std::thread> workers_;
+};
+
+std::string PlainError(const absl::Status& status) {
+  google::rpc::Status s;
+  s.set_code(static_cast<int>(status.code()));
+  s.set_message(std::string(status.message()));
+  return s.SerializeAsString();
+}
+
+// A POSIX object registered as region `name`, mapped here too.
+struct Region {
+  std::string key;
+  char* base = nullptr;
+  size_t bytes = 0;
+  Region(ShmRegistry& registry, const std::string& name, size_t size) : bytes(size) {
+    key = absl::StrCat("/kplan-protocol-test-", getpid(), "-", name);
+    const int fd = shm_open(key.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
+    base = static_cast<char*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+    ShmChannelInit(base);
+    EXPECT_TRUE(registry.Register(ShmRegionInfo{name, key, 0, int64_t(size), "", 0}).ok());
+  }
+  ~Region() {
+    munmap(base, bytes);
+    shm_unlink(key.c_str());
+  }
+};
+
+ShmChannel::Options ClientOptions() {
+  ShmChannel::Options o;
+  o.request_capacity = kCapacity;
+  o.response_capacity = kCapacity;
+  o.spin = absl::Microseconds(20);
+  return o;
+}
+
+v1::RunMoERequest RequestOf(std::mt19937& rng, int n) {
+  v1::RunMoERequest r;
+  r.set_experts_id(n % 9 == 0 ? "error" : "l");
+  std::string x(16 + rng() % 512, '\0');
+  for (char& c : x) c = static_cast<char>(rng());
+  r.mutable_hidden_states()->set_data(x);
+  return r;
+}
+
+TEST(ShmChannelProtocolTest, LateAnswersAndAbandonedCalls) {
+  ShmRegistry registry;
+  LateHandler handler(3);
+  ShmChannelServer::Options options;
+  options.spin = absl::Microseconds(20);
+  options.error_bytes = PlainError;
+  ShmChannelServer server(options, [&](auto request, auto answer) {
+    handler(std::move(request), std::move(answer));
+  });
+  constexpr int kChannels = 4, kCalls = 150;
+  std::vector<std::unique_ptr<Region>> regions;
+  for (int c = 0; c < kChannels; ++c) {
+    const std::string name = absl::StrCat("ch", c);
+    regions.push_back(
+        std::make_unique<Region>(registry, name, kShmChannelHeaderBytes + 2 * kCapacity));
+    ASSERT_TRUE(server.Open(name, *registry.ResolveWindow(name, "region"), kCapacity).ok());
+  }
+  std::atomic<int> wrong{0}, deadlines{0}, answered{0}, refused{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kChannels; ++c) {
+    clients.emplace_back([&, c] {
+      std::mt19937 rng(100 + c);
+      std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(regions[c]->base, ClientOptions());
+      for (int n = 1; n <= kCalls; ++n) {
+        const v1::RunMoERequest request = RequestOf(rng, n);
+        // One call in five gives up almost at once.
+        const absl::Duration timeout =
+            rng() % 5 == 0 ? absl::Microseconds(rng() % 200) : absl::Seconds(10);
+        v1::RunMoEResponse response;
+        const absl::Status s = channel->RunMoE(request, &response, timeout);
+        const std::string& x = request.hidden_states().data();
+        if (s.ok()) {
+          ++answered;
+          if (request.experts_id() == "error" ||
+              response.output().data() != std::string(x.rbegin(), x.rend())) {
+            ++wrong;
+          }
+        } else if (absl::IsDeadlineExceeded(s)) {
+          ++deadlines;
+        } else if (absl::IsNotFound(s) && request.experts_id() == "error" &&
+                   s.message() == "no set 'error'") {
+          ++refused;
+        } else {
+          ADD_FAILURE() << "call " << n << " on channel " << c << ": " << s;
+        }
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(answered.load(), kChannels * kCalls / 2);
+  EXPECT_GT(deadlines.load(), 0);
+  EXPECT_GT(refused.load(), 0);
+  EXPECT_EQ(answered + deadlines + refused, kChannels * kCalls);
+  server.CloseAll();
+  EXPECT_EQ(server.size(), 0u);
+  for (const auto& r : regions) {
+    EXPECT_EQ(reinterpret_cast<ShmChannelHeader*>(r->base)->state.load(),
+              ShmWord(ShmChannelState::kClosed));
+  }
+}
+
+// Closing a channel while its client calls: every call ends (answered, or
+// UNAVAILABLE once closed), none hangs, and the handler's late answers to
+// a closed channel are harmless.
+TEST(ShmChannelProtocolTest, CloseWhileCalling) {
+  ShmRegistry registry;
+  LateHandler handler(2);
+  ShmChannelServer::Options options;
+  options.spin = absl::ZeroDuration();
+  options.error_bytes = PlainError;
+  ShmChannelServer server(options, [&](auto request, auto answer) {
+    handler(std::move(request), std::move(answer));
+  });
+  Region region(registry, "c", kShmChannelHeaderBytes + 2 * kCapacity);
+  ASSERT_TRUE(server.Open("c", *registry.ResolveWindow("c", "region"), kCapacity).ok());
+  std::atomic<bool> closed{false};
+  std::atomic<int> unavailable{0}, ok{0};
+  std::thread client([&] {
+    std::mt19937 rng(7);
+    std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(region.base, ClientOptions());
+    for (int n = 1; n <= 100000; ++n) {
+      v1::RunMoERequest request = RequestOf(rng, 1);
+      v1::RunMoEResponse response;
+      const absl::Status s = channel->RunMoE(request, &response, absl::Seconds(5));
+      if (s.ok()) ++ok;
+      if (absl::IsUnavailable(s)) {
+        ++unavailable;
+        break;
+      }
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    EXPECT_TRUE(closed.load());
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  closed = true;
+  ASSERT_TRUE(server.Close("c").ok());
+  client.join();
+  EXPECT_EQ(unavailable.load(), 1);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(server.Close("c").code(), absl::StatusCode::kNotFound);
+}
+
+// A call in flight when its channel closes is answered: the close waits
+// for it, and the client reads its answer, not UNAVAILABLE; the next call
+// is told the channel closed.
+TEST(ShmChannelProtocolTest, AnswerInFlightAtCloseIsDelivered) {
+  ShmRegistry registry;
+  std::mutex mu;
+  std::condition_variable cv;
+  ShmChannelServer::Answer held;
+  std::string held_bytes;
+  bool taken = false, gate = false;
+  ShmChannelServer::Options options;
+  options.spin = absl::ZeroDuration();
+  options.error_bytes = PlainError;
+  ShmChannelServer server(options, [&](ShmChannelServer::Request request,
+                                       ShmChannelServer::Answer answer) {
+    std::thread([&, request = std::move(request), answer = std::move(answer)] {
+      std::unique_lock<std::mutex> lock(mu);
+      taken = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return gate; });
+      v1::RunMoERequest r;
+      ASSERT_TRUE(r.ParseFromString(request.bytes));
+      v1::RunMoEResponse response;
+      response.mutable_output()->set_data(r.hidden_states().data());
+      (void)answer(absl::OkStatus(), &response);
+    }).detach();
+  });
+  Region region(registry, "c", kShmChannelHeaderBytes + 2 * kCapacity);
+  ASSERT_TRUE(server.Open("c", *registry.ResolveWindow("c", "region"), kCapacity).ok());
+  std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(region.base, ClientOptions());
+  v1::RunMoERequest request;
+  request.mutable_hidden_states()->set_data("in flight");
+  absl::Status first;
+  v1::RunMoEResponse response;
+  std::thread caller([&] { first = channel->RunMoE(request, &response, absl::Seconds(10)); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return taken; });
+  }
+  std::thread closer([&] { EXPECT_TRUE(server.Close("c").ok()); });
+  absl::SleepFor(absl::Milliseconds(30));  // the close waits for the answer
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    gate = true;
+  }
+  cv.notify_all();
+  closer.join();
+  caller.join();
+  ASSERT_TRUE(first.ok()) << first;
+  EXPECT_EQ(response.output().data(), "in flight");
+  EXPECT_EQ(channel->RunMoE(request, &response, absl::Seconds(1)).code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kplan::rpc
