@@ -8,7 +8,9 @@
 #   env: DEVICES (none: the CPU path; 0: cuda:0), COALESCE_WINDOW_US (2000),
 #        COALESCE_MAX_TOKENS (64), METRICS_PORT (set: the server serves its
 #        metrics there and OUT_DIR/metrics_{off,on}.txt keep the RunMoE hop
-#        histograms and coalescing counters read after each run)
+#        histograms and coalescing counters read after each run),
+#        SERVER_FLAGS (more kplan-server flags, e.g. "--allow_shared_memory
+#        --max_shm_channels 128" for kplan_perf --channel)
 # e.g.   scripts/coalesce-perf.sh build/bin /tmp/co --concurrency 64 --tokens 1 \
 #            --num_experts 32 --hidden 1024 --intermediate 512 --top_k 4 --duration_s 10
 set -euo pipefail
@@ -23,6 +25,8 @@ for mode in off on; do
   sock=/tmp/kplan-coalesce-$$-$mode.sock
   flags=(--listen "unix:$sock" --devices "$devices" --log_level warn)
   [ -n "${METRICS_PORT:-}" ] && flags+=(--metrics_listen "127.0.0.1:$METRICS_PORT")
+  # shellcheck disable=SC2206  # words on purpose
+  [ -n "${SERVER_FLAGS:-}" ] && flags+=(${SERVER_FLAGS})
   if [ "$mode" = on ]; then
     flags+=(--coalesce_window_us "$window" --coalesce_max_tokens "$max_tokens")
   fi
