@@ -65,6 +65,9 @@ void ShmChannel::Point(char* base) {
   request_area_ = base + kShmChannelHeaderBytes;
   response_area_ = base + kShmChannelHeaderBytes + options_.request_capacity;
   response_capacity_ = options_.response_capacity;
+  // Past the calls already made on this header (an attached channel), so
+  // that no earlier answer passes for one of ours.
+  sequence_ = ShmChannelLoad(&header_->sequence);
 }
 
 ShmChannel::~ShmChannel() {

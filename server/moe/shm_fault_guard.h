@@ -5,8 +5,15 @@
 // private zero pages over its whole range (as Wayland's wl_shm does) and
 // marked lost: the faulting read sees zeros, writes go nowhere, and the
 // owner (ShmRegion::CheckIntact, a channel's thread) sees it lost and stops
-// using it. A SIGBUS outside every guarded mapping goes to the handler that
-// was installed before (or ends the process as it would have).
+// using it. A SIGBUS outside every guarded mapping (or not a fault past an
+// object's end: a machine check, a kill) goes to the handler that was
+// installed before, or ends the process as it would have.
+//
+// Not covered: a mapping page-locked for the GPUs (cudaHostRegister) keeps
+// its old pages for the GPU's copies, which therefore never fault; a
+// client that truncates such an object and grows it again makes the GPU
+// and the CPU see different memory from then on. That hurts only the
+// client's own calls.
 #pragma once
 
 #include <cstddef>

@@ -533,7 +533,6 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::RunMoE(grpc::CallbackServerCont
 void KernelPlanServiceImpl::RunMoeFromChannel(ShmChannelServer::Request request,
                                               ShmChannelServer::Answer answer) {
   static const std::string kMethod = "RunMoE.shm_channel";
-  if (env_.metrics) env_.metrics->RequestStarted();
   auto messages = std::make_shared<std::pair<v1::RunMoERequest, v1::RunMoEResponse>>();
   RunMoeSite site;
   site.method = kMethod;
@@ -557,12 +556,22 @@ void KernelPlanServiceImpl::RunMoeFromChannel(ShmChannelServer::Request request,
     }
     if (env_.metrics) env_.metrics->RequestFinished(kMethod, code, absl::Now() - start);
   };
-  if (!messages->first.ParseFromString(request.bytes)) {
-    site.finish(
-        absl::InvalidArgumentError("the channel's request bytes are not a kplan.v1.RunMoERequest"));
-    return;
+  // Counted from here on: every way out below finishes the call once.
+  if (env_.metrics) env_.metrics->RequestStarted();
+  const std::function<void(const absl::Status&)> finish = site.finish;
+  try {
+    if (!messages->first.ParseFromString(request.bytes)) {
+      finish(absl::InvalidArgumentError(
+          "the channel's request bytes are not a kplan.v1.RunMoERequest"));
+      return;
+    }
+    StartRunMoe(messages->first, &messages->second, std::move(site));
+  } catch (const std::bad_alloc&) {
+    finish(absl::ResourceExhaustedError("out of memory running the channel's request"));
+  } catch (const std::exception& e) {
+    spdlog::error("RunMoE.shm_channel: {}", e.what());
+    finish(absl::InternalError("the server failed on the channel's request"));
   }
-  StartRunMoe(messages->first, &messages->second, std::move(site));
 }
 
 void KernelPlanServiceImpl::StartRunMoe(v1::RunMoERequest& request, v1::RunMoEResponse* response,

@@ -37,6 +37,7 @@ struct ShmChannelServer::Channel {
   char* response_area = nullptr;
   int64_t response_capacity = 0;
   std::atomic<bool> stop{false};
+  std::atomic<bool> serving{true};  // until the thread's loop ends
   std::thread thread;
   bool Lost() const { return window.region->Lost(); }
 };
@@ -139,6 +140,12 @@ absl::Status ShmChannelServer::Close(const std::string& name) {
   return absl::OkStatus();
 }
 
+bool ShmChannelServer::Serving(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = channels_.find(name);
+  return it != channels_.end() && it->second->serving.load(std::memory_order_acquire);
+}
+
 size_t ShmChannelServer::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return channels_.size();
@@ -173,10 +180,13 @@ void ShmChannelServer::Serve(const std::shared_ptr<Channel>& channel) {
       continue;
     }
     // Sleeping on the word costs the client a wake-up (a system call and a
-    // thread switch), so only after a while without calls.
-    ShmChannelAwaitChange(state, s, std::max(spin_until - absl::Now(), absl::ZeroDuration()),
-                          absl::InfiniteFuture(), absl::Milliseconds(50), &channel->stop);
+    // thread switch), so only after a while without calls. At least every
+    // 50 ms the loop looks at the region again (a truncated one reads Idle).
+    const absl::Time now = absl::Now();
+    ShmChannelAwaitChange(state, s, std::max(spin_until - now, absl::ZeroDuration()),
+                          now + absl::Milliseconds(50), absl::Milliseconds(50), &channel->stop);
   }
+  channel->serving.store(false, std::memory_order_release);
   if (channel->Lost()) {
     spdlog::warn("shared-memory channel '{}': its object was truncated; channel ended",
                  channel->name);
@@ -265,11 +275,14 @@ void ShmChannelServer::RunOne(const std::shared_ptr<Channel>& channel) {
   } else if (!pending->done.WaitForNotificationWithDeadline(deadline + kAnswerGrace)) {
     // Every path answers its call (the device workers drop what is past its
     // deadline); if one ever does not, the channel ends rather than hang
-    // its close and the server's shutdown.
+    // its close and the server's shutdown. The call is answered here, so a
+    // late answer writes nothing (not into a later channel's call).
     spdlog::error(
         "shared-memory channel '{}': call {} not answered {} past its deadline; "
         "channel ended",
         channel->name, sequence, absl::FormatDuration(kAnswerGrace));
+    (void)answer(absl::DeadlineExceededError("the server gave up waiting for the call's answer"),
+                 nullptr);
     channel->stop.store(true, std::memory_order_release);
   }
 }

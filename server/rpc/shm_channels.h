@@ -83,7 +83,11 @@ class ShmChannelServer {
   // region has none.
   absl::Status Close(const std::string& name);
   void CloseAll();
+  // Channels open (their threads may have ended: a region truncated, a
+  // call never answered); a channel stays until closed.
   size_t size() const;
+  // Whether region `name` has a channel whose thread still serves it.
+  bool Serving(const std::string& name) const;
 
  private:
   struct Channel;

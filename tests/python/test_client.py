@@ -423,6 +423,9 @@ class SharedMemoryTest(unittest.TestCase):
             w13 = rng.normal(0, 0.2, (e, 2 * i, h)).astype(np.float32)
             w2 = rng.normal(0, 0.2, (e, h, i)).astype(np.float32)
             c.load_experts("ch-layer", w13, w2)
+            # The state word moves by compare-and-swap (libatomic), not by
+            # the plain stores of the fallback.
+            self.assertIsNotNone(kplan.shm_channel._atomic_cas)
             with c.shm_channel() as ch:
                 name = ch.name
                 self.assertTrue(os.path.exists("/dev/shm/" + name))

@@ -148,23 +148,26 @@ TEST(ShmChannelProtocolTest, LateAnswersAndAbandonedCalls) {
   ShmChannelServer::Options options;
   options.spin = absl::Microseconds(20);
   options.error_bytes = PlainError;
-  ShmChannelServer server(options, [&](auto request, auto answer) {
-    handler(std::move(request), std::move(answer));
-  });
+  ShmChannelServer server(
+      options, [&](auto request, auto answer) { handler(std::move(request), std::move(answer)); });
   constexpr int kChannels = 4, kCalls = 150;
   std::vector<std::unique_ptr<Region>> regions;
+  // The client side works on the server's own mapping (the same addresses),
+  // so that TSan sees both sides of every byte.
+  std::vector<ShmView> views;
   for (int c = 0; c < kChannels; ++c) {
     const std::string name = absl::StrCat("ch", c);
     regions.push_back(
         std::make_unique<Region>(registry, name, kShmChannelHeaderBytes + 2 * kCapacity));
-    ASSERT_TRUE(server.Open(name, *registry.ResolveWindow(name, "region"), kCapacity).ok());
+    views.push_back(*registry.ResolveWindow(name, "region"));
+    ASSERT_TRUE(server.Open(name, views.back(), kCapacity).ok());
   }
   std::atomic<int> wrong{0}, deadlines{0}, answered{0}, refused{0};
   std::vector<std::thread> clients;
   for (int c = 0; c < kChannels; ++c) {
     clients.emplace_back([&, c] {
       std::mt19937 rng(100 + c);
-      std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(regions[c]->base, ClientOptions());
+      std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(views[c].data, ClientOptions());
       for (int n = 1; n <= kCalls; ++n) {
         const v1::RunMoERequest request = RequestOf(rng, n);
         // One call in five gives up almost at once.
@@ -205,24 +208,23 @@ TEST(ShmChannelProtocolTest, LateAnswersAndAbandonedCalls) {
 }
 
 // Closing a channel while its client calls: every call ends (answered, or
-// UNAVAILABLE once closed), none hangs, and the handler's late answers to
-// a closed channel are harmless.
+// UNAVAILABLE once closed) and none hangs.
 TEST(ShmChannelProtocolTest, CloseWhileCalling) {
   ShmRegistry registry;
   LateHandler handler(2);
   ShmChannelServer::Options options;
   options.spin = absl::ZeroDuration();
   options.error_bytes = PlainError;
-  ShmChannelServer server(options, [&](auto request, auto answer) {
-    handler(std::move(request), std::move(answer));
-  });
+  ShmChannelServer server(
+      options, [&](auto request, auto answer) { handler(std::move(request), std::move(answer)); });
   Region region(registry, "c", kShmChannelHeaderBytes + 2 * kCapacity);
-  ASSERT_TRUE(server.Open("c", *registry.ResolveWindow("c", "region"), kCapacity).ok());
+  const ShmView view = *registry.ResolveWindow("c", "region");
+  ASSERT_TRUE(server.Open("c", view, kCapacity).ok());
   std::atomic<bool> closed{false};
   std::atomic<int> unavailable{0}, ok{0};
   std::thread client([&] {
     std::mt19937 rng(7);
-    std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(region.base, ClientOptions());
+    std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(view.data, ClientOptions());
     for (int n = 1; n <= 100000; ++n) {
       v1::RunMoERequest request = RequestOf(rng, 1);
       v1::RunMoEResponse response;
@@ -258,23 +260,25 @@ TEST(ShmChannelProtocolTest, AnswerInFlightAtCloseIsDelivered) {
   ShmChannelServer::Options options;
   options.spin = absl::ZeroDuration();
   options.error_bytes = PlainError;
-  ShmChannelServer server(options, [&](ShmChannelServer::Request request,
-                                       ShmChannelServer::Answer answer) {
-    std::thread([&, request = std::move(request), answer = std::move(answer)] {
-      std::unique_lock<std::mutex> lock(mu);
-      taken = true;
-      cv.notify_all();
-      cv.wait(lock, [&] { return gate; });
-      v1::RunMoERequest r;
-      ASSERT_TRUE(r.ParseFromString(request.bytes));
-      v1::RunMoEResponse response;
-      response.mutable_output()->set_data(r.hidden_states().data());
-      (void)answer(absl::OkStatus(), &response);
-    }).detach();
-  });
+  std::vector<std::thread> answering;  // joined before the test's locals go
+  ShmChannelServer server(
+      options, [&](ShmChannelServer::Request request, ShmChannelServer::Answer answer) {
+        answering.emplace_back([&, request = std::move(request), answer = std::move(answer)] {
+          std::unique_lock<std::mutex> lock(mu);
+          taken = true;
+          cv.notify_all();
+          cv.wait(lock, [&] { return gate; });
+          v1::RunMoERequest r;
+          ASSERT_TRUE(r.ParseFromString(request.bytes));
+          v1::RunMoEResponse response;
+          response.mutable_output()->set_data(r.hidden_states().data());
+          (void)answer(absl::OkStatus(), &response);
+        });
+      });
   Region region(registry, "c", kShmChannelHeaderBytes + 2 * kCapacity);
-  ASSERT_TRUE(server.Open("c", *registry.ResolveWindow("c", "region"), kCapacity).ok());
-  std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(region.base, ClientOptions());
+  const ShmView view = *registry.ResolveWindow("c", "region");
+  ASSERT_TRUE(server.Open("c", view, kCapacity).ok());
+  std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(view.data, ClientOptions());
   v1::RunMoERequest request;
   request.mutable_hidden_states()->set_data("in flight");
   absl::Status first;
@@ -285,7 +289,9 @@ TEST(ShmChannelProtocolTest, AnswerInFlightAtCloseIsDelivered) {
     cv.wait(lock, [&] { return taken; });
   }
   std::thread closer([&] { EXPECT_TRUE(server.Close("c").ok()); });
-  absl::SleepFor(absl::Milliseconds(30));  // the close waits for the answer
+  // The close has begun (the channel left the map) and waits for the answer.
+  while (server.size() != 0) absl::SleepFor(absl::Milliseconds(1));
+  absl::SleepFor(absl::Milliseconds(10));
   {
     std::lock_guard<std::mutex> lock(mu);
     gate = true;
@@ -293,6 +299,7 @@ TEST(ShmChannelProtocolTest, AnswerInFlightAtCloseIsDelivered) {
   cv.notify_all();
   closer.join();
   caller.join();
+  for (std::thread& t : answering) t.join();
   ASSERT_TRUE(first.ok()) << first;
   EXPECT_EQ(response.output().data(), "in flight");
   EXPECT_EQ(channel->RunMoE(request, &response, absl::Seconds(1)).code(),

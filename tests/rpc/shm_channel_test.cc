@@ -301,7 +301,12 @@ TEST_F(ShmChannelTest, TruncatedChannelEndsNotTheServer) {
   ASSERT_TRUE(client_->OpenShmChannel("truncated", 16384).ok());
   ASSERT_EQ(ftruncate(fd, 0), 0);
   close(fd);
-  absl::SleepFor(absl::Milliseconds(150));  // the thread polls every 50 ms at most
+  // The channel's thread notices within 50 ms and ends; the server lives.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (server_->environment().shm_channels->Serving("truncated") && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_FALSE(server_->environment().shm_channels->Serving("truncated"));
   // Alive, and serving: gRPC and another channel.
   v1::RunMoERequest req = Request(2);
   absl::StatusOr<v1::RunMoEResponse> over_grpc = client_->RunMoE(req);
@@ -368,7 +373,7 @@ TEST_F(ShmChannelTest, ClosedChannelsSayUnavailable) {
   std::atomic<int> code{-1};
   std::thread caller([&] {
     v1::RunMoEResponse r;
-    code = static_cast<int>(c->RunMoE(big, &r).code());
+    code = static_cast<int>(c->RunMoE(big, &r, absl::Seconds(60)).code());
   });
   absl::SleepFor(absl::Milliseconds(5));
   server_->Shutdown(absl::Seconds(5));
