@@ -66,9 +66,9 @@ struct Harness {
   std::unique_ptr<grpc::GenericStub> generic;
   std::unique_ptr<v1::KernelPlanService::Stub> stub;
   grpc::CompletionQueue cq;
-  std::unique_ptr<Client> client;       // opened the channel
+  std::unique_ptr<Client> client;           // opened the channel
   std::unique_ptr<ShmChannel> shm_channel;  // kept open for the whole run
-  ShmChannelHeader* header = nullptr;   // a second mapping of its region
+  ShmChannelHeader* header = nullptr;       // a second mapping of its region
   char* request_area = nullptr;
   uint64_t sequence = 1u << 20;
 };
