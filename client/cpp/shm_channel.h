@@ -31,7 +31,7 @@ class ShmChannel {
  public:
   struct Options {
     int64_t request_capacity = 1 << 20;   // the largest request, serialized
-    int64_t response_capacity = 1 << 20;  // the largest answer (at least 1024)
+    int64_t response_capacity = 1 << 20;  // the largest answer (at least 4096)
     // How long a call polls for its answer before it sleeps.
     absl::Duration spin = absl::Microseconds(50);
   };

@@ -254,8 +254,10 @@ void ShmChannelServer::RunOne(const std::shared_ptr<Channel>& channel) {
     request.deadline = std::min(request.deadline, start + options_.max_call_time);
   }
   const absl::Time deadline = request.deadline;
+  // Not the channel closing: a close waits for the call in flight, whose
+  // client then reads its answer.
   request.cancelled = [channel, deadline] {
-    return channel->stop.load(std::memory_order_acquire) || channel->Lost() ||
+    return channel->Lost() ||
            channel->header->state.load(std::memory_order_acquire) ==
                ShmWord(ShmChannelState::kCancelled) ||
            absl::Now() >= deadline;

@@ -35,10 +35,11 @@ class ShmChannelServer {
  public:
   // One request read from a channel.
   struct Request {
-    std::string bytes;                // copied out of the region
-    absl::Time start;                 // when the server took it
-    absl::Time deadline;              // from the client's timeout, capped by max_call_time
-    std::function<bool()> cancelled;  // the client gave up or the channel is closing
+    std::string bytes;    // copied out of the region
+    absl::Time start;     // when the server took it
+    absl::Time deadline;  // from the client's timeout, capped by max_call_time
+    std::function<bool()>
+        cancelled;  // the client gave up, the deadline passed, or the region was lost
   };
   // Answers a request, once, from any thread: `response` (OK) is serialized
   // into the answer area; an error as Options::error_bytes makes it. Returns
