@@ -38,7 +38,8 @@ absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Open(Client& client, Opt
   channel->options_ = options;
   const int64_t bytes =
       kShmChannelHeaderBytes + options.request_capacity + options.response_capacity;
-  KPLAN_ASSIGN_OR_RETURN(channel->region_, ClientShmRegion::Create(client, bytes, "channel"));
+  KPLAN_ASSIGN_OR_RETURN(channel->region_,
+                         ClientShmRegion::Create(client, bytes, "channel", options.mode));
   char* base = channel->region_->data();  // page-aligned
   ShmChannelInit(base);
   channel->Point(base);

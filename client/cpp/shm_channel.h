@@ -34,6 +34,9 @@ class ShmChannel {
     int64_t response_capacity = 1 << 20;  // the largest answer (at least 4096)
     // How long a call polls for its answer before it sleeps.
     absl::Duration spin = absl::Microseconds(50);
+    // The region object's permissions (ClientShmRegion::Create): 0660 for
+    // a server of another user in the object's group (the sidecar pod).
+    mode_t mode = 0600;
   };
 
   static absl::StatusOr<std::unique_ptr<ShmChannel>> Open(Client& client, Options options);

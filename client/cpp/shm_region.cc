@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,7 +16,8 @@ namespace kplan {
 
 absl::StatusOr<std::unique_ptr<ClientShmRegion>> ClientShmRegion::Create(Client& client,
                                                                          int64_t bytes,
-                                                                         absl::string_view tag) {
+                                                                         absl::string_view tag,
+                                                                         mode_t mode) {
   if (bytes <= 0) return absl::InvalidArgumentError("a shared-memory region needs bytes > 0");
   static std::atomic<int> counter{0};
   std::unique_ptr<ClientShmRegion> r(new ClientShmRegion());
@@ -27,7 +29,7 @@ absl::StatusOr<std::unique_ptr<ClientShmRegion>> ClientShmRegion::Create(Client&
   }
   r->key_ = key;  // ours from here: unlinked with the region
   void* map = MAP_FAILED;
-  if (ftruncate(fd, bytes) == 0) {
+  if (fchmod(fd, mode) == 0 && ftruncate(fd, bytes) == 0) {
     map = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
   const int err = errno;

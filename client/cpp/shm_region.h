@@ -8,6 +8,8 @@
 // exit path that unwinds leaves nothing behind.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,9 +23,13 @@ namespace kplan {
 class ClientShmRegion {
  public:
   // Creates, sizes and maps the object (`bytes` > 0), then registers it with
-  // `client`'s server; on any failure nothing is left behind.
+  // `client`'s server; on any failure nothing is left behind. `mode`: the
+  // object's permissions, set whatever the umask (0600: this user only;
+  // 0660 lets a server of another user in the object's group open it, as
+  // in the sidecar pod, whose containers share the pod's fsGroup).
   static absl::StatusOr<std::unique_ptr<ClientShmRegion>> Create(Client& client, int64_t bytes,
-                                                                 absl::string_view tag);
+                                                                 absl::string_view tag,
+                                                                 mode_t mode = 0600);
   ~ClientShmRegion();
   ClientShmRegion(const ClientShmRegion&) = delete;
   ClientShmRegion& operator=(const ClientShmRegion&) = delete;

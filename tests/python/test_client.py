@@ -378,7 +378,7 @@ class SharedMemoryTest(unittest.TestCase):
             want = c.run_moe("shm-layer", x, logits, top_k=k)
             with c.shared_memory(64 << 10) as region:
                 key = region.key
-                self.assertTrue(os.path.exists("/dev/shm" + key))
+                self.assertEqual(os.stat("/dev/shm" + key).st_mode & 0o777, 0o600)
                 self.assertEqual([r.name for r in c.list_shared_memory()], [region.name])
                 sx = region.array((m, h))
                 sl = region.array((m, e))
@@ -426,9 +426,9 @@ class SharedMemoryTest(unittest.TestCase):
             # The state word moves by compare-and-swap (libatomic), not by
             # the plain stores of the fallback.
             self.assertIsNotNone(kplan.shm_channel._atomic_cas)
-            with c.shm_channel() as ch:
+            with c.shm_channel(mode=0o660) as ch:
                 name = ch.name
-                self.assertTrue(os.path.exists("/dev/shm/" + name))
+                self.assertEqual(os.stat("/dev/shm/" + name).st_mode & 0o777, 0o660)
                 for m in (1, 7, 1, 40):
                     x = rng.normal(0, 1, (m, h)).astype(np.float32)
                     logits = rng.normal(0, 1, (m, e)).astype(np.float32)

@@ -6,6 +6,7 @@
 // channel keeps serving.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -104,6 +105,18 @@ class ShmChannelTest : public ::testing::Test {
 TEST_F(ShmChannelTest, AnswersAreGrpcsBytes) {
   std::unique_ptr<ShmChannel> channel = Open();
   ASSERT_NE(channel, nullptr);
+  // This user's alone by default, whatever the umask; a group's on request.
+  struct stat st;
+  ASSERT_EQ(stat(absl::StrCat("/dev/shm/", channel->region()).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ShmChannel::Options shared;
+  shared.mode = 0660;
+  const mode_t umask_before = umask(0077);  // would strip the group's bits
+  std::unique_ptr<ShmChannel> group = Open(shared);
+  umask(umask_before);
+  ASSERT_NE(group, nullptr);
+  ASSERT_EQ(stat(absl::StrCat("/dev/shm/", group->region()).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
   for (int m : {1, 3, 1, 17, 64, 0, 5}) {
     v1::RunMoERequest req = Request(m);
     req.set_return_routing(m % 2 == 1);

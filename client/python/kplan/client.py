@@ -427,10 +427,11 @@ class Client:
         return list(self._call(lambda s: s.ListSharedMemory,
                                service_pb2.ListSharedMemoryRequest).regions)
 
-    def shared_memory(self, byte_size: int) -> shm.SharedMemoryRegion:
+    def shared_memory(self, byte_size: int, mode: int = 0o600) -> shm.SharedMemoryRegion:
         """A new POSIX region of `byte_size` bytes registered with this server
-        (kplan.shm): numpy views into it go to run_moe by reference."""
-        return shm.SharedMemoryRegion(self, byte_size)
+        (kplan.shm): numpy views into it go to run_moe by reference. `mode`:
+        0o660 for a server of another user in the object's group (sidecar)."""
+        return shm.SharedMemoryRegion(self, byte_size, mode)
 
     def open_shm_channel(self, region: str, request_capacity: int) -> int:
         """OpenShmChannel on registered POSIX region `region`; returns the
@@ -444,10 +445,10 @@ class Client:
         self._call(lambda s: s.CloseShmChannel, lambda: req)
 
     def shm_channel(self, request_capacity: int = 1 << 20, response_capacity: int = 1 << 20,
-                    spin: float = 50e-6) -> shm_channel.ShmChannel:
+                    spin: float = 50e-6, mode: int = 0o600) -> shm_channel.ShmChannel:
         """A shared-memory call channel with this server (kplan.shm_channel):
         ``run_moe(..., channel=ch)`` then goes through it, without gRPC."""
-        return shm_channel.ShmChannel(self, request_capacity, response_capacity, spin)
+        return shm_channel.ShmChannel(self, request_capacity, response_capacity, spin, mode)
 
     def register_cuda_memory(self, handle: bytes, byte_size: int, device_id: int = 0,
                              name: Optional[str] = None) -> cuda_ipc.CudaMemoryRegion:

@@ -48,6 +48,13 @@ def is_index(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
+def set_mode(name: str, mode: int) -> None:
+    """Sets POSIX shm object `name`'s permissions whatever the umask: 0o600
+    (this user), or 0o660 for a server of another user in the object's group
+    (the sidecar pod, whose containers share the pod's fsGroup)."""
+    os.chmod(f"/dev/shm/{name}", mode)
+
+
 class RegionTensor:
     """A tensor by reference: `shape` and `dtype` (a config_pb2 DType) at
     `offset` of registered `region`, sent to run_moe as {region, offset,
@@ -148,13 +155,14 @@ class SharedMemoryRegion(Region):
     """A POSIX shared-memory object of `byte_size` bytes, registered with
     `client`'s server under its name (use ``Client.shared_memory``)."""
 
-    def __init__(self, client: Any, byte_size: int):
+    def __init__(self, client: Any, byte_size: int, mode: int = 0o600):
         super().__init__(byte_size)
         self._shm: Any = shared_memory.SharedMemory(
             name=f"kplan-py-{os.getpid()}-{next(_counter)}", create=True, size=byte_size)
         self.name = self._shm.name.lstrip("/")
         self.key = "/" + self.name
         try:
+            set_mode(self.name, mode)
             client.register_shared_memory(self.name, self.key, byte_size)
         except BaseException:
             self._release()

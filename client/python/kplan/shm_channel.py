@@ -30,6 +30,7 @@ import grpc
 
 from google.protobuf.message import DecodeError
 
+from kplan import shm
 from kplan.v1 import service_pb2
 
 _MAGIC, _VERSION = 0x4843504B, 1
@@ -74,11 +75,11 @@ except (OSError, AttributeError):
 class ShmChannel:
     """A channel in a new POSIX region of `request_capacity` + `response_capacity`
     bytes after a 64-byte header, registered and opened with `client`'s server
-    (use ``Client.shm_channel``). ``close`` (or leaving the ``with`` block)
+    (use ``Client.shm_channel``); `mode` its object's permissions (kplan.shm.set_mode). ``close`` (or leaving the ``with`` block)
     closes it and unregisters and unlinks the region."""
 
     def __init__(self, client: Any, request_capacity: int = 1 << 20,
-                 response_capacity: int = 1 << 20, spin: float = 50e-6):
+                 response_capacity: int = 1 << 20, spin: float = 50e-6, mode: int = 0o600):
         if request_capacity <= 0 or response_capacity < _MIN_RESPONSE:
             raise ValueError(f"request_capacity must be > 0 and response_capacity >= "
                              f"{_MIN_RESPONSE}; got {request_capacity}, {response_capacity}")
@@ -95,6 +96,7 @@ class ShmChannel:
         self._word = ctypes.c_uint32.from_buffer(self._buf, _STATE[1])
         self._word_at = ctypes.addressof(self._word)
         try:
+            shm.set_mode(self.name, mode)
             client.register_shared_memory(self.name, "/" + self.name, size)
             self._client = client
             client.open_shm_channel(self.name, request_capacity)
