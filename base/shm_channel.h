@@ -83,6 +83,18 @@ inline constexpr int64_t kShmChannelHeaderBytes = sizeof(ShmChannelHeader);
 // message of at most 1 KiB twice, and the field).
 inline constexpr int64_t kShmChannelMinResponseBytes = 4096;
 
+// Where a channel's header and areas lie in its window at `base` (the
+// layout above), for a request area of `request_capacity` bytes.
+struct ShmChannelAreas {
+  ShmChannelHeader* header;
+  char* request;
+  char* response;
+};
+inline ShmChannelAreas ShmChannelAreasAt(char* base, int64_t request_capacity) {
+  return {reinterpret_cast<ShmChannelHeader*>(base), base + kShmChannelHeaderBytes,
+          base + kShmChannelHeaderBytes + request_capacity};
+}
+
 // Writes a fresh header (magic, version, Idle) at `base`, 64-byte aligned:
 // what a client does before it asks the server to open the channel.
 void ShmChannelInit(void* base);

@@ -62,9 +62,10 @@ std::unique_ptr<ShmChannel> ShmChannel::Attach(char* base, Options options) {
 }
 
 void ShmChannel::Point(char* base) {
-  header_ = reinterpret_cast<ShmChannelHeader*>(base);
-  request_area_ = base + kShmChannelHeaderBytes;
-  response_area_ = base + kShmChannelHeaderBytes + options_.request_capacity;
+  const ShmChannelAreas areas = ShmChannelAreasAt(base, options_.request_capacity);
+  header_ = areas.header;
+  request_area_ = areas.request;
+  response_area_ = areas.response;
   response_capacity_ = options_.response_capacity;
   // Past the calls already made on this header (an attached channel), so
   // that no earlier answer passes for one of ours.

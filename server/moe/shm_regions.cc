@@ -33,8 +33,7 @@ ShmRegion::~ShmRegion() {
 absl::Status ShmRegion::CheckIntact() const {
   if (device_ >= 0) return absl::OkStatus();
   struct stat st;
-  if (ShmMappingLost(guard_) || fstat(fd_, &st) != 0 ||
-      st.st_size < info_.offset + info_.byte_size) {
+  if (Lost() || fstat(fd_, &st) != 0 || st.st_size < info_.offset + info_.byte_size) {
     return absl::FailedPreconditionError(
         absl::StrCat("shared-memory region '", ClientText(info_.name), "' (", ClientText(info_.key),
                      ") was truncated below its window; register it again"));

@@ -86,7 +86,8 @@ absl::StatusOr<int64_t> ShmChannelServer::Open(const std::string& name, ShmView 
   }
   auto channel = std::make_shared<Channel>();
   channel->name = name;
-  channel->header = reinterpret_cast<ShmChannelHeader*>(window.data);
+  const ShmChannelAreas areas = ShmChannelAreasAt(window.data, request_capacity);
+  channel->header = areas.header;
   if (ShmChannelLoad(&channel->header->magic) != kShmChannelMagic ||
       ShmChannelLoad(&channel->header->version) != kShmChannelVersion) {
     return InvalidField(
@@ -94,9 +95,9 @@ absl::StatusOr<int64_t> ShmChannelServer::Open(const std::string& name, ShmView 
                                kShmChannelVersion, " (magic 0x", absl::Hex(kShmChannelMagic),
                                ") at its first byte"));
   }
-  channel->request_area = window.data + kShmChannelHeaderBytes;
+  channel->request_area = areas.request;
   channel->request_capacity = request_capacity;
-  channel->response_area = window.data + kShmChannelHeaderBytes + request_capacity;
+  channel->response_area = areas.response;
   channel->response_capacity = response_capacity;
   channel->window = std::move(window);
   std::lock_guard<std::mutex> lock(mu_);

@@ -169,6 +169,11 @@ class SharedMemoryRegion(Region):
             raise
         self._client = client
 
+    @property
+    def buffer(self) -> memoryview:
+        """The whole region's bytes (a call channel's layout: kplan.shm_channel)."""
+        return self._shm.buf
+
     def array(self, shape: Sequence[int], dtype: str = "float32",
               offset: "int | None" = None) -> ShmTensor:
         """A view of `shape` and `dtype` (float32, float16, bfloat16, int32) at

@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import itertools
-import os
 import platform
 import struct
 import time
-from multiprocessing import shared_memory
 from typing import Any, Optional
 
 import grpc
@@ -43,7 +40,6 @@ _STATE, _STATUS, _REQ_BYTES, _RESP_BYTES = ("<I", 8), ("<i", 12), ("<Q", 16), ("
 _TIMEOUT, _SEQ, _RESP_SEQ = ("<q", 32), ("<Q", 40), ("<Q", 48)
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
-_counter = itertools.count()
 
 
 class _Timespec(ctypes.Structure):
@@ -74,9 +70,10 @@ except (OSError, AttributeError):
 
 class ShmChannel:
     """A channel in a new POSIX region of `request_capacity` + `response_capacity`
-    bytes after a 64-byte header, registered and opened with `client`'s server
-    (use ``Client.shm_channel``); `mode` its object's permissions (kplan.shm.set_mode). ``close`` (or leaving the ``with`` block)
-    closes it and unregisters and unlinks the region."""
+    bytes after a 64-byte header (a kplan.shm.SharedMemoryRegion, `mode` its
+    object's permissions), opened with `client`'s server (use
+    ``Client.shm_channel``). ``close`` (or leaving the ``with`` block) closes it,
+    then unregisters and unlinks the region."""
 
     def __init__(self, client: Any, request_capacity: int = 1 << 20,
                  response_capacity: int = 1 << 20, spin: float = 50e-6, mode: int = 0o600):
@@ -87,23 +84,21 @@ class ShmChannel:
         self.spin = spin
         self._client: Any = None
         self._sequence = 0
-        size = _HEADER + request_capacity + response_capacity
-        self._shm: Any = shared_memory.SharedMemory(
-            name=f"kplan-pych-{os.getpid()}-{next(_counter)}", create=True, size=size)
-        self.name = self._shm.name.lstrip("/")
-        self._buf = self._shm.buf
+        # The region (kplan.shm) creates, registers, unregisters and unlinks
+        # the object, as ClientShmRegion does for the C++ channel.
+        self._region: Any = shm.SharedMemoryRegion(
+            client, _HEADER + request_capacity + response_capacity, mode)
+        self.name = self._region.name
+        self._buf = self._region.buffer
         struct.pack_into("<III", self._buf, 0, _MAGIC, _VERSION, _IDLE)
         self._word = ctypes.c_uint32.from_buffer(self._buf, _STATE[1])
         self._word_at = ctypes.addressof(self._word)
         try:
-            shm.set_mode(self.name, mode)
-            client.register_shared_memory(self.name, "/" + self.name, size)
-            self._client = client
             client.open_shm_channel(self.name, request_capacity)
         except BaseException:
             self.close()
             raise
-        self._open = True
+        self._client = client
 
     # --- the protocol (base/shm_channel.h) -----------------------------------
 
@@ -235,32 +230,20 @@ class ShmChannel:
     # --- lifetime --------------------------------------------------------------
 
     def close(self) -> None:
-        """Closes the channel and its region (the server may be gone: ignored).
-        Again: nothing."""
+        """Closes the channel (the server may be gone: ignored), then its
+        region. Again: nothing."""
         client, self._client = self._client, None
-        if client is not None:
+        if client is not None and self._load() != _CLOSED:
             try:
-                if getattr(self, "_open", False) and self._load() != _CLOSED:
-                    client.close_shm_channel(self.name)
+                client.close_shm_channel(self.name)
             except Exception:  # noqa: BLE001 - the region goes whatever the server says
                 pass
-            try:
-                client.unregister_shared_memory(self.name)
-            except Exception:  # noqa: BLE001
-                pass
-        if self._shm is not None:
-            shm, self._shm = self._shm, None
-            self._word = None
+        region, self._region = getattr(self, "_region", None), None
+        if region is not None:
+            self._word = None  # the buffer's last export: the mapping may go
             self._word_at = 0
             self._buf = None
-            try:
-                shm.close()
-            except BufferError:
-                pass
-            try:
-                shm.unlink()
-            except FileNotFoundError:
-                pass
+            region.close()
 
     def __enter__(self) -> "ShmChannel":
         return self
@@ -269,7 +252,7 @@ class ShmChannel:
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_shm", None) is not None:
+        if getattr(self, "_region", None) is not None:
             self.close()
 
 
