@@ -300,6 +300,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   OpenChannel();
   CheckAlive("start");
   std::atexit(PrintCodes);
+  // libFuzzer ends the process without unwinding the harness: the channel's
+  // object would stay in /dev/shm after every run (the server's mapping
+  // goes with the process).
+  std::atexit([] { shm_unlink(absl::StrCat("/", h->shm_channel->region()).c_str()); });
   return 0;
 }
 
