@@ -19,12 +19,12 @@ o=${OUT:-/tmp/out}
 mkdir -p "$o"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$o/gpu.txt"
 # Correctness first: the channel's tests (CPU path) and the GPU server's.
-$b/rpc_shm_channel_test 2>&1 | tail -3 | tee "$o/tests.txt"
-$b/rpc_gpu_server_test 2>&1 | tail -3 | tee -a "$o/tests.txt"
-$b/rpc_coalesce_gpu_test 2>&1 | tail -3 | tee -a "$o/tests.txt"
+timeout 60 $b/rpc_shm_channel_test 2>&1 | tail -3 | tee "$o/tests.txt"
+timeout 60 $b/rpc_gpu_server_test 2>&1 | tail -3 | tee -a "$o/tests.txt"
+timeout 60 $b/rpc_coalesce_gpu_test 2>&1 | tail -3 | tee -a "$o/tests.txt"
 # Round trip against the layer, hop by hop (Qwen3-30B-A3B bf16): skip / run /
 # shm over gRPC against chan / chshm through a channel, and the gRPC floor.
-timeout 240 $b/moe_rpc_bench --iters 300 --tokens 1,8,64,512 --transport unix \
+timeout 180 $b/moe_rpc_bench --iters 300 --tokens 1,8,64,512 --transport unix \
   > "$o/moe_rpc_bench.txt" 2>&1
 timeout 120 $b/rpc_floor_bench --calls 2000 --rounds 3 --transport unix --process separate \
   --cases grpc,skip,channel --csv "$o/floor.csv" > "$o/floor.txt" 2>&1
@@ -33,7 +33,7 @@ for via in grpc channel; do
   extra=()
   [ "$via" = channel ] && extra=(--channel)
   DEVICES=0 COALESCE_WINDOW_US=50 SERVER_FLAGS="--allow_shared_memory --max_shm_channels 128" \
-    timeout 100 scripts/coalesce-perf.sh $b "$o/coalesce_$via" --concurrency 1,64 --tokens 1 \
+    timeout 75 scripts/coalesce-perf.sh $b "$o/coalesce_$via" --concurrency 1,64 --tokens 1 \
     --duration_s 4 --warmup_s 1 "${extra[@]}" > "$o/coalesce_$via.txt" 2>&1
 done
 tail -n 30 "$o"/*.txt
