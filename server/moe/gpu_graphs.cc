@@ -30,7 +30,8 @@ bool SameLayer(const MoeLayerArgs& a, const MoeLayerArgs& b) {
 bool MoeGraphKey::operator==(const MoeGraphKey& o) const {
   return experts == o.experts && SameLayer(layer, o.layer) && workspace == o.workspace &&
          workspace_capacity == o.workspace_capacity && host == o.host &&
-         host_capacity == o.host_capacity && quant_route == o.quant_route;
+         host_capacity == o.host_capacity && quant_route == o.quant_route &&
+         stage_by_sm == o.stage_by_sm;
 }
 
 MoeGraphCache::Use MoeGraphCache::Lookup(const MoeGraphKey& key, cudaGraphExec_t* exec) {

@@ -44,6 +44,7 @@ struct MoeGraphKey {
   const void* host = nullptr;  // the thread's pinned buffer
   int64_t host_capacity = 0;
   kernels::cuda::MoeQuantRouteMode quant_route = kernels::cuda::MoeQuantRouteMode::kAuto;
+  bool stage_by_sm = false;  // GpuRunOptions::stage_by_sm
 
   bool operator==(const MoeGraphKey& o) const;
 };

@@ -405,12 +405,20 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   la.act_dtype = in.act_dtype;
   la.output = ws.At<void>(o_out);
   const bool window_pinned = !graph_sized && to_window && window.view.region->pinned();
+  // The staging copies by the SMs: graph-sized calls whose inputs and output
+  // all pass through the pinned buffer.
+  const bool stage_by_sm = options.stage_by_sm && graph_sized && !dev.any();
   // Everything on the stream from the upload to the download: enqueued
   // directly, or captured once into a graph and replayed (gpu_graphs.h).
   const auto enqueue = [&]() -> absl::Status {
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(upload_from), host + upload_from,
-                                               o_out - upload_from, cudaMemcpyHostToDevice,
-                                               stream));
+    if (stage_by_sm) {
+      KPLAN_RETURN_IF_ERROR(kc::LaunchMoeStageCopy(ws.At<void>(upload_from), host + upload_from,
+                                                   o_out - upload_from, stream));
+    } else {
+      KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(upload_from), host + upload_from,
+                                                 o_out - upload_from, cudaMemcpyHostToDevice,
+                                                 stream));
+    }
     const auto d2d = [&](int64_t at, const void* src, int64_t bytes) -> absl::Status {
       if (src == nullptr) return absl::OkStatus();
       KPLAN_CUDA_RETURN_IF_ERROR(
@@ -430,8 +438,13 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     // Downloads: one DMA into the pinned mirror (the routing, and the
     // output unless it goes to client device memory or to a pinned window).
     const int64_t download_end = dev.output != nullptr || window_pinned ? o_out : io_bytes;
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        host + o_ids, ws.At<void>(o_ids), download_end - o_ids, cudaMemcpyDeviceToHost, stream));
+    if (stage_by_sm) {
+      KPLAN_RETURN_IF_ERROR(
+          kc::LaunchMoeStageCopy(host + o_ids, ws.At<void>(o_ids), download_end - o_ids, stream));
+    } else {
+      KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          host + o_ids, ws.At<void>(o_ids), download_end - o_ids, cudaMemcpyDeviceToHost, stream));
+    }
     return absl::OkStatus();
   };
   // Not graphed: copies from or to client device memory (its addresses
@@ -446,7 +459,8 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
                           ws.capacity(),
                           host,
                           static_cast<int64_t>(pinned->capacity()),
-                          kc::MoeQuantRouteModeNow()};
+                          kc::MoeQuantRouteModeNow(),
+                          stage_by_sm};
     cudaGraphExec_t exec = nullptr;
     MoeGraphCache::Use use = tw.graphs.Lookup(key, &exec);
     if (use == MoeGraphCache::Use::kCapture) {

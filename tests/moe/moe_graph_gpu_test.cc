@@ -6,7 +6,8 @@
 // workspace poisoned with NaN before a replay still comes back complete; after
 // a large call regrows the workspace, after another set is loaded in place of
 // a freed one (its addresses may be the old ones) and after any set is freed,
-// the graphs are rebuilt, not replayed stale. The
+// the graphs are rebuilt, not replayed stale; the copies staged by the SMs
+// (GpuRunOptions::stage_by_sm) give the same bits. The
 // shapes: Qwen3-30B-A3B's widths in bf16 (32 of its 128 experts, top-8,
 // H=2048, I=768; decode kernels at one token, grouped GEMMs above), DeepSeek-V3-style grouped
 // routing with a correction bias on a smaller set, and fp8 128x128 blocks. Skips without a device.
@@ -62,10 +63,11 @@ void ExpectSameBits(const MoeRunOutput& got, const MoeRunOutput& want, const std
 }
 
 MoeRunOutput RunOnce(const GpuExperts& gpu, MoeRunInput in, bool graph, void* stream,
-                     bool poison = false) {
+                     bool poison = false, bool stage_by_sm = false) {
   in.cuda_graph = graph;
   GpuRunOptions options;
   options.poison_workspace = poison;
+  options.stage_by_sm = stage_by_sm;
   absl::StatusOr<MoeRunOutput> out = RunMoeOnGpu(gpu, in, stream, options);
   EXPECT_TRUE(out.ok()) << out.status();
   return out.ok() ? *std::move(out) : MoeRunOutput{};
@@ -105,6 +107,15 @@ TEST(MoeGraphGpuTest, GraphedCallsGiveTheEagerBits) {
       ExpectSameBits(RunOnce(**gpu, a, true, stream.get(), /*poison=*/true), want_a,
                      "replay after poisoning the workspace");
       EXPECT_EQ(MoeGraphLaunchesOnThisThread() - launches, 3) << "graph replays";
+      // Staged by the SMs instead of the copy engines: eager, captured,
+      // replayed (a graph of its own: the key tells the forms apart).
+      for (const char* what :
+           {"staged by SMs (eager)", "staged by SMs (captured)", "staged by SMs (replayed)"}) {
+        ExpectSameBits(RunOnce(**gpu, b, true, stream.get(), /*poison=*/true,
+                               /*stage_by_sm=*/true),
+                       want_b, what);
+      }
+      EXPECT_EQ(MoeGraphLaunchesOnThisThread() - launches, 5) << "graph replays";
       // The same shape eagerly again: graphs did not disturb the eager path.
       ExpectSameBits(RunOnce(**gpu, b, false, stream.get()), want_b, "eager after graphs");
     }

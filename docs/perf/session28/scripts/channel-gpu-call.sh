@@ -24,7 +24,7 @@ timeout 60 $b/rpc_gpu_server_test 2>&1 | tail -3 | tee -a "$o/tests.txt"
 timeout 60 $b/rpc_coalesce_gpu_test 2>&1 | tail -3 | tee -a "$o/tests.txt"
 # Round trip against the layer, hop by hop (Qwen3-30B-A3B bf16): skip / run /
 # shm over gRPC against chan / chshm through a channel, and the gRPC floor.
-timeout 180 $b/moe_rpc_bench --iters 300 --tokens 1,8,64,512 --transport unix \
+timeout 180 $b/moe_rpc_bench --iters 200 --tokens 1,8,64,512 --transport unix \
   > "$o/moe_rpc_bench.txt" 2>&1
 timeout 120 $b/rpc_floor_bench --calls 2000 --rounds 3 --transport unix --process separate \
   --cases grpc,skip,channel --csv "$o/floor.csv" > "$o/floor.txt" 2>&1
