@@ -2,8 +2,10 @@
 
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/env.h"
 #include "base/status.h"
 #include "resolve/oracle/routing_methods.h"
@@ -146,11 +148,37 @@ absl::string_view MoeRouteKindName(MoeRouteKind kind) {
   return "";
 }
 
-absl::StatusOr<std::string> NormalizeMoeBackend(absl::string_view moe_backend) {
+namespace {
+
+absl::StatusOr<std::string> NormalizeOnce(absl::string_view moe_backend) {
   KernelConfig config;
   if (!moe_backend.empty()) config.moe_backend = std::string(moe_backend);
   KPLAN_ASSIGN_OR_RETURN(KernelConfig normalized, NormalizeKernelConfig(std::move(config)));
   return normalized.moe_backend;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> NormalizeMoeBackend(absl::string_view moe_backend) {
+  // Pure, and asked on every RunMoE, where it cost 9-18 us (a whole
+  // KernelConfig validated; docs/PERF.md, session 29): the answers for the
+  // few strings clients send are kept, the default's without a lock.
+  if (moe_backend.empty()) {
+    static const auto* const kDefault = new absl::StatusOr<std::string>(NormalizeOnce(""));
+    return *kDefault;
+  }
+  static constexpr size_t kMaxKept = 64;  // a client may send any string
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* const kept ABSL_GUARDED_BY(mu) =
+      new absl::flat_hash_map<std::string, absl::StatusOr<std::string>>();
+  {
+    absl::MutexLock lock(&mu);
+    if (auto it = kept->find(moe_backend); it != kept->end()) return it->second;
+  }
+  absl::StatusOr<std::string> normalized = NormalizeOnce(moe_backend);
+  absl::MutexLock lock(&mu);
+  if (kept->size() < kMaxKept) kept->emplace(std::string(moe_backend), normalized);
+  return normalized;
 }
 
 absl::StatusOr<MoeRoute> ChooseMoeRoute(const ExpertsSpec& spec, const MoeRunInput& input,

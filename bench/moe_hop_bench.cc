@@ -3,10 +3,11 @@
 // no RPC, on cuda:0, one random bf16 set (default Qwen3-30B-A3B: E=128,
 // top-8, H=2048, I=768), routed by random logits; per token count the
 // medians over --iters calls of
-//   hop_graph    RunMoeOnGpu as the server runs it (--cuda_graphs on): host
-//                wall clock from the call to its return, output on the host;
-//   hop_sm       hop_graph with its copies by the SMs (GpuRunOptions::
-//                stage_by_sm);
+//   hop_graph    RunMoeOnGpu as the server runs it (--cuda_graphs on, its
+//                copies by the SMs): host wall clock from the call to its
+//                return, output on the host;
+//   hop_dma      hop_graph with its copies by the copy engines
+//                (GpuRunOptions::stage_by_sm false);
 //   hop_eager    the same without the graph;
 //   layer_gpu    the layer's own GPU time inside an eager hop (CUDA events
 //                after the upload and before the download: GpuRunStats);
@@ -15,9 +16,9 @@
 //                latency as one isolated call sees it);
 //   copies       a graph of the hop's two copies only (the upload of hidden
 //                states and logits, the download of ids, weights, output);
-//   copies_sm    the same two copies by one-CTA kernels that read and write
-//                the pinned host buffer through its device mapping (no DMA
-//                engine);
+//   copies_sm    the same two copies by the SMs through the pinned buffer's
+//                device mapping (kernels::cuda::LaunchMoeStageCopy, as
+//                hop_graph copies);
 //   sync_floor   a graph of one 4-byte memset: launch to synchronised.
 // The first call of each kind is checked against the eager hop's bits (the
 // graphed hop and the isolated layer must agree byte for byte) before any
@@ -40,6 +41,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/runtime/stream.h"
 #include "server/moe/gpu_layer.h"
 #include "server/moe/gpu_runner.h"
@@ -109,12 +111,6 @@ cudaGraphExec_t Capture(cudaStream_t stream, const std::function<void()>& enqueu
   return exec;
 }
 
-// One CTA copies `bytes` (a multiple of 16) from `src` to `dst`, either of
-// them pinned host memory seen through its device mapping.
-__global__ void CopyKernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n16) {
-  for (int64_t i = threadIdx.x; i < n16; i += blockDim.x) dst[i] = src[i];
-}
-
 double ReplayUs(int iters, cudaGraphExec_t exec, cudaStream_t stream) {
   return TimeUs(iters, [&] {
     CUDA_OK(cudaGraphLaunch(exec, stream));
@@ -162,7 +158,7 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   std::printf("GPU %s; shape E=%d k=%d H=%lld I=%lld bf16; medians of %d calls, us\n", prop.name, E,
               k, static_cast<long long>(H), static_cast<long long>(I), iters);
-  std::printf("%6s %10s %8s %10s %10s %12s %8s %10s %10s %14s\n", "tokens", "hop_graph", "hop_sm",
+  std::printf("%6s %10s %8s %10s %10s %12s %8s %10s %10s %14s\n", "tokens", "hop_graph", "hop_dma",
               "hop_eager", "layer_gpu", "layer_alone", "copies", "copies_sm", "sync_floor",
               "hop-layer_gpu");
   std::FILE* csv = nullptr;
@@ -173,7 +169,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::fprintf(csv,
-                 "gpu,tokens,hop_graph_us,hop_sm_us,hop_eager_us,layer_gpu_us,layer_alone_us,"
+                 "gpu,tokens,hop_graph_us,hop_dma_us,hop_eager_us,layer_gpu_us,layer_alone_us,"
                  "copies_us,copies_sm_us,sync_floor_us\n");
   }
   for (absl::string_view tok : absl::StrSplit(absl::GetFlag(FLAGS_tokens), ',')) {
@@ -194,18 +190,18 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    GpuRunOptions sm;
-    sm.stage_by_sm = true;
+    GpuRunOptions dma;
+    dma.stage_by_sm = false;
     for (int i = 0; i < 3; ++i) {
-      const MoeRunOutput got = Ok(RunMoeOnGpu(*gpu, in, stream, sm));
+      const MoeRunOutput got = Ok(RunMoeOnGpu(*gpu, in, stream, dma));
       if (got.output != want.output || got.topk_ids != want.topk_ids) {
-        std::fprintf(stderr, "M=%lld: the hop staged by SMs differs from the eager one\n",
+        std::fprintf(stderr, "M=%lld: the hop by copy engines differs from the eager one\n",
                      static_cast<long long>(M));
         return 1;
       }
     }
     const double hop_graph = TimeUs(iters, [&] { Ok(RunMoeOnGpu(*gpu, in, stream)); });
-    const double hop_sm = TimeUs(iters, [&] { Ok(RunMoeOnGpu(*gpu, in, stream, sm)); });
+    const double hop_dma = TimeUs(iters, [&] { Ok(RunMoeOnGpu(*gpu, in, stream, dma)); });
     in.cuda_graph = false;
     const double hop_eager = TimeUs(iters, [&] { Ok(RunMoeOnGpu(*gpu, in, stream)); });
     std::vector<double> layer_ms;
@@ -260,11 +256,8 @@ int main(int argc, char** argv) {
     });
     const double copies_us = ReplayUs(iters, copies, stream);
     const cudaGraphExec_t copies_sm = Capture(stream, [&] {
-      CopyKernel<<<1, 512, 0, stream>>>(reinterpret_cast<const uint4*>(h_io),
-                                        reinterpret_cast<uint4*>(d_in), in_bytes / 16);
-      CopyKernel<<<1, 512, 0, stream>>>(reinterpret_cast<const uint4*>(d_out),
-                                        reinterpret_cast<uint4*>(h_io + in_bytes), out_bytes / 16);
-      CUDA_OK(cudaGetLastError());
+      Ok(kernels::cuda::LaunchMoeStageCopy(d_in, h_io, in_bytes, stream));
+      Ok(kernels::cuda::LaunchMoeStageCopy(h_io + in_bytes, d_out, out_bytes, stream));
     });
     // The kernels' copy of the output is the layer's bits (and the DMA's).
     std::memset(h_io + in_bytes, 0, out_bytes);
@@ -279,11 +272,11 @@ int main(int argc, char** argv) {
         Capture(stream, [&] { CUDA_OK(cudaMemsetAsync(d_out, 0, 4, stream)); });
     const double sync_floor = ReplayUs(iters, floor, stream);
     std::printf("%6lld %10.1f %8.1f %10.1f %10.1f %12.1f %8.1f %10.1f %10.1f %14.1f\n",
-                static_cast<long long>(M), hop_graph, hop_sm, hop_eager, layer_gpu, layer_alone,
+                static_cast<long long>(M), hop_graph, hop_dma, hop_eager, layer_gpu, layer_alone,
                 copies_us, copies_sm_us, sync_floor, hop_graph - layer_gpu);
     if (csv != nullptr) {
       std::fprintf(csv, "%s,%lld,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", prop.name,
-                   static_cast<long long>(M), hop_graph, hop_sm, hop_eager, layer_gpu, layer_alone,
+                   static_cast<long long>(M), hop_graph, hop_dma, hop_eager, layer_gpu, layer_alone,
                    copies_us, copies_sm_us, sync_floor);
     }
     for (cudaGraphExec_t g : {layer, copies, copies_sm, floor}) CUDA_OK(cudaGraphExecDestroy(g));
