@@ -702,9 +702,9 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
     CHECK_CUDA(cudaMemcpy(hidden_host.data(), hidden[0]->p, M * H * 2, cudaMemcpyDeviceToHost));
     in.hidden_states = std::move(hidden_host);
     in.logits_shape = {M, E};
-    in.router_logits.resize(M * E * 4);
-    CHECK_CUDA(
-        cudaMemcpy(in.router_logits.data(), logits[0]->p, M * E * 4, cudaMemcpyDeviceToHost));
+    std::string logits_host(M * E * 4, '\0');
+    CHECK_CUDA(cudaMemcpy(logits_host.data(), logits[0]->p, M * E * 4, cudaMemcpyDeviceToHost));
+    in.router_logits = std::move(logits_host);
     in.routing.routing_method = "RenormalizeNaive";
     in.routing.top_k = k;
     kplan::GpuRunOptions opt;

@@ -98,18 +98,19 @@ MoeRunInput Merge(const std::vector<const MoeRunInput*>& parts) {
     logits += p->router_logits.size();
     ids += p->topk_ids.size();
   }
-  std::string merged_hidden;  // the members' rows, read in place or not
+  std::string merged_hidden, merged_logits;  // the members' rows, read in place or not
   merged_hidden.reserve(hidden);
-  merged.router_logits.reserve(logits);
+  merged_logits.reserve(logits);
   merged.topk_ids.reserve(ids);
   merged.topk_weights.reserve(ids);
   for (const MoeRunInput* p : parts) {
     merged_hidden.append(p->hidden_states.data(), p->hidden_states.size());
-    merged.router_logits += p->router_logits;
+    merged_logits.append(p->router_logits.data(), p->router_logits.size());
     merged.topk_ids += p->topk_ids;
     merged.topk_weights += p->topk_weights;
   }
   merged.hidden_states = std::move(merged_hidden);
+  merged.router_logits = std::move(merged_logits);
   merged.hidden_shape = {m, first.hidden_shape[1]};
   if (first.by_logits()) {
     merged.logits_shape = {m, first.logits_shape[1]};
@@ -355,7 +356,7 @@ void MoeCoalescer::RunGroup(Shared& shared, const std::shared_ptr<Group>& group,
                     where.name, " (for ", absl::FormatDuration(start - g.arrived[i]), ")")));
     } else if (m.cancelled && m.cancelled()) {
       g.Fail(i, absl::CancelledError("the call was cancelled while it waited for its launch"));
-    } else if (absl::Status intact = m.input.hidden_states.CheckIntact(); !intact.ok()) {
+    } else if (absl::Status intact = m.input.CheckIntact(); !intact.ok()) {
       g.Fail(i, intact);  // its window was truncated: reading it for the merge would fault
     } else {
       live.push_back(i);

@@ -30,9 +30,14 @@ absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& sha
 
 }  // namespace
 
-absl::Status HostBytes::CheckIntact() const {
+absl::Status HostBytes::CheckIntact(absl::string_view tensor) const {
   if (!in_place()) return absl::OkStatus();
-  return WithField(view_.region->CheckIntact(), "hidden_states.shm.region");
+  return WithField(view_.region->CheckIntact(), absl::StrCat(tensor, ".shm.region"));
+}
+
+absl::Status MoeRunInput::CheckIntact() const {
+  KPLAN_RETURN_IF_ERROR(hidden_states.CheckIntact("hidden_states"));
+  return router_logits.CheckIntact("router_logits");
 }
 
 absl::Status MoeHostOutput::Writable(int64_t bytes) const {
@@ -120,7 +125,7 @@ absl::StatusOr<MoeRunShape> CheckMoeRunInput(const ExpertsSpec& spec, const MoeR
   KPLAN_RETURN_IF_ERROR(CheckShape("hidden_states", in.hidden_shape, {m, spec.hidden},
                                    bytes(in.hidden_states, dev.hidden_states, dev.hidden_bytes),
                                    kernels::DTypeSize(in.act_dtype)));
-  KPLAN_RETURN_IF_ERROR(in.hidden_states.CheckIntact());
+  KPLAN_RETURN_IF_ERROR(in.CheckIntact());
   shape.by_logits = in.by_logits();
   const bool by_ids = !in.topk_ids.empty() || !in.topk_shape.empty();
   if (shape.by_logits == by_ids) {

@@ -74,9 +74,10 @@ class HostBytes {
   bool in_place() const { return view_.region != nullptr; }
   const ShmView& shm() const { return view_; }
   // OK for the server's bytes; for a window, its region's CheckIntact
-  // (FAILED_PRECONDITION naming hidden_states.shm.region when its object was
-  // truncated: reading would raise SIGBUS). Asked by every path before it reads.
-  absl::Status CheckIntact() const;
+  // (FAILED_PRECONDITION naming `<tensor>.shm.region` when its object was
+  // truncated: reading would raise SIGBUS). MoeRunInput::CheckIntact asks it
+  // of every tensor read in place; every path asks that before it reads.
+  absl::Status CheckIntact(absl::string_view tensor) const;
   // Replacing the bytes (tests and benchmarks build inputs as strings).
   void assign(size_t n, char c) { *this = HostBytes(std::string(n, c)); }
   void assign(const char* p, size_t n) { *this = HostBytes(std::string(p, n)); }
@@ -115,7 +116,7 @@ struct MoeRunInput {
   HostBytes hidden_states;                               // raw bytes
   // Either router logits (fp32 [M, E]) with routing ...
   std::vector<int64_t> logits_shape;
-  std::string router_logits;
+  HostBytes router_logits;
   MoeRouting routing;
   // ... or given top-k ids (int32 [M, k]) and weights (fp32 [M, k]).
   std::vector<int64_t> topk_shape;
@@ -123,6 +124,9 @@ struct MoeRunInput {
   bool apply_router_weight_on_input = false;
   // Routed from router_logits (else by a given top-k).
   bool by_logits() const { return !router_logits.empty() || !logits_shape.empty(); }
+  // HostBytes::CheckIntact of hidden_states and router_logits (the tensors
+  // that may be read in place from a client's window).
+  absl::Status CheckIntact() const;
   MoeDeviceTensors device;    // tensors in client CUDA memory, if any
   MoeHostOutput host_output;  // the output into a client's POSIX window, if any
   // Every output row must come out as if its token ran alone, whatever the

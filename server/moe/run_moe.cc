@@ -97,9 +97,9 @@ absl::Status RunOnGroup(moe::ep::EpGroup& group, RunMoeRequest request, const Ru
   // a window truncated meanwhile could fail one rank inside a collective the
   // others wait in. The group takes a copy instead (and its output goes to
   // the window through the caller).
-  if (request.input.hidden_states.in_place()) {
-    KPLAN_RETURN_IF_ERROR(request.input.hidden_states.CheckIntact());
-    request.input.hidden_states = std::string(request.input.hidden_states.bytes());
+  KPLAN_RETURN_IF_ERROR(request.input.CheckIntact());
+  for (HostBytes* t : {&request.input.hidden_states, &request.input.router_logits}) {
+    if (t->in_place()) *t = std::string(t->bytes());
   }
   const absl::Time queued = absl::Now();
   return group.RunMoe(
@@ -324,6 +324,7 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   job.cancelled = std::move(call.cancelled);
   job.fail = call.fail;
   job.inline_ok = use_gpu ? env.inline_gpu : env.inline_cpu;
+  job.inline_large_ok = call.caller_may_block;
   // Only a small job's answer is handed over: a large output stays charged
   // to the executor's budget until its worker has sent it.
   TaskPool* answers = job.bytes < DeviceExecutor::kLargeJobBytes ? env.answers : nullptr;

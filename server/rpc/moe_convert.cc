@@ -222,6 +222,8 @@ absl::StatusOr<RunMoeShm> ResolveRunMoeShm(const ShmRegistry* regions, v1::RunMo
       KPLAN_RETURN_IF_ERROR(WithField(view.CopyTo(t->mutable_data()->data()), field));
     } else if (tensor == "hidden_states") {
       shm.hidden_states = std::move(view);  // read in place
+    } else if (tensor == "router_logits") {
+      shm.router_logits = std::move(view);  // read in place
     } else {
       t->set_data(view.data, static_cast<size_t>(view.size));
     }
@@ -251,8 +253,11 @@ absl::StatusOr<RunMoeShm> ResolveRunMoeShm(const ShmRegistry* regions, v1::RunMo
 
 void AttachRunMoeShm(const RunMoeShm& shm, std::function<bool()> cancelled, MoeRunInput* in) {
   if (shm.hidden_states) in->hidden_states = HostBytes(*shm.hidden_states);
+  if (shm.router_logits) in->router_logits = HostBytes(*shm.router_logits);
   if (!shm.output || shm.output->device() >= 0) return;
-  if (shm.hidden_states && shm.output->Overlaps(*shm.hidden_states)) return;
+  for (const std::optional<ShmView>* input : {&shm.hidden_states, &shm.router_logits}) {
+    if (*input && shm.output->Overlaps(**input)) return;
+  }
   in->host_output.view = *shm.output;
   in->host_output.cancelled = std::move(cancelled);
 }

@@ -41,19 +41,22 @@ absl::StatusOr<RunMoeRequest> RunMoeRequestFromProto(const ExpertStore& store,
 // naming `field` when it is not empty.
 absl::Status SharedMemoryOff(absl::string_view field);
 
-// What ResolveRunMoeShm found in POSIX regions: the hidden states' window,
-// which the run reads in place, and the output's window.
+// What ResolveRunMoeShm found in POSIX regions: the hidden states' and the
+// router logits' windows, which the run reads in place, and the output's.
 struct RunMoeShm {
   std::optional<ShmView> hidden_states;
+  std::optional<ShmView> router_logits;
   std::optional<ShmView> output;  // output_shm (a CUDA region's too)
 };
 
 // RunMoE's shared-memory references (Tensor.shm, output_shm) against
 // `regions` (null: shared memory is off, and any reference is
 // SharedMemoryOff naming it), bounds-checked, errors naming
-// `<tensor>.shm.*`: hidden_states in a POSIX region is returned as a view to
-// read in place (AttachRunMoeShm); router_logits and a given top-k, small and
-// what routes, are copied into the request as their data. The output window
+// `<tensor>.shm.*`: hidden_states and router_logits in a POSIX region are
+// returned as views to read in place (AttachRunMoeShm: a copy of 512 tokens'
+// logits cost ~100 us a call, docs/PERF.md session 29); a given top-k, which
+// indexes memory once checked, is copied into the request as its data (a
+// client writing its window meanwhile cannot change it). The output window
 // is returned when the request names one, and must be exactly as large as
 // hidden_states (the output's size), else INVALID_ARGUMENT naming
 // output_shm.byte_size. References into CUDA regions go to `device` instead
@@ -64,10 +67,10 @@ struct RunMoeShm {
 absl::StatusOr<RunMoeShm> ResolveRunMoeShm(const ShmRegistry* regions, v1::RunMoERequest& p,
                                            MoeDeviceTensors* device);
 
-// Gives `in` the POSIX windows of `shm`: the hidden states read in place,
-// and the output written in place (MoeRunInput::host_output, asking
-// `cancelled` before the write) unless its window overlaps the hidden
-// states' (then the output comes back in the result and
+// Gives `in` the POSIX windows of `shm`: the hidden states and logits read
+// in place, and the output written in place (MoeRunInput::host_output,
+// asking `cancelled` before the write) unless its window overlaps an
+// input's (then the output comes back in the result and
 // RunMoeResultToProto copies it after the run: never an input overwritten
 // while it is read).
 void AttachRunMoeShm(const RunMoeShm& shm, std::function<bool()> cancelled, MoeRunInput* in);

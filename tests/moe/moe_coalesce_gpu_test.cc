@@ -41,7 +41,8 @@ MoeRunInput Rows(const MoeRunInput& all, int64_t first, int64_t m) {
   in.hidden_shape = {m, all.hidden_shape[1]};
   in.hidden_states = std::string(all.hidden_states.bytes().substr(first * row, m * row));
   in.logits_shape = {m, all.logits_shape[1]};
-  in.router_logits = all.router_logits.substr(first * kExperts * 4, m * kExperts * 4);
+  in.router_logits =
+      std::string(all.router_logits.bytes().substr(first * kExperts * 4, m * kExperts * 4));
   return in;
 }
 

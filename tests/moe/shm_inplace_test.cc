@@ -43,16 +43,21 @@ class ShmInPlaceTest : public CpuRunMoeTest {
     ASSERT_TRUE(regions_.Register(ShmRegionInfo{"r", object_.key(), 0, kBytes, "", 0}).ok());
   }
 
-  ShmView View(int64_t offset, int64_t size) {
-    absl::StatusOr<ShmView> v = regions_.Resolve("r", offset, size, "x");
+  ShmView View(int64_t offset, int64_t size, const std::string& region = "r") {
+    absl::StatusOr<ShmView> v = regions_.Resolve(region, offset, size, "x");
     EXPECT_TRUE(v.ok()) << v.status();
     return v.ok() ? *std::move(v) : ShmView{};
   }
-  // `in` with its hidden states put into the object at `at` and read there.
-  MoeRunInput InPlace(MoeRunInput in, int64_t at) {
-    std::memcpy(client_ + at, in.hidden_states.data(), in.hidden_states.size());
-    const auto size = static_cast<int64_t>(in.hidden_states.size());
-    in.hidden_states = HostBytes(View(at, size));
+  // `in` with its hidden states put into the object at `at` (and its router
+  // logits at `logits_at` unless negative) and read there, through region
+  // `region` (which starts at the object's start).
+  MoeRunInput InPlace(MoeRunInput in, int64_t at, int64_t logits_at = -1,
+                      const std::string& region = "r") {
+    for (auto [t, offset] : {std::pair{&in.hidden_states, at}, {&in.router_logits, logits_at}}) {
+      if (offset < 0) continue;
+      std::memcpy(client_ + offset, t->data(), t->size());
+      *t = HostBytes(View(offset, static_cast<int64_t>(t->size()), region));
+    }
     return in;
   }
   // The output of `in` into the object's window at `at`.
@@ -96,7 +101,8 @@ TEST_F(ShmInPlaceTest, TheWindowGetsTheBitsOfTheOwnedRun) {
   ASSERT_FALSE(owned.result->output.in_place);
   ASSERT_EQ(owned.result->output.output.size(), out_bytes);
 
-  MoeRunInput shm = InPlace(in, 128);
+  MoeRunInput shm = InPlace(in, 128, 4096);
+  ASSERT_TRUE(shm.router_logits.in_place());
   OutputAt(shm, kOut + 64);
   RunMoeOutcome got = Run(shm);
   ASSERT_TRUE(got.result.ok()) << got.result.status();
@@ -163,6 +169,22 @@ TEST_F(ShmInPlaceTest, AWindowTruncatedWhileTheCallWaitsFailsTheCallNotTheServer
     EXPECT_EQ(got.result.status().code(), absl::StatusCode::kFailedPrecondition)
         << got.result.status();
     EXPECT_EQ(FieldOf(got.result.status()).value_or(""), "hidden_states.shm.region");
+  }
+  {
+    SCOPED_TRACE("router logits");
+    object_.Truncate(kBytes);
+    // The hidden states through a registration of the object's first 4096
+    // bytes, which stays whole; the logits through the whole object's.
+    ASSERT_TRUE(regions_.Register(ShmRegionInfo{"low", object_.key(), 0, 4096, "", 0}).ok());
+    MoeRunInput in = InPlace(InPlace(Random(3), 128, -1, "low"), -1, 6144);
+    std::shared_ptr<std::promise<void>> release = HoldWorker();
+    std::future<RunMoeOutcome> queued = Start(Request(std::move(in)));
+    object_.Truncate(4096);  // below the logits, above the hidden states
+    release->set_value();
+    RunMoeOutcome got = queued.get();
+    EXPECT_EQ(got.result.status().code(), absl::StatusCode::kFailedPrecondition)
+        << got.result.status();
+    EXPECT_EQ(FieldOf(got.result.status()).value_or(""), "router_logits.shm.region");
   }
   {
     SCOPED_TRACE("output");

@@ -1,8 +1,9 @@
 // RunMoE's shared-memory references as the request conversion resolves them
-// (server/rpc/moe_convert.h): hidden states in a POSIX region are read in
-// place, router logits copied into the request, and the output window is
-// written in place unless it overlaps the hidden states' bytes, through the
-// same registration or another one of the object.
+// (server/rpc/moe_convert.h): hidden states and router logits in a POSIX
+// region are read in place, a given top-k is copied into the request, and
+// the output window is written in place unless it overlaps an input's bytes,
+// through the same registration or another one of the object.
+#include <cstring>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -41,6 +42,7 @@ TEST(MoeShmConvertTest, HiddenStatesInPlaceOutputInPlaceUnlessItOverlapsThem) {
       {"the same window", Ref("a", 0, kX), false},
       {"overlapping its end", Ref("a", kX - 1, kX), false},
       {"another registration of the same bytes", Ref("b", 0, kX), false},
+      {"overlapping the logits", Ref("a", 512 + 8, kX), false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -55,9 +57,9 @@ TEST(MoeShmConvertTest, HiddenStatesInPlaceOutputInPlaceUnlessItOverlapsThem) {
     absl::StatusOr<RunMoeShm> shm = ResolveRunMoeShm(&regions, p, &device);
     ASSERT_TRUE(shm.ok()) << shm.status();
     EXPECT_FALSE(device.any());
-    // The logits are the request's bytes now; the hidden states are not.
+    // Neither input is copied into the request.
     EXPECT_FALSE(p.router_logits().has_shm());
-    EXPECT_EQ(p.router_logits().data(), std::string(mem + 512, 2 * 4 * 4));
+    EXPECT_TRUE(p.router_logits().data().empty());
     EXPECT_FALSE(p.hidden_states().has_shm());
     EXPECT_TRUE(p.hidden_states().data().empty());
     MoeRunInput in;
@@ -72,6 +74,11 @@ TEST(MoeShmConvertTest, HiddenStatesInPlaceOutputInPlaceUnlessItOverlapsThem) {
     ASSERT_TRUE(in.hidden_states.in_place());
     EXPECT_EQ(in.hidden_states.data(), shm->hidden_states->data);
     EXPECT_EQ(in.hidden_states.size(), static_cast<size_t>(kX));
+    ASSERT_TRUE(in.router_logits.in_place());
+    EXPECT_EQ(in.router_logits.data(), shm->router_logits->data);
+    EXPECT_EQ(in.router_logits.bytes(), std::string(mem + 512, 2 * 4 * 4));
+    EXPECT_EQ(in.router_logits.size(), 2u * 4 * 4);
+    EXPECT_TRUE(in.CheckIntact().ok());
     EXPECT_EQ(in.host_output.any(), c.in_place);
     if (c.in_place) {
       EXPECT_EQ(in.host_output.view.data, shm->output->data);
@@ -79,6 +86,28 @@ TEST(MoeShmConvertTest, HiddenStatesInPlaceOutputInPlaceUnlessItOverlapsThem) {
       EXPECT_TRUE(asked);
     }
   }
+}
+
+// A given top-k indexes memory once checked: its bytes are copied into the
+// request, so a client writing its window later cannot change them.
+TEST(MoeShmConvertTest, GivenTopKIsCopied) {
+  TestShmObject object("moe-shm-convert-topk-test", 4096);
+  char* const mem = object.data();
+  ASSERT_NE(mem, nullptr);
+  for (int i = 0; i < 4096; ++i) mem[i] = static_cast<char>(i % 13);
+  ShmRegistry regions;
+  ASSERT_TRUE(regions.Register(ShmRegionInfo{"a", object.key(), 0, 4096, "", 0}).ok());
+  v1::RunMoERequest p;
+  *p.mutable_topk_ids()->mutable_shm() = Ref("a", 256, 2 * 4 * 4);
+  *p.mutable_topk_weights()->mutable_shm() = Ref("a", 512, 2 * 4 * 4);
+  MoeDeviceTensors device;
+  absl::StatusOr<RunMoeShm> shm = ResolveRunMoeShm(&regions, p, &device);
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  const std::string ids(mem + 256, 2 * 4 * 4), weights(mem + 512, 2 * 4 * 4);
+  std::memset(mem, 0x7f, 4096);  // the client writes its window afterwards
+  EXPECT_EQ(p.topk_ids().data(), ids);
+  EXPECT_EQ(p.topk_weights().data(), weights);
+  EXPECT_FALSE(p.topk_ids().has_shm());
 }
 
 }  // namespace
