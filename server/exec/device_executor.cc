@@ -223,8 +223,8 @@ absl::Status DeviceExecutor::Submit(size_t index, Job job) {
       return refused;
     }
     const bool large = job.large || bytes >= kLargeJobBytes;
-    run_here =
-        job.inline_ok && !large && !w->busy && w->bound && w->small.empty() && w->large.empty();
+    run_here = job.inline_ok && (!large || job.inline_large_ok) && !w->busy && w->bound &&
+               w->small.empty() && w->large.empty();
     if (run_here) {
       w->busy = true;  // the slot is this thread's until the job ran
     } else {

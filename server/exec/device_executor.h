@@ -28,9 +28,10 @@
 //   through `fail`. A job's `work` and `fail` must finish their call exactly
 //   once between them (the RPC layer's Call guards that).
 //
-// - The fast path. A job marked inline_ok runs on the submitting thread,
-//   inside Submit, when its worker is idle (nothing queued, nothing running,
-//   its device bound): no hand-over to the worker and no wake-up. The slot
+// - The fast path. A small job marked inline_ok (a large one only with
+//   inline_large_ok too) runs on the submitting thread, inside Submit, when
+//   its worker is idle (nothing queued, nothing running, its device bound):
+//   no hand-over to the worker and no wake-up. The slot
 //   is claimed for that time, so the worker and other submitters wait; one
 //   job runs on a slot at a time either way.
 //
@@ -93,6 +94,10 @@ class DeviceExecutor {
     // May run on the submitting thread when the worker is idle (see the
     // file comment); `work` or `fail` has then run when Submit returns OK.
     bool inline_ok = false;
+    // With inline_ok, a large job too: the submitting thread may be held
+    // for as long as the work takes (a shared-memory channel's own thread,
+    // which waits for the answer anyway), not only a gRPC thread's share.
+    bool inline_large_ok = false;
   };
 
   struct Options {

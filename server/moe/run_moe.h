@@ -87,6 +87,11 @@ struct RunMoeCall {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;
   std::function<void(const absl::Status&)> fail;
+  // The calling thread may be held for the whole run, whatever its size (a
+  // shared-memory channel's own thread): an idle device runs even a large
+  // call there (DeviceExecutor::Job::inline_large_ok) instead of waking
+  // its worker.
+  bool caller_may_block = false;
 };
 
 // How the answer ran, as RunMoEResponse.plan reports it.

@@ -538,6 +538,7 @@ void KernelPlanServiceImpl::RunMoeFromChannel(ShmChannelServer::Request request,
   site.method = kMethod;
   site.start = request.start;
   site.deadline = request.deadline;
+  site.caller_may_block = true;  // the channel's own thread waits for the answer anyway
   site.cancelled = std::move(request.cancelled);
   auto finished = std::make_shared<std::atomic<bool>>(false);
   site.finish = [this, messages, finished, answer = std::move(answer),
@@ -619,6 +620,7 @@ void KernelPlanServiceImpl::StartRunMoe(v1::RunMoERequest& request, v1::RunMoERe
   hooks.deadline = site.deadline;
   hooks.cancelled = site.cancelled;
   hooks.fail = [finish](const absl::Status& status) { (*finish)(status); };
+  hooks.caller_may_block = site.caller_may_block;
   absl::Status queued = kplan::RunMoe(
       run_env, *std::move(core), std::move(hooks),
       [this, finish, cancelled = site.cancelled, method = site.method, response, answer](

@@ -154,6 +154,7 @@ class KernelPlanServiceImpl final : public v1::KernelPlanService::CallbackServic
     absl::Time deadline;
     std::function<bool()> cancelled;
     std::function<void(const absl::Status&)> finish;  // answers the call; only the first counts
+    bool caller_may_block = false;                    // RunMoeCall::caller_may_block
   };
   // RunMoE on a parsed request; `request` and `response` live until
   // site.finish has been called.

@@ -285,26 +285,35 @@ TEST(DeviceExecutorTest, InlineWorkRunsOnTheSubmitterWhenIdle) {
   EXPECT_NE(second.get_future().get(), me);
   EXPECT_EQ(ex->inline_runs(), 1);
 
-  // Large work never runs inline, even on an idle worker: first a small job
-  // that runs inline shows the worker is idle, then the large one.
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  job.bytes = 100;
-  job.work = [&](const DeviceSlot&, absl::Duration) { ran_on = std::this_thread::get_id(); };
-  do {
-    ran_on = std::thread::id();
+  // Large work runs inline on an idle worker only with inline_large_ok:
+  // first a small job that runs inline shows the worker is idle, then the
+  // large one.
+  for (bool large_ok : {false, true}) {
+    SCOPED_TRACE(large_ok ? "inline_large_ok" : "inline_ok only");
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    job.bytes = 100;
+    job.inline_large_ok = false;
+    job.work = [&](const DeviceSlot&, absl::Duration) { ran_on = std::this_thread::get_id(); };
+    do {
+      ran_on = std::thread::id();
+      ASSERT_TRUE(ex->Submit(0, job).ok());
+      while (ran_on == std::thread::id() && absl::Now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } while (ran_on != me && absl::Now() < give_up);
+    ASSERT_EQ(ran_on, me) << "the worker never became idle";
+    job.bytes = DeviceExecutor::kLargeJobBytes;
+    job.inline_large_ok = large_ok;
+    std::promise<std::thread::id> large;
+    job.work = [&](const DeviceSlot&, absl::Duration) {
+      large.set_value(std::this_thread::get_id());
+    };
     ASSERT_TRUE(ex->Submit(0, job).ok());
-    while (ran_on == std::thread::id() && absl::Now() < give_up) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(large.get_future().get() == me, large_ok);
+    if (large_ok) {
+      EXPECT_EQ(ex->queued_bytes(), 0);  // released before Submit returned
     }
-  } while (ran_on != me && absl::Now() < give_up);
-  ASSERT_EQ(ran_on, me) << "the worker never became idle";
-  job.bytes = DeviceExecutor::kLargeJobBytes;
-  std::promise<std::thread::id> large;
-  job.work = [&](const DeviceSlot&, absl::Duration) {
-    large.set_value(std::this_thread::get_id());
-  };
-  ASSERT_TRUE(ex->Submit(0, job).ok());
-  EXPECT_NE(large.get_future().get(), me);
+  }
 }
 
 TEST(DeviceExecutorTest, InlineAndWorkerJobsNeverOverlapOnASlot) {
