@@ -6,8 +6,9 @@
 // workspace poisoned with NaN before a replay still comes back complete; after
 // a large call regrows the workspace, after another set is loaded in place of
 // a freed one (its addresses may be the old ones) and after any set is freed,
-// the graphs are rebuilt, not replayed stale; the copies staged by the SMs
-// (GpuRunOptions::stage_by_sm) give the same bits. The
+// the graphs are rebuilt, not replayed stale; the copies by the SMs (the
+// default) and by the copy engines (GpuRunOptions::stage_by_sm) give the
+// same bits. The
 // shapes: Qwen3-30B-A3B's widths in bf16 (32 of its 128 experts, top-8,
 // H=2048, I=768; decode kernels at one token, grouped GEMMs above), DeepSeek-V3-style grouped
 // routing with a correction bias on a smaller set, and fp8 128x128 blocks. Skips without a device.
@@ -63,7 +64,7 @@ void ExpectSameBits(const MoeRunOutput& got, const MoeRunOutput& want, const std
 }
 
 MoeRunOutput RunOnce(const GpuExperts& gpu, MoeRunInput in, bool graph, void* stream,
-                     bool poison = false, bool stage_by_sm = false) {
+                     bool poison = false, bool stage_by_sm = true) {
   in.cuda_graph = graph;
   GpuRunOptions options;
   options.poison_workspace = poison;
@@ -107,12 +108,12 @@ TEST(MoeGraphGpuTest, GraphedCallsGiveTheEagerBits) {
       ExpectSameBits(RunOnce(**gpu, a, true, stream.get(), /*poison=*/true), want_a,
                      "replay after poisoning the workspace");
       EXPECT_EQ(MoeGraphLaunchesOnThisThread() - launches, 3) << "graph replays";
-      // Staged by the SMs instead of the copy engines: eager, captured,
+      // Staged by the copy engines instead of the SMs: eager, captured,
       // replayed (a graph of its own: the key tells the forms apart).
       for (const char* what :
-           {"staged by SMs (eager)", "staged by SMs (captured)", "staged by SMs (replayed)"}) {
+           {"copy engines (eager)", "copy engines (captured)", "copy engines (replayed)"}) {
         ExpectSameBits(RunOnce(**gpu, b, true, stream.get(), /*poison=*/true,
-                               /*stage_by_sm=*/true),
+                               /*stage_by_sm=*/false),
                        want_b, what);
       }
       EXPECT_EQ(MoeGraphLaunchesOnThisThread() - launches, 5) << "graph replays";
