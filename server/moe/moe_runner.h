@@ -50,17 +50,18 @@ struct MoeDeviceTensors {
   bool any() const { return hidden_states != nullptr || router_logits != nullptr || output; }
 };
 
-// The hidden states' bytes in host memory: the server's own (moved out of
-// the request), or read in place in a client's POSIX shared-memory window
-// (RunMoE's Tensor.shm), which the view keeps mapped while the call holds
-// it. A client that rewrites the window during its call races the reads
-// (the API forbids it); the values then read steer no index, only
-// arithmetic, which is why the hidden states alone are read in place and
-// what routes (router logits, a given top-k) is always copied. Read in place
-// means one copy or DMA right after the window was found intact (the GPU
-// path's staging or pinned upload); the CPU reference, which reads its input
-// for the whole layer, copies the window first (a client truncating its
-// object mid-layer would fault the reads).
+// An input's bytes in host memory (hidden states, router logits): the
+// server's own (moved out of the request), or read in place in a client's
+// POSIX shared-memory window (RunMoE's Tensor.shm), which the view keeps
+// mapped while the call holds it. Read in place means one snapshot right
+// after the window was found intact, into memory of the server's, aligned:
+// the GPU path's staging or pinned upload, the CPU reference's copy (it
+// reads its input for the whole layer; a client truncating its object
+// mid-layer would fault the reads), the coalescer's merge, the
+// expert-parallel group's copy. A client that rewrites the window during its
+// call races that one read (the API forbids it) and gets its own garbage:
+// values, never an index (logits pick among experts [0, E)). A given top-k,
+// which indexes memory once checked, is copied at decode instead.
 class HostBytes {
  public:
   HostBytes() = default;
@@ -94,8 +95,8 @@ class HostBytes {
 // copy or DMA, only once the layer ran and Writable() says so, and set
 // MoeRunOutput::in_place; the others (the expert-parallel group, a launch
 // coalescing several calls) leave it in MoeRunOutput::output for the caller
-// to copy. Never set while the window overlaps the hidden states' (the
-// caller copies after the run: an input is never overwritten while read).
+// to copy. Never set while the window overlaps an input's (the caller
+// copies after the run: an input is never overwritten while read).
 struct MoeHostOutput {
   ShmView view;                     // region null: the output comes back in MoeRunOutput
   std::function<bool()> cancelled;  // the call ended
