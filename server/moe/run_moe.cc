@@ -135,8 +135,8 @@ absl::Status RunOnGroup(moe::ep::EpGroup& group, RunMoeRequest request, const Ru
 int64_t RunMoeHeldBytes(const MoeRunInput& in) {
   // Its inputs, and the output it will make: [M, H] like hidden_states, plus
   // top-k ids and weights of [M, k] with k <= E, at most twice the fp32
-  // [M, E] logits (or as large as the given ones). Hidden states read in
-  // place and an output written into the client's window count too: the
+  // [M, E] logits (or as large as the given ones). Inputs read in place
+  // and an output written into the client's window count too: the
   // server still holds their size (the CPU path's copies, the GPU path's
   // staging and workspace, a coalesced launch's merged batch), and the size
   // of the work decides its lane and whether it may run inline. Sums of
@@ -324,7 +324,13 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   job.cancelled = std::move(call.cancelled);
   job.fail = call.fail;
   job.inline_ok = use_gpu ? env.inline_gpu : env.inline_cpu;
-  job.inline_large_ok = call.caller_may_block;
+  // A GPU run only (its kernels do not wait on the deadline, but a CPU run
+  // of seconds would outlast the channel's grace for its answer), and at
+  // most kInlineLargeMaxBytes: the device workspace and pinned staging are
+  // the running thread's, so each channel's thread keeps buffers for the
+  // largest call it ran inline.
+  job.inline_large_ok =
+      call.caller_may_block && use_gpu && job.bytes <= RunMoeCall::kInlineLargeMaxBytes;
   // Only a small job's answer is handed over: a large output stays charged
   // to the executor's budget until its worker has sent it.
   TaskPool* answers = job.bytes < DeviceExecutor::kLargeJobBytes ? env.answers : nullptr;

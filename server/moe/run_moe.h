@@ -87,11 +87,13 @@ struct RunMoeCall {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;
   std::function<void(const absl::Status&)> fail;
-  // The calling thread may be held for the whole run, whatever its size (a
-  // shared-memory channel's own thread): an idle device runs even a large
-  // call there (DeviceExecutor::Job::inline_large_ok) instead of waking
-  // its worker.
+  // The calling thread may be held for the whole run (a shared-memory
+  // channel's own thread): an idle GPU runs a large call of up to
+  // kInlineLargeMaxBytes (RunMoeHeldBytes; 512 tokens of Qwen3-30B-A3B are
+  // ~5 MB) there too (DeviceExecutor::Job::inline_large_ok) instead of
+  // waking its worker.
   bool caller_may_block = false;
+  static constexpr int64_t kInlineLargeMaxBytes = int64_t{16} << 20;
 };
 
 // How the answer ran, as RunMoEResponse.plan reports it.
