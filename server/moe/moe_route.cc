@@ -160,24 +160,27 @@ absl::StatusOr<std::string> NormalizeOnce(absl::string_view moe_backend) {
 }  // namespace
 
 absl::StatusOr<std::string> NormalizeMoeBackend(absl::string_view moe_backend) {
-  // Pure, and asked on every RunMoE, where it cost 9-18 us (a whole
-  // KernelConfig validated; docs/PERF.md, session 29): the answers for the
-  // few strings clients send are kept, the default's without a lock.
+  // Pure, and asked on every RunMoE, where validating a whole KernelConfig
+  // cost more than the rest of decode (docs/PERF.md, session 29): the
+  // default's answer is computed once, and those of valid names kept (a
+  // bounded number: their spellings in any letter case are many).
   if (moe_backend.empty()) {
     static const auto* const kDefault = new absl::StatusOr<std::string>(NormalizeOnce(""));
     return *kDefault;
   }
-  static constexpr size_t kMaxKept = 64;  // a client may send any string
+  static constexpr size_t kMaxKept = 256;
   static absl::Mutex mu(absl::kConstInit);
-  static auto* const kept ABSL_GUARDED_BY(mu) =
-      new absl::flat_hash_map<std::string, absl::StatusOr<std::string>>();
+  static auto* const kept ABSL_PT_GUARDED_BY(mu) =
+      new absl::flat_hash_map<std::string, std::string>();
   {
     absl::MutexLock lock(&mu);
     if (auto it = kept->find(moe_backend); it != kept->end()) return it->second;
   }
   absl::StatusOr<std::string> normalized = NormalizeOnce(moe_backend);
-  absl::MutexLock lock(&mu);
-  if (kept->size() < kMaxKept) kept->emplace(std::string(moe_backend), normalized);
+  if (normalized.ok()) {
+    absl::MutexLock lock(&mu);
+    if (kept->size() < kMaxKept) kept->emplace(std::string(moe_backend), *normalized);
+  }
   return normalized;
 }
 
