@@ -184,7 +184,8 @@ int main(int argc, char** argv) {
     in.cuda_graph = true;
     for (int i = 0; i < 3; ++i) {  // eager, captured, replayed
       const MoeRunOutput got = Ok(RunMoeOnGpu(*gpu, in, stream));
-      if (got.output != want.output || got.topk_ids != want.topk_ids) {
+      if (got.output != want.output || got.topk_ids != want.topk_ids ||
+          got.topk_weights != want.topk_weights) {
         std::fprintf(stderr, "M=%lld: the graphed hop's output differs from the eager one's\n",
                      static_cast<long long>(M));
         return 1;
@@ -194,7 +195,8 @@ int main(int argc, char** argv) {
     dma.stage_by_sm = false;
     for (int i = 0; i < 3; ++i) {
       const MoeRunOutput got = Ok(RunMoeOnGpu(*gpu, in, stream, dma));
-      if (got.output != want.output || got.topk_ids != want.topk_ids) {
+      if (got.output != want.output || got.topk_ids != want.topk_ids ||
+          got.topk_weights != want.topk_weights) {
         std::fprintf(stderr, "M=%lld: the hop by copy engines differs from the eager one\n",
                      static_cast<long long>(M));
         return 1;

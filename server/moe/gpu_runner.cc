@@ -359,7 +359,9 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     KPLAN_RETURN_IF_ERROR(stop.Create());
   }
 
-  // --- Uploads: one copy of each host input into pinned memory, one DMA;
+  // --- Uploads: one copy of each host input into pinned memory, one upload
+  // (by SM copy kernels for a graph-sized call, GpuRunOptions::stage_by_sm;
+  // else a DMA);
   // then inputs in client device memory device-to-device over their part,
   // and hidden states read in place from a window the server pinned
   // (ShmRegion::pinned) by a DMA of their own, never staged (hidden states,
@@ -435,8 +437,9 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     if (stats != nullptr) KPLAN_RETURN_IF_ERROR(start.Record(stream));
     KPLAN_RETURN_IF_ERROR(EnqueueMoeLayer(experts, la, ws.At<void>(o_layer), layer_bytes, stream));
     if (stats != nullptr) KPLAN_RETURN_IF_ERROR(stop.Record(stream));
-    // Downloads: one DMA into the pinned mirror (the routing, and the
-    // output unless it goes to client device memory or to a pinned window).
+    // Downloads: one copy (as the upload) into the pinned mirror (the
+    // routing, and the output unless it goes to client device memory or to
+    // a pinned window).
     const int64_t download_end = dev.output != nullptr || window_pinned ? o_out : io_bytes;
     if (stage_by_sm) {
       KPLAN_RETURN_IF_ERROR(

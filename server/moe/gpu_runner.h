@@ -110,11 +110,12 @@ struct GpuRunOptions {
   // (NaN in bf16 / fp16) before running: any element the kernels fail to
   // write, or that reads an unwritten one, comes back as NaN. For tests.
   bool poison_workspace = false;
-  // A graph-sized call (MoeRunInput::cuda_graph) moves its upload and
-  // download by SM copy kernels through the pinned buffer's device mapping
-  // (kernels::cuda::LaunchMoeStageCopy) instead of the copy engines: same
-  // bits, 4-15 us less a call at 1-64 tokens on an H200 (bench/moe_hop_bench,
-  // docs/PERF.md session 29). false: the copy engines (the A/B).
+  // A graph-sized call (MoeRunInput::cuda_graph) with no tensor in client
+  // device memory moves its upload and download by SM copy kernels through
+  // the pinned buffer's device mapping (kernels::cuda::LaunchMoeStageCopy)
+  // instead of the copy engines: same bits, faster on an H200
+  // (bench/moe_hop_bench, docs/PERF.md session 29). false: the copy engines
+  // (the A/B).
   bool stage_by_sm = true;
 };
 

@@ -53,8 +53,8 @@ struct RunMoeShm {
 // `regions` (null: shared memory is off, and any reference is
 // SharedMemoryOff naming it), bounds-checked, errors naming
 // `<tensor>.shm.*`: hidden_states and router_logits in a POSIX region are
-// returned as views to read in place (AttachRunMoeShm: a copy of 512 tokens'
-// logits cost ~100 us a call, docs/PERF.md session 29); a given top-k, which
+// returned as views to read in place (AttachRunMoeShm; copying the logits
+// out was most of decode, docs/PERF.md session 29); a given top-k, which
 // indexes memory once checked, is copied into the request as its data (a
 // client writing its window meanwhile cannot change it). The output window
 // is returned when the request names one, and must be exactly as large as

@@ -20,6 +20,8 @@
 //    over the whole buffers (tails included), and a poisoned guard region
 //    past each buffer must stay untouched.
 //  * The §6.5 worked example verbatim.
+//  * The staging copies by the SMs (LaunchMoeStageCopy): every byte, at
+//    sizes around the 16-byte words, aligned or not, and nothing past them.
 //  * Activation and combine: the 16-byte vector forms byte for byte against
 //    the scalar forms (the same launch on rows one element off alignment),
 //    every activation, bf16 and fp16, with and without combine weights.
@@ -399,6 +401,48 @@ bool ValidCombo(const Method& m, int E, int k) {
     if (m.bias && E / G < 2) return false;
   }
   return true;
+}
+
+// LaunchMoeStageCopy (the call's upload and download by the SMs): every
+// byte, host to device and back through pinned host memory, at sizes around
+// the 16-byte words and past one round of the grid (132 CTAs x 1024
+// words), from aligned and unaligned addresses; nothing past the end is
+// written.
+TEST_F(MoeGpuTest, StageCopyMovesEveryByte) {
+  constexpr int64_t kGuard = 64;
+  const int64_t round = int64_t{132} * 1024 * 16;
+  for (int64_t bytes :
+       {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{4099}, round + 48, round + 3}) {
+    for (int64_t skew : {int64_t{0}, int64_t{1}}) {
+      SCOPED_TRACE(::testing::Message() << bytes << " bytes, skew " << skew);
+      const size_t total = static_cast<size_t>(bytes + skew + kGuard);
+      void *host = nullptr, *back = nullptr, *dev = nullptr;
+      ASSERT_EQ(cudaHostAlloc(&host, total, cudaHostAllocMapped), cudaSuccess);
+      ASSERT_EQ(cudaHostAlloc(&back, total, cudaHostAllocMapped), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dev, total), cudaSuccess);
+      char* h = static_cast<char*>(host);
+      char* b = static_cast<char*>(back);
+      std::uniform_int_distribution<int> byte(0, 255);
+      for (size_t i = 0; i < total; ++i) h[i] = static_cast<char>(byte(Rng()));
+      std::memset(b, 0x5a, total);
+      ASSERT_EQ(cudaMemset(dev, 0xa5, total), cudaSuccess);
+      char* d = static_cast<char*>(dev);
+      ASSERT_TRUE(kc::LaunchMoeStageCopy(d + skew, h + skew, bytes, stream_).ok());
+      ASSERT_TRUE(kc::LaunchMoeStageCopy(b + skew, d + skew, bytes, stream_).ok());
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      EXPECT_EQ(std::memcmp(b + skew, h + skew, static_cast<size_t>(bytes)), 0);
+      EXPECT_EQ(std::string(b + skew + bytes, kGuard), std::string(kGuard, '\x5a'));
+      std::string dev_guard(kGuard, '\0');
+      ASSERT_EQ(cudaMemcpy(dev_guard.data(), d + skew + bytes, kGuard, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_EQ(dev_guard, std::string(kGuard, '\xa5'));
+      cudaFreeHost(host);
+      cudaFreeHost(back);
+      cudaFree(dev);
+    }
+  }
+  EXPECT_FALSE(kc::LaunchMoeStageCopy(nullptr, nullptr, 16, stream_).ok());
+  EXPECT_TRUE(kc::LaunchMoeStageCopy(nullptr, nullptr, 0, stream_).ok());
 }
 
 TEST_F(MoeGpuTest, RoutingMatchesCpuReference) {

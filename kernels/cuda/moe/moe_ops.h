@@ -100,12 +100,11 @@ int64_t MoeAlignScratchInts(int64_t numel, int num_experts);
 inline constexpr bool kMoeAlignSpreadDefault = true;
 void SetMoeAlignSpreadMode(MoeKernelMode mode);
 
-// Copies `bytes` from `src` to `dst` by the SMs (a few CTAs, every load of a
-// round in flight before its stores), either side pinned host memory seen
-// through its device mapping (unified addressing): a call's small upload or
-// download without a copy engine. Launched with programmatic dependent
-// launch, so it waits for the kernel before it (and lets the one after it be
-// scheduled). 16-byte words when both pointers and `bytes` allow.
+// Copies `bytes` from `src` to `dst` by the SMs (a CTA per 1024 words,
+// at most 132, every load of a round in flight before its stores), either side pinned host memory
+// seen through its device mapping (unified addressing): a call's small upload or download without a
+// copy engine. Launched with programmatic dependent launch, so it waits for the kernel before it
+// (and lets the one after it be scheduled). 16-byte words when both pointers and `bytes` allow.
 absl::Status LaunchMoeStageCopy(void* dst, const void* src, int64_t bytes, cudaStream_t stream);
 
 }  // namespace kplan::kernels::cuda

@@ -76,7 +76,7 @@ absl::Status PinnedHostBuffer::Reserve(size_t bytes) {
   if (capacity_ >= bytes) return absl::OkStatus();
   Reset();
   void* p = nullptr;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
+  KPLAN_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocPortable | cudaHostAllocMapped));
   ptr_ = static_cast<char*>(p);
   capacity_ = bytes;
   return absl::OkStatus();

@@ -95,8 +95,10 @@ class DeviceArena {
   int64_t size_ = 0;
 };
 
-// Page-locked host memory (cudaHostAlloc, portable to every device): the DMA
-// engines read and write it directly, with no hidden staging copy.
+// Page-locked host memory (cudaHostAlloc, portable to every device and
+// mapped into their address space): the DMA engines read and write it
+// directly, with no hidden staging copy, and so can kernels (at the same
+// address under unified addressing).
 class PinnedHostBuffer {
  public:
   PinnedHostBuffer() = default;
