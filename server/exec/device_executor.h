@@ -97,6 +97,7 @@ class DeviceExecutor {
     // With inline_ok, a large job too: the submitting thread may be held
     // for as long as the work takes (a shared-memory channel's own thread,
     // which waits for the answer anyway), not only a gRPC thread's share.
+    // RunMoe sets it for GPU runs of up to RunMoeCall::kInlineLargeMaxBytes.
     bool inline_large_ok = false;
   };
 

@@ -52,7 +52,8 @@ absl::Status KeepWorkspacesPooled(int device) {
 }
 
 // Pinned host memory of the calling thread, grown on demand and kept: each
-// device's worker thread stages its requests there, so the DMA engines read
+// thread that runs calls (a device worker, or a thread running one inline)
+// stages its requests there, so the DMA engines or the SM copy kernels read
 // and write it directly (no hidden staging copy of pageable memory) and no
 // call pays for cudaHostAlloc after the first large one.
 absl::StatusOr<kc::PinnedHostBuffer*> ThisThreadsPinnedBuffer(int64_t bytes,

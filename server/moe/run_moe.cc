@@ -328,7 +328,9 @@ absl::Status RunMoe(const RunMoeEnv& env, RunMoeRequest request, RunMoeCall call
   // of seconds would outlast the channel's grace for its answer), and at
   // most kInlineLargeMaxBytes: the device workspace and pinned staging are
   // the running thread's, so each channel's thread keeps buffers for the
-  // largest call it ran inline.
+  // largest call it ran inline (staging of about that size, and the layer's
+  // workspace for its tokens, MoeLayerWorkspaceBytes: ~100 MB at Qwen3-30B-
+  // A3B's 1700 tokens).
   job.inline_large_ok =
       call.caller_may_block && use_gpu && job.bytes <= RunMoeCall::kInlineLargeMaxBytes;
   // Only a small job's answer is handed over: a large output stays charged

@@ -91,7 +91,8 @@ struct RunMoeCall {
   // channel's own thread): an idle GPU runs a large call of up to
   // kInlineLargeMaxBytes (RunMoeHeldBytes; 512 tokens of Qwen3-30B-A3B are
   // ~5 MB) there too (DeviceExecutor::Job::inline_large_ok) instead of
-  // waking its worker.
+  // waking its worker. That thread then keeps the call's workspace (see
+  // run_moe.cc).
   bool caller_may_block = false;
   static constexpr int64_t kInlineLargeMaxBytes = int64_t{16} << 20;
 };

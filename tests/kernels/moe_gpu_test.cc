@@ -39,6 +39,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -406,39 +407,52 @@ bool ValidCombo(const Method& m, int E, int k) {
 // LaunchMoeStageCopy (the call's upload and download by the SMs): every
 // byte, host to device and back through pinned host memory, at sizes around
 // the 16-byte words and past one round of the grid (132 CTAs x 1024
-// words), from aligned and unaligned addresses; nothing past the end is
-// written.
+// words, with and without a tail), from aligned, unaligned and mixed
+// addresses; nothing before or past the copy is written.
 TEST_F(MoeGpuTest, StageCopyMovesEveryByte) {
   constexpr int64_t kGuard = 64;
-  const int64_t round = int64_t{132} * 1024 * 16;
+  const int64_t round = int64_t{132} * 1024 * 16;  // one grid round of 16-byte words
+  struct Pinned {
+    void* p = nullptr;
+    ~Pinned() { cudaFreeHost(p); }
+  };
+  struct Device {
+    void* p = nullptr;
+    ~Device() { cudaFree(p); }
+  };
   for (int64_t bytes :
-       {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{4099}, round + 48, round + 3}) {
-    for (int64_t skew : {int64_t{0}, int64_t{1}}) {
-      SCOPED_TRACE(::testing::Message() << bytes << " bytes, skew " << skew);
-      const size_t total = static_cast<size_t>(bytes + skew + kGuard);
-      void *host = nullptr, *back = nullptr, *dev = nullptr;
-      ASSERT_EQ(cudaHostAlloc(&host, total, cudaHostAllocMapped), cudaSuccess);
-      ASSERT_EQ(cudaHostAlloc(&back, total, cudaHostAllocMapped), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(&dev, total), cudaSuccess);
-      char* h = static_cast<char*>(host);
-      char* b = static_cast<char*>(back);
+       {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{4099}, round + 48, round + 53}) {
+    // Offsets of the source and destination past a 16-byte boundary.
+    for (auto [src_skew, dst_skew] : {std::pair<int64_t, int64_t>{0, 0}, {1, 1}, {0, 8}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << bytes << " bytes, skews " << src_skew << " / " << dst_skew);
+      const size_t total = static_cast<size_t>(kGuard + bytes + 16 + kGuard);
+      Pinned host, back;
+      Device dev;
+      ASSERT_EQ(cudaHostAlloc(&host.p, total, cudaHostAllocMapped), cudaSuccess);
+      ASSERT_EQ(cudaHostAlloc(&back.p, total, cudaHostAllocMapped), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dev.p, total), cudaSuccess);
+      char* h = static_cast<char*>(host.p) + kGuard + src_skew;
+      char* b = static_cast<char*>(back.p) + kGuard + dst_skew;
+      char* d = static_cast<char*>(dev.p) + kGuard + dst_skew;
       std::uniform_int_distribution<int> byte(0, 255);
-      for (size_t i = 0; i < total; ++i) h[i] = static_cast<char>(byte(Rng()));
-      std::memset(b, 0x5a, total);
-      ASSERT_EQ(cudaMemset(dev, 0xa5, total), cudaSuccess);
-      char* d = static_cast<char*>(dev);
-      ASSERT_TRUE(kc::LaunchMoeStageCopy(d + skew, h + skew, bytes, stream_).ok());
-      ASSERT_TRUE(kc::LaunchMoeStageCopy(b + skew, d + skew, bytes, stream_).ok());
+      for (size_t i = 0; i < total; ++i)
+        static_cast<char*>(host.p)[i] = static_cast<char>(byte(Rng()));
+      std::memset(back.p, 0x5a, total);
+      ASSERT_EQ(cudaMemset(dev.p, 0xa5, total), cudaSuccess);
+      ASSERT_TRUE(kc::LaunchMoeStageCopy(d, h, bytes, stream_).ok());
+      ASSERT_TRUE(kc::LaunchMoeStageCopy(b, d, bytes, stream_).ok());
       ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-      EXPECT_EQ(std::memcmp(b + skew, h + skew, static_cast<size_t>(bytes)), 0);
-      EXPECT_EQ(std::string(b + skew + bytes, kGuard), std::string(kGuard, '\x5a'));
-      std::string dev_guard(kGuard, '\0');
-      ASSERT_EQ(cudaMemcpy(dev_guard.data(), d + skew + bytes, kGuard, cudaMemcpyDeviceToHost),
+      EXPECT_EQ(std::memcmp(b, h, static_cast<size_t>(bytes)), 0);
+      // Nothing written before or after, on the device or the host.
+      EXPECT_EQ(std::string(b - kGuard, kGuard), std::string(kGuard, '\x5a'));
+      EXPECT_EQ(std::string(b + bytes, kGuard), std::string(kGuard, '\x5a'));
+      std::string dev_guard(2 * kGuard, '\0');
+      ASSERT_EQ(cudaMemcpy(dev_guard.data(), d - kGuard, kGuard, cudaMemcpyDeviceToHost),
                 cudaSuccess);
-      EXPECT_EQ(dev_guard, std::string(kGuard, '\xa5'));
-      cudaFreeHost(host);
-      cudaFreeHost(back);
-      cudaFree(dev);
+      ASSERT_EQ(cudaMemcpy(dev_guard.data() + kGuard, d + bytes, kGuard, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      EXPECT_EQ(dev_guard, std::string(2 * kGuard, '\xa5'));
     }
   }
   EXPECT_FALSE(kc::LaunchMoeStageCopy(nullptr, nullptr, 16, stream_).ok());

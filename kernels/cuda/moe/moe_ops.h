@@ -104,7 +104,8 @@ void SetMoeAlignSpreadMode(MoeKernelMode mode);
 // at most 132, every load of a round in flight before its stores), either side pinned host memory
 // seen through its device mapping (unified addressing): a call's small upload or download without a
 // copy engine. Launched with programmatic dependent launch, so it waits for the kernel before it
-// (and lets the one after it be scheduled). 16-byte words when both pointers and `bytes` allow.
+// (and lets the one after it be scheduled). 16-byte words when both pointers are 16-byte aligned
+// (the bytes past the last word by the first CTA), single bytes otherwise.
 absl::Status LaunchMoeStageCopy(void* dst, const void* src, int64_t bytes, cudaStream_t stream);
 
 }  // namespace kplan::kernels::cuda
