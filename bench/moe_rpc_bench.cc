@@ -13,6 +13,7 @@
 //            (client/cpp/shm_channel.h: no gRPC on the call's path; "wire"
 //            is then the channel's share);
 //   chshm    the shm call through the channel;
+//   chskip   the chan call with skip_device (the channel's floor at this size);
 // and, from MoETiming, each hop: decode (arrival to converted), route (to
 // queued), queue, device, encode (output on the host to response filled),
 // and wire = round trip - server total (serialisation, gRPC, the socket,
@@ -161,7 +162,8 @@ struct ShmArea {
 
 // One server on `address`: load, then every token count in every mode.
 int Measure(const char* transport, const std::string& listen, const Shape& s,
-            const std::vector<int>& tokens, int iters, bool inline_runs, bool cuda_graphs) {
+            const std::vector<int>& tokens, const std::vector<std::string>& modes, int iters,
+            bool inline_runs, bool cuda_graphs) {
   kplan::rpc::ServerOptions options;
   options.listen_address = listen;
   options.allow_skip_device = true;
@@ -258,11 +260,11 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
     req.mutable_router_logits()->add_shape(s.e);
     // The shared-memory layout of this size: [hidden | logits | output].
     const int64_t hidden_bytes = int64_t(m) * s.h * 2, logits_bytes = int64_t(m) * s.e * 4;
-    for (const char* mode : {"skip", "run", "shm", "chan", "chshm"}) {
-      const bool shm = std::string(mode) == "shm" || std::string(mode) == "chshm";
+    for (const std::string& mode : modes) {
+      const bool shm = mode == "shm" || mode == "chshm";
       const bool via_channel = absl::StartsWith(mode, "ch");
       if (shm && !shm_area.Ready(2 * hidden_bytes + logits_bytes, *client)) continue;
-      req.set_skip_device(std::string(mode) == "skip");
+      req.set_skip_device(mode == "skip" || mode == "chskip");
       Hops hops;
       std::string backend;
       for (int it = 0; it < iters + 20; ++it) {
@@ -302,7 +304,7 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
         backend = r->plan().backend();
         hops.Add(us, r->timing());
       }
-      hops.Print(transport, m, mode, backend);
+      hops.Print(transport, m, mode.c_str(), backend);
       req.mutable_hidden_states()->clear_shm();
       req.mutable_router_logits()->clear_shm();
       req.clear_output_shm();
@@ -321,6 +323,8 @@ ABSL_FLAG(std::string, tokens, "1,8,64,512", "Comma-separated tokens per request
 ABSL_FLAG(std::string, transport, "tcp,unix", "Comma-separated transports: tcp, unix");
 ABSL_FLAG(std::string, shape, "128,8,2048,768",
           "The random bf16 set: experts, top-k, hidden, intermediate (default Qwen3-30B-A3B)");
+ABSL_FLAG(std::string, modes, "skip,run,shm,chan,chshm",
+          "Comma-separated modes: skip, run, shm, chan, chshm, chskip");
 ABSL_FLAG(int, inline, 1, "The server's --inline_runs (0: every call hops to the device worker)");
 ABSL_FLAG(int, cuda_graphs, 1, "The server's --cuda_graphs (0: small GPU calls launch eagerly)");
 
@@ -335,9 +339,16 @@ int main(int argc, char** argv) {
   const std::vector<int> dims = IntList(absl::GetFlag(FLAGS_shape));
   const int inline_runs = absl::GetFlag(FLAGS_inline);
   const int cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  const std::vector<std::string> modes = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   if (iters <= 0 || tokens.empty() || dims.size() != 4) {
     std::fprintf(stderr, "moe_rpc_bench: --iters > 0, --tokens N[,N...] and --shape E,k,H,I\n");
     return 2;
+  }
+  for (const std::string& m : modes) {
+    if (m != "skip" && m != "run" && m != "shm" && m != "chan" && m != "chshm" && m != "chskip") {
+      std::fprintf(stderr, "moe_rpc_bench: unknown mode '%s' in --modes\n", m.c_str());
+      return 2;
+    }
   }
   const Shape shape{dims[0], dims[1], dims[2], dims[3]};
   std::printf(
@@ -352,8 +363,8 @@ int main(int argc, char** argv) {
     const std::string listen =
         t == "unix" ? absl::StrCat("unix:/tmp/kplan-moe-rpc-bench-", getpid(), ".sock")
                     : std::string("127.0.0.1:0");
-    if (int rc =
-            Measure(t.c_str(), listen, shape, tokens, iters, inline_runs != 0, cuda_graphs != 0);
+    if (int rc = Measure(t.c_str(), listen, shape, tokens, modes, iters, inline_runs != 0,
+                         cuda_graphs != 0);
         rc != 0) {
       return rc;
     }

@@ -8,6 +8,8 @@
 #include "absl/time/clock.h"
 #include "base/shm_channel.h"
 #include "base/status.h"
+#include "google/protobuf/field_mask.pb.h"
+#include "google/protobuf/util/field_mask_util.h"
 #include "google/rpc/status.pb.h"
 
 namespace kplan {
@@ -20,6 +22,26 @@ absl::Status Closed() {
   return absl::UnavailableError(
       "the server closed the shared-memory channel (CloseShmChannel, its region unregistered, "
       "or the server stopping)");
+}
+
+// Every field of the request but the bytes of the tensors that ride in the
+// region (hidden_states, and router_logits when `logits_placed`): a field
+// added to RunMoERequest later travels without a change here.
+google::protobuf::FieldMask EnvelopeMask(bool logits_placed) {
+  google::protobuf::FieldMask mask;
+  const google::protobuf::Descriptor* d = v1::RunMoERequest::descriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    const bool placed =
+        f->number() == v1::RunMoERequest::kHiddenStatesFieldNumber ||
+        (logits_placed && f->number() == v1::RunMoERequest::kRouterLogitsFieldNumber);
+    if (!placed) {
+      mask.add_paths(f->name());
+      continue;
+    }
+    for (const char* sub : {"dtype", "shape"}) mask.add_paths(absl::StrCat(f->name(), ".", sub));
+  }
+  return mask;
 }
 
 }  // namespace
@@ -81,6 +103,46 @@ ShmChannel::~ShmChannel() {
   // region_ unregisters, unmaps and unlinks.
 }
 
+std::optional<ShmChannel::InRegion> ShmChannel::PlaceInRegion(const v1::RunMoERequest& request,
+                                                              v1::RunMoERequest* envelope) {
+  const v1::Tensor& hidden = request.hidden_states();
+  const auto hidden_bytes = static_cast<int64_t>(hidden.data().size());
+  if (region_ == nullptr || options_.in_region_from_bytes < 0 || hidden_bytes == 0 ||
+      hidden_bytes < options_.in_region_from_bytes || hidden.has_shm() ||
+      request.has_output_shm()) {
+    return std::nullopt;
+  }
+  const v1::Tensor& logits = request.router_logits();
+  const auto logits_bytes = static_cast<int64_t>(logits.data().size());
+  const bool logits_placed = logits_bytes > 0 && !logits.has_shm();
+  // From the area's end down, 64-byte aligned: output, logits, hidden.
+  const auto down64 = [](int64_t x) { return x & ~int64_t{63}; };
+  InRegion at;
+  at.output_bytes = hidden_bytes;  // [M, H] in the hidden states' dtype
+  at.output = down64(options_.request_capacity - at.output_bytes);
+  int64_t below = at.output;
+  if (logits_placed) below = at.logits = down64(below - logits_bytes);
+  at.hidden = down64(below - hidden_bytes);
+  if (at.hidden <= 0) return std::nullopt;
+  google::protobuf::util::FieldMaskUtil::MergeMessageTo(
+      request, EnvelopeMask(logits_placed), google::protobuf::util::FieldMaskUtil::MergeOptions(),
+      envelope);
+  const int64_t area_in_region = request_area_ - region_->data();
+  const auto refer = [&](v1::SharedMemoryRef* ref, int64_t offset, int64_t bytes) {
+    ref->set_region(region_->name());
+    ref->set_offset(area_in_region + offset);
+    ref->set_byte_size(bytes);
+  };
+  refer(envelope->mutable_hidden_states()->mutable_shm(), at.hidden, hidden_bytes);
+  if (logits_placed)
+    refer(envelope->mutable_router_logits()->mutable_shm(), at.logits, logits_bytes);
+  refer(envelope->mutable_output_shm(), at.output, at.output_bytes);
+  if (static_cast<int64_t>(envelope->ByteSizeLong()) > at.hidden) return std::nullopt;
+  std::memcpy(request_area_ + at.hidden, hidden.data().data(), hidden_bytes);
+  if (logits_placed) std::memcpy(request_area_ + at.logits, logits.data().data(), logits_bytes);
+  return at;
+}
+
 absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResponse* response,
                                 absl::Duration timeout) {
   if (timeout == absl::InfiniteDuration()) {
@@ -111,7 +173,11 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
     }
     s = now;
   }
-  const size_t size = request.ByteSizeLong();
+  // The area is this call's from here on.
+  v1::RunMoERequest envelope;
+  const std::optional<InRegion> placed = PlaceInRegion(request, &envelope);
+  const v1::RunMoERequest& wire = placed ? envelope : request;
+  const size_t size = wire.ByteSizeLong();
   if (static_cast<int64_t>(size) > options_.request_capacity) {
     return InvalidField(
         "request",
@@ -120,7 +186,7 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
                      " bytes (ShmChannel::Options::request_capacity; or pass "
                      "tensors by reference into a registered region)"));
   }
-  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(request_area_));
+  wire.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(request_area_));
   const uint64_t sequence = ++sequence_;
   ShmChannelStore(&header_->request_bytes, static_cast<uint64_t>(size));
   ShmChannelStore(&header_->timeout_us,
@@ -164,6 +230,11 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
   if (code == 0) {
     if (!response->ParseFromArray(response_area_, static_cast<int>(bytes))) {
       return absl::InternalError("the channel's answer is not a kplan.v1.RunMoEResponse");
+    }
+    if (placed && response->output().has_shm()) {  // answered as the caller asked: inline
+      v1::Tensor* out = response->mutable_output();
+      out->clear_shm();
+      out->set_data(request_area_ + placed->output, static_cast<size_t>(placed->output_bytes));
     }
     return absl::OkStatus();
   }

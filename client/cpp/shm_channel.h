@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,6 +38,14 @@ class ShmChannel {
     // The region object's permissions (ClientShmRegion::Create): 0660 for
     // a server of another user in the object's group (the sidecar pod).
     mode_t mode = 0600;
+    // A call whose inline hidden states hold at least this many bytes has
+    // them, inline router logits and the output ride in the request area's
+    // tail as references into the channel's own region (output_shm): the
+    // server reads and writes them in place, no serialisation or copies on
+    // its side; RunMoE still answers with the output's bytes inline. 0:
+    // every call; negative: none. A call whose tensors do not fit the area
+    // this way goes as serialized bytes.
+    int64_t in_region_from_bytes = 64 << 10;
   };
 
   static absl::StatusOr<std::unique_ptr<ShmChannel>> Open(Client& client, Options options);
@@ -51,6 +60,7 @@ class ShmChannel {
 
   // RunMoE as Client::RunMoE answers it (the server's status, with the field
   // it names), within `timeout` (InfiniteDuration: the client's deadline).
+  // Large inline tensors ride in the region (Options::in_region_from_bytes).
   // DEADLINE_EXCEEDED when no answer came in time: the call is abandoned,
   // and the next call first waits (within its own timeout) for the server to
   // let go of it. UNAVAILABLE when the server closed the channel (close,
@@ -64,7 +74,14 @@ class ShmChannel {
 
  private:
   ShmChannel() = default;
-  void Point(char* base);     // the header and areas at `base`, as options_ lays them out
+  void Point(char* base);  // the header and areas at `base`, as options_ lays them out
+  // Where a call's tensors ride in the request area's tail (offsets in the
+  // area); none when the call goes as serialized bytes.
+  struct InRegion {
+    int64_t hidden = 0, logits = -1, output = 0, output_bytes = 0;
+  };
+  std::optional<InRegion> PlaceInRegion(const v1::RunMoERequest& request,
+                                        v1::RunMoERequest* envelope);
   Client* client_ = nullptr;  // null when attached
   Options options_;
   std::unique_ptr<ClientShmRegion> region_;

@@ -447,6 +447,22 @@ class SharedMemoryTest(unittest.TestCase):
                 self.assertIsNotNone(ctx.exception.field)
                 np.testing.assert_array_equal(
                     c.run_moe("ch-layer", x, logits, top_k=k, channel=ch), want)
+                # Tensors in the channel's region (always / never / too
+                # tight for it: the output needs room too): the same bytes.
+                with c.shm_channel(in_region_from=0) as always, \
+                        c.shm_channel(in_region_from=-1) as never, \
+                        c.shm_channel(request_capacity=96 << 10, in_region_from=0) as tight:
+                    for m in (600, 1, 0, 33):
+                        x2 = rng.normal(0, 1, (m, h)).astype(np.float32)
+                        logits2 = rng.normal(0, 1, (m, e)).astype(np.float32)
+                        want2 = c.run_moe("ch-layer", x2, logits2, top_k=k)
+                        for channel in (always, never, tight):
+                            np.testing.assert_array_equal(
+                                c.run_moe("ch-layer", x2, logits2, top_k=k, channel=channel),
+                                want2)
+                        sent = always._get(kplan.shm_channel._REQ_BYTES)
+                        if m > 0:
+                            self.assertLess(sent, 256, m)
                 c.close_shm_channel(ch.name)
                 with self.assertRaises(KplanError) as ctx:
                     c.run_moe("ch-layer", x, logits, top_k=k, channel=ch)

@@ -162,6 +162,60 @@ TEST_F(ShmChannelTest, ReferencesIntoRegions) {
   EXPECT_EQ(std::string((*data)->data() + *end, size_t(out_bytes)), expected->output().data());
 }
 
+// Large inline tensors ride in the channel's own region (references into
+// the request area's tail, the output written there): the caller still sends
+// and gets bytes, the same bytes gRPC answers; a call whose tensors do not
+// fit that way goes serialized.
+TEST_F(ShmChannelTest, LargeTensorsRideInTheRegion) {
+  ShmChannel::Options options;
+  options.request_capacity = 1 << 20;
+  options.in_region_from_bytes = 64 << 10;  // 512 tokens of 32 float32
+  std::unique_ptr<ShmChannel> by_size = Open(options);
+  options.in_region_from_bytes = 0;
+  std::unique_ptr<ShmChannel> always = Open(options);
+  options.in_region_from_bytes = -1;
+  std::unique_ptr<ShmChannel> never = Open(options);
+  // In-region needs room for the output too: 600 tokens fit serialized
+  // (96 KiB of inputs), not in the region (171 KiB).
+  options.request_capacity = 120 << 10;
+  options.in_region_from_bytes = 0;
+  std::unique_ptr<ShmChannel> tight = Open(options);
+  ASSERT_TRUE(by_size && always && never && tight);
+  Raw raw;
+  ASSERT_NO_FATAL_FAILURE(MapRaw(*always, kShmChannelHeaderBytes, &raw));
+  for (int m : {600, 1, 17, 0, 513, 511}) {
+    v1::RunMoERequest req = Request(m);
+    req.set_return_routing(m % 2 == 1);
+    absl::StatusOr<v1::RunMoEResponse> grpc_answer = client_->RunMoE(req);
+    ASSERT_TRUE(grpc_answer.ok()) << grpc_answer.status();
+    const uint64_t serialized = req.ByteSizeLong();
+    for (ShmChannel* channel : {by_size.get(), always.get(), never.get(), tight.get()}) {
+      v1::RunMoEResponse answer;
+      absl::Status s = channel->RunMoE(req, &answer);
+      ASSERT_TRUE(s.ok()) << s << " at " << m << " tokens";
+      EXPECT_EQ(answer.output().data(), grpc_answer->output().data()) << m << " tokens";
+      EXPECT_FALSE(answer.output().has_shm());
+      EXPECT_THAT(answer.output().shape(), ::testing::ElementsAre(m, kH));
+      EXPECT_EQ(answer.topk_ids().data(), grpc_answer->topk_ids().data());
+      EXPECT_EQ(answer.topk_weights().data(), grpc_answer->topk_weights().data());
+      if (channel == always.get()) {  // the request was a small envelope
+        const uint64_t sent = ShmChannelLoad(&raw.header()->request_bytes);
+        if (m > 0) {
+          EXPECT_LT(sent, 256u) << m << " tokens";
+        } else {
+          EXPECT_EQ(sent, serialized);
+        }
+      }
+    }
+  }
+  // The caller's request is untouched.
+  v1::RunMoERequest req = Request(600);
+  const std::string before = req.SerializeAsString();
+  v1::RunMoEResponse answer;
+  ASSERT_TRUE(always->RunMoE(req, &answer).ok());
+  EXPECT_EQ(req.SerializeAsString(), before);
+}
+
 // An error keeps the code, text and field gRPC's RunMoE gives it.
 TEST_F(ShmChannelTest, ErrorsAreGrpcs) {
   std::unique_ptr<ShmChannel> channel = Open();
@@ -340,22 +394,28 @@ TEST_F(ShmChannelTest, TruncatedChannelEndsNotTheServer) {
 
 // A call whose client gives up is abandoned, not lost: the next call waits
 // for the server to let go of it and is answered.
+// Also when the tensors ride in the region: the abandoned call's output
+// lands in no later call's answer.
 TEST_F(ShmChannelTest, AbandonedCallsFreeTheChannel) {
-  std::unique_ptr<ShmChannel> channel = Open();
-  ASSERT_NE(channel, nullptr);
-  v1::RunMoERequest big = Request(200);
-  v1::RunMoERequest small = Request(2);
-  const std::string expected = client_->RunMoE(small)->output().data();
-  int deadlines = 0;
-  for (int i = 0; i < 20; ++i) {
-    v1::RunMoEResponse answer;
-    absl::Status s = channel->RunMoE(big, &answer, absl::Microseconds(1));
-    if (absl::IsDeadlineExceeded(s)) ++deadlines;
-    s = channel->RunMoE(small, &answer);
-    ASSERT_TRUE(s.ok()) << s;
-    EXPECT_EQ(answer.output().data(), expected);
+  for (int64_t in_region_from : {int64_t{-1}, int64_t{0}}) {
+    ShmChannel::Options options;
+    options.in_region_from_bytes = in_region_from;
+    std::unique_ptr<ShmChannel> channel = Open(options);
+    ASSERT_NE(channel, nullptr);
+    v1::RunMoERequest big = Request(200);
+    v1::RunMoERequest small = Request(2);
+    const std::string expected = client_->RunMoE(small)->output().data();
+    int deadlines = 0;
+    for (int i = 0; i < 20; ++i) {
+      v1::RunMoEResponse answer;
+      absl::Status s = channel->RunMoE(big, &answer, absl::Microseconds(1));
+      if (absl::IsDeadlineExceeded(s)) ++deadlines;
+      s = channel->RunMoE(small, &answer);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(answer.output().data(), expected);
+    }
+    EXPECT_GT(deadlines, 0) << in_region_from;
   }
-  EXPECT_GT(deadlines, 0);
 }
 
 // Closing, unregistering and shutdown end a channel; its client is told.

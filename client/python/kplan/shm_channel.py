@@ -76,12 +76,19 @@ class ShmChannel:
     then unregisters and unlinks the region."""
 
     def __init__(self, client: Any, request_capacity: int = 1 << 20,
-                 response_capacity: int = 1 << 20, spin: float = 50e-6, mode: int = 0o600):
+                 response_capacity: int = 1 << 20, spin: float = 50e-6, mode: int = 0o600,
+                 in_region_from: int = 64 << 10):
         if request_capacity <= 0 or response_capacity < _MIN_RESPONSE:
             raise ValueError(f"request_capacity must be > 0 and response_capacity >= "
                              f"{_MIN_RESPONSE}; got {request_capacity}, {response_capacity}")
         self.request_capacity, self.response_capacity = request_capacity, response_capacity
         self.spin = spin
+        # Inline hidden states of at least this many bytes ride, with inline
+        # logits and the output, in the request area's tail as references
+        # into this region: the server reads and writes them in place. The
+        # caller still gets the output's bytes inline. 0: every call;
+        # negative: none (the C++ ShmChannel::Options::in_region_from_bytes).
+        self.in_region_from = in_region_from
         self._client: Any = None
         self._sequence = 0
         # The region (kplan.shm) creates, registers, unregisters and unlinks
@@ -177,7 +184,8 @@ class ShmChannel:
                                  "the shared-memory channel is still held by an abandoned call",
                                  None)
             state = new
-        data = request.SerializeToString()
+        placed = self._place(request)
+        data = (placed[0] if placed else request).SerializeToString()
         if len(data) > self.request_capacity:
             raise KplanError(grpc.StatusCode.INVALID_ARGUMENT,
                              f"the request's {len(data)} bytes exceed the channel's request "
@@ -219,13 +227,56 @@ class ShmChannel:
         code = self._get(_STATUS)
         try:
             if code == 0:
-                return service_pb2.RunMoEResponse.FromString(answer)
+                response = service_pb2.RunMoEResponse.FromString(answer)
+                if placed and response.output.HasField("shm"):  # as the caller asked: inline
+                    at, n = _HEADER + placed[1], placed[2]
+                    response.output.ClearField("shm")
+                    response.output.data = bytes(self._buf[at:at + n])
+                return response
             error = status_pb2.Status.FromString(answer)
         except DecodeError:
             raise KplanError(grpc.StatusCode.INTERNAL,
                              "the channel's answer could not be parsed", None) from None
         raise KplanError(_CODES.get(code, grpc.StatusCode.UNKNOWN), error.message,
                          _field_of_status(error))
+
+    def _place(self, request: service_pb2.RunMoERequest
+               ) -> "Optional[tuple[service_pb2.RunMoERequest, int, int]]":
+        """Large inline tensors into the request area's tail, from its end
+        down (output, logits, hidden states; 64-byte aligned): the request
+        that names them and the output's (offset in the area, bytes); None
+        when the call goes serialized."""
+        hidden, logits = request.hidden_states, request.router_logits
+        n = len(hidden.data)
+        if (self.in_region_from < 0 or n == 0 or n < self.in_region_from
+                or hidden.HasField("shm") or request.HasField("output_shm")):
+            return None
+        logits_placed = len(logits.data) > 0 and not logits.HasField("shm")
+        out_at = (self.request_capacity - n) & ~63
+        below = out_at
+        if logits_placed:
+            below = logits_at = (below - len(logits.data)) & ~63
+        hidden_at = (below - n) & ~63
+        if hidden_at <= 0:
+            return None
+        envelope = service_pb2.RunMoERequest()
+        envelope.CopyFrom(request)
+
+        def refer(ref: Any, at: int, size: int) -> None:
+            ref.region, ref.offset, ref.byte_size = self.name, _HEADER + at, size
+
+        envelope.hidden_states.ClearField("data")
+        refer(envelope.hidden_states.shm, hidden_at, n)
+        if logits_placed:
+            envelope.router_logits.ClearField("data")
+            refer(envelope.router_logits.shm, logits_at, len(logits.data))
+        refer(envelope.output_shm, out_at, n)
+        if envelope.ByteSize() > hidden_at:
+            return None
+        self._buf[_HEADER + hidden_at:_HEADER + hidden_at + n] = hidden.data
+        if logits_placed:
+            self._buf[_HEADER + logits_at:_HEADER + logits_at + len(logits.data)] = logits.data
+        return envelope, out_at, n
 
     # --- lifetime --------------------------------------------------------------
 
