@@ -79,6 +79,11 @@ ABSL_FLAG(bool, cuda_shm, false,
 ABSL_FLAG(bool, channel, false,
           "Call through a shared-memory call channel per client thread instead of gRPC (a "
           "server on this host with --allow_shared_memory; see --max_shm_channels)");
+ABSL_FLAG(int64_t, channel_capacity, 1 << 20,
+          "--channel: bytes of each channel's request area and of its answer area");
+ABSL_FLAG(int64_t, channel_in_region_from, 64 << 10,
+          "--channel: inline hidden states of at least this many bytes ride in the channel's "
+          "region by reference (ShmChannel::Options::in_region_from_bytes; negative: never)");
 ABSL_FLAG(int, cuda_device, 0, "The GPU of --cuda_shm's allocations (the server's index)");
 ABSL_FLAG(bool, skip_device, false,
           "Debug: requests skip the layer (the server needs --allow_skip_device): the service's "
@@ -87,6 +92,13 @@ ABSL_FLAG(std::string, json, "", "Write the results as JSON to this file");
 ABSL_FLAG(std::string, csv, "", "Write the results as CSV to this file");
 
 namespace {
+
+kplan::ShmChannel::Options ChannelOptions() {
+  kplan::ShmChannel::Options o;
+  o.request_capacity = o.response_capacity = absl::GetFlag(FLAGS_channel_capacity);
+  o.in_region_from_bytes = absl::GetFlag(FLAGS_channel_in_region_from);
+  return o;
+}
 
 std::vector<int> IntList(const std::string& text, const char* flag) {
   std::vector<int> out;
@@ -325,7 +337,7 @@ Row RunStep(ClientPool& pool, const kplan::v1::RunMoERequest& request, int token
       std::unique_ptr<kplan::ShmChannel> channel;  // --channel: this thread's
       if (absl::GetFlag(FLAGS_channel)) {
         absl::StatusOr<std::unique_ptr<kplan::ShmChannel>> opened =
-            kplan::ShmChannel::Open(*clients[c], {});
+            kplan::ShmChannel::Open(*clients[c], ChannelOptions());
         if (!opened.ok()) {
           ++errors[c][absl::StatusCodeToString(opened.status().code())];
           first_error[c] = opened.status().ToString();

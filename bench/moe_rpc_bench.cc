@@ -52,6 +52,10 @@ ABSL_FLAG(double, channel_spin_us, 50,
           "chan / chshm: how long the server's channel thread and the client poll before they "
           "sleep on the state word (kplan-server's --shm_channel_spin); 0: sleep at once");
 
+ABSL_FLAG(int64_t, channel_in_region_from, 64 << 10,
+          "chan: inline hidden states of at least this many bytes ride in the channel's region "
+          "(ShmChannel::Options::in_region_from_bytes; negative: never)");
+
 namespace {
 
 void FillBf16(char* out, size_t n, std::mt19937& rng, float scale) {
@@ -241,6 +245,7 @@ int Measure(const char* transport, const std::string& listen, const Shape& s,
   channel_options.request_capacity = 32 << 20;
   channel_options.response_capacity = 32 << 20;
   channel_options.spin = absl::Microseconds(absl::GetFlag(FLAGS_channel_spin_us));
+  channel_options.in_region_from_bytes = absl::GetFlag(FLAGS_channel_in_region_from);
   absl::StatusOr<std::unique_ptr<kplan::ShmChannel>> channel =
       kplan::ShmChannel::Open(*client, channel_options);
   if (!channel.ok()) {
