@@ -10,6 +10,8 @@
 namespace kplan {
 
 absl::Status WithField(absl::Status status, absl::string_view field) {
+  // An OK status keeps no payload: no Cord built for it on the calls' path.
+  if (status.ok()) return status;
   status.SetPayload(kFieldPayloadKey, absl::Cord(field));
   return status;
 }

@@ -413,15 +413,17 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   const bool stage_by_sm = options.stage_by_sm && graph_sized && !dev.any();
   // Everything on the stream from the upload to the download: enqueued
   // directly, or captured once into a graph and replayed (gpu_graphs.h).
+  // A staging copy between the pinned mirror and the workspace: by the SMs
+  // or by a copy engine.
+  const auto stage = [&](void* dst, const void* src, int64_t bytes,
+                         cudaMemcpyKind kind) -> absl::Status {
+    if (stage_by_sm) return kc::LaunchMoeStageCopy(dst, src, bytes, stream);
+    KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+    return absl::OkStatus();
+  };
   const auto enqueue = [&]() -> absl::Status {
-    if (stage_by_sm) {
-      KPLAN_RETURN_IF_ERROR(kc::LaunchMoeStageCopy(ws.At<void>(upload_from), host + upload_from,
-                                                   o_out - upload_from, stream));
-    } else {
-      KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ws.At<void>(upload_from), host + upload_from,
-                                                 o_out - upload_from, cudaMemcpyHostToDevice,
-                                                 stream));
-    }
+    KPLAN_RETURN_IF_ERROR(stage(ws.At<void>(upload_from), host + upload_from, o_out - upload_from,
+                                cudaMemcpyHostToDevice));
     const auto d2d = [&](int64_t at, const void* src, int64_t bytes) -> absl::Status {
       if (src == nullptr) return absl::OkStatus();
       KPLAN_CUDA_RETURN_IF_ERROR(
@@ -442,14 +444,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     // routing, and the output unless it goes to client device memory or to
     // a pinned window).
     const int64_t download_end = dev.output != nullptr || window_pinned ? o_out : io_bytes;
-    if (stage_by_sm) {
-      KPLAN_RETURN_IF_ERROR(
-          kc::LaunchMoeStageCopy(host + o_ids, ws.At<void>(o_ids), download_end - o_ids, stream));
-    } else {
-      KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-          host + o_ids, ws.At<void>(o_ids), download_end - o_ids, cudaMemcpyDeviceToHost, stream));
-    }
-    return absl::OkStatus();
+    return stage(host + o_ids, ws.At<void>(o_ids), download_end - o_ids, cudaMemcpyDeviceToHost);
   };
   // Not graphed: copies from or to client device memory (its addresses
   // vary); pinned client windows are staged at graph sizes (above).
