@@ -6,7 +6,7 @@
 # with the default 50 us polling and with both sides polling 30 ms;
 # shmcopy (scripts/shmcopy.cc) times the raw copies into and out of a
 # shared object, pinned or not; kplan_perf through a channel from another
-# process, alternating too.
+# process, alternating too; the hop at 512 tokens (moe_hop_bench).
 set -uo pipefail
 tar -xJf build-pack/dist.tar.xz
 export LD_LIBRARY_PATH=$PWD/.dist/lib
@@ -14,6 +14,7 @@ b=.dist/bin
 cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>&1
 lscpu | grep -iE 'numa|model name|^CPU\(s\)'
 timeout 60 $b/shmcopy
+timeout 120 $b/moe_hop_bench --tokens 1,512 --iters 100
 for spin in 50 30000; do
   for from in -1 65536 -1 65536; do
     echo "== moe_rpc_bench, in_region_from $from, polling $spin us"
