@@ -313,7 +313,6 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   out.num_tokens = M;
   out.top_k = k;
   out.in_place = to_window;
-  if (dev.output == nullptr && !to_window) out.output.resize(M * spec.hidden * act_bytes);
   out.topk_ids.resize(M * k);
   out.topk_weights.resize(M * k);
   if (M == 0) return out;
@@ -507,7 +506,7 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
       KPLAN_RETURN_IF_ERROR(window.Write(host + o_out, M * H * act_bytes));
     }
   } else {
-    std::memcpy(out.output.data(), host + o_out, M * H * act_bytes);
+    out.output.assign(host + o_out, M * H * act_bytes);  // one pass: no zero fill first
   }
   std::memcpy(out.topk_ids.data(), host + o_ids, numel * 4);
   std::memcpy(out.topk_weights.data(), host + o_w, numel * 4);
