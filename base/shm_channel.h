@@ -9,7 +9,9 @@
 //
 // The window of the region, from its first byte:
 //   [0, 64)                         ShmChannelHeader
-//   [64, 64 + request_capacity)     the request's bytes (the client's)
+//   [64, 64 + request_capacity)     the request's bytes (the client's; tensors
+//                                   it references there are the call's: read,
+//                                   and its output written, by the server)
 //   [64 + request_capacity, end)    the answer's bytes (the server's)
 // request_capacity is fixed when the channel opens; the server keeps its
 // own copy of it and never trusts a length in the header beyond it.
@@ -22,10 +24,10 @@
 //   server: Cancelled -> Idle            (the abandoned call has ended)
 //   server: any -> Closed                (channel closed or server stopping)
 // The client writes its fields only in Idle or Done, the server its only in
-// Running; every move is a compare-and-swap, so neither side overwrites a
-// move of the other. A client that breaks these rules only breaks its own
-// calls: the server copies the request before it parses it and bounds every
-// length it reads.
+// Running (and an output_shm slice in the request area until it lets go of
+// the call: Done, or Cancelled -> Idle); every move is a compare-and-swap,
+// so neither side overwrites a move of the other. A client that breaks these rules only breaks its
+// own calls: the server copies the request before it parses it and bounds every length it reads.
 #pragma once
 
 #include <atomic>

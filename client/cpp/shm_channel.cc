@@ -24,12 +24,14 @@ absl::Status Closed() {
       "or the server stopping)");
 }
 
-// Every field of the request but the bytes of the tensors that ride in the
-// region (hidden_states, and router_logits when `logits_placed`): a field
-// added to RunMoERequest later travels without a change here.
-google::protobuf::FieldMask EnvelopeMask(bool logits_placed) {
+// Every field of the request but the bytes (and shm) of the tensors that
+// ride in the region (hidden_states, and router_logits when
+// `logits_placed`): a field added to RunMoERequest or Tensor later travels
+// without a change here.
+google::protobuf::FieldMask MakeEnvelopeMask(bool logits_placed) {
   google::protobuf::FieldMask mask;
   const google::protobuf::Descriptor* d = v1::RunMoERequest::descriptor();
+  const google::protobuf::Descriptor* t = v1::Tensor::descriptor();
   for (int i = 0; i < d->field_count(); ++i) {
     const google::protobuf::FieldDescriptor* f = d->field(i);
     const bool placed =
@@ -39,9 +41,19 @@ google::protobuf::FieldMask EnvelopeMask(bool logits_placed) {
       mask.add_paths(f->name());
       continue;
     }
-    for (const char* sub : {"dtype", "shape"}) mask.add_paths(absl::StrCat(f->name(), ".", sub));
+    for (int j = 0; j < t->field_count(); ++j) {
+      const int n = t->field(j)->number();
+      if (n == v1::Tensor::kDataFieldNumber || n == v1::Tensor::kShmFieldNumber) continue;
+      mask.add_paths(absl::StrCat(f->name(), ".", t->field(j)->name()));
+    }
   }
   return mask;
+}
+
+const google::protobuf::FieldMask& EnvelopeMask(bool logits_placed) {
+  static const auto* const masks =
+      new google::protobuf::FieldMask[2]{MakeEnvelopeMask(false), MakeEnvelopeMask(true)};
+  return masks[logits_placed ? 1 : 0];
 }
 
 }  // namespace
@@ -228,13 +240,20 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
   }
   const int32_t code = ShmChannelLoad(&header_->status_code);
   if (code == 0) {
+    // Parsing clears the response, output and its bytes' buffer with it: a
+    // placed call keeps that buffer (a caller that reuses its response then
+    // gets the output without a fresh allocation, whose first-touch page
+    // faults cost more than the copy: docs/PERF.md, session 30).
+    std::string output;
+    if (placed) output.swap(*response->mutable_output()->mutable_data());
     if (!response->ParseFromArray(response_area_, static_cast<int>(bytes))) {
       return absl::InternalError("the channel's answer is not a kplan.v1.RunMoEResponse");
     }
     if (placed && response->output().has_shm()) {  // answered as the caller asked: inline
       v1::Tensor* out = response->mutable_output();
       out->clear_shm();
-      out->set_data(request_area_ + placed->output, static_cast<size_t>(placed->output_bytes));
+      output.assign(request_area_ + placed->output, static_cast<size_t>(placed->output_bytes));
+      out->mutable_data()->swap(output);
     }
     return absl::OkStatus();
   }

@@ -38,14 +38,19 @@ class ShmChannel {
     // The region object's permissions (ClientShmRegion::Create): 0660 for
     // a server of another user in the object's group (the sidecar pod).
     mode_t mode = 0600;
-    // A call whose inline hidden states hold at least this many bytes has
-    // them, inline router logits and the output ride in the request area's
-    // tail as references into the channel's own region (output_shm): the
-    // server reads and writes them in place, no serialisation or copies on
-    // its side; RunMoE still answers with the output's bytes inline. 0:
-    // every call; negative: none. A call whose tensors do not fit the area
-    // this way goes as serialized bytes.
-    int64_t in_region_from_bytes = 64 << 10;
+    // Off by default (negative). At or past this many bytes of inline
+    // hidden states, the hidden states, inline router logits and the output
+    // go into the request area's tail, and the request names them as
+    // references into the channel's own region (output_shm for the
+    // output), so the server reads and writes them in place as it does any
+    // shm tensor: no request bytes copied out, no megabytes parsed or
+    // serialized. RunMoE still answers with the output's bytes inline. A
+    // call whose tensors do not fit the area this way goes serialized. 0:
+    // every call. Off until a same-run A/B on the H200 host shows the round
+    // trip gains (docs/PERF.md, session 30). A placed call that runs past the
+    // server's call-time cap fails CANCELLED naming output_shm (its output
+    // is not written after the deadline), where a serialized one answers.
+    int64_t in_region_from_bytes = -1;
   };
 
   static absl::StatusOr<std::unique_ptr<ShmChannel>> Open(Client& client, Options options);
@@ -60,7 +65,9 @@ class ShmChannel {
 
   // RunMoE as Client::RunMoE answers it (the server's status, with the field
   // it names), within `timeout` (InfiniteDuration: the client's deadline).
-  // Large inline tensors ride in the region (Options::in_region_from_bytes).
+  // Large inline tensors may ride in the region (Options::in_region_from_bytes);
+  // their bytes belong to the call until it is answered or let go of, one
+  // more reason for one thread per channel.
   // DEADLINE_EXCEEDED when no answer came in time: the call is abandoned,
   // and the next call first waits (within its own timeout) for the server to
   // let go of it. UNAVAILABLE when the server closed the channel (close,

@@ -410,8 +410,6 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
   // The staging copies by the SMs: graph-sized calls whose inputs and output
   // all pass through the pinned buffer.
   const bool stage_by_sm = options.stage_by_sm && graph_sized && !dev.any();
-  // Everything on the stream from the upload to the download: enqueued
-  // directly, or captured once into a graph and replayed (gpu_graphs.h).
   // A staging copy between the pinned mirror and the workspace: by the SMs
   // or by a copy engine.
   const auto stage = [&](void* dst, const void* src, int64_t bytes,
@@ -420,6 +418,8 @@ absl::StatusOr<MoeRunOutput> RunMoeOnGpu(const GpuExperts& experts, const MoeRun
     KPLAN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, kind, stream));
     return absl::OkStatus();
   };
+  // Everything on the stream from the upload to the download: enqueued
+  // directly, or captured once into a graph and replayed (gpu_graphs.h).
   const auto enqueue = [&]() -> absl::Status {
     KPLAN_RETURN_IF_ERROR(stage(ws.At<void>(upload_from), host + upload_from, o_out - upload_from,
                                 cudaMemcpyHostToDevice));

@@ -463,6 +463,12 @@ class SharedMemoryTest(unittest.TestCase):
                         sent = always._get(kplan.shm_channel._REQ_BYTES)
                         if m > 0:
                             self.assertLess(sent, 256, m)
+                        # 600 tokens do not fit 96 KiB with their output: serialized.
+                        sent = tight._get(kplan.shm_channel._REQ_BYTES)
+                        if m == 600:
+                            self.assertGreater(sent, 600 * h * 4, m)
+                        elif m > 0:
+                            self.assertLess(sent, 256, m)
                 c.close_shm_channel(ch.name)
                 with self.assertRaises(KplanError) as ctx:
                     c.run_moe("ch-layer", x, logits, top_k=k, channel=ch)

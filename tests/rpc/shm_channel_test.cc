@@ -181,30 +181,42 @@ TEST_F(ShmChannelTest, LargeTensorsRideInTheRegion) {
   options.in_region_from_bytes = 0;
   std::unique_ptr<ShmChannel> tight = Open(options);
   ASSERT_TRUE(by_size && always && never && tight);
-  Raw raw;
-  ASSERT_NO_FATAL_FAILURE(MapRaw(*always, kShmChannelHeaderBytes, &raw));
-  for (int m : {600, 1, 17, 0, 513, 511}) {
+  Raw raw[4];
+  ShmChannel* const channels[4] = {by_size.get(), always.get(), never.get(), tight.get()};
+  for (int c = 0; c < 4; ++c) {
+    ASSERT_NO_FATAL_FAILURE(MapRaw(*channels[c], kShmChannelHeaderBytes, &raw[c]));
+  }
+  v1::RunMoEResponse reused;  // one answer for every call: its buffer is reused
+  for (int m : {600, 1, 17, 0, 513, 512, 511}) {
     v1::RunMoERequest req = Request(m);
     req.set_return_routing(m % 2 == 1);
     absl::StatusOr<v1::RunMoEResponse> grpc_answer = client_->RunMoE(req);
     ASSERT_TRUE(grpc_answer.ok()) << grpc_answer.status();
     const uint64_t serialized = req.ByteSizeLong();
-    for (ShmChannel* channel : {by_size.get(), always.get(), never.get(), tight.get()}) {
+    for (int c = 0; c < 4; ++c) {
+      ShmChannel* channel = channels[c];
       v1::RunMoEResponse answer;
       absl::Status s = channel->RunMoE(req, &answer);
       ASSERT_TRUE(s.ok()) << s << " at " << m << " tokens";
       EXPECT_EQ(answer.output().data(), grpc_answer->output().data()) << m << " tokens";
       EXPECT_FALSE(answer.output().has_shm());
+      if (channel == always.get()) {
+        ASSERT_TRUE(channel->RunMoE(req, &reused).ok());
+        EXPECT_EQ(reused.output().data(), grpc_answer->output().data()) << m << " tokens";
+        EXPECT_EQ(reused.topk_ids().data(), grpc_answer->topk_ids().data());
+      }
       EXPECT_THAT(answer.output().shape(), ::testing::ElementsAre(m, kH));
       EXPECT_EQ(answer.topk_ids().data(), grpc_answer->topk_ids().data());
       EXPECT_EQ(answer.topk_weights().data(), grpc_answer->topk_weights().data());
-      if (channel == always.get()) {  // the request was a small envelope
-        const uint64_t sent = ShmChannelLoad(&raw.header()->request_bytes);
-        if (m > 0) {
-          EXPECT_LT(sent, 256u) << m << " tokens";
-        } else {
-          EXPECT_EQ(sent, serialized);
-        }
+      // Which form went: a small envelope, or the request serialized.
+      const bool enveloped = m > 0 && (channel == always.get() ||
+                                       (channel == by_size.get() && m * kH * 4 >= (64 << 10)) ||
+                                       (channel == tight.get() && m < 100));
+      const uint64_t sent = ShmChannelLoad(&raw[c].header()->request_bytes);
+      if (enveloped) {
+        EXPECT_LT(sent, 256u) << "channel " << c << ", " << m << " tokens";
+      } else {
+        EXPECT_EQ(sent, serialized) << "channel " << c << ", " << m << " tokens";
       }
     }
   }
@@ -394,8 +406,8 @@ TEST_F(ShmChannelTest, TruncatedChannelEndsNotTheServer) {
 
 // A call whose client gives up is abandoned, not lost: the next call waits
 // for the server to let go of it and is answered.
-// Also when the tensors ride in the region: the abandoned call's output
-// lands in no later call's answer.
+// Also when the tensors ride in the region: the next call waits for the
+// server to let go of the abandoned one before it places its own inputs.
 TEST_F(ShmChannelTest, AbandonedCallsFreeTheChannel) {
   for (int64_t in_region_from : {int64_t{-1}, int64_t{0}}) {
     ShmChannel::Options options;

@@ -68,6 +68,16 @@ except (OSError, AttributeError):
     _atomic_load = _atomic_cas = None
 
 
+def _copy_field(dst: Any, field: Any, value: Any) -> None:
+    """Sets field `field` of message dst to `value` (as ListFields gives them)."""
+    if field.label == field.LABEL_REPEATED:
+        getattr(dst, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(dst, field.name).CopyFrom(value)
+    else:
+        setattr(dst, field.name, value)
+
+
 class ShmChannel:
     """A channel in a new POSIX region of `request_capacity` + `response_capacity`
     bytes after a 64-byte header (a kplan.shm.SharedMemoryRegion, `mode` its
@@ -77,17 +87,18 @@ class ShmChannel:
 
     def __init__(self, client: Any, request_capacity: int = 1 << 20,
                  response_capacity: int = 1 << 20, spin: float = 50e-6, mode: int = 0o600,
-                 in_region_from: int = 64 << 10):
+                 in_region_from: int = -1):
         if request_capacity <= 0 or response_capacity < _MIN_RESPONSE:
             raise ValueError(f"request_capacity must be > 0 and response_capacity >= "
                              f"{_MIN_RESPONSE}; got {request_capacity}, {response_capacity}")
         self.request_capacity, self.response_capacity = request_capacity, response_capacity
         self.spin = spin
-        # Inline hidden states of at least this many bytes ride, with inline
-        # logits and the output, in the request area's tail as references
-        # into this region: the server reads and writes them in place. The
-        # caller still gets the output's bytes inline. 0: every call;
-        # negative: none (the C++ ShmChannel::Options::in_region_from_bytes).
+        # Off by default (negative). At or past this many bytes of inline
+        # hidden states, they, inline logits and the output go into the
+        # request area's tail as references into this region: the server
+        # reads and writes them in place. The caller still gets the output's
+        # bytes inline. 0: every call. As the C++
+        # ShmChannel::Options::in_region_from_bytes, off until measured.
         self.in_region_from = in_region_from
         self._client: Any = None
         self._sequence = 0
@@ -259,16 +270,24 @@ class ShmChannel:
         hidden_at = (below - n) & ~63
         if hidden_at <= 0:
             return None
+        # Every field but the placed tensors' bytes and shm (the bytes not
+        # copied only to be cleared).
+        placed = {"hidden_states"} | ({"router_logits"} if logits_placed else set())
         envelope = service_pb2.RunMoERequest()
-        envelope.CopyFrom(request)
+        for field, value in request.ListFields():
+            if field.name not in placed:
+                _copy_field(envelope, field, value)
+                continue
+            tensor = getattr(envelope, field.name)
+            for sub, sub_value in value.ListFields():
+                if sub.name not in ("data", "shm"):
+                    _copy_field(tensor, sub, sub_value)
 
         def refer(ref: Any, at: int, size: int) -> None:
             ref.region, ref.offset, ref.byte_size = self.name, _HEADER + at, size
 
-        envelope.hidden_states.ClearField("data")
         refer(envelope.hidden_states.shm, hidden_at, n)
         if logits_placed:
-            envelope.router_logits.ClearField("data")
             refer(envelope.router_logits.shm, logits_at, len(logits.data))
         refer(envelope.output_shm, out_at, n)
         if envelope.ByteSize() > hidden_at:

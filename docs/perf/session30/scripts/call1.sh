@@ -2,7 +2,8 @@
 # Session 30, device call 1: session 29's unrun checks (the stage copy's
 # own test, the graphed runs' bits, the hop), then the round trip with
 # large inline tensors riding in the channel's region (2ba1dd1) against
-# them serialized (--channel_in_region_from -1), same server, same call.
+# them serialized (--channel_in_region_from -1): two processes, one after
+# the other, in this call.
 set -uo pipefail
 tar -xJf build-pack/dist.tar.xz
 export LD_LIBRARY_PATH=$PWD/.dist/lib

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Session 30, device call 2: call 1 ran the in-region channel first and
-# the serialized one second, and the first process was slower at every
-# size (1 token, the same path in both: chskip 20.1 against 7.0 us), so its
-# A/B is confounded. Here they alternate (serialized, in region, twice),
+# the serialized one second and found the round trip slower in the region;
+# the build host then traced that to the client's output buffer (a fresh
+# 2 MiB string a call, bimodal page faults), fixed after call 1 (the client
+# keeps the caller's buffer; moe_rpc_bench reuses its answer). Rebuild the
+# bundle at HEAD before this call. Here the forms alternate (serialized,
+# in region, twice),
 # with the default 50 us polling and with both sides polling 30 ms;
 # shmcopy (scripts/shmcopy.cc) times the raw copies into and out of a
 # shared object, pinned or not; kplan_perf through a channel from another
