@@ -9,6 +9,7 @@
 #include "base/shm_channel.h"
 #include "base/status.h"
 #include "google/protobuf/field_mask.pb.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/util/field_mask_util.h"
 #include "google/rpc/status.pb.h"
 
@@ -54,6 +55,22 @@ const google::protobuf::FieldMask& EnvelopeMask(bool logits_placed) {
   static const auto* const masks =
       new google::protobuf::FieldMask[2]{MakeEnvelopeMask(false), MakeEnvelopeMask(true)};
   return masks[logits_placed ? 1 : 0];
+}
+
+// ParseFromArray into `response`, but keeping its output bytes' buffer:
+// ParseFromArray clears the message, which deletes the output submessage, so
+// a caller that reuses its response would still get a fresh allocation for
+// every answer's output (2 MiB at 512 Qwen3 tokens), and its first-touch
+// page faults cost more than the copy (docs/PERF.md, session 30).
+bool ParseKeepingOutput(const char* data, int size, v1::RunMoEResponse* response) {
+  std::unique_ptr<v1::Tensor> output(response->release_output());
+  response->Clear();
+  if (output != nullptr) {
+    output->Clear();  // a cleared string keeps its capacity
+    response->set_allocated_output(output.release());
+  }
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(data), size);
+  return response->MergeFromCodedStream(&in) && in.ConsumedEntireMessage();
 }
 
 }  // namespace
@@ -240,20 +257,15 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
   }
   const int32_t code = ShmChannelLoad(&header_->status_code);
   if (code == 0) {
-    // Parsing clears the response, output and its bytes' buffer with it: a
-    // placed call keeps that buffer (a caller that reuses its response then
-    // gets the output without a fresh allocation, whose first-touch page
-    // faults cost more than the copy: docs/PERF.md, session 30).
-    std::string output;
-    if (placed) output.swap(*response->mutable_output()->mutable_data());
-    if (!response->ParseFromArray(response_area_, static_cast<int>(bytes))) {
+    if (!ParseKeepingOutput(response_area_, static_cast<int>(bytes), response)) {
       return absl::InternalError("the channel's answer is not a kplan.v1.RunMoEResponse");
     }
     if (placed && response->output().has_shm()) {  // answered as the caller asked: inline
       v1::Tensor* out = response->mutable_output();
       out->clear_shm();
-      output.assign(request_area_ + placed->output, static_cast<size_t>(placed->output_bytes));
-      out->mutable_data()->swap(output);
+      // assign, not set_data: set_data builds a new string (a fresh 2 MiB).
+      out->mutable_data()->assign(request_area_ + placed->output,
+                                  static_cast<size_t>(placed->output_bytes));
     }
     return absl::OkStatus();
   }

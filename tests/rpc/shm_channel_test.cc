@@ -204,6 +204,8 @@ TEST_F(ShmChannelTest, LargeTensorsRideInTheRegion) {
         ASSERT_TRUE(channel->RunMoE(req, &reused).ok());
         EXPECT_EQ(reused.output().data(), grpc_answer->output().data()) << m << " tokens";
         EXPECT_EQ(reused.topk_ids().data(), grpc_answer->topk_ids().data());
+        EXPECT_EQ(reused.plan().SerializeAsString(), grpc_answer->plan().SerializeAsString());
+        EXPECT_FALSE(reused.output().has_shm());
       }
       EXPECT_THAT(answer.output().shape(), ::testing::ElementsAre(m, kH));
       EXPECT_EQ(answer.topk_ids().data(), grpc_answer->topk_ids().data());
