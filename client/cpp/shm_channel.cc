@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -61,13 +62,17 @@ const google::protobuf::FieldMask& EnvelopeMask(bool logits_placed) {
 // ParseFromArray clears the message, which deletes the output submessage, so
 // a caller that reuses its response would still get a fresh allocation for
 // every answer's output (2 MiB at 512 Qwen3 tokens), and its first-touch
-// page faults cost more than the copy (docs/PERF.md, session 30).
+// page faults cost more than the copy (docs/PERF.md, session 30). One
+// difference: an answer without an output leaves has_output() true, on an
+// empty Tensor (the server's answers always carry one). The unsafe_arena
+// pair hands the Tensor back to the message that owned it (release_output
+// would copy it out of an arena).
 bool ParseKeepingOutput(const char* data, int size, v1::RunMoEResponse* response) {
-  std::unique_ptr<v1::Tensor> output(response->release_output());
+  v1::Tensor* output = response->unsafe_arena_release_output();
   response->Clear();
   if (output != nullptr) {
     output->Clear();  // a cleared string keeps its capacity
-    response->set_allocated_output(output.release());
+    response->unsafe_arena_set_allocated_output(output);
   }
   google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(data), size);
   return response->MergeFromCodedStream(&in) && in.ConsumedEntireMessage();
@@ -252,7 +257,8 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
         absl::StrCat("the channel's state moved to ", s, " without an answer to call ", sequence));
   }
   const uint64_t bytes = ShmChannelLoad(&header_->response_bytes);
-  if (bytes > static_cast<uint64_t>(response_capacity_)) {
+  if (bytes > static_cast<uint64_t>(response_capacity_) ||
+      bytes > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
     return absl::InternalError("the server's answer overruns the channel's answer area");
   }
   const int32_t code = ShmChannelLoad(&header_->status_code);
@@ -263,7 +269,7 @@ absl::Status ShmChannel::RunMoE(const v1::RunMoERequest& request, v1::RunMoEResp
     if (placed && response->output().has_shm()) {  // answered as the caller asked: inline
       v1::Tensor* out = response->mutable_output();
       out->clear_shm();
-      // assign, not set_data: set_data builds a new string (a fresh 2 MiB).
+      // assign, not set_data: set_data copies through a temporary string.
       out->mutable_data()->assign(request_area_ + placed->output,
                                   static_cast<size_t>(placed->output_bytes));
     }
