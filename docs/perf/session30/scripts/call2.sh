@@ -4,7 +4,7 @@
 # the build host then traced that to the client's output buffer (a fresh
 # 2 MiB string a call, bimodal page faults), fixed after call 1 (the client
 # keeps the caller's buffer; moe_rpc_bench reuses its answer). Rebuild the
-# bundle at HEAD before this call. Here the forms alternate (serialized,
+# bundle at HEAD before this call (scripts/pack.sh). Here the forms alternate (serialized,
 # in region, twice),
 # with the default 50 us polling and with both sides polling 30 ms;
 # shmcopy (scripts/shmcopy.cc) times the raw copies into and out of a
