@@ -189,20 +189,15 @@ absl::StatusOr<MoeRunOutput> RunMoeOnCpu(const ExpertSet& experts, const MoeRunI
   // A client's window is copied first: the CPU layer reads its input for
   // milliseconds to seconds, and a client that truncated its object in that
   // time would fault the read (SIGBUS). One copy, small next to the layer.
-  std::string window_copy, logits_copy;
-  if (in.hidden_states.in_place())
-    window_copy.assign(in.hidden_states.data(), in.hidden_states.size());
-  if (in.router_logits.in_place())
-    logits_copy.assign(in.router_logits.data(), in.router_logits.size());
-  p.hidden_states = in.hidden_states.in_place() ? window_copy.data() : in.hidden_states.data();
+  std::string hidden_copy, logits_copy;
+  p.hidden_states = in.hidden_states.Snapshot(&hidden_copy);
   p.activation = experts.activation();
   p.weights = experts.Weights();
   p.apply_router_weight_on_input = in.apply_router_weight_on_input;
   p.top_k = shape.top_k;
   p.deadline = deadline;
   if (shape.by_logits) {
-    p.router_logits = reinterpret_cast<const float*>(
-        in.router_logits.in_place() ? logits_copy.data() : in.router_logits.data());
+    p.router_logits = reinterpret_cast<const float*>(in.router_logits.Snapshot(&logits_copy));
     p.routing = shape.routing;
   } else {
     p.topk_ids = reinterpret_cast<const int32_t*>(in.topk_ids.data());

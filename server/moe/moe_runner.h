@@ -79,6 +79,13 @@ class HostBytes {
   // truncated: reading would raise SIGBUS). MoeRunInput::CheckIntact asks it
   // of every tensor read in place; every path asks that before it reads.
   absl::Status CheckIntact(absl::string_view tensor) const;
+  // The bytes for a reader that holds them long (the CPU reference): the
+  // server's own, or a snapshot of the window in `*copy`, one read of it.
+  const char* Snapshot(std::string* copy) const {
+    if (!in_place()) return data();
+    copy->assign(data(), size());
+    return copy->data();
+  }
   // Replacing the bytes (tests and benchmarks build inputs as strings).
   void assign(size_t n, char c) { *this = HostBytes(std::string(n, c)); }
   void assign(const char* p, size_t n) { *this = HostBytes(std::string(p, n)); }
