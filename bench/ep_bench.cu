@@ -47,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_stats.h"
 #include "bench/bench_check.h"
 #include "kernels/comm/nccl_communicator.h"
 #include "kernels/cuda/moe/moe_ops.h"
@@ -113,11 +114,7 @@ std::string RandomBf16String(int64_t n, int base, uint64_t key) {
   return s;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using kplan::bench::Median;
 
 std::vector<int64_t> ParseList(const char* s) {
   std::vector<int64_t> out;

@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_stats.h"
 #include "bench/bench_check.h"
 #include "kernels/comm/kplan_ep_transport.h"
 #include "kernels/comm/nccl_communicator.h"
@@ -66,10 +67,7 @@ std::vector<int> ParseList(const char* s) {
   return v;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using kplan::bench::Median;
 
 // Replays `exec` `warmup` times, then `reps` times between events; median ms
 // per replay. The counts must be equal on every rank (the kernels' device

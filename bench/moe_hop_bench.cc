@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_stats.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -80,10 +81,7 @@ void Ok(const absl::Status& s) {
   }
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using kplan::bench::Median;
 
 // Median host wall time of `call` in us over `iters` calls, after 20 warm-up.
 double TimeUs(int iters, const std::function<void()>& call) {

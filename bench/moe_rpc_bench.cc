@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_stats.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -75,11 +76,7 @@ std::string Bf16Bytes(size_t n, std::mt19937& rng, float scale) {
   return out;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using kplan::bench::Median;
 
 std::vector<int> IntList(absl::string_view s) {
   std::vector<int> out;
