@@ -162,15 +162,13 @@ std::optional<ShmChannel::InRegion> ShmChannel::PlaceInRegion(const v1::RunMoERe
       request, EnvelopeMask(logits_placed), google::protobuf::util::FieldMaskUtil::MergeOptions(),
       envelope);
   const int64_t area_in_region = request_area_ - region_->data();
-  const auto refer = [&](v1::SharedMemoryRef* ref, int64_t offset, int64_t bytes) {
-    ref->set_region(region_->name());
-    ref->set_offset(area_in_region + offset);
-    ref->set_byte_size(bytes);
-  };
-  refer(envelope->mutable_hidden_states()->mutable_shm(), at.hidden, hidden_bytes);
-  if (logits_placed)
-    refer(envelope->mutable_router_logits()->mutable_shm(), at.logits, logits_bytes);
-  refer(envelope->mutable_output_shm(), at.output, at.output_bytes);
+  *envelope->mutable_hidden_states()->mutable_shm() =
+      region_->Ref(area_in_region + at.hidden, hidden_bytes);
+  if (logits_placed) {
+    *envelope->mutable_router_logits()->mutable_shm() =
+        region_->Ref(area_in_region + at.logits, logits_bytes);
+  }
+  *envelope->mutable_output_shm() = region_->Ref(area_in_region + at.output, at.output_bytes);
   if (static_cast<int64_t>(envelope->ByteSizeLong()) > at.hidden) return std::nullopt;
   std::memcpy(request_area_ + at.hidden, hidden.data().data(), hidden_bytes);
   if (logits_placed) std::memcpy(request_area_ + at.logits, logits.data().data(), logits_bytes);
