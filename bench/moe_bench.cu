@@ -75,11 +75,13 @@
 // cooperative never (SetMoeGemmWsPingPongMode; the default takes them below
 // kMoeWsPingPongMaxSlots slots per expert), one_block the align in one block
 // (SetMoeAlignSpreadMode off), narrow the cp.async kernel's wide k-tiles off
-// (SetMoeGemmWideMode); forms combine with '+'; each such row's layer is first compared
+// (SetMoeGemmWideMode), tall the warp-specialised GEMM's tall tiles (blocks of
+// 192, SetMoeGemmWsTallTilesMode) wherever the cooperative consumers run;
+// forms combine with '+'; each such row's layer is first compared
 // bit for bit with the same layer with the form's switch the other way
 // (ping_pong against cooperative and back, one_block against the spread
-// align, narrow against wide). The row's gemm column names the variant, not
-// the kernel that ran.
+// align, narrow against wide, tall against tiles of 128). The row's gemm column names the variant,
+// not the kernel that ran.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -221,6 +223,8 @@ const VariantForm kVariantForms[] = {
      "align in one block vs spread"},
     {"narrow", kc::SetMoeGemmWideMode, kc::MoeKernelMode::kOff, kc::MoeKernelMode::kOn,
      "128-byte vs wide k-tiles"},
+    {"tall", kc::SetMoeGemmWsTallTilesMode, kc::MoeKernelMode::kOn, kc::MoeKernelMode::kOff,
+     "192-slot vs 128-slot tiles"},
 };
 constexpr size_t kNumVariantForms = sizeof(kVariantForms) / sizeof(kVariantForms[0]);
 
@@ -939,7 +943,8 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
       kc::LaunchMoeRouting(rp, logits.as<float>(), M, tw.as<float>(), tid.as<int32_t>(), stream));
   // bf16 weights: the layer's choices (gpu_layer.cc, LayoutFor).
   const bool ping_pong = kc::MoeGemmWsPingPongFor(kplan::kernels::DType::kBFloat16, numel, E);
-  const int bm = kc::MoeGemmBlockMFor(numel, E, std::min(H, I), ping_pong);
+  const bool tall = kc::MoeGemmWsTallTilesFor(kplan::kernels::DType::kBFloat16, numel, E);
+  const int bm = kc::MoeGemmBlockMFor(numel, E, std::min(H, I), ping_pong, tall);
   const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
   const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);
   DevBuf sorted(max_padded * 4), eids(max_blocks * 4), post(4);
@@ -970,6 +975,7 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     g.c = c.p;
     std::vector<uint16_t> first, got(static_cast<size_t>(numel * g.N));
     for (const bool ws : args.ws) {
+      if (!ws && bm == 192) continue;  // the tall tiles' blocks: no cp.async kernel
       kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
       GemmRow r;
       r.shape = sh.name;

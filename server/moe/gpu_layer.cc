@@ -55,13 +55,15 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   const int64_t ws_k = experts.spec().quant.scheme.empty() ? std::min(H, I) : 0;
   l.ping_pong = !batch_invariant && ws_k > 0 &&
                 kc::MoeGemmWsPingPongFor(experts.spec().dtype, numel, rule_experts);
+  const bool tall =
+      !batch_invariant && kc::MoeGemmWsTallTilesFor(experts.spec().dtype, numel, rule_experts);
   l.block_m = batch_invariant ? kMoeBatchInvariantBlockM
-                              : kc::MoeGemmBlockMFor(numel, rule_experts, ws_k, l.ping_pong);
+                              : kc::MoeGemmBlockMFor(numel, rule_experts, ws_k, l.ping_pong, tall);
   l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);
   l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
   int64_t partials = 0;
   if (bound) {
-    for (int bm : {16, 64, 128}) {
+    for (int bm : {16, 64, 128, 192}) {
       l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));
       l.max_blocks = std::max(l.max_blocks, kc::MoeAlignMaxBlocks(numel, E, bm, false));
     }
@@ -69,6 +71,7 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   } else if (!batch_invariant) {  // batch-invariant: no split-K
     const int sms = DeviceSmCount(experts.device());
     auto splits = [&](int64_t N, int64_t K) {
+      if (l.block_m == 192) return 1;  // the tall tiles split no K
       int s = kc::MoeGemmSplitsFor(numel, l.max_blocks, N, K, sms, l.block_m);
       while (s > 1 && kc::MoeGemmPartialsBytes(s, numel, N) > kMaxPartialsBytes) --s;
       return s;

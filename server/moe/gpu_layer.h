@@ -73,7 +73,7 @@ struct MoeLayerArgs {
   // order than its members alone:
   //   - the decode kernels (MoeDecodeApplies: up to kMoeDecodeMaxSlots slots
   //     on distinct experts) instead of align + grouped GEMMs;
-  //   - block_m (MoeGemmBlockMFor: 16 / 64 / 128 / 256 by slots per expert),
+  //   - block_m (MoeGemmBlockMFor: 16 / 64 / 128 / 192 / 256 by slots per expert),
   //     i.e. the CTA tile, and at 128 / 256 the warp-specialised TMA kernel
   //     with the fused silu epilogue;
   //   - split-K (MoeGemmSplitsFor: by CTAs against one wave, and the partials

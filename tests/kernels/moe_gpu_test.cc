@@ -568,20 +568,25 @@ TEST(MoeGpuValidationTest, GemmBlockOf16HoldsNearlyEveryHitExpert) {
 // The block sizes by slots per hit expert and reduction length: blocks of
 // 128 (the warp-specialised kernel) from 64 slots per expert, from 16 where
 // both GEMMs' K are long (ws_k) or they take the ping-pong form; blocks of
-// 16 up to 8 either way.
+// 16 up to 8 either way. With the tall tiles 192 in place of 128 and 256,
+// unless the ping-pong form is taken or the weights are quantised (ws_k 0).
 TEST(MoeGpuValidationTest, GemmBlockBySlotsAndReduction) {
   for (int64_t ws_k :
        {int64_t{0}, int64_t{768}, kc::kMoeGemmWsLongK - 1, kc::kMoeGemmWsLongK, int64_t{4096}}) {
     const bool long_k = ws_k >= kc::kMoeGemmWsLongK;
     for (bool ping_pong : {false, true}) {
       const int64_t from = long_k || ping_pong ? 16 : 64;
-      for (int E : {8, 128, 256}) {
-        for (int64_t per :
-             {1, 8, 9, 15, 16, 17, 23, 24, 48, 63, 64, 65, 127, 128, 511, 512, 4096}) {
-          const int64_t numel = per * E;  // every expert hit (numel >= E)
-          const int want = per <= 8 ? 16 : per < from ? 64 : per < 512 ? 128 : 256;
-          EXPECT_EQ(kc::MoeGemmBlockMFor(numel, E, ws_k, ping_pong), want)
-              << "E " << E << " slots/expert " << per << " ws_k " << ws_k << " pp " << ping_pong;
+      for (bool tall : {false, true}) {
+        for (int E : {8, 128, 256}) {
+          for (int64_t per :
+               {1, 8, 9, 15, 16, 17, 23, 24, 48, 63, 64, 65, 127, 128, 511, 512, 4096}) {
+            const int64_t numel = per * E;  // every expert hit (numel >= E)
+            int want = per <= 8 ? 16 : per < from ? 64 : per < 512 ? 128 : 256;
+            if (tall && want >= 128 && !ping_pong && ws_k > 0) want = 192;
+            EXPECT_EQ(kc::MoeGemmBlockMFor(numel, E, ws_k, ping_pong, tall), want)
+                << "E " << E << " slots/expert " << per << " ws_k " << ws_k << " pp " << ping_pong
+                << " tall " << tall;
+          }
         }
       }
     }
@@ -623,6 +628,39 @@ TEST(MoeGpuValidationTest, WsPingPongBySlots) {
     }
   }
   kc::SetMoeGemmWsPingPongMode(MoeGemmWsMode::kFromEnv);
+}
+
+// The tall tiles' rule (host logic): bf16 from kMoeWsTallTilesMinSlots slots
+// per expert when KPLAN_MOE_WS_TALL=1 (off by default), every slot count
+// when forced, never when switched off, for fp16 or without the
+// warp-specialised kernel.
+TEST(MoeGpuValidationTest, WsTallTilesBySlots) {
+  using kc::MoeGemmWsMode;
+  using kernels::DType;
+  const char* env = std::getenv("KPLAN_MOE_WS_TALL");
+  const bool allowed =
+      env == nullptr || *env == '\0' ? kc::kMoeWsTallTilesDefault : std::strcmp(env, "0") != 0;
+  for (MoeGemmWsMode ws : {MoeGemmWsMode::kOn, MoeGemmWsMode::kOff}) {
+    kc::SetMoeGemmWsMode(ws);
+    for (MoeGemmWsMode mode : {MoeGemmWsMode::kFromEnv, MoeGemmWsMode::kOn, MoeGemmWsMode::kOff}) {
+      kc::SetMoeGemmWsTallTilesMode(mode);
+      for (int E : {8, 128, 256}) {
+        for (int64_t per : {int64_t{1}, int64_t{64}, kc::kMoeWsTallTilesMinSlots - 1,
+                            kc::kMoeWsTallTilesMinSlots, int64_t{128}, int64_t{4096}}) {
+          const bool rule = allowed && per >= kc::kMoeWsTallTilesMinSlots;
+          const bool want = ws == MoeGemmWsMode::kOn && (mode == MoeGemmWsMode::kOn    ? true
+                                                         : mode == MoeGemmWsMode::kOff ? false
+                                                                                       : rule);
+          EXPECT_EQ(kc::MoeGemmWsTallTilesFor(DType::kBFloat16, per * E, E), want)
+              << "ws " << static_cast<int>(ws) << " mode " << static_cast<int>(mode) << " E " << E
+              << " per " << per;
+          EXPECT_FALSE(kc::MoeGemmWsTallTilesFor(DType::kFloat16, per * E, E));
+        }
+      }
+    }
+  }
+  kc::SetMoeGemmWsTallTilesMode(MoeGemmWsMode::kFromEnv);
+  kc::SetMoeGemmWsMode(MoeGemmWsMode::kFromEnv);
 }
 
 // Which int4 weights and GEMMs the int4 GEMMs take (host logic: the
@@ -737,7 +775,7 @@ TEST(MoeGpuValidationTest, RejectsUnsupportedParams) {
   // Sizes agree with the CPU reference's buffers.
   for (int64_t numel : {0, 1, 7, 28, 100, 32768}) {
     for (int E : {4, 8, 128, 256}) {
-      for (int bs : {1, 4, 16, 64, 128}) {
+      for (int bs : {1, 4, 16, 64, 128, 192}) {
         for (bool pad : {false, true}) {
           std::vector<int32_t> ids(numel, 0);
           auto r = moe::MoeAlignBlockSize(ids.data(), numel, bs, E, nullptr, pad);
@@ -750,6 +788,39 @@ TEST(MoeGpuValidationTest, RejectsUnsupportedParams) {
       }
     }
   }
+}
+
+// Blocks of 192 (the tall tiles) run only on the warp-specialised kernel,
+// bf16 weights without split K: anything else is refused before a launch
+// (runs without a device too).
+TEST(MoeGpuValidationTest, BlocksOf192TakeBf16OnTheWsKernel) {
+  int32_t ids = 0;
+  alignas(16) uint16_t buf[8] = {};
+  kc::MoeGroupedGemmArgs g;
+  g.a = g.w = g.c = buf;
+  g.sorted_token_ids = g.expert_ids = g.num_tokens_post_padded = &ids;
+  g.numel = 1;
+  g.num_blocks = 1;
+  g.N = g.K = 256;
+  g.num_local_experts = 1;
+  g.block_m = 192;
+  auto code = [&g] { return kc::LaunchMoeGroupedGemm(g, nullptr).code(); };
+  g.dtype = kernels::DType::kFloat16;
+  EXPECT_EQ(code(), absl::StatusCode::kInvalidArgument);
+  g.dtype = kernels::DType::kBFloat16;
+  g.splits = 2;
+  EXPECT_EQ(code(), absl::StatusCode::kInvalidArgument);
+  g.splits = 1;
+  kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kOff);
+  EXPECT_EQ(code(), absl::StatusCode::kInvalidArgument);
+  kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kFromEnv);
+  g.block_m = 96;
+  EXPECT_EQ(code(), absl::StatusCode::kInvalidArgument);
+  // What the warp-specialised kernel takes.
+  g.block_m = 192;
+  EXPECT_TRUE(kc::MoeGemmWsApplies(g));
+  g.dtype = kernels::DType::kFloat16;
+  EXPECT_FALSE(kc::MoeGemmWsApplies(g));
 }
 
 // ---------------------------------------------------------------------------

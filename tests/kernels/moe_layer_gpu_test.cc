@@ -121,6 +121,20 @@ MoeRouting RenormalizeNaive(int k) {
   return r;
 }
 
+// M tokens of bf16 hidden states and fp32 logits in [-3, 3) for shape s,
+// RenormalizeNaive routing (streams stream_id and stream_id + 100).
+MoeRunInput Bf16Input(const Shape& s, int64_t M, uint64_t stream_id) {
+  MoeRunInput in;
+  in.act_dtype = kernels::DType::kBFloat16;
+  in.hidden_shape = {M, s.H};
+  in.hidden_states = RandomTensor(in.act_dtype, M * s.H, -1, stream_id);
+  const std::vector<float> logits = RandomFloats(M * s.E, -3.0f, 3.0f, stream_id + 100);
+  in.logits_shape = {M, s.E};
+  in.router_logits.assign(reinterpret_cast<const char*>(logits.data()), logits.size() * 4);
+  in.routing = RenormalizeNaive(s.k);
+  return in;
+}
+
 MoeRouting DeepSeekV3Routing(int E, int k, uint64_t stream_id) {
   MoeRouting r;
   r.routing_method = "DeepSeekV3";
@@ -470,15 +484,7 @@ TEST(MoeLayerGpu, SwitchedFormsBitIdentical) {
   auto gpu = Upload(*set);
   ASSERT_NE(gpu, nullptr);
   for (const int64_t M : {160, 600, 2048}) {
-    const int64_t H = shape.H;
-    MoeRunInput in;
-    in.act_dtype = kernels::DType::kBFloat16;
-    in.hidden_shape = {M, H};
-    in.hidden_states = RandomTensor(in.act_dtype, M * H, -1, 7200 + M);
-    const std::vector<float> logits = RandomFloats(M * shape.E, -3.0f, 3.0f, 7300 + M);
-    in.logits_shape = {M, shape.E};
-    in.router_logits.assign(reinterpret_cast<const char*>(logits.data()), logits.size() * 4);
-    in.routing = RenormalizeNaive(shape.k);
+    const MoeRunInput in = Bf16Input(shape, M, 7200 + M);
     GpuRunOptions poison;
     poison.poison_workspace = true;
     // The rule's choice at this M, and whether the environment turned it off.
@@ -521,6 +527,50 @@ TEST(MoeLayerGpu, SwitchedFormsBitIdentical) {
       EXPECT_EQ(differ, 0) << "M " << M << " spread " << spread << " ping_pong " << ping_pong;
       EXPECT_EQ(got->topk_ids, base->topk_ids);
     }
+  }
+}
+
+// The tall tiles (blocks of 192), forced on, in the whole layer: both GEMMs
+// (the fused GEMM 1 and GEMM 2) take them wherever the cooperative
+// consumers would run (75, 128 and 256 slots per expert), not where the
+// ping-pong form runs by its rule (20 slots); bit for bit against the
+// layer with them off, on a workspace poisoned with NaN.
+TEST(MoeLayerGpu, TallTilesBitIdentical) {
+  SKIP_WITHOUT_CUDA();
+  namespace kc = kernels::cuda;
+  const Shape shape{"tall", 64, 8, 256, 384};
+  auto set = MakeExperts(shape, kernels::DType::kBFloat16, "silu", true, 7400);
+  auto gpu = Upload(*set);
+  ASSERT_NE(gpu, nullptr);
+  for (const int64_t M : {160, 600, 1024, 2048}) {
+    const MoeRunInput in = Bf16Input(shape, M, 7500 + M);
+    GpuRunOptions poison;
+    poison.poison_workspace = true;
+    const bool ping_pong =
+        kc::MoeGemmWsPingPongFor(kernels::DType::kBFloat16, M * shape.k, shape.E);
+    auto run = [&](kc::MoeKernelMode mode) {
+      kc::SetMoeGemmWsTallTilesMode(mode);
+      const int64_t tall = kc::MoeGemmWsTallTilesLaunches();
+      auto out = RunMoeOnGpu(*gpu, in, nullptr, poison);
+      const bool want = mode == kc::MoeKernelMode::kOn && !ping_pong;
+      EXPECT_EQ(kc::MoeGemmWsTallTilesLaunches() - tall, want ? 2 : 0) << "M " << M;
+      kc::SetMoeGemmWsTallTilesMode(kc::MoeKernelMode::kFromEnv);
+      return out;
+    };
+    auto base = run(kc::MoeKernelMode::kOff);
+    ASSERT_TRUE(base.ok()) << base.status();
+    auto got = run(kc::MoeKernelMode::kOn);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->output.size(), base->output.size());
+    int64_t differ = 0;
+    for (size_t i = 0; i + 1 < got->output.size(); i += 2) {
+      differ += std::memcmp(&got->output[i], &base->output[i], 2) != 0;
+    }
+    std::printf("tall M=%lld ping_pong=%d: %lld of %lld values differ %s\n",
+                static_cast<long long>(M), ping_pong, static_cast<long long>(differ),
+                static_cast<long long>(got->output.size() / 2), differ == 0 ? "OK" : "FAIL");
+    EXPECT_EQ(differ, 0) << "M " << M;
+    EXPECT_EQ(got->topk_ids, base->topk_ids);
   }
 }
 

@@ -2,7 +2,8 @@
 // in its forms, one CTA a tile, clusters of two CTAs that multicast the
 // weight box (SetMoeGemmWsClusterMode) and, bf16, the ping-pong consumers
 // (SetMoeGemmWsPingPongMode), against each other and against the cp.async
-// kernel (SetMoeGemmWsMode(kOff)): the outputs must be the same bytes, and
+// kernel (SetMoeGemmWsMode(kOff)), and the tall tiles (blocks of 192, bf16)
+// against the same slots in blocks of 128: the outputs must be the same bytes, and
 // within the dtype's rounding of a float64 evaluation
 // of the GEMM. Fresh random data every run (seed printed;
 // MOE_WS_GPU_TEST_SEED=<n> repeats one): values of 16 random bits
@@ -70,92 +71,15 @@ std::vector<uint16_t> Bytes16(const std::vector<float>& v, DType dt) {
 
 enum class Form { kCpAsync, kWs, kWsCluster, kWsPingPong };
 
-void RunCase(const Case& c) {
-  SCOPED_TRACE(c.name);
-  std::mt19937_64 rng(test_util::SplitMix(Seed() ^ std::hash<std::string>{}(c.name)));
-  test_util::GemmSlots slots;
-  test_util::MakeGemmSlots(c.counts, c.non_local, c.block_m, rng, &slots);
-  ASSERT_FALSE(testing::Test::HasFatalFailure());
+// out (the GEMM's [numel, out_n] output) against a float64 evaluation: C =
+// round(acc) (+ round(bias)); fused: silu(g) * u of the rounded gate and up
+// values.
+void CheckAgainstFloat64(const Case& c, const std::vector<float>& a, const std::vector<float>& w,
+                         const std::vector<float>& bias, const test_util::GemmSlots& slots,
+                         const std::vector<uint16_t>& out) {
   const std::vector<int32_t>&ids = slots.ids, &emap = slots.emap;
-  const int local = slots.local;
-  const int64_t numel = slots.numel;
-  ASSERT_EQ(numel % c.top_k, 0);
-  const int64_t a_rows = numel / c.top_k, N = c.N, K = c.K;
+  const int64_t numel = slots.numel, N = c.N, K = c.K;
   const int64_t out_n = c.fused ? N / 2 : N;
-
-  const int wbase = -static_cast<int>(std::ceil(std::log2(std::sqrt(double(K)))));
-  const std::vector<float> a = RandomValues(a_rows * K, 0, rng);
-  const std::vector<float> w = RandomValues(local * N * K, wbase, rng);
-  std::vector<float> bias = c.bias ? RandomValues(local * N, -3, rng) : std::vector<float>{};
-  DeviceBuf<uint16_t> da(Bytes16(a, c.dtype)), dw(Bytes16(w, c.dtype));
-  DeviceBuf<float> dbias(bias);
-  DeviceBuf<uint16_t> dc(numel * out_n);
-
-  kc::MoeGroupedGemmArgs g;
-  g.dtype = c.dtype;
-  g.a = da.p;
-  g.a_row_div = c.top_k;
-  g.w = dw.p;
-  g.bias = c.bias ? dbias.p : nullptr;
-  g.c = dc.p;
-  slots.Into(g);
-  g.N = N;
-  g.K = K;
-  // Blocks of 16 / 64: the cp.async kernel alone (against float64 below).
-  const bool ws_forms = c.block_m >= 128;
-  ASSERT_EQ(kc::MoeGemmWsApplies(g), ws_forms);
-
-  auto run = [&](Form f) {
-    std::vector<uint16_t> out(numel * out_n);
-    EXPECT_EQ(cudaMemset(dc.p, 0xff, out.size() * 2), cudaSuccess);  // NaN poison
-    kc::SetMoeGemmWsMode(f == Form::kCpAsync ? kc::MoeGemmWsMode::kOff : kc::MoeGemmWsMode::kOn);
-    kc::SetMoeGemmWsClusterMode(f == Form::kWsCluster ? kc::MoeGemmWsMode::kOn
-                                                      : kc::MoeGemmWsMode::kOff);
-    kc::SetMoeGemmWsPingPongMode(f == Form::kWsPingPong ? kc::MoeGemmWsMode::kOn
-                                                        : kc::MoeGemmWsMode::kOff);
-    const int64_t ws = kc::MoeGemmWsLaunches(), clustered = kc::MoeGemmWsClusterLaunches(),
-                  ping_pong = kc::MoeGemmWsPingPongLaunches();
-    absl::Status st;
-    if (c.fused) {
-      st = kc::LaunchMoeGroupedGemmWsAct(g, kernels::MoeActivation::kSilu, {}, dc.p, nullptr);
-    } else {
-      st = kc::LaunchMoeGroupedGemm(g, nullptr);
-    }
-    EXPECT_TRUE(st.ok()) << st;
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(kc::MoeGemmWsLaunches(), ws + (f == Form::kCpAsync ? 0 : 1));
-    EXPECT_EQ(kc::MoeGemmWsClusterLaunches(), clustered + (f == Form::kWsCluster ? 1 : 0));
-    // The ping-pong form is bf16's: fp16 falls back to one CTA a tile.
-    EXPECT_EQ(kc::MoeGemmWsPingPongLaunches(),
-              ping_pong + (f == Form::kWsPingPong && c.dtype == DType::kBFloat16 ? 1 : 0));
-    EXPECT_EQ(cudaMemcpy(out.data(), dc.p, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kFromEnv);
-    kc::SetMoeGemmWsClusterMode(kc::MoeGemmWsMode::kFromEnv);
-    kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kFromEnv);
-    return out;
-  };
-  const std::vector<uint16_t> cluster = run(ws_forms ? Form::kWsCluster : Form::kCpAsync);
-  if (ws_forms) {
-    const std::vector<uint16_t> single = run(Form::kWs);
-    int64_t differ = 0;
-    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != single[i];
-    EXPECT_EQ(differ, 0) << "clusters of two against one CTA a tile";
-  }
-  if (ws_forms) {  // the ping-pong form (fp16: the fallback)
-    const std::vector<uint16_t> pp = run(Form::kWsPingPong);
-    int64_t differ = 0;
-    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != pp[i];
-    EXPECT_EQ(differ, 0) << "clusters of two against the ping-pong form";
-  }
-  if (ws_forms && !c.fused) {  // the cp.async kernel has no fused epilogue
-    const std::vector<uint16_t> cp = run(Form::kCpAsync);
-    int64_t differ = 0;
-    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != cp[i];
-    EXPECT_EQ(differ, 0) << "clusters of two against the cp.async kernel";
-  }
-
-  // float64 evaluation: C = round(acc) (+ round(bias)); fused: silu(g) * u
-  // of the rounded gate and up values.
   std::vector<double> ref(numel * out_n, 0.0);
   std::vector<char> zero_row(numel, 0);
   std::vector<double> row(N);
@@ -191,7 +115,7 @@ void RunCase(const Case& c) {
   int64_t bad = 0, unwritten = 0, nonzero = 0;
   for (int64_t s = 0; s < numel; ++s) {
     for (int64_t n = 0; n < out_n; ++n) {
-      const float v = moe::LoadFloat(cluster.data(), c.dtype, s * out_n + n);
+      const float v = moe::LoadFloat(out.data(), c.dtype, s * out_n + n);
       if (std::isnan(v)) {
         ++unwritten;
         continue;
@@ -215,6 +139,121 @@ void RunCase(const Case& c) {
   std::printf("%-24s numel=%-5lld N=%-4lld K=%-4lld rel=%.2e %s\n", c.name,
               static_cast<long long>(numel), static_cast<long long>(N), static_cast<long long>(K),
               std::sqrt(dd / ss), bad == 0 ? "OK" : "FAIL");
+}
+
+void RunCase(const Case& c) {
+  SCOPED_TRACE(c.name);
+  std::mt19937_64 rng(test_util::SplitMix(Seed() ^ std::hash<std::string>{}(c.name)));
+  test_util::GemmSlots slots;
+  test_util::MakeGemmSlots(c.counts, c.non_local, c.block_m, rng, &slots);
+  ASSERT_FALSE(testing::Test::HasFatalFailure());
+  const int local = slots.local;
+  const int64_t numel = slots.numel;
+  ASSERT_EQ(numel % c.top_k, 0);
+  const int64_t a_rows = numel / c.top_k, N = c.N, K = c.K;
+  const int64_t out_n = c.fused ? N / 2 : N;
+
+  const int wbase = -static_cast<int>(std::ceil(std::log2(std::sqrt(double(K)))));
+  const std::vector<float> a = RandomValues(a_rows * K, 0, rng);
+  const std::vector<float> w = RandomValues(local * N * K, wbase, rng);
+  std::vector<float> bias = c.bias ? RandomValues(local * N, -3, rng) : std::vector<float>{};
+  DeviceBuf<uint16_t> da(Bytes16(a, c.dtype)), dw(Bytes16(w, c.dtype));
+  DeviceBuf<float> dbias(bias);
+  DeviceBuf<uint16_t> dc(numel * out_n);
+
+  kc::MoeGroupedGemmArgs g;
+  g.dtype = c.dtype;
+  g.a = da.p;
+  g.a_row_div = c.top_k;
+  g.w = dw.p;
+  g.bias = c.bias ? dbias.p : nullptr;
+  g.c = dc.p;
+  slots.Into(g);
+  g.N = N;
+  g.K = K;
+  // Blocks of 16 / 64: the cp.async kernel alone (against float64 below).
+  // Blocks of 192 (bf16): the tall tiles alone, against the same slots in
+  // blocks of 128 on the default form (below) and float64.
+  const bool tall = c.block_m == 192;
+  const bool ws_forms = c.block_m >= 128 && !tall;
+  ASSERT_EQ(kc::MoeGemmWsApplies(g), ws_forms || (tall && c.dtype == DType::kBFloat16));
+
+  auto run = [&](Form f) {
+    std::vector<uint16_t> out(numel * out_n);
+    EXPECT_EQ(cudaMemset(dc.p, 0xff, out.size() * 2), cudaSuccess);  // NaN poison
+    kc::SetMoeGemmWsMode(f == Form::kCpAsync ? kc::MoeGemmWsMode::kOff : kc::MoeGemmWsMode::kOn);
+    kc::SetMoeGemmWsClusterMode(f == Form::kWsCluster ? kc::MoeGemmWsMode::kOn
+                                                      : kc::MoeGemmWsMode::kOff);
+    kc::SetMoeGemmWsPingPongMode(f == Form::kWsPingPong ? kc::MoeGemmWsMode::kOn
+                                                        : kc::MoeGemmWsMode::kOff);
+    const int64_t ws = kc::MoeGemmWsLaunches(), clustered = kc::MoeGemmWsClusterLaunches(),
+                  ping_pong = kc::MoeGemmWsPingPongLaunches();
+    absl::Status st;
+    if (c.fused) {
+      st = kc::LaunchMoeGroupedGemmWsAct(g, kernels::MoeActivation::kSilu, {}, dc.p, nullptr);
+    } else {
+      st = kc::LaunchMoeGroupedGemm(g, nullptr);
+    }
+    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(kc::MoeGemmWsLaunches(), ws + (f == Form::kCpAsync ? 0 : 1));
+    EXPECT_EQ(kc::MoeGemmWsClusterLaunches(), clustered + (f == Form::kWsCluster ? 1 : 0));
+    // The ping-pong form is bf16's: fp16 falls back to one CTA a tile.
+    EXPECT_EQ(kc::MoeGemmWsPingPongLaunches(),
+              ping_pong + (f == Form::kWsPingPong && c.dtype == DType::kBFloat16 ? 1 : 0));
+    EXPECT_EQ(cudaMemcpy(out.data(), dc.p, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kFromEnv);
+    kc::SetMoeGemmWsClusterMode(kc::MoeGemmWsMode::kFromEnv);
+    kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kFromEnv);
+    return out;
+  };
+  if (tall) {
+    const int64_t talls = kc::MoeGemmWsTallTilesLaunches();
+    const std::vector<uint16_t> out = run(Form::kWs);
+    EXPECT_EQ(kc::MoeGemmWsTallTilesLaunches(), talls + 1);
+    // The same slots in blocks of 128, with the default forms' choice.
+    test_util::GemmSlots s128;
+    s128.ids = slots.ids;
+    s128.emap = slots.emap;
+    s128.local = slots.local;
+    test_util::AlignGemmSlots(128, &s128);
+    ASSERT_FALSE(testing::Test::HasFatalFailure());
+    std::vector<uint16_t> want(out.size());
+    EXPECT_EQ(cudaMemset(dc.p, 0xff, want.size() * 2), cudaSuccess);
+    kc::MoeGroupedGemmArgs g128 = g;
+    s128.Into(g128);
+    const absl::Status st = c.fused ? kc::LaunchMoeGroupedGemmWsAct(
+                                          g128, kernels::MoeActivation::kSilu, {}, dc.p, nullptr)
+                                    : kc::LaunchMoeGroupedGemm(g128, nullptr);
+    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_EQ(cudaMemcpy(want.data(), dc.p, want.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    int64_t differ = 0;
+    for (size_t i = 0; i < out.size(); ++i) differ += out[i] != want[i];
+    EXPECT_EQ(differ, 0) << "tall tiles against tiles of 128";
+    CheckAgainstFloat64(c, a, w, bias, slots, out);
+    return;
+  }
+  const std::vector<uint16_t> cluster = run(ws_forms ? Form::kWsCluster : Form::kCpAsync);
+  if (ws_forms) {
+    const std::vector<uint16_t> single = run(Form::kWs);
+    int64_t differ = 0;
+    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != single[i];
+    EXPECT_EQ(differ, 0) << "clusters of two against one CTA a tile";
+  }
+  if (ws_forms) {  // the ping-pong form (fp16: the fallback)
+    const std::vector<uint16_t> pp = run(Form::kWsPingPong);
+    int64_t differ = 0;
+    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != pp[i];
+    EXPECT_EQ(differ, 0) << "clusters of two against the ping-pong form";
+  }
+  if (ws_forms && !c.fused) {  // the cp.async kernel has no fused epilogue
+    const std::vector<uint16_t> cp = run(Form::kCpAsync);
+    int64_t differ = 0;
+    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != cp[i];
+    EXPECT_EQ(differ, 0) << "clusters of two against the cp.async kernel";
+  }
+
+  CheckAgainstFloat64(c, a, w, bias, slots, cluster);
 }
 
 // 128-slot blocks: 17 token tiles (odd: the last cluster has one tile),
@@ -277,6 +316,47 @@ TEST(MoeWsGpuTest, FusedActivation) {
   RunCase({"fused_fp16_256", {700, 260, 300}, 1, 512, 128, false, DType::kFloat16, -1, 256, true});
   RunCase(
       {"fused_bf16_256", {600, 3, 257, 130}, 1, 272, 200, true, DType::kBFloat16, 2, 256, true});
+}
+
+// The tall tiles (blocks of 192, bf16), against the same slots in tiles of
+// 128 and float64: tiles whose second or third 64 slots are padding (an
+// expert's 1, 63-65, 127-129 slots), full ones (191-193: a second tile of
+// one slot), several tiles of one expert, empty experts and a non-local one,
+// N and K off the tiles, with and without bias, GEMM 1 and 2 row maps; the
+// fused SiLU epilogue; more work items than CTAs (27 token tiles x 16
+// weight-row tiles), so the ring's stages and phases carry over.
+TEST(MoeWsGpuTest, TallTiles) {
+  SKIP_WITHOUT_CUDA();
+  RunCase({"tall_bf16_bias",
+           {0, 1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 400},
+           2,
+           392,
+           520,
+           true,
+           DType::kBFloat16,
+           3,
+           192});
+  RunCase({"tall_fused_bias",
+           {150, 120, 3, 192, 300, 70, 0},
+           1,
+           400,
+           264,
+           true,
+           DType::kBFloat16,
+           2,
+           192,
+           true});
+  RunCase(
+      {"tall_fused_k4104", {130, 129, 64}, 2, 272, 4104, false, DType::kBFloat16, -1, 192, true});
+  RunCase({"tall_many_items",
+           {1500, 1300, 900, 700, 3, 129, 1},
+           1,
+           4096,
+           128,
+           false,
+           DType::kBFloat16,
+           -1,
+           192});
 }
 
 // The cp.async kernel's wide form (256 bytes of each row a stage: blocks of

@@ -187,5 +187,41 @@ TEST(MoeWsSchedule, DecodeOfATilePastTheEndReadsNothing) {
   EXPECT_TRUE(t.empty);
 }
 
+// The tall tiles: a block of 192 is one token tile of 192 slots, whose
+// expert and first slot the decode reads at 192 t; the clip counts tiles of
+// 192; a CTA has a fourth warpgroup.
+TEST(MoeWsSchedule, TallTilesAreBlocksOf192) {
+  EXPECT_EQ(WsTileSlots(128), kWsTileT);
+  EXPECT_EQ(WsTileSlots(256), kWsTileT);
+  EXPECT_EQ(WsTileSlots(192), kWsTallTileT);
+  EXPECT_EQ(WsThreadsFor(kWsTallTileT), 512);
+  // Mixtral-8x7B at 512 tokens, top-2: 1024 slots, at most ceil((1024 + 8 *
+  // 191) / 192) = 14 blocks of 192; GEMM 1's 112 weight-row tiles.
+  WsSchedule s = MakeWsSchedule(14, 192, 28672, 132);
+  EXPECT_EQ(s.tile_t, 192);
+  EXPECT_EQ(s.token_tiles, 14);
+  EXPECT_EQ(WsTotalWork(s), 14 * 112);
+  EXPECT_EQ(WsClip(s, 192 * 8).token_tiles, 8);
+  EXPECT_EQ(WsClip(s, 192 * 8 + 1).token_tiles, 9);
+  EXPECT_EQ(WsClip(s, 1 << 20).token_tiles, 14);
+  // Three blocks: experts 0, 2, 1; block 1 begins with padding.
+  std::vector<int32_t> sorted(3 * 192, 7);
+  sorted[192] = 100;  // the sentinel (numel 100): no slot
+  const int32_t experts[3] = {0, 2, 1};
+  s = MakeWsSchedule(3, 192, 256, 132, 1);
+  ASSERT_EQ(WsTotalWork(s), 3);
+  for (int64_t i = 0; i < 3; ++i) {
+    const WsTileInfo t = WsDecode(s, i, 0, sorted.data(), experts, 192, 100, 3);
+    EXPECT_EQ(t.tt, i);
+    EXPECT_EQ(t.n0, 0);
+    EXPECT_EQ(t.e, experts[i]);
+    EXPECT_TRUE(t.local);
+    EXPECT_EQ(t.empty, i == 1);
+  }
+  // With tiles of 128 the same buffer's tile 1 starts at 128: a slot.
+  s = MakeWsSchedule(4, 128, 256, 132, 1);
+  EXPECT_FALSE(WsDecode(s, 1, 0, sorted.data(), experts, 128, 100, 3).empty);
+}
+
 }  // namespace
 }  // namespace kplan::kernels::cuda::ws

@@ -39,28 +39,33 @@ struct GemmSlots {
   }
 };
 
-// counts[e] slots of expert e in an order drawn from rng; expert non_local
-// (-1: none) maps to -1 and the others are renumbered in order; aligned to
-// blocks of block_m. A failed alignment fails the test (check
-// HasFatalFailure()).
-inline void MakeGemmSlots(const std::vector<int>& counts, int non_local, int block_m,
-                          std::mt19937_64& rng, GemmSlots* out) {
-  const int E = static_cast<int>(counts.size());
-  out->ids.clear();
-  for (int e = 0; e < E; ++e) out->ids.insert(out->ids.end(), counts[e], e);
-  std::shuffle(out->ids.begin(), out->ids.end(), rng);
+// out's ids and emap (set) aligned to blocks of block_m: the alignment's
+// fields. A failed alignment fails the test (check HasFatalFailure()).
+inline void AlignGemmSlots(int block_m, GemmSlots* out) {
   out->numel = static_cast<int64_t>(out->ids.size());
-  out->emap.assign(E, -1);
-  out->local = 0;
-  for (int e = 0; e < E; ++e) out->emap[e] = e == non_local ? -1 : out->local++;
-  absl::StatusOr<moe::MoeAlignResult> al =
-      moe::MoeAlignBlockSize(out->ids.data(), out->numel, block_m, E, out->emap.data());
+  absl::StatusOr<moe::MoeAlignResult> al = moe::MoeAlignBlockSize(
+      out->ids.data(), out->numel, block_m, static_cast<int>(out->emap.size()), out->emap.data());
   ASSERT_TRUE(al.ok()) << al.status();
   out->block_m = block_m;
   out->num_blocks = static_cast<int64_t>(al->expert_ids.size());
   out->sorted.emplace(al->sorted_token_ids);
   out->expert_ids.emplace(al->expert_ids);
   out->post.emplace(std::vector<int32_t>{al->num_tokens_post_padded});
+}
+
+// counts[e] slots of expert e in an order drawn from rng; expert non_local
+// (-1: none) maps to -1 and the others are renumbered in order; aligned to
+// blocks of block_m (AlignGemmSlots).
+inline void MakeGemmSlots(const std::vector<int>& counts, int non_local, int block_m,
+                          std::mt19937_64& rng, GemmSlots* out) {
+  const int E = static_cast<int>(counts.size());
+  out->ids.clear();
+  for (int e = 0; e < E; ++e) out->ids.insert(out->ids.end(), counts[e], e);
+  std::shuffle(out->ids.begin(), out->ids.end(), rng);
+  out->emap.assign(E, -1);
+  out->local = 0;
+  for (int e = 0; e < E; ++e) out->emap[e] = e == non_local ? -1 : out->local++;
+  AlignGemmSlots(block_m, out);
 }
 
 }  // namespace kplan::test_util

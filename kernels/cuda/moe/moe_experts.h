@@ -52,17 +52,18 @@ inline MoeActParams EffectiveActParams(MoeActParams p) {
 // K stepped by 64 through a cp.async pipeline; block_m is 16, 64 or 128 and
 // must be the block size moe_align_block_size ran with. Blocks of 128 and
 // 256 run the warp-specialised TMA kernel instead where it takes them, same
-// results (moe_gemm_ws.h). MoeGemmBlockMFor picks the block from the average
-// slots per hit expert (MoeSlotsPerExpert): 16 up to 8 (where nearly every
-// hit expert of a uniform routing fits one block), 64 below 64, then 128 and
-// from 512 256; and 128 from 16 when both GEMMs' reductions are long: ws_k,
-// the shorter of them (min(H, I)) for 16-bit and fp8 weights, is at least
-// kMoeGemmWsLongK, or when the GEMMs take the ping-pong form
-// (ping_pong: MoeGemmWsPingPongFor, moe_gemm_ws.h; callers pass false for
-// int4 weights). ws_k 0: int4 weights (their GEMMs on blocks of 128 below 64
-// slots per expert were slower).
+// results (moe_gemm_ws.h); blocks of 192 (bf16) run only there. MoeGemmBlockMFor picks the block
+// from the average slots per hit expert (MoeSlotsPerExpert): 16 up to 8 (where nearly every hit
+// expert of a uniform routing fits one block), 64 below 64, then 128 and from 512 256; and 128 from
+// 16 when both GEMMs' reductions are long: ws_k, the shorter of them (min(H, I)) for 16-bit and fp8
+// weights, is at least kMoeGemmWsLongK, or when the GEMMs take the ping-pong form (ping_pong:
+// MoeGemmWsPingPongFor, moe_gemm_ws.h; callers pass false for int4 weights). ws_k 0: int4 weights
+// (their GEMMs on blocks of 128 below 64 slots per expert were slower). tall_tiles
+// (MoeGemmWsTallTilesFor, bf16 weights with ws_k > 0): 192 in place of 128 or 256 where the
+// ping-pong form is not taken.
 inline constexpr int64_t kMoeGemmWsLongK = 2048;
-int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k, bool ping_pong);
+int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k, bool ping_pong,
+                     bool tall_tiles = false);
 // Split-K factor that fills one wave of resident CTAs with weight streams
 // when the blocks alone fill less than half of it (1 = no split);
 // MoeGemmPartialsBytes is the fp32 workspace it needs.

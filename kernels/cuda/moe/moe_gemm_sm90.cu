@@ -712,7 +712,8 @@ bool MoeGemmIntEnabled() { return g_int.On(); }
 
 int64_t MoeGemmIntLaunches() { return int_launches.load(std::memory_order_relaxed); }
 
-int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k, bool ping_pong) {
+int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k, bool ping_pong,
+                     bool tall_tiles) {
   const int64_t per_expert = MoeSlotsPerExpert(numel, num_experts);
   // 16-slot blocks only while the average fills half of one: past that the
   // busier experts take two blocks and their weights stream twice
@@ -735,6 +736,7 @@ int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k, bool ping_pon
   // even (351 against 350).
   const bool long_k = ws_k >= kMoeGemmWsLongK;
   if (per_expert < (long_k || ping_pong ? 16 : 64)) return 64;
+  if (tall_tiles && !ping_pong && ws_k > 0) return 192;  // moe_gemm_ws.h
   // Blocks of 256 from 128 slots (two tiles of one expert a cluster) were
   // slower: Qwen3-30B-A3B 2048 tokens 599 -> 707 us, DeepSeek-V3 4096 8599
   // -> 9460, Mixtral-8x7B 512 1103 -> 1148 (session 22).
@@ -780,8 +782,15 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
   if (g.num_local_experts <= 0) {
     return absl::InvalidArgumentError("moe_grouped_gemm: num_local_experts must be positive");
   }
-  if (g.block_m != 16 && g.block_m != 64 && g.block_m != 128 && g.block_m != 256) {
-    return absl::InvalidArgumentError("moe_grouped_gemm: block_m must be 16, 64, 128 or 256");
+  if (g.block_m != 16 && g.block_m != 64 && g.block_m != 128 && g.block_m != 192 &&
+      g.block_m != 256) {
+    return absl::InvalidArgumentError("moe_grouped_gemm: block_m must be 16, 64, 128, 192 or 256");
+  }
+  if (g.block_m == 192 && (g.dtype != DType::kBFloat16 || g.fp8 || g.int_w != nullptr ||
+                           g.splits != 1 || !MoeGemmWsEnabled())) {
+    return absl::InvalidArgumentError(
+        "moe_grouped_gemm: block_m 192 takes bf16 weights, no split K, on the "
+        "warp-specialised kernel");
   }
   if (g.splits < 1 || g.splits > 64) {
     return absl::InvalidArgumentError("moe_grouped_gemm: splits must be in [1, 64]");
@@ -833,7 +842,12 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
   // The warp-specialised kernel of blocks of 128 and 256, behind its switch (moe_gemm_ws.h).
   if (!g.fp8 && g.int_w == nullptr && MoeGemmWsEnabled() && MoeGemmWsApplies(g)) {
     const absl::Status st = LaunchMoeGroupedGemmWs(g, stream);
-    if (!absl::IsUnavailable(st)) return st;  // else no tensor map: the kernel below
+    // Else no tensor map: the kernel below, which takes no blocks of 192.
+    if (!absl::IsUnavailable(st) || g.block_m == 192) return st;
+  }
+  if (g.block_m == 192) {
+    return absl::InvalidArgumentError(
+        "moe_grouped_gemm: block_m 192 needs the warp-specialised kernel (MoeGemmWsApplies)");
   }
   const GemmParams p{g.a,
                      g.w,

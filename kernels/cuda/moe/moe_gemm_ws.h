@@ -56,6 +56,22 @@ void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode);
 // numel slots routed to num_experts experts (all of the routing's).
 bool MoeGemmWsPingPongFor(DType dtype, int64_t numel, int num_experts);
 int64_t MoeGemmWsPingPongLaunches();
+// The tall tiles (blocks of 192 slots, bf16 weights): a fourth warpgroup, so
+// a tile of 192 slots x 256 weight rows streams an expert's weights once
+// where it gets about 128 +- 11 slots (uniform routing), which tiles of 128
+// cover with 1.47 tiles an expert on average, each streaming the weights
+// (docs/notes/moe_gemm_next.md). Same output bits as the tiles of 128.
+// Not measured on a GPU yet, so off by default: SetMoeGemmWsTallTilesMode(kOn)
+// always (where blocks of 128 or more would run the cooperative consumers),
+// kOff never; with kFromEnv KPLAN_MOE_WS_TALL=1 takes the rule (from
+// kMoeWsTallTilesMinSlots slots per expert), =0 or unset (the default) never.
+// The caller picks blocks of 192 with MoeGemmBlockMFor(..., tall_tiles) by
+// MoeGemmWsTallTilesFor's answer.
+inline constexpr bool kMoeWsTallTilesDefault = false;
+inline constexpr int64_t kMoeWsTallTilesMinSlots = 96;
+void SetMoeGemmWsTallTilesMode(MoeGemmWsMode mode);
+bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts);
+int64_t MoeGemmWsTallTilesLaunches();
 
 // With args.int_w also MoeIntWeightsApply (moe_experts.h).
 bool MoeGemmWsApplies(const MoeGroupedGemmArgs& args);

@@ -105,6 +105,27 @@ constexpr int kBK = 64;                                     // K elements per st
 constexpr int kStageBytes = ws::kWsTBytes + ws::kWsWBytes;  // 48 KiB
 constexpr int kSmemBytes = ws::WsSmemBytes(kStageBytes);
 
+// The tall tiles (kTileT = ws::kWsTallTileT): 192 token rows a stage (24
+// KiB) before the same 32 KiB of weight rows, four stages (225 KiB with the
+// alignment room, within sm_90's 227 KiB a CTA); 512 threads, launched with
+// 128 registers each. The three consumer warpgroups take 160 (128
+// accumulators), the most the producer's 32 leave (setmaxnreg's minimum is 24,
+// and counts are multiples of 8). ptxas (CUDA 13) at 32 / 160: the producer
+// spills its row indices (196 bytes), the main loops nothing; the epilogues
+// are written for the 160 (below). At 56 / 152 the consumers spilled 1128
+// bytes in the epilogue.
+template <int kTileT>
+constexpr int TileStageBytes() {
+  return kTileT * 128 + ws::kWsWBytes;
+}
+constexpr int kTallSmemBytes = ws::WsSmemBytes(TileStageBytes<ws::kWsTallTileT>());
+static_assert(kTallSmemBytes + 128 <= 227 * 1024, "the tall tiles' ring fits a CTA");
+constexpr int kTallThreads = ws::WsThreadsFor(ws::kWsTallTileT);
+constexpr int kTallProducerRegs = 32, kTallConsumerRegs = 160;
+static_assert(kTallProducerRegs + 3 * kTallConsumerRegs <= 4 * (65536 / kTallThreads / 8 * 8) &&
+                  kTallProducerRegs % 8 == 0 && kTallConsumerRegs % 8 == 0,
+              "the tall tiles' warpgroups fit the CTA's launch allocation");
+
 struct WsParams {
   ws::WsSchedule sched;                       // the host's upper bound, clipped on the device
   const int32_t *sorted, *expert_ids, *post;  // moe_align_block_size output
@@ -293,24 +314,37 @@ __device__ __forceinline__ void IntProduce(const CUtensorMap* imap, const WsPara
 // multicast, moe_ws_pipeline.cuh); the tensor map's box is then 128 rows,
 // two boxes a k-tile (the fused kernel's gate and up boxes). kPingPong: the
 // consumer warpgroups take half-items in turn (moe_ws_pipeline.cuh; one
-// CTA a tile, 16-bit weights).
-template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false>
-__global__ void __launch_bounds__(ws::kWsThreads, 1)
+// CTA a tile, 16-bit weights). kTileT: slots a tile, kWsTileT or the tall
+// tiles' kWsTallTileT (a third consumer warpgroup; one CTA a tile, 16-bit
+// weights, cooperative consumers).
+template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false,
+          int kTileT = kWsTileT>
+__global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
   static_assert(kCluster == 1 || (kCluster == 2 && !kInt), "clusters of two, bf16 / fp16 weights");
   static_assert(!kPingPong || (kCluster == 1 && !kInt), "ping-pong: one CTA a tile, 16-bit");
+  static_assert(
+      kTileT == kWsTileT || (kTileT == ws::kWsTallTileT && kCluster == 1 && !kInt && !kPingPong),
+      "tall tiles: one CTA a tile, 16-bit weights, cooperative consumers");
+  constexpr bool kTall = kTileT != kWsTileT;
+  constexpr int kStage = TileStageBytes<kTileT>();
+  constexpr int kProducerRegs = kTall ? kTallProducerRegs : ws::kWsProducerRegs;
+  constexpr int kConsumerRegs = kTall  ? kTallConsumerRegs
+                                : kInt ? kIntConsumerRegs
+                                       : ws::kWsConsumerRegs;
   const int wg = static_cast<int>(threadIdx.x) / 128;
-  const ws::WsRing<kStageBytes> ring = ws::WsRingInit < kStageBytes, kInt ? 128 : 0, kCluster,
-                                kPingPong ? ws::kWsConsumerWarps / 2
-                                          : ws::kWsConsumerWarps > (&wmap);
+  const ws::WsRing<kStage> ring = ws::WsRingInit < kStage, kInt ? 128 : 0, kCluster,
+                           kPingPong ? ws::kWsConsumerWarps / 2 : 4 * (kTileT / 64) > (&wmap);
   const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
   const int64_t total = ws::WsTotalWork(sched);
   const int64_t N = p.N, K = p.K;
   const int nk = static_cast<int>((K + kBK - 1) / kBK);
 
-  if (wg == 0 && kInt) {
-    IntProduce<T, Fused>(&wmap, p, ring, sched, total, nk);
-    return;
+  if constexpr (kInt) {
+    if (wg == 0) {
+      IntProduce<T, Fused>(&wmap, p, ring, sched, total, nk);
+      return;
+    }
   }
   if (wg == 0 && !kInt) {
     // The tile's first weight row. Fused: gate rows n0 / 2 .., up rows
@@ -318,8 +352,8 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
     auto wrow_of = [&](ws::WsTileInfo ti) {
       return static_cast<int64_t>(ti.e) * N + (Fused ? ti.n0 / 2 : ti.n0);
     };
-    ws::WsProduce<T, kStageBytes, ws::kWsWBytes, ws::kWsProducerRegs, kCluster,
-                  /*kRowAddresses=*/false, kPingPong>(
+    ws::WsProduce<T, kStage, ws::kWsWBytes, kProducerRegs, kCluster,
+                  /*kRowAddresses=*/false, kPingPong, kTileT>(
         p, ring, sched, total, K, nk, wrow_of,
         [&](int64_t wrow, int kt, uint32_t w_s, uint32_t fb, bool multicast) {
           if constexpr (!Fused && kCluster == 1) {
@@ -343,8 +377,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
     return;
   }
 
-  const ws::WsConsumer cs =
-      ws::WsConsumerEnter < kInt ? kIntConsumerRegs : ws::kWsConsumerRegs > ();
+  const ws::WsConsumer cs = ws::WsConsumerEnter<kConsumerRegs>();
   const int cw = cs.cw, lane = cs.lane, r0 = cs.r0;
   T* Cg = static_cast<T*>(p.c);
   float acc[kWsTileN / 2];
@@ -359,12 +392,25 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
       if (mine) {
         // cp.async wrote through the generic proxy; wgmma reads through the async one.
         if (!(p.flags & kWsFlagNoFence)) FenceProxyAsync();
-        const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + ws::kWsTBytes;
+        const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + kTileT * 128;
         WgmmaFence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-          Wgmma<kWsTileN, T>::Run(acc, Desc(t_s + a_off + kk * 32), Desc(w_s + kk * 32),
-                                  kt > 0 || kk > 0);
+          if constexpr (kTall) {
+            // Two n128 halves: ptxas compiles no n256 wgmma (128 accumulators
+            // in one instruction) under the 128-register launch bound of 512
+            // threads, whatever setmaxnreg gives the consumers. Register i of
+            // a half is register i (+ 64) of the n256 fragment.
+            using Half = float[kWsTileN / 4];
+            Wgmma<kWsTileN / 2, T>::Run(*reinterpret_cast<Half*>(acc), Desc(t_s + a_off + kk * 32),
+                                        Desc(w_s + kk * 32), kt > 0 || kk > 0);
+            Wgmma<kWsTileN / 2, T>::Run(*reinterpret_cast<Half*>(acc + kWsTileN / 4),
+                                        Desc(t_s + a_off + kk * 32),
+                                        Desc(w_s + ws::kWsWBytes / 2 + kk * 32), kt > 0 || kk > 0);
+          } else {
+            Wgmma<kWsTileN, T>::Run(acc, Desc(t_s + a_off + kk * 32), Desc(w_s + kk * 32),
+                                    kt > 0 || kk > 0);
+          }
         }
         WgmmaCommit();
         WgmmaWait<1>();
@@ -433,9 +479,10 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
             gj[x] = ToFloat(FromFloat<T>(gj[x]));
             uj[x] = ToFloat(FromFloat<T>(uj[x]));
           }
-          if constexpr (kInt) {
-            // The int4 consumers keep 192 registers: 16 values at once
-            // spilled 268-448 bytes there, so they take one at a time.
+          if constexpr (kInt || kTall) {
+            // The int4 consumers keep 192 registers, the tall tiles' 160:
+            // 16 values at once spilled 268-448 bytes there (4 at once 988 in
+            // the tall tiles, one at a time 284), so they take one at a time.
 #pragma unroll
             for (int x = 0; x < 4; ++x) {
               gj[x] = moe_math::Gated(MoeActivation::kSilu, p.act_params, gj[x], uj[x]);
@@ -444,7 +491,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
             pb[jj] = Pack2<T>(gj[2], gj[3]);
           }
         }
-        if constexpr (!kInt) {
+        if constexpr (!kInt && !kTall) {
           moe_math::GatedSiluN(p.act_params, g, u);
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
@@ -458,7 +505,10 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
       }
       return;
     }
-    if (p.flags & kWsFlagStore4) {  // 4-byte pieces straight from the fragment
+    // 4-byte pieces straight from the fragment: a measurement variant, and
+    // the tall tiles' form (the quad transpose's registers spilled 372 bytes
+    // at their 160 registers; the 4-byte stores none).
+    if (kTall || (p.flags & kWsFlagStore4)) {
 #pragma unroll
       for (int j = 0; j < kWsTileN / 8; ++j) {
         const int64_t n = ti.n0 + 8 * j + 2 * q;
@@ -525,11 +575,11 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   ws::WsForEachWork<kCluster>(p, sched, total, [&](const ws::WsWork& w) {
     const ws::WsTileInfo& ti = w.ti;
     if (!w.run && ti.empty) return;
-    const int32_t s0 = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + r0];
-    const int32_t s1 = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + r0 + 8];
+    const int32_t s0 = ti.empty ? -1 : p.sorted[ti.tt * kTileT + r0];
+    const int32_t s1 = ti.empty ? -1 : p.sorted[ti.tt * kTileT + r0 + 8];
     // This warpgroup's 64 slots: padding only (an expert's slots come first,
     // so the first decides) where the expert has at most 64 in the tile.
-    const int32_t first = ti.empty ? -1 : p.sorted[ti.tt * kWsTileT + 64 * cw];
+    const int32_t first = ti.empty ? -1 : p.sorted[ti.tt * kTileT + 64 * cw];
     const bool mine = w.active && first >= 0 && first < p.numel && !(p.flags & kWsFlagNoMma);
     // This tile's MMAs when it has work; else the stages only pass.
     if (w.run) main_loop(mine, cw * 64 * 128, w.rank);
@@ -552,13 +602,19 @@ const ws::WsKnobs& Knobs() {
   return knobs;
 }
 
-template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false>
+template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false,
+          int kTileT = kWsTileT>
 absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                             cudaStream_t stream) {
-  constexpr int kSmem = kInt ? kIntSmemBytes : kSmemBytes;
-  constexpr auto kKernel = WsGroupedGemmKernel<T, Fused, kInt, kCluster, kPingPong>;
+  constexpr int kSmem = kTileT != kWsTileT ? kTallSmemBytes : kInt ? kIntSmemBytes : kSmemBytes;
+  constexpr int kThreads = ws::WsThreadsFor(kTileT);
+  constexpr auto kKernel = WsGroupedGemmKernel<T, Fused, kInt, kCluster, kPingPong, kTileT>;
+  if (ws::WsTileSlots(g.block_m) != kTileT) {
+    return absl::InternalError("moe_grouped_gemm_ws: block_m does not match the kernel's tiles");
+  }
   int resident = 0;
-  if (absl::Status st = ws::WsLaunchSetup<kKernel>(kSmem, &resident, kCluster); !st.ok()) {
+  if (absl::Status st = ws::WsLaunchSetup<kKernel>(kSmem, &resident, kCluster, kThreads);
+      !st.ok()) {
     return st;
   }
   // Fused or clustered: two boxes of kWsTileN / 2 rows (the gate and up
@@ -606,16 +662,20 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
     p.gdiv = detail::quant::GroupDiv::For(g.int_w->group_size);
   }
   if (p.sched.grid <= 0) return absl::OkStatus();
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdlCluster(
-      kKernel, dim3(p.sched.grid), dim3(ws::kWsThreads), kSmem, stream, kCluster, map, p));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdlCluster(kKernel, dim3(p.sched.grid), dim3(kThreads),
+                                                      kSmem, stream, kCluster, map, p));
   return absl::OkStatus();
 }
 
 std::atomic<int> cluster_mode{static_cast<int>(MoeGemmWsMode::kFromEnv)};
-std::atomic<int64_t> ws_launches{0}, cluster_launches{0}, ping_pong_launches{0};
+std::atomic<int64_t> ws_launches{0}, cluster_launches{0}, ping_pong_launches{0}, tall_launches{0};
 
 // On: the rule of MoeGemmWsPingPongFor applies; forced (kOn): always.
 detail::KernelSwitch g_ping_pong([] { return detail::EnvOnOff("KPLAN_MOE_WS_PINGPONG", true); });
+// On: the rule of MoeGemmWsTallTilesFor applies; forced (kOn): always.
+detail::KernelSwitch g_tall([] {
+  return detail::EnvOnOff("KPLAN_MOE_WS_TALL", kMoeWsTallTilesDefault);
+});
 
 // Clusters of two for g: as SetMoeGemmWsClusterMode says, else
 // KPLAN_MOE_WS_CLUSTER when set (a number of 2 or more: on, anything else:
@@ -638,13 +698,23 @@ bool UseClusters(const MoeGroupedGemmArgs& g) {
 }
 
 // The instantiation for g's dtype and weights (bf16 / fp16; int4 with
-// int_w): the ping-pong form where the caller chose it (g.ping_pong) or
-// its switch forces it, unless the switch is off; else in clusters of two
-// where that switch says so.
+// int_w): the tall tiles for blocks of 192 (bf16, WsTilesApply); else the
+// ping-pong form where the caller chose it (g.ping_pong) or its switch
+// forces it, unless the switch is off; else in clusters of two where that
+// switch says so.
 template <bool Fused>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                       cudaStream_t stream) {
   const bool bf16 = g.dtype == DType::kBFloat16;
+  if (g.block_m == ws::kWsTallTileT) {
+    absl::Status st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, false, ws::kWsTallTileT>(
+        g, act_params, stream);
+    if (st.ok()) {
+      tall_launches.fetch_add(1, std::memory_order_relaxed);
+      ws_launches.fetch_add(1, std::memory_order_relaxed);
+    }
+    return st;
+  }
   if (g.int_w != nullptr) {
     absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, true, 1>(g, act_params, stream)
                            : LaunchWsKernel<__half, Fused, true, 1>(g, act_params, stream);
@@ -697,6 +767,15 @@ bool MoeGemmWsPingPongFor(DType dtype, int64_t numel, int num_experts) {
 }
 
 int64_t MoeGemmWsPingPongLaunches() { return ping_pong_launches.load(std::memory_order_relaxed); }
+
+void SetMoeGemmWsTallTilesMode(MoeGemmWsMode mode) { g_tall.Set(mode); }
+
+bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts) {
+  if (dtype != DType::kBFloat16 || !g_tall.On() || !g_ws.On()) return false;
+  return g_tall.Forced() || MoeSlotsPerExpert(numel, num_experts) >= kMoeWsTallTilesMinSlots;
+}
+
+int64_t MoeGemmWsTallTilesLaunches() { return tall_launches.load(std::memory_order_relaxed); }
 
 bool MoeGemmWsEnabled() { return g_ws.On(); }
 

@@ -54,12 +54,13 @@ inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var,
 }
 
 // Before a launch of kKernel with `smem_bytes` of dynamic shared memory on
-// the current device, in clusters of `cluster` CTAs: the CTAs that run at
-// once into *resident_ctas (the multiprocessors, or the clusters that fit
-// times `cluster`), and the kernel's dynamic shared-memory opt-in, both set
-// up once per device.
+// the current device, in clusters of `cluster` CTAs of `threads` threads:
+// the CTAs that run at once into *resident_ctas (the multiprocessors, or the
+// clusters that fit times `cluster`), and the kernel's dynamic
+// shared-memory opt-in, both set up once per device.
 template <auto kKernel>
-absl::Status WsLaunchSetup(int smem_bytes, int* resident_ctas, int cluster = 1) {
+absl::Status WsLaunchSetup(int smem_bytes, int* resident_ctas, int cluster = 1,
+                           int threads = kWsThreads) {
   int device = 0;
   KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   KPLAN_ASSIGN_OR_RETURN(const int sms, MultiprocessorCount(device));
@@ -79,7 +80,7 @@ absl::Status WsLaunchSetup(int smem_bytes, int* resident_ctas, int cluster = 1) 
   if (n == 0) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(sms / cluster * cluster));
-    cfg.blockDim = dim3(kWsThreads);
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
     cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -103,9 +104,12 @@ absl::Status WsLaunchSetup(int smem_bytes, int* resident_ctas, int cluster = 1) 
 
 // The shapes the tile schedule takes: blocks of 128 or 256 slots (however
 // few of them are filled: MoeGemmBlockMFor picks blocks of 128 where this
-// kernel pays), the weight rows and the slots addressable by int32.
+// kernel pays), or of 192 (the tall tiles: 16-bit bf16 weights only), the
+// weight rows and the slots addressable by int32.
 inline bool WsTilesApply(const MoeGroupedGemmArgs& g) {
-  if (g.block_m != 128 && g.block_m != 256) return false;
+  const bool tall =
+      g.block_m == kWsTallTileT && g.dtype == DType::kBFloat16 && g.int_w == nullptr && !g.fp8;
+  if (g.block_m != 128 && g.block_m != 256 && !tall) return false;
   const int64_t rows = static_cast<int64_t>(g.num_local_experts) * g.N;
   return rows + kWsTileN < (int64_t{1} << 31) && g.num_blocks * g.block_m < (int64_t{1} << 31);
 }

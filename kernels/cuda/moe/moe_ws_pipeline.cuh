@@ -254,16 +254,20 @@ __device__ __forceinline__ void WsOrderSignal(int cw) {
 // shared memory, which must outlive them). kRowAddresses picks how a thread
 // keeps its 8 rows between k-tiles (below). kPingPong: per half-item
 // instead of per tile, its 64 token rows (4 a thread) into the stage's
-// first 64 (one CTA a tile, row indices).
+// first 64 (one CTA a tile, row indices). kTileT: the tile's slots
+// (sched.tile_t), kTileT token rows at the stage's start, the weight rows
+// after them (w_s).
 template <typename E, int kStageBytes, int kWBytes = kWsWBytes, int kRegs = kWsProducerRegs,
-          int kCluster = 1, bool kRowAddresses = false, bool kPingPong = false, typename P,
-          typename OnTile, typename LoadW, typename Extra>
+          int kCluster = 1, bool kRowAddresses = false, bool kPingPong = false,
+          int kTileT = kWsTileT, typename P, typename OnTile, typename LoadW, typename Extra>
 __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>& ring,
                                           const WsSchedule& sched, int64_t total, int64_t K, int nk,
                                           OnTile&& on_tile, LoadW&& load_w, Extra&& extra) {
   static_assert(!kPingPong || (kCluster == 1 && !kRowAddresses), "ping-pong: one CTA, indices");
-  constexpr int kBK = 128 / static_cast<int>(sizeof(E));      // K elements per stage
-  constexpr int kRows = kPingPong ? kWsTileT / 2 : kWsTileT;  // token rows a stage holds
+  static_assert(!kPingPong || kTileT == kWsTileT, "ping-pong: tiles of 128");
+  static_assert(kTileT % 16 == 0 && kTileT * 128 + kWBytes <= kStageBytes, "the stage's rows");
+  constexpr int kBK = 128 / static_cast<int>(sizeof(E));  // K elements per stage
+  constexpr int kRows = kPingPong ? kTileT / 2 : kTileT;  // token rows a stage holds
   detail::SetMaxNRegDec<kRegs>();
   const E* A = static_cast<const E*>(p.a);
   const int ptid = threadIdx.x;
@@ -289,7 +293,7 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
 #pragma unroll
       for (int i = 0; i < kRows / 16; ++i) {
         const int32_t slot =
-            w.active ? p.sorted[ti.tt * kWsTileT + kRows * h + (ptid >> 3) + 16 * i] : -1;
+            w.active ? p.sorted[ti.tt * kTileT + kRows * h + (ptid >> 3) + 16 * i] : -1;
         if constexpr (kRowAddresses) {
           const bool ok = slot >= 0 && slot < p.numel;
           src[i] = A + (ok ? static_cast<int64_t>(slot / p.a_row_div) * K + chunk * (kBK / 8) : 0);
@@ -301,7 +305,7 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
       auto st = on_tile(ti);
       for (int kt = 0; kt < nk; ++kt) {
         detail::MbarWait(ring.Empty(c.stage), c.phase ^ 1);
-        const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + kWsTBytes;
+        const uint32_t t_s = ring.Stage(c.stage), w_s = t_s + kTileT * 128;
         const uint32_t fb = ring.Full(c.stage);
         if (ptid == 0) {
           if (kWBytes > 0 && w.active) {
@@ -350,8 +354,8 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
   }
 }
 
-// A consumer thread (warpgroups 1, 2; setmaxnreg up to kRegs): its
-// warpgroup cw covers slots [64 cw, 64 cw + 64) of a tile (in the ping-pong
+// A consumer thread (warpgroups 1, 2, and 3 in tall tiles; setmaxnreg up to
+// kRegs): its warpgroup cw covers slots [64 cw, 64 cw + 64) of a tile (in the ping-pong
 // form the 64 slots of its half-item instead), its accumulator fragment rows
 // r0 and r0 + 8 (r0 - 64 cw within a half-item).
 struct WsConsumer {

@@ -2,13 +2,15 @@
 // plain C++ so that the host part is unit-tested on the CPU
 // (tests/kernels/moe_ws_schedule_test.cc) and the device walks the same order.
 //
-// Work: (token tile, weight-row tile) pairs. A token tile is kWsTileT
-// consecutive entries of sorted_token_ids (a moe_align_block_size block of
-// 128 slots, or one half of a 256-slot block), so every tile belongs to one
-// expert; a weight-row tile is kWsTileN rows of that expert's weight matrix.
+// Work: (token tile, weight-row tile) pairs. A token tile is tile_t
+// consecutive entries of sorted_token_ids (kWsTileT = 128: a
+// moe_align_block_size block of 128 slots, or one half of a 256-slot block;
+// kWsTallTileT = 192: a block of 192, the tall tiles' form), so every tile
+// belongs to one expert; a weight-row tile is kWsTileN rows of that expert's
+// weight matrix.
 // The host knows only an upper bound of the token tiles (num_blocks; the
 // routing runs on the device), the device clips it to
-// ceil(num_tokens_post_padded / kWsTileT) before walking.
+// ceil(num_tokens_post_padded / tile_t) before walking.
 //
 // Order: groups of `group` (WsAutoGroup) consecutive units (mostly one
 // expert: the blocks of an expert are contiguous); within a group the
@@ -34,8 +36,18 @@ namespace kplan::kernels::cuda::ws {
 
 inline constexpr int kWsThreads = 384;  // a CTA: three warpgroups, a producer and two consumers
 inline constexpr int kWsTileT = 128;    // token slots per tile (two consumer warpgroups x 64)
-inline constexpr int kWsTileN = 256;    // weight rows per tile (wgmma N)
-inline constexpr int kWsGroup = 4;      // units per group when the weight rows are many
+// The tall tiles (blocks of 192: three consumer warpgroups x 64, a CTA of
+// four warpgroups), which hold a whole expert where it gets about 128 slots.
+inline constexpr int kWsTallTileT = 192;
+// Token slots per tile for moe_align blocks of block_m (128, 192 or 256).
+KPLAN_WS_HD int WsTileSlots(int block_m) {
+  return block_m == kWsTallTileT ? kWsTallTileT : kWsTileT;
+}
+// Threads of a CTA whose consumer warpgroups cover tile_t slots, 64 each.
+constexpr int WsThreadsFor(int tile_t) { return 128 * (1 + tile_t / 64); }
+static_assert(WsThreadsFor(kWsTileT) == kWsThreads);
+inline constexpr int kWsTileN = 256;  // weight rows per tile (wgmma N)
+inline constexpr int kWsGroup = 4;    // units per group when the weight rows are many
 inline constexpr int kWsAutoGroup = 0;
 
 struct WsSchedule {
@@ -44,6 +56,7 @@ struct WsSchedule {
   int64_t group = 1;        // units per group, >= 1
   int grid = 0;             // CTAs of the persistent grid, a multiple of cluster
   int cluster = 1;          // CTAs per cluster = token tiles per unit (1 or 2)
+  int tile_t = kWsTileT;    // token slots per tile (WsTileSlots)
 };
 
 struct WsTile {
@@ -75,7 +88,7 @@ KPLAN_WS_HD WsTile WsTileAt(const WsSchedule& s, int64_t linear, int rank = 0) {
 }
 
 // The tile of rank `rank` in work item `linear`, with what the kernels need
-// of it: its first slot index tt * kWsTileT, its first weight row n0, its
+// of it: its first slot index tt * s.tile_t, its first weight row n0, its
 // expert e (local: in [0, E_local)) and whether it holds no slot at all (within an expert's range
 // the slots come first, then the padding, so the first entry decides; a token tile past
 // s.token_tiles holds none and reads nothing).
@@ -92,16 +105,16 @@ KPLAN_WS_HD WsTileInfo WsDecode(const WsSchedule& s, int64_t linear, int rank,
   info.tt = t.token_tile;
   info.n0 = t.n_tile * kWsTileN;
   if (t.token_tile >= s.token_tiles) return info;
-  info.e = expert_ids[(t.token_tile * kWsTileT) / block_m];
+  info.e = expert_ids[(t.token_tile * s.tile_t) / block_m];
   info.local = info.e >= 0 && info.e < num_local_experts;
-  const int32_t first = sorted[t.token_tile * kWsTileT];
+  const int32_t first = sorted[t.token_tile * s.tile_t];
   info.empty = first < 0 || first >= numel;
   return info;
 }
 
 // The same schedule with the token tiles clipped to the blocks actually used.
 KPLAN_WS_HD WsSchedule WsClip(WsSchedule s, int64_t num_tokens_post_padded) {
-  const int64_t used = (num_tokens_post_padded + kWsTileT - 1) / kWsTileT;
+  const int64_t used = (num_tokens_post_padded + s.tile_t - 1) / s.tile_t;
   if (used < s.token_tiles) s.token_tiles = used < 0 ? 0 : used;
   return s;
 }
@@ -132,14 +145,16 @@ inline constexpr int64_t kWsClusterMinK = 4096;
 inline bool WsClusterPays(int64_t K) { return K >= kWsClusterMinK; }
 
 // Host side: the upper-bound schedule of a launch. block_m is the
-// moe_align_block_size block (a multiple of kWsTileT), num_blocks the size of
+// moe_align_block_size block (128, 192 or 256: tiles of WsTileSlots(block_m)
+// slots), num_blocks the size of
 // expert_ids; group kWsAutoGroup picks it with WsAutoGroup; resident_ctas the
 // CTAs that run at once (the SMs, or the clusters that fit times cluster).
 inline WsSchedule MakeWsSchedule(int64_t num_blocks, int block_m, int64_t N, int resident_ctas,
                                  int group = kWsAutoGroup, int cluster = 1) {
   WsSchedule s;
   s.cluster = cluster < 1 ? 1 : cluster;
-  s.token_tiles = num_blocks * (block_m / kWsTileT);
+  s.tile_t = WsTileSlots(block_m);
+  s.token_tiles = num_blocks * (block_m / s.tile_t);
   s.n_tiles = (N + kWsTileN - 1) / kWsTileN;
   s.group = group == kWsAutoGroup ? WsAutoGroup(s.n_tiles, resident_ctas) : group < 1 ? 1 : group;
   const int64_t total = WsTotalWork(s);
