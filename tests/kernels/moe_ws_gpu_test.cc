@@ -421,6 +421,9 @@ TEST(MoeWsGpuTest, PingPongTurns) {
 TEST(MoeWsGpuTest, SanitizerShape) {
   SKIP_WITHOUT_CUDA();
   RunCase({"sanitizer", {300, 0, 128, 2}, 2, 136, 144, true, DType::kBFloat16, 3});
+  RunCase({"sanitizer_tall", {300, 0, 150, 2}, 2, 272, 144, true, DType::kBFloat16, 3, 192});
+  RunCase(
+      {"sanitizer_tall_fused", {200, 64, 1}, 1, 272, 200, true, DType::kBFloat16, -1, 192, true});
 }
 
 // Which blocks the kernels take (host logic: nothing is read or launched,
