@@ -63,7 +63,7 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
   int64_t partials = 0;
   if (bound) {
-    for (int bm : {16, 64, 128, 192}) {
+    for (int bm : {16, 64, 128, 192, 256}) {
       l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));
       l.max_blocks = std::max(l.max_blocks, kc::MoeAlignMaxBlocks(numel, E, bm, false));
     }

@@ -546,13 +546,18 @@ TEST(MoeLayerGpu, TallTilesBitIdentical) {
     const MoeRunInput in = Bf16Input(shape, M, 7500 + M);
     GpuRunOptions poison;
     poison.poison_workspace = true;
+    // Where the cooperative consumers run (blocks of 128 or 256 without the
+    // ping-pong form), whatever the environment sets.
     const bool ping_pong =
         kc::MoeGemmWsPingPongFor(kernels::DType::kBFloat16, M * shape.k, shape.E);
+    const bool cooperative =
+        kc::MoeGemmWsEnabled() && !ping_pong &&
+        kc::MoeGemmBlockMFor(M * shape.k, shape.E, std::min(shape.H, shape.I), false) >= 128;
     auto run = [&](kc::MoeKernelMode mode) {
       kc::SetMoeGemmWsTallTilesMode(mode);
       const int64_t tall = kc::MoeGemmWsTallTilesLaunches();
       auto out = RunMoeOnGpu(*gpu, in, nullptr, poison);
-      const bool want = mode == kc::MoeKernelMode::kOn && !ping_pong;
+      const bool want = mode == kc::MoeKernelMode::kOn && cooperative;
       EXPECT_EQ(kc::MoeGemmWsTallTilesLaunches() - tall, want ? 2 : 0) << "M " << M;
       kc::SetMoeGemmWsTallTilesMode(kc::MoeKernelMode::kFromEnv);
       return out;

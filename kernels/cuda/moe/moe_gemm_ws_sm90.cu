@@ -707,6 +707,9 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
                       cudaStream_t stream) {
   const bool bf16 = g.dtype == DType::kBFloat16;
   if (g.block_m == ws::kWsTallTileT) {
+    if (!bf16 || g.int_w != nullptr) {
+      return absl::InvalidArgumentError("moe_grouped_gemm_ws: blocks of 192 take bf16 weights");
+    }
     absl::Status st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, false, ws::kWsTallTileT>(
         g, act_params, stream);
     if (st.ok()) {
