@@ -210,7 +210,11 @@ void RunCase(const Case& c) {
   if (tall) {
     const int64_t talls = kc::MoeGemmWsTallTilesLaunches();
     const std::vector<uint16_t> out = run(Form::kWs);
-    EXPECT_EQ(kc::MoeGemmWsTallTilesLaunches(), talls + 1);
+    const std::vector<uint16_t> clustered = run(Form::kWsCluster);
+    EXPECT_EQ(kc::MoeGemmWsTallTilesLaunches(), talls + 2);
+    int64_t differ_cluster = 0;
+    for (size_t i = 0; i < out.size(); ++i) differ_cluster += out[i] != clustered[i];
+    EXPECT_EQ(differ_cluster, 0) << "tall tiles in clusters of two against one CTA a tile";
     // The same slots in blocks of 128, with the default forms' choice.
     test_util::GemmSlots s128;
     s128.ids = slots.ids;
@@ -318,13 +322,12 @@ TEST(MoeWsGpuTest, FusedActivation) {
       {"fused_bf16_256", {600, 3, 257, 130}, 1, 272, 200, true, DType::kBFloat16, 2, 256, true});
 }
 
-// The tall tiles (blocks of 192, bf16), against the same slots in tiles of
-// 128 and float64: tiles whose second or third 64 slots are padding (an
-// expert's 1, 63-65, 127-129 slots), full ones (191-193: a second tile of
-// one slot), several tiles of one expert, empty experts and a non-local one,
-// N and K off the tiles, with and without bias, GEMM 1 and 2 row maps; the
-// fused SiLU epilogue; more work items than CTAs (27 token tiles x 16
-// weight-row tiles), so the ring's stages and phases carry over.
+// The tall tiles (blocks of 192, bf16), one CTA a tile and in clusters of
+// two, against the same slots in tiles of 128 and float64: tiles whose second or third 64 slots are
+// padding (an expert's 1, 63-65, 127-129 slots), full ones (191-193: a second tile of one slot),
+// several tiles of one expert, empty experts and a non-local one, N and K off the tiles, with and
+// without bias, GEMM 1 and 2 row maps; the fused SiLU epilogue; more work items than CTAs (27 token
+// tiles x 16 weight-row tiles), so the ring's stages and phases carry over.
 TEST(MoeWsGpuTest, TallTiles) {
   SKIP_WITHOUT_CUDA();
   RunCase({"tall_bf16_bias",

@@ -60,7 +60,9 @@ int64_t MoeGemmWsPingPongLaunches();
 // a tile of 192 slots x 256 weight rows streams an expert's weights once
 // where it gets about 128 +- 11 slots (uniform routing), which tiles of 128
 // cover with 1.47 tiles an expert on average, each streaming the weights
-// (docs/notes/moe_gemm_next.md). Same output bits as the tiles of 128.
+// (docs/notes/moe_gemm_next.md). In clusters of two by the clusters' switch
+// and, by default, where an expert gets two tall tiles' worth of slots
+// (ws::WsTallClustersPay). Same output bits as the tiles of 128.
 // Not measured on a GPU yet, so off by default: SetMoeGemmWsTallTilesMode(kOn)
 // always (where blocks of 128 or more would run the cooperative consumers),
 // kOff never; with kFromEnv KPLAN_MOE_WS_TALL=1 takes the rule (from

@@ -315,17 +315,16 @@ __device__ __forceinline__ void IntProduce(const CUtensorMap* imap, const WsPara
 // two boxes a k-tile (the fused kernel's gate and up boxes). kPingPong: the
 // consumer warpgroups take half-items in turn (moe_ws_pipeline.cuh; one
 // CTA a tile, 16-bit weights). kTileT: slots a tile, kWsTileT or the tall
-// tiles' kWsTallTileT (a third consumer warpgroup; one CTA a tile, 16-bit
-// weights, cooperative consumers).
+// tiles' kWsTallTileT (a third consumer warpgroup; 16-bit weights,
+// cooperative consumers).
 template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false,
           int kTileT = kWsTileT>
 __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
   static_assert(kCluster == 1 || (kCluster == 2 && !kInt), "clusters of two, bf16 / fp16 weights");
   static_assert(!kPingPong || (kCluster == 1 && !kInt), "ping-pong: one CTA a tile, 16-bit");
-  static_assert(
-      kTileT == kWsTileT || (kTileT == ws::kWsTallTileT && kCluster == 1 && !kInt && !kPingPong),
-      "tall tiles: one CTA a tile, 16-bit weights, cooperative consumers");
+  static_assert(kTileT == kWsTileT || (kTileT == ws::kWsTallTileT && !kInt && !kPingPong),
+                "tall tiles: one CTA a tile, 16-bit weights, cooperative consumers");
   constexpr bool kTall = kTileT != kWsTileT;
   constexpr int kStage = TileStageBytes<kTileT>();
   constexpr int kProducerRegs = kTall ? kTallProducerRegs : ws::kWsProducerRegs;
@@ -694,6 +693,10 @@ bool UseClusters(const MoeGroupedGemmArgs& g) {
     return v == nullptr || *v == '\0' ? -1 : std::atoi(v) >= 2 ? 1 : 0;
   }();
   if (env >= 0) return env == 1;
+  if (g.block_m == ws::kWsTallTileT &&
+      !ws::WsTallClustersPay(MoeSlotsPerExpert(g.numel, g.num_local_experts))) {
+    return false;
+  }
   return kMoeWsClusterDefault && ws::WsClusterPays(g.K);
 }
 
@@ -710,8 +713,16 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
     if (!bf16 || g.int_w != nullptr) {
       return absl::InvalidArgumentError("moe_grouped_gemm_ws: blocks of 192 take bf16 weights");
     }
-    absl::Status st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, false, ws::kWsTallTileT>(
-        g, act_params, stream);
+    absl::Status st = absl::UnavailableError("no cluster");
+    if (UseClusters(g)) {
+      st = LaunchWsKernel<__nv_bfloat16, Fused, false, 2, false, ws::kWsTallTileT>(g, act_params,
+                                                                                   stream);
+      if (st.ok()) cluster_launches.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (absl::IsUnavailable(st)) {  // as below: one CTA a tile
+      st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, false, ws::kWsTallTileT>(g, act_params,
+                                                                                   stream);
+    }
     if (st.ok()) {
       tall_launches.fetch_add(1, std::memory_order_relaxed);
       ws_launches.fetch_add(1, std::memory_order_relaxed);
