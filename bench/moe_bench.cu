@@ -967,6 +967,7 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     g.num_local_experts = E;
     g.block_m = bm;
     g.ping_pong = ping_pong;
+    g.tall_clusters = kc::MoeGemmWsTallClustersFor(numel, E);
     return g;
   };
   for (int which = 0; which < 2; ++which) {
@@ -975,7 +976,7 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     g.c = c.p;
     std::vector<uint16_t> first, got(static_cast<size_t>(numel * g.N));
     for (const bool ws : args.ws) {
-      if (!ws && bm == 192) continue;  // the tall tiles' blocks: no cp.async kernel
+      if (!ws && bm == kc::kMoeGemmTallBlockM) continue;  // no cp.async kernel takes them
       kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
       GemmRow r;
       r.shape = sh.name;

@@ -26,6 +26,7 @@ namespace kc = kernels::cuda;
 struct Layout {
   int block_m = 0;
   bool ping_pong = false;        // MoeGroupedGemmArgs::ping_pong of both GEMMs
+  bool tall_clusters = false;    // MoeGroupedGemmArgs::tall_clusters of both GEMMs
   int splits1 = 1, splits2 = 1;  // split-K of GEMM 1 / GEMM 2
   int64_t max_padded = 0, max_blocks = 0;
   int64_t sorted = 0, eids = 0, post = 0, align = -1, scaled = -1, c1 = 0, c2 = 0, y = -1,
@@ -59,11 +60,12 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
       !batch_invariant && kc::MoeGemmWsTallTilesFor(experts.spec().dtype, numel, rule_experts);
   l.block_m = batch_invariant ? kMoeBatchInvariantBlockM
                               : kc::MoeGemmBlockMFor(numel, rule_experts, ws_k, l.ping_pong, tall);
+  l.tall_clusters = kc::MoeGemmWsTallClustersFor(numel, rule_experts);
   l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);
   l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
   int64_t partials = 0;
   if (bound) {
-    for (int bm : {16, 64, 128, 192, 256}) {
+    for (int bm : {16, 64, 128, kc::kMoeGemmTallBlockM, 256}) {
       l.max_padded = std::max(l.max_padded, kc::MoeAlignMaxPadded(numel, E, bm, false));
       l.max_blocks = std::max(l.max_blocks, kc::MoeAlignMaxBlocks(numel, E, bm, false));
     }
@@ -71,7 +73,7 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   } else if (!batch_invariant) {  // batch-invariant: no split-K
     const int sms = DeviceSmCount(experts.device());
     auto splits = [&](int64_t N, int64_t K) {
-      if (l.block_m == 192) return 1;  // the tall tiles split no K
+      if (l.block_m == kc::kMoeGemmTallBlockM) return 1;  // the tall tiles split no K
       int s = kc::MoeGemmSplitsFor(numel, l.max_blocks, N, K, sms, l.block_m);
       while (s > 1 && kc::MoeGemmPartialsBytes(s, numel, N) > kMaxPartialsBytes) --s;
       return s;
@@ -349,6 +351,7 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   g1.num_local_experts = spec.num_experts;
   g1.block_m = l.block_m;
   g1.ping_pong = l.ping_pong;
+  g1.tall_clusters = l.tall_clusters;
   g1.splits = l.splits1;
   g1.partials = l.partials >= 0 ? At<float>(workspace, l.partials) : nullptr;
   // Split-K partials without a bias are summed by the next step itself.

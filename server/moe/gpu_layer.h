@@ -74,7 +74,7 @@ struct MoeLayerArgs {
   //   - the decode kernels (MoeDecodeApplies: up to kMoeDecodeMaxSlots slots
   //     on distinct experts) instead of align + grouped GEMMs;
   //   - block_m (MoeGemmBlockMFor: 16 / 64 / 128 / 192 / 256 by slots per expert),
-  //     i.e. the CTA tile, and at 128 / 256 the warp-specialised TMA kernel
+  //     i.e. the CTA tile, and at 128 / 192 / 256 the warp-specialised TMA kernel
   //     with the fused silu epilogue;
   //   - split-K (MoeGemmSplitsFor: by CTAs against one wave, and the partials
   //     budget), which splits each row's fp32 sum into partial sums;

@@ -198,12 +198,11 @@ TEST(MoeWsSchedule, TallTilesAreBlocksOf192) {
   // Mixtral-8x7B at 512 tokens, top-2: 1024 slots, at most ceil((1024 + 8 *
   // 191) / 192) = 14 blocks of 192; GEMM 1's 112 weight-row tiles.
   WsSchedule s = MakeWsSchedule(14, 192, 28672, 132);
-  EXPECT_EQ(s.tile_t, 192);
   EXPECT_EQ(s.token_tiles, 14);
   EXPECT_EQ(WsTotalWork(s), 14 * 112);
-  EXPECT_EQ(WsClip(s, 192 * 8).token_tiles, 8);
-  EXPECT_EQ(WsClip(s, 192 * 8 + 1).token_tiles, 9);
-  EXPECT_EQ(WsClip(s, 1 << 20).token_tiles, 14);
+  EXPECT_EQ(WsClip<192>(s, 192 * 8).token_tiles, 8);
+  EXPECT_EQ(WsClip<192>(s, 192 * 8 + 1).token_tiles, 9);
+  EXPECT_EQ(WsClip<192>(s, 1 << 20).token_tiles, 14);
   // Three blocks: experts 0, 2, 1; block 1 begins with padding.
   std::vector<int32_t> sorted(3 * 192, 7);
   sorted[192] = 100;  // the sentinel (numel 100): no slot
@@ -211,7 +210,7 @@ TEST(MoeWsSchedule, TallTilesAreBlocksOf192) {
   s = MakeWsSchedule(3, 192, 256, 132, 1);
   ASSERT_EQ(WsTotalWork(s), 3);
   for (int64_t i = 0; i < 3; ++i) {
-    const WsTileInfo t = WsDecode(s, i, 0, sorted.data(), experts, 192, 100, 3);
+    const WsTileInfo t = WsDecode<192>(s, i, 0, sorted.data(), experts, 192, 100, 3);
     EXPECT_EQ(t.tt, i);
     EXPECT_EQ(t.n0, 0);
     EXPECT_EQ(t.e, experts[i]);

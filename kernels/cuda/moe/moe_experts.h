@@ -4,7 +4,7 @@
 //   routing + moe_align_block_size (moe_ops.h, block size MoeGemmBlockMFor)
 //   -> grouped GEMM 1  C1[slot] = A[slot / top_k] · w13[e]ᵀ (+ b13[e])   [numel, N13]
 //   -> activation      C2 = act(C1)                                     [numel, I]
-//      (silu on blocks of 128 and 256: in GEMM 1's epilogue, C1 never stored; moe_gemm_ws.h)
+//      (silu on blocks of 128, 192 and 256: in GEMM 1's epilogue, C1 never stored; moe_gemm_ws.h)
 //   -> grouped GEMM 2  Y[slot]  = C2[slot] · w2[e]ᵀ (+ b2[e])           [numel, H]
 //   -> combine         out[m]   = Σ_j w[m, j] · Y[m*k + j]               [M, H]
 //
@@ -52,7 +52,8 @@ inline MoeActParams EffectiveActParams(MoeActParams p) {
 // K stepped by 64 through a cp.async pipeline; block_m is 16, 64 or 128 and
 // must be the block size moe_align_block_size ran with. Blocks of 128 and
 // 256 run the warp-specialised TMA kernel instead where it takes them, same
-// results (moe_gemm_ws.h); blocks of 192 (bf16) run only there. MoeGemmBlockMFor picks the block
+// results (moe_gemm_ws.h); blocks of kMoeGemmTallBlockM (bf16) run only
+// there (no tensor map: UNAVAILABLE, no fallback). MoeGemmBlockMFor picks the block
 // from the average slots per hit expert (MoeSlotsPerExpert): 16 up to 8 (where nearly every hit
 // expert of a uniform routing fits one block), 64 below 64, then 128 and from 512 256; and 128 from
 // 16 when both GEMMs' reductions are long: ws_k, the shorter of them (min(H, I)) for 16-bit and fp8
@@ -62,6 +63,7 @@ inline MoeActParams EffectiveActParams(MoeActParams p) {
 // (MoeGemmWsTallTilesFor, bf16 weights with ws_k > 0): 192 in place of 128 or 256 where the
 // ping-pong form is not taken.
 inline constexpr int64_t kMoeGemmWsLongK = 2048;
+inline constexpr int kMoeGemmTallBlockM = 192;  // the tall tiles' block (moe_gemm_ws.h)
 int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k, bool ping_pong,
                      bool tall_tiles = false);
 // Split-K factor that fills one wave of resident CTAs with weight streams
@@ -116,6 +118,11 @@ struct MoeGroupedGemmArgs {
   // per expert (the layer's counts every expert of the routing, not only the
   // local ones). SetMoeGemmWsPingPongMode(kOn) forces the form either way.
   bool ping_pong = false;
+  // Blocks of kMoeGemmTallBlockM: the tall tiles in clusters of two where the
+  // caller's estimate of the slots per expert reaches two tall tiles
+  // (MoeGemmWsTallClustersFor, moe_gemm_ws.h), decided with block_m as
+  // ping_pong is; the clusters' switch and rule by K still apply.
+  bool tall_clusters = false;
   int splits = 1;
   float* partials = nullptr;  // with splits > 1
   // splits > 1 only: leave the partials unreduced for the next step to sum

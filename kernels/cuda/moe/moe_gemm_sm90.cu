@@ -736,7 +736,7 @@ int MoeGemmBlockMFor(int64_t numel, int num_experts, int64_t ws_k, bool ping_pon
   // even (351 against 350).
   const bool long_k = ws_k >= kMoeGemmWsLongK;
   if (per_expert < (long_k || ping_pong ? 16 : 64)) return 64;
-  if (tall_tiles && !ping_pong && ws_k > 0) return 192;  // moe_gemm_ws.h
+  if (tall_tiles && !ping_pong && ws_k > 0) return kMoeGemmTallBlockM;  // moe_gemm_ws.h
   // Blocks of 256 from 128 slots (two tiles of one expert a cluster) were
   // slower: Qwen3-30B-A3B 2048 tokens 599 -> 707 us, DeepSeek-V3 4096 8599
   // -> 9460, Mixtral-8x7B 512 1103 -> 1148 (session 22).
@@ -782,12 +782,12 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
   if (g.num_local_experts <= 0) {
     return absl::InvalidArgumentError("moe_grouped_gemm: num_local_experts must be positive");
   }
-  if (g.block_m != 16 && g.block_m != 64 && g.block_m != 128 && g.block_m != 192 &&
-      g.block_m != 256) {
+  const bool tall = g.block_m == kMoeGemmTallBlockM;
+  if (g.block_m != 16 && g.block_m != 64 && g.block_m != 128 && !tall && g.block_m != 256) {
     return absl::InvalidArgumentError("moe_grouped_gemm: block_m must be 16, 64, 128, 192 or 256");
   }
-  if (g.block_m == 192 && (g.dtype != DType::kBFloat16 || g.fp8 || g.int_w != nullptr ||
-                           g.splits != 1 || !MoeGemmWsEnabled())) {
+  if (tall && (g.dtype != DType::kBFloat16 || g.fp8 || g.int_w != nullptr || g.splits != 1 ||
+               !MoeGemmWsEnabled())) {
     return absl::InvalidArgumentError(
         "moe_grouped_gemm: block_m 192 takes bf16 weights, no split K, on the "
         "warp-specialised kernel");
@@ -839,13 +839,13 @@ absl::Status LaunchMoeGroupedGemm(const MoeGroupedGemmArgs& g, cudaStream_t stre
       if (!absl::IsUnavailable(st) || g.block_m > 128) return st;
     }
   }
-  // The warp-specialised kernel of blocks of 128 and 256, behind its switch (moe_gemm_ws.h).
+  // The warp-specialised kernel of blocks of 128, 192 and 256, behind its switch (moe_gemm_ws.h).
   if (!g.fp8 && g.int_w == nullptr && MoeGemmWsEnabled() && MoeGemmWsApplies(g)) {
     const absl::Status st = LaunchMoeGroupedGemmWs(g, stream);
     // Else no tensor map: the kernel below, which takes no blocks of 192.
-    if (!absl::IsUnavailable(st) || g.block_m == 192) return st;
+    if (!absl::IsUnavailable(st) || tall) return st;
   }
-  if (g.block_m == 192) {
+  if (tall) {
     return absl::InvalidArgumentError(
         "moe_grouped_gemm: block_m 192 needs the warp-specialised kernel (MoeGemmWsApplies)");
   }

@@ -1,5 +1,6 @@
 // The warp-specialised, persistent grouped GEMM of the fused MoE layer for
-// sm_90a (moe_gemm_ws_sm90.cu): the path of blocks of 128 and 256 of LaunchMoeGroupedGemm
+// sm_90a (moe_gemm_ws_sm90.cu): the path of blocks of 128, 192 (the tall
+// tiles, below) and 256 of LaunchMoeGroupedGemm
 // (moe_experts.h), same arguments and results (bf16 / fp16 output with the
 // same rounding points; bit-identical to moe_gemm_sm90.cu's output in every
 // GEMM measured), the default since session 5 (docs/PERF.md).
@@ -7,7 +8,8 @@
 // Selection: LaunchMoeGroupedGemm calls LaunchMoeGroupedGemmWs when
 // MoeGemmWsEnabled() and MoeGemmWsApplies(args): bf16 / fp16 operands (no
 // fp8), no split-K, blocks of 128 or 256 slots (MoeGemmBlockMFor picks these
-// where this kernel pays), and the weights addressable by a TMA tensor map.
+// where this kernel pays) or of 192 (bf16), and the weights addressable by a
+// TMA tensor map.
 // The switch: SetMoeGemmWsMode(kOn / kOff), or with kFromEnv (the default)
 // on unless the environment variable KPLAN_MOE_GEMM=old selects the cp.async
 // kernel.
@@ -61,8 +63,9 @@ int64_t MoeGemmWsPingPongLaunches();
 // where it gets about 128 +- 11 slots (uniform routing), which tiles of 128
 // cover with 1.47 tiles an expert on average, each streaming the weights
 // (docs/notes/moe_gemm_next.md). In clusters of two by the clusters' switch
-// and, by default, where an expert gets two tall tiles' worth of slots
-// (ws::WsTallClustersPay). Same output bits as the tiles of 128.
+// and, by default, where K >= 4096 (ws::WsClusterPays) and the caller's
+// MoeGroupedGemmArgs::tall_clusters says an expert gets two tall tiles'
+// worth of slots. Same output bits as the tiles of 128.
 // Not measured on a GPU yet, so off by default: SetMoeGemmWsTallTilesMode(kOn)
 // always (where blocks of 128 or more would run the cooperative consumers),
 // kOff never; with kFromEnv KPLAN_MOE_WS_TALL=1 takes the rule (from
@@ -73,6 +76,11 @@ inline constexpr bool kMoeWsTallTilesDefault = false;
 inline constexpr int64_t kMoeWsTallTilesMinSlots = 96;
 void SetMoeGemmWsTallTilesMode(MoeGemmWsMode mode);
 bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts);
+// MoeGroupedGemmArgs::tall_clusters for numel slots routed to num_experts
+// experts: an expert gets two tall tiles' worth of slots on average
+// (ws::WsTallClustersPay); below that a cluster pairs tiles of different
+// experts, which share no weight box.
+bool MoeGemmWsTallClustersFor(int64_t numel, int num_experts);
 int64_t MoeGemmWsTallTilesLaunches();
 
 // With args.int_w also MoeIntWeightsApply (moe_experts.h).
@@ -84,7 +92,8 @@ void NoteMoeGemmIntLaunch();
 }  // namespace detail
 // Args already validated by LaunchMoeGroupedGemm, MoeGemmWsApplies true.
 // UNAVAILABLE, with nothing launched, when the driver gives no TMA tensor map
-// for the weights (LaunchMoeGroupedGemm then takes the cp.async kernel).
+// for the weights (LaunchMoeGroupedGemm then takes the cp.async kernel,
+// except for blocks of 192, which it has not).
 absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& args, cudaStream_t stream);
 
 // GEMM 1 with the gated activation in its epilogue: act_out [numel, N / 2] =

@@ -24,6 +24,11 @@
 //    and there is no block-wide barrier at all. Epilogue straight from the
 //    registers: round to T, + round(bias), 16-byte stores after a quad
 //    transpose; meanwhile the producer already fills the next tile's stages.
+// The tall tiles (kTileT = 192, blocks of 192, bf16; moe_gemm_ws.h): a
+// fourth warpgroup, 512 threads, a third consumer warpgroup on slots
+// [128, 192); the producer gathers 192 token rows a stage (56 KiB stages),
+// setmaxnreg 32 / 160, two m64n128k16 halves per k16 step and lighter
+// epilogues (at kTallSmemBytes below).
 // Persistent: the clusters (of one CTA, or two: kCluster) that fit at once,
 // walking work items in the moe_ws_schedule.h order; tiles of experts of
 // other ranks (expert id -1) write zero rows as the other kernel does,
@@ -101,8 +106,13 @@ using detail::WgmmaWait;
 using ws::kWsTileN;
 using ws::kWsTileT;
 
-constexpr int kBK = 64;                                     // K elements per stage (128 bytes)
-constexpr int kStageBytes = ws::kWsTBytes + ws::kWsWBytes;  // 48 KiB
+constexpr int kBK = 64;  // K elements per stage (128 bytes)
+// A stage: the tile's token rows (128 bytes of K each), then kWsTileN weight rows.
+template <int kTileT>
+constexpr int TileStageBytes() {
+  return kTileT * 128 + ws::kWsWBytes;
+}
+constexpr int kStageBytes = TileStageBytes<kWsTileT>();  // 48 KiB
 constexpr int kSmemBytes = ws::WsSmemBytes(kStageBytes);
 
 // The tall tiles (kTileT = ws::kWsTallTileT): 192 token rows a stage (24
@@ -114,16 +124,11 @@ constexpr int kSmemBytes = ws::WsSmemBytes(kStageBytes);
 // spills its row indices (196 bytes), the main loops nothing; the epilogues
 // are written for the 160 (below). At 56 / 152 the consumers spilled 1128
 // bytes in the epilogue.
-template <int kTileT>
-constexpr int TileStageBytes() {
-  return kTileT * 128 + ws::kWsWBytes;
-}
+static_assert(ws::kWsTallTileT == kMoeGemmTallBlockM);
 constexpr int kTallSmemBytes = ws::WsSmemBytes(TileStageBytes<ws::kWsTallTileT>());
 static_assert(kTallSmemBytes + 128 <= 227 * 1024, "the tall tiles' ring fits a CTA");
-constexpr int kTallThreads = ws::WsThreadsFor(ws::kWsTallTileT);
 constexpr int kTallProducerRegs = 32, kTallConsumerRegs = 160;
-static_assert(kTallProducerRegs + 3 * kTallConsumerRegs <= 4 * (65536 / kTallThreads / 8 * 8) &&
-                  kTallProducerRegs % 8 == 0 && kTallConsumerRegs % 8 == 0,
+static_assert(ws::WsRegsFit(kTallProducerRegs, kTallConsumerRegs, ws::kWsTallTileT),
               "the tall tiles' warpgroups fit the CTA's launch allocation");
 
 struct WsParams {
@@ -324,7 +329,7 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
   static_assert(kCluster == 1 || (kCluster == 2 && !kInt), "clusters of two, bf16 / fp16 weights");
   static_assert(!kPingPong || (kCluster == 1 && !kInt), "ping-pong: one CTA a tile, 16-bit");
   static_assert(kTileT == kWsTileT || (kTileT == ws::kWsTallTileT && !kInt && !kPingPong),
-                "tall tiles: one CTA a tile, 16-bit weights, cooperative consumers");
+                "tall tiles: 16-bit weights, cooperative consumers");
   constexpr bool kTall = kTileT != kWsTileT;
   constexpr int kStage = TileStageBytes<kTileT>();
   constexpr int kProducerRegs = kTall ? kTallProducerRegs : ws::kWsProducerRegs;
@@ -333,8 +338,9 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
                                        : ws::kWsConsumerRegs;
   const int wg = static_cast<int>(threadIdx.x) / 128;
   const ws::WsRing<kStage> ring = ws::WsRingInit < kStage, kInt ? 128 : 0, kCluster,
-                           kPingPong ? ws::kWsConsumerWarps / 2 : 4 * (kTileT / 64) > (&wmap);
-  const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
+                           kPingPong ? ws::kWsConsumerWarps / 2
+                                     : ws::WsConsumerWarpsFor(kTileT) > (&wmap);
+  const ws::WsSchedule sched = ws::WsClip<kTileT>(p.sched, *p.post);
   const int64_t total = ws::WsTotalWork(sched);
   const int64_t N = p.N, K = p.K;
   const int nk = static_cast<int>((K + kBK - 1) / kBK);
@@ -571,7 +577,7 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     if (j > 0 && (j & 1) == cw) ws::WsOrderWait(cw);
     return;
   }
-  ws::WsForEachWork<kCluster>(p, sched, total, [&](const ws::WsWork& w) {
+  ws::WsForEachWork<kCluster, kTileT>(p, sched, total, [&](const ws::WsWork& w) {
     const ws::WsTileInfo& ti = w.ti;
     if (!w.run && ti.empty) return;
     const int32_t s0 = ti.empty ? -1 : p.sorted[ti.tt * kTileT + r0];
@@ -693,10 +699,7 @@ bool UseClusters(const MoeGroupedGemmArgs& g) {
     return v == nullptr || *v == '\0' ? -1 : std::atoi(v) >= 2 ? 1 : 0;
   }();
   if (env >= 0) return env == 1;
-  if (g.block_m == ws::kWsTallTileT &&
-      !ws::WsTallClustersPay(MoeSlotsPerExpert(g.numel, g.num_local_experts))) {
-    return false;
-  }
+  if (g.block_m == ws::kWsTallTileT && !g.tall_clusters) return false;
   return kMoeWsClusterDefault && ws::WsClusterPays(g.K);
 }
 
@@ -709,25 +712,24 @@ template <bool Fused>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                       cudaStream_t stream) {
   const bool bf16 = g.dtype == DType::kBFloat16;
-  if (g.block_m == ws::kWsTallTileT) {
-    if (!bf16 || g.int_w != nullptr) {
-      return absl::InvalidArgumentError("moe_grouped_gemm_ws: blocks of 192 take bf16 weights");
-    }
-    absl::Status st = absl::UnavailableError("no cluster");
-    if (UseClusters(g)) {
-      st = LaunchWsKernel<__nv_bfloat16, Fused, false, 2, false, ws::kWsTallTileT>(g, act_params,
-                                                                                   stream);
-      if (st.ok()) cluster_launches.fetch_add(1, std::memory_order_relaxed);
-    }
-    if (absl::IsUnavailable(st)) {  // as below: one CTA a tile
-      st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, false, ws::kWsTallTileT>(g, act_params,
-                                                                                   stream);
-    }
-    if (st.ok()) {
+  if (g.block_m == ws::kWsTallTileT) {  // bf16 (WsTilesApply)
+    absl::Status st = UseClusters(g)
+                          ? LaunchWsKernel<__nv_bfloat16, Fused, false, 2, false, ws::kWsTallTileT>(
+                                g, act_params, stream)
+                          : absl::UnavailableError("moe_grouped_gemm_ws: no clusters");
+    const bool clustered = st.ok();
+    // As below: UNAVAILABLE (no cluster fits, or none asked for) takes one CTA a tile.
+    absl::Status done =
+        absl::IsUnavailable(st)
+            ? LaunchWsKernel<__nv_bfloat16, Fused, false, 1, false, ws::kWsTallTileT>(g, act_params,
+                                                                                      stream)
+            : std::move(st);
+    if (done.ok()) {
+      if (clustered) cluster_launches.fetch_add(1, std::memory_order_relaxed);
       tall_launches.fetch_add(1, std::memory_order_relaxed);
       ws_launches.fetch_add(1, std::memory_order_relaxed);
     }
-    return st;
+    return done;
   }
   if (g.int_w != nullptr) {
     absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, true, 1>(g, act_params, stream)
@@ -787,6 +789,10 @@ void SetMoeGemmWsTallTilesMode(MoeGemmWsMode mode) { g_tall.Set(mode); }
 bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts) {
   if (dtype != DType::kBFloat16 || !g_tall.On() || !g_ws.On()) return false;
   return g_tall.Forced() || MoeSlotsPerExpert(numel, num_experts) >= kMoeWsTallTilesMinSlots;
+}
+
+bool MoeGemmWsTallClustersFor(int64_t numel, int num_experts) {
+  return ws::WsTallClustersPay(MoeSlotsPerExpert(numel, num_experts));
 }
 
 int64_t MoeGemmWsTallTilesLaunches() { return tall_launches.load(std::memory_order_relaxed); }

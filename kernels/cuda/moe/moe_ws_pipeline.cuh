@@ -1,10 +1,11 @@
 // The skeleton both warp-specialised grouped GEMMs share (moe_gemm_ws_sm90.cu:
 // bf16 / fp16, moe_gemm_ws_fp8_sm90.cu: fp8 e4m3): a CTA of kWsThreads
-// threads (warpgroup 0 the producer, 1 and 2 the consumers), the
-// kWsStages-stage shared-memory ring with its full / empty mbarriers, the
-// walk over this CTA's work items of the persistent grid (moe_ws_schedule.h)
-// and the producer's loop: per k-tile a TMA box of weight rows and the 128
-// token rows gathered with cp.async.
+// threads (warpgroup 0 the producer, 1 and 2 the consumers; the tall tiles:
+// WsThreadsFor(192), a third consumer), the kWsStages-stage shared-memory
+// ring with its full / empty mbarriers, the walk over this CTA's work items
+// of the persistent grid (moe_ws_schedule.h) and the producer's loop: per
+// k-tile a TMA box of weight rows and the tile's 128 (192) token rows
+// gathered with cp.async.
 //
 // With kCluster = 2 (the bf16 / fp16 kernel) two CTAs of a thread-block
 // cluster take the two token tiles of a unit (moe_ws_schedule.h) on the
@@ -40,8 +41,9 @@
 
 namespace kplan::kernels::cuda::ws {
 
-inline constexpr int kWsStages = 4;         // stages of the ring
-inline constexpr int kWsConsumerWarps = 8;  // a CTA's arrivals that empty a stage
+inline constexpr int kWsStages = 4;  // stages of the ring
+// A CTA's arrivals that empty a stage (tiles of 128; WsConsumerWarpsFor).
+inline constexpr int kWsConsumerWarps = WsConsumerWarpsFor(kWsTileT);
 // setmaxnreg: the producer gives registers back, the consumers take them.
 // A CTA of kWsThreads threads is launched with 168 registers a thread (the
 // most a multiple of 8 that 65536 / 384 allows), and setmaxnreg.inc waits
@@ -54,10 +56,14 @@ inline constexpr int kWsConsumerWarps = 8;  // a CTA's arrivals that empty a sta
 // must satisfy).
 inline constexpr int kWsProducerRegs = 40;
 inline constexpr int kWsConsumerRegs = 232;
-inline constexpr int kWsLaunchRegs = 65536 / kWsThreads / 8 * 8;  // 168 a thread
-constexpr bool WsRegsFit(int producer, int consumer) {
-  return producer + 2 * consumer <= (kWsThreads / 128) * kWsLaunchRegs && producer % 8 == 0 &&
-         consumer % 8 == 0;  // setmaxnreg takes multiples of 8
+// The registers a thread of a CTA over tiles of tile_t slots is launched
+// with (168 for 384 threads, 128 for the tall tiles' 512), and whether a
+// split fits them.
+constexpr int WsLaunchRegs(int tile_t = kWsTileT) { return 65536 / WsThreadsFor(tile_t) / 8 * 8; }
+constexpr bool WsRegsFit(int producer, int consumer, int tile_t = kWsTileT) {
+  return producer + (tile_t / 64) * consumer <=
+             (WsThreadsFor(tile_t) / 128) * WsLaunchRegs(tile_t) &&
+         producer % 8 == 0 && consumer % 8 == 0;  // setmaxnreg takes multiples of 8
 }
 static_assert(WsRegsFit(kWsProducerRegs, kWsConsumerRegs),
               "the warpgroups' registers must fit the CTA's launch allocation");
@@ -86,8 +92,8 @@ struct WsRing {
 // the programmatic-dependent-launch wait (pdl.cuh): nothing a previous kernel
 // wrote is read before it. kStoreArrivals: the producer threads that store
 // into a stage themselves and arrive on its full barrier; kConsumerWarps:
-// the warps of a CTA that release each stage (both consumer warpgroups', or
-// one's in the ping-pong form).
+// the warps of a CTA that release each stage (every consumer warpgroup's:
+// WsConsumerWarpsFor, or one's in the ping-pong form).
 template <int kStageBytes, int kStoreArrivals = 0, int kCluster = 1,
           int kConsumerWarps = kWsConsumerWarps>
 __device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wmap) {
@@ -130,14 +136,14 @@ struct WsCursor {
   }
 };
 
-// The tile of cluster rank `rank` in work item `lin` of `sched`, decoded
-// against p's routing (p.sorted, p.expert_ids, p.block_m, p.numel,
-// p.num_local_experts).
-template <typename P>
+// The tile of cluster rank `rank` in work item `lin` of `sched` (tiles of
+// kTileT slots), decoded against p's routing (p.sorted, p.expert_ids,
+// p.block_m, p.numel, p.num_local_experts).
+template <int kTileT = kWsTileT, typename P>
 __device__ __forceinline__ WsTileInfo WsTileOf(const P& p, const WsSchedule& sched, int64_t lin,
                                                int rank = 0) {
-  return WsDecode(sched, lin, rank, p.sorted, p.expert_ids, p.block_m, p.numel,
-                  p.num_local_experts);
+  return WsDecode<kTileT>(sched, lin, rank, p.sorted, p.expert_ids, p.block_m, p.numel,
+                          p.num_local_experts);
 }
 
 // A work item as one CTA of its cluster sees it: its tile, whether the
@@ -154,8 +160,9 @@ struct WsWork {
 __device__ __forceinline__ bool WsHasWork(const WsTileInfo& t) { return t.local && !t.empty; }
 
 // fn(work) for the work items of this CTA's cluster: items blockIdx.x /
-// kCluster, + gridDim.x / kCluster, ... below `total` (WsTotalWork(sched)).
-template <int kCluster = 1, typename P, typename F>
+// kCluster, + gridDim.x / kCluster, ... below `total` (WsTotalWork(sched));
+// tiles of kTileT slots.
+template <int kCluster = 1, int kTileT = kWsTileT, typename P, typename F>
 __device__ __forceinline__ void WsForEachWork(const P& p, const WsSchedule& sched, int64_t total,
                                               F&& fn) {
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
@@ -163,11 +170,11 @@ __device__ __forceinline__ void WsForEachWork(const P& p, const WsSchedule& sche
   for (int64_t lin = blockIdx.x / kCluster; lin < total; lin += gridDim.x / kCluster) {
     WsWork w;
     w.rank = rank;
-    w.ti = WsTileOf(p, sched, lin, rank);
+    w.ti = WsTileOf<kTileT>(p, sched, lin, rank);
     w.active = WsHasWork(w.ti);
     w.run = w.active;
     if constexpr (kCluster > 1) {
-      const WsTileInfo other = WsTileOf(p, sched, lin, rank ^ 1);
+      const WsTileInfo other = WsTileOf<kTileT>(p, sched, lin, rank ^ 1);
       w.run = w.active || WsHasWork(other);
       w.multicast = w.active && WsHasWork(other) && other.e == w.ti.e;
     }
@@ -236,7 +243,7 @@ __device__ __forceinline__ void WsOrderSignal(int cw) {
 
 // The producer warpgroup (threads 0..127; setmaxnreg down to kRegs). For each
 // of this CTA's work items (WsForEachWork) that run: the rows of its tile's
-// 128 slots in p.a (slot / p.a_row_div, rows of K elements of E; padding
+// kTileT slots in p.a (slot / p.a_row_div, rows of K elements of E; padding
 // zero-filled), st = on_tile(tile), then for each k-tile kt of nk (128
 // bytes of K, 128 / sizeof(E) elements): wait until the stage is empty;
 // thread 0 arms the stage's full barrier with kWBytes of weight-box
@@ -255,8 +262,8 @@ __device__ __forceinline__ void WsOrderSignal(int cw) {
 // keeps its 8 rows between k-tiles (below). kPingPong: per half-item
 // instead of per tile, its 64 token rows (4 a thread) into the stage's
 // first 64 (one CTA a tile, row indices). kTileT: the tile's slots
-// (sched.tile_t), kTileT token rows at the stage's start, the weight rows
-// after them (w_s).
+// (the schedule's, WsClip<kTileT>), kTileT token rows at the stage's start,
+// the weight rows after them (w_s).
 template <typename E, int kStageBytes, int kWBytes = kWsWBytes, int kRegs = kWsProducerRegs,
           int kCluster = 1, bool kRowAddresses = false, bool kPingPong = false,
           int kTileT = kWsTileT, typename P, typename OnTile, typename LoadW, typename Extra>
@@ -275,7 +282,7 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
   // Row r = ptid / 8 + 16 i of the tile; its swizzled chunk is the same for all i.
   const uint32_t dst0 = (ptid >> 3) * 128 + ((chunk ^ ((ptid >> 3) & 7)) << 4);
   WsCursor c;
-  WsForEachWork<kCluster>(p, sched, total, [&](const WsWork& w) {
+  WsForEachWork<kCluster, kTileT>(p, sched, total, [&](const WsWork& w) {
     if (!w.run) return;
     const WsTileInfo& ti = w.ti;
     for (int h = 0; h < (kPingPong ? 2 : 1); ++h) {

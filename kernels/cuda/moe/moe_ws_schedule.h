@@ -2,7 +2,7 @@
 // plain C++ so that the host part is unit-tested on the CPU
 // (tests/kernels/moe_ws_schedule_test.cc) and the device walks the same order.
 //
-// Work: (token tile, weight-row tile) pairs. A token tile is tile_t
+// Work: (token tile, weight-row tile) pairs. A token tile is kTileT
 // consecutive entries of sorted_token_ids (kWsTileT = 128: a
 // moe_align_block_size block of 128 slots, or one half of a 256-slot block;
 // kWsTallTileT = 192: a block of 192, the tall tiles' form), so every tile
@@ -10,7 +10,10 @@
 // weight matrix.
 // The host knows only an upper bound of the token tiles (num_blocks; the
 // routing runs on the device), the device clips it to
-// ceil(num_tokens_post_padded / tile_t) before walking.
+// ceil(num_tokens_post_padded / kTileT) before walking. The tile's slots
+// kTileT are the kernel's (a template argument, so that the tiles of 128 keep
+// their shifts); the host's schedule takes them from the block
+// (WsTileSlots).
 //
 // Order: groups of `group` (WsAutoGroup) consecutive units (mostly one
 // expert: the blocks of an expert are contiguous); within a group the
@@ -40,11 +43,11 @@ inline constexpr int kWsTileT = 128;    // token slots per tile (two consumer wa
 // four warpgroups), which hold a whole expert where it gets about 128 slots.
 inline constexpr int kWsTallTileT = 192;
 // Token slots per tile for moe_align blocks of block_m (128, 192 or 256).
-KPLAN_WS_HD int WsTileSlots(int block_m) {
-  return block_m == kWsTallTileT ? kWsTallTileT : kWsTileT;
-}
-// Threads of a CTA whose consumer warpgroups cover tile_t slots, 64 each.
-constexpr int WsThreadsFor(int tile_t) { return 128 * (1 + tile_t / 64); }
+constexpr int WsTileSlots(int block_m) { return block_m == kWsTallTileT ? kWsTallTileT : kWsTileT; }
+// The consumer warps, and the threads, of a CTA whose consumer warpgroups
+// cover tile_t slots, 64 each (and a producer warpgroup).
+constexpr int WsConsumerWarpsFor(int tile_t) { return 4 * (tile_t / 64); }
+constexpr int WsThreadsFor(int tile_t) { return 128 + 32 * WsConsumerWarpsFor(tile_t); }
 static_assert(WsThreadsFor(kWsTileT) == kWsThreads);
 inline constexpr int kWsTileN = 256;  // weight rows per tile (wgmma N)
 inline constexpr int kWsGroup = 4;    // units per group when the weight rows are many
@@ -56,7 +59,6 @@ struct WsSchedule {
   int64_t group = 1;        // units per group, >= 1
   int grid = 0;             // CTAs of the persistent grid, a multiple of cluster
   int cluster = 1;          // CTAs per cluster = token tiles per unit (1 or 2)
-  int tile_t = kWsTileT;    // token slots per tile (WsTileSlots)
 };
 
 struct WsTile {
@@ -88,7 +90,7 @@ KPLAN_WS_HD WsTile WsTileAt(const WsSchedule& s, int64_t linear, int rank = 0) {
 }
 
 // The tile of rank `rank` in work item `linear`, with what the kernels need
-// of it: its first slot index tt * s.tile_t, its first weight row n0, its
+// of it: its first slot index tt * kTileT, its first weight row n0, its
 // expert e (local: in [0, E_local)) and whether it holds no slot at all (within an expert's range
 // the slots come first, then the padding, so the first entry decides; a token tile past
 // s.token_tiles holds none and reads nothing).
@@ -97,6 +99,7 @@ struct WsTileInfo {
   int e = -1;
   bool local = false, empty = true;
 };
+template <int kTileT = kWsTileT>
 KPLAN_WS_HD WsTileInfo WsDecode(const WsSchedule& s, int64_t linear, int rank,
                                 const int32_t* sorted, const int32_t* expert_ids, int block_m,
                                 int64_t numel, int num_local_experts) {
@@ -105,16 +108,17 @@ KPLAN_WS_HD WsTileInfo WsDecode(const WsSchedule& s, int64_t linear, int rank,
   info.tt = t.token_tile;
   info.n0 = t.n_tile * kWsTileN;
   if (t.token_tile >= s.token_tiles) return info;
-  info.e = expert_ids[(t.token_tile * s.tile_t) / block_m];
+  info.e = expert_ids[(t.token_tile * kTileT) / block_m];
   info.local = info.e >= 0 && info.e < num_local_experts;
-  const int32_t first = sorted[t.token_tile * s.tile_t];
+  const int32_t first = sorted[t.token_tile * kTileT];
   info.empty = first < 0 || first >= numel;
   return info;
 }
 
 // The same schedule with the token tiles clipped to the blocks actually used.
+template <int kTileT = kWsTileT>
 KPLAN_WS_HD WsSchedule WsClip(WsSchedule s, int64_t num_tokens_post_padded) {
-  const int64_t used = (num_tokens_post_padded + s.tile_t - 1) / s.tile_t;
+  const int64_t used = (num_tokens_post_padded + kTileT - 1) / kTileT;
   if (used < s.token_tiles) s.token_tiles = used < 0 ? 0 : used;
   return s;
 }
@@ -160,8 +164,7 @@ inline WsSchedule MakeWsSchedule(int64_t num_blocks, int block_m, int64_t N, int
                                  int group = kWsAutoGroup, int cluster = 1) {
   WsSchedule s;
   s.cluster = cluster < 1 ? 1 : cluster;
-  s.tile_t = WsTileSlots(block_m);
-  s.token_tiles = num_blocks * (block_m / s.tile_t);
+  s.token_tiles = num_blocks * (block_m / WsTileSlots(block_m));
   s.n_tiles = (N + kWsTileN - 1) / kWsTileN;
   s.group = group == kWsAutoGroup ? WsAutoGroup(s.n_tiles, resident_ctas) : group < 1 ? 1 : group;
   const int64_t total = WsTotalWork(s);

@@ -12,7 +12,8 @@ set -uo pipefail
 tar -xJf build-pack/tall.tar.xz
 . scripts/gpu-steps.sh
 gpu_check_setup kplan-s31-tall .tdist
-step_keep='FAIL|DIFFER|PASSED|ERROR SUMMARY|differ|tall|sanitizer| M=[0-9]+ .* us |check .*(vs|differ)'
+echo "binaries of $(cat .tdist/REV)"
+step_keep='FAIL|DIFFER|PASSED|SUMMARY|differ|tall|sanitizer|^rev| M=[0-9]+ .* us |check .*(vs|differ)'
 step_drop='OK$'
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader
 step host_rules 30 "$bin/moe_gpu_test" --gtest_filter='MoeGpuValidationTest.*'

@@ -8,6 +8,7 @@ set -uo pipefail
 tar -xJf build-pack/tall.tar.xz
 . scripts/gpu-steps.sh
 gpu_check_setup kplan-s31-tall2 .tdist
+echo "binaries of $(cat .tdist/REV)"
 step_keep='FAIL|DIFFER|differ|rooflines| M=[0-9]+ .* us |check .*(vs|differ)'
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader
 TAIL=80 step bench 420 "$bin/moe_bench" --budget_s 0.2 --sets 2 --fused on --warmup_s 1 \

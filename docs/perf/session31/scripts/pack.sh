@@ -14,6 +14,7 @@ rm -rf .tdist
 bash scripts/bundle.sh .tdist "$b"/bin/{moe_gpu_test,moe_ws_gpu_test,moe_layer_gpu_test,moe_bench} \
   >/dev/null
 strip --strip-debug .tdist/bin/* .tdist/lib/* 2>/dev/null || true
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo '+changes')" >.tdist/REV
 tar -cJf build-pack/tall.tar.xz .tdist
 rm -rf .tdist
 ls -la build-pack
