@@ -9,7 +9,8 @@ path through a shared-memory call channel (shm_channel, kplan.shm_channel).
 The message classes are kplan.v1.*_pb2."""
 
 from kplan import cuda_ipc, shm, shm_channel
-from kplan.client import DEFAULT_MAX_MESSAGE_BYTES, Client, KplanError, parse_platform
+from kplan.client import DEFAULT_MAX_MESSAGE_BYTES, Client, parse_platform
+from kplan.errors import KplanError
 
 __all__ = ["Client", "KplanError", "parse_platform", "DEFAULT_MAX_MESSAGE_BYTES", "cuda_ipc",
            "shm", "shm_channel"]

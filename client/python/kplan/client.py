@@ -14,13 +14,10 @@ import numpy as np
 import numpy.typing as npt
 
 from kplan import _tensors, cuda_ipc, safetensors, shm, shm_channel
+from kplan.errors import KplanError, field_of
 from kplan.v1 import config_pb2, service_pb2, service_pb2_grpc
 
-try:  # googleapis-common-protos / grpcio-health-checking when installed, else ours
-    from google.rpc import error_details_pb2, status_pb2
-except ImportError:
-    from kplan._vendor.google_rpc import error_details_pb2, status_pb2
-try:
+try:  # grpcio-health-checking when installed, else ours
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 except ImportError:
     from kplan._vendor.health import health_pb2, health_pb2_grpc
@@ -33,33 +30,6 @@ _T = TypeVar("_T")
 PathOrBytes = Union[str, "os.PathLike[str]", bytes]
 # Called with a set's ExpertsInfo while it loads (load_experts' progress=).
 ProgressCallback = Callable[[service_pb2.ExpertsInfo], None]
-
-
-class KplanError(Exception):
-    """A failed call: the gRPC code, the server's message and the offending field."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, field: Optional[str]):
-        super().__init__(f"{code.name}: {message}" + (f" [field: {field}]" if field else ""))
-        self.code = code
-        self.message = message
-        self.field = field
-
-
-def _field_of_status(status: status_pb2.Status) -> Optional[str]:
-    """The field named by a google.rpc.BadRequest detail of `status`, if any."""
-    for detail in status.details:
-        bad = error_details_pb2.BadRequest()
-        if detail.Unpack(bad) and bad.field_violations:
-            return bad.field_violations[0].field
-    return None
-
-
-def _field_of(error: grpc.RpcError) -> Optional[str]:
-    """The field named by a google.rpc.BadRequest detail, if the server sent one."""
-    for key, value in error.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            return _field_of_status(status_pb2.Status.FromString(value))
-    return None
 
 
 def _read(value: Optional[PathOrBytes]) -> Optional[bytes]:
@@ -166,7 +136,7 @@ class Client:
                         if self._credentials else
                         "over plaintext (is it running there? one serving TLS needs "
                         "root_certificates=)"))
-                raise KplanError(e.code(), message, _field_of(e)) from None
+                raise KplanError(e.code(), message, field_of(e)) from None
 
     def _match_server_limit(self) -> None:
         """Once: the channel's message limits become the server's."""

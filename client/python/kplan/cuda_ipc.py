@@ -32,6 +32,7 @@ from typing import Any, Optional, Sequence, Tuple
 import grpc
 
 from kplan import shm
+from kplan.errors import KplanError
 
 # sizeof(cudaIpcMemHandle_t).
 HANDLE_BYTES = 64
@@ -89,8 +90,8 @@ class CudaMemoryRegion(shm.Region):
             return
         try:
             self._client.unregister_shared_memory(self.name)
-        except Exception as e:  # KplanError (kplan.client imports this module)
-            if getattr(e, "code", None) == grpc.StatusCode.NOT_FOUND:
+        except KplanError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND:
                 self._client = None
             raise
         self._client = None

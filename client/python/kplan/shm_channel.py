@@ -28,6 +28,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from kplan import shm
+from kplan.errors import KplanError, field_of_status, status_pb2
 from kplan.v1 import service_pb2
 
 _MAGIC, _VERSION = 0x4843504B, 1
@@ -171,10 +172,6 @@ class ShmChannel:
              timeout: float) -> service_pb2.RunMoEResponse:
         """One RunMoE; raises kplan.KplanError as a gRPC call would (the
         server's code, message and field)."""
-        # The client module imports this one; its google.rpc messages are
-        # googleapis' when installed, else the vendored copies (never both).
-        from kplan.client import KplanError, _field_of_status, status_pb2
-
         if self._client is None:
             raise KplanError(grpc.StatusCode.UNAVAILABLE, "the channel is closed", None)
         deadline = time.monotonic() + timeout
@@ -249,7 +246,7 @@ class ShmChannel:
             raise KplanError(grpc.StatusCode.INTERNAL,
                              "the channel's answer could not be parsed", None) from None
         raise KplanError(_CODES.get(code, grpc.StatusCode.UNKNOWN), error.message,
-                         _field_of_status(error))
+                         field_of_status(error))
 
     def _place(self, request: service_pb2.RunMoERequest
                ) -> "Optional[tuple[service_pb2.RunMoERequest, int, int]]":
