@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -153,12 +154,19 @@ size_t ShmChannelServer::size() const {
 }
 
 void ShmChannelServer::CloseAll() {
-  std::vector<std::string> names;
+  // Every channel stops taking calls at once, then each is joined: a close
+  // waits for the call in flight, so one at a time the waits would add up.
+  std::vector<std::shared_ptr<Channel>> closing;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [name, channel] : channels_) names.push_back(name);
+    for (auto& [name, channel] : channels_) closing.push_back(std::move(channel));
+    channels_.clear();
   }
-  for (const std::string& name : names) (void)Close(name);
+  for (const std::shared_ptr<Channel>& channel : closing) {
+    channel->stop.store(true, std::memory_order_release);
+    ShmChannelWake(&channel->header->state);  // zero pages when lost: harmless
+  }
+  for (const std::shared_ptr<Channel>& channel : closing) channel->thread.join();
 }
 
 void ShmChannelServer::Serve(const std::shared_ptr<Channel>& channel) {
@@ -222,56 +230,67 @@ void ShmChannelServer::RunOne(const std::shared_ptr<Channel>& channel) {
   const int64_t timeout_us = ShmChannelLoad(&header->timeout_us);
   const uint64_t sequence = ShmChannelLoad(&header->sequence);
 
-  auto pending = std::make_shared<Pending>();
-  // The channel is held by the answer: a handler that answers after the
-  // thread gave up (below) writes into a mapping that still exists.
-  Answer answer = [this, channel, sequence, pending](
-                      const absl::Status& status,
-                      const google::protobuf::MessageLite* response) -> absl::Status {
-    if (pending->answered.exchange(true)) {
-      pending->done.WaitForNotification();
+  std::shared_ptr<Pending> pending;
+  Answer answer;
+  try {
+    pending = std::make_shared<Pending>();
+    // The channel is held by the answer: a handler that answers after the
+    // thread gave up (below) writes into a mapping that still exists.
+    answer = [this, channel, sequence, pending](
+                 const absl::Status& status,
+                 const google::protobuf::MessageLite* response) -> absl::Status {
+      if (pending->answered.exchange(true)) {
+        pending->done.WaitForNotification();
+        return pending->written;
+      }
+      // WriteAnswer throws nothing; were it ever to, the waiters still wake.
+      absl::Cleanup notify = [&pending] { pending->done.Notify(); };
+      pending->written = WriteAnswer(*channel, sequence, status, response);
       return pending->written;
-    }
-    pending->written = WriteAnswer(*channel, sequence, status, response);
-    pending->done.Notify();
-    return pending->written;
-  };
-
-  if (request_bytes > static_cast<uint64_t>(channel->request_capacity)) {
-    (void)answer(InvalidField("request_bytes",
-                              absl::StrCat("the request's ", request_bytes,
-                                           " bytes exceed the channel's request capacity of ",
-                                           channel->request_capacity, " bytes")),
-                 nullptr);
+    };
+  } catch (const std::bad_alloc&) {  // the call is answered all the same, with its code
+    (void)WriteAnswer(*channel, sequence, absl::Status(absl::StatusCode::kResourceExhausted, ""),
+                      nullptr);
     return;
   }
-  Request request;
-  request.start = start;
-  request.deadline = absl::InfiniteFuture();
-  if (timeout_us > 0) {
-    request.deadline = start + absl::Microseconds(std::min(timeout_us, kMaxTimeoutUs));
-  }
+  absl::Time deadline = absl::InfiniteFuture();
+  if (timeout_us > 0) deadline = start + absl::Microseconds(std::min(timeout_us, kMaxTimeoutUs));
   if (options_.max_call_time > absl::ZeroDuration()) {
-    request.deadline = std::min(request.deadline, start + options_.max_call_time);
+    deadline = std::min(deadline, start + options_.max_call_time);
   }
-  const absl::Time deadline = request.deadline;
-  // Not the channel closing: a close waits for the call in flight, whose
-  // client then reads its answer.
-  request.cancelled = [channel, deadline] {
-    return channel->Lost() ||
-           channel->header->state.load(std::memory_order_acquire) ==
-               ShmWord(ShmChannelState::kCancelled) ||
-           absl::Now() >= deadline;
-  };
+  // Built before any call, so that answering an exception allocates nothing.
+  static const absl::Status kOutOfMemory =
+      absl::ResourceExhaustedError("out of memory for the channel's request");
+  static const absl::Status kFailed =
+      absl::InternalError("the server failed on the channel's request");
   try {
+    if (request_bytes > static_cast<uint64_t>(channel->request_capacity)) {
+      (void)answer(InvalidField("request_bytes",
+                                absl::StrCat("the request's ", request_bytes,
+                                             " bytes exceed the channel's request capacity of ",
+                                             channel->request_capacity, " bytes")),
+                   nullptr);
+      return;
+    }
+    Request request;
+    request.start = start;
+    request.deadline = deadline;
+    // Not the channel closing: a close waits for the call in flight, whose
+    // client then reads its answer.
+    request.cancelled = [channel, deadline] {
+      return channel->Lost() ||
+             channel->header->state.load(std::memory_order_acquire) ==
+                 ShmWord(ShmChannelState::kCancelled) ||
+             absl::Now() >= deadline;
+    };
     // A truncation during the copy leaves zeros, which fail to parse.
     request.bytes.assign(channel->request_area, static_cast<size_t>(request_bytes));
     handler_(std::move(request), answer);
   } catch (const std::bad_alloc&) {
-    (void)answer(absl::ResourceExhaustedError("out of memory for the channel's request"), nullptr);
+    (void)answer(kOutOfMemory, nullptr);
   } catch (const std::exception& e) {
     spdlog::error("shared-memory channel '{}': {}", channel->name, e.what());
-    (void)answer(absl::InternalError("the server failed on the channel's request"), nullptr);
+    (void)answer(kFailed, nullptr);
   }
   if (deadline == absl::InfiniteFuture()) {
     pending->done.WaitForNotification();
@@ -292,20 +311,24 @@ void ShmChannelServer::RunOne(const std::shared_ptr<Channel>& channel) {
 
 absl::Status ShmChannelServer::WriteAnswer(Channel& channel, uint64_t sequence,
                                            const absl::Status& status,
-                                           const google::protobuf::MessageLite* response) {
+                                           const google::protobuf::MessageLite* response) noexcept {
   ShmChannelHeader* header = channel.header;
   std::atomic<uint32_t>* state = &header->state;
   absl::Status outcome = status;
   if (outcome.ok()) {
     const size_t size = response->ByteSizeLong();
     if (static_cast<int64_t>(size) > channel.response_capacity) {
-      outcome =
-          WithField(absl::ResourceExhaustedError(absl::StrCat(
-                        "the answer's ", size, " bytes exceed the channel's answer area of ",
-                        channel.response_capacity,
-                        " bytes: open the channel on a larger region or with a smaller "
-                        "request_capacity, or have the output written to a region (output_shm)")),
-                    "request_capacity");
+      try {
+        outcome =
+            WithField(absl::ResourceExhaustedError(absl::StrCat(
+                          "the answer's ", size, " bytes exceed the channel's answer area of ",
+                          channel.response_capacity,
+                          " bytes: open the channel on a larger region or with a smaller "
+                          "request_capacity, or have the output written to a region (output_shm)")),
+                      "request_capacity");
+      } catch (...) {  // out of memory for the message: the code alone
+        outcome = absl::Status(absl::StatusCode::kResourceExhausted, "");
+      }
     }
   }
   uint32_t s = state->load(std::memory_order_acquire);
@@ -317,7 +340,12 @@ absl::Status ShmChannelServer::WriteAnswer(Channel& channel, uint64_t sequence,
       response->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(channel.response_area));
       bytes = response->GetCachedSize();
     } else {
-      std::string error = options_.error_bytes(outcome);
+      std::string error;
+      try {
+        error = options_.error_bytes(outcome);
+      } catch (...) {  // out of memory: the client reads the code alone
+        error.clear();
+      }
       if (static_cast<int64_t>(error.size()) > channel.response_capacity) {
         error.clear();  // not with 4 KiB; the client then reads the code alone
       }

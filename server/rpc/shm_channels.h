@@ -94,8 +94,9 @@ class ShmChannelServer {
   struct Channel;
   void Serve(const std::shared_ptr<Channel>& channel);
   void RunOne(const std::shared_ptr<Channel>& channel);
+  // Throws nothing: out of memory for an error's bytes, it writes the code alone.
   absl::Status WriteAnswer(Channel& channel, uint64_t sequence, const absl::Status& status,
-                           const google::protobuf::MessageLite* response);
+                           const google::protobuf::MessageLite* response) noexcept;
 
   const Options options_;
   const Handler handler_;

@@ -12,9 +12,12 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -209,6 +212,111 @@ TEST(ShmChannelProtocolTest, LateAnswersAndAbandonedCalls) {
 
 // Closing a channel while its client calls: every call ends (answered, or
 // UNAVAILABLE once closed) and none hangs.
+// An answer whose error bytes cannot be made (out of memory: error_bytes
+// throws) still answers its call, with the code alone; the channel serves
+// the next calls and closes at once. It had hung: the write threw past the
+// answer's notification, and the call's second answer waited for it forever.
+TEST(ShmChannelProtocolTest, AnErrorWhoseBytesFailStillAnswers) {
+  ShmRegistry registry;
+  ShmChannelServer::Options options;
+  options.spin = absl::ZeroDuration();
+  options.error_bytes = [](const absl::Status&) -> std::string { throw std::bad_alloc(); };
+  ShmChannelServer server(options, [](ShmChannelServer::Request, ShmChannelServer::Answer answer) {
+    (void)answer(absl::NotFoundError("no set 'x'"), nullptr);
+  });
+  Region region(registry, "e", kShmChannelHeaderBytes + 2 * kCapacity);
+  const ShmView view = *registry.ResolveWindow("e", "region");
+  ASSERT_TRUE(server.Open("e", view, kCapacity).ok());
+  std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(view.data, ClientOptions());
+  for (int n = 0; n < 3; ++n) {
+    v1::RunMoERequest request;
+    request.set_experts_id("x");
+    v1::RunMoEResponse response;
+    const absl::Status s = channel->RunMoE(request, &response, absl::Seconds(5));
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  }
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(server.Close("e").ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+// Closing every channel stops them all from taking calls at once, then
+// waits for their calls in flight together. Six clients post back to back
+// calls that take 500 ms each: closed in turn, each later channel kept
+// taking calls meanwhile, and the waits added up (here about 2.5 s; a
+// hostile client could stretch a shutdown that way); together it is at
+// most one call's time.
+TEST(ShmChannelProtocolTest, CloseAllStopsEveryChannelAtOnce) {
+  constexpr int kChannels = 6;
+  constexpr absl::Duration kCall = absl::Milliseconds(500);
+  ShmRegistry registry;
+  std::mutex mu;
+  std::deque<std::pair<absl::Time, ShmChannelServer::Answer>> due;  // answered in order
+  std::atomic<bool> stop{false};
+  std::thread answerer([&] {
+    v1::RunMoEResponse response;
+    while (!stop.load()) {
+      ShmChannelServer::Answer answer;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!due.empty() && due.front().first <= absl::Now()) {
+          answer = std::move(due.front().second);
+          due.pop_front();
+        }
+      }
+      if (answer) {
+        (void)answer(absl::OkStatus(), &response);
+      } else {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+  });
+  ShmChannelServer::Options options;
+  options.spin = absl::ZeroDuration();
+  options.error_bytes = PlainError;
+  auto server = std::make_unique<ShmChannelServer>(
+      options, [&](ShmChannelServer::Request, ShmChannelServer::Answer answer) {
+        std::lock_guard<std::mutex> lock(mu);
+        due.emplace_back(absl::Now() + kCall, std::move(answer));
+      });
+  std::vector<std::unique_ptr<Region>> regions;
+  std::vector<std::thread> clients;
+  std::atomic<int> calls{0};
+  for (int i = 0; i < kChannels; ++i) {
+    const std::string name = absl::StrCat("all", i);
+    regions.push_back(
+        std::make_unique<Region>(registry, name, kShmChannelHeaderBytes + 2 * kCapacity));
+    const ShmView view = *registry.ResolveWindow(name, "region");
+    ASSERT_TRUE(server->Open(name, view, kCapacity).ok());
+    clients.emplace_back([view, i, &calls] {
+      // Out of step, each channel's calls ending before the one closed
+      // before it (they close in name order): closed in turn, each waited
+      // for a call it took while the one before it closed.
+      absl::SleepFor(kCall * (kChannels - i) / kChannels);
+      std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(view.data, ClientOptions());
+      v1::RunMoERequest request;
+      request.set_experts_id("l");
+      while (true) {
+        v1::RunMoEResponse response;
+        const absl::Status s = channel->RunMoE(request, &response, absl::Seconds(10));
+        if (absl::IsUnavailable(s)) return;  // closed
+        EXPECT_TRUE(s.ok()) << s;
+        ++calls;
+      }
+    });
+  }
+  absl::SleepFor(kCall * 2);
+  const absl::Time start = absl::Now();
+  server->CloseAll();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_LT(took, kCall + absl::Milliseconds(300)) << took;
+  EXPECT_EQ(server->size(), 0u);
+  EXPECT_GT(calls.load(), 0);
+  for (std::thread& t : clients) t.join();
+  stop = true;
+  answerer.join();
+}
+
 TEST(ShmChannelProtocolTest, CloseWhileCalling) {
   ShmRegistry registry;
   LateHandler handler(2);
