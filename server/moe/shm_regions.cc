@@ -196,8 +196,14 @@ absl::Status ShmRegistry::Register(const ShmRegionInfo& info) {
                                                      "': ", std::strerror(mmap_errno)));
   }
   region->map_ = map;
-  // A truncation that races a read or write faults harmlessly.
+  // A truncation that races a read or write faults harmlessly; a mapping
+  // without a guard would take the server down with it, so none is kept.
   region->guard_ = ShmGuard(map, region->map_bytes_);
+  if (region->guard_ < 0) {
+    return absl::ResourceExhaustedError(
+        "too many shared-memory mappings are alive (every fault guard is taken): unregister "
+        "regions, and let the calls that still hold unregistered ones end");
+  }
   region->data_ = static_cast<char*>(map) + (info.offset - start);
   region->object_dev_ = static_cast<uint64_t>(st.st_dev);
   region->object_ino_ = static_cast<uint64_t>(st.st_ino);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/checked_size.h"
 #include "base/status.h"
 
 namespace kplan::rpc {
@@ -207,6 +208,19 @@ absl::StatusOr<RunMoeShm> ResolveRunMoeShm(const ShmRegistry* regions, v1::RunMo
     const bool on_gpu = view.device() >= 0;
     // By the name: p.mutable_router_logits() here would add an absent one.
     const std::string_view tensor = name;
+    if (tensor == "topk_ids" || tensor == "topk_weights") {
+      // Copied out below: only the bytes its shape says (4 a slot), and at
+      // most kMaxTopKShmBytes, so a small request cannot make the server copy a
+      // large (perhaps sparse) region.
+      ShapeLimits limits;
+      limits.max_bytes = kMaxTopKShmBytes;
+      KPLAN_ASSIGN_OR_RETURN(const int64_t bytes, ShapeBytes(t->shape(), 4, name, limits));
+      if (view.size != bytes) {
+        return InvalidField(absl::StrCat(field, ".byte_size"),
+                            absl::StrCat(name, " of shape ", ShapeText(t->shape()), " takes ",
+                                         bytes, " bytes; the reference has ", view.size));
+      }
+    }
     if (on_gpu && tensor == "hidden_states") {
       KPLAN_RETURN_IF_ERROR(JoinDevice(view, field, device));
       device->hidden_states = view.data;

@@ -63,7 +63,11 @@ struct RunMoeShm {
 // (hidden_states, router_logits, the output: read and written
 // device-to-device by the GPU path; all on one GPU, else INVALID_ARGUMENT
 // naming the later one); a given top-k in a CUDA region is copied to the
-// host, where the ids are checked.
+// host, where the ids are checked. A given top-k's reference must hold
+// exactly the bytes of its shape (4 a slot), at most kMaxTopKShmBytes, else
+// INVALID_ARGUMENT naming <tensor>.shm.byte_size (or <tensor>.shape): it is
+// checked before anything is copied.
+inline constexpr int64_t kMaxTopKShmBytes = int64_t{64} << 20;  // 16 Mi slots
 absl::StatusOr<RunMoeShm> ResolveRunMoeShm(const ShmRegistry* regions, v1::RunMoERequest& p,
                                            MoeDeviceTensors* device);
 

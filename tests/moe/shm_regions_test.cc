@@ -8,12 +8,14 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/moe/cuda_ipc.h"
+#include "server/moe/shm_fault_guard.h"
 
 namespace kplan {
 namespace {
@@ -59,6 +61,28 @@ TEST_F(ShmRegistryTest, OnlyKplanNamedObjectsAreMapped) {
     EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("/kplan..."));
   }
   EXPECT_TRUE(shm.List().empty());
+}
+
+// Every mapping the server keeps has a fault guard: with all of them taken
+// (1024, process-wide; a client could keep that many alive by unregistering
+// regions that queued calls still hold) a registration is refused,
+// RESOURCE_EXHAUSTED, instead of mapping a window whose truncation would
+// raise SIGBUS unguarded. Once a guard is free it registers again.
+TEST_F(ShmRegistryTest, NoMappingWithoutAFaultGuard) {
+  char page[64];
+  std::vector<int> taken;
+  for (int slot = ShmGuard(page, sizeof(page)); slot >= 0; slot = ShmGuard(page, sizeof(page))) {
+    taken.push_back(slot);
+  }
+  ShmRegistry shm;
+  const absl::Status refused = shm.Register(Info("r", 0, 4096));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(shm.List().empty());
+  ASSERT_FALSE(taken.empty());
+  ShmUnguard(taken.back());
+  taken.pop_back();
+  EXPECT_TRUE(shm.Register(Info("r", 0, 4096)).ok());
+  for (int slot : taken) ShmUnguard(slot);
 }
 
 // An object its owner truncates below the window is refused before any copy

@@ -5,7 +5,9 @@
 // through the same registration or another one of the object.
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "base/status.h"
 #include "gtest/gtest.h"
 #include "server/rpc/moe_convert.h"
 #include "tests/moe/test_shm_object.h"
@@ -98,6 +100,10 @@ TEST(MoeShmConvertTest, GivenTopKIsCopied) {
   ShmRegistry regions;
   ASSERT_TRUE(regions.Register(ShmRegionInfo{"a", object.key(), 0, 4096, "", 0}).ok());
   v1::RunMoERequest p;
+  for (v1::Tensor* t : {p.mutable_topk_ids(), p.mutable_topk_weights()}) {
+    t->add_shape(2);
+    t->add_shape(4);
+  }
   *p.mutable_topk_ids()->mutable_shm() = Ref("a", 256, 2 * 4 * 4);
   *p.mutable_topk_weights()->mutable_shm() = Ref("a", 512, 2 * 4 * 4);
   MoeDeviceTensors device;
@@ -108,6 +114,38 @@ TEST(MoeShmConvertTest, GivenTopKIsCopied) {
   EXPECT_EQ(p.topk_ids().data(), ids);
   EXPECT_EQ(p.topk_weights().data(), weights);
   EXPECT_FALSE(p.topk_ids().has_shm());
+}
+
+// A given top-k is copied only as the bytes its shape says, at most
+// kMaxTopKShmBytes: a small request naming a large (perhaps sparse) region
+// cannot make the server copy it. Refused before anything is copied, with
+// the field named.
+TEST(MoeShmConvertTest, GivenTopKTakesTheBytesOfItsShape) {
+  TestShmObject object("moe-shm-convert-topk-size-test", 1 << 20);
+  ASSERT_NE(object.data(), nullptr);
+  ShmRegistry regions;
+  ASSERT_TRUE(regions.Register(ShmRegionInfo{"a", object.key(), 0, 1 << 20, "", 0}).ok());
+  auto resolve = [&](std::vector<int64_t> shape, int64_t byte_size, const char* which) {
+    v1::RunMoERequest p;
+    v1::Tensor* t =
+        std::string(which) == "topk_ids" ? p.mutable_topk_ids() : p.mutable_topk_weights();
+    for (int64_t d : shape) t->add_shape(d);
+    *t->mutable_shm() = Ref("a", 0, byte_size);
+    MoeDeviceTensors device;
+    return ResolveRunMoeShm(&regions, p, &device).status();
+  };
+  // The whole region for a [2, 4] top-k, with either tensor.
+  for (const char* which : {"topk_ids", "topk_weights"}) {
+    const absl::Status st = resolve({2, 4}, 1 << 20, which);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_EQ(FieldOf(st), std::string(which) + ".shm.byte_size") << st;
+  }
+  // No shape (a scalar's 4 bytes), and a shape past the cap.
+  EXPECT_EQ(FieldOf(resolve({}, 1 << 20, "topk_ids")), "topk_ids.shm.byte_size");
+  const int64_t slots = kMaxTopKShmBytes / 4;
+  EXPECT_EQ(FieldOf(resolve({slots / 8 + 1, 8}, 1 << 20, "topk_ids")), "topk_ids.shape");
+  // Exactly its bytes: taken.
+  EXPECT_TRUE(resolve({1 << 10, 8}, (1 << 10) * 8 * 4, "topk_ids").ok());
 }
 
 }  // namespace
