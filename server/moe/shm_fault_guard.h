@@ -22,7 +22,7 @@ namespace kplan {
 
 // Guards [addr, addr + bytes) until ShmUnguard; installs the handler the
 // first time. Returns the guard's slot, or -1 when all 1024 are taken (the
-// mapping is then unguarded).
+// registry then refuses the mapping: ShmRegistry::Register).
 int ShmGuard(void* addr, size_t bytes);
 // Before the mapping is unmapped; -1: nothing.
 void ShmUnguard(int slot);

@@ -124,7 +124,9 @@ class ShmRegistry {
   // empty name, a key that is not "/name" or not under kShmKeyPrefix, a negative offset or size, a
   // window past the object's end; NOT_FOUND naming "key" for an object that
   // does not exist or cannot be opened; ALREADY_EXISTS naming "name" for a
-  // name registered already; RESOURCE_EXHAUSTED past max_regions.
+  // name registered already; RESOURCE_EXHAUSTED past max_regions, or when no
+  // SIGBUS guard is free (ShmGuard: 1024 mappings alive, unregistered ones
+  // included while calls hold them).
   // A CUDA region (info.cuda()): FAILED_PRECONDITION naming
   // "cuda_ipc_handle" without GPUs, "device_id" for a GPU not the server's;
   // INVALID_ARGUMENT naming "key" / "offset" when they are set (the window

@@ -212,6 +212,9 @@ absl::StatusOr<RunMoeShm> ResolveRunMoeShm(const ShmRegistry* regions, v1::RunMo
       // Copied out below: only the bytes its shape says (4 a slot), and at
       // most kMaxTopKShmBytes, so a small request cannot make the server copy a
       // large (perhaps sparse) region.
+      KPLAN_RETURN_IF_ERROR(ExpectDType(*t,
+                                        tensor == "topk_ids" ? v1::DTYPE_INT32 : v1::DTYPE_FLOAT32,
+                                        absl::StrCat(name, ".dtype")));
       ShapeLimits limits;
       limits.max_bytes = kMaxTopKShmBytes;
       KPLAN_ASSIGN_OR_RETURN(const int64_t bytes, ShapeBytes(t->shape(), 4, name, limits));

@@ -156,17 +156,16 @@ size_t ShmChannelServer::size() const {
 void ShmChannelServer::CloseAll() {
   // Every channel stops taking calls at once, then each is joined: a close
   // waits for the call in flight, so one at a time the waits would add up.
-  std::vector<std::shared_ptr<Channel>> closing;
+  decltype(channels_) closing;  // a swap: nothing to allocate
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [name, channel] : channels_) closing.push_back(std::move(channel));
-    channels_.clear();
+    closing.swap(channels_);
   }
-  for (const std::shared_ptr<Channel>& channel : closing) {
+  for (const auto& [name, channel] : closing) {
     channel->stop.store(true, std::memory_order_release);
     ShmChannelWake(&channel->header->state);  // zero pages when lost: harmless
   }
-  for (const std::shared_ptr<Channel>& channel : closing) channel->thread.join();
+  for (const auto& [name, channel] : closing) channel->thread.join();
 }
 
 void ShmChannelServer::Serve(const std::shared_ptr<Channel>& channel) {
@@ -258,11 +257,6 @@ void ShmChannelServer::RunOne(const std::shared_ptr<Channel>& channel) {
   if (options_.max_call_time > absl::ZeroDuration()) {
     deadline = std::min(deadline, start + options_.max_call_time);
   }
-  // Built before any call, so that answering an exception allocates nothing.
-  static const absl::Status kOutOfMemory =
-      absl::ResourceExhaustedError("out of memory for the channel's request");
-  static const absl::Status kFailed =
-      absl::InternalError("the server failed on the channel's request");
   try {
     if (request_bytes > static_cast<uint64_t>(channel->request_capacity)) {
       (void)answer(InvalidField("request_bytes",
@@ -287,10 +281,10 @@ void ShmChannelServer::RunOne(const std::shared_ptr<Channel>& channel) {
     request.bytes.assign(channel->request_area, static_cast<size_t>(request_bytes));
     handler_(std::move(request), answer);
   } catch (const std::bad_alloc&) {
-    (void)answer(kOutOfMemory, nullptr);
+    (void)answer(out_of_memory_, nullptr);
   } catch (const std::exception& e) {
     spdlog::error("shared-memory channel '{}': {}", channel->name, e.what());
-    (void)answer(kFailed, nullptr);
+    (void)answer(failed_, nullptr);
   }
   if (deadline == absl::InfiniteFuture()) {
     pending->done.WaitForNotification();

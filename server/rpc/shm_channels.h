@@ -100,6 +100,11 @@ class ShmChannelServer {
 
   const Options options_;
   const Handler handler_;
+  // The answers to an exception in a call, built with the server, so that
+  // answering one allocates nothing.
+  const absl::Status out_of_memory_ =
+      absl::ResourceExhaustedError("out of memory for the channel's request");
+  const absl::Status failed_ = absl::InternalError("the server failed on the channel's request");
   mutable std::mutex mu_;
   // Shared with the answers of calls in flight, which may outlive a channel
   // whose thread gave up on them.

@@ -100,6 +100,8 @@ TEST(MoeShmConvertTest, GivenTopKIsCopied) {
   ShmRegistry regions;
   ASSERT_TRUE(regions.Register(ShmRegionInfo{"a", object.key(), 0, 4096, "", 0}).ok());
   v1::RunMoERequest p;
+  p.mutable_topk_ids()->set_dtype(v1::DTYPE_INT32);
+  p.mutable_topk_weights()->set_dtype(v1::DTYPE_FLOAT32);
   for (v1::Tensor* t : {p.mutable_topk_ids(), p.mutable_topk_weights()}) {
     t->add_shape(2);
     t->add_shape(4);
@@ -127,8 +129,9 @@ TEST(MoeShmConvertTest, GivenTopKTakesTheBytesOfItsShape) {
   ASSERT_TRUE(regions.Register(ShmRegionInfo{"a", object.key(), 0, 1 << 20, "", 0}).ok());
   auto resolve = [&](std::vector<int64_t> shape, int64_t byte_size, const char* which) {
     v1::RunMoERequest p;
-    v1::Tensor* t =
-        std::string(which) == "topk_ids" ? p.mutable_topk_ids() : p.mutable_topk_weights();
+    const bool ids = std::string(which) == "topk_ids";
+    v1::Tensor* t = ids ? p.mutable_topk_ids() : p.mutable_topk_weights();
+    t->set_dtype(ids ? v1::DTYPE_INT32 : v1::DTYPE_FLOAT32);
     for (int64_t d : shape) t->add_shape(d);
     *t->mutable_shm() = Ref("a", 0, byte_size);
     MoeDeviceTensors device;
@@ -146,6 +149,14 @@ TEST(MoeShmConvertTest, GivenTopKTakesTheBytesOfItsShape) {
   EXPECT_EQ(FieldOf(resolve({slots / 8 + 1, 8}, 1 << 20, "topk_ids")), "topk_ids.shape");
   // Exactly its bytes: taken.
   EXPECT_TRUE(resolve({1 << 10, 8}, (1 << 10) * 8 * 4, "topk_ids").ok());
+  // The wrong dtype is named as such, not as a size.
+  v1::RunMoERequest p;
+  p.mutable_topk_weights()->set_dtype(v1::DTYPE_BFLOAT16);
+  p.mutable_topk_weights()->add_shape(2);
+  p.mutable_topk_weights()->add_shape(4);
+  *p.mutable_topk_weights()->mutable_shm() = Ref("a", 0, 2 * 4 * 2);
+  MoeDeviceTensors device;
+  EXPECT_EQ(FieldOf(ResolveRunMoeShm(&regions, p, &device).status()), "topk_weights.dtype");
 }
 
 }  // namespace
