@@ -246,9 +246,9 @@ TEST(ShmChannelProtocolTest, AnErrorWhoseBytesFailStillAnswers) {
 // taking calls meanwhile, and the waits added up (here about 2.1 s; a
 // hostile client could stretch a shutdown that way); together it is at
 // most one call's time.
+constexpr int kChannels = 6;
+constexpr absl::Duration kCall = absl::Milliseconds(500);
 TEST(ShmChannelProtocolTest, CloseAllStopsEveryChannelAtOnce) {
-  constexpr int kChannels = 6;
-  constexpr absl::Duration kCall = absl::Milliseconds(500);
   ShmRegistry registry;
   std::mutex mu;
   std::deque<std::pair<absl::Time, ShmChannelServer::Answer>> due;  // answered in order
