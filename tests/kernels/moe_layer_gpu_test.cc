@@ -121,6 +121,13 @@ MoeRouting RenormalizeNaive(int k) {
   return r;
 }
 
+// The 16-bit values (2-byte pieces) in which two outputs of one size differ.
+int64_t Differing16(const std::string& a, const std::string& b) {
+  int64_t differ = 0;
+  for (size_t i = 0; i + 1 < a.size(); i += 2) differ += std::memcmp(&a[i], &b[i], 2) != 0;
+  return differ;
+}
+
 // M tokens of bf16 hidden states and fp32 logits in [-3, 3) for shape s,
 // RenormalizeNaive routing (streams stream_id and stream_id + 100).
 MoeRunInput Bf16Input(const Shape& s, int64_t M, uint64_t stream_id) {
@@ -456,10 +463,7 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
     ASSERT_TRUE(unfused.ok()) << unfused.status();
     ASSERT_TRUE(fused.ok()) << fused.status();
     ASSERT_EQ(fused->output.size(), unfused->output.size());
-    int64_t differ = 0;
-    for (size_t i = 0; i + 1 < fused->output.size(); i += 2) {
-      differ += std::memcmp(&fused->output[i], &unfused->output[i], 2) != 0;
-    }
+    const int64_t differ = Differing16(fused->output, unfused->output);
     std::printf("fused activation %s %s %s%s M=%lld: %lld of %lld values differ %s\n", v.shape.name,
                 v.act, std::string(kernels::DTypeName(v.dtype)).c_str(), v.bias ? " bias" : "",
                 static_cast<long long>(M), static_cast<long long>(differ),
@@ -517,10 +521,7 @@ TEST(MoeLayerGpu, SwitchedFormsBitIdentical) {
       auto got = run(spread, ping_pong);
       ASSERT_TRUE(got.ok()) << got.status();
       ASSERT_EQ(got->output.size(), base->output.size());
-      int64_t differ = 0;
-      for (size_t i = 0; i + 1 < got->output.size(); i += 2) {
-        differ += std::memcmp(&got->output[i], &base->output[i], 2) != 0;
-      }
+      const int64_t differ = Differing16(got->output, base->output);
       std::printf("forms M=%lld spread=%d ping_pong=%d: %lld of %lld values differ %s\n",
                   static_cast<long long>(M), spread, ping_pong, static_cast<long long>(differ),
                   static_cast<long long>(got->output.size() / 2), differ == 0 ? "OK" : "FAIL");
@@ -567,10 +568,7 @@ TEST(MoeLayerGpu, TallTilesBitIdentical) {
     auto got = run(kc::MoeKernelMode::kOn);
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_EQ(got->output.size(), base->output.size());
-    int64_t differ = 0;
-    for (size_t i = 0; i + 1 < got->output.size(); i += 2) {
-      differ += std::memcmp(&got->output[i], &base->output[i], 2) != 0;
-    }
+    const int64_t differ = Differing16(got->output, base->output);
     std::printf("tall M=%lld ping_pong=%d: %lld of %lld values differ %s\n",
                 static_cast<long long>(M), ping_pong, static_cast<long long>(differ),
                 static_cast<long long>(got->output.size() / 2), differ == 0 ? "OK" : "FAIL");
