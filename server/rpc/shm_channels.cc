@@ -40,6 +40,16 @@ struct ShmChannelServer::Channel {
   std::atomic<bool> stop{false};
   std::atomic<bool> serving{true};  // until the thread's loop ends
   std::thread thread;
+  // Guarded by the server's mu_. A closing channel stays in the map until
+  // its thread is joined, so that no channel opens on the region while the
+  // old thread may still write its state word.
+  bool stopping = false;  // stop set and the thread woken
+  bool claimed = false;   // a Close or CloseAll joins the thread
+  void Stop() {
+    stopping = true;
+    stop.store(true, std::memory_order_release);
+    ShmChannelWake(&header->state);  // zero pages when lost: harmless
+  }
   bool Lost() const { return window.region->Lost(); }
 };
 
@@ -102,9 +112,13 @@ absl::StatusOr<int64_t> ShmChannelServer::Open(const std::string& name, ShmView 
   channel->response_capacity = response_capacity;
   channel->window = std::move(window);
   std::lock_guard<std::mutex> lock(mu_);
-  if (channels_.count(name) != 0) {
+  if (auto it = channels_.find(name); it != channels_.end()) {
     return WithField(
-        absl::AlreadyExistsError(absl::StrCat("region '", name, "' has a channel already")),
+        it->second->stopping
+            ? absl::UnavailableError(
+                  absl::StrCat("region '", name,
+                               "' has a channel that is closing; open it again once it closed"))
+            : absl::AlreadyExistsError(absl::StrCat("region '", name, "' has a channel already")),
         "region");
   }
   if (channels_.size() >= options_.max_channels) {
@@ -125,21 +139,35 @@ absl::StatusOr<int64_t> ShmChannelServer::Open(const std::string& name, ShmView 
 }
 
 absl::Status ShmChannelServer::Close(const std::string& name) {
-  std::shared_ptr<Channel> channel;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = channels_.find(name);
-    if (it == channels_.end()) {
-      return WithField(absl::NotFoundError(absl::StrCat("region '", name, "' has no channel")),
-                       "region");
-    }
-    channel = std::move(it->second);
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = channels_.find(name);
+  if (it == channels_.end()) {
+    return WithField(absl::NotFoundError(absl::StrCat("region '", name, "' has no channel")),
+                     "region");
+  }
+  const std::shared_ptr<Channel> channel = it->second;
+  if (channel->claimed) {  // closing already: done when it is
+    closed_.wait(lock, [&] {
+      auto now = channels_.find(name);
+      return now == channels_.end() || now->second != channel;
+    });
+    return absl::OkStatus();
+  }
+  JoinLocked(lock, channel);
+  return absl::OkStatus();
+}
+
+void ShmChannelServer::JoinLocked(std::unique_lock<std::mutex>& lock,
+                                  const std::shared_ptr<Channel>& channel) {
+  channel->claimed = true;
+  if (!channel->stopping) channel->Stop();
+  lock.unlock();
+  channel->thread.join();
+  lock.lock();
+  if (auto it = channels_.find(channel->name); it != channels_.end() && it->second == channel) {
     channels_.erase(it);
   }
-  channel->stop.store(true, std::memory_order_release);
-  ShmChannelWake(&channel->header->state);  // zero pages when lost: harmless
-  channel->thread.join();
-  return absl::OkStatus();
+  closed_.notify_all();
 }
 
 bool ShmChannelServer::Serving(const std::string& name) const {
@@ -156,16 +184,25 @@ size_t ShmChannelServer::size() const {
 void ShmChannelServer::CloseAll() {
   // Every channel stops taking calls at once, then each is joined: a close
   // waits for the call in flight, so one at a time the waits would add up.
-  decltype(channels_) closing;  // a swap: nothing to allocate
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    closing.swap(channels_);
+  // Nothing here allocates (it runs in the destructor).
+  std::unique_lock<std::mutex> lock(mu_);
+  for (const auto& [name, channel] : channels_) {
+    if (!channel->stopping) channel->Stop();
   }
-  for (const auto& [name, channel] : closing) {
-    channel->stop.store(true, std::memory_order_release);
-    ShmChannelWake(&channel->header->state);  // zero pages when lost: harmless
+  while (!channels_.empty()) {
+    std::shared_ptr<Channel> next;
+    for (const auto& [name, channel] : channels_) {
+      if (!channel->claimed) {
+        next = channel;
+        break;
+      }
+    }
+    if (next == nullptr) {
+      closed_.wait(lock);  // the rest are a Close's to join
+      continue;
+    }
+    JoinLocked(lock, next);
   }
-  for (const auto& [name, channel] : closing) channel->thread.join();
 }
 
 void ShmChannelServer::Serve(const std::shared_ptr<Channel>& channel) {

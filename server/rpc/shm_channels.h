@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -76,12 +77,14 @@ class ShmChannelServer {
   // lacks the magic and version, or an answer area past max_area_bytes;
   // "request_capacity" for one that leaves no kShmChannelMinResponseBytes
   // for the answer, is past max_area_bytes, or is not positive;
-  // ALREADY_EXISTS "region" when it has a channel; RESOURCE_EXHAUSTED past
+  // ALREADY_EXISTS "region" when it has a channel (UNAVAILABLE while that
+  // channel closes); RESOURCE_EXHAUSTED past
   // max_channels.
   absl::StatusOr<int64_t> Open(const std::string& name, ShmView window, int64_t request_capacity);
   // Stops the channel's thread after its call in flight (if any) has been
   // answered, and marks the channel Closed. NOT_FOUND "region" when the
-  // region has none.
+  // region has none; a channel another Close is closing is waited for. Until
+  // the close returns, Open on the region is UNAVAILABLE "region".
   absl::Status Close(const std::string& name);
   void CloseAll();
   // Channels open (their threads may have ended: a region truncated, a
@@ -94,6 +97,9 @@ class ShmChannelServer {
   struct Channel;
   void Serve(const std::shared_ptr<Channel>& channel);
   void RunOne(const std::shared_ptr<Channel>& channel);
+  // Stops `channel` (if it is not yet), joins its thread with `lock` (on
+  // mu_) released, and takes it out of the map.
+  void JoinLocked(std::unique_lock<std::mutex>& lock, const std::shared_ptr<Channel>& channel);
   // Throws nothing: out of memory for an error's bytes, it writes the code alone.
   absl::Status WriteAnswer(Channel& channel, uint64_t sequence, const absl::Status& status,
                            const google::protobuf::MessageLite* response) noexcept;
@@ -109,6 +115,7 @@ class ShmChannelServer {
   // Shared with the answers of calls in flight, which may outlive a channel
   // whose thread gave up on them.
   std::map<std::string, std::shared_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  std::condition_variable closed_;  // a channel left channels_
 };
 
 }  // namespace kplan::rpc

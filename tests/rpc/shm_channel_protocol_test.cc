@@ -317,6 +317,68 @@ TEST(ShmChannelProtocolTest, CloseAllStopsEveryChannelAtOnce) {
   answerer.join();
 }
 
+// A region reopened while its channel closes: the open is refused until the
+// close returns (UNAVAILABLE "region"), a second close waits for the first,
+// and the channel opened after them serves. It had opened at once, beside
+// the old thread, whose exit then marked the new channel Closed.
+TEST(ShmChannelProtocolTest, ReopenWhileClosing) {
+  ShmRegistry registry;
+  std::mutex mu;
+  std::vector<ShmChannelServer::Answer> held;  // the first call's answer, until released
+  ShmChannelServer::Options options;
+  options.spin = absl::ZeroDuration();
+  options.error_bytes = PlainError;
+  ShmChannelServer server(options, [&](ShmChannelServer::Request, ShmChannelServer::Answer answer) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (held.empty()) {
+      held.push_back(std::move(answer));
+    } else {
+      const v1::RunMoEResponse response;
+      (void)answer(absl::OkStatus(), &response);
+    }
+  });
+  Region region(registry, "r", kShmChannelHeaderBytes + 2 * kCapacity);
+  const ShmView view = *registry.ResolveWindow("r", "region");
+  ASSERT_TRUE(server.Open("r", view, kCapacity).ok());
+  v1::RunMoERequest request;
+  request.set_experts_id("r");
+  std::thread client([&] {
+    std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(view.data, ClientOptions());
+    v1::RunMoEResponse response;
+    EXPECT_TRUE(channel->RunMoE(request, &response, absl::Seconds(10)).ok());
+  });
+  const auto held_count = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return held.size();
+  };
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (held_count() == 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(held_count(), 1u);
+  std::thread first([&] { EXPECT_TRUE(server.Close("r").ok()); });
+  absl::Status reopened;
+  do {  // ALREADY_EXISTS until the close has begun
+    reopened = server.Open("r", view, kCapacity).status();
+    absl::SleepFor(absl::Milliseconds(1));
+  } while (absl::IsAlreadyExists(reopened) && absl::Now() < give_up);
+  EXPECT_TRUE(absl::IsUnavailable(reopened)) << reopened;
+  std::thread second([&] { EXPECT_TRUE(server.Close("r").ok()); });
+  absl::SleepFor(absl::Milliseconds(200));  // the second close is waiting
+  EXPECT_EQ(server.size(), 1u);
+  v1::RunMoEResponse response;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    (void)held.front()(absl::OkStatus(), &response);
+  }
+  first.join();
+  second.join();
+  client.join();
+  EXPECT_EQ(server.size(), 0u);
+  ASSERT_TRUE(server.Open("r", view, kCapacity).ok());
+  std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(view.data, ClientOptions());
+  EXPECT_TRUE(channel->RunMoE(request, &response, absl::Seconds(10)).ok());
+  EXPECT_TRUE(server.Serving("r"));
+}
+
 // Closing a channel while its client calls: every call ends (answered, or
 // UNAVAILABLE once closed) and none hangs.
 TEST(ShmChannelProtocolTest, CloseWhileCalling) {
@@ -399,8 +461,10 @@ TEST(ShmChannelProtocolTest, AnswerInFlightAtCloseIsDelivered) {
     cv.wait(lock, [&] { return taken; });
   }
   std::thread closer([&] { EXPECT_TRUE(server.Close("c").ok()); });
-  // The close has begun (the channel left the map) and waits for the answer.
-  while (server.size() != 0) absl::SleepFor(absl::Milliseconds(1));
+  // The close has begun (a reopen is refused as closing) and waits for the answer.
+  while (!absl::IsUnavailable(server.Open("c", view, kCapacity).status())) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   absl::SleepFor(absl::Milliseconds(10));
   {
     std::lock_guard<std::mutex> lock(mu);
