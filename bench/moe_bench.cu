@@ -76,12 +76,13 @@
 // kMoeWsPingPongMaxSlots slots per expert), one_block the align in one block
 // (SetMoeAlignSpreadMode off), narrow the cp.async kernel's wide k-tiles off
 // (SetMoeGemmWideMode), tall the warp-specialised GEMM's tall tiles (blocks of
-// 192, SetMoeGemmWsTallTilesMode) wherever the cooperative consumers run;
+// 192, SetMoeGemmWsTallTilesMode) wherever the cooperative consumers run,
+// short never (the default takes them by MoeGemmWsTallTilesFor's rule);
 // forms combine with '+'; each such row's layer is first compared
 // bit for bit with the same layer with the form's switch the other way
 // (ping_pong against cooperative and back, one_block against the spread
-// align, narrow against wide, tall against tiles of 128). The row's gemm column names the variant,
-// not the kernel that ran.
+// align, narrow against wide, tall and short against each other). The row's gemm column names the
+// variant, not the kernel that ran.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -225,6 +226,8 @@ const VariantForm kVariantForms[] = {
      "128-byte vs wide k-tiles"},
     {"tall", kc::SetMoeGemmWsTallTilesMode, kc::MoeKernelMode::kOn, kc::MoeKernelMode::kOff,
      "192-slot vs 128-slot tiles"},
+    {"short", kc::SetMoeGemmWsTallTilesMode, kc::MoeKernelMode::kOff, kc::MoeKernelMode::kOn,
+     "128-slot vs 192-slot tiles"},
 };
 constexpr size_t kNumVariantForms = sizeof(kVariantForms) / sizeof(kVariantForms[0]);
 
@@ -285,18 +288,19 @@ std::vector<std::string> SplitComma(const std::string& s) {
 }
 
 [[noreturn]] void Usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
-               "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
-               "[--decode on|off] [--decode_layer on|off|both] [--ws off|on|both] "
-               "[--gemm_only on|off] [--layer on|off] "
-               "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,fp8_per_channel,"
-               "int4_group,"
-               "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
-               "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
-               "[--variants default,ping_pong,cooperative,one_block,narrow,...] [--json FILE] "
-               "[--csv FILE]\n",
-               argv0);
+  std::fprintf(
+      stderr,
+      "usage: %s [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096] "
+      "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
+      "[--decode on|off] [--decode_layer on|off|both] [--ws off|on|both] "
+      "[--gemm_only on|off] [--layer on|off] "
+      "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,fp8_per_channel,"
+      "int4_group,"
+      "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
+      "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
+      "[--variants default,ping_pong,cooperative,one_block,narrow,tall,short,...] [--json FILE] "
+      "[--csv FILE]\n",
+      argv0);
   std::exit(2);
 }
 
@@ -943,7 +947,7 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
       kc::LaunchMoeRouting(rp, logits.as<float>(), M, tw.as<float>(), tid.as<int32_t>(), stream));
   // bf16 weights: the layer's choices (gpu_layer.cc, LayoutFor).
   const bool ping_pong = kc::MoeGemmWsPingPongFor(kplan::kernels::DType::kBFloat16, numel, E);
-  const bool tall = kc::MoeGemmWsTallTilesFor(kplan::kernels::DType::kBFloat16, numel, E);
+  const bool tall = kc::MoeGemmWsTallTilesFor(kplan::kernels::DType::kBFloat16, numel, E, H);
   const int bm = kc::MoeGemmBlockMFor(numel, E, std::min(H, I), ping_pong, tall);
   const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
   const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);

@@ -631,9 +631,10 @@ TEST(MoeGpuValidationTest, WsPingPongBySlots) {
   kc::SetMoeGemmWsPingPongMode(MoeGemmWsMode::kFromEnv);
 }
 
-// The tall tiles' rule (host logic): bf16 from kMoeWsTallTilesMinSlots slots
-// per expert when KPLAN_MOE_WS_TALL=1 (off by default), every slot count
-// when forced, never when switched off, for fp16 or without the
+// The tall tiles' rule (host logic): bf16 from kMoeWsTallTilesMinSlots to
+// below kMoeWsTallTilesMaxSlots slots per expert with a hidden size of at
+// least kMoeWsTallTilesMinHidden (unless KPLAN_MOE_WS_TALL=0), every slot
+// count when forced, never when switched off, for fp16 or without the
 // warp-specialised kernel.
 TEST(MoeGpuValidationTest, WsTallTilesBySlots) {
   using kc::MoeGemmWsMode;
@@ -646,16 +647,23 @@ TEST(MoeGpuValidationTest, WsTallTilesBySlots) {
     for (MoeGemmWsMode mode : {MoeGemmWsMode::kFromEnv, MoeGemmWsMode::kOn, MoeGemmWsMode::kOff}) {
       kc::SetMoeGemmWsTallTilesMode(mode);
       for (int E : {8, 128, 256}) {
-        for (int64_t per : {int64_t{1}, int64_t{64}, kc::kMoeWsTallTilesMinSlots - 1,
-                            kc::kMoeWsTallTilesMinSlots, int64_t{128}, int64_t{4096}}) {
-          const bool rule = allowed && per >= kc::kMoeWsTallTilesMinSlots;
-          const bool want = ws == MoeGemmWsMode::kOn && (mode == MoeGemmWsMode::kOn    ? true
-                                                         : mode == MoeGemmWsMode::kOff ? false
-                                                                                       : rule);
-          EXPECT_EQ(kc::MoeGemmWsTallTilesFor(DType::kBFloat16, per * E, E), want)
-              << "ws " << static_cast<int>(ws) << " mode " << static_cast<int>(mode) << " E " << E
-              << " per " << per;
-          EXPECT_FALSE(kc::MoeGemmWsTallTilesFor(DType::kFloat16, per * E, E));
+        for (int64_t per :
+             {int64_t{1}, int64_t{64}, kc::kMoeWsTallTilesMinSlots - 1, kc::kMoeWsTallTilesMinSlots,
+              int64_t{128}, kc::kMoeWsTallTilesMaxSlots - 1, kc::kMoeWsTallTilesMaxSlots,
+              int64_t{4096}}) {
+          for (int64_t hidden :
+               {kc::kMoeWsTallTilesMinHidden / 2, kc::kMoeWsTallTilesMinHidden, int64_t{7168}}) {
+            const bool rule = allowed && per >= kc::kMoeWsTallTilesMinSlots &&
+                              per < kc::kMoeWsTallTilesMaxSlots &&
+                              hidden >= kc::kMoeWsTallTilesMinHidden;
+            const bool want = ws == MoeGemmWsMode::kOn && (mode == MoeGemmWsMode::kOn    ? true
+                                                           : mode == MoeGemmWsMode::kOff ? false
+                                                                                         : rule);
+            EXPECT_EQ(kc::MoeGemmWsTallTilesFor(DType::kBFloat16, per * E, E, hidden), want)
+                << "ws " << static_cast<int>(ws) << " mode " << static_cast<int>(mode) << " E " << E
+                << " per " << per << " hidden " << hidden;
+            EXPECT_FALSE(kc::MoeGemmWsTallTilesFor(DType::kFloat16, per * E, E, hidden));
+          }
         }
       }
     }

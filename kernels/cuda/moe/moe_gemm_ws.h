@@ -66,16 +66,22 @@ int64_t MoeGemmWsPingPongLaunches();
 // and, by default, where K >= 4096 (ws::WsClusterPays) and the caller's
 // MoeGroupedGemmArgs::tall_clusters says an expert gets two tall tiles'
 // worth of slots. Same output bits as the tiles of 128.
-// Not measured on a GPU yet, so off by default: SetMoeGemmWsTallTilesMode(kOn)
-// always (where blocks of 128 or more would run the cooperative consumers),
-// kOff never; with kFromEnv KPLAN_MOE_WS_TALL=1 takes the rule (from
-// kMoeWsTallTilesMinSlots slots per expert), =0 or unset (the default) never.
-// The caller picks blocks of 192 with MoeGemmBlockMFor(..., tall_tiles) by
-// MoeGemmWsTallTilesFor's answer.
-inline constexpr bool kMoeWsTallTilesDefault = false;
+// The rule (measured on an H100, docs/PERF.md session 32): from
+// kMoeWsTallTilesMinSlots to below kMoeWsTallTilesMaxSlots slots per expert
+// (one tall tile an expert) with a hidden size (GEMM 1's K) of at least
+// kMoeWsTallTilesMinHidden: Mixtral-8x7B 512 tokens 1.04-1.06x, DeepSeek-V3
+// 4096 1.13x; Qwen3-30B-A3B at 2048 (hidden 2048: the tall epilogue weighs
+// more on short K) 0.96x, 64 or 256+ slots an expert 0.70-0.94x.
+// SetMoeGemmWsTallTilesMode(kOn) always (where blocks of 128 or more would
+// run the cooperative consumers), kOff never; kFromEnv: the rule, or never
+// with KPLAN_MOE_WS_TALL=0. The caller picks blocks of 192 with
+// MoeGemmBlockMFor(..., tall_tiles) by MoeGemmWsTallTilesFor's answer.
+inline constexpr bool kMoeWsTallTilesDefault = true;
 inline constexpr int64_t kMoeWsTallTilesMinSlots = 96;
+inline constexpr int64_t kMoeWsTallTilesMaxSlots = 192;
+inline constexpr int64_t kMoeWsTallTilesMinHidden = 4096;
 void SetMoeGemmWsTallTilesMode(MoeGemmWsMode mode);
-bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts);
+bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts, int64_t hidden);
 // MoeGroupedGemmArgs::tall_clusters for numel slots routed to num_experts
 // experts: an expert gets two tall tiles' worth of slots on average
 // (ws::WsTallClustersPay); below that a cluster pairs tiles of different
