@@ -81,7 +81,7 @@ ABSL_FLAG(bool, channel, false,
           "server on this host with --allow_shared_memory; see --max_shm_channels)");
 ABSL_FLAG(int64_t, channel_capacity, 1 << 20,
           "--channel: bytes of each channel's request area and of its answer area");
-ABSL_FLAG(int64_t, channel_in_region_from, -1,
+ABSL_FLAG(int64_t, channel_in_region_from, kplan::ShmChannel::Options().in_region_from_bytes,
           "--channel: inline hidden states of at least this many bytes ride in the channel's "
           "region by reference (ShmChannel::Options::in_region_from_bytes; negative: never)");
 ABSL_FLAG(int, cuda_device, 0, "The GPU of --cuda_shm's allocations (the server's index)");

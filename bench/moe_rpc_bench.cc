@@ -53,7 +53,7 @@ ABSL_FLAG(double, channel_spin_us, 50,
           "chan / chshm: how long the server's channel thread and the client poll before they "
           "sleep on the state word (kplan-server's --shm_channel_spin); 0: sleep at once");
 
-ABSL_FLAG(int64_t, channel_in_region_from, -1,
+ABSL_FLAG(int64_t, channel_in_region_from, kplan::ShmChannel::Options().in_region_from_bytes,
           "chan: inline hidden states of at least this many bytes ride in the channel's region "
           "(ShmChannel::Options::in_region_from_bytes; negative: never)");
 
