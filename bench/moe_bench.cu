@@ -945,10 +945,11 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
   rp.renormalize = true;
   CHECK_OK(
       kc::LaunchMoeRouting(rp, logits.as<float>(), M, tw.as<float>(), tid.as<int32_t>(), stream));
-  // bf16 weights: the layer's choices (gpu_layer.cc, LayoutFor).
+  // bf16 weights: the layer's choices (gpu_layer.cc, LayoutFor), but never
+  // the tall tiles, which no cp.async kernel takes: these tables compare the
+  // two kernels on one block (the layer rows time the tall tiles, --variants).
   const bool ping_pong = kc::MoeGemmWsPingPongFor(kplan::kernels::DType::kBFloat16, numel, E);
-  const bool tall = kc::MoeGemmWsTallTilesFor(kplan::kernels::DType::kBFloat16, numel, E, H);
-  const int bm = kc::MoeGemmBlockMFor(numel, E, std::min(H, I), ping_pong, tall);
+  const int bm = kc::MoeGemmBlockMFor(numel, E, std::min(H, I), ping_pong, false);
   const int64_t max_padded = kc::MoeAlignMaxPadded(numel, E, bm, false);
   const int64_t max_blocks = kc::MoeAlignMaxBlocks(numel, E, bm, false);
   DevBuf sorted(max_padded * 4), eids(max_blocks * 4), post(4);
@@ -971,7 +972,6 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     g.num_local_experts = E;
     g.block_m = bm;
     g.ping_pong = ping_pong;
-    g.tall_clusters = kc::MoeGemmWsTallClustersFor(numel, E);
     return g;
   };
   for (int which = 0; which < 2; ++which) {
@@ -980,7 +980,6 @@ void GemmOnly(const ShapeDef& sh, const kplan::GpuExperts& gpu, int64_t M, const
     g.c = c.p;
     std::vector<uint16_t> first, got(static_cast<size_t>(numel * g.N));
     for (const bool ws : args.ws) {
-      if (!ws && bm == kc::kMoeGemmTallBlockM) continue;  // no cp.async kernel takes them
       kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
       GemmRow r;
       r.shape = sh.name;

@@ -38,21 +38,23 @@ class ShmChannel {
     // The region object's permissions (ClientShmRegion::Create): 0660 for
     // a server of another user in the object's group (the sidecar pod).
     mode_t mode = 0600;
-    // At or past this many bytes of inline hidden states (64 KiB: 16
+    // At or past this many bytes of inline hidden states (1 MiB: 256
     // tokens of hidden size 2048), the hidden states, inline router logits
     // and the output go into the request area's tail, and the request names
     // them as references into the channel's own region (output_shm for the
     // output), so the server reads and writes them in place as it does any
     // shm tensor: no request bytes copied out, no megabytes parsed or
     // serialized. RunMoE still answers with the output's bytes inline. A
-    // call whose tensors do not fit the area this way goes serialized. 0:
-    // every call; negative: never. Measured (docs/PERF.md, session 32): 512
-    // tokens of Qwen3-30B-A3B 2833-3002 us a round trip serialized, 1543-1650
-    // in the region; 1 and 64 tokens the same within noise. A placed call
-    // that runs past the server's call-time cap fails CANCELLED naming
-    // output_shm (its output is not written after the deadline), where a
-    // serialized one answers.
-    int64_t in_region_from_bytes = int64_t{64} << 10;
+    // call whose tensors do not fit the area this way goes serialized (with
+    // the default 1 MiB areas, every call: open larger areas for calls this
+    // large). 0: every call; negative: never. Measured with 32 MiB areas
+    // (docs/PERF.md, session 32): 512 tokens of Qwen3-30B-A3B (2 MiB)
+    // 2833-3002 us a round trip serialized, 1543-1650 in the region; at 64
+    // tokens (256 KiB) the same median but a p99 of 1224 us against 780,
+    // hence the threshold above it. A placed call that runs past the
+    // server's call-time cap fails CANCELLED naming output_shm (its output
+    // is not written after the deadline), where a serialized one answers.
+    int64_t in_region_from_bytes = int64_t{1} << 20;
   };
 
   static absl::StatusOr<std::unique_ptr<ShmChannel>> Open(Client& client, Options options);

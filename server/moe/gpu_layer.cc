@@ -56,8 +56,8 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
   const int64_t ws_k = experts.spec().quant.scheme.empty() ? std::min(H, I) : 0;
   l.ping_pong = !batch_invariant && ws_k > 0 &&
                 kc::MoeGemmWsPingPongFor(experts.spec().dtype, numel, rule_experts);
-  const bool tall =
-      !batch_invariant && kc::MoeGemmWsTallTilesFor(experts.spec().dtype, numel, rule_experts, H);
+  const bool tall = !batch_invariant && ws_k > 0 &&
+                    kc::MoeGemmWsTallTilesFor(experts.spec().dtype, numel, rule_experts, ws_k);
   l.block_m = batch_invariant ? kMoeBatchInvariantBlockM
                               : kc::MoeGemmBlockMFor(numel, rule_experts, ws_k, l.ping_pong, tall);
   l.tall_clusters = kc::MoeGemmWsTallClustersFor(numel, rule_experts);

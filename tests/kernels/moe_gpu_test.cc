@@ -632,8 +632,8 @@ TEST(MoeGpuValidationTest, WsPingPongBySlots) {
 }
 
 // The tall tiles' rule (host logic): bf16 from kMoeWsTallTilesMinSlots to
-// below kMoeWsTallTilesMaxSlots slots per expert with a hidden size of at
-// least kMoeWsTallTilesMinHidden (unless KPLAN_MOE_WS_TALL=0), every slot
+// below kMoeWsTallTilesMaxSlots slots per expert where both GEMMs' K are at
+// least kMoeWsTallTilesMinK (unless KPLAN_MOE_WS_TALL=0), every slot
 // count when forced, never when switched off, for fp16 or without the
 // warp-specialised kernel.
 TEST(MoeGpuValidationTest, WsTallTilesBySlots) {
@@ -651,18 +651,17 @@ TEST(MoeGpuValidationTest, WsTallTilesBySlots) {
              {int64_t{1}, int64_t{64}, kc::kMoeWsTallTilesMinSlots - 1, kc::kMoeWsTallTilesMinSlots,
               int64_t{128}, kc::kMoeWsTallTilesMaxSlots - 1, kc::kMoeWsTallTilesMaxSlots,
               int64_t{4096}}) {
-          for (int64_t hidden :
-               {kc::kMoeWsTallTilesMinHidden / 2, kc::kMoeWsTallTilesMinHidden, int64_t{7168}}) {
+          for (int64_t min_k : {int64_t{0}, int64_t{768}, kc::kMoeWsTallTilesMinK - 8,
+                                kc::kMoeWsTallTilesMinK, int64_t{7168}}) {
             const bool rule = allowed && per >= kc::kMoeWsTallTilesMinSlots &&
-                              per < kc::kMoeWsTallTilesMaxSlots &&
-                              hidden >= kc::kMoeWsTallTilesMinHidden;
+                              per < kc::kMoeWsTallTilesMaxSlots && min_k >= kc::kMoeWsTallTilesMinK;
             const bool want = ws == MoeGemmWsMode::kOn && (mode == MoeGemmWsMode::kOn    ? true
                                                            : mode == MoeGemmWsMode::kOff ? false
                                                                                          : rule);
-            EXPECT_EQ(kc::MoeGemmWsTallTilesFor(DType::kBFloat16, per * E, E, hidden), want)
+            EXPECT_EQ(kc::MoeGemmWsTallTilesFor(DType::kBFloat16, per * E, E, min_k), want)
                 << "ws " << static_cast<int>(ws) << " mode " << static_cast<int>(mode) << " E " << E
-                << " per " << per << " hidden " << hidden;
-            EXPECT_FALSE(kc::MoeGemmWsTallTilesFor(DType::kFloat16, per * E, E, hidden));
+                << " per " << per << " min_k " << min_k;
+            EXPECT_FALSE(kc::MoeGemmWsTallTilesFor(DType::kFloat16, per * E, E, min_k));
           }
         }
       }

@@ -416,12 +416,13 @@ class Client:
 
     def shm_channel(self, request_capacity: int = 1 << 20, response_capacity: int = 1 << 20,
                     spin: float = 50e-6, mode: int = 0o600,
-                    in_region_from: int = 64 << 10) -> shm_channel.ShmChannel:
+                    in_region_from: int = 1 << 20) -> shm_channel.ShmChannel:
         """A shared-memory call channel with this server (kplan.shm_channel):
         ``run_moe(..., channel=ch)`` then goes through it, without gRPC.
         Hidden states of ``in_region_from`` bytes or more travel in the
-        channel's region by reference (by default from 64 KiB; 0: always;
-        negative: never)."""
+        channel's region by reference when they fit its areas (by default
+        from 1 MiB; 0: always; negative: never); such a call past the
+        server's call-time cap fails CANCELLED instead of being answered."""
         return shm_channel.ShmChannel(self, request_capacity, response_capacity, spin, mode,
                                       in_region_from)
 

@@ -88,17 +88,19 @@ class ShmChannel:
 
     def __init__(self, client: Any, request_capacity: int = 1 << 20,
                  response_capacity: int = 1 << 20, spin: float = 50e-6, mode: int = 0o600,
-                 in_region_from: int = 64 << 10):
+                 in_region_from: int = 1 << 20):
         if request_capacity <= 0 or response_capacity < _MIN_RESPONSE:
             raise ValueError(f"request_capacity must be > 0 and response_capacity >= "
                              f"{_MIN_RESPONSE}; got {request_capacity}, {response_capacity}")
         self.request_capacity, self.response_capacity = request_capacity, response_capacity
         self.spin = spin
-        # At or past this many bytes of inline hidden states (64 KiB by
+        # At or past this many bytes of inline hidden states (1 MiB by
         # default), they, inline logits and the output go into the request
-        # area's tail as references into this region: the server reads and
-        # writes them in place. The caller still gets the output's bytes
-        # inline. 0: every call; negative: never. As the C++
+        # area's tail as references into this region, if they fit: the
+        # server reads and writes them in place. The caller still gets the
+        # output's bytes inline. 0: every call; negative: never. A placed
+        # call past the server's call-time cap fails CANCELLED (naming
+        # output_shm) where a serialized one is answered. As the C++
         # ShmChannel::Options::in_region_from_bytes.
         self.in_region_from = in_region_from
         self._client: Any = None

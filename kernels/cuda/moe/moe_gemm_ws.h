@@ -68,10 +68,13 @@ int64_t MoeGemmWsPingPongLaunches();
 // worth of slots. Same output bits as the tiles of 128.
 // The rule (measured on an H100, docs/PERF.md session 32): from
 // kMoeWsTallTilesMinSlots to below kMoeWsTallTilesMaxSlots slots per expert
-// (one tall tile an expert) with a hidden size (GEMM 1's K) of at least
-// kMoeWsTallTilesMinHidden: Mixtral-8x7B 512 tokens 1.04-1.06x, DeepSeek-V3
-// 4096 1.13x; Qwen3-30B-A3B at 2048 (hidden 2048: the tall epilogue weighs
-// more on short K) 0.96x, 64 or 256+ slots an expert 0.70-0.94x.
+// (one tall tile an expert) where both GEMMs' K (the hidden and the
+// intermediate size) are at least kMoeWsTallTilesMinK: Mixtral-8x7B (K 4096
+// / 14336) 512 tokens 1.04-1.06x, DeepSeek-V3 (7168 / 2048) 4096 tokens
+// 1.13x; Qwen3-30B-A3B (2048 / 768) at 2048 tokens 0.96x (the tall
+// epilogue weighs more on short K), 64 or 256+ slots an expert 0.76-0.94x.
+// Three shapes: the band's edges and the K bound are the model's, not
+// measured (a shape with one short K between 768 and 2048 is untested).
 // SetMoeGemmWsTallTilesMode(kOn) always (where blocks of 128 or more would
 // run the cooperative consumers), kOff never; kFromEnv: the rule, or never
 // with KPLAN_MOE_WS_TALL=0. The caller picks blocks of 192 with
@@ -79,9 +82,11 @@ int64_t MoeGemmWsPingPongLaunches();
 inline constexpr bool kMoeWsTallTilesDefault = true;
 inline constexpr int64_t kMoeWsTallTilesMinSlots = 96;
 inline constexpr int64_t kMoeWsTallTilesMaxSlots = 192;
-inline constexpr int64_t kMoeWsTallTilesMinHidden = 4096;
+inline constexpr int64_t kMoeWsTallTilesMinK = 2048;
 void SetMoeGemmWsTallTilesMode(MoeGemmWsMode mode);
-bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts, int64_t hidden);
+// min_k: the shorter K of the layer's two GEMMs (min(hidden, intermediate);
+// 0 for int weights, which take no tall tiles).
+bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts, int64_t min_k);
 // MoeGroupedGemmArgs::tall_clusters for numel slots routed to num_experts
 // experts: an expert gets two tall tiles' worth of slots on average
 // (ws::WsTallClustersPay); below that a cluster pairs tiles of different

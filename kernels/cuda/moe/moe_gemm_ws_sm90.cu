@@ -786,12 +786,12 @@ int64_t MoeGemmWsPingPongLaunches() { return ping_pong_launches.load(std::memory
 
 void SetMoeGemmWsTallTilesMode(MoeGemmWsMode mode) { g_tall.Set(mode); }
 
-bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts, int64_t hidden) {
+bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts, int64_t min_k) {
   if (dtype != DType::kBFloat16 || !g_tall.On() || !g_ws.On()) return false;
   if (g_tall.Forced()) return true;
   const int64_t per = MoeSlotsPerExpert(numel, num_experts);
   return per >= kMoeWsTallTilesMinSlots && per < kMoeWsTallTilesMaxSlots &&
-         hidden >= kMoeWsTallTilesMinHidden;
+         min_k >= kMoeWsTallTilesMinK;
 }
 
 bool MoeGemmWsTallClustersFor(int64_t numel, int num_experts) {
