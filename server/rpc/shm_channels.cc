@@ -146,6 +146,10 @@ absl::Status ShmChannelServer::Close(const std::string& name) {
                      "region");
   }
   const std::shared_ptr<Channel> channel = it->second;
+  if (channel->thread.get_id() == std::this_thread::get_id()) {  // would join itself
+    return absl::FailedPreconditionError(
+        absl::StrCat("region '", name, "''s channel cannot be closed from its own call"));
+  }
   if (channel->claimed) {  // closing already: done when it is
     closed_.wait(lock, [&] {
       auto now = channels_.find(name);

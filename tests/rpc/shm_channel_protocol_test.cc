@@ -361,8 +361,15 @@ TEST(ShmChannelProtocolTest, ReopenWhileClosing) {
     absl::SleepFor(absl::Milliseconds(1));
   } while (absl::IsAlreadyExists(reopened) && absl::Now() < give_up);
   EXPECT_TRUE(absl::IsUnavailable(reopened)) << reopened;
-  std::thread second([&] { EXPECT_TRUE(server.Close("r").ok()); });
-  absl::SleepFor(absl::Milliseconds(200));  // the second close is waiting
+  std::atomic<bool> second_started{false}, second_done{false};
+  std::thread second([&] {
+    second_started = true;
+    EXPECT_TRUE(server.Close("r").ok());  // NOT_FOUND had it not waited for the first
+    second_done = true;
+  });
+  while (!second_started.load()) absl::SleepFor(absl::Milliseconds(1));
+  absl::SleepFor(absl::Milliseconds(100));  // the second close is waiting
+  EXPECT_FALSE(second_done.load());
   EXPECT_EQ(server.size(), 1u);
   v1::RunMoEResponse response;
   {
@@ -462,9 +469,12 @@ TEST(ShmChannelProtocolTest, AnswerInFlightAtCloseIsDelivered) {
   }
   std::thread closer([&] { EXPECT_TRUE(server.Close("c").ok()); });
   // The close has begun (a reopen is refused as closing) and waits for the answer.
-  while (!absl::IsUnavailable(server.Open("c", view, kCapacity).status())) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!absl::IsUnavailable(server.Open("c", view, kCapacity).status()) &&
+         absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(1));
   }
+  EXPECT_LT(absl::Now(), give_up) << "the close never began";
   absl::SleepFor(absl::Milliseconds(10));
   {
     std::lock_guard<std::mutex> lock(mu);
