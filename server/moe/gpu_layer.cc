@@ -26,7 +26,6 @@ namespace kc = kernels::cuda;
 struct Layout {
   int block_m = 0;
   bool ping_pong = false;        // MoeGroupedGemmArgs::ping_pong of both GEMMs
-  bool tall_clusters = false;    // MoeGroupedGemmArgs::tall_clusters of both GEMMs
   int splits1 = 1, splits2 = 1;  // split-K of GEMM 1 / GEMM 2
   int64_t max_padded = 0, max_blocks = 0;
   int64_t sorted = 0, eids = 0, post = 0, align = -1, scaled = -1, c1 = 0, c2 = 0, y = -1,
@@ -60,7 +59,6 @@ Layout LayoutFor(const GpuExperts& experts, int64_t M, int k, int E, bool scale_
                     kc::MoeGemmWsTallTilesFor(experts.spec().dtype, numel, rule_experts, ws_k);
   l.block_m = batch_invariant ? kMoeBatchInvariantBlockM
                               : kc::MoeGemmBlockMFor(numel, rule_experts, ws_k, l.ping_pong, tall);
-  l.tall_clusters = kc::MoeGemmWsTallClustersFor(numel, rule_experts);
   l.max_padded = kc::MoeAlignMaxPadded(numel, E, l.block_m, false);
   l.max_blocks = kc::MoeAlignMaxBlocks(numel, E, l.block_m, false);
   int64_t partials = 0;
@@ -351,7 +349,6 @@ absl::Status EnqueueFastLayer(const GpuExperts& experts, const FastWeights& fw,
   g1.num_local_experts = spec.num_experts;
   g1.block_m = l.block_m;
   g1.ping_pong = l.ping_pong;
-  g1.tall_clusters = l.tall_clusters;
   g1.splits = l.splits1;
   g1.partials = l.partials >= 0 ? At<float>(workspace, l.partials) : nullptr;
   // Split-K partials without a bias are summed by the next step itself.

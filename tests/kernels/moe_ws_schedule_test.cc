@@ -220,10 +220,6 @@ TEST(MoeWsSchedule, TallTilesAreBlocksOf192) {
   // With tiles of 128 the same buffer's tile 1 starts at 128: a slot.
   s = MakeWsSchedule(4, 128, 256, 132, 1);
   EXPECT_FALSE(WsDecode(s, 1, 0, sorted.data(), experts, 128, 100, 3).empty);
-  // Clusters of tall tiles from two tiles' worth of slots per expert.
-  EXPECT_FALSE(WsTallClustersPay(128));
-  EXPECT_FALSE(WsTallClustersPay(383));
-  EXPECT_TRUE(WsTallClustersPay(384));
 }
 
 }  // namespace

@@ -118,11 +118,6 @@ struct MoeGroupedGemmArgs {
   // per expert (the layer's counts every expert of the routing, not only the
   // local ones). SetMoeGemmWsPingPongMode(kOn) forces the form either way.
   bool ping_pong = false;
-  // Blocks of kMoeGemmTallBlockM: the tall tiles in clusters of two where the
-  // caller's estimate of the slots per expert reaches two tall tiles
-  // (MoeGemmWsTallClustersFor, moe_gemm_ws.h), decided with block_m as
-  // ping_pong is; the clusters' switch and rule by K still apply.
-  bool tall_clusters = false;
   int splits = 1;
   float* partials = nullptr;  // with splits > 1
   // splits > 1 only: leave the partials unreduced for the next step to sum

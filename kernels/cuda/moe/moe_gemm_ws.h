@@ -62,10 +62,8 @@ int64_t MoeGemmWsPingPongLaunches();
 // a tile of 192 slots x 256 weight rows streams an expert's weights once
 // where it gets about 128 +- 11 slots (uniform routing), which tiles of 128
 // cover with 1.47 tiles an expert on average, each streaming the weights
-// (docs/notes/moe_gemm_next.md). In clusters of two by the clusters' switch
-// and, by default, where K >= 4096 (ws::WsClusterPays) and the caller's
-// MoeGroupedGemmArgs::tall_clusters says an expert gets two tall tiles'
-// worth of slots. Same output bits as the tiles of 128.
+// (docs/notes/moe_gemm_next.md). One CTA a tile (never in clusters). Same
+// output bits as the tiles of 128.
 // The rule (measured on an H100, docs/PERF.md session 32): from
 // kMoeWsTallTilesMinSlots to below kMoeWsTallTilesMaxSlots slots per expert
 // (one tall tile an expert) where both GEMMs' K (the hidden and the
@@ -87,11 +85,6 @@ void SetMoeGemmWsTallTilesMode(MoeGemmWsMode mode);
 // min_k: the shorter K of the layer's two GEMMs (min(hidden, intermediate);
 // 0 for int weights, which take no tall tiles).
 bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts, int64_t min_k);
-// MoeGroupedGemmArgs::tall_clusters for numel slots routed to num_experts
-// experts: an expert gets two tall tiles' worth of slots on average
-// (ws::WsTallClustersPay); below that a cluster pairs tiles of different
-// experts, which share no weight box.
-bool MoeGemmWsTallClustersFor(int64_t numel, int num_experts);
 int64_t MoeGemmWsTallTilesLaunches();
 
 // With args.int_w also MoeIntWeightsApply (moe_experts.h).

@@ -321,15 +321,17 @@ __device__ __forceinline__ void IntProduce(const CUtensorMap* imap, const WsPara
 // consumer warpgroups take half-items in turn (moe_ws_pipeline.cuh; one
 // CTA a tile, 16-bit weights). kTileT: slots a tile, kWsTileT or the tall
 // tiles' kWsTallTileT (a third consumer warpgroup; 16-bit weights,
-// cooperative consumers).
+// cooperative consumers, one CTA a tile: in clusters of two they lost where
+// an expert has two tall tiles, the only place a pair shares its weights).
 template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false,
           int kTileT = kWsTileT>
 __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
   static_assert(kCluster == 1 || (kCluster == 2 && !kInt), "clusters of two, bf16 / fp16 weights");
   static_assert(!kPingPong || (kCluster == 1 && !kInt), "ping-pong: one CTA a tile, 16-bit");
-  static_assert(kTileT == kWsTileT || (kTileT == ws::kWsTallTileT && !kInt && !kPingPong),
-                "tall tiles: 16-bit weights, cooperative consumers");
+  static_assert(
+      kTileT == kWsTileT || (kTileT == ws::kWsTallTileT && !kInt && !kPingPong && kCluster == 1),
+      "tall tiles: 16-bit weights, cooperative consumers, one CTA a tile");
   constexpr bool kTall = kTileT != kWsTileT;
   constexpr int kStage = TileStageBytes<kTileT>();
   constexpr int kProducerRegs = kTall ? kTallProducerRegs : ws::kWsProducerRegs;
@@ -699,12 +701,12 @@ bool UseClusters(const MoeGroupedGemmArgs& g) {
     return v == nullptr || *v == '\0' ? -1 : std::atoi(v) >= 2 ? 1 : 0;
   }();
   if (env >= 0) return env == 1;
-  if (g.block_m == ws::kWsTallTileT && !g.tall_clusters) return false;
   return kMoeWsClusterDefault && ws::WsClusterPays(g.K);
 }
 
 // The instantiation for g's dtype and weights (bf16 / fp16; int4 with
-// int_w): the tall tiles for blocks of 192 (bf16, WsTilesApply); else the
+// int_w): the tall tiles for blocks of 192 (bf16, WsTilesApply; one CTA a
+// tile whatever the clusters' switch says); else the
 // ping-pong form where the caller chose it (g.ping_pong) or its switch
 // forces it, unless the switch is off; else in clusters of two where that
 // switch says so.
@@ -713,23 +715,13 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
                       cudaStream_t stream) {
   const bool bf16 = g.dtype == DType::kBFloat16;
   if (g.block_m == ws::kWsTallTileT) {  // bf16 (WsTilesApply)
-    absl::Status st = UseClusters(g)
-                          ? LaunchWsKernel<__nv_bfloat16, Fused, false, 2, false, ws::kWsTallTileT>(
-                                g, act_params, stream)
-                          : absl::UnavailableError("moe_grouped_gemm_ws: no clusters");
-    const bool clustered = st.ok();
-    // As below: UNAVAILABLE (no cluster fits, or none asked for) takes one CTA a tile.
-    absl::Status done =
-        absl::IsUnavailable(st)
-            ? LaunchWsKernel<__nv_bfloat16, Fused, false, 1, false, ws::kWsTallTileT>(g, act_params,
-                                                                                      stream)
-            : std::move(st);
-    if (done.ok()) {
-      if (clustered) cluster_launches.fetch_add(1, std::memory_order_relaxed);
+    absl::Status st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, false, ws::kWsTallTileT>(
+        g, act_params, stream);
+    if (st.ok()) {
       tall_launches.fetch_add(1, std::memory_order_relaxed);
       ws_launches.fetch_add(1, std::memory_order_relaxed);
     }
-    return done;
+    return st;
   }
   if (g.int_w != nullptr) {
     absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, true, 1>(g, act_params, stream)
@@ -792,10 +784,6 @@ bool MoeGemmWsTallTilesFor(DType dtype, int64_t numel, int num_experts, int64_t 
   const int64_t per = MoeSlotsPerExpert(numel, num_experts);
   return per >= kMoeWsTallTilesMinSlots && per < kMoeWsTallTilesMaxSlots &&
          min_k >= kMoeWsTallTilesMinK;
-}
-
-bool MoeGemmWsTallClustersFor(int64_t numel, int num_experts) {
-  return ws::WsTallClustersPay(MoeSlotsPerExpert(numel, num_experts));
 }
 
 int64_t MoeGemmWsTallTilesLaunches() { return tall_launches.load(std::memory_order_relaxed); }

@@ -147,15 +147,6 @@ inline int64_t WsAutoGroup(int64_t n_tiles, int num_sms) {
 // HBM once for both; that pays on long main loops and costs on short ones.
 inline constexpr int64_t kWsClusterMinK = 4096;
 inline bool WsClusterPays(int64_t K) { return K >= kWsClusterMinK; }
-// The tall tiles in clusters, on top of WsClusterPays: only where an expert
-// gets two tiles of them on average. Below that a tile holds about a whole
-// expert, so a cluster pairs tiles of different experts, which share no
-// weight box. Measured (H100, session 32) only forced on: at 512 and 1024
-// slots an expert (Mixtral-8x7B 2048 and 4096 tokens) 0.94x and 0.87x of
-// tiles of 128, so the tall tiles' default rule stops short of them.
-inline bool WsTallClustersPay(int64_t slots_per_expert) {
-  return slots_per_expert >= 2 * kWsTallTileT;
-}
 
 // Host side: the upper-bound schedule of a launch. block_m is the
 // moe_align_block_size block (128, 192 or 256: tiles of WsTileSlots(block_m)
