@@ -188,14 +188,20 @@ class KernelPlanServiceServicer(object):
         RunMoE requests written into the region until CloseShmChannel, the
         region's UnregisterSharedMemory, or shutdown; every such call is
         checked like a RunMoE over gRPC. Needs --allow_shared_memory, at most
-        --max_shm_channels at once (one server thread each).
+        --max_shm_channels at once (one server thread each; a channel counts
+        until its close returns). ALREADY_EXISTS when the region has a channel,
+        UNAVAILABLE while its channel is closing (open it again once the close
+        returned).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CloseShmChannel(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Returns once the channel's call in flight was answered and its thread
+        ended (a second close of it waits for the first). NOT_FOUND when the
+        region has no channel.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
