@@ -109,7 +109,7 @@ grpc::Status Call::Done(const absl::Status& outcome) {
   if (!status.ok()) {
     // Messages and fields quote client strings: escaped, so a client cannot
     // forge log lines.
-    LogWithFields(spdlog::level::warn, absl::StrCat(method_, " failed"),
+    LogFailedCall(env_.failed_call_logs, absl::StrCat(method_, " failed"),
                   {{"method", method_},
                    {"code", GrpcCodeName(out.error_code())},
                    {"error", ClientText(status.message(), kMaxErrorMessageBytes)},

@@ -1,5 +1,7 @@
 #include "server/rpc/logging.h"
 
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -103,6 +105,35 @@ void LogWithFields(spdlog::level::level_enum level, absl::string_view message,
   current_fields = &fields;
   spdlog::log(level, "{}", std::string(message));
   current_fields = nullptr;
+}
+
+LogRateLimiter::LogRateLimiter(double per_second)
+    : per_second_(per_second), burst_(std::max(1.0, per_second)), tokens_(burst_) {}
+
+bool LogRateLimiter::Allow(absl::Time now, int64_t* left_out) {
+  absl::MutexLock lock(&mu_);
+  if (refilled_ != absl::InfinitePast() && now > refilled_) {
+    tokens_ = std::min(burst_, tokens_ + absl::ToDoubleSeconds(now - refilled_) * per_second_);
+  }
+  refilled_ = std::max(refilled_, now);
+  if (tokens_ < 1.0) {
+    ++left_out_;
+    return false;
+  }
+  tokens_ -= 1.0;
+  *left_out = std::exchange(left_out_, 0);
+  return true;
+}
+
+void LogFailedCall(LogRateLimiter* limiter, absl::string_view message,
+                   std::initializer_list<LogField> fields) {
+  int64_t left_out = 0;
+  if (limiter != nullptr && !limiter->Allow(absl::Now(), &left_out)) return;
+  if (left_out > 0) {
+    LogWithFields(spdlog::level::warn, "failed calls left out of the log (--failed_call_log_rate)",
+                  {{"count", absl::StrCat(left_out)}});
+  }
+  LogWithFields(spdlog::level::warn, message, fields);
 }
 
 }  // namespace kplan::rpc

@@ -10,8 +10,11 @@
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "spdlog/formatter.h"
 #include "spdlog/spdlog.h"
 
@@ -38,6 +41,32 @@ using LogField = std::pair<absl::string_view, std::string>;
 // Logs `message` with `fields` at `level` through the default logger (on
 // this thread: spdlog's default logger formats synchronously).
 void LogWithFields(spdlog::level::level_enum level, absl::string_view message,
+                   std::initializer_list<LogField> fields);
+
+// At most `per_second` lines a second, in bursts of up to that many (at
+// least one): a token bucket. The lines left out are counted, so that the
+// next line let through can say how many. Thread-safe.
+class LogRateLimiter {
+ public:
+  explicit LogRateLimiter(double per_second);
+  // Whether a line may be logged at `now`; when it may, *left_out gets the
+  // lines refused since the last one let through (else it is untouched).
+  bool Allow(absl::Time now, int64_t* left_out);
+
+ private:
+  const double per_second_;
+  const double burst_;
+  absl::Mutex mu_;
+  double tokens_ ABSL_GUARDED_BY(mu_);
+  absl::Time refilled_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t left_out_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A failed call's warning (the server's one form for it: gRPC calls and
+// shared-memory channel calls), through `limiter` (null: every one). A line
+// let through after some were left out is preceded by one that counts them.
+// The metrics count every failed call whatever the log shows.
+void LogFailedCall(LogRateLimiter* limiter, absl::string_view message,
                    std::initializer_list<LogField> fields);
 
 }  // namespace kplan::rpc

@@ -49,6 +49,10 @@ ABSL_FLAG(int64_t, max_expert_bytes, 0,
 ABSL_FLAG(absl::Duration, max_request_time, absl::Seconds(60),
           "Deadline of RunMoE/RunIrOp requests whose client set none (or a later one): queued "
           "work past it is dropped and the CPU path stops, with DEADLINE_EXCEEDED. 0: no cap");
+ABSL_FLAG(double, failed_call_log_rate, 20,
+          "The most failed-call warnings logged a second, in bursts of as many: a client "
+          "sending bad requests in a loop cannot flood the log; the next line logged counts "
+          "those left out, and kplan_requests_total counts every call. 0: log every one");
 ABSL_FLAG(absl::Duration, load_idle_timeout, absl::Seconds(60),
           "A LoadExperts stream that sends nothing this long is ended with DEADLINE_EXCEEDED and "
           "its reservation released. 0: never");
@@ -251,6 +255,7 @@ int main(int argc, char** argv) {
   options.max_expert_bytes = absl::GetFlag(FLAGS_max_expert_bytes);
   options.max_request_time = absl::GetFlag(FLAGS_max_request_time);
   options.load_idle_timeout = absl::GetFlag(FLAGS_load_idle_timeout);
+  options.failed_call_log_rate = absl::GetFlag(FLAGS_failed_call_log_rate);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

@@ -549,7 +549,7 @@ void KernelPlanServiceImpl::RunMoeFromChannel(ShmChannelServer::Request request,
     // The one mapping, as Call::Done records a gRPC call's outcome.
     const std::string code = GrpcCodeName(ToGrpcCode(outcome.code()));
     if (!outcome.ok()) {
-      LogWithFields(spdlog::level::warn, "RunMoE.shm_channel failed",
+      LogFailedCall(env_.failed_call_logs, "RunMoE.shm_channel failed",
                     {{"method", kMethod},
                      {"code", code},
                      {"error", ClientText(outcome.message(), kMaxErrorMessageBytes)},

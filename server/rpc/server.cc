@@ -360,6 +360,10 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
   if (options.load_idle_timeout < absl::ZeroDuration()) {
     return InvalidField("load_idle_timeout", "load_idle_timeout must not be negative (0: never)");
   }
+  if (!(options.failed_call_log_rate >= 0)) {  // NaN too
+    return InvalidField("failed_call_log_rate",
+                        "failed_call_log_rate must not be negative (0: log every failed call)");
+  }
   const int64_t host_memory =
       options.host_memory_bytes ? options.host_memory_bytes() : PhysicalMemoryBytes();
   DeviceExecutor::Options executor_options;
@@ -391,6 +395,10 @@ absl::StatusOr<std::unique_ptr<KplanServer>> KplanServer::Start(const ServerOpti
                  absl::FormatDuration(options.coalesce_window), options.coalesce_max_tokens);
   }
   server->environment_.max_request_time = options.max_request_time;
+  if (options.failed_call_log_rate > 0) {
+    server->failed_call_logs_ = std::make_unique<LogRateLimiter>(options.failed_call_log_rate);
+    server->environment_.failed_call_logs = server->failed_call_logs_.get();
+  }
   if (options.load_idle_timeout > absl::ZeroDuration()) {
     // Checked a few times per timeout (at least every second), so a stream
     // ends at most a quarter timeout late.

@@ -40,6 +40,9 @@ struct ServerOptions {
   // The longest a unary request may run when its client set no sooner
   // deadline; queued work past it is dropped, the CPU path stops.
   absl::Duration max_request_time = absl::Seconds(60);
+  // The most failed-call warnings logged a second (in bursts of as many);
+  // the rest are counted in the next line logged. 0: every one.
+  double failed_call_log_rate = 20;
   // A LoadExperts stream that sends nothing this long is ended with
   // DEADLINE_EXCEEDED and its reservation released; zero: never.
   absl::Duration load_idle_timeout = absl::Seconds(60);
@@ -155,6 +158,7 @@ class KplanServer {
   void RefreshDeviceMetrics();
   ServerEnvironment environment_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<LogRateLimiter> failed_call_logs_;  // --failed_call_log_rate > 0
   // Destroyed last of the call machinery: jobs still queued when the server
   // stops may hold references to the service's environment.
   std::unique_ptr<KernelPlanServiceImpl> service_;

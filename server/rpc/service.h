@@ -22,6 +22,7 @@
 #include "server/moe/moe_runner.h"
 #include "resolve/platform/local.h"
 #include "resolve/platform/platform.h"
+#include "server/rpc/logging.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/shm_channels.h"
 
@@ -51,7 +52,10 @@ struct ServerEnvironment {
   // --model_root, canonical: the only directories server-side files are read
   // from (server/moe/model_files.h); empty: server-side loads are refused.
   std::vector<std::string> model_roots;
-  Metrics* metrics = nullptr;          // may be null (metrics off)
+  Metrics* metrics = nullptr;  // may be null (metrics off)
+  // --failed_call_log_rate: failed calls' warnings (LogFailedCall); null:
+  // every one is logged.
+  LogRateLimiter* failed_call_logs = nullptr;
   DeviceExecutor* executor = nullptr;  // device workers (CPU + each GPU)
   const IrRegistry* ir_registry = nullptr;
   ExpertStore* experts = nullptr;

@@ -8,6 +8,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/ostream_sink.h"
 
@@ -74,6 +76,67 @@ TEST_F(LoggingTest, TextLineHasFieldsAsKeyValue) {
   EXPECT_THAT(text, HasSubstr("[warning] RunMoE failed code=NOT_FOUND error=\"no set \\\"x\\\"\" "
                               "field=\"\"\n"));
   EXPECT_THAT(text, HasSubstr("[info] plain\n"));
+}
+
+// A token bucket: a burst of `per_second` lines, then one each 1/per_second
+// seconds; the refused ones are counted into the next line let through.
+TEST(LogRateLimiterTest, BurstThenRateWithTheCountOfThoseLeftOut) {
+  LogRateLimiter limiter(4);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  int64_t left_out = -1;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(limiter.Allow(t0, &left_out)) << i;
+    EXPECT_EQ(left_out, 0);
+  }
+  for (int i = 0; i < 7; ++i) EXPECT_FALSE(limiter.Allow(t0 + absl::Milliseconds(i), &left_out));
+  EXPECT_TRUE(limiter.Allow(t0 + absl::Milliseconds(251), &left_out));  // a quarter second: one
+  EXPECT_EQ(left_out, 7);
+  EXPECT_FALSE(limiter.Allow(t0 + absl::Milliseconds(260), &left_out));
+  // A long quiet time refills the burst, not more.
+  const absl::Time t1 = t0 + absl::Hours(1);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(limiter.Allow(t1, &left_out)) << i;
+  EXPECT_FALSE(limiter.Allow(t1, &left_out));
+  // A clock that steps back takes nothing and gives nothing.
+  EXPECT_FALSE(limiter.Allow(t0, &left_out));
+}
+
+TEST(LogRateLimiterTest, BelowOneASecondStillLetsOneThrough) {
+  LogRateLimiter limiter(0.5);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  int64_t left_out = 0;
+  EXPECT_TRUE(limiter.Allow(t0, &left_out));
+  EXPECT_FALSE(limiter.Allow(t0 + absl::Seconds(1), &left_out));
+  EXPECT_TRUE(limiter.Allow(t0 + absl::Seconds(2), &left_out));
+  EXPECT_EQ(left_out, 1);
+}
+
+// A client failing calls in a loop gets the burst logged, then nothing but
+// the count; without a limiter every one is logged.
+TEST_F(LoggingTest, FailedCallsPastTheRateAreCountedNotLogged) {
+  SetLogFormat(LogFormat::kJson);
+  LogRateLimiter limiter(2);  // the loop below runs in far less than half a second
+  for (int i = 0; i < 50; ++i) {
+    LogFailedCall(&limiter, "RunMoE failed", {{"code", "INVALID_ARGUMENT"}});
+  }
+  int lines = 0;
+  std::istringstream in(out_.str());
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, 2);
+  out_.str("");
+  absl::SleepFor(absl::Milliseconds(550));  // one more line's worth
+  LogFailedCall(&limiter, "RunMoE failed", {{"code", "NOT_FOUND"}});
+  std::istringstream after(out_.str());
+  std::string count_line, call_line;
+  ASSERT_TRUE(std::getline(after, count_line));
+  ASSERT_TRUE(std::getline(after, call_line));
+  EXPECT_EQ(nlohmann::json::parse(count_line)["count"], "48");
+  EXPECT_EQ(nlohmann::json::parse(call_line)["code"], "NOT_FOUND");
+  out_.str("");
+  for (int i = 0; i < 50; ++i) LogFailedCall(nullptr, "RunMoE failed", {{"code", "X"}});
+  std::istringstream all(out_.str());
+  lines = 0;
+  for (std::string line; std::getline(all, line);) ++lines;
+  EXPECT_EQ(lines, 50);
 }
 
 TEST(LogFormatTest, Parse) {
