@@ -138,33 +138,51 @@ absl::StatusOr<int64_t> ShmChannelServer::Open(const std::string& name, ShmView 
   return response_capacity;
 }
 
-absl::Status ShmChannelServer::Close(const std::string& name) {
-  std::unique_lock<std::mutex> lock(mu_);
+ShmChannelServer::Closing ShmChannelServer::BeginClose(const std::string& name) {
+  Closing closing;
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = channels_.find(name);
   if (it == channels_.end()) {
-    return WithField(absl::NotFoundError(absl::StrCat("region '", name, "' has no channel")),
-                     "region");
+    closing.status_ = WithField(
+        absl::NotFoundError(absl::StrCat("region '", name, "' has no channel")), "region");
+    return closing;
   }
-  const std::shared_ptr<Channel> channel = it->second;
+  const std::shared_ptr<Channel>& channel = it->second;
   if (channel->thread.get_id() == std::this_thread::get_id()) {  // would join itself
-    return absl::FailedPreconditionError(
+    closing.status_ = absl::FailedPreconditionError(
         absl::StrCat("region '", name, "''s channel cannot be closed from its own call"));
+    return closing;
   }
-  if (channel->claimed) {  // closing already: done when it is
-    closed_.wait(lock, [&] {
-      auto now = channels_.find(name);
-      return now == channels_.end() || now->second != channel;
-    });
-    return absl::OkStatus();
-  }
-  JoinLocked(lock, channel);
-  return absl::OkStatus();
+  closing.server_ = this;
+  closing.channel_ = channel;
+  closing.join_ = !channel->claimed;  // else another close joins it: wait for that one
+  channel->claimed = true;
+  if (!channel->stopping) channel->Stop();
+  return closing;
 }
+
+absl::Status ShmChannelServer::Closing::Wait() {
+  if (server_ == nullptr) return status_;
+  ShmChannelServer* server = std::exchange(server_, nullptr);
+  std::unique_lock<std::mutex> lock(server->mu_);
+  if (join_) {
+    server->JoinLocked(lock, channel_);
+  } else {
+    server->closed_.wait(lock, [&] {
+      auto now = server->channels_.find(channel_->name);
+      return now == server->channels_.end() || now->second != channel_;
+    });
+  }
+  channel_.reset();
+  return status_;
+}
+
+ShmChannelServer::Closing::~Closing() { (void)Wait(); }
+
+absl::Status ShmChannelServer::Close(const std::string& name) { return BeginClose(name).Wait(); }
 
 void ShmChannelServer::JoinLocked(std::unique_lock<std::mutex>& lock,
                                   const std::shared_ptr<Channel>& channel) {
-  channel->claimed = true;
-  if (!channel->stopping) channel->Stop();
   lock.unlock();
   channel->thread.join();
   lock.lock();
@@ -205,6 +223,8 @@ void ShmChannelServer::CloseAll() {
       closed_.wait(lock);  // the rest are a Close's to join
       continue;
     }
+    next->claimed = true;
+    if (!next->stopping) next->Stop();  // opened since the loop above
     JoinLocked(lock, next);
   }
 }

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -33,6 +34,8 @@
 namespace kplan::rpc {
 
 class ShmChannelServer {
+  struct Channel;  // shm_channels.cc
+
  public:
   // One request read from a channel.
   struct Request {
@@ -86,6 +89,31 @@ class ShmChannelServer {
   // region has none; a channel another Close is closing is waited for. Until
   // the close returns, Open on the region is UNAVAILABLE "region".
   absl::Status Close(const std::string& name);
+  // Close in two steps: BeginClose stops the channel taking calls at once
+  // (a later Open on the region is UNAVAILABLE), Closing::Wait (or the
+  // Closing's destructor) waits for its call in flight and its thread, and
+  // answers what Close answers. So a caller can stop a channel under a lock
+  // of its own and wait for it outside.
+  class Closing {
+   public:
+    Closing() = default;
+    Closing(Closing&& other) noexcept
+        : server_(std::exchange(other.server_, nullptr)),
+          channel_(std::move(other.channel_)),
+          join_(other.join_),
+          status_(std::move(other.status_)) {}
+    Closing& operator=(Closing&&) = delete;
+    ~Closing();
+    absl::Status Wait();
+
+   private:
+    friend class ShmChannelServer;
+    ShmChannelServer* server_ = nullptr;  // null: nothing to wait for
+    std::shared_ptr<Channel> channel_;
+    bool join_ = false;  // this close joins the thread (else another one does)
+    absl::Status status_;
+  };
+  Closing BeginClose(const std::string& name);
   void CloseAll();
   // Channels open (their threads may have ended: a region truncated, a
   // call never answered); a channel stays until closed.
@@ -94,11 +122,10 @@ class ShmChannelServer {
   bool Serving(const std::string& name) const;
 
  private:
-  struct Channel;
   void Serve(const std::shared_ptr<Channel>& channel);
   void RunOne(const std::shared_ptr<Channel>& channel);
-  // Stops `channel` (if it is not yet), joins its thread with `lock` (on
-  // mu_) released, and takes it out of the map.
+  // Joins the thread of `channel` (claimed and stopped) with `lock` (on mu_)
+  // released, and takes the channel out of the map.
   void JoinLocked(std::unique_lock<std::mutex>& lock, const std::shared_ptr<Channel>& channel);
   // Throws nothing: out of memory for an error's bytes, it writes the code alone.
   absl::Status WriteAnswer(Channel& channel, uint64_t sequence, const absl::Status& status,

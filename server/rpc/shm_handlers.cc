@@ -2,6 +2,8 @@
 // client regions RunMoE tensors may reference (server/moe/shm_regions.h),
 // and open and close the regions' call channels (shm_channels.h).
 // Off (FAILED_PRECONDITION) unless the server runs with --allow_shared_memory.
+#include <optional>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/client_text.h"
@@ -55,11 +57,19 @@ grpc::ServerUnaryReactor* KernelPlanServiceImpl::UnregisterSharedMemory(
   Call call(env_, context, "UnregisterSharedMemory");
   if (absl::Status auth = call.Authorize(); !auth.ok()) return call.FinishUnary(auth);
   if (env_.shm == nullptr) return call.FinishUnary(SharedMemoryOff("name"));
-  // A channel on the region ends first (after its call in flight): its
-  // thread must not wait on memory the client is about to unmap.
-  std::lock_guard<std::mutex> lock(shm_admin_mu_);
-  (void)env_.shm_channels->Close(request->name());  // NOT_FOUND: it had none
-  return call.FinishUnary(env_.shm->Unregister(request->name()));
+  // The region's channel stops and the region goes under the admin lock,
+  // so that no channel opens on it in between; the channel's call in flight
+  // is waited for outside the lock (other regions' admin calls go on), and
+  // before the answer: the client may unmap its object once it has it.
+  std::optional<ShmChannelServer::Closing> closing;
+  absl::Status unregistered;
+  {
+    std::lock_guard<std::mutex> lock(shm_admin_mu_);
+    closing.emplace(env_.shm_channels->BeginClose(request->name()));  // NOT_FOUND: it had none
+    unregistered = env_.shm->Unregister(request->name());
+  }
+  (void)closing->Wait();
+  return call.FinishUnary(unregistered);
 }
 
 grpc::ServerUnaryReactor* KernelPlanServiceImpl::ListSharedMemory(

@@ -386,6 +386,59 @@ TEST(ShmChannelProtocolTest, ReopenWhileClosing) {
   EXPECT_TRUE(server.Serving("r"));
 }
 
+// A close in two steps: BeginClose stops the channel at once, whatever its
+// call in flight (a reopen is refused meanwhile, other regions' channels
+// open and close freely), and Wait returns once the call was answered. The
+// server's UnregisterSharedMemory takes the first step under its admin lock
+// and waits outside it.
+TEST(ShmChannelProtocolTest, BeginCloseStopsAtOnceAndWaitsLater) {
+  ShmRegistry registry;
+  std::mutex mu;
+  ShmChannelServer::Answer held;
+  ShmChannelServer::Options options;
+  options.spin = absl::ZeroDuration();
+  options.error_bytes = PlainError;
+  ShmChannelServer server(options, [&](ShmChannelServer::Request, ShmChannelServer::Answer answer) {
+    std::lock_guard<std::mutex> lock(mu);
+    held = std::move(answer);
+  });
+  Region a(registry, "a", kShmChannelHeaderBytes + 2 * kCapacity);
+  Region b(registry, "b", kShmChannelHeaderBytes + 2 * kCapacity);
+  const ShmView view_a = *registry.ResolveWindow("a", "region");
+  const ShmView view_b = *registry.ResolveWindow("b", "region");
+  ASSERT_TRUE(server.Open("a", view_a, kCapacity).ok());
+  v1::RunMoERequest request;
+  request.set_experts_id("a");
+  std::thread client([&] {
+    std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(view_a.data, ClientOptions());
+    v1::RunMoEResponse response;
+    EXPECT_TRUE(channel->RunMoE(request, &response, absl::Seconds(10)).ok());
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < give_up) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (held) break;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ShmChannelServer::Closing closing = server.BeginClose("a");  // returns with the call held
+  EXPECT_TRUE(absl::IsUnavailable(server.Open("a", view_a, kCapacity).status()));
+  ASSERT_TRUE(server.Open("b", view_b, kCapacity).ok());
+  EXPECT_TRUE(server.Close("b").ok());
+  std::thread answerer([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    v1::RunMoEResponse response;
+    std::lock_guard<std::mutex> lock(mu);
+    (void)held(absl::OkStatus(), &response);
+  });
+  EXPECT_TRUE(closing.Wait().ok());
+  EXPECT_EQ(server.size(), 0u);
+  answerer.join();
+  client.join();
+  EXPECT_EQ(server.BeginClose("a").Wait().code(), absl::StatusCode::kNotFound);
+}
+
 // Closing a channel while its client calls: every call ends (answered, or
 // UNAVAILABLE once closed) and none hangs.
 TEST(ShmChannelProtocolTest, CloseWhileCalling) {
