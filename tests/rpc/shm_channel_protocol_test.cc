@@ -317,44 +317,73 @@ TEST(ShmChannelProtocolTest, CloseAllStopsEveryChannelAtOnce) {
   answerer.join();
 }
 
+// A channel server whose handler holds the first call's answer until
+// Release and answers every later call at once (OK, an empty response).
+class HeldFirstCall {
+ public:
+  HeldFirstCall() {
+    ShmChannelServer::Options options;
+    options.spin = absl::ZeroDuration();
+    options.error_bytes = PlainError;
+    server_ = std::make_unique<ShmChannelServer>(
+        options, [this](ShmChannelServer::Request, ShmChannelServer::Answer answer) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (!taken_) {
+            taken_ = true;
+            held_ = std::move(answer);
+          } else {
+            const v1::RunMoEResponse response;
+            (void)answer(absl::OkStatus(), &response);
+          }
+        });
+  }
+  ShmChannelServer& server() { return *server_; }
+  // A client thread making one call on `view`'s channel, which must answer OK;
+  // returns once the server holds it.
+  std::thread CallAndHold(const ShmView& view) {
+    std::thread client([view] {
+      std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(view.data, ClientOptions());
+      v1::RunMoERequest request;
+      request.set_experts_id("held");
+      v1::RunMoEResponse response;
+      EXPECT_TRUE(channel->RunMoE(request, &response, absl::Seconds(10)).ok());
+    });
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (!Held() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_TRUE(Held()) << "the call never reached the handler";
+    return client;
+  }
+  void Release() {
+    const v1::RunMoEResponse response;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_) (void)held_(absl::OkStatus(), &response);
+  }
+
+ private:
+  bool Held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<bool>(held_);
+  }
+  std::mutex mu_;
+  bool taken_ = false;
+  ShmChannelServer::Answer held_;
+  std::unique_ptr<ShmChannelServer> server_;  // first to go: its threads use the rest
+};
+
 // A region reopened while its channel closes: the open is refused until the
 // close returns (UNAVAILABLE "region"), a second close waits for the first,
 // and the channel opened after them serves. It had opened at once, beside
 // the old thread, whose exit then marked the new channel Closed.
 TEST(ShmChannelProtocolTest, ReopenWhileClosing) {
   ShmRegistry registry;
-  std::mutex mu;
-  std::vector<ShmChannelServer::Answer> held;  // the first call's answer, until released
-  ShmChannelServer::Options options;
-  options.spin = absl::ZeroDuration();
-  options.error_bytes = PlainError;
-  ShmChannelServer server(options, [&](ShmChannelServer::Request, ShmChannelServer::Answer answer) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (held.empty()) {
-      held.push_back(std::move(answer));
-    } else {
-      const v1::RunMoEResponse response;
-      (void)answer(absl::OkStatus(), &response);
-    }
-  });
+  HeldFirstCall held;
+  ShmChannelServer& server = held.server();
   Region region(registry, "r", kShmChannelHeaderBytes + 2 * kCapacity);
   const ShmView view = *registry.ResolveWindow("r", "region");
   ASSERT_TRUE(server.Open("r", view, kCapacity).ok());
-  v1::RunMoERequest request;
-  request.set_experts_id("r");
-  std::thread client([&] {
-    std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(view.data, ClientOptions());
-    v1::RunMoEResponse response;
-    EXPECT_TRUE(channel->RunMoE(request, &response, absl::Seconds(10)).ok());
-  });
-  const auto held_count = [&] {
-    std::lock_guard<std::mutex> lock(mu);
-    return held.size();
-  };
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (held_count() == 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
-  ASSERT_EQ(held_count(), 1u);
+  std::thread client = held.CallAndHold(view);
   std::thread first([&] { EXPECT_TRUE(server.Close("r").ok()); });
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
   absl::Status reopened;
   do {  // ALREADY_EXISTS until the close has begun
     reopened = server.Open("r", view, kCapacity).status();
@@ -371,17 +400,15 @@ TEST(ShmChannelProtocolTest, ReopenWhileClosing) {
   absl::SleepFor(absl::Milliseconds(100));  // the second close is waiting
   EXPECT_FALSE(second_done.load());
   EXPECT_EQ(server.size(), 1u);
-  v1::RunMoEResponse response;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    (void)held.front()(absl::OkStatus(), &response);
-  }
+  held.Release();
   first.join();
   second.join();
   client.join();
   EXPECT_EQ(server.size(), 0u);
   ASSERT_TRUE(server.Open("r", view, kCapacity).ok());
   std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(view.data, ClientOptions());
+  v1::RunMoERequest request;
+  v1::RunMoEResponse response;
   EXPECT_TRUE(channel->RunMoE(request, &response, absl::Seconds(10)).ok());
   EXPECT_TRUE(server.Serving("r"));
 }
@@ -393,44 +420,21 @@ TEST(ShmChannelProtocolTest, ReopenWhileClosing) {
 // and waits outside it.
 TEST(ShmChannelProtocolTest, BeginCloseStopsAtOnceAndWaitsLater) {
   ShmRegistry registry;
-  std::mutex mu;
-  ShmChannelServer::Answer held;
-  ShmChannelServer::Options options;
-  options.spin = absl::ZeroDuration();
-  options.error_bytes = PlainError;
-  ShmChannelServer server(options, [&](ShmChannelServer::Request, ShmChannelServer::Answer answer) {
-    std::lock_guard<std::mutex> lock(mu);
-    held = std::move(answer);
-  });
+  HeldFirstCall held;
+  ShmChannelServer& server = held.server();
   Region a(registry, "a", kShmChannelHeaderBytes + 2 * kCapacity);
   Region b(registry, "b", kShmChannelHeaderBytes + 2 * kCapacity);
   const ShmView view_a = *registry.ResolveWindow("a", "region");
   const ShmView view_b = *registry.ResolveWindow("b", "region");
   ASSERT_TRUE(server.Open("a", view_a, kCapacity).ok());
-  v1::RunMoERequest request;
-  request.set_experts_id("a");
-  std::thread client([&] {
-    std::unique_ptr<ShmChannel> channel = ShmChannel::Attach(view_a.data, ClientOptions());
-    v1::RunMoEResponse response;
-    EXPECT_TRUE(channel->RunMoE(request, &response, absl::Seconds(10)).ok());
-  });
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < give_up) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (held) break;
-    }
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  std::thread client = held.CallAndHold(view_a);
   ShmChannelServer::Closing closing = server.BeginClose("a");  // returns with the call held
   EXPECT_TRUE(absl::IsUnavailable(server.Open("a", view_a, kCapacity).status()));
   ASSERT_TRUE(server.Open("b", view_b, kCapacity).ok());
   EXPECT_TRUE(server.Close("b").ok());
   std::thread answerer([&] {
     absl::SleepFor(absl::Milliseconds(100));
-    v1::RunMoEResponse response;
-    std::lock_guard<std::mutex> lock(mu);
-    (void)held(absl::OkStatus(), &response);
+    held.Release();
   });
   EXPECT_TRUE(closing.Wait().ok());
   EXPECT_EQ(server.size(), 0u);
