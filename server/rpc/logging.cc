@@ -107,15 +107,18 @@ void LogWithFields(spdlog::level::level_enum level, absl::string_view message,
   current_fields = nullptr;
 }
 
-LogRateLimiter::LogRateLimiter(double per_second)
-    : per_second_(per_second), burst_(std::max(1.0, per_second)), tokens_(burst_) {}
+LogRateLimiter::LogRateLimiter(double per_second, std::function<absl::Time()> clock)
+    : per_second_(per_second),
+      clock_(std::move(clock)),
+      burst_(std::max(1.0, per_second)),
+      tokens_(burst_) {}
 
 bool LogRateLimiter::Allow(absl::Time now, int64_t* left_out) {
   absl::MutexLock lock(&mu_);
   if (refilled_ != absl::InfinitePast() && now > refilled_) {
     tokens_ = std::min(burst_, tokens_ + absl::ToDoubleSeconds(now - refilled_) * per_second_);
   }
-  refilled_ = std::max(refilled_, now);
+  refilled_ = now;  // back in time too: the refill goes on from there
   if (tokens_ < 1.0) {
     ++left_out_;
     return false;
@@ -128,7 +131,7 @@ bool LogRateLimiter::Allow(absl::Time now, int64_t* left_out) {
 void LogFailedCall(LogRateLimiter* limiter, absl::string_view message,
                    std::initializer_list<LogField> fields) {
   int64_t left_out = 0;
-  if (limiter != nullptr && !limiter->Allow(absl::Now(), &left_out)) return;
+  if (limiter != nullptr && !limiter->Allow(&left_out)) return;
   if (left_out > 0) {
     LogWithFields(spdlog::level::warn, "failed calls left out of the log (--failed_call_log_rate)",
                   {{"count", absl::StrCat(left_out)}});

@@ -5,6 +5,7 @@
 // follow the message as key=value (quoted when empty or spaced).
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "spdlog/formatter.h"
 #include "spdlog/spdlog.h"
@@ -43,18 +45,22 @@ using LogField = std::pair<absl::string_view, std::string>;
 void LogWithFields(spdlog::level::level_enum level, absl::string_view message,
                    std::initializer_list<LogField> fields);
 
-// At most `per_second` lines a second, in bursts of up to that many (at
-// least one): a token bucket. The lines left out are counted, so that the
+// About `per_second` lines a second on average, in bursts of up to that
+// many (at least one): a token bucket. The lines left out are counted, so that the
 // next line let through can say how many. Thread-safe.
 class LogRateLimiter {
  public:
-  explicit LogRateLimiter(double per_second);
+  // `clock`: the time of Allow(left_out) (tests pass their own).
+  explicit LogRateLimiter(double per_second, std::function<absl::Time()> clock = absl::Now);
   // Whether a line may be logged at `now`; when it may, *left_out gets the
-  // lines refused since the last one let through (else it is untouched).
+  // lines refused since the last one let through (else it is untouched). A
+  // clock stepping back restarts the refill from the earlier time.
   bool Allow(absl::Time now, int64_t* left_out);
+  bool Allow(int64_t* left_out) { return Allow(clock_(), left_out); }
 
  private:
   const double per_second_;
+  const std::function<absl::Time()> clock_;
   const double burst_;
   absl::Mutex mu_;
   double tokens_ ABSL_GUARDED_BY(mu_);

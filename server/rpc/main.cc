@@ -50,7 +50,7 @@ ABSL_FLAG(absl::Duration, max_request_time, absl::Seconds(60),
           "Deadline of RunMoE/RunIrOp requests whose client set none (or a later one): queued "
           "work past it is dropped and the CPU path stops, with DEADLINE_EXCEEDED. 0: no cap");
 ABSL_FLAG(double, failed_call_log_rate, 20,
-          "The most failed-call warnings logged a second, in bursts of as many: a client "
+          "Failed-call warnings logged a second on average, in bursts of up to as many: a client "
           "sending bad requests in a loop cannot flood the log; the next line logged counts "
           "those left out, and kplan_requests_total counts every call. 0: log every one");
 ABSL_FLAG(absl::Duration, load_idle_timeout, absl::Seconds(60),

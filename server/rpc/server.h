@@ -40,7 +40,7 @@ struct ServerOptions {
   // The longest a unary request may run when its client set no sooner
   // deadline; queued work past it is dropped, the CPU path stops.
   absl::Duration max_request_time = absl::Seconds(60);
-  // The most failed-call warnings logged a second (in bursts of as many);
+  // Failed-call warnings logged a second on average (in bursts of as many);
   // the rest are counted in the next line logged. 0: every one.
   double failed_call_log_rate = 20;
   // A LoadExperts stream that sends nothing this long is ended with

@@ -40,11 +40,12 @@ struct ShmChannelServer::Channel {
   std::atomic<bool> stop{false};
   std::atomic<bool> serving{true};  // until the thread's loop ends
   std::thread thread;
+  std::thread::id thread_id;  // the thread's, set once at Open (join clears thread's own)
   // Guarded by the server's mu_. A closing channel stays in the map until
   // its thread is joined, so that no channel opens on the region while the
   // old thread may still write its state word.
   bool stopping = false;  // stop set and the thread woken
-  bool claimed = false;   // a Close or CloseAll joins the thread
+  bool joining = false;   // a Closing::Wait or CloseAll is joining the thread
   void Stop() {
     stopping = true;
     stop.store(true, std::memory_order_release);
@@ -134,6 +135,7 @@ absl::StatusOr<int64_t> ShmChannelServer::Open(const std::string& name, ShmView 
                                                    std::memory_order_acq_rel);
   }
   channel->thread = std::thread([this, channel] { Serve(channel); });
+  channel->thread_id = channel->thread.get_id();
   channels_.emplace(name, std::move(channel));
   return response_capacity;
 }
@@ -148,24 +150,26 @@ ShmChannelServer::Closing ShmChannelServer::BeginClose(const std::string& name) 
     return closing;
   }
   const std::shared_ptr<Channel>& channel = it->second;
-  if (channel->thread.get_id() == std::this_thread::get_id()) {  // would join itself
+  if (channel->thread_id == std::this_thread::get_id()) {  // would join itself
     closing.status_ = absl::FailedPreconditionError(
         absl::StrCat("region '", name, "''s channel cannot be closed from its own call"));
     return closing;
   }
   closing.server_ = this;
   closing.channel_ = channel;
-  closing.join_ = !channel->claimed;  // else another close joins it: wait for that one
-  channel->claimed = true;
   if (!channel->stopping) channel->Stop();
   return closing;
 }
 
 absl::Status ShmChannelServer::Closing::Wait() {
   if (server_ == nullptr) return status_;
+  if (channel_->thread_id == std::this_thread::get_id()) {  // moved to the channel's call
+    return absl::FailedPreconditionError(
+        absl::StrCat("region '", channel_->name, "''s channel cannot be closed from its own call"));
+  }
   ShmChannelServer* server = std::exchange(server_, nullptr);
   std::unique_lock<std::mutex> lock(server->mu_);
-  if (join_) {
+  if (!channel_->joining) {  // the first to wait joins; the others wait for it
     server->JoinLocked(lock, channel_);
   } else {
     server->closed_.wait(lock, [&] {
@@ -183,6 +187,7 @@ absl::Status ShmChannelServer::Close(const std::string& name) { return BeginClos
 
 void ShmChannelServer::JoinLocked(std::unique_lock<std::mutex>& lock,
                                   const std::shared_ptr<Channel>& channel) {
+  channel->joining = true;
   lock.unlock();
   channel->thread.join();
   lock.lock();
@@ -214,7 +219,7 @@ void ShmChannelServer::CloseAll() {
   while (!channels_.empty()) {
     std::shared_ptr<Channel> next;
     for (const auto& [name, channel] : channels_) {
-      if (!channel->claimed) {
+      if (!channel->joining) {
         next = channel;
         break;
       }
@@ -223,7 +228,6 @@ void ShmChannelServer::CloseAll() {
       closed_.wait(lock);  // the rest are a Close's to join
       continue;
     }
-    next->claimed = true;
     if (!next->stopping) next->Stop();  // opened since the loop above
     JoinLocked(lock, next);
   }

@@ -93,14 +93,15 @@ class ShmChannelServer {
   // (a later Open on the region is UNAVAILABLE), Closing::Wait (or the
   // Closing's destructor) waits for its call in flight and its thread, and
   // answers what Close answers. So a caller can stop a channel under a lock
-  // of its own and wait for it outside.
+  // of its own and wait for it outside. Whoever waits first (a Closing, or
+  // CloseAll) joins the thread, the others wait for that; a Closing must not
+  // outlive its server.
   class Closing {
    public:
     Closing() = default;
     Closing(Closing&& other) noexcept
         : server_(std::exchange(other.server_, nullptr)),
           channel_(std::move(other.channel_)),
-          join_(other.join_),
           status_(std::move(other.status_)) {}
     Closing& operator=(Closing&&) = delete;
     ~Closing();
@@ -110,7 +111,6 @@ class ShmChannelServer {
     friend class ShmChannelServer;
     ShmChannelServer* server_ = nullptr;  // null: nothing to wait for
     std::shared_ptr<Channel> channel_;
-    bool join_ = false;  // this close joins the thread (else another one does)
     absl::Status status_;
   };
   Closing BeginClose(const std::string& name);
@@ -124,8 +124,8 @@ class ShmChannelServer {
  private:
   void Serve(const std::shared_ptr<Channel>& channel);
   void RunOne(const std::shared_ptr<Channel>& channel);
-  // Joins the thread of `channel` (claimed and stopped) with `lock` (on mu_)
-  // released, and takes the channel out of the map.
+  // Marks `channel` (stopped, not yet joining) joining, joins its thread
+  // with `lock` (on mu_) released, and takes the channel out of the map.
   void JoinLocked(std::unique_lock<std::mutex>& lock, const std::shared_ptr<Channel>& channel);
   // Throws nothing: out of memory for an error's bytes, it writes the code alone.
   absl::Status WriteAnswer(Channel& channel, uint64_t sequence, const absl::Status& status,

@@ -430,7 +430,7 @@ TEST(ShmChannelProtocolTest, BeginCloseStopsAtOnceAndWaitsLater) {
   std::thread client = held.CallAndHold(view_a);
   ShmChannelServer::Closing closing = server.BeginClose("a");  // returns with the call held
   EXPECT_TRUE(absl::IsUnavailable(server.Open("a", view_a, kCapacity).status()));
-  ASSERT_TRUE(server.Open("b", view_b, kCapacity).ok());
+  EXPECT_TRUE(server.Open("b", view_b, kCapacity).ok());  // no ASSERT: threads run
   EXPECT_TRUE(server.Close("b").ok());
   std::thread answerer([&] {
     absl::SleepFor(absl::Milliseconds(100));
@@ -441,6 +441,21 @@ TEST(ShmChannelProtocolTest, BeginCloseStopsAtOnceAndWaitsLater) {
   answerer.join();
   client.join();
   EXPECT_EQ(server.BeginClose("a").Wait().code(), absl::StatusCode::kNotFound);
+}
+
+// CloseAll on the thread of a Closing not yet waited for joins the channel
+// itself (it had waited for that Closing: a deadlock), and the Closing's
+// wait then finds it gone.
+TEST(ShmChannelProtocolTest, CloseAllJoinsAChannelWhoseClosingWaitsLater) {
+  ShmRegistry registry;
+  HeldFirstCall held;
+  ShmChannelServer& server = held.server();
+  Region region(registry, "w", kShmChannelHeaderBytes + 2 * kCapacity);
+  ASSERT_TRUE(server.Open("w", *registry.ResolveWindow("w", "region"), kCapacity).ok());
+  ShmChannelServer::Closing closing = server.BeginClose("w");
+  server.CloseAll();
+  EXPECT_EQ(server.size(), 0u);
+  EXPECT_TRUE(closing.Wait().ok());
 }
 
 // Closing a channel while its client calls: every call ends (answered, or

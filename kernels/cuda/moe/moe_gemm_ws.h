@@ -32,7 +32,8 @@ bool MoeGemmWsEnabled();
 // default) KPLAN_MOE_WS_CLUSTER=2 (on) / 1 (off), unset: with
 // kMoeWsClusterDefault on for the GEMMs whose K is long enough to gain
 // (moe_ws_schedule.h's WsClusterPays), else off. Same output bits either
-// way. The bf16 / fp16 launches of this kernel that succeeded, and those of
+// way. Blocks of 192 (the tall tiles, below) run one CTA a tile whatever
+// the switch says. The bf16 / fp16 launches of this kernel that succeeded, and those of
 // them in clusters, process-wide: a test's proof of which form ran.
 inline constexpr bool kMoeWsClusterDefault = true;  // the rule applies (session 19, call 5)
 void SetMoeGemmWsClusterMode(MoeGemmWsMode mode);
