@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <future>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status.h"
 #include "client/cpp/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -327,6 +329,33 @@ TEST_F(LimitsTest, DerivedExpertBudgetFollowsHostMemory) {
   absl::Status s = FromGrpc(w->Finish());
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_EQ(store()->bytes_in_use(), 0);
+}
+
+// A limit that makes no sense stops the start, naming its option.
+TEST(OptionLimitsTest, NegativeLimitsAreRefusedNamingTheField) {
+  static NoDeviceProber prober;
+  const auto refused = [](const ServerOptions& options) {
+    absl::StatusOr<std::unique_ptr<KplanServer>> s = KplanServer::Start(options);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+    return FieldOf(s.status()).value_or("");
+  };
+  ServerOptions base;
+  base.listen_address = "127.0.0.1:0";
+  base.prober = &prober;
+  ServerOptions o = base;
+  o.failed_call_log_rate = -1;
+  EXPECT_EQ(refused(o), "failed_call_log_rate");
+  o.failed_call_log_rate = std::nan("");
+  EXPECT_EQ(refused(o), "failed_call_log_rate");
+  o = base;
+  o.max_request_time = absl::Seconds(-1);
+  EXPECT_EQ(refused(o), "max_request_time");
+  o = base;
+  o.load_idle_timeout = absl::Seconds(-1);
+  EXPECT_EQ(refused(o), "load_idle_timeout");
+  o = base;
+  o.failed_call_log_rate = 0;  // log every one: a valid choice
+  EXPECT_TRUE(KplanServer::Start(o).ok());
 }
 
 TEST(DerivedLimitsTest, FromHostAndDeviceMemory) {
