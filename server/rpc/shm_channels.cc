@@ -24,6 +24,12 @@ constexpr int64_t kMaxTimeoutUs = int64_t{10'000'000'000'000};
 // channel gives up on it (and ends).
 constexpr absl::Duration kAnswerGrace = absl::Seconds(10);
 
+// A close from the channel's own call, which would join its own thread.
+absl::Status ClosedFromItsOwnCall(const std::string& name) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("region '", name, "''s channel cannot be closed from its own call"));
+}
+
 }  // namespace
 
 struct ShmChannelServer::Channel {
@@ -150,9 +156,8 @@ ShmChannelServer::Closing ShmChannelServer::BeginClose(const std::string& name) 
     return closing;
   }
   const std::shared_ptr<Channel>& channel = it->second;
-  if (channel->thread_id == std::this_thread::get_id()) {  // would join itself
-    closing.status_ = absl::FailedPreconditionError(
-        absl::StrCat("region '", name, "''s channel cannot be closed from its own call"));
+  if (channel->thread_id == std::this_thread::get_id()) {
+    closing.status_ = ClosedFromItsOwnCall(name);
     return closing;
   }
   closing.server_ = this;
@@ -164,8 +169,7 @@ ShmChannelServer::Closing ShmChannelServer::BeginClose(const std::string& name) 
 absl::Status ShmChannelServer::Closing::Wait() {
   if (server_ == nullptr) return status_;
   if (channel_->thread_id == std::this_thread::get_id()) {  // moved to the channel's call
-    return absl::FailedPreconditionError(
-        absl::StrCat("region '", channel_->name, "''s channel cannot be closed from its own call"));
+    return ClosedFromItsOwnCall(channel_->name);
   }
   ShmChannelServer* server = std::exchange(server_, nullptr);
   std::unique_lock<std::mutex> lock(server->mu_);
