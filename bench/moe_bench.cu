@@ -70,19 +70,20 @@
 // route (moe_quant_route.h; a route that does not apply falls back to auto).
 // --variants default,ping_pong,cooperative,one_block,narrow,...: kernel forms
 // switched against their defaults, each bf16 config once per variant in turn
-// (decode-sized and quantised rows: the first variant only): ping_pong the
+// (quantised rows: the first variant only): ping_pong the
 // warp-specialised GEMM's ping-pong consumers at every slot count,
 // cooperative never (SetMoeGemmWsPingPongMode; the default takes them below
 // kMoeWsPingPongMaxSlots slots per expert), one_block the align in one block
 // (SetMoeAlignSpreadMode off), narrow the cp.async kernel's wide k-tiles off
 // (SetMoeGemmWideMode), tall the warp-specialised GEMM's tall tiles (blocks of
 // 192, SetMoeGemmWsTallTilesMode) wherever the cooperative consumers run,
-// short never (the default takes them by MoeGemmWsTallTilesFor's rule);
-// forms combine with '+'; each such row's layer is first compared
-// bit for bit with the same layer with the form's switch the other way
-// (ping_pong against cooperative and back, one_block against the spread
-// align, narrow against wide, tall and short against each other). The row's gemm column names the
-// variant, not the kernel that ran.
+// short never (the default takes them by MoeGemmWsTallTilesFor's rule),
+// prefetch the decode kernels' L2 plan at every size (SetMoeDecodePrefetchMode;
+// the default by MoeDecodePrefetchFor's rule); forms combine with '+'; each such row's layer is
+// first compared bit for bit with the same layer with the form's switch the other way (ping_pong
+// against cooperative and back, one_block against the spread align, narrow against wide, tall and
+// short against each other, prefetch against none). The row's gemm column names the variant, not
+// the kernel that ran.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -228,6 +229,8 @@ const VariantForm kVariantForms[] = {
      "192-slot vs 128-slot tiles"},
     {"short", kc::SetMoeGemmWsTallTilesMode, kc::MoeKernelMode::kOff, kc::MoeKernelMode::kOn,
      "128-slot vs 192-slot tiles"},
+    {"prefetch", kc::SetMoeDecodePrefetchMode, kc::MoeKernelMode::kOn, kc::MoeKernelMode::kOff,
+     "decode down rows prefetched to L2 vs not"},
 };
 constexpr size_t kNumVariantForms = sizeof(kVariantForms) / sizeof(kVariantForms[0]);
 
@@ -298,7 +301,8 @@ std::vector<std::string> SplitComma(const std::string& s) {
       "int4_group,"
       "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
       "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
-      "[--variants default,ping_pong,cooperative,one_block,narrow,tall,short,...] [--json FILE] "
+      "[--variants default,ping_pong,cooperative,one_block,narrow,tall,short,prefetch,...] [--json "
+      "FILE] "
       "[--csv FILE]\n",
       argv0);
   std::exit(2);
@@ -1213,9 +1217,8 @@ int main(int argc, char** argv) {
                                                                        args.decode_layer.end())
                                                     : std::vector<int>{-1}) {
                 for (const std::string& vname :
-                     decode_sized || quant != "bf16"
-                         ? std::vector<std::string>{args.variants.front()}
-                         : args.variants) {
+                     quant != "bf16" ? std::vector<std::string>{args.variants.front()}
+                                     : args.variants) {
                   if (fused && !ws && !decode_sized) continue;  // the fused epilogue is ws's
                   const Variant variant = ParseVariant(vname);
                   ApplyVariant(variant);

@@ -7,18 +7,20 @@
 # logs into $out.tar.gz (one file back from the device call), prints the
 # status and exits with it. `step NAME SECONDS COMMAND...` runs COMMAND
 # under a time limit into $out/NAME.log, says ok or FAILED (and sets
-# status=1), then prints the log's lines that match $step_keep (an extended
-# regex) and not $step_drop, the last ${TAIL:-20} of them. The caller sets
+# status=1) with its seconds, then prints the log's lines that match
+# $step_keep (an extended regex) and not $step_drop, the last ${TAIL:-20} of
+# them. The caller sets
 # out (gpu_check_setup does), step_keep and, optionally, step_drop.
 status=0
 step() {  # name seconds command...
   local name=$1 limit=$2
   shift 2
   echo "=== $name: $*"
+  local t0=$SECONDS
   if timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1; then
-    echo "--- $name: ok"
+    echo "--- $name: ok ($((SECONDS - t0)) s)"
   else
-    echo "--- $name: FAILED ($?)"
+    echo "--- $name: FAILED ($?, $((SECONDS - t0)) s)"
     status=1
   fi
   grep -E "$step_keep" "$out/$name.log" | grep -vE "${step_drop:-^$}" | cut -c1-200 |

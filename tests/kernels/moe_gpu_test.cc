@@ -631,6 +631,41 @@ TEST(MoeGpuValidationTest, WsPingPongBySlots) {
   kc::SetMoeGemmWsPingPongMode(MoeGemmWsMode::kFromEnv);
 }
 
+// The decode kernels' L2 plan (host logic): where the slots' down rows fit
+// in half the L2 (unless KPLAN_MOE_DECODE_PREFETCH=0, or off by default),
+// at every size when forced, never when switched off.
+TEST(MoeGpuValidationTest, DecodePrefetchWhereDownRowsFitL2) {
+  using kc::MoeKernelMode;
+  const char* env = std::getenv("KPLAN_MOE_DECODE_PREFETCH");
+  const bool allowed =
+      env == nullptr || *env == '\0' ? kc::kMoeDecodePrefetchDefault : std::strcmp(env, "0") != 0;
+  const int64_t l2 = int64_t{50} << 20;  // an H100's / H200's L2
+  struct Layer {
+    int64_t slots, H, I;
+    bool fits;
+  };
+  // Qwen3-30B-A3B one token: 8 x 2048 x 768 x 2 = 24 MiB; two tokens 48 MiB;
+  // Mixtral-8x7B one token 2 x 4096 x 14336 x 2 = 224 MiB.
+  const Layer layers[] = {
+      {8, 2048, 768, true}, {16, 2048, 768, false}, {2, 4096, 14336, false}, {1, 8, 8, true}};
+  for (MoeKernelMode mode : {MoeKernelMode::kFromEnv, MoeKernelMode::kOn, MoeKernelMode::kOff}) {
+    kc::SetMoeDecodePrefetchMode(mode);
+    for (const Layer& x : layers) {
+      const bool want = mode == MoeKernelMode::kOn    ? true
+                        : mode == MoeKernelMode::kOff ? false
+                                                      : allowed && x.fits;
+      EXPECT_EQ(kc::MoeDecodePrefetchFor(x.slots, x.H, x.I, 2, l2), want)
+          << "mode " << static_cast<int>(mode) << " slots " << x.slots << " H " << x.H;
+    }
+    // The bound is half the L2, inclusive.
+    if (mode == MoeKernelMode::kFromEnv && allowed) {
+      EXPECT_TRUE(kc::MoeDecodePrefetchFor(1, 1024, 1024, 2, int64_t{4} << 20));
+      EXPECT_FALSE(kc::MoeDecodePrefetchFor(1, 1024, 1024, 2, (int64_t{4} << 20) - 2));
+    }
+  }
+  kc::SetMoeDecodePrefetchMode(MoeKernelMode::kFromEnv);
+}
+
 // The tall tiles' rule (host logic): bf16 from kMoeWsTallTilesMinSlots to
 // below kMoeWsTallTilesMaxSlots slots per expert where both GEMMs' K are at
 // least kMoeWsTallTilesMinK (unless KPLAN_MOE_WS_TALL=0), every slot
