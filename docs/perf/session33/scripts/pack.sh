@@ -8,7 +8,8 @@ set -euo pipefail
 b=${1:-build}
 mkdir -p build-pack
 rm -f build-pack/*.tar.xz
-t=(moe_gpu_test moe_decode_gpu_test moe_ws_gpu_test moe_layer_gpu_test moe_graph_gpu_test moe_bench)
+t=(moe_gpu_test moe_decode_gpu_test moe_ws_gpu_test moe_layer_gpu_test moe_graph_gpu_test moe_bench
+  moe_hop_bench)
 ninja -C "$b" -j2 "${t[@]}"
 rm -rf .tdist
 bash scripts/bundle.sh .tdist "${t[@]/#/$b/bin/}" >/dev/null
