@@ -70,7 +70,8 @@
 // route (moe_quant_route.h; a route that does not apply falls back to auto).
 // --variants default,ping_pong,cooperative,one_block,narrow,...: kernel forms
 // switched against their defaults, each bf16 config once per variant in turn
-// (quantised rows: the first variant only): ping_pong the
+// where the variant switches a form of the row's path (quantised rows: the
+// first variant only): ping_pong the
 // warp-specialised GEMM's ping-pong consumers at every slot count,
 // cooperative never (SetMoeGemmWsPingPongMode; the default takes them below
 // kMoeWsPingPongMaxSlots slots per expert), one_block the align in one block
@@ -209,12 +210,14 @@ struct Args {
 
 // The kernel forms --variants switches, one row each: its name, its switch,
 // the mode a variant sets and the default's (kFromEnv outside a variant),
-// what the bit-for-bit check compares.
+// what the bit-for-bit check compares, and whether it is a form of the two
+// decode kernels (else of the grouped path).
 struct VariantForm {
   const char* name;
   void (*set)(kc::MoeKernelMode);
   kc::MoeKernelMode variant, base;
   const char* what;
+  bool decode = false;
 };
 const VariantForm kVariantForms[] = {
     {"ping_pong", kc::SetMoeGemmWsPingPongMode, kc::MoeKernelMode::kOn, kc::MoeKernelMode::kOff,
@@ -230,7 +233,7 @@ const VariantForm kVariantForms[] = {
     {"short", kc::SetMoeGemmWsTallTilesMode, kc::MoeKernelMode::kOff, kc::MoeKernelMode::kOn,
      "128-slot vs 192-slot tiles"},
     {"prefetch", kc::SetMoeDecodePrefetchMode, kc::MoeKernelMode::kOn, kc::MoeKernelMode::kOff,
-     "decode down rows prefetched to L2 vs not"},
+     "decode down rows prefetched to L2 vs not", /*decode=*/true},
 };
 constexpr size_t kNumVariantForms = sizeof(kVariantForms) / sizeof(kVariantForms[0]);
 
@@ -267,6 +270,15 @@ Variant ParseVariant(const std::string& v) {
     out.on[f] = true;
   }
   return out;
+}
+
+// Whether variant `v` switches a form of the path a row runs (the two
+// decode kernels, or the grouped path): the default always does.
+bool VariantApplies(const Variant& v, bool decode_kernels) {
+  for (size_t f = 0; f < kNumVariantForms; ++f) {
+    if (v.on[f] && kVariantForms[f].decode != decode_kernels) return false;
+  }
+  return true;
 }
 
 // Sets the switches of `v` (kFromEnv for the forms it leaves out), or with
@@ -1221,12 +1233,17 @@ int main(int argc, char** argv) {
                                      : args.variants) {
                   if (fused && !ws && !decode_sized) continue;  // the fused epilogue is ws's
                   const Variant variant = ParseVariant(vname);
-                  ApplyVariant(variant);
-                  kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-                  kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+                  // The two decode kernels run decode-sized rows unless the
+                  // one-kernel form is on (--decode_layer, or the environment's).
                   kc::SetMoeDecodeLayerMode(layer1k < 0    ? kc::MoeKernelMode::kFromEnv
                                             : layer1k != 0 ? kc::MoeKernelMode::kOn
                                                            : kc::MoeKernelMode::kOff);
+                  if (!VariantApplies(variant, decode_sized && !kc::MoeDecodeLayerEnabled())) {
+                    continue;
+                  }
+                  ApplyVariant(variant);
+                  kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+                  kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
                   const auto tc = Clock::now();
                   Row r = RunConfig(*sh, *gpu, qset.get(), quant, M, args, variant, copy_gbps,
                                     mm_tflops, stream);

@@ -20,9 +20,10 @@
 // computed from them and rounded once, the combine Σ_j fadd(fmul(y_j, w_j))
 // in slot order rounded once; only the fp32 order inside a dot product
 // differs. Slots whose expert is not local (expert map -1) or out of range
-// contribute zero rows. Where the hit experts' down rows fit in L2
-// (MoeDecodePrefetchFor) the up kernel's CTAs also prefetch them there while
-// the gate/up rows stream evict-first, so the down kernel reads L2.
+// contribute zero rows. With the L2 plan (MoeDecodePrefetchFor: switched on,
+// and the slots' down rows within half the L2) the up kernel's first wave of
+// CTAs also prefetches the down rows into L2 while the gate/up rows stream
+// evict-first, so the down kernel reads them from L2.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -31,6 +32,7 @@
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_decode.cuh"
+#include "kernels/cuda/moe/moe_decode_layer_plan.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_ops.h"
@@ -52,8 +54,10 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // The up kernel's loads in flight per lane and row (Dots): 2 measured best
 // against 4 and 8 (docs/PERF.md, session 10); with it ptxas -v gives the
-// kernel 62 registers: four CTAs of 256 threads fit an SM.
+// kernel 62-64 registers: kUpCtas CTAs of 256 threads an SM, which its
+// launch bounds hold it to.
 constexpr int kUpBatch = 2;
+constexpr int kUpCtas = 4;
 
 // The L2 plan's pieces (MoeDecodePrefetchFor): a weight row read once, with
 // an L2 evict-first policy, so that the rows streaming past do not push out
@@ -93,34 +97,26 @@ struct UpArgs {
   MoeActParams params;
   T* h;  // [numel, I]
   // The L2 plan (kPrefetch): w2 [E_local, H, I], down_bytes = H * I *
-  // sizeof(T) a local expert.
+  // sizeof(T) a local expert; the first prefetch_ctas CTAs (the first wave)
+  // prefetch the slots' down rows between them.
   const char* w2;
   int64_t down_bytes;
+  int prefetch_ctas;
 };
 
-// CTA b's share of the L2 plan: bytes [b * share, (b + 1) * share) of the
-// slots' down rows laid end to end (slot s's are its expert's block of w2),
-// share = the total over the grid, in 16-byte units. One thread issues it.
-template <typename T>
-__device__ void PrefetchDownShare(const UpArgs<T>& a) {
-  const int64_t total = a.numel * a.down_bytes;
-  const int64_t share = ((total + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
-  int64_t pos = static_cast<int64_t>(blockIdx.x) * share;
-  const int64_t end = pos + share < total ? pos + share : total;
-  while (pos < end) {
-    const int64_t s = pos / a.down_bytes, off = pos % a.down_bytes;
-    const int64_t n = (end - pos < a.down_bytes - off) ? end - pos : a.down_bytes - off;
-    const int e = LocalExpert(a.ids, a.map, a.num_experts, a.num_local, s);
-    if (e >= 0) PrefetchL2(a.w2 + e * a.down_bytes + off, n);
-    pos += n;
-  }
-}
-
 template <typename T, bool kPrefetch>
-__global__ void __launch_bounds__(kThreads) DecodeUpKernel(const __grid_constant__ UpArgs<T> a) {
+__global__ void __launch_bounds__(kThreads, kUpCtas)
+    DecodeUpKernel(const __grid_constant__ UpArgs<T> a) {
   detail::PdlWaitThenRelease();
   if constexpr (kPrefetch) {
-    if (threadIdx.x == 0) PrefetchDownShare(a);
+    if (threadIdx.x == 0 && static_cast<int>(blockIdx.x) < a.prefetch_ctas) {
+      detail::DecodePrefetchShare(a.numel, a.down_bytes, blockIdx.x, a.prefetch_ctas,
+                                  [&](int64_t s, int64_t off, int64_t n) {
+                                    const int e =
+                                        LocalExpert(a.ids, a.map, a.num_experts, a.num_local, s);
+                                    if (e >= 0) PrefetchL2(a.w2 + e * a.down_bytes + off, n);
+                                  });
+    }
   }
   using WLoad = std::conditional_t<kPrefetch, EvictFirstLoad, detail::decode::LdgLoad>;
   const int lane = threadIdx.x & 31;
@@ -274,9 +270,11 @@ absl::Status Launch(const MoeDecodeArgs& d, int sms, bool prefetch, cudaStream_t
                p,
                static_cast<T*>(d.h),
                static_cast<const char*>(d.w2),
-               d.hidden_size * d.intermediate_size * static_cast<int64_t>(sizeof(T))};
+               d.hidden_size * d.intermediate_size * static_cast<int64_t>(sizeof(T)),
+               0};
   const int64_t up_items = numel * d.intermediate_size;
   const dim3 up_grid((up_items + kWarps - 1) / kWarps);
+  up.prefetch_ctas = static_cast<int>(std::min<int64_t>(up_grid.x, int64_t{kUpCtas} * sms));
   KPLAN_CUDA_RETURN_IF_ERROR(
       prefetch
           ? detail::LaunchPdl(DecodeUpKernel<T, true>, up_grid, dim3(kThreads), 0, stream, up)
@@ -369,7 +367,8 @@ void SetMoeDecodePrefetchMode(MoeKernelMode mode) { g_prefetch.Set(mode); }
 bool MoeDecodePrefetchFor(int64_t slots, int64_t hidden, int64_t intermediate, int64_t elem_bytes,
                           int64_t l2_bytes) {
   if (!g_prefetch.On()) return false;
-  return g_prefetch.Forced() || slots * hidden * intermediate * elem_bytes <= l2_bytes / 2;
+  return g_prefetch.Forced() ||
+         MoeDecodeDownRowsFitL2(slots, hidden, intermediate, elem_bytes, l2_bytes);
 }
 
 bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,

@@ -282,6 +282,11 @@ int64_t MoeDecodeLayerLaunches();
 // / 1 (unset: kMoeDecodePrefetchDefault).
 inline constexpr bool kMoeDecodePrefetchDefault = false;
 void SetMoeDecodePrefetchMode(MoeKernelMode mode);
+// The size half of the rule: `slots` slots' down rows within half the L2.
+inline bool MoeDecodeDownRowsFitL2(int64_t slots, int64_t hidden, int64_t intermediate,
+                                   int64_t elem_bytes, int64_t l2_bytes) {
+  return slots * hidden * intermediate * elem_bytes <= l2_bytes / 2;
+}
 bool MoeDecodePrefetchFor(int64_t slots, int64_t hidden, int64_t intermediate, int64_t elem_bytes,
                           int64_t l2_bytes);
 
