@@ -70,21 +70,19 @@
 // route (moe_quant_route.h; a route that does not apply falls back to auto).
 // --variants default,ping_pong,cooperative,one_block,narrow,...: kernel forms
 // switched against their defaults, each bf16 config once per variant in turn
-// where the variant switches a form of the row's path (quantised rows: the
-// first variant only): ping_pong the
+// (decode-sized and quantised rows: the first variant only): ping_pong the
 // warp-specialised GEMM's ping-pong consumers at every slot count,
 // cooperative never (SetMoeGemmWsPingPongMode; the default takes them below
 // kMoeWsPingPongMaxSlots slots per expert), one_block the align in one block
 // (SetMoeAlignSpreadMode off), narrow the cp.async kernel's wide k-tiles off
 // (SetMoeGemmWideMode), tall the warp-specialised GEMM's tall tiles (blocks of
 // 192, SetMoeGemmWsTallTilesMode) wherever the cooperative consumers run,
-// short never (the default takes them by MoeGemmWsTallTilesFor's rule),
-// prefetch the decode kernels' L2 plan at every size (SetMoeDecodePrefetchMode;
-// the default by MoeDecodePrefetchFor's rule); forms combine with '+'; each such row's layer is
-// first compared bit for bit with the same layer with the form's switch the other way (ping_pong
-// against cooperative and back, one_block against the spread align, narrow against wide, tall and
-// short against each other, prefetch against none). The row's gemm column names the variant, not
-// the kernel that ran.
+// short never (the default takes them by MoeGemmWsTallTilesFor's rule);
+// forms combine with '+'; each such row's layer is first compared
+// bit for bit with the same layer with the form's switch the other way
+// (ping_pong against cooperative and back, one_block against the spread
+// align, narrow against wide, tall and short against each other). The row's gemm column names the
+// variant, not the kernel that ran.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -210,14 +208,12 @@ struct Args {
 
 // The kernel forms --variants switches, one row each: its name, its switch,
 // the mode a variant sets and the default's (kFromEnv outside a variant),
-// what the bit-for-bit check compares, and whether it is a form of the two
-// decode kernels (else of the grouped path).
+// what the bit-for-bit check compares.
 struct VariantForm {
   const char* name;
   void (*set)(kc::MoeKernelMode);
   kc::MoeKernelMode variant, base;
   const char* what;
-  bool decode = false;
 };
 const VariantForm kVariantForms[] = {
     {"ping_pong", kc::SetMoeGemmWsPingPongMode, kc::MoeKernelMode::kOn, kc::MoeKernelMode::kOff,
@@ -232,8 +228,6 @@ const VariantForm kVariantForms[] = {
      "192-slot vs 128-slot tiles"},
     {"short", kc::SetMoeGemmWsTallTilesMode, kc::MoeKernelMode::kOff, kc::MoeKernelMode::kOn,
      "128-slot vs 192-slot tiles"},
-    {"prefetch", kc::SetMoeDecodePrefetchMode, kc::MoeKernelMode::kOn, kc::MoeKernelMode::kOff,
-     "decode down rows prefetched to L2 vs not", /*decode=*/true},
 };
 constexpr size_t kNumVariantForms = sizeof(kVariantForms) / sizeof(kVariantForms[0]);
 
@@ -272,15 +266,6 @@ Variant ParseVariant(const std::string& v) {
   return out;
 }
 
-// Whether variant `v` switches a form of the path a row runs (the two
-// decode kernels, or the grouped path): the default always does.
-bool VariantApplies(const Variant& v, bool decode_kernels) {
-  for (size_t f = 0; f < kNumVariantForms; ++f) {
-    if (v.on[f] && kVariantForms[f].decode != decode_kernels) return false;
-  }
-  return true;
-}
-
 // Sets the switches of `v` (kFromEnv for the forms it leaves out), or with
 // reset all back to kFromEnv. Two forms may share a switch (ping_pong and
 // cooperative): every switch is reset first, then the variant's forms set.
@@ -313,8 +298,7 @@ std::vector<std::string> SplitComma(const std::string& s) {
       "int4_group,"
       "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
       "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
-      "[--variants default,ping_pong,cooperative,one_block,narrow,tall,short,prefetch,...] [--json "
-      "FILE] "
+      "[--variants default,ping_pong,cooperative,one_block,narrow,tall,short,...] [--json FILE] "
       "[--csv FILE]\n",
       argv0);
   std::exit(2);
@@ -1229,21 +1213,17 @@ int main(int argc, char** argv) {
                                                                        args.decode_layer.end())
                                                     : std::vector<int>{-1}) {
                 for (const std::string& vname :
-                     quant != "bf16" ? std::vector<std::string>{args.variants.front()}
-                                     : args.variants) {
+                     decode_sized || quant != "bf16"
+                         ? std::vector<std::string>{args.variants.front()}
+                         : args.variants) {
                   if (fused && !ws && !decode_sized) continue;  // the fused epilogue is ws's
                   const Variant variant = ParseVariant(vname);
-                  // The two decode kernels run decode-sized rows unless the
-                  // one-kernel form is on (--decode_layer, or the environment's).
-                  kc::SetMoeDecodeLayerMode(layer1k < 0    ? kc::MoeKernelMode::kFromEnv
-                                            : layer1k != 0 ? kc::MoeKernelMode::kOn
-                                                           : kc::MoeKernelMode::kOff);
-                  if (!VariantApplies(variant, decode_sized && !kc::MoeDecodeLayerEnabled())) {
-                    continue;
-                  }
                   ApplyVariant(variant);
                   kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
                   kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+                  kc::SetMoeDecodeLayerMode(layer1k < 0    ? kc::MoeKernelMode::kFromEnv
+                                            : layer1k != 0 ? kc::MoeKernelMode::kOn
+                                                           : kc::MoeKernelMode::kOff);
                   const auto tc = Clock::now();
                   Row r = RunConfig(*sh, *gpu, qset.get(), quant, M, args, variant, copy_gbps,
                                     mm_tflops, stream);

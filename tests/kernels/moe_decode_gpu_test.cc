@@ -1,9 +1,8 @@
 // The decode-sized MoE layer (kernels/cuda/moe/moe_experts.h,
 // LaunchMoeDecodeExperts) in both forms on fresh random data every run (the
 // seed is printed; MOE_DECODE_GPU_TEST_SEED=<n> repeats one):
-//  * the one-kernel form (moe_decode_layer.cu) and the two-kernel form
-//    with its L2 plan (SetMoeDecodePrefetchMode) bit for bit against the
-//    two-kernel form without it (moe_decode.cu): output, top-k ids and weights, with
+//  * the one-kernel form (moe_decode_layer.cu) bit for bit against the
+//    two-kernel form (moe_decode.cu): output, top-k ids and weights, with
 //    every output and workspace buffer poisoned (NaN) before each run, and
 //    the one-kernel launch counter showing which form ran;
 //  * both against the CPU reference (moe::MoeReference, or moe::RunExperts
@@ -339,29 +338,10 @@ class DecodeLayer {
 // The decode form back to the environment's when a case ends, however it
 // ends (a failed ASSERT returns early).
 struct DecodeModeReset {
-  ~DecodeModeReset() {
-    kc::SetMoeDecodeLayerMode(kc::MoeKernelMode::kFromEnv);
-    kc::SetMoeDecodePrefetchMode(kc::MoeKernelMode::kFromEnv);
-  }
+  ~DecodeModeReset() { kc::SetMoeDecodeLayerMode(kc::MoeKernelMode::kFromEnv); }
 };
 
-// The count of differing elements of two outputs, printed with `what`.
-int64_t Differ(const Result& a, const Result& b, const std::string& name, const char* what) {
-  int64_t differ = 0, first = -1;
-  for (size_t i = 0; i < a.out.size(); ++i) {
-    if (a.out[i] != b.out[i]) {
-      if (first < 0) first = static_cast<int64_t>(i);
-      ++differ;
-    }
-  }
-  std::printf("%-46s %s: %lld/%zu differ (first at %lld)\n", name.c_str(), what,
-              static_cast<long long>(differ), a.out.size(), static_cast<long long>(first));
-  return differ;
-}
-
-// Runs `c` in both forms, the two kernels with and without their L2 plan
-// (SetMoeDecodePrefetchMode); the one-kernel form must have run and all
-// three must match.
+// Runs `c` in both forms; the one-kernel form must have run and match.
 void RunBoth(const Case& c, uint64_t id) {
   SCOPED_TRACE(c.name);
   const DecodeModeReset reset;
@@ -370,19 +350,13 @@ void RunBoth(const Case& c, uint64_t id) {
   if (::testing::Test::HasFatalFailure()) return;
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
-  Result two, two_l2, one;
+  Result two, one;
   kc::SetMoeDecodeLayerMode(kc::MoeKernelMode::kOff);
   const int64_t before = kc::MoeDecodeLayerLaunches();
-  kc::SetMoeDecodePrefetchMode(kc::MoeKernelMode::kOff);
   layer.Enqueue(stream);
   CUDA_OK(cudaStreamSynchronize(stream));
-  layer.Download(&two);
-  kc::SetMoeDecodePrefetchMode(kc::MoeKernelMode::kOn);
-  layer.Enqueue(stream);
-  CUDA_OK(cudaStreamSynchronize(stream));
-  CUDA_OK(cudaGetLastError());
   EXPECT_EQ(kc::MoeDecodeLayerLaunches(), before) << "the one-kernel form ran while off";
-  layer.Download(&two_l2);
+  layer.Download(&two);
   kc::SetMoeDecodeLayerMode(kc::MoeKernelMode::kOn);
   layer.Enqueue(stream);
   CUDA_OK(cudaStreamSynchronize(stream));
@@ -391,14 +365,20 @@ void RunBoth(const Case& c, uint64_t id) {
   layer.Download(&one);
   CUDA_OK(cudaStreamDestroy(stream));
 
-  EXPECT_EQ(Differ(one, two, c.name, "one vs two kernels"), 0);
-  EXPECT_EQ(Differ(two_l2, two, c.name, "two kernels, L2 plan vs none"), 0);
-  if (c.logits) {  // routed by each form (given ids are inputs)
-    for (const Result* r : {&one, &two_l2}) {
-      EXPECT_EQ(r->ids, two.ids);
-      EXPECT_EQ(0, std::memcmp(r->weights.data(), two.weights.data(), r->weights.size() * 4))
-          << "routing weights differ";
+  int64_t differ = 0, first = -1;
+  for (size_t i = 0; i < one.out.size(); ++i) {
+    if (one.out[i] != two.out[i]) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++differ;
     }
+  }
+  std::printf("%-46s M=%-3lld one vs two kernels: %lld/%zu differ\n", c.name.c_str(),
+              static_cast<long long>(c.M), static_cast<long long>(differ), one.out.size());
+  EXPECT_EQ(differ, 0) << "first at " << first;
+  if (c.logits) {  // routed by each form (given ids are inputs)
+    EXPECT_EQ(one.ids, two.ids);
+    EXPECT_EQ(0, std::memcmp(one.weights.data(), two.weights.data(), one.weights.size() * 4))
+        << "routing weights differ";
   }
   layer.CheckAgainstCpu(one, c.name);
 }

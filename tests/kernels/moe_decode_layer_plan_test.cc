@@ -213,42 +213,5 @@ TEST(MoeDecodeLayerPlan, ChunksCoverEveryItemAndRowOnce) {
   }
 }
 
-// The L2 plan's shares (DecodePrefetchShare): over the CTAs they cover every
-// byte of every slot's down rows once, in order, each piece within its slot,
-// 16-byte aligned and a multiple of 16 bytes; also with more CTAs than
-// 16-byte units, a share spanning slots, and a grid that does not divide the
-// total.
-TEST(MoeDecodeLayerPlan, PrefetchSharesCoverTheDownRowsOnce) {
-  struct Case {
-    int64_t slots, down_bytes;
-    int ctas;
-  };
-  const Case cases[] = {{8, 2048 * 768 * 2, 528},  // Qwen3-30B-A3B, one token, 132 SMs x 4
-                        {8, 2048 * 768 * 2, 7},
-                        {3, 16 * 8 * 2, 1000},  // more CTAs than units
-                        {5, 128, 3},
-                        {16, 2048 * 768 * 2, 1},
-                        {1, 16, 1}};
-  for (const Case& c : cases) {
-    SCOPED_TRACE(std::to_string(c.slots) + " slots of " + std::to_string(c.down_bytes) +
-                 " bytes, " + std::to_string(c.ctas) + " CTAs");
-    int64_t next = 0;  // the next byte of the run, slots end to end
-    for (int cta = 0; cta < c.ctas; ++cta) {
-      DecodePrefetchShare(c.slots, c.down_bytes, cta, c.ctas,
-                          [&](int64_t s, int64_t off, int64_t n) {
-                            EXPECT_GE(s, 0);
-                            EXPECT_LT(s, c.slots);
-                            EXPECT_GT(n, 0);
-                            EXPECT_EQ(off % 16, 0);
-                            EXPECT_EQ(n % 16, 0);
-                            EXPECT_LE(off + n, c.down_bytes);
-                            EXPECT_EQ(s * c.down_bytes + off, next);
-                            next = s * c.down_bytes + off + n;
-                          });
-    }
-    EXPECT_EQ(next, c.slots * c.down_bytes);
-  }
-}
-
 }  // namespace
 }  // namespace kplan::kernels::cuda::detail

@@ -631,45 +631,6 @@ TEST(MoeGpuValidationTest, WsPingPongBySlots) {
   kc::SetMoeGemmWsPingPongMode(MoeGemmWsMode::kFromEnv);
 }
 
-// The decode kernels' L2 plan (host logic): the size rule (the slots' down
-// rows within half the L2, inclusive) whatever the environment; the switch
-// at every size when forced, never when off, and from the environment
-// (KPLAN_MOE_DECODE_PREFETCH, default kMoeDecodePrefetchDefault) where the
-// rows fit.
-TEST(MoeGpuValidationTest, DecodePrefetchWhereDownRowsFitL2) {
-  using kc::MoeKernelMode;
-  const int64_t l2 = int64_t{50} << 20;  // an H100's / H200's L2
-  struct Layer {
-    int64_t slots, H, I;
-    bool fits;
-  };
-  // Qwen3-30B-A3B one token: 8 x 2048 x 768 x 2 = 24 MiB; two tokens 48 MiB;
-  // Mixtral-8x7B one token 2 x 4096 x 14336 x 2 = 224 MiB.
-  const Layer layers[] = {
-      {8, 2048, 768, true}, {16, 2048, 768, false}, {2, 4096, 14336, false}, {1, 8, 8, true}};
-  for (const Layer& x : layers) {
-    EXPECT_EQ(kc::MoeDecodeDownRowsFitL2(x.slots, x.H, x.I, 2, l2), x.fits) << x.slots;
-  }
-  EXPECT_TRUE(kc::MoeDecodeDownRowsFitL2(1, 1024, 1024, 2, int64_t{4} << 20));  // exactly half
-  EXPECT_FALSE(kc::MoeDecodeDownRowsFitL2(1, 1024, 1024, 2, (int64_t{4} << 20) - 2));
-  EXPECT_FALSE(kc::MoeDecodeDownRowsFitL2(1, 1024, 1024, 4, int64_t{4} << 20));  // 4-byte elements
-
-  const char* env = std::getenv("KPLAN_MOE_DECODE_PREFETCH");
-  const bool allowed =
-      env == nullptr || *env == '\0' ? kc::kMoeDecodePrefetchDefault : std::strcmp(env, "0") != 0;
-  for (MoeKernelMode mode : {MoeKernelMode::kFromEnv, MoeKernelMode::kOn, MoeKernelMode::kOff}) {
-    kc::SetMoeDecodePrefetchMode(mode);
-    for (const Layer& x : layers) {
-      const bool want = mode == MoeKernelMode::kOn    ? true
-                        : mode == MoeKernelMode::kOff ? false
-                                                      : allowed && x.fits;
-      EXPECT_EQ(kc::MoeDecodePrefetchFor(x.slots, x.H, x.I, 2, l2), want)
-          << "mode " << static_cast<int>(mode) << " slots " << x.slots << " H " << x.H;
-    }
-  }
-  kc::SetMoeDecodePrefetchMode(MoeKernelMode::kFromEnv);
-}
-
 // The tall tiles' rule (host logic): bf16 from kMoeWsTallTilesMinSlots to
 // below kMoeWsTallTilesMaxSlots slots per expert where both GEMMs' K are at
 // least kMoeWsTallTilesMinK (unless KPLAN_MOE_WS_TALL=0), every slot

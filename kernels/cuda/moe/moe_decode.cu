@@ -20,21 +20,15 @@
 // computed from them and rounded once, the combine Σ_j fadd(fmul(y_j, w_j))
 // in slot order rounded once; only the fp32 order inside a dot product
 // differs. Slots whose expert is not local (expert map -1) or out of range
-// contribute zero rows. With the L2 plan (MoeDecodePrefetchFor: switched on,
-// and the slots' down rows within half the L2) the up kernel's first wave of
-// CTAs also prefetches the down rows into L2 while the gate/up rows stream
-// evict-first, so the down kernel reads them from L2.
+// contribute zero rows.
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "base/status.h"
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_decode.cuh"
-#include "kernels/cuda/moe/moe_decode_layer_plan.h"
 #include "kernels/cuda/moe/moe_experts.h"
-#include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cuda/moe/pdl.cuh"
@@ -54,35 +48,8 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // The up kernel's loads in flight per lane and row (Dots): 2 measured best
 // against 4 and 8 (docs/PERF.md, session 10); with it ptxas -v gives the
-// kernel 62-64 registers: kUpCtas CTAs of 256 threads an SM, which its
-// launch bounds hold it to.
+// kernel 62 registers: four CTAs of 256 threads fit an SM.
 constexpr int kUpBatch = 2;
-constexpr int kUpCtas = 4;
-
-// The L2 plan's pieces (MoeDecodePrefetchFor): a weight row read once, with
-// an L2 evict-first policy, so that the rows streaming past do not push out
-// what the plan keeps there; and a bulk prefetch of [p, p + bytes) into L2
-// (16-byte aligned, a multiple of 16 bytes).
-struct EvictFirstLoad {
-  uint64_t policy;
-  __device__ __forceinline__ EvictFirstLoad() {
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  }
-  __device__ __forceinline__ int4 operator()(const int4* p) const {
-    int4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;\n"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p), "l"(policy));
-    return v;
-  }
-};
-__device__ __forceinline__ void PrefetchL2(const char* p, int64_t bytes) {
-  constexpr int64_t kPiece = 32 << 10;
-  for (int64_t o = 0; o < bytes; o += kPiece) {
-    const uint32_t n = static_cast<uint32_t>(bytes - o < kPiece ? bytes - o : kPiece);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + o), "r"(n) : "memory");
-  }
-}
 
 template <typename T>
 struct UpArgs {
@@ -96,29 +63,11 @@ struct UpArgs {
   MoeActivation act;
   MoeActParams params;
   T* h;  // [numel, I]
-  // The L2 plan (kPrefetch): w2 [E_local, H, I], down_bytes = H * I *
-  // sizeof(T) a local expert; the first prefetch_ctas CTAs (the first wave)
-  // prefetch the slots' down rows between them.
-  const char* w2;
-  int64_t down_bytes;
-  int prefetch_ctas;
 };
 
-template <typename T, bool kPrefetch>
-__global__ void __launch_bounds__(kThreads, kUpCtas)
-    DecodeUpKernel(const __grid_constant__ UpArgs<T> a) {
+template <typename T>
+__global__ void __launch_bounds__(kThreads) DecodeUpKernel(const __grid_constant__ UpArgs<T> a) {
   detail::PdlWaitThenRelease();
-  if constexpr (kPrefetch) {
-    if (threadIdx.x == 0 && static_cast<int>(blockIdx.x) < a.prefetch_ctas) {
-      detail::DecodePrefetchShare(a.numel, a.down_bytes, blockIdx.x, a.prefetch_ctas,
-                                  [&](int64_t s, int64_t off, int64_t n) {
-                                    const int e =
-                                        LocalExpert(a.ids, a.map, a.num_experts, a.num_local, s);
-                                    if (e >= 0) PrefetchL2(a.w2 + e * a.down_bytes + off, n);
-                                  });
-    }
-  }
-  using WLoad = std::conditional_t<kPrefetch, EvictFirstLoad, detail::decode::LdgLoad>;
   const int lane = threadIdx.x & 31;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (item >= a.numel * a.I) return;
@@ -138,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, kUpCtas)
                   ru = moe_math::GatedRow(a.act, n, a.I, 1);
     const T* const w[2] = {we + rg * a.H, we + ru * a.H};
     float d[2];
-    Dots<T, 2, kUpBatch>(w, xr, a.H, lane, d, WLoad{});
+    Dots<T, 2, kUpBatch>(w, xr, a.H, lane, d);
     if (lane != 0) return;
     const float g = Rounded<T>(d[0], be != nullptr ? be + rg : nullptr);
     const float u = Rounded<T>(d[1], be != nullptr ? be + ru : nullptr);
@@ -146,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, kUpCtas)
   } else {
     const T* const w[1] = {we + n * a.H};
     float d[1];
-    Dots<T, 1, 2 * kUpBatch>(w, xr, a.H, lane, d, WLoad{});
+    Dots<T, 1, 2 * kUpBatch>(w, xr, a.H, lane, d);
     if (lane != 0) return;
     v = moe_math::Plain(a.act, Rounded<T>(d[0], be != nullptr ? be + n : nullptr));
   }
@@ -247,10 +196,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   }
 }
 
-// sms: the device's multiprocessors (the down-combine form's choice);
-// prefetch: the L2 plan (MoeDecodePrefetchFor).
+// sms: the device's multiprocessors (the down-combine form's choice).
 template <typename T>
-absl::Status Launch(const MoeDecodeArgs& d, int sms, bool prefetch, cudaStream_t stream) {
+absl::Status Launch(const MoeDecodeArgs& d, int sms, cudaStream_t stream) {
   const MoeActParams p = EffectiveActParams(d.act_params);
   const bool gated = d.act < MoeActivation::kSiluNoMul;
   const int64_t numel = d.num_tokens * d.top_k;
@@ -268,17 +216,10 @@ absl::Status Launch(const MoeDecodeArgs& d, int sms, bool prefetch, cudaStream_t
                gated ? 2 * d.intermediate_size : d.intermediate_size,
                d.act,
                p,
-               static_cast<T*>(d.h),
-               static_cast<const char*>(d.w2),
-               d.hidden_size * d.intermediate_size * static_cast<int64_t>(sizeof(T)),
-               0};
+               static_cast<T*>(d.h)};
   const int64_t up_items = numel * d.intermediate_size;
-  const dim3 up_grid((up_items + kWarps - 1) / kWarps);
-  up.prefetch_ctas = static_cast<int>(std::min<int64_t>(up_grid.x, int64_t{kUpCtas} * sms));
-  KPLAN_CUDA_RETURN_IF_ERROR(
-      prefetch
-          ? detail::LaunchPdl(DecodeUpKernel<T, true>, up_grid, dim3(kThreads), 0, stream, up)
-          : detail::LaunchPdl(DecodeUpKernel<T, false>, up_grid, dim3(kThreads), 0, stream, up));
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(
+      DecodeUpKernel<T>, dim3((up_items + kWarps - 1) / kWarps), dim3(kThreads), 0, stream, up));
   DownArgs<T> down{static_cast<const T*>(d.h),
                    d.topk_ids,
                    d.topk_weights,
@@ -316,10 +257,6 @@ absl::Status Launch(const MoeDecodeArgs& d, int sms, bool prefetch, cudaStream_t
 }  // namespace
 
 namespace {
-
-detail::KernelSwitch g_prefetch([] {
-  return detail::EnvOnOff("KPLAN_MOE_DECODE_PREFETCH", kMoeDecodePrefetchDefault);
-});
 
 // What the kernels can run (16-byte rows, the combine CTA's k <= 8 warps).
 bool Supported(int64_t numel, int top_k, int64_t hidden, int64_t intermediate) {
@@ -362,15 +299,6 @@ absl::Status ValidateMoeDecodeArgs(const MoeDecodeArgs& d) {
 
 }  // namespace
 
-void SetMoeDecodePrefetchMode(MoeKernelMode mode) { g_prefetch.Set(mode); }
-
-bool MoeDecodePrefetchFor(int64_t slots, int64_t hidden, int64_t intermediate, int64_t elem_bytes,
-                          int64_t l2_bytes) {
-  if (!g_prefetch.On()) return false;
-  return g_prefetch.Forced() ||
-         MoeDecodeDownRowsFitL2(slots, hidden, intermediate, elem_bytes, l2_bytes);
-}
-
 bool MoeDecodeApplies(int64_t num_tokens, int top_k, int num_experts, int64_t hidden,
                       int64_t intermediate) {
   return MoeSlotsOnDistinctExperts(num_tokens, top_k, num_experts) &&
@@ -388,15 +316,12 @@ absl::Status LaunchMoeDecodeExperts(const MoeDecodeArgs& d, cudaStream_t stream)
   int device = 0;
   KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   KPLAN_ASSIGN_OR_RETURN(const int sms, MultiprocessorCount(device));
-  KPLAN_ASSIGN_OR_RETURN(const int l2, L2CacheBytes(device));
-  const bool prefetch =
-      MoeDecodePrefetchFor(d.num_tokens * d.top_k, d.hidden_size, d.intermediate_size, 2, l2);
   if (d.router_logits != nullptr) {
     KPLAN_RETURN_IF_ERROR(LaunchMoeRouting(d.routing, d.router_logits, d.num_tokens, d.topk_weights,
                                            d.topk_ids, stream));
   }
-  return d.dtype == DType::kBFloat16 ? Launch<__nv_bfloat16>(d, sms, prefetch, stream)
-                                     : Launch<__half>(d, sms, prefetch, stream);
+  return d.dtype == DType::kBFloat16 ? Launch<__nv_bfloat16>(d, sms, stream)
+                                     : Launch<__half>(d, sms, stream);
 }
 
 }  // namespace kplan::kernels::cuda

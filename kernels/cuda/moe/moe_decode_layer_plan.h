@@ -109,24 +109,6 @@ KPLAN_DECODE_HD inline void DecodeShare(int64_t n, int cta, int grid, int64_t& b
   e = n * (cta + 1) / grid;
 }
 
-// The two-kernel form's L2 plan (moe_decode.cu): CTA `cta` of `ctas`
-// prefetches an even share, in 16-byte units, of the slots' down rows laid
-// end to end (slot s's are bytes [s * down_bytes, (s + 1) * down_bytes) of
-// that run; down_bytes a multiple of 16); visit(slot, offset, bytes) once
-// per slot the share spans, offset and bytes multiples of 16.
-template <typename Visit>
-KPLAN_DECODE_HD inline void DecodePrefetchShare(int64_t slots, int64_t down_bytes, int cta,
-                                                int ctas, Visit&& visit) {
-  int64_t u0, u1;
-  DecodeShare(slots * (down_bytes / 16), cta, ctas, u0, u1);
-  for (int64_t pos = u0 * 16, end = u1 * 16; pos < end;) {
-    const int64_t s = pos / down_bytes, off = pos - s * down_bytes;
-    const int64_t n = end - pos < down_bytes - off ? end - pos : down_bytes - off;
-    visit(s, off, n);
-    pos += n;
-  }
-}
-
 // Step 1's chunk at item `item` (slot item / I, column item % I): the
 // consecutive items of one slot from there, at most `most`, not past `end`.
 struct DecodeUpChunk {

@@ -269,27 +269,6 @@ bool MoeDecodeLayerEnabled();
 // Successful one-kernel launches, process-wide: lets a test show that it ran.
 int64_t MoeDecodeLayerLaunches();
 
-// The two-kernel form's L2 plan: the up kernel's CTAs prefetch the hit
-// experts' down rows into L2 (bulk prefetches, a share each, issued before
-// their own dot products) while the gate/up rows, read once, stream with
-// an evict-first hint; the down kernel then reads its rows from L2 instead
-// of waiting for DRAM after the up kernel. The same instructions compute
-// the same values either way (bit-identical). Where it applies
-// (MoeDecodePrefetchFor): the switch on and the slots' down rows within
-// half the device's L2 (Qwen3-30B-A3B at one token: 8 x 3 MiB of 50 MiB),
-// or the switch set to kOn (any size). kOn / kOff as set
-// (SetMoeDecodePrefetchMode), or with kFromEnv KPLAN_MOE_DECODE_PREFETCH=0
-// / 1 (unset: kMoeDecodePrefetchDefault).
-inline constexpr bool kMoeDecodePrefetchDefault = false;
-void SetMoeDecodePrefetchMode(MoeKernelMode mode);
-// The size half of the rule: `slots` slots' down rows within half the L2.
-inline bool MoeDecodeDownRowsFitL2(int64_t slots, int64_t hidden, int64_t intermediate,
-                                   int64_t elem_bytes, int64_t l2_bytes) {
-  return slots * hidden * intermediate * elem_bytes <= l2_bytes / 2;
-}
-bool MoeDecodePrefetchFor(int64_t slots, int64_t hidden, int64_t intermediate, int64_t elem_bytes,
-                          int64_t l2_bytes);
-
 // apply_router_weight_on_input (top_k == 1): out[m, h] = round(a[m, h] ·
 // round(w[m])), as moe::RunExperts scales the input rows.
 absl::Status LaunchMoeScaleRows(DType dtype, const void* a, const float* row_weights, int64_t rows,

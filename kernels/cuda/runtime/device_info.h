@@ -12,8 +12,4 @@ namespace kplan::kernels::cuda {
 // cached. Ordinals outside [0, 64) are queried every time.
 absl::StatusOr<int> MultiprocessorCount(int device);
 
-// The bytes of `device`'s L2 cache (cudaDevAttrL2CacheSize); cached as
-// MultiprocessorCount is.
-absl::StatusOr<int> L2CacheBytes(int device);
-
 }  // namespace kplan::kernels::cuda
