@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The RunMoE request path hop by hop (docs/PERF.md): starts kplan-server on a
 # Unix socket with the given flags and its metrics port, then for every mode
-# (inline bytes, POSIX shm) and token count runs kplan_perf at concurrency 1
+# (inline: bytes over gRPC; shm: tensors in a POSIX region, gRPC; channel:
+# inline bytes through a shared-memory call channel with 32 MiB areas, so
+# large tensors ride in its region; chshm: the shm call through a channel)
+# and token count runs kplan_perf at concurrency 1
 # and prints the client's percentiles beside the server's mean per hop
 # (decode, route, queue, device, encode, serialize; the differences of
 # kplan_hop_seconds over the run, warm-up included). kplan_perf's JSON goes to OUT_DIR.
 #
 # usage: scripts/request-path-perf.sh BIN_DIR OUT_DIR LABEL [kplan-server flags...]
-#   env: TOKENS ("1 8 64 512"), MODES ("inline shm"), DURATION_S (3),
+#   env: TOKENS ("1 8 64 512"), MODES ("inline shm"; also channel, chshm), DURATION_S (3),
 #        PERF_FLAGS (more kplan_perf flags, e.g. the set's shape), METRICS_PORT (9464)
 # e.g.   scripts/request-path-perf.sh build/bin /tmp/rp graphs --devices=0 --cuda_graphs
 set -euo pipefail
@@ -35,11 +38,11 @@ for line in page.splitlines():
     if 'RunMoE' not in line:
         continue
     m = re.match(r'kplan_hop_seconds_(sum|count)\{.*hop="(\w+)".*\} (\S+)', line)
-    if m:
-        v[f"{m[2]}_{m[1]}"] = float(m[3])
+    if m:  # summed over RunMoE's methods (gRPC, the channels)
+        v[f"{m[2]}_{m[1]}"] = v.get(f"{m[2]}_{m[1]}", 0.0) + float(m[3])
     m = re.match(r'kplan_request_duration_seconds_(sum|count)\{.*\} (\S+)', line)
     if m:
-        v[f"total_{m[1]}"] = float(m[2])
+        v[f"total_{m[1]}"] = v.get(f"total_{m[1]}", 0.0) + float(m[2])
 print(" ".join(f"{k}={x}" for k, x in sorted(v.items())))
 PY
 }
@@ -48,7 +51,13 @@ printf "%-8s %-7s %6s %9s %9s %9s  %s\n" label mode tokens "p50 us" "p99 us" "re
 for mode in ${MODES:-inline shm}; do
   for tokens in ${TOKENS:-1 8 64 512}; do
     flags=()
-    [ "$mode" = shm ] && flags+=(--shm)
+    case $mode in
+      inline) ;;
+      shm) flags+=(--shm) ;;
+      channel) flags+=(--channel --channel_capacity 33554432) ;;
+      chshm) flags+=(--channel --shm --channel_capacity 33554432) ;;
+      *) echo "unknown mode $mode" >&2; exit 2 ;;
+    esac
     before=$(metrics)
     json="$out/${label}_${mode}_${tokens}.json"
     # shellcheck disable=SC2086
