@@ -9,8 +9,8 @@
 # under a time limit into $out/NAME.log, says ok or FAILED (and sets
 # status=1) with its seconds, then prints the log's lines that match
 # $step_keep (an extended regex) and not $step_drop, the last ${TAIL:-20} of
-# them. The caller sets
-# out (gpu_check_setup does), step_keep and, optionally, step_drop.
+# them. The caller sets out (gpu_check_setup does), step_keep and,
+# optionally, step_drop.
 status=0
 step() {  # name seconds command...
   local name=$1 limit=$2

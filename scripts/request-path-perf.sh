@@ -76,7 +76,8 @@ for h in ("total", "decode", "route", "queue", "device", "answer_wait", "encode"
     if f"{h}_sum" in b:
         n = float(b[f"{h}_count"]) - float(a.get(f"{h}_count", 0))
         s = float(b[f"{h}_sum"]) - float(a.get(f"{h}_sum", 0))
-        hops.append(f"{h} {1e6 * s / max(n, 1):.1f}")
+        if n > 0:  # a hop this mode's calls do not take (serialize: gRPC's only)
+            hops.append(f"{h} {1e6 * s / n:.1f}")
 print(f"{label:<8} {mode:<7} {tokens:>6} {row['p50_us']:>9.1f} {row['p99_us']:>9.1f} "
       f"{row['req_per_s']:>9.1f}  {', '.join(hops)}")
 PY

@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Session 33, device call 1: correctness, then the two A/Bs.
+# Session 33, device call 1: correctness, then the two A/Bs. Ran with the
+# binaries of 2c69a5e (pack.sh s33 ...): its `--variants prefetch` and
+# KPLAN_MOE_DECODE_PREFETCH name the decode L2 plan, removed after this call
+# (7b2009f; docs/perf/session33/decode-l2-plan.patch), so at a later commit
+# moe_bench refuses that variant.
 # - The GPU suites: moe_decode_gpu_test (the two decode kernels with their
 #   L2 plan, forced on, bit for bit against the plan off and the one-kernel
 #   form, and against the CPU), then the tall tiles' default in moe_gpu,

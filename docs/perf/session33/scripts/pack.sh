@@ -6,13 +6,17 @@
 #     moe_graph_gpu_test moe_bench moe_hop_bench            (call1.sh, call2.sh)
 #   pack.sh s33rp kplan-server kplan_perf moe_bench moe_hop_bench moe_rpc_bench  (call3.sh)
 # Then: the device tool with carry ["build-pack"] and the call's script.
+# Other packs in build-pack stay (and travel with the carry).
 set -euo pipefail
+if [ $# -lt 2 ]; then
+  echo "usage: $0 NAME TARGET... (B=build dir)" >&2
+  exit 2
+fi
 b=${B:-build}
 name=$1
 shift
 t=("$@")
 mkdir -p build-pack
-rm -f build-pack/*.tar.xz
 ninja -C "$b" -j2 "${t[@]}"
 rm -rf .tdist
 bash scripts/bundle.sh .tdist "${t[@]/#/$b/bin/}" >/dev/null
