@@ -103,7 +103,8 @@ grpc::Status Call::Done(const absl::Status& outcome) {
   if (status.ok() && sink_ != nullptr) {
     const absl::Time before = absl::Now();
     status = sink_->Serialize();
-    if (env_.metrics) env_.metrics->ObserveHop(method_, "serialize", absl::Now() - before);
+    if (env_.metrics)
+      env_.metrics->ObserveHop(method_, Metrics::Hop::kSerialize, absl::Now() - before);
   }
   grpc::Status out = ToGrpcStatus(status);
   if (!status.ok()) {

@@ -180,9 +180,33 @@ int Metrics::port() const {
   return ports.empty() ? 0 : ports.front();
 }
 
-prometheus::Histogram& Metrics::HistogramFor(prometheus::Family<prometheus::Histogram>& family,
-                                             const std::string& method) {
-  return family.Add({{"method", method}}, LatencyBuckets());
+Metrics::Series& Metrics::SeriesFor(const std::string& method) {
+  {
+    absl::ReaderMutexLock lock(&series_mu_);
+    if (auto it = series_.find(method); it != series_.end()) return *it->second;
+  }
+  absl::MutexLock lock(&series_mu_);
+  std::unique_ptr<Series>& s = series_[method];
+  if (s == nullptr) s = std::make_unique<Series>();
+  return *s;  // never erased: the methods are the server's, a handful
+}
+
+prometheus::Histogram& Metrics::Made(std::atomic<prometheus::Histogram*>& slot,
+                                     absl::FunctionRef<prometheus::Histogram&()> make) {
+  prometheus::Histogram* h = slot.load(std::memory_order_acquire);
+  if (h == nullptr) {
+    h = &make();  // Family::Add: the same object for racing callers
+    slot.store(h, std::memory_order_release);
+  }
+  return *h;
+}
+
+void Metrics::ObserveLatency(prometheus::Family<prometheus::Histogram>& family,
+                             std::atomic<prometheus::Histogram*> Series::*slot,
+                             const std::string& method, absl::Duration d) {
+  Made(SeriesFor(method).*slot, [&]() -> prometheus::Histogram& {
+    return family.Add({{"method", method}}, LatencyBuckets());
+  }).Observe(absl::ToDoubleSeconds(d));
 }
 
 void Metrics::RequestStarted() { inflight_.Increment(); }
@@ -191,19 +215,24 @@ void Metrics::RequestFinished(const std::string& method, const std::string& code
                               absl::Duration total) {
   inflight_.Decrement();
   requests_.Add({{"method", method}, {"code", code}}).Increment();
-  HistogramFor(latency_, method).Observe(absl::ToDoubleSeconds(total));
+  ObserveLatency(latency_, &Series::latency, method, total);
 }
 
 void Metrics::ObserveQueue(const std::string& method, absl::Duration d) {
-  HistogramFor(queue_, method).Observe(absl::ToDoubleSeconds(d));
+  ObserveLatency(queue_, &Series::queue, method, d);
 }
 
 void Metrics::ObserveDevice(const std::string& method, absl::Duration d) {
-  HistogramFor(device_, method).Observe(absl::ToDoubleSeconds(d));
+  ObserveLatency(device_, &Series::device, method, d);
 }
 
-void Metrics::ObserveHop(const std::string& method, const std::string& hop, absl::Duration d) {
-  hops_.Add({{"method", method}, {"hop", hop}}, HopBuckets()).Observe(absl::ToDoubleSeconds(d));
+void Metrics::ObserveHop(const std::string& method, Hop hop, absl::Duration d) {
+  static constexpr const char* kNames[kNumHops] = {"decode",      "route",  "queue",    "device",
+                                                   "answer_wait", "encode", "serialize"};
+  const int i = static_cast<int>(hop);
+  Made(SeriesFor(method).hops[i], [&]() -> prometheus::Histogram& {
+    return hops_.Add({{"method", method}, {"hop", kNames[i]}}, HopBuckets());
+  }).Observe(absl::ToDoubleSeconds(d));
 }
 
 void Metrics::SetExperts(const std::string& device, double count, double bytes) {

@@ -638,15 +638,15 @@ void KernelPlanServiceImpl::StartRunMoe(v1::RunMoERequest& request, v1::RunMoERe
         if (Metrics* m = env_.metrics) {
           m->ObserveQueue(method, timing.queue);
           m->ObserveDevice(method, timing.device);
-          m->ObserveHop(method, "decode", answer.decoded - answer.arrival);
+          m->ObserveHop(method, Metrics::Hop::kDecode, answer.decoded - answer.arrival);
           if (timing.queued != absl::InfinitePast()) {
-            m->ObserveHop(method, "route", timing.queued - answer.decoded);
+            m->ObserveHop(method, Metrics::Hop::kRoute, timing.queued - answer.decoded);
           }
-          m->ObserveHop(method, "queue", timing.queue);
-          m->ObserveHop(method, "device", timing.device);
+          m->ObserveHop(method, Metrics::Hop::kQueue, timing.queue);
+          m->ObserveHop(method, Metrics::Hop::kDevice, timing.device);
           if (result.ok() && timing.device_end != absl::InfinitePast()) {
-            m->ObserveHop(method, "answer_wait", answering - timing.device_end);
-            m->ObserveHop(method, "encode", absl::Now() - answering);
+            m->ObserveHop(method, Metrics::Hop::kAnswerWait, answering - timing.device_end);
+            m->ObserveHop(method, Metrics::Hop::kEncode, absl::Now() - answering);
           }
         }
         (*finish)(status);
