@@ -5,6 +5,7 @@
 #include <prometheus/text_serializer.h>
 
 #include <cstring>
+#include <iterator>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -227,8 +228,9 @@ void Metrics::ObserveDevice(const std::string& method, absl::Duration d) {
 }
 
 void Metrics::ObserveHop(const std::string& method, Hop hop, absl::Duration d) {
-  static constexpr const char* kNames[kNumHops] = {"decode",      "route",  "queue",    "device",
-                                                   "answer_wait", "encode", "serialize"};
+  static constexpr const char* kNames[] = {"decode",      "route",  "queue",    "device",
+                                           "answer_wait", "encode", "serialize"};
+  static_assert(std::size(kNames) == kNumHops, "a name for every Metrics::Hop");
   const int i = static_cast<int>(hop);
   Made(SeriesFor(method).hops[i], [&]() -> prometheus::Histogram& {
     return hops_.Add({{"method", method}, {"hop", kNames[i]}}, HopBuckets());

@@ -42,7 +42,7 @@ class Metrics {
  public:
   // The hops of a request (kplan_hop_seconds{method, hop}).
   enum class Hop { kDecode, kRoute, kQueue, kDevice, kAnswerWait, kEncode, kSerialize };
-  static constexpr int kNumHops = 7;
+  static constexpr int kNumHops = static_cast<int>(Hop::kSerialize) + 1;
 
   explicit Metrics(const BuildLabels& build);
   ~Metrics();

@@ -1,8 +1,9 @@
 // Metrics' per-method series (server/rpc/metrics.h): what the exposition
-// shows after observations through the cached histograms: one series per
-// (method, hop) observed, counted and summed, none for a hop not observed;
-// the latency families by method; threads racing on a method's first
-// observation make one series.
+// shows after observations through the cached histograms. Every hop and
+// latency family of a method under its own name, counted and summed (each
+// with its own number of observations and durations exact in binary, so a
+// swapped name or slot shows); methods apart; no series for what was not
+// observed; threads racing on first observations make one series each.
 #include "server/rpc/metrics.h"
 
 #include <gmock/gmock.h>
@@ -20,61 +21,92 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-TEST(MetricsTest, HopsAreCountedPerMethodAndHop) {
+constexpr const char* kHopNames[] = {"decode",      "route",  "queue",    "device",
+                                     "answer_wait", "encode", "serialize"};
+
+// The value of the exposition line that starts with `series` ("name{labels}"),
+// or -1 when there is none.
+double Value(const std::string& page, const std::string& series) {
+  const std::string key = series + " ";
+  const size_t at = page.find("\n" + key);
+  if (at == std::string::npos) return -1;
+  const size_t from = at + 1 + key.size();
+  return std::stod(page.substr(from, page.find('\n', from) - from));
+}
+
+std::string Hop(const char* stat, const char* hop, const std::string& method) {
+  return absl::StrCat("kplan_hop_seconds_", stat, "{hop=\"", hop, "\",method=\"", method, "\"}");
+}
+
+TEST(MetricsTest, EveryHopUnderItsNameAndMethodsApart) {
   Metrics m({"test", "rev", "", ""});
-  m.ObserveHop("RunMoE", Metrics::Hop::kDecode, absl::Milliseconds(250));  // exact in binary
-  m.ObserveHop("RunMoE", Metrics::Hop::kDecode, absl::Milliseconds(500));
-  m.ObserveHop("RunMoE.shm_channel", Metrics::Hop::kAnswerWait, absl::Microseconds(7));
-  m.ObserveHop("RunMoE", Metrics::Hop::kSerialize, absl::Microseconds(2));
+  // Hop h: h + 1 observations of 2^-(h+1) s.
+  for (int h = 0; h < Metrics::kNumHops; ++h) {
+    for (int n = 0; n <= h; ++n) {
+      m.ObserveHop("RunMoE", static_cast<Metrics::Hop>(h), absl::Seconds(1.0 / (2 << h)));
+    }
+  }
+  m.ObserveHop("RunMoE.shm_channel", Metrics::Hop::kAnswerWait, absl::Milliseconds(250));
   const std::string page = m.Render();
-  EXPECT_THAT(page, HasSubstr("kplan_hop_seconds_count{hop=\"decode\",method=\"RunMoE\"} 2"));
-  EXPECT_THAT(page, HasSubstr("kplan_hop_seconds_sum{hop=\"decode\",method=\"RunMoE\"} 0.75"));
-  EXPECT_THAT(
-      page,
-      HasSubstr("kplan_hop_seconds_count{hop=\"answer_wait\",method=\"RunMoE.shm_channel\"} 1"));
-  EXPECT_THAT(page, HasSubstr("kplan_hop_seconds_count{hop=\"serialize\",method=\"RunMoE\"} 1"));
-  // Not observed: no series.
-  EXPECT_THAT(page, Not(HasSubstr("hop=\"route\"")));
+  for (int h = 0; h < Metrics::kNumHops; ++h) {
+    SCOPED_TRACE(kHopNames[h]);
+    EXPECT_EQ(Value(page, Hop("count", kHopNames[h], "RunMoE")), h + 1);
+    EXPECT_EQ(Value(page, Hop("sum", kHopNames[h], "RunMoE")), (h + 1) * (1.0 / (2 << h)));
+  }
+  EXPECT_EQ(Value(page, Hop("count", "answer_wait", "RunMoE.shm_channel")), 1);
+  EXPECT_EQ(Value(page, Hop("sum", "answer_wait", "RunMoE.shm_channel")), 0.25);
   EXPECT_THAT(page, Not(HasSubstr("hop=\"decode\",method=\"RunMoE.shm_channel\"")));
 }
 
-TEST(MetricsTest, LatencyFamiliesByMethod) {
+TEST(MetricsTest, LatencyFamiliesApartByMethod) {
   Metrics m({"test", "rev", "", ""});
   m.RequestStarted();
-  m.RequestFinished("RunMoE", "OK", absl::Microseconds(40));
-  m.ObserveQueue("RunMoE", absl::Microseconds(1));
-  m.ObserveQueue("RunMoE", absl::Microseconds(2));
-  m.ObserveDevice("RunIrOp", absl::Microseconds(9));
+  m.RequestFinished("RunMoE", "OK", absl::Milliseconds(500));
+  for (int i = 0; i < 2; ++i) m.ObserveQueue("RunMoE", absl::Milliseconds(250));
+  for (int i = 0; i < 3; ++i) m.ObserveDevice("RunMoE", absl::Milliseconds(125));
+  m.ObserveDevice("RunIrOp", absl::Milliseconds(500));
   const std::string page = m.Render();
-  EXPECT_THAT(page, HasSubstr("kplan_requests_total{code=\"OK\",method=\"RunMoE\"} 1"));
-  EXPECT_THAT(page, HasSubstr("kplan_request_duration_seconds_count{method=\"RunMoE\"} 1"));
-  EXPECT_THAT(page, HasSubstr("kplan_request_queue_seconds_count{method=\"RunMoE\"} 2"));
-  EXPECT_THAT(page, HasSubstr("kplan_request_device_seconds_count{method=\"RunIrOp\"} 1"));
-  EXPECT_THAT(page, Not(HasSubstr("kplan_request_device_seconds_count{method=\"RunMoE\"}")));
+  EXPECT_EQ(Value(page, "kplan_requests_total{code=\"OK\",method=\"RunMoE\"}"), 1);
+  EXPECT_EQ(Value(page, "kplan_request_duration_seconds_count{method=\"RunMoE\"}"), 1);
+  EXPECT_EQ(Value(page, "kplan_request_duration_seconds_sum{method=\"RunMoE\"}"), 0.5);
+  EXPECT_EQ(Value(page, "kplan_request_queue_seconds_count{method=\"RunMoE\"}"), 2);
+  EXPECT_EQ(Value(page, "kplan_request_queue_seconds_sum{method=\"RunMoE\"}"), 0.5);
+  EXPECT_EQ(Value(page, "kplan_request_device_seconds_count{method=\"RunMoE\"}"), 3);
+  EXPECT_EQ(Value(page, "kplan_request_device_seconds_sum{method=\"RunMoE\"}"), 0.375);
+  EXPECT_EQ(Value(page, "kplan_request_device_seconds_count{method=\"RunIrOp\"}"), 1);
+  EXPECT_EQ(Value(page, "kplan_request_queue_seconds_count{method=\"RunIrOp\"}"), -1);
+  EXPECT_EQ(Value(page, "kplan_request_duration_seconds_count{method=\"RunIrOp\"}"), -1);
 }
 
-TEST(MetricsTest, RacingFirstObservationsMakeOneSeries) {
+TEST(MetricsTest, RacingFirstObservationsMakeOneSeriesEach) {
   Metrics m({"test", "rev", "", ""});
-  constexpr int kThreads = 8, kEach = 500;
+  constexpr int kThreads = 8, kMethods = 3, kRounds = 20;
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&m, t] {
-      for (int i = 0; i < kEach; ++i) {
-        m.ObserveHop(absl::StrCat("M", i % 3),
-                     static_cast<Metrics::Hop>((i + t) % Metrics::kNumHops), absl::Microseconds(1));
+    threads.emplace_back([&m] {
+      for (int r = 0; r < kRounds; ++r) {
+        for (int i = 0; i < kMethods; ++i) {
+          for (int h = 0; h < Metrics::kNumHops; ++h) {
+            m.ObserveHop(absl::StrCat("M", i), static_cast<Metrics::Hop>(h), absl::Microseconds(1));
+          }
+        }
       }
     });
   }
   for (std::thread& th : threads) th.join();
   const std::string page = m.Render();
-  // Every observation counted once, whatever thread made its series.
-  int64_t total = 0;
+  int series = 0;
   for (size_t at = page.find("kplan_hop_seconds_count{"); at != std::string::npos;
        at = page.find("kplan_hop_seconds_count{", at + 1)) {
-    const size_t sp = page.find("} ", at);
-    total += std::stoll(page.substr(sp + 2, page.find('\n', sp) - sp - 2));
+    ++series;
   }
-  EXPECT_EQ(total, int64_t{kThreads} * kEach);
+  EXPECT_EQ(series, kMethods * Metrics::kNumHops);
+  for (int i = 0; i < kMethods; ++i) {
+    for (int h = 0; h < Metrics::kNumHops; ++h) {
+      EXPECT_EQ(Value(page, Hop("count", kHopNames[h], absl::StrCat("M", i))), kThreads * kRounds)
+          << "M" << i << " " << kHopNames[h];
+    }
+  }
 }
 
 }  // namespace
