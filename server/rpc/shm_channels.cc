@@ -52,7 +52,8 @@ struct ShmChannelServer::Channel {
   // old thread may still write its state word.
   bool stopping = false;  // stop set and the thread woken
   bool joining = false;   // a Closing::Wait or CloseAll is joining the thread
-  void Stop() {
+  void Stop() {           // once: a later call does nothing
+    if (stopping) return;
     stopping = true;
     stop.store(true, std::memory_order_release);
     ShmChannelWake(&header->state);  // zero pages when lost: harmless
@@ -162,7 +163,7 @@ ShmChannelServer::Closing ShmChannelServer::BeginClose(const std::string& name) 
   }
   closing.server_ = this;
   closing.channel_ = channel;
-  if (!channel->stopping) channel->Stop();
+  channel->Stop();
   return closing;
 }
 
@@ -218,7 +219,7 @@ void ShmChannelServer::CloseAll() {
   // Nothing here allocates (it runs in the destructor).
   std::unique_lock<std::mutex> lock(mu_);
   for (const auto& [name, channel] : channels_) {
-    if (!channel->stopping) channel->Stop();
+    channel->Stop();
   }
   while (!channels_.empty()) {
     std::shared_ptr<Channel> next;
@@ -232,7 +233,7 @@ void ShmChannelServer::CloseAll() {
       closed_.wait(lock);  // the rest are a Close's to join
       continue;
     }
-    if (!next->stopping) next->Stop();  // opened since the loop above
+    next->Stop();  // opened since the loop above
     JoinLocked(lock, next);
   }
 }
