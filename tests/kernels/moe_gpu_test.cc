@@ -1156,6 +1156,9 @@ void ExpectVectorFormIsScalar(const std::string& label, const std::vector<uint16
   CUDA_OK(cudaMemcpy(in_u.raw() + 1, in.data(), in.size() * 2, cudaMemcpyHostToDevice));
   CUDA_OK(out_a.Poison(kPoisonByte));
   CUDA_OK(out_u.Poison(kPoisonByte));
+  // The memsets run on the legacy stream, which a non-blocking stream does
+  // not wait for: without this the poison could land after the launches.
+  CUDA_OK(cudaDeviceSynchronize());
   ASSERT_TRUE(launch(in_a.get(), out_a.get()).ok()) << label;
   ASSERT_TRUE(launch(in_u.raw() + 1, out_u.raw() + 1).ok()) << label;
   CUDA_OK(cudaStreamSynchronize(stream));
