@@ -180,7 +180,7 @@ void RunCase(const Case& c) {
   const bool ws_forms = c.block_m >= 128 && !tall;
   ASSERT_EQ(kc::MoeGemmWsApplies(g), ws_forms || (tall && c.dtype == DType::kBFloat16));
 
-  auto run = [&](Form f, kc::MoeGemmWsMode aligned = kc::MoeGemmWsMode::kFromEnv) {
+  auto run = [&](Form f) {
     std::vector<uint16_t> out(numel * out_n);
     EXPECT_EQ(cudaMemset(dc.p, 0xff, out.size() * 2), cudaSuccess);  // NaN poison
     kc::SetMoeGemmWsMode(f == Form::kCpAsync ? kc::MoeGemmWsMode::kOff : kc::MoeGemmWsMode::kOn);
@@ -189,10 +189,8 @@ void RunCase(const Case& c) {
                                     : kc::MoeGemmWsMode::kOff);
     kc::SetMoeGemmWsPingPongMode(f == Form::kWsPingPong ? kc::MoeGemmWsMode::kOn
                                                         : kc::MoeGemmWsMode::kOff);
-    kc::SetMoeGemmWsAlignedMode(aligned);
     const int64_t ws = kc::MoeGemmWsLaunches(), clustered = kc::MoeGemmWsClusterLaunches(),
-                  ping_pong = kc::MoeGemmWsPingPongLaunches(),
-                  aligned_runs = kc::MoeGemmWsAlignedLaunches();
+                  ping_pong = kc::MoeGemmWsPingPongLaunches();
     absl::Status st;
     if (c.fused) {
       st = kc::LaunchMoeGroupedGemmWsAct(g, kernels::MoeActivation::kSilu, {}, dc.p, nullptr);
@@ -206,15 +204,10 @@ void RunCase(const Case& c) {
     // The ping-pong form is bf16's: fp16 falls back to one CTA a tile.
     EXPECT_EQ(kc::MoeGemmWsPingPongLaunches(),
               ping_pong + (f == Form::kWsPingPong && c.dtype == DType::kBFloat16 ? 1 : 0));
-    if (aligned != kc::MoeGemmWsMode::kFromEnv) {  // forced on: every launch in clusters
-      const bool takes = aligned == kc::MoeGemmWsMode::kOn && f == Form::kWsCluster && !tall;
-      EXPECT_EQ(kc::MoeGemmWsAlignedLaunches(), aligned_runs + (takes ? 1 : 0));
-    }
     EXPECT_EQ(cudaMemcpy(out.data(), dc.p, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kFromEnv);
     kc::SetMoeGemmWsClusterMode(kc::MoeGemmWsMode::kFromEnv);
     kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kFromEnv);
-    kc::SetMoeGemmWsAlignedMode(kc::MoeGemmWsMode::kFromEnv);
     return out;
   };
   if (tall) {
@@ -252,17 +245,6 @@ void RunCase(const Case& c) {
     int64_t differ = 0;
     for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != single[i];
     EXPECT_EQ(differ, 0) << "clusters of two against one CTA a tile";
-  }
-  if (ws_forms) {  // the expert-aligned order, both forms, against the default's
-    for (Form f : {Form::kWsCluster, Form::kWs}) {
-      for (kc::MoeGemmWsMode m : {kc::MoeGemmWsMode::kOn, kc::MoeGemmWsMode::kOff}) {
-        const std::vector<uint16_t> other = run(f, m);
-        int64_t differ = 0;
-        for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != other[i];
-        EXPECT_EQ(differ, 0) << "the aligned order " << (m == kc::MoeGemmWsMode::kOn ? "on" : "off")
-                             << (f == Form::kWs ? ", one CTA a tile" : ", clusters");
-      }
-    }
   }
   if (ws_forms) {  // the ping-pong form (fp16: the fallback)
     const std::vector<uint16_t> pp = run(Form::kWsPingPong);
@@ -321,30 +303,6 @@ TEST(MoeWsGpuTest, ClustersWalkManyWorkItems) {
   SKIP_WITHOUT_CUDA();
   RunCase(
       {"many_items", {1500, 1300, 900, 700, 3, 129, 1}, 1, 4096, 128, false, DType::kBFloat16, 2});
-}
-
-// Enough weight-row tiles that the rule groups units and, over blocks of
-// 256 in clusters, takes the expert-aligned order by default (N 6144: 24
-// row tiles, 24 x 8 > the SMs): an expert of 18 units (three groups), empty
-// and half-empty blocks, a non-local expert, the fused epilogue. Every case
-// above also runs with the order forced on (the units of one tile over
-// blocks of 128 included) and off.
-TEST(MoeWsGpuTest, AlignedOrderByTheRule) {
-  SKIP_WITHOUT_CUDA();
-  const int64_t before = kc::MoeGemmWsAlignedLaunches();
-  RunCase({"aligned_rule_fused",
-           {300, 129, 4600, 7, 0, 640},
-           2,
-           6144,
-           136,
-           true,
-           DType::kBFloat16,
-           3,
-           256,
-           true});
-  RunCase({"aligned_rule_256", {600, 3, 1100, 257}, 1, 6144, 200, false, DType::kFloat16, -1, 256});
-  // Per case: the clustered default run by the rule, and the forced one.
-  EXPECT_EQ(kc::MoeGemmWsAlignedLaunches(), before + 4) << "the rule's default launches";
 }
 
 // The fused SiLU-and-mul epilogue in every form (gate and up boxes), blocks

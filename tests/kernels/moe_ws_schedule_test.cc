@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <set>
 #include <utility>
 #include <vector>
@@ -166,123 +165,6 @@ TEST(MoeWsSchedule, ClusterWalkPairsTilesOfOneRowTile) {
       }
     }
   }
-}
-
-// The expert-aligned order over the tiles' experts `experts` (one id a
-// token tile), n_tiles weight-row tiles, clusters of `cluster`: every
-// (token tile, row tile) once; a unit's tiles consecutive and of one expert;
-// a group's units of one expert, at most kWsAlignedGroup and within one of
-// each other in size for the expert; inside a group the row tile never goes
-// back; and a persistent grid's walk covers it all.
-void CheckAligned(const std::vector<int32_t>& experts, int64_t n_tiles, int cluster) {
-  SCOPED_TRACE(::testing::Message()
-               << experts.size() << " tiles, " << n_tiles << " row tiles, cluster " << cluster);
-  const int tiles = static_cast<int>(experts.size());
-  WsUnitTable table;
-  WsBuildUnits([&](int i) { return experts[static_cast<size_t>(i)]; }, tiles, cluster, table);
-  WsSchedule s;
-  s.token_tiles = tiles;
-  s.n_tiles = n_tiles;
-  s.cluster = cluster;
-  s.aligned = true;
-  s.table = &table;
-  // Units: consecutive runs of at most `cluster` tiles, restarting at each expert.
-  int expect_units = 0;
-  for (int i = 0, run = 0; i < tiles; ++i) {
-    run = i > 0 && experts[static_cast<size_t>(i)] == experts[static_cast<size_t>(i - 1)] ? run + 1
-                                                                                          : 0;
-    if (run % cluster == 0) ++expect_units;
-  }
-  ASSERT_EQ(WsUnits(s), expect_units);
-  std::set<std::pair<int64_t, int64_t>> seen;
-  std::vector<int> group_of_unit_seen(static_cast<size_t>(expect_units), -1);
-  int64_t prev_first = -1, prev_n = 0;
-  for (int64_t i = 0; i < WsTotalWork(s); ++i) {
-    const WsTile t0 = WsTileAt<true>(s, i, 0);
-    ASSERT_LT(t0.token_tile, tiles);
-    const int32_t e = experts[static_cast<size_t>(t0.token_tile)];
-    for (int r = 0; r < cluster; ++r) {
-      const WsTile t = WsTileAt<true>(s, i, r);
-      ASSERT_EQ(t.n_tile, t0.n_tile);
-      ASSERT_LT(t.n_tile, n_tiles);
-      if (t.token_tile == tiles) continue;  // the rank past a short unit
-      ASSERT_EQ(t.token_tile, t0.token_tile + r);
-      ASSERT_EQ(experts[static_cast<size_t>(t.token_tile)], e) << "a unit of two experts";
-      ASSERT_TRUE(seen.insert({t.token_tile, t.n_tile}).second)
-          << "tile visited twice: " << t.token_tile << "," << t.n_tile;
-    }
-    // The item's group: all its units of one expert, the row tile monotone inside it.
-    const int any = static_cast<int>(i / n_tiles);
-    const int first = table.group0[any], size = table.group_units[any];
-    ASSERT_GE(size, 1);
-    ASSERT_LE(size, kWsAlignedGroup);
-    for (int u = first; u < first + size; ++u) {
-      ASSERT_EQ(experts[static_cast<size_t>(table.tile0[u])], e) << "a group of two experts";
-    }
-    if (first == prev_first) {
-      ASSERT_GE(t0.n_tile, prev_n);
-    } else {
-      ASSERT_GT(first, prev_first);
-      ASSERT_EQ(t0.n_tile, 0);
-    }
-    prev_first = first;
-    prev_n = t0.n_tile;
-  }
-  EXPECT_EQ(static_cast<int64_t>(seen.size()), tiles * n_tiles);
-  // An expert's groups differ by at most one unit.
-  for (int u = 0; u < expect_units; ++u) {
-    for (int v = u + 1; v < expect_units; ++v) {
-      if (experts[static_cast<size_t>(table.tile0[u])] !=
-          experts[static_cast<size_t>(table.tile0[v])]) {
-        break;
-      }
-      EXPECT_LE(std::abs(table.group_units[u] - table.group_units[v]), 1);
-    }
-  }
-}
-
-TEST(MoeWsSchedule, AlignedOrderKeepsExpertsApart) {
-  // Mixtral-8x7B at 4096 tokens in blocks of 256 (two tiles each): experts
-  // of 8 and 10 tiles, i.e. 4 and 5 units of two, which groups of a fixed 4
-  // units mix.
-  std::vector<int32_t> mixtral;
-  for (int e = 0; e < 8; ++e) mixtral.insert(mixtral.end(), e % 2 == 0 ? 8 : 10, e);
-  CheckAligned(mixtral, 112, 2);
-  CheckAligned(mixtral, 112, 1);
-  // Odd tile counts (a unit of one tile), a non-local run (-1), one expert
-  // of many units (several groups), a single tile, and the table's bound.
-  CheckAligned({0, 0, 0, 1, 2, 2, -1, -1, -1, 5}, 3, 2);
-  CheckAligned(std::vector<int32_t>(37, 4), 17, 2);
-  CheckAligned(std::vector<int32_t>(37, 4), 17, 1);
-  CheckAligned({3}, 5, 2);
-  std::vector<int32_t> many;
-  for (int i = 0; i < kWsAlignedMaxTiles; ++i) many.push_back(i / 3);
-  CheckAligned(many, 2, 2);
-  // An expert of 9 units splits 5 + 4, of 17 units 6 + 6 + 5.
-  WsUnitTable t;
-  const std::vector<int32_t> nine(18, 0);
-  WsBuildUnits([&](int i) { return nine[static_cast<size_t>(i)]; }, 18, 2, t);
-  ASSERT_EQ(t.units, 9);
-  EXPECT_EQ(t.group_units[0], 5);
-  EXPECT_EQ(t.group0[4], 0);
-  EXPECT_EQ(t.group0[5], 5);
-  EXPECT_EQ(t.group_units[8], 4);
-  const std::vector<int32_t> seventeen(17, 7);
-  WsBuildUnits([&](int i) { return seventeen[static_cast<size_t>(i)]; }, 17, 1, t);
-  EXPECT_EQ(t.group_units[0], 6);
-  EXPECT_EQ(t.group0[6], 6);
-  EXPECT_EQ(t.group_units[12], 5);
-  EXPECT_EQ(t.group0[16], 12);
-}
-
-TEST(MoeWsSchedule, AlignedOrderWhereUnitsAreGroupedInPairs) {
-  WsSchedule s = MakeWsSchedule(40, 256, 28672, 132, kWsAutoGroup, 2);  // Mixtral GEMM 1
-  EXPECT_TRUE(WsAlignedPays(s, 256));
-  EXPECT_FALSE(WsAlignedPays(s, 128));  // an odd tile count idles a CTA
-  EXPECT_FALSE(WsAlignedPays(MakeWsSchedule(40, 256, 28672, 132), 256));  // one CTA a tile
-  EXPECT_FALSE(WsAlignedPays(MakeWsSchedule(40, 256, 4096, 132, kWsAutoGroup, 2), 256));  // GEMM 2
-  s.token_tiles = kWsAlignedMaxTiles + 1;  // past the table
-  EXPECT_FALSE(WsAlignedPays(s, 256));
 }
 
 TEST(MoeWsSchedule, DecodeOfATilePastTheEndReadsNothing) {

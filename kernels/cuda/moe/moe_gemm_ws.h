@@ -39,16 +39,6 @@ inline constexpr bool kMoeWsClusterDefault = true;  // the rule applies (session
 void SetMoeGemmWsClusterMode(MoeGemmWsMode mode);
 int64_t MoeGemmWsLaunches();
 int64_t MoeGemmWsClusterLaunches();
-// The expert-aligned tile order (moe_ws_schedule.h: no unit or group of
-// token tiles holds two experts, so an expert's weight rows stream from HBM
-// once) for the launches in clusters of two (16-bit weights, tiles of 128):
-// SetMoeGemmWsAlignedMode(kOn) for every such launch, kOff never; kFromEnv
-// (the default) never with KPLAN_MOE_WS_ALIGNED=0, else where the units are
-// grouped over blocks of 256 (ws::WsAlignedPays). Same output bits either
-// way; the launches that took it, process-wide.
-inline constexpr bool kMoeWsAlignedDefault = true;
-void SetMoeGemmWsAlignedMode(MoeGemmWsMode mode);
-int64_t MoeGemmWsAlignedLaunches();
 // The ping-pong form (moe_ws_pipeline.cuh: the consumer warpgroups take
 // 64-slot halves of tiles in turn, one's epilogue under the other's MMAs),
 // for bf16 weights (not int4), in place of clusters, where the caller sets

@@ -323,15 +323,11 @@ __device__ __forceinline__ void IntProduce(const CUtensorMap* imap, const WsPara
 // tiles' kWsTallTileT (a third consumer warpgroup; 16-bit weights,
 // cooperative consumers, one CTA a tile: in clusters of two they lost where
 // an expert has two tall tiles, the only place a pair shares its weights).
-// kAligned: the expert-aligned order (moe_ws_schedule.h; clusters of two,
-// 16-bit weights, tiles of 128, cooperative consumers).
 template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false,
-          int kTileT = kWsTileT, bool kAligned = false>
+          int kTileT = kWsTileT>
 __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
   static_assert(kCluster == 1 || (kCluster == 2 && !kInt), "clusters of two, bf16 / fp16 weights");
-  static_assert(!kAligned || (kCluster == 2 && !kInt && !kPingPong && kTileT == kWsTileT),
-                "the aligned order: clusters of two over tiles of 128, 16-bit weights");
   static_assert(!kPingPong || (kCluster == 1 && !kInt), "ping-pong: one CTA a tile, 16-bit");
   static_assert(
       kTileT == kWsTileT || (kTileT == ws::kWsTallTileT && !kInt && !kPingPong && kCluster == 1),
@@ -346,12 +342,7 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
   const ws::WsRing<kStage> ring = ws::WsRingInit < kStage, kInt ? 128 : 0, kCluster,
                            kPingPong ? ws::kWsConsumerWarps / 2
                                      : ws::WsConsumerWarpsFor(kTileT) > (&wmap);
-  ws::WsSchedule sched = ws::WsClip<kTileT>(p.sched, *p.post);
-  sched.aligned = kAligned;
-  if constexpr (kAligned) {
-    __shared__ ws::WsUnitTable units;
-    ws::WsBuildUnitTable<kTileT>(p, sched, units);
-  }
+  const ws::WsSchedule sched = ws::WsClip<kTileT>(p.sched, *p.post);
   const int64_t total = ws::WsTotalWork(sched);
   const int64_t N = p.N, K = p.K;
   const int nk = static_cast<int>((K + kBK - 1) / kBK);
@@ -369,7 +360,7 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
       return static_cast<int64_t>(ti.e) * N + (Fused ? ti.n0 / 2 : ti.n0);
     };
     ws::WsProduce<T, kStage, ws::kWsWBytes, kProducerRegs, kCluster,
-                  /*kRowAddresses=*/false, kPingPong, kTileT, kAligned>(
+                  /*kRowAddresses=*/false, kPingPong, kTileT>(
         p, ring, sched, total, K, nk, wrow_of,
         [&](int64_t wrow, int kt, uint32_t w_s, uint32_t fb, bool multicast) {
           if constexpr (!Fused && kCluster == 1) {
@@ -588,7 +579,7 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     if (j > 0 && (j & 1) == cw) ws::WsOrderWait(cw);
     return;
   }
-  ws::WsForEachWork<kCluster, kTileT, kAligned>(p, sched, total, [&](const ws::WsWork& w) {
+  ws::WsForEachWork<kCluster, kTileT>(p, sched, total, [&](const ws::WsWork& w) {
     const ws::WsTileInfo& ti = w.ti;
     if (!w.run && ti.empty) return;
     const int32_t s0 = ti.empty ? -1 : p.sorted[ti.tt * kTileT + r0];
@@ -618,26 +609,13 @@ const ws::WsKnobs& Knobs() {
   return knobs;
 }
 
-// The expert-aligned order (moe_ws_schedule.h): SetMoeGemmWsAlignedMode, or
-// with kFromEnv KPLAN_MOE_WS_ALIGNED=0 off, else the rule (WsAlignedPays).
-detail::KernelSwitch g_aligned([] {
-  return detail::EnvOnOff("KPLAN_MOE_WS_ALIGNED", kMoeWsAlignedDefault);
-});
-std::atomic<int64_t> aligned_launches{0};
-// For a launch in clusters of two over blocks of block_m with schedule s.
-bool UseAligned(const ws::WsSchedule& s, int block_m) {
-  if (!g_aligned.On() || s.token_tiles > ws::kWsAlignedMaxTiles) return false;
-  return g_aligned.Forced() || ws::WsAlignedPays(s, block_m);
-}
-
 template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false,
-          int kTileT = kWsTileT, bool kAligned = false>
+          int kTileT = kWsTileT>
 absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                             cudaStream_t stream) {
   constexpr int kSmem = kTileT != kWsTileT ? kTallSmemBytes : kInt ? kIntSmemBytes : kSmemBytes;
   constexpr int kThreads = ws::WsThreadsFor(kTileT);
-  constexpr auto kKernel =
-      WsGroupedGemmKernel<T, Fused, kInt, kCluster, kPingPong, kTileT, kAligned>;
+  constexpr auto kKernel = WsGroupedGemmKernel<T, Fused, kInt, kCluster, kPingPong, kTileT>;
   if (ws::WsTileSlots(g.block_m) != kTileT) {
     return absl::InternalError("moe_grouped_gemm_ws: block_m does not match the kernel's tiles");
   }
@@ -685,12 +663,6 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
              {},
              0,
              {}};
-  p.sched.aligned = kAligned;
-  if constexpr (kCluster == 2 && !kAligned) {  // the aligned order's own kernel
-    if (UseAligned(p.sched, g.block_m)) {
-      return LaunchWsKernel<T, Fused, false, 2, false, kWsTileT, true>(g, act_params, stream);
-    }
-  }
   if constexpr (kInt) {
     p.iw = *g.int_w;
     p.groups = g.K / g.int_w->group_size;
@@ -699,7 +671,6 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
   if (p.sched.grid <= 0) return absl::OkStatus();
   KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdlCluster(kKernel, dim3(p.sched.grid), dim3(kThreads),
                                                       kSmem, stream, kCluster, map, p));
-  if (p.sched.aligned) aligned_launches.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -795,10 +766,6 @@ void SetMoeGemmWsClusterMode(MoeGemmWsMode mode) {
 int64_t MoeGemmWsLaunches() { return ws_launches.load(std::memory_order_relaxed); }
 
 int64_t MoeGemmWsClusterLaunches() { return cluster_launches.load(std::memory_order_relaxed); }
-
-void SetMoeGemmWsAlignedMode(MoeGemmWsMode mode) { g_aligned.Set(mode); }
-
-int64_t MoeGemmWsAlignedLaunches() { return aligned_launches.load(std::memory_order_relaxed); }
 
 void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode) { g_ping_pong.Set(mode); }
 

@@ -123,26 +123,6 @@ __device__ __forceinline__ WsRing<kStageBytes> WsRingInit(const CUtensorMap* wma
   return r;
 }
 
-// The expert-aligned order's unit table (moe_ws_schedule.h), built by the
-// whole CTA (every thread calls it) into t from p.expert_ids once the
-// previous kernel's writes are visible (after WsRingInit), and hung on
-// sched. Thread 0 builds it; the tiles' experts are first staged in
-// t.group_units, which the build overwrites only after reading them all.
-template <int kTileT, typename P>
-__device__ __forceinline__ void WsBuildUnitTable(const P& p, WsSchedule& sched, WsUnitTable& t) {
-  const int tiles = static_cast<int>(sched.token_tiles);  // <= kWsAlignedMaxTiles (host)
-  for (int i = threadIdx.x; i < tiles; i += blockDim.x) {
-    t.group_units[i] = static_cast<int16_t>(p.expert_ids[i * kTileT / p.block_m]);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    WsBuildUnits([&](int i) { return static_cast<int32_t>(t.group_units[i]); }, tiles,
-                 sched.cluster, t);
-  }
-  __syncthreads();
-  sched.table = &t;
-}
-
 // A thread's position in the ring: the stage it uses next and the parity
 // of that stage's barriers in this use. Producer and consumers step alike.
 struct WsCursor {
@@ -159,11 +139,11 @@ struct WsCursor {
 // The tile of cluster rank `rank` in work item `lin` of `sched` (tiles of
 // kTileT slots), decoded against p's routing (p.sorted, p.expert_ids,
 // p.block_m, p.numel, p.num_local_experts).
-template <int kTileT = kWsTileT, bool kAligned = false, typename P>
+template <int kTileT = kWsTileT, typename P>
 __device__ __forceinline__ WsTileInfo WsTileOf(const P& p, const WsSchedule& sched, int64_t lin,
                                                int rank = 0) {
-  return WsDecode<kTileT, kAligned>(sched, lin, rank, p.sorted, p.expert_ids, p.block_m, p.numel,
-                                    p.num_local_experts);
+  return WsDecode<kTileT>(sched, lin, rank, p.sorted, p.expert_ids, p.block_m, p.numel,
+                          p.num_local_experts);
 }
 
 // A work item as one CTA of its cluster sees it: its tile, whether the
@@ -182,7 +162,7 @@ __device__ __forceinline__ bool WsHasWork(const WsTileInfo& t) { return t.local 
 // fn(work) for the work items of this CTA's cluster: items blockIdx.x /
 // kCluster, + gridDim.x / kCluster, ... below `total` (WsTotalWork(sched));
 // tiles of kTileT slots.
-template <int kCluster = 1, int kTileT = kWsTileT, bool kAligned = false, typename P, typename F>
+template <int kCluster = 1, int kTileT = kWsTileT, typename P, typename F>
 __device__ __forceinline__ void WsForEachWork(const P& p, const WsSchedule& sched, int64_t total,
                                               F&& fn) {
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
@@ -190,11 +170,11 @@ __device__ __forceinline__ void WsForEachWork(const P& p, const WsSchedule& sche
   for (int64_t lin = blockIdx.x / kCluster; lin < total; lin += gridDim.x / kCluster) {
     WsWork w;
     w.rank = rank;
-    w.ti = WsTileOf<kTileT, kAligned>(p, sched, lin, rank);
+    w.ti = WsTileOf<kTileT>(p, sched, lin, rank);
     w.active = WsHasWork(w.ti);
     w.run = w.active;
     if constexpr (kCluster > 1) {
-      const WsTileInfo other = WsTileOf<kTileT, kAligned>(p, sched, lin, rank ^ 1);
+      const WsTileInfo other = WsTileOf<kTileT>(p, sched, lin, rank ^ 1);
       w.run = w.active || WsHasWork(other);
       w.multicast = w.active && WsHasWork(other) && other.e == w.ti.e;
     }
@@ -283,12 +263,10 @@ __device__ __forceinline__ void WsOrderSignal(int cw) {
 // instead of per tile, its 64 token rows (4 a thread) into the stage's
 // first 64 (one CTA a tile, row indices). kTileT: the tile's slots
 // (the schedule's, WsClip<kTileT>), kTileT token rows at the stage's start,
-// the weight rows after them (w_s). kAligned: the expert-aligned order
-// (WsTileAt).
+// the weight rows after them (w_s).
 template <typename E, int kStageBytes, int kWBytes = kWsWBytes, int kRegs = kWsProducerRegs,
           int kCluster = 1, bool kRowAddresses = false, bool kPingPong = false,
-          int kTileT = kWsTileT, bool kAligned = false, typename P, typename OnTile, typename LoadW,
-          typename Extra>
+          int kTileT = kWsTileT, typename P, typename OnTile, typename LoadW, typename Extra>
 __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>& ring,
                                           const WsSchedule& sched, int64_t total, int64_t K, int nk,
                                           OnTile&& on_tile, LoadW&& load_w, Extra&& extra) {
@@ -304,7 +282,7 @@ __device__ __forceinline__ void WsProduce(const P& p, const WsRing<kStageBytes>&
   // Row r = ptid / 8 + 16 i of the tile; its swizzled chunk is the same for all i.
   const uint32_t dst0 = (ptid >> 3) * 128 + ((chunk ^ ((ptid >> 3) & 7)) << 4);
   WsCursor c;
-  WsForEachWork<kCluster, kTileT, kAligned>(p, sched, total, [&](const WsWork& w) {
+  WsForEachWork<kCluster, kTileT>(p, sched, total, [&](const WsWork& w) {
     if (!w.run) return;
     const WsTileInfo& ti = w.ti;
     for (int h = 0; h < (kPingPong ? 2 : 1); ++h) {

@@ -25,17 +25,6 @@
 // HBM once per group, from L2 by the other token tiles of the group) and a
 // group's token rows stay in L2 while the expert's weight rows stream. A
 // persistent grid of clusters takes linear work items c, c + clusters, ...
-//
-// The expert-aligned order (WsSchedule::aligned; WsAlignedPays says where):
-// units and groups restart at each expert's first token tile, so no
-// unit or group holds the tiles of two experts. An expert's units split into
-// near-equal groups of at most kWsAlignedGroup. With groups of a fixed size
-// an expert whose units straddle two groups has its weights streamed from
-// HBM once for each; ncu (docs/PERF.md, session 34) measured 4.8-5.8 GB
-// read for the 1.9 GB of weights of Mixtral-8x7B's fused GEMM 1 at 4096
-// tokens, 2.5 GB in this order.
-// The device builds the unit table (WsUnitTable) from the tiles' experts
-// once per CTA; the host knows only the bound.
 #pragma once
 
 #include <cstdint>
@@ -64,67 +53,13 @@ inline constexpr int kWsTileN = 256;  // weight rows per tile (wgmma N)
 inline constexpr int kWsGroup = 4;    // units per group when the weight rows are many
 inline constexpr int kWsAutoGroup = 0;
 
-// The expert-aligned order's units: unit u is token tiles [tile0[u],
-// tile0[u + 1]) (the last: up to tiles), at most `cluster` of one expert;
-// its group is units [group0[u], group0[u] + group_units[u]). Token tiles
-// of at most kWsAlignedMaxTiles (a schedule with more keeps the fixed
-// order).
-inline constexpr int kWsAlignedMaxTiles = 512;
-inline constexpr int kWsAlignedGroup = 8;  // units per group at most
-struct WsUnitTable {                       // no initialisers: it lives in shared memory
-  int32_t units, tiles;
-  int16_t tile0[kWsAlignedMaxTiles];
-  int16_t group0[kWsAlignedMaxTiles];
-  int16_t group_units[kWsAlignedMaxTiles];
-};
-
 struct WsSchedule {
   int64_t token_tiles = 0;  // upper bound (host) / actual (device, after clipping)
   int64_t n_tiles = 0;      // ceil(N / kWsTileN)
-  int64_t group = 1;        // units per group, >= 1 (fixed order)
+  int64_t group = 1;        // units per group, >= 1
   int grid = 0;             // CTAs of the persistent grid, a multiple of cluster
   int cluster = 1;          // CTAs per cluster = token tiles per unit (1 or 2)
-  bool aligned = false;     // the expert-aligned order, else groups of `group`
-  // The aligned order's units: set on the device (WsBuildUnits) before the walk.
-  const WsUnitTable* table = nullptr;
 };
-
-// Fills t from the experts of token tiles 0 .. tiles - 1 (expert(i): any
-// id; an expert's run is a maximal stretch of one id; read before any of
-// t.group_units is written), tiles <= kWsAlignedMaxTiles. A run of n units
-// splits into g = ceil(n / kWsAlignedGroup) groups, the first n % g of
-// n / g + 1 units, the others of n / g.
-template <typename ExpertOf>
-KPLAN_WS_HD void WsBuildUnits(ExpertOf expert, int tiles, int cluster, WsUnitTable& t) {
-  int units = 0, first_tile = 0;
-  int32_t prev = 0;
-  for (int i = 0; i < tiles; ++i) {  // units, and each one's run start in group0
-    const int32_t e = expert(i);
-    if (i == 0 || e != prev) first_tile = i;
-    prev = e;
-    if ((i - first_tile) % cluster == 0) {
-      t.tile0[units] = static_cast<int16_t>(i);
-      t.group0[units] = static_cast<int16_t>(i == first_tile ? units : t.group0[units - 1]);
-      ++units;
-    }
-  }
-  for (int end = units; end > 0;) {  // each run's groups, last run first
-    const int r0 = t.group0[end - 1], n = end - r0;
-    const int groups = (n + kWsAlignedGroup - 1) / kWsAlignedGroup;
-    const int base = n / groups, big = n % groups;
-    for (int g = 0, u = r0; g < groups; ++g) {
-      const int size = base + (g < big ? 1 : 0);
-      for (int v = u; v < u + size; ++v) {
-        t.group0[v] = static_cast<int16_t>(u);
-        t.group_units[v] = static_cast<int16_t>(size);
-      }
-      u += size;
-    }
-    end = r0;
-  }
-  t.units = units;
-  t.tiles = tiles;
-}
 
 struct WsTile {
   int64_t token_tile = 0;
@@ -132,7 +67,7 @@ struct WsTile {
 };
 
 KPLAN_WS_HD int64_t WsUnits(const WsSchedule& s) {
-  return s.aligned ? s.table->units : (s.token_tiles + s.cluster - 1) / s.cluster;
+  return (s.token_tiles + s.cluster - 1) / s.cluster;
 }
 // Work items of the walk: (unit, weight-row tile) pairs, one per cluster.
 KPLAN_WS_HD int64_t WsTotalWork(const WsSchedule& s) { return WsUnits(s) * s.n_tiles; }
@@ -141,28 +76,7 @@ KPLAN_WS_HD int64_t WsTotalWork(const WsSchedule& s) { return WsUnits(s) * s.n_t
 // WsTotalWork(s)) of the order above (a bijection onto the tiles, with
 // rank in [0, s.cluster)). Its token tile may be past s.token_tiles (the
 // last unit of an odd count): no tile.
-// kAligned: the expert-aligned order (s.table set), a template argument so
-// that the kernels of the fixed order carry none of its code (the clustered
-// kernels spilled 120 bytes with both orders in one, against 16, and ran
-// 8-11% slower: docs/PERF.md, session 34).
-template <bool kAligned = false>
 KPLAN_WS_HD WsTile WsTileAt(const WsSchedule& s, int64_t linear, int rank = 0) {
-  if constexpr (kAligned) {
-    // The group of the item: unit linear / n_tiles lies in it (a group of g
-    // units holds items [n_tiles * first, n_tiles * (first + g))).
-    // 32-bit: items < kWsAlignedMaxTiles * n_tiles.
-    const WsUnitTable& t = *s.table;
-    const int n_tiles = static_cast<int>(s.n_tiles), lin = static_cast<int>(linear);
-    const int any = lin / n_tiles;
-    const int first = t.group0[any], size = t.group_units[any];
-    const int r = lin - n_tiles * first;
-    const int u = first + r % size;
-    const int end = u + 1 < t.units ? t.tile0[u + 1] : t.tiles;
-    WsTile out;
-    out.token_tile = t.tile0[u] + rank < end ? t.tile0[u] + rank : s.token_tiles;  // none
-    out.n_tile = r / size;
-    return out;
-  }
   const int64_t units = WsUnits(s);
   const int64_t per_group = s.group * s.n_tiles;
   const int64_t g = linear / per_group, r = linear - g * per_group;
@@ -185,11 +99,11 @@ struct WsTileInfo {
   int e = -1;
   bool local = false, empty = true;
 };
-template <int kTileT = kWsTileT, bool kAligned = false>
+template <int kTileT = kWsTileT>
 KPLAN_WS_HD WsTileInfo WsDecode(const WsSchedule& s, int64_t linear, int rank,
                                 const int32_t* sorted, const int32_t* expert_ids, int block_m,
                                 int64_t numel, int num_local_experts) {
-  const WsTile t = WsTileAt<kAligned>(s, linear, rank);
+  const WsTile t = WsTileAt(s, linear, rank);
   WsTileInfo info;
   info.tt = t.token_tile;
   info.n0 = t.n_tile * kWsTileN;
@@ -220,19 +134,6 @@ KPLAN_WS_HD WsSchedule WsClip(WsSchedule s, int64_t num_tokens_post_padded) {
 // 1 (session 19, call 4; the fused GEMM 1, 112 row tiles).
 inline int64_t WsAutoGroup(int64_t n_tiles, int num_sms) {
   return n_tiles * 8 <= num_sms ? 1 : kWsGroup;
-}
-
-// Whether the expert-aligned order is the default for a schedule in clusters
-// of two over blocks of block_m: where the fixed order groups units (many
-// weight-row tiles), over blocks of two tiles (so that every unit has two:
-// over blocks of 128 an expert of an odd tile count leaves a unit's second
-// CTA idle, and Mixtral-8x7B at 1024 tokens ran 4.7% slower), and where the
-// unit table holds the token tiles. Measured on an H100 (docs/PERF.md,
-// session 34): Mixtral-8x7B's fused GEMM 1 at 4096 tokens read 2.5 GB from
-// HBM instead of 4.8.
-inline bool WsAlignedPays(const WsSchedule& s, int block_m) {
-  return s.cluster == 2 && s.group > 1 && block_m == 2 * kWsTileT &&
-         s.token_tiles <= kWsAlignedMaxTiles;
 }
 
 // Whether clusters of two pay for a GEMM of reduction length K (the
