@@ -440,7 +440,8 @@ TEST_F(MoeGpuTest, StageCopyMovesEveryByte) {
       for (size_t i = 0; i < total; ++i)
         static_cast<char*>(host.p)[i] = static_cast<char>(byte(Rng()));
       std::memset(back.p, 0x5a, total);
-      ASSERT_EQ(cudaMemset(dev.p, 0xa5, total), cudaSuccess);
+      // On the copies' stream: the legacy stream's memset would not be ordered before them.
+      ASSERT_EQ(cudaMemsetAsync(dev.p, 0xa5, total, stream_), cudaSuccess);
       ASSERT_TRUE(kc::LaunchMoeStageCopy(d, h, bytes, stream_).ok());
       ASSERT_TRUE(kc::LaunchMoeStageCopy(b, d, bytes, stream_).ok());
       ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);

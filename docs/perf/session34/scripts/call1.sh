@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Session 34, device call 1: where the time goes, before changing anything.
-# Binaries: docs/perf/session33/scripts/pack.sh NAME TARGETS... (s34: b69ce58
-# moe_bench; s34b: ring-operands.patch; s34c, s34d: the aligned order).
+# Binaries: docs/perf/session33/scripts/pack.sh NAME TARGETS... (s34: b69ce58's
+# moe_bench; s34b: ring-operands.patch, moe_bench moe_quant_gpu_test; s34c,
+# s34d: the aligned order, moe_bench and the GPU suites of call3.sh /
+# call4.sh; s34e: call5.sh's order of the loads). The profiles' reports were
+# reduced to docs/perf/session34/call1/logs/*.summary.txt.
 # - moe_bench int4_group at 1 / 16 / 64 tokens on the three shapes (the
 #   baseline of this card) and the bf16 Mixtral-8x7B 1024 / 4096 rows.
 # - ncu --set full with SASS source counters, one kernel a profile:

@@ -3,9 +3,9 @@
 # matvec's activations) in the cp.async ring (s34b) against b69ce58 (s34).
 # - moe_quant_gpu_test whole (every route against the CPU reference), then
 #   memcheck and racecheck over the matvec and decode-tile cases.
-# - moe_bench int4_group, int8_group and int4_group/fp32s at 1, 2, 16, 64
-#   tokens on the three shapes, old and new alternating (each row checked
-#   against the CPU reference before it is timed).
+# - moe_bench int4_group and int8_group at 1, 2, 16, 64 tokens on the three
+#   shapes, old and new alternating, and int4_group/fp32s on Mixtral-8x7B at
+#   1 and 16 (each row checked against the CPU reference before it is timed).
 # - ncu of the new matvec (Mixtral-8x7B one token, GEMM 1) and decode tile
 #   (16 tokens, GEMM 1): where the stalls went.
 set -uo pipefail

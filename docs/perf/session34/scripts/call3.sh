@@ -4,8 +4,8 @@
 # - The GPU suites with it: moe_ws_gpu_test (every form with the order forced
 #   on and off, byte-equal; the rule's own launches at N 6144), moe_gpu_test,
 #   moe_layer_gpu_test, moe_graph_gpu_test, moe_fp8_ws_gpu_test (the shared
-#   pipeline); memcheck, racecheck and synccheck of the new test case.
-# - moe_bench bf16 at Mixtral-8x7B 1024-4096 and DeepSeek-V3 2048 / 4096:
+#   pipeline); last, memcheck and racecheck of the new test case.
+# - moe_bench bf16 at Mixtral-8x7B and DeepSeek-V3, 1024-4096 tokens:
 #   old, new with KPLAN_MOE_WS_ALIGNED=0, new (the rule), twice, each row
 #   checked before it is timed.
 # - ncu of the fused GEMM 1 at Mixtral 4096 with the order: DRAM bytes.
