@@ -1,57 +1,57 @@
 #!/usr/bin/env bash
 # Session 35, device call 1: three prepared changes, A/B in one call.
-# - sNEW: HEAD (6aa923a) with docs/perf/session34/release-after-wait0.patch
-#   (the ws GEMM's cooperative consumers release each stage right after
-#   wgmma.wait_group 0). sOLD: HEAD. moe_ws_gpu_test with sNEW, then
-#   moe_bench bf16 old / new / old / new where the cooperative kernel runs.
-# - s35x: HEAD with the int4 matvec's activation row staged once per CTA in
-#   shared memory. s34e: f655f15 with docs/perf/session34/load-order.patch
-#   (the int decode loops issue the next step's activation loads before the
-#   weights' cp.async); both kernels otherwise HEAD's. moe_quant_gpu_test
-#   with s35x, then moe_bench int4 at 1-64 tokens: sOLD / s35x / s34e /
-#   sOLD / s35x.
-# - ncu of s35x's matvec (Mixtral 1 token), of sNEW's fused GEMM 1 and of
-#   every kernel of Mixtral 4096's layer, while time is left.
-# Packs: docs/perf/session33/scripts/pack.sh sOLD moe_bench moe_ws_gpu_test \
-#   moe_layer_gpu_test moe_graph_gpu_test moe_quant_gpu_test moe_gpu_test;
-#   sNEW the same with the patch (no quant test); s35x moe_bench
-#   moe_quant_gpu_test; s34e from session 34.
+# - sALL: HEAD (6aa923a) with
+#   - docs/perf/session34/release-after-wait0.patch: the ws GEMM's
+#     cooperative consumers release each stage right after
+#     wgmma.wait_group 0 (bf16 rows at 2048-4096 tokens);
+#   - docs/perf/session35/int4-xs-smem.patch: the int4 matvec's activation
+#     row staged once per CTA in shared memory (int4 rows at 1 token).
+#   The two touch different kernels, so one pack answers both.
+# - sOLD: HEAD. s34e: f655f15 with docs/perf/session34/load-order.patch (the
+#   int decode loops issue the next step's activation loads before the
+#   weights' cp.async), kernels otherwise HEAD's.
+# Steps: the suites of the changed kernels with sALL; moe_bench bf16 sOLD /
+# sALL twice; int4 at 1-64 tokens sOLD / sALL / s34e / sOLD / sALL; the other
+# suites and ncu while time is left.
+# Packs: docs/perf/session33/scripts/pack.sh sALL moe_bench moe_gpu_test \
+#   moe_ws_gpu_test moe_layer_gpu_test moe_graph_gpu_test moe_quant_gpu_test \
+#   moe_decode_gpu_test moe_fp8_ws_gpu_test (both patches applied); sOLD the
+#   same at HEAD (moe_bench moe_ws_gpu_test moe_layer_gpu_test ...); s34e
+#   from session 34.
 set -uo pipefail
-for p in sOLD sNEW s34e s35x; do
+for p in sOLD sALL s34e; do
   tar -xJf build-pack/$p.tar.xz && mv .tdist .t_$p
 done
 . scripts/gpu-steps.sh
-gpu_check_setup kplan-s35 .t_sNEW
-for p in sOLD sNEW s34e s35x; do echo "$p $(cat .t_$p/REV)"; done
+gpu_check_setup kplan-s35 .t_sALL
+for p in sOLD sALL s34e; do echo "$p $(cat .t_$p/REV)"; done
 step_keep='FAIL|PASSED|rooflines|^(Mixtral|Qwen3|DeepSeek)|Duration|Tensor|DRAM Throughput'
 step_drop='OK \]'
 left() { [ $SECONDS -lt "$1" ] || { echo "--- skipped: $SECONDS s gone"; return 1; }; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader
 step ws_test 150 "$bin/moe_ws_gpu_test"
-LD_LIBRARY_PATH=$PWD/.t_s35x/lib step quant_test_s35x 150 .t_s35x/bin/moe_quant_gpu_test
+step quant_test 150 "$bin/moe_quant_gpu_test"
 B=(--budget_s 0.2 --sets 2 --fused on --warmup_s 0.5 --check_tokens 2 --route auto)
-for v in sOLD sNEW sOLD sNEW; do
+for v in sOLD sALL sOLD sALL; do
   n=$v; [ -e "$out/bench_$v.log" ] && n=${v}2
-  left 280 && LD_LIBRARY_PATH=$PWD/.t_$v/lib TAIL=8 step "bench_$n" 100 .t_$v/bin/moe_bench \
+  left 300 && LD_LIBRARY_PATH=$PWD/.t_$v/lib TAIL=8 step "bench_$n" 100 .t_$v/bin/moe_bench \
     "${B[@]}" --quant bf16 --shapes mixtral,qwen3,deepseek --tokens 2048,4096 \
     --json "$out/bench_$n.json"
 done
-for v in sOLD s35x s34e sOLD s35x; do
+for v in sOLD sALL s34e sOLD sALL; do
   n=$v; [ -e "$out/int_$v.log" ] && n=${v}2
   left 420 && LD_LIBRARY_PATH=$PWD/.t_$v/lib TAIL=12 step "int_$n" 100 .t_$v/bin/moe_bench \
     "${B[@]}" --quant int4_group --shapes qwen3,mixtral,deepseek --tokens 1,16,64 \
     --json "$out/int_$n.json"
 done
-left 470 && LD_LIBRARY_PATH=$PWD/.t_s35x/lib TAIL=12 step ncu_mv 60 ncu --clock-control none \
-  --section SpeedOfLight --section WarpStateStats -k regex:TileKernel -c 2 .t_s35x/bin/moe_bench \
-  --budget_s 0.01 --sets 1 --warmup_s 0 --check_tokens 0 --quant int4_group --shapes mixtral \
-  --tokens 1 --route matvec
-left 500 && TAIL=12 step ncu_g1 60 ncu --clock-control none --section SpeedOfLight \
-  --section WarpStateStats -k regex:WsGrouped -c 2 "$bin/moe_bench" --budget_s 0.01 --sets 1 \
-  --warmup_s 0 --check_tokens 0 --quant bf16 --shapes mixtral --tokens 4096 --fused on
+left 450 && step layer_test 100 "$bin/moe_layer_gpu_test"
+left 480 && step graph_test 60 "$bin/moe_graph_gpu_test"
+left 500 && TAIL=12 step ncu_mv 50 ncu --clock-control none --section SpeedOfLight \
+  --section WarpStateStats -k regex:TileKernel -c 2 "$bin/moe_bench" --budget_s 0.01 --sets 1 \
+  --warmup_s 0 --check_tokens 0 --quant int4_group --shapes mixtral --tokens 1 --route matvec
 # Every kernel of Mixtral 4096's layer, one by one (ncu serialises them: no
 # PDL overlap, caches flushed): where the layer's time outside the GEMMs goes.
-left 520 && TAIL=40 step_keep='^  [A-Za-z_].*\(|gpu__time_duration' step ncu_layer 60 ncu \
+left 520 && TAIL=40 step_keep='^  [A-Za-z_].*\(|gpu__time_duration' step ncu_layer 50 ncu \
   --clock-control none --metrics gpu__time_duration.sum \
   -k regex:"Moe|Combine|WsGrouped|Activation|ScaleRows" -c 16 "$bin/moe_bench" --budget_s 0.01 \
   --sets 1 --warmup_s 0 --check_tokens 0 --quant bf16 --shapes mixtral --tokens 4096 --fused on
