@@ -38,21 +38,21 @@ for v in sOLD sALL sOLD sALL; do
     "${B[@]}" --quant bf16 --shapes mixtral,qwen3,deepseek --tokens 2048,4096 \
     --json "$out/bench_$n.json"
 done
-for v in sOLD sALL s34e sOLD sALL; do
-  n=$v; [ -e "$out/int_$v.log" ] && n=${v}2
-  left 420 && LD_LIBRARY_PATH=$PWD/.t_$v/lib TAIL=12 step "int_$n" 100 .t_$v/bin/moe_bench \
-    "${B[@]}" --quant int4_group --shapes qwen3,mixtral,deepseek --tokens 1,16,64 \
-    --json "$out/int_$n.json"
-done
-left 450 && step layer_test 100 "$bin/moe_layer_gpu_test"
-left 480 && step graph_test 60 "$bin/moe_graph_gpu_test"
-left 500 && TAIL=12 step ncu_mv 50 ncu --clock-control none --section SpeedOfLight \
-  --section WarpStateStats -k regex:TileKernel -c 2 "$bin/moe_bench" --budget_s 0.01 --sets 1 \
-  --warmup_s 0 --check_tokens 0 --quant int4_group --shapes mixtral --tokens 1 --route matvec
 # Every kernel of Mixtral 4096's layer, one by one (ncu serialises them: no
 # PDL overlap, caches flushed): where the layer's time outside the GEMMs goes.
-left 520 && TAIL=40 step_keep='^  [A-Za-z_].*\(|gpu__time_duration' step ncu_layer 50 ncu \
+left 330 && TAIL=40 step_keep='^  [A-Za-z_].*\(|gpu__time_duration' step ncu_layer 50 ncu \
   --clock-control none --metrics gpu__time_duration.sum \
   -k regex:"Moe|Combine|WsGrouped|Activation|ScaleRows" -c 16 "$bin/moe_bench" --budget_s 0.01 \
   --sets 1 --warmup_s 0 --check_tokens 0 --quant bf16 --shapes mixtral --tokens 4096 --fused on
+for v in sOLD sALL s34e sOLD sALL; do
+  n=$v; [ -e "$out/int_$v.log" ] && n=${v}2
+  left 440 && LD_LIBRARY_PATH=$PWD/.t_$v/lib TAIL=12 step "int_$n" 100 .t_$v/bin/moe_bench \
+    "${B[@]}" --quant int4_group --shapes qwen3,mixtral,deepseek --tokens 1,16,64 \
+    --json "$out/int_$n.json"
+done
+left 470 && step layer_test 100 "$bin/moe_layer_gpu_test"
+left 500 && step graph_test 60 "$bin/moe_graph_gpu_test"
+left 520 && TAIL=12 step ncu_mv 50 ncu --clock-control none --section SpeedOfLight \
+  --section WarpStateStats -k regex:TileKernel -c 2 "$bin/moe_bench" --budget_s 0.01 --sets 1 \
+  --warmup_s 0 --check_tokens 0 --quant int4_group --shapes mixtral --tokens 1 --route matvec
 gpu_check_finish
