@@ -10,9 +10,9 @@
 # - sOLD: HEAD. s34e: f655f15 with docs/perf/session34/load-order.patch (the
 #   int decode loops issue the next step's activation loads before the
 #   weights' cp.async), kernels otherwise HEAD's.
-# Steps: the suites of the changed kernels with sALL; moe_bench bf16 and
-# int4 (1-64 tokens) sOLD / sALL (and s34e), then the repeats, ncu of the
-# layer and the other suites while time is left.
+# Steps: moe_bench bf16 and int4 (1-64 tokens) sOLD / sALL (and s34e); the
+# suites of the changed kernels with sALL; the repeats, ncu of the layer and
+# the other suites while time is left.
 # Packs: docs/perf/session33/scripts/pack.sh sALL moe_bench moe_gpu_test \
 #   moe_ws_gpu_test moe_layer_gpu_test moe_graph_gpu_test moe_quant_gpu_test \
 #   moe_decode_gpu_test moe_fp8_ws_gpu_test (both patches applied); sOLD the
@@ -29,8 +29,6 @@ step_keep='FAIL|PASSED|rooflines|^(Mixtral|Qwen3|DeepSeek)|Duration|Tensor|DRAM 
 step_drop='OK \]'
 left() { [ $SECONDS -lt "$1" ] || { echo "--- skipped: $SECONDS s gone"; return 1; }; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader
-step ws_test 120 "$bin/moe_ws_gpu_test"
-step quant_test 120 "$bin/moe_quant_gpu_test"
 B=(--budget_s 0.2 --sets 2 --fused on --warmup_s 0.5 --check_tokens 2 --route auto)
 bf16() {  # pack, log name
   LD_LIBRARY_PATH=$PWD/.t_$1/lib TAIL=8 step "bench_$2" 100 .t_$1/bin/moe_bench "${B[@]}" \
@@ -40,16 +38,19 @@ int4() {  # pack, log name
   LD_LIBRARY_PATH=$PWD/.t_$1/lib TAIL=12 step "int_$2" 100 .t_$1/bin/moe_bench "${B[@]}" \
     --quant int4_group --shapes qwen3,mixtral,deepseek --tokens 1,16,64 --json "$out/int_$2.json"
 }
-# The device time left was short: each A/B once first, the repeats after.
-left 250 && bf16 sOLD sOLD
-left 280 && bf16 sALL sALL
-left 300 && int4 sOLD sOLD
-left 320 && int4 sALL sALL
-left 340 && int4 s34e s34e
-left 360 && bf16 sOLD sOLD2
-left 380 && bf16 sALL sALL2
-left 400 && int4 sOLD sOLD2
-left 420 && int4 sALL sALL2
+# The device time left was short: each A/B once first (every row checked
+# before it is timed), the suites of the changed kernels, then the repeats.
+bf16 sOLD sOLD
+bf16 sALL sALL
+int4 sOLD sOLD
+int4 sALL sALL
+left 200 && int4 s34e s34e
+left 230 && step quant_test 100 "$bin/moe_quant_gpu_test"
+left 260 && step ws_test 100 "$bin/moe_ws_gpu_test"
+left 330 && bf16 sOLD sOLD2
+left 350 && bf16 sALL sALL2
+left 370 && int4 sOLD sOLD2
+left 390 && int4 sALL sALL2
 # Every kernel of Mixtral 4096's layer, one by one (ncu serialises them: no
 # PDL overlap, caches flushed): where the layer's time outside the GEMMs goes.
 left 440 && TAIL=40 step_keep='^  [A-Za-z_].*\(|gpu__time_duration' step ncu_layer 50 ncu \
