@@ -49,6 +49,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "base/status.h"
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
@@ -59,6 +60,7 @@
 #include "kernels/cuda/moe/moe_wgmma.cuh"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/buffers.h"
+#include "kernels/cuda/runtime/kernel_attrs.h"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
@@ -628,18 +630,8 @@ absl::Status Launch(const GemmParams& p, int64_t num_blocks, cudaStream_t stream
     }
   }
   using C = Cfg<BT, TIn, kWide>;
-  // The shared-memory limit is a per-device attribute of the kernel: raise it
-  // once per device (idempotent, so a race only repeats it).
-  static std::atomic<uint64_t> attr_set{0};
-  int device = 0;
-  KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((attr_set.load(std::memory_order_acquire) & bit) == 0) {
-    KPLAN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(WgmmaGroupedGemmKernel<BT, TIn, T, kWide>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    C::kSmemBytes));
-    attr_set.fetch_or(bit, std::memory_order_release);
-  }
+  KPLAN_RETURN_IF_ERROR(
+      (RaiseDynamicSmemOnce<WgmmaGroupedGemmKernel<BT, TIn, T, kWide>>(C::kSmemBytes)));
   const dim3 grid(static_cast<unsigned>(num_blocks),
                   static_cast<unsigned>((p.N + kRowsW - 1) / kRowsW),
                   static_cast<unsigned>(p.splits));

@@ -20,6 +20,7 @@
 #include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_ws_schedule.h"
 #include "kernels/cuda/runtime/device_info.h"
+#include "kernels/cuda/runtime/kernel_attrs.h"
 #include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda::ws {
@@ -57,23 +58,17 @@ inline WsKnobs WsKnobsFromEnv(const char* debug_var, const char* group_var,
 // the current device, in clusters of `cluster` CTAs of `threads` threads:
 // the CTAs that run at once into *resident_ctas (the multiprocessors, or the
 // clusters that fit times `cluster`), and the kernel's dynamic
-// shared-memory opt-in, both set up once per device.
+// shared-memory opt-in (RaiseDynamicSmemOnce), both set up once per device.
 template <auto kKernel>
 absl::Status WsLaunchSetup(int smem_bytes, int* resident_ctas, int cluster = 1,
                            int threads = kWsThreads) {
   int device = 0;
   KPLAN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   KPLAN_ASSIGN_OR_RETURN(const int sms, MultiprocessorCount(device));
-  // Set up once per device below 64 (past that: every launch), per kernel.
-  static std::atomic<uint64_t> attr_set{0};  // one bit per device
-  static std::atomic<int> resident[64];      // 0: not known yet, -1: no cluster fits
+  KPLAN_RETURN_IF_ERROR(RaiseDynamicSmemOnce<kKernel>(smem_bytes));
+  // The CTAs that fit, found once per device below 64 (past that: every launch).
+  static std::atomic<int> resident[64];  // 0: not known yet, -1: no cluster fits
   const bool cached = device < 64;
-  const uint64_t bit = cached ? uint64_t{1} << device : 0;
-  if (!cached || (attr_set.load(std::memory_order_acquire) & bit) == 0) {
-    KPLAN_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-    attr_set.fetch_or(bit, std::memory_order_release);
-  }
   *resident_ctas = sms;
   if (cluster <= 1) return absl::OkStatus();
   int n = cached ? resident[device].load(std::memory_order_relaxed) : 0;
