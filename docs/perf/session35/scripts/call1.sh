@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 35's device call, NOT RUN (no device start succeeded in session 35):
-# three prepared changes, A/B in one call.
+# Session 35's device call, prepared in session 35 (no device start succeeded then) and run as
+# session 36's first call (docs/PERF.md, session 36): three changes, A/B in one call.
 # - sALL: HEAD with
 #   - docs/perf/session34/release-after-wait0.patch: the ws GEMM's
 #     cooperative consumers (tiles of 128 slots: bf16 / fp16 GEMM 1 and 2, and
