@@ -6,13 +6,13 @@
 #   sD2: two (kNow = 2; ptxas: 78-136 bytes of spills in the bf16 kernels
 #   against 22-32 at kNow = 3 and 12-16 before); sOLD: the kernels before
 #   (session 35's pack, ws kernels unchanged since).
-# Steps: correctness (moe_ws_gpu_test with the new many-tile fused cases,
-# memcheck and racecheck of the fused cases), moe_bench bf16 A/B in
-# alternating order (every row checked against the CPU and device
-# references first; Mixtral 1024-4096 and Qwen3 4096 take the changed
-# kernel, Mixtral 64 / 128 the ping-pong one whose epilogue code moved),
-# ncu durations of the fused GEMM 1 at Mixtral 4096, the layer suites,
-# then Mixtral's table beside torch._grouped_mm while time is left.
+# Steps, most needed first: correctness (moe_ws_gpu_test with the new
+# many-tile fused cases), moe_bench bf16 A/B in alternating order (every row
+# checked against the CPU and device references first; Mixtral 1024-4096 and
+# Qwen3 4096 take the changed kernel, Mixtral 64 / 128 the ping-pong one
+# whose epilogue code moved), the layer suites, memcheck and racecheck of the
+# fused cases, ncu durations of the fused GEMM 1 at Mixtral 4096, then
+# Mixtral's table beside torch._grouped_mm while time is left.
 # Packs: docs/perf/session33/scripts/pack.sh sD3 moe_bench moe_ws_gpu_test \
 #   moe_layer_gpu_test moe_gpu_test moe_graph_gpu_test; kNow = 2: pack.sh sD2
 #   moe_bench moe_ws_gpu_test. Device tool: carry ["build-pack"].
@@ -42,6 +42,9 @@ left 80 && bf16 sD2 sD2
 left 80 && bf16 sD3 sD3b
 left 80 && bf16 sOLD sOLD2
 left 80 && bf16 sD2 sD2b
+left 80 && step layer_test 80 "$bin/moe_layer_gpu_test"
+left 30 && step graph_test 30 "$bin/moe_graph_gpu_test"
+left 30 && step gpu_test 30 "$bin/moe_gpu_test"
 left 60 && step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
   "$bin/moe_ws_gpu_test" --gtest_filter='MoeWsGpuTest.FusedActivation'
 left 60 && step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
@@ -53,9 +56,6 @@ for p in sOLD sD3; do
     -k regex:WsGrouped -c 4 .t_$p/bin/moe_bench --budget_s 0.01 --sets 1 --warmup_s 0 \
     --check_tokens 0 --quant bf16 --shapes mixtral --tokens 4096 --fused on
 done
-left 80 && step layer_test 80 "$bin/moe_layer_gpu_test"
-left 30 && step graph_test 30 "$bin/moe_graph_gpu_test"
-left 30 && step gpu_test 30 "$bin/moe_gpu_test"
 left 100 && TAIL=12 step table 100 "$bin/moe_bench" "${B[@]}" --decode_layer off --shapes mixtral \
   --tokens 1,16,64,128,256,512,1024,2048,4096 --json "$out/table.json"
 left 120 && TAIL=12 step_keep='Mixtral|torch|grouped' step baseline 120 python3 bench/moe_baseline.py \
