@@ -2,10 +2,11 @@
 # Session 36, device call 2: the fused GEMM 1's deferred epilogue
 # (moe_gemm_ws_sm90.cu: cooperative tiles of 128, 16-bit weights; a tile's
 # last activation chunks run during the next tile's first k-tiles).
-# - sD3: one chunk of four deferred (kNow = 3, the committed form);
-#   sD2: two (kNow = 2; ptxas: 78-136 bytes of spills in the bf16 kernels
-#   against 22-32 at kNow = 3 and 12-16 before); sOLD: the kernels before
-#   (session 35's pack, ws kernels unchanged since).
+# - sD3: one chunk of four deferred (kNow = 3, the patch's form);
+#   sD2: two (kNow = 2; ptxas: 78 / 128 bytes of spill stores in the bf16
+#   kernels, one CTA / clusters, against 22 / 32 at kNow = 3 and 12 / 16
+#   before); sOLD: the kernels before (session 35's pack, REV 6aa923a; the
+#   ws kernels have not changed since).
 # Steps, most needed first: correctness (moe_ws_gpu_test with the new
 # many-tile fused cases), moe_bench bf16 A/B in alternating order (every row
 # checked against the CPU and device references first; Mixtral 1024-4096 and
@@ -13,9 +14,15 @@
 # whose epilogue code moved), the layer suites, memcheck and racecheck of the
 # fused cases, ncu durations of the fused GEMM 1 at Mixtral 4096, then
 # Mixtral's table beside torch._grouped_mm while time is left.
-# Packs: docs/perf/session33/scripts/pack.sh sD3 moe_bench moe_ws_gpu_test \
-#   moe_layer_gpu_test moe_gpu_test moe_graph_gpu_test; kNow = 2: pack.sh sD2
-#   moe_bench moe_ws_gpu_test. Device tool: carry ["build-pack"].
+# Packs (a build configured with -gencode=arch=compute_90a,code=sm_90a):
+#   git apply docs/perf/session36/deferred-epilogue.patch
+#   docs/perf/session33/scripts/pack.sh sD3 moe_bench moe_ws_gpu_test \
+#     moe_layer_gpu_test moe_gpu_test moe_graph_gpu_test
+#   (set `constexpr int kNow = 2;` in moe_gemm_ws_sm90.cu)
+#   docs/perf/session33/scripts/pack.sh sD2 moe_bench moe_ws_gpu_test
+#   git checkout kernels tests
+#   sOLD: pack.sh sOLD moe_bench moe_ws_gpu_test moe_quant_gpu_test at HEAD.
+# Device tool: carry ["build-pack"].
 set -uo pipefail
 for p in sOLD sD3 sD2; do
   rm -rf .t_$p
@@ -47,7 +54,7 @@ left 30 && step graph_test 30 "$bin/moe_graph_gpu_test"
 left 30 && step gpu_test 30 "$bin/moe_gpu_test"
 left 60 && step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 1 \
   "$bin/moe_ws_gpu_test" --gtest_filter='MoeWsGpuTest.FusedActivation'
-left 60 && step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
+left 120 && step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 \
   "$bin/moe_ws_gpu_test" --gtest_filter='MoeWsGpuTest.FusedActivation'
 for p in sOLD sD3; do
   left 30 && LD_LIBRARY_PATH=$PWD/.t_$p/lib TAIL=12 step_keep='WsGroupedGemm|gpu__time|tensor_op' \
