@@ -1,11 +1,11 @@
-// A kernel's dynamic shared-memory opt-in, raised once per device: the one
-// place the build remembers that cudaFuncAttributeMaxDynamicSharedMemorySize
-// is set for a kernel of a fixed size (moe_align, whose size changes with the
-// experts, sets it per launch; the decode layer with its other launch facts).
-// Header-only: the kernel is a template argument.
+// A kernel's dynamic shared-memory opt-in, raised once per device, for the
+// launchers whose kernels take one fixed size (moe_align's size changes with
+// the experts, so it sets the attribute per launch; the decode layer caches it
+// with its other launch facts). Header-only: the kernel is a template
+// argument.
 #pragma once
 
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>  // cudaFuncSetAttribute's template over kernel pointers
 
 #include <atomic>
 #include <cstdint>
