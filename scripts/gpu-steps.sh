@@ -10,8 +10,23 @@
 # status=1) with its seconds, then prints the log's lines that match
 # $step_keep (an extended regex) and not $step_drop, the last ${TAIL:-20} of
 # them. The caller sets out (gpu_check_setup does), step_keep and,
-# optionally, step_drop.
+# optionally, step_drop. For the session calls of docs/perf/: `gpu_unpack
+# PACK...` unpacks build-pack/PACK.tar.xz (docs/perf/session33/scripts/
+# pack.sh's .tdist) into .t_PACK, replacing an older one, and prints its
+# REV; `left SECONDS` is true while SECONDS are left before ${DEADLINE:-570}
+# seconds of the script, else says the step is skipped.
 status=0
+gpu_unpack() {  # pack...
+  local p
+  for p in "$@"; do
+    rm -rf ".t_$p"
+    tar -xJf "build-pack/$p.tar.xz" && mv .tdist ".t_$p"
+    echo "$p $(cat ".t_$p/REV")"
+  done
+}
+left() {  # seconds
+  [ $((${DEADLINE:-570} - SECONDS)) -ge "$1" ] || { echo "--- skipped: $SECONDS s gone"; return 1; }
+}
 step() {  # name seconds command...
   local name=$1 limit=$2
   shift 2

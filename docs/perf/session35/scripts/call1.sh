@@ -26,17 +26,11 @@
 #   (f655f15 + load-order.patch) pack.sh s34e moe_bench moe_quant_gpu_test
 # then the device tool with carry ["build-pack"].
 set -uo pipefail
-for p in sOLD sALL s34e; do
-  rm -rf .t_$p
-  tar -xJf build-pack/$p.tar.xz && mv .tdist .t_$p
-done
 . scripts/gpu-steps.sh
+gpu_unpack sOLD sALL s34e
 gpu_check_setup kplan-s35 .t_sALL
-for p in sOLD sALL s34e; do echo "$p $(cat .t_$p/REV)"; done
 step_keep='FAIL|PASSED|RACECHECK SUMMARY|rooflines|^(Mixtral|Qwen3|DeepSeek)'
 step_drop='OK \]'
-DEADLINE=${DEADLINE:-570}
-left() { [ $((DEADLINE - SECONDS)) -ge "$1" ] || { echo "--- skipped: $SECONDS s gone"; return 1; }; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader
 B=(--budget_s 0.2 --sets 2 --fused on --warmup_s 0.5 --check_tokens 2 --route auto)
 bf16() {  # pack, log name

@@ -24,17 +24,11 @@
 #   sOLD: pack.sh sOLD moe_bench moe_ws_gpu_test moe_quant_gpu_test at HEAD.
 # Device tool: carry ["build-pack"].
 set -uo pipefail
-for p in sOLD sD3 sD2; do
-  rm -rf .t_$p
-  tar -xJf build-pack/$p.tar.xz && mv .tdist .t_$p
-done
 . scripts/gpu-steps.sh
+gpu_unpack sOLD sD3 sD2
 gpu_check_setup kplan-s36 .t_sD3
-for p in sOLD sD3 sD2; do echo "$p $(cat .t_$p/REV)"; done
 step_keep='FAIL|PASSED|ERROR SUMMARY|RACECHECK SUMMARY|rooflines|^(Mixtral|Qwen3|DeepSeek)|^fused|differ'
 step_drop='OK \]'
-DEADLINE=${DEADLINE:-570}
-left() { [ $((DEADLINE - SECONDS)) -ge "$1" ] || { echo "--- skipped: $SECONDS s gone"; return 1; }; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader
 B=(--budget_s 0.2 --sets 2 --fused on --warmup_s 0.5 --check_tokens 2 --route auto --quant bf16)
 bf16() {  # pack, log name
