@@ -6,6 +6,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
 #include "kernels/cpu/ir_types.h"
 
 namespace kplan::kernels::cuda::detail {
@@ -27,6 +31,40 @@ __device__ __forceinline__ __half FromFloat<__half>(float v) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+
+// Two values rounded to T (bf16 / fp16), packed as one 4-byte word (first
+// value low): one conversion instruction for both.
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>, "16-bit T");
+  uint32_t u;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&u, &v, 4);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&u, &v, 4);
+  }
+  return u;
+}
+// The inverse: the two T values of a word as floats (exact).
+template <typename T>
+__device__ __forceinline__ void Unpack2(uint32_t u, float& lo, float& hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    lo = __uint_as_float(u << 16);
+    hi = __uint_as_float(u & 0xffff0000u);
+  } else {
+    T v[2];
+    memcpy(v, &u, 4);
+    lo = ToFloat(v[0]);
+    hi = ToFloat(v[1]);
+  }
+}
+// a and b rounded to T in place (ToFloat(FromFloat<T>(x)) of each).
+template <typename T>
+__device__ __forceinline__ void Round2(float& a, float& b) {
+  Unpack2<T>(Pack2<T>(a, b), a, b);
 }
 
 // Run-time typed access (the native IR kernels, the MoE emulation route).

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/ir/ir_device_math.cuh"
+
 namespace kplan::kernels::cuda::detail::quant {
 
 // Word i (compile-time after unrolling) of a 16-byte vector (int4 / uint4).
@@ -80,19 +82,6 @@ __device__ __forceinline__ float BiasedZero(const uint8_t* zero, int64_t gi, boo
   return 8388608.0f + zp;
 }
 
-// Two floats rounded to T, packed (lo first): the reference's rounding of a
-// dequantised weight.
-template <typename T>
-__device__ __forceinline__ uint32_t PackRounded(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-}
-
 // The stored ints of one group (scale s, biased zero point zpb as BiasedZero
 // gives it) dequantised to T pairs: Pairs(word) gives a 32-bit word's weights
 // as consecutive pairs, each round_T((q - zp)·s), the value Deq rounded to
@@ -123,8 +112,8 @@ class IntGroupDequant {
     packed_ = s_exact && (kBf16 ? kInt4 && zp < 128.0f : true);
     if (packed_) {
       const float m = kBf16 ? 128.0f : 1024.0f;
-      zero2_ = AsT2(PackRounded<T>(m + zp, m + zp));  // exact: checked above
-      scale2_ = AsT2(PackRounded<T>(s, s));
+      zero2_ = AsT2(Pack2<T>(m + zp, m + zp));  // exact: checked above
+      scale2_ = AsT2(Pack2<T>(s, s));
     }
   }
 
@@ -175,7 +164,7 @@ class IntGroupDequant {
   __device__ __forceinline__ uint32_t ScalarPair(uint32_t wd, int i) const {
     constexpr int kBits = kInt4 ? 4 : 8;
     const uint32_t two = (wd >> (2 * kBits * i)) & ((1u << (2 * kBits)) - 1u);
-    return PackRounded<T>(Deq(two & ((1u << kBits) - 1u), zpb_, s_), Deq(two >> kBits, zpb_, s_));
+    return Pack2<T>(Deq(two & ((1u << kBits) - 1u), zpb_, s_), Deq(two >> kBits, zpb_, s_));
   }
 
   float s_, zpb_;

@@ -168,14 +168,6 @@ __device__ __forceinline__ void StShared16(uint32_t a, const uint32_t (&v)[4]) {
                : "memory");
 }
 
-// Two values rounded to T, packed as one 4-byte word (first value low).
-template <typename T>
-__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
-  T v[2] = {FromFloat<T>(lo), FromFloat<T>(hi)};
-  uint32_t u;
-  memcpy(&u, v, 4);
-  return u;
-}
 // a[i] / a[i] = v for a run-time i in [0, 4), without indexing the array.
 __device__ __forceinline__ uint32_t Pick4(const uint32_t (&a)[4], int i) {
   return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3];
