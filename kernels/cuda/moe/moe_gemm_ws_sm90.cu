@@ -45,7 +45,10 @@
 // and up exactly as the unfused path stores them (round(round(acc) +
 // round(bias))), applies the activation kernel's formula in fp32 and rounds
 // once: bit-identical to GEMM 1 -> LaunchMoeActivation. The tile count is
-// that of the unfused GEMM (ceil(2I / 256) == ceil(I / 128)).
+// that of the unfused GEMM (ceil(2I / 256) == ceil(I / 128)). With
+// cooperative tiles of 128 half of a tile's activation runs during the next
+// tile's first k-tiles, its inputs parked in shared memory (kDeferBytes
+// below), so that the tensor cores work through it.
 //
 // int4 weights (the kInt instantiations, MoeGroupedGemmArgs::int_w: group
 // scales, optional zero points): each k-tile's packed bytes (32 of each of
@@ -97,8 +100,10 @@ using detail::MbarArrive;
 using detail::MbarWait;
 using detail::Pack2;
 using detail::QuadStore16;
+using detail::Round2;
 using detail::TmaLoad2d;
 using detail::ToFloat;
+using detail::Unpack2;
 using detail::Wgmma;
 using detail::WgmmaCommit;
 using detail::WgmmaFence;
@@ -114,6 +119,20 @@ constexpr int TileStageBytes() {
 }
 constexpr int kStageBytes = TileStageBytes<kWsTileT>();  // 48 KiB
 constexpr int kSmemBytes = ws::WsSmemBytes(kStageBytes);
+
+// The fused GEMM 1's deferred half (cooperative tiles of 128, 16-bit
+// weights: kDefer in the kernel). At a tile's end each consumer thread
+// finishes two of its four 32-column chunks; the other two's rounded gate
+// and up values go to shared memory after the ring, kDeferUnits of 16 bytes
+// a thread (unit u: registers 4 j .. 4 j + 3 of j = 8 + u, as {gate row r0,
+// up row r0, gate row r0 + 8, up row r0 + 8} pairs), and the thread finishes
+// one unit a k-tile during the next tile, after the k-tile's wgmmas are
+// issued. 256 consumer threads x 8 x 16 bytes: 32 KiB beside the 193 KiB
+// ring, within sm_90's 227 KiB.
+constexpr int kDeferUnits = 8;
+constexpr int kDeferStride = 2 * 128 * 16;  // bytes between a thread's units
+constexpr int kDeferBytes = kDeferUnits * kDeferStride;
+static_assert(kSmemBytes + kDeferBytes + 128 <= 227 * 1024, "the deferred half fits a CTA");
 
 // The tall tiles (kTileT = ws::kWsTallTileT): 192 token rows a stage (24
 // KiB) before the same 32 KiB of weight rows, four stages (225 KiB with the
@@ -333,6 +352,7 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
       kTileT == kWsTileT || (kTileT == ws::kWsTallTileT && !kInt && !kPingPong && kCluster == 1),
       "tall tiles: 16-bit weights, cooperative consumers, one CTA a tile");
   constexpr bool kTall = kTileT != kWsTileT;
+  constexpr bool kDefer = Fused && !kInt && !kTall && !kPingPong;
   constexpr int kStage = TileStageBytes<kTileT>();
   constexpr int kProducerRegs = kTall ? kTallProducerRegs : ws::kWsProducerRegs;
   constexpr int kConsumerRegs = kTall  ? kTallConsumerRegs
@@ -389,6 +409,87 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
   T* Cg = static_cast<T*>(p.c);
   float acc[kWsTileN / 2];
   ws::WsCursor c;
+  const int q = lane & 3;
+  const int64_t NI = N / 2;  // Fused: the intermediate's width
+  // Fused: gate and up registers 4 j .. 4 j + 3 of tile ti (j < 16: output
+  // columns n and n + 1, n = ti.n0 / 2 + 8 j + 2 q; rows r0, r0, r0 + 8,
+  // r0 + 8) as the unfused path stores them: round(acc), or with a bias
+  // round(round(acc) + round(bias)); 0 for another rank's expert. Gate
+  // column n is accumulator column n - n0 / 2, up column N / 2 + n
+  // accumulator column 128 + n - n0 / 2 (register + 64).
+  auto gate_up = [&](const ws::WsTileInfo& ti, const float* bias, int j, float* gj, float* uj) {
+    const int64_t n = ti.n0 / 2 + 8 * j + 2 * q;
+    if constexpr (kDefer) {
+      // Two values a conversion, and one rounding where there is no bias
+      // (a second one changes nothing): the deferred form's epilogue in
+      // fewer instructions (docs/PERF.md, session 37).
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        gj[x] = ti.local ? acc[4 * j + x] : 0.0f;
+        uj[x] = ti.local ? acc[4 * (j + kWsTileN / 16) + x] : 0.0f;
+      }
+#pragma unroll
+      for (int x = 0; x < 4; x += 2) Round2<T>(gj[x], gj[x + 1]), Round2<T>(uj[x], uj[x + 1]);
+      if (bias != nullptr && n < NI) {
+        float b[4] = {bias[n], bias[n + 1], bias[NI + n], bias[NI + n + 1]};
+        Round2<T>(b[0], b[1]), Round2<T>(b[2], b[3]);
+        gj[0] += b[0], gj[1] += b[1], gj[2] += b[0], gj[3] += b[1];
+        uj[0] += b[2], uj[1] += b[3], uj[2] += b[2], uj[3] += b[3];
+#pragma unroll
+        for (int x = 0; x < 4; x += 2) Round2<T>(gj[x], gj[x + 1]), Round2<T>(uj[x], uj[x + 1]);
+      }
+    } else {
+      // The other forms: the same values, one rounding at a time and twice
+      // whatever the bias. In that form ptxas (CUDA 13) allocates their
+      // epilogues with fewer spills (ping-pong 48 bytes against 60, tall 252
+      // against 276), and the ping-pong form measured 0.3-0.5% faster.
+#pragma unroll
+      for (int x = 0; x < 4; ++x) gj[x] = uj[x] = 0.0f;
+      if (ti.local) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          gj[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
+          uj[x] = ToFloat(FromFloat<T>(acc[4 * (j + kWsTileN / 16) + x]));
+        }
+        if (bias != nullptr && n < NI) {
+          const float g0 = ToFloat(FromFloat<T>(bias[n])), g1 = ToFloat(FromFloat<T>(bias[n + 1]));
+          const float u0 = ToFloat(FromFloat<T>(bias[NI + n]));
+          const float u1 = ToFloat(FromFloat<T>(bias[NI + n + 1]));
+          gj[0] += g0, gj[1] += g1, gj[2] += g0, gj[3] += g1;
+          uj[0] += u0, uj[1] += u1, uj[2] += u0, uj[3] += u1;
+        }
+      }
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        gj[x] = ToFloat(FromFloat<T>(gj[x]));
+        uj[x] = ToFloat(FromFloat<T>(uj[x]));
+      }
+    }
+  };
+  // kDefer: this thread's pending units (dcnt .. kDeferUnits - 1) at dbuf,
+  // of output rows ds0 / ds1 (-1: not stored) from column dcol.
+  const uint32_t dbuf =
+      ring.Stage(ws::kWsStages) + (static_cast<uint32_t>(threadIdx.x) - 128u) * 16u;
+  int dcnt = kDeferUnits, ds0 = -1, ds1 = -1;
+  int64_t dcol = 0;
+  // The next pending unit: the activation of its 2 x 2 values, 4-byte stores.
+  auto defer_unit = [&]() {
+    const uint4 w = detail::LdShared16(dbuf + dcnt * kDeferStride);
+    float g[4], u[4];
+    Unpack2<T>(w.x, g[0], g[1]), Unpack2<T>(w.y, u[0], u[1]);
+    Unpack2<T>(w.z, g[2], g[3]), Unpack2<T>(w.w, u[2], u[3]);
+    moe_math::GatedSiluN(p.act_params, g, u);
+    const int64_t n = dcol + 8 * (8 + dcnt) + 2 * q;
+    if (n < NI) {
+      if (ds0 >= 0) *reinterpret_cast<uint32_t*>(Cg + ds0 * NI + n) = Pack2<T>(g[0], g[1]);
+      if (ds1 >= 0) *reinterpret_cast<uint32_t*>(Cg + ds1 * NI + n) = Pack2<T>(g[2], g[3]);
+    }
+    ++dcnt;
+  };
+  auto defer_flush = [&]() {
+#pragma unroll 1
+    while (dcnt < kDeferUnits) defer_unit();
+  };
   // The k-tiles of one tile: with `mine` this warpgroup's MMAs on the 64
   // token rows at a_off of each stage; each stage released after its wgmma
   // group is done (the last one at the end).
@@ -420,7 +521,13 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
           }
         }
         WgmmaCommit();
+        // A pending unit while the tensor cores run this k-tile.
+        if constexpr (kDefer) {
+          if (dcnt < kDeferUnits) defer_unit();
+        }
         WgmmaWait<1>();
+      } else if constexpr (kDefer) {
+        if (dcnt < kDeferUnits) defer_unit();
       }
       if (prev >= 0) ws::WsRelease<kCluster>(ring, prev, lane, rank);
       prev = c.stage;
@@ -447,45 +554,21 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     // the quad gives lane q the 8 columns of j = 4m + q: one 16-byte store.
     const float* bias =
         ti.local && p.bias != nullptr ? p.bias + static_cast<int64_t>(ti.e) * N : nullptr;
-    const int q = lane & 3;
     if constexpr (Fused) {
-      // Output [numel, N / 2]; gate column n is accumulator column n - n0,
-      // up column N / 2 + n accumulator column 128 + n - n0 (register + 64).
-      const int64_t NI = N / 2, n0 = ti.n0 / 2;
+      // Output [numel, N / 2]: per chunk m of 32 columns the rounded gate
+      // and up values (gate_up), the activation kernel's formula, 16-byte
+      // stores. kDefer: chunks 2 and 3 go to the deferred units instead.
+      if constexpr (kDefer)
+        defer_flush();  // the previous tile's units, before the buffer is reused
 #pragma unroll
-      for (int m = 0; m < kWsTileN / 64; ++m) {
-        // The intermediate's rounding of gate and up (4 columns x 4
-        // registers), then the activation kernel's formula on all 16.
+      for (int m = 0; m < (kDefer ? 2 : kWsTileN / 64); ++m) {
         float g[16], u[16];
         uint32_t pa[4], pb[4];
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
-          const int j = 4 * m + jj;  // gate registers 4 j .., up 4 (j + 16) ..
-          const int64_t n = n0 + 8 * j + 2 * q;
           float* gj = g + 4 * jj;
           float* uj = u + 4 * jj;
-#pragma unroll
-          for (int x = 0; x < 4; ++x) gj[x] = uj[x] = 0.0f;
-          if (ti.local) {
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-              gj[x] = ToFloat(FromFloat<T>(acc[4 * j + x]));
-              uj[x] = ToFloat(FromFloat<T>(acc[4 * (j + kWsTileN / 16) + x]));
-            }
-            if (bias != nullptr && n < NI) {
-              const float g0 = ToFloat(FromFloat<T>(bias[n])),
-                          g1 = ToFloat(FromFloat<T>(bias[n + 1]));
-              const float u0 = ToFloat(FromFloat<T>(bias[NI + n]));
-              const float u1 = ToFloat(FromFloat<T>(bias[NI + n + 1]));
-              gj[0] += g0, gj[1] += g1, gj[2] += g0, gj[3] += g1;
-              uj[0] += u0, uj[1] += u1, uj[2] += u0, uj[3] += u1;
-            }
-          }
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            gj[x] = ToFloat(FromFloat<T>(gj[x]));
-            uj[x] = ToFloat(FromFloat<T>(uj[x]));
-          }
+          gate_up(ti, bias, 4 * m + jj, gj, uj);
           if constexpr (kInt || kTall) {
             // The int4 consumers keep 192 registers, the tall tiles' 160:
             // 16 values at once spilled 268-448 bytes there (4 at once 988 in
@@ -506,9 +589,22 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
             pb[jj] = Pack2<T>(g[4 * jj + 2], g[4 * jj + 3]);
           }
         }
-        const int64_t n = n0 + 8 * (4 * m + q);
+        const int64_t n = ti.n0 / 2 + 8 * (4 * m + q);
         QuadStore16(pa, pb, lane, ok0 && n < NI ? Cg + static_cast<int64_t>(s0) * NI + n : nullptr,
                     ok1 && n < NI ? Cg + static_cast<int64_t>(s1) * NI + n : nullptr);
+      }
+      if constexpr (kDefer) {
+#pragma unroll
+        for (int v = 0; v < kDeferUnits; ++v) {
+          float gj[4], uj[4];
+          gate_up(ti, bias, 8 + v, gj, uj);
+          const uint32_t w[4] = {Pack2<T>(gj[0], gj[1]), Pack2<T>(uj[0], uj[1]),
+                                 Pack2<T>(gj[2], gj[3]), Pack2<T>(uj[2], uj[3])};
+          detail::StShared16(dbuf + v * kDeferStride, w);
+        }
+        ds0 = ok0 ? s0 : -1, ds1 = ok1 ? s1 : -1;
+        dcol = ti.n0 / 2;
+        dcnt = 0;
       }
       return;
     }
@@ -593,6 +689,7 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     if (ti.empty || (p.flags & kWsFlagNoStore)) return;
     epilogue(ti, s0, s1);
   });
+  if constexpr (kDefer) defer_flush();
 }
 
 // --- host ---------------------------------------------------------------------
@@ -613,7 +710,11 @@ template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = fals
           int kTileT = kWsTileT>
 absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                             cudaStream_t stream) {
-  constexpr int kSmem = kTileT != kWsTileT ? kTallSmemBytes : kInt ? kIntSmemBytes : kSmemBytes;
+  constexpr bool kDefer = Fused && !kInt && kTileT == kWsTileT && !kPingPong;
+  constexpr int kSmem = kTileT != kWsTileT ? kTallSmemBytes
+                        : kInt             ? kIntSmemBytes
+                        : kDefer           ? kSmemBytes + kDeferBytes
+                                           : kSmemBytes;
   constexpr int kThreads = ws::WsThreadsFor(kTileT);
   constexpr auto kKernel = WsGroupedGemmKernel<T, Fused, kInt, kCluster, kPingPong, kTileT>;
   if (ws::WsTileSlots(g.block_m) != kTileT) {
