@@ -46,9 +46,10 @@
 // round(bias))), applies the activation kernel's formula in fp32 and rounds
 // once: bit-identical to GEMM 1 -> LaunchMoeActivation. The tile count is
 // that of the unfused GEMM (ceil(2I / 256) == ceil(I / 128)). With
-// cooperative tiles of 128 half of a tile's activation runs during the next
-// tile's first k-tiles, its inputs parked in shared memory (kDeferBytes
-// below), so that the tensor cores work through it.
+// cooperative tiles of 128 half of a tile's activation runs during the
+// first k-tiles of the CTA's next tile (or, short of k-tiles, at its next
+// epilogue or the kernel's end), its inputs parked in shared memory
+// (kDeferBytes below), so that the tensor cores work through it.
 //
 // int4 weights (the kInt instantiations, MoeGroupedGemmArgs::int_w: group
 // scales, optional zero points): each k-tile's packed bytes (32 of each of
@@ -132,6 +133,12 @@ constexpr int kSmemBytes = ws::WsSmemBytes(kStageBytes);
 constexpr int kDeferUnits = 8;
 constexpr int kDeferStride = 2 * 128 * 16;  // bytes between a thread's units
 constexpr int kDeferBytes = kDeferUnits * kDeferStride;
+// Whether an instantiation defers (and takes kDeferBytes more shared memory).
+template <bool Fused, bool kInt, bool kPingPong, int kTileT>
+constexpr bool WsDefers() {
+  return Fused && !kInt && !kPingPong && kTileT == kWsTileT;
+}
+// 128: room for the static shared memory (the ring's 64 bytes of barriers).
 static_assert(kSmemBytes + kDeferBytes + 128 <= 227 * 1024, "the deferred half fits a CTA");
 
 // The tall tiles (kTileT = ws::kWsTallTileT): 192 token rows a stage (24
@@ -352,7 +359,7 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
       kTileT == kWsTileT || (kTileT == ws::kWsTallTileT && !kInt && !kPingPong && kCluster == 1),
       "tall tiles: 16-bit weights, cooperative consumers, one CTA a tile");
   constexpr bool kTall = kTileT != kWsTileT;
-  constexpr bool kDefer = Fused && !kInt && !kTall && !kPingPong;
+  constexpr bool kDefer = WsDefers<Fused, kInt, kPingPong, kTileT>();
   constexpr int kStage = TileStageBytes<kTileT>();
   constexpr int kProducerRegs = kTall ? kTallProducerRegs : ws::kWsProducerRegs;
   constexpr int kConsumerRegs = kTall  ? kTallConsumerRegs
@@ -710,7 +717,7 @@ template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = fals
           int kTileT = kWsTileT>
 absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                             cudaStream_t stream) {
-  constexpr bool kDefer = Fused && !kInt && kTileT == kWsTileT && !kPingPong;
+  constexpr bool kDefer = WsDefers<Fused, kInt, kPingPong, kTileT>();
   constexpr int kSmem = kTileT != kWsTileT ? kTallSmemBytes
                         : kInt             ? kIntSmemBytes
                         : kDefer           ? kSmemBytes + kDeferBytes
