@@ -2,11 +2,12 @@
 # Session 37, device call 3: the fused GEMM 1's deferred half as committed
 # (sFIN: call 2's sQ without its switch, and moe_ws_gpu_test's fused check
 # with its per-element rounding bound) against HEAD before it (sOLD,
-# 68ade27). Correctness first (the suites, memcheck and racecheck of the
-# fused cases), then moe_bench bf16 A/B in alternating order on the rows
-# call 2 did not cover (the ping-pong and tall forms, whose epilogue code
-# changed: Mixtral 64-512, Qwen3 256-512, DeepSeek-V3 512 and 4096) and on
-# 1024-4096 again, then Mixtral's table beside torch._grouped_mm.
+# 68ade27). moe_ws_gpu_test, memcheck and racecheck of the fused cases
+# first; then moe_bench bf16 A/B in alternating order on Mixtral and Qwen3
+# 64-4096 tokens (the ping-pong form at Mixtral 64 / 128, Qwen3 256 / 512 and
+# DeepSeek-V3 512, the tall tiles at Mixtral 512 and DeepSeek-V3 4096, whose
+# epilogue code changed, besides the cooperative rows); then the layer,
+# graph and moe_gpu suites; then Mixtral's table beside torch._grouped_mm.
 # Packs: pack.sh sOLD moe_bench moe_ws_gpu_test moe_layer_gpu_test (68ade27);
 #   pack.sh sFIN moe_bench moe_ws_gpu_test moe_layer_gpu_test moe_gpu_test
 #   moe_graph_gpu_test (the commit; docs/perf/session33/scripts/pack.sh).
