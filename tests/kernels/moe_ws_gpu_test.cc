@@ -12,7 +12,8 @@
 // expert that is not local (zero rows), half-empty 256-slot blocks, N and K
 // that are not multiples of the tiles, with and without bias, GEMM 1
 // (a_row_div = top_k) and GEMM 2 row maps; the fused SiLU epilogue in both
-// forms; more work items than clusters; the cp.async kernel's wide form
+// forms, also the same bytes as the unfused GEMM followed by the activation
+// kernel; more work items than clusters; the cp.async kernel's wide form
 // (blocks of 16) at K tails, against the float64 evaluation alone. The
 // launch counters show which form ran. Outputs are poisoned with NaN first. Run without
 // KPLAN_MOE_WS_DEBUG (its measurement bits change the kernel). Skips
@@ -127,8 +128,8 @@ void CheckAgainstFloat64(const Case& c, const std::vector<float>& a, const std::
   // round(acc) and round(bias) before the sum's rounding): within 4 eps of
   // |ref|, plus eps of its rms where the bias cancels the product. Fused:
   // gate and up rounded like that, then silu(g)·u rounded: within 2 eps of
-  // the bound above (a factor 2 for the fp32 sums and the activation's own
-  // rounding), plus 4 eps of |ref| and eps of the rms.
+  // the bound above (a factor 2 for the fp32 sums and second-order terms),
+  // plus 4 eps of |ref| (the output's own rounding) and eps of the rms.
   const double rel_tol = 4 * eps, abs_tol = eps * rms;
   int64_t bad = 0, unwritten = 0, nonzero = 0;
   for (int64_t s = 0; s < numel; ++s) {
@@ -355,7 +356,7 @@ TEST(MoeWsGpuTest, FusedActivation) {
   RunCase({"fused_fp16_256", {700, 260, 300}, 1, 512, 128, false, DType::kFloat16, -1, 256, true});
   RunCase(
       {"fused_bf16_256", {600, 3, 257, 130}, 1, 272, 200, true, DType::kBFloat16, 2, 256, true});
-  // More work items than CTAs (328): a consumer thread's deferred units of
+  // More work items (328) than CTAs: a consumer thread's deferred units of
   // one tile finished during the next tile's k-tiles (K 576: 9 k-tiles for 8
   // units) or, where a tile has fewer k-tiles than units (K 328 and 128), at
   // the next tile's end; after a non-local tile's zero rows; and (N 2064) in
