@@ -160,6 +160,13 @@ void CheckAgainstFloat64(const Case& c, const std::vector<float>& a, const std::
               std::sqrt(dd / ss), bad == 0 ? "OK" : "FAIL");
 }
 
+// The 16-bit elements where a and b (the same size) differ.
+int64_t Differing(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  int64_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+  return differ;
+}
+
 void RunCase(const Case& c) {
   SCOPED_TRACE(c.name);
   std::mt19937_64 rng(test_util::SplitMix(Seed() ^ std::hash<std::string>{}(c.name)));
@@ -250,24 +257,18 @@ void RunCase(const Case& c) {
                                     : kc::LaunchMoeGroupedGemm(g128, nullptr);
     EXPECT_TRUE(st.ok()) << st;
     EXPECT_EQ(cudaMemcpy(want.data(), dc.p, want.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    int64_t differ = 0;
-    for (size_t i = 0; i < out.size(); ++i) differ += out[i] != want[i];
-    EXPECT_EQ(differ, 0) << "tall tiles against tiles of 128";
+    EXPECT_EQ(Differing(out, want), 0) << "tall tiles against tiles of 128";
     CheckAgainstFloat64(c, a, w, bias, slots, out);
     return;
   }
   const std::vector<uint16_t> cluster = run(ws_forms ? Form::kWsCluster : Form::kCpAsync);
   if (ws_forms) {
     const std::vector<uint16_t> single = run(Form::kWs);
-    int64_t differ = 0;
-    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != single[i];
-    EXPECT_EQ(differ, 0) << "clusters of two against one CTA a tile";
+    EXPECT_EQ(Differing(cluster, single), 0) << "clusters of two against one CTA a tile";
   }
   if (ws_forms) {  // the ping-pong form (fp16: the fallback)
     const std::vector<uint16_t> pp = run(Form::kWsPingPong);
-    int64_t differ = 0;
-    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != pp[i];
-    EXPECT_EQ(differ, 0) << "clusters of two against the ping-pong form";
+    EXPECT_EQ(Differing(cluster, pp), 0) << "clusters of two against the ping-pong form";
   }
   if (ws_forms && c.fused) {
     // Bit for bit the unfused GEMM (the default form) and the activation
@@ -282,15 +283,12 @@ void RunCase(const Case& c) {
     EXPECT_TRUE(sa.ok()) << sa;
     std::vector<uint16_t> want(numel * out_n);
     EXPECT_EQ(cudaMemcpy(want.data(), act.p, want.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    int64_t differ = 0;
-    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != want[i];
-    EXPECT_EQ(differ, 0) << "fused epilogue against the GEMM and the activation kernel";
+    EXPECT_EQ(Differing(cluster, want), 0)
+        << "fused epilogue against the GEMM and the activation kernel";
   }
   if (ws_forms && !c.fused) {  // the cp.async kernel has no fused epilogue
     const std::vector<uint16_t> cp = run(Form::kCpAsync);
-    int64_t differ = 0;
-    for (size_t i = 0; i < cluster.size(); ++i) differ += cluster[i] != cp[i];
-    EXPECT_EQ(differ, 0) << "clusters of two against the cp.async kernel";
+    EXPECT_EQ(Differing(cluster, cp), 0) << "clusters of two against the cp.async kernel";
   }
 
   CheckAgainstFloat64(c, a, w, bias, slots, cluster);
