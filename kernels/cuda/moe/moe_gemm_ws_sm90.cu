@@ -123,14 +123,16 @@ constexpr int kSmemBytes = ws::WsSmemBytes(kStageBytes);
 
 // The fused GEMM 1's deferred half (cooperative tiles of 128, 16-bit
 // weights: kDefer in the kernel). At a tile's end each consumer thread
-// finishes two of its four 32-column chunks; the other two's rounded gate
-// and up values go to shared memory after the ring, kDeferUnits of 16 bytes
-// a thread (unit u: registers 4 j .. 4 j + 3 of j = 8 + u, as {gate row r0,
-// up row r0, gate row r0 + 8, up row r0 + 8} pairs), and the thread finishes
-// one unit a k-tile during the next tile, after the k-tile's wgmmas are
-// issued. 256 consumer threads x 8 x 16 bytes: 32 KiB beside the 193 KiB
-// ring, within sm_90's 227 KiB.
-constexpr int kDeferUnits = 8;
+// finishes the first 4 - kDeferChunks of its four 32-column chunks; the other
+// chunks' rounded gate and up values go to shared memory after the ring,
+// kDeferUnits of 16 bytes a thread (unit u: registers 4 j .. 4 j + 3 of j =
+// kDeferFirstJ + u, as {gate row r0, up row r0, gate row r0 + 8, up row r0 +
+// 8} pairs), and the thread finishes one unit a k-tile during the next tile,
+// after the k-tile's wgmmas are issued. Two chunks: 256 consumer threads x 8
+// x 16 bytes, 32 KiB beside the 193 KiB ring, within sm_90's 227 KiB.
+constexpr int kDeferChunks = 2;
+constexpr int kDeferUnits = 4 * kDeferChunks;
+constexpr int kDeferFirstJ = kWsTileN / 16 - kDeferUnits;
 constexpr int kDeferStride = 2 * 128 * 16;  // bytes between a thread's units
 constexpr int kDeferBytes = kDeferUnits * kDeferStride;
 // Whether an instantiation defers (and takes kDeferBytes more shared memory).
@@ -486,7 +488,7 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     Unpack2<T>(w.x, g[0], g[1]), Unpack2<T>(w.y, u[0], u[1]);
     Unpack2<T>(w.z, g[2], g[3]), Unpack2<T>(w.w, u[2], u[3]);
     moe_math::GatedSiluN(p.act_params, g, u);
-    const int64_t n = dcol + 8 * (8 + dcnt) + 2 * q;
+    const int64_t n = dcol + 8 * (kDeferFirstJ + dcnt) + 2 * q;
     if (n < NI) {
       if (ds0 >= 0) *reinterpret_cast<uint32_t*>(Cg + ds0 * NI + n) = Pack2<T>(g[0], g[1]);
       if (ds1 >= 0) *reinterpret_cast<uint32_t*>(Cg + ds1 * NI + n) = Pack2<T>(g[2], g[3]);
@@ -564,11 +566,11 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     if constexpr (Fused) {
       // Output [numel, N / 2]: per chunk m of 32 columns the rounded gate
       // and up values (gate_up), the activation kernel's formula, 16-byte
-      // stores. kDefer: chunks 2 and 3 go to the deferred units instead.
+      // stores. kDefer: the last kDeferChunks go to the deferred units instead.
       if constexpr (kDefer)
         defer_flush();  // the previous tile's units, before the buffer is reused
 #pragma unroll
-      for (int m = 0; m < (kDefer ? 2 : kWsTileN / 64); ++m) {
+      for (int m = 0; m < kWsTileN / 64 - (kDefer ? kDeferChunks : 0); ++m) {
         float g[16], u[16];
         uint32_t pa[4], pb[4];
 #pragma unroll
@@ -604,7 +606,7 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
 #pragma unroll
         for (int v = 0; v < kDeferUnits; ++v) {
           float gj[4], uj[4];
-          gate_up(ti, bias, 8 + v, gj, uj);
+          gate_up(ti, bias, kDeferFirstJ + v, gj, uj);
           const uint32_t w[4] = {Pack2<T>(gj[0], gj[1]), Pack2<T>(uj[0], uj[1]),
                                  Pack2<T>(gj[2], gj[3]), Pack2<T>(uj[2], uj[3])};
           detail::StShared16(dbuf + v * kDeferStride, w);
