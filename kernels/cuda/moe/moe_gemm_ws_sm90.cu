@@ -46,10 +46,11 @@
 // round(bias))), applies the activation kernel's formula in fp32 and rounds
 // once: bit-identical to GEMM 1 -> LaunchMoeActivation. The tile count is
 // that of the unfused GEMM (ceil(2I / 256) == ceil(I / 128)). With
-// cooperative tiles of 128 half of a tile's activation runs during the
-// first k-tiles of the CTA's next tile (or, short of k-tiles, at its next
-// epilogue or the kernel's end), its inputs parked in shared memory
-// (kDeferBytes below), so that the tensor cores work through it.
+// cooperative tiles of 128 the last kDeferChunks of a tile's four 32-column
+// chunks of activation (two: half) run during the first k-tiles of the
+// CTA's next tile (or, short of k-tiles, at its next epilogue or the
+// kernel's end), their inputs parked in shared memory (kDeferBytes below),
+// so that the tensor cores work through them.
 //
 // int4 weights (the kInt instantiations, MoeGroupedGemmArgs::int_w: group
 // scales, optional zero points): each k-tile's packed bytes (32 of each of
@@ -131,6 +132,7 @@ constexpr int kSmemBytes = ws::WsSmemBytes(kStageBytes);
 // after the k-tile's wgmmas are issued. Two chunks: 256 consumer threads x 8
 // x 16 bytes, 32 KiB beside the 193 KiB ring, within sm_90's 227 KiB.
 constexpr int kDeferChunks = 2;
+static_assert(kDeferChunks >= 1 && kDeferChunks <= kWsTileN / 64, "of a tile's four chunks");
 constexpr int kDeferUnits = 4 * kDeferChunks;
 constexpr int kDeferFirstJ = kWsTileN / 16 - kDeferUnits;
 constexpr int kDeferStride = 2 * 128 * 16;  // bytes between a thread's units
@@ -141,7 +143,7 @@ constexpr bool WsDefers() {
   return Fused && !kInt && !kPingPong && kTileT == kWsTileT;
 }
 // 128: room for the static shared memory (the ring's 64 bytes of barriers).
-static_assert(kSmemBytes + kDeferBytes + 128 <= 227 * 1024, "the deferred half fits a CTA");
+static_assert(kSmemBytes + kDeferBytes + 128 <= 227 * 1024, "the deferred chunks fit a CTA");
 
 // The tall tiles (kTileT = ws::kWsTallTileT): 192 token rows a stage (24
 // KiB) before the same 32 KiB of weight rows, four stages (225 KiB with the
