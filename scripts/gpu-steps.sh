@@ -14,7 +14,11 @@
 # PACK...` unpacks build-pack/PACK.tar.xz (docs/perf/session33/scripts/
 # pack.sh's .tdist) into .t_PACK, replacing an older one, and prints its
 # REV; `left SECONDS` is true while SECONDS are left before ${DEADLINE:-570}
-# seconds of the script, else says the step is skipped.
+# seconds of the script, else says the step is skipped; `pack_bench PACK
+# NAME SECONDS ARGS...` is the step NAME running PACK's moe_bench with ARGS
+# and --json $out/NAME.json; `ws_ncu PACK` the step ncu_PACK, ncu of the
+# warp-specialised GEMMs of two Mixtral-8x7B layers at 4096 tokens (fused):
+# their time and tensor-pipe activity.
 status=0
 gpu_unpack() {  # pack...
   local p
@@ -23,6 +27,19 @@ gpu_unpack() {  # pack...
     tar -xJf "build-pack/$p.tar.xz" && mv .tdist ".t_$p"
     echo "$p $(cat ".t_$p/REV")"
   done
+}
+pack_bench() {  # pack name seconds args...
+  local p=$1 name=$2 limit=$3
+  shift 3
+  LD_LIBRARY_PATH=$PWD/.t_$p/lib step "$name" "$limit" ".t_$p/bin/moe_bench" "$@" \
+    --json "$out/$name.json"
+}
+ws_ncu() {  # pack
+  LD_LIBRARY_PATH=$PWD/.t_$1/lib TAIL=12 step_keep='WsGrouped|gpu__time|tensor_op' \
+    step "ncu_$1" 25 ncu --clock-control none \
+    --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+    -k regex:WsGrouped -c 4 ".t_$1/bin/moe_bench" --budget_s 0.01 --sets 1 --warmup_s 0 \
+    --check_tokens 0 --quant bf16 --shapes mixtral --tokens 4096 --fused on
 }
 left() {  # seconds
   [ $((${DEADLINE:-570} - SECONDS)) -ge "$1" ] || { echo "--- skipped: $SECONDS s gone"; return 1; }

@@ -19,13 +19,12 @@ step_keep='FAIL|PASSED|ERROR SUMMARY|rooflines|^(Mixtral|Qwen3|DeepSeek)|rel='
 step_drop='OK \]'
 B=(--budget_s 0.2 --sets 2 --fused on --warmup_s 0.5 --check_tokens 2 --route auto)
 int4() {  # pack, log name
-  LD_LIBRARY_PATH=$PWD/.t_$1/lib TAIL=12 step "int_$2" 90 .t_$1/bin/moe_bench "${B[@]}" \
-    --quant int4_group --shapes qwen3,mixtral,deepseek --tokens 1,2,16,64 \
-    --json "$out/int_$2.json"
+  TAIL=12 pack_bench "$1" "int_$2" 90 "${B[@]}" --quant int4_group \
+    --shapes qwen3,mixtral,deepseek --tokens 1,2,16,64
 }
 f32s() {  # pack, log name
-  LD_LIBRARY_PATH=$PWD/.t_$1/lib TAIL=6 step "f32s_$2" 60 .t_$1/bin/moe_bench "${B[@]}" \
-    --quant int4_group/fp32s --shapes qwen3,mixtral --tokens 1,16,64 --json "$out/f32s_$2.json"
+  TAIL=6 pack_bench "$1" "f32s_$2" 60 "${B[@]}" --quant int4_group/fp32s \
+    --shapes qwen3,mixtral --tokens 1,16,64
 }
 left 150 && TAIL=40 step quant_test 150 "$bin/moe_quant_gpu_test"
 left 60 && int4 sH sH

@@ -16,8 +16,7 @@ step_keep='FAIL|PASSED|ERROR SUMMARY|rooflines|^(Mixtral|Qwen3)|differ|Failure'
 step_drop='OK \]'
 B=(--budget_s 0.2 --sets 2 --fused on --warmup_s 0.5 --check_tokens 2 --route auto --quant bf16)
 rows() {  # pack, log name
-  LD_LIBRARY_PATH=$PWD/.t_$1/lib TAIL=9 step "bench_$2" 60 .t_$1/bin/moe_bench "${B[@]}" \
-    --shapes mixtral,qwen3 --tokens 256,1024,2048,4096 --json "$out/bench_$2.json"
+  TAIL=9 pack_bench "$1" "bench_$2" 60 "${B[@]}" --shapes mixtral,qwen3 --tokens 256,1024,2048,4096
 }
 left 60 && TAIL=4 step ws_test 60 "$bin/moe_ws_gpu_test"
 left 90 && TAIL=4 step layer_test 90 "$bin/moe_layer_gpu_test" \
@@ -32,10 +31,6 @@ left 40 && rows s3d s3db
 left 40 && rows s3 s3b
 left 40 && rows sT sTb
 for p in sT s3 s3d; do
-  left 25 && LD_LIBRARY_PATH=$PWD/.t_$p/lib TAIL=12 step_keep='WsGrouped|gpu__time|tensor_op' \
-    step ncu_$p 25 ncu --clock-control none \
-    --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
-    -k regex:WsGrouped -c 4 .t_$p/bin/moe_bench --budget_s 0.01 --sets 1 --warmup_s 0 \
-    --check_tokens 0 --quant bf16 --shapes mixtral --tokens 4096 --fused on
+  left 25 && ws_ncu "$p"
 done
 gpu_check_finish

@@ -13,8 +13,8 @@ step_keep='FAIL|PASSED|ERROR SUMMARY|^(Mixtral|Qwen3|DeepSeek)|int4_group g128 /
 step_drop='OK \]'
 B=(--budget_s 0.2 --sets 2 --fused on --warmup_s 0.5 --check_tokens 2 --route auto)
 q() {  # pack, quant, log name
-  LD_LIBRARY_PATH=$PWD/.t_$1/lib TAIL=9 step "$3" 60 .t_$1/bin/moe_bench "${B[@]}" \
-    --quant "$2" --shapes qwen3,mixtral,deepseek --tokens 1,16,64 --json "$out/$3.json"
+  TAIL=9 pack_bench "$1" "$3" 60 "${B[@]}" --quant "$2" --shapes qwen3,mixtral,deepseek \
+    --tokens 1,16,64
 }
 left 110 && TAIL=20 step quant_test 110 "$bin/moe_quant_gpu_test"
 left 30 && q sT int4_group/fp32s f32s_sT
