@@ -65,21 +65,28 @@ int64_t MoeGemmWsPingPongLaunches();
 // cover with 1.47 tiles an expert on average, each streaming the weights
 // (docs/notes/moe_gemm_next.md). One CTA a tile (never in clusters). Same
 // output bits as the tiles of 128.
-// The rule (measured on an H100, docs/PERF.md session 32): from
+// The rule (measured on an H100, docs/PERF.md sessions 32 and 39): from
 // kMoeWsTallTilesMinSlots to below kMoeWsTallTilesMaxSlots slots per expert
 // (one tall tile an expert) where both GEMMs' K (the hidden and the
 // intermediate size) are at least kMoeWsTallTilesMinK: Mixtral-8x7B (K 4096
 // / 14336) 512 tokens 1.04-1.06x, DeepSeek-V3 (7168 / 2048) 4096 tokens
 // 1.13x; Qwen3-30B-A3B (2048 / 768) at 2048 tokens 0.96x (the tall
 // epilogue weighs more on short K), 64 or 256+ slots an expert 0.76-0.94x.
-// Three shapes: the band's edges and the K bound are the model's, not
-// measured (a shape with one short K between 768 and 2048 is untested).
+// The lower edge (session 39; tall against tiles of 128, us per layer):
+// Mixtral-8x7B at 96 / 104 / 112 slots (384 / 416 / 448 tokens) 1110 /
+// 1122 / 1130 against 1016 / 1095 / 1092, DeepSeek-V3 at 96 / 112 (3072 /
+// 3584 tokens) 9537 / 9863 against 8864 / 9460: an expert's slots then fit
+// one tile of 128 (+- 10), which the tall tile's third warpgroup and
+// lighter epilogue only slow; even at 120 (Mixtral 480 tokens: 1161 /
+// 1170), the tall tiles 3-4.5% faster from 124. The upper edge and the K
+// bound are the model's, not measured (a shape with one short K between
+// 768 and 2048 is untested).
 // SetMoeGemmWsTallTilesMode(kOn) always (where blocks of 128 or more would
 // run the cooperative consumers), kOff never; kFromEnv: the rule, or never
 // with KPLAN_MOE_WS_TALL=0. The caller picks blocks of 192 with
 // MoeGemmBlockMFor(..., tall_tiles) by MoeGemmWsTallTilesFor's answer.
 inline constexpr bool kMoeWsTallTilesDefault = true;
-inline constexpr int64_t kMoeWsTallTilesMinSlots = 96;
+inline constexpr int64_t kMoeWsTallTilesMinSlots = 120;
 inline constexpr int64_t kMoeWsTallTilesMaxSlots = 192;
 inline constexpr int64_t kMoeWsTallTilesMinK = 2048;
 void SetMoeGemmWsTallTilesMode(MoeGemmWsMode mode);
