@@ -52,8 +52,14 @@ int64_t MoeGemmWsClusterLaunches();
 // 5436 / 5581 -> 5291 / 5422; Qwen3-30B-A3B (blocks of 128 from 16 slots
 // then, MoeGemmBlockMFor) 256-768 tokens 358-403 -> 353-389. At 64 slots
 // and more it lost: Mixtral-8x7B 256 / 1024 / 4096 tokens 784 / 1641 / 5417
-// -> 1048 / 2620 / 9001 us, Qwen3-30B-A3B 1024 423 -> 542.
-inline constexpr int64_t kMoeWsPingPongMaxSlots = 64;
+// -> 1048 / 2620 / 9001 us, Qwen3-30B-A3B 1024 423 -> 542. Between 48 and
+// 64 (session 39, one H100; the form the rule gives without ping-pong
+// against it): even at 48 slots (Mixtral 192 tokens 955.9 against 960.1
+// us, Qwen3 768 507.0 against 503.8), but at 60 Mixtral 240 tokens 966.0
+// against 1227.3 and Qwen3 960 552.0 against 618.3: with 60 +- 8 slots a
+// quarter of the experts get more than 64, and their tiles' second halves
+// stream the weights again. So below 48.
+inline constexpr int64_t kMoeWsPingPongMaxSlots = 48;
 void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode);
 // The rule for MoeGroupedGemmArgs::ping_pong of a GEMM of `dtype` over
 // numel slots routed to num_experts experts (all of the routing's).
