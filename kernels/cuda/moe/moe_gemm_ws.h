@@ -52,14 +52,17 @@ int64_t MoeGemmWsClusterLaunches();
 // 5436 / 5581 -> 5291 / 5422; Qwen3-30B-A3B (blocks of 128 from 16 slots
 // then, MoeGemmBlockMFor) 256-768 tokens 358-403 -> 353-389. At 64 slots
 // and more it lost: Mixtral-8x7B 256 / 1024 / 4096 tokens 784 / 1641 / 5417
-// -> 1048 / 2620 / 9001 us, Qwen3-30B-A3B 1024 423 -> 542. Between 48 and
-// 64 (session 39, one H100; the form the rule gives without ping-pong
-// against it): even at 48 slots (Mixtral 192 tokens 955.9 against 960.1
-// us, Qwen3 768 507.0 against 503.8), but at 60 Mixtral 240 tokens 966.0
-// against 1227.3 and Qwen3 960 552.0 against 618.3: with 60 +- 8 slots a
-// quarter of the experts get more than 64, and their tiles' second halves
-// stream the weights again. So below 48.
-inline constexpr int64_t kMoeWsPingPongMaxSlots = 48;
+// -> 1048 / 2620 / 9001 us, Qwen3-30B-A3B 1024 423 -> 542. Session 39 (one
+// H100, us per layer, the form the rule gives without ping-pong against
+// it): even at 48 slots (Mixtral 192 tokens 955.9 against 960.1, Qwen3 768
+// 506.9 against 503.8; the H200 gain above was 3-5% there), but at 60
+// Mixtral 240 tokens 966.0 against 1227.3 (with 60 +- 8 slots a quarter of
+// the experts get more than 64, and their tiles' second halves stream the
+// weights again) and Qwen3 960 (blocks of 64 on the cp.async kernel) 552.0
+// against 618.3. 49-59 slots and DeepSeek-V3 from 48 are not measured; by
+// the binomial spread 2.5-4% of the experts pass 64 slots at 52, 10-12% at
+// 56. So ping-pong below 52 slots (the bound is exclusive).
+inline constexpr int64_t kMoeWsPingPongMaxSlots = 52;
 void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode);
 // The rule for MoeGroupedGemmArgs::ping_pong of a GEMM of `dtype` over
 // numel slots routed to num_experts experts (all of the routing's).
@@ -82,11 +85,12 @@ int64_t MoeGemmWsPingPongLaunches();
 // Mixtral-8x7B at 96 / 104 / 112 slots (384 / 416 / 448 tokens) 1110 /
 // 1122 / 1130 against 1016 / 1095 / 1092, DeepSeek-V3 at 96 / 112 (3072 /
 // 3584 tokens) 9537 / 9863 against 8864 / 9460: an expert's slots then fit
-// one tile of 128 (+- 10), which the tall tile's third warpgroup and
-// lighter epilogue only slow; even at 120 (Mixtral 480 tokens: 1161 /
-// 1170), the tall tiles 3-4.5% faster from 124. The upper edge and the K
-// bound are the model's, not measured (a shape with one short K between
-// 768 and 2048 is untested).
+// one tile of 128 (+- 10), which the tall tile's fourth warpgroup and its
+// epilogue (not deferred, unlike the tiles of 128's) only slow; even at 120
+// (Mixtral 480 tokens: 1161 / 1170), the tall tiles 2.5-4.5% faster at 124
+// and 128. 113-119 slots and DeepSeek-V3 past 112 are not measured; the
+// upper edge and the K bound are the model's (a shape with one short K
+// between 768 and 2048 is untested).
 // SetMoeGemmWsTallTilesMode(kOn) always (where blocks of 128 or more would
 // run the cooperative consumers), kOff never; kFromEnv: the rule, or never
 // with KPLAN_MOE_WS_TALL=0. The caller picks blocks of 192 with
