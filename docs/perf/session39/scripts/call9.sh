@@ -2,11 +2,13 @@
 # Session 39, call 9: prepared, NOT run (the device start failed). Confirms
 # the ping-pong band's cut from below 64 to below 52 slots an expert at
 # 48-63 slots on the three shapes, DeepSeek-V3 included.
-# - sR: 123580c (ping-pong below 64; tall tiles from 120).
-# - sP: the head with kMoeWsPingPongMaxSlots 52 (session 39's last commit).
-#   Rebuild both before running: git worktree or checkout 123580c, then
-#   docs/perf/session33/scripts/pack.sh sR moe_bench; at the head
-#   docs/perf/session33/scripts/pack.sh sP moe_bench.
+# - sP: 306de33 (ping-pong below 52; tall tiles from 120):
+#   docs/perf/session33/scripts/pack.sh sP moe_bench at the head.
+# - sR: the same with kMoeWsPingPongMaxSlots set back to 64 in
+#   kernels/cuda/moe/moe_gemm_ws.h (REV 306de33+changes); pack.sh sR
+#   moe_bench, then git checkout kernels.
+#   Both were packed at the end of session 39 (build-pack, not in git);
+#   rebuild them if build-pack is gone.
 # Each row pair runs sR, sP, then sP, sR. Device tool: carry ["build-pack"],
 # DEADLINE=<limit - 15>.
 set -uo pipefail
