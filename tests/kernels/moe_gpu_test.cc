@@ -633,7 +633,8 @@ TEST(MoeGpuValidationTest, WsPingPongBySlots) {
   kc::SetMoeGemmWsPingPongMode(MoeGemmWsMode::kFromEnv);
   // The measured points the bound sits between (docs/PERF.md, session 39,
   // call 8): at 60 slots the form without ping-pong ran Mixtral-8x7B 27%
-  // faster; at 16-48 ping-pong was even or faster.
+  // faster; at 32-48 ping-pong was even or faster (16-48 on an H200,
+  // session 26).
   if (allowed) {
     EXPECT_FALSE(kc::MoeGemmWsPingPongFor(DType::kBFloat16, 60 * 8, 8));
     EXPECT_TRUE(kc::MoeGemmWsPingPongFor(DType::kBFloat16, 48 * 8, 8));

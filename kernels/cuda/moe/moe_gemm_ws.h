@@ -60,8 +60,8 @@ int64_t MoeGemmWsClusterLaunches();
 // the experts get more than 64, and their tiles' second halves stream the
 // weights again) and Qwen3 960 (blocks of 64 on the cp.async kernel) 552.0
 // against 618.3. 49-59 slots and DeepSeek-V3 from 48 are not measured; by
-// the binomial spread 2.5-4% of the experts pass 64 slots at 52, 10-12% at
-// 56. So ping-pong below 52 slots (the bound is exclusive).
+// the binomial spread 2.5-4.5% of the experts pass 64 slots at 52, 10-13%
+// at 56. So ping-pong below 52 slots (the bound is exclusive).
 inline constexpr int64_t kMoeWsPingPongMaxSlots = 52;
 void SetMoeGemmWsPingPongMode(MoeGemmWsMode mode);
 // The rule for MoeGroupedGemmArgs::ping_pong of a GEMM of `dtype` over
@@ -86,9 +86,9 @@ int64_t MoeGemmWsPingPongLaunches();
 // 1122 / 1130 against 1016 / 1095 / 1092, DeepSeek-V3 at 96 / 112 (3072 /
 // 3584 tokens) 9537 / 9863 against 8864 / 9460: an expert's slots then fit
 // one tile of 128 (+- 10), which the tall tile's fourth warpgroup and its
-// epilogue (not deferred, unlike the tiles of 128's) only slow; even at 120
-// (Mixtral 480 tokens: 1161 / 1170), the tall tiles 2.5-4.5% faster at 124
-// and 128. 113-119 slots and DeepSeek-V3 past 112 are not measured; the
+// epilogue (not deferred, unlike the fused tiles of 128's) only slow; even
+// at 120 (Mixtral 480 tokens: 1161 / 1170), the tall tiles 2.5-4.5% faster
+// at 124 and 128. 113-119 slots and DeepSeek-V3 past 112 are not measured; the
 // upper edge and the K bound are the model's (a shape with one short K
 // between 768 and 2048 is untested).
 // SetMoeGemmWsTallTilesMode(kOn) always (where blocks of 128 or more would

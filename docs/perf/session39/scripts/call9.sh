@@ -9,7 +9,8 @@
 #   moe_bench, then git checkout kernels.
 #   Both were packed at the end of session 39 (build-pack, not in git);
 #   rebuild them if build-pack is gone.
-# Each row pair runs sR, sP, then sP, sR. Device tool: carry ["build-pack"],
+# Mixtral runs sR, sP, then sP, sR; Qwen3 sP, sR; DeepSeek-V3 sR, sP (one
+# pair each: its set up is slow). Device tool: carry ["build-pack"],
 # DEADLINE=<limit - 15>.
 set -uo pipefail
 . scripts/gpu-steps.sh
