@@ -16,9 +16,10 @@
 # REV; `left SECONDS` is true while SECONDS are left before ${DEADLINE:-570}
 # seconds of the script, else says the step is skipped; `pack_bench PACK
 # NAME SECONDS ARGS...` is the step NAME running PACK's moe_bench with ARGS
-# and --json $out/NAME.json; `ws_ncu PACK` the step ncu_PACK, ncu of the
-# warp-specialised GEMMs of two Mixtral-8x7B layers at 4096 tokens (fused):
-# their time and tensor-pipe activity.
+# and --json $out/NAME.json; `ws_ncu PACK [NAME]` the step NAME (default
+# ncu_PACK; name a second run of one pack, or its log is overwritten), ncu of
+# the warp-specialised GEMMs of two Mixtral-8x7B layers at 4096 tokens
+# (fused): their time and tensor-pipe activity.
 status=0
 gpu_unpack() {  # pack...
   local p
@@ -34,9 +35,9 @@ pack_bench() {  # pack name seconds args...
   LD_LIBRARY_PATH=$PWD/.t_$p/lib step "$name" "$limit" ".t_$p/bin/moe_bench" "$@" \
     --json "$out/$name.json"
 }
-ws_ncu() {  # pack
+ws_ncu() {  # pack [name]
   LD_LIBRARY_PATH=$PWD/.t_$1/lib TAIL=12 step_keep='WsGrouped|gpu__time|tensor_op' \
-    step "ncu_$1" 25 ncu --clock-control none \
+    step "${2:-ncu_$1}" 25 ncu --clock-control none \
     --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
     -k regex:WsGrouped -c 4 ".t_$1/bin/moe_bench" --budget_s 0.01 --sets 1 --warmup_s 0 \
     --check_tokens 0 --quant bf16 --shapes mixtral --tokens 4096 --fused on
