@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
@@ -379,7 +380,23 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
     return matvec ? kc::LaunchMoeQuantMatvec({d, a.topk_ids, a.expert_map, E}, stream)
                   : kc::LaunchMoeQuantDecode(d, stream);
   };
-  if (matvec || decode) {
+  // fp8 block scales with 1 x 128 groups on the warp-specialised kernel:
+  // GEMM 1's epilogue applies the activation and quantises GEMM 2's A itself
+  // (moe_gemm_ws_fp8.h: the bytes and scales of the three steps below).
+  bool a2_quantised = false;
+  if (!matvec && !decode && tc && qmode == kc::MoeFp8ActQuant::kPerGroup &&
+      kc::MoeFusedActEnabled() && kc::MoeGemmWsFp8Enabled()) {
+    const kc::MoeGroupedGemmArgs f = Fp8TensorCoreGemm(g1, et);
+    if (kc::MoeGemmWsFp8ActQuantApplies(f, act, s.block_k)) {
+      const absl::Status st = kc::LaunchMoeGroupedGemmWsFp8ActQuant(
+          f, ap, At<uint8_t>(workspace, l.q2), At<float>(workspace, l.s2), stream);
+      if (!st.ok() && !absl::IsUnavailable(st)) return st;  // unavailable: the steps below
+      a2_quantised = st.ok();
+    }
+  }
+  if (a2_quantised) {
+    // c2 is not written: GEMM 2 reads q2 / s2.
+  } else if (matvec || decode) {
     // GEMM 1 with the activation, straight into c2.
     KPLAN_RETURN_IF_ERROR(decode_gemm(g1, /*apply_act=*/true, c2));
   } else {
@@ -399,7 +416,12 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g2.a_scale = nullptr;
   g2.a_group = 0;
   g2.a_row_div = 1;
-  if (s.fp8) {
+  if (a2_quantised) {
+    g2.a_fp8 = true;
+    g2.a = At<void>(workspace, l.q2);
+    g2.a_scale = At<float>(workspace, l.s2);
+    g2.a_group = s.block_k;
+  } else if (s.fp8) {
     // A dynamic per-tensor scale spans every row: slots of experts that are
     // not local hold zeros, which do not move the maximum (the reference
     // takes it over the local rows).

@@ -28,6 +28,7 @@
 #include "kernels/cpu/moe/moe_reference.h"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
+#include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "tests/testing/gpu_test_util.h"
 #include "tests/testing/moe_gemm_slots.h"
 
@@ -333,6 +334,126 @@ TEST(MoeFp8WsGpuTest, SanitizerShape) {
            3});
 }
 
+// GEMM 1 with the activation and GEMM 2's 1 x 128 quantisation in its
+// epilogue (LaunchMoeGroupedGemmWsFp8ActQuant) against the three steps it
+// replaces on the same fresh random data: the GEMM into C1, the activation
+// kernel, the per-group quantiser. Its bytes and scales must be the same;
+// both outputs are poisoned first (0xff bytes: e4m3 NaN, which no finite
+// value quantises to; NaN scales). I = 384 (three groups), K with a partial
+// k-block, tails of 0-300 slots, a non-local expert (zero rows: q 0 and the
+// all-zero group's scale), with and without bias, bf16 and fp16.
+void RunActQuantCase(const char* name, const std::vector<int>& counts, int64_t I, int64_t K,
+                     bool with_bias, DType dtype, int non_local, bool clamp) {
+  SCOPED_TRACE(name);
+  std::mt19937_64 rng(test_util::SplitMix(Seed() ^ std::hash<std::string>{}(name)));
+  test_util::GemmSlots slots;
+  test_util::MakeGemmSlots(counts, non_local, 128, rng, &slots);
+  ASSERT_FALSE(testing::Test::HasFatalFailure());
+  constexpr int kTopK = 2;
+  const int64_t numel = slots.numel, N = 2 * I, nbn = N / 128, nbk = (K + 127) / 128;
+  ASSERT_EQ(numel % kTopK, 0);
+  const int64_t a_rows = numel / kTopK;
+  std::vector<uint8_t> a(a_rows * K), w(static_cast<size_t>(slots.local) * N * K);
+  for (auto& b : a) b = RandomFp8(rng);
+  for (auto& b : w) b = RandomFp8(rng);
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);
+  std::vector<float> as(a_rows * nbk), wsc(slots.local * nbn * nbk),
+      bias(with_bias ? slots.local * N : 0);
+  for (auto& s : as) s = u(rng) * 0x1p-6f;
+  for (auto& s : wsc) s = u(rng) * 0x1p-6f;
+  for (auto& b : bias) b = (u(rng) - 1.0f) * 4.0f;
+  test_util::DeviceBuf<uint8_t> da(a), dw(w);
+  test_util::DeviceBuf<float> das(as), dws(wsc), dbias(bias);
+
+  kc::MoeGroupedGemmArgs g;
+  g.dtype = dtype;
+  g.fp8 = true;
+  g.a = da.p;
+  g.a_row_div = kTopK;
+  g.w = dw.p;
+  g.bias = with_bias ? dbias.p : nullptr;
+  slots.Into(g);
+  g.N = N;
+  g.K = K;
+  g.w_scale_kind = kc::MoeFp8WeightScale::kBlock;
+  g.w_scale = dws.p;
+  g.a_scale = das.p;
+  kc::MoeActParams ap;
+  ap.has_clamp_limit = clamp;
+  ap.clamp_limit = 3.0f;
+  ASSERT_TRUE(kc::MoeGemmWsFp8ActQuantApplies(g, kernels::MoeActivation::kSilu, 128));
+
+  const int64_t groups = I / 128;
+  test_util::DeviceBuf<uint8_t> q_fused(numel * I), q_steps(numel * I);
+  test_util::DeviceBuf<float> s_fused(numel * groups), s_steps(numel * groups);
+  for (void* b : {static_cast<void*>(q_fused.p), static_cast<void*>(q_steps.p)}) {
+    ASSERT_EQ(cudaMemset(b, 0xff, numel * I), cudaSuccess);
+  }
+  for (void* b : {static_cast<void*>(s_fused.p), static_cast<void*>(s_steps.p)}) {
+    ASSERT_EQ(cudaMemset(b, 0xff, numel * groups * 4), cudaSuccess);
+  }
+  const int64_t launches = kc::MoeFp8ActQuantLaunches();
+  absl::Status st = kc::LaunchMoeGroupedGemmWsFp8ActQuant(g, ap, q_fused.p, s_fused.p, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(kc::MoeFp8ActQuantLaunches(), launches + 1);
+
+  test_util::DeviceBuf<uint16_t> c1(numel * N), c2(numel * I);
+  g.c = c1.p;
+  st = kc::LaunchMoeGroupedGemmWsFp8(g, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  st = kc::LaunchMoeActivation(kernels::MoeActivation::kSilu, ap, dtype, c1.p, numel, N, c2.p, I,
+                               nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  st = kc::LaunchMoeFp8Quantize(kc::MoeFp8ActQuant::kPerGroup, dtype, c2.p, numel, I, 128, 0.0f,
+                                nullptr, q_steps.p, s_steps.p, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  std::vector<uint8_t> qf(numel * I), qs(numel * I);
+  std::vector<uint32_t> sf(numel * groups), ss(numel * groups);
+  ASSERT_EQ(cudaMemcpy(qf.data(), q_fused.p, qf.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(qs.data(), q_steps.p, qs.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(sf.data(), s_fused.p, sf.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(ss.data(), s_steps.p, ss.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  int64_t byte_diff = 0, unwritten = 0, nonzero_bytes = 0;
+  for (int64_t i = 0; i < numel * I; ++i) {
+    unwritten += qf[i] == 0xff;
+    nonzero_bytes += (qf[i] & 0x7f) != 0;
+    if (qf[i] != qs[i]) {
+      if (byte_diff < 5) {
+        ADD_FAILURE() << "slot " << i / I << " column " << i % I << ": fused 0x" << std::hex
+                      << int{qf[i]} << ", steps 0x" << int{qs[i]} << std::dec;
+      }
+      ++byte_diff;
+    }
+  }
+  int64_t scale_diff = 0;
+  for (size_t i = 0; i < sf.size(); ++i) scale_diff += sf[i] != ss[i];
+  EXPECT_EQ(unwritten, 0);
+  EXPECT_EQ(byte_diff, 0);
+  EXPECT_EQ(scale_diff, 0);
+  // Random data: most bytes are not zero (a kernel that wrote zeros would show).
+  EXPECT_GT(nonzero_bytes, numel * I / 2);
+}
+
+TEST(MoeFp8WsGpuTest, ActQuantMatchesTheSteps) {
+  SKIP_WITHOUT_CUDA();
+  RunActQuantCase("act_quant_bf16", {300, 0, 129, 1, 128, 127, 241}, 384, 400, false,
+                  DType::kBFloat16, -1, false);
+  RunActQuantCase("act_quant_fp16_bias_nonlocal_clamp", {200, 130, 256, 7, 180, 251}, 256, 1040,
+                  true, DType::kFloat16, 3, true);
+  RunActQuantCase("act_quant_many_items", {1500, 1300, 700, 3, 129, 1}, 1024, 528, true,
+                  DType::kBFloat16, 2, false);
+}
+
+// Small enough for compute-sanitizer.
+TEST(MoeFp8WsGpuTest, ActQuantSanitizerShape) {
+  SKIP_WITHOUT_CUDA();
+  RunActQuantCase("act_quant_sanitizer", {300, 0, 128, 2}, 128, 144, true, DType::kBFloat16, 3,
+                  false);
+}
+
 TEST(MoeFp8WsGpuTest, RejectsWhatItDoesNotTake) {
   kc::MoeGroupedGemmArgs g;
   g.fp8 = true;
@@ -349,6 +470,21 @@ TEST(MoeFp8WsGpuTest, RejectsWhatItDoesNotTake) {
   g.K = 264;  // not a multiple of 16
   EXPECT_FALSE(kc::MoeGemmWsFp8Applies(g));
   EXPECT_EQ(kc::LaunchMoeGroupedGemmWsFp8(g, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  // The fused GEMM 1: block scales, silu, groups of 128, I a multiple of 128.
+  g.K = 256;
+  g.w_scale_kind = kc::MoeFp8WeightScale::kBlock;
+  EXPECT_TRUE(kc::MoeGemmWsFp8ActQuantApplies(g, kernels::MoeActivation::kSilu, 128));
+  EXPECT_FALSE(kc::MoeGemmWsFp8ActQuantApplies(g, kernels::MoeActivation::kGelu, 128));
+  EXPECT_FALSE(kc::MoeGemmWsFp8ActQuantApplies(g, kernels::MoeActivation::kSilu, 64));
+  g.N = 384;  // I = 192: a group across two tiles
+  EXPECT_FALSE(kc::MoeGemmWsFp8ActQuantApplies(g, kernels::MoeActivation::kSilu, 128));
+  g.N = 512;
+  g.w_scale_kind = kc::MoeFp8WeightScale::kPerChannel;
+  EXPECT_FALSE(kc::MoeGemmWsFp8ActQuantApplies(g, kernels::MoeActivation::kSilu, 128));
+  uint8_t* q = nullptr;
+  float* qs = nullptr;
+  EXPECT_EQ(kc::LaunchMoeGroupedGemmWsFp8ActQuant(g, {}, q, qs, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -51,6 +51,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cuda/runtime/buffers.h"
@@ -504,7 +505,12 @@ Combo Plain(kernels::DType w, kernels::DType act) {
 TEST(MoeQuantGpu, Qwen3Fp8) {
   SKIP_WITHOUT_CUDA();
   RunCombo(kQwen3, Fp8("fp8_per_tensor", kernels::DType::kBFloat16), {1, 64, 512, 4096}, 1);
-  RunCombo(kQwen3, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 64, 512}, 2);
+  // 4096 tokens (256 slots an expert, blocks of 128): GEMM 1 on the
+  // warp-specialised kernel applies the activation and quantises GEMM 2's
+  // activation in its epilogue (moe_gemm_ws_fp8.h).
+  const int64_t act_quant = kernels::cuda::MoeFp8ActQuantLaunches();
+  RunCombo(kQwen3, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 64, 512, 4096}, 2);
+  EXPECT_GT(kernels::cuda::MoeFp8ActQuantLaunches(), act_quant);
   RunCombo(kQwen3, Fp8("fp8_per_tensor", kernels::DType::kFloat16, "per_tensor"), {64}, 3);
   Combo st = Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor");
   st.static_scales = true;

@@ -43,4 +43,23 @@ absl::Status LaunchMoeGroupedGemmWsFp8(const MoeGroupedGemmArgs& args, cudaStrea
 // Launches that succeeded, process-wide (a test shows the kernel ran).
 int64_t MoeGemmWsFp8Launches();
 
+// GEMM 1 of a gated block-scaled layer (W = w13 [E, 2I, K], silu) with the
+// activation and GEMM 2's fp8 activation quantisation in its epilogue:
+//   q [numel, I] (e4m3 bytes), q_scale [numel, I / 128]
+// are bit for bit what LaunchMoeGroupedGemmWsFp8 (C1 [numel, 2I], args.c)
+// -> LaunchMoeActivation(silu, params) -> LaunchMoeFp8Quantize(kPerGroup,
+// group 128) (moe_quant_gemm.h) give; neither C1 nor the 16-bit
+// intermediate is written (args.c is not used). Applies where
+// MoeGemmWsFp8Applies does, with block scales, act silu, the activation
+// groups of kMoeFp8ActQuantGroup and I a multiple of them (one group a
+// tile). The caller takes it where MoeFusedActEnabled() (moe_gemm_ws.h's
+// switch of the fused GEMM 1) and MoeGemmWsFp8Enabled(); UNAVAILABLE, with
+// nothing launched, as LaunchMoeGroupedGemmWsFp8.
+inline constexpr int kMoeFp8ActQuantGroup = 128;
+bool MoeGemmWsFp8ActQuantApplies(const MoeGroupedGemmArgs& args, MoeActivation act, int group);
+absl::Status LaunchMoeGroupedGemmWsFp8ActQuant(const MoeGroupedGemmArgs& args,
+                                               const MoeActParams& params, uint8_t* q,
+                                               float* q_scale, cudaStream_t stream);
+int64_t MoeFp8ActQuantLaunches();
+
 }  // namespace kplan::kernels::cuda

@@ -22,6 +22,20 @@
 // of an expert's last tile) waits and releases the stages without MMAs.
 // Epilogue as the bf16 kernel's: round, + round(bias), 16-byte stores after
 // a quad transpose; the producer already fills the next tile's stages.
+//
+// kActQuant (GEMM 1 of a gated block-scaled layer, W = w13 [E, 2I, K]
+// unchanged): as the bf16 kernel's fused GEMM 1, tile n_tile covers the
+// intermediate's columns [n0 / 2, n0 / 2 + 128), the weight box two boxes of
+// 128 rows (gate rows n0 / 2.., up rows I + n0 / 2..: half 0 of the
+// accumulator is gate, half 1 up, each half one weight scale block). The
+// epilogue rounds gate and up as GEMM 1 stores them (round(round(acc) +
+// round(bias))), applies silu(gate) · up as LaunchMoeActivation does
+// (rounded once to T), and quantises the 128 columns, one 1 x 128 group of
+// GEMM 2's activation, as LaunchMoeFp8Quantize's per-group form does
+// (scale max(max|x|, 1e-10) / 448 from a max over the quad, the
+// reference's e4m3 rounding): the bytes and scales of GEMM 1 ->
+// LaunchMoeActivation -> LaunchMoeFp8Quantize, with neither C1 nor the
+// 16-bit intermediate written.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -33,7 +47,9 @@
 #include <cstring>
 
 #include "base/status.h"
+#include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
+#include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/moe_tma.h"
 #include "kernels/cuda/moe/moe_wgmma.cuh"
@@ -50,9 +66,11 @@ namespace {
 using detail::CpAsync4;
 using detail::Desc;
 using detail::FenceProxyAsync;
+using detail::FromFloat;
 using detail::MbarArrive;
 using detail::MbarWait;
 using detail::TmaLoad2d;
+using detail::ToFloat;
 using detail::Wgmma;
 using detail::WgmmaCommit;
 using detail::WgmmaFence;
@@ -79,6 +97,11 @@ struct Fp8Params {
   int a_row_div, num_local_experts, block_m;
   int scale_kind, nbn, nbk;
   int flags;  // kFlag*: measurement variants
+  // kActQuant: GEMM 2's activation, bytes [numel, N / 2] and scales
+  // [numel, N / 256], and the activation's parameters (clamp defaulted).
+  uint8_t* q;
+  float* q_scale;
+  MoeActParams act_params;
 };
 
 // Measurement variants (KPLAN_MOE_FP8_WS_DEBUG bits), never set by the
@@ -88,7 +111,7 @@ struct Fp8Params {
 constexpr int kFlagNoPromote = 1;
 constexpr int kFlagNoStore = 2;
 
-template <typename T>
+template <typename T, bool kActQuant>
 __global__ void __launch_bounds__(ws::kWsThreads, 1)
     WsFp8GemmKernel(const __grid_constant__ CUtensorMap wmap, const Fp8Params p) {
   extern __shared__ uint8_t smem_dyn[];
@@ -99,6 +122,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
   const ws::WsSchedule sched = ws::WsClip(p.sched, *p.post);
   const int64_t total = ws::WsTotalWork(sched);
   const int64_t N = p.N, K = p.K;
+  const int64_t NI = N / 2;  // kActQuant: the intermediate's width
   const int nk = static_cast<int>((K + kBK - 1) / kBK);
   const bool block = p.scale_kind == kScaleBlock;
 
@@ -118,13 +142,19 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
           TileScales st;
           st.srow = sslot >= 0 && sslot < p.numel ? sslot / p.a_row_div : -1;
           st.sa = st.srow >= 0 ? p.a_scale + static_cast<int64_t>(st.srow) * p.nbk : p.a_scale;
-          const int nb = min(static_cast<int>(ti.n0 / kHalf) + (ptid & 1), p.nbn - 1);
+          // The weight scale block of half ptid & 1: kActQuant the gate or
+          // the up rows' (NI a multiple of 128), else the tile's halves'.
+          const int nb = kActQuant ? static_cast<int>((ptid & 1) * (NI / kHalf) + ti.n0 / kWsTileN)
+                                   : min(static_cast<int>(ti.n0 / kHalf) + (ptid & 1), p.nbn - 1);
           st.sw = p.w_scale + (static_cast<int64_t>(ti.e) * p.nbn + nb) * p.nbk;
-          st.wrow = static_cast<int>(static_cast<int64_t>(ti.e) * N + ti.n0);
+          st.wrow =
+              static_cast<int>(static_cast<int64_t>(ti.e) * N + (kActQuant ? ti.n0 / 2 : ti.n0));
           return st;
         },
         [&](const TileScales& st, int kt, uint32_t w_s, uint32_t fb, bool) {
           TmaLoad2d(w_s, &wmap, kt * kBK, st.wrow, fb);
+          // kActQuant: the up rows, a second box of 128.
+          if (kActQuant) TmaLoad2d(w_s + kHalf * 128, &wmap, kt * kBK, st.wrow + NI, fb);
         },
         [&](const TileScales& st, int kt, uint32_t t_s, uint32_t) {
           const uint32_t s_s = t_s + kSOffset;
@@ -215,7 +245,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
     // moe_gemm_ws_sm90.cu).
     if (!__any_sync(0xffffffffu, ok0 || ok1)) continue;
     // Per-tensor / per-channel: the whole sum times a_scale[row] · w_scale.
-    if (ti.local && !block) {
+    if (!kActQuant && ti.local && !block) {
       const float sa0 = ok0 ? p.a_scale[s0 / p.a_row_div] : 0.0f;
       const float sa1 = ok1 ? p.a_scale[s1 / p.a_row_div] : 0.0f;
       const float* wsc = p.scale_kind == kScaleChannel ? p.w_scale + static_cast<int64_t>(ti.e) * N
@@ -232,6 +262,82 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
     }
     const float* bias =
         ti.local && p.bias != nullptr ? p.bias + static_cast<int64_t>(ti.e) * N : nullptr;
+    if constexpr (kActQuant) {
+      // Register i of half 0 (i < 64) is gate column c0 + 8 (i / 4) + 2 q +
+      // i % 2 of row r0 + 8 ((i / 2) % 2), register 64 + i the up value of
+      // the same column. The activation goes back into registers 0..63.
+      const int q = lane & 3;
+      const int64_t c0 = ti.n0 / 2;
+      auto round_t = [](float x) { return ToFloat(FromFloat<T>(x)); };
+      float mx0 = 0.0f, mx1 = 0.0f;  // max |act| of rows r0, r0 + 8
+#pragma unroll
+      for (int m = 0; m < kHalf / 16; ++m) {
+        float g[8], u[8];
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const int j = 2 * m + jj;
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            g[4 * jj + x] = round_t(acc[4 * j + x]);
+            u[4 * jj + x] = round_t(acc[kHalf / 2 + 4 * j + x]);
+          }
+          if (bias != nullptr) {
+            const int64_t n = c0 + 8 * j + 2 * q;
+            const float b[4] = {round_t(bias[n]), round_t(bias[n + 1]), round_t(bias[NI + n]),
+                                round_t(bias[NI + n + 1])};
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+              g[4 * jj + x] = round_t(g[4 * jj + x] + b[x % 2]);
+              u[4 * jj + x] = round_t(u[4 * jj + x] + b[2 + x % 2]);
+            }
+          }
+        }
+        moe_math::GatedSiluN(p.act_params, g, u);
+#pragma unroll
+        for (int v = 0; v < 8; ++v) {
+          const float a = round_t(g[v]);
+          acc[8 * m + v] = a;
+          if (v % 4 < 2) {
+            mx0 = fmaxf(mx0, fabsf(a));
+          } else {
+            mx1 = fmaxf(mx1, fabsf(a));
+          }
+        }
+      }
+      // The group's maximum over the quad's 128 columns (exact in any order).
+#pragma unroll
+      for (int d = 1; d < 4; d *= 2) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, d));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, d));
+      }
+      const float sc0 = detail::quant::Fp8GroupScale(mx0), sc1 = detail::quant::Fp8GroupScale(mx1);
+      // Per 64 columns (chunks m, m + 1 of 32): the rows' bytes, 8-byte stores.
+#pragma unroll
+      for (int m = 0; m < kHalf / 32; m += 2) {
+        uint32_t w[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            const float* a = acc + 4 * (4 * (m + h) + jj);
+            w[h][jj] = static_cast<uint32_t>(detail::quant::Fp8Quantise(a[0], sc0)) |
+                       static_cast<uint32_t>(detail::quant::Fp8Quantise(a[1], sc0)) << 8 |
+                       static_cast<uint32_t>(detail::quant::Fp8Quantise(a[2], sc1)) << 16 |
+                       static_cast<uint32_t>(detail::quant::Fp8Quantise(a[3], sc1)) << 24;
+          }
+        }
+        const int64_t n = c0 + 32 * m;
+        detail::QuadStore8x2(w[0], w[1], lane,
+                             ok0 ? p.q + static_cast<int64_t>(s0) * NI + n : nullptr,
+                             ok1 ? p.q + static_cast<int64_t>(s1) * NI + n : nullptr);
+      }
+      if (q == 0) {
+        const int64_t groups = NI / kHalf, gi = ti.n0 / kWsTileN;
+        if (ok0) p.q_scale[static_cast<int64_t>(s0) * groups + gi] = sc0;
+        if (ok1) p.q_scale[static_cast<int64_t>(s1) * groups + gi] = sc1;
+      }
+      continue;
+    }
     detail::WsStoreRows<T, kWsTileN>(
         [&](int j, int64_t, float(&v)[4]) {
 #pragma unroll
@@ -243,7 +349,7 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
 }
 
 detail::KernelSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_FP8_GEMM"); });
-std::atomic<int64_t> g_launches{0};
+std::atomic<int64_t> g_launches{0}, g_act_quant_launches{0};
 
 // Measurement knobs of moe_fp8_gemm_bench: KPLAN_MOE_FP8_WS_DEBUG (kFlag*
 // bits) and KPLAN_MOE_FP8_WS_GROUP (units per group; default
@@ -253,15 +359,18 @@ const ws::WsKnobs& Knobs() {
       ws::WsKnobsFromEnv("KPLAN_MOE_FP8_WS_DEBUG", "KPLAN_MOE_FP8_WS_GROUP");
   return knobs;
 }
-template <typename T>
-absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
+// kActQuant: q / q_scale / act_params (Fp8Params) of the fused GEMM 1.
+template <typename T, bool kActQuant>
+absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, uint8_t* q, float* q_scale,
+                       const MoeActParams& act_params, cudaStream_t stream) {
   int sms = 0;
-  KPLAN_RETURN_IF_ERROR(ws::WsLaunchSetup<WsFp8GemmKernel<T>>(kSmemBytes, &sms));
+  constexpr auto kKernel = WsFp8GemmKernel<T, kActQuant>;
+  KPLAN_RETURN_IF_ERROR(ws::WsLaunchSetup<kKernel>(kSmemBytes, &sms));
   CUtensorMap map;
   if (absl::Status st = detail::EncodeTma2d(
           &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, g.w, static_cast<uint64_t>(g.K),
           static_cast<uint64_t>(g.num_local_experts) * static_cast<uint64_t>(g.N),
-          static_cast<uint64_t>(g.K), kBK, kWsTileN, "moe_grouped_gemm_ws_fp8");
+          static_cast<uint64_t>(g.K), kBK, kActQuant ? kHalf : kWsTileN, "moe_grouped_gemm_ws_fp8");
       !st.ok()) {
     return st;
   }
@@ -287,10 +396,28 @@ absl::Status LaunchFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
   p.nbn = static_cast<int>((g.N + kHalf - 1) / kHalf);
   p.nbk = static_cast<int>((g.K + kBK - 1) / kBK);
   p.flags = Knobs().debug_flags;
+  p.q = q;
+  p.q_scale = q_scale;
+  p.act_params = EffectiveActParams(act_params);
   if (p.sched.grid <= 0) return absl::OkStatus();
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(WsFp8GemmKernel<T>, dim3(p.sched.grid),
-                                               dim3(ws::kWsThreads), kSmemBytes, stream, map, p));
-  g_launches.fetch_add(1, std::memory_order_relaxed);
+  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(kKernel, dim3(p.sched.grid), dim3(ws::kWsThreads),
+                                               kSmemBytes, stream, map, p));
+  (kActQuant ? g_act_quant_launches : g_launches).fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+// The checks both launchers make before anything is launched.
+absl::Status CheckFp8Launch(const MoeGroupedGemmArgs& g) {
+  if (absl::Status s = CheckHalfDType(g.dtype, "moe_grouped_gemm_ws_fp8"); !s.ok()) return s;
+  if (!MoeGemmWsFp8Applies(g)) {
+    return absl::InvalidArgumentError("moe_grouped_gemm_ws_fp8: arguments not supported");
+  }
+  if (g.num_blocks == 0 || g.numel == 0) return absl::OkStatus();
+  if (g.a == nullptr || g.w == nullptr || g.a_scale == nullptr || g.w_scale == nullptr ||
+      g.sorted_token_ids == nullptr || g.expert_ids == nullptr ||
+      g.num_tokens_post_padded == nullptr) {
+    return absl::InvalidArgumentError("moe_grouped_gemm_ws_fp8: null pointer");
+  }
   return absl::OkStatus();
 }
 
@@ -311,20 +438,42 @@ bool MoeGemmWsFp8Applies(const MoeGroupedGemmArgs& g) {
 }
 
 absl::Status LaunchMoeGroupedGemmWsFp8(const MoeGroupedGemmArgs& g, cudaStream_t stream) {
-  if (absl::Status s = CheckHalfDType(g.dtype, "moe_grouped_gemm_ws_fp8"); !s.ok()) return s;
-  if (!MoeGemmWsFp8Applies(g)) {
-    return absl::InvalidArgumentError("moe_grouped_gemm_ws_fp8: arguments not supported");
-  }
+  KPLAN_RETURN_IF_ERROR(CheckFp8Launch(g));
   if (g.num_blocks == 0 || g.numel == 0) return absl::OkStatus();
-  if (g.a == nullptr || g.w == nullptr || g.c == nullptr || g.a_scale == nullptr ||
-      g.w_scale == nullptr || g.sorted_token_ids == nullptr || g.expert_ids == nullptr ||
-      g.num_tokens_post_padded == nullptr) {
-    return absl::InvalidArgumentError("moe_grouped_gemm_ws_fp8: null pointer");
-  }
-  if (g.dtype == DType::kBFloat16) return LaunchFp8<__nv_bfloat16>(g, stream);
-  return LaunchFp8<__half>(g, stream);
+  if (g.c == nullptr) return absl::InvalidArgumentError("moe_grouped_gemm_ws_fp8: null pointer");
+  if (g.dtype == DType::kBFloat16)
+    return LaunchFp8<__nv_bfloat16, false>(g, nullptr, nullptr, {}, stream);
+  return LaunchFp8<__half, false>(g, nullptr, nullptr, {}, stream);
 }
 
 int64_t MoeGemmWsFp8Launches() { return g_launches.load(std::memory_order_relaxed); }
+
+bool MoeGemmWsFp8ActQuantApplies(const MoeGroupedGemmArgs& g, MoeActivation act, int group) {
+  return act == MoeActivation::kSilu && group == kMoeFp8ActQuantGroup &&
+         g.w_scale_kind == MoeFp8WeightScale::kBlock && g.N % (2 * kMoeFp8ActQuantGroup) == 0 &&
+         MoeGemmWsFp8Applies(g);
+}
+
+absl::Status LaunchMoeGroupedGemmWsFp8ActQuant(const MoeGroupedGemmArgs& g,
+                                               const MoeActParams& params, uint8_t* q,
+                                               float* q_scale, cudaStream_t stream) {
+  if (!MoeGemmWsFp8ActQuantApplies(g, MoeActivation::kSilu, kMoeFp8ActQuantGroup)) {
+    return absl::InvalidArgumentError("moe_grouped_gemm_ws_fp8_act_quant: arguments not supported");
+  }
+  KPLAN_RETURN_IF_ERROR(CheckFp8Launch(g));
+  if (g.num_blocks == 0 || g.numel == 0) return absl::OkStatus();
+  if (q == nullptr || q_scale == nullptr) {
+    return absl::InvalidArgumentError("moe_grouped_gemm_ws_fp8_act_quant: null pointer");
+  }
+  if (reinterpret_cast<uintptr_t>(q) % 8 != 0 || reinterpret_cast<uintptr_t>(q_scale) % 4 != 0) {
+    return absl::InvalidArgumentError("moe_grouped_gemm_ws_fp8_act_quant: misaligned output");
+  }
+  if (g.dtype == DType::kBFloat16) {
+    return LaunchFp8<__nv_bfloat16, true>(g, q, q_scale, params, stream);
+  }
+  return LaunchFp8<__half, true>(g, q, q_scale, params, stream);
+}
+
+int64_t MoeFp8ActQuantLaunches() { return g_act_quant_launches.load(std::memory_order_relaxed); }
 
 }  // namespace kplan::kernels::cuda

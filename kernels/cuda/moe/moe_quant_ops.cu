@@ -15,6 +15,7 @@
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
 
@@ -23,51 +24,14 @@ namespace {
 
 using detail::LoadAsFloat;
 using detail::WarpMax;
+using detail::quant::Fp8GroupScale;
+using detail::quant::Fp8Quantise;
+using detail::quant::Fp8TensorScale;
+using detail::quant::Fp8TokenScale;
 using moe_math::Gated;
 using moe_math::Plain;
 
 constexpr int kThreads = 256;
-
-// The formulas of LaunchMoeFp8Quantize (moe_quant_gemm.h), one definition
-// for the scalar and the vector kernels.
-constexpr float kFp8Max = 448.0f;
-constexpr float kFp8PerTokenMinScale = 1.0f / (kFp8Max * 512.0f);
-constexpr float kFp8GroupEps = 1e-10f;
-
-// moe::FloatToFp8E4m3(f, /*saturate=*/true) bit for bit (the reference's
-// rounding, not the hardware cvt's).
-__device__ __forceinline__ uint8_t FloatToFp8Sat(float f) {
-  const uint32_t bits = __float_as_uint(f);
-  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
-  const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7f;
-  if (abs >= 0x43e00000u) return sign | 0x7e;
-  if (abs < 0x3c800000u) {
-    const float q = rintf(__fmul_rn(__uint_as_float(abs), 512.0f));
-    return sign | static_cast<uint8_t>(q);
-  }
-  const uint32_t rounded = abs + 0x7ffffu + ((abs >> 20) & 1u);
-  const uint32_t exp = (rounded >> 23) - 127 + 7;
-  const uint32_t mant = (rounded >> 20) & 0x7u;
-  return sign | static_cast<uint8_t>((exp << 3) | mant);
-}
-
-// The scales from a maximum |x| (NaN never wins: callers take maxima with
-// fmaxf, as std::max does in the reference).
-__device__ __forceinline__ float Fp8GroupScale(float max_abs) {
-  return __fdiv_rn(fmaxf(max_abs, kFp8GroupEps), kFp8Max);
-}
-__device__ __forceinline__ float Fp8TokenScale(float max_abs) {
-  return fmaxf(__fdiv_rn(max_abs, kFp8Max), kFp8PerTokenMinScale);
-}
-// static_scale when positive, else the dynamic one over the whole tensor.
-__device__ __forceinline__ float Fp8TensorScale(float static_scale, float max_abs) {
-  if (static_scale > 0.0f) return static_scale;
-  return max_abs > 0.0f ? __fdiv_rn(max_abs, kFp8Max) : 1.0f;
-}
-__device__ __forceinline__ uint8_t Fp8Quantise(float x, float scale) {
-  return FloatToFp8Sat(__fdiv_rn(x, scale));
-}
 
 // max|x| over the block (NaN ignored, as std::max in the reference).
 __device__ float BlockMax(float v, float* scratch) {

@@ -179,25 +179,57 @@ __device__ __forceinline__ void Put4(uint32_t (&a)[4], int i, uint32_t v) {
   a[3] = i == 3 ? v : a[3];
 }
 
-// Per 32 columns of two rows: lane q of a quad holds pieces pa[jj] / pb[jj]
-// (4 bytes: 2 columns, of j = 4m + jj). A 4 x 4 transpose in the quad gives
-// lane q the 8 columns of j = 4m + q, stored as 16 bytes to dst0 / dst1
-// (null: not stored). All 32 lanes must call it.
-__device__ __forceinline__ void QuadStore16(const uint32_t (&pa)[4], const uint32_t (&pb)[4],
-                                            int lane, void* dst0, void* dst1) {
+// The 4 x 4 transposes of two sets of 4-byte pieces in a quad: lane q gets
+// in oa[t] / ob[t] the piece pa[q] / pb[q] of the quad's lane t. All 32
+// lanes must call it.
+__device__ __forceinline__ void QuadTranspose2(const uint32_t (&pa)[4], const uint32_t (&pb)[4],
+                                               int lane, uint32_t (&oa)[4], uint32_t (&ob)[4]) {
   const int q = lane & 3;
-  uint32_t oa[4], ob[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    // Round i: send piece (q - i) & 3, receive lane (q + i) & 3's piece of j = 4m + q.
+    // Round i: send piece (q - i) & 3, receive lane (q + i) & 3's piece q.
     const int send = (q - i) & 3, from = (q + i) & 3;
     const uint32_t ra = __shfl_sync(0xffffffffu, Pick4(pa, send), (lane & ~3) | from);
     const uint32_t rb = __shfl_sync(0xffffffffu, Pick4(pb, send), (lane & ~3) | from);
     Put4(oa, from, ra);
     Put4(ob, from, rb);
   }
+}
+
+// Per 32 columns of two rows: lane q of a quad holds pieces pa[jj] / pb[jj]
+// (4 bytes: 2 columns, of j = 4m + jj). A 4 x 4 transpose in the quad gives
+// lane q the 8 columns of j = 4m + q, stored as 16 bytes to dst0 / dst1
+// (null: not stored). All 32 lanes must call it.
+__device__ __forceinline__ void QuadStore16(const uint32_t (&pa)[4], const uint32_t (&pb)[4],
+                                            int lane, void* dst0, void* dst1) {
+  uint32_t oa[4], ob[4];
+  QuadTranspose2(pa, pb, lane, oa, ob);
   if (dst0 != nullptr) *static_cast<uint4*>(dst0) = make_uint4(oa[0], oa[1], oa[2], oa[3]);
   if (dst1 != nullptr) *static_cast<uint4*>(dst1) = make_uint4(ob[0], ob[1], ob[2], ob[3]);
+}
+
+// The same for 1-byte values (fp8), 64 columns of two rows: pieces wa[jj] /
+// wb[jj] hold columns 8 j + 2 q and + 1 of j = jj / 4 + jj (the first /
+// second 32 columns), row r0's two bytes in the low half and row r0 + 8's in
+// the high half. Lane q stores 8 bytes of each row at columns 8 q and 32 + 8
+// q of dst0 / dst1 (null: not stored).
+__device__ __forceinline__ void QuadStore8x2(const uint32_t (&wa)[4], const uint32_t (&wb)[4],
+                                             int lane, uint8_t* dst0, uint8_t* dst1) {
+  uint32_t oa[4], ob[4];
+  QuadTranspose2(wa, wb, lane, oa, ob);
+  const int q = lane & 3;
+  if (dst0 != nullptr) {
+    *reinterpret_cast<uint2*>(dst0 + 8 * q) =
+        make_uint2(__byte_perm(oa[0], oa[1], 0x5410), __byte_perm(oa[2], oa[3], 0x5410));
+    *reinterpret_cast<uint2*>(dst0 + 32 + 8 * q) =
+        make_uint2(__byte_perm(ob[0], ob[1], 0x5410), __byte_perm(ob[2], ob[3], 0x5410));
+  }
+  if (dst1 != nullptr) {
+    *reinterpret_cast<uint2*>(dst1 + 8 * q) =
+        make_uint2(__byte_perm(oa[0], oa[1], 0x7632), __byte_perm(oa[2], oa[3], 0x7632));
+    *reinterpret_cast<uint2*>(dst1 + 32 + 8 * q) =
+        make_uint2(__byte_perm(ob[0], ob[1], 0x7632), __byte_perm(ob[2], ob[3], 0x7632));
+  }
 }
 
 // The warp-specialised kernels' epilogue for one consumer warp: rows r0 and
