@@ -443,8 +443,10 @@ TEST(MoeFp8WsGpuTest, ActQuantMatchesTheSteps) {
                   DType::kBFloat16, -1, false);
   RunActQuantCase("act_quant_fp16_bias_nonlocal_clamp", {200, 130, 256, 7, 180, 251}, 256, 1040,
                   true, DType::kFloat16, 3, true);
-  RunActQuantCase("act_quant_many_items", {1500, 1300, 700, 3, 129, 1}, 1024, 528, true,
+  // More work items than CTAs (33 token tiles x 8 row tiles): rings carry over.
+  RunActQuantCase("act_quant_many_items", {1500, 1300, 700, 3, 129, 2}, 1024, 528, true,
                   DType::kBFloat16, 2, false);
+  RunActQuantCase("act_quant_fp16", {130, 64, 300, 1}, 128, 272, false, DType::kFloat16, -1, false);
 }
 
 // Small enough for compute-sanitizer.
@@ -484,6 +486,19 @@ TEST(MoeFp8WsGpuTest, RejectsWhatItDoesNotTake) {
   uint8_t* q = nullptr;
   float* qs = nullptr;
   EXPECT_EQ(kc::LaunchMoeGroupedGemmWsFp8ActQuant(g, {}, q, qs, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // per-channel scales
+  // Block scales: its outputs null, then misaligned (checked before any launch).
+  g.w_scale_kind = kc::MoeFp8WeightScale::kBlock;
+  g.num_blocks = 8;
+  alignas(16) int32_t dummy[4] = {};  // never read: the checks come first
+  g.a = g.w = dummy;
+  g.a_scale = g.w_scale = reinterpret_cast<float*>(dummy);
+  g.sorted_token_ids = g.expert_ids = g.num_tokens_post_padded = dummy;
+  EXPECT_EQ(kc::LaunchMoeGroupedGemmWsFp8ActQuant(g, {}, q, qs, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  alignas(16) uint8_t bytes[32];
+  alignas(16) float scales[4];
+  EXPECT_EQ(kc::LaunchMoeGroupedGemmWsFp8ActQuant(g, {}, bytes + 1, scales, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -270,6 +270,11 @@ struct RunOptions {
   // byte, the dequantised copy's (the int4 GEMMs switched off,
   // SetMoeGemmIntMode, and the dequant route forced: same blocks and splits).
   int64_t int_gemm_from = 0;
+  // From this M on (0: never) the fp8 GEMM 1 must apply the activation and
+  // quantise GEMM 2's activation in its epilogue (MoeFp8ActQuantLaunches
+  // grows), and the output must equal, byte for byte, the three steps' (the
+  // fused GEMM 1 switched off, SetMoeFusedActMode).
+  int64_t fp8_act_quant_from = 0;
 };
 
 void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExperts& gpu,
@@ -319,6 +324,7 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   GpuRunOptions poison;
   poison.poison_workspace = true;
   const int64_t int_launches = kernels::cuda::MoeGemmIntLaunches();
+  const int64_t act_quant_launches = kernels::cuda::MoeFp8ActQuantLaunches();
   auto got = RunMoeOnGpu(gpu, in, nullptr, poison);
   ASSERT_TRUE(got.ok()) << label << ": " << got.status();
   GpuRunStats st;
@@ -340,6 +346,18 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
     EXPECT_EQ(kernels::cuda::MoeGemmIntLaunches(), off_launches) << label;
     EXPECT_TRUE(copy->output == got->output)
         << label << " M=" << M << ": the int4 kernels' output is not the dequantised copy's";
+  }
+  if (opt.fp8_act_quant_from > 0 && M >= opt.fp8_act_quant_from) {
+    EXPECT_GT(kernels::cuda::MoeFp8ActQuantLaunches(), act_quant_launches)
+        << label << " M=" << M << ": GEMM 1 did not quantise GEMM 2's activation";
+    kernels::cuda::SetMoeFusedActMode(kernels::cuda::MoeKernelMode::kOff);
+    const int64_t off_launches = kernels::cuda::MoeFp8ActQuantLaunches();
+    auto steps = RunMoeOnGpu(gpu, in, nullptr, poison);
+    kernels::cuda::SetMoeFusedActMode(kernels::cuda::MoeKernelMode::kOn);
+    ASSERT_TRUE(steps.ok()) << label << ": " << steps.status();
+    EXPECT_EQ(kernels::cuda::MoeFp8ActQuantLaunches(), off_launches) << label;
+    EXPECT_TRUE(steps->output == got->output)
+        << label << " M=" << M << ": the fused GEMM 1's output is not the three steps'";
   }
   // The answer names the route that ran (RunMoE's plan, GpuLayerExpertsKernel):
   // the forced emulation is the dequantising or the fp8 tensor-core GEMM.
@@ -502,15 +520,31 @@ Combo Plain(kernels::DType w, kernels::DType act) {
   return c;
 }
 
+// The fp8 GEMM 1 that quantises GEMM 2's activation (moe_gemm_ws_fp8.h)
+// switched on whatever the environment says, for a scope.
+struct Fp8FusedGemm1On {
+  Fp8FusedGemm1On() {
+    kernels::cuda::SetMoeFusedActMode(kernels::cuda::MoeKernelMode::kOn);
+    kernels::cuda::SetMoeGemmWsFp8Mode(kernels::cuda::MoeKernelMode::kOn);
+  }
+  ~Fp8FusedGemm1On() {
+    kernels::cuda::SetMoeFusedActMode(kernels::cuda::MoeKernelMode::kFromEnv);
+    kernels::cuda::SetMoeGemmWsFp8Mode(kernels::cuda::MoeKernelMode::kFromEnv);
+  }
+};
+
 TEST(MoeQuantGpu, Qwen3Fp8) {
   SKIP_WITHOUT_CUDA();
   RunCombo(kQwen3, Fp8("fp8_per_tensor", kernels::DType::kBFloat16), {1, 64, 512, 4096}, 1);
-  // 4096 tokens (256 slots an expert, blocks of 128): GEMM 1 on the
-  // warp-specialised kernel applies the activation and quantises GEMM 2's
-  // activation in its epilogue (moe_gemm_ws_fp8.h).
-  const int64_t act_quant = kernels::cuda::MoeFp8ActQuantLaunches();
-  RunCombo(kQwen3, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 64, 512, 4096}, 2);
-  EXPECT_GT(kernels::cuda::MoeFp8ActQuantLaunches(), act_quant);
+  {
+    // 4096 tokens (256 slots an expert, blocks of 128): GEMM 1 on the
+    // warp-specialised kernel applies the activation and quantises GEMM 2's
+    // activation in its epilogue (moe_gemm_ws_fp8.h).
+    Fp8FusedGemm1On on;
+    RunOptions aq;
+    aq.fp8_act_quant_from = 4096;
+    RunCombo(kQwen3, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 64, 512, 4096}, 2, aq);
+  }
   RunCombo(kQwen3, Fp8("fp8_per_tensor", kernels::DType::kFloat16, "per_tensor"), {64}, 3);
   Combo st = Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor");
   st.static_scales = true;
@@ -562,6 +596,21 @@ TEST(MoeQuantGpu, DeepSeekV3) {
   RunOptions ds;
   ds.deepseek_routing = true;
   RunCombo(kDeepSeek, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 64, 256}, 41, ds);
+}
+
+// The fp8 GEMM 1 with the activation and GEMM 2's quantisation in its
+// epilogue on a small shape: fp16, bias, I = 384 (three groups of 128); 512
+// tokens give 128 slots an expert (blocks of 128, the warp-specialised
+// kernel), 37 tokens the cp.async kernel and the three steps.
+TEST(MoeQuantGpu, Fp8BlockGemm1QuantisesGemm2sActivation) {
+  SKIP_WITHOUT_CUDA();
+  Fp8FusedGemm1On on;
+  const Shape s{"act-quant", 8, 2, 256, 384};
+  Combo c = Fp8("fp8_block", kernels::DType::kFloat16);
+  c.bias = true;
+  RunOptions aq;
+  aq.fp8_act_quant_from = 512;
+  RunCombo(s, c, {37, 512}, 150, aq);
 }
 
 // Tails and odd sizes: H = 200 (k-blocks of 128 and k steps of 32 end

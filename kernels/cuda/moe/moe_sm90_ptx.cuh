@@ -208,10 +208,10 @@ __device__ __forceinline__ void QuadStore16(const uint32_t (&pa)[4], const uint3
   if (dst1 != nullptr) *static_cast<uint4*>(dst1) = make_uint4(ob[0], ob[1], ob[2], ob[3]);
 }
 
-// The same for 1-byte values (fp8), 64 columns of two rows: pieces wa[jj] /
-// wb[jj] hold columns 8 j + 2 q and + 1 of j = jj / 4 + jj (the first /
-// second 32 columns), row r0's two bytes in the low half and row r0 + 8's in
-// the high half. Lane q stores 8 bytes of each row at columns 8 q and 32 + 8
+// The same for 1-byte values (fp8), 64 columns of two rows: piece wa[jj]
+// holds columns 8 j + 2 q and + 1 of j = jj (the first 32 columns), wb[jj]
+// those of j = 4 + jj (the second 32), row r0's two bytes in the low half
+// and row r0 + 8's in the high half. Lane q stores 8 bytes of each row at columns 8 q and 32 + 8
 // q of dst0 / dst1 (null: not stored).
 __device__ __forceinline__ void QuadStore8x2(const uint32_t (&wa)[4], const uint32_t (&wb)[4],
                                              int lane, uint8_t* dst0, uint8_t* dst1) {
