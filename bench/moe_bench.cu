@@ -43,9 +43,10 @@
 // (moe_gemm_sm90.cu), on (the default) the warp-specialised TMA kernel
 // (moe_gemm_ws.h), both every config twice, one after the other, in the same run.
 // --fused: the activation in GEMM 1's epilogue (ws kernel only,
-// SetMoeFusedActMode) off, on or both (the default); with it on, each
-// config's layer output is first compared bit for bit with the unfused
-// layer's (same inputs, eager), then timed.
+// SetMoeFusedActMode; fp8 block rows: with GEMM 2's activation quantised
+// there too, SetMoeFp8ActQuantMode) off, on or both (the default); with it
+// on, each bf16 config's layer output is first compared bit for bit with
+// the unfused layer's (same inputs, eager), then timed.
 // --gemm_only on also times GEMM 1 and GEMM 2 of the layer alone (routing
 // and align done once) for every --ws kernel, after checking the kernels'
 // outputs against each other (poisoned first: every element written, no NaN).
@@ -107,6 +108,7 @@
 #include "bench/copy_roofline.cuh"
 #include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
+#include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cpu/moe/moe_reference.h"
@@ -1221,6 +1223,8 @@ int main(int argc, char** argv) {
                   ApplyVariant(variant);
                   kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
                   kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
+                  kc::SetMoeFp8ActQuantMode(fused ? kc::MoeGemmWsMode::kOn
+                                                  : kc::MoeGemmWsMode::kOff);
                   kc::SetMoeDecodeLayerMode(layer1k < 0    ? kc::MoeKernelMode::kFromEnv
                                             : layer1k != 0 ? kc::MoeKernelMode::kOn
                                                            : kc::MoeKernelMode::kOff);

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/moe/moe_experts.h"
-#include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
@@ -385,7 +384,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   // (moe_gemm_ws_fp8.h: the bytes and scales of the three steps below).
   bool a2_quantised = false;
   if (!matvec && !decode && tc && qmode == kc::MoeFp8ActQuant::kPerGroup &&
-      kc::MoeFusedActEnabled() && kc::MoeGemmWsFp8Enabled()) {
+      kc::MoeFp8ActQuantEnabled() && kc::MoeGemmWsFp8Enabled()) {
     const kc::MoeGroupedGemmArgs f = Fp8TensorCoreGemm(g1, et);
     if (kc::MoeGemmWsFp8ActQuantApplies(f, act, s.block_k)) {
       const absl::Status st = kc::LaunchMoeGroupedGemmWsFp8ActQuant(

@@ -273,7 +273,7 @@ struct RunOptions {
   // From this M on (0: never) the fp8 GEMM 1 must apply the activation and
   // quantise GEMM 2's activation in its epilogue (MoeFp8ActQuantLaunches
   // grows), and the output must equal, byte for byte, the three steps' (the
-  // fused GEMM 1 switched off, SetMoeFusedActMode).
+  // fused GEMM 1 switched off, SetMoeFp8ActQuantMode).
   int64_t fp8_act_quant_from = 0;
 };
 
@@ -350,10 +350,10 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   if (opt.fp8_act_quant_from > 0 && M >= opt.fp8_act_quant_from) {
     EXPECT_GT(kernels::cuda::MoeFp8ActQuantLaunches(), act_quant_launches)
         << label << " M=" << M << ": GEMM 1 did not quantise GEMM 2's activation";
-    kernels::cuda::SetMoeFusedActMode(kernels::cuda::MoeKernelMode::kOff);
+    kernels::cuda::SetMoeFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOff);
     const int64_t off_launches = kernels::cuda::MoeFp8ActQuantLaunches();
     auto steps = RunMoeOnGpu(gpu, in, nullptr, poison);
-    kernels::cuda::SetMoeFusedActMode(kernels::cuda::MoeKernelMode::kOn);
+    kernels::cuda::SetMoeFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOn);
     ASSERT_TRUE(steps.ok()) << label << ": " << steps.status();
     EXPECT_EQ(kernels::cuda::MoeFp8ActQuantLaunches(), off_launches) << label;
     EXPECT_TRUE(steps->output == got->output)
@@ -524,11 +524,11 @@ Combo Plain(kernels::DType w, kernels::DType act) {
 // switched on whatever the environment says, for a scope.
 struct Fp8FusedGemm1On {
   Fp8FusedGemm1On() {
-    kernels::cuda::SetMoeFusedActMode(kernels::cuda::MoeKernelMode::kOn);
+    kernels::cuda::SetMoeFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOn);
     kernels::cuda::SetMoeGemmWsFp8Mode(kernels::cuda::MoeKernelMode::kOn);
   }
   ~Fp8FusedGemm1On() {
-    kernels::cuda::SetMoeFusedActMode(kernels::cuda::MoeKernelMode::kFromEnv);
+    kernels::cuda::SetMoeFp8ActQuantMode(kernels::cuda::MoeKernelMode::kFromEnv);
     kernels::cuda::SetMoeGemmWsFp8Mode(kernels::cuda::MoeKernelMode::kFromEnv);
   }
 };

@@ -52,10 +52,15 @@ int64_t MoeGemmWsFp8Launches();
 // intermediate is written (args.c is not used). Applies where
 // MoeGemmWsFp8Applies does, with block scales, act silu, the activation
 // groups of kMoeFp8ActQuantGroup and I a multiple of them (one group a
-// tile). The caller takes it where MoeFusedActEnabled() (moe_gemm_ws.h's
-// switch of the fused GEMM 1) and MoeGemmWsFp8Enabled(); UNAVAILABLE, with
-// nothing launched, as LaunchMoeGroupedGemmWsFp8.
+// tile). The caller takes it where MoeFp8ActQuantEnabled() and
+// MoeGemmWsFp8Enabled(); UNAVAILABLE, with nothing launched, as
+// LaunchMoeGroupedGemmWsFp8. Switch: SetMoeFp8ActQuantMode(kOn / kOff), or
+// with kFromEnv (the default) KPLAN_MOE_FP8_ACT_QUANT=0 / 1, unset
+// kMoeFp8ActQuantDefault.
 inline constexpr int kMoeFp8ActQuantGroup = 128;
+inline constexpr bool kMoeFp8ActQuantDefault = true;
+void SetMoeFp8ActQuantMode(MoeGemmWsMode mode);
+bool MoeFp8ActQuantEnabled();
 bool MoeGemmWsFp8ActQuantApplies(const MoeGroupedGemmArgs& args, MoeActivation act, int group);
 absl::Status LaunchMoeGroupedGemmWsFp8ActQuant(const MoeGroupedGemmArgs& args,
                                                const MoeActParams& params, uint8_t* q,

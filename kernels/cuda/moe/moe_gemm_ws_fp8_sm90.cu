@@ -349,6 +349,9 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
 }
 
 detail::KernelSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_FP8_GEMM"); });
+detail::KernelSwitch g_act_quant([] {
+  return detail::EnvOnOff("KPLAN_MOE_FP8_ACT_QUANT", kMoeFp8ActQuantDefault);
+});
 std::atomic<int64_t> g_launches{0}, g_act_quant_launches{0};
 
 // Measurement knobs of moe_fp8_gemm_bench: KPLAN_MOE_FP8_WS_DEBUG (kFlag*
@@ -447,6 +450,10 @@ absl::Status LaunchMoeGroupedGemmWsFp8(const MoeGroupedGemmArgs& g, cudaStream_t
 }
 
 int64_t MoeGemmWsFp8Launches() { return g_launches.load(std::memory_order_relaxed); }
+
+void SetMoeFp8ActQuantMode(MoeGemmWsMode mode) { g_act_quant.Set(mode); }
+
+bool MoeFp8ActQuantEnabled() { return g_act_quant.On(); }
 
 bool MoeGemmWsFp8ActQuantApplies(const MoeGroupedGemmArgs& g, MoeActivation act, int group) {
   return act == MoeActivation::kSilu && group == kMoeFp8ActQuantGroup &&
