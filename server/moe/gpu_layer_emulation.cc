@@ -384,7 +384,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   // (moe_gemm_ws_fp8.h: the bytes and scales of the three steps below).
   bool a2_quantised = false;
   if (!matvec && !decode && tc && qmode == kc::MoeFp8ActQuant::kPerGroup &&
-      kc::MoeFp8ActQuantEnabled() && kc::MoeGemmWsFp8Enabled()) {
+      kc::MoeFp8ActQuantFor(numel, E, H)) {
     const kc::MoeGroupedGemmArgs f = Fp8TensorCoreGemm(g1, et);
     if (kc::MoeGemmWsFp8ActQuantApplies(f, act, s.block_k)) {
       const absl::Status st = kc::LaunchMoeGroupedGemmWsFp8ActQuant(

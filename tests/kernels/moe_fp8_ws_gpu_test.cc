@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -433,8 +434,11 @@ void RunActQuantCase(const char* name, const std::vector<int>& counts, int64_t I
   EXPECT_EQ(unwritten, 0);
   EXPECT_EQ(byte_diff, 0);
   EXPECT_EQ(scale_diff, 0);
-  // Random data: most bytes are not zero (a kernel that wrote zeros would show).
-  EXPECT_GT(nonzero_bytes, numel * I / 2);
+  // A kernel that wrote zeros would show: random fp8 operands of every
+  // exponent give heavy-tailed sums, so that a group's small values round to
+  // zero next to its largest (46% of the bytes were not zero on the H100),
+  // but far from all of them.
+  EXPECT_GT(nonzero_bytes, numel * I / 8);
 }
 
 TEST(MoeFp8WsGpuTest, ActQuantMatchesTheSteps) {
@@ -446,7 +450,7 @@ TEST(MoeFp8WsGpuTest, ActQuantMatchesTheSteps) {
   // More work items than CTAs (33 token tiles x 8 row tiles): rings carry over.
   RunActQuantCase("act_quant_many_items", {1500, 1300, 700, 3, 129, 2}, 1024, 528, true,
                   DType::kBFloat16, 2, false);
-  RunActQuantCase("act_quant_fp16", {130, 64, 300, 1}, 128, 272, false, DType::kFloat16, -1, false);
+  RunActQuantCase("act_quant_fp16", {130, 64, 300, 2}, 128, 272, false, DType::kFloat16, -1, false);
 }
 
 // Small enough for compute-sanitizer.
@@ -454,6 +458,31 @@ TEST(MoeFp8WsGpuTest, ActQuantSanitizerShape) {
   SKIP_WITHOUT_CUDA();
   RunActQuantCase("act_quant_sanitizer", {300, 0, 128, 2}, 128, 144, true, DType::kBFloat16, 3,
                   false);
+}
+
+// The rule (host logic, no device needed), at the points session 40
+// measured: on for DeepSeek-V3 at 4096 tokens, off at 1024 and for every
+// Mixtral-8x7B and Qwen3-30B-A3B row; forced on and off by the switch.
+TEST(MoeFp8WsGpuTest, ActQuantRule) {
+  kc::SetMoeFp8ActQuantMode(kc::MoeKernelMode::kFromEnv);
+  kc::SetMoeGemmWsFp8Mode(kc::MoeKernelMode::kOn);
+  if (const char* v = std::getenv("KPLAN_MOE_FP8_ACT_QUANT"); v != nullptr) {
+    GTEST_SKIP() << "KPLAN_MOE_FP8_ACT_QUANT is set";
+  }
+  EXPECT_TRUE(kc::MoeFp8ActQuantFor(4096 * 8, 256, 7168));   // DeepSeek-V3, 128 slots
+  EXPECT_FALSE(kc::MoeFp8ActQuantFor(3968 * 8, 256, 7168));  // 124 slots
+  EXPECT_FALSE(kc::MoeFp8ActQuantFor(1024 * 8, 256, 7168));  // 32 slots
+  EXPECT_FALSE(kc::MoeFp8ActQuantFor(4096 * 2, 8, 4096));    // Mixtral-8x7B, K 4096
+  EXPECT_FALSE(kc::MoeFp8ActQuantFor(4096 * 8, 128, 2048));  // Qwen3-30B-A3B, K 2048
+  kc::SetMoeFp8ActQuantMode(kc::MoeKernelMode::kOn);
+  EXPECT_TRUE(kc::MoeFp8ActQuantFor(64 * 2, 8, 4096));
+  kc::SetMoeFp8ActQuantMode(kc::MoeKernelMode::kOff);
+  EXPECT_FALSE(kc::MoeFp8ActQuantFor(4096 * 8, 256, 7168));
+  kc::SetMoeGemmWsFp8Mode(kc::MoeKernelMode::kOff);  // the kernel switched off: never
+  kc::SetMoeFp8ActQuantMode(kc::MoeKernelMode::kOn);
+  EXPECT_FALSE(kc::MoeFp8ActQuantFor(4096 * 8, 256, 7168));
+  kc::SetMoeFp8ActQuantMode(kc::MoeKernelMode::kFromEnv);
+  kc::SetMoeGemmWsFp8Mode(kc::MoeKernelMode::kFromEnv);
 }
 
 TEST(MoeFp8WsGpuTest, RejectsWhatItDoesNotTake) {

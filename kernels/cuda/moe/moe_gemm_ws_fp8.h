@@ -52,15 +52,25 @@ int64_t MoeGemmWsFp8Launches();
 // intermediate is written (args.c is not used). Applies where
 // MoeGemmWsFp8Applies does, with block scales, act silu, the activation
 // groups of kMoeFp8ActQuantGroup and I a multiple of them (one group a
-// tile). The caller takes it where MoeFp8ActQuantEnabled() and
-// MoeGemmWsFp8Enabled(); UNAVAILABLE, with nothing launched, as
-// LaunchMoeGroupedGemmWsFp8. Switch: SetMoeFp8ActQuantMode(kOn / kOff), or
-// with kFromEnv (the default) KPLAN_MOE_FP8_ACT_QUANT=0 / 1, unset
-// kMoeFp8ActQuantDefault.
+// tile). UNAVAILABLE, with nothing launched, as LaunchMoeGroupedGemmWsFp8.
+// The caller takes it where MoeFp8ActQuantFor says so. The rule (one H100,
+// docs/PERF.md session 40, us per layer, the three steps against the fused
+// GEMM 1): from kMoeFp8ActQuantMinSlots slots per hit expert where GEMM 1's
+// K (the hidden size) is at least kMoeFp8ActQuantMinK: DeepSeek-V3 (K 7168)
+// 4096 tokens (128 slots) 7511 -> 7120; it lost at 1024 (32 slots, 4200 ->
+// 4263) and on every Mixtral-8x7B (K 4096: 64-4096 tokens 1.4-24% slower)
+// and Qwen3-30B-A3B row (K 2048: 1024 / 4096 tokens 34% / 13% slower):
+// the epilogue's activation and quantisation run in the tile's warps while
+// the weight stream waits, where the two steps it replaces spread over the
+// whole GPU. Switch: SetMoeFp8ActQuantMode(kOn) always (where it applies),
+// kOff never; kFromEnv (the default) the rule, or never with
+// KPLAN_MOE_FP8_ACT_QUANT=0.
 inline constexpr int kMoeFp8ActQuantGroup = 128;
-inline constexpr bool kMoeFp8ActQuantDefault = true;
+inline constexpr int64_t kMoeFp8ActQuantMinSlots = 128;
+inline constexpr int64_t kMoeFp8ActQuantMinK = 7168;
 void SetMoeFp8ActQuantMode(MoeGemmWsMode mode);
-bool MoeFp8ActQuantEnabled();
+// numel slots over num_experts experts (all of the routing's), GEMM 1's K.
+bool MoeFp8ActQuantFor(int64_t numel, int num_experts, int64_t k);
 bool MoeGemmWsFp8ActQuantApplies(const MoeGroupedGemmArgs& args, MoeActivation act, int group);
 absl::Status LaunchMoeGroupedGemmWsFp8ActQuant(const MoeGroupedGemmArgs& args,
                                                const MoeActParams& params, uint8_t* q,
