@@ -461,7 +461,7 @@ TEST(MoeFp8WsGpuTest, ActQuantSanitizerShape) {
 }
 
 // The rule (host logic, no device needed), at the points session 40
-// measured: on for DeepSeek-V3 at 4096 tokens, off at 1024 and for every
+// measured: on for DeepSeek-V3 from 2048 tokens, off at 1024 and for every
 // Mixtral-8x7B and Qwen3-30B-A3B row; forced on and off by the switch.
 TEST(MoeFp8WsGpuTest, ActQuantRule) {
   kc::SetMoeFp8ActQuantMode(kc::MoeKernelMode::kFromEnv);
@@ -470,7 +470,8 @@ TEST(MoeFp8WsGpuTest, ActQuantRule) {
     GTEST_SKIP() << "KPLAN_MOE_FP8_ACT_QUANT is set";
   }
   EXPECT_TRUE(kc::MoeFp8ActQuantFor(4096 * 8, 256, 7168));   // DeepSeek-V3, 128 slots
-  EXPECT_FALSE(kc::MoeFp8ActQuantFor(3968 * 8, 256, 7168));  // 124 slots
+  EXPECT_TRUE(kc::MoeFp8ActQuantFor(2048 * 8, 256, 7168));   // 64 slots
+  EXPECT_FALSE(kc::MoeFp8ActQuantFor(2016 * 8, 256, 7168));  // 63 slots
   EXPECT_FALSE(kc::MoeFp8ActQuantFor(1024 * 8, 256, 7168));  // 32 slots
   EXPECT_FALSE(kc::MoeFp8ActQuantFor(4096 * 2, 8, 4096));    // Mixtral-8x7B, K 4096
   EXPECT_FALSE(kc::MoeFp8ActQuantFor(4096 * 8, 128, 2048));  // Qwen3-30B-A3B, K 2048

@@ -55,18 +55,22 @@ int64_t MoeGemmWsFp8Launches();
 // tile). UNAVAILABLE, with nothing launched, as LaunchMoeGroupedGemmWsFp8.
 // The caller takes it where MoeFp8ActQuantFor says so. The rule (one H100,
 // docs/PERF.md session 40, us per layer, the three steps against the fused
-// GEMM 1): from kMoeFp8ActQuantMinSlots slots per hit expert where GEMM 1's
-// K (the hidden size) is at least kMoeFp8ActQuantMinK: DeepSeek-V3 (K 7168)
-// 4096 tokens (128 slots) 7511 -> 7120; it lost at 1024 (32 slots, 4200 ->
-// 4263) and on every Mixtral-8x7B (K 4096: 64-4096 tokens 1.4-24% slower)
-// and Qwen3-30B-A3B row (K 2048: 1024 / 4096 tokens 34% / 13% slower):
-// the epilogue's activation and quantisation run in the tile's warps while
-// the weight stream waits, where the two steps it replaces spread over the
-// whole GPU. Switch: SetMoeFp8ActQuantMode(kOn) always (where it applies),
+// GEMM 1, same process): from kMoeFp8ActQuantMinSlots slots per hit expert
+// where GEMM 1's K (the hidden size) is at least kMoeFp8ActQuantMinK:
+// DeepSeek-V3 (K 7168) 2048 / 3072 / 4096 tokens (64 / 96 / 128 slots)
+// 4768 / 5287 / 7712 -> 4696 / 5158 / 7347 (and 7511 -> 7120 in another
+// run); it lost at 1024 (32 slots, 4200 -> 4263) and on every Mixtral-8x7B
+// (K 4096: 64-4096 tokens 1.4-24% slower) and Qwen3-30B-A3B row it took (K
+// 2048: 1024 / 4096 tokens 34% / 13% slower). Its epilogue (the
+// activation, a max over the quad, 64 divisions and e4m3 roundings a
+// thread) runs in the tile's warps while the weight stream waits; the two
+// steps it replaces spread over the whole GPU. What it saves, C1 and the
+// 16-bit intermediate written and read again, pays only against long main
+// loops. Switch: SetMoeFp8ActQuantMode(kOn) always (where it applies),
 // kOff never; kFromEnv (the default) the rule, or never with
 // KPLAN_MOE_FP8_ACT_QUANT=0.
 inline constexpr int kMoeFp8ActQuantGroup = 128;
-inline constexpr int64_t kMoeFp8ActQuantMinSlots = 128;
+inline constexpr int64_t kMoeFp8ActQuantMinSlots = 64;
 inline constexpr int64_t kMoeFp8ActQuantMinK = 7168;
 void SetMoeFp8ActQuantMode(MoeGemmWsMode mode);
 // numel slots over num_experts experts (all of the routing's), GEMM 1's K.

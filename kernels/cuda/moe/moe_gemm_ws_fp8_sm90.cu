@@ -317,22 +317,13 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
         uint32_t w[2][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          // Chunk m + h's 16 values: rows r0 (registers 4 jj, + 1) and r0 + 8.
-          float v0[8], v1[8];
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
             const float* a = acc + 4 * (4 * (m + h) + jj);
-            v0[2 * jj] = a[0], v0[2 * jj + 1] = a[1], v1[2 * jj] = a[2], v1[2 * jj + 1] = a[3];
-          }
-          uint8_t b0[8], b1[8];
-          detail::quant::Fp8QuantiseN(v0, sc0, b0);
-          detail::quant::Fp8QuantiseN(v1, sc1, b1);
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            w[h][jj] = static_cast<uint32_t>(b0[2 * jj]) |
-                       static_cast<uint32_t>(b0[2 * jj + 1]) << 8 |
-                       static_cast<uint32_t>(b1[2 * jj]) << 16 |
-                       static_cast<uint32_t>(b1[2 * jj + 1]) << 24;
+            w[h][jj] = static_cast<uint32_t>(detail::quant::Fp8Quantise(a[0], sc0)) |
+                       static_cast<uint32_t>(detail::quant::Fp8Quantise(a[1], sc0)) << 8 |
+                       static_cast<uint32_t>(detail::quant::Fp8Quantise(a[2], sc1)) << 16 |
+                       static_cast<uint32_t>(detail::quant::Fp8Quantise(a[3], sc1)) << 24;
           }
         }
         const int64_t n = c0 + 32 * m;

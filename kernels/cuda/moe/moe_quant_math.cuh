@@ -214,46 +214,4 @@ __device__ __forceinline__ uint8_t Fp8Quantise(float x, float scale) {
   return FloatToFp8Sat(__fdiv_rn(x, scale));
 }
 
-// Fp8Quantise of n values by one scale, bit for bit, the divisions batched
-// as moe_activation_math.cuh's SiluN batches its own: '/' (div.rn) compiles
-// to a fast path with a range check and a branch to a slow path per
-// division, so a thread's divisions run one after another; here every value
-// takes the branch-free fast path (the scale's refined reciprocal and one
-// correction: round to nearest while operands and quotient are in range, as
-// the compiler's fast path is) and '/' redoes the values out of range, only
-// when the thread has any. In range: the scale in [2^-100, 2^100], the value
-// 0 (kept as is, its sign too) or of magnitude in [2^-100, 2^100] with a
-// quotient of at least 2^-100 (the values of a group are at most 448 times
-// its scale, so the quotient never overflows).
-template <int kN>
-__device__ __forceinline__ void Fp8QuantiseN(const float (&x)[kN], float scale,
-                                             uint8_t (&out)[kN]) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(scale));
-  r = __fmaf_rn(r, __fmaf_rn(-scale, r, 1.0f), r);
-  const bool scale_in = scale >= 0x1p-100f && scale <= 0x1p100f;
-  float q[kN];
-  bool slow = false;
-#pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    const float q0 = __fmul_rn(x[i], r);
-    q[i] = __fmaf_rn(__fmaf_rn(-scale, q0, x[i]), r, q0);
-    const float a = fabsf(x[i]);
-    const bool in = x[i] == 0.0f || (a >= 0x1p-100f && a <= 0x1p100f && fabsf(q0) >= 0x1p-100f);
-    if (x[i] == 0.0f) q[i] = x[i];
-    slow |= !in;
-  }
-  if (slow || !scale_in) {
-#pragma unroll
-    for (int i = 0; i < kN; ++i) {
-      const float a = fabsf(x[i]);
-      const bool in = x[i] == 0.0f ||
-                      (a >= 0x1p-100f && a <= 0x1p100f && fabsf(__fmul_rn(x[i], r)) >= 0x1p-100f);
-      if (!in || !scale_in) q[i] = __fdiv_rn(x[i], scale);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kN; ++i) out[i] = FloatToFp8Sat(q[i]);
-}
-
 }  // namespace kplan::kernels::cuda::detail::quant
