@@ -44,9 +44,10 @@
 // (moe_gemm_ws.h), both every config twice, one after the other, in the same run.
 // --fused: the activation in GEMM 1's epilogue (ws kernel only,
 // SetMoeFusedActMode; fp8 block rows: with GEMM 2's activation quantised
-// there too, SetMoeFp8ActQuantMode) off, on or both (the default); with it
-// on, each bf16 config's layer output is first compared bit for bit with
-// the unfused layer's (same inputs, eager), then timed.
+// there too, SetMoeGemmWsFp8ActQuantMode, forced off / on whatever its rule
+// says) off, on or both (the default); with it on, each bf16 config's layer
+// output is first compared bit for bit with the unfused layer's (same
+// inputs, eager), then timed.
 // --gemm_only on also times GEMM 1 and GEMM 2 of the layer alone (routing
 // and align done once) for every --ws kernel, after checking the kernels'
 // outputs against each other (poisoned first: every element written, no NaN).
@@ -1223,8 +1224,8 @@ int main(int argc, char** argv) {
                   ApplyVariant(variant);
                   kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
                   kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-                  kc::SetMoeFp8ActQuantMode(fused ? kc::MoeGemmWsMode::kOn
-                                                  : kc::MoeGemmWsMode::kOff);
+                  kc::SetMoeGemmWsFp8ActQuantMode(fused ? kc::MoeGemmWsMode::kOn
+                                                        : kc::MoeGemmWsMode::kOff);
                   kc::SetMoeDecodeLayerMode(layer1k < 0    ? kc::MoeKernelMode::kFromEnv
                                             : layer1k != 0 ? kc::MoeKernelMode::kOn
                                                            : kc::MoeKernelMode::kOff);
@@ -1261,6 +1262,7 @@ int main(int argc, char** argv) {
     }
     if (gpu == nullptr && args.gemm_only) gpu = MakeExperts(*sh);
     kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kFromEnv);
+    kc::SetMoeGemmWsFp8ActQuantMode(kc::MoeGemmWsMode::kFromEnv);
     kc::SetMoeDecodeLayerMode(kc::MoeKernelMode::kFromEnv);
     if (args.gemm_only) {
       for (int64_t M : args.tokens) GemmOnly(*sh, *gpu, M, args, mm_tflops, stream, &gemm_rows);

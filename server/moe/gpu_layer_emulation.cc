@@ -384,7 +384,7 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   // (moe_gemm_ws_fp8.h: the bytes and scales of the three steps below).
   bool a2_quantised = false;
   if (!matvec && !decode && tc && qmode == kc::MoeFp8ActQuant::kPerGroup &&
-      kc::MoeFp8ActQuantFor(numel, E, H)) {
+      kc::MoeGemmWsFp8ActQuantFor(numel, E, H)) {
     const kc::MoeGroupedGemmArgs f = Fp8TensorCoreGemm(g1, et);
     if (kc::MoeGemmWsFp8ActQuantApplies(f, act, s.block_k)) {
       const absl::Status st = kc::LaunchMoeGroupedGemmWsFp8ActQuant(
@@ -393,19 +393,21 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
       a2_quantised = st.ok();
     }
   }
-  if (a2_quantised) {
-    // c2 is not written: GEMM 2 reads q2 / s2.
-  } else if (matvec || decode) {
-    // GEMM 1 with the activation, straight into c2.
-    KPLAN_RETURN_IF_ERROR(decode_gemm(g1, /*apply_act=*/true, c2));
-  } else {
-    KPLAN_RETURN_IF_ERROR(tc ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g1, et), stream)
-                             : kc::LaunchMoeQuantGemm(g1, stream));
-    KPLAN_RETURN_IF_ERROR(f32 ? kc::LaunchMoeActivationF32(act, ap, At<float>(workspace, l.c1),
-                                                           numel, N13, static_cast<float*>(c2), I,
-                                                           stream)
-                              : kc::LaunchMoeActivation(act, ap, et, At<void>(workspace, l.c1),
-                                                        numel, N13, c2, I, stream));
+  // GEMM 1 and the activation into c2 (not written where GEMM 1 quantised
+  // GEMM 2's A above).
+  if (!a2_quantised) {
+    if (matvec || decode) {
+      // GEMM 1 with the activation, straight into c2.
+      KPLAN_RETURN_IF_ERROR(decode_gemm(g1, /*apply_act=*/true, c2));
+    } else {
+      KPLAN_RETURN_IF_ERROR(tc ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g1, et), stream)
+                               : kc::LaunchMoeQuantGemm(g1, stream));
+      KPLAN_RETURN_IF_ERROR(f32 ? kc::LaunchMoeActivationF32(act, ap, At<float>(workspace, l.c1),
+                                                             numel, N13, static_cast<float*>(c2), I,
+                                                             stream)
+                                : kc::LaunchMoeActivation(act, ap, et, At<void>(workspace, l.c1),
+                                                          numel, N13, c2, I, stream));
+    }
   }
 
   void* y = a.combine ? At<void>(workspace, l.y) : a.output;

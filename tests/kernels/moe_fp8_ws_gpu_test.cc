@@ -340,9 +340,10 @@ TEST(MoeFp8WsGpuTest, SanitizerShape) {
 // replaces on the same fresh random data: the GEMM into C1, the activation
 // kernel, the per-group quantiser. Its bytes and scales must be the same;
 // both outputs are poisoned first (0xff bytes: e4m3 NaN, which no finite
-// value quantises to; NaN scales). I = 384 (three groups), K with a partial
-// k-block, tails of 0-300 slots, a non-local expert (zero rows: q 0 and the
-// all-zero group's scale), with and without bias, bf16 and fp16.
+// value quantises to; NaN scales). I of 128 to 1024 (one to eight groups),
+// K with a partial k-block, 0 to 1500 slots an expert, a non-local expert
+// (zero rows: q 0 and the all-zero group's scale), with and without bias
+// and clamp, bf16 and fp16.
 void RunActQuantCase(const char* name, const std::vector<int>& counts, int64_t I, int64_t K,
                      bool with_bias, DType dtype, int non_local, bool clamp) {
   SCOPED_TRACE(name);
@@ -393,11 +394,11 @@ void RunActQuantCase(const char* name, const std::vector<int>& counts, int64_t I
   for (void* b : {static_cast<void*>(s_fused.p), static_cast<void*>(s_steps.p)}) {
     ASSERT_EQ(cudaMemset(b, 0xff, numel * groups * 4), cudaSuccess);
   }
-  const int64_t launches = kc::MoeFp8ActQuantLaunches();
+  const int64_t launches = kc::MoeGemmWsFp8ActQuantLaunches();
   absl::Status st = kc::LaunchMoeGroupedGemmWsFp8ActQuant(g, ap, q_fused.p, s_fused.p, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(kc::MoeFp8ActQuantLaunches(), launches + 1);
+  EXPECT_EQ(kc::MoeGemmWsFp8ActQuantLaunches(), launches + 1);
 
   test_util::DeviceBuf<uint16_t> c1(numel * N), c2(numel * I);
   g.c = c1.p;
@@ -464,25 +465,25 @@ TEST(MoeFp8WsGpuTest, ActQuantSanitizerShape) {
 // measured: on for DeepSeek-V3 from 2048 tokens, off at 1024 and for every
 // Mixtral-8x7B and Qwen3-30B-A3B row; forced on and off by the switch.
 TEST(MoeFp8WsGpuTest, ActQuantRule) {
-  kc::SetMoeFp8ActQuantMode(kc::MoeKernelMode::kFromEnv);
-  kc::SetMoeGemmWsFp8Mode(kc::MoeKernelMode::kOn);
-  if (const char* v = std::getenv("KPLAN_MOE_FP8_ACT_QUANT"); v != nullptr) {
+  if (std::getenv("KPLAN_MOE_FP8_ACT_QUANT") != nullptr) {
     GTEST_SKIP() << "KPLAN_MOE_FP8_ACT_QUANT is set";
   }
-  EXPECT_TRUE(kc::MoeFp8ActQuantFor(4096 * 8, 256, 7168));   // DeepSeek-V3, 128 slots
-  EXPECT_TRUE(kc::MoeFp8ActQuantFor(2048 * 8, 256, 7168));   // 64 slots
-  EXPECT_FALSE(kc::MoeFp8ActQuantFor(2016 * 8, 256, 7168));  // 63 slots
-  EXPECT_FALSE(kc::MoeFp8ActQuantFor(1024 * 8, 256, 7168));  // 32 slots
-  EXPECT_FALSE(kc::MoeFp8ActQuantFor(4096 * 2, 8, 4096));    // Mixtral-8x7B, K 4096
-  EXPECT_FALSE(kc::MoeFp8ActQuantFor(4096 * 8, 128, 2048));  // Qwen3-30B-A3B, K 2048
-  kc::SetMoeFp8ActQuantMode(kc::MoeKernelMode::kOn);
-  EXPECT_TRUE(kc::MoeFp8ActQuantFor(64 * 2, 8, 4096));
-  kc::SetMoeFp8ActQuantMode(kc::MoeKernelMode::kOff);
-  EXPECT_FALSE(kc::MoeFp8ActQuantFor(4096 * 8, 256, 7168));
+  kc::SetMoeGemmWsFp8ActQuantMode(kc::MoeKernelMode::kFromEnv);
+  kc::SetMoeGemmWsFp8Mode(kc::MoeKernelMode::kOn);
+  EXPECT_TRUE(kc::MoeGemmWsFp8ActQuantFor(4096 * 8, 256, 7168));   // DeepSeek-V3, 128 slots
+  EXPECT_TRUE(kc::MoeGemmWsFp8ActQuantFor(2048 * 8, 256, 7168));   // 64 slots
+  EXPECT_FALSE(kc::MoeGemmWsFp8ActQuantFor(2016 * 8, 256, 7168));  // 63 slots
+  EXPECT_FALSE(kc::MoeGemmWsFp8ActQuantFor(1024 * 8, 256, 7168));  // 32 slots
+  EXPECT_FALSE(kc::MoeGemmWsFp8ActQuantFor(4096 * 2, 8, 4096));    // Mixtral-8x7B, K 4096
+  EXPECT_FALSE(kc::MoeGemmWsFp8ActQuantFor(4096 * 8, 128, 2048));  // Qwen3-30B-A3B, K 2048
+  kc::SetMoeGemmWsFp8ActQuantMode(kc::MoeKernelMode::kOn);
+  EXPECT_TRUE(kc::MoeGemmWsFp8ActQuantFor(64 * 2, 8, 4096));
+  kc::SetMoeGemmWsFp8ActQuantMode(kc::MoeKernelMode::kOff);
+  EXPECT_FALSE(kc::MoeGemmWsFp8ActQuantFor(4096 * 8, 256, 7168));
   kc::SetMoeGemmWsFp8Mode(kc::MoeKernelMode::kOff);  // the kernel switched off: never
-  kc::SetMoeFp8ActQuantMode(kc::MoeKernelMode::kOn);
-  EXPECT_FALSE(kc::MoeFp8ActQuantFor(4096 * 8, 256, 7168));
-  kc::SetMoeFp8ActQuantMode(kc::MoeKernelMode::kFromEnv);
+  kc::SetMoeGemmWsFp8ActQuantMode(kc::MoeKernelMode::kOn);
+  EXPECT_FALSE(kc::MoeGemmWsFp8ActQuantFor(4096 * 8, 256, 7168));
+  kc::SetMoeGemmWsFp8ActQuantMode(kc::MoeKernelMode::kFromEnv);
   kc::SetMoeGemmWsFp8Mode(kc::MoeKernelMode::kFromEnv);
 }
 

@@ -271,9 +271,9 @@ struct RunOptions {
   // SetMoeGemmIntMode, and the dequant route forced: same blocks and splits).
   int64_t int_gemm_from = 0;
   // From this M on (0: never) the fp8 GEMM 1 must apply the activation and
-  // quantise GEMM 2's activation in its epilogue (MoeFp8ActQuantLaunches
+  // quantise GEMM 2's activation in its epilogue (MoeGemmWsFp8ActQuantLaunches
   // grows), and the output must equal, byte for byte, the three steps' (the
-  // fused GEMM 1 switched off, SetMoeFp8ActQuantMode).
+  // fused GEMM 1 switched off, SetMoeGemmWsFp8ActQuantMode).
   int64_t fp8_act_quant_from = 0;
 };
 
@@ -324,7 +324,7 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   GpuRunOptions poison;
   poison.poison_workspace = true;
   const int64_t int_launches = kernels::cuda::MoeGemmIntLaunches();
-  const int64_t act_quant_launches = kernels::cuda::MoeFp8ActQuantLaunches();
+  const int64_t act_quant_launches = kernels::cuda::MoeGemmWsFp8ActQuantLaunches();
   auto got = RunMoeOnGpu(gpu, in, nullptr, poison);
   ASSERT_TRUE(got.ok()) << label << ": " << got.status();
   GpuRunStats st;
@@ -348,14 +348,14 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
         << label << " M=" << M << ": the int4 kernels' output is not the dequantised copy's";
   }
   if (opt.fp8_act_quant_from > 0 && M >= opt.fp8_act_quant_from) {
-    EXPECT_GT(kernels::cuda::MoeFp8ActQuantLaunches(), act_quant_launches)
+    EXPECT_GT(kernels::cuda::MoeGemmWsFp8ActQuantLaunches(), act_quant_launches)
         << label << " M=" << M << ": GEMM 1 did not quantise GEMM 2's activation";
-    kernels::cuda::SetMoeFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOff);
-    const int64_t off_launches = kernels::cuda::MoeFp8ActQuantLaunches();
+    kernels::cuda::SetMoeGemmWsFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOff);
+    const int64_t off_launches = kernels::cuda::MoeGemmWsFp8ActQuantLaunches();
     auto steps = RunMoeOnGpu(gpu, in, nullptr, poison);
-    kernels::cuda::SetMoeFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOn);
+    kernels::cuda::SetMoeGemmWsFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOn);
     ASSERT_TRUE(steps.ok()) << label << ": " << steps.status();
-    EXPECT_EQ(kernels::cuda::MoeFp8ActQuantLaunches(), off_launches) << label;
+    EXPECT_EQ(kernels::cuda::MoeGemmWsFp8ActQuantLaunches(), off_launches) << label;
     EXPECT_TRUE(steps->output == got->output)
         << label << " M=" << M << ": the fused GEMM 1's output is not the three steps'";
   }
@@ -521,14 +521,15 @@ Combo Plain(kernels::DType w, kernels::DType act) {
 }
 
 // The fp8 GEMM 1 that quantises GEMM 2's activation (moe_gemm_ws_fp8.h)
-// switched on whatever the environment says, for a scope.
+// switched on whatever the environment says, for a scope; both switches
+// go back to kFromEnv at its end (not to what they were before).
 struct Fp8FusedGemm1On {
   Fp8FusedGemm1On() {
-    kernels::cuda::SetMoeFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOn);
+    kernels::cuda::SetMoeGemmWsFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOn);
     kernels::cuda::SetMoeGemmWsFp8Mode(kernels::cuda::MoeKernelMode::kOn);
   }
   ~Fp8FusedGemm1On() {
-    kernels::cuda::SetMoeFp8ActQuantMode(kernels::cuda::MoeKernelMode::kFromEnv);
+    kernels::cuda::SetMoeGemmWsFp8ActQuantMode(kernels::cuda::MoeKernelMode::kFromEnv);
     kernels::cuda::SetMoeGemmWsFp8Mode(kernels::cuda::MoeKernelMode::kFromEnv);
   }
 };

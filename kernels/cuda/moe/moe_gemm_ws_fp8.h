@@ -51,12 +51,12 @@ int64_t MoeGemmWsFp8Launches();
 // group 128) (moe_quant_gemm.h) give; neither C1 nor the 16-bit
 // intermediate is written (args.c is not used). Applies where
 // MoeGemmWsFp8Applies does, with block scales, act silu, the activation
-// groups of kMoeFp8ActQuantGroup and I a multiple of them (one group a
+// groups of kMoeGemmWsFp8ActQuantGroup and I a multiple of them (one group a
 // tile). UNAVAILABLE, with nothing launched, as LaunchMoeGroupedGemmWsFp8.
-// The caller takes it where MoeFp8ActQuantFor says so. The rule (one H100,
+// The caller takes it where MoeGemmWsFp8ActQuantFor says so. The rule (one H100,
 // docs/PERF.md session 40, us per layer, the three steps against the fused
-// GEMM 1, same process): from kMoeFp8ActQuantMinSlots slots per hit expert
-// where GEMM 1's K (the hidden size) is at least kMoeFp8ActQuantMinK:
+// GEMM 1, same process): from kMoeGemmWsFp8ActQuantMinSlots slots per hit expert
+// where GEMM 1's K (the hidden size) is at least kMoeGemmWsFp8ActQuantMinK:
 // DeepSeek-V3 (K 7168) 2048 / 3072 / 4096 tokens (64 / 96 / 128 slots)
 // 4768 / 5287 / 7712 -> 4696 / 5158 / 7347 (and 7511 -> 7120 in another
 // run); it lost at 1024 (32 slots, 4200 -> 4263) and on every Mixtral-8x7B
@@ -66,19 +66,21 @@ int64_t MoeGemmWsFp8Launches();
 // thread) runs in the tile's warps while the weight stream waits; the two
 // steps it replaces spread over the whole GPU. What it saves, C1 and the
 // 16-bit intermediate written and read again, pays only against long main
-// loops. Switch: SetMoeFp8ActQuantMode(kOn) always (where it applies),
-// kOff never; kFromEnv (the default) the rule, or never with
-// KPLAN_MOE_FP8_ACT_QUANT=0.
-inline constexpr int kMoeFp8ActQuantGroup = 128;
-inline constexpr int64_t kMoeFp8ActQuantMinSlots = 64;
-inline constexpr int64_t kMoeFp8ActQuantMinK = 7168;
-void SetMoeFp8ActQuantMode(MoeGemmWsMode mode);
-// numel slots over num_experts experts (all of the routing's), GEMM 1's K.
-bool MoeFp8ActQuantFor(int64_t numel, int num_experts, int64_t k);
+// loops. Never while the warp-specialised fp8 kernel is switched off
+// (MoeGemmWsFp8Enabled); else SetMoeGemmWsFp8ActQuantMode(kOn) always
+// (where it applies), kOff never, kFromEnv (the default) the rule, or
+// never with KPLAN_MOE_FP8_ACT_QUANT=0.
+inline constexpr int kMoeGemmWsFp8ActQuantGroup = 128;
+inline constexpr int64_t kMoeGemmWsFp8ActQuantMinSlots = 64;
+inline constexpr int64_t kMoeGemmWsFp8ActQuantMinK = 7168;
+void SetMoeGemmWsFp8ActQuantMode(MoeGemmWsMode mode);
+// numel slots over num_experts experts (all of the routing's), GEMM 1's K
+// (the hidden size).
+bool MoeGemmWsFp8ActQuantFor(int64_t numel, int num_experts, int64_t gemm1_k);
 bool MoeGemmWsFp8ActQuantApplies(const MoeGroupedGemmArgs& args, MoeActivation act, int group);
 absl::Status LaunchMoeGroupedGemmWsFp8ActQuant(const MoeGroupedGemmArgs& args,
                                                const MoeActParams& params, uint8_t* q,
                                                float* q_scale, cudaStream_t stream);
-int64_t MoeFp8ActQuantLaunches();
+int64_t MoeGemmWsFp8ActQuantLaunches();
 
 }  // namespace kplan::kernels::cuda

@@ -349,7 +349,8 @@ __global__ void __launch_bounds__(ws::kWsThreads, 1)
 }
 
 detail::KernelSwitch g_ws([] { return ws::WsEnvNotOld("KPLAN_MOE_FP8_GEMM"); });
-// On: the rule of MoeFp8ActQuantFor applies; forced (kOn): always.
+// On: the rule of MoeGemmWsFp8ActQuantFor applies; forced (kOn): always
+// (with g_ws on).
 detail::KernelSwitch g_act_quant([] { return detail::EnvOnOff("KPLAN_MOE_FP8_ACT_QUANT", true); });
 std::atomic<int64_t> g_launches{0}, g_act_quant_launches{0};
 
@@ -450,25 +451,25 @@ absl::Status LaunchMoeGroupedGemmWsFp8(const MoeGroupedGemmArgs& g, cudaStream_t
 
 int64_t MoeGemmWsFp8Launches() { return g_launches.load(std::memory_order_relaxed); }
 
-void SetMoeFp8ActQuantMode(MoeGemmWsMode mode) { g_act_quant.Set(mode); }
+void SetMoeGemmWsFp8ActQuantMode(MoeGemmWsMode mode) { g_act_quant.Set(mode); }
 
-bool MoeFp8ActQuantFor(int64_t numel, int num_experts, int64_t k) {
+bool MoeGemmWsFp8ActQuantFor(int64_t numel, int num_experts, int64_t gemm1_k) {
   if (!g_act_quant.On() || !g_ws.On()) return false;
   if (g_act_quant.Forced()) return true;
-  return MoeSlotsPerExpert(numel, num_experts) >= kMoeFp8ActQuantMinSlots &&
-         k >= kMoeFp8ActQuantMinK;
+  return MoeSlotsPerExpert(numel, num_experts) >= kMoeGemmWsFp8ActQuantMinSlots &&
+         gemm1_k >= kMoeGemmWsFp8ActQuantMinK;
 }
 
 bool MoeGemmWsFp8ActQuantApplies(const MoeGroupedGemmArgs& g, MoeActivation act, int group) {
-  return act == MoeActivation::kSilu && group == kMoeFp8ActQuantGroup &&
-         g.w_scale_kind == MoeFp8WeightScale::kBlock && g.N % (2 * kMoeFp8ActQuantGroup) == 0 &&
-         MoeGemmWsFp8Applies(g);
+  return act == MoeActivation::kSilu && group == kMoeGemmWsFp8ActQuantGroup &&
+         g.w_scale_kind == MoeFp8WeightScale::kBlock &&
+         g.N % (2 * kMoeGemmWsFp8ActQuantGroup) == 0 && MoeGemmWsFp8Applies(g);
 }
 
 absl::Status LaunchMoeGroupedGemmWsFp8ActQuant(const MoeGroupedGemmArgs& g,
                                                const MoeActParams& params, uint8_t* q,
                                                float* q_scale, cudaStream_t stream) {
-  if (!MoeGemmWsFp8ActQuantApplies(g, MoeActivation::kSilu, kMoeFp8ActQuantGroup)) {
+  if (!MoeGemmWsFp8ActQuantApplies(g, MoeActivation::kSilu, kMoeGemmWsFp8ActQuantGroup)) {
     return absl::InvalidArgumentError("moe_grouped_gemm_ws_fp8_act_quant: arguments not supported");
   }
   KPLAN_RETURN_IF_ERROR(CheckFp8Launch(g));
@@ -485,6 +486,8 @@ absl::Status LaunchMoeGroupedGemmWsFp8ActQuant(const MoeGroupedGemmArgs& g,
   return LaunchFp8<__half, true>(g, q, q_scale, params, stream);
 }
 
-int64_t MoeFp8ActQuantLaunches() { return g_act_quant_launches.load(std::memory_order_relaxed); }
+int64_t MoeGemmWsFp8ActQuantLaunches() {
+  return g_act_quant_launches.load(std::memory_order_relaxed);
+}
 
 }  // namespace kplan::kernels::cuda

@@ -8,8 +8,8 @@
 # (docs/perf/session33/scripts/pack.sh NAME moe_fp8_ws_gpu_test moe_bench):
 # sB8, sB16 at the head with each epilogue; sA call 1's. fp8 block layers,
 # `--fused both` (the three steps, then the fused GEMM 1, per row) for sB8,
-# `--fused on` for the others. Device tool: carry ["build-pack"],
-# DEADLINE=<limit - 15>.
+# `--fused on` for the others. The GPU test, memcheck and the ncu steps run
+# sB8 ($bin). Device tool: carry ["build-pack"], DEADLINE=<limit - 15>.
 set -uo pipefail
 . scripts/gpu-steps.sh
 gpu_unpack sB8 sB16 sA
