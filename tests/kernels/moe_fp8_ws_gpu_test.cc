@@ -63,6 +63,61 @@ uint8_t RandomFp8(std::mt19937_64& rng) {
   }
 }
 
+// The random operands of an fp8 GEMM over `slots` (top_k slots a row of A):
+// e4m3 bytes of A and of the local experts' N x K weights, positive scales
+// of `scale`'s kind, a bias in [-2, 2) where asked (else empty), on the host
+// (for the references) and on the device; Into sets a GEMM's operand fields
+// (all but the output).
+struct Fp8Operands {
+  static std::vector<uint8_t> Bytes(std::mt19937_64& rng, int64_t n) {
+    std::vector<uint8_t> v(n);
+    for (auto& b : v) b = RandomFp8(rng);
+    return v;
+  }
+  // n values (u + offset) · scale, u uniform in [0.5, 1.5).
+  static std::vector<float> Floats(std::mt19937_64& rng, int64_t n, float scale, float offset) {
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = (u(rng) + offset) * scale;
+    return v;
+  }
+  Fp8Operands(std::mt19937_64& rng, const test_util::GemmSlots& slots, int top_k, int64_t N,
+              int64_t K, kc::MoeFp8WeightScale kind, bool with_bias)
+      : scale(kind),
+        a_rows(slots.numel / top_k),
+        a(Bytes(rng, a_rows * K)),
+        w(Bytes(rng, int64_t{slots.local} * N * K)),
+        as(Floats(rng, a_rows * (kind == kc::MoeFp8WeightScale::kBlock ? (K + 127) / 128 : 1),
+                  0x1p-6f, 0.0f)),
+        wsc(Floats(rng,
+                   slots.local * (kind == kc::MoeFp8WeightScale::kBlock
+                                      ? ((N + 127) / 128) * ((K + 127) / 128)
+                                  : kind == kc::MoeFp8WeightScale::kPerChannel ? N
+                                                                               : 1),
+                   0x1p-6f, 0.0f)),
+        bias(Floats(rng, with_bias ? slots.local * N : 0, 4.0f, -1.0f)),
+        da(a),
+        dw(w),
+        das(as),
+        dws(wsc),
+        dbias(bias) {}
+  void Into(kc::MoeGroupedGemmArgs& g) const {
+    g.fp8 = true;
+    g.a = da.p;
+    g.w = dw.p;
+    g.bias = bias.empty() ? nullptr : dbias.p;
+    g.w_scale_kind = scale;
+    g.w_scale = dws.p;
+    g.a_scale = das.p;
+  }
+  kc::MoeFp8WeightScale scale;
+  int64_t a_rows;
+  std::vector<uint8_t> a, w;
+  std::vector<float> as, wsc, bias;
+  test_util::DeviceBuf<uint8_t> da, dw;
+  test_util::DeviceBuf<float> das, dws, dbias;
+};
+
 void RunCase(const Case& c) {
   SCOPED_TRACE(c.name);
   std::mt19937_64 rng(test_util::SplitMix(Seed() ^ std::hash<std::string>{}(c.name)));
@@ -72,45 +127,25 @@ void RunCase(const Case& c) {
   test_util::MakeGemmSlots(c.counts, c.non_local, c.splits == 0 ? 128 : c.block_m, rng, &slots);
   ASSERT_FALSE(testing::Test::HasFatalFailure());
   const std::vector<int32_t>&ids = slots.ids, &emap = slots.emap;
-  const int local = slots.local;
   const int64_t numel = slots.numel;
   ASSERT_EQ(numel % c.top_k, 0);
-  const int64_t a_rows = numel / c.top_k;
   const int64_t N = c.N, K = c.K, nbn = (N + 127) / 128, nbk = (K + 127) / 128;
   const bool block = c.scale == kc::MoeFp8WeightScale::kBlock;
+  const Fp8Operands ops(rng, slots, c.top_k, N, K, c.scale, c.bias);
+  const std::vector<uint8_t>&a = ops.a, &w = ops.w;
+  const std::vector<float>&as = ops.as, &wsc = ops.wsc, &bias = ops.bias;
 
-  std::vector<uint8_t> a(a_rows * K), w(static_cast<size_t>(local) * N * K);
-  for (auto& b : a) b = RandomFp8(rng);
-  for (auto& b : w) b = RandomFp8(rng);
-  std::uniform_real_distribution<float> u(0.5f, 1.5f);
-  std::vector<float> as(a_rows * (block ? nbk : 1)),
-      wsc(local * (block                                           ? nbn * nbk
-                   : c.scale == kc::MoeFp8WeightScale::kPerChannel ? N
-                                                                   : 1));
-  for (auto& s : as) s = u(rng) * 0x1p-6f;
-  for (auto& s : wsc) s = u(rng) * 0x1p-6f;
-  std::vector<float> bias(c.bias ? local * N : 0);
-  for (auto& b : bias) b = (u(rng) - 1.0f) * 4.0f;
-
-  test_util::DeviceBuf<uint8_t> da(a), dw(w);
-  test_util::DeviceBuf<float> das(as), dws(wsc), dbias(bias);
   test_util::DeviceBuf<uint16_t> dc(numel * N);
   ASSERT_EQ(cudaMemset(dc.p, 0xff, numel * N * 2), cudaSuccess);  // NaN poison
 
   kc::MoeGroupedGemmArgs g;
   g.dtype = c.out;
-  g.fp8 = true;
-  g.a = da.p;
+  ops.Into(g);
   g.a_row_div = c.top_k;
-  g.w = dw.p;
-  g.bias = c.bias ? dbias.p : nullptr;
   g.c = dc.p;
   slots.Into(g);
   g.N = N;
   g.K = K;
-  g.w_scale_kind = c.scale;
-  g.w_scale = dws.p;
-  g.a_scale = das.p;
   if (c.splits == 0) {
     ASSERT_TRUE(kc::MoeGemmWsFp8Applies(g));
     const int64_t launches = kc::MoeGemmWsFp8Launches();
@@ -352,34 +387,17 @@ void RunActQuantCase(const char* name, const std::vector<int>& counts, int64_t I
   test_util::MakeGemmSlots(counts, non_local, 128, rng, &slots);
   ASSERT_FALSE(testing::Test::HasFatalFailure());
   constexpr int kTopK = 2;
-  const int64_t numel = slots.numel, N = 2 * I, nbn = N / 128, nbk = (K + 127) / 128;
+  const int64_t numel = slots.numel, N = 2 * I;
   ASSERT_EQ(numel % kTopK, 0);
-  const int64_t a_rows = numel / kTopK;
-  std::vector<uint8_t> a(a_rows * K), w(static_cast<size_t>(slots.local) * N * K);
-  for (auto& b : a) b = RandomFp8(rng);
-  for (auto& b : w) b = RandomFp8(rng);
-  std::uniform_real_distribution<float> u(0.5f, 1.5f);
-  std::vector<float> as(a_rows * nbk), wsc(slots.local * nbn * nbk),
-      bias(with_bias ? slots.local * N : 0);
-  for (auto& s : as) s = u(rng) * 0x1p-6f;
-  for (auto& s : wsc) s = u(rng) * 0x1p-6f;
-  for (auto& b : bias) b = (u(rng) - 1.0f) * 4.0f;
-  test_util::DeviceBuf<uint8_t> da(a), dw(w);
-  test_util::DeviceBuf<float> das(as), dws(wsc), dbias(bias);
+  const Fp8Operands ops(rng, slots, kTopK, N, K, kc::MoeFp8WeightScale::kBlock, with_bias);
 
   kc::MoeGroupedGemmArgs g;
   g.dtype = dtype;
-  g.fp8 = true;
-  g.a = da.p;
+  ops.Into(g);
   g.a_row_div = kTopK;
-  g.w = dw.p;
-  g.bias = with_bias ? dbias.p : nullptr;
   slots.Into(g);
   g.N = N;
   g.K = K;
-  g.w_scale_kind = kc::MoeFp8WeightScale::kBlock;
-  g.w_scale = dws.p;
-  g.a_scale = das.p;
   kc::MoeActParams ap;
   ap.has_clamp_limit = clamp;
   ap.clamp_limit = 3.0f;

@@ -331,34 +331,40 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   auto again = RunMoeOnGpu(gpu, in, nullptr, {}, &st);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->output, got->output) << label << ": not deterministic";
-  if (opt.int_gemm_from > 0 && M >= opt.int_gemm_from) {
-    EXPECT_GT(kernels::cuda::MoeGemmIntLaunches(), int_launches)
-        << label << " M=" << M << ": the int4 GEMMs did not run";
-    kernels::cuda::SetMoeGemmIntMode(kernels::cuda::MoeKernelMode::kOff);
-    kernels::cuda::SetMoeQuantRouteMode(kernels::cuda::MoeQuantRouteMode::kDequant);
-    const int64_t off_launches = kernels::cuda::MoeGemmIntLaunches();
-    auto copy = RunMoeOnGpu(gpu, in, nullptr, poison);
-    kernels::cuda::SetMoeGemmIntMode(kernels::cuda::MoeKernelMode::kFromEnv);
-    kernels::cuda::SetMoeQuantRouteMode(opt.route == kernels::cuda::MoeQuantRouteMode::kAuto
-                                            ? kernels::cuda::MoeQuantRouteMode::kFromEnv
-                                            : opt.route);
-    ASSERT_TRUE(copy.ok()) << label << ": " << copy.status();
-    EXPECT_EQ(kernels::cuda::MoeGemmIntLaunches(), off_launches) << label;
-    EXPECT_TRUE(copy->output == got->output)
-        << label << " M=" << M << ": the int4 kernels' output is not the dequantised copy's";
-  }
-  if (opt.fp8_act_quant_from > 0 && M >= opt.fp8_act_quant_from) {
-    EXPECT_GT(kernels::cuda::MoeGemmWsFp8ActQuantLaunches(), act_quant_launches)
-        << label << " M=" << M << ": GEMM 1 did not quantise GEMM 2's activation";
-    kernels::cuda::SetMoeGemmWsFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOff);
-    const int64_t off_launches = kernels::cuda::MoeGemmWsFp8ActQuantLaunches();
-    auto steps = RunMoeOnGpu(gpu, in, nullptr, poison);
-    kernels::cuda::SetMoeGemmWsFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOn);
-    ASSERT_TRUE(steps.ok()) << label << ": " << steps.status();
-    EXPECT_EQ(kernels::cuda::MoeGemmWsFp8ActQuantLaunches(), off_launches) << label;
-    EXPECT_TRUE(steps->output == got->output)
-        << label << " M=" << M << ": the fused GEMM 1's output is not the three steps'";
-  }
+  // From `from` on (0: never) the form whose launches `launches` counts
+  // must have run (more than `before`), and the layer with it switched off
+  // (off(), then on() to restore) must give got's output byte for byte.
+  auto same_without = [&](int64_t from, int64_t (*launches)(), int64_t before, auto off, auto on,
+                          const char* not_run, const char* differs) {
+    if (from <= 0 || M < from) return;
+    EXPECT_GT(launches(), before) << label << " M=" << M << ": " << not_run;
+    off();
+    const int64_t off_launches = launches();
+    auto other = RunMoeOnGpu(gpu, in, nullptr, poison);
+    on();
+    ASSERT_TRUE(other.ok()) << label << ": " << other.status();
+    EXPECT_EQ(launches(), off_launches) << label;
+    EXPECT_TRUE(other->output == got->output) << label << " M=" << M << ": " << differs;
+  };
+  same_without(
+      opt.int_gemm_from, kernels::cuda::MoeGemmIntLaunches, int_launches,
+      [] {
+        kernels::cuda::SetMoeGemmIntMode(kernels::cuda::MoeKernelMode::kOff);
+        kernels::cuda::SetMoeQuantRouteMode(kernels::cuda::MoeQuantRouteMode::kDequant);
+      },
+      [&] {
+        kernels::cuda::SetMoeGemmIntMode(kernels::cuda::MoeKernelMode::kFromEnv);
+        kernels::cuda::SetMoeQuantRouteMode(opt.route == kernels::cuda::MoeQuantRouteMode::kAuto
+                                                ? kernels::cuda::MoeQuantRouteMode::kFromEnv
+                                                : opt.route);
+      },
+      "the int4 GEMMs did not run", "the int4 kernels' output is not the dequantised copy's");
+  same_without(
+      opt.fp8_act_quant_from, kernels::cuda::MoeGemmWsFp8ActQuantLaunches, act_quant_launches,
+      [] { kernels::cuda::SetMoeGemmWsFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOff); },
+      [] { kernels::cuda::SetMoeGemmWsFp8ActQuantMode(kernels::cuda::MoeKernelMode::kOn); },
+      "GEMM 1 did not quantise GEMM 2's activation",
+      "the fused GEMM 1's output is not the three steps'");
   // The answer names the route that ran (RunMoE's plan, GpuLayerExpertsKernel):
   // the forced emulation is the dequantising or the fp8 tensor-core GEMM.
   if (M > 0) {
