@@ -83,18 +83,6 @@ TEST(MoeQuantRoute, MatvecSplitBySizeAndKind) {
   EXPECT_EQ(MoeQuantMatvecSplit(1, 64 * 3, true), 1);  // 3 chunks
 }
 
-TEST(MoeQuantRoute, MatvecRowsSplitKeepsASpanAWarp) {
-  // Qwen3-30B-A3B one token, fp8: GEMM 1 (768 tiles, K 2048) would split in
-  // 8, but has 4 spans of 512 bytes; GEMM 2 (1024 tiles, K 768) 2 spans.
-  EXPECT_EQ(MoeQuantMatvecSplit(768, 2048, false), 8);
-  EXPECT_EQ(MoeQuantMatvecRowsSplit(768, 2048), 4);
-  EXPECT_EQ(MoeQuantMatvecSplit(1024, 768, false), 4);
-  EXPECT_EQ(MoeQuantMatvecRowsSplit(1024, 768), 2);
-  // Long rows keep the tiles' split: Mixtral-8x7B GEMM 2 (512 tiles, K 14336).
-  EXPECT_EQ(MoeQuantMatvecRowsSplit(512, 14336), MoeQuantMatvecSplit(512, 14336, false));
-  EXPECT_EQ(MoeQuantMatvecRowsSplit(1, 512), 1);
-}
-
 TEST(MoeQuantRoute, SlotsOnDistinctExperts) {
   EXPECT_TRUE(MoeSlotsOnDistinctExperts(1, 8, 256));  // one token: its ids are distinct
   EXPECT_TRUE(MoeSlotsOnDistinctExperts(1, 8, 8));

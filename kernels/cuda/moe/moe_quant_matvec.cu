@@ -45,7 +45,6 @@
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_decode.cuh"
-#include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/moe/moe_quant_route.h"
@@ -183,86 +182,6 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
   }
 }
 
-// Fp8TileDots's rows form (where MoeQuantMatvecFp8Rows()): the tile's rows
-// as 8 pairs (rows j and j + 8 of row_of), a pair per mma. Lane l loads
-// bytes 16l .. 16l + 15 of each 512-byte span of every row of the tile
-// (each load instruction reads 512 contiguous bytes of one row; one span of
-// all 16 rows in flight) and the same bytes of the activation row. In the
-// mma of pair j, lane group g's bytes of the pair's first row are row g of
-// A, of its second row g + 8, and of the activation column g of B (the k
-// order is the same for the three, as a dot product needs), so D[g][g] and
-// D[g + 8][g] (lane 4g + g/2, d[g & 1] and d[2 + (g & 1)]) are lane group
-// g's 64-byte dot products. Those are promoted to the lane's fp32 sums as
-// Fp8TileDots promotes its chunks (block scales per 64 k, which lie in one
-// k-block); at the end the warp sums the 8 diagonal lanes in a fixed order.
-// Same contract as Fp8TileDots. The host requires every row of a tile's
-// halves (0-7, 8-15) in one block of block_n rows.
-template <typename RowOf>
-__device__ __forceinline__ void Fp8RowDots(const Params& p, int e, RowOf row_of, int64_t arow,
-                                           int ks, int lane, float (&acc)[4]) {
-  constexpr int kPairs = kTileRows / 2;
-  const int g = lane >> 2;
-  const bool diag = (lane & 3) == (g >> 1);
-  const int4* wb = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(p.w.data) +
-                                                 static_cast<int64_t>(e) * p.N * p.K);
-  const int4* x = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(p.a) + arow * p.K);
-  // 32-bit indices: a row's vectors fit (MoeQuantMatvecSupports).
-  const int vecs = static_cast<int>(p.K / 16), spans = (vecs + 31) / 32;
-  const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
-  const float* ws0 = nullptr;
-  const float* ws1 = nullptr;
-  if (block) {
-    ws0 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + row_of(0) / p.w.block_n) * p.a_kb;
-    ws1 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + row_of(kPairs) / p.w.block_n) * p.a_kb;
-  }
-  float sum[kTileRows];
-#pragma unroll
-  for (int r = 0; r < kTileRows; ++r) sum[r] = 0.0f;
-#pragma unroll 1
-  for (int sp = ks; sp < spans; sp += p.split) {
-    const int i = sp * 32 + lane;
-    // Past K: zeros, and every lane runs the mmas.
-    const bool in = i < vecs;
-    int4 v[kTileRows];
-#pragma unroll
-    for (int r = 0; r < kTileRows; ++r) {
-      v[r] = in ? __ldg(wb + static_cast<int>(row_of(r)) * vecs + i) : make_int4(0, 0, 0, 0);
-    }
-    const int4 xv = in ? __ldg(x + i) : make_int4(0, 0, 0, 0);
-    float s0 = 0.0f, s1 = 0.0f;  // block scales xs·ws of the lane's k-block
-    if (block && in) {
-      const int kb = i * 16 / p.w.block_k;
-      const float xs = __ldg(p.a_scale + arow * p.a_kb + kb);
-      s0 = __fmul_rn(xs, __ldg(ws0 + kb));
-      s1 = __fmul_rn(xs, __ldg(ws1 + kb));
-    }
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      const int4& a = v[j];
-      const int4& b = v[j + kPairs];
-      MmaFp8(t, a.x, b.x, a.y, b.y, xv.x, xv.y);
-      MmaFp8(t, a.z, b.z, a.w, b.w, xv.z, xv.w);
-      const float d0 = (g & 1) ? t[1] : t[0], d1 = (g & 1) ? t[3] : t[2];
-      if (block) {
-        sum[j] = __fadd_rn(sum[j], __fmul_rn(d0, s0));
-        sum[j + kPairs] = __fadd_rn(sum[j + kPairs], __fmul_rn(d1, s1));
-      } else {
-        sum[j] = __fadd_rn(sum[j], d0);
-        sum[j + kPairs] = __fadd_rn(sum[j + kPairs], d1);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kTileRows; ++r) {
-    float t = diag ? sum[r] : 0.0f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-    // Row r is pair r % 8's first (r < 8) or second row: lanes g == r % 8.
-    if (g == r % kPairs) acc[r < kPairs ? 0 : 2] = t;
-  }
-}
-
 // --- int4: mma tiles on dequantised pairs.
 
 // Fp8TileDots for int4 weights: per 64-byte chunk of a row (128 k), lane
@@ -370,9 +289,8 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
 // has given it 66 without, i.e. 3 CTAs). int4 takes the registers it needs
 // (~96, 2 CTAs): a cap of 3 CTAs spills and measured slower (docs/PERF.md,
 // sessions 13 and 27).
-// The rows form (kRows) holds a span of 16 rows a lane: 2 CTAs.
-template <typename T, int WK, bool kRows = false>
-__global__ void __launch_bounds__(kThreads, WK == kWFp8 ? (kRows ? 2 : 4) : 1)
+template <typename T, int WK>
+__global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
     TileKernel(const __grid_constant__ Params p) {
   __shared__ float red[kWarps][kTileRows];
   __shared__ uint4 ring[WK == kWInt4 ? kMvStages : 1][2][kThreads];  // int4: the lanes' weights
@@ -398,9 +316,7 @@ __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? (kRows ? 2 : 4) : 1)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (e >= 0) {
     const int64_t rows[2] = {row_of(g), row_of(g + 8)};
-    if constexpr (WK == kWFp8 && kRows) {
-      Fp8RowDots(p, e, row_of, arow, ks, lane, acc);
-    } else if constexpr (WK == kWFp8) {
+    if constexpr (WK == kWFp8) {
       Fp8TileDots(p, e, rows, arow, ks, lane, acc);
     } else {
       Int4TileDots<T>(p, e, rows, arow, ks, lane, acc, ring);
@@ -601,25 +517,16 @@ cudaError_t LaunchInt8(const Params& p, cudaStream_t stream) {
 }
 
 template <typename T>
-cudaError_t ByKind(const Params& p, bool rows, cudaStream_t stream) {
+cudaError_t ByKind(const Params& p, cudaStream_t stream) {
   if (p.w.kind == DType::kInt8) return LaunchInt8<T>(p, stream);
   const int64_t per_cta = kWarps / p.split;
   const dim3 grid(static_cast<unsigned>((p.tiles + per_cta - 1) / per_cta));
-  if (p.w.kind == DType::kFp8E4m3) {
-    return rows ? detail::LaunchPdl(TileKernel<T, kWFp8, true>, grid, dim3(kThreads), 0, stream, p)
-                : detail::LaunchPdl(TileKernel<T, kWFp8>, grid, dim3(kThreads), 0, stream, p);
-  }
-  return detail::LaunchPdl(TileKernel<T, kWInt4>, grid, dim3(kThreads), 0, stream, p);
+  return p.w.kind == DType::kFp8E4m3
+             ? detail::LaunchPdl(TileKernel<T, kWFp8>, grid, dim3(kThreads), 0, stream, p)
+             : detail::LaunchPdl(TileKernel<T, kWInt4>, grid, dim3(kThreads), 0, stream, p);
 }
 
-detail::KernelSwitch g_fp8_rows([] {
-  return detail::EnvOnOff("KPLAN_MOE_FP8_MATVEC_ROWS", false);
-});
-
 }  // namespace
-
-void SetMoeQuantMatvecFp8RowsMode(MoeKernelMode mode) { g_fp8_rows.Set(mode); }
-bool MoeQuantMatvecFp8Rows() { return g_fp8_rows.On(); }
 
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
   // The decode kernels' weights and sizes, with 32-bit vector, chunk and
@@ -670,15 +577,11 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   p.out_cols = gated ? d.N / 2 : d.N;
   p.c = d.c;
   int64_t warps;
-  // The fp8 rows form: a tile's halves each in one block of weight scales.
-  const bool rows =
-      d.w.kind == DType::kFp8E4m3 && MoeQuantMatvecFp8Rows() && (!block || d.w.block_n % 16 == 0);
   if (d.w.kind != DType::kInt8) {
     p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
     p.tiles = d.numel * p.tiles_per_slot;
     const bool int4 = d.w.kind == DType::kInt4Packed;
-    p.split = rows ? MoeQuantMatvecRowsSplit(p.tiles, d.K)
-                   : MoeQuantMatvecSplit(p.tiles, int4 ? d.K / 2 : d.K, int4);
+    p.split = MoeQuantMatvecSplit(p.tiles, int4 ? d.K / 2 : d.K, int4);
     warps = (p.tiles + kWarps / p.split - 1) / (kWarps / p.split) * kWarps;
   } else {
     p.warps_per_slot = (d.N + kRows - 1) / kRows;
@@ -687,8 +590,8 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   if ((warps + kWarps - 1) / kWarps > INT32_MAX) {
     return absl::InvalidArgumentError("moe_quant_matvec: grid too large");
   }
-  KPLAN_CUDA_RETURN_IF_ERROR(d.act_type == DType::kBFloat16 ? ByKind<__nv_bfloat16>(p, rows, stream)
-                                                            : ByKind<__half>(p, rows, stream));
+  KPLAN_CUDA_RETURN_IF_ERROR(d.act_type == DType::kBFloat16 ? ByKind<__nv_bfloat16>(p, stream)
+                                                            : ByKind<__half>(p, stream));
   return absl::OkStatus();
 }
 

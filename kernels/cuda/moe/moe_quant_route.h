@@ -109,15 +109,6 @@ inline int MoeQuantMatvecSplit(int64_t tiles, int64_t row_bytes, bool int4) {
   }
   return split;
 }
-// The split of the fp8 tiles' rows form (moe_quant_matvec.cu, where
-// MoeQuantMatvecFp8Rows()): MoeQuantMatvecSplit's, halved until every warp
-// has one 512-byte span of a row at least (a lane loads 16 bytes of each).
-inline int MoeQuantMatvecRowsSplit(int64_t tiles, int64_t row_bytes) {
-  const int64_t spans = (row_bytes + 511) / 512;
-  int split = MoeQuantMatvecSplit(tiles, row_bytes, false);
-  while (split > 1 && spans < split) split /= 2;
-  return split;
-}
 
 // Whether the int route (kDequant) runs its GEMMs on the int4 weights
 // themselves (the int4 GEMMs of moe_experts.h, MoeGemmIntApplies) rather
