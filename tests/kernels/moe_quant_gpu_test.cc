@@ -773,8 +773,13 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
 // router weight on the input. fp8 H = 336 ends in a partial 128-wide
 // k-block; int4 group 32 and int8 group 16 give one scale per 16-byte vector;
 // Mixtral-8x7B per-tensor fp8 one token for a long K.
-TEST(MoeQuantGpu, MatvecRoute) {
-  SKIP_WITHOUT_CUDA();
+// The fp8 cases of MatvecRoute (seeds seed .. seed + 3): fp8 H = 336 ends
+// in a partial 128-wide k-block, and GEMM 1's and GEMM 2's rows (336 and 80
+// bytes) end inside the pair form's 512-byte span with a lane group partly
+// past K (its diagonal lane past K at 336, its first lanes at 80); block,
+// per-channel and per-tensor scales; stacked, interleaved and ungated
+// gate/up rows.
+void MatvecFp8Cases(uint64_t seed) {
   using kernels::cuda::MoeQuantRouteMode;
   RunOptions mv, one;
   mv.route = MoeQuantRouteMode::kMatvec;
@@ -782,14 +787,24 @@ TEST(MoeQuantGpu, MatvecRoute) {
   const Shape f8{"tail-fp8", 6, 2, 336, 80};
   Combo blk = Fp8("fp8_block", kernels::DType::kBFloat16);
   blk.bias = true;
-  RunCombo(f8, blk, {1}, 91, one);
-  RunCombo(f8, blk, {2, 33}, 92, mv);
+  RunCombo(f8, blk, {1}, seed, one);
+  RunCombo(f8, blk, {2, 33}, seed + 1, mv);
   Combo pc = Fp8("fp8_per_channel", kernels::DType::kFloat16);
   pc.activation = "swigluoai";
-  RunCombo(f8, pc, {1, 9}, 93, mv);
+  RunCombo(f8, pc, {1, 9}, seed + 2, mv);
   Combo pt = Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor");
   pt.activation = "silu_no_mul";
-  RunCombo(f8, pt, {1, 17}, 94, mv);
+  RunCombo(f8, pt, {1, 17}, seed + 3, mv);
+}
+
+TEST(MoeQuantGpu, MatvecRoute) {
+  SKIP_WITHOUT_CUDA();
+  using kernels::cuda::MoeQuantRouteMode;
+  RunOptions mv, one;
+  mv.route = MoeQuantRouteMode::kMatvec;
+  one.expect_matvec = true;  // auto at one token
+  const Shape f8{"tail-fp8", 6, 2, 336, 80};
+  MatvecFp8Cases(91);
   const Shape i4s{"tail-int4", 6, 2, 352, 96};
   Combo i4z = IntW("int4_group", kernels::DType::kFloat16, true, 32);
   i4z.bias = true;
@@ -810,6 +825,23 @@ TEST(MoeQuantGpu, MatvecRoute) {
   // A long K on one warp's chunks (GEMM 2's 14336, split over 8 warps):
   // per-tensor sums go through the fp32 promotion of every chunk.
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1}, 102, one);
+}
+
+// The fp8 matvec's pair form (SetMoeQuantMatvecFp8PairsMode) on
+// MatvecRoute's fp8 cases and Mixtral-8x7B one token (long rows: GEMM 2's
+// 14336 bytes), against the CPU reference.
+TEST(MoeQuantGpu, MatvecFp8PairForm) {
+  SKIP_WITHOUT_CUDA();
+  using kernels::cuda::MoeKernelMode;
+  kernels::cuda::SetMoeQuantMatvecFp8PairsMode(MoeKernelMode::kOn);
+  struct Restore {
+    ~Restore() { kernels::cuda::SetMoeQuantMatvecFp8PairsMode(MoeKernelMode::kFromEnv); }
+  } restore;
+  ASSERT_TRUE(kernels::cuda::MoeQuantMatvecFp8Pairs());
+  MatvecFp8Cases(191);
+  RunOptions one;
+  one.expect_matvec = true;
+  RunCombo(kMixtral, Fp8("fp8_block", kernels::DType::kBFloat16), {1}, 196, one);
 }
 
 // What the matvec and decode kernels accept (host code: runs without a

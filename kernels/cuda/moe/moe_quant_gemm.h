@@ -180,6 +180,15 @@ struct MoeQuantMatvecArgs {
 // to 2^30 and N x K / 16 up to 2^31 - 1.
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K);
 absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t stream);
+// The fp8 matvec's pair form (moe_quant_matvec.cu): one warp per pair of
+// weight rows, each load 512 contiguous bytes of a row, as the bf16 decode
+// kernels read theirs, instead of tiles of 16 rows read 64 bytes of 8 rows a
+// load. kOn / kOff as set, or with kFromEnv KPLAN_MOE_FP8_MATVEC_PAIRS=0 / 1
+// (unset: off, until measured). Its sums are grouped otherwise than the
+// tiles' (fp32 partials of 64 k per lane group, summed over the warp at the
+// end), so the two forms' outputs may differ in the last bit of T.
+void SetMoeQuantMatvecFp8PairsMode(MoeKernelMode mode);
+bool MoeQuantMatvecFp8Pairs();
 
 // The int prefill route: hit[l] = 1 for every local expert some slot routes
 // to (zeroed first), then the hit experts' int8 / int4 weights dequantised

@@ -45,6 +45,7 @@
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_decode.cuh"
+#include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/moe/moe_quant_route.h"
@@ -179,6 +180,128 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
         acc[2] = __fadd_rn(acc[2], t[2]);
       }
     }
+  }
+}
+
+// --- fp8 row pairs (where MoeQuantMatvecFp8Pairs()): one warp per pair of
+// weight rows, as the bf16 decode kernels read theirs (moe_decode.cu).
+
+// The dot products of rows r0 and r1 of local expert e with activation row
+// arow, valid in every lane. Lane l loads bytes 16l .. 16l + 15 of each
+// 512-byte span of both rows (one load instruction reads 512 contiguous
+// bytes of a row), kBatch spans in flight, and the same bytes of the
+// activation row. In the mma, lane group g's bytes of r0 are row g of A, of
+// r1 row g + 8, and of the activation column g of B (the three in the same k
+// order, as a dot product needs), so D[g][g] and D[g + 8][g] (lane 4g + g/2,
+// d[g & 1] and d[2 + (g & 1)]) are lane group g's 64-byte dot products. Each
+// is promoted to the lane's fp32 sum as Fp8TileDots promotes its chunks
+// (block scales per 64 k, which lie in one k-block); the warp then sums the
+// 8 diagonal lanes in a fixed order.
+constexpr int kPairBatch = 2;
+__device__ __forceinline__ void Fp8PairDots(const Params& p, int e, int64_t r0, int64_t r1,
+                                            int64_t arow, int lane, float& o0, float& o1) {
+  const int g = lane >> 2;
+  const bool diag = (lane & 3) == (g >> 1);
+  const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * p.K;
+  const int4* w0 = reinterpret_cast<const int4*>(wb + r0 * p.K);
+  const int4* w1 = reinterpret_cast<const int4*>(wb + r1 * p.K);
+  const int4* x = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(p.a) + arow * p.K);
+  // 32-bit indices: a row's vectors fit (MoeQuantMatvecSupports).
+  const int vecs = static_cast<int>(p.K / 16);
+  const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
+  const float* ws0 = nullptr;
+  const float* ws1 = nullptr;
+  if (block) {
+    ws0 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + r0 / p.w.block_n) * p.a_kb;
+    ws1 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + r1 / p.w.block_n) * p.a_kb;
+  }
+  float a0 = 0.0f, a1 = 0.0f;
+  for (int base = 0; base < vecs; base += 32 * kPairBatch) {
+    int4 v0[kPairBatch], v1[kPairBatch], xv[kPairBatch];
+    float s0[kPairBatch], s1[kPairBatch];
+#pragma unroll
+    for (int u = 0; u < kPairBatch; ++u) {
+      const int i = base + 32 * u + lane;
+      // Past K: zeros, and every lane runs the mmas.
+      const bool in = i < vecs;
+      v0[u] = in ? __ldg(w0 + i) : make_int4(0, 0, 0, 0);
+      v1[u] = in ? __ldg(w1 + i) : make_int4(0, 0, 0, 0);
+      xv[u] = in ? __ldg(x + i) : make_int4(0, 0, 0, 0);
+      // The lane group's k-block (its diagonal lane may lie past K where
+      // its first lanes do not).
+      const int ig = base + 32 * u + (lane & ~3);
+      s0[u] = s1[u] = 0.0f;
+      if (block && ig < vecs) {
+        const int kb = ig * 16 / p.w.block_k;
+        const float xs = __ldg(p.a_scale + arow * p.a_kb + kb);
+        s0[u] = __fmul_rn(xs, __ldg(ws0 + kb));
+        s1[u] = __fmul_rn(xs, __ldg(ws1 + kb));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPairBatch; ++u) {
+      float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      MmaFp8(t, v0[u].x, v1[u].x, v0[u].y, v1[u].y, xv[u].x, xv[u].y);
+      MmaFp8(t, v0[u].z, v1[u].z, v0[u].w, v1[u].w, xv[u].z, xv[u].w);
+      const float d0 = (g & 1) ? t[1] : t[0], d1 = (g & 1) ? t[3] : t[2];
+      if (block) {
+        a0 = __fadd_rn(a0, __fmul_rn(d0, s0[u]));
+        a1 = __fadd_rn(a1, __fmul_rn(d1, s1[u]));
+      } else {
+        a0 = __fadd_rn(a0, d0);
+        a1 = __fadd_rn(a1, d1);
+      }
+    }
+  }
+  a0 = diag ? a0 : 0.0f;
+  a1 = diag ? a1 : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    a0 += __shfl_xor_sync(0xffffffffu, a0, o);
+    a1 += __shfl_xor_sync(0xffffffffu, a1, o);
+  }
+  o0 = a0;
+  o1 = a1;
+}
+
+// One warp per (slot, item): gated, the gate and up rows of one intermediate
+// column; else rows 2q and 2q + 1 (past N: row 0, dropped). The epilogue of
+// TileKernel's.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 4) Fp8PairKernel(const __grid_constant__ Params p) {
+  detail::PdlWaitThenRelease();
+  const int lane = threadIdx.x & 31;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int64_t per_slot = p.gated ? p.out_cols : (p.N + 1) / 2;
+  if (item >= p.numel * per_slot) return;
+  const int64_t s = item / per_slot, q = item % per_slot;
+  const int e = LocalExpert(p.ids, p.map, p.num_experts, p.num_local, s);
+  const int64_t arow = s / p.a_row_div;
+  T* out = static_cast<T*>(p.c) + s * p.out_cols;
+  const int64_t r0 = p.gated ? moe_math::GatedRow(p.act, q, p.out_cols, 0) : 2 * q;
+  const int64_t r1 =
+      p.gated ? moe_math::GatedRow(p.act, q, p.out_cols, 1) : (2 * q + 1 < p.N ? 2 * q + 1 : 0);
+  float d0 = 0.0f, d1 = 0.0f;
+  if (e >= 0) Fp8PairDots(p, e, r0, r1, arow, lane, d0, d1);
+  if (lane != 0) return;
+  if (p.gated) {
+    // act(0, 0) == 0 for every activation: slots of remote experts.
+    out[q] = FromFloat<T>(e < 0 ? 0.0f
+                                : moe_math::Gated(p.act, p.ap, Output<T, kWFp8>(p, e, arow, r0, d0),
+                                                  Output<T, kWFp8>(p, e, arow, r1, d1)));
+    return;
+  }
+  const int64_t rows[2] = {r0, 2 * q + 1};
+  const float d[2] = {d0, d1};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (rows[h] >= p.N) break;
+    float v = 0.0f;
+    if (e >= 0) {
+      v = Output<T, kWFp8>(p, e, arow, rows[h], d[h]);
+      if (p.plain) v = moe_math::Plain(p.act, v);
+    }
+    out[rows[h]] = FromFloat<T>(v);
   }
 }
 
@@ -517,8 +640,13 @@ cudaError_t LaunchInt8(const Params& p, cudaStream_t stream) {
 }
 
 template <typename T>
-cudaError_t ByKind(const Params& p, cudaStream_t stream) {
+cudaError_t ByKind(const Params& p, bool pairs, cudaStream_t stream) {
   if (p.w.kind == DType::kInt8) return LaunchInt8<T>(p, stream);
+  if (pairs) {
+    const int64_t warps = p.numel * (p.gated ? p.out_cols : (p.N + 1) / 2);
+    const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
+    return detail::LaunchPdl(Fp8PairKernel<T>, grid, dim3(kThreads), 0, stream, p);
+  }
   const int64_t per_cta = kWarps / p.split;
   const dim3 grid(static_cast<unsigned>((p.tiles + per_cta - 1) / per_cta));
   return p.w.kind == DType::kFp8E4m3
@@ -526,7 +654,14 @@ cudaError_t ByKind(const Params& p, cudaStream_t stream) {
              : detail::LaunchPdl(TileKernel<T, kWInt4>, grid, dim3(kThreads), 0, stream, p);
 }
 
+detail::KernelSwitch g_fp8_pairs([] {
+  return detail::EnvOnOff("KPLAN_MOE_FP8_MATVEC_PAIRS", false);
+});
+
 }  // namespace
+
+void SetMoeQuantMatvecFp8PairsMode(MoeKernelMode mode) { g_fp8_pairs.Set(mode); }
+bool MoeQuantMatvecFp8Pairs() { return g_fp8_pairs.On(); }
 
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
   // The decode kernels' weights and sizes, with 32-bit vector, chunk and
@@ -577,7 +712,10 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   p.out_cols = gated ? d.N / 2 : d.N;
   p.c = d.c;
   int64_t warps;
-  if (d.w.kind != DType::kInt8) {
+  const bool pairs = d.w.kind == DType::kFp8E4m3 && MoeQuantMatvecFp8Pairs();
+  if (pairs) {
+    warps = d.numel * (gated ? p.out_cols : (d.N + 1) / 2);
+  } else if (d.w.kind != DType::kInt8) {
     p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
     p.tiles = d.numel * p.tiles_per_slot;
     const bool int4 = d.w.kind == DType::kInt4Packed;
@@ -590,8 +728,9 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   if ((warps + kWarps - 1) / kWarps > INT32_MAX) {
     return absl::InvalidArgumentError("moe_quant_matvec: grid too large");
   }
-  KPLAN_CUDA_RETURN_IF_ERROR(d.act_type == DType::kBFloat16 ? ByKind<__nv_bfloat16>(p, stream)
-                                                            : ByKind<__half>(p, stream));
+  KPLAN_CUDA_RETURN_IF_ERROR(d.act_type == DType::kBFloat16
+                                 ? ByKind<__nv_bfloat16>(p, pairs, stream)
+                                 : ByKind<__half>(p, pairs, stream));
   return absl::OkStatus();
 }
 
