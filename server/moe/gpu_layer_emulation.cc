@@ -354,7 +354,9 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   void* c2 = At<void>(workspace, l.c2);
   // A GEMM of this route on the decode kernels (tiles over the align output)
   // or the matvec ones (on the slots as routed).
-  auto decode_gemm = [&](const kc::MoeQuantGemmArgs& g, bool apply_act, void* c) {
+  // combine (matvec, GEMM 2): c is the layer's output (MoeQuantMatvecArgs).
+  auto decode_gemm = [&](const kc::MoeQuantGemmArgs& g, bool apply_act, void* c,
+                         bool combine = false) {
     kc::MoeQuantDecodeArgs d;
     d.act_type = et;
     d.a = g.a;
@@ -376,7 +378,9 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
     d.act_params = ap;
     d.c = c;
     d.num_sms = DeviceSmCount(experts.device());
-    return matvec ? kc::LaunchMoeQuantMatvec({d, a.topk_ids, a.expert_map, E}, stream)
+    const float* w = a.apply_router_weight_on_input ? nullptr : a.topk_weights;
+    return matvec ? kc::LaunchMoeQuantMatvec(
+                        {d, a.topk_ids, a.expert_map, E, combine, k, combine ? w : nullptr}, stream)
                   : kc::LaunchMoeQuantDecode(d, stream);
   };
   // fp8 block scales with 1 x 128 groups on the warp-specialised kernel:
@@ -433,6 +437,10 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g2.c = y;
   g2.N = H;
   g2.K = I;
+  // GEMM 2 with the combine on the matvec's fp8 pairs: straight into the output.
+  if (matvec && a.combine && kc::MoeQuantMatvecCombines(g2.w, k)) {
+    return decode_gemm(g2, /*apply_act=*/false, a.output, /*combine=*/true);
+  }
   KPLAN_RETURN_IF_ERROR(matvec || decode ? decode_gemm(g2, /*apply_act=*/false, y)
                         : tc ? LaunchFp8TensorCoreGemm(Fp8TensorCoreGemm(g2, et), stream)
                              : kc::LaunchMoeQuantGemm(g2, stream));

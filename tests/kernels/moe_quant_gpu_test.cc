@@ -773,7 +773,7 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
 // router weight on the input. fp8 H = 336 ends in a partial 128-wide
 // k-block; int4 group 32 and int8 group 16 give one scale per 16-byte vector;
 // Mixtral-8x7B per-tensor fp8 one token for a long K.
-// The fp8 cases of MatvecRoute (seeds seed .. seed + 3): fp8 H = 336 ends
+// The fp8 cases of MatvecRoute (seeds seed .. seed + 5): fp8 H = 336 ends
 // in a partial 128-wide k-block, and GEMM 1's and GEMM 2's rows (336 and 80
 // bytes) end inside the pair form's 512-byte span with a lane group partly
 // past K (its diagonal lane past K at 336, its first lanes at 80); block,
@@ -795,6 +795,14 @@ void MatvecFp8Cases(uint64_t seed) {
   Combo pt = Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor");
   pt.activation = "silu_no_mul";
   RunCombo(f8, pt, {1, 17}, seed + 3, mv);
+  // Top-1 with the router weight on the input (the combine a plain sum), and
+  // top-8 (one CTA's warps all on one column range).
+  RunOptions on_input = mv;
+  on_input.weights_on_input = true;
+  on_input.k_override = 1;
+  RunCombo(f8, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 19}, seed + 4, on_input);
+  const Shape k8{"top8-fp8", 16, 8, 256, 128};
+  RunCombo(k8, Fp8("fp8_block", kernels::DType::kFloat16), {1}, seed + 5, one);
 }
 
 TEST(MoeQuantGpu, MatvecRoute) {
@@ -803,8 +811,7 @@ TEST(MoeQuantGpu, MatvecRoute) {
   RunOptions mv, one;
   mv.route = MoeQuantRouteMode::kMatvec;
   one.expect_matvec = true;  // auto at one token
-  const Shape f8{"tail-fp8", 6, 2, 336, 80};
-  MatvecFp8Cases(91);
+  MatvecFp8Cases(103);
   const Shape i4s{"tail-int4", 6, 2, 352, 96};
   Combo i4z = IntW("int4_group", kernels::DType::kFloat16, true, 32);
   i4z.bias = true;
@@ -821,7 +828,6 @@ TEST(MoeQuantGpu, MatvecRoute) {
   on_input.weights_on_input = true;
   on_input.k_override = 1;
   RunCombo(i4s, IntW("int4_group", kernels::DType::kBFloat16, true, 32), {1, 19}, 100, on_input);
-  RunCombo(f8, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 19}, 101, on_input);
   // A long K on one warp's chunks (GEMM 2's 14336, split over 8 warps):
   // per-tensor sums go through the fp32 promotion of every chunk.
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1}, 102, one);

@@ -175,6 +175,13 @@ struct MoeQuantMatvecArgs {
   const int32_t* topk_ids = nullptr;    // [gemm.numel]
   const int32_t* expert_map = nullptr;  // [num_experts] or null
   int num_experts = 0;
+  // GEMM 2 with the combine (where MoeQuantMatvecCombines): gemm.c is the
+  // layer's output [gemm.numel / top_k, N] = Σ_j w_j · y_j in slot order,
+  // y_j rounded as GEMM 2 stores it (topk_weights null: a plain sum), as
+  // LaunchMoeCombine computes it from the GEMM's output.
+  bool combine = false;
+  int top_k = 0;
+  const float* topk_weights = nullptr;  // [gemm.numel]
 };
 // What the matvec kernels run: what MoeQuantDecodeSupports takes, with K up
 // to 2^30 and N x K / 16 up to 2^31 - 1.
@@ -189,6 +196,11 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
 // end), so the two forms' outputs may differ in the last bit of T.
 void SetMoeQuantMatvecFp8PairsMode(MoeKernelMode mode);
 bool MoeQuantMatvecFp8Pairs();
+// Whether LaunchMoeQuantMatvec takes the combine into a GEMM 2 (no
+// activation) of weights w and top_k slots a token: fp8 weights on the pair
+// form, top_k 1-8, and the combine not switched off
+// (KPLAN_MOE_FP8_MATVEC_COMBINE=0, a measurement knob).
+bool MoeQuantMatvecCombines(const MoeQuantWeights& w, int top_k);
 
 // The int prefill route: hit[l] = 1 for every local expert some slot routes
 // to (zeroed first), then the hit experts' int8 / int4 weights dequantised

@@ -39,6 +39,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -198,70 +199,88 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
 // (block scales per 64 k, which lie in one k-block); the warp then sums the
 // 8 diagonal lanes in a fixed order.
 constexpr int kPairBatch = 2;
-__device__ __forceinline__ void Fp8PairDots(const Params& p, int e, int64_t r0, int64_t r1,
-                                            int64_t arow, int lane, float& o0, float& o1) {
+template <int kPairs>
+__device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_t (&r0)[kPairs],
+                                            const int64_t (&r1)[kPairs], int64_t arow, int lane,
+                                            float (&o0)[kPairs], float (&o1)[kPairs]) {
   const int g = lane >> 2;
   const bool diag = (lane & 3) == (g >> 1);
   const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * p.K;
-  const int4* w0 = reinterpret_cast<const int4*>(wb + r0 * p.K);
-  const int4* w1 = reinterpret_cast<const int4*>(wb + r1 * p.K);
+  const int4* w0[kPairs];
+  const int4* w1[kPairs];
+  const float* ws0[kPairs];
+  const float* ws1[kPairs];
+  const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
+#pragma unroll
+  for (int q = 0; q < kPairs; ++q) {
+    w0[q] = reinterpret_cast<const int4*>(wb + r0[q] * p.K);
+    w1[q] = reinterpret_cast<const int4*>(wb + r1[q] * p.K);
+    const int64_t eb = static_cast<int64_t>(e) * p.nbn;
+    ws0[q] = block ? p.w.scale + (eb + r0[q] / p.w.block_n) * p.a_kb : nullptr;
+    ws1[q] = block ? p.w.scale + (eb + r1[q] / p.w.block_n) * p.a_kb : nullptr;
+  }
   const int4* x = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(p.a) + arow * p.K);
   // 32-bit indices: a row's vectors fit (MoeQuantMatvecSupports).
   const int vecs = static_cast<int>(p.K / 16);
-  const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
-  const float* ws0 = nullptr;
-  const float* ws1 = nullptr;
-  if (block) {
-    ws0 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + r0 / p.w.block_n) * p.a_kb;
-    ws1 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + r1 / p.w.block_n) * p.a_kb;
-  }
-  float a0 = 0.0f, a1 = 0.0f;
+  float a0[kPairs], a1[kPairs];
+#pragma unroll
+  for (int q = 0; q < kPairs; ++q) a0[q] = a1[q] = 0.0f;
   for (int base = 0; base < vecs; base += 32 * kPairBatch) {
-    int4 v0[kPairBatch], v1[kPairBatch], xv[kPairBatch];
-    float s0[kPairBatch], s1[kPairBatch];
+    int4 v0[kPairBatch][kPairs], v1[kPairBatch][kPairs], xv[kPairBatch];
+    float s0[kPairBatch][kPairs], s1[kPairBatch][kPairs];  // block scales xs·ws
 #pragma unroll
     for (int u = 0; u < kPairBatch; ++u) {
       const int i = base + 32 * u + lane;
       // Past K: zeros, and every lane runs the mmas.
       const bool in = i < vecs;
-      v0[u] = in ? __ldg(w0 + i) : make_int4(0, 0, 0, 0);
-      v1[u] = in ? __ldg(w1 + i) : make_int4(0, 0, 0, 0);
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        v0[u][q] = in ? __ldg(w0[q] + i) : make_int4(0, 0, 0, 0);
+        v1[u][q] = in ? __ldg(w1[q] + i) : make_int4(0, 0, 0, 0);
+      }
       xv[u] = in ? __ldg(x + i) : make_int4(0, 0, 0, 0);
       // The lane group's k-block (its diagonal lane may lie past K where
       // its first lanes do not).
       const int ig = base + 32 * u + (lane & ~3);
-      s0[u] = s1[u] = 0.0f;
-      if (block && ig < vecs) {
-        const int kb = ig * 16 / p.w.block_k;
-        const float xs = __ldg(p.a_scale + arow * p.a_kb + kb);
-        s0[u] = __fmul_rn(xs, __ldg(ws0 + kb));
-        s1[u] = __fmul_rn(xs, __ldg(ws1 + kb));
+      const bool gin = block && ig < vecs;
+      const int kb = ig * 16 / p.w.block_k;
+      const float xs = gin ? __ldg(p.a_scale + arow * p.a_kb + kb) : 0.0f;
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        s0[u][q] = gin ? __fmul_rn(xs, __ldg(ws0[q] + kb)) : 0.0f;
+        s1[u][q] = gin ? __fmul_rn(xs, __ldg(ws1[q] + kb)) : 0.0f;
       }
     }
 #pragma unroll
     for (int u = 0; u < kPairBatch; ++u) {
-      float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      MmaFp8(t, v0[u].x, v1[u].x, v0[u].y, v1[u].y, xv[u].x, xv[u].y);
-      MmaFp8(t, v0[u].z, v1[u].z, v0[u].w, v1[u].w, xv[u].z, xv[u].w);
-      const float d0 = (g & 1) ? t[1] : t[0], d1 = (g & 1) ? t[3] : t[2];
-      if (block) {
-        a0 = __fadd_rn(a0, __fmul_rn(d0, s0[u]));
-        a1 = __fadd_rn(a1, __fmul_rn(d1, s1[u]));
-      } else {
-        a0 = __fadd_rn(a0, d0);
-        a1 = __fadd_rn(a1, d1);
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const int4 &va = v0[u][q], &vb = v1[u][q];
+        MmaFp8(t, va.x, vb.x, va.y, vb.y, xv[u].x, xv[u].y);
+        MmaFp8(t, va.z, vb.z, va.w, vb.w, xv[u].z, xv[u].w);
+        const float d0 = (g & 1) ? t[1] : t[0], d1 = (g & 1) ? t[3] : t[2];
+        if (block) {
+          a0[q] = __fadd_rn(a0[q], __fmul_rn(d0, s0[u][q]));
+          a1[q] = __fadd_rn(a1[q], __fmul_rn(d1, s1[u][q]));
+        } else {
+          a0[q] = __fadd_rn(a0[q], d0);
+          a1[q] = __fadd_rn(a1[q], d1);
+        }
       }
     }
   }
-  a0 = diag ? a0 : 0.0f;
-  a1 = diag ? a1 : 0.0f;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    a0 += __shfl_xor_sync(0xffffffffu, a0, o);
-    a1 += __shfl_xor_sync(0xffffffffu, a1, o);
+  for (int q = 0; q < kPairs; ++q) {
+    float b0 = diag ? a0[q] : 0.0f, b1 = diag ? a1[q] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      b0 += __shfl_xor_sync(0xffffffffu, b0, o);
+      b1 += __shfl_xor_sync(0xffffffffu, b1, o);
+    }
+    o0[q] = b0;
+    o1[q] = b1;
   }
-  o0 = a0;
-  o1 = a1;
 }
 
 // One warp per (slot, item): gated, the gate and up rows of one intermediate
@@ -282,7 +301,12 @@ __global__ void __launch_bounds__(kThreads, 4) Fp8PairKernel(const __grid_consta
   const int64_t r1 =
       p.gated ? moe_math::GatedRow(p.act, q, p.out_cols, 1) : (2 * q + 1 < p.N ? 2 * q + 1 : 0);
   float d0 = 0.0f, d1 = 0.0f;
-  if (e >= 0) Fp8PairDots(p, e, r0, r1, arow, lane, d0, d1);
+  if (e >= 0) {
+    float o0[1], o1[1];
+    Fp8PairDots<1>(p, e, {r0}, {r1}, arow, lane, o0, o1);
+    d0 = o0[0];
+    d1 = o1[0];
+  }
   if (lane != 0) return;
   if (p.gated) {
     // act(0, 0) == 0 for every activation: slots of remote experts.
@@ -302,6 +326,59 @@ __global__ void __launch_bounds__(kThreads, 4) Fp8PairKernel(const __grid_consta
       if (p.plain) v = moe_math::Plain(p.act, v);
     }
     out[rows[h]] = FromFloat<T>(v);
+  }
+}
+
+// GEMM 2 with the combine (where MoeQuantMatvecCombines): a CTA computes
+// kCombineRows * G consecutive output columns of one token with k * G warps
+// (G = max(1, 8 / k)); warp (g, j) computes slot j's kCombineRows rows as
+// pairs (their loads in flight together), each rounded as GEMM 2 stores it;
+// the first kCombineRows * G threads then sum each column's k values in slot
+// order as LaunchMoeCombine does (moe_decode.cu's down-combine kernel, on
+// fp8 pairs).
+constexpr int kCombineRows = 4;
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2)
+    Fp8PairCombineKernel(const __grid_constant__ Params p, const float* weights, int k, int group) {
+  detail::PdlWaitThenRelease();
+  constexpr int kPairs = kCombineRows / 2;
+  __shared__ float y[kCombineRows * kWarps];  // [column][slot], k * group <= 8
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int g = warp / k, j = warp % k, cols = kCombineRows * group;
+  const int64_t tiles = (p.N + cols - 1) / cols;
+  const int64_t m = blockIdx.x / tiles, c0 = (blockIdx.x % tiles) * cols;
+  const int64_t n0 = c0 + g * kCombineRows;
+  if (g < group) {
+    const int64_t s = m * k + j;
+    const int e = LocalExpert(p.ids, p.map, p.num_experts, p.num_local, s);
+    float d0[kPairs] = {}, d1[kPairs] = {};
+    int64_t r0[kPairs], r1[kPairs];
+#pragma unroll
+    for (int q = 0; q < kPairs; ++q) {
+      // Rows past N read row 0 and are dropped.
+      r0[q] = n0 + 2 * q < p.N ? n0 + 2 * q : 0;
+      r1[q] = n0 + 2 * q + 1 < p.N ? n0 + 2 * q + 1 : 0;
+    }
+    if (e >= 0) Fp8PairDots<kPairs>(p, e, r0, r1, s, lane, d0, d1);
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kCombineRows; ++r) {
+        const int64_t n = n0 + r;
+        if (n >= p.N) continue;
+        const float d = r % 2 == 0 ? d0[r / 2] : d1[r / 2];
+        y[(g * kCombineRows + r) * k + j] = e < 0 ? 0.0f : Output<T, kWFp8>(p, e, s, n, d);
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t n = c0 + threadIdx.x;
+  if (threadIdx.x < cols && n < p.N) {
+    float acc = 0.0f;
+    for (int jj = 0; jj < k; ++jj) {
+      const float v = y[threadIdx.x * k + jj];
+      acc = __fadd_rn(acc, weights != nullptr ? __fmul_rn(v, weights[m * k + jj]) : v);
+    }
+    static_cast<T*>(p.c)[m * p.N + n] = FromFloat<T>(acc);
   }
 }
 
@@ -639,9 +716,17 @@ cudaError_t LaunchInt8(const Params& p, cudaStream_t stream) {
                  : detail::LaunchPdl(Int8RowsKernel<T>, grid, dim3(kThreads), 0, stream, p);
 }
 
+// combine_group > 0: GEMM 2 with the combine (Fp8PairCombineKernel).
 template <typename T>
-cudaError_t ByKind(const Params& p, bool pairs, cudaStream_t stream) {
+cudaError_t ByKind(const Params& p, bool pairs, const MoeQuantMatvecArgs& args, int combine_group,
+                   cudaStream_t stream) {
   if (p.w.kind == DType::kInt8) return LaunchInt8<T>(p, stream);
+  if (combine_group > 0) {
+    const int64_t tiles = (p.N + kCombineRows * combine_group - 1) / (kCombineRows * combine_group);
+    const dim3 grid(static_cast<unsigned>(p.numel / args.top_k * tiles));
+    return detail::LaunchPdl(Fp8PairCombineKernel<T>, grid, dim3(kThreads), 0, stream, p,
+                             args.topk_weights, args.top_k, combine_group);
+  }
   if (pairs) {
     const int64_t warps = p.numel * (p.gated ? p.out_cols : (p.N + 1) / 2);
     const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
@@ -662,6 +747,12 @@ detail::KernelSwitch g_fp8_pairs([] {
 
 void SetMoeQuantMatvecFp8PairsMode(MoeKernelMode mode) { g_fp8_pairs.Set(mode); }
 bool MoeQuantMatvecFp8Pairs() { return g_fp8_pairs.On(); }
+
+bool MoeQuantMatvecCombines(const MoeQuantWeights& w, int top_k) {
+  static const bool knob = detail::EnvOnOff("KPLAN_MOE_FP8_MATVEC_COMBINE", true);
+  return knob && w.kind == DType::kFp8E4m3 && top_k >= 1 && top_k <= kWarps &&
+         MoeQuantMatvecFp8Pairs();
+}
 
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
   // The decode kernels' weights and sizes, with 32-bit vector, chunk and
@@ -684,6 +775,12 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   if (d.a == nullptr || d.c == nullptr || args.topk_ids == nullptr ||
       (d.w.kind == DType::kFp8E4m3 && d.a_scale == nullptr)) {
     return absl::InvalidArgumentError("moe_quant_matvec: null pointer");
+  }
+  if (args.combine &&
+      (!MoeQuantMatvecCombines(d.w, args.top_k) || d.apply_act || d.numel % args.top_k != 0)) {
+    return absl::InvalidArgumentError(
+        "moe_quant_matvec: a combine it does not take (MoeQuantMatvecCombines), with an "
+        "activation, or over slots not a multiple of top_k");
   }
   const bool gated = d.apply_act && d.act < MoeActivation::kSiluNoMul;
   if (gated && d.N % 2 != 0) return absl::InvalidArgumentError("moe_quant_matvec: odd gated N");
@@ -725,12 +822,18 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
     p.warps_per_slot = (d.N + kRows - 1) / kRows;
     warps = d.numel * (gated ? p.out_cols : p.warps_per_slot);
   }
+  // The combine's CTAs: k * group <= 8 warps, 4 * group columns of a token.
+  const int combine_group = args.combine ? std::max(1, kWarps / args.top_k) : 0;
+  if (args.combine) {
+    const int cols = kCombineRows * combine_group;
+    warps = d.numel / args.top_k * ((d.N + cols - 1) / cols) * kWarps;
+  }
   if ((warps + kWarps - 1) / kWarps > INT32_MAX) {
     return absl::InvalidArgumentError("moe_quant_matvec: grid too large");
   }
   KPLAN_CUDA_RETURN_IF_ERROR(d.act_type == DType::kBFloat16
-                                 ? ByKind<__nv_bfloat16>(p, pairs, stream)
-                                 : ByKind<__half>(p, pairs, stream));
+                                 ? ByKind<__nv_bfloat16>(p, pairs, args, combine_group, stream)
+                                 : ByKind<__half>(p, pairs, args, combine_group, stream));
   return absl::OkStatus();
 }
 
