@@ -775,10 +775,11 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
 // Mixtral-8x7B per-tensor fp8 one token for a long K.
 // The fp8 cases of MatvecRoute (seeds seed .. seed + 5): fp8 H = 336 ends
 // in a partial 128-wide k-block, and GEMM 1's and GEMM 2's rows (336 and 80
-// bytes) end inside the pair form's 512-byte span with a lane group partly
-// past K (its diagonal lane past K at 336, its first lanes at 80); block,
+// bytes) end inside a warp's 512-byte span with a lane group partly past K
+// (its diagonal lane past K at 336, its first lanes at 80); block,
 // per-channel and per-tensor scales; stacked, interleaved and ungated
-// gate/up rows.
+// gate/up rows; GEMM 2 with the combine at top-2, top-1 with the router
+// weight on the input (a plain sum) and top-8.
 void MatvecFp8Cases(uint64_t seed) {
   using kernels::cuda::MoeQuantRouteMode;
   RunOptions mv, one;
@@ -795,8 +796,6 @@ void MatvecFp8Cases(uint64_t seed) {
   Combo pt = Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor");
   pt.activation = "silu_no_mul";
   RunCombo(f8, pt, {1, 17}, seed + 3, mv);
-  // Top-1 with the router weight on the input (the combine a plain sum), and
-  // top-8 (one CTA's warps all on one column range).
   RunOptions on_input = mv;
   on_input.weights_on_input = true;
   on_input.k_override = 1;
@@ -831,23 +830,6 @@ TEST(MoeQuantGpu, MatvecRoute) {
   // A long K on one warp's chunks (GEMM 2's 14336, split over 8 warps):
   // per-tensor sums go through the fp32 promotion of every chunk.
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1}, 102, one);
-}
-
-// The fp8 matvec's pair form (SetMoeQuantMatvecFp8PairsMode) on
-// MatvecRoute's fp8 cases and Mixtral-8x7B one token (long rows: GEMM 2's
-// 14336 bytes), against the CPU reference.
-TEST(MoeQuantGpu, MatvecFp8PairForm) {
-  SKIP_WITHOUT_CUDA();
-  using kernels::cuda::MoeKernelMode;
-  kernels::cuda::SetMoeQuantMatvecFp8PairsMode(MoeKernelMode::kOn);
-  struct Restore {
-    ~Restore() { kernels::cuda::SetMoeQuantMatvecFp8PairsMode(MoeKernelMode::kFromEnv); }
-  } restore;
-  ASSERT_TRUE(kernels::cuda::MoeQuantMatvecFp8Pairs());
-  MatvecFp8Cases(191);
-  RunOptions one;
-  one.expect_matvec = true;
-  RunCombo(kMixtral, Fp8("fp8_block", kernels::DType::kBFloat16), {1}, 196, one);
 }
 
 // What the matvec and decode kernels accept (host code: runs without a

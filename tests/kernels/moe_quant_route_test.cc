@@ -68,19 +68,17 @@ MoeQuantKernels Without(MoeQuantKernels k, bool matvec, bool decode) {
   return k;
 }
 
-TEST(MoeQuantRoute, MatvecSplitBySizeAndKind) {
+TEST(MoeQuantRoute, MatvecSplitBySize) {
   // Qwen3-30B-A3B one token, int4: GEMM 1 768 tiles of 1024-byte rows, GEMM 2
   // 1024 tiles of 384-byte rows: split in two up to 1056 warps.
-  EXPECT_EQ(MoeQuantMatvecSplit(768, 1024, true), 2);
-  EXPECT_EQ(MoeQuantMatvecSplit(1024, 384, true), 2);
+  EXPECT_EQ(MoeQuantMatvecSplit(768, 1024), 2);
+  EXPECT_EQ(MoeQuantMatvecSplit(1024, 384), 2);
   // Mixtral-8x7B one token, int4 GEMM 1: 3584 tiles fill the grid unsplit.
-  EXPECT_EQ(MoeQuantMatvecSplit(3584, 2048, true), 1);
-  // fp8 aims at 4224 warps: DeepSeek-V3 one token, GEMM 1 (2048 tiles, K 7168).
-  EXPECT_EQ(MoeQuantMatvecSplit(2048, 7168, false), 4);
+  EXPECT_EQ(MoeQuantMatvecSplit(3584, 2048), 1);
   // Few tiles: up to kMoeQuantMatvecWarps, two chunks a warp at least.
-  EXPECT_EQ(MoeQuantMatvecSplit(1, 1 << 20, false), kMoeQuantMatvecWarps);
-  EXPECT_EQ(MoeQuantMatvecSplit(1, 64 * 8, true), 4);  // 8 chunks
-  EXPECT_EQ(MoeQuantMatvecSplit(1, 64 * 3, true), 1);  // 3 chunks
+  EXPECT_EQ(MoeQuantMatvecSplit(1, 1 << 20), kMoeQuantMatvecWarps);
+  EXPECT_EQ(MoeQuantMatvecSplit(1, 64 * 8), 4);  // 8 chunks
+  EXPECT_EQ(MoeQuantMatvecSplit(1, 64 * 3), 1);  // 3 chunks
 }
 
 TEST(MoeQuantRoute, SlotsOnDistinctExperts) {

@@ -161,10 +161,11 @@ absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& args, cudaStream_t s
 // The same GEMMs in matrix-vector form (moe_quant_matvec.cu) for slots on
 // distinct experts (MoeSlotsOnDistinctExperts, moe_quant_route.h), where a
 // decode tile would hold one slot: each slot's weight rows streamed once with
-// 16-byte loads (fp8 and int4: tiles of 16 rows on mma.sync, e4m3 or the
-// int4 weights dequantised to T in registers, K split over the warps of a
-// CTA while the grid is small; int8: one warp per row pair or 4 rows,
-// dequantised in registers), fp32 accumulation. Arithmetic, output and
+// 16-byte loads (fp8: one warp per row pair on mma.sync e4m3, 512 bytes of
+// a row a load; int4: tiles of 16 rows on mma.sync, the weights dequantised
+// to T in registers, K split over the warps of a CTA while the grid is
+// small; int8: one warp per row pair or 4 rows, dequantised in registers),
+// fp32 accumulation. Arithmetic, output and
 // rounding as LaunchMoeQuantDecode's; the slots come from topk_ids (through
 // expert_map, as the align kernel maps them; -1 or out of range: zero rows)
 // instead of the align output, so no align kernel runs before it.
@@ -187,19 +188,8 @@ struct MoeQuantMatvecArgs {
 // to 2^30 and N x K / 16 up to 2^31 - 1.
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K);
 absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t stream);
-// The fp8 matvec's pair form (moe_quant_matvec.cu): one warp per pair of
-// weight rows, each load 512 contiguous bytes of a row, as the bf16 decode
-// kernels read theirs, instead of tiles of 16 rows read 64 bytes of 8 rows a
-// load. kOn / kOff as set, or with kFromEnv KPLAN_MOE_FP8_MATVEC_PAIRS=0 / 1
-// (unset: off, until measured). Its sums are grouped otherwise than the
-// tiles' (fp32 partials of 64 k per lane group, summed over the warp at the
-// end), so the two forms' outputs may differ in the last bit of T.
-void SetMoeQuantMatvecFp8PairsMode(MoeKernelMode mode);
-bool MoeQuantMatvecFp8Pairs();
 // Whether LaunchMoeQuantMatvec takes the combine into a GEMM 2 (no
-// activation) of weights w and top_k slots a token: fp8 weights on the pair
-// form, top_k 1-8, and the combine not switched off
-// (KPLAN_MOE_FP8_MATVEC_COMBINE=0, a measurement knob).
+// activation) of weights w and top_k slots a token: fp8, top_k 1-8.
 bool MoeQuantMatvecCombines(const MoeQuantWeights& w, int top_k);
 
 // The int prefill route: hit[l] = 1 for every local expert some slot routes

@@ -1,30 +1,39 @@
 // Decode-sized quantised expert GEMMs in matrix-vector form
 // (moe_quant_gemm.h, LaunchMoeQuantMatvec): for slots on distinct experts,
 // where a tile of moe_quant_decode.cu would hold one slot. Each slot's
-// weight rows are read once, with 16-byte loads; two kernel forms, each the
-// faster of those measured for its weights (docs/PERF.md, sessions 11-12;
-// int4 with group scales exact in T, as checkpoints store them: with
-// arbitrary fp32 scales session 11's int4 rows were faster):
-//   fp8 and int4: tiles of 16 rows per warp (gated GEMM 1: the gate and the
-//         up rows of 8 intermediate columns) on mma.sync, the weights the
-//         16-row operand and the activation row in every one of the 8
-//         columns (column 0 is kept). Per 64-byte chunk of a row, lane (g, c)
-//         loads vector c of rows g and g + 8 (fp8: two chunks in flight;
-//         int4: a ring of kMvStages chunks filled by cp.async); the k
-//         order inside an mma, which a dot product does not see, follows the
-//         loads, and the activation operand is loaded in the same order. K is
-//         split over up to 8 warps of a CTA while the grid is small
-//         (MoeQuantMatvecSplit), the partials summed in warp order.
-//         fp8: m16n8k32 e4m3 on the stored bytes and the quantised
-//         activation row (LaunchMoeFp8Quantize): no conversion, each 64-wide
-//         chunk summed on the tensor cores and promoted to an fp32
-//         accumulator. Block scales per chunk (block_k % 64 == 0: a chunk
-//         lies in one k-block) as acc += Σ·(xs·ws), per-tensor / per-channel
-//         scales once at the end: Σ·(xs·ws). (Dequantising fp8 in registers
-//         for fp32 FMAs is bound by the conversion pipe.)
-//         int4: m16n8k16 in T on w = round_T((q - zp)·s), dequantised in
-//         registers (IntGroupDequant: two weights per instruction where that
-//         is exact), fp32 accumulation across K.
+// weight rows are read once, with 16-byte loads; three kernel forms, each
+// the faster of those measured for its weights (docs/PERF.md, sessions
+// 11-12 and 41; int4 with group scales exact in T, as checkpoints store
+// them: with arbitrary fp32 scales session 11's int4 rows were faster):
+//   fp8: one warp per pair of weight rows (gated GEMM 1: the gate and up
+//         rows of one intermediate column), read as the bf16 decode kernels
+//         read theirs: lane l loads bytes 16l .. 16l + 15 of each 512-byte
+//         span of both rows, two spans in flight, and the same bytes of the
+//         quantised activation row (LaunchMoeFp8Quantize). m16n8k32 e4m3 on
+//         the stored bytes, no conversion: lane group g's bytes of the two
+//         rows are rows g and g + 8 of A and the activation's column g of B,
+//         so the diagonal D[g][g] / D[g + 8][g] holds the group's 64-byte
+//         dot products, promoted to fp32 per lane (block scales per 64 k,
+//         which lie in one k-block: acc += Σ·(xs·ws); per-tensor /
+//         per-channel scales once at the end: Σ·(xs·ws)); the warp then sums
+//         its 8 diagonal lanes. GEMM 2 of a layer takes the combine
+//         (MoeQuantMatvecCombines): a CTA computes 4 rows of each of a
+//         token's k slots per warp group, then sums the slots in order.
+//         (Against session 11's tiles of 16 rows, 64 bytes of 8 rows a
+//         load, the one-token layers took 3-10% less; dequantising fp8 in
+//         registers for fp32 FMAs is bound by the conversion pipe.)
+//   int4: tiles of 16 rows per warp (gated GEMM 1: the gate and the up rows
+//         of 8 intermediate columns) on mma.sync m16n8k16 in T, the weights
+//         the 16-row operand, dequantised in registers (w = round_T((q -
+//         zp)·s), IntGroupDequant: two weights per instruction where that is
+//         exact), and the activation row in every one of the 8 columns
+//         (column 0 is kept). Per 64-byte chunk of a row, lane (g, c) takes
+//         vector c of rows g and g + 8 through a ring of kMvStages chunks
+//         filled by cp.async; the k order inside an mma, which a dot product
+//         does not see, follows the loads, and the activation operand is
+//         loaded in the same order. K is split over up to 8 warps of a CTA
+//         while the grid is small (MoeQuantMatvecSplit), the partials summed
+//         in warp order; fp32 accumulation across K.
 //   int8: one warp per slot and weight row pair (gated: the gate and up row
 //         of one intermediate column) or kRows rows, as the bf16 decode
 //         kernels (moe_decode.cu): lane i takes the 16-byte vectors i,
@@ -46,7 +55,6 @@
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_decode.cuh"
-#include "kernels/cuda/moe/moe_kernel_switch.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/moe/moe_quant_route.h"
@@ -123,69 +131,8 @@ __device__ __forceinline__ void MmaFp8(float (&d)[4], uint32_t a0, uint32_t a1, 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// The tile of a warp: rows[0] (its lanes' row g) and rows[1] (row g + 8) of
-// local expert e against activation row arow, over the chunks ks, ks +
-// split, ... of K. On return acc[0] / acc[2] of the lanes with c == 0 hold
-// rows g / g + 8 (column 0 of D), before the per-tensor / per-channel scale.
-__device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_t (&rows)[2],
-                                            int64_t arow, int ks, int lane, float (&acc)[4]) {
-  const int c = lane & 3;
-  const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * p.K;
-  const int4* w0 = reinterpret_cast<const int4*>(wb + rows[0] * p.K);
-  const int4* w1 = reinterpret_cast<const int4*>(wb + rows[1] * p.K);
-  const int4* x = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(p.a) + arow * p.K);
-  // 32-bit indices: a row's vectors fit (MoeQuantMatvecSupports).
-  const int vecs = static_cast<int>(p.K / 16), chunks = (vecs + 3) / 4;
-  const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
-  const float* ws0 = nullptr;
-  const float* ws1 = nullptr;
-  if (block) {
-    ws0 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + rows[0] / p.w.block_n) * p.a_kb;
-    ws1 = p.w.scale + (static_cast<int64_t>(e) * p.nbn + rows[1] / p.w.block_n) * p.a_kb;
-  }
-  for (int ch0 = ks; ch0 < chunks; ch0 += p.split * kBatch) {
-    int4 v0[kBatch], v1[kBatch], xv[kBatch];
-    float s0[kBatch], s1[kBatch];  // block scales xs·ws, loaded with the chunk
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int ch = ch0 + u * p.split, i = ch * 4 + c;
-      // Past K (or the warp's chunks): zeros, and every lane runs the mma.
-      const bool in = ch < chunks && i < vecs;
-      v0[u] = in ? __ldg(w0 + i) : make_int4(0, 0, 0, 0);
-      v1[u] = in ? __ldg(w1 + i) : make_int4(0, 0, 0, 0);
-      xv[u] = in ? __ldg(x + i) : make_int4(0, 0, 0, 0);
-      s0[u] = s1[u] = 0.0f;
-      if (block && ch < chunks) {
-        const int kb = ch * 64 / p.w.block_k;
-        const float xs = __ldg(p.a_scale + arow * p.a_kb + kb);
-        s0[u] = __fmul_rn(xs, __ldg(ws0 + kb));
-        s1[u] = __fmul_rn(xs, __ldg(ws1 + kb));
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int ch = ch0 + u * p.split;
-      if (ch >= chunks) break;
-      // Lane (g, c)'s bytes 0-3 / 4-7 of a row are its k 4c.. / 16 + 4c..
-      // of the first mma, bytes 8-15 those of the second. The tensor cores
-      // sum e4m3 products with reduced precision: each chunk's sum starts
-      // afresh and is promoted to the fp32 acc (every 64 k).
-      float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      MmaFp8(t, v0[u].x, v1[u].x, v0[u].y, v1[u].y, xv[u].x, xv[u].y);
-      MmaFp8(t, v0[u].z, v1[u].z, v0[u].w, v1[u].w, xv[u].z, xv[u].w);
-      if (block) {
-        acc[0] = __fadd_rn(acc[0], __fmul_rn(t[0], s0[u]));
-        acc[2] = __fadd_rn(acc[2], __fmul_rn(t[2], s1[u]));
-      } else {
-        acc[0] = __fadd_rn(acc[0], t[0]);
-        acc[2] = __fadd_rn(acc[2], t[2]);
-      }
-    }
-  }
-}
-
-// --- fp8 row pairs (where MoeQuantMatvecFp8Pairs()): one warp per pair of
-// weight rows, as the bf16 decode kernels read theirs (moe_decode.cu).
+// --- fp8: row pairs, one warp a pair, as the bf16 decode kernels read
+// their rows (moe_decode.cu).
 
 // The dot products of rows r0 and r1 of local expert e with activation row
 // arow, valid in every lane. Lane l loads bytes 16l .. 16l + 15 of each
@@ -195,9 +142,9 @@ __device__ __forceinline__ void Fp8TileDots(const Params& p, int e, const int64_
 // r1 row g + 8, and of the activation column g of B (the three in the same k
 // order, as a dot product needs), so D[g][g] and D[g + 8][g] (lane 4g + g/2,
 // d[g & 1] and d[2 + (g & 1)]) are lane group g's 64-byte dot products. Each
-// is promoted to the lane's fp32 sum as Fp8TileDots promotes its chunks
-// (block scales per 64 k, which lie in one k-block); the warp then sums the
-// 8 diagonal lanes in a fixed order.
+// is promoted to the lane's fp32 sum (block scales per 64 k, which lie in
+// one k-block); the warp then sums the 8 diagonal lanes in a fixed order.
+// kPairs pairs at once (their loads in flight together).
 constexpr int kPairBatch = 2;
 template <int kPairs>
 __device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_t (&r0)[kPairs],
@@ -384,7 +331,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // --- int4: mma tiles on dequantised pairs.
 
-// Fp8TileDots for int4 weights: per 64-byte chunk of a row (128 k), lane
+// The tile of a warp: rows[0] (its lanes' row g) and rows[1] (row g + 8) of
+// local expert e against activation row arow, over the chunks ks, ks +
+// split, ... of K; on return acc[0] / acc[2] of the lanes with c == 0 hold
+// rows g / g + 8 (column 0 of D). Per 64-byte chunk of a row (128 k), lane
 // (g, c) dequantises vector c of rows g and g + 8 (32 k, one group) to T
 // pairs (IntGroupDequant) and loads the same 32 k of the activation row;
 // word q of the vector (pairs 4q .. 4q + 3) feeds mma k16 steps 2q and 2q + 1
@@ -485,15 +435,12 @@ __device__ __forceinline__ void Int4TileDots(const Params& p, int e, const int64
 // warp order and writes the outputs. Gated, tile t of a slot is the gate
 // rows (row g) and the up rows (g + 8) of intermediate columns 8t .. 8t + 7;
 // else rows 16t .. 16t + 15.
-// fp8: a guard that keeps 4 CTAs per multiprocessor (64 registers; ptxas
-// has given it 66 without, i.e. 3 CTAs). int4 takes the registers it needs
-// (~96, 2 CTAs): a cap of 3 CTAs spills and measured slower (docs/PERF.md,
-// sessions 13 and 27).
-template <typename T, int WK>
-__global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
-    TileKernel(const __grid_constant__ Params p) {
+// The registers it needs (~96, 2 CTAs): a cap of 3 CTAs spills and
+// measured slower (docs/PERF.md, sessions 13 and 27).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) Int4TileKernel(const __grid_constant__ Params p) {
   __shared__ float red[kWarps][kTileRows];
-  __shared__ uint4 ring[WK == kWInt4 ? kMvStages : 1][2][kThreads];  // int4: the lanes' weights
+  __shared__ uint4 ring[kMvStages][2][kThreads];  // the lanes' weights
   detail::PdlWaitThenRelease();
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int ks = warp % p.split;
@@ -516,11 +463,7 @@ __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (e >= 0) {
     const int64_t rows[2] = {row_of(g), row_of(g + 8)};
-    if constexpr (WK == kWFp8) {
-      Fp8TileDots(p, e, rows, arow, ks, lane, acc);
-    } else {
-      Int4TileDots<T>(p, e, rows, arow, ks, lane, acc, ring);
-    }
+    Int4TileDots<T>(p, e, rows, arow, ks, lane, acc, ring);
   }
   if ((lane & 3) == 0) {
     red[warp][g] = acc[0];
@@ -541,8 +484,8 @@ __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
       out[col] = FromFloat<T>(0.0f);  // act(0, 0) == 0 for every activation
       return;
     }
-    const float gv = Output<T, WK>(p, e, arow, row_of(lane), sum(lane));
-    const float uv = Output<T, WK>(p, e, arow, row_of(lane + 8), sum(lane + 8));
+    const float gv = Output<T, kWInt4>(p, e, arow, row_of(lane), sum(lane));
+    const float uv = Output<T, kWInt4>(p, e, arow, row_of(lane + 8), sum(lane + 8));
     out[col] = FromFloat<T>(moe_math::Gated(p.act, p.ap, gv, uv));
     return;
   }
@@ -552,7 +495,7 @@ __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 1)
     out[row] = FromFloat<T>(0.0f);
     return;
   }
-  const float v = Output<T, WK>(p, e, arow, row, sum(lane));
+  const float v = Output<T, kWInt4>(p, e, arow, row, sum(lane));
   out[row] = FromFloat<T>(p.plain ? moe_math::Plain(p.act, v) : v);
 }
 
@@ -718,7 +661,7 @@ cudaError_t LaunchInt8(const Params& p, cudaStream_t stream) {
 
 // combine_group > 0: GEMM 2 with the combine (Fp8PairCombineKernel).
 template <typename T>
-cudaError_t ByKind(const Params& p, bool pairs, const MoeQuantMatvecArgs& args, int combine_group,
+cudaError_t ByKind(const Params& p, const MoeQuantMatvecArgs& args, int combine_group,
                    cudaStream_t stream) {
   if (p.w.kind == DType::kInt8) return LaunchInt8<T>(p, stream);
   if (combine_group > 0) {
@@ -727,31 +670,20 @@ cudaError_t ByKind(const Params& p, bool pairs, const MoeQuantMatvecArgs& args, 
     return detail::LaunchPdl(Fp8PairCombineKernel<T>, grid, dim3(kThreads), 0, stream, p,
                              args.topk_weights, args.top_k, combine_group);
   }
-  if (pairs) {
+  if (p.w.kind == DType::kFp8E4m3) {
     const int64_t warps = p.numel * (p.gated ? p.out_cols : (p.N + 1) / 2);
     const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
     return detail::LaunchPdl(Fp8PairKernel<T>, grid, dim3(kThreads), 0, stream, p);
   }
   const int64_t per_cta = kWarps / p.split;
   const dim3 grid(static_cast<unsigned>((p.tiles + per_cta - 1) / per_cta));
-  return p.w.kind == DType::kFp8E4m3
-             ? detail::LaunchPdl(TileKernel<T, kWFp8>, grid, dim3(kThreads), 0, stream, p)
-             : detail::LaunchPdl(TileKernel<T, kWInt4>, grid, dim3(kThreads), 0, stream, p);
+  return detail::LaunchPdl(Int4TileKernel<T>, grid, dim3(kThreads), 0, stream, p);
 }
-
-detail::KernelSwitch g_fp8_pairs([] {
-  return detail::EnvOnOff("KPLAN_MOE_FP8_MATVEC_PAIRS", false);
-});
 
 }  // namespace
 
-void SetMoeQuantMatvecFp8PairsMode(MoeKernelMode mode) { g_fp8_pairs.Set(mode); }
-bool MoeQuantMatvecFp8Pairs() { return g_fp8_pairs.On(); }
-
 bool MoeQuantMatvecCombines(const MoeQuantWeights& w, int top_k) {
-  static const bool knob = detail::EnvOnOff("KPLAN_MOE_FP8_MATVEC_COMBINE", true);
-  return knob && w.kind == DType::kFp8E4m3 && top_k >= 1 && top_k <= kWarps &&
-         MoeQuantMatvecFp8Pairs();
+  return w.kind == DType::kFp8E4m3 && top_k >= 1 && top_k <= kWarps;
 }
 
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
@@ -809,14 +741,12 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   p.out_cols = gated ? d.N / 2 : d.N;
   p.c = d.c;
   int64_t warps;
-  const bool pairs = d.w.kind == DType::kFp8E4m3 && MoeQuantMatvecFp8Pairs();
-  if (pairs) {
+  if (d.w.kind == DType::kFp8E4m3) {
     warps = d.numel * (gated ? p.out_cols : (d.N + 1) / 2);
-  } else if (d.w.kind != DType::kInt8) {
+  } else if (d.w.kind == DType::kInt4Packed) {
     p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
     p.tiles = d.numel * p.tiles_per_slot;
-    const bool int4 = d.w.kind == DType::kInt4Packed;
-    p.split = MoeQuantMatvecSplit(p.tiles, int4 ? d.K / 2 : d.K, int4);
+    p.split = MoeQuantMatvecSplit(p.tiles, d.K / 2);
     warps = (p.tiles + kWarps / p.split - 1) / (kWarps / p.split) * kWarps;
   } else {
     p.warps_per_slot = (d.N + kRows - 1) / kRows;
@@ -832,8 +762,8 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
     return absl::InvalidArgumentError("moe_quant_matvec: grid too large");
   }
   KPLAN_CUDA_RETURN_IF_ERROR(d.act_type == DType::kBFloat16
-                                 ? ByKind<__nv_bfloat16>(p, pairs, args, combine_group, stream)
-                                 : ByKind<__half>(p, pairs, args, combine_group, stream));
+                                 ? ByKind<__nv_bfloat16>(p, args, combine_group, stream)
+                                 : ByKind<__half>(p, args, combine_group, stream));
   return absl::OkStatus();
 }
 

@@ -91,17 +91,16 @@ inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
   return 0;
 }
 
-// The matvec tiles' K split (moe_quant_matvec.cu): a tile's 64-byte chunks
-// over 1, 2, 4 or up to kMoeQuantMatvecWarps warps of a CTA, doubled until
-// the grid has min_warps warps (the weight stream needs that many loads in
-// flight) while each warp keeps two chunks at least. A constant rather than
-// the device's SM count, so that the split, and with it the summation order,
-// depends on the shape only: fp8 32 warps per H200 SM; int4, whose weights
-// come through a ring of chunks a warp, 8 (with 32 or 16 the one-token
-// layers took up to 1.15x longer, docs/PERF.md session 27).
+// The int4 matvec tiles' K split (moe_quant_matvec.cu): a tile's 64-byte
+// chunks over 1, 2, 4 or up to kMoeQuantMatvecWarps warps of a CTA, doubled
+// until the grid has 8 warps per SM of an H200 (the weight stream needs
+// that many loads in flight; with 32 or 16 the one-token layers took up to
+// 1.15x longer, docs/PERF.md session 27) while each warp keeps two chunks at
+// least. A constant rather than the device's SM count, so that the split,
+// and with it the summation order, depends on the shape only.
 inline constexpr int kMoeQuantMatvecWarps = 8;
-inline int MoeQuantMatvecSplit(int64_t tiles, int64_t row_bytes, bool int4) {
-  const int64_t min_warps = int64_t{132} * (int4 ? 8 : 32);
+inline int MoeQuantMatvecSplit(int64_t tiles, int64_t row_bytes) {
+  const int64_t min_warps = int64_t{132} * 8;
   const int64_t chunks = (row_bytes / 16 + 3) / 4;
   int split = 1;
   while (split < kMoeQuantMatvecWarps && tiles * split < min_warps && chunks >= 4 * split) {
