@@ -231,8 +231,8 @@ __device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_
 }
 
 // One warp per (slot, item): gated, the gate and up rows of one intermediate
-// column; else rows 2q and 2q + 1 (past N: row 0, dropped). The epilogue of
-// TileKernel's.
+// column; else rows 2q and 2q + 1 (past N: row 0, dropped). Its epilogue is
+// Int4TileKernel's.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 4) Fp8PairKernel(const __grid_constant__ Params p) {
   detail::PdlWaitThenRelease();
