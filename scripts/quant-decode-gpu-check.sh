@@ -41,7 +41,7 @@ if [ -n "${OLD_BENCH:-}" ]; then
 fi
 # The matvec kernels one by one: time, DRAM bytes read, issue load.
 ncu_rows() {  # name shape quant
-  TAIL=0 step "ncu_$1" 40 ncu --clock-control none --cache-control none -k 'regex:TileKernel|Int8RowsKernel|Int8GatedKernel' -s 2 -c 4 \
+  TAIL=0 step "ncu_$1" 40 ncu --clock-control none --cache-control none -k 'regex:TileKernel|Fp8Pair|Int8RowsKernel|Int8GatedKernel' -s 2 -c 4 \
     --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,sm__inst_issued.avg.pct_of_peak_sustained_elapsed \
     "$bin/moe_bench" --shapes "$2" --quant "$3" --tokens 1 --budget_s 0.01 --warmup_s 0 --check_tokens 1
   awk -F'","' '/Command line profiler metrics/ {sub(/\(.*/, "", $5); sub(/"$/, "", $15); print $5, $13, $15}' \

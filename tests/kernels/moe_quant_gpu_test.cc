@@ -261,6 +261,9 @@ struct RunOptions {
   // The route (moe_quant_route.h) for the run; auto picks by batch size.
   kernels::cuda::MoeQuantRouteMode route = kernels::cuda::MoeQuantRouteMode::kAuto;
   bool deepseek_routing = false;
+  // A routing method other than the shape's (Routing): e.g. "Default", whose
+  // top-1 weight is a softmax probability, not 1.
+  const char* routing_method = nullptr;
   bool given_ids = false;
   bool weights_on_input = false;  // k must be 1
   int k_override = 0;
@@ -299,6 +302,7 @@ void RunCase(const Shape& sh, const Combo& c, const ExpertSet& set, const GpuExp
   const int E = sh.E;
   MoeRouting routing = Routing(sh, opt.deepseek_routing, stream);
   if (opt.k_override > 0) routing.top_k = opt.k_override;
+  if (opt.routing_method != nullptr) routing.routing_method = opt.routing_method;
   const int k = routing.top_k;
   MoeRunInput in;
   in.act_dtype = c.act;
@@ -766,20 +770,15 @@ TEST(MoeQuantGpu, DecodeAndDequantRoutes) {
   RunCombo(f8, Fp8("fp8_per_channel", kernels::DType::kBFloat16), {19}, 85, on_input);
 }
 
-// The matvec kernels (moe_quant_matvec.cu) on the same tail shapes: one
-// token (auto picks them), slots that share experts (forced: still right,
-// only slower), each scheme, biases, zero points, every activation form
-// (stacked and interleaved gate/up rows, no gating), bf16 and fp16, the
-// router weight on the input. fp8 H = 336 ends in a partial 128-wide
-// k-block; int4 group 32 and int8 group 16 give one scale per 16-byte vector;
-// Mixtral-8x7B per-tensor fp8 one token for a long K.
-// The fp8 cases of MatvecRoute (seeds seed .. seed + 5): fp8 H = 336 ends
+// The fp8 cases of MatvecRoute (seeds seed .. seed + 8): fp8 H = 336 ends
 // in a partial 128-wide k-block, and GEMM 1's and GEMM 2's rows (336 and 80
 // bytes) end inside a warp's 512-byte span with a lane group partly past K
 // (its diagonal lane past K at 336, its first lanes at 80); block,
 // per-channel and per-tensor scales; stacked, interleaved and ungated
-// gate/up rows; GEMM 2 with the combine at top-2, top-1 with the router
-// weight on the input (a plain sum) and top-8.
+// gate/up rows; GEMM 2 with the combine at top-2, top-3 and top-6 (idle
+// warps in its CTAs), top-8, and top-1 with the router weight (a softmax
+// probability) on the input, the combine a plain sum; top-10, past the
+// combine's 8 slots: GEMM 2 alone, then the combine kernel.
 void MatvecFp8Cases(uint64_t seed) {
   using kernels::cuda::MoeQuantRouteMode;
   RunOptions mv, one;
@@ -799,11 +798,25 @@ void MatvecFp8Cases(uint64_t seed) {
   RunOptions on_input = mv;
   on_input.weights_on_input = true;
   on_input.k_override = 1;
+  on_input.routing_method = "Default";
   RunCombo(f8, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 19}, seed + 4, on_input);
   const Shape k8{"top8-fp8", 16, 8, 256, 128};
   RunCombo(k8, Fp8("fp8_block", kernels::DType::kFloat16), {1}, seed + 5, one);
+  RunCombo(Shape{"top3-fp8", 12, 3, 256, 128}, Fp8("fp8_block", kernels::DType::kBFloat16), {1, 2},
+           seed + 6, mv);
+  RunCombo(Shape{"top6-fp8", 12, 6, 128, 256}, Fp8("fp8_per_channel", kernels::DType::kFloat16),
+           {1}, seed + 7, one);
+  RunCombo(Shape{"top10-fp8", 16, 10, 256, 128}, Fp8("fp8_block", kernels::DType::kBFloat16), {1},
+           seed + 8, one);
 }
 
+// The matvec kernels (moe_quant_matvec.cu) on the same tail shapes: one
+// token (auto picks them), slots that share experts (forced: still right,
+// only slower), each scheme, biases, zero points, every activation form
+// (stacked and interleaved gate/up rows, no gating), bf16 and fp16, the
+// router weight on the input: fp8 as MatvecFp8Cases says; int4 group 32 and
+// int8 group 16 give one scale per 16-byte vector; Mixtral-8x7B per-tensor
+// fp8 one token for long rows (GEMM 2's 14336 bytes).
 TEST(MoeQuantGpu, MatvecRoute) {
   SKIP_WITHOUT_CUDA();
   using kernels::cuda::MoeQuantRouteMode;
@@ -827,8 +840,6 @@ TEST(MoeQuantGpu, MatvecRoute) {
   on_input.weights_on_input = true;
   on_input.k_override = 1;
   RunCombo(i4s, IntW("int4_group", kernels::DType::kBFloat16, true, 32), {1, 19}, 100, on_input);
-  // A long K on one warp's chunks (GEMM 2's 14336, split over 8 warps):
-  // per-tensor sums go through the fp32 promotion of every chunk.
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1}, 102, one);
 }
 
@@ -885,6 +896,63 @@ TEST(MoeQuantKernels, MatvecTakesTheDecodeWeightsWithinItsLimits) {
   EXPECT_TRUE(MoeQuantDecodeSupports(i8, bf16, N, K));
   EXPECT_FALSE(MoeQuantMatvecSupports(i8, bf16, N, K));
   EXPECT_TRUE(MoeQuantMatvecSupports(i8, bf16, 1000000, K));
+}
+
+// Which GEMM 2s of the fp8 matvec take the combine, and what the launcher
+// refuses before launching anything (host code: runs without a GPU).
+TEST(MoeQuantKernels, MatvecCombinesFp8UpToEightSlots) {
+  using kernels::cuda::MoeQuantMatvecCombines;
+  using kernels::cuda::MoeQuantWeights;
+  using kernels::cuda::MoeWeightScale;
+  MoeQuantWeights w;
+  w.kind = kernels::DType::kFp8E4m3;
+  w.scale_kind = MoeWeightScale::kBlock;
+  EXPECT_TRUE(MoeQuantMatvecCombines(w, 1));
+  EXPECT_TRUE(MoeQuantMatvecCombines(w, 3));
+  EXPECT_TRUE(MoeQuantMatvecCombines(w, 8));
+  EXPECT_FALSE(MoeQuantMatvecCombines(w, 0));
+  EXPECT_FALSE(MoeQuantMatvecCombines(w, 9));
+  MoeQuantWeights i4 = w;
+  i4.kind = kernels::DType::kInt4Packed;
+  i4.scale_kind = MoeWeightScale::kGroup;
+  EXPECT_FALSE(MoeQuantMatvecCombines(i4, 2));
+  static const uint8_t kByte = 0;
+  static const float kScale = 1.0f;
+  static int32_t ids[4] = {0, 1, 2, 3};
+  kernels::cuda::MoeQuantMatvecArgs a;
+  a.gemm.act_type = kernels::DType::kBFloat16;
+  a.gemm.w = w;
+  a.gemm.w.data = &kByte;
+  a.gemm.w.scale = &kScale;
+  a.gemm.w.block_n = a.gemm.w.block_k = 128;
+  a.gemm.a = &kByte;
+  a.gemm.a_scale = &kScale;
+  a.gemm.a_row_div = 1;
+  a.gemm.c = &ids;
+  a.gemm.numel = 4;
+  a.gemm.N = 256;
+  a.gemm.K = 256;
+  a.gemm.num_local_experts = 4;
+  a.topk_ids = ids;
+  a.num_experts = 4;
+  a.combine = true;
+  auto refused = [&](const char* what) {
+    const absl::Status st = kernels::cuda::LaunchMoeQuantMatvec(a, nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << what << ": " << st;
+    EXPECT_THAT(st.message(), ::testing::HasSubstr("combine")) << what;
+  };
+  a.top_k = 3;  // 4 slots are not whole tokens of 3
+  refused("numel % top_k");
+  a.top_k = 9;
+  a.gemm.numel = 9;
+  refused("top_k 9");
+  a.top_k = 2;
+  a.gemm.numel = 4;
+  a.gemm.apply_act = true;
+  refused("an activation");
+  a.gemm.apply_act = false;
+  a.gemm.a_row_div = 2;
+  refused("shared activation rows");
 }
 
 // The fp8 activation quantiser (LaunchMoeFp8Quantize) byte for byte and

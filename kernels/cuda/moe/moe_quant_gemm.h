@@ -161,11 +161,10 @@ absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& args, cudaStream_t s
 // The same GEMMs in matrix-vector form (moe_quant_matvec.cu) for slots on
 // distinct experts (MoeSlotsOnDistinctExperts, moe_quant_route.h), where a
 // decode tile would hold one slot: each slot's weight rows streamed once with
-// 16-byte loads (fp8: one warp per row pair on mma.sync e4m3, 512 bytes of
-// a row a load; int4: tiles of 16 rows on mma.sync, the weights dequantised
-// to T in registers, K split over the warps of a CTA while the grid is
-// small; int8: one warp per row pair or 4 rows, dequantised in registers),
-// fp32 accumulation. Arithmetic, output and
+// 16-byte loads (fp8: a warp per row pair, or two with the combine, on
+// mma.sync e4m3, 512 bytes of a row a load; int4: tiles of 16 rows on mma.sync, the weights
+// dequantised to T in registers, K split over the warps of a CTA while the grid is small; int8: one
+// warp per row pair or 4 rows, dequantised in registers), fp32 accumulation. Arithmetic, output and
 // rounding as LaunchMoeQuantDecode's; the slots come from topk_ids (through
 // expert_map, as the align kernel maps them; -1 or out of range: zero rows)
 // instead of the align output, so no align kernel runs before it.
@@ -176,10 +175,11 @@ struct MoeQuantMatvecArgs {
   const int32_t* topk_ids = nullptr;    // [gemm.numel]
   const int32_t* expert_map = nullptr;  // [num_experts] or null
   int num_experts = 0;
-  // GEMM 2 with the combine (where MoeQuantMatvecCombines): gemm.c is the
-  // layer's output [gemm.numel / top_k, N] = Σ_j w_j · y_j in slot order,
-  // y_j rounded as GEMM 2 stores it (topk_weights null: a plain sum), as
-  // LaunchMoeCombine computes it from the GEMM's output.
+  // GEMM 2 with the combine (where MoeQuantMatvecCombines; no activation,
+  // a_row_div 1): gemm.c is the layer's output [gemm.numel / top_k, N] =
+  // Σ_j w_j · y_j in slot order, y_j rounded as GEMM 2 stores it
+  // (topk_weights null: a plain sum), as LaunchMoeCombine computes it from
+  // the GEMM's output.
   bool combine = false;
   int top_k = 0;
   const float* topk_weights = nullptr;  // [gemm.numel]

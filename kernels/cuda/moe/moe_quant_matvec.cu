@@ -20,7 +20,7 @@
 //         (MoeQuantMatvecCombines): a CTA computes 4 rows of each of a
 //         token's k slots per warp group, then sums the slots in order.
 //         (Against session 11's tiles of 16 rows, 64 bytes of 8 rows a
-//         load, the one-token layers took 3-10% less; dequantising fp8 in
+//         load, the one-token layers took 3.5-9.5% less; dequantising fp8 in
 //         registers for fp32 FMAs is bound by the conversion pipe.)
 //   int4: tiles of 16 rows per warp (gated GEMM 1: the gate and the up rows
 //         of 8 intermediate columns) on mma.sync m16n8k16 in T, the weights
@@ -74,8 +74,8 @@ using detail::quant::WordOf;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 static_assert(kWarps == kMoeQuantMatvecWarps, "the split rule's warps (moe_quant_route.h)");
-constexpr int kBatch = 2;      // chunks (tiles) or vectors (int8 rows) per warp and row in flight
-constexpr int kTileRows = 16;  // tiles: weight rows per mma tile (gated: 8 gate + 8 up)
+constexpr int kBatch = 2;      // int8: vectors per warp and row in flight
+constexpr int kTileRows = 16;  // int4 tiles: weight rows per mma tile (gated: 8 gate + 8 up)
 constexpr int kRows = 4;       // int8: rows per warp without gating
 
 enum WeightKind : int { kWFp8 = 0, kWInt8 = 1, kWInt4 = 2 };
@@ -98,7 +98,7 @@ struct Params {
   MoeActivation act;
   MoeActParams ap;
   int64_t out_cols;  // I (gated) or N
-  // fp8 / int4: tiles of a slot, of the call, and the warps splitting a tile's K.
+  // int4: tiles of a slot, of the call, and the warps splitting a tile's K.
   int64_t tiles_per_slot, tiles;
   int split;
   int64_t warps_per_slot;  // int8, not gated
@@ -119,7 +119,8 @@ __device__ __forceinline__ float Output(const Params& p, int e, int64_t arow, in
   return Rounded<T>(v, p.bias != nullptr ? p.bias + static_cast<int64_t>(e) * p.N + row : nullptr);
 }
 
-// --- Tiles (fp8, int4); the fp8 dots.
+// --- fp8: row pairs, one warp a pair, as the bf16 decode kernels read
+// their rows (moe_decode.cu).
 
 // d += A·B, m16n8k32 e4m3, fp32 accumulation.
 __device__ __forceinline__ void MmaFp8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -131,13 +132,10 @@ __device__ __forceinline__ void MmaFp8(float (&d)[4], uint32_t a0, uint32_t a1, 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// --- fp8: row pairs, one warp a pair, as the bf16 decode kernels read
-// their rows (moe_decode.cu).
-
 // The dot products of rows r0 and r1 of local expert e with activation row
 // arow, valid in every lane. Lane l loads bytes 16l .. 16l + 15 of each
 // 512-byte span of both rows (one load instruction reads 512 contiguous
-// bytes of a row), kBatch spans in flight, and the same bytes of the
+// bytes of a row), kPairBatch spans in flight, and the same bytes of the
 // activation row. In the mma, lane group g's bytes of r0 are row g of A, of
 // r1 row g + 8, and of the activation column g of B (the three in the same k
 // order, as a dot product needs), so D[g][g] and D[g + 8][g] (lane 4g + g/2,
@@ -190,7 +188,7 @@ __device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_
       // its first lanes do not).
       const int ig = base + 32 * u + (lane & ~3);
       const bool gin = block && ig < vecs;
-      const int kb = ig * 16 / p.w.block_k;
+      const int kb = gin ? ig * 16 / p.w.block_k : 0;
       const float xs = gin ? __ldg(p.a_scale + arow * p.a_kb + kb) : 0.0f;
 #pragma unroll
       for (int q = 0; q < kPairs; ++q) {
@@ -278,7 +276,8 @@ __global__ void __launch_bounds__(kThreads, 4) Fp8PairKernel(const __grid_consta
 
 // GEMM 2 with the combine (where MoeQuantMatvecCombines): a CTA computes
 // kCombineRows * G consecutive output columns of one token with k * G warps
-// (G = max(1, 8 / k)); warp (g, j) computes slot j's kCombineRows rows as
+// (G = max(1, 8 / k); the other 8 - k * G warps, where k does not divide 8,
+// only join the barrier); warp (g, j) computes slot j's kCombineRows rows as
 // pairs (their loads in flight together), each rounded as GEMM 2 stores it;
 // the first kCombineRows * G threads then sum each column's k values in slot
 // order as LaunchMoeCombine does (moe_decode.cu's down-combine kernel, on
@@ -708,11 +707,12 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
       (d.w.kind == DType::kFp8E4m3 && d.a_scale == nullptr)) {
     return absl::InvalidArgumentError("moe_quant_matvec: null pointer");
   }
-  if (args.combine &&
-      (!MoeQuantMatvecCombines(d.w, args.top_k) || d.apply_act || d.numel % args.top_k != 0)) {
+  if (args.combine && (!MoeQuantMatvecCombines(d.w, args.top_k) || d.apply_act ||
+                       d.a_row_div != 1 || d.numel % args.top_k != 0)) {
     return absl::InvalidArgumentError(
         "moe_quant_matvec: a combine it does not take (MoeQuantMatvecCombines), with an "
-        "activation, or over slots not a multiple of top_k");
+        "activation, on shared activation rows (a_row_div), or over slots not a multiple of "
+        "top_k");
   }
   const bool gated = d.apply_act && d.act < MoeActivation::kSiluNoMul;
   if (gated && d.N % 2 != 0) return absl::InvalidArgumentError("moe_quant_matvec: odd gated N");
