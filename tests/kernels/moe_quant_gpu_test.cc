@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/moe/moe_experts.h"
 #include "kernels/cuda/moe/moe_gemm_ws.h"
 #include "kernels/cuda/moe/moe_gemm_ws_fp8.h"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
@@ -953,6 +954,121 @@ TEST(MoeQuantKernels, MatvecCombinesFp8UpToEightSlots) {
   a.gemm.apply_act = false;
   a.gemm.a_row_div = 2;
   refused("shared activation rows");
+}
+
+// The fp8 matvec's GEMM 2 with the combine (Fp8PairCombineKernel) byte for
+// byte against the same GEMM 2 without it (Fp8PairKernel, which pairs the
+// same rows) followed by LaunchMoeCombine, on fresh random fp8 bytes and
+// scales: rows of 208 bytes (a span's lane group partly past K), 336 output
+// columns (a last CTA partly past N), top-k 2, 3 (idle warps) and 8, one and
+// two tokens, bias, a non-local expert (expert map -1), the router weights
+// or none (a plain sum).
+TEST(MoeQuantGpu, MatvecFp8CombineIsGemm2ThenCombine) {
+  SKIP_WITHOUT_CUDA();
+  using kernels::cuda::DeviceBuffer;
+  constexpr int E = 8;
+  constexpr int64_t N = 336, K = 208, kb = (K + 127) / 128, nb = (N + 127) / 128;
+  std::mt19937 rng(static_cast<uint32_t>(Seed() + 7));
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::vector<uint8_t> w(E * N * K);
+  for (uint8_t& b : w) {
+    b = static_cast<uint8_t>(rng());
+    if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN bytes
+  }
+  std::vector<float> ws(E * nb * kb), bias(E * N);
+  for (float& v : ws) v = 0.001f + 0.01f * unit(rng);
+  for (float& v : bias) v = unit(rng) - 0.5f;
+  const std::vector<int32_t> map = {0, 1, 2, 3, 4, 5, -1, 7};  // expert 6 is not local
+  DeviceBuffer d_w, d_ws, d_bias, d_map;
+  ASSERT_TRUE(d_w.Reserve(w.size()).ok());
+  ASSERT_TRUE(d_ws.Reserve(ws.size() * 4).ok());
+  ASSERT_TRUE(d_bias.Reserve(bias.size() * 4).ok());
+  ASSERT_TRUE(d_map.Reserve(map.size() * 4).ok());
+  ASSERT_EQ(cudaMemcpy(d_w.data(), w.data(), w.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_ws.data(), ws.data(), ws.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_bias.data(), bias.data(), bias.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_map.data(), map.data(), map.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  for (const int k : {2, 3, 8}) {
+    for (const int64_t M : {int64_t{1}, int64_t{2}}) {
+      for (const bool weighted : {true, false}) {
+        const std::string label = absl::StrCat("top-", k, " M=", M, weighted ? "" : " unweighted");
+        const int64_t numel = M * k;
+        std::vector<uint8_t> a(numel * K);
+        for (uint8_t& b : a) {
+          b = static_cast<uint8_t>(rng());
+          if ((b & 0x7f) == 0x7f) b ^= 1;
+        }
+        std::vector<float> as(numel * kb), tw(numel);
+        for (float& v : as) v = 0.01f + 0.1f * unit(rng);
+        for (float& v : tw) v = unit(rng);
+        std::vector<int32_t> ids(numel);
+        for (int64_t m = 0; m < M; ++m) {  // each token's slots on distinct experts
+          std::vector<int32_t> perm(E);
+          for (int e = 0; e < E; ++e) perm[e] = e;
+          std::shuffle(perm.begin(), perm.end(), rng);
+          for (int j = 0; j < k; ++j) ids[m * k + j] = perm[j];
+        }
+        DeviceBuffer d_a, d_as, d_tw, d_ids, d_y, d_out1, d_out2;
+        ASSERT_TRUE(d_a.Reserve(a.size()).ok());
+        ASSERT_TRUE(d_as.Reserve(as.size() * 4).ok());
+        ASSERT_TRUE(d_tw.Reserve(tw.size() * 4).ok());
+        ASSERT_TRUE(d_ids.Reserve(ids.size() * 4).ok());
+        ASSERT_TRUE(d_y.Reserve(numel * N * 2).ok());
+        ASSERT_TRUE(d_out1.Reserve(M * N * 2).ok());
+        ASSERT_TRUE(d_out2.Reserve(M * N * 2).ok());
+        ASSERT_EQ(cudaMemcpy(d_a.data(), a.data(), a.size(), cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(d_as.data(), as.data(), as.size() * 4, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(d_tw.data(), tw.data(), tw.size() * 4, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(d_ids.data(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        kernels::cuda::MoeQuantMatvecArgs g;
+        g.gemm.act_type = kernels::DType::kBFloat16;
+        g.gemm.a = d_a.data();
+        g.gemm.a_scale = d_as.As<float>();
+        g.gemm.w.kind = kernels::DType::kFp8E4m3;
+        g.gemm.w.scale_kind = kernels::cuda::MoeWeightScale::kBlock;
+        g.gemm.w.data = d_w.data();
+        g.gemm.w.scale = d_ws.As<float>();
+        g.gemm.bias = d_bias.As<float>();
+        g.gemm.numel = numel;
+        g.gemm.N = N;
+        g.gemm.K = K;
+        g.gemm.num_local_experts = E;
+        g.gemm.c = d_y.data();
+        g.topk_ids = d_ids.As<int32_t>();
+        g.expert_map = d_map.As<int32_t>();
+        g.num_experts = E;
+        const float* weights = weighted ? d_tw.As<float>() : nullptr;
+        ASSERT_TRUE(kernels::cuda::LaunchMoeQuantMatvec(g, nullptr).ok()) << label;
+        ASSERT_TRUE(kernels::cuda::LaunchMoeCombine(kernels::DType::kBFloat16, d_y.data(), weights,
+                                                    M, k, N, d_out1.data(), nullptr)
+                        .ok())
+            << label;
+        g.combine = true;
+        g.top_k = k;
+        g.topk_weights = weights;
+        g.gemm.c = d_out2.data();
+        ASSERT_TRUE(kernels::cuda::LaunchMoeQuantMatvec(g, nullptr).ok()) << label;
+        std::vector<uint16_t> want(M * N), got(M * N);
+        ASSERT_EQ(cudaMemcpy(want.data(), d_out1.data(), M * N * 2, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(got.data(), d_out2.data(), M * N * 2, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        const int64_t nonzero =
+            std::count_if(want.begin(), want.end(), [](uint16_t v) { return (v & 0x7fff) != 0; });
+        EXPECT_GT(nonzero, M * N / 2) << label << ": the output is mostly zeros";
+        int64_t differ = 0, first = -1;
+        for (int64_t i = 0; i < M * N; ++i) {
+          if (want[i] != got[i] && differ++ == 0) first = i;
+        }
+        EXPECT_EQ(differ, 0) << label << ": first at " << first;
+      }
+    }
+  }
 }
 
 // The fp8 activation quantiser (LaunchMoeFp8Quantize) byte for byte and
