@@ -956,19 +956,13 @@ TEST(MoeQuantKernels, MatvecCombinesFp8UpToEightSlots) {
   refused("shared activation rows");
 }
 
-// The fp8 matvec's GEMM 2 with the combine (Fp8PairCombineKernel) byte for
-// byte against the same GEMM 2 without it (Fp8PairKernel, which pairs the
-// same rows) followed by LaunchMoeCombine, on fresh random fp8 bytes and
-// scales: rows of 208 bytes (a span's lane group partly past K), 336 output
-// columns (a last CTA partly past N), top-k 2, 3 (idle warps) and 8, one and
-// two tokens, bias, a non-local expert (expert map -1), the router weights
-// or none (a plain sum).
-TEST(MoeQuantGpu, MatvecFp8CombineIsGemm2ThenCombine) {
-  SKIP_WITHOUT_CUDA();
+// One output width of MatvecFp8CombineIsGemm2ThenCombine.
+void MatvecFp8CombineCase(int64_t N) {
   using kernels::cuda::DeviceBuffer;
   constexpr int E = 8;
-  constexpr int64_t N = 336, K = 208, kb = (K + 127) / 128, nb = (N + 127) / 128;
-  std::mt19937 rng(static_cast<uint32_t>(Seed() + 7));
+  constexpr int64_t K = 208, kb = (K + 127) / 128;
+  const int64_t nb = (N + 127) / 128;
+  std::mt19937 rng(static_cast<uint32_t>(Seed() + 7 + N));
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
   std::vector<uint8_t> w(E * N * K);
   for (uint8_t& b : w) {
@@ -993,7 +987,8 @@ TEST(MoeQuantGpu, MatvecFp8CombineIsGemm2ThenCombine) {
   for (const int k : {2, 3, 8}) {
     for (const int64_t M : {int64_t{1}, int64_t{2}}) {
       for (const bool weighted : {true, false}) {
-        const std::string label = absl::StrCat("top-", k, " M=", M, weighted ? "" : " unweighted");
+        const std::string label =
+            absl::StrCat("N=", N, " top-", k, " M=", M, weighted ? "" : " unweighted");
         const int64_t numel = M * k;
         std::vector<uint8_t> a(numel * K);
         for (uint8_t& b : a) {
@@ -1025,6 +1020,9 @@ TEST(MoeQuantGpu, MatvecFp8CombineIsGemm2ThenCombine) {
                   cudaSuccess);
         ASSERT_EQ(cudaMemcpy(d_ids.data(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice),
                   cudaSuccess);
+        for (DeviceBuffer* b : {&d_y, &d_out1, &d_out2}) {  // 0xffff: a bf16 NaN
+          ASSERT_EQ(cudaMemset(b->data(), 0xff, b->capacity()), cudaSuccess);
+        }
         kernels::cuda::MoeQuantMatvecArgs g;
         g.gemm.act_type = kernels::DType::kBFloat16;
         g.gemm.a = d_a.data();
@@ -1069,6 +1067,20 @@ TEST(MoeQuantGpu, MatvecFp8CombineIsGemm2ThenCombine) {
       }
     }
   }
+}
+
+// The fp8 matvec's GEMM 2 with the combine (Fp8PairCombineKernel) byte for
+// byte against the same GEMM 2 without it (Fp8PairKernel, which pairs the
+// same rows) followed by LaunchMoeCombine, on fresh random fp8 bytes and
+// scales: rows of 208 bytes (a span's lane group partly past K); 336 output
+// columns (whole CTAs; the combine's 8-column vector kernel) and 330 (a last
+// CTA partly past N at every k; its scalar kernel); top-k 2, 3 (idle warps)
+// and 8; one and two tokens; bias; a non-local expert (expert map -1); the
+// router weights or none (a plain sum). The outputs start as NaNs, so an
+// unwritten column cannot match.
+TEST(MoeQuantGpu, MatvecFp8CombineIsGemm2ThenCombine) {
+  SKIP_WITHOUT_CUDA();
+  for (const int64_t N : {int64_t{336}, int64_t{330}}) MatvecFp8CombineCase(N);
 }
 
 // The fp8 activation quantiser (LaunchMoeFp8Quantize) byte for byte and
