@@ -650,32 +650,22 @@ __global__ void __launch_bounds__(kThreads, 2) Int8RowsKernel(const __grid_const
   }
 }
 
-template <typename T>
-cudaError_t LaunchInt8(const Params& p, cudaStream_t stream) {
-  const int64_t warps = p.numel * (p.gated ? p.out_cols : p.warps_per_slot);
-  const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
-  return p.gated ? detail::LaunchPdl(Int8GatedKernel<T>, grid, dim3(kThreads), 0, stream, p)
-                 : detail::LaunchPdl(Int8RowsKernel<T>, grid, dim3(kThreads), 0, stream, p);
-}
-
+// The kernel of p's form on `grid` CTAs (LaunchMoeQuantMatvec sizes it);
 // combine_group > 0: GEMM 2 with the combine (Fp8PairCombineKernel).
 template <typename T>
-cudaError_t ByKind(const Params& p, const MoeQuantMatvecArgs& args, int combine_group,
+cudaError_t ByKind(const Params& p, dim3 grid, const MoeQuantMatvecArgs& args, int combine_group,
                    cudaStream_t stream) {
-  if (p.w.kind == DType::kInt8) return LaunchInt8<T>(p, stream);
+  if (p.w.kind == DType::kInt8) {
+    return p.gated ? detail::LaunchPdl(Int8GatedKernel<T>, grid, dim3(kThreads), 0, stream, p)
+                   : detail::LaunchPdl(Int8RowsKernel<T>, grid, dim3(kThreads), 0, stream, p);
+  }
   if (combine_group > 0) {
-    const int64_t tiles = (p.N + kCombineRows * combine_group - 1) / (kCombineRows * combine_group);
-    const dim3 grid(static_cast<unsigned>(p.numel / args.top_k * tiles));
     return detail::LaunchPdl(Fp8PairCombineKernel<T>, grid, dim3(kThreads), 0, stream, p,
                              args.topk_weights, args.top_k, combine_group);
   }
   if (p.w.kind == DType::kFp8E4m3) {
-    const int64_t warps = p.numel * (p.gated ? p.out_cols : (p.N + 1) / 2);
-    const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps));
     return detail::LaunchPdl(Fp8PairKernel<T>, grid, dim3(kThreads), 0, stream, p);
   }
-  const int64_t per_cta = kWarps / p.split;
-  const dim3 grid(static_cast<unsigned>((p.tiles + per_cta - 1) / per_cta));
   return detail::LaunchPdl(Int4TileKernel<T>, grid, dim3(kThreads), 0, stream, p);
 }
 
@@ -740,30 +730,29 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   p.ap = EffectiveActParams(d.act_params);
   p.out_cols = gated ? d.N / 2 : d.N;
   p.c = d.c;
-  int64_t warps;
-  if (d.w.kind == DType::kFp8E4m3) {
-    warps = d.numel * (gated ? p.out_cols : (d.N + 1) / 2);
-  } else if (d.w.kind == DType::kInt4Packed) {
+  // The CTAs of kWarps warps. The combine's: k * group <= 8 warps for
+  // kCombineRows * group columns of a token.
+  const int combine_group = args.combine ? std::max(1, kWarps / args.top_k) : 0;
+  int64_t ctas;
+  if (args.combine) {
+    const int cols = kCombineRows * combine_group;
+    ctas = d.numel / args.top_k * ((d.N + cols - 1) / cols);
+  } else if (d.w.kind == DType::kFp8E4m3) {  // a warp per (slot, row pair)
+    ctas = (d.numel * (gated ? p.out_cols : (d.N + 1) / 2) + kWarps - 1) / kWarps;
+  } else if (d.w.kind == DType::kInt4Packed) {  // kWarps / split tiles a CTA
     p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
     p.tiles = d.numel * p.tiles_per_slot;
     p.split = MoeQuantMatvecSplit(p.tiles, d.K / 2);
-    warps = (p.tiles + kWarps / p.split - 1) / (kWarps / p.split) * kWarps;
-  } else {
+    ctas = (p.tiles + kWarps / p.split - 1) / (kWarps / p.split);
+  } else {  // int8: a warp per (slot, item)
     p.warps_per_slot = (d.N + kRows - 1) / kRows;
-    warps = d.numel * (gated ? p.out_cols : p.warps_per_slot);
+    ctas = (d.numel * (gated ? p.out_cols : p.warps_per_slot) + kWarps - 1) / kWarps;
   }
-  // The combine's CTAs: k * group <= 8 warps, 4 * group columns of a token.
-  const int combine_group = args.combine ? std::max(1, kWarps / args.top_k) : 0;
-  if (args.combine) {
-    const int cols = kCombineRows * combine_group;
-    warps = d.numel / args.top_k * ((d.N + cols - 1) / cols) * kWarps;
-  }
-  if ((warps + kWarps - 1) / kWarps > INT32_MAX) {
-    return absl::InvalidArgumentError("moe_quant_matvec: grid too large");
-  }
+  if (ctas > INT32_MAX) return absl::InvalidArgumentError("moe_quant_matvec: grid too large");
+  const dim3 grid(static_cast<unsigned>(ctas));
   KPLAN_CUDA_RETURN_IF_ERROR(d.act_type == DType::kBFloat16
-                                 ? ByKind<__nv_bfloat16>(p, args, combine_group, stream)
-                                 : ByKind<__half>(p, args, combine_group, stream));
+                                 ? ByKind<__nv_bfloat16>(p, grid, args, combine_group, stream)
+                                 : ByKind<__half>(p, grid, args, combine_group, stream));
   return absl::OkStatus();
 }
 
