@@ -299,8 +299,28 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   int32_t* sorted = At<int32_t>(workspace, l.sorted);
   int32_t* eids = At<int32_t>(workspace, l.eids);
   int32_t* post = At<int32_t>(workspace, l.post);
-  KPLAN_RETURN_IF_ERROR(
-      EnqueueRoutingAndAlign(a, matvec ? 0 : l.block_m, sorted, eids, post, nullptr, stream));
+  // fp8: quantise the GEMM's A operand as the reference's QuantizeRows does.
+  const kc::MoeFp8ActQuant qmode = s.block       ? kc::MoeFp8ActQuant::kPerGroup
+                                   : s.per_token ? kc::MoeFp8ActQuant::kPerToken
+                                                 : kc::MoeFp8ActQuant::kPerTensor;
+  // Decode sizes with per-group activation scales: GEMM 1's A quantised by
+  // the routing kernel's spare blocks (it reads the hidden rows as given),
+  // one kernel fewer on the layer's critical path.
+  const bool quantise_a1_with_routing =
+      s.fp8 && (matvec || decode) && qmode == kc::MoeFp8ActQuant::kPerGroup &&
+      a.router_logits != nullptr && !a.apply_router_weight_on_input;
+  if (quantise_a1_with_routing) {
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeRoutingAndFp8QuantizeGroups(
+        a.routing, a.router_logits, M, a.topk_weights, a.topk_ids, ft, a.hidden, M, H, s.block_k,
+        At<uint8_t>(workspace, l.q1), At<float>(workspace, l.s1), stream));
+    MoeLayerArgs routed = a;
+    routed.router_logits = nullptr;  // routed above: the align (if any) only
+    KPLAN_RETURN_IF_ERROR(EnqueueRoutingAndAlign(routed, matvec ? 0 : l.block_m, sorted, eids, post,
+                                                 nullptr, stream));
+  } else {
+    KPLAN_RETURN_IF_ERROR(
+        EnqueueRoutingAndAlign(a, matvec ? 0 : l.block_m, sorted, eids, post, nullptr, stream));
+  }
   const void* a1 = a.hidden;
   if (a.apply_router_weight_on_input) {
     void* scaled = At<void>(workspace, l.scaled);
@@ -311,18 +331,18 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
     a1 = scaled;
   }
 
-  // fp8: quantise the GEMM's A operand as the reference's QuantizeRows does.
-  const kc::MoeFp8ActQuant qmode = s.block       ? kc::MoeFp8ActQuant::kPerGroup
-                                   : s.per_token ? kc::MoeFp8ActQuant::kPerToken
-                                                 : kc::MoeFp8ActQuant::kPerTensor;
   float* scratch = s.fp8 ? At<float>(workspace, l.scratch) : nullptr;
   // Makes `g`'s A operand the fp8 quantisation of `in` ([rows, K]) into the
   // workspace's q / scale buffers at the given offsets.
+  // `quantised`: already there (quantise_a1_with_routing).
   auto quantise_a = [&](kc::MoeQuantGemmArgs& g, const void* in, int64_t rows, int64_t K,
-                        float static_scale, int64_t q_at, int64_t s_at) -> absl::Status {
-    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeFp8Quantize(qmode, ft, in, rows, K, s.block_k, static_scale,
-                                                   scratch, At<uint8_t>(workspace, q_at),
-                                                   At<float>(workspace, s_at), stream));
+                        float static_scale, int64_t q_at, int64_t s_at,
+                        bool quantised = false) -> absl::Status {
+    if (!quantised) {
+      KPLAN_RETURN_IF_ERROR(kc::LaunchMoeFp8Quantize(
+          qmode, ft, in, rows, K, s.block_k, static_scale, scratch, At<uint8_t>(workspace, q_at),
+          At<float>(workspace, s_at), stream));
+    }
     g.a_fp8 = true;
     g.a = At<void>(workspace, q_at);
     g.a_scale = At<float>(workspace, s_at);
@@ -334,7 +354,10 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g1.a_type = ft;
   g1.a = a1;
   g1.a_row_div = k;
-  if (s.fp8) KPLAN_RETURN_IF_ERROR(quantise_a(g1, a1, M, H, s.a1_static, l.q1, l.s1));
+  if (s.fp8) {
+    KPLAN_RETURN_IF_ERROR(
+        quantise_a(g1, a1, M, H, s.a1_static, l.q1, l.s1, quantise_a1_with_routing));
+  }
   g1.w = s.w13;
   g1.bias = experts.b13();
   g1.c_type = ft;

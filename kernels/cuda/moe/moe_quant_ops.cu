@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "base/status.h"
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
 #include "kernels/cuda/moe/moe_quant_math.cuh"
+#include "kernels/cuda/moe/moe_routing.cuh"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
 
@@ -65,13 +67,15 @@ __global__ void AbsMaxKernel(DType t, const void* in, int64_t n, float* partial)
 // decode-sized activation (a few rows of up to 14336) spreads over the chip
 // instead of one CTA per row walking its groups in turn (docs/PERF.md,
 // session 13); the warps loop when there are more groups than the grid.
-// fn(r, gi, k0, k1, lane) for the warp's (row r, group gi), its k in [k0, k1).
+// fn(r, gi, k0, k1, lane) for the warp's (row r, group gi), its k in [k0, k1);
+// the warps of `blocks` blocks (this one `block`) share the groups.
 template <typename F>
-__device__ __forceinline__ void ForEachGroup(int64_t rows, int64_t K, int group, F&& fn) {
+__device__ __forceinline__ void ForEachGroup(int64_t rows, int64_t K, int group, unsigned block,
+                                             unsigned blocks, F&& fn) {
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int64_t groups = (K + group - 1) / group;
-  for (int64_t item = blockIdx.x * static_cast<int64_t>(warps) + (threadIdx.x >> 5);
-       item < rows * groups; item += static_cast<int64_t>(gridDim.x) * warps) {
+  for (int64_t item = block * static_cast<int64_t>(warps) + (threadIdx.x >> 5);
+       item < rows * groups; item += static_cast<int64_t>(blocks) * warps) {
     const int64_t r = item / groups, gi = item % groups, k0 = gi * group;
     fn(r, gi, k0, std::min<int64_t>(K, k0 + group), lane);
   }
@@ -81,56 +85,76 @@ __global__ void QuantGroupKernel(DType t, const void* in, int64_t rows, int64_t 
                                  uint8_t* q, float* scale) {
   detail::PdlWaitThenRelease();
   const int64_t groups = (K + group - 1) / group;
-  ForEachGroup(rows, K, group, [&](int64_t r, int64_t gi, int64_t k0, int64_t k1, int lane) {
-    const int64_t base = r * K;
-    float m = 0.0f;
-    for (int64_t k = k0 + lane; k < k1; k += 32) {
-      m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
-    }
-    const float s = Fp8GroupScale(WarpMax(m));
-    for (int64_t k = k0 + lane; k < k1; k += 32)
-      q[base + k] = Fp8Quantise(LoadAsFloat(in, base + k, t), s);
-    if (lane == 0) scale[r * groups + gi] = s;
-  });
+  ForEachGroup(rows, K, group, blockIdx.x, gridDim.x,
+               [&](int64_t r, int64_t gi, int64_t k0, int64_t k1, int lane) {
+                 const int64_t base = r * K;
+                 float m = 0.0f;
+                 for (int64_t k = k0 + lane; k < k1; k += 32) {
+                   m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
+                 }
+                 const float s = Fp8GroupScale(WarpMax(m));
+                 for (int64_t k = k0 + lane; k < k1; k += 32)
+                   q[base + k] = Fp8Quantise(LoadAsFloat(in, base + k, t), s);
+                 if (lane == 0) scale[r * groups + gi] = s;
+               });
 }
 
 // The same two steps on 2-byte activations whose groups start 4-element
 // aligned: lane l holds elements 4 l .. 4 l + 3 (+ 128 p, p < kP) of its
 // group in registers from one 8-byte load to its 4 bytes, where the kernel
 // above loads each element twice, 2 bytes at a time (docs/PERF.md, session
-// 15). The same maximum (exact in any order) and formula per element.
+// 15). The same maximum (exact in any order) and formula per element. A
+// kernel's own blocks (QuantGroupVecKernel) or the side job of the routing
+// kernel (QuantGroupVecJob).
 template <typename T, int kP>
-__global__ void QuantGroupVecKernel(const T* in, int64_t rows, int64_t K, int group, uint8_t* q,
-                                    float* scale) {
+struct QuantGroupVecJob {
+  const T* in;
+  int64_t rows, K;
+  int group;
+  uint8_t* q;
+  float* scale;
+  __device__ __forceinline__ void operator()(unsigned block, unsigned blocks) const;
+};
+
+template <typename T, int kP>
+__global__ void QuantGroupVecKernel(const QuantGroupVecJob<T, kP> job) {
   detail::PdlWaitThenRelease();
+  job(blockIdx.x, gridDim.x);
+}
+
+template <typename T, int kP>
+__device__ __forceinline__ void QuantGroupVecJob<T, kP>::operator()(unsigned block,
+                                                                    unsigned blocks) const {
   const int64_t groups = (K + group - 1) / group;
-  ForEachGroup(rows, K, group, [&](int64_t r, int64_t gi, int64_t k0, int64_t k1, int lane) {
-    float v[kP][4];
-    float m = 0.0f;
+  ForEachGroup(rows, K, group, block, blocks,
+               [&](int64_t r, int64_t gi, int64_t k0, int64_t k1, int lane) {
+                 float v[kP][4];
+                 float m = 0.0f;
 #pragma unroll
-    for (int p = 0; p < kP; ++p) {
-      const int64_t k = k0 + 4 * lane + 128 * p;
-      uint2 w = make_uint2(0u, 0u);
-      if (k < k1) w = __ldg(reinterpret_cast<const uint2*>(in + r * K + k));
-      const T* h = reinterpret_cast<const T*>(&w);
+                 for (int p = 0; p < kP; ++p) {
+                   const int64_t k = k0 + 4 * lane + 128 * p;
+                   uint2 w = make_uint2(0u, 0u);
+                   if (k < k1) w = __ldg(reinterpret_cast<const uint2*>(in + r * K + k));
+                   const T* h = reinterpret_cast<const T*>(&w);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[p][j] = detail::ToFloat(h[j]);
-        m = fmaxf(m, fabsf(v[p][j]));
-      }
-    }
-    const float s = Fp8GroupScale(WarpMax(m));
+                   for (int j = 0; j < 4; ++j) {
+                     v[p][j] = detail::ToFloat(h[j]);
+                     m = fmaxf(m, fabsf(v[p][j]));
+                   }
+                 }
+                 const float s = Fp8GroupScale(WarpMax(m));
 #pragma unroll
-    for (int p = 0; p < kP; ++p) {
-      const int64_t k = k0 + 4 * lane + 128 * p;
-      if (k >= k1) continue;
-      uint32_t b = 0;
+                 for (int p = 0; p < kP; ++p) {
+                   const int64_t k = k0 + 4 * lane + 128 * p;
+                   if (k >= k1) continue;
+                   uint32_t b = 0;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) b |= static_cast<uint32_t>(Fp8Quantise(v[p][j], s)) << (8 * j);
-      *reinterpret_cast<uint32_t*>(q + r * K + k) = b;
-    }
-    if (lane == 0) scale[r * groups + gi] = s;
-  });
+                   for (int j = 0; j < 4; ++j)
+                     b |= static_cast<uint32_t>(Fp8Quantise(v[p][j], s)) << (8 * j);
+                   *reinterpret_cast<uint32_t*>(q + r * K + k) = b;
+                 }
+                 if (lane == 0) scale[r * groups + gi] = s;
+               });
 }
 
 // Per token: one block per row (the row's max, then its values).
@@ -152,10 +176,16 @@ __global__ void QuantTokenKernel(DType t, const void* in, int64_t K, uint8_t* q,
 // per row, 16-byte loads kTokenBatch at a time per thread (a decode row of
 // 14336 in one round trip where the kernel above walks it 2 bytes a thread
 // at a time), the row's max, then the loads again for the bytes.
+// kTensor: the dynamic per-tensor scale of a small tensor (at most
+// kTensorOneCtaMax elements, e.g. a decode step's activations) as one such
+// row on one block: the tensor's max and its bytes in one kernel where
+// AbsMaxKernel and QuantTensorKernel take two on the layer's critical path;
+// the scale goes to each of the `rows` cells.
 constexpr int kTokenThreads = 512, kTokenBatch = 4;
-template <typename T>
+constexpr int64_t kTensorOneCtaMax = int64_t{2} * kTokenThreads * kTokenBatch * 8;
+template <typename T, bool kTensor>
 __global__ void __launch_bounds__(kTokenThreads)
-    QuantTokenVecKernel(const T* in, int64_t K, uint8_t* q, float* scale) {
+    QuantTokenVecKernel(const T* in, int64_t K, int64_t rows, uint8_t* q, float* scale) {
   __shared__ float red[32];
   detail::PdlWaitThenRelease();
   const int64_t r = blockIdx.x, nv = K / 8;
@@ -180,7 +210,8 @@ __global__ void __launch_bounds__(kTokenThreads)
 #pragma unroll
     for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(detail::ToFloat(h[j])));
   });
-  const float s = Fp8TokenScale(BlockMax(m, red));
+  m = BlockMax(m, red);
+  const float s = kTensor ? Fp8TensorScale(0.0f, m) : Fp8TokenScale(m);
   for_vectors([&](int64_t i, const T* h) {
     uint32_t b[2] = {0u, 0u};
 #pragma unroll
@@ -189,7 +220,9 @@ __global__ void __launch_bounds__(kTokenThreads)
     }
     reinterpret_cast<uint2*>(q + r * K)[i] = make_uint2(b[0], b[1]);
   });
-  if (threadIdx.x == 0) scale[r] = s;
+  // Per token: the row's cell; per tensor: every row's.
+  const int64_t first = kTensor ? 0 : r, end = kTensor ? rows : r + 1;
+  for (int64_t i = first + threadIdx.x; i < end; i += kTokenThreads) scale[i] = s;
 }
 
 // Per tensor: the scale is static, or the maximum of AbsMaxKernel's
@@ -255,7 +288,7 @@ __global__ void ScaleRowsF32Kernel(const float* a, const float* w, int64_t rows,
 
 // fn(static_cast<T*>(nullptr)) with T the 2-byte type `t` names (bf16 or fp16).
 template <typename F>
-cudaError_t ByTwoByteType(DType t, F&& fn) {
+auto ByTwoByteType(DType t, F&& fn) {
   return t == DType::kBFloat16 ? fn(static_cast<__nv_bfloat16*>(nullptr))
                                : fn(static_cast<__half*>(nullptr));
 }
@@ -284,15 +317,31 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
   if (in == nullptr || q == nullptr || scale == nullptr || (dynamic_tensor && scratch == nullptr)) {
     return absl::InvalidArgumentError("moe_fp8_quantize: null pointer");
   }
+  const bool two_byte = in_type != DType::kFloat32;  // bf16 / fp16
+  const auto aligned = [](const void* p, uintptr_t n) {
+    return reinterpret_cast<uintptr_t>(p) % n == 0;
+  };
+  // A vectorised row of n elements: 2-byte, 16-byte loads, 8-byte stores.
+  const auto vec_row = [&](int64_t n) {
+    return two_byte && n % 8 == 0 && aligned(in, 16) && aligned(q, 8);
+  };
+  const auto launch_vec_row = [&](auto tensor, int64_t blocks, int64_t n) {
+    return ByTwoByteType(in_type, [&](auto* t) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
+      return detail::LaunchPdl(QuantTokenVecKernel<T, decltype(tensor)::value>,
+                               dim3(static_cast<unsigned>(blocks)), dim3(kTokenThreads), 0, stream,
+                               static_cast<const T*>(in), n, rows, q, scale);
+    });
+  };
+  if (dynamic_tensor && rows * K <= kTensorOneCtaMax && vec_row(rows * K)) {
+    KPLAN_CUDA_RETURN_IF_ERROR(launch_vec_row(std::true_type{}, 1, rows * K));
+    return absl::OkStatus();
+  }
   const int partials = dynamic_tensor ? Blocks(rows * K) : 0;
   if (dynamic_tensor) {
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(AbsMaxKernel, dim3(partials), dim3(kThreads), 0,
                                                  stream, in_type, in, rows * K, scratch));
   }
-  const bool two_byte = in_type != DType::kFloat32;  // bf16 / fp16
-  const auto aligned = [](const void* p, uintptr_t n) {
-    return reinterpret_cast<uintptr_t>(p) % n == 0;
-  };
   if (mode == MoeFp8ActQuant::kPerGroup) {
     const int64_t warps = rows * ((K + group - 1) / group);
     const dim3 grid(Blocks(warps * 32));
@@ -301,10 +350,11 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
       KPLAN_CUDA_RETURN_IF_ERROR(ByTwoByteType(in_type, [&](auto* t) {
         using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
         const auto* x = static_cast<const T*>(in);
-        return group <= 128 ? detail::LaunchPdl(QuantGroupVecKernel<T, 1>, grid, dim3(kThreads), 0,
-                                                stream, x, rows, K, group, q, scale)
-                            : detail::LaunchPdl(QuantGroupVecKernel<T, 2>, grid, dim3(kThreads), 0,
-                                                stream, x, rows, K, group, q, scale);
+        return group <= 128
+                   ? detail::LaunchPdl(QuantGroupVecKernel<T, 1>, grid, dim3(kThreads), 0, stream,
+                                       QuantGroupVecJob<T, 1>{x, rows, K, group, q, scale})
+                   : detail::LaunchPdl(QuantGroupVecKernel<T, 2>, grid, dim3(kThreads), 0, stream,
+                                       QuantGroupVecJob<T, 2>{x, rows, K, group, q, scale});
       }));
       return absl::OkStatus();
     }
@@ -314,19 +364,45 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTensorKernel, dim3(Blocks(rows * K)),
                                                  dim3(kThreads), 0, stream, in_type, in, rows, K,
                                                  static_scale, scratch, partials, q, scale));
-  } else if (two_byte && K % 8 == 0 && aligned(in, 16) && aligned(q, 8)) {
-    KPLAN_CUDA_RETURN_IF_ERROR(ByTwoByteType(in_type, [&](auto* t) {
-      using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
-      return detail::LaunchPdl(QuantTokenVecKernel<T>, dim3(static_cast<unsigned>(rows)),
-                               dim3(kTokenThreads), 0, stream, static_cast<const T*>(in), K, q,
-                               scale);
-    }));
+  } else if (vec_row(K)) {
+    KPLAN_CUDA_RETURN_IF_ERROR(launch_vec_row(std::false_type{}, rows, K));
   } else {
     KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTokenKernel,
                                                  dim3(static_cast<unsigned>(rows)), dim3(kThreads),
                                                  0, stream, in_type, in, K, q, scale));
   }
   return absl::OkStatus();
+}
+
+absl::Status LaunchMoeRoutingAndFp8QuantizeGroups(const MoeRoutingParams& routing,
+                                                  const float* logits, int64_t num_tokens,
+                                                  float* topk_weights, int32_t* topk_ids,
+                                                  DType in_type, const void* in, int64_t rows,
+                                                  int64_t K, int group, uint8_t* q, float* scale,
+                                                  cudaStream_t stream) {
+  const bool joins = in_type != DType::kFloat32 && rows > 0 && rows <= INT32_MAX && K > 0 &&
+                     K % 4 == 0 && group > 0 && group % 4 == 0 && group <= 128 && in != nullptr &&
+                     q != nullptr && scale != nullptr && reinterpret_cast<uintptr_t>(in) % 8 == 0 &&
+                     reinterpret_cast<uintptr_t>(q) % 4 == 0;
+  if (absl::Status s = CheckFloatDType(in_type, "moe_fp8_quantize"); !s.ok()) return s;
+  if (!joins) {
+    KPLAN_RETURN_IF_ERROR(
+        LaunchMoeRouting(routing, logits, num_tokens, topk_weights, topk_ids, stream));
+    return LaunchMoeFp8Quantize(MoeFp8ActQuant::kPerGroup, in_type, in, rows, K, group, 0.0f,
+                                nullptr, q, scale, stream);
+  }
+  // A warp per (row, group), blocks of the routing kernel's warps.
+  const int64_t warps = rows * ((K + group - 1) / group);
+  const int64_t blocks = std::min<int64_t>(
+      (warps + detail::routing::kWarpsPerBlock - 1) / detail::routing::kWarpsPerBlock,
+      kMoeFp8QuantScratchFloats);
+  return ByTwoByteType(in_type, [&](auto* t) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
+    return detail::routing::LaunchRoutingWith(
+        routing, logits, num_tokens, topk_weights, topk_ids,
+        QuantGroupVecJob<T, 1>{static_cast<const T*>(in), rows, K, group, q, scale}, blocks,
+        stream);
+  });
 }
 
 absl::Status LaunchMoeActivationF32(MoeActivation act, const MoeActParams& params, const float* in,

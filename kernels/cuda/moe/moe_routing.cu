@@ -1,5 +1,6 @@
 // MoE router: fp32 logits [M, E] -> topk_weights fp32 [M, k], topk_ids int32
-// [M, k], one warp per token (moe_routing.cuh), 4 warps per block.
+// [M, k], one warp per token, 4 warps per block (the kernel and its launch
+// in moe_routing.cuh); here the checks of its parameters.
 #include <cmath>
 #include <string>
 
@@ -10,32 +11,6 @@
 
 namespace kplan::kernels::cuda {
 namespace {
-
-constexpr int kWarpsPerBlock = 4;
-
-struct RoutingArgs {
-  const float* logits;
-  int64_t num_tokens;
-  float* weights;
-  int32_t* ids;
-  detail::routing::RouteParams p;
-};
-
-template <int kN>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingArgs a) {
-  __shared__ float s_choice[kWarpsPerBlock][kMoeRoutingMaxExperts];
-  detail::PdlWaitThenRelease();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
-  if (token >= a.num_tokens) return;  // whole warp: no block barrier below
-  float w;
-  int id;
-  detail::routing::RouteTokenWarp<kN>(a.p, a.logits + token * a.p.E, s_choice[warp], lane, w, id);
-  if (lane < a.p.k) {
-    a.weights[token * a.p.k + lane] = w;
-    a.ids[token * a.p.k + lane] = id;
-  }
-}
 
 absl::Status Invalid(const char* field, const std::string& what) {
   return absl::InvalidArgumentError(std::string(field) + ": " + what);
@@ -108,39 +83,21 @@ absl::Status ValidateMoeRoutingParams(const MoeRoutingParams& p) {
   return absl::OkStatus();
 }
 
-absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits, int64_t num_tokens,
-                              float* topk_weights, int32_t* topk_ids, cudaStream_t stream) {
+absl::Status detail::routing::CheckRoutingLaunch(const MoeRoutingParams& p, const float* logits,
+                                                 int64_t num_tokens, const float* topk_weights,
+                                                 const int32_t* topk_ids) {
   if (absl::Status s = ValidateMoeRoutingParams(p); !s.ok()) return s;
   if (num_tokens < 0) return Invalid("num_tokens", "num_tokens must not be negative");
-  if (num_tokens == 0) return absl::OkStatus();
-  if (logits == nullptr || topk_weights == nullptr || topk_ids == nullptr) {
+  if (num_tokens > 0 && (logits == nullptr || topk_weights == nullptr || topk_ids == nullptr)) {
     return Invalid("router_logits", "logits and the top-k outputs must not be null");
   }
-  const int64_t blocks = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (blocks > 0x7fffffff) return Invalid("num_tokens", "too many tokens");
-  RoutingArgs a;
-  a.logits = logits;
-  a.num_tokens = num_tokens;
-  a.weights = topk_weights;
-  a.ids = topk_ids;
-  a.p = detail::routing::RouteParamsOf(p);
-  void (*kernel)(RoutingArgs) = MoeRoutingKernel<detail::routing::kPerLane>;
-  switch (detail::routing::PerLaneFor(p.num_experts)) {
-    case 1:
-      kernel = MoeRoutingKernel<1>;
-      break;
-    case 4:
-      kernel = MoeRoutingKernel<4>;
-      break;
-    case 8:
-      kernel = MoeRoutingKernel<8>;
-      break;
-    default:
-      break;
-  }
-  KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(kernel, dim3(static_cast<unsigned>(blocks)),
-                                               dim3(kWarpsPerBlock * 32), 0, stream, a));
   return absl::OkStatus();
+}
+
+absl::Status LaunchMoeRouting(const MoeRoutingParams& p, const float* logits, int64_t num_tokens,
+                              float* topk_weights, int32_t* topk_ids, cudaStream_t stream) {
+  return detail::routing::LaunchRoutingWith(p, logits, num_tokens, topk_weights, topk_ids,
+                                            detail::routing::NoSideJob{}, 0, stream);
 }
 
 }  // namespace kplan::kernels::cuda

@@ -21,10 +21,14 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
+#include "absl/status/status.h"
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_routing_key.h"
+#include "kernels/cuda/moe/pdl.cuh"
+#include "kernels/cuda/runtime/status.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "the routing top-k uses redux.sync: sm_80 or later"
@@ -233,6 +237,95 @@ __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float
     }
     if (a.scale != 1.0f) w = w * a.scale;
   }
+}
+
+// --- The routing kernel (LaunchMoeRouting, moe_ops.h), here so that work
+// that neither reads what the routing writes nor writes what it reads can
+// run in CTAs of its own beside it (MoeRoutingKernel's side job): one kernel of
+// a decode layer's chain instead of two (LaunchMoeRoutingAndFp8QuantizeGroups,
+// moe_quant_gemm.h).
+
+constexpr int kWarpsPerBlock = 4;
+
+struct RoutingArgs {
+  const float* logits;
+  int64_t num_tokens;
+  float* weights;
+  int32_t* ids;
+  RouteParams p;
+  unsigned route_blocks;  // blocks routing tokens (a warp each); side(...) in the rest
+};
+
+// No side job (LaunchMoeRouting).
+struct NoSideJob {
+  __device__ void operator()(unsigned /*block*/, unsigned /*blocks*/) const {}
+};
+
+// Blocks [0, a.route_blocks) route a token a warp, the picks to weights / ids
+// [token, k]; the others run side(block - route_blocks, side blocks).
+template <int kN, typename Side>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) MoeRoutingKernel(RoutingArgs a, Side side) {
+  __shared__ float s_choice[kWarpsPerBlock][kMoeRoutingMaxExperts];
+  PdlWaitThenRelease();
+  if (blockIdx.x >= a.route_blocks) {
+    side(blockIdx.x - a.route_blocks, gridDim.x - a.route_blocks);
+    return;
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  if (token >= a.num_tokens) return;  // whole warp: no block barrier below
+  float w;
+  int id;
+  RouteTokenWarp<kN>(a.p, a.logits + token * a.p.E, s_choice[warp], lane, w, id);
+  if (lane < a.p.k) {
+    a.weights[token * a.p.k + lane] = w;
+    a.ids[token * a.p.k + lane] = id;
+  }
+}
+
+// LaunchMoeRouting's checks of its arguments (moe_routing.cu).
+absl::Status CheckRoutingLaunch(const MoeRoutingParams& p, const float* logits, int64_t num_tokens,
+                                const float* topk_weights, const int32_t* topk_ids);
+
+// LaunchMoeRouting with `side` in side_blocks more blocks of
+// kWarpsPerBlock warps.
+template <typename Side>
+absl::Status LaunchRoutingWith(const MoeRoutingParams& p, const float* logits, int64_t num_tokens,
+                               float* topk_weights, int32_t* topk_ids, const Side& side,
+                               int64_t side_blocks, cudaStream_t stream) {
+  if (absl::Status s = CheckRoutingLaunch(p, logits, num_tokens, topk_weights, topk_ids); !s.ok()) {
+    return s;
+  }
+  const int64_t route_blocks = (num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (route_blocks + side_blocks > 0x7fffffff) {
+    return absl::InvalidArgumentError("num_tokens: too many tokens");
+  }
+  if (route_blocks + side_blocks == 0) return absl::OkStatus();
+  RoutingArgs a;
+  a.logits = logits;
+  a.num_tokens = num_tokens;
+  a.weights = topk_weights;
+  a.ids = topk_ids;
+  a.p = RouteParamsOf(p);
+  a.route_blocks = static_cast<unsigned>(route_blocks);
+  void (*kernel)(RoutingArgs, Side) = MoeRoutingKernel<kPerLane, Side>;
+  switch (PerLaneFor(p.num_experts)) {
+    case 1:
+      kernel = MoeRoutingKernel<1, Side>;
+      break;
+    case 4:
+      kernel = MoeRoutingKernel<4, Side>;
+      break;
+    case 8:
+      kernel = MoeRoutingKernel<8, Side>;
+      break;
+    default:
+      break;
+  }
+  KPLAN_CUDA_RETURN_IF_ERROR(LaunchPdl(kernel,
+                                       dim3(static_cast<unsigned>(route_blocks + side_blocks)),
+                                       dim3(kWarpsPerBlock * 32), 0, stream, a, side));
+  return absl::OkStatus();
 }
 
 }  // namespace kplan::kernels::cuda::detail::routing
