@@ -1100,7 +1100,10 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
   struct Size {
     int64_t rows, K;
   };
-  const Size sizes[] = {{1, 14336}, {2, 14336}, {3, 2048}, {5, 200}, {4, 100}, {2, 98}};
+  // Dynamic per tensor on 2-byte rows: up to 32768 elements (4 x 8192, the
+  // bound) one kernel, past it (3 x 14336) AbsMaxKernel + QuantTensorKernel.
+  const Size sizes[] = {{1, 14336}, {2, 14336}, {4, 8192}, {3, 14336},
+                        {3, 2048},  {5, 200},   {4, 100},  {2, 98}};
   const kernels::DType dtypes[] = {kernels::DType::kBFloat16, kernels::DType::kFloat16,
                                    kernels::DType::kFloat32};
   struct Mode {
@@ -1187,6 +1190,7 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
             }
           }
           ASSERT_EQ(cudaMemset(d_q.data(), 0xAB, n + 16), cudaSuccess);
+          ASSERT_EQ(cudaMemset(d_s.data(), 0xFF, n * 4), cudaSuccess);  // NaN: every cell written
           ASSERT_TRUE(kernels::cuda::LaunchMoeFp8Quantize(
                           m.mode, dt, d_in.As<uint8_t>(in_off), sz.rows, sz.K, m.group,
                           m.static_scale, d_scratch.As<float>(), d_q.As<uint8_t>(q_off),
@@ -1220,6 +1224,139 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
     }
   }
   std::printf("fp8 activation quantiser: %d cases byte for byte\n", cases);
+}
+
+// LaunchMoeRoutingAndFp8QuantizeGroups against its two steps run apart
+// (LaunchMoeRouting, then LaunchMoeFp8Quantize kPerGroup), byte for byte:
+// the picks, their weights, the quantised bytes and the group scales, every
+// output poisoned first. The one-kernel form (bf16 / fp16, group <= 128) with
+// the routing kernel's per-lane counts 1, 4 and 8 (E 8, 128, 256 grouped),
+// tokens filling a routing block or not (1, 3, 9), rows of several blocks of
+// groups and a partial last group (K 200); the fallback (fp32, group 256).
+// A bad routing parameter fails with its field named, launching nothing.
+TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
+  SKIP_WITHOUT_CUDA();
+  using kernels::cuda::MoeFp8ActQuant;
+  using kernels::cuda::MoeRoutingParams;
+  struct Route {
+    int E, k;
+    kernels::RoutingMethod method;
+    kernels::ScoringFunc scoring;
+    int groups, topk_group;
+  };
+  const Route routes[] = {
+      {8, 2, kernels::RoutingMethod::kTopK, kernels::ScoringFunc::kSoftmax, 0, 0},
+      {128, 8, kernels::RoutingMethod::kTopK, kernels::ScoringFunc::kSoftmax, 0, 0},
+      {256, 8, kernels::RoutingMethod::kGroupedTopK, kernels::ScoringFunc::kSigmoid, 8, 4}};
+  struct Quant {
+    kernels::DType dt;
+    int64_t K;
+    int group;
+  };
+  const Quant quants[] = {
+      {kernels::DType::kBFloat16, 7168, 128}, {kernels::DType::kFloat16, 2048, 128},
+      {kernels::DType::kBFloat16, 200, 128},  {kernels::DType::kBFloat16, 2048, 64},
+      {kernels::DType::kFloat32, 2048, 128},  {kernels::DType::kBFloat16, 2048, 256}};
+  std::mt19937_64 rng(Mix(Seed() ^ 0x5e));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  int cases = 0;
+  for (const Route& rt : routes) {
+    for (const Quant& qt : quants) {
+      for (int64_t M : {1, 3, 9}) {
+        const std::string label =
+            absl::StrCat("E ", rt.E, " k ", rt.k, " ", kernels::DTypeName(qt.dt), " K ", qt.K,
+                         " group ", qt.group, " tokens ", M);
+        MoeRoutingParams p;
+        p.num_experts = rt.E;
+        p.top_k = rt.k;
+        p.method = rt.method;
+        p.scoring = rt.scoring;
+        p.renormalize = true;
+        p.num_expert_group = rt.groups;
+        p.topk_group = rt.topk_group;
+        std::vector<float> logits(M * rt.E);
+        for (float& v : logits) v = nd(rng);
+        const int64_t es = kernels::DTypeSize(qt.dt), n = M * qt.K;
+        const int64_t groups = (qt.K + qt.group - 1) / qt.group;
+        std::string x(n * es, '\0');
+        for (int64_t i = 0; i < n; ++i) moe::StoreFloat(x.data(), qt.dt, i, 3.0f * nd(rng));
+        kernels::cuda::DeviceBuffer d_logits, d_x;
+        ASSERT_TRUE(d_logits.Reserve(logits.size() * 4).ok());
+        ASSERT_TRUE(d_x.Reserve(n * es).ok());
+        ASSERT_EQ(
+            cudaMemcpy(d_logits.data(), logits.data(), logits.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(d_x.data(), x.data(), n * es, cudaMemcpyHostToDevice), cudaSuccess);
+        struct Out {
+          std::vector<float> w;
+          std::vector<int32_t> ids;
+          std::vector<uint8_t> q;
+          std::vector<float> s;
+        };
+        auto run = [&](bool together, Out& o) {
+          kernels::cuda::DeviceBuffer w, ids, q, sc;
+          ASSERT_TRUE(w.Reserve(M * rt.k * 4).ok());
+          ASSERT_TRUE(ids.Reserve(M * rt.k * 4).ok());
+          ASSERT_TRUE(q.Reserve(n).ok());
+          ASSERT_TRUE(sc.Reserve(M * groups * 4).ok());
+          for (auto* b : {&w, &ids, &sc})
+            ASSERT_EQ(cudaMemset(b->data(), 0xFF, b->capacity()), cudaSuccess);
+          ASSERT_EQ(cudaMemset(q.data(), 0xAB, n), cudaSuccess);
+          if (together) {
+            ASSERT_TRUE(kernels::cuda::LaunchMoeRoutingAndFp8QuantizeGroups(
+                            p, d_logits.As<float>(), M, w.As<float>(), ids.As<int32_t>(), qt.dt,
+                            d_x.data(), M, qt.K, qt.group, q.As<uint8_t>(), sc.As<float>(), nullptr)
+                            .ok())
+                << label;
+          } else {
+            ASSERT_TRUE(kernels::cuda::LaunchMoeRouting(p, d_logits.As<float>(), M, w.As<float>(),
+                                                        ids.As<int32_t>(), nullptr)
+                            .ok())
+                << label;
+            ASSERT_TRUE(kernels::cuda::LaunchMoeFp8Quantize(
+                            MoeFp8ActQuant::kPerGroup, qt.dt, d_x.data(), M, qt.K, qt.group, 0.0f,
+                            nullptr, q.As<uint8_t>(), sc.As<float>(), nullptr)
+                            .ok())
+                << label;
+          }
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << label;
+          o.w.resize(M * rt.k);
+          o.ids.resize(M * rt.k);
+          o.q.resize(n);
+          o.s.resize(M * groups);
+          ASSERT_EQ(cudaMemcpy(o.w.data(), w.data(), o.w.size() * 4, cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(o.ids.data(), ids.data(), o.ids.size() * 4, cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(o.q.data(), q.data(), n, cudaMemcpyDeviceToHost), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(o.s.data(), sc.data(), o.s.size() * 4, cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+        };
+        Out apart, together;
+        ASSERT_NO_FATAL_FAILURE(run(false, apart));
+        ASSERT_NO_FATAL_FAILURE(run(true, together));
+        // Routed and quantised at all (not the poison).
+        for (int32_t id : apart.ids) ASSERT_TRUE(id >= 0 && id < rt.E) << label;
+        for (float v : apart.s) ASSERT_TRUE(v > 0.0f) << label;
+        EXPECT_EQ(apart.ids, together.ids) << label;
+        EXPECT_EQ(std::memcmp(apart.w.data(), together.w.data(), apart.w.size() * 4), 0) << label;
+        EXPECT_EQ(apart.q, together.q) << label;
+        EXPECT_EQ(std::memcmp(apart.s.data(), together.s.data(), apart.s.size() * 4), 0) << label;
+        ++cases;
+      }
+    }
+  }
+  MoeRoutingParams bad;
+  bad.num_experts = 8;
+  bad.top_k = 0;
+  kernels::cuda::DeviceBuffer d_any;
+  ASSERT_TRUE(d_any.Reserve(1 << 16).ok());
+  const absl::Status st = kernels::cuda::LaunchMoeRoutingAndFp8QuantizeGroups(
+      bad, d_any.As<float>(), 1, d_any.As<float>(), d_any.As<int32_t>(), kernels::DType::kBFloat16,
+      d_any.data(), 1, 2048, 128, d_any.As<uint8_t>(), d_any.As<float>(), nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("routing.top_k"));
+  std::printf("routing with the activation quantiser: %d cases byte for byte\n", cases);
 }
 
 // The int dequantisation (IntGroupDequant, through the int prefill route's
