@@ -303,16 +303,17 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   const kc::MoeFp8ActQuant qmode = s.block       ? kc::MoeFp8ActQuant::kPerGroup
                                    : s.per_token ? kc::MoeFp8ActQuant::kPerToken
                                                  : kc::MoeFp8ActQuant::kPerTensor;
-  // Decode sizes with per-group activation scales: GEMM 1's A quantised by
-  // the routing kernel's spare blocks (it reads the hidden rows as given),
-  // one kernel fewer on the layer's critical path.
+  // Decode sizes: GEMM 1's A quantised by the routing kernel's spare blocks
+  // where it fits them (LaunchMoeRoutingAndFp8Quantize; the hidden rows as
+  // given), one kernel fewer on the layer's critical path.
+  float* scratch = s.fp8 ? At<float>(workspace, l.scratch) : nullptr;
   const bool quantise_a1_with_routing =
-      s.fp8 && (matvec || decode) && qmode == kc::MoeFp8ActQuant::kPerGroup &&
-      a.router_logits != nullptr && !a.apply_router_weight_on_input;
+      s.fp8 && (matvec || decode) && a.router_logits != nullptr && !a.apply_router_weight_on_input;
   if (quantise_a1_with_routing) {
-    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeRoutingAndFp8QuantizeGroups(
-        a.routing, a.router_logits, M, a.topk_weights, a.topk_ids, ft, a.hidden, M, H, s.block_k,
-        At<uint8_t>(workspace, l.q1), At<float>(workspace, l.s1), stream));
+    KPLAN_RETURN_IF_ERROR(kc::LaunchMoeRoutingAndFp8Quantize(
+        a.routing, a.router_logits, M, a.topk_weights, a.topk_ids, qmode, ft, a.hidden, M, H,
+        s.block_k, s.a1_static, scratch, At<uint8_t>(workspace, l.q1), At<float>(workspace, l.s1),
+        stream));
     MoeLayerArgs routed = a;
     routed.router_logits = nullptr;  // routed above: the align (if any) only
     KPLAN_RETURN_IF_ERROR(EnqueueRoutingAndAlign(routed, matvec ? 0 : l.block_m, sorted, eids, post,
@@ -331,7 +332,6 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
     a1 = scaled;
   }
 
-  float* scratch = s.fp8 ? At<float>(workspace, l.scratch) : nullptr;
   // Makes `g`'s A operand the fp8 quantisation of `in` ([rows, K]) into the
   // workspace's q / scale buffers at the given offsets.
   // `quantised`: already there (quantise_a1_with_routing).

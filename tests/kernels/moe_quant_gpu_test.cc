@@ -1226,14 +1226,16 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
   std::printf("fp8 activation quantiser: %d cases byte for byte\n", cases);
 }
 
-// LaunchMoeRoutingAndFp8QuantizeGroups against its two steps run apart
-// (LaunchMoeRouting, then LaunchMoeFp8Quantize kPerGroup), byte for byte:
-// the picks, their weights, the quantised bytes and the group scales, every
-// output poisoned first. The one-kernel form (bf16 / fp16, group <= 128) with
-// the routing kernel's per-lane counts 1, 4 and 8 (E 8, 128, 256 grouped),
-// tokens filling a routing block or not (1, 3, 9), rows of several blocks of
-// groups and a partial last group (K 200); the fallback (fp32, group 256).
-// A bad routing parameter fails with its field named, launching nothing.
+// LaunchMoeRoutingAndFp8Quantize against its two steps run apart
+// (LaunchMoeRouting, then LaunchMoeFp8Quantize), byte for byte: the picks,
+// their weights, the quantised bytes and the scales, every output poisoned
+// first. The one-kernel forms (per group on bf16 / fp16 with group <= 128; a
+// dynamic per-tensor scale over at most 8192 elements: K 2048 up to 3
+// tokens, K 7168 one token) with the routing kernel's per-lane counts 1, 4
+// and 8 (E 8, 128, 256 grouped), tokens filling a routing block or not (1,
+// 3, 9), rows of several blocks of groups and a partial last group (K 200);
+// the two apart otherwise (fp32, group 256, larger tensors, a static scale,
+// per token). A bad routing parameter fails with its field named.
 TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
   SKIP_WITHOUT_CUDA();
   using kernels::cuda::MoeFp8ActQuant;
@@ -1249,14 +1251,23 @@ TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
       {128, 8, kernels::RoutingMethod::kTopK, kernels::ScoringFunc::kSoftmax, 0, 0},
       {256, 8, kernels::RoutingMethod::kGroupedTopK, kernels::ScoringFunc::kSigmoid, 8, 4}};
   struct Quant {
+    MoeFp8ActQuant mode;
     kernels::DType dt;
     int64_t K;
     int group;
+    float static_scale;
   };
-  const Quant quants[] = {
-      {kernels::DType::kBFloat16, 7168, 128}, {kernels::DType::kFloat16, 2048, 128},
-      {kernels::DType::kBFloat16, 200, 128},  {kernels::DType::kBFloat16, 2048, 64},
-      {kernels::DType::kFloat32, 2048, 128},  {kernels::DType::kBFloat16, 2048, 256}};
+  constexpr auto kGroup = MoeFp8ActQuant::kPerGroup, kTensor = MoeFp8ActQuant::kPerTensor;
+  const Quant quants[] = {{kGroup, kernels::DType::kBFloat16, 7168, 128, 0},
+                          {kGroup, kernels::DType::kFloat16, 2048, 128, 0},
+                          {kGroup, kernels::DType::kBFloat16, 200, 128, 0},
+                          {kGroup, kernels::DType::kBFloat16, 2048, 64, 0},
+                          {kGroup, kernels::DType::kFloat32, 2048, 128, 0},
+                          {kGroup, kernels::DType::kBFloat16, 2048, 256, 0},
+                          {kTensor, kernels::DType::kBFloat16, 2048, 0, 0},
+                          {kTensor, kernels::DType::kFloat16, 7168, 0, 0},
+                          {kTensor, kernels::DType::kBFloat16, 2048, 0, 0.02f},
+                          {MoeFp8ActQuant::kPerToken, kernels::DType::kBFloat16, 2048, 0, 0}};
   std::mt19937_64 rng(Mix(Seed() ^ 0x5e));
   std::normal_distribution<float> nd(0.0f, 1.0f);
   int cases = 0;
@@ -1264,8 +1275,9 @@ TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
     for (const Quant& qt : quants) {
       for (int64_t M : {1, 3, 9}) {
         const std::string label =
-            absl::StrCat("E ", rt.E, " k ", rt.k, " ", kernels::DTypeName(qt.dt), " K ", qt.K,
-                         " group ", qt.group, " tokens ", M);
+            absl::StrCat("E ", rt.E, " k ", rt.k, " mode ", static_cast<int>(qt.mode), " ",
+                         kernels::DTypeName(qt.dt), " K ", qt.K, " group ", qt.group, " static ",
+                         qt.static_scale, " tokens ", M);
         MoeRoutingParams p;
         p.num_experts = rt.E;
         p.top_k = rt.k;
@@ -1277,7 +1289,7 @@ TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
         std::vector<float> logits(M * rt.E);
         for (float& v : logits) v = nd(rng);
         const int64_t es = kernels::DTypeSize(qt.dt), n = M * qt.K;
-        const int64_t groups = (qt.K + qt.group - 1) / qt.group;
+        const int64_t groups = qt.group > 0 ? (qt.K + qt.group - 1) / qt.group : 1;
         std::string x(n * es, '\0');
         for (int64_t i = 0; i < n; ++i) moe::StoreFloat(x.data(), qt.dt, i, 3.0f * nd(rng));
         kernels::cuda::DeviceBuffer d_logits, d_x;
@@ -1294,7 +1306,8 @@ TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
           std::vector<float> s;
         };
         auto run = [&](bool together, Out& o) {
-          kernels::cuda::DeviceBuffer w, ids, q, sc;
+          kernels::cuda::DeviceBuffer w, ids, q, sc, scratch;
+          ASSERT_TRUE(scratch.Reserve(4 * kernels::cuda::kMoeFp8QuantScratchFloats).ok());
           ASSERT_TRUE(w.Reserve(M * rt.k * 4).ok());
           ASSERT_TRUE(ids.Reserve(M * rt.k * 4).ok());
           ASSERT_TRUE(q.Reserve(n).ok());
@@ -1303,9 +1316,10 @@ TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
             ASSERT_EQ(cudaMemset(b->data(), 0xFF, b->capacity()), cudaSuccess);
           ASSERT_EQ(cudaMemset(q.data(), 0xAB, n), cudaSuccess);
           if (together) {
-            ASSERT_TRUE(kernels::cuda::LaunchMoeRoutingAndFp8QuantizeGroups(
-                            p, d_logits.As<float>(), M, w.As<float>(), ids.As<int32_t>(), qt.dt,
-                            d_x.data(), M, qt.K, qt.group, q.As<uint8_t>(), sc.As<float>(), nullptr)
+            ASSERT_TRUE(kernels::cuda::LaunchMoeRoutingAndFp8Quantize(
+                            p, d_logits.As<float>(), M, w.As<float>(), ids.As<int32_t>(), qt.mode,
+                            qt.dt, d_x.data(), M, qt.K, qt.group, qt.static_scale,
+                            scratch.As<float>(), q.As<uint8_t>(), sc.As<float>(), nullptr)
                             .ok())
                 << label;
           } else {
@@ -1314,8 +1328,8 @@ TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
                             .ok())
                 << label;
             ASSERT_TRUE(kernels::cuda::LaunchMoeFp8Quantize(
-                            MoeFp8ActQuant::kPerGroup, qt.dt, d_x.data(), M, qt.K, qt.group, 0.0f,
-                            nullptr, q.As<uint8_t>(), sc.As<float>(), nullptr)
+                            qt.mode, qt.dt, d_x.data(), M, qt.K, qt.group, qt.static_scale,
+                            scratch.As<float>(), q.As<uint8_t>(), sc.As<float>(), nullptr)
                             .ok())
                 << label;
           }
@@ -1351,9 +1365,10 @@ TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
   bad.top_k = 0;
   kernels::cuda::DeviceBuffer d_any;
   ASSERT_TRUE(d_any.Reserve(1 << 16).ok());
-  const absl::Status st = kernels::cuda::LaunchMoeRoutingAndFp8QuantizeGroups(
-      bad, d_any.As<float>(), 1, d_any.As<float>(), d_any.As<int32_t>(), kernels::DType::kBFloat16,
-      d_any.data(), 1, 2048, 128, d_any.As<uint8_t>(), d_any.As<float>(), nullptr);
+  const absl::Status st = kernels::cuda::LaunchMoeRoutingAndFp8Quantize(
+      bad, d_any.As<float>(), 1, d_any.As<float>(), d_any.As<int32_t>(), MoeFp8ActQuant::kPerGroup,
+      kernels::DType::kBFloat16, d_any.data(), 1, 2048, 128, 0.0f, nullptr, d_any.As<uint8_t>(),
+      d_any.As<float>(), nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("routing.top_k"));
   std::printf("routing with the activation quantiser: %d cases byte for byte\n", cases);

@@ -109,18 +109,18 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
                                   int64_t K, int group, float static_scale, float* scratch,
                                   uint8_t* q, float* scale, cudaStream_t stream);
 
-// LaunchMoeRouting (moe_ops.h) of the logits, then LaunchMoeFp8Quantize
-// kPerGroup (dynamic) of `in`, the same results; as one kernel where the
-// quantiser's vector form applies (2-byte `in`, K and group multiples of 4,
-// group <= 128, `in` 8-byte and q 4-byte aligned): its blocks beside the
-// routing ones, neither reading what the other writes, so that a decode
-// layer's chain of kernels has one link less.
-absl::Status LaunchMoeRoutingAndFp8QuantizeGroups(const MoeRoutingParams& routing,
-                                                  const float* logits, int64_t num_tokens,
-                                                  float* topk_weights, int32_t* topk_ids,
-                                                  DType in_type, const void* in, int64_t rows,
-                                                  int64_t K, int group, uint8_t* q, float* scale,
-                                                  cudaStream_t stream);
+// LaunchMoeRouting (moe_ops.h) of the logits, then LaunchMoeFp8Quantize of
+// `in`, the same results; as one kernel where the quantiser is one small
+// kernel (per group on 2-byte rows with group <= 128, K and group multiples
+// of 4; a dynamic per-tensor scale over at most 8192 2-byte elements): its
+// blocks beside the routing ones, neither reading what the other writes, so
+// that a decode layer's chain of kernels has one link less.
+absl::Status LaunchMoeRoutingAndFp8Quantize(const MoeRoutingParams& routing, const float* logits,
+                                            int64_t num_tokens, float* topk_weights,
+                                            int32_t* topk_ids, MoeFp8ActQuant mode, DType in_type,
+                                            const void* in, int64_t rows, int64_t K, int group,
+                                            float static_scale, float* scratch, uint8_t* q,
+                                            float* scale, cudaStream_t stream);
 
 // fp32 versions of the moe_experts.h elementwise steps (same formulas and
 // rounding points; fp32 rounding is the identity).

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "absl/status/statusor.h"
 #include "base/status.h"
 #include "kernels/cuda/ir/ir_device_math.cuh"
 #include "kernels/cuda/moe/moe_activation_math.cuh"
@@ -172,10 +173,11 @@ __global__ void QuantTokenKernel(DType t, const void* in, int64_t K, uint8_t* q,
   if (threadIdx.x == 0) scale[r] = s;
 }
 
-// Per token on 2-byte activations with K % 8 == 0: one block of kTokenThreads
-// per row, 16-byte loads kTokenBatch at a time per thread (a decode row of
-// 14336 in one round trip where the kernel above walks it 2 bytes a thread
-// at a time), the row's max, then the loads again for the bytes.
+// Per token on 2-byte activations with K % 8 == 0: one block per row (of
+// kTokenThreads, or the routing kernel's blocks: QuantTokenVecJob), 16-byte
+// loads kTokenBatch at a time per thread (a decode row of 14336 in one round
+// trip where the kernel above walks it 2 bytes a thread at a time), the
+// row's max, then the loads again for the bytes.
 // kTensor: the dynamic per-tensor scale of a small tensor (at most
 // kTensorOneCtaMax elements, e.g. a decode step's activations) as one such
 // row on one block: the tensor's max and its bytes in one kernel where
@@ -184,45 +186,56 @@ __global__ void QuantTokenKernel(DType t, const void* in, int64_t K, uint8_t* q,
 constexpr int kTokenThreads = 512, kTokenBatch = 4;
 constexpr int64_t kTensorOneCtaMax = int64_t{2} * kTokenThreads * kTokenBatch * 8;
 template <typename T, bool kTensor>
+struct QuantTokenVecJob {
+  const T* in;
+  int64_t K, rows;  // kTensor: K the tensor's elements, one block
+  uint8_t* q;
+  float* scale;
+  __device__ __forceinline__ void operator()(unsigned block, unsigned /*blocks*/) const {
+    __shared__ float red[32];
+    const int threads = blockDim.x;
+    const int64_t r = block, nv = K / 8;
+    const uint4* row = reinterpret_cast<const uint4*>(in + r * K);
+    auto for_vectors = [&](auto&& fn) {
+      for (int64_t base = 0; base < nv; base += int64_t{threads} * kTokenBatch) {
+        uint4 w[kTokenBatch];
+#pragma unroll
+        for (int u = 0; u < kTokenBatch; ++u) {
+          const int64_t i = base + u * threads + threadIdx.x;
+          w[u] = i < nv ? __ldg(row + i) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < kTokenBatch; ++u) {
+          const int64_t i = base + u * threads + threadIdx.x;
+          if (i < nv) fn(i, reinterpret_cast<const T*>(&w[u]));
+        }
+      }
+    };
+    float m = 0.0f;
+    for_vectors([&](int64_t, const T* h) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(detail::ToFloat(h[j])));
+    });
+    m = BlockMax(m, red);
+    const float s = kTensor ? Fp8TensorScale(0.0f, m) : Fp8TokenScale(m);
+    for_vectors([&](int64_t i, const T* h) {
+      uint32_t b[2] = {0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        b[j / 4] |= static_cast<uint32_t>(Fp8Quantise(detail::ToFloat(h[j]), s)) << (8 * (j % 4));
+      }
+      reinterpret_cast<uint2*>(q + r * K)[i] = make_uint2(b[0], b[1]);
+    });
+    // Per token: the row's cell; per tensor: every row's.
+    const int64_t first = kTensor ? 0 : r, end = kTensor ? rows : r + 1;
+    for (int64_t i = first + threadIdx.x; i < end; i += threads) scale[i] = s;
+  }
+};
+template <typename T, bool kTensor>
 __global__ void __launch_bounds__(kTokenThreads)
-    QuantTokenVecKernel(const T* in, int64_t K, int64_t rows, uint8_t* q, float* scale) {
-  __shared__ float red[32];
+    QuantTokenVecKernel(const QuantTokenVecJob<T, kTensor> job) {
   detail::PdlWaitThenRelease();
-  const int64_t r = blockIdx.x, nv = K / 8;
-  const uint4* row = reinterpret_cast<const uint4*>(in + r * K);
-  auto for_vectors = [&](auto&& fn) {
-    for (int64_t base = 0; base < nv; base += int64_t{kTokenThreads} * kTokenBatch) {
-      uint4 w[kTokenBatch];
-#pragma unroll
-      for (int u = 0; u < kTokenBatch; ++u) {
-        const int64_t i = base + u * kTokenThreads + threadIdx.x;
-        w[u] = i < nv ? __ldg(row + i) : make_uint4(0u, 0u, 0u, 0u);
-      }
-#pragma unroll
-      for (int u = 0; u < kTokenBatch; ++u) {
-        const int64_t i = base + u * kTokenThreads + threadIdx.x;
-        if (i < nv) fn(i, reinterpret_cast<const T*>(&w[u]));
-      }
-    }
-  };
-  float m = 0.0f;
-  for_vectors([&](int64_t, const T* h) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(detail::ToFloat(h[j])));
-  });
-  m = BlockMax(m, red);
-  const float s = kTensor ? Fp8TensorScale(0.0f, m) : Fp8TokenScale(m);
-  for_vectors([&](int64_t i, const T* h) {
-    uint32_t b[2] = {0u, 0u};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      b[j / 4] |= static_cast<uint32_t>(Fp8Quantise(detail::ToFloat(h[j]), s)) << (8 * (j % 4));
-    }
-    reinterpret_cast<uint2*>(q + r * K)[i] = make_uint2(b[0], b[1]);
-  });
-  // Per token: the row's cell; per tensor: every row's.
-  const int64_t first = kTensor ? 0 : r, end = kTensor ? rows : r + 1;
-  for (int64_t i = first + threadIdx.x; i < end; i += kTokenThreads) scale[i] = s;
+  job(blockIdx.x, gridDim.x);
 }
 
 // Per tensor: the scale is static, or the maximum of AbsMaxKernel's
@@ -303,15 +316,29 @@ int Blocks(int64_t n) {
 
 }  // namespace
 
-absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void* in, int64_t rows,
-                                  int64_t K, int group, float static_scale, float* scratch,
-                                  uint8_t* q, float* scale, cudaStream_t stream) {
+namespace {
+
+// Which kernel (or pair) LaunchMoeFp8Quantize runs for its arguments.
+enum class QuantForm {
+  kNone,          // no rows
+  kGroupVec,      // QuantGroupVecKernel<T, 1> (group <= 128) or <T, 2>
+  kGroup,         // QuantGroupKernel
+  kTensorOneCta,  // QuantTokenVecKernel<T, true>: one block
+  kTensor,        // AbsMaxKernel (dynamic) and QuantTensorKernel
+  kTokenVec,      // QuantTokenVecKernel<T, false>
+  kToken,         // QuantTokenKernel
+};
+
+// The form, after LaunchMoeFp8Quantize's checks (an error where they fail).
+absl::StatusOr<QuantForm> QuantFormOf(MoeFp8ActQuant mode, DType in_type, const void* in,
+                                      int64_t rows, int64_t K, int group, float static_scale,
+                                      const float* scratch, const uint8_t* q, const float* scale) {
   if (absl::Status s = CheckFloatDType(in_type, "moe_fp8_quantize"); !s.ok()) return s;
   if (rows < 0 || K <= 0) return absl::InvalidArgumentError("moe_fp8_quantize: bad sizes");
   if (mode == MoeFp8ActQuant::kPerGroup && group <= 0) {
     return absl::InvalidArgumentError("moe_fp8_quantize: group must be positive");
   }
-  if (rows == 0) return absl::OkStatus();
+  if (rows == 0) return QuantForm::kNone;
   if (rows > INT32_MAX) return absl::InvalidArgumentError("moe_fp8_quantize: too many rows");
   const bool dynamic_tensor = mode == MoeFp8ActQuant::kPerTensor && !(static_scale > 0.0f);
   if (in == nullptr || q == nullptr || scale == nullptr || (dynamic_tensor && scratch == nullptr)) {
@@ -325,83 +352,128 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
   const auto vec_row = [&](int64_t n) {
     return two_byte && n % 8 == 0 && aligned(in, 16) && aligned(q, 8);
   };
-  const auto launch_vec_row = [&](auto tensor, int64_t blocks, int64_t n) {
+  switch (mode) {
+    case MoeFp8ActQuant::kPerGroup:
+      return two_byte && K % 4 == 0 && group % 4 == 0 && group <= 256 && aligned(in, 8) &&
+                     aligned(q, 4)
+                 ? QuantForm::kGroupVec
+                 : QuantForm::kGroup;
+    case MoeFp8ActQuant::kPerTensor:
+      return dynamic_tensor && rows * K <= kTensorOneCtaMax && vec_row(rows * K)
+                 ? QuantForm::kTensorOneCta
+                 : QuantForm::kTensor;
+    case MoeFp8ActQuant::kPerToken:
+      break;
+  }
+  return vec_row(K) ? QuantForm::kTokenVec : QuantForm::kToken;
+}
+
+}  // namespace
+
+absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void* in, int64_t rows,
+                                  int64_t K, int group, float static_scale, float* scratch,
+                                  uint8_t* q, float* scale, cudaStream_t stream) {
+  const absl::StatusOr<QuantForm> form =
+      QuantFormOf(mode, in_type, in, rows, K, group, static_scale, scratch, q, scale);
+  if (!form.ok()) return form.status();
+  const auto by_type = [&](auto&& fn) {
     return ByTwoByteType(in_type, [&](auto* t) {
       using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
-      return detail::LaunchPdl(QuantTokenVecKernel<T, decltype(tensor)::value>,
-                               dim3(static_cast<unsigned>(blocks)), dim3(kTokenThreads), 0, stream,
-                               static_cast<const T*>(in), n, rows, q, scale);
+      return fn(static_cast<const T*>(in));
     });
   };
-  if (dynamic_tensor && rows * K <= kTensorOneCtaMax && vec_row(rows * K)) {
-    KPLAN_CUDA_RETURN_IF_ERROR(launch_vec_row(std::true_type{}, 1, rows * K));
-    return absl::OkStatus();
-  }
-  const int partials = dynamic_tensor ? Blocks(rows * K) : 0;
-  if (dynamic_tensor) {
-    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(AbsMaxKernel, dim3(partials), dim3(kThreads), 0,
-                                                 stream, in_type, in, rows * K, scratch));
-  }
-  if (mode == MoeFp8ActQuant::kPerGroup) {
-    const int64_t warps = rows * ((K + group - 1) / group);
-    const dim3 grid(Blocks(warps * 32));
-    if (two_byte && K % 4 == 0 && group % 4 == 0 && group <= 256 && aligned(in, 8) &&
-        aligned(q, 4)) {
-      KPLAN_CUDA_RETURN_IF_ERROR(ByTwoByteType(in_type, [&](auto* t) {
-        using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
-        const auto* x = static_cast<const T*>(in);
-        return group <= 128
-                   ? detail::LaunchPdl(QuantGroupVecKernel<T, 1>, grid, dim3(kThreads), 0, stream,
-                                       QuantGroupVecJob<T, 1>{x, rows, K, group, q, scale})
-                   : detail::LaunchPdl(QuantGroupVecKernel<T, 2>, grid, dim3(kThreads), 0, stream,
-                                       QuantGroupVecJob<T, 2>{x, rows, K, group, q, scale});
-      }));
+  const auto token_vec = [&](auto tensor, int64_t blocks, int64_t n) {
+    return by_type([&](auto* x) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
+      constexpr bool kTensor = decltype(tensor)::value;
+      return detail::LaunchPdl(QuantTokenVecKernel<T, kTensor>, dim3(static_cast<unsigned>(blocks)),
+                               dim3(kTokenThreads), 0, stream,
+                               QuantTokenVecJob<T, kTensor>{x, n, rows, q, scale});
+    });
+  };
+  const dim3 group_grid(
+      mode == MoeFp8ActQuant::kPerGroup ? Blocks(rows * ((K + group - 1) / group) * 32) : 1);
+  switch (*form) {
+    case QuantForm::kNone:
       return absl::OkStatus();
+    case QuantForm::kGroupVec:
+      KPLAN_CUDA_RETURN_IF_ERROR(by_type([&](auto* x) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
+        return group <= 128
+                   ? detail::LaunchPdl(QuantGroupVecKernel<T, 1>, group_grid, dim3(kThreads), 0,
+                                       stream, QuantGroupVecJob<T, 1>{x, rows, K, group, q, scale})
+                   : detail::LaunchPdl(QuantGroupVecKernel<T, 2>, group_grid, dim3(kThreads), 0,
+                                       stream, QuantGroupVecJob<T, 2>{x, rows, K, group, q, scale});
+      }));
+      break;
+    case QuantForm::kGroup:
+      KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantGroupKernel, group_grid, dim3(kThreads), 0,
+                                                   stream, in_type, in, rows, K, group, q, scale));
+      break;
+    case QuantForm::kTensorOneCta:
+      KPLAN_CUDA_RETURN_IF_ERROR(token_vec(std::true_type{}, 1, rows * K));
+      break;
+    case QuantForm::kTensor: {
+      const bool dynamic = !(static_scale > 0.0f);
+      const int partials = dynamic ? Blocks(rows * K) : 0;
+      if (dynamic) {
+        KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(AbsMaxKernel, dim3(partials), dim3(kThreads),
+                                                     0, stream, in_type, in, rows * K, scratch));
+      }
+      KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTensorKernel, dim3(Blocks(rows * K)),
+                                                   dim3(kThreads), 0, stream, in_type, in, rows, K,
+                                                   static_scale, scratch, partials, q, scale));
+      break;
     }
-    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantGroupKernel, grid, dim3(kThreads), 0, stream,
-                                                 in_type, in, rows, K, group, q, scale));
-  } else if (mode == MoeFp8ActQuant::kPerTensor) {
-    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTensorKernel, dim3(Blocks(rows * K)),
-                                                 dim3(kThreads), 0, stream, in_type, in, rows, K,
-                                                 static_scale, scratch, partials, q, scale));
-  } else if (vec_row(K)) {
-    KPLAN_CUDA_RETURN_IF_ERROR(launch_vec_row(std::false_type{}, rows, K));
-  } else {
-    KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantTokenKernel,
-                                                 dim3(static_cast<unsigned>(rows)), dim3(kThreads),
-                                                 0, stream, in_type, in, K, q, scale));
+    case QuantForm::kTokenVec:
+      KPLAN_CUDA_RETURN_IF_ERROR(token_vec(std::false_type{}, rows, K));
+      break;
+    case QuantForm::kToken:
+      KPLAN_CUDA_RETURN_IF_ERROR(
+          detail::LaunchPdl(QuantTokenKernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0,
+                            stream, in_type, in, K, q, scale));
+      break;
   }
   return absl::OkStatus();
 }
 
-absl::Status LaunchMoeRoutingAndFp8QuantizeGroups(const MoeRoutingParams& routing,
-                                                  const float* logits, int64_t num_tokens,
-                                                  float* topk_weights, int32_t* topk_ids,
-                                                  DType in_type, const void* in, int64_t rows,
-                                                  int64_t K, int group, uint8_t* q, float* scale,
-                                                  cudaStream_t stream) {
-  const bool joins = in_type != DType::kFloat32 && rows > 0 && rows <= INT32_MAX && K > 0 &&
-                     K % 4 == 0 && group > 0 && group % 4 == 0 && group <= 128 && in != nullptr &&
-                     q != nullptr && scale != nullptr && reinterpret_cast<uintptr_t>(in) % 8 == 0 &&
-                     reinterpret_cast<uintptr_t>(q) % 4 == 0;
-  if (absl::Status s = CheckFloatDType(in_type, "moe_fp8_quantize"); !s.ok()) return s;
-  if (!joins) {
+absl::Status LaunchMoeRoutingAndFp8Quantize(const MoeRoutingParams& routing, const float* logits,
+                                            int64_t num_tokens, float* topk_weights,
+                                            int32_t* topk_ids, MoeFp8ActQuant mode, DType in_type,
+                                            const void* in, int64_t rows, int64_t K, int group,
+                                            float static_scale, float* scratch, uint8_t* q,
+                                            float* scale, cudaStream_t stream) {
+  const absl::StatusOr<QuantForm> form =
+      QuantFormOf(mode, in_type, in, rows, K, group, static_scale, scratch, q, scale);
+  if (!form.ok()) return form.status();
+  // The side job: per group a warp per (row, group), blocks of the routing
+  // kernel's warps; a small tensor on one such block (its 128 threads take
+  // it in up to two rounds of loads).
+  constexpr int64_t kTensorJoinMax =
+      int64_t{2} * detail::routing::kWarpsPerBlock * 32 * kTokenBatch * 8;
+  const bool group_job = *form == QuantForm::kGroupVec && group <= 128;
+  const bool tensor_job = *form == QuantForm::kTensorOneCta && rows * K <= kTensorJoinMax;
+  if (!group_job && !tensor_job) {
     KPLAN_RETURN_IF_ERROR(
         LaunchMoeRouting(routing, logits, num_tokens, topk_weights, topk_ids, stream));
-    return LaunchMoeFp8Quantize(MoeFp8ActQuant::kPerGroup, in_type, in, rows, K, group, 0.0f,
-                                nullptr, q, scale, stream);
+    return LaunchMoeFp8Quantize(mode, in_type, in, rows, K, group, static_scale, scratch, q, scale,
+                                stream);
   }
-  // A warp per (row, group), blocks of the routing kernel's warps.
-  const int64_t warps = rows * ((K + group - 1) / group);
-  const int64_t blocks = std::min<int64_t>(
-      (warps + detail::routing::kWarpsPerBlock - 1) / detail::routing::kWarpsPerBlock,
-      kMoeFp8QuantScratchFloats);
   return ByTwoByteType(in_type, [&](auto* t) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
-    return detail::routing::LaunchRoutingWith(
-        routing, logits, num_tokens, topk_weights, topk_ids,
-        QuantGroupVecJob<T, 1>{static_cast<const T*>(in), rows, K, group, q, scale}, blocks,
-        stream);
+    const T* x = static_cast<const T*>(in);
+    if (tensor_job) {
+      return detail::routing::LaunchRoutingWith(
+          routing, logits, num_tokens, topk_weights, topk_ids,
+          QuantTokenVecJob<T, true>{x, rows * K, rows, q, scale}, 1, stream);
+    }
+    const int64_t warps = rows * ((K + group - 1) / group);
+    const int64_t blocks = std::min<int64_t>(
+        (warps + detail::routing::kWarpsPerBlock - 1) / detail::routing::kWarpsPerBlock,
+        kMoeFp8QuantScratchFloats);
+    return detail::routing::LaunchRoutingWith(routing, logits, num_tokens, topk_weights, topk_ids,
+                                              QuantGroupVecJob<T, 1>{x, rows, K, group, q, scale},
+                                              blocks, stream);
   });
 }
 
