@@ -1121,9 +1121,11 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
   int cases = 0;
   for (const Size& sz : sizes) {
     for (kernels::DType dt : dtypes) {
-      for (int variant = 0; variant < 3; ++variant) {
+      for (int variant = 0; variant < 5; ++variant) {
         // 0: plain; 1: ±inf and NaN in row 0; 2: input one element and output
-        // one byte past 16-byte alignment (the scalar kernels).
+        // one byte past 16-byte alignment (the scalar kernels); 3: all zero
+        // (per tensor 1, per token its floor); 4: every |x| below 1 / 512
+        // (the per-token floor above max / 448, the per-tensor scale not).
         const int64_t n = sz.rows * sz.K, es = kernels::DTypeSize(dt);
         const int64_t in_off = variant == 2 ? es : 0, q_off = variant == 2 ? 1 : 0;
         std::string x(n * es, '\0');
@@ -1132,6 +1134,8 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
           float v = std::ldexp(mant(rng), -static_cast<int>(rng() % 4));
           if (rng() & 1) v = -v;
           if (i % 37 == 5) v /= 4096.0f;  // e4m3 subnormals after scaling
+          if (variant == 3) v = 0.0f;
+          if (variant == 4) v = std::ldexp(v, -12);
           moe::StoreFloat(x.data(), dt, i, v);
         }
         // Row 0's first 64 elements zero (a zero group at group 64), the last
@@ -1230,10 +1234,11 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
 // (LaunchMoeRouting, then LaunchMoeFp8Quantize), byte for byte: the picks,
 // their weights, the quantised bytes and the scales, every output poisoned
 // first. The one-kernel forms (per group on bf16 / fp16 with group <= 128; a
-// dynamic per-tensor scale over at most 8192 elements: K 2048 up to 3
-// tokens, K 7168 one token) with the routing kernel's per-lane counts 1, 4
-// and 8 (E 8, 128, 256 grouped), tokens filling a routing block or not (1,
-// 3, 9), rows of several blocks of groups and a partial last group (K 200);
+// dynamic per-tensor scale over at most 8192 elements: K 2048 up to 4
+// tokens, the bound, K 7168 one token) with the routing kernel's per-lane
+// counts 1, 4 and 8 (E 8, 128, 256 grouped), tokens filling a routing block
+// or not (1, 3, 4, 9; at 3 ±inf and NaN in the last row), rows of several
+// blocks of groups and a partial last group (K 200);
 // the two apart otherwise (fp32, group 256, larger tensors, a static scale,
 // per token). A bad routing parameter fails with its field named.
 TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
@@ -1273,7 +1278,7 @@ TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
   int cases = 0;
   for (const Route& rt : routes) {
     for (const Quant& qt : quants) {
-      for (int64_t M : {1, 3, 9}) {
+      for (int64_t M : {1, 3, 4, 9}) {
         const std::string label =
             absl::StrCat("E ", rt.E, " k ", rt.k, " mode ", static_cast<int>(qt.mode), " ",
                          kernels::DTypeName(qt.dt), " K ", qt.K, " group ", qt.group, " static ",
@@ -1292,6 +1297,11 @@ TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
         const int64_t groups = qt.group > 0 ? (qt.K + qt.group - 1) / qt.group : 1;
         std::string x(n * es, '\0');
         for (int64_t i = 0; i < n; ++i) moe::StoreFloat(x.data(), qt.dt, i, 3.0f * nd(rng));
+        if (M == 3) {  // ±inf and NaN in the last row
+          moe::StoreFloat(x.data(), qt.dt, n - 1, std::numeric_limits<float>::infinity());
+          moe::StoreFloat(x.data(), qt.dt, n - 5, -std::numeric_limits<float>::infinity());
+          moe::StoreFloat(x.data(), qt.dt, n - qt.K / 2, std::numeric_limits<float>::quiet_NaN());
+        }
         kernels::cuda::DeviceBuffer d_logits, d_x;
         ASSERT_TRUE(d_logits.Reserve(logits.size() * 4).ok());
         ASSERT_TRUE(d_x.Reserve(n * es).ok());

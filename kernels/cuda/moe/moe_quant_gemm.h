@@ -37,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/moe/moe_experts.h"
+#include "kernels/cuda/moe/moe_ops.h"
 
 namespace kplan::kernels::cuda {
 
@@ -111,10 +112,13 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
 
 // LaunchMoeRouting (moe_ops.h) of the logits, then LaunchMoeFp8Quantize of
 // `in`, the same results; as one kernel where the quantiser is one small
-// kernel (per group on 2-byte rows with group <= 128, K and group multiples
-// of 4; a dynamic per-tensor scale over at most 8192 2-byte elements): its
-// blocks beside the routing ones, neither reading what the other writes, so
-// that a decode layer's chain of kernels has one link less.
+// kernel: per group on 2-byte rows with group <= 128 (K and group multiples
+// of 4, `in` 8-byte and q 4-byte aligned), or a dynamic per-tensor scale
+// over at most 8192 2-byte elements (a multiple of 8, `in` 16-byte and q
+// 8-byte aligned). Its blocks run beside the routing ones, neither reading
+// what the other writes, so that a decode layer's chain of kernels has one
+// link less. Bad arguments of the quantiser are reported before the
+// routing's.
 absl::Status LaunchMoeRoutingAndFp8Quantize(const MoeRoutingParams& routing, const float* logits,
                                             int64_t num_tokens, float* topk_weights,
                                             int32_t* topk_ids, MoeFp8ActQuant mode, DType in_type,

@@ -184,7 +184,9 @@ __global__ void QuantTokenKernel(DType t, const void* in, int64_t K, uint8_t* q,
 // AbsMaxKernel and QuantTensorKernel take two on the layer's critical path;
 // the scale goes to each of the `rows` cells.
 constexpr int kTokenThreads = 512, kTokenBatch = 4;
-constexpr int64_t kTensorOneCtaMax = int64_t{2} * kTokenThreads * kTokenBatch * 8;
+// The elements a block of `threads` takes in two rounds of loads.
+constexpr int64_t OneBlockTensorMax(int threads) { return int64_t{2} * threads * kTokenBatch * 8; }
+constexpr int64_t kTensorOneCtaMax = OneBlockTensorMax(kTokenThreads);
 template <typename T, bool kTensor>
 struct QuantTokenVecJob {
   const T* in;
@@ -449,8 +451,7 @@ absl::Status LaunchMoeRoutingAndFp8Quantize(const MoeRoutingParams& routing, con
   // The side job: per group a warp per (row, group), blocks of the routing
   // kernel's warps; a small tensor on one such block (its 128 threads take
   // it in up to two rounds of loads).
-  constexpr int64_t kTensorJoinMax =
-      int64_t{2} * detail::routing::kWarpsPerBlock * 32 * kTokenBatch * 8;
+  constexpr int64_t kTensorJoinMax = OneBlockTensorMax(detail::routing::kWarpsPerBlock * 32);
   const bool group_job = *form == QuantForm::kGroupVec && group <= 128;
   const bool tensor_job = *form == QuantForm::kTensorOneCta && rows * K <= kTensorJoinMax;
   if (!group_job && !tensor_job) {

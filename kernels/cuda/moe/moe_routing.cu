@@ -6,8 +6,6 @@
 
 #include "kernels/cuda/moe/moe_ops.h"
 #include "kernels/cuda/moe/moe_routing.cuh"
-#include "kernels/cuda/moe/pdl.cuh"
-#include "kernels/cuda/runtime/status.h"
 
 namespace kplan::kernels::cuda {
 namespace {

@@ -1,9 +1,10 @@
 // The MoE router's per-token step (vllm-kernel-plan.md §6.1, §2.4), the
 // same math as kernels/cpu/moe/moe_routing.cc (moe::RouteTokens): one warp
 // routes one token's fp32 logits row [E] to k (weight, id) picks. Shared by
-// the routing kernel (moe_routing.cu) and the one-kernel decode layer
-// (moe_decode_layer.cu), which routes in every CTA. Internal to
-// kernels/cuda/moe.
+// the routing kernel (below, launched by moe_routing.cu's LaunchMoeRouting
+// and moe_quant_ops.cu's LaunchMoeRoutingAndFp8Quantize) and the one-kernel
+// decode layer (moe_decode_layer.cu), which routes in every CTA. Internal
+// to kernels/cuda/moe.
 //
 // Lane l holds experts l, l+32, ... (kN per lane, up to 16: E <= 512) in
 // registers, indexed by unrolled constants only; every method is a run-time
@@ -242,7 +243,7 @@ __device__ __forceinline__ void RouteTokenWarp(const RouteParams& a, const float
 // --- The routing kernel (LaunchMoeRouting, moe_ops.h), here so that work
 // that neither reads what the routing writes nor writes what it reads can
 // run in CTAs of its own beside it (MoeRoutingKernel's side job): one kernel of
-// a decode layer's chain instead of two (LaunchMoeRoutingAndFp8QuantizeGroups,
+// a decode layer's chain instead of two (LaunchMoeRoutingAndFp8Quantize,
 // moe_quant_gemm.h).
 
 constexpr int kWarpsPerBlock = 4;
