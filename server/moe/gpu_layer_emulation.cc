@@ -304,8 +304,8 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
                                    : s.per_token ? kc::MoeFp8ActQuant::kPerToken
                                                  : kc::MoeFp8ActQuant::kPerTensor;
   // Decode sizes: GEMM 1's A quantised by the routing kernel's spare blocks
-  // where it fits them (LaunchMoeRoutingAndFp8Quantize; the hidden rows as
-  // given), one kernel fewer on the layer's critical path.
+  // where it fits them (per group: LaunchMoeRoutingAndFp8Quantize; the
+  // hidden rows as given), one kernel fewer on the layer's critical path.
   float* scratch = s.fp8 ? At<float>(workspace, l.scratch) : nullptr;
   const bool quantise_a1_with_routing =
       s.fp8 && (matvec || decode) && a.router_logits != nullptr && !a.apply_router_weight_on_input;

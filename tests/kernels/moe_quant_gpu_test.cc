@@ -1100,8 +1100,7 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
   struct Size {
     int64_t rows, K;
   };
-  // Dynamic per tensor on 2-byte rows: up to 32768 elements (4 x 8192, the
-  // bound) one kernel, past it (3 x 14336) AbsMaxKernel + QuantTensorKernel.
+  // Per tensor over 32768 and 43008 elements: the maximum over many blocks.
   const Size sizes[] = {{1, 14336}, {2, 14336}, {4, 8192}, {3, 14336},
                         {3, 2048},  {5, 200},   {4, 100},  {2, 98}};
   const kernels::DType dtypes[] = {kernels::DType::kBFloat16, kernels::DType::kFloat16,
@@ -1233,14 +1232,13 @@ TEST(MoeQuantGpu, Fp8ActivationQuantiserIsTheReferences) {
 // LaunchMoeRoutingAndFp8Quantize against its two steps run apart
 // (LaunchMoeRouting, then LaunchMoeFp8Quantize), byte for byte: the picks,
 // their weights, the quantised bytes and the scales, every output poisoned
-// first. The one-kernel forms (per group on bf16 / fp16 with group <= 128; a
-// dynamic per-tensor scale over at most 8192 elements: K 2048 up to 4
-// tokens, the bound, K 7168 one token) with the routing kernel's per-lane
-// counts 1, 4 and 8 (E 8, 128, 256 grouped), tokens filling a routing block
-// or not (1, 3, 4, 9; at 3 ±inf and NaN in the last row), rows of several
-// blocks of groups and a partial last group (K 200);
-// the two apart otherwise (fp32, group 256, larger tensors, a static scale,
-// per token). A bad routing parameter fails with its field named.
+// first. The one-kernel form (per group on bf16 / fp16, group <= 128) with
+// the routing kernel's per-lane counts 1, 4 and 8 (E 8, 128, 256 grouped),
+// tokens filling a routing block or not (1, 3, 4, 9; at 3 ±inf and NaN in
+// the last row), rows of several blocks of groups and a partial last group
+// (K 200); the two apart otherwise (fp32, group 256, per tensor with a
+// dynamic or a static scale, per token). A bad routing parameter fails with
+// its field named.
 TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
   SKIP_WITHOUT_CUDA();
   using kernels::cuda::MoeFp8ActQuant;
@@ -1270,7 +1268,6 @@ TEST(MoeQuantGpu, RoutingWithTheActivationQuantiserIsTheTwoApart) {
                           {kGroup, kernels::DType::kFloat32, 2048, 128, 0},
                           {kGroup, kernels::DType::kBFloat16, 2048, 256, 0},
                           {kTensor, kernels::DType::kBFloat16, 2048, 0, 0},
-                          {kTensor, kernels::DType::kFloat16, 7168, 0, 0},
                           {kTensor, kernels::DType::kBFloat16, 2048, 0, 0.02f},
                           {MoeFp8ActQuant::kPerToken, kernels::DType::kBFloat16, 2048, 0, 0}};
   std::mt19937_64 rng(Mix(Seed() ^ 0x5e));

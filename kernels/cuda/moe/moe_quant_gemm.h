@@ -111,11 +111,9 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
                                   uint8_t* q, float* scale, cudaStream_t stream);
 
 // LaunchMoeRouting (moe_ops.h) of the logits, then LaunchMoeFp8Quantize of
-// `in`, the same results; as one kernel where the quantiser is one small
-// kernel: per group on 2-byte rows with group <= 128 (K and group multiples
-// of 4, `in` 8-byte and q 4-byte aligned), or a dynamic per-tensor scale
-// over at most 8192 2-byte elements (a multiple of 8, `in` 16-byte and q
-// 8-byte aligned). Its blocks run beside the routing ones, neither reading
+// `in`, the same results; as one kernel where the quantiser is per group on
+// 2-byte rows with group <= 128 (K and group multiples of 4, `in` 8-byte and
+// q 4-byte aligned): its blocks beside the routing ones, neither reading
 // what the other writes, so that a decode layer's chain of kernels has one
 // link less. Bad arguments of the quantiser are reported before the
 // routing's.

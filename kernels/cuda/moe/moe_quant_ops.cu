@@ -173,71 +173,48 @@ __global__ void QuantTokenKernel(DType t, const void* in, int64_t K, uint8_t* q,
   if (threadIdx.x == 0) scale[r] = s;
 }
 
-// Per token on 2-byte activations with K % 8 == 0: one block per row (of
-// kTokenThreads, or the routing kernel's blocks: QuantTokenVecJob), 16-byte
-// loads kTokenBatch at a time per thread (a decode row of 14336 in one round
-// trip where the kernel above walks it 2 bytes a thread at a time), the
-// row's max, then the loads again for the bytes.
-// kTensor: the dynamic per-tensor scale of a small tensor (at most
-// kTensorOneCtaMax elements, e.g. a decode step's activations) as one such
-// row on one block: the tensor's max and its bytes in one kernel where
-// AbsMaxKernel and QuantTensorKernel take two on the layer's critical path;
-// the scale goes to each of the `rows` cells.
+// Per token on 2-byte activations with K % 8 == 0: one block of kTokenThreads
+// per row, 16-byte loads kTokenBatch at a time per thread (a decode row of
+// 14336 in one round trip where the kernel above walks it 2 bytes a thread
+// at a time), the row's max, then the loads again for the bytes.
 constexpr int kTokenThreads = 512, kTokenBatch = 4;
-// The elements a block of `threads` takes in two rounds of loads.
-constexpr int64_t OneBlockTensorMax(int threads) { return int64_t{2} * threads * kTokenBatch * 8; }
-constexpr int64_t kTensorOneCtaMax = OneBlockTensorMax(kTokenThreads);
-template <typename T, bool kTensor>
-struct QuantTokenVecJob {
-  const T* in;
-  int64_t K, rows;  // kTensor: K the tensor's elements, one block
-  uint8_t* q;
-  float* scale;
-  __device__ __forceinline__ void operator()(unsigned block, unsigned /*blocks*/) const {
-    __shared__ float red[32];
-    const int threads = blockDim.x;
-    const int64_t r = block, nv = K / 8;
-    const uint4* row = reinterpret_cast<const uint4*>(in + r * K);
-    auto for_vectors = [&](auto&& fn) {
-      for (int64_t base = 0; base < nv; base += int64_t{threads} * kTokenBatch) {
-        uint4 w[kTokenBatch];
-#pragma unroll
-        for (int u = 0; u < kTokenBatch; ++u) {
-          const int64_t i = base + u * threads + threadIdx.x;
-          w[u] = i < nv ? __ldg(row + i) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < kTokenBatch; ++u) {
-          const int64_t i = base + u * threads + threadIdx.x;
-          if (i < nv) fn(i, reinterpret_cast<const T*>(&w[u]));
-        }
-      }
-    };
-    float m = 0.0f;
-    for_vectors([&](int64_t, const T* h) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(detail::ToFloat(h[j])));
-    });
-    m = BlockMax(m, red);
-    const float s = kTensor ? Fp8TensorScale(0.0f, m) : Fp8TokenScale(m);
-    for_vectors([&](int64_t i, const T* h) {
-      uint32_t b[2] = {0u, 0u};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        b[j / 4] |= static_cast<uint32_t>(Fp8Quantise(detail::ToFloat(h[j]), s)) << (8 * (j % 4));
-      }
-      reinterpret_cast<uint2*>(q + r * K)[i] = make_uint2(b[0], b[1]);
-    });
-    // Per token: the row's cell; per tensor: every row's.
-    const int64_t first = kTensor ? 0 : r, end = kTensor ? rows : r + 1;
-    for (int64_t i = first + threadIdx.x; i < end; i += threads) scale[i] = s;
-  }
-};
-template <typename T, bool kTensor>
+template <typename T>
 __global__ void __launch_bounds__(kTokenThreads)
-    QuantTokenVecKernel(const QuantTokenVecJob<T, kTensor> job) {
+    QuantTokenVecKernel(const T* in, int64_t K, uint8_t* q, float* scale) {
+  __shared__ float red[32];
   detail::PdlWaitThenRelease();
-  job(blockIdx.x, gridDim.x);
+  const int64_t r = blockIdx.x, nv = K / 8;
+  const uint4* row = reinterpret_cast<const uint4*>(in + r * K);
+  auto for_vectors = [&](auto&& fn) {
+    for (int64_t base = 0; base < nv; base += int64_t{kTokenThreads} * kTokenBatch) {
+      uint4 w[kTokenBatch];
+#pragma unroll
+      for (int u = 0; u < kTokenBatch; ++u) {
+        const int64_t i = base + u * kTokenThreads + threadIdx.x;
+        w[u] = i < nv ? __ldg(row + i) : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < kTokenBatch; ++u) {
+        const int64_t i = base + u * kTokenThreads + threadIdx.x;
+        if (i < nv) fn(i, reinterpret_cast<const T*>(&w[u]));
+      }
+    }
+  };
+  float m = 0.0f;
+  for_vectors([&](int64_t, const T* h) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(detail::ToFloat(h[j])));
+  });
+  const float s = Fp8TokenScale(BlockMax(m, red));
+  for_vectors([&](int64_t i, const T* h) {
+    uint32_t b[2] = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      b[j / 4] |= static_cast<uint32_t>(Fp8Quantise(detail::ToFloat(h[j]), s)) << (8 * (j % 4));
+    }
+    reinterpret_cast<uint2*>(q + r * K)[i] = make_uint2(b[0], b[1]);
+  });
+  if (threadIdx.x == 0) scale[r] = s;
 }
 
 // Per tensor: the scale is static, or the maximum of AbsMaxKernel's
@@ -322,13 +299,12 @@ namespace {
 
 // Which kernel (or pair) LaunchMoeFp8Quantize runs for its arguments.
 enum class QuantForm {
-  kNone,          // no rows
-  kGroupVec,      // QuantGroupVecKernel<T, 1> (group <= 128) or <T, 2>
-  kGroup,         // QuantGroupKernel
-  kTensorOneCta,  // QuantTokenVecKernel<T, true>: one block
-  kTensor,        // AbsMaxKernel (dynamic) and QuantTensorKernel
-  kTokenVec,      // QuantTokenVecKernel<T, false>
-  kToken,         // QuantTokenKernel
+  kNone,      // no rows
+  kGroupVec,  // QuantGroupVecKernel<T, 1> (group <= 128) or <T, 2>
+  kGroup,     // QuantGroupKernel
+  kTensor,    // AbsMaxKernel (dynamic) and QuantTensorKernel
+  kTokenVec,  // QuantTokenVecKernel
+  kToken,     // QuantTokenKernel
 };
 
 // The form, after LaunchMoeFp8Quantize's checks (an error where they fail).
@@ -350,10 +326,6 @@ absl::StatusOr<QuantForm> QuantFormOf(MoeFp8ActQuant mode, DType in_type, const 
   const auto aligned = [](const void* p, uintptr_t n) {
     return reinterpret_cast<uintptr_t>(p) % n == 0;
   };
-  // A vectorised row of n elements: 2-byte, 16-byte loads, 8-byte stores.
-  const auto vec_row = [&](int64_t n) {
-    return two_byte && n % 8 == 0 && aligned(in, 16) && aligned(q, 8);
-  };
   switch (mode) {
     case MoeFp8ActQuant::kPerGroup:
       return two_byte && K % 4 == 0 && group % 4 == 0 && group <= 256 && aligned(in, 8) &&
@@ -361,13 +333,12 @@ absl::StatusOr<QuantForm> QuantFormOf(MoeFp8ActQuant mode, DType in_type, const 
                  ? QuantForm::kGroupVec
                  : QuantForm::kGroup;
     case MoeFp8ActQuant::kPerTensor:
-      return dynamic_tensor && rows * K <= kTensorOneCtaMax && vec_row(rows * K)
-                 ? QuantForm::kTensorOneCta
-                 : QuantForm::kTensor;
+      return QuantForm::kTensor;
     case MoeFp8ActQuant::kPerToken:
       break;
   }
-  return vec_row(K) ? QuantForm::kTokenVec : QuantForm::kToken;
+  return two_byte && K % 8 == 0 && aligned(in, 16) && aligned(q, 8) ? QuantForm::kTokenVec
+                                                                    : QuantForm::kToken;
 }
 
 }  // namespace
@@ -382,15 +353,6 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
     return ByTwoByteType(in_type, [&](auto* t) {
       using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
       return fn(static_cast<const T*>(in));
-    });
-  };
-  const auto token_vec = [&](auto tensor, int64_t blocks, int64_t n) {
-    return by_type([&](auto* x) {
-      using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
-      constexpr bool kTensor = decltype(tensor)::value;
-      return detail::LaunchPdl(QuantTokenVecKernel<T, kTensor>, dim3(static_cast<unsigned>(blocks)),
-                               dim3(kTokenThreads), 0, stream,
-                               QuantTokenVecJob<T, kTensor>{x, n, rows, q, scale});
     });
   };
   const dim3 group_grid(
@@ -412,9 +374,6 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
       KPLAN_CUDA_RETURN_IF_ERROR(detail::LaunchPdl(QuantGroupKernel, group_grid, dim3(kThreads), 0,
                                                    stream, in_type, in, rows, K, group, q, scale));
       break;
-    case QuantForm::kTensorOneCta:
-      KPLAN_CUDA_RETURN_IF_ERROR(token_vec(std::true_type{}, 1, rows * K));
-      break;
     case QuantForm::kTensor: {
       const bool dynamic = !(static_scale > 0.0f);
       const int partials = dynamic ? Blocks(rows * K) : 0;
@@ -428,7 +387,11 @@ absl::Status LaunchMoeFp8Quantize(MoeFp8ActQuant mode, DType in_type, const void
       break;
     }
     case QuantForm::kTokenVec:
-      KPLAN_CUDA_RETURN_IF_ERROR(token_vec(std::false_type{}, rows, K));
+      KPLAN_CUDA_RETURN_IF_ERROR(by_type([&](auto* x) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
+        return detail::LaunchPdl(QuantTokenVecKernel<T>, dim3(static_cast<unsigned>(rows)),
+                                 dim3(kTokenThreads), 0, stream, x, K, q, scale);
+      }));
       break;
     case QuantForm::kToken:
       KPLAN_CUDA_RETURN_IF_ERROR(
@@ -448,13 +411,9 @@ absl::Status LaunchMoeRoutingAndFp8Quantize(const MoeRoutingParams& routing, con
   const absl::StatusOr<QuantForm> form =
       QuantFormOf(mode, in_type, in, rows, K, group, static_scale, scratch, q, scale);
   if (!form.ok()) return form.status();
-  // The side job: per group a warp per (row, group), blocks of the routing
-  // kernel's warps; a small tensor on one such block (its 128 threads take
-  // it in up to two rounds of loads).
-  constexpr int64_t kTensorJoinMax = OneBlockTensorMax(detail::routing::kWarpsPerBlock * 32);
-  const bool group_job = *form == QuantForm::kGroupVec && group <= 128;
-  const bool tensor_job = *form == QuantForm::kTensorOneCta && rows * K <= kTensorJoinMax;
-  if (!group_job && !tensor_job) {
+  // The side job: QuantGroupVecKernel<T, 1>'s warp per (row, group), in
+  // blocks of the routing kernel's warps; other forms run apart.
+  if (*form != QuantForm::kGroupVec || group > 128) {
     KPLAN_RETURN_IF_ERROR(
         LaunchMoeRouting(routing, logits, num_tokens, topk_weights, topk_ids, stream));
     return LaunchMoeFp8Quantize(mode, in_type, in, rows, K, group, static_scale, scratch, q, scale,
@@ -463,11 +422,6 @@ absl::Status LaunchMoeRoutingAndFp8Quantize(const MoeRoutingParams& routing, con
   return ByTwoByteType(in_type, [&](auto* t) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
     const T* x = static_cast<const T*>(in);
-    if (tensor_job) {
-      return detail::routing::LaunchRoutingWith(
-          routing, logits, num_tokens, topk_weights, topk_ids,
-          QuantTokenVecJob<T, true>{x, rows * K, rows, q, scale}, 1, stream);
-    }
     const int64_t warps = rows * ((K + group - 1) / group);
     const int64_t blocks = std::min<int64_t>(
         (warps + detail::routing::kWarpsPerBlock - 1) / detail::routing::kWarpsPerBlock,
