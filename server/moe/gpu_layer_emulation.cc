@@ -303,9 +303,10 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   const kc::MoeFp8ActQuant qmode = s.block       ? kc::MoeFp8ActQuant::kPerGroup
                                    : s.per_token ? kc::MoeFp8ActQuant::kPerToken
                                                  : kc::MoeFp8ActQuant::kPerTensor;
-  // Decode sizes: GEMM 1's A quantised by the routing kernel's spare blocks
-  // where it fits them (per group: LaunchMoeRoutingAndFp8Quantize; the
-  // hidden rows as given), one kernel fewer on the layer's critical path.
+  // Decode sizes: routing and GEMM 1's A quantised by one launcher, one
+  // kernel where the quantiser fits extra blocks of the routing kernel (per
+  // group: LaunchMoeRoutingAndFp8Quantize; the hidden rows as given), one
+  // kernel fewer on the layer's critical path.
   float* scratch = s.fp8 ? At<float>(workspace, l.scratch) : nullptr;
   const bool quantise_a1_with_routing =
       s.fp8 && (matvec || decode) && a.router_logits != nullptr && !a.apply_router_weight_on_input;

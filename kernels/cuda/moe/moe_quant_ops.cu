@@ -293,10 +293,6 @@ int Blocks(int64_t n) {
       1, std::min<int64_t>((n + kThreads - 1) / kThreads, kMoeFp8QuantScratchFloats)));
 }
 
-}  // namespace
-
-namespace {
-
 // Which kernel (or pair) LaunchMoeFp8Quantize runs for its arguments.
 enum class QuantForm {
   kNone,      // no rows
