@@ -310,19 +310,16 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   float* scratch = s.fp8 ? At<float>(workspace, l.scratch) : nullptr;
   const bool quantise_a1_with_routing =
       s.fp8 && (matvec || decode) && a.router_logits != nullptr && !a.apply_router_weight_on_input;
+  MoeLayerArgs to_align = a;
   if (quantise_a1_with_routing) {
     KPLAN_RETURN_IF_ERROR(kc::LaunchMoeRoutingAndFp8Quantize(
         a.routing, a.router_logits, M, a.topk_weights, a.topk_ids, qmode, ft, a.hidden, M, H,
         s.block_k, s.a1_static, scratch, At<uint8_t>(workspace, l.q1), At<float>(workspace, l.s1),
         stream));
-    MoeLayerArgs routed = a;
-    routed.router_logits = nullptr;  // routed above: the align (if any) only
-    KPLAN_RETURN_IF_ERROR(EnqueueRoutingAndAlign(routed, matvec ? 0 : l.block_m, sorted, eids, post,
-                                                 nullptr, stream));
-  } else {
-    KPLAN_RETURN_IF_ERROR(
-        EnqueueRoutingAndAlign(a, matvec ? 0 : l.block_m, sorted, eids, post, nullptr, stream));
+    to_align.router_logits = nullptr;  // routed above: the align (if any) only
   }
+  KPLAN_RETURN_IF_ERROR(EnqueueRoutingAndAlign(to_align, matvec ? 0 : l.block_m, sorted, eids, post,
+                                               nullptr, stream));
   const void* a1 = a.hidden;
   if (a.apply_router_weight_on_input) {
     void* scaled = At<void>(workspace, l.scaled);

@@ -86,18 +86,18 @@ __global__ void QuantGroupKernel(DType t, const void* in, int64_t rows, int64_t 
                                  uint8_t* q, float* scale) {
   detail::PdlWaitThenRelease();
   const int64_t groups = (K + group - 1) / group;
-  ForEachGroup(rows, K, group, blockIdx.x, gridDim.x,
-               [&](int64_t r, int64_t gi, int64_t k0, int64_t k1, int lane) {
-                 const int64_t base = r * K;
-                 float m = 0.0f;
-                 for (int64_t k = k0 + lane; k < k1; k += 32) {
-                   m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
-                 }
-                 const float s = Fp8GroupScale(WarpMax(m));
-                 for (int64_t k = k0 + lane; k < k1; k += 32)
-                   q[base + k] = Fp8Quantise(LoadAsFloat(in, base + k, t), s);
-                 if (lane == 0) scale[r * groups + gi] = s;
-               });
+  auto quantise = [&](int64_t r, int64_t gi, int64_t k0, int64_t k1, int lane) {
+    const int64_t base = r * K;
+    float m = 0.0f;
+    for (int64_t k = k0 + lane; k < k1; k += 32) {
+      m = fmaxf(m, fabsf(LoadAsFloat(in, base + k, t)));
+    }
+    const float s = Fp8GroupScale(WarpMax(m));
+    for (int64_t k = k0 + lane; k < k1; k += 32)
+      q[base + k] = Fp8Quantise(LoadAsFloat(in, base + k, t), s);
+    if (lane == 0) scale[r * groups + gi] = s;
+  };
+  ForEachGroup(rows, K, group, blockIdx.x, gridDim.x, quantise);
 }
 
 // The same two steps on 2-byte activations whose groups start 4-element
@@ -127,35 +127,34 @@ template <typename T, int kP>
 __device__ __forceinline__ void QuantGroupVecJob<T, kP>::operator()(unsigned block,
                                                                     unsigned blocks) const {
   const int64_t groups = (K + group - 1) / group;
-  ForEachGroup(rows, K, group, block, blocks,
-               [&](int64_t r, int64_t gi, int64_t k0, int64_t k1, int lane) {
-                 float v[kP][4];
-                 float m = 0.0f;
+  auto quantise = [&](int64_t r, int64_t gi, int64_t k0, int64_t k1, int lane) {
+    float v[kP][4];
+    float m = 0.0f;
 #pragma unroll
-                 for (int p = 0; p < kP; ++p) {
-                   const int64_t k = k0 + 4 * lane + 128 * p;
-                   uint2 w = make_uint2(0u, 0u);
-                   if (k < k1) w = __ldg(reinterpret_cast<const uint2*>(in + r * K + k));
-                   const T* h = reinterpret_cast<const T*>(&w);
+    for (int p = 0; p < kP; ++p) {
+      const int64_t k = k0 + 4 * lane + 128 * p;
+      uint2 w = make_uint2(0u, 0u);
+      if (k < k1) w = __ldg(reinterpret_cast<const uint2*>(in + r * K + k));
+      const T* h = reinterpret_cast<const T*>(&w);
 #pragma unroll
-                   for (int j = 0; j < 4; ++j) {
-                     v[p][j] = detail::ToFloat(h[j]);
-                     m = fmaxf(m, fabsf(v[p][j]));
-                   }
-                 }
-                 const float s = Fp8GroupScale(WarpMax(m));
+      for (int j = 0; j < 4; ++j) {
+        v[p][j] = detail::ToFloat(h[j]);
+        m = fmaxf(m, fabsf(v[p][j]));
+      }
+    }
+    const float s = Fp8GroupScale(WarpMax(m));
 #pragma unroll
-                 for (int p = 0; p < kP; ++p) {
-                   const int64_t k = k0 + 4 * lane + 128 * p;
-                   if (k >= k1) continue;
-                   uint32_t b = 0;
+    for (int p = 0; p < kP; ++p) {
+      const int64_t k = k0 + 4 * lane + 128 * p;
+      if (k >= k1) continue;
+      uint32_t b = 0;
 #pragma unroll
-                   for (int j = 0; j < 4; ++j)
-                     b |= static_cast<uint32_t>(Fp8Quantise(v[p][j], s)) << (8 * j);
-                   *reinterpret_cast<uint32_t*>(q + r * K + k) = b;
-                 }
-                 if (lane == 0) scale[r * groups + gi] = s;
-               });
+      for (int j = 0; j < 4; ++j) b |= static_cast<uint32_t>(Fp8Quantise(v[p][j], s)) << (8 * j);
+      *reinterpret_cast<uint32_t*>(q + r * K + k) = b;
+    }
+    if (lane == 0) scale[r * groups + gi] = s;
+  };
+  ForEachGroup(rows, K, group, block, blocks, quantise);
 }
 
 // Per token: one block per row (the row's max, then its values).
@@ -285,12 +284,12 @@ auto ByTwoByteType(DType t, F&& fn) {
                                : fn(static_cast<__half*>(nullptr));
 }
 
-// CTAs of a grid-stride launch over n elements: at most
+// CTAs of `threads` for a grid-stride launch over n elements: at most
 // kMoeFp8QuantScratchFloats (16 per SM of an H200), so that AbsMaxKernel's
 // per-block maxima fit the scratch.
-int Blocks(int64_t n) {
+int Blocks(int64_t n, int threads = kThreads) {
   return static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>((n + kThreads - 1) / kThreads, kMoeFp8QuantScratchFloats)));
+      1, std::min<int64_t>((n + threads - 1) / threads, kMoeFp8QuantScratchFloats)));
 }
 
 // Which kernel (or pair) LaunchMoeFp8Quantize runs for its arguments.
@@ -418,10 +417,8 @@ absl::Status LaunchMoeRoutingAndFp8Quantize(const MoeRoutingParams& routing, con
   return ByTwoByteType(in_type, [&](auto* t) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(t)>>;
     const T* x = static_cast<const T*>(in);
-    const int64_t warps = rows * ((K + group - 1) / group);
-    const int64_t blocks = std::min<int64_t>(
-        (warps + detail::routing::kWarpsPerBlock - 1) / detail::routing::kWarpsPerBlock,
-        kMoeFp8QuantScratchFloats);
+    const int blocks =
+        Blocks(rows * ((K + group - 1) / group) * 32, detail::routing::kWarpsPerBlock * 32);
     return detail::routing::LaunchRoutingWith(routing, logits, num_tokens, topk_weights, topk_ids,
                                               QuantGroupVecJob<T, 1>{x, rows, K, group, q, scale},
                                               blocks, stream);
