@@ -43,11 +43,12 @@
 // (moe_gemm_sm90.cu), on (the default) the warp-specialised TMA kernel
 // (moe_gemm_ws.h), both every config twice, one after the other, in the same run.
 // --fused: the activation in GEMM 1's epilogue (ws kernel only,
-// SetMoeFusedActMode; fp8 block rows: with GEMM 2's activation quantised
-// there too, SetMoeGemmWsFp8ActQuantMode, forced off / on whatever its rule
-// says) off, on or both (the default); with it on, each bf16 config's layer
-// output is first compared bit for bit with the unfused layer's (same
-// inputs, eager), then timed.
+// SetMoeFusedActMode) off, on or both (the default); with it on, each bf16
+// config's layer output is first compared bit for bit with the unfused
+// layer's (same inputs, eager), then timed. With it on, fp8 block rows
+// quantise GEMM 2's activation there too where its rule says so (what
+// RunMoE runs; SetMoeGemmWsFp8ActQuantMode), or always / never with
+// --fp8_act_quant on / off (until session 43 --fused on forced it on).
 // --gemm_only on also times GEMM 1 and GEMM 2 of the layer alone (routing
 // and align done once) for every --ws kernel, after checking the kernels'
 // outputs against each other (poisoned first: every element written, no NaN).
@@ -198,6 +199,9 @@ struct Args {
   std::vector<bool> decode_layer = {false, true};  // --decode_layer: decode forms
   std::vector<bool> ws = {true};                   // --ws: the grouped GEMM kernels to run
   std::vector<bool> fused = {false, true};         // --fused: activation in GEMM 1's epilogue
+  // --fp8_act_quant: fp8 block rows' GEMM 2 quantisation in GEMM 1's epilogue
+  // with --fused on: its rule (what RunMoE runs), or forced on / off.
+  std::string fp8_act_quant = "rule";
   bool gemm_only = false;
   bool layer = true;      // --layer off: only the --gemm_only tables
   std::string json, csv;  // --json / --csv: the layer rows, for bench/plot_moe.py
@@ -297,7 +301,8 @@ std::vector<std::string> SplitComma(const std::string& s) {
       "[--replays N] [--sets R] [--budget_s S] [--warmup_s S] [--copy_mib M] "
       "[--decode on|off] [--decode_layer on|off|both] [--ws off|on|both] "
       "[--gemm_only on|off] [--layer on|off] "
-      "[--fused off|on|both] [--quant bf16,fp8_block,fp8_per_tensor,fp8_per_channel,"
+      "[--fused off|on|both] [--fp8_act_quant rule|on|off] [--quant "
+      "bf16,fp8_block,fp8_per_tensor,fp8_per_channel,"
       "int4_group,"
       "int8_group,int4_group/fp32s,int8_group/fp32s] [--route "
       "auto,emulation,decode,dequant,matvec] [--check_tokens N] "
@@ -348,6 +353,9 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--ws") {
       if (v != "on" && v != "off" && v != "both") Usage(argv[0]);
       a.ws = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
+    } else if (f == "--fp8_act_quant") {
+      if (v != "rule" && v != "on" && v != "off") Usage(argv[0]);
+      a.fp8_act_quant = v;
     } else if (f == "--fused") {
       if (v != "on" && v != "off" && v != "both") Usage(argv[0]);
       a.fused = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
@@ -1224,8 +1232,10 @@ int main(int argc, char** argv) {
                   ApplyVariant(variant);
                   kc::SetMoeGemmWsMode(ws ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
                   kc::SetMoeFusedActMode(fused ? kc::MoeGemmWsMode::kOn : kc::MoeGemmWsMode::kOff);
-                  kc::SetMoeGemmWsFp8ActQuantMode(fused ? kc::MoeGemmWsMode::kOn
-                                                        : kc::MoeGemmWsMode::kOff);
+                  kc::SetMoeGemmWsFp8ActQuantMode(
+                      !fused || args.fp8_act_quant == "off" ? kc::MoeGemmWsMode::kOff
+                      : args.fp8_act_quant == "on"          ? kc::MoeGemmWsMode::kOn
+                                                            : kc::MoeGemmWsMode::kFromEnv);
                   kc::SetMoeDecodeLayerMode(layer1k < 0    ? kc::MoeKernelMode::kFromEnv
                                             : layer1k != 0 ? kc::MoeKernelMode::kOn
                                                            : kc::MoeKernelMode::kOff);

@@ -19,14 +19,23 @@ TAIL=30 MOE_COALESCE_GPU_TEST_SEED=17808043586953073039 step coalesce_seed42 90 
   "$bin/moe_coalesce_gpu_test"
 Q=(--budget_s 0.2 --sets 2 --warmup_s 0.5 --check_tokens 1 --route auto --fused on --tokens 1
   --decode_layer off --quant bf16,fp8_block,fp8_per_tensor --shapes qwen3,mixtral,deepseek)
-for r in 1 2; do
-  left 60 && TAIL=9 pack_bench s43a "ab${r}_head" 70 "${Q[@]}"
-  left 60 && TAIL=9 pack_bench s43b "ab${r}_pf" 70 "${Q[@]}"
-  left 60 && KPLAN_MOE_DECODE_PREFETCH=0 TAIL=9 pack_bench s43b "ab${r}_nopf" 70 "${Q[@]}"
-done
+ab() {  # round
+  left 60 && TAIL=9 pack_bench s43a "ab${1}_head" 70 "${Q[@]}"
+  left 60 && TAIL=9 pack_bench s43b "ab${1}_pf" 70 "${Q[@]}"
+  left 60 && KPLAN_MOE_DECODE_PREFETCH=0 TAIL=9 pack_bench s43b "ab${1}_nopf" 70 "${Q[@]}"
+}
+ab 1
 left 30 && TAIL=3 step decode 60 "$bin/moe_decode_gpu_test"
-left 30 && TAIL=3 step graph 60 "$bin/moe_graph_gpu_test"
 left 60 && TAIL=3 step quant_matvec 90 "$bin/moe_quant_gpu_test" \
   --gtest_filter='*Matvec*:*Routing*:*Quantiser*'
+ab 2
+# #17's fp8 rows at 16 / 64 tokens as RunMoE runs them (the fused GEMM 2
+# quantisation by its rule), then forced on as call 1 ran them.
+for aq in rule on; do
+  left 50 && TAIL=6 pack_bench s43b "fp8_mid_$aq" 60 --budget_s 0.2 --sets 2 --fused on \
+    --warmup_s 0.5 --check_tokens 1 --route auto --quant fp8_block,fp8_per_tensor \
+    --shapes mixtral,qwen3 --tokens 16,64 --fp8_act_quant $aq
+done
+left 30 && TAIL=3 step graph 60 "$bin/moe_graph_gpu_test"
 left 40 && TAIL=3 step moe 60 "$bin/moe_gpu_test"
 gpu_check_finish
