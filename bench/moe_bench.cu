@@ -37,6 +37,7 @@
 //                  [--copy_mib 1024] [--decode on|off] [--decode_layer on|off|both]
 //                  [--ws off|on|both]
 //                  [--gemm_only on|off] [--layer on|off] [--fused off|on|both]
+//                  [--fp8_act_quant rule|on|off]
 //                  [--quant LIST] [--route LIST] [--check_tokens N] [--variants LIST]
 //                  [--json F] [--csv F]
 // --ws picks the grouped GEMM of large M: off the cp.async kernel

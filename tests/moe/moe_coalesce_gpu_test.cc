@@ -45,6 +45,10 @@ MoeRunInput Rows(const MoeRunInput& all, int64_t first, int64_t m) {
     in.logits_shape = {m, all.logits_shape[1]};
     in.router_logits =
         std::string(all.router_logits.bytes().substr(first * kExperts * 4, m * kExperts * 4));
+  } else {
+    in.topk_shape = {m, all.topk_shape[1]};
+    in.topk_ids = all.topk_ids.substr(first * kTopK * 4, m * kTopK * 4);
+    in.topk_weights = all.topk_weights.substr(first * kTopK * 4, m * kTopK * 4);
   }
   return in;
 }
@@ -56,16 +60,15 @@ MoeRunInput Rows(const MoeRunInput& all, int64_t first, int64_t m) {
 // the difference: a slot whose ratio is off 1 by far more than its noise
 // has a wrong scale; noise alike on every slot is the arithmetic's.
 void Localise(const ExpertSet& set, const GpuExperts& gpu, const MoeRunInput& routed,
-              const MoeRunOutput& whole, kernels::DType act, double rms, bool fp8) {
+              const MoeRunOutput& whole, const MoeRunOutput& ref, kernels::DType act, double rms,
+              bool fp8) {
   const int64_t row = kHidden;
   int worst = -1, worst_count = 0;
   std::string per_token;
-  absl::StatusOr<MoeRunOutput> ref = RunMoeOnCpu(set, routed);
-  if (!ref.ok()) return;
   for (int64_t t = 0; t < kTokens; ++t) {
     int count = 0;
     for (int64_t j = 0; j < row; ++j) {
-      const double want = moe::LoadFloat(ref->output.data(), act, t * row + j);
+      const double want = moe::LoadFloat(ref.output.data(), act, t * row + j);
       const double have = moe::LoadFloat(whole.output.data(), act, t * row + j);
       const double bound = fp8 ? test_util::MoeFp8TensorCoreElementTolerance(want, rms)
                                : test_util::MoeLayerElementTolerance(want, rms);
@@ -76,7 +79,7 @@ void Localise(const ExpertSet& set, const GpuExperts& gpu, const MoeRunInput& ro
   }
   std::printf("outputs past the element bound, per token:%s\n", per_token.c_str());
   if (worst < 0) return;
-  int worst_slot = -1;
+  int worst_expert = -1;
   double worst_rel = 0;
   std::vector<double> worst_diff;
   for (int s = 0; s < kTopK; ++s) {
@@ -88,7 +91,11 @@ void Localise(const ExpertSet& set, const GpuExperts& gpu, const MoeRunInput& ro
     one.batch_invariant = true;
     absl::StatusOr<MoeRunOutput> g = RunMoeOnGpu(gpu, one, nullptr);
     absl::StatusOr<MoeRunOutput> c = RunMoeOnCpu(set, one);
-    if (!g.ok() || !c.ok()) return;
+    if (!g.ok() || !c.ok()) {
+      std::printf("  slot %d alone: gpu %s, cpu %s\n", s, g.status().ToString().c_str(),
+                  c.status().ToString().c_str());
+      return;
+    }
     double gc = 0, cc = 0, dd = 0;
     for (int64_t j = 0; j < row; ++j) {
       const double have = moe::LoadFloat(g->output.data(), act, j);
@@ -101,7 +108,7 @@ void Localise(const ExpertSet& set, const GpuExperts& gpu, const MoeRunInput& ro
     std::printf("  token %d slot %d (expert %d, weight %.4f): gpu/cpu %.5f, rel rms diff %.3g\n",
                 worst, s, id, whole.topk_weights[worst * kTopK + s], cc > 0 ? gc / cc : 0.0, rel);
     if (rel > worst_rel) {
-      worst_rel = rel, worst_slot = id;
+      worst_rel = rel, worst_expert = id;
       worst_diff.resize(row);
       for (int64_t j = 0; j < row; ++j) {
         worst_diff[j] =
@@ -112,10 +119,10 @@ void Localise(const ExpertSet& set, const GpuExperts& gpu, const MoeRunInput& ro
   // fp8 per-channel: how much of the worst slot's difference one input
   // column of its down weights explains (one intermediate element off by a
   // step moves the slot's output along that column, W2[:, i] * s2).
-  if (set.spec().quant.scheme != "fp8_per_channel" || worst_slot < 0) return;
+  if (set.spec().quant.scheme != "fp8_per_channel" || worst_expert < 0) return;
   const moe::MoeWeights w = set.Weights();
-  const uint8_t* w2 = static_cast<const uint8_t*>(w.w2) + int64_t{worst_slot} * row * kInter;
-  const float* s2 = w.quant.w2_scale + int64_t{worst_slot} * row;
+  const uint8_t* w2 = static_cast<const uint8_t*>(w.w2) + int64_t{worst_expert} * row * kInter;
+  const float* s2 = w.quant.w2_scale + int64_t{worst_expert} * row;
   double dd = 0;
   for (double v : worst_diff) dd += v * v;
   int best = -1;
@@ -132,7 +139,7 @@ void Localise(const ExpertSet& set, const GpuExperts& gpu, const MoeRunInput& ro
   std::printf(
       "  expert %d: intermediate column %d explains %.1f%% of the difference (that element "
       "off by %.4g)\n",
-      worst_slot, best, 100 * best_share, best_alpha);
+      worst_expert, best, 100 * best_share, best_alpha);
 }
 
 TEST(MoeCoalesceGpuTest, RowsComeOutTheSameAloneAndMerged) {
@@ -237,12 +244,15 @@ TEST(MoeCoalesceGpuTest, RowsComeOutTheSameAloneAndMerged) {
     // the slot's whole output along one column of its down weights, so the
     // outputs it puts past the element bound lie in that row, as many as
     // that column has large entries (the random fp8 weights take every e4m3
-    // code: heavy-tailed). The allowance counts rows with flips. Measured
-    // (docs/PERF.md, session 43): one row with 11 such outputs, its top slot
+    // code: heavy-tailed). The allowance counts rows with flips, and a row's
+    // flips are a small share of it (a column's largest entries; a wrong
+    // scale or expert moves most of the row). Measured (docs/PERF.md,
+    // session 43): one row with 11 such outputs, its top slot
     // (routing weight 0.85) 2.5% off the CPU's in relative RMS; on the CPU
     // alone one bf16 step of one input element moves a slot's output of this
     // set by up to 1-3%.
-    int bad = 0, flips = 0, flip_rows = 0;
+    constexpr int kMaxRowFlips = kHidden / 64;
+    int bad = 0, flips = 0, flip_rows = 0, most_row_flips = 0;
     for (int64_t t = 0; t < kTokens; ++t) {
       int row_flips = 0;
       for (int64_t i = t * kHidden; i < (t + 1) * kHidden; ++i) {
@@ -261,11 +271,14 @@ TEST(MoeCoalesceGpuTest, RowsComeOutTheSameAloneAndMerged) {
       }
       flips += row_flips;
       flip_rows += row_flips > 0;
+      most_row_flips = std::max(most_row_flips, row_flips);
     }
-    if (bad + flips > 0) Localise(*set, **gpu, routed, *whole, c.act, rms, fp8);
+    const int max_flip_rows = fp8 ? static_cast<int>(test_util::MoeMaxRoundingFlips(n)) : 0;
+    // A few seconds, printed for any outlier (allowed ones too).
+    if (bad + flips > 0) Localise(*set, **gpu, routed, *whole, *ref, c.act, rms, fp8);
     EXPECT_EQ(bad, 0) << "of " << n << " elements outside the tolerance against the CPU reference";
-    EXPECT_LE(flip_rows, fp8 ? test_util::MoeMaxRoundingFlips(n) : 0)
-        << "token rows with fp8 re-quantisation outliers";
+    EXPECT_LE(flip_rows, max_flip_rows) << "token rows with fp8 re-quantisation outliers";
+    EXPECT_LE(most_row_flips, kMaxRowFlips) << "fp8 re-quantisation outliers in one token row";
     std::printf(
         "%s: %lld tokens, rows equal alone and merged; vs CPU: rms %.4g, %d outside, "
         "%d flips in %d rows\n",
