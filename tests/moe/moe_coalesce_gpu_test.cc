@@ -239,19 +239,24 @@ TEST(MoeCoalesceGpuTest, RowsComeOutTheSameAloneAndMerged) {
     // fp8 sets run their GEMMs on the fp8 tensor cores here (bf16
     // activations): that bound, and its re-quantisation flips.
     const bool fp8 = !c.scheme.empty() && c.scheme.rfind("fp8", 0) == 0;
-    // A flip is one event in one token's row: an intermediate element of
-    // one of the token's slots rounded to the neighbouring fp8 step moves
-    // the slot's whole output along one column of its down weights, so the
-    // outputs it puts past the element bound lie in that row, as many as
-    // that column has large entries (the random fp8 weights take every e4m3
-    // code: heavy-tailed). The allowance counts rows with flips, and a row's
-    // flips are a small share of it (a column's largest entries; a wrong
-    // scale or expert moves most of the row). Measured (docs/PERF.md,
-    // session 43): one row with 11 such outputs, its top slot
-    // (routing weight 0.85) 2.5% off the CPU's in relative RMS; on the CPU
-    // alone one bf16 step of one input element moves a slot's output of this
-    // set by up to 1-3%.
-    constexpr int kMaxRowFlips = kHidden / 64;
+    // fp8 rounding flips come as events in one token's row: a slot whose
+    // re-quantised intermediate rounds some elements to the neighbouring
+    // fp8 step on one side moves that slot's whole output, and where the
+    // slot carries most of the token's routing weight the move shows in the
+    // token's row, in the outputs where the slot's down weights are largest
+    // (the random fp8 weights take every e4m3 code: heavy-tailed). So the
+    // allowance counts rows with flips (MoeMaxRoundingFlips of the outputs,
+    // as before, now in rows), and caps a row's flips at a small share of
+    // it. Measured (docs/PERF.md, session 43, the seed there passes at the
+    // edge: 2 rows): 11 outputs in one row, whose top slot (routing weight
+    // 0.85) was 2.55% off the CPU in relative RMS with a gpu / cpu ratio of
+    // 0.996, its other slots 0.09-1.0%; on the CPU alone one bf16 step of
+    // one input element moved this set's slot outputs by up to 1.1-2.9%.
+    // What still fails: any output past the flip tolerance, more than 2
+    // rows, more than 16 outliers in a row (a wrong scale or expert on a
+    // heavy slot moves most of the row). An error on a light slot can hide
+    // in either bound, as it could before.
+    constexpr int kMaxRowFlips = kHidden / 128;
     int bad = 0, flips = 0, flip_rows = 0, most_row_flips = 0;
     for (int64_t t = 0; t < kTokens; ++t) {
       int row_flips = 0;

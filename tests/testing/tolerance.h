@@ -42,7 +42,9 @@ inline double MoeFp8FlipTolerance(double ref, double ref_rms, bool tensor_cores)
   return std::ldexp(ref_rms, tensor_cores ? -2 : -3) + std::ldexp(std::fabs(ref), -5);
 }
 // The outputs of a layer (fp8 or 16-bit) that may pass the element bound by a
-// rounding flip (MoeFp8FlipTolerance, Moe16BitFlipExcess).
+// rounding flip (MoeFp8FlipTolerance, Moe16BitFlipExcess). The coalescing
+// test (tests/moe/moe_coalesce_gpu_test.cc) counts token rows with flips
+// against it instead, and caps each row's flips.
 inline int64_t MoeMaxRoundingFlips(int64_t n) { return std::max<int64_t>(2, n / 100000); }
 // bf16 / fp16 layers: an expert's output y_j (the combine's input) rounded
 // one step of T the other way after a summation-order difference moves the

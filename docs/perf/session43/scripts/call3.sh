@@ -19,5 +19,5 @@ for r in 1 2; do
   [ "$r" = 1 ] && left 20 && TAIL=3 step decode 40 "$bin/moe_decode_gpu_test"
 done
 left 40 && TAIL=3 step quant_matvec 60 "$bin/moe_quant_gpu_test" \
-  --gtest_filter='*MatvecRoute*:*MatvecFp8Combine*:*Fp8ActivationQuantiser*'
+  --gtest_filter='*MatvecRoute*:*MatvecFp8Combine*:*MatvecCombinesFp8*:*Fp8ActivationQuantiser*:*RoutingWithTheActivationQuantiser*'
 gpu_check_finish
