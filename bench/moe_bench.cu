@@ -686,6 +686,9 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
   }
   cudaGraph_t graph;
   cudaGraphExec_t exec;
+  // Whether GEMM 2's fp8 quantisation ran in GEMM 1's epilogue (its rule or
+  // --fp8_act_quant): the row's note says so.
+  const int64_t act_quant_before = kc::MoeGemmWsFp8ActQuantLaunches();
   CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
   for (int s = 0; s < R; ++s) {
     const absl::Status st = enqueue_layer(s);
@@ -696,6 +699,7 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
   }
   CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
   CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const bool act_quant_fused = kc::MoeGemmWsFp8ActQuantLaunches() > act_quant_before;
 
   // --- Check: poison, one replay, set 0 against RunMoeOnGpu.
   CHECK_CUDA(cudaMemsetAsync(ws.p, 0xff, ws_bytes, stream));
@@ -857,8 +861,9 @@ Row RunConfig(const ShapeDef& sh, const kplan::GpuExperts& gpu, const kplan::Exp
   row.floor_us = std::max(t_bytes, t_flops);
   row.compute_bound = t_flops > t_bytes;
   row.ok = true;
-  char note[96];
-  std::snprintf(note, sizeof(note), "%d x %d replays x %d layers", samples, batch, R);
+  char note[128];
+  std::snprintf(note, sizeof(note), "%d x %d replays x %d layers%s", samples, batch, R,
+                act_quant_fused ? ", fp8 act quant in GEMM 1" : "");
   row.note = note;
   return row;
 }
