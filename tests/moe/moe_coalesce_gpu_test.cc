@@ -53,29 +53,21 @@ MoeRunInput Rows(const MoeRunInput& all, int64_t first, int64_t m) {
   return in;
 }
 
-// Where a merged launch and the CPU reference disagree: the outputs past the
-// element bound per token, then, for the token with the most, each of its
-// slots alone (top-1, weight 1) on both sides, as the GPU's output over the
-// CPU's in the least-squares sense (1 = the same) and the relative RMS of
-// the difference: a slot whose ratio is off 1 by far more than its noise
-// has a wrong scale; noise alike on every slot is the arithmetic's.
+// Where a merged launch and the CPU reference disagree, from the outputs past
+// the element bound per token (`outliers`, the test's count): those counts,
+// then, for the token with the most, each of its slots alone (top-1, weight
+// 1) on both sides, as the GPU's output over the CPU's in the least-squares
+// sense (1 = the same) and the relative RMS of the difference: a slot whose
+// ratio is off 1 by far more than its noise has a wrong scale; noise alike
+// on every slot is the arithmetic's.
 void Localise(const ExpertSet& set, const GpuExperts& gpu, const MoeRunInput& routed,
-              const MoeRunOutput& whole, const MoeRunOutput& ref, kernels::DType act, double rms,
-              bool fp8) {
+              const MoeRunOutput& whole, const std::vector<int>& outliers, kernels::DType act) {
   const int64_t row = kHidden;
   int worst = -1, worst_count = 0;
   std::string per_token;
-  for (int64_t t = 0; t < kTokens; ++t) {
-    int count = 0;
-    for (int64_t j = 0; j < row; ++j) {
-      const double want = moe::LoadFloat(ref.output.data(), act, t * row + j);
-      const double have = moe::LoadFloat(whole.output.data(), act, t * row + j);
-      const double bound = fp8 ? test_util::MoeFp8TensorCoreElementTolerance(want, rms)
-                               : test_util::MoeLayerElementTolerance(want, rms);
-      if (std::fabs(have - want) > bound) ++count;
-    }
-    if (count > 0) absl::StrAppend(&per_token, " t", t, ":", count);
-    if (count > worst_count) worst = static_cast<int>(t), worst_count = count;
+  for (int t = 0; t < kTokens; ++t) {
+    if (outliers[t] > 0) absl::StrAppend(&per_token, " t", t, ":", outliers[t]);
+    if (outliers[t] > worst_count) worst = t, worst_count = outliers[t];
   }
   std::printf("outputs past the element bound, per token:%s\n", per_token.c_str());
   if (worst < 0) return;
@@ -96,25 +88,20 @@ void Localise(const ExpertSet& set, const GpuExperts& gpu, const MoeRunInput& ro
                   c.status().ToString().c_str());
       return;
     }
+    std::vector<double> diff(row);
     double gc = 0, cc = 0, dd = 0;
     for (int64_t j = 0; j < row; ++j) {
       const double have = moe::LoadFloat(g->output.data(), act, j);
       const double want = moe::LoadFloat(c->output.data(), act, j);
-      gc += have * want, cc += want * want, dd += (have - want) * (have - want);
+      diff[j] = have - want;
+      gc += have * want, cc += want * want, dd += diff[j] * diff[j];
     }
     int32_t id;
     std::memcpy(&id, one.topk_ids.data(), 4);
     const double rel = cc > 0 ? std::sqrt(dd / cc) : 0.0;
     std::printf("  token %d slot %d (expert %d, weight %.4f): gpu/cpu %.5f, rel rms diff %.3g\n",
                 worst, s, id, whole.topk_weights[worst * kTopK + s], cc > 0 ? gc / cc : 0.0, rel);
-    if (rel > worst_rel) {
-      worst_rel = rel, worst_expert = id;
-      worst_diff.resize(row);
-      for (int64_t j = 0; j < row; ++j) {
-        worst_diff[j] =
-            moe::LoadFloat(g->output.data(), act, j) - moe::LoadFloat(c->output.data(), act, j);
-      }
-    }
+    if (rel > worst_rel) worst_rel = rel, worst_expert = id, worst_diff = std::move(diff);
   }
   // fp8 per-channel: how much of the worst slot's difference one input
   // column of its down weights explains (one intermediate element off by a
@@ -258,6 +245,7 @@ TEST(MoeCoalesceGpuTest, RowsComeOutTheSameAloneAndMerged) {
     // in either bound, as it could before.
     constexpr int kMaxRowFlips = kHidden / 128;
     int bad = 0, flips = 0, flip_rows = 0, most_row_flips = 0;
+    std::vector<int> outliers(kTokens, 0);  // per token: outputs past the element bound
     for (int64_t t = 0; t < kTokens; ++t) {
       int row_flips = 0;
       for (int64_t i = t * kHidden; i < (t + 1) * kHidden; ++i) {
@@ -268,6 +256,7 @@ TEST(MoeCoalesceGpuTest, RowsComeOutTheSameAloneAndMerged) {
                       : test_util::MoeLayerElementTolerance(want, rms))) {
           continue;
         }
+        ++outliers[t];
         if (fp8 && d <= test_util::MoeFp8FlipTolerance(want, rms, /*tensor_cores=*/true)) {
           ++row_flips;
         } else {
@@ -280,7 +269,7 @@ TEST(MoeCoalesceGpuTest, RowsComeOutTheSameAloneAndMerged) {
     }
     const int max_flip_rows = fp8 ? static_cast<int>(test_util::MoeMaxRoundingFlips(n)) : 0;
     // A few seconds, printed for any outlier (allowed ones too).
-    if (bad + flips > 0) Localise(*set, **gpu, routed, *whole, *ref, c.act, rms, fp8);
+    if (bad + flips > 0) Localise(*set, **gpu, routed, *whole, outliers, c.act);
     EXPECT_EQ(bad, 0) << "of " << n << " elements outside the tolerance against the CPU reference";
     EXPECT_LE(flip_rows, max_flip_rows) << "token rows with fp8 re-quantisation outliers";
     EXPECT_LE(most_row_flips, kMaxRowFlips) << "fp8 re-quantisation outliers in one token row";
