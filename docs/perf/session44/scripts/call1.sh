@@ -4,15 +4,16 @@
 # (head s44h, patch s44p, s44p with KPLAN_MOE_DECODE_PREFETCH=0); 2338959
 # (s44o, session 38's table) against the head on one machine, alternating;
 # #17's fp8 rows at 16 / 64 tokens under the fused quantisation's rule;
-# the decode suites at s44p and s44r. s44r: the bf16 decode GEMM 2 issues
-# its first batch of weight loads before its PDL wait.
+# the decode suites at s44p and s44r. s44r: the decode GEMM 2 kernels (bf16
+# down+combine, fp8 pair+combine) issue their first batch of weight loads
+# before their PDL wait.
 # Packs (docs/perf/session33/scripts/pack.sh, -gencode=arch=compute_90a,code=sm_90a):
 #   s44h (f5d8cc9): moe_bench moe_coalesce_gpu_test moe_decode_gpu_test moe_quant_gpu_test
 #   s44p (f5d8cc9 + docs/perf/session43/decode-prefetch.patch): moe_bench
 #     moe_decode_gpu_test moe_quant_gpu_test
 #   s44o (2338959, from a worktree): moe_bench
-#   s44r (5ce811b + docs/perf/session44/decode-head-start.patch): moe_bench
-#     moe_decode_gpu_test
+#   s44r (60aea65 + docs/perf/session44/decode-head-start.patch): moe_bench
+#     moe_decode_gpu_test moe_quant_gpu_test
 # Device tool: carry ["build-pack"]; DEADLINE=<limit - 15> OUT=$OUT bash this.
 set -uo pipefail
 . scripts/gpu-steps.sh
@@ -25,6 +26,8 @@ left 90 && TAIL=30 MOE_COALESCE_GPU_TEST_SEED=17808043586953073039 step coalesce
   "$bin/moe_coalesce_gpu_test"
 left 30 && TAIL=3 LD_LIBRARY_PATH=$PWD/.t_s44r/lib step decode_hs 60 \
   .t_s44r/bin/moe_decode_gpu_test
+left 30 && TAIL=3 LD_LIBRARY_PATH=$PWD/.t_s44r/lib step quant_matvec_hs 90 \
+  .t_s44r/bin/moe_quant_gpu_test --gtest_filter='*Matvec*:*Routing*:*Quantiser*'
 Q=(--budget_s 0.2 --sets 2 --warmup_s 0.5 --check_tokens 1 --route auto --fused on --tokens 1
   --decode_layer off --quant bf16,fp8_block --shapes qwen3,mixtral)
 B=(--budget_s 0.2 --sets 2 --warmup_s 1 --check_tokens 2 --route auto --fused on --quant bf16
