@@ -31,14 +31,14 @@ for r in 1 2; do
   left 40 && TAIL=5 pack_bench s44p "ab${r}_pf" 45 "${Q[@]}"
   left 40 && KPLAN_MOE_DECODE_PREFETCH=0 TAIL=5 pack_bench s44p "ab${r}_nopf" 45 "${Q[@]}"
   left 40 && TAIL=5 pack_bench s44r "ab${r}_hs" 45 "${Q[@]}"
-  left 60 && TAIL=9 pack_bench s44o "old${r}" 60 "${B[@]}"
-  left 60 && TAIL=9 pack_bench s44h "new${r}" 60 "${B[@]}"
   if [ "$r" = 1 ]; then
     left 30 && TAIL=3 LD_LIBRARY_PATH=$PWD/.t_s44r/lib step decode_hs 60 \
       .t_s44r/bin/moe_decode_gpu_test
     left 30 && TAIL=3 LD_LIBRARY_PATH=$PWD/.t_s44r/lib step quant_matvec_hs 90 \
       .t_s44r/bin/moe_quant_gpu_test --gtest_filter='*Matvec*:*Routing*:*Quantiser*'
   fi
+  left 60 && TAIL=9 pack_bench s44o "old${r}" 60 "${B[@]}"
+  left 60 && TAIL=9 pack_bench s44h "new${r}" 60 "${B[@]}"
 done
 left 50 && TAIL=9 pack_bench s44h fp8_mid 60 --budget_s 0.2 --sets 2 --fused on \
   --warmup_s 0.5 --check_tokens 1 --route auto --quant fp8_block,fp8_per_tensor \
