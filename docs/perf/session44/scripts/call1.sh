@@ -12,7 +12,7 @@
 #   s44p (f5d8cc9 + docs/perf/session43/decode-prefetch.patch): moe_bench
 #     moe_decode_gpu_test moe_quant_gpu_test
 #   s44o (2338959, from a worktree): moe_bench
-#   s44r (60aea65 + docs/perf/session44/decode-head-start.patch): moe_bench
+#   s44r (1b287cc + docs/perf/session44/decode-head-start.patch as of bad83b6): moe_bench
 #     moe_decode_gpu_test moe_quant_gpu_test
 # Device tool: carry ["build-pack"]; DEADLINE=<limit - 15> OUT=$OUT bash this.
 set -uo pipefail
