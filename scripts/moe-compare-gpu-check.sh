@@ -2,14 +2,18 @@
 # Runs on a GPU host over a folder made by scripts/bundle.sh (default .dist)
 # holding moe_bench: kplan's bf16 layer, vLLM's fused MoE in Triton with
 # vLLM's H200 configs and torch._grouped_mm over the same shapes and tokens
-# in one device call (docs/PERF.md's comparison tables), then, where
-# CLUSTER_TOKENS is set, kplan with the warp-specialised GEMM's clusters
-# forced off (KPLAN_MOE_WS_CLUSTER=1) on those tokens. Logs and JSON in
-# $OUT/logs (OUT defaults to /tmp/kplan-compare), packed into
-# $OUT/logs.tar.gz. Steps limited to 540 s in all.
+# in one device call (docs/PERF.md's comparison tables; IMPLS picks the
+# baselines, default "triton grouped_mm"), then, where CLUSTER_TOKENS is
+# set, kplan with the warp-specialised GEMM's clusters forced off
+# (KPLAN_MOE_WS_CLUSTER=1) on those tokens, and where QUANT is set (a
+# --quant list), kplan's quantised rows at QUANT_TOKENS (default 1,16,64).
+# Logs and JSON in $OUT/logs (OUT defaults to /tmp/kplan-compare), packed
+# into $OUT/logs.tar.gz. The table's steps are limited to 480 s in all;
+# the optional ones run while 60 s are left before ${DEADLINE:-570} s.
 # usage (here): bash scripts/bundle.sh .dist build/bin/moe_bench
 #               strip --strip-debug .dist/bin/* .dist/lib/*
-#        (there, from the repository root): [SHAPES=...] [TOKENS=...] [CLUSTER_TOKENS=...] \
+#        (there, from the repository root): [SHAPES=...] [TOKENS=...] [IMPLS=...] \
+#                 [CLUSTER_TOKENS=...] [QUANT=... [QUANT_TOKENS=...]] \
 #                 scripts/moe-compare-gpu-check.sh [DIST]
 set -uo pipefail
 . "$(dirname "$0")/gpu-steps.sh"
@@ -23,11 +27,19 @@ kplan=("$bin/moe_bench" --budget_s 0.2 --sets 2 --fused on --warmup_s 1 --check_
 torch=(python3 bench/moe_baseline.py --sets 2 --budget_s 0.2 --warmup_s 1 --shapes "$shapes"
   --tokens "$tokens")
 TAIL=40 step kplan 150 "${kplan[@]}" --tokens "$tokens" --json "$out/kplan.json"
-TAIL=40 step triton 210 "${torch[@]}" --impl triton --json "$out/triton.json"
-TAIL=40 step grouped_mm 120 "${torch[@]}" --impl grouped_mm --json "$out/grouped_mm.json"
-if [ -n "${CLUSTER_TOKENS:-}" ]; then
+for impl in ${IMPLS:-triton grouped_mm}; do
+  limit=120
+  [ "$impl" = triton ] && limit=210
+  TAIL=40 step "$impl" "$limit" "${torch[@]}" --impl "$impl" --json "$out/$impl.json"
+done
+if [ -n "${CLUSTER_TOKENS:-}" ] && left 60; then
   TAIL=40 KPLAN_MOE_WS_CLUSTER=1 step kplan_no_clusters 60 "${kplan[@]}" \
     --tokens "$CLUSTER_TOKENS" --json "$out/kplan_no_clusters.json"
+fi
+if [ -n "${QUANT:-}" ] && left 60; then
+  TAIL=30 step quant_rows 150 "$bin/moe_bench" --budget_s 0.2 --sets 2 --fused on \
+    --warmup_s 0.5 --check_tokens 1 --route auto --quant "$QUANT" --shapes "$shapes" \
+    --tokens "${QUANT_TOKENS:-1,16,64}" --json "$out/quant_rows.json"
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
 gpu_check_finish
