@@ -26,12 +26,17 @@ absl::Status LaunchMoeDecodeLayer(const MoeDecodeArgs& args, cudaStream_t stream
 namespace kplan::kernels::cuda::detail::decode {
 
 // The local index of slot s's expert, or -1 (out of range, or not local
-// under an expert map).
+// under an expert map). kBeforeWait: read through the L2 (ld.global.cg), as
+// a kernel reads ids before its PDL wait (moe_quant_matvec.cu's
+// Fp8PairCombineKernel): complete by then, since the kernel before it
+// released it only after its own wait (pdl.cuh), and the L2 is where another
+// SM's writes are coherent.
+template <bool kBeforeWait = false>
 __device__ __forceinline__ int LocalExpert(const int32_t* ids, const int32_t* map, int num_experts,
                                            int num_local, int64_t s) {
-  const int e = ids[s];
+  const int e = kBeforeWait ? __ldcg(ids + s) : ids[s];
   if (e < 0 || e >= num_experts) return -1;
-  const int l = map != nullptr ? map[e] : e;
+  const int l = map == nullptr ? e : kBeforeWait ? __ldcg(map + e) : map[e];
   return l >= 0 && l < num_local ? l : -1;
 }
 

@@ -142,12 +142,17 @@ __device__ __forceinline__ void MmaFp8(float (&d)[4], uint32_t a0, uint32_t a1, 
 // d[g & 1] and d[2 + (g & 1)]) are lane group g's 64-byte dot products. Each
 // is promoted to the lane's fp32 sum (block scales per 64 k, which lie in
 // one k-block); the warp then sums the 8 diagonal lanes in a fixed order.
-// kPairs pairs at once (their loads in flight together).
+// kPairs pairs at once (their loads in flight together). kWaitInside: the
+// kernel's PDL wait and release run here, once the first spans' weight
+// loads are out and before any activation or scale load (a GEMM 2 whose
+// activation the kernel before it writes and whose weights it does not;
+// pdl.cuh).
 constexpr int kPairBatch = 2;
-template <int kPairs>
+template <int kPairs, bool kWaitInside = false>
 __device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_t (&r0)[kPairs],
                                             const int64_t (&r1)[kPairs], int64_t arow, int lane,
                                             float (&o0)[kPairs], float (&o1)[kPairs]) {
+  bool pending = kWaitInside;
   const int g = lane >> 2;
   const bool diag = (lane & 3) == (g >> 1);
   const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * p.K;
@@ -173,15 +178,33 @@ __device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_
   for (int base = 0; base < vecs; base += 32 * kPairBatch) {
     int4 v0[kPairBatch][kPairs], v1[kPairBatch][kPairs], xv[kPairBatch];
     float s0[kPairBatch][kPairs], s1[kPairBatch][kPairs];  // block scales xs·ws
+    if constexpr (kWaitInside) {  // the weights first, then the wait (every lane runs every span)
+#pragma unroll
+      for (int u = 0; u < kPairBatch; ++u) {
+        const int i = base + 32 * u + lane;
+        const bool in = i < vecs;
+#pragma unroll
+        for (int q = 0; q < kPairs; ++q) {
+          v0[u][q] = in ? __ldg(w0[q] + i) : make_int4(0, 0, 0, 0);
+          v1[u][q] = in ? __ldg(w1[q] + i) : make_int4(0, 0, 0, 0);
+        }
+      }
+      if (pending) {
+        detail::PdlWaitThenRelease();
+        pending = false;
+      }
+    }
 #pragma unroll
     for (int u = 0; u < kPairBatch; ++u) {
       const int i = base + 32 * u + lane;
       // Past K: zeros, and every lane runs the mmas.
       const bool in = i < vecs;
+      if constexpr (!kWaitInside) {
 #pragma unroll
-      for (int q = 0; q < kPairs; ++q) {
-        v0[u][q] = in ? __ldg(w0[q] + i) : make_int4(0, 0, 0, 0);
-        v1[u][q] = in ? __ldg(w1[q] + i) : make_int4(0, 0, 0, 0);
+        for (int q = 0; q < kPairs; ++q) {
+          v0[u][q] = in ? __ldg(w0[q] + i) : make_int4(0, 0, 0, 0);
+          v1[u][q] = in ? __ldg(w1[q] + i) : make_int4(0, 0, 0, 0);
+        }
       }
       xv[u] = in ? __ldg(x + i) : make_int4(0, 0, 0, 0);
       // The lane group's k-block (its diagonal lane may lie past K where
@@ -215,6 +238,8 @@ __device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_
       }
     }
   }
+  if (pending)
+    detail::PdlWaitThenRelease();  // no span (K is a positive multiple of 16: not reached)
 #pragma unroll
   for (int q = 0; q < kPairs; ++q) {
     float b0 = diag ? a0[q] : 0.0f, b1 = diag ? a1[q] : 0.0f;
@@ -286,7 +311,6 @@ constexpr int kCombineRows = 4;
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 2)
     Fp8PairCombineKernel(const __grid_constant__ Params p, const float* weights, int k, int group) {
-  detail::PdlWaitThenRelease();
   constexpr int kPairs = kCombineRows / 2;
   __shared__ float y[kCombineRows * kWarps];  // [column][slot], k * group <= 8
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
@@ -294,9 +318,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t tiles = (p.N + cols - 1) / cols;
   const int64_t m = blockIdx.x / tiles, c0 = (blockIdx.x % tiles) * cols;
   const int64_t n0 = c0 + g * kCombineRows;
+  // Before the PDL wait: the ids (LocalExpert<true>) and the first spans of
+  // the weights (Fp8PairDots<., true>); the activation and its scales after
+  // it.
+  bool waited = false;
   if (g < group) {
     const int64_t s = m * k + j;
-    const int e = LocalExpert(p.ids, p.map, p.num_experts, p.num_local, s);
+    const int e = LocalExpert<true>(p.ids, p.map, p.num_experts, p.num_local, s);
     float d0[kPairs] = {}, d1[kPairs] = {};
     int64_t r0[kPairs], r1[kPairs];
 #pragma unroll
@@ -305,7 +333,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       r0[q] = n0 + 2 * q < p.N ? n0 + 2 * q : 0;
       r1[q] = n0 + 2 * q + 1 < p.N ? n0 + 2 * q + 1 : 0;
     }
-    if (e >= 0) Fp8PairDots<kPairs>(p, e, r0, r1, s, lane, d0, d1);
+    if (e >= 0) {
+      Fp8PairDots<kPairs, true>(p, e, r0, r1, s, lane, d0, d1);
+      waited = true;
+    }
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < kCombineRows; ++r) {
@@ -316,6 +347,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
   }
+  if (!waited) detail::PdlWaitThenRelease();
   __syncthreads();
   const int64_t n = c0 + threadIdx.x;
   if (threadIdx.x < cols && n < p.N) {
