@@ -8,7 +8,9 @@
 #     spans.
 # Correctness first (both: the matvec, routes, small- and real-shape int4
 # cases), the one-token layers alternating old, v3, v3b, v3b, v3, old; ncu
-# of Mixtral-8x7B's int4 kernels in each build (which GEMM moves); DeepSeek-V3.
+# of Mixtral-8x7B's int4 kernels in each build (which GEMM moves; the L1's
+# load throughput and sectors per request, for the activation reading
+# below); DeepSeek-V3.
 # Packs (docs/perf/session33/scripts/pack.sh, -gencode=arch=compute_90a,code=sm_90a):
 #   s44h (f5d8cc9): moe_bench moe_coalesce_gpu_test moe_decode_gpu_test moe_quant_gpu_test
 #   s45k, s45l: moe_bench moe_quant_gpu_test
@@ -18,7 +20,7 @@ set -uo pipefail
 gpu_unpack s44h s45k s45l
 gpu_check_setup kplan-s45c4 .t_s45k
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader
-step_keep='FAIL|PASSED|ERROR SUMMARY|rooflines|^ *(Mixtral|Qwen3|DeepSeek)|Kernel|Pair|Tile|gpu__time|dram__'
+step_keep='FAIL|PASSED|ERROR SUMMARY|rooflines|^ *(Mixtral|Qwen3|DeepSeek)|Kernel|Pair|Tile|gpu__time|dram__|l1tex__'
 step_drop='check '
 F='*MatvecRoute*:*MatvecCombine*:*MatvecTakes*:*SmallShapes*:*DecodeAndDequant*:*Qwen3IntWeightOnly*:*Mixtral8x7B*'
 for k in s45k s45l; do
@@ -33,8 +35,8 @@ for k in s44h s45k s45l s45l s45k s44h; do
   left 30 && TAIL=3 pack_bench "$k" "ab${r}_$k" 30 "${Q[@]}"
 done
 nc() {  # pack
-  LD_LIBRARY_PATH=$PWD/.t_$1/lib TAIL=16 step "ncu_$1" 40 ncu --clock-control none \
-    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+  LD_LIBRARY_PATH=$PWD/.t_$1/lib TAIL=30 step "ncu_$1" 40 ncu --clock-control none \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_active,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum \
     -k regex:'Int4|Pair|Combine|Routing' -c 8 ".t_$1/bin/moe_bench" --budget_s 0.01 --sets 1 \
     --warmup_s 0 --check_tokens 0 --quant int4_group --shapes mixtral --tokens 1 --fused on
 }
