@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Session 45, call 4 (prepared, not run in session 45): three int4 matvec
 # pair forms against the tiles (s44h, f5d8cc9: the same int4 code as the head):
-#   s45k (8b92993 + docs/perf/session45/int4-pairs-v3.patch): PairKernel at 4
+#   s45k (039870f + docs/perf/session45/int4-pairs-v3.patch): PairKernel at 4
 #     pairs a warp on one span (call 3's), the combine at 2 pairs on two
 #     spans (call 2's);
-#   s45l (8b92993 + int4-pairs-v3b.patch): both kernels at 2 pairs on two
+#   s45l (fec7670 + int4-pairs-v3b.patch): both kernels at 2 pairs on two
 #     spans;
-#   s45m (8b92993 + int4-pairs-v4.patch): v3b with GEMM 1's activation row
+#   s45m (039870f + int4-pairs-v4.patch): v3b with GEMM 1's activation row
 #     staged in shared memory by each CTA (CTAs within one slot).
 # Correctness first (each: the matvec, routes, small- and real-shape int4
 # cases), the one-token layers alternating old, v3, v3b, v4, v4, v3b, v3,
