@@ -178,17 +178,19 @@ __device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_
   for (int base = 0; base < vecs; base += 32 * kPairBatch) {
     int4 v0[kPairBatch][kPairs], v1[kPairBatch][kPairs], xv[kPairBatch];
     float s0[kPairBatch][kPairs], s1[kPairBatch][kPairs];  // block scales xs·ws
+    // Span u's weights; past K zeros, and every lane runs the mmas.
+    auto load_w = [&](int u) {
+      const int i = base + 32 * u + lane;
+      const bool in = i < vecs;
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        v0[u][q] = in ? __ldg(w0[q] + i) : make_int4(0, 0, 0, 0);
+        v1[u][q] = in ? __ldg(w1[q] + i) : make_int4(0, 0, 0, 0);
+      }
+    };
     if constexpr (kWaitInside) {  // the weights first, then the wait (every lane runs every span)
 #pragma unroll
-      for (int u = 0; u < kPairBatch; ++u) {
-        const int i = base + 32 * u + lane;
-        const bool in = i < vecs;
-#pragma unroll
-        for (int q = 0; q < kPairs; ++q) {
-          v0[u][q] = in ? __ldg(w0[q] + i) : make_int4(0, 0, 0, 0);
-          v1[u][q] = in ? __ldg(w1[q] + i) : make_int4(0, 0, 0, 0);
-        }
-      }
+      for (int u = 0; u < kPairBatch; ++u) load_w(u);
       if (pending) {
         detail::PdlWaitThenRelease();
         pending = false;
@@ -197,15 +199,8 @@ __device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_
 #pragma unroll
     for (int u = 0; u < kPairBatch; ++u) {
       const int i = base + 32 * u + lane;
-      // Past K: zeros, and every lane runs the mmas.
       const bool in = i < vecs;
-      if constexpr (!kWaitInside) {
-#pragma unroll
-        for (int q = 0; q < kPairs; ++q) {
-          v0[u][q] = in ? __ldg(w0[q] + i) : make_int4(0, 0, 0, 0);
-          v1[u][q] = in ? __ldg(w1[q] + i) : make_int4(0, 0, 0, 0);
-        }
-      }
+      if constexpr (!kWaitInside) load_w(u);
       xv[u] = in ? __ldg(x + i) : make_int4(0, 0, 0, 0);
       // The lane group's k-block (its diagonal lane may lie past K where
       // its first lanes do not).
