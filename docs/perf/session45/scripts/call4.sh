@@ -43,6 +43,16 @@ nc() {  # pack
     --warmup_s 0 --check_tokens 0 --quant int4_group --shapes mixtral --tokens 1 --fused on
 }
 for k in s44h s45k s45l s45m; do left 45 && nc "$k"; done
+# The int4 decode tiles (16-64 tokens) of the head: is the L1 (the
+# activation's 16-line loads) or the issue rate their bound? (session 46)
+nd() {  # tokens
+  LD_LIBRARY_PATH=$PWD/.t_s44h/lib TAIL=30 step "ncu_decode_$1" 45 ncu --clock-control none \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.per_cycle_active,l1tex__data_pipe_lsu_wavefronts.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum \
+    -k regex:'QuantDecode' -c 4 .t_s44h/bin/moe_bench --budget_s 0.01 --sets 1 \
+    --warmup_s 0 --check_tokens 0 --quant int4_group --shapes mixtral --tokens "$1" --fused on
+}
+step_keep="$step_keep|smsp__|wavefronts|QuantDecode"
+for t in 16 64; do left 50 && nd "$t"; done
 left 100 && LD_LIBRARY_PATH=$PWD/.t_s45m/lib TAIL=4 step memcheck_m 100 compute-sanitizer --tool memcheck .t_s45m/bin/moe_quant_gpu_test \
   --gtest_filter='*MatvecRoute*:*MatvecCombine*'
 D=(--budget_s 0.2 --sets 2 --warmup_s 0.5 --check_tokens 1 --route auto --fused on --tokens 1,2
