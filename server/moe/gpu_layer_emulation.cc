@@ -458,8 +458,8 @@ absl::Status EnqueueEmulationLayer(const GpuExperts& experts, const MoeLayerArgs
   g2.c = y;
   g2.N = H;
   g2.K = I;
-  // GEMM 2 with the combine on the matvec's fp8 pairs: straight into the output.
-  if (matvec && a.combine && kc::MoeQuantMatvecCombines(g2.w, k)) {
+  // GEMM 2 with the combine on the matvec's row pairs: straight into the output.
+  if (matvec && a.combine && kc::MoeQuantMatvecCombines(g2.w, k, g2.K)) {
     return decode_gemm(g2, /*apply_act=*/false, a.output, /*combine=*/true);
   }
   KPLAN_RETURN_IF_ERROR(matvec || decode ? decode_gemm(g2, /*apply_act=*/false, y)

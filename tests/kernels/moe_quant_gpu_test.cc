@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/float16.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/moe/moe_experts.h"
@@ -591,7 +592,7 @@ TEST(MoeQuantGpu, Qwen3UnquantisedMixedDtypes) {
 
 TEST(MoeQuantGpu, Mixtral8x7B) {
   SKIP_WITHOUT_CUDA();
-  // 1 token the matvec tiles, 16 and 64 (16 per expert) the decode tiles,
+  // 1 token the matvec pairs, 16 and 64 (16 per expert) the decode tiles,
   // 512 the warp-specialised int4 GEMMs; forced, the cp.async int4 GEMM at 64.
   RunOptions ws;
   ws.int_gemm_from = 512;
@@ -816,8 +817,11 @@ void MatvecFp8Cases(uint64_t seed) {
 // only slower), each scheme, biases, zero points, every activation form
 // (stacked and interleaved gate/up rows, no gating), bf16 and fp16, the
 // router weight on the input: fp8 as MatvecFp8Cases says; int4 group 32 and
-// int8 group 16 give one scale per 16-byte vector; Mixtral-8x7B per-tensor
-// fp8 one token for long rows (GEMM 2's 14336 bytes).
+// int8 group 16 give one scale per 16-byte vector; int4 on the tiles (K
+// below 4096, MoeQuantMatvecInt4Pairs) and on the row pairs (K 4224 and
+// 4160: four spans and part of a fifth), the pairs' GEMM 2 with the combine
+// at top-3 and 8, without it at top-10; Mixtral-8x7B per-tensor fp8 one
+// token for long rows (GEMM 2's 14336 bytes).
 TEST(MoeQuantGpu, MatvecRoute) {
   SKIP_WITHOUT_CUDA();
   using kernels::cuda::MoeQuantRouteMode;
@@ -841,6 +845,16 @@ TEST(MoeQuantGpu, MatvecRoute) {
   on_input.weights_on_input = true;
   on_input.k_override = 1;
   RunCombo(i4s, IntW("int4_group", kernels::DType::kBFloat16, true, 32), {1, 19}, 100, on_input);
+  // int4 GEMM 2 with the combine at top-3 (idle warps; every scale exact:
+  // whole warps take the packed dequantisation) and top-8, past the
+  // combine's 8 slots at top-10.
+  Combo i4e = IntW("int4_group", kernels::DType::kBFloat16, true, 32);
+  i4e.exact_scales = true;
+  RunCombo(Shape{"top3-int4", 12, 3, 4224, 4160}, i4e, {1, 2}, 104, mv);
+  RunCombo(Shape{"top8-int4", 16, 8, 256, 4224},
+           IntW("int4_group", kernels::DType::kFloat16, false), {1}, 105, one);
+  RunCombo(Shape{"top10-int4", 16, 10, 256, 4224},
+           IntW("int4_group", kernels::DType::kBFloat16, false), {1}, 106, one);
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1}, 102, one);
 }
 
@@ -901,22 +915,28 @@ TEST(MoeQuantKernels, MatvecTakesTheDecodeWeightsWithinItsLimits) {
 
 // Which GEMM 2s of the fp8 matvec take the combine, and what the launcher
 // refuses before launching anything (host code: runs without a GPU).
-TEST(MoeQuantKernels, MatvecCombinesFp8UpToEightSlots) {
+TEST(MoeQuantKernels, MatvecCombinesFp8AndInt4UpToEightSlots) {
   using kernels::cuda::MoeQuantMatvecCombines;
   using kernels::cuda::MoeQuantWeights;
   using kernels::cuda::MoeWeightScale;
   MoeQuantWeights w;
   w.kind = kernels::DType::kFp8E4m3;
   w.scale_kind = MoeWeightScale::kBlock;
-  EXPECT_TRUE(MoeQuantMatvecCombines(w, 1));
-  EXPECT_TRUE(MoeQuantMatvecCombines(w, 3));
-  EXPECT_TRUE(MoeQuantMatvecCombines(w, 8));
-  EXPECT_FALSE(MoeQuantMatvecCombines(w, 0));
-  EXPECT_FALSE(MoeQuantMatvecCombines(w, 9));
+  EXPECT_TRUE(MoeQuantMatvecCombines(w, 1, 768));
+  EXPECT_TRUE(MoeQuantMatvecCombines(w, 3, 768));
+  EXPECT_TRUE(MoeQuantMatvecCombines(w, 8, 768));
+  EXPECT_FALSE(MoeQuantMatvecCombines(w, 0, 768));
+  EXPECT_FALSE(MoeQuantMatvecCombines(w, 9, 768));
+  // int4: where its GEMM takes the row pairs (MoeQuantMatvecInt4Pairs).
   MoeQuantWeights i4 = w;
   i4.kind = kernels::DType::kInt4Packed;
   i4.scale_kind = MoeWeightScale::kGroup;
-  EXPECT_FALSE(MoeQuantMatvecCombines(i4, 2));
+  EXPECT_TRUE(MoeQuantMatvecCombines(i4, 2, 14336));
+  EXPECT_FALSE(MoeQuantMatvecCombines(i4, 2, 768));
+  EXPECT_FALSE(MoeQuantMatvecCombines(i4, 9, 14336));
+  MoeQuantWeights i8 = i4;
+  i8.kind = kernels::DType::kInt8;
+  EXPECT_FALSE(MoeQuantMatvecCombines(i8, 2, 14336));
   static const uint8_t kByte = 0;
   static const float kScale = 1.0f;
   static int32_t ids[4] = {0, 1, 2, 3};
@@ -956,30 +976,42 @@ TEST(MoeQuantKernels, MatvecCombinesFp8UpToEightSlots) {
   refused("shared activation rows");
 }
 
-// One output width of MatvecFp8CombineIsGemm2ThenCombine.
-void MatvecFp8CombineCase(int64_t N) {
+// One output width and weight kind of MatvecCombineIsGemm2ThenCombine.
+void MatvecCombineCase(int64_t N, bool int4) {
   using kernels::cuda::DeviceBuffer;
   constexpr int E = 8;
-  constexpr int64_t K = 208, kb = (K + 127) / 128;
-  const int64_t nb = (N + 127) / 128;
-  std::mt19937 rng(static_cast<uint32_t>(Seed() + 7 + N));
+  // fp8: rows of 208 bytes, 128 x 128 blocks; int4: 4320 k (the row pairs,
+  // MoeQuantMatvecInt4Pairs: four 512-byte spans and 112 bytes, 7 vectors
+  // of a lane group's 8 partly past K), groups of 32, zero points.
+  const int64_t K = int4 ? 4320 : 208, kb = (K + 127) / 128, group = 32;
+  const int64_t nb = (N + 127) / 128, row_bytes = int4 ? K / 2 : K;
+  std::mt19937 rng(static_cast<uint32_t>(Seed() + 7 + N + (int4 ? 1000 : 0)));
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
-  std::vector<uint8_t> w(E * N * K);
+  std::vector<uint8_t> w(E * N * row_bytes);
   for (uint8_t& b : w) {
     b = static_cast<uint8_t>(rng());
-    if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN bytes
+    if (!int4 && (b & 0x7f) == 0x7f) b ^= 1;  // no NaN bytes
   }
-  std::vector<float> ws(E * nb * kb), bias(E * N);
-  for (float& v : ws) v = 0.001f + 0.01f * unit(rng);
+  // int4: the scales of even experts exact in bf16 (the packed
+  // dequantisation), of odd ones not (the per-weight one).
+  std::vector<float> ws(int4 ? E * N * (K / group) : E * nb * kb), bias(E * N);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    ws[i] = int4 ? 0.01f + 0.1f * unit(rng) : 0.001f + 0.01f * unit(rng);
+    if (int4 && (i / (N * (K / group))) % 2 == 0) ws[i] = Bf16ToFloat(FloatToBf16(ws[i]));
+  }
+  std::vector<uint8_t> zp(int4 ? ws.size() : 0);
+  for (uint8_t& z : zp) z = static_cast<uint8_t>(rng() % 16);
   for (float& v : bias) v = unit(rng) - 0.5f;
   const std::vector<int32_t> map = {0, 1, 2, 3, 4, 5, -1, 7};  // expert 6 is not local
-  DeviceBuffer d_w, d_ws, d_bias, d_map;
+  DeviceBuffer d_w, d_ws, d_zp, d_bias, d_map;
   ASSERT_TRUE(d_w.Reserve(w.size()).ok());
   ASSERT_TRUE(d_ws.Reserve(ws.size() * 4).ok());
+  ASSERT_TRUE(d_zp.Reserve(std::max<size_t>(zp.size(), 1)).ok());
   ASSERT_TRUE(d_bias.Reserve(bias.size() * 4).ok());
   ASSERT_TRUE(d_map.Reserve(map.size() * 4).ok());
   ASSERT_EQ(cudaMemcpy(d_w.data(), w.data(), w.size(), cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_ws.data(), ws.data(), ws.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_zp.data(), zp.data(), zp.size(), cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_bias.data(), bias.data(), bias.size() * 4, cudaMemcpyHostToDevice),
             cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_map.data(), map.data(), map.size() * 4, cudaMemcpyHostToDevice),
@@ -987,13 +1019,22 @@ void MatvecFp8CombineCase(int64_t N) {
   for (const int k : {2, 3, 8}) {
     for (const int64_t M : {int64_t{1}, int64_t{2}}) {
       for (const bool weighted : {true, false}) {
-        const std::string label =
-            absl::StrCat("N=", N, " top-", k, " M=", M, weighted ? "" : " unweighted");
+        const std::string label = absl::StrCat(int4 ? "int4" : "fp8", " N=", N, " top-", k,
+                                               " M=", M, weighted ? "" : " unweighted");
         const int64_t numel = M * k;
-        std::vector<uint8_t> a(numel * K);
-        for (uint8_t& b : a) {
-          b = static_cast<uint8_t>(rng());
-          if ((b & 0x7f) == 0x7f) b ^= 1;
+        // fp8: the quantised activation's bytes and block scales; int4: bf16
+        // activations in [-1, 1).
+        std::vector<uint8_t> a(numel * K * (int4 ? 2 : 1));
+        for (size_t i = 0; i < a.size(); ++i) {
+          if (int4) {
+            if (i % 2 == 0) {
+              const uint16_t v = FloatToBf16(2.0f * unit(rng) - 1.0f);
+              std::memcpy(&a[i], &v, 2);
+            }
+            continue;
+          }
+          a[i] = static_cast<uint8_t>(rng());
+          if ((a[i] & 0x7f) == 0x7f) a[i] ^= 1;
         }
         std::vector<float> as(numel * kb), tw(numel);
         for (float& v : as) v = 0.01f + 0.1f * unit(rng);
@@ -1026,11 +1067,14 @@ void MatvecFp8CombineCase(int64_t N) {
         kernels::cuda::MoeQuantMatvecArgs g;
         g.gemm.act_type = kernels::DType::kBFloat16;
         g.gemm.a = d_a.data();
-        g.gemm.a_scale = d_as.As<float>();
-        g.gemm.w.kind = kernels::DType::kFp8E4m3;
-        g.gemm.w.scale_kind = kernels::cuda::MoeWeightScale::kBlock;
+        g.gemm.a_scale = int4 ? nullptr : d_as.As<float>();
+        g.gemm.w.kind = int4 ? kernels::DType::kInt4Packed : kernels::DType::kFp8E4m3;
+        g.gemm.w.scale_kind =
+            int4 ? kernels::cuda::MoeWeightScale::kGroup : kernels::cuda::MoeWeightScale::kBlock;
         g.gemm.w.data = d_w.data();
         g.gemm.w.scale = d_ws.As<float>();
+        g.gemm.w.zero = int4 ? d_zp.As<uint8_t>() : nullptr;
+        g.gemm.w.group_size = static_cast<int>(group);
         g.gemm.bias = d_bias.As<float>();
         g.gemm.numel = numel;
         g.gemm.N = N;
@@ -1069,18 +1113,21 @@ void MatvecFp8CombineCase(int64_t N) {
   }
 }
 
-// The fp8 matvec's GEMM 2 with the combine (Fp8PairCombineKernel) byte for
-// byte against the same GEMM 2 without it (Fp8PairKernel, which pairs the
-// same rows) followed by LaunchMoeCombine, on fresh random fp8 bytes and
-// scales: rows of 208 bytes (a span's lane group partly past K); 336 output
-// columns (whole CTAs; the combine's 8-column vector kernel) and 330 (a last
-// CTA partly past N at every k; its scalar kernel); top-k 2, 3 (idle warps)
-// and 8; one and two tokens; bias; a non-local expert (expert map -1); the
-// router weights or none (a plain sum). The outputs start as NaNs, so an
-// unwritten column cannot match.
-TEST(MoeQuantGpu, MatvecFp8CombineIsGemm2ThenCombine) {
+// The matvec's GEMM 2 with the combine (PairCombineKernel) byte for byte
+// against the same GEMM 2 without it (PairKernel, which pairs the same rows)
+// followed by LaunchMoeCombine, on fresh random weights and scales, fp8 and
+// int4 (int4: zero points; scales exact in bf16 on even experts, not on odd
+// ones, so both dequantisations run): rows of 208 / 2160 bytes (a span's lane
+// group partly past K); 336 output columns (whole CTAs; the combine's
+// 8-column vector kernel) and 330 (a last CTA partly past N at every k; its
+// scalar kernel); top-k 2, 3 (idle warps) and 8; one and two tokens; bias; a
+// non-local expert (expert map -1); the router weights or none (a plain
+// sum). The outputs start as NaNs, so an unwritten column cannot match.
+TEST(MoeQuantGpu, MatvecCombineIsGemm2ThenCombine) {
   SKIP_WITHOUT_CUDA();
-  for (const int64_t N : {int64_t{336}, int64_t{330}}) MatvecFp8CombineCase(N);
+  for (const bool int4 : {false, true}) {
+    for (const int64_t N : {int64_t{336}, int64_t{330}}) MatvecCombineCase(N, int4);
+  }
 }
 
 // The fp8 activation quantiser (LaunchMoeFp8Quantize) byte for byte and

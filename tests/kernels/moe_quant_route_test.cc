@@ -68,6 +68,18 @@ MoeQuantKernels Without(MoeQuantKernels k, bool matvec, bool decode) {
   return k;
 }
 
+// The layers of session 46's measurement: Qwen3-30B-A3B's two GEMMs (K 2048,
+// 768) on the tiles, Mixtral-8x7B's (4096, 14336) on the pairs, DeepSeek-V3's
+// GEMM 1 (7168) on the pairs and its GEMM 2 (2048) on the tiles.
+TEST(MoeQuantRoute, Int4MatvecPairsFromFourSpans) {
+  EXPECT_FALSE(MoeQuantMatvecInt4Pairs(768));
+  EXPECT_FALSE(MoeQuantMatvecInt4Pairs(2048));
+  EXPECT_FALSE(MoeQuantMatvecInt4Pairs(4094));
+  EXPECT_TRUE(MoeQuantMatvecInt4Pairs(4096));
+  EXPECT_TRUE(MoeQuantMatvecInt4Pairs(7168));
+  EXPECT_TRUE(MoeQuantMatvecInt4Pairs(14336));
+}
+
 TEST(MoeQuantRoute, MatvecSplitBySize) {
   // Qwen3-30B-A3B one token, int4: GEMM 1 768 tiles of 1024-byte rows, GEMM 2
   // 1024 tiles of 384-byte rows: split in two up to 1056 warps.

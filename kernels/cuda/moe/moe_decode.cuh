@@ -28,7 +28,7 @@ namespace kplan::kernels::cuda::detail::decode {
 // The local index of slot s's expert, or -1 (out of range, or not local
 // under an expert map). kBeforeWait: read through the L2 (ld.global.cg), as
 // a kernel reads ids before its PDL wait (moe_quant_matvec.cu's
-// Fp8PairCombineKernel): complete by then, since the kernel before it
+// PairCombineKernel): complete by then, since the kernel before it
 // released it only after its own wait (pdl.cuh), and the L2 is where another
 // SM's writes are coherent.
 template <bool kBeforeWait = false>

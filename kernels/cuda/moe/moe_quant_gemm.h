@@ -209,8 +209,9 @@ struct MoeQuantMatvecArgs {
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K);
 absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t stream);
 // Whether LaunchMoeQuantMatvec takes the combine into a GEMM 2 (no
-// activation) of weights w and top_k slots a token: fp8, top_k 1-8.
-bool MoeQuantMatvecCombines(const MoeQuantWeights& w, int top_k);
+// activation) of weights w, K columns and top_k slots a token: fp8, and int4
+// where it takes the row pairs (MoeQuantMatvecInt4Pairs), top_k 1-8.
+bool MoeQuantMatvecCombines(const MoeQuantWeights& w, int top_k, int64_t K);
 
 // The int prefill route: hit[l] = 1 for every local expert some slot routes
 // to (zeroed first), then the hit experts' int8 / int4 weights dequantised

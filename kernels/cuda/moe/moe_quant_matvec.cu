@@ -6,34 +6,42 @@
 // 11-12 and 41; int4 with group scales exact in T, as checkpoints store
 // them: with arbitrary fp32 scales session 11's int4 rows were faster):
 //   fp8: one warp per pair of weight rows (gated GEMM 1: the gate and up
-//         rows of one intermediate column), read as the bf16 decode kernels
-//         read theirs: lane l loads bytes 16l .. 16l + 15 of each 512-byte
-//         span of both rows, two spans in flight, and the same bytes of the
-//         quantised activation row (LaunchMoeFp8Quantize). m16n8k32 e4m3 on
-//         the stored bytes, no conversion: lane group g's bytes of the two
-//         rows are rows g and g + 8 of A and the activation's column g of B,
-//         so the diagonal D[g][g] / D[g + 8][g] holds the group's 64-byte
-//         dot products, promoted to fp32 per lane (block scales per 64 k,
-//         which lie in one k-block: acc += Σ·(xs·ws); per-tensor /
-//         per-channel scales once at the end: Σ·(xs·ws)); the warp then sums
-//         its 8 diagonal lanes. GEMM 2 of a layer takes the combine
-//         (MoeQuantMatvecCombines): a CTA computes 4 rows of each of a
-//         token's k slots per warp group, then sums the slots in order.
-//         (Against session 11's tiles of 16 rows, 64 bytes of 8 rows a
-//         load, the one-token layers took 3.5-9.5% less; dequantising fp8 in
-//         registers for fp32 FMAs is bound by the conversion pipe.)
-//   int4: tiles of 16 rows per warp (gated GEMM 1: the gate and the up rows
-//         of 8 intermediate columns) on mma.sync m16n8k16 in T, the weights
-//         the 16-row operand, dequantised in registers (w = round_T((q -
-//         zp)·s), IntGroupDequant: two weights per instruction where that is
-//         exact), and the activation row in every one of the 8 columns
-//         (column 0 is kept). Per 64-byte chunk of a row, lane (g, c) takes
-//         vector c of rows g and g + 8 through a ring of kMvStages chunks
-//         filled by cp.async; the k order inside an mma, which a dot product
-//         does not see, follows the loads, and the activation operand is
-//         loaded in the same order. K is split over up to 8 warps of a CTA
-//         while the grid is small (MoeQuantMatvecSplit), the partials summed
-//         in warp order; fp32 accumulation across K.
+//         rows of one intermediate column; else two consecutive rows), read
+//         as the bf16 decode kernels read theirs: lane l loads bytes 16l ..
+//         16l + 15 of each 512-byte span of both rows, two spans in flight,
+//         and the same bytes of the quantised activation row
+//         (LaunchMoeFp8Quantize). m16n8k32 e4m3 on the stored bytes, no
+//         conversion: lane group g's bytes of the two rows are rows g and
+//         g + 8 of A and the activation's column g of B, so the diagonal
+//         D[g][g] / D[g + 8][g] holds the group's 64-byte dot products,
+//         promoted to fp32 per lane (block scales per 64 k, which lie in one
+//         k-block: acc += Σ·(xs·ws); per-tensor / per-channel scales once at
+//         the end: Σ·(xs·ws)); the warp then sums its 8 diagonal lanes.
+//         GEMM 2 of a layer takes the combine (MoeQuantMatvecCombines): a
+//         CTA computes 4 rows of each of a token's k slots per warp group,
+//         then sums the slots in order. (Against session 11's tiles of 16
+//         rows, 64 bytes of 8 rows a load, the one-token layers took
+//         3.5-9.5% less; dequantising fp8 in registers for fp32 FMAs is
+//         bound by the conversion pipe.)
+//   int4: rows of four 512-byte spans or more (K >= 4096,
+//         MoeQuantMatvecInt4Pairs): the same pairs and loads (16 bytes of a
+//         row a lane: 32 weights of one group), dequantised in registers to
+//         T pairs (w = round_T((q - zp)·s), IntGroupDequant: two weights per
+//         instruction where that is exact) on mma.sync m16n8k16 in T with
+//         the activation row (64 bytes a lane) in the same k order; the
+//         diagonal accumulates in fp32 on the tensor cores across K. GEMM 2
+//         takes the combine as fp8's does. Shorter rows: tiles of 16 rows
+//         per warp (gated GEMM 1: the gate and the up rows of 8 intermediate
+//         columns), the weights the 16-row operand dequantised the same way
+//         and the activation row in every one of the 8 columns (column 0 is
+//         kept). Per 64-byte chunk of a row, lane (g, c) takes vector c of
+//         rows g and g + 8 through a ring of kMvStages chunks filled by
+//         cp.async, the activation loaded in the same k order; K is split
+//         over up to 8 warps of a CTA while the grid is small
+//         (MoeQuantMatvecSplit), the partials summed in warp order. (One H100,
+//         docs/PERF.md session 46: the pairs took Mixtral-8x7B's one-token
+//         layer from 102.7 to 90.3 us, DeepSeek-V3's from 108.7 to 107.3, and
+//         Qwen3-30B-A3B's, rows of 1024 and 384 bytes, from 22.7 to 23.9.)
 //   int8: one warp per slot and weight row pair (gated: the gate and up row
 //         of one intermediate column) or kRows rows, as the bf16 decode
 //         kernels (moe_decode.cu): lane i takes the 16-byte vectors i,
@@ -43,8 +51,8 @@
 // Each lane sums in a fixed order, then the warp (and the split warps) in a
 // fixed one: results are deterministic and depend on the shape only. The
 // epilogue rounds as the grouped GEMMs do (round(acc), bias round(round(acc)
-// + round(b))) and, for GEMM 1 with apply_act, applies the activation. Slots
-// whose expert is not local (or out of range) get zero rows.
+// + round(b))) and, for GEMM 1 with apply_act, applies the activation.
+// Slots whose expert is not local (or out of range) get zero rows.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -73,10 +81,10 @@ using detail::quant::WordOf;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kBatch = 2;  // int8: vectors per warp and row in flight
+constexpr int kRows = 4;   // int8: rows per warp without gating
 static_assert(kWarps == kMoeQuantMatvecWarps, "the split rule's warps (moe_quant_route.h)");
-constexpr int kBatch = 2;      // int8: vectors per warp and row in flight
 constexpr int kTileRows = 16;  // int4 tiles: weight rows per mma tile (gated: 8 gate + 8 up)
-constexpr int kRows = 4;       // int8: rows per warp without gating
 
 enum WeightKind : int { kWFp8 = 0, kWInt8 = 1, kWInt4 = 2 };
 
@@ -97,12 +105,11 @@ struct Params {
   bool gated, plain;             // the activation: gated pair, or on each row
   MoeActivation act;
   MoeActParams ap;
-  int64_t out_cols;  // I (gated) or N
-  // int4: tiles of a slot, of the call, and the warps splitting a tile's K.
-  int64_t tiles_per_slot, tiles;
-  int split;
-  int64_t warps_per_slot;  // int8, not gated
-  void* c;                 // [numel, out_cols]
+  int64_t out_cols;               // I (gated) or N
+  int64_t warps_per_slot;         // int8, not gated
+  int64_t tiles_per_slot, tiles;  // int4 tiles
+  int split;                      // int4 tiles: warps a tile's K is split over
+  void* c;                        // [numel, out_cols]
 };
 
 // GEMM output element (slot, row) as the grouped GEMMs store it, as float.
@@ -130,6 +137,15 @@ __device__ __forceinline__ void MmaFp8(float (&d)[4], uint32_t a0, uint32_t a1, 
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// b0 and b1 summed over the warp (every lane gets the sums), in a fixed order.
+__device__ __forceinline__ void WarpSum2(float& b0, float& b1) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    b0 += __shfl_xor_sync(0xffffffffu, b0, o);
+    b1 += __shfl_xor_sync(0xffffffffu, b1, o);
+  }
 }
 
 // The dot products of rows r0 and r1 of local expert e with activation row
@@ -238,59 +254,228 @@ __device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_
 #pragma unroll
   for (int q = 0; q < kPairs; ++q) {
     float b0 = diag ? a0[q] : 0.0f, b1 = diag ? a1[q] : 0.0f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      b0 += __shfl_xor_sync(0xffffffffu, b0, o);
-      b1 += __shfl_xor_sync(0xffffffffu, b1, o);
-    }
+    WarpSum2(b0, b1);
     o0[q] = b0;
     o1[q] = b1;
   }
 }
 
-// One warp per (slot, item): gated, the gate and up rows of one intermediate
-// column; else rows 2q and 2q + 1 (past N: row 0, dropped). Its epilogue is
-// Int4TileKernel's.
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 4) Fp8PairKernel(const __grid_constant__ Params p) {
+// --- int4: row pairs as the fp8 ones, dequantised to T pairs on mma.sync.
+
+// Fp8PairDots' contract on int4 weights with group scales: lane l loads
+// bytes 16l .. 16l + 15 of each 512-byte span of both rows (32 weights of
+// one group each: a group is a multiple of 32 k), dequantises them to T
+// pairs (IntGroupDequant, the packed form where every lane's groups take
+// it: one warp-uniform branch per span and pair, the mma inside seeing
+// every lane) and loads the 32 activations of the same k (64 bytes). In
+// m16n8k16 lane group g's vectors of r0 are row g of A, of r1 row g + 8,
+// and their activations column g of B: word q of a vector (pairs 4q ..
+// 4q + 3) feeds k16 steps 2q and 2q + 1 (pairs 2j, 2j + 1 each, the
+// activation's words 2j, 2j + 1 with them). The T products are exact;
+// D[g][g] and D[g + 8][g] (lane 4g + g/2, d[g & 1] and d[2 + (g & 1)])
+// accumulate lane group g's dot products in fp32 on the tensor cores across
+// K, and the warp sums its 8 diagonal lanes in a fixed order.
+template <typename T, int kPairs, int kInt4Spans, bool kWaitInside = false>
+__device__ __forceinline__ void Int4PairDots(const Params& p, int e, const int64_t (&r0)[kPairs],
+                                             const int64_t (&r1)[kPairs], int64_t arow, int lane,
+                                             float (&o0)[kPairs], float (&o1)[kPairs]) {
+  using Dequant = detail::quant::IntGroupDequant<T, true>;
+  bool pending = kWaitInside;
+  const int g = lane >> 2;
+  const bool diag = (lane & 3) == (g >> 1);
+  const int64_t bpr = p.K / 2;  // weight bytes per row
+  const uint8_t* wb = static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(e) * p.N * bpr;
+  const int4* w = reinterpret_cast<const int4*>(wb);
+  const float* sc = p.w.scale + static_cast<int64_t>(e) * p.N * p.groups;
+  const uint8_t* zp =
+      p.w.zero != nullptr ? p.w.zero + static_cast<int64_t>(e) * p.N * p.groups : nullptr;
+  // 32-bit offsets from the expert's first vector and group: its N x K / 32
+  // vectors fit (MoeQuantMatvecSupports), and its fewer groups.
+  const int vecs = static_cast<int>(bpr / 16);
+  int w0[kPairs], w1[kPairs], g0[kPairs], g1[kPairs];  // the rows' first vector and group
+#pragma unroll
+  for (int q = 0; q < kPairs; ++q) {
+    w0[q] = static_cast<int>(r0[q]) * vecs;
+    w1[q] = static_cast<int>(r1[q]) * vecs;
+    g0[q] = static_cast<int>(r0[q] * p.groups);
+    g1[q] = static_cast<int>(r1[q] * p.groups);
+  }
+  const int4* x = reinterpret_cast<const int4*>(static_cast<const T*>(p.a) + arow * p.K);
+  float d[kPairs][4];
+#pragma unroll
+  for (int q = 0; q < kPairs; ++q) d[q][0] = d[q][1] = d[q][2] = d[q][3] = 0.0f;
+  for (int base = 0; base < vecs; base += 32 * kInt4Spans) {
+    int4 v0[kInt4Spans][kPairs], v1[kInt4Spans][kPairs];
+    // The weights first (kWaitInside: then the wait), past K zeros with
+    // zero scales, and every lane runs the mmas.
+#pragma unroll
+    for (int u = 0; u < kInt4Spans; ++u) {
+      const int i = base + 32 * u + lane;
+      const bool in = i < vecs;
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        v0[u][q] = in ? __ldg(w + w0[q] + i) : make_int4(0, 0, 0, 0);
+        v1[u][q] = in ? __ldg(w + w1[q] + i) : make_int4(0, 0, 0, 0);
+      }
+    }
+    if (kWaitInside && pending) {
+      detail::PdlWaitThenRelease();
+      pending = false;
+    }
+    // Then every span's scales and zero points (from memory, as the weights:
+    // the batch waits for one round trip), the activations (in the L2, or
+    // the L1 after the slot's first warp) with their span.
+    float s0[kInt4Spans][kPairs], s1[kInt4Spans][kPairs], z0[kInt4Spans][kPairs],
+        z1[kInt4Spans][kPairs];
+#pragma unroll
+    for (int u = 0; u < kInt4Spans; ++u) {
+      const int i = base + 32 * u + lane;
+      const bool in = i < vecs;
+      const int gk = in ? static_cast<int>(p.gdiv(i * 32)) : 0;  // a vector lies in one group
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        s0[u][q] = in ? __ldg(sc + g0[q] + gk) : 0.0f;
+        s1[u][q] = in ? __ldg(sc + g1[q] + gk) : 0.0f;
+        z0[u][q] = BiasedZero(in ? zp : nullptr, g0[q] + gk, true);
+        z1[u][q] = BiasedZero(in ? zp : nullptr, g1[q] + gk, true);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kInt4Spans; ++u) {
+      const int i = base + 32 * u + lane;
+      int4 xv[4];
+#pragma unroll
+      for (int h = 0; h < 4; ++h) xv[h] = i < vecs ? __ldg(x + 4 * i + h) : make_int4(0, 0, 0, 0);
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        const Dequant q0(s0[u][q], z0[u][q]), q1(s1[u][q], z1[u][q]);
+        auto dots = [&](bool packed) {
+#pragma unroll
+          for (int h = 0; h < 4; ++h) {
+            uint32_t a0[4], a1[4];
+            q0.Pairs(WordOf(v0[u][q], h), a0, packed);
+            q1.Pairs(WordOf(v1[u][q], h), a1, packed);
+            const uint32_t lo[4] = {a0[0], a1[0], a0[1], a1[1]};
+            const uint32_t hi[4] = {a0[2], a1[2], a0[3], a1[3]};
+            detail::quant::Mma16816<T>(d[q], lo, WordOf(xv[h], 0), WordOf(xv[h], 1));
+            detail::quant::Mma16816<T>(d[q], hi, WordOf(xv[h], 2), WordOf(xv[h], 3));
+          }
+        };
+        if (__all_sync(0xffffffffu, q0.packed() && q1.packed())) {
+          dots(true);
+        } else {
+          dots(false);
+        }
+      }
+    }
+  }
+  if (pending) detail::PdlWaitThenRelease();  // no span (K is a positive multiple of 32)
+#pragma unroll
+  for (int q = 0; q < kPairs; ++q) {
+    const float dg = (g & 1) ? d[q][1] : d[q][0], du = (g & 1) ? d[q][3] : d[q][2];
+    float b0 = diag ? dg : 0.0f, b1 = diag ? du : 0.0f;
+    WarpSum2(b0, b1);
+    o0[q] = b0;
+    o1[q] = b1;
+  }
+}
+
+// --- the pair kernels (fp8 and int4).
+
+// Row pairs a warp of PairKernel and of PairCombineKernel, and the spans
+// int4 keeps in flight. int4's activation is 4 bytes for every byte of
+// weights, and every warp loads all of its row's, so int4 warps share it
+// over 2 pairs (4 rows) on two spans in both kernels, as fp8's combine.
+// docs/PERF.md, session 45: one pair a warp on two spans ran
+// Qwen3-30B-A3B's int4 layer 10% slower than the tiles, 4 pairs on one span
+// in both kernels 14% faster but Mixtral-8x7B's 12% slower.
+template <int WK>
+constexpr int kItemPairs = WK == kWFp8 ? 1 : 2;
+template <int WK>
+constexpr int kItemSpans = kPairBatch;
+constexpr int kCombinePairs = 2;
+
+// The dot products of kPairs row pairs in the weights' form, kSpans spans
+// in flight (fp8: kPairBatch).
+template <typename T, int WK, int kPairs, int kSpans, bool kWaitInside = false>
+__device__ __forceinline__ void PairDots(const Params& p, int e, const int64_t (&r0)[kPairs],
+                                         const int64_t (&r1)[kPairs], int64_t arow, int lane,
+                                         float (&o0)[kPairs], float (&o1)[kPairs]) {
+  static_assert(WK == kWFp8 || WK == kWInt4, "pairs: fp8 or int4 weights");
+  if constexpr (WK == kWFp8) {
+    static_assert(kSpans == kPairBatch, "fp8 pairs: kPairBatch spans");
+    Fp8PairDots<kPairs, kWaitInside>(p, e, r0, r1, arow, lane, o0, o1);
+  } else {
+    Int4PairDots<T, kPairs, kSpans, kWaitInside>(p, e, r0, r1, arow, lane, o0, o1);
+  }
+}
+
+// A warp's items of a slot: gated, kItemPairs intermediate columns (their
+// gate and up rows); else 2 kItemPairs rows.
+template <int WK>
+__host__ __device__ int64_t PairItemsPerSlot(bool gated, int64_t out_cols, int64_t N) {
+  constexpr int P = kItemPairs<WK>;
+  return gated ? (out_cols + P - 1) / P : (N + 2 * P - 1) / (2 * P);
+}
+
+// One warp per (slot, item): gated, pair h is the gate and up rows of
+// intermediate column P q + h; else rows 2 (P q + h) and 2 (P q + h) + 1
+// (past the end: row 0, dropped); lane h writes pair h's outputs. int4
+// holds its registers without spilling at 2 CTAs an SM.
+template <typename T, int WK>
+__global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 2)
+    PairKernel(const __grid_constant__ Params p) {
+  constexpr int P = kItemPairs<WK>;
   detail::PdlWaitThenRelease();
   const int lane = threadIdx.x & 31;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int64_t per_slot = p.gated ? p.out_cols : (p.N + 1) / 2;
+  const int64_t per_slot = PairItemsPerSlot<WK>(p.gated, p.out_cols, p.N);
   if (item >= p.numel * per_slot) return;
   const int64_t s = item / per_slot, q = item % per_slot;
   const int e = LocalExpert(p.ids, p.map, p.num_experts, p.num_local, s);
   const int64_t arow = s / p.a_row_div;
   T* out = static_cast<T*>(p.c) + s * p.out_cols;
-  const int64_t r0 = p.gated ? moe_math::GatedRow(p.act, q, p.out_cols, 0) : 2 * q;
-  const int64_t r1 =
-      p.gated ? moe_math::GatedRow(p.act, q, p.out_cols, 1) : (2 * q + 1 < p.N ? 2 * q + 1 : 0);
-  float d0 = 0.0f, d1 = 0.0f;
-  if (e >= 0) {
-    float o0[1], o1[1];
-    Fp8PairDots<1>(p, e, {r0}, {r1}, arow, lane, o0, o1);
-    d0 = o0[0];
-    d1 = o1[0];
+  auto row = [&](int64_t c, int half) -> int64_t {  // half 0: gate / row 2c, 1: up / row 2c + 1
+    if (p.gated) return moe_math::GatedRow(p.act, c < p.out_cols ? c : 0, p.out_cols, half);
+    return 2 * c + half < p.N ? 2 * c + half : 0;
+  };
+  int64_t r0[P], r1[P];
+#pragma unroll
+  for (int h = 0; h < P; ++h) {
+    r0[h] = row(P * q + h, 0);
+    r1[h] = row(P * q + h, 1);
   }
-  if (lane != 0) return;
+  float d0[P], d1[P];
+#pragma unroll
+  for (int h = 0; h < P; ++h) d0[h] = d1[h] = 0.0f;
+  if (e >= 0) PairDots<T, WK, P, kItemSpans<WK>>(p, e, r0, r1, arow, lane, d0, d1);
+  if (lane >= P) return;
+  float a = d0[0], b = d1[0];  // pair `lane`'s (every lane holds every sum)
+#pragma unroll
+  for (int h = 1; h < P; ++h) {
+    if (lane == h) a = d0[h], b = d1[h];
+  }
+  const int64_t c = P * q + lane;
   if (p.gated) {
+    if (c >= p.out_cols) return;
     // act(0, 0) == 0 for every activation: slots of remote experts.
-    out[q] = FromFloat<T>(e < 0 ? 0.0f
-                                : moe_math::Gated(p.act, p.ap, Output<T, kWFp8>(p, e, arow, r0, d0),
-                                                  Output<T, kWFp8>(p, e, arow, r1, d1)));
+    out[c] =
+        FromFloat<T>(e < 0 ? 0.0f
+                           : moe_math::Gated(p.act, p.ap, Output<T, WK>(p, e, arow, row(c, 0), a),
+                                             Output<T, WK>(p, e, arow, row(c, 1), b)));
     return;
   }
-  const int64_t rows[2] = {r0, 2 * q + 1};
-  const float d[2] = {d0, d1};
+  const float d[2] = {a, b};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (rows[h] >= p.N) break;
+    const int64_t n = 2 * c + h;
+    if (n >= p.N) break;
     float v = 0.0f;
     if (e >= 0) {
-      v = Output<T, kWFp8>(p, e, arow, rows[h], d[h]);
+      v = Output<T, WK>(p, e, arow, n, d[h]);
       if (p.plain) v = moe_math::Plain(p.act, v);
     }
-    out[rows[h]] = FromFloat<T>(v);
+    out[n] = FromFloat<T>(v);
   }
 }
 
@@ -301,12 +486,11 @@ __global__ void __launch_bounds__(kThreads, 4) Fp8PairKernel(const __grid_consta
 // pairs (their loads in flight together), each rounded as GEMM 2 stores it;
 // the first kCombineRows * G threads then sum each column's k values in slot
 // order as LaunchMoeCombine does (moe_decode.cu's down-combine kernel, on
-// fp8 pairs).
-constexpr int kCombineRows = 4;
-template <typename T>
+// pairs). kCombineRows = 2 kCombinePairs.
+template <typename T, int WK>
 __global__ void __launch_bounds__(kThreads, 2)
-    Fp8PairCombineKernel(const __grid_constant__ Params p, const float* weights, int k, int group) {
-  constexpr int kPairs = kCombineRows / 2;
+    PairCombineKernel(const __grid_constant__ Params p, const float* weights, int k, int group) {
+  constexpr int kPairs = kCombinePairs, kCombineRows = 2 * kPairs;
   __shared__ float y[kCombineRows * kWarps];  // [column][slot], k * group <= 8
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int g = warp / k, j = warp % k, cols = kCombineRows * group;
@@ -314,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t m = blockIdx.x / tiles, c0 = (blockIdx.x % tiles) * cols;
   const int64_t n0 = c0 + g * kCombineRows;
   // Before the PDL wait: the ids (LocalExpert<true>) and the first spans of
-  // the weights (Fp8PairDots<., true>); the activation and its scales after
+  // the weights (PairDots<..., true>); the activation and its scales after
   // it.
   bool waited = false;
   if (g < group) {
@@ -329,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       r1[q] = n0 + 2 * q + 1 < p.N ? n0 + 2 * q + 1 : 0;
     }
     if (e >= 0) {
-      Fp8PairDots<kPairs, true>(p, e, r0, r1, s, lane, d0, d1);
+      PairDots<T, WK, kPairs, kPairBatch, true>(p, e, r0, r1, s, lane, d0, d1);
       waited = true;
     }
     if (lane == 0) {
@@ -338,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int64_t n = n0 + r;
         if (n >= p.N) continue;
         const float d = r % 2 == 0 ? d0[r / 2] : d1[r / 2];
-        y[(g * kCombineRows + r) * k + j] = e < 0 ? 0.0f : Output<T, kWFp8>(p, e, s, n, d);
+        y[(g * kCombineRows + r) * k + j] = e < 0 ? 0.0f : Output<T, WK>(p, e, s, n, d);
       }
     }
   }
@@ -678,7 +862,16 @@ __global__ void __launch_bounds__(kThreads, 2) Int8RowsKernel(const __grid_const
 }
 
 // The kernel of p's form on `grid` CTAs (LaunchMoeQuantMatvec sizes it);
-// combine_group > 0: GEMM 2 with the combine (Fp8PairCombineKernel).
+// combine_group > 0: GEMM 2 with the combine (PairCombineKernel).
+template <typename T, int WK>
+cudaError_t Pairs(const Params& p, dim3 grid, const MoeQuantMatvecArgs& args, int combine_group,
+                  cudaStream_t stream) {
+  if (combine_group > 0) {
+    return detail::LaunchPdl(PairCombineKernel<T, WK>, grid, dim3(kThreads), 0, stream, p,
+                             args.topk_weights, args.top_k, combine_group);
+  }
+  return detail::LaunchPdl(PairKernel<T, WK>, grid, dim3(kThreads), 0, stream, p);
+}
 template <typename T>
 cudaError_t ByKind(const Params& p, dim3 grid, const MoeQuantMatvecArgs& args, int combine_group,
                    cudaStream_t stream) {
@@ -686,25 +879,22 @@ cudaError_t ByKind(const Params& p, dim3 grid, const MoeQuantMatvecArgs& args, i
     return p.gated ? detail::LaunchPdl(Int8GatedKernel<T>, grid, dim3(kThreads), 0, stream, p)
                    : detail::LaunchPdl(Int8RowsKernel<T>, grid, dim3(kThreads), 0, stream, p);
   }
-  if (combine_group > 0) {
-    return detail::LaunchPdl(Fp8PairCombineKernel<T>, grid, dim3(kThreads), 0, stream, p,
-                             args.topk_weights, args.top_k, combine_group);
-  }
-  if (p.w.kind == DType::kFp8E4m3) {
-    return detail::LaunchPdl(Fp8PairKernel<T>, grid, dim3(kThreads), 0, stream, p);
-  }
+  if (p.w.kind == DType::kFp8E4m3) return Pairs<T, kWFp8>(p, grid, args, combine_group, stream);
+  if (MoeQuantMatvecInt4Pairs(p.K)) return Pairs<T, kWInt4>(p, grid, args, combine_group, stream);
   return detail::LaunchPdl(Int4TileKernel<T>, grid, dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
 
-bool MoeQuantMatvecCombines(const MoeQuantWeights& w, int top_k) {
-  return w.kind == DType::kFp8E4m3 && top_k >= 1 && top_k <= kWarps;
+bool MoeQuantMatvecCombines(const MoeQuantWeights& w, int top_k, int64_t K) {
+  return (w.kind == DType::kFp8E4m3 ||
+          (w.kind == DType::kInt4Packed && MoeQuantMatvecInt4Pairs(K))) &&
+         top_k >= 1 && top_k <= kWarps;
 }
 
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
   // The decode kernels' weights and sizes, with 32-bit vector, chunk and
-  // group indices (Int8RowDots and the tiles).
+  // group indices (Int8RowDots and the pairs).
   return MoeQuantDecodeSupports(w, act_type, N, K) && K <= (int64_t{1} << 30) &&
          N * (K / 16) <= INT32_MAX;
 }
@@ -724,7 +914,7 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
       (d.w.kind == DType::kFp8E4m3 && d.a_scale == nullptr)) {
     return absl::InvalidArgumentError("moe_quant_matvec: null pointer");
   }
-  if (args.combine && (!MoeQuantMatvecCombines(d.w, args.top_k) || d.apply_act ||
+  if (args.combine && (!MoeQuantMatvecCombines(d.w, args.top_k, d.K) || d.apply_act ||
                        d.a_row_div != 1 || d.numel % args.top_k != 0)) {
     return absl::InvalidArgumentError(
         "moe_quant_matvec: a combine it does not take (MoeQuantMatvecCombines), with an "
@@ -758,14 +948,18 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   p.out_cols = gated ? d.N / 2 : d.N;
   p.c = d.c;
   // The CTAs of kWarps warps. The combine's: k * group <= 8 warps for
-  // kCombineRows * group columns of a token.
+  // 2 kCombinePairs * group columns of a token.
   const int combine_group = args.combine ? std::max(1, kWarps / args.top_k) : 0;
+  const bool fp8 = d.w.kind == DType::kFp8E4m3;
   int64_t ctas;
   if (args.combine) {
-    const int cols = kCombineRows * combine_group;
+    const int cols = 2 * kCombinePairs * combine_group;
     ctas = d.numel / args.top_k * ((d.N + cols - 1) / cols);
-  } else if (d.w.kind == DType::kFp8E4m3) {  // a warp per (slot, row pair)
-    ctas = (d.numel * (gated ? p.out_cols : (d.N + 1) / 2) + kWarps - 1) / kWarps;
+  } else if (fp8 || (d.w.kind == DType::kInt4Packed && MoeQuantMatvecInt4Pairs(d.K))) {
+    // fp8, int4 pairs: a warp per (slot, item)
+    const int64_t items = fp8 ? PairItemsPerSlot<kWFp8>(gated, p.out_cols, d.N)
+                              : PairItemsPerSlot<kWInt4>(gated, p.out_cols, d.N);
+    ctas = (d.numel * items + kWarps - 1) / kWarps;
   } else if (d.w.kind == DType::kInt4Packed) {  // kWarps / split tiles a CTA
     p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
     p.tiles = d.numel * p.tiles_per_slot;

@@ -109,6 +109,17 @@ inline int MoeQuantMatvecSplit(int64_t tiles, int64_t row_bytes) {
   return split;
 }
 
+// Which int4 matvec form a GEMM of K columns takes (moe_quant_matvec.cu):
+// the row pairs (and, for GEMM 2, the combine) where a weight row is at
+// least four 512-byte spans (K >= 4096), else the tiles above. Measured on
+// one H100 (docs/PERF.md, session 46, us per one-token layer, tiles against
+// pairs on both GEMMs): Mixtral-8x7B (K 4096 / 14336) 102.7 / 90.3,
+// DeepSeek-V3 (7168 / 2048) 108.7 / 107.3, Qwen3-30B-A3B (2048 / 768)
+// 22.7 / 23.9; a row of one or two spans leaves a pair warp's loads short
+// (Qwen3's GEMM 2 rows: 384 bytes).
+inline constexpr int64_t kMoeQuantMatvecInt4PairsMinK = 4096;
+inline bool MoeQuantMatvecInt4Pairs(int64_t K) { return K >= kMoeQuantMatvecInt4PairsMinK; }
+
 // Whether the int route (kDequant) runs its GEMMs on the int4 weights
 // themselves (the int4 GEMMs of moe_experts.h, MoeGemmIntApplies) rather
 // than on a dequantised 16-bit copy of the hit experts: while the slots per
