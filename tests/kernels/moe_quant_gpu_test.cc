@@ -819,9 +819,10 @@ void MatvecFp8Cases(uint64_t seed) {
 // router weight on the input: fp8 as MatvecFp8Cases says; int4 group 32 and
 // int8 group 16 give one scale per 16-byte vector; int4 on the tiles (K
 // below 4096, MoeQuantMatvecInt4Pairs) and on the row pairs (K 4224 and
-// 4160: four spans and part of a fifth), the pairs' GEMM 2 with the combine
-// at top-3 and 8, without it at top-10; Mixtral-8x7B per-tensor fp8 one
-// token for long rows (GEMM 2's 14336 bytes).
+// 4160: four spans and part of a fifth; fp16 with zero points, bias and
+// gelu; groups of 96), the pairs' GEMM 2 with the combine at top-3 and 8,
+// without it at top-10; Mixtral-8x7B per-tensor fp8 one token for long rows
+// (GEMM 2's 14336 bytes).
 TEST(MoeQuantGpu, MatvecRoute) {
   SKIP_WITHOUT_CUDA();
   using kernels::cuda::MoeQuantRouteMode;
@@ -855,6 +856,11 @@ TEST(MoeQuantGpu, MatvecRoute) {
            IntW("int4_group", kernels::DType::kFloat16, false), {1}, 105, one);
   RunCombo(Shape{"top10-int4", 16, 10, 256, 4224},
            IntW("int4_group", kernels::DType::kBFloat16, false), {1}, 106, one);
+  // The int4 pairs with fp16, zero points, bias and gelu, and with groups of
+  // 96 (the division path of GroupDiv).
+  RunCombo(Shape{"pairs-int4", 6, 2, 4160, 4224}, i4z, {1}, 107, one);
+  RunCombo(Shape{"pairs-g96-int4", 6, 2, 4128, 4224},
+           IntW("int4_group", kernels::DType::kBFloat16, false, 96), {1}, 108, one);
   RunCombo(kMixtral, Fp8("fp8_per_tensor", kernels::DType::kBFloat16, "per_tensor"), {1}, 102, one);
 }
 
@@ -913,8 +919,8 @@ TEST(MoeQuantKernels, MatvecTakesTheDecodeWeightsWithinItsLimits) {
   EXPECT_TRUE(MoeQuantMatvecSupports(i8, bf16, 1000000, K));
 }
 
-// Which GEMM 2s of the fp8 matvec take the combine, and what the launcher
-// refuses before launching anything (host code: runs without a GPU).
+// Which GEMM 2s of the fp8 and int4 matvec take the combine, and what the
+// launcher refuses before launching anything (host code: runs without a GPU).
 TEST(MoeQuantKernels, MatvecCombinesFp8AndInt4UpToEightSlots) {
   using kernels::cuda::MoeQuantMatvecCombines;
   using kernels::cuda::MoeQuantWeights;
@@ -932,6 +938,8 @@ TEST(MoeQuantKernels, MatvecCombinesFp8AndInt4UpToEightSlots) {
   i4.kind = kernels::DType::kInt4Packed;
   i4.scale_kind = MoeWeightScale::kGroup;
   EXPECT_TRUE(MoeQuantMatvecCombines(i4, 2, 14336));
+  EXPECT_TRUE(MoeQuantMatvecCombines(i4, 2, 4096));
+  EXPECT_FALSE(MoeQuantMatvecCombines(i4, 2, 4064));
   EXPECT_FALSE(MoeQuantMatvecCombines(i4, 2, 768));
   EXPECT_FALSE(MoeQuantMatvecCombines(i4, 9, 14336));
   MoeQuantWeights i8 = i4;
@@ -974,6 +982,12 @@ TEST(MoeQuantKernels, MatvecCombinesFp8AndInt4UpToEightSlots) {
   a.gemm.apply_act = false;
   a.gemm.a_row_div = 2;
   refused("shared activation rows");
+  // int4 rows shorter than 4096 run the tiles, which take no combine.
+  a.gemm.a_row_div = 1;
+  a.gemm.w.kind = kernels::DType::kInt4Packed;
+  a.gemm.w.scale_kind = MoeWeightScale::kGroup;
+  a.gemm.w.group_size = 32;
+  refused("int4 tiles");
 }
 
 // One output width and weight kind of MatvecCombineIsGemm2ThenCombine.
@@ -981,8 +995,9 @@ void MatvecCombineCase(int64_t N, bool int4) {
   using kernels::cuda::DeviceBuffer;
   constexpr int E = 8;
   // fp8: rows of 208 bytes, 128 x 128 blocks; int4: 4320 k (the row pairs,
-  // MoeQuantMatvecInt4Pairs: four 512-byte spans and 112 bytes, 7 vectors
-  // of a lane group's 8 partly past K), groups of 32, zero points.
+  // MoeQuantMatvecInt4Pairs: four 512-byte spans and 112 bytes, lanes 0-6
+  // of the last span, the lane group of lanes 4-7 partly past K), groups of
+  // 32, zero points.
   const int64_t K = int4 ? 4320 : 208, kb = (K + 127) / 128, group = 32;
   const int64_t nb = (N + 127) / 128, row_bytes = int4 ? K / 2 : K;
   std::mt19937 rng(static_cast<uint32_t>(Seed() + 7 + N + (int4 ? 1000 : 0)));

@@ -74,7 +74,7 @@ MoeQuantKernels Without(MoeQuantKernels k, bool matvec, bool decode) {
 TEST(MoeQuantRoute, Int4MatvecPairsFromFourSpans) {
   EXPECT_FALSE(MoeQuantMatvecInt4Pairs(768));
   EXPECT_FALSE(MoeQuantMatvecInt4Pairs(2048));
-  EXPECT_FALSE(MoeQuantMatvecInt4Pairs(4094));
+  EXPECT_FALSE(MoeQuantMatvecInt4Pairs(4064));  // the largest int4 K below (groups of 32)
   EXPECT_TRUE(MoeQuantMatvecInt4Pairs(4096));
   EXPECT_TRUE(MoeQuantMatvecInt4Pairs(7168));
   EXPECT_TRUE(MoeQuantMatvecInt4Pairs(14336));

@@ -177,13 +177,15 @@ absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& args, cudaStream_t s
 // distinct experts (MoeSlotsOnDistinctExperts, moe_quant_route.h), where a
 // decode tile would hold one slot: each slot's weight rows streamed once with
 // 16-byte loads (fp8: a warp per row pair, or two with the combine, on
-// mma.sync e4m3, 512 bytes of a row a load; int4: tiles of 16 rows on
-// mma.sync, the weights dequantised to T in registers, K split over the
-// warps of a CTA while the grid is small; int8: one warp per row pair or 4
-// rows, dequantised in registers), fp32 accumulation. Arithmetic, output and
-// rounding as LaunchMoeQuantDecode's; the slots come from topk_ids (through
-// expert_map, as the align kernel maps them; -1 or out of range: zero rows)
-// instead of the align output, so no align kernel runs before it.
+// mma.sync e4m3, 512 bytes of a row a load; int4 from K 4096
+// (MoeQuantMatvecInt4Pairs): the same row pairs, two a warp, on mma.sync
+// in T, the weights dequantised in registers; shorter int4 rows: tiles of
+// 16 rows on mma.sync, K split over the warps of a CTA while the grid is
+// small; int8: one warp per row pair or 4 rows, dequantised in registers),
+// fp32 accumulation. Arithmetic, output and rounding as
+// LaunchMoeQuantDecode's; the slots come from topk_ids (through expert_map,
+// as the align kernel maps them; -1 or out of range: zero rows) instead of
+// the align output, so no align kernel runs before it.
 struct MoeQuantMatvecArgs {
   // The GEMM; its align fields (sorted_token_ids, expert_ids,
   // num_tokens_post_padded, block_m, num_blocks) and num_sms are not read.

@@ -24,24 +24,26 @@
 //         3.5-9.5% less; dequantising fp8 in registers for fp32 FMAs is
 //         bound by the conversion pipe.)
 //   int4: rows of four 512-byte spans or more (K >= 4096,
-//         MoeQuantMatvecInt4Pairs): the same pairs and loads (16 bytes of a
-//         row a lane: 32 weights of one group), dequantised in registers to
-//         T pairs (w = round_T((q - zp)·s), IntGroupDequant: two weights per
-//         instruction where that is exact) on mma.sync m16n8k16 in T with
-//         the activation row (64 bytes a lane) in the same k order; the
-//         diagonal accumulates in fp32 on the tensor cores across K. GEMM 2
-//         takes the combine as fp8's does. Shorter rows: tiles of 16 rows
-//         per warp (gated GEMM 1: the gate and the up rows of 8 intermediate
-//         columns), the weights the 16-row operand dequantised the same way
-//         and the activation row in every one of the 8 columns (column 0 is
-//         kept). Per 64-byte chunk of a row, lane (g, c) takes vector c of
-//         rows g and g + 8 through a ring of kMvStages chunks filled by
-//         cp.async, the activation loaded in the same k order; K is split
-//         over up to 8 warps of a CTA while the grid is small
-//         (MoeQuantMatvecSplit), the partials summed in warp order. (One H100,
-//         docs/PERF.md session 46: the pairs took Mixtral-8x7B's one-token
-//         layer from 102.7 to 90.3 us, DeepSeek-V3's from 108.7 to 107.3, and
-//         Qwen3-30B-A3B's, rows of 1024 and 384 bytes, from 22.7 to 23.9.)
+//         MoeQuantMatvecInt4Pairs): the same pairs and loads, two pairs a
+//         warp (kItemPairs; 16 bytes of a row a lane: 32 weights of one
+//         group), dequantised in registers to T pairs (w = round_T((q -
+//         zp)·s), IntGroupDequant: two weights per instruction where that
+//         is exact) on mma.sync m16n8k16 in T with the activation row (64
+//         bytes a lane) in the same k order; the diagonal accumulates in
+//         fp32 on the tensor cores across K. GEMM 2 takes the combine as
+//         fp8's does. Shorter rows: tiles of 16 rows per warp (gated GEMM 1:
+//         the gate and the up rows of 8 intermediate columns), the weights
+//         the 16-row operand dequantised the same way and the activation row
+//         in every one of the 8 columns (column 0 is kept). Per 64-byte
+//         chunk of a row, lane (g, c) takes vector c of rows g and g + 8
+//         through a ring of kMvStages chunks filled by cp.async, the
+//         activation loaded in the same k order; K is split over up to 8
+//         warps of a CTA while the grid is small (MoeQuantMatvecSplit), the
+//         partials summed in warp order. (One H100, docs/PERF.md session 46,
+//         one-token layers: the pairs on both GEMMs took Mixtral-8x7B from
+//         102.7 to 90.3 us and DeepSeek-V3 from 108.7 to 107.3, but
+//         Qwen3-30B-A3B, rows of 1024 and 384 bytes, from 22.7 to 23.9; with
+//         the rule 103.0 -> 90.2, 109.2 -> 106.1 and 22.9.)
 //   int8: one warp per slot and weight row pair (gated: the gate and up row
 //         of one intermediate column) or kRows rows, as the bf16 decode
 //         kernels (moe_decode.cu): lane i takes the 16-byte vectors i,
@@ -369,7 +371,7 @@ __device__ __forceinline__ void Int4PairDots(const Params& p, int e, const int64
       }
     }
   }
-  if (pending) detail::PdlWaitThenRelease();  // no span (K is a positive multiple of 32)
+  if (pending) detail::PdlWaitThenRelease();  // no span (not reached: K is a multiple of 32)
 #pragma unroll
   for (int q = 0; q < kPairs; ++q) {
     const float dg = (g & 1) ? d[q][1] : d[q][0], du = (g & 1) ? d[q][3] : d[q][2];
@@ -861,8 +863,17 @@ __global__ void __launch_bounds__(kThreads, 2) Int8RowsKernel(const __grid_const
   }
 }
 
-// The kernel of p's form on `grid` CTAs (LaunchMoeQuantMatvec sizes it);
-// combine_group > 0: GEMM 2 with the combine (PairCombineKernel).
+// The kernel form of a GEMM: one choice for the grid, the launch and the
+// combine (MoeQuantMatvecCombines).
+enum class Form { kInt8, kFp8Pairs, kInt4Pairs, kInt4Tiles };
+Form FormOf(DType kind, int64_t K) {
+  if (kind == DType::kInt8) return Form::kInt8;
+  if (kind == DType::kFp8E4m3) return Form::kFp8Pairs;
+  return MoeQuantMatvecInt4Pairs(K) ? Form::kInt4Pairs : Form::kInt4Tiles;
+}
+
+// A pair form's kernel on `grid` CTAs; combine_group > 0: GEMM 2 with the
+// combine (PairCombineKernel).
 template <typename T, int WK>
 cudaError_t Pairs(const Params& p, dim3 grid, const MoeQuantMatvecArgs& args, int combine_group,
                   cudaStream_t stream) {
@@ -872,29 +883,33 @@ cudaError_t Pairs(const Params& p, dim3 grid, const MoeQuantMatvecArgs& args, in
   }
   return detail::LaunchPdl(PairKernel<T, WK>, grid, dim3(kThreads), 0, stream, p);
 }
+// The kernel of form f on `grid` CTAs (LaunchMoeQuantMatvec sizes it).
 template <typename T>
-cudaError_t ByKind(const Params& p, dim3 grid, const MoeQuantMatvecArgs& args, int combine_group,
-                   cudaStream_t stream) {
-  if (p.w.kind == DType::kInt8) {
-    return p.gated ? detail::LaunchPdl(Int8GatedKernel<T>, grid, dim3(kThreads), 0, stream, p)
-                   : detail::LaunchPdl(Int8RowsKernel<T>, grid, dim3(kThreads), 0, stream, p);
+cudaError_t ByForm(Form f, const Params& p, dim3 grid, const MoeQuantMatvecArgs& args,
+                   int combine_group, cudaStream_t stream) {
+  switch (f) {
+    case Form::kInt8:
+      return p.gated ? detail::LaunchPdl(Int8GatedKernel<T>, grid, dim3(kThreads), 0, stream, p)
+                     : detail::LaunchPdl(Int8RowsKernel<T>, grid, dim3(kThreads), 0, stream, p);
+    case Form::kFp8Pairs:
+      return Pairs<T, kWFp8>(p, grid, args, combine_group, stream);
+    case Form::kInt4Pairs:
+      return Pairs<T, kWInt4>(p, grid, args, combine_group, stream);
+    default:
+      return detail::LaunchPdl(Int4TileKernel<T>, grid, dim3(kThreads), 0, stream, p);
   }
-  if (p.w.kind == DType::kFp8E4m3) return Pairs<T, kWFp8>(p, grid, args, combine_group, stream);
-  if (MoeQuantMatvecInt4Pairs(p.K)) return Pairs<T, kWInt4>(p, grid, args, combine_group, stream);
-  return detail::LaunchPdl(Int4TileKernel<T>, grid, dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
 
 bool MoeQuantMatvecCombines(const MoeQuantWeights& w, int top_k, int64_t K) {
-  return (w.kind == DType::kFp8E4m3 ||
-          (w.kind == DType::kInt4Packed && MoeQuantMatvecInt4Pairs(K))) &&
-         top_k >= 1 && top_k <= kWarps;
+  const Form f = FormOf(w.kind, K);
+  return (f == Form::kFp8Pairs || f == Form::kInt4Pairs) && top_k >= 1 && top_k <= kWarps;
 }
 
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
   // The decode kernels' weights and sizes, with 32-bit vector, chunk and
-  // group indices (Int8RowDots and the pairs).
+  // group indices (Int8RowDots, the int4 tiles and the pairs).
   return MoeQuantDecodeSupports(w, act_type, N, K) && K <= (int64_t{1} << 30) &&
          N * (K / 16) <= INT32_MAX;
 }
@@ -950,17 +965,17 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   // The CTAs of kWarps warps. The combine's: k * group <= 8 warps for
   // 2 kCombinePairs * group columns of a token.
   const int combine_group = args.combine ? std::max(1, kWarps / args.top_k) : 0;
-  const bool fp8 = d.w.kind == DType::kFp8E4m3;
+  const Form form = FormOf(d.w.kind, d.K);
   int64_t ctas;
   if (args.combine) {
     const int cols = 2 * kCombinePairs * combine_group;
     ctas = d.numel / args.top_k * ((d.N + cols - 1) / cols);
-  } else if (fp8 || (d.w.kind == DType::kInt4Packed && MoeQuantMatvecInt4Pairs(d.K))) {
-    // fp8, int4 pairs: a warp per (slot, item)
-    const int64_t items = fp8 ? PairItemsPerSlot<kWFp8>(gated, p.out_cols, d.N)
+  } else if (form == Form::kFp8Pairs || form == Form::kInt4Pairs) {  // a warp per (slot, item)
+    const int64_t items = form == Form::kFp8Pairs
+                              ? PairItemsPerSlot<kWFp8>(gated, p.out_cols, d.N)
                               : PairItemsPerSlot<kWInt4>(gated, p.out_cols, d.N);
     ctas = (d.numel * items + kWarps - 1) / kWarps;
-  } else if (d.w.kind == DType::kInt4Packed) {  // kWarps / split tiles a CTA
+  } else if (form == Form::kInt4Tiles) {  // kWarps / split tiles a CTA
     p.tiles_per_slot = gated ? (p.out_cols + 7) / 8 : (d.N + kTileRows - 1) / kTileRows;
     p.tiles = d.numel * p.tiles_per_slot;
     p.split = MoeQuantMatvecSplit(p.tiles, d.K / 2);
@@ -972,8 +987,8 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   if (ctas > INT32_MAX) return absl::InvalidArgumentError("moe_quant_matvec: grid too large");
   const dim3 grid(static_cast<unsigned>(ctas));
   KPLAN_CUDA_RETURN_IF_ERROR(d.act_type == DType::kBFloat16
-                                 ? ByKind<__nv_bfloat16>(p, grid, args, combine_group, stream)
-                                 : ByKind<__half>(p, grid, args, combine_group, stream));
+                                 ? ByForm<__nv_bfloat16>(form, p, grid, args, combine_group, stream)
+                                 : ByForm<__half>(form, p, grid, args, combine_group, stream));
   return absl::OkStatus();
 }
 

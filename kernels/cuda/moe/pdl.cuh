@@ -8,12 +8,12 @@
 // predecessor grid has completed and its writes are visible), which then
 // lets its own successor be scheduled. Every CTA of every kernel here waits
 // before it releases or exits (a CTA's exit releases too), so when a kernel
-// starts, everything before its predecessor is complete: the fp8 / int4 decode
-// GEMM 2 (moe_quant_matvec.cu's PairCombineKernel) reads the routing's ids
-// through the L2 and issues its first weight loads before its wait, and only
-// its predecessor's output after it. Launched plainly, both instructions are
-// no-ops, so the kernels stay correct in any stream order. Internal to
-// kernels/cuda.
+// starts, everything before its predecessor is complete: the one-token
+// matvec's GEMM 2 with the combine (moe_quant_matvec.cu's
+// PairCombineKernel) reads the routing's ids through the L2 and issues its
+// first weight loads before its wait, and only its predecessor's output
+// after it. Launched plainly, both instructions are no-ops, so the kernels
+// stay correct in any stream order. Internal to kernels/cuda.
 #pragma once
 
 #include <cuda_runtime.h>
