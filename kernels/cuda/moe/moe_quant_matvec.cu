@@ -384,18 +384,17 @@ __device__ __forceinline__ void Int4PairDots(const Params& p, int e, const int64
 
 // --- the pair kernels (fp8 and int4).
 
-// Row pairs a warp of PairKernel and of PairCombineKernel, and the spans
-// int4 keeps in flight. int4's activation is 4 bytes for every byte of
-// weights, and every warp loads all of its row's, so int4 warps share it
-// over 2 pairs (4 rows) on two spans in both kernels, as fp8's combine.
+// Row pairs a warp of PairKernel and of PairCombineKernel (both keep
+// kPairBatch spans in flight). int4's activation is 4 bytes for every byte
+// of weights, and every warp loads all of its row's, so int4 warps share it
+// over 2 pairs (4 rows) in both kernels, as fp8's combine.
 // docs/PERF.md, session 45: one pair a warp on two spans ran
 // Qwen3-30B-A3B's int4 layer 10% slower than the tiles, 4 pairs on one span
 // in both kernels 14% faster but Mixtral-8x7B's 12% slower.
 template <int WK>
 constexpr int kItemPairs = WK == kWFp8 ? 1 : 2;
-template <int WK>
-constexpr int kItemSpans = kPairBatch;
 constexpr int kCombinePairs = 2;
+constexpr int kCombineRows = 2 * kCombinePairs;  // output columns of a combine warp
 
 // The dot products of kPairs row pairs in the weights' form, kSpans spans
 // in flight (fp8: kPairBatch).
@@ -450,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 2)
   float d0[P], d1[P];
 #pragma unroll
   for (int h = 0; h < P; ++h) d0[h] = d1[h] = 0.0f;
-  if (e >= 0) PairDots<T, WK, P, kItemSpans<WK>>(p, e, r0, r1, arow, lane, d0, d1);
+  if (e >= 0) PairDots<T, WK, P, kPairBatch>(p, e, r0, r1, arow, lane, d0, d1);
   if (lane >= P) return;
   float a = d0[0], b = d1[0];  // pair `lane`'s (every lane holds every sum)
 #pragma unroll
@@ -488,11 +487,11 @@ __global__ void __launch_bounds__(kThreads, WK == kWFp8 ? 4 : 2)
 // pairs (their loads in flight together), each rounded as GEMM 2 stores it;
 // the first kCombineRows * G threads then sum each column's k values in slot
 // order as LaunchMoeCombine does (moe_decode.cu's down-combine kernel, on
-// pairs). kCombineRows = 2 kCombinePairs.
+// pairs).
 template <typename T, int WK>
 __global__ void __launch_bounds__(kThreads, 2)
     PairCombineKernel(const __grid_constant__ Params p, const float* weights, int k, int group) {
-  constexpr int kPairs = kCombinePairs, kCombineRows = 2 * kPairs;
+  constexpr int kPairs = kCombinePairs;
   __shared__ float y[kCombineRows * kWarps];  // [column][slot], k * group <= 8
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int g = warp / k, j = warp % k, cols = kCombineRows * group;
@@ -963,12 +962,12 @@ absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t s
   p.out_cols = gated ? d.N / 2 : d.N;
   p.c = d.c;
   // The CTAs of kWarps warps. The combine's: k * group <= 8 warps for
-  // 2 kCombinePairs * group columns of a token.
+  // kCombineRows * group columns of a token.
   const int combine_group = args.combine ? std::max(1, kWarps / args.top_k) : 0;
   const Form form = FormOf(d.w.kind, d.K);
   int64_t ctas;
   if (args.combine) {
-    const int cols = 2 * kCombinePairs * combine_group;
+    const int cols = kCombineRows * combine_group;
     ctas = d.numel / args.top_k * ((d.N + cols - 1) / cols);
   } else if (form == Form::kFp8Pairs || form == Form::kInt4Pairs) {  // a warp per (slot, item)
     const int64_t items = form == Form::kFp8Pairs
