@@ -28,6 +28,28 @@ TEST(MoeQuantRoute, DecodeBlockBySlotsPerExpert) {
   EXPECT_EQ(MoeQuantDecodeBlockFor(5, 0), 0);
 }
 
+// The decode tiles' k-split: blocks of 8 on rows of 512 bytes or more, and
+// any rows grid under 32 warps an SM; blocks of 16 and 32 otherwise in rows.
+TEST(MoeQuantRoute, DecodeKSplitByBlockAndRowBytes) {
+  const int64_t big = 64 * 132;  // warps of a rows grid past the occupancy floor
+  // Mixtral-8x7B int4 16 tokens, GEMM 1 (K 4096: 2048-byte rows), blocks of 8.
+  EXPECT_TRUE(MoeQuantDecodeKSplit(8, 2048, big, 132));
+  // Qwen3-30B-A3B GEMM 2 (K 768): int8 rows of 768 bytes split, int4's 384 do not.
+  EXPECT_TRUE(MoeQuantDecodeKSplit(8, 768, big, 132));
+  EXPECT_TRUE(MoeQuantDecodeKSplit(8, 512, big, 132));
+  EXPECT_FALSE(MoeQuantDecodeKSplit(8, 511, big, 132));
+  EXPECT_FALSE(MoeQuantDecodeKSplit(8, 384, big, 132));
+  // Blocks of 16 and 32 keep rows on any row length...
+  EXPECT_FALSE(MoeQuantDecodeKSplit(16, 7168, big, 132));
+  EXPECT_FALSE(MoeQuantDecodeKSplit(32, 7168, big, 132));
+  // ...unless the rows grid leaves the chip under 32 warps an SM.
+  EXPECT_TRUE(MoeQuantDecodeKSplit(16, 7168, 32 * 132 - 1, 132));
+  EXPECT_FALSE(MoeQuantDecodeKSplit(16, 7168, 32 * 132, 132));
+  EXPECT_TRUE(MoeQuantDecodeKSplit(8, 384, 100, 132));
+  EXPECT_TRUE(MoeQuantDecodeKSplit(16, 384, 31, 1));
+  EXPECT_FALSE(MoeQuantDecodeKSplit(16, 384, 32, 0));  // no SM count: one SM's floor
+}
+
 // The int prefill route's GEMMs on the int4 weights while the slots per hit
 // expert stay small, on the dequantised copy past that: the measured cases
 // of moe_quant_route.h, and one switch as the batch grows.

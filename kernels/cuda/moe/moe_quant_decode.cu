@@ -4,7 +4,7 @@
 // Decode: over the moe_align_block_size output with a small block (8, 16 or
 // 32 slots = NT n8 tiles), a CTA of 4 warps takes one tile (one expert, up to
 // 8·NT slots) and 32 weight rows per warp (rows mode) or 32 rows split over
-// the 4 warps along K (k-split mode, for grids too small to fill the chip).
+// the 4 warps along K (k-split mode; MoeQuantDecodeKSplit, moe_quant_route.h).
 // Every weight row is read once per tile, i.e. once for all the slots of its
 // expert, with 16-byte loads; each thread dequantises its 16 bytes in
 // registers and feeds mma.sync m16n8k16 (fp32 accumulate) with the weights
@@ -39,6 +39,7 @@
 #include "kernels/cuda/moe/moe_quant_math.cuh"
 #include "kernels/cuda/moe/moe_sm90_ptx.cuh"
 #include "kernels/cuda/moe/moe_quant_gemm.h"
+#include "kernels/cuda/moe/moe_quant_route.h"
 #include "kernels/cuda/moe/pdl.cuh"
 #include "kernels/cuda/runtime/status.h"
 
@@ -582,13 +583,13 @@ absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& d, cudaStream_t stre
   p.gdiv = detail::quant::GroupDiv::For(d.w.group_size);
   // Non-empty tiles: at most one per slot and the blocks moe_align wrote.
   const int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(d.num_blocks, d.numel));
-  // Rows mode (4 row groups per CTA) unless that leaves the chip under 32
-  // warps per SM for the tiles expected (one per hit expert at least): the
-  // weight stream needs that many loads in flight. KPLAN_MOE_QUANT_DECODE_SPLIT
-  // = rows | k forces one mode (tests run both).
+  // Rows (4 row groups per CTA) or k-split CTAs (MoeQuantDecodeKSplit), the
+  // rows grid counted over the tiles expected (one per hit expert at least).
+  // KPLAN_MOE_QUANT_DECODE_SPLIT = rows | k forces one mode (tests run both).
   const int64_t expected = std::min<int64_t>(tiles, d.num_local_experts);
   const int64_t rows_ctas = (p.groups + kWarps - 1) / kWarps * expected;
-  p.ksplit = rows_ctas * kWarps < 32 * std::max(1, d.num_sms);
+  const int64_t row_bytes = d.w.kind == DType::kInt4Packed ? d.K / 2 : d.K;
+  p.ksplit = MoeQuantDecodeKSplit(d.block_m, row_bytes, rows_ctas * kWarps, d.num_sms);
   if (const char* f = std::getenv("KPLAN_MOE_QUANT_DECODE_SPLIT"); f != nullptr) {
     if (std::strcmp(f, "rows") == 0) p.ksplit = false;
     if (std::strcmp(f, "k") == 0) p.ksplit = true;
