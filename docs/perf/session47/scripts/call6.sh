@@ -42,4 +42,8 @@ for k in s46e s47c s47c s46e; do
   left 25 && TAIL=12 pack_bench "$k" "tab${r}_$k" 30 "${D[@]}"
   left 15 && TAIL=3 pack_bench "$k" "ds${r}_$k" 30 "${S[@]}"
 done
+left 30 && TAIL=30 step_keep='^  [A-Za-z_].*\(|gpu__time|dram__' step ncu_qwen3_16 30 ncu \
+  --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+  -k regex:'Moe|Quant|Combine|Experts' -c 9 .t_s47c/bin/moe_bench --budget_s 0.01 --sets 1 \
+  --warmup_s 0 --check_tokens 0 --quant int4_group --shapes qwen3 --tokens 16 --fused on
 gpu_check_finish
