@@ -46,6 +46,8 @@ TEST(MoeQuantRoute, DecodeKSplitByBlockAndRowBytes) {
   EXPECT_TRUE(MoeQuantDecodeKSplit(16, 7168, 32 * 132 - 1, 132));
   EXPECT_FALSE(MoeQuantDecodeKSplit(16, 7168, 32 * 132, 132));
   EXPECT_TRUE(MoeQuantDecodeKSplit(8, 384, 100, 132));
+  EXPECT_TRUE(MoeQuantDecodeKSplit(32, 7168, 32 * 132 - 1, 132));
+  EXPECT_FALSE(MoeQuantDecodeKSplit(8, 511, 32 * 132, 132));
   EXPECT_TRUE(MoeQuantDecodeKSplit(16, 384, 31, 1));
   EXPECT_FALSE(MoeQuantDecodeKSplit(16, 384, 32, 0));  // no SM count: one SM's floor
 }

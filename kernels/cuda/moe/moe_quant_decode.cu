@@ -585,7 +585,8 @@ absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& d, cudaStream_t stre
   const int64_t tiles = std::max<int64_t>(1, std::min<int64_t>(d.num_blocks, d.numel));
   // Rows (4 row groups per CTA) or k-split CTAs (MoeQuantDecodeKSplit), the
   // rows grid counted over the tiles expected (one per hit expert at least).
-  // KPLAN_MOE_QUANT_DECODE_SPLIT = rows | k forces one mode (tests run both).
+  // KPLAN_MOE_QUANT_DECODE_SPLIT = rows | k forces one mode (A/B runs, and
+  // the GPU suites in each mode).
   const int64_t expected = std::min<int64_t>(tiles, d.num_local_experts);
   const int64_t rows_ctas = (p.groups + kWarps - 1) / kWarps * expected;
   const int64_t row_bytes = d.w.kind == DType::kInt4Packed ? d.K / 2 : d.K;

@@ -136,7 +136,8 @@ absl::Status LaunchMoeScaleRowsF32(const float* a, const float* row_weights, int
 
 // Decode-sized quantised expert GEMMs (moe_quant_decode.cu): over the
 // moe_align_block_size output with block_m 8, 16 or 32 (MoeQuantDecodeBlockFor,
-// moe_quant_route.h), one CTA per (tile, 128 weight rows) reads each weight
+// moe_quant_route.h), one CTA per (tile, 128 weight rows), or per (tile, 32
+// rows) with K split over its warps (MoeQuantDecodeKSplit), reads each weight
 // row once for all the tile's slots (16-byte loads), dequantises it in
 // registers and multiplies on mma.sync m16n8k16 (weights the 16-row operand,
 // slots the 8-column one), fp32 accumulation. Arithmetic as

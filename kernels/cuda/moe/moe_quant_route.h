@@ -95,19 +95,22 @@ inline int MoeQuantDecodeBlockFor(int64_t numel, int num_experts) {
 // rows over its 4 warps along K rather than giving each warp 32 rows of its
 // own. The k-split CTA reads 256 contiguous bytes of each row a round (64 a
 // warp) where a rows CTA reads 64 bytes of 128 rows, and the longer pieces
-// stream faster. It takes blocks of 8 slots whose rows hold at least
-// kMoeQuantDecodeKSplitMinRowBytes (each warp then has 2 steps of 64 bytes
-// or more), and any grid that would leave the chip under 32 warps an SM in
-// rows: the weight stream needs that many loads in flight. Blocks of 16
-// and 32 keep rows: an expert's second tile then starts next to its first
-// and reads its weights from the L2 (Mixtral-8x7B int4 64 tokens, blocks of
-// 16: 608 us in rows, 651 in k-split). Measured on one H100 (docs/PERF.md,
-// session 47, us per layer, rows against this rule): int4 Mixtral-8x7B 16
-// tokens 389.9 / 328.5, DeepSeek-V3 16 / 64 tokens 1177 / 958 and 2555 /
-// 2136, Qwen3-30B-A3B 16 / 64 135.9 / 126.0 and 191.7 / 183.6; Qwen3's
-// 384-byte int4 GEMM 2 rows were slower in k-split (130.6 / 196.6 with
-// them), its 768-byte int8 rows faster (int8 16 tokens 248.5 in rows, 219.0
-// with GEMM 1 alone in k-split, 214.1 with both).
+// stream faster (a reading of the measurements below; no ncu compared the
+// two forms' memory traffic). It takes blocks of 8 slots whose rows hold at
+// least kMoeQuantDecodeKSplitMinRowBytes (each warp then has two or more
+// 64-byte steps), and any grid that would leave the chip under 32 warps an
+// SM in rows: the weight stream needs that many loads in flight. Blocks of
+// 16 and 32 keep rows (Mixtral-8x7B int4 64 tokens, blocks of 16: 612 us in
+// rows, 652 in k-split). Measured on one H100 (docs/PERF.md, session 47
+// call 5, us per layer, rows against k-split where rows hold >= 1024 bytes):
+// int4 Mixtral-8x7B 16 tokens 389.9 / 328.5, DeepSeek-V3 16 / 64 tokens
+// 1177 / 958 and 2555 / 2136 (2124 with GEMM 2's 1024-byte rows in rows),
+// Qwen3-30B-A3B 16 / 64 135.9 / 126.0 and 191.7 / 183.6. Qwen3's 384-byte
+// int4 GEMM 2 rows were slower in k-split (130.6 / 196.6 with them), its
+// 768-byte int8 rows faster (int8 16 tokens 248.5 in rows, 219.0 with GEMM
+// 1 alone in k-split, 214.1 with both); 512 lies between, not measured
+// itself. fp8 decode tiles (opt-in where the fp8 tensor cores apply) follow
+// the same rule, not measured.
 inline constexpr int64_t kMoeQuantDecodeKSplitMinRowBytes = 512;
 // `rows_warps`: the warps of the rows grid for the tiles expected.
 inline bool MoeQuantDecodeKSplit(int block_m, int64_t row_bytes, int64_t rows_warps, int num_sms) {

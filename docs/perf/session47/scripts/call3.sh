@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# A record: its pack s47a (the head with the grid swapped outright) was not kept.
 # Session 47, call 3: the int4 / int8 decode tiles with the tiles along
 # the grid's x (s47a: the head plus that change) against the head (s46e),
 # alternating; the k-split against rows on Qwen3-30B-A3B 16 tokens; where

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# A record: its pack s47b is 1799f5c plus ../ksplit-min-row-knob.patch (not kept).
 # Session 47, call 5: the decode tiles' k-split rule (MoeQuantDecodeKSplit:
 # blocks of 8 whose weight rows hold >= N bytes) at N = 1024 (s47b's
 # default), 2048, 0 and never (the head's rule), one binary (s47b,
