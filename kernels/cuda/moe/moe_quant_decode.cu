@@ -589,7 +589,7 @@ absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& d, cudaStream_t stre
   // the GPU suites in each mode).
   const int64_t expected = std::min<int64_t>(tiles, d.num_local_experts);
   const int64_t rows_ctas = (p.groups + kWarps - 1) / kWarps * expected;
-  const int64_t row_bytes = d.w.kind == DType::kInt4Packed ? d.K / 2 : d.K;
+  const int64_t row_bytes = d.K / ChunkOf(d.w.kind) * 16;  // K % ChunkOf == 0: supported
   p.ksplit = MoeQuantDecodeKSplit(d.block_m, row_bytes, rows_ctas * kWarps, d.num_sms);
   if (const char* f = std::getenv("KPLAN_MOE_QUANT_DECODE_SPLIT"); f != nullptr) {
     if (std::strcmp(f, "rows") == 0) p.ksplit = false;
