@@ -19,7 +19,11 @@
 # and --json $out/NAME.json; `ws_ncu PACK [NAME]` the step NAME (default
 # ncu_PACK; name a second run of one pack, or its log is overwritten), ncu of
 # the warp-specialised GEMMs of two Mixtral-8x7B layers at 4096 tokens
-# (fused): their time and tensor-pipe activity.
+# (fused): their time and tensor-pipe activity. `gpu_call_setup NAME
+# PACK...` is a session call's preamble: the packs unpacked, the first one's
+# bundle set up as gpu_check_setup's DIST, the card and its clocks printed,
+# and step_keep / step_drop set to keep the suites' verdicts and
+# moe_bench's table rows.
 status=0
 gpu_unpack() {  # pack...
   local p
@@ -67,6 +71,15 @@ gpu_check_setup() {  # name [dist]
   export LD_LIBRARY_PATH="$PWD/$dist/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export NCCL_NVLS_ENABLE=0
   bin=$dist/bin
+}
+gpu_call_setup() {  # name pack...
+  local name=$1
+  shift
+  gpu_unpack "$@"
+  gpu_check_setup "$name" ".t_$1"
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader
+  step_keep='FAIL|PASSED|ERROR SUMMARY|rooflines|^ *(Mixtral|Qwen3|DeepSeek)'
+  step_drop='check |experts .* on the'
 }
 gpu_check_finish() {
   if tar -czf "$out.tar.gz" -C "$(dirname "$out")" logs; then rm -rf "$out"; else status=1; fi
