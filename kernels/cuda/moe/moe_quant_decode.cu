@@ -120,7 +120,10 @@ constexpr int MinCtas() {
   return NT == 2 ? 3 : 2;
 }
 
-template <typename T, int WK, int NT>
+// kZp: int weights with zero points (p.w.zero set); without, the kernel
+// issues no zero-point work (a predicated load and its conversions a row and
+// a step: about 16 of a step's 525 instructions, docs/PERF.md session 48).
+template <typename T, int WK, int NT, bool kZp>
 __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
     QuantDecodeKernel(const __grid_constant__ DecodeParams p) {
   constexpr int kBS = 8 * NT;
@@ -315,7 +318,7 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
       // q + 128 with zp 128.
       constexpr int kPerWord = WK == kWInt4 ? 4 : 2;
       using Dequant = detail::quant::IntGroupDequant<T, WK == kWInt4>;
-      const uint32_t flip = WK == kWInt8 && p.w.zero == nullptr ? 0x80808080u : 0u;
+      const uint32_t flip = WK == kWInt8 && !kZp ? 0x80808080u : 0u;
       // Group scale (and zero point) rows of this thread's weight rows.
       const int64_t groups_per_row = p.K / p.w.group_size;
       int64_t grow[2][2];
@@ -343,8 +346,8 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             o.sc[mt][h] = kin ? __ldg(p.w.scale + grow[mt][h] + gi) : 0.0f;
-            o.zb[mt][h] =
-                detail::quant::BiasedZero(kin ? p.w.zero : nullptr, grow[mt][h] + gi, WK == kWInt4);
+            o.zb[mt][h] = detail::quant::BiasedZero(kZp && kin ? p.w.zero : nullptr,
+                                                    grow[mt][h] + gi, WK == kWInt4);
           }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
@@ -488,20 +491,21 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
 namespace kplan::kernels::cuda {
 namespace {
 
-template <typename T, int WK, int NT>
+template <typename T, int WK, int NT, bool kZp>
 cudaError_t LaunchKernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  return detail::LaunchPdl(QuantDecodeKernel<T, WK, NT>, grid, dim3(kWarps * 32), 0, stream, p);
+  return detail::LaunchPdl(QuantDecodeKernel<T, WK, NT, kZp>, grid, dim3(kWarps * 32), 0, stream,
+                           p);
 }
 
-template <typename T, int WK>
+template <typename T, int WK, bool kZp = false>
 cudaError_t ByBlock(const DecodeParams& p, int block_m, dim3 grid, cudaStream_t stream) {
   switch (block_m) {
     case 8:
-      return LaunchKernel<T, WK, 1>(p, grid, stream);
+      return LaunchKernel<T, WK, 1, kZp>(p, grid, stream);
     case 16:
-      return LaunchKernel<T, WK, 2>(p, grid, stream);
+      return LaunchKernel<T, WK, 2, kZp>(p, grid, stream);
     default:
-      return LaunchKernel<T, WK, 4>(p, grid, stream);
+      return LaunchKernel<T, WK, 4, kZp>(p, grid, stream);
   }
 }
 
@@ -511,9 +515,11 @@ cudaError_t ByKind(const DecodeParams& p, int block_m, dim3 grid, cudaStream_t s
     case DType::kFp8E4m3:
       return ByBlock<T, kWFp8>(p, block_m, grid, stream);
     case DType::kInt8:
-      return ByBlock<T, kWInt8>(p, block_m, grid, stream);
+      return p.w.zero != nullptr ? ByBlock<T, kWInt8, true>(p, block_m, grid, stream)
+                                 : ByBlock<T, kWInt8>(p, block_m, grid, stream);
     default:
-      return ByBlock<T, kWInt4>(p, block_m, grid, stream);
+      return p.w.zero != nullptr ? ByBlock<T, kWInt4, true>(p, block_m, grid, stream)
+                                 : ByBlock<T, kWInt4>(p, block_m, grid, stream);
   }
 }
 
