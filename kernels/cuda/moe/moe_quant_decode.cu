@@ -109,8 +109,8 @@ __device__ __forceinline__ uint32_t Fp8Pair(const uint4& v, int pr) {
 // (docs/PERF.md, session 27: the loads at use and a branch per word were half
 // the instructions and the largest stalls).
 // CTAs per SM the register budget aims for. int weights: as many as fit
-// with at most a few bytes of spills (ptxas, CUDA 13: at 16-slot tiles 8
-// bytes for int4 and 20 for int8 with bf16, none elsewhere); the dequantisation is
+// with at most a few bytes of spills (ptxas, CUDA 13: 8 bytes for int4 with
+// zero points at 16-slot tiles, none elsewhere); the dequantisation is
 // instruction bound and more warps hide its dependent chains. fp8 at 32-slot
 // tiles: 3 (one more than ptxas gave it without a bound; not measured).
 template <int WK, int NT>
