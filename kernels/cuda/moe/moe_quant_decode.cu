@@ -121,8 +121,9 @@ constexpr int MinCtas() {
 }
 
 // kZp: int weights with zero points (p.w.zero set); without, the kernel
-// issues no zero-point work (a predicated load and its conversions a row and
-// a step: about 16 of a step's 525 instructions, docs/PERF.md session 48).
+// issues no zero-point work (a predicated load, its address and conversion a
+// row and a step: about 20 of a step's 525 instructions, docs/PERF.md session
+// 48).
 template <typename T, int WK, int NT, bool kZp>
 __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
     QuantDecodeKernel(const __grid_constant__ DecodeParams p) {

@@ -20,7 +20,8 @@ for v in 3 1 2rows 2k; do
       2k) export KPLAN_MOE_QUANT_DECODE_SPLIT=k ;;
     esac
     left 100 && TAIL=3 step "quant_c$v" 100 .t_s48a/bin/moe_quant_gpu_test --gtest_filter="$F"
-  )
+    exit "$status"
+  ) || status=1
 done
 left 60 && KPLAN_EXP_DECODE_CHAIN=3 TAIL=3 step memcheck_c3 60 compute-sanitizer --tool memcheck \
   .t_s48a/bin/moe_quant_gpu_test --gtest_filter='*SmallShapes*'
