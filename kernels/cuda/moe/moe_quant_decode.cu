@@ -498,7 +498,7 @@ cudaError_t LaunchKernel(const DecodeParams& p, dim3 grid, cudaStream_t stream) 
                            p);
 }
 
-template <typename T, int WK, bool kZp = false>
+template <typename T, int WK, bool kZp>
 cudaError_t ByBlock(const DecodeParams& p, int block_m, dim3 grid, cudaStream_t stream) {
   switch (block_m) {
     case 8:
@@ -510,17 +510,22 @@ cudaError_t ByBlock(const DecodeParams& p, int block_m, dim3 grid, cudaStream_t 
   }
 }
 
+// Int weights: the instance with or without zero-point work (kZp).
+template <typename T, int WK>
+cudaError_t ByZeroPoints(const DecodeParams& p, int block_m, dim3 grid, cudaStream_t stream) {
+  return p.w.zero != nullptr ? ByBlock<T, WK, true>(p, block_m, grid, stream)
+                             : ByBlock<T, WK, false>(p, block_m, grid, stream);
+}
+
 template <typename T>
 cudaError_t ByKind(const DecodeParams& p, int block_m, dim3 grid, cudaStream_t stream) {
   switch (p.w.kind) {
     case DType::kFp8E4m3:
-      return ByBlock<T, kWFp8>(p, block_m, grid, stream);
+      return ByBlock<T, kWFp8, false>(p, block_m, grid, stream);
     case DType::kInt8:
-      return p.w.zero != nullptr ? ByBlock<T, kWInt8, true>(p, block_m, grid, stream)
-                                 : ByBlock<T, kWInt8>(p, block_m, grid, stream);
+      return ByZeroPoints<T, kWInt8>(p, block_m, grid, stream);
     default:
-      return p.w.zero != nullptr ? ByBlock<T, kWInt4, true>(p, block_m, grid, stream)
-                                 : ByBlock<T, kWInt4>(p, block_m, grid, stream);
+      return ByZeroPoints<T, kWInt4>(p, block_m, grid, stream);
   }
 }
 
