@@ -95,6 +95,10 @@ __device__ __forceinline__ void Fp8ToPairs(const uint4& v, uint32_t (&p)[8]) {
   }
 }
 
+// Zeros in place of a step's activations past K (int weights: the 64 bytes
+// of an int4 step, 32 of an int8 one).
+__device__ const uint4 kZeroActivations[4] = {};
+
 // Pair `pr` of a thread's 16 fp8 bytes (bytes 2pr, 2pr + 1) as f16x2, exact.
 __device__ __forceinline__ uint32_t Fp8Pair(const uint4& v, int pr) {
   return Fp8x2ToHalf2(WordOf(v, pr >> 1) >> (16 * (pr & 1)));
@@ -195,8 +199,11 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
   const int64_t bpr = WK == kWInt4 ? p.K / 2 : p.K;  // weight bytes per row
   const uint8_t* wbase =
       static_cast<const uint8_t*>(p.w.data) + static_cast<int64_t>(local ? e : 0) * p.N * bpr;
-  const int64_t steps = (p.K + kSpan - 1) / kSpan;
-  const int64_t first = p.ksplit ? warp : 0, stride = p.ksplit ? kWarps : 1;
+  // k in 32 bits (MoeQuantDecodeSupports: K < 2^30), so the per-step index
+  // and offset arithmetic is 32-bit.
+  const int K32 = static_cast<int>(p.K);
+  const int steps = (K32 + kSpan - 1) / kSpan;
+  const int first = p.ksplit ? warp : 0, stride = p.ksplit ? kWarps : 1;
   // The start of each weight row of this thread.
   const uint8_t* wrow[2][2];
 #pragma unroll
@@ -204,27 +211,32 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
 #pragma unroll
     for (int h = 0; h < 2; ++h) wrow[mt][h] = wbase + row[mt][h] * bpr;
 
+  // This thread's chunk of ring stage 0 (the chunk of row (mt, h) lies
+  // (mt * 2 + h) * kChunkRow bytes above it, stage s s * kStageBytes).
+  constexpr uint32_t kChunkRow = kWarps * 32 * sizeof(uint4);
+  constexpr uint32_t kStageBytes = 4 * kChunkRow;
+  const uint32_t ring0 = static_cast<uint32_t>(__cvta_generic_to_shared(&ring[0][0][threadIdx.x]));
   // cp.async of step st's 16-byte chunks into ring stage `stage` (zero-filled
   // past K; nothing past the last step), one commit group per call.
-  auto issue = [&](int64_t st, int stage) {
+  auto issue = [&](int st, int stage) {
     if (st < steps) {
-      const bool kin = st * kSpan + c * kCW < p.K;
-      const int64_t off = kin ? st * kRowStep + c * 16 : 0;  // past K: the row start, unread
+      const bool kin = st * kSpan + c * kCW < K32;
+      const int off = kin ? st * kRowStep + c * 16 : 0;  // past K: the row start, unread
+      const uint32_t dst = ring0 + static_cast<uint32_t>(stage) * kStageBytes;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          detail::CpAsync16(static_cast<uint32_t>(
-                                __cvta_generic_to_shared(&ring[stage][mt * 2 + h][threadIdx.x])),
-                            wrow[mt][h] + off, kin);
+          detail::CpAsync16(dst + (mt * 2 + h) * kChunkRow, wrow[mt][h] + off, kin);
         }
     }
     detail::CpAsyncCommit();
   };
-  // The weights of the ring stage of iteration `it`, once its group landed.
-  auto take = [&](int it, uint4(&wcur)[2][2]) {
+  // The ring stage after `stage`.
+  auto next_stage = [](int stage) { return stage == kStages - 1 ? 0 : stage + 1; };
+  // The weights of ring stage `stage`, once its group landed.
+  auto take = [&](int stage, uint4(&wcur)[2][2]) {
     detail::CpAsyncWait<kStages - 1>();
-    const int stage = it % kStages;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -238,12 +250,14 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
       const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
       const int64_t nbk = block ? (p.K + p.w.block_k - 1) / p.w.block_k : 0;
       const int64_t nbn = block ? (p.N + p.w.block_n - 1) / p.w.block_n : 0;
-      int it = 0;
+      int rd = 0, wr = kStages - 1;  // ring stages read and filled this step
 #pragma unroll 1
-      for (int64_t st = first; st < steps; st += stride, ++it) {
-        issue(st + (kStages - 1) * stride, (it + kStages - 1) % kStages);
+      for (int st = first; st < steps; st += stride) {
+        issue(st + (kStages - 1) * stride, wr);
         uint4 wcur[2][2];
-        take(it, wcur);
+        take(rd, wcur);
+        rd = next_stage(rd);
+        wr = next_stage(wr);
         const int64_t kc = st * kSpan + c * kCW;
         const bool kin = kc < p.K;
         // Activations of this thread's slot column in each n8 tile: bp[nt][pair].
@@ -289,7 +303,7 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
         }
         if (block) {
           // acc += Σ_step · (xs[slot, kb] · ws[row block, kb]); the step lies in one k-block.
-          const int64_t kb = (st * kSpan) / p.w.block_k;
+          const int64_t kb = (static_cast<int64_t>(st) * kSpan) / p.w.block_k;
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             float ws[2];
@@ -322,40 +336,47 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
       const uint32_t flip = WK == kWInt8 && !kZp ? 0x80808080u : 0u;
       // Group scale (and zero point) rows of this thread's weight rows.
       const int64_t groups_per_row = p.K / p.w.group_size;
-      int64_t grow[2][2];
+      const float* srow[2][2];
+      const uint8_t* zrow[2][2];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          grow[mt][h] = (static_cast<int64_t>(e) * p.N + row[mt][h]) * groups_per_row;
+          const int64_t grow = (static_cast<int64_t>(e) * p.N + row[mt][h]) * groups_per_row;
+          srow[mt][h] = p.w.scale + grow;
+          zrow[mt][h] = kZp ? p.w.zero + grow : nullptr;
         }
+      // Activation rows of the slot columns; a padding slot's (aok false)
+      // is row 0, read and never stored (the epilogue skips the slot).
       const T* xrow[NT];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) xrow[nt] = static_cast<const T*>(p.a) + arow[nt] * p.K;
       // A step's operands besides the weights. Past K (or past the last
-      // step): scale 0 and no activations, so the step adds exact zeros.
+      // step): scale 0 and the activations of kZeroActivations, so the step
+      // adds exact zeros; the loads themselves are unconditional (no zero
+      // defaults in registers).
       struct Ops {
         float sc[2][2], zb[2][2];
         uint32_t bp[NT][kPairs];  // activations of slot g of each n8 tile
       };
-      auto load_ops = [&](int64_t st, Ops& o) {
-        const int64_t kc = st * kSpan + c * kCW;
-        const bool kin = st < steps && kc < p.K;
-        const int64_t gi = p.gdiv(kin ? kc : 0);
+      auto load_ops = [&](int st, Ops& o) {
+        const int kc = st * kSpan + c * kCW;
+        const bool kin = kc < K32;  // false for every step past the last
+        const int gi = p.gdiv(kin ? kc : 0);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            o.sc[mt][h] = kin ? __ldg(p.w.scale + grow[mt][h] + gi) : 0.0f;
-            o.zb[mt][h] = detail::quant::BiasedZero(kZp && kin ? p.w.zero : nullptr,
-                                                    grow[mt][h] + gi, WK == kWInt4);
+            o.sc[mt][h] = kin ? __ldg(srow[mt][h] + gi) : 0.0f;
+            o.zb[mt][h] =
+                detail::quant::BiasedZero(kZp && kin ? zrow[mt][h] : nullptr, gi, WK == kWInt4);
           }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint4* src = reinterpret_cast<const uint4*>(xrow[nt] + kc);
+          const uint4* src = kin ? reinterpret_cast<const uint4*>(xrow[nt] + kc) : kZeroActivations;
 #pragma unroll
           for (int v = 0; v < kPairs / 4; ++v) {
-            const uint4 x = kin && aok[nt] ? __ldg(src + v) : make_uint4(0, 0, 0, 0);
+            const uint4 x = __ldg(src + v);
             o.bp[nt][4 * v] = x.x;
             o.bp[nt][4 * v + 1] = x.y;
             o.bp[nt][4 * v + 2] = x.z;
@@ -365,14 +386,16 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
       };
       Ops cur;
       load_ops(first, cur);
-      int it = 0;
+      int rd = 0, wr = kStages - 1;  // ring stages read and filled this step
 #pragma unroll 1
-      for (int64_t st = first; st < steps; st += stride, ++it) {
-        issue(st + (kStages - 1) * stride, (it + kStages - 1) % kStages);
+      for (int st = first; st < steps; st += stride) {
+        issue(st + (kStages - 1) * stride, wr);
         Ops nxt;
         load_ops(st + stride, nxt);
         uint4 wcur[2][2];
-        take(it, wcur);
+        take(rd, wcur);
+        rd = next_stage(rd);
+        wr = next_stage(wr);
         const Dequant dq[2][2] = {
             {Dequant(cur.sc[0][0], cur.zb[0][0]), Dequant(cur.sc[0][1], cur.zb[0][1])},
             {Dequant(cur.sc[1][0], cur.zb[1][0]), Dequant(cur.sc[1][1], cur.zb[1][1])}};
@@ -537,6 +560,7 @@ int64_t ChunkOf(DType kind) { return kind == DType::kInt4Packed ? 32 : 16; }
 bool MoeQuantDecodeSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
   if (act_type != DType::kBFloat16 && act_type != DType::kFloat16) return false;
   if (N <= 0 || K <= 0 || w.data == nullptr || w.scale == nullptr) return false;
+  if (K >= (int64_t{1} << 30)) return false;  // the kernel's k arithmetic is 32-bit
   switch (w.kind) {
     case DType::kFp8E4m3:
       if (K % 16 != 0) return false;

@@ -73,6 +73,10 @@ struct GroupDiv {
   __device__ __forceinline__ int64_t operator()(int64_t k) const {
     return shift >= 0 ? k >> shift : k / size;
   }
+  // The same in 32 bits, for k < 2^31 (a shift or a 32-bit division).
+  __device__ __forceinline__ int operator()(int k) const {
+    return shift >= 0 ? k >> shift : k / size;
+  }
 };
 
 // The biased zero point of an int group: the stored one, or the implied one
