@@ -170,7 +170,8 @@ struct MoeQuantDecodeArgs {
 };
 // What the decode kernels run: bf16 / fp16 activations; fp8 per-tensor,
 // per-channel or block scales with block_k % 64 == 0, K % 16 == 0; int8 /
-// int4 with group sizes that are multiples of 16 / 32 and divide K.
+// int4 with group sizes that are multiples of 16 / 32 and divide K; K below
+// 2^30 (the tiles' k arithmetic is 32-bit).
 bool MoeQuantDecodeSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K);
 absl::Status LaunchMoeQuantDecode(const MoeQuantDecodeArgs& args, cudaStream_t stream);
 
@@ -207,8 +208,8 @@ struct MoeQuantMatvecArgs {
   int top_k = 0;
   const float* topk_weights = nullptr;  // [gemm.numel]
 };
-// What the matvec kernels run: what MoeQuantDecodeSupports takes, with K up
-// to 2^30 and N x K / 16 up to 2^31 - 1.
+// What the matvec kernels run: what MoeQuantDecodeSupports takes, with
+// N x K / 16 up to 2^31 - 1.
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K);
 absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t stream);
 // Whether LaunchMoeQuantMatvec takes the combine into a GEMM 2 (no

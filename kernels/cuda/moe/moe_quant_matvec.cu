@@ -907,10 +907,10 @@ bool MoeQuantMatvecCombines(const MoeQuantWeights& w, int top_k, int64_t K) {
 }
 
 bool MoeQuantMatvecSupports(const MoeQuantWeights& w, DType act_type, int64_t N, int64_t K) {
-  // The decode kernels' weights and sizes, with 32-bit vector, chunk and
-  // group indices (Int8RowDots, the int4 tiles and the pairs).
-  return MoeQuantDecodeSupports(w, act_type, N, K) && K <= (int64_t{1} << 30) &&
-         N * (K / 16) <= INT32_MAX;
+  // The decode kernels' weights and sizes (K < 2^30 among them), with
+  // 32-bit vector, chunk and group indices (Int8RowDots, the int4 tiles and
+  // the pairs).
+  return MoeQuantDecodeSupports(w, act_type, N, K) && N * (K / 16) <= INT32_MAX;
 }
 
 absl::Status LaunchMoeQuantMatvec(const MoeQuantMatvecArgs& args, cudaStream_t stream) {
