@@ -232,11 +232,16 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
     }
     detail::CpAsyncCommit();
   };
-  // The ring stage after `stage`.
-  auto next_stage = [](int stage) { return stage == kStages - 1 ? 0 : stage + 1; };
-  // The weights of ring stage `stage`, once its group landed.
-  auto take = [&](int stage, uint4(&wcur)[2][2]) {
+  // The ring stages the loop reads (rd) and fills (wr) this step: wr is the
+  // stage read the step before, so each take moves both on by one.
+  int rd = 0, wr = kStages - 1;
+  // The weights of ring stage rd, once its group landed; then the next step's
+  // stages.
+  auto take = [&](uint4(&wcur)[2][2]) {
     detail::CpAsyncWait<kStages - 1>();
+    const int stage = rd;
+    wr = rd;
+    rd = rd == kStages - 1 ? 0 : rd + 1;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -250,14 +255,11 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
       const bool block = p.w.scale_kind == MoeWeightScale::kBlock;
       const int64_t nbk = block ? (p.K + p.w.block_k - 1) / p.w.block_k : 0;
       const int64_t nbn = block ? (p.N + p.w.block_n - 1) / p.w.block_n : 0;
-      int rd = 0, wr = kStages - 1;  // ring stages read and filled this step
 #pragma unroll 1
       for (int st = first; st < steps; st += stride) {
         issue(st + (kStages - 1) * stride, wr);
         uint4 wcur[2][2];
-        take(rd, wcur);
-        rd = next_stage(rd);
-        wr = next_stage(wr);
+        take(wcur);
         const int64_t kc = st * kSpan + c * kCW;
         const bool kin = kc < p.K;
         // Activations of this thread's slot column in each n8 tile: bp[nt][pair].
@@ -332,6 +334,8 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
       // bytes 2p, 2p + 1 (2 pairs); signed int8 without zero points read as
       // q + 128 with zp 128.
       constexpr int kPerWord = WK == kWInt4 ? 4 : 2;
+      static_assert(kPairs / 4 <= sizeof(kZeroActivations) / sizeof(uint4),
+                    "a step's activations fit the zero row");
       using Dequant = detail::quant::IntGroupDequant<T, WK == kWInt4>;
       const uint32_t flip = WK == kWInt8 && !kZp ? 0x80808080u : 0u;
       // Group scale (and zero point) rows of this thread's weight rows.
@@ -386,16 +390,13 @@ __global__ void __launch_bounds__(kWarps * 32, (MinCtas<WK, NT>()))
       };
       Ops cur;
       load_ops(first, cur);
-      int rd = 0, wr = kStages - 1;  // ring stages read and filled this step
 #pragma unroll 1
       for (int st = first; st < steps; st += stride) {
         issue(st + (kStages - 1) * stride, wr);
         Ops nxt;
         load_ops(st + stride, nxt);
         uint4 wcur[2][2];
-        take(rd, wcur);
-        rd = next_stage(rd);
-        wr = next_stage(wr);
+        take(wcur);
         const Dequant dq[2][2] = {
             {Dequant(cur.sc[0][0], cur.zb[0][0]), Dequant(cur.sc[0][1], cur.zb[0][1])},
             {Dequant(cur.sc[1][0], cur.zb[1][0]), Dequant(cur.sc[1][1], cur.zb[1][1])}};
