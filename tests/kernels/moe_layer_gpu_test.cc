@@ -414,7 +414,10 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
 // The activation in GEMM 1's epilogue (moe_gemm_ws.h) against GEMM 1 +
 // the activation kernel: the layer's output bit for bit, silu in bf16 and
 // fp16, with and without biases, a partial output tile (I = 72) and several
-// (I = 384); gelu takes the unfused path either way.
+// (I = 384); the other activations of stacked gate / up rows on the
+// cooperative tiles (one CTA a tile and, forced, clusters of two; M 8192:
+// 384 work items, so deferred units of one tile finish in the next);
+// swigluoai (interleaved rows) takes the unfused path either way.
 TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
   SKIP_WITHOUT_CUDA();
   namespace kc = kernels::cuda;
@@ -424,13 +427,20 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
     kernels::DType dtype;
     bool bias;
     int64_t M;
+    bool clusters = false;  // clusters of two forced on (both runs)
   };
+  const Shape fused{"fused", 8, 2, 256, 384};
   const Variant variants[] = {
       {{"small", 6, 2, 200, 72}, "silu", kernels::DType::kBFloat16, false, 1600},
       {{"small", 6, 2, 200, 72}, "silu", kernels::DType::kFloat16, true, 1600},
-      {{"fused", 8, 2, 256, 384}, "silu", kernels::DType::kBFloat16, true, 1024},
-      {{"fused", 8, 2, 256, 384}, "silu", kernels::DType::kFloat16, false, 700},
-      {{"fused", 8, 2, 256, 384}, "gelu", kernels::DType::kBFloat16, false, 1024},
+      {fused, "silu", kernels::DType::kBFloat16, true, 1024},
+      {fused, "silu", kernels::DType::kFloat16, false, 700},
+      {fused, "gelu", kernels::DType::kBFloat16, false, 1024},
+      {fused, "gelu_tanh", kernels::DType::kFloat16, true, 700},
+      {fused, "relu2", kernels::DType::kBFloat16, true, 1024, true},
+      {fused, "swigluoai_uninterleave", kernels::DType::kBFloat16, false, 8192},
+      {fused, "swiglustep", kernels::DType::kFloat16, false, 1024, true},
+      {fused, "swigluoai", kernels::DType::kBFloat16, false, 1024},
   };
   uint64_t id = 7000;
   for (const Variant& v : variants) {
@@ -448,16 +458,22 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
     in.routing = RenormalizeNaive(v.shape.k);
     GpuRunOptions poison;
     poison.poison_workspace = true;
+    if (v.clusters) kc::SetMoeGemmWsClusterMode(kc::MoeGemmWsMode::kOn);
     kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOff);
     auto unfused = RunMoeOnGpu(*gpu, in, nullptr, poison);
     kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kOn);
     kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kOn);  // the fused epilogue is the ws kernel's
     const int64_t launches = kc::MoeFusedActLaunches();
+    const int64_t clustered = kc::MoeGemmWsClusterLaunches();
     auto fused = RunMoeOnGpu(*gpu, in, nullptr, poison);
-    // silu takes the fused kernel (else this test compares the unfused path
-    // with itself); gelu falls back.
-    EXPECT_EQ(kc::MoeFusedActLaunches() > launches, std::string(v.act) == "silu")
-        << v.shape.name << " " << v.act;
+    // Every activation but swigluoai takes the fused kernel (else this test
+    // compares the unfused path with itself); swigluoai falls back.
+    const bool want_fused = std::string(v.act) != "swigluoai";
+    EXPECT_EQ(kc::MoeFusedActLaunches() > launches, want_fused) << v.shape.name << " " << v.act;
+    if (v.clusters) {  // GEMM 1 (fused) and GEMM 2 in clusters
+      EXPECT_EQ(kc::MoeGemmWsClusterLaunches(), clustered + 2) << v.act;
+    }
+    kc::SetMoeGemmWsClusterMode(kc::MoeGemmWsMode::kFromEnv);
     kc::SetMoeGemmWsMode(kc::MoeGemmWsMode::kFromEnv);
     kc::SetMoeFusedActMode(kc::MoeGemmWsMode::kFromEnv);
     ASSERT_TRUE(unfused.ok()) << unfused.status();

@@ -124,8 +124,12 @@ absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& args, cudaStream_t
 // by LaunchMoeActivation(act, params, ...) (same rounding points: gate and
 // up rounded to the dtype as the intermediate stores them, the activation in
 // fp32, rounded once); args.c is not used and C1 is never stored.
-// MoeGemmWsActApplies: silu (other activations take the unfused path), N a
-// multiple of 16, and MoeGemmWsApplies. Switch: SetMoeFusedActMode, or with
+// MoeGemmWsActApplies: silu in every form; the other activations of stacked
+// gate / up rows (gelu, gelu_tanh, relu2, swigluoai_uninterleave,
+// swiglustep) where the tiles are the cooperative ones of 128 with 16-bit
+// weights (not the tall or ping-pong forms, not int4), their instantiations
+// of the fused kernel; swigluoai (interleaved rows) and the rest take the
+// unfused path. N a multiple of 16, and MoeGemmWsApplies. Switch: SetMoeFusedActMode, or with
 // kFromEnv KPLAN_MOE_FUSED_ACT=0 / 1 (unset: kMoeFusedActDefault, on since
 // session 5 call 5, docs/PERF.md; =0 gives the unfused path). The layer
 // checks MoeGemmWsEnabled() too. UNAVAILABLE as LaunchMoeGroupedGemmWs.

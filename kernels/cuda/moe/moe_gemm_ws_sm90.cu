@@ -50,7 +50,10 @@
 // chunks of activation (two: half) run during the first k-tiles of the
 // CTA's next tile (or, short of k-tiles, at its next epilogue or the
 // kernel's end), their inputs parked in shared memory (kDeferBytes below),
-// so that the tensor cores work through them.
+// so that the tensor cores work through them. The other gated activations of
+// stacked rows (kAnyAct, cooperative tiles of 128, 16-bit weights) take the
+// same path with the activation kernel's moe_math::Gated value by value in
+// place of SiluN; SiLU's instantiations do not carry that code.
 //
 // int4 weights (the kInt instantiations, MoeGroupedGemmArgs::int_w: group
 // scales, optional zero points): each k-tile's packed bytes (32 of each of
@@ -175,6 +178,8 @@ struct WsParams {
   MoeQuantWeights iw;
   int64_t groups;
   detail::quant::GroupDiv gdiv;
+  // Fused with kAnyAct only: the gated activation (stacked gate / up rows).
+  MoeActivation act = MoeActivation::kSilu;
 };
 
 // Measurement variants (KPLAN_MOE_WS_DEBUG bits), never set by the layer:
@@ -354,7 +359,7 @@ __device__ __forceinline__ void IntProduce(const CUtensorMap* imap, const WsPara
 // cooperative consumers, one CTA a tile: in clusters of two they lost where
 // an expert has two tall tiles, the only place a pair shares its weights).
 template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false,
-          int kTileT = kWsTileT>
+          int kTileT = kWsTileT, bool kAnyAct = false>
 __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     WsGroupedGemmKernel(const __grid_constant__ CUtensorMap wmap, const WsParams p) {
   static_assert(kCluster == 1 || (kCluster == 2 && !kInt), "clusters of two, bf16 / fp16 weights");
@@ -362,6 +367,8 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
   static_assert(
       kTileT == kWsTileT || (kTileT == ws::kWsTallTileT && !kInt && !kPingPong && kCluster == 1),
       "tall tiles: 16-bit weights, cooperative consumers, one CTA a tile");
+  static_assert(!kAnyAct || (Fused && !kInt && !kPingPong && kTileT == kWsTileT),
+                "another gated activation: the fused cooperative tiles of 128, 16-bit");
   constexpr bool kTall = kTileT != kWsTileT;
   constexpr bool kDefer = WsDefers<Fused, kInt, kPingPong, kTileT>();
   constexpr int kStage = TileStageBytes<kTileT>();
@@ -489,7 +496,12 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
     float g[4], u[4];
     Unpack2<T>(w.x, g[0], g[1]), Unpack2<T>(w.y, u[0], u[1]);
     Unpack2<T>(w.z, g[2], g[3]), Unpack2<T>(w.w, u[2], u[3]);
-    moe_math::GatedSiluN(p.act_params, g, u);
+    if constexpr (kAnyAct) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) g[x] = moe_math::Gated(p.act, p.act_params, g[x], u[x]);
+    } else {
+      moe_math::GatedSiluN(p.act_params, g, u);
+    }
     const int64_t n = dcol + 8 * (kDeferFirstJ + dcnt) + 2 * q;
     if (n < NI) {
       if (ds0 >= 0) *reinterpret_cast<uint32_t*>(Cg + ds0 * NI + n) = Pack2<T>(g[0], g[1]);
@@ -592,7 +604,16 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
             pb[jj] = Pack2<T>(gj[2], gj[3]);
           }
         }
-        if constexpr (!kInt && !kTall) {
+        if constexpr (kAnyAct) {
+          // The activation kernel's formula value by value (moe_math::Gated).
+#pragma unroll
+          for (int i = 0; i < 16; ++i) g[i] = moe_math::Gated(p.act, p.act_params, g[i], u[i]);
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            pa[jj] = Pack2<T>(g[4 * jj], g[4 * jj + 1]);
+            pb[jj] = Pack2<T>(g[4 * jj + 2], g[4 * jj + 3]);
+          }
+        } else if constexpr (!kInt && !kTall) {
           moe_math::GatedSiluN(p.act_params, g, u);
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
@@ -718,16 +739,17 @@ const ws::WsKnobs& Knobs() {
 }
 
 template <typename T, bool Fused, bool kInt, int kCluster, bool kPingPong = false,
-          int kTileT = kWsTileT>
+          int kTileT = kWsTileT, bool kAnyAct = false>
 absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, MoeActivation act = MoeActivation::kSilu) {
   constexpr bool kDefer = WsDefers<Fused, kInt, kPingPong, kTileT>();
   constexpr int kSmem = kTileT != kWsTileT ? kTallSmemBytes
                         : kInt             ? kIntSmemBytes
                         : kDefer           ? kSmemBytes + kDeferBytes
                                            : kSmemBytes;
   constexpr int kThreads = ws::WsThreadsFor(kTileT);
-  constexpr auto kKernel = WsGroupedGemmKernel<T, Fused, kInt, kCluster, kPingPong, kTileT>;
+  constexpr auto kKernel =
+      WsGroupedGemmKernel<T, Fused, kInt, kCluster, kPingPong, kTileT, kAnyAct>;
   if (ws::WsTileSlots(g.block_m) != kTileT) {
     return absl::InternalError("moe_grouped_gemm_ws: block_m does not match the kernel's tiles");
   }
@@ -775,6 +797,7 @@ absl::Status LaunchWsKernel(const MoeGroupedGemmArgs& g, const MoeActParams& act
              {},
              0,
              {}};
+  p.act = act;
   if constexpr (kInt) {
     p.iw = *g.int_w;
     p.groups = g.K / g.int_w->group_size;
@@ -816,16 +839,54 @@ bool UseClusters(const MoeGroupedGemmArgs& g) {
   return kMoeWsClusterDefault && ws::WsClusterPays(g.K);
 }
 
+// Whether g takes the ping-pong form (LaunchWs below).
+bool TakesPingPong(const MoeGroupedGemmArgs& g) {
+  return g.dtype == DType::kBFloat16 && g_ping_pong.On() && (g.ping_pong || g_ping_pong.Forced());
+}
+
+// Whether g runs on the cooperative tiles of 128 (one CTA a tile or
+// clusters of two), 16-bit weights: the forms with a fused epilogue for
+// every stacked gated activation (kAnyAct), where the others fuse SiLU only.
+bool WsCooperativeTiles(const MoeGroupedGemmArgs& g) {
+  return g.block_m != ws::kWsTallTileT && g.int_w == nullptr && !TakesPingPong(g);
+}
+
 // The instantiation for g's dtype and weights (bf16 / fp16; int4 with
 // int_w): the tall tiles for blocks of 192 (bf16, WsTilesApply; one CTA a
 // tile whatever the clusters' switch says); else the
 // ping-pong form where the caller chose it (g.ping_pong) or its switch
 // forces it, unless the switch is off; else in clusters of two where that
-// switch says so.
+// switch says so. Fused with an activation other than SiLU: the kAnyAct
+// instantiations of the last two (MoeGemmWsActApplies checks the form).
 template <bool Fused>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, MoeActivation act = MoeActivation::kSilu) {
   const bool bf16 = g.dtype == DType::kBFloat16;
+  if constexpr (Fused) {
+    if (act != MoeActivation::kSilu) {
+      if (!WsCooperativeTiles(g)) {
+        return absl::InternalError("moe_grouped_gemm_ws_act: not the cooperative tiles");
+      }
+      if (UseClusters(g)) {
+        absl::Status st =
+            bf16 ? LaunchWsKernel<__nv_bfloat16, true, false, 2, false, kWsTileT, true>(
+                       g, act_params, stream, act)
+                 : LaunchWsKernel<__half, true, false, 2, false, kWsTileT, true>(g, act_params,
+                                                                                 stream, act);
+        if (st.ok()) {
+          cluster_launches.fetch_add(1, std::memory_order_relaxed);
+          ws_launches.fetch_add(1, std::memory_order_relaxed);
+        }
+        if (!absl::IsUnavailable(st)) return st;
+      }
+      absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, true, false, 1, false, kWsTileT, true>(
+                                   g, act_params, stream, act)
+                             : LaunchWsKernel<__half, true, false, 1, false, kWsTileT, true>(
+                                   g, act_params, stream, act);
+      if (st.ok()) ws_launches.fetch_add(1, std::memory_order_relaxed);
+      return st;
+    }
+  }
   if (g.block_m == ws::kWsTallTileT) {  // bf16 (WsTilesApply)
     absl::Status st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, false, ws::kWsTallTileT>(
         g, act_params, stream);
@@ -842,7 +903,7 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
     return st;
   }
   // The ping-pong form before clusters (it has none).
-  if (bf16 && g_ping_pong.On() && (g.ping_pong || g_ping_pong.Forced())) {
+  if (TakesPingPong(g)) {
     absl::Status st = LaunchWsKernel<__nv_bfloat16, Fused, false, 1, true>(g, act_params, stream);
     if (st.ok()) {
       ping_pong_launches.fetch_add(1, std::memory_order_relaxed);
@@ -929,7 +990,19 @@ void SetMoeFusedActMode(MoeGemmWsMode mode) { g_fused.Set(mode); }
 bool MoeFusedActEnabled() { return g_fused.On(); }
 
 bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& g, MoeActivation act, const MoeActParams&) {
-  if (act != MoeActivation::kSilu) return false;  // the others: GEMM 1 + LaunchMoeActivation
+  switch (act) {
+    case MoeActivation::kSilu:  // every form
+      break;
+    case MoeActivation::kGelu:
+    case MoeActivation::kGeluTanh:
+    case MoeActivation::kRelu2:
+    case MoeActivation::kSwigluOaiUninterleave:
+    case MoeActivation::kSwigluStep:  // stacked gate / up rows: the cooperative tiles
+      if (!WsCooperativeTiles(g)) return false;
+      break;
+    default:  // interleaved rows (swigluoai) or no gate: GEMM 1 + LaunchMoeActivation
+      return false;
+  }
   // Output rows of I = N / 2 elements stored 16 bytes at a time.
   if (g.N <= 0 || g.N % 16 != 0 || g.K <= 0 || g.K % 8 != 0) return false;
   if (g.a_row_div <= 0 || g.num_local_experts <= 0 || g.reduce_in_consumer) return false;
@@ -960,7 +1033,7 @@ absl::Status LaunchMoeGroupedGemmWsAct(const MoeGroupedGemmArgs& g, MoeActivatio
   const MoeActParams p = EffectiveActParams(params);
   MoeGroupedGemmArgs f = g;
   f.c = act_out;
-  const absl::Status launched = LaunchWs<true>(f, p, stream);
+  const absl::Status launched = LaunchWs<true>(f, p, stream, act);
   if (launched.ok()) fused_act_launches.fetch_add(1, std::memory_order_relaxed);
   return launched;
 }
