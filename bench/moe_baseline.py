@@ -2,11 +2,16 @@
 """Baselines for bench/moe_bench: a bf16 MoE layer built on torch._grouped_mm
 (--impl grouped_mm, the default) or on a vLLM-style fused MoE in Triton with
 vLLM's H200 configs (--impl triton, bench/moe_triton.py: what vLLM itself runs
-for an unquantised MoE on this GPU), timed the way moe_bench times the kplan
+for an unquantised MoE on this GPU), or an fp8 layer on
+torch._scaled_grouped_mm (--impl fp8_grouped_mm, #17's torch fp8 baseline:
+e4m3 weights with a scale per output channel, quantised once at setup;
+activations quantised per token (row) in the layer before each GEMM; fast
+accumulation, as torchao's fp8 MoE runs it; moe_bench's nearest rows are
+--quant fp8_per_channel and fp8_block), timed the way moe_bench times the kplan
 layer, printing the same table columns next to a copy and a matmul roofline
 measured in the same run.
 
-    python3 bench/moe_baseline.py [--impl grouped_mm|triton]
+    python3 bench/moe_baseline.py [--impl grouped_mm|triton|fp8_grouped_mm]
         [--shapes mixtral,qwen3,deepseek] [--tokens 1,16,64,256,1024,4096]
         [--replays 200] [--sets 8] [--budget_s 1.5] [--warmup_s 3]
         [--copy_mib 1024]
@@ -38,7 +43,10 @@ loop, and the graph's output against the eager one. ~3 s of bf16 GEMMs
 before anything is timed, 1 s after each shape's setup, 0.2 s of replays per
 config; CUDA events around batches of replays (>= ~2 ms each), median,
 divided by R. Experts hit: distinct ids in each set's routing, averaged over
-the R sets; weight bytes = hit * 3 * I * H * 2; FLOPs = 6 * M * k * H * I.
+the R sets; weight bytes = hit * 3 * I * H * 2 (* 1 for fp8); FLOPs = 6 * M * k
+* H * I. The fp8 layer is checked against the same bf16-weight loop within
+8e-2 (e4m3 weights and activations: 2^-4 relative a value; a wrong layout or
+scale gives O(1)); the others within 1e-2.
 Rooflines: torch.neg over 1 GiB bf16 (bytes read + written) and torch.mm
 bf16 8192^3; floor = max(bytes / copy, FLOPs / matmul).
 """
@@ -90,26 +98,73 @@ def route(logits, k):
     return topw, topi
 
 
-def moe_layer(x, logits, w13_t, w2_t, k):
-    """x [M, H] bf16, logits [M, E] fp32, w13_t [E, H, 2I], w2_t [E, I, H]."""
-    M, H = x.shape
-    E = w13_t.shape[0]
-    I = w2_t.shape[1]
+def sort_slots(logits, k, E):
+    """Routing and the slots sorted by expert: (topi, tok: the token of each
+    sorted slot, offs: int32 cumulative slot counts per expert, ws: each
+    sorted slot's routing weight)."""
     topw, topi = route(logits, k)
     flat = topi.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(E, dtype=torch.int32, device=x.device)
+    counts = torch.zeros(E, dtype=torch.int32, device=logits.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    tok = order // k
+    return topi, order // k, offs, topw.reshape(-1).index_select(0, order)
+
+
+def combine(ys, tok, ws, M):
+    """The weighted sum of the sorted slots' outputs ys per token, in fp32."""
+    out = torch.zeros(M, ys.shape[1], dtype=torch.float32, device=ys.device)
+    out.index_add_(0, tok, ys.float() * ws[:, None])
+    return out.to(torch.bfloat16)
+
+
+def moe_layer(x, logits, w13_t, w2_t, k):
+    """x [M, H] bf16, logits [M, E] fp32, w13_t [E, H, 2I], w2_t [E, I, H]."""
+    I = w2_t.shape[1]
+    topi, tok, offs, ws = sort_slots(logits, k, w13_t.shape[0])
     xs = x.index_select(0, tok)
     h = torch._grouped_mm(xs, w13_t, offs=offs)
     a = F.silu(h[:, :I]) * h[:, I:]
     ys = torch._grouped_mm(a, w2_t, offs=offs)
-    ws = topw.reshape(-1).index_select(0, order)
-    out = torch.zeros(M, H, dtype=torch.float32, device=x.device)
-    out.index_add_(0, tok, ys.float() * ws[:, None])
-    return out.to(torch.bfloat16), topi
+    return combine(ys, tok, ws, x.shape[0]), topi
+
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def quant_rows(t):
+    """t [..., C] to e4m3 with one fp32 scale per row (amax / 448): (q, scale)."""
+    s = t.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / FP8_MAX
+    return (t.float() / s).to(FP8), s.squeeze(-1)
+
+
+def fp8_weights(w):
+    """w [E, N, K] bf16 -> e4m3 [E, N, K] and scales [E, N], an expert at a
+    time (an fp32 copy of DeepSeek-V3's w13 would take 30 GB)."""
+    q = torch.empty(w.shape, dtype=FP8, device=w.device)
+    s = torch.empty(w.shape[:2], dtype=torch.float32, device=w.device)
+    for e in range(w.shape[0]):
+        q[e], s[e] = quant_rows(w[e])
+    return q, s
+
+
+def moe_layer_fp8(x, logits, q13, s13, q2, s2, k):
+    """moe_layer on torch._scaled_grouped_mm: q13 [E, 2I, H] / q2 [E, H, I]
+    e4m3 with per-row scales s13 [E, 2I] / s2 [E, H]; each GEMM's A
+    quantised per row right before it."""
+    I = q2.shape[2]
+    _, tok, offs, ws = sort_slots(logits, k, q13.shape[0])
+    xq, xs = quant_rows(x.index_select(0, tok))
+    h = torch._scaled_grouped_mm(xq, q13.transpose(-2, -1), xs, s13, offs=offs,
+                                 out_dtype=torch.bfloat16, use_fast_accum=True)
+    aq, as_ = quant_rows(F.silu(h[:, :I]) * h[:, I:])
+    ys = torch._scaled_grouped_mm(aq, q2.transpose(-2, -1), as_, s2, offs=offs,
+                                  out_dtype=torch.bfloat16, use_fast_accum=True)
+    return combine(ys, tok, ws, x.shape[0])
+
+
+_FP8_CACHE = {}
 
 
 def loop_reference(x, logits, w13, w2, k, rows):
@@ -154,6 +209,13 @@ def make_layer(impl, w13, w2, k, cfg=None):
     if impl == "grouped_mm":
         w13_t, w2_t = w13.transpose(-2, -1), w2.transpose(-2, -1)
         return lambda x, lg: moe_layer(x, lg, w13_t, w2_t, k)[0]
+    if impl == "fp8_grouped_mm":  # the e4m3 copy once per weight set
+        key = (w13.data_ptr(), w2.data_ptr())
+        if key not in _FP8_CACHE:
+            _FP8_CACHE.clear()
+            _FP8_CACHE[key] = fp8_weights(w13) + fp8_weights(w2)
+        q13, s13, q2, s2 = _FP8_CACHE[key]
+        return lambda x, lg: moe_layer_fp8(x, lg, q13, s13, q2, s2, k)
     import moe_triton  # noqa: PLC0415 - only with --impl triton (needs triton)
     cfg = cfg or moe_triton.SMALL
     return lambda x, lg: moe_triton.moe_layer(x, *route(lg, k), w13, w2, cfg)
@@ -167,7 +229,7 @@ def check_against_loop(impl, name, x, logits, w13, w2, k, rows):
         return False
     want = loop_reference(x, logits, w13, w2, k, rows)
     err = rel_err(got[:rows], want)
-    ok = err <= 1e-2
+    ok = err <= TOL[impl]
     print(f"  check {name}: {rows} tokens vs per-token fp32 loop: rel {err:.1e}"
           f"{'' if ok else '  <-- MISMATCH'}")
     return ok
@@ -177,7 +239,7 @@ def pick_layer(impl, E, k, I, M, w13, w2, x0, l0):
     """The layer to time, its config's name and the config: for Triton the
     candidates of moe_triton.candidates, each timed eagerly on set 0, the
     fastest."""
-    if impl == "grouped_mm":
+    if impl != "triton":
         return make_layer(impl, w13, w2, k), "", None
     import moe_triton  # noqa: PLC0415
     cands = moe_triton.candidates(E, I, M)
@@ -264,7 +326,7 @@ def run_config(impl, name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops
     eager0 = layer(x0, l0)
     rchk = min(M, 4)
     err = rel_err(eager0[:rchk], loop_reference(x0, l0, w13, w2, k, rchk))
-    if not err <= 1e-2:
+    if not err <= TOL[impl]:
         row["note"] = f"CHECK FAILED vs loop: rel {err:.1e}"
         print(f"  {name:14s} M={M:<5d} {row['note']}")
         return row
@@ -278,7 +340,7 @@ def run_config(impl, name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops
         g.replay()
         torch.cuda.synchronize()
         gerr = rel_err(outs[0], eager0)
-        if not gerr <= 1e-2:
+        if not gerr <= TOL[impl]:
             raise RuntimeError(f"graph output differs from eager: rel {gerr:.1e}")
 
         def replay():
@@ -300,7 +362,7 @@ def run_config(impl, name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops
     samples = min(args.replays, max(5, int(args.budget_s * 1e3 / (batch * replay_ms))))
     ms = median_ms(replay, samples, batch)
     us = ms * 1e3 / R
-    wbytes = row["hit"] * 3.0 * I * H * 2.0
+    wbytes = row["hit"] * 3.0 * I * H * (1.0 if impl == "fp8_grouped_mm" else 2.0)
     flops = 6.0 * M * k * H * I
     t_bytes = wbytes / (copy_gbps * 1e9) * 1e6
     t_flops = flops / (mm_tflops * 1e12) * 1e6
@@ -325,9 +387,11 @@ def run_config(impl, name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--impl", default="grouped_mm", choices=["grouped_mm", "triton"],
+    p.add_argument("--impl", default="grouped_mm", choices=list(SYSTEMS),
                    help="grouped_mm: torch._grouped_mm; triton: vLLM-style fused MoE "
-                   "(bench/moe_triton.py) with vLLM's H200 configs")
+                   "(bench/moe_triton.py) with vLLM's H200 configs; fp8_grouped_mm: "
+                   "torch._scaled_grouped_mm, e4m3 per-channel weights, per-token "
+                   "activations")
     p.add_argument("--shapes", default="mixtral,qwen3,deepseek")
     p.add_argument("--tokens", default="1,16,64,256,1024,4096")
     p.add_argument("--replays", type=int, default=200, help="most timed batches per config")
@@ -425,7 +489,8 @@ def main():
 
     system = SYSTEMS[args.impl]
     print(f"\nMoE layer on {system} (routing -> combine, {R} routing sets "
-          f"rotating, median), bf16 silu, softmax top-k renormalize")
+          f"rotating, median), {'fp8' if args.impl == 'fp8_grouped_mm' else 'bf16'} silu, "
+          "softmax top-k renormalize")
     print(f"rooflines measured in this run: copy {copy_gbps:.0f} GB/s (torch.neg, read + write), "
           f"matmul {mm_tflops:.1f} TFLOP/s (torch.mm bf16 8192^3)")
     print(f"{'shape':14s} {'tokens':>6s} {'us':>11s} {'hit':>7s} {'GB/s':>8s} {'%copy':>7s} "
@@ -446,7 +511,10 @@ def main():
 
 
 SYSTEMS = {"grouped_mm": "torch._grouped_mm",
-           "triton": "vLLM-style Triton fused MoE (H200 configs)"}
+           "triton": "vLLM-style Triton fused MoE (H200 configs)",
+           "fp8_grouped_mm": "torch._scaled_grouped_mm (fp8 e4m3, per-channel / per-token)"}
+# Relative error against the bf16-weight loop (module docstring).
+TOL = {"grouped_mm": 1e-2, "triton": 1e-2, "fp8_grouped_mm": 8e-2}
 
 CSV_FIELDS = ["shape", "tokens", "ok", "us", "hit", "gbps", "pct_copy", "tflops", "pct_mm",
               "bound", "floor_us", "us_kernels", "config", "note"]
