@@ -854,6 +854,54 @@ TEST(MoeGpuValidationTest, BlocksOf192TakeBf16OnTheWsKernel) {
   EXPECT_FALSE(kc::MoeGemmWsApplies(g));
 }
 
+// Which activations GEMM 1's fused epilogue takes (moe_gemm_ws.h): SiLU in
+// every form; the other stacked gated activations on the cooperative tiles
+// of 128 with 16-bit weights only; swigluoai (interleaved rows) and the
+// activations without a gate never.
+TEST(MoeGpuValidationTest, FusedEpilogueActivationsByForm) {
+  using kernels::MoeActivation;
+  int32_t ids = 0;
+  alignas(16) uint16_t buf[8] = {};
+  kc::MoeGroupedGemmArgs g;
+  g.a = g.w = g.c = buf;
+  g.sorted_token_ids = g.expert_ids = g.num_tokens_post_padded = &ids;
+  g.numel = 1;
+  g.num_blocks = 1;
+  g.N = g.K = 256;
+  g.num_local_experts = 1;
+  g.a_row_div = 1;
+  g.dtype = kernels::DType::kBFloat16;
+  const MoeActivation stacked[] = {MoeActivation::kGelu, MoeActivation::kGeluTanh,
+                                   MoeActivation::kRelu2, MoeActivation::kSwigluOaiUninterleave,
+                                   MoeActivation::kSwigluStep};
+  const MoeActivation never[] = {MoeActivation::kSwigluOai, MoeActivation::kSiluNoMul,
+                                 MoeActivation::kGeluNoMul, MoeActivation::kGeluTanhNoMul,
+                                 MoeActivation::kRelu2NoMul};
+  auto applies = [&g](MoeActivation act) { return kc::MoeGemmWsActApplies(g, act, {}); };
+  kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kFromEnv);
+  for (int block_m : {128, 256}) {  // the cooperative tiles
+    g.block_m = block_m;
+    for (kernels::DType dt : {kernels::DType::kBFloat16, kernels::DType::kFloat16}) {
+      g.dtype = dt;
+      EXPECT_TRUE(applies(MoeActivation::kSilu)) << block_m;
+      for (MoeActivation a : stacked) EXPECT_TRUE(applies(a)) << static_cast<int>(a) << block_m;
+      for (MoeActivation a : never) EXPECT_FALSE(applies(a)) << static_cast<int>(a) << block_m;
+    }
+  }
+  g.dtype = kernels::DType::kBFloat16;
+  g.block_m = 128;
+  g.ping_pong = true;  // the ping-pong form (bf16): SiLU only
+  EXPECT_TRUE(applies(MoeActivation::kSilu));
+  for (MoeActivation a : stacked) EXPECT_FALSE(applies(a)) << static_cast<int>(a);
+  kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kOff);  // its switch off: cooperative again
+  for (MoeActivation a : stacked) EXPECT_TRUE(applies(a)) << static_cast<int>(a);
+  kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kFromEnv);
+  g.ping_pong = false;
+  g.block_m = kc::kMoeGemmTallBlockM;  // the tall tiles: SiLU only
+  EXPECT_TRUE(applies(MoeActivation::kSilu));
+  for (MoeActivation a : stacked) EXPECT_FALSE(applies(a)) << static_cast<int>(a);
+}
+
 // ---------------------------------------------------------------------------
 // moe_align_block_size.
 
