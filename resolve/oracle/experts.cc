@@ -669,8 +669,10 @@ const ExpertsClass kExperts[] = {
      .batch_invariant = true,
      .precheck = KplanPrecheck,
      .kplan_executable = true},
-    // int8 / int4 weights past decode size: the hit experts dequantised once
-    // per call, then the bf16 / fp16 grouped GEMMs.
+    // int8 / int4 weights past decode size: int4 on the int4 GEMMs
+    // themselves up to kMoeIntWeightsMaxSlots slots a hit expert
+    // (moe_quant_route.h); else, and for int8, the hit experts dequantised
+    // once per call, then the bf16 / fp16 grouped GEMMs.
     {.name = "KplanDequantExperts",
      .device = KplanCudaDevice,
      .no_act_and_mul = true,
