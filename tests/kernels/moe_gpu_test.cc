@@ -855,9 +855,8 @@ TEST(MoeGpuValidationTest, BlocksOf192TakeBf16OnTheWsKernel) {
 }
 
 // Which activations GEMM 1's fused epilogue takes (moe_gemm_ws.h): SiLU in
-// every form; the other stacked gated activations on the cooperative tiles
-// of 128 with 16-bit weights only; swigluoai (interleaved rows) and the
-// activations without a gate never.
+// every form; gelu, gelu_tanh and relu2 on the cooperative tiles of 128
+// with 16-bit weights only; the others never.
 TEST(MoeGpuValidationTest, FusedEpilogueActivationsByForm) {
   using kernels::MoeActivation;
   int32_t ids = 0;
@@ -872,10 +871,10 @@ TEST(MoeGpuValidationTest, FusedEpilogueActivationsByForm) {
   g.a_row_div = 1;
   g.dtype = kernels::DType::kBFloat16;
   const MoeActivation stacked[] = {MoeActivation::kGelu, MoeActivation::kGeluTanh,
-                                   MoeActivation::kRelu2, MoeActivation::kSwigluOaiUninterleave,
-                                   MoeActivation::kSwigluStep};
-  const MoeActivation never[] = {MoeActivation::kSwigluOai, MoeActivation::kSiluNoMul,
-                                 MoeActivation::kGeluNoMul, MoeActivation::kGeluTanhNoMul,
+                                   MoeActivation::kRelu2};
+  const MoeActivation never[] = {MoeActivation::kSwigluOai,  MoeActivation::kSwigluOaiUninterleave,
+                                 MoeActivation::kSwigluStep, MoeActivation::kSiluNoMul,
+                                 MoeActivation::kGeluNoMul,  MoeActivation::kGeluTanhNoMul,
                                  MoeActivation::kRelu2NoMul};
   auto applies = [&g](MoeActivation act) { return kc::MoeGemmWsActApplies(g, act, {}); };
   kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kFromEnv);

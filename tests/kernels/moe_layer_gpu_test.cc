@@ -414,10 +414,10 @@ TEST(MoeLayerGpu, SmallShapesActivationsBiasFp16) {
 // The activation in GEMM 1's epilogue (moe_gemm_ws.h) against GEMM 1 +
 // the activation kernel: the layer's output bit for bit, silu in bf16 and
 // fp16, with and without biases, a partial output tile (I = 72) and several
-// (I = 384); the other activations of stacked gate / up rows on the
-// cooperative tiles (one CTA a tile and, forced, clusters of two; M 8192:
-// 384 work items, so deferred units of one tile finish in the next);
-// swigluoai (interleaved rows) takes the unfused path either way.
+// (I = 384); gelu, gelu_tanh and relu2 on the cooperative tiles (one CTA a
+// tile and, forced, clusters of two; M 8192: 384 work items, so deferred
+// units of one tile finish in the next); swiglustep and swigluoai take the
+// unfused path either way (moe_gemm_ws.h).
 TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
   SKIP_WITHOUT_CUDA();
   namespace kc = kernels::cuda;
@@ -438,8 +438,9 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
       {fused, "gelu", kernels::DType::kBFloat16, false, 1024},
       {fused, "gelu_tanh", kernels::DType::kFloat16, true, 700},
       {fused, "relu2", kernels::DType::kBFloat16, true, 1024, true},
-      {fused, "swigluoai_uninterleave", kernels::DType::kBFloat16, false, 8192},
-      {fused, "swiglustep", kernels::DType::kFloat16, false, 1024, true},
+      {fused, "gelu", kernels::DType::kBFloat16, true, 8192},
+      {fused, "gelu_tanh", kernels::DType::kBFloat16, false, 1024, true},
+      {fused, "swiglustep", kernels::DType::kFloat16, false, 1024},
       {fused, "swigluoai", kernels::DType::kBFloat16, false, 1024},
   };
   uint64_t id = 7000;
@@ -466,9 +467,10 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
     const int64_t launches = kc::MoeFusedActLaunches();
     const int64_t clustered = kc::MoeGemmWsClusterLaunches();
     auto fused = RunMoeOnGpu(*gpu, in, nullptr, poison);
-    // Every activation but swigluoai takes the fused kernel (else this test
-    // compares the unfused path with itself); swigluoai falls back.
-    const bool want_fused = std::string(v.act) != "swigluoai";
+    // silu, gelu, gelu_tanh and relu2 take the fused kernel (else this test
+    // compares the unfused path with itself); the others fall back.
+    const std::string act = v.act;
+    const bool want_fused = act != "swigluoai" && act != "swiglustep";
     EXPECT_EQ(kc::MoeFusedActLaunches() > launches, want_fused) << v.shape.name << " " << v.act;
     if (v.clusters) {  // GEMM 1 (fused) and GEMM 2 in clusters
       EXPECT_EQ(kc::MoeGemmWsClusterLaunches(), clustered + 2) << v.act;

@@ -124,15 +124,17 @@ absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& args, cudaStream_t
 // by LaunchMoeActivation(act, params, ...) (same rounding points: gate and
 // up rounded to the dtype as the intermediate stores them, the activation in
 // fp32, rounded once); args.c is not used and C1 is never stored.
-// MoeGemmWsActApplies: silu in every form; the other activations of stacked
-// gate / up rows (gelu, gelu_tanh, relu2, swigluoai_uninterleave,
-// swiglustep) where the tiles are the cooperative ones of 128 with 16-bit
-// weights (not the tall or ping-pong forms, not int4), their instantiations
-// of the fused kernel; swigluoai (interleaved rows) and the rest take the
-// unfused path. N a multiple of 16, and MoeGemmWsApplies. Switch: SetMoeFusedActMode, or with
-// kFromEnv KPLAN_MOE_FUSED_ACT=0 / 1 (unset: kMoeFusedActDefault, on since
-// session 5 call 5, docs/PERF.md; =0 gives the unfused path). The layer
-// checks MoeGemmWsEnabled() too. UNAVAILABLE as LaunchMoeGroupedGemmWs.
+// MoeGemmWsActApplies: silu in every form; gelu, gelu_tanh and relu2
+// (stacked gate / up rows) where the tiles are the cooperative ones of 128
+// with 16-bit weights (not the tall or ping-pong forms, not int4), their
+// instantiations of the fused kernel (bit-identical to the unfused layer on
+// an H100, docs/PERF.md session 50); swigluoai (interleaved rows) and the
+// activations without a gate take the unfused path, and so, until a GPU run
+// checks them, do swiglustep and swigluoai_uninterleave (the kernel computes
+// them alike; the layer never passes the latter's clamp_limit). N a multiple of 16, and
+// MoeGemmWsApplies. Switch: SetMoeFusedActMode, or with kFromEnv KPLAN_MOE_FUSED_ACT=0 / 1 (unset:
+// kMoeFusedActDefault, on since session 5 call 5, docs/PERF.md; =0 gives the unfused path). The
+// layer checks MoeGemmWsEnabled() too. UNAVAILABLE as LaunchMoeGroupedGemmWs.
 inline constexpr bool kMoeFusedActDefault = true;  // since session 5, call 5
 void SetMoeFusedActMode(MoeGemmWsMode mode);
 bool MoeFusedActEnabled();

@@ -53,7 +53,8 @@
 // so that the tensor cores work through them. The other gated activations of
 // stacked rows (kAnyAct, cooperative tiles of 128, 16-bit weights) take the
 // same path with the activation kernel's moe_math::Gated value by value in
-// place of SiluN; SiLU's instantiations do not carry that code.
+// place of SiluN (MoeGemmWsActApplies names those it takes); SiLU's
+// instantiations do not carry that code.
 //
 // int4 weights (the kInt instantiations, MoeGroupedGemmArgs::int_w: group
 // scales, optional zero points): each k-tile's packed bytes (32 of each of
@@ -995,12 +996,10 @@ bool MoeGemmWsActApplies(const MoeGroupedGemmArgs& g, MoeActivation act, const M
       break;
     case MoeActivation::kGelu:
     case MoeActivation::kGeluTanh:
-    case MoeActivation::kRelu2:
-    case MoeActivation::kSwigluOaiUninterleave:
-    case MoeActivation::kSwigluStep:  // stacked gate / up rows: the cooperative tiles
+    case MoeActivation::kRelu2:  // stacked gate / up rows: the cooperative tiles
       if (!WsCooperativeTiles(g)) return false;
       break;
-    default:  // interleaved rows (swigluoai) or no gate: GEMM 1 + LaunchMoeActivation
+    default:  // GEMM 1 + LaunchMoeActivation (moe_gemm_ws.h says which and why)
       return false;
   }
   // Output rows of I = N / 2 elements stored 16 bytes at a time.
