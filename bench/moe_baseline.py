@@ -45,8 +45,9 @@ config; CUDA events around batches of replays (>= ~2 ms each), median,
 divided by R. Experts hit: distinct ids in each set's routing, averaged over
 the R sets; weight bytes = hit * 3 * I * H * 2 (* 1 for fp8); FLOPs = 6 * M * k
 * H * I. The fp8 layer is checked against the same bf16-weight loop within
-8e-2 (e4m3 weights and activations: 2^-4 relative a value; a wrong layout or
-scale gives O(1)); the others within 1e-2.
+0.15 (per-row e4m3 weights and activations through two GEMMs: 5-7% in a
+simulation of these data; a wrong layout or scale gives O(1)); the others
+within 1e-2; the graph against the eager layer within 1e-2 for all.
 Rooflines: torch.neg over 1 GiB bf16 (bytes read + written) and torch.mm
 bf16 8192^3; floor = max(bytes / copy, FLOPs / matmul).
 """
@@ -210,7 +211,7 @@ def make_layer(impl, w13, w2, k, cfg=None):
         w13_t, w2_t = w13.transpose(-2, -1), w2.transpose(-2, -1)
         return lambda x, lg: moe_layer(x, lg, w13_t, w2_t, k)[0]
     if impl == "fp8_grouped_mm":  # the e4m3 copy once per weight set
-        key = (w13.data_ptr(), w2.data_ptr())
+        key = (w13.data_ptr(), w2.data_ptr(), tuple(w13.shape), tuple(w2.shape))
         if key not in _FP8_CACHE:
             _FP8_CACHE.clear()
             _FP8_CACHE[key] = fp8_weights(w13) + fp8_weights(w2)
@@ -340,7 +341,7 @@ def run_config(impl, name, E, k, H, I, M, w13, w2, args, R, copy_gbps, mm_tflops
         g.replay()
         torch.cuda.synchronize()
         gerr = rel_err(outs[0], eager0)
-        if not gerr <= TOL[impl]:
+        if not gerr <= 1e-2:
             raise RuntimeError(f"graph output differs from eager: rel {gerr:.1e}")
 
         def replay():
@@ -514,7 +515,7 @@ SYSTEMS = {"grouped_mm": "torch._grouped_mm",
            "triton": "vLLM-style Triton fused MoE (H200 configs)",
            "fp8_grouped_mm": "torch._scaled_grouped_mm (fp8 e4m3, per-channel / per-token)"}
 # Relative error against the bf16-weight loop (module docstring).
-TOL = {"grouped_mm": 1e-2, "triton": 1e-2, "fp8_grouped_mm": 8e-2}
+TOL = {"grouped_mm": 1e-2, "triton": 1e-2, "fp8_grouped_mm": 0.15}
 
 CSV_FIELDS = ["shape", "tokens", "ok", "us", "hit", "gbps", "pct_copy", "tflops", "pct_mm",
               "bound", "floor_us", "us_kernels", "config", "note"]

@@ -75,7 +75,7 @@ struct MoeLayerArgs {
   //     on distinct experts) instead of align + grouped GEMMs;
   //   - block_m (MoeGemmBlockMFor: 16 / 64 / 128 / 192 / 256 by slots per expert),
   //     i.e. the CTA tile, and at 128 / 192 / 256 the warp-specialised TMA kernel
-  //     with the fused silu epilogue;
+  //     with the fused activation epilogue (MoeGemmWsActApplies);
   //   - split-K (MoeGemmSplitsFor: by CTAs against one wave, and the partials
   //     budget), which splits each row's fp32 sum into partial sums;
   //   - on the emulation route, block_m of the fp8 tensor-core GEMMs.

@@ -877,8 +877,8 @@ TEST(MoeGpuValidationTest, FusedEpilogueActivationsByForm) {
                                  MoeActivation::kGeluNoMul,  MoeActivation::kGeluTanhNoMul,
                                  MoeActivation::kRelu2NoMul};
   auto applies = [&g](MoeActivation act) { return kc::MoeGemmWsActApplies(g, act, {}); };
-  kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kFromEnv);
-  for (int block_m : {128, 256}) {  // the cooperative tiles
+  kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kOff);  // whatever the environment says
+  for (int block_m : {128, 256}) {                        // the cooperative tiles
     g.block_m = block_m;
     for (kernels::DType dt : {kernels::DType::kBFloat16, kernels::DType::kFloat16}) {
       g.dtype = dt;
@@ -890,8 +890,12 @@ TEST(MoeGpuValidationTest, FusedEpilogueActivationsByForm) {
   g.dtype = kernels::DType::kBFloat16;
   g.block_m = 128;
   g.ping_pong = true;  // the ping-pong form (bf16): SiLU only
+  kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kOn);
   EXPECT_TRUE(applies(MoeActivation::kSilu));
   for (MoeActivation a : stacked) EXPECT_FALSE(applies(a)) << static_cast<int>(a);
+  g.dtype = kernels::DType::kFloat16;  // fp16 has no ping-pong form: cooperative
+  for (MoeActivation a : stacked) EXPECT_TRUE(applies(a)) << static_cast<int>(a);
+  g.dtype = kernels::DType::kBFloat16;
   kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kOff);  // its switch off: cooperative again
   for (MoeActivation a : stacked) EXPECT_TRUE(applies(a)) << static_cast<int>(a);
   kc::SetMoeGemmWsPingPongMode(kc::MoeGemmWsMode::kFromEnv);

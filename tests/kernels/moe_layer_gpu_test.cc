@@ -439,7 +439,7 @@ TEST(MoeLayerGpu, SmallFusedActivationBitIdentical) {
       {fused, "gelu_tanh", kernels::DType::kFloat16, true, 700},
       {fused, "relu2", kernels::DType::kBFloat16, true, 1024, true},
       {fused, "gelu", kernels::DType::kBFloat16, true, 8192},
-      {fused, "gelu_tanh", kernels::DType::kBFloat16, false, 1024, true},
+      {fused, "gelu_tanh", kernels::DType::kFloat16, false, 1024, true},
       {fused, "swiglustep", kernels::DType::kFloat16, false, 1024},
       {fused, "swigluoai", kernels::DType::kBFloat16, false, 1024},
   };

@@ -4,7 +4,8 @@
 //   routing + moe_align_block_size (moe_ops.h, block size MoeGemmBlockMFor)
 //   -> grouped GEMM 1  C1[slot] = A[slot / top_k] · w13[e]ᵀ (+ b13[e])   [numel, N13]
 //   -> activation      C2 = act(C1)                                     [numel, I]
-//      (silu on blocks of 128, 192 and 256: in GEMM 1's epilogue, C1 never stored; moe_gemm_ws.h)
+//      (in GEMM 1's epilogue, C1 never stored: silu on blocks of 128, 192 and 256,
+//      gelu / gelu_tanh / relu2 on blocks of 128 and 256; moe_gemm_ws.h)
 //   -> grouped GEMM 2  Y[slot]  = C2[slot] · w2[e]ᵀ (+ b2[e])           [numel, H]
 //   -> combine         out[m]   = Σ_j w[m, j] · Y[m*k + j]               [M, H]
 //

@@ -127,8 +127,9 @@ absl::Status LaunchMoeGroupedGemmWs(const MoeGroupedGemmArgs& args, cudaStream_t
 // MoeGemmWsActApplies: silu in every form; gelu, gelu_tanh and relu2
 // (stacked gate / up rows) where the tiles are the cooperative ones of 128
 // with 16-bit weights (not the tall or ping-pong forms, not int4), their
-// instantiations of the fused kernel (bit-identical to the unfused layer on
-// an H100, docs/PERF.md session 50); swigluoai (interleaved rows) and the
+// instantiations of the fused kernel (the layer's bits equal the unfused
+// layer's on an H100 for bf16 gelu, fp16 gelu_tanh and bf16 relu2 in
+// clusters, docs/PERF.md session 50); swigluoai (interleaved rows) and the
 // activations without a gate take the unfused path, and so, until a GPU run
 // checks them, do swiglustep and swigluoai_uninterleave (the kernel computes
 // them alike; the layer never passes the latter's clamp_limit). N a multiple of 16, and

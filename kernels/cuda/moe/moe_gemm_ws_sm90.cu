@@ -865,8 +865,8 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
   const bool bf16 = g.dtype == DType::kBFloat16;
   if constexpr (Fused) {
     if (act != MoeActivation::kSilu) {
-      if (!WsCooperativeTiles(g)) {
-        return absl::InternalError("moe_grouped_gemm_ws_act: not the cooperative tiles");
+      if (!WsCooperativeTiles(g)) {  // a switch flipped since MoeGemmWsActApplies: unfused
+        return absl::UnavailableError("moe_grouped_gemm_ws_act: not the cooperative tiles");
       }
       if (UseClusters(g)) {
         absl::Status st =
