@@ -815,21 +815,33 @@ TEST(MoeGpuValidationTest, RejectsUnsupportedParams) {
   }
 }
 
+// Grouped GEMM arguments on host buffers that pass the launchers' checks
+// (one slot, one block, N = K = 256, one local expert): for the rules and
+// refusals that run before anything reaches a device.
+struct HostGemmArgs {
+  int32_t ids = 0;
+  alignas(16) uint16_t buf[8] = {};
+  kc::MoeGroupedGemmArgs g;
+  HostGemmArgs() {
+    g.a = g.w = g.c = buf;
+    g.sorted_token_ids = g.expert_ids = g.num_tokens_post_padded = &ids;
+    g.numel = 1;
+    g.num_blocks = 1;
+    g.N = g.K = 256;
+    g.num_local_experts = 1;
+  }
+  HostGemmArgs(const HostGemmArgs&) = delete;
+  HostGemmArgs& operator=(const HostGemmArgs&) = delete;
+};
+
 // Blocks of 192 (the tall tiles) run only on the warp-specialised kernel,
 // bf16 weights without split K: anything else is refused before a launch
 // (runs without a device too).
 TEST(MoeGpuValidationTest, BlocksOf192TakeBf16OnTheWsKernel) {
-  int32_t ids = 0;
-  alignas(16) uint16_t buf[8] = {};
-  kc::MoeGroupedGemmArgs g;
-  g.a = g.w = g.c = buf;
-  g.sorted_token_ids = g.expert_ids = g.num_tokens_post_padded = &ids;
-  g.numel = 1;
-  g.num_blocks = 1;
-  g.N = g.K = 256;
-  g.num_local_experts = 1;
+  HostGemmArgs host;
+  kc::MoeGroupedGemmArgs& g = host.g;
   g.block_m = kc::kMoeGemmTallBlockM;
-  g.partials = reinterpret_cast<float*>(buf);
+  g.partials = reinterpret_cast<float*>(host.buf);
   // Refused by the block's own check (its message), before anything else.
   auto refused = [&g] {
     const absl::Status st = kc::LaunchMoeGroupedGemm(g, nullptr);
@@ -859,15 +871,8 @@ TEST(MoeGpuValidationTest, BlocksOf192TakeBf16OnTheWsKernel) {
 // with 16-bit weights only; the others never.
 TEST(MoeGpuValidationTest, FusedEpilogueActivationsByForm) {
   using kernels::MoeActivation;
-  int32_t ids = 0;
-  alignas(16) uint16_t buf[8] = {};
-  kc::MoeGroupedGemmArgs g;
-  g.a = g.w = g.c = buf;
-  g.sorted_token_ids = g.expert_ids = g.num_tokens_post_padded = &ids;
-  g.numel = 1;
-  g.num_blocks = 1;
-  g.N = g.K = 256;
-  g.num_local_experts = 1;
+  HostGemmArgs host;
+  kc::MoeGroupedGemmArgs& g = host.g;
   g.a_row_div = 1;
   g.dtype = kernels::DType::kBFloat16;
   const MoeActivation stacked[] = {MoeActivation::kGelu, MoeActivation::kGeluTanh,

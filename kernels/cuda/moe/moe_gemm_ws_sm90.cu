@@ -605,17 +605,13 @@ __global__ void __launch_bounds__(ws::WsThreadsFor(kTileT), 1)
             pb[jj] = Pack2<T>(gj[2], gj[3]);
           }
         }
-        if constexpr (kAnyAct) {
-          // The activation kernel's formula value by value (moe_math::Gated).
+        if constexpr (!kInt && !kTall) {
+          if constexpr (kAnyAct) {  // the activation kernel's formula value by value
 #pragma unroll
-          for (int i = 0; i < 16; ++i) g[i] = moe_math::Gated(p.act, p.act_params, g[i], u[i]);
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            pa[jj] = Pack2<T>(g[4 * jj], g[4 * jj + 1]);
-            pb[jj] = Pack2<T>(g[4 * jj + 2], g[4 * jj + 3]);
+            for (int i = 0; i < 16; ++i) g[i] = moe_math::Gated(p.act, p.act_params, g[i], u[i]);
+          } else {
+            moe_math::GatedSiluN(p.act_params, g, u);
           }
-        } else if constexpr (!kInt && !kTall) {
-          moe_math::GatedSiluN(p.act_params, g, u);
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
             pa[jj] = Pack2<T>(g[4 * jj], g[4 * jj + 1]);
@@ -852,13 +848,42 @@ bool WsCooperativeTiles(const MoeGroupedGemmArgs& g) {
   return g.block_m != ws::kWsTallTileT && g.int_w == nullptr && !TakesPingPong(g);
 }
 
+// The cooperative tiles of 128, 16-bit weights: in clusters of two where
+// UseClusters says so (UNAVAILABLE there: one CTA a tile), else one CTA a
+// tile.
+template <bool Fused, bool kAnyAct>
+absl::Status LaunchWsCooperative(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
+                                 cudaStream_t stream, MoeActivation act) {
+  const bool bf16 = g.dtype == DType::kBFloat16;
+  if (UseClusters(g)) {
+    absl::Status st =
+        bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 2, false, kWsTileT, kAnyAct>(
+                   g, act_params, stream, act)
+             : LaunchWsKernel<__half, Fused, false, 2, false, kWsTileT, kAnyAct>(g, act_params,
+                                                                                 stream, act);
+    if (st.ok()) {
+      cluster_launches.fetch_add(1, std::memory_order_relaxed);
+      ws_launches.fetch_add(1, std::memory_order_relaxed);
+    }
+    // UNAVAILABLE (no cluster fits, or no tensor map): one CTA a tile, which
+    // answers UNAVAILABLE itself when the tensor map is what failed.
+    if (!absl::IsUnavailable(st)) return st;
+  }
+  absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 1, false, kWsTileT, kAnyAct>(
+                               g, act_params, stream, act)
+                         : LaunchWsKernel<__half, Fused, false, 1, false, kWsTileT, kAnyAct>(
+                               g, act_params, stream, act);
+  if (st.ok()) ws_launches.fetch_add(1, std::memory_order_relaxed);
+  return st;
+}
+
 // The instantiation for g's dtype and weights (bf16 / fp16; int4 with
 // int_w): the tall tiles for blocks of 192 (bf16, WsTilesApply; one CTA a
 // tile whatever the clusters' switch says); else the
 // ping-pong form where the caller chose it (g.ping_pong) or its switch
-// forces it, unless the switch is off; else in clusters of two where that
-// switch says so. Fused with an activation other than SiLU: the kAnyAct
-// instantiations of the last two (MoeGemmWsActApplies checks the form).
+// forces it, unless the switch is off; else the cooperative tiles. Fused
+// with an activation other than SiLU: the kAnyAct instantiations of the
+// cooperative tiles (MoeGemmWsActApplies checks the form).
 template <bool Fused>
 absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_params,
                       cudaStream_t stream, MoeActivation act = MoeActivation::kSilu) {
@@ -868,24 +893,7 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
       if (!WsCooperativeTiles(g)) {  // a switch flipped since MoeGemmWsActApplies: unfused
         return absl::UnavailableError("moe_grouped_gemm_ws_act: not the cooperative tiles");
       }
-      if (UseClusters(g)) {
-        absl::Status st =
-            bf16 ? LaunchWsKernel<__nv_bfloat16, true, false, 2, false, kWsTileT, true>(
-                       g, act_params, stream, act)
-                 : LaunchWsKernel<__half, true, false, 2, false, kWsTileT, true>(g, act_params,
-                                                                                 stream, act);
-        if (st.ok()) {
-          cluster_launches.fetch_add(1, std::memory_order_relaxed);
-          ws_launches.fetch_add(1, std::memory_order_relaxed);
-        }
-        if (!absl::IsUnavailable(st)) return st;
-      }
-      absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, true, false, 1, false, kWsTileT, true>(
-                                   g, act_params, stream, act)
-                             : LaunchWsKernel<__half, true, false, 1, false, kWsTileT, true>(
-                                   g, act_params, stream, act);
-      if (st.ok()) ws_launches.fetch_add(1, std::memory_order_relaxed);
-      return st;
+      return LaunchWsCooperative<true, true>(g, act_params, stream, act);
     }
   }
   if (g.block_m == ws::kWsTallTileT) {  // bf16 (WsTilesApply)
@@ -912,21 +920,7 @@ absl::Status LaunchWs(const MoeGroupedGemmArgs& g, const MoeActParams& act_param
     }
     return st;
   }
-  if (UseClusters(g)) {
-    absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 2>(g, act_params, stream)
-                           : LaunchWsKernel<__half, Fused, false, 2>(g, act_params, stream);
-    if (st.ok()) {
-      cluster_launches.fetch_add(1, std::memory_order_relaxed);
-      ws_launches.fetch_add(1, std::memory_order_relaxed);
-    }
-    // UNAVAILABLE (no cluster fits, or no tensor map): one CTA a tile, which
-    // answers UNAVAILABLE itself when the tensor map is what failed.
-    if (!absl::IsUnavailable(st)) return st;
-  }
-  absl::Status st = bf16 ? LaunchWsKernel<__nv_bfloat16, Fused, false, 1>(g, act_params, stream)
-                         : LaunchWsKernel<__half, Fused, false, 1>(g, act_params, stream);
-  if (st.ok()) ws_launches.fetch_add(1, std::memory_order_relaxed);
-  return st;
+  return LaunchWsCooperative<Fused, false>(g, act_params, stream, act);
 }
 
 }  // namespace
