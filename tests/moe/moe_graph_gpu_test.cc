@@ -11,7 +11,9 @@
 // same bits. The
 // shapes: Qwen3-30B-A3B's widths in bf16 (32 of its 128 experts, top-8,
 // H=2048, I=768; decode kernels at one token, grouped GEMMs above), DeepSeek-V3-style grouped
-// routing with a correction bias on a smaller set, and fp8 128x128 blocks. Skips without a device.
+// routing with a correction bias on a smaller set, fp8 128x128 blocks, and fp8
+// per-channel weights with per-token activations (Qwen3's widths). Skips
+// without a device.
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -35,6 +37,7 @@ struct Case {
   int64_t hidden, inter;
   kernels::DType weights;
   std::string scheme, method;
+  std::string act_scale = "per_tensor";  // quantised schemes' activation scale
 };
 
 // A stream of the test's own, made as the device workers make theirs
@@ -82,13 +85,18 @@ TEST(MoeGraphGpuTest, GraphedCallsGiveTheEagerBits) {
       {"DeepSeekV3 routing, bias", 64, 6, 1024, 256, kernels::DType::kBFloat16, "", "DeepSeekV3"},
       {"fp8 128x128 blocks", 64, 4, 1024, 512, kernels::DType::kFp8E4m3, "fp8_block",
        "Renormalize"},
+      // One token: the matvec route, whose GEMM 2 with the combine loads
+      // before its PDL wait (moe_quant_matvec.cu); per-token scales read
+      // after the loop (a read-only load of them once ran ahead of the wait).
+      {"fp8 per channel, per-token activations", 32, 8, 2048, 768, kernels::DType::kFp8E4m3,
+       "fp8_per_channel", "Renormalize", "per_token"},
   };
   Stream stream;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     ExpertsSpec spec = PlainSpec(c.name, c.experts, c.hidden, c.inter, c.weights);
     spec.quant.scheme = c.scheme;
-    if (!c.scheme.empty()) spec.quant.activation_scale = "per_tensor";
+    if (!c.scheme.empty()) spec.quant.activation_scale = c.act_scale;
     std::shared_ptr<ExpertSet> set = RandomExpertSet(spec, rng);
     absl::StatusOr<std::unique_ptr<GpuExperts>> gpu = GpuExperts::Create(*set, 0);
     ASSERT_TRUE(gpu.ok()) << gpu.status();

@@ -115,11 +115,12 @@ struct Params {
 };
 
 // GEMM output element (slot, row) as the grouped GEMMs store it, as float.
-template <typename T, int WK>
+// kEarlyWork: the kernel issued loads before its PDL wait (LoadProduced).
+template <typename T, int WK, bool kEarlyWork = false>
 __device__ __forceinline__ float Output(const Params& p, int e, int64_t arow, int64_t row,
                                         float v) {
   if (WK == kWFp8 && p.w.scale_kind != MoeWeightScale::kBlock) {
-    const float xs = __ldg(p.a_scale + arow);
+    const float xs = detail::LoadProduced<kEarlyWork>(p.a_scale + arow);
     const float ws = p.w.scale_kind == MoeWeightScale::kPerTensor
                          ? __ldg(p.w.scale + e)
                          : __ldg(p.w.scale + static_cast<int64_t>(e) * p.N + row);
@@ -164,7 +165,7 @@ __device__ __forceinline__ void WarpSum2(float& b0, float& b1) {
 // kernel's PDL wait and release run here, once the first spans' weight
 // loads are out and before any activation or scale load (a GEMM 2 whose
 // activation the kernel before it writes and whose weights it does not;
-// pdl.cuh).
+// pdl.cuh), and those loads are coherent (LoadProduced).
 constexpr int kPairBatch = 2;
 template <int kPairs, bool kWaitInside = false>
 __device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_t (&r0)[kPairs],
@@ -219,13 +220,14 @@ __device__ __forceinline__ void Fp8PairDots(const Params& p, int e, const int64_
       const int i = base + 32 * u + lane;
       const bool in = i < vecs;
       if constexpr (!kWaitInside) load_w(u);
-      xv[u] = in ? __ldg(x + i) : make_int4(0, 0, 0, 0);
+      xv[u] = in ? detail::LoadProduced<kWaitInside>(x + i) : make_int4(0, 0, 0, 0);
       // The lane group's k-block (its diagonal lane may lie past K where
       // its first lanes do not).
       const int ig = base + 32 * u + (lane & ~3);
       const bool gin = block && ig < vecs;
       const int kb = gin ? ig * 16 / p.w.block_k : 0;
-      const float xs = gin ? __ldg(p.a_scale + arow * p.a_kb + kb) : 0.0f;
+      const float xs =
+          gin ? detail::LoadProduced<kWaitInside>(p.a_scale + arow * p.a_kb + kb) : 0.0f;
 #pragma unroll
       for (int q = 0; q < kPairs; ++q) {
         s0[u][q] = gin ? __fmul_rn(xs, __ldg(ws0[q] + kb)) : 0.0f;
@@ -347,7 +349,9 @@ __device__ __forceinline__ void Int4PairDots(const Params& p, int e, const int64
       const int i = base + 32 * u + lane;
       int4 xv[4];
 #pragma unroll
-      for (int h = 0; h < 4; ++h) xv[h] = i < vecs ? __ldg(x + 4 * i + h) : make_int4(0, 0, 0, 0);
+      for (int h = 0; h < 4; ++h) {
+        xv[h] = i < vecs ? detail::LoadProduced<kWaitInside>(x + 4 * i + h) : make_int4(0, 0, 0, 0);
+      }
 #pragma unroll
       for (int q = 0; q < kPairs; ++q) {
         const Dequant q0(s0[u][q], z0[u][q]), q1(s1[u][q], z1[u][q]);
@@ -523,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int64_t n = n0 + r;
         if (n >= p.N) continue;
         const float d = r % 2 == 0 ? d0[r / 2] : d1[r / 2];
-        y[(g * kCombineRows + r) * k + j] = e < 0 ? 0.0f : Output<T, WK>(p, e, s, n, d);
+        y[(g * kCombineRows + r) * k + j] = e < 0 ? 0.0f : Output<T, WK, true>(p, e, s, n, d);
       }
     }
   }

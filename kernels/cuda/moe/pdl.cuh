@@ -12,12 +12,15 @@
 // matvec's GEMM 2 with the combine (moe_quant_matvec.cu's
 // PairCombineKernel) reads the routing's ids through the L2 and issues its
 // first weight loads before its wait, and only its predecessor's output
-// after it. Launched plainly, both instructions are no-ops, so the kernels
-// stay correct in any stream order. Internal to kernels/cuda.
+// after it, with coherent loads (LoadProduced). Launched plainly, both instructions are no-ops, so
+// the kernels stay correct in any stream order. KPLAN_PDL=0 launches them all plainly (read once;
+// for A/B runs and for telling an ordering fault from a kernel's). Internal to kernels/cuda.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 namespace kplan::kernels::cuda::detail {
@@ -25,6 +28,32 @@ namespace kplan::kernels::cuda::detail {
 __device__ __forceinline__ void PdlWaitThenRelease() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// Whether LaunchPdl* set the PDL attribute: unless KPLAN_PDL is "0".
+inline bool PdlEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KPLAN_PDL");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// A load of something an earlier kernel of the chain wrote. kEarlyWork: the
+// reading kernel issues loads before its PDL wait (the matvec combine), so
+// it loads coherently (ld.global.cg): ptxas may schedule a read-only load
+// (__ldg, ld.global.nc: read-only for the whole kernel) above
+// griddepcontrol.wait, and it did: a per-token activation scale so loaded
+// read the predecessor's buffer before the write (docs/PERF.md, session 51).
+// Otherwise through the read-only cache, the wait then being the kernel's
+// first instruction.
+template <bool kEarlyWork, typename V>
+__device__ __forceinline__ V LoadProduced(const V* p) {
+  if constexpr (kEarlyWork) {
+    return __ldcg(p);
+  } else {
+    return __ldg(p);
+  }
 }
 
 // `cluster`: CTAs per thread-block cluster along x (1: no cluster attribute).
@@ -43,8 +72,9 @@ cudaError_t LaunchPdlCluster(void (*kernel)(KernelArgs...), dim3 grid, dim3 bloc
   attr[1].val.clusterDim.x = cluster;
   attr[1].val.clusterDim.y = 1;
   attr[1].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cluster > 1 ? 2 : 1;
+  const int pdl = PdlEnabled() ? 1 : 0;
+  cfg.attrs = attr + (1 - pdl);
+  cfg.numAttrs = pdl + (cluster > 1 ? 1 : 0);
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   // Returned here; cleared from the thread's last-error state so that it is
   // not reported again by the next launcher that checks cudaGetLastError().
