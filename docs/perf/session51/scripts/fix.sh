@@ -13,7 +13,6 @@ set -uo pipefail
 gpu_call_setup kplan-s51 s51e s51d
 keep_suite='FAIL|PASSED|ERROR SUMMARY|tests ran'
 TAIL=6 step_keep=$keep_suite step graph 120 "$bin/moe_graph_gpu_test"
-TAIL=6 step_keep=$keep_suite step quant 240 "$bin/moe_quant_gpu_test"
 TAIL=12 step fp8_one 150 "$bin/moe_bench" --budget_s 0.2 --sets 2 --fused on --warmup_s 0.5 \
   --check_tokens 1 --route auto --quant fp8_per_tensor,fp8_per_channel,fp8_block \
   --shapes mixtral,qwen3,deepseek --tokens 1 --json "$out/fp8_one.json"
@@ -23,4 +22,5 @@ for p in s51d s51e; do
     awk '/Function :/ {keep = /PairCombineKernel/} keep' | gzip >"$out/sass/combine_$p.sass.gz"
 done
 ls -la "$out/sass"
+TAIL=6 step_keep=$keep_suite step quant 240 "$bin/moe_quant_gpu_test"
 gpu_check_finish
