@@ -86,8 +86,8 @@ TEST(MoeGraphGpuTest, GraphedCallsGiveTheEagerBits) {
       {"fp8 128x128 blocks", 64, 4, 1024, 512, kernels::DType::kFp8E4m3, "fp8_block",
        "Renormalize"},
       // One token: the matvec route, whose GEMM 2 with the combine loads
-      // before its PDL wait (moe_quant_matvec.cu); per-token scales read
-      // after the loop (a read-only load of them once ran ahead of the wait).
+      // before its PDL wait (moe_quant_matvec.cu); a read-only activation
+      // load once ran ahead of the wait there and read NaN in graph replays.
       {"fp8 per channel, per-token activations", 32, 8, 2048, 768, kernels::DType::kFp8E4m3,
        "fp8_per_channel", "Renormalize", "per_token"},
   };

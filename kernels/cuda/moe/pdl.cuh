@@ -43,8 +43,9 @@ inline bool PdlEnabled() {
 // reading kernel issues loads before its PDL wait (the matvec combine), so
 // it loads coherently (ld.global.cg): ptxas may schedule a read-only load
 // (__ldg, ld.global.nc: read-only for the whole kernel) above
-// griddepcontrol.wait, and it did: a per-token activation scale so loaded
-// read the predecessor's buffer before the write (docs/PERF.md, session 51).
+// griddepcontrol.wait, and it did: the combine's first activation load ran
+// ahead of the wait in SASS and read the buffer before the predecessor
+// wrote it (docs/PERF.md, session 51).
 // Otherwise through the read-only cache, the wait then being the kernel's
 // first instruction.
 template <bool kEarlyWork, typename V>
