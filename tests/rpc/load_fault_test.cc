@@ -59,6 +59,10 @@ std::chrono::system_clock::time_point In(std::chrono::microseconds d) {
   return std::chrono::system_clock::now() + d;
 }
 
+// kChannels channels to `target`, each connected before it is returned: the
+// tests load the server, not first connections racing the traffic's threads
+// (on a CI machine one such connect failed, and the channel then failed its
+// calls fast with UNAVAILABLE, which no test here is about).
 std::vector<std::shared_ptr<grpc::Channel>> Channels(const std::string& target) {
   std::vector<std::shared_ptr<grpc::Channel>> out;
   for (int c = 0; c < kChannels; ++c) {
@@ -66,6 +70,7 @@ std::vector<std::shared_ptr<grpc::Channel>> Channels(const std::string& target) 
     args.SetInt("kplan.test.channel", c);  // distinct args: one connection each
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     out.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    EXPECT_TRUE(out.back()->WaitForConnected(In(std::chrono::seconds(30)))) << "channel " << c;
   }
   return out;
 }
