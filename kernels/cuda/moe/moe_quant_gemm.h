@@ -200,7 +200,7 @@ struct MoeQuantMatvecArgs {
   // Σ_j w_j · y_j in slot order, y_j rounded as GEMM 2 stores it
   // (topk_weights null: a plain sum), as LaunchMoeCombine computes it from
   // the GEMM's output. Launched with PDL, this kernel reads topk_ids,
-  // expert_map and the weights before its wait for the kernel before it
+  // expert_map and the expert weights before its wait for the kernel before it
   // (pdl.cuh): those must be complete when that kernel starts, i.e.
   // written by a kernel two or more launches back (the routing, in the
   // layer), never by the launch right before it.

@@ -328,7 +328,8 @@ __device__ __forceinline__ void Int4PairDots(const Params& p, int e, const int64
     }
     // Then every span's scales and zero points (from memory, as the weights:
     // the batch waits for one round trip), the activations (in the L2, or
-    // the L1 after the slot's first warp) with their span.
+    // the L1 after the slot's first warp; the combine's from the L2 only,
+    // LoadProduced) with their span.
     float s0[kInt4Spans][kPairs], s1[kInt4Spans][kPairs], z0[kInt4Spans][kPairs],
         z1[kInt4Spans][kPairs];
 #pragma unroll

@@ -12,16 +12,18 @@
 // matvec's GEMM 2 with the combine (moe_quant_matvec.cu's
 // PairCombineKernel) reads the routing's ids through the L2 and issues its
 // first weight loads before its wait, and only its predecessor's output
-// after it, with coherent loads (LoadProduced). Launched plainly, both instructions are no-ops, so
-// the kernels stay correct in any stream order. KPLAN_PDL=0 launches them all plainly (read once;
-// for A/B runs and for telling an ordering fault from a kernel's). Internal to kernels/cuda.
+// after it, with coherent loads (LoadProduced). Launched plainly, both
+// instructions are no-ops, so the kernels stay correct in any stream order.
+// KPLAN_PDL=0 makes every LaunchPdl* launch plain (read once; for A/B runs
+// and for telling an ordering fault from a kernel's; the one-kernel decode
+// layer has its own switch). Internal to kernels/cuda.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
+
+#include "kernels/cuda/moe/moe_kernel_switch.h"
 
 namespace kplan::kernels::cuda::detail {
 
@@ -32,22 +34,20 @@ __device__ __forceinline__ void PdlWaitThenRelease() {
 
 // Whether LaunchPdl* set the PDL attribute: unless KPLAN_PDL is "0".
 inline bool PdlEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("KPLAN_PDL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = EnvOnOff("KPLAN_PDL", true);
   return on;
 }
 
-// A load of something an earlier kernel of the chain wrote. kEarlyWork: the
-// reading kernel issues loads before its PDL wait (the matvec combine), so
-// it loads coherently (ld.global.cg): ptxas may schedule a read-only load
-// (__ldg, ld.global.nc: read-only for the whole kernel) above
-// griddepcontrol.wait, and it did: the combine's first activation load ran
-// ahead of the wait in SASS and read the buffer before the predecessor
-// wrote it (docs/PERF.md, session 51).
-// Otherwise through the read-only cache, the wait then being the kernel's
-// first instruction.
+// A load of something an earlier kernel of the chain wrote, after the PDL
+// wait. kEarlyWork (the matvec combine, which issues loads before its
+// wait): coherent, ld.global.cg. A read-only load (__ldg, ld.global.nc)
+// declares its data unchanging for the kernel's whole life, which under PDL
+// it is not, and ptxas may schedule one above griddepcontrol.wait: in the
+// combine it did, and its first activation load read the buffer before the
+// kernel before it wrote it (docs/PERF.md, session 51). Otherwise the
+// read-only path, as every other kernel here still reads its predecessor's
+// output: those wait first thing and pass every test, but the same move is
+// not ruled out there; no audit of their SASS has been made.
 template <bool kEarlyWork, typename V>
 __device__ __forceinline__ V LoadProduced(const V* p) {
   if constexpr (kEarlyWork) {
